@@ -1,0 +1,347 @@
+"""Commit: a run's upper directory → a new image, in time proportional to what changed.
+
+The upper (overlay form: whiteouts for deletions, opaque markers for replaced directories,
+host-shifted ids) is walked once. Each changed file is copied into a staged layer while it is
+hashed, and that copy becomes its blob by hard link. New trees are built only along changed
+paths; every untouched subtree keeps its hash. The result's ID is its root tree hash, so a run
+that changed nothing returns its source's ID and two runs that made the same change converge.
+
+Hard links: overlayfs breaks a lower hard link when one name is copied up, so groups recorded in
+the base image are re-derived for every member the upper touches; groups among upper files are
+found by inode. Deep layer stacks are squashed (one layer rebuilt from objects) at MAX_LAYERS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+
+from .store.layers import (IdMap, is_whiteout, make_node, apply_meta, opaque_xattr, read_xattrs,
+                           remove_tree)
+from .store.objects import DIR, FILE, KIND_OF_MODE, SYMLINK, CHR, BLK, Entry, encode_xattrs, tree_hash_and_data
+from .store.store import ImageRow, Store
+
+MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fast (PLATFORM.md)
+MOUNT_POINTS = ("proc", "dev")   # made by the helper when an image lacks them; not the run's change
+
+
+@dataclass
+class Change:
+    kind: str                                  # "del", "dir", "node", "patch"
+    st: os.stat_result | None = None
+    opaque: bool = False
+    children: dict[str, "Change"] = field(default_factory=dict)
+    entry: Entry | None = None                 # for "node": the finished entry (hash known)
+    hl: str | None = None                      # for "patch": the new hard-link key
+
+
+@dataclass
+class CommitResult:
+    image: str
+    below: list[str] | None                    # layers under the staged one; None: no new layer
+    staged: str | None                         # (the image already existed, or nothing changed)
+    trees: dict[str, bytes]
+    links: dict[str, list[str]]
+    size: int
+    files: int
+
+
+def path_key(p: str):
+    return [c.encode("utf-8", "surrogateescape") for c in p.split("/")]
+
+
+def _copy_hash(src: str, dst: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with open(src, "rb", buffering=0) as f, open(dst, "wb") as out:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+class Committer:
+    def __init__(self, store: Store):
+        self.store = store
+        self.idmap: IdMap = store.idmap
+        self.opaque_name = opaque_xattr(self.idmap)
+
+    # ---- 1. read the upper, mirror it into a staged layer -------------------------------------
+    def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict) -> dict[str, Change]:
+        out: dict[str, Change] = {}
+        with os.scandir(src) as it:
+            names = sorted((e.name for e in it), key=os.fsencode)
+        for name in names:
+            s, t, ip = os.path.join(src, name), os.path.join(dst, name), ipath.rstrip("/") + "/" + name
+            st = os.lstat(s)
+            if is_whiteout(st):
+                self._whiteout(t)
+                out[name] = Change("del")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(t, 0o700)
+                opaque = self._is_opaque(s)
+                children = self._read_upper(s, t, ip, inodes)
+                if opaque:
+                    os.setxattr(t, self.opaque_name, b"y")
+                self._copy_meta(s, t, st)
+                out[name] = Change("dir", st, opaque, children,
+                                   entry=Entry(name, DIR, 0, 0, 0, 0, None, encode_xattrs(read_xattrs(s))))
+                continue
+            kind = KIND_OF_MODE.get(stat.S_IFMT(st.st_mode))
+            if kind is None:
+                continue
+            ref, size = None, 0
+            first = None
+            if st.st_nlink > 1:
+                members = inodes.setdefault(st.st_ino, [])
+                if members:
+                    first = members[0]
+                members.append((ip, t))
+            if first is not None:
+                os.link(first[1], t)
+                e = self._entry(name, kind, st, first[2] if len(first) > 2 else None, 0)
+                out[name] = Change("node", st, entry=e)
+                continue
+            if kind == FILE:
+                ref, size = _copy_hash(s, t)
+                self.store.blobs.adopt(t, ref)
+            elif kind == SYMLINK:
+                ref = os.readlink(s)
+                os.symlink(ref, t)
+            elif kind in (CHR, BLK):
+                ref = st.st_rdev
+                os.mknod(t, st.st_mode, st.st_rdev)
+            else:
+                os.mknod(t, st.st_mode)
+            self._copy_meta(s, t, st)
+            out[name] = Change("node", st, entry=self._entry(name, kind, st, ref, size, s))
+        return out
+
+    def _entry(self, name, kind, st, ref, size, src=None) -> Entry:
+        return Entry(name, kind, stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid),
+                     self.idmap.gid(st.st_gid), size, ref,
+                     encode_xattrs(read_xattrs(src)) if src else (), None, st.st_mtime_ns)
+
+    def _is_opaque(self, path: str) -> bool:
+        for name in (self.opaque_name, "trusted.overlay.opaque", "user.overlay.opaque"):
+            try:
+                if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                    return True
+            except OSError:
+                pass
+        return False
+
+    def _whiteout(self, path: str) -> None:
+        if self.idmap.rootless:
+            # An xattr whiteout (kernel >= 6.7): the unprivileged form of a 0/0 device.
+            with open(path, "wb"):
+                pass
+            os.setxattr(path, "user.overlay.whiteout", b"")
+            os.setxattr(os.path.dirname(path), "user.overlay.whiteouts", b"")
+        else:
+            os.mknod(path, stat.S_IFCHR | 0o600, 0)
+
+    def _copy_meta(self, src: str, dst: str, st) -> None:
+        os.lchown(dst, st.st_uid, st.st_gid)
+        for k, v in read_xattrs(src):
+            try:
+                os.setxattr(dst, k, v, follow_symlinks=False)
+            except OSError:
+                pass
+        if not stat.S_ISLNK(st.st_mode):
+            os.chmod(dst, stat.S_IMODE(st.st_mode))
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+    # ---- 2. trees along changed paths ---------------------------------------------------------
+    def _apply(self, base_tree: str | None, changes: dict[str, Change], root_change: Change | None,
+               trees: dict[str, bytes], totals: list[int]) -> tuple[str, dict[str, Entry]]:
+        entries = dict(self.store.tree(base_tree)) if base_tree else {}
+        for name, ch in changes.items():
+            old = entries.get(name)
+            if ch.kind == "del":
+                if old is not None:
+                    self._count(old, totals, -1)
+                    del entries[name]
+            elif ch.kind == "patch":
+                if old is not None:
+                    entries[name] = old._replace(hl=ch.hl)
+            elif ch.kind == "dir":
+                keep = old is not None and old.kind == DIR and not ch.opaque
+                if old is not None and not keep:
+                    self._count(old, totals, -1)
+                h, _ = self._apply(old.ref if keep else None, ch.children, None, trees, totals)
+                if ch.st is None:                  # a path only carrying patches: keep metadata
+                    entries[name] = old._replace(ref=h)
+                else:
+                    entries[name] = Entry(name, DIR, stat.S_IMODE(ch.st.st_mode), self.idmap.uid(ch.st.st_uid),
+                                          self.idmap.gid(ch.st.st_gid), 0, h, ch.entry.xattrs, None,
+                                          ch.st.st_mtime_ns)
+            else:
+                if old is not None:
+                    self._count(old, totals, -1)
+                entries[name] = ch.entry
+                self._count(ch.entry, totals, +1)
+        if root_change is not None:
+            old = entries.get(".")
+            st = root_change.st
+            entries["."] = Entry(".", DIR, stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid),
+                                 self.idmap.gid(st.st_gid), 0, None,
+                                 root_change.entry.xattrs if root_change.entry else (old.xattrs if old else ()),
+                                 None, st.st_mtime_ns)
+        digest, data = tree_hash_and_data(entries)
+        trees[digest] = data
+        return digest, entries
+
+    def _count(self, e: Entry, totals: list[int], sign: int) -> None:
+        if e.kind == FILE:
+            totals[0] += sign * e.size
+            totals[1] += sign
+        elif e.kind == DIR and sign < 0:
+            for _, sub in self.store.tree(e.ref).items():
+                if sub.name != ".":
+                    self._count(sub, totals, sign)
+
+    # ---- 3. hard links ------------------------------------------------------------------------
+    def _links(self, base: ImageRow, changes: dict[str, Change], inodes: dict) -> dict[str, list[str]]:
+        links: dict[str, list[str]] = {}
+        # groups among the upper's own files
+        for members in inodes.values():
+            if len(members) < 2:
+                continue
+            paths = sorted((p for p, _ in members), key=path_key)
+            links[paths[0]] = paths
+            for p in paths:
+                self._set_hl(changes, p, paths[0], patch=False)
+        # groups of the base that the upper touched
+        for key, members in base.links.items():
+            remaining = [p for p in members if not _touched(changes, p)]
+            if len(remaining) == len(members):
+                links[key] = members
+                continue
+            new_key = remaining[0] if len(remaining) >= 2 else None
+            if new_key:
+                links[new_key] = remaining
+            if new_key != key:
+                for p in remaining:
+                    self._set_hl(changes, p, new_key, patch=True)
+        return links
+
+    @staticmethod
+    def _set_hl(changes: dict[str, Change], path: str, key: str | None, *, patch: bool) -> None:
+        parts = path.strip("/").split("/")
+        node = changes
+        for part in parts[:-1]:
+            ch = node.get(part)
+            if ch is None:
+                ch = node[part] = Change("dir", None)      # metadata kept from the base
+            node = ch.children
+        leaf = parts[-1]
+        if patch:
+            node[leaf] = Change("patch", hl=key)
+        else:
+            ch = node[leaf]
+            ch.entry = ch.entry._replace(hl=key)
+
+    # ---- the whole commit ---------------------------------------------------------------------
+    def commit(self, base: ImageRow, upper: str) -> CommitResult:
+        staged = self.store.layers.stage("commit")
+        try:
+            inodes: dict = {}
+            changes = self._read_upper(upper, staged, "/", inodes)
+            base_root = self.store.tree(base.id)
+            for mp in MOUNT_POINTS:
+                ch = changes.get(mp)
+                if ch and ch.kind == "dir" and not ch.children and mp not in base_root:
+                    del changes[mp]
+                    os.rmdir(os.path.join(staged, mp))
+            # link groups: fill in entries of later members from the first one
+            for members in inodes.values():
+                first_path = members[0][0]
+                first = _find(changes, first_path)
+                for p, _ in members[1:]:
+                    ch = _find(changes, p)
+                    ch.entry = first.entry._replace(name=ch.entry.name, mtime_ns=ch.entry.mtime_ns)
+            links = self._links(base, changes, inodes)
+            root_st = os.lstat(upper)
+            root_change = Change("dir", root_st, entry=Entry(".", DIR, 0, 0, 0, 0, None,
+                                                             encode_xattrs(read_xattrs(upper))))
+            trees: dict[str, bytes] = {}
+            totals = [base.size, base.files]
+            image, _ = self._apply(base.id, changes, root_change, trees, totals)
+            if image == base.id or self.store.has_image(image):
+                remove_tree(staged)
+                return CommitResult(image, None, None, {}, links, totals[0], totals[1])
+            self._copy_meta(upper, staged, root_st)
+            below = base.layers
+            if len(base.layers) + 1 > MAX_LAYERS:
+                remove_tree(staged)
+                staged = self.store.layers.stage("squash")
+                materialize(self.store, image, staged, trees)
+                below = []
+            return CommitResult(image, below, staged, trees, links, totals[0], totals[1])
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+
+def _touched(changes: dict[str, Change], path: str) -> bool:
+    node = changes
+    parts = path.strip("/").split("/")
+    for i, part in enumerate(parts):
+        ch = node.get(part)
+        if ch is None:
+            return False
+        if i == len(parts) - 1 or ch.kind in ("del", "node") or ch.opaque:
+            return ch.kind != "patch"
+        node = ch.children
+    return False
+
+
+def _find(changes: dict[str, Change], path: str) -> Change:
+    node = changes
+    parts = path.strip("/").split("/")
+    for part in parts[:-1]:
+        node = node[part].children
+    return node[parts[-1]]
+
+
+def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None) -> None:
+    """Write the whole image `root` into the empty directory `dest` (a squashed layer)."""
+    from .store.objects import decode_tree
+
+    def tree(h):
+        if extra_trees and h in extra_trees:
+            return decode_tree(extra_trees[h])
+        return store.tree(h)
+
+    links: dict[str, str] = {}
+    idmap = store.idmap
+
+    def write(h: str, d: str, ipath: str):
+        dirs = []
+        for name, e in sorted(tree(h).items()):
+            if name == ".":
+                continue
+            p = os.path.join(d, name)
+            ip = ipath.rstrip("/") + "/" + name
+            if e.kind == DIR:
+                os.mkdir(p, 0o700)
+                write(e.ref, p, ip)
+                dirs.append((p, e))
+                continue
+            if e.hl and e.hl in links:
+                os.link(links[e.hl], p)
+                continue
+            make_node(p, e, store.blobs.path)
+            apply_meta(p, e, idmap)
+            if e.hl:
+                links[e.hl] = p
+        for p, e in dirs:
+            apply_meta(p, e, idmap)
+
+    write(root, dest, "/")
+    apply_meta(dest, tree(root)["."], idmap)

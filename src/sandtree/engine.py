@@ -1,0 +1,416 @@
+"""The engine: the one Python API every adapter (SDK, CLI, server, MCP) wraps.
+
+It owns a Store and a Runtime and performs the operations that combine them: import, run →
+commit → new image, lineage, tags, inspection, fsck and gc. It reads no environment variables and
+prints nothing; configuration comes in through its constructor (see sandtree/config.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import stat
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from . import commit as commit_mod
+from .errors import InvalidInput, NotFound, PathEscape
+from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
+from .runtime.namespaces import NamespaceRuntime
+from .secrets_mask import mask_env, mask_text, secret_values
+from .store import importers, inspect
+from .store.db import Database, dumps
+from .store.layers import IdMap, remove_tree
+from .store.objects import DIR, SYMLINK, Entry
+from .store.scan import scan
+from .store.store import ImageRow, Store
+
+DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
+
+
+def default_idmap() -> IdMap:
+    if os.geteuid() == 0:
+        return IdMap(100000, 100000, 65536)
+    return IdMap(os.geteuid(), os.getegid(), 1)
+
+
+@dataclass
+class RunRecord:
+    """What a run produced; the public RunResult wraps it."""
+    op: str
+    source: str
+    image: str | None
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    usage: dict
+
+
+class Engine:
+    def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None):
+        self.store = Store(home, idmap or default_idmap())
+        self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
+                                        os.path.join(self.store.home, "bin"))
+        self.default_limits = limits or Limits()
+        self.committer = commit_mod.Committer(self.store)
+
+    def close(self) -> None:
+        self.store.close()
+
+    # ---- names ---------------------------------------------------------------------------------
+    def resolve(self, ref: str) -> str:
+        return self.store.resolve(ref)
+
+    # ---- import --------------------------------------------------------------------------------
+    def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
+        """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive."""
+        if tag is not None:
+            _check_tag(tag)
+        if not os.path.exists(path):
+            raise NotFound(f"no such file or directory: {path}")
+        if os.path.isdir(path):
+            if os.path.exists(os.path.join(path, "index.json")) or os.path.exists(os.path.join(path, "manifest.json")):
+                return self._import_layers(path, tag, progress)
+            return self._adopt(path, copy=True, tag=tag, progress=progress, source=f"dir:{path}")
+        if importers.is_image_archive(path):
+            tmp = self.store.layers.stage("oci")
+            try:
+                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
+                    importers.extract_tar(t, tmp, chown=False)
+                return self._import_layers(tmp, tag, progress, source=f"archive:{path}")
+            finally:
+                remove_tree(tmp)
+        staged = self.store.layers.stage("import")
+        try:
+            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
+                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress)
+            return self._adopt(staged, copy=False, tag=tag, progress=None, source=f"tar:{path}")
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+    def import_tar_stream(self, fileobj, *, tag: str | None = None) -> str:
+        staged = self.store.layers.stage("import")
+        try:
+            with importers.open_tar_stream(fileobj) as t:
+                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless)
+            return self._adopt(staged, copy=False, tag=tag, source="tar:stream")
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+    def _import_layers(self, layout: str, tag, progress, source: str | None = None) -> str:
+        staged = self.store.layers.stage("import")
+        try:
+            importers.apply_layers(importers.oci_layers(layout), staged,
+                                   chown=not self.store.idmap.rootless, progress=progress)
+            return self._adopt(staged, copy=False, tag=tag, source=source or f"oci:{layout}")
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+    def bootstrap(self, spec: str, *, include: list[str] = (), tag: str | None = None,
+                  log: Callable[[str], None] | None = None, mirror: str | None = None) -> str:
+        if tag is not None:
+            _check_tag(tag)
+        staged = self.store.layers.stage("bootstrap")
+        try:
+            importers.bootstrap_debian(spec, staged, list(include), log=log, mirror=mirror)
+            return self._adopt(staged, copy=False, tag=tag or spec,
+                               source=f"bootstrap:{spec}" + (f" +{','.join(include)}" if include else ""))
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+    def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+        started = time.time()
+        dest = self.store.layers.stage("import") if copy else None
+        try:
+            res = scan(src, dest, self.store.blobs, self.store.idmap, progress=progress)
+            layer_dir = dest if copy else src
+            with self.store.db.tx() as con:
+                exists = con.execute("SELECT 1 FROM images WHERE id=?", (res.root,)).fetchone()
+            layers = None
+            if not exists:
+                layers = [self.store.layers.publish(layer_dir)]
+            elif copy:
+                remove_tree(dest)
+            op = uuid.uuid4().hex
+            with self.store.db.tx() as con:
+                Database.put_trees(con, res.trees)
+                if layers and not Store.insert_image(con, res.root, layers, res.links, res.size, res.files):
+                    layers = None                       # a concurrent import won the race
+                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                            "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root, dumps({"source": source}),
+                                                         dumps({"files": res.files, "size": res.size}),
+                                                         started, time.time()))
+                if tag:
+                    row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (tag,)).fetchone()
+                    if row is None or row[0] != res.root:
+                        Database.record_ref(con, "tag", tag, row[0] if row else None, res.root, "import")
+            if exists and not copy:
+                remove_tree(src)
+            return res.root
+        except BaseException:
+            if dest is not None:
+                remove_tree(dest)
+            raise
+
+    # ---- run -----------------------------------------------------------------------------------
+    def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
+            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
+            files=None, disposable: bool = False, on_output=None, **limits) -> RunRecord:
+        source = self.resolve(ref)
+        row = self.store.image(source)
+        if isinstance(command, str):
+            if not command.strip():
+                raise InvalidInput("empty command")
+            argv = ["/bin/sh", "-c", command]
+        elif isinstance(command, (list, tuple)) and command:
+            argv = [str(a) for a in command]
+        else:
+            raise InvalidInput("command must be a shell string or a non-empty list of arguments")
+        lim = self._limits(limits)
+        user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        full_env = {**DEFAULT_ENV, **user_env}
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        injected = [_file(f) for f in (files or [])]
+        root = self.store.tree(source)["."]
+        spec = RunSpec(argv=argv, layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
+                       env=full_env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
+                       files=injected, limits=lim, on_output=on_output,
+                       prepare_changes=(lambda upper: self._inject(source, upper, injected)) if injected else None)
+        op = uuid.uuid4().hex
+        secrets = secret_values(user_env)
+        record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
+                       "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
+                       "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
+                       "files": [f.path for f in injected], "limits": lim.__dict__}
+        started = time.time()
+        with self.store.db.tx() as con:
+            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                        "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(record_spec), None, started, None))
+        try:
+            outcome = self.runtime.run(spec)
+        except Exception as exc:
+            self._finish_op(op, None, {"error": getattr(exc, "code", "error"), "message": str(exc)})
+            raise
+        with outcome:
+            result = None if disposable else self._commit(row, outcome)
+        rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout, outcome.stderr,
+                        outcome.stdout_truncated, outcome.stderr_truncated, outcome.timed_out,
+                        outcome.oom_killed, outcome.usage)
+        summary = {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                   "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout), "stderr_bytes": len(rec.stderr),
+                   "stdout_truncated": rec.stdout_truncated, "stderr_truncated": rec.stderr_truncated,
+                   "usage": rec.usage}
+        self._finish_op(op, result, summary, edge=(source, result) if result and result != source else None)
+        return rec
+
+    def _limits(self, given: dict) -> Limits:
+        unknown = set(given) - set(Limits.__dataclass_fields__)
+        if unknown:
+            raise InvalidInput(f"unknown option(s): {', '.join(sorted(unknown))}")
+        vals = {k: v for k, v in given.items() if v is not None}
+        for k in ("memory", "disk", "output"):
+            if k in vals:
+                vals[k] = parse_size(vals[k])
+        for k in ("timeout", "cpus"):
+            if k in vals:
+                try:
+                    vals[k] = float(vals[k])
+                except (TypeError, ValueError):
+                    raise InvalidInput(f"{k} must be a number") from None
+        if "pids" in vals:
+            vals["pids"] = int(vals["pids"])
+        return Limits(**{**self.default_limits.__dict__, **vals})
+
+    def _commit(self, base: ImageRow, outcome: RunOutcome) -> str:
+        if outcome.changes is None:
+            return base.id
+        cr = self.committer.commit(base, outcome.changes)
+        if cr.staged is None:
+            return cr.image
+        layer = self.store.layers.publish(cr.staged)
+        try:
+            with self.store.db.tx() as con:
+                Database.put_trees(con, cr.trees)
+                Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files)
+        except BaseException:
+            self.store.layers.remove(layer)
+            raise
+        return cr.image
+
+    def _finish_op(self, op: str, result: str | None, outcome: dict, edge=None) -> None:
+        with self.store.db.tx() as con:
+            con.execute("UPDATE operations SET result=?, outcome=?, finished=? WHERE id=?",
+                        (result, dumps(outcome), time.time(), op))
+            if edge:
+                con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
+                            (edge[0], edge[1], op, time.time()))
+
+    def _inject(self, source: str, upper: str, files: list[InjectedFile]) -> None:
+        """Write injected files into the fresh upper, parents copied from the image's metadata."""
+        idmap = self.store.idmap
+        for f in files:
+            parts = inspect._split(f.path)
+            if not parts:
+                raise InvalidInput(f"cannot inject a file at {f.path!r}")
+            tree = self.store.tree(source)
+            host = upper
+            for i, part in enumerate(parts[:-1]):
+                e = tree.get(part) if tree is not None else None
+                host = os.path.join(host, part)
+                if e is not None and e.kind != DIR:
+                    raise PathEscape(f"cannot inject {f.path!r}: /{'/'.join(parts[:i + 1])} is not a directory")
+                if not os.path.isdir(host):
+                    os.mkdir(host)
+                    if e is not None:
+                        os.lchown(host, idmap.host_uid(e.uid), idmap.host_gid(e.gid))
+                        os.chmod(host, e.mode)
+                    else:
+                        os.lchown(host, idmap.host_uid(0), idmap.host_gid(0))
+                        os.chmod(host, 0o755)
+                tree = self.store.tree(e.ref) if e is not None else None
+            target = os.path.join(host, parts[-1])
+            e = tree.get(parts[-1]) if tree is not None else None
+            if e is not None and e.kind == DIR:
+                raise InvalidInput(f"cannot inject {f.path!r}: it is a directory in the image")
+            with open(target, "wb") as out:
+                out.write(f.content)
+            os.lchown(target, idmap.host_uid(f.uid), idmap.host_gid(f.gid))
+            os.chmod(target, f.mode)
+
+    # ---- lineage -------------------------------------------------------------------------------
+    def parents(self, image: str) -> list[dict]:
+        return [self._edge(r) for r in self.store.db.query(
+            "SELECT parent, child, op, created FROM edges WHERE child=? ORDER BY created", (image,))]
+
+    def children(self, image: str) -> list[dict]:
+        return [self._edge(r) for r in self.store.db.query(
+            "SELECT parent, child, op, created FROM edges WHERE parent=? ORDER BY created", (image,))]
+
+    def _edge(self, row) -> dict:
+        parent, child, op, created = row
+        return {"parent": parent, "child": child, "op": op, "created": created, **self._op_summary(op)}
+
+    def _op_summary(self, op: str) -> dict:
+        r = self.store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
+        if not r:
+            return {}
+        spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
+        return {"kind": r[0], "command": spec.get("command") or spec.get("source"),
+                "exit_code": outcome.get("exit_code")}
+
+    def operation(self, op: str) -> dict:
+        r = self.store.db.one("SELECT id, kind, source, result, spec, outcome, started, finished "
+                              "FROM operations WHERE id=?", (op,))
+        if not r:
+            raise NotFound(f"no operation {op!r}")
+        return {"id": r[0], "kind": r[1], "source": r[2], "result": r[3], "spec": json.loads(r[4]),
+                "outcome": json.loads(r[5]) if r[5] else None, "started": r[6], "finished": r[7]}
+
+    def log(self, image: str, limit: int = 1000) -> list[dict]:
+        """Ancestry, newest first: each image with the operation that made it from its parent."""
+        out, seen, todo = [], set(), [image]
+        while todo and len(out) < limit:
+            cur = todo.pop(0)
+            if cur in seen:
+                continue
+            seen.add(cur)
+            parents = self.parents(cur)
+            if not parents:
+                made = self.store.db.one("SELECT id, spec FROM operations WHERE result=? AND kind='import' "
+                                         "ORDER BY started LIMIT 1", (cur,))
+                out.append({"image": cur, "parents": [], "command": json.loads(made[1])["source"] if made else None,
+                            "op": made[0] if made else None, "exit_code": None,
+                            "tags": sorted(self.store.tags(cur))})
+                continue
+            first = parents[0]
+            out.append({"image": cur, "parents": [p["parent"] for p in parents], "command": first.get("command"),
+                        "op": first["op"], "exit_code": first.get("exit_code"),
+                        "tags": sorted(self.store.tags(cur))})
+            todo.extend(p["parent"] for p in parents)
+        return out
+
+    # ---- images --------------------------------------------------------------------------------
+    def remove_image(self, image: str, *, force: bool = False) -> None:
+        with self.store.db.tx() as con:
+            tags = [r[0] for r in con.execute("SELECT name FROM refs WHERE image=?", (image,))]
+            if tags and not force:
+                raise InvalidInput(f"image is referenced by {', '.join(tags)}; untag it or use force",
+                                   refs=tags)
+            for name in tags:
+                kind = con.execute("SELECT kind FROM refs WHERE name=? AND image=?", (name, image)).fetchone()[0]
+                Database.record_ref(con, kind, name, image, None, "image rm")
+            if con.execute("DELETE FROM images WHERE id=?", (image,)).rowcount == 0:
+                raise NotFound(f"no image {image!r}")
+
+    # ---- inspection ----------------------------------------------------------------------------
+    def ls(self, image: str, path: str = "/") -> list[Entry]:
+        return inspect.listdir(self.store, image, path)
+
+    def stat(self, image: str, path: str) -> Entry:
+        return inspect.resolve(self.store, image, path, follow=False)[1]
+
+    def read(self, image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        return inspect.read(self.store, image, path, offset=offset, limit=limit)
+
+    def grep(self, image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
+        return inspect.grep(self.store, image, pattern, path, **kw)
+
+    def export_tar(self, image: str, fileobj, path: str = "/") -> None:
+        inspect.export_tar(self.store, image, fileobj, path)
+
+
+def _check_tag(tag: str) -> None:
+    from .store.store import HEX_RE, TAG_RE
+    if not isinstance(tag, str) or not TAG_RE.match(tag) or HEX_RE.match(tag):
+        raise InvalidInput(f"invalid tag name {tag!r}")
+
+
+def _file(f) -> InjectedFile:
+    if isinstance(f, InjectedFile):
+        return f
+    if isinstance(f, dict):
+        content = f.get("content", b"")
+        if isinstance(content, str):
+            content = content.encode()
+        mode = f.get("mode", 0o644)
+        if isinstance(mode, str):
+            mode = int(mode, 8)
+        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)))
+    raise InvalidInput("a file to inject is {'path': ..., 'content': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
+
+
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+         "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def parse_size(v) -> int:
+    if isinstance(v, bool):
+        raise InvalidInput(f"bad size {v!r}")
+    if isinstance(v, (int, float)):
+        n = int(v)
+    else:
+        s = str(v).strip().lower()
+        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = s[len(num):].strip()
+        try:
+            n = int(float(num) * UNITS[unit])
+        except (ValueError, KeyError):
+            raise InvalidInput(f"bad size {v!r} (use e.g. 512M, 2G)") from None
+    if n <= 0:
+        raise InvalidInput(f"size must be positive, not {v!r}")
+    return n

@@ -1,0 +1,87 @@
+"""The runtime interface: what an isolation tier must do, and the values crossing it.
+
+A tier takes a RunSpec (the image's layers, the command, inputs and limits) and returns a
+RunOutcome whose `changes` is the directory of the run's writes in overlay form (upper dir:
+whiteouts, opaque markers, host-shifted ids), open until the outcome is closed. Commit
+(sandtree/commit.py) turns that directory into an image; callers never learn which tier ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = 300.0           # seconds of wall clock
+    memory: int = 2 << 30            # bytes: processes plus the run's pending writes (tmpfs)
+    pids: int = 1024
+    cpus: float = 2.0
+    disk: int = 1 << 30              # bytes the run may write
+    output: int = 16 << 20           # bytes kept per stream (stdout, stderr); the rest is counted
+
+
+@dataclass(frozen=True)
+class InjectedFile:
+    path: str
+    content: bytes
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+
+
+@dataclass
+class RunSpec:
+    argv: list[str]
+    layers: list[str]                # layer ids, top first
+    root_meta: tuple[int, int, int]  # mode, uid, gid of the image's root dir (sandbox ids)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    stdin: bytes | None = None
+    uid: int = 0
+    gid: int = 0
+    hostname: str = "sandtree"
+    files: list[InjectedFile] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+    on_output: Callable[[str, bytes], None] | None = None
+    # Writes parent dirs of injected files (with the image's metadata) into the changes dir.
+    prepare_changes: Callable[[str], None] | None = None
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    usage: dict
+    changes: str | None = None       # upper dir path, valid until close()
+    _close: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        if self._close:
+            self._close()
+            self._close = None
+            self.changes = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Runtime(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(can run here, why not)."""
+
+    def run(self, spec: RunSpec) -> RunOutcome:
+        """Run to completion (or timeout). Raises SandboxError when the sandbox cannot start and
+        CommandNotFound when the command does not exist; a failing command is an outcome."""

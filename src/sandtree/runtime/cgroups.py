@@ -1,0 +1,157 @@
+"""Per-run cgroups: memory, pids and CPU limits, and the run's accounting (v1 and v2).
+
+Everything lives under a `sandtree` parent of our own in each hierarchy; a run's group is named
+<engine pid>-<run id> so a cleanup pass only ever removes groups whose engine is gone. The helper
+joins the group before it clones the sandbox, so every process of the run is inside from birth.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+ROOT = "/sys/fs/cgroup"
+PARENT = "sandtree"
+
+
+def detect() -> str | None:
+    if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):
+        with open(os.path.join(ROOT, "cgroup.controllers")) as f:
+            if {"memory", "pids"} <= set(f.read().split()):
+                return "v2"
+    if os.path.isdir(os.path.join(ROOT, "memory")) and os.path.isdir(os.path.join(ROOT, "pids")):
+        return "v1"
+    return None
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: str, default: str = "") -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+@dataclass
+class RunCgroup:
+    version: str
+    dirs: dict[str, str] = field(default_factory=dict)     # controller (or "unified") -> dir
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
+
+    def stats(self) -> dict:
+        out = {"oom_killed": False, "memory_peak": None, "cpu_usage_ns": None}
+        if self.version == "v1":
+            m = self.dirs.get("memory")
+            if m:
+                oc = dict(l.split() for l in _read(os.path.join(m, "memory.oom_control")).splitlines() if l)
+                out["oom_killed"] = int(oc.get("oom_kill", 0)) > 0
+                peak = _read(os.path.join(m, "memory.max_usage_in_bytes")).strip()
+                out["memory_peak"] = int(peak) if peak else None
+            a = self.dirs.get("cpuacct")
+            if a:
+                u = _read(os.path.join(a, "cpuacct.usage")).strip()
+                out["cpu_usage_ns"] = int(u) if u else None
+        else:
+            d = self.dirs["unified"]
+            ev = dict(l.split() for l in _read(os.path.join(d, "memory.events")).splitlines() if l)
+            out["oom_killed"] = int(ev.get("oom_kill", 0)) > 0
+            peak = _read(os.path.join(d, "memory.peak")).strip()
+            out["memory_peak"] = int(peak) if peak.isdigit() else None
+            st = dict(l.split() for l in _read(os.path.join(d, "cpu.stat")).splitlines() if l)
+            if "usage_usec" in st:
+                out["cpu_usage_ns"] = int(st["usage_usec"]) * 1000
+        return out
+
+    def kill(self) -> None:
+        for d in self.dirs.values():
+            k = os.path.join(d, "cgroup.kill")
+            if os.path.exists(k):
+                try:
+                    _write(k, "1")
+                except OSError:
+                    pass
+
+    def remove(self) -> None:
+        for d in self.dirs.values():
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
+class Cgroups:
+    V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+
+    def __init__(self):
+        self.version = detect()
+        self.available = self.version is not None and os.access(ROOT, os.W_OK)
+        self._prefix = f"{os.getpid()}-"
+        if self.available:
+            try:
+                self._setup_parents()
+                self.cleanup_stale()
+            except OSError:
+                self.available = False
+
+    def _parents(self) -> dict[str, str]:
+        if self.version == "v1":
+            return {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS
+                    if os.path.isdir(os.path.join(ROOT, c))}
+        return {"unified": os.path.join(ROOT, PARENT)}
+
+    def _setup_parents(self) -> None:
+        for c, p in self._parents().items():
+            os.makedirs(p, exist_ok=True)
+            if self.version == "v2":
+                _write(os.path.join(p, "cgroup.subtree_control"), "+memory +pids +cpu")
+            elif c == "memory":
+                try:
+                    _write(os.path.join(p, "memory.use_hierarchy"), "1")
+                except OSError:
+                    pass
+
+    def cleanup_stale(self) -> None:
+        """Remove run groups left by engines that died (kill -9); never anyone else's."""
+        for p in self._parents().values():
+            for name in os.listdir(p):
+                pid = name.split("-", 1)[0]
+                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    try:
+                        os.rmdir(os.path.join(p, name))
+                    except OSError:
+                        pass
+
+    def create(self, *, memory: int, pids: int, cpus: float) -> RunCgroup:
+        name = self._prefix + secrets.token_hex(4)
+        cg = RunCgroup(self.version)
+        try:
+            for c, p in self._parents().items():
+                d = os.path.join(p, name)
+                os.mkdir(d)
+                cg.dirs[c] = d
+                if c == "memory":
+                    _write(os.path.join(d, "memory.limit_in_bytes"), str(memory))
+                elif c == "pids":
+                    _write(os.path.join(d, "pids.max"), str(pids))
+                elif c == "cpu":
+                    _write(os.path.join(d, "cpu.cfs_period_us"), "100000")
+                    _write(os.path.join(d, "cpu.cfs_quota_us"), str(max(1000, int(cpus * 100000))))
+                elif c == "unified":
+                    _write(os.path.join(d, "memory.max"), str(memory))
+                    _write(os.path.join(d, "memory.swap.max"), "0") if os.path.exists(
+                        os.path.join(d, "memory.swap.max")) else None
+                    _write(os.path.join(d, "pids.max"), str(pids))
+                    _write(os.path.join(d, "cpu.max"), f"{max(1000, int(cpus * 100000))} 100000")
+        except BaseException:
+            cg.remove()
+            raise
+        return cg

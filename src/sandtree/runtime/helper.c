@@ -1,0 +1,426 @@
+/*
+ * sandtree-exec: the privileged half of the `namespaces` runtime tier.
+ *
+ * Why C: this runs once per sandbox start, between fork and the user's exec.
+ * A Python child would cost a fork of the whole engine; a tiny exec'd binary
+ * costs well under a millisecond. It holds no policy: the Python runtime
+ * (runtime/namespaces.py) decides limits, maps, seccomp rules and layers and
+ * passes them here as options. This file only performs them, in order:
+ *
+ *   P (this process, host namespaces)
+ *     joins the run's cgroups, clones C into new user/mnt/pid/net/ipc/uts/
+ *     cgroup namespaces, writes C's uid/gid maps, waits for C, reports.
+ *   C (pid 1 of the sandbox)
+ *     tmpfs scratch (the run's upper, capped by --disk) -> overlay of the
+ *     image's layers -> /proc (masked), minimal /dev, lo up, hostname ->
+ *     pivot_root; sends the scratch fd to the engine (commit reads the upper
+ *     through it after every namespace is gone), forks G, reaps until G exits.
+ *   G (the command)
+ *     cwd, ids, capability bounding set, no_new_privs, seccomp, execvpe.
+ *
+ * Protocol with the engine (fd --report): P writes one line
+ *   "pid <C's host pid>\n" once C exists, then at the end
+ *   "exit <code>\n" | "signal <n>\n" | "execfail <errno>\n" | "setupfail <errno> <step>\n"
+ *   followed by "rusage <utime_us> <stime_us> <maxrss_kb>\n".
+ * C sends the scratch tmpfs fd over the unix socket --sock (SCM_RIGHTS).
+ * Any death of P, C or the engine kills the whole sandbox (PDEATHSIG chain,
+ * and the pid namespace dies with its pid 1).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_LIST 64
+
+struct opts {
+    int sock_fd, report_fd, seccomp_fd;
+    const char *layers;         /* directory holding the layer dirs */
+    long root_mode, root_uid, root_gid; /* the image root dir, host ids */
+    const char *lower;          /* "a:b:c", relative to layers_fd, top first */
+    const char *uid_map, *gid_map; /* NULL: map only our own ids to 0 (rootless) */
+    const char *disk;           /* tmpfs size= for the upper */
+    const char *hostname, *cwd;
+    long uid, gid;
+    const char *cgroups[MAX_LIST]; int ncgroups;
+    int keep_caps[64]; int nkeep;   /* capability numbers kept in the bounding set */
+    char **argv;
+    char *self_argv0;
+};
+
+static int report_fd = -1;
+
+static void die_step(const char *step) {
+    int e = errno;
+    if (report_fd >= 0) dprintf(report_fd, "setupfail %d %s\n", e, step);
+    _exit(125);
+}
+
+static int sync_pipe[2];       /* P -> C: maps written */
+static int exec_pipe[2];       /* G -> C: errno of a failed execve (CLOEXEC) */
+static int status_pipe[2];     /* C -> P: G's wait status / exec errno */
+
+static void write_file(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) die_step(path);
+    size_t n = strlen(data);
+    if (write(fd, data, n) != (ssize_t)n) die_step(path);
+    close(fd);
+}
+
+static void xmount(const char *src, const char *dst, const char *type, unsigned long flags, const char *data) {
+    if (mount(src, dst, type, flags, data) < 0) die_step(dst);
+}
+
+static void touch(const char *path, mode_t mode) {
+    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, mode);
+    if (fd < 0) die_step(path);
+    close(fd);
+}
+
+static void mkdir_p_one(const char *path, mode_t mode) {
+    if (mkdir(path, mode) < 0 && errno != EEXIST) die_step(path);
+}
+
+/* /proc entries that leak host information or offer host-wide knobs. */
+static const char *proc_null[] = {"kcore", "keys", "latency_stats", "timer_list",
+                                  "sched_debug", "sysrq-trigger", "kallsyms", "kmsg", NULL};
+static const char *proc_empty[] = {"acpi", "scsi", "asound", "firmware", NULL};
+static const char *proc_ro[] = {"sys", "bus", "fs", "irq", NULL};
+
+static void setup_proc(void) {
+    char p[256];
+    xmount("proc", "r/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    for (const char **e = proc_null; *e; e++) {
+        snprintf(p, sizeof p, "r/proc/%s", *e);
+        if (access(p, F_OK) == 0) xmount("/dev/null", p, NULL, MS_BIND, NULL);
+    }
+    for (const char **e = proc_empty; *e; e++) {
+        snprintf(p, sizeof p, "r/proc/%s", *e);
+        if (access(p, F_OK) == 0) xmount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0");
+    }
+    for (const char **e = proc_ro; *e; e++) {
+        snprintf(p, sizeof p, "r/proc/%s", *e);
+        if (access(p, F_OK) != 0) continue;
+        xmount(p, p, NULL, MS_BIND | MS_REC, NULL);
+        xmount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+}
+
+static void setup_dev(void) {
+    static const char *nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
+    char p[128], h[128];
+    xmount("tmpfs", "r/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    for (const char **n = nodes; *n; n++) {
+        snprintf(p, sizeof p, "r/dev/%s", *n);
+        snprintf(h, sizeof h, "/dev/%s", *n);
+        touch(p, 0666);
+        xmount(h, p, NULL, MS_BIND, NULL);
+    }
+    mkdir_p_one("r/dev/pts", 0755);
+    xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+    mkdir_p_one("r/dev/shm", 01777);
+    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    if (symlink("pts/ptmx", "r/dev/ptmx") < 0) die_step("ptmx");
+    if (symlink("/proc/self/fd", "r/dev/fd") < 0) die_step("fd");
+    if (symlink("/proc/self/fd/0", "r/dev/stdin") < 0) die_step("stdin");
+    if (symlink("/proc/self/fd/1", "r/dev/stdout") < 0) die_step("stdout");
+    if (symlink("/proc/self/fd/2", "r/dev/stderr") < 0) die_step("stderr");
+}
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) die_step("socket");
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) die_step("SIOCGIFFLAGS");
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) die_step("SIOCSIFFLAGS");
+    close(s);
+}
+
+static void send_fd(int sock, int fd) {
+    char dummy = 'u';
+    struct iovec iov = {.iov_base = &dummy, .iov_len = 1};
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
+}
+
+static int cap_kept(const struct opts *o, int cap) {
+    for (int i = 0; i < o->nkeep; i++) if (o->keep_caps[i] == cap) return 1;
+    return 0;
+}
+
+/* G: becomes the user's command. Errors go to C through exec_pipe. */
+static void become_command(const struct opts *o) {
+    int e;
+    const char *step = "cwd";
+    if (chdir(o->cwd) < 0) goto fail;
+    step = "ids";
+    gid_t g = (gid_t)o->gid;
+    if (o->gid_map && setgroups(1, &g) < 0) goto fail;
+    if (setresgid(g, g, g) < 0) goto fail;
+    /* Bounding set first (needs CAP_SETPCAP, which root still has here). */
+    for (int cap = 0; cap <= 63; cap++) {
+        if (cap_kept(o, cap)) continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) { step = "capbset"; goto fail; }
+    }
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (setresuid((uid_t)o->uid, (uid_t)o->uid, (uid_t)o->uid) < 0) goto fail;
+    step = "no_new_privs";
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto fail;
+    struct rlimit core = {0, 0};
+    setrlimit(RLIMIT_CORE, &core);
+    step = "seccomp";
+    if (o->seccomp_fd >= 0) {
+        static char buf[1 << 16];
+        ssize_t n = pread(o->seccomp_fd, buf, sizeof buf, 0);
+        if (n <= 0 || n % sizeof(struct sock_filter)) { errno = EINVAL; goto fail; }
+        struct sock_fprog prog = {.len = (unsigned short)(n / sizeof(struct sock_filter)), .filter = (struct sock_filter *)buf};
+        /* Nothing but stdio crosses into the command (report fd, seccomp fd, ...). */
+        syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) goto fail;
+    }
+    if (o->seccomp_fd < 0) syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    execvp(o->argv[0], o->argv);
+    e = errno;
+    dprintf(exec_pipe[1], "exec %d", e);
+    _exit(127);
+fail:
+    e = errno;
+    dprintf(exec_pipe[1], "%s %d", step, e);
+    _exit(126);
+}
+
+static volatile pid_t g_pid = -1;
+static void forward(int sig) { if (g_pid > 0) kill(g_pid, sig); }
+
+/* The run's root: a tmpfs scratch (upper + work, so --disk caps the run's writes, and
+ * commit reads the upper through the fd sent to the engine, after every namespace is gone)
+ * and the overlay of the image's layers on scratch/r. Done by P in a private mount
+ * namespace when we are root (a host overlay: trusted.* xattrs, whiteouts as 0/0 devices),
+ * or by C inside the user namespace when rootless (userxattr). Paths, not fds: overlay
+ * refuses lowers that belong to another mount namespace. */
+static void mount_root(struct opts *o) {
+    char data[256];
+    xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    /* Opened before the tmpfs goes on /tmp: the store may itself live under /tmp. */
+    int layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);
+    if (layers < 0) die_step("open-layers");
+    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
+    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
+    if (chdir("/tmp") < 0) die_step("chdir-scratch");
+    mkdir_p_one("u", o->root_mode);
+    mkdir_p_one("w", 0700);
+    mkdir_p_one("r", 0755);
+    if (chmod("u", o->root_mode) < 0) die_step("chmod-upper");
+    if (o->uid_map && chown("u", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("chown-upper");
+    int scratch = open(".", O_DIRECTORY | O_CLOEXEC);
+    if (scratch < 0) die_step("scratch-open");
+    /* The engine writes injected files into the upper before the overlay exists (never
+     * under a mounted overlay), then answers with one byte. */
+    send_fd(o->sock_fd, scratch);
+    char go;
+    if (recv(o->sock_fd, &go, 1, 0) != 1) die_step("inject-wait");
+    size_t need = strlen(o->lower) + 128;
+    char *ov = malloc(need);
+    snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower, o->uid_map ? "" : ",userxattr");
+    if (fchdir(layers) < 0) die_step("chdir-layers");
+    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    free(ov);
+    close(layers);
+    close(scratch);
+}
+
+/* C: pid 1 of the sandbox. */
+static int sandbox_init(struct opts *o) {
+    char c;
+    close(sync_pipe[1]);
+    close(status_pipe[0]);
+    if (read(sync_pipe[0], &c, 1) != 1) _exit(125);   /* P died or failed to map */
+    close(sync_pipe[0]);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
+
+    if (!o->uid_map) mount_root(o);   /* rootless: only the user namespace may mount */
+    if (chdir("/tmp") < 0) die_step("chdir-scratch");
+    /* A bind of our own: pivot_root refuses a new root that was mounted in another mount namespace. */
+    xmount("r", "r", NULL, MS_BIND | MS_REC, NULL);
+    mkdir("r/proc", 0555);
+    mkdir("r/dev", 0755);
+    setup_proc();
+    setup_dev();
+    loopback_up();
+    if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
+
+    close(o->sock_fd);
+    if (chdir("/tmp/r") < 0) die_step("chdir-root");
+    if (syscall(SYS_pivot_root, ".", ".") < 0) die_step("pivot_root");
+    if (umount2(".", MNT_DETACH) < 0) die_step("umount-old");
+    if (chdir("/") < 0) die_step("chdir-/");
+
+    /* Hide the host paths in our own argv from the sandbox's /proc/1/cmdline. */
+    o->cwd = strdup(o->cwd);
+    char *end = o->argv[0] - 1;
+    memset(o->self_argv0, 0, (size_t)(end - o->self_argv0));
+    strcpy(o->self_argv0, "sandtree-init");
+    prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
+
+    if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
+    signal(SIGTERM, forward);
+    signal(SIGINT, forward);
+    signal(SIGHUP, forward);
+    pid_t g = fork();
+    if (g < 0) die_step("fork");
+    if (g == 0) {
+        signal(SIGTERM, SIG_DFL); signal(SIGINT, SIG_DFL); signal(SIGHUP, SIG_DFL);
+        close(exec_pipe[0]);
+        close(status_pipe[1]);
+        become_command(o);
+    }
+    g_pid = g;
+    close(exec_pipe[1]);
+    char ebuf[64] = {0};
+    ssize_t en = read(exec_pipe[0], ebuf, sizeof ebuf - 1);
+    close(exec_pipe[0]);
+    int st = 0;
+    for (;;) {
+        pid_t w = wait(&st);
+        if (w == g) break;
+        if (w < 0 && errno != EINTR) { st = 0; break; }
+    }
+    if (en > 0) dprintf(status_pipe[1], "fail %s\n", ebuf);
+    else dprintf(status_pipe[1], "status %d\n", st);
+    return 0;   /* pid 1 exits: the kernel kills whatever G left behind */
+}
+
+static void parse(int argc, char **argv, struct opts *o) {
+    memset(o, 0, sizeof *o);
+    o->sock_fd = o->report_fd = o->seccomp_fd = -1;
+    o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) { i++; break; }
+        if (!v) { fprintf(stderr, "sandtree-exec: %s needs a value\n", a); exit(125); }
+        if (!strcmp(a, "--layers")) o->layers = v;
+        else if (!strcmp(a, "--root-mode")) o->root_mode = strtol(v, NULL, 8);
+        else if (!strcmp(a, "--root-uid")) o->root_uid = atol(v);
+        else if (!strcmp(a, "--root-gid")) o->root_gid = atol(v);
+        else if (!strcmp(a, "--lower")) o->lower = v;
+        else if (!strcmp(a, "--sock")) o->sock_fd = atoi(v);
+        else if (!strcmp(a, "--report")) o->report_fd = atoi(v);
+        else if (!strcmp(a, "--seccomp-fd")) o->seccomp_fd = atoi(v);
+        else if (!strcmp(a, "--uid-map")) o->uid_map = v;
+        else if (!strcmp(a, "--gid-map")) o->gid_map = v;
+        else if (!strcmp(a, "--disk")) o->disk = v;
+        else if (!strcmp(a, "--hostname")) o->hostname = v;
+        else if (!strcmp(a, "--cwd")) o->cwd = v;
+        else if (!strcmp(a, "--uid")) o->uid = atol(v);
+        else if (!strcmp(a, "--gid")) o->gid = atol(v);
+        else if (!strcmp(a, "--cgroup") && o->ncgroups < MAX_LIST) o->cgroups[o->ncgroups++] = v;
+        else if (!strcmp(a, "--keep-cap") && o->nkeep < 64) o->keep_caps[o->nkeep++] = atoi(v);
+        else { fprintf(stderr, "sandtree-exec: unknown option %s\n", a); exit(125); }
+        i++;
+    }
+    if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {
+        fprintf(stderr, "usage: sandtree-exec --layers DIR --lower L --sock N --report N [...] -- CMD...\n");
+        exit(125);
+    }
+    o->argv = argv + i;
+    o->self_argv0 = argv[0];
+}
+
+int main(int argc, char **argv) {
+    struct opts o;
+    parse(argc, argv, &o);
+    report_fd = o.report_fd;
+    pid_t engine = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+    if (getppid() != engine) _exit(125);
+
+    for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
+
+    if (o.uid_map) {
+        if (unshare(CLONE_NEWNS) < 0) die_step("unshare-mnt");
+        mount_root(&o);
+    }
+    if (pipe2(sync_pipe, O_CLOEXEC) < 0 || pipe2(status_pipe, O_CLOEXEC) < 0) die_step("pipe");
+    uid_t ruid = getuid();
+    gid_t rgid = getgid();
+    long flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
+                 CLONE_NEWUTS | CLONE_NEWCGROUP | SIGCHLD;
+    pid_t c = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+    if (c < 0) die_step("clone");
+    if (c == 0) _exit(sandbox_init(&o));
+
+    close(sync_pipe[0]);
+    close(status_pipe[1]);
+    dprintf(report_fd, "pid %d\n", c);
+    char path[64], line[64];
+    if (o.uid_map) {
+        snprintf(path, sizeof path, "/proc/%d/uid_map", c); write_file(path, o.uid_map);
+        snprintf(path, sizeof path, "/proc/%d/gid_map", c); write_file(path, o.gid_map);
+    } else {
+        snprintf(path, sizeof path, "/proc/%d/setgroups", c); write_file(path, "deny");
+        snprintf(line, sizeof line, "0 %u 1\n", ruid);
+        snprintf(path, sizeof path, "/proc/%d/uid_map", c); write_file(path, line);
+        snprintf(line, sizeof line, "0 %u 1\n", rgid);
+        snprintf(path, sizeof path, "/proc/%d/gid_map", c); write_file(path, line);
+    }
+    if (write(sync_pipe[1], "g", 1) != 1) die_step("sync");
+    close(sync_pipe[1]);
+
+    /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command. */
+    close(0);
+    int st;
+    struct rusage ru;
+    while (wait4(c, &st, 0, &ru) < 0) if (errno != EINTR) die_step("wait4");
+    char buf[256] = {0};
+    ssize_t n = read(status_pipe[0], buf, sizeof buf - 1);
+    if (n > 0) {
+        int gst, e; char step[32];
+        if (sscanf(buf, "status %d", &gst) == 1) {
+            if (WIFEXITED(gst)) dprintf(report_fd, "exit %d\n", WEXITSTATUS(gst));
+            else if (WIFSIGNALED(gst)) dprintf(report_fd, "signal %d\n", WTERMSIG(gst));
+        } else if (sscanf(buf, "fail %31s %d", step, &e) == 2) {
+            dprintf(report_fd, "execfail %d %s\n", e, step);
+        }
+    } else if (WIFSIGNALED(st)) {
+        dprintf(report_fd, "signal %d\n", WTERMSIG(st));   /* C itself was killed (timeout, OOM) */
+    }
+    dprintf(report_fd, "rusage %ld %ld %ld\n",
+            (long)(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec),
+            (long)(ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec), ru.ru_maxrss);
+    return 0;
+}

@@ -1,0 +1,340 @@
+"""Tier `namespaces` (the default): Linux namespaces + overlayfs + seccomp + cgroups.
+
+This module decides and supervises; runtime/helper.c performs the privileged steps (see its
+header for the process layout). Here: per-run cgroup, seccomp program, spawning the helper,
+injecting files into the fresh upper before the overlay is mounted, feeding stdin, collecting
+capped output live, the wall-clock timeout (SIGKILL to the sandbox's pid 1 takes the whole pid
+namespace with it), and reading the helper's report.
+
+Isolation, as set up for every run: user namespace (sandbox uid 0 is an unprivileged host uid,
+also when sandtree runs as root), mount namespace with pivot_root into the overlay (no host path
+remains), pid, net (loopback only), ipc, uts and cgroup namespaces; /proc with sensitive entries
+masked; a minimal /dev; capability bounding set cut to Docker's default; no_new_privs; seccomp.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+
+from ..errors import CommandNotFound, InvalidInput, SandboxError
+from ..store.layers import IdMap
+from . import seccomp
+from .base import Limits, RunOutcome, RunSpec
+from .build import helper_path
+from .cgroups import Cgroups
+
+# Docker's default capability set (numbers from linux/capability.h).
+KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6,
+             "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18,
+             "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
+
+MAX_ENV_BYTES = 256 * 1024
+
+
+class NamespaceRuntime:
+    name = "namespaces"
+
+    def __init__(self, layers_dir: str, idmap: IdMap, cache_dir: str):
+        self.layers_dir = layers_dir
+        self.idmap = idmap
+        self.cache_dir = cache_dir
+        self.cgroups = Cgroups()
+        self._helper: str | None = None
+
+    def available(self) -> tuple[bool, str]:
+        if not os.path.exists("/proc/self/ns/user"):
+            return False, "the kernel has no user namespaces"
+        try:
+            self.helper()
+        except Exception as exc:       # noqa: BLE001 - reported, not raised
+            return False, str(exc)
+        return True, ""
+
+    def helper(self) -> str:
+        if self._helper is None:
+            self._helper = helper_path(self.cache_dir)
+        return self._helper
+
+    # ---- one run -----------------------------------------------------------------------------
+    def run(self, spec: RunSpec) -> RunOutcome:
+        lim = spec.limits
+        _validate(spec)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        args = [self.helper(), "--layers", self.layers_dir, "--lower", ":".join(spec.layers),
+                "--sock", str(theirs.fileno()), "--report", str(rep_w),
+                "--disk", str(lim.disk), "--hostname", spec.hostname, "--cwd", spec.cwd,
+                "--uid", str(spec.uid), "--gid", str(spec.gid),
+                "--root-mode", f"{spec.root_meta[0]:o}",
+                "--root-uid", str(self.idmap.host_uid(spec.root_meta[1])),
+                "--root-gid", str(self.idmap.host_gid(spec.root_meta[2]))]
+        if not self.idmap.rootless:
+            args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
+        for cap in KEEP_CAPS.values():
+            args += ["--keep-cap", str(cap)]
+        sfd = seccomp.filter_fd()
+        args += ["--seccomp-fd", str(sfd)]
+
+        cg = None
+        started = time.monotonic()
+        deadline = started + lim.timeout
+        scratch_fd = None
+        proc = None
+        report_raw = bytearray()
+        try:
+            if self.cgroups.available:
+                cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
+                for f in cg.procs_files:
+                    args += ["--cgroup", f]
+            proc = subprocess.Popen(
+                args + ["--"] + spec.argv, env=spec.env, close_fds=True,
+                pass_fds=(theirs.fileno(), rep_w, sfd),
+                stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            theirs.close(); ours.close(); os.close(rep_r); os.close(rep_w)
+            if cg:
+                cg.remove()
+            raise
+        theirs.close()
+        os.close(rep_w)
+        try:
+            scratch_fd = self._receive_scratch(ours, rep_r, report_raw, proc, deadline)
+            upper = f"/proc/self/fd/{scratch_fd}/u" if scratch_fd is not None else None
+            if upper and spec.prepare_changes:
+                spec.prepare_changes(upper)
+            if scratch_fd is not None:
+                ours.send(b"g")
+            out = self._pump(proc, spec, deadline, rep_r, report_raw)
+        except BaseException:
+            self._kill(proc, rep_r, report_raw, cg)
+            if scratch_fd is not None:
+                os.close(scratch_fd)
+            if cg:
+                cg.remove()
+            raise
+        finally:
+            ours.close()
+        report = out.pop("report")
+        os.close(rep_r)
+        stats = cg.stats() if cg else {}
+        if cg:
+            cg.remove()
+        wall = time.monotonic() - started
+
+        if "setupfail" in report:
+            if scratch_fd is not None:
+                os.close(scratch_fd)
+            err, step = report["setupfail"]
+            raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+        if "execfail" in report:
+            if scratch_fd is not None:
+                os.close(scratch_fd)
+            err, step = report["execfail"]
+            if step == "exec":
+                raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}",
+                                      command=spec.argv[0])
+            if step == "cwd":
+                raise InvalidInput(f"working directory {spec.cwd!r}: {os.strerror(err)}", cwd=spec.cwd)
+            raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+
+        utime, stime, maxrss = report.get("rusage", (0, 0, 0))
+        sig = report.get("signal")
+        oom = bool(stats.get("oom_killed")) and not out["timed_out"]
+        usage = {"wall_s": round(wall, 6), "user_cpu_s": utime / 1e6, "sys_cpu_s": stime / 1e6,
+                 "max_rss_bytes": maxrss * 1024, "cgroup_memory_peak_bytes": stats.get("memory_peak"),
+                 "cgroup_cpu_s": (stats["cpu_usage_ns"] / 1e9) if stats.get("cpu_usage_ns") else None,
+                 "limits_enforced": cg is not None}
+
+        def close(fd=scratch_fd):
+            if fd is not None:
+                os.close(fd)
+
+        return RunOutcome(exit_code=report.get("exit"), signal=sig, stdout=out["stdout"],
+                          stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
+                          stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
+                          oom_killed=oom, usage=usage, changes=None if scratch_fd is None else
+                          f"/proc/self/fd/{scratch_fd}/u", _close=close)
+
+    # ---- pieces ------------------------------------------------------------------------------
+    @staticmethod
+    def _receive_scratch(sock: socket.socket, rep_r: int, report_raw: bytearray, proc,
+                         deadline: float) -> int | None:
+        sel = selectors.DefaultSelector()
+        sel.register(sock, selectors.EVENT_READ)
+        sel.register(rep_r, selectors.EVENT_READ)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxError("sandbox setup did not finish before the timeout")
+                for key, _ in sel.select(min(left, 1.0)):
+                    if key.fileobj is sock:
+                        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                        if fds:
+                            return fds[0]
+                        return None
+                    # the report: "pid ..." is harmless; setupfail or EOF means no scratch comes
+                    chunk = os.read(rep_r, 4096)
+                    report_raw += chunk
+                    if not chunk or b"setupfail" in report_raw:
+                        return None
+                if proc.poll() is not None:
+                    return None
+        finally:
+            sel.close()
+
+    def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray) -> dict:
+        lim: Limits = spec.limits
+        bufs = {"stdout": bytearray(), "stderr": bytearray()}
+        trunc = {"stdout": False, "stderr": False}
+        sel = selectors.DefaultSelector()
+        streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        for fd in streams:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(rep_r, selectors.EVENT_READ)
+        pending = memoryview(spec.stdin or b"")
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+        timed_out = False
+        open_fds = len(streams) + 1
+        try:
+            while open_fds:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    self._kill_sandbox(proc, report_raw)
+                    deadline = float("inf")
+                    continue
+                for key, ev in sel.select(min(left, 3600)):
+                    fd = key.fd
+                    if ev & selectors.EVENT_WRITE:
+                        try:
+                            n = os.write(fd, pending[:65536])
+                            pending = pending[n:]
+                        except (BrokenPipeError, OSError):
+                            pending = memoryview(b"")
+                        if not pending:
+                            sel.unregister(fd)
+                            proc.stdin.close()
+                        continue
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        sel.unregister(fd)
+                        open_fds -= 1
+                        continue
+                    if fd == rep_r:
+                        report_raw += chunk
+                        continue
+                    name = streams[fd]
+                    if spec.on_output:
+                        spec.on_output(name, chunk)
+                    room = lim.output - len(bufs[name])
+                    if room > 0:
+                        bufs[name] += chunk[:room]
+                    if len(chunk) > room:
+                        trunc[name] = True
+        finally:
+            sel.close()
+            if proc.stdin is not None and not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
+                "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
+                "timed_out": timed_out, "report": _parse_report(report_raw)}
+
+    @staticmethod
+    def _kill_sandbox(proc, report_raw: bytearray) -> None:
+        # SIGKILL to the sandbox's pid 1 ends its pid namespace: every process of the run dies.
+        pid = _parse_report(report_raw).get("pid")
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        else:
+            proc.kill()
+
+    def _kill(self, proc, rep_r: int, report_raw: bytearray, cg) -> None:
+        if proc is None:
+            return
+        os.set_blocking(rep_r, False)
+        try:
+            report_raw += os.read(rep_r, 65536)
+        except OSError:
+            pass
+        self._kill_sandbox(proc, report_raw)
+        proc.kill()
+        if cg:
+            cg.kill()
+        proc.wait()
+        for s in (proc.stdout, proc.stderr, proc.stdin):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        try:
+            os.close(rep_r)
+        except OSError:
+            pass
+
+
+def _parse_report(raw: bytes) -> dict:
+    out: dict = {}
+    for line in bytes(raw).decode("ascii", "replace").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        k, v = parts[0], parts[1:]
+        if k in ("pid", "exit", "signal") and v:
+            out[k] = int(v[0])
+        elif k in ("execfail", "setupfail") and len(v) >= 2:
+            out[k] = (int(v[0]), v[1])
+        elif k == "rusage" and len(v) == 3:
+            out[k] = tuple(int(x) for x in v)
+    return out
+
+
+def _validate(spec: RunSpec) -> None:
+    lim = spec.limits
+    if not spec.argv or not all(isinstance(a, str) and "\0" not in a for a in spec.argv):
+        raise InvalidInput("the command must be a non-empty list of strings without NUL bytes")
+    if not (lim.timeout > 0):
+        raise InvalidInput(f"timeout must be positive, not {lim.timeout}")
+    for name in ("memory", "pids", "disk", "output"):
+        if getattr(lim, name) <= 0:
+            raise InvalidInput(f"{name} must be positive")
+    if lim.cpus <= 0:
+        raise InvalidInput("cpus must be positive")
+    if lim.memory < (8 << 20):
+        raise InvalidInput("memory must be at least 8 MiB")
+    size = 0
+    for k, v in spec.env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise InvalidInput(f"bad environment variable {k!r}")
+        size += len(k) + len(v) + 2
+    if size > MAX_ENV_BYTES:
+        raise InvalidInput(f"environment too large ({size} bytes; the limit is {MAX_ENV_BYTES})")
+    if not spec.cwd.startswith("/") or "\0" in spec.cwd:
+        raise InvalidInput(f"cwd must be an absolute path, not {spec.cwd!r}")
+    if not spec.hostname or len(spec.hostname) > 64 or not all(c.isalnum() or c in "-." for c in spec.hostname):
+        raise InvalidInput(f"bad hostname {spec.hostname!r}")
+    for v in (spec.uid, spec.gid):
+        if not (0 <= v < 65536):
+            raise InvalidInput("uid and gid must be in 0..65535")

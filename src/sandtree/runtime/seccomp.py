@@ -1,0 +1,61 @@
+"""The seccomp deny-list every sandboxed command runs under (built with libseccomp via pyseccomp).
+
+Default allow, with a Docker-like deny list: the calls that reach kernel surface a sandbox never
+needs (modules, kexec, bpf, perf, io_uring, keyrings, mount and namespace games). clone() with a
+namespace flag fails; clone3 answers ENOSYS so libc falls back to clone, where flags are visible.
+The filter is compiled once per process and handed to the helper as a memfd of raw BPF.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+
+DENIED = [
+    # mounts and namespaces (the sandbox's root may hold CAP_SYS_ADMIN in its own user namespace)
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount",
+    "fspick", "move_mount", "open_tree", "mount_setattr",
+    # kernel code and the whole machine
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm",
+    "create_module", "get_kernel_syms", "query_module", "uselib", "nfsservctl", "_sysctl",
+    "lookup_dcookie", "personality",
+    # wide attack surface, no use in a sandbox
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "keyctl", "add_key", "request_key", "open_by_handle_at",
+    "name_to_handle_at", "kcmp", "process_vm_readv", "process_vm_writev", "fanotify_init",
+]
+
+NS_FLAGS = 0x10000000 | 0x04000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x00020000 | 0x02000000
+# CLONE_NEWUSER | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS | CLONE_NEWCGROUP
+
+
+@functools.lru_cache(maxsize=1)
+def filter_fd() -> int:
+    """A memfd holding the compiled BPF program (read with pread by each helper)."""
+    import pyseccomp as sc
+
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in DENIED:
+        try:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (ValueError, OSError, RuntimeError):
+            pass                                  # not a syscall on this architecture
+    for bit in _bits(NS_FLAGS):
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    fd = os.memfd_create("sandtree-seccomp", 0)
+    with os.fdopen(os.dup(fd), "wb") as out:
+        f.export_bpf(out)
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _bits(mask: int):
+    b = 1
+    while b <= mask:
+        if mask & b:
+            yield b
+        b <<= 1

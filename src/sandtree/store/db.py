@@ -1,0 +1,121 @@
+"""Metadata database (SQLite, WAL): trees, images, lineage edges, operations, refs and their log.
+
+An image row is written in the same transaction as its trees, edges and operation, and only
+after its layer directory and blobs are in place, so after a kill -9 at any point no image is
+listed whose objects are missing. One connection per thread; writers serialise on SQLite's lock.
+
+On-disk format: `meta.format` holds SCHEMA_VERSION; a store written by a newer sandtree is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trees(hash TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS images(
+    id TEXT PRIMARY KEY,           -- = root tree hash
+    layers TEXT NOT NULL,          -- JSON list of layer ids, top first
+    links TEXT NOT NULL,           -- JSON {group key: [paths]} of hard-link groups
+    created REAL NOT NULL,
+    size INTEGER NOT NULL,
+    files INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS operations(
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, source TEXT, result TEXT,
+    spec TEXT NOT NULL, outcome TEXT, started REAL NOT NULL, finished REAL);
+CREATE INDEX IF NOT EXISTS operations_source ON operations(source);
+CREATE TABLE IF NOT EXISTS edges(
+    parent TEXT NOT NULL, child TEXT NOT NULL, op TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY(parent, child, op));
+CREATE INDEX IF NOT EXISTS edges_child ON edges(child);
+CREATE TABLE IF NOT EXISTS refs(
+    name TEXT NOT NULL, kind TEXT NOT NULL, image TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY(kind, name));
+CREATE TABLE IF NOT EXISTS reflog(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, name TEXT NOT NULL,
+    old TEXT, new TEXT, at REAL NOT NULL, reason TEXT);
+"""
+
+
+class Database:
+    def __init__(self, path: str):
+        self.path = path
+        self._local = threading.local()
+        con = self.connection()
+        with con:
+            con.executescript(SCHEMA)
+            row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
+            if row is None:
+                con.execute("INSERT INTO meta VALUES('format', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise RuntimeError(f"store format {row[0]} is newer than this sandtree ({SCHEMA_VERSION})")
+
+    def connection(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+            con.execute("PRAGMA busy_timeout=60000")
+            self._local.con = con
+        return con
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+            self._local.con = None
+
+    # A write transaction: BEGIN IMMEDIATE takes the write lock up front, so a compare-and-swap
+    # read inside it cannot be invalidated by another writer before our write.
+    class _Tx:
+        def __init__(self, con):
+            self.con = con
+
+        def __enter__(self):
+            self.con.execute("BEGIN IMMEDIATE")
+            return self.con
+
+        def __exit__(self, et, ev, tb):
+            self.con.execute("COMMIT" if et is None else "ROLLBACK")
+            return False
+
+    def tx(self):
+        return self._Tx(self.connection())
+
+    def query(self, sql: str, args=()):
+        return self.connection().execute(sql, args).fetchall()
+
+    def one(self, sql: str, args=()):
+        return self.connection().execute(sql, args).fetchone()
+
+    # ---- trees -------------------------------------------------------------------------------
+    def tree_data(self, digest: str) -> bytes | None:
+        row = self.one("SELECT data FROM trees WHERE hash=?", (digest,))
+        return row[0] if row else None
+
+    @staticmethod
+    def put_trees(con, trees: dict[str, bytes]) -> None:
+        # INSERT OR IGNORE: the first recording of a tree keeps its timestamps.
+        con.executemany("INSERT OR IGNORE INTO trees(hash, data) VALUES(?, ?)", trees.items())
+
+    @staticmethod
+    def record_ref(con, kind: str, name: str, old: str | None, new: str | None, reason: str) -> None:
+        now = time.time()
+        if new is None:
+            con.execute("DELETE FROM refs WHERE kind=? AND name=?", (kind, name))
+        else:
+            con.execute("INSERT OR REPLACE INTO refs(name, kind, image, updated) VALUES(?,?,?,?)",
+                        (name, kind, new, now))
+        con.execute("INSERT INTO reflog(kind, name, old, new, at, reason) VALUES(?,?,?,?,?,?)",
+                    (kind, name, old, new, now, reason))
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,185 @@
+"""Directory → trees: how an imported filesystem becomes objects and a layer.
+
+`scan(src, dest, ...)` walks `src` in sorted order. With dest=None the directory is adopted in
+place (a staged tar extraction or debootstrap run that already lives in the store's tmp/); with
+a dest it is mirrored there. Either way the result is a layer directory with host-shifted ids,
+every regular file known as a blob (hard-linked, not copied), and one tree object per directory.
+The walk reads each file once: cost is the size of what is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+
+from .blobs import BlobStore
+from .layers import IdMap, read_xattrs
+from .objects import (CHR, BLK, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, encode_xattrs,
+                      tree_hash_and_data)
+
+
+@dataclass
+class ScanResult:
+    root: str                                  # root tree hash = image id
+    trees: dict[str, bytes]
+    links: dict[str, list[str]]
+    size: int = 0
+    files: int = 0
+
+
+@dataclass
+class _Dir:
+    path: str                                  # image path, "/" for the root
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+
+def _hash_copy(src: str, dst: str | None) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(src, "rb", buffering=0) as f:
+        out = open(dst, "wb") if dst else None
+        try:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+                if out:
+                    out.write(chunk)
+        finally:
+            if out:
+                out.close()
+    return h.hexdigest(), size
+
+
+def scan(src: str, dest: str | None, blobs: BlobStore, idmap: IdMap, *, ids_are_host: bool = False,
+         progress=None) -> ScanResult:
+    """Walk `src`; ids on disk are sandbox ids unless ids_are_host. The layer ends up host-shifted."""
+    inodes: dict[tuple[int, int], list[str]] = {}
+    dirs: list[_Dir] = []
+    total = [0, 0]
+
+    def logical(st):
+        if ids_are_host:
+            return idmap.uid(st.st_uid), idmap.gid(st.st_gid)
+        return st.st_uid, st.st_gid
+
+    def place(spath: str, dpath: str, st, uid: int, gid: int, is_dir: bool) -> None:
+        # Shift ids to host ids in the layer; chmod after chown (chown clears setuid bits).
+        target = dpath
+        os.lchown(target, idmap.host_uid(uid), idmap.host_gid(gid))
+        if not stat.S_ISLNK(st.st_mode):
+            os.chmod(target, stat.S_IMODE(st.st_mode))
+        if dest is not None:
+            for k, v in read_xattrs(spath):
+                try:
+                    os.setxattr(target, k, v, follow_symlinks=False)
+                except OSError:
+                    pass
+        if not is_dir:
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+    def walk(spath: str, dpath: str, ipath: str) -> _Dir:
+        d = _Dir(ipath)
+        with os.scandir(spath) as it:
+            names = sorted((e.name for e in it), key=os.fsencode)
+        for name in names:
+            s = os.path.join(spath, name)
+            t = os.path.join(dpath, name)
+            ip = ipath.rstrip("/") + "/" + name
+            st = os.lstat(s)
+            kind = KIND_OF_MODE.get(stat.S_IFMT(st.st_mode))
+            if kind is None:
+                continue
+            uid, gid = logical(st)
+            xattrs = encode_xattrs(read_xattrs(s))
+            ref = None
+            size = 0
+            hl = None
+            if kind == DIR:
+                if dest is not None:
+                    os.mkdir(t, 0o700)
+                sub = walk(s, t, ip)
+                d.entries[name] = Entry(name, DIR, stat.S_IMODE(st.st_mode), uid, gid, 0, sub.path,
+                                        xattrs, None, st.st_mtime_ns)
+                place(s, t, st, uid, gid, True)
+                os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+                continue
+            key = (st.st_dev, st.st_ino)
+            if kind != DIR and st.st_nlink > 1:
+                members = inodes.setdefault(key, [])
+                members.append(ip)
+                hl = f"{st.st_dev}:{st.st_ino}"
+                if dest is not None and len(members) > 1:
+                    first = os.path.join(dest, members[0].lstrip("/"))
+                    os.link(first, t)
+                    d.entries[name] = Entry(name, kind, stat.S_IMODE(st.st_mode), uid, gid, 0, None,
+                                            xattrs, hl, st.st_mtime_ns)
+                    continue
+            if kind == FILE:
+                ref, size = _hash_copy(s, t if dest is not None else None)
+                blobs.adopt(t if dest is not None else s, ref)
+                total[0] += size
+                total[1] += 1
+                if progress:
+                    progress(size)
+            elif kind == SYMLINK:
+                ref = os.readlink(s)
+                if dest is not None:
+                    os.symlink(ref, t)
+            elif kind in (CHR, BLK):
+                ref = st.st_rdev
+                if dest is not None:
+                    os.mknod(t, st.st_mode, st.st_rdev)
+            elif dest is not None:
+                os.mknod(t, st.st_mode)
+            d.entries[name] = Entry(name, kind, stat.S_IMODE(st.st_mode), uid, gid, size, ref,
+                                    xattrs, hl, st.st_mtime_ns)
+            place(s, t, st, uid, gid, False)
+        dirs.append(d)
+        return d
+
+    root_st = os.lstat(src)
+    root_dir = walk(src, dest if dest is not None else src, "/")
+    uid, gid = logical(root_st)
+    target = dest if dest is not None else src
+    os.lchown(target, idmap.host_uid(uid), idmap.host_gid(gid))
+    os.chmod(target, stat.S_IMODE(root_st.st_mode))
+    os.utime(target, ns=(root_st.st_atime_ns, root_st.st_mtime_ns))
+
+    # Hard-link groups: provisional keys (dev:ino) become the group's first path, or vanish when
+    # only one path of the inode is inside the image.
+    links: dict[str, list[str]] = {}
+    rename: dict[str, str | None] = {}
+    for key, members in inodes.items():
+        prov = f"{key[0]}:{key[1]}"
+        if len(members) > 1:
+            rename[prov] = members[0]
+            links[members[0]] = members
+        else:
+            rename[prov] = None
+    # Member entries that were created as links copy the group's first member's content.
+    first_entry: dict[str, Entry] = {}
+    for d in dirs:
+        for name, e in d.entries.items():
+            if e.hl is not None and e.ref is not None:
+                first_entry[e.hl] = e
+
+    trees: dict[str, bytes] = {}
+    hashes: dict[str, str] = {}
+    for d in dirs:                              # children are appended before their parents
+        fixed = {}
+        for name, e in d.entries.items():
+            if e.kind == DIR:
+                e = e._replace(ref=hashes[e.ref])
+            elif e.hl is not None:
+                src_e = first_entry.get(e.hl, e)
+                e = e._replace(ref=src_e.ref, size=src_e.size, hl=rename[e.hl])
+            fixed[name] = e
+        if d.path == "/":
+            fixed["."] = Entry(".", DIR, stat.S_IMODE(root_st.st_mode), uid, gid, 0, None,
+                               encode_xattrs(read_xattrs(src)), None, root_st.st_mtime_ns)
+        digest, data = tree_hash_and_data(fixed)
+        trees[digest] = data
+        hashes[d.path] = digest
+    return ScanResult(hashes["/"], trees, links, total[0], total[1])

@@ -1,0 +1,146 @@
+"""The image store: one directory holding the database, blobs and layers.
+
+    $SANDTREE_HOME/
+      sandtree.db          trees, images, edges, operations, refs (store/db.py)
+      objects/blobs/       file contents by sha256 (store/blobs.py)
+      layers/              overlay lower dirs, one per commit (store/layers.py)
+      tmp/                 staging for imports and commits; never holds a mount
+
+Names: an image is addressed by its full ID, a unique prefix of at least 6 hex digits, or a
+tag. Tags are refs of kind "tag"; every move is appended to the reflog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..errors import ImageNotFound, InvalidInput, NotFound
+from .blobs import BlobStore
+from .db import Database, dumps
+from .layers import IdMap, LayerDirs
+from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
+
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
+HEX_RE = re.compile(r"^[0-9a-f]{6,64}$")
+
+
+@dataclass(frozen=True)
+class ImageRow:
+    id: str
+    layers: list[str]
+    links: dict[str, list[str]]
+    created: float
+    size: int
+    files: int
+
+
+class Store:
+    def __init__(self, home: str, idmap: IdMap):
+        self.home = os.path.abspath(home)
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
+        self.idmap = idmap
+        self.db = Database(os.path.join(self.home, "sandtree.db"))
+        self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"))
+        self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
+        self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.layers.clean_stale()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- trees -------------------------------------------------------------------------------
+    def tree(self, digest: str) -> dict[str, Entry]:
+        with self._lock:
+            t = self._trees.get(digest)
+            if t is not None:
+                self._trees.move_to_end(digest)
+                return t
+        data = EMPTY_TREE_DATA if digest == EMPTY_TREE_HASH else self.db.tree_data(digest)
+        if data is None:
+            raise NotFound(f"tree {digest[:12]} is missing from the store")
+        t = decode_tree(data)
+        with self._lock:
+            self._trees[digest] = t
+            if len(self._trees) > 4096:
+                self._trees.popitem(last=False)
+        return t
+
+    # ---- images ------------------------------------------------------------------------------
+    def image(self, image_id: str) -> ImageRow:
+        row = self.db.one("SELECT id, layers, links, created, size, files FROM images WHERE id=?",
+                          (image_id,))
+        if row is None:
+            raise ImageNotFound(f"no image {image_id!r}", image=image_id)
+        return ImageRow(row[0], json.loads(row[1]), json.loads(row[2]), row[3], row[4], row[5])
+
+    def has_image(self, image_id: str) -> bool:
+        return self.db.one("SELECT 1 FROM images WHERE id=?", (image_id,)) is not None
+
+    def resolve(self, ref: str) -> str:
+        """Image ID for an ID, unique ID prefix, `tag:NAME` or tag name."""
+        if not isinstance(ref, str) or not ref:
+            raise InvalidInput("an image reference must be a non-empty string")
+        name = ref[4:] if ref.startswith("tag:") else ref
+        row = self.db.one("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,))
+        if row:
+            return row[0]
+        if HEX_RE.match(ref):
+            rows = self.db.query("SELECT id FROM images WHERE id >= ? AND id < ? LIMIT 2",
+                                 (ref, ref + "g"))
+            if len(rows) == 1:
+                return rows[0][0]
+            if len(rows) > 1:
+                raise InvalidInput(f"image prefix {ref!r} is ambiguous")
+        raise ImageNotFound(f"no image or tag {ref!r}", image=ref)
+
+    def images(self) -> list[dict]:
+        tags: dict[str, list[str]] = {}
+        for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='tag'"):
+            tags.setdefault(image, []).append(name)
+        return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": sorted(tags.get(r[0], []))}
+                for r in self.db.query("SELECT id, created, size, files FROM images ORDER BY created")]
+
+    @staticmethod
+    def insert_image(con, image_id: str, layers: list[str], links: dict, size: int, files: int) -> bool:
+        cur = con.execute("INSERT OR IGNORE INTO images(id, layers, links, created, size, files) "
+                          "VALUES(?,?,?,?,?,?)",
+                          (image_id, json.dumps(layers), dumps(links), time.time(), size, files))
+        return cur.rowcount == 1
+
+    # ---- tags --------------------------------------------------------------------------------
+    def tag(self, image_id: str, name: str) -> None:
+        if not TAG_RE.match(name) or HEX_RE.match(name):
+            raise InvalidInput(f"invalid tag name {name!r} (letters, digits and ._/:@+-; not a hex id)")
+        with self.db.tx() as con:
+            if con.execute("SELECT 1 FROM images WHERE id=?", (image_id,)).fetchone() is None:
+                raise ImageNotFound(f"no image {image_id!r}", image=image_id)
+            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,)).fetchone()
+            old = row[0] if row else None
+            if old != image_id:
+                Database.record_ref(con, "tag", name, old, image_id, "tag")
+
+    def untag(self, name: str) -> str:
+        with self.db.tx() as con:
+            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"no tag {name!r}")
+            Database.record_ref(con, "tag", name, row[0], None, "untag")
+            return row[0]
+
+    def tags(self, image_id: str | None = None) -> dict[str, str]:
+        if image_id:
+            rows = self.db.query("SELECT name, image FROM refs WHERE kind='tag' AND image=?", (image_id,))
+        else:
+            rows = self.db.query("SELECT name, image FROM refs WHERE kind='tag'")
+        return dict(sorted(rows))
+
+    def tag_history(self, name: str) -> list[dict]:
+        return [{"old": o, "new": n, "at": a, "reason": r} for o, n, a, r in self.db.query(
+            "SELECT old, new, at, reason FROM reflog WHERE kind='tag' AND name=? ORDER BY seq", (name,))]
