@@ -1,1 +1,21 @@
-"""sandtree: a self-hosted sandbox for AI agents with git-like, content-addressed images."""
+"""sandtree: a self-hosted sandbox for AI agents with git-like, content-addressed images.
+
+    import sandtree
+    st = sandtree.Sandtree()
+    img = st.image("debian:bookworm")
+    r = img.run("python3 -V")
+"""
+
+from .aio import AsyncImage, AsyncRunResult, AsyncSandtree
+from .api import Image, RunResult, Sandtree
+from .errors import (BadArchive, CommandNotFound, Conflict, ImageNotFound, InvalidInput, NotFound,
+                     PathEscape, PathNotFound, RuntimeUnavailable, SandboxError, SandtreeError,
+                     StoreCorrupt)
+from .runtime.base import Limits
+
+__all__ = [
+    "Sandtree", "Image", "RunResult", "AsyncSandtree", "AsyncImage", "AsyncRunResult", "Limits",
+    "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
+    "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
+]
+__version__ = "0.1.0"

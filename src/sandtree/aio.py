@@ -1,0 +1,92 @@
+"""Async twins of the public API, generated from the sync classes (one implementation).
+
+Every public method of Sandtree and Image becomes a coroutine of the same name that runs the sync
+method in a worker thread (sandboxes are processes; the engine's waits are blocking syscalls) and
+wraps what comes back into the async twin types.
+
+    async with AsyncSandtree() as st:
+        img = await st.image("debian:bookworm")
+        r = await img.run("python3 -V")
+        await r.image.ls("/")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+
+from . import api
+
+
+def _wrap(value):
+    if isinstance(value, api.Image):
+        return AsyncImage(value)
+    if isinstance(value, api.RunResult):
+        return AsyncRunResult(**{**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
+                                 "image": _wrap(value.image), "source": _wrap(value.source)})
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+def _unwrap(value):
+    return value._sync if isinstance(value, (AsyncImage, AsyncSandtree)) else value
+
+
+def _twin(sync_cls):
+    """Class decorator: add an async method for each public sync method of sync_cls."""
+    def decorate(cls):
+        for name, fn in inspect.getmembers(sync_cls, inspect.isfunction):
+            if name.startswith("_") or name in cls.__dict__:
+                continue
+
+            def make(name=name, fn=fn):
+                @functools.wraps(fn)
+                async def method(self, *args, **kwargs):
+                    args = [_unwrap(a) for a in args]
+                    kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+                    bound = getattr(self._sync, name)
+                    return _wrap(await asyncio.to_thread(bound, *args, **kwargs))
+                return method
+            setattr(cls, name, make())
+        for name, prop in inspect.getmembers(sync_cls, lambda m: isinstance(m, property)):
+            if name not in cls.__dict__:
+                setattr(cls, name, property(lambda self, name=name: _wrap(getattr(self._sync, name))))
+        return cls
+    return decorate
+
+
+@_twin(api.Sandtree)
+class AsyncSandtree:
+    def __init__(self, home: str | None = None, **kwargs):
+        self._sync = api.Sandtree(home, **kwargs)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self._sync.close()
+
+
+@_twin(api.Image)
+class AsyncImage:
+    def __init__(self, sync: api.Image):
+        self._sync = sync
+        self.id = sync.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncImage {self.id[:12]}>"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, AsyncImage) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+@dataclasses.dataclass
+class AsyncRunResult(api.RunResult):
+    image: "AsyncImage | None" = None
+    source: "AsyncImage | None" = None

@@ -1,0 +1,209 @@
+"""The public Python API, in process: Sandtree, Image, RunResult (and aio.py, their async twins).
+
+A thin face over engine.Engine: names and value shapes that read well to a user; no logic of its
+own beyond wrapping IDs in objects.
+
+    st = Sandtree()
+    img = st.image("debian:bookworm")
+    r = img.run("python3 -V")
+    r.stdout, r.exit_code, r.image
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import config
+from .engine import Engine, RunRecord
+from .runtime.base import Limits
+
+
+class Sandtree:
+    """An image store plus the default sandbox runtime. `home` defaults to $SANDTREE_HOME or
+    ~/.local/share/sandtree."""
+
+    def __init__(self, home: str | None = None, *, limits: Limits | None = None):
+        self._engine = Engine(home or config.default_home(), limits=limits)
+
+    @property
+    def home(self) -> str:
+        return self._engine.store.home
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # images
+    def image(self, ref: str) -> "Image":
+        """An image by ID, unique ID prefix or tag (ImageNotFound if none)."""
+        return Image(self, self._engine.resolve(ref))
+
+    def images(self) -> list["Image"]:
+        return [Image(self, r["id"]) for r in self._engine.store.images()]
+
+    def import_image(self, path: str, *, tag: str | None = None,
+                     progress: Callable[[int], None] | None = None) -> "Image":
+        """Import a directory, a tar (gz/zst), an OCI layout or a docker-archive tar."""
+        return Image(self, self._engine.import_path(path, tag=tag, progress=progress))
+
+    def bootstrap(self, spec: str = "debian:bookworm", *, include: list[str] = (), tag: str | None = None,
+                  log: Callable[[str], None] | None = None) -> "Image":
+        """Build a Debian base image with debootstrap (root only); tagged `spec` unless `tag`."""
+        return Image(self, self._engine.bootstrap(spec, include=list(include), tag=tag, log=log))
+
+    def tag(self, image: "Image | str", name: str) -> "Image":
+        image_id = self._id(image)
+        self._engine.store.tag(image_id, name)
+        return Image(self, image_id)
+
+    def untag(self, name: str) -> None:
+        self._engine.store.untag(name)
+
+    def tags(self) -> dict[str, str]:
+        return self._engine.store.tags()
+
+    def operation(self, op: str) -> dict:
+        return self._engine.operation(op)
+
+    def fsck(self, *, verify_content: bool = True) -> dict:
+        from .store.maintenance import fsck
+        return fsck(self._engine.store, verify_content=verify_content)
+
+    def gc(self, *, retention: float = 7 * 86400, grace: float = 600) -> dict:
+        """Remove untagged images older than `retention` seconds (and what only they used)."""
+        from .store.maintenance import gc
+        return gc(self._engine.store, retention=retention, grace=grace)
+
+    def remove(self, image: "Image | str", *, force: bool = False) -> None:
+        self._engine.remove_image(self._id(image), force=force)
+
+    def _id(self, image: "Image | str") -> str:
+        return image.id if isinstance(image, Image) else self._engine.resolve(image)
+
+
+class Image:
+    """An immutable filesystem state. Running a command on it yields a new Image."""
+
+    def __init__(self, st: Sandtree, image_id: str):
+        self._st = st
+        self.id = image_id
+
+    def __repr__(self) -> str:
+        return f"<Image {self.id[:12]}>"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Image) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def tags(self) -> list[str]:
+        return sorted(self._st._engine.store.tags(self.id))
+
+    def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
+            cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
+            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
+            files: list | None = None, disposable: bool = False,
+            on_output: Callable[[str, bytes], None] | None = None) -> "RunResult":
+        """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
+        image. Unless disposable, what it wrote becomes the new image `result.image`."""
+        rec = self._st._engine.run(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
+                                   disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid,
+                                   gid=gid, hostname=hostname, files=files, disposable=disposable,
+                                   on_output=on_output)
+        return RunResult._of(self._st, rec)
+
+    def ls(self, path: str = "/") -> list[dict]:
+        return [e.to_dict() for e in self._st._engine.ls(self.id, path)]
+
+    def stat(self, path: str) -> dict:
+        return self._st._engine.stat(self.id, path).to_dict()
+
+    def read(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
+        return self._st._engine.read(self.id, path, offset, limit)
+
+    def read_text(self, path: str) -> str:
+        return self.read(path).decode("utf-8", "replace")
+
+    def grep(self, pattern: str, path: str = "/", *, glob: str | None = None, max_matches: int = 1000,
+             ignore_case: bool = False) -> list[dict]:
+        return self._st._engine.grep(self.id, pattern, path, glob=glob, max_matches=max_matches,
+                                     ignore_case=ignore_case)
+
+    def export(self, fileobj_or_path, path: str = "/") -> None:
+        """Write the image (or the subtree at `path`) as a tar."""
+        if isinstance(fileobj_or_path, str):
+            with open(fileobj_or_path, "wb") as f:
+                self._st._engine.export_tar(self.id, f, path)
+        else:
+            self._st._engine.export_tar(self.id, fileobj_or_path, path)
+
+    def parents(self) -> list["Image"]:
+        return _unique(Image(self._st, e["parent"]) for e in self._st._engine.parents(self.id))
+
+    def children(self) -> list["Image"]:
+        return _unique(Image(self._st, e["child"]) for e in self._st._engine.children(self.id))
+
+    def log(self) -> list[dict]:
+        return self._st._engine.log(self.id)
+
+    def tag(self, name: str) -> "Image":
+        return self._st.tag(self, name)
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    image: Image | None
+    source: Image
+    signal: int | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    usage: dict = field(default_factory=dict)
+    operation: str = ""
+
+    @classmethod
+    def _of(cls, st: Sandtree, rec: RunRecord) -> "RunResult":
+        return cls(rec.exit_code, rec.stdout, rec.stderr, Image(st, rec.image) if rec.image else None,
+                   Image(st, rec.source), rec.signal, rec.timed_out, rec.oom_killed, rec.stdout_truncated,
+                   rec.stderr_truncated, rec.usage, rec.op)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    def to_dict(self) -> dict:
+        return {"image": self.image.id if self.image else None, "source": self.source.id,
+                "exit_code": self.exit_code, "signal": self.signal,
+                "stdout": self.stdout.decode("utf-8", "replace"), "stderr": self.stderr.decode("utf-8", "replace"),
+                "stdout_truncated": self.stdout_truncated, "stderr_truncated": self.stderr_truncated,
+                "timed_out": self.timed_out, "oom_killed": self.oom_killed, "usage": self.usage,
+                "operation": self.operation}
+
+
+def _unique(images):
+    seen, out = set(), []
+    for i in images:
+        if i.id not in seen:
+            seen.add(i.id)
+            out.append(i)
+    return out

@@ -1,0 +1,346 @@
+"""The `sandtree` command: an adapter over the engine (human output by default, --json everywhere).
+
+Exit status: `run` exits with the command's status (128+N for a signal, 124 on timeout, 125 for a
+sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import config
+from .errors import SandtreeError
+
+
+def _engine(args):
+    from .engine import Engine
+    return Engine(args.home or config.default_home())
+
+
+def _out(args, obj, human) -> None:
+    if args.json:
+        print(json.dumps(obj, indent=None, default=str))
+    else:
+        human(obj)
+
+
+def _fmt_size(n: int) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+
+
+def _progress(args, label: str):
+    """A rich progress callback (bytes) when stderr is a terminal; else None."""
+    if args.json or not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    prog = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+    task = prog.add_task(label, total=None)
+    prog.start()
+    return (lambda n: prog.advance(task, n)), prog
+
+
+# ---- image ---------------------------------------------------------------------------------------
+def cmd_image_import(args):
+    eng = _engine(args)
+    cb, prog = _progress(args, "importing")
+    try:
+        image = eng.import_path(args.path, tag=args.tag, progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    _out(args, {"image": image, "tag": args.tag}, lambda o: print(o["image"]))
+
+
+def cmd_image_bootstrap(args):
+    eng = _engine(args)
+    include = [p for x in args.include for p in x.split(",") if p]
+    status = None
+    if not args.json and sys.stderr.isatty():
+        from rich.console import Console
+        status = Console(stderr=True).status(f"bootstrapping {args.spec}")
+        status.start()
+    try:
+        log = (lambda line: status.update(f"bootstrapping {args.spec}: {line[:100]}")) if status else None
+        image = eng.bootstrap(args.spec, include=include, tag=args.tag, log=log, mirror=args.mirror)
+    finally:
+        if status:
+            status.stop()
+    _out(args, {"image": image, "tag": args.tag or args.spec}, lambda o: print(o["image"]))
+
+
+def cmd_image_list(args):
+    eng = _engine(args)
+    rows = eng.store.images()
+
+    def human(rows):
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
+            print(f"{r['id'][:12]}  {when}  {_fmt_size(r['size']):>7}  {r['files']:>6} files  {' '.join(r['tags'])}")
+    _out(args, rows, human)
+
+
+def cmd_image_export(args):
+    eng = _engine(args)
+    image = eng.resolve(args.image)
+    if args.file == "-":
+        eng.export_tar(image, sys.stdout.buffer, args.path)
+    else:
+        tmp = args.file + ".part"
+        with open(tmp, "wb") as f:
+            eng.export_tar(image, f, args.path)
+        os.replace(tmp, args.file)
+    if args.json:
+        print(json.dumps({"image": image, "file": args.file}))
+
+
+def cmd_image_rm(args):
+    eng = _engine(args)
+    removed = []
+    for ref in args.images:
+        image = eng.resolve(ref)
+        eng.remove_image(image, force=args.force)
+        removed.append(image)
+    _out(args, {"removed": removed}, lambda o: [print(i) for i in o["removed"]])
+
+
+# ---- run -----------------------------------------------------------------------------------------
+def cmd_run(args):
+    eng = _engine(args)
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not cmd:
+        raise SystemExit("sandtree run: no command given (sandtree run IMAGE -- CMD ...)")
+    command = cmd[0] if len(cmd) == 1 else cmd          # one argument: a shell string
+    env = {}
+    for kv in args.env:
+        if "=" not in kv:
+            raise SystemExit(f"sandtree run: --env wants KEY=VALUE, not {kv!r}")
+        k, v = kv.split("=", 1)
+        env[k] = v
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+
+    def live(stream, chunk):
+        f = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        f.write(chunk)
+        f.flush()
+
+    rec = eng.run(args.image, command, env=env, cwd=args.cwd, stdin=stdin, disposable=args.disposable,
+                  timeout=args.timeout, memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
+                  on_output=None if args.json else live)
+    if args.json:
+        print(json.dumps({"image": rec.image, "source": rec.source, "exit_code": rec.exit_code,
+                          "signal": rec.signal, "stdout": rec.stdout.decode("utf-8", "replace"),
+                          "stderr": rec.stderr.decode("utf-8", "replace"),
+                          "stdout_truncated": rec.stdout_truncated, "stderr_truncated": rec.stderr_truncated,
+                          "timed_out": rec.timed_out, "oom_killed": rec.oom_killed, "usage": rec.usage,
+                          "operation": rec.op}))
+    else:
+        notes = []
+        if rec.timed_out:
+            notes.append("timed out")
+        if rec.oom_killed:
+            notes.append("out of memory")
+        if rec.stdout_truncated or rec.stderr_truncated:
+            notes.append("output truncated")
+        print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
+              file=sys.stderr)
+    if rec.timed_out:
+        return 124
+    if rec.signal:
+        return 128 + rec.signal
+    return rec.exit_code or 0
+
+
+# ---- inspection ----------------------------------------------------------------------------------
+def cmd_cat(args):
+    eng = _engine(args)
+    data = eng.read(eng.resolve(args.image), args.path)
+    sys.stdout.buffer.write(data)
+
+
+def cmd_ls(args):
+    eng = _engine(args)
+    entries = [e.to_dict() for e in eng.ls(eng.resolve(args.image), args.path)]
+
+    def human(rows):
+        for r in rows:
+            extra = f" -> {r['target']}" if "target" in r else ""
+            print(f"{r['type'][0] if r['type'] != 'symlink' else 'l'}{r['mode']} {r['uid']:>5} {r['gid']:>5} "
+                  f"{r['size']:>10}  {r['name']}{extra}")
+    _out(args, entries, human)
+
+
+def cmd_stat(args):
+    eng = _engine(args)
+    _out(args, eng.stat(eng.resolve(args.image), args.path).to_dict(),
+         lambda o: [print(f"{k}: {v}") for k, v in o.items()])
+
+
+def cmd_grep(args):
+    eng = _engine(args)
+    hits = eng.grep(eng.resolve(args.image), args.pattern, args.path, glob=args.glob,
+                    max_matches=args.max_matches, ignore_case=args.ignore_case)
+    _out(args, hits, lambda rows: [print(f"{r['path']}:{r['line']}:{r['text']}") for r in rows])
+    return 0 if hits else 1
+
+
+def cmd_log(args):
+    eng = _engine(args)
+    rows = eng.log(eng.resolve(args.image))
+
+    def human(rows):
+        for r in rows:
+            tags = f" ({', '.join(r['tags'])})" if r["tags"] else ""
+            code = "" if r["exit_code"] is None else f" [exit {r['exit_code']}]"
+            print(f"{r['image'][:12]}{tags}  {r['command'] or ''}{code}")
+    _out(args, rows, human)
+
+
+def cmd_tag(args):
+    eng = _engine(args)
+    image = eng.resolve(args.image)
+    eng.store.tag(image, args.name)
+    _out(args, {"image": image, "tag": args.name}, lambda o: print(f"{o['tag']} -> {o['image']}"))
+
+
+def cmd_untag(args):
+    eng = _engine(args)
+    image = eng.store.untag(args.name)
+    _out(args, {"image": image, "untagged": args.name}, lambda o: print(f"untagged {o['untagged']}"))
+
+
+def cmd_fsck(args):
+    from .store.maintenance import fsck
+    eng = _engine(args)
+    res = fsck(eng.store, verify_content=not args.quick)
+
+    def human(r):
+        print(f"{'ok' if r['ok'] else 'PROBLEMS'}: {r['images']} images, {r['trees']} trees, "
+              f"{r['blobs']} blobs, {r['layers']} layers")
+        for p in r["problems"]:
+            print("  " + json.dumps(p))
+    _out(args, res, human)
+    return 0 if res["ok"] else 1
+
+
+def cmd_gc(args):
+    from .store.maintenance import gc
+    eng = _engine(args)
+    res = gc(eng.store, retention=args.retention)
+    _out(args, res, lambda r: print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items())))
+
+
+def cmd_op(args):
+    eng = _engine(args)
+    _out(args, eng.operation(args.id), lambda o: print(json.dumps(o, indent=2)))
+
+
+# ---- parser --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--home", help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
+
+    p = argparse.ArgumentParser(prog="sandtree", parents=[common],
+                                description="Sandboxes for AI agents with git-like images.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    img = sub.add_parser("image", help="import, list, export and remove images")
+    isub = img.add_subparsers(dest="image_command", required=True)
+    x = isub.add_parser("import", parents=[common], help="import a directory, tar, OCI layout or docker-archive")
+    x.add_argument("path")
+    x.add_argument("--tag")
+    x.set_defaults(fn=cmd_image_import)
+    x = isub.add_parser("bootstrap", parents=[common], help="build a Debian base image (debootstrap)")
+    x.add_argument("spec", help="debian:SUITE, e.g. debian:bookworm")
+    x.add_argument("--include", action="append", default=[], help="extra packages (comma-separated)")
+    x.add_argument("--tag", help="tag (default: the spec)")
+    x.add_argument("--mirror", help="Debian mirror (default: the host's apt source)")
+    x.set_defaults(fn=cmd_image_bootstrap)
+    x = isub.add_parser("list", parents=[common], help="list images")
+    x.set_defaults(fn=cmd_image_list)
+    x = isub.add_parser("export", parents=[common], help="write an image as a tar")
+    x.add_argument("image")
+    x.add_argument("file", help="output file, or - for stdout")
+    x.add_argument("--path", default="/", help="export only this subtree")
+    x.set_defaults(fn=cmd_image_export)
+    x = isub.add_parser("rm", parents=[common], help="remove images (their data goes at the next gc)")
+    x.add_argument("images", nargs="+")
+    x.add_argument("--force", action="store_true", help="also drop the tags pointing at it")
+    x.set_defaults(fn=cmd_image_rm)
+
+    x = sub.add_parser("run", parents=[common], help="run a command on an image; prints the new image")
+    x.add_argument("image")
+    x.add_argument("--timeout", type=float)
+    x.add_argument("--memory")
+    x.add_argument("--pids", type=int)
+    x.add_argument("--cpus", type=float)
+    x.add_argument("--disk")
+    x.add_argument("--env", action="append", default=[], metavar="K=V")
+    x.add_argument("--cwd", default="/")
+    x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
+    x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
+    x.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS... (one argument: a shell string)")
+    x.set_defaults(fn=cmd_run)
+
+    x = sub.add_parser("cat", parents=[common], help="print a file of an image")
+    x.add_argument("image"); x.add_argument("path")
+    x.set_defaults(fn=cmd_cat)
+    x = sub.add_parser("ls", parents=[common], help="list a directory of an image")
+    x.add_argument("image"); x.add_argument("path", nargs="?", default="/")
+    x.set_defaults(fn=cmd_ls)
+    x = sub.add_parser("stat", parents=[common], help="metadata of one path")
+    x.add_argument("image"); x.add_argument("path")
+    x.set_defaults(fn=cmd_stat)
+    x = sub.add_parser("grep", parents=[common], help="search file contents of an image")
+    x.add_argument("image"); x.add_argument("pattern"); x.add_argument("path", nargs="?", default="/")
+    x.add_argument("--glob"); x.add_argument("--max-matches", type=int, default=1000)
+    x.add_argument("-i", "--ignore-case", action="store_true")
+    x.set_defaults(fn=cmd_grep)
+    x = sub.add_parser("log", parents=[common], help="ancestry of an image with the commands that made it")
+    x.add_argument("image")
+    x.set_defaults(fn=cmd_log)
+    x = sub.add_parser("tag", parents=[common], help="point a tag at an image (moves it if it exists)")
+    x.add_argument("image"); x.add_argument("name")
+    x.set_defaults(fn=cmd_tag)
+    x = sub.add_parser("untag", parents=[common], help="remove a tag")
+    x.add_argument("name")
+    x.set_defaults(fn=cmd_untag)
+    x = sub.add_parser("fsck", parents=[common], help="verify the store")
+    x.add_argument("--quick", action="store_true", help="skip re-hashing file contents")
+    x.set_defaults(fn=cmd_fsck)
+    x = sub.add_parser("gc", parents=[common], help="remove unreferenced images and data")
+    x.add_argument("--retention", type=float, default=7 * 86400, help="keep untagged images younger than this (s)")
+    x.set_defaults(fn=cmd_gc)
+    x = sub.add_parser("op", parents=[common], help="show a recorded operation")
+    x.add_argument("id")
+    x.set_defaults(fn=cmd_op)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.fn(args)
+        return rc or 0
+    except SandtreeError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps(exc.to_dict(), default=str))
+        else:
+            print(f"error: {exc.message}", file=sys.stderr)
+        return 125 if args.fn is cmd_run else 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""fsck (verify hashes and references) and gc (remove what nothing references).
+
+gc keeps: every image a ref (tag, branch) points at, with its whole ancestry through lineage
+edges; every image younger than the retention age; and whatever those images use (layers,
+trees, blobs). Everything else goes. Staging leftovers of dead processes are removed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .blobs import hash_file
+from .objects import DIR, FILE, decode_tree, tree_hash_and_data
+from .store import Store
+
+
+def _reachable_trees(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
+    trees, blobs = set(), set()
+    todo = list(roots)
+    while todo:
+        h = todo.pop()
+        if h in trees:
+            continue
+        data = store.db.tree_data(h)
+        if data is None:
+            if problems is not None:
+                problems.append({"kind": "missing_tree", "tree": h})
+            continue
+        trees.add(h)
+        for e in decode_tree(data).values():
+            if e.kind == DIR and e.name != ".":
+                todo.append(e.ref)
+            elif e.kind == FILE and e.ref:
+                blobs.add(e.ref)
+    return trees, blobs
+
+
+def fsck(store: Store, *, verify_content: bool = True) -> dict:
+    problems: list[dict] = []
+    images = store.db.query("SELECT id, layers FROM images")
+    on_disk_layers = set(store.layers.all())
+    for image_id, layers in images:
+        for layer in json.loads(layers):
+            if layer not in on_disk_layers:
+                problems.append({"kind": "missing_layer", "image": image_id, "layer": layer})
+    trees, blobs = _reachable_trees(store, [i for i, _ in images], problems)
+    for h in trees:
+        data = store.db.tree_data(h)
+        if tree_hash_and_data(decode_tree(data))[0] != h:
+            problems.append({"kind": "tree_hash_mismatch", "tree": h})
+    for b in blobs:
+        path = store.blobs.path(b)
+        if not os.path.exists(path):
+            problems.append({"kind": "missing_blob", "blob": b})
+        elif verify_content and hash_file(path)[0] != b:
+            problems.append({"kind": "blob_hash_mismatch", "blob": b})
+    known = {i for i, _ in images}
+    for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
+        if image not in known:
+            problems.append({"kind": "dangling_ref", "ref": f"{kind}:{name}", "image": image})
+    return {"ok": not problems, "problems": problems, "images": len(images), "trees": len(trees),
+            "blobs": len(blobs), "layers": len(on_disk_layers)}
+
+
+def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: float | None = None) -> dict:
+    """`grace`: layers and blobs younger than this are kept even when unreferenced (a concurrent
+    commit may have published them and not yet written its image row)."""
+    now = time.time() if now is None else now
+    store.layers.clean_stale()
+    with store.db.tx() as con:
+        images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}
+        keep = {i for i, (_, created) in images.items() if now - created < retention}
+        keep |= {r[0] for r in con.execute("SELECT image FROM refs")}
+        parents: dict[str, list[str]] = {}
+        for p, c in con.execute("SELECT parent, child FROM edges"):
+            parents.setdefault(c, []).append(p)
+        todo = list(keep)
+        while todo:
+            for p in parents.get(todo.pop(), []):
+                if p not in keep:
+                    keep.add(p)
+                    todo.append(p)
+        keep &= set(images)
+        doomed = [i for i in images if i not in keep]
+        con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
+        trees, blobs = _reachable_trees(store, keep)
+        all_trees = [r[0] for r in con.execute("SELECT hash FROM trees")]
+        dead_trees = [h for h in all_trees if h not in trees]
+        con.executemany("DELETE FROM trees WHERE hash=?", [(h,) for h in dead_trees])
+    used_layers = {layer for i in keep for layer in images[i][0]}
+    removed_layers = 0
+    for layer in store.layers.all():
+        if layer not in used_layers:
+            path = store.layers.path(layer)
+            if now - os.lstat(path).st_ctime >= grace:
+                store.layers.remove(layer)
+                removed_layers += 1
+    removed_blobs = 0
+    for b in list(store.blobs.all()):
+        if b not in blobs:
+            path = store.blobs.path(b)
+            if now - os.lstat(path).st_ctime >= grace:
+                store.blobs.remove(b)
+                removed_blobs += 1
+    return {"removed_images": len(doomed), "removed_trees": len(dead_trees),
+            "removed_layers": removed_layers, "removed_blobs": removed_blobs, "kept_images": len(keep)}
