@@ -46,6 +46,7 @@ class CommitResult:
     links: dict[str, list[str]]
     size: int
     files: int
+    locations: dict[str, str] = field(default_factory=dict)   # blob digest -> path in the layer
 
 
 def path_key(p: str):
@@ -70,7 +71,7 @@ class Committer:
         self.opaque_name = opaque_xattr(self.idmap)
 
     # ---- 1. read the upper, mirror it into a staged layer -------------------------------------
-    def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict) -> dict[str, Change]:
+    def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict, locations: dict) -> dict[str, Change]:
         out: dict[str, Change] = {}
         with os.scandir(src) as it:
             names = sorted((e.name for e in it), key=os.fsencode)
@@ -84,7 +85,7 @@ class Committer:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(t, 0o700)
                 opaque = self._is_opaque(s)
-                children = self._read_upper(s, t, ip, inodes)
+                children = self._read_upper(s, t, ip, inodes, locations)
                 if opaque:
                     os.setxattr(t, self.opaque_name, b"y")
                 self._copy_meta(s, t, st)
@@ -108,7 +109,7 @@ class Committer:
                 continue
             if kind == FILE:
                 ref, size = _copy_hash(s, t)
-                self.store.blobs.adopt(t, ref)
+                locations.setdefault(ref, ip.lstrip("/"))
             elif kind == SYMLINK:
                 ref = os.readlink(s)
                 os.symlink(ref, t)
@@ -251,7 +252,8 @@ class Committer:
         staged = self.store.layers.stage("commit")
         try:
             inodes: dict = {}
-            changes = self._read_upper(upper, staged, "/", inodes)
+            locations: dict[str, str] = {}
+            changes = self._read_upper(upper, staged, "/", inodes, locations)
             base_root = self.store.tree(base.id)
             for mp in MOUNT_POINTS:
                 ch = changes.get(mp)
@@ -280,9 +282,9 @@ class Committer:
             if len(base.layers) + 1 > MAX_LAYERS:
                 remove_tree(staged)
                 staged = self.store.layers.stage("squash")
-                materialize(self.store, image, staged, trees)
+                locations = materialize(self.store, image, staged, trees)
                 below = []
-            return CommitResult(image, below, staged, trees, links, totals[0], totals[1])
+            return CommitResult(image, below, staged, trees, links, totals[0], totals[1], locations)
         except BaseException:
             remove_tree(staged)
             raise
@@ -309,8 +311,9 @@ def _find(changes: dict[str, Change], path: str) -> Change:
     return node[parts[-1]]
 
 
-def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None) -> None:
-    """Write the whole image `root` into the empty directory `dest` (a squashed layer)."""
+def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None) -> dict:
+    """Write the whole image `root` into the empty directory `dest` (a squashed layer); returns
+    the blob locations it holds."""
     from .store.objects import decode_tree
 
     def tree(h):
@@ -319,6 +322,7 @@ def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes
         return store.tree(h)
 
     links: dict[str, str] = {}
+    locations: dict[str, str] = {}
     idmap = store.idmap
 
     def write(h: str, d: str, ipath: str):
@@ -338,6 +342,8 @@ def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes
                 continue
             make_node(p, e, store.blobs.path)
             apply_meta(p, e, idmap)
+            if e.kind == FILE:
+                locations.setdefault(e.ref, ip.lstrip("/"))
             if e.hl:
                 links[e.hl] = p
         for p, e in dirs:
@@ -345,3 +351,4 @@ def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes
 
     write(root, dest, "/")
     apply_meta(dest, tree(root)["."], idmap)
+    return locations

@@ -23,6 +23,7 @@ from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
 from .runtime.namespaces import NamespaceRuntime
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store import importers, inspect
+from .store.blobs import BlobStore
 from .store.db import Database, dumps
 from .store.layers import IdMap, remove_tree
 from .store.objects import DIR, SYMLINK, Entry
@@ -136,7 +137,7 @@ class Engine:
         started = time.time()
         dest = self.store.layers.stage("import") if copy else None
         try:
-            res = scan(src, dest, self.store.blobs, self.store.idmap, progress=progress)
+            res = scan(src, dest, self.store.idmap, progress=progress)
             layer_dir = dest if copy else src
             with self.store.db.tx() as con:
                 exists = con.execute("SELECT 1 FROM images WHERE id=?", (res.root,)).fetchone()
@@ -148,8 +149,11 @@ class Engine:
             op = uuid.uuid4().hex
             with self.store.db.tx() as con:
                 Database.put_trees(con, res.trees)
-                if layers and not Store.insert_image(con, res.root, layers, res.links, res.size, res.files):
-                    layers = None                       # a concurrent import won the race
+                if layers:
+                    if Store.insert_image(con, res.root, layers, res.links, res.size, res.files):
+                        BlobStore.record(con, {h: f"layers/{layers[0]}/{p}" for h, p in res.locations.items()})
+                    else:
+                        layers = None                   # a concurrent import won the race
                 con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
                             "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root, dumps({"source": source}),
                                                          dumps({"files": res.files, "size": res.size}),
@@ -246,7 +250,8 @@ class Engine:
         try:
             with self.store.db.tx() as con:
                 Database.put_trees(con, cr.trees)
-                Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files)
+                if Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files):
+                    BlobStore.record(con, {h: f"layers/{layer}/{p}" for h, p in cr.locations.items()})
         except BaseException:
             self.store.layers.remove(layer)
             raise

@@ -1,8 +1,11 @@
-"""Blob storage: file contents named by their sha256, one file each under objects/blobs/ab/cdef...
+"""Blob storage: file contents named by their sha256, each stored once.
 
-A blob is written once and never modified. Where a layer file already holds the same bytes the
-blob is a hard link to it (no copy); the layer may be removed later and the blob lives on.
-Trees (the other object kind) live in the metadata database (store/db.py).
+A blob lives in one of two places: a file of its own under objects/blobs/ab/cdef... (uploads,
+contents whose layer was collected), or, most often, the layer file that first held it, recorded
+in the `blob_loc` table. Layers are immutable, so a layer file is as good a blob as any, and
+committing 100 MB writes 100 MB once. Neither a hard link (the sandbox would see st_nlink grow)
+nor a copy is made. When gc removes a layer, the contents still referenced move out to blob
+files first (evacuate). Trees (the other object kind) live in the database (store/db.py).
 """
 
 from __future__ import annotations
@@ -25,28 +28,48 @@ def hash_file(path: str) -> tuple[str, int]:
 
 
 class BlobStore:
-    def __init__(self, root: str):
+    def __init__(self, root: str, home: str, db):
         self.root = root
+        self.home = home
+        self.db = db
         os.makedirs(root, mode=0o700, exist_ok=True)
 
-    def path(self, digest: str) -> str:
+    def file_path(self, digest: str) -> str:
         return os.path.join(self.root, digest[:2], digest[2:])
+
+    def path(self, digest: str) -> str:
+        """Where the bytes of `digest` are: its own file, else the layer file recorded for it."""
+        own = self.file_path(digest)
+        if os.path.exists(own):
+            return own
+        row = self.db.one("SELECT path FROM blob_loc WHERE hash=?", (digest,))
+        return os.path.join(self.home, row[0]) if row else own
 
     def has(self, digest: str) -> bool:
         return os.path.exists(self.path(digest))
 
-    def adopt(self, src: str, digest: str) -> None:
-        """Make `src` (a finished, never-again-written file) the blob `digest`, by hard link."""
-        dst = self.path(digest)
-        if os.path.exists(dst):
-            return
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        try:
-            os.link(src, dst)
-        except FileExistsError:
-            pass
-        except OSError:          # another filesystem, or links not allowed: copy
-            self.put_file(src, digest)
+    @staticmethod
+    def record(con, locations: dict[str, str]) -> None:
+        """Inside the image's transaction: digest -> home-relative path of a published layer file."""
+        con.executemany("INSERT OR IGNORE INTO blob_loc(hash, path) VALUES(?, ?)", locations.items())
+
+    def evacuate(self, layer_rel: str, wanted: set[str]) -> int:
+        """Before a layer goes: give every still-wanted content it holds a file of its own."""
+        moved = 0
+        rows = self.db.query("SELECT hash, path FROM blob_loc WHERE path >= ? AND path < ?",
+                             (layer_rel + "/", layer_rel + "0"))
+        for digest, rel in rows:
+            if digest in wanted and not os.path.exists(self.file_path(digest)):
+                dst = self.file_path(digest)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                try:
+                    os.link(os.path.join(self.home, rel), dst)   # the layer is going: no one sees nlink
+                except OSError:
+                    self.put_file(os.path.join(self.home, rel), digest)
+                moved += 1
+        with self.db.tx() as con:
+            con.execute("DELETE FROM blob_loc WHERE path >= ? AND path < ?", (layer_rel + "/", layer_rel + "0"))
+        return moved
 
     def put_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
@@ -62,7 +85,7 @@ class BlobStore:
         self._write_atomic(digest, chunks())
 
     def _write_atomic(self, digest: str, chunks) -> None:
-        dst = self.path(digest)
+        dst = self.file_path(digest)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".tmp-")
         try:
@@ -78,7 +101,8 @@ class BlobStore:
     def open(self, digest: str):
         return open(self.path(digest), "rb")
 
-    def all(self):
+    def files(self):
+        """Digests that have a file of their own."""
         for d in os.listdir(self.root):
             sub = os.path.join(self.root, d)
             if len(d) != 2 or not os.path.isdir(sub):
@@ -87,8 +111,8 @@ class BlobStore:
                 if not name.startswith(".tmp-"):
                     yield d + name
 
-    def remove(self, digest: str) -> None:
+    def remove_file(self, digest: str) -> None:
         try:
-            os.unlink(self.path(digest))
+            os.unlink(self.file_path(digest))
         except FileNotFoundError:
             pass

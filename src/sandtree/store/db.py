@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS edges(
     parent TEXT NOT NULL, child TEXT NOT NULL, op TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY(parent, child, op));
 CREATE INDEX IF NOT EXISTS edges_child ON edges(child);
+CREATE TABLE IF NOT EXISTS blob_loc(hash TEXT PRIMARY KEY, path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS blob_loc_path ON blob_loc(path);
 CREATE TABLE IF NOT EXISTS refs(
     name TEXT NOT NULL, kind TEXT NOT NULL, image TEXT NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY(kind, name));

@@ -95,14 +95,15 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
         if layer not in used_layers:
             path = store.layers.path(layer)
             if now - os.lstat(path).st_ctime >= grace:
+                store.blobs.evacuate(f"layers/{layer}", blobs)
                 store.layers.remove(layer)
                 removed_layers += 1
     removed_blobs = 0
-    for b in list(store.blobs.all()):
+    for b in list(store.blobs.files()):
         if b not in blobs:
-            path = store.blobs.path(b)
+            path = store.blobs.file_path(b)
             if now - os.lstat(path).st_ctime >= grace:
-                store.blobs.remove(b)
+                store.blobs.remove_file(b)
                 removed_blobs += 1
     return {"removed_images": len(doomed), "removed_trees": len(dead_trees),
             "removed_layers": removed_layers, "removed_blobs": removed_blobs, "kept_images": len(keep)}

@@ -14,7 +14,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .blobs import BlobStore
 from .layers import IdMap, read_xattrs
 from .objects import (CHR, BLK, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, encode_xattrs,
                       tree_hash_and_data)
@@ -25,6 +24,7 @@ class ScanResult:
     root: str                                  # root tree hash = image id
     trees: dict[str, bytes]
     links: dict[str, list[str]]
+    locations: dict[str, str]                  # blob digest -> path inside the layer
     size: int = 0
     files: int = 0
 
@@ -52,10 +52,11 @@ def _hash_copy(src: str, dst: str | None) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def scan(src: str, dest: str | None, blobs: BlobStore, idmap: IdMap, *, ids_are_host: bool = False,
+def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False,
          progress=None) -> ScanResult:
     """Walk `src`; ids on disk are sandbox ids unless ids_are_host. The layer ends up host-shifted."""
     inodes: dict[tuple[int, int], list[str]] = {}
+    locations: dict[str, str] = {}
     dirs: list[_Dir] = []
     total = [0, 0]
 
@@ -118,7 +119,7 @@ def scan(src: str, dest: str | None, blobs: BlobStore, idmap: IdMap, *, ids_are_
                     continue
             if kind == FILE:
                 ref, size = _hash_copy(s, t if dest is not None else None)
-                blobs.adopt(t if dest is not None else s, ref)
+                locations.setdefault(ref, ip.lstrip("/"))
                 total[0] += size
                 total[1] += 1
                 if progress:
@@ -182,4 +183,4 @@ def scan(src: str, dest: str | None, blobs: BlobStore, idmap: IdMap, *, ids_are_
         digest, data = tree_hash_and_data(fixed)
         trees[digest] = data
         hashes[d.path] = digest
-    return ScanResult(hashes["/"], trees, links, total[0], total[1])
+    return ScanResult(hashes["/"], trees, links, locations, total[0], total[1])

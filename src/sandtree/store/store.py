@@ -46,7 +46,7 @@ class Store:
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
         self.db = Database(os.path.join(self.home, "sandtree.db"))
-        self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"))
+        self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
         self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
         self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()
         self._lock = threading.Lock()

@@ -1,0 +1,28 @@
+# The two set-up commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench deps clean
+
+deps:
+	@scripts/install-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+demo: deps $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: deps $(STAMP)
+	$(BIN)/python -m pytest -q -ra tests
+
+bench: deps $(STAMP)
+	$(BIN)/python bench/bench.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

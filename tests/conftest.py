@@ -1,0 +1,89 @@
+"""Fixtures: stores in temporary homes and a tiny busybox root filesystem (milliseconds to build).
+
+Everything here runs against the real kernel: real namespaces, overlayfs, cgroups and seccomp.
+The session finaliser checks that the tests left no mount, cgroup or process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import sandtree
+
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+
+
+def make_rootfs(path: str) -> str:
+    os.makedirs(path)
+    for d in ("bin", "etc", "root", "tmp", "proc", "dev", "usr/bin", "var"):
+        os.makedirs(os.path.join(path, d), exist_ok=True)
+    os.chmod(os.path.join(path, "tmp"), 0o1777)
+    os.chmod(os.path.join(path, "root"), 0o700)
+    shutil.copy2(BUSYBOX, os.path.join(path, "bin", "busybox"))
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for a in applets:
+        p = os.path.join(path, "bin", a)
+        if not os.path.lexists(p):
+            os.symlink("busybox", p)
+    with open(os.path.join(path, "etc", "passwd"), "w") as f:
+        f.write("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+                "user:x:1000:1000:user:/tmp:/bin/sh\n")
+    with open(os.path.join(path, "etc", "group"), "w") as f:
+        f.write("root:x:0:\nnogroup:x:65534:\nuser:x:1000:\n")
+    with open(os.path.join(path, "etc", "greeting"), "w") as f:
+        f.write("hello from the image\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def rootfs(tmp_path_factory) -> str:
+    return make_rootfs(str(tmp_path_factory.mktemp("rootfs") / "root"))
+
+
+@pytest.fixture(scope="session")
+def shared_st(tmp_path_factory):
+    st = sandtree.Sandtree(str(tmp_path_factory.mktemp("home-shared")))
+    yield st
+    st.close()
+
+
+@pytest.fixture(scope="session")
+def bb(shared_st, rootfs) -> sandtree.Image:
+    """The busybox image in the shared store (tests must not depend on that store being empty)."""
+    return shared_st.import_image(rootfs, tag="busybox")
+
+
+@pytest.fixture
+def st(tmp_path):
+    """A fresh, empty store."""
+    s = sandtree.Sandtree(str(tmp_path / "home"))
+    yield s
+    s.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leak check: nothing of ours may outlive the tests."""
+    problems = []
+    with open("/proc/self/mountinfo") as f:
+        mounts = [l for l in f if "sandtree" in l or "/pytest-of-" in l]
+    if mounts:
+        problems.append(f"mounts left behind: {mounts[:3]}")
+    if os.geteuid() == 0:
+        for ctrl in ("memory", "pids", "cpu", "unified", ""):
+            d = os.path.join("/sys/fs/cgroup", ctrl, "sandtree")
+            if os.path.isdir(d):
+                left = [n for n in os.listdir(d) if n.startswith(f"{os.getpid()}-")]
+                if left:
+                    problems.append(f"cgroups left in {d}: {left[:3]}")
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    procs = [l for l in out.splitlines() if ("sandtree-exec" in l or "sandtree-init" in l)]
+    if procs:
+        problems.append(f"processes left behind: {procs[:3]}")
+    if problems:
+        print("\nLEAK CHECK FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
+        session.exitstatus = 1
