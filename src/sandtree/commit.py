@@ -280,9 +280,14 @@ class Committer:
             self._copy_meta(upper, staged, root_st)
             below = base.layers
             if len(base.layers) + 1 > MAX_LAYERS:
-                remove_tree(staged)
-                staged = self.store.layers.stage("squash")
-                locations = materialize(self.store, image, staged, trees)
+                fresh = {h: os.path.join(staged, p) for h, p in locations.items()}
+                squashed = self.store.layers.stage("squash")
+                try:
+                    locations = materialize(self.store, image, squashed, trees,
+                                            lambda h: fresh.get(h) or self.store.blobs.path(h))
+                finally:
+                    remove_tree(staged)
+                staged = squashed
                 below = []
             return CommitResult(image, below, staged, trees, links, totals[0], totals[1], locations)
         except BaseException:
@@ -311,7 +316,8 @@ def _find(changes: dict[str, Change], path: str) -> Change:
     return node[parts[-1]]
 
 
-def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None) -> dict:
+def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None,
+                blob_path=None) -> dict:
     """Write the whole image `root` into the empty directory `dest` (a squashed layer); returns
     the blob locations it holds."""
     from .store.objects import decode_tree
@@ -340,7 +346,7 @@ def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes
             if e.hl and e.hl in links:
                 os.link(links[e.hl], p)
                 continue
-            make_node(p, e, store.blobs.path)
+            make_node(p, e, blob_path or store.blobs.path)
             apply_meta(p, e, idmap)
             if e.kind == FILE:
                 locations.setdefault(e.ref, ip.lstrip("/"))
