@@ -113,7 +113,7 @@ def cmd_image_rm(args):
 # ---- run -----------------------------------------------------------------------------------------
 def cmd_run(args):
     eng = _engine(args)
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    cmd = args.cmd
     if not cmd:
         raise SystemExit("sandtree run: no command given (sandtree run IMAGE -- CMD ...)")
     command = cmd[0] if len(cmd) == 1 else cmd          # one argument: a shell string
@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--cwd", default="/")
     x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
-    x.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS... (one argument: a shell string)")
+    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
     x.set_defaults(fn=cmd_run)
 
     x = sub.add_parser("cat", parents=[common], help="print a file of an image")
@@ -326,7 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail = None
+    if "--" in argv:                       # everything after -- is the command, options included
+        i = argv.index("--")
+        argv, tail = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    if tail is not None:
+        if getattr(args, "fn", None) is not cmd_run:
+            parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`")
+        args.cmd = list(args.cmd) + tail
     try:
         rc = args.fn(args)
         return rc or 0

@@ -1,0 +1,73 @@
+"""The CLI contract: commands, --json shapes and exit statuses, driven as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture
+def cli(tmp_path):
+    env = {**os.environ, "SANDTREE_HOME": str(tmp_path / "home")}
+
+    def run(*args, input=None, check=True):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True,
+                           input=input, timeout=120)
+        if check and p.returncode != 0:
+            raise AssertionError(f"sandtree {args} -> {p.returncode}: {p.stderr.decode()}")
+        return p
+    return run
+
+
+def j(p):
+    return json.loads(p.stdout)
+
+
+def test_cli_end_to_end(cli, rootfs, tmp_path):
+    img = j(cli("image", "import", rootfs, "--tag", "bb", "--json"))["image"]
+    assert len(img) == 64
+    r = j(cli("run", "bb", "--json", "--env", "X=1", "--", "sh", "-c", "echo $X > /x; cat /x"))
+    assert {"image", "exit_code", "stdout", "stderr", "timed_out", "oom_killed"} <= set(r)
+    assert r["stdout"] == "1\n" and r["exit_code"] == 0 and r["image"] != img
+    child = r["image"]
+    assert cli("cat", child, "/x").stdout == b"1\n"
+    names = [e["name"] for e in j(cli("ls", child, "/", "--json"))]
+    assert "x" in names and "etc" in names
+    hits = j(cli("grep", child, "root", "/etc", "--json"))
+    assert any(h["path"] == "/etc/passwd" for h in hits)
+    log = j(cli("log", child, "--json"))
+    assert [e["image"] for e in log] == [child, img]
+    assert "echo $X" in log[0]["command"]
+    cli("tag", child, "stage/one")
+    assert j(cli("image", "list", "--json"))[-1]["tags"] == ["stage/one"]
+    cli("untag", "stage/one")
+    out = tmp_path / "out.tar"
+    cli("image", "export", child, str(out))
+    assert j(cli("image", "import", str(out), "--json"))["image"] == child
+    assert j(cli("fsck", "--json")) == {**j(cli("fsck", "--json")), "ok": True, "problems": []}
+    assert "removed_images" in j(cli("gc", "--json"))
+
+
+def test_cli_exit_status_is_the_commands(cli, rootfs):
+    cli("image", "import", rootfs, "--tag", "bb")
+    assert cli("run", "bb", "--", "exit 7", check=False).returncode == 7
+    p = cli("run", "bb", "--timeout", "0.3", "--json", "--", "sleep 5", check=False)
+    assert p.returncode == 124 and j(p)["timed_out"] is True
+    p = cli("run", "bb", "--disposable", "--", "echo", "streamed")
+    assert p.stdout == b"streamed\n" and b"(disposable)" in p.stderr
+
+
+def test_cli_errors_are_clear(cli, rootfs):
+    p = cli("run", "nope", "--", "true", check=False)
+    assert p.returncode == 125 and b"error: no image or tag 'nope'" in p.stderr
+    p = cli("cat", "nope", "/x", "--json", check=False)
+    assert p.returncode == 1 and j(p)["error"] == "image_not_found"
+    cli("image", "import", rootfs, "--tag", "bb")
+    p = cli("run", "bb", "--timeout", "0", "--", "true", check=False)
+    assert p.returncode == 125 and b"timeout must be positive" in p.stderr
+    p = cli("cat", "bb", "/../etc/shadow", check=False)
+    assert p.returncode == 1 and b"escapes" in p.stderr
