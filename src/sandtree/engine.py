@@ -210,8 +210,10 @@ class Engine:
         except Exception as exc:
             self._finish_op(op, None, {"error": getattr(exc, "code", "error"), "message": str(exc)})
             raise
+        t_commit = time.perf_counter()
         with outcome:
             result = None if disposable else self._commit(row, outcome)
+        outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
         rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout, outcome.stderr,
                         outcome.stdout_truncated, outcome.stderr_truncated, outcome.timed_out,
                         outcome.oom_killed, outcome.usage)
