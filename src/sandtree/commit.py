@@ -249,6 +249,8 @@ class Committer:
 
     # ---- the whole commit ---------------------------------------------------------------------
     def commit(self, base: ImageRow, upper: str) -> CommitResult:
+        if self._unchanged(base, upper):
+            return CommitResult(base.id, None, None, {}, base.links, base.size, base.files)
         staged = self.store.layers.stage("commit")
         try:
             inodes: dict = {}
@@ -293,6 +295,17 @@ class Committer:
         except BaseException:
             remove_tree(staged)
             raise
+
+
+    def _unchanged(self, base: ImageRow, upper: str) -> bool:
+        """The common case of a read-only run: an empty upper whose root kept its metadata."""
+        with os.scandir(upper) as it:
+            if next(it, None) is not None:
+                return False
+        st = os.lstat(upper)
+        root = self.store.tree(base.id)["."]
+        return (stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid), self.idmap.gid(st.st_gid)) == \
+            (root.mode, root.uid, root.gid)
 
 
 def _touched(changes: dict[str, Change], path: str) -> bool:

@@ -202,26 +202,29 @@ class Engine:
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__}
         started = time.time()
-        with self.store.db.tx() as con:
-            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                        "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(record_spec), None, started, None))
         try:
             outcome = self.runtime.run(spec)
         except Exception as exc:
-            self._finish_op(op, None, {"error": getattr(exc, "code", "error"), "message": str(exc)})
+            self._record_run(op, source, record_spec, started, None,
+                             {"error": getattr(exc, "code", "error"), "message": str(exc)})
             raise
         t_commit = time.perf_counter()
         with outcome:
-            result = None if disposable else self._commit(row, outcome)
-        outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
-        rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout, outcome.stderr,
-                        outcome.stdout_truncated, outcome.stderr_truncated, outcome.timed_out,
-                        outcome.oom_killed, outcome.usage)
-        summary = {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
-                   "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout), "stderr_bytes": len(rec.stderr),
-                   "stdout_truncated": rec.stdout_truncated, "stderr_truncated": rec.stderr_truncated,
-                   "usage": rec.usage}
-        self._finish_op(op, result, summary, edge=(source, result) if result and result != source else None)
+            try:
+                result, write_image = (None, None) if disposable else self._commit(row, outcome)
+            except Exception as exc:
+                self._record_run(op, source, record_spec, started, None,
+                                 {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}"})
+                raise
+            outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
+            rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,
+                            outcome.stderr, outcome.stdout_truncated, outcome.stderr_truncated,
+                            outcome.timed_out, outcome.oom_killed, outcome.usage)
+            summary = {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                       "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
+                       "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
+                       "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
+            self._record_run(op, source, record_spec, started, result, summary, write_image)
         return rec
 
     def _limits(self, given: dict) -> Limits:
@@ -242,30 +245,45 @@ class Engine:
             vals["pids"] = int(vals["pids"])
         return Limits(**{**self.default_limits.__dict__, **vals})
 
-    def _commit(self, base: ImageRow, outcome: RunOutcome) -> str:
+    def _commit(self, base: ImageRow, outcome: RunOutcome):
+        """(resulting image id, a function writing its rows inside the run's transaction or None).
+        The new layer is published (renamed into layers/) before any row names it."""
         if outcome.changes is None:
-            return base.id
+            return base.id, None
         cr = self.committer.commit(base, outcome.changes)
         if cr.staged is None:
-            return cr.image
+            return cr.image, None
         layer = self.store.layers.publish(cr.staged)
+
+        def write(con):
+            if Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files):
+                Database.put_trees(con, cr.trees)
+                BlobStore.record(con, {h: f"layers/{layer}/{p}" for h, p in cr.locations.items()})
+                return True
+            return False                                 # a concurrent run made the same image
+        write.layer = layer
+        return cr.image, write
+
+    def _record_run(self, op: str, source: str, spec: dict, started: float, result: str | None,
+                    outcome: dict, write_image=None) -> None:
+        """One transaction per run: the new image's rows (if any), the operation, the lineage edge."""
+        used = True
         try:
             with self.store.db.tx() as con:
-                Database.put_trees(con, cr.trees)
-                if Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files):
-                    BlobStore.record(con, {h: f"layers/{layer}/{p}" for h, p in cr.locations.items()})
+                if write_image is not None:
+                    used = write_image(con)
+                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                            "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, result, dumps(spec), dumps(outcome),
+                                                         started, time.time()))
+                if result and result != source:
+                    con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
+                                (source, result, op, time.time()))
         except BaseException:
-            self.store.layers.remove(layer)
+            used = False
             raise
-        return cr.image
-
-    def _finish_op(self, op: str, result: str | None, outcome: dict, edge=None) -> None:
-        with self.store.db.tx() as con:
-            con.execute("UPDATE operations SET result=?, outcome=?, finished=? WHERE id=?",
-                        (result, dumps(outcome), time.time(), op))
-            if edge:
-                con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
-                            (edge[0], edge[1], op, time.time()))
+        finally:
+            if write_image is not None and not used:
+                self.store.layers.remove(write_image.layer)
 
     def _inject(self, source: str, upper: str, files: list[InjectedFile]) -> None:
         """Write injected files into the fresh upper, parents copied from the image's metadata."""

@@ -17,7 +17,7 @@ class Limits:
     timeout: float = 300.0           # seconds of wall clock
     memory: int = 2 << 30            # bytes: processes plus the run's pending writes (tmpfs)
     pids: int = 1024
-    cpus: float = 2.0
+    cpus: float | None = None        # CPU quota in cores; None: no quota (the timeout bounds it)
     disk: int = 1 << 30              # bytes the run may write
     output: int = 16 << 20           # bytes kept per stream (stdout, stderr); the rest is counted
 

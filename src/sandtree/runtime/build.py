@@ -27,7 +27,10 @@ def helper_path(cache_dir: str) -> str:
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".build-")
     os.close(fd)
     try:
-        subprocess.run([cc, "-O2", "-Wall", "-o", tmp, SOURCE], check=True, capture_output=True)
+        # static: no dynamic loader on the start path of every sandbox
+        r = subprocess.run([cc, "-O2", "-Wall", "-static", "-o", tmp, SOURCE], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run([cc, "-O2", "-Wall", "-o", tmp, SOURCE], check=True, capture_output=True)
         os.chmod(tmp, 0o755)
         os.rename(tmp, path)
     except subprocess.CalledProcessError as exc:

@@ -47,6 +47,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -148,6 +149,29 @@ static void setup_dev(void) {
     if (symlink("/proc/self/fd/0", "r/dev/stdin") < 0) die_step("stdin");
     if (symlink("/proc/self/fd/1", "r/dev/stdout") < 0) die_step("stdout");
     if (symlink("/proc/self/fd/2", "r/dev/stderr") < 0) die_step("stderr");
+}
+
+/* Root mode: P (init user namespace) builds /dev with real device nodes: one tmpfs instead of
+ * a bind mount per node. Device nodes cannot be created from inside a user namespace, and
+ * these six are the only ones made. */
+static void setup_dev_root(const struct opts *o) {
+    static const struct { const char *name; int maj, min; } nodes[] = {
+        {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
+    char p[64];
+    xmount("tmpfs", "r/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+        snprintf(p, sizeof p, "r/dev/%s", nodes[i].name);
+        if (mknod(p, S_IFCHR | 0666, makedev(nodes[i].maj, nodes[i].min)) < 0) die_step(p);
+        if (chmod(p, 0666) < 0 || lchown(p, (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step(p);
+    }
+    mkdir_p_one("r/dev/pts", 0755);
+    xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+    mkdir_p_one("r/dev/shm", 01777);
+    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    if (chown("r/dev/shm", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("shm");
+    static const char *links[][2] = {{"pts/ptmx", "r/dev/ptmx"}, {"/proc/self/fd", "r/dev/fd"},
+        {"/proc/self/fd/0", "r/dev/stdin"}, {"/proc/self/fd/1", "r/dev/stdout"}, {"/proc/self/fd/2", "r/dev/stderr"}};
+    for (size_t i = 0; i < 5; i++) if (symlink(links[i][0], links[i][1]) < 0) die_step(links[i][1]);
 }
 
 static void loopback_up(void) {
@@ -258,6 +282,10 @@ static void mount_root(struct opts *o) {
     if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
     free(ov);
     close(layers);
+    if (fchdir(scratch) < 0) die_step("chdir-scratch");
+    mkdir("r/proc", 0555);
+    mkdir("r/dev", 0755);
+    if (o->uid_map) setup_dev_root(o);
     close(scratch);
 }
 
@@ -275,10 +303,8 @@ static int sandbox_init(struct opts *o) {
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     /* A bind of our own: pivot_root refuses a new root that was mounted in another mount namespace. */
     xmount("r", "r", NULL, MS_BIND | MS_REC, NULL);
-    mkdir("r/proc", 0555);
-    mkdir("r/dev", 0755);
     setup_proc();
-    setup_dev();
+    if (!o->uid_map) setup_dev();
     loopback_up();
     if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
 

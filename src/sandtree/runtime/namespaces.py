@@ -320,7 +320,7 @@ def _validate(spec: RunSpec) -> None:
     for name in ("memory", "pids", "disk", "output"):
         if getattr(lim, name) <= 0:
             raise InvalidInput(f"{name} must be positive")
-    if lim.cpus <= 0:
+    if lim.cpus is not None and lim.cpus <= 0:
         raise InvalidInput("cpus must be positive")
     if lim.memory < (8 << 20):
         raise InvalidInput("memory must be at least 8 MiB")
