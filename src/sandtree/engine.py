@@ -66,6 +66,7 @@ class Engine:
         self.committer = commit_mod.Committer(self.store)
 
     def close(self) -> None:
+        self.runtime.close()
         self.store.close()
 
     # ---- names ---------------------------------------------------------------------------------
@@ -381,6 +382,7 @@ class Engine:
                 Database.record_ref(con, kind, name, image, None, "image rm")
             if con.execute("DELETE FROM images WHERE id=?", (image,)).rowcount == 0:
                 raise NotFound(f"no image {image!r}")
+        self.store.forget_images()
 
     # ---- inspection ----------------------------------------------------------------------------
     def ls(self, image: str, path: str = "/") -> list[Entry]:

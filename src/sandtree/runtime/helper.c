@@ -427,8 +427,11 @@ int main(int argc, char **argv) {
     if (write(sync_pipe[1], "g", 1) != 1) die_step("sync");
     close(sync_pipe[1]);
 
-    /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command. */
+    /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command, and their
+     * EOF tells the engine when the sandbox is gone (not when this process has exited). */
     close(0);
+    close(1);
+    close(2);
     int st;
     struct rusage ru;
     while (wait4(c, &st, 0, &ru) < 0) if (errno != EINTR) die_step("wait4");

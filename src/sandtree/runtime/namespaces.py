@@ -15,10 +15,12 @@ masked; a minimal /dev; capability bounding set cut to Docker's default; no_new_
 from __future__ import annotations
 
 import os
+import queue
 import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from ..errors import CommandNotFound, InvalidInput, SandboxError
@@ -54,6 +56,9 @@ class NamespaceRuntime:
         except Exception as exc:       # noqa: BLE001 - reported, not raised
             return False, str(exc)
         return True, ""
+
+    def close(self) -> None:
+        _reaper.drain()
 
     def helper(self) -> str:
         if self._helper is None:
@@ -123,10 +128,12 @@ class NamespaceRuntime:
         report = out.pop("report")
         os.close(rep_r)
         stats = cg.stats() if cg else {}
-        if cg:
-            cg.remove()
         wall = time.monotonic() - started
 
+        if "setupfail" in report or "execfail" in report:
+            proc.wait()
+            if cg:
+                cg.remove()
         if "setupfail" in report:
             if scratch_fd is not None:
                 os.close(scratch_fd)
@@ -153,7 +160,10 @@ class NamespaceRuntime:
 
         def close(fd=scratch_fd):
             if fd is not None:
-                os.close(fd)
+                os.close(fd)                 # frees the run's tmpfs
+            # The helper has written its last line and is exiting (tearing down its mount
+            # namespace); reaping it and removing its cgroup need not delay the caller.
+            _reaper.submit(proc, cg)
 
         return RunOutcome(exit_code=report.get("exit"), signal=sig, stdout=out["stdout"],
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
@@ -235,6 +245,10 @@ class NamespaceRuntime:
                         continue
                     if fd == rep_r:
                         report_raw += chunk
+                        if b"rusage " in report_raw and report_raw.endswith(b"\n"):
+                            # the helper's last words: do not wait for it to exit (close() reaps it)
+                            sel.unregister(fd)
+                            open_fds -= 1
                         continue
                     name = streams[fd]
                     if spec.on_output:
@@ -251,7 +265,6 @@ class NamespaceRuntime:
                     proc.stdin.close()
                 except OSError:
                     pass
-        proc.wait()
         proc.stdout.close()
         proc.stderr.close()
         return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
@@ -293,6 +306,47 @@ class NamespaceRuntime:
             os.close(rep_r)
         except OSError:
             pass
+
+
+class _Reaper:
+    """Waits for exiting helpers and removes their cgroups, off the caller's path."""
+
+    def __init__(self):
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, proc, cg) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="sandtree-reaper", daemon=True)
+                self._thread.start()
+        self._queue.put((proc, cg))
+
+    def _loop(self) -> None:
+        while True:
+            proc, cg = self._queue.get()
+            proc.wait()
+            if cg:
+                cg.remove()
+
+    def drain(self) -> None:
+        """Wait until every submitted helper is reaped (tests, shutdown)."""
+        done = threading.Event()
+        self._queue.put((_Done(done), None))
+        if self._thread is not None and self._thread.is_alive():
+            done.wait(30)
+
+
+class _Done:
+    def __init__(self, ev):
+        self.ev = ev
+
+    def wait(self):
+        self.ev.set()
+
+
+_reaper = _Reaper()
 
 
 def _parse_report(raw: bytes) -> dict:

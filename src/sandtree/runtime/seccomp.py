@@ -38,6 +38,10 @@ def filter_fd() -> int:
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
+    try:
+        f.set_attr(sc.Attr.CTL_OPTIMIZE, 2)      # binary tree: every syscall of the sandbox pays it
+    except (OSError, ValueError, RuntimeError):
+        pass
     for name in DENIED:
         try:
             f.add_rule(sc.ERRNO(errno.EPERM), name)

@@ -85,6 +85,7 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
         keep &= set(images)
         doomed = [i for i in images if i not in keep]
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
+        store.forget_images()
         trees, blobs = _reachable_trees(store, keep)
         all_trees = [r[0] for r in con.execute("SELECT hash FROM trees")]
         dead_trees = [h for h in all_trees if h not in trees]

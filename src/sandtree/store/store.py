@@ -49,6 +49,7 @@ class Store:
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
         self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
         self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()
+        self._images: dict[str, ImageRow] = {}
         self._lock = threading.Lock()
         self.layers.clean_stale()
 
@@ -74,11 +75,24 @@ class Store:
 
     # ---- images ------------------------------------------------------------------------------
     def image(self, image_id: str) -> ImageRow:
+        cached = self._images.get(image_id)       # image rows never change once written
+        if cached is not None:
+            return cached
         row = self.db.one("SELECT id, layers, links, created, size, files FROM images WHERE id=?",
                           (image_id,))
         if row is None:
             raise ImageNotFound(f"no image {image_id!r}", image=image_id)
-        return ImageRow(row[0], json.loads(row[1]), json.loads(row[2]), row[3], row[4], row[5])
+        img = ImageRow(row[0], json.loads(row[1]), json.loads(row[2]), row[3], row[4], row[5])
+        with self._lock:
+            if len(self._images) > 4096:
+                self._images.clear()
+            self._images[image_id] = img
+        return img
+
+    def forget_images(self) -> None:
+        """Drop cached image rows (after rows were deleted: image rm, gc)."""
+        with self._lock:
+            self._images.clear()
 
     def has_image(self, image_id: str) -> bool:
         return self.db.one("SELECT 1 FROM images WHERE id=?", (image_id,)) is not None
@@ -87,6 +101,8 @@ class Store:
         """Image ID for an ID, unique ID prefix, `tag:NAME` or tag name."""
         if not isinstance(ref, str) or not ref:
             raise InvalidInput("an image reference must be a non-empty string")
+        if len(ref) == 64 and HEX_RE.match(ref) and self.has_image(ref):
+            return ref                           # a full ID is never a tag name (see tag())
         name = ref[4:] if ref.startswith("tag:") else ref
         row = self.db.one("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,))
         if row:
