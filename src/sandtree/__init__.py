@@ -6,15 +6,16 @@
     r = img.run("python3 -V")
 """
 
-from .aio import AsyncImage, AsyncRunResult, AsyncSandtree
-from .api import Image, RunResult, Sandtree
+from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandtree
+from .api import Branch, Image, MergeResult, RunResult, Sandtree, best_of
 from .errors import (BadArchive, CommandNotFound, Conflict, ImageNotFound, InvalidInput, NotFound,
                      PathEscape, PathNotFound, RuntimeUnavailable, SandboxError, SandtreeError,
                      StoreCorrupt)
 from .runtime.base import Limits
 
 __all__ = [
-    "Sandtree", "Image", "RunResult", "AsyncSandtree", "AsyncImage", "AsyncRunResult", "Limits",
+    "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "best_of",
+    "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
 ]

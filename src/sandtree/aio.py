@@ -26,13 +26,19 @@ def _wrap(value):
     if isinstance(value, api.RunResult):
         return AsyncRunResult(**{**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
                                  "image": _wrap(value.image), "source": _wrap(value.source)})
+    if isinstance(value, api.MergeResult):
+        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts)
+    if isinstance(value, api.Branch):
+        return AsyncBranch(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
+    if isinstance(value, dict) and any(isinstance(v, api.Branch) for v in value.values()):
+        return {k: _wrap(v) for k, v in value.items()}
     return value
 
 
 def _unwrap(value):
-    return value._sync if isinstance(value, (AsyncImage, AsyncSandtree)) else value
+    return value._sync if isinstance(value, (AsyncImage, AsyncSandtree, AsyncBranch)) else value
 
 
 def _twin(sync_cls):
@@ -84,6 +90,16 @@ class AsyncImage:
 
     def __hash__(self) -> int:
         return hash(self.id)
+
+
+@_twin(api.Branch)
+class AsyncBranch:
+    def __init__(self, sync: api.Branch):
+        self._sync = sync
+        self.name = sync.name
+
+    def __repr__(self) -> str:
+        return f"<AsyncBranch {self.name}>"
 
 
 @dataclasses.dataclass

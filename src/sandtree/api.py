@@ -11,6 +11,7 @@ own beyond wrapping IDs in objects.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -86,6 +87,72 @@ class Sandtree:
     def _id(self, image: "Image | str") -> str:
         return image.id if isinstance(image, Image) else self._engine.resolve(image)
 
+    # diff and merge
+    def diff(self, a: "Image | str", b: "Image | str") -> list[dict]:
+        """What changed from a to b: added, removed, modified, type_changed, metadata_changed."""
+        return [c.to_dict() for c in self._engine.diff(self._id(a), self._id(b))]
+
+    def patch(self, a: "Image | str", b: "Image | str") -> str:
+        """The unified text patch from a to b (binary files are named, not shown)."""
+        return self._engine.patch(self._id(a), self._id(b))
+
+    def merge(self, base: "Image | str | None", ours: "Image | str", theirs: "Image | str", *,
+              strategy: str | None = None) -> "MergeResult":
+        """Three-way merge. base=None: the nearest common ancestor from lineage. Conflicts make no
+        image unless strategy is "ours", "theirs" or "markers"."""
+        res = self._engine.merge(self._id(base) if base is not None else None, self._id(ours),
+                                 self._id(theirs), strategy=strategy)
+        return MergeResult(Image(self, res["image"]) if res["image"] else None,
+                           Image(self, res["base"]) if res["base"] else None, res["conflicts"])
+
+    # branches
+    def branch(self, name: str, from_: "Image | str | None" = None, *, force: bool = False) -> "Branch":
+        """The branch `name`; with from_, create it there (force: move an existing one)."""
+        if from_ is not None:
+            self._engine.branch_create(name, self._id(from_), force=force)
+        else:
+            from .branching import refs
+            refs.head(self._engine.store, name)
+        return Branch(self, name)
+
+    def branches(self) -> dict[str, "Branch"]:
+        return {name: Branch(self, name) for name in self._engine.branches()}
+
+    def rollback(self, branch: "Branch | str", *, to: "Image | str | None" = None,
+                 steps: int | None = None) -> "Image":
+        """Move a branch back to an ancestor (to=) or N moves back in its history (steps=)."""
+        name = branch.name if isinstance(branch, Branch) else branch
+        target = self._engine.rollback(name, to=self._id(to) if to is not None else None, steps=steps)
+        return Image(self, target)
+
+    # many runs from one image
+    def map(self, image: "Image | str", commands: list, *, parallel: int = 4, **run_options) -> list["RunResult"]:
+        """Run each command from the same image concurrently; results in the commands' order."""
+        img = image if isinstance(image, Image) else self.image(image)
+        if parallel < 1:
+            from .errors import InvalidInput
+            raise InvalidInput("parallel must be at least 1")
+        with ThreadPoolExecutor(max_workers=min(parallel, max(1, len(commands)))) as pool:
+            return list(pool.map(lambda c: img.run(c, **run_options), commands))
+
+    # lineage
+    def common_ancestor(self, a: "Image | str", b: "Image | str") -> "Image | None":
+        found = self._engine.common_ancestor(self._id(a), self._id(b))
+        return Image(self, found) if found else None
+
+    def path(self, a: "Image | str", b: "Image | str") -> list["Image"]:
+        """The images from a to b along lineage edges."""
+        return [Image(self, i) for i in self._engine.lineage_path(self._id(a), self._id(b))]
+
+    # bundles
+    def bundle(self, path: str, images: list, *, with_ancestry: bool = False) -> dict:
+        """Write images (and, with_ancestry, every ancestor) into one verifiable file."""
+        return self._engine.bundle_create(path, [self._id(i) for i in images], with_ancestry=with_ancestry)
+
+    def import_bundle(self, path: str) -> dict:
+        """Import a bundle: same image IDs and lineage as where it was made; verified first."""
+        return self._engine.bundle_import(path)
+
 
 class Image:
     """An immutable filesystem state. Running a command on it yields a new Image."""
@@ -118,10 +185,12 @@ class Image:
             on_output: Callable[[str, bytes], None] | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
         image. Unless disposable, what it wrote becomes the new image `result.image`."""
-        rec = self._st._engine.run(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                   disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid,
-                                   gid=gid, hostname=hostname, files=files, disposable=disposable,
-                                   on_output=on_output)
+        return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
+                             disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                             hostname=hostname, files=files, disposable=disposable, on_output=on_output)
+
+    def _run_ref(self, ref: str, command, **options) -> "RunResult":
+        rec = self._st._engine.run(ref, command, **options)
         return RunResult._of(self._st, rec)
 
     def ls(self, path: str = "/") -> list[dict]:
@@ -161,6 +230,42 @@ class Image:
     def tag(self, name: str) -> "Image":
         return self._st.tag(self, name)
 
+    def diff(self, other: "Image | str") -> list[dict]:
+        return self._st.diff(self, other)
+
+    def patch(self, other: "Image | str") -> str:
+        return self._st.patch(self, other)
+
+    def fork(self, commands: list, *, parallel: int = 4, **run_options) -> list["RunResult"]:
+        """Run each command from this image concurrently (one branch each); results in order."""
+        return self._st.map(self, commands, parallel=parallel, **run_options)
+
+    def ancestors(self) -> list["Image"]:
+        """Every ancestor, nearest first."""
+        dist = self._st._engine.ancestors(self.id)
+        return [Image(self._st, i) for i in sorted(dist, key=lambda i: dist[i]) if i != self.id]
+
+    def descendants(self) -> list["Image"]:
+        dist = self._st._engine.descendants(self.id)
+        return [Image(self._st, i) for i in sorted(dist, key=lambda i: dist[i]) if i != self.id]
+
+    def produced_by(self) -> list[dict]:
+        """The operations whose result is this image (runs, merges, imports)."""
+        return self._st._engine.produced_by(self.id)
+
+    def lineage(self, format: str = "json"):
+        """The lineage tree under this image: a dict ("json"), text ("text") or SVG ("svg")."""
+        from .branching import lineage
+        t = self._st._engine.lineage_tree(self.id)
+        if format == "json":
+            return t
+        if format == "text":
+            return lineage.render_text(t)
+        if format == "svg":
+            return lineage.render_svg(t)
+        from .errors import InvalidInput
+        raise InvalidInput(f"unknown lineage format {format!r} (json, text, svg)")
+
 
 @dataclass
 class RunResult:
@@ -198,6 +303,66 @@ class RunResult:
                 "stdout_truncated": self.stdout_truncated, "stderr_truncated": self.stderr_truncated,
                 "timed_out": self.timed_out, "oom_killed": self.oom_killed, "usage": self.usage,
                 "operation": self.operation}
+
+
+@dataclass
+class MergeResult:
+    image: Image | None              # None: conflicts and no strategy; nothing was made
+    base: Image | None
+    conflicts: list[dict]
+
+    @property
+    def ok(self) -> bool:
+        return self.image is not None
+
+
+class Branch:
+    """A movable name for a line of work: each run made on it moves it (compare-and-swap)."""
+
+    def __init__(self, st: Sandtree, name: str):
+        self._st = st
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<Branch {self.name} at {self.head.short_id}>"
+
+    @property
+    def head(self) -> Image:
+        from .branching import refs
+        return Image(self._st, refs.head(self._st._engine.store, self.name))
+
+    def run(self, command, **options) -> RunResult:
+        """Run on the branch's head and advance the branch to the result (Conflict if another run
+        moved it meanwhile; that run's image is kept, not applied)."""
+        return RunResult._of(self._st, self._st._engine.run(f"branch:{self.name}", command, **options))
+
+    def rollback(self, *, to: "Image | str | None" = None, steps: int | None = None) -> Image:
+        return self._st.rollback(self, to=to, steps=steps)
+
+    def log(self) -> list[dict]:
+        """Every move of this branch (the reflog), oldest first."""
+        return self._st._engine.branch_log(self.name)
+
+    def delete(self) -> None:
+        self._st._engine.branch_delete(self.name)
+
+
+def best_of(results: list[RunResult], score, *, keep_losers: bool = False) -> RunResult:
+    """The result with the highest score(result). Unless keep_losers, the other results' images
+    are removed (when nothing names them), leaving only the winner's line."""
+    if not results:
+        from .errors import InvalidInput
+        raise InvalidInput("best_of needs at least one result")
+    winner = max(results, key=score)
+    if not keep_losers:
+        for r in results:
+            if r is winner or r.image is None or r.image == winner.image or r.image == r.source:
+                continue
+            try:
+                r.image._st.remove(r.image)
+            except Exception:          # noqa: BLE001 - named by a tag or branch: keep it
+                pass
+    return winner
 
 
 def _unique(images):

@@ -18,9 +18,11 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .store.layers import (IdMap, is_whiteout, make_node, apply_meta, opaque_xattr, read_xattrs,
-                           remove_tree)
-from .store.objects import DIR, FILE, KIND_OF_MODE, SYMLINK, CHR, BLK, Entry, encode_xattrs, tree_hash_and_data
+from .store.layers import (IdMap, apply_meta, is_whiteout, make_node, make_whiteout, opaque_xattr,
+                           read_xattrs, remove_tree)
+from .store.delta import write_delta
+from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
+                            tree_hash_and_data)
 from .store.store import ImageRow, Store
 
 MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fast (PLATFORM.md)
@@ -137,14 +139,7 @@ class Committer:
         return False
 
     def _whiteout(self, path: str) -> None:
-        if self.idmap.rootless:
-            # An xattr whiteout (kernel >= 6.7): the unprivileged form of a 0/0 device.
-            with open(path, "wb"):
-                pass
-            os.setxattr(path, "user.overlay.whiteout", b"")
-            os.setxattr(os.path.dirname(path), "user.overlay.whiteouts", b"")
-        else:
-            os.mknod(path, stat.S_IFCHR | 0o600, 0)
+        make_whiteout(path, self.idmap)
 
     def _copy_meta(self, src: str, dst: str, st) -> None:
         os.lchown(dst, st.st_uid, st.st_gid)
@@ -285,8 +280,8 @@ class Committer:
                 fresh = {h: os.path.join(staged, p) for h, p in locations.items()}
                 squashed = self.store.layers.stage("squash")
                 try:
-                    locations = materialize(self.store, image, squashed, trees,
-                                            lambda h: fresh.get(h) or self.store.blobs.path(h))
+                    locations = write_delta(self.store, None, image, squashed, self._tree_with(trees),
+                                            lambda h: fresh.get(h) or self.store.blobs.path(h), links)
                 finally:
                     remove_tree(staged)
                 staged = squashed
@@ -296,6 +291,12 @@ class Committer:
             remove_tree(staged)
             raise
 
+
+    def _tree_with(self, extra: dict[str, bytes]):
+        """Tree lookup that also sees trees made by this commit (not yet in the database)."""
+        def tree(h):
+            return decode_tree(extra[h]) if h in extra else self.store.tree(h)
+        return tree
 
     def _unchanged(self, base: ImageRow, upper: str) -> bool:
         """The common case of a read-only run: an empty upper whose root kept its metadata."""
@@ -327,47 +328,3 @@ def _find(changes: dict[str, Change], path: str) -> Change:
     for part in parts[:-1]:
         node = node[part].children
     return node[parts[-1]]
-
-
-def materialize(store: Store, root: str, dest: str, extra_trees: dict[str, bytes] | None = None,
-                blob_path=None) -> dict:
-    """Write the whole image `root` into the empty directory `dest` (a squashed layer); returns
-    the blob locations it holds."""
-    from .store.objects import decode_tree
-
-    def tree(h):
-        if extra_trees and h in extra_trees:
-            return decode_tree(extra_trees[h])
-        return store.tree(h)
-
-    links: dict[str, str] = {}
-    locations: dict[str, str] = {}
-    idmap = store.idmap
-
-    def write(h: str, d: str, ipath: str):
-        dirs = []
-        for name, e in sorted(tree(h).items()):
-            if name == ".":
-                continue
-            p = os.path.join(d, name)
-            ip = ipath.rstrip("/") + "/" + name
-            if e.kind == DIR:
-                os.mkdir(p, 0o700)
-                write(e.ref, p, ip)
-                dirs.append((p, e))
-                continue
-            if e.hl and e.hl in links:
-                os.link(links[e.hl], p)
-                continue
-            make_node(p, e, blob_path or store.blobs.path)
-            apply_meta(p, e, idmap)
-            if e.kind == FILE:
-                locations.setdefault(e.ref, ip.lstrip("/"))
-            if e.hl:
-                links[e.hl] = p
-        for p, e in dirs:
-            apply_meta(p, e, idmap)
-
-    write(root, dest, "/")
-    apply_meta(dest, tree(root)["."], idmap)
-    return locations

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import commit as commit_mod
+from .branching import refs
+from .branching.ops import BranchingOps
 from .errors import InvalidInput, NotFound, PathEscape
 from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
 from .runtime.namespaces import NamespaceRuntime
@@ -57,7 +59,7 @@ class RunRecord:
     usage: dict
 
 
-class Engine:
+class Engine(BranchingOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None):
         self.store = Store(home, idmap or default_idmap())
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
@@ -71,7 +73,23 @@ class Engine:
 
     # ---- names ---------------------------------------------------------------------------------
     def resolve(self, ref: str) -> str:
+        """Image ID for an ID, prefix, tag, or branch (`branch:NAME` or a bare branch name)."""
+        branch = self._branch_of(ref)
+        if branch is not None:
+            return refs.head(self.store, branch)
         return self.store.resolve(ref)
+
+    def _branch_of(self, ref: str) -> str | None:
+        """The branch a reference names, if it names one (tags win over branches)."""
+        if not isinstance(ref, str):
+            return None
+        if ref.startswith("branch:"):
+            return ref[7:]
+        if self.store.db.one("SELECT 1 FROM refs WHERE kind='tag' AND name=?", (ref,)):
+            return None
+        if self.store.db.one("SELECT 1 FROM refs WHERE kind='branch' AND name=?", (ref,)):
+            return ref
+        return None
 
     # ---- import --------------------------------------------------------------------------------
     def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
@@ -175,6 +193,7 @@ class Engine:
     def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
             files=None, disposable: bool = False, on_output=None, **limits) -> RunRecord:
+        branch = self._branch_of(ref)
         source = self.resolve(ref)
         row = self.store.image(source)
         if isinstance(command, str):
@@ -226,6 +245,8 @@ class Engine:
                        "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
                        "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
             self._record_run(op, source, record_spec, started, result, summary, write_image)
+        if branch is not None and result is not None:
+            refs.advance(self.store, branch, source, result, f"run {op}")
         return rec
 
     def _limits(self, given: dict) -> Limits:

@@ -89,6 +89,18 @@ def read_xattrs(path: str) -> list[tuple[str, bytes]]:
     return out
 
 
+def make_whiteout(path: str, idmap: IdMap) -> None:
+    """A deletion marker in a layer: a 0/0 char device, or for rootless stores (no mknod) an
+    xattr whiteout (overlayfs >= 6.7 honours those in lower layers)."""
+    if idmap.rootless:
+        with open(path, "wb"):
+            pass
+        os.setxattr(path, "user.overlay.whiteout", b"")
+        os.setxattr(os.path.dirname(path), "user.overlay.whiteouts", b"")
+    else:
+        os.mknod(path, stat.S_IFCHR | 0o600, 0)
+
+
 def mount_points_under(path: str) -> list[str]:
     real = os.path.realpath(path)
     found = []

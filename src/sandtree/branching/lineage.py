@@ -1,0 +1,197 @@
+"""Lineage queries over the edges table: ancestors, descendants, paths, common ancestors, what
+produced an image, and the tree under a root (as data, text and an SVG picture)."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import deque
+
+from ..errors import NotFound
+from ..store.store import Store
+
+
+def _parents(store: Store, image: str) -> list[str]:
+    return [r[0] for r in store.db.query("SELECT DISTINCT parent FROM edges WHERE child=? ORDER BY created", (image,))]
+
+
+def _children(store: Store, image: str) -> list[str]:
+    return [r[0] for r in store.db.query("SELECT DISTINCT child FROM edges WHERE parent=? ORDER BY created", (image,))]
+
+
+def ancestors(store: Store, image: str) -> dict[str, int]:
+    """Every ancestor with its distance (the image itself at 0)."""
+    dist = {image: 0}
+    q = deque([image])
+    while q:
+        cur = q.popleft()
+        for p in _parents(store, cur):
+            if p not in dist:
+                dist[p] = dist[cur] + 1
+                q.append(p)
+    return dist
+
+
+def descendants(store: Store, image: str) -> dict[str, int]:
+    dist = {image: 0}
+    q = deque([image])
+    while q:
+        cur = q.popleft()
+        for c in _children(store, cur):
+            if c not in dist:
+                dist[c] = dist[cur] + 1
+                q.append(c)
+    return dist
+
+
+def common_ancestor(store: Store, a: str, b: str) -> str | None:
+    """The nearest common ancestor (least total distance; ties go to the newer image)."""
+    da, db = ancestors(store, a), ancestors(store, b)
+    common = set(da) & set(db)
+    if not common:
+        return None
+    created = dict(store.db.query(f"SELECT id, created FROM images WHERE id IN ({','.join('?' * len(common))})",
+                                  list(common)))
+    return min(common, key=lambda x: (da[x] + db[x], -created.get(x, 0)))
+
+
+def path(store: Store, a: str, b: str) -> list[str]:
+    """Images from a to b along lineage edges (through their common ancestor if neither
+    descends from the other)."""
+    def chain(frm: str, to: str) -> list[str] | None:
+        prev = {frm: None}
+        q = deque([frm])
+        while q:
+            cur = q.popleft()
+            if cur == to:
+                out = []
+                while cur is not None:
+                    out.append(cur)
+                    cur = prev[cur]
+                return out[::-1]
+            for c in _children(store, cur):
+                if c not in prev:
+                    prev[c] = cur
+                    q.append(c)
+        return None
+
+    down = chain(a, b)
+    if down:
+        return down
+    up = chain(b, a)
+    if up:
+        return up[::-1]
+    base = common_ancestor(store, a, b)
+    if base is None:
+        raise NotFound("the two images share no ancestor")
+    return chain(base, a)[::-1] + chain(base, b)[1:]
+
+
+def produced_by(store: Store, image: str) -> list[dict]:
+    rows = store.db.query("SELECT id, kind, source, spec, outcome, started FROM operations WHERE result=? "
+                          "ORDER BY started", (image,))
+    out = []
+    for op, kind, source, spec, outcome, started in rows:
+        spec, outcome = json.loads(spec), json.loads(outcome) if outcome else {}
+        out.append({"op": op, "kind": kind, "source": source, "started": started,
+                    "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code")})
+    return out
+
+
+def tree(store: Store, root: str, *, max_nodes: int = 2000) -> dict:
+    """The lineage tree under `root`: nested nodes with tags, branches and the command per edge."""
+    names: dict[str, list[str]] = {}
+    for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
+        names.setdefault(image, []).append(name if kind == "tag" else f"branch:{name}")
+    count = [0]
+
+    def node(image: str, via: dict | None, seen: set) -> dict:
+        count[0] += 1
+        n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
+             "command": via and via["command"], "exit_code": via and via["exit_code"], "children": []}
+        if image in seen or count[0] > max_nodes:
+            return n
+        seen = seen | {image}
+        for parent, child, op in store.db.query(
+                "SELECT parent, child, op FROM edges WHERE parent=? ORDER BY created", (image,)):
+            r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
+            spec = json.loads(r[1]) if r else {}
+            outcome = json.loads(r[2]) if r and r[2] else {}
+            via_child = {"command": spec.get("command") or (r[0] if r else None),
+                         "exit_code": outcome.get("exit_code")}
+            n["children"].append(node(child, via_child, seen))
+        return n
+
+    return node(root, None, set())
+
+
+def render_text(t: dict) -> str:
+    lines = []
+
+    def label(n):
+        names = f" ({', '.join(n['names'])})" if n["names"] else ""
+        return f"{n['short']}{names}"
+
+    def walk(n, prefix: str, last: bool, top: bool):
+        edge = ""
+        if n["command"] is not None:
+            code = "" if n["exit_code"] is None else f" [exit {n['exit_code']}]"
+            edge = f"  <- {n['command']}{code}"
+        lines.append(("" if top else prefix + ("└── " if last else "├── ")) + label(n) + edge)
+        kids = n["children"]
+        for i, c in enumerate(kids):
+            walk(c, "" if top else prefix + ("    " if last else "│   "), i == len(kids) - 1, False)
+
+    walk(t, "", True, True)
+    return "\n".join(lines) + "\n"
+
+
+def render_svg(t: dict) -> str:
+    """A top-down picture: boxes (short id, names, command) joined by edges labelled by exit code."""
+    W, H, GX, GY = 230, 58, 20, 46
+    pos: dict[int, tuple[float, float]] = {}
+    nodes: list[tuple[dict, int]] = []
+    edges: list[tuple[int, int, dict]] = []
+    next_x = [0]
+
+    def place(n, depth) -> float:
+        idx = len(nodes)
+        nodes.append((n, depth))
+        if not n["children"]:
+            x = next_x[0]
+            next_x[0] += 1
+        else:
+            xs = []
+            for c in n["children"]:
+                cidx = len(nodes)
+                xs.append(place(c, depth + 1))
+                edges.append((idx, cidx, c))
+            x = (xs[0] + xs[-1]) / 2
+        pos[idx] = (x, depth)
+        return x
+
+    place(t, 0)
+    width = max(1, next_x[0]) * (W + GX) + GX
+    height = (max(d for _, d in nodes) + 1) * (H + GY) + GY
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           f'font-family="monospace" font-size="11">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    cx = lambda i: GX + pos[i][0] * (W + GX) + W / 2
+    cy = lambda i: GY / 2 + pos[i][1] * (H + GY)
+    for a, b, child in edges:
+        x1, y1, x2, y2 = cx(a), cy(a) + H, cx(b), cy(b)
+        colour = "#2a7" if child["exit_code"] in (0, None) else "#c33"
+        out.append(f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" stroke="{colour}" stroke-width="1.5"/>')
+        if child["exit_code"] is not None:
+            out.append(f'<text x="{(x1 + x2) / 2 + 4:.0f}" y="{(y1 + y2) / 2:.0f}" fill="{colour}">exit {child["exit_code"]}</text>')
+    for i, (n, _) in enumerate(nodes):
+        x, y = cx(i) - W / 2, cy(i)
+        out.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="{W}" height="{H}" rx="6" fill="#f4f6fb" stroke="#557"/>')
+        texts = [n["short"] + ("  " + ", ".join(n["names"]) if n["names"] else ""),
+                 (n["command"] or "(root)")[:34], (n["command"] or "")[34:68]]
+        for k, s in enumerate(texts):
+            if s:
+                weight = ' font-weight="bold"' if k == 0 else ""
+                out.append(f'<text x="{x + 8:.0f}" y="{y + 17 + 15 * k:.0f}"{weight}>{html.escape(s)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

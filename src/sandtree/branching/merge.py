@@ -1,0 +1,174 @@
+"""Three-way merge of images, at the level of trees and, for text files, of lines (like git).
+
+Rules per name, comparing the state (not timestamps) of base, ours and theirs:
+- equal on both sides, or changed on one side only: take that side (a deletion is a change);
+- directories on both sides: merge recursively;
+- a text file changed on both sides: merge line by line (merge3, the bzr/breezy algorithm);
+- anything else is a conflict: content (both changed, lines overlap or binary), add/add,
+  modify/delete, type (file vs dir...), metadata (mode/owner changed differently).
+Identical subtrees are skipped by hash, so the cost is what the branches changed.
+A strategy resolves conflicts: "ours", "theirs", or "markers" (git-style conflict markers written
+into text files; for what has no text form, ours). Without one, conflicts make no image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import merge3
+
+from ..errors import InvalidInput
+from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
+from ..store.store import Store
+
+STRATEGIES = (None, "ours", "theirs", "markers")
+
+
+@dataclass
+class Conflict:
+    path: str
+    kind: str                    # content | add/add | modify/delete | type | metadata
+    ours: Entry | None
+    theirs: Entry | None
+
+    def to_dict(self) -> dict:
+        side = lambda e: None if e is None else {k: v for k, v in e.to_dict().items() if k not in ("name", "mtime")}
+        return {"path": self.path, "kind": self.kind, "ours": side(self.ours), "theirs": side(self.theirs)}
+
+
+@dataclass
+class TreeMerge:
+    root: str | None
+    trees: dict[str, bytes] = field(default_factory=dict)
+    conflicts: list[Conflict] = field(default_factory=list)
+    blobs: dict[str, bytes] = field(default_factory=dict)     # merged texts, not yet stored
+
+
+def _state(e: Entry | None):
+    return None if e is None else e.hashed()
+
+
+def _meta(e: Entry):
+    return (e.mode, e.uid, e.gid, e.xattrs)
+
+
+class _Merger:
+    def __init__(self, store: Store, strategy: str | None):
+        if strategy not in STRATEGIES:
+            raise InvalidInput(f"unknown merge strategy {strategy!r} (ours, theirs, markers)")
+        self.store = store
+        self.strategy = strategy
+        self.trees: dict[str, bytes] = {}
+        self.conflicts: list[Conflict] = []
+        self.pending: dict[str, bytes] = {}
+
+    def tree(self, h: str | None) -> dict[str, Entry]:
+        return self.store.tree(h) if h else {}
+
+    def dir(self, b: str | None, o: str | None, t: str | None, path: str) -> str:
+        if o == t:
+            return o
+        if b == o:
+            return t
+        if b == t:
+            return o
+        eb, eo, et = self.tree(b), self.tree(o), self.tree(t)
+        out: dict[str, Entry] = {}
+        for name in sorted(set(eb) | set(eo) | set(et)):
+            if name == ".":                              # the root dir's own metadata
+                x, y, z = eb.get(name), eo.get(name), et.get(name)
+                if y is not None and z is not None:
+                    out["."] = self.meta(x, y, z, "/")
+                elif y is not None or z is not None:
+                    out["."] = y or z
+                continue
+            p = f"{path}/{name}"
+            merged = self.entry(eb.get(name), eo.get(name), et.get(name), p)
+            if merged is not None:
+                out[name] = merged._replace(name=name)
+        digest, data = tree_hash_and_data(out)
+        self.trees[digest] = data
+        return digest
+
+    def entry(self, b: Entry | None, o: Entry | None, t: Entry | None, path: str) -> Entry | None:
+        sb, so, st = _state(b), _state(o), _state(t)
+        if so == st:
+            return o if (o is None or t is None or o.mtime_ns >= t.mtime_ns) else t
+        if sb == so:
+            return t
+        if sb == st:
+            return o
+        if o is not None and t is not None and o.kind == DIR and t.kind == DIR:
+            meta = self.meta(b, o, t, path)
+            sub = self.dir(b.ref if b is not None and b.kind == DIR else None, o.ref, t.ref, path)
+            return meta._replace(ref=sub)
+        if o is not None and t is not None and o.kind == FILE and t.kind == FILE:
+            return self.file(b if b is not None and b.kind == FILE else None, o, t, path)
+        if o is None or t is None:
+            kind = "modify/delete"
+        elif o.kind != t.kind:
+            kind = "type"
+        else:
+            kind = "add/add" if b is None else "content"
+        return self.conflict(path, kind, o, t)
+
+    def meta(self, b: Entry | None, o: Entry, t: Entry, path: str) -> Entry:
+        if _meta(o) == _meta(t) or (b is not None and _meta(b) == _meta(t)):
+            return o
+        if b is not None and _meta(b) == _meta(o):
+            return o._replace(mode=t.mode, uid=t.uid, gid=t.gid, xattrs=t.xattrs)
+        resolved = self.conflict(path, "metadata", o, t)
+        return resolved if resolved is not None else o
+
+    def file(self, b: Entry | None, o: Entry, t: Entry, path: str) -> Entry | None:
+        meta = self.meta(b, o, t, path)
+        if (o.ref, o.size) == (t.ref, t.size):
+            return meta._replace(hl=o.hl if o.hl == t.hl else None)
+        if b is not None and (b.ref, b.size) == (o.ref, o.size):
+            return meta._replace(ref=t.ref, size=t.size, hl=None)
+        if b is not None and (b.ref, b.size) == (t.ref, t.size):
+            return meta._replace(ref=o.ref, size=o.size, hl=None)
+        texts = [self.lines(e) for e in (b, o, t)]
+        if any(x is None for x in texts):
+            return self.conflict(path, "add/add" if b is None else "content", o, t)
+        m = merge3.Merge3(texts[0], texts[1], texts[2])
+        clean = all(region[0] != "conflict" for region in m.merge_regions())
+        if clean:
+            data = "".join(m.merge_lines()).encode()
+        else:
+            resolved = self.conflict(path, "add/add" if b is None else "content", o, t)
+            if self.strategy != "markers":
+                return resolved
+            data = "".join(m.merge_lines(name_a="ours", name_b="theirs")).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        self.pending[digest] = data                    # written only if an image is made
+        return meta._replace(ref=digest, size=len(data), hl=None)
+
+    def lines(self, e: Entry | None) -> list[str] | None:
+        if e is None:
+            return []
+        with self.store.blobs.open(e.ref) as f:
+            data = f.read()
+        if b"\0" in data:
+            return None
+        try:
+            return data.decode("utf-8").splitlines(keepends=True)
+        except UnicodeDecodeError:
+            return None
+
+    def conflict(self, path: str, kind: str, o: Entry | None, t: Entry | None) -> Entry | None:
+        self.conflicts.append(Conflict(path, kind, o, t))
+        if self.strategy == "theirs":
+            return t
+        if self.strategy == "markers" and kind == "modify/delete":
+            return o if o is not None else t           # keep the modified side
+        return o                                       # ours, markers without text form, or none
+
+
+def merge_trees(store: Store, base: str | None, ours: str, theirs: str, strategy: str | None = None) -> TreeMerge:
+    m = _Merger(store, strategy)
+    root = m.dir(base, ours, theirs, "")
+    if m.conflicts and strategy is None:
+        return TreeMerge(None, {}, m.conflicts)
+    return TreeMerge(root, m.trees, m.conflicts, m.pending)
