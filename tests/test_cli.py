@@ -71,3 +71,35 @@ def test_cli_errors_are_clear(cli, rootfs):
     assert p.returncode == 125 and b"timeout must be positive" in p.stderr
     p = cli("cat", "bb", "/../etc/shadow", check=False)
     assert p.returncode == 1 and b"escapes" in p.stderr
+
+
+def test_cli_branching(cli, rootfs, tmp_path):
+    base = j(cli("image", "import", rootfs, "--tag", "bb", "--json"))["image"]
+    cli("branch", "create", "work", "bb")
+    a = j(cli("run", "work", "--json", "--", "echo a > /a"))["image"]
+    assert j(cli("branch", "list", "--json")) == {"work": a}
+    b = j(cli("run", "bb", "--json", "--", "echo b > /b"))["image"]
+    d = j(cli("diff", base, a, "--json", "--patch"))
+    assert [c["path"] for c in d["changes"]] == ["/a"] and "+a" in d["patch"]
+    m = j(cli("merge", a, b, "--json"))                   # base from lineage
+    assert m["image"] and m["conflicts"] == [] and m["base"] == base
+    c1 = j(cli("run", "bb", "--json", "--", "echo 1 > /c"))["image"]
+    c2 = j(cli("run", "bb", "--json", "--", "echo 2 > /c"))["image"]
+    p = cli("merge", "bb", c1, c2, "--json", check=False)
+    assert p.returncode == 1 and j(p)["image"] is None and j(p)["conflicts"][0]["path"] == "/c"
+    assert j(cli("merge", "bb", c1, c2, "--strategy", "theirs", "--json"))["image"]
+    assert j(cli("branch", "rollback", "work", "--steps", "1", "--json"))["image"] == base
+    assert [r["reason"] for r in j(cli("branch", "log", "work", "--json"))][-1] == "rollback"
+    svg = tmp_path / "t.svg"
+    text = cli("tree", "bb", "--svg", str(svg)).stdout
+    assert svg.read_text().startswith("<svg")
+    assert b"echo a > /a" in cli("tree", "bb").stdout
+    assert j(cli("lineage", "common", a, b, "--json"))["image"] == base
+    rows = j(cli("fork", "bb", "--cmd", "echo 1 > /f", "--cmd", "exit 3", "--json"))
+    assert [r["exit_code"] for r in rows] == [0, 3]
+    bundle = tmp_path / "x.bundle"
+    cli("bundle", "create", str(bundle), m["image"], "--with-ancestry")
+    env_home = tmp_path / "other"
+    p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(env_home), "bundle", "import", str(bundle),
+                        "--json"], capture_output=True)
+    assert m["image"] in json.loads(p.stdout)["images"]

@@ -41,9 +41,9 @@ class Sandtree:
         self.close()
 
     # images
-    def image(self, ref: str) -> "Image":
-        """An image by ID, unique ID prefix or tag (ImageNotFound if none)."""
-        return Image(self, self._engine.resolve(ref))
+    def image(self, ref: "str | Image") -> "Image":
+        """An image by ID, unique ID prefix, tag or branch (ImageNotFound if none)."""
+        return Image(self, self._id(ref))
 
     def images(self) -> list["Image"]:
         return [Image(self, r["id"]) for r in self._engine.store.images()]

@@ -241,11 +241,129 @@ def cmd_op(args):
     _out(args, eng.operation(args.id), lambda o: print(json.dumps(o, indent=2)))
 
 
+# ---- branching -----------------------------------------------------------------------------------
+def cmd_diff(args):
+    eng = _engine(args)
+    a, b = eng.resolve(args.a), eng.resolve(args.b)
+    changes = eng.diff(a, b)
+    if args.patch and not args.json:
+        sys.stdout.write(eng.patch(a, b))
+        return 0
+    out = {"a": a, "b": b, "changes": [c.to_dict() for c in changes]}
+    if args.patch:
+        out["patch"] = eng.patch(a, b)
+
+    def human(o):
+        marks = {"added": "A", "removed": "D", "modified": "M", "type_changed": "T", "metadata_changed": "m"}
+        for c in o["changes"]:
+            print(f"{marks[c['kind']]}  {c['path']}")
+    _out(args, out, human)
+
+
+def cmd_merge(args):
+    eng = _engine(args)
+    refs_ = [eng.resolve(r) for r in args.images]
+    base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
+    res = eng.merge(base, ours, theirs, strategy=args.strategy)
+
+    def human(o):
+        for c in o["conflicts"]:
+            print(f"CONFLICT ({c['kind']}): {c['path']}", file=sys.stderr)
+        print(o["image"] if o["image"] else "no image made: resolve the conflicts or pass --strategy",
+              file=sys.stdout if o["image"] else sys.stderr)
+    _out(args, res, human)
+    return 0 if res["image"] else 1
+
+
+def cmd_branch(args):
+    eng = _engine(args)
+    sub = args.branch_command
+    if sub == "list":
+        _out(args, eng.branches(), lambda o: [print(f"{n}  {i[:12]}") for n, i in o.items()])
+    elif sub == "create":
+        image = eng.resolve(args.image)
+        eng.branch_create(args.name, image, force=args.force)
+        _out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
+    elif sub == "delete":
+        image = eng.branch_delete(args.name)
+        _out(args, {"deleted": args.name, "image": image}, lambda o: print(f"deleted {o['deleted']}"))
+    elif sub == "rollback":
+        to = eng.resolve(args.to) if args.to else None
+        image = eng.rollback(args.name, to=to, steps=args.steps)
+        _out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
+    elif sub == "log":
+        _out(args, eng.branch_log(args.name), lambda rows: [
+            print(f"{(r['old'] or '-')[:12]} -> {(r['new'] or '-')[:12]}  {r['reason']}") for r in rows])
+
+
+def cmd_tree(args):
+    from .branching import lineage
+    eng = _engine(args)
+    t = eng.lineage_tree(eng.resolve(args.image))
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(lineage.render_svg(t))
+    if args.json:
+        print(json.dumps(t))
+    elif not args.svg:
+        sys.stdout.write(lineage.render_text(t))
+
+
+def cmd_lineage(args):
+    eng = _engine(args)
+    q = args.query
+    ids = [eng.resolve(i) for i in args.images]
+    need = {"ancestors": 1, "descendants": 1, "produced-by": 1, "path": 2, "common": 2}[q]
+    if len(ids) != need:
+        raise SystemExit(f"sandtree lineage {q} takes {need} image(s)")
+    if q == "ancestors":
+        d = eng.ancestors(ids[0])
+        res = [{"image": i, "distance": n} for i, n in sorted(d.items(), key=lambda kv: kv[1]) if n]
+    elif q == "descendants":
+        d = eng.descendants(ids[0])
+        res = [{"image": i, "distance": n} for i, n in sorted(d.items(), key=lambda kv: kv[1]) if n]
+    elif q == "path":
+        res = eng.lineage_path(*ids)
+    elif q == "common":
+        res = {"image": eng.common_ancestor(*ids)}
+    else:
+        res = eng.produced_by(ids[0])
+    _out(args, res, lambda o: print(json.dumps(o, indent=2)))
+
+
+def cmd_fork(args):
+    eng = _engine(args)
+    image = eng.resolve(args.image)
+    if not args.cmd:
+        raise SystemExit("sandtree fork: give commands with --cmd (one per branch)")
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, min(args.parallel, len(args.cmd)))) as pool:
+        recs = list(pool.map(lambda c: eng.run(image, c, timeout=args.timeout), args.cmd))
+    rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
+             "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
+            for c, r in zip(args.cmd, recs)]
+    _out(args, rows, lambda rs: [print(f"{(r['image'] or '-')[:12]}  exit {r['exit_code']}  {r['command']}")
+                                 for r in rs])
+
+
+def cmd_bundle(args):
+    eng = _engine(args)
+    if args.bundle_command == "create":
+        res = eng.bundle_create(args.file, [eng.resolve(i) for i in args.images], with_ancestry=args.with_ancestry)
+        _out(args, res, lambda o: print(f"{o['file']}: {o['images']} images, {o['trees']} trees, {o['blobs']} blobs"))
+    else:
+        res = eng.bundle_import(args.file)
+        _out(args, res, lambda o: [print(i) for i in o["images"]])
+
+
 # ---- parser --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    # The common options are accepted before or after the subcommand; SUPPRESS keeps a
+    # subcommand's unset default from overwriting a value given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--home", help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument("--home", default=argparse.SUPPRESS,
+                        help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
 
     p = argparse.ArgumentParser(prog="sandtree", parents=[common],
                                 description="Sandboxes for AI agents with git-like images.")
@@ -318,6 +436,41 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("gc", parents=[common], help="remove unreferenced images and data")
     x.add_argument("--retention", type=float, default=7 * 86400, help="keep untagged images younger than this (s)")
     x.set_defaults(fn=cmd_gc)
+    x = sub.add_parser("diff", parents=[common], help="what changed from image A to image B")
+    x.add_argument("a"); x.add_argument("b")
+    x.add_argument("--patch", action="store_true", help="a unified patch of text files")
+    x.set_defaults(fn=cmd_diff)
+    x = sub.add_parser("merge", parents=[common], help="three-way merge: [BASE] OURS THEIRS")
+    x.add_argument("images", nargs="+", metavar="IMAGE")
+    x.add_argument("--strategy", choices=["ours", "theirs", "markers"])
+    x.set_defaults(fn=cmd_merge)
+    br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
+    bsub = br.add_subparsers(dest="branch_command", required=True)
+    x = bsub.add_parser("list", parents=[common]); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("create", parents=[common]); x.add_argument("name"); x.add_argument("image")
+    x.add_argument("--force", action="store_true"); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("delete", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("rollback", parents=[common]); x.add_argument("name")
+    g = x.add_mutually_exclusive_group(required=True)
+    g.add_argument("--steps", type=int); g.add_argument("--to")
+    x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("log", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    x = sub.add_parser("tree", parents=[common], help="the lineage tree under an image")
+    x.add_argument("image"); x.add_argument("--svg", metavar="FILE", help="also draw it as SVG")
+    x.set_defaults(fn=cmd_tree)
+    x = sub.add_parser("lineage", parents=[common], help="ancestors, descendants, path, common, produced-by")
+    x.add_argument("query", choices=["ancestors", "descendants", "path", "common", "produced-by"])
+    x.add_argument("images", nargs="+", metavar="IMAGE")
+    x.set_defaults(fn=cmd_lineage)
+    x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently")
+    x.add_argument("image"); x.add_argument("--cmd", action="append", default=[])
+    x.add_argument("--parallel", type=int, default=4); x.add_argument("--timeout", type=float)
+    x.set_defaults(fn=cmd_fork)
+    bu = sub.add_parser("bundle", help="images with their lineage as one verifiable file")
+    busub = bu.add_subparsers(dest="bundle_command", required=True)
+    x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
+    x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
+    x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
     x = sub.add_parser("op", parents=[common], help="show a recorded operation")
     x.add_argument("id")
     x.set_defaults(fn=cmd_op)
@@ -332,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, tail = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    args.json = getattr(args, "json", False)
+    args.home = getattr(args, "home", None)
     if tail is not None:
         if getattr(args, "fn", None) is not cmd_run:
             parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`")

@@ -112,8 +112,12 @@ def tree(store: Store, root: str, *, max_nodes: int = 2000) -> dict:
         if image in seen or count[0] > max_nodes:
             return n
         seen = seen | {image}
+        shown = set()
         for parent, child, op in store.db.query(
                 "SELECT parent, child, op FROM edges WHERE parent=? ORDER BY created", (image,)):
+            if child in shown:                     # the same state reached again: one node
+                continue
+            shown.add(child)
             r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
             spec = json.loads(r[1]) if r else {}
             outcome = json.loads(r[2]) if r and r[2] else {}

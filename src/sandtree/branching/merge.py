@@ -64,7 +64,7 @@ class _Merger:
         self.pending: dict[str, bytes] = {}
 
     def tree(self, h: str | None) -> dict[str, Entry]:
-        return self.store.tree(h) if h else {}
+        return self.store_or_new(h)
 
     def dir(self, b: str | None, o: str | None, t: str | None, path: str) -> str:
         if o == t:
@@ -103,6 +103,13 @@ class _Merger:
             meta = self.meta(b, o, t, path)
             sub = self.dir(b.ref if b is not None and b.kind == DIR else None, o.ref, t.ref, path)
             return meta._replace(ref=sub)
+        if b is not None and b.kind == DIR and (o is None or t is None) and (o or t).kind == DIR:
+            # one side deleted a directory the other changed inside: decide file by file
+            kept = o or t
+            sub = self.dir(b.ref, o.ref if o is not None else None, t.ref if t is not None else None, path)
+            if not [n for n in self.store_or_new(sub) if n != "."]:
+                return None
+            return kept._replace(ref=sub)
         if o is not None and t is not None and o.kind == FILE and t.kind == FILE:
             return self.file(b if b is not None and b.kind == FILE else None, o, t, path)
         if o is None or t is None:
@@ -112,6 +119,12 @@ class _Merger:
         else:
             kind = "add/add" if b is None else "content"
         return self.conflict(path, kind, o, t)
+
+    def store_or_new(self, h: str | None) -> dict[str, Entry]:
+        from ..store.objects import EMPTY_TREE_HASH, decode_tree
+        if h is None or h == EMPTY_TREE_HASH:
+            return {}
+        return decode_tree(self.trees[h]) if h in self.trees else self.store.tree(h)
 
     def meta(self, b: Entry | None, o: Entry, t: Entry, path: str) -> Entry:
         if _meta(o) == _meta(t) or (b is not None and _meta(b) == _meta(t)):

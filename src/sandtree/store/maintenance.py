@@ -1,8 +1,8 @@
 """fsck (verify hashes and references) and gc (remove what nothing references).
 
-gc keeps: every image a ref (tag, branch) points at, with its whole ancestry through lineage
-edges; every image younger than the retention age; and whatever those images use (layers,
-trees, blobs). Everything else goes. Staging leftovers of dead processes are removed too.
+gc keeps: every image a ref (tag, branch) points at or pointed at within the retention age (the
+reflog), with its whole ancestry through lineage edges; every image younger than the retention
+age; and whatever those images use (layers, trees, blobs). Everything else goes. Staging leftovers of dead processes are removed too.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
     with store.db.tx() as con:
         images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}
         keep = {i for i, (_, created) in images.items() if now - created < retention}
-        keep |= {r[0] for r in con.execute("SELECT image FROM refs")}
+        keep |= {r[0] for r in con.execute("SELECT image FROM refs")}          # tags and branches
+        # a ref's recent history stays reachable (rollback to where a branch was yesterday)
+        for old, new in con.execute("SELECT old, new FROM reflog WHERE at > ?", (now - retention,)):
+            keep.update(x for x in (old, new) if x)
         parents: dict[str, list[str]] = {}
         for p, c in con.execute("SELECT parent, child FROM edges"):
             parents.setdefault(c, []).append(p)
