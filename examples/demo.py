@@ -40,30 +40,38 @@ con.print(f"checkpoint [cyan]{checkpoint.short_id}[/]: /work/calc.py has a bug")
 fixes = {"swap": "sed -i 's/a - b/b - a/' calc.py", "plus": "sed -i 's/a - b/a + b/' calc.py",
          "times": "sed -i 's/a - b/a * b/' calc.py"}
 t0 = time.perf_counter()
-from concurrent.futures import ThreadPoolExecutor
-with ThreadPoolExecutor(3) as pool:
-    results = dict(zip(fixes, pool.map(lambda c: checkpoint.run(f"cd /work && {c} && python3 test.py"),
-                                       fixes.values())))
+results = checkpoint.fork([f"cd /work && {c} && python3 test.py" for c in fixes.values()], parallel=3)
 table = Table("branch", "image", "exit", "output", title=f"fork: 3 branches in {time.perf_counter() - t0:.2f} s")
-for name, res in results.items():
+for name, res in zip(fixes, results):
     out = (res.stdout or res.stderr).decode().strip().splitlines()
     table.add_row(name, res.image.short_id, str(res.exit_code), out[-1] if out else "")
 con.print(table)
-winner = next(res.image for res in results.values() if res.ok)
-winner.tag("demo/fixed")
-con.print(f"winner [green]{winner.short_id}[/] tagged demo/fixed; the diff is in {winner.read('/work/calc.py')!r}")
+best = sandtree.best_of(results, score=lambda r: r.exit_code == 0)      # the losers' images go
+winner = best.image.tag("demo/fixed")
+con.print(f"winner [green]{winner.short_id}[/] tagged demo/fixed. Its diff from the checkpoint:")
+con.print(checkpoint.patch(winner).replace("[", "\\["), end="")
 
-# 4. Rollback: a destructive command breaks the environment; step back to its parent and go on.
-broken = winner.run("rm -rf /usr/lib/python3* && python3 -c 'print(1)'")
-con.print(f"after `rm -rf /usr/lib/python3*`: exit {broken.exit_code} ({broken.image.short_id} is broken)")
-rolled_back = broken.image.parents()[0]
-again = rolled_back.run("cd /work && python3 test.py")
-con.print(f"rolled back to [cyan]{rolled_back.short_id}[/] (= winner: {rolled_back == winner}); "
-          f"test says {again.stdout.decode().strip()!r}")
+# 4. Merge: meanwhile another line of work added docs; a three-way merge combines both.
+docs = st.branch("demo/docs", from_=checkpoint, force=True)
+docs.run("printf '# calc\\nadd(a, b) returns a + b\\n' > /work/README.md")
+merged = st.merge(None, winner, docs.head)                  # base: their common ancestor
+con.print(f"merge of demo/fixed and demo/docs -> [cyan]{merged.image.short_id}[/] "
+          f"(conflicts: {len(merged.conflicts)}), files: {[e['name'] for e in merged.image.ls('/work')]}")
 
-# 5. Lineage: how the winner came to be, command by command.
-con.print("\n[bold]lineage of demo/fixed[/] (sandtree log demo/fixed):")
-for entry in winner.log():
-    tags = f" ({', '.join(entry['tags'])})" if entry["tags"] else ""
-    con.print(f"  {entry['image'][:12]}{tags}  {entry['command'] or ''}")
-con.print("\nTry: sandtree image list; sandtree log demo/fixed; sandtree run demo/fixed -- python3 /work/test.py")
+# 5. Rollback: a branch advances with each run; a destructive run is undone by moving it back.
+main = st.branch("demo/main", from_=merged.image, force=True)
+broken = main.run("rm -rf /usr/lib/python3* && python3 -c 'print(1)'")
+con.print(f"after `rm -rf /usr/lib/python3*` on demo/main: exit {broken.exit_code}, head {main.head.short_id}")
+main.rollback(steps=1)
+again = main.run("cd /work && python3 test.py")
+con.print(f"rolled demo/main back to [cyan]{merged.image.short_id}[/]; test says {again.stdout.decode().strip()!r}")
+
+# 6. Lineage: the tree of everything made from the checkpoint, as text and as a picture.
+con.print("\n[bold]lineage under demo/checkpoint[/] (sandtree tree demo/checkpoint):")
+con.print(checkpoint.lineage("text").replace("[", "\\["), end="")
+svg = "/tmp/sandtree-demo-lineage.svg"
+with open(svg, "w") as f:
+    f.write(checkpoint.lineage("svg"))
+con.print(f"\npicture: {svg}")
+con.print("Try: sandtree image list; sandtree log demo/fixed; sandtree diff demo/checkpoint demo/fixed --patch;"
+          " sandtree run demo/main -- python3 /work/test.py")

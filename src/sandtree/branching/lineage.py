@@ -104,18 +104,24 @@ def tree(store: Store, root: str, *, max_nodes: int = 2000) -> dict:
     for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
         names.setdefault(image, []).append(name if kind == "tag" else f"branch:{name}")
     count = [0]
+    drawn: set[str] = set()
+    alive = {r[0] for r in store.db.query("SELECT id FROM images")}
 
     def node(image: str, via: dict | None, seen: set) -> dict:
         count[0] += 1
         n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
              "command": via and via["command"], "exit_code": via and via["exit_code"], "children": []}
+        if image in drawn:                         # a merge reached from both parents: drawn once
+            n["repeat"] = True
+            return n
+        drawn.add(image)
         if image in seen or count[0] > max_nodes:
             return n
         seen = seen | {image}
         shown = set()
         for parent, child, op in store.db.query(
                 "SELECT parent, child, op FROM edges WHERE parent=? ORDER BY created", (image,)):
-            if child in shown:                     # the same state reached again: one node
+            if child in shown or child not in alive:   # reached again, or removed (best_of losers)
                 continue
             shown.add(child)
             r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
@@ -134,7 +140,7 @@ def render_text(t: dict) -> str:
 
     def label(n):
         names = f" ({', '.join(n['names'])})" if n["names"] else ""
-        return f"{n['short']}{names}"
+        return f"{n['short']}{names}" + (" (shown above)" if n.get("repeat") else "")
 
     def walk(n, prefix: str, last: bool, top: bool):
         edge = ""
@@ -192,7 +198,7 @@ def render_svg(t: dict) -> str:
         x, y = cx(i) - W / 2, cy(i)
         out.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="{W}" height="{H}" rx="6" fill="#f4f6fb" stroke="#557"/>')
         texts = [n["short"] + ("  " + ", ".join(n["names"]) if n["names"] else ""),
-                 (n["command"] or "(root)")[:34], (n["command"] or "")[34:68]]
+                 (n["command"] or "(root)")[:32], (n["command"] or "")[32:64]]
         for k, s in enumerate(texts):
             if s:
                 weight = ' font-weight="bold"' if k == 0 else ""
