@@ -18,8 +18,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .store.layers import (IdMap, apply_meta, is_whiteout, make_node, make_whiteout, opaque_xattr,
-                           read_xattrs, remove_tree)
+from .store.layers import (IdMap, is_whiteout, make_whiteout, opaque_xattr, read_xattrs,
+                           remove_tree)
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)

@@ -91,12 +91,19 @@ def read_xattrs(path: str) -> list[tuple[str, bytes]]:
 
 def make_whiteout(path: str, idmap: IdMap) -> None:
     """A deletion marker in a layer: a 0/0 char device, or for rootless stores (no mknod) an
-    xattr whiteout (overlayfs >= 6.7 honours those in lower layers)."""
+    xattr whiteout: an empty file with overlay.whiteout, its directory marked overlay.opaque="x"
+    ("has xattr whiteouts"; "y" would hide the whole lower directory). Kernel >= 6.8."""
     if idmap.rootless:
         with open(path, "wb"):
             pass
-        os.setxattr(path, "user.overlay.whiteout", b"")
-        os.setxattr(os.path.dirname(path), "user.overlay.whiteouts", b"")
+        os.setxattr(path, "user.overlay.whiteout", b"y")
+        parent = os.path.dirname(path)
+        try:
+            current = os.getxattr(parent, USER_OPAQUE)
+        except OSError:
+            current = b""
+        if current != b"y":
+            os.setxattr(parent, USER_OPAQUE, b"x")
     else:
         os.mknod(path, stat.S_IFCHR | 0o600, 0)
 
