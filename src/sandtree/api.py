@@ -24,8 +24,10 @@ class Sandtree:
     """An image store plus the default sandbox runtime. `home` defaults to $SANDTREE_HOME or
     ~/.local/share/sandtree."""
 
-    def __init__(self, home: str | None = None, *, limits: Limits | None = None):
-        self._engine = Engine(home or config.default_home(), limits=limits)
+    def __init__(self, home: str | None = None, *, limits: Limits | None = None, warm: int = 2):
+        """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
+        pays for its overlay, command and commit only). 0 starts every run cold."""
+        self._engine = Engine(home or config.default_home(), limits=limits, warm=warm)
 
     @property
     def home(self) -> str:

@@ -18,7 +18,7 @@ from .errors import SandtreeError
 
 def _engine(args):
     from .engine import Engine
-    return Engine(args.home or config.default_home())
+    return Engine(args.home or config.default_home(), warm=0)     # one command, one process
 
 
 def _out(args, obj, human) -> None:

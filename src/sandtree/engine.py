@@ -60,10 +60,12 @@ class RunRecord:
 
 
 class Engine(BranchingOps):
-    def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None):
+    def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2):
+        """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
+        one-shot CLI process has no use for them)."""
         self.store = Store(home, idmap or default_idmap())
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
-                                        os.path.join(self.store.home, "bin"))
+                                        os.path.join(self.store.home, "bin"), warm=warm)
         self.default_limits = limits or Limits()
         self.committer = commit_mod.Committer(self.store)
 

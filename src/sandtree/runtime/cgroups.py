@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 
 ROOT = "/sys/fs/cgroup"
@@ -67,6 +68,20 @@ class RunCgroup:
                 out["cpu_usage_ns"] = int(st["usage_usec"]) * 1000
         return out
 
+    def set_limits(self, *, memory: int, pids: int, cpus: float | None) -> None:
+        """(Re)write the limits of a group made ahead of its run (a warm helper's)."""
+        quota = max(1000, int(cpus * 100000)) if cpus else None
+        if self.version == "v1":
+            _write(os.path.join(self.dirs["memory"], "memory.limit_in_bytes"), str(memory))
+            _write(os.path.join(self.dirs["pids"], "pids.max"), str(pids))
+            if "cpu" in self.dirs:
+                _write(os.path.join(self.dirs["cpu"], "cpu.cfs_quota_us"), str(quota or -1))
+        else:
+            d = self.dirs["unified"]
+            _write(os.path.join(d, "memory.max"), str(memory))
+            _write(os.path.join(d, "pids.max"), str(pids))
+            _write(os.path.join(d, "cpu.max"), f"{quota or 'max'} 100000")
+
     def kill(self) -> None:
         for d in self.dirs.values():
             k = os.path.join(d, "cgroup.kill")
@@ -76,12 +91,23 @@ class RunCgroup:
                 except OSError:
                     pass
 
-    def remove(self) -> None:
-        for d in self.dirs.values():
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+    def remove(self, wait: float = 0.0) -> bool:
+        """rmdir every group; with wait, retry while the kernel still releases exited tasks
+        (EBUSY for a moment after the last one is reaped). True if all are gone."""
+        deadline = time.monotonic() + wait
+        left = dict(self.dirs)
+        while True:
+            for c, d in list(left.items()):
+                try:
+                    os.rmdir(d)
+                    del left[c]
+                except FileNotFoundError:
+                    del left[c]
+                except OSError:
+                    pass
+            if not left or time.monotonic() >= deadline:
+                return not left
+            time.sleep(0.005)
 
 
 class Cgroups:
@@ -128,11 +154,15 @@ class Cgroups:
                     except OSError:
                         pass
 
-    def create(self, *, memory: int, pids: int, cpus: float | None) -> RunCgroup:
+    def create(self, *, memory: int, pids: int, cpus: float | None, warm: bool = False) -> RunCgroup:
+        """A run's group. warm: made ahead of the run, in every controller (joining cpu is slow,
+        and the run's limits, written later by set_limits, are not known yet)."""
         name = self._prefix + secrets.token_hex(4)
         cg = RunCgroup(self.version)
+        if warm:
+            cpus = None
         try:
-            for c, p in self._parents(cpu=cpus is not None).items():
+            for c, p in self._parents(cpu=warm or cpus is not None).items():
                 d = os.path.join(p, name)
                 os.mkdir(d)
                 cg.dirs[c] = d
@@ -142,7 +172,8 @@ class Cgroups:
                     _write(os.path.join(d, "pids.max"), str(pids))
                 elif c == "cpu":
                     _write(os.path.join(d, "cpu.cfs_period_us"), "100000")
-                    _write(os.path.join(d, "cpu.cfs_quota_us"), str(max(1000, int(cpus * 100000))))
+                    _write(os.path.join(d, "cpu.cfs_quota_us"),
+                           str(max(1000, int(cpus * 100000))) if cpus else "-1")
                 elif c == "unified":
                     _write(os.path.join(d, "memory.max"), str(memory))
                     _write(os.path.join(d, "memory.swap.max"), "0") if os.path.exists(

@@ -54,6 +54,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char **environ;
+
 #define MAX_LIST 64
 
 struct opts {
@@ -68,10 +70,14 @@ struct opts {
     const char *cgroups[MAX_LIST]; int ncgroups;
     int keep_caps[64]; int nkeep;   /* capability numbers kept in the bounding set */
     char **argv;
-    char *self_argv0;
+    char *self_argv0, *argv_end;    /* our own argv area (overwritten, see sandbox_init) */
+    int inject;                 /* the engine writes files into the upper first: wait for it */
+    int spec_fd;                /* warm mode: per-run options arrive here (see below) */
+    char **envp; int nenv;      /* warm mode: the command's environment (--env K=V) */
 };
 
 static int report_fd = -1;
+static void read_spec(int fd, struct opts *o);
 
 static void die_step(const char *step) {
     int e = errno;
@@ -82,6 +88,7 @@ static void die_step(const char *step) {
 static int sync_pipe[2];       /* P -> C: maps written */
 static int exec_pipe[2];       /* G -> C: errno of a failed execve (CLOEXEC) */
 static int status_pipe[2];     /* C -> P: G's wait status / exec errno */
+static int spec_pipe[2];       /* P -> C: the run's spec (warm start) */
 
 static void write_file(const char *path, const char *data) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -235,6 +242,7 @@ static void become_command(const struct opts *o) {
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) goto fail;
     }
     if (o->seccomp_fd < 0) syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    if (o->envp) environ = o->envp;             /* warm start: env came with the spec */
     execvp(o->argv[0], o->argv);
     e = errno;
     dprintf(exec_pipe[1], "exec %d", e);
@@ -256,7 +264,7 @@ static void forward(int sig) { if (g_pid > 0) kill(g_pid, sig); }
  * refuses lowers that belong to another mount namespace. */
 static void mount_root(struct opts *o) {
     char data[256];
-    xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    if (o->spec_fd < 0) xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* Opened before the tmpfs goes on /tmp: the store may itself live under /tmp. */
     int layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);
     if (layers < 0) die_step("open-layers");
@@ -274,7 +282,7 @@ static void mount_root(struct opts *o) {
      * under a mounted overlay), then answers with one byte. */
     send_fd(o->sock_fd, scratch);
     char go;
-    if (recv(o->sock_fd, &go, 1, 0) != 1) die_step("inject-wait");
+    if (o->inject && recv(o->sock_fd, &go, 1, 0) != 1) die_step("inject-wait");
     size_t need = strlen(o->lower) + 128;
     char *ov = malloc(need);
     snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower, o->uid_map ? "" : ",userxattr");
@@ -294,8 +302,13 @@ static int sandbox_init(struct opts *o) {
     char c;
     close(sync_pipe[1]);
     close(status_pipe[0]);
+    if (o->spec_fd >= 0) close(spec_pipe[1]);
     if (read(sync_pipe[0], &c, 1) != 1) _exit(125);   /* P died or failed to map */
     close(sync_pipe[0]);
+    if (o->spec_fd >= 0) {
+        close(o->spec_fd);
+        read_spec(spec_pipe[0], o);                 /* the run's options, forwarded by P */
+    }
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
     if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
 
@@ -316,8 +329,8 @@ static int sandbox_init(struct opts *o) {
 
     /* Hide the host paths in our own argv from the sandbox's /proc/1/cmdline. */
     o->cwd = strdup(o->cwd);
-    char *end = o->argv[0] - 1;
-    memset(o->self_argv0, 0, (size_t)(end - o->self_argv0));
+    for (char **a = o->argv; *a; a++) *a = strdup(*a);   /* the command may live in our argv */
+    memset(o->self_argv0, 0, (size_t)(o->argv_end - o->self_argv0));
     strcpy(o->self_argv0, "sandtree-init");
     prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
 
@@ -349,15 +362,14 @@ static int sandbox_init(struct opts *o) {
     return 0;   /* pid 1 exits: the kernel kills whatever G left behind */
 }
 
-static void parse(int argc, char **argv, struct opts *o) {
-    memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = -1;
-    o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
-    int i = 1;
+/* Options: "--name value" pairs, then "--", then the command. Used for argv (cold start) and
+ * for the NUL-separated spec read from --spec-fd (warm start). Returns the index after "--". */
+static int parse_opts(int argc, char **argv, struct opts *o) {
+    int i = 0;
     for (; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--")) { i++; break; }
+        if (!strcmp(a, "--")) return i + 1;
         if (!v) { fprintf(stderr, "sandtree-exec: %s needs a value\n", a); exit(125); }
         if (!strcmp(a, "--layers")) o->layers = v;
         else if (!strcmp(a, "--root-mode")) o->root_mode = strtol(v, NULL, 8);
@@ -367,6 +379,8 @@ static void parse(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--sock")) o->sock_fd = atoi(v);
         else if (!strcmp(a, "--report")) o->report_fd = atoi(v);
         else if (!strcmp(a, "--seccomp-fd")) o->seccomp_fd = atoi(v);
+        else if (!strcmp(a, "--spec-fd")) o->spec_fd = atoi(v);
+        else if (!strcmp(a, "--inject")) o->inject = atoi(v);
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
@@ -376,15 +390,53 @@ static void parse(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--gid")) o->gid = atol(v);
         else if (!strcmp(a, "--cgroup") && o->ncgroups < MAX_LIST) o->cgroups[o->ncgroups++] = v;
         else if (!strcmp(a, "--keep-cap") && o->nkeep < 64) o->keep_caps[o->nkeep++] = atoi(v);
+        else if (!strcmp(a, "--env")) {
+            o->envp = realloc(o->envp, sizeof(char *) * (size_t)(o->nenv + 2));
+            o->envp[o->nenv++] = (char *)v;
+            o->envp[o->nenv] = NULL;
+        }
         else { fprintf(stderr, "sandtree-exec: unknown option %s\n", a); exit(125); }
         i++;
     }
+    return argc;
+}
+
+static void parse(int argc, char **argv, struct opts *o) {
+    memset(o, 0, sizeof *o);
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = -1;
+    o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
+    int i = 1 + parse_opts(argc - 1, argv + 1, o);
+    o->self_argv0 = argv[0];
+    o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);
+    o->argv = argv + i;
+    if (o->spec_fd >= 0) return;                 /* the rest comes with the spec */
     if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {
         fprintf(stderr, "usage: sandtree-exec --layers DIR --lower L --sock N --report N [...] -- CMD...\n");
         exit(125);
     }
-    o->argv = argv + i;
-    o->self_argv0 = argv[0];
+}
+
+/* Warm start: read the per-run spec (NUL-separated options, "--", command) until EOF. */
+static void read_spec(int fd, struct opts *o) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len == cap) buf = realloc(buf, cap *= 2);
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) die_step("spec-read");
+        if (n == 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    int argc = 0;
+    for (size_t k = 0; k < len; k++) if (buf[k] == 0) argc++;
+    char **args = calloc((size_t)argc + 1, sizeof(char *));
+    size_t start = 0;
+    for (int k = 0; k < argc; k++) { args[k] = buf + start; start += strlen(buf + start) + 1; }
+    int i = parse_opts(argc, args, o);
+    o->argv = args + i;
+    if (i >= argc || !o->layers) { errno = EINVAL; die_step("spec"); }
 }
 
 int main(int argc, char **argv) {
@@ -397,11 +449,21 @@ int main(int argc, char **argv) {
 
     for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
 
+    int warm = o.spec_fd >= 0;
+    if (warm && !o.uid_map) { errno = EINVAL; die_step("warm-needs-root"); }
     if (o.uid_map) {
         if (unshare(CLONE_NEWNS) < 0) die_step("unshare-mnt");
-        mount_root(&o);
+        if (warm) {
+            /* Our own peer group: what we mount after the clone propagates into the sandbox's
+             * mount namespace (a slave of ours), never out to the host. */
+            xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+            xmount(NULL, "/", NULL, MS_REC | MS_SHARED, NULL);
+        } else {
+            mount_root(&o);
+        }
     }
     if (pipe2(sync_pipe, O_CLOEXEC) < 0 || pipe2(status_pipe, O_CLOEXEC) < 0) die_step("pipe");
+    if (warm && pipe2(spec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     uid_t ruid = getuid();
     gid_t rgid = getgid();
     long flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
@@ -423,6 +485,38 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "/proc/%d/uid_map", c); write_file(path, line);
         snprintf(line, sizeof line, "0 %u 1\n", rgid);
         snprintf(path, sizeof path, "/proc/%d/gid_map", c); write_file(path, line);
+    }
+    if (warm) {
+        /* Ready and waiting: everything above is off the run's critical path. */
+        dprintf(report_fd, "ready\n");
+        close(spec_pipe[0]);
+        size_t cap = 1 << 16, len = 0;
+        char *raw = malloc(cap);
+        for (;;) {
+            if (len == cap) raw = realloc(raw, cap *= 2);
+            ssize_t n = read(o.spec_fd, raw + len, cap - len);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            len += (size_t)n;
+        }
+        if (len == 0) {                               /* the pool let us go unused */
+            kill(c, SIGKILL);
+            waitpid(c, NULL, 0);                      /* out of the cgroup before we go */
+            _exit(0);
+        }
+        int fds[2];
+        if (pipe(fds) < 0) die_step("pipe");
+        if (write(fds[1], raw, len) != (ssize_t)len) die_step("spec-copy");
+        close(fds[1]);
+        read_spec(fds[0], &o);
+        mount_root(&o);                               /* propagates into C's namespace */
+        for (size_t off = 0; off < len;) {            /* C gets the same spec */
+            ssize_t n = write(spec_pipe[1], raw + off, len - off);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) die_step("spec-forward");
+            off += (size_t)n;
+        }
+        close(spec_pipe[1]);
     }
     if (write(sync_pipe[1], "g", 1) != 1) die_step("sync");
     close(sync_pipe[1]);

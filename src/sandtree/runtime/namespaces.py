@@ -14,6 +14,7 @@ masked; a minimal /dev; capability bounding set cut to Docker's default; no_new_
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import selectors
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 
 from ..errors import CommandNotFound, InvalidInput, SandboxError
 from ..store.layers import IdMap
@@ -41,12 +43,14 @@ MAX_ENV_BYTES = 256 * 1024
 class NamespaceRuntime:
     name = "namespaces"
 
-    def __init__(self, layers_dir: str, idmap: IdMap, cache_dir: str):
+    def __init__(self, layers_dir: str, idmap: IdMap, cache_dir: str, *, warm: int = 0):
         self.layers_dir = layers_dir
         self.idmap = idmap
         self.cache_dir = cache_dir
         self.cgroups = Cgroups()
         self._helper: str | None = None
+        self._pool: _WarmPool | None = None
+        self._warm_size = warm             # started after the first run, not at construction
 
     def available(self) -> tuple[bool, str]:
         if not os.path.exists("/proc/self/ns/user"):
@@ -58,6 +62,9 @@ class NamespaceRuntime:
         return True, ""
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         _reaper.drain()
 
     def helper(self) -> str:
@@ -66,31 +73,33 @@ class NamespaceRuntime:
         return self._helper
 
     # ---- one run -----------------------------------------------------------------------------
-    def run(self, spec: RunSpec) -> RunOutcome:
-        lim = spec.limits
-        _validate(spec)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        rep_r, rep_w = os.pipe()
-        args = [self.helper(), "--layers", self.layers_dir, "--lower", ":".join(spec.layers),
-                "--sock", str(theirs.fileno()), "--report", str(rep_w),
-                "--disk", str(lim.disk), "--hostname", spec.hostname, "--cwd", spec.cwd,
-                "--uid", str(spec.uid), "--gid", str(spec.gid),
-                "--root-mode", f"{spec.root_meta[0]:o}",
-                "--root-uid", str(self.idmap.host_uid(spec.root_meta[1])),
-                "--root-gid", str(self.idmap.host_gid(spec.root_meta[2]))]
+    def _static_args(self) -> list[str]:
+        """Options that are the same for every run of this engine."""
+        args = []
         if not self.idmap.rootless:
             args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
         for cap in KEEP_CAPS.values():
             args += ["--keep-cap", str(cap)]
-        sfd = seccomp.filter_fd()
-        args += ["--seccomp-fd", str(sfd)]
+        return args + ["--seccomp-fd", str(seccomp.filter_fd())]
 
+    def _run_args(self, spec: RunSpec) -> list[str]:
+        """Options of one run (argv of a cold start, or the spec of a warm one)."""
+        lim = spec.limits
+        return ["--layers", self.layers_dir, "--lower", ":".join(spec.layers), "--disk", str(lim.disk),
+                "--hostname", spec.hostname, "--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid),
+                "--root-mode", f"{spec.root_meta[0]:o}",
+                "--root-uid", str(self.idmap.host_uid(spec.root_meta[1])),
+                "--root-gid", str(self.idmap.host_gid(spec.root_meta[2])),
+                "--inject", "1" if spec.prepare_changes else "0"]
+
+    def _start_cold(self, spec: RunSpec) -> "_Started":
+        lim = spec.limits
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        args = [self.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w)]
+        args += self._static_args() + self._run_args(spec)
+        sfd = seccomp.filter_fd()
         cg = None
-        started = time.monotonic()
-        deadline = started + lim.timeout
-        scratch_fd = None
-        proc = None
-        report_raw = bytearray()
         try:
             if self.cgroups.available:
                 cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
@@ -102,18 +111,63 @@ class NamespaceRuntime:
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
-            theirs.close(); ours.close(); os.close(rep_r); os.close(rep_w)
+            ours.close(); os.close(rep_r)
             if cg:
                 cg.remove()
             raise
-        theirs.close()
-        os.close(rep_w)
+        finally:
+            theirs.close()
+            os.close(rep_w)
+        return _Started(proc, ours, rep_r, cg, bytearray())
+
+    def _start_warm(self, spec: RunSpec) -> "_Started | None":
+        """Hand the run to a pre-started helper (namespaces made, cgroups joined), if one is ready."""
+        pool = self._pool
+        if pool is None:
+            return None
+        w = pool.take()
+        if w is None:
+            return None
+        lim = spec.limits
+        try:
+            w.cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
+            words = self._run_args(spec)
+            for k, v in spec.env.items():
+                words += ["--env", f"{k}={v}"]
+            words += ["--"] + spec.argv
+            data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
+            with os.fdopen(w.spec_w, "wb") as f:
+                f.write(data)
+            if not spec.stdin:
+                w.proc.stdin.close()
+                w.proc.stdin = None
+        except BaseException:
+            w.discard()
+            raise
+        return _Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw)
+
+    def warm(self, size: int = 2) -> None:
+        """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""
+        if self._pool is None and not self.idmap.rootless and self.cgroups.available and size > 0:
+            self._pool = _WarmPool(self, size)
+
+    # ---- one run -----------------------------------------------------------------------------
+    def run(self, spec: RunSpec) -> RunOutcome:
+        lim = spec.limits
+        _validate(spec)
+        started = time.monotonic()
+        deadline = started + lim.timeout
+        st = self._start_warm(spec) or self._start_cold(spec)
+        if self._pool is None and self._warm_size:
+            self.warm(self._warm_size)
+        proc, ours, rep_r, cg, report_raw = st.proc, st.sock, st.rep_r, st.cg, st.report_raw
+        scratch_fd = None
         try:
             scratch_fd = self._receive_scratch(ours, rep_r, report_raw, proc, deadline)
             upper = f"/proc/self/fd/{scratch_fd}/u" if scratch_fd is not None else None
             if upper and spec.prepare_changes:
                 spec.prepare_changes(upper)
-            if scratch_fd is not None:
+            if scratch_fd is not None and spec.prepare_changes:
                 ours.send(b"g")
             out = self._pump(proc, spec, deadline, rep_r, report_raw)
         except BaseException:
@@ -308,6 +362,118 @@ class NamespaceRuntime:
             pass
 
 
+@dataclass
+class _Started:
+    proc: subprocess.Popen
+    sock: socket.socket
+    rep_r: int
+    cg: object
+    report_raw: bytearray
+
+
+@dataclass
+class _WarmHelper:
+    proc: subprocess.Popen
+    sock: socket.socket
+    rep_r: int
+    spec_w: int
+    cg: object
+    report_raw: bytearray
+
+    def discard(self) -> None:
+        for fd in (self.spec_w, self.rep_r):
+            try:
+                os.close(fd)                     # EOF on the spec: the helper exits unused
+            except OSError:
+                pass
+        self.sock.close()
+        for s in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if s is not None:
+                s.close()
+        _reaper.submit(self.proc, self.cg)
+
+
+class _WarmPool:
+    """Helpers started ahead of runs: exec, namespaces, id maps and cgroup membership are done
+    before a run asks, so a run pays only for its overlay, its command and its commit.
+
+    Started from one long-lived thread: the helpers' PDEATHSIG is tied to the thread that
+    spawned them, and must fire only when the engine itself goes."""
+
+    def __init__(self, runtime: "NamespaceRuntime", size: int):
+        self.rt = runtime
+        self.size = size
+        self.ready: "collections.deque[_WarmHelper]" = collections.deque()
+        self.cv = threading.Condition()
+        self.closed = False
+        self.broken: str | None = None
+        self.thread = threading.Thread(target=self._fill, name="sandtree-warm", daemon=True)
+        self.thread.start()
+
+    def take(self) -> _WarmHelper | None:
+        with self.cv:
+            w = self.ready.popleft() if self.ready else None
+            self.cv.notify()
+            return w
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+            idle = list(self.ready)
+            self.ready.clear()
+        for w in idle:
+            w.discard()
+        self.thread.join(timeout=30)          # a helper being started is discarded by the thread
+
+    def _fill(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and len(self.ready) >= self.size:
+                    self.cv.wait()
+                if self.closed:
+                    return
+            try:
+                w = self._spawn()
+            except Exception as exc:          # noqa: BLE001 - the pool is an optimisation
+                self.broken = str(exc)
+                return
+            with self.cv:
+                if self.closed:
+                    w.discard()
+                    return
+                self.ready.append(w)
+
+    def _spawn(self) -> _WarmHelper:
+        rt = self.rt
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        spec_r, spec_w = os.pipe()
+        cg = rt.cgroups.create(memory=Limits().memory, pids=Limits().pids, cpus=0, warm=True)
+        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
+                "--spec-fd", str(spec_r)] + rt._static_args()
+        for f in cg.procs_files:
+            args += ["--cgroup", f]
+        try:
+            proc = subprocess.Popen(args, env={}, close_fds=True,
+                                    pass_fds=(theirs.fileno(), rep_w, spec_r, seccomp.filter_fd()),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            ours.close(); os.close(rep_r); os.close(spec_w); cg.remove()
+            raise
+        finally:
+            theirs.close(); os.close(rep_w); os.close(spec_r)
+        raw = bytearray()
+        while b"ready\n" not in raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                w = _WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
+                w.discard()
+                raise SandboxError(f"warm helper failed: {bytes(raw).decode(errors='replace').strip()}")
+            raw += chunk
+        return _WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
+
+
 class _Reaper:
     """Waits for exiting helpers and removes their cgroups, off the caller's path."""
 
@@ -328,7 +494,7 @@ class _Reaper:
             proc, cg = self._queue.get()
             proc.wait()
             if cg:
-                cg.remove()
+                cg.remove(wait=2.0)
 
     def drain(self) -> None:
         """Wait until every submitted helper is reaped (tests, shutdown)."""

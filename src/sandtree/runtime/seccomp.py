@@ -9,8 +9,8 @@ The filter is compiled once per process and handed to the helper as a memfd of r
 from __future__ import annotations
 
 import errno
-import functools
 import os
+import threading
 
 DENIED = [
     # mounts and namespaces (the sandbox's root may hold CAP_SYS_ADMIN in its own user namespace)
@@ -32,9 +32,21 @@ NS_FLAGS = 0x10000000 | 0x04000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x00
 # CLONE_NEWUSER | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS | CLONE_NEWCGROUP
 
 
-@functools.lru_cache(maxsize=1)
+_lock = threading.Lock()
+_fd: int | None = None
+
+
 def filter_fd() -> int:
-    """A memfd holding the compiled BPF program (read with pread by each helper)."""
+    """A memfd holding the compiled BPF program (read with pread by each helper); built once
+    per process, under a lock (concurrent first runs must agree on one fd)."""
+    global _fd
+    with _lock:
+        if _fd is None:
+            _fd = _build()
+        return _fd
+
+
+def _build() -> int:
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
