@@ -42,7 +42,7 @@ fixes = {"swap": "sed -i 's/a - b/b - a/' calc.py", "plus": "sed -i 's/a - b/a +
 t0 = time.perf_counter()
 results = checkpoint.fork([f"cd /work && {c} && python3 test.py" for c in fixes.values()], parallel=3)
 table = Table("branch", "image", "exit", "output", title=f"fork: 3 branches in {time.perf_counter() - t0:.2f} s")
-for name, res in zip(fixes, results):
+for name, res in zip(fixes, results, strict=False):
     out = (res.stdout or res.stderr).decode().strip().splitlines()
     table.add_row(name, res.image.short_id, str(res.exit_code), out[-1] if out else "")
 con.print(table)

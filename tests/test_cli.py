@@ -91,7 +91,7 @@ def test_cli_branching(cli, rootfs, tmp_path):
     assert j(cli("branch", "rollback", "work", "--steps", "1", "--json"))["image"] == base
     assert [r["reason"] for r in j(cli("branch", "log", "work", "--json"))][-1] == "rollback"
     svg = tmp_path / "t.svg"
-    text = cli("tree", "bb", "--svg", str(svg)).stdout
+    cli("tree", "bb", "--svg", str(svg))
     assert svg.read_text().startswith("<svg")
     assert b"echo a > /a" in cli("tree", "bb").stdout
     assert j(cli("lineage", "common", a, b, "--json"))["image"] == base

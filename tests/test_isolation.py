@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import sandtree
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> bytes:
@@ -163,5 +165,5 @@ def test_parallel_runs_do_not_see_each_other(bb):
     [t.join() for t in ts]
     assert out["w"].stdout == b"mine\n"
     assert b"absent" in out["r"].stdout
-    with pytest.raises(Exception):
+    with pytest.raises(sandtree.PathNotFound):
         bb.read("/tmp/shared")

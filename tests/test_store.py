@@ -10,11 +10,9 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 
 import pytest
 
-import sandtree
 from sandtree import BadArchive, ImageNotFound, InvalidInput, PathEscape, PathNotFound
 
 

@@ -57,7 +57,7 @@ def _twin(sync_cls):
                     return _wrap(await asyncio.to_thread(bound, *args, **kwargs))
                 return method
             setattr(cls, name, make())
-        for name, prop in inspect.getmembers(sync_cls, lambda m: isinstance(m, property)):
+        for name, _prop in inspect.getmembers(sync_cls, lambda m: isinstance(m, property)):
             if name not in cls.__dict__:
                 setattr(cls, name, property(lambda self, name=name: _wrap(getattr(self._sync, name))))
         return cls

@@ -341,7 +341,7 @@ def cmd_fork(args):
         recs = list(pool.map(lambda c: eng.run(image, c, timeout=args.timeout), args.cmd))
     rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
              "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
-            for c, r in zip(args.cmd, recs)]
+            for c, r in zip(args.cmd, recs, strict=False)]
     _out(args, rows, lambda rs: [print(f"{(r['image'] or '-')[:12]}  exit {r['exit_code']}  {r['command']}")
                                  for r in rs])
 

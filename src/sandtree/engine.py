@@ -10,8 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from .store import importers, inspect
 from .store.blobs import BlobStore
 from .store.db import Database, dumps
 from .store.layers import IdMap, remove_tree
-from .store.objects import DIR, SYMLINK, Entry
+from .store.objects import DIR, Entry
 from .store.scan import scan
 from .store.store import ImageRow, Store
 

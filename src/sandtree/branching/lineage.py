@@ -119,7 +119,7 @@ def tree(store: Store, root: str, *, max_nodes: int = 2000) -> dict:
             return n
         seen = seen | {image}
         shown = set()
-        for parent, child, op in store.db.query(
+        for _parent, child, op in store.db.query(
                 "SELECT parent, child, op FROM edges WHERE parent=? ORDER BY created", (image,)):
             if child in shown or child not in alive:   # reached again, or removed (best_of losers)
                 continue

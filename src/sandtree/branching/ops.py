@@ -40,7 +40,7 @@ class BranchingOps:
         result = {"image": None, "base": base, "conflicts": [c.to_dict() for c in tm.conflicts]}
         if tm.root is None:
             return result
-        for digest, data in tm.blobs.items():
+        for _digest, data in tm.blobs.items():
             self.store.blobs.put_bytes(data)
         links = self._links_of(tm.root, tm.trees, [ours, theirs])
         write = self._image_from_trees(tm.root, tm.trees, links, ours)

@@ -35,5 +35,5 @@ def helper_path(cache_dir: str) -> str:
         os.rename(tmp, path)
     except subprocess.CalledProcessError as exc:
         os.unlink(tmp)
-        raise RuntimeUnavailable(f"building the sandbox helper failed: {exc.stderr.decode()[-500:]}")
+        raise RuntimeUnavailable(f"building the sandbox helper failed: {exc.stderr.decode()[-500:]}") from None
     return path

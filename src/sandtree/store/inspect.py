@@ -13,7 +13,6 @@ import base64
 import fnmatch
 import os
 import re
-import stat
 import tarfile
 
 from ..errors import InvalidInput, PathEscape, PathNotFound

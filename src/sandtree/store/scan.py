@@ -141,7 +141,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
         return d
 
     root_st = os.lstat(src)
-    root_dir = walk(src, dest if dest is not None else src, "/")
+    walk(src, dest if dest is not None else src, "/")
     uid, gid = logical(root_st)
     target = dest if dest is not None else src
     os.lchown(target, idmap.host_uid(uid), idmap.host_gid(gid))
@@ -162,7 +162,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
     # Member entries that were created as links copy the group's first member's content.
     first_entry: dict[str, Entry] = {}
     for d in dirs:
-        for name, e in d.entries.items():
+        for e in d.entries.values():
             if e.hl is not None and e.ref is not None:
                 first_entry[e.hl] = e
 
