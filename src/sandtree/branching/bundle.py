@@ -22,6 +22,7 @@ import time
 import zstandard
 
 from ..errors import BadArchive
+from ..store.maintenance import reachable
 from ..store.objects import DIR, FILE, decode_tree, tree_hash_and_data
 from ..store.store import Store
 
@@ -35,19 +36,8 @@ def create(store: Store, fileobj, images: list[str], *, with_ancestry: bool, anc
             if i not in wanted and store.has_image(i):
                 wanted.append(i)
     wanted_set = set(wanted)
-    trees, blobs = {}, set()
-    todo = list(wanted)
-    while todo:
-        h = todo.pop()
-        if h in trees:
-            continue
-        data = store.db.tree_data(h)
-        trees[h] = data
-        for e in decode_tree(data).values():
-            if e.kind == DIR and e.name != ".":
-                todo.append(e.ref)
-            elif e.kind == FILE:
-                blobs.add(e.ref)
+    tree_set, blobs = reachable(store, wanted)
+    trees = {h: store.db.tree_data(h) for h in tree_set}
     edges = [{"parent": p, "child": c, "op": op} for p, c, op in store.db.query("SELECT parent, child, op FROM edges")
              if p in wanted_set and c in wanted_set]
     ops = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from ..store.inspect import text_lines
 from ..store.objects import DIR, FILE, Entry
 from ..store.store import Store
 
@@ -87,22 +88,6 @@ def _walk(store: Store, ta: str | None, tb: str | None, prefix: str, out: list[C
             out.append(Change(path, "metadata_changed", x, y))
 
 
-def _text(store: Store, e: Entry | None) -> list[str] | None:
-    """Lines of a text file (None for binary or too large); [] for absent."""
-    if e is None:
-        return []
-    if e.kind != FILE or e.size > MAX_PATCH_BYTES:
-        return None
-    with store.blobs.open(e.ref) as f:
-        data = f.read()
-    if b"\0" in data:
-        return None
-    try:
-        return data.decode("utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError:
-        return None
-
-
 def patch(store: Store, changes: list[Change]) -> str:
     """A unified diff (git style headers) of the file contents among `changes`."""
     chunks = []
@@ -113,7 +98,7 @@ def patch(store: Store, changes: list[Change]) -> str:
         new = c.new if c.new is not None and c.new.kind == FILE else None
         if old is None and new is None:
             continue
-        a, b = _text(store, old), _text(store, new)
+        a, b = text_lines(store, old, MAX_PATCH_BYTES), text_lines(store, new, MAX_PATCH_BYTES)
         if a is None or b is None:
             chunks.append(f"Binary files a{c.path} and b{c.path} differ\n")
             continue

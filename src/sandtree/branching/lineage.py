@@ -19,29 +19,25 @@ def _children(store: Store, image: str) -> list[str]:
     return [r[0] for r in store.db.query("SELECT DISTINCT child FROM edges WHERE parent=? ORDER BY created", (image,))]
 
 
-def ancestors(store: Store, image: str) -> dict[str, int]:
-    """Every ancestor with its distance (the image itself at 0)."""
+def _distances(image: str, step) -> dict[str, int]:
     dist = {image: 0}
     q = deque([image])
     while q:
         cur = q.popleft()
-        for p in _parents(store, cur):
-            if p not in dist:
-                dist[p] = dist[cur] + 1
-                q.append(p)
+        for nxt in step(cur):
+            if nxt not in dist:
+                dist[nxt] = dist[cur] + 1
+                q.append(nxt)
     return dist
+
+
+def ancestors(store: Store, image: str) -> dict[str, int]:
+    """Every ancestor with its distance (the image itself at 0)."""
+    return _distances(image, lambda i: _parents(store, i))
 
 
 def descendants(store: Store, image: str) -> dict[str, int]:
-    dist = {image: 0}
-    q = deque([image])
-    while q:
-        cur = q.popleft()
-        for c in _children(store, cur):
-            if c not in dist:
-                dist[c] = dist[cur] + 1
-                q.append(c)
-    return dist
+    return _distances(image, lambda i: _children(store, i))
 
 
 def common_ancestor(store: Store, a: str, b: str) -> str | None:

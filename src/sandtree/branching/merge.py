@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import merge3
 
 from ..errors import InvalidInput
+from ..store.inspect import text_lines
 from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
 from ..store.store import Store
 
@@ -142,7 +143,7 @@ class _Merger:
             return meta._replace(ref=t.ref, size=t.size, hl=None)
         if b is not None and (b.ref, b.size) == (t.ref, t.size):
             return meta._replace(ref=o.ref, size=o.size, hl=None)
-        texts = [self.lines(e) for e in (b, o, t)]
+        texts = [text_lines(self.store, e) for e in (b, o, t)]
         if any(x is None for x in texts):
             return self.conflict(path, "add/add" if b is None else "content", o, t)
         m = merge3.Merge3(texts[0], texts[1], texts[2])
@@ -157,18 +158,6 @@ class _Merger:
         digest = hashlib.sha256(data).hexdigest()
         self.pending[digest] = data                    # written only if an image is made
         return meta._replace(ref=digest, size=len(data), hl=None)
-
-    def lines(self, e: Entry | None) -> list[str] | None:
-        if e is None:
-            return []
-        with self.store.blobs.open(e.ref) as f:
-            data = f.read()
-        if b"\0" in data:
-            return None
-        try:
-            return data.decode("utf-8").splitlines(keepends=True)
-        except UnicodeDecodeError:
-            return None
 
     def conflict(self, path: str, kind: str, o: Entry | None, t: Entry | None) -> Entry | None:
         self.conflicts.append(Conflict(path, kind, o, t))

@@ -105,6 +105,23 @@ def read(store: Store, root: str, path: str, *, offset: int = 0, limit: int | No
         return f.read() if limit is None else f.read(limit)
 
 
+def text_lines(store: Store, e: Entry | None, max_bytes: int | None = None) -> list[str] | None:
+    """A file's lines (keepends) if it is UTF-8 text; None for binary, non-files or too large;
+    [] for no entry (an absent side of a diff or merge)."""
+    if e is None:
+        return []
+    if e.kind != FILE or (max_bytes is not None and e.size > max_bytes):
+        return None
+    with store.blobs.open(e.ref) as f:
+        data = f.read()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
 def walk(store: Store, tree: str, prefix: str):
     """(path, entry) for everything under the tree, sorted, depth first."""
     for name, e in sorted(store.tree(tree).items()):

@@ -16,7 +16,8 @@ from .objects import DIR, FILE, decode_tree, tree_hash_and_data
 from .store import Store
 
 
-def _reachable_trees(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
+def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
+    """(tree hashes, blob digests) reachable from the given root trees."""
     trees, blobs = set(), set()
     todo = list(roots)
     while todo:
@@ -45,7 +46,7 @@ def fsck(store: Store, *, verify_content: bool = True) -> dict:
         for layer in json.loads(layers):
             if layer not in on_disk_layers:
                 problems.append({"kind": "missing_layer", "image": image_id, "layer": layer})
-    trees, blobs = _reachable_trees(store, [i for i, _ in images], problems)
+    trees, blobs = reachable(store, [i for i, _ in images], problems)
     for h in trees:
         data = store.db.tree_data(h)
         if tree_hash_and_data(decode_tree(data))[0] != h:
@@ -89,7 +90,7 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
         doomed = [i for i in images if i not in keep]
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
         store.forget_images()
-        trees, blobs = _reachable_trees(store, keep)
+        trees, blobs = reachable(store, keep)
         all_trees = [r[0] for r in con.execute("SELECT hash FROM trees")]
         dead_trees = [h for h in all_trees if h not in trees]
         con.executemany("DELETE FROM trees WHERE hash=?", [(h,) for h in dead_trees])
