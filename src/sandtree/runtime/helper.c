@@ -118,19 +118,19 @@ static const char *proc_null[] = {"kcore", "keys", "latency_stats", "timer_list"
 static const char *proc_empty[] = {"acpi", "scsi", "asound", "firmware", NULL};
 static const char *proc_ro[] = {"sys", "bus", "fs", "irq", NULL};
 
-static void setup_proc(void) {
+static void setup_proc(const char *base) {
     char p[256];
-    xmount("proc", "r/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    xmount("proc", base, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     for (const char **e = proc_null; *e; e++) {
-        snprintf(p, sizeof p, "r/proc/%s", *e);
+        snprintf(p, sizeof p, "%s/%s", base, *e);
         if (access(p, F_OK) == 0) xmount("/dev/null", p, NULL, MS_BIND, NULL);
     }
     for (const char **e = proc_empty; *e; e++) {
-        snprintf(p, sizeof p, "r/proc/%s", *e);
+        snprintf(p, sizeof p, "%s/%s", base, *e);
         if (access(p, F_OK) == 0) xmount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0");
     }
     for (const char **e = proc_ro; *e; e++) {
-        snprintf(p, sizeof p, "r/proc/%s", *e);
+        snprintf(p, sizeof p, "%s/%s", base, *e);
         if (access(p, F_OK) != 0) continue;
         xmount(p, p, NULL, MS_BIND | MS_REC, NULL);
         xmount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
@@ -161,24 +161,29 @@ static void setup_dev(void) {
 /* Root mode: P (init user namespace) builds /dev with real device nodes: one tmpfs instead of
  * a bind mount per node. Device nodes cannot be created from inside a user namespace, and
  * these six are the only ones made. */
-static void setup_dev_root(const struct opts *o) {
+static void setup_dev_root(const struct opts *o, const char *base) {
     static const struct { const char *name; int maj, min; } nodes[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
-    char p[64];
-    xmount("tmpfs", "r/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    char p[96], q[96];
+    xmount("tmpfs", base, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
-        snprintf(p, sizeof p, "r/dev/%s", nodes[i].name);
+        snprintf(p, sizeof p, "%s/%s", base, nodes[i].name);
         if (mknod(p, S_IFCHR | 0666, makedev(nodes[i].maj, nodes[i].min)) < 0) die_step(p);
         if (chmod(p, 0666) < 0 || lchown(p, (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step(p);
     }
-    mkdir_p_one("r/dev/pts", 0755);
-    xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
-    mkdir_p_one("r/dev/shm", 01777);
-    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
-    if (chown("r/dev/shm", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("shm");
-    static const char *links[][2] = {{"pts/ptmx", "r/dev/ptmx"}, {"/proc/self/fd", "r/dev/fd"},
-        {"/proc/self/fd/0", "r/dev/stdin"}, {"/proc/self/fd/1", "r/dev/stdout"}, {"/proc/self/fd/2", "r/dev/stderr"}};
-    for (size_t i = 0; i < 5; i++) if (symlink(links[i][0], links[i][1]) < 0) die_step(links[i][1]);
+    snprintf(p, sizeof p, "%s/pts", base);
+    mkdir_p_one(p, 0755);
+    xmount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+    snprintf(p, sizeof p, "%s/shm", base);
+    mkdir_p_one(p, 01777);
+    xmount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    if (chown(p, (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("shm");
+    static const char *links[][2] = {{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"},
+        {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
+    for (size_t i = 0; i < 5; i++) {
+        snprintf(q, sizeof q, "%s/%s", base, links[i][1]);
+        if (symlink(links[i][0], q) < 0) die_step(q);
+    }
 }
 
 static void loopback_up(void) {
@@ -293,8 +298,50 @@ static void mount_root(struct opts *o) {
     if (fchdir(scratch) < 0) die_step("chdir-scratch");
     mkdir("r/proc", 0555);
     mkdir("r/dev", 0755);
-    if (o->uid_map) setup_dev_root(o);
+    if (o->uid_map) setup_dev_root(o, "r/dev");
     close(scratch);
+}
+
+/* Warm start, before the clone: the scratch tmpfs, the /dev tree (at /tmp/d, bound into the
+ * root at run time) and the layers dir, all ready; the scratch fd goes to the engine now. */
+static int warm_layers = -1;
+static void warm_prepare(struct opts *o) {
+    warm_layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);  /* before /tmp is covered */
+    if (warm_layers < 0) die_step("open-layers");
+    char data[128];
+    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
+    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
+    if (chdir("/tmp") < 0) die_step("chdir-scratch");
+    mkdir_p_one("u", 0755);
+    mkdir_p_one("w", 0700);
+    mkdir_p_one("r", 0755);
+    mkdir_p_one("p", 0555);
+    mkdir_p_one("d", 0755);
+    setup_dev_root(o, "d");
+    int scratch = open(".", O_DIRECTORY | O_CLOEXEC);
+    if (scratch < 0) die_step("scratch-open");
+    send_fd(o->sock_fd, scratch);
+    close(scratch);
+}
+
+/* Warm start, the run: its size, its root's owner and mode, its overlay, /dev bound in. All of
+ * it propagates into C's mount namespace. The engine wrote injected files into u already. */
+static void warm_mount(struct opts *o) {
+    char data[128];
+    snprintf(data, sizeof data, "size=%s", o->disk);
+    xmount(NULL, "/tmp", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, data);
+    if (chmod("u", o->root_mode) < 0) die_step("chmod-upper");
+    if (chown("u", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("chown-upper");
+    size_t need = strlen(o->lower) + 128;
+    char *ov = malloc(need);
+    snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w", o->lower);
+    if (fchdir(warm_layers) < 0) die_step("chdir-layers");
+    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    free(ov);
+    if (chdir("/tmp") < 0) die_step("chdir-scratch");
+    mkdir("r/proc", 0555);
+    mkdir("r/dev", 0755);
+    xmount("d", "r/dev", NULL, MS_BIND | MS_REC, NULL);
 }
 
 /* C: pid 1 of the sandbox. */
@@ -304,21 +351,31 @@ static int sandbox_init(struct opts *o) {
     close(status_pipe[0]);
     if (o->spec_fd >= 0) close(spec_pipe[1]);
     if (read(sync_pipe[0], &c, 1) != 1) _exit(125);   /* P died or failed to map */
-    close(sync_pipe[0]);
-    if (o->spec_fd >= 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
+    int warm = o->spec_fd >= 0;
+    if (warm) {
+        /* Ahead of the run: our /proc (masked) and loopback, then wait for the run. */
+        if (chdir("/tmp") < 0) die_step("chdir-scratch");
+        setup_proc("p");
+        loopback_up();
+        if (read(sync_pipe[0], &c, 1) != 1) _exit(125);
         close(o->spec_fd);
         read_spec(spec_pipe[0], o);                 /* the run's options, forwarded by P */
     }
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
-    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
+    close(sync_pipe[0]);
 
     if (!o->uid_map) mount_root(o);   /* rootless: only the user namespace may mount */
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     /* A bind of our own: pivot_root refuses a new root that was mounted in another mount namespace. */
     xmount("r", "r", NULL, MS_BIND | MS_REC, NULL);
-    setup_proc();
-    if (!o->uid_map) setup_dev();
-    loopback_up();
+    if (warm) {
+        xmount("p", "r/proc", NULL, MS_MOVE, NULL);
+    } else {
+        setup_proc("r/proc");
+        if (!o->uid_map) setup_dev();
+        loopback_up();
+    }
     if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
 
     close(o->sock_fd);
@@ -458,6 +515,7 @@ int main(int argc, char **argv) {
              * mount namespace (a slave of ours), never out to the host. */
             xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
             xmount(NULL, "/", NULL, MS_REC | MS_SHARED, NULL);
+            warm_prepare(&o);
         } else {
             mount_root(&o);
         }
@@ -487,6 +545,7 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "/proc/%d/gid_map", c); write_file(path, line);
     }
     if (warm) {
+        if (write(sync_pipe[1], "m", 1) != 1) die_step("sync");   /* maps are written */
         /* Ready and waiting: everything above is off the run's critical path. */
         dprintf(report_fd, "ready\n");
         close(spec_pipe[0]);
@@ -509,7 +568,7 @@ int main(int argc, char **argv) {
         if (write(fds[1], raw, len) != (ssize_t)len) die_step("spec-copy");
         close(fds[1]);
         read_spec(fds[0], &o);
-        mount_root(&o);                               /* propagates into C's namespace */
+        warm_mount(&o);                               /* propagates into C's namespace */
         for (size_t off = 0; off < len;) {            /* C gets the same spec */
             ssize_t n = write(spec_pipe[1], raw + off, len - off);
             if (n < 0 && errno == EINTR) continue;

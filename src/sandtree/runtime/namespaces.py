@@ -131,6 +131,8 @@ class NamespaceRuntime:
         lim = spec.limits
         try:
             w.cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
+            if spec.prepare_changes:             # the upper exists already: no round trip
+                spec.prepare_changes(f"/proc/self/fd/{w.scratch_fd}/u")
             words = self._run_args(spec)
             for k, v in spec.env.items():
                 words += ["--env", f"{k}={v}"]
@@ -144,7 +146,7 @@ class NamespaceRuntime:
         except BaseException:
             w.discard()
             raise
-        return _Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw)
+        return _Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw, w.scratch_fd)
 
     def warm(self, size: int = 2) -> None:
         """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""
@@ -161,14 +163,15 @@ class NamespaceRuntime:
         if self._pool is None and self._warm_size:
             self.warm(self._warm_size)
         proc, ours, rep_r, cg, report_raw = st.proc, st.sock, st.rep_r, st.cg, st.report_raw
-        scratch_fd = None
+        scratch_fd = st.scratch_fd
         try:
-            scratch_fd = self._receive_scratch(ours, rep_r, report_raw, proc, deadline)
-            upper = f"/proc/self/fd/{scratch_fd}/u" if scratch_fd is not None else None
-            if upper and spec.prepare_changes:
-                spec.prepare_changes(upper)
-            if scratch_fd is not None and spec.prepare_changes:
-                ours.send(b"g")
+            if scratch_fd is None:               # cold: the helper makes the upper now
+                scratch_fd = self._receive_scratch(ours, rep_r, report_raw, proc, deadline)
+                upper = f"/proc/self/fd/{scratch_fd}/u" if scratch_fd is not None else None
+                if upper and spec.prepare_changes:
+                    spec.prepare_changes(upper)
+                if scratch_fd is not None and spec.prepare_changes:
+                    ours.send(b"g")
             out = self._pump(proc, spec, deadline, rep_r, report_raw)
         except BaseException:
             self._kill(proc, rep_r, report_raw, cg)
@@ -369,6 +372,7 @@ class _Started:
     rep_r: int
     cg: object
     report_raw: bytearray
+    scratch_fd: int | None = None            # warm starts hand it over before the run
 
 
 @dataclass
@@ -379,9 +383,12 @@ class _WarmHelper:
     spec_w: int
     cg: object
     report_raw: bytearray
+    scratch_fd: int | None = None
 
     def discard(self) -> None:
-        for fd in (self.spec_w, self.rep_r):
+        for fd in (self.spec_w, self.rep_r, self.scratch_fd):
+            if fd is None:
+                continue
             try:
                 os.close(fd)                     # EOF on the spec: the helper exits unused
             except OSError:
@@ -451,7 +458,9 @@ class _WarmPool:
         spec_r, spec_w = os.pipe()
         cg = rt.cgroups.create(memory=Limits().memory, pids=Limits().pids, cpus=0, warm=True)
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
-                "--spec-fd", str(spec_r)] + rt._static_args()
+                "--spec-fd", str(spec_r), "--layers", rt.layers_dir, "--disk", str(Limits().disk),
+                "--root-uid", str(rt.idmap.host_uid(0)), "--root-gid", str(rt.idmap.host_gid(0))]
+        args += rt._static_args()
         for f in cg.procs_files:
             args += ["--cgroup", f]
         try:
@@ -464,14 +473,19 @@ class _WarmPool:
         finally:
             theirs.close(); os.close(rep_w); os.close(spec_r)
         raw = bytearray()
+        w = _WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
         while b"ready\n" not in raw:
             chunk = os.read(rep_r, 4096)
             if not chunk:
-                w = _WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
                 w.discard()
                 raise SandboxError(f"warm helper failed: {bytes(raw).decode(errors='replace').strip()}")
             raw += chunk
-        return _WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1, socket.MSG_DONTWAIT)   # sent before "ready"
+        if not fds:
+            w.discard()
+            raise SandboxError("warm helper sent no scratch directory")
+        w.scratch_fd = fds[0]
+        return w
 
 
 class _Reaper:
