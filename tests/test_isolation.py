@@ -167,3 +167,12 @@ def test_parallel_runs_do_not_see_each_other(bb):
     assert b"absent" in out["r"].stdout
     with pytest.raises(sandtree.PathNotFound):
         bb.read("/tmp/shared")
+
+
+def test_sparse_file_cannot_fill_the_host(bb):
+    before = len(bb._st.images())
+    with pytest.raises(sandtree.InvalidInput, match="apparent size"):
+        bb.run("truncate -s 20G /sparse; echo done", disk="64M")
+    assert len(bb._st.images()) == before
+    r = bb.run("truncate -s 1M /small")                        # within the limit: kept whole
+    assert r.image.stat("/small")["size"] == 1 << 20

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .store.layers import (IdMap, is_whiteout, make_whiteout, opaque_xattr, read_xattrs,
                            remove_tree)
+from .errors import InvalidInput
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)
@@ -73,7 +74,8 @@ class Committer:
         self.opaque_name = opaque_xattr(self.idmap)
 
     # ---- 1. read the upper, mirror it into a staged layer -------------------------------------
-    def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict, locations: dict) -> dict[str, Change]:
+    def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict, locations: dict,
+                    max_size: int | None) -> dict[str, Change]:
         out: dict[str, Change] = {}
         with os.scandir(src) as it:
             names = sorted((e.name for e in it), key=os.fsencode)
@@ -87,7 +89,7 @@ class Committer:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(t, 0o700)
                 opaque = self._is_opaque(s)
-                children = self._read_upper(s, t, ip, inodes, locations)
+                children = self._read_upper(s, t, ip, inodes, locations, max_size)
                 if opaque:
                     os.setxattr(t, self.opaque_name, b"y")
                 self._copy_meta(s, t, st)
@@ -110,6 +112,10 @@ class Committer:
                 out[name] = Change("node", st, entry=e)
                 continue
             if kind == FILE:
+                if max_size is not None and st.st_size > max_size:
+                    raise InvalidInput(f"{ip} has an apparent size of {st.st_size} bytes, over the run's "
+                                       f"disk limit ({max_size}); nothing was committed",
+                                       path=ip, size=st.st_size)
                 ref, size = _copy_hash(s, t)
                 locations.setdefault(ref, ip.lstrip("/"))
             elif kind == SYMLINK:
@@ -243,14 +249,17 @@ class Committer:
             ch.entry = ch.entry._replace(hl=key)
 
     # ---- the whole commit ---------------------------------------------------------------------
-    def commit(self, base: ImageRow, upper: str) -> CommitResult:
+    def commit(self, base: ImageRow, upper: str, *, max_file_size: int | None = None) -> CommitResult:
+        """max_file_size: the run's disk limit. The upper's tmpfs caps the blocks a run writes,
+        not a sparse file's apparent size, and the store keeps files whole: a `truncate -s 1T`
+        must not become a terabyte on the host."""
         if self._unchanged(base, upper):
             return CommitResult(base.id, None, None, {}, base.links, base.size, base.files)
         staged = self.store.layers.stage("commit")
         try:
             inodes: dict = {}
             locations: dict[str, str] = {}
-            changes = self._read_upper(upper, staged, "/", inodes, locations)
+            changes = self._read_upper(upper, staged, "/", inodes, locations, max_file_size)
             base_root = self.store.tree(base.id)
             for mp in MOUNT_POINTS:
                 ch = changes.get(mp)

@@ -272,7 +272,7 @@ class Engine(BranchingOps):
         The new layer is published (renamed into layers/) before any row names it."""
         if outcome.changes is None:
             return base.id, None
-        cr = self.committer.commit(base, outcome.changes)
+        cr = self.committer.commit(base, outcome.changes, max_file_size=outcome.disk_limit)
         if cr.staged is None:
             return cr.image, None
         layer = self.store.layers.publish(cr.staged)

@@ -61,6 +61,7 @@ class RunOutcome:
     oom_killed: bool
     usage: dict
     changes: str | None = None       # upper dir path, valid until close()
+    disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
     _close: Callable[[], None] | None = None
 
     def close(self) -> None:

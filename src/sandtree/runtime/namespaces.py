@@ -226,7 +226,7 @@ class NamespaceRuntime:
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
                           oom_killed=oom, usage=usage, changes=None if scratch_fd is None else
-                          f"/proc/self/fd/{scratch_fd}/u", _close=close)
+                          f"/proc/self/fd/{scratch_fd}/u", disk_limit=lim.disk, _close=close)
 
     # ---- pieces ------------------------------------------------------------------------------
     @staticmethod
