@@ -173,6 +173,8 @@ def test_sparse_file_cannot_fill_the_host(bb):
     before = len(bb._st.images())
     with pytest.raises(sandtree.InvalidInput, match="apparent size"):
         bb.run("truncate -s 20G /sparse; echo done", disk="64M")
+    with pytest.raises(sandtree.InvalidInput, match="disk limit"):
+        bb.run("for i in $(seq 10); do truncate -s 60M /s$i; done", disk="64M")
     assert len(bb._st.images()) == before
     r = bb.run("truncate -s 1M /small")                        # within the limit: kept whole
     assert r.image.stat("/small")["size"] == 1 << 20

@@ -75,7 +75,8 @@ class Committer:
 
     # ---- 1. read the upper, mirror it into a staged layer -------------------------------------
     def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict, locations: dict,
-                    max_size: int | None) -> dict[str, Change]:
+                    budget: list[int] | None) -> dict[str, Change]:
+        """budget: [bytes the copied files may still add up to] (the run's disk limit)."""
         out: dict[str, Change] = {}
         with os.scandir(src) as it:
             names = sorted((e.name for e in it), key=os.fsencode)
@@ -89,7 +90,7 @@ class Committer:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(t, 0o700)
                 opaque = self._is_opaque(s)
-                children = self._read_upper(s, t, ip, inodes, locations, max_size)
+                children = self._read_upper(s, t, ip, inodes, locations, budget)
                 if opaque:
                     os.setxattr(t, self.opaque_name, b"y")
                 self._copy_meta(s, t, st)
@@ -112,10 +113,12 @@ class Committer:
                 out[name] = Change("node", st, entry=e)
                 continue
             if kind == FILE:
-                if max_size is not None and st.st_size > max_size:
-                    raise InvalidInput(f"{ip} has an apparent size of {st.st_size} bytes, over the run's "
-                                       f"disk limit ({max_size}); nothing was committed",
-                                       path=ip, size=st.st_size)
+                if budget is not None:
+                    budget[0] -= st.st_size
+                    if budget[0] < 0:
+                        raise InvalidInput(f"{ip} (apparent size {st.st_size} bytes) takes the run's files "
+                                           f"over its disk limit: sparse files are stored whole; "
+                                           f"nothing was committed", path=ip, size=st.st_size)
                 ref, size = _copy_hash(s, t)
                 locations.setdefault(ref, ip.lstrip("/"))
             elif kind == SYMLINK:
@@ -259,7 +262,8 @@ class Committer:
         try:
             inodes: dict = {}
             locations: dict[str, str] = {}
-            changes = self._read_upper(upper, staged, "/", inodes, locations, max_file_size)
+            changes = self._read_upper(upper, staged, "/", inodes, locations,
+                                       None if max_file_size is None else [max_file_size])
             base_root = self.store.tree(base.id)
             for mp in MOUNT_POINTS:
                 ch = changes.get(mp)
