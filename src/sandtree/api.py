@@ -24,10 +24,11 @@ class Sandtree:
     """An image store plus the default sandbox runtime. `home` defaults to $SANDTREE_HOME or
     ~/.local/share/sandtree."""
 
-    def __init__(self, home: str | None = None, *, limits: Limits | None = None, warm: int = 2):
+    def __init__(self, home: str | None = None, *, limits: Limits | None = None, warm: int = 2,
+                 tier: str = "namespaces"):
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
-        self._engine = Engine(home or config.default_home(), limits=limits, warm=warm)
+        self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
 
     @property
     def home(self) -> str:
@@ -73,6 +74,10 @@ class Sandtree:
 
     def operation(self, op: str) -> dict:
         return self._engine.operation(op)
+
+    def doctor(self) -> list[dict]:
+        """The isolation tiers this host can run, and why not the others."""
+        return self._engine.doctor()
 
     def fsck(self, *, verify_content: bool = True) -> dict:
         from .store.maintenance import fsck
@@ -184,12 +189,13 @@ class Image:
             cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
             files: list | None = None, disposable: bool = False,
-            on_output: Callable[[str, bytes], None] | None = None) -> "RunResult":
+            on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
         image. Unless disposable, what it wrote becomes the new image `result.image`."""
         return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                              disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
-                             hostname=hostname, files=files, disposable=disposable, on_output=on_output)
+                             hostname=hostname, files=files, disposable=disposable, on_output=on_output,
+                             tier=tier)
 
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
         rec = self._st._engine.run(ref, command, **options)

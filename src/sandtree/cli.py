@@ -132,7 +132,7 @@ def cmd_run(args):
 
     rec = eng.run(args.image, command, env=env, cwd=args.cwd, stdin=stdin, disposable=args.disposable,
                   timeout=args.timeout, memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
-                  on_output=None if args.json else live)
+                  tier=args.tier, on_output=None if args.json else live)
     if args.json:
         print(json.dumps({"image": rec.image, "source": rec.source, "exit_code": rec.exit_code,
                           "signal": rec.signal, "stdout": rec.stdout.decode("utf-8", "replace"),
@@ -234,6 +234,13 @@ def cmd_gc(args):
     eng = _engine(args)
     res = gc(eng.store, retention=args.retention)
     _out(args, res, lambda r: print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items())))
+
+
+def cmd_doctor(args):
+    eng = _engine(args)
+    rows = eng.doctor()
+    _out(args, rows, lambda rs: [print(f"{r['tier']:<11} {'yes' if r['available'] else 'no ':<4} {r['reason']}")
+                                 for r in rs])
 
 
 def cmd_op(args):
@@ -404,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--cwd", default="/")
     x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
+    x.add_argument("--tier", choices=["namespaces", "gvisor"], help="isolation tier (default: namespaces)")
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
     x.set_defaults(fn=cmd_run)
 
@@ -471,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
     x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
     x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
+    x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
+    x.set_defaults(fn=cmd_doctor)
     x = sub.add_parser("op", parents=[common], help="show a recorded operation")
     x.add_argument("id")
     x.set_defaults(fn=cmd_op)

@@ -27,7 +27,7 @@ from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, d
 from .store.store import ImageRow, Store
 
 MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fast (PLATFORM.md)
-MOUNT_POINTS = ("proc", "dev")   # made by the helper when an image lacks them; not the run's change
+MOUNT_POINTS = ("proc", "dev", "sys")   # made by the helper or runsc when an image lacks them
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Callable
 from . import commit as commit_mod
 from .branching import refs
 from .branching.ops import BranchingOps
-from .errors import InvalidInput, NotFound, PathEscape
+from .errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
 from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
 from .runtime.namespaces import NamespaceRuntime
 from .secrets_mask import mask_env, mask_text, secret_values
@@ -58,18 +58,55 @@ class RunRecord:
 
 
 class Engine(BranchingOps):
-    def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2):
+    def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
+                 tier: str = "namespaces"):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
-        one-shot CLI process has no use for them)."""
+        one-shot CLI process has no use for them). tier: the default isolation tier."""
         self.store = Store(home, idmap or default_idmap())
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
+        self._tiers: dict[str, object] = {"namespaces": self.runtime}
+        self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
         self.committer = commit_mod.Committer(self.store)
 
     def close(self) -> None:
-        self.runtime.close()
+        for rt in self._tiers.values():
+            rt.close()
         self.store.close()
+
+    # ---- tiers ---------------------------------------------------------------------------------
+    TIERS = ("namespaces", "gvisor")
+
+    def _check_tier(self, tier: str) -> str:
+        if tier not in self.TIERS:
+            raise InvalidInput(f"unknown tier {tier!r} (one of: {', '.join(self.TIERS)})")
+        return tier
+
+    def tier(self, name: str | None):
+        """The runtime for a tier (RuntimeUnavailable, with the reason, if this host cannot)."""
+        name = self._check_tier(name or self.default_tier)
+        rt = self._tiers.get(name)
+        if rt is None:
+            from .runtime.gvisor import GVisorRuntime
+            rt = GVisorRuntime(self.store.layers.root, self.store.idmap, os.path.join(self.store.home, "bin"))
+            self._tiers[name] = rt
+        ok, why = rt.available()
+        if not ok:
+            raise RuntimeUnavailable(f"tier {name!r} cannot run here: {why}", tier=name)
+        return rt
+
+    def doctor(self) -> list[dict]:
+        """Every isolation tier: can this host run it, and if not, why."""
+        out = []
+        for name in self.TIERS:
+            try:
+                self.tier(name)
+                out.append({"tier": name, "available": True, "reason": ""})
+            except RuntimeUnavailable as exc:
+                out.append({"tier": name, "available": False, "reason": exc.message.split(": ", 1)[-1]})
+        out.append({"tier": "microvm", "available": False, "reason": microvm_reason()})
+        return out
 
     # ---- names ---------------------------------------------------------------------------------
     def resolve(self, ref: str) -> str:
@@ -192,7 +229,9 @@ class Engine(BranchingOps):
     # ---- run -----------------------------------------------------------------------------------
     def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
-            files=None, disposable: bool = False, on_output=None, **limits) -> RunRecord:
+            files=None, disposable: bool = False, on_output=None, tier: str | None = None,
+            **limits) -> RunRecord:
+        runtime = self.tier(tier)
         branch = self._branch_of(ref)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -220,10 +259,10 @@ class Engine(BranchingOps):
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
                        "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
-                       "files": [f.path for f in injected], "limits": lim.__dict__}
+                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
         started = time.time()
         try:
-            outcome = self.runtime.run(spec)
+            outcome = runtime.run(spec)
         except Exception as exc:
             self._record_run(op, source, record_spec, started, None,
                              {"error": getattr(exc, "code", "error"), "message": str(exc)})
@@ -420,6 +459,25 @@ class Engine(BranchingOps):
 
     def export_tar(self, image: str, fileobj, path: str = "/") -> None:
         inspect.export_tar(self.store, image, fileobj, path)
+
+
+def microvm_reason() -> str:
+    """Why there is no microVM tier here: /dev/kvm alone is not enough (a software hypervisor
+    exposes one, and stock guest kernels die in its instruction emulator)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l for l in f if l.startswith("flags")), "")
+    except OSError:
+        pass
+    hw = " vmx" in flags or " svm" in flags
+    modules = [m for m in ("kvm_intel", "kvm_amd") if os.path.isdir(f"/sys/module/{m}")]
+    if not os.path.exists("/dev/kvm"):
+        return "no /dev/kvm"
+    if not hw or not modules:
+        return ("/dev/kvm is present but is not hardware virtualization (no vmx/svm CPU flag, no "
+                "kvm_intel/kvm_amd module); and sandtree has no microVM tier yet")
+    return "hardware virtualization is present, but sandtree has no microVM tier yet"
 
 
 def _check_tag(tag: str) -> None:

@@ -82,6 +82,23 @@ class RunCgroup:
             _write(os.path.join(d, "pids.max"), str(pids))
             _write(os.path.join(d, "cpu.max"), f"{quota or 'max'} 100000")
 
+    def kill_all(self) -> None:
+        """SIGKILL every process in the group (a runtime whose processes are not one pid
+        namespace under us, like runsc's sandbox and gofer)."""
+        import signal
+        for _ in range(20):
+            pids = set()
+            for d in self.dirs.values():
+                pids.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+            if not pids:
+                return
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+
     def kill(self) -> None:
         for d in self.dirs.values():
             k = os.path.join(d, "cgroup.kill")

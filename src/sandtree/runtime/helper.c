@@ -72,6 +72,7 @@ struct opts {
     char **argv;
     char *self_argv0, *argv_end;    /* our own argv area (overwritten, see sandbox_init) */
     int inject;                 /* the engine writes files into the upper first: wait for it */
+    int exec_runtime;           /* --exec 1: after the mounts, P becomes the command (runsc) */
     int spec_fd;                /* warm mode: per-run options arrive here (see below) */
     char **envp; int nenv;      /* warm mode: the command's environment (--env K=V) */
 };
@@ -298,7 +299,7 @@ static void mount_root(struct opts *o) {
     if (fchdir(scratch) < 0) die_step("chdir-scratch");
     mkdir("r/proc", 0555);
     mkdir("r/dev", 0755);
-    if (o->uid_map) setup_dev_root(o, "r/dev");
+    if (o->uid_map && !o->exec_runtime) setup_dev_root(o, "r/dev");   /* runsc brings its own */
     close(scratch);
 }
 
@@ -438,6 +439,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--seccomp-fd")) o->seccomp_fd = atoi(v);
         else if (!strcmp(a, "--spec-fd")) o->spec_fd = atoi(v);
         else if (!strcmp(a, "--inject")) o->inject = atoi(v);
+        else if (!strcmp(a, "--exec")) o->exec_runtime = atoi(v);
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
@@ -518,6 +520,15 @@ int main(int argc, char **argv) {
             warm_prepare(&o);
         } else {
             mount_root(&o);
+        }
+        if (o.exec_runtime) {
+            /* Another runtime (gVisor's runsc) runs the sandbox on the root we mounted, inside
+             * this private mount namespace; stdio, cgroups and PDEATHSIG carry over. */
+            if (chdir("/") < 0) die_step("chdir-/");
+            close(o.sock_fd);
+            fcntl(report_fd, F_SETFD, FD_CLOEXEC);
+            execv(o.argv[0], o.argv);
+            die_step("exec-runtime");
         }
     }
     if (pipe2(sync_pipe, O_CLOEXEC) < 0 || pipe2(status_pipe, O_CLOEXEC) < 0) die_step("pipe");

@@ -172,7 +172,7 @@ class NamespaceRuntime:
                     spec.prepare_changes(upper)
                 if scratch_fd is not None and spec.prepare_changes:
                     ours.send(b"g")
-            out = self._pump(proc, spec, deadline, rep_r, report_raw)
+            out = self._pump(proc, spec, deadline, rep_r, report_raw, cg)
         except BaseException:
             self._kill(proc, rep_r, report_raw, cg)
             if scratch_fd is not None:
@@ -208,7 +208,13 @@ class NamespaceRuntime:
             raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
 
         utime, stime, maxrss = report.get("rusage", (0, 0, 0))
-        sig = report.get("signal")
+        try:
+            exit_code, sig = self._exit_status(proc, report, out)
+        except BaseException:
+            if scratch_fd is not None:
+                os.close(scratch_fd)
+            _reaper.submit(proc, cg)
+            raise
         oom = bool(stats.get("oom_killed")) and not out["timed_out"]
         usage = {"wall_s": round(wall, 6), "user_cpu_s": utime / 1e6, "sys_cpu_s": stime / 1e6,
                  "max_rss_bytes": maxrss * 1024, "cgroup_memory_peak_bytes": stats.get("memory_peak"),
@@ -222,13 +228,17 @@ class NamespaceRuntime:
             # namespace); reaping it and removing its cgroup need not delay the caller.
             _reaper.submit(proc, cg)
 
-        return RunOutcome(exit_code=report.get("exit"), signal=sig, stdout=out["stdout"],
+        return RunOutcome(exit_code=exit_code, signal=sig, stdout=out["stdout"],
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
                           oom_killed=oom, usage=usage, changes=None if scratch_fd is None else
                           f"/proc/self/fd/{scratch_fd}/u", disk_limit=lim.disk, _close=close)
 
     # ---- pieces ------------------------------------------------------------------------------
+    def _exit_status(self, proc, report: dict, out: dict) -> tuple[int | None, int | None]:
+        """(exit code, signal) of the command; the helper reports them."""
+        return report.get("exit"), report.get("signal")
+
     @staticmethod
     def _receive_scratch(sock: socket.socket, rep_r: int, report_raw: bytearray, proc,
                          deadline: float) -> int | None:
@@ -256,7 +266,7 @@ class NamespaceRuntime:
         finally:
             sel.close()
 
-    def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray) -> dict:
+    def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray, cg=None) -> dict:
         lim: Limits = spec.limits
         bufs = {"stdout": bytearray(), "stderr": bytearray()}
         trunc = {"stdout": False, "stderr": False}
@@ -277,7 +287,7 @@ class NamespaceRuntime:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     timed_out = True
-                    self._kill_sandbox(proc, report_raw)
+                    self._kill_sandbox(proc, report_raw, cg)
                     deadline = float("inf")
                     continue
                 for key, ev in sel.select(min(left, 3600)):
@@ -329,7 +339,7 @@ class NamespaceRuntime:
                 "timed_out": timed_out, "report": _parse_report(report_raw)}
 
     @staticmethod
-    def _kill_sandbox(proc, report_raw: bytearray) -> None:
+    def _kill_sandbox(proc, report_raw: bytearray, cg=None) -> None:
         # SIGKILL to the sandbox's pid 1 ends its pid namespace: every process of the run dies.
         pid = _parse_report(report_raw).get("pid")
         if pid:
@@ -348,7 +358,7 @@ class NamespaceRuntime:
             report_raw += os.read(rep_r, 65536)
         except OSError:
             pass
-        self._kill_sandbox(proc, report_raw)
+        self._kill_sandbox(proc, report_raw, cg)
         proc.kill()
         if cg:
             cg.kill()

@@ -1,0 +1,142 @@
+"""Tier `gvisor`: the same images and run semantics, executed on gVisor's user-space kernel.
+
+The privileged half is shared with the namespaces tier: runtime/helper.c mounts the run's
+size-capped tmpfs and the overlay of the image's layers in a private mount namespace, then
+(--exec) becomes `runsc run` on that root. runsc runs with --overlay2=none, so the sandbox's
+writes and deletions land in our overlay's upper dir and commit is the same code for both tiers
+(same IDs for the same change). Inside: gVisor's Sentry with the systrap platform (no hardware
+virtualization needed), no network, the user namespace mapping sandbox root to the same
+unprivileged host range, Docker's capability set, no_new_privs. Limits come from the run's
+cgroup, which runsc and everything it starts join before they exist; a timeout kills the group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+
+from ..errors import CommandNotFound, InvalidInput, RuntimeUnavailable
+from .base import RunSpec
+from .namespaces import KEEP_CAPS, NamespaceRuntime, _Started
+
+CAP_NAMES = {0: "CAP_CHOWN", 1: "CAP_DAC_OVERRIDE", 3: "CAP_FOWNER", 4: "CAP_FSETID", 5: "CAP_KILL",
+             6: "CAP_SETGID", 7: "CAP_SETUID", 8: "CAP_SETPCAP", 10: "CAP_NET_BIND_SERVICE",
+             13: "CAP_NET_RAW", 18: "CAP_SYS_CHROOT", 27: "CAP_MKNOD", 29: "CAP_AUDIT_WRITE",
+             31: "CAP_SETFCAP"}
+RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--overlay2=none", "--ignore-cgroups"]
+
+
+def runsc_path() -> str | None:
+    return shutil.which("runsc")
+
+
+class GVisorRuntime(NamespaceRuntime):
+    name = "gvisor"
+
+    def available(self) -> tuple[bool, str]:
+        if runsc_path() is None:
+            return False, "runsc is not installed (Debian bookworm-backports package `runsc`; make test installs it)"
+        if self.idmap.rootless:
+            return False, "the gvisor tier needs root (runsc run with a user namespace mapping)"
+        if not self.cgroups.available:
+            return False, "no writable cgroups: the gvisor tier's limits could not be enforced"
+        return super().available()
+
+    def warm(self, size: int = 2) -> None:
+        """runsc starts its own sandbox per run; there is nothing to start ahead here yet."""
+
+    def _start_warm(self, spec: RunSpec):
+        return None
+
+    def _image_has_dir(self, spec: RunSpec, name: str) -> bool:
+        """Whether the image's top-level `name` is a directory (top layer first)."""
+        for layer in spec.layers:
+            p = os.path.join(self.layers_dir, layer, name)
+            if os.path.lexists(p):
+                return os.path.isdir(p) and not os.path.islink(p)
+        return False
+
+    def _oci_config(self, spec: RunSpec) -> bytes:
+        caps = [CAP_NAMES[c] for c in sorted(KEEP_CAPS.values())]
+        rng = {"containerID": 0, "hostID": self.idmap.uid_base, "size": self.idmap.count}
+        grng = {"containerID": 0, "hostID": self.idmap.gid_base, "size": self.idmap.count}
+        config = {
+            "ociVersion": "1.0.2",
+            "process": {"args": spec.argv, "env": [f"{k}={v}" for k, v in spec.env.items()],
+                        "cwd": spec.cwd, "user": {"uid": spec.uid, "gid": spec.gid},
+                        "noNewPrivileges": True,
+                        "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+                        "rlimits": [{"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]},
+            "root": {"path": "/tmp/r", "readonly": False},
+            # runsc puts a private tmpfs on an empty /tmp unless the spec mounts one: bind the
+            # image's own, so writes there are part of the result as on every other tier.
+            "mounts": [{"destination": "/tmp", "type": "bind", "source": "/tmp/r/tmp",
+                        "options": ["rbind", "rw"]}] if self._image_has_dir(spec, "tmp") else [],
+            "hostname": spec.hostname,
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user")],
+                      "uidMappings": [rng], "gidMappings": [grng]},
+        }
+        return json.dumps(config).encode()
+
+    def _start_cold(self, spec: RunSpec) -> _Started:
+        runsc = runsc_path()
+        if runsc is None:
+            raise RuntimeUnavailable(self.available()[1])
+        lim = spec.limits
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        args = [self.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
+                "--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
+        args += self._run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
+        config = self._oci_config(spec)
+        inject = spec.prepare_changes
+
+        def prepare(upper: str) -> None:
+            # The bundle lives in the run's scratch: the store may be under /tmp, hidden there.
+            bundle = os.path.join(os.path.dirname(upper), "b")
+            os.mkdir(bundle, 0o700)
+            with open(os.path.join(bundle, "config.json"), "wb") as f:
+                f.write(config)
+            if inject:
+                inject(upper)
+        spec.prepare_changes = prepare
+        cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
+        for f in cg.procs_files:
+            args += ["--cgroup", f]
+        cmd = [runsc, "--root", "/tmp/state", *RUNSC_FLAGS, "run", "--bundle", "/tmp/b", "sandtree"]
+        try:
+            proc = subprocess.Popen(args + ["--"] + cmd, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                                    close_fds=True, pass_fds=(theirs.fileno(), rep_w),
+                                    stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            ours.close(); os.close(rep_r); cg.remove()
+            raise
+        finally:
+            theirs.close()
+            os.close(rep_w)
+        return _Started(proc, ours, rep_r, cg, bytearray())
+
+    @staticmethod
+    def _kill_sandbox(proc, report_raw: bytearray, cg=None) -> None:
+        if cg is not None:
+            cg.kill_all()                      # runsc, its sandbox, its gofer: all in the group
+        proc.kill()
+
+    def _exit_status(self, proc, report: dict, out: dict) -> tuple[int | None, int | None]:
+        rc = proc.wait()
+        err = out["stderr"]
+        if rc == 128 and re.search(rb"(executable file not found|no such file or directory)", err[-2000:]) \
+                and b"starting container" in err[-2000:]:
+            if re.search(rb"chdir|working directory|cwd", err[-2000:]):
+                raise InvalidInput("working directory does not exist in the image")
+            raise CommandNotFound("the command does not exist in the image")
+        if out["timed_out"]:
+            return None, 9
+        if rc > 128:                           # runsc reports a signal death as 128+n
+            return None, rc - 128
+        return rc, None
