@@ -132,6 +132,21 @@ def main() -> None:
                 samples.append((time.perf_counter() - t) / 8)
             table.add_row(label + ", per branch", f"{pct(samples, 50) * 1e3:.2f}", f"{pct(samples, 90) * 1e3:.2f}", "")
 
+        # the gvisor tier, cold, against `runsc do` (gVisor's own quickest way to run a command)
+        gv = {r["tier"]: r for r in st.doctor()}["gvisor"]
+        if gv["available"]:
+            runsc = shutil.which("runsc")
+            do = timeit(lambda: subprocess.run([runsc, "--network=none", "--platform=systrap", "do", "/bin/true"]),
+                        max(20, args.n // 10))
+            table.add_row("runsc do /bin/true (gVisor's own)", f"{pct(do, 50) * 1e3:.1f}", f"{pct(do, 90) * 1e3:.1f}", "")
+            ours_gv = timeit(lambda: cold_img.run(["/bin/true"], tier="gvisor"), max(20, args.n // 10))
+            table.add_row(f"sandtree tier gvisor /bin/true (vs runsc do: "
+                          f"{statistics.median(ours_gv) / statistics.median(do):.2f}x; vs E2B's 150 ms: "
+                          f"{statistics.median(ours_gv) / 0.150:.2f}x)",
+                          f"{pct(ours_gv, 50) * 1e3:.1f}", f"{pct(ours_gv, 90) * 1e3:.1f}", "")
+        else:
+            table.add_row(f"tier gvisor: unavailable ({gv['reason']})", "-", "-", "")
+
         if not args.quick and os.geteuid() == 0 and shutil.which("debootstrap"):
             t = time.perf_counter()
             deb = st.bootstrap("debian:bookworm", tag="bench/debian")
