@@ -45,6 +45,27 @@ def rootfs(tmp_path_factory) -> str:
     return make_rootfs(str(tmp_path_factory.mktemp("rootfs") / "root"))
 
 
+TIER = {"current": "namespaces"}
+TIERS = ["namespaces", "gvisor"]
+
+
+@pytest.fixture(params=TIERS)
+def each_tier(request, shared_st):
+    """Run the requesting test once per isolation tier (skipped, with doctor's reason, where the
+    tier cannot run). Tests marked `namespaces_only` check the namespaces tier's own mechanisms."""
+    tier = request.param
+    status = {r["tier"]: r for r in shared_st.doctor()}[tier]
+    if not status["available"]:
+        pytest.skip(f"tier {tier} unavailable here: {status['reason']}")
+    if tier != "namespaces" and request.node.get_closest_marker("namespaces_only"):
+        pytest.skip(f"checks a mechanism of the namespaces tier, not of {tier}")
+    old = shared_st._engine.default_tier
+    shared_st._engine.default_tier = TIER["current"] = tier
+    yield tier
+    shared_st._engine.default_tier = old
+    TIER["current"] = "namespaces"
+
+
 @pytest.fixture(scope="session")
 def shared_st(tmp_path_factory):
     st = sandtree.Sandtree(str(tmp_path_factory.mktemp("home-shared")))
@@ -61,7 +82,7 @@ def bb(shared_st, rootfs) -> sandtree.Image:
 @pytest.fixture
 def st(tmp_path):
     """A fresh, empty store."""
-    s = sandtree.Sandtree(str(tmp_path / "home"))
+    s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"])
     yield s
     s.close()
 

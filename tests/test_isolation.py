@@ -16,6 +16,8 @@ import pytest
 
 import sandtree
 
+pytestmark = pytest.mark.usefixtures("each_tier")     # the whole module, once per tier
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> bytes:
@@ -31,10 +33,14 @@ def run_probe(bb, probe, *args, **kw):
 
 
 @pytest.mark.parametrize("mode", ["mount", "unshare", "module", "bpf", "keyctl"])
-def test_privileged_syscalls_denied(bb, probe, mode):
+def test_privileged_syscalls_denied(bb, probe, mode, each_tier):
+    if each_tier == "gvisor" and mode == "unshare":
+        pytest.skip("namespaces inside gVisor's kernel are gVisor's, not the host's: allowed there")
     r = run_probe(bb, probe, mode)
     assert r.exit_code == 0, r.stderr
-    assert b"ALLOWED" not in r.stdout and b"Operation not permitted" in r.stdout
+    denied = (b"Operation not permitted", b"Function not implemented") if each_tier == "gvisor" \
+        else (b"Operation not permitted",)
+    assert b"ALLOWED" not in r.stdout and any(d in r.stdout for d in denied), r.stdout
 
 
 def test_cannot_ptrace_outside(bb, probe):
@@ -51,7 +57,7 @@ def test_no_host_files_visible(bb, tmp_path):
     assert b"TOPSECRET" not in r.stdout
     assert b"sandtree.db" not in r.stdout
     listing = bb.run("ls /", disposable=True).stdout.decode().split()
-    assert set(listing) <= {"bin", "dev", "etc", "proc", "root", "tmp", "usr", "var"}
+    assert set(listing) <= {"bin", "dev", "etc", "proc", "root", "tmp", "usr", "var", "sys"}   # gVisor's own /sys
 
 
 def test_no_host_processes_visible(bb):
@@ -61,6 +67,7 @@ def test_no_host_processes_visible(bb):
     assert str(os.getpid()).encode() not in r.stdout.split(b"\n")[0]
 
 
+@pytest.mark.namespaces_only       # gVisor shows its own id view; its host mapping is in test_tiers
 def test_uid0_is_not_host_root(bb):
     r = bb.run("cat /proc/self/uid_map /proc/self/gid_map; grep -E 'NoNewPrivs|Seccomp:|CapBnd' /proc/self/status",
                disposable=True)
@@ -126,11 +133,12 @@ def test_fork_bomb_contained(bb):
     assert bb.run("echo ok", disposable=True).stdout == b"ok\n"
 
 
-def test_memory_hog_oom_reported(bb, probe):
+def test_memory_hog_oom_reported(bb, probe, each_tier):
     if not bb._st._engine.runtime.cgroups.available:
         pytest.skip("no cgroup access: memory limits unenforceable here")
     r = run_probe(bb, probe, "hog", "512", memory="64M", timeout=30)
-    assert r.oom_killed and r.signal == 9
+    assert r.oom_killed
+    assert r.signal == 9 or each_tier == "gvisor"          # gVisor's sandbox itself is what dies
     assert b"hog survived" not in r.stdout
 
 

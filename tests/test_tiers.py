@@ -93,3 +93,15 @@ def test_doctor_names_every_tier(tier_st):
 def test_unknown_tier(tier_img):
     with pytest.raises(sandtree.InvalidInput):
         tier_img.run("true", tier="vm")
+
+
+def test_sandbox_root_is_not_host_root(tier_img, tier, tier_st):
+    if os.geteuid() != 0:
+        pytest.skip("the id range is only mapped when sandtree runs as root")
+    img = tier_img.run("echo x > /made-by-root; chown 1000:1000 /tmp", tier=tier).image
+    top = tier_st._engine.store.image(img.id).layers[0]
+    layer = os.path.join(tier_st._engine.store.layers.root, top)
+    st = os.lstat(os.path.join(layer, "made-by-root"))
+    assert (st.st_uid, st.st_gid) == (100000, 100000)             # host ids of sandbox root
+    assert os.lstat(os.path.join(layer, "tmp")).st_uid == 101000
+    assert img.stat("/made-by-root")["uid"] == 0 and img.stat("/tmp")["uid"] == 1000

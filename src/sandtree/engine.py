@@ -249,6 +249,7 @@ class Engine(BranchingOps):
         if isinstance(stdin, str):
             stdin = stdin.encode()
         injected = [_file(f) for f in (files or [])]
+        self._check_cwd(source, cwd, injected)
         root = self.store.tree(source)["."]
         spec = RunSpec(argv=argv, layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
                        env=full_env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
@@ -287,6 +288,22 @@ class Engine(BranchingOps):
         if branch is not None and result is not None:
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec
+
+    def _check_cwd(self, source: str, cwd: str, injected: list[InjectedFile]) -> None:
+        """The working directory must exist in the image (or be made by an injected file's
+        parents): checked here, so every tier refuses it the same way (runsc would create it)."""
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
+        try:
+            e = inspect.resolve(self.store, source, cwd)[1]
+        except (NotFound, PathEscape):
+            e = None
+        if e is not None and e.kind == DIR:
+            return
+        norm = "/" + "/".join(inspect._split(cwd))
+        if any(("/" + "/".join(inspect._split(f.path))).startswith(norm.rstrip("/") + "/") for f in injected):
+            return
+        raise InvalidInput(f"working directory {cwd!r} does not exist in the image", cwd=cwd)
 
     def _limits(self, given: dict) -> Limits:
         unknown = set(given) - set(Limits.__dataclass_fields__)
