@@ -7,9 +7,11 @@ prints nothing; configuration comes in through its constructor (see sandtree/con
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ class RunRecord:
     timed_out: bool
     oom_killed: bool
     usage: dict
+    cancelled: bool = False
 
 
 class Engine(BranchingOps):
@@ -66,11 +69,22 @@ class Engine(BranchingOps):
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
+        self._operations = None
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
         self.committer = commit_mod.Committer(self.store)
 
+    @property
+    def operations(self):
+        """Runs started now, awaited later (created on first use)."""
+        if self._operations is None:
+            from .operations import Operations
+            self._operations = Operations(self)
+        return self._operations
+
     def close(self) -> None:
+        if self._operations is not None:
+            self._operations.close()
         for rt in self._tiers.values():
             rt.close()
         self.store.close()
@@ -230,7 +244,7 @@ class Engine(BranchingOps):
     def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
             files=None, disposable: bool = False, on_output=None, tier: str | None = None,
-            **limits) -> RunRecord:
+            file_set: str | None = None, op_id: str | None = None, cancel=None, **limits) -> RunRecord:
         runtime = self.tier(tier)
         branch = self._branch_of(ref)
         source = self.resolve(ref)
@@ -248,14 +262,17 @@ class Engine(BranchingOps):
         full_env = {**DEFAULT_ENV, **user_env}
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        injected = [_file(f) for f in (files or [])]
+        injected = [self._file(f) for f in (files or [])]
+        if file_set is not None:
+            injected = [self._file(f) for f in self.file_set(file_set)] + injected
         self._check_cwd(source, cwd, injected)
         root = self.store.tree(source)["."]
         spec = RunSpec(argv=argv, layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
                        env=full_env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                        files=injected, limits=lim, on_output=on_output,
-                       prepare_changes=(lambda upper: self._inject(source, upper, injected)) if injected else None)
-        op = uuid.uuid4().hex
+                       prepare_changes=(lambda upper: self._inject(source, upper, injected)) if injected else None,
+                       cancel=cancel)
+        op = op_id or uuid.uuid4().hex
         secrets = secret_values(user_env)
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
                        "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
@@ -271,7 +288,7 @@ class Engine(BranchingOps):
         t_commit = time.perf_counter()
         with outcome:
             try:
-                result, write_image = (None, None) if disposable else self._commit(row, outcome)
+                result, write_image = (None, None) if disposable or outcome.cancelled else self._commit(row, outcome)
             except Exception as exc:
                 self._record_run(op, source, record_spec, started, None,
                                  {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}"})
@@ -279,8 +296,9 @@ class Engine(BranchingOps):
             outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
             rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,
                             outcome.stderr, outcome.stdout_truncated, outcome.stderr_truncated,
-                            outcome.timed_out, outcome.oom_killed, outcome.usage)
+                            outcome.timed_out, outcome.oom_killed, outcome.usage, outcome.cancelled)
             summary = {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                       "cancelled": rec.cancelled,
                        "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
                        "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
                        "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
@@ -350,9 +368,10 @@ class Engine(BranchingOps):
             with self.store.db.tx() as con:
                 if write_image is not None:
                     used = write_image(con)
-                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                            "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, result, dumps(spec), dumps(outcome),
-                                                         started, time.time()))
+                # INSERT OR REPLACE: a submitted operation's queued row is completed here
+                con.execute("INSERT OR REPLACE INTO operations(id, kind, source, result, spec, outcome, started, "
+                            "finished) VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, result, dumps(spec),
+                                                                dumps(outcome), started, time.time()))
                 if result and result != source:
                     con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
                                 (source, result, op, time.time()))
@@ -394,6 +413,43 @@ class Engine(BranchingOps):
                 out.write(f.content)
             os.lchown(target, idmap.host_uid(f.uid), idmap.host_gid(f.gid))
             os.chmod(target, f.mode)
+
+    # ---- uploads and file sets -----------------------------------------------------------------
+    def upload(self, data: bytes) -> str:
+        """Store bytes once; runs reference them by sha256 (files=[{"path", "sha256"}])."""
+        if not isinstance(data, (bytes, bytearray)):
+            raise InvalidInput("upload takes bytes")
+        return self.store.blobs.put_bytes(bytes(data))
+
+    def download(self, digest: str) -> bytes:
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
+            raise NotFound(f"no uploaded file {digest!r}")
+        with self.store.blobs.open(digest) as f:
+            return f.read()
+
+    def _file(self, f) -> InjectedFile:
+        return _file(f, self.download)
+
+    def file_set_create(self, files: list[dict]) -> str:
+        """A named, reusable set of files to inject ({"path", "sha256", "mode"}); its ID is the
+        hash of its content, so syncing the same tree twice gives the same set."""
+        entries = []
+        for f in files:
+            inj = self._file(f)                    # validates, and that every sha256 exists
+            entries.append({"path": inj.path, "sha256": f.get("sha256") or self.upload(inj.content),
+                            "mode": inj.mode, "uid": inj.uid, "gid": inj.gid})
+        entries.sort(key=lambda e: e["path"])
+        data = dumps(entries)
+        set_id = hashlib.sha256(data.encode()).hexdigest()
+        with self.store.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO file_sets(id, files, created) VALUES(?,?,?)", (set_id, data, time.time()))
+        return set_id
+
+    def file_set(self, set_id: str) -> list[dict]:
+        row = self.store.db.one("SELECT files FROM file_sets WHERE id=?", (set_id,))
+        if row is None:
+            raise NotFound(f"no file set {set_id!r}")
+        return json.loads(row[0])
 
     # ---- lineage -------------------------------------------------------------------------------
     def parents(self, image: str) -> list[dict]:
@@ -503,18 +559,21 @@ def _check_tag(tag: str) -> None:
         raise InvalidInput(f"invalid tag name {tag!r}")
 
 
-def _file(f) -> InjectedFile:
+def _file(f, blob_reader=None) -> InjectedFile:
     if isinstance(f, InjectedFile):
         return f
     if isinstance(f, dict):
-        content = f.get("content", b"")
+        if "sha256" in f and blob_reader is not None:
+            content = blob_reader(f["sha256"])
+        else:
+            content = f.get("content", b"")
         if isinstance(content, str):
             content = content.encode()
         mode = f.get("mode", 0o644)
         if isinstance(mode, str):
             mode = int(mode, 8)
         return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)))
-    raise InvalidInput("a file to inject is {'path': ..., 'content': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
+    raise InvalidInput("a file to inject is {'path': ..., 'content' or 'sha256': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
 
 
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,

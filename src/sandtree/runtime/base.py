@@ -8,6 +8,7 @@ whiteouts, opaque markers, host-shifted ids), open until the outcome is closed. 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -47,6 +48,7 @@ class RunSpec:
     on_output: Callable[[str, bytes], None] | None = None
     # Writes parent dirs of injected files (with the image's metadata) into the changes dir.
     prepare_changes: Callable[[str], None] | None = None
+    cancel: "threading.Event | None" = None   # set it to kill the run (an operation's cancel)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class RunOutcome:
     timed_out: bool
     oom_killed: bool
     usage: dict
+    cancelled: bool = False
     changes: str | None = None       # upper dir path, valid until close()
     disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
     _close: Callable[[], None] | None = None

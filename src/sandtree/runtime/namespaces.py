@@ -50,6 +50,7 @@ class NamespaceRuntime:
         self.cgroups = Cgroups()
         self._helper: str | None = None
         self._pool: _WarmPool | None = None
+        self._pool_lock = threading.Lock()
         self._warm_size = warm             # started after the first run, not at construction
 
     def available(self) -> tuple[bool, str]:
@@ -150,8 +151,9 @@ class NamespaceRuntime:
 
     def warm(self, size: int = 2) -> None:
         """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""
-        if self._pool is None and not self.idmap.rootless and self.cgroups.available and size > 0:
-            self._pool = _WarmPool(self, size)
+        with self._pool_lock:                  # concurrent first runs must start one pool
+            if self._pool is None and not self.idmap.rootless and self.cgroups.available and size > 0:
+                self._pool = _WarmPool(self, size)
 
     # ---- one run -----------------------------------------------------------------------------
     def run(self, spec: RunSpec) -> RunOutcome:
@@ -231,7 +233,8 @@ class NamespaceRuntime:
         return RunOutcome(exit_code=exit_code, signal=sig, stdout=out["stdout"],
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
-                          oom_killed=oom, usage=usage, changes=None if scratch_fd is None else
+                          oom_killed=oom, usage=usage, cancelled=out["cancelled"],
+                          changes=None if scratch_fd is None else
                           f"/proc/self/fd/{scratch_fd}/u", disk_limit=lim.disk, _close=close)
 
     # ---- pieces ------------------------------------------------------------------------------
@@ -280,8 +283,9 @@ class NamespaceRuntime:
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        timed_out = False
+        timed_out = cancelled = False
         open_fds = len(streams) + 1
+        poll = 0.05 if spec.cancel is not None else 3600
         try:
             while open_fds:
                 left = deadline - time.monotonic()
@@ -290,7 +294,11 @@ class NamespaceRuntime:
                     self._kill_sandbox(proc, report_raw, cg)
                     deadline = float("inf")
                     continue
-                for key, ev in sel.select(min(left, 3600)):
+                if spec.cancel is not None and spec.cancel.is_set() and not cancelled:
+                    cancelled = True
+                    self._kill_sandbox(proc, report_raw, cg)
+                    deadline = float("inf")
+                for key, ev in sel.select(min(left, poll)):
                     fd = key.fd
                     if ev & selectors.EVENT_WRITE:
                         try:
@@ -336,7 +344,7 @@ class NamespaceRuntime:
         proc.stderr.close()
         return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
                 "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
-                "timed_out": timed_out, "report": _parse_report(report_raw)}
+                "timed_out": timed_out, "cancelled": cancelled, "report": _parse_report(report_raw)}
 
     @staticmethod
     def _kill_sandbox(proc, report_raw: bytearray, cg=None) -> None:

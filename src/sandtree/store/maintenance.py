@@ -91,6 +91,8 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
         store.forget_images()
         trees, blobs = reachable(store, keep)
+        for (files,) in con.execute("SELECT files FROM file_sets"):       # reusable uploaded sets
+            blobs.update(f["sha256"] for f in json.loads(files))
         all_trees = [r[0] for r in con.execute("SELECT hash FROM trees")]
         dead_trees = [h for h in all_trees if h not in trees]
         con.executemany("DELETE FROM trees WHERE hash=?", [(h,) for h in dead_trees])
@@ -107,7 +109,8 @@ def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: f
     for b in list(store.blobs.files()):
         if b not in blobs:
             path = store.blobs.file_path(b)
-            if now - os.lstat(path).st_ctime >= grace:
+            # an upload waits for its run as long as an untagged image would
+            if now - os.lstat(path).st_ctime >= max(grace, retention):
                 store.blobs.remove_file(b)
                 removed_blobs += 1
     return {"removed_images": len(doomed), "removed_trees": len(dead_trees),

@@ -1,0 +1,137 @@
+"""Operations: runs started now and awaited later (wait=false in MCP, the server's queue).
+
+An operation is a run with an ID known before it starts. Its row is written when it is
+submitted (status from the row: finished NULL = queued or running), and completed by the run's
+own transaction, so `sandtree op ID` and every adapter see the same record. Cancel works queued
+(the run never starts) or running (the sandbox is killed; nothing is committed). An engine that
+dies leaves rows unfinished: the next engine marks those of dead processes failed, never
+leaving them "running" forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .errors import InvalidInput, NotFound, SandtreeError
+from .store.db import dumps
+
+
+class Operations:
+    def __init__(self, engine, workers: int = 4):
+        self.engine = engine
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandtree-op")
+        self.live: dict[str, tuple[Future, threading.Event]] = {}
+        self.lock = threading.Lock()
+        self._recover()
+
+    def _recover(self) -> None:
+        now = time.time()
+        rows = self.engine.store.db.query("SELECT id, spec FROM operations WHERE finished IS NULL")
+        dead = [op for op, spec in rows if not _alive(json.loads(spec).get("owner_pid"))]
+        if dead:
+            with self.engine.store.db.tx() as con:
+                con.executemany("UPDATE operations SET outcome=?, finished=? WHERE id=? AND finished IS NULL",
+                                [(dumps({"error": "interrupted", "message": "the engine running it stopped"}),
+                                  now, op) for op in dead])
+
+    def submit_run(self, ref: str, command, **options) -> str:
+        """Queue a run; returns its operation ID at once."""
+        source = self.engine.resolve(ref)              # bad input fails now, not later
+        op = uuid.uuid4().hex
+        cancel = threading.Event()
+        spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
+                "owner_pid": os.getpid(), "queued": True}
+        with self.engine.store.db.tx() as con:
+            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                        "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(spec), None, time.time(), None))
+
+        def work():
+            if cancel.is_set():
+                self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+                return None
+            try:
+                return self.engine.run(source, command, op_id=op, cancel=cancel, **options)
+            except SandtreeError as exc:
+                self._finish(op, exc.to_dict())
+                raise
+            except Exception as exc:             # noqa: BLE001 - recorded, then re-raised to the future
+                self._finish(op, {"error": "internal", "message": str(exc)})
+                raise
+
+        with self.lock:
+            self.live[op] = (self.pool.submit(work), cancel)
+        return op
+
+    def _finish(self, op: str, outcome: dict) -> None:
+        with self.engine.store.db.tx() as con:
+            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=?", (dumps(outcome), time.time(), op))
+
+    def get(self, op: str) -> dict:
+        rec = self.engine.operation(op)
+        with self.lock:
+            live = self.live.get(op)
+        if rec["finished"] is None:
+            rec["status"] = "running" if live and live[0].running() else "queued"
+        else:
+            o = rec["outcome"] or {}
+            rec["status"] = ("cancelled" if o.get("cancelled") else "failed" if "error" in o else "done")
+        return rec
+
+    def wait(self, ops: list[str], timeout: float | None = None) -> list[dict]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for op in ops:
+            self.engine.operation(op)                 # NotFound for an unknown id
+            with self.lock:
+                live = self.live.get(op)
+            if live is not None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    live[0].exception(timeout=left)
+                except TimeoutError:
+                    pass
+        return [self.get(op) for op in ops]
+
+    def cancel(self, op: str) -> dict:
+        rec = self.get(op)
+        if rec["status"] not in ("queued", "running"):
+            raise InvalidInput(f"operation {op} is already {rec['status']}", status=rec["status"])
+        with self.lock:
+            live = self.live.get(op)
+        if live is None:
+            raise NotFound(f"operation {op} is not run by this process")
+        live[1].set()
+        if live[0].cancel():                          # still queued: it never starts
+            self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+        return self.get(op)
+
+    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
+        rows = self.engine.store.db.query("SELECT id FROM operations WHERE kind='run' ORDER BY started DESC LIMIT ?",
+                                          (max(1, min(limit, 1000)) * (4 if status else 1),))
+        out = [self.get(r[0]) for r in rows]
+        if status:
+            out = [o for o in out if o["status"] == status]
+        return out[:limit]
+
+    def close(self) -> None:
+        with self.lock:
+            for fut, cancel in self.live.values():
+                cancel.set()
+                fut.cancel()
+        self.pool.shutdown(wait=True)
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
