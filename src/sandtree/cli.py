@@ -243,6 +243,11 @@ def cmd_doctor(args):
                                  for r in rs])
 
 
+def cmd_mcp(args):
+    from .mcp_server import main as mcp_main
+    mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port)
+
+
 def cmd_op(args):
     eng = _engine(args)
     _out(args, eng.operation(args.id), lambda o: print(json.dumps(o, indent=2)))
@@ -481,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
     x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
     x.set_defaults(fn=cmd_doctor)
+    x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")
+    x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
+    x.add_argument("--host", default="127.0.0.1")
+    x.add_argument("--port", type=int, default=8765)
+    x.set_defaults(fn=cmd_mcp)
     x = sub.add_parser("op", parents=[common], help="show a recorded operation")
     x.add_argument("id")
     x.set_defaults(fn=cmd_op)

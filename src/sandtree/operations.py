@@ -96,6 +96,14 @@ class Operations:
                     pass
         return [self.get(op) for op in ops]
 
+    def result(self, op: str):
+        """The finished run's record (with its full output) if this process ran it, else None."""
+        with self.lock:
+            live = self.live.get(op)
+        if live is None or not live[0].done() or live[0].cancelled() or live[0].exception() is not None:
+            return None
+        return live[0].result()
+
     def cancel(self, op: str) -> dict:
         rec = self.get(op)
         if rec["status"] not in ("queued", "running"):

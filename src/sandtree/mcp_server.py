@@ -1,0 +1,430 @@
+"""`sandtree mcp`: the engine as MCP tools, resources and prompts (official `mcp` SDK, MCPServer).
+
+An adapter like the CLI: every tool is a few lines over engine.Engine (embedded, same process),
+and every engine error comes back as a tool error with its message. Results are compact for a
+model: ids first, outputs cut at `truncate_output_at` with a marker that says how to read the
+rest (get_operation with an offset).
+
+Transports: stdio (default) or streamable HTTP (`--http --port P`, loopback).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections import OrderedDict
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resources.templates import ResourceSecurity
+
+from .branching import lineage as lineage_mod
+from .engine import Engine
+from .errors import SandtreeError
+
+GUIDE = {
+    "workflow": """sandtree: every filesystem state is an immutable image with a content ID.
+1. Find a base: list_images (tags such as debian:bookworm). import_image only if none fits.
+2. run(command, image, disposable=false) -> result_image: the new state. Chain runs on result_image.
+   A run that changes nothing returns the same image ID; the same change gives the same ID.
+3. Name states with set_tag ({scope}/{purpose}/{base}, e.g. me/deps/debian:bookworm).
+4. Inspect without running: list_files, read_file, grep. Files in: upload/rsync, then run(files=...).""",
+    "branching": """Explore safely:
+- fork(image, commands) runs N variants in parallel from one image; keep the best result_image.
+- diff(a, b) shows what differs; merge(ours, theirs) combines two branches (base found from lineage);
+  conflicts come back as a list and make no image unless strategy is ours/theirs/markers.
+- branch_create(name, image) then run(image="branch:NAME") advances the branch; rollback(name, steps=1)
+  undoes the last run; lineage(image) shows the tree of what came from an image.""",
+    "async": """run(..., wait=false) returns an operation_id at once. wait_operations([ids], timeout) waits;
+get_operation(id) shows status and output; cancel_operation(id) stops a queued or running one.""",
+    "errors": """Errors name their kind: image_not_found, path_not_found, path_escape (a path leaving the image),
+invalid_input (bad arguments; nothing changed), command_not_found, sandbox_error, runtime_unavailable.
+A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true.""",
+}
+
+
+def _cut(data: bytes, limit: int) -> tuple[str, bool]:
+    text = data.decode("utf-8", "replace")
+    if len(text) <= limit:
+        return text, False
+    return text[:limit], True
+
+
+def build_server(engine: Engine) -> MCPServer:
+    server = MCPServer("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
+    outputs: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()     # full output of recent runs
+
+    def remember(op: str, stdout: bytes, stderr: bytes) -> None:
+        outputs[op] = (stdout, stderr)
+        while len(outputs) > 200:
+            outputs.popitem(last=False)
+
+    def guard(fn):
+        """Engine errors become tool errors with their kind and message (never a crash)."""
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            try:
+                return fn(*a, **k)
+            except SandtreeError as exc:
+                raise ToolError(f"{exc.code}: {exc.message}") from None
+        return wrapper
+
+    def run_result(rec, limit: int) -> dict:
+        remember(rec.op, rec.stdout, rec.stderr)
+        out, cut_out = _cut(rec.stdout, limit)
+        err, cut_err = _cut(rec.stderr, limit)
+        res = {"operation_id": rec.op, "result_image": rec.image, "exit_code": rec.exit_code,
+               "signal": rec.signal, "timed_out": rec.timed_out, "oom_killed": rec.oom_killed,
+               "stdout": out, "stderr": err}
+        if cut_out or cut_err or rec.stdout_truncated or rec.stderr_truncated:
+            res["truncated"] = (f"output cut at {limit} characters (stdout {len(rec.stdout)} bytes, stderr "
+                                f"{len(rec.stderr)} bytes kept); read the rest with get_operation("
+                                f"operation_id='{rec.op}', offset={limit})")
+        return res
+
+    def files_arg(files: dict[str, str] | None) -> list[dict]:
+        return [{"path": p, "sha256": h} for p, h in (files or {}).items()]
+
+    # ---- running ------------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None, cwd: str = "/",
+            uid: int = 0, gid: int = 0, timeout: float = 30, disposable: bool = True, stdin: str | None = None,
+            files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
+            truncate_output_at: int = 8000, tier: str | None = None) -> dict:
+        """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
+
+        shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
+        disposable=false keeps what the command wrote as a new image: result_image (chain further
+        runs on it). files: {"/path/in/image": "<sha256 from upload>"}; directory_state_id: a set
+        from rsync. wait=false returns {"operation_id"} at once (see wait_operations).
+        Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
+        timed_out, oom_killed."""
+        cmd = command if shell else command.split()
+        opts = dict(env=env, cwd=cwd or "/", uid=uid, gid=gid, timeout=timeout, disposable=disposable,
+                    stdin=stdin.encode() if stdin else None, files=files_arg(files),
+                    file_set=directory_state_id, tier=tier)
+        if not wait:
+            return {"operation_id": engine.operations.submit_run(image, cmd, **opts)}
+        return run_result(engine.run(image, cmd, **opts), truncate_output_at)
+
+    @server.tool()
+    @guard
+    def fork(image: str, commands: list[str], parallel: int = 4, timeout: float = 30, disposable: bool = False,
+             truncate_output_at: int = 2000) -> list[dict]:
+        """Run several commands from the same image concurrently (one branch each); results in order.
+        Keep the branch you like by its result_image (disposable=false is the default here)."""
+        from concurrent.futures import ThreadPoolExecutor
+        if not commands:
+            raise ToolError("invalid_input: give at least one command")
+        with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
+            recs = list(pool.map(lambda c: engine.run(image, c, timeout=timeout, disposable=disposable), commands))
+        return [dict(run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
+
+    # ---- operations ---------------------------------------------------------------------------
+    def op_view(rec: dict, offset: int = 0, limit: int = 8000) -> dict:
+        view = {"operation_id": rec["id"], "status": rec["status"], "image": rec["source"],
+                "result_image": rec["result"], "command": rec["spec"].get("command")}
+        o = rec["outcome"] or {}
+        view.update({k: o[k] for k in ("exit_code", "signal", "timed_out", "oom_killed", "cancelled",
+                                       "error", "message") if k in o})
+        if rec["id"] in outputs:
+            stdout, stderr = outputs[rec["id"]]
+            view["stdout"], cut1 = _cut(stdout[offset:], limit)
+            view["stderr"], cut2 = _cut(stderr[offset:], limit)
+            if cut1 or cut2:
+                view["truncated"] = f"more output: call get_operation again with offset={offset + limit}"
+        return view
+
+    @server.tool()
+    @guard
+    def get_operation(operation_id: str, offset: int = 0) -> dict:
+        """Status and result of an operation (run); output from byte `offset` on."""
+        rec = engine.operations.get(operation_id)
+        done = engine.operations.result(operation_id)
+        if done is not None:
+            remember(done.op, done.stdout, done.stderr)
+        return op_view(rec, offset)
+
+    @server.tool()
+    @guard
+    def wait_operations(operation_ids: list[str], timeout: float = 60) -> list[dict]:
+        """Wait (up to timeout seconds) for operations to finish; returns their states."""
+        recs = engine.operations.wait(operation_ids, timeout)
+        for op in operation_ids:
+            done = engine.operations.result(op)
+            if done is not None:
+                remember(done.op, done.stdout, done.stderr)
+        return [op_view(r) for r in recs]
+
+    @server.tool()
+    @guard
+    def list_operations(status: str | None = None, limit: int = 20) -> list[dict]:
+        """Recent runs, newest first; status: queued, running, done, failed, cancelled."""
+        return [op_view(r, limit=200) for r in engine.operations.list(status=status, limit=limit)]
+
+    @server.tool()
+    @guard
+    def cancel_operation(operation_id: str) -> dict:
+        """Cancel a queued or running operation (a running sandbox is killed; nothing is committed)."""
+        return op_view(engine.operations.cancel(operation_id))
+
+    # ---- images -------------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def import_image(source: str, tag: str | None = None) -> dict:
+        """Import an image: a local directory, tar (gz/zst), OCI layout or docker-archive path, or
+        `debian:SUITE` to bootstrap Debian (slow: tens of seconds). Prefer existing images."""
+        if source.startswith("debian:"):
+            image = engine.bootstrap(source, tag=tag)
+        else:
+            image = engine.import_path(source, tag=tag)
+        return {"image": image, "tag": tag}
+
+    @server.tool()
+    @guard
+    def list_images(tag_prefix: str | None = None, limit: int = 100) -> list[dict]:
+        """Images with their tags, newest last; tag_prefix filters by tag."""
+        rows = engine.store.images()
+        if tag_prefix:
+            rows = [r for r in rows if any(t.startswith(tag_prefix) for t in r["tags"])]
+        return [{"image": r["id"], "tags": r["tags"], "files": r["files"], "size": r["size"]} for r in rows[-limit:]]
+
+    @server.tool()
+    @guard
+    def get_image(image: str) -> dict:
+        """One image: id, tags, size, parents and the command that made it."""
+        i = engine.resolve(image)
+        row = engine.store.image(i)
+        return {"image": i, "tags": sorted(engine.store.tags(i)), "files": row.files, "size": row.size,
+                "parents": [p["parent"] for p in engine.parents(i)], "made_by": engine.produced_by(i)[:1]}
+
+    @server.tool()
+    @guard
+    def set_tag(image: str, tag: str) -> dict:
+        """Point a tag at an image (moves it if it exists). Convention: {scope}/{purpose}/{base}."""
+        i = engine.resolve(image)
+        engine.store.tag(i, tag)
+        return {"image": i, "tag": tag}
+
+    # ---- files --------------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def upload(content: str | None = None, content_base64: str | None = None, path: str | None = None) -> dict:
+        """Store a file once (text, base64, or a local path); returns its sha256 for run(files=...)."""
+        if sum(x is not None for x in (content, content_base64, path)) != 1:
+            raise ToolError("invalid_input: give exactly one of content, content_base64, path")
+        if path is not None:
+            with open(path, "rb") as f:
+                data = f.read()
+        elif content_base64 is not None:
+            data = base64.b64decode(content_base64, validate=True)
+        else:
+            data = content.encode()
+        digest = engine.upload(data)
+        return {"uuid": digest, "sha256": digest, "size": len(data)}
+
+    @server.tool()
+    @guard
+    def rsync(source: str, destination: str, exclude: list[str] | None = None) -> dict:
+        """Sync a local directory into a reusable file set (uploaded once, deduplicated by content),
+        injected at `destination` by run(directory_state_id=...)."""
+        import fnmatch
+        if not os.path.isdir(source):
+            raise ToolError(f"invalid_input: {source} is not a directory")
+        if not destination.startswith("/"):
+            raise ToolError("invalid_input: destination must be an absolute path in the image")
+        entries = []
+        for root, dirs, names in os.walk(source):
+            rel_root = os.path.relpath(root, source)
+            dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, p) for p in exclude or [])]
+            for n in sorted(names):
+                if any(fnmatch.fnmatch(n, p) for p in exclude or []):
+                    continue
+                full = os.path.join(root, n)
+                if not os.path.isfile(full) or os.path.islink(full):
+                    continue
+                with open(full, "rb") as f:
+                    digest = engine.upload(f.read())
+                rel = n if rel_root == "." else os.path.join(rel_root, n)
+                entries.append({"path": destination.rstrip("/") + "/" + rel, "sha256": digest,
+                                "mode": os.stat(full).st_mode & 0o7777})
+        return {"directory_state_id": engine.file_set_create(entries), "files": len(entries)}
+
+    @server.tool()
+    @guard
+    def download(image: str, path: str, destination: str) -> dict:
+        """Copy one file out of an image to a local path."""
+        data = engine.read(engine.resolve(image), path)
+        with open(destination, "wb") as f:
+            f.write(data)
+        return {"destination": destination, "size": len(data)}
+
+    @server.tool()
+    @guard
+    def list_files(image: str, path: str = "/") -> list[dict]:
+        """A directory of an image (no sandbox is started)."""
+        return [{k: v for k, v in e.to_dict().items() if k in ("name", "type", "mode", "size", "target")}
+                for e in engine.ls(engine.resolve(image), path)]
+
+    @server.tool()
+    @guard
+    def read_file(image: str, path: str, offset: int = 0, limit: int = 64000) -> dict:
+        """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit` bytes."""
+        i = engine.resolve(image)
+        size = engine.stat(i, path).to_dict().get("size", 0)
+        data = engine.read(i, path, offset, limit)
+        try:
+            res = {"content": data.decode("utf-8"), "encoding": "text"}
+        except UnicodeDecodeError:
+            res = {"content": base64.b64encode(data).decode(), "encoding": "base64"}
+        res["size"] = size
+        if offset + len(data) < size:
+            res["truncated"] = f"{size - offset - len(data)} more bytes: read again with offset={offset + len(data)}"
+        return res
+
+    @server.tool()
+    @guard
+    def grep(image: str, pattern: str, path: str = "/", glob: str | None = None, max_matches: int = 100,
+             ignore_case: bool = False) -> list[dict]:
+        """Search file contents of an image with a regular expression (no sandbox is started)."""
+        return engine.grep(engine.resolve(image), pattern, path, glob=glob, max_matches=max_matches,
+                           ignore_case=ignore_case)
+
+    # ---- branching ----------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def diff(a: str, b: str, patch: bool = False) -> dict:
+        """What changed from image a to image b (paths and kinds); patch=true adds a unified text diff."""
+        ia, ib = engine.resolve(a), engine.resolve(b)
+        res = {"a": ia, "b": ib, "changes": [{"path": c.path, "kind": c.kind} for c in engine.diff(ia, ib)]}
+        if patch:
+            res["patch"] = engine.patch(ia, ib)
+        return res
+
+    @server.tool()
+    @guard
+    def merge(ours: str, theirs: str, base: str | None = None, strategy: str | None = None) -> dict:
+        """Three-way merge of two images (base: their common ancestor unless given). Conflicts make no
+        image unless strategy is ours, theirs or markers (conflict markers in text files)."""
+        return engine.merge(engine.resolve(base) if base else None, engine.resolve(ours), engine.resolve(theirs),
+                            strategy=strategy)
+
+    @server.tool()
+    @guard
+    def lineage(image: str, format: str = "text") -> dict:
+        """The tree of images made from `image` (text or json), with the commands between them."""
+        t = engine.lineage_tree(engine.resolve(image))
+        if format == "json":
+            return {"tree": t}
+        if format != "text":
+            raise ToolError("invalid_input: format is text or json")
+        return {"tree": lineage_mod.render_text(t), "ancestry": engine.log(engine.resolve(image), limit=20)}
+
+    @server.tool()
+    @guard
+    def branch_create(name: str, image: str, force: bool = False) -> dict:
+        """A branch: a name that run(image="branch:NAME") advances; rollback moves it back."""
+        i = engine.resolve(image)
+        engine.branch_create(name, i, force=force)
+        return {"branch": name, "image": i}
+
+    @server.tool()
+    @guard
+    def branch_list() -> dict:
+        """Branches and the images they point at."""
+        return engine.branches()
+
+    @server.tool()
+    @guard
+    def rollback(branch: str, steps: int | None = None, to: str | None = None) -> dict:
+        """Move a branch back: `steps` moves back in its history, or `to` an ancestor image."""
+        return {"branch": branch, "image": engine.rollback(branch, steps=steps, to=engine.resolve(to) if to else None)}
+
+    # ---- about --------------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def whoami() -> dict:
+        """This server: embedded engine, its store, tiers, and the default limits of a run."""
+        lim = engine.default_limits
+        return {"user": "local", "mode": "embedded", "store": engine.store.home,
+                "permissions": ["import", "run", "list", "cancel", "tag"],
+                "limits": {"timeout_s": lim.timeout, "memory": lim.memory, "pids": lim.pids, "disk": lim.disk,
+                           "output": lim.output},
+                "tiers": engine.doctor()}
+
+    @server.tool()
+    def get_guide(section: str = "workflow") -> str:
+        """How to use sandtree well: workflow, branching, async, errors."""
+        if section not in GUIDE:
+            raise ToolError(f"invalid_input: sections are {', '.join(GUIDE)}")
+        return GUIDE[section]
+
+    # ---- resources and prompts ----------------------------------------------------------------
+    path_ok = ResourceSecurity(exempt_params=frozenset({"path"}))
+
+    @server.resource("sandtree://image/{image}/read/{+path}", security=path_ok, mime_type="text/plain")
+    def resource_read(image: str, path: str) -> str:
+        """A file of an image."""
+        try:
+            return engine.read(engine.resolve(image), "/" + path).decode("utf-8", "replace")
+        except SandtreeError as exc:
+            raise ValueError(f"{exc.code}: {exc.message}") from None
+
+    @server.resource("sandtree://image/{image}/ls/{+path}", security=path_ok, mime_type="application/json")
+    def resource_ls(image: str, path: str) -> str:
+        """A directory listing of an image."""
+        try:
+            return json.dumps([e.to_dict() for e in engine.ls(engine.resolve(image), "/" + path)])
+        except SandtreeError as exc:
+            raise ValueError(f"{exc.code}: {exc.message}") from None
+
+    @server.resource("sandtree://image/{image}/lineage", mime_type="text/plain")
+    def resource_lineage(image: str) -> str:
+        """The lineage tree under an image."""
+        try:
+            return lineage_mod.render_text(engine.lineage_tree(engine.resolve(image)))
+        except SandtreeError as exc:
+            raise ValueError(f"{exc.code}: {exc.message}") from None
+
+    @server.resource("sandtree://guide", mime_type="text/markdown")
+    def resource_guide() -> str:
+        """The agent guide: workflow, branching patterns, async use, errors."""
+        return "\n\n".join(f"## {k}\n{v}" for k, v in GUIDE.items())
+
+    @server.prompt()
+    def prepare_environment(base: str, setup_commands: str, tag: str) -> str:
+        """Build a reusable environment once and tag it."""
+        return (f"Prepare a reusable environment on image {base!r}: run each of these setup commands with "
+                f"disposable=false, chaining on result_image: {setup_commands}. Check the last one succeeded, "
+                f"then set_tag(result_image, {tag!r}). Later work starts from {tag!r}.")
+
+    @server.prompt()
+    def tree_search_fix(image: str, test_command: str, candidates: int = 3) -> str:
+        """Try several fixes in parallel branches and keep the one whose tests pass."""
+        return (f"From image {image!r}, write {candidates} different candidate fixes. Use fork(image, commands) "
+                f"with one command per candidate that applies it and then runs {test_command!r}. Compare exit "
+                f"codes, keep the passing result_image, diff it against {image!r} to review, and set_tag it.")
+
+    @server.prompt()
+    def safe_destructive(image: str, command: str) -> str:
+        """Run a risky command where it can be undone."""
+        return (f"Create a branch at {image!r} (branch_create), run {command!r} on image='branch:NAME', inspect "
+                f"with diff/list_files, and if anything is wrong call rollback(branch, steps=1).")
+
+    return server
+
+
+def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+    engine = Engine(home)
+    try:
+        server = build_server(engine)
+        if http:
+            server.run("streamable-http", host=host, port=port)
+        else:
+            server.run("stdio")
+    finally:
+        engine.close()
