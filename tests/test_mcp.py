@@ -20,7 +20,7 @@ from mcp.client.stdio import StdioServerParameters
 TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "cancel_operation",
          "import_image", "list_images", "get_image", "set_tag", "upload", "rsync", "download",
          "list_files", "read_file", "grep", "diff", "merge", "lineage", "branch_create", "branch_list",
-         "rollback", "whoami", "get_guide"}
+         "rollback", "whoami", "get_guide", "registry_auth", "registry_token_obtain"}
 
 
 def data(result):
@@ -83,6 +83,8 @@ def test_tools_valid_and_invalid(tmp_path, rootfs):
             assert data(await c.call_tool("whoami", {}))["mode"] == "embedded"
             assert "fork" in (await c.call_tool("get_guide", {"section": "branching"})).content[0].text
             assert data(await c.call_tool("list_operations", {"limit": 5}))
+            tok = data(await c.call_tool("registry_token_obtain", {"registry_url": "docker://ghcr.io/org/x"}))
+            assert tok["registry"] == "ghcr.io" and "github.com" in tok["create_token_at"]
             # invalid arguments: a tool error with a message, and the server lives on
             bad = [("run", {"command": "true", "image": "nope"}), ("run", {"command": "true"}),
                    ("run", {"command": "true", "image": "bb", "timeout": -1}),
@@ -96,7 +98,9 @@ def test_tools_valid_and_invalid(tmp_path, rootfs):
                    ("diff", {"a": "bb"}), ("fork", {"image": "bb", "commands": []}),
                    ("lineage", {"image": "bb", "format": "xml"}), ("branch_create", {"name": "w", "image": "bb"}),
                    ("download", {"image": "bb", "path": "/nope", "destination": str(out)}),
-                   ("wait_operations", {"operation_ids": ["nope"]}), ("get_image", {"image": "nope"})]
+                   ("wait_operations", {"operation_ids": ["nope"]}), ("get_image", {"image": "nope"}),
+                   ("registry_auth", {"registry_url": "docker://127.0.0.1:1/x", "username": "u", "token": "t"}),
+                   ("import_image", {"source": "docker://127.0.0.1:1/x:1"})]
             for name, args in bad:
                 r = await c.call_tool(name, args)
                 assert r.is_error and r.content and r.content[0].text, (name, args)

@@ -56,6 +56,11 @@ class Sandtree:
         """Import a directory, a tar (gz/zst), an OCI layout or a docker-archive tar."""
         return Image(self, self._engine.import_path(path, tag=tag, progress=progress))
 
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False) -> "Image":
+        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified); plain HTTP only for
+        loopback registries or insecure=True."""
+        return Image(self, self._engine.pull(reference, tag=tag, insecure=insecure))
+
     def bootstrap(self, spec: str = "debian:bookworm", *, include: list[str] = (), tag: str | None = None,
                   log: Callable[[str], None] | None = None) -> "Image":
         """Build a Debian base image with debootstrap (root only); tagged `spec` unless `tag`."""

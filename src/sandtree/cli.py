@@ -58,6 +58,26 @@ def cmd_image_import(args):
     _out(args, {"image": image, "tag": args.tag}, lambda o: print(o["image"]))
 
 
+def cmd_image_pull(args):
+    eng = _engine(args)
+    cb, prog = _progress(args, "pulling")
+    try:
+        image = eng.pull(args.reference, tag=args.tag, insecure=args.insecure, progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    _out(args, {"image": image, "tag": args.tag}, lambda o: print(o["image"]))
+
+
+def cmd_registry_login(args):
+    eng = _engine(args)
+    secret = sys.stdin.readline().rstrip("\n") if args.password_stdin else os.environ.get("SANDTREE_REGISTRY_TOKEN", "")
+    if not secret:
+        raise SystemExit("sandtree registry login: give the token on stdin (--password-stdin) or in SANDTREE_REGISTRY_TOKEN")
+    host = eng.registry_login(args.registry, args.username, secret, insecure=args.insecure)
+    _out(args, {"registry": host, "username": args.username}, lambda o: print(f"logged in to {o['registry']}"))
+
+
 def cmd_image_bootstrap(args):
     eng = _engine(args)
     include = [p for x in args.include for p in x.split(",") if p]
@@ -387,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("path")
     x.add_argument("--tag")
     x.set_defaults(fn=cmd_image_import)
+    x = isub.add_parser("pull", parents=[common], help="pull docker://HOST/NAME:TAG from an OCI registry")
+    x.add_argument("reference")
+    x.add_argument("--tag")
+    x.add_argument("--insecure", action="store_true", help="plain HTTP (loopback registries use it anyway)")
+    x.set_defaults(fn=cmd_image_pull)
     x = isub.add_parser("bootstrap", parents=[common], help="build a Debian base image (debootstrap)")
     x.add_argument("spec", help="debian:SUITE, e.g. debian:bookworm")
     x.add_argument("--include", action="append", default=[], help="extra packages (comma-separated)")
@@ -484,6 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
     x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
     x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
+    rg = sub.add_parser("registry", help="credentials for OCI registries")
+    rsub = rg.add_subparsers(dest="registry_command", required=True)
+    x = rsub.add_parser("login", parents=[common], help="check and keep a registry token")
+    x.add_argument("registry"); x.add_argument("--username", required=True)
+    x.add_argument("--password-stdin", action="store_true"); x.add_argument("--insecure", action="store_true")
+    x.set_defaults(fn=cmd_registry_login)
     x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
     x.set_defaults(fn=cmd_doctor)
     x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")

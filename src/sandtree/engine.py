@@ -190,6 +190,37 @@ class Engine(BranchingOps):
             remove_tree(staged)
             raise
 
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
+        from .store import registry
+        if tag is not None:
+            _check_tag(tag)
+        ref = registry.parse(reference)
+        row = self.store.db.one("SELECT username, secret FROM registry_auth WHERE registry=?", (ref.registry,))
+        work = self.store.layers.stage("pull")
+        staged = self.store.layers.stage("import")
+        try:
+            layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
+                                          insecure=insecure, progress=progress)
+            importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
+            return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}")
+        except BaseException:
+            remove_tree(staged)
+            raise
+        finally:
+            remove_tree(work)
+
+    def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
+        """Check credentials against the registry's /v2/ and keep them for pulls (the store is
+        0700; the secret never appears in records)."""
+        from .store import registry
+        host = registry.registry_host(registry_url)
+        registry.check_login(host, username, secret, insecure)
+        with self.store.db.tx() as con:
+            con.execute("INSERT OR REPLACE INTO registry_auth(registry, username, secret) VALUES(?,?,?)",
+                        (host, username, secret))
+        return host
+
     def bootstrap(self, spec: str, *, include: list[str] = (), tag: str | None = None,
                   log: Callable[[str], None] | None = None, mirror: str | None = None) -> str:
         if tag is not None:

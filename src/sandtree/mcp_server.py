@@ -176,10 +176,13 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def import_image(source: str, tag: str | None = None) -> dict:
-        """Import an image: a local directory, tar (gz/zst), OCI layout or docker-archive path, or
-        `debian:SUITE` to bootstrap Debian (slow: tens of seconds). Prefer existing images."""
+        """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth), a local
+        directory, tar (gz/zst), OCI layout or docker-archive path, or `debian:SUITE` to bootstrap
+        Debian (slow: tens of seconds). Prefer existing images (list_images)."""
         if source.startswith("debian:"):
             image = engine.bootstrap(source, tag=tag)
+        elif source.startswith(("docker://", "oci://")):
+            image = engine.pull(source, tag=tag)
         else:
             image = engine.import_path(source, tag=tag)
         return {"image": image, "tag": tag}
@@ -343,6 +346,26 @@ def build_server(engine: Engine) -> MCPServer:
     def rollback(branch: str, steps: int | None = None, to: str | None = None) -> dict:
         """Move a branch back: `steps` moves back in its history, or `to` an ancestor image."""
         return {"branch": branch, "image": engine.rollback(branch, steps=steps, to=engine.resolve(to) if to else None)}
+
+    @server.tool()
+    @guard
+    def registry_auth(registry_url: str, username: str, token: str) -> dict:
+        """Check registry credentials (a read-only personal access token) against the registry's
+        /v2/ API and keep them for import_image("docker://..."). "docker://ghcr.io/org/x" -> ghcr.io."""
+        host = engine.registry_login(registry_url, username, token)
+        return {"status": "success", "registry": host, "message": f"credentials for {host} stored"}
+
+    @server.tool()
+    @guard
+    def registry_token_obtain(registry_url: str) -> dict:
+        """Where to create a read-only token for a registry (then call registry_auth with it)."""
+        from .store.registry import registry_host
+        host = registry_host(registry_url)
+        pages = {"ghcr.io": "https://github.com/settings/tokens (scope: read:packages)",
+                 "registry-1.docker.io": "https://app.docker.com/settings/personal-access-tokens (read-only)",
+                 "registry.gitlab.com": "https://gitlab.com/-/user_settings/personal_access_tokens (read_registry)"}
+        return {"registry": host, "create_token_at": pages.get(host, f"the web settings of {host}"),
+                "next": "registry_auth(registry_url, username, token)"}
 
     # ---- about --------------------------------------------------------------------------------
     @server.tool()

@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS edges(
     parent TEXT NOT NULL, child TEXT NOT NULL, op TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY(parent, child, op));
 CREATE INDEX IF NOT EXISTS edges_child ON edges(child);
+CREATE TABLE IF NOT EXISTS registry_auth(registry TEXT PRIMARY KEY, username TEXT NOT NULL, secret TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS file_sets(id TEXT PRIMARY KEY, files TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS blob_loc(hash TEXT PRIMARY KEY, path TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS blob_loc_path ON blob_loc(path);

@@ -1,0 +1,208 @@
+"""Pulling images from OCI registries (the distribution protocol) into a staged root filesystem.
+
+`docker://HOST[:PORT]/NAME[:TAG|@sha256:...]` (also `oci://`; no host means Docker Hub). The
+manifest (an index is resolved to linux/amd64, or the first entry) and every layer are verified
+against their digests before anything is applied; layers are applied in order with their
+whiteouts by importers.apply_layers. Auth: anonymous, HTTP basic, or the Bearer token dance the
+registry asks for (WWW-Authenticate), with stored credentials if any. Plain HTTP is used only for
+loopback registries or when asked (insecure=True).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+
+import httpx
+
+from ..errors import BadArchive, InvalidInput, NotFound, SandtreeError
+
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json"])
+REF_RE = re.compile(r"^(?:(docker|oci)://)?(?:(?P<host>[a-zA-Z0-9.-]+(?::\d+)?|\[[0-9a-fA-F:]+\](?::\d+)?)/)?"
+                    r"(?P<name>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[\w][\w.-]{0,127}))?"
+                    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+
+
+class RegistryError(SandtreeError):
+    code = "registry_error"
+
+
+@dataclass(frozen=True)
+class Reference:
+    registry: str            # host[:port]
+    name: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def ref(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        return f"{self.registry}/{self.name}" + (f"@{self.digest}" if self.digest else f":{self.tag or 'latest'}")
+
+
+def parse(reference: str) -> Reference:
+    m = REF_RE.match(reference or "")
+    if not m:
+        raise InvalidInput(f"not an image reference: {reference!r} (docker://HOST/NAME:TAG)")
+    host, name = m.group("host"), m.group("name")
+    if host is None or ("." not in host and ":" not in host and host != "localhost"):
+        if host is not None:                     # "library/alpine" style: the first part was a path
+            name = f"{host}/{name}"
+        host = "registry-1.docker.io"
+        if "/" not in name:
+            name = f"library/{name}"
+    if host == "docker.io":
+        host = "registry-1.docker.io"
+    return Reference(host, name, m.group("tag"), m.group("digest"))
+
+
+def registry_host(url: str) -> str:
+    """The registry a URL or reference names ("docker://ghcr.io/org/x" -> "ghcr.io")."""
+    return parse(url).registry if "/" in url.split("://", 1)[-1] else parse(url + "/x").registry
+
+
+def _loopback(host: str) -> bool:
+    h = host.rsplit(":", 1)[0].strip("[]") if not host.startswith("[") else host.split("]")[0].strip("[")
+    return h in ("localhost", "::1") or h.startswith("127.")
+
+
+class Client:
+    def __init__(self, ref: Reference, credentials: tuple[str, str] | None = None, insecure: bool = False,
+                 timeout: float = 60):
+        self.ref = ref
+        scheme = "http" if insecure or _loopback(ref.registry) else "https"
+        self.base = f"{scheme}://{ref.registry}/v2/"
+        self.credentials = credentials
+        self.http = httpx.Client(timeout=timeout, follow_redirects=True)
+        self.token: str | None = None
+        self.basic = False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _headers(self, extra: dict | None = None) -> dict:
+        h = dict(extra or {})
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _auth(self, challenge: str) -> None:
+        scheme, _, params = challenge.partition(" ")
+        if scheme.lower() == "basic":
+            if not self.credentials:
+                raise RegistryError(f"{self.ref.registry} needs credentials (registry login)")
+            self.basic = True
+            self.http.auth = httpx.BasicAuth(*self.credentials)
+            return
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        if "realm" not in fields:
+            raise RegistryError(f"unsupported auth challenge from {self.ref.registry}: {challenge!r}")
+        query = {k: fields[k] for k in ("service", "scope") if k in fields}
+        query.setdefault("scope", f"repository:{self.ref.name}:pull")
+        r = self.http.get(fields["realm"], params=query,
+                          auth=httpx.BasicAuth(*self.credentials) if self.credentials else None)
+        if r.status_code != 200:
+            raise RegistryError(f"token request to {fields['realm']} failed: HTTP {r.status_code}")
+        body = r.json()
+        self.token = body.get("token") or body.get("access_token")
+        if not self.token:
+            raise RegistryError("the registry's token service returned no token")
+
+    def get(self, path: str, *, accept: str | None = None, stream: bool = False) -> httpx.Response:
+        url = self.base + path
+        for attempt in range(2):
+            req = self.http.build_request("GET", url, headers=self._headers({"Accept": accept} if accept else None))
+            r = self.http.send(req, stream=stream)
+            if r.status_code == 401 and attempt == 0 and "www-authenticate" in r.headers:
+                r.close()
+                self._auth(r.headers["www-authenticate"])
+                continue
+            if r.status_code == 404:
+                r.close()
+                what = "image" if "/manifests/" in path else "layer" if "/blobs/" in path else "repository"
+                raise NotFound(f"{self.ref}: {what} not found in the registry")
+            if r.status_code >= 400:
+                r.close()
+                raise RegistryError(f"{self.ref.registry} answered HTTP {r.status_code} for {path}")
+            return r
+        raise RegistryError(f"{self.ref.registry} refused the credentials")
+
+    def check(self) -> None:
+        """GET /v2/ with the credentials: do they work here?"""
+        self.get("")
+
+    def manifest(self) -> dict:
+        ref = self.ref.ref
+        for _ in range(3):
+            r = self.get(f"{self.ref.name}/manifests/{ref}", accept=MANIFEST_TYPES)
+            body = r.content
+            want = ref if ref.startswith("sha256:") else r.headers.get("docker-content-digest")
+            if want and "sha256:" + hashlib.sha256(body).hexdigest() != want:
+                raise BadArchive(f"manifest of {self.ref} does not match its digest {want}")
+            doc = json.loads(body)
+            if "manifests" not in doc:
+                return doc
+            choices = doc["manifests"]
+            pick = next((m for m in choices if (m.get("platform") or {}).get("architecture") == "amd64"
+                         and (m.get("platform") or {}).get("os", "linux") == "linux"), choices[0] if choices else None)
+            if pick is None:
+                raise BadArchive(f"{self.ref}: the index lists no manifests")
+            ref = pick["digest"]
+        raise BadArchive(f"{self.ref}: nested indexes too deep")
+
+    def blob(self, digest: str, dest_dir: str, progress=None) -> str:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise BadArchive(f"unsupported digest {digest!r}")
+        fd, path = tempfile.mkstemp(dir=dest_dir, prefix="blob-")
+        h = hashlib.sha256()
+        r = self.get(f"{self.ref.name}/blobs/{digest}", stream=True)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in r.iter_bytes(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+        finally:
+            r.close()
+        if "sha256:" + h.hexdigest() != digest:
+            raise BadArchive(f"layer {digest[:19]} of {self.ref} does not match its digest")
+        return path
+
+
+def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
+                progress=None) -> list[str]:
+    """Download and verify the layers of `reference` into workdir; bottom layer first."""
+    ref = parse(reference)
+    client = Client(ref, credentials, insecure)
+    try:
+        try:
+            manifest = client.manifest()
+            layers = manifest.get("layers")
+            if not isinstance(layers, list):
+                raise BadArchive(f"{ref}: not an image manifest (schema 2 / OCI)")
+            return [client.blob(layer["digest"], workdir, progress) for layer in layers]
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
+    finally:
+        client.close()
+
+
+def check_login(registry: str, username: str, secret: str, insecure: bool = False) -> None:
+    client = Client(Reference(registry, "library/x", None, None), (username, secret), insecure)
+    try:
+        try:
+            client.check()
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"cannot reach {registry}: {exc}") from None
+    finally:
+        client.close()
