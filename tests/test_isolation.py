@@ -186,3 +186,12 @@ def test_sparse_file_cannot_fill_the_host(bb):
     assert len(bb._st.images()) == before
     r = bb.run("truncate -s 1M /small")                        # within the limit: kept whole
     assert r.image.stat("/small")["size"] == 1 << 20
+
+
+@pytest.mark.namespaces_only          # (in gVisor pid 1 is the command itself, in gVisor's kernel)
+def test_sandbox_init_is_out_of_reach(bb):
+    r = bb.run("ls /proc/1/fd 2>&1; echo 'exit 0' > /proc/1/fd/3 2>&1 || echo WRITE-DENIED; "
+               "ls /proc/1/root 2>&1", disposable=True)
+    out = r.stdout.decode()
+    assert "Permission denied" in out and "WRITE-DENIED" in out
+    assert "bin" not in out.split("WRITE-DENIED")[1]

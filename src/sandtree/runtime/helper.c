@@ -353,6 +353,9 @@ static int sandbox_init(struct opts *o) {
     if (o->spec_fd >= 0) close(spec_pipe[1]);
     if (read(sync_pipe[0], &c, 1) != 1) _exit(125);   /* P died or failed to map */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+    /* We hold the engine's report pipe (and, warm, the layers dir) until the end: the sandbox's
+     * processes must never reach them through /proc/1/fd or ptrace. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die_step("dumpable");
     if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
     int warm = o->spec_fd >= 0;
     if (warm) {
