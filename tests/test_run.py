@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -187,3 +188,16 @@ def test_deep_chain_is_squashed(st, rootfs):
     assert img.read("/count").decode().split() == [str(i) for i in range(70)]
     assert img.run("wc -l < /count").stdout.strip() == b"70"
     assert st.fsck()["ok"]
+
+
+def test_submit_wait_cancel(bb):
+    st = bb._st
+    a = st.submit(bb, "sleep 0.2; echo a > /a")
+    b = st.submit(bb, "sleep 30")
+    time.sleep(0.3)
+    assert st.cancel(b)["id"] == b
+    done = {r["id"]: r for r in st.wait([a, b], timeout=20)}
+    assert done[a]["status"] == "done" and st.image(done[a]["result"]).read("/a") == b"a\n"
+    assert done[b]["status"] == "cancelled" and done[b]["result"] is None
+    with pytest.raises(sandtree.NotFound):
+        st.wait(["no-such-operation"])

@@ -80,6 +80,20 @@ class Sandtree:
     def operation(self, op: str) -> dict:
         return self._engine.operation(op)
 
+    # operations: runs started now, awaited later
+    def submit(self, image: "Image | str", command, **run_options) -> str:
+        """Start a run in the background; returns its operation ID (see wait, cancel, operation)."""
+        return self._engine.operations.submit_run(self._id(image), command, **run_options)
+
+    def wait(self, operations: list[str], timeout: float | None = None) -> list[dict]:
+        """Wait for operations; their records with a `status` (queued, running, done, failed,
+        cancelled) and, once done, `result` (the new image) and `outcome`."""
+        return self._engine.operations.wait(list(operations), timeout)
+
+    def cancel(self, operation: str) -> dict:
+        """Cancel a queued or running operation; a running sandbox is killed, nothing committed."""
+        return self._engine.operations.cancel(operation)
+
     def doctor(self) -> list[dict]:
         """The isolation tiers this host can run, and why not the others."""
         return self._engine.doctor()
