@@ -40,6 +40,29 @@ def make_rootfs(path: str) -> str:
     return path
 
 
+def free_port() -> int:
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    """Until a server we started listens on loopback `port`."""
+    import socket
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
 @pytest.fixture(scope="session")
 def rootfs(tmp_path_factory) -> str:
     return make_rootfs(str(tmp_path_factory.mktemp("rootfs") / "root"))

@@ -8,14 +8,14 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
+
+from conftest import free_port, wait_for_port
 
 TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "cancel_operation",
          "import_image", "list_images", "get_image", "set_tag", "upload", "rsync", "download",
@@ -148,30 +148,17 @@ def test_scripted_agent_session_with_resources_timeout_cancel(tmp_path, rootfs):
             big = data(await c.call_tool("run", {"command": "seq 5000", "image": img, "truncate_output_at": 100}))
             assert len(big["stdout"]) == 100 and "get_operation" in big["truncated"]
             rest = data(await c.call_tool("get_operation", {"operation_id": big["operation_id"], "offset": 100}))
-            assert rest["stdout"].startswith(big_rest := "\n".join(str(i) for i in range(1, 5001))[100:110])
+            assert rest["stdout"].startswith("\n".join(str(i) for i in range(1, 5001))[100:110])
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_streamable_http(tmp_path, rootfs):
-    port = _free_port()
+    port = free_port()
     home = str(tmp_path / "home")
     proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "mcp", "--http", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_for_port(port)
 
         async def main():
             async with Client(f"http://127.0.0.1:{port}/mcp") as c:

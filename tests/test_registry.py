@@ -6,13 +6,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
-import time
 
 import pytest
 
 import sandtree
+from conftest import free_port, wait_for_port
 from test_store import LAYER1, LAYER2, _oci_layout
 
 pytestmark = pytest.mark.skipif(not (shutil.which("docker-registry") and shutil.which("skopeo")),
@@ -22,20 +21,12 @@ pytestmark = pytest.mark.skipif(not (shutil.which("docker-registry") and shutil.
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     root = tmp_path_factory.mktemp("registry")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     (root / "config.yml").write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
                                      f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
     proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    wait_for_port(port)
     layout = _oci_layout(root / "oci", [LAYER1, LAYER2])
     subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
                     f"docker://127.0.0.1:{port}/team/app:1"], check=True)

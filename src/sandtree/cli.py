@@ -35,37 +35,27 @@ def _fmt_size(n: int) -> str:
         n /= 1024
 
 
-def _progress(args, label: str):
-    """A rich progress callback (bytes) when stderr is a terminal; else None."""
+def _with_progress(args, label: str, fn):
+    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal."""
     if args.json or not sys.stderr.isatty():
-        return None, None
+        return fn(None)
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-    prog = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
-    task = prog.add_task(label, total=None)
-    prog.start()
-    return (lambda n: prog.advance(task, n)), prog
+    with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True) as prog:
+        task = prog.add_task(label, total=None)
+        return fn(lambda n: prog.advance(task, n))
 
 
 # ---- image ---------------------------------------------------------------------------------------
 def cmd_image_import(args):
     eng = _engine(args)
-    cb, prog = _progress(args, "importing")
-    try:
-        image = eng.import_path(args.path, tag=args.tag, progress=cb)
-    finally:
-        if prog:
-            prog.stop()
+    image = _with_progress(args, "importing", lambda cb: eng.import_path(args.path, tag=args.tag, progress=cb))
     _out(args, {"image": image, "tag": args.tag}, lambda o: print(o["image"]))
 
 
 def cmd_image_pull(args):
     eng = _engine(args)
-    cb, prog = _progress(args, "pulling")
-    try:
-        image = eng.pull(args.reference, tag=args.tag, insecure=args.insecure, progress=cb)
-    finally:
-        if prog:
-            prog.stop()
+    image = _with_progress(args, "pulling", lambda cb: eng.pull(args.reference, tag=args.tag,
+                                                                 insecure=args.insecure, progress=cb))
     _out(args, {"image": image, "tag": args.tag}, lambda o: print(o["image"]))
 
 
