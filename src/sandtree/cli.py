@@ -253,6 +253,11 @@ def cmd_doctor(args):
                                  for r in rs])
 
 
+def cmd_serve(args):
+    from .server import serve
+    serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs)
+
+
 def cmd_mcp(args):
     from .mcp_server import main as mcp_main
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port)
@@ -507,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_registry_login)
     x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
     x.set_defaults(fn=cmd_doctor)
+    x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
+    x.add_argument("--host", default="127.0.0.1")
+    x.add_argument("--port", type=int, default=8080)
+    x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
+    x.set_defaults(fn=cmd_serve)
     x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")
     x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     x.add_argument("--host", default="127.0.0.1")

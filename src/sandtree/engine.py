@@ -23,6 +23,7 @@ from .branching.ops import BranchingOps
 from .errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
 from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
 from .runtime.namespaces import NamespaceRuntime
+from .runtime.namespaces import _validate as validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store import importers, inspect
 from .store.blobs import BlobStore
@@ -62,14 +63,16 @@ class RunRecord:
 
 class Engine(BranchingOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces"):
+                 tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
-        one-shot CLI process has no use for them). tier: the default isolation tier."""
+        one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
+        operations (submitted runs) running at once; more wait in a queue."""
         self.store = Store(home, idmap or default_idmap())
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
         self._operations = None
+        self._max_runs = max_runs
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
         self.committer = commit_mod.Committer(self.store)
@@ -79,7 +82,7 @@ class Engine(BranchingOps):
         """Runs started now, awaited later (created on first use)."""
         if self._operations is None:
             from .operations import Operations
-            self._operations = Operations(self)
+            self._operations = Operations(self, workers=self._max_runs)
         return self._operations
 
     def close(self) -> None:
@@ -275,7 +278,10 @@ class Engine(BranchingOps):
     def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
             files=None, disposable: bool = False, on_output=None, tier: str | None = None,
-            file_set: str | None = None, op_id: str | None = None, cancel=None, **limits) -> RunRecord:
+            file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
+            **limits) -> RunRecord | None:
+        """Run `command` on image `ref`. check_only: validate everything a run would, start
+        nothing, return None (how a submitted operation refuses bad input at once)."""
         runtime = self.tier(tier)
         branch = self._branch_of(ref)
         source = self.resolve(ref)
@@ -303,6 +309,9 @@ class Engine(BranchingOps):
                        files=injected, limits=lim, on_output=on_output,
                        prepare_changes=(lambda upper: self._inject(source, upper, injected)) if injected else None,
                        cancel=cancel)
+        if check_only:
+            validate_spec(spec)
+            return None
         op = op_id or uuid.uuid4().hex
         secrets = secret_values(user_env)
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),

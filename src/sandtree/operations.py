@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from .errors import InvalidInput, NotFound, SandtreeError
 from .store.db import dumps
@@ -27,7 +27,28 @@ class Operations:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandtree-op")
         self.live: dict[str, tuple[Future, threading.Event]] = {}
         self.lock = threading.Lock()
+        # Live output of this process's operations: (seq, event, data), for streams that resume.
+        self.events: dict[str, list[tuple[int, str, str]]] = {}
+        self.changed = threading.Condition(self.lock)
         self._recover()
+
+    def _event(self, op: str, kind: str, data: str) -> None:
+        with self.changed:
+            log = self.events.setdefault(op, [])
+            log.append((len(log) + 1, kind, data))
+            self.changed.notify_all()
+
+    def events_after(self, op: str, after: int, timeout: float) -> tuple[list[tuple[int, str, str]], bool]:
+        """Events of `op` with seq > after (waiting up to timeout for some); and whether it ended."""
+        with self.changed:
+            end = time.monotonic() + timeout
+            while True:
+                log = self.events.get(op, [])
+                new = [e for e in log if e[0] > after]
+                ended = bool(log) and log[-1][1] == "end"
+                if new or ended or time.monotonic() >= end:
+                    return new, ended
+                self.changed.wait(max(0.0, end - time.monotonic()))
 
     def _recover(self) -> None:
         now = time.time()
@@ -41,7 +62,8 @@ class Operations:
 
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once."""
-        source = self.engine.resolve(ref)              # bad input fails now, not later
+        source = self.engine.resolve(ref)
+        self.engine.run(ref, command, check_only=True, **options)   # bad input fails now, not later
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
@@ -50,18 +72,30 @@ class Operations:
             con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
                         "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(spec), None, time.time(), None))
 
+        def on_output(stream: str, chunk: bytes) -> None:
+            self._event(op, stream, chunk.decode("utf-8", "replace"))
+
         def work():
             if cancel.is_set():
                 self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+                self._event(op, "end", json.dumps({"status": "cancelled"}))
                 return None
+            self._event(op, "start", json.dumps({"image": source}))
             try:
-                return self.engine.run(source, command, op_id=op, cancel=cancel, **options)
+                # the ref, not the ID: a run on a branch starts from its head then, and advances it
+                rec = self.engine.run(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
             except SandtreeError as exc:
                 self._finish(op, exc.to_dict())
+                self._event(op, "end", json.dumps({"status": "failed", **exc.to_dict()}, default=str))
                 raise
             except Exception as exc:             # noqa: BLE001 - recorded, then re-raised to the future
                 self._finish(op, {"error": "internal", "message": str(exc)})
+                self._event(op, "end", json.dumps({"status": "failed", "error": "internal"}))
                 raise
+            self._event(op, "end", json.dumps({"status": "cancelled" if rec.cancelled else "done",
+                                               "exit_code": rec.exit_code, "signal": rec.signal,
+                                               "timed_out": rec.timed_out, "image": rec.image}))
+            return rec
 
         with self.lock:
             self.live[op] = (self.pool.submit(work), cancel)
@@ -92,7 +126,7 @@ class Operations:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     live[0].exception(timeout=left)
-                except TimeoutError:
+                except (TimeoutError, CancelledError):     # cancelled while queued: recorded already
                     pass
         return [self.get(op) for op in ops]
 
@@ -115,6 +149,7 @@ class Operations:
         live[1].set()
         if live[0].cancel():                          # still queued: it never starts
             self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+            self._event(op, "end", json.dumps({"status": "cancelled"}))
         return self.get(op)
 
     def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:

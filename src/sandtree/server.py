@@ -1,0 +1,301 @@
+"""`sandtree serve`: the engine over HTTP (FastAPI on uvicorn), under /api/v1, with OpenAPI.
+
+An adapter: each route translates one request into one engine call, and engine errors into HTTP
+statuses through one table (ERROR_STATUS). Runs are operations: POST /runs starts one (waiting
+for it unless wait=false), /operations/{id}/events streams its stdout/stderr live as Server-Sent
+Events that resume from Last-Event-ID. Without tokens the server only listens on loopback.
+
+Not here yet (issue 4): tokens and tenants, the Contree-compatible /v1, the remote SDK, metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from .engine import Engine
+from .errors import SandtreeError
+
+ERROR_STATUS = {"not_found": 404, "image_not_found": 404, "path_not_found": 404, "invalid_input": 400,
+                "path_escape": 400, "bad_archive": 400, "command_not_found": 400, "conflict": 409,
+                "runtime_unavailable": 503, "sandbox_error": 500, "store_corrupt": 500,
+                "registry_error": 502}
+
+
+class FileIn(BaseModel):
+    path: str
+    sha256: str | None = Field(None, description="an upload's sha256 (POST /files)")
+    content: str | None = Field(None, description="text content, instead of sha256")
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+
+
+class RunIn(BaseModel):
+    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
+    command: str | list[str] = Field(description="a string runs in /bin/sh -c; a list is argv")
+    env: dict[str, str] = {}
+    cwd: str = "/"
+    stdin: str | None = None
+    uid: int = 0
+    gid: int = 0
+    hostname: str = "sandtree"
+    files: list[FileIn] = []
+    file_set: str | None = None
+    disposable: bool = False
+    timeout: float | None = None
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    output: str | int | None = None
+    tier: str | None = None
+    wait: bool = True
+
+
+class TagIn(BaseModel):
+    image: str
+
+
+class PullIn(BaseModel):
+    reference: str
+    tag: str | None = None
+
+
+class MergeIn(BaseModel):
+    ours: str
+    theirs: str
+    base: str | None = None
+    strategy: str | None = None
+
+
+class BranchIn(BaseModel):
+    name: str
+    image: str
+    force: bool = False
+
+
+class RollbackIn(BaseModel):
+    steps: int | None = None
+    to: str | None = None
+
+
+def build_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="sandtree", version="0.1.0",
+                  description="Sandboxes for AI agents with git-like, content-addressed images.")
+    ops = engine.operations
+
+    @app.exception_handler(SandtreeError)
+    async def sandtree_error(request: Request, exc: SandtreeError):
+        return JSONResponse(exc.to_dict(), status_code=ERROR_STATUS.get(exc.code, 400))
+
+    def call(fn, *a, **k):
+        return asyncio.to_thread(fn, *a, **k)
+
+    @app.get("/api/v1/health")
+    async def health() -> dict:
+        return {"ok": True, "tiers": [t["tier"] for t in engine.doctor() if t["available"]]}
+
+    # ---- images ----------------------------------------------------------------------------------
+    @app.get("/api/v1/images")
+    async def list_images() -> list[dict]:
+        return await call(engine.store.images)
+
+    @app.get("/api/v1/images/{ref:path}/ls")
+    async def ls(ref: str, path: str = "/") -> list[dict]:
+        i = await call(engine.resolve, ref)
+        return [e.to_dict() for e in await call(engine.ls, i, path)]
+
+    @app.get("/api/v1/images/{ref:path}/read")
+    async def read(ref: str, path: str, offset: int = 0, limit: int | None = None) -> Response:
+        i = await call(engine.resolve, ref)
+        return Response(await call(engine.read, i, path, offset, limit), media_type="application/octet-stream")
+
+    @app.get("/api/v1/images/{ref:path}/stat")
+    async def stat(ref: str, path: str) -> dict:
+        i = await call(engine.resolve, ref)
+        return (await call(engine.stat, i, path)).to_dict()
+
+    @app.get("/api/v1/images/{ref:path}/grep")
+    async def grep(ref: str, pattern: str, path: str = "/", glob: str | None = None,
+                   max_matches: int = Query(1000, ge=1, le=100000), ignore_case: bool = False) -> list[dict]:
+        i = await call(engine.resolve, ref)
+        return await call(engine.grep, i, pattern, path, glob=glob, max_matches=max_matches, ignore_case=ignore_case)
+
+    @app.get("/api/v1/images/{ref:path}/export")
+    async def export(ref: str, path: str = "/") -> Response:
+        i = await call(engine.resolve, ref)
+
+        def build() -> bytes:
+            import io
+            buf = io.BytesIO()
+            engine.export_tar(i, buf, path)
+            return buf.getvalue()
+        return Response(await call(build), media_type="application/x-tar")
+
+    @app.get("/api/v1/images/{ref:path}/lineage")
+    async def image_lineage(ref: str) -> dict:
+        i = await call(engine.resolve, ref)
+        return {"image": i, "log": await call(engine.log, i), "tree": await call(engine.lineage_tree, i)}
+
+    @app.get("/api/v1/images/{ref:path}")
+    async def get_image(ref: str) -> dict:
+        i = await call(engine.resolve, ref)
+        row = await call(engine.store.image, i)
+        return {"id": i, "tags": sorted(await call(engine.store.tags, i)), "size": row.size, "files": row.files,
+                "created": row.created, "parents": [p["parent"] for p in await call(engine.parents, i)]}
+
+    @app.post("/api/v1/images/import", status_code=201)
+    async def import_tar(request: Request, tag: str | None = None) -> dict:
+        """The body is a tar (plain, gzip or zstd) of a root filesystem, or an OCI/docker archive."""
+        fd, path = tempfile.mkstemp(prefix="sandtree-upload-", suffix=".tar")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                async for chunk in request.stream():
+                    f.write(chunk)
+            return {"image": await call(engine.import_path, path, tag=tag), "tag": tag}
+        finally:
+            os.unlink(path)
+
+    @app.post("/api/v1/images/pull", status_code=201)
+    async def pull(body: PullIn) -> dict:
+        return {"image": await call(engine.pull, body.reference, tag=body.tag), "tag": body.tag}
+
+    @app.put("/api/v1/tags/{name:path}")
+    async def set_tag(name: str, body: TagIn) -> dict:
+        i = await call(engine.resolve, body.image)
+        await call(engine.store.tag, i, name)
+        return {"tag": name, "image": i}
+
+    @app.delete("/api/v1/tags/{name:path}")
+    async def delete_tag(name: str) -> dict:
+        return {"tag": name, "image": await call(engine.store.untag, name)}
+
+    # ---- files -----------------------------------------------------------------------------------
+    @app.post("/api/v1/files", status_code=201)
+    async def upload(request: Request) -> dict:
+        """Upload once, reference many times: runs take {"path", "sha256"}."""
+        data = await request.body()
+        return {"sha256": await call(engine.upload, data), "size": len(data)}
+
+    @app.get("/api/v1/files/{sha256}")
+    async def download(sha256: str) -> Response:
+        return Response(await call(engine.download, sha256), media_type="application/octet-stream")
+
+    # ---- runs and operations ---------------------------------------------------------------------
+    @app.post("/api/v1/runs", status_code=201)
+    async def run(body: RunIn) -> dict:
+        opts: dict[str, Any] = {k: getattr(body, k) for k in ("env", "cwd", "uid", "gid", "hostname",
+                                                               "disposable", "file_set", "tier", "timeout",
+                                                               "memory", "pids", "cpus", "disk", "output")}
+        opts["stdin"] = body.stdin.encode() if body.stdin is not None else None
+        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
+        op = await call(ops.submit_run, body.image, body.command, **opts)
+        if not body.wait:
+            return await call(ops.get, op)
+        return await call(lambda: operation_view(ops.wait([op])[0]))
+
+    def operation_view(rec: dict) -> dict:
+        done = ops.result(rec["id"])
+        if done is not None:
+            rec = {**rec, "stdout": done.stdout.decode("utf-8", "replace"),
+                   "stderr": done.stderr.decode("utf-8", "replace")}
+        return rec
+
+    @app.get("/api/v1/operations")
+    async def list_operations(status: str | None = None, limit: int = Query(50, ge=1, le=1000)) -> list[dict]:
+        return await call(ops.list, status=status, limit=limit)
+
+    @app.get("/api/v1/operations/{op}")
+    async def get_operation(op: str) -> dict:
+        return await call(lambda: operation_view(ops.get(op)))
+
+    @app.post("/api/v1/operations/{op}/wait")
+    async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
+        return await call(lambda: operation_view(ops.wait([op], timeout)[0]))
+
+    @app.post("/api/v1/operations/{op}/cancel")
+    async def cancel_operation(op: str) -> dict:
+        return await call(ops.cancel, op)
+
+    @app.get("/api/v1/operations/{op}/events")
+    async def events(op: str, request: Request) -> StreamingResponse:
+        """Server-Sent Events: `start`, `stdout`, `stderr`, `end`; ids are sequence numbers, so a
+        client reconnecting with Last-Event-ID gets only what it missed."""
+        await call(ops.get, op)                                  # 404 for an unknown operation
+        try:
+            after = int(request.headers.get("last-event-id", "0"))
+        except ValueError:
+            after = 0
+
+        async def stream():
+            nonlocal after
+            while True:
+                new, ended = await call(ops.events_after, op, after, 10.0)
+                for seq, kind, data in new:
+                    after = seq
+                    payload = "\n".join(f"data: {line}" for line in data.split("\n"))
+                    yield f"id: {seq}\nevent: {kind}\n{payload}\n\n"
+                if ended:
+                    return
+                if not new:
+                    if await request.is_disconnected():
+                        return
+                    yield ": keep-alive\n\n"
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # ---- branching -------------------------------------------------------------------------------
+    @app.get("/api/v1/diff")
+    async def diff(a: str, b: str, patch: bool = False) -> dict:
+        ia, ib = await call(engine.resolve, a), await call(engine.resolve, b)
+        out = {"a": ia, "b": ib, "changes": [c.to_dict() for c in await call(engine.diff, ia, ib)]}
+        if patch:
+            out["patch"] = await call(engine.patch, ia, ib)
+        return out
+
+    @app.post("/api/v1/merge")
+    async def merge(body: MergeIn) -> dict:
+        resolve = engine.resolve
+        base = await call(resolve, body.base) if body.base else None
+        return await call(engine.merge, base, await call(resolve, body.ours), await call(resolve, body.theirs),
+                          strategy=body.strategy)
+
+    @app.get("/api/v1/branches")
+    async def branches() -> dict:
+        return await call(engine.branches)
+
+    @app.post("/api/v1/branches", status_code=201)
+    async def create_branch(body: BranchIn) -> dict:
+        i = await call(engine.resolve, body.image)
+        await call(engine.branch_create, body.name, i, force=body.force)
+        return {"branch": body.name, "image": i}
+
+    @app.delete("/api/v1/branches/{name:path}")
+    async def delete_branch(name: str) -> dict:
+        return {"branch": name, "image": await call(engine.branch_delete, name)}
+
+    @app.post("/api/v1/branches/{name:path}/rollback")
+    async def rollback(name: str, body: RollbackIn) -> dict:
+        to = await call(engine.resolve, body.to) if body.to else None
+        return {"branch": name, "image": await call(engine.rollback, name, to=to, steps=body.steps)}
+
+    return app
+
+
+def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4) -> None:
+    import uvicorn
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit("sandtree serve: tokens are not configured yet, so it listens on loopback only "
+                         f"(asked for {host})")
+    engine = Engine(home, max_runs=max_runs)
+    try:
+        uvicorn.run(build_app(engine), host=host, port=port, log_level="warning")
+    finally:
+        engine.close()
+

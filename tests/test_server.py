@@ -1,0 +1,128 @@
+"""The REST API against a real `sandtree serve` process on loopback, through httpx."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import free_port, wait_for_port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("server-home")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port),
+                             "--max-runs", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, 30)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as c:
+            yield c
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def image(server, rootfs):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(rootfs, arcname=".")
+    r = server.post("/images/import", params={"tag": "bb"}, content=buf.getvalue())
+    assert r.status_code == 201, r.text
+    return r.json()["image"]
+
+
+def test_health_and_openapi(server):
+    assert server.get("/health").json()["ok"] is True
+    spec = \
+        httpx.get(str(server.base_url.copy_with(path="/openapi.json"))).json()
+    assert "/api/v1/runs" in spec["paths"] and "/api/v1/operations/{op}/events" in spec["paths"]
+
+
+def test_images_runs_and_inspection(server, image):
+    assert any(i["id"] == image and "bb" in i["tags"] for i in server.get("/images").json())
+    r = server.post("/runs", json={"image": "bb", "command": "echo hi > /x; cat /x; exit 3"}).json()
+    assert r["status"] == "done" and r["outcome"]["exit_code"] == 3 and r["stdout"] == "hi\n"
+    child = r["result"]
+    assert server.get(f"/images/{child}/read", params={"path": "/x"}).content == b"hi\n"
+    assert "x" in [e["name"] for e in server.get(f"/images/{child}/ls", params={"path": "/"}).json()]
+    assert server.get(f"/images/{child}/grep", params={"pattern": "hi", "path": "/x"}).json()[0]["line"] == 1
+    assert server.get(f"/images/{child}").json()["parents"] == [image]
+    assert server.put("/tags/srv/x", json={"image": child}).json()["image"] == child
+    assert server.get("/images/srv/x/read", params={"path": "/x"}).content == b"hi\n"
+    up = server.post("/files", content=b"uploaded").json()["sha256"]
+    r = server.post("/runs", json={"image": "bb", "command": "cat /u", "files": [{"path": "/u", "sha256": up}]})
+    assert r.json()["stdout"] == "uploaded"
+    d = server.get("/diff", params={"a": image, "b": child, "patch": True}).json()
+    assert [c["path"] for c in d["changes"]] == ["/x"] and "+hi" in d["patch"]
+    with tarfile.open(fileobj=io.BytesIO(server.get(f"/images/{child}/export", params={"path": "/x"}).content)) as t:
+        assert t.getnames() == ["x"]
+
+
+def test_errors_map_to_statuses(server, image):
+    assert server.get("/images/nope").status_code == 404
+    assert server.get(f"/images/{image}/read", params={"path": "/nope"}).status_code == 404
+    r = server.get(f"/images/{image}/read", params={"path": "/../etc/shadow"})
+    assert r.status_code == 400 and r.json()["error"] == "path_escape"
+    assert server.post("/runs", json={"image": "bb", "command": "true", "timeout": -1}).status_code == 400
+    assert server.post("/runs", json={"image": "bb"}).status_code == 422            # malformed body
+    assert server.post("/runs", content=b"{not json").status_code == 422
+    assert server.get("/operations/nope").status_code == 404
+    assert server.post("/images/import", content=b"junk").status_code == 400
+    assert server.post("/branches", json={"name": "bad name!", "image": "bb"}).status_code == 400
+
+
+def test_operations_queue_stream_and_cancel(server, image):
+    a = server.post("/runs", json={"image": "bb", "command": "for i in 1 2 3; do echo line$i; sleep 0.2; done",
+                                   "wait": False}).json()
+    assert a["status"] in ("queued", "running")
+    seen = []
+    with server.stream("GET", f"/operations/{a['id']}/events") as s:
+        for line in s.iter_lines():
+            seen.append(line)
+            if line.startswith("event: end"):
+                break
+    text = "\n".join(seen)
+    assert "data: line1" in text and "data: line3" in text and "event: end" in text
+    ids = [int(line[4:]) for line in seen if line.startswith("id: ")]
+    # resume: with Last-Event-ID only what came after
+    with server.stream("GET", f"/operations/{a['id']}/events", headers={"Last-Event-ID": str(ids[1])}) as s:
+        rest = [line for line in s.iter_lines() if line.startswith("id: ")]
+    assert [int(line[4:]) for line in rest] == ids[2:]
+    done = server.post(f"/operations/{a['id']}/wait", params={"timeout": 30}).json()
+    assert done["status"] == "done" and done["outcome"]["exit_code"] == 0
+    # more runs than max_runs=2: the third waits in the queue, and a queued one can be cancelled
+    long = [server.post("/runs", json={"image": "bb", "command": "sleep 5", "wait": False}).json()["id"]
+            for _ in range(3)]
+    time.sleep(0.5)
+    states = [server.get(f"/operations/{o}").json()["status"] for o in long]
+    assert states.count("running") == 2 and states.count("queued") == 1
+    for o in long:
+        assert server.post(f"/operations/{o}/cancel").json()["id"] == o
+    for o in long:
+        assert server.post(f"/operations/{o}/wait", params={"timeout": 30}).json()["status"] == "cancelled"
+    assert server.post(f"/operations/{long[0]}/cancel").status_code == 400          # already over
+    assert any(o["id"] == a["id"] for o in server.get("/operations", params={"limit": 20}).json())
+
+
+def test_branches_merge_over_http(server, image):
+    assert server.post("/branches", json={"name": "web", "image": "bb"}).status_code == 201
+    one = server.post("/runs", json={"image": "branch:web", "command": "echo 1 > /one"}).json()["result"]
+    assert server.get("/branches").json()["web"] == one
+    other = server.post("/runs", json={"image": "bb", "command": "echo 2 > /two"}).json()["result"]
+    m = server.post("/merge", json={"ours": one, "theirs": other}).json()
+    assert m["image"] and m["conflicts"] == []
+    assert server.post("/branches/web/rollback", json={"steps": 1}).json()["image"] == image
+    assert server.delete("/branches/web").status_code == 200
