@@ -6,7 +6,6 @@ import io
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 
 import httpx
