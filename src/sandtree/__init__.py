@@ -7,14 +7,14 @@
 """
 
 from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandtree
-from .api import Branch, Image, MergeResult, RunResult, Sandtree, best_of
+from .api import Branch, Image, MergeResult, RunResult, Sandtree, best_of, connect
 from .errors import (BadArchive, CommandNotFound, Conflict, ImageNotFound, InvalidInput, NotFound,
                      PathEscape, PathNotFound, RuntimeUnavailable, SandboxError, SandtreeError,
                      StoreCorrupt)
 from .runtime.base import Limits
 
 __all__ = [
-    "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "best_of",
+    "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "best_of", "connect",
     "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",

@@ -69,6 +69,13 @@ class AsyncSandtree:
     def __init__(self, home: str | None = None, **kwargs):
         self._sync = api.Sandtree(home, **kwargs)
 
+    @classmethod
+    def connect(cls, url: str, *, token: str | None = None) -> "AsyncSandtree":
+        """The async API over a `sandtree serve` at `url`."""
+        self = cls.__new__(cls)
+        self._sync = api.connect(url, token=token)
+        return self
+
     async def __aenter__(self):
         return self
 

@@ -32,7 +32,7 @@ class Sandtree:
 
     @property
     def home(self) -> str:
-        return self._engine.store.home
+        return self._engine.home
 
     def close(self) -> None:
         self._engine.close()
@@ -49,7 +49,7 @@ class Sandtree:
         return Image(self, self._id(ref))
 
     def images(self) -> list["Image"]:
-        return [Image(self, r["id"]) for r in self._engine.store.images()]
+        return [Image(self, r["id"]) for r in self._engine.images()]
 
     def import_image(self, path: str, *, tag: str | None = None,
                      progress: Callable[[int], None] | None = None) -> "Image":
@@ -68,14 +68,14 @@ class Sandtree:
 
     def tag(self, image: "Image | str", name: str) -> "Image":
         image_id = self._id(image)
-        self._engine.store.tag(image_id, name)
+        self._engine.tag(image_id, name)
         return Image(self, image_id)
 
     def untag(self, name: str) -> None:
-        self._engine.store.untag(name)
+        self._engine.untag(name)
 
     def tags(self) -> dict[str, str]:
-        return self._engine.store.tags()
+        return self._engine.tags()
 
     def operation(self, op: str) -> dict:
         return self._engine.operation(op)
@@ -99,13 +99,11 @@ class Sandtree:
         return self._engine.doctor()
 
     def fsck(self, *, verify_content: bool = True) -> dict:
-        from .store.maintenance import fsck
-        return fsck(self._engine.store, verify_content=verify_content)
+        return self._engine.fsck(verify_content=verify_content)
 
     def gc(self, *, retention: float = 7 * 86400, grace: float = 600) -> dict:
         """Remove untagged images older than `retention` seconds (and what only they used)."""
-        from .store.maintenance import gc
-        return gc(self._engine.store, retention=retention, grace=grace)
+        return self._engine.gc(retention=retention, grace=grace)
 
     def remove(self, image: "Image | str", *, force: bool = False) -> None:
         self._engine.remove_image(self._id(image), force=force)
@@ -137,8 +135,7 @@ class Sandtree:
         if from_ is not None:
             self._engine.branch_create(name, self._id(from_), force=force)
         else:
-            from .branching import refs
-            refs.head(self._engine.store, name)
+            self._engine.branch_head(name)
         return Branch(self, name)
 
     def branches(self) -> dict[str, "Branch"]:
@@ -202,7 +199,7 @@ class Image:
 
     @property
     def tags(self) -> list[str]:
-        return sorted(self._st._engine.store.tags(self.id))
+        return sorted(self._st._engine.tags(self.id))
 
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
             cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
@@ -355,8 +352,7 @@ class Branch:
 
     @property
     def head(self) -> Image:
-        from .branching import refs
-        return Image(self._st, refs.head(self._st._engine.store, self.name))
+        return Image(self._st, self._st._engine.branch_head(self.name))
 
     def run(self, command, **options) -> RunResult:
         """Run on the branch's head and advance the branch to the result (Conflict if another run
@@ -390,6 +386,14 @@ def best_of(results: list[RunResult], score, *, keep_losers: bool = False) -> Ru
             except Exception:          # noqa: BLE001 - named by a tag or branch: keep it
                 pass
     return winner
+
+
+def connect(url: str, *, token: str | None = None) -> Sandtree:
+    """The same API, served by a `sandtree serve` at `url` instead of an in-process engine."""
+    from .remote import RemoteEngine
+    st = Sandtree.__new__(Sandtree)
+    st._engine = RemoteEngine(url, token)
+    return st
 
 
 def _unique(images):

@@ -543,7 +543,34 @@ class Engine(BranchingOps):
             todo.extend(p["parent"] for p in parents)
         return out
 
-    # ---- images --------------------------------------------------------------------------------
+    # ---- images and refs (the facade the public API and the remote engine share) ---------------
+    @property
+    def home(self) -> str:
+        return self.store.home
+
+    def images(self) -> list[dict]:
+        return self.store.images()
+
+    def tag(self, image: str, name: str) -> None:
+        self.store.tag(image, name)
+
+    def untag(self, name: str) -> str:
+        return self.store.untag(name)
+
+    def tags(self, image: str | None = None) -> dict[str, str]:
+        return self.store.tags(image)
+
+    def branch_head(self, name: str) -> str:
+        return refs.head(self.store, name)
+
+    def fsck(self, verify_content: bool = True) -> dict:
+        from .store.maintenance import fsck
+        return fsck(self.store, verify_content=verify_content)
+
+    def gc(self, retention: float = 7 * 86400, grace: float = 600) -> dict:
+        from .store.maintenance import gc
+        return gc(self.store, retention=retention, grace=grace)
+
     def remove_image(self, image: str, *, force: bool = False) -> None:
         with self.store.db.tx() as con:
             tags = [r[0] for r in con.execute("SELECT name FROM refs WHERE image=?", (image,))]

@@ -11,6 +11,7 @@ Not here yet (issue 4): tokens and tenants, the Contree-compatible /v1, the remo
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import tempfile
 from typing import Any
@@ -139,6 +140,65 @@ def build_app(engine: Engine) -> FastAPI:
             return buf.getvalue()
         return Response(await call(build), media_type="application/x-tar")
 
+    @app.get("/api/v1/resolve")
+    async def resolve(ref: str) -> dict:
+        return {"image": await call(engine.resolve, ref)}
+
+    @app.get("/api/v1/tags")
+    async def tags(image: str | None = None) -> dict:
+        return await call(engine.tags, image)
+
+    @app.get("/api/v1/doctor")
+    async def doctor() -> list[dict]:
+        return await call(engine.doctor)
+
+    @app.get("/api/v1/images/{ref:path}/parents")
+    async def parents(ref: str) -> list[dict]:
+        return await call(engine.parents, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/images/{ref:path}/children")
+    async def children(ref: str) -> list[dict]:
+        return await call(engine.children, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/images/{ref:path}/log")
+    async def log(ref: str) -> list[dict]:
+        return await call(engine.log, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/images/{ref:path}/ancestors")
+    async def ancestors(ref: str) -> dict:
+        return await call(engine.ancestors, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/images/{ref:path}/descendants")
+    async def descendants(ref: str) -> dict:
+        return await call(engine.descendants, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/images/{ref:path}/produced-by")
+    async def produced_by(ref: str) -> list[dict]:
+        return await call(engine.produced_by, await call(engine.resolve, ref))
+
+    @app.get("/api/v1/lineage/common")
+    async def common(a: str, b: str) -> dict:
+        return {"image": await call(engine.common_ancestor, await call(engine.resolve, a),
+                                    await call(engine.resolve, b))}
+
+    @app.get("/api/v1/lineage/path")
+    async def lineage_path(a: str, b: str) -> list[str]:
+        return await call(engine.lineage_path, await call(engine.resolve, a), await call(engine.resolve, b))
+
+    @app.delete("/api/v1/images/{ref:path}")
+    async def remove_image(ref: str, force: bool = False) -> dict:
+        i = await call(engine.resolve, ref)
+        await call(engine.remove_image, i, force=force)
+        return {"removed": i}
+
+    @app.post("/api/v1/admin/fsck")
+    async def fsck(verify_content: bool = True) -> dict:
+        return await call(engine.fsck, verify_content)
+
+    @app.post("/api/v1/admin/gc")
+    async def gc(retention: float = 7 * 86400, grace: float = 600) -> dict:
+        return await call(engine.gc, retention, grace)
+
     @app.get("/api/v1/images/{ref:path}/lineage")
     async def image_lineage(ref: str) -> dict:
         i = await call(engine.resolve, ref)
@@ -203,9 +263,11 @@ def build_app(engine: Engine) -> FastAPI:
 
     def operation_view(rec: dict) -> dict:
         done = ops.result(rec["id"])
-        if done is not None:
+        if done is not None:                   # text for people, base64 for exact bytes
             rec = {**rec, "stdout": done.stdout.decode("utf-8", "replace"),
-                   "stderr": done.stderr.decode("utf-8", "replace")}
+                   "stderr": done.stderr.decode("utf-8", "replace"),
+                   "stdout_base64": base64.b64encode(done.stdout).decode(),
+                   "stderr_base64": base64.b64encode(done.stderr).decode()}
         return rec
 
     @app.get("/api/v1/operations")
@@ -279,6 +341,14 @@ def build_app(engine: Engine) -> FastAPI:
     @app.delete("/api/v1/branches/{name:path}")
     async def delete_branch(name: str) -> dict:
         return {"branch": name, "image": await call(engine.branch_delete, name)}
+
+    @app.get("/api/v1/branches/{name:path}/log")
+    async def branch_log(name: str) -> list[dict]:
+        return await call(engine.branch_log, name)
+
+    @app.get("/api/v1/branches/{name:path}")
+    async def branch_head(name: str) -> dict:
+        return {"branch": name, "image": await call(engine.branch_head, name)}
 
     @app.post("/api/v1/branches/{name:path}/rollback")
     async def rollback(name: str, body: RollbackIn) -> dict:

@@ -1,0 +1,121 @@
+"""The SDK's suite, run twice: on the in-process engine and over HTTP (`sandtree.connect` to a
+real `sandtree serve` on loopback). Same names, same results, same errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+import sandtree
+from conftest import free_port, wait_for_port
+
+
+@pytest.fixture(scope="module", params=["local", "remote"])
+def sdk(request, tmp_path_factory):
+    home = tmp_path_factory.mktemp(f"sdk-{request.param}")
+    if request.param == "local":
+        st = sandtree.Sandtree(str(home))
+        yield st
+        st.close()
+        return
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, 30)
+        st = sandtree.connect(f"http://127.0.0.1:{port}")
+        yield st
+        st.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def base(sdk, rootfs):
+    return sdk.import_image(rootfs, tag="sdk/base")
+
+
+def test_run_and_inspect(sdk, base):
+    r = base.run("echo hi > /x; printf '\\377' >&2; exit 4", env={"A": "1"})
+    assert (r.stdout, r.stderr, r.exit_code) == (b"", b"\xff", 4)
+    img = r.image
+    assert img.read("/x") == b"hi\n" and img.read("/x", offset=1, limit=1) == b"i"
+    assert "x" in [e["name"] for e in img.ls("/")]
+    assert img.stat("/x")["size"] == 3
+    assert img.grep("hi", "/x")[0]["line"] == 1
+    assert base in img.parents() and img in base.children()
+    assert img.log()[0]["command"].startswith("echo hi")
+    buf = io.BytesIO()
+    img.export(buf, "/x")
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as t:
+        assert t.getnames() == ["x"]
+    r = base.run(["cat"], stdin=b"in", cwd="/etc", files=[{"path": "/f", "content": "c"}])
+    assert r.stdout == b"in" and r.image.read("/f") == b"c"
+    chunks = []
+    base.run("echo one; echo two >&2", on_output=lambda s, c: chunks.append((s, c)), disposable=True)
+    assert ("stdout", b"one\n") in [(s, c) for s, c in chunks] or any(b"one" in c for s, c in chunks if s == "stdout")
+
+
+def test_same_errors(sdk, base):
+    with pytest.raises(sandtree.ImageNotFound):
+        sdk.image("no/such:tag")
+    with pytest.raises(sandtree.PathEscape):
+        base.read("/../etc/passwd")
+    with pytest.raises(sandtree.PathNotFound):
+        base.read("/nope")
+    with pytest.raises(sandtree.InvalidInput):
+        base.run("true", timeout=-1)
+    with pytest.raises(sandtree.CommandNotFound):
+        base.run(["/no/such/binary"])
+
+
+def test_tags_branches_diff_merge(sdk, base):
+    a = base.run("echo a > /a").image.tag("sdk/a")
+    assert sdk.image("sdk/a") == a and "sdk/a" in a.tags
+    b = base.run("echo b > /b").image
+    assert [c["path"] for c in a.diff(b)] == ["/a", "/b"]
+    assert "+b" in a.patch(b)
+    m = sdk.merge(None, a, b)
+    assert m.ok and m.base == base and m.image.read("/a") == b"a\n" and m.image.read("/b") == b"b\n"
+    assert sdk.common_ancestor(a, b) == base
+    br = sdk.branch("sdk-work", from_=base)
+    r = br.run("echo 1 > /one")
+    assert br.head == r.image
+    assert br.rollback(steps=1) == base
+    assert [x["reason"].split()[0] for x in br.log()][:2] == ["create", "run"]
+    br.delete()
+    assert "sdk-work" not in sdk.branches()
+
+
+def test_operations(sdk, base):
+    op = sdk.submit(base, "sleep 0.2; echo done > /d")
+    slow = sdk.submit(base, "sleep 30")
+    time.sleep(0.4)
+    sdk.cancel(slow)
+    got = {r["id"]: r for r in sdk.wait([op, slow], timeout=30)}
+    assert got[op]["status"] == "done" and sdk.image(got[op]["result"]).read("/d") == b"done\n"
+    assert got[slow]["status"] == "cancelled"
+
+
+def test_async_twin(sdk, base):
+    st = sdk
+
+    async def main():
+        a = sandtree.AsyncImage(base)
+        results = await asyncio.gather(*(a.run(f"echo {i}") for i in range(3)))
+        assert [r.stdout for r in results] == [b"0\n", b"1\n", b"2\n"]
+        assert (await a.ls("/etc"))
+    asyncio.run(main())
+    assert st.image(base.id) == base
