@@ -125,3 +125,46 @@ def test_branches_merge_over_http(server, image):
     assert m["image"] and m["conflicts"] == []
     assert server.post("/branches/web/rollback", json={"steps": 1}).json()["image"] == image
     assert server.delete("/branches/web").status_code == 200
+
+
+def test_killed_server_loses_nothing_and_marks_runs_failed(tmp_path, rootfs):
+    home = str(tmp_path / "home")
+    port = free_port()
+    cmd = [sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 30)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as c:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as t:
+                t.add(rootfs, arcname=".")
+            img = c.post("/images/import", content=buf.getvalue()).json()["image"]
+            kept = c.post("/runs", json={"image": img, "command": "echo kept > /k"}).json()["result"]
+            op = c.post("/runs", json={"image": img, "command": "sleep 60", "wait": False}).json()["id"]
+            time.sleep(0.5)
+    finally:
+        proc.kill()                                        # kill -9 mid-run (the server alone)
+        proc.wait()
+    for _ in range(50):                                    # the sandbox dies with it (PDEATHSIG chain)
+        if not _running_sandboxes():
+            break
+        time.sleep(0.1)
+    assert not _running_sandboxes()
+    port = free_port()
+    proc = subprocess.Popen(cmd[:-1] + [str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 30)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as c:
+            c.get("/operations", params={"limit": 1})      # the engine's operations start (and recover)
+            rec = c.get(f"/operations/{op}").json()
+            assert rec["status"] == "failed" and rec["outcome"]["error"] == "interrupted"
+            assert c.get(f"/images/{kept}/read", params={"path": "/k"}).content == b"kept\n"
+            assert c.post("/admin/fsck").json()["ok"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _running_sandboxes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [l for l in out.splitlines() if "sandtree-init" in l and not l.startswith("Z")]

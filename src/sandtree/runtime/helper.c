@@ -34,6 +34,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -352,11 +353,18 @@ static int sandbox_init(struct opts *o) {
     close(status_pipe[0]);
     if (o->spec_fd >= 0) close(spec_pipe[1]);
     if (read(sync_pipe[0], &c, 1) != 1) _exit(125);   /* P died or failed to map */
+    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
+    /* After the id change: changing credentials clears the parent-death signal. If P (and so
+     * the engine) goes, we go, and with us, as pid 1, the whole sandbox. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+    {   /* P may have died before that (pid 1 cannot ask getppid): P holds the read end of the
+         * status pipe until it exits, so a write end with no reader means P is gone. */
+        struct pollfd pf = {.fd = status_pipe[1], .events = 0};
+        if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLERR)) _exit(125);
+    }
     /* We hold the engine's report pipe (and, warm, the layers dir) until the end: the sandbox's
      * processes must never reach them through /proc/1/fd or ptrace. */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die_step("dumpable");
-    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("setresuid0");
     int warm = o->spec_fd >= 0;
     if (warm) {
         /* Ahead of the run: our /proc (masked) and loopback, then wait for the run. */
