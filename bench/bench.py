@@ -32,6 +32,25 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def _free_port() -> int:
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _wait_port(port: int) -> None:
+    import socket
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
 def timeit(fn, n):
     fn()
     out = []
@@ -131,6 +150,30 @@ def main() -> None:
                     list(pool.map(lambda i: im.run(f"echo {i} > /branch"), range(8)))
                 samples.append((time.perf_counter() - t) / 8)
             table.add_row(label + ", per branch", f"{pct(samples, 50) * 1e3:.2f}", f"{pct(samples, 90) * 1e3:.2f}", "")
+
+        # through HTTP: `sandtree serve` in another process, on loopback
+        port = _free_port()
+        srv = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", os.path.join(work, "home-http"), "serve",
+                                "--port", str(port), "--max-runs", "16"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        try:
+            _wait_port(port)
+            remote = sandtree.connect(f"http://127.0.0.1:{port}")
+            rimg = remote.import_image(rootfs)
+            http = timeit(lambda: rimg.run(["/bin/true"]), max(50, args.n // 2))
+            local = timeit(lambda: img.run(["/bin/true"]), max(50, args.n // 2))
+            table.add_row("sandtree over HTTP (sandtree.connect), /bin/true", f"{pct(http, 50) * 1e3:.2f}",
+                          f"{pct(http, 90) * 1e3:.2f}",
+                          f"HTTP overhead p50 {(statistics.median(http) - statistics.median(local)) * 1e3:.2f} ms")
+            n_runs, t0 = 320, time.perf_counter()
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda _: rimg.run(["/bin/true"]), range(n_runs)))
+            rate = n_runs / (time.perf_counter() - t0)
+            table.add_row("16 HTTP clients, /bin/true runs per second", f"{rate:.0f}/s", "", "")
+            remote.close()
+        finally:
+            srv.terminate()
+            srv.wait(timeout=15)
 
         # the gvisor tier, cold, against `runsc do` (gVisor's own quickest way to run a command)
         gv = {r["tier"]: r for r in st.doctor()}["gvisor"]
