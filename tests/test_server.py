@@ -168,3 +168,13 @@ def test_killed_server_loses_nothing_and_marks_runs_failed(tmp_path, rootfs):
 def _running_sandboxes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     return [l for l in out.splitlines() if "sandtree-init" in l and not l.startswith("Z")]
+
+
+def test_metrics(server, image):
+    server.post("/runs", json={"image": "bb", "command": "true"})
+    text = httpx.get(str(server.base_url.copy_with(path="/metrics"))).text
+    lines = dict(l.rsplit(" ", 1) for l in text.splitlines() if l and not l.startswith("#"))
+    assert int(lines["sandtree_runs_started_total"]) >= 1
+    assert int(lines['sandtree_runs_finished_total{status="done"}']) >= 1
+    assert int(lines['sandtree_run_seconds_bucket{le="+Inf"}']) >= 1
+    assert int(lines["sandtree_images"]) >= 1 and "sandtree_queue_depth" in lines

@@ -30,7 +30,24 @@ class Operations:
         # Live output of this process's operations: (seq, event, data), for streams that resume.
         self.events: dict[str, list[tuple[int, str, str]]] = {}
         self.changed = threading.Condition(self.lock)
+        # Counters for /metrics: submitted, finished by status, run latency (seconds) buckets.
+        self.counts = {"submitted": 0, "done": 0, "failed": 0, "cancelled": 0}
+        self.latency_buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+        self.latency = [0] * (len(self.latency_buckets) + 1)
+        self.latency_sum = 0.0
         self._recover()
+
+    def _count(self, status: str, seconds: float | None = None) -> None:
+        with self.lock:
+            self.counts[status] = self.counts.get(status, 0) + 1
+            if seconds is not None:
+                self.latency_sum += seconds
+                i = next((k for k, b in enumerate(self.latency_buckets) if seconds <= b), len(self.latency_buckets))
+                self.latency[i] += 1
+
+    def queue_depth(self) -> int:
+        with self.lock:
+            return sum(1 for fut, _ in self.live.values() if not fut.running() and not fut.done())
 
     def _event(self, op: str, kind: str, data: str) -> None:
         with self.changed:
@@ -76,6 +93,7 @@ class Operations:
             self._event(op, stream, chunk.decode("utf-8", "replace"))
 
         def work():
+            t0 = time.monotonic()
             if cancel.is_set():
                 self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
                 self._event(op, "end", json.dumps({"status": "cancelled"}))
@@ -87,11 +105,14 @@ class Operations:
             except SandtreeError as exc:
                 self._finish(op, exc.to_dict())
                 self._event(op, "end", json.dumps({"status": "failed", **exc.to_dict()}, default=str))
+                self._count("failed", time.monotonic() - t0)
                 raise
             except Exception as exc:             # noqa: BLE001 - recorded, then re-raised to the future
                 self._finish(op, {"error": "internal", "message": str(exc)})
                 self._event(op, "end", json.dumps({"status": "failed", "error": "internal"}))
+                self._count("failed", time.monotonic() - t0)
                 raise
+            self._count("cancelled" if rec.cancelled else "done", time.monotonic() - t0)
             self._event(op, "end", json.dumps({"status": "cancelled" if rec.cancelled else "done",
                                                "exit_code": rec.exit_code, "signal": rec.signal,
                                                "timed_out": rec.timed_out, "image": rec.image}))
@@ -99,6 +120,7 @@ class Operations:
 
         with self.lock:
             self.live[op] = (self.pool.submit(work), cancel)
+            self.counts["submitted"] += 1
         return op
 
     def _finish(self, op: str, outcome: dict) -> None:

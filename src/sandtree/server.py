@@ -99,6 +99,29 @@ def build_app(engine: Engine) -> FastAPI:
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)
 
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text format: runs, queue depth, run latency, store size."""
+        images = await call(engine.images)
+        with ops.lock:
+            counts = dict(ops.counts)
+            buckets, hist, total = list(ops.latency_buckets), list(ops.latency), ops.latency_sum
+        lines = ["# TYPE sandtree_runs_started_total counter",
+                 f"sandtree_runs_started_total {counts.get('submitted', 0)}",
+                 "# TYPE sandtree_runs_finished_total counter"]
+        for status in ("done", "failed", "cancelled"):
+            lines.append(f'sandtree_runs_finished_total{{status="{status}"}} {counts.get(status, 0)}')
+        lines += ["# TYPE sandtree_queue_depth gauge", f"sandtree_queue_depth {ops.queue_depth()}",
+                  "# TYPE sandtree_run_seconds histogram"]
+        acc = 0
+        for b, n in zip(buckets + ["+Inf"], hist, strict=True):
+            acc += n
+            lines.append(f'sandtree_run_seconds_bucket{{le="{b}"}} {acc}')
+        lines += [f"sandtree_run_seconds_sum {total:.6f}", f"sandtree_run_seconds_count {acc}",
+                  "# TYPE sandtree_images gauge", f"sandtree_images {len(images)}",
+                  "# TYPE sandtree_images_bytes gauge", f"sandtree_images_bytes {sum(i['size'] for i in images)}"]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
     @app.get("/api/v1/health")
     async def health() -> dict:
         return {"ok": True, "tiers": [t["tier"] for t in engine.doctor() if t["available"]]}
