@@ -22,8 +22,7 @@ from .branching import refs
 from .branching.ops import BranchingOps
 from .errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
 from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
-from .runtime.namespaces import NamespaceRuntime
-from .runtime.namespaces import _validate as validate_spec
+from .runtime.namespaces import NamespaceRuntime, validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store import importers, inspect
 from .store.blobs import BlobStore
@@ -169,16 +168,6 @@ class Engine(BranchingOps):
             with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
                 importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress)
             return self._adopt(staged, copy=False, tag=tag, progress=None, source=f"tar:{path}")
-        except BaseException:
-            remove_tree(staged)
-            raise
-
-    def import_tar_stream(self, fileobj, *, tag: str | None = None) -> str:
-        staged = self.store.layers.stage("import")
-        try:
-            with importers.open_tar_stream(fileobj) as t:
-                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless)
-            return self._adopt(staged, copy=False, tag=tag, source="tar:stream")
         except BaseException:
             remove_tree(staged)
             raise

@@ -158,7 +158,7 @@ class NamespaceRuntime:
     # ---- one run -----------------------------------------------------------------------------
     def run(self, spec: RunSpec) -> RunOutcome:
         lim = spec.limits
-        _validate(spec)
+        validate_spec(spec)
         started = time.monotonic()
         deadline = started + lim.timeout
         st = self._start_warm(spec) or self._start_cold(spec)
@@ -563,7 +563,8 @@ def _parse_report(raw: bytes) -> dict:
     return out
 
 
-def _validate(spec: RunSpec) -> None:
+def validate_spec(spec: RunSpec) -> None:
+    """Bad input gets a clear error before anything starts (shared by every tier and the engine's checks)."""
     lim = spec.limits
     if not spec.argv or not all(isinstance(a, str) and "\0" not in a for a in spec.argv):
         raise InvalidInput("the command must be a non-empty list of strings without NUL bytes")
