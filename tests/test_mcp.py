@@ -176,3 +176,40 @@ def test_streamable_http(tmp_path, rootfs):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_mcp_over_a_remote_engine(tmp_path, rootfs):
+    """`sandtree mcp --url`: the same tools, served by a `sandtree serve` elsewhere."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(tmp_path / "srv"), "serve",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 30)
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url",
+                                                                     f"http://127.0.0.1:{port}"], env={**os.environ})
+
+        async def main():
+            async with Client(params) as c:
+                assert data(await c.call_tool("whoami", {}))["mode"] == "remote"
+                img = data(await c.call_tool("import_image", {"source": rootfs, "tag": "bb"}))["image"]
+                assert data(await c.call_tool("get_image", {"image": "bb"}))["image"] == img
+                r = data(await c.call_tool("run", {"command": "echo far > /f", "image": "bb", "disposable": False}))
+                assert r["exit_code"] == 0
+                assert data(await c.call_tool("read_file", {"image": r["result_image"], "path": "/f"}))["content"] == "far\n"
+                up = data(await c.call_tool("upload", {"content": "via http"}))["sha256"]
+                out = data(await c.call_tool("run", {"command": "cat /u", "image": "bb", "files": {"/u": up}}))
+                assert out["stdout"] == "via http"
+                src = tmp_path / "d"
+                src.mkdir()
+                (src / "a.txt").write_text("A")
+                ds = data(await c.call_tool("rsync", {"source": str(src), "destination": "/w"}))["directory_state_id"]
+                assert data(await c.call_tool("run", {"command": "cat /w/a.txt", "image": "bb",
+                                                      "directory_state_id": ds}))["stdout"] == "A"
+                op = data(await c.call_tool("run", {"command": "echo later", "image": "bb", "wait": False}))
+                done = data(await c.call_tool("wait_operations", {"operation_ids": [op["operation_id"]]}))
+                assert done[0]["status"] == "done" and done[0]["stdout"] == "later\n"
+                assert (await c.call_tool("read_file", {"image": "bb", "path": "/nope"})).is_error
+        asyncio.run(main())
+    finally:
+        server.terminate()
+        server.wait(timeout=15)

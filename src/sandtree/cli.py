@@ -260,7 +260,9 @@ def cmd_serve(args):
 
 def cmd_mcp(args):
     from .mcp_server import main as mcp_main
-    mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port)
+    token = os.environ.get("SANDTREE_TOKEN") if args.url else None
+    mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
+             token=token)
 
 
 def cmd_op(args):
@@ -521,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8765)
+    x.add_argument("--url", help="use a `sandtree serve` at this URL (token from $SANDTREE_TOKEN)")
     x.set_defaults(fn=cmd_mcp)
     x = sub.add_parser("op", parents=[common], help="show a recorded operation")
     x.add_argument("id")

@@ -549,6 +549,11 @@ class Engine(BranchingOps):
     def tags(self, image: str | None = None) -> dict[str, str]:
         return self.store.tags(image)
 
+    def image_info(self, image: str) -> dict:
+        row = self.store.image(image)
+        return {"id": image, "tags": sorted(self.store.tags(image)), "size": row.size, "files": row.files,
+                "created": row.created, "parents": [p["parent"] for p in self.parents(image)]}
+
     def branch_head(self, name: str) -> str:
         return refs.head(self.store, name)
 

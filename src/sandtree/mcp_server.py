@@ -191,7 +191,7 @@ def build_server(engine: Engine) -> MCPServer:
     @guard
     def list_images(tag_prefix: str | None = None, limit: int = 100) -> list[dict]:
         """Images with their tags, newest last; tag_prefix filters by tag."""
-        rows = engine.store.images()
+        rows = engine.images()
         if tag_prefix:
             rows = [r for r in rows if any(t.startswith(tag_prefix) for t in r["tags"])]
         return [{"image": r["id"], "tags": r["tags"], "files": r["files"], "size": r["size"]} for r in rows[-limit:]]
@@ -201,16 +201,16 @@ def build_server(engine: Engine) -> MCPServer:
     def get_image(image: str) -> dict:
         """One image: id, tags, size, parents and the command that made it."""
         i = engine.resolve(image)
-        row = engine.store.image(i)
-        return {"image": i, "tags": sorted(engine.store.tags(i)), "files": row.files, "size": row.size,
-                "parents": [p["parent"] for p in engine.parents(i)], "made_by": engine.produced_by(i)[:1]}
+        info = engine.image_info(i)
+        return {"image": i, "tags": info["tags"], "files": info["files"], "size": info["size"],
+                "parents": info["parents"], "made_by": engine.produced_by(i)[:1]}
 
     @server.tool()
     @guard
     def set_tag(image: str, tag: str) -> dict:
         """Point a tag at an image (moves it if it exists). Convention: {scope}/{purpose}/{base}."""
         i = engine.resolve(image)
-        engine.store.tag(i, tag)
+        engine.tag(i, tag)
         return {"image": i, "tag": tag}
 
     # ---- files --------------------------------------------------------------------------------
@@ -373,7 +373,8 @@ def build_server(engine: Engine) -> MCPServer:
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
         lim = engine.default_limits
-        return {"user": "local", "mode": "embedded", "store": engine.store.home,
+        return {"user": "local", "mode": "remote" if engine.home.startswith("http") else "embedded",
+                "store": engine.home,
                 "permissions": ["import", "run", "list", "cancel", "tag"],
                 "limits": {"timeout_s": lim.timeout, "memory": lim.memory, "pids": lim.pids, "disk": lim.disk,
                            "output": lim.output},
@@ -441,8 +442,14 @@ def build_server(engine: Engine) -> MCPServer:
     return server
 
 
-def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
-    engine = Engine(home)
+def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
+         token: str | None = None) -> None:
+    """url: use the engine of a `sandtree serve` there instead of one in this process."""
+    if url:
+        from .remote import RemoteEngine
+        engine = RemoteEngine(url, token)
+    else:
+        engine = Engine(home)
     try:
         server = build_server(engine)
         if http:

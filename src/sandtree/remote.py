@@ -92,6 +92,22 @@ class RemoteEngine:
     def tags(self, image: str | None = None) -> dict:
         return self._json("GET", "/tags", params={"image": image} if image else None)
 
+    def image_info(self, image: str) -> dict:
+        return self._json("GET", f"/images/{image}")
+
+    def upload(self, data: bytes) -> str:
+        return self._json("POST", "/files", content=bytes(data))["sha256"]
+
+    def download(self, digest: str) -> bytes:
+        return self._call("GET", f"/files/{digest}").content
+
+    def file_set_create(self, files: list[dict]) -> str:
+        return self._json("POST", "/file-sets", json=files)["id"]
+
+    def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
+        return self._json("POST", "/registries/login",
+                          json={"registry": registry_url, "username": username, "token": secret})["registry"]
+
     def remove_image(self, image: str, *, force: bool = False) -> None:
         self._json("DELETE", f"/images/{image}", params={"force": force})
 
@@ -248,6 +264,18 @@ class _RemoteOperations:
 
     def cancel(self, op: str) -> dict:
         return self.engine._json("POST", f"/operations/{op}/cancel")
+
+    def get(self, op: str) -> dict:
+        return self.engine._json("GET", f"/operations/{op}")
+
+    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
+        params = {"limit": limit, **({"status": status} if status else {})}
+        return self.engine._json("GET", "/operations", params=params)
+
+    def result(self, op: str):
+        """The finished run's record with its full output, or None while it is not done."""
+        rec = self.get(op)
+        return _record(rec) if rec.get("status") in ("done", "cancelled") else None
 
     def stream(self, op: str, on_output) -> None:
         """Feed on_output(stream, bytes) from the operation's event stream until it ends."""

@@ -60,6 +60,12 @@ class RunIn(BaseModel):
     wait: bool = True
 
 
+class LoginIn(BaseModel):
+    registry: str
+    username: str
+    token: str
+
+
 class TagIn(BaseModel):
     image: str
 
@@ -229,10 +235,7 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.get("/api/v1/images/{ref:path}")
     async def get_image(ref: str) -> dict:
-        i = await call(engine.resolve, ref)
-        row = await call(engine.store.image, i)
-        return {"id": i, "tags": sorted(await call(engine.store.tags, i)), "size": row.size, "files": row.files,
-                "created": row.created, "parents": [p["parent"] for p in await call(engine.parents, i)]}
+        return await call(engine.image_info, await call(engine.resolve, ref))
 
     @app.post("/api/v1/images/import", status_code=201)
     async def import_tar(request: Request, tag: str | None = None) -> dict:
@@ -266,6 +269,15 @@ def build_app(engine: Engine) -> FastAPI:
         """Upload once, reference many times: runs take {"path", "sha256"}."""
         data = await request.body()
         return {"sha256": await call(engine.upload, data), "size": len(data)}
+
+    @app.post("/api/v1/file-sets", status_code=201)
+    async def file_set(body: list[FileIn]) -> dict:
+        """A reusable set of uploaded files ({"path", "sha256", "mode"}); its ID is its content hash."""
+        return {"id": await call(engine.file_set_create, [f.model_dump(exclude_none=True) for f in body])}
+
+    @app.post("/api/v1/registries/login")
+    async def registry_login(body: LoginIn) -> dict:
+        return {"registry": await call(engine.registry_login, body.registry, body.username, body.token)}
 
     @app.get("/api/v1/files/{sha256}")
     async def download(sha256: str) -> Response:
