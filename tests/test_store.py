@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -295,3 +296,23 @@ def test_fsck_detects_damage(st, rootfs):
     report = st.fsck()
     assert not report["ok"]
     assert {"kind": "blob_hash_mismatch", "blob": digest} in report["problems"]
+
+
+def test_gc_waits_for_runs_in_flight(st, rootfs):
+    import threading
+    old = st.import_image(rootfs)                     # untagged: gc(retention=0) would take it
+    result = {}
+
+    def slow_run():
+        result["r"] = old.run("sleep 1; echo made > /made")
+
+    t = threading.Thread(target=slow_run)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    st.gc(retention=0, grace=0)                       # must wait for the run, not pull its layers away
+    waited = time.monotonic() - t0
+    t.join()
+    assert waited > 0.4
+    assert result["r"].exit_code == 0
+    assert st.fsck()["ok"]

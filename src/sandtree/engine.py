@@ -227,6 +227,10 @@ class Engine(BranchingOps):
             raise
 
     def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+        with self.store.using():
+            return self._adopt_locked(src, copy=copy, tag=tag, source=source, progress=progress)
+
+    def _adopt_locked(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
         started = time.time()
         dest = self.store.layers.stage("import") if copy else None
         try:
@@ -264,7 +268,12 @@ class Engine(BranchingOps):
             raise
 
     # ---- run -----------------------------------------------------------------------------------
-    def run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
+    def run(self, ref: str, command, **kw) -> RunRecord | None:
+        """Run `command` on image `ref` (see _run for the options); gc waits while it does."""
+        with self.store.using():
+            return self._run(ref, command, **kw)
+
+    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
             files=None, disposable: bool = False, on_output=None, tier: str | None = None,
             file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,

@@ -32,6 +32,10 @@ class BranchingOps:
         return diff_mod.patch(self.store, diff_mod.diff(self.store, a, b))
 
     def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
+        with self.store.using():
+            return self._merge(base, ours, theirs, strategy=strategy)
+
+    def _merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
         """{"image": id or None, "base": id, "conflicts": [...]}: an image only if the merge is
         clean or a strategy resolved it; its lineage has both ours and theirs as parents."""
         if base is None:
@@ -145,6 +149,10 @@ class BranchingOps:
         return {"file": path, **info}
 
     def bundle_import(self, path: str) -> dict:
+        with self.store.using():
+            return self._bundle_import(path)
+
+    def _bundle_import(self, path: str) -> dict:
         staging = self.store.layers.stage("bundle")
         try:
             with open(path, "rb") as f:

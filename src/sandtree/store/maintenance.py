@@ -68,7 +68,11 @@ def fsck(store: Store, *, verify_content: bool = True) -> dict:
 def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: float | None = None) -> dict:
     """`grace`: layers and blobs younger than this are kept even when unreferenced (a concurrent
     commit may have published them and not yet written its image row)."""
-    now = time.time() if now is None else now
+    with store.collecting():
+        return _gc(store, retention, grace, time.time() if now is None else now)
+
+
+def _gc(store: Store, retention: float, grace: float, now: float) -> dict:
     store.layers.clean_stale()
     with store.db.tx() as con:
         images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}

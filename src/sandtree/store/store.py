@@ -12,6 +12,7 @@ tag. Tags are refs of kind "tag"; every move is appended to the reflog.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -55,6 +56,30 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    # gc and the operations that use existing images exclude each other, across processes: a
+    # run holds a shared lock on its own open of gc.lock (flock is per open file, and dies with
+    # its process), gc an exclusive one. A run costs an open and two flocks.
+    class _Flock:
+        def __init__(self, path: str, mode: int):
+            self.path, self.mode = path, mode
+
+        def __enter__(self):
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.fd, self.mode)
+            return self
+
+        def __exit__(self, *exc):
+            os.close(self.fd)                   # releases the lock
+            return False
+
+    def using(self):
+        """Held while an operation reads or builds on existing images (runs, imports, merges)."""
+        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_SH)
+
+    def collecting(self):
+        """Held by gc: waits for every operation using images to finish, and holds new ones."""
+        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_EX)
 
     # ---- trees -------------------------------------------------------------------------------
     def tree(self, digest: str) -> dict[str, Entry]:
