@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import make_rootfs  # noqa: E402
+from conftest import free_port, make_rootfs, wait_for_port  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -30,25 +30,6 @@ import sandtree  # noqa: E402
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
-def _free_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _wait_port(port: int) -> None:
-    import socket
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
 
 
 def timeit(fn, n):
@@ -152,12 +133,12 @@ def main() -> None:
             table.add_row(label + ", per branch", f"{pct(samples, 50) * 1e3:.2f}", f"{pct(samples, 90) * 1e3:.2f}", "")
 
         # through HTTP: `sandtree serve` in another process, on loopback
-        port = _free_port()
+        port = free_port()
         srv = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", os.path.join(work, "home-http"), "serve",
                                 "--port", str(port), "--max-runs", "16"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         try:
-            _wait_port(port)
+            wait_for_port(port, 30)
             remote = sandtree.connect(f"http://127.0.0.1:{port}")
             rimg = remote.import_image(rootfs)
             http = timeit(lambda: rimg.run(["/bin/true"]), max(50, args.n // 2))

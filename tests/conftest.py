@@ -6,6 +6,7 @@ The session finaliser checks that the tests left no mount, cgroup or process beh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -61,6 +62,24 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@contextlib.contextmanager
+def serve_process(home: str, *extra: str):
+    """A real `sandtree serve` on a free loopback port; yields its base URL; stopped after."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import time
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import free_port, wait_for_port
+from conftest import free_port, serve_process, wait_for_port
 
 TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "cancel_operation",
          "import_image", "list_images", "get_image", "set_tag", "upload", "rsync", "download",
@@ -180,13 +180,9 @@ def test_streamable_http(tmp_path, rootfs):
 
 def test_mcp_over_a_remote_engine(tmp_path, rootfs):
     """`sandtree mcp --url`: the same tools, served by a `sandtree serve` elsewhere."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(tmp_path / "srv"), "serve",
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, 30)
-        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url",
-                                                                     f"http://127.0.0.1:{port}"], env={**os.environ})
+    with serve_process(tmp_path / "srv") as url:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url", url],
+                                       env={**os.environ})
 
         async def main():
             async with Client(params) as c:
@@ -210,6 +206,3 @@ def test_mcp_over_a_remote_engine(tmp_path, rootfs):
                 assert done[0]["status"] == "done" and done[0]["stdout"] == "later\n"
                 assert (await c.call_tool("read_file", {"image": "bb", "path": "/nope"})).is_error
         asyncio.run(main())
-    finally:
-        server.terminate()
-        server.wait(timeout=15)

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import subprocess
-import sys
 import tarfile
 import time
 
 import pytest
 
 import sandtree
-from conftest import free_port, wait_for_port
+from conftest import serve_process
 
 
 @pytest.fixture(scope="module", params=["local", "remote"])
@@ -24,21 +22,10 @@ def sdk(request, tmp_path_factory):
         yield st
         st.close()
         return
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port, 30)
-        st = sandtree.connect(f"http://127.0.0.1:{port}")
+    with serve_process(home) as url:
+        st = sandtree.connect(url)
         yield st
         st.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -12,26 +12,14 @@ import time
 import httpx
 import pytest
 
-from conftest import free_port, wait_for_port
+from conftest import free_port, serve_process, wait_for_port
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("server-home")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port),
-                             "--max-runs", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port, 30)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as c:
-            yield c
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve_process(home, "--max-runs", "2") as url, httpx.Client(base_url=url + "/api/v1", timeout=60) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
