@@ -169,7 +169,7 @@ def test_metrics(server, image):
     assert int(lines["sandtree_images"]) >= 1 and "sandtree_queue_depth" in lines
 
 
-def test_fuzzed_requests_never_5xx(server, image):
+def test_fuzzed_requests_never_5xx(server, image, tmp_path):
     """schemathesis, driven by our own OpenAPI document, against the running server."""
     import shutil
     exe = shutil.which("schemathesis") or os.path.join(os.path.dirname(sys.executable), "schemathesis")
@@ -179,5 +179,6 @@ def test_fuzzed_requests_never_5xx(server, image):
     p = subprocess.run([exe, "run", spec, "--checks", "not_a_server_error", "--max-examples", "20",
                         # pull and login would reach registries the fuzzer names, off this machine
                         "--exclude-path-regex", "/events|/admin/gc|/images/pull|/registries", "--request-timeout", "60",
-                        "--seed", "1"], capture_output=True, text=True, timeout=600)
+                        "--seed", "1"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)                     # its cache stays out of the checkout
     assert p.returncode == 0, p.stdout[:6000]
