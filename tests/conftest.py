@@ -65,11 +65,12 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def serve_process(home: str, *extra: str):
-    """A real `sandtree serve` on a free loopback port; yields its base URL; stopped after."""
+def listening(home: str, *command: str):
+    """`sandtree --home HOME COMMAND... --port P` on a free loopback port, until it listens;
+    yields its base URL; stopped afterwards."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port),
-                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), *command, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)
         yield f"http://127.0.0.1:{port}"
@@ -80,6 +81,11 @@ def serve_process(home: str, *extra: str):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def serve_process(home: str, *extra: str):
+    """A real `sandtree serve` (extra: its options)."""
+    return listening(home, "serve", *extra)
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,13 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
 import sys
 import time
 
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import free_port, serve_process, wait_for_port
+from conftest import listening, serve_process
 
 TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "cancel_operation",
          "import_image", "list_images", "get_image", "set_tag", "upload", "rsync", "download",
@@ -153,15 +152,10 @@ def test_scripted_agent_session_with_resources_timeout_cancel(tmp_path, rootfs):
 
 
 def test_streamable_http(tmp_path, rootfs):
-    port = free_port()
-    home = str(tmp_path / "home")
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "mcp", "--http", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port)
+    with listening(str(tmp_path / "home"), "mcp", "--http") as url:
 
         async def main():
-            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+            async with Client(f"{url}/mcp") as c:
                 assert TOOLS <= {t.name for t in (await c.list_tools()).tools}
                 img = data(await c.call_tool("import_image", {"source": rootfs}))["image"]
                 r = data(await c.call_tool("run", {"command": "echo over http", "image": img}))
@@ -169,13 +163,6 @@ def test_streamable_http(tmp_path, rootfs):
                 bad = await c.call_tool("run", {"command": "true", "image": "nope"})
                 assert bad.is_error
         asyncio.run(main())
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_mcp_over_a_remote_engine(tmp_path, rootfs):
