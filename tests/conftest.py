@@ -138,8 +138,10 @@ def st(tmp_path):
 def pytest_sessionfinish(session, exitstatus):
     """Leak check: nothing of ours may outlive the tests."""
     problems = []
+    # only this session's temporary tree: other test sessions may run beside this one
+    base = str(session.config._tmp_path_factory.getbasetemp())
     with open("/proc/self/mountinfo") as f:
-        mounts = [l for l in f if "sandtree" in l or "/pytest-of-" in l]
+        mounts = [l for l in f if base in l]
     if mounts:
         problems.append(f"mounts left behind: {mounts[:3]}")
     if os.geteuid() == 0:
