@@ -55,6 +55,12 @@ def test_run_and_inspect(sdk, base):
     assert ("stdout", b"one\n") in [(s, c) for s, c in chunks] or any(b"one" in c for s, c in chunks if s == "stdout")
 
 
+def test_whoami(sdk):
+    who = sdk.whoami()
+    assert who["tenant"] == "local" and "run" in who["scopes"]
+    assert who["limits"]["timeout"] > 0 and who["limits"]["concurrent_runs"] >= 1
+
+
 def test_same_errors(sdk, base):
     with pytest.raises(sandtree.ImageNotFound):
         sdk.image("no/such:tag")

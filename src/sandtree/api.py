@@ -94,6 +94,10 @@ class Sandtree:
         """Cancel a queued or running operation; a running sandbox is killed, nothing committed."""
         return self._engine.operations.cancel(operation)
 
+    def whoami(self) -> dict:
+        """The caller's tenant, scopes and run limits (in-process: "local", every scope)."""
+        return self._engine.whoami()
+
     def doctor(self) -> list[dict]:
         """The isolation tiers this host can run, and why not the others."""
         return self._engine.doctor()

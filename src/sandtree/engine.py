@@ -112,6 +112,16 @@ class Engine(BranchingOps):
             raise RuntimeUnavailable(f"tier {name!r} cannot run here: {why}", tier=name)
         return rt
 
+    SCOPES = ("import", "run", "list", "cancel", "tag")
+
+    def whoami(self) -> dict:
+        """Who the caller is and what it may do: an in-process engine is its own single tenant with
+        every scope; a tenant's view of the engine (issue 4) narrows all three."""
+        lim = self.default_limits
+        return {"tenant": "local", "scopes": list(self.SCOPES),
+                "limits": {"timeout": lim.timeout, "memory": lim.memory, "pids": lim.pids,
+                           "disk": lim.disk, "output": lim.output, "concurrent_runs": self._max_runs}}
+
     def doctor(self) -> list[dict]:
         """Every isolation tier: can this host run it, and if not, why."""
         out = []

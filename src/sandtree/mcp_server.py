@@ -372,12 +372,9 @@ def build_server(engine: Engine) -> MCPServer:
     @guard
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
-        lim = engine.default_limits
-        return {"user": "local", "mode": "remote" if engine.home.startswith("http") else "embedded",
-                "store": engine.home,
-                "permissions": ["import", "run", "list", "cancel", "tag"],
-                "limits": {"timeout_s": lim.timeout, "memory": lim.memory, "pids": lim.pids, "disk": lim.disk,
-                           "output": lim.output},
+        who = engine.whoami()
+        return {"user": who["tenant"], "mode": "remote" if engine.home.startswith("http") else "embedded",
+                "store": engine.home, "permissions": who["scopes"], "limits": who["limits"],
                 "tiers": engine.doctor()}
 
     @server.tool()

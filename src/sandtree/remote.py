@@ -135,6 +135,9 @@ class RemoteEngine:
     def doctor(self) -> list[dict]:
         return self._json("GET", "/doctor")
 
+    def whoami(self) -> dict:
+        return self._json("GET", "/whoami")
+
     def fsck(self, verify_content: bool = True) -> dict:
         return self._json("POST", "/admin/fsck", params={"verify_content": verify_content})
 

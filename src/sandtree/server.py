@@ -177,6 +177,10 @@ def build_app(engine: Engine) -> FastAPI:
     async def tags(image: str | None = None) -> dict:
         return await call(engine.tags, image)
 
+    @app.get("/api/v1/whoami")
+    async def whoami() -> dict:
+        return engine.whoami()
+
     @app.get("/api/v1/doctor")
     async def doctor() -> list[dict]:
         return await call(engine.doctor)
