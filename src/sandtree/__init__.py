@@ -6,16 +6,16 @@
     r = img.run("python3 -V")
 """
 
-from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandtree
-from .api import Branch, Image, MergeResult, RunResult, Sandtree, best_of, connect
+from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
+from .api import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
 from .errors import (BadArchive, CommandNotFound, Conflict, ImageNotFound, InvalidInput, NotFound,
                      PathEscape, PathNotFound, RuntimeUnavailable, SandboxError, SandtreeError,
                      StoreCorrupt)
 from .runtime.base import Limits
 
 __all__ = [
-    "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "best_of", "connect",
-    "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "Limits",
+    "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "Sandbox", "best_of", "connect",
+    "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "AsyncSandbox", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
 ]

@@ -30,6 +30,8 @@ def _wrap(value):
         return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts)
     if isinstance(value, api.Branch):
         return AsyncBranch(value)
+    if isinstance(value, api.Sandbox):
+        return AsyncSandbox(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
     if isinstance(value, dict) and any(isinstance(v, api.Branch) for v in value.values()):
@@ -38,7 +40,7 @@ def _wrap(value):
 
 
 def _unwrap(value):
-    return value._sync if isinstance(value, (AsyncImage, AsyncSandtree, AsyncBranch)) else value
+    return value._sync if isinstance(value, (AsyncImage, AsyncSandtree, AsyncBranch, AsyncSandbox)) else value
 
 
 def _twin(sync_cls):
@@ -107,6 +109,22 @@ class AsyncBranch:
 
     def __repr__(self) -> str:
         return f"<AsyncBranch {self.name}>"
+
+
+@_twin(api.Sandbox)
+class AsyncSandbox:
+    def __init__(self, sync: api.Sandbox):
+        self._sync = sync
+        self.id = sync.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id[:12]}>"
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await asyncio.to_thread(self._sync.stop)
 
 
 @dataclasses.dataclass

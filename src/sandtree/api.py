@@ -94,6 +94,15 @@ class Sandtree:
         """Cancel a queued or running operation; a running sandbox is killed, nothing committed."""
         return self._engine.operations.cancel(operation)
 
+    # live sandboxes
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A live sandbox by id (or unique id prefix), started by this or any other process."""
+        return Sandbox(self, self._engine.sandbox_info(sandbox_id))
+
+    def sandboxes(self, *, all: bool = False) -> list["Sandbox"]:
+        """Running live sandboxes (all=True: stopped and expired ones too)."""
+        return [Sandbox(self, d) for d in self._engine.sandbox_list(all=all)]
+
     def whoami(self) -> dict:
         """The caller's tenant, scopes and run limits (in-process: "local", every scope)."""
         return self._engine.whoami()
@@ -217,6 +226,17 @@ class Image:
                              hostname=hostname, files=files, disposable=disposable, on_output=on_output,
                              tier=tier)
 
+    def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
+              cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
+              hostname: str = "sandtree", files: list | None = None, idle_timeout: float = 600,
+              lifetime: float = 3600, tier: str | None = None) -> "Sandbox":
+        """Start a live sandbox on this image: commands enter it with exec/popen, it keeps its
+        processes and files between them, and commit() snapshots it while it runs. timeout
+        bounds each command; idle_timeout and lifetime (seconds) bound the sandbox."""
+        return Sandbox(self._st, self._st._engine.sandbox_start(
+            self.id, timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output, env=env,
+            cwd=cwd, hostname=hostname, files=files, idle_timeout=idle_timeout, lifetime=lifetime, tier=tier))
+
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
         rec = self._st._engine.run(ref, command, **options)
         return RunResult._of(self._st, rec)
@@ -331,6 +351,77 @@ class RunResult:
                 "stdout_truncated": self.stdout_truncated, "stderr_truncated": self.stderr_truncated,
                 "timed_out": self.timed_out, "oom_killed": self.oom_killed, "usage": self.usage,
                 "operation": self.operation}
+
+
+class Sandbox:
+    """A live sandbox. exec(str) runs in its shell session (cwd and exported variables carry
+    over); exec(list) runs a fresh process. Use as a context manager to stop it at the end."""
+
+    def __init__(self, st: Sandtree, info: dict):
+        self._st = st
+        self.id: str = info["id"]
+        self._info = info
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id[:12]} of {self._info['image'][:12]}>"
+
+    @property
+    def image(self) -> Image:
+        """The image it was started from."""
+        return Image(self._st, self._info["image"])
+
+    def info(self) -> dict:
+        """State (running, stopped, expired, gone), image, last commit, memory in use, limits."""
+        self._info = self._st._engine.sandbox_info(self.id)
+        return self._info
+
+    @property
+    def state(self) -> str:
+        return self.info()["state"]
+
+    def exec(self, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
+             uid: int = 0, gid: int = 0, timeout: float | None = None, output=None,
+             on_output: Callable[[str, bytes], None] | None = None) -> "RunResult":
+        """Run a command inside to its exit (background processes it starts keep running).
+        result.image is None: commit() makes images."""
+        rec = self._st._engine.sandbox_exec(self.id, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                                            timeout=timeout, output=output, on_output=on_output)
+        return RunResult._of(self._st, rec)
+
+    def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
+              pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+        """A process inside, shaped like subprocess.Popen (pipes by default; pass a terminal's fd
+        with pty=True for an interactive program): stdin/stdout/stderr, wait, communicate,
+        send_signal, kill. In process only."""
+        return self._st._engine.sandbox_popen(self.id, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty,
+                                              stdin=stdin, stdout=stdout, stderr=stderr)
+
+    def read(self, path: str) -> bytes:
+        """A file as the sandbox sees it now."""
+        return self._st._engine.sandbox_read(self.id, path)
+
+    def read_text(self, path: str) -> str:
+        return self.read(path).decode("utf-8", "replace")
+
+    def write(self, path: str, data: bytes | str, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        """Write a file into the running sandbox (its directory must exist)."""
+        self._st._engine.sandbox_write(self.id, path, data.encode() if isinstance(data, str) else data,
+                                       mode=mode, uid=uid, gid=gid)
+
+    def commit(self, *, tag: str | None = None) -> Image:
+        """An image of its filesystem now (processes frozen for the instant, then thawed); it
+        can be run, forked and merged like any image while the sandbox goes on."""
+        return Image(self._st, self._st._engine.sandbox_commit(self.id, tag=tag))
+
+    def stop(self) -> None:
+        """Kill every process and free its memory and scratch space (commit first to keep its files)."""
+        self._info = self._st._engine.sandbox_stop(self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 @dataclass

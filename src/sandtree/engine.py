@@ -71,6 +71,7 @@ class Engine(BranchingOps):
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
         self._operations = None
+        self._sandboxes = None
         self._max_runs = max_runs
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
@@ -83,6 +84,43 @@ class Engine(BranchingOps):
             from .operations import Operations
             self._operations = Operations(self, workers=self._max_runs)
         return self._operations
+
+    @property
+    def sandboxes(self):
+        """Live sandboxes (created on first use)."""
+        if self._sandboxes is None:
+            from .sandboxes import Sandboxes
+            self._sandboxes = Sandboxes(self)
+        return self._sandboxes
+
+    # The facade of live sandboxes: what the API objects and every adapter call.
+    def sandbox_start(self, ref: str, **options) -> dict:
+        return self.sandboxes.start(ref, **options)
+
+    def sandbox_exec(self, sid: str, command, **options) -> RunRecord:
+        return self.sandboxes.exec(sid, command, **options)
+
+    def sandbox_popen(self, sid: str, argv, **options):
+        return self.sandboxes.popen(sid, argv, **options)
+
+    def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
+        return self.sandboxes.commit(sid, tag=tag)
+
+    def sandbox_stop(self, sid: str) -> dict:
+        return self.sandboxes.stop(sid)
+
+    def sandbox_info(self, sid: str) -> dict:
+        return self.sandboxes.info(sid)
+
+    def sandbox_list(self, *, all: bool = False) -> list[dict]:
+        return self.sandboxes.list(all=all)
+
+    def sandbox_read(self, sid: str, path: str) -> bytes:
+        return self.sandboxes.read(sid, path)
+
+    def sandbox_write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0,
+                      gid: int = 0) -> None:
+        self.sandboxes.write(sid, path, data, mode=mode, uid=uid, gid=gid)
 
     def close(self) -> None:
         if self._operations is not None:
@@ -395,8 +433,13 @@ class Engine(BranchingOps):
         if outcome.changes is None:
             return base.id, None
         cr = self.committer.commit(base, outcome.changes, max_file_size=outcome.disk_limit)
+        return cr.image, self._image_writer(cr)
+
+    def _image_writer(self, cr):
+        """Publish a commit's staged layer; return the function that writes its rows (None: no
+        new layer) inside the transaction that records the operation."""
         if cr.staged is None:
-            return cr.image, None
+            return None
         layer = self.store.layers.publish(cr.staged)
 
         def write(con):
@@ -406,11 +449,13 @@ class Engine(BranchingOps):
                 return True
             return False                                 # a concurrent run made the same image
         write.layer = layer
-        return cr.image, write
+        return write
 
     def _record_run(self, op: str, source: str, spec: dict, started: float, result: str | None,
-                    outcome: dict, write_image=None) -> None:
-        """One transaction per run: the new image's rows (if any), the operation, the lineage edge."""
+                    outcome: dict, write_image=None, *, kind: str = "run", parent: str | None = None) -> None:
+        """One transaction per run: the new image's rows (if any), the operation, the lineage edge
+        (from `parent`, by default the source)."""
+        parent = parent or source
         used = True
         try:
             with self.store.db.tx() as con:
@@ -418,11 +463,11 @@ class Engine(BranchingOps):
                     used = write_image(con)
                 # INSERT OR REPLACE: a submitted operation's queued row is completed here
                 con.execute("INSERT OR REPLACE INTO operations(id, kind, source, result, spec, outcome, started, "
-                            "finished) VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, result, dumps(spec),
+                            "finished) VALUES(?,?,?,?,?,?,?,?)", (op, kind, source, result, dumps(spec),
                                                                 dumps(outcome), started, time.time()))
-                if result and result != source:
+                if result and result != parent:
                     con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
-                                (source, result, op, time.time()))
+                                (parent, result, op, time.time()))
         except BaseException:
             used = False
             raise

@@ -82,6 +82,41 @@ class RunCgroup:
             _write(os.path.join(d, "pids.max"), str(pids))
             _write(os.path.join(d, "cpu.max"), f"{quota or 'max'} 100000")
 
+    def freeze(self, frozen: bool = True, timeout: float = 5.0) -> None:
+        """Stop (or resume) every process of the group at once: a live sandbox's filesystem is
+        read for a commit while nothing in it can write. Waits until the kernel says so."""
+        if self.version == "v1":
+            d = self.dirs.get("freezer")
+            if d is None:
+                raise OSError("this group has no freezer")
+            want = "FROZEN" if frozen else "THAWED"
+            _write(os.path.join(d, "freezer.state"), want)
+            done = lambda: _read(os.path.join(d, "freezer.state")).strip() == want   # noqa: E731
+        else:
+            d = self.dirs["unified"]
+            _write(os.path.join(d, "cgroup.freeze"), "1" if frozen else "0")
+            flag = f"frozen {1 if frozen else 0}"
+            done = lambda: flag in _read(os.path.join(d, "cgroup.events"))   # noqa: E731
+        end = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > end:
+                raise OSError(f"cgroup did not become {'frozen' if frozen else 'thawed'} in {timeout}s")
+            time.sleep(0.0005)
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs.values():
+            out.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+        return out
+
+    def memory_current(self) -> int | None:
+        if self.version == "v1":
+            m = self.dirs.get("memory")
+            v = _read(os.path.join(m, "memory.usage_in_bytes")).strip() if m else ""
+        else:
+            v = _read(os.path.join(self.dirs["unified"], "memory.current")).strip()
+        return int(v) if v.isdigit() else None
+
     def kill_all(self) -> None:
         """SIGKILL every process in the group (a runtime whose processes are not one pid
         namespace under us, like runsc's sandbox and gofer)."""
@@ -143,10 +178,11 @@ class Cgroups:
             except OSError:
                 self.available = False
 
-    def _parents(self, cpu: bool = True) -> dict[str, str]:
+    def _parents(self, cpu: bool = True, freezer: bool = True) -> dict[str, str]:
         if self.version == "v1":
-            return {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS
-                    if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")}
+            return {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS + ("freezer",)
+                    if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")
+                    and (freezer or c != "freezer")}
         return {"unified": os.path.join(ROOT, PARENT)}
 
     def _setup_parents(self) -> None:
@@ -171,15 +207,17 @@ class Cgroups:
                     except OSError:
                         pass
 
-    def create(self, *, memory: int, pids: int, cpus: float | None, warm: bool = False) -> RunCgroup:
+    def create(self, *, memory: int, pids: int, cpus: float | None, warm: bool = False,
+               live: bool = False) -> RunCgroup:
         """A run's group. warm: made ahead of the run, in every controller (joining cpu is slow,
-        and the run's limits, written later by set_limits, are not known yet)."""
+        and the run's limits, written later by set_limits, are not known yet). live: a live
+        sandbox's, with a freezer (v1; v2 groups freeze by themselves)."""
         name = self._prefix + secrets.token_hex(4)
         cg = RunCgroup(self.version)
         if warm:
             cpus = None
         try:
-            for c, p in self._parents(cpu=warm or cpus is not None).items():
+            for c, p in self._parents(cpu=warm or cpus is not None, freezer=live).items():
                 d = os.path.join(p, name)
                 os.mkdir(d)
                 cg.dirs[c] = d

@@ -23,6 +23,14 @@
  *   "exit <code>\n" | "signal <n>\n" | "execfail <errno>\n" | "setupfail <errno> <step>\n"
  *   followed by "rusage <utime_us> <stime_us> <maxrss_kb>\n".
  * C sends the scratch tmpfs fd over the unix socket --sock (SCM_RIGHTS).
+ *
+ * Live sandboxes (--live 1): C runs no command; it reports "ready" (P forwards it to the engine
+ * and closes the report) and stays as the pid namespace's reaper. P does not die with the
+ * engine (no PDEATHSIG, its own session), so a live sandbox outlives the process that started
+ * it; --lifetime bounds it. Commands enter it with `--enter-fd PIDFD`: join its cgroups, setns
+ * into all of its namespaces at once through the pidfd, fork, then the same steps as G. The
+ * entering process reports "pid", then "exit"/"signal"/"execfail" and "rusage" like P, and
+ * forwards signal SIGRTMIN+n as signal n to the command's process group.
  * Any death of P, C or the engine kills the whole sandbox (PDEATHSIG chain,
  * and the pid namespace dies with its pid 1).
  */
@@ -76,6 +84,10 @@ struct opts {
     int exec_runtime;           /* --exec 1: after the mounts, P becomes the command (runsc) */
     int spec_fd;                /* warm mode: per-run options arrive here (see below) */
     char **envp; int nenv;      /* warm mode: the command's environment (--env K=V) */
+    int live;                   /* --live 1: pid 1 runs no command and waits for `--enter`s */
+    long lifetime;              /* live: seconds until the sandbox is killed (0: no limit) */
+    int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
+    int pty;                    /* enter: stdin is a terminal; make it the controlling one */
 };
 
 static int report_fd = -1;
@@ -403,6 +415,23 @@ static int sandbox_init(struct opts *o) {
     strcpy(o->self_argv0, "sandtree-init");
     prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
 
+    if (o->live) {
+        /* No command: say so to P, then reap what `--enter`ed commands leave behind (orphans
+         * are reparented to us) until we are killed. SIGCHLD stays blocked and is taken with
+         * sigwaitinfo, so no exit is missed between a reap and the wait. */
+        sigset_t chld;
+        sigemptyset(&chld);
+        sigaddset(&chld, SIGCHLD);
+        sigprocmask(SIG_BLOCK, &chld, NULL);
+        if (write(status_pipe[1], "ready\n", 6) != 6) _exit(125);
+        close(status_pipe[1]);
+        close(report_fd);
+        report_fd = -1;
+        for (;;) {
+            while (waitpid(-1, NULL, WNOHANG) > 0) {}
+            sigwaitinfo(&chld, NULL);
+        }
+    }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     signal(SIGTERM, forward);
     signal(SIGINT, forward);
@@ -451,6 +480,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--spec-fd")) o->spec_fd = atoi(v);
         else if (!strcmp(a, "--inject")) o->inject = atoi(v);
         else if (!strcmp(a, "--exec")) o->exec_runtime = atoi(v);
+        else if (!strcmp(a, "--live")) o->live = atoi(v);
+        else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
+        else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
+        else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
@@ -473,13 +506,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = -1;
     o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
     o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);
     o->argv = argv + i;
     if (o->spec_fd >= 0) return;                 /* the rest comes with the spec */
+    if (o->enter_fd >= 0 && i < argc && o->report_fd >= 0) return;
     if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {
         fprintf(stderr, "usage: sandtree-exec --layers DIR --lower L --sock N --report N [...] -- CMD...\n");
         exit(125);
@@ -509,13 +543,81 @@ static void read_spec(int fd, struct opts *o) {
     if (i >= argc || !o->layers) { errno = EINVAL; die_step("spec"); }
 }
 
+static void forward_rt(int sig) { if (g_pid > 0) kill(-g_pid, sig - SIGRTMIN); }
+static void on_alarm(int sig) { (void)sig; if (g_pid > 0) kill(g_pid, SIGKILL); }
+
+/* --enter-fd: run the command inside a live sandbox (see the header). */
+static int enter_sandbox(struct opts *o) {
+    for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
+    /* All namespaces at once, through a pidfd the engine checked: no pid-reuse window. Our
+     * root and cwd become the sandbox's. */
+    if (setns(o->enter_fd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
+                           CLONE_NEWUTS | CLONE_NEWCGROUP) < 0) die_step("setns");
+    close(o->enter_fd);
+    if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
+    for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, forward_rt);
+    signal(SIGTERM, forward);
+    signal(SIGINT, forward);
+    signal(SIGHUP, forward);
+    pid_t g = fork();                            /* the child is in the sandbox's pid namespace */
+    if (g < 0) die_step("fork");
+    if (g == 0) {
+        /* Until exec we hold the engine's fds: no process of the sandbox may attach to us. */
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, SIG_DFL);
+        signal(SIGTERM, SIG_DFL); signal(SIGINT, SIG_DFL); signal(SIGHUP, SIG_DFL);
+        close(exec_pipe[0]);
+        setsid();                                /* its own process group: signals reach all of it */
+        if (o->pty && ioctl(0, TIOCSCTTY, 0) < 0) {
+            dprintf(exec_pipe[1], "tty %d", errno);
+            _exit(126);
+        }
+        become_command(o);
+    }
+    g_pid = g;
+    dprintf(report_fd, "pid %d\n", g);
+    close(exec_pipe[1]);
+    char ebuf[64] = {0};
+    ssize_t en;
+    while ((en = read(exec_pipe[0], ebuf, sizeof ebuf - 1)) < 0 && errno == EINTR) {}
+    close(exec_pipe[0]);
+    /* The command's stdio is its own: the engine reads to the exit, not to EOF (a background
+     * process may keep the pipes open). */
+    close(0);
+    close(1);
+    close(2);
+    int st;
+    struct rusage ru;
+    while (wait4(g, &st, 0, &ru) < 0) if (errno != EINTR) die_step("wait4");
+    char step[32];
+    int e;
+    if (en > 0 && sscanf(ebuf, "%31s %d", step, &e) == 2) dprintf(report_fd, "execfail %d %s\n", e, step);
+    else if (WIFEXITED(st)) dprintf(report_fd, "exit %d\n", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st)) dprintf(report_fd, "signal %d\n", WTERMSIG(st));
+    dprintf(report_fd, "rusage %ld %ld %ld\n",
+            (long)(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec),
+            (long)(ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec), ru.ru_maxrss);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     parse(argc, argv, &o);
     report_fd = o.report_fd;
     pid_t engine = getppid();
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
-    if (getppid() != engine) _exit(125);
+    if (o.live) {
+        /* A live sandbox outlives its engine: no parent-death signal, a session of its own (the
+         * terminal's or the engine's process-group signals do not reach it), and a fork so the
+         * engine's child exits at once (nothing for it to reap later; init adopts us). */
+        pid_t d = fork();
+        if (d < 0) die_step("fork");
+        if (d > 0) _exit(0);
+        if (setsid() < 0) die_step("setsid");
+    } else {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+        if (getppid() != engine) _exit(125);
+    }
+    if (o.enter_fd >= 0) return enter_sandbox(&o);
 
     for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
 
@@ -601,6 +703,25 @@ int main(int argc, char **argv) {
     }
     if (write(sync_pipe[1], "g", 1) != 1) die_step("sync");
     close(sync_pipe[1]);
+    if (o.live) {
+        char rb[16] = {0};
+        ssize_t rn;
+        while ((rn = read(status_pipe[0], rb, sizeof rb - 1)) < 0 && errno == EINTR) {}
+        if (rn > 0 && !strncmp(rb, "ready", 5)) {
+            g_pid = c;
+            if (o.lifetime > 0) {
+                signal(SIGALRM, on_alarm);
+                alarm((unsigned)o.lifetime);
+            }
+            dprintf(report_fd, "ready\n");
+            close(report_fd);                    /* the engine is free; we stay for C */
+            report_fd = -1;
+            int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+            if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+            while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+            return 0;
+        }
+    }
 
     /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command, and their
      * EOF tells the engine when the sandbox is gone (not when this process has exited). */

@@ -269,8 +269,14 @@ class NamespaceRuntime:
         finally:
             sel.close()
 
-    def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray, cg=None) -> dict:
+    def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray, cg=None,
+              *, kill=None, to_exit: bool = False) -> dict:
+        """Feed stdin, collect capped output, enforce the deadline and cancel. kill: how to end
+        the command (default: the sandbox's pid 1). to_exit: stop at the command's exit instead
+        of at EOF of its output (a command entering a live sandbox may leave a background
+        process holding the pipes); its output is in the pipes by then and is drained."""
         lim: Limits = spec.limits
+        kill = kill or (lambda: self._kill_sandbox(proc, report_raw, cg))
         bufs = {"stdout": bytearray(), "stderr": bytearray()}
         trunc = {"stdout": False, "stderr": False}
         sel = selectors.DefaultSelector()
@@ -291,12 +297,12 @@ class NamespaceRuntime:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     timed_out = True
-                    self._kill_sandbox(proc, report_raw, cg)
+                    kill()
                     deadline = float("inf")
                     continue
                 if spec.cancel is not None and spec.cancel.is_set() and not cancelled:
                     cancelled = True
-                    self._kill_sandbox(proc, report_raw, cg)
+                    kill()
                     deadline = float("inf")
                 for key, ev in sel.select(min(left, poll)):
                     fd = key.fd
@@ -324,15 +330,13 @@ class NamespaceRuntime:
                             # the helper's last words: do not wait for it to exit (close() reaps it)
                             sel.unregister(fd)
                             open_fds -= 1
+                            if to_exit:
+                                for sfd, name in streams.items():
+                                    self._drain(sfd, name, bufs, trunc, spec)
+                                open_fds = 0
+                                break
                         continue
-                    name = streams[fd]
-                    if spec.on_output:
-                        spec.on_output(name, chunk)
-                    room = lim.output - len(bufs[name])
-                    if room > 0:
-                        bufs[name] += chunk[:room]
-                    if len(chunk) > room:
-                        trunc[name] = True
+                    self._keep(streams[fd], chunk, bufs, trunc, spec)
         finally:
             sel.close()
             if proc.stdin is not None and not proc.stdin.closed:
@@ -345,6 +349,27 @@ class NamespaceRuntime:
         return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
                 "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
                 "timed_out": timed_out, "cancelled": cancelled, "report": _parse_report(report_raw)}
+
+    @staticmethod
+    def _keep(name: str, chunk: bytes, bufs: dict, trunc: dict, spec: RunSpec) -> None:
+        if spec.on_output:
+            spec.on_output(name, chunk)
+        room = spec.limits.output - len(bufs[name])
+        if room > 0:
+            bufs[name] += chunk[:room]
+        if len(chunk) > room:
+            trunc[name] = True
+
+    def _drain(self, fd: int, name: str, bufs: dict, trunc: dict, spec: RunSpec) -> None:
+        """What is in a pipe now, without waiting for more."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                return
+            if not chunk:
+                return
+            self._keep(name, chunk, bufs, trunc, spec)
 
     @staticmethod
     def _kill_sandbox(proc, report_raw: bytearray, cg=None) -> None:

@@ -44,6 +44,10 @@ CREATE TABLE IF NOT EXISTS refs(
 CREATE TABLE IF NOT EXISTS reflog(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, name TEXT NOT NULL,
     old TEXT, new TEXT, at REAL NOT NULL, reason TEXT);
+CREATE TABLE IF NOT EXISTS sandboxes(   -- live sandboxes (sandboxes.py); handle: how to find them
+    id TEXT PRIMARY KEY, image TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL,
+    spec TEXT NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, idle_timeout REAL,
+    expires REAL NOT NULL, head TEXT);
 """
 
 

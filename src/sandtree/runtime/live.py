@@ -1,0 +1,319 @@
+"""Live sandboxes on the `namespaces` tier: started once, entered by any number of commands.
+
+A live sandbox is the same sandbox a run gets (helper.c: user/mnt/pid/net/ipc/uts/cgroup
+namespaces, overlay on a size-capped tmpfs upper, masked /proc, seccomp, cgroup limits), except
+that its pid 1 runs no command and its helper does not die with the engine: it is a process of
+its own (re-parented to init), bounded by its lifetime. Everything needed to find it again lives
+in a LiveHandle (stored by the engine), so any engine process - the CLI, a restarted server -
+can enter, freeze, commit or stop it.
+
+Commands enter with `sandtree-exec --enter-fd PIDFD`: a pidfd of the sandbox's pid 1, opened
+and checked against the recorded start time here, so a recycled pid is never entered. The
+upper dir is read through /proc/<helper>/root/tmp/u: the helper's private mount namespace holds
+the tmpfs, for as long as the sandbox lives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
+from . import seccomp
+from .base import RunOutcome, RunSpec
+from .cgroups import RunCgroup
+from .namespaces import NamespaceRuntime, _parse_report, validate_spec
+
+
+@dataclass
+class LiveHandle:
+    helper_pid: int
+    helper_start: int            # start times (clock ticks since boot): a pid is ours only if
+    init_pid: int                # its start time still matches
+    init_start: int
+    cgroup: dict | None          # {"version": ..., "dirs": {...}}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LiveHandle":
+        return cls(**d)
+
+    def cg(self) -> RunCgroup | None:
+        return RunCgroup(self.cgroup["version"], dict(self.cgroup["dirs"])) if self.cgroup else None
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat, or None if there is no such process (or it is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()
+    if rest[0] == b"Z":
+        return None
+    return int(rest[19])
+
+
+class LiveRuntime:
+    """The live-sandbox half of the namespaces tier (it reuses its helper, options and pump)."""
+
+    def __init__(self, rt: NamespaceRuntime):
+        self.rt = rt
+
+    def available(self) -> tuple[bool, str]:
+        ok, why = self.rt.available()
+        if not ok:
+            return ok, why
+        if self.rt.idmap.rootless:
+            return False, "live sandboxes need root (their upper is reached through the helper's mount namespace)"
+        if not hasattr(os, "pidfd_open"):
+            return False, "live sandboxes need pidfd_open (Linux 5.3, Python 3.9)"
+        return True, ""
+
+    def _check(self) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise RuntimeUnavailable(why)
+
+    # ---- start ---------------------------------------------------------------------------------
+    def start(self, spec: RunSpec, lifetime: float) -> LiveHandle:
+        """Start a sandbox on spec's image, limits, env and files; its pid 1 waits for commands."""
+        self._check()
+        validate_spec(spec)
+        rt, lim = self.rt, spec.limits
+        cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True) \
+            if rt.cgroups.available else None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1",
+                "--lifetime", str(max(1, int(lifetime)))]
+        args += rt._static_args() + rt._run_args(spec)
+        for f in (cg.procs_files if cg else []):
+            args += ["--cgroup", f]
+        raw = bytearray()
+        scratch = None
+        try:
+            try:
+                proc = subprocess.Popen(args + ["--", "sandtree-init"], env={}, close_fds=True,
+                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd()),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+            finally:
+                theirs.close()
+                os.close(rep_w)
+            proc.wait()                       # the helper forks away at once (see helper.c)
+            deadline = time.monotonic() + min(lim.timeout, 60)
+            scratch = rt._receive_scratch(ours, rep_r, raw, _Detached(), deadline)
+            if scratch is not None and spec.prepare_changes:
+                spec.prepare_changes(f"/proc/self/fd/{scratch}/u")
+                ours.send(b"g")
+            while b"ready\n" not in raw:
+                chunk = os.read(rep_r, 4096)
+                if not chunk:
+                    break
+                raw += chunk
+            report = _parse_report(raw)
+            if "setupfail" in report:
+                err, step = report["setupfail"]
+                raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+            if b"ready\n" not in raw or "pid" not in report:
+                raise SandboxError(f"live sandbox did not start: {bytes(raw).decode(errors='replace').strip()}")
+            init_pid = report["pid"]
+            helper_pid = _parent_of(init_pid)
+            handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, init_pid, start_time(init_pid) or 0,
+                                {"version": cg.version, "dirs": cg.dirs} if cg else None)
+            if not handle.init_start or not handle.helper_start:
+                raise SandboxError("live sandbox exited while starting")
+            return handle
+        except BaseException:
+            rep = _parse_report(raw)
+            if rep.get("pid"):
+                _kill_pid(rep["pid"], None)
+            if cg:
+                cg.kill_all()
+                cg.remove(wait=2.0)
+            raise
+        finally:
+            ours.close()
+            os.close(rep_r)
+            if scratch is not None:
+                os.close(scratch)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def alive(self, h: LiveHandle) -> bool:
+        return start_time(h.init_pid) == h.init_start and start_time(h.helper_pid) == h.helper_start
+
+    def pidfd(self, h: LiveHandle) -> int:
+        """A pidfd of the sandbox's pid 1, checked: the pid is pinned from here on."""
+        try:
+            fd = os.pidfd_open(h.init_pid)
+        except ProcessLookupError:
+            raise NotFound("the live sandbox is no longer running") from None
+        if start_time(h.init_pid) != h.init_start:
+            os.close(fd)
+            raise NotFound("the live sandbox is no longer running")
+        return fd
+
+    def upper(self, h: LiveHandle) -> int:
+        """An fd of the sandbox's upper dir (its changes so far); the caller closes it."""
+        fd = os.open(f"/proc/{h.helper_pid}/root/tmp/u", os.O_RDONLY | os.O_DIRECTORY)
+        if start_time(h.helper_pid) != h.helper_start:      # opened the right one?
+            os.close(fd)
+            raise NotFound("the live sandbox is no longer running")
+        return fd
+
+    def root(self, h: LiveHandle) -> int:
+        """An O_PATH fd of the sandbox's root as its processes see it (for confined file access)."""
+        fd = os.open(f"/proc/{h.init_pid}/root", os.O_PATH | os.O_DIRECTORY)
+        if start_time(h.init_pid) != h.init_start:
+            os.close(fd)
+            raise NotFound("the live sandbox is no longer running")
+        return fd
+
+    def freeze(self, h: LiveHandle, frozen: bool = True) -> bool:
+        """Freeze (thaw) every process of the sandbox; False if it has no freezer."""
+        cg = h.cg()
+        if cg is None:
+            return False
+        cg.freeze(frozen)
+        return True
+
+    def memory(self, h: LiveHandle) -> int | None:
+        cg = h.cg()
+        return cg.memory_current() if cg else None
+
+    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
+        """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
+        cg = h.cg()
+        if self.alive(h):
+            try:
+                fd = self.pidfd(h)
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                finally:
+                    os.close(fd)
+            except NotFound:
+                pass
+        if cg:
+            try:
+                cg.freeze(False, timeout=1.0)          # a frozen group would not die
+            except OSError:
+                pass
+            cg.kill_all()
+            cg.remove(wait=wait)
+        end = time.monotonic() + wait
+        while start_time(h.helper_pid) == h.helper_start and time.monotonic() < end:
+            time.sleep(0.002)
+
+    # ---- commands ------------------------------------------------------------------------------
+    def popen(self, h: LiveHandle, spec: RunSpec, *, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, pty: bool = False) -> tuple[subprocess.Popen, int]:
+        """Start spec.argv inside the sandbox. Returns the entering helper (signal it with
+        signal_command) and the read end of its report pipe. pty: stdin is a terminal that
+        becomes the command's controlling terminal."""
+        validate_spec(spec)
+        rt = self.rt
+        pfd = self.pidfd(h)
+        rep_r, rep_w = os.pipe()
+        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd), "--cwd", spec.cwd,
+                "--uid", str(spec.uid), "--gid", str(spec.gid)]
+        args += rt._static_args()
+        if pty:
+            args += ["--pty", "1"]
+        cg = h.cg()
+        for f in (cg.procs_files if cg else []):
+            args += ["--cgroup", f]
+        try:
+            proc = subprocess.Popen(args + ["--"] + spec.argv, env=spec.env, close_fds=True,
+                                    pass_fds=(rep_w, pfd, seccomp.filter_fd()),
+                                    stdin=stdin, stdout=stdout, stderr=stderr)
+        except BaseException:
+            os.close(rep_r)
+            raise
+        finally:
+            os.close(rep_w)
+            os.close(pfd)
+        return proc, rep_r
+
+    @staticmethod
+    def signal_command(proc: subprocess.Popen, sig: int) -> None:
+        """Signal the command's whole process group (the entering helper forwards SIGRTMIN+n as n)."""
+        if not 1 <= sig <= 30:
+            raise InvalidInput(f"signal {sig} cannot be sent (1..30)")
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGRTMIN + sig)
+            except ProcessLookupError:
+                pass
+
+    def exec(self, h: LiveHandle, spec: RunSpec) -> RunOutcome:
+        """Run spec.argv inside the sandbox to its exit: output, exit status, timeout, cancel."""
+        started = time.monotonic()
+        proc, rep_r = self.popen(h, spec, stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL)
+        raw = bytearray()
+        try:
+            out = self.rt._pump(proc, spec, started + spec.limits.timeout, rep_r, raw,
+                                kill=lambda: self.signal_command(proc, signal.SIGKILL), to_exit=True)
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            os.close(rep_r)
+            proc.wait()
+        return self.outcome(spec, out, started)
+
+    @staticmethod
+    def outcome(spec: RunSpec, out: dict, started: float) -> RunOutcome:
+        report = out.pop("report")
+        if "setupfail" in report:
+            err, step = report["setupfail"]
+            if step == "setns":
+                raise NotFound("the live sandbox is no longer running")
+            raise SandboxError(f"entering the sandbox failed at {step}: {os.strerror(err)}", step=step, errno=err)
+        if "execfail" in report:
+            err, step = report["execfail"]
+            if step == "exec":
+                raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}", command=spec.argv[0])
+            if step == "cwd":
+                raise InvalidInput(f"working directory {spec.cwd!r}: {os.strerror(err)}", cwd=spec.cwd)
+            raise SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+        utime, stime, maxrss = report.get("rusage", (0, 0, 0))
+        usage = {"wall_s": round(time.monotonic() - started, 6), "user_cpu_s": utime / 1e6,
+                 "sys_cpu_s": stime / 1e6, "max_rss_bytes": maxrss * 1024}
+        return RunOutcome(exit_code=report.get("exit"), signal=report.get("signal"), stdout=out["stdout"],
+                          stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
+                          stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
+                          oom_killed=False, usage=usage, cancelled=out["cancelled"])
+
+
+class _Detached:
+    """The helper of a live sandbox forks away at once: its end says nothing about the sandbox."""
+
+    @staticmethod
+    def poll():
+        return None
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return int(data[data.rindex(b")") + 2:].split()[1])
+
+
+def _kill_pid(pid: int, start: int | None) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return
+    try:
+        if start is None or start_time(pid) == start:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)

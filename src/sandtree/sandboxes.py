@@ -1,0 +1,418 @@
+"""Live sandboxes: started from an image, entered by many commands, committed while running.
+
+The engine's half of issue 6 (the runtime's half is runtime/live.py). A live sandbox is a row
+in the `sandboxes` table (its image, its LiveHandle, its limits, its last commit) and a set of
+processes that outlive whoever started them; any engine process finds them by id, so the CLI's
+`sandtree start` and `sandtree exec` work across invocations and a restarted server re-attaches
+to what is still running. Stopped, expired or vanished sandboxes are marked so, never left
+"running". Every command is an `exec` operation (the audit trail); a commit is a `commit`
+operation whose lineage edge goes from the sandbox's last commit (or its image) to the new image.
+
+Shell session: a string command runs in `/bin/sh` through SESSION, which restores the exported
+environment and working directory the previous string command left (a file in the sandbox's
+/dev/shm, a tmpfs outside the committed filesystem) and saves them when it exits. A list runs as
+a fresh process with exactly the given environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+
+from .errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from .runtime.base import Limits, RunSpec
+from .runtime.live import LiveHandle, LiveRuntime
+from .secrets_mask import mask_env, mask_text, secret_values
+from .store.db import dumps
+
+# $1: the session file, $2: the command, then NAME=VALUE pairs for this command only (their
+# session values come back after it). Each step says why in the comment at the top of the file.
+SESSION = r'''
+unset __ST_SESSION
+__st_s=$1; __st_c=$2; shift 2
+if [ -r "$__st_s" ]; then . "$__st_s"; fi
+__st_new=; __st_had=
+for __st_kv in "$@"; do
+  __st_n=${__st_kv%%=*}
+  if eval "[ \"\${$__st_n+set}\" = set ]"; then
+    eval "__st_old_$__st_n=\$$__st_n"; __st_had="$__st_had $__st_n"
+  else __st_new="$__st_new $__st_n"; fi
+  export "$__st_kv"
+done
+[ -n "$PWD" ] && cd "$PWD" 2>/dev/null
+unset __st_kv __st_n
+__st_save() {
+  ( for __st_n in $__st_new; do unset "$__st_n"; done
+    for __st_n in $__st_had; do eval "export $__st_n=\"\$__st_old_$__st_n\""; done
+    export PWD; export -p ) > "$__st_s.$$" 2>/dev/null && mv -f "$__st_s.$$" "$__st_s"
+}
+trap '__st_rc=$?; __st_save; exit $__st_rc' EXIT
+eval "$__st_c"
+'''
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STATES = ("running", "stopped", "expired", "gone")
+
+
+class Sandboxes:
+    def __init__(self, engine):
+        self.engine = engine
+        self.live = LiveRuntime(engine.runtime)
+        self._lock = threading.Lock()
+
+    # ---- registry ------------------------------------------------------------------------------
+    def _row(self, sid: str) -> dict:
+        if not isinstance(sid, str) or not sid:
+            raise InvalidInput("a sandbox id must be a non-empty string")
+        rows = self.engine.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ?", (sid.replace("%", "") + "%",)) \
+            if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []
+        if len(rows) > 1:
+            raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
+        if not rows:
+            raise NotFound(f"no live sandbox {sid!r}", sandbox=sid)
+        return self._decode(rows[0])
+
+    def _decode(self, r) -> dict:
+        cols = ("id", "image", "state", "handle", "spec", "created", "last_used", "idle_timeout", "expires", "head")
+        d = dict(zip(cols, r))
+        d["handle"] = LiveHandle.from_dict(json.loads(d["handle"]))
+        d["spec"] = json.loads(d["spec"])
+        return d
+
+    def _set_state(self, sid: str, state: str) -> None:
+        with self.engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sid))
+
+    def _running(self, sid: str) -> dict:
+        """The row of a sandbox that is running now (else NotFound/Conflict, and the row is fixed)."""
+        row = self._row(sid)
+        if row["state"] != "running":
+            raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
+        if not self.live.alive(row["handle"]):
+            self._retire(row, "gone")
+            raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
+                           sandbox=row["id"], state="gone")
+        return row
+
+    def _retire(self, row: dict, state: str) -> None:
+        self.live.stop(row["handle"])
+        self._set_state(row["id"], state)
+
+    def info(self, sid: str) -> dict:
+        return self._view(self._row(sid))
+
+    def _view(self, row: dict) -> dict:
+        h = row["handle"]
+        alive = row["state"] == "running" and self.live.alive(h)
+        return {"id": row["id"], "image": row["image"], "head": row["head"],
+                "state": row["state"] if row["state"] != "running" or alive else "gone",
+                "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
+                "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
+                "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"]}
+
+    def list(self, *, all: bool = False) -> list[dict]:
+        """Live sandboxes (all=True: also the stopped ones), after expiring what is due."""
+        self.reap()
+        sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state='running'") + " ORDER BY created"
+        return [self._view(self._decode(r)) for r in self.engine.store.db.query(sql)]
+
+    def reap(self) -> list[str]:
+        """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
+        gone. Called on list and start, and by a long-running server on a timer."""
+        now = time.time()
+        done = []
+        for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
+            row = self._decode(r)
+            if not self.live.alive(row["handle"]):
+                self._retire(row, "gone")
+            elif now > row["expires"] or (row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]):
+                self._retire(row, "expired")
+            else:
+                continue
+            done.append(row["id"])
+        return done
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self, ref: str, *, env: dict | None = None, cwd: str = "/", hostname: str = "sandtree",
+              files=None, file_set: str | None = None, idle_timeout: float = 600, lifetime: float = 3600,
+              tier: str | None = None, **limits) -> dict:
+        """Start a live sandbox on image `ref`. limits as for a run (timeout = per command)."""
+        eng = self.engine
+        if (tier or eng.default_tier) != "namespaces":
+            raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
+        ok, why = self.live.available()
+        if not ok:
+            raise RuntimeUnavailable(why)
+        for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
+            if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
+                raise InvalidInput(f"{name} must be a positive number of seconds")
+        source = eng.resolve(ref)
+        row = eng.store.image(source)
+        lim = eng._limits(limits)
+        user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        injected = [eng._file(f) for f in (files or [])]
+        if file_set is not None:
+            injected = [eng._file(f) for f in eng.file_set(file_set)] + injected
+        eng._check_cwd(source, cwd, injected)
+        root = eng.store.tree(source)["."]
+        from .engine import DEFAULT_ENV
+        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
+                       env={**DEFAULT_ENV, **user_env}, cwd=cwd, hostname=hostname, files=injected, limits=lim,
+                       prepare_changes=(lambda upper: eng._inject(source, upper, injected)) if injected else None)
+        self.reap()
+        with eng.store.using():                    # gc keeps the layers of running sandboxes (below)
+            handle = self.live.start(spec, lifetime)
+        sid = uuid.uuid4().hex
+        now = time.time()
+        record = {"env": {**DEFAULT_ENV, **user_env}, "masked_env": mask_env(user_env), "cwd": cwd,
+                  "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
+                  "lifetime": lifetime}
+        try:
+            with eng.store.db.tx() as con:
+                con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
+                            "expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                            (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                             idle_timeout, now + lifetime, source))
+        except BaseException:
+            self.live.stop(handle)
+            raise
+        return self.info(sid)
+
+    def stop(self, sid: str) -> dict:
+        row = self._row(sid)
+        self.live.stop(row["handle"])
+        if row["state"] == "running":
+            self._set_state(row["id"], "stopped")
+        return self.info(row["id"])
+
+    def _touch(self, sid: str) -> None:
+        with self.engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (time.time(), sid))
+
+    # ---- commands ------------------------------------------------------------------------------
+    def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
+        eng = self.engine
+        base = row["spec"]
+        lim = Limits(**{**base["limits"], **{k: v for k, v in eng._limits(limits).__dict__.items()
+                                                 if k in limits and limits[k] is not None}})
+        user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        if isinstance(command, str):
+            if not command.strip():
+                raise InvalidInput("empty command")
+            for k in user_env:
+                if not NAME.match(k):
+                    raise InvalidInput(f"bad environment variable name {k!r} for a shell command")
+            if cwd is not None:
+                if not isinstance(cwd, str) or not cwd.startswith("/"):
+                    raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
+                user_env["PWD"] = cwd
+            session = f"/dev/shm/.sandtree-session-{int(uid)}"
+            # the wrapper travels in the environment (and leaves it at once): `ps` shows one line
+            argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command] + \
+                [f"{k}={v}" for k, v in user_env.items()]
+            env_out = {**base["env"], "__ST_SESSION": SESSION}
+            shown = command
+            run_cwd = base["cwd"]
+        elif isinstance(command, (list, tuple)) and command:
+            argv = [str(a) for a in command]
+            env_out = {**base["env"], **user_env}
+            shown = " ".join(argv)
+            run_cwd = cwd or base["cwd"]
+        else:
+            raise InvalidInput("command must be a shell string or a non-empty list of arguments")
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        spec = RunSpec(argv=argv, layers=[], root_meta=(0, 0, 0), env=env_out, cwd=run_cwd, stdin=stdin,
+                       uid=uid, gid=gid, limits=lim)
+        return spec, mask_text(shown, secret_values(user_env))
+
+    def exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, stdin=None,
+             uid: int = 0, gid: int = 0, on_output=None, cancel=None, **limits):
+        """Run `command` inside the sandbox to its exit. A string runs in the shell session (cwd and
+        exported env carry over); a list is a fresh process. Returns a RunRecord (image None)."""
+        from .engine import RunRecord
+        eng = self.engine
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                                         limits=limits)
+        spec.on_output, spec.cancel = on_output, cancel
+        op = uuid.uuid4().hex
+        started = time.time()
+        self._touch(row["id"])
+        try:
+            out = self.live.exec(row["handle"], spec)
+        except Exception as exc:
+            eng._record_run(op, row["image"], {"command": shown, "sandbox": row["id"]}, started, None,
+                            {"error": getattr(exc, "code", "error"), "message": str(exc)}, kind="exec")
+            if isinstance(exc, NotFound):
+                self._running(row["id"])        # raises Conflict(gone) if it died under us
+            raise
+        self._touch(row["id"])
+        rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
+                        out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
+        eng._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": uid, "gid": gid},
+                        started, None, {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                                        "cancelled": rec.cancelled, "usage": rec.usage}, kind="exec")
+        return rec
+
+    def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0,
+              gid: int = 0, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE) -> "LiveProcess":
+        """A process inside the sandbox with pipes (or a terminal), like subprocess.Popen."""
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
+                                         cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
+        self._touch(row["id"])
+        proc, rep_r = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        op = uuid.uuid4().hex
+        self.engine._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
+                                time.time(), None, {"started": True}, kind="exec")
+        return LiveProcess(proc, rep_r, self.live)
+
+    # ---- files ---------------------------------------------------------------------------------
+    def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
+        """A file as the sandbox sees it now (resolved inside its root, never outside)."""
+        row = self._running(sid)
+        fd = self._open(row, path, os.O_RDONLY)
+        try:
+            with os.fdopen(fd, "rb") as f:
+                return f.read(limit)
+        except IsADirectoryError:
+            raise InvalidInput(f"{path} is a directory") from None
+
+    def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        """Write a file into the running sandbox (its parent directory must exist)."""
+        row = self._running(sid)
+        if isinstance(data, str):
+            data = data.encode()
+        fd = self._open(row, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o7777)
+        idmap = self.engine.store.idmap
+        with os.fdopen(fd, "wb") as f:
+            os.fchown(f.fileno(), idmap.host_uid(uid), idmap.host_gid(gid))
+            os.fchmod(f.fileno(), mode & 0o7777)
+            f.write(data)
+        self._touch(row["id"])
+
+    def _open(self, row: dict, path: str, flags: int, mode: int = 0o644) -> int:
+        from .runtime.openat2 import open_in_root
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise InvalidInput(f"path must be absolute, not {path!r}")
+        root = self.live.root(row["handle"])
+        try:
+            return open_in_root(root, path, flags, mode)
+        finally:
+            os.close(root)
+
+    # ---- commit ----------------------------------------------------------------------------------
+    def commit(self, sid: str, *, tag: str | None = None) -> str:
+        """An image of the sandbox's filesystem now. Its processes are frozen for the instant of
+        the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
+        eng = self.engine
+        row = self._running(sid)
+        base = eng.store.image(row["image"])
+        h = row["handle"]
+        op = uuid.uuid4().hex
+        started = time.time()
+        with eng.store.using():
+            frozen = self.live.freeze(h, True)
+            try:
+                fd = self.live.upper(h)
+                try:
+                    cr = eng.committer.commit(base, f"/proc/self/fd/{fd}",
+                                              max_file_size=row["spec"]["limits"]["disk"])
+                finally:
+                    os.close(fd)
+            finally:
+                if frozen:
+                    self.live.freeze(h, False)
+            write = eng._image_writer(cr)
+            parent = row["head"] or row["image"]
+            execs = [r[0] for r in eng.store.db.query(
+                "SELECT id FROM operations WHERE kind='exec' AND source=? AND started>=? AND spec LIKE ?",
+                (row["image"], self._last_commit(row), f'%"sandbox":"{row["id"]}"%'))]
+            eng._record_run(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
+                                               "command": f"commit of live sandbox {row['id'][:12]}"},
+                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
+            with eng.store.db.tx() as con:
+                con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
+        if tag:
+            eng.tag(cr.image, tag)
+        return cr.image
+
+    def _last_commit(self, row: dict) -> float:
+        r = self.engine.store.db.one("SELECT MAX(started) FROM operations WHERE kind='commit' AND spec LIKE ?",
+                                     (f'%"sandbox":"{row["id"]}"%',))
+        return r[0] or 0.0
+
+
+class LiveProcess:
+    """A process inside a live sandbox: subprocess.Popen's shape (stdin, stdout, stderr, wait,
+    communicate, send_signal, kill) with the exit status of the command itself."""
+
+    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveRuntime):
+        self._proc, self._rep_r, self._live = proc, rep_r, live
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
+        self.returncode: int | None = None
+        self._raw = bytearray()
+
+    def _finish(self) -> None:
+        from .runtime.namespaces import _parse_report
+        self._proc.wait()
+        if self._rep_r is not None:
+            while True:
+                chunk = os.read(self._rep_r, 4096)
+                if not chunk:
+                    break
+                self._raw += chunk
+            os.close(self._rep_r)
+            self._rep_r = None
+        rep = _parse_report(self._raw)
+        if "execfail" in rep:
+            self.returncode = 127 if rep["execfail"][1] == "exec" else 126
+        elif "signal" in rep:
+            self.returncode = -rep["signal"]
+        else:
+            self.returncode = rep.get("exit", self._proc.returncode)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._proc.poll() is not None:
+            self._finish()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._proc.wait(timeout)
+            self._finish()
+        return self.returncode
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None):
+        out, err = self._proc.communicate(input, timeout)
+        self.wait()
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        self._live.signal_command(self._proc, int(sig))
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for s in (self.stdin, self.stdout, self.stderr):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        if self.poll() is None:
+            self.kill()
+        self.wait()
