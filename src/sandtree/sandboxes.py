@@ -127,10 +127,10 @@ class Sandboxes:
         done = []
         for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
-            if not self.live.alive(row["handle"]):
+            if now > row["expires"] or (row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]):
+                self._retire(row, "expired")        # (its helper ends it at its lifetime by itself)
+            elif not self.live.alive(row["handle"]):
                 self._retire(row, "gone")
-            elif now > row["expires"] or (row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]):
-                self._retire(row, "expired")
             else:
                 continue
             done.append(row["id"])
@@ -320,9 +320,9 @@ class Sandboxes:
         with eng.store.using():
             frozen = self.live.freeze(h, True)
             try:
-                fd = self.live.upper(h)
+                fd = self.live.scratch(h)
                 try:
-                    cr = eng.committer.commit(base, f"/proc/self/fd/{fd}",
+                    cr = eng.committer.commit(base, f"/proc/self/fd/{fd}/u",
                                               max_file_size=row["spec"]["limits"]["disk"])
                 finally:
                     os.close(fd)

@@ -161,9 +161,10 @@ class LiveRuntime:
             raise NotFound("the live sandbox is no longer running")
         return fd
 
-    def upper(self, h: LiveHandle) -> int:
-        """An fd of the sandbox's upper dir (its changes so far); the caller closes it."""
-        fd = os.open(f"/proc/{h.helper_pid}/root/tmp/u", os.O_RDONLY | os.O_DIRECTORY)
+    def scratch(self, h: LiveHandle) -> int:
+        """An fd of the sandbox's scratch dir: its upper (the changes so far) is `u` in it. The
+        caller closes it."""
+        fd = os.open(f"/proc/{h.helper_pid}/root/tmp", os.O_RDONLY | os.O_DIRECTORY)
         if start_time(h.helper_pid) != h.helper_start:      # opened the right one?
             os.close(fd)
             raise NotFound("the live sandbox is no longer running")

@@ -1,0 +1,256 @@
+"""Live sandboxes (issue 6): a sandbox that stays up between commands, on the real kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sandtree
+from sandtree.runtime.live import start_time
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
+
+
+@pytest.fixture
+def sb(bb):
+    with bb.start(idle_timeout=120, lifetime=300) as s:
+        yield s
+
+
+def test_shell_session_keeps_cwd_and_env(sb):
+    assert sb.exec("cd /tmp; export X=1").ok
+    r = sb.exec("pwd; echo $X")
+    assert r.stdout == b"/tmp\n1\n"
+    # per-call env and cwd apply to that call only; the session's values come back after it
+    assert sb.exec("echo $X $Y; pwd", env={"X": "2", "Y": "3"}, cwd="/etc").stdout == b"2 3\n/etc\n"
+    assert sb.exec("echo $X-$Y; pwd").stdout == b"1-\n/tmp\n"
+    # a list is a fresh process: the sandbox's start cwd and env, not the session's
+    assert sb.exec(["sh", "-c", "pwd; echo x$X"]).stdout == b"/\nx\n"
+    # a syntax error or an exit code is the command's, and the session survives it
+    bad = sb.exec("if")
+    assert bad.exit_code == 2 and b"syntax error" in bad.stderr
+    assert sb.exec("cd /var; exit 3").exit_code == 3
+    assert sb.exec("pwd").stdout == b"/var\n"
+
+
+def test_background_server_answers_across_execs(sb):
+    assert sb.exec("mkdir -p /www && echo hello-www > /www/index.html && httpd -p 127.0.0.1:8080 -h /www").ok
+    r = sb.exec("wget -qO- http://127.0.0.1:8080/index.html")
+    assert r.ok and r.stdout == b"hello-www\n"
+    # a background job holding the exec's pipes does not hold the exec
+    t = time.monotonic()
+    r = sb.exec("sleep 600 & echo started")
+    assert r.ok and r.stdout == b"started\n" and time.monotonic() - t < 5
+    assert b"sleep 600" in sb.exec("ps").stdout
+    assert sb.exec("wget -qO- http://127.0.0.1:8080/index.html").stdout == b"hello-www\n"
+
+
+def test_exec_results_timeout_stdin_and_errors(sb):
+    r = sb.exec("cat; echo err >&2; exit 4", stdin="from stdin\n")
+    assert (r.exit_code, r.stdout, r.stderr) == (4, b"from stdin\n", b"err\n")
+    t = time.monotonic()
+    r = sb.exec("sleep 30", timeout=0.5)
+    assert r.timed_out and r.signal == 9 and time.monotonic() - t < 10
+    assert sb.exec("echo still here").stdout == b"still here\n"       # the sandbox survives
+    with pytest.raises(sandtree.CommandNotFound):
+        sb.exec(["/no/such/program"])
+    with pytest.raises(sandtree.InvalidInput):
+        sb.exec(["pwd"], cwd="/no/such/dir")
+    with pytest.raises(sandtree.InvalidInput):
+        sb.exec("")
+    with pytest.raises(sandtree.InvalidInput):
+        sb.exec("true", env={"bad name": "x"})
+    out = sb.exec("yes | head -c 100000", output=1000)
+    assert out.stdout_truncated and len(out.stdout) == 1000
+
+
+def test_same_isolation_as_a_run(sb, bb):
+    probe = "grep -E '^(NoNewPrivs|Seccomp|CapBnd|CapEff):' /proc/self/status; cat /proc/self/uid_map; hostname"
+    assert sb.exec(probe).stdout == bb.run(probe).stdout
+    # a host path is not there, and pid 1 is the sandbox's own init
+    assert sb.exec("ls /proc/1/root/etc/greeting").exit_code != 0
+    assert b"sandtree-init" in sb.exec(["cat", "/proc/1/cmdline"]).stdout or \
+        sb.exec(["cat", "/proc/1/cmdline"]).exit_code != 0
+
+
+def test_limits_apply_to_exec(bb):
+    with bb.start(pids=40) as sb:
+        r = sb.exec("i=0; while [ $i -lt 80 ]; do sleep 30 & i=$((i+1)); done; echo done", timeout=20)
+        assert b"fork" in r.stderr.lower() or b"resource" in r.stderr.lower() or r.exit_code != 0
+        cg = bb._st._engine.sandboxes._row(sb.id)["handle"].cg()
+        assert 30 <= len(cg.pids()) <= 40                 # the sandbox's cgroup holds them all
+
+
+def test_files_while_running_stay_inside(sb):
+    sb.write("/tmp/note.txt", "from the host\n", mode=0o600, uid=1000, gid=1000)
+    assert sb.exec("cat /tmp/note.txt; stat -c '%u %g %a' /tmp/note.txt").stdout == b"from the host\n1000 1000 600\n"
+    sb.exec("echo made inside > /tmp/inside")
+    assert sb.read("/tmp/inside") == b"made inside\n"
+    # a symlink planted inside resolves inside, never on the host
+    sb.exec("ln -s / /tmp/rootlink; ln -s /etc /tmp/etclink")
+    assert sb.read("/tmp/etclink/greeting") == b"hello from the image\n"
+    with pytest.raises(sandtree.PathNotFound):
+        sb.read("/tmp/rootlink/etc/os-release")            # exists on the host, not in the sandbox
+    with pytest.raises(sandtree.PathNotFound):
+        sb.read("/tmp/rootlink/../../../../etc/debian_version")
+    with pytest.raises(sandtree.InvalidInput):
+        sb.read("relative/path")
+    with pytest.raises(sandtree.PathNotFound):
+        sb.write("/no/such/dir/file", b"x")
+
+
+def test_commit_while_running_then_fork(sb, bb):
+    sb.exec("echo 1 > /tmp/counter; (while true; do sleep 0.01; done) >/dev/null 2>&1 &")
+    first = sb.commit(tag="live/first")
+    assert first.read("/tmp/counter") == b"1\n" and "live/first" in first.tags
+    sb.exec("echo 2 > /tmp/counter; rm /etc/greeting")
+    second = sb.commit()
+    assert second.read("/tmp/counter") == b"2\n"
+    assert not any(e["name"] == "greeting" for e in second.ls("/etc"))
+    assert sb.exec("cat /tmp/counter").stdout == b"2\n"          # still running after the commits
+    assert sb.commit() == second                                  # nothing changed: same image
+    # lineage: image -> first -> second, each edge a commit of this sandbox
+    assert [p.id for p in second.parents()] == [first.id]
+    assert [p.id for p in first.parents()] == [bb.id]
+    assert "commit of live sandbox" in second.log()[0]["command"]
+    # images of a live sandbox branch like any image
+    results = second.fork(["echo a >> /tmp/counter", "echo b >> /tmp/counter"])
+    assert [r.image.read("/tmp/counter") for r in results] == [b"2\na\n", b"2\nb\n"]
+    # the same state committed from a run has the same ID
+    assert bb.run("echo 1 > /tmp/counter").image == first
+
+
+def test_popen_pipes_and_signals(sb):
+    p = sb.popen(["sh", "-c", "read line; echo got $line; cat"])
+    out, err = p.communicate(b"hello\nrest\n", timeout=20)
+    assert out == b"got hello\nrest\n" and p.returncode == 0
+    p = sb.popen(["sleep", "100"])
+    time.sleep(0.2)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == -signal.SIGTERM
+    with sb.popen(["sh", "-c", "trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"]) as p:
+        assert p.stdout.readline() == b"ready\n"
+        p.terminate()
+        assert p.wait(timeout=20) == 7 and p.stdout.read() == b"term\n"
+
+
+def test_pty(sb):
+    """An interactive program gets a terminal: isatty, its window size, and it is the session's
+    controlling terminal (so /dev/tty opens)."""
+    import fcntl
+    import pty as ptymod
+    import struct
+    import termios
+    master, slave = ptymod.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 77, 0, 0))
+    try:
+        p = sb.popen(["sh", "-c", "[ -t 0 ] && echo isatty; stty size; echo ctty > /dev/tty"], pty=True,
+                     stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        slave = None
+        assert p.wait(timeout=20) == 0
+        data = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:                       # EIO: every slave fd is closed
+                break
+            if not chunk:
+                break
+            data += chunk
+        assert b"isatty" in data and b"33 77" in data and b"ctty" in data, data
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+
+
+def test_stop_lifetime_idle_and_errors(bb, shared_st):
+    sb = bb.start()
+    h = shared_st._engine.sandboxes._row(sb.id)["handle"]
+    sb.stop()
+    assert sb.state == "stopped" and start_time(h.init_pid) != h.init_start
+    with pytest.raises(sandtree.Conflict):
+        sb.exec("true")
+    with pytest.raises(sandtree.NotFound):
+        shared_st.sandbox("ffffffffffff")
+    with pytest.raises(sandtree.InvalidInput):
+        bb.start(lifetime=-1)
+    with pytest.raises(sandtree.RuntimeUnavailable):
+        bb.start(tier="gvisor")
+    # lifetime: the helper ends it by itself, with no engine watching
+    short = bb.start(lifetime=1)
+    h = shared_st._engine.sandboxes._row(short.id)["handle"]
+    deadline = time.monotonic() + 10
+    while start_time(h.init_pid) == h.init_start and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert start_time(h.init_pid) != h.init_start
+    assert short.state in ("expired", "gone")
+    assert short.id not in [s.id for s in shared_st.sandboxes()]
+    # idle timeout: reaped by the next look at the registry
+    idle = bb.start(idle_timeout=0.5)
+    time.sleep(1.0)
+    assert idle.id not in [s.id for s in shared_st.sandboxes()]
+    assert idle.state == "expired"
+
+
+OWNER = textwrap.dedent("""
+    import sys, sandtree
+    st = sandtree.Sandtree(sys.argv[1], warm=0)
+    sb = st.image(sys.argv[2]).start()
+    sb.exec("echo kept > /tmp/state; sleep 600 &")
+    print(sb.id, flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_survives_its_owner_being_killed(tmp_path, rootfs):
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    img = st.import_image(rootfs)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, home, img.id], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    sid = owner.stdout.readline().strip()
+    owner.kill()
+    owner.wait()
+    try:
+        sb = st.sandbox(sid)                       # another process finds it again
+        assert sb.state == "running"
+        assert sb.exec("cat /tmp/state").stdout == b"kept\n"
+        assert sb.commit().read("/tmp/state") == b"kept\n"
+    finally:
+        st.sandbox(sid).stop()
+        st.close()
+
+
+def test_cli_start_exec_ps_stop(tmp_path, rootfs):
+    env = {**os.environ, "SANDTREE_HOME": str(tmp_path / "home")}
+
+    def cli(*args, check=True):
+        r = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, text=True,
+                           timeout=60)
+        if check:
+            assert r.returncode == 0, r.stderr
+        return r
+
+    cli("image", "import", rootfs, "--tag", "bb")
+    sid = cli("start", "bb").stdout.strip()
+    try:
+        assert cli("exec", sid, "--", "sh", "-c", "echo hi > /tmp/x; cat /tmp/x").stdout == "hi\n"
+        assert cli("exec", sid, "cd /tmp; export A=5").returncode == 0
+        assert cli("exec", sid, "pwd; echo $A").stdout == "/tmp\n5\n"
+        assert cli("exec", sid, "exit 9", check=False).returncode == 9
+        assert sid[:12] in cli("ps").stdout
+        img = cli("commit", sid[:8], "--tag", "snap").stdout.strip()
+        assert cli("cat", "snap", "/tmp/x").stdout == "hi\n" and img
+    finally:
+        cli("stop", sid)
+    assert sid[:12] not in cli("ps").stdout
+    assert cli("exec", sid, "true", check=False).returncode != 0
