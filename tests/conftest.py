@@ -151,10 +151,14 @@ def pytest_sessionfinish(session, exitstatus):
                 left = [n for n in os.listdir(d) if n.startswith(f"{os.getpid()}-")]
                 if left:
                     problems.append(f"cgroups left in {d}: {left[:3]}")
-    out = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    # zombies (state Z) are already dead: the durability test's killed workers leave them to pid 1
-    procs = [l for l in out.splitlines() if ("sandtree-exec" in l or "sandtree-init" in l)
-             and l.split()[1][0] != "Z"]
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    # Ours: helpers built under this session's temporary tree, and the sandbox inits they started
+    # (other test sessions may run beside this one). Zombies (state Z) are already dead: the
+    # durability test's killed workers leave them to pid 1.
+    rows = [l.split(None, 3) for l in out.splitlines() if len(l.split(None, 3)) == 4]
+    helpers = {r[0] for r in rows if "sandtree-exec" in r[3] and base in r[3]}
+    procs = [" ".join(r) for r in rows if r[2][0] != "Z"
+             and (r[0] in helpers or ("sandtree-init" in r[3] and r[1] in helpers))]
     if procs:
         problems.append(f"processes left behind: {procs[:3]}")
     if problems:

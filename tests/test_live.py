@@ -233,9 +233,9 @@ def test_survives_its_owner_being_killed(tmp_path, rootfs):
 def test_cli_start_exec_ps_stop(tmp_path, rootfs):
     env = {**os.environ, "SANDTREE_HOME": str(tmp_path / "home")}
 
-    def cli(*args, check=True):
+    def cli(*args, check=True, input=None):
         r = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, input=input)
         if check:
             assert r.returncode == 0, r.stderr
         return r
@@ -248,6 +248,9 @@ def test_cli_start_exec_ps_stop(tmp_path, rootfs):
         assert cli("exec", sid, "pwd; echo $A").stdout == "/tmp\n5\n"
         assert cli("exec", sid, "exit 9", check=False).returncode == 9
         assert sid[:12] in cli("ps").stdout
+        # `shell` drives an interactive sh through a pty (its input here is a pipe, not a terminal)
+        r = cli("shell", sid, input="echo in-shell $((6*7)); cd /tmp\nexit 5\n", check=False)
+        assert r.returncode == 5 and "in-shell 42" in r.stdout
         img = cli("commit", sid[:8], "--tag", "snap").stdout.strip()
         assert cli("cat", "snap", "/tmp/x").stdout == "hi\n" and img
     finally:

@@ -121,28 +121,40 @@ def cmd_image_rm(args):
 
 
 # ---- run -----------------------------------------------------------------------------------------
-def cmd_run(args):
-    eng = _engine(args)
-    cmd = args.cmd
-    if not cmd:
-        raise SystemExit("sandtree run: no command given (sandtree run IMAGE -- CMD ...)")
-    command = cmd[0] if len(cmd) == 1 else cmd          # one argument: a shell string
+def _command(args):
+    if not args.cmd:
+        raise SystemExit(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
+    return args.cmd[0] if len(args.cmd) == 1 else args.cmd          # one argument: a shell string
+
+
+def _env(args) -> dict:
     env = {}
     for kv in args.env:
         if "=" not in kv:
-            raise SystemExit(f"sandtree run: --env wants KEY=VALUE, not {kv!r}")
+            raise SystemExit(f"sandtree {args.command}: --env wants KEY=VALUE, not {kv!r}")
         k, v = kv.split("=", 1)
         env[k] = v
+    return env
+
+
+def _live_output(stream, chunk):
+    f = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+    f.write(chunk)
+    f.flush()
+
+
+def cmd_run(args):
+    eng = _engine(args)
+    command = _command(args)
     stdin = sys.stdin.buffer.read() if args.stdin else None
-
-    def live(stream, chunk):
-        f = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-        f.write(chunk)
-        f.flush()
-
-    rec = eng.run(args.image, command, env=env, cwd=args.cwd, stdin=stdin, disposable=args.disposable,
+    rec = eng.run(args.image, command, env=_env(args), cwd=args.cwd, stdin=stdin, disposable=args.disposable,
                   timeout=args.timeout, memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
-                  tier=args.tier, on_output=None if args.json else live)
+                  tier=args.tier, on_output=None if args.json else _live_output)
+    return _report_run(args, rec)
+
+
+def _report_run(args, rec) -> int:
+    """Print a run's (or an exec's) result; the exit status the CLI should end with."""
     if args.json:
         print(json.dumps({"image": rec.image, "source": rec.source, "exit_code": rec.exit_code,
                           "signal": rec.signal, "stdout": rec.stdout.decode("utf-8", "replace"),
@@ -158,13 +170,73 @@ def cmd_run(args):
             notes.append("out of memory")
         if rec.stdout_truncated or rec.stderr_truncated:
             notes.append("output truncated")
-        print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
-              file=sys.stderr)
+        if args.command == "run":
+            print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
+                  file=sys.stderr)
+        elif notes:
+            print(f"[{', '.join(notes)}]", file=sys.stderr)
     if rec.timed_out:
         return 124
     if rec.signal:
         return 128 + rec.signal
     return rec.exit_code or 0
+
+
+# ---- live sandboxes ------------------------------------------------------------------------------
+def cmd_start(args):
+    eng = _engine(args)
+    info = eng.sandbox_start(args.image, env=_env(args), cwd=args.cwd, timeout=args.timeout, memory=args.memory,
+                             pids=args.pids, cpus=args.cpus, disk=args.disk, idle_timeout=args.idle_timeout,
+                             lifetime=args.lifetime)
+    _out(args, info, lambda o: print(o["id"]))
+
+
+def cmd_exec(args):
+    eng = _engine(args)
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    rec = eng.sandbox_exec(args.sandbox, _command(args), env=_env(args), cwd=args.cwd, stdin=stdin,
+                           timeout=args.timeout, on_output=None if args.json else _live_output)
+    return _report_run(args, rec)
+
+
+def cmd_stop(args):
+    eng = _engine(args)
+    out = [eng.sandbox_stop(s) for s in args.sandboxes]
+    _out(args, out, lambda o: [print(f"{i['id']}  {i['state']}") for i in o])
+
+
+def cmd_sandbox_commit(args):
+    eng = _engine(args)
+    image = eng.sandbox_commit(args.sandbox, tag=args.tag)
+    _out(args, {"image": image, "sandbox": args.sandbox, "tag": args.tag}, lambda o: print(o["image"]))
+
+
+def cmd_ps(args):
+    eng = _engine(args)
+
+    def human(rows):
+        for r in rows:
+            mem = _fmt_size(r["memory_bytes"]) if r["memory_bytes"] is not None else "-"
+            idle = time.time() - r["last_used"]
+            print(f"{r['id'][:12]}  {r['state']:8}  image {r['image'][:12]}  mem {mem:>7}  idle {idle:5.0f}s")
+    _out(args, eng.sandbox_list(all=args.all), human)
+
+
+def cmd_shell(args):
+    """An interactive shell: in a running sandbox (an id), or in a new one on an image that is
+    stopped when the shell exits (commit it first with `sandtree commit` from another terminal)."""
+    from .terminal import interactive
+    eng = _engine(args)
+    try:
+        info, started = eng.sandbox_info(args.target), False
+    except SandtreeError:
+        info, started = eng.sandbox_start(args.target), True
+        print(f"sandbox {info['id']} (stopped when this shell exits)", file=sys.stderr)
+    try:
+        return interactive(eng, info["id"], args.cmd or ["/bin/sh", "-i"])
+    finally:
+        if started:
+            eng.sandbox_stop(info["id"])
 
 
 # ---- inspection ----------------------------------------------------------------------------------
@@ -442,6 +514,43 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
     x.set_defaults(fn=cmd_run)
 
+    limits = argparse.ArgumentParser(add_help=False)
+    limits.add_argument("--timeout", type=float, help="seconds per command")
+    limits.add_argument("--memory")
+    limits.add_argument("--pids", type=int)
+    limits.add_argument("--cpus", type=float)
+    limits.add_argument("--disk")
+    x = sub.add_parser("start", parents=[common, limits], help="start a live sandbox on an image; prints its id")
+    x.add_argument("image")
+    x.add_argument("--env", action="append", default=[], metavar="K=V")
+    x.add_argument("--cwd", default="/")
+    x.add_argument("--idle-timeout", type=float, default=600, help="seconds without a command before it stops")
+    x.add_argument("--lifetime", type=float, default=3600, help="seconds until it stops in any case")
+    x.set_defaults(fn=cmd_start)
+    x = sub.add_parser("exec", parents=[common], help="run a command in a live sandbox (one argument: in its shell "
+                                                      "session, where cd and export carry over)")
+    x.add_argument("sandbox")
+    x.add_argument("--env", action="append", default=[], metavar="K=V")
+    x.add_argument("--cwd")
+    x.add_argument("--timeout", type=float)
+    x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
+    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
+    x.set_defaults(fn=cmd_exec)
+    x = sub.add_parser("stop", parents=[common], help="stop live sandboxes")
+    x.add_argument("sandboxes", nargs="+")
+    x.set_defaults(fn=cmd_stop)
+    x = sub.add_parser("ps", parents=[common], help="list live sandboxes")
+    x.add_argument("--all", action="store_true", help="also stopped, expired and gone ones")
+    x.set_defaults(fn=cmd_ps)
+    x = sub.add_parser("commit", parents=[common], help="an image of a live sandbox's filesystem now")
+    x.add_argument("sandbox")
+    x.add_argument("--tag")
+    x.set_defaults(fn=cmd_sandbox_commit)
+    x = sub.add_parser("shell", parents=[common], help="interactive shell in a live sandbox (ID) or a new one (IMAGE)")
+    x.add_argument("target", help="a live sandbox id, or an image")
+    x.add_argument("cmd", nargs="*", help="-- PROGRAM ARGS (default: /bin/sh -i)")
+    x.set_defaults(fn=cmd_shell)
+
     x = sub.add_parser("cat", parents=[common], help="print a file of an image")
     x.add_argument("image"); x.add_argument("path")
     x.set_defaults(fn=cmd_cat)
@@ -542,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.home = getattr(args, "home", None)
     if tail is not None:
-        if getattr(args, "fn", None) is not cmd_run:
-            parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`")
+        if getattr(args, "fn", None) not in (cmd_run, cmd_exec, cmd_shell):
+            parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`, `exec` and `shell`")
         args.cmd = list(args.cmd) + tail
     try:
         rc = args.fn(args)
@@ -553,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(exc.to_dict(), default=str))
         else:
             print(f"error: {exc.message}", file=sys.stderr)
-        return 125 if args.fn is cmd_run else 1
+        return 125 if args.fn in (cmd_run, cmd_exec) else 1
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -275,7 +275,6 @@ class NamespaceRuntime:
         the command (default: the sandbox's pid 1). to_exit: stop at the command's exit instead
         of at EOF of its output (a command entering a live sandbox may leave a background
         process holding the pipes); its output is in the pipes by then and is drained."""
-        lim: Limits = spec.limits
         kill = kill or (lambda: self._kill_sandbox(proc, report_raw, cg))
         bufs = {"stdout": bytearray(), "stderr": bytearray()}
         trunc = {"stdout": False, "stderr": False}
