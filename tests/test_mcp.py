@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -19,7 +20,9 @@ from conftest import listening, serve_process
 TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "cancel_operation",
          "import_image", "list_images", "get_image", "set_tag", "upload", "rsync", "download",
          "list_files", "read_file", "grep", "diff", "merge", "lineage", "branch_create", "branch_list",
-         "rollback", "whoami", "get_guide", "registry_auth", "registry_token_obtain"}
+         "rollback", "whoami", "get_guide", "registry_auth", "registry_token_obtain", "sandbox_start",
+         "sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_list", "sandbox_read_file",
+         "sandbox_write_file"}
 
 
 def data(result):
@@ -193,3 +196,39 @@ def test_mcp_over_a_remote_engine(tmp_path, rootfs):
                 assert done[0]["status"] == "done" and done[0]["stdout"] == "later\n"
                 assert (await c.call_tool("read_file", {"image": "bb", "path": "/nope"})).is_error
         asyncio.run(main())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
+def test_live_sandbox_tools(tmp_path, rootfs):
+    """An agent's dev loop: start, a server in the background, the shell session, files, commit."""
+    async def main():
+        async with Client(stdio(str(tmp_path / "home"))) as c:
+            data(await c.call_tool("import_image", {"source": rootfs, "tag": "bb"}))
+            sid = data(await c.call_tool("sandbox_start", {"image": "bb", "idle_timeout": 60}))["id"]
+            try:
+                r = data(await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command":
+                                                            "mkdir -p /srv && cd /srv && echo ok > index.html && "
+                                                            "httpd -p 127.0.0.1:8000 -h /srv"}))
+                assert r["exit_code"] == 0
+                r = data(await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command":
+                                                            "pwd; wget -qO- http://127.0.0.1:8000/"}))
+                assert r["stdout"] == "/srv\nok\n"
+                data(await c.call_tool("sandbox_write_file", {"sandbox_id": sid, "path": "/srv/n.txt",
+                                                              "content": "note"}))
+                assert data(await c.call_tool("sandbox_read_file", {"sandbox_id": sid,
+                                                                    "path": "/srv/n.txt"}))["content"] == "note"
+                img = data(await c.call_tool("sandbox_commit", {"sandbox_id": sid, "tag": "bb/dev"}))["image"]
+                assert data(await c.call_tool("read_file", {"image": img, "path": "/srv/index.html"}))["content"] == "ok\n"
+                assert [s["id"] for s in data(await c.call_tool("sandbox_list", {}))] == [sid]
+                for name, args in [("sandbox_exec", {"sandbox_id": "nope", "command": "true"}),
+                                   ("sandbox_exec", {"sandbox_id": sid, "command": ""}),
+                                   ("sandbox_read_file", {"sandbox_id": sid, "path": "/missing"}),
+                                   ("sandbox_start", {"image": "nope"}),
+                                   ("sandbox_start", {"image": "bb", "lifetime": -5})]:
+                    r = await c.call_tool(name, args)
+                    assert r.is_error and r.content[0].text, (name, args)
+            finally:
+                assert data(await c.call_tool("sandbox_stop", {"sandbox_id": sid}))["state"] == "stopped"
+            r = await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command": "true"})
+            assert r.is_error and "conflict" in r.content[0].text
+    asyncio.run(main())

@@ -112,3 +112,27 @@ def test_async_twin(sdk, base):
         assert (await a.ls("/etc"))
     asyncio.run(main())
     assert st.image(base.id) == base
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="live sandboxes need root")
+def test_live_sandbox(sdk, base):
+    with base.start(idle_timeout=60) as sb:
+        assert sb.exec("cd /tmp; export K=v").ok
+        r = sb.exec("pwd; echo $K; echo oops >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr, r.image) == (3, b"/tmp\nv\n", b"oops\n", None)
+        assert sb.exec(["cat"], stdin=b"\x00\xffbytes").stdout == b"\x00\xffbytes"
+        sb.write("/tmp/f", b"\x00binary\xff", mode=0o600)
+        assert sb.read("/tmp/f") == b"\x00binary\xff"
+        img = sb.commit(tag="sdk/live")
+        assert img.read("/tmp/f") == b"\x00binary\xff" and "sdk/live" in img.tags
+        assert sb.id in [s.id for s in sdk.sandboxes()]
+        assert sdk.sandbox(sb.id[:12]).info()["state"] == "running"
+        with pytest.raises(sandtree.CommandNotFound):
+            sb.exec(["/nope"])
+        with pytest.raises(sandtree.PathNotFound):
+            sb.read("/no/such")
+    assert sb.state == "stopped"
+    with pytest.raises(sandtree.Conflict):
+        sb.exec("true")
+    with pytest.raises(sandtree.NotFound):
+        sdk.sandbox("0123456789ab")

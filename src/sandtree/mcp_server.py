@@ -38,6 +38,11 @@ GUIDE = {
   undoes the last run; lineage(image) shows the tree of what came from an image.""",
     "async": """run(..., wait=false) returns an operation_id at once. wait_operations([ids], timeout) waits;
 get_operation(id) shows status and output; cancel_operation(id) stops a queued or running one.""",
+    "live": """A live sandbox stays up between commands (a dev server, a REPL, a shell's cwd):
+sandbox_start(image) -> sandbox_id. sandbox_exec(sandbox_id, command) runs in its shell session: cd and
+export carry over; background processes (server &) keep running. sandbox_read_file/sandbox_write_file
+reach its files while it runs. sandbox_commit(sandbox_id) -> an image of it now (branch from it like any
+image). sandbox_stop when done (it also stops after idle_timeout or lifetime seconds).""",
     "errors": """Errors name their kind: image_not_found, path_not_found, path_escape (a path leaving the image),
 invalid_input (bad arguments; nothing changed), command_not_found, sandbox_error, runtime_unavailable.
 A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true.""",
@@ -123,6 +128,64 @@ def build_server(engine: Engine) -> MCPServer:
         with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
             recs = list(pool.map(lambda c: engine.run(image, c, timeout=timeout, disposable=disposable), commands))
         return [dict(run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
+
+    # ---- live sandboxes -------------------------------------------------------------------------
+    @server.tool()
+    @guard
+    def sandbox_start(image: str, timeout: float = 30, memory: str | None = None, env: dict[str, str] | None = None,
+                      cwd: str = "/", idle_timeout: float = 600, lifetime: float = 3600) -> dict:
+        """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
+        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped."""
+        return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
+                                    idle_timeout=idle_timeout, lifetime=lifetime)
+
+    @server.tool()
+    @guard
+    def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
+                     stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
+                     truncate_output_at: int = 8000) -> dict:
+        """Run a command in a live sandbox. shell=true: in its shell session (cd and export carry over
+        to the next call); false: a fresh process (command split on spaces). Background processes
+        it starts keep running. Returns exit_code, stdout, stderr."""
+        rec = engine.sandbox_exec(sandbox_id, command if shell else command.split(), timeout=timeout,
+                                  stdin=stdin, cwd=cwd, env=env)
+        res = run_result(rec, truncate_output_at)
+        res.pop("result_image")
+        return res
+
+    @server.tool()
+    @guard
+    def sandbox_commit(sandbox_id: str, tag: str | None = None) -> dict:
+        """An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."""
+        return {"image": engine.sandbox_commit(sandbox_id, tag=tag), "tag": tag}
+
+    @server.tool()
+    @guard
+    def sandbox_stop(sandbox_id: str) -> dict:
+        """Stop a live sandbox: its processes end and its unsaved files go (sandbox_commit first to keep them)."""
+        return engine.sandbox_stop(sandbox_id)
+
+    @server.tool()
+    @guard
+    def sandbox_list(all: bool = False) -> list[dict]:
+        """Running live sandboxes (all=true: also stopped and expired ones)."""
+        return engine.sandbox_list(all=all)
+
+    @server.tool()
+    @guard
+    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:
+        """A file of a running live sandbox, as text (binary bytes replaced)."""
+        data = engine.sandbox_read(sandbox_id, path)
+        chunk = data[offset:offset + limit]
+        return {"path": path, "size": len(data), "content": chunk.decode("utf-8", "replace"),
+                "truncated": offset + limit < len(data)}
+
+    @server.tool()
+    @guard
+    def sandbox_write_file(sandbox_id: str, path: str, content: str, mode: int = 0o644) -> dict:
+        """Write a text file into a running live sandbox (its directory must exist)."""
+        engine.sandbox_write(sandbox_id, path, content.encode(), mode=mode)
+        return {"path": path, "size": len(content.encode())}
 
     # ---- operations ---------------------------------------------------------------------------
     def op_view(rec: dict, offset: int = 0, limit: int = 8000) -> dict:

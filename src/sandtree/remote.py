@@ -175,8 +175,12 @@ class RemoteEngine:
 
     @staticmethod
     def _run_body(ref, command, stdin, files, options) -> dict:
-        if isinstance(stdin, bytes):
-            stdin = stdin.decode("utf-8", "surrogateescape")
+        stdin_b64 = None
+        if isinstance(stdin, (bytes, bytearray)):
+            try:
+                stdin = bytes(stdin).decode("utf-8")
+            except UnicodeDecodeError:                 # exact bytes travel as base64
+                stdin, stdin_b64 = None, base64.b64encode(stdin).decode()
         out = []
         for f in files or []:
             f = dict(f)
@@ -184,6 +188,8 @@ class RemoteEngine:
                 f["content"] = f["content"].decode("utf-8", "surrogateescape")
             out.append(f)
         body = {"image": ref, "command": command, "stdin": stdin, "files": out}
+        if stdin_b64 is not None:
+            body["stdin_base64"] = stdin_b64
         body.update({k: v for k, v in options.items() if v is not None})
         if "env" in body and body["env"] is None:
             body.pop("env")
@@ -191,6 +197,49 @@ class RemoteEngine:
 
     def operation(self, op: str) -> dict:
         return self._json("GET", f"/operations/{op}")
+
+    # ---- live sandboxes ----------------------------------------------------------------------------
+    def sandbox_start(self, ref: str, *, files=None, **options) -> dict:
+        body = self._run_body(ref, "", None, files, options)
+        body.pop("command"), body.pop("stdin")
+        return self._json("POST", "/sandboxes", json=body)
+
+    def sandbox_exec(self, sid: str, command, *, stdin=None, on_output=None, cancel=None, **options) -> RunRecord:
+        body = self._run_body(None, command, stdin, None, options)
+        body.pop("image"), body.pop("files")
+        if body.get("stdin") is None:
+            body.pop("stdin")
+        rec = _record(self._json("POST", f"/sandboxes/{_q(sid)}/exec", json=body))
+        if on_output is not None:           # no live stream for exec over HTTP yet: all at the end
+            for name in ("stdout", "stderr"):
+                data = getattr(rec, name)
+                if data:
+                    on_output(name, data)
+        return rec
+
+    def sandbox_popen(self, sid: str, argv, **options):
+        raise errors.RuntimeUnavailable("popen (pipes or a terminal to a process) is in-process only; "
+                                        "over HTTP use exec")
+
+    def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
+        return self._json("POST", f"/sandboxes/{_q(sid)}/commit", json={"tag": tag})["image"]
+
+    def sandbox_stop(self, sid: str) -> dict:
+        return self._json("POST", f"/sandboxes/{_q(sid)}/stop")
+
+    def sandbox_info(self, sid: str) -> dict:
+        return self._json("GET", f"/sandboxes/{_q(sid)}")
+
+    def sandbox_list(self, *, all: bool = False) -> list[dict]:
+        return self._json("GET", "/sandboxes", params={"all": all})
+
+    def sandbox_read(self, sid: str, path: str) -> bytes:
+        return self._call("GET", f"/sandboxes/{_q(sid)}/file", params={"path": path}).content
+
+    def sandbox_write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0,
+                      gid: int = 0) -> None:
+        self._call("PUT", f"/sandboxes/{_q(sid)}/file", params={"path": path, "mode": mode, "uid": uid, "gid": gid},
+                   content=bytes(data))
 
     # ---- lineage, branching ------------------------------------------------------------------------
     def parents(self, image: str) -> list[dict]:
@@ -298,6 +347,14 @@ class _RemoteOperations:
 
     def close(self) -> None:
         pass
+
+
+def _q(part: str) -> str:
+    """One path segment (an id from the caller must not add segments)."""
+    from urllib.parse import quote
+    if not isinstance(part, str) or not part:
+        raise errors.InvalidInput("an id must be a non-empty string")
+    return quote(part, safe="")
 
 
 def _record(op: dict) -> RunRecord:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from .engine import Engine
-from .errors import SandtreeError
+from .errors import InvalidInput, SandtreeError
 
 ERROR_STATUS = {"not_found": 404, "image_not_found": 404, "path_not_found": 404, "invalid_input": 400,
                 "path_escape": 400, "bad_archive": 400, "command_not_found": 400, "conflict": 409,
@@ -44,6 +44,7 @@ class RunIn(BaseModel):
     env: dict[str, str] = {}
     cwd: str = "/"
     stdin: str | None = None
+    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
     uid: int = 0
     gid: int = 0
     hostname: str = "sandtree"
@@ -58,6 +59,40 @@ class RunIn(BaseModel):
     output: str | int | None = None
     tier: str | None = None
     wait: bool = True
+
+
+class StartIn(BaseModel):
+    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
+    env: dict[str, str] = {}
+    cwd: str = "/"
+    hostname: str = "sandtree"
+    files: list[FileIn] = []
+    file_set: str | None = None
+    idle_timeout: float = Field(600, description="seconds without a command before it is stopped")
+    lifetime: float = Field(3600, description="seconds until it is stopped in any case")
+    timeout: float | None = Field(None, description="default seconds per command")
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    output: str | int | None = None
+
+
+class ExecIn(BaseModel):
+    command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
+                                                 "carry over); a list is a fresh process")
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    stdin: str | None = None
+    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
+    uid: int = 0
+    gid: int = 0
+    timeout: float | None = None
+    output: str | int | None = None
+
+
+class CommitIn(BaseModel):
+    tag: str | None = None
 
 
 class LoginIn(BaseModel):
@@ -91,6 +126,17 @@ class BranchIn(BaseModel):
 class RollbackIn(BaseModel):
     steps: int | None = None
     to: str | None = None
+
+
+def _stdin(body) -> bytes | None:
+    if body.stdin_base64 is not None:
+        if body.stdin is not None:
+            raise InvalidInput("give stdin or stdin_base64, not both")
+        try:
+            return base64.b64decode(body.stdin_base64, validate=True)
+        except ValueError:
+            raise InvalidInput("stdin_base64 is not valid base64") from None
+    return body.stdin.encode() if body.stdin is not None else None
 
 
 def build_app(engine: Engine) -> FastAPI:
@@ -293,12 +339,59 @@ def build_app(engine: Engine) -> FastAPI:
         opts: dict[str, Any] = {k: getattr(body, k) for k in ("env", "cwd", "uid", "gid", "hostname",
                                                                "disposable", "file_set", "tier", "timeout",
                                                                "memory", "pids", "cpus", "disk", "output")}
-        opts["stdin"] = body.stdin.encode() if body.stdin is not None else None
+        opts["stdin"] = _stdin(body)
         opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
         op = await call(ops.submit_run, body.image, body.command, **opts)
         if not body.wait:
             return await call(ops.get, op)
         return await call(lambda: operation_view(ops.wait([op])[0]))
+
+    # ---- live sandboxes --------------------------------------------------------------------------
+    @app.post("/api/v1/sandboxes", status_code=201)
+    async def start_sandbox(body: StartIn) -> dict:
+        opts = body.model_dump(exclude={"image", "files"})
+        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
+        return await call(engine.sandbox_start, body.image, **opts)
+
+    @app.get("/api/v1/sandboxes")
+    async def list_sandboxes(all: bool = False) -> list[dict]:
+        return await call(engine.sandbox_list, all=all)
+
+    @app.get("/api/v1/sandboxes/{sid}")
+    async def get_sandbox(sid: str) -> dict:
+        return await call(engine.sandbox_info, sid)
+
+    @app.post("/api/v1/sandboxes/{sid}/exec")
+    async def exec_sandbox(sid: str, body: ExecIn) -> dict:
+        opts = body.model_dump(exclude={"command", "stdin", "stdin_base64"})
+        opts["stdin"] = _stdin(body)
+        rec = await call(engine.sandbox_exec, sid, body.command, **opts)
+        return {"id": rec.op, "source": rec.source, "result": None, "status": "done",
+                "outcome": {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                            "cancelled": rec.cancelled, "stdout_truncated": rec.stdout_truncated,
+                            "stderr_truncated": rec.stderr_truncated, "usage": rec.usage},
+                "stdout": rec.stdout.decode("utf-8", "replace"), "stderr": rec.stderr.decode("utf-8", "replace"),
+                "stdout_base64": base64.b64encode(rec.stdout).decode(),
+                "stderr_base64": base64.b64encode(rec.stderr).decode()}
+
+    @app.post("/api/v1/sandboxes/{sid}/commit", status_code=201)
+    async def commit_sandbox(sid: str, body: CommitIn) -> dict:
+        return {"image": await call(engine.sandbox_commit, sid, tag=body.tag)}
+
+    @app.post("/api/v1/sandboxes/{sid}/stop")
+    async def stop_sandbox(sid: str) -> dict:
+        return await call(engine.sandbox_stop, sid)
+
+    @app.get("/api/v1/sandboxes/{sid}/file")
+    async def read_sandbox_file(sid: str, path: str) -> Response:
+        return Response(await call(engine.sandbox_read, sid, path), media_type="application/octet-stream")
+
+    @app.put("/api/v1/sandboxes/{sid}/file")
+    async def write_sandbox_file(sid: str, path: str, request: Request, mode: int = Query(0o644, ge=0, le=0o7777),
+                                 uid: int = Query(0, ge=0, lt=65536), gid: int = Query(0, ge=0, lt=65536)) -> dict:
+        data = await request.body()
+        await call(engine.sandbox_write, sid, path, data, mode=mode, uid=uid, gid=gid)
+        return {"path": path, "size": len(data)}
 
     def operation_view(rec: dict) -> dict:
         done = ops.result(rec["id"])
