@@ -257,3 +257,39 @@ def test_cli_start_exec_ps_stop(tmp_path, rootfs):
         cli("stop", sid)
     assert sid[:12] not in cli("ps").stdout
     assert cli("exec", sid, "true", check=False).returncode != 0
+
+
+def test_warm_pool_runs_like_a_run(tmp_path, rootfs):
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        img = st.import_image(rootfs)
+        cold = img.run("echo hi > /tmp/x; id -u > /tmp/u", disposable=False)
+        stats = st.pool(img, size=2, wait=True)
+        assert stats["ready"] == 2
+        pooled = img.run("echo hi > /tmp/x; id -u > /tmp/u")
+        assert pooled.usage.get("pool") and pooled.image == cold.image          # same change, same ID
+        r = img.run(["sh", "-c", "cat; pwd; echo $V; id -u"], stdin=b"in\n", cwd="/tmp", env={"V": "v"}, uid=1000)
+        assert r.usage.get("pool") and r.stdout == b"in\n/tmp\nv\n1000\n"
+        assert r.image == img                                                   # nothing written
+        # what a command leaves running is stopped before the commit, like a run's
+        r = img.run("(sleep 0.2; echo late > /tmp/late) & echo now > /tmp/now")
+        assert r.usage.get("pool") and r.image.read("/tmp/now") == b"now\n"
+        time.sleep(0.4)
+        assert not any(e["name"] == "late" for e in r.image.ls("/tmp"))
+        # exit codes, timeouts and missing programs as in a run
+        assert img.run("exit 7").exit_code == 7
+        t = img.run("sleep 30", timeout=0.5)
+        assert t.timed_out and t.usage.get("pool")
+        with pytest.raises(sandtree.CommandNotFound):
+            img.run(["/no/such"])
+        # other limits: not the pool's; it runs the ordinary way with the same result
+        other = img.run("echo hi > /tmp/x; id -u > /tmp/u", memory="64m")
+        assert not other.usage.get("pool") and other.image == cold.image
+        st.pool(img, size=2, wait=True)
+        assert st.pools()[0]["served"] >= 5 and st.pools()[0]["ready"] == 2
+        st.pool(img, size=0)
+        assert st.pools()[0]["ready"] == 0
+        with pytest.raises(sandtree.InvalidInput):
+            st.pool(img, size=-1)
+    finally:
+        st.close()

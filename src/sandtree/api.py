@@ -103,6 +103,23 @@ class Sandtree:
         """Running live sandboxes (all=True: stopped and expired ones too)."""
         return [Sandbox(self, d) for d in self._engine.sandbox_list(all=all)]
 
+    def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
+             pids: int | None = None, cpus: float | None = None, disk=None, output=None,
+             hostname: str = "sandtree", wait: bool = False) -> dict:
+        """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
+        same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
+        it again resizes; size=0 empties it. wait: until it is full. Returns its stats."""
+        stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
+                                         cpus=cpus, disk=disk, output=output, hostname=hostname)
+        if wait:
+            self._engine.pool_wait(stats["image"])
+            stats = next(p for p in self._engine.pool_list() if p["image"] == stats["image"])
+        return stats
+
+    def pools(self) -> list[dict]:
+        """The warm pools: image, size, ready, served, misses."""
+        return self._engine.pool_list()
+
     def whoami(self) -> dict:
         """The caller's tenant, scopes and run limits (in-process: "local", every scope)."""
         return self._engine.whoami()

@@ -72,6 +72,7 @@ class Engine(BranchingOps):
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
         self._operations = None
         self._sandboxes = None
+        self._pools = None
         self._max_runs = max_runs
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
@@ -92,6 +93,27 @@ class Engine(BranchingOps):
             from .sandboxes import Sandboxes
             self._sandboxes = Sandboxes(self)
         return self._sandboxes
+
+    @property
+    def pools(self):
+        """Warm pools per image (created on first use)."""
+        if self._pools is None:
+            from .pools import Pools
+            self._pools = Pools(self)
+        return self._pools
+
+    def pool_create(self, ref: str, size: int, **options) -> dict:
+        """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
+        return self.pools.create(ref, size, **options)
+
+    def pool_list(self) -> list[dict]:
+        return self.pools.list() if self._pools is not None else []
+
+    def pool_wait(self, ref: str, timeout: float = 30.0) -> bool:
+        return self.pools.wait_ready(ref, timeout)
+
+    def pool_remove(self, ref: str) -> None:
+        self.pools.remove(ref)
 
     # The facade of live sandboxes: what the API objects and every adapter call.
     def sandbox_start(self, ref: str, **options) -> dict:
@@ -125,6 +147,10 @@ class Engine(BranchingOps):
     def close(self) -> None:
         if self._operations is not None:
             self._operations.close()
+        if self._pools is not None:
+            self._pools.close()
+        if self._sandboxes is not None:
+            self._sandboxes.close()
         for rt in self._tiers.values():
             rt.close()
         self.store.close()
@@ -365,8 +391,9 @@ class Engine(BranchingOps):
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
         started = time.time()
+        pool = self._pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         try:
-            outcome = runtime.run(spec)
+            outcome = (pool.run(spec) if pool is not None and pool.fits(spec) else None) or runtime.run(spec)
         except Exception as exc:
             self._record_run(op, source, record_spec, started, None,
                              {"error": getattr(exc, "code", "error"), "message": str(exc)})

@@ -62,7 +62,10 @@ class Sandboxes:
     def __init__(self, engine):
         self.engine = engine
         self.live = LiveRuntime(engine.runtime)
-        self._lock = threading.Lock()
+        self.ahead = _Ahead(self.live)
+
+    def close(self) -> None:
+        self.ahead.close()
 
     # ---- registry ------------------------------------------------------------------------------
     def _row(self, sid: str) -> dict:
@@ -99,6 +102,7 @@ class Sandboxes:
         return row
 
     def _retire(self, row: dict, state: str) -> None:
+        self.ahead.forget(row["id"])
         self.live.stop(row["handle"])
         self._set_state(row["id"], state)
 
@@ -184,6 +188,7 @@ class Sandboxes:
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
+        self.ahead.forget(row["id"])
         self.live.stop(row["handle"])
         if row["state"] == "running":
             self._set_state(row["id"], "stopped")
@@ -244,7 +249,7 @@ class Sandboxes:
         started = time.time()
         self._touch(row["id"])
         try:
-            out = self.live.exec(row["handle"], spec)
+            out = self.live.exec(row["handle"], spec, ahead=self.ahead.take(row["id"], row["handle"]))
         except Exception as exc:
             eng._record_run(op, row["image"], {"command": shown, "sandbox": row["id"]}, started, None,
                             {"error": getattr(exc, "code", "error"), "message": str(exc)}, kind="exec")
@@ -267,7 +272,7 @@ class Sandboxes:
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row["id"])
-        proc, rep_r = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        proc, rep_r, _ = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
         op = uuid.uuid4().hex
         self.engine._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                                 time.time(), None, {"started": True}, kind="exec")
@@ -347,6 +352,74 @@ class Sandboxes:
         r = self.engine.store.db.one("SELECT MAX(started) FROM operations WHERE kind='commit' AND spec LIKE ?",
                                      (f'%"sandbox":"{row["id"]}"%',))
         return r[0] or 0.0
+
+
+class _Ahead:
+    """For each live sandbox this process execs in, one helper already inside it (cgroups joined,
+    namespaces entered: the slow part of an exec), prepared after each exec by one long-lived
+    thread (the helpers die with the thread that forked them)."""
+
+    def __init__(self, live: LiveRuntime):
+        self.live = live
+        self.ready: dict[str, tuple[LiveHandle, object]] = {}
+        self.want: dict[str, LiveHandle] = {}
+        self.cv = threading.Condition()
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def take(self, sid: str, handle: LiveHandle):
+        with self.cv:
+            got = self.ready.pop(sid, None)
+            self.want[sid] = handle
+            if self.thread is None and not self.closed:
+                self.thread = threading.Thread(target=self._loop, name="sandtree-enter", daemon=True)
+                self.thread.start()
+            self.cv.notify_all()
+        if got is None:
+            return None
+        if got[0] != handle or not self.live.alive(handle):
+            got[1].discard()
+            return None
+        return got[1]
+
+    def forget(self, sid: str) -> None:
+        with self.cv:
+            self.want.pop(sid, None)
+            got = self.ready.pop(sid, None)
+        if got is not None:
+            got[1].discard()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and not (set(self.want) - set(self.ready)):
+                    self.cv.wait()
+                if self.closed:
+                    return
+                todo = {k: v for k, v in self.want.items() if k not in self.ready}
+            for sid, h in todo.items():
+                try:
+                    e = self.live.enter_ahead(h) if self.live.alive(h) else None
+                except Exception:                  # noqa: BLE001 - the exec enters by itself then
+                    e = None
+                with self.cv:
+                    if e is not None and self.want.get(sid) == h and not self.closed:
+                        self.ready[sid] = (h, e)
+                        e = None
+                    elif self.want.get(sid) == h and e is None:
+                        self.want.pop(sid, None)    # gone: stop trying
+                if e is not None:
+                    e.discard()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            got, self.ready = list(self.ready.values()), {}
+            self.cv.notify_all()
+        for _, e in got:
+            e.discard()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
 
 
 class LiveProcess:

@@ -26,8 +26,9 @@
  *
  * Live sandboxes (--live 1): C runs no command; it reports "ready" (P forwards it to the engine
  * and closes the report) and stays as the pid namespace's reaper. P does not die with the
- * engine (no PDEATHSIG, its own session), so a live sandbox outlives the process that started
- * it; --lifetime bounds it. Commands enter it with `--enter-fd PIDFD`: join its cgroups, setns
+ * engine with --detach 1 (no PDEATHSIG, its own session, forked away), so a live sandbox outlives
+ * the process that started it; --lifetime bounds it. Without --detach (a warm pool's) it dies
+ * with the engine like a run. Commands enter it with `--enter-fd PIDFD`: join its cgroups, setns
  * into all of its namespaces at once through the pidfd, fork, then the same steps as G. The
  * entering process reports "pid", then "exit"/"signal"/"execfail" and "rusage" like P, and
  * forwards signal SIGRTMIN+n as signal n to the command's process group.
@@ -85,6 +86,7 @@ struct opts {
     int spec_fd;                /* warm mode: per-run options arrive here (see below) */
     char **envp; int nenv;      /* warm mode: the command's environment (--env K=V) */
     int live;                   /* --live 1: pid 1 runs no command and waits for `--enter`s */
+    int detach;                 /* live: --detach 1 outlives the engine (else it dies with it) */
     long lifetime;              /* live: seconds until the sandbox is killed (0: no limit) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
@@ -481,6 +483,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--inject")) o->inject = atoi(v);
         else if (!strcmp(a, "--exec")) o->exec_runtime = atoi(v);
         else if (!strcmp(a, "--live")) o->live = atoi(v);
+        else if (!strcmp(a, "--detach")) o->detach = atoi(v);
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
@@ -513,7 +516,7 @@ static void parse(int argc, char **argv, struct opts *o) {
     o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);
     o->argv = argv + i;
     if (o->spec_fd >= 0) return;                 /* the rest comes with the spec */
-    if (o->enter_fd >= 0 && i < argc && o->report_fd >= 0) return;
+    if (o->enter_fd >= 0 && o->report_fd >= 0) return;
     if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {
         fprintf(stderr, "usage: sandtree-exec --layers DIR --lower L --sock N --report N [...] -- CMD...\n");
         exit(125);
@@ -540,7 +543,7 @@ static void read_spec(int fd, struct opts *o) {
     for (int k = 0; k < argc; k++) { args[k] = buf + start; start += strlen(buf + start) + 1; }
     int i = parse_opts(argc, args, o);
     o->argv = args + i;
-    if (i >= argc || !o->layers) { errno = EINVAL; die_step("spec"); }
+    if (i >= argc || (!o->layers && o->enter_fd < 0)) { errno = EINVAL; die_step("spec"); }
 }
 
 static void forward_rt(int sig) { if (g_pid > 0) kill(-g_pid, sig - SIGRTMIN); }
@@ -554,6 +557,15 @@ static int enter_sandbox(struct opts *o) {
     if (setns(o->enter_fd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
                            CLONE_NEWUTS | CLONE_NEWCGROUP) < 0) die_step("setns");
     close(o->enter_fd);
+    if (o->spec_fd >= 0) {
+        /* Entered ahead of the command: joining a v1 memory cgroup waits for an RCU grace period
+         * (milliseconds, more on an idle machine), so a warm pool pays it before the run. */
+        dprintf(report_fd, "ready\n");
+        int sfd = o->spec_fd;
+        o->spec_fd = -1;
+        read_spec(sfd, o);
+    }
+    if (!o->argv || !o->argv[0]) { errno = EINVAL; die_step("spec"); }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, forward_rt);
     signal(SIGTERM, forward);
@@ -605,7 +617,7 @@ int main(int argc, char **argv) {
     parse(argc, argv, &o);
     report_fd = o.report_fd;
     pid_t engine = getppid();
-    if (o.live) {
+    if (o.live && o.detach) {
         /* A live sandbox outlives its engine: no parent-death signal, a session of its own (the
          * terminal's or the engine's process-group signals do not reach it), and a fork so the
          * engine's child exits at once (nothing for it to reap later; init adopts us). */

@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
 from . import seccomp
@@ -36,9 +36,10 @@ class LiveHandle:
     init_pid: int                # its start time still matches
     init_start: int
     cgroup: dict | None          # {"version": ..., "dirs": {...}}
+    proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "proc"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LiveHandle":
@@ -83,8 +84,10 @@ class LiveRuntime:
             raise RuntimeUnavailable(why)
 
     # ---- start ---------------------------------------------------------------------------------
-    def start(self, spec: RunSpec, lifetime: float) -> LiveHandle:
-        """Start a sandbox on spec's image, limits, env and files; its pid 1 waits for commands."""
+    def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True) -> LiveHandle:
+        """Start a sandbox on spec's image, limits, env and files; its pid 1 waits for commands.
+        detach: it outlives this process (a user's live sandbox); else it dies with the thread
+        that started it (a warm pool's), whose helper process is then handle.proc."""
         self._check()
         validate_spec(spec)
         rt, lim = self.rt, spec.limits
@@ -93,7 +96,7 @@ class LiveRuntime:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1",
-                "--lifetime", str(max(1, int(lifetime)))]
+                "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime)))]
         args += rt._static_args() + rt._run_args(spec)
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
@@ -108,9 +111,10 @@ class LiveRuntime:
             finally:
                 theirs.close()
                 os.close(rep_w)
-            proc.wait()                       # the helper forks away at once (see helper.c)
+            if detach:
+                proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)
-            scratch = rt._receive_scratch(ours, rep_r, raw, _Detached(), deadline)
+            scratch = rt._receive_scratch(ours, rep_r, raw, _Detached() if detach else proc, deadline)
             if scratch is not None and spec.prepare_changes:
                 spec.prepare_changes(f"/proc/self/fd/{scratch}/u")
                 ours.send(b"g")
@@ -131,11 +135,15 @@ class LiveRuntime:
                                 {"version": cg.version, "dirs": cg.dirs} if cg else None)
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
+            handle.proc = None if detach else proc
             return handle
         except BaseException:
             rep = _parse_report(raw)
             if rep.get("pid"):
                 _kill_pid(rep["pid"], None)
+            if not detach:
+                proc.kill()
+                proc.wait()
             if cg:
                 cg.kill_all()
                 cg.remove(wait=2.0)
@@ -209,31 +217,28 @@ class LiveRuntime:
                 pass
             cg.kill_all()
             cg.remove(wait=wait)
+        if h.proc is not None:                         # not detached: our child to reap
+            try:
+                h.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+            return
         end = time.monotonic() + wait
         while start_time(h.helper_pid) == h.helper_start and time.monotonic() < end:
             time.sleep(0.002)
 
     # ---- commands ------------------------------------------------------------------------------
-    def popen(self, h: LiveHandle, spec: RunSpec, *, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE, pty: bool = False) -> tuple[subprocess.Popen, int]:
-        """Start spec.argv inside the sandbox. Returns the entering helper (signal it with
-        signal_command) and the read end of its report pipe. pty: stdin is a terminal that
-        becomes the command's controlling terminal."""
-        validate_spec(spec)
+    def _spawn(self, h: LiveHandle, extra: list[str], env: dict, fds: tuple, stdin, stdout, stderr):
         rt = self.rt
         pfd = self.pidfd(h)
         rep_r, rep_w = os.pipe()
-        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd), "--cwd", spec.cwd,
-                "--uid", str(spec.uid), "--gid", str(spec.gid)]
-        args += rt._static_args()
-        if pty:
-            args += ["--pty", "1"]
+        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd)] + rt._static_args()
         cg = h.cg()
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
         try:
-            proc = subprocess.Popen(args + ["--"] + spec.argv, env=spec.env, close_fds=True,
-                                    pass_fds=(rep_w, pfd, seccomp.filter_fd()),
+            proc = subprocess.Popen(args + extra, env=env, close_fds=True,
+                                    pass_fds=(rep_w, pfd, seccomp.filter_fd()) + fds,
                                     stdin=stdin, stdout=stdout, stderr=stderr)
         except BaseException:
             os.close(rep_r)
@@ -242,6 +247,56 @@ class LiveRuntime:
             os.close(rep_w)
             os.close(pfd)
         return proc, rep_r
+
+    def enter_ahead(self, h: LiveHandle) -> "Entered":
+        """A helper that has joined the sandbox's cgroups and namespaces and waits for its command
+        (the slow part of an exec, done before it is asked for: see helper.c). Call from a
+        long-lived thread: it dies with the thread that started it."""
+        spec_r, spec_w = os.pipe()
+        try:
+            proc, rep_r = self._spawn(h, ["--spec-fd", str(spec_r)], {}, (spec_r,), subprocess.PIPE,
+                                      subprocess.PIPE, subprocess.PIPE)
+        except BaseException:
+            os.close(spec_w)
+            raise
+        finally:
+            os.close(spec_r)
+        e = Entered(proc, rep_r, spec_w, bytearray())
+        while b"ready\n" not in e.raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                e.discard()
+                raise SandboxError(f"entering the sandbox failed: {bytes(e.raw).decode(errors='replace').strip()}")
+            e.raw += chunk
+        return e
+
+    def popen(self, h: LiveHandle, spec: RunSpec, *, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, pty: bool = False, ahead: "Entered | None" = None):
+        """Start spec.argv inside the sandbox. Returns the entering helper (signal it with
+        signal_command), the read end of its report pipe and what it reported so far. pty: stdin
+        is a terminal that becomes the command's controlling terminal. ahead: a helper from
+        enter_ahead (its pipes are the command's stdio)."""
+        validate_spec(spec)
+        words = ["--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid)]
+        if pty:
+            words += ["--pty", "1"]
+        if ahead is None:
+            proc, rep_r = self._spawn(h, words + ["--"] + spec.argv, spec.env, (), stdin, stdout, stderr)
+            return proc, rep_r, bytearray()
+        for k, v in spec.env.items():
+            words += ["--env", f"{k}={v}"]
+        data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words + ["--"] + spec.argv)
+        try:
+            with os.fdopen(ahead.spec_w, "wb") as f:
+                f.write(data)
+            ahead.spec_w = None
+            if stdin is subprocess.DEVNULL:
+                ahead.proc.stdin.close()
+                ahead.proc.stdin = None
+        except BaseException:
+            ahead.discard()
+            raise
+        return ahead.proc, ahead.rep_r, ahead.raw
 
     @staticmethod
     def signal_command(proc: subprocess.Popen, sig: int) -> None:
@@ -254,11 +309,11 @@ class LiveRuntime:
             except ProcessLookupError:
                 pass
 
-    def exec(self, h: LiveHandle, spec: RunSpec) -> RunOutcome:
+    def exec(self, h: LiveHandle, spec: RunSpec, ahead: "Entered | None" = None) -> RunOutcome:
         """Run spec.argv inside the sandbox to its exit: output, exit status, timeout, cancel."""
         started = time.monotonic()
-        proc, rep_r = self.popen(h, spec, stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL)
-        raw = bytearray()
+        proc, rep_r, raw = self.popen(h, spec, stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+                                      ahead=ahead)
         try:
             out = self.rt._pump(proc, spec, started + spec.limits.timeout, rep_r, raw,
                                 kill=lambda: self.signal_command(proc, signal.SIGKILL), to_exit=True)
@@ -292,6 +347,28 @@ class LiveRuntime:
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
                           oom_killed=False, usage=usage, cancelled=out["cancelled"])
+
+
+@dataclass
+class Entered:
+    """A helper waiting inside a sandbox for its command (LiveRuntime.enter_ahead)."""
+    proc: subprocess.Popen
+    rep_r: int
+    spec_w: int | None
+    raw: bytearray
+
+    def discard(self) -> None:
+        for fd in (self.spec_w, self.rep_r):
+            if fd is not None:
+                try:
+                    os.close(fd)               # EOF on the spec: the helper exits, running nothing
+                except OSError:
+                    pass
+        self.spec_w = self.rep_r = None
+        for s in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if s is not None:
+                s.close()
+        self.proc.wait()
 
 
 class _Detached:

@@ -1,0 +1,217 @@
+"""Warm pools: sandboxes of one image started ahead, so a run from that image skips setup.
+
+The golden-environment pattern (issue 6): `st.pool(image, size=N)` keeps N live sandboxes of
+the image ready (namespaces, overlay, /dev, /proc, cgroup: everything but the command). A run on
+that image with the pool's limits takes one, enters it with the command, and commits its upper
+exactly as a run would (same image ID for the same change); the used sandbox is stopped off the
+caller's path and a filler thread starts a replacement. A run the pool cannot serve (other
+limits, injected files, another tier) runs the ordinary way, so a pool never changes a result.
+
+Pool sandboxes are not detached: they die with the engine (PDEATHSIG), so they are started from
+the pool's own long-lived thread (the signal is tied to the thread that forked the helper).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+
+from .errors import InvalidInput
+from .runtime.base import Limits, RunOutcome, RunSpec
+from .runtime.live import Entered, LiveHandle, LiveRuntime
+from .runtime.namespaces import validate_spec
+
+LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
+
+
+class Pool:
+    def __init__(self, live: LiveRuntime, image: str, template: RunSpec, size: int):
+        self.live = live
+        self.image = image
+        self.template = template                 # layers, root metadata, limits, hostname
+        self.size = size
+        # each ready sandbox comes with a helper already inside it (joined its cgroups and
+        # namespaces), waiting for the command: a run pays for fork + exec + commit only
+        self.ready: collections.deque[tuple[LiveHandle, Entered]] = collections.deque()
+        self.cv = threading.Condition()
+        self.closed = False
+        self.error: str | None = None
+        self.served = 0
+        self.misses = 0
+        self._retired: list[LiveHandle] = []
+        self.thread = threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}", daemon=True)
+        self.thread.start()
+
+    # ---- serving -------------------------------------------------------------------------------
+    def fits(self, spec: RunSpec) -> bool:
+        t = self.template
+        lim, tl = spec.limits, t.limits
+        return (not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
+                and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
+
+    def take(self) -> tuple[LiveHandle, Entered] | None:
+        with self.cv:
+            h = self.ready.popleft() if self.ready else None
+            if h is None:
+                self.misses += 1
+            self.cv.notify_all()
+            return h
+
+    def run(self, spec: RunSpec) -> RunOutcome | None:
+        """Run spec in a ready sandbox; None if none is ready (the caller runs it cold)."""
+        validate_spec(spec)
+        got = self.take()
+        if got is None:
+            return None
+        h, ahead = got
+        try:
+            out = self.live.exec(h, spec, ahead=ahead)
+            # The command is done; what it left running must not write while the upper is read.
+            cg = h.cg()
+            if cg is not None and cg.pids() - {h.init_pid}:
+                self.live.freeze(h, True)
+            if cg is not None:
+                stats = cg.stats()
+                out.oom_killed = bool(stats["oom_killed"]) and not out.timed_out
+                out.usage.update(cgroup_memory_peak_bytes=stats["memory_peak"], limits_enforced=True)
+            out.usage["pool"] = True
+            scratch = self.live.scratch(h)
+        except BaseException:
+            self._retire(h)
+            raise
+        self.served += 1
+
+        def close():
+            os.close(scratch)
+            self._retire(h)
+        out.changes = f"/proc/self/fd/{scratch}/u"
+        out.disk_limit = spec.limits.disk
+        out._close = close
+        return out
+
+    def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
+        with self.cv:                            # stopped by the filler thread, off the run's path
+            self._retired.append((h, ahead))
+            self.cv.notify_all()
+
+    # ---- filling -------------------------------------------------------------------------------
+    def _fill(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and not self._retired and len(self.ready) >= self.size:
+                    self.cv.wait()
+                retired, self._retired = self._retired, []
+                closed = self.closed
+            for h, ahead in retired:
+                if ahead is not None:
+                    ahead.discard()
+                self.live.stop(h, wait=2.0)
+            if closed:
+                return
+            if len(self.ready) >= self.size:
+                continue
+            h = None
+            try:
+                h = self.live.start(self.template, LIFETIME, detach=False)
+                ahead = self.live.enter_ahead(h)
+            except Exception as exc:              # noqa: BLE001 - runs fall back to a cold start
+                self.error = str(exc)
+                if h is not None:
+                    self.live.stop(h, wait=2.0)
+                time.sleep(1.0)
+                continue
+            with self.cv:
+                self.ready.append((h, ahead))
+                self.cv.notify_all()
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """Until the pool is full (tests, benchmarks, and users who want a warm first run)."""
+        end = time.monotonic() + timeout
+        with self.cv:
+            while len(self.ready) < self.size and not self.closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+    def resize(self, size: int) -> None:
+        with self.cv:
+            self.size = size
+            while len(self.ready) > size:
+                self._retired.append(self.ready.pop())
+            self.cv.notify_all()
+
+    def stats(self) -> dict:
+        with self.cv:
+            return {"image": self.image, "size": self.size, "ready": len(self.ready), "served": self.served,
+                    "misses": self.misses, "error": self.error,
+                    "limits": self.template.limits.__dict__}
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self._retired.extend(self.ready)
+            self.ready.clear()
+            self.cv.notify_all()
+        self.thread.join(timeout=60)
+
+
+class Pools:
+    """The engine's pools, one per image (a second `pool()` call on an image resizes it)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.by_image: dict[str, Pool] = {}
+        self.lock = threading.Lock()
+
+    def create(self, ref: str, size: int, *, hostname: str = "sandtree", **limits) -> dict:
+        eng = self.engine
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 256:
+            raise InvalidInput("pool size must be an integer from 0 to 256")
+        source = eng.resolve(ref)
+        lim: Limits = eng._limits(limits)
+        with self.lock:
+            pool = self.by_image.get(source)
+            if pool is not None and pool.template.limits == lim and pool.template.hostname == hostname:
+                pool.resize(size)
+                return pool.stats()
+        ok, why = eng.sandboxes.live.available()
+        if not ok:
+            from .errors import RuntimeUnavailable
+            raise RuntimeUnavailable(why)
+        row = eng.store.image(source)
+        root = eng.store.tree(source)["."]
+        template = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
+                           hostname=hostname, limits=lim)
+        validate_spec(template)
+        with self.lock:
+            old = self.by_image.pop(source, None)
+            self.by_image[source] = Pool(eng.sandboxes.live, source, template, size)
+        if old is not None:
+            old.close()
+        return self.by_image[source].stats()
+
+    def get(self, image: str) -> Pool | None:
+        return self.by_image.get(image)
+
+    def list(self) -> list[dict]:
+        return [p.stats() for p in list(self.by_image.values())]
+
+    def wait_ready(self, ref: str, timeout: float = 30.0) -> bool:
+        pool = self.by_image.get(self.engine.resolve(ref))
+        return pool.wait_ready(timeout) if pool else False
+
+    def remove(self, ref: str) -> None:
+        with self.lock:
+            pool = self.by_image.pop(self.engine.resolve(ref), None)
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        with self.lock:
+            pools, self.by_image = list(self.by_image.values()), {}
+        for p in pools:
+            p.close()
