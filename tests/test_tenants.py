@@ -146,6 +146,12 @@ def test_other_tenants_images_do_not_exist(srv, alice_world):
     sha = alice_world["sha"]
     assert b.get(f"/files/{sha}").json() == {"error": "not_found", "message": f"no uploaded file {sha!r}"}
     assert b.post("/file-sets", json=[{"path": "/x", "sha256": sha}]).status_code == 404
+    mine = b.post("/images/import", content=srv["tar"]).json()["image"]      # Bob's own (same content)
+    r = b.post("/runs", json={"image": mine, "command": "cat /x", "files": [{"path": "/x", "sha256": sha}]})
+    assert r.status_code == 404 and r.json() == {"error": "not_found", "message": f"no uploaded file {sha!r}"}
+    fs = srv["c"]["alice"].post("/file-sets", json=[{"path": "/x", "sha256": sha}]).json()["id"]
+    r = b.post("/runs", json={"image": mine, "command": "cat /x", "file_set": fs})
+    assert r.status_code == 404 and r.json() == {"error": "not_found", "message": f"no file set {fs!r}"}
     # Alice's own view is intact
     a = srv["c"]["alice"]
     assert a.get("/resolve", params={"ref": "mine"}).json()["image"] == child
@@ -351,3 +357,29 @@ def test_in_process_view_and_cli_tokens(tmp_path, rootfs):
         assert a.whoami()["limits"]["concurrent_runs"] == 1 and eng.whoami()["tenant"] == "local"
     finally:
         eng.close()
+
+
+def test_mcp_over_http_as_a_tenant(srv, alice_world):
+    """`sandtree mcp --url` with $SANDTREE_TOKEN: the agent gets Bob's view, nothing of Alice's."""
+    import asyncio
+    import os
+
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url", srv["url"]],
+                                   env={**os.environ, "SANDTREE_TOKEN": srv["tokens"]["bob"]["token"]})
+
+    def data(result):
+        assert not result.is_error, result.content
+        if result.structured_content is not None and "result" in result.structured_content:
+            return result.structured_content["result"]
+        return json.loads(result.content[0].text)
+
+    async def main():
+        async with Client(params) as c:
+            assert data(await c.call_tool("whoami", {}))["user"] == "bob"
+            listed = data(await c.call_tool("list_images", {}))
+            assert alice_world["child"] not in json.dumps(listed)
+            r = await c.call_tool("read_file", {"image": alice_world["child"], "path": "/note"})
+            assert r.is_error and "no image" in r.content[0].text and "alice-secret" not in r.content[0].text
+    asyncio.run(main())
