@@ -94,6 +94,7 @@ def test_requests_need_a_valid_token(srv):
         r = httpx.get(url + "/images", headers={"Authorization": f"Bearer {bad}"})
         assert r.status_code == 401 and r.json() == {"error": "unauthorized", "message": "invalid or revoked token"}
     assert httpx.get(srv["url"] + "/metrics").status_code == 401
+    assert "sandtree_runs_started_total" in srv["c"]["bob"].get(str(srv["url"]) + "/metrics").text
     who = srv["c"]["alice"].get("/whoami").json()
     assert who["tenant"] == "alice" and who["token"] == srv["tokens"]["alice"]["id"]
     assert set(who["scopes"]) == {"import", "run", "list", "cancel", "tag"}
@@ -152,8 +153,12 @@ def test_other_tenants_images_do_not_exist(srv, alice_world):
     fs = srv["c"]["alice"].post("/file-sets", json=[{"path": "/x", "sha256": sha}]).json()["id"]
     r = b.post("/runs", json={"image": mine, "command": "cat /x", "file_set": fs})
     assert r.status_code == 404 and r.json() == {"error": "not_found", "message": f"no file set {fs!r}"}
-    # Alice's own view is intact
+    # Alice's own view is intact, her events stream included
     a = srv["c"]["alice"]
+    with a.stream("GET", f"/operations/{op}/events") as ev:
+        assert "event: end" in list(ev.iter_lines())
+    assert a.get(f"/operations/{op}").json()["status"] == "done"
+    assert op in [o["id"] for o in a.get("/operations").json()]
     assert a.get("/resolve", params={"ref": "mine"}).json()["image"] == child
     assert a.get(f"/images/{child}/read", params={"path": "/note"}).content == b"alice-secret\n"
 
@@ -317,6 +322,11 @@ def test_audit_records_who_ran_what(srv, alice_world):
     assert "hunter2hunter2" not in json.dumps(srv["c"]["root"].get("/audit", params={"limit": 10000}).json())
     assert all(r["tenant"] == "bob" for r in srv["c"]["bob"].get("/audit").json())
     assert srv["c"]["bob"].get("/audit", params={"tenant": "alice"}).status_code == 403
+    # bad input changes nothing, the audit log included; token management is the operator's ("local")
+    assert a.post("/runs", json={"image": "base", "command": "true", "cwd": "/no/such"}).status_code == 400
+    assert a.get("/audit").json()[0] == mine[0]
+    made = [r for r in srv["c"]["root"].get("/audit", params={"limit": 10000}).json() if r["action"] == "token create"]
+    assert {r["for"] for r in made} >= {"alice", "bob"} and {r["tenant"] for r in made} == {"local"}
     # the CLI reads the same table
     out = json.loads(cli(srv["home"], "audit", "--tenant", "alice", "--json", "--limit", "1000"))
     assert any(r["op"] == alice_world["op"] for r in out)

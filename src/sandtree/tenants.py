@@ -101,6 +101,11 @@ def parse_scopes(scopes) -> tuple[str, ...]:
     return tuple(s for s in ALL_SCOPES if s in scopes)
 
 
+# Who the audit names for the store's own operator (CLI on the server, the in-process engine):
+# the same name whoami() gives an unscoped engine.
+OPERATOR = Tenant("local", ALL_SCOPES)
+
+
 class Tenancy:
     """Tokens, tenants, sharing and the audit log of one engine's store."""
 
@@ -130,7 +135,7 @@ class Tenancy:
             self._set_limits(con, tenant, limits, now)
             con.execute("INSERT INTO tokens(id, tenant, hash, scopes, created, revoked) VALUES(?,?,?,?,?,NULL)",
                         (token_id, tenant, _hash(secret), ",".join(scopes), now))
-        self.record(Tenant("admin", ALL_SCOPES), "token create", detail={"subject_token": token_id, "for": tenant,
+        self.record(OPERATOR, "token create", detail={"subject_token": token_id, "for": tenant,
                                                                          "scopes": list(scopes)})
         return {"token": f"stk_{token_id}_{secret}", "id": token_id, "tenant": tenant, "scopes": list(scopes),
                 "limits": self.limits(tenant)}
@@ -176,7 +181,7 @@ class Tenancy:
             if row is None:
                 raise NotFound(f"no token {token_id!r}")
             con.execute("UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), token_id))
-        self.record(Tenant("admin", ALL_SCOPES), "token revoke", detail={"subject_token": token_id, "for": row[0]})
+        self.record(OPERATOR, "token revoke", detail={"subject_token": token_id, "for": row[0]})
         return {"id": token_id, "tenant": row[0], "revoked": True}
 
     def authenticate(self, token: str) -> Tenant:
@@ -199,13 +204,13 @@ class Tenancy:
             if con.execute("SELECT 1 FROM images WHERE id=?", (image,)).fetchone() is None:
                 raise ImageNotFound(f"no image {image!r}", image=image)
             con.execute("INSERT OR IGNORE INTO public_images(image, at) VALUES(?,?)", (image, time.time()))
-        self.record(by or Tenant("admin", ALL_SCOPES), "share", image=image)
+        self.record(by or OPERATOR, "share", image=image)
         return {"image": image, "public": True}
 
     def unshare(self, image: str, by: Tenant | None = None) -> dict:
         with self.db.tx() as con:
             con.execute("DELETE FROM public_images WHERE image=?", (image,))
-        self.record(by or Tenant("admin", ALL_SCOPES), "unshare", image=image)
+        self.record(by or OPERATOR, "unshare", image=image)
         return {"image": image, "public": False}
 
     # ---- audit --------------------------------------------------------------------------------
@@ -222,15 +227,17 @@ class Tenancy:
         where, args = ("WHERE a.tenant=?", (tenant,)) if tenant is not None else ("", ())
         rows = self.db.query(
             "SELECT a.seq, a.at, a.tenant, a.token, a.action, a.image, a.result, a.op, a.detail, o.result, o.outcome, "
-            f"o.finished FROM audit a LEFT JOIN operations o ON o.id=a.op {where} ORDER BY a.seq DESC LIMIT ?",
+            f"o.finished, o.id FROM audit a LEFT JOIN operations o ON o.id=a.op {where} ORDER BY a.seq DESC LIMIT ?",
             (*args, limit))
         out = []
-        for seq, at, ten, tok, action, image, result, op, detail, op_result, outcome, finished in rows:
+        for seq, at, ten, tok, action, image, result, op, detail, op_result, outcome, finished, op_row in rows:
             rec = {**json.loads(detail), "seq": seq, "at": at, "tenant": ten, "token": tok, "action": action,
                    "image": image, "result": result or op_result, "op": op}
             if op is not None:
                 o = json.loads(outcome) if outcome else {}
-                rec["outcome"] = ("running" if finished is None else "cancelled" if o.get("cancelled")
+                # no operation row: the engine refused the run before starting it (bad input)
+                rec["outcome"] = ("refused" if op_row is None else "running" if finished is None
+                                  else "cancelled" if o.get("cancelled")
                                   else "failed" if "error" in o else "done")
                 rec["exit_code"] = o.get("exit_code")
             out.append(rec)
