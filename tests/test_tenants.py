@@ -11,15 +11,19 @@ import subprocess
 import sys
 import tarfile
 import time
+from typing import Annotated, Any
 
 import httpx
 import pytest
 from conftest import free_port, wait_for_port
+from fastapi import Depends
 
 import sandtree
+from sandtree.server import engine_for
 
 NOWHERE = "f" * 64                       # an image ID no store holds
 NO_OP = "0" * 32
+Caller = Annotated[Any, Depends(engine_for)]          # how another router asks for the caller's engine
 
 
 def cli(home, *args) -> str:
@@ -393,3 +397,27 @@ def test_mcp_over_http_as_a_tenant(srv, alice_world):
             r = await c.call_tool("read_file", {"image": alice_world["child"], "path": "/note"})
             assert r.is_error and "no image" in r.content[0].text and "alice-secret" not in r.content[0].text
     asyncio.run(main())
+
+
+def test_engine_for_dependency_in_another_router(tmp_path):
+    """A router mounted beside /api/v1 (the Contree API does this) gets the caller's view through
+    Depends(engine_for): the token decides, nothing else."""
+    from fastapi.testclient import TestClient
+
+    from sandtree.engine import Engine
+    from sandtree.server import build_app
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        app = build_app(eng)
+
+        @app.get("/v1/me")
+        def me(engine: Caller) -> dict:
+            return {"tenant": engine.whoami()["tenant"], "images": len(engine.images())}
+        with TestClient(app) as c:
+            assert c.get("/v1/me").json() == {"tenant": "local", "images": 0}
+            t = eng.tenancy.create_token("zed", "list")
+            assert c.get("/v1/me").status_code == 401                        # tokens exist now
+            r = c.get("/v1/me", headers={"Authorization": f"Bearer {t['token']}"})
+            assert r.json() == {"tenant": "zed", "images": 0}
+    finally:
+        eng.close()

@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+from starlette.requests import Request
+
 from .errors import Unauthorized
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
@@ -33,8 +35,9 @@ OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 
 
-def engine_for(request):
-    """FastAPI dependency: the engine as the caller of this request sees it."""
+def engine_for(request: Request):
+    """FastAPI dependency: the engine as the caller of this request sees it (a tenant's view, or
+    the engine itself on a server without tokens). `Depends(engine_for)` in any router."""
     engine = request.scope.get("state", {}).get(STATE_KEY)
     if engine is None:
         raise RuntimeError("no TenantGate in front of this app: refusing to serve unscoped")
