@@ -650,9 +650,8 @@ class TenantView:
                                 limit="max_runs", max=cap)
 
     def _audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
-        text = command if isinstance(command, str) else " ".join(map(str, command)) if command else ""
-        text = mask_text(str(text), secret_values({str(k): str(v) for k, v in (env or {}).items()}))
-        self._audit("run", image=source, op=op, detail={"command": text, **({"branch": branch} if branch else {})})
+        self._audit("run", image=source, op=op,
+                    detail={"command": _masked(command, env), **({"branch": branch} if branch else {})})
 
     @_scoped("run")
     def run(self, ref: str, command, **options):
