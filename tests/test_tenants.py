@@ -237,7 +237,7 @@ def test_scopes(srv, alice_world):
     assert srv["c"]["root"].post("/admin/fsck", params={"verify_content": False}).json()["ok"] is True
 
 
-def test_limits(srv):
+def test_limits(srv, alice_world):
     d = srv["c"]["dave"]                       # max-runs 1, max-timeout 2 s, max-output 1000 bytes
     assert d.post("/images/import", params={"tag": "base"}, content=srv["tar"]).status_code == 201
     first = d.post("/runs", json={"image": "base", "command": "sleep 1.5", "wait": False}).json()
@@ -255,6 +255,15 @@ def test_limits(srv):
     assert r["outcome"]["stdout_truncated"] is True and len(r["stdout_base64"]) <= 1400
     r = d.post("/runs", json={"image": "base", "command": "true", "output": "1M"})
     assert r.status_code == 429 and r.json()["limit"] == "max_output"
+    # submitted at once: exactly one takes the slot; meanwhile another tenant runs unhindered
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda _: d.post("/runs", json={"image": "base", "command": "sleep 1",
+                                                              "wait": False}), range(4)))
+    assert sorted(r.status_code for r in codes) == [201, 429, 429, 429]
+    assert srv["c"]["alice"].post("/runs", json={"image": "base", "command": "true"}).json()["status"] == "done"
+    ok = next(r for r in codes if r.status_code == 201).json()["id"]
+    assert d.post(f"/operations/{ok}/wait", params={"timeout": 30}).json()["status"] == "done"
     st = sandtree.connect(srv["url"], token=srv["tokens"]["dave"]["token"])
     try:
         with pytest.raises(sandtree.LimitExceeded):
