@@ -299,7 +299,7 @@ def test_tokens_hashed_at_rest(srv):
         assert t["id"].encode() in data                    # the id is stored; the secret only hashed
 
 
-def test_no_token_server_stays_on_loopback(tmp_path):
+def test_no_token_server_stays_on_loopback(tmp_path, rootfs):
     home = tmp_path / "home"
     p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--host", "0.0.0.0",
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60, check=False)
@@ -313,6 +313,15 @@ def test_no_token_server_stays_on_loopback(tmp_path):
         base = f"http://127.0.0.1:{port}/api/v1"
         assert httpx.get(base + "/whoami").json()["tenant"] == "local"
         assert httpx.get(base + "/whoami", headers={"Authorization": "Bearer stk_x"}).status_code == 401
+        # still audited: who is the operator, "local"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            t.add(rootfs, arcname=".")
+        img = httpx.post(base + "/images/import", content=buf.getvalue()).json()["image"]
+        op = httpx.post(base + "/runs", json={"image": img, "command": "echo hi"}, timeout=60).json()["id"]
+        rows = httpx.get(base + "/audit").json()
+        assert rows[0]["op"] == op and rows[0]["tenant"] == "local" and rows[0]["command"] == "echo hi"
+        assert rows[0]["image"] == img and rows[0]["outcome"] == "done"
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=15)

@@ -8,8 +8,8 @@ tenant sees it (tenants.py) and hands it on two ways:
   view through a context variable, so those routes need no per-route plumbing. Outside a request
   it fails closed (never falls back to the unscoped engine).
 
-With no token ever created, every request gets the unscoped engine (the server then listens on
-loopback only: see server.serve). Once one exists, every request but the open paths needs a valid
+With no token ever created, every request gets the whole engine, audited as the operator "local"
+(the server then listens on loopback only: see server.serve). Once one exists, every request but the open paths needs a valid
 token, and a bad one is 401 with one message for every reason.
 """
 
@@ -137,7 +137,7 @@ class TenantGate:
         if not await asyncio.to_thread(tenancy.configured):
             if given:           # no token can be valid here: say so rather than ignore it
                 raise Unauthorized("invalid or revoked token")
-            return self.engine
+            return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if path in OPEN_PATHS and not given:
             return self.engine.as_tenant(_ANONYMOUS)
         if not given:
