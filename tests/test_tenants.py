@@ -281,6 +281,9 @@ def test_revoke_takes_effect(srv):
         assert {"id": t["id"], "tenant": "erin", "revoked": None}.items() <= next(
             x for x in listed if x["id"] == t["id"]).items()
         assert all("token" not in x and "hash" not in x for x in listed)
+        dave = next(x for x in listed if x["tenant"] == "dave")
+        assert dave["limits"] == {"max_runs": 1, "max_timeout": 2.0, "max_output": 1000}
+        assert "max_runs=1" in cli(srv["home"], "token", "list")
         cli(srv["home"], "token", "revoke", t["id"])
         r = c.get("/whoami")
         assert r.status_code == 401 and r.json()["error"] == "unauthorized"

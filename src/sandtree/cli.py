@@ -274,7 +274,8 @@ def cmd_token(args):
             for r in rows:
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
                 state = "revoked" if r["revoked"] else "active"
-                print(f"{r['id']}  {r['tenant']:<16} {state:<8} {when}  {','.join(r['scopes'])}")
+                lim = " ".join(f"{k}={v:g}" for k, v in r["limits"].items())
+                print(f"{r['id']}  {r['tenant']:<16} {state:<8} {when}  {','.join(r['scopes'])}  {lim}".rstrip())
         _out(args, eng.tenancy.tokens(), human)
     elif sub == "revoke":
         _out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))

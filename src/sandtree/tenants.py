@@ -171,7 +171,9 @@ class Tenancy:
         return json.loads(row[0]) if row else {}
 
     def tokens(self) -> list[dict]:
-        return [{"id": i, "tenant": t, "scopes": s.split(","), "created": c, "revoked": r}
+        """Every token (ids, never secrets or hashes), with its tenant's limits."""
+        limits = {n: json.loads(v) for n, v in self.db.query("SELECT name, limits FROM tenants")}
+        return [{"id": i, "tenant": t, "scopes": s.split(","), "created": c, "revoked": r, "limits": limits.get(t, {})}
                 for i, t, s, c, r in self.db.query(
                     "SELECT id, tenant, scopes, created, revoked FROM tokens ORDER BY created")]
 
