@@ -8,9 +8,9 @@
 
 from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
 from .api import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
-from .errors import (BadArchive, CommandNotFound, Conflict, ImageNotFound, InvalidInput, NotFound,
-                     PathEscape, PathNotFound, RuntimeUnavailable, SandboxError, SandtreeError,
-                     StoreCorrupt)
+from .errors import (BadArchive, CommandNotFound, Conflict, Forbidden, ImageNotFound, InvalidInput,
+                     LimitExceeded, NotFound, PathEscape, PathNotFound, RuntimeUnavailable, SandboxError,
+                     SandtreeError, StoreCorrupt, Unauthorized)
 from .runtime.base import Limits
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "AsyncSandbox", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
+    "Unauthorized", "Forbidden", "LimitExceeded",
 ]
 __version__ = "0.1.0"

@@ -124,6 +124,17 @@ class Sandtree:
         """The caller's tenant, scopes and run limits (in-process: "local", every scope)."""
         return self._engine.whoami()
 
+    def share(self, image) -> dict:
+        """Make an image this tenant owns visible to every tenant (by its ID); unshare undoes it."""
+        return self._engine.share(self._id(image))
+
+    def unshare(self, image) -> dict:
+        return self._engine.unshare(self._id(image))
+
+    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
+        """Who ran what on which image, newest first (a tenant sees its own records)."""
+        return self._engine.audit(tenant=tenant, limit=limit)
+
     def doctor(self) -> list[dict]:
         """The isolation tiers this host can run, and why not the others."""
         return self._engine.doctor()

@@ -327,7 +327,57 @@ def cmd_doctor(args):
 
 def cmd_serve(args):
     from .server import serve
-    serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs)
+    serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
+          access_log=args.access_log)
+
+
+# ---- tenants, tokens, audit (tenants.py) -----------------------------------------------------------
+def cmd_token(args):
+    eng = _engine(args)
+    sub = args.token_command
+    if sub == "create":
+        res = eng.tenancy.create_token(args.tenant, args.scopes, max_runs=args.max_runs,
+                                       max_timeout=args.max_timeout, max_output=args.max_output,
+                                       max_sandboxes=args.max_sandboxes)
+        _out(args, res, lambda o: (print(o["token"]), print(
+            f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
+            file=sys.stderr)))
+    elif sub == "list":
+        def human(rows):
+            for r in rows:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
+                state = "revoked" if r["revoked"] else "active"
+                lim = " ".join(f"{k}={v:g}" for k, v in r["limits"].items())
+                print(f"{r['id']}  {r['tenant']:<16} {state:<8} {when}  {','.join(r['scopes'])}  {lim}".rstrip())
+        _out(args, eng.tenancy.tokens(), human)
+    elif sub == "revoke":
+        _out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))
+    elif sub == "limits":
+        res = eng.tenancy.set_limits(args.tenant, max_runs=args.max_runs, max_timeout=args.max_timeout,
+                                     max_output=args.max_output, max_sandboxes=args.max_sandboxes)
+        _out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
+
+
+def cmd_audit(args):
+    eng = _engine(args)
+    rows = eng.audit(tenant=args.tenant, limit=args.limit)
+
+    def human(rows):
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["at"]))
+            what = r.get("command") or r.get("tag") or r.get("branch") or ""
+            outcome = f" [{r['outcome']}{'' if r.get('exit_code') is None else ' exit ' + str(r['exit_code'])}]" \
+                if r.get("outcome") else ""
+            print(f"{when}  {r['tenant']}/{r['token'] or '-'}  {r['action']:<8} {(r['image'] or '-')[:12]} -> "
+                  f"{(r['result'] or '-')[:12]}  {what}{outcome}")
+    _out(args, rows, human)
+
+
+def cmd_image_share(args):
+    eng = _engine(args)
+    image = eng.resolve(args.image)
+    res = eng.share(image) if args.image_command == "share" else eng.unshare(image)
+    _out(args, res, lambda o: print(f"{o['image']} {'public' if o['public'] else 'private'}"))
 
 
 def cmd_mcp(args):
@@ -498,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("images", nargs="+")
     x.add_argument("--force", action="store_true", help="also drop the tags pointing at it")
     x.set_defaults(fn=cmd_image_rm)
+    for name, what in (("share", "make an image visible to every tenant (by ID)"),
+                       ("unshare", "stop sharing an image")):
+        x = isub.add_parser(name, parents=[common], help=what)
+        x.add_argument("image")
+        x.set_defaults(fn=cmd_image_share)
 
     x = sub.add_parser("run", parents=[common], help="run a command on an image; prints the new image")
     x.add_argument("image")
@@ -627,7 +682,35 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8080)
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
+    x.add_argument("--access-log", choices=["json", "off"], default="json",
+                   help="request log on stderr: one JSON object per request (default), or none")
     x.set_defaults(fn=cmd_serve)
+    tk = sub.add_parser("token", help="API tokens: each belongs to a tenant, which sees only its own images")
+    tsub = tk.add_subparsers(dest="token_command", required=True)
+
+    def limit_args(x):
+        x.add_argument("--max-runs", type=int, help="the tenant's runs at once (more are refused)")
+        x.add_argument("--max-timeout", type=float, help="longest run timeout the tenant may ask (s)")
+        x.add_argument("--max-output", help="most output kept per stream (e.g. 1M)")
+        x.add_argument("--max-sandboxes", type=int, help="live sandboxes the tenant may keep at once (default 8)")
+    x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
+    x.add_argument("--tenant", required=True)
+    x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")
+    limit_args(x)
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("list", parents=[common], help="tokens (ids, tenants, scopes; never secrets)")
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("revoke", parents=[common], help="revoke a token by id (takes effect at once)")
+    x.add_argument("id")
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("limits", parents=[common], help="set a tenant's limits")
+    x.add_argument("--tenant", required=True)
+    limit_args(x)
+    x.set_defaults(fn=cmd_token)
+    x = sub.add_parser("audit", parents=[common], help="who ran what on which image, newest first")
+    x.add_argument("--tenant")
+    x.add_argument("--limit", type=int, default=50)
+    x.set_defaults(fn=cmd_audit)
     x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")
     x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     x.add_argument("--host", default="127.0.0.1")

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .store.objects import DIR, Entry
 from .store.scan import scan
 from .store.store import ImageRow, Store
 
+_TENANCY_LOCK = threading.Lock()
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
 
@@ -185,6 +187,29 @@ class Engine(BranchingOps):
         return {"tenant": "local", "scopes": list(self.SCOPES),
                 "limits": {"timeout": lim.timeout, "memory": lim.memory, "pids": lim.pids,
                            "disk": lim.disk, "output": lim.output, "concurrent_runs": self._max_runs}}
+
+    # ---- tenants (issue 4): the rules live in tenants.py ------------------------------------------
+    @property
+    def tenancy(self):
+        """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
+        with _TENANCY_LOCK:
+            if getattr(self, "_tenancy", None) is None:
+                from .tenants import Tenancy
+                self._tenancy = Tenancy(self)
+        return self._tenancy
+
+    def as_tenant(self, tenant):
+        """This engine as `tenant` (tenants.Tenant) sees it: the same methods, its things only."""
+        return self.tenancy.view(tenant)
+
+    def share(self, image: str) -> dict:
+        return self.tenancy.share(image)
+
+    def unshare(self, image: str) -> dict:
+        return self.tenancy.unshare(image)
+
+    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
+        return self.tenancy.audit(tenant=tenant, limit=limit)
 
     def doctor(self) -> list[dict]:
         """Every isolation tier: can this host run it, and if not, why."""

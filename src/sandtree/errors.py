@@ -9,6 +9,9 @@
     │   ├── BadArchive            an import source that cannot be read safely
     │   └── CommandNotFound       the command to run does not exist in the image
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
+    ├── Unauthorized              no valid token (a server with tokens configured)
+    ├── Forbidden                 the token lacks the scope this call needs
+    ├── LimitExceeded             a tenant's limit (concurrent runs, timeout, output) refuses it
     ├── RuntimeUnavailable        this host cannot run the requested isolation tier
     ├── SandboxError              the sandbox could not be set up (not the command's failure)
     └── StoreCorrupt              fsck-level damage found while reading
@@ -59,6 +62,18 @@ class CommandNotFound(InvalidInput):
 
 class Conflict(SandtreeError):
     code = "conflict"
+
+
+class Unauthorized(SandtreeError):
+    code = "unauthorized"
+
+
+class Forbidden(SandtreeError):
+    code = "forbidden"
+
+
+class LimitExceeded(SandtreeError):
+    code = "limit_exceeded"
 
 
 class RuntimeUnavailable(SandtreeError):

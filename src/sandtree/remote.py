@@ -23,7 +23,7 @@ from .runtime.base import Limits
 ERRORS = {cls.code: cls for cls in (
     errors.SandtreeError, errors.NotFound, errors.ImageNotFound, errors.PathNotFound, errors.InvalidInput,
     errors.PathEscape, errors.BadArchive, errors.CommandNotFound, errors.Conflict, errors.RuntimeUnavailable,
-    errors.SandboxError, errors.StoreCorrupt)}
+    errors.SandboxError, errors.StoreCorrupt, errors.Unauthorized, errors.Forbidden, errors.LimitExceeded)}
 
 
 class _Data(dict):
@@ -137,6 +137,15 @@ class RemoteEngine:
 
     def whoami(self) -> dict:
         return self._json("GET", "/whoami")
+
+    def share(self, image: str) -> dict:
+        return self._json("POST", f"/images/{image}/share", json={"public": True})
+
+    def unshare(self, image: str) -> dict:
+        return self._json("POST", f"/images/{image}/share", json={"public": False})
+
+    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
+        return self._json("GET", "/audit", params={"limit": limit, **({"tenant": tenant} if tenant else {})})
 
     def fsck(self, verify_content: bool = True) -> dict:
         return self._json("POST", "/admin/fsck", params={"verify_content": verify_content})

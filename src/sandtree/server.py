@@ -5,7 +5,9 @@ statuses through one table (ERROR_STATUS). Runs are operations: POST /runs start
 for it unless wait=false), /operations/{id}/events streams its stdout/stderr live as Server-Sent
 Events that resume from Last-Event-ID. Without tokens the server only listens on loopback.
 
-Not here yet (issue 4): tokens and tenants, the Contree-compatible /v1, the remote SDK, metrics.
+Tenants (issue 4): httpauth.TenantGate turns each request's bearer token into the engine as that
+tenant sees it (tenants.py); routes here call `engine.X` on a RequestEngine that forwards to it,
+and other routers take the same view with `Depends(engine_for)`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from pydantic import BaseModel, Field
 
 from .engine import Engine
 from .errors import InvalidInput, SandtreeError
+from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 ERROR_STATUS = {"not_found": 404, "image_not_found": 404, "path_not_found": 404, "invalid_input": 400,
                 "path_escape": 400, "bad_archive": 400, "command_not_found": 400, "conflict": 409,
                 "runtime_unavailable": 503, "sandbox_error": 500, "store_corrupt": 500,
-                "registry_error": 502}
+                "registry_error": 502, "unauthorized": 401, "forbidden": 403, "limit_exceeded": 429}
 
 
 class FileIn(BaseModel):
@@ -139,9 +144,16 @@ def _stdin(body) -> bytes | None:
     return body.stdin.encode() if body.stdin is not None else None
 
 
-def build_app(engine: Engine) -> FastAPI:
+class ShareIn(BaseModel):
+    public: bool = True
+
+
+def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
+    """log: where the JSON-lines request log goes (None: no request log)."""
     app = FastAPI(title="sandtree", version="0.1.0",
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
+    app.add_middleware(TenantGate, engine=engine, log=log)
+    engine = RequestEngine()                # every route below: the caller's view of the engine
     ops = engine.operations
 
     @app.exception_handler(SandtreeError)
@@ -181,7 +193,7 @@ def build_app(engine: Engine) -> FastAPI:
     # ---- images ----------------------------------------------------------------------------------
     @app.get("/api/v1/images")
     async def list_images() -> list[dict]:
-        return await call(engine.store.images)
+        return await call(engine.images)
 
     @app.get("/api/v1/images/{ref:path}/ls")
     async def ls(ref: str, path: str = "/") -> list[dict]:
@@ -264,6 +276,17 @@ def build_app(engine: Engine) -> FastAPI:
     async def lineage_path(a: str, b: str) -> list[str]:
         return await call(engine.lineage_path, await call(engine.resolve, a), await call(engine.resolve, b))
 
+    @app.post("/api/v1/images/{ref:path}/share")
+    async def share(ref: str, body: ShareIn) -> dict:
+        """Make an image (one the caller owns) visible to every tenant by its ID, or stop that."""
+        i = await call(engine.resolve, ref)
+        return await call(engine.share if body.public else engine.unshare, i)
+
+    @app.get("/api/v1/audit")
+    async def audit(tenant: str | None = None, limit: int = Query(100, ge=1, le=10000)) -> list[dict]:
+        """Who ran what on which image, newest first: a tenant's token sees its own records."""
+        return await call(lambda: engine.audit(tenant=tenant, limit=limit))
+
     @app.delete("/api/v1/images/{ref:path}")
     async def remove_image(ref: str, force: bool = False) -> dict:
         i = await call(engine.resolve, ref)
@@ -306,12 +329,12 @@ def build_app(engine: Engine) -> FastAPI:
     @app.put("/api/v1/tags/{name:path}")
     async def set_tag(name: str, body: TagIn) -> dict:
         i = await call(engine.resolve, body.image)
-        await call(engine.store.tag, i, name)
+        await call(engine.tag, i, name)
         return {"tag": name, "image": i}
 
     @app.delete("/api/v1/tags/{name:path}")
     async def delete_tag(name: str) -> dict:
-        return {"tag": name, "image": await call(engine.store.untag, name)}
+        return {"tag": name, "image": await call(engine.untag, name)}
 
     # ---- files -----------------------------------------------------------------------------------
     @app.post("/api/v1/files", status_code=201)
@@ -490,14 +513,24 @@ def build_app(engine: Engine) -> FastAPI:
     return app
 
 
-def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4) -> None:
+def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
+          access_log: str = "json") -> None:
+    """access_log: "json" (one JSON object per request on stderr) or "off"."""
+    import sys
+
     import uvicorn
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit("sandtree serve: tokens are not configured yet, so it listens on loopback only "
-                         f"(asked for {host})")
     engine = Engine(home, max_runs=max_runs)
     try:
-        uvicorn.run(build_app(engine), host=host, port=port, log_level="warning")
+        tokens = engine.tenancy.configured()
+        if host not in LOOPBACK and not tokens:
+            raise SystemExit("sandtree serve: no tokens are configured, so it listens on loopback only "
+                             f"(asked for {host}); create one with `sandtree token create --tenant NAME`")
+        log = JsonLog(sys.stderr) if access_log == "json" else None
+        auth = "tokens" if tokens else "none: no tokens configured, listening on loopback only"
+        print(f"sandtree serve: http://{host}:{port} (auth: {auth})", file=sys.stderr, flush=True)
+        if log is not None:
+            log("start", host=host, port=port, auth="tokens" if tokens else "none", loopback_only=not tokens)
+        uvicorn.run(build_app(engine, log=log), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

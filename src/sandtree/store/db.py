@@ -48,6 +48,24 @@ CREATE TABLE IF NOT EXISTS sandboxes(   -- live sandboxes (sandboxes.py); handle
     id TEXT PRIMARY KEY, image TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL,
     spec TEXT NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, idle_timeout REAL,
     expires REAL NOT NULL, head TEXT);
+-- Tenants (tenants.py): tokens are stored as sha256 of their random secret, never the secret.
+-- Visibility per tenant: images it imported/merged/was given (tenant_images), results of its own
+-- operations (tenant_ops), and public_images; its uploads and file sets likewise.
+CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, limits TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens(
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL, scopes TEXT NOT NULL,
+    created REAL NOT NULL, revoked REAL);
+CREATE TABLE IF NOT EXISTS tenant_images(tenant TEXT NOT NULL, image TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY(tenant, image));
+CREATE TABLE IF NOT EXISTS tenant_ops(op TEXT PRIMARY KEY, tenant TEXT NOT NULL, token TEXT);
+CREATE INDEX IF NOT EXISTS tenant_ops_tenant ON tenant_ops(tenant);
+CREATE TABLE IF NOT EXISTS tenant_blobs(tenant TEXT NOT NULL, kind TEXT NOT NULL, id TEXT NOT NULL,
+    PRIMARY KEY(tenant, kind, id));
+CREATE TABLE IF NOT EXISTS public_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS audit(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
+    action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
 """
 
 

@@ -1,0 +1,163 @@
+"""Who is calling, for every HTTP request of `sandtree serve`; and the JSON-lines request log.
+
+One ASGI middleware (TenantGate) resolves `Authorization: Bearer <token>` to the engine as that
+tenant sees it (tenants.py) and hands it on two ways:
+
+* `engine_for(request)`: a FastAPI dependency any router can take (`Depends(engine_for)`);
+* `RequestEngine`: what build_app's routes call `engine.X` on; it forwards to the same per-request
+  view through a context variable, so those routes need no per-route plumbing. Outside a request
+  it fails closed (never falls back to the unscoped engine).
+
+With no token ever created, every request gets the whole engine, audited as the operator "local"
+(the server then listens on loopback only: see server.serve). Once one exists, every request but the open paths needs a valid
+token, and a bad one is 401 with one message for every reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import re
+import sys
+import threading
+import time
+
+from starlette.requests import Request
+
+from .errors import Unauthorized
+
+CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
+STATE_KEY = "sandtree_engine"
+# Open without a token: liveness and the API's own description (no data in either).
+OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
+OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
+
+
+def engine_for(request: Request):
+    """FastAPI dependency: the engine as the caller of this request sees it (a tenant's view, or
+    the engine itself on a server without tokens). `Depends(engine_for)` in any router."""
+    engine = request.scope.get("state", {}).get(STATE_KEY)
+    if engine is None:
+        raise RuntimeError("no TenantGate in front of this app: refusing to serve unscoped")
+    return engine
+
+
+def current_engine():
+    engine = CURRENT.get()
+    if engine is None:
+        raise RuntimeError("engine used outside a request that passed the TenantGate")
+    return engine
+
+
+class RequestEngine:
+    """Stands for the current request's engine view (see the module doc)."""
+
+    def __getattr__(self, name):
+        return getattr(current_engine(), name)
+
+    @property
+    def operations(self):
+        return _RequestOperations()
+
+
+class _RequestOperations:
+    def __getattr__(self, name):
+        return getattr(current_engine().operations, name)
+
+
+class JsonLog:
+    """One JSON object per line (ts, event, then fields) on a stream; None fields left out."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.lock = threading.Lock()
+
+    def __call__(self, event: str, **fields) -> None:
+        rec = {"ts": round(time.time(), 3), "event": event, **{k: v for k, v in fields.items() if v is not None}}
+        line = json.dumps(rec, default=str) + "\n"
+        with self.lock:
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass                     # a closed log must never fail a request
+
+
+class TenantGate:
+    """ASGI middleware: authenticate, pick the engine view, log the request."""
+
+    def __init__(self, app, engine, log: JsonLog | None = None):
+        self.app, self.engine, self.log = app, engine, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.monotonic()
+        info = {"status": None, "op": None, "tenant": None, "token": None}
+        path = scope.get("path", "")
+        m = OP_IN_PATH.search(path)
+        info["op"] = m.group(1) if m else None
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                info["status"] = message["status"]
+            elif message["type"] == "http.response.body" and info["op"] is None and path.endswith("/runs"):
+                m = OP_IN_BODY.match(message.get("body", b"")[:64])
+                if m:
+                    info["op"] = m.group(1).decode()
+            await send(message)
+
+        try:
+            try:
+                view = await self._authenticate(scope, path)
+            except Unauthorized as exc:
+                return await _reply(send_logged, 401, exc.to_dict())
+            who = getattr(view, "tenant", None)
+            if who is not None:
+                info["tenant"], info["token"] = who.name, who.token
+            scope.setdefault("state", {})[STATE_KEY] = view
+            token = CURRENT.set(view)
+            try:
+                await self.app(scope, receive, send_logged)
+            finally:
+                CURRENT.reset(token)
+        finally:
+            if self.log is not None:
+                self.log("request", method=scope.get("method"), path=path, status=info["status"] or 500,
+                         duration_ms=round((time.monotonic() - t0) * 1000, 2), tenant=info["tenant"],
+                         token=info["token"], op=info["op"],
+                         client=(scope.get("client") or [None])[0])
+
+    async def _authenticate(self, scope, path: str):
+        tenancy = self.engine.tenancy
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else None
+        if not await asyncio.to_thread(tenancy.configured):
+            if given:           # no token can be valid here: say so rather than ignore it
+                raise Unauthorized("invalid or revoked token")
+            return tenancy.operator_view()          # the whole engine, its changes audited as "local"
+        if path in OPEN_PATHS and not given:
+            return self.engine.as_tenant(_ANONYMOUS)
+        if not given:
+            raise Unauthorized("this server needs a token: Authorization: Bearer <token> "
+                               "(`sandtree token create --tenant NAME` on the server)")
+        tenant = await asyncio.to_thread(tenancy.authenticate, given)
+        return self.engine.as_tenant(tenant)
+
+
+def _anonymous():
+    from .tenants import Tenant
+    return Tenant("-", ())
+
+
+_ANONYMOUS = _anonymous()
+
+
+async def _reply(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            (b"www-authenticate", b"Bearer")]})
+    await send({"type": "http.response.body", "body": data})
