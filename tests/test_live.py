@@ -293,3 +293,13 @@ def test_warm_pool_runs_like_a_run(tmp_path, rootfs):
             st.pool(img, size=-1)
     finally:
         st.close()
+
+
+def test_a_freeze_left_by_a_dead_committer_is_undone(sb, shared_st):
+    """A commit freezes the sandbox; if its process dies mid-commit the next user thaws it."""
+    h = shared_st._engine.sandboxes._row(sb.id)["handle"]
+    sb.exec("(while true; do sleep 0.05; done) >/dev/null 2>&1 &")
+    shared_st._engine.sandboxes.live.freeze(h, True)         # as a committer killed mid-commit would
+    assert h.cg().is_frozen()
+    assert sb.exec("echo alive").stdout == b"alive\n"
+    assert not h.cg().is_frozen()

@@ -135,10 +135,10 @@ def test_killed_server_loses_nothing_and_marks_runs_failed(tmp_path, rootfs):
         proc.kill()                                        # kill -9 mid-run (the server alone)
         proc.wait()
     for _ in range(50):                                    # the sandbox dies with it (PDEATHSIG chain)
-        if not _running_sandboxes():
+        if not _running_sandboxes(home):
             break
         time.sleep(0.1)
-    assert not _running_sandboxes()
+    assert not _running_sandboxes(home)
     port = free_port()
     proc = subprocess.Popen(cmd[:-1] + [str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -154,9 +154,12 @@ def test_killed_server_loses_nothing_and_marks_runs_failed(tmp_path, rootfs):
         proc.wait(timeout=15)
 
 
-def _running_sandboxes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if "sandtree-init" in l and not l.startswith("Z")]
+def _running_sandboxes(home: str) -> list[str]:
+    """Sandboxes of the store at `home` (their helper runs from home/bin; the init is its child)."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [l.split(None, 3) for l in out.splitlines() if len(l.split(None, 3)) == 4]
+    helpers = {r[0] for r in rows if home in r[3]}
+    return [" ".join(r) for r in rows if "sandtree-init" in r[3] and r[1] in helpers and r[2][0] != "Z"]
 
 
 def test_metrics(server, image):

@@ -16,6 +16,8 @@ a fresh process with exactly the given environment.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -95,11 +97,29 @@ class Sandboxes:
         row = self._row(sid)
         if row["state"] != "running":
             raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
+        if self.live.frozen(row["handle"]):
+            # frozen by a commit: wait for it; or left frozen by a committer that died: thaw
+            with self._commit_lock(row["id"]):
+                if self.live.frozen(row["handle"]):
+                    self.live.freeze(row["handle"], False)
         if not self.live.alive(row["handle"]):
             self._retire(row, "gone")
             raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
                            sandbox=row["id"], state="gone")
         return row
+
+    @contextlib.contextmanager
+    def _commit_lock(self, sid: str):
+        """Held while a sandbox is frozen for a commit (any process); released by the kernel if
+        the committer dies, so the next user can tell a commit in progress from a stale freeze."""
+        d = os.path.join(self.engine.home, "sandboxes")
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(os.path.join(d, f"{sid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _retire(self, row: dict, state: str) -> None:
         self.ahead.forget(row["id"])
@@ -322,7 +342,7 @@ class Sandboxes:
         h = row["handle"]
         op = uuid.uuid4().hex
         started = time.time()
-        with eng.store.using():
+        with eng.store.using(), self._commit_lock(row["id"]):
             frozen = self.live.freeze(h, True)
             try:
                 fd = self.live.scratch(h)

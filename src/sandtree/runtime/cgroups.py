@@ -103,6 +103,12 @@ class RunCgroup:
                 raise OSError(f"cgroup did not become {'frozen' if frozen else 'thawed'} in {timeout}s")
             time.sleep(0.0005)
 
+    def is_frozen(self) -> bool:
+        if self.version == "v1":
+            d = self.dirs.get("freezer")
+            return d is not None and _read(os.path.join(d, "freezer.state")).strip() != "THAWED"
+        return "frozen 1" in _read(os.path.join(self.dirs["unified"], "cgroup.events"))
+
     def pids(self) -> set[int]:
         out: set[int] = set()
         for d in self.dirs.values():
@@ -197,22 +203,33 @@ class Cgroups:
                     pass
 
     def cleanup_stale(self) -> None:
-        """Remove run groups left by engines that died (kill -9); never anyone else's."""
+        """Remove run groups left by engines that died (kill -9); never anyone else's, and never
+        a detached live sandbox's ("live-..."). A group frozen when its engine died (a commit cut
+        short) is thawed first: frozen processes cannot even die."""
         for p in self._parents().values():
             for name in os.listdir(p):
                 pid = name.split("-", 1)[0]
-                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                    continue
+                state = os.path.join(ROOT, "freezer", PARENT, name, "freezer.state")
+                if os.path.exists(state) and _read(state).strip() != "THAWED":
                     try:
-                        os.rmdir(os.path.join(p, name))
+                        _write(state, "THAWED")
                     except OSError:
                         pass
+                cg = RunCgroup(self.version, {"x": os.path.join(p, name)})
+                if cg.pids():
+                    cg.kill_all()
+                cg.remove(wait=0.5)
 
     def create(self, *, memory: int, pids: int, cpus: float | None, warm: bool = False,
-               live: bool = False) -> RunCgroup:
+               live: bool = False, detached: bool = False) -> RunCgroup:
         """A run's group. warm: made ahead of the run, in every controller (joining cpu is slow,
         and the run's limits, written later by set_limits, are not known yet). live: a live
-        sandbox's, with a freezer (v1; v2 groups freeze by themselves)."""
-        name = self._prefix + secrets.token_hex(4)
+        sandbox's, with a freezer (v1; v2 groups freeze by themselves). detached: it outlives this
+        engine (cleanup_stale leaves it to whoever stops the sandbox)."""
+        # detached live sandboxes outlive this engine: their groups must not look like its runs'
+        name = ("live-" if detached else self._prefix) + secrets.token_hex(4 if not detached else 8)
         cg = RunCgroup(self.version)
         if warm:
             cpus = None

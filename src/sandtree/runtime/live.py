@@ -91,7 +91,7 @@ class LiveRuntime:
         self._check()
         validate_spec(spec)
         rt, lim = self.rt, spec.limits
-        cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True) \
+        cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True, detached=detach) \
             if rt.cgroups.available else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
@@ -185,6 +185,10 @@ class LiveRuntime:
             os.close(fd)
             raise NotFound("the live sandbox is no longer running")
         return fd
+
+    def frozen(self, h: LiveHandle) -> bool:
+        cg = h.cg()
+        return cg is not None and cg.is_frozen()
 
     def freeze(self, h: LiveHandle, frozen: bool = True) -> bool:
         """Freeze (thaw) every process of the sandbox; False if it has no freezer."""
