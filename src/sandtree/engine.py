@@ -324,7 +324,7 @@ class Engine(BranchingOps):
         secrets = secret_values(user_env)
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
                        "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
-                       "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
+                       "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
         started = time.time()
         try:
@@ -474,6 +474,29 @@ class Engine(BranchingOps):
             raise NotFound(f"no uploaded file {digest!r}")
         with self.store.blobs.open(digest) as f:
             return f.read()
+
+    def upload_info(self, digest: str) -> dict:
+        """Size and time of stored content (NotFound if absent), without reading it."""
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
+            raise NotFound(f"no uploaded file {digest!r}")
+        st = os.stat(self.store.blobs.path(digest))
+        return {"sha256": digest, "size": st.st_size, "created": st.st_mtime}
+
+    def find_upload(self, prefix: str) -> str:
+        """The sha256 of stored content by a unique prefix of at least 32 hex digits (Contree
+        clients name uploads by a UUID, which holds only 128 of the digest's 256 bits)."""
+        if not isinstance(prefix, str) or not re.fullmatch(r"[0-9a-f]{32,64}", prefix):
+            raise InvalidInput(f"an upload prefix is 32 to 64 hex digits, not {prefix!r}")
+        sub = os.path.join(self.store.blobs.root, prefix[:2])
+        found = {prefix[:2] + n for n in (os.listdir(sub) if os.path.isdir(sub) else ()) if n.startswith(prefix[2:])}
+        found.update(r[0] for r in self.store.db.query("SELECT hash FROM blob_loc WHERE hash >= ? AND hash < ? LIMIT 2",
+                                                       (prefix, prefix + "g")))
+        found = {d for d in found if self.store.blobs.has(d)}
+        if not found:
+            raise NotFound(f"no uploaded file {prefix!r}")
+        if len(found) > 1:
+            raise InvalidInput(f"upload prefix {prefix!r} is ambiguous")
+        return found.pop()
 
     def _file(self, f) -> InjectedFile:
         return _file(f, self.download)

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from .contree_api import contree_router
 from .engine import Engine
 from .errors import SandtreeError
 
@@ -394,6 +395,7 @@ def build_app(engine: Engine) -> FastAPI:
         to = await call(engine.resolve, body.to) if body.to else None
         return {"branch": name, "image": await call(engine.rollback, name, to=to, steps=body.steps)}
 
+    app.include_router(contree_router(lambda request: engine))      # Contree's own clients, under /v1
     return app
 
 
