@@ -173,7 +173,8 @@ def instance_metadata(rec: dict, run) -> dict:
     """OperationInstanceMetadata from the operation's record (a queued one records only its command)."""
     spec, outcome = rec.get("spec") or {}, rec.get("outcome") or {}
     argv = spec.get("argv")
-    if argv and len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"]:
+    # a shell string is recorded as itself, an argv joined: that tells `sh -c X` from ["/bin/sh", "-c", X]
+    if argv and len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] and spec.get("command") == argv[2]:
         command, args, shell = argv[2], [], True
     elif argv:
         command, args, shell = argv[0], argv[1:], False
