@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
@@ -350,3 +351,42 @@ def test_contree_mcp_run_list_read_round_trip(server, contree_mcp, tmp_path):
     image = asyncio.run(main())
     # the work happened here: the image it made is in our store, named by its UUID
     assert httpx.get(f"{server}/v1/inspect/{image}/").json()["uuid"] == image
+
+
+# ---- imports from a registry on loopback ----------------------------------------------------------
+registry = pytest.importorskip("test_registry").registry      # Debian's docker-registry, with an image
+
+
+def test_sdk_imports_from_a_registry(sdk_env, registry):
+    from contree_sdk import Contree
+    from contree_sdk.sdk.exceptions import FailedOperationError
+
+    ref = f"{registry['host']}/team/app:1"
+
+    async def main():
+        c = Contree(token="fake-token")
+        image = await c.images.oci(ref)               # not there yet: imported, tagged as the reference
+        assert image.tag == ref and image.uuid is not None
+        assert await image.read("/etc/b") == b"b"
+        again = await c.images.oci(ref)               # there now: found by its tag, no second import
+        assert again.uuid == image.uuid
+        with pytest.raises(FailedOperationError):
+            await c.images.import_from(f"{registry['host']}/team/app:nope")
+        return image
+
+    image = asyncio.run(main())
+    # imports are not listed (GET /operations lists runs), but each is readable by its UUID
+    assert httpx.get(f"{sdk_env}/v1/operations", params={"kind": "image_import"}).json() == []
+    r = httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": f"docker://{ref}"}, "tag": "again"})
+    assert r.status_code == 201
+    done = httpx.get(f"{sdk_env}/v1/operations/{r.json()['uuid']}").json()
+    for _ in range(100):
+        if done["status"] in ("SUCCESS", "FAILED"):
+            break
+        time.sleep(0.1)
+        done = httpx.get(f"{sdk_env}/v1/operations/{r.json()['uuid']}").json()
+    assert done["kind"] == "image_import" and done["status"] == "SUCCESS"
+    assert done["result"] == {"image": str(image.uuid), "tag": "again"}
+    assert done["metadata"]["registry"]["url"] == f"docker://{ref}"
+    assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {}}).status_code == 400
+    assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": "ftp://x/y"}}).status_code == 400

@@ -206,10 +206,13 @@ def operation_view(rec: dict, run) -> dict:
     if rec.get("kind") == "run":
         out.update(kind="instance", image_uuid=to_uuid(rec.get("source")), metadata=instance_metadata(rec, run))
     else:
+        spec = rec.get("spec") or {}
+        source = str(spec.get("source", ""))
+        url = "docker://" + source[5:] if source.startswith("pull:") else source
         out.update(kind="image_import", image_uuid=None,
-                   metadata={"registry": {"url": str((rec.get("spec") or {}).get("source", ""))}, "tag": None,
-                             "timeout": 0})
-    out["result"] = {"image": out["result_image_uuid"], "tag": None} if terminal else None
+                   metadata={"registry": {"url": url}, "tag": spec.get("tag"), "timeout": 0})
+    tag = (rec.get("spec") or {}).get("tag") if rec.get("kind") != "run" and status == "SUCCESS" else None
+    out["result"] = {"image": out["result_image_uuid"], "tag": tag} if terminal else None
     return out
 
 
@@ -256,6 +259,22 @@ class SpawnIn(Lenient):
     truncate_output_at: int | None = Field(None, ge=1, le=10 << 20)
     files: dict[str, FileSpecIn] | None = None
     resources_limits: LimitsIn | None = None
+
+
+class CredentialsIn(Lenient):
+    username: str = Field(min_length=1)
+    password: str = Field(min_length=1)
+
+
+class RegistryIn(Lenient):
+    url: str = Field(min_length=1)
+    credentials: CredentialsIn | None = None
+
+
+class ImportIn(Lenient):
+    registry: RegistryIn
+    tag: str | None = None
+    timeout: int = Field(300, ge=1)
 
 
 class TagIn(Lenient):
@@ -330,6 +349,19 @@ def contree_router(engine_for) -> APIRouter:
             await call(engine.untag, name)
         return Response(status_code=204)
 
+    @router.post("/images/import", status_code=201)
+    async def import_image(body: ImportIn, request: Request, engine: Engine) -> JSONResponse:
+        """A registry pull as an operation. Credentials are checked against the registry and kept
+        for its later pulls (what `registry_login` does)."""
+        reference = body.registry.url if "://" in body.registry.url else f"docker://{body.registry.url}"
+        creds = body.registry.credentials
+        if creds is not None:
+            from .store import registry
+            await call(engine.registry_login, registry.parse(reference).registry, creds.username, creds.password)
+        op = await call(engine.operations.submit_pull, reference, tag=body.tag)
+        return JSONResponse({"uuid": to_uuid(op)}, status_code=201,
+                            headers={"Location": f"{request.scope.get('root_path', '')}/v1/operations/{to_uuid(op)}"})
+
     # ---- files -----------------------------------------------------------------------------------
     def file_view(info: dict) -> dict:
         return {"uuid": to_uuid(info["sha256"]), "sha256": info["sha256"], "size": info["size"]}
@@ -387,7 +419,7 @@ def contree_router(engine_for) -> APIRouter:
         rec = ops.get(op)
         if rec["status"] in ("done", "failed", "cancelled"):
             rec = ops.wait([op], 10)[0]     # the row is written just before the run's record is handed over
-        return operation_view(rec, ops.result(op))
+        return operation_view(rec, ops.result(op) if rec["kind"] == "run" else None)
 
     @router.get("/operations")
     async def list_operations(engine: Engine, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
@@ -444,6 +476,8 @@ def contree_router(engine_for) -> APIRouter:
             if kind in ("stdout", "stderr"):
                 return [{"id": 2 * seq, "ts": now, "spid": 1, "type": kind, "data": stream_repr(data.encode())}]
             cur = ops.get(op)
+            if kind == "start" and cur.get("kind") != "run":
+                return []                                        # an import: no process, only its completion
             if kind == "start":
                 md = instance_metadata(cur, None)
                 return [{"id": 2 * seq, "ts": now, "spid": 1, "type": "spawn",

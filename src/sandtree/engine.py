@@ -192,7 +192,8 @@ class Engine(BranchingOps):
             remove_tree(staged)
             raise
 
-    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
+             op_id: str | None = None) -> str:
         """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
         from .store import registry
         if tag is not None:
@@ -205,7 +206,7 @@ class Engine(BranchingOps):
             layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
                                           insecure=insecure, progress=progress)
             importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
-            return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}")
+            return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:
             remove_tree(staged)
             raise
@@ -236,11 +237,13 @@ class Engine(BranchingOps):
             remove_tree(staged)
             raise
 
-    def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+    def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None,
+               op_id: str | None = None) -> str:
         with self.store.using():
-            return self._adopt_locked(src, copy=copy, tag=tag, source=source, progress=progress)
+            return self._adopt_locked(src, copy=copy, tag=tag, source=source, progress=progress, op_id=op_id)
 
-    def _adopt_locked(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+    def _adopt_locked(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None,
+                      op_id: str | None = None) -> str:
         started = time.time()
         dest = self.store.layers.stage("import") if copy else None
         try:
@@ -253,7 +256,7 @@ class Engine(BranchingOps):
                 layers = [self.store.layers.publish(layer_dir)]
             elif copy:
                 remove_tree(dest)
-            op = uuid.uuid4().hex
+            op = op_id or uuid.uuid4().hex
             with self.store.db.tx() as con:
                 Database.put_trees(con, res.trees)
                 if layers:
@@ -261,8 +264,10 @@ class Engine(BranchingOps):
                         BlobStore.record(con, {h: f"layers/{layers[0]}/{p}" for h, p in res.locations.items()})
                     else:
                         layers = None                   # a concurrent import won the race
-                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                            "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root, dumps({"source": source}),
+                # OR REPLACE: a submitted import's queued row is completed here
+                con.execute("INSERT OR REPLACE INTO operations(id, kind, source, result, spec, outcome, started, "
+                            "finished) VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root,
+                                                                dumps({"source": source, "tag": tag}),
                                                          dumps({"files": res.files, "size": res.size}),
                                                          started, time.time()))
                 if tag:
