@@ -346,6 +346,22 @@ def test_contree_mcp_run_list_read_round_trip(server, contree_mcp, tmp_path):
             assert got["content"] == "hi\n" and got["encoding"] == "utf-8"
             missing = await c.call_tool("read_file", {"image": image, "path": "/work/nope"})
             assert missing.is_error
+            # the rest of its tools over the same wire: upload + files, async runs, tags, grep, whoami
+            up = value(await c.call_tool("upload", {"content": "payload\n"}))
+            queued = value(await c.call_tool("run", {"command": "cat /in", "image": image, "wait": False,
+                                                    "files": {"/in": up["uuid"]}}))
+            waited = value(await c.call_tool("wait_operations", {"operation_ids": [queued["operation_id"]]}))
+            assert "payload" in json.dumps(waited)
+            got = value(await c.call_tool("get_operation", {"operation_id": queued["operation_id"]}))
+            assert got["status"] == "SUCCESS" and got["stdout"] == "payload\n"
+            ops = value(await c.call_tool("list_operations", {}))
+            assert queued["operation_id"] in json.dumps(ops)
+            assert value(await c.call_tool("set_tag", {"image_uuid": image, "tag": "mcp/work"}))["tag"] == "mcp/work"
+            assert value(await c.call_tool("get_image", {"image": "tag:mcp/work"}))["uuid"] == image
+            assert "mcp/work" in json.dumps(value(await c.call_tool("list_images", {"tagged": True})))
+            hits = value(await c.call_tool("grep", {"image": image, "pattern": "hi", "path": "/work"}))
+            assert "/work/x" in json.dumps(hits)
+            assert value(await c.call_tool("whoami", {}))
             return image
 
     image = asyncio.run(main())
