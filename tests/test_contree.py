@@ -230,6 +230,7 @@ def test_files_whoami_and_inspect(server):
     # whoami, with and without a token: both answered (tokens are checked by the tenants work)
     for headers in ({"Authorization": "Bearer whatever", "Project": "p"}, {}):
         me = httpx.get(f"{server}/v1/whoami", headers=headers).json()
+        assert me["operations_stat"] == {"SUCCESS": 1}
         assert me["permissions"]["spawn"] is True and me["limits"]["instance_max_timeout"] > 0
         assert set(me) >= {"token_uuid", "token_expiration", "permissions", "limits", "operations_stat"}
     img = httpx.get(f"{server}/v1/inspect/", params={"tag": "ubuntu:latest"}, follow_redirects=False)
@@ -406,3 +407,18 @@ def test_sdk_imports_from_a_registry(sdk_env, registry):
     assert done["metadata"]["registry"]["url"] == f"docker://{ref}"
     assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {}}).status_code == 400
     assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": "ftp://x/y"}}).status_code == 400
+
+
+def test_engine_finds_uploads_by_uuid_prefix(st):
+    """The engine methods behind Contree's upload UUIDs (a sha256's first 128 bits)."""
+    e = st._engine
+    digest = e.upload(b"content")
+    assert e.find_upload(digest[:32]) == digest == e.find_upload(digest)
+    assert e.upload_info(digest)["size"] == 7
+    with pytest.raises(sandtree.NotFound):
+        e.find_upload("0" * 32)
+    with pytest.raises(sandtree.NotFound):
+        e.upload_info("0" * 64)
+    for bad in ("abc", digest[:31], "g" * 32, None):
+        with pytest.raises(sandtree.InvalidInput):
+            e.find_upload(bad)

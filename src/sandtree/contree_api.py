@@ -293,7 +293,7 @@ def contree_router(engine_for) -> APIRouter:
 
     # ---- auth ------------------------------------------------------------------------------------
     @router.get("/whoami")
-    async def whoami(request: Request, engine: Engine) -> dict:
+    async def whoami(engine: Engine) -> dict:
         me = await call(engine.whoami)
         granted = {p for s in me.get("scopes", []) for p in PERMISSIONS.get(s, [s])}
         known = {p for ps in PERMISSIONS.values() for p in ps} | granted
@@ -301,11 +301,10 @@ def contree_router(engine_for) -> APIRouter:
         limits = {"instance_max_timeout": lim.get("timeout"), "instance_max_concurrency": lim.get("concurrent_runs"),
                   "instance_max_memory": lim.get("memory"), "instance_max_pids": lim.get("pids"),
                   "instance_max_layer_bytes": lim.get("disk"), "instance_max_output": lim.get("output")}
-        ops = engine.operations
-        with ops.lock:
-            counts = dict(ops.counts)
-        stat = {"SUCCESS": counts.get("done", 0), "FAILED": counts.get("failed", 0),
-                "CANCELLED": counts.get("cancelled", 0)}
+        stat: dict[str, int] = {}
+        for rec in await call(engine.operations.list, limit=1000):      # the recent ones, by status
+            key = OP_STATUS.get(rec["status"], "FAILED")
+            stat[key] = stat.get(key, 0) + 1
         return {"token_uuid": str(uuid_mod.uuid5(uuid_mod.NAMESPACE_URL, f"sandtree:tenant:{me.get('tenant')}")),
                 "token_expiration": None, "permissions": {p: p in granted for p in sorted(known)},
                 "limits": {k: int(v) for k, v in limits.items() if v is not None}, "operations_stat": stat}
