@@ -146,7 +146,7 @@ class Operations:
             self._event(op, "start", json.dumps({"reference": reference}))
             try:
                 image = self.engine.pull(reference, tag=tag, op_id=op)
-            except Exception as exc:             # noqa: BLE001 - recorded, then re-raised to the future
+            except Exception as exc:             # recorded, then re-raised to the future
                 info = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
                 self._finish(op, info)
                 self._event(op, "end", json.dumps({"status": "failed", **info}, default=str))
