@@ -394,7 +394,8 @@ def test_sdk_imports_from_a_registry(sdk_env, registry):
     image = asyncio.run(main())
     # imports are not listed (GET /operations lists runs), but each is readable by its UUID
     assert httpx.get(f"{sdk_env}/v1/operations", params={"kind": "image_import"}).json() == []
-    r = httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": f"docker://{ref}"}, "tag": "again"})
+    r = httpx.post(f"{sdk_env}/v1/images/import", json={
+        "registry": {"url": f"docker://{ref}", "credentials": {"username": "u", "password": "p"}}, "tag": "again"})
     assert r.status_code == 201
     done = httpx.get(f"{sdk_env}/v1/operations/{r.json()['uuid']}").json()
     for _ in range(100):
@@ -406,6 +407,7 @@ def test_sdk_imports_from_a_registry(sdk_env, registry):
     assert done["result"] == {"image": str(image.uuid), "tag": "again"}
     assert done["metadata"]["registry"]["url"] == f"docker://{ref}"
     assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {}}).status_code == 400
+    assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": ref}, "tag": "bad tag"}).status_code == 400
     assert httpx.post(f"{sdk_env}/v1/images/import", json={"registry": {"url": "ftp://x/y"}}).status_code == 400
 
 

@@ -126,14 +126,11 @@ def contree_router(engine_for) -> APIRouter:
 
     @router.post("/images/import", status_code=201)
     async def import_image(body: wire.ImportIn, request: Request, engine: Engine) -> JSONResponse:
-        """A registry pull as an operation. Credentials are checked against the registry and kept
-        for its later pulls (what `registry_login` does)."""
+        """A registry pull as an operation (credentials are kept for the registry's later pulls)."""
         reference = body.registry.url if "://" in body.registry.url else f"docker://{body.registry.url}"
         creds = body.registry.credentials
-        if creds is not None:
-            from .store import registry
-            await call(engine.registry_login, registry.parse(reference).registry, creds.username, creds.password)
-        op = await call(engine.operations.submit_pull, reference, tag=body.tag)
+        op = await call(engine.operations.submit_pull, reference, tag=body.tag,
+                        credentials=(creds.username, creds.password) if creds else None)
         return JSONResponse({"uuid": wire.to_uuid(op)}, status_code=201,
                             headers={"Location": f"{request.scope.get('root_path', '')}/v1/operations/{wire.to_uuid(op)}"})
 

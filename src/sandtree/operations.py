@@ -123,9 +123,11 @@ class Operations:
             self.counts["submitted"] += 1
         return op
 
-    def submit_pull(self, reference: str, *, tag: str | None = None) -> str:
+    def submit_pull(self, reference: str, *, tag: str | None = None,
+                    credentials: tuple[str, str] | None = None) -> str:
         """Queue a registry pull (an import operation); returns its ID at once. The reference is
-        checked now; the registry is reached by the operation."""
+        checked now; the registry is reached by the operation, which first logs in with
+        `credentials` (kept for the registry's later pulls, as registry_login does)."""
         from .engine import _check_tag
         from .store import registry
         ref = registry.parse(reference)
@@ -145,6 +147,8 @@ class Operations:
                 return None
             self._event(op, "start", json.dumps({"reference": reference}))
             try:
+                if credentials is not None:
+                    self.engine.registry_login(ref.registry, *credentials)
                 image = self.engine.pull(reference, tag=tag, op_id=op)
             except Exception as exc:             # recorded, then re-raised to the future
                 info = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
