@@ -205,8 +205,15 @@ def test_disposable_keeps_no_image_and_cancel(server):
                                                         "disposable": disposable}).json()["uuid"]
         assert wait_op(server, op)["status"] == "SUCCESS"
     assert len(httpx.get(f"{server}/v1/images").json()["images"]) == count + 1
-    op = httpx.post(f"{server}/v1/instances", json={"command": "sleep 60", "shell": True,
+    op = httpx.post(f"{server}/v1/instances", json={"command": "echo started; sleep 60", "shell": True,
                                                     "image": "tag:ubuntu:latest"}).json()["uuid"]
+    for _ in range(100):                       # ?inflight: the output so far of a running instance
+        live = httpx.get(f"{server}/v1/operations/{op}", params={"inflight": ""}).json()
+        if live["status"] == "EXECUTING" and live["metadata"]["result"]:
+            break
+        time.sleep(0.1)
+    assert live["metadata"]["result"]["stdout"]["value"] == "started\n"
+    assert httpx.get(f"{server}/v1/operations/{op}").json()["metadata"]["result"] is None
     assert httpx.delete(f"{server}/v1/operations/{op}").status_code == 202
     assert wait_op(server, op)["status"] == "CANCELLED"
     again = httpx.delete(f"{server}/v1/operations/{op}")

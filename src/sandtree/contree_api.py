@@ -186,12 +186,18 @@ def contree_router(engine_for) -> APIRouter:
         return JSONResponse(echo, status_code=201,
                             headers={"Location": f"{request.scope.get('root_path', '')}/v1/operations/{wire.to_uuid(op)}"})
 
-    def view(engine, op: str) -> dict:
+    def view(engine, op: str, inflight: bool = False) -> dict:
         ops = engine.operations
         rec = ops.get(op)
         if rec["status"] in ("done", "failed", "cancelled"):
             rec = ops.wait([op], 10)[0]     # the row is written just before the run's record is handed over
-        return wire.operation_view(rec, ops.result(op) if rec["kind"] == "run" else None)
+        out = wire.operation_view(rec, ops.result(op) if rec["kind"] == "run" else None)
+        if inflight and rec["status"] == "running" and rec["kind"] == "run":
+            # the output so far, from the live event log (?inflight, as Contree does)
+            events, _ = ops.events_after(op, 0, 0)
+            streams = {k: "".join(d for _, kind, d in events if kind == k).encode() for k in ("stdout", "stderr")}
+            out["metadata"]["result"] = {k: wire.stream_repr(v) for k, v in streams.items()}
+        return out
 
     @router.get("/operations")
     async def list_operations(engine: Engine, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
@@ -215,7 +221,7 @@ def contree_router(engine_for) -> APIRouter:
 
     @router.get("/operations/{operation_id}")
     async def get_operation(operation_id: str, engine: Engine, inflight: str | None = None) -> dict:
-        return await call(view, engine, wire.op_id(operation_id))
+        return await call(view, engine, wire.op_id(operation_id), wire.flag(inflight))
 
     @router.delete("/operations/{operation_id}", status_code=202)
     async def cancel_operation(operation_id: str, engine: Engine) -> Response:
