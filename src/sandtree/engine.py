@@ -281,7 +281,8 @@ class Engine(BranchingOps):
             remove_tree(staged)
             raise
 
-    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
+             op_id: str | None = None) -> str:
         """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
         from .store import registry
         if tag is not None:
@@ -294,7 +295,7 @@ class Engine(BranchingOps):
             layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
                                           insecure=insecure, progress=progress)
             importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
-            return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}")
+            return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:
             remove_tree(staged)
             raise
@@ -325,11 +326,13 @@ class Engine(BranchingOps):
             remove_tree(staged)
             raise
 
-    def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+    def _adopt(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None,
+               op_id: str | None = None) -> str:
         with self.store.using():
-            return self._adopt_locked(src, copy=copy, tag=tag, source=source, progress=progress)
+            return self._adopt_locked(src, copy=copy, tag=tag, source=source, progress=progress, op_id=op_id)
 
-    def _adopt_locked(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None) -> str:
+    def _adopt_locked(self, src: str, *, copy: bool, tag: str | None, source: str, progress=None,
+                      op_id: str | None = None) -> str:
         started = time.time()
         dest = self.store.layers.stage("import") if copy else None
         try:
@@ -342,7 +345,7 @@ class Engine(BranchingOps):
                 layers = [self.store.layers.publish(layer_dir)]
             elif copy:
                 remove_tree(dest)
-            op = uuid.uuid4().hex
+            op = op_id or uuid.uuid4().hex
             with self.store.db.tx() as con:
                 Database.put_trees(con, res.trees)
                 if layers:
@@ -350,8 +353,10 @@ class Engine(BranchingOps):
                         BlobStore.record(con, {h: f"layers/{layers[0]}/{p}" for h, p in res.locations.items()})
                     else:
                         layers = None                   # a concurrent import won the race
-                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                            "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root, dumps({"source": source}),
+                # OR REPLACE: a submitted import's queued row is completed here
+                con.execute("INSERT OR REPLACE INTO operations(id, kind, source, result, spec, outcome, started, "
+                            "finished) VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, res.root,
+                                                                dumps({"source": source, "tag": tag}),
                                                          dumps({"files": res.files, "size": res.size}),
                                                          started, time.time()))
                 if tag:
@@ -413,7 +418,7 @@ class Engine(BranchingOps):
         secrets = secret_values(user_env)
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
                        "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
-                       "env": mask_env(user_env), "uid": uid, "gid": gid, "disposable": disposable,
+                       "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
         started = time.time()
         pool = self._pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
@@ -571,6 +576,29 @@ class Engine(BranchingOps):
             raise NotFound(f"no uploaded file {digest!r}")
         with self.store.blobs.open(digest) as f:
             return f.read()
+
+    def upload_info(self, digest: str) -> dict:
+        """Size and time of stored content (NotFound if absent), without reading it."""
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
+            raise NotFound(f"no uploaded file {digest!r}")
+        st = os.stat(self.store.blobs.path(digest))
+        return {"sha256": digest, "size": st.st_size, "created": st.st_mtime}
+
+    def find_upload(self, prefix: str) -> str:
+        """The sha256 of stored content by a unique prefix of at least 32 hex digits (Contree
+        clients name uploads by a UUID, which holds only 128 of the digest's 256 bits)."""
+        if not isinstance(prefix, str) or not re.fullmatch(r"[0-9a-f]{32,64}", prefix):
+            raise InvalidInput(f"an upload prefix is 32 to 64 hex digits, not {prefix!r}")
+        sub = os.path.join(self.store.blobs.root, prefix[:2])
+        found = {prefix[:2] + n for n in (os.listdir(sub) if os.path.isdir(sub) else ()) if n.startswith(prefix[2:])}
+        found.update(r[0] for r in self.store.db.query("SELECT hash FROM blob_loc WHERE hash >= ? AND hash < ? LIMIT 2",
+                                                       (prefix, prefix + "g")))
+        found = {d for d in found if self.store.blobs.has(d)}
+        if not found:
+            raise NotFound(f"no uploaded file {prefix!r}")
+        if len(found) > 1:
+            raise InvalidInput(f"upload prefix {prefix!r} is ambiguous")
+        return found.pop()
 
     def _file(self, f) -> InjectedFile:
         return _file(f, self.download)

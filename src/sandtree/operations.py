@@ -123,6 +123,48 @@ class Operations:
             self.counts["submitted"] += 1
         return op
 
+    def submit_pull(self, reference: str, *, tag: str | None = None,
+                    credentials: tuple[str, str] | None = None) -> str:
+        """Queue a registry pull (an import operation); returns its ID at once. The reference is
+        checked now; the registry is reached by the operation, which first logs in with
+        `credentials` (kept for the registry's later pulls, as registry_login does)."""
+        from .engine import _check_tag
+        from .store import registry
+        ref = registry.parse(reference)
+        if tag is not None:
+            _check_tag(tag)
+        op = uuid.uuid4().hex
+        cancel = threading.Event()
+        spec = {"source": f"pull:{ref}", "tag": tag, "owner_pid": os.getpid(), "queued": True}
+        with self.engine.store.db.tx() as con:
+            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                        "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, None, dumps(spec), None, time.time(), None))
+
+        def work():
+            if cancel.is_set():
+                self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+                self._event(op, "end", json.dumps({"status": "cancelled"}))
+                return None
+            self._event(op, "start", json.dumps({"reference": reference}))
+            try:
+                if credentials is not None:
+                    self.engine.registry_login(ref.registry, *credentials)
+                image = self.engine.pull(reference, tag=tag, op_id=op)
+            except Exception as exc:             # recorded, then re-raised to the future
+                info = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
+                self._finish(op, info)
+                self._event(op, "end", json.dumps({"status": "failed", **info}, default=str))
+                self._count("failed")
+                raise
+            self._count("done")
+            self._event(op, "end", json.dumps({"status": "done", "image": image}))
+            return image
+
+        with self.lock:
+            self.live[op] = (self.pool.submit(work), cancel)
+            self.counts["submitted"] += 1
+        return op
+
     def _finish(self, op: str, outcome: dict) -> None:
         with self.engine.store.db.tx() as con:
             con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=?", (dumps(outcome), time.time(), op))

@@ -22,6 +22,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from .contree_api import contree_router
 from .engine import Engine
 from .errors import InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
@@ -510,6 +511,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         to = await call(engine.resolve, body.to) if body.to else None
         return {"branch": name, "image": await call(engine.rollback, name, to=to, steps=body.steps)}
 
+    app.include_router(contree_router(lambda request: engine))      # Contree's own clients, under /v1
     return app
 
 
