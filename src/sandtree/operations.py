@@ -124,10 +124,11 @@ class Operations:
         return op
 
     def submit_pull(self, reference: str, *, tag: str | None = None,
-                    credentials: tuple[str, str] | None = None) -> str:
+                    credentials: tuple[str, str] | None = None, then=None) -> str:
         """Queue a registry pull (an import operation); returns its ID at once. The reference is
         checked now; the registry is reached by the operation, which first logs in with
-        `credentials` (kept for the registry's later pulls, as registry_login does)."""
+        `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
+        called in the operation once the image is in."""
         from .engine import _check_tag
         from .store import registry
         ref = registry.parse(reference)
@@ -150,6 +151,8 @@ class Operations:
                 if credentials is not None:
                     self.engine.registry_login(ref.registry, *credentials)
                 image = self.engine.pull(reference, tag=tag, op_id=op)
+                if then is not None:
+                    then(image)                  # the caller's bookkeeping (a tenant's ownership, tag)
             except Exception as exc:             # recorded, then re-raised to the future
                 info = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
                 self._finish(op, info)

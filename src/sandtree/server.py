@@ -511,7 +511,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         to = await call(engine.resolve, body.to) if body.to else None
         return {"branch": name, "image": await call(engine.rollback, name, to=to, steps=body.steps)}
 
-    app.include_router(contree_router(lambda request: engine))      # Contree's own clients, under /v1
+    app.include_router(contree_router(engine_for))                  # Contree's own clients, under /v1
     return app
 
 

@@ -669,6 +669,25 @@ class TenantView:
         return digest
 
     @_scoped("list")
+    def upload_info(self, digest: str) -> dict:
+        self._own_blob("upload", digest)
+        return self.engine.upload_info(digest)
+
+    @_scoped("list")
+    def find_upload(self, prefix: str) -> str:
+        """This tenant's upload by a unique prefix (another tenant's answers as absent)."""
+        import re as _re
+        if not isinstance(prefix, str) or not _re.fullmatch(r"[0-9a-f]{32,64}", prefix):
+            raise InvalidInput(f"an upload prefix is 32 to 64 hex digits, not {prefix!r}")
+        rows = self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload' AND id >= ? AND id < ? "
+                             "LIMIT 2", (self.tenant.name, prefix, prefix + "g"))
+        if not rows:
+            raise NotFound(f"no uploaded file {prefix!r}")
+        if len(rows) > 1:
+            raise InvalidInput(f"upload prefix {prefix!r} is ambiguous")
+        return rows[0][0]
+
+    @_scoped("list")
     def download(self, digest: str) -> bytes:
         self._own_blob("upload", digest)
         return self.engine.download(digest)
@@ -1021,6 +1040,27 @@ class TenantOperations:
         if not isinstance(op, str) or self.view.db.one("SELECT 1 FROM tenant_ops WHERE op=? AND tenant=?",
                                                       (op, self.view.tenant.name)) is None:
             raise NotFound(f"no operation {op!r}")
+
+    def submit_pull(self, reference: str, *, tag: str | None = None,
+                    credentials: tuple[str, str] | None = None) -> str:
+        """An import operation of this tenant: the image becomes its own, the tag its own name."""
+        from .engine import _check_tag
+        from .store import registry
+        v = self.view
+        v._need("import")
+        if tag is not None:
+            _check_tag(tag)
+        ref = registry.parse(reference)
+        if credentials is not None or v.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
+            # registry credentials are stored server-wide (the operator's): not a tenant's to set or use
+            raise Forbidden(f"pulling from {ref.registry} with stored or given credentials: admin only",
+                            scope="admin")
+        op = self.inner.submit_pull(reference, then=lambda image: v._imported("pull", image, tag,
+                                                                             {"reference": str(ref)}))
+        with v.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_ops(op, tenant, token) VALUES(?,?,?)",
+                        (op, v.tenant.name, v.tenant.token))
+        return op
 
     def submit_run(self, ref: str, command, **options) -> str:
         v = self.view
