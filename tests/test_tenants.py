@@ -307,7 +307,8 @@ def test_no_token_server_stays_on_loopback(tmp_path, rootfs):
     p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--host", "0.0.0.0",
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode != 0 and "loopback only" in p.stderr and "token create" in p.stderr
-    # on loopback it serves, unscoped, and says so; a token it cannot know is refused
+    # on loopback it serves, unscoped, and says so; a token sent anyway is ignored (Contree's
+    # clients always send one)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -315,7 +316,7 @@ def test_no_token_server_stays_on_loopback(tmp_path, rootfs):
         wait_for_port(port, 30)
         base = f"http://127.0.0.1:{port}/api/v1"
         assert httpx.get(base + "/whoami").json()["tenant"] == "local"
-        assert httpx.get(base + "/whoami", headers={"Authorization": "Bearer stk_x"}).status_code == 401
+        assert httpx.get(base + "/whoami", headers={"Authorization": "Bearer stk_x"}).json()["tenant"] == "local"
         # still audited: who is the operator, "local"
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as t:
