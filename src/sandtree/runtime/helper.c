@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -274,6 +275,40 @@ fail:
     _exit(126);
 }
 
+static int init_memfd = -1;     /* live: a copy of this binary for pid 1 to re-execute */
+
+/* Pid 1 of a live sandbox, after fexecve: reap what `--enter`ed commands leave behind (orphans
+ * are reparented to us) until killed. SIGCHLD stays blocked and is taken with sigwaitinfo, so
+ * no exit is missed between a reap and the wait. Dumpable again after the exec, which is safe:
+ * the sandbox's processes lack CAP_SYS_PTRACE and hold a strict subset of our capabilities, so
+ * they can neither ptrace us nor read /proc/1/fd (and nothing of the engine's is open here). */
+__attribute__((noreturn)) static void reap_forever(void) {
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        sigwaitinfo(&chld, NULL);
+    }
+}
+
+static int copy_self_to_memfd(void) {
+    int fd = memfd_create("sandtree-init", MFD_CLOEXEC);
+    int self = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || self < 0) die_step("memfd");
+    char buf[1 << 16];
+    for (;;) {
+        ssize_t n = read(self, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) die_step("memfd-copy");
+        if (n == 0) break;
+        if (write(fd, buf, (size_t)n) != n) die_step("memfd-copy");
+    }
+    close(self);
+    return fd;
+}
+
 static volatile pid_t g_pid = -1;
 static void forward(int sig) { if (g_pid > 0) kill(g_pid, sig); }
 
@@ -418,21 +453,19 @@ static int sandbox_init(struct opts *o) {
     prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
 
     if (o->live) {
-        /* No command: say so to P, then reap what `--enter`ed commands leave behind (orphans
-         * are reparented to us) until we are killed. SIGCHLD stays blocked and is taken with
-         * sigwaitinfo, so no exit is missed between a reap and the wait. */
-        sigset_t chld;
-        sigemptyset(&chld);
-        sigaddset(&chld, SIGCHLD);
-        sigprocmask(SIG_BLOCK, &chld, NULL);
+        /* No command: say so to P, then become the reaper (see reap_forever), re-executed from
+         * the in-memory copy of this binary: nothing of the host stays mapped or open in the
+         * sandbox's pid 1, so CRIU can checkpoint it whole (hibernate). */
         if (write(status_pipe[1], "ready\n", 6) != 6) _exit(125);
         close(status_pipe[1]);
         close(report_fd);
         report_fd = -1;
-        for (;;) {
-            while (waitpid(-1, NULL, WNOHANG) > 0) {}
-            sigwaitinfo(&chld, NULL);
-        }
+        setsid();                        /* the session too is the sandbox's own (CRIU) */
+        int null = open("/dev/null", O_RDWR);          /* the sandbox's, not the engine's */
+        if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); if (null > 2) close(null); }
+        char *args[] = {"sandtree-init", NULL}, *env[] = {NULL};
+        fexecve(init_memfd, args, env);
+        _exit(125);
     }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     signal(SIGTERM, forward);
@@ -613,6 +646,7 @@ static int enter_sandbox(struct opts *o) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 1 && !strcmp(argv[0], "sandtree-init")) reap_forever();
     struct opts o;
     parse(argc, argv, &o);
     report_fd = o.report_fd;
@@ -657,6 +691,7 @@ int main(int argc, char **argv) {
         }
     }
     if (pipe2(sync_pipe, O_CLOEXEC) < 0 || pipe2(status_pipe, O_CLOEXEC) < 0) die_step("pipe");
+    if (o.live) init_memfd = copy_self_to_memfd();
     if (warm && pipe2(spec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     uid_t ruid = getuid();
     gid_t rgid = getgid();
