@@ -272,6 +272,7 @@ def test_warm_pool_runs_like_a_run(tmp_path, rootfs):
         assert r.usage.get("pool") and r.stdout == b"in\n/tmp\nv\n1000\n"
         assert r.image == img                                                   # nothing written
         # what a command leaves running is stopped before the commit, like a run's
+        assert st.pool(img, size=2, wait=True)["ready"] == 2         # refilled in the background
         r = img.run("(sleep 0.2; echo late > /tmp/late) & echo now > /tmp/now")
         assert r.usage.get("pool") and r.image.read("/tmp/now") == b"now\n"
         time.sleep(0.4)
@@ -303,3 +304,85 @@ def test_a_freeze_left_by_a_dead_committer_is_undone(sb, shared_st):
     assert h.cg().is_frozen()
     assert sb.exec("echo alive").stdout == b"alive\n"
     assert not h.cg().is_frozen()
+
+
+MEMSTATE = os.path.join(os.path.dirname(__file__), "programs", "memstate.c")
+
+
+@pytest.fixture(scope="module")
+def memstate_rootfs(tmp_path_factory):
+    """The busybox rootfs plus memstate: a process whose state (a counter, 100 MB of random
+    bytes) lives only in its memory."""
+    from conftest import make_rootfs
+    root = make_rootfs(str(tmp_path_factory.mktemp("memstate") / "root"))
+    os.makedirs(os.path.join(root, "usr/local/bin"))
+    subprocess.run(["cc", "-O2", "-static", "-o", os.path.join(root, "usr/local/bin/memstate"), MEMSTATE], check=True)
+    return root
+
+
+def _ask(sb) -> bytes:
+    assert sb.exec("touch /tmp/ask; while [ -e /tmp/ask ]; do sleep 0.01; done").ok
+    return sb.exec("cat /tmp/answer").stdout
+
+
+def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate_rootfs):
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home, warm=0)
+    ok, why = st._engine.sandboxes.live.hibernate_available()
+    if not ok:
+        pytest.skip(why)                 # scripts/install-deps installs CRIU 4.1; say so if it could not
+    img = st.import_image(memstate_rootfs)
+    sb = img.start(idle_timeout=300, lifetime=600)
+    sid = sb.id
+    try:
+        assert sb.exec("cd /tmp; export X=1; echo on disk > /tmp/file").ok
+        assert sb.exec("memstate 100 >/dev/null 2>&1 &").ok
+        for _ in range(500):
+            if sb.exec("test -e /tmp/ready").ok:
+                break
+            time.sleep(0.02)
+        count, total = _ask(sb).split()
+        assert count == b"1" and sb.info()["memory_bytes"] > 100 << 20
+        old = st._engine.sandboxes._row(sid)["handle"]
+
+        # a command still running inside cannot be checkpointed: refused, nothing changes
+        p = sb.popen(["sleep", "30"])
+        with pytest.raises(sandtree.Conflict):
+            sb.hibernate()
+        p.kill()
+        p.wait()
+        assert sb.exec("echo still").stdout == b"still\n"
+
+        info = sb.hibernate()
+        assert info["state"] == "hibernated" and info["memory_bytes"] is None
+        assert not st._engine.sandboxes.live.alive(old)            # its processes are gone
+        assert old.cg() is None or not any(os.path.exists(d) for d in old.cg().dirs.values())
+        hib = info["head"]                                          # the files, committed
+        assert sandtree.Sandtree(home).image(hib).read("/tmp/file") == b"on disk\n"
+        assert [s.state for s in st.sandboxes() if s.id == sid] == ["hibernated"]
+        with pytest.raises(sandtree.Conflict, match="resume"):
+            sb.exec("true")
+        st.close()
+
+        # another engine process (a restarted server) resumes it: the same process, same memory
+        st = sandtree.Sandtree(home, warm=0)
+        sb = st.sandbox(sid)
+        assert sb.resume()["state"] == "running"
+        assert _ask(sb).split() == [b"2", total]                    # counted on, same 100 MB
+        assert sb.exec("pwd; echo $X; cat /tmp/file").stdout == b"/tmp\n1\non disk\n"
+
+        # after resume it still commits (changes since the hibernation included) and forks
+        assert sb.exec("echo after > /tmp/after").ok
+        snap = sb.commit()
+        assert snap.read("/tmp/answer") == b"2 " + total + b"\n" and snap.read("/tmp/after") == b"after\n"
+        assert [p.id for p in snap.parents()] == [hib] and img.id in [a.id for a in snap.ancestors()]
+        a, b = snap.run("echo a > /tmp/branch"), snap.run("echo b > /tmp/branch")
+        assert a.image.read("/tmp/branch") == b"a\n" and b.image.read("/tmp/branch") == b"b\n"
+        # and hibernates again
+        assert sb.hibernate()["state"] == "hibernated"
+        assert sb.resume()["state"] == "running"
+        assert _ask(sb).split() == [b"3", total]
+    finally:
+        st.sandbox(sid).stop()
+        assert not os.path.exists(os.path.join(home, "sandboxes", f"{sid}.ckpt"))
+        st.close()

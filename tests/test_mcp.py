@@ -22,7 +22,7 @@ TOOLS = {"run", "fork", "get_operation", "wait_operations", "list_operations", "
          "list_files", "read_file", "grep", "diff", "merge", "lineage", "branch_create", "branch_list",
          "rollback", "whoami", "get_guide", "registry_auth", "registry_token_obtain", "sandbox_start",
          "sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_list", "sandbox_read_file",
-         "sandbox_write_file"}
+         "sandbox_write_file", "sandbox_hibernate", "sandbox_resume"}
 
 
 def data(result):

@@ -445,6 +445,17 @@ class Sandbox:
         """Kill every process and free its memory and scratch space (commit first to keep its files)."""
         self._info = self._st._engine.sandbox_stop(self.id)
 
+    def hibernate(self) -> dict:
+        """Save it whole and free its CPU and memory: its files become an image (a commit) and its
+        processes a checkpoint, memory included (CRIU). resume() brings them back where they were."""
+        self._info = self._st._engine.sandbox_hibernate(self.id)
+        return self._info
+
+    def resume(self) -> dict:
+        """Bring a hibernated sandbox back: the same processes, memory and files, running again."""
+        self._info = self._st._engine.sandbox_resume(self.id)
+        return self._info
+
     def __enter__(self):
         return self
 

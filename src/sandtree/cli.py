@@ -205,6 +205,18 @@ def cmd_stop(args):
     _out(args, out, lambda o: [print(f"{i['id']}  {i['state']}") for i in o])
 
 
+def cmd_hibernate(args):
+    eng = _engine(args)
+    out = [eng.sandbox_hibernate(s) for s in args.sandboxes]
+    _out(args, out, lambda o: [print(f"{i['id']}  {i['state']}  image {i['head']}") for i in o])
+
+
+def cmd_resume(args):
+    eng = _engine(args)
+    out = [eng.sandbox_resume(s) for s in args.sandboxes]
+    _out(args, out, lambda o: [print(f"{i['id']}  {i['state']}") for i in o])
+
+
 def cmd_sandbox_commit(args):
     eng = _engine(args)
     image = eng.sandbox_commit(args.sandbox, tag=args.tag)
@@ -594,6 +606,13 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("stop", parents=[common], help="stop live sandboxes")
     x.add_argument("sandboxes", nargs="+")
     x.set_defaults(fn=cmd_stop)
+    x = sub.add_parser("hibernate", parents=[common],
+                       help="save live sandboxes (files and processes, memory included) and free them")
+    x.add_argument("sandboxes", nargs="+")
+    x.set_defaults(fn=cmd_hibernate)
+    x = sub.add_parser("resume", parents=[common], help="bring hibernated sandboxes back where they were")
+    x.add_argument("sandboxes", nargs="+")
+    x.set_defaults(fn=cmd_resume)
     x = sub.add_parser("ps", parents=[common], help="list live sandboxes")
     x.add_argument("--all", action="store_true", help="also stopped, expired and gone ones")
     x.set_defaults(fn=cmd_ps)

@@ -133,6 +133,12 @@ class Engine(BranchingOps):
     def sandbox_stop(self, sid: str) -> dict:
         return self.sandboxes.stop(sid)
 
+    def sandbox_hibernate(self, sid: str) -> dict:
+        return self.sandboxes.hibernate(sid)
+
+    def sandbox_resume(self, sid: str) -> dict:
+        return self.sandboxes.resume(sid)
+
     def sandbox_info(self, sid: str) -> dict:
         return self.sandboxes.info(sid)
 

@@ -42,7 +42,8 @@ get_operation(id) shows status and output; cancel_operation(id) stops a queued o
 sandbox_start(image) -> sandbox_id. sandbox_exec(sandbox_id, command) runs in its shell session: cd and
 export carry over; background processes (server &) keep running. sandbox_read_file/sandbox_write_file
 reach its files while it runs. sandbox_commit(sandbox_id) -> an image of it now (branch from it like any
-image). sandbox_stop when done (it also stops after idle_timeout or lifetime seconds).""",
+image). sandbox_hibernate frees its CPU and memory but keeps everything (processes and memory too);
+sandbox_resume continues it. sandbox_stop when done (it also stops after idle_timeout or lifetime seconds).""",
     "errors": """Errors name their kind: image_not_found, path_not_found, path_escape (a path leaving the image),
 invalid_input (bad arguments; nothing changed), command_not_found, sandbox_error, runtime_unavailable.
 A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true.""",
@@ -164,6 +165,19 @@ def build_server(engine: Engine) -> MCPServer:
     def sandbox_stop(sandbox_id: str) -> dict:
         """Stop a live sandbox: its processes end and its unsaved files go (sandbox_commit first to keep them)."""
         return engine.sandbox_stop(sandbox_id)
+
+    @server.tool()
+    @guard
+    def sandbox_hibernate(sandbox_id: str) -> dict:
+        """Hibernate a live sandbox: its files are committed and its processes saved with their
+        memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""
+        return engine.sandbox_hibernate(sandbox_id)
+
+    @server.tool()
+    @guard
+    def sandbox_resume(sandbox_id: str) -> dict:
+        """Resume a hibernated live sandbox: the same processes continue with the same memory and files."""
+        return engine.sandbox_resume(sandbox_id)
 
     @server.tool()
     @guard

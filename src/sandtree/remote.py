@@ -236,6 +236,12 @@ class RemoteEngine:
     def sandbox_stop(self, sid: str) -> dict:
         return self._json("POST", f"/sandboxes/{_q(sid)}/stop")
 
+    def sandbox_hibernate(self, sid: str) -> dict:
+        return self._json("POST", f"/sandboxes/{_q(sid)}/hibernate")
+
+    def sandbox_resume(self, sid: str) -> dict:
+        return self._json("POST", f"/sandboxes/{_q(sid)}/resume")
+
     def sandbox_info(self, sid: str) -> dict:
         return self._json("GET", f"/sandboxes/{_q(sid)}")
 

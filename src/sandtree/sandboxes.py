@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -57,7 +58,7 @@ trap '__st_rc=$?; __st_save; exit $__st_rc' EXIT
 eval "$__st_c"
 '''
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-STATES = ("running", "stopped", "expired", "gone")
+STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 
 class Sandboxes:
@@ -96,7 +97,8 @@ class Sandboxes:
         """The row of a sandbox that is running now (else NotFound/Conflict, and the row is fixed)."""
         row = self._row(sid)
         if row["state"] != "running":
-            raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
+            hint = " (resume it first)" if row["state"] == "hibernated" else ""
+            raise Conflict(f"sandbox {row['id']} is {row['state']}{hint}", sandbox=row["id"], state=row["state"])
         if self.live.frozen(row["handle"]):
             # frozen by a commit: wait for it; or left frozen by a committer that died: thaw
             with self._commit_lock(row["id"]):
@@ -141,7 +143,8 @@ class Sandboxes:
     def list(self, *, all: bool = False) -> list[dict]:
         """Live sandboxes (all=True: also the stopped ones), after expiring what is due."""
         self.reap()
-        sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state='running'") + " ORDER BY created"
+        sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
+            " ORDER BY created"
         return [self._view(self._decode(r)) for r in self.engine.store.db.query(sql)]
 
     def reap(self) -> list[str]:
@@ -209,9 +212,12 @@ class Sandboxes:
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
         self.ahead.forget(row["id"])
-        self.live.stop(row["handle"])
-        if row["state"] == "running":
-            self._set_state(row["id"], "stopped")
+        with self._commit_lock(row["id"]):              # not while it hibernates or resumes
+            row = self._row(row["id"])
+            self.live.stop(row["handle"])
+            if row["state"] in ("running", "hibernated"):
+                self._set_state(row["id"], "stopped")
+            shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only
         return self.info(row["id"])
 
     def _touch(self, sid: str) -> None:
@@ -292,11 +298,18 @@ class Sandboxes:
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row["id"])
-        proc, rep_r, _ = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        # Like subprocess.Popen, return once the process exists (a commit or hibernate that
+        # follows must see it): the helper reports its pid right after the fork.
+        while b"pid " not in raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                break
+            raw += chunk
         op = uuid.uuid4().hex
         self.engine._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                                 time.time(), None, {"started": True}, kind="exec")
-        return LiveProcess(proc, rep_r, self.live)
+        return LiveProcess(proc, rep_r, self.live, raw)
 
     # ---- files ---------------------------------------------------------------------------------
     def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
@@ -338,35 +351,115 @@ class Sandboxes:
         the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
         eng = self.engine
         row = self._running(sid)
-        base = eng.store.image(row["image"])
         h = row["handle"]
-        op = uuid.uuid4().hex
-        started = time.time()
         with eng.store.using(), self._commit_lock(row["id"]):
             frozen = self.live.freeze(h, True)
             try:
-                fd = self.live.scratch(h)
-                try:
-                    cr = eng.committer.commit(base, f"/proc/self/fd/{fd}/u",
-                                              max_file_size=row["spec"]["limits"]["disk"])
-                finally:
-                    os.close(fd)
+                image = self._snapshot(row, frozen)
             finally:
                 if frozen:
                     self.live.freeze(h, False)
-            write = eng._image_writer(cr)
-            parent = row["head"] or row["image"]
-            execs = [r[0] for r in eng.store.db.query(
-                "SELECT id FROM operations WHERE kind='exec' AND source=? AND started>=? AND spec LIKE ?",
-                (row["image"], self._last_commit(row), f'%"sandbox":"{row["id"]}"%'))]
-            eng._record_run(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
-                                               "command": f"commit of live sandbox {row['id'][:12]}"},
-                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
-            with eng.store.db.tx() as con:
-                con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
         if tag:
-            eng.tag(cr.image, tag)
+            eng.tag(image, tag)
+        return image
+
+    def _snapshot(self, row: dict, frozen: bool, how: str = "commit") -> str:
+        """Commit the upper (the caller holds the commit lock and froze the processes); record a
+        `commit` operation and its lineage edge from the sandbox's head; move the head."""
+        eng = self.engine
+        h = row["handle"]
+        op = uuid.uuid4().hex
+        started = time.time()
+        fd = self.live.scratch(h)
+        try:
+            # after a resume the upper holds the changes since the hibernation's commit
+            cr = eng.committer.commit(eng.store.image(row["spec"].get("base") or row["image"]),
+                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
+        finally:
+            os.close(fd)
+        write = eng._image_writer(cr)
+        parent = row["head"] or row["image"]
+        execs = [r[0] for r in eng.store.db.query(
+            "SELECT id FROM operations WHERE kind='exec' AND source=? AND started>=? AND spec LIKE ?",
+            (row["image"], self._last_commit(row), f'%"sandbox":"{row["id"]}"%'))]
+        eng._record_run(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
+                                           "command": f"{how} of live sandbox {row['id'][:12]}"},
+                        started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
+        with eng.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
+        row["head"] = cr.image
         return cr.image
+
+    # ---- hibernate -------------------------------------------------------------------------------
+    def _checkpoint_dir(self, sid: str) -> str:
+        return os.path.join(self.engine.home, "sandboxes", f"{sid}.ckpt")
+
+    def hibernate(self, sid: str) -> dict:
+        """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
+        commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
+        where they were. Its lifetime does not run while it is hibernated."""
+        eng = self.engine
+        ok, why = self.live.hibernate_available()
+        if not ok:
+            raise RuntimeUnavailable(why)
+        row = self._running(sid)
+        sid, h = row["id"], row["handle"]
+        if h.cgroup is None:
+            raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
+        self.ahead.forget(sid)
+        images = self._checkpoint_dir(sid)
+        with eng.store.using(), self._commit_lock(sid):
+            self.live.freeze(h, True)
+            try:
+                busy = self.live.outsiders(h)
+                if busy:
+                    raise Conflict(f"a command is still running in sandbox {sid[:12]} (exec or shell); "
+                                   "hibernate it once that has finished", sandbox=sid)
+                image = self._snapshot(row, True, "hibernate")
+                if os.path.isdir(images):
+                    shutil.rmtree(images)         # a failed earlier try (files only, no mounts)
+                os.makedirs(images)
+                self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"])
+            except BaseException:
+                if self.live.alive(h):
+                    self.live.freeze(h, False)
+                raise
+            spec = {**row["spec"], "base": image, "remaining": max(1.0, row["expires"] - time.time())}
+            with eng.store.db.tx() as con:
+                con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
+        return self.info(sid)
+
+    def resume(self, sid: str) -> dict:
+        """Bring a hibernated sandbox back: its processes continue where they were, on the image
+        committed when it hibernated. Nothing is lost if this fails: it stays hibernated."""
+        eng = self.engine
+        row = self._row(sid)
+        sid = row["id"]
+        with self._commit_lock(sid):
+            row = self._row(sid)
+            if row["state"] == "running":
+                return self._view(row)
+            if row["state"] != "hibernated":
+                raise Conflict(f"sandbox {sid} is {row['state']}", sandbox=sid, state=row["state"])
+            base, spec0 = row["spec"]["base"], row["spec"]
+            image = eng.store.image(base)
+            root = eng.store.tree(base)["."]
+            spec = RunSpec(argv=["sandtree-init"], layers=image.layers, root_meta=(root.mode, root.uid, root.gid),
+                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
+                           limits=Limits(**spec0["limits"]))
+            remaining = spec0.get("remaining", spec0["lifetime"])
+            with eng.store.using():
+                handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
+            now = time.time()
+            try:
+                with eng.store.db.tx() as con:
+                    con.execute("UPDATE sandboxes SET state='running', handle=?, last_used=?, expires=? WHERE id=?",
+                                (dumps(handle.to_dict()), now, now + remaining, sid))
+            except BaseException:
+                self.live.stop(handle)
+                raise
+            shutil.rmtree(self._checkpoint_dir(sid), ignore_errors=True)
+        return self.info(sid)
 
     def _last_commit(self, row: dict) -> float:
         r = self.engine.store.db.one("SELECT MAX(started) FROM operations WHERE kind='commit' AND spec LIKE ?",
@@ -446,11 +539,11 @@ class LiveProcess:
     """A process inside a live sandbox: subprocess.Popen's shape (stdin, stdout, stderr, wait,
     communicate, send_signal, kill) with the exit status of the command itself."""
 
-    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveRuntime):
+    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveRuntime, raw: bytearray | None = None):
         self._proc, self._rep_r, self._live = proc, rep_r, live
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
         self.returncode: int | None = None
-        self._raw = bytearray()
+        self._raw = raw if raw is not None else bytearray()
 
     def _finish(self) -> None:
         from .runtime.namespaces import _parse_report

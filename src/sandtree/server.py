@@ -406,6 +406,14 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     async def stop_sandbox(sid: str) -> dict:
         return await call(engine.sandbox_stop, sid)
 
+    @app.post("/api/v1/sandboxes/{sid}/hibernate")
+    async def hibernate_sandbox(sid: str) -> dict:
+        return await call(engine.sandbox_hibernate, sid)
+
+    @app.post("/api/v1/sandboxes/{sid}/resume")
+    async def resume_sandbox(sid: str) -> dict:
+        return await call(engine.sandbox_resume, sid)
+
     @app.get("/api/v1/sandboxes/{sid}/file")
     async def read_sandbox_file(sid: str, path: str) -> Response:
         return Response(await call(engine.sandbox_read, sid, path), media_type="application/octet-stream")

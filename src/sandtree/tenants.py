@@ -593,6 +593,21 @@ class TenantView:
         self._audit("sandbox stop", detail={"sandbox": full})
         return self.engine.sandbox_stop(full)
 
+    @_scoped("run")
+    def sandbox_hibernate(self, sid: str) -> dict:
+        full = self._sandbox(sid)
+        info = self.engine.sandbox_hibernate(full)
+        self._claim_op("commit", info["head"])        # the hibernation's commit is the tenant's
+        self._own(info["head"])
+        self._audit("sandbox hibernate", image=info["head"], detail={"sandbox": full})
+        return info
+
+    @_scoped("run")
+    def sandbox_resume(self, sid: str) -> dict:
+        full = self._sandbox(sid)
+        self._audit("sandbox resume", detail={"sandbox": full})
+        return self.engine.sandbox_resume(full)
+
     @_scoped("list")
     def sandbox_info(self, sid: str) -> dict:
         return self.engine.sandbox_info(self._sandbox(sid))

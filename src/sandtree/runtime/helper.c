@@ -52,7 +52,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -89,6 +88,8 @@ struct opts {
     int live;                   /* --live 1: pid 1 runs no command and waits for `--enter`s */
     int detach;                 /* live: --detach 1 outlives the engine (else it dies with it) */
     long lifetime;              /* live: seconds until the sandbox is killed (0: no limit) */
+    const char *init;           /* live: the sandtree-init binary (init.c) */
+    int restore;                /* live: --restore 1: the command is `criu restore` (see below) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
 };
@@ -96,7 +97,7 @@ struct opts {
 static int report_fd = -1;
 static void read_spec(int fd, struct opts *o);
 
-static void die_step(const char *step) {
+__attribute__((noreturn)) static void die_step(const char *step) {
     int e = errno;
     if (report_fd >= 0) dprintf(report_fd, "setupfail %d %s\n", e, step);
     _exit(125);
@@ -275,38 +276,35 @@ fail:
     _exit(126);
 }
 
-static int init_memfd = -1;     /* live: a copy of this binary for pid 1 to re-execute */
+static int init_fd = -1;        /* live: sandtree-init (init.c), opened before /tmp is covered */
 
-/* Pid 1 of a live sandbox, after fexecve: reap what `--enter`ed commands leave behind (orphans
- * are reparented to us) until killed. SIGCHLD stays blocked and is taken with sigwaitinfo, so
- * no exit is missed between a reap and the wait. Dumpable again after the exec, which is safe:
- * the sandbox's processes lack CAP_SYS_PTRACE and hold a strict subset of our capabilities, so
- * they can neither ptrace us nor read /proc/1/fd (and nothing of the engine's is open here). */
-__attribute__((noreturn)) static void reap_forever(void) {
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &chld, NULL);
+/* Live C, once set up: copy sandtree-init onto the sandbox's own /dev/shm and exec it (see
+ * init.c: why, and why it is safe). Nothing of the host stays open or mapped in pid 1, so CRIU
+ * can checkpoint the sandbox whole. No other process exists in the sandbox yet, so nothing can
+ * swap the file between the copy and the exec. */
+__attribute__((noreturn)) static void become_init(void) {
+    static const char path[] = "/dev/shm/.sandtree-init";
+    int out = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0500);
+    if (out < 0) die_step("init-copy");
+    char buf[1 << 14];
     for (;;) {
-        while (waitpid(-1, NULL, WNOHANG) > 0) {}
-        sigwaitinfo(&chld, NULL);
-    }
-}
-
-static int copy_self_to_memfd(void) {
-    int fd = memfd_create("sandtree-init", MFD_CLOEXEC);
-    int self = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || self < 0) die_step("memfd");
-    char buf[1 << 16];
-    for (;;) {
-        ssize_t n = read(self, buf, sizeof buf);
+        ssize_t n = read(init_fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) die_step("memfd-copy");
+        if (n < 0) die_step("init-copy");
         if (n == 0) break;
-        if (write(fd, buf, (size_t)n) != n) die_step("memfd-copy");
+        if (write(out, buf, (size_t)n) != n) die_step("init-copy");
     }
-    close(self);
-    return fd;
+    close(out);
+    close(init_fd);
+    setsid();                            /* the session too is the sandbox's own (CRIU) */
+    int null = open("/dev/null", O_RDWR);              /* the sandbox's, not the engine's */
+    if (null < 0) die_step("init-null");
+    dup2(null, 0); dup2(null, 1); dup2(null, 2);
+    if (dup2(status_pipe[1], 3) != 3) die_step("init-status");   /* init says "ready" on fd 3 */
+    syscall(SYS_close_range, 4, ~0U, 0);
+    char *args[] = {"sandtree-init", NULL}, *env[] = {NULL};
+    execve(path, args, env);
+    die_step("init-exec");
 }
 
 static volatile pid_t g_pid = -1;
@@ -349,7 +347,9 @@ static void mount_root(struct opts *o) {
     if (fchdir(scratch) < 0) die_step("chdir-scratch");
     mkdir("r/proc", 0555);
     mkdir("r/dev", 0755);
-    if (o->uid_map && !o->exec_runtime) setup_dev_root(o, "r/dev");   /* runsc brings its own */
+    /* runsc brings its own; a live sandbox binds the host's nodes from inside (setup_dev): CRIU
+     * restores binds, but cannot mknod a tmpfs's device nodes back inside a user namespace. */
+    if (o->uid_map && !o->exec_runtime && !o->live) setup_dev_root(o, "r/dev");
     close(scratch);
 }
 
@@ -434,7 +434,7 @@ static int sandbox_init(struct opts *o) {
         xmount("p", "r/proc", NULL, MS_MOVE, NULL);
     } else {
         setup_proc("r/proc");
-        if (!o->uid_map) setup_dev();
+        if (!o->uid_map || o->live) setup_dev();
         loopback_up();
     }
     if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
@@ -453,19 +453,10 @@ static int sandbox_init(struct opts *o) {
     prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
 
     if (o->live) {
-        /* No command: say so to P, then become the reaper (see reap_forever), re-executed from
-         * the in-memory copy of this binary: nothing of the host stays mapped or open in the
-         * sandbox's pid 1, so CRIU can checkpoint it whole (hibernate). */
-        if (write(status_pipe[1], "ready\n", 6) != 6) _exit(125);
-        close(status_pipe[1]);
-        close(report_fd);
-        report_fd = -1;
-        setsid();                        /* the session too is the sandbox's own (CRIU) */
-        int null = open("/dev/null", O_RDWR);          /* the sandbox's, not the engine's */
-        if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); if (null > 2) close(null); }
-        char *args[] = {"sandtree-init", NULL}, *env[] = {NULL};
-        fexecve(init_memfd, args, env);
-        _exit(125);
+        /* No command: pid 1 becomes sandtree-init, which tells P "ready" and reaps. A sandbox
+         * that outlives its engine must also outlive P's stand-in after a CRIU restore. */
+        if (o->detach) prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+        become_init();
     }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     signal(SIGTERM, forward);
@@ -516,6 +507,8 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--inject")) o->inject = atoi(v);
         else if (!strcmp(a, "--exec")) o->exec_runtime = atoi(v);
         else if (!strcmp(a, "--live")) o->live = atoi(v);
+        else if (!strcmp(a, "--init")) o->init = v;
+        else if (!strcmp(a, "--restore")) o->restore = atoi(v);
         else if (!strcmp(a, "--detach")) o->detach = atoi(v);
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
@@ -584,6 +577,8 @@ static void on_alarm(int sig) { (void)sig; if (g_pid > 0) kill(g_pid, SIGKILL); 
 
 /* --enter-fd: run the command inside a live sandbox (see the header). */
 static int enter_sandbox(struct opts *o) {
+    /* Our name says whether we hold a command (hibernate refuses then) or only wait for one. */
+    prctl(PR_SET_NAME, o->spec_fd >= 0 ? "sandtree-ahead" : "sandtree-enter", 0, 0, 0);
     for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
     /* All namespaces at once, through a pidfd the engine checked: no pid-reuse window. Our
      * root and cwd become the sandbox's. */
@@ -597,6 +592,7 @@ static int enter_sandbox(struct opts *o) {
         int sfd = o->spec_fd;
         o->spec_fd = -1;
         read_spec(sfd, o);
+        prctl(PR_SET_NAME, "sandtree-enter", 0, 0, 0);
     }
     if (!o->argv || !o->argv[0]) { errno = EINVAL; die_step("spec"); }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
@@ -645,8 +641,64 @@ static int enter_sandbox(struct opts *o) {
     return 0;
 }
 
+/* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
+static int live_wait(struct opts *o, pid_t c) {
+    g_pid = c;
+    if (o->lifetime > 0) {
+        signal(SIGALRM, on_alarm);
+        alarm((unsigned)o->lifetime);
+    }
+    dprintf(report_fd, "ready\n");
+    close(report_fd);                        /* the engine is free; we stay for C */
+    report_fd = -1;
+    int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+    while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+    return 0;
+}
+
+/* --restore 1 (resume a hibernated live sandbox): the same cgroups and the same scratch + overlay
+ * as a start (the lowers are the image committed at hibernation, the upper starts empty), then
+ * the command, `criu restore --root /tmp/r --restore-detached ...`, rebuilds the namespaces, the
+ * mounts inside and the process tree from the checkpoint. We are its child subreaper, so the
+ * restored pid 1 becomes our child when CRIU exits: from there on we are its P, as after a start. */
+static int restore_sandbox(struct opts *o) {
+    for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
+    if (unshare(CLONE_NEWNS) < 0) die_step("unshare-mnt");
+    mount_root(o);
+    /* CRIU works inside the sandbox's user namespace, where it needs a writable /tmp (tmpfile()
+     * while restoring the network). Only this mount namespace sees this /tmp. */
+    if (chmod("/tmp", 01777) < 0) die_step("chmod-scratch");
+    if (chdir("/") < 0) die_step("chdir-/");
+    close(o->sock_fd);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) die_step("subreaper");
+    pid_t cr = fork();
+    if (cr < 0) die_step("fork");
+    if (cr == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        fcntl(report_fd, F_SETFD, FD_CLOEXEC);
+        execv(o->argv[0], o->argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(cr, &st, 0) < 0) if (errno != EINTR) die_step("wait-criu");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        errno = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+        die_step("criu-restore");
+    }
+    /* Our one child now: the restored pid 1 (CRIU's --restore-detached left it to us). */
+    char path[64], buf[64] = {0};
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0) { errno = ESRCH; die_step("restored-pid"); }
+    close(fd);
+    pid_t c = (pid_t)atoi(buf);
+    if (c <= 0) { errno = ESRCH; die_step("restored-pid"); }
+    dprintf(report_fd, "pid %d\n", c);
+    return live_wait(o, c);
+}
+
 int main(int argc, char **argv) {
-    if (argc == 1 && !strcmp(argv[0], "sandtree-init")) reap_forever();
     struct opts o;
     parse(argc, argv, &o);
     report_fd = o.report_fd;
@@ -664,6 +716,8 @@ int main(int argc, char **argv) {
         if (getppid() != engine) _exit(125);
     }
     if (o.enter_fd >= 0) return enter_sandbox(&o);
+    if (o.restore) return restore_sandbox(&o);
+    if (o.live && (!o.init || (init_fd = open(o.init, O_RDONLY | O_CLOEXEC)) < 0)) die_step("open-init");
 
     for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
 
@@ -691,7 +745,6 @@ int main(int argc, char **argv) {
         }
     }
     if (pipe2(sync_pipe, O_CLOEXEC) < 0 || pipe2(status_pipe, O_CLOEXEC) < 0) die_step("pipe");
-    if (o.live) init_memfd = copy_self_to_memfd();
     if (warm && pipe2(spec_pipe, O_CLOEXEC) < 0) die_step("pipe");
     uid_t ruid = getuid();
     gid_t rgid = getgid();
@@ -754,20 +807,7 @@ int main(int argc, char **argv) {
         char rb[16] = {0};
         ssize_t rn;
         while ((rn = read(status_pipe[0], rb, sizeof rb - 1)) < 0 && errno == EINTR) {}
-        if (rn > 0 && !strncmp(rb, "ready", 5)) {
-            g_pid = c;
-            if (o.lifetime > 0) {
-                signal(SIGALRM, on_alarm);
-                alarm((unsigned)o.lifetime);
-            }
-            dprintf(report_fd, "ready\n");
-            close(report_fd);                    /* the engine is free; we stay for C */
-            report_fd = -1;
-            int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-            if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
-            while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
-            return 0;
-        }
+        if (rn > 0 && !strncmp(rb, "ready", 5)) return live_wait(&o, c);
     }
 
     /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command, and their

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
 from . import seccomp
 from .base import RunOutcome, RunSpec
+from . import criu
+from .build import init_path
 from .cgroups import RunCgroup
 from .namespaces import NamespaceRuntime, _parse_report, validate_spec
 
@@ -67,6 +69,7 @@ class LiveRuntime:
 
     def __init__(self, rt: NamespaceRuntime):
         self.rt = rt
+        self._init: str | None = None
 
     def available(self) -> tuple[bool, str]:
         ok, why = self.rt.available()
@@ -78,24 +81,43 @@ class LiveRuntime:
             return False, "live sandboxes need pidfd_open (Linux 5.3, Python 3.9)"
         return True, ""
 
+    def init(self) -> str:
+        if self._init is None:
+            self._init = init_path(self.rt.cache_dir)
+        return self._init
+
     def _check(self) -> None:
         ok, why = self.available()
         if not ok:
             raise RuntimeUnavailable(why)
 
     # ---- start ---------------------------------------------------------------------------------
-    def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True) -> LiveHandle:
+    def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True,
+              restore: str | None = None) -> LiveHandle:
         """Start a sandbox on spec's image, limits, env and files; its pid 1 waits for commands.
         detach: it outlives this process (a user's live sandbox); else it dies with the thread
-        that started it (a warm pool's), whose helper process is then handle.proc."""
+        that started it (a warm pool's), whose helper process is then handle.proc.
+        restore: a checkpoint dir (hibernate): its processes are brought back instead of a new
+        pid 1, on spec's image (the one committed when it was taken)."""
         self._check()
         validate_spec(spec)
         rt, lim = self.rt, spec.limits
+        images = None
+        if restore is not None:
+            path, why = criu.find()
+            if path is None:
+                raise RuntimeUnavailable(why)
+            images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY)   # the helper covers /tmp
+            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/tmp/r")
+            mode = ["--restore", "1"]
+        else:
+            command = ["sandtree-init"]
+            mode = ["--init", self.init()]
         cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True, detached=detach) \
             if rt.cgroups.available else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
-        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1",
+        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1", *mode,
                 "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime)))]
         args += rt._static_args() + rt._run_args(spec)
         for f in (cg.procs_files if cg else []):
@@ -104,13 +126,18 @@ class LiveRuntime:
         scratch = None
         try:
             try:
-                proc = subprocess.Popen(args + ["--", "sandtree-init"], env={}, close_fds=True,
-                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd()),
+                # criu runs iptables-restore & co. by name
+                env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if restore is not None else {}
+                proc = subprocess.Popen(args + ["--"] + command, env=env, close_fds=True,
+                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd())
+                                        + ((images,) if images is not None else ()),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
                 theirs.close()
                 os.close(rep_w)
+                if images is not None:
+                    os.close(images)
             if detach:
                 proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)
@@ -126,6 +153,9 @@ class LiveRuntime:
             report = _parse_report(raw)
             if "setupfail" in report:
                 err, step = report["setupfail"]
+                if step == "criu-restore":
+                    raise SandboxError(f"criu restore failed (exit {err}): {criu.log_tail(restore, 'restore.log')}",
+                                       step=step)
                 raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
             if b"ready\n" not in raw or "pid" not in report:
                 raise SandboxError(f"live sandbox did not start: {bytes(raw).decode(errors='replace').strip()}")
@@ -230,6 +260,64 @@ class LiveRuntime:
         end = time.monotonic() + wait
         while start_time(h.helper_pid) == h.helper_start and time.monotonic() < end:
             time.sleep(0.002)
+
+    # ---- hibernate -----------------------------------------------------------------------------
+    def hibernate_available(self) -> tuple[bool, str]:
+        ok, why = self.available()
+        if not ok:
+            return ok, why
+        path, why = criu.find()
+        return path is not None, why
+
+    def outsiders(self, h: LiveHandle) -> list[int]:
+        """Processes in the sandbox's cgroup that a checkpoint cannot hold: commands of an `exec`
+        (children of a helper outside, not of pid 1) and the helpers entering them."""
+        cg = h.cg()
+        out = []
+        try:
+            ns = os.readlink(f"/proc/{h.init_pid}/ns/pid")
+        except OSError:
+            return out
+        for pid in (cg.pids() if cg else set()) - {h.init_pid, h.helper_pid}:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") != ns:
+                    # an entering helper (outside): busy unless entered ahead and still waiting
+                    with open(f"/proc/{pid}/comm") as f:
+                        if f.read().strip() != "sandtree-ahead":
+                            out.append(pid)
+                    continue
+            except OSError:
+                continue
+            p, seen = pid, 0
+            while p not in (h.init_pid, 0, 1) and seen < 64:
+                try:
+                    p = _parent_of(p)
+                except (OSError, ValueError):
+                    p = 0
+                seen += 1
+            if p != h.init_pid:
+                out.append(pid)
+        return out
+
+    def dump(self, h: LiveHandle, images: str, ghost_limit: int) -> None:
+        """Checkpoint the sandbox's processes into `images` (CRIU), then they end and its cgroup
+        goes. The caller froze them and committed the filesystem; on failure they run on."""
+        path, why = criu.find()
+        if path is None:
+            raise RuntimeUnavailable(why)
+        cg = h.cg()
+        fd = self.pidfd(h)                           # pinned: the pid dumped is the sandbox's
+        try:
+            freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
+            r = subprocess.run(criu.dump_args(path, h.init_pid, images, freezer, ghost_limit),
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+        finally:
+            os.close(fd)
+        if r.returncode != 0:
+            raise SandboxError(f"criu dump failed (exit {r.returncode}): "
+                               f"{criu.log_tail(images, 'dump.log') or r.stderr.decode(errors='replace')[-300:]}",
+                               step="criu-dump")
+        self.stop(h)                                 # what is left: the helper, the cgroup
 
     # ---- commands ------------------------------------------------------------------------------
     def _spawn(self, h: LiveHandle, extra: list[str], env: dict, fds: tuple, stdin, stdout, stderr):

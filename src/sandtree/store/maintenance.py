@@ -78,8 +78,10 @@ def _gc(store: Store, retention: float, grace: float, now: float) -> dict:
         images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}
         keep = {i for i, (_, created) in images.items() if now - created < retention}
         keep |= {r[0] for r in con.execute("SELECT image FROM refs")}          # tags and branches
-        for img, head in con.execute("SELECT image, head FROM sandboxes WHERE state='running'"):
-            keep.update(x for x in (img, head) if x)                          # live sandboxes' bases
+        for img, head, spec in con.execute(
+                "SELECT image, head, spec FROM sandboxes WHERE state IN ('running', 'hibernated')"):
+            # live sandboxes' images; after a resume, the hibernation's commit is their lower
+            keep.update(x for x in (img, head, json.loads(spec).get("base")) if x)
         # a ref's recent history stays reachable (rollback to where a branch was yesterday)
         for old, new in con.execute("SELECT old, new FROM reflog WHERE at > ?", (now - retention,)):
             keep.update(x for x in (old, new) if x)

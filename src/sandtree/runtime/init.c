@@ -1,0 +1,55 @@
+/*
+ * sandtree-init: pid 1 of a live sandbox, once it is set up (helper.c execs it).
+ *
+ * Why a program of its own, without libc: pid 1 of a live sandbox must be checkpointable by CRIU
+ * (hibernate), so its executable has to be a file CRIU can find again at restore: helper.c
+ * copies this binary onto the sandbox's own /dev/shm, execs it, and it unlinks itself at once
+ * (CRIU saves a deleted executable as a "ghost" file). Every sandbox pays for that copy in
+ * memory, so it is a few KB, not the helper's ~900 KB of static glibc.
+ *
+ * It is handed fd 3, the status pipe to the helper: it writes "ready\n" there and closes it,
+ * then reaps whatever `--enter`ed commands leave behind (orphans are reparented to it) until the
+ * sandbox is killed. SIGCHLD stays blocked and is taken with rt_sigtimedwait, so no exit is
+ * missed between a reap and the wait.
+ *
+ * Being dumpable after the exec is safe: the sandbox's processes lack CAP_SYS_PTRACE and hold a
+ * strict subset of its capabilities, so they cannot ptrace it or read its /proc/1 fds, and it
+ * holds nothing of the engine's.
+ */
+#include <asm/unistd.h>
+#include <linux/fcntl.h>
+
+#define SIGCHLD_BIT (1UL << (17 - 1))
+#define WNOHANG 1
+
+#if defined(__x86_64__)
+static long sys(long n, long a, long b, long c, long d) {
+    long r;
+    register long r10 __asm__("r10") = d;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+    return r;
+}
+__asm__(".global _start\n_start:\n xor %rbp,%rbp\n and $-16,%rsp\n call init_main\n hlt\n");
+#elif defined(__aarch64__)
+static long sys(long n, long a, long b, long c, long d) {
+    register long x8 __asm__("x8") = n, x0 __asm__("x0") = a, x1 __asm__("x1") = b,
+                  x2 __asm__("x2") = c, x3 __asm__("x3") = d;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+}
+__asm__(".global _start\n_start:\n mov x29, #0\n bl init_main\n");
+#else
+#error "sandtree-init: add this architecture's syscall convention"
+#endif
+
+__attribute__((noreturn, used)) void init_main(void) {
+    unsigned long chld = SIGCHLD_BIT;
+    sys(__NR_unlinkat, AT_FDCWD, (long)"/dev/shm/.sandtree-init", 0, 0);
+    sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&chld, 0, sizeof chld);
+    sys(__NR_write, 3, (long)"ready\n", 6, 0);
+    sys(__NR_close, 3, 0, 0, 0);
+    for (;;) {
+        while (sys(__NR_wait4, -1, 0, WNOHANG, 0) > 0) {}
+        sys(__NR_rt_sigtimedwait, (long)&chld, 0, 0, sizeof chld);
+    }
+}
