@@ -12,6 +12,7 @@ import time
 import pytest
 
 import sandtree
+from sandtree.runtime import criu
 from sandtree.runtime.live import start_time
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
@@ -253,6 +254,11 @@ def test_cli_start_exec_ps_stop(tmp_path, rootfs):
         assert r.returncode == 5 and "in-shell 42" in r.stdout
         img = cli("commit", sid[:8], "--tag", "snap").stdout.strip()
         assert cli("cat", "snap", "/tmp/x").stdout == "hi\n" and img
+        if criu.find()[0]:
+            assert cli("hibernate", sid).stdout.split()[1] == "hibernated"
+            assert "hibernated" in cli("ps").stdout
+            assert cli("resume", sid[:12]).stdout.split()[1] == "running"
+            assert cli("exec", sid, "pwd; echo $A").stdout == "/tmp\n5\n"
     finally:
         cli("stop", sid)
     assert sid[:12] not in cli("ps").stdout
@@ -320,6 +326,20 @@ def memstate_rootfs(tmp_path_factory):
     return root
 
 
+HIBERNATOR = """
+import sys, sandtree
+sandtree.Sandtree(sys.argv[1], warm=0).sandbox(sys.argv[2]).hibernate()
+"""
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _ask(sb) -> bytes:
     assert sb.exec("touch /tmp/ask; while [ -e /tmp/ask ]; do sleep 0.01; done").ok
     return sb.exec("cat /tmp/answer").stdout
@@ -382,7 +402,43 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
         assert sb.hibernate()["state"] == "hibernated"
         assert sb.resume()["state"] == "running"
         assert _ask(sb).split() == [b"3", total]
+
+        # the hibernating process is killed (-9) while CRIU writes the checkpoint: the next one to
+        # look finds the finished checkpoint and the sandbox hibernated, not lost
+        hibernator = subprocess.Popen([sys.executable, "-c", HIBERNATOR, home, sid])
+        ckpt = os.path.join(home, "sandboxes", f"{sid}.ckpt")
+        criu_pid = None
+        for _ in range(2000):
+            criu_pid = next((p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).count(ckpt)), None)
+            if criu_pid or hibernator.poll() is not None:
+                break
+            time.sleep(0.002)
+        hibernator.kill()
+        hibernator.wait()
+        assert criu_pid, "the hibernator never ran criu"
+        while os.path.exists(f"/proc/{criu_pid}"):
+            time.sleep(0.01)
+        with pytest.raises(sandtree.Conflict, match="hibernated"):
+            sb.exec("true")
+        assert sb.resume()["state"] == "running"
+        assert _ask(sb).split() == [b"4", total]
     finally:
         st.sandbox(sid).stop()
         assert not os.path.exists(os.path.join(home, "sandboxes", f"{sid}.ckpt"))
         st.close()
+
+
+def test_a_failed_hibernation_leaves_the_sandbox_running(sb, shared_st, monkeypatch):
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    assert sb.exec("cd /tmp; echo kept > f").ok
+    # CRIU failing on demand: a stand-in that exits 1 (a real failure depends on what runs inside)
+    monkeypatch.setattr(criu, "_found", ("/bin/false", ""))
+    with pytest.raises(sandtree.SandboxError, match="criu dump failed"):
+        sb.hibernate()
+    monkeypatch.undo()
+    row = shared_st._engine.sandboxes._row(sb.id)
+    assert row["state"] == "running" and "hibernating" not in row["spec"] and "base" not in row["spec"]
+    assert not shared_st._engine.sandboxes.live.frozen(row["handle"])
+    assert sb.exec("cat f; pwd").stdout == b"kept\n/tmp\n"
+    assert sb.commit().read("/tmp/f") == b"kept\n"

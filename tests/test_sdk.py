@@ -11,6 +11,7 @@ import time
 import pytest
 
 import sandtree
+from sandtree.runtime import criu
 from conftest import serve_process
 
 
@@ -131,6 +132,16 @@ def test_live_sandbox(sdk, base):
             sb.exec(["/nope"])
         with pytest.raises(sandtree.PathNotFound):
             sb.read("/no/such")
+        if criu.find()[0]:                  # (the server runs on this machine)
+            # a shell variable lives only in the memory of a process that survives hibernation
+            assert sb.exec("(n=41; while :; do [ -e /tmp/q ] && { n=$((n+1)); echo $n > /tmp/a; rm /tmp/q; }; "
+                           "sleep 0.01; done) >/dev/null 2>&1 &").ok
+            assert sb.hibernate()["state"] == "hibernated"
+            with pytest.raises(sandtree.Conflict):
+                sb.read("/tmp/f")
+            assert sb.resume()["state"] == "running"
+            assert sb.exec("touch /tmp/q; while [ -e /tmp/q ]; do sleep 0.01; done; cat /tmp/a; pwd").stdout \
+                == b"42\n/tmp\n"
     assert sb.state == "stopped"
     with pytest.raises(sandtree.Conflict):
         sb.exec("true")

@@ -29,6 +29,7 @@ import uuid
 
 from .errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from .runtime.base import Limits, RunSpec
+from .runtime import criu
 from .runtime.live import LiveHandle, LiveRuntime
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store.db import dumps
@@ -104,8 +105,13 @@ class Sandboxes:
             with self._commit_lock(row["id"]):
                 if self.live.frozen(row["handle"]):
                     self.live.freeze(row["handle"], False)
+            row = self._row(row["id"])                  # (it may have been hibernated meanwhile)
+            if row["state"] != "running":
+                raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
         if not self.live.alive(row["handle"]):
-            self._retire(row, "gone")
+            if self._lost(row) == "hibernated":
+                raise Conflict(f"sandbox {row['id']} is hibernated (resume it first)", sandbox=row["id"],
+                               state="hibernated")
             raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
                            sandbox=row["id"], state="gone")
         return row
@@ -122,6 +128,16 @@ class Sandboxes:
             yield
         finally:
             os.close(fd)
+
+    def _lost(self, row: dict) -> str:
+        """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
+        checkpoint was written; else gone."""
+        if row["spec"].get("hibernating") and self._dump_finished(row["id"]):
+            self._retire(row, "running")
+            self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
+            return "hibernated"
+        self._retire(row, "gone")
+        return "gone"
 
     def _retire(self, row: dict, state: str) -> None:
         self.ahead.forget(row["id"])
@@ -157,7 +173,7 @@ class Sandboxes:
             if now > row["expires"] or (row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]):
                 self._retire(row, "expired")        # (its helper ends it at its lifetime by itself)
             elif not self.live.alive(row["handle"]):
-                self._retire(row, "gone")
+                self._lost(row)
             else:
                 continue
             done.append(row["id"])
@@ -419,15 +435,30 @@ class Sandboxes:
                 if os.path.isdir(images):
                     shutil.rmtree(images)         # a failed earlier try (files only, no mounts)
                 os.makedirs(images)
+                # If this process dies during the dump, whoever looks next finds the finished
+                # checkpoint and this note (see _running), so the sandbox is hibernated, not lost.
+                pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}
+                self._set_spec(sid, {**row["spec"], "hibernating": pending})
                 self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"])
             except BaseException:
                 if self.live.alive(h):
                     self.live.freeze(h, False)
+                    self._set_spec(sid, row["spec"])
                 raise
-            spec = {**row["spec"], "base": image, "remaining": max(1.0, row["expires"] - time.time())}
-            with eng.store.db.tx() as con:
-                con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
+            self._hibernated(sid, {**row["spec"], **pending})
         return self.info(sid)
+
+    def _set_spec(self, sid: str, spec: dict) -> None:
+        with self.engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
+
+    def _hibernated(self, sid: str, spec: dict) -> None:
+        spec.pop("hibernating", None)
+        with self.engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
+
+    def _dump_finished(self, sid: str) -> bool:
+        return criu.dump_finished(self._checkpoint_dir(sid))
 
     def resume(self, sid: str) -> dict:
         """Bring a hibernated sandbox back: its processes continue where they were, on the image

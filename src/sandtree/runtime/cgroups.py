@@ -106,7 +106,7 @@ class RunCgroup:
     def is_frozen(self) -> bool:
         if self.version == "v1":
             d = self.dirs.get("freezer")
-            return d is not None and _read(os.path.join(d, "freezer.state")).strip() != "THAWED"
+            return d is not None and _read(os.path.join(d, "freezer.state")).strip() in ("FROZEN", "FREEZING")
         return "frozen 1" in _read(os.path.join(self.dirs["unified"], "cgroup.events"))
 
     def pids(self) -> set[int]:

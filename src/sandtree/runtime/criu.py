@@ -59,6 +59,15 @@ def restore_args(criu: str, images: str, root: str) -> list[str]:
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached"] + COMMON
 
 
+def dump_finished(images: str) -> bool:
+    """Whether a dump into `images` ran to success (the exit status its wrapper recorded)."""
+    try:
+        with open(os.path.join(images, "criu.rc")) as f:
+            return f.read().strip() == "0"
+    except OSError:
+        return False
+
+
 def log_tail(images: str, name: str, lines: int = 6) -> str:
     """The errors of a failed dump or restore, for the exception."""
     try:

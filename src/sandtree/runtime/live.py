@@ -309,13 +309,16 @@ class LiveRuntime:
         fd = self.pidfd(h)                           # pinned: the pid dumped is the sandbox's
         try:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
-            r = subprocess.run(criu.dump_args(path, h.init_pid, images, freezer, ghost_limit),
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+            # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
+            # now, it finishes anyway and the next engine can tell (criu.dump_finished).
+            r = subprocess.run(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
+                                *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit)],
+                               cwd=images, stdin=subprocess.DEVNULL, timeout=600)
         finally:
             os.close(fd)
-        if r.returncode != 0:
-            raise SandboxError(f"criu dump failed (exit {r.returncode}): "
-                               f"{criu.log_tail(images, 'dump.log') or r.stderr.decode(errors='replace')[-300:]}",
+        if r.returncode != 0 or not criu.dump_finished(images):
+            raise SandboxError(f"criu dump failed: "
+                               f"{criu.log_tail(images, 'dump.log') or criu.log_tail(images, 'criu.out')}",
                                step="criu-dump")
         self.stop(h)                                 # what is left: the helper, the cgroup
 
