@@ -340,6 +340,15 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
+def _confinement(sb) -> tuple:
+    """What confines the restored process (seen from inside) and where its memory is charged."""
+    status = sb.exec("grep -E '^(Uid|Gid|Cap|Seccomp|NoNewPrivs)' /proc/$(pidof memstate)/status").stdout
+    # (the root's lowers differ: after a resume they are the hibernation's commit)
+    mounts = sb.exec(["sh", "-c", "cut -d' ' -f5,6,10,11 /proc/self/mountinfo | sed 's/lowerdir=[^,]*,//'"]).stdout
+    limits = sb.exec(["sh", "-c", "grep -c live- /proc/$(pidof memstate)/cgroup"]).stdout   # none: own cgroupns
+    return status, sorted(mounts.splitlines()), limits
+
+
 def _ask(sb) -> bytes:
     assert sb.exec("touch /tmp/ask; while [ -e /tmp/ask ]; do sleep 0.01; done").ok
     return sb.exec("cat /tmp/answer").stdout
@@ -364,6 +373,7 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
         count, total = _ask(sb).split()
         assert count == b"1" and sb.info()["memory_bytes"] > 100 << 20
         old = st._engine.sandboxes._row(sid)["handle"]
+        confinement = _confinement(sb)
 
         # a command still running inside cannot be checkpointed: refused, nothing changes
         p = sb.popen(["sleep", "30"])
@@ -389,6 +399,8 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
         sb = st.sandbox(sid)
         assert sb.resume()["state"] == "running"
         assert _ask(sb).split() == [b"2", total]                    # counted on, same 100 MB
+        assert _confinement(sb) == confinement         # same seccomp, caps, ids, mounts, cgroup limits
+        assert sb.info()["memory_bytes"] > 100 << 20                # charged to its (new) cgroup
         assert sb.exec("pwd; echo $X; cat /tmp/file").stdout == b"/tmp\n1\non disk\n"
 
         # after resume it still commits (changes since the hibernation included) and forks

@@ -664,7 +664,9 @@ static int live_wait(struct opts *o, pid_t c) {
  * restored pid 1 becomes our child when CRIU exits: from there on we are its P, as after a start. */
 static int restore_sandbox(struct opts *o) {
     for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
-    if (unshare(CLONE_NEWNS) < 0) die_step("unshare-mnt");
+    /* A cgroup namespace rooted at the sandbox's cgroups, as at a start: CRIU (managing no
+     * cgroups) gives the restored tree its own, so the sandbox sees "/" and no host paths. */
+    if (unshare(CLONE_NEWNS | CLONE_NEWCGROUP) < 0) die_step("unshare-mnt");
     mount_root(o);
     /* CRIU works inside the sandbox's user namespace, where it needs a writable /tmp (tmpfile()
      * while restoring the network). Only this mount namespace sees this /tmp. */
