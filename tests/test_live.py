@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -200,6 +201,27 @@ def test_stop_lifetime_idle_and_errors(bb, shared_st):
     time.sleep(1.0)
     assert idle.id not in [s.id for s in shared_st.sandboxes()]
     assert idle.state == "expired"
+    # ... or by the use of it after the timeout; a command that runs longer is not idleness
+    idle = bb.start(idle_timeout=0.5)
+    time.sleep(0.8)
+    with pytest.raises(sandtree.Conflict, match="expired"):
+        idle.exec("true")
+    busy, out = bb.start(idle_timeout=0.5), []
+    t = threading.Thread(target=lambda: out.append(busy.exec("sleep 1.5; echo done")))
+    t.start()
+    time.sleep(1.0)
+    shared_st._engine.sandboxes.reap()
+    t.join()
+    assert out[0].stdout == b"done\n" and busy.state == "running"
+    busy.stop()
+    # ... or by a server's timer, with nobody looking
+    timed = shared_st._engine.sandboxes
+    idle = bb.start(idle_timeout=0.3)
+    timed.reap_every(0.2)
+    deadline = time.monotonic() + 10
+    while timed._row(idle.id)["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert timed._row(idle.id)["state"] == "expired"
 
 
 OWNER = textwrap.dedent("""

@@ -67,8 +67,10 @@ class Sandboxes:
         self.engine = engine
         self.live = LiveRuntime(engine.runtime)
         self.ahead = _Ahead(self.live)
+        self._stop_reaping = threading.Event()
 
     def close(self) -> None:
+        self._stop_reaping.set()
         self.ahead.close()
 
     # ---- registry ------------------------------------------------------------------------------
@@ -100,6 +102,10 @@ class Sandboxes:
         if row["state"] != "running":
             hint = " (resume it first)" if row["state"] == "hibernated" else ""
             raise Conflict(f"sandbox {row['id']} is {row['state']}{hint}", sandbox=row["id"], state=row["state"])
+        if self._due(row, time.time()):
+            self._retire(row, "expired")
+            raise Conflict(f"sandbox {row['id']} expired (idle timeout or lifetime)", sandbox=row["id"],
+                           state="expired")
         if self.live.frozen(row["handle"]):
             # frozen by a commit: wait for it; or left frozen by a committer that died: thaw
             with self._commit_lock(row["id"]):
@@ -128,6 +134,23 @@ class Sandboxes:
             yield
         finally:
             os.close(fd)
+
+    def _due(self, row: dict, now: float) -> bool:
+        """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""
+        if now > row["expires"]:
+            return True
+        return bool(row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]
+                    and not self.live.outsiders(row["handle"]))
+
+    def reap_every(self, seconds: float) -> None:
+        """A long-running process (the server) reaps on a timer, not only when someone lists."""
+        def loop():
+            while not self._stop_reaping.wait(seconds):
+                try:
+                    self.reap()
+                except Exception:                  # noqa: BLE001 - a bad round must not end the timer
+                    pass
+        threading.Thread(target=loop, name="sandtree-reaper", daemon=True).start()
 
     def _lost(self, row: dict) -> str:
         """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
@@ -165,12 +188,12 @@ class Sandboxes:
 
     def reap(self) -> list[str]:
         """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
-        gone. Called on list and start, and by a long-running server on a timer."""
+        gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
         now = time.time()
         done = []
         for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
-            if now > row["expires"] or (row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]):
+            if self._due(row, now):
                 self._retire(row, "expired")        # (its helper ends it at its lifetime by itself)
             elif not self.live.alive(row["handle"]):
                 self._lost(row)

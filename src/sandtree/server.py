@@ -540,6 +540,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         print(f"sandtree serve: http://{host}:{port} (auth: {auth})", file=sys.stderr, flush=True)
         if log is not None:
             log("start", host=host, port=port, auth="tokens" if tokens else "none", loopback_only=not tokens)
+        engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
         uvicorn.run(build_app(engine, log=log), host=host, port=port, log_level="warning")
     finally:
         engine.close()
