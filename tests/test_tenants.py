@@ -208,6 +208,11 @@ def test_public_sharing(srv, alice_world):
     assert run["status"] == "done"
     r = b.post(f"/images/{child}/share", json={"public": False})
     assert r.status_code == 403 and r.json()["error"] == "forbidden"       # only an owner unshares
+    # a no-op run "produces" the shared image itself; that does not make Bob the one who shared it
+    assert b.post("/runs", json={"image": child, "command": "true"}).json()["result"] == child
+    r = b.post(f"/images/{child}/share", json={"public": False})
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    assert b.get(f"/images/{child}").status_code == 200
     assert a.post(f"/images/{child}/share", json={"public": False}).json()["public"] is False
     assert b.get(f"/images/{child}").status_code == 404
     assert b.get(f"/images/{run['result']}/read", params={"path": "/note"}).content == b"alice-secret\nmore\n"
@@ -443,3 +448,19 @@ def test_engine_for_dependency_in_another_router(tmp_path):
             assert r.json() == {"tenant": "zed", "images": 0}
     finally:
         eng.close()
+
+
+def test_admin_sandbox_actions_are_audited(srv, alice_world):
+    root = srv["c"]["root"]
+    base = root.post("/images/import", content=srv["tar"]).json()["image"]
+    sid = root.post("/sandboxes", json={"image": base}).json()["id"]
+    try:
+        r = root.post(f"/sandboxes/{sid}/exec", json={"command": "echo x > /tmp/y"}).json()
+        assert r["outcome"]["exit_code"] == 0
+        img = root.post(f"/sandboxes/{sid}/commit", json={}).json()["image"]
+    finally:
+        root.post(f"/sandboxes/{sid}/stop")
+    log = [r for r in reversed(root.get("/audit", params={"limit": 10000}).json()) if r.get("sandbox") == sid]
+    assert [r["action"] for r in log] == ["sandbox start", "exec", "sandbox commit", "sandbox stop"]
+    assert log[0]["image"] == base and log[1]["command"] == "echo x > /tmp/y"
+    assert log[2]["result"] == img and {r["tenant"] for r in log} == {"ops"}

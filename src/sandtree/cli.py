@@ -359,7 +359,7 @@ def cmd_token(args):
             for r in rows:
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
                 state = "revoked" if r["revoked"] else "active"
-                lim = " ".join(f"{k}={v:g}" for k, v in r["limits"].items())
+                lim = " ".join(f"{k}={int(v) if float(v).is_integer() else v}" for k, v in r["limits"].items())
                 print(f"{r['id']}  {r['tenant']:<16} {state:<8} {when}  {','.join(r['scopes'])}  {lim}".rstrip())
         _out(args, eng.tenancy.tokens(), human)
     elif sub == "revoke":

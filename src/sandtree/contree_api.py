@@ -7,8 +7,8 @@ into Contree's wire shapes (contree_wire.py; Contree's OpenAPI document ships in
 engine can be swapped in.
 
 Errors are Contree's `{"error": message, "status": code}`; malformed requests are 400.
-Tokens (Authorization: Bearer, Project) are accepted and not checked here: tokens and
-tenants are issue 4's other part.
+Tokens (Authorization: Bearer) are checked in front of this router by the TenantGate
+(httpauth.py), as for /api/v1: each request runs against its tenant's view of the engine.
 """
 
 import asyncio

@@ -520,7 +520,10 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
          token: str | None = None) -> None:
     """url: use the engine of a `sandtree serve` there instead of one in this process."""
     if url:
+        import logging
+
         from .remote import RemoteEngine
+        logging.getLogger("httpx").setLevel(logging.WARNING)   # not a log line per engine call
         engine = RemoteEngine(url, token)
     else:
         engine = Engine(home)

@@ -399,7 +399,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
                 "stderr_base64": base64.b64encode(rec.stderr).decode()}
 
     @app.post("/api/v1/sandboxes/{sid}/commit", status_code=201)
-    async def commit_sandbox(sid: str, body: CommitIn) -> dict:
+    async def commit_sandbox(sid: str, body: CommitIn | None = None) -> dict:
+        body = body or CommitIn()
         return {"image": await call(engine.sandbox_commit, sid, tag=body.tag)}
 
     @app.post("/api/v1/sandboxes/{sid}/stop")

@@ -60,13 +60,14 @@ DEFAULT_MAX_SANDBOXES = 8
 TOKEN_RE = re.compile(r"^stk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,200})$")
 
 # Images a tenant may see (named parameter :t is the tenant).
+# A run's result is the tenant's unless the run changed nothing: a no-op run on an image someone
+# shared "produces" that image, which must not keep it visible after it is unshared.
+PRODUCED = ("SELECT o.result FROM tenant_ops w JOIN operations o ON o.id=w.op WHERE w.tenant=:t "
+            "AND o.result IS NOT NULL AND (o.source IS NULL OR o.result != o.source)")
 VISIBLE = ("(id IN (SELECT image FROM tenant_images WHERE tenant=:t) OR id IN (SELECT image FROM public_images) "
-           "OR id IN (SELECT o.result FROM tenant_ops w JOIN operations o ON o.id=w.op "
-           "WHERE w.tenant=:t AND o.result IS NOT NULL))")
+           f"OR id IN ({PRODUCED}))")
 # Images a tenant owns (may share): the same without public ones.
-OWNED = ("(id IN (SELECT image FROM tenant_images WHERE tenant=:t) "
-         "OR id IN (SELECT o.result FROM tenant_ops w JOIN operations o ON o.id=w.op "
-         "WHERE w.tenant=:t AND o.result IS NOT NULL))")
+OWNED = f"(id IN (SELECT image FROM tenant_images WHERE tenant=:t) OR id IN ({PRODUCED}))"
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,8 @@ class Tenancy:
         with self.db.tx() as con:
             if con.execute("SELECT 1 FROM images WHERE id=?", (image,)).fetchone() is None:
                 raise ImageNotFound(f"no image {image!r}", image=image)
-            con.execute("INSERT OR IGNORE INTO public_images(image, at) VALUES(?,?)", (image, time.time()))
+            con.execute("INSERT OR IGNORE INTO public_images(image, at, by) VALUES(?,?,?)",
+                        (image, time.time(), None if by is None or by.admin else by.name))
         self.record(by or OPERATOR, "share", image=image)
         return {"image": image, "public": True}
 
@@ -498,9 +500,12 @@ class TenantView:
 
     @_scoped("tag")
     def unshare(self, image: str) -> dict:
-        if self.db.one(f"SELECT 1 FROM images WHERE id=:i AND {OWNED}", {**self._p, "i": image}) is None:
-            self._see(image)
-            raise Forbidden("only a tenant that owns an image can unshare it", scope="tag")
+        # Only the tenant that shared it: owning it is not enough (a no-op run "produces" the
+        # shared image itself, which would let any tenant hide an operator's image from everyone).
+        self._see(image)
+        row = self.db.one("SELECT by FROM public_images WHERE image=?", (image,))
+        if row is not None and row[0] != self.tenant.name:
+            raise Forbidden("only the tenant that shared an image (or an admin) can unshare it", scope="tag")
         return self.tenancy.unshare(image, by=self.tenant)
 
     def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
@@ -1155,8 +1160,31 @@ class AdminView:
         self.tenancy, self.tenant, self.engine = tenancy, tenant, tenancy.engine
         self._ops = _AdminOperations(self)
 
+    _SANDBOX = ("sandbox_start", "sandbox_exec", "sandbox_popen", "sandbox_commit", "sandbox_stop",
+                "sandbox_hibernate", "sandbox_resume", "sandbox_write")
+
     def __getattr__(self, name):
         attr = getattr(self.engine, name)
+        if name in self._SANDBOX:
+            def audited_sandbox(*a, **k):        # recorded as a tenant's are (TenantView.sandbox_*)
+                res = attr(*a, **k)
+                action, kw = name.replace("_", " "), {}
+                if name == "sandbox_start":
+                    kw = {"image": res["image"], "detail": {"sandbox": res["id"]}}
+                elif name in ("sandbox_exec", "sandbox_popen"):
+                    command = a[1] if len(a) > 1 else k.get("command", k.get("argv"))
+                    detail = {"sandbox": a[0], "command": _masked(command, k.get("env"))}
+                    if name == "sandbox_popen":
+                        detail["interactive"] = True
+                    action = "exec"
+                    kw = {"image": getattr(res, "source", None), "op": getattr(res, "op", None), "detail": detail}
+                else:
+                    image = res if isinstance(res, str) else (res.get("head") if name == "sandbox_hibernate" else None)
+                    kw = {"image": image, "result": image if name != "sandbox_write" else None,
+                          "detail": {"sandbox": a[0]}}
+                self.tenancy.record(self.tenant, action, **kw)
+                return res
+            return audited_sandbox
         if name in self._AUDITED:
             def audited(*a, **k):
                 res = attr(*a, **k)

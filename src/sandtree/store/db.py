@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS tenant_ops(op TEXT PRIMARY KEY, tenant TEXT NOT NULL,
 CREATE INDEX IF NOT EXISTS tenant_ops_tenant ON tenant_ops(tenant);
 CREATE TABLE IF NOT EXISTS tenant_blobs(tenant TEXT NOT NULL, kind TEXT NOT NULL, id TEXT NOT NULL,
     PRIMARY KEY(tenant, kind, id));
-CREATE TABLE IF NOT EXISTS public_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
+-- by: the tenant that shared it (NULL: the operator); only it or an admin may unshare it
+CREATE TABLE IF NOT EXISTS public_images(image TEXT PRIMARY KEY, at REAL NOT NULL, by TEXT);
 CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
     action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
@@ -76,6 +77,9 @@ class Database:
         con = self.connection()
         with con:
             con.executescript(SCHEMA)
+            # columns added since a store was made (same format: older code ignores them)
+            if "by" not in {r[1] for r in con.execute("PRAGMA table_info(public_images)")}:
+                con.execute("ALTER TABLE public_images ADD COLUMN by TEXT")
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(SCHEMA_VERSION),))
