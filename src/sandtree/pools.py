@@ -70,7 +70,7 @@ class Pool:
             out = self.live.exec(h, spec, ahead=ahead)
             # The command is done; what it left running must not write while the upper is read.
             cg = h.cg()
-            if cg is not None and cg.pids() - {h.init_pid}:
+            if cg is not None and cg.pids() - {h.init_pid, h.helper_pid}:
                 self.live.freeze(h, True)
             if cg is not None:
                 stats = cg.stats()

@@ -68,6 +68,7 @@ class Sandboxes:
         self.live = LiveRuntime(engine.runtime)
         self.ahead = _Ahead(self.live)
         self._stop_reaping = threading.Event()
+        self._reaped = 0.0
 
     def close(self) -> None:
         self._stop_reaping.set()
@@ -190,6 +191,7 @@ class Sandboxes:
         """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
         gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
         now = time.time()
+        self._reaped = time.monotonic()
         done = []
         for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
@@ -229,7 +231,8 @@ class Sandboxes:
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
                        env={**DEFAULT_ENV, **user_env}, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                        prepare_changes=(lambda upper: eng._inject(source, upper, injected)) if injected else None)
-        self.reap()
+        if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
+            self.reap()
         with eng.store.using():                    # gc keeps the layers of running sandboxes (below)
             handle = self.live.start(spec, lifetime)
         sid = uuid.uuid4().hex
@@ -522,9 +525,11 @@ class Sandboxes:
 
 
 class _Ahead:
-    """For each live sandbox this process execs in, one helper already inside it (cgroups joined,
+    """For each of the last KEEP live sandboxes this process exec'd in, one helper already inside it (cgroups joined,
     namespaces entered: the slow part of an exec), prepared after each exec by one long-lived
     thread (the helpers die with the thread that forked them)."""
+
+    KEEP = 32
 
     def __init__(self, live: LiveRuntime):
         self.live = live
@@ -537,7 +542,14 @@ class _Ahead:
     def take(self, sid: str, handle: LiveHandle):
         with self.cv:
             got = self.ready.pop(sid, None)
-            self.want[sid] = handle
+            self.want.pop(sid, None)
+            self.want[sid] = handle                 # most recent last
+            while len(self.want) > self.KEEP:       # a helper (and 5 fds) per sandbox: only the recent
+                old = next(iter(self.want))
+                self.want.pop(old)
+                drop = self.ready.pop(old, None)
+                if drop is not None:
+                    threading.Thread(target=drop[1].discard, daemon=True).start()
             if self.thread is None and not self.closed:
                 self.thread = threading.Thread(target=self._loop, name="sandtree-enter", daemon=True)
                 self.thread.start()

@@ -110,10 +110,9 @@ class RunCgroup:
         return "frozen 1" in _read(os.path.join(self.dirs["unified"], "cgroup.events"))
 
     def pids(self) -> set[int]:
-        out: set[int] = set()
-        for d in self.dirs.values():
-            out.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
-        return out
+        # every process joins all of the run's controllers (helper.c), so one of them tells
+        d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
+        return {int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()}
 
     def memory_current(self) -> int | None:
         if self.version == "v1":
