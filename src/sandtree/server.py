@@ -365,10 +365,10 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
                                                                "memory", "pids", "cpus", "disk", "output")}
         opts["stdin"] = _stdin(body)
         opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
-        op = await call(ops.submit_run, body.image, body.command, **opts)
         if not body.wait:
-            return await call(ops.get, op)
-        return await call(lambda: operation_view(ops.wait([op])[0]))
+            return await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
+        # one thread for submit and wait: each hop between the loop and a thread costs
+        return await call(lambda: operation_view(ops.wait([ops.submit_run(body.image, body.command, **opts)])[0]))
 
     # ---- live sandboxes --------------------------------------------------------------------------
     @app.post("/api/v1/sandboxes", status_code=201)
