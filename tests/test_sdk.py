@@ -122,6 +122,14 @@ def test_live_sandbox(sdk, base):
         r = sb.exec("pwd; echo $K; echo oops >&2; exit 3")
         assert (r.exit_code, r.stdout, r.stderr, r.image) == (3, b"/tmp\nv\n", b"oops\n", None)
         assert sb.exec(["cat"], stdin=b"\x00\xffbytes").stdout == b"\x00\xffbytes"
+        # output streams while the command runs (over HTTP too: Server-Sent Events), exact bytes
+        seen, t0 = [], time.monotonic()
+        r = sb.exec("printf 'a\\377'; sleep 0.6; echo b >&2", on_output=lambda n, d: seen.append((n, d, time.monotonic())))
+        assert r.stdout == b"a\xff" and r.stderr == b"b\n" and r.exit_code == 0
+        assert [(n, d) for n, d, _ in seen] == [("stdout", b"a\xff"), ("stderr", b"b\n")]
+        assert seen[0][2] - t0 < 0.5                    # before the command ended
+        with pytest.raises(sandtree.CommandNotFound):
+            sb.exec(["/nope"], on_output=lambda n, d: None)
         sb.write("/tmp/f", b"\x00binary\xff", mode=0o600)
         assert sb.read("/tmp/f") == b"\x00binary\xff"
         img = sb.commit(tag="sdk/live")

@@ -48,16 +48,23 @@ class RemoteEngine:
         except httpx.HTTPError as exc:
             raise errors.SandtreeError(f"cannot reach {self.url}: {exc}") from None
         if r.status_code >= 400:
-            try:
-                body = r.json()
-            except ValueError:
-                body = {"error": "error", "message": r.text[:500]}
-            if "error" not in body:                           # FastAPI's own 422 shape
-                raise errors.InvalidInput(f"rejected by the server: {json.dumps(body)[:500]}")
-            cls = ERRORS.get(body.get("error"), errors.SandtreeError)
-            details = {k: v for k, v in body.items() if k not in ("error", "message")}
-            raise cls(body.get("message", "error"), **details)
+            self._call_failed(r)
         return r
+
+    def _call_failed(self, r):
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"error": "error", "message": r.text[:500]}
+        if "error" not in body:                           # FastAPI's own 422 shape
+            raise errors.InvalidInput(f"rejected by the server: {json.dumps(body)[:500]}")
+        self._raise(body)
+
+    @staticmethod
+    def _raise(body: dict):
+        cls = ERRORS.get(body.get("error"), errors.SandtreeError)
+        details = {k: v for k, v in body.items() if k not in ("error", "message")}
+        raise cls(body.get("message", "error"), **details)
 
     def _json(self, method: str, path: str, **kw):
         return self._call(method, path, **kw).json()
@@ -218,13 +225,25 @@ class RemoteEngine:
         body.pop("image"), body.pop("files")
         if body.get("stdin") is None:
             body.pop("stdin")
-        rec = _record(self._json("POST", f"/sandboxes/{_q(sid)}/exec", json=body))
-        if on_output is not None:           # no live stream for exec over HTTP yet: all at the end
-            for name in ("stdout", "stderr"):
-                data = getattr(rec, name)
-                if data:
-                    on_output(name, data)
-        return rec
+        if on_output is None:
+            return _record(self._json("POST", f"/sandboxes/{_q(sid)}/exec", json=body))
+        # live output: the server streams the command's bytes as they come, then its result
+        with self.http.stream("POST", f"/sandboxes/{_q(sid)}/exec", params={"stream": "true"}, json=body,
+                              timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._call_failed(r)
+            event = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event in ("stdout", "stderr"):
+                    on_output(event, base64.b64decode(line[6:]))
+                elif line.startswith("data: ") and event == "end":
+                    return _record(json.loads(line[6:]))
+                elif line.startswith("data: ") and event == "error":
+                    self._raise(json.loads(line[6:]))
+        raise errors.SandtreeError(f"{self.url}: the exec stream ended without a result")
 
     def sandbox_popen(self, sid: str, argv, **options):
         raise errors.RuntimeUnavailable("popen (pipes or a terminal to a process) is in-process only; "

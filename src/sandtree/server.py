@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import tempfile
 from typing import Any
@@ -386,10 +387,35 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         return await call(engine.sandbox_info, sid)
 
     @app.post("/api/v1/sandboxes/{sid}/exec")
-    async def exec_sandbox(sid: str, body: ExecIn) -> dict:
+    async def exec_sandbox(sid: str, body: ExecIn, stream: bool = False):
+        """The command's result once it exits; with ?stream=true, Server-Sent Events while it runs:
+        `stdout`/`stderr` (data: the bytes as base64), then `end` (data: that same result as JSON)
+        or `error` (data: the error object)."""
         opts = body.model_dump(exclude={"command", "stdin", "stdin_base64"})
         opts["stdin"] = _stdin(body)
-        rec = await call(engine.sandbox_exec, sid, body.command, **opts)
+        if not stream:
+            return exec_view(await call(engine.sandbox_exec, sid, body.command, **opts))
+        await call(engine.sandbox_info, sid)                     # 404 for an unknown sandbox
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def on_output(name: str, chunk: bytes) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (name, base64.b64encode(chunk).decode()))
+
+        task = asyncio.ensure_future(call(engine.sandbox_exec, sid, body.command, on_output=on_output, **opts))
+        task.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+
+        async def events():
+            while (item := await queue.get()) is not None:
+                yield f"event: {item[0]}\ndata: {item[1]}\n\n"
+            exc = task.exception()
+            if exc is None:
+                yield f"event: end\ndata: {json.dumps(exec_view(task.result()))}\n\n"
+            else:
+                err = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
+                yield f"event: error\ndata: {json.dumps(err, default=str)}\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def exec_view(rec) -> dict:
         return {"id": rec.op, "source": rec.source, "result": None, "status": "done",
                 "outcome": {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
                             "cancelled": rec.cancelled, "stdout_truncated": rec.stdout_truncated,
