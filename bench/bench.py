@@ -237,8 +237,8 @@ def density(st, img, k: int, con: Console) -> Table:
         if pss:
             table.add_row("memory per sandbox, PSS of its helper + pid 1 (smaps_rollup)",
                           f"{statistics.median(pss) / mib:.2f} MiB",
-                          f"p50; of which shmem {statistics.median(shm) / mib:.2f} MiB (pid 1 runs from a "
-                          f"memfd copy of the helper)")
+                          f"p50; of which shmem {statistics.median(shm) / mib:.2f} MiB (pid 1 is sandtree-init, "
+                          f"776 bytes on the sandbox's /dev/shm)")
         table.add_row("memory per sandbox, host MemAvailable drop / K",
                       f"{(m0['MemAvailable'] - m1['MemAvailable']) / up / mib:.2f} MiB",
                       f"of which slab {(m1['Slab'] - m0['Slab']) / up / mib:.2f} MiB; noisy (shared host)")
