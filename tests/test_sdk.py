@@ -155,3 +155,14 @@ def test_live_sandbox(sdk, base):
         sb.exec("true")
     with pytest.raises(sandtree.NotFound):
         sdk.sandbox("0123456789ab")
+
+
+def test_warm_pool(sdk, base):
+    """In process the pool is this process's; over HTTP it is the server's (PUT /pools/{image})."""
+    stats = sdk.pool(base, size=2, wait=True)
+    assert stats["ready"] == 2 and stats["image"] == base.id
+    cold = base.run(["sh", "-c", "echo p > /tmp/p"], memory="256M")            # other limits: no pool
+    pooled = base.run(["sh", "-c", "echo p > /tmp/p"])
+    assert pooled.usage.get("pool") and not cold.usage.get("pool") and pooled.image == cold.image
+    assert [p["image"] for p in sdk.pools()] == [base.id]
+    assert sdk.pool(base, size=0)["size"] == 0

@@ -464,3 +464,16 @@ def test_admin_sandbox_actions_are_audited(srv, alice_world):
     assert [r["action"] for r in log] == ["sandbox start", "exec", "sandbox commit", "sandbox stop"]
     assert log[0]["image"] == base and log[1]["command"] == "echo x > /tmp/y"
     assert log[2]["result"] == img and {r["tenant"] for r in log} == {"ops"}
+
+
+def test_pools_are_the_administrators(srv, alice_world):
+    a, root = srv["c"]["alice"], srv["c"]["root"]
+    child = alice_world["child"]
+    r = a.put(f"/pools/{child}", json={"size": 1})
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    assert a.get("/pools").json() == []
+    assert root.put(f"/pools/{child}", json={"size": 1, "wait": True}).json()["ready"] == 1
+    assert a.get("/pools").json() == []                  # a tenant does not see the server's pools
+    run = a.post("/runs", json={"image": child, "command": "true"}).json()   # but its runs use them
+    assert run["outcome"]["usage"].get("pool") is True
+    assert root.delete(f"/pools/{child}").status_code == 204 and root.get("/pools").json() == []

@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import config
-from .errors import SandtreeError
+from .errors import InvalidInput, SandtreeError
 
 
 def _engine(args):
@@ -339,8 +339,14 @@ def cmd_doctor(args):
 
 def cmd_serve(args):
     from .server import serve
+    pools = {}
+    for spec in args.pool or []:
+        image, _, size = spec.rpartition("=")
+        if not image or not size.isdigit():
+            raise InvalidInput(f"--pool takes IMAGE=SIZE, not {spec!r}")
+        pools[image] = int(size)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
-          access_log=args.access_log)
+          access_log=args.access_log, pools=pools)
 
 
 # ---- tenants, tokens, audit (tenants.py) -----------------------------------------------------------
@@ -701,6 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8080)
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
+    x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
+                   help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable)")
     x.add_argument("--access-log", choices=["json", "off"], default="json",
                    help="request log on stderr: one JSON object per request (default), or none")
     x.set_defaults(fn=cmd_serve)

@@ -255,6 +255,19 @@ class RemoteEngine:
     def sandbox_stop(self, sid: str) -> dict:
         return self._json("POST", f"/sandboxes/{_q(sid)}/stop")
 
+    # ---- warm pools: the server's ------------------------------------------------------------------
+    def pool_create(self, ref: str, size: int, **options) -> dict:
+        return self._json("PUT", f"/pools/{_q(ref)}", json={"size": size, **options})
+
+    def pool_list(self) -> list[dict]:
+        return self._json("GET", "/pools")
+
+    def pool_wait(self, ref: str, timeout: float = 30.0) -> bool:
+        return self._json("POST", f"/pools/{_q(ref)}/wait", params={"timeout": timeout})["ready"]
+
+    def pool_remove(self, ref: str) -> None:
+        self._call("DELETE", f"/pools/{_q(ref)}")
+
     def sandbox_hibernate(self, sid: str) -> dict:
         return self._json("POST", f"/sandboxes/{_q(sid)}/hibernate")
 

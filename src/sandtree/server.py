@@ -98,6 +98,18 @@ class ExecIn(BaseModel):
     output: str | int | None = None
 
 
+class PoolIn(BaseModel):
+    size: int = Field(4, description="sandboxes kept started (0 empties the pool)")
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    timeout: float | None = None
+    output: str | int | None = None
+    hostname: str = "sandtree"
+    wait: bool = Field(False, description="answer once the pool is full")
+
+
 class CommitIn(BaseModel):
     tag: str | None = None
 
@@ -433,6 +445,32 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     async def stop_sandbox(sid: str) -> dict:
         return await call(engine.sandbox_stop, sid)
 
+    # ---- warm pools (the server's own: runs through it on that image use them) --------------------
+    @app.put("/api/v1/pools/{image}")
+    async def put_pool(image: str, body: PoolIn) -> dict:
+        opts = body.model_dump(exclude={"size", "wait"})
+
+        def create():
+            stats = engine.pool_create(engine.resolve(image), body.size, **opts)
+            if body.wait:
+                engine.pool_wait(stats["image"])
+                stats = next(p for p in engine.pool_list() if p["image"] == stats["image"])
+            return stats
+        return await call(create)
+
+    @app.post("/api/v1/pools/{image}/wait")
+    async def wait_pool(image: str, timeout: float = Query(30.0, ge=0, le=600)) -> dict:
+        return {"ready": await call(lambda: engine.pool_wait(engine.resolve(image), timeout))}
+
+    @app.get("/api/v1/pools")
+    async def list_pools() -> list[dict]:
+        return await call(engine.pool_list)
+
+    @app.delete("/api/v1/pools/{image}", status_code=204)
+    async def delete_pool(image: str) -> Response:
+        await call(lambda: engine.pool_remove(engine.resolve(image)))
+        return Response(status_code=204)
+
     @app.post("/api/v1/sandboxes/{sid}/hibernate")
     async def hibernate_sandbox(sid: str) -> dict:
         return await call(engine.sandbox_hibernate, sid)
@@ -551,8 +589,9 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
 
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
-          access_log: str = "json") -> None:
-    """access_log: "json" (one JSON object per request on stderr) or "off"."""
+          access_log: str = "json", pools: dict[str, int] | None = None) -> None:
+    """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
+    warm pools kept by this server (runs through it on those images skip setup)."""
     import sys
 
     import uvicorn
@@ -568,6 +607,8 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         if log is not None:
             log("start", host=host, port=port, auth="tokens" if tokens else "none", loopback_only=not tokens)
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
+        for image, size in (pools or {}).items():
+            engine.pool_create(engine.resolve(image), size)
         uvicorn.run(build_app(engine, log=log), host=host, port=port, log_level="warning")
     finally:
         engine.close()

@@ -633,6 +633,7 @@ class TenantView:
 
     pool_create = _admin_only("a warm pool")
     pool_remove = _admin_only("a warm pool")
+    pool_wait = _admin_only("a warm pool")
 
     def pool_list(self) -> list[dict]:
         return []                           # pools are the operator's (runs of any tenant use them)
