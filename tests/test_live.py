@@ -288,6 +288,7 @@ def test_cli_start_exec_ps_stop(tmp_path, rootfs):
 
 
 def test_warm_pool_runs_like_a_run(tmp_path, rootfs):
+    groups_before = _our_cgroups()
     st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
     try:
         img = st.import_image(rootfs)
@@ -320,8 +321,15 @@ def test_warm_pool_runs_like_a_run(tmp_path, rootfs):
         assert st.pools()[0]["ready"] == 0
         with pytest.raises(sandtree.InvalidInput):
             st.pool(img, size=-1)
+        st.pool(img, size=2)                  # closed while it fills: nothing may outlive close()
     finally:
         st.close()
+    assert _our_cgroups() <= groups_before
+
+
+def _our_cgroups() -> set:
+    root = "/sys/fs/cgroup/pids/sandtree"
+    return {d for d in (os.listdir(root) if os.path.isdir(root) else []) if d.startswith(f"{os.getpid()}-")}
 
 
 def test_a_freeze_left_by_a_dead_committer_is_undone(sb, shared_st):

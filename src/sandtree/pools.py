@@ -123,8 +123,12 @@ class Pool:
                 time.sleep(1.0)
                 continue
             with self.cv:
-                self.ready.append((h, ahead))
-                self.cv.notify_all()
+                if not self.closed:
+                    self.ready.append((h, ahead))
+                    self.cv.notify_all()
+                    continue
+            ahead.discard()                       # closed while it started: nobody will take it
+            self.live.stop(h, wait=2.0)
 
     def wait_ready(self, timeout: float = 30.0) -> bool:
         """Until the pool is full (tests, benchmarks, and users who want a warm first run)."""
