@@ -14,6 +14,7 @@ import time
 import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
+from sandtree.runtime import criu
 
 from conftest import listening, serve_process
 
@@ -220,6 +221,13 @@ def test_live_sandbox_tools(tmp_path, rootfs):
                 img = data(await c.call_tool("sandbox_commit", {"sandbox_id": sid, "tag": "bb/dev"}))["image"]
                 assert data(await c.call_tool("read_file", {"image": img, "path": "/srv/index.html"}))["content"] == "ok\n"
                 assert [s["id"] for s in data(await c.call_tool("sandbox_list", {}))] == [sid]
+                if criu.find()[0]:
+                    # hibernated and resumed, the server process is back, still listening
+                    assert data(await c.call_tool("sandbox_hibernate", {"sandbox_id": sid}))["state"] == "hibernated"
+                    assert data(await c.call_tool("sandbox_resume", {"sandbox_id": sid}))["state"] == "running"
+                    r = data(await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command":
+                                                                "wget -qO- http://127.0.0.1:8000/n.txt"}))
+                    assert r["stdout"] == "note"
                 for name, args in [("sandbox_exec", {"sandbox_id": "nope", "command": "true"}),
                                    ("sandbox_exec", {"sandbox_id": sid, "command": ""}),
                                    ("sandbox_read_file", {"sandbox_id": sid, "path": "/missing"}),

@@ -1,7 +1,9 @@
 """CRIU, for hibernating live sandboxes: which binary, and the options both halves must agree on.
 
-Debian bookworm's CRIU 3.17 fails on this kernel (../shared/PLATFORM.md); scripts/install-deps
-unpacks 4.1 into /opt/sandtree/criu. SANDTREE_CRIU names another binary.
+Debian bookworm's CRIU 3.17 fails on this kernel (../shared/PLATFORM.md), and 4.1 cannot dump an
+inet socket on Linux >= 6.16 (getsockopt SO_PASSCRED fails there): a sandbox running any server
+could not hibernate. scripts/install-deps unpacks Debian's 4.2 into /opt/sandtree/criu;
+SANDTREE_CRIU names another binary.
 
 What a checkpoint holds, and what it does not: the process tree of the sandbox (pid 1 and
 everything under it: memory, registers, open files, pipes, sockets, its /dev tmpfs and /dev/shm
@@ -16,7 +18,7 @@ import re
 import shutil
 import subprocess
 
-MIN_VERSION = (4, 1)
+MIN_VERSION = (4, 2)
 DEFAULT = "/opt/sandtree/criu/criu"
 
 # Shared by dump and restore: bind mounts of host device nodes (/dev/null, ...) are re-bound from
@@ -38,14 +40,14 @@ def find() -> tuple[str | None, str]:
 def _find() -> tuple[str | None, str]:
     path = os.environ.get("SANDTREE_CRIU") or (DEFAULT if os.path.exists(DEFAULT) else shutil.which("criu"))
     if not path:
-        return None, "hibernate needs CRIU >= 4.1 (scripts/install-deps installs it in /opt/sandtree/criu)"
+        return None, "hibernate needs CRIU >= 4.2 (scripts/install-deps installs it in /opt/sandtree/criu)"
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{path} does not run: {exc}"
     m = re.search(r"Version:\s*(\d+)\.(\d+)", out)
     if not m or (int(m[1]), int(m[2])) < MIN_VERSION:
-        return None, f"hibernate needs CRIU >= 4.1; {path} is {out.strip() or 'unknown'}"
+        return None, f"hibernate needs CRIU >= 4.2; {path} is {out.strip() or 'unknown'}"
     return path, ""
 
 
