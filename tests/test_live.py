@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -484,3 +485,47 @@ def test_a_failed_hibernation_leaves_the_sandbox_running(sb, shared_st, monkeypa
     assert not shared_st._engine.sandboxes.live.frozen(row["handle"])
     assert sb.exec("cat f; pwd").stdout == b"kept\n/tmp\n"
     assert sb.commit().read("/tmp/f") == b"kept\n"
+
+
+def test_resume_cannot_touch_the_host_through_planted_symlinks(tmp_path, rootfs):
+    """CRIU re-creates deleted-but-held files and cwds ("ghosts") by path; a sandbox that replaces
+    a parent directory of one with a symlink to a host path must not reach that path."""
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    target = f"/var/tmp/sandtree-ghost-{os.getpid()}-{time.monotonic_ns()}"
+    os.makedirs(target + "/existing")
+    for p in (target, target + "/existing"):
+        os.chown(p, 101234, 101234)              # owned by the sandbox's uid 1234: writable if reached
+        os.chmod(p, 0o755)
+
+    def listing():
+        return sorted((os.path.relpath(d, target), n, oct(os.lstat(os.path.join(d, n)).st_mode),
+                       os.lstat(os.path.join(d, n)).st_uid)
+                      for d, dirs, files in os.walk(target) for n in dirs + files) + \
+            [oct(os.lstat(target).st_mode), os.lstat(target).st_uid]
+
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    sb = st.import_image(rootfs).start()
+    try:
+        before = listing()
+        assert sb.exec(f"""
+            mkdir -p /tmp/a /tmp/c/n1/n2 /tmp/e/existing
+            chmod 0741 /tmp/e/existing /tmp/c/n1/n2; chown 1234:1234 /tmp/e/existing /tmp/c/n1/n2
+            (exec 7>/tmp/a/F1; echo ghost >&7; exec sleep 1000) >/dev/null 2>&1 &
+            (cd /tmp/c/n1/n2 && exec sleep 1000) >/dev/null 2>&1 &
+            (cd /tmp/e/existing && exec sleep 1000) >/dev/null 2>&1 &
+            sleep 0.3
+            rm /tmp/a/F1; rmdir /tmp/a /tmp/c/n1/n2 /tmp/c/n1 /tmp/c /tmp/e/existing /tmp/e
+            for x in a c e; do ln -s {target} /tmp/$x; done
+        """).ok
+        sb.hibernate()
+        try:
+            sb.resume()
+            assert sb.exec("pidof sleep").stdout.split().__len__() == 3       # all three came back
+        except sandtree.SandboxError:
+            pass                                 # refusing is fine; writing on the host is not
+        assert listing() == before
+    finally:
+        sb.stop()
+        st.close()
+        shutil.rmtree(target)                    # a plain host directory (no mounts)

@@ -657,6 +657,64 @@ static int live_wait(struct opts *o, pid_t c) {
     return 0;
 }
 
+/* --restore, the child that becomes CRIU: the root it runs in. CRIU re-creates what the sandbox
+ * had deleted but held open ("ghost" files and cwds) with path calls made in its own mount
+ * namespace, as the sandbox's root user: a symlink the sandbox planted on such a path is
+ * followed from CRIU's root. So that root holds nothing of the host that could be written:
+ * read-only binds of the programs CRIU runs (itself, tar, ip, iptables-restore, a shell, and
+ * their libraries and configuration), a proc of its own, a /dev with only the nodes a sandbox
+ * binds, private /tmp and /run, and the sandbox's root at /r (the path given to --root). */
+static void criu_root(void) {
+    static const char *ro[] = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "sys", NULL};
+    static const char *nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
+    char src[64], dst[64], link[256];
+    struct stat sb;
+    if (unshare(CLONE_NEWNS) < 0) die_step("criu-unshare");
+    xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    mkdir_p_one("/tmp/c", 0755);
+    xmount("tmpfs", "/tmp/c", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m");
+    for (const char **d = ro; *d; d++) {
+        snprintf(src, sizeof src, "/%s", *d);
+        snprintf(dst, sizeof dst, "/tmp/c/%s", *d);
+        if (lstat(src, &sb) < 0) continue;
+        if (S_ISLNK(sb.st_mode)) {                 /* merged /usr: bin -> usr/bin, ... */
+            ssize_t n = readlink(src, link, sizeof link - 1);
+            if (n < 0) die_step(src);
+            link[n] = 0;
+            if (symlink(link, dst) < 0) die_step(dst);
+            continue;
+        }
+        mkdir_p_one(dst, 0755);
+        xmount(src, dst, NULL, MS_BIND | MS_REC, NULL);
+        xmount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+    }
+    mkdir_p_one("/tmp/c/proc", 0555);
+    xmount("proc", "/tmp/c/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    mkdir_p_one("/tmp/c/dev", 0755);
+    xmount("tmpfs", "/tmp/c/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    for (const char **n = nodes; *n; n++) {      /* the sources of the sandbox's /dev binds */
+        snprintf(src, sizeof src, "/dev/%s", *n);
+        snprintf(dst, sizeof dst, "/tmp/c/dev/%s", *n);
+        touch(dst, 0666);
+        xmount(src, dst, NULL, MS_BIND, NULL);
+    }
+    mkdir_p_one("/tmp/c/tmp", 01777);
+    xmount("tmpfs", "/tmp/c/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=16m");
+    mkdir_p_one("/tmp/c/run", 0755);
+    xmount("tmpfs", "/tmp/c/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m");
+    if (stat("/run/criu.kdat", &sb) == 0) {       /* CRIU's probe of this kernel, read-only */
+        touch("/tmp/c/run/criu.kdat", 0644);
+        xmount("/run/criu.kdat", "/tmp/c/run/criu.kdat", NULL, MS_BIND, NULL);
+        xmount(NULL, "/tmp/c/run/criu.kdat", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
+    }
+    mkdir_p_one("/tmp/c/r", 0755);
+    xmount("/tmp/r", "/tmp/c/r", NULL, MS_BIND | MS_REC, NULL);
+    if (chdir("/tmp/c") < 0) die_step("chdir-criu-root");
+    if (syscall(SYS_pivot_root, ".", ".") < 0) die_step("pivot_root-criu");
+    if (umount2(".", MNT_DETACH) < 0) die_step("umount-criu");
+    if (chdir("/") < 0) die_step("chdir-/");
+}
+
 /* --restore 1 (resume a hibernated live sandbox): the same cgroups and the same scratch + overlay
  * as a start (the lowers are the image committed at hibernation, the upper starts empty), then
  * the command, `criu restore --root /tmp/r --restore-detached ...`, rebuilds the namespaces, the
@@ -668,9 +726,6 @@ static int restore_sandbox(struct opts *o) {
      * cgroups) gives the restored tree its own, so the sandbox sees "/" and no host paths. */
     if (unshare(CLONE_NEWNS | CLONE_NEWCGROUP) < 0) die_step("unshare-mnt");
     mount_root(o);
-    /* CRIU works inside the sandbox's user namespace, where it needs a writable /tmp (tmpfile()
-     * while restoring the network). Only this mount namespace sees this /tmp. */
-    if (chmod("/tmp", 01777) < 0) die_step("chmod-scratch");
     if (chdir("/") < 0) die_step("chdir-/");
     close(o->sock_fd);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) die_step("subreaper");
@@ -679,6 +734,8 @@ static int restore_sandbox(struct opts *o) {
     if (cr == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
         fcntl(report_fd, F_SETFD, FD_CLOEXEC);
+        criu_root();
+        umask(077);                              /* its log holds the sandbox's paths */
         execv(o->argv[0], o->argv);
         _exit(127);
     }

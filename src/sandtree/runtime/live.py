@@ -108,7 +108,7 @@ class LiveRuntime:
             if path is None:
                 raise RuntimeUnavailable(why)
             images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY)   # the helper covers /tmp
-            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/tmp/r")
+            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r")   # (helper.c criu_root)
             mode = ["--restore", "1"]
         else:
             command = ["sandtree-init"]
