@@ -12,12 +12,12 @@
  * sandbox is killed. SIGCHLD stays blocked and is taken with rt_sigtimedwait, so no exit is
  * missed between a reap and the wait.
  *
- * It makes itself non-dumpable again (exec made it dumpable), as a run's pid 1 is; the sandbox's
- * processes lack CAP_SYS_PTRACE and hold a strict subset of its capabilities, so they cannot
- * ptrace it or read its /proc/1 fds either way, and it holds nothing of the engine's. (Its
- * /proc/1 files still belong to the sandbox's root, whose user namespace made its memory: that
- * root may raise pid 1's oom_score_adj, which only gets its own sandbox killed sooner.) CRIU,
- * the real root with CAP_SYS_PTRACE, checkpoints it all the same.
+ * It stays dumpable after the exec: CRIU, checkpointing from inside the sandbox's user namespace,
+ * cannot open a non-dumpable pid 1's namespaces. That is safe: the sandbox's processes lack
+ * CAP_SYS_PTRACE and hold a strict subset of its capabilities, so they cannot ptrace it or read
+ * its /proc/1 fds, and it holds nothing of the engine's. (Its /proc/1 files belong to the
+ * sandbox's root, which may raise pid 1's oom_score_adj: that only gets its own sandbox killed
+ * sooner; lowering it needs CAP_SYS_RESOURCE, which the sandbox lacks.)
  */
 #include <asm/unistd.h>
 #include <linux/fcntl.h>
@@ -50,7 +50,6 @@ __asm__(".global _start\n_start:\n mov x29, #0\n bl init_main\n");
 __attribute__((noreturn, used)) void init_main(void) {
     unsigned long chld = SIGCHLD_BIT;
     sys(__NR_unlinkat, AT_FDCWD, (long)"/dev/shm/.sandtree-init", 0, 0);
-    sys(__NR_prctl, PR_SET_DUMPABLE, 0, 0, 0);
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-init", 0, 0);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&chld, 0, sizeof chld);
     sys(__NR_write, 3, (long)"ready\n", 6, 0);
