@@ -529,3 +529,28 @@ def test_resume_cannot_touch_the_host_through_planted_symlinks(tmp_path, rootfs)
         sb.stop()
         st.close()
         shutil.rmtree(target)                    # a plain host directory (no mounts)
+
+
+def test_resume_fits_a_sandbox_near_its_limits(tmp_path, rootfs):
+    """CRIU restores from inside the sandbox's cgroups: a sandbox close to its pids limit must
+    still come back, with the limit in force again once it runs."""
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    sb = st.import_image(rootfs).start(pids=32)
+    try:
+        n = 0
+        while n < 40 and sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"]).ok:
+            n += 1                               # as many as fit, with an exec's own processes
+        n = len(sb.exec(["pidof", "sleep"]).stdout.split())
+        assert n >= 25
+        sb.hibernate()
+        assert sb.resume()["state"] == "running"
+        assert len(sb.exec(["pidof", "sleep"]).stdout.split()) == n
+        h = st._engine.sandboxes._row(sb.id)["handle"]
+        assert h.cg().dirs and all(open(os.path.join(d, "pids.max")).read().strip() == "32"
+                                   for c, d in h.cg().dirs.items() if c in ("pids", "unified"))
+        assert not sb.exec(["sh", "-c", "for i in 1 2 3 4 5 6; do sleep 1000 & done; wait"], timeout=5).ok
+    finally:
+        sb.stop()
+        st.close()

@@ -116,9 +116,14 @@ class Sandboxes:
             if row["state"] != "running":
                 raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
         if not self.live.alive(row["handle"]):
-            if self._lost(row) == "hibernated":
+            state = self._lost(row)
+            if state == "running":                 # resumed meanwhile by another process
+                return self._running(row["id"])
+            if state == "hibernated":
                 raise Conflict(f"sandbox {row['id']} is hibernated (resume it first)", sandbox=row["id"],
                                state="hibernated")
+            if state != "gone":
+                raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
             raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
                            sandbox=row["id"], state="gone")
         return row
@@ -129,6 +134,7 @@ class Sandboxes:
         the committer dies, so the next user can tell a commit in progress from a stale freeze."""
         d = os.path.join(self.engine.home, "sandboxes")
         os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o700)                         # checkpoints below hold sandboxes' memory
         fd = os.open(os.path.join(d, f"{sid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -155,7 +161,15 @@ class Sandboxes:
 
     def _lost(self, row: dict) -> str:
         """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
-        checkpoint was written; else gone."""
+        checkpoint was written; else gone. Under the commit lock: a hibernation in progress ends
+        its processes on purpose, and decides their state itself."""
+        with self._commit_lock(row["id"]):
+            row = self._row(row["id"])
+            if row["state"] != "running" or self.live.alive(row["handle"]):
+                return row["state"]
+            return self._lost_locked(row)
+
+    def _lost_locked(self, row: dict) -> str:
         if row["spec"].get("hibernating") and self._dump_finished(row["id"]):
             self._retire(row, "running")
             self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
@@ -460,7 +474,11 @@ class Sandboxes:
                 image = self._snapshot(row, True, "hibernate")
                 if os.path.isdir(images):
                     shutil.rmtree(images)         # a failed earlier try (files only, no mounts)
+                # The images hold the sandbox's memory, secrets included. They stay readable
+                # (0644, in a 0711 dir): CRIU's restore reads some from inside the sandbox's user
+                # namespace, at moments before its uid map exists. $home/sandboxes is 0700.
                 os.makedirs(images)
+                os.chmod(images, 0o711)
                 # If this process dies during the dump, whoever looks next finds the finished
                 # checkpoint and this note (see _running), so the sandbox is hibernated, not lost.
                 pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}

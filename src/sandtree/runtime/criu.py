@@ -58,7 +58,9 @@ def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit
 
 
 def restore_args(criu: str, images: str, root: str) -> list[str]:
-    return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached"] + COMMON
+    # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime)
+    return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
+            "--leave-stopped"] + COMMON
 
 
 def dump_finished(images: str) -> bool:

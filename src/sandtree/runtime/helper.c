@@ -735,7 +735,6 @@ static int restore_sandbox(struct opts *o) {
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
         fcntl(report_fd, F_SETFD, FD_CLOEXEC);
         criu_root();
-        umask(077);                              /* its log holds the sandbox's paths */
         execv(o->argv[0], o->argv);
         _exit(127);
     }

@@ -113,7 +113,12 @@ class LiveRuntime:
         else:
             command = ["sandtree-init"]
             mode = ["--init", self.init()]
-        cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True, detached=detach) \
+        # CRIU restores from inside the sandbox's cgroups (its tasks inherit them): its own
+        # processes and memory count there too, so the limits get headroom until it is done (the
+        # restored tasks stay stopped meanwhile: see below).
+        memory, pids = (lim.memory + max(lim.memory, 1 << 30), lim.pids + 1024) if restore is not None \
+            else (lim.memory, lim.pids)
+        cg = rt.cgroups.create(memory=memory, pids=pids, cpus=lim.cpus, live=True, detached=detach) \
             if rt.cgroups.available else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
@@ -166,6 +171,8 @@ class LiveRuntime:
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
             handle.proc = None if detach else proc
+            if restore is not None:
+                self._continue_restored(handle, cg, lim)
             return handle
         except BaseException:
             rep = _parse_report(raw)
@@ -183,6 +190,21 @@ class LiveRuntime:
             os.close(rep_r)
             if scratch is not None:
                 os.close(scratch)
+
+    @staticmethod
+    def _continue_restored(h: LiveHandle, cg, lim) -> None:
+        """CRIU left the restored tasks stopped (--leave-stopped): put the sandbox's own limits
+        back, then let them go on. A sandbox that no longer fits them does not run at all."""
+        if cg is not None:
+            try:
+                cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
+            except OSError as exc:
+                raise SandboxError(f"the restored sandbox does not fit its limits again: {exc}") from None
+        for pid in (cg.pids() if cg is not None else {h.init_pid}) - {h.helper_pid}:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     # ---- state ---------------------------------------------------------------------------------
     def alive(self, h: LiveHandle) -> bool:
@@ -311,12 +333,18 @@ class LiveRuntime:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
             # now, it finishes anyway and the next engine can tell (criu.dump_finished).
-            r = subprocess.run(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
-                                *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit)],
-                               cwd=images, stdin=subprocess.DEVNULL, timeout=600)
+            p = subprocess.Popen(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
+                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit)],
+                                 cwd=images, stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = p.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)     # CRIU too, not only its shell
+                p.wait()
+                rc = -1
         finally:
             os.close(fd)
-        if r.returncode != 0 or not criu.dump_finished(images):
+        if rc != 0 or not criu.dump_finished(images):
             raise SandboxError(f"criu dump failed: "
                                f"{criu.log_tail(images, 'dump.log') or criu.log_tail(images, 'criu.out')}",
                                step="criu-dump")
