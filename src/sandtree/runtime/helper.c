@@ -685,7 +685,8 @@ static void criu_root(void) {
             continue;
         }
         mkdir_p_one(dst, 0755);
-        xmount(src, dst, NULL, MS_BIND | MS_REC, NULL);
+        /* not recursive: a submount (/sys/fs/cgroup, ...) would keep its own, writable flags */
+        xmount(src, dst, NULL, MS_BIND, NULL);
         xmount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
     }
     mkdir_p_one("/tmp/c/proc", 0555);
