@@ -1,4 +1,5 @@
-"""`make demo`: build a Debian base image, then branch, fork, roll back and show the lineage.
+"""`make demo`: build a Debian base image, then branch, fork, roll back, show the lineage, and a
+live sandbox hibernated and resumed.
 
 Uses only the public Python API. The store is $SANDTREE_HOME (default ~/.local/share/sandtree);
 the base image is built once (debootstrap, about a minute) and reused by later runs.
@@ -73,5 +74,30 @@ svg = "/tmp/sandtree-demo-lineage.svg"
 with open(svg, "w") as f:
     f.write(checkpoint.lineage("svg"))
 con.print(f"\npicture: {svg}")
+
+# 7. A live sandbox: a Python process keeps state in memory across commands; hibernate saves it
+#    (files as an image, processes with their memory) and frees the machine; resume continues it.
+con.print("\n[bold]live sandbox[/] on demo/main:")
+with main.head.start(idle_timeout=120) as sb:
+    sb.exec("cd /work && export GREETING=hello")
+    sb.exec("python3 -c 'import time, os\nn = 0\nwhile True:\n n += 1\n open(\"/tmp/n\", \"w\").write(str(n))"
+            "\n time.sleep(0.01)' > /dev/null 2>&1 &")
+    time.sleep(0.3)
+    con.print(f"  session: {sb.exec('pwd; echo $GREETING').stdout.decode().split()}, "
+              f"counter at {sb.read('/tmp/n').decode()}")
+    try:
+        t0 = time.perf_counter()
+        info = sb.hibernate()
+        t1 = time.perf_counter()
+        sb.resume()
+        t2 = time.perf_counter()
+        time.sleep(0.2)
+        con.print(f"  hibernated in {(t1 - t0) * 1e3:.0f} ms (files: image {info['head'][:12]}), resumed in "
+                  f"{(t2 - t1) * 1e3:.0f} ms: counter at {sb.read('/tmp/n').decode()}, counting on")
+    except sandtree.RuntimeUnavailable as exc:
+        con.print(f"  (hibernate unavailable here: {exc})")
+    snap = sb.commit(tag="demo/live")
+    con.print(f"  committed while running: [cyan]{snap.short_id}[/] (demo/live)")
+
 con.print("Try: sandtree image list; sandtree log demo/fixed; sandtree diff demo/checkpoint demo/fixed --patch;"
-          " sandtree run demo/main -- python3 /work/test.py")
+          " sandtree run demo/main -- python3 /work/test.py; sandtree start demo/main; sandtree ps")
