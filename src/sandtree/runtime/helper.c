@@ -155,16 +155,22 @@ static void setup_proc(const char *base) {
     }
 }
 
-static void setup_dev(void) {
-    static const char *nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
+/* A tmpfs at `dir` with the host's six harmless device nodes bound in (files, not mknod: a user
+ * namespace may bind them, and CRIU can restore binds). */
+static const char *dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
+static void bind_dev_nodes(const char *dir) {
     char p[128], h[128];
-    xmount("tmpfs", "r/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
-    for (const char **n = nodes; *n; n++) {
-        snprintf(p, sizeof p, "r/dev/%s", *n);
+    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    for (const char **n = dev_nodes; *n; n++) {
+        snprintf(p, sizeof p, "%s/%s", dir, *n);
         snprintf(h, sizeof h, "/dev/%s", *n);
         touch(p, 0666);
         xmount(h, p, NULL, MS_BIND, NULL);
     }
+}
+
+static void setup_dev(void) {
+    bind_dev_nodes("r/dev");
     mkdir_p_one("r/dev/pts", 0755);
     xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     mkdir_p_one("r/dev/shm", 01777);
@@ -666,7 +672,6 @@ static int live_wait(struct opts *o, pid_t c) {
  * binds, private /tmp and /run, and the sandbox's root at /r (the path given to --root). */
 static void criu_root(void) {
     static const char *ro[] = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "sys", NULL};
-    static const char *nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
     char src[64], dst[64], link[256];
     struct stat sb;
     if (unshare(CLONE_NEWNS) < 0) die_step("criu-unshare");
@@ -692,13 +697,7 @@ static void criu_root(void) {
     mkdir_p_one("/tmp/c/proc", 0555);
     xmount("proc", "/tmp/c/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     mkdir_p_one("/tmp/c/dev", 0755);
-    xmount("tmpfs", "/tmp/c/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
-    for (const char **n = nodes; *n; n++) {      /* the sources of the sandbox's /dev binds */
-        snprintf(src, sizeof src, "/dev/%s", *n);
-        snprintf(dst, sizeof dst, "/tmp/c/dev/%s", *n);
-        touch(dst, 0666);
-        xmount(src, dst, NULL, MS_BIND, NULL);
-    }
+    bind_dev_nodes("/tmp/c/dev");                /* the sources of the sandbox's /dev binds */
     mkdir_p_one("/tmp/c/tmp", 01777);
     xmount("tmpfs", "/tmp/c/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=16m");
     mkdir_p_one("/tmp/c/run", 0755);
