@@ -41,6 +41,7 @@ class Pool:
         self.served = 0
         self.misses = 0
         self._retired: list[LiveHandle] = []
+        self.thread_done = False                 # after it, runs stop their own sandbox
         self.thread = threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}", daemon=True)
         self.thread.start()
 
@@ -93,8 +94,11 @@ class Pool:
 
     def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
-            self._retired.append((h, ahead))
-            self.cv.notify_all()
+            if not self.thread_done:
+                self._retired.append((h, ahead))
+                self.cv.notify_all()
+                return
+        self.live.stop(h, wait=2.0)              # a run that ended after the pool was closed
 
     # ---- filling -------------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -109,7 +113,11 @@ class Pool:
                     ahead.discard()
                 self.live.stop(h, wait=2.0)
             if closed:
-                return
+                with self.cv:                    # (a run may have retired one meanwhile)
+                    if not self._retired:
+                        self.thread_done = True
+                        return
+                continue
             if len(self.ready) >= self.size:
                 continue
             h = None
