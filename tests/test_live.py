@@ -554,3 +554,31 @@ def test_resume_fits_a_sandbox_near_its_limits(tmp_path, rootfs):
     finally:
         sb.stop()
         st.close()
+
+
+def test_idle_action_hibernate_keeps_everything(tmp_path, rootfs):
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    img = st.import_image(rootfs)
+    with pytest.raises(sandtree.InvalidInput):
+        img.start(idle_action="pause")
+    sb = img.start(idle_timeout=0.5, idle_action="hibernate")
+    try:
+        assert sb.info()["idle_action"] == "hibernate"
+        assert sb.exec("cd /tmp; export X=7; (n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.01; done) "
+                       ">/dev/null 2>&1 &").ok
+        time.sleep(1.0)
+        st._engine.sandboxes.reap()                         # (a server does this every 5 s)
+        assert sb.state == "hibernated"                      # not stopped: nothing lost
+        with pytest.raises(sandtree.Conflict, match="resume"):
+            sb.exec("true")
+        n0 = int(sb.resume() and sb.read("/tmp/n"))
+        time.sleep(0.2)
+        assert int(sb.read("/tmp/n")) > n0 and sb.exec("pwd; echo $X").stdout == b"/tmp\n7\n"
+        time.sleep(1.0)                                      # idle again, found on use this time
+        with pytest.raises(sandtree.Conflict, match="hibernated"):
+            sb.exec("true")
+    finally:
+        sb.stop()
+        st.close()

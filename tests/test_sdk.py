@@ -117,6 +117,11 @@ def test_async_twin(sdk, base):
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="live sandboxes need root")
 def test_live_sandbox(sdk, base):
+    if criu.find()[0]:
+        with base.start(idle_timeout=60, idle_action="hibernate") as sb:
+            assert sb.info()["idle_action"] == "hibernate"
+    with pytest.raises(sandtree.InvalidInput):
+        base.start(idle_action="pause")
     with base.start(idle_timeout=60) as sb:
         assert sb.exec("cd /tmp; export K=v").ok
         r = sb.exec("pwd; echo $K; echo oops >&2; exit 3")

@@ -257,13 +257,15 @@ class Image:
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
               cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
               hostname: str = "sandtree", files: list | None = None, idle_timeout: float = 600,
-              lifetime: float = 3600, tier: str | None = None) -> "Sandbox":
+              lifetime: float = 3600, idle_action: str = "stop", tier: str | None = None) -> "Sandbox":
         """Start a live sandbox on this image: commands enter it with exec/popen, it keeps its
         processes and files between them, and commit() snapshots it while it runs. timeout
-        bounds each command; idle_timeout and lifetime (seconds) bound the sandbox."""
+        bounds each command; idle_timeout and lifetime (seconds) bound the sandbox; idle_action
+        "hibernate" hibernates it when idle instead of stopping it (resume() brings it back)."""
         return Sandbox(self._st, self._st._engine.sandbox_start(
             self.id, timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output, env=env,
-            cwd=cwd, hostname=hostname, files=files, idle_timeout=idle_timeout, lifetime=lifetime, tier=tier))
+            cwd=cwd, hostname=hostname, files=files, idle_timeout=idle_timeout, lifetime=lifetime,
+            idle_action=idle_action, tier=tier))
 
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
         rec = self._st._engine.run(ref, command, **options)

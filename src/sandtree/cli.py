@@ -187,7 +187,7 @@ def cmd_start(args):
     eng = _engine(args)
     info = eng.sandbox_start(args.image, env=_env(args), cwd=args.cwd, timeout=args.timeout, memory=args.memory,
                              pids=args.pids, cpus=args.cpus, disk=args.disk, idle_timeout=args.idle_timeout,
-                             lifetime=args.lifetime)
+                             lifetime=args.lifetime, idle_action=args.on_idle)
     _out(args, info, lambda o: print(o["id"]))
 
 
@@ -599,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--cwd", default="/")
     x.add_argument("--idle-timeout", type=float, default=600, help="seconds without a command before it stops")
     x.add_argument("--lifetime", type=float, default=3600, help="seconds until it stops in any case")
+    x.add_argument("--on-idle", choices=["stop", "hibernate"], default="stop",
+                   help="what the idle timeout does (hibernate: nothing is lost; `sandtree resume` continues it)")
     x.set_defaults(fn=cmd_start)
     x = sub.add_parser("exec", parents=[common], help="run a command in a live sandbox (one argument: in its shell "
                                                       "session, where cd and export carry over)")

@@ -134,11 +134,13 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def sandbox_start(image: str, timeout: float = 30, memory: str | None = None, env: dict[str, str] | None = None,
-                      cwd: str = "/", idle_timeout: float = 600, lifetime: float = 3600) -> dict:
+                      cwd: str = "/", idle_timeout: float = 600, lifetime: float = 3600,
+                      idle_action: str = "stop") -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
-        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped."""
+        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
+        idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
         return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
-                                    idle_timeout=idle_timeout, lifetime=lifetime)
+                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action)
 
     @server.tool()
     @guard

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 
-from .errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from .errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from .runtime.base import Limits, RunSpec
 from .runtime import criu
 from .runtime.live import LiveHandle, LiveRuntime
@@ -97,16 +97,15 @@ class Sandboxes:
         with self.engine.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sid))
 
-    def _running(self, sid: str) -> dict:
+    def _running(self, sid: str, *, idle: bool = True) -> dict:
         """The row of a sandbox that is running now (else NotFound/Conflict, and the row is fixed)."""
         row = self._row(sid)
         if row["state"] != "running":
             hint = " (resume it first)" if row["state"] == "hibernated" else ""
             raise Conflict(f"sandbox {row['id']} is {row['state']}{hint}", sandbox=row["id"], state=row["state"])
-        if self._due(row, time.time()):
-            self._retire(row, "expired")
-            raise Conflict(f"sandbox {row['id']} expired (idle timeout or lifetime)", sandbox=row["id"],
-                           state="expired")
+        if idle and self._due(row, time.time()) and (state := self._expire(row)) != "running":
+            raise Conflict(f"sandbox {row['id']} is {state} (idle timeout or lifetime)"
+                           + (" (resume it first)" if state == "hibernated" else ""), sandbox=row["id"], state=state)
         if self.live.frozen(row["handle"]):
             # frozen by a commit: wait for it; or left frozen by a committer that died: thaw
             with self._commit_lock(row["id"]):
@@ -148,6 +147,19 @@ class Sandboxes:
             return True
         return bool(row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]
                     and not self.live.outsiders(row["handle"]))
+
+    def _expire(self, row: dict) -> str:
+        """A sandbox past its lifetime is stopped; one idle past its idle timeout is stopped or,
+        with idle_action "hibernate", hibernated (stopped if that fails). Returns its state."""
+        if time.time() <= row["expires"] and row["spec"].get("idle_action") == "hibernate":
+            try:
+                return self.hibernate(row["id"], idle=False)["state"]
+            except SandtreeError:
+                pass                                 # (a command running: not idle after all)
+            if self.live.outsiders(row["handle"]):
+                return "running"
+        self._retire(row, "expired")
+        return "expired"
 
     def reap_every(self, seconds: float) -> None:
         """A long-running process (the server) reaps on a timer, not only when someone lists."""
@@ -192,7 +204,8 @@ class Sandboxes:
                 "state": row["state"] if row["state"] != "running" or alive else "gone",
                 "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
-                "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"]}
+                "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
+                "idle_action": row["spec"].get("idle_action", "stop")}
 
     def list(self, *, all: bool = False) -> list[dict]:
         """Live sandboxes (all=True: also the stopped ones), after expiring what is due."""
@@ -210,7 +223,7 @@ class Sandboxes:
         for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
             if self._due(row, now):
-                self._retire(row, "expired")        # (its helper ends it at its lifetime by itself)
+                self._expire(row)                   # (its helper ends it at its lifetime by itself)
             elif not self.live.alive(row["handle"]):
                 self._lost(row)
             else:
@@ -221,14 +234,21 @@ class Sandboxes:
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, ref: str, *, env: dict | None = None, cwd: str = "/", hostname: str = "sandtree",
               files=None, file_set: str | None = None, idle_timeout: float = 600, lifetime: float = 3600,
-              tier: str | None = None, **limits) -> dict:
-        """Start a live sandbox on image `ref`. limits as for a run (timeout = per command)."""
+              idle_action: str = "stop", tier: str | None = None, **limits) -> dict:
+        """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
+        idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost)."""
         eng = self.engine
         if (tier or eng.default_tier) != "namespaces":
             raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
         ok, why = self.live.available()
         if not ok:
             raise RuntimeUnavailable(why)
+        if idle_action not in ("stop", "hibernate"):
+            raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
+        if idle_action == "hibernate":
+            ok, why = self.live.hibernate_available()
+            if not ok:
+                raise RuntimeUnavailable(why)
         for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
             if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
                 raise InvalidInput(f"{name} must be a positive number of seconds")
@@ -253,7 +273,7 @@ class Sandboxes:
         now = time.time()
         record = {"env": {**DEFAULT_ENV, **user_env}, "masked_env": mask_env(user_env), "cwd": cwd,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime}
+                  "lifetime": lifetime, "idle_action": idle_action}
         try:
             with eng.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
@@ -450,7 +470,7 @@ class Sandboxes:
     def _checkpoint_dir(self, sid: str) -> str:
         return os.path.join(self.engine.home, "sandboxes", f"{sid}.ckpt")
 
-    def hibernate(self, sid: str) -> dict:
+    def hibernate(self, sid: str, *, idle: bool = True) -> dict:
         """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
         commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
         where they were. Its lifetime does not run while it is hibernated."""
@@ -458,7 +478,7 @@ class Sandboxes:
         ok, why = self.live.hibernate_available()
         if not ok:
             raise RuntimeUnavailable(why)
-        row = self._running(sid)
+        row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")

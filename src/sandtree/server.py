@@ -17,7 +17,7 @@ import base64
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -77,6 +77,8 @@ class StartIn(BaseModel):
     file_set: str | None = None
     idle_timeout: float = Field(600, description="seconds without a command before it is stopped")
     lifetime: float = Field(3600, description="seconds until it is stopped in any case")
+    idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
+                                                       "or hibernate it (resume brings it back)")
     timeout: float | None = Field(None, description="default seconds per command")
     memory: str | int | None = None
     pids: int | None = None
