@@ -8,9 +8,10 @@
 
 from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
 from .api import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
-from .errors import (BadArchive, CommandNotFound, Conflict, Forbidden, ImageNotFound, InvalidInput,
-                     LimitExceeded, NotFound, PathEscape, PathNotFound, RuntimeUnavailable, SandboxError,
-                     SandtreeError, StoreCorrupt, Unauthorized)
+from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
+                     LimitExceeded, MergeConflict, NotFound, NotRegularFile, PathEscape, PathNotFound,
+                     RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,
+                     Unauthorized)
 from .runtime.base import Limits
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "AsyncSandbox", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
-    "Unauthorized", "Forbidden", "LimitExceeded",
+    "Unauthorized", "Forbidden", "LimitExceeded", "NotRegularFile", "MergeConflict", "TooLarge",
+    "RegistryError", "DiskFull",
 ]
 __version__ = "0.1.0"

@@ -33,11 +33,6 @@ from fastapi.routing import APIRoute
 from . import contree_wire as wire
 from .errors import InvalidInput, NotFound, SandtreeError
 
-# engine error codes -> status (the rest are the request's fault: 400). 429 makes Contree's
-# clients back off and retry; unauthorized/forbidden/limit_exceeded come with tokens and tenants.
-STATUS = {"not_found": 404, "image_not_found": 404, "path_not_found": 404, "conflict": 409,
-          "runtime_unavailable": 503, "sandbox_error": 500, "store_corrupt": 500, "registry_error": 502,
-          "unauthorized": 401, "forbidden": 403, "limit_exceeded": 429}
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status)
@@ -56,7 +51,7 @@ class ContreeRoute(APIRoute):
                 msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
                 return error(400, "; ".join(msgs) or "malformed request")
             except SandtreeError as exc:
-                return error(STATUS.get(exc.code, 400), exc.message)
+                return error(exc.http_status, exc.message)  # errors.py: one table
         return guarded
 
 

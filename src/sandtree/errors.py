@@ -8,13 +8,21 @@
     │   ├── PathEscape            a path that leaves the image (`..`, symlinks, absolute tar members)
     │   ├── BadArchive            an import source that cannot be read safely
     │   └── CommandNotFound       the command to run does not exist in the image
+    │   ├── NotRegularFile        a host-side file call met a device, FIFO or socket
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
+    │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
     ├── Unauthorized              no valid token (a server with tokens configured)
     ├── Forbidden                 the token lacks the scope this call needs
     ├── LimitExceeded             a tenant's limit (concurrent runs, timeout, output) refuses it
+    │   └── TooLarge              a body, upload, archive or expansion over its size cap
+    ├── RegistryError             an OCI registry refused or could not be reached
+    ├── DiskFull                  the store's disk has no room; nothing was committed
     ├── RuntimeUnavailable        this host cannot run the requested isolation tier
     ├── SandboxError              the sandbox could not be set up (not the command's failure)
     └── StoreCorrupt              fsck-level damage found while reading
+
+Each class carries its HTTP status: the one error table (server, Contree router and remote client
+all read `ERRORS` / `http_status`, so a new class needs no edit elsewhere).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 class SandtreeError(Exception):
     code = "error"
+    http_status = 500
 
     def __init__(self, message: str, **details):
         super().__init__(message)
@@ -34,6 +43,7 @@ class SandtreeError(Exception):
 
 class NotFound(SandtreeError):
     code = "not_found"
+    http_status = 404
 
 
 class ImageNotFound(NotFound):
@@ -46,6 +56,7 @@ class PathNotFound(NotFound):
 
 class InvalidInput(SandtreeError):
     code = "invalid_input"
+    http_status = 400
 
 
 class PathEscape(InvalidInput):
@@ -62,27 +73,71 @@ class CommandNotFound(InvalidInput):
 
 class Conflict(SandtreeError):
     code = "conflict"
+    http_status = 409
 
 
 class Unauthorized(SandtreeError):
     code = "unauthorized"
+    http_status = 401
 
 
 class Forbidden(SandtreeError):
     code = "forbidden"
+    http_status = 403
 
 
 class LimitExceeded(SandtreeError):
     code = "limit_exceeded"
+    http_status = 429
 
 
 class RuntimeUnavailable(SandtreeError):
     code = "runtime_unavailable"
+    http_status = 503
 
 
 class SandboxError(SandtreeError):
     code = "sandbox_error"
+    http_status = 500
 
 
 class StoreCorrupt(SandtreeError):
     code = "store_corrupt"
+    http_status = 500
+
+
+class NotRegularFile(InvalidInput):
+    code = "not_a_regular_file"
+
+
+class MergeConflict(Conflict):
+    code = "merge_conflict"
+
+
+class TooLarge(LimitExceeded):
+    code = "too_large"
+    http_status = 413
+
+
+class RegistryError(SandtreeError):
+    code = "registry_error"
+    http_status = 502
+
+
+class DiskFull(SandtreeError):
+    code = "disk_full"
+    http_status = 507
+
+
+def _tree(cls) -> list:
+    return [cls] + [d for c in cls.__subclasses__() for d in _tree(c)]
+
+
+# code -> class, for every class of the tree (the remote client rebuilds errors from it)
+ERRORS = {cls.code: cls for cls in _tree(SandtreeError)}
+
+
+def http_status(code: str, default: int = 400) -> int:
+    """The HTTP status of an error code (of any class in the tree)."""
+    cls = ERRORS.get(code)
+    return cls.http_status if cls is not None else default

@@ -20,10 +20,7 @@ from . import errors
 from .engine import RunRecord
 from .runtime.base import Limits
 
-ERRORS = {cls.code: cls for cls in (
-    errors.SandtreeError, errors.NotFound, errors.ImageNotFound, errors.PathNotFound, errors.InvalidInput,
-    errors.PathEscape, errors.BadArchive, errors.CommandNotFound, errors.Conflict, errors.RuntimeUnavailable,
-    errors.SandboxError, errors.StoreCorrupt, errors.Unauthorized, errors.Forbidden, errors.LimitExceeded)}
+ERRORS = errors.ERRORS
 
 
 class _Data(dict):

@@ -1,7 +1,7 @@
 """`sandtree serve`: the engine over HTTP (FastAPI on uvicorn), under /api/v1, with OpenAPI.
 
 An adapter: each route translates one request into one engine call, and engine errors into HTTP
-statuses through one table (ERROR_STATUS). Runs are operations: POST /runs starts one (waiting
+statuses through one table (errors.ERRORS: each class carries its status). Runs are operations: POST /runs starts one (waiting
 for it unless wait=false), /operations/{id}/events streams its stdout/stderr live as Server-Sent
 Events that resume from Last-Event-ID. Without tokens the server only listens on loopback.
 
@@ -30,10 +30,6 @@ from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F4
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-ERROR_STATUS = {"not_found": 404, "image_not_found": 404, "path_not_found": 404, "invalid_input": 400,
-                "path_escape": 400, "bad_archive": 400, "command_not_found": 400, "conflict": 409,
-                "runtime_unavailable": 503, "sandbox_error": 500, "store_corrupt": 500,
-                "registry_error": 502, "unauthorized": 401, "forbidden": 403, "limit_exceeded": 429}
 
 
 class FileIn(BaseModel):
@@ -174,7 +170,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
     @app.exception_handler(SandtreeError)
     async def sandtree_error(request: Request, exc: SandtreeError):
-        return JSONResponse(exc.to_dict(), status_code=ERROR_STATUS.get(exc.code, 400))
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..errors import BadArchive, InvalidInput, NotFound, SandtreeError
+from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError  # noqa: F401 - RegistryError: re-exported
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
@@ -28,10 +28,6 @@ MANIFEST_TYPES = ", ".join([
 REF_RE = re.compile(r"^(?:(docker|oci)://)?(?:(?P<host>[a-zA-Z0-9.-]+(?::\d+)?|\[[0-9a-fA-F:]+\](?::\d+)?)/)?"
                     r"(?P<name>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[\w][\w.-]{0,127}))?"
                     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
-
-
-class RegistryError(SandtreeError):
-    code = "registry_error"
 
 
 @dataclass(frozen=True)
