@@ -388,38 +388,49 @@ class Sandboxes:
         return LiveProcess(proc, rep_r, self.live, raw)
 
     # ---- files ---------------------------------------------------------------------------------
+    # Host-side access as root to a tree the sandbox controls: runtime/openat2.py says what each
+    # step defends against (host device nodes bound into /dev, FIFOs, symlinks, /proc).
     def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
-        """A file as the sandbox sees it now (resolved inside its root, never outside)."""
+        """A regular file as the sandbox sees it now (resolved inside its root, never outside);
+        TooLarge over `limit` bytes, NotRegularFile for devices, FIFOs, sockets, directories."""
+        from .runtime.openat2 import read_file
         row = self._running(sid)
-        fd = self._open(row, path, os.O_RDONLY)
-        try:
-            with os.fdopen(fd, "rb") as f:
-                return f.read(limit)
-        except IsADirectoryError:
-            raise InvalidInput(f"{path} is a directory") from None
-
-    def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
-        """Write a file into the running sandbox (its parent directory must exist)."""
-        row = self._running(sid)
-        if isinstance(data, str):
-            data = data.encode()
-        fd = self._open(row, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o7777)
-        idmap = self.engine.store.idmap
-        with os.fdopen(fd, "wb") as f:
-            os.fchown(f.fileno(), idmap.host_uid(uid), idmap.host_gid(gid))
-            os.fchmod(f.fileno(), mode & 0o7777)
-            f.write(data)
-        self._touch(row["id"])
-
-    def _open(self, row: dict, path: str, flags: int, mode: int = 0o644) -> int:
-        from .runtime.openat2 import open_in_root
-        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-            raise InvalidInput(f"path must be absolute, not {path!r}")
+        self._check_path(path)
+        if not isinstance(limit, int) or limit < 0:
+            raise InvalidInput("limit must be a non-negative number of bytes")
         root = self.live.root(row["handle"])
         try:
-            return open_in_root(root, path, flags, mode)
+            return read_file(root, path, limit)
         finally:
             os.close(root)
+
+    def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        """Write a regular file into the running sandbox (its parent directory must exist): a new
+        file renamed over the name, so nothing that was there is written into or re-owned."""
+        from .runtime.openat2 import write_file
+        row = self._running(sid)
+        self._check_path(path)
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidInput("data must be bytes or a string")
+        idmap = self.engine.store.idmap
+        for name, v in (("mode", mode), ("uid", uid), ("gid", gid)):
+            top = 0o7777 if name == "mode" else idmap.count - 1
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+                raise InvalidInput(f"{name} must be an integer from 0 to {top:o}" if name == "mode" else
+                                   f"{name} must be an integer from 0 to {top}", **{name: v})
+        root = self.live.root(row["handle"])
+        try:
+            write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid))
+        finally:
+            os.close(root)
+        self._touch(row["id"])
+
+    @staticmethod
+    def _check_path(path) -> None:
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise InvalidInput(f"path must be absolute, not {path!r}")
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None) -> str:

@@ -16,6 +16,7 @@ the tmpfs, for as long as the sandbox lives.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -224,19 +225,11 @@ class LiveRuntime:
     def scratch(self, h: LiveHandle) -> int:
         """An fd of the sandbox's scratch dir: its upper (the changes so far) is `u` in it. The
         caller closes it."""
-        fd = os.open(f"/proc/{h.helper_pid}/root/tmp", os.O_RDONLY | os.O_DIRECTORY)
-        if start_time(h.helper_pid) != h.helper_start:      # opened the right one?
-            os.close(fd)
-            raise NotFound("the live sandbox is no longer running")
-        return fd
+        return _open_of(h.helper_pid, h.helper_start, "root/tmp", os.O_RDONLY | os.O_DIRECTORY)
 
     def root(self, h: LiveHandle) -> int:
         """An O_PATH fd of the sandbox's root as its processes see it (for confined file access)."""
-        fd = os.open(f"/proc/{h.init_pid}/root", os.O_PATH | os.O_DIRECTORY)
-        if start_time(h.init_pid) != h.init_start:
-            os.close(fd)
-            raise NotFound("the live sandbox is no longer running")
-        return fd
+        return _open_of(h.init_pid, h.init_start, "root", os.O_PATH | os.O_DIRECTORY)
 
     def frozen(self, h: LiveHandle) -> bool:
         cg = h.cg()
@@ -500,6 +493,29 @@ class _Detached:
     @staticmethod
     def poll():
         return None
+
+
+def _open_of(pid: int, start: int, name: str, flags: int) -> int:
+    """open(/proc/PID/NAME) of the process (pid, start time), never of a later one with its pid:
+    a pidfd checked against the start time pins the process; if it has not exited once the open
+    is done, the pid named it all along (a pid is reused only after its process is gone)."""
+    try:
+        pfd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        raise NotFound("the live sandbox is no longer running") from None
+    try:
+        if start_time(pid) != start:
+            raise NotFound("the live sandbox is no longer running")
+        try:
+            fd = os.open(f"/proc/{pid}/{name}", flags | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound("the live sandbox is no longer running") from None
+        if select.select([pfd], [], [], 0)[0]:          # readable: it exited meanwhile
+            os.close(fd)
+            raise NotFound("the live sandbox is no longer running")
+        return fd
+    finally:
+        os.close(pfd)
 
 
 def _parent_of(pid: int) -> int:

@@ -1,9 +1,26 @@
-"""openat2(2) with RESOLVE_IN_ROOT: open a path inside a running sandbox's root from the host.
+"""Host-side file access inside a running sandbox's root: openat2(2) with RESOLVE_IN_ROOT.
 
-Following /proc/<pid>/root/<path> naively would resolve an absolute symlink planted by the
-sandbox (`ln -s / /tmp/x`) against the host's root. openat2 resolves every component, symlinks
-and `..` included, as if the sandbox's root were `/`, and refuses magic links (/proc/self/fd/N).
-Python has no binding for it (3.11), hence ctypes; the syscall number is the same on every
+The engine reads and writes a live sandbox's files as host root, so every step here assumes the
+sandbox planted what it finds:
+
+- Paths resolve inside the sandbox. Following /proc/<pid>/root/<path> naively would resolve an
+  absolute symlink planted by the sandbox (`ln -s / /tmp/x`) against the host's root. openat2
+  resolves every component, symlinks and `..` included, as if the sandbox's root were `/`, and
+  refuses magic links (/proc/self/fd/N).
+- Only regular files are read or written. A live sandbox's /dev/null, /dev/full, /dev/tty are
+  binds of the HOST's device nodes, and a FIFO blocks an open until a writer comes. So a path is
+  first opened O_PATH (no driver's open, no FIFO wait), checked with fstat on that fd, and only
+  then reopened for reading through the fd itself (the same inode: no check-to-use window).
+- Only the sandbox's own filesystems (its overlay root, its tmpfs mounts). Its /proc is a procfs
+  whose files look regular; read as host root they would show what the sandbox itself may not
+  read (kernel stacks, module addresses), and a write would reach host sysctls.
+- A write never writes into an existing inode and never changes one's owner or mode: it creates
+  a new file (O_CREAT|O_EXCL, so nothing planted is followed), sets its owner and mode, writes
+  it, and renames it over the name. A hard link to the old file keeps the old content; a device
+  node, FIFO or directory at the name is refused before anything is created.
+- Reads are bounded: a sparse file may claim any size.
+
+Python has no binding for openat2 (3.11), hence ctypes; the syscall number is the same on every
 architecture.
 """
 
@@ -12,12 +29,21 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import secrets
+import stat
 
-from ..errors import InvalidInput, PathNotFound
+from ..errors import InvalidInput, NotRegularFile, PathNotFound, TooLarge
 
 SYS_openat2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
+
+# statfs f_type of the filesystems a sandbox's own files live on
+OVERLAYFS_MAGIC = 0x794C7630
+TMPFS_MAGIC = 0x01021994
+OWN_FILESYSTEMS = {OVERLAYFS_MAGIC, TMPFS_MAGIC}
+MAX_LINKS = 40                      # as the kernel's own symlink limit
+TEMP_PREFIX = ".sandtree-write-"
 
 
 class _OpenHow(ctypes.Structure):
@@ -28,6 +54,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
+    """openat2(root_fd, path, flags) with every component resolved inside root_fd."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     raw = path.lstrip("/").encode("utf-8", "surrogateescape") or b"."
     for _ in range(16):                  # EAGAIN: a rename raced the lookup; the kernel asks to retry
@@ -42,4 +69,117 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
         raise PathNotFound(f"no such file in the sandbox: {path}", path=path)
     if err == errno.EISDIR:
         raise InvalidInput(f"{path} is a directory", path=path)
+    if err == errno.ELOOP:
+        raise InvalidInput(f"too many levels of symbolic links: {path}", path=path)
     raise OSError(err, f"{os.strerror(err)}: {path}")
+
+
+def _fs_type(fd: int) -> int:
+    buf = ctypes.create_string_buffer(256)          # struct statfs; f_type is its first word
+    if _libc.fstatfs(ctypes.c_int(fd), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def _kind(mode: int) -> str:
+    return {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+            stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}.get(
+        stat.S_IFMT(mode), "not a regular file")
+
+
+def _own_filesystem(fd: int, path: str) -> None:
+    if _fs_type(fd) not in OWN_FILESYSTEMS:
+        raise NotRegularFile(f"{path} is not on the sandbox's own filesystem (/proc, /sys and the like are "
+                             "not read or written from outside)", path=path)
+
+
+def read_file(root_fd: int, path: str, limit: int) -> bytes:
+    """The regular file at `path` in the sandbox, whole; TooLarge above `limit` bytes."""
+    pfd = open_in_root(root_fd, path, os.O_PATH)      # follows symlinks, inside the root only
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are read", path=path)
+        _own_filesystem(pfd, path)
+        if st.st_size > limit:
+            raise TooLarge(f"{path} has {st.st_size} bytes, over the limit of {limit}", path=path,
+                           size=st.st_size, limit=limit)
+        # the very inode checked above (an O_PATH fd reopened through /proc/self/fd)
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(pfd)
+    try:
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if got > limit:                                    # it grew while we read
+        raise TooLarge(f"{path} is over the limit of {limit} bytes", path=path, limit=limit)
+    return b"".join(chunks)
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(directory, last name); the name is "" for a path ending in "/" (a directory)."""
+    parent, _, name = path.rpartition("/")
+    return parent or "/", name
+
+
+def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+    """Make `path` in the sandbox a new regular file holding `data`, owned by host uid/gid (already
+    mapped), with `mode`. Its directory must exist. A symlink at `path` is followed inside the
+    sandbox; a directory, device, FIFO or socket there is refused and left as it was."""
+    for _ in range(MAX_LINKS):
+        parent, name = _split(path)
+        if name in ("", ".", ".."):
+            raise NotRegularFile(f"{path} is a directory: only regular files are written", path=path)
+        dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=dfd)
+                path = target if target.startswith("/") else f"{parent.rstrip('/')}/{target}"
+                continue                               # (resolved again from the root)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are written", path=path)
+            _own_filesystem(dfd, path)
+            _replace(dfd, name, path, data, mode, uid, gid)
+            return
+        finally:
+            os.close(dfd)
+    raise InvalidInput(f"too many levels of symbolic links: {path}", path=path)
+
+
+def _replace(dfd: int, name: str, path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+    tmp = TEMP_PREFIX + secrets.token_hex(8)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                 | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        try:
+            os.fchown(fd, uid, gid)                    # the file we just made, nothing else
+            os.fchmod(fd, mode)                        # (after chown: chown clears setuid bits)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise TooLarge(f"{path}: the sandbox's disk is full ({len(data)} bytes)", path=path,
+                           size=len(data)) from None
+        if isinstance(exc, IsADirectoryError):         # made a directory meanwhile
+            raise NotRegularFile(f"{path} is a directory: only regular files are written", path=path) from None
+        raise

@@ -1,0 +1,152 @@
+"""Hardening of live sandboxes (issue 12, items 3, 13, 16): the host-side file API, background
+jobs outliving their exec, and liveness by (pid, start time) rather than pid alone.
+
+Everything runs against a real live sandbox on the real kernel. Tests that could damage the host
+if the defence were missing (a chmod of the host's /dev/full) put back what they find changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+import uuid
+
+import pytest
+
+import sandtree
+from sandtree.runtime import criu
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
+
+
+@pytest.fixture
+def sb(bb):
+    with bb.start(idle_timeout=120, lifetime=300) as s:
+        yield s
+
+
+def _node(path: str) -> tuple:
+    st = os.stat(path)
+    return stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_rdev
+
+
+# ---- item 3: the file API never touches a host node, never blocks -----------------------------
+
+def test_write_to_a_device_leaves_the_host_node_alone(sb):
+    before = _node("/dev/full")
+    try:
+        with pytest.raises(sandtree.NotRegularFile):
+            sb.write("/dev/full", b"x", mode=0, uid=7, gid=7)
+        # through a symlink the sandbox planted, too
+        assert sb.exec("ln -s /dev/full /tmp/full-link").ok
+        with pytest.raises(sandtree.NotRegularFile):
+            sb.write("/tmp/full-link", b"x", mode=0o4777, uid=7, gid=7)
+        with pytest.raises(sandtree.NotRegularFile):
+            sb.read("/dev/full")
+        assert _node("/dev/full") == before
+    finally:
+        # the unfixed code chowned/chmodded the host's node: put it back, whatever happened
+        kind, mode, uid, gid, _ = before
+        os.chown("/dev/full", uid, gid)
+        os.chmod("/dev/full", mode)
+    # the sandbox still has a working /dev/full and /dev/null (nothing replaced them)
+    assert sb.exec("echo x > /dev/null && ! echo x > /dev/full").ok
+
+
+def _timed(call, limit: float = 2.0):
+    """call() in a thread: (what it returned or raised, seconds), or a hang after `limit`."""
+    out = []
+
+    def run():
+        t = time.monotonic()
+        try:
+            out.append((call(), time.monotonic() - t))
+        except BaseException as exc:             # noqa: BLE001 - handed to the test
+            out.append((exc, time.monotonic() - t))
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit)
+    return out[0] if out else None, th
+
+
+def test_a_fifo_is_refused_at_once(sb):
+    assert sb.exec("mkfifo /tmp/fifo && mkfifo -m 666 /tmp/fifo2").ok
+    got, th = _timed(lambda: sb.read("/tmp/fifo"))
+    try:
+        assert got is not None, "reading a FIFO through the file API hung"
+        assert isinstance(got[0], sandtree.NotRegularFile) and got[1] < 2.0, got
+    finally:
+        if th.is_alive():                        # the unfixed code: unblock its open()
+            sb.exec("echo x > /tmp/fifo", timeout=5)
+            th.join(5)
+    got, th = _timed(lambda: sb.write("/tmp/fifo2", b"data", mode=0o600))
+    try:
+        assert got is not None, "writing a FIFO through the file API hung"
+        assert isinstance(got[0], sandtree.NotRegularFile), got
+    finally:
+        if th.is_alive():
+            sb.exec("cat /tmp/fifo2 >/dev/null", timeout=5)
+            th.join(5)
+    # nothing replaced the FIFO
+    assert sb.exec("test -p /tmp/fifo2").ok
+
+
+def test_symlinks_resolve_inside_the_sandbox(sb):
+    assert sb.exec("echo sandbox-shadow > /etc/shadow && ln -s /etc/shadow /tmp/shadow-link"
+                   " && ln -s ../../etc/shadow /tmp/rel-link && ln -s /etc/os-release /tmp/host-only").ok
+    assert sb.read("/tmp/shadow-link") == b"sandbox-shadow\n"
+    assert sb.read("/tmp/rel-link") == b"sandbox-shadow\n"
+    with pytest.raises(sandtree.PathNotFound):
+        sb.read("/tmp/host-only")                 # exists on the host, not in the sandbox
+    # a write through a symlink writes the sandbox's file the link names, as a new file
+    host_shadow = os.stat("/etc/shadow")
+    sb.write("/tmp/shadow-link", b"written\n", mode=0o640, uid=1000, gid=1000)
+    assert sb.exec("cat /etc/shadow; stat -c '%u %g %a' /etc/shadow; readlink /tmp/shadow-link").stdout == \
+        b"written\n1000 1000 640\n/etc/shadow\n"
+    assert os.stat("/etc/shadow").st_mtime_ns == host_shadow.st_mtime_ns
+    # a dangling link to a host-only path makes a sandbox file, never a host one
+    sb.write("/tmp/host-only", b"inside\n")
+    assert sb.exec("cat /etc/os-release").stdout == b"inside\n"
+    assert open("/etc/os-release", "rb").read() != b"inside\n"
+
+
+def test_write_replaces_and_never_writes_through_a_hard_link(sb):
+    # a hard link to a read-only file: the API's write
+    # is a new file renamed into place, so the other name keeps its content
+    assert sb.exec("echo original > /tmp/a && ln /tmp/a /tmp/b && chmod 444 /tmp/a").ok
+    sb.write("/tmp/b", b"new\n")
+    assert sb.exec("cat /tmp/a /tmp/b").stdout == b"original\nnew\n"
+    assert sb.exec("ls -a /tmp").stdout.count(b".sandtree") == 0     # no temporary file left
+
+
+def test_proc_and_directories_are_refused(sb):
+    for path in ("/proc/1/stack", "/proc/self/status", "/proc/modules", "/proc/sys/kernel/hostname"):
+        with pytest.raises((sandtree.NotRegularFile, sandtree.PathNotFound)):
+            sb.read(path)
+    with pytest.raises(sandtree.NotRegularFile):
+        sb.write("/proc/sys/kernel/hostname", b"pwned")
+    assert open("/proc/sys/kernel/hostname").read().strip() != "pwned"
+    with pytest.raises(sandtree.InvalidInput):
+        sb.read("/etc")
+    with pytest.raises(sandtree.InvalidInput):
+        sb.write("/etc", b"x")
+    with pytest.raises(sandtree.InvalidInput):
+        sb.write("/tmp/", b"x")
+
+
+def test_reads_are_bounded(sb):
+    # a sparse 8 GiB file costs the sandbox nothing; reading it whole would cost the host 8 GiB
+    assert sb.exec("dd if=/dev/zero of=/tmp/sparse bs=1 count=1 seek=8589934591 2>/dev/null").ok
+    t = time.monotonic()
+    with pytest.raises(sandtree.TooLarge):
+        sb.read("/tmp/sparse")
+    assert time.monotonic() - t < 2
+    sb.write("/tmp/hundred", b"x" * 100)
+    assert sb._st._engine.sandboxes.read(sb.id, "/tmp/hundred", limit=100) == b"x" * 100
+    with pytest.raises(sandtree.TooLarge):
+        sb._st._engine.sandboxes.read(sb.id, "/tmp/hundred", limit=99)     # never cut silently
+    sb.write("/tmp/name\nwith newline", b"ok")
+    assert sb.read("/tmp/name\nwith newline") == b"ok"
