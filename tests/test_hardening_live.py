@@ -150,3 +150,82 @@ def test_reads_are_bounded(sb):
         sb._st._engine.sandboxes.read(sb.id, "/tmp/hundred", limit=99)     # never cut silently
     sb.write("/tmp/name\nwith newline", b"ok")
     assert sb.read("/tmp/name\nwith newline") == b"ok"
+
+
+# ---- item 13: liveness by (pid, start time, pid namespace), not by pid alone -------------------
+
+def _me() -> tuple[int, int, int]:
+    """(pid, start time, pid namespace) of this process, read here as the engine reads them."""
+    with open("/proc/self/stat", "rb") as f:
+        data = f.read()
+    start = int(data[data.rindex(b")") + 2:].split()[19])
+    try:
+        link = os.readlink("/proc/1/ns/pid")          # the namespace /proc's pids are numbered in
+    except OSError:
+        link = os.readlink("/proc/self/ns/pid")
+    ns = int(link.split("[")[1].rstrip("]"))
+    return int(os.readlink("/proc/self")), start, ns
+
+
+def test_an_operation_of_a_recycled_pid_is_recovered(st):
+    from sandtree.operations import Operations
+    pid, start, ns = _me()
+    rows = {"recycled": {"owner_pid": pid, "owner_start": start + 1, "owner_ns": ns},     # pid reused
+            "mine": {"owner_pid": pid, "owner_start": start, "owner_ns": ns},             # alive: kept
+            "elsewhere": {"owner_pid": 1, "owner_start": 1, "owner_ns": ns + 1},          # other pid ns
+            "old-alive": {"owner_pid": pid},                                             # older engine
+            "old-dead": {"owner_pid": 4 << 22}}                                          # > pid_max
+    ids = {k: uuid.uuid4().hex for k in rows}
+    with st._engine.store.db.tx() as con:
+        for k, spec in rows.items():
+            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                        "VALUES(?,?,?,?,?,?,?,?)", (ids[k], "run", None, None, json.dumps({**spec, "queued": True}),
+                                                    None, time.time(), None))
+    ops = Operations(st._engine, workers=1)
+    ops.close()
+    finished = {k: st._engine.store.db.one("SELECT finished FROM operations WHERE id=?", (ids[k],))[0] is not None
+                for k in rows}
+    assert finished == {"recycled": True, "mine": False, "elsewhere": False, "old-alive": False, "old-dead": True}
+    # what this engine submits now records its start time and namespace
+    op = st._engine.operations.submit_pull("127.0.0.1:9/none/none:x")
+    spec = json.loads(st._engine.store.db.one("SELECT spec FROM operations WHERE id=?", (op,))[0])
+    assert (spec["owner_pid"], spec["owner_start"], spec["owner_ns"]) == (pid, start, ns)
+    st._engine.operations.wait([op], timeout=30)
+
+
+def test_stale_cgroups_and_staging_dirs_by_start_time(st):
+    from sandtree.runtime.cgroups import Cgroups
+    pid, start, ns = _me()
+    tag = uuid.uuid4().hex[:8]
+    names = {"recycled": f"{pid}-{start + 1}-{ns}-t{tag}", "mine": f"{pid}-{start}-{ns}-t{tag}",
+             "elsewhere": f"{pid}-{start + 1}-{ns + 1}-t{tag}", "old-alive": f"{pid}-t{tag}"}
+    cg = Cgroups()
+    if not cg.available:
+        pytest.skip("no writable cgroups here")
+    parents = list(cg._parents().values())
+    made = []
+    try:
+        for p in parents:
+            for n in names.values():
+                os.mkdir(os.path.join(p, n))
+                made.append(os.path.join(p, n))
+        Cgroups().cleanup_stale()
+        left = {k: [os.path.isdir(os.path.join(p, n)) for p in parents] for k, n in names.items()}
+        assert left == {"recycled": [False] * len(parents), "mine": [True] * len(parents),
+                        "elsewhere": [True] * len(parents), "old-alive": [True] * len(parents)}
+    finally:
+        for d in made:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+    # staging dirs of the store: the same rule
+    layers = st._engine.store.layers
+    for n in names.values():
+        os.mkdir(os.path.join(layers.tmp, f"import-{n}"))
+    layers.clean_stale()
+    assert sorted(os.listdir(layers.tmp)) == sorted(f"import-{names[k]}" for k in ("mine", "elsewhere", "old-alive"))
+    # a staging dir made now carries this process's identity
+    d = layers.stage("import")
+    assert os.path.basename(d).startswith(f"import-{pid}-{start}-{ns}-")
+    os.rmdir(d)

@@ -11,13 +11,13 @@ leaving them "running" forever.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from .errors import InvalidInput, NotFound, SandtreeError
+from .runtime.procid import Owner
 from .store.db import dumps
 
 
@@ -70,7 +70,7 @@ class Operations:
     def _recover(self) -> None:
         now = time.time()
         rows = self.engine.store.db.query("SELECT id, spec FROM operations WHERE finished IS NULL")
-        dead = [op for op, spec in rows if not _alive(json.loads(spec).get("owner_pid"))]
+        dead = [op for op, spec in rows if _alive(json.loads(spec)) is False]
         if dead:
             with self.engine.store.db.tx() as con:
                 con.executemany("UPDATE operations SET outcome=?, finished=? WHERE id=? AND finished IS NULL",
@@ -84,7 +84,7 @@ class Operations:
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
-                "owner_pid": os.getpid(), "queued": True}
+                **Owner.me().to_dict(), "queued": True}
         with self.engine.store.db.tx() as con:
             con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
                         "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(spec), None, time.time(), None))
@@ -136,7 +136,7 @@ class Operations:
             _check_tag(tag)
         op = uuid.uuid4().hex
         cancel = threading.Event()
-        spec = {"source": f"pull:{ref}", "tag": tag, "owner_pid": os.getpid(), "queued": True}
+        spec = {"source": f"pull:{ref}", "tag": tag, **Owner.me().to_dict(), "queued": True}
         with self.engine.store.db.tx() as con:
             con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
                         "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, None, dumps(spec), None, time.time(), None))
@@ -235,13 +235,10 @@ class Operations:
         self.pool.shutdown(wait=True)
 
 
-def _alive(pid) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def _alive(spec: dict) -> bool | None:
+    """Whether the engine that owns an unfinished row still runs: (pid, start time, pid namespace),
+    so a recycled pid is not mistaken for it (runtime/procid.py). None: it runs in another pid
+    namespace, which cannot be judged from here (the row is left to an engine there). A row
+    without an owner (or an older engine's, with a pid alone) is judged as before."""
+    owner = Owner.from_dict(spec) if isinstance(spec, dict) else None
+    return False if owner is None else owner.alive()

@@ -1,8 +1,9 @@
 """Per-run cgroups: memory, pids and CPU limits, and the run's accounting (v1 and v2).
 
 Everything lives under a `sandtree` parent of our own in each hierarchy; a run's group is named
-<engine pid>-<run id> so a cleanup pass only ever removes groups whose engine is gone. The helper
-joins the group before it clones the sandbox, so every process of the run is inside from birth.
+<engine pid>-<its start time>-<pid namespace>-<run id> (procid.py) so a cleanup pass only ever
+removes groups whose engine is verifiably gone. The helper joins the group before it clones the
+sandbox, so every process of the run is inside from birth.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
+
+from . import procid
 
 ROOT = "/sys/fs/cgroup"
 PARENT = "sandtree"
@@ -175,7 +178,7 @@ class Cgroups:
     def __init__(self):
         self.version = detect()
         self.available = self.version is not None and os.access(ROOT, os.W_OK)
-        self._prefix = f"{os.getpid()}-"
+        self._prefix = procid.owner_prefix()          # PID-START-NS-: see procid.py
         if self.available:
             try:
                 self._setup_parents()
@@ -207,8 +210,7 @@ class Cgroups:
         short) is thawed first: frozen processes cannot even die."""
         for p in self._parents().values():
             for name in os.listdir(p):
-                pid = name.split("-", 1)[0]
-                if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                if not procid.dead_owner(name):     # (pid, start time, pid namespace)
                     continue
                 state = os.path.join(ROOT, "freezer", PARENT, name, "freezer.state")
                 if os.path.exists(state) and _read(state).strip() != "THAWED":

@@ -30,6 +30,7 @@ from . import criu
 from .build import init_path
 from .cgroups import RunCgroup
 from .namespaces import NamespaceRuntime, _parse_report, validate_spec
+from .procid import start_time  # noqa: F401 - (pid, start time): a pid is ours only while it matches
 
 
 @dataclass
@@ -50,19 +51,6 @@ class LiveHandle:
 
     def cg(self) -> RunCgroup | None:
         return RunCgroup(self.cgroup["version"], dict(self.cgroup["dirs"])) if self.cgroup else None
-
-
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat, or None if there is no such process (or it is a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    if rest[0] == b"Z":
-        return None
-    return int(rest[19])
 
 
 class LiveRuntime:

@@ -18,6 +18,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 
+from ..runtime.procid import dead_owner, owner_prefix
 from .objects import BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Entry
 import base64
 
@@ -143,7 +144,7 @@ class LayerDirs:
         return os.path.join(self.root, layer)
 
     def stage(self, prefix: str = "layer") -> str:
-        d = os.path.join(self.tmp, f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}")
+        d = os.path.join(self.tmp, f"{prefix}-{owner_prefix()}{secrets.token_hex(6)}")
         os.mkdir(d, 0o755)
         return d
 
@@ -155,8 +156,8 @@ class LayerDirs:
     def clean_stale(self) -> None:
         """Remove staging dirs whose process died (kill -9 mid-import or mid-commit)."""
         for name in os.listdir(self.tmp):
-            parts = name.split("-")
-            if len(parts) >= 3 and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
+            # KIND-PID-START-NS-RANDOM (older engines: KIND-PID-RANDOM): see runtime/procid.py
+            if "-" in name and dead_owner(name.split("-", 1)[1]):
                 remove_tree(os.path.join(self.tmp, name))
 
     def all(self) -> list[str]:

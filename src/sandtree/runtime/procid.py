@@ -1,0 +1,113 @@
+"""Process identity: a pid names a process only together with its start time and pid namespace.
+
+Whoever cleans up after a dead engine (its operation rows, its cgroups, its staging dirs) must
+tell "its owner is gone" from "its pid now belongs to someone else" and from "its owner lives in
+another pid namespace, where this pid means another process". A pid alone tells none of these:
+pids are reused (pid_max is 32,768 here), and an engine in a pid namespace of its own shares the
+cgroup filesystem and the store with engines outside it.
+
+So an owner is (pid, start time, pid namespace), each as seen through this process's /proc:
+
+- the pid and start time (clock ticks since boot, field 22 of /proc/PID/stat) are /proc/self's,
+  not os.getpid()'s, so they hold even when /proc belongs to another pid namespace;
+- the namespace is that of the /proc (its pid 1's), else our own.
+
+`alive()` answers True (alive), False (verifiably dead: no such pid, or another start time, in
+the same namespace) or None (cannot tell: another namespace). Callers remove only what is False.
+Names written by older engines (a pid alone) are judged by the pid alone, as they were.
+
+Written into names as `PID-START-NS-` (owner_prefix); into operation rows as owner_pid,
+owner_start, owner_ns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_NS = re.compile(r"^pid:\[(\d+)\]$")
+
+
+def start_time(pid: int | str) -> int | None:
+    """Field 22 of /proc/PID/stat, or None if there is no such process (or it is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()
+    if rest[0] == b"Z":
+        return None
+    return int(rest[19])
+
+
+def _ns_inode(link: str) -> int | None:
+    try:
+        m = _NS.match(os.readlink(link))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def proc_namespace() -> int:
+    """The pid namespace the pids of /proc are numbered in (0 if it cannot be read)."""
+    return _ns_inode("/proc/1/ns/pid") or _ns_inode("/proc/self/ns/pid") or 0
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    start: int | None = None         # None: written by an older engine (a pid alone)
+    ns: int | None = None
+
+    @classmethod
+    def me(cls) -> "Owner":
+        pid = int(os.readlink("/proc/self"))
+        return cls(pid, start_time("self"), proc_namespace())
+
+    def prefix(self) -> str:
+        return f"{self.pid}-{self.start}-{self.ns}-"
+
+    def to_dict(self) -> dict:
+        return {"owner_pid": self.pid, "owner_start": self.start, "owner_ns": self.ns}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Owner | None":
+        pid, start, ns = d.get("owner_pid"), d.get("owner_start"), d.get("owner_ns")
+        if not _is_int(pid):
+            return None
+        return cls(pid, start if _is_int(start) else None, ns if _is_int(ns) else None)
+
+    @classmethod
+    def from_name(cls, name: str) -> "Owner | None":
+        """The owner a name begins with: `PID-START-NS-...` or, from older engines, `PID-...`."""
+        parts = name.split("-")
+        if len(parts) >= 4 and all(p.isdigit() for p in parts[:3]):
+            return cls(int(parts[0]), int(parts[1]), int(parts[2]))
+        if len(parts) >= 2 and parts[0].isdigit():
+            return cls(int(parts[0]))
+        return None
+
+    def alive(self) -> bool | None:
+        """True: this very process runs; False: it verifiably does not; None: cannot tell here."""
+        if self.start is None:                   # an older engine's record: the pid alone
+            return os.path.exists(f"/proc/{self.pid}")
+        if self.ns is not None and self.ns != proc_namespace():
+            return None
+        return start_time(self.pid) == self.start
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def owner_prefix() -> str:
+    """`PID-START-NS-` of this process, to begin the names of what it owns."""
+    return Owner.me().prefix()
+
+
+def dead_owner(name: str) -> bool:
+    """True only if `name` begins with an owner that is verifiably gone."""
+    o = Owner.from_name(name)
+    return o is not None and o.alive() is False
