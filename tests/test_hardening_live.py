@@ -229,3 +229,62 @@ def test_stale_cgroups_and_staging_dirs_by_start_time(st):
     d = layers.stage("import")
     assert os.path.basename(d).startswith(f"import-{pid}-{start}-{ns}-")
     os.rmdir(d)
+
+
+# ---- item 16: a background job outlives the exec that started it -------------------------------
+
+TICKER = "i=0; while :; do i=$((i+1)); echo tick $i; echo $i > /tmp/count; sleep 0.05; done &"
+
+
+def _count(sb) -> int:
+    return int(sb.exec("cat /tmp/count").stdout or 0)
+
+
+def _ticking(sb) -> None:
+    """The ticker runs (ps) and goes on writing its output (its counter moves)."""
+    first = _count(sb)
+    deadline = time.monotonic() + 10
+    while _count(sb) <= first + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _count(sb) > first + 3, "the background job stopped writing"
+    assert b"while :" in sb.exec("ps").stdout
+
+
+def test_a_background_job_keeps_running_and_writing(sb):
+    t = time.monotonic()
+    r = sb.exec(TICKER + " echo started")
+    assert r.ok and r.stdout.startswith(b"started\n") and time.monotonic() - t < 2     # returns at exit
+    for _ in range(5):
+        assert sb.exec("echo another").stdout == b"another\n"
+    _ticking(sb)
+    # a server logging each request to the exec's stderr (busybox httpd -f -v) serves on
+    assert sb.exec("mkdir -p /www && echo page > /www/index.html && httpd -f -v -p 127.0.0.1:8001 -h /www &").ok
+    for _ in range(4):
+        deadline = time.monotonic() + 5
+        while not (r := sb.exec("wget -qO- http://127.0.0.1:8001/index.html")).ok and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.stdout == b"page\n", r
+    # each exec's own output still arrives whole, stdout and stderr apart, and a list command too
+    r = sb.exec("yes abcdefgh | head -c 300000; echo err >&2")
+    assert r.stdout == (b"abcdefgh\n" * 40000)[:300000] and r.stderr == b"err\n"
+    assert sb.exec(["sh", "-c", "echo list; sleep 30 & exit 3"]).exit_code == 3
+
+
+def test_a_background_job_survives_hibernate_and_resume(tmp_path, rootfs):
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        ok, why = st._engine.sandboxes.live.hibernate_available()
+        if not ok:
+            pytest.skip(why)
+        sb = st.import_image(rootfs).start(idle_timeout=300, lifetime=600)
+        try:
+            assert sb.exec(TICKER).ok
+            _ticking(sb)
+            assert sb.hibernate()["state"] == "hibernated"
+            assert sb.resume()["state"] == "running"
+            _ticking(sb)                              # the same job, still writing
+            assert sb.exec("echo after").stdout == b"after\n"
+        finally:
+            sb.stop()
+    finally:
+        st.close()

@@ -1,5 +1,6 @@
 """Builds the C helpers on first use, each keyed by the hash of its source: helper.c (every
-sandbox start) and init.c (pid 1 of a live sandbox: a few hundred bytes, no libc)."""
+sandbox start), init.c (pid 1 of a live sandbox: a few hundred bytes, no libc) and drain.c (the
+reader of a live exec's output, likewise)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..errors import RuntimeUnavailable
 HERE = os.path.dirname(__file__)
 SOURCE = os.path.join(HERE, "helper.c")
 INIT_SOURCE = os.path.join(HERE, "init.c")
+DRAIN_SOURCE = os.path.join(HERE, "drain.c")
 
 # static: no dynamic loader on the start path of every sandbox (a dynamic build if libc.a is missing)
 HELPER_FLAGS = (["-O2", "-Wall", "-static"], ["-O2", "-Wall"])
@@ -28,6 +30,11 @@ def helper_path(cache_dir: str) -> str:
 
 def init_path(cache_dir: str) -> str:
     return _build(cache_dir, INIT_SOURCE, "sandtree-init", INIT_FLAGS)
+
+
+def drain_path(cache_dir: str) -> str:
+    """sandtree-drain: the reader of a live exec's output inside the sandbox (no libc, as init)."""
+    return _build(cache_dir, DRAIN_SOURCE, "sandtree-drain", INIT_FLAGS)
 
 
 def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:

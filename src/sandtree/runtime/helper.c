@@ -51,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -92,6 +93,9 @@ struct opts {
     int restore;                /* live: --restore 1: the command is `criu restore` (see below) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
+    const char *drain;          /* enter: sandtree-drain (drain.c), the reader of the output */
+    int keep_fds;               /* become_command: fds below this survive the exec (0: 3) */
+    int exec_fd;                /* become_command: execute this fd, not argv[0] (> 2) */
 };
 
 static int report_fd = -1;
@@ -267,12 +271,13 @@ static void become_command(const struct opts *o) {
         if (n <= 0 || n % sizeof(struct sock_filter)) { errno = EINVAL; goto fail; }
         struct sock_fprog prog = {.len = (unsigned short)(n / sizeof(struct sock_filter)), .filter = (struct sock_filter *)buf};
         /* Nothing but stdio crosses into the command (report fd, seccomp fd, ...). */
-        syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+        syscall(SYS_close_range, o->keep_fds > 3 ? o->keep_fds : 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) goto fail;
     }
-    if (o->seccomp_fd < 0) syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+    if (o->seccomp_fd < 0) syscall(SYS_close_range, o->keep_fds > 3 ? o->keep_fds : 3, ~0U, 4);
     if (o->envp) environ = o->envp;             /* warm start: env came with the spec */
-    execvp(o->argv[0], o->argv);
+    if (o->exec_fd > 2) syscall(SYS_execveat, o->exec_fd, "", o->argv, environ, AT_EMPTY_PATH);
+    else execvp(o->argv[0], o->argv);
     e = errno;
     dprintf(exec_pipe[1], "exec %d", e);
     _exit(127);
@@ -519,6 +524,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
+        else if (!strcmp(a, "--drain")) o->drain = v;
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
@@ -579,12 +585,87 @@ static void read_spec(int fd, struct opts *o) {
 }
 
 static void forward_rt(int sig) { if (g_pid > 0) kill(-g_pid, sig - SIGRTMIN); }
+
+/* Enter, in the command's process before it becomes the command: its stdout and stderr become
+ * pipes to sandtree-drain (drain.c: why), started here as a process of the sandbox's own
+ * (adopted by its pid 1, in a session of its own so a kill of the command's group spares it)
+ * with the command's ids, capabilities and seccomp filter. Its executable is a copy of
+ * drain_fd (a host file opened before setns) on the sandbox's /dev/shm that never has a name,
+ * reopened read-only so it can be executed. The helper says "relay" on the report: the engine
+ * then reads to EOF. On any failure the command writes to the engine's pipes as before. */
+static void relay_output(struct opts *o, int drain_fd) {
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, ok[2] = {-1, -1}, me = -1, exe = -1, tmp = -1, st = 0;
+    char buf[1 << 12], path[64];
+    ssize_t n = 0;
+    off_t off = 0;
+    me = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (me < 0 || pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 || pipe2(ok, O_CLOEXEC) < 0) goto out;
+    /* Our ids are still the host's, which the sandbox's user namespace does not map (a file
+     * made so fails with EOVERFLOW): the copy is made as the sandbox's root (become_command
+     * sets every id after this anyway). */
+    setfsuid(0);
+    setfsgid(0);
+    if ((tmp = open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0555)) < 0) goto out;
+    while ((n = pread(drain_fd, buf, sizeof buf, off)) > 0 && write(tmp, buf, (size_t)n) == n) off += n;
+    if (n != 0 || off == 0) goto out;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", tmp);
+    if ((exe = open(path, O_RDONLY | O_CLOEXEC)) < 0) goto out;
+    close(tmp);
+    tmp = -1;
+    pid_t d = fork();
+    if (d < 0) goto out;
+    if (d == 0) {
+        pid_t x = fork();
+        if (x != 0) _exit(x > 0 ? 0 : 1);        /* our pid 1 adopts the drain */
+        setsid();
+        signal(SIGPIPE, SIG_IGN);
+        close(exec_pipe[1]);                     /* its setup failing is not the command's */
+        exec_pipe[1] = ok[1];                    /* become_command says so there; exec closes it */
+        /* 0: stdout's pipe, 1 and 2: the engine's (as inherited), 3: stderr's pipe, 4: pidfd */
+        int a = fcntl(po[0], F_DUPFD_CLOEXEC, 10), b = fcntl(pe[0], F_DUPFD_CLOEXEC, 10);
+        int c = fcntl(me, F_DUPFD_CLOEXEC, 10);
+        o->exec_fd = fcntl(exe, F_DUPFD_CLOEXEC, 10);
+        if (o->seccomp_fd >= 0) o->seccomp_fd = fcntl(o->seccomp_fd, F_DUPFD_CLOEXEC, 10);
+        if (a < 0 || b < 0 || c < 0 || o->exec_fd < 0 || dup2(a, 0) < 0 || dup2(b, 3) < 0 || dup2(c, 4) < 0) {
+            dprintf(ok[1], "dup %d", errno);
+            _exit(1);
+        }
+        fcntl(0, F_SETFL, O_NONBLOCK);
+        fcntl(3, F_SETFL, O_NONBLOCK);
+        static char *args[] = {"sandtree-drain", NULL}, *env[] = {NULL};
+        o->argv = args;
+        o->envp = env;
+        o->cwd = "/";
+        o->keep_fds = 5;
+        become_command(o);
+        _exit(1);
+    }
+    close(ok[1]);
+    ok[1] = -1;
+    ssize_t said;
+    while (waitpid(d, &st, 0) < 0 && errno == EINTR) {}
+    while ((said = read(ok[0], buf, 1)) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || said != 0) goto out;     /* EOF alone: it runs */
+    if (dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0) goto out;
+    dprintf(report_fd, "relay\n");
+out:
+    for (int k = 0; k < 2; k++) {
+        if (po[k] >= 0) close(po[k]);
+        if (pe[k] >= 0) close(pe[k]);
+        if (ok[k] >= 0) close(ok[k]);
+    }
+    if (me >= 0) close(me);
+    if (exe >= 0) close(exe);
+    if (tmp >= 0) close(tmp);
+}
+
 static void on_alarm(int sig) { (void)sig; if (g_pid > 0) kill(g_pid, SIGKILL); }
 
 /* --enter-fd: run the command inside a live sandbox (see the header). */
 static int enter_sandbox(struct opts *o) {
     /* Our name says whether we hold a command (hibernate refuses then) or only wait for one. */
     prctl(PR_SET_NAME, o->spec_fd >= 0 ? "sandtree-ahead" : "sandtree-enter", 0, 0, 0);
+    int drain_fd = o->drain ? open(o->drain, O_RDONLY | O_CLOEXEC) : -1;   /* a host file: before setns */
     for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
     /* All namespaces at once, through a pidfd the engine checked: no pid-reuse window. Our
      * root and cwd become the sandbox's. */
@@ -619,8 +700,10 @@ static int enter_sandbox(struct opts *o) {
             dprintf(exec_pipe[1], "tty %d", errno);
             _exit(126);
         }
+        if (drain_fd >= 0 && !o->pty) relay_output(o, drain_fd);
         become_command(o);
     }
+    if (drain_fd >= 0) close(drain_fd);
     g_pid = g;
     dprintf(report_fd, "pid %d\n", g);
     close(exec_pipe[1]);

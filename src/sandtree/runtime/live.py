@@ -27,10 +27,15 @@ from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable
 from . import seccomp
 from .base import RunOutcome, RunSpec
 from . import criu
-from .build import init_path
+from .build import drain_path, init_path
 from .cgroups import RunCgroup
 from .namespaces import NamespaceRuntime, _parse_report, validate_spec
 from .procid import start_time  # noqa: F401 - (pid, start time): a pid is ours only while it matches
+
+
+# After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
+# its output (microseconds normally; the drain runs as the sandbox's, so it is not trusted to).
+RELAY_GRACE = 2.0
 
 
 @dataclass
@@ -59,6 +64,7 @@ class LiveRuntime:
     def __init__(self, rt: NamespaceRuntime):
         self.rt = rt
         self._init: str | None = None
+        self._drain: str | None = None
 
     def available(self) -> tuple[bool, str]:
         ok, why = self.rt.available()
@@ -74,6 +80,11 @@ class LiveRuntime:
         if self._init is None:
             self._init = init_path(self.rt.cache_dir)
         return self._init
+
+    def drain(self) -> str:
+        if self._drain is None:
+            self._drain = drain_path(self.rt.cache_dir)
+        return self._drain
 
     def _check(self) -> None:
         ok, why = self.available()
@@ -336,7 +347,10 @@ class LiveRuntime:
         rt = self.rt
         pfd = self.pidfd(h)
         rep_r, rep_w = os.pipe()
-        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd)] + rt._static_args()
+        # --drain: the command's output goes through a reader inside the sandbox (drain.c), so
+        # a background job it leaves keeps a reader after the exec returns
+        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd), "--drain", self.drain()] + \
+            rt._static_args()
         cg = h.cg()
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
@@ -420,7 +434,8 @@ class LiveRuntime:
                                       ahead=ahead)
         try:
             out = self.rt._pump(proc, spec, started + spec.limits.timeout, rep_r, raw,
-                                kill=lambda: self.signal_command(proc, signal.SIGKILL), to_exit=True)
+                                kill=lambda: self.signal_command(proc, signal.SIGKILL), to_exit=True,
+                                eof_grace=RELAY_GRACE)
         except BaseException:
             proc.kill()
             raise

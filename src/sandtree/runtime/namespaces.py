@@ -270,11 +270,13 @@ class NamespaceRuntime:
             sel.close()
 
     def _pump(self, proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray, cg=None,
-              *, kill=None, to_exit: bool = False) -> dict:
+              *, kill=None, to_exit: bool = False, eof_grace: float = 0.0) -> dict:
         """Feed stdin, collect capped output, enforce the deadline and cancel. kill: how to end
         the command (default: the sandbox's pid 1). to_exit: stop at the command's exit instead
         of at EOF of its output (a command entering a live sandbox may leave a background
-        process holding the pipes); its output is in the pipes by then and is drained."""
+        process holding the pipes); its output is in the pipes by then and is drained. eof_grace:
+        if the helper reported a relay (live exec: a reader inside the sandbox passes the output
+        on and closes the pipes once the command exited), read to that EOF, for at most this long."""
         kill = kill or (lambda: self._kill_sandbox(proc, report_raw, cg))
         bufs = {"stdout": bytearray(), "stderr": bytearray()}
         trunc = {"stdout": False, "stderr": False}
@@ -291,15 +293,22 @@ class NamespaceRuntime:
         timed_out = cancelled = False
         open_fds = len(streams) + 1
         poll = 0.05 if spec.cancel is not None else 3600
+        exit_by = None                               # exited, relay: the rest comes until then
         try:
             while open_fds:
+                if exit_by is not None and time.monotonic() >= exit_by:
+                    for sfd, name in streams.items():
+                        self._drain(sfd, name, bufs, trunc, spec)
+                    break
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if exit_by is not None:
+                    left = poll = exit_by - time.monotonic()
+                elif left <= 0:
                     timed_out = True
                     kill()
                     deadline = float("inf")
                     continue
-                if spec.cancel is not None and spec.cancel.is_set() and not cancelled:
+                if spec.cancel is not None and spec.cancel.is_set() and not cancelled and exit_by is None:
                     cancelled = True
                     kill()
                     deadline = float("inf")
@@ -329,6 +338,9 @@ class NamespaceRuntime:
                             # the helper's last words: do not wait for it to exit (close() reaps it)
                             sel.unregister(fd)
                             open_fds -= 1
+                            if to_exit and eof_grace > 0 and _parse_report(report_raw).get("relay"):
+                                exit_by = time.monotonic() + eof_grace
+                                continue
                             if to_exit:
                                 for sfd, name in streams.items():
                                     self._drain(sfd, name, bufs, trunc, spec)
@@ -584,6 +596,8 @@ def _parse_report(raw: bytes) -> dict:
             out[k] = (int(v[0]), v[1])
         elif k == "rusage" and len(v) == 3:
             out[k] = tuple(int(x) for x in v)
+        elif k == "relay":                       # live exec: output passes a reader inside (drain.c)
+            out[k] = True
     return out
 
 
