@@ -398,9 +398,9 @@ class Sandboxes:
         self._check_path(path)
         if not isinstance(limit, int) or limit < 0:
             raise InvalidInput("limit must be a non-negative number of bytes")
-        root = self.live.root(row["handle"])
+        root, mounts = self.live.root(row["handle"]), self.live.own_mounts(row["handle"])
         try:
-            return read_file(root, path, limit)
+            return read_file(root, path, limit, mounts)
         finally:
             os.close(root)
 
@@ -420,9 +420,9 @@ class Sandboxes:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
                 raise InvalidInput(f"{name} must be an integer from 0 to {top:o}" if name == "mode" else
                                    f"{name} must be an integer from 0 to {top}", **{name: v})
-        root = self.live.root(row["handle"])
+        root, mounts = self.live.root(row["handle"]), self.live.own_mounts(row["handle"])
         try:
-            write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid))
+            write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts)
         finally:
             os.close(root)
         self._touch(row["id"])

@@ -230,6 +230,14 @@ class LiveRuntime:
         """An O_PATH fd of the sandbox's root as its processes see it (for confined file access)."""
         return _open_of(h.init_pid, h.init_start, "root", os.O_PATH | os.O_DIRECTORY)
 
+    def own_mounts(self, h: LiveHandle) -> set[int]:
+        """Mount ids of the sandbox's own filesystems (overlay root, tmpfs mounts), from its mount
+        table (the kernel's, not anything the sandbox wrote): see openat2.py."""
+        from .openat2 import own_mounts
+        fd = _open_of(h.init_pid, h.init_start, "mountinfo", os.O_RDONLY)
+        with os.fdopen(fd, "r", encoding="utf-8", errors="surrogateescape") as f:
+            return own_mounts(f.read())
+
     def frozen(self, h: LiveHandle) -> bool:
         cg = h.cg()
         return cg is not None and cg.is_frozen()

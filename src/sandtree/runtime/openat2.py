@@ -11,9 +11,13 @@ sandbox planted what it finds:
   binds of the HOST's device nodes, and a FIFO blocks an open until a writer comes. So a path is
   first opened O_PATH (no driver's open, no FIFO wait), checked with fstat on that fd, and only
   then reopened for reading through the fd itself (the same inode: no check-to-use window).
-- Only the sandbox's own filesystems (its overlay root, its tmpfs mounts). Its /proc is a procfs
-  whose files look regular; read as host root they would show what the sandbox itself may not
-  read (kernel stacks, module addresses), and a write would reach host sysctls.
+- Only the sandbox's own filesystems: its overlay root and its tmpfs mounts, as its mount table
+  says (`own_mounts`), checked by the mount id of the fd itself (/proc/self/fdinfo; st_dev will
+  not do: overlayfs reports the upper's or a lower's for files). Its /proc is a procfs whose
+  files look regular; read as host root they would show what the sandbox itself may not read
+  (kernel stacks, module addresses), and a write would reach host sysctls. The host nodes bound
+  into its /dev and over masked /proc files come from devtmpfs, which statfs cannot tell from
+  tmpfs; the mount table can.
 - A write never writes into an existing inode and never changes one's owner or mode: it creates
   a new file (O_CREAT|O_EXCL, so nothing planted is followed), sets its owner and mode, writes
   it, and renames it over the name. A hard link to the old file keeps the old content; a device
@@ -38,10 +42,7 @@ SYS_openat2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 
-# statfs f_type of the filesystems a sandbox's own files live on
-OVERLAYFS_MAGIC = 0x794C7630
-TMPFS_MAGIC = 0x01021994
-OWN_FILESYSTEMS = {OVERLAYFS_MAGIC, TMPFS_MAGIC}
+OWN_TYPES = ("overlay", "tmpfs")    # the filesystems a sandbox's own files live on
 MAX_LINKS = 40                      # as the kernel's own symlink limit
 TEMP_PREFIX = ".sandtree-write-"
 
@@ -74,12 +75,24 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
     raise OSError(err, f"{os.strerror(err)}: {path}")
 
 
-def _fs_type(fd: int) -> int:
-    buf = ctypes.create_string_buffer(256)          # struct statfs; f_type is its first word
-    if _libc.fstatfs(ctypes.c_int(fd), buf) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+def own_mounts(mountinfo: str) -> set[int]:
+    """Mount ids of every overlay and tmpfs mount in a /proc/PID/mountinfo text (the sandbox's
+    root and scratch mounts; not devtmpfs, proc, devpts, nor anything else)."""
+    out = set()
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()[:1]
+        if sep and fields and fields[0].isdigit() and kind and kind[0] in OWN_TYPES:
+            out.add(int(fields[0]))
+    return out
+
+
+def _mount_id(fd: int) -> int | None:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
 
 
 def _kind(mode: int) -> str:
@@ -88,20 +101,21 @@ def _kind(mode: int) -> str:
         stat.S_IFMT(mode), "not a regular file")
 
 
-def _own_filesystem(fd: int, path: str) -> None:
-    if _fs_type(fd) not in OWN_FILESYSTEMS:
+def _own_filesystem(fd: int, mounts: set[int], path: str) -> None:
+    if _mount_id(fd) not in mounts:
         raise NotRegularFile(f"{path} is not on the sandbox's own filesystem (/proc, /sys and the like are "
                              "not read or written from outside)", path=path)
 
 
-def read_file(root_fd: int, path: str, limit: int) -> bytes:
-    """The regular file at `path` in the sandbox, whole; TooLarge above `limit` bytes."""
+def read_file(root_fd: int, path: str, limit: int, mounts: set[int]) -> bytes:
+    """The regular file at `path` in the sandbox, whole; TooLarge above `limit` bytes. mounts:
+    own_mounts() of the sandbox."""
     pfd = open_in_root(root_fd, path, os.O_PATH)      # follows symlinks, inside the root only
     try:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are read", path=path)
-        _own_filesystem(pfd, path)
+        _own_filesystem(pfd, mounts, path)
         if st.st_size > limit:
             raise TooLarge(f"{path} has {st.st_size} bytes, over the limit of {limit}", path=path,
                            size=st.st_size, limit=limit)
@@ -130,7 +144,7 @@ def _split(path: str) -> tuple[str, str]:
     return parent or "/", name
 
 
-def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: int, mounts: set[int]) -> None:
     """Make `path` in the sandbox a new regular file holding `data`, owned by host uid/gid (already
     mapped), with `mode`. Its directory must exist. A symlink at `path` is followed inside the
     sandbox; a directory, device, FIFO or socket there is refused and left as it was."""
@@ -150,7 +164,7 @@ def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: i
                 continue                               # (resolved again from the root)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are written", path=path)
-            _own_filesystem(dfd, path)
+            _own_filesystem(dfd, mounts, path)              # where the new file is made
             _replace(dfd, name, path, data, mode, uid, gid)
             return
         finally:
