@@ -120,6 +120,10 @@ def test_write_replaces_and_never_writes_through_a_hard_link(sb):
     sb.write("/tmp/b", b"new\n")
     assert sb.exec("cat /tmp/a /tmp/b").stdout == b"original\nnew\n"
     assert sb.exec("ls -a /tmp").stdout.count(b".sandtree") == 0     # no temporary file left
+    # a file of the image's own layers is replaced in the sandbox (and so in its commit)
+    sb.write("/etc/greeting", b"replaced\n", mode=0o600)
+    assert sb.exec("cat /etc/greeting; stat -c %a /etc/greeting").stdout == b"replaced\n600\n"
+    assert sb.commit().read("/etc/greeting") == b"replaced\n"
 
 
 def test_proc_and_directories_are_refused(sb):
