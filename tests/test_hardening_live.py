@@ -292,3 +292,21 @@ def test_a_background_job_survives_hibernate_and_resume(tmp_path, rootfs):
             sb.stop()
     finally:
         st.close()
+
+
+def test_proc_files_of_a_recycled_pid_are_not_opened(shared_st):
+    """The sandbox's root, scratch and mount table are opened only while (pid, start time) still
+    name the process the handle recorded (a pidfd pins it over the open)."""
+    from sandtree.runtime.live import LiveHandle, start_time
+    live = shared_st._engine.sandboxes.live
+    me, start = os.getpid(), start_time(os.getpid())
+    wrong = LiveHandle(me, start + 1, me, start + 1, None)
+    for call in (live.root, live.scratch, live.own_mounts):
+        with pytest.raises(sandtree.NotFound):
+            call(wrong)
+    right = LiveHandle(me, start, me, start, None)
+    fd = live.root(right)
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat("/"))
+    finally:
+        os.close(fd)

@@ -521,12 +521,19 @@ def _open_of(pid: int, start: int, name: str, flags: int) -> int:
             fd = os.open(f"/proc/{pid}/{name}", flags | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotFound("the live sandbox is no longer running") from None
-        if select.select([pfd], [], [], 0)[0]:          # readable: it exited meanwhile
+        if _exited(pfd):
             os.close(fd)
             raise NotFound("the live sandbox is no longer running")
         return fd
     finally:
         os.close(pfd)
+
+
+def _exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited (poll: fds above 1024 are fine)."""
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _parent_of(pid: int) -> int:
