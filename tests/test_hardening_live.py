@@ -111,6 +111,12 @@ def test_symlinks_resolve_inside_the_sandbox(sb):
     sb.write("/tmp/host-only", b"inside\n")
     assert sb.exec("cat /etc/os-release").stdout == b"inside\n"
     assert open("/etc/os-release", "rb").read() != b"inside\n"
+    # loops end in a clear error, on both paths; a magic link (/proc/N/root) is never followed
+    assert sb.exec("ln -s loop-b /tmp/loop-a && ln -s loop-a /tmp/loop-b").ok
+    for call in (lambda: sb.read("/tmp/loop-a"), lambda: sb.write("/tmp/loop-a", b"x"),
+                 lambda: sb.read("/proc/1/root/etc/shadow"), lambda: sb.write("/proc/1/root/etc/shadow", b"x")):
+        with pytest.raises(sandtree.InvalidInput):
+            call()
 
 
 def test_write_replaces_and_never_writes_through_a_hard_link(sb):
