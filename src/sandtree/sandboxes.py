@@ -398,7 +398,8 @@ class Sandboxes:
         self._check_path(path)
         if not isinstance(limit, int) or limit < 0:
             raise InvalidInput("limit must be a non-negative number of bytes")
-        root, mounts = self.live.root(row["handle"]), self.live.own_mounts(row["handle"])
+        mounts = self.live.own_mounts(row["handle"])
+        root = self.live.root(row["handle"])
         try:
             return read_file(root, path, limit, mounts)
         finally:
@@ -415,12 +416,12 @@ class Sandboxes:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidInput("data must be bytes or a string")
         idmap = self.engine.store.idmap
-        for name, v in (("mode", mode), ("uid", uid), ("gid", gid)):
-            top = 0o7777 if name == "mode" else idmap.count - 1
+        for name, v, top in (("mode", mode, 0o7777), ("uid", uid, idmap.count - 1), ("gid", gid, idmap.count - 1)):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
-                raise InvalidInput(f"{name} must be an integer from 0 to {top:o}" if name == "mode" else
-                                   f"{name} must be an integer from 0 to {top}", **{name: v})
-        root, mounts = self.live.root(row["handle"]), self.live.own_mounts(row["handle"])
+                raise InvalidInput(f"{name} must be an integer from 0 to {top if name != 'mode' else oct(top)}",
+                                   **{name: v})
+        mounts = self.live.own_mounts(row["handle"])
+        root = self.live.root(row["handle"])
         try:
             write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts)
         finally:

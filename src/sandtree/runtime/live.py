@@ -10,7 +10,12 @@ can enter, freeze, commit or stop it.
 Commands enter with `sandtree-exec --enter-fd PIDFD`: a pidfd of the sandbox's pid 1, opened
 and checked against the recorded start time here, so a recycled pid is never entered. The
 upper dir is read through /proc/<helper>/root/tmp/u: the helper's private mount namespace holds
-the tmpfs, for as long as the sandbox lives.
+the tmpfs, for as long as the sandbox lives. Every /proc/PID file of the sandbox's processes is
+opened under a pidfd checked against the start time (_open_of).
+
+A command's stdout and stderr reach the engine through sandtree-drain (drain.c), a reader
+inside the sandbox: the exec returns at the command's exit with all it wrote, and a background
+job it left keeps a reader (its later output is discarded) instead of dying of SIGPIPE.
 """
 
 from __future__ import annotations
