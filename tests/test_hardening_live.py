@@ -316,3 +316,32 @@ def test_proc_files_of_a_recycled_pid_are_not_opened(shared_st):
         assert os.path.samestat(os.fstat(fd), os.stat("/"))
     finally:
         os.close(fd)
+
+
+def test_a_sandbox_of_another_pid_namespace_is_never_reaped(bb, shared_st):
+    """Two engines share a store and the host's cgroups, one in a pid namespace of its own: the
+    other sees its sandboxes' pids as other (or no) processes. It must not conclude they are
+    gone and kill their cgroups, nor enter them."""
+    from sandtree.runtime.live import start_time
+    from sandtree.store.db import dumps
+    boxes = shared_st._engine.sandboxes
+    sb = bb.start(idle_timeout=120, lifetime=300)
+    real = boxes._row(sb.id)["handle"]
+    _, _, ns = _me()
+    there = {**real.to_dict(), "helper_pid": 4 << 22, "init_pid": (4 << 22) + 1, "ns": ns + 1}
+    try:
+        with shared_st._engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET handle=? WHERE id=?", (dumps(there), sb.id))
+        shared_st.sandboxes()                          # reaps
+        boxes.reap()
+        assert start_time(real.init_pid) == real.init_start, "another namespace's sandbox was killed"
+        assert boxes._row(sb.id)["state"] == "running"
+        for call in (lambda: sb.exec("true"), sb.stop, sb.commit, lambda: sb.read("/etc/greeting")):
+            with pytest.raises(sandtree.Conflict, match="another pid namespace"):
+                call()
+        assert start_time(real.init_pid) == real.init_start
+    finally:
+        with shared_st._engine.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET handle=? WHERE id=?", (dumps(real.to_dict()), sb.id))
+        sb.stop()
+    assert start_time(real.init_pid) != real.init_start

@@ -97,9 +97,17 @@ class Sandboxes:
         with self.engine.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sid))
 
+    def _ours(self, row: dict) -> None:
+        """Refuse a running sandbox whose processes this engine cannot identify (runtime/live.py
+        foreign: started in another pid namespace); never judge it gone."""
+        if row["state"] == "running" and self.live.foreign(row["handle"]):
+            raise Conflict(f"sandbox {row['id']} is run by an engine in another pid namespace: use that engine",
+                           sandbox=row["id"], state=row["state"])
+
     def _running(self, sid: str, *, idle: bool = True) -> dict:
         """The row of a sandbox that is running now (else NotFound/Conflict, and the row is fixed)."""
         row = self._row(sid)
+        self._ours(row)
         if row["state"] != "running":
             hint = " (resume it first)" if row["state"] == "hibernated" else ""
             raise Conflict(f"sandbox {row['id']} is {row['state']}{hint}", sandbox=row["id"], state=row["state"])
@@ -199,7 +207,7 @@ class Sandboxes:
 
     def _view(self, row: dict) -> dict:
         h = row["handle"]
-        alive = row["state"] == "running" and self.live.alive(h)
+        alive = row["state"] == "running" and (self.live.foreign(h) or self.live.alive(h))
         return {"id": row["id"], "image": row["image"], "head": row["head"],
                 "state": row["state"] if row["state"] != "running" or alive else "gone",
                 "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
@@ -222,6 +230,8 @@ class Sandboxes:
         done = []
         for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
+            if self.live.foreign(row["handle"]):
+                continue                            # (its own engine reaps it; its helper ends it)
             if self._due(row, now):
                 self._expire(row)                   # (its helper ends it at its lifetime by itself)
             elif not self.live.alive(row["handle"]):
@@ -287,9 +297,11 @@ class Sandboxes:
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
+        self._ours(row)
         self.ahead.forget(row["id"])
         with self._commit_lock(row["id"]):              # not while it hibernates or resumes
             row = self._row(row["id"])
+            self._ours(row)
             self.live.stop(row["handle"])
             if row["state"] in ("running", "hibernated"):
                 self._set_state(row["id"], "stopped")

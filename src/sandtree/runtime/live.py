@@ -35,7 +35,7 @@ from . import criu
 from .build import drain_path, init_path
 from .cgroups import RunCgroup
 from .namespaces import NamespaceRuntime, _parse_report, validate_spec
-from .procid import start_time  # noqa: F401 - (pid, start time): a pid is ours only while it matches
+from .procid import proc_namespace, start_time
 
 
 # After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
@@ -50,6 +50,9 @@ class LiveHandle:
     init_pid: int                # its start time still matches
     init_start: int
     cgroup: dict | None          # {"version": ..., "dirs": {...}}
+    # the pid namespace these pids are numbered in (procid.proc_namespace; None: an older row,
+    # taken as ours). An engine in another pid namespace cannot judge them: see foreign().
+    ns: int | None = None
     proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
 
     def to_dict(self) -> dict:
@@ -172,7 +175,7 @@ class LiveRuntime:
             init_pid = report["pid"]
             helper_pid = _parent_of(init_pid)
             handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, init_pid, start_time(init_pid) or 0,
-                                {"version": cg.version, "dirs": cg.dirs} if cg else None)
+                                {"version": cg.version, "dirs": cg.dirs} if cg else None, proc_namespace())
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
             handle.proc = None if detach else proc
@@ -212,6 +215,12 @@ class LiveRuntime:
                 pass
 
     # ---- state ---------------------------------------------------------------------------------
+    @staticmethod
+    def foreign(h: LiveHandle) -> bool:
+        """Started by an engine in another pid namespace: its pids mean other processes here, so
+        nothing here may conclude it is gone (and stop its cgroup) or enter it."""
+        return h.ns is not None and h.ns != proc_namespace()
+
     def alive(self, h: LiveHandle) -> bool:
         return start_time(h.init_pid) == h.init_start and start_time(h.helper_pid) == h.helper_start
 
