@@ -345,3 +345,43 @@ def test_a_sandbox_of_another_pid_namespace_is_never_reaped(bb, shared_st):
             con.execute("UPDATE sandboxes SET handle=? WHERE id=?", (dumps(real.to_dict()), sb.id))
         sb.stop()
     assert start_time(real.init_pid) != real.init_start
+
+
+def test_a_cgroup_kill_spares_a_listed_pid_that_left(monkeypatch):
+    """kill_all reads the group's pids, then signals them: a pid that exited in between and was
+    reused outside the group must not be killed (simulated: the list names an outsider)."""
+    import subprocess
+    from sandtree.runtime import cgroups
+    cg_all = cgroups.Cgroups()
+    if not cg_all.available:
+        pytest.skip("no writable cgroups here")
+    pid, start, ns = _me()
+    name = f"{pid}-{start}-{ns}-k{uuid.uuid4().hex[:8]}"
+    dirs = {c: os.path.join(p, name) for c, p in cg_all._parents(cpu=False, freezer=False).items()}
+    for d in dirs.values():
+        os.mkdir(d)
+    inside = subprocess.Popen(["sleep", "60"])
+    outside = subprocess.Popen(["sleep", "60"])
+    try:
+        for d in dirs.values():
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(inside.pid))
+        real_read, told = cgroups._read, []
+
+        def listing(path, default=""):
+            text = real_read(path, default)
+            if path.endswith("cgroup.procs") and not told:
+                told.append(path)
+                return text + f"{outside.pid}\n"       # as if a member's pid now named it
+            return text
+        monkeypatch.setattr(cgroups, "_read", listing)
+        cgroups.RunCgroup(cg_all.version, dirs).kill_all()
+        assert inside.wait(5) == -9
+        time.sleep(0.1)
+        assert outside.poll() is None, "a pid outside the group was killed"
+    finally:
+        for p in (inside, outside):
+            p.kill()
+            p.wait()
+        monkeypatch.undo()
+        cgroups.RunCgroup(cg_all.version, dirs).remove(wait=2.0)

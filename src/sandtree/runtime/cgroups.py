@@ -128,18 +128,14 @@ class RunCgroup:
     def kill_all(self) -> None:
         """SIGKILL every process in the group (a runtime whose processes are not one pid
         namespace under us, like runsc's sandbox and gofer)."""
-        import signal
         for _ in range(20):
-            pids = set()
+            pids = {}
             for d in self.dirs.values():
-                pids.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+                pids.update((int(p), d) for p in _read(os.path.join(d, "cgroup.procs")).split())
             if not pids:
                 return
-            for p in pids:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            for p, d in pids.items():
+                procid.signal_member(p, d)           # only while still a member (pid reuse)
             time.sleep(0.005)
 
     def kill(self) -> None:

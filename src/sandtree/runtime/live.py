@@ -35,7 +35,7 @@ from . import criu
 from .build import drain_path, init_path
 from .cgroups import RunCgroup
 from .namespaces import NamespaceRuntime, _parse_report, validate_spec
-from .procid import proc_namespace, start_time
+from .procid import proc_namespace, signal_member, start_time
 
 
 # After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
@@ -208,11 +208,12 @@ class LiveRuntime:
                 cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
             except OSError as exc:
                 raise SandboxError(f"the restored sandbox does not fit its limits again: {exc}") from None
-        for pid in (cg.pids() if cg is not None else {h.init_pid}) - {h.helper_pid}:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        if cg is None:
+            _kill_pid(h.init_pid, h.init_start, signal.SIGCONT)
+            return
+        group = next(iter(cg.dirs.values()))
+        for pid in cg.pids() - {h.helper_pid}:
+            signal_member(pid, group, signal.SIGCONT)    # (a listed pid may be reused by now)
 
     # ---- state ---------------------------------------------------------------------------------
     @staticmethod
@@ -556,13 +557,13 @@ def _parent_of(pid: int) -> int:
     return int(data[data.rindex(b")") + 2:].split()[1])
 
 
-def _kill_pid(pid: int, start: int | None) -> None:
+def _kill_pid(pid: int, start: int | None, sig: int = signal.SIGKILL) -> None:
     try:
         fd = os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         return
     try:
         if start is None or start_time(pid) == start:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            signal.pidfd_send_signal(fd, sig)
     finally:
         os.close(fd)

@@ -18,12 +18,18 @@ Names written by older engines (a pid alone) are judged by the pid alone, as the
 
 Written into names as `PID-START-NS-` (owner_prefix); into operation rows as owner_pid,
 owner_start, owner_ns.
+
+The same holds for a pid read from a cgroup's member list: by the time it is signalled it may
+have exited and been reused outside the group. `signal_member` pins it with a pidfd and
+signals it only if it is still in the group.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
+import signal
 from dataclasses import dataclass
 
 _NS = re.compile(r"^pid:\[(\d+)\]$")
@@ -111,3 +117,31 @@ def dead_owner(name: str) -> bool:
     """True only if `name` begins with an owner that is verifiably gone."""
     o = Owner.from_name(name)
     return o is not None and o.alive() is False
+
+
+def signal_member(pid: int, group_dir: str, sig: int = signal.SIGKILL) -> bool:
+    """Send `sig` to `pid` only while it is in the cgroup at `group_dir` (a pid read from
+    cgroup.procs may have been reused since). True if sent."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        # the group as /proc/PID/cgroup names it: the path below the hierarchy's root (its
+        # last two components suffice here: `sandtree/<name>`, our own parent's)
+        tail = "/" + "/".join(os.path.normpath(group_dir).split("/")[-2:])
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                member = any(line.rstrip("\n").split(":", 2)[-1].endswith(tail) for line in f)
+        except OSError:
+            return False
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        if not member or p.poll(0):               # exited (and maybe reused) while we read
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
