@@ -394,3 +394,12 @@ def test_an_exec_returns_at_exit_while_its_background_job_floods(sb):
     assert b"yes flood" in sb.exec("ps").stdout                   # still running, output discarded
     assert sb.exec("echo quiet").stdout == b"quiet\n"             # later execs get only their own
     assert sb.exec("kill $(pidof yes)").ok
+
+
+def test_a_reader_that_stops_still_gives_sigpipe(sb):
+    """With the output passing through sandtree-drain, closing a popen's stdout still ends a
+    writer with SIGPIPE while it runs (the drain closes its end too), as without the relay."""
+    p = sb.popen(["yes"])
+    assert p.stdout.read(100) == b"y\n" * 50
+    p.stdout.close()
+    assert p.wait(timeout=10) == -13

@@ -55,21 +55,27 @@ static char buf[1 << 16];
 static int exited;                     /* the command exited: stop forwarding */
 static int broken[2];                  /* the engine's stdout, stderr no longer take data */
 
-static void pass(int sink, long n) {
-    if (exited || broken[sink - 1]) return;
+/* Returns 0 if the engine's end is closed (it stopped reading). */
+static int pass(int sink, long n) {
+    if (exited || broken[sink - 1]) return !broken[sink - 1];
     for (long off = 0; off < n;) {
         long w = sys(__NR_write, sink, (long)(buf + off), n - off, 0);
         if (w == -EINTR) continue;
-        if (w <= 0) { broken[sink - 1] = 1; return; }    /* the engine went away: drop it */
+        if (w <= 0) { broken[sink - 1] = 1; return 0; }
         off += w;
     }
+    return 1;
 }
 
-/* One read of src; returns 0 at EOF (nothing holds the pipe any more), else 1. */
+/* One read of src; returns 0 once src is closed: at EOF (nothing holds the pipe any more), or
+ * when the engine stopped reading while the command runs (popen's caller closed its end): the
+ * command then meets the closed pipe itself (SIGPIPE, EPIPE), as without a relay. */
 static int move(int src, int sink, long max) {
     long n = sys(__NR_read, src, (long)buf, max < (long)sizeof buf ? max : (long)sizeof buf, 0);
-    if (n == 0) return 0;
-    if (n > 0) pass(sink, n);
+    if (n == 0 || (n > 0 && !pass(sink, n) && !exited)) {
+        sys(__NR_close, src, 0, 0, 0);
+        return 0;
+    }
     return 1;
 }
 
