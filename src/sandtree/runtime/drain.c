@@ -105,10 +105,12 @@ __attribute__((noreturn, used)) void drain_main(void) {
                         left -= (int)got;
                     }
                 }
+                /* The pidfd first: once the engine sees EOF it may hibernate the sandbox at
+                 * once, and CRIU must find nothing here but the pipes. */
                 exited = 1;
+                sys(__NR_close, 4, 0, 0, 0);
                 sys(__NR_close, 1, 0, 0, 0);
                 sys(__NR_close, 2, 0, 0, 0);
-                sys(__NR_close, 4, 0, 0, 0);
             } else if (p[k].fd == 0) {
                 open_out = move(0, 1, sizeof buf);
             } else {
