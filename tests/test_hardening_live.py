@@ -403,3 +403,13 @@ def test_a_reader_that_stops_still_gives_sigpipe(sb):
     assert p.stdout.read(100) == b"y\n" * 50
     p.stdout.close()
     assert p.wait(timeout=10) == -13
+
+
+def test_a_write_over_the_sandbox_disk_is_refused_whole(bb):
+    with bb.start(disk="8M") as sb:
+        with pytest.raises(sandtree.TooLarge):
+            sb.write("/tmp/big", b"x" * (16 << 20))
+        assert sb.exec("ls -a /tmp").stdout.count(b".sandtree") == 0       # nothing half-written left
+        assert sb.exec("test -e /tmp/big").exit_code == 1
+        sb.write("/tmp/small", b"fits")                                    # and the disk is usable again
+        assert sb.read("/tmp/small") == b"fits"
