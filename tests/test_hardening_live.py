@@ -17,7 +17,6 @@ import uuid
 import pytest
 
 import sandtree
-from sandtree.runtime import criu
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
 
