@@ -75,6 +75,7 @@ struct opts {
     const char *lower;          /* "a:b:c", relative to layers_fd, top first */
     const char *uid_map, *gid_map; /* NULL: map only our own ids to 0 (rootless) */
     const char *disk;           /* tmpfs size= for the upper */
+    const char *inodes;         /* tmpfs nr_inodes= for the upper (files count against disk) */
     const char *hostname, *cwd;
     long uid, gid;
     const char *cgroups[MAX_LIST]; int ncgroups;
@@ -160,7 +161,8 @@ static void setup_proc(const char *base) {
 static const char *dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
 static void bind_dev_nodes(const char *dir) {
     char p[128], h[128];
-    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    /* nodev: the binds are mounts of their own (the host's devtmpfs flags); nothing else here opens */
+    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NODEV, "mode=0755,size=64k");
     for (const char **n = dev_nodes; *n; n++) {
         snprintf(p, sizeof p, "%s/%s", dir, *n);
         snprintf(h, sizeof h, "/dev/%s", *n);
@@ -189,6 +191,8 @@ static void setup_dev_root(const struct opts *o, const char *base) {
     static const struct { const char *name; int maj, min; } nodes[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
     char p[96], q[96];
+    /* The one mount without nodev: it holds the runtime's own nodes. Its root is host root's
+     * (unmapped in the sandbox), so nothing of the sandbox can add to it. */
     xmount("tmpfs", base, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", base, nodes[i].name);
@@ -328,7 +332,7 @@ static void mount_root(struct opts *o) {
     /* Opened before the tmpfs goes on /tmp: the store may itself live under /tmp. */
     int layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);
     if (layers < 0) die_step("open-layers");
-    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
+    snprintf(data, sizeof data, "size=%s,nr_inodes=%s,mode=0755", o->disk, o->inodes);
     xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir_p_one("u", o->root_mode);
@@ -347,7 +351,9 @@ static void mount_root(struct opts *o) {
     char *ov = malloc(need);
     snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower, o->uid_map ? "" : ",userxattr");
     if (fchdir(layers) < 0) die_step("chdir-layers");
-    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    /* nodev: a device node in a layer (an old import, a bug) opens nothing on any tier, and
+     * runsc's gofer, which opens files of this root on the host, is held to it as well. */
+    if (mount("overlay", "/tmp/r", "overlay", MS_NODEV, ov) < 0) die_step("overlay");
     free(ov);
     close(layers);
     if (fchdir(scratch) < 0) die_step("chdir-scratch");
@@ -365,9 +371,9 @@ static int warm_layers = -1;
 static void warm_prepare(struct opts *o) {
     warm_layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);  /* before /tmp is covered */
     if (warm_layers < 0) die_step("open-layers");
-    char data[128];
-    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
-    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
+    /* No size yet: the engine injects the run's files into u before the run's own size and
+     * inode count arrive (warm_mount remounts with them); it checked they fit that disk. */
+    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=100%,mode=0755");
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir_p_one("u", 0755);
     mkdir_p_one("w", 0700);
@@ -385,7 +391,7 @@ static void warm_prepare(struct opts *o) {
  * it propagates into C's mount namespace. The engine wrote injected files into u already. */
 static void warm_mount(struct opts *o) {
     char data[128];
-    snprintf(data, sizeof data, "size=%s", o->disk);
+    snprintf(data, sizeof data, "size=%s,nr_inodes=%s", o->disk, o->inodes);
     xmount(NULL, "/tmp", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, data);
     if (chmod("u", o->root_mode) < 0) die_step("chmod-upper");
     if (chown("u", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("chown-upper");
@@ -393,7 +399,9 @@ static void warm_mount(struct opts *o) {
     char *ov = malloc(need);
     snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w", o->lower);
     if (fchdir(warm_layers) < 0) die_step("chdir-layers");
-    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    /* nodev: a device node in a layer (an old import, a bug) opens nothing on any tier, and
+     * runsc's gofer, which opens files of this root on the host, is held to it as well. */
+    if (mount("overlay", "/tmp/r", "overlay", MS_NODEV, ov) < 0) die_step("overlay");
     free(ov);
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir("r/proc", 0555);
@@ -522,6 +530,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
+        else if (!strcmp(a, "--inodes")) o->inodes = v;
         else if (!strcmp(a, "--hostname")) o->hostname = v;
         else if (!strcmp(a, "--cwd")) o->cwd = v;
         else if (!strcmp(a, "--uid")) o->uid = atol(v);
@@ -542,7 +551,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
     o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = -1;
-    o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
+    o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
     o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);

@@ -87,6 +87,7 @@ class NamespaceRuntime:
         """Options of one run (argv of a cold start, or the spec of a warm one)."""
         lim = spec.limits
         return ["--layers", self.layers_dir, "--lower", ":".join(spec.layers), "--disk", str(lim.disk),
+                "--inodes", str(disk_inodes(lim.disk)),
                 "--hostname", spec.hostname, "--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid),
                 "--root-mode", f"{spec.root_meta[0]:o}",
                 "--root-uid", str(self.idmap.host_uid(spec.root_meta[1])),
@@ -222,6 +223,8 @@ class NamespaceRuntime:
                  "max_rss_bytes": maxrss * 1024, "cgroup_memory_peak_bytes": stats.get("memory_peak"),
                  "cgroup_cpu_s": (stats["cpu_usage_ns"] / 1e9) if stats.get("cpu_usage_ns") else None,
                  "limits_enforced": cg is not None}
+        if out["output_exceeded"] and not out["timed_out"] and not out["cancelled"]:
+            usage["killed_by"] = "output_limit"      # why the command ended (RunRecord.usage)
 
         def close(fd=scratch_fd):
             if fd is not None:
@@ -289,6 +292,7 @@ class NamespaceRuntime:
             os.set_blocking(proc.stdin.fileno(), False)
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
         timed_out = cancelled = False
+        exceeded = None                      # the stream that passed its cap: the command is stopped
         open_fds = len(streams) + 1
         poll = 0.05 if spec.cancel is not None else 3600
         try:
@@ -336,6 +340,12 @@ class NamespaceRuntime:
                                 break
                         continue
                     self._keep(streams[fd], chunk, bufs, trunc, spec)
+                    if trunc[streams[fd]] and exceeded is None:
+                        # Past the cap nothing more is kept, so a command still writing only
+                        # burns CPU until its timeout (`yes`): stop it, as a closed pipe would.
+                        exceeded = streams[fd]
+                        kill()
+                        deadline = float("inf")
         finally:
             sel.close()
             if proc.stdin is not None and not proc.stdin.closed:
@@ -347,15 +357,19 @@ class NamespaceRuntime:
         proc.stderr.close()
         return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
                 "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
-                "timed_out": timed_out, "cancelled": cancelled, "report": _parse_report(report_raw)}
+                "timed_out": timed_out, "cancelled": cancelled, "output_exceeded": exceeded,
+                "report": _parse_report(report_raw)}
 
     @staticmethod
     def _keep(name: str, chunk: bytes, bufs: dict, trunc: dict, spec: RunSpec) -> None:
-        if spec.on_output:
-            spec.on_output(name, chunk)
+        """Keep what fits under the stream's cap; only that reaches on_output (a listener that
+        stores or forwards chunks must not see more than the run may produce)."""
         room = spec.limits.output - len(bufs[name])
-        if room > 0:
-            bufs[name] += chunk[:room]
+        kept = chunk[:max(room, 0)]
+        if kept:
+            bufs[name] += kept
+            if spec.on_output:
+                spec.on_output(name, kept)
         if len(chunk) > room:
             trunc[name] = True
 
@@ -585,6 +599,13 @@ def _parse_report(raw: bytes) -> dict:
         elif k == "rusage" and len(v) == 3:
             out[k] = tuple(int(x) for x in v)
     return out
+
+
+def disk_inodes(disk: int) -> int:
+    """The inode cap of a run's scratch: one per 4 KiB of disk (a page, what the smallest
+    non-empty file takes there), at least 1024. Without it, a run under disk=1M could create
+    50,000 empty files (each a host inode after commit)."""
+    return max(disk // 4096, 1024)
 
 
 def validate_spec(spec: RunSpec) -> None:
