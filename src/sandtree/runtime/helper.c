@@ -10,6 +10,10 @@
  *   P (this process, host namespaces)
  *     joins the run's cgroups, clones C into new user/mnt/pid/net/ipc/uts/
  *     cgroup namespaces, writes C's uid/gid maps, waits for C, reports.
+ *     As root, P clones with its effective uid set to the sandbox's own owner uid
+ *     (--owner-base + P's pid): the kernel charges per-user limits that a sandbox
+ *     spends (inotify instances and watches, user namespaces, ...) to the owner of
+ *     its user namespace, which would otherwise be host root for every sandbox.
  *   C (pid 1 of the sandbox)
  *     tmpfs scratch (the run's upper, capped by --disk) -> overlay of the
  *     image's layers -> /proc (masked), minimal /dev, lo up, hostname ->
@@ -78,6 +82,7 @@ struct opts {
     const char *inodes;         /* tmpfs nr_inodes= for the upper (files count against disk) */
     const char *hostname, *cwd;
     long uid, gid;
+    long owner_base;            /* root: the user namespace's owner is owner_base + our pid (0: us) */
     const char *cgroups[MAX_LIST]; int ncgroups;
     int keep_caps[64]; int nkeep;   /* capability numbers kept in the bounding set */
     char **argv;
@@ -534,6 +539,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--hostname")) o->hostname = v;
         else if (!strcmp(a, "--cwd")) o->cwd = v;
         else if (!strcmp(a, "--uid")) o->uid = atol(v);
+        else if (!strcmp(a, "--owner-base")) o->owner_base = atol(v);
         else if (!strcmp(a, "--gid")) o->gid = atol(v);
         else if (!strcmp(a, "--cgroup") && o->ncgroups < MAX_LIST) o->cgroups[o->ncgroups++] = v;
         else if (!strcmp(a, "--keep-cap") && o->nkeep < 64) o->keep_caps[o->nkeep++] = atoi(v);
@@ -817,9 +823,25 @@ int main(int argc, char **argv) {
     gid_t rgid = getgid();
     long flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
                  CLONE_NEWUTS | CLONE_NEWCGROUP | SIGCHLD;
+    /* The new user namespace's owner is our effective uid at the clone: a uid of its own per
+     * sandbox (no host process runs as it), so what the kernel counts per user (inotify
+     * instances and watches, ...) is counted per sandbox and never against host root. Only the
+     * effective uid moves: the permitted capabilities stay, and come back with euid 0 below
+     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). */
+    int owned = o.uid_map && o.owner_base > 0;
+    if (owned && setresuid((uid_t)-1, (uid_t)(o.owner_base + getpid()), (uid_t)-1) < 0) die_step("userns-owner");
     pid_t c = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (c < 0) die_step("clone");
     if (c == 0) _exit(sandbox_init(&o));
+    if (owned) {
+        if (setresuid((uid_t)-1, 0, (uid_t)-1) < 0) die_step("userns-owner");
+        /* A change of effective uid clears the parent-death signal: set it again, and check
+         * the engine did not go in between. */
+        if (!(o.live && o.detach)) {
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+            if (getppid() != engine) { kill(c, SIGKILL); _exit(125); }
+        }
+    }
 
     close(sync_pipe[0]);
     close(status_pipe[1]);

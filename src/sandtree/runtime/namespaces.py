@@ -39,6 +39,12 @@ KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5,
 
 MAX_ENV_BYTES = 256 * 1024
 
+# Owners of the sandboxes' user namespaces (root only; helper.c: owner = base + the helper's
+# pid, below 2^22, the kernel's pid limit): uids no account uses, in the range systemd leaves
+# unused (0x70000000-0x7FFFFFFF), far from the sandbox ids (100000 + 65536). Per-user kernel
+# limits a sandbox spends are charged to its owner, so to no one else.
+USERNS_OWNER_BASE = 0x7E000000
+
 
 class NamespaceRuntime:
     name = "namespaces"
@@ -78,7 +84,8 @@ class NamespaceRuntime:
         """Options that are the same for every run of this engine."""
         args = []
         if not self.idmap.rootless:
-            args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
+            args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line(),
+                     "--owner-base", str(USERNS_OWNER_BASE)]
         for cap in KEEP_CAPS.values():
             args += ["--keep-cap", str(cap)]
         return args + ["--seccomp-fd", str(seccomp.filter_fd())]
