@@ -315,7 +315,7 @@ def test_killed_helper_build_leaves_nothing(tmp_path):
             pytest.fail("the build never started")
         os.kill(p.pid, 9)
         p.wait()
-        time.sleep(0.5)
+        time.sleep(0.2)                   # the kernel's kills are delivered by then
         stray = [pid for pid in _pids() if _cmd(pid).find(cache) >= 0]
         assert not stray, [_cmd(x) for x in stray]
     finally:
@@ -341,16 +341,22 @@ def _cmd(pid: int) -> str:
 
 
 def _children_named(pid: int, names) -> bool:
+    """Whether a descendant of pid runs one of `names`."""
+    kids: dict[int, list] = {}
     for q in _pids():
         try:
             with open(f"/proc/{q}/stat") as f:
                 st = f.read()
         except OSError:
             continue
-        comm = st[st.index("(") + 1:st.rindex(")")]
         ppid = int(st[st.rindex(")") + 2:].split()[1])
-        if ppid == pid and comm in names:
-            return True
+        kids.setdefault(ppid, []).append((q, st[st.index("(") + 1:st.rindex(")")]))
+    todo = [pid]
+    while todo:
+        for q, comm in kids.get(todo.pop(), []):
+            if comm in names:
+                return True
+            todo.append(q)
     return False
 
 
