@@ -255,6 +255,25 @@ def test_two_sandboxes_have_separate_inotify_quotas(bb, probe):
     assert r.stdout.startswith(b"held 100 all"), (box1.get("line"), r.stdout)
 
 
+def _has_cap(cap: int) -> bool:
+    with open("/proc/self/status") as f:
+        eff = int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+    return bool(eff >> cap & 1)
+
+
+@pytest.mark.skipif(not _has_cap(24), reason="without CAP_SYS_RESOURCE (this VM withholds it) CRIU could "
+                    "not dump a live sandbox whose user namespace root does not own: live ones stay root's")
+def test_inotify_in_a_live_sandbox_does_not_starve_host_root(bb, probe):
+    with bb.start(idle_timeout=60, lifetime=120, files=[pfile(probe)]) as sb:
+        t, box, held = _hold_in(lambda argv, **kw: sb.exec(argv, timeout=60, **kw), probe, 130, 4)
+        try:
+            assert held.wait(30)
+            host = _host_inotify_ok()
+        finally:
+            t.join(60)
+        assert host == 0, box.get("line")
+
+
 # ---- 9. output and disk accounting ---------------------------------------------------------------
 
 def test_on_output_sees_no_more_than_the_cap(bb):

@@ -244,6 +244,13 @@ static void send_fd(int sock, int fd) {
     if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
 }
 
+static int cap_effective(int cap) {
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) < 0) return 0;
+    return (d[cap / 32].effective >> (cap % 32)) & 1;
+}
+
 static int cap_kept(const struct opts *o, int cap) {
     for (int i = 0; i < o->nkeep; i++) if (o->keep_caps[i] == cap) return 1;
     return 0;
@@ -827,8 +834,11 @@ int main(int argc, char **argv) {
      * sandbox (no host process runs as it), so what the kernel counts per user (inotify
      * instances and watches, ...) is counted per sandbox and never against host root. Only the
      * effective uid moves: the permitted capabilities stay, and come back with euid 0 below
-     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). */
-    int owned = o.uid_map && o.owner_base > 0;
+     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). A live sandbox only if we hold
+     * CAP_SYS_RESOURCE: CRIU's dump reads its rlimits (prlimit), which root may do across a user
+     * namespace it owns, or with that capability (some hosts, this VM too, withhold it; their
+     * live sandboxes stay owned by root). */
+    int owned = o.uid_map && o.owner_base > 0 && (!o.live || cap_effective(CAP_SYS_RESOURCE));
     if (owned && setresuid((uid_t)-1, (uid_t)(o.owner_base + getpid()), (uid_t)-1) < 0) die_step("userns-owner");
     pid_t c = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (c < 0) die_step("clone");
