@@ -406,6 +406,29 @@ def test_files_larger_than_disk_are_refused_up_front(bb, big):
     assert "disk" in str(ei.value) and str(len(big)) in str(ei.value)
 
 
+def test_uploaded_files_are_streamed_into_the_run(st, rootfs, tmp_path):
+    """An upload injected by its sha256 is copied from the store in chunks, never read whole
+    into the engine's memory."""
+    import hashlib
+    import tracemalloc
+    img = st.import_image(rootfs)
+    src = tmp_path / "up"
+    n = 256 << 20
+    with open(src, "wb") as f:
+        f.truncate(n)
+    digest = hashlib.sha256(bytes(n)).hexdigest()
+    st._engine.store.blobs.put_file(str(src), digest)
+    tracemalloc.start()
+    try:
+        r = img.run("md5sum /f | cut -c1-8; stat -c %s /f", files=[{"path": "/f", "sha256": digest}],
+                    disposable=True, timeout=60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.stdout.split()[1] == str(n).encode(), r
+    assert peak < 64 << 20, f"the engine held {peak >> 20} MiB for a {n >> 20} MiB file"
+
+
 # ---- 18. a flooding command is stopped at its output cap -----------------------------------------
 
 def test_flooding_command_stops_at_the_cap(bb, each_tier):

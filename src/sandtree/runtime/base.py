@@ -30,6 +30,12 @@ class InjectedFile:
     mode: int = 0o644
     uid: int = 0
     gid: int = 0
+    source: str | None = None        # a host file (a stored upload) copied in instead of content
+
+    @property
+    def size(self) -> int:
+        import os
+        return os.stat(self.source).st_size if self.source is not None else len(self.content)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..errors import CommandNotFound, InvalidInput, SandboxError
+from ..errors import CommandNotFound, InvalidInput, SandboxError, TooLarge
 from ..store.layers import IdMap
 from . import seccomp
 from .base import Limits, RunOutcome, RunSpec
@@ -643,3 +643,23 @@ def validate_spec(spec: RunSpec) -> None:
     for v in (spec.uid, spec.gid):
         if not (0 <= v < 65536):
             raise InvalidInput("uid and gid must be in 0..65535")
+    check_files_fit(spec)
+
+
+def check_files_fit(spec: RunSpec) -> None:
+    """Injected files are written into the run's scratch, so they count against its disk (in
+    whole pages, as tmpfs counts them) and its inodes: refused here, before any sandbox starts,
+    rather than failing half-written inside one."""
+    if not spec.files:
+        return
+    disk = spec.limits.disk
+    sizes = [f.size for f in spec.files]
+    used = sum(-(-n // 4096) * 4096 for n in sizes)
+    if used > disk:
+        raise TooLarge(f"files are {sum(sizes)} bytes ({used} in 4 KiB pages), disk is {disk}: "
+                       f"ask for more disk", files_bytes=sum(sizes), disk=disk)
+    parts = [[p for p in f.path.split("/") if p] for f in spec.files]
+    inodes = len(spec.files) + len({tuple(p[:i]) for p in parts for i in range(1, len(p))})
+    if inodes > disk_inodes(disk):                     # the files and their parent dirs
+        raise TooLarge(f"{len(spec.files)} files and their directories need {inodes} inodes, "
+                       f"disk={disk} gives {disk_inodes(disk)}: ask for more disk", inodes=inodes, disk=disk)
