@@ -169,6 +169,51 @@ def test_run_cgroup_denies_devices_the_runtime_does_not_provide(loopdev):
         cg.remove(wait=2.0)
 
 
+def _cgroup2_root() -> str | None:
+    for d in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if os.path.exists(os.path.join(d, "cgroup.procs")) and os.path.exists(os.path.join(d, "cgroup.subtree_control")) \
+                or os.path.exists(os.path.join(d, "cgroup.controllers")):
+            return d
+    return None
+
+
+@pytest.mark.skipif(_cgroup2_root() is None, reason="no cgroup v2 hierarchy here")
+def test_cgroup_v2_device_program_allows_only_the_runtime_nodes(loopdev, tmp_path):
+    """The v2 device policy (an eBPF program; on a hybrid host like this one the unified
+    hierarchy takes it too): the runtime's nodes open, a loop device, /dev/kmsg and mknod of
+    anything else do not."""
+    from sandtree.runtime import cgroups, devices
+    parent = os.path.join(_cgroup2_root(), "sandtree")
+    made_parent = not os.path.isdir(parent)
+    os.makedirs(parent, exist_ok=True)
+    d = os.path.join(parent, f"{os.getpid()}-devtest")
+    os.mkdir(d)
+    try:
+        devices.attach(d, cgroups.DEVICES)
+        code = ("import os,sys\n"
+                "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                "for p in sys.argv[2:]:\n"
+                "    try: os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK)); print(p, 'ALLOWED')\n"
+                "    except OSError as e: print(p, e.strerror)\n"
+                "try: os.mknod(%r, 0o20600, os.makedev(1, 11)); print('mknod ALLOWED')\n" % str(tmp_path / "kmsg") +
+                "except OSError as e: print('mknod', e.strerror)\n")
+        out = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), "/dev/null",
+                              "/dev/urandom", "/dev/ptmx", loopdev, "/dev/kmsg"],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert out.splitlines() == ["/dev/null ALLOWED", "/dev/urandom ALLOWED", "/dev/ptmx ALLOWED",
+                                    f"{loopdev} Operation not permitted", "/dev/kmsg Operation not permitted",
+                                    "mknod Operation not permitted"], out
+    finally:
+        for _ in range(100):
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                time.sleep(0.02)
+        if made_parent:
+            os.rmdir(parent)
+
+
 # ---- 5. socket families --------------------------------------------------------------------------
 
 AF_INET, AF_UNIX, AF_VSOCK, AF_ALG, AF_TIPC, AF_KCM, AF_XDP, AF_BLUETOOTH = 2, 1, 40, 38, 30, 41, 44, 31

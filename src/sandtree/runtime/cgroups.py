@@ -270,6 +270,8 @@ class Cgroups:
                     _write(os.path.join(d, "memory.swap.max"), "0") if os.path.exists(
                         os.path.join(d, "memory.swap.max")) else None
                     _write(os.path.join(d, "pids.max"), str(pids))
+                    from . import devices
+                    devices.attach(d, DEVICES)
                     if cpus is not None:
                         _write(os.path.join(d, "cpu.max"), f"{max(1000, int(cpus * 100000))} 100000")
         except BaseException:
