@@ -338,6 +338,17 @@ def test_disk_caps_inodes(bb, each_tier):
     assert made < 2000, f"{made} empty files under disk=1M"
 
 
+@pytest.mark.namespaces_only      # gVisor's /dev/shm is the Sentry's memory, inside the run's memory cgroup
+def test_dev_shm_caps_inodes(bb, each_tier):
+    """Adversarial review: /dev/shm is a tmpfs of the sandbox's own (64 MiB); its inodes were
+    uncapped (the kernel's default: half of RAM in pages), so empty files there cost kernel
+    memory without limit."""
+    r = bb.run("cd /dev/shm && i=0; while [ $i -lt 30000 ]; do touch f$i 2>/dev/null || break; i=$((i+1)); "
+               "done; echo $i", disposable=True, timeout=180)
+    made = int(r.stdout.split()[-1])
+    assert made < 20000, f"{made} empty files in /dev/shm"
+
+
 # ---- 14. leftovers ---------------------------------------------------------------------------------
 
 def _our_cgroups() -> set[str]:

@@ -176,12 +176,16 @@ static void bind_dev_nodes(const char *dir) {
     }
 }
 
+/* The sandbox's /dev/shm: 64 MiB, and one inode per 4 KiB of it (tmpfs's default is half of
+ * RAM in pages: empty files there would cost kernel memory without bound). */
+#define DEV_SHM_OPTS "mode=1777,size=64m,nr_inodes=16384"
+
 static void setup_dev(void) {
     bind_dev_nodes("r/dev");
     mkdir_p_one("r/dev/pts", 0755);
     xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     mkdir_p_one("r/dev/shm", 01777);
-    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, DEV_SHM_OPTS);
     if (symlink("pts/ptmx", "r/dev/ptmx") < 0) die_step("ptmx");
     if (symlink("/proc/self/fd", "r/dev/fd") < 0) die_step("fd");
     if (symlink("/proc/self/fd/0", "r/dev/stdin") < 0) die_step("stdin");
@@ -209,7 +213,7 @@ static void setup_dev_root(const struct opts *o, const char *base) {
     xmount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     snprintf(p, sizeof p, "%s/shm", base);
     mkdir_p_one(p, 01777);
-    xmount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    xmount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, DEV_SHM_OPTS);
     if (chown(p, (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("shm");
     static const char *links[][2] = {{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"},
         {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
