@@ -31,6 +31,7 @@ PROBE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <mqueue.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -56,6 +57,18 @@ int main(int argc, char **argv) {
     } else if (!strcmp(m, "mknod")) {      /* mknod PATH c|b MAJ MIN */
         mode_t t = argv[3][0] == 'b' ? S_IFBLK : S_IFCHR;
         say("mknod", mknod(argv[2], t | 0666, makedev(atoi(argv[4]), atoi(argv[5]))));
+    } else if (!strcmp(m, "mq")) {         /* mq N SECONDS: hold up to N 80 KiB message queues */
+        struct mq_attr at = {0};
+        at.mq_maxmsg = 10; at.mq_msgsize = 8192;
+        int n = atoi(argv[2]), got = 0;
+        char name[32];
+        for (; got < n; got++) {
+            snprintf(name, sizeof name, "/q%d", got);
+            if (mq_open(name, O_CREAT | O_RDWR, 0600, &at) < 0) break;
+        }
+        printf("held %d %s\n", got, got < n ? strerror(errno) : "all");
+        fflush(stdout);
+        sleep(atoi(argv[3]));
     } else if (!strcmp(m, "inotify")) {    /* inotify N SECONDS: hold up to N instances */
         int n = atoi(argv[2]), got = 0;
         for (; got < n; got++) if (inotify_init1(IN_CLOEXEC) < 0) break;
@@ -317,6 +330,49 @@ def test_inotify_in_a_live_sandbox_does_not_starve_host_root(bb, probe):
         finally:
             t.join(60)
         assert host == 0, box.get("line")
+
+
+def _host_mq_ok() -> int:
+    """Whether host root can still make an 80 KiB POSIX message queue (its RLIMIT_MSGQUEUE
+    binds it here: this VM withholds CAP_SYS_RESOURCE)."""
+    class Attr(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                    ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(Attr)]
+    name = f"/sandtree-test-{os.getpid()}".encode()
+    a = Attr(0, 10, 8192, 0)
+    fd = libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a))
+    if fd < 0:
+        return ctypes.get_errno()
+    os.close(fd)
+    libc.mq_unlink(name)
+    return 0
+
+
+@pytest.mark.namespaces_only      # gVisor's message queues are the Sentry's own
+def test_mqueue_bytes_in_a_sandbox_are_not_host_roots(bb, probe, each_tier):
+    """Adversarial review: POSIX message queue bytes are charged up the user namespace chain
+    to its owner too (RLIMIT_MSGQUEUE, 800 KiB): with host root as the owner, a sandbox holding
+    ten queues left host root unable to make one."""
+    if _has_cap(24):
+        pytest.skip("host root holds CAP_SYS_RESOURCE here: RLIMIT_MSGQUEUE does not bind it")
+    assert _host_mq_ok() == 0
+    held = threading.Event()
+    box: dict = {}
+
+    def on_output(stream, chunk):
+        box["line"] = chunk
+        held.set()
+    t = threading.Thread(target=lambda: box.setdefault("r", bb.run(
+        ["/probe", "mq", "40", "4"], files=[pfile(probe)], disposable=True, timeout=60, on_output=on_output)))
+    t.start()
+    try:
+        assert held.wait(30)
+        host = _host_mq_ok()
+    finally:
+        t.join(60)
+    assert host == 0, f"host root got {errno.errorcode.get(host)} while a sandbox held {box.get('line')}"
 
 
 # ---- 9. output and disk accounting ---------------------------------------------------------------
