@@ -10,6 +10,15 @@ Isolation, as set up for every run: user namespace (sandbox uid 0 is an unprivil
 also when sandtree runs as root), mount namespace with pivot_root into the overlay (no host path
 remains), pid, net (loopback only), ipc, uts and cgroup namespaces; /proc with sensitive entries
 masked; a minimal /dev; capability bounding set cut to Docker's default; no_new_privs; seccomp.
+Every mount the sandbox can write or that comes from an image is nodev, and the run's cgroup
+allows only the runtime's own device nodes. Each user namespace has an owner uid of its own (not
+host root), so per-user kernel limits a sandbox spends are its own.
+
+Output: each stream keeps its first limits.output bytes, and only those reach on_output. A
+stream that passes its cap stops the run at once (SIGKILL to the sandbox, as a timeout does):
+what it writes after that is lost anyway, and a command that floods (`yes`) would otherwise
+burn CPU until its timeout. The outcome says so: the stream's *_truncated flag, signal 9 and
+usage["killed_by"] = "output_limit".
 """
 
 from __future__ import annotations
