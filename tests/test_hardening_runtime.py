@@ -236,12 +236,13 @@ def test_cgroup_v2_device_program_allows_only_the_runtime_nodes(loopdev, tmp_pat
 # ---- 5. socket families --------------------------------------------------------------------------
 
 AF_INET, AF_UNIX, AF_VSOCK, AF_ALG, AF_TIPC, AF_KCM, AF_XDP, AF_BLUETOOTH = 2, 1, 40, 38, 30, 41, 44, 31
+AF_PACKET, AF_RDS = 17, 21
 
 
-@pytest.mark.parametrize("family", [AF_VSOCK, AF_TIPC, AF_KCM, AF_XDP, AF_BLUETOOTH, AF_ALG])
+@pytest.mark.parametrize("family", [AF_VSOCK, AF_TIPC, AF_KCM, AF_XDP, AF_BLUETOOTH, AF_ALG, AF_PACKET, AF_RDS])
 def test_unneeded_socket_families_are_denied(bb, probe, family, each_tier):
     # socket() itself must fail: nothing here ever connects anywhere
-    typ = {AF_ALG: 5, AF_XDP: 3}.get(family, 1)          # seqpacket, raw: the types they take
+    typ = {AF_ALG: 5, AF_XDP: 3, AF_PACKET: 3, AF_RDS: 5}.get(family, 1)   # the types they take
     r = run_probe(bb, probe, "socket", str(family), str(typ))
     assert r.exit_code == 0, r.stderr
     assert b"ALLOWED" not in r.stdout, r.stdout
