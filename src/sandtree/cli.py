@@ -147,9 +147,12 @@ def cmd_run(args):
     eng = _engine(args)
     command = _command(args)
     stdin = sys.stdin.buffer.read() if args.stdin else None
-    rec = eng.run(args.image, command, env=_env(args), cwd=args.cwd, stdin=stdin, disposable=args.disposable,
-                  timeout=args.timeout, memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
-                  tier=args.tier, on_output=None if args.json else _live_output)
+    try:
+        rec = eng.run(args.image, command, env=_env(args), cwd=args.cwd, stdin=stdin, disposable=args.disposable,
+                      timeout=args.timeout, memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
+                      tier=args.tier, on_output=None if args.json else _live_output)
+    finally:
+        eng.close()          # waits for the run's helper to be reaped and its cgroups removed
     return _report_run(args, rec)
 
 

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -566,7 +567,11 @@ class Engine(BranchingOps):
             if e is not None and e.kind == DIR:
                 raise InvalidInput(f"cannot inject {f.path!r}: it is a directory in the image")
             with open(target, "wb") as out:
-                out.write(f.content)
+                if f.source is None:
+                    out.write(f.content)
+                else:                    # streamed: an upload may be bigger than memory allows
+                    with open(f.source, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
             os.lchown(target, idmap.host_uid(f.uid), idmap.host_gid(f.gid))
             os.chmod(target, f.mode)
 
@@ -607,7 +612,13 @@ class Engine(BranchingOps):
         return found.pop()
 
     def _file(self, f) -> InjectedFile:
-        return _file(f, self.download)
+        return _file(f, self._upload_path)
+
+    def _upload_path(self, digest: str) -> str:
+        """Where an upload's bytes are (NotFound if absent): runs copy them from there."""
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
+            raise NotFound(f"no uploaded file {digest!r}")
+        return self.store.blobs.path(digest)
 
     def file_set_create(self, files: list[dict]) -> str:
         """A named, reusable set of files to inject ({"path", "sha256", "mode"}); its ID is the
@@ -770,12 +781,13 @@ def _check_tag(tag: str) -> None:
         raise InvalidInput(f"invalid tag name {tag!r}")
 
 
-def _file(f, blob_reader=None) -> InjectedFile:
+def _file(f, blob_path=None) -> InjectedFile:
     if isinstance(f, InjectedFile):
         return f
     if isinstance(f, dict):
-        if "sha256" in f and blob_reader is not None:
-            content = blob_reader(f["sha256"])
+        source = None
+        if "sha256" in f and blob_path is not None:
+            content, source = b"", blob_path(f["sha256"])
         else:
             content = f.get("content", b"")
         if isinstance(content, str):
@@ -783,7 +795,7 @@ def _file(f, blob_reader=None) -> InjectedFile:
         mode = f.get("mode", 0o644)
         if isinstance(mode, str):
             mode = int(mode, 8)
-        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)))
+        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)), source)
     raise InvalidInput("a file to inject is {'path': ..., 'content' or 'sha256': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
 
 

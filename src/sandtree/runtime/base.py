@@ -19,8 +19,9 @@ class Limits:
     memory: int = 2 << 30            # bytes: processes plus the run's pending writes (tmpfs)
     pids: int = 1024
     cpus: float | None = None        # CPU quota in cores; None: no quota (the timeout bounds it)
-    disk: int = 1 << 30              # bytes the run may write
-    output: int = 16 << 20           # bytes kept per stream (stdout, stderr); the rest is counted
+    disk: int = 1 << 30              # bytes the run may write (and disk/4096 inodes, at least 1024)
+    output: int = 16 << 20           # bytes kept per stream (stdout, stderr); a stream passing it
+                                     # stops the run (usage["killed_by"] = "output_limit")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class InjectedFile:
     mode: int = 0o644
     uid: int = 0
     gid: int = 0
+    source: str | None = None        # a host file (a stored upload) copied in instead of content
+
+    @property
+    def size(self) -> int:
+        import os
+        return os.stat(self.source).st_size if self.source is not None else len(self.content)
 
 
 @dataclass

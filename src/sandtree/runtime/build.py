@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 from ..errors import RuntimeUnavailable
 
@@ -48,11 +49,16 @@ def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
     if cc is None:
         raise RuntimeUnavailable("a C compiler (cc) is needed once to build the sandbox helper")
     os.makedirs(cache_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".build-")
-    os.close(fd)
+    _clean_stale(cache_dir)
+    # Everything of one build (the output and the compiler's temporary files) is in one
+    # directory named after us: a build killed with us leaves only that, removed by the next.
+    work = tempfile.mkdtemp(dir=cache_dir, prefix=f"{BUILD_PREFIX}{os.getpid()}-")
+    tmp = os.path.join(work, name)
+    env = {**os.environ, "TMPDIR": work}
     try:
         for i, flags in enumerate(flag_sets):
-            r = subprocess.run([cc, *flags, "-o", tmp, source], capture_output=True)
+            r = subprocess.run(_contained([cc, *flags, "-o", tmp, source]), capture_output=True, env=env,
+                               preexec_fn=_die_with_us)
             if r.returncode == 0:
                 break
             if i == len(flag_sets) - 1:
@@ -60,6 +66,48 @@ def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
         os.chmod(tmp, 0o755)
         os.rename(tmp, path)
     except subprocess.CalledProcessError as exc:
-        os.unlink(tmp)
         raise RuntimeUnavailable(f"building {name} failed: {exc.stderr.decode()[-500:]}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)        # a plain directory of ours: no mounts
     return path
+
+
+BUILD_PREFIX = ".build-"
+
+
+def _contained(argv: list[str]) -> list[str]:
+    """As root, the compiler runs as pid 1 of a pid namespace of its own (util-linux unshare,
+    which dies with us and takes its child along, --kill-child): when that pid 1 dies, the
+    kernel kills cc1, as and ld too, so a killed engine leaves no compiler running. Rootless,
+    only the driver dies with us (its passes finish their one file and exit)."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        return argv
+    return [unshare, "--pid", "--fork", "--kill-child=SIGKILL", "--", *argv]
+
+
+def _die_with_us() -> None:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)              # PR_SET_PDEATHSIG, SIGKILL
+
+
+def _clean_stale(cache_dir: str) -> None:
+    """Remove what builds of dead processes left (.build-<pid>-...); an unnamed one from older
+    versions once it is an hour old."""
+    for n in os.listdir(cache_dir):
+        if not n.startswith(BUILD_PREFIX):
+            continue
+        owner = n[len(BUILD_PREFIX):].split("-", 1)[0]
+        p = os.path.join(cache_dir, n)
+        try:
+            if owner.isdigit():
+                if os.path.exists(f"/proc/{owner}"):
+                    continue
+            elif time.time() - os.lstat(p).st_mtime < 3600:
+                continue
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except FileNotFoundError:
+            pass

@@ -4,6 +4,12 @@ Everything lives under a `sandtree` parent of our own in each hierarchy; a run's
 <engine pid>-<its start time>-<pid namespace>-<run id> (procid.py) so a cleanup pass only ever
 removes groups whose engine is verifiably gone. The helper joins the group before it clones the
 sandbox, so every process of the run is inside from birth.
+
+Devices: every run's group allows only the device nodes the runtime itself provides (DEVICES:
+helper.c's /dev, its devpts) and denies every other open (EPERM) and every mknod, even by a
+process that is host root (runsc's gofer). Defence in depth under `nodev` on every mount the
+sandbox can write or that comes from an image: on cgroup v1 the `devices` controller; on v2 its
+eBPF equivalent (runtime/devices.py) attached to the run's group.
 """
 
 from __future__ import annotations
@@ -17,6 +23,16 @@ from . import procid
 
 ROOT = "/sys/fs/cgroup"
 PARENT = "sandtree"
+
+# (type, major, minor or None for all): null, zero, full, random, urandom, tty, ptmx and the
+# devpts slaves (136-143: the kernel's Unix98 pty majors). mknod of these only (the helper makes
+# the sandbox's /dev after joining the group; a user namespace cannot mknod at all).
+DEVICES = [("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), ("c", 5, 0), ("c", 5, 2)] + \
+          [("c", m, None) for m in range(136, 144)]
+
+
+def _v1_device_rules() -> list[str]:
+    return [f"{t} {ma}:{'*' if mi is None else mi} rwm" for t, ma, mi in DEVICES]
 
 
 def detect() -> str | None:
@@ -169,7 +185,7 @@ class RunCgroup:
 class Cgroups:
     # cpu only when a run asks for a quota: joining a cpu group costs ~0.15 ms per start, and
     # without a quota a run's CPU time is bounded by its timeout. CPU accounting comes from rusage.
-    V1_CONTROLLERS = ("memory", "pids", "cpu")
+    V1_CONTROLLERS = ("memory", "pids", "cpu", "devices")
 
     def __init__(self):
         self.version = detect()
@@ -239,6 +255,10 @@ class Cgroups:
                     _write(os.path.join(d, "memory.limit_in_bytes"), str(memory))
                 elif c == "pids":
                     _write(os.path.join(d, "pids.max"), str(pids))
+                elif c == "devices":
+                    _write(os.path.join(d, "devices.deny"), "a")      # then only DEVICES back
+                    for rule in _v1_device_rules():
+                        _write(os.path.join(d, "devices.allow"), rule)
                 elif c == "cpu":
                     _write(os.path.join(d, "cpu.cfs_period_us"), "100000")
                     _write(os.path.join(d, "cpu.cfs_quota_us"),
@@ -248,6 +268,8 @@ class Cgroups:
                     _write(os.path.join(d, "memory.swap.max"), "0") if os.path.exists(
                         os.path.join(d, "memory.swap.max")) else None
                     _write(os.path.join(d, "pids.max"), str(pids))
+                    from . import devices
+                    devices.attach(d, DEVICES)
                     if cpus is not None:
                         _write(os.path.join(d, "cpu.max"), f"{max(1000, int(cpus * 100000))} 100000")
         except BaseException:

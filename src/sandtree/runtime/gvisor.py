@@ -139,4 +139,6 @@ class GVisorRuntime(NamespaceRuntime):
             return None, 9
         if rc > 128:                           # runsc reports a signal death as 128+n
             return None, rc - 128
+        if rc < 0:                             # runsc itself killed (output cap, cancel)
+            return None, -rc
         return rc, None

@@ -10,6 +10,10 @@
  *   P (this process, host namespaces)
  *     joins the run's cgroups, clones C into new user/mnt/pid/net/ipc/uts/
  *     cgroup namespaces, writes C's uid/gid maps, waits for C, reports.
+ *     As root, P clones with its effective uid set to the sandbox's own owner uid
+ *     (--owner-base + P's pid): the kernel charges per-user limits that a sandbox
+ *     spends (inotify instances and watches, user namespaces, ...) to the owner of
+ *     its user namespace, which would otherwise be host root for every sandbox.
  *   C (pid 1 of the sandbox)
  *     tmpfs scratch (the run's upper, capped by --disk) -> overlay of the
  *     image's layers -> /proc (masked), minimal /dev, lo up, hostname ->
@@ -76,8 +80,10 @@ struct opts {
     const char *lower;          /* "a:b:c", relative to layers_fd, top first */
     const char *uid_map, *gid_map; /* NULL: map only our own ids to 0 (rootless) */
     const char *disk;           /* tmpfs size= for the upper */
+    const char *inodes;         /* tmpfs nr_inodes= for the upper (files count against disk) */
     const char *hostname, *cwd;
     long uid, gid;
+    long owner_base;            /* root: the user namespace's owner is owner_base + our pid (0: us) */
     const char *cgroups[MAX_LIST]; int ncgroups;
     int keep_caps[64]; int nkeep;   /* capability numbers kept in the bounding set */
     char **argv;
@@ -164,7 +170,8 @@ static void setup_proc(const char *base) {
 static const char *dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
 static void bind_dev_nodes(const char *dir) {
     char p[128], h[128];
-    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
+    /* nodev: the binds are mounts of their own (the host's devtmpfs flags); nothing else here opens */
+    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NODEV, "mode=0755,size=64k");
     for (const char **n = dev_nodes; *n; n++) {
         snprintf(p, sizeof p, "%s/%s", dir, *n);
         snprintf(h, sizeof h, "/dev/%s", *n);
@@ -173,12 +180,16 @@ static void bind_dev_nodes(const char *dir) {
     }
 }
 
+/* The sandbox's /dev/shm: 64 MiB, and one inode per 4 KiB of it (tmpfs's default is half of
+ * RAM in pages: empty files there would cost kernel memory without bound). */
+#define DEV_SHM_OPTS "mode=1777,size=64m,nr_inodes=16384"
+
 static void setup_dev(void) {
     bind_dev_nodes("r/dev");
     mkdir_p_one("r/dev/pts", 0755);
     xmount("devpts", "r/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     mkdir_p_one("r/dev/shm", 01777);
-    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    xmount("tmpfs", "r/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, DEV_SHM_OPTS);
     if (symlink("pts/ptmx", "r/dev/ptmx") < 0) die_step("ptmx");
     if (symlink("/proc/self/fd", "r/dev/fd") < 0) die_step("fd");
     if (symlink("/proc/self/fd/0", "r/dev/stdin") < 0) die_step("stdin");
@@ -193,6 +204,8 @@ static void setup_dev_root(const struct opts *o, const char *base) {
     static const struct { const char *name; int maj, min; } nodes[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
     char p[96], q[96];
+    /* The one mount without nodev: it holds the runtime's own nodes. Its root is host root's
+     * (unmapped in the sandbox), so nothing of the sandbox can add to it. */
     xmount("tmpfs", base, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k");
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", base, nodes[i].name);
@@ -204,7 +217,7 @@ static void setup_dev_root(const struct opts *o, const char *base) {
     xmount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     snprintf(p, sizeof p, "%s/shm", base);
     mkdir_p_one(p, 01777);
-    xmount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
+    xmount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, DEV_SHM_OPTS);
     if (chown(p, (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("shm");
     static const char *links[][2] = {{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"},
         {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
@@ -237,6 +250,13 @@ static void send_fd(int sock, int fd) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
     if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
+}
+
+static int cap_effective(int cap) {
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) < 0) return 0;
+    return (d[cap / 32].effective >> (cap % 32)) & 1;
 }
 
 static int cap_kept(const struct opts *o, int cap) {
@@ -333,7 +353,7 @@ static void mount_root(struct opts *o) {
     /* Opened before the tmpfs goes on /tmp: the store may itself live under /tmp. */
     int layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);
     if (layers < 0) die_step("open-layers");
-    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
+    snprintf(data, sizeof data, "size=%s,nr_inodes=%s,mode=0755", o->disk, o->inodes);
     xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir_p_one("u", o->root_mode);
@@ -352,7 +372,9 @@ static void mount_root(struct opts *o) {
     char *ov = malloc(need);
     snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower, o->uid_map ? "" : ",userxattr");
     if (fchdir(layers) < 0) die_step("chdir-layers");
-    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    /* nodev: a device node in a layer (an old import, a bug) opens nothing on any tier, and
+     * runsc's gofer, which opens files of this root on the host, is held to it as well. */
+    if (mount("overlay", "/tmp/r", "overlay", MS_NODEV, ov) < 0) die_step("overlay");
     free(ov);
     close(layers);
     if (fchdir(scratch) < 0) die_step("chdir-scratch");
@@ -370,9 +392,9 @@ static int warm_layers = -1;
 static void warm_prepare(struct opts *o) {
     warm_layers = open(o->layers, O_DIRECTORY | O_CLOEXEC);  /* before /tmp is covered */
     if (warm_layers < 0) die_step("open-layers");
-    char data[128];
-    snprintf(data, sizeof data, "size=%s,mode=0755", o->disk);
-    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, data);
+    /* No size yet: the engine injects the run's files into u before the run's own size and
+     * inode count arrive (warm_mount remounts with them); it checked they fit that disk. */
+    xmount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=100%,mode=0755");
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir_p_one("u", 0755);
     mkdir_p_one("w", 0700);
@@ -390,7 +412,7 @@ static void warm_prepare(struct opts *o) {
  * it propagates into C's mount namespace. The engine wrote injected files into u already. */
 static void warm_mount(struct opts *o) {
     char data[128];
-    snprintf(data, sizeof data, "size=%s", o->disk);
+    snprintf(data, sizeof data, "size=%s,nr_inodes=%s", o->disk, o->inodes);
     xmount(NULL, "/tmp", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, data);
     if (chmod("u", o->root_mode) < 0) die_step("chmod-upper");
     if (chown("u", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0) die_step("chown-upper");
@@ -398,7 +420,9 @@ static void warm_mount(struct opts *o) {
     char *ov = malloc(need);
     snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w", o->lower);
     if (fchdir(warm_layers) < 0) die_step("chdir-layers");
-    if (mount("overlay", "/tmp/r", "overlay", 0, ov) < 0) die_step("overlay");
+    /* nodev: a device node in a layer (an old import, a bug) opens nothing on any tier, and
+     * runsc's gofer, which opens files of this root on the host, is held to it as well. */
+    if (mount("overlay", "/tmp/r", "overlay", MS_NODEV, ov) < 0) die_step("overlay");
     free(ov);
     if (chdir("/tmp") < 0) die_step("chdir-scratch");
     mkdir("r/proc", 0555);
@@ -528,9 +552,11 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
+        else if (!strcmp(a, "--inodes")) o->inodes = v;
         else if (!strcmp(a, "--hostname")) o->hostname = v;
         else if (!strcmp(a, "--cwd")) o->cwd = v;
         else if (!strcmp(a, "--uid")) o->uid = atol(v);
+        else if (!strcmp(a, "--owner-base")) o->owner_base = atol(v);
         else if (!strcmp(a, "--gid")) o->gid = atol(v);
         else if (!strcmp(a, "--cgroup") && o->ncgroups < MAX_LIST) o->cgroups[o->ncgroups++] = v;
         else if (!strcmp(a, "--keep-cap") && o->nkeep < 64) o->keep_caps[o->nkeep++] = atoi(v);
@@ -548,7 +574,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
     o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = -1;
-    o->disk = "1g"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
+    o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
     o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);
@@ -891,9 +917,28 @@ int main(int argc, char **argv) {
     gid_t rgid = getgid();
     long flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
                  CLONE_NEWUTS | CLONE_NEWCGROUP | SIGCHLD;
+    /* The new user namespace's owner is our effective uid at the clone: a uid of its own per
+     * sandbox (no host process runs as it), so what the kernel counts per user (inotify
+     * instances and watches, ...) is counted per sandbox and never against host root. Only the
+     * effective uid moves: the permitted capabilities stay, and come back with euid 0 below
+     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). A live sandbox only if we hold
+     * CAP_SYS_RESOURCE: CRIU's dump reads its rlimits (prlimit), which root may do across a user
+     * namespace it owns, or with that capability (some hosts, this VM too, withhold it; their
+     * live sandboxes stay owned by root). */
+    int owned = o.uid_map && o.owner_base > 0 && (!o.live || cap_effective(CAP_SYS_RESOURCE));
+    if (owned && setresuid((uid_t)-1, (uid_t)(o.owner_base + getpid()), (uid_t)-1) < 0) die_step("userns-owner");
     pid_t c = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (c < 0) die_step("clone");
     if (c == 0) _exit(sandbox_init(&o));
+    if (owned) {
+        if (setresuid((uid_t)-1, 0, (uid_t)-1) < 0) die_step("userns-owner");
+        /* A change of effective uid clears the parent-death signal: set it again, and check
+         * the engine did not go in between. */
+        if (!(o.live && o.detach)) {
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+            if (getppid() != engine) { kill(c, SIGKILL); _exit(125); }
+        }
+    }
 
     close(sync_pipe[0]);
     close(status_pipe[1]);

@@ -10,6 +10,15 @@ Isolation, as set up for every run: user namespace (sandbox uid 0 is an unprivil
 also when sandtree runs as root), mount namespace with pivot_root into the overlay (no host path
 remains), pid, net (loopback only), ipc, uts and cgroup namespaces; /proc with sensitive entries
 masked; a minimal /dev; capability bounding set cut to Docker's default; no_new_privs; seccomp.
+Every mount the sandbox can write or that comes from an image is nodev, and the run's cgroup
+allows only the runtime's own device nodes. Each user namespace has an owner uid of its own (not
+host root), so per-user kernel limits a sandbox spends are its own.
+
+Output: each stream keeps its first limits.output bytes, and only those reach on_output. A
+stream that passes its cap stops the run at once (SIGKILL to the sandbox, as a timeout does):
+what it writes after that is lost anyway, and a command that floods (`yes`) would otherwise
+burn CPU until its timeout. The outcome says so: the stream's *_truncated flag, signal 9 and
+usage["killed_by"] = "output_limit".
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..errors import CommandNotFound, InvalidInput, SandboxError
+from ..errors import CommandNotFound, InvalidInput, SandboxError, TooLarge
 from ..store.layers import IdMap
 from . import seccomp
 from .base import Limits, RunOutcome, RunSpec
@@ -38,6 +47,12 @@ KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5,
              "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
 
 MAX_ENV_BYTES = 256 * 1024
+
+# Owners of the sandboxes' user namespaces (root only; helper.c: owner = base + the helper's
+# pid, below 2^22, the kernel's pid limit): uids no account uses, in the range systemd leaves
+# unused (0x70000000-0x7FFFFFFF), far from the sandbox ids (100000 + 65536). Per-user kernel
+# limits a sandbox spends are charged to its owner, so to no one else.
+USERNS_OWNER_BASE = 0x7E000000
 
 
 class NamespaceRuntime:
@@ -78,7 +93,8 @@ class NamespaceRuntime:
         """Options that are the same for every run of this engine."""
         args = []
         if not self.idmap.rootless:
-            args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
+            args += ["--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line(),
+                     "--owner-base", str(USERNS_OWNER_BASE)]
         for cap in KEEP_CAPS.values():
             args += ["--keep-cap", str(cap)]
         return args + ["--seccomp-fd", str(seccomp.filter_fd())]
@@ -87,6 +103,7 @@ class NamespaceRuntime:
         """Options of one run (argv of a cold start, or the spec of a warm one)."""
         lim = spec.limits
         return ["--layers", self.layers_dir, "--lower", ":".join(spec.layers), "--disk", str(lim.disk),
+                "--inodes", str(disk_inodes(lim.disk)),
                 "--hostname", spec.hostname, "--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid),
                 "--root-mode", f"{spec.root_meta[0]:o}",
                 "--root-uid", str(self.idmap.host_uid(spec.root_meta[1])),
@@ -222,6 +239,8 @@ class NamespaceRuntime:
                  "max_rss_bytes": maxrss * 1024, "cgroup_memory_peak_bytes": stats.get("memory_peak"),
                  "cgroup_cpu_s": (stats["cpu_usage_ns"] / 1e9) if stats.get("cpu_usage_ns") else None,
                  "limits_enforced": cg is not None}
+        if out["output_exceeded"] and not out["timed_out"] and not out["cancelled"]:
+            usage["killed_by"] = "output_limit"      # why the command ended (RunRecord.usage)
 
         def close(fd=scratch_fd):
             if fd is not None:
@@ -291,6 +310,7 @@ class NamespaceRuntime:
             os.set_blocking(proc.stdin.fileno(), False)
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
         timed_out = cancelled = False
+        exceeded = None                      # the stream that passed its cap: the command is stopped
         open_fds = len(streams) + 1
         poll = 0.05 if spec.cancel is not None else 3600
         exit_by = None                               # exited, relay: the rest comes until then
@@ -348,6 +368,12 @@ class NamespaceRuntime:
                                 break
                         continue
                     self._keep(streams[fd], chunk, bufs, trunc, spec)
+                    if trunc[streams[fd]] and exceeded is None:
+                        # Past the cap nothing more is kept, so a command still writing only
+                        # burns CPU until its timeout (`yes`): stop it, as a closed pipe would.
+                        exceeded = streams[fd]
+                        kill()
+                        deadline = float("inf")
         finally:
             sel.close()
             if proc.stdin is not None and not proc.stdin.closed:
@@ -359,15 +385,19 @@ class NamespaceRuntime:
         proc.stderr.close()
         return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
                 "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
-                "timed_out": timed_out, "cancelled": cancelled, "report": _parse_report(report_raw)}
+                "timed_out": timed_out, "cancelled": cancelled, "output_exceeded": exceeded,
+                "report": _parse_report(report_raw)}
 
     @staticmethod
     def _keep(name: str, chunk: bytes, bufs: dict, trunc: dict, spec: RunSpec) -> None:
-        if spec.on_output:
-            spec.on_output(name, chunk)
+        """Keep what fits under the stream's cap; only that reaches on_output (a listener that
+        stores or forwards chunks must not see more than the run may produce)."""
         room = spec.limits.output - len(bufs[name])
-        if room > 0:
-            bufs[name] += chunk[:room]
+        kept = chunk[:max(room, 0)]
+        if kept:
+            bufs[name] += kept
+            if spec.on_output:
+                spec.on_output(name, kept)
         if len(chunk) > room:
             trunc[name] = True
 
@@ -601,6 +631,13 @@ def _parse_report(raw: bytes) -> dict:
     return out
 
 
+def disk_inodes(disk: int) -> int:
+    """The inode cap of a run's scratch: one per 4 KiB of disk (a page, what the smallest
+    non-empty file takes there), at least 1024. Without it, a run under disk=1M could create
+    50,000 empty files (each a host inode after commit)."""
+    return max(disk // 4096, 1024)
+
+
 def validate_spec(spec: RunSpec) -> None:
     """Bad input gets a clear error before anything starts (shared by every tier and the engine's checks)."""
     lim = spec.limits
@@ -629,3 +666,23 @@ def validate_spec(spec: RunSpec) -> None:
     for v in (spec.uid, spec.gid):
         if not (0 <= v < 65536):
             raise InvalidInput("uid and gid must be in 0..65535")
+    check_files_fit(spec)
+
+
+def check_files_fit(spec: RunSpec) -> None:
+    """Injected files are written into the run's scratch, so they count against its disk (in
+    whole pages, as tmpfs counts them) and its inodes: refused here, before any sandbox starts,
+    rather than failing half-written inside one."""
+    if not spec.files:
+        return
+    disk = spec.limits.disk
+    sizes = [f.size for f in spec.files]
+    used = sum(-(-n // 4096) * 4096 for n in sizes)
+    if used > disk:
+        raise TooLarge(f"files are {sum(sizes)} bytes ({used} in 4 KiB pages), disk is {disk}: "
+                       f"ask for more disk", files_bytes=sum(sizes), disk=disk)
+    parts = [[p for p in f.path.split("/") if p] for f in spec.files]
+    inodes = len(spec.files) + len({tuple(p[:i]) for p in parts for i in range(1, len(p))})
+    if inodes > disk_inodes(disk):                     # the files and their parent dirs
+        raise TooLarge(f"{len(spec.files)} files and their directories need {inodes} inodes, "
+                       f"disk={disk} gives {disk_inodes(disk)}: ask for more disk", inodes=inodes, disk=disk)

@@ -3,7 +3,10 @@
 Default allow, with a Docker-like deny list: the calls that reach kernel surface a sandbox never
 needs (modules, kexec, bpf, perf, io_uring, keyrings, mount and namespace games). clone() with a
 namespace flag fails; clone3 answers ENOSYS so libc falls back to clone, where flags are visible.
+socket() and socketpair() take an allow-list of address families (SOCKET_FAMILIES); every other
+family answers EAFNOSUPPORT, what a program sees on a kernel built without it (so it falls back).
 The filter is compiled once per process and handed to the helper as a memfd of raw BPF.
+Non-native system call ABIs (i386 int 0x80, x32) are killed: libseccomp's default for a bad arch.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ DENIED = [
     "io_uring_register", "keyctl", "add_key", "request_key", "open_by_handle_at",
     "name_to_handle_at", "kcmp", "process_vm_readv", "process_vm_writev", "fanotify_init",
 ]
+
+# Address families a sandbox may open. The network namespace covers only these: AF_VSOCK (40)
+# reaches the hypervisor's services whatever the namespace (this VM's agent listens there), and
+# the exotic families (AF_PACKET raw frames, AF_KCM, AF_TIPC, AF_RDS, AF_XDP, AF_ALG, AF_BLUETOOTH,
+# ...) are kernel attack surface with a record of privilege escalations from user namespaces and
+# no use on a loopback-only network. AF_NETLINK stays: ip(8), getifaddrs and so getaddrinfo use it.
+SOCKET_FAMILIES = {
+    1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6", 16: "AF_NETLINK",
+}
+AF_MAX = 46         # linux/socket.h (AF_MCTP is 45); everything from here up is refused by range
 
 NS_FLAGS = 0x10000000 | 0x04000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x00020000 | 0x02000000
 # CLONE_NEWUSER | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS | CLONE_NEWCGROUP
@@ -62,6 +75,14 @@ def _build() -> int:
     for bit in _bits(NS_FLAGS):
         f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    # An allow-list as deny rules (the filter allows by default): each family below AF_MAX that is
+    # not allowed, by value, and the whole 64-bit range from AF_MAX up (the kernel reads the
+    # argument as an int: a value with high bits set would alias a small family; GE catches it).
+    for call in ("socket", "socketpair"):
+        for fam in range(AF_MAX):
+            if fam not in SOCKET_FAMILIES:
+                f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), call, sc.Arg(0, sc.EQ, fam))
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), call, sc.Arg(0, sc.GE, AF_MAX))
     fd = os.memfd_create("sandtree-seccomp", 0)
     with os.fdopen(os.dup(fd), "wb") as out:
         f.export_bpf(out)
