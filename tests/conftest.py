@@ -145,7 +145,7 @@ def pytest_sessionfinish(session, exitstatus):
     if mounts:
         problems.append(f"mounts left behind: {mounts[:3]}")
     if os.geteuid() == 0:
-        for ctrl in ("memory", "pids", "cpu", "freezer", "unified", ""):
+        for ctrl in ("memory", "pids", "cpu", "freezer", "devices", "unified", ""):
             d = os.path.join("/sys/fs/cgroup", ctrl, "sandtree")
             if os.path.isdir(d):
                 left = [n for n in os.listdir(d) if n.startswith(f"{os.getpid()}-")]

@@ -558,3 +558,19 @@ def test_flooding_command_stops_at_the_cap(bb, each_tier):
     assert r.stdout_truncated and len(r.stdout) == 1 << 20
     assert r.usage.get("killed_by") == "output_limit", r.usage
     assert not r.timed_out
+
+
+def test_flooding_exec_in_a_live_sandbox_stops_at_the_cap(bb):
+    """A live exec goes through the same pump: it is stopped at its cap and says why."""
+    if os.geteuid() != 0:
+        pytest.skip("live sandboxes need root")
+    sb = bb.start()
+    try:
+        t = time.monotonic()
+        r = sb.exec(["yes"], output="256k", timeout=120)
+        assert time.monotonic() - t < 30
+        assert r.stdout_truncated and len(r.stdout) == 256 << 10
+        assert r.usage.get("killed_by") == "output_limit", r.usage
+        assert sb.exec("echo still here").stdout == b"still here\n"   # the sandbox lives on
+    finally:
+        sb.stop()

@@ -485,6 +485,8 @@ class LiveRuntime:
         utime, stime, maxrss = report.get("rusage", (0, 0, 0))
         usage = {"wall_s": round(time.monotonic() - started, 6), "user_cpu_s": utime / 1e6,
                  "sys_cpu_s": stime / 1e6, "max_rss_bytes": maxrss * 1024}
+        if out.get("output_exceeded") and not out["timed_out"] and not out["cancelled"]:
+            usage["killed_by"] = "output_limit"      # as a run's (namespaces.py)
         return RunOutcome(exit_code=report.get("exit"), signal=report.get("signal"), stdout=out["stdout"],
                           stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
