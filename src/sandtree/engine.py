@@ -75,6 +75,10 @@ class Engine(BranchingOps):
         self._operations = None
         self._sandboxes = None
         self._pools = None
+        # Parts made on first use: one lock, or threads touching one first at once each build their
+        # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
+        # part's constructor may reach another part.
+        self._parts_lock = threading.RLock()
         self._max_runs = max_runs
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
@@ -84,24 +88,30 @@ class Engine(BranchingOps):
     def operations(self):
         """Runs started now, awaited later (created on first use)."""
         if self._operations is None:
-            from .operations import Operations
-            self._operations = Operations(self, workers=self._max_runs)
+            with self._parts_lock:
+                if self._operations is None:
+                    from .operations import Operations
+                    self._operations = Operations(self, workers=self._max_runs)
         return self._operations
 
     @property
     def sandboxes(self):
         """Live sandboxes (created on first use)."""
         if self._sandboxes is None:
-            from .sandboxes import Sandboxes
-            self._sandboxes = Sandboxes(self)
+            with self._parts_lock:
+                if self._sandboxes is None:
+                    from .sandboxes import Sandboxes
+                    self._sandboxes = Sandboxes(self)
         return self._sandboxes
 
     @property
     def pools(self):
         """Warm pools per image (created on first use)."""
         if self._pools is None:
-            from .pools import Pools
-            self._pools = Pools(self)
+            with self._parts_lock:
+                if self._pools is None:
+                    from .pools import Pools
+                    self._pools = Pools(self)
         return self._pools
 
     def pool_create(self, ref: str, size: int, **options) -> dict:
