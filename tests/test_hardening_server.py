@@ -5,9 +5,19 @@ Each test here failed before its fix; the item number is in the test's docstring
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
 import threading
 
+import httpx
+import pytest
 from sandtree.engine import Engine
+
+from conftest import free_port, listening
 
 
 # ---- item 11: lazily made engine parts ------------------------------------------------------------
@@ -38,3 +48,125 @@ def test_engine_parts_made_once_under_a_thread_barrier(tmp_path):
                 assert getattr(engine, part) is seen[0]
         finally:
             engine.close()
+
+
+# ---- item 4: MCP over HTTP ----------------------------------------------------------------------
+def _mcp_client(url: str, token: str | None):
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return Client(streamable_http_client(f"{url}/mcp", http_client=create_mcp_http_client(headers=headers)))
+
+
+def _tool_value(result):
+    assert not result.is_error, result.content
+    if result.structured_content is not None and "result" in result.structured_content:
+        return result.structured_content["result"]
+    return json.loads(result.content[0].text)
+
+
+def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
+    """Item 4: `sandtree mcp --http` authenticates like `serve`: no token is refused, a tenant's
+    token sees only its images, a session is its opener's, and tools reaching the server's own
+    filesystem are off over HTTP (an image comes in as an upload instead)."""
+    home = str(tmp_path / "home")
+    engine = Engine(home, warm=0)
+    try:
+        tok_a = engine.tenancy.create_token("alice")["token"]
+        tok_b = engine.tenancy.create_token("bob")["token"]
+        img_a = engine.as_tenant(engine.tenancy.authenticate(tok_a)).import_path(rootfs, tag="mine")
+    finally:
+        engine.close()
+    tar_path = tmp_path / "bb.tar"
+    subprocess.run(["tar", "-C", rootfs, "-cf", str(tar_path), "."], check=True)
+    secret = tmp_path / "host-secret"
+    secret.write_text("only the server's user may read this\n")
+    os.chmod(secret, 0o600)
+    target = tmp_path / "written-by-mcp"
+
+    with listening(home, "mcp", "--http") as url:
+        # no token, a wrong one: 401 before any MCP handling
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                           "clientInfo": {"name": "t", "version": "0"}}}
+        hdrs = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        assert httpx.post(f"{url}/mcp", json=init, headers=hdrs).status_code == 401
+        assert httpx.post(f"{url}/mcp", json=init,
+                          headers={**hdrs, "Authorization": "Bearer stk_0123456789abcdef_wrongwrongwrongwrongwrong"}
+                          ).status_code == 401
+
+        async def refused_without_token():
+            async with _mcp_client(url, None) as c:
+                await c.list_tools()
+        with pytest.raises(BaseException):           # noqa: B017 - the SDK wraps the 401 in groups
+            asyncio.run(refused_without_token())
+
+        async def as_alice():
+            async with _mcp_client(url, tok_a) as c:
+                imgs = _tool_value(await c.call_tool("list_images", {}))
+                assert [i["image"] for i in imgs] == [img_a] and imgs[0]["tags"] == ["mine"]
+                assert _tool_value(await c.call_tool("whoami", {}))["user"] == "alice"
+                r = _tool_value(await c.call_tool("run", {"command": "cat /etc/greeting", "image": "mine"}))
+                assert r["stdout"] == "hello from the image\n"
+                # host paths: every such tool refused, nothing read or written
+                for tool, args in [("import_image", {"source": "/etc"}),
+                                   ("import_image", {"source": str(tar_path)}),
+                                   ("upload", {"path": str(secret)}),
+                                   ("rsync", {"source": str(tmp_path), "destination": "/w"}),
+                                   ("download", {"image": "mine", "path": "/etc/greeting",
+                                                 "destination": str(target)})]:
+                    res = await c.call_tool(tool, args)
+                    assert res.is_error and "forbidden" in res.content[0].text, (tool, res.content)
+                assert not target.exists()
+                # what an HTTP client does instead: upload the tar's bytes, import the upload
+                up = _tool_value(await c.call_tool(
+                    "upload", {"content_base64": base64.b64encode(tar_path.read_bytes()).decode()}))
+                again = _tool_value(await c.call_tool("import_image", {"source": f"upload:{up['sha256']}",
+                                                                       "tag": "again"}))
+                assert again["image"] == img_a
+                text = await c.read_resource(f"sandtree://image/{img_a}/read/etc/greeting")
+                assert text.contents[0].text == "hello from the image\n"
+
+        async def as_bob():
+            async with _mcp_client(url, tok_b) as c:
+                assert _tool_value(await c.call_tool("list_images", {})) == []
+                for tool, args in [("get_image", {"image": img_a}), ("get_image", {"image": "mine"}),
+                                   ("read_file", {"image": img_a, "path": "/etc/greeting"}),
+                                   ("run", {"command": "true", "image": img_a})]:
+                    res = await c.call_tool(tool, args)
+                    assert res.is_error and "image_not_found" in res.content[0].text, (tool, res.content)
+        asyncio.run(as_alice())
+        asyncio.run(as_bob())
+
+        # a session is its opener's: bob presenting alice's session id is answered as unknown
+        r = httpx.post(f"{url}/mcp", json=init, headers={**hdrs, "Authorization": f"Bearer {tok_a}"})
+        assert r.status_code == 200, r.text
+        sid = r.headers.get("mcp-session-id")
+        assert sid, r.headers
+        if sid:
+            note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            own = {**hdrs, "Authorization": f"Bearer {tok_a}", "mcp-session-id": sid,
+                   "mcp-protocol-version": "2025-06-18"}
+            assert httpx.post(f"{url}/mcp", json=note, headers=own).status_code in (200, 202)
+            assert httpx.post(f"{url}/mcp", json=listing, headers={**own, "Authorization": f"Bearer {tok_b}"}
+                              ).status_code == 404
+            assert httpx.post(f"{url}/mcp", json=listing, headers=own).status_code == 200
+
+
+def test_mcp_http_refuses_a_non_loopback_bind_without_tokens(tmp_path):
+    """Item 4: without tokens, `mcp --http --host 0.0.0.0` refuses to start. Run in a network
+    namespace of its own, so even the unfixed code would only have listened on a private `lo`."""
+    port = free_port()
+    p = subprocess.Popen(["unshare", "--net", sys.executable, "-m", "sandtree", "--home", str(tmp_path / "home"),
+                          "mcp", "--http", "--host", "0.0.0.0", "--port", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("mcp --http --host 0.0.0.0 without tokens kept running (it listened)")
+    assert p.returncode != 0
+    assert "loopback only" in err

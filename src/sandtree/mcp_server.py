@@ -5,14 +5,24 @@ and every engine error comes back as a tool error with its message. Results are 
 model: ids first, outputs cut at `truncate_output_at` with a marker that says how to read the
 rest (get_operation with an offset).
 
-Transports: stdio (default) or streamable HTTP (`--http --port P`, loopback).
+Transports: stdio (default) or streamable HTTP (`--http --port P`). Over HTTP the server is
+`sandtree serve`'s equal, not a side door (issue 12 item 4): the same tokens and tenancy
+(httpauth.TenantGate turns each HTTP request's bearer token into that tenant's view of the engine,
+and every tool call runs as the caller of the request that carried it); a non-loopback bind
+without tokens is refused; a session belongs to the tenant that opened it; and the tools that
+touch the *server's* filesystem (import_image of a path, upload path=, rsync, download
+destination=) are off, since the caller is not the server's user: over HTTP, files come in by
+content (upload, then import_image("upload:SHA256") for an image tar) and go out by read_file.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import json
 import os
+import tempfile
 from collections import OrderedDict
 
 from mcp.server.mcpserver import MCPServer
@@ -21,7 +31,12 @@ from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
 from .branching import lineage as lineage_mod
 from .engine import Engine
-from .errors import SandtreeError
+from .errors import Forbidden, SandtreeError
+from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
+                  "server's user)")
 
 GUIDE = {
     "workflow": """sandtree: every filesystem state is an immutable image with a content ID.
@@ -57,8 +72,45 @@ def _cut(data: bytes, limit: int) -> tuple[str, bool]:
     return text[:limit], True
 
 
-def build_server(engine: Engine) -> MCPServer:
-    server = MCPServer("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
+class _PerRequestServer(MCPServer):
+    """Over HTTP: each tool call and resource read runs as the caller of the HTTP request that
+    carried it. The tool runs in the session's task, not the request's, so the view TenantGate
+    put on that request's scope is set as the current engine here (fails closed without one)."""
+
+    @contextlib.contextmanager
+    def _as_caller(self, context):
+        request = getattr(getattr(context, "_request_context", None), "request", None)
+        if request is None:
+            raise RuntimeError("an MCP HTTP call without its HTTP request: refusing to serve unscoped")
+        token = CURRENT.set(engine_for(request))
+        try:
+            yield
+        finally:
+            CURRENT.reset(token)
+
+    async def call_tool(self, name, arguments, context=None):
+        if context is None:                         # nested call: already inside a caller's context
+            return await super().call_tool(name, arguments, context)
+        with self._as_caller(context):
+            return await super().call_tool(name, arguments, context)
+
+    async def read_resource(self, uri, context=None):
+        if context is None:
+            return await super().read_resource(uri, context)
+        with self._as_caller(context):
+            return await super().read_resource(uri, context)
+
+
+def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool = False) -> MCPServer:
+    """host_paths: whether tools may read and write paths of this machine (stdio: the caller is
+    the server's own user; HTTP: off). per_request: `engine` is a RequestEngine, set per call
+    from the HTTP request (see _PerRequestServer)."""
+    cls = _PerRequestServer if per_request else MCPServer
+    server = cls("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
+
+    def no_host_paths(what: str) -> None:
+        if not host_paths:
+            raise ToolError(f"{Forbidden.code}: {what}: {HOST_PATHS_OFF}")
     outputs: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()     # full output of recent runs
 
     def remember(op: str, stdout: bytes, stderr: bytes) -> None:
@@ -127,7 +179,10 @@ def build_server(engine: Engine) -> MCPServer:
         if not commands:
             raise ToolError("invalid_input: give at least one command")
         with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
-            recs = list(pool.map(lambda c: engine.run(image, c, timeout=timeout, disposable=disposable), commands))
+            # each branch runs in a copy of this call's context: over HTTP it holds the caller's view
+            futs = [pool.submit(contextvars.copy_context().run, engine.run, image, c, timeout=timeout,
+                                disposable=disposable) for c in commands]
+            recs = [f.result() for f in futs]
         return [dict(run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
 
     # ---- live sandboxes -------------------------------------------------------------------------
@@ -255,14 +310,26 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def import_image(source: str, tag: str | None = None) -> dict:
-        """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth), a local
-        directory, tar (gz/zst), OCI layout or docker-archive path, or `debian:SUITE` to bootstrap
-        Debian (slow: tens of seconds). Prefer existing images (list_images)."""
+        """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth),
+        `upload:SHA256` (a tar, gz/zst, OCI or docker archive stored with upload), a local
+        directory, tar, OCI layout or docker-archive path (stdio only), or `debian:SUITE` to
+        bootstrap Debian (slow: tens of seconds). Prefer existing images (list_images)."""
         if source.startswith("debian:"):
             image = engine.bootstrap(source, tag=tag)
         elif source.startswith(("docker://", "oci://")):
             image = engine.pull(source, tag=tag)
+        elif source.startswith("upload:"):
+            data = engine.download(source[7:])          # the caller's own upload, or not found
+            fd, tmp = tempfile.mkstemp(prefix="sandtree-mcp-", suffix=".tar")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                del data
+                image = engine.import_path(tmp, tag=tag)
+            finally:
+                os.unlink(tmp)
         else:
+            no_host_paths("import_image of a path")
             image = engine.import_path(source, tag=tag)
         return {"image": image, "tag": tag}
 
@@ -300,6 +367,7 @@ def build_server(engine: Engine) -> MCPServer:
         if sum(x is not None for x in (content, content_base64, path)) != 1:
             raise ToolError("invalid_input: give exactly one of content, content_base64, path")
         if path is not None:
+            no_host_paths("upload path=")
             with open(path, "rb") as f:
                 data = f.read()
         elif content_base64 is not None:
@@ -315,6 +383,7 @@ def build_server(engine: Engine) -> MCPServer:
         """Sync a local directory into a reusable file set (uploaded once, deduplicated by content),
         injected at `destination` by run(directory_state_id=...)."""
         import fnmatch
+        no_host_paths("rsync")
         if not os.path.isdir(source):
             raise ToolError(f"invalid_input: {source} is not a directory")
         if not destination.startswith("/"):
@@ -339,7 +408,8 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def download(image: str, path: str, destination: str) -> dict:
-        """Copy one file out of an image to a local path."""
+        """Copy one file out of an image to a local path (stdio only: over HTTP use read_file)."""
+        no_host_paths("download destination=")
         data = engine.read(engine.resolve(image), path)
         with open(destination, "wb") as f:
             f.write(data)
@@ -525,15 +595,81 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
         import logging
 
         from .remote import RemoteEngine
+        if http and host not in LOOPBACK:
+            # every HTTP caller would act with this process's one token: loopback only
+            raise SystemExit(f"sandtree mcp --http --url: listens on loopback only (asked for {host})")
         logging.getLogger("httpx").setLevel(logging.WARNING)   # not a log line per engine call
         engine = RemoteEngine(url, token)
     else:
         engine = Engine(home)
     try:
-        server = build_server(engine)
-        if http:
-            server.run("streamable-http", host=host, port=port)
+        if not http:
+            build_server(engine).run("stdio")
+        elif url:
+            _serve_http(build_server(engine, host_paths=False), None, host, port)
         else:
-            server.run("stdio")
+            tokens = engine.tenancy.configured()
+            if host not in LOOPBACK and not tokens:
+                raise SystemExit("sandtree mcp --http: no tokens are configured, so it listens on loopback only "
+                                 f"(asked for {host}); create one with `sandtree token create --tenant NAME`")
+            server = build_server(RequestEngine(), host_paths=False, per_request=True)
+            _serve_http(server, engine, host, port)
     finally:
         engine.close()
+
+
+def _serve_http(server: MCPServer, engine: Engine | None, host: str, port: int) -> None:
+    """engine: the one the TenantGate authenticates against (None: a remote engine, no gate)."""
+    import sys
+
+    import uvicorn
+    app = server.streamable_http_app(host=host)
+    if engine is not None:
+        app = TenantGate(SessionOwners(app), engine, JsonLog(sys.stderr))
+        auth = "tokens" if engine.tenancy.configured() else "none: no tokens configured, loopback only"
+        print(f"sandtree mcp: http://{host}:{port}/mcp (auth: {auth})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+class SessionOwners:
+    """ASGI middleware behind TenantGate: an MCP session belongs to the tenant that opened it.
+    A request naming another tenant's session id gets the answer an unknown session gets (404),
+    so a leaked or guessed session id is worth nothing to another token."""
+
+    MAX = 10000                              # sessions remembered (the SDK caps live ones lower)
+
+    def __init__(self, app):
+        self.app = app
+        self.owners: OrderedDict[bytes, str] = OrderedDict()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        view = engine_for_scope(scope)
+        who = getattr(getattr(view, "tenant", None), "name", None) or "-"
+        sid = dict(scope.get("headers") or []).get(b"mcp-session-id")
+        if sid is not None and self.owners.get(sid, who) != who:
+            body = json.dumps({"jsonrpc": "2.0", "id": None,
+                               "error": {"code": -32600, "message": "Session not found"}}).encode()
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            return await send({"type": "http.response.body", "body": body})
+
+        async def send_owned(message):
+            if message["type"] == "http.response.start":
+                for k, v in message.get("headers") or []:
+                    if k.lower() == b"mcp-session-id" and v not in self.owners:
+                        self.owners[v] = who
+                        while len(self.owners) > self.MAX:
+                            self.owners.popitem(last=False)
+            await send(message)
+        await self.app(scope, receive, send_owned)
+
+
+def engine_for_scope(scope):
+    from .httpauth import STATE_KEY
+    view = scope.get("state", {}).get(STATE_KEY)
+    if view is None:
+        raise RuntimeError("no TenantGate in front of the MCP app: refusing to serve unscoped")
+    return view
