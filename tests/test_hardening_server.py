@@ -16,6 +16,7 @@ import threading
 import httpx
 import pytest
 from sandtree.engine import Engine
+from sandtree.errors import InvalidInput, MergeConflict
 
 from conftest import free_port, listening
 
@@ -127,6 +128,15 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
                 assert again["image"] == img_a
                 text = await c.read_resource(f"sandtree://image/{img_a}/read/etc/greeting")
                 assert text.contents[0].text == "hello from the image\n"
+                # item 17 over MCP: a conflicted merge fails the call naming the conflicts
+                one, two = [_tool_value(await c.call_tool("run", {"command": f"echo {n} > /f", "image": "mine",
+                                                                  "disposable": False}))["result_image"]
+                            for n in (1, 2)]
+                res = await c.call_tool("merge", {"ours": one, "theirs": two, "base": img_a})
+                assert res.is_error and "merge_conflict" in res.content[0].text and "/f" in res.content[0].text
+                back = _tool_value(await c.call_tool("merge", {"ours": one, "theirs": two, "base": img_a,
+                                                               "return_conflicts": True}))
+                assert back["image"] is None and back["conflicts"][0]["path"] == "/f"
 
         async def as_bob():
             async with _mcp_client(url, tok_b) as c:
@@ -170,3 +180,85 @@ def test_mcp_http_refuses_a_non_loopback_bind_without_tokens(tmp_path):
         pytest.fail("mcp --http --host 0.0.0.0 without tokens kept running (it listened)")
     assert p.returncode != 0
     assert "loopback only" in err
+
+
+# ---- item 17: merge conflicts are unmistakable; build products never conflict -------------------
+def _two_test_runs(st, bb_image):
+    """Two branches that each changed the source and ran the "tests": each wrote its own
+    __pycache__/*.pyc, .pytest_cache/ and a *.pyc beside the sources."""
+    base = bb_image.run("mkdir -p /app; echo 'a = 1' > /app/a.py; echo 'b = 1' > /app/b.py").image
+    ours = base.run("echo 'a = 2' > /app/a.py; mkdir -p /app/__pycache__ /app/.pytest_cache; "
+                    "echo OURS > /app/__pycache__/a.cpython-311.pyc; echo O > /app/.pytest_cache/v; "
+                    "echo O > /app/x.pyc").image
+    theirs = base.run("echo 'b = 2' > /app/b.py; mkdir -p /app/__pycache__ /app/.pytest_cache; "
+                      "echo THEIRS > /app/__pycache__/a.cpython-311.pyc; echo T > /app/.pytest_cache/v; "
+                      "echo T > /app/x.pyc").image
+    return base, ours, theirs
+
+
+def test_merge_ignores_build_products_by_default(st, rootfs):
+    """Item 17: __pycache__/, *.pyc, .pytest_cache/ written by tests on both branches no longer
+    make the merge conflict: ours is taken there, the sources merge."""
+    base, ours, theirs = _two_test_runs(st, st.import_image(rootfs))
+    m = st.merge(base, ours, theirs)
+    assert m.image is not None and m.conflicts == []
+    assert m.image.read("/app/a.py") == b"a = 2\n" and m.image.read("/app/b.py") == b"b = 2\n"
+    assert m.image.read("/app/__pycache__/a.cpython-311.pyc") == b"OURS\n"
+    assert m.image.read("/app/x.pyc") == b"O\n" and m.image.read("/app/.pytest_cache/v") == b"O\n"
+    assert set(m.ignored) == {"/app/__pycache__", "/app/.pytest_cache", "/app/x.pyc"}
+    # globs of one's own, and none at all
+    with pytest.raises(MergeConflict) as raised:
+        st.merge(base, ours, theirs, ignore=[])
+    assert {c["path"] for c in raised.value.details["conflicts"]} == {
+        "/app/__pycache__/a.cpython-311.pyc", "/app/.pytest_cache/v", "/app/x.pyc"}
+    with pytest.raises(MergeConflict) as raised:
+        st.merge(base, ours, theirs, ignore=["__pycache__/"])
+    assert {c["path"] for c in raised.value.details["conflicts"]} == {"/app/.pytest_cache/v", "/app/x.pyc"}
+    m2 = st.merge(base, ours, theirs, ignore=["__pycache__/", "/app/.pytest_cache/", "*.pyc"])
+    assert m2.image == m.image
+    with pytest.raises(InvalidInput):
+        st.merge(base, ours, theirs, ignore="*.pyc")       # a string is not a list of globs
+
+
+def test_merge_conflict_raises_on_every_surface(st, rootfs, tmp_path):
+    """Item 17: a conflicted merge raises MergeConflict (Python API, engine), answers 409
+    merge_conflict over REST and through the remote client, fails the MCP tool, and exits 1 from
+    the CLI naming the conflicts; on_conflict="return" gives the list back (image None); nothing
+    is made either way."""
+    from sandtree import MergeConflict as Exported
+    from sandtree.server import build_app
+    from starlette.testclient import TestClient
+    img = st.import_image(rootfs, tag="bb")
+    base = img.run("echo 0 > /f").image
+    ours, theirs = base.run("echo 1 > /f").image, base.run("echo 2 > /f").image
+    before = {i.id for i in st.images()}
+    with pytest.raises(Exported) as raised:
+        st.merge(base, ours, theirs)
+    assert raised.value.code == "merge_conflict" and "/f (content)" in raised.value.message
+    assert raised.value.details["conflicts"][0]["path"] == "/f"
+    with pytest.raises(MergeConflict):
+        st._engine.merge(base.id, ours.id, theirs.id)
+    assert st.merge(base, ours, theirs, on_conflict="return").image is None
+    with pytest.raises(InvalidInput):
+        st.merge(base, ours, theirs, on_conflict="maybe")
+    assert {i.id for i in st.images()} == before
+    with TestClient(build_app(st._engine)) as c:
+        r = c.post("/api/v1/merge", json={"ours": ours.id, "theirs": theirs.id, "base": base.id})
+        assert r.status_code == 409 and r.json()["error"] == "merge_conflict"
+        assert r.json()["conflicts"][0]["path"] == "/f"
+        r = c.post("/api/v1/merge", json={"ours": ours.id, "theirs": theirs.id, "base": base.id,
+                                          "on_conflict": "return"})
+        assert r.status_code == 200 and r.json()["image"] is None and r.json()["conflicts"][0]["path"] == "/f"
+        r = c.post("/api/v1/merge", json={"ours": ours.id, "theirs": theirs.id, "base": base.id,
+                                          "strategy": "theirs", "ignore": ["f"]})
+        assert r.status_code == 200 and r.json()["ignored"] == ["/f"]
+        merged = st.image(r.json()["image"])
+        assert merged.read("/f") == b"1\n"                  # ignored: ours, whatever the strategy
+    home = st._engine.store.home
+    cli = [sys.executable, "-m", "sandtree", "--home", home, "merge", base.id, ours.id, theirs.id]
+    p = subprocess.run(cli, capture_output=True, text=True)
+    assert p.returncode == 1 and "CONFLICT (content): /f" in p.stderr
+    p = subprocess.run(cli + ["--ignore", "f", "--json"], capture_output=True, text=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["ignored"] == ["/f"]
+    p = subprocess.run(cli + ["--no-default-ignore", "--json"], capture_output=True, text=True)
+    assert p.returncode == 1 and json.loads(p.stdout)["conflicts"][0]["path"] == "/f"

@@ -27,7 +27,7 @@ def _wrap(value):
         return AsyncRunResult(**{**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
                                  "image": _wrap(value.image), "source": _wrap(value.source)})
     if isinstance(value, api.MergeResult):
-        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts)
+        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts, value.ignored)
     if isinstance(value, api.Branch):
         return AsyncBranch(value)
     if isinstance(value, api.Sandbox):

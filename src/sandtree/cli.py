@@ -13,6 +13,7 @@ import sys
 import time
 
 from . import config
+from .branching.merge import DEFAULT_IGNORE
 from .errors import InvalidInput, SandtreeError
 
 
@@ -433,7 +434,10 @@ def cmd_merge(args):
     eng = _engine(args)
     refs_ = [eng.resolve(r) for r in args.images]
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
-    res = eng.merge(base, ours, theirs, strategy=args.strategy)
+    ignore = None if args.ignore is None and not args.no_default_ignore else \
+        ([] if args.no_default_ignore else list(DEFAULT_IGNORE)) + (args.ignore or [])
+    # the conflicts come back to be listed (exit 1 says no image was made)
+    res = eng.merge(base, ours, theirs, strategy=args.strategy, ignore=ignore, on_conflict="return")
 
     def human(o):
         for c in o["conflicts"]:
@@ -669,6 +673,10 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("merge", parents=[common], help="three-way merge: [BASE] OURS THEIRS")
     x.add_argument("images", nargs="+", metavar="IMAGE")
     x.add_argument("--strategy", choices=["ours", "theirs", "markers"])
+    x.add_argument("--ignore", action="append", metavar="GLOB",
+                   help="paths that never conflict, ours taken (repeatable; added to the defaults "
+                        f"{' '.join(DEFAULT_IGNORE)})")
+    x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
     x.set_defaults(fn=cmd_merge)
     br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
     bsub = br.add_subparsers(dest="branch_command", required=True)

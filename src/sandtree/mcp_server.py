@@ -48,7 +48,8 @@ GUIDE = {
     "branching": """Explore safely:
 - fork(image, commands) runs N variants in parallel from one image; keep the best result_image.
 - diff(a, b) shows what differs; merge(ours, theirs) combines two branches (base found from lineage);
-  conflicts come back as a list and make no image unless strategy is ours/theirs/markers.
+  conflicts make no image and fail the call with merge_conflict listing them, unless strategy is
+  ours/theirs/markers; __pycache__/, *.pyc and .pytest_cache/ never conflict (ours taken; see ignore).
 - branch_create(name, image) then run(image="branch:NAME") advances the branch; rollback(name, steps=1)
   undoes the last run; lineage(image) shows the tree of what came from an image.""",
     "async": """run(..., wait=false) returns an operation_id at once. wait_operations([ids], timeout) waits;
@@ -459,11 +460,14 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
 
     @server.tool()
     @guard
-    def merge(ours: str, theirs: str, base: str | None = None, strategy: str | None = None) -> dict:
+    def merge(ours: str, theirs: str, base: str | None = None, strategy: str | None = None,
+              ignore: list[str] | None = None, return_conflicts: bool = False) -> dict:
         """Three-way merge of two images (base: their common ancestor unless given). Conflicts make no
-        image unless strategy is ours, theirs or markers (conflict markers in text files)."""
+        image unless strategy is ours, theirs or markers (conflict markers in text files): the call
+        fails with merge_conflict naming them (return_conflicts=true: returned as a list, image null).
+        ignore: globs that never conflict, ours taken (default __pycache__/, *.pyc, .pytest_cache/)."""
         return engine.merge(engine.resolve(base) if base else None, engine.resolve(ours), engine.resolve(theirs),
-                            strategy=strategy)
+                            strategy=strategy, ignore=ignore, on_conflict="return" if return_conflicts else "raise")
 
     @server.tool()
     @guard

@@ -132,6 +132,10 @@ class MergeIn(BaseModel):
     theirs: str
     base: str | None = None
     strategy: str | None = None
+    ignore: list[str] | None = Field(None, description="globs that never conflict (ours taken); null: "
+                                     "__pycache__/, *.pyc, .pytest_cache/; [] for none")
+    on_conflict: Literal["raise", "return"] = Field("raise", description="conflicts without a strategy: 409 "
+                                                    "merge_conflict (raise) or 200 with image null (return)")
 
 
 class BranchIn(BaseModel):
@@ -553,7 +557,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         resolve = engine.resolve
         base = await call(resolve, body.base) if body.base else None
         return await call(engine.merge, base, await call(resolve, body.ours), await call(resolve, body.theirs),
-                          strategy=body.strategy)
+                          strategy=body.strategy, ignore=body.ignore, on_conflict=body.on_conflict)
 
     @app.get("/api/v1/branches")
     async def branches() -> dict:

@@ -971,21 +971,24 @@ class TenantView:
 
     # ---- merge and branches -------------------------------------------------------------------
     @_scoped("run")
-    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
+    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
+              ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
+        from .branching.ops import check_on_conflict, conflict_outcome
+        check_on_conflict(on_conflict)
         self._see(ours), self._see(theirs)
         if base is None:
             # the engine would look over everyone's lineage; only this tenant's may choose the base
             base = self.common_ancestor(ours, theirs) or EMPTY_TREE_HASH
         elif base != EMPTY_TREE_HASH:
             self._see(base)
-        res = self.engine.merge(base, ours, theirs, strategy=strategy)
+        res = self.engine.merge(base, ours, theirs, strategy=strategy, ignore=ignore, on_conflict="return")
         op = None
         if res.get("image"):
             self._own(res["image"])
             op = self._claim_op("merge", res["image"])
         self._audit("merge", image=ours, result=res.get("image"), op=op,
                     detail={"theirs": theirs, "base": base, "strategy": strategy, "conflicts": len(res["conflicts"])})
-        return res
+        return conflict_outcome(res, on_conflict)          # audited first: a refused merge is recorded too
 
     @_scoped("tag")
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:
