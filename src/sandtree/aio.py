@@ -73,9 +73,17 @@ class AsyncSandtree:
 
     @classmethod
     def connect(cls, url: str, *, token: str | None = None) -> "AsyncSandtree":
-        """The async API over a `sandtree serve` at `url`."""
+        """The async API over a `sandtree serve` at `url`. Connecting does no I/O, so the result
+        is used at once or awaited: `AsyncSandtree.connect(url)` and `await AsyncSandtree.connect(url)`
+        are the same (what a user of an async API expects to write either way)."""
         self = cls.__new__(cls)
         self._sync = api.connect(url, token=token)
+        return self
+
+    def __await__(self):
+        """`await AsyncSandtree.connect(...)`: the connected object itself."""
+        if False:                                        # a generator that returns at once
+            yield
         return self
 
     async def __aenter__(self):
