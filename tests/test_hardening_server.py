@@ -352,3 +352,83 @@ def test_readme_first_snippet_runs_on_a_fresh_store(tmp_path, rootfs, monkeypatc
         assert (tmp_path / "a.tar").exists()
     finally:
         env["st"].close()
+
+
+# ---- item 9 (server half): what the server keeps ------------------------------------------------
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.slow
+def test_server_memory_stays_bounded_after_flooding_runs(tmp_path, rootfs):
+    """Item 9: runs whose output floods far past their `output` cap leave the server's memory
+    bounded (it kept every chunk as an event, forever: 60 MB -> 3.1 GB). 8 runs of 128 MiB each
+    would keep 1 GiB; the SSE stream of a finished run still ends with its end event."""
+    home = str(tmp_path / "home")
+    Engine(home, warm=0).close()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from conftest import wait_for_port
+        wait_for_port(port, 30)
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=300)
+        tar = subprocess.run(["tar", "-C", rootfs, "-cf", "-", "."], capture_output=True, check=True).stdout
+        assert api.post("/images/import", params={"tag": "bb"}, content=tar).status_code == 201
+        flood = "yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 134217728"
+        r = api.post("/runs", json={"image": "bb", "command": "echo warm", "disposable": True})
+        assert r.status_code == 201
+        before = _rss_mb(proc.pid)
+        ops = []
+        for _ in range(8):
+            r = api.post("/runs", json={"image": "bb", "command": flood, "output": "1M", "disposable": True})
+            assert r.status_code == 201, r.text
+            body = r.json()
+            assert body["outcome"]["exit_code"] == 0 and body["outcome"]["stdout_truncated"]
+            ops.append(body["id"])
+        after = _rss_mb(proc.pid)
+        print(f"server RSS {before:.0f} MB -> {after:.0f} MB after 8 runs of 128 MiB output each")
+        assert after < 300, f"server RSS {before:.0f} MB -> {after:.0f} MB after 8 flooding runs"
+        # a finished run's event stream: its output up to the cap, then its end (marked cut)
+        with api.stream("GET", f"/operations/{ops[-1]}/events") as s:
+            text = "".join(s.iter_text())
+        assert "event: end" in text and '"events_truncated": true' in text
+        assert len(text) < 4 << 20
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_ended_operations_shrink_to_their_end_event(tmp_path, rootfs, monkeypatch):
+    """Item 9: an ended operation's events shrink to its end event (a stream resuming with
+    Last-Event-ID still learns how it ended), its result is dropped past the retention bounds
+    (its row stays), and a live one's events stay whole for resuming."""
+    from sandtree import operations as ops_mod
+    monkeypatch.setattr(ops_mod, "EVENTS_KEEP", 0.0)
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        engine.import_path(rootfs, tag="bb")
+        engine._operations = ops_mod.Operations(engine, workers=2, retain_seconds=3600, retain_bytes=10)
+        ops = engine.operations
+        slow = ops.submit_run("bb", "echo one; sleep 2; echo two", disposable=True)
+        first, _ = ops.events_after(slow, 0, 10)
+        while not any(k == "stdout" for _, k, _ in first):
+            first += ops.events_after(slow, first[-1][0], 10)[0]
+        fast = ops.submit_run("bb", "seq 1000", disposable=True, output="100")
+        ops.wait([fast], 30)
+        ended = ops.events_after(fast, 0, 1)
+        assert ended[1] and len(ended[0]) == 1 and ended[0][0][1] == "end"
+        assert json.loads(ended[0][0][2])["events_truncated"] is True
+        assert ops.result(fast) is None and ops.get(fast)["status"] == "done"    # over 10 bytes: dropped
+        # the running one kept every event: resuming after the first gets the rest
+        seq = first[0][0]
+        rest, done = [], False
+        while not done:
+            new, done = ops.events_after(slow, seq, 10)
+            rest += new
+            seq = new[-1][0] if new else seq
+        assert "two" in "".join(d for _, k, d in rest if k == "stdout") and rest[-1][1] == "end"
+        assert ops.events_after("0" * 32, 0, 5) == ([], True)        # unknown here: ends at once
+    finally:
+        engine.close()

@@ -35,6 +35,7 @@ from .errors import Forbidden, SandtreeError
 from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
 HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
                   "server's user)")
 
@@ -113,11 +114,18 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
         if not host_paths:
             raise ToolError(f"{Forbidden.code}: {what}: {HOST_PATHS_OFF}")
     outputs: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()     # full output of recent runs
+    kept = [0]                                                          # bytes in `outputs`
 
     def remember(op: str, stdout: bytes, stderr: bytes) -> None:
+        old = outputs.pop(op, None)
+        if old is not None:
+            kept[0] -= len(old[0]) + len(old[1])
         outputs[op] = (stdout, stderr)
-        while len(outputs) > 200:
-            outputs.popitem(last=False)
+        kept[0] += len(stdout) + len(stderr)
+        # the newest 200 runs within OUTPUTS_KEPT bytes (each run's output is capped, not the sum)
+        while len(outputs) > 1 and (len(outputs) > 200 or kept[0] > OUTPUTS_KEPT):
+            _, (o, e) = outputs.popitem(last=False)
+            kept[0] -= len(o) + len(e)
 
     def guard(fn):
         """Engine errors become tool errors with their kind and message (never a crash)."""
