@@ -347,7 +347,7 @@ def cmd_serve(args):
             raise InvalidInput(f"--pool takes IMAGE=SIZE, not {spec!r}")
         pools[image] = int(size)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
-          access_log=args.access_log, pools=pools)
+          access_log=args.access_log, pools=pools, max_upload=args.max_upload)
 
 
 # ---- tenants, tokens, audit (tenants.py) -----------------------------------------------------------
@@ -357,7 +357,7 @@ def cmd_token(args):
     if sub == "create":
         res = eng.tenancy.create_token(args.tenant, args.scopes, max_runs=args.max_runs,
                                        max_timeout=args.max_timeout, max_output=args.max_output,
-                                       max_sandboxes=args.max_sandboxes)
+                                       max_sandboxes=args.max_sandboxes, max_upload=args.max_upload)
         _out(args, res, lambda o: (print(o["token"]), print(
             f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
             file=sys.stderr)))
@@ -373,7 +373,8 @@ def cmd_token(args):
         _out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))
     elif sub == "limits":
         res = eng.tenancy.set_limits(args.tenant, max_runs=args.max_runs, max_timeout=args.max_timeout,
-                                     max_output=args.max_output, max_sandboxes=args.max_sandboxes)
+                                     max_output=args.max_output, max_sandboxes=args.max_sandboxes,
+                                     max_upload=args.max_upload)
         _out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
 
 
@@ -721,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable)")
     x.add_argument("--access-log", choices=["json", "off"], default="json",
                    help="request log on stderr: one JSON object per request (default), or none")
+    x.add_argument("--max-upload", default="1G",
+                   help="largest upload or image tar a request may send (default 1G; a tenant's own "
+                        "--max-upload limit replaces it)")
     x.set_defaults(fn=cmd_serve)
     tk = sub.add_parser("token", help="API tokens: each belongs to a tenant, which sees only its own images")
     tsub = tk.add_subparsers(dest="token_command", required=True)
@@ -730,6 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--max-timeout", type=float, help="longest run timeout the tenant may ask (s)")
         x.add_argument("--max-output", help="most output kept per stream (e.g. 1M)")
         x.add_argument("--max-sandboxes", type=int, help="live sandboxes the tenant may keep at once (default 8)")
+        x.add_argument("--max-upload", help="largest upload or image tar the tenant may send (e.g. 200M; "
+                                            "default: the server's --max-upload)")
     x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
     x.add_argument("--tenant", required=True)
     x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")

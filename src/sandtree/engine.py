@@ -587,6 +587,16 @@ class Engine(BranchingOps):
             raise InvalidInput("upload takes bytes")
         return self.store.blobs.put_bytes(bytes(data))
 
+    def upload_file(self, path: str, digest: str | None = None) -> str:
+        """Store a file's bytes once (copied; the file stays the caller's). digest: its sha256,
+        if the caller computed it while writing the file."""
+        from .store.blobs import hash_file
+        if digest is None:
+            digest, _ = hash_file(path)
+        if not self.store.blobs.has(digest):
+            self.store.blobs.put_file(path, digest)
+        return digest
+
     def download(self, digest: str) -> bytes:
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
             raise NotFound(f"no uploaded file {digest!r}")

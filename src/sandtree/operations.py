@@ -135,8 +135,6 @@ class Operations:
         with self.changed:
             end = time.monotonic() + timeout
             while True:
-                if op not in self.events and op not in self.live:
-                    return [], True                     # not run here, or ended long ago: nothing to stream
                 log = self.events.get(op, [])
                 new = [e for e in log if e[0] > after]
                 ended = bool(log) and log[-1][1] == "end"

@@ -23,9 +23,10 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .contree_api import contree_router
 from .engine import Engine
-from .errors import InvalidInput, SandtreeError
+from .errors import DiskFull, InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -164,11 +165,36 @@ class ShareIn(BaseModel):
     public: bool = True
 
 
-def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
-    """log: where the JSON-lines request log goes (None: no request log)."""
+async def spool(request: Request, directory: str) -> tuple[str, str, int]:
+    """A request body streamed into a new file in `directory` (the store's tmp/, on the store's
+    disk: never memory), hashed as it comes: (path, sha256, size). The body's cap is
+    bodylimit.BodyLimit's (TooLarge while streaming); on any error the file is removed."""
+    import errno
+    import hashlib
+    fd, path = tempfile.mkstemp(prefix="upload-", dir=directory)
+    h, size = hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in request.stream():
+                h.update(chunk)
+                f.write(chunk)
+                size += len(chunk)
+    except BaseException as exc:
+        os.unlink(path)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull("disk full: the upload was not stored") from None
+        raise
+    return path, h.hexdigest(), size
+
+
+def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD) -> FastAPI:
+    """log: where the JSON-lines request log goes (None: no request log). max_upload: the
+    largest upload or image tar a request may send, unless its tenant's max_upload says otherwise."""
     app = FastAPI(title="sandtree", version="0.1.0",
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
+    app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
+    spool_dir = engine.store.layers.tmp     # uploads land on the store's disk, then move in
     engine = RequestEngine()                # every route below: the caller's view of the engine
     ops = engine.operations
 
@@ -329,11 +355,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     @app.post("/api/v1/images/import", status_code=201)
     async def import_tar(request: Request, tag: str | None = None) -> dict:
         """The body is a tar (plain, gzip or zstd) of a root filesystem, or an OCI/docker archive."""
-        fd, path = tempfile.mkstemp(prefix="sandtree-upload-", suffix=".tar")
+        path, _, _ = await spool(request, spool_dir)
         try:
-            with os.fdopen(fd, "wb") as f:
-                async for chunk in request.stream():
-                    f.write(chunk)
             return {"image": await call(engine.import_path, path, tag=tag), "tag": tag}
         finally:
             os.unlink(path)
@@ -356,8 +379,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     @app.post("/api/v1/files", status_code=201)
     async def upload(request: Request) -> dict:
         """Upload once, reference many times: runs take {"path", "sha256"}."""
-        data = await request.body()
-        return {"sha256": await call(engine.upload, data), "size": len(data)}
+        path, digest, size = await spool(request, spool_dir)
+        try:
+            return {"sha256": await call(engine.upload_file, path, digest), "size": size}
+        finally:
+            os.unlink(path)
 
     @app.post("/api/v1/file-sets", status_code=201)
     async def file_set(body: list[FileIn]) -> dict:
@@ -521,7 +547,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     async def events(op: str, request: Request) -> StreamingResponse:
         """Server-Sent Events: `start`, `stdout`, `stderr`, `end`; ids are sequence numbers, so a
         client reconnecting with Last-Event-ID gets only what it missed."""
-        await call(ops.get, op)                                  # 404 for an unknown operation
+        rec = await call(ops.get, op)                            # 404 for an unknown operation
         try:
             after = int(request.headers.get("last-event-id", "0"))
         except ValueError:
@@ -529,6 +555,10 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
         async def stream():
             nonlocal after
+            if rec["status"] in ("done", "failed", "cancelled"):
+                new, ended = await call(ops.events_after, op, 0, 0)
+                if not new and not ended:
+                    return                  # run by an engine before this one (or long ago): nothing to follow
             while True:
                 new, ended = await call(ops.events_after, op, after, 10.0)
                 for seq, kind, data in new:
@@ -591,12 +621,17 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
 
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
-          access_log: str = "json", pools: dict[str, int] | None = None) -> None:
+          access_log: str = "json", pools: dict[str, int] | None = None,
+          max_upload: int | str = DEFAULT_MAX_UPLOAD) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
-    warm pools kept by this server (runs through it on those images skip setup)."""
+    warm pools kept by this server (runs through it on those images skip setup). max_upload:
+    the largest upload or image tar (a tenant's max_upload limit replaces it)."""
     import sys
 
     import uvicorn
+
+    from .engine import parse_size
+    max_upload = parse_size(max_upload)
     engine = Engine(home, max_runs=max_runs)
     try:
         tokens = engine.tenancy.configured()
@@ -611,7 +646,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
         for image, size in (pools or {}).items():
             engine.pool_create(engine.resolve(image), size)
-        uvicorn.run(build_app(engine, log=log), host=host, port=port, log_level="warning")
+        uvicorn.run(build_app(engine, log=log, max_upload=max_upload), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

@@ -55,7 +55,8 @@ SCOPES = ("import", "run", "list", "cancel", "tag")
 ALL_SCOPES = SCOPES + ("admin",)
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 SEP = "~"
-LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes")
+LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes", "max_upload")
+SIZE_LIMITS = ("max_output", "max_upload")
 DEFAULT_MAX_SANDBOXES = 8
 TOKEN_RE = re.compile(r"^stk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,200})$")
 
@@ -153,7 +154,7 @@ class Tenancy:
             if v is None:
                 continue
             try:
-                v = parse_size(v) if k == "max_output" else (int(v) if k in ("max_runs", "max_sandboxes")
+                v = parse_size(v) if k in SIZE_LIMITS else (int(v) if k in ("max_runs", "max_sandboxes")
                                                              else float(v))
             except (TypeError, ValueError):
                 raise InvalidInput(f"{k} must be a number, not {v!r}") from None
@@ -684,6 +685,15 @@ class TenantView:
     @_scoped("run")
     def upload(self, data: bytes) -> str:
         digest = self.engine.upload(data)
+        with self.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_blobs(tenant, kind, id) VALUES(?,?,?)",
+                        (self.tenant.name, "upload", digest))
+        return digest
+
+    @_scoped("run")
+    def upload_file(self, path: str, digest: str | None = None) -> str:
+        """What the server spooled of this tenant's upload (server.py; never a path a tenant names)."""
+        digest = self.engine.upload_file(path, digest)
         with self.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO tenant_blobs(tenant, kind, id) VALUES(?,?,?)",
                         (self.tenant.name, "upload", digest))
