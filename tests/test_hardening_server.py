@@ -506,3 +506,95 @@ def test_uploads_stream_to_disk_under_a_cap(tmp_path, rootfs):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ---- item 12: a full disk ---------------------------------------------------------------------
+def _fill(directory: str) -> str:
+    """Fill the filesystem of `directory` to the last block; returns the filler's path."""
+    filler = os.path.join(directory, "filler")
+    block = b"\0" * (1 << 20)
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096, 512, 1):
+            try:
+                while True:
+                    f.write(block[:size])
+            except OSError:
+                pass
+    return filler
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_disk_full_is_named_and_reads_keep_working(tmp_path, rootfs):
+    """Item 12: on a store whose disk fills up, commit raises DiskFull (a raw OSError ENOSPC
+    before; the CLI printed a traceback, exit 1), the CLI exits 125 saying "disk full", REST
+    answers 507 disk_full; at 100 % full, Sandtree(home), cat and fsck still work (SQLite's
+    `PRAGMA journal_mode=WAL` failed with "disk I/O error"); nothing committed is lost."""
+    import sandtree
+    from sandtree import DiskFull
+    from sandtree.server import build_app
+    from starlette.testclient import TestClient
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m,mode=0700", "h12-server-disk", str(disk)], check=True)
+    try:
+        home = str(disk / "home")
+        cli = [sys.executable, "-m", "sandtree", "--home", home]
+        st = sandtree.Sandtree(home, warm=0)
+        try:
+            img = st.import_image(rootfs, tag="bb")
+            kept = img.run("echo kept > /kept").image
+            st.tag(kept, "kept")
+            images = {i.id for i in st.images()}
+            with pytest.raises(DiskFull) as raised:                 # the commit meets ENOSPC
+                img.run("dd if=/dev/urandom of=/big bs=1M count=60 2>/dev/null", disk="200M")
+            assert "disk full" in raised.value.message
+            assert {i.id for i in st.images()} == images and os.listdir(os.path.join(home, "tmp")) == []
+        finally:
+            st.close()
+        p = subprocess.run(cli + ["run", "bb", "--disk", "200M", "--", "sh", "-c",
+                                  "dd if=/dev/urandom of=/big bs=1M count=60 2>/dev/null"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 125 and "disk full" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        engine = Engine(home, warm=0)
+        try:
+            with TestClient(build_app(engine)) as c:
+                r = c.post("/api/v1/runs", json={"image": "bb", "disk": "200M",
+                                                 "command": "dd if=/dev/urandom of=/big bs=1M count=60"})
+                assert r.json()["outcome"]["error"] == "disk_full", r.text      # the run's own record
+                filler = _fill(str(disk))
+                r = c.post("/api/v1/files", content=b"z" * 100_000)
+                assert r.status_code == 507 and r.json()["error"] == "disk_full", r.text
+                r = c.post("/api/v1/runs", json={"image": "bb", "command": "true"})
+                assert r.status_code == 507 and r.json()["error"] == "disk_full", r.text
+                r = c.put("/api/v1/tags/other", json={"image": "kept"})
+                assert r.status_code == 507 and r.json()["error"] == "disk_full", r.text
+                assert c.get("/api/v1/images/kept/read", params={"path": "/kept"}).content == b"kept\n"
+        finally:
+            engine.close()
+        assert os.statvfs(str(disk)).f_bavail == 0
+        # 100 % full, no connection open: reads still work, in process and from the CLI
+        st = sandtree.Sandtree(home, warm=0)
+        try:
+            assert st.image("kept").read("/kept") == b"kept\n"
+            assert st.fsck()["ok"] and {i.id for i in st.images()} == images
+            with pytest.raises(DiskFull):
+                st.tag(kept, "other")
+        finally:
+            st.close()
+        p = subprocess.run(cli + ["cat", "kept", "/kept"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout == "kept\n", p.stderr
+        p = subprocess.run(cli + ["fsck"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        p = subprocess.run(cli + ["tag", "kept", "other"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "disk full" in p.stderr and "Traceback" not in p.stderr
+        # room again: everything committed is there, and writes work
+        os.unlink(filler)
+        st = sandtree.Sandtree(home, warm=0)
+        try:
+            assert {i.id for i in st.images()} == images and st.fsck()["ok"]
+            assert st.image("kept").run("cat /kept").stdout == b"kept\n"
+            st.tag(kept, "other")
+        finally:
+            st.close()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -781,7 +781,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`, `exec` and `shell`")
         args.cmd = list(args.cmd) + tail
     try:
-        rc = args.fn(args)
+        try:
+            rc = args.fn(args)
+        except OSError as exc:               # a full disk outside the engine (this command's own files)
+            import errno
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            from .errors import DiskFull
+            raise DiskFull(f"disk full: {exc.strerror}") from None
         return rc or 0
     except SandtreeError as exc:
         if getattr(args, "json", False):

@@ -27,7 +27,7 @@ from .runtime.namespaces import NamespaceRuntime, validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store import importers, inspect
 from .store.blobs import BlobStore
-from .store.db import Database, dumps
+from .store.db import Database, dumps, typed_disk_errors
 from .store.layers import IdMap, remove_tree
 from .store.objects import DIR, Entry
 from .store.scan import scan
@@ -782,6 +782,16 @@ def microvm_reason() -> str:
         return ("/dev/kvm is present but is not hardware virtualization (no vmx/svm CPU flag, no "
                 "kvm_intel/kvm_amd module); and sandtree has no microVM tier yet")
     return "hardware virtualization is present, but sandtree has no microVM tier yet"
+
+
+# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull (issue 12
+# item 12), wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
+for _name in [n for n in dir(Engine) if not n.startswith("_")]:
+    _attr = getattr(Engine, _name)
+    if callable(_attr) and not isinstance(getattr(type(Engine), _name, None), property) and \
+            not isinstance(Engine.__dict__.get(_name), (staticmethod, classmethod, property)):
+        setattr(Engine, _name, typed_disk_errors(_attr))
+del _name, _attr
 
 
 def _check_tag(tag: str) -> None:

@@ -202,6 +202,15 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     async def sandtree_error(request: Request, exc: SandtreeError):
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError):
+        """A full disk the engine did not name (a route's own file): 507 disk_full, not internal."""
+        import errno
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            full = DiskFull("disk full: nothing was stored")
+            return JSONResponse(full.to_dict(), status_code=full.http_status)
+        return JSONResponse({"error": "internal", "message": str(exc)}, status_code=500)
+
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)
 
