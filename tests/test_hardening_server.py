@@ -12,13 +12,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
 from sandtree.engine import Engine
 from sandtree.errors import InvalidInput, MergeConflict
 
-from conftest import free_port, listening
+from conftest import free_port, listening, serve_process
 
 
 # ---- item 11: lazily made engine parts ------------------------------------------------------------
@@ -103,6 +104,8 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
         with pytest.raises(BaseException):           # noqa: B017 - the SDK wraps the 401 in groups
             asyncio.run(refused_without_token())
 
+        shared: dict = {}
+
         async def as_alice():
             async with _mcp_client(url, tok_a) as c:
                 imgs = _tool_value(await c.call_tool("list_images", {}))
@@ -126,6 +129,7 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
                 again = _tool_value(await c.call_tool("import_image", {"source": f"upload:{up['sha256']}",
                                                                        "tag": "again"}))
                 assert again["image"] == img_a
+                shared["upload"] = up["sha256"]
                 text = await c.read_resource(f"sandtree://image/{img_a}/read/etc/greeting")
                 assert text.contents[0].text == "hello from the image\n"
                 # item 17 over MCP: a conflicted merge fails the call naming the conflicts
@@ -141,6 +145,9 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
         async def as_bob():
             async with _mcp_client(url, tok_b) as c:
                 assert _tool_value(await c.call_tool("list_images", {})) == []
+                # alice's upload is no one else's to import
+                res = await c.call_tool("import_image", {"source": f"upload:{shared['upload']}"})
+                assert res.is_error and "not_found" in res.content[0].text, res.content
                 for tool, args in [("get_image", {"image": img_a}), ("get_image", {"image": "mine"}),
                                    ("read_file", {"image": img_a, "path": "/etc/greeting"}),
                                    ("run", {"command": "true", "image": img_a})]:
@@ -598,3 +605,28 @@ def test_disk_full_is_named_and_reads_keep_working(tmp_path, rootfs):
             st.close()
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+# ---- own review: waiting callers starved every other request --------------------------------------
+def test_waiting_callers_do_not_starve_the_server(tmp_path, rootfs):
+    """Review: every route ran its engine call on asyncio's default pool (cpu_count + 4 threads,
+    6 here): 8 callers of POST /operations/ID/wait froze GET /images (any tenant's) for the whole
+    run (19 s measured). Waits now have their own pool."""
+    with serve_process(tmp_path / "home") as url:
+        api = httpx.Client(base_url=f"{url}/api/v1", timeout=60)
+        tar = subprocess.run(["tar", "-C", rootfs, "-cf", "-", "."], capture_output=True, check=True).stdout
+        assert api.post("/images/import", params={"tag": "bb"}, content=tar).status_code == 201
+        op = api.post("/runs", json={"image": "bb", "command": "sleep 6", "wait": False,
+                                     "disposable": True}).json()["id"]
+        waiters = [threading.Thread(target=lambda: httpx.post(f"{url}/api/v1/operations/{op}/wait",
+                                                              params={"timeout": 30}, timeout=60))
+                   for _ in range(12)]
+        for t in waiters:
+            t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        assert api.get("/images").status_code == 200
+        took = time.monotonic() - t0
+        for t in waiters:
+            t.join()
+        assert took < 2.0, f"GET /images took {took:.1f} s while 12 callers waited on a run"

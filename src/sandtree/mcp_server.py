@@ -36,6 +36,8 @@ from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
+MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
+TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
 HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
                   "server's user)")
 
@@ -187,6 +189,9 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
         from concurrent.futures import ThreadPoolExecutor
         if not commands:
             raise ToolError("invalid_input: give at least one command")
+        if len(commands) > MAX_FORK:
+            raise ToolError(f"invalid_input: at most {MAX_FORK} commands in one fork")
+        parallel = min(parallel, MAX_FORK_PARALLEL)
         with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
             # each branch runs in a copy of this call's context: over HTTP it holds the caller's view
             futs = [pool.submit(contextvars.copy_context().run, engine.run, image, c, timeout=timeout,
@@ -295,8 +300,10 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     @server.tool()
     @guard
     def wait_operations(operation_ids: list[str], timeout: float = 60) -> list[dict]:
-        """Wait (up to timeout seconds) for operations to finish; returns their states."""
-        recs = engine.operations.wait(operation_ids, timeout)
+        """Wait (up to timeout seconds, at most 600) for operations to finish; returns their states."""
+        if len(operation_ids) > 1000:
+            raise ToolError("invalid_input: at most 1000 operation ids")
+        recs = engine.operations.wait(operation_ids, max(0.0, min(float(timeout), 600.0)))
         for op in operation_ids:
             done = engine.operations.result(op)
             if done is not None:
@@ -655,6 +662,11 @@ class SessionOwners:
         self.owners: OrderedDict[bytes, str] = OrderedDict()
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            # sync tools run on anyio's thread limiter (40 tokens): 40 callers waiting on runs
+            # would stall every tenant's tools; the limit is per event loop, set here in it
+            import anyio.to_thread
+            anyio.to_thread.current_default_thread_limiter().total_tokens = TOOL_THREADS
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         view = engine_for_scope(scope)

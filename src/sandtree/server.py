@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import contextvars
+import functools
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -30,6 +34,8 @@ from .errors import DiskFull, InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
+WAIT_THREADS = 256        # waits at once (an operation's end, its events); more queue behind them
 
 
 
@@ -190,8 +196,20 @@ async def spool(request: Request, directory: str) -> tuple[str, str, int]:
 def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD) -> FastAPI:
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
     largest upload or image tar a request may send, unless its tenant's max_upload says otherwise."""
-    app = FastAPI(title="sandtree", version="0.1.0",
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        # Every route's engine call runs in a thread. asyncio's default pool has cpu_count + 4
+        # threads (6 here): 6 callers waiting on a run froze every other route of every tenant
+        # for the run's whole length. Engine calls get a pool of CALL_THREADS; pure waits
+        # (an operation's end, its next events, a pool filling) one of their own, so waiting,
+        # however many do it, never starves the calls that do work.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="sandtree-call"))
+        yield
+
+    app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
+    waits = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="sandtree-wait")
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
     spool_dir = engine.store.layers.tmp     # uploads land on the store's disk, then move in
@@ -213,6 +231,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)
+
+    def wait_call(fn, *a, **k):
+        """A call that mostly waits, on the waits pool (in this request's context: its engine view)."""
+        ctx = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(waits, functools.partial(ctx.run, fn, *a, **k))
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
@@ -418,7 +441,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         if not body.wait:
             return await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
         # one thread for submit and wait: each hop between the loop and a thread costs
-        return await call(lambda: operation_view(ops.wait([ops.submit_run(body.image, body.command, **opts)])[0]))
+        op = await call(ops.submit_run, body.image, body.command, **opts)
+        return await wait_call(lambda: operation_view(ops.wait([op])[0]))
 
     # ---- live sandboxes --------------------------------------------------------------------------
     @app.post("/api/v1/sandboxes", status_code=201)
@@ -497,7 +521,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.post("/api/v1/pools/{image}/wait")
     async def wait_pool(image: str, timeout: float = Query(30.0, ge=0, le=600)) -> dict:
-        return {"ready": await call(lambda: engine.pool_wait(engine.resolve(image), timeout))}
+        return {"ready": await wait_call(lambda: engine.pool_wait(engine.resolve(image), timeout))}
 
     @app.get("/api/v1/pools")
     async def list_pools() -> list[dict]:
@@ -546,7 +570,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.post("/api/v1/operations/{op}/wait")
     async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
-        return await call(lambda: operation_view(ops.wait([op], timeout)[0]))
+        return await wait_call(lambda: operation_view(ops.wait([op], timeout)[0]))
 
     @app.post("/api/v1/operations/{op}/cancel")
     async def cancel_operation(op: str) -> dict:
@@ -569,7 +593,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
                 if not new and not ended:
                     return                  # run by an engine before this one (or long ago): nothing to follow
             while True:
-                new, ended = await call(ops.events_after, op, after, 10.0)
+                new, ended = await wait_call(ops.events_after, op, after, 10.0)
                 for seq, kind, data in new:
                     after = seq
                     payload = "\n".join(f"data: {line}" for line in data.split("\n"))
