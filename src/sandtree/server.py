@@ -35,6 +35,7 @@ from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F4
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
+READ_CHUNK = 1 << 20      # bytes per chunk of a streamed file read
 WAIT_THREADS = 256        # waits at once (an operation's end, its events); more queue behind them
 
 
@@ -275,9 +276,25 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         return [e.to_dict() for e in await call(engine.ls, i, path)]
 
     @app.get("/api/v1/images/{ref:path}/read")
-    async def read(ref: str, path: str, offset: int = 0, limit: int | None = None) -> Response:
+    async def read(ref: str, path: str, offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> Response:
+        """A file's bytes from `offset`, at most `limit`; streamed a chunk at a time (a large
+        file read whole into memory per request was a way to exhaust the server's)."""
         i = await call(engine.resolve, ref)
-        return Response(await call(engine.read, i, path, offset, limit), media_type="application/octet-stream")
+        first = await call(engine.read, i, path, offset, min(limit, READ_CHUNK) if limit is not None else READ_CHUNK)
+        if len(first) < READ_CHUNK or limit == len(first):
+            return Response(first, media_type="application/octet-stream")
+
+        async def rest():
+            yield first
+            pos, left = offset + len(first), None if limit is None else limit - len(first)
+            while left is None or left > 0:
+                chunk = await call(engine.read, i, path, pos, READ_CHUNK if left is None else min(left, READ_CHUNK))
+                if not chunk:
+                    return
+                yield chunk
+                pos += len(chunk)
+                left = None if left is None else left - len(chunk)
+        return StreamingResponse(rest(), media_type="application/octet-stream")
 
     @app.get("/api/v1/images/{ref:path}/stat")
     async def stat(ref: str, path: str) -> dict:
@@ -293,13 +310,18 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     @app.get("/api/v1/images/{ref:path}/export")
     async def export(ref: str, path: str = "/") -> Response:
         i = await call(engine.resolve, ref)
-
-        def build() -> bytes:
-            import io
-            buf = io.BytesIO()
-            engine.export_tar(i, buf, path)
-            return buf.getvalue()
-        return Response(await call(build), media_type="application/x-tar")
+        # built into a file on the store's disk and streamed from it (in memory, an export was
+        # as large as the image, per request)
+        fd, tmp = tempfile.mkstemp(prefix="export-", suffix=".tar", dir=spool_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                await call(engine.export_tar, i, f, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        from starlette.background import BackgroundTask
+        from starlette.responses import FileResponse
+        return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(os.unlink, tmp))
 
     @app.get("/api/v1/resolve")
     async def resolve(ref: str) -> dict:
