@@ -249,7 +249,7 @@ def test_merge_conflict_raises_on_every_surface(st, rootfs, tmp_path):
     with pytest.raises(InvalidInput):
         st.merge(base, ours, theirs, on_conflict="maybe")
     assert {i.id for i in st.images()} == before
-    with TestClient(build_app(st._engine)) as c:
+    with TestClient(build_app(st._engine), base_url="http://127.0.0.1") as c:
         r = c.post("/api/v1/merge", json={"ours": ours.id, "theirs": theirs.id, "base": base.id})
         assert r.status_code == 409 and r.json()["error"] == "merge_conflict"
         assert r.json()["conflicts"][0]["path"] == "/f"
@@ -564,7 +564,7 @@ def test_disk_full_is_named_and_reads_keep_working(tmp_path, rootfs):
         assert p.returncode == 125 and "disk full" in p.stderr and "Traceback" not in p.stderr, p.stderr
         engine = Engine(home, warm=0)
         try:
-            with TestClient(build_app(engine)) as c:
+            with TestClient(build_app(engine), base_url="http://127.0.0.1") as c:
                 r = c.post("/api/v1/runs", json={"image": "bb", "disk": "200M",
                                                  "command": "dd if=/dev/urandom of=/big bs=1M count=60"})
                 assert r.json()["outcome"]["error"] == "disk_full", r.text      # the run's own record
@@ -604,7 +604,7 @@ def test_disk_full_is_named_and_reads_keep_working(tmp_path, rootfs):
         finally:
             st.close()
     finally:
-        subprocess.run(["umount", str(disk)], check=True)
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)     # detached even if still busy
 
 
 # ---- own review: waiting callers starved every other request --------------------------------------
@@ -690,3 +690,18 @@ def test_reading_and_exporting_large_files_streams(tmp_path, rootfs):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_server_without_tokens_answers_only_a_loopback_host(tmp_path):
+    """Review: without tokens `serve` (and `mcp --http`) listen on loopback, but a web page in a
+    local browser reaches loopback by DNS rebinding (its own name resolving to 127.0.0.1): any
+    Host was served as the operator. Now only a loopback Host is."""
+    with serve_process(tmp_path / "home") as url:
+        port = url.rsplit(":", 1)[1]
+        ok = httpx.get(f"{url}/api/v1/images")
+        assert ok.status_code == 200
+        for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io"):
+            r = httpx.get(f"{url}/api/v1/images", headers={"Host": host})
+            assert r.status_code == 403 and r.json()["error"] == "forbidden", (host, r.text)
+        for host in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
+            assert httpx.get(f"{url}/api/v1/images", headers={"Host": host}).status_code == 200
