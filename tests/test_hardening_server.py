@@ -705,3 +705,20 @@ def test_a_server_without_tokens_answers_only_a_loopback_host(tmp_path):
             assert r.status_code == 403 and r.json()["error"] == "forbidden", (host, r.text)
         for host in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
             assert httpx.get(f"{url}/api/v1/images", headers={"Host": host}).status_code == 200
+
+
+def test_metrics_are_for_the_admin_only(tmp_path):
+    """Review: /metrics counted every tenant's runs and queue and answered any tenant's token."""
+    from sandtree.server import build_app
+    from starlette.testclient import TestClient
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        tenant = engine.tenancy.create_token("t1")["token"]
+        admin = engine.tenancy.create_token("ops", "admin")["token"]
+        with TestClient(build_app(engine)) as c:
+            r = c.get("/metrics", headers={"Authorization": f"Bearer {tenant}"})
+            assert r.status_code == 403 and r.json()["error"] == "forbidden"
+            r = c.get("/metrics", headers={"Authorization": f"Bearer {admin}"})
+            assert r.status_code == 200 and "sandtree_runs_started_total" in r.text
+    finally:
+        engine.close()

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .contree_api import contree_router
 from .engine import Engine
-from .errors import DiskFull, InvalidInput, SandtreeError
+from .errors import DiskFull, Forbidden, InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -240,7 +240,13 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
-        """Prometheus text format: runs, queue depth, run latency, store size."""
+        """Prometheus text format: runs, queue depth, run latency, store size. The counters are the
+        whole server's (every tenant's runs): for the operator, or a token with the admin scope."""
+        from .httpauth import current_engine
+        from .tenants import TenantView
+        if isinstance(current_engine(), TenantView):
+            raise Forbidden("metrics count every tenant's runs: they need a token with the admin scope",
+                            scope="admin")
         images = await call(engine.images)
         with ops.lock:
             counts = dict(ops.counts)
