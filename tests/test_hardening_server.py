@@ -722,3 +722,41 @@ def test_metrics_are_for_the_admin_only(tmp_path):
             assert r.status_code == 200 and "sandtree_runs_started_total" in r.text
     finally:
         engine.close()
+
+
+def test_a_tenants_pull_reaches_public_registries_only(tmp_path):
+    """Review: a tenant's `POST /images/pull docker://HOST/...` made the server connect to any
+    HOST: its own loopback services, private networks, a link-local metadata service. Now a
+    tenant's pulls (REST and Contree's import) are refused before any connection unless every
+    address of the host is public; the admin may pull from anywhere."""
+    import socket
+
+    from sandtree.errors import Forbidden
+    from sandtree.server import build_app
+    from starlette.testclient import TestClient
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        tok = engine.tenancy.create_token("t1")["token"]
+        auth = {"Authorization": f"Bearer {tok}"}
+        with TestClient(build_app(engine)) as c:
+            for registry in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                r = c.post("/api/v1/images/pull", headers=auth, json={"reference": f"docker://{registry}/a/b:1"})
+                assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+                r = c.post("/v1/images/import", headers=auth,
+                           json={"registry": {"url": f"docker://{registry}/a/b:1"}, "tag": "x"})
+                assert r.status_code == 403, r.text
+        with pytest.raises(socket.timeout):
+            listener.accept()                 # nothing ever connected
+    finally:
+        engine.close()
+        listener.close()
+    from sandtree.tenants import check_public_registry
+    for host in ("169.254.169.254", "10.1.2.3:5000", "192.168.0.1", "[fd00::1]:443", "100.64.0.1",
+                 "[::ffff:127.0.0.1]:5000", "0.0.0.0"):
+        with pytest.raises(Forbidden):
+            check_public_registry(host)       # literal addresses: resolved without any traffic

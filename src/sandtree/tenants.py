@@ -272,6 +272,25 @@ class Tenancy:
             self._sync_runs[tenant] = self._sync_runs.get(tenant, 0) + delta
 
 
+def check_public_registry(hostport: str) -> None:
+    """A tenant's pull makes the *server* connect to the registry it names: only to public
+    addresses, never to the server's own loopback, its private networks or link-local metadata
+    services (Forbidden before any connection). Names are resolved here; the operator (admin)
+    may pull from anywhere."""
+    import ipaddress
+    import socket
+    host = hostport[1:hostport.index("]")] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        raise InvalidInput(f"registry host {host!r} does not resolve") from None
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if not ip.is_global or ip.is_multicast:
+            raise Forbidden(f"registry {hostport} is not a public address ({ip}): a tenant's pulls reach "
+                            "public registries only (the admin may pull from others)", scope="admin")
+
+
 def _scoped(scope: str):
     """The method needs `scope` on the caller's token (Forbidden, naming it, otherwise)."""
     def deco(fn):
@@ -666,6 +685,7 @@ class TenantView:
         if tag is not None:
             _check_tag(tag)
         ref = registry.parse(reference)
+        check_public_registry(ref.registry)
         # stored registry credentials are the operator's: a tenant must not pull with them
         if self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             raise Forbidden(f"pulling from {ref.registry} uses the operator's stored credentials: admin only",
@@ -1085,6 +1105,7 @@ class TenantOperations:
         if tag is not None:
             _check_tag(tag)
         ref = registry.parse(reference)
+        check_public_registry(ref.registry)
         if credentials is not None or v.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             # registry credentials are stored server-wide (the operator's): not a tenant's to set or use
             raise Forbidden(f"pulling from {ref.registry} with stored or given credentials: admin only",
