@@ -760,3 +760,28 @@ def test_a_tenants_pull_reaches_public_registries_only(tmp_path):
                  "[::ffff:127.0.0.1]:5000", "0.0.0.0"):
         with pytest.raises(Forbidden):
             check_public_registry(host)       # literal addresses: resolved without any traffic
+
+
+def test_mcp_reads_are_capped_per_call(tmp_path, rootfs):
+    """Review: MCP read_file took any `limit` (and the resource read any file) whole into memory
+    and into one message; now at most 4 MiB a call, with the offset to go on from."""
+    from mcp.client.client import Client
+    from sandtree.mcp_server import build_server
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        engine.import_path(rootfs, tag="bb")
+        big = engine.run("bb", "dd if=/dev/zero bs=1M count=6 2>/dev/null | tr '\\\\0' a > /big",
+                         disk="100M").image
+        server = build_server(engine)
+
+        async def main():
+            async with Client(server) as c:
+                r = _tool_value(await c.call_tool("read_file", {"image": big, "path": "/big", "limit": 100 << 20}))
+                assert len(r["content"]) == 4 << 20 and r["size"] == 6 << 20 and "offset=4194304" in r["truncated"]
+                res = await c.read_resource(f"sandtree://image/{big}/read/big")
+                assert len(res.contents[0].text) < (4 << 20) + 200 and "cut at 4 MiB" in res.contents[0].text
+                bad = await c.call_tool("read_file", {"image": big, "path": "/big", "offset": -1})
+                assert bad.is_error
+        asyncio.run(main())
+    finally:
+        engine.close()

@@ -36,6 +36,7 @@ from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
+MAX_READ = 4 << 20                # bytes of a file one read_file call or resource read returns
 MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
 TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
 HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
@@ -441,7 +442,11 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     @server.tool()
     @guard
     def read_file(image: str, path: str, offset: int = 0, limit: int = 64000) -> dict:
-        """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit` bytes."""
+        """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit`
+        bytes (at most 4 MiB a call: read on with offset)."""
+        if offset < 0 or limit < 0:
+            raise ToolError("invalid_input: offset and limit are not negative")
+        limit = min(limit, MAX_READ)
         i = engine.resolve(image)
         size = engine.stat(i, path).to_dict().get("size", 0)
         data = engine.read(i, path, offset, limit)
@@ -559,7 +564,10 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     def resource_read(image: str, path: str) -> str:
         """A file of an image."""
         try:
-            return engine.read(engine.resolve(image), "/" + path).decode("utf-8", "replace")
+            data = engine.read(engine.resolve(image), "/" + path, 0, MAX_READ + 1)
+            text = data[:MAX_READ].decode("utf-8", "replace")
+            return text + ("\n[cut at 4 MiB: read the rest with the read_file tool and an offset]"
+                           if len(data) > MAX_READ else "")
         except SandtreeError as exc:
             raise ValueError(f"{exc.code}: {exc.message}") from None
 
