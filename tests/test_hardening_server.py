@@ -785,3 +785,30 @@ def test_mcp_reads_are_capped_per_call(tmp_path, rootfs):
         asyncio.run(main())
     finally:
         engine.close()
+
+
+def test_mcp_http_waiters_do_not_starve_other_tools(tmp_path, rootfs):
+    """Review: sync tools run on anyio's thread limiter, 40 threads for every caller of the MCP
+    HTTP server: 45 wait_operations calls on a running run stalled every other tool call."""
+    home = str(tmp_path / "home")
+    engine = Engine(home, warm=0)
+    try:
+        engine.import_path(rootfs, tag="bb")
+    finally:
+        engine.close()
+    with listening(home, "mcp", "--http") as url:
+        async def main():
+            async with _mcp_client(url, None) as c:
+                op = _tool_value(await c.call_tool("run", {"command": "sleep 6", "image": "bb",
+                                                           "wait": False}))["operation_id"]
+                waits = [asyncio.ensure_future(c.call_tool("wait_operations", {"operation_ids": [op],
+                                                                               "timeout": 20}))
+                         for _ in range(45)]
+                await asyncio.sleep(1.5)
+                t0 = time.monotonic()
+                imgs = _tool_value(await c.call_tool("list_images", {}))
+                took = time.monotonic() - t0
+                done = await asyncio.gather(*waits)
+                assert imgs and all(not d.is_error for d in done)
+                assert took < 2.0, f"list_images took {took:.1f} s while 45 calls waited"
+        asyncio.run(main())
