@@ -36,6 +36,7 @@ from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
+MAX_UPLOAD_IMPORT = 256 << 20     # bytes of an upload import_image("upload:SHA") reads into memory
 MAX_READ = 4 << 20                # bytes of a file one read_file call or resource read returns
 MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
 TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
@@ -336,7 +337,12 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
         elif source.startswith(("docker://", "oci://")):
             image = engine.pull(source, tag=tag)
         elif source.startswith("upload:"):
-            data = engine.download(source[7:])          # the caller's own upload, or not found
+            info = getattr(engine, "upload_info", None)       # (a remote engine has none)
+            size = info(source[7:])["size"] if info is not None else 0   # the caller's own, or not found
+            if size > MAX_UPLOAD_IMPORT:
+                raise ToolError(f"too_large: an upload:SHA import is at most {MAX_UPLOAD_IMPORT >> 20} MiB "
+                                "(it passes through memory); import bigger tars with POST /api/v1/images/import")
+            data = engine.download(source[7:])
             fd, tmp = tempfile.mkstemp(prefix="sandtree-mcp-", suffix=".tar")
             try:
                 with os.fdopen(fd, "wb") as f:
