@@ -408,34 +408,33 @@ def test_server_memory_stays_bounded_after_flooding_runs(tmp_path, rootfs):
 
 
 def test_ended_operations_shrink_to_their_end_event(tmp_path, rootfs, monkeypatch):
-    """Item 9: an ended operation's events shrink to its end event (a stream resuming with
-    Last-Event-ID still learns how it ended), its result is dropped past the retention bounds
-    (its row stays), and a live one's events stay whole for resuming."""
+    """Item 9: a live operation's events stay whole (a stream resuming with Last-Event-ID gets
+    the rest); an ended one's shrink to its end event (so a late follower still learns how it
+    ended), and its result is dropped past the retention bounds (its row stays)."""
     from sandtree import operations as ops_mod
-    monkeypatch.setattr(ops_mod, "EVENTS_KEEP", 0.0)
     engine = Engine(str(tmp_path / "home"), warm=0)
     try:
         engine.import_path(rootfs, tag="bb")
         engine._operations = ops_mod.Operations(engine, workers=2, retain_seconds=3600, retain_bytes=10)
         ops = engine.operations
-        slow = ops.submit_run("bb", "echo one; sleep 2; echo two", disposable=True)
-        first, _ = ops.events_after(slow, 0, 10)
+        slow = ops.submit_run("bb", "echo one; sleep 1; echo two", disposable=True)
+        first: list = []
         while not any(k == "stdout" for _, k, _ in first):
-            first += ops.events_after(slow, first[-1][0], 10)[0]
-        fast = ops.submit_run("bb", "seq 1000", disposable=True, output="100")
-        ops.wait([fast], 30)
-        ended = ops.events_after(fast, 0, 1)
-        assert ended[1] and len(ended[0]) == 1 and ended[0][0][1] == "end"
-        assert json.loads(ended[0][0][2])["events_truncated"] is True
-        assert ops.result(fast) is None and ops.get(fast)["status"] == "done"    # over 10 bytes: dropped
-        # the running one kept every event: resuming after the first gets the rest
-        seq = first[0][0]
-        rest, done = [], False
+            first += ops.events_after(slow, first[-1][0] if first else 0, 10)[0]
+        seq, rest, done = first[-1][0], [], False            # resume after what was read
         while not done:
             new, done = ops.events_after(slow, seq, 10)
             rest += new
             seq = new[-1][0] if new else seq
-        assert "two" in "".join(d for _, k, d in rest if k == "stdout") and rest[-1][1] == "end"
+        assert "".join(d for _, k, d in rest if k == "stdout") == "two\n" and rest[-1][1] == "end"
+        monkeypatch.setattr(ops_mod, "EVENTS_KEEP", 0.0)     # from now on ended events shrink at once
+        fast = ops.submit_run("bb", "seq 1000", disposable=True, output="100")
+        ops.wait([fast], 30)
+        for op in (fast, slow):
+            ended = ops.events_after(op, 0, 1)
+            assert ended[1] and len(ended[0]) == 1 and ended[0][0][1] == "end"
+        assert json.loads(ops.events_after(fast, 0, 1)[0][0][2])["events_truncated"] is True
+        assert ops.result(fast) is None and ops.get(fast)["status"] == "done"    # over 10 bytes: dropped
     finally:
         engine.close()
 
