@@ -503,6 +503,11 @@ def test_uploads_stream_to_disk_under_a_cap(tmp_path, rootfs):
         grown = _rss_mb(proc.pid) - before
         print(f"server RSS grew {grown:.0f} MB for a 400 MiB upload")
         assert grown < 150, f"a 400 MiB upload grew the server by {grown:.0f} MB"
+        peak = _hwm_mb(proc.pid)                          # and back out, streamed too
+        with as_big.stream("GET", f"/files/{r.json()['sha256']}") as s:
+            assert s.status_code == 200 and sum(len(c) for c in s.iter_bytes()) == 400 << 20
+        assert _hwm_mb(proc.pid) - peak < 150
+        assert as_small.get(f"/files/{r.json()['sha256']}").status_code == 404      # not its upload
         # JSON bodies: capped on their own (32 MiB)
         r = as_big.post("/runs", content=b'{"image": "' + b"a" * (40 << 20) + b'"}',
                         headers={"Content-Type": "application/json"})

@@ -214,6 +214,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
     spool_dir = engine.store.layers.tmp     # uploads land on the store's disk, then move in
+    blobs = engine.store.blobs              # downloads stream from here, after the caller's check
     engine = RequestEngine()                # every route below: the caller's view of the engine
     ops = engine.operations
 
@@ -456,7 +457,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.get("/api/v1/files/{sha256}")
     async def download(sha256: str) -> Response:
-        return Response(await call(engine.download, sha256), media_type="application/octet-stream")
+        """Streamed from the blob's file (read whole into memory, an upload was as large as the
+        body cap, per request). upload_info is the caller's check: its own upload, or 404."""
+        from starlette.responses import FileResponse
+        await call(engine.upload_info, sha256)
+        return FileResponse(blobs.path(sha256), media_type="application/octet-stream")
 
     # ---- runs and operations ---------------------------------------------------------------------
     @app.post("/api/v1/runs", status_code=201)
