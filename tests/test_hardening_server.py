@@ -110,7 +110,8 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
             async with _mcp_client(url, tok_a) as c:
                 imgs = _tool_value(await c.call_tool("list_images", {}))
                 assert [i["image"] for i in imgs] == [img_a] and imgs[0]["tags"] == ["mine"]
-                assert _tool_value(await c.call_tool("whoami", {}))["user"] == "alice"
+                who = _tool_value(await c.call_tool("whoami", {}))
+                assert who["user"] == "alice" and "store" not in who      # no server path to a caller
                 r = _tool_value(await c.call_tool("run", {"command": "cat /etc/greeting", "image": "mine"}))
                 assert r["stdout"] == "hello from the image\n"
                 # host paths: every such tool refused, nothing read or written

@@ -552,9 +552,12 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
         who = engine.whoami()
-        return {"user": who["tenant"], "mode": "remote" if engine.home.startswith("http") else "embedded",
-                "store": engine.home, "permissions": who["scopes"], "limits": who["limits"],
-                "tiers": engine.doctor()}
+        res = {"user": who["tenant"], "mode": "remote" if engine.home.startswith("http") else "embedded",
+               "store": engine.home, "permissions": who["scopes"], "limits": who["limits"],
+               "tiers": engine.doctor()}
+        if not host_paths:
+            res.pop("store")                # a path on the server's disk: none of an HTTP caller's business
+        return res
 
     @server.tool()
     def get_guide(section: str = "workflow") -> str:
