@@ -691,6 +691,9 @@ def test_reading_and_exporting_large_files_streams(tmp_path, rootfs):
         part = api.get(f"/images/{big}/read", params={"path": "/big", "offset": (1 << 20) - 3, "limit": 5 << 20})
         assert len(part.content) == 5 << 20
         assert grown < 150, f"3 reads and an export of a 128 MiB file raised the server's peak by {grown:.0f} MB"
+        deadline = time.monotonic() + 10                            # removed once the response is sent
+        while os.listdir(os.path.join(home, "tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert os.listdir(os.path.join(home, "tmp")) == []        # the export's file is gone
     finally:
         proc.terminate()
@@ -817,3 +820,33 @@ def test_mcp_http_waiters_do_not_starve_other_tools(tmp_path, rootfs):
                 assert imgs and all(not d.is_error for d in done)
                 assert took < 2.0, f"list_images took {took:.1f} s while 45 calls waited"
         asyncio.run(main())
+
+
+def test_an_upload_cut_by_kill_9_leaves_nothing_after_the_next_start(tmp_path):
+    """Review: an upload is spooled to the store's tmp/; the server killed mid-upload left the
+    file there forever (its name carried no owner, so clean_stale never took it)."""
+    import signal
+    import socket
+    home = str(tmp_path / "home")
+    Engine(home, warm=0).close()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from conftest import wait_for_port
+        wait_for_port(port, 30)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /api/v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10000000\r\n\r\n"
+                         + b"x" * 1_000_000)
+            deadline = time.monotonic() + 10
+            while not os.listdir(os.path.join(home, "tmp")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert os.listdir(os.path.join(home, "tmp")), "the upload was not being spooled"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    Engine(home, warm=0).close()                       # the next engine's start cleans up
+    assert os.listdir(os.path.join(home, "tmp")) == []

@@ -19,7 +19,6 @@ import contextvars
 import functools
 import json
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -172,22 +171,34 @@ class ShareIn(BaseModel):
     public: bool = True
 
 
-async def spool(request: Request, directory: str) -> tuple[str, str, int]:
-    """A request body streamed into a new file in `directory` (the store's tmp/, on the store's
-    disk: never memory), hashed as it comes: (path, sha256, size). The body's cap is
-    bodylimit.BodyLimit's (TooLarge while streaming); on any error the file is removed."""
+def staged_file(stage, prefix: str) -> str:
+    """A new file in a staging dir of the store's tmp/ (`stage`: LayerDirs.stage), on the store's
+    disk. The dir is named for this process, so after a kill -9 the next engine's clean_stale
+    removes it; unstage() removes it otherwise."""
+    return os.path.join(stage(prefix), "body")
+
+
+def unstage(path: str) -> None:
+    from .store.layers import remove_tree
+    remove_tree(os.path.dirname(path))
+
+
+async def spool(request: Request, stage) -> tuple[str, str, int]:
+    """A request body streamed into a staged file (never memory), hashed as it comes: (path,
+    sha256, size); unstage(path) when done. The body's cap is bodylimit.BodyLimit's (TooLarge
+    while streaming); on any error nothing is left."""
     import errno
     import hashlib
-    fd, path = tempfile.mkstemp(prefix="upload-", dir=directory)
+    path = staged_file(stage, "upload")
     h, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(path, "xb") as f:
             async for chunk in request.stream():
                 h.update(chunk)
                 f.write(chunk)
                 size += len(chunk)
     except BaseException as exc:
-        os.unlink(path)
+        unstage(path)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFull("disk full: the upload was not stored") from None
         raise
@@ -213,7 +224,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     waits = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="sandtree-wait")
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
-    spool_dir = engine.store.layers.tmp     # uploads land on the store's disk, then move in
+    stage = engine.store.layers.stage       # uploads and exports land on the store's disk
     blobs = engine.store.blobs              # downloads stream from here, after the caller's check
     engine = RequestEngine()                # every route below: the caller's view of the engine
     ops = engine.operations
@@ -319,16 +330,16 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         i = await call(engine.resolve, ref)
         # built into a file on the store's disk and streamed from it (in memory, an export was
         # as large as the image, per request)
-        fd, tmp = tempfile.mkstemp(prefix="export-", suffix=".tar", dir=spool_dir)
+        tmp = await call(staged_file, stage, "export")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "xb") as f:
                 await call(engine.export_tar, i, f, path)
         except BaseException:
-            os.unlink(tmp)
+            unstage(tmp)
             raise
         from starlette.background import BackgroundTask
         from starlette.responses import FileResponse
-        return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(os.unlink, tmp))
+        return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(unstage, tmp))
 
     @app.get("/api/v1/resolve")
     async def resolve(ref: str) -> dict:
@@ -416,11 +427,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     @app.post("/api/v1/images/import", status_code=201)
     async def import_tar(request: Request, tag: str | None = None) -> dict:
         """The body is a tar (plain, gzip or zstd) of a root filesystem, or an OCI/docker archive."""
-        path, _, _ = await spool(request, spool_dir)
+        path, _, _ = await spool(request, stage)
         try:
             return {"image": await call(engine.import_path, path, tag=tag), "tag": tag}
         finally:
-            os.unlink(path)
+            unstage(path)
 
     @app.post("/api/v1/images/pull", status_code=201)
     async def pull(body: PullIn) -> dict:
@@ -440,11 +451,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     @app.post("/api/v1/files", status_code=201)
     async def upload(request: Request) -> dict:
         """Upload once, reference many times: runs take {"path", "sha256"}."""
-        path, digest, size = await spool(request, spool_dir)
+        path, digest, size = await spool(request, stage)
         try:
             return {"sha256": await call(engine.upload_file, path, digest), "size": size}
         finally:
-            os.unlink(path)
+            unstage(path)
 
     @app.post("/api/v1/file-sets", status_code=201)
     async def file_set(body: list[FileIn]) -> dict:
