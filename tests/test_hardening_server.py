@@ -850,3 +850,54 @@ def test_an_upload_cut_by_kill_9_leaves_nothing_after_the_next_start(tmp_path):
             proc.wait()
     Engine(home, warm=0).close()                       # the next engine's start cleans up
     assert os.listdir(os.path.join(home, "tmp")) == []
+
+
+def test_a_pull_checks_every_host_it_is_sent_to(tmp_path):
+    """Review: a registry a tenant may reach could send the server on, by a redirect or the
+    token realm of its auth challenge, to any address (the pull followed both). The host check a
+    tenant's pull carries (tenants.check_public_registry) now runs before every request; here a
+    stand-in check admits only the first registry, on loopback, and the redirect and realm
+    targets (other loopback ports) are never connected to."""
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sandtree.errors import Forbidden
+    target = socket.socket()
+    target.bind(("127.0.0.1", 0))
+    target.listen(8)
+    target.settimeout(0.5)
+    elsewhere = f"127.0.0.1:{target.getsockname()[1]}"
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if "redirect" in self.path:
+                self.send_response(302)
+                self.send_header("Location", f"http://{elsewhere}/v2/x")
+            else:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://{elsewhere}/token",service="r"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    registry = f"127.0.0.1:{srv.server_address[1]}"
+
+    def only_the_registry(hostport: str) -> None:
+        if hostport != registry:
+            raise Forbidden(f"not {hostport}")
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        for name in ("redirect/app", "auth/app"):
+            with pytest.raises(Forbidden):
+                engine.pull(f"docker://{registry}/{name}:1", check_host=only_the_registry)
+        with pytest.raises(socket.timeout):
+            target.accept()                              # neither target was ever connected to
+        assert os.listdir(os.path.join(engine.store.home, "tmp")) == []
+    finally:
+        engine.close()
+        srv.shutdown()
+        srv.server_close()
+        target.close()

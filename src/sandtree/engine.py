@@ -298,8 +298,10 @@ class Engine(BranchingOps):
             raise
 
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
-             op_id: str | None = None) -> str:
-        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
+             op_id: str | None = None, check_host=None) -> str:
+        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it.
+        check_host("host:port"): called before every connection (redirects, token realms), raises
+        to refuse one (tenants.check_public_registry for a tenant's pull)."""
         from .store import registry
         if tag is not None:
             _check_tag(tag)
@@ -309,7 +311,7 @@ class Engine(BranchingOps):
         staged = self.store.layers.stage("import")
         try:
             layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
-                                          insecure=insecure, progress=progress)
+                                          insecure=insecure, progress=progress, check_host=check_host)
             importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:

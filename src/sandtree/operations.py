@@ -206,7 +206,7 @@ class Operations:
         return op
 
     def submit_pull(self, reference: str, *, tag: str | None = None,
-                    credentials: tuple[str, str] | None = None, then=None) -> str:
+                    credentials: tuple[str, str] | None = None, then=None, check_host=None) -> str:
         """Queue a registry pull (an import operation); returns its ID at once. The reference is
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
@@ -232,7 +232,7 @@ class Operations:
             try:
                 if credentials is not None:
                     self.engine.registry_login(ref.registry, *credentials)
-                image = self.engine.pull(reference, tag=tag, op_id=op)
+                image = self.engine.pull(reference, tag=tag, op_id=op, check_host=check_host)
                 if then is not None:
                     then(image)                  # the caller's bookkeeping (a tenant's ownership, tag)
             except Exception as exc:             # recorded, then re-raised to the future

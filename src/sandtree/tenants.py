@@ -690,7 +690,8 @@ class TenantView:
         if self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             raise Forbidden(f"pulling from {ref.registry} uses the operator's stored credentials: admin only",
                             scope="admin")
-        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress)
+        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress,
+                                 check_host=check_public_registry)         # redirects and realms too
         return self._imported("pull", image, tag, {"reference": str(ref)})
 
     registry_login = _admin_only("storing registry credentials")
@@ -1111,7 +1112,8 @@ class TenantOperations:
             raise Forbidden(f"pulling from {ref.registry} with stored or given credentials: admin only",
                             scope="admin")
         op = self.inner.submit_pull(reference, then=lambda image: v._imported("pull", image, tag,
-                                                                             {"reference": str(ref)}))
+                                                                             {"reference": str(ref)}),
+                                    check_host=check_public_registry)     # redirects and realms too
         with v.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO tenant_ops(op, tenant, token) VALUES(?,?,?)",
                         (op, v.tenant.name, v.tenant.token))
