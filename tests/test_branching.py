@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import sandtree
-from sandtree import Conflict, InvalidInput, best_of
+from sandtree import Conflict, InvalidInput, MergeConflict, best_of
 
 
 @pytest.fixture
@@ -74,9 +74,14 @@ def test_merge_conflicts_change_nothing_unless_strategy(st, base):
     theirs = base.run("echo Y > /f.txt; rm -rf /d").image
     images_before = {i.id for i in st.images()}
     blobs_before = set(st._engine.store.blobs.files())
-    m = st.merge(base, ours, theirs)
+    # conflicts raise (issue 12 item 17: a result with image None was the bug), or come back if asked
+    with pytest.raises(MergeConflict) as raised:
+        st.merge(base, ours, theirs)
+    want = {("/f.txt", "content"), ("/d/k", "modify/delete")}
+    assert {(c["path"], c["kind"]) for c in raised.value.details["conflicts"]} == want
+    m = st.merge(base, ours, theirs, on_conflict="return")
     assert m.image is None
-    assert {(c["path"], c["kind"]) for c in m.conflicts} == {("/f.txt", "content"), ("/d/k", "modify/delete")}
+    assert {(c["path"], c["kind"]) for c in m.conflicts} == want
     assert {i.id for i in st.images()} == images_before
     assert set(st._engine.store.blobs.files()) == blobs_before
     assert st.merge(base, ours, theirs, strategy="ours").image.read("/f.txt") == b"X\n"

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -161,7 +162,10 @@ def test_streamable_http(tmp_path, rootfs):
         async def main():
             async with Client(f"{url}/mcp") as c:
                 assert TOOLS <= {t.name for t in (await c.list_tools()).tools}
-                img = data(await c.call_tool("import_image", {"source": rootfs}))["image"]
+                # over HTTP an image comes in by content (host paths are off: issue 12 item 4)
+                tar = subprocess.run(["tar", "-C", rootfs, "-cf", "-", "."], capture_output=True, check=True).stdout
+                up = data(await c.call_tool("upload", {"content_base64": base64.b64encode(tar).decode()}))
+                img = data(await c.call_tool("import_image", {"source": f"upload:{up['sha256']}"}))["image"]
                 r = data(await c.call_tool("run", {"command": "echo over http", "image": img}))
                 assert r["stdout"] == "over http\n"
                 bad = await c.call_tool("run", {"command": "true", "image": "nope"})

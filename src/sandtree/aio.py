@@ -27,7 +27,7 @@ def _wrap(value):
         return AsyncRunResult(**{**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
                                  "image": _wrap(value.image), "source": _wrap(value.source)})
     if isinstance(value, api.MergeResult):
-        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts)
+        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts, value.ignored)
     if isinstance(value, api.Branch):
         return AsyncBranch(value)
     if isinstance(value, api.Sandbox):
@@ -73,9 +73,17 @@ class AsyncSandtree:
 
     @classmethod
     def connect(cls, url: str, *, token: str | None = None) -> "AsyncSandtree":
-        """The async API over a `sandtree serve` at `url`."""
+        """The async API over a `sandtree serve` at `url`. Connecting does no I/O, so the result
+        is used at once or awaited: `AsyncSandtree.connect(url)` and `await AsyncSandtree.connect(url)`
+        are the same (what a user of an async API expects to write either way)."""
         self = cls.__new__(cls)
         self._sync = api.connect(url, token=token)
+        return self
+
+    def __await__(self):
+        """`await AsyncSandtree.connect(...)`: the connected object itself."""
+        if False:                                        # a generator that returns at once
+            yield
         return self
 
     async def __aenter__(self):

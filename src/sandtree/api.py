@@ -162,13 +162,20 @@ class Sandtree:
         return self._engine.patch(self._id(a), self._id(b))
 
     def merge(self, base: "Image | str | None", ours: "Image | str", theirs: "Image | str", *,
-              strategy: str | None = None) -> "MergeResult":
+              strategy: str | None = None, ignore: list[str] | None = None,
+              on_conflict: str = "raise") -> "MergeResult":
         """Three-way merge. base=None: the nearest common ancestor from lineage. Conflicts make no
-        image unless strategy is "ours", "theirs" or "markers"."""
+        image unless strategy is "ours", "theirs" or "markers": then MergeConflict is raised (its
+        .details["conflicts"] lists them), or with on_conflict="return" a result with image None.
+        ignore: globs that never conflict, ours taken there (None: __pycache__/, *.pyc,
+        .pytest_cache/; [] for none)."""
+        from .branching.ops import conflict_outcome
         res = self._engine.merge(self._id(base) if base is not None else None, self._id(ours),
-                                 self._id(theirs), strategy=strategy)
+                                 self._id(theirs), strategy=strategy, ignore=ignore, on_conflict=on_conflict)
+        res = conflict_outcome(res, on_conflict)   # also when the engine is a server that returned them
         return MergeResult(Image(self, res["image"]) if res["image"] else None,
-                           Image(self, res["base"]) if res["base"] else None, res["conflicts"])
+                           Image(self, res["base"]) if res["base"] else None, res["conflicts"],
+                           res.get("ignored", []))
 
     # branches
     def branch(self, name: str, from_: "Image | str | None" = None, *, force: bool = False) -> "Branch":
@@ -467,9 +474,10 @@ class Sandbox:
 
 @dataclass
 class MergeResult:
-    image: Image | None              # None: conflicts and no strategy; nothing was made
+    image: Image | None              # None: conflicts, no strategy, on_conflict="return"; nothing made
     base: Image | None
     conflicts: list[dict]
+    ignored: list[str] = field(default_factory=list)   # both changed; an ignore glob took ours
 
     @property
     def ok(self) -> bool:

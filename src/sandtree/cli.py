@@ -13,6 +13,7 @@ import sys
 import time
 
 from . import config
+from .branching.merge import DEFAULT_IGNORE
 from .errors import InvalidInput, SandtreeError
 
 
@@ -349,7 +350,7 @@ def cmd_serve(args):
             raise InvalidInput(f"--pool takes IMAGE=SIZE, not {spec!r}")
         pools[image] = int(size)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
-          access_log=args.access_log, pools=pools)
+          access_log=args.access_log, pools=pools, max_upload=args.max_upload)
 
 
 # ---- tenants, tokens, audit (tenants.py) -----------------------------------------------------------
@@ -359,7 +360,7 @@ def cmd_token(args):
     if sub == "create":
         res = eng.tenancy.create_token(args.tenant, args.scopes, max_runs=args.max_runs,
                                        max_timeout=args.max_timeout, max_output=args.max_output,
-                                       max_sandboxes=args.max_sandboxes)
+                                       max_sandboxes=args.max_sandboxes, max_upload=args.max_upload)
         _out(args, res, lambda o: (print(o["token"]), print(
             f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
             file=sys.stderr)))
@@ -375,7 +376,8 @@ def cmd_token(args):
         _out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))
     elif sub == "limits":
         res = eng.tenancy.set_limits(args.tenant, max_runs=args.max_runs, max_timeout=args.max_timeout,
-                                     max_output=args.max_output, max_sandboxes=args.max_sandboxes)
+                                     max_output=args.max_output, max_sandboxes=args.max_sandboxes,
+                                     max_upload=args.max_upload)
         _out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
 
 
@@ -436,7 +438,10 @@ def cmd_merge(args):
     eng = _engine(args)
     refs_ = [eng.resolve(r) for r in args.images]
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
-    res = eng.merge(base, ours, theirs, strategy=args.strategy)
+    ignore = None if args.ignore is None and not args.no_default_ignore else \
+        ([] if args.no_default_ignore else list(DEFAULT_IGNORE)) + (args.ignore or [])
+    # the conflicts come back to be listed (exit 1 says no image was made)
+    res = eng.merge(base, ours, theirs, strategy=args.strategy, ignore=ignore, on_conflict="return")
 
     def human(o):
         for c in o["conflicts"]:
@@ -672,6 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("merge", parents=[common], help="three-way merge: [BASE] OURS THEIRS")
     x.add_argument("images", nargs="+", metavar="IMAGE")
     x.add_argument("--strategy", choices=["ours", "theirs", "markers"])
+    x.add_argument("--ignore", action="append", metavar="GLOB",
+                   help="paths that never conflict, ours taken (repeatable; added to the defaults "
+                        f"{' '.join(DEFAULT_IGNORE)})")
+    x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
     x.set_defaults(fn=cmd_merge)
     br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
     bsub = br.add_subparsers(dest="branch_command", required=True)
@@ -716,6 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable)")
     x.add_argument("--access-log", choices=["json", "off"], default="json",
                    help="request log on stderr: one JSON object per request (default), or none")
+    x.add_argument("--max-upload", default="1G",
+                   help="largest upload or image tar a request may send (default 1G; a tenant's own "
+                        "--max-upload limit replaces it)")
     x.set_defaults(fn=cmd_serve)
     tk = sub.add_parser("token", help="API tokens: each belongs to a tenant, which sees only its own images")
     tsub = tk.add_subparsers(dest="token_command", required=True)
@@ -725,6 +737,8 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--max-timeout", type=float, help="longest run timeout the tenant may ask (s)")
         x.add_argument("--max-output", help="most output kept per stream (e.g. 1M)")
         x.add_argument("--max-sandboxes", type=int, help="live sandboxes the tenant may keep at once (default 8)")
+        x.add_argument("--max-upload", help="largest upload or image tar the tenant may send (e.g. 200M; "
+                                            "default: the server's --max-upload)")
     x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
     x.add_argument("--tenant", required=True)
     x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")
@@ -770,7 +784,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`, `exec` and `shell`")
         args.cmd = list(args.cmd) + tail
     try:
-        rc = args.fn(args)
+        try:
+            rc = args.fn(args)
+        except OSError as exc:               # a full disk outside the engine (this command's own files)
+            import errno
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            from .errors import DiskFull
+            raise DiskFull(f"disk full: {exc.strerror}") from None
         return rc or 0
     except SandtreeError as exc:
         if getattr(args, "json", False):

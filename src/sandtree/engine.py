@@ -28,7 +28,7 @@ from .runtime.namespaces import NamespaceRuntime, validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
 from .store import importers, inspect
 from .store.blobs import BlobStore
-from .store.db import Database, dumps
+from .store.db import Database, dumps, typed_disk_errors
 from .store.layers import IdMap, remove_tree
 from .store.objects import DIR, Entry
 from .store.scan import scan
@@ -76,6 +76,10 @@ class Engine(BranchingOps):
         self._operations = None
         self._sandboxes = None
         self._pools = None
+        # Parts made on first use: one lock, or threads touching one first at once each build their
+        # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
+        # part's constructor may reach another part.
+        self._parts_lock = threading.RLock()
         self._max_runs = max_runs
         self.default_tier = self._check_tier(tier)
         self.default_limits = limits or Limits()
@@ -85,24 +89,30 @@ class Engine(BranchingOps):
     def operations(self):
         """Runs started now, awaited later (created on first use)."""
         if self._operations is None:
-            from .operations import Operations
-            self._operations = Operations(self, workers=self._max_runs)
+            with self._parts_lock:
+                if self._operations is None:
+                    from .operations import Operations
+                    self._operations = Operations(self, workers=self._max_runs)
         return self._operations
 
     @property
     def sandboxes(self):
         """Live sandboxes (created on first use)."""
         if self._sandboxes is None:
-            from .sandboxes import Sandboxes
-            self._sandboxes = Sandboxes(self)
+            with self._parts_lock:
+                if self._sandboxes is None:
+                    from .sandboxes import Sandboxes
+                    self._sandboxes = Sandboxes(self)
         return self._sandboxes
 
     @property
     def pools(self):
         """Warm pools per image (created on first use)."""
         if self._pools is None:
-            from .pools import Pools
-            self._pools = Pools(self)
+            with self._parts_lock:
+                if self._pools is None:
+                    from .pools import Pools
+                    self._pools = Pools(self)
         return self._pools
 
     def pool_create(self, ref: str, size: int, **options) -> dict:
@@ -289,8 +299,10 @@ class Engine(BranchingOps):
             raise
 
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
-             op_id: str | None = None) -> str:
-        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
+             op_id: str | None = None, check_host=None) -> str:
+        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it.
+        check_host("host:port"): called before every connection (redirects, token realms), raises
+        to refuse one (tenants.check_public_registry for a tenant's pull)."""
         from .store import registry
         if tag is not None:
             _check_tag(tag)
@@ -300,7 +312,7 @@ class Engine(BranchingOps):
         staged = self.store.layers.stage("import")
         try:
             layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
-                                          insecure=insecure, progress=progress)
+                                          insecure=insecure, progress=progress, check_host=check_host)
             importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:
@@ -582,6 +594,16 @@ class Engine(BranchingOps):
             raise InvalidInput("upload takes bytes")
         return self.store.blobs.put_bytes(bytes(data))
 
+    def upload_file(self, path: str, digest: str | None = None) -> str:
+        """Store a file's bytes once (copied; the file stays the caller's). digest: its sha256,
+        if the caller computed it while writing the file."""
+        from .store.blobs import hash_file
+        if digest is None:
+            digest, _ = hash_file(path)
+        if not self.store.blobs.has(digest):
+            self.store.blobs.put_file(path, digest)
+        return digest
+
     def download(self, digest: str) -> bytes:
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest) or not self.store.blobs.has(digest):
             raise NotFound(f"no uploaded file {digest!r}")
@@ -773,6 +795,16 @@ def microvm_reason() -> str:
         return ("/dev/kvm is present but is not hardware virtualization (no vmx/svm CPU flag, no "
                 "kvm_intel/kvm_amd module); and sandtree has no microVM tier yet")
     return "hardware virtualization is present, but sandtree has no microVM tier yet"
+
+
+# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull (issue 12
+# item 12), wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
+for _name in [n for n in dir(Engine) if not n.startswith("_")]:
+    _attr = getattr(Engine, _name)
+    if callable(_attr) and not isinstance(getattr(type(Engine), _name, None), property) and \
+            not isinstance(Engine.__dict__.get(_name), (staticmethod, classmethod, property)):
+        setattr(Engine, _name, typed_disk_errors(_attr))
+del _name, _attr
 
 
 def _check_tag(tag: str) -> None:

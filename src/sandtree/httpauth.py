@@ -25,7 +25,7 @@ import time
 
 from starlette.requests import Request
 
-from .errors import Unauthorized
+from .errors import Forbidden, Unauthorized
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
@@ -33,6 +33,7 @@ STATE_KEY = "sandtree_engine"
 OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
+LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
 
 
 def engine_for(request: Request):
@@ -112,8 +113,8 @@ class TenantGate:
         try:
             try:
                 view = await self._authenticate(scope, path)
-            except Unauthorized as exc:
-                return await _reply(send_logged, 401, exc.to_dict())
+            except (Unauthorized, Forbidden) as exc:
+                return await _reply(send_logged, exc.http_status, exc.to_dict())
             who = getattr(view, "tenant", None)
             if who is not None:
                 info["tenant"], info["token"] = who.name, who.token
@@ -140,6 +141,12 @@ class TenantGate:
             # No tokens exist: the server is loopback-only and single-user. A token sent anyway is
             # ignored, not refused: Contree's clients always send one (their quick start uses
             # "fake-token"), and so does a client with $SANDTREE_TOKEN set for another server.
+            # Loopback is not enough on its own: a web page in a local browser can reach it by
+            # DNS rebinding (its own name, resolved to 127.0.0.1), so the Host must name loopback.
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if not LOOPBACK_HOST.match(host):
+                raise Forbidden(f"this server has no tokens and answers only to a loopback Host, not {host!r} "
+                                "(create a token with `sandtree token create --tenant NAME` to serve other names)")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if path in OPEN_PATHS and not given:
             return self.engine.as_tenant(_ANONYMOUS)

@@ -5,14 +5,24 @@ and every engine error comes back as a tool error with its message. Results are 
 model: ids first, outputs cut at `truncate_output_at` with a marker that says how to read the
 rest (get_operation with an offset).
 
-Transports: stdio (default) or streamable HTTP (`--http --port P`, loopback).
+Transports: stdio (default) or streamable HTTP (`--http --port P`). Over HTTP the server is
+`sandtree serve`'s equal, not a side door (issue 12 item 4): the same tokens and tenancy
+(httpauth.TenantGate turns each HTTP request's bearer token into that tenant's view of the engine,
+and every tool call runs as the caller of the request that carried it); a non-loopback bind
+without tokens is refused; a session belongs to the tenant that opened it; and the tools that
+touch the *server's* filesystem (import_image of a path, upload path=, rsync, download
+destination=) are off, since the caller is not the server's user: over HTTP, files come in by
+content (upload, then import_image("upload:SHA256") for an image tar) and go out by read_file.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import json
 import os
+import tempfile
 from collections import OrderedDict
 
 from mcp.server.mcpserver import MCPServer
@@ -21,7 +31,17 @@ from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
 from .branching import lineage as lineage_mod
 from .engine import Engine
-from .errors import SandtreeError
+from .errors import Forbidden, SandtreeError
+from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
+MAX_UPLOAD_IMPORT = 256 << 20     # bytes of an upload import_image("upload:SHA") reads into memory
+MAX_READ = 4 << 20                # bytes of a file one read_file call or resource read returns
+MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
+TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
+HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
+                  "server's user)")
 
 GUIDE = {
     "workflow": """sandtree: every filesystem state is an immutable image with a content ID.
@@ -33,7 +53,8 @@ GUIDE = {
     "branching": """Explore safely:
 - fork(image, commands) runs N variants in parallel from one image; keep the best result_image.
 - diff(a, b) shows what differs; merge(ours, theirs) combines two branches (base found from lineage);
-  conflicts come back as a list and make no image unless strategy is ours/theirs/markers.
+  conflicts make no image and fail the call with merge_conflict listing them, unless strategy is
+  ours/theirs/markers; __pycache__/, *.pyc and .pytest_cache/ never conflict (ours taken; see ignore).
 - branch_create(name, image) then run(image="branch:NAME") advances the branch; rollback(name, steps=1)
   undoes the last run; lineage(image) shows the tree of what came from an image.""",
     "async": """run(..., wait=false) returns an operation_id at once. wait_operations([ids], timeout) waits;
@@ -57,14 +78,58 @@ def _cut(data: bytes, limit: int) -> tuple[str, bool]:
     return text[:limit], True
 
 
-def build_server(engine: Engine) -> MCPServer:
-    server = MCPServer("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
+class _PerRequestServer(MCPServer):
+    """Over HTTP: each tool call and resource read runs as the caller of the HTTP request that
+    carried it. The tool runs in the session's task, not the request's, so the view TenantGate
+    put on that request's scope is set as the current engine here (fails closed without one)."""
+
+    @contextlib.contextmanager
+    def _as_caller(self, context):
+        request = getattr(getattr(context, "_request_context", None), "request", None)
+        if request is None:
+            raise RuntimeError("an MCP HTTP call without its HTTP request: refusing to serve unscoped")
+        token = CURRENT.set(engine_for(request))
+        try:
+            yield
+        finally:
+            CURRENT.reset(token)
+
+    async def call_tool(self, name, arguments, context=None):
+        if context is None:                         # nested call: already inside a caller's context
+            return await super().call_tool(name, arguments, context)
+        with self._as_caller(context):
+            return await super().call_tool(name, arguments, context)
+
+    async def read_resource(self, uri, context=None):
+        if context is None:
+            return await super().read_resource(uri, context)
+        with self._as_caller(context):
+            return await super().read_resource(uri, context)
+
+
+def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool = False) -> MCPServer:
+    """host_paths: whether tools may read and write paths of this machine (stdio: the caller is
+    the server's own user; HTTP: off). per_request: `engine` is a RequestEngine, set per call
+    from the HTTP request (see _PerRequestServer)."""
+    cls = _PerRequestServer if per_request else MCPServer
+    server = cls("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
+
+    def no_host_paths(what: str) -> None:
+        if not host_paths:
+            raise ToolError(f"{Forbidden.code}: {what}: {HOST_PATHS_OFF}")
     outputs: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()     # full output of recent runs
+    kept = [0]                                                          # bytes in `outputs`
 
     def remember(op: str, stdout: bytes, stderr: bytes) -> None:
+        old = outputs.pop(op, None)
+        if old is not None:
+            kept[0] -= len(old[0]) + len(old[1])
         outputs[op] = (stdout, stderr)
-        while len(outputs) > 200:
-            outputs.popitem(last=False)
+        kept[0] += len(stdout) + len(stderr)
+        # the newest 200 runs within OUTPUTS_KEPT bytes (each run's output is capped, not the sum)
+        while len(outputs) > 1 and (len(outputs) > 200 or kept[0] > OUTPUTS_KEPT):
+            _, (o, e) = outputs.popitem(last=False)
+            kept[0] -= len(o) + len(e)
 
     def guard(fn):
         """Engine errors become tool errors with their kind and message (never a crash)."""
@@ -126,8 +191,14 @@ def build_server(engine: Engine) -> MCPServer:
         from concurrent.futures import ThreadPoolExecutor
         if not commands:
             raise ToolError("invalid_input: give at least one command")
+        if len(commands) > MAX_FORK:
+            raise ToolError(f"invalid_input: at most {MAX_FORK} commands in one fork")
+        parallel = min(parallel, MAX_FORK_PARALLEL)
         with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
-            recs = list(pool.map(lambda c: engine.run(image, c, timeout=timeout, disposable=disposable), commands))
+            # each branch runs in a copy of this call's context: over HTTP it holds the caller's view
+            futs = [pool.submit(contextvars.copy_context().run, engine.run, image, c, timeout=timeout,
+                                disposable=disposable) for c in commands]
+            recs = [f.result() for f in futs]
         return [dict(run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
 
     # ---- live sandboxes -------------------------------------------------------------------------
@@ -231,8 +302,10 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def wait_operations(operation_ids: list[str], timeout: float = 60) -> list[dict]:
-        """Wait (up to timeout seconds) for operations to finish; returns their states."""
-        recs = engine.operations.wait(operation_ids, timeout)
+        """Wait (up to timeout seconds, at most 600) for operations to finish; returns their states."""
+        if len(operation_ids) > 1000:
+            raise ToolError("invalid_input: at most 1000 operation ids")
+        recs = engine.operations.wait(operation_ids, max(0.0, min(float(timeout), 600.0)))
         for op in operation_ids:
             done = engine.operations.result(op)
             if done is not None:
@@ -255,14 +328,31 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def import_image(source: str, tag: str | None = None) -> dict:
-        """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth), a local
-        directory, tar (gz/zst), OCI layout or docker-archive path, or `debian:SUITE` to bootstrap
-        Debian (slow: tens of seconds). Prefer existing images (list_images)."""
+        """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth),
+        `upload:SHA256` (a tar, gz/zst, OCI or docker archive stored with upload), a local
+        directory, tar, OCI layout or docker-archive path (stdio only), or `debian:SUITE` to
+        bootstrap Debian (slow: tens of seconds). Prefer existing images (list_images)."""
         if source.startswith("debian:"):
             image = engine.bootstrap(source, tag=tag)
         elif source.startswith(("docker://", "oci://")):
             image = engine.pull(source, tag=tag)
+        elif source.startswith("upload:"):
+            info = getattr(engine, "upload_info", None)       # (a remote engine has none)
+            size = info(source[7:])["size"] if info is not None else 0   # the caller's own, or not found
+            if size > MAX_UPLOAD_IMPORT:
+                raise ToolError(f"too_large: an upload:SHA import is at most {MAX_UPLOAD_IMPORT >> 20} MiB "
+                                "(it passes through memory); import bigger tars with POST /api/v1/images/import")
+            data = engine.download(source[7:])
+            fd, tmp = tempfile.mkstemp(prefix="sandtree-mcp-", suffix=".tar")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                del data
+                image = engine.import_path(tmp, tag=tag)
+            finally:
+                os.unlink(tmp)
         else:
+            no_host_paths("import_image of a path")
             image = engine.import_path(source, tag=tag)
         return {"image": image, "tag": tag}
 
@@ -300,6 +390,7 @@ def build_server(engine: Engine) -> MCPServer:
         if sum(x is not None for x in (content, content_base64, path)) != 1:
             raise ToolError("invalid_input: give exactly one of content, content_base64, path")
         if path is not None:
+            no_host_paths("upload path=")
             with open(path, "rb") as f:
                 data = f.read()
         elif content_base64 is not None:
@@ -315,6 +406,7 @@ def build_server(engine: Engine) -> MCPServer:
         """Sync a local directory into a reusable file set (uploaded once, deduplicated by content),
         injected at `destination` by run(directory_state_id=...)."""
         import fnmatch
+        no_host_paths("rsync")
         if not os.path.isdir(source):
             raise ToolError(f"invalid_input: {source} is not a directory")
         if not destination.startswith("/"):
@@ -339,7 +431,8 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def download(image: str, path: str, destination: str) -> dict:
-        """Copy one file out of an image to a local path."""
+        """Copy one file out of an image to a local path (stdio only: over HTTP use read_file)."""
+        no_host_paths("download destination=")
         data = engine.read(engine.resolve(image), path)
         with open(destination, "wb") as f:
             f.write(data)
@@ -355,7 +448,11 @@ def build_server(engine: Engine) -> MCPServer:
     @server.tool()
     @guard
     def read_file(image: str, path: str, offset: int = 0, limit: int = 64000) -> dict:
-        """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit` bytes."""
+        """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit`
+        bytes (at most 4 MiB a call: read on with offset)."""
+        if offset < 0 or limit < 0:
+            raise ToolError("invalid_input: offset and limit are not negative")
+        limit = min(limit, MAX_READ)
         i = engine.resolve(image)
         size = engine.stat(i, path).to_dict().get("size", 0)
         data = engine.read(i, path, offset, limit)
@@ -389,11 +486,14 @@ def build_server(engine: Engine) -> MCPServer:
 
     @server.tool()
     @guard
-    def merge(ours: str, theirs: str, base: str | None = None, strategy: str | None = None) -> dict:
+    def merge(ours: str, theirs: str, base: str | None = None, strategy: str | None = None,
+              ignore: list[str] | None = None, return_conflicts: bool = False) -> dict:
         """Three-way merge of two images (base: their common ancestor unless given). Conflicts make no
-        image unless strategy is ours, theirs or markers (conflict markers in text files)."""
+        image unless strategy is ours, theirs or markers (conflict markers in text files): the call
+        fails with merge_conflict naming them (return_conflicts=true: returned as a list, image null).
+        ignore: globs that never conflict, ours taken (default __pycache__/, *.pyc, .pytest_cache/)."""
         return engine.merge(engine.resolve(base) if base else None, engine.resolve(ours), engine.resolve(theirs),
-                            strategy=strategy)
+                            strategy=strategy, ignore=ignore, on_conflict="return" if return_conflicts else "raise")
 
     @server.tool()
     @guard
@@ -452,9 +552,12 @@ def build_server(engine: Engine) -> MCPServer:
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
         who = engine.whoami()
-        return {"user": who["tenant"], "mode": "remote" if engine.home.startswith("http") else "embedded",
-                "store": engine.home, "permissions": who["scopes"], "limits": who["limits"],
-                "tiers": engine.doctor()}
+        res = {"user": who["tenant"], "mode": "remote" if engine.home.startswith("http") else "embedded",
+               "store": engine.home, "permissions": who["scopes"], "limits": who["limits"],
+               "tiers": engine.doctor()}
+        if not host_paths:
+            res.pop("store")                # a path on the server's disk: none of an HTTP caller's business
+        return res
 
     @server.tool()
     def get_guide(section: str = "workflow") -> str:
@@ -470,7 +573,10 @@ def build_server(engine: Engine) -> MCPServer:
     def resource_read(image: str, path: str) -> str:
         """A file of an image."""
         try:
-            return engine.read(engine.resolve(image), "/" + path).decode("utf-8", "replace")
+            data = engine.read(engine.resolve(image), "/" + path, 0, MAX_READ + 1)
+            text = data[:MAX_READ].decode("utf-8", "replace")
+            return text + ("\n[cut at 4 MiB: read the rest with the read_file tool and an offset]"
+                           if len(data) > MAX_READ else "")
         except SandtreeError as exc:
             raise ValueError(f"{exc.code}: {exc.message}") from None
 
@@ -525,15 +631,86 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
         import logging
 
         from .remote import RemoteEngine
+        if http and host not in LOOPBACK:
+            # every HTTP caller would act with this process's one token: loopback only
+            raise SystemExit(f"sandtree mcp --http --url: listens on loopback only (asked for {host})")
         logging.getLogger("httpx").setLevel(logging.WARNING)   # not a log line per engine call
         engine = RemoteEngine(url, token)
     else:
         engine = Engine(home)
     try:
-        server = build_server(engine)
-        if http:
-            server.run("streamable-http", host=host, port=port)
+        if not http:
+            build_server(engine).run("stdio")
+        elif url:
+            _serve_http(build_server(engine, host_paths=False), None, host, port)
         else:
-            server.run("stdio")
+            tokens = engine.tenancy.configured()
+            if host not in LOOPBACK and not tokens:
+                raise SystemExit("sandtree mcp --http: no tokens are configured, so it listens on loopback only "
+                                 f"(asked for {host}); create one with `sandtree token create --tenant NAME`")
+            server = build_server(RequestEngine(), host_paths=False, per_request=True)
+            _serve_http(server, engine, host, port)
     finally:
         engine.close()
+
+
+def _serve_http(server: MCPServer, engine: Engine | None, host: str, port: int) -> None:
+    """engine: the one the TenantGate authenticates against (None: a remote engine, no gate)."""
+    import sys
+
+    import uvicorn
+    app = server.streamable_http_app(host=host)
+    if engine is not None:
+        app = TenantGate(SessionOwners(app), engine, JsonLog(sys.stderr))
+        auth = "tokens" if engine.tenancy.configured() else "none: no tokens configured, loopback only"
+        print(f"sandtree mcp: http://{host}:{port}/mcp (auth: {auth})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+class SessionOwners:
+    """ASGI middleware behind TenantGate: an MCP session belongs to the tenant that opened it.
+    A request naming another tenant's session id gets the answer an unknown session gets (404),
+    so a leaked or guessed session id is worth nothing to another token."""
+
+    MAX = 10000                              # sessions remembered (the SDK caps live ones lower)
+
+    def __init__(self, app):
+        self.app = app
+        self.owners: OrderedDict[bytes, str] = OrderedDict()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            # sync tools run on anyio's thread limiter (40 tokens): 40 callers waiting on runs
+            # would stall every tenant's tools; the limit is per event loop, set here in it
+            import anyio.to_thread
+            anyio.to_thread.current_default_thread_limiter().total_tokens = TOOL_THREADS
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        view = engine_for_scope(scope)
+        who = getattr(getattr(view, "tenant", None), "name", None) or "-"
+        sid = dict(scope.get("headers") or []).get(b"mcp-session-id")
+        if sid is not None and self.owners.get(sid, who) != who:
+            body = json.dumps({"jsonrpc": "2.0", "id": None,
+                               "error": {"code": -32600, "message": "Session not found"}}).encode()
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            return await send({"type": "http.response.body", "body": body})
+
+        async def send_owned(message):
+            if message["type"] == "http.response.start":
+                for k, v in message.get("headers") or []:
+                    if k.lower() == b"mcp-session-id" and v not in self.owners:
+                        self.owners[v] = who
+                        while len(self.owners) > self.MAX:
+                            self.owners.popitem(last=False)
+            await send(message)
+        await self.app(scope, receive, send_owned)
+
+
+def engine_for_scope(scope):
+    from .httpauth import STATE_KEY
+    view = scope.get("state", {}).get(STATE_KEY)
+    if view is None:
+        raise RuntimeError("no TenantGate in front of the MCP app: refusing to serve unscoped")
+    return view

@@ -6,6 +6,14 @@ own transaction, so `sandtree op ID` and every adapter see the same record. Canc
 (the run never starts) or running (the sandbox is killed; nothing is committed). An engine that
 dies leaves rows unfinished: the next engine marks those of dead processes failed, never
 leaving them "running" forever.
+
+What this process keeps per operation is bounded (issue 12 item 9: a flooding run grew a server
+by gigabytes, never freed): live output events are kept up to the run's output cap per stream (the
+run itself keeps no more; the end event then says `events_truncated`); an ended operation's
+events shrink to its end event after EVENTS_KEEP seconds, so a stream resuming with Last-Event-ID
+still learns how it ended; the finished results (their full output, for get/result) are kept for
+`retain_seconds` and within `retain_bytes`, oldest dropped first: after that an operation reads as
+after a restart (status, exit code and image from its row, no output).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import json
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from .errors import InvalidInput, NotFound, SandtreeError
@@ -21,9 +30,23 @@ from .runtime.procid import Owner
 from .store.db import dumps
 
 
+EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)
+ENDED_MARKERS = 10000         # end events kept after that, newest first
+RETAIN_SECONDS = 600.0        # finished results (full output) kept this long...
+RETAIN_BYTES = 256 << 20      # ...and within this many bytes of output in all
+
+
 class Operations:
-    def __init__(self, engine, workers: int = 4):
+    def __init__(self, engine, workers: int = 4, *, retain_seconds: float = RETAIN_SECONDS,
+                 retain_bytes: int = RETAIN_BYTES):
         self.engine = engine
+        self.retain_seconds, self.retain_bytes = retain_seconds, retain_bytes
+        self._event_caps: dict[str, int] = {}           # op -> bytes of output events kept per stream
+        self._event_bytes: dict[tuple[str, str], int] = {}
+        self._events_cut: set[str] = set()
+        self._ended: OrderedDict[str, float] = OrderedDict()      # op -> when its end event came
+        self._results: OrderedDict[str, tuple[float, int]] = OrderedDict()   # op -> (finished, bytes)
+        self._result_bytes = 0
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandtree-op")
         self.live: dict[str, tuple[Future, threading.Event]] = {}
         self.lock = threading.Lock()
@@ -52,8 +75,60 @@ class Operations:
     def _event(self, op: str, kind: str, data: str) -> None:
         with self.changed:
             log = self.events.setdefault(op, [])
-            log.append((len(log) + 1, kind, data))
+            if kind in ("stdout", "stderr"):
+                cap = self._event_caps.get(op)
+                if cap is not None:
+                    used = self._event_bytes.get((op, kind), 0)
+                    if used + len(data) > cap:
+                        data = data[:max(0, cap - used)]
+                        self._events_cut.add(op)
+                        if not data:
+                            return
+                    self._event_bytes[(op, kind)] = used + len(data)
+            elif kind == "end" and op in self._events_cut:
+                data = json.dumps({**json.loads(data), "events_truncated": True})
+            seq = log[-1][0] + 1 if log else 1
+            log.append((seq, kind, data))
+            if kind == "end":
+                self._ended[op] = time.monotonic()
+                self._event_caps.pop(op, None)
+                self._events_cut.discard(op)
+                for k in ("stdout", "stderr"):
+                    self._event_bytes.pop((op, k), None)
+                self._prune()
             self.changed.notify_all()
+
+    def _prune(self) -> None:
+        """Drop what ended operations keep beyond the bounds (module doc). Holds self.lock."""
+        now = time.monotonic()
+        for op, at in list(self._ended.items()):
+            log = self.events.get(op)
+            if now - at < EVENTS_KEEP:
+                break                                   # in order of ending: the rest are newer
+            if log and len(log) > 1:
+                self.events[op] = [log[-1]]             # the end event: how it ended, at its seq
+        while len(self._ended) > ENDED_MARKERS:
+            op, _ = self._ended.popitem(last=False)
+            self.events.pop(op, None)
+        while self._results:
+            op, (at, size) = next(iter(self._results.items()))
+            if now - at < self.retain_seconds and self._result_bytes <= self.retain_bytes:
+                break
+            self._results.popitem(last=False)
+            self._result_bytes -= size
+            self.live.pop(op, None)                     # its future holds the full output
+
+    def _finished(self, op: str, fut: Future) -> None:
+        """A done callback: account for what the finished future holds."""
+        if fut.cancelled():
+            return                                      # may run under self.lock (close, cancel)
+        rec = fut.result() if fut.exception() is None else None
+        size = len(getattr(rec, "stdout", b"") or b"") + len(getattr(rec, "stderr", b"") or b"")
+        with self.lock:
+            if op in self.live:
+                self._results[op] = (time.monotonic(), size)
+                self._result_bytes += size
+                self._prune()
 
     def events_after(self, op: str, after: int, timeout: float) -> tuple[list[tuple[int, str, str]], bool]:
         """Events of `op` with seq > after (waiting up to timeout for some); and whether it ended."""
@@ -92,6 +167,10 @@ class Operations:
         def on_output(stream: str, chunk: bytes) -> None:
             self._event(op, stream, chunk.decode("utf-8", "replace"))
 
+        from .engine import parse_size
+        out = options.get("output")
+        cap = parse_size(out) if out is not None else self.engine.default_limits.output
+
         def work():
             t0 = time.monotonic()
             if cancel.is_set():
@@ -119,12 +198,15 @@ class Operations:
             return rec
 
         with self.lock:
-            self.live[op] = (self.pool.submit(work), cancel)
+            self._event_caps[op] = cap
+            fut = self.pool.submit(work)
+            self.live[op] = (fut, cancel)
             self.counts["submitted"] += 1
+        fut.add_done_callback(lambda f: self._finished(op, f))
         return op
 
     def submit_pull(self, reference: str, *, tag: str | None = None,
-                    credentials: tuple[str, str] | None = None, then=None) -> str:
+                    credentials: tuple[str, str] | None = None, then=None, check_host=None) -> str:
         """Queue a registry pull (an import operation); returns its ID at once. The reference is
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
@@ -150,7 +232,7 @@ class Operations:
             try:
                 if credentials is not None:
                     self.engine.registry_login(ref.registry, *credentials)
-                image = self.engine.pull(reference, tag=tag, op_id=op)
+                image = self.engine.pull(reference, tag=tag, op_id=op, check_host=check_host)
                 if then is not None:
                     then(image)                  # the caller's bookkeeping (a tenant's ownership, tag)
             except Exception as exc:             # recorded, then re-raised to the future
@@ -164,8 +246,10 @@ class Operations:
             return image
 
         with self.lock:
-            self.live[op] = (self.pool.submit(work), cancel)
+            fut = self.pool.submit(work)
+            self.live[op] = (fut, cancel)
             self.counts["submitted"] += 1
+        fut.add_done_callback(lambda f: self._finished(op, f))
         return op
 
     def _finish(self, op: str, outcome: dict) -> None:

@@ -319,8 +319,9 @@ class RemoteEngine:
     def patch(self, a: str, b: str) -> str:
         return self._json("GET", "/diff", params={"a": a, "b": b, "patch": True})["patch"]
 
-    def merge(self, base, ours, theirs, *, strategy=None) -> dict:
-        return self._json("POST", "/merge", json={"base": base, "ours": ours, "theirs": theirs, "strategy": strategy})
+    def merge(self, base, ours, theirs, *, strategy=None, ignore=None, on_conflict="raise") -> dict:
+        return self._json("POST", "/merge", json={"base": base, "ours": ours, "theirs": theirs, "strategy": strategy,
+                                                  "ignore": ignore, "on_conflict": on_conflict})
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:
         self._json("POST", "/branches", json={"name": name, "image": image, "force": force})

@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import contextvars
+import functools
 import json
 import os
-import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .contree_api import contree_router
 from .engine import Engine
-from .errors import InvalidInput, SandtreeError
+from .errors import DiskFull, Forbidden, InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
+READ_CHUNK = 1 << 20      # bytes per chunk of a streamed file read
+WAIT_THREADS = 256        # waits at once (an operation's end, its events); more queue behind them
 
 
 
@@ -132,6 +139,10 @@ class MergeIn(BaseModel):
     theirs: str
     base: str | None = None
     strategy: str | None = None
+    ignore: list[str] | None = Field(None, description="globs that never conflict (ours taken); null: "
+                                     "__pycache__/, *.pyc, .pytest_cache/; [] for none")
+    on_conflict: Literal["raise", "return"] = Field("raise", description="conflicts without a strategy: 409 "
+                                                    "merge_conflict (raise) or 200 with image null (return)")
 
 
 class BranchIn(BaseModel):
@@ -160,11 +171,61 @@ class ShareIn(BaseModel):
     public: bool = True
 
 
-def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
-    """log: where the JSON-lines request log goes (None: no request log)."""
-    app = FastAPI(title="sandtree", version="0.1.0",
+def staged_file(stage, prefix: str) -> str:
+    """A new file in a staging dir of the store's tmp/ (`stage`: LayerDirs.stage), on the store's
+    disk. The dir is named for this process, so after a kill -9 the next engine's clean_stale
+    removes it; unstage() removes it otherwise."""
+    return os.path.join(stage(prefix), "body")
+
+
+def unstage(path: str) -> None:
+    from .store.layers import remove_tree
+    remove_tree(os.path.dirname(path))
+
+
+async def spool(request: Request, stage) -> tuple[str, str, int]:
+    """A request body streamed into a staged file (never memory), hashed as it comes: (path,
+    sha256, size); unstage(path) when done. The body's cap is bodylimit.BodyLimit's (TooLarge
+    while streaming); on any error nothing is left."""
+    import errno
+    import hashlib
+    path = staged_file(stage, "upload")
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(path, "xb") as f:
+            async for chunk in request.stream():
+                h.update(chunk)
+                f.write(chunk)
+                size += len(chunk)
+    except BaseException as exc:
+        unstage(path)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull("disk full: the upload was not stored") from None
+        raise
+    return path, h.hexdigest(), size
+
+
+def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD) -> FastAPI:
+    """log: where the JSON-lines request log goes (None: no request log). max_upload: the
+    largest upload or image tar a request may send, unless its tenant's max_upload says otherwise."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        # Every route's engine call runs in a thread. asyncio's default pool has cpu_count + 4
+        # threads (6 here): 6 callers waiting on a run froze every other route of every tenant
+        # for the run's whole length. Engine calls get a pool of CALL_THREADS; pure waits
+        # (an operation's end, its next events, a pool filling) one of their own, so waiting,
+        # however many do it, never starves the calls that do work.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="sandtree-call"))
+        yield
+
+    app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
+    waits = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="sandtree-wait")
+    app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
+    stage = engine.store.layers.stage       # uploads and exports land on the store's disk
+    blobs = engine.store.blobs              # downloads stream from here, after the caller's check
     engine = RequestEngine()                # every route below: the caller's view of the engine
     ops = engine.operations
 
@@ -172,12 +233,32 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     async def sandtree_error(request: Request, exc: SandtreeError):
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError):
+        """A full disk the engine did not name (a route's own file): 507 disk_full, not internal."""
+        import errno
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            full = DiskFull("disk full: nothing was stored")
+            return JSONResponse(full.to_dict(), status_code=full.http_status)
+        return JSONResponse({"error": "internal", "message": str(exc)}, status_code=500)
+
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)
 
+    def wait_call(fn, *a, **k):
+        """A call that mostly waits, on the waits pool (in this request's context: its engine view)."""
+        ctx = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(waits, functools.partial(ctx.run, fn, *a, **k))
+
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
-        """Prometheus text format: runs, queue depth, run latency, store size."""
+        """Prometheus text format: runs, queue depth, run latency, store size. The counters are the
+        whole server's (every tenant's runs): for the operator, or a token with the admin scope."""
+        from .httpauth import current_engine
+        from .tenants import TenantView
+        if isinstance(current_engine(), TenantView):
+            raise Forbidden("metrics count every tenant's runs: they need a token with the admin scope",
+                            scope="admin")
         images = await call(engine.images)
         with ops.lock:
             counts = dict(ops.counts)
@@ -213,9 +294,25 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         return [e.to_dict() for e in await call(engine.ls, i, path)]
 
     @app.get("/api/v1/images/{ref:path}/read")
-    async def read(ref: str, path: str, offset: int = 0, limit: int | None = None) -> Response:
+    async def read(ref: str, path: str, offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> Response:
+        """A file's bytes from `offset`, at most `limit`; streamed a chunk at a time (a large
+        file read whole into memory per request was a way to exhaust the server's)."""
         i = await call(engine.resolve, ref)
-        return Response(await call(engine.read, i, path, offset, limit), media_type="application/octet-stream")
+        first = await call(engine.read, i, path, offset, min(limit, READ_CHUNK) if limit is not None else READ_CHUNK)
+        if len(first) < READ_CHUNK or limit == len(first):
+            return Response(first, media_type="application/octet-stream")
+
+        async def rest():
+            yield first
+            pos, left = offset + len(first), None if limit is None else limit - len(first)
+            while left is None or left > 0:
+                chunk = await call(engine.read, i, path, pos, READ_CHUNK if left is None else min(left, READ_CHUNK))
+                if not chunk:
+                    return
+                yield chunk
+                pos += len(chunk)
+                left = None if left is None else left - len(chunk)
+        return StreamingResponse(rest(), media_type="application/octet-stream")
 
     @app.get("/api/v1/images/{ref:path}/stat")
     async def stat(ref: str, path: str) -> dict:
@@ -231,13 +328,18 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     @app.get("/api/v1/images/{ref:path}/export")
     async def export(ref: str, path: str = "/") -> Response:
         i = await call(engine.resolve, ref)
-
-        def build() -> bytes:
-            import io
-            buf = io.BytesIO()
-            engine.export_tar(i, buf, path)
-            return buf.getvalue()
-        return Response(await call(build), media_type="application/x-tar")
+        # built into a file on the store's disk and streamed from it (in memory, an export was
+        # as large as the image, per request)
+        tmp = await call(staged_file, stage, "export")
+        try:
+            with open(tmp, "xb") as f:
+                await call(engine.export_tar, i, f, path)
+        except BaseException:
+            unstage(tmp)
+            raise
+        from starlette.background import BackgroundTask
+        from starlette.responses import FileResponse
+        return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(unstage, tmp))
 
     @app.get("/api/v1/resolve")
     async def resolve(ref: str) -> dict:
@@ -325,14 +427,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     @app.post("/api/v1/images/import", status_code=201)
     async def import_tar(request: Request, tag: str | None = None) -> dict:
         """The body is a tar (plain, gzip or zstd) of a root filesystem, or an OCI/docker archive."""
-        fd, path = tempfile.mkstemp(prefix="sandtree-upload-", suffix=".tar")
+        path, _, _ = await spool(request, stage)
         try:
-            with os.fdopen(fd, "wb") as f:
-                async for chunk in request.stream():
-                    f.write(chunk)
             return {"image": await call(engine.import_path, path, tag=tag), "tag": tag}
         finally:
-            os.unlink(path)
+            unstage(path)
 
     @app.post("/api/v1/images/pull", status_code=201)
     async def pull(body: PullIn) -> dict:
@@ -352,8 +451,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     @app.post("/api/v1/files", status_code=201)
     async def upload(request: Request) -> dict:
         """Upload once, reference many times: runs take {"path", "sha256"}."""
-        data = await request.body()
-        return {"sha256": await call(engine.upload, data), "size": len(data)}
+        path, digest, size = await spool(request, stage)
+        try:
+            return {"sha256": await call(engine.upload_file, path, digest), "size": size}
+        finally:
+            unstage(path)
 
     @app.post("/api/v1/file-sets", status_code=201)
     async def file_set(body: list[FileIn]) -> dict:
@@ -366,7 +468,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
     @app.get("/api/v1/files/{sha256}")
     async def download(sha256: str) -> Response:
-        return Response(await call(engine.download, sha256), media_type="application/octet-stream")
+        """Streamed from the blob's file (read whole into memory, an upload was as large as the
+        body cap, per request). upload_info is the caller's check: its own upload, or 404."""
+        from starlette.responses import FileResponse
+        await call(engine.upload_info, sha256)
+        return FileResponse(blobs.path(sha256), media_type="application/octet-stream")
 
     # ---- runs and operations ---------------------------------------------------------------------
     @app.post("/api/v1/runs", status_code=201)
@@ -379,7 +485,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         if not body.wait:
             return await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
         # one thread for submit and wait: each hop between the loop and a thread costs
-        return await call(lambda: operation_view(ops.wait([ops.submit_run(body.image, body.command, **opts)])[0]))
+        op = await call(ops.submit_run, body.image, body.command, **opts)
+        return await wait_call(lambda: operation_view(ops.wait([op])[0]))
 
     # ---- live sandboxes --------------------------------------------------------------------------
     @app.post("/api/v1/sandboxes", status_code=201)
@@ -458,7 +565,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
     @app.post("/api/v1/pools/{image}/wait")
     async def wait_pool(image: str, timeout: float = Query(30.0, ge=0, le=600)) -> dict:
-        return {"ready": await call(lambda: engine.pool_wait(engine.resolve(image), timeout))}
+        return {"ready": await wait_call(lambda: engine.pool_wait(engine.resolve(image), timeout))}
 
     @app.get("/api/v1/pools")
     async def list_pools() -> list[dict]:
@@ -507,7 +614,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
     @app.post("/api/v1/operations/{op}/wait")
     async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
-        return await call(lambda: operation_view(ops.wait([op], timeout)[0]))
+        return await wait_call(lambda: operation_view(ops.wait([op], timeout)[0]))
 
     @app.post("/api/v1/operations/{op}/cancel")
     async def cancel_operation(op: str) -> dict:
@@ -517,7 +624,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
     async def events(op: str, request: Request) -> StreamingResponse:
         """Server-Sent Events: `start`, `stdout`, `stderr`, `end`; ids are sequence numbers, so a
         client reconnecting with Last-Event-ID gets only what it missed."""
-        await call(ops.get, op)                                  # 404 for an unknown operation
+        rec = await call(ops.get, op)                            # 404 for an unknown operation
         try:
             after = int(request.headers.get("last-event-id", "0"))
         except ValueError:
@@ -525,8 +632,12 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
         async def stream():
             nonlocal after
+            if rec["status"] in ("done", "failed", "cancelled"):
+                new, ended = await call(ops.events_after, op, 0, 0)
+                if not new and not ended:
+                    return                  # run by an engine before this one (or long ago): nothing to follow
             while True:
-                new, ended = await call(ops.events_after, op, after, 10.0)
+                new, ended = await wait_call(ops.events_after, op, after, 10.0)
                 for seq, kind, data in new:
                     after = seq
                     payload = "\n".join(f"data: {line}" for line in data.split("\n"))
@@ -553,7 +664,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
         resolve = engine.resolve
         base = await call(resolve, body.base) if body.base else None
         return await call(engine.merge, base, await call(resolve, body.ours), await call(resolve, body.theirs),
-                          strategy=body.strategy)
+                          strategy=body.strategy, ignore=body.ignore, on_conflict=body.on_conflict)
 
     @app.get("/api/v1/branches")
     async def branches() -> dict:
@@ -587,12 +698,17 @@ def build_app(engine: Engine, *, log: JsonLog | None = None) -> FastAPI:
 
 
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
-          access_log: str = "json", pools: dict[str, int] | None = None) -> None:
+          access_log: str = "json", pools: dict[str, int] | None = None,
+          max_upload: int | str = DEFAULT_MAX_UPLOAD) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
-    warm pools kept by this server (runs through it on those images skip setup)."""
+    warm pools kept by this server (runs through it on those images skip setup). max_upload:
+    the largest upload or image tar (a tenant's max_upload limit replaces it)."""
     import sys
 
     import uvicorn
+
+    from .engine import parse_size
+    max_upload = parse_size(max_upload)
     engine = Engine(home, max_runs=max_runs)
     try:
         tokens = engine.tenancy.configured()
@@ -607,7 +723,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
         for image, size in (pools or {}).items():
             engine.pool_create(engine.resolve(image), size)
-        uvicorn.run(build_app(engine, log=log), host=host, port=port, log_level="warning")
+        uvicorn.run(build_app(engine, log=log, max_upload=max_upload), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

@@ -55,7 +55,8 @@ SCOPES = ("import", "run", "list", "cancel", "tag")
 ALL_SCOPES = SCOPES + ("admin",)
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 SEP = "~"
-LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes")
+LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes", "max_upload")
+SIZE_LIMITS = ("max_output", "max_upload")
 DEFAULT_MAX_SANDBOXES = 8
 TOKEN_RE = re.compile(r"^stk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,200})$")
 
@@ -153,7 +154,7 @@ class Tenancy:
             if v is None:
                 continue
             try:
-                v = parse_size(v) if k == "max_output" else (int(v) if k in ("max_runs", "max_sandboxes")
+                v = parse_size(v) if k in SIZE_LIMITS else (int(v) if k in ("max_runs", "max_sandboxes")
                                                              else float(v))
             except (TypeError, ValueError):
                 raise InvalidInput(f"{k} must be a number, not {v!r}") from None
@@ -269,6 +270,25 @@ class Tenancy:
     def sync_run(self, tenant: str, delta: int) -> None:
         with self._lock:
             self._sync_runs[tenant] = self._sync_runs.get(tenant, 0) + delta
+
+
+def check_public_registry(hostport: str) -> None:
+    """A tenant's pull makes the *server* connect to the registry it names: only to public
+    addresses, never to the server's own loopback, its private networks or link-local metadata
+    services (Forbidden before any connection). Names are resolved here; the operator (admin)
+    may pull from anywhere."""
+    import ipaddress
+    import socket
+    host = hostport[1:hostport.index("]")] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        raise InvalidInput(f"registry host {host!r} does not resolve") from None
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if not ip.is_global or ip.is_multicast:
+            raise Forbidden(f"registry {hostport} is not a public address ({ip}): a tenant's pulls reach "
+                            "public registries only (the admin may pull from others)", scope="admin")
 
 
 def _scoped(scope: str):
@@ -665,11 +685,13 @@ class TenantView:
         if tag is not None:
             _check_tag(tag)
         ref = registry.parse(reference)
+        check_public_registry(ref.registry)
         # stored registry credentials are the operator's: a tenant must not pull with them
         if self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             raise Forbidden(f"pulling from {ref.registry} uses the operator's stored credentials: admin only",
                             scope="admin")
-        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress)
+        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress,
+                                 check_host=check_public_registry)         # redirects and realms too
         return self._imported("pull", image, tag, {"reference": str(ref)})
 
     registry_login = _admin_only("storing registry credentials")
@@ -684,6 +706,15 @@ class TenantView:
     @_scoped("run")
     def upload(self, data: bytes) -> str:
         digest = self.engine.upload(data)
+        with self.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_blobs(tenant, kind, id) VALUES(?,?,?)",
+                        (self.tenant.name, "upload", digest))
+        return digest
+
+    @_scoped("run")
+    def upload_file(self, path: str, digest: str | None = None) -> str:
+        """What the server spooled of this tenant's upload (server.py; never a path a tenant names)."""
+        digest = self.engine.upload_file(path, digest)
         with self.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO tenant_blobs(tenant, kind, id) VALUES(?,?,?)",
                         (self.tenant.name, "upload", digest))
@@ -971,21 +1002,24 @@ class TenantView:
 
     # ---- merge and branches -------------------------------------------------------------------
     @_scoped("run")
-    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
+    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
+              ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
+        from .branching.ops import check_on_conflict, conflict_outcome
+        check_on_conflict(on_conflict)
         self._see(ours), self._see(theirs)
         if base is None:
             # the engine would look over everyone's lineage; only this tenant's may choose the base
             base = self.common_ancestor(ours, theirs) or EMPTY_TREE_HASH
         elif base != EMPTY_TREE_HASH:
             self._see(base)
-        res = self.engine.merge(base, ours, theirs, strategy=strategy)
+        res = self.engine.merge(base, ours, theirs, strategy=strategy, ignore=ignore, on_conflict="return")
         op = None
         if res.get("image"):
             self._own(res["image"])
             op = self._claim_op("merge", res["image"])
         self._audit("merge", image=ours, result=res.get("image"), op=op,
                     detail={"theirs": theirs, "base": base, "strategy": strategy, "conflicts": len(res["conflicts"])})
-        return res
+        return conflict_outcome(res, on_conflict)          # audited first: a refused merge is recorded too
 
     @_scoped("tag")
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:
@@ -1072,12 +1106,14 @@ class TenantOperations:
         if tag is not None:
             _check_tag(tag)
         ref = registry.parse(reference)
+        check_public_registry(ref.registry)
         if credentials is not None or v.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             # registry credentials are stored server-wide (the operator's): not a tenant's to set or use
             raise Forbidden(f"pulling from {ref.registry} with stored or given credentials: admin only",
                             scope="admin")
         op = self.inner.submit_pull(reference, then=lambda image: v._imported("pull", image, tag,
-                                                                             {"reference": str(ref)}))
+                                                                             {"reference": str(ref)}),
+                                    check_host=check_public_registry)     # redirects and realms too
         with v.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO tenant_ops(op, tenant, token) VALUES(?,?,?)",
                         (op, v.tenant.name, v.tenant.token))

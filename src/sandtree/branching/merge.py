@@ -9,10 +9,17 @@ Rules per name, comparing the state (not timestamps) of base, ours and theirs:
 Identical subtrees are skipped by hash, so the cost is what the branches changed.
 A strategy resolves conflicts: "ours", "theirs", or "markers" (git-style conflict markers written
 into text files; for what has no text form, ours). Without one, conflicts make no image.
+
+Ignored paths (`ignore`: globs, DEFAULT_IGNORE unless given) never conflict: where both sides
+changed one differently, ours is taken (a build product such as `__pycache__/` or `*.pyc` is
+remade from the sources anyway); a change made on one side only merges as any path's does. A
+glob ending in `/` names directories (and all below them); one holding another `/` is matched
+against the whole path from the root; any other against the name, at any depth (as .gitignore).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 
@@ -24,6 +31,33 @@ from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
 from ..store.store import Store
 
 STRATEGIES = (None, "ours", "theirs", "markers")
+DEFAULT_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")
+
+
+def check_ignore(ignore) -> tuple[str, ...]:
+    """The globs to ignore: DEFAULT_IGNORE for None; [] ignores nothing."""
+    if ignore is None:
+        return DEFAULT_IGNORE
+    if isinstance(ignore, str) or not all(isinstance(g, str) and g.strip("/") for g in ignore):
+        raise InvalidInput(f"ignore is a list of non-empty globs, not {ignore!r}")
+    if len(ignore) > 1000 or any(len(g) > 1000 for g in ignore):
+        raise InvalidInput("ignore: at most 1000 globs of at most 1000 characters")
+    return tuple(ignore)
+
+
+def ignored(globs: tuple[str, ...], path: str, is_dir: bool) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    for g in globs:
+        dir_only = g.endswith("/")
+        pat = g.rstrip("/")
+        if dir_only and not is_dir:
+            continue
+        if "/" in pat:
+            if fnmatch.fnmatchcase(path.lstrip("/"), pat.lstrip("/")):
+                return True
+        elif fnmatch.fnmatchcase(name, pat):
+            return True
+    return False
 
 
 @dataclass
@@ -44,6 +78,7 @@ class TreeMerge:
     trees: dict[str, bytes] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)     # merged texts, not yet stored
+    ignored: list[str] = field(default_factory=list)          # both sides changed, ours taken
 
 
 def _state(e: Entry | None):
@@ -55,11 +90,13 @@ def _meta(e: Entry):
 
 
 class _Merger:
-    def __init__(self, store: Store, strategy: str | None):
+    def __init__(self, store: Store, strategy: str | None, ignore=None):
         if strategy not in STRATEGIES:
             raise InvalidInput(f"unknown merge strategy {strategy!r} (ours, theirs, markers)")
         self.store = store
         self.strategy = strategy
+        self.ignore = check_ignore(ignore)
+        self.ignored: list[str] = []
         self.trees: dict[str, bytes] = {}
         self.conflicts: list[Conflict] = []
         self.pending: dict[str, bytes] = {}
@@ -99,6 +136,9 @@ class _Merger:
         if sb == so:
             return t
         if sb == st:
+            return o
+        if self.ignore and ignored(self.ignore, path, any(e is not None and e.kind == DIR for e in (o, t))):
+            self.ignored.append(path)
             return o
         if o is not None and t is not None and o.kind == DIR and t.kind == DIR:
             meta = self.meta(b, o, t, path)
@@ -168,9 +208,10 @@ class _Merger:
         return o                                       # ours, markers without text form, or none
 
 
-def merge_trees(store: Store, base: str | None, ours: str, theirs: str, strategy: str | None = None) -> TreeMerge:
-    m = _Merger(store, strategy)
+def merge_trees(store: Store, base: str | None, ours: str, theirs: str, strategy: str | None = None,
+                ignore=None) -> TreeMerge:
+    m = _Merger(store, strategy, ignore)
     root = m.dir(base, ours, theirs, "")
     if m.conflicts and strategy is None:
-        return TreeMerge(None, {}, m.conflicts)
-    return TreeMerge(root, m.trees, m.conflicts, m.pending)
+        return TreeMerge(None, {}, m.conflicts, ignored=m.ignored)
+    return TreeMerge(root, m.trees, m.conflicts, m.pending, m.ignored)

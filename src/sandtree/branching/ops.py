@@ -9,6 +9,7 @@ import time
 import uuid
 
 from .. import commit as commit_mod
+from ..errors import InvalidInput, MergeConflict
 from ..store.blobs import BlobStore
 from ..store.db import Database, dumps
 from ..store.delta import write_delta
@@ -18,6 +19,25 @@ from ..store.store import Store
 from . import bundle, lineage, refs
 from . import diff as diff_mod
 from . import merge as merge_mod
+
+
+ON_CONFLICT = ("raise", "return")
+
+
+def check_on_conflict(on_conflict) -> None:
+    if on_conflict not in ON_CONFLICT:
+        raise InvalidInput(f"on_conflict is raise or return, not {on_conflict!r}")
+
+
+def conflict_outcome(res: dict, on_conflict: str) -> dict:
+    """A merge that made no image raises MergeConflict unless the caller asked for the conflicts back."""
+    if res["image"] is None and on_conflict == "raise":
+        n = len(res["conflicts"])
+        paths = ", ".join(f"{c['path']} ({c['kind']})" for c in res["conflicts"][:10])
+        raise MergeConflict(f"merge left {n} conflict{'s' if n != 1 else ''}, no image made: {paths}"
+                            f"{' ...' if n > 10 else ''} (pass a strategy: ours, theirs or markers; or ignore globs)",
+                            conflicts=res["conflicts"], base=res["base"])
+    return res
 
 
 class BranchingOps:
@@ -31,17 +51,26 @@ class BranchingOps:
     def patch(self, a: str, b: str) -> str:
         return diff_mod.patch(self.store, diff_mod.diff(self.store, a, b))
 
-    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
+    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
+              ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
+        """{"image", "base", "conflicts", "ignored"}. Conflicts left without a strategy make no
+        image and raise MergeConflict (its details list them) unless on_conflict="return", which
+        returns them with image None. ignore: globs that never conflict (merge.DEFAULT_IGNORE if
+        None; [] for none): ours is taken there."""
+        check_on_conflict(on_conflict)
         with self.store.using():
-            return self._merge(base, ours, theirs, strategy=strategy)
+            res = self._merge(base, ours, theirs, strategy=strategy, ignore=ignore)
+        return conflict_outcome(res, on_conflict)
 
-    def _merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None) -> dict:
-        """{"image": id or None, "base": id, "conflicts": [...]}: an image only if the merge is
-        clean or a strategy resolved it; its lineage has both ours and theirs as parents."""
+    def _merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
+               ignore: list[str] | None = None) -> dict:
+        """{"image": id or None, "base": id, "conflicts": [...], "ignored": [...]}: an image only
+        if the merge is clean or a strategy resolved it; its lineage has both ours and theirs as parents."""
         if base is None:
             base = lineage.common_ancestor(self.store, ours, theirs)
-        tm = merge_mod.merge_trees(self.store, base, ours, theirs, strategy)
-        result = {"image": None, "base": base, "conflicts": [c.to_dict() for c in tm.conflicts]}
+        tm = merge_mod.merge_trees(self.store, base, ours, theirs, strategy, ignore)
+        result = {"image": None, "base": base, "conflicts": [c.to_dict() for c in tm.conflicts],
+                  "ignored": tm.ignored}
         if tm.root is None:
             return result
         for _digest, data in tm.blobs.items():

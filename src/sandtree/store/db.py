@@ -5,14 +5,25 @@ after its layer directory and blobs are in place, so after a kill -9 at any poin
 listed whose objects are missing. One connection per thread; writers serialise on SQLite's lock.
 
 On-disk format: `meta.format` holds SCHEMA_VERSION; a store written by a newer sandtree is refused.
+
+A full disk (issue 12 item 12): a write that finds no room raises DiskFull ("disk full"), never a
+raw sqlite3 error, and nothing of it is kept (the transaction rolls back). Reads keep working: a
+WAL database needs its -shm file, which a connection must create when no other one is open; if
+that fails for want of room, and no WAL file holds unmerged commits (so the main file is
+complete), the database is opened read-only as immutable. Writes then retry a normal open (the
+room may be back) and raise DiskFull if it still fails.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import threading
 import time
+
+from ..errors import DiskFull
 
 SCHEMA_VERSION = 1
 
@@ -86,14 +97,58 @@ class Database:
             elif int(row[0]) > SCHEMA_VERSION:
                 raise RuntimeError(f"store format {row[0]} is newer than this sandtree ({SCHEMA_VERSION})")
 
-    def connection(self) -> sqlite3.Connection:
+    def connection(self, *, write: bool = False) -> sqlite3.Connection:
+        """This thread's connection. write: one that can write (DiskFull if the disk has no room
+        for one), not the read-only fallback."""
         con = getattr(self._local, "con", None)
+        if con is not None and getattr(self._local, "fallback", False) and \
+                (write or time.monotonic() - self._local.fallback_at > 1.0):
+            try:                                      # the room may be back: a normal connection
+                fresh = self._open()
+            except sqlite3.OperationalError as exc:
+                if not disk_full(self.path, exc):
+                    raise
+                if write:
+                    raise DiskFull("disk full: the store's database cannot be written") from None
+                self._local.fallback_at = time.monotonic()
+            else:
+                con.close()
+                con, self._local.con, self._local.fallback = fresh, fresh, False
         if con is None:
-            con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            try:
+                con, fallback = self._open(), False
+            except sqlite3.OperationalError as exc:
+                if not disk_full(self.path, exc):
+                    raise
+                if write:
+                    raise DiskFull("disk full: the store's database cannot be written") from None
+                con, fallback = self._open_read_only(), True
+            self._local.con, self._local.fallback, self._local.fallback_at = con, fallback, time.monotonic()
+        return con
+
+    def _open(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        try:
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=NORMAL")
             con.execute("PRAGMA busy_timeout=60000")
-            self._local.con = con
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """For reads on a full disk: immutable, so SQLite needs no -shm; only if the main file is
+        complete (no WAL file with commits not yet merged into it)."""
+        from urllib.parse import quote
+        try:
+            wal = os.path.getsize(self.path + "-wal")
+        except FileNotFoundError:
+            wal = 0
+        if wal > 0 or not os.path.exists(self.path):
+            raise DiskFull("disk full: the store's database cannot be opened (its journal needs room)")
+        con = sqlite3.connect(f"file:{quote(os.path.abspath(self.path))}?immutable=1", uri=True,
+                              isolation_level=None, check_same_thread=False)
         return con
 
     def close(self) -> None:
@@ -101,23 +156,48 @@ class Database:
         if con is not None:
             con.close()
             self._local.con = None
+            self._local.fallback = False
 
     # A write transaction: BEGIN IMMEDIATE takes the write lock up front, so a compare-and-swap
     # read inside it cannot be invalidated by another writer before our write.
+    # A full disk inside it: DiskFull, with the transaction rolled back.
     class _Tx:
-        def __init__(self, con):
-            self.con = con
+        def __init__(self, db):
+            self.db = db
 
         def __enter__(self):
-            self.con.execute("BEGIN IMMEDIATE")
+            self.con = self.db.connection(write=True)
+            try:
+                self.con.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                self.db._full(exc)
+                raise
             return self.con
 
         def __exit__(self, et, ev, tb):
-            self.con.execute("COMMIT" if et is None else "ROLLBACK")
+            if et is None:
+                try:
+                    self.con.execute("COMMIT")
+                    return False
+                except sqlite3.OperationalError as exc:
+                    et, ev = type(exc), exc
+            if self.con.in_transaction:
+                self.con.execute("ROLLBACK")
+            if isinstance(ev, (sqlite3.OperationalError, OSError)):
+                self.db._full(ev)
+            if et is not None and ev is not None and tb is None:
+                raise ev                                 # the COMMIT's own error
             return False
 
     def tx(self):
-        return self._Tx(self.connection())
+        return self._Tx(self)
+
+    def _full(self, exc) -> None:
+        """Raise DiskFull if `exc` is the disk having no room."""
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull("disk full: nothing was written") from None
+        if isinstance(exc, sqlite3.OperationalError) and disk_full(self.path, exc):
+            raise DiskFull("disk full: nothing was written") from None
 
     def query(self, sql: str, args=()):
         return self.connection().execute(sql, args).fetchall()
@@ -149,3 +229,38 @@ class Database:
 
 def dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def disk_full(path: str, exc: sqlite3.OperationalError) -> bool:
+    """Whether a SQLite error is the disk being full: SQLITE_FULL says so; an I/O error (what a
+    failed -shm or -wal write becomes) counts when the database's filesystem has no room left."""
+    msg = str(exc).lower()
+    if "full" in msg:
+        return True
+    if "disk i/o error" not in msg:
+        return False
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20) or st.f_favail == 0
+
+
+def typed_disk_errors(fn):
+    """A full disk reaching the caller of `fn` as DiskFull ("disk full"), not a raw OSError
+    (ENOSPC, EDQUOT) or sqlite3 error: what commit, import, upload and every write may meet."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        try:
+            return fn(*a, **k)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(f"disk full: {exc.strerror or 'no space left'}; nothing was committed") from None
+            raise
+        except sqlite3.OperationalError as exc:
+            if "full" in str(exc).lower():
+                raise DiskFull("disk full: the store's database has no room; nothing was committed") from None
+            raise
+    return wrapper

@@ -275,6 +275,35 @@ def bootstrap_debian(spec: str, root: str, include: list[str], log: Callable[[st
             log(line.rstrip())
     if proc.wait() != 0:
         raise InvalidInput("debootstrap failed:\n" + "\n".join(tail))
+    finish_rootfs(root)
+
+
+# What a bootstrapped image has instead of the files debootstrap copies from the machine that
+# ran it (setup_etc: the host's /etc/resolv.conf and /etc/hostname): an image must not carry, or
+# publish to every tenant, the network config of the server that built it.
+NEUTRAL_ETC = {
+    "hostname": b"sandtree\n",
+    "resolv.conf": b"# sandtree: no nameserver is set in the image (sandboxes have no network by default)\n",
+}
+
+
+def finish_rootfs(root: str) -> None:
+    """The last step of a bootstrap: neutral network config, no apt caches or lists."""
+    etc = os.open(os.path.join(root, "etc"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name, data in NEUTRAL_ETC.items():
+            try:
+                os.unlink(name, dir_fd=etc)            # a file or a symlink: never written through
+            except FileNotFoundError:
+                pass
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=etc)
+            try:
+                os.fchmod(fd, 0o644)                       # whatever the umask
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(etc)
     # apt caches and logs are not part of a reproducible base
     for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
         d = os.path.join(root, sub)

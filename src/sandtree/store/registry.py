@@ -73,12 +73,16 @@ def _loopback(host: str) -> bool:
 
 class Client:
     def __init__(self, ref: Reference, credentials: tuple[str, str] | None = None, insecure: bool = False,
-                 timeout: float = 60):
+                 timeout: float = 60, check_host=None):
+        """check_host("host:port"): called before every request, redirects and token realms
+        included; raises to refuse (a tenant's pull reaches public addresses only)."""
         self.ref = ref
         scheme = "http" if insecure or _loopback(ref.registry) else "https"
         self.base = f"{scheme}://{ref.registry}/v2/"
         self.credentials = credentials
-        self.http = httpx.Client(timeout=timeout, follow_redirects=True)
+        hooks = {"request": [lambda req: check_host(f"{req.url.host}:{req.url.port or (443 if req.url.scheme == 'https' else 80)}")]} \
+            if check_host is not None else None
+        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks)
         self.token: str | None = None
         self.basic = False
 
@@ -176,10 +180,11 @@ class Client:
 
 
 def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
-                progress=None) -> list[str]:
-    """Download and verify the layers of `reference` into workdir; bottom layer first."""
+                progress=None, check_host=None) -> list[str]:
+    """Download and verify the layers of `reference` into workdir; bottom layer first.
+    check_host: see Client."""
     ref = parse(reference)
-    client = Client(ref, credentials, insecure)
+    client = Client(ref, credentials, insecure, check_host=check_host)
     try:
         try:
             manifest = client.manifest()

@@ -1,0 +1,68 @@
+"""Request body caps for `sandtree serve` (issue 12 item 9): no body is read past its cap.
+
+One ASGI middleware, inside httpauth.TenantGate (so the caller's tenant is known), counts the bytes
+of every request body as the route reads them. Upload routes (a file, an image tar, a file into a
+live sandbox, Contree's uploads) may send up to the tenant's `max_upload` limit, else the
+server's (`serve --max-upload`, DEFAULT_MAX_UPLOAD); every other route takes JSON and gets
+MAX_JSON_BODY. A Content-Length over the cap is answered 413 before anything is read; a body that
+grows past it while streaming makes the route's read raise TooLarge (413 through the error table),
+and the upload routes delete what they had written. What a route keeps of a body is its own affair:
+the upload routes stream to a file in the store (server.spool), never to memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .errors import TooLarge
+from .httpauth import STATE_KEY
+
+DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
+MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
+UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/sandboxes/[^/]+/file|/v1/files)/?$")
+
+
+def upload_cap(scope, default: int) -> int:
+    """The caller's upload cap: its tenant's max_upload if set, else the server's."""
+    view = (scope.get("state") or {}).get(STATE_KEY)
+    limits = getattr(getattr(view, "tenant", None), "limits", None) or {}
+    return int(limits.get("max_upload") or default)
+
+
+class BodyLimit:
+    def __init__(self, app, max_upload: int = DEFAULT_MAX_UPLOAD, max_json: int = MAX_JSON_BODY):
+        self.app, self.max_upload, self.max_json = app, max_upload, max_json
+
+    def cap(self, scope) -> tuple[int, str]:
+        if UPLOAD_PATHS.match(scope.get("path", "")):
+            return upload_cap(scope, self.max_upload), "upload"
+        return self.max_json, "request body"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cap, what = self.cap(scope)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > cap:
+            return await _too_large(send, TooLarge(f"{what} of {int(length)} bytes is over the {cap}-byte cap",
+                                                   limit=cap))
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > cap:
+                    raise TooLarge(f"{what} is over the {cap}-byte cap", limit=cap)
+            return message
+        await self.app(scope, counted, send)
+
+
+async def _too_large(send, exc: TooLarge) -> None:
+    body = json.dumps(exc.to_dict()).encode()
+    await send({"type": "http.response.start", "status": exc.http_status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
