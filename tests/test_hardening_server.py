@@ -509,12 +509,21 @@ def test_uploads_stream_to_disk_under_a_cap(tmp_path, rootfs):
             assert s.status_code == 200 and sum(len(c) for c in s.iter_bytes()) == 400 << 20
         assert _hwm_mb(proc.pid) - peak < 150
         assert as_small.get(f"/files/{r.json()['sha256']}").status_code == 404      # not its upload
+        # Contree's /v1/files: the same caps, streamed to disk as well
+        contree = f"http://127.0.0.1:{port}/v1/files"
+        r = httpx.post(contree, content=b"y" * 200_000, headers={"Authorization": f"Bearer {small}"})
+        assert r.status_code == 413, r.text
+        before = _rss_mb(proc.pid)
+        r = httpx.post(contree, content=stream(300 << 20), timeout=120, headers={"Authorization": f"Bearer {big}"})
+        assert r.status_code == 201 and r.json()["size"] == 300 << 20, r.text
+        grown = _rss_mb(proc.pid) - before
+        assert grown < 150, f"a 300 MiB Contree upload grew the server by {grown:.0f} MB"
         # JSON bodies: capped on their own (32 MiB)
         r = as_big.post("/runs", content=b'{"image": "' + b"a" * (40 << 20) + b'"}',
                         headers={"Content-Type": "application/json"})
         assert r.status_code == 413
         assert _store_leftovers(home) == []                 # nothing spooled is left
-        assert len(_blob_files(home) - blobs) == 2          # the two uploads under their caps
+        assert len(_blob_files(home) - blobs) == 3          # the three uploads under their caps
     finally:
         proc.terminate()
         proc.wait(timeout=30)

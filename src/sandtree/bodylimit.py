@@ -7,16 +7,20 @@ server's (`serve --max-upload`, DEFAULT_MAX_UPLOAD); every other route takes JSO
 MAX_JSON_BODY. A Content-Length over the cap is answered 413 before anything is read; a body that
 grows past it while streaming makes the route's read raise TooLarge (413 through the error table),
 and the upload routes delete what they had written. What a route keeps of a body is its own affair:
-the upload routes stream to a file in the store (server.spool), never to memory.
+the upload routes (REST and Contree's) stream to a file in the store (spool, below), never to memory.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
 import re
 
-from .errors import TooLarge
+from .errors import DiskFull, TooLarge
 from .httpauth import STATE_KEY
+from .store.layers import remove_tree
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
@@ -66,3 +70,34 @@ async def _too_large(send, exc: TooLarge) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+def staged_file(stage, prefix: str) -> str:
+    """A new file in a staging dir of the store's tmp/ (`stage`: LayerDirs.stage), on the store's
+    disk. The dir is named for this process, so after a kill -9 the next engine's clean_stale
+    removes it; unstage() removes it otherwise."""
+    return os.path.join(stage(prefix), "body")
+
+
+def unstage(path: str) -> None:
+    remove_tree(os.path.dirname(path))
+
+
+async def spool(request, stage) -> tuple[str, str, int]:
+    """A request body streamed into a staged file (never memory), hashed as it comes: (path,
+    sha256, size); unstage(path) when done. The body's cap is bodylimit.BodyLimit's (TooLarge
+    while streaming); on any error nothing is left."""
+    path = staged_file(stage, "upload")
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(path, "xb") as f:
+            async for chunk in request.stream():
+                h.update(chunk)
+                f.write(chunk)
+                size += len(chunk)
+    except BaseException as exc:
+        unstage(path)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull("disk full: the upload was not stored") from None
+        raise
+    return path, h.hexdigest(), size

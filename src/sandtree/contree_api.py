@@ -31,6 +31,7 @@ from fastapi.responses import (
 from fastapi.routing import APIRoute
 
 from . import contree_wire as wire
+from .bodylimit import spool, unstage
 from .errors import InvalidInput, NotFound, SandtreeError
 
 
@@ -55,7 +56,8 @@ class ContreeRoute(APIRoute):
         return guarded
 
 
-def contree_router(engine_for) -> APIRouter:
+def contree_router(engine_for, stage) -> APIRouter:
+    """stage: where upload bodies are spooled (the store's LayerDirs.stage: never memory)."""
     router = APIRouter(prefix="/v1", route_class=ContreeRoute, tags=["contree"])
 
     def engine_dep(request: Request):
@@ -138,8 +140,11 @@ def contree_router(engine_for) -> APIRouter:
 
     @router.post("/files", status_code=201)
     async def upload(request: Request, engine: Engine) -> dict:
-        data = await request.body()
-        return file_view({"sha256": await call(engine.upload, data), "size": len(data)})
+        path, sha, size = await spool(request, stage)      # streamed to disk under bodylimit's cap
+        try:
+            return file_view({"sha256": await call(engine.upload_file, path, sha), "size": size})
+        finally:
+            unstage(path)
 
     def digest(sha256: str) -> str:
         if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):

@@ -26,7 +26,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
+from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit, spool, staged_file, unstage
 from .contree_api import contree_router
 from .engine import Engine
 from .errors import DiskFull, Forbidden, InvalidInput, SandtreeError
@@ -171,38 +171,6 @@ class ShareIn(BaseModel):
     public: bool = True
 
 
-def staged_file(stage, prefix: str) -> str:
-    """A new file in a staging dir of the store's tmp/ (`stage`: LayerDirs.stage), on the store's
-    disk. The dir is named for this process, so after a kill -9 the next engine's clean_stale
-    removes it; unstage() removes it otherwise."""
-    return os.path.join(stage(prefix), "body")
-
-
-def unstage(path: str) -> None:
-    from .store.layers import remove_tree
-    remove_tree(os.path.dirname(path))
-
-
-async def spool(request: Request, stage) -> tuple[str, str, int]:
-    """A request body streamed into a staged file (never memory), hashed as it comes: (path,
-    sha256, size); unstage(path) when done. The body's cap is bodylimit.BodyLimit's (TooLarge
-    while streaming); on any error nothing is left."""
-    import errno
-    import hashlib
-    path = staged_file(stage, "upload")
-    h, size = hashlib.sha256(), 0
-    try:
-        with open(path, "xb") as f:
-            async for chunk in request.stream():
-                h.update(chunk)
-                f.write(chunk)
-                size += len(chunk)
-    except BaseException as exc:
-        unstage(path)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFull("disk full: the upload was not stored") from None
-        raise
-    return path, h.hexdigest(), size
 
 
 def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD) -> FastAPI:
@@ -693,7 +661,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         to = await call(engine.resolve, body.to) if body.to else None
         return {"branch": name, "image": await call(engine.rollback, name, to=to, steps=body.steps)}
 
-    app.include_router(contree_router(engine_for))                  # Contree's own clients, under /v1
+    app.include_router(contree_router(engine_for, stage))                  # Contree's own clients, under /v1
     return app
 
 
