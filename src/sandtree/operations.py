@@ -192,9 +192,12 @@ class Operations:
                 self._count("failed", time.monotonic() - t0)
                 raise
             self._count("cancelled" if rec.cancelled else "done", time.monotonic() - t0)
+            # events_truncated: the stream did not carry all the command wrote (the runtime stops a
+            # command at its output cap and passes on only what it kept)
+            cut = {"events_truncated": True} if rec.stdout_truncated or rec.stderr_truncated else {}
             self._event(op, "end", json.dumps({"status": "cancelled" if rec.cancelled else "done",
                                                "exit_code": rec.exit_code, "signal": rec.signal,
-                                               "timed_out": rec.timed_out, "image": rec.image}))
+                                               "timed_out": rec.timed_out, "image": rec.image, **cut}))
             return rec
 
         with self.lock:
