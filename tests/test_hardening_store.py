@@ -294,6 +294,28 @@ def test_deep_run_commits_and_reads_back(deep_st, rootfs):
     assert sum(1 for _ in tarfile.open(fileobj=io.BytesIO(buf.getvalue()))) == DEPTH + 2
 
 
+def test_deep_merge_and_bundle(deep_st, rootfs, tmp_path):
+    st = deep_st
+    deep = "/deep" + "/d" * DEPTH
+    base = st.import_image(rootfs).run(f"mkdir -p {deep} && echo base > {deep}/b").image
+    ours = base.run(f"echo o > {deep}/o").image
+    theirs = base.run(f"echo t > {deep}/t").image
+    m = st.merge(base, ours, theirs)
+    merged = m.image
+    assert merged is not None
+    assert (merged.read(deep + "/o"), merged.read(deep + "/t")) == (b"o\n", b"t\n")
+    assert merged.run(f"cat {deep}/o {deep}/t").stdout == b"o\nt\n"
+    bundle = tmp_path / "deep.bundle"
+    st.bundle(str(bundle), [merged], with_ancestry=True)
+    other = sandtree.Sandtree(str(tmp_path / "home2"), warm=0)
+    try:
+        other.import_bundle(str(bundle))
+        assert other.image(merged.id).read(deep + "/t") == b"t\n"
+    finally:
+        other.close()
+        remove_tree(str(tmp_path / "home2" / "layers"))
+
+
 def test_deep_tar_imports_and_leaves_nothing(deep_st, tmp_path):
     st = deep_st
     names = []
