@@ -518,3 +518,52 @@ def test_fsck_reports_unreferenced_and_device_layers(st, rootfs):
         os.unlink(os.path.join(layer, "kmsg"))
     st.gc(grace=0)
     assert maintenance.fsck(store, grace=0)["ok"]
+
+
+# ---- adversarial review: links, xattrs, swapped files ------------------------------------------
+@pytest.mark.parametrize("members", [
+    [("h", tarfile.LNKTYPE, "/etc/shadow")],
+    [("h", tarfile.LNKTYPE, "../../../../etc/shadow")],
+    [("s", tarfile.SYMTYPE, "/etc"), ("h", tarfile.LNKTYPE, "s/shadow")],
+    [("s", tarfile.SYMTYPE, "/etc"), ("s/passwd", tarfile.REGTYPE, "")],
+    [("d", tarfile.DIRTYPE, ""), ("h", tarfile.LNKTYPE, "d")],
+], ids=["abs-hardlink", "dotdot-hardlink", "hardlink-via-symlink", "write-via-symlink", "hardlink-to-dir"])
+def test_tar_links_cannot_reach_host_files(st, tmp_path, members):
+    tis = []
+    for name, kind, link in members:
+        ti, f = _member(name, kind, data=b"x" if kind == tarfile.REGTYPE else b"")
+        if kind in (tarfile.LNKTYPE, tarfile.SYMTYPE):
+            ti.linkname = link
+        tis.append((ti, f))
+    p = tmp_path / "links.tar"
+    p.write_bytes(_tar(tis))
+    shadow = os.stat("/etc/shadow")
+    with pytest.raises(InvalidInput):                  # PathEscape / BadArchive
+        st.import_image(str(p))
+    assert os.stat("/etc/shadow").st_nlink == shadow.st_nlink
+    assert _tmp_entries(st) == [] and st.images() == []
+
+
+def test_tar_xattrs_never_reach_the_host_namespace(st, tmp_path):
+    ti, _ = _member("opt", tarfile.DIRTYPE, mode=0o755)
+    ti.pax_headers = {"SCHILY.xattr.trusted.overlay.opaque": "y",
+                      "SCHILY.xattr.trusted.overlay.redirect": "/etc",
+                      "SCHILY.xattr.user.overlay.opaque": "y",
+                      "SCHILY.xattr.user.keep": "kept"}
+    p = tmp_path / "x.tar"
+    p.write_bytes(_tar([(ti, None), _member("opt/f", data=b"f")]))
+    img = st.import_image(str(p))
+    store = st._engine.store
+    layer = store.layers.path(store.image(img.id).layers[0])
+    names = os.listxattr(os.path.join(layer, "opt"))
+    assert [n for n in names if n.startswith("trusted.") or ".overlay." in n] == []
+    assert img.stat("/opt")["xattrs"] == {"user.keep": "kept"}
+
+
+def test_host_reads_refuse_swapped_in_fifos_and_symlinks(tmp_path):
+    from sandtree.store.layers import open_regular
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink("/etc/shadow", tmp_path / "link")
+    for name in ("fifo", "link"):
+        with pytest.raises(OSError):                   # at once: never blocks, never follows
+            open_regular(str(tmp_path / name))

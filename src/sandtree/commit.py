@@ -23,7 +23,7 @@ import stat
 from dataclasses import dataclass, field
 
 from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
-                           read_xattrs, remove_tree)
+                           open_regular, read_xattrs, remove_tree)
 from .errors import InvalidInput
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
@@ -74,7 +74,7 @@ def path_key(p: str):
 def _copy_hash(src: str, dst: str) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
-    with open(src, "rb", buffering=0) as f, open(dst, "wb") as out:
+    with open_regular(src) as f, open(dst, "wb") as out:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             out.write(chunk)

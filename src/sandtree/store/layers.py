@@ -132,6 +132,20 @@ def make_whiteout(path: str, idmap: IdMap) -> None:
         os.mknod(path, stat.S_IFCHR | 0o600, 0)
 
 
+def open_regular(path: str):
+    """Open a file the walk saw as regular, for reading, as host root: never through a symlink
+    and never a FIFO or device swapped in since the lstat (a FIFO would block the commit, a
+    symlink would read a host file into the image)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is no longer a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb", buffering=0)
+
+
 def make_placeholder(path: str) -> None:
     """What a layer holds where the image has a device node: an empty regular file, mode 0."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0)

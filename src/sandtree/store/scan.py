@@ -15,7 +15,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .layers import IdMap, make_placeholder, read_device_marker, read_xattrs
+from .layers import IdMap, make_placeholder, open_regular, read_device_marker, read_xattrs
 from .objects import (CHR, BLK, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, encode_xattrs,
                       tree_hash_and_data)
 
@@ -50,7 +50,7 @@ class _Frame:
 def _hash_copy(src: str, dst: str | None) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
-    with open(src, "rb", buffering=0) as f:
+    with open_regular(src) as f:
         out = open(dst, "wb") if dst else None
         try:
             while chunk := f.read(1 << 20):
