@@ -567,3 +567,38 @@ def test_host_reads_refuse_swapped_in_fifos_and_symlinks(tmp_path):
     for name in ("fifo", "link"):
         with pytest.raises(OSError):                   # at once: never blocks, never follows
             open_regular(str(tmp_path / name))
+
+
+def test_file_capabilities_are_bound_to_the_sandbox_root(st, tmp_path):
+    """A v2 security.capability from an archive, written by host root, would hold on the host
+    too: in the layer it is v3, bound to the sandbox's root; the tree keeps the v2 form."""
+    v2 = (0x02000001).to_bytes(4, "little") + (1 << 13).to_bytes(4, "little") + bytes(12)   # cap_net_raw+ep
+    ti, f = _member("ping", data=b"\x7fELF", mode=0o755)
+    ti.pax_headers = {"SCHILY.xattr.security.capability": v2.decode("utf-8", "surrogateescape")}
+    p = tmp_path / "caps.tar"
+    p.write_bytes(_tar([(ti, f)]))
+    img = st.import_image(str(p))
+    store = st._engine.store
+    raw = os.getxattr(os.path.join(store.layers.path(store.image(img.id).layers[0]), "ping"),
+                      "security.capability")
+    assert int.from_bytes(raw[:4], "little") >> 24 == 3
+    assert int.from_bytes(raw[20:24], "little") == store.idmap.host_uid(0)
+    assert raw[4:20] == v2[4:20]
+    assert "security.capability" in img.stat("/ping")["xattrs"]
+    out = tmp_path / "again.tar"
+    img.export(str(out))
+    assert st.import_image(str(out)).id == img.id          # the tree's form is the namespace-free one
+
+
+def test_directory_import_file_capabilities_bound_to_the_sandbox_root(st, tmp_path):
+    v2 = (0x02000001).to_bytes(4, "little") + (1 << 13).to_bytes(4, "little") + bytes(12)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ping").write_bytes(b"\x7fELF")
+    os.setxattr(src / "ping", "security.capability", v2)
+    img = st.import_image(str(src))
+    store = st._engine.store
+    raw = os.getxattr(os.path.join(store.layers.path(store.image(img.id).layers[0]), "ping"),
+                      "security.capability")
+    assert int.from_bytes(raw[:4], "little") >> 24 == 3            # was v2: a host-wide capability
+    assert int.from_bytes(raw[20:24], "little") == store.idmap.host_uid(0)

@@ -23,7 +23,7 @@ import stat
 from dataclasses import dataclass, field
 
 from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
-                           open_regular, read_xattrs, remove_tree)
+                           logical_xattrs, open_regular, read_xattrs, remove_tree, set_layer_xattrs)
 from .errors import InvalidInput
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
@@ -119,8 +119,8 @@ class Committer:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(t, 0o700)
                 opaque = self._is_opaque(s)
-                ch = Change("dir", st, opaque, {},
-                            entry=Entry(name, DIR, 0, 0, 0, 0, None, encode_xattrs(read_xattrs(s))))
+                xattrs = encode_xattrs(logical_xattrs(read_xattrs(s), self.idmap))
+                ch = Change("dir", st, opaque, {}, entry=Entry(name, DIR, 0, 0, 0, 0, None, xattrs))
                 out[name] = ch
                 frames.append(_Frame(s, t, ip, ch.children, (st, opaque)))
                 continue
@@ -163,9 +163,9 @@ class Committer:
         return top
 
     def _entry(self, name, kind, st, ref, size, src=None) -> Entry:
+        xattrs = encode_xattrs(logical_xattrs(read_xattrs(src), self.idmap)) if src else ()
         return Entry(name, kind, stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid),
-                     self.idmap.gid(st.st_gid), size, ref,
-                     encode_xattrs(read_xattrs(src)) if src else (), None, st.st_mtime_ns)
+                     self.idmap.gid(st.st_gid), size, ref, xattrs, None, st.st_mtime_ns)
 
     def _is_opaque(self, path: str) -> bool:
         """Opaque as the run's overlay saw it: only the xattr namespace that overlay used (a
@@ -182,11 +182,7 @@ class Committer:
 
     def _copy_meta(self, src: str, dst: str, st) -> None:
         os.lchown(dst, st.st_uid, st.st_gid)
-        for k, v in read_xattrs(src):
-            try:
-                os.setxattr(dst, k, v, follow_symlinks=False)
-            except OSError:
-                pass
+        set_layer_xattrs(dst, read_xattrs(src), self.idmap)
         if not stat.S_ISLNK(st.st_mode):
             os.chmod(dst, stat.S_IMODE(st.st_mode))
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
@@ -328,8 +324,8 @@ class Committer:
                     ch.entry = first.entry._replace(name=ch.entry.name, mtime_ns=ch.entry.mtime_ns)
             links = self._links(base, changes, inodes)
             root_st = os.lstat(upper)
-            root_change = Change("dir", root_st, entry=Entry(".", DIR, 0, 0, 0, 0, None,
-                                                             encode_xattrs(read_xattrs(upper))))
+            root_xattrs = encode_xattrs(logical_xattrs(read_xattrs(upper), self.idmap))
+            root_change = Change("dir", root_st, entry=Entry(".", DIR, 0, 0, 0, 0, None, root_xattrs))
             trees: dict[str, bytes] = {}
             totals = [base.size, base.files]
             image, _ = self._apply(base.id, changes, root_change, trees, totals)

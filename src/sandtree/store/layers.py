@@ -113,6 +113,69 @@ def read_xattrs(path: str) -> list[tuple[str, bytes]]:
     return out
 
 
+# File capabilities. A v2 security.capability written by host root holds in EVERY user
+# namespace, the host's included: a layer file carrying one is a host privilege for whoever can
+# execute it. In a layer they are stored as the kernel stores what a sandbox's root sets: v3,
+# bound to the sandbox's root (rootid = its host uid), so they work inside and nowhere else.
+# Trees hold the namespace-free v2 form, so an image ID does not depend on the store's id map.
+CAPS = "security.capability"
+_V1, _V2, _V3 = 0x01000000, 0x02000000, 0x03000000
+
+
+def _caps_parts(value: bytes):
+    """(flags, data words) of a v1/v2/v3 value, or None if malformed."""
+    if len(value) < 4:
+        return None
+    magic = int.from_bytes(value[:4], "little")
+    rev, flags = magic & 0xFF000000, magic & 0x00FFFFFF
+    want = {_V1: 12, _V2: 20, _V3: 24}.get(rev)
+    if want is None or len(value) != want:
+        return None
+    words = value[4:4 + (8 if rev == _V1 else 16)]
+    return flags, words + bytes(16 - len(words))
+
+
+def logical_xattr(name: str, value: bytes, idmap: IdMap) -> bytes:
+    """An xattr as a tree records it, from a layer or an upper (host root's raw view)."""
+    if name != CAPS:
+        return value
+    parts = _caps_parts(value)
+    if parts is None:
+        return value
+    rev = int.from_bytes(value[:4], "little") & 0xFF000000
+    if rev == _V3 and int.from_bytes(value[20:24], "little") != idmap.host_uid(0):
+        return value                             # bound to someone else's root: keep as is
+    return (_V2 | parts[0]).to_bytes(4, "little") + parts[1]
+
+
+def layer_xattr(name: str, value: bytes, idmap: IdMap) -> bytes | None:
+    """What a layer holds for an xattr of a tree or from outside; None: never written."""
+    if name != CAPS:
+        return value
+    parts = _caps_parts(value)
+    if parts is None:
+        return None                              # malformed: the kernel would refuse it anyway
+    return (_V3 | parts[0]).to_bytes(4, "little") + parts[1] + idmap.host_uid(0).to_bytes(4, "little")
+
+
+def logical_xattrs(pairs, idmap: IdMap) -> list[tuple[str, bytes]]:
+    return [(k, logical_xattr(k, v, idmap)) for k, v in pairs]
+
+
+def set_layer_xattrs(path: str, pairs, idmap: IdMap) -> None:
+    """Write xattrs into a layer (after any chown: chown drops file capabilities)."""
+    for k, v in pairs:
+        if not is_recorded_xattr(k):
+            continue
+        v = layer_xattr(k, v, idmap)
+        if v is None:
+            continue
+        try:
+            os.setxattr(path, k, v, follow_symlinks=False)
+        except OSError:
+            pass        # e.g. security.* we may not set here; the tree still records it
+
+
 def make_whiteout(path: str, idmap: IdMap) -> None:
     """A deletion marker in a layer: a 0/0 char device, or for rootless stores (no mknod) an
     xattr whiteout: an empty file with overlay.whiteout, its directory marked overlay.opaque="x"
@@ -293,13 +356,8 @@ def apply_meta(path: str, e: Entry, idmap: IdMap) -> None:
     """Ownership, xattrs, permission bits and mtime of one materialised entry (chmod after chown:
     chown clears setuid bits)."""
     os.lchown(path, idmap.host_uid(e.uid), idmap.host_gid(e.gid))
-    for k, v in e.xattrs:
-        if not is_recorded_xattr(k):
-            continue    # a tree from outside (a bundle) may carry one: it never reaches a layer
-        try:
-            os.setxattr(path, k, base64.b64decode(v), follow_symlinks=False)
-        except OSError:
-            pass        # e.g. security.* we may not set here; the tree still records it
+    # a tree from outside (a bundle) may carry trusted.*/overlay xattrs: they never reach a layer
+    set_layer_xattrs(path, [(k, base64.b64decode(v)) for k, v in e.xattrs], idmap)
     if e.kind in (CHR, BLK):
         os.chmod(path, 0)                        # the placeholder stays inert whatever the mode
     elif e.kind != SYMLINK:

@@ -15,7 +15,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .layers import IdMap, make_placeholder, open_regular, read_device_marker, read_xattrs
+from .layers import (CAPS, IdMap, logical_xattrs, make_placeholder, open_regular, read_device_marker,
+                     read_xattrs, set_layer_xattrs)
 from .objects import (CHR, BLK, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, encode_xattrs,
                       tree_hash_and_data)
 
@@ -80,17 +81,19 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
     def place(spath: str, dpath: str, st, uid: int, gid: int, is_dir: bool, device: bool = False) -> None:
         # Shift ids to host ids in the layer; chmod after chown (chown clears setuid bits).
         target = dpath
+        pairs = read_xattrs(spath)                 # before the chown: it drops file capabilities
         os.lchown(target, idmap.host_uid(uid), idmap.host_gid(gid))
         if device:
             os.chmod(target, 0)                   # a device's placeholder stays inert
         elif not stat.S_ISLNK(st.st_mode):
             os.chmod(target, stat.S_IMODE(st.st_mode))
         if dest is not None:
-            for k, v in read_xattrs(spath):
-                try:
-                    os.setxattr(target, k, v, follow_symlinks=False)
-                except OSError:
-                    pass
+            set_layer_xattrs(target, pairs, idmap)
+        elif not stat.S_ISLNK(st.st_mode):
+            # in place: file capabilities return in layer form (store/layers.py, CAPS)
+            caps = [(k, v) for k, v in pairs if k == CAPS]
+            if caps:
+                set_layer_xattrs(target, caps, idmap)
         if not is_dir:
             os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
 
@@ -127,7 +130,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
         if kind is None:
             continue
         uid, gid = logical(st)
-        xattrs = encode_xattrs(read_xattrs(s))
+        xattrs = encode_xattrs(logical_xattrs(read_xattrs(s), idmap))
         if kind == DIR:
             if dest is not None:
                 os.mkdir(t, 0o700)
@@ -212,7 +215,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
             fixed[name] = e
         if d.path == "/":
             fixed["."] = Entry(".", DIR, stat.S_IMODE(root_st.st_mode), uid, gid, 0, None,
-                               encode_xattrs(read_xattrs(src)), None, root_st.st_mtime_ns)
+                               encode_xattrs(logical_xattrs(read_xattrs(src), idmap)), None, root_st.st_mtime_ns)
         digest, data = tree_hash_and_data(fixed)
         trees[digest] = data
         hashes[d.path] = digest
