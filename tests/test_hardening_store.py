@@ -252,6 +252,47 @@ def test_crafted_bundle_names_refused(st, tmp_path, case):
     assert not os.path.exists(os.path.join(os.path.dirname(st._engine.store.home), "x-escaped"))
 
 
+def test_crafted_bundle_links_json_and_bombs_refused(st, tmp_path):
+    good = b"ok\n"
+    gh = hashlib.sha256(good).hexdigest()
+    root, data = _tree([_file_entry("f", gh, len(good))])
+    before = _store_state(st)
+    # a hard-link group naming a path the image lacks (the layer writer would create it)
+    b = tmp_path / "links.bundle"
+    manifest = {"format": "sandtree-bundle", "version": 1, "created": 0,
+                "images": [{"id": root, "links": {"/f": ["/f", "/.."]}, "size": 0, "files": 0}],
+                "edges": [], "operations": {}, "refs": []}
+    b.write_bytes(_bundle_from_manifest(json.dumps(manifest).encode(), {root: data}, {gh: good}))
+    with pytest.raises(BadArchive):
+        st.import_bundle(str(b))
+    # a manifest nested past the JSON decoder's recursion limit
+    b.write_bytes(_bundle_from_manifest(b"[" * 100000 + b"]" * 100000, {}, {}))
+    with pytest.raises(BadArchive):
+        st.import_bundle(str(b))
+    # a 1 GiB blob of zeros in a few kB
+    b.write_bytes(_bundle_from_manifest(b"{}", {}, {"0" * 64: None}))
+    with pytest.raises(TooLarge):
+        st.import_bundle(str(b))
+    assert _store_state(st) == before and _tmp_entries(st) == []
+
+
+def _bundle_from_manifest(mbytes: bytes, trees, blobs) -> bytes:
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as z, \
+            tarfile.open(fileobj=z, mode="w|") as tar:
+        def add(name, data, size=None):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data) if size is None else size
+            tar.addfile(ti, io.BufferedReader(_Zeros(size), 1 << 20) if data is None else io.BytesIO(data))
+        add("sandtree-bundle.json", mbytes)
+        add("sandtree-bundle.sha256", hashlib.sha256(mbytes).hexdigest().encode())
+        for h, d in trees.items():
+            add(f"trees/{h}", d)
+        for h, d in blobs.items():
+            add(f"blobs/{h}", d, None if d is not None else 1 << 30)
+    return out.getvalue()
+
+
 def test_blob_path_refuses_non_digest(st):
     for bad in ("//etc/shadow", "../../x", "ab", "A" * 64, "g" * 64):
         with pytest.raises(InvalidInput):
@@ -449,6 +490,41 @@ def test_zstd_bomb_refused_with_nothing_left(st, tmp_path):
     assert st.images() == []
 
 
+@pytest.mark.parametrize("codec", ["gz", "xz"])
+def test_bomb_in_a_header_or_other_codec_refused(st, tmp_path, codec):
+    """The whole decompressed stream counts, not only file contents: a gzip/xz tar whose one
+    member is 1 GiB of zeros, and a pax header claiming 1 GiB (tarfile would hold it in memory)."""
+    import lzma
+    size = 1 << 30
+    raw = tmp_path / "bomb.tar"
+    with open(raw, "wb") as f, tarfile.open(fileobj=f, mode="w|") as t:
+        ti = tarfile.TarInfo("zeros")
+        ti.size = size
+        t.addfile(ti, io.BufferedReader(_Zeros(size), 1 << 20))
+    p = tmp_path / f"bomb.tar.{codec}"
+    with open(raw, "rb") as src, (gzip.open(p, "wb", 6) if codec == "gz" else lzma.open(p, "wb", preset=1)) as out:
+        while chunk := src.read(1 << 22):
+            out.write(chunk)
+    raw.unlink()
+    with pytest.raises(TooLarge):
+        st.import_image(str(p))
+    # a pax header of 1 GiB: "x" typeflag with a huge size
+    hdr = tarfile.TarInfo("././@PaxHeader")
+    hdr.type = tarfile.XHDTYPE
+    hdr.size = size
+    head = hdr.tobuf(format=tarfile.USTAR_FORMAT)
+    p2 = tmp_path / "pax.tar.zst"
+    with open(p2, "wb") as f, zstandard.ZstdCompressor(level=3).stream_writer(f) as z:
+        z.write(head)
+        src = _Zeros(size)
+        buf = bytearray(1 << 22)
+        while n := src.readinto(buf):
+            z.write(bytes(buf[:n]))
+    with pytest.raises(TooLarge):
+        st.import_image(str(p2))
+    assert _tmp_entries(st) == [] and st.images() == []
+
+
 def test_import_limits_are_a_parameter(st, tmp_path):
     from sandtree.store.importers import ImportLimits
     p = tmp_path / "many.tar"
@@ -458,7 +534,7 @@ def test_import_limits_are_a_parameter(st, tmp_path):
     with pytest.raises(TooLarge):
         st._engine.import_path(str(p), limits=ImportLimits(max_bytes=100))
     assert _tmp_entries(st) == [] and st.images() == []
-    assert st._engine.import_path(str(p), limits=ImportLimits(max_entries=21, max_bytes=200))
+    assert st._engine.import_path(str(p), limits=ImportLimits(max_entries=21, max_bytes=1 << 20))
 
 
 # ---- 10. the overlay xattr namespace the run's overlay used -------------------------------------

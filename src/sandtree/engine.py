@@ -267,7 +267,7 @@ class Engine(BranchingOps):
             try:
                 outer = importers.ImportBudget(limits)
                 outer.source(os.path.getsize(path))
-                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
+                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), outer) as t:
                     importers.extract_tar(t, tmp, chown=False, budget=outer)
                 return self._import_layers(tmp, tag, progress, source=f"archive:{path}", limits=limits)
             finally:
@@ -276,7 +276,7 @@ class Engine(BranchingOps):
         try:
             budget = importers.ImportBudget(limits)
             budget.source(os.path.getsize(path))
-            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
+            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
                 importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress,
                                       budget=budget)
             return self._adopt(staged, copy=False, tag=tag, progress=None, source=f"tar:{path}")

@@ -94,7 +94,7 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
     trees: dict[str, bytes] = {}
     blobs: set[str] = set()
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(fileobj)
+        reader = budget.wrap(zstandard.ZstdDecompressor().stream_reader(fileobj))
         with tarfile.open(fileobj=reader, mode="r|") as tar:
             for m in tar:
                 budget.entry()
@@ -105,7 +105,6 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
                     if m.size > MAX_MANIFEST:
                         raise TooLarge(f"bundle manifest over {MAX_MANIFEST} bytes")
                     data = f.read()
-                    budget.data(len(data))
                     if m.name == "sandtree-bundle.json":
                         manifest = data
                     else:
@@ -115,11 +114,10 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
                     if m.size > MAX_TREE:
                         raise TooLarge(f"bundle tree {h[:12]} over {MAX_TREE} bytes")
                     data = f.read()
-                    budget.data(len(data))
                     try:
                         entries = decode_tree(data)
                         ok = tree_hash_and_data(entries)[0] == h
-                    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+                    except (ValueError, TypeError, IndexError, KeyError, AttributeError, RecursionError):
                         ok = False
                     if not ok:
                         raise BadArchive(f"bundle tree {h[:12]} does not match its hash")
@@ -127,7 +125,7 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
                     trees[h] = data
                 elif m.name.startswith("blobs/"):
                     h = check_digest(m.name[6:], BadArchive, "bundle blob name")
-                    _stage_blob(store, f, h, staging, budget)
+                    _stage_blob(store, f, h, staging)
                     blobs.add(h)
                 else:
                     raise BadArchive(f"unexpected bundle member {m.name!r}")
@@ -137,7 +135,7 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
         raise BadArchive("bundle manifest missing or altered")
     try:
         man = json.loads(manifest)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadArchive("bundle manifest is not JSON") from None
     if not isinstance(man, dict) or man.get("format") != FORMAT or man.get("version") != VERSION:
         raise BadArchive(f"not a {FORMAT} v{VERSION} file")
@@ -154,14 +152,34 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
                     todo.append(e.ref)
                 elif e.kind == FILE and e.ref not in blobs and not store.blobs.has(e.ref):
                     raise BadArchive(f"bundle lacks the content of {e.name!r} ({e.ref[:12]})")
+        # hard-link groups name paths the layer writer will create: each must be a non-directory
+        for key, members in img.get("links", {}).items():
+            for p in [key, *members]:
+                e = _entry_at(store, trees, img["id"], p)
+                if e is None or e.kind == DIR:
+                    raise BadArchive(f"bundle hard-link path {p[:80]!r} is not a file of image {img['id'][:12]}")
     return man, trees, blobs
+
+
+def _entry_at(store: Store, trees: dict[str, bytes], root: str, path: str):
+    h = root
+    parts = path.strip("/").split("/")
+    for i, part in enumerate(parts):
+        data = trees.get(h) or store.db.tree_data(h)
+        e = decode_tree(data).get(part) if data is not None else None
+        if e is None or i == len(parts) - 1:
+            return e
+        if e.kind != DIR:
+            return None
+        h = e.ref
+    return None
 
 
 MAX_MANIFEST = 256 << 20
 MAX_TREE = 64 << 20
 
 
-def _stage_blob(store: Store, f, h: str, staging: str, budget) -> None:
+def _stage_blob(store: Store, f, h: str, staging: str) -> None:
     """Stream one blob into staging while hashing it (never whole in memory)."""
     out_path = os.path.join(staging, h)
     keep = not store.blobs.has(h) and not os.path.exists(out_path)
@@ -170,7 +188,6 @@ def _stage_blob(store: Store, f, h: str, staging: str, budget) -> None:
     out = open(tmp, "wb") if keep else None
     try:
         while chunk := f.read(1 << 20):
-            budget.data(len(chunk))
             digest.update(chunk)
             if out:
                 out.write(chunk)

@@ -13,14 +13,17 @@ ids are sandbox ids; scan() shifts them to host ids.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import stat
 import subprocess
 import tarfile
+import zlib
 from dataclasses import dataclass
 from typing import Callable, IO
 
@@ -30,6 +33,8 @@ from .layers import device_marker, DEVICE_MARKER, is_recorded_xattr, make_placeh
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+BZ2_MAGIC = b"BZh"
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class ImportLimits:
     max_ratio applies once the expanded bytes pass ratio_floor: a 98 KB zstd tar of zeros that
     expands to 3 GB is a bomb; a small archive of text may expand 10x and stays under the floor."""
 
-    max_bytes: int = 32 << 30                # file content, all layers together
+    max_bytes: int = 32 << 30                # the decompressed tar streams (headers too), all layers
     max_entries: int = 2_000_000             # tar members, all layers together
     max_ratio: int = 100                     # expanded bytes / compressed input bytes
     ratio_floor: int = 256 << 20
@@ -53,10 +58,16 @@ class ImportBudget:
         self.compressed = 0
         self.bytes = 0
         self.entries = 0
+        self.counts_stream = False               # open_tar_stream counts the whole stream
 
     def source(self, nbytes: int) -> None:
         """Another compressed input (an archive, a layer blob) of nbytes."""
         self.compressed += max(0, nbytes)
+
+    def wrap(self, stream):
+        """A reader over a decompressed stream that charges every byte read to this budget."""
+        self.counts_stream = True
+        return io.BufferedReader(_Counted(stream, self), 1 << 20)
 
     def entry(self) -> None:
         self.entries += 1
@@ -77,14 +88,50 @@ class ImportBudget:
                            limit="ratio", max=lim.max_ratio)
 
 
-def open_tar_stream(fileobj: IO[bytes]) -> tarfile.TarFile:
-    head = fileobj.peek(4)[:4] if hasattr(fileobj, "peek") else b""
+class _Counted(io.RawIOBase):
+    """The decompressed tar stream, charged to the budget as it is read: every byte tarfile
+    sees (headers too: a pax header can claim gigabytes, which tarfile would hold in memory)."""
+
+    def __init__(self, inner, budget: ImportBudget):
+        self.inner, self.budget = inner, budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.inner.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.budget.data(n)
+        return n
+
+
+def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> tarfile.TarFile:
+    """A tar stream (plain, gzip, xz, bzip2 or zstd). With a budget, the decompression is ours
+    and every decompressed byte is counted (ratio and size caps hold while streaming)."""
+    head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
     if head.startswith(ZSTD_MAGIC):
         import zstandard
-        return tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(fileobj), mode="r|")
+        stream = zstandard.ZstdDecompressor().stream_reader(fileobj)
+    elif budget is None:
+        try:
+            return tarfile.open(fileobj=fileobj, mode="r|*")
+        except tarfile.TarError as exc:
+            raise BadArchive(f"not a tar archive: {exc}") from None
+    elif head.startswith(GZIP_MAGIC):
+        stream = gzip.GzipFile(fileobj=fileobj, mode="rb")
+    elif head.startswith(XZ_MAGIC):
+        stream = lzma.LZMAFile(fileobj, "rb")
+    elif head.startswith(BZ2_MAGIC):
+        import bz2
+        stream = bz2.BZ2File(fileobj, "rb")
+    else:
+        stream = fileobj
+    if budget is not None:
+        stream = budget.wrap(stream)
     try:
-        return tarfile.open(fileobj=fileobj, mode="r|*")
-    except tarfile.TarError as exc:
+        return tarfile.open(fileobj=stream, mode="r|")
+    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
         raise BadArchive(f"not a tar archive: {exc}") from None
 
 
@@ -183,7 +230,8 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
                 f = tar.extractfile(m)
                 with open(path, "wb") as out:
                     while chunk := f.read(1 << 20):
-                        budget.data(len(chunk))
+                        if not budget.counts_stream:
+                            budget.data(len(chunk))
                         out.write(chunk)
                 if progress:
                     progress(m.size)
@@ -214,6 +262,8 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
         raise BadArchive(f"corrupt tar archive: {exc}") from None
     except EOFError:
         raise BadArchive("truncated archive") from None
+    except (zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        raise BadArchive(f"corrupt compressed archive: {exc}") from None
     for path, m in reversed(dir_times):
         os.utime(path, (m.mtime, m.mtime))
 
@@ -254,8 +304,10 @@ def _inside(layout: str, rel: str) -> str:
 def _load_json(layout: str, rel: str):
     try:
         with open(_inside(layout, rel), "rb") as f:
+            if os.fstat(f.fileno()).st_size > 64 << 20:
+                raise BadArchive(f"{rel} is over 64 MiB")
             return json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadArchive(f"{rel} is not JSON: {exc}") from None
 
 
@@ -329,7 +381,7 @@ def apply_layers(layer_paths: list[str], root: str, chown: bool, progress=None,
     for lp in layer_paths:
         with open(lp, "rb") as raw:
             budget.source(os.fstat(raw.fileno()).st_size)
-            with open_tar_stream(io.BufferedReader(raw)) as tar:
+            with open_tar_stream(io.BufferedReader(raw), budget) as tar:
                 extract_tar(tar, root, oci_layer=True, chown=chown, progress=progress, budget=budget)
 
 
