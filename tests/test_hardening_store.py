@@ -678,3 +678,60 @@ def test_directory_import_file_capabilities_bound_to_the_sandbox_root(st, tmp_pa
                       "security.capability")
     assert int.from_bytes(raw[:4], "little") >> 24 == 3            # was v2: a host-wide capability
     assert int.from_bytes(raw[20:24], "little") == store.idmap.host_uid(0)
+
+
+@pytest.fixture
+def lying_registry():
+    """A registry on loopback whose manifest declares a 100-byte layer and then streams 64 MiB."""
+    import http.server
+    import threading
+    from conftest import free_port
+    digest = "sha256:" + hashlib.sha256(b"never sent").hexdigest()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"digest": digest, "size": 2},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                       "digest": digest, "size": 100}]}).encode()
+    sent = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if "/manifests/" in self.path:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+                self.send_header("Content-Length", str(len(manifest)))
+                self.end_headers()
+                self.wfile.write(manifest)
+            elif "/blobs/" in self.path:
+                self.send_response(200)
+                self.send_header("Content-Length", str(64 << 20))
+                self.end_headers()
+                try:
+                    for _ in range(64):
+                        self.wfile.write(bytes(1 << 20))
+                        sent[0] += 1 << 20
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+    port = free_port()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{port}", sent
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_pull_refuses_a_layer_larger_than_declared(st, lying_registry):
+    host, sent = lying_registry
+    with pytest.raises(BadArchive):
+        st.pull(f"docker://{host}/team/app:1")
+    assert _tmp_entries(st) == [] and st.images() == []
+    assert sent[0] < 64 << 20                          # refused while streaming, not after
