@@ -357,6 +357,21 @@ def test_deep_merge_and_bundle(deep_st, rootfs, tmp_path):
         remove_tree(str(tmp_path / "home2" / "layers"))
 
 
+def test_paths_past_the_limit_are_refused_typed(deep_st, rootfs, tmp_path):
+    """Depth is free; a path's bytes are bounded (it is joined to host paths under PATH_MAX):
+    past 3072 bytes a commit or an import is refused with a typed error and leaves nothing."""
+    st = deep_st
+    bb = st.import_image(rootfs)
+    with pytest.raises(TooLarge):
+        bb.run("cd /tmp && i=0; while [ $i -lt 400 ]; do mkdir aaaaaaaaaa && cd aaaaaaaaaa || exit 9; "
+               "i=$((i+1)); done; echo x > f")
+    p = tmp_path / "long.tar"
+    p.write_bytes(_tar([_member("/".join(["b" * 100] * 40) + "/f", data=b"x")]))
+    with pytest.raises(BadArchive):
+        st.import_image(str(p))
+    assert _tmp_entries(st) == [] and len(st.images()) == 1
+
+
 def test_deep_tar_imports_and_leaves_nothing(deep_st, tmp_path):
     st = deep_st
     names = []

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
                            logical_xattrs, open_regular, read_xattrs, remove_tree, set_layer_xattrs)
-from .errors import InvalidInput
+from .errors import InvalidInput, TooLarge
+from .store.names import check_path_length
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)
@@ -111,6 +112,7 @@ class Committer:
             f.i += 1
             out = f.out
             s, t, ip = os.path.join(f.src, name), os.path.join(f.dst, name), f.ipath.rstrip("/") + "/" + name
+            check_path_length(ip, TooLarge, "the run wrote the path")   # nothing committed
             st = os.lstat(s)
             if is_whiteout(st):
                 self._whiteout(t)

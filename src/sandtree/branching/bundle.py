@@ -25,7 +25,7 @@ import zstandard
 from ..errors import BadArchive, TooLarge
 from ..store.importers import ImportBudget
 from ..store.maintenance import reachable
-from ..store.names import check_digest, check_entries, check_path, check_tag
+from ..store.names import PATH_BYTES_MAX, check_digest, check_entries, check_path, check_tag
 from ..store.objects import DIR, FILE, decode_tree, tree_hash_and_data
 from ..store.store import Store
 
@@ -142,14 +142,19 @@ def read(store: Store, fileobj, staging: str, budget=None) -> tuple[dict, dict[s
     _check_manifest(man)
     # every image's whole tree and every file must be in the bundle
     for img in man["images"]:
-        todo = [img["id"]]
+        todo = [(img["id"], 0)]                    # (tree, byte length of its image path)
         while todo:
-            h = todo.pop()
+            h, plen = todo.pop()
             if h not in trees and store.db.tree_data(h) is None:
                 raise BadArchive(f"bundle lacks tree {h[:12]} of image {img['id'][:12]}")
             for e in decode_tree(trees.get(h) or store.db.tree_data(h)).values():
-                if e.kind == DIR and e.name != ".":
-                    todo.append(e.ref)
+                if e.name == ".":
+                    continue
+                sub = plen + 1 + len(e.name.encode("utf-8", "surrogateescape"))
+                if sub > PATH_BYTES_MAX:
+                    raise BadArchive(f"bundle image {img['id'][:12]} has a path over {PATH_BYTES_MAX} bytes")
+                if e.kind == DIR:
+                    todo.append((e.ref, sub))
                 elif e.kind == FILE and e.ref not in blobs and not store.blobs.has(e.ref):
                     raise BadArchive(f"bundle lacks the content of {e.name!r} ({e.ref[:12]})")
         # hard-link groups name paths the layer writer will create: each must be a non-directory

@@ -143,7 +143,7 @@ def _clean_name(name: str) -> str:
         raise PathEscape(f"tar member escapes with '..': {name!r}", member=name)
     for p in parts:
         names.check_entry_name(p, BadArchive, "tar member")
-    return "/".join(parts)
+    return names.check_path_length("/".join(parts), BadArchive, "tar member")
 
 
 def _parent_fd_path(root: str, rel: str) -> str:

@@ -9,7 +9,8 @@ only here, before use:
 - a blob reference: exactly 64 lowercase hex digits (a sha256), so it never joins into a path
   other than objects/blobs/ab/cdef...;
 - a tree reference and an image ID: the same 64 hex digits;
-- a tag name: the tag rule of the store (letters, digits and ._/:@+-, not a hex ID).
+- a tag name: the tag rule of the store (letters, digits and ._/:@+-, not a hex ID);
+- a whole image path: at most PATH_BYTES_MAX bytes (it is joined to host paths).
 
 A failure raises the caller's error class (BadArchive for archives, InvalidInput otherwise) and
 nothing has been written yet.
@@ -22,6 +23,9 @@ import re
 from ..errors import InvalidInput
 
 NAME_MAX = 255                       # bytes; the kernel's limit for one path component
+# Image paths are joined to host paths (staging, layers) of up to ~1 KiB, under the kernel's
+# PATH_MAX of 4096: an image path may have at most this many bytes. Depth itself is not capped.
+PATH_BYTES_MAX = 3072
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
 HEX_RE = re.compile(r"^[0-9a-f]{6,64}$")
@@ -47,6 +51,13 @@ def check_entry_name(name, error=InvalidInput, what: str = "entry") -> str:
     if problem is not None:
         raise error(f"{what} has {problem}: {str(name)[:80]!r}")
     return name
+
+
+def check_path_length(path: str, error=InvalidInput, what: str = "path") -> str:
+    if len(path.encode("utf-8", "surrogateescape")) > PATH_BYTES_MAX:
+        raise error(f"{what} {path[:60]!r}... is longer than {PATH_BYTES_MAX} bytes, the longest path "
+                    f"an image may hold", limit="path_bytes", max=PATH_BYTES_MAX)
+    return path
 
 
 def check_path(path: str, error=InvalidInput, what: str = "path") -> list[str]:

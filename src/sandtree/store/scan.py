@@ -15,6 +15,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from ..errors import InvalidInput
+from .names import check_path_length
 from .layers import (CAPS, IdMap, logical_xattrs, make_placeholder, open_regular, read_device_marker,
                      read_xattrs, set_layer_xattrs)
 from .objects import (CHR, BLK, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, encode_xattrs,
@@ -124,7 +126,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
         d = f.d
         s = os.path.join(f.spath, name)
         t = os.path.join(f.dpath, name)
-        ip = f.ipath.rstrip("/") + "/" + name
+        ip = check_path_length(f.ipath.rstrip("/") + "/" + name, InvalidInput, "imported path")
         st = os.lstat(s)
         kind = KIND_OF_MODE.get(stat.S_IFMT(st.st_mode))
         if kind is None:
