@@ -111,7 +111,7 @@ def _device_image(st, bb, tmp_path, loop):
 
 
 # ---- 1. device nodes are metadata, never host devices -----------------------------------------
-def test_tar_device_nodes_never_become_host_devices(shared_st, bb, tmp_path, loop_dev):
+def test_tar_device_nodes_never_become_host_devices(shared_st, bb, tmp_path, loop_dev, each_tier):
     img = _device_image(shared_st, bb, tmp_path, loop_dev)
     assert _layer_devices(shared_st, img) == []
     # the image still records them (ID and export keep the state)
