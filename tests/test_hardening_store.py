@@ -472,6 +472,7 @@ def test_grep_is_linear_time_and_refuses_what_it_cannot_compile(st, tmp_path):
     assert out.stdout.strip() == b"0"
     assert time.monotonic() - t0 < 30
     assert [m["path"] for m in img.grep("hel+o", ignore_case=True)] == ["/g"]
+    assert [m["path"] for m in img.grep("^Hello there$")] == ["/g"]          # $ ends a line, as before
     with pytest.raises(InvalidInput):
         img.grep(r"(a)\1")                              # backreferences need backtracking
 
@@ -750,3 +751,17 @@ def test_pull_refuses_a_layer_larger_than_declared(st, lying_registry):
         st.pull(f"docker://{host}/team/app:1")
     assert _tmp_entries(st) == [] and st.images() == []
     assert sent[0] < 64 << 20                          # refused while streaming, not after
+
+
+def test_big_text_files_merge_as_binary(st, rootfs):
+    """A line merge holds every side in memory several times: past 16 MiB both-sides changes
+    are a content conflict, like binary files."""
+    big = "".join(f"line {i}\n" for i in range(2_000_000))          # about 23 MiB
+    base = st.import_image(rootfs).run(["sh", "-c", "cat > /big"], stdin=big).image
+    ours = base.run("sed -i '1s/.*/ours/' /big").image
+    theirs = base.run("sed -i '$s/.*/theirs/' /big").image
+    m = st.merge(base, ours, theirs)
+    assert m.image is None
+    assert [(c["path"], c["kind"]) for c in m.conflicts] == [("/big", "content")]
+    # grep reads such a file in bounded pieces and still finds its lines
+    assert [h["line"] for h in theirs.grep("^theirs$", "/big")] == [2_000_000]

@@ -25,6 +25,9 @@ from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
 from ..store.store import Store
 
 STRATEGIES = (None, "ours", "theirs", "markers")
+# Larger files are merged like binary ones (a conflict when both sides changed them): a line
+# merge holds each side several times over in memory, and a merge runs in the server.
+MAX_TEXT_MERGE = 16 << 20
 
 
 @dataclass
@@ -173,7 +176,7 @@ class _Merger:
             return meta._replace(ref=t.ref, size=t.size, hl=None)
         if b is not None and (b.ref, b.size) == (t.ref, t.size):
             return meta._replace(ref=o.ref, size=o.size, hl=None)
-        texts = [text_lines(self.store, e) for e in (b, o, t)]
+        texts = [text_lines(self.store, e, MAX_TEXT_MERGE) for e in (b, o, t)]
         if any(x is None for x in texts):
             return self.conflict(path, "add/add" if b is None else "content", o, t)
         m = merge3.Merge3(texts[0], texts[1], texts[2])

@@ -21,6 +21,7 @@ from .objects import BLK, CHR, DIR, FIFO, FILE, KIND_NAMES, SYMLINK, Entry
 from .store import Store
 
 MAX_SYMLINKS = 40
+MAX_LINE = 1 << 20
 
 
 def _split(path: str) -> list[str]:
@@ -161,8 +162,10 @@ def grep(store: Store, root: str, pattern: str, path: str = "/", *, glob: str | 
             if b"\0" in head:
                 continue                      # binary
             f.seek(0)
-            for lineno, line in enumerate(f, 1):
-                if rx.search(line):
+            # a line is read at most MAX_LINE bytes at a time (a 10 GB file without a newline
+            # must not be one string); longer lines are matched in pieces
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
+                if rx.search(line[:-1] if line.endswith(b"\n") else line):   # RE2: $ is the end
                     out.append({"path": fp, "line": lineno,
                                 "text": line.rstrip(b"\n").decode("utf-8", "replace")})
                     if len(out) >= max_matches:
