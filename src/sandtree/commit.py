@@ -9,6 +9,10 @@ that changed nothing returns its source's ID and two runs that made the same cha
 Hard links: overlayfs breaks a lower hard link when one name is copied up, so groups recorded in
 the base image are re-derived for every member the upper touches; groups among upper files are
 found by inode. Deep layer stacks are squashed (one layer rebuilt from objects) at MAX_LAYERS.
+
+Untrusted input: the upper is what a sandbox wrote. Every walk is iterative (no recursion on its
+depth); a device node is recorded in the tree but the layer gets an inert placeholder; opaque
+markers are read only in the xattr namespace the run's overlay honoured.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .store.layers import (IdMap, is_whiteout, make_whiteout, opaque_xattr, read_xattrs,
-                           remove_tree)
-from .errors import InvalidInput
+from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
+                           logical_xattrs, open_regular, read_xattrs, remove_tree, set_layer_xattrs)
+from .errors import InvalidInput, TooLarge
+from .store.names import check_path_length
 from .store.delta import write_delta
 from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)
@@ -38,6 +43,17 @@ class Change:
     children: dict[str, "Change"] = field(default_factory=dict)
     entry: Entry | None = None                 # for "node": the finished entry (hash known)
     hl: str | None = None                      # for "patch": the new hard-link key
+
+
+class _Frame:
+    """One upper directory being read: its sorted names, how far the walk got, where its changes
+    go, and (st, opaque) to apply once its children are done (None for the upper's root)."""
+
+    def __init__(self, src: str, dst: str, ipath: str, out: dict, post):
+        self.src, self.dst, self.ipath, self.out, self.post = src, dst, ipath, out, post
+        with os.scandir(src) as it:
+            self.names = sorted((e.name for e in it), key=os.fsencode)
+        self.i = 0
 
 
 @dataclass
@@ -59,7 +75,7 @@ def path_key(p: str):
 def _copy_hash(src: str, dst: str) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
-    with open(src, "rb", buffering=0) as f, open(dst, "wb") as out:
+    with open_regular(src) as f, open(dst, "wb") as out:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             out.write(chunk)
@@ -76,12 +92,27 @@ class Committer:
     # ---- 1. read the upper, mirror it into a staged layer -------------------------------------
     def _read_upper(self, src: str, dst: str, ipath: str, inodes: dict, locations: dict,
                     budget: list[int] | None) -> dict[str, Change]:
-        """budget: [bytes the copied files may still add up to] (the run's disk limit)."""
-        out: dict[str, Change] = {}
-        with os.scandir(src) as it:
-            names = sorted((e.name for e in it), key=os.fsencode)
-        for name in names:
-            s, t, ip = os.path.join(src, name), os.path.join(dst, name), ipath.rstrip("/") + "/" + name
+        """budget: [bytes the copied files may still add up to] (the run's disk limit).
+        Iterative: a run can nest directories as deep as it likes (1,100 nested mkdirs overflowed
+        the recursion). A directory's opaque marker and metadata are applied once its children
+        are copied (so its mtime holds)."""
+        top: dict[str, Change] = {}
+        frames = [_Frame(src, dst, ipath, top, None)]
+        while frames:
+            f = frames[-1]
+            if f.i == len(f.names):
+                frames.pop()
+                if f.post is not None:
+                    st, opaque = f.post
+                    if opaque:
+                        os.setxattr(f.dst, self.opaque_name, b"y")
+                    self._copy_meta(f.src, f.dst, st)
+                continue
+            name = f.names[f.i]
+            f.i += 1
+            out = f.out
+            s, t, ip = os.path.join(f.src, name), os.path.join(f.dst, name), f.ipath.rstrip("/") + "/" + name
+            check_path_length(ip, TooLarge, "the run wrote the path")   # nothing committed
             st = os.lstat(s)
             if is_whiteout(st):
                 self._whiteout(t)
@@ -90,12 +121,10 @@ class Committer:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(t, 0o700)
                 opaque = self._is_opaque(s)
-                children = self._read_upper(s, t, ip, inodes, locations, budget)
-                if opaque:
-                    os.setxattr(t, self.opaque_name, b"y")
-                self._copy_meta(s, t, st)
-                out[name] = Change("dir", st, opaque, children,
-                                   entry=Entry(name, DIR, 0, 0, 0, 0, None, encode_xattrs(read_xattrs(s))))
+                xattrs = encode_xattrs(logical_xattrs(read_xattrs(s), self.idmap))
+                ch = Change("dir", st, opaque, {}, entry=Entry(name, DIR, 0, 0, 0, 0, None, xattrs))
+                out[name] = ch
+                frames.append(_Frame(s, t, ip, ch.children, (st, opaque)))
                 continue
             kind = KIND_OF_MODE.get(stat.S_IFMT(st.st_mode))
             if kind is None:
@@ -125,38 +154,37 @@ class Committer:
                 ref = os.readlink(s)
                 os.symlink(ref, t)
             elif kind in (CHR, BLK):
-                ref = st.st_rdev
-                os.mknod(t, st.st_mode, st.st_rdev)
+                ref = st.st_rdev                   # recorded; the layer gets an inert placeholder
+                make_placeholder(t)
             else:
                 os.mknod(t, st.st_mode)
             self._copy_meta(s, t, st)
+            if kind in (CHR, BLK):
+                os.chmod(t, 0)
             out[name] = Change("node", st, entry=self._entry(name, kind, st, ref, size, s))
-        return out
+        return top
 
     def _entry(self, name, kind, st, ref, size, src=None) -> Entry:
+        xattrs = encode_xattrs(logical_xattrs(read_xattrs(src), self.idmap)) if src else ()
         return Entry(name, kind, stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid),
-                     self.idmap.gid(st.st_gid), size, ref,
-                     encode_xattrs(read_xattrs(src)) if src else (), None, st.st_mtime_ns)
+                     self.idmap.gid(st.st_gid), size, ref, xattrs, None, st.st_mtime_ns)
 
     def _is_opaque(self, path: str) -> bool:
-        for name in (self.opaque_name, "trusted.overlay.opaque", "user.overlay.opaque"):
-            try:
-                if os.getxattr(path, name, follow_symlinks=False) == b"y":
-                    return True
-            except OSError:
-                pass
-        return False
+        """Opaque as the run's overlay saw it: only the xattr namespace that overlay used (a
+        host mount: trusted.overlay.*; a rootless userxattr mount: user.overlay.*). A
+        user.overlay.opaque a sandbox set on a host-mounted overlay hid nothing from it, so it
+        hides nothing here; like every overlay xattr it is then dropped from the image."""
+        try:
+            return os.getxattr(path, self.opaque_name, follow_symlinks=False) == b"y"
+        except OSError:
+            return False
 
     def _whiteout(self, path: str) -> None:
         make_whiteout(path, self.idmap)
 
     def _copy_meta(self, src: str, dst: str, st) -> None:
         os.lchown(dst, st.st_uid, st.st_gid)
-        for k, v in read_xattrs(src):
-            try:
-                os.setxattr(dst, k, v, follow_symlinks=False)
-            except OSError:
-                pass
+        set_layer_xattrs(dst, read_xattrs(src), self.idmap)
         if not stat.S_ISLNK(st.st_mode):
             os.chmod(dst, stat.S_IMODE(st.st_mode))
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
@@ -164,32 +192,50 @@ class Committer:
     # ---- 2. trees along changed paths ---------------------------------------------------------
     def _apply(self, base_tree: str | None, changes: dict[str, Change], root_change: Change | None,
                trees: dict[str, bytes], totals: list[int]) -> tuple[str, dict[str, Entry]]:
-        entries = dict(self.store.tree(base_tree)) if base_tree else {}
-        for name, ch in changes.items():
-            old = entries.get(name)
-            if ch.kind == "del":
-                if old is not None:
-                    self._count(old, totals, -1)
-                    del entries[name]
-            elif ch.kind == "patch":
-                if old is not None:
-                    entries[name] = old._replace(hl=ch.hl)
-            elif ch.kind == "dir":
-                keep = old is not None and old.kind == DIR and not ch.opaque
-                if old is not None and not keep:
-                    self._count(old, totals, -1)
-                h, _ = self._apply(old.ref if keep else None, ch.children, None, trees, totals)
-                if ch.st is None:                  # a path only carrying patches: keep metadata
-                    entries[name] = old._replace(ref=h)
+        """New trees along the changed paths, children before parents, without recursion (the
+        changes are as deep as the run made them)."""
+        def frame(base, chs, link):
+            return [dict(self.store.tree(base)) if base else {}, list(chs.items()), 0, link]
+
+        stack = [frame(base_tree, changes, None)]
+        while True:
+            f = stack[-1]
+            entries, items, i, link = f
+            if i < len(items):
+                f[2] += 1
+                name, ch = items[i]
+                old = entries.get(name)
+                if ch.kind == "del":
+                    if old is not None:
+                        self._count(old, totals, -1)
+                        del entries[name]
+                elif ch.kind == "patch":
+                    if old is not None:
+                        entries[name] = old._replace(hl=ch.hl)
+                elif ch.kind == "dir":
+                    keep = old is not None and old.kind == DIR and not ch.opaque
+                    if old is not None and not keep:
+                        self._count(old, totals, -1)
+                    stack.append(frame(old.ref if keep else None, ch.children, (name, ch, old)))
                 else:
-                    entries[name] = Entry(name, DIR, stat.S_IMODE(ch.st.st_mode), self.idmap.uid(ch.st.st_uid),
-                                          self.idmap.gid(ch.st.st_gid), 0, h, ch.entry.xattrs, None,
-                                          ch.st.st_mtime_ns)
+                    if old is not None:
+                        self._count(old, totals, -1)
+                    entries[name] = ch.entry
+                    self._count(ch.entry, totals, +1)
+                continue
+            stack.pop()
+            if link is None:
+                break
+            digest, data = tree_hash_and_data(entries)
+            trees[digest] = data
+            name, ch, old = link
+            parent = stack[-1][0]
+            if ch.st is None:                  # a path only carrying patches: keep metadata
+                parent[name] = old._replace(ref=digest)
             else:
-                if old is not None:
-                    self._count(old, totals, -1)
-                entries[name] = ch.entry
-                self._count(ch.entry, totals, +1)
+                parent[name] = Entry(name, DIR, stat.S_IMODE(ch.st.st_mode), self.idmap.uid(ch.st.st_uid),
+                                     self.idmap.gid(ch.st.st_gid), 0, digest, ch.entry.xattrs, None,
+                                     ch.st.st_mtime_ns)
         if root_change is not None:
             old = entries.get(".")
             st = root_change.st
@@ -202,13 +248,14 @@ class Committer:
         return digest, entries
 
     def _count(self, e: Entry, totals: list[int], sign: int) -> None:
-        if e.kind == FILE:
-            totals[0] += sign * e.size
-            totals[1] += sign
-        elif e.kind == DIR and sign < 0:
-            for _, sub in self.store.tree(e.ref).items():
-                if sub.name != ".":
-                    self._count(sub, totals, sign)
+        todo = [e]
+        while todo:
+            e = todo.pop()
+            if e.kind == FILE:
+                totals[0] += sign * e.size
+                totals[1] += sign
+            elif e.kind == DIR and sign < 0:
+                todo.extend(sub for sub in self.store.tree(e.ref).values() if sub.name != ".")
 
     # ---- 3. hard links ------------------------------------------------------------------------
     def _links(self, base: ImageRow, changes: dict[str, Change], inodes: dict) -> dict[str, list[str]]:
@@ -279,8 +326,8 @@ class Committer:
                     ch.entry = first.entry._replace(name=ch.entry.name, mtime_ns=ch.entry.mtime_ns)
             links = self._links(base, changes, inodes)
             root_st = os.lstat(upper)
-            root_change = Change("dir", root_st, entry=Entry(".", DIR, 0, 0, 0, 0, None,
-                                                             encode_xattrs(read_xattrs(upper))))
+            root_xattrs = encode_xattrs(logical_xattrs(read_xattrs(upper), self.idmap))
+            root_change = Change("dir", root_st, entry=Entry(".", DIR, 0, 0, 0, 0, None, root_xattrs))
             trees: dict[str, bytes] = {}
             totals = [base.size, base.files]
             image, _ = self._apply(base.id, changes, root_change, trees, totals)

@@ -261,38 +261,47 @@ class Engine(BranchingOps):
         return None
 
     # ---- import --------------------------------------------------------------------------------
-    def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
-        """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive."""
+    def import_path(self, path: str, *, tag: str | None = None, progress=None,
+                    limits: importers.ImportLimits | None = None) -> str:
+        """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive.
+        limits: what an archive may expand to (ImportLimits' defaults; a tenant limit may pass less)."""
         if tag is not None:
             _check_tag(tag)
         if not os.path.exists(path):
             raise NotFound(f"no such file or directory: {path}")
         if os.path.isdir(path):
             if os.path.exists(os.path.join(path, "index.json")) or os.path.exists(os.path.join(path, "manifest.json")):
-                return self._import_layers(path, tag, progress)
+                return self._import_layers(path, tag, progress, limits=limits)
             return self._adopt(path, copy=True, tag=tag, progress=progress, source=f"dir:{path}")
         if importers.is_image_archive(path):
             tmp = self.store.layers.stage("oci")
             try:
-                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
-                    importers.extract_tar(t, tmp, chown=False)
-                return self._import_layers(tmp, tag, progress, source=f"archive:{path}")
+                outer = importers.ImportBudget(limits)
+                outer.source(os.path.getsize(path))
+                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), outer) as t:
+                    importers.extract_tar(t, tmp, chown=False, budget=outer)
+                return self._import_layers(tmp, tag, progress, source=f"archive:{path}", limits=limits)
             finally:
                 remove_tree(tmp)
         staged = self.store.layers.stage("import")
         try:
-            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw)) as t:
-                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress)
+            budget = importers.ImportBudget(limits)
+            budget.source(os.path.getsize(path))
+            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
+                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress,
+                                      budget=budget)
             return self._adopt(staged, copy=False, tag=tag, progress=None, source=f"tar:{path}")
         except BaseException:
             remove_tree(staged)
             raise
 
-    def _import_layers(self, layout: str, tag, progress, source: str | None = None) -> str:
+    def _import_layers(self, layout: str, tag, progress, source: str | None = None,
+                       limits: importers.ImportLimits | None = None) -> str:
         staged = self.store.layers.stage("import")
         try:
             importers.apply_layers(importers.oci_layers(layout), staged,
-                                   chown=not self.store.idmap.rootless, progress=progress)
+                                   chown=not self.store.idmap.rootless, progress=progress,
+                                   budget=importers.ImportBudget(limits))
             return self._adopt(staged, copy=False, tag=tag, source=source or f"oci:{layout}")
         except BaseException:
             remove_tree(staged)
@@ -808,9 +817,8 @@ del _name, _attr
 
 
 def _check_tag(tag: str) -> None:
-    from .store.store import HEX_RE, TAG_RE
-    if not isinstance(tag, str) or not TAG_RE.match(tag) or HEX_RE.match(tag):
-        raise InvalidInput(f"invalid tag name {tag!r}")
+    from .store.names import check_tag
+    check_tag(tag)
 
 
 def _file(f, blob_path=None) -> InjectedFile:

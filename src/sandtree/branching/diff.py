@@ -55,37 +55,53 @@ def diff(store: Store, a: str, b: str) -> list[Change]:
 
 
 def _walk(store: Store, ta: str | None, tb: str | None, prefix: str, out: list[Change]) -> None:
+    """Both trees together, depth first in name order; a stack of frames instead of recursion
+    (an image's depth is untrusted: a run can nest 1,100 directories)."""
+    def frame(ta, tb, prefix):
+        ea = store.tree(ta) if ta else {}
+        eb = store.tree(tb) if tb else {}
+        names = sorted(set(ea) | set(eb), key=lambda n: n.encode("utf-8", "surrogateescape"))
+        return ea, eb, prefix, iter(names)
+
     if ta == tb:
         return
-    ea = store.tree(ta) if ta else {}
-    eb = store.tree(tb) if tb else {}
-    for name in sorted(set(ea) | set(eb), key=lambda n: n.encode("utf-8", "surrogateescape")):
+    stack = [frame(ta, tb, prefix)]
+    while stack:
+        ea, eb, prefix, names = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            continue
         if name == ".":
             continue
         x, y = ea.get(name), eb.get(name)
         path = f"{prefix}/{name}"
+        sub = None
         if x is None:
             out.append(Change(path, "added", None, y))
             if y.kind == DIR:
-                _walk(store, None, y.ref, path, out)
+                sub = (None, y.ref)
         elif y is None:
             out.append(Change(path, "removed", x, None))
             if x.kind == DIR:
-                _walk(store, x.ref, None, path, out)
+                sub = (x.ref, None)
         elif x.kind != y.kind:
             out.append(Change(path, "type_changed", x, y))
             if x.kind == DIR:
-                _walk(store, x.ref, None, path, out)
+                sub = (x.ref, None)
             if y.kind == DIR:
-                _walk(store, None, y.ref, path, out)
+                sub = (None, y.ref)
         elif x.kind == DIR:
             if not _same_meta(x, y):
                 out.append(Change(path, "metadata_changed", x, y))
-            _walk(store, x.ref, y.ref, path, out)
+            if x.ref != y.ref:
+                sub = (x.ref, y.ref)
         elif (x.ref, x.size) != (y.ref, y.size):
             out.append(Change(path, "modified", x, y))
         elif not _same_meta(x, y):
             out.append(Change(path, "metadata_changed", x, y))
+        if sub is not None:
+            stack.append(frame(sub[0], sub[1], path))
 
 
 def patch(store: Store, changes: list[Change]) -> str:

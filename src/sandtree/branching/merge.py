@@ -6,7 +6,8 @@ Rules per name, comparing the state (not timestamps) of base, ours and theirs:
 - a text file changed on both sides: merge line by line (merge3, the bzr/breezy algorithm);
 - anything else is a conflict: content (both changed, lines overlap or binary), add/add,
   modify/delete, type (file vs dir...), metadata (mode/owner changed differently).
-Identical subtrees are skipped by hash, so the cost is what the branches changed.
+Identical subtrees are skipped by hash, so the cost is what the branches changed. The walk keeps
+its own stack (no recursion on the trees' depth).
 A strategy resolves conflicts: "ours", "theirs", or "markers" (git-style conflict markers written
 into text files; for what has no text form, ours). Without one, conflicts make no image.
 
@@ -58,6 +59,9 @@ def ignored(globs: tuple[str, ...], path: str, is_dir: bool) -> bool:
         elif fnmatch.fnmatchcase(name, pat):
             return True
     return False
+# Larger files are merged like binary ones (a conflict when both sides changed them): a line
+# merge holds each side several times over in memory, and a merge runs in the server.
+MAX_TEXT_MERGE = 16 << 20
 
 
 @dataclass
@@ -104,32 +108,59 @@ class _Merger:
     def tree(self, h: str | None) -> dict[str, Entry]:
         return self.store_or_new(h)
 
-    def dir(self, b: str | None, o: str | None, t: str | None, path: str) -> str:
+    @staticmethod
+    def _shortcut(b: str | None, o: str | None, t: str | None):
+        """The merged tree when one side did not change it; _WALK when it must be walked."""
         if o == t:
             return o
         if b == o:
             return t
         if b == t:
             return o
-        eb, eo, et = self.tree(b), self.tree(o), self.tree(t)
-        out: dict[str, Entry] = {}
-        for name in sorted(set(eb) | set(eo) | set(et)):
-            if name == ".":                              # the root dir's own metadata
-                x, y, z = eb.get(name), eo.get(name), et.get(name)
-                if y is not None and z is not None:
-                    out["."] = self.meta(x, y, z, "/")
-                elif y is not None or z is not None:
-                    out["."] = y or z
-                continue
-            p = f"{path}/{name}"
-            merged = self.entry(eb.get(name), eo.get(name), et.get(name), p)
-            if merged is not None:
-                out[name] = merged._replace(name=name)
-        digest, data = tree_hash_and_data(out)
-        self.trees[digest] = data
-        return digest
+        return _WALK
 
-    def entry(self, b: Entry | None, o: Entry | None, t: Entry | None, path: str) -> Entry | None:
+    def dir(self, b: str | None, o: str | None, t: str | None, path: str) -> str:
+        """The merged tree of three directories. Iterative: a frame per directory being merged,
+        so the depth of the trees (untrusted: a run can nest 1,100 directories) costs no stack."""
+        short = self._shortcut(b, o, t)
+        if short is not _WALK:
+            return short
+        stack = [_MergeFrame(self, b, o, t, path)]
+        result = None
+        while stack:
+            f = stack[-1]
+            name = next(f.names, None)
+            if name is None:
+                digest, data = tree_hash_and_data(f.out)
+                self.trees[digest] = data
+                stack.pop()
+                if stack:
+                    stack[-1].deliver(digest)
+                else:
+                    result = digest
+                continue
+            if name == ".":                              # the root dir's own metadata
+                x, y, z = f.eb.get(name), f.eo.get(name), f.et.get(name)
+                if y is not None and z is not None:
+                    f.out["."] = self.meta(x, y, z, "/")
+                elif y is not None or z is not None:
+                    f.out["."] = y or z
+                continue
+            p = f"{f.path}/{name}"
+            step = self.entry(f.eb.get(name), f.eo.get(name), f.et.get(name), p)
+            if isinstance(step, _Descend):
+                short = self._shortcut(step.b, step.o, step.t)
+                f.waiting = (name, step.finish)
+                if short is not _WALK:
+                    f.deliver(short)
+                else:
+                    stack.append(_MergeFrame(self, step.b, step.o, step.t, p))
+                continue
+            f.put(name, step)
+        return result
+
+    def entry(self, b: Entry | None, o: Entry | None, t: Entry | None, path: str):
+        """The merged entry, or a _Descend when the answer needs a subdirectory merged first."""
         sb, so, st = _state(b), _state(o), _state(t)
         if so == st:
             return o if (o is None or t is None or o.mtime_ns >= t.mtime_ns) else t
@@ -142,15 +173,17 @@ class _Merger:
             return o
         if o is not None and t is not None and o.kind == DIR and t.kind == DIR:
             meta = self.meta(b, o, t, path)
-            sub = self.dir(b.ref if b is not None and b.kind == DIR else None, o.ref, t.ref, path)
-            return meta._replace(ref=sub)
+            return _Descend(b.ref if b is not None and b.kind == DIR else None, o.ref, t.ref,
+                            lambda sub: meta._replace(ref=sub))
         if b is not None and b.kind == DIR and (o is None or t is None) and (o or t).kind == DIR:
             # one side deleted a directory the other changed inside: decide file by file
             kept = o or t
-            sub = self.dir(b.ref, o.ref if o is not None else None, t.ref if t is not None else None, path)
-            if not [n for n in self.store_or_new(sub) if n != "."]:
-                return None
-            return kept._replace(ref=sub)
+
+            def finish(sub):
+                if not [n for n in self.store_or_new(sub) if n != "."]:
+                    return None
+                return kept._replace(ref=sub)
+            return _Descend(b.ref, o.ref if o is not None else None, t.ref if t is not None else None, finish)
         if o is not None and t is not None and o.kind == FILE and t.kind == FILE:
             return self.file(b if b is not None and b.kind == FILE else None, o, t, path)
         if o is None or t is None:
@@ -183,7 +216,7 @@ class _Merger:
             return meta._replace(ref=t.ref, size=t.size, hl=None)
         if b is not None and (b.ref, b.size) == (t.ref, t.size):
             return meta._replace(ref=o.ref, size=o.size, hl=None)
-        texts = [text_lines(self.store, e) for e in (b, o, t)]
+        texts = [text_lines(self.store, e, MAX_TEXT_MERGE) for e in (b, o, t)]
         if any(x is None for x in texts):
             return self.conflict(path, "add/add" if b is None else "content", o, t)
         m = merge3.Merge3(texts[0], texts[1], texts[2])
@@ -206,6 +239,36 @@ class _Merger:
         if self.strategy == "markers" and kind == "modify/delete":
             return o if o is not None else t           # keep the modified side
         return o                                       # ours, markers without text form, or none
+
+
+_WALK = object()
+
+
+@dataclass
+class _Descend:
+    """entry() needs the merged subdirectory (b, o, t) before it can answer: finish(tree)."""
+    b: str | None
+    o: str | None
+    t: str | None
+    finish: object
+
+
+class _MergeFrame:
+    def __init__(self, m: _Merger, b, o, t, path: str):
+        self.eb, self.eo, self.et = m.tree(b), m.tree(o), m.tree(t)
+        self.path = path
+        self.names = iter(sorted(set(self.eb) | set(self.eo) | set(self.et)))
+        self.out: dict[str, Entry] = {}
+        self.waiting = None                      # (name, finish) while a subdirectory merges
+
+    def put(self, name: str, merged: Entry | None) -> None:
+        if merged is not None:
+            self.out[name] = merged._replace(name=name)
+
+    def deliver(self, tree: str | None) -> None:
+        name, finish = self.waiting
+        self.waiting = None
+        self.put(name, finish(tree))
 
 
 def merge_trees(store: Store, base: str | None, ours: str, theirs: str, strategy: str | None = None,

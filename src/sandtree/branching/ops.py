@@ -196,17 +196,19 @@ class BranchingOps:
         for e in man["edges"]:
             parents.setdefault(e["child"], []).append(e["parent"])
         order, seen = [], set()
-
-        def visit(i):
-            if i in seen:
-                return
-            seen.add(i)
-            for p in parents.get(i, []):
-                visit(p)
-            order.append(i)
         info = {i["id"]: i for i in man["images"]}
-        for i in info:
-            visit(i)
+        for start in info:                     # parents first; iterative (a bundle's depth is untrusted)
+            stack = [(start, iter(parents.get(start, [])))] if start not in seen else []
+            seen.add(start)
+            while stack:
+                node, it = stack[-1]
+                p = next(it, None)
+                if p is None:
+                    stack.pop()
+                    order.append(node)
+                elif p not in seen:
+                    seen.add(p)
+                    stack.append((p, iter(parents.get(p, []))))
         imported = []
         for image in order:
             if image not in info or self.store.has_image(image):

@@ -2,38 +2,136 @@
 
 Sources: a directory; a tar (plain, gzip, zstd); an OCI image layout (directory or tar) or a
 docker-archive tar, whose layers are applied in order with their whiteouts; Debian bootstrap.
-Tar members are checked before anything is written: absolute names, `..`, writing through a
-symlink and hard links that leave the archive are refused (BadArchive / PathEscape). Extraction
-never follows a symlink it made. Staged ids are sandbox ids; scan() shifts them to host ids.
+Tar members are checked before anything is written: absolute names, `..`, bad components (the
+one name rule, store/names.py), writing through a symlink and hard links that leave the archive
+are refused (BadArchive / PathEscape). Extraction never follows a symlink it made. OCI whiteout
+targets pass the same name rule. Device nodes become inert placeholders (store/layers.py) and
+trusted.* / overlay xattrs from an archive are dropped. What an import may expand to is capped
+(ImportLimits: bytes, entries, ratio to the compressed input), checked while streaming. Staged
+ids are sandbox ids; scan() shifts them to host ids.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import stat
 import subprocess
 import tarfile
+import zlib
+from dataclasses import dataclass
 from typing import Callable, IO
 
-from ..errors import BadArchive, InvalidInput, PathEscape
-from .layers import remove_tree
+from ..errors import BadArchive, InvalidInput, PathEscape, TooLarge
+from . import names
+from .layers import device_marker, DEVICE_MARKER, is_recorded_xattr, make_placeholder, remove_tree
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+BZ2_MAGIC = b"BZh"
 
 
-def open_tar_stream(fileobj: IO[bytes]) -> tarfile.TarFile:
-    head = fileobj.peek(4)[:4] if hasattr(fileobj, "peek") else b""
+@dataclass(frozen=True)
+class ImportLimits:
+    """What one import may expand to. The engine passes these (a tenant limit can set them).
+    max_ratio applies once the expanded bytes pass ratio_floor: a 98 KB zstd tar of zeros that
+    expands to 3 GB is a bomb; a small archive of text may expand 10x and stays under the floor."""
+
+    max_bytes: int = 32 << 30                # the decompressed tar streams (headers too), all layers
+    max_entries: int = 2_000_000             # tar members, all layers together
+    max_ratio: int = 100                     # expanded bytes / compressed input bytes
+    ratio_floor: int = 256 << 20
+
+
+class ImportBudget:
+    """Counts one import's expansion against its limits; raises TooLarge the moment one is
+    passed (the caller's staging dir is then removed, so nothing is left behind)."""
+
+    def __init__(self, limits: ImportLimits | None = None):
+        self.limits = limits or ImportLimits()
+        self.compressed = 0
+        self.bytes = 0
+        self.entries = 0
+        self.counts_stream = False               # open_tar_stream counts the whole stream
+
+    def source(self, nbytes: int) -> None:
+        """Another compressed input (an archive, a layer blob) of nbytes."""
+        self.compressed += max(0, nbytes)
+
+    def wrap(self, stream):
+        """A reader over a decompressed stream that charges every byte read to this budget."""
+        self.counts_stream = True
+        return io.BufferedReader(_Counted(stream, self), 1 << 20)
+
+    def entry(self) -> None:
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise TooLarge(f"the archive has more than {self.limits.max_entries} entries",
+                           limit="entries", max=self.limits.max_entries)
+
+    def data(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        lim = self.limits
+        if self.bytes > lim.max_bytes:
+            raise TooLarge(f"the archive expands to more than {lim.max_bytes} bytes",
+                           limit="bytes", max=lim.max_bytes)
+        # (compressed 0: the input's size is unknown, only the absolute caps apply)
+        if self.compressed and self.bytes > lim.ratio_floor and self.bytes > lim.max_ratio * self.compressed:
+            raise TooLarge(f"the archive expands more than {lim.max_ratio} times its size "
+                           f"({self.compressed} bytes; refused at {self.bytes}): a decompression bomb?",
+                           limit="ratio", max=lim.max_ratio)
+
+
+class _Counted(io.RawIOBase):
+    """The decompressed tar stream, charged to the budget as it is read: every byte tarfile
+    sees (headers too: a pax header can claim gigabytes, which tarfile would hold in memory)."""
+
+    def __init__(self, inner, budget: ImportBudget):
+        self.inner, self.budget = inner, budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.inner.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.budget.data(n)
+        return n
+
+
+def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> tarfile.TarFile:
+    """A tar stream (plain, gzip, xz, bzip2 or zstd). With a budget, the decompression is ours
+    and every decompressed byte is counted (ratio and size caps hold while streaming)."""
+    head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
     if head.startswith(ZSTD_MAGIC):
         import zstandard
-        return tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(fileobj), mode="r|")
+        stream = zstandard.ZstdDecompressor().stream_reader(fileobj)
+    elif budget is None:
+        try:
+            return tarfile.open(fileobj=fileobj, mode="r|*")
+        except tarfile.TarError as exc:
+            raise BadArchive(f"not a tar archive: {exc}") from None
+    elif head.startswith(GZIP_MAGIC):
+        stream = gzip.GzipFile(fileobj=fileobj, mode="rb")
+    elif head.startswith(XZ_MAGIC):
+        stream = lzma.LZMAFile(fileobj, "rb")
+    elif head.startswith(BZ2_MAGIC):
+        import bz2
+        stream = bz2.BZ2File(fileobj, "rb")
+    else:
+        stream = fileobj
+    if budget is not None:
+        stream = budget.wrap(stream)
     try:
-        return tarfile.open(fileobj=fileobj, mode="r|*")
-    except tarfile.TarError as exc:
+        return tarfile.open(fileobj=stream, mode="r|")
+    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
         raise BadArchive(f"not a tar archive: {exc}") from None
 
 
@@ -43,7 +141,9 @@ def _clean_name(name: str) -> str:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise PathEscape(f"tar member escapes with '..': {name!r}", member=name)
-    return "/".join(parts)
+    for p in parts:
+        names.check_entry_name(p, BadArchive, "tar member")
+    return names.check_path_length("/".join(parts), BadArchive, "tar member")
 
 
 def _parent_fd_path(root: str, rel: str) -> str:
@@ -74,26 +174,48 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+WHITEOUT, OPAQUE, RESERVED = ".wh.", ".wh..wh..opq", ".wh..wh."
+
+
+def _whiteout_target(rel: str) -> str | None:
+    """For an OCI layer member: None if it is no whiteout; OPAQUE; RESERVED (other `.wh..wh.`
+    names, e.g. aufs' .wh..wh.plnk: ignored); or the name it deletes, which passes the one name
+    rule (`.wh..` would delete the parent, `.wh...` the store's tmp/)."""
+    parts = rel.split("/")
+    if any(p.startswith(WHITEOUT) for p in parts[:-1]):
+        raise BadArchive(f"OCI layer member {rel!r} puts a whiteout name in a directory path", member=rel)
+    base = parts[-1]
+    if not base.startswith(WHITEOUT):
+        return None
+    if base == OPAQUE:
+        return OPAQUE
+    if base.startswith(RESERVED):
+        return RESERVED
+    return names.check_entry_name(base[len(WHITEOUT):], BadArchive, f"whiteout {rel!r}")
+
+
 def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, chown: bool = True,
-                progress: Callable[[int], None] | None = None) -> None:
+                progress: Callable[[int], None] | None = None, budget: ImportBudget | None = None) -> None:
     """Apply one tar stream onto `root` (OCI whiteouts honoured when oci_layer)."""
+    budget = budget or ImportBudget()
     dir_times: list[tuple[str, tarfile.TarInfo]] = []
     try:
         for m in tar:
+            budget.entry()
             rel = _clean_name(m.name)
             if not rel:
                 if m.isdir():
                     _meta(root, m, chown, is_dir=True)
                 continue
-            base = rel.rsplit("/", 1)[-1]
-            if oci_layer and base.startswith(".wh."):
+            target = _whiteout_target(rel) if oci_layer else None
+            if target is not None:
                 parent = _parent_fd_path(root, rel)
                 pdir = os.path.dirname(parent)
-                if base == ".wh..wh..opq":
+                if target == OPAQUE:
                     for child in os.listdir(pdir):
                         _remove(os.path.join(pdir, child))
-                else:
-                    _remove(os.path.join(pdir, base[4:]))
+                elif target != RESERVED:
+                    _remove(os.path.join(pdir, target))
                 continue
             path = _parent_fd_path(root, rel)
             if os.path.lexists(path) and not (m.isdir() and os.path.isdir(path) and not os.path.islink(path)):
@@ -107,7 +229,10 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
             if m.isreg():
                 f = tar.extractfile(m)
                 with open(path, "wb") as out:
-                    shutil.copyfileobj(f, out, 1 << 20)
+                    while chunk := f.read(1 << 20):
+                        if not budget.counts_stream:
+                            budget.data(len(chunk))
+                        out.write(chunk)
                 if progress:
                     progress(m.size)
             elif m.issym():
@@ -117,13 +242,17 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
                 tpath = _parent_fd_path(root, target)
                 if not os.path.lexists(tpath):
                     raise BadArchive(f"hard link {rel!r} points at {m.linkname!r}, not in the archive")
+                if os.path.isdir(tpath) and not os.path.islink(tpath):
+                    raise BadArchive(f"hard link {rel!r} points at the directory {m.linkname!r}")
                 os.link(tpath, path, follow_symlinks=False)
                 continue                              # the link shares its target's metadata
             elif m.ischr() or m.isblk():
                 if not chown:
-                    continue                          # rootless: no device nodes
-                kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
-                os.mknod(path, kind | 0o600, os.makedev(m.devmajor, m.devminor))
+                    continue                          # rootless: no device nodes, nor their record
+                # never a device node on the host: a placeholder that says what it stands for
+                make_placeholder(path)
+                os.setxattr(path, DEVICE_MARKER, device_marker("c" if m.ischr() else "b",
+                                                               os.makedev(m.devmajor, m.devminor), m.mode))
             elif m.isfifo():
                 os.mkfifo(path, 0o600)
             else:
@@ -133,6 +262,8 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
         raise BadArchive(f"corrupt tar archive: {exc}") from None
     except EOFError:
         raise BadArchive("truncated archive") from None
+    except (zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        raise BadArchive(f"corrupt compressed archive: {exc}") from None
     for path, m in reversed(dir_times):
         os.utime(path, (m.mtime, m.mtime))
 
@@ -140,10 +271,10 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
 def _meta(path: str, m: tarfile.TarInfo, chown: bool, *, is_dir: bool) -> None:
     if chown:
         os.lchown(path, m.uid, m.gid)
-    if not m.issym():
+    if not m.issym() and not (m.ischr() or m.isblk()):      # a placeholder stays mode 0
         os.chmod(path, m.mode & 0o7777)
     for k, v in (m.pax_headers or {}).items():
-        if k.startswith("SCHILY.xattr."):
+        if k.startswith("SCHILY.xattr.") and is_recorded_xattr(k[13:]):
             try:
                 os.setxattr(path, k[13:], v.encode("utf-8", "surrogateescape"), follow_symlinks=False)
             except OSError:
@@ -153,6 +284,33 @@ def _meta(path: str, m: tarfile.TarInfo, chown: bool, *, is_dir: bool) -> None:
 
 
 # ---- OCI image layout and docker-archive -----------------------------------------------------
+def _inside(layout: str, rel: str) -> str:
+    """Path of rel inside the layout, refusing any symlink on the way (an extracted archive's
+    `blobs/sha256/X -> /etc/shadow` must not read a host file) and anything not regular."""
+    cur = layout
+    for part in names.check_path(rel, BadArchive, "OCI layout path"):
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise BadArchive(f"the image layout lacks {rel!r}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise BadArchive(f"the image layout's {rel!r} goes through a symlink")
+    if not stat.S_ISREG(os.lstat(cur).st_mode):
+        raise BadArchive(f"the image layout's {rel!r} is not a regular file")
+    return cur
+
+
+def _load_json(layout: str, rel: str):
+    try:
+        with open(_inside(layout, rel), "rb") as f:
+            if os.fstat(f.fileno()).st_size > 64 << 20:
+                raise BadArchive(f"{rel} is over 64 MiB")
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadArchive(f"{rel} is not JSON: {exc}") from None
+
+
 def _verified(path: str, digest: str) -> str:
     algo, _, want = digest.partition(":")
     if algo != "sha256":
@@ -168,37 +326,34 @@ def _verified(path: str, digest: str) -> str:
 
 def oci_layers(layout: str) -> list[str]:
     """Layer tar paths, bottom first, of an OCI layout dir or an extracted docker-archive."""
-    def blob(digest: str) -> str:
-        algo, _, hexd = digest.partition(":")
-        if "/" in hexd or "/" in algo or not hexd:
-            raise BadArchive(f"bad digest {digest!r}")
-        return _verified(os.path.join(layout, "blobs", algo, hexd), digest)
+    def blob(digest) -> str:
+        algo, _, hexd = digest.partition(":") if isinstance(digest, str) else ("", "", "")
+        if algo != "sha256":
+            raise BadArchive(f"unsupported digest {str(digest)[:80]!r}")
+        names.check_digest(hexd, BadArchive, "OCI digest")
+        return _verified(_inside(layout, f"blobs/sha256/{hexd}"), digest)
 
-    if os.path.exists(os.path.join(layout, "index.json")):
-        with open(os.path.join(layout, "index.json")) as f:
-            index = json.load(f)
+    if os.path.lexists(os.path.join(layout, "index.json")):
+        index = _load_json(layout, "index.json")
         manifests = index.get("manifests") or []
         if not manifests:
             raise BadArchive("OCI index lists no manifests")
         desc = manifests[0]
         for _ in range(4):                          # nested indexes (multi-arch): pick amd64 or first
-            with open(blob(desc["digest"])) as f:
-                doc = json.load(f)
+            doc = _load_json(layout, os.path.relpath(blob(desc["digest"]), layout))
             if "manifests" not in doc:
                 break
             choices = doc["manifests"]
             desc = next((m for m in choices if (m.get("platform") or {}).get("architecture") == "amd64"),
                         choices[0])
         return [blob(layer["digest"]) for layer in doc.get("layers", [])]
-    if os.path.exists(os.path.join(layout, "manifest.json")):
-        with open(os.path.join(layout, "manifest.json")) as f:
-            manifest = json.load(f)
+    if os.path.lexists(os.path.join(layout, "manifest.json")):
+        manifest = _load_json(layout, "manifest.json")
         if not manifest:
             raise BadArchive("docker-archive manifest is empty")
         paths = []
         for name in manifest[0]["Layers"]:
-            rel = _clean_name(name)
-            paths.append(os.path.join(layout, rel))
+            paths.append(_inside(layout, _clean_name(name)))
         return paths
     raise BadArchive("neither an OCI layout (index.json) nor a docker-archive (manifest.json)")
 
@@ -220,11 +375,14 @@ def is_image_archive(path: str) -> bool:
     return False
 
 
-def apply_layers(layer_paths: list[str], root: str, chown: bool, progress=None) -> None:
+def apply_layers(layer_paths: list[str], root: str, chown: bool, progress=None,
+                 budget: ImportBudget | None = None) -> None:
+    budget = budget or ImportBudget()
     for lp in layer_paths:
         with open(lp, "rb") as raw:
-            with open_tar_stream(io.BufferedReader(raw)) as tar:
-                extract_tar(tar, root, oci_layer=True, chown=chown, progress=progress)
+            budget.source(os.fstat(raw.fileno()).st_size)
+            with open_tar_stream(io.BufferedReader(raw), budget) as tar:
+                extract_tar(tar, root, oci_layer=True, chown=chown, progress=progress, budget=budget)
 
 
 # ---- Debian bootstrap -------------------------------------------------------------------------

@@ -12,14 +12,16 @@ from __future__ import annotations
 import base64
 import fnmatch
 import os
-import re
 import tarfile
 
-from ..errors import InvalidInput, PathEscape, PathNotFound
-from .objects import BLK, CHR, DIR, FIFO, FILE, SYMLINK, Entry
+import re2
+
+from ..errors import InvalidInput, NotRegularFile, PathEscape, PathNotFound
+from .objects import BLK, CHR, DIR, FIFO, FILE, KIND_NAMES, SYMLINK, Entry
 from .store import Store
 
 MAX_SYMLINKS = 40
+MAX_LINE = 1 << 20
 
 
 def _split(path: str) -> list[str]:
@@ -99,7 +101,8 @@ def listdir(store: Store, root: str, path: str = "/") -> list[Entry]:
 def read(store: Store, root: str, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
     p, e = resolve(store, root, path)
     if e.kind != FILE:
-        raise InvalidInput(f"{p} is not a regular file")
+        # devices, FIFOs and sockets are metadata here: nothing on the host is ever opened for them
+        raise NotRegularFile(f"{p} is not a regular file (a {KIND_NAMES[e.kind]})", path=p)
     with store.blobs.open(e.ref) as f:
         f.seek(offset)
         return f.read() if limit is None else f.read(limit)
@@ -123,22 +126,27 @@ def text_lines(store: Store, e: Entry | None, max_bytes: int | None = None) -> l
 
 
 def walk(store: Store, tree: str, prefix: str):
-    """(path, entry) for everything under the tree, sorted, depth first."""
-    for name, e in sorted(store.tree(tree).items()):
+    """(path, entry) for everything under the tree, sorted, depth first. A stack of iterators,
+    not nested generators: an image's depth is untrusted (1,100 levels overflowed `yield from`)."""
+    stack = [(prefix.rstrip("/"), iter(sorted(store.tree(tree).items())))]
+    while stack:
+        base, it = stack[-1]
+        item = next(it, None)
+        if item is None:
+            stack.pop()
+            continue
+        name, e = item
         if name == ".":
             continue
-        p = prefix.rstrip("/") + "/" + name
+        p = base + "/" + name
         yield p, e
         if e.kind == DIR:
-            yield from walk(store, e.ref, p)
+            stack.append((p, iter(sorted(store.tree(e.ref).items()))))
 
 
 def grep(store: Store, root: str, pattern: str, path: str = "/", *, glob: str | None = None,
          max_matches: int = 1000, ignore_case: bool = False) -> list[dict]:
-    try:
-        rx = re.compile(pattern.encode("utf-8", "surrogateescape"), re.IGNORECASE if ignore_case else 0)
-    except re.error as exc:
-        raise InvalidInput(f"bad regular expression: {exc}") from None
+    rx = _compile(pattern, ignore_case)
     if max_matches <= 0:
         raise InvalidInput("max_matches must be positive")
     p, e = resolve(store, root, path)
@@ -154,13 +162,33 @@ def grep(store: Store, root: str, pattern: str, path: str = "/", *, glob: str | 
             if b"\0" in head:
                 continue                      # binary
             f.seek(0)
-            for lineno, line in enumerate(f, 1):
-                if rx.search(line):
+            # a line is read at most MAX_LINE bytes at a time (a 10 GB file without a newline
+            # must not be one string); longer lines are matched in pieces
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
+                if rx.search(line[:-1] if line.endswith(b"\n") else line):   # RE2: $ is the end
                     out.append({"path": fp, "line": lineno,
                                 "text": line.rstrip(b"\n").decode("utf-8", "replace")})
                     if len(out) >= max_matches:
                         return out
     return out
+
+
+def _compile(pattern: str, ignore_case: bool):
+    """A user's regex, compiled by RE2: matching is linear in the text, whatever the pattern
+    (Python's re backtracks: `(a+)+$` on 31 bytes held the GIL for minutes, freezing the server).
+    What RE2 cannot do in linear time (backreferences, lookaround) is refused."""
+    if not isinstance(pattern, str) or "\0" in pattern:
+        raise InvalidInput("a pattern must be a string without NUL bytes")
+    opts = re2.Options()
+    opts.log_errors = False
+    opts.case_sensitive = not ignore_case
+    opts.max_mem = 64 << 20                      # RE2's own cap on a pattern's automaton
+    try:
+        return re2.compile(pattern.encode("utf-8", "surrogateescape"), opts)
+    except re2.error as exc:
+        msg = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise InvalidInput(f"unsupported regular expression (RE2 syntax, no backreferences or "
+                           f"lookaround): {msg}") from None
 
 
 def export_tar(store: Store, root: str, fileobj, path: str = "/") -> None:

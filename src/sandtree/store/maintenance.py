@@ -1,4 +1,5 @@
-"""fsck (verify hashes and references) and gc (remove what nothing references).
+"""fsck (verify hashes and references; layers nothing references; device nodes in layers) and
+gc (remove what nothing references).
 
 gc keeps: every image a ref (tag, branch) points at or pointed at within the retention age (the
 reflog), with its whole ancestry through lineage edges; every image younger than the retention
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 
 from .blobs import hash_file
@@ -38,14 +40,27 @@ def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[st
     return trees, blobs
 
 
-def fsck(store: Store, *, verify_content: bool = True) -> dict:
+def fsck(store: Store, *, verify_content: bool = True, grace: float = 600, now: float | None = None) -> dict:
+    """grace: a layer nothing references is reported once it is older than this (a commit
+    publishes its layer, then writes the image row: a younger one may be in between)."""
+    now = time.time() if now is None else now
     problems: list[dict] = []
     images = store.db.query("SELECT id, layers FROM images")
     on_disk_layers = set(store.layers.all())
+    used: set[str] = set()
     for image_id, layers in images:
         for layer in json.loads(layers):
+            used.add(layer)
             if layer not in on_disk_layers:
                 problems.append({"kind": "missing_layer", "image": image_id, "layer": layer})
+    for layer in sorted(on_disk_layers):
+        path = store.layers.path(layer)
+        if layer not in used:
+            age = now - os.lstat(path).st_ctime
+            if age >= grace:
+                problems.append({"kind": "unreferenced_layer", "layer": layer, "age": round(age)})
+        for rel in device_nodes(path):
+            problems.append({"kind": "device_node_in_layer", "layer": layer, "path": rel})
     trees, blobs = reachable(store, [i for i, _ in images], problems)
     for h in trees:
         data = store.db.tree_data(h)
@@ -63,6 +78,24 @@ def fsck(store: Store, *, verify_content: bool = True) -> dict:
             problems.append({"kind": "dangling_ref", "ref": f"{kind}:{name}", "image": image})
     return {"ok": not problems, "problems": problems, "images": len(images), "trees": len(trees),
             "blobs": len(blobs), "layers": len(on_disk_layers)}
+
+
+def device_nodes(layer_dir: str) -> list[str]:
+    """Char/block device nodes in a layer other than overlay whiteouts (0/0): a layer must hold
+    none (store/layers.py), a store written before that rule may. Iterative walk."""
+    found = []
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        with os.scandir(os.path.join(layer_dir, rel)) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                sub = f"{rel}/{e.name}" if rel else e.name
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(sub)
+                elif (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) and st.st_rdev != 0:
+                    found.append("/" + sub)
+    return sorted(found)
 
 
 def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: float | None = None) -> dict:

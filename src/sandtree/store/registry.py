@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError  # noqa: F401 - RegistryError: re-exported
+from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError, TooLarge  # noqa: F401 - RegistryError: re-exported
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
@@ -156,18 +156,35 @@ class Client:
                          and (m.get("platform") or {}).get("os", "linux") == "linux"), choices[0] if choices else None)
             if pick is None:
                 raise BadArchive(f"{self.ref}: the index lists no manifests")
-            ref = pick["digest"]
+            ref = pick.get("digest") if isinstance(pick, dict) else None
+            if not isinstance(ref, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", ref):
+                raise BadArchive(f"{self.ref}: the index names a bad manifest digest {str(ref)[:80]!r}")
         raise BadArchive(f"{self.ref}: nested indexes too deep")
 
-    def blob(self, digest: str, dest_dir: str, progress=None) -> str:
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise BadArchive(f"unsupported digest {digest!r}")
+    def blob(self, digest: str, dest_dir: str, progress=None, size: int | None = None,
+             budget: list[int] | None = None) -> str:
+        """Download one layer, verified. size: the manifest's declared size (a registry sending
+        more is refused at once, not after the disk filled); budget: [bytes all layers may
+        still take] (TooLarge past it)."""
+        if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise BadArchive(f"unsupported digest {str(digest)[:80]!r}")
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise BadArchive(f"layer {digest[:19]} has a bad size {str(size)[:20]!r}")
         fd, path = tempfile.mkstemp(dir=dest_dir, prefix="blob-")
         h = hashlib.sha256()
+        got = 0
         r = self.get(f"{self.ref.name}/blobs/{digest}", stream=True)
         try:
             with os.fdopen(fd, "wb") as out:
                 for chunk in r.iter_bytes(1 << 20):
+                    got += len(chunk)
+                    if size is not None and got > size:
+                        raise BadArchive(f"layer {digest[:19]} of {self.ref} is larger than its "
+                                         f"declared {size} bytes")
+                    if budget is not None:
+                        budget[0] -= len(chunk)
+                        if budget[0] < 0:
+                            raise TooLarge(f"the layers of {self.ref} exceed the import limit")
                     h.update(chunk)
                     out.write(chunk)
                     if progress:
@@ -180,9 +197,10 @@ class Client:
 
 
 def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
-                progress=None, check_host=None) -> list[str]:
+                progress=None, check_host=None, max_bytes: int = 32 << 30) -> list[str]:
     """Download and verify the layers of `reference` into workdir; bottom layer first.
-    check_host: see Client."""
+    check_host: see Client. max_bytes: what all layers together may download (then their
+    expansion is capped by importers.ImportLimits when applied)."""
     ref = parse(reference)
     client = Client(ref, credentials, insecure, check_host=check_host)
     try:
@@ -191,7 +209,10 @@ def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: boo
             layers = manifest.get("layers")
             if not isinstance(layers, list):
                 raise BadArchive(f"{ref}: not an image manifest (schema 2 / OCI)")
-            return [client.blob(layer["digest"], workdir, progress) for layer in layers]
+            left = [max_bytes]
+            return [client.blob(layer.get("digest") if isinstance(layer, dict) else None, workdir, progress,
+                                size=layer.get("size") if isinstance(layer, dict) else None, budget=left)
+                    for layer in layers]
         except httpx.HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:

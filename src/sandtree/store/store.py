@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -25,10 +24,9 @@ from ..errors import ImageNotFound, InvalidInput, NotFound
 from .blobs import BlobStore
 from .db import Database, dumps
 from .layers import IdMap, LayerDirs
+from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - TAG_RE: re-exported; the one rule is names.py
 from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
 
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
-HEX_RE = re.compile(r"^[0-9a-f]{6,64}$")
 
 
 @dataclass(frozen=True)
@@ -157,8 +155,7 @@ class Store:
 
     # ---- tags --------------------------------------------------------------------------------
     def tag(self, image_id: str, name: str) -> None:
-        if not TAG_RE.match(name) or HEX_RE.match(name):
-            raise InvalidInput(f"invalid tag name {name!r} (letters, digits and ._/:@+-; not a hex id)")
+        check_tag(name)
         with self.db.tx() as con:
             if con.execute("SELECT 1 FROM images WHERE id=?", (image_id,)).fetchone() is None:
                 raise ImageNotFound(f"no image {image_id!r}", image=image_id)
