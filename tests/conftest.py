@@ -128,6 +128,20 @@ def bb(shared_st, rootfs) -> sandtree.Image:
 
 
 @pytest.fixture
+def loop_device(tmp_path):
+    """A loop device over a 1 MiB temp file of b"HOSTDISK" markers: stands in for a host disk
+    (this VM forbids opening its own). Detached afterwards."""
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(b"HOSTDISK" * (1 << 17))
+    dev = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture
 def st(tmp_path):
     """A fresh, empty store."""
     s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"])

@@ -98,20 +98,7 @@ def run_probe(img, probe, *args, **kw):
 # ---- 1. device nodes ---------------------------------------------------------------------------
 
 @pytest.fixture
-def loopdev(tmp_path):
-    """A loop device over a temp file holding a marker: stands in for a host disk."""
-    backing = tmp_path / "disk.img"
-    backing.write_bytes(b"HOSTDISK" * 512)
-    dev = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
-
-
-@pytest.fixture
-def devimg(st, tmp_path, loopdev):
+def devimg(st, tmp_path, loop_device):
     """An image whose layer holds real device nodes, planted straight into the layer directory
     (as the old importer made them): /x/zero (char 1:5) and /x/loop (the test's loop device)."""
     img = st.import_image(make_rootfs(str(tmp_path / "devroot")))
@@ -119,7 +106,7 @@ def devimg(st, tmp_path, loopdev):
     layer = eng.store.image(img.id).layers[0]
     x = os.path.join(eng.store.layers.path(layer), "x")
     os.mkdir(x, 0o755)
-    rdev = os.stat(loopdev).st_rdev
+    rdev = os.stat(loop_device).st_rdev
     os.mknod(os.path.join(x, "zero"), 0o666 | 0o020000, os.makedev(1, 5))
     os.mknod(os.path.join(x, "loop"), 0o666 | 0o060000, rdev)
     os.mknod(os.path.join(x, "uffd"), 0o666 | 0o020000, os.makedev(10, 257))   # would bypass the
@@ -139,8 +126,8 @@ def test_device_nodes_in_a_layer_cannot_be_opened(devimg, probe, each_tier):
     assert r.stdout.split() == [b"4", b"null-ok"], r.stderr
 
 
-def test_mknod_inside_is_refused(devimg, probe, loopdev, each_tier):
-    minor = os.minor(os.stat(loopdev).st_rdev)
+def test_mknod_inside_is_refused(devimg, probe, loop_device, each_tier):
+    minor = os.minor(os.stat(loop_device).st_rdev)
     r = devimg.run(f"/probe mknod /tmp/l b 7 {minor}; /probe mknod /tmp/k c 1 11; "
                    f"/probe open /tmp/l; /probe open /tmp/k", files=[pfile(probe)], timeout=60,
                    disposable=True)
@@ -164,7 +151,7 @@ def test_device_nodes_unusable_in_a_live_sandbox(devimg, probe):
             assert b"mknod ALLOWED" not in r.stdout, (when, r.stdout)
 
 
-def test_run_cgroup_denies_devices_the_runtime_does_not_provide(loopdev):
+def test_run_cgroup_denies_devices_the_runtime_does_not_provide(loop_device):
     """The device cgroup by itself (defence in depth under nodev): a process in a run's cgroup
     can open /dev/null but not the host's loop device, even as host root."""
     from sandtree.runtime.cgroups import Cgroups
@@ -178,11 +165,11 @@ def test_run_cgroup_denies_devices_the_runtime_does_not_provide(loopdev):
                 "    with open(f, 'w') as c: c.write(str(os.getpid()))\n"
                 "for p in ('/dev/null', %r):\n"
                 "    try: os.close(os.open(p, os.O_RDONLY)); print(p, 'ALLOWED')\n"
-                "    except OSError as e: print(p, e.strerror)\n") % loopdev
+                "    except OSError as e: print(p, e.strerror)\n") % loop_device
         out = subprocess.run([sys.executable, "-c", code, *cg.procs_files], capture_output=True, text=True,
                              timeout=30).stdout
         assert "/dev/null ALLOWED" in out, out
-        assert f"{loopdev} Operation not permitted" in out, out
+        assert f"{loop_device} Operation not permitted" in out, out
     finally:
         cg.kill_all()
         cg.remove(wait=2.0)
@@ -197,7 +184,7 @@ def _cgroup2_root() -> str | None:
 
 
 @pytest.mark.skipif(_cgroup2_root() is None, reason="no cgroup v2 hierarchy here")
-def test_cgroup_v2_device_program_allows_only_the_runtime_nodes(loopdev, tmp_path):
+def test_cgroup_v2_device_program_allows_only_the_runtime_nodes(loop_device, tmp_path):
     """The v2 device policy (an eBPF program; on a hybrid host like this one the unified
     hierarchy takes it too): the runtime's nodes open, a loop device, /dev/kmsg and mknod of
     anything else do not."""
@@ -217,10 +204,10 @@ def test_cgroup_v2_device_program_allows_only_the_runtime_nodes(loopdev, tmp_pat
                 "try: os.mknod(%r, 0o20600, os.makedev(1, 11)); print('mknod ALLOWED')\n" % str(tmp_path / "kmsg") +
                 "except OSError as e: print('mknod', e.strerror)\n")
         out = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), "/dev/null",
-                              "/dev/urandom", "/dev/ptmx", loopdev, "/dev/kmsg"],
+                              "/dev/urandom", "/dev/ptmx", loop_device, "/dev/kmsg"],
                              capture_output=True, text=True, timeout=30).stdout
         assert out.splitlines() == ["/dev/null ALLOWED", "/dev/urandom ALLOWED", "/dev/ptmx ALLOWED",
-                                    f"{loopdev} Operation not permitted", "/dev/kmsg Operation not permitted",
+                                    f"{loop_device} Operation not permitted", "/dev/kmsg Operation not permitted",
                                     "mknod Operation not permitted"], out
     finally:
         for _ in range(100):

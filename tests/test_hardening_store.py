@@ -74,19 +74,6 @@ def _tmp_entries(st) -> list[str]:
     return os.listdir(st._engine.store.layers.tmp)
 
 
-@pytest.fixture
-def loop_dev(tmp_path):
-    """A loop device attached to a small file the test owns (detached afterwards)."""
-    backing = tmp_path / "disk.img"
-    backing.write_bytes(b"HOSTDISK" * (1 << 17))
-    dev = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
-
-
 def _device_tar(loop: str) -> bytes:
     rdev = os.stat(loop).st_rdev
     return _tar([_member("x", tarfile.DIRTYPE, mode=0o755),
@@ -111,8 +98,8 @@ def _device_image(st, bb, tmp_path, loop):
 
 
 # ---- 1. device nodes are metadata, never host devices -----------------------------------------
-def test_tar_device_nodes_never_become_host_devices(shared_st, bb, tmp_path, loop_dev, each_tier):
-    img = _device_image(shared_st, bb, tmp_path, loop_dev)
+def test_tar_device_nodes_never_become_host_devices(shared_st, bb, tmp_path, loop_device, each_tier):
+    img = _device_image(shared_st, bb, tmp_path, loop_device)
     assert _layer_devices(shared_st, img) == []
     # the image still records them (ID and export keep the state)
     assert img.stat("/x/zero")["type"] == "char" and img.stat("/x/zero")["rdev"] == os.makedev(1, 5)
@@ -149,9 +136,9 @@ def test_directory_import_device_nodes_are_placeholders(st, tmp_path):
     assert img.stat("/zero")["mode"] == "0666"
 
 
-def test_bundle_and_commit_never_mknod_devices(st, tmp_path, loop_dev):
+def test_bundle_and_commit_never_mknod_devices(st, tmp_path, loop_device):
     p = tmp_path / "d.tar"
-    p.write_bytes(_device_tar(loop_dev))
+    p.write_bytes(_device_tar(loop_device))
     img = st.import_image(str(p))
     bundle = tmp_path / "b.bundle"
     st.bundle(str(bundle), [img])

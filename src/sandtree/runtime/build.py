@@ -16,6 +16,7 @@ from ..errors import RuntimeUnavailable
 HERE = os.path.dirname(__file__)
 SOURCE = os.path.join(HERE, "helper.c")
 INIT_SOURCE = os.path.join(HERE, "init.c")
+NOLIBC_HEADER = os.path.join(HERE, "nolibc.h")
 DRAIN_SOURCE = os.path.join(HERE, "drain.c")
 
 # static: no dynamic loader on the start path of every sandbox (a dynamic build if libc.a is missing)
@@ -41,6 +42,8 @@ def drain_path(cache_dir: str) -> str:
 def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
     with open(source, "rb") as f:
         src = f.read()
+    with open(NOLIBC_HEADER, "rb") as f:       # included by init.c and drain.c
+        src += f.read()
     tag = hashlib.sha256(src).hexdigest()[:12]
     path = os.path.join(cache_dir, f"{name}-{tag}")
     if os.path.exists(path):

@@ -30,25 +30,9 @@
 
 struct pollfd { int fd; short events, revents; };
 
-#if defined(__x86_64__)
-static long sys(long n, long a, long b, long c, long d) {
-    long r;
-    register long r10 __asm__("r10") = d;
-    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
-    return r;
-}
-__asm__(".global _start\n_start:\n xor %rbp,%rbp\n and $-16,%rsp\n call drain_main\n hlt\n");
-#elif defined(__aarch64__)
-static long sys(long n, long a, long b, long c, long d) {
-    register long x8 __asm__("x8") = n, x0 __asm__("x0") = a, x1 __asm__("x1") = b,
-                  x2 __asm__("x2") = c, x3 __asm__("x3") = d;
-    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
-    return x0;
-}
-__asm__(".global _start\n_start:\n mov x29, #0\n bl drain_main\n");
-#else
-#error "sandtree-drain: add this architecture's syscall convention"
-#endif
+#include "nolibc.h"
+
+NOLIBC_START(drain_main)
 
 /* (all zero-initialised: no .data section, which would pad the file to a page) */
 static char buf[1 << 16];
