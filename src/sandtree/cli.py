@@ -354,13 +354,19 @@ def cmd_serve(args):
 
 
 # ---- tenants, tokens, audit (tenants.py) -----------------------------------------------------------
+def _resource_limits(args) -> dict:
+    return {"max_memory": args.max_memory, "max_pids": args.max_pids, "max_disk": args.max_disk,
+            "max_cpus": args.max_cpus}
+
+
 def cmd_token(args):
     eng = _engine(args)
     sub = args.token_command
     if sub == "create":
         res = eng.tenancy.create_token(args.tenant, args.scopes, max_runs=args.max_runs,
                                        max_timeout=args.max_timeout, max_output=args.max_output,
-                                       max_sandboxes=args.max_sandboxes, max_upload=args.max_upload)
+                                       max_sandboxes=args.max_sandboxes, max_upload=args.max_upload,
+                                       **_resource_limits(args))
         _out(args, res, lambda o: (print(o["token"]), print(
             f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
             file=sys.stderr)))
@@ -377,7 +383,7 @@ def cmd_token(args):
     elif sub == "limits":
         res = eng.tenancy.set_limits(args.tenant, max_runs=args.max_runs, max_timeout=args.max_timeout,
                                      max_output=args.max_output, max_sandboxes=args.max_sandboxes,
-                                     max_upload=args.max_upload)
+                                     max_upload=args.max_upload, **_resource_limits(args))
         _out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
 
 
@@ -739,6 +745,10 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--max-sandboxes", type=int, help="live sandboxes the tenant may keep at once (default 8)")
         x.add_argument("--max-upload", help="largest upload or image tar the tenant may send (e.g. 200M; "
                                             "default: the server's --max-upload)")
+        x.add_argument("--max-memory", help="most memory a run or sandbox may ask (default: the engine's 2G)")
+        x.add_argument("--max-pids", type=int, help="most processes a run or sandbox may ask (default 1024)")
+        x.add_argument("--max-disk", help="most disk a run or sandbox may ask (default: the engine's 1G)")
+        x.add_argument("--max-cpus", type=float, help="most CPUs a run or sandbox may ask (default: any)")
     x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
     x.add_argument("--tenant", required=True)
     x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")

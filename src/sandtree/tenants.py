@@ -55,8 +55,10 @@ SCOPES = ("import", "run", "list", "cancel", "tag")
 ALL_SCOPES = SCOPES + ("admin",)
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 SEP = "~"
-LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes", "max_upload")
-SIZE_LIMITS = ("max_output", "max_upload")
+LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes", "max_upload", "max_memory", "max_pids",
+              "max_disk", "max_cpus")
+SIZE_LIMITS = ("max_output", "max_upload", "max_memory", "max_disk")
+INT_LIMITS = ("max_runs", "max_sandboxes", "max_pids")
 DEFAULT_MAX_SANDBOXES = 8
 TOKEN_RE = re.compile(r"^stk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,200})$")
 
@@ -154,8 +156,7 @@ class Tenancy:
             if v is None:
                 continue
             try:
-                v = parse_size(v) if k in SIZE_LIMITS else (int(v) if k in ("max_runs", "max_sandboxes")
-                                                             else float(v))
+                v = parse_size(v) if k in SIZE_LIMITS else (int(v) if k in INT_LIMITS else float(v))
             except (TypeError, ValueError):
                 raise InvalidInput(f"{k} must be a number, not {v!r}") from None
             if v <= 0:
@@ -538,8 +539,9 @@ class TenantView:
         lim = self.engine.default_limits
         t = self.tenant.limits
         return {"tenant": self.tenant.name, "scopes": list(self.tenant.scopes), "token": self.tenant.token,
-                "limits": {"timeout": min(lim.timeout, t.get("max_timeout", lim.timeout)), "memory": lim.memory,
-                           "pids": lim.pids, "disk": lim.disk, "output": min(lim.output, t.get("max_output", lim.output)),
+                "limits": {"timeout": min(lim.timeout, t.get("max_timeout", lim.timeout)), "memory": min(lim.memory, t.get("max_memory", lim.memory)),
+                           "pids": min(lim.pids, t.get("max_pids", lim.pids)),
+                           "disk": min(lim.disk, t.get("max_disk", lim.disk)), "output": min(lim.output, t.get("max_output", lim.output)),
                            "concurrent_runs": t.get("max_runs", self.engine._max_runs),
                            "live_sandboxes": t.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)}}
 
@@ -585,7 +587,7 @@ class TenantView:
     @_scoped("run")
     def sandbox_exec(self, sid: str, command, **options):
         full = self._sandbox(sid)
-        opts = self._run_options(options)
+        opts = self._run_options(options, resources=False)
         rec = self.engine.sandbox_exec(full, command, **opts)
         self._claim(rec.op)
         self._audit("exec", image=rec.source, op=rec.op,
@@ -793,8 +795,10 @@ class TenantView:
         return self.engine.patch(self._see(a), self._see(b))
 
     # ---- runs ---------------------------------------------------------------------------------
-    def _run_options(self, options: dict) -> dict:
-        """Uploads and file sets must be this tenant's; timeout and output within its limits."""
+    def _run_options(self, options: dict, resources: bool = True) -> dict:
+        """Uploads and file sets must be this tenant's; timeout, output, memory, pids, disk and CPUs
+        within its limits. resources=False: an exec in a live sandbox (its memory, pids and disk
+        were the sandbox's, checked at its start)."""
         from .engine import parse_size
         if "op_id" in options:
             raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
@@ -803,20 +807,33 @@ class TenantView:
         if opts.get("file_set") is not None:
             self._own_blob("file_set", opts["file_set"])
         lim, default = self.tenant.limits, self.engine.default_limits
-        for key, cap_key, conv, dflt in (("timeout", "max_timeout", float, default.timeout),
-                                         ("output", "max_output", parse_size, default.output)):
-            cap = lim.get(cap_key)
+        # What a run may take of the host. Memory, pids, disk and output are capped by the tenant's
+        # limit or, where the operator set none, by the engine's defaults: a token without limits
+        # must not ask for 64G of memory, 500000 pids (pid_max is 32768) or 4G of output held in the
+        # server (review of issue 12). Timeout and CPUs only take time and a slot of max_runs, so
+        # they are capped only where the operator said so.
+        for key, cap_key, conv, dflt, fallback in (
+                ("timeout", "max_timeout", float, default.timeout, None),
+                ("output", "max_output", parse_size, default.output, default.output),
+                ("memory", "max_memory", parse_size, default.memory, default.memory),
+                ("pids", "max_pids", int, default.pids, default.pids),
+                ("disk", "max_disk", parse_size, default.disk, default.disk),
+                ("cpus", "max_cpus", float, default.cpus, None)):
+            if not resources and key not in ("timeout", "output"):
+                continue
+            cap = lim.get(cap_key, fallback)
             if cap is None:
                 continue
             if opts.get(key) is None:
-                opts[key] = min(dflt, cap)
+                opts[key] = cap if dflt is None else min(dflt, cap)
                 continue
             try:
                 asked = conv(opts[key])
             except (TypeError, ValueError):
                 continue                                   # the engine refuses it with its own message
             if asked > cap:
-                raise LimitExceeded(f"{key} {opts[key]} is over this tenant's limit ({cap_key} {cap:g})",
+                where = cap_key if cap_key in lim else f"the server's default; an operator raises it with {cap_key}"
+                raise LimitExceeded(f"{key} {opts[key]} is over this tenant's limit ({where}: {cap:g})",
                                     limit=cap_key, max=cap)
         return opts
 

@@ -1,0 +1,70 @@
+"""Issue 12, review of the merged hardening: a tenant may not take more of the host than the
+operator allows. Without per-tenant caps a token got any memory, pids, disk and output it asked
+(pids=1000000 against a pid_max of 32768; output=4G held in the server; disk=6G of sparse file
+written into the store), because the tenant view capped only timeout and output, and only where
+the operator had set max_timeout / max_output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sandtree
+from sandtree.engine import Engine
+from sandtree.tenants import Tenant
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroup limits)")
+
+@pytest.fixture
+def eng(tmp_path, rootfs):
+    e = Engine(str(tmp_path / "home"), warm=0)
+    e.import_path(rootfs, tag="x")
+    yield e
+    e.close()
+
+@pytest.mark.parametrize("key", ["memory", "pids", "disk", "output"])
+def test_without_caps_a_tenant_gets_at_most_the_engines_defaults(eng, rootfs, key):
+    t = eng.as_tenant(Tenant("t", limits={"max_runs": 1}))
+    t.import_path(rootfs, tag="mine")
+    default = getattr(eng.default_limits, key)
+    with pytest.raises(sandtree.LimitExceeded) as exc:
+        t.run("mine", "true", **{key: default * 4})
+    assert exc.value.details["limit"] == f"max_{key}"
+    rec = t.run("mine", "true", **{key: default})                  # the default itself is fine
+    assert t.operation(rec.op)["spec"]["limits"][key] == default
+    with pytest.raises(sandtree.LimitExceeded):                    # and a live sandbox likewise
+        t.sandbox_start("mine", **{key: default * 4})
+
+def test_an_operator_sets_resource_caps_per_tenant(eng, rootfs):
+    eng.tenancy.set_limits("t", max_memory="256M", max_pids=64, max_disk="64M", max_cpus=1)
+    t = eng.as_tenant(Tenant("t", limits=eng.tenancy.limits("t")))
+    t.import_path(rootfs, tag="mine")
+    rec = t.run("mine", "true")                                    # asked nothing: gets the caps
+    got = t.operation(rec.op)["spec"]["limits"]
+    assert (got["memory"], got["pids"], got["disk"], got["cpus"]) == (256 << 20, 64, 64 << 20, 1)
+    for ask in ({"memory": "512M"}, {"pids": 65}, {"disk": "65M"}, {"cpus": 2}):
+        with pytest.raises(sandtree.LimitExceeded):
+            t.run("mine", "true", **ask)
+    assert t.whoami()["limits"]["memory"] == 256 << 20
+    # raised above the engine's default, a tenant may ask for more
+    eng.tenancy.set_limits("t", max_pids=4096)
+    t = eng.as_tenant(Tenant("t", limits=eng.tenancy.limits("t")))
+    rec = t.run("mine", "true", pids=2048)
+    assert t.operation(rec.op)["spec"]["limits"]["pids"] == 2048
+
+def test_token_cli_sets_resource_caps(tmp_path):
+    home = str(tmp_path / "home")
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "token", "create", "--tenant", "ci",
+                          "--max-memory", "512M", "--max-pids", "128", "--max-disk", "100M", "--max-cpus", "0.5",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["tenant"] == "ci"
+    eng = Engine(home, warm=0)
+    try:
+        assert eng.tenancy.limits("ci") == {"max_memory": 512 << 20, "max_pids": 128, "max_disk": 100 << 20,
+                                           "max_cpus": 0.5}
+    finally:
+        eng.close()
