@@ -68,3 +68,15 @@ def test_token_cli_sets_resource_caps(tmp_path):
                                            "max_cpus": 0.5}
     finally:
         eng.close()
+
+
+def test_all_sandboxes_together_leave_the_host_pids(eng):
+    """Each run stays within its own `pids`, but many at once could take the host's whole pid
+    space (pid_max 32768 here): our parent group caps them together at three quarters of it."""
+    from sandtree.runtime import cgroups
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    parent = "/sys/fs/cgroup/pids/sandtree" if cgroups.detect() == "v1" else "/sys/fs/cgroup/sandtree"
+    with open(os.path.join(parent, "pids.max")) as f:
+        got = f.read().strip()
+    assert got != "max" and int(got) <= pid_max * 3 // 4, got

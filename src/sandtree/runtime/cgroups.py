@@ -35,6 +35,25 @@ def _v1_device_rules() -> list[str]:
     return [f"{t} {ma}:{'*' if mi is None else mi} rwm" for t, ma, mi in DEVICES]
 
 
+def sandbox_pid_budget() -> int:
+    """All sandboxes together (our parent group's pids.max): three quarters of the host's pid
+    space, so runs that each stay within their own `pids` cannot together leave the host unable
+    to fork (pid_max is 32,768 on this kind of machine; each run may hold 1,024)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return max(1024, pid_max * 3 // 4)
+
+
+def _write_if_possible(path: str, value: str) -> None:
+    try:
+        _write(path, value)
+    except OSError:
+        pass                     # a host that manages it itself (or a v2 parent without pids)
+
+
 def detect() -> str | None:
     if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):
         with open(os.path.join(ROOT, "cgroup.controllers")) as f:
@@ -209,6 +228,8 @@ class Cgroups:
         self._devices_inherited = False
         for c, p in self._parents().items():
             os.makedirs(p, exist_ok=True)
+            if c in ("pids", "unified"):
+                _write_if_possible(os.path.join(p, "pids.max"), str(sandbox_pid_budget()))
             if c == "devices":
                 self._devices_inherited = self._parent_device_policy(p)
             elif self.version == "v2":
