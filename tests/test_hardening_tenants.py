@@ -80,3 +80,25 @@ def test_all_sandboxes_together_leave_the_host_pids(eng):
     with open(os.path.join(parent, "pids.max")) as f:
         got = f.read().strip()
     assert got != "max" and int(got) <= pid_max * 3 // 4, got
+
+
+def test_a_sparse_file_costs_the_store_what_it_cost_the_run(eng, tmp_path):
+    """A run's `truncate -s 900M` costs its tmpfs 4 KiB; committed, it cost the store 900 MB of
+    disk (a tenant could fill the store's disk that way at no cost to its own limits)."""
+    home = str(tmp_path / "home")
+
+    def used() -> int:
+        total = 0
+        for d, _, files in os.walk(home):
+            for f in files:
+                p = os.path.join(d, f)
+                if not os.path.islink(p):
+                    total += os.lstat(p).st_blocks * 512
+        return total
+    before = used()
+    rec = eng.run("x", ["/bin/sh", "-c", "truncate -s 900M /big && echo tail >> /big"])
+    assert rec.exit_code == 0 and rec.image
+    grown = used() - before
+    assert grown < 64 << 20, f"a 900 MB sparse file took {grown >> 20} MB of the store"
+    back = eng.run(rec.image, ["/bin/sh", "-c", "tail -c 5 /big; wc -c < /big"])   # whole, holes read as zeros
+    assert back.stdout == b"tail\n" + str((900 << 20) + 5).encode() + b"\n"
