@@ -67,6 +67,12 @@ def test_errors_map_to_statuses(server, image):
     assert server.post("/runs", json={"image": "bb", "command": "true", "timeout": -1}).status_code == 400
     assert server.post("/runs", json={"image": "bb"}).status_code == 422            # malformed body
     assert server.post("/runs", content=b"{not json").status_code == 422
+    # every error in the one shape; a misspelt field is refused by name, not ignored
+    r = server.post("/runs", json={"image": "bb", "command": "true", "timout": 5})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_input", r.text
+    assert "timout" in r.json()["message"] and r.json()["fields"][0]["field"] == "timout"
+    r = server.post("/runs", json={"image": "bb"})
+    assert r.json()["error"] == "invalid_input" and "command" in r.json()["message"]
     assert server.get("/operations/nope").status_code == 404
     assert server.post("/images/import", content=b"junk").status_code == 400
     assert server.post("/branches", json={"name": "bad name!", "image": "bb"}).status_code == 400

@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit, spool, staged_file, unstage
 from .contree_api import contree_router
@@ -39,7 +40,13 @@ WAIT_THREADS = 256        # waits at once (an operation's end, its events); more
 
 
 
-class FileIn(BaseModel):
+class In(BaseModel):
+    """A request body: a field the model does not name is refused (`"timout": 5` was taken
+    silently, with the default timeout), not ignored."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileIn(In):
     path: str
     sha256: str | None = Field(None, description="an upload's sha256 (POST /files)")
     content: str | None = Field(None, description="text content, instead of sha256")
@@ -48,7 +55,7 @@ class FileIn(BaseModel):
     gid: int = 0
 
 
-class RunIn(BaseModel):
+class RunIn(In):
     image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
     command: str | list[str] = Field(description="a string runs in /bin/sh -c; a list is argv")
     env: dict[str, str] = {}
@@ -71,7 +78,7 @@ class RunIn(BaseModel):
     wait: bool = True
 
 
-class StartIn(BaseModel):
+class StartIn(In):
     image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
     env: dict[str, str] = {}
     cwd: str = "/"
@@ -90,7 +97,7 @@ class StartIn(BaseModel):
     output: str | int | None = None
 
 
-class ExecIn(BaseModel):
+class ExecIn(In):
     command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
                                                  "carry over); a list is a fresh process")
     env: dict[str, str] = {}
@@ -103,7 +110,7 @@ class ExecIn(BaseModel):
     output: str | int | None = None
 
 
-class PoolIn(BaseModel):
+class PoolIn(In):
     size: int = Field(4, description="sandboxes kept started (0 empties the pool)")
     memory: str | int | None = None
     pids: int | None = None
@@ -115,26 +122,26 @@ class PoolIn(BaseModel):
     wait: bool = Field(False, description="answer once the pool is full")
 
 
-class CommitIn(BaseModel):
+class CommitIn(In):
     tag: str | None = None
 
 
-class LoginIn(BaseModel):
+class LoginIn(In):
     registry: str
     username: str
     token: str
 
 
-class TagIn(BaseModel):
+class TagIn(In):
     image: str
 
 
-class PullIn(BaseModel):
+class PullIn(In):
     reference: str
     tag: str | None = None
 
 
-class MergeIn(BaseModel):
+class MergeIn(In):
     ours: str
     theirs: str
     base: str | None = None
@@ -145,13 +152,13 @@ class MergeIn(BaseModel):
                                                     "merge_conflict (raise) or 200 with image null (return)")
 
 
-class BranchIn(BaseModel):
+class BranchIn(In):
     name: str
     image: str
     force: bool = False
 
 
-class RollbackIn(BaseModel):
+class RollbackIn(In):
     steps: int | None = None
     to: str | None = None
 
@@ -167,7 +174,7 @@ def _stdin(body) -> bytes | None:
     return body.stdin.encode() if body.stdin is not None else None
 
 
-class ShareIn(BaseModel):
+class ShareIn(In):
     public: bool = True
 
 
@@ -200,6 +207,15 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     @app.exception_handler(SandtreeError)
     async def sandtree_error(request: Request, exc: SandtreeError):
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        """Bodies and parameters that do not fit the route's model: the one error shape
+        ({"error", "message"}, each field named), with FastAPI's status (422)."""
+        fields = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg")}
+                  for e in exc.errors()]
+        message = "; ".join(f"{f['field'] or 'body'}: {f['problem']}" for f in fields) or "malformed request"
+        return JSONResponse({"error": InvalidInput.code, "message": message, "fields": fields}, status_code=422)
 
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError):
