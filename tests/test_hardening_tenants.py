@@ -102,3 +102,25 @@ def test_a_sparse_file_costs_the_store_what_it_cost_the_run(eng, tmp_path):
     assert grown < 64 << 20, f"a 900 MB sparse file took {grown >> 20} MB of the store"
     back = eng.run(rec.image, ["/bin/sh", "-c", "tail -c 5 /big; wc -c < /big"])   # whole, holes read as zeros
     assert back.stdout == b"tail\n" + str((900 << 20) + 5).encode() + b"\n"
+
+
+def test_a_deep_lineage_is_drawn_without_recursion(eng, rootfs):
+    """1,050 runs in a chain (seconds to make) made the lineage tree raise RecursionError in the
+    engine and the tenant view alike (one recursive call per generation), and nested JSON that
+    deep cannot be encoded: the walk is iterative and nesting is cut at MAX_TREE_DEPTH."""
+    from sandtree.branching.lineage import MAX_TREE_DEPTH, render_text
+    t = eng.as_tenant(Tenant("t", limits={"max_runs": 1}))
+    img = t.import_path(rootfs, tag="mine")
+    first = img
+    for i in range(1050):
+        img = t.run(img, ["/bin/sh", "-c", f"echo {i} > /n"]).image
+    for view in (eng, t):
+        tree = view.lineage_tree(first)
+        depth, n = 0, tree
+        while n["children"]:
+            n = n["children"][0]
+            depth += 1
+        assert depth == MAX_TREE_DEPTH and n.get("cut"), (depth, n)
+        assert json.loads(json.dumps(tree))["image"] == first
+        assert render_text(tree).count("\n") >= MAX_TREE_DEPTH
+    assert len(t.log(img, limit=5)) == 5

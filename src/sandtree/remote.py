@@ -110,7 +110,8 @@ class RemoteEngine:
 
     def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
         return self._json("POST", "/registries/login",
-                          json={"registry": registry_url, "username": username, "token": secret})["registry"]
+                          json={"registry": registry_url, "username": username, "token": secret,
+                                "insecure": insecure})["registry"]
 
     def remove_image(self, image: str, *, force: bool = False) -> None:
         self._json("DELETE", f"/images/{image}", params={"force": force})
@@ -130,7 +131,8 @@ class RemoteEngine:
             return self._json("POST", "/images/import", params=params, content=f.read())["image"]
 
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
-        return self._json("POST", "/images/pull", json={"reference": reference, "tag": tag})["image"]
+        return self._json("POST", "/images/pull", json={"reference": reference, "tag": tag,
+                                                        "insecure": insecure})["image"]
 
     def bootstrap(self, spec, **kw):
         raise errors.RuntimeUnavailable("bootstrap runs on the server's own machine: use `sandtree image "
@@ -293,7 +295,7 @@ class RemoteEngine:
         return self._json("GET", f"/images/{image}/children")
 
     def log(self, image: str, limit: int = 1000) -> list[dict]:
-        return self._json("GET", f"/images/{image}/log")[:limit]
+        return self._json("GET", f"/images/{image}/log", params={"limit": limit})
 
     def ancestors(self, image: str) -> dict:
         return self._json("GET", f"/images/{image}/ancestors")
@@ -304,8 +306,8 @@ class RemoteEngine:
     def produced_by(self, image: str) -> list[dict]:
         return self._json("GET", f"/images/{image}/produced-by")
 
-    def lineage_tree(self, root: str) -> dict:
-        return self._json("GET", f"/images/{root}/lineage")["tree"]
+    def lineage_tree(self, root: str, *, max_nodes: int = 2000) -> dict:
+        return self._json("GET", f"/images/{root}/lineage", params={"max_nodes": max_nodes})["tree"]
 
     def common_ancestor(self, a: str, b: str) -> str | None:
         return self._json("GET", "/lineage/common", params={"a": a, "b": b})["image"]

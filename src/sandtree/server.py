@@ -130,6 +130,7 @@ class LoginIn(In):
     registry: str
     username: str
     token: str
+    insecure: bool = Field(False, description="plain HTTP to this registry (a test registry on loopback)")
 
 
 class TagIn(In):
@@ -139,6 +140,7 @@ class TagIn(In):
 class PullIn(In):
     reference: str
     tag: str | None = None
+    insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
 
 
 class MergeIn(In):
@@ -350,8 +352,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         return await call(engine.children, await call(engine.resolve, ref))
 
     @app.get("/api/v1/images/{ref:path}/log")
-    async def log(ref: str) -> list[dict]:
-        return await call(engine.log, await call(engine.resolve, ref))
+    async def log(ref: str, limit: int = Query(1000, ge=1, le=100_000)) -> list[dict]:
+        return await call(engine.log, await call(engine.resolve, ref), limit)
 
     @app.get("/api/v1/images/{ref:path}/ancestors")
     async def ancestors(ref: str) -> dict:
@@ -400,9 +402,10 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         return await call(engine.gc, retention, grace)
 
     @app.get("/api/v1/images/{ref:path}/lineage")
-    async def image_lineage(ref: str) -> dict:
+    async def image_lineage(ref: str, max_nodes: int = Query(2000, ge=1, le=100_000)) -> dict:
         i = await call(engine.resolve, ref)
-        return {"image": i, "log": await call(engine.log, i), "tree": await call(engine.lineage_tree, i)}
+        return {"image": i, "log": await call(engine.log, i),
+                "tree": await call(functools.partial(engine.lineage_tree, i, max_nodes=max_nodes))}
 
     @app.get("/api/v1/images/{ref:path}")
     async def get_image(ref: str) -> dict:
@@ -419,7 +422,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.post("/api/v1/images/pull", status_code=201)
     async def pull(body: PullIn) -> dict:
-        return {"image": await call(engine.pull, body.reference, tag=body.tag), "tag": body.tag}
+        return {"image": await call(functools.partial(engine.pull, body.reference, tag=body.tag,
+                                                      insecure=body.insecure)), "tag": body.tag}
 
     @app.put("/api/v1/tags/{name:path}")
     async def set_tag(name: str, body: TagIn) -> dict:
@@ -448,7 +452,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
     @app.post("/api/v1/registries/login")
     async def registry_login(body: LoginIn) -> dict:
-        return {"registry": await call(engine.registry_login, body.registry, body.username, body.token)}
+        return {"registry": await call(functools.partial(engine.registry_login, body.registry, body.username,
+                                                         body.token, insecure=body.insecure))}
 
     @app.get("/api/v1/files/{sha256}")
     async def download(sha256: str) -> Response:

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .branching import refs
+from .branching import lineage, refs
 from .errors import (
     Conflict,
     Forbidden,
@@ -959,7 +959,6 @@ class TenantView:
 
     @_scoped("list")
     def produced_by(self, image: str) -> list[dict]:
-        from .branching import lineage
         return [r for r in lineage.produced_by(self.engine.store, self._see(image)) if self._op_visible(r["op"])]
 
     @_scoped("list")
@@ -987,35 +986,20 @@ class TenantView:
         return out
 
     @_scoped("list")
-    def lineage_tree(self, root: str, *, max_nodes: int = 2000) -> dict:
+    def lineage_tree(self, root: str, *, max_nodes: int = lineage.MAX_TREE_NODES) -> dict:
+        """branching/lineage.tree with this tenant's edges and names."""
         self._see(root)
         vis, names = self._visible_set(), {k: list(v) for k, v in self._names().items()}
         pre = self._ns("")
         for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='branch' AND substr(name, 1, ?)=?",
                                          (len(pre), pre)):
             names.setdefault(image, []).append("branch:" + name[len(pre):])
-        count, drawn = [0], set()
 
-        def node(image: str, via: dict | None, seen: set) -> dict:
-            count[0] += 1
-            n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
-                 "command": via and via["command"], "exit_code": via and via["exit_code"], "children": []}
-            if image in drawn:
-                n["repeat"] = True
-                return n
-            drawn.add(image)
-            if image in seen or count[0] > max_nodes:
-                return n
-            shown = set()
-            for _parent, child, op, _created in self._edges(image, False, vis):
-                if child in shown:
-                    continue
-                shown.add(child)
-                s = self.engine._op_summary(op)
-                n["children"].append(node(child, {"command": s.get("command") or s.get("kind"),
-                                                  "exit_code": s.get("exit_code")}, seen | {image}))
-            return n
-        return node(root, None, set())
+        def via(op: str) -> dict:
+            s = self.engine._op_summary(op)
+            return {"command": s.get("command") or s.get("kind"), "exit_code": s.get("exit_code")}
+        return lineage.tree(self.engine.store, root, max_nodes=max_nodes, names=names, via=via,
+                            children=lambda image: [(r[1], r[2]) for r in self._edges(image, False, vis)])
 
     # ---- merge and branches -------------------------------------------------------------------
     @_scoped("run")

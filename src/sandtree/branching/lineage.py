@@ -94,41 +94,61 @@ def produced_by(store: Store, image: str) -> list[dict]:
     return out
 
 
-def tree(store: Store, root: str, *, max_nodes: int = 2000) -> dict:
-    """The lineage tree under `root`: nested nodes with tags, branches and the command per edge."""
-    names: dict[str, list[str]] = {}
-    for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
-        names.setdefault(image, []).append(name if kind == "tag" else f"branch:{name}")
-    count = [0]
-    drawn: set[str] = set()
-    alive = {r[0] for r in store.db.query("SELECT id FROM images")}
+MAX_TREE_NODES = 2000
+# Nesting past this depth is cut (the node says "cut": its subtree is the tree of that image):
+# lineage depth is a caller's to make (1,000 runs in a chain cost seconds), and nested JSON
+# deeper than the interpreter's recursion limit cannot even be encoded.
+MAX_TREE_DEPTH = 200
 
-    def node(image: str, via: dict | None, seen: set) -> dict:
-        count[0] += 1
-        n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
-             "command": via and via["command"], "exit_code": via and via["exit_code"], "children": []}
-        if image in drawn:                         # a merge reached from both parents: drawn once
-            n["repeat"] = True
-            return n
-        drawn.add(image)
-        if image in seen or count[0] > max_nodes:
-            return n
-        seen = seen | {image}
-        shown = set()
-        for _parent, child, op in store.db.query(
-                "SELECT parent, child, op FROM edges WHERE parent=? ORDER BY created", (image,)):
-            if child in shown or child not in alive:   # reached again, or removed (best_of losers)
-                continue
-            shown.add(child)
+
+def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, children=None, names=None,
+         via=None) -> dict:
+    """The lineage tree under `root`: nested nodes with tags, branches and the command per edge.
+    Iterative (no recursion on lineage depth). The tenant view passes its own filters:
+    children(image) -> [(child, op)] in order, names: image -> [names], via(op) -> {"command",
+    "exit_code"}; by default the whole store's."""
+    if names is None:
+        names = {}
+        for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
+            names.setdefault(image, []).append(name if kind == "tag" else f"branch:{name}")
+    if children is None:
+        alive = {r[0] for r in store.db.query("SELECT id FROM images")}
+
+        def children(image: str) -> list[tuple[str, str]]:      # removed ones (best_of losers) left out
+            return [(c, op) for c, op in store.db.query(
+                "SELECT child, op FROM edges WHERE parent=? ORDER BY created", (image,)) if c in alive]
+    if via is None:
+        def via(op: str) -> dict:
             r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
             spec = json.loads(r[1]) if r else {}
             outcome = json.loads(r[2]) if r and r[2] else {}
-            via_child = {"command": spec.get("command") or (r[0] if r else None),
-                         "exit_code": outcome.get("exit_code")}
-            n["children"].append(node(child, via_child, seen))
-        return n
-
-    return node(root, None, set())
+            return {"command": spec.get("command") or (r[0] if r else None), "exit_code": outcome.get("exit_code")}
+    count, drawn = 0, set()
+    top: list[dict] = []
+    stack = [(root, None, top, 0)]              # (image, the edge that led here, where it goes, depth)
+    while stack:
+        image, edge, into, depth = stack.pop()
+        count += 1
+        n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
+             "command": edge and edge["command"], "exit_code": edge and edge["exit_code"], "children": []}
+        into.append(n)
+        if image in drawn:                       # a merge reached from both parents: drawn once
+            n["repeat"] = True
+            continue
+        drawn.add(image)
+        if count > max_nodes:
+            continue
+        kids, shown = [], set()
+        for child, op in children(image):
+            if child not in shown:
+                shown.add(child)
+                kids.append((child, op))
+        if kids and depth >= MAX_TREE_DEPTH:
+            n["cut"] = True
+            continue
+        for child, op in reversed(kids):         # popped in order: depth first, as drawn
+            stack.append((child, via(op), n["children"], depth + 1))
+    return top[0]
 
 
 def render_text(t: dict) -> str:

@@ -164,8 +164,8 @@ class BranchingOps:
     def produced_by(self, image: str) -> list[dict]:
         return lineage.produced_by(self.store, image)
 
-    def lineage_tree(self, root: str) -> dict:
-        return lineage.tree(self.store, root)
+    def lineage_tree(self, root: str, *, max_nodes: int = lineage.MAX_TREE_NODES) -> dict:
+        return lineage.tree(self.store, root, max_nodes=max_nodes)
 
     # ---- bundles -------------------------------------------------------------------------------
     def bundle_create(self, path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
