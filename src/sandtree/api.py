@@ -18,6 +18,7 @@ from typing import Callable
 from . import config
 from .engine import Engine, RunRecord
 from .runtime.base import Limits
+from .store.maintenance import GC_GRACE, GC_RETENTION
 
 
 class Sandtree:
@@ -142,7 +143,7 @@ class Sandtree:
     def fsck(self, *, verify_content: bool = True) -> dict:
         return self._engine.fsck(verify_content=verify_content)
 
-    def gc(self, *, retention: float = 7 * 86400, grace: float = 600) -> dict:
+    def gc(self, *, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
         """Remove untagged images older than `retention` seconds (and what only they used)."""
         return self._engine.gc(retention=retention, grace=grace)
 

@@ -15,6 +15,7 @@ import time
 from . import config
 from .branching.merge import DEFAULT_IGNORE
 from .errors import InvalidInput, SandtreeError
+from .store.maintenance import GC_RETENTION
 
 
 def _engine(args):
@@ -674,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--quick", action="store_true", help="skip re-hashing file contents")
     x.set_defaults(fn=cmd_fsck)
     x = sub.add_parser("gc", parents=[common], help="remove unreferenced images and data")
-    x.add_argument("--retention", type=float, default=7 * 86400, help="keep untagged images younger than this (s)")
+    x.add_argument("--retention", type=float, default=GC_RETENTION, help="keep untagged images younger than this (s)")
     x.set_defaults(fn=cmd_gc)
     x = sub.add_parser("diff", parents=[common], help="what changed from image A to image B")
     x.add_argument("a"); x.add_argument("b")

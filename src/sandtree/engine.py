@@ -33,6 +33,7 @@ from .store.layers import IdMap, remove_tree
 from .store.objects import DIR, Entry
 from .store.scan import scan
 from .store.store import ImageRow, Store
+from .store.maintenance import GC_GRACE, GC_RETENTION
 
 _TENANCY_LOCK = threading.Lock()
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -753,7 +754,7 @@ class Engine(BranchingOps):
         from .store.maintenance import fsck
         return fsck(self.store, verify_content=verify_content)
 
-    def gc(self, retention: float = 7 * 86400, grace: float = 600) -> dict:
+    def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
         from .store.maintenance import gc
         return gc(self.store, retention=retention, grace=grace)
 

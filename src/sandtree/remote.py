@@ -19,6 +19,7 @@ import httpx
 from . import errors
 from .engine import RunRecord
 from .runtime.base import Limits
+from .store.maintenance import GC_GRACE, GC_RETENTION
 
 ERRORS = errors.ERRORS
 
@@ -156,7 +157,7 @@ class RemoteEngine:
     def fsck(self, verify_content: bool = True) -> dict:
         return self._json("POST", "/admin/fsck", params={"verify_content": verify_content})
 
-    def gc(self, retention: float = 7 * 86400, grace: float = 600) -> dict:
+    def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
         return self._json("POST", "/admin/gc", params={"retention": retention, "grace": grace})
 
     # ---- inspection ---------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .contree_api import contree_router
 from .engine import Engine
 from .errors import DiskFull, Forbidden, InvalidInput, SandtreeError
 from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
+from .store.maintenance import GC_GRACE, GC_RETENTION
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
@@ -398,7 +399,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         return await call(engine.fsck, verify_content)
 
     @app.post("/api/v1/admin/gc")
-    async def gc(retention: float = 7 * 86400, grace: float = 600) -> dict:
+    async def gc(retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
         return await call(engine.gc, retention, grace)
 
     @app.get("/api/v1/images/{ref:path}/lineage")

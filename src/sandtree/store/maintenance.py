@@ -18,6 +18,12 @@ from .objects import DIR, FILE, decode_tree, tree_hash_and_data
 from .store import Store
 
 
+# The defaults every surface shows (engine, SDK, remote client, REST, CLI): untagged images younger
+# than GC_RETENTION seconds are kept; anything younger than GC_GRACE is never judged (a commit may
+# be publishing it).
+GC_RETENTION = 7 * 86400
+GC_GRACE = 600
+
 def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
     """(tree hashes, blob digests) reachable from the given root trees."""
     trees, blobs = set(), set()
@@ -40,7 +46,7 @@ def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[st
     return trees, blobs
 
 
-def fsck(store: Store, *, verify_content: bool = True, grace: float = 600, now: float | None = None) -> dict:
+def fsck(store: Store, *, verify_content: bool = True, grace: float = GC_GRACE, now: float | None = None) -> dict:
     """grace: a layer nothing references is reported once it is older than this (a commit
     publishes its layer, then writes the image row: a younger one may be in between)."""
     now = time.time() if now is None else now
@@ -98,7 +104,7 @@ def device_nodes(layer_dir: str) -> list[str]:
     return sorted(found)
 
 
-def gc(store: Store, *, retention: float = 7 * 86400, grace: float = 600, now: float | None = None) -> dict:
+def gc(store: Store, *, retention: float = GC_RETENTION, grace: float = GC_GRACE, now: float | None = None) -> dict:
     """`grace`: layers and blobs younger than this are kept even when unreferenced (a concurrent
     commit may have published them and not yet written its image row)."""
     with store.collecting():
