@@ -61,6 +61,10 @@ def test_tools_valid_and_invalid(tmp_path, rootfs):
             r = data(await c.call_tool("run", {"command": "od -An -tx1 /bin.dat", "image": "bb",
                                                "files": {"/bin.dat": up["sha256"]}}))
             assert r["stdout"].split() == ["00", "01"]
+            # the sandbox's limits reach the run (they were dropped): 16 MiB of memory kills a hog
+            r = data(await c.call_tool("run", {"command": "dd if=/dev/zero of=/dev/shm/x bs=1M count=64",
+                                               "image": "bb", "memory": "16M", "pids": 32}))
+            assert r["oom_killed"], r
             src = tmp_path / "proj"
             (src / "pkg").mkdir(parents=True)
             (src / "pkg" / "m.py").write_text("print(42)\n")

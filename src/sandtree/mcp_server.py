@@ -165,19 +165,23 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None, cwd: str = "/",
             uid: int = 0, gid: int = 0, timeout: float = 30, disposable: bool = True, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
-            truncate_output_at: int = 8000, tier: str | None = None) -> dict:
+            truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
+            pids: int | None = None, cpus: float | None = None, disk: str | None = None) -> dict:
         """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
 
         shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
         disposable=false keeps what the command wrote as a new image: result_image (chain further
         runs on it). files: {"/path/in/image": "<sha256 from upload>"}; directory_state_id: a set
-        from rsync. wait=false returns {"operation_id"} at once (see wait_operations).
+        from rsync. wait=false returns {"operation_id"} at once (see wait_operations). memory,
+        disk ("512M", "2G"), pids and cpus: the sandbox's limits (default: the server's).
         Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
         timed_out, oom_killed."""
         cmd = command if shell else command.split()
         opts = dict(env=env, cwd=cwd or "/", uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
                     file_set=directory_state_id, tier=tier)
+        opts.update({k: v for k, v in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk))
+                     if v is not None})
         if not wait:
             return {"operation_id": engine.operations.submit_run(image, cmd, **opts)}
         return run_result(engine.run(image, cmd, **opts), truncate_output_at)
