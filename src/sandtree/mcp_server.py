@@ -20,11 +20,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import contextvars
+import fnmatch
+import functools
 import json
+import logging
 import os
+import sys
 import tempfile
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
+import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
@@ -133,7 +139,6 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
 
     def guard(fn):
         """Engine errors become tool errors with their kind and message (never a crash)."""
-        import functools
 
         @functools.wraps(fn)
         def wrapper(*a, **k):
@@ -192,7 +197,6 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
              truncate_output_at: int = 2000) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
-        from concurrent.futures import ThreadPoolExecutor
         if not commands:
             raise ToolError("invalid_input: give at least one command")
         if len(commands) > MAX_FORK:
@@ -409,7 +413,6 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     def rsync(source: str, destination: str, exclude: list[str] | None = None) -> dict:
         """Sync a local directory into a reusable file set (uploaded once, deduplicated by content),
         injected at `destination` by run(directory_state_id=...)."""
-        import fnmatch
         no_host_paths("rsync")
         if not os.path.isdir(source):
             raise ToolError(f"invalid_input: {source} is not a directory")
@@ -632,7 +635,6 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
          token: str | None = None) -> None:
     """url: use the engine of a `sandtree serve` there instead of one in this process."""
     if url:
-        import logging
 
         from .remote import RemoteEngine
         if http and host not in LOOPBACK:
@@ -660,7 +662,6 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
 
 def _serve_http(server: MCPServer, engine: Engine | None, host: str, port: int) -> None:
     """engine: the one the TenantGate authenticates against (None: a remote engine, no gate)."""
-    import sys
 
     import uvicorn
     app = server.streamable_http_app(host=host)
@@ -686,7 +687,6 @@ class SessionOwners:
         if scope["type"] == "lifespan":
             # sync tools run on anyio's thread limiter (40 tokens): 40 callers waiting on runs
             # would stall every tenant's tools; the limit is per event loop, set here in it
-            import anyio.to_thread
             anyio.to_thread.current_default_thread_limiter().total_tokens = TOOL_THREADS
         if scope["type"] != "http":
             return await self.app(scope, receive, send)

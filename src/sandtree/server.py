@@ -16,16 +16,20 @@ import asyncio
 import base64
 import contextlib
 import contextvars
+import errno
 import functools
 import json
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.background import BackgroundTask
+from starlette.responses import FileResponse
 
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit, spool, staged_file, unstage
 from .contree_api import contree_router
@@ -223,7 +227,6 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError):
         """A full disk the engine did not name (a route's own file): 507 disk_full, not internal."""
-        import errno
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             full = DiskFull("disk full: nothing was stored")
             return JSONResponse(full.to_dict(), status_code=full.http_status)
@@ -324,8 +327,6 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         except BaseException:
             unstage(tmp)
             raise
-        from starlette.background import BackgroundTask
-        from starlette.responses import FileResponse
         return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(unstage, tmp))
 
     @app.get("/api/v1/resolve")
@@ -460,7 +461,6 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     async def download(sha256: str) -> Response:
         """Streamed from the blob's file (read whole into memory, an upload was as large as the
         body cap, per request). upload_info is the caller's check: its own upload, or 404."""
-        from starlette.responses import FileResponse
         await call(engine.upload_info, sha256)
         return FileResponse(blobs.path(sha256), media_type="application/octet-stream")
 
@@ -693,7 +693,6 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
     warm pools kept by this server (runs through it on those images skip setup). max_upload:
     the largest upload or image tar (a tenant's max_upload limit replaces it)."""
-    import sys
 
     import uvicorn
 

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import secrets
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -278,8 +281,6 @@ def check_public_registry(hostport: str) -> None:
     addresses, never to the server's own loopback, its private networks or link-local metadata
     services (Forbidden before any connection). Names are resolved here; the operator (admin)
     may pull from anywhere."""
-    import ipaddress
-    import socket
     host = hostport[1:hostport.index("]")] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -849,7 +850,6 @@ class TenantView:
 
     @_scoped("run")
     def run(self, ref: str, command, **options):
-        import uuid
         opts = self._run_options(options)
         target = self._target(ref)
         branch = self._branch_of(ref)

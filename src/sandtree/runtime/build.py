@@ -4,6 +4,7 @@ reader of a live exec's output, likewise)."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -90,7 +91,6 @@ def _contained(argv: list[str]) -> list[str]:
 
 
 def _die_with_us() -> None:
-    import ctypes
     ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)              # PR_SET_PDEATHSIG, SIGKILL
 
 

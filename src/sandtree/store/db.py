@@ -17,11 +17,13 @@ room may be back) and raise DiskFull if it still fails.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sqlite3
 import threading
 import time
+from urllib.parse import quote
 
 from ..errors import DiskFull
 
@@ -140,7 +142,6 @@ class Database:
     def _open_read_only(self) -> sqlite3.Connection:
         """For reads on a full disk: immutable, so SQLite needs no -shm; only if the main file is
         complete (no WAL file with commits not yet merged into it)."""
-        from urllib.parse import quote
         try:
             wal = os.path.getsize(self.path + "-wal")
         except FileNotFoundError:
@@ -249,7 +250,6 @@ def disk_full(path: str, exc: sqlite3.OperationalError) -> bool:
 def typed_disk_errors(fn):
     """A full disk reaching the caller of `fn` as DiskFull ("disk full"), not a raw OSError
     (ENOSPC, EDQUOT) or sqlite3 error: what commit, import, upload and every write may meet."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*a, **k):
