@@ -256,3 +256,77 @@ def test_inotify_instances_held_across_a_hibernation_are_not_host_roots(shared_s
         assert fds.count(b"inotify") == 100, fds                       # restored, all of them
         after = _host_inotify_room()
         assert after == room, f"host root could make {room} inotify instances before, {after} after the resume"
+
+
+MQ_PROBE = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <mqueue.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+/* N SECONDS: hold up to N POSIX message queues of 80 KiB, say how many, then wait that long */
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    struct mq_attr at = {0};
+    at.mq_maxmsg = 10; at.mq_msgsize = 8192;
+    int n = atoi(argv[1]), got = 0;
+    char name[32];
+    for (; got < n; got++) {
+        snprintf(name, sizeof name, "/q%d", got);
+        if (mq_open(name, O_CREAT | O_RDWR, 0600, &at) < 0) break;
+    }
+    printf("held %d %s\n", got, got < n ? strerror(errno) : "all");
+    fflush(stdout);
+    time_t end = time(NULL) + atoi(argv[2]);
+    while (time(NULL) < end) sleep(1);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mq_probe(tmp_path_factory) -> bytes:
+    d = tmp_path_factory.mktemp("ownermq")
+    (d / "m.c").write_text(MQ_PROBE)
+    subprocess.run(["cc", "-static", "-O1", "-o", str(d / "m"), str(d / "m.c"), "-lrt"], check=True)
+    return (d / "m").read_bytes()
+
+
+def _host_mq_room() -> int:
+    """0 if host root can still make one 80 KiB POSIX message queue, else the errno. Where root
+    lacks CAP_SYS_RESOURCE (this VM) its RLIMIT_MSGQUEUE (800 KiB) binds it, and queue bytes are
+    charged up the chain of user namespace owners like inotify instances."""
+    class Attr(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                    ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(Attr)]
+    name = f"/sandtree-owner-{os.getpid()}".encode()
+    fd = libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 10, 8192, 0)))
+    if fd < 0:
+        return ctypes.get_errno()
+    os.close(fd)
+    libc.mq_unlink(name)
+    return 0
+
+
+def test_message_queues_in_a_live_sandbox_are_not_host_roots(bb, mq_probe):
+    """Adversarial review, same class: POSIX message queue bytes (RLIMIT_MSGQUEUE) held in a live
+    sandbox were host root's: ten queues there left host root unable to make one."""
+    with open("/proc/self/status") as f:
+        if int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16) >> 24 & 1:
+            pytest.skip("host root holds CAP_SYS_RESOURCE here: RLIMIT_MSGQUEUE does not bind it")
+    assert _host_mq_room() == 0
+    with bb.start(idle_timeout=60, lifetime=120, files=[{"path": "/mq", "content": mq_probe, "mode": 0o755}]) as sb:
+        assert sb.exec("/mq 20 600 >/tmp/mq 2>&1 &").ok
+        for _ in range(500):
+            if sb.exec("grep -q held /tmp/mq").ok:
+                break
+            time.sleep(0.02)
+        line = sb.exec("cat /tmp/mq").stdout
+        assert int(line.split()[1]) >= 5, line       # the sandbox has a quota of its own
+        host = _host_mq_room()
+        assert host == 0, f"host root got {errno.errorcode.get(host)} while a live sandbox held {line}"
