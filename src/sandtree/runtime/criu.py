@@ -13,10 +13,14 @@ processes frozen, and the resumed sandbox runs on that image (the upper starts e
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
+import struct
 import subprocess
+
+from ..errors import RuntimeUnavailable
 
 MIN_VERSION = (4, 2)
 DEFAULT = "/opt/sandtree/criu/criu"
@@ -51,16 +55,83 @@ def _find() -> tuple[str | None, str]:
     return path, ""
 
 
-def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit: int) -> list[str]:
+def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit: int,
+              owner: int = 0) -> list[str]:
+    """owner: the uid owning the sandbox's user namespaces (namespace_owner); CRIU runs as it."""
     # ghost files: files the sandbox deleted but holds open are saved whole, up to its disk size
     args = [criu, "dump", "-t", str(pid), "-D", images, "-o", "dump.log", "--ghost-limit", str(ghost_limit)]
-    return args + COMMON + (["--freeze-cgroup", freezer] if freezer else [])
+    # --unprivileged: CRIU refuses an effective uid other than 0 without it. It holds every
+    # capability still; what the option changes for a dump: no cgroup image (we manage cgroups
+    # ourselves: --manage-cgroups=ignore), no loginuid (the restored tasks get the engine's, as
+    # they had), and no cache of its kernel probe (which as root it keeps only on a tmpfs /run,
+    # not this VM's: it probes at every run either way).
+    unpriv = ["--unprivileged"] if owner else []
+    return as_owner(owner) + args + unpriv + COMMON + (["--freeze-cgroup", freezer] if freezer else [])
+
+
+def as_owner(owner: int) -> list[str]:
+    """The prefix that runs a command as `owner` (all three uids; gid 0) with every capability
+    this process holds. CRIU's dump prlimit()s the sandbox's tasks, which across a user namespace
+    needs CAP_SYS_RESOURCE (this VM withholds it from root) unless the caller's euid owns that
+    namespace: the kernel gives the owner all capabilities in it. Owners are uids of each
+    sandbox's own (helper.c), so no other process runs as one. (A restore does not run as the
+    owner: helper.c's enter_owned_userns says why and what it does instead.)
+
+    How the capabilities survive: no_setuid_fixup keeps them across the uid change, and after an
+    execve with no uid 0 left only the ambient set carries over, so each permitted capability is
+    made inheritable and ambient (by number: those this kernel and host give; raising one outside
+    the bounding set fails)."""
+    if owner == 0:                        # a sandbox started before live namespaces had owners
+        return []
+    path = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if path is None:
+        raise RuntimeUnavailable("hibernate needs setpriv (util-linux) to run CRIU as the sandbox's owner")
+    caps = ",".join(f"+cap_{n}" for n in range(64) if _permitted() >> n & 1)
+    return [path, "--securebits=+no_setuid_fixup", f"--inh-caps={caps}", f"--ambient-caps={caps}",
+            f"--reuid={owner}", "--keep-groups", "--"]
+
+
+def _permitted() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(ln for ln in f if ln.startswith("CapPrm:")).split()[1], 16)
+
+
+NS_GET_PARENT = 0xB702          # linux/nsfs.h: _IO(0xb7, 0x2)
+NS_GET_OWNER_UID = 0xB704       # linux/nsfs.h: _IO(0xb7, 0x4)
+
+
+def namespace_owner(ns_fd: int) -> int:
+    """The uid that owns the chain of user namespaces from ours down to `ns_fd` (an open
+    /proc/PID/ns/user): the owner of its topmost ancestor below ours, which is what the kernel
+    charges per-user counts to here and what may act in all of them. A resumed sandbox's
+    namespace lies in one more, made for its restore (helper.c: enter_owned_userns)."""
+    ours = os.stat("/proc/self/ns/user").st_ino
+    fd = os.dup(ns_fd)
+    try:
+        for _ in range(32):                  # the kernel nests user namespaces 32 deep at most
+            try:
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except PermissionError:          # its parent is not below ours: fd is not ours at all
+                break
+            if os.fstat(parent).st_ino == ours:
+                os.close(parent)
+                break
+            os.close(fd)
+            fd = parent
+        buf = bytearray(4)
+        fcntl.ioctl(fd, NS_GET_OWNER_UID, buf)
+        return struct.unpack("I", buf)[0]
+    finally:
+        os.close(fd)
 
 
 def restore_args(criu: str, images: str, root: str) -> list[str]:
-    # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime)
+    # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime).
+    # --unprivileged: CRIU runs as root of a user namespace of the sandbox's own, not of the
+    # host's (helper.c: enter_owned_userns), so what needs the host's capabilities takes the
+    # fallbacks this option allows (socket buffers within wmem_max/rmem_max, no tun probe).
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
-            "--leave-stopped"] + COMMON
+            "--leave-stopped", "--unprivileged"] + COMMON
 
 
 def dump_finished(images: str) -> bool:

@@ -252,13 +252,6 @@ static void send_fd(int sock, int fd) {
     if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
 }
 
-static int cap_effective(int cap) {
-    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct d[2];
-    if (syscall(SYS_capget, &h, d) < 0) return 0;
-    return (d[cap / 32].effective >> (cap % 32)) & 1;
-}
-
 static int cap_kept(const struct opts *o, int cap) {
     for (int i = 0; i < o->nkeep; i++) if (o->keep_caps[i] == cap) return 1;
     return 0;
@@ -824,6 +817,45 @@ static void criu_root(void) {
     if (chdir("/") < 0) die_step("chdir-/");
 }
 
+/* --restore, the CRIU child: enter a user namespace of the sandbox's own before CRIU runs.
+ * CRIU creates the sandbox's user namespace, owned by CRIU's effective uid, and what the kernel
+ * counts per user (inotify instances, ...) is charged up the chain of owners to the topmost one:
+ * with CRIU as host root, host root's quota. CRIU cannot run as another uid: it writes the uts
+ * sysctls, which only uid 0 may, and its restorer keeps a task's capabilities across the task's
+ * own id changes only when CRIU is uid 0. So it runs as uid 0 of a namespace U that `owner`
+ * owns: U maps every id to itself (CRIU's files, maps and ids mean what they mean on the host),
+ * CRIU has all capabilities in U and in the sandbox's namespace it makes inside U, none outside,
+ * and the chain ends at `owner`, a uid of this sandbox's own (as P's clone at a start). Nothing
+ * of the sandbox can reach U: its tasks have no capability there. Only the effective uid is
+ * `owner`, for the unshare (the kernel takes U's owner from it); P, in the parent namespace,
+ * writes U's maps (to_p: 'u' once U exists; from_p: EOF once P has written them). */
+static void enter_owned_userns(uid_t owner, int to_p, int from_p) {
+    if (setresuid((uid_t)-1, owner, (uid_t)-1) < 0) die_step("owner-euid");
+    /* a mount namespace of U's own too: CRIU mounts (the sandbox's root, /proc) in it */
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0) die_step("owner-userns");
+    if (write(to_p, "u", 1) != 1) die_step("owner-sync");
+    char c;
+    while (read(from_p, &c, 1) < 0 && errno == EINTR) {}
+    close(to_p);
+    close(from_p);
+    /* uid 0 of U (identity-mapped: host root's ids), with U's full capability set */
+    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die_step("owner-ids");
+}
+
+/* P's half: U's maps, identity over every id (CRIU inside writes the sandbox's own maps, the
+ * checkpoint's host ids, which then mean the same). */
+static void map_owned_userns(pid_t cr, int from_c, int to_c) {
+    char c, path[64];
+    ssize_t n;
+    while ((n = read(from_c, &c, 1)) < 0 && errno == EINTR) {}
+    if (n == 1) {
+        snprintf(path, sizeof path, "/proc/%d/uid_map", (int)cr); write_file(path, "0 0 4294967295\n");
+        snprintf(path, sizeof path, "/proc/%d/gid_map", (int)cr); write_file(path, "0 0 4294967295\n");
+    }
+    close(from_c);
+    close(to_c);                              /* EOF: the child goes on */
+}
+
 /* --restore 1 (resume a hibernated live sandbox): the same cgroups and the same scratch + overlay
  * as a start (the lowers are the image committed at hibernation, the upper starts empty), then
  * the command, `criu restore --root /tmp/r --restore-detached ...`, rebuilds the namespaces, the
@@ -838,14 +870,30 @@ static int restore_sandbox(struct opts *o) {
     if (chdir("/") < 0) die_step("chdir-/");
     close(o->sock_fd);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) die_step("subreaper");
-    pid_t cr = fork();
+    int owned = o->owner_base > 0, up[2] = {-1, -1}, down[2] = {-1, -1};
+    if (owned && (pipe2(up, O_CLOEXEC) < 0 || pipe2(down, O_CLOEXEC) < 0)) die_step("pipe");
+    pid_t p = getpid(), cr = fork();
     if (cr < 0) die_step("fork");
     if (cr == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
         fcntl(report_fd, F_SETFD, FD_CLOEXEC);
         criu_root();
+        if (owned) {
+            close(up[0]);
+            close(down[1]);
+            /* a fresh owner for the resumed sandbox: base + our P's pid, as at a start */
+            enter_owned_userns((uid_t)(o->owner_base + p), up[1], down[0]);
+            /* the id changes cleared the parent-death signal: again, and P must still be there */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die_step("pdeathsig");
+            if (getppid() != p) _exit(125);
+        }
         execv(o->argv[0], o->argv);
         _exit(127);
+    }
+    if (owned) {
+        close(up[1]);
+        close(down[0]);
+        map_owned_userns(cr, up[0], down[1]);
     }
     int st;
     while (waitpid(cr, &st, 0) < 0) if (errno != EINTR) die_step("wait-criu");
@@ -921,11 +969,11 @@ int main(int argc, char **argv) {
      * sandbox (no host process runs as it), so what the kernel counts per user (inotify
      * instances and watches, ...) is counted per sandbox and never against host root. Only the
      * effective uid moves: the permitted capabilities stay, and come back with euid 0 below
-     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). A live sandbox only if we hold
-     * CAP_SYS_RESOURCE: CRIU's dump reads its rlimits (prlimit), which root may do across a user
-     * namespace it owns, or with that capability (some hosts, this VM too, withhold it; their
-     * live sandboxes stay owned by root). */
-    int owned = o.uid_map && o.owner_base > 0 && (!o.live || cap_effective(CAP_SYS_RESOURCE));
+     * (C's uid/gid maps need CAP_SETUID/CAP_SETGID here). Live sandboxes too: CRIU's dump
+     * prlimit()s their tasks, which across a user namespace needs CAP_SYS_RESOURCE (some hosts,
+     * this VM too, withhold it) or to be its owner, so the engine runs CRIU's dump as the owner
+     * (criu.py: as_owner); a restore owns its namespace likewise (enter_owned_userns). */
+    int owned = o.uid_map && o.owner_base > 0;
     if (owned && setresuid((uid_t)-1, (uid_t)(o.owner_base + getpid()), (uid_t)-1) < 0) die_step("userns-owner");
     pid_t c = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (c < 0) die_step("clone");

@@ -343,13 +343,18 @@ class LiveRuntime:
         if path is None:
             raise RuntimeUnavailable(why)
         cg = h.cg()
+        ns = _open_of(h.init_pid, h.init_start, "ns/user", os.O_RDONLY)
+        try:
+            owner = criu.namespace_owner(ns)         # CRIU runs as it (criu.as_owner: why)
+        finally:
+            os.close(ns)
         fd = self.pidfd(h)                           # pinned: the pid dumped is the sandbox's
         try:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
             # now, it finishes anyway and the next engine can tell (criu.dump_finished).
             p = subprocess.Popen(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
-                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit)],
+                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 rc = p.wait(timeout=600)
