@@ -72,3 +72,57 @@ def test_loopback_tcp_buffers_count_against_the_memory_limit(bb, tcp_fill):
         return
     held = int(r.stdout.decode().split()[-1])
     assert held <= 128, f"a 64 MiB run held {held} MB in TCP buffers"
+
+
+# ---- rlimits: the sandbox's own, never the engine's ---------------------------------------------
+
+_LIMIT_NAMES = {"Max cpu time": "cpu", "Max file size": "fsize", "Max data size": "data",
+                "Max stack size": "stack", "Max core file size": "core", "Max resident set": "rss",
+                "Max processes": "nproc", "Max open files": "nofile", "Max locked memory": "memlock",
+                "Max address space": "as", "Max file locks": "locks", "Max pending signals": "sigpending",
+                "Max msgqueue size": "msgqueue", "Max nice priority": "nice",
+                "Max realtime priority": "rtprio"}
+
+
+def _parse_limits(text: str) -> dict:
+    out = {}
+    for line in text.splitlines()[1:]:
+        for label, key in _LIMIT_NAMES.items():
+            if line.startswith(label):
+                soft, hard = line[len(label):].split()[:2]
+                out[key] = tuple(None if v == "unlimited" else int(v) for v in (soft, hard))
+    return out
+
+
+def _expected_rlimits() -> dict:
+    """base.COMMAND_RLIMITS as the kernel lets the helper apply it: never above the engine's
+    (this test process's) hard limit."""
+    import resource
+    from sandtree.runtime.base import COMMAND_RLIMITS
+    exp = {}
+    for key, (soft, hard) in COMMAND_RLIMITS.items():
+        num = getattr(resource, f"RLIMIT_{key.upper()}", None)
+        eh = resource.getrlimit(10 if num is None else num)[1]       # RLIMIT_LOCKS: 10, unnamed
+        eh = None if eh == resource.RLIM_INFINITY else eh
+        cap = lambda v: eh if v is None else (v if eh is None else min(v, eh))   # noqa: E731
+        h = cap(hard)
+        s = cap(soft)
+        exp[key] = (s if h is None or (s is not None and s <= h) else h, h)
+    return exp
+
+
+def test_a_runs_rlimits_are_the_sandboxs_not_the_engines(bb):
+    r = bb.run(["/bin/cat", "/proc/self/limits"], disposable=True)
+    assert r.exit_code == 0, r.stderr
+    got = _parse_limits(r.stdout.decode())
+    assert got == _expected_rlimits()
+
+
+def test_a_live_execs_rlimits_are_the_sandboxs_not_the_engines(bb):
+    with bb.start(idle_timeout=60, lifetime=120) as sb:
+        got = _parse_limits(sb.exec(["/bin/cat", "/proc/self/limits"]).stdout.decode())
+        # the output drain is a command of the sandbox too (drain.c): same limits
+        drain = sb.exec(["/bin/sh", "-c", "for p in /proc/[0-9]*; do "
+                         "[ \"$(cat $p/comm)\" = sandtree-drain ] && cat $p/limits && break; done"])
+    assert got == _expected_rlimits()
+    assert _parse_limits(drain.stdout.decode()) == _expected_rlimits()

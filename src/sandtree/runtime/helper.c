@@ -232,7 +232,7 @@ static void setup_dev_root(const struct opts *o, const char *base) {
  * kmem.tcp limit (cgroups.py) only puts its sockets under pressure, and the kernel still lets
  * every socket queue an skb each way past it. Measured with 64 MiB (kmem.tcp 16 MiB), a process
  * filling loopback pairs without reading: 131 KB per pair with the host's maxima, 65 KB with
- * these, so 134 MB at 2048 fds (RLIMIT_NOFILE, become_command) where it was 388 MB. The rmem
+ * these: 134 MB at 4096 fds, half that at 2048 (RLIMIT_NOFILE, become_command); it was 388 MB. The rmem
  * maximum made no difference there (64 vs 256 KiB); 256 KiB keeps egress downloads usable.
  * These files are per network namespace; the command cannot raise them (its /proc/sys is
  * read-only, and it lacks CAP_NET_ADMIN, which SO_{RCV,SND}BUFFORCE need). SO_RCVBUF/SO_SNDBUF
