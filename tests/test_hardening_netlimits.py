@@ -229,3 +229,82 @@ def test_the_filter_answers_enosys_above_the_highest_known_number():
     for nr in (0, 1, 39, 452, seccomp.KNOWN_MAX):
         assert _bpf_run(prog, nr, x86_64) == allow, nr
     assert _bpf_run(prog, 0x40000000 | 500, x86_64) not in (allow, enosys)    # x32: killed
+
+
+# ---- live commit: the freezer, and files swapped under the walk -------------------------------
+
+def test_a_live_commit_without_a_freezer_is_refused(bb, monkeypatch):
+    """Unfrozen, a sandbox can swap names under the commit's walk: no freezer, no commit (as
+    hibernate), a typed error, and nothing recorded."""
+    from sandtree.runtime.live import LiveRuntime
+    with bb.start(idle_timeout=60, lifetime=120) as sb:
+        sb.exec(["/bin/sh", "-c", "echo x > /tmp/f"])
+        eng = bb._st._engine
+        before = eng.store.db.query("SELECT count(*) FROM operations WHERE kind='commit'")[0][0]
+        monkeypatch.setattr(LiveRuntime, "freeze", lambda self, h, frozen=True: False)
+        with pytest.raises(sandtree.RuntimeUnavailable, match="freezer"):
+            sb.commit()
+        monkeypatch.undo()
+        after = eng.store.db.query("SELECT count(*) FROM operations WHERE kind='commit'")[0][0]
+        assert after == before
+        assert sb.commit().read("/tmp/f") == b"x\n"        # with the freezer it commits
+
+
+def test_a_directory_swapped_for_a_symlink_mid_commit_reads_no_host_file(bb, tmp_path, monkeypatch):
+    """The walk lstat()s d/f as a regular file; before its open, d becomes a symlink to a host
+    directory holding another f (what an unfrozen sandbox could do). The commit must not put the
+    host's file in the image: it refuses (Conflict) and commits nothing."""
+    import sandtree.commit as commit_mod
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "f").write_bytes(b"HOST SECRET\n")
+    upper = tmp_path / "u"
+    (upper / "d").mkdir(parents=True)
+    (upper / "d" / "f").write_bytes(b"in the upper\n")
+    target = os.lstat(upper / "d" / "f").st_ino
+    real = commit_mod.is_whiteout
+
+    def swap_after_lstat(st):                   # runs right after the walk's lstat of each name
+        if st.st_ino == target and not os.path.islink(upper / "d"):
+            os.rename(upper / "d", upper / "d.old")
+            os.symlink(str(host), upper / "d")
+        return real(st)
+
+    monkeypatch.setattr(commit_mod, "is_whiteout", swap_after_lstat)
+    eng = bb._st._engine
+    base = eng.store.image(bb.id)
+    tmp = eng.store.layers.tmp
+    staged_before = set(os.listdir(tmp))
+    try:
+        cr = eng.committer.commit(base, str(upper))
+    except sandtree.Conflict:
+        assert set(os.listdir(tmp)) == staged_before, "the refused commit left its staging dir"
+        return
+    from sandtree.store.layers import remove_tree
+    got = open(os.path.join(cr.staged, "d", "f"), "rb").read()
+    remove_tree(cr.staged)
+    pytest.fail(f"a file swapped under the walk was committed: {got!r}")
+
+
+def test_a_file_replaced_after_the_walks_lstat_is_not_committed_as_it(bb, tmp_path, monkeypatch):
+    """Same race inside the upper: another file renamed over the one the walk saw. Its open
+    succeeds, but it is not the walked inode (its size and metadata were the old one's)."""
+    import sandtree.commit as commit_mod
+    upper = tmp_path / "u"
+    upper.mkdir()
+    (upper / "f").write_bytes(b"walked\n")
+    (upper / "g").write_bytes(b"swapped in, much longer than the walked one\n")
+    target = os.lstat(upper / "f").st_ino
+    real = commit_mod.is_whiteout
+
+    def swap_after_lstat(st):
+        if st.st_ino == target and (upper / "g").exists():
+            os.rename(upper / "g", upper / "f")
+        return real(st)
+
+    monkeypatch.setattr(commit_mod, "is_whiteout", swap_after_lstat)
+    eng = bb._st._engine
+    with pytest.raises(sandtree.Conflict):
+        cr = eng.committer.commit(eng.store.image(bb.id), str(upper))
+        from sandtree.store.layers import remove_tree
+        remove_tree(cr.staged)
