@@ -23,7 +23,7 @@ import stat
 from dataclasses import dataclass, field
 
 from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
-                           logical_xattrs, open_regular, read_xattrs, remove_tree, set_layer_xattrs)
+                           logical_xattrs, read_xattrs, remove_tree, set_layer_xattrs)
 from .errors import InvalidInput, TooLarge
 from .store.names import check_path_length
 from .store.delta import write_delta
@@ -75,21 +75,35 @@ def path_key(p: str):
 _ZEROS = bytes(1 << 20)
 
 
-def _copy_hash(src: str, dst: str) -> tuple[str, int]:
-    """Copy and hash. Runs of zeros (a sparse file's holes, or zeros a run wrote) become holes in
-    the copy: a `truncate -s 1G` costs the store what it cost the run's tmpfs, not 1 GB of disk
-    (review of issue 12). The hash is of the whole content, as ever."""
+def _copy_hash(root_fd: int, ipath: str, dst: str, walked: os.stat_result) -> tuple[str, int]:
+    """Copy the upper's file at ipath (resolved beneath root_fd, the upper: a directory swapped
+    for a symlink since the walk resolves inside the upper, never to a host file; the file itself
+    is never followed, and a FIFO does not block) into dst, hashing it. The file must be the one
+    the walk saw (same inode): a live sandbox the freezer did not hold could swap names between
+    the walk's lstat and this open; then nothing is committed."""
+    from .errors import Conflict, InvalidInput, NotFound
+    from .runtime.openat2 import open_in_root
+    try:
+        fd = open_in_root(root_fd, ipath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, NotFound, InvalidInput) as exc:   # gone, a symlink now (ELOOP), a dir...
+        raise Conflict(f"{ipath} changed while it was being committed ({exc}); nothing was "
+                       f"committed", path=ipath) from None
     h = hashlib.sha256()
     n = 0
-    with open_regular(src) as f, open(dst, "wb") as out:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            if chunk == _ZEROS[:len(chunk)]:
-                out.seek(len(chunk), os.SEEK_CUR)
-            else:
-                out.write(chunk)
-            n += len(chunk)
-        out.truncate(n)                  # a trailing hole still has its length
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (walked.st_dev, walked.st_ino):
+            raise Conflict(f"{ipath} changed while it was being committed; nothing was committed",
+                           path=ipath)
+        with open(dst, "wb") as out:           # runs of zeros stay holes (a sparse file costs
+            while chunk := f.read(1 << 20):      # the store what it cost the run's tmpfs)
+                h.update(chunk)
+                if chunk == _ZEROS[:len(chunk)]:
+                    out.seek(len(chunk), os.SEEK_CUR)
+                else:
+                    out.write(chunk)
+                n += len(chunk)
+            out.truncate(n)                      # a trailing hole still has its length
     return h.hexdigest(), n
 
 
@@ -108,6 +122,15 @@ class Committer:
         are copied (so its mtime holds)."""
         top: dict[str, Change] = {}
         frames = [_Frame(src, dst, ipath, top, None)]
+        root_fd = os.open(src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)   # files open beneath it
+        try:
+            self._walk(frames, root_fd, ipath, inodes, locations, budget)
+        finally:
+            os.close(root_fd)
+        return top
+
+    def _walk(self, frames: list, root_fd: int, root_ipath: str, inodes: dict, locations: dict,
+              budget: list[int] | None) -> None:
         while frames:
             f = frames[-1]
             if f.i == len(f.names):
@@ -158,7 +181,7 @@ class Committer:
                         raise InvalidInput(f"{ip} (apparent size {st.st_size} bytes) takes the run's files "
                                            f"over its disk limit: sparse files are stored whole; "
                                            f"nothing was committed", path=ip, size=st.st_size)
-                ref, size = _copy_hash(s, t)
+                ref, size = _copy_hash(root_fd, ip[len(root_ipath.rstrip("/")):], t, st)
                 locations.setdefault(ref, ip.lstrip("/"))
             elif kind == SYMLINK:
                 ref = os.readlink(s)
@@ -172,7 +195,6 @@ class Committer:
             if kind in (CHR, BLK):
                 os.chmod(t, 0)
             out[name] = Change("node", st, entry=self._entry(name, kind, st, ref, size, s))
-        return top
 
     def _entry(self, name, kind, st, ref, size, src=None) -> Entry:
         xattrs = encode_xattrs(logical_xattrs(read_xattrs(src), self.idmap)) if src else ()

@@ -453,12 +453,16 @@ class Sandboxes:
         row = self._running(sid)
         h = row["handle"]
         with eng.store.using(), self._commit_lock(row["id"]):
-            frozen = self.live.freeze(h, True)
+            # Unfrozen, the sandbox's processes would rename and swap files under the walk (a
+            # directory for a symlink to a host path between the walk's lstat and its open):
+            # the freezer is what makes the snapshot one instant, so no freezer, no commit.
+            if not self.live.freeze(h, True):
+                raise RuntimeUnavailable("committing a live sandbox needs the cgroup freezer "
+                                         "(cgroups are not available here); nothing was committed")
             try:
-                image = self._snapshot(row, frozen)
+                image = self._snapshot(row, True)
             finally:
-                if frozen:
-                    self.live.freeze(h, False)
+                self.live.freeze(h, False)
         if tag:
             eng.tag(image, tag)
         return image

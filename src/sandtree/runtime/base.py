@@ -13,6 +13,26 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 
+# Resource limits of every command a sandbox runs (a run, a live exec, its output drain), set by
+# helper.c's become_command whatever the engine's own were (they were inherited: nofile
+# 20000/20000, ...). (soft, hard); None: unlimited, as far as the engine's hard limit goes (an
+# rlimit is only ever lowered). What a Limits field bounds (memory, pids, cpus, disk, timeout)
+# has a cgroup, a tmpfs or a timer instead, so its rlimit is unlimited. Keep helper.c's
+# command_rlimits the same (tests compare them with /proc/self/limits in a sandbox).
+COMMAND_RLIMITS = {
+    "nofile": (1024, 2048),          # one process's sockets, so its unaccounted TCP buffers (v1)
+    "core": (0, 0),                  # no core dumps
+    "memlock": (8 << 20, 8 << 20),   # the kernel's default
+    "rtprio": (0, 0),                # no real-time scheduling
+    "nice": (0, 0),                  # no priority above the default
+    "stack": (8 << 20, None),
+    "msgqueue": (819200, 819200),    # the kernel's default
+    "sigpending": (4096, 4096),
+    "locks": (None, None), "as": (None, None), "data": (None, None), "rss": (None, None),
+    "fsize": (None, None), "cpu": (None, None), "nproc": (None, None),
+}
+
+
 @dataclass(frozen=True)
 class Limits:
     timeout: float = 300.0           # seconds of wall clock

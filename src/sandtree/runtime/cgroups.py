@@ -10,6 +10,14 @@ helper.c's /dev, its devpts) and denies every other open (EPERM) and every mknod
 process that is host root (runsc's gofer). Defence in depth under `nodev` on every mount the
 sandbox can write or that comes from an image: on cgroup v1 the `devices` controller; on v2 its
 eBPF equivalent (runtime/devices.py) attached to the run's group.
+
+Socket buffers: v2 charges them to memory.current with the rest of the run's memory. v1 charges
+TCP buffers to nothing unless the group's memory.kmem.tcp.limit_in_bytes was written before the
+sockets exist (a run with memory=64 MiB parked 388 MB in loopback TCP buffers; the host's tcp_mem
+was the only bound): every v1 group gets it at creation, before any process joins, at
+tcp_budget(memory). That limit puts the run's sockets under memory pressure rather than failing
+each write, so it is one of three bounds (the others: small per-socket maxima in the sandbox's
+network namespace, helper.c; a hard RLIMIT_NOFILE, base.RLIMITS).
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ PARENT = "sandtree"
 # the sandbox's /dev after joining the group; a user namespace cannot mknod at all).
 DEVICES = [("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), ("c", 5, 0), ("c", 5, 2)] + \
           [("c", m, None) for m in range(136, 144)]
+
+
+def tcp_budget(memory: int) -> int:
+    """Bytes of TCP buffers a v1 group may hold, on top of its memory limit (v1 keeps them in a
+    counter of their own): a quarter of it, at least 4 MiB (a few connections at full speed)."""
+    return max(memory // 4, 4 << 20)
 
 
 def _v1_device_rules() -> list[str]:
@@ -67,6 +81,12 @@ def detect() -> str | None:
 def _write(path: str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def _write_tcp_limit(group: str, memory: int) -> None:
+    """v1: account the group's TCP buffers (from now on) and cap them. A kernel without the file
+    (v1 memory without kmem accounting) is refused: the run would be unbounded there."""
+    _write(os.path.join(group, "memory.kmem.tcp.limit_in_bytes"), str(tcp_budget(memory)))
 
 
 def _read(path: str, default: str = "") -> str:
@@ -111,6 +131,7 @@ class RunCgroup:
         quota = max(1000, int(cpus * 100000)) if cpus else None
         if self.version == "v1":
             _write(os.path.join(self.dirs["memory"], "memory.limit_in_bytes"), str(memory))
+            _write_tcp_limit(self.dirs["memory"], memory)
             _write(os.path.join(self.dirs["pids"], "pids.max"), str(pids))
             if "cpu" in self.dirs:
                 _write(os.path.join(self.dirs["cpu"], "cpu.cfs_quota_us"), str(quota or -1))
@@ -295,6 +316,7 @@ class Cgroups:
                 cg.dirs[c] = d
                 if c == "memory":
                     _write(os.path.join(d, "memory.limit_in_bytes"), str(memory))
+                    _write_tcp_limit(d, memory)          # before any process (or socket) is in
                 elif c == "pids":
                     _write(os.path.join(d, "pids.max"), str(pids))
                 elif c == "devices" and not self._devices_inherited:

@@ -227,7 +227,29 @@ static void setup_dev_root(const struct opts *o, const char *base) {
     }
 }
 
+/* The sandbox's network namespace, before anything of the command runs: loopback up, and small
+ * TCP buffer maxima. On cgroup v1 TCP buffers sit outside the run's memory limit; the group's
+ * kmem.tcp limit (cgroups.py) only puts its sockets under pressure, and the kernel still lets
+ * every socket queue an skb each way past it. Measured with 64 MiB (kmem.tcp 16 MiB), a process
+ * filling loopback pairs without reading: 131 KB per pair with the host's maxima, 65 KB with
+ * these: 134 MB at 4096 fds, half that at 2048 (RLIMIT_NOFILE, become_command); it was 388 MB. The rmem
+ * maximum made no difference there (64 vs 256 KiB); 256 KiB keeps egress downloads usable.
+ * These files are per network namespace; the command cannot raise them (its /proc/sys is
+ * read-only, and it lacks CAP_NET_ADMIN, which SO_{RCV,SND}BUFFORCE need). SO_RCVBUF/SO_SNDBUF
+ * stay capped by the host's net.core.rmem_max/wmem_max, not per namespace here: a socket that
+ * sets them locks its buffer size, and under the kmem.tcp limit that queued less (12 KB a pair). */
+static const char *net_sysctls[][2] = {
+    {"/proc/sys/net/ipv4/tcp_rmem", "4096 65536 262144"},
+    {"/proc/sys/net/ipv4/tcp_wmem", "4096 16384 65536"},
+};
+
 static void loopback_up(void) {
+    for (size_t i = 0; i < sizeof net_sysctls / sizeof net_sysctls[0]; i++) {
+        int f = open(net_sysctls[i][0], O_WRONLY | O_CLOEXEC);
+        size_t len = strlen(net_sysctls[i][1]);
+        if (f < 0 || write(f, net_sysctls[i][1], len) != (ssize_t)len) die_step(net_sysctls[i][0]);
+        close(f);
+    }
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (s < 0) die_step("socket");
     struct ifreq ifr;
@@ -257,6 +279,29 @@ static int cap_kept(const struct opts *o, int cap) {
     return 0;
 }
 
+/* The command's resource limits (soft, hard), whatever the engine's were; documented with the
+ * other limits in base.py (COMMAND_RLIMITS; tests compare the two). Memory, processes, CPU time
+ * and disk have cgroups, the timeout and the tmpfs: their rlimits are left unlimited. */
+#define KiB 1024UL
+#define MiB (1024UL * 1024)
+static const struct { int resource; rlim_t soft, hard; } command_rlimits[] = {
+    {RLIMIT_NOFILE, 1024, 2048},             /* bounds one process's connections (loopback_up) */
+    {RLIMIT_CORE, 0, 0},                     /* no core dumps land anywhere */
+    {RLIMIT_MEMLOCK, 8 * MiB, 8 * MiB},      /* the kernel's default */
+    {RLIMIT_RTPRIO, 0, 0},                   /* no real-time scheduling */
+    {RLIMIT_NICE, 0, 0},                     /* no priority above the default */
+    {RLIMIT_STACK, 8 * MiB, RLIM_INFINITY},
+    {RLIMIT_MSGQUEUE, 800 * KiB, 800 * KiB}, /* the kernel's default (819200) */
+    {RLIMIT_SIGPENDING, 4096, 4096},
+    {RLIMIT_LOCKS, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_AS, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_DATA, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_RSS, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_FSIZE, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_CPU, RLIM_INFINITY, RLIM_INFINITY},
+    {RLIMIT_NPROC, RLIM_INFINITY, RLIM_INFINITY},
+};
+
 /* G: becomes the user's command. Errors go to C through exec_pipe. */
 static void become_command(const struct opts *o) {
     int e;
@@ -275,8 +320,16 @@ static void become_command(const struct opts *o) {
     if (setresuid((uid_t)o->uid, (uid_t)o->uid, (uid_t)o->uid) < 0) goto fail;
     step = "no_new_privs";
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto fail;
-    struct rlimit core = {0, 0};
-    setrlimit(RLIMIT_CORE, &core);
+    /* Every resource limit is the sandbox's own, never the engine's (base.py: COMMAND_RLIMITS,
+     * same values). Only lowered: raising a hard limit needs CAP_SYS_RESOURCE on the host. */
+    step = "rlimits";
+    for (size_t i = 0; i < sizeof command_rlimits / sizeof command_rlimits[0]; i++) {
+        struct rlimit now, want = {command_rlimits[i].soft, command_rlimits[i].hard};
+        if (getrlimit(command_rlimits[i].resource, &now) < 0) goto fail;
+        if (want.rlim_max > now.rlim_max) want.rlim_max = now.rlim_max;
+        if (want.rlim_cur > want.rlim_max) want.rlim_cur = want.rlim_max;
+        if (setrlimit(command_rlimits[i].resource, &want) < 0) goto fail;
+    }
     step = "seccomp";
     if (o->seccomp_fd >= 0) {
         static char buf[1 << 16];

@@ -7,6 +7,13 @@ socket() and socketpair() take an allow-list of address families (SOCKET_FAMILIE
 family answers EAFNOSUPPORT, what a program sees on a kernel built without it (so it falls back).
 The filter is compiled once per process and handed to the helper as a memfd of raw BPF.
 Non-native system call ABIs (i386 int 0x80, x32) are killed: libseccomp's default for a bad arch.
+
+System calls newer than libseccomp (2.5.4 names nothing after fchmodat2, 452) cannot be named in
+its rules, and a default-allow filter lets them all through: statmount and listmount (457, 458),
+open_tree_attr (467), and whatever the next kernel adds. A few instructions of our own run before
+libseccomp's program (_prefix): they deny those by number and answer ENOSYS for every number
+above KNOWN_MAX, the highest this list was checked against, so a future kernel's new calls are
+refused until someone looks at them (programs treat ENOSYS as "an older kernel" and fall back).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ SOCKET_FAMILIES = {
     1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6", 16: "AF_NETLINK",
 }
 AF_MAX = 46         # linux/socket.h (AF_MCTP is 45); everything from here up is refused by range
+
+# Calls above libseccomp's table that are denied by number (the numbers are the same on every
+# architecture since 424: one table for all), and the highest number checked (file_setattr, 6.17).
+DENIED_NUMBERS = {457: "statmount", 458: "listmount", 467: "open_tree_attr"}
+KNOWN_MAX = 469
 
 NS_FLAGS = 0x10000000 | 0x04000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x00020000 | 0x02000000
 # CLONE_NEWUSER | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS | CLONE_NEWCGROUP
@@ -85,9 +97,52 @@ def _build() -> int:
         f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), call, sc.Arg(0, sc.GE, AF_MAX))
     fd = os.memfd_create("sandtree-seccomp", 0)
     with os.fdopen(os.dup(fd), "wb") as out:
+        out.write(_prefix())
+        out.flush()                       # export_bpf writes to the fd itself, not through out
         f.export_bpf(out)
     os.set_inheritable(fd, False)
     return fd
+
+
+# classic BPF (linux/filter.h, linux/seccomp.h)
+_LD_W_ABS, _JEQ_K, _JGT_K, _JGE_K, _JA, _RET_K = 0x20, 0x15, 0x25, 0x35, 0x05, 0x06
+_RET_ERRNO = 0x00050000
+_X32_BIT = 0x40000000
+_NATIVE_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}   # AUDIT_ARCH_*
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    import struct
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def _prefix() -> bytes:
+    """BPF run before libseccomp's program: for the native ABI only (x32 numbers and other
+    arches go on to libseccomp, which kills them), DENIED_NUMBERS answer EPERM and numbers above
+    KNOWN_MAX answer ENOSYS; everything else falls through. libseccomp's program begins by
+    loading the arch itself and its jumps are relative, so it runs unchanged after this."""
+    import platform
+    arch = _NATIVE_ARCH.get(platform.machine())
+    if arch is None:
+        return b""            # an arch whose numbers we have not checked: libseccomp alone
+    denied = sorted(DENIED_NUMBERS)
+    # layout: 0 ld arch, 1 jeq arch, 2 ld nr, 3 jge x32, 4.. jeq each denied, jgt max, ja out,
+    # ret EPERM, ret ENOSYS; "out" is the first instruction after the prefix
+    n = 4 + len(denied) + 2 + 2
+    out = n
+    prog = [_insn(_LD_W_ABS, 0, 0, 4), _insn(_JEQ_K, 0, out - 2, arch),
+            _insn(_LD_W_ABS, 0, 0, 0), _insn(_JGE_K, out - 4, 0, _X32_BIT)]
+    eperm, enosys = n - 2, n - 1
+    for i, nr in enumerate(denied):
+        at = 4 + i
+        prog.append(_insn(_JEQ_K, eperm - at - 1, 0, nr))
+    at = 4 + len(denied)
+    prog.append(_insn(_JGT_K, enosys - at - 1, 0, KNOWN_MAX))
+    prog.append(_insn(_JA, 0, 0, out - (at + 1) - 1))
+    prog.append(_insn(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
+    prog.append(_insn(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS))
+    assert len(prog) == n
+    return b"".join(prog)
 
 
 def _bits(mask: int):
