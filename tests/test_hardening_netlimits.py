@@ -323,6 +323,9 @@ def test_loopback_tcp_buffers_are_bounded_on_each_tier(bb, tcp_fill, each_tier):
     r = _fill(bb, tcp_fill)
     if r.oom_killed:
         return
+    if not r.stdout.split():         # gVisor: the Sentry killed at the limit is not always seen as OOM
+        assert each_tier == "gvisor" and (r.signal == 9 or r.exit_code not in (0, None)), r
+        return
     held = int(r.stdout.decode().split()[-1])
     assert held <= 128, f"a 64 MiB run held {held} MB in TCP buffers on {each_tier}"
 
