@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 # has a cgroup, a tmpfs or a timer instead, so its rlimit is unlimited. Keep helper.c's
 # command_rlimits the same (tests compare them with /proc/self/limits in a sandbox).
 COMMAND_RLIMITS = {
-    "nofile": (1024, 2048),          # one process's sockets, so its unaccounted TCP buffers (v1)
+    "nofile": (2048, 2048),          # one process's sockets, so its unaccounted TCP buffers (v1)
     "core": (0, 0),                  # no core dumps
     "memlock": (8 << 20, 8 << 20),   # the kernel's default
     "rtprio": (0, 0),                # no real-time scheduling

@@ -285,7 +285,7 @@ static int cap_kept(const struct opts *o, int cap) {
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
 static const struct { int resource; rlim_t soft, hard; } command_rlimits[] = {
-    {RLIMIT_NOFILE, 1024, 2048},             /* bounds one process's connections (loopback_up) */
+    {RLIMIT_NOFILE, 2048, 2048},             /* 2048 soft: rm -rf of a 1,100-deep tree holds a fd per level; bounds one process's connections (loopback_up) */
     {RLIMIT_CORE, 0, 0},                     /* no core dumps land anywhere */
     {RLIMIT_MEMLOCK, 8 * MiB, 8 * MiB},      /* the kernel's default */
     {RLIMIT_RTPRIO, 0, 0},                   /* no real-time scheduling */
