@@ -127,6 +127,18 @@ def bb(shared_st, rootfs) -> sandtree.Image:
     return shared_st.import_image(rootfs, tag="busybox")
 
 
+def compile_static(directory, name: str, source: str) -> bytes:
+    """A C probe built static (the busybox image has no libc to link against): its bytes, for a
+    run's files=."""
+    c = os.path.join(str(directory), name + ".c")
+    with open(c, "w") as f:
+        f.write(source)
+    out = os.path.join(str(directory), name)
+    subprocess.run(["cc", "-static", "-O1", "-o", out, c], check=True)
+    with open(out, "rb") as f:
+        return f.read()
+
+
 @pytest.fixture
 def loop_device(tmp_path):
     """A loop device over a 1 MiB temp file of b"HOSTDISK" markers: stands in for a host disk

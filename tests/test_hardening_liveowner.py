@@ -53,10 +53,8 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> bytes:
-    d = tmp_path_factory.mktemp("ownerprobe")
-    (d / "p.c").write_text(PROBE)
-    subprocess.run(["cc", "-static", "-O1", "-o", str(d / "p"), str(d / "p.c")], check=True)
-    return (d / "p").read_bytes()
+    from conftest import compile_static
+    return compile_static(tmp_path_factory.mktemp("ownerprobe"), "p", PROBE)
 
 
 def pfile(probe: bytes) -> dict:

@@ -57,10 +57,8 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def tcp_fill(tmp_path_factory) -> bytes:
-    d = tmp_path_factory.mktemp("tcpfill")
-    (d / "t.c").write_text(TCP_FILL)
-    subprocess.run(["cc", "-static", "-O1", "-o", str(d / "t"), str(d / "t.c")], check=True)
-    return (d / "t").read_bytes()
+    from conftest import compile_static
+    return compile_static(tmp_path_factory.mktemp("tcpfill"), "t", TCP_FILL)
 
 
 def test_loopback_tcp_buffers_count_against_the_memory_limit(bb, tcp_fill):
