@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -59,12 +60,15 @@ def python_api() -> dict:
 
 
 def openapi(engine) -> dict:
-    from sandtree.server import build_app
-    return build_app(engine).openapi()
+    """Component names that clash carry their module's path (sandtree__server__TagIn): written as
+    they were before the modules moved into packages, since the path is no part of the wire."""
+    from sandtree.http.server import build_app
+    text = json.dumps(build_app(engine).openapi())
+    return json.loads(re.sub(r"sandtree__(?:http|mcp|client|engine|tenancy)__", "sandtree__", text))
 
 
 def mcp_tools(engine) -> dict:
-    from sandtree.mcp_server import build_server
+    from sandtree.mcp.server import build_server
     server = build_server(engine)
     tools = asyncio.run(server.list_tools())
     return {t.name: {"inputSchema": t.input_schema, "description": t.description} for t in tools}

@@ -234,7 +234,7 @@ def test_merge_conflict_raises_on_every_surface(st, rootfs, tmp_path):
     the CLI naming the conflicts; on_conflict="return" gives the list back (image None); nothing
     is made either way."""
     from sandtree import MergeConflict as Exported
-    from sandtree.server import build_app
+    from sandtree.http.server import build_app
     from starlette.testclient import TestClient
     img = st.import_image(rootfs, tag="bb")
     base = img.run("echo 0 > /f").image
@@ -413,7 +413,7 @@ def test_ended_operations_shrink_to_their_end_event(tmp_path, rootfs, monkeypatc
     """Item 9: a live operation's events stay whole (a stream resuming with Last-Event-ID gets
     the rest); an ended one's shrink to its end event (so a late follower still learns how it
     ended), and its result is dropped past the retention bounds (its row stays)."""
-    from sandtree import operations as ops_mod
+    from sandtree.engine import operations as ops_mod
     engine = Engine(str(tmp_path / "home"), warm=0)
     try:
         engine.import_path(rootfs, tag="bb")
@@ -553,7 +553,7 @@ def test_disk_full_is_named_and_reads_keep_working(tmp_path, rootfs):
     `PRAGMA journal_mode=WAL` failed with "disk I/O error"); nothing committed is lost."""
     import sandtree
     from sandtree import DiskFull
-    from sandtree.server import build_app
+    from sandtree.http.server import build_app
     from starlette.testclient import TestClient
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -727,7 +727,7 @@ def test_a_server_without_tokens_answers_only_a_loopback_host(tmp_path):
 
 def test_metrics_are_for_the_admin_only(tmp_path):
     """Review: /metrics counted every tenant's runs and queue and answered any tenant's token."""
-    from sandtree.server import build_app
+    from sandtree.http.server import build_app
     from starlette.testclient import TestClient
     engine = Engine(str(tmp_path / "home"), warm=0)
     try:
@@ -750,7 +750,7 @@ def test_a_tenants_pull_reaches_public_registries_only(tmp_path):
     import socket
 
     from sandtree.errors import Forbidden
-    from sandtree.server import build_app
+    from sandtree.http.server import build_app
     from starlette.testclient import TestClient
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -773,7 +773,7 @@ def test_a_tenants_pull_reaches_public_registries_only(tmp_path):
     finally:
         engine.close()
         listener.close()
-    from sandtree.tenants import check_public_registry
+    from sandtree.tenancy.tenants import check_public_registry
     for host in ("169.254.169.254", "10.1.2.3:5000", "192.168.0.1", "[fd00::1]:443", "100.64.0.1",
                  "[::ffff:127.0.0.1]:5000", "0.0.0.0"):
         with pytest.raises(Forbidden):
@@ -784,7 +784,7 @@ def test_mcp_reads_are_capped_per_call(tmp_path, rootfs):
     """Review: MCP read_file took any `limit` (and the resource read any file) whole into memory
     and into one message; now at most 4 MiB a call, with the offset to go on from."""
     from mcp.client.client import Client
-    from sandtree.mcp_server import build_server
+    from sandtree.mcp.server import build_server
     engine = Engine(str(tmp_path / "home"), warm=0)
     try:
         engine.import_path(rootfs, tag="bb")

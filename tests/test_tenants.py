@@ -19,7 +19,7 @@ from conftest import free_port, wait_for_port
 from fastapi import Depends
 
 import sandtree
-from sandtree.server import engine_for
+from sandtree.http.server import engine_for
 
 NOWHERE = "f" * 64                       # an image ID no store holds
 NO_OP = "0" * 32
@@ -382,7 +382,7 @@ def test_structured_request_log(srv, alice_world):
 def test_in_process_view_and_cli_tokens(tmp_path, rootfs):
     """engine.as_tenant in process: the same rules without HTTP (what MCP or Contree mount)."""
     from sandtree.engine import Engine
-    from sandtree.tenants import Tenant
+    from sandtree.tenancy.tenants import Tenant
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         a = eng.as_tenant(Tenant("a", limits={"max_runs": 1}))
@@ -434,7 +434,7 @@ def test_engine_for_dependency_in_another_router(tmp_path):
     from fastapi.testclient import TestClient
 
     from sandtree.engine import Engine
-    from sandtree.server import build_app
+    from sandtree.http.server import build_app
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         app = build_app(eng)

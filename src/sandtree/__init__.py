@@ -6,8 +6,8 @@
     r = img.run("python3 -V")
 """
 
-from .aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
-from .api import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
+from .client.aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
+from .client.sdk import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
 from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
                      LimitExceeded, MergeConflict, NotFound, NotRegularFile, PathEscape, PathNotFound,
                      RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from ..errors import Conflict, ImageNotFound, InvalidInput, NotFound
-from ..store.db import Database
-from ..store.store import HEX_RE, Store
+from .db import Database
+from .store import HEX_RE, Store
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 

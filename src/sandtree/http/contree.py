@@ -32,7 +32,7 @@ from fastapi.routing import APIRoute
 
 from . import contree_wire as wire
 from .bodylimit import spool, unstage
-from .errors import InvalidInput, NotFound, SandtreeError
+from ..errors import InvalidInput, NotFound, SandtreeError
 
 
 def error(status: int, message: str) -> JSONResponse:

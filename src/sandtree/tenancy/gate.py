@@ -25,7 +25,7 @@ import time
 
 from starlette.requests import Request
 
-from .errors import Forbidden, Unauthorized
+from ..errors import Forbidden, Unauthorized
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"

@@ -38,8 +38,10 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from .branching import lineage, refs
-from .errors import (
+from ..branching import lineage
+from ..store import refs
+from ..store.names import check_tag
+from ..errors import (
     Conflict,
     Forbidden,
     ImageNotFound,
@@ -49,10 +51,10 @@ from .errors import (
     SandtreeError,
     Unauthorized,
 )
-from .secrets_mask import mask_text, secret_values
-from .store.db import Database, dumps
-from .store.objects import EMPTY_TREE_HASH
-from .store.store import HEX_RE
+from ..engine.secrets_mask import mask_text, secret_values
+from ..store.db import Database, dumps
+from ..store.objects import EMPTY_TREE_HASH
+from ..store.store import HEX_RE
 
 SCOPES = ("import", "run", "list", "cancel", "tag")
 ALL_SCOPES = SCOPES + ("admin",)
@@ -149,7 +151,7 @@ class Tenancy:
                 "limits": self.limits(tenant)}
 
     def _set_limits(self, con, tenant: str, limits: dict, now: float) -> None:
-        from .engine import parse_size
+        from ..engine import parse_size
         unknown = set(limits) - set(LIMIT_KEYS)
         if unknown:
             raise InvalidInput(f"unknown limit(s): {', '.join(sorted(unknown))}")
@@ -485,8 +487,7 @@ class TenantView:
 
     @_scoped("tag")
     def tag(self, image: str, name: str) -> None:
-        from .engine import _check_tag
-        _check_tag(name)
+        check_tag(name)
         self._see(image)
         with self.db.tx() as con:
             row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (self._ns(name),)).fetchone()
@@ -675,18 +676,16 @@ class TenantView:
 
     @_scoped("import")
     def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
-        from .engine import _check_tag
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         image = self.engine.import_path(path, tag=None, progress=progress)
         return self._imported("import", image, tag, {})
 
     @_scoped("import")
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
-        from .engine import _check_tag
-        from .store import registry
+        from ..store import registry
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         ref = registry.parse(reference)
         check_public_registry(ref.registry)
         # stored registry credentials are the operator's: a tenant must not pull with them
@@ -800,7 +799,7 @@ class TenantView:
         """Uploads and file sets must be this tenant's; timeout, output, memory, pids, disk and CPUs
         within its limits. resources=False: an exec in a live sandbox (its memory, pids and disk
         were the sandbox's, checked at its start)."""
-        from .engine import parse_size
+        from ..engine import parse_size
         if "op_id" in options:
             raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
         opts = dict(options)
@@ -1005,7 +1004,7 @@ class TenantView:
     @_scoped("run")
     def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
               ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
-        from .branching.ops import check_on_conflict, conflict_outcome
+        from ..engine.branching import check_on_conflict, conflict_outcome
         check_on_conflict(on_conflict)
         self._see(ours), self._see(theirs)
         if base is None:
@@ -1100,12 +1099,11 @@ class TenantOperations:
     def submit_pull(self, reference: str, *, tag: str | None = None,
                     credentials: tuple[str, str] | None = None) -> str:
         """An import operation of this tenant: the image becomes its own, the tag its own name."""
-        from .engine import _check_tag
-        from .store import registry
+        from ..store import registry
         v = self.view
         v._need("import")
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         ref = registry.parse(reference)
         check_public_registry(ref.registry)
         if credentials is not None or v.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):

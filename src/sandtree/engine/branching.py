@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 
-from .. import commit as commit_mod
+from . import commit as commit_mod
 from ..errors import InvalidInput, MergeConflict
 from ..store.blobs import BlobStore
 from ..store.db import Database, dumps
@@ -16,9 +16,10 @@ from ..store.delta import write_delta
 from ..store.layers import remove_tree
 from ..store.objects import DIR, FILE, decode_tree
 from ..store.store import Store
-from . import bundle, lineage, refs
-from . import diff as diff_mod
-from . import merge as merge_mod
+from ..branching import bundle, lineage
+from ..store import refs
+from ..branching import diff as diff_mod
+from ..branching import merge as merge_mod
 
 
 ON_CONFLICT = ("raise", "return")

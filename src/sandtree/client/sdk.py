@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import config
-from .engine import Engine, RunRecord
-from .runtime.base import Limits
-from .store.maintenance import GC_GRACE, GC_RETENTION
+from .. import config
+from ..engine import Engine, RunRecord
+from ..runtime.base import Limits
+from ..store.maintenance import GC_GRACE, GC_RETENTION
 
 
 class Sandtree:
@@ -170,7 +170,7 @@ class Sandtree:
         .details["conflicts"] lists them), or with on_conflict="return" a result with image None.
         ignore: globs that never conflict, ours taken there (None: __pycache__/, *.pyc,
         .pytest_cache/; [] for none)."""
-        from .branching.ops import conflict_outcome
+        from ..engine.branching import conflict_outcome
         res = self._engine.merge(self._id(base) if base is not None else None, self._id(ours),
                                  self._id(theirs), strategy=strategy, ignore=ignore, on_conflict=on_conflict)
         res = conflict_outcome(res, on_conflict)   # also when the engine is a server that returned them
@@ -202,7 +202,7 @@ class Sandtree:
         """Run each command from the same image concurrently; results in the commands' order."""
         img = image if isinstance(image, Image) else self.image(image)
         if parallel < 1:
-            from .errors import InvalidInput
+            from ..errors import InvalidInput
             raise InvalidInput("parallel must be at least 1")
         with ThreadPoolExecutor(max_workers=min(parallel, max(1, len(commands)))) as pool:
             return list(pool.map(lambda c: img.run(c, **run_options), commands))
@@ -341,7 +341,7 @@ class Image:
 
     def lineage(self, format: str = "json"):
         """The lineage tree under this image: a dict ("json"), text ("text") or SVG ("svg")."""
-        from .branching import lineage
+        from ..branching import lineage
         t = self._st._engine.lineage_tree(self.id)
         if format == "json":
             return t
@@ -349,7 +349,7 @@ class Image:
             return lineage.render_text(t)
         if format == "svg":
             return lineage.render_svg(t)
-        from .errors import InvalidInput
+        from ..errors import InvalidInput
         raise InvalidInput(f"unknown lineage format {format!r} (json, text, svg)")
 
 
@@ -519,7 +519,7 @@ def best_of(results: list[RunResult], score, *, keep_losers: bool = False) -> Ru
     """The result with the highest score(result). Unless keep_losers, the other results' images
     are removed (when nothing names them), leaving only the winner's line."""
     if not results:
-        from .errors import InvalidInput
+        from ..errors import InvalidInput
         raise InvalidInput("best_of needs at least one result")
     winner = max(results, key=score)
     if not keep_losers:

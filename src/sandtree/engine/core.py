@@ -20,20 +20,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import commit as commit_mod
-from .branching import refs
-from .branching.ops import BranchingOps
-from .errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
-from .runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
-from .runtime.namespaces import NamespaceRuntime, validate_spec
+from ..store import refs
+from .branching import BranchingOps
+from ..errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
+from ..runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
+from ..runtime.namespaces import NamespaceRuntime, validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
-from .store import importers, inspect
-from .store.blobs import BlobStore
-from .store.db import Database, dumps, typed_disk_errors
-from .store.layers import IdMap, remove_tree
-from .store.objects import DIR, Entry
-from .store.scan import scan
-from .store.store import ImageRow, Store
-from .store.maintenance import GC_GRACE, GC_RETENTION
+from ..store import importers, inspect
+from ..store.names import check_tag
+from ..store.blobs import BlobStore
+from ..store.db import Database, dumps, typed_disk_errors
+from ..store.layers import IdMap, remove_tree
+from ..store.objects import DIR, Entry
+from ..store.scan import scan
+from ..store.store import ImageRow, Store
+from ..store.maintenance import GC_GRACE, GC_RETENTION
 
 _TENANCY_LOCK = threading.Lock()
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -188,7 +189,7 @@ class Engine(BranchingOps):
         name = self._check_tier(name or self.default_tier)
         rt = self._tiers.get(name)
         if rt is None:
-            from .runtime.gvisor import GVisorRuntime
+            from ..runtime.gvisor import GVisorRuntime
             rt = GVisorRuntime(self.store.layers.root, self.store.idmap, os.path.join(self.store.home, "bin"))
             self._tiers[name] = rt
         ok, why = rt.available()
@@ -212,7 +213,7 @@ class Engine(BranchingOps):
         """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
         with _TENANCY_LOCK:
             if getattr(self, "_tenancy", None) is None:
-                from .tenants import Tenancy
+                from ..tenancy.tenants import Tenancy
                 self._tenancy = Tenancy(self)
         return self._tenancy
 
@@ -267,7 +268,7 @@ class Engine(BranchingOps):
         """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive.
         limits: what an archive may expand to (ImportLimits' defaults; a tenant limit may pass less)."""
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         if not os.path.exists(path):
             raise NotFound(f"no such file or directory: {path}")
         if os.path.isdir(path):
@@ -313,9 +314,9 @@ class Engine(BranchingOps):
         """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it.
         check_host("host:port"): called before every connection (redirects, token realms), raises
         to refuse one (tenants.check_public_registry for a tenant's pull)."""
-        from .store import registry
+        from ..store import registry
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         ref = registry.parse(reference)
         row = self.store.db.one("SELECT username, secret FROM registry_auth WHERE registry=?", (ref.registry,))
         work = self.store.layers.stage("pull")
@@ -334,7 +335,7 @@ class Engine(BranchingOps):
     def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
         """Check credentials against the registry's /v2/ and keep them for pulls (the store is
         0700; the secret never appears in records)."""
-        from .store import registry
+        from ..store import registry
         host = registry.registry_host(registry_url)
         registry.check_login(host, username, secret, insecure)
         with self.store.db.tx() as con:
@@ -345,7 +346,7 @@ class Engine(BranchingOps):
     def bootstrap(self, spec: str, *, include: list[str] = (), tag: str | None = None,
                   log: Callable[[str], None] | None = None, mirror: str | None = None) -> str:
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         staged = self.store.layers.stage("bootstrap")
         try:
             importers.bootstrap_debian(spec, staged, list(include), log=log, mirror=mirror)
@@ -607,7 +608,7 @@ class Engine(BranchingOps):
     def upload_file(self, path: str, digest: str | None = None) -> str:
         """Store a file's bytes once (copied; the file stays the caller's). digest: its sha256,
         if the caller computed it while writing the file."""
-        from .store.blobs import hash_file
+        from ..store.blobs import hash_file
         if digest is None:
             digest, _ = hash_file(path)
         if not self.store.blobs.has(digest):
@@ -751,11 +752,11 @@ class Engine(BranchingOps):
         return refs.head(self.store, name)
 
     def fsck(self, verify_content: bool = True) -> dict:
-        from .store.maintenance import fsck
+        from ..store.maintenance import fsck
         return fsck(self.store, verify_content=verify_content)
 
     def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        from .store.maintenance import gc
+        from ..store.maintenance import gc
         return gc(self.store, retention=retention, grace=grace)
 
     def remove_image(self, image: str, *, force: bool = False) -> None:
@@ -815,11 +816,6 @@ for _name in [n for n in dir(Engine) if not n.startswith("_")]:
             not isinstance(Engine.__dict__.get(_name), (staticmethod, classmethod, property)):
         setattr(Engine, _name, typed_disk_errors(_attr))
 del _name, _attr
-
-
-def _check_tag(tag: str) -> None:
-    from .store.names import check_tag
-    check_tag(tag)
 
 
 def _file(f, blob_path=None) -> InjectedFile:

@@ -27,12 +27,12 @@ import threading
 import time
 import uuid
 
-from .errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
-from .runtime.base import Limits, RunSpec
-from .runtime import criu
-from .runtime.live import LiveHandle, LiveRuntime
+from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
+from ..runtime.base import Limits, RunSpec
+from ..runtime import criu
+from ..runtime.live import LiveHandle, LiveRuntime
 from .secrets_mask import mask_env, mask_text, secret_values
-from .store.db import dumps
+from ..store.db import dumps
 
 # $1: the session file, $2: the command, then NAME=VALUE pairs for this command only (their
 # session values come back after it). Each step says why in the comment at the top of the file.
@@ -271,7 +271,7 @@ class Sandboxes:
             injected = [eng._file(f) for f in eng.file_set(file_set)] + injected
         eng._check_cwd(source, cwd, injected)
         root = eng.store.tree(source)["."]
-        from .engine import DEFAULT_ENV
+        from .core import DEFAULT_ENV
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
                        env={**DEFAULT_ENV, **user_env}, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                        prepare_changes=(lambda upper: eng._inject(source, upper, injected)) if injected else None)
@@ -353,7 +353,7 @@ class Sandboxes:
              uid: int = 0, gid: int = 0, on_output=None, cancel=None, **limits):
         """Run `command` inside the sandbox to its exit. A string runs in the shell session (cwd and
         exported env carry over); a list is a fresh process. Returns a RunRecord (image None)."""
-        from .engine import RunRecord
+        from .core import RunRecord
         eng = self.engine
         row = self._running(sid)
         spec, shown = self._command_spec(row, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
@@ -405,7 +405,7 @@ class Sandboxes:
     def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
         """A regular file as the sandbox sees it now (resolved inside its root, never outside);
         TooLarge over `limit` bytes, NotRegularFile for devices, FIFOs, sockets, directories."""
-        from .runtime.openat2 import read_file
+        from ..runtime.openat2 import read_file
         row = self._running(sid)
         self._check_path(path)
         if not isinstance(limit, int) or limit < 0:
@@ -420,7 +420,7 @@ class Sandboxes:
     def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         """Write a regular file into the running sandbox (its parent directory must exist): a new
         file renamed over the name, so nothing that was there is written into or re-owned."""
-        from .runtime.openat2 import write_file
+        from ..runtime.openat2 import write_file
         row = self._running(sid)
         self._check_path(path)
         if isinstance(data, str):
@@ -678,7 +678,7 @@ class LiveProcess:
         self._raw = raw if raw is not None else bytearray()
 
     def _finish(self) -> None:
-        from .runtime.namespaces import _parse_report
+        from ..runtime.namespaces import _parse_report
         self._proc.wait()
         if self._rep_r is not None:
             while True:

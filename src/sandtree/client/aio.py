@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import inspect
 
-from . import api
+from . import sdk as api
 
 
 def _wrap(value):

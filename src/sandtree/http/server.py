@@ -32,11 +32,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import FileResponse
 
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit, spool, staged_file, unstage
-from .contree_api import contree_router
-from .engine import Engine
-from .errors import DiskFull, Forbidden, InvalidInput, SandtreeError
-from .httpauth import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
-from .store.maintenance import GC_GRACE, GC_RETENTION
+from .contree import contree_router
+from ..engine import Engine
+from ..errors import DiskFull, Forbidden, InvalidInput, SandtreeError
+from ..tenancy.gate import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
+from ..store.maintenance import GC_GRACE, GC_RETENTION
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
@@ -244,8 +244,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     async def metrics() -> Response:
         """Prometheus text format: runs, queue depth, run latency, store size. The counters are the
         whole server's (every tenant's runs): for the operator, or a token with the admin scope."""
-        from .httpauth import current_engine
-        from .tenants import TenantView
+        from ..tenancy.gate import current_engine
+        from ..tenancy.tenants import TenantView
         if isinstance(current_engine(), TenantView):
             raise Forbidden("metrics count every tenant's runs: they need a token with the admin scope",
                             scope="admin")
@@ -696,7 +696,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
 
     import uvicorn
 
-    from .engine import parse_size
+    from ..engine import parse_size
     max_upload = parse_size(max_upload)
     engine = Engine(home, max_runs=max_runs)
     try:

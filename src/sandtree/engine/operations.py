@@ -25,9 +25,10 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
-from .errors import InvalidInput, NotFound, SandtreeError
-from .runtime.procid import Owner
-from .store.db import dumps
+from ..errors import InvalidInput, NotFound, SandtreeError
+from ..runtime.procid import Owner
+from ..store.db import dumps
+from ..store.names import check_tag
 
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)
@@ -167,7 +168,7 @@ class Operations:
         def on_output(stream: str, chunk: bytes) -> None:
             self._event(op, stream, chunk.decode("utf-8", "replace"))
 
-        from .engine import parse_size
+        from .core import parse_size
         out = options.get("output")
         cap = parse_size(out) if out is not None else self.engine.default_limits.output
 
@@ -214,11 +215,10 @@ class Operations:
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
         called in the operation once the image is in."""
-        from .engine import _check_tag
-        from .store import registry
+        from ..store import registry
         ref = registry.parse(reference)
         if tag is not None:
-            _check_tag(tag)
+            check_tag(tag)
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"source": f"pull:{ref}", "tag": tag, **Owner.me().to_dict(), "queued": True}

@@ -22,14 +22,14 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
+from ..store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
                            logical_xattrs, read_xattrs, remove_tree, set_layer_xattrs)
-from .errors import InvalidInput, TooLarge
-from .store.names import check_path_length
-from .store.delta import write_delta
-from .store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
+from ..errors import InvalidInput, TooLarge
+from ..store.names import check_path_length
+from ..store.delta import write_delta
+from ..store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)
-from .store.store import ImageRow, Store
+from ..store.store import ImageRow, Store
 
 MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fast (PLATFORM.md)
 MOUNT_POINTS = ("proc", "dev", "sys")   # made by the helper or runsc when an image lacks them
@@ -81,8 +81,8 @@ def _copy_hash(root_fd: int, ipath: str, dst: str, walked: os.stat_result) -> tu
     is never followed, and a FIFO does not block) into dst, hashing it. The file must be the one
     the walk saw (same inode): a live sandbox the freezer did not hold could swap names between
     the walk's lstat and this open; then nothing is committed."""
-    from .errors import Conflict, InvalidInput, NotFound
-    from .runtime.openat2 import open_in_root
+    from ..errors import Conflict, InvalidInput, NotFound
+    from ..runtime.openat2 import open_in_root
     try:
         fd = open_in_root(root_fd, ipath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (OSError, NotFound, InvalidInput) as exc:   # gone, a symlink now (ELOOP), a dir...

@@ -16,10 +16,10 @@ import tempfile
 
 import httpx
 
-from . import errors
-from .engine import RunRecord
-from .runtime.base import Limits
-from .store.maintenance import GC_GRACE, GC_RETENTION
+from .. import errors
+from ..engine import RunRecord
+from ..runtime.base import Limits
+from ..store.maintenance import GC_GRACE, GC_RETENTION
 
 ERRORS = errors.ERRORS
 

@@ -35,10 +35,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
-from .branching import lineage as lineage_mod
-from .engine import Engine
-from .errors import Forbidden, SandtreeError
-from .httpauth import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
+from ..branching import lineage as lineage_mod
+from ..engine import Engine
+from ..errors import Forbidden, SandtreeError
+from ..tenancy.gate import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
@@ -545,7 +545,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     @guard
     def registry_token_obtain(registry_url: str) -> dict:
         """Where to create a read-only token for a registry (then call registry_auth with it)."""
-        from .store.registry import registry_host
+        from ..store.registry import registry_host
         host = registry_host(registry_url)
         pages = {"ghcr.io": "https://github.com/settings/tokens (scope: read:packages)",
                  "registry-1.docker.io": "https://app.docker.com/settings/personal-access-tokens (read-only)",
@@ -636,7 +636,7 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
     """url: use the engine of a `sandtree serve` there instead of one in this process."""
     if url:
 
-        from .remote import RemoteEngine
+        from ..client.remote import RemoteEngine
         if http and host not in LOOPBACK:
             # every HTTP caller would act with this process's one token: loopback only
             raise SystemExit(f"sandtree mcp --http --url: listens on loopback only (asked for {host})")
@@ -713,7 +713,7 @@ class SessionOwners:
 
 
 def engine_for_scope(scope):
-    from .httpauth import STATE_KEY
+    from ..tenancy.gate import STATE_KEY
     view = scope.get("state", {}).get(STATE_KEY)
     if view is None:
         raise RuntimeError("no TenantGate in front of the MCP app: refusing to serve unscoped")

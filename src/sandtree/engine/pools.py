@@ -18,10 +18,10 @@ import os
 import threading
 import time
 
-from .errors import InvalidInput
-from .runtime.base import Limits, RunOutcome, RunSpec
-from .runtime.live import Entered, LiveHandle, LiveRuntime
-from .runtime.namespaces import validate_spec
+from ..errors import InvalidInput
+from ..runtime.base import Limits, RunOutcome, RunSpec
+from ..runtime.live import Entered, LiveHandle, LiveRuntime
+from ..runtime.namespaces import validate_spec
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 
@@ -192,7 +192,7 @@ class Pools:
                 return pool.stats()
         ok, why = eng.sandboxes.live.available()
         if not ok:
-            from .errors import RuntimeUnavailable
+            from ..errors import RuntimeUnavailable
             raise RuntimeUnavailable(why)
         row = eng.store.image(source)
         root = eng.store.tree(source)["."]

@@ -18,9 +18,9 @@ import json
 import os
 import re
 
-from .errors import DiskFull, TooLarge
-from .httpauth import STATE_KEY
-from .store.layers import remove_tree
+from ..errors import DiskFull, TooLarge
+from ..tenancy.gate import STATE_KEY
+from ..store.layers import remove_tree
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)

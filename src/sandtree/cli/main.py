@@ -12,14 +12,14 @@ import os
 import sys
 import time
 
-from . import config
-from .branching.merge import DEFAULT_IGNORE
-from .errors import InvalidInput, SandtreeError
-from .store.maintenance import GC_RETENTION
+from .. import config
+from ..branching.merge import DEFAULT_IGNORE
+from ..errors import InvalidInput, SandtreeError
+from ..store.maintenance import GC_RETENTION
 
 
 def _engine(args):
-    from .engine import Engine
+    from ..engine import Engine
     return Engine(args.home or config.default_home(), warm=0)     # one command, one process
 
 
@@ -315,7 +315,7 @@ def cmd_untag(args):
 
 
 def cmd_fsck(args):
-    from .store.maintenance import fsck
+    from ..store.maintenance import fsck
     eng = _engine(args)
     res = fsck(eng.store, verify_content=not args.quick)
 
@@ -329,7 +329,7 @@ def cmd_fsck(args):
 
 
 def cmd_gc(args):
-    from .store.maintenance import gc
+    from ..store.maintenance import gc
     eng = _engine(args)
     res = gc(eng.store, retention=args.retention)
     _out(args, res, lambda r: print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items())))
@@ -343,7 +343,7 @@ def cmd_doctor(args):
 
 
 def cmd_serve(args):
-    from .server import serve
+    from ..http.server import serve
     pools = {}
     for spec in args.pool or []:
         image, _, size = spec.rpartition("=")
@@ -411,7 +411,7 @@ def cmd_image_share(args):
 
 
 def cmd_mcp(args):
-    from .mcp_server import main as mcp_main
+    from ..mcp.server import main as mcp_main
     token = os.environ.get("SANDTREE_TOKEN") if args.url else None
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
              token=token)
@@ -481,7 +481,7 @@ def cmd_branch(args):
 
 
 def cmd_tree(args):
-    from .branching import lineage
+    from ..branching import lineage
     eng = _engine(args)
     t = eng.lineage_tree(eng.resolve(args.image))
     if args.svg:
@@ -801,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
             import errno
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            from .errors import DiskFull
+            from ..errors import DiskFull
             raise DiskFull(f"disk full: {exc.strerror}") from None
         return rc or 0
     except SandtreeError as exc:

@@ -15,7 +15,7 @@ import uuid as uuid_mod
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound
 
 # our operation statuses -> Contree's enum (a run that exited non-zero still SUCCEEDED: it ran)
 OP_STATUS = {"queued": "PENDING", "running": "EXECUTING", "done": "SUCCESS", "failed": "FAILED",
