@@ -6,13 +6,18 @@
     r = img.run("python3 -V")
 """
 
-from .client.aio import AsyncBranch, AsyncImage, AsyncRunResult, AsyncSandbox, AsyncSandtree
-from .client.sdk import Branch, Image, MergeResult, RunResult, Sandbox, Sandtree, best_of, connect
+from .defaults import Limits
 from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
                      LimitExceeded, MergeConflict, NotFound, NotRegularFile, PathEscape, PathNotFound,
                      RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,
                      Unauthorized)
-from .runtime.base import Limits
+
+# The API's classes load on first use (PEP 562), so that a process using one part (the remote
+# client, the CLI parsing its arguments) does not import the others.
+_LAZY = {name: "client.sdk" for name in ("Sandtree", "Image", "RunResult", "Branch", "MergeResult", "Sandbox",
+                                         "best_of", "connect")}
+_LAZY.update({name: "client.aio" for name in ("AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch",
+                                              "AsyncSandbox")})
 
 __all__ = [
     "Sandtree", "Image", "RunResult", "Branch", "MergeResult", "Sandbox", "best_of", "connect",
@@ -23,3 +28,17 @@ __all__ = [
     "RegistryError", "DiskFull",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'sandtree' has no attribute {name!r}")
+    import importlib                     # PEP 562: the one place a public name is loaded late
+    value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,27 +1,33 @@
-"""The remote engine: the same methods as engine.Engine, spoken over `sandtree serve`'s HTTP API.
+"""The remote engine: the operation table's methods, spoken over `sandtree serve`'s HTTP API.
 
 `sandtree.connect(url)` builds the public API objects (Sandtree, Image, RunResult, Branch) on
 this instead of an in-process Engine, so code written against the local engine runs unchanged
-against a server. Errors come back as the same exception classes, chosen from a fixed table by
-the server's error code (never by a name the other side sends).
+against a server. Every operation with an HTTP binding in sandtree/table.py becomes a method here
+through one generic call (`_invoke`); only streams, tars and run bodies are written by hand.
+Errors come back as the same exception classes, chosen from the one error table by the server's
+error code (never by a name the other side sends).
+
+This module loads the table, errors, models and httpx: no engine, no runtime.
 """
 
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import os
 import tarfile
 import tempfile
+from urllib.parse import quote
 
 import httpx
 
-from .. import errors
-from ..engine import RunRecord
-from ..runtime.base import Limits
-from ..store.maintenance import GC_GRACE, GC_RETENTION
+from .. import errors, table
+from .. import defaults as D
+from ..defaults import Limits
+from ..table import RunRecord
 
-ERRORS = errors.ERRORS
+__all__ = ["RemoteEngine"]
 
 
 class _Data(dict):
@@ -31,44 +37,127 @@ class _Data(dict):
         return dict(self)
 
 
+def _segment(value, keep_slashes: bool) -> str:
+    """One path parameter (an id from the caller must not add segments; a ref may hold '/')."""
+    if not isinstance(value, str) or not value:
+        raise errors.InvalidInput("an id or reference must be a non-empty string")
+    return quote(value, safe="/" if keep_slashes else "")
+
+
+def _path(http: table.Http, args: dict) -> str:
+    out, rest = [], http.path
+    while "{" in rest:
+        head, rest = rest.split("{", 1)
+        spec, rest = rest.split("}", 1)
+        name, _, kind = spec.partition(":")
+        out += [head, _segment(args[name], kind == "path")]
+    return "".join(out + [rest])
+
+
+def _wire(value):
+    """JSON for a value the engine takes as bytes (file contents travel as text, exact bytes kept)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return value
+
+
+def _answer(row: table.Op, r: httpx.Response):
+    http = row.http
+    if http.raw:
+        return r.content
+    if r.status_code == 204 or not r.content:
+        return None
+    body = r.json()
+    if http.result is not None:
+        body = body[http.result]
+    if http.data:
+        body = [_Data(x) for x in body] if isinstance(body, list) else _Data(body)
+    return body
+
+
+def _unavailable(row: table.Op):
+    def method(self, *args, **kwargs):
+        row.bind(*args, **kwargs)                       # a wrong call is still a TypeError first
+        raise errors.RuntimeUnavailable(f"{row.name} is in-process only ({row.local})")
+    return method
+
+
+def _generic(row: table.Op):
+    def method(self, *args, **kwargs):
+        return self._invoke(row, row.bind(*args, **kwargs))
+    return method
+
+
+def _install(cls, rows: dict) -> None:
+    """Give `cls` a method per row it does not write by hand, with the row's signature and doc."""
+    for name, row in rows.items():
+        if row.custom_remote or name in cls.__dict__:
+            continue
+        fn = _generic(row) if row.http is not None else _unavailable(row)
+        fn.__name__, fn.__qualname__ = row.name, f"{cls.__name__}.{row.name}"
+        fn.__doc__ = row.doc
+        fn.__signature__ = row.signature.replace(
+            parameters=[_SELF] + list(row.signature.parameters.values()))
+        setattr(cls, row.name, fn)
+
+
+_SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _declared(name: str):
+    """A hand-written method shows its row's signature and doc (it binds its arguments by it)."""
+    row = table.OPS[name]
+
+    def deco(fn):
+        fn.__signature__ = row.signature.replace(parameters=[_SELF] + list(row.signature.parameters.values()))
+        fn.__doc__ = row.doc
+        return fn
+    return deco
+
+
 class RemoteEngine:
     def __init__(self, url: str, token: str | None = None, timeout: float = 600):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=timeout)
         self.default_limits = Limits()
-        self._ops = _RemoteOperations(self)
+        self._ops = RemoteOperations(self)
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, **kw):
+    def request(self, method: str, path: str, **kw) -> httpx.Response:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise errors.SandtreeError(f"cannot reach {self.url}: {exc}") from None
         if r.status_code >= 400:
-            self._call_failed(r)
+            raise_for(r)
         return r
 
-    def _call_failed(self, r):
-        try:
-            body = r.json()
-        except ValueError:
-            body = {"error": "error", "message": r.text[:500]}
-        if "error" not in body:                           # FastAPI's own 422 shape
-            raise errors.InvalidInput(f"rejected by the server: {json.dumps(body)[:500]}")
-        self._raise(body)
-
-    @staticmethod
-    def _raise(body: dict):
-        cls = ERRORS.get(body.get("error"), errors.SandtreeError)
-        details = {k: v for k, v in body.items() if k not in ("error", "message")}
-        raise cls(body.get("message", "error"), **details)
-
-    def _json(self, method: str, path: str, **kw):
-        return self._call(method, path, **kw).json()
+    def _invoke(self, row: table.Op, args: dict):
+        """One table operation over HTTP: path, query, JSON body or raw content from the row."""
+        http = row.http
+        sent = {k: v for k, v in args.items() if k not in http.drop}
+        kw = {}
+        query = {http.rename.get(k, k): sent[k] for k in http.query if sent.get(k) is not None}
+        body = {http.rename.get(k, k): _wire(sent[k]) for k in http.body if sent.get(k) is not None}
+        extra = {k: v for k, v in sent.items() if k not in _named(row) and v is not None}
+        if extra:                                        # **options of the row (grep's flags, ...)
+            (body if http.body else query).update(extra)
+        if http.method == "GET":
+            query.update(http.const)
+        else:
+            body.update(http.const)
+        if query:
+            kw["params"] = query
+        if http.whole_body is not None:
+            kw["json"] = [{k: _wire(v) for k, v in dict(f).items()} for f in sent[http.whole_body]]
+        elif http.content is not None:
+            kw["content"] = bytes(sent[http.content])
+        elif body or http.method in ("PUT",) or http.const:
+            kw["json"] = body
+        return _answer(row, self.request(http.method, _path(http, sent), **kw))
 
     def close(self) -> None:
-        self._ops.close()
         self.http.close()
 
     @property
@@ -79,44 +168,7 @@ class RemoteEngine:
     def operations(self):
         return self._ops
 
-    # ---- names, images, refs ----------------------------------------------------------------------
-    def resolve(self, ref: str) -> str:
-        if not isinstance(ref, str) or not ref:
-            raise errors.InvalidInput("an image reference must be a non-empty string")
-        return self._json("GET", "/resolve", params={"ref": ref})["image"]
-
-    def images(self) -> list[dict]:
-        return self._json("GET", "/images")
-
-    def tag(self, image: str, name: str) -> None:
-        self._json("PUT", f"/tags/{name}", json={"image": image})
-
-    def untag(self, name: str) -> str:
-        return self._json("DELETE", f"/tags/{name}")["image"]
-
-    def tags(self, image: str | None = None) -> dict:
-        return self._json("GET", "/tags", params={"image": image} if image else None)
-
-    def image_info(self, image: str) -> dict:
-        return self._json("GET", f"/images/{image}")
-
-    def upload(self, data: bytes) -> str:
-        return self._json("POST", "/files", content=bytes(data))["sha256"]
-
-    def download(self, digest: str) -> bytes:
-        return self._call("GET", f"/files/{digest}").content
-
-    def file_set_create(self, files: list[dict]) -> str:
-        return self._json("POST", "/file-sets", json=files)["id"]
-
-    def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
-        return self._json("POST", "/registries/login",
-                          json={"registry": registry_url, "username": username, "token": secret,
-                                "insecure": insecure})["registry"]
-
-    def remove_image(self, image: str, *, force: bool = False) -> None:
-        self._json("DELETE", f"/images/{image}", params={"force": force})
-
+    # ---- written by hand: bodies and streams the table cannot describe -----------------------------
     def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
         """A local directory is sent as a tar; a file (tar, OCI or docker archive) as it is."""
         params = {"tag": tag} if tag else None
@@ -125,114 +177,52 @@ class RemoteEngine:
                 with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as t:
                     t.add(path, arcname=".")
                 f.seek(0)
-                return self._json("POST", "/images/import", params=params, content=f.read())["image"]
+                return self.request("POST", "/images/import", params=params, content=f.read()).json()["image"]
         if not os.path.exists(path):
             raise errors.NotFound(f"no such file or directory: {path}")
         with open(path, "rb") as f:
-            return self._json("POST", "/images/import", params=params, content=f.read())["image"]
-
-    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
-        return self._json("POST", "/images/pull", json={"reference": reference, "tag": tag,
-                                                        "insecure": insecure})["image"]
-
-    def bootstrap(self, spec, **kw):
-        raise errors.RuntimeUnavailable("bootstrap runs on the server's own machine: use `sandtree image "
-                                        "bootstrap` there, or import/pull an image")
-
-    def doctor(self) -> list[dict]:
-        return self._json("GET", "/doctor")
-
-    def whoami(self) -> dict:
-        return self._json("GET", "/whoami")
-
-    def share(self, image: str) -> dict:
-        return self._json("POST", f"/images/{image}/share", json={"public": True})
-
-    def unshare(self, image: str) -> dict:
-        return self._json("POST", f"/images/{image}/share", json={"public": False})
-
-    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
-        return self._json("GET", "/audit", params={"limit": limit, **({"tenant": tenant} if tenant else {})})
-
-    def fsck(self, verify_content: bool = True) -> dict:
-        return self._json("POST", "/admin/fsck", params={"verify_content": verify_content})
-
-    def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        return self._json("POST", "/admin/gc", params={"retention": retention, "grace": grace})
-
-    # ---- inspection ---------------------------------------------------------------------------------
-    def ls(self, image: str, path: str = "/") -> list[_Data]:
-        return [_Data(e) for e in self._json("GET", f"/images/{image}/ls", params={"path": path})]
-
-    def stat(self, image: str, path: str) -> _Data:
-        return _Data(self._json("GET", f"/images/{image}/stat", params={"path": path}))
-
-    def read(self, image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        params = {"path": path, "offset": offset}
-        if limit is not None:
-            params["limit"] = limit
-        return self._call("GET", f"/images/{image}/read", params=params).content
-
-    def grep(self, image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
-        return self._json("GET", f"/images/{image}/grep",
-                          params={"pattern": pattern, "path": path, **{k: v for k, v in kw.items() if v is not None}})
+            return self.request("POST", "/images/import", params=params, content=f.read()).json()["image"]
 
     def export_tar(self, image: str, fileobj, path: str = "/") -> None:
-        fileobj.write(self._call("GET", f"/images/{image}/export", params={"path": path}).content)
-
-    # ---- runs -------------------------------------------------------------------------------------
-    def run(self, ref: str, command, *, on_output=None, stdin=None, files=None, **options) -> RunRecord:
-        body = self._run_body(ref, command, stdin, files, options)
-        if on_output is None:
-            return _record(self._json("POST", "/runs", json={**body, "wait": True}))
-        op = self._json("POST", "/runs", json={**body, "wait": False})["id"]
-        self._ops.stream(op, on_output)
-        return _record(self._json("POST", f"/operations/{op}/wait", params={"timeout": 3600}))
-
-    @staticmethod
-    def _run_body(ref, command, stdin, files, options) -> dict:
-        stdin_b64 = None
-        if isinstance(stdin, (bytes, bytearray)):
-            try:
-                stdin = bytes(stdin).decode("utf-8")
-            except UnicodeDecodeError:                 # exact bytes travel as base64
-                stdin, stdin_b64 = None, base64.b64encode(stdin).decode()
-        out = []
-        for f in files or []:
-            f = dict(f)
-            if isinstance(f.get("content"), bytes):
-                f["content"] = f["content"].decode("utf-8", "surrogateescape")
-            out.append(f)
-        body = {"image": ref, "command": command, "stdin": stdin, "files": out}
-        if stdin_b64 is not None:
-            body["stdin_base64"] = stdin_b64
-        body.update({k: v for k, v in options.items() if v is not None})
-        if "env" in body and body["env"] is None:
-            body.pop("env")
-        return body
-
-    def operation(self, op: str) -> dict:
-        return self._json("GET", f"/operations/{op}")
-
-    # ---- live sandboxes ----------------------------------------------------------------------------
-    def sandbox_start(self, ref: str, *, files=None, **options) -> dict:
-        body = self._run_body(ref, "", None, files, options)
-        body.pop("command"), body.pop("stdin")
-        return self._json("POST", "/sandboxes", json=body)
-
-    def sandbox_exec(self, sid: str, command, *, stdin=None, on_output=None, cancel=None, **options) -> RunRecord:
-        body = self._run_body(None, command, stdin, None, options)
-        body.pop("image"), body.pop("files")
-        if body.get("stdin") is None:
-            body.pop("stdin")
-        if on_output is None:
-            return _record(self._json("POST", f"/sandboxes/{_q(sid)}/exec", json=body))
-        # live output: the server streams the command's bytes as they come, then its result
-        with self.http.stream("POST", f"/sandboxes/{_q(sid)}/exec", params={"stream": "true"}, json=body,
+        with self.http.stream("GET", f"/images/{_segment(image, True)}/export", params={"path": path},
                               timeout=None) as r:
             if r.status_code >= 400:
                 r.read()
-                self._call_failed(r)
+                raise_for(r)
+            for chunk in r.iter_bytes():
+                fileobj.write(chunk)
+
+    @_declared("run")
+    def run(self, ref, command, **options) -> RunRecord:
+        args = table.OPS["run"].bind(ref, command, **options)
+        on_output = args.pop("on_output")
+        args.pop("cancel")
+        body = run_body(args)
+        if on_output is None:
+            return record(self.request("POST", "/runs", json={**body, "wait": True}).json())
+        op = self.request("POST", "/runs", json={**body, "wait": False}).json()["id"]
+        self._ops.stream(op, on_output)
+        return record(self.request("POST", f"/operations/{op}/wait", params={"timeout": D.WAIT_MAX}).json())
+
+    @_declared("sandbox_start")
+    def sandbox_start(self, ref, **options) -> dict:
+        body = run_body(table.OPS["sandbox_start"].bind(ref, **options))
+        return self.request("POST", "/sandboxes", json=body).json()
+
+    @_declared("sandbox_exec")
+    def sandbox_exec(self, sid, command, **options) -> RunRecord:
+        args = table.OPS["sandbox_exec"].bind(sid, command, **options)
+        on_output = args.pop("on_output")
+        args.pop("cancel")
+        body = run_body({k: v for k, v in args.items() if k != "sid"})
+        path = f"/sandboxes/{_segment(sid, False)}/exec"
+        if on_output is None:
+            return record(self.request("POST", path, json=body).json())
+        # live output: the server streams the command's bytes as they come, then its result
+        with self.http.stream("POST", path, params={"stream": "true"}, json=body, timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise_for(r)
             event = None
             for line in r.iter_lines():
                 if line.startswith("event: "):
@@ -240,146 +230,39 @@ class RemoteEngine:
                 elif line.startswith("data: ") and event in ("stdout", "stderr"):
                     on_output(event, base64.b64decode(line[6:]))
                 elif line.startswith("data: ") and event == "end":
-                    return _record(json.loads(line[6:]))
+                    return record(json.loads(line[6:]))
                 elif line.startswith("data: ") and event == "error":
-                    self._raise(json.loads(line[6:]))
+                    raise_error(json.loads(line[6:]))
         raise errors.SandtreeError(f"{self.url}: the exec stream ended without a result")
 
-    def sandbox_popen(self, sid: str, argv, **options):
-        raise errors.RuntimeUnavailable("popen (pipes or a terminal to a process) is in-process only; "
-                                        "over HTTP use exec")
 
-    def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
-        return self._json("POST", f"/sandboxes/{_q(sid)}/commit", json={"tag": tag})["image"]
+class RemoteOperations:
+    """engine.operations over HTTP: runs submitted now, awaited later."""
 
-    def sandbox_stop(self, sid: str) -> dict:
-        return self._json("POST", f"/sandboxes/{_q(sid)}/stop")
-
-    # ---- warm pools: the server's ------------------------------------------------------------------
-    def pool_create(self, ref: str, size: int, **options) -> dict:
-        return self._json("PUT", f"/pools/{_q(ref)}", json={"size": size, **options})
-
-    def pool_list(self) -> list[dict]:
-        return self._json("GET", "/pools")
-
-    def pool_wait(self, ref: str, timeout: float = 30.0) -> bool:
-        return self._json("POST", f"/pools/{_q(ref)}/wait", params={"timeout": timeout})["ready"]
-
-    def pool_remove(self, ref: str) -> None:
-        self._call("DELETE", f"/pools/{_q(ref)}")
-
-    def sandbox_hibernate(self, sid: str) -> dict:
-        return self._json("POST", f"/sandboxes/{_q(sid)}/hibernate")
-
-    def sandbox_resume(self, sid: str) -> dict:
-        return self._json("POST", f"/sandboxes/{_q(sid)}/resume")
-
-    def sandbox_info(self, sid: str) -> dict:
-        return self._json("GET", f"/sandboxes/{_q(sid)}")
-
-    def sandbox_list(self, *, all: bool = False) -> list[dict]:
-        return self._json("GET", "/sandboxes", params={"all": all})
-
-    def sandbox_read(self, sid: str, path: str) -> bytes:
-        return self._call("GET", f"/sandboxes/{_q(sid)}/file", params={"path": path}).content
-
-    def sandbox_write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0,
-                      gid: int = 0) -> None:
-        self._call("PUT", f"/sandboxes/{_q(sid)}/file", params={"path": path, "mode": mode, "uid": uid, "gid": gid},
-                   content=bytes(data))
-
-    # ---- lineage, branching ------------------------------------------------------------------------
-    def parents(self, image: str) -> list[dict]:
-        return self._json("GET", f"/images/{image}/parents")
-
-    def children(self, image: str) -> list[dict]:
-        return self._json("GET", f"/images/{image}/children")
-
-    def log(self, image: str, limit: int = 1000) -> list[dict]:
-        return self._json("GET", f"/images/{image}/log", params={"limit": limit})
-
-    def ancestors(self, image: str) -> dict:
-        return self._json("GET", f"/images/{image}/ancestors")
-
-    def descendants(self, image: str) -> dict:
-        return self._json("GET", f"/images/{image}/descendants")
-
-    def produced_by(self, image: str) -> list[dict]:
-        return self._json("GET", f"/images/{image}/produced-by")
-
-    def lineage_tree(self, root: str, *, max_nodes: int = 2000) -> dict:
-        return self._json("GET", f"/images/{root}/lineage", params={"max_nodes": max_nodes})["tree"]
-
-    def common_ancestor(self, a: str, b: str) -> str | None:
-        return self._json("GET", "/lineage/common", params={"a": a, "b": b})["image"]
-
-    def lineage_path(self, a: str, b: str) -> list[str]:
-        return self._json("GET", "/lineage/path", params={"a": a, "b": b})
-
-    def diff(self, a: str, b: str) -> list[_Data]:
-        return [_Data(c) for c in self._json("GET", "/diff", params={"a": a, "b": b})["changes"]]
-
-    def patch(self, a: str, b: str) -> str:
-        return self._json("GET", "/diff", params={"a": a, "b": b, "patch": True})["patch"]
-
-    def merge(self, base, ours, theirs, *, strategy=None, ignore=None, on_conflict="raise") -> dict:
-        return self._json("POST", "/merge", json={"base": base, "ours": ours, "theirs": theirs, "strategy": strategy,
-                                                  "ignore": ignore, "on_conflict": on_conflict})
-
-    def branch_create(self, name: str, image: str, *, force: bool = False) -> None:
-        self._json("POST", "/branches", json={"name": name, "image": image, "force": force})
-
-    def branch_delete(self, name: str) -> str:
-        return self._json("DELETE", f"/branches/{name}")["image"]
-
-    def branches(self) -> dict:
-        return self._json("GET", "/branches")
-
-    def branch_head(self, name: str) -> str:
-        return self._json("GET", f"/branches/{name}")["image"]
-
-    def branch_log(self, name: str) -> list[dict]:
-        return self._json("GET", f"/branches/{name}/log")
-
-    def rollback(self, name: str, *, to=None, steps=None) -> str:
-        return self._json("POST", f"/branches/{name}/rollback", json={"to": to, "steps": steps})["image"]
-
-    def bundle_create(self, *a, **k):
-        raise errors.RuntimeUnavailable("bundles are made on the server's machine (`sandtree bundle create`)")
-
-    bundle_import = bundle_create
-
-
-class _RemoteOperations:
     def __init__(self, engine: RemoteEngine):
         self.engine = engine
+        self._invoke = engine._invoke
 
-    def submit_run(self, ref: str, command, *, stdin=None, files=None, **options) -> str:
-        body = RemoteEngine._run_body(ref, command, stdin, files, options)
-        return self.engine._json("POST", "/runs", json={**body, "wait": False})["id"]
+    def submit_run(self, ref: str, command, **options) -> str:
+        args = table.OPS["run"].bind(ref, command, **options)
+        for k in ("on_output", "cancel"):
+            if args.pop(k) is not None:
+                raise errors.InvalidInput(f"{k} cannot travel with a submitted run (stream its events)")
+        return self.engine.request("POST", "/runs", json={**run_body(args), "wait": False}).json()["id"]
 
     def wait(self, ops: list[str], timeout: float | None = None) -> list[dict]:
-        return [self.engine._json("POST", f"/operations/{op}/wait",
-                                  params={"timeout": 3600 if timeout is None else timeout}) for op in ops]
-
-    def cancel(self, op: str) -> dict:
-        return self.engine._json("POST", f"/operations/{op}/cancel")
-
-    def get(self, op: str) -> dict:
-        return self.engine._json("GET", f"/operations/{op}")
-
-    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
-        params = {"limit": limit, **({"status": status} if status else {})}
-        return self.engine._json("GET", "/operations", params=params)
+        return [self.engine.request("POST", f"/operations/{_segment(op, False)}/wait",
+                                    params={"timeout": D.WAIT_MAX if timeout is None else timeout}).json()
+                for op in ops]
 
     def result(self, op: str):
         """The finished run's record with its full output, or None while it is not done."""
         rec = self.get(op)
-        return _record(rec) if rec.get("status") in ("done", "cancelled") else None
+        return record(rec) if rec.get("status") in ("done", "cancelled") else None
 
     def stream(self, op: str, on_output) -> None:
         """Feed on_output(stream, bytes) from the operation's event stream until it ends."""
-        with self.engine.http.stream("GET", f"/operations/{op}/events", timeout=None) as r:
+        with self.engine.http.stream("GET", f"/operations/{_segment(op, False)}/events", timeout=None) as r:
             event, data = None, []
             for line in r.iter_lines():
                 if line.startswith("event: "):
@@ -397,22 +280,56 @@ class _RemoteOperations:
         pass
 
 
-def _q(part: str) -> str:
-    """One path segment (an id from the caller must not add segments)."""
-    from urllib.parse import quote
-    if not isinstance(part, str) or not part:
-        raise errors.InvalidInput("an id must be a non-empty string")
-    return quote(part, safe="")
+_install(RemoteEngine, table.ENGINE_OPS)
+_install(RemoteOperations, table.OPERATIONS_OPS)
 
 
-def _record(op: dict) -> RunRecord:
+def _named(row: table.Op) -> set[str]:
+    http = row.http
+    named = set(http.query) | set(http.body) | {http.content, http.whole_body} | set(http.drop)
+    return named | {seg.split("}")[0].split(":")[0] for seg in http.path.split("{")[1:]}
+
+
+def run_body(args: dict) -> dict:
+    """A run's (or a sandbox's, or an exec's) arguments as the server's JSON body: the image as
+    `image`, stdin as text or (bytes that are not UTF-8) base64, file contents as text."""
+    body = {("image" if k == "ref" else k): v for k, v in args.items() if v is not None}
+    stdin = body.pop("stdin", None)
+    if isinstance(stdin, (bytes, bytearray)):
+        try:
+            body["stdin"] = bytes(stdin).decode("utf-8")
+        except UnicodeDecodeError:                     # exact bytes travel as base64
+            body["stdin_base64"] = base64.b64encode(stdin).decode()
+    elif stdin is not None:
+        body["stdin"] = stdin
+    if "files" in body:
+        body["files"] = [{k: _wire(v) for k, v in dict(f).items()} for f in body["files"]]
+    return body
+
+
+def raise_for(r: httpx.Response):
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"error": "error", "message": r.text[:500]}
+    if not isinstance(body, dict) or "error" not in body:
+        raise errors.InvalidInput(f"rejected by the server: {json.dumps(body)[:500]}")
+    raise_error(body)
+
+
+def raise_error(body: dict):
+    cls = errors.ERRORS.get(body.get("error"), errors.SandtreeError)
+    details = {k: v for k, v in body.items() if k not in ("error", "message")}
+    raise cls(body.get("message", "error"), **details)
+
+
+def record(op: dict) -> RunRecord:
     """A finished operation's JSON as the engine's RunRecord (exact bytes from base64)."""
     o = op.get("outcome") or {}
     if op.get("status") == "failed" and "error" in o:
-        cls = ERRORS.get(o["error"], errors.SandtreeError)
+        cls = errors.ERRORS.get(o["error"], errors.SandtreeError)
         raise cls(o.get("message", "run failed"))
     return RunRecord(op["id"], op["source"], op.get("result"), o.get("exit_code"), o.get("signal"),
                      base64.b64decode(op.get("stdout_base64", "")), base64.b64decode(op.get("stderr_base64", "")),
                      o.get("stdout_truncated", False), o.get("stderr_truncated", False), o.get("timed_out", False),
                      o.get("oom_killed", False), o.get("usage", {}), o.get("cancelled", False))
-

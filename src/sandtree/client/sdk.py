@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import config
-from ..engine import Engine, RunRecord
-from ..runtime.base import Limits
-from ..store.maintenance import GC_GRACE, GC_RETENTION
+from ..defaults import GC_GRACE, GC_RETENTION
+from ..defaults import Limits
+from ..table import RunRecord
+from .remote import RemoteEngine
 
 
 class Sandtree:
@@ -29,6 +30,9 @@ class Sandtree:
                  tier: str = "namespaces"):
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
+        # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
+        # here so that `import sandtree` and a connect()ed client never load them.
+        from ..engine import Engine
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
 
     @property
@@ -535,7 +539,6 @@ def best_of(results: list[RunResult], score, *, keep_losers: bool = False) -> Ru
 
 def connect(url: str, *, token: str | None = None) -> Sandtree:
     """The same API, served by a `sandtree serve` at `url` instead of an in-process engine."""
-    from .remote import RemoteEngine
     st = Sandtree.__new__(Sandtree)
     st._engine = RemoteEngine(url, token)
     return st

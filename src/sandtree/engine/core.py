@@ -16,14 +16,15 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Callable
 
 from . import commit as commit_mod
 from ..store import refs
 from .branching import BranchingOps
 from ..errors import InvalidInput, NotFound, PathEscape, RuntimeUnavailable
-from ..runtime.base import InjectedFile, Limits, RunOutcome, RunSpec
+from ..defaults import Limits
+from ..table import RunRecord
+from ..runtime.base import InjectedFile, RunOutcome, RunSpec
 from ..runtime.namespaces import NamespaceRuntime, validate_spec
 from .secrets_mask import mask_env, mask_text, secret_values
 from ..store import importers, inspect
@@ -45,24 +46,6 @@ def default_idmap() -> IdMap:
     if os.geteuid() == 0:
         return IdMap(100000, 100000, 65536)
     return IdMap(os.geteuid(), os.getegid(), 1)
-
-
-@dataclass
-class RunRecord:
-    """What a run produced; the public RunResult wraps it."""
-    op: str
-    source: str
-    image: str | None
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    oom_killed: bool
-    usage: dict
-    cancelled: bool = False
 
 
 class Engine(BranchingOps):

@@ -457,6 +457,11 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         return {"registry": await call(functools.partial(engine.registry_login, body.registry, body.username,
                                                          body.token, insecure=body.insecure))}
 
+    @app.get("/api/v1/files/{sha256}/info")
+    async def upload_info(sha256: str) -> dict:
+        """An upload's size and time (the caller's own upload, or 404)."""
+        return await call(engine.upload_info, sha256)
+
     @app.get("/api/v1/files/{sha256}")
     async def download(sha256: str) -> Response:
         """Streamed from the blob's file (read whole into memory, an upload was as large as the

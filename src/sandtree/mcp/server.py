@@ -345,8 +345,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
         elif source.startswith(("docker://", "oci://")):
             image = engine.pull(source, tag=tag)
         elif source.startswith("upload:"):
-            info = getattr(engine, "upload_info", None)       # (a remote engine has none)
-            size = info(source[7:])["size"] if info is not None else 0   # the caller's own, or not found
+            size = engine.upload_info(source[7:])["size"]     # the caller's own, or not found
             if size > MAX_UPLOAD_IMPORT:
                 raise ToolError(f"too_large: an upload:SHA import is at most {MAX_UPLOAD_IMPORT >> 20} MiB "
                                 "(it passes through memory); import bigger tars with POST /api/v1/images/import")

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from ..defaults import Limits  # noqa: F401 - the limits a RunSpec carries (defined with the defaults)
+
 
 # Resource limits of every command a sandbox runs (a run, a live exec, its output drain), set by
 # helper.c's become_command whatever the engine's own were (they were inherited: nofile
@@ -31,17 +33,6 @@ COMMAND_RLIMITS = {
     "locks": (None, None), "as": (None, None), "data": (None, None), "rss": (None, None),
     "fsize": (None, None), "cpu": (None, None), "nproc": (None, None),
 }
-
-
-@dataclass(frozen=True)
-class Limits:
-    timeout: float = 300.0           # seconds of wall clock
-    memory: int = 2 << 30            # bytes: processes plus the run's pending writes (tmpfs)
-    pids: int = 1024
-    cpus: float | None = None        # CPU quota in cores; None: no quota (the timeout bounds it)
-    disk: int = 1 << 30              # bytes the run may write (and disk/4096 inodes, at least 1024)
-    output: int = 16 << 20           # bytes kept per stream (stdout, stderr); a stream passing it
-                                     # stops the run (usage["killed_by"] = "output_limit")
 
 
 @dataclass(frozen=True)

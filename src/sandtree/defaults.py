@@ -1,0 +1,34 @@
+"""Every default a caller can leave out, in one place (the operation table, the engine, the server's
+request models, MCP and the CLI read them from here; none writes its own number), and Limits, the
+resource limits of a run with their defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUN_TIMEOUT = 300.0                  # seconds of wall clock per run / exec (Limits.timeout)
+SANDBOX_IDLE_TIMEOUT = 600.0         # a live sandbox with no command for this long is stopped
+SANDBOX_LIFETIME = 3600.0            # ... and stopped after this long in any case
+SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
+GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)
+LOG_LIMIT = 1000                     # entries of `log`
+AUDIT_LIMIT = 100                    # entries of `audit`
+OPERATIONS_LIMIT = 50                # entries of `operations.list`
+LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
+POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
+WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
+HOSTNAME = "sandtree"
+CWD = "/"
+FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = RUN_TIMEOUT   # seconds of wall clock
+    memory: int = 2 << 30            # bytes: processes plus the run's pending writes (tmpfs)
+    pids: int = 1024
+    cpus: float | None = None        # CPU quota in cores; None: no quota (the timeout bounds it)
+    disk: int = 1 << 30              # bytes the run may write (and disk/4096 inodes, at least 1024)
+    output: int = 16 << 20           # bytes kept per stream (stdout, stderr); a stream passing it
+                                     # stops the run (usage["killed_by"] = "output_limit")

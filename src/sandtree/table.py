@@ -1,0 +1,596 @@
+"""The operation table: every engine operation declared once (Firecracker's single action vocabulary).
+
+Each row is a declaration: a signature (written as a Python function whose body is only its
+docstring), the token scope a tenant needs, which arguments name images (a tenant may name only
+images it can see), the audit action a call records, and the operation's HTTP binding. From the
+rows come the tenant and admin views' scope, visibility and audit (tenancy/), the remote client's
+methods (client/remote.py), MCP parameter descriptions (mcp/), and the conformance test that
+Engine, the tenant view and the remote client expose the same operations with the same
+signatures (tests/test_conformance.py). The engine implements each row as a method of the same
+name and signature; nothing here runs an operation.
+
+This module imports only the standard library and defaults.py: the remote client loads it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+from . import defaults as D
+
+__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "PARAMS", "RunRecord", "op", "describe"]
+
+
+@dataclass
+class RunRecord:
+    """What a run or an exec produced (the engine's answer and the remote client's alike; the
+    public RunResult wraps it)."""
+    op: str
+    source: str
+    image: str | None
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    usage: dict
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Http:
+    """Where an operation lives under /api/v1. `{name}` in the path is an argument (`{name:path}`:
+    it may hold slashes); `query`/`body` name the arguments sent as query parameters / JSON fields
+    (None values are left out: the server's defaults are the table's); `content` is the argument
+    sent as the raw request body; `const` adds fixed JSON fields (or query parameters for a GET);
+    `result` is the key of the JSON answer that is the return value; `raw`: the answer is bytes;
+    `data`: dicts come back as value objects (to_dict()), as the engine's Entry and Change are;
+    `drop`: in-process-only arguments (callbacks) a remote call accepts and cannot send; `rename`:
+    arguments whose wire field is named otherwise."""
+    method: str
+    path: str
+    query: tuple[str, ...] = ()
+    body: tuple[str, ...] = ()
+    whole_body: str | None = None
+    content: str | None = None
+    const: dict = field(default_factory=dict)
+    result: str | None = None
+    raw: bool = False
+    data: bool = False
+    drop: tuple[str, ...] = ()
+    rename: dict = field(default_factory=dict)      # argument -> its field name on the wire
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    signature: inspect.Signature
+    doc: str
+    scope: str | None                   # the token scope a tenant needs (None: any valid token)
+    images: tuple[str, ...] = ()        # arguments that name images (tenant visibility)
+    audit: str | None = None            # audit action of a call (None: a read, not audited)
+    admin: bool = False                 # only an admin token (Forbidden for a tenant)
+    http: Http | None = None            # None: in-process only (over HTTP: RuntimeUnavailable)
+    local: str | None = None            # why it is in-process only
+    group: str = "engine"               # "engine": engine.<name>; "operations": engine.operations.<name>
+    custom_remote: bool = False         # the remote client writes this one by hand (a stream, a tar)
+
+    def bind(self, *args, **kwargs) -> dict:
+        """The call's arguments by name, defaults applied; TypeError as a Python call would."""
+        b = self.signature.bind(*args, **kwargs)
+        b.apply_defaults()
+        out = dict(b.arguments)
+        for p in self.signature.parameters.values():        # **options collected under their own names
+            if p.kind is p.VAR_KEYWORD:
+                out.update(out.pop(p.name, {}))
+        return out
+
+
+OPS: dict[str, Op] = {}
+
+# Descriptions of the parameters that recur (MCP tool parameters and REST fields take them from here).
+PARAMS = {
+    "ref": "an image: its ID or a unique prefix of it, a tag, or branch:NAME",
+    "image": "an image: its ID or a unique prefix of it, a tag, or branch:NAME",
+    "root": "the image the tree starts from (ID, prefix, tag or branch:NAME)",
+    "a": "the first image (ID, prefix, tag or branch:NAME)",
+    "b": "the second image (ID, prefix, tag or branch:NAME)",
+    "base": "the common ancestor (None: found from the lineage)",
+    "ours": "the image whose side wins a conflict with strategy='ours'",
+    "theirs": "the image merged into ours",
+    "command": "a string runs in /bin/sh -c; a list is the argv",
+    "path": "an absolute path inside the image or sandbox",
+    "name": "a tag or branch name",
+    "tag": "a tag to give the resulting image",
+    "sid": "a live sandbox's ID (or a unique prefix)",
+    "env": "environment variables added to the defaults (values that look like secrets are masked in records)",
+    "cwd": "the working directory inside the sandbox",
+    "stdin": "bytes or text fed to the command's standard input",
+    "uid": "the user ID the command runs as inside the sandbox",
+    "gid": "the group ID the command runs as inside the sandbox",
+    "hostname": "the sandbox's hostname",
+    "files": "files put into the sandbox first: a list of {path, content | blob, mode} or {path: bytes | str}",
+    "file_set": "the ID of a stored file set whose files are put in first",
+    "disposable": "run without keeping the result as an image",
+    "timeout": f"seconds of wall clock before the command is killed (default {D.RUN_TIMEOUT:g})",
+    "memory": "memory limit, bytes or a size like 512M (processes plus pending writes)",
+    "pids": "the most processes and threads at once",
+    "cpus": "CPU quota in cores (None: no quota)",
+    "disk": "bytes the run may write, or a size like 2G",
+    "output": "bytes kept per output stream; a stream passing it stops the command",
+    "tier": "isolation tier: namespaces (default) or gvisor",
+    "limit": "the most entries returned",
+    "op": "an operation's ID",
+    "digest": "a sha256 hex digest of an uploaded file",
+    "idle_timeout": f"seconds without a command before the sandbox is stopped (default {D.SANDBOX_IDLE_TIMEOUT:g})",
+    "lifetime": f"seconds until the sandbox is stopped in any case (default {D.SANDBOX_LIFETIME:g})",
+    "idle_action": "what the idle timeout does: stop, or hibernate (resume brings it back)",
+    "force": "replace or remove even where it would otherwise be refused",
+    "strategy": "how conflicts resolve: None (report them), 'ours' or 'theirs'",
+    "ignore": "glob patterns of paths the merge leaves out (default: __pycache__/, *.pyc, .pytest_cache/)",
+    "on_conflict": "'raise' (MergeConflict) or 'return' (the conflicts in the answer)",
+    "insecure": "allow plain HTTP / unverified TLS to this registry",
+    "max_nodes": f"the most nodes in the answer (default {D.LINEAGE_MAX_NODES})",
+}
+
+
+def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
+       local: str | None = None, group: str = "engine", custom_remote: bool = False):
+    """Declare the decorated signature as an operation (the function itself is never called)."""
+    def deco(fn):
+        sig = inspect.signature(fn)
+        for a in images:
+            assert a in sig.parameters, (fn.__name__, a)
+        if http is not None:
+            named = set(http.query) | set(http.body) | {http.content, http.whole_body} | set(http.drop)
+            named |= {seg.split("}")[0].split(":")[0] for seg in http.path.split("{")[1:]}
+            for p in sig.parameters.values():
+                if p.kind is not p.VAR_KEYWORD and p.name not in named and not custom_remote:
+                    raise AssertionError(f"{fn.__name__}: argument {p.name} has no place in its HTTP binding")
+        key = fn.__name__ if group == "engine" else f"{group}.{fn.__name__}"
+        OPS[key] = Op(fn.__name__, sig, inspect.getdoc(fn) or "", scope, tuple(images), audit, admin, http, local,
+                      group, custom_remote)
+        return fn
+    return deco
+
+
+def describe(name: str, param: str) -> str | None:
+    """A parameter's description: the row's own (`param: text` lines in its docstring), else PARAMS."""
+    row = OPS.get(name)
+    if row is not None:
+        for line in row.doc.splitlines():
+            if line.strip().startswith(f"{param}:"):
+                return line.split(":", 1)[1].strip()
+    return PARAMS.get(param)
+
+
+G, P, U, X = "GET", "POST", "PUT", "DELETE"
+LOCAL_HOST = "it reads or writes paths of the server's own machine"
+
+# ---- names, images, refs -------------------------------------------------------------------------
+
+@op("list", http=Http(G, "/resolve", query=("ref",), result="image"))
+def resolve(ref: str) -> str:
+    """The full image ID a reference names."""
+
+
+@op("list", http=Http(G, "/images"))
+def images() -> list[dict]:
+    """Every image (a tenant: the ones it may see)."""
+
+
+@op("tag", images=("image",), audit="tag", http=Http(U, "/tags/{name:path}", body=("image",)))
+def tag(image: str, name: str) -> None:
+    """Point tag `name` at an image (moves an existing tag)."""
+
+
+@op("tag", audit="untag", http=Http(X, "/tags/{name:path}", result="image"))
+def untag(name: str) -> str:
+    """Remove a tag; returns the image it named."""
+
+
+@op("list", images=("image",), http=Http(G, "/tags", query=("image",)))
+def tags(image: str | None = None) -> dict[str, str]:
+    """Tag -> image (only an image's own tags when `image` is given)."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}"))
+def image_info(image: str) -> dict:
+    """An image's row: id, parents, size, creation time, tags."""
+
+
+@op(None, admin=True, images=("image",), audit="remove image",
+    http=Http(X, "/images/{image:path}", query=("force",)))
+def remove_image(image: str, *, force: bool = False) -> None:
+    """Remove an image (its data goes at the next gc); refused while tags or children name it
+    unless force."""
+
+
+@op("tag", images=("image",), audit="share", http=Http(P, "/images/{image:path}/share", const={"public": True}))
+def share(image: str) -> dict:
+    """Make an image visible to every tenant."""
+
+
+@op("tag", images=("image",), audit="unshare",
+    http=Http(P, "/images/{image:path}/share", const={"public": False}))
+def unshare(image: str) -> dict:
+    """Make a shared image private to its owners again."""
+
+
+# ---- import ---------------------------------------------------------------------------------------
+
+@op("import", audit="import", http=Http(P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
+def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
+    """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
+    path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
+
+
+@op("import", audit="pull", http=Http(P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
+                                       drop=("progress",)))
+def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+    """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
+    reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
+
+
+@op(None, admin=True, audit="registry login",
+    http=Http(P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
+              rename={"registry_url": "registry", "secret": "token"}))
+def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
+    """Store credentials for a registry (the secret is never returned or logged)."""
+
+
+@op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
+def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
+    """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
+
+
+# ---- uploads and file sets --------------------------------------------------------------------------
+
+@op("run", http=Http(P, "/files", content="data", result="sha256"))
+def upload(data: bytes) -> str:
+    """Store bytes for later runs; returns their sha256."""
+
+
+@op("run", local=LOCAL_HOST)
+def upload_file(path: str, digest: str | None = None) -> str:
+    """Store a file of this machine (streamed); returns its sha256."""
+
+
+@op("list", http=Http(G, "/files/{digest}/info"))
+def upload_info(digest: str) -> dict:
+    """An upload's size and time."""
+
+
+@op("list", local="the server answers it per request")
+def find_upload(prefix: str) -> str:
+    """The one upload whose digest starts with `prefix`."""
+
+
+@op("list", http=Http(G, "/files/{digest}", raw=True))
+def download(digest: str) -> bytes:
+    """An upload's bytes."""
+
+
+@op("run", http=Http(P, "/file-sets", whole_body="files", result="id"))
+def file_set_create(files: list[dict]) -> str:
+    """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
+
+
+@op("list", local="the server answers it per request")
+def file_set(set_id: str) -> list[dict]:
+    """A stored file set's files."""
+
+
+# ---- inspection ----------------------------------------------------------------------------------
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/ls", query=("path",), data=True))
+def ls(image: str, path: str = "/") -> list[dict]:
+    """The entries of a directory of an image."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/stat", query=("path",), data=True))
+def stat(image: str, path: str) -> dict:
+    """One path's metadata."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
+def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+    """A file's bytes (from `offset`, at most `limit`)."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/grep", query=("pattern", "path")))
+def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
+    """Lines matching an RE2 pattern under a path.
+    pattern: an RE2 regular expression (no backtracking: linear time)"""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
+def export_tar(image: str, fileobj, path: str = "/") -> None:
+    """Write an image (or one directory of it) as a tar to a file object."""
+
+
+@op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), result="changes", data=True))
+def diff(a: str, b: str) -> list:
+    """What changed from image a to image b (added, deleted, modified, ...)."""
+
+
+@op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
+def patch(a: str, b: str) -> str:
+    """A unified diff from image a to image b."""
+
+
+# ---- runs -----------------------------------------------------------------------------------------
+
+@op("run", images=("ref",), audit="run", http=Http(P, "/runs"), custom_remote=True)
+def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
+        uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
+        disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+        timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
+        disk=None, output=None):
+    """Run a command on an image; its writes become a new image (returned in the record).
+    on_output: called with (stream, bytes) as output arrives
+    cancel: a threading.Event; set, the command is killed"""
+
+
+@op("list", http=Http(G, "/operations/{op}"))
+def operation(op: str) -> dict:
+    """An operation's record (run, import, merge)."""
+
+
+# ---- live sandboxes ------------------------------------------------------------------------------
+
+@op("run", images=("ref",), audit="sandbox start", http=Http(P, "/sandboxes"), custom_remote=True)
+def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+                  files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+                  lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
+                  tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
+                  cpus: float | None = None, disk=None, output=None) -> dict:
+    """Start a live sandbox on an image: commands run in it one after another, sharing its state.
+    timeout: default seconds per command"""
+
+
+@op("run", audit="exec", http=Http(P, "/sandboxes/{sid}/exec"), custom_remote=True)
+def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
+                 stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
+                 timeout: float | None = None, output=None):
+    """Run a command in a live sandbox (its state carries over to the next).
+    cwd: the working directory (default: where the last command left it)
+    timeout: seconds for this command (default: the sandbox's)
+    output: bytes kept per stream for this command (default: the sandbox's)"""
+
+
+@op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
+def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
+                  pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen
+    (stdin/stdout/stderr: -1 is subprocess.PIPE)."""
+
+
+@op("run", audit="sandbox commit", http=Http(P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
+def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
+    """An image of a live sandbox's filesystem as it is now."""
+
+
+@op("run", audit="sandbox stop", http=Http(P, "/sandboxes/{sid}/stop"))
+def sandbox_stop(sid: str) -> dict:
+    """Stop a live sandbox (its state is gone unless committed)."""
+
+
+@op("run", audit="sandbox hibernate", http=Http(P, "/sandboxes/{sid}/hibernate"))
+def sandbox_hibernate(sid: str) -> dict:
+    """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
+
+
+@op("run", audit="sandbox resume", http=Http(P, "/sandboxes/{sid}/resume"))
+def sandbox_resume(sid: str) -> dict:
+    """Bring a hibernated sandbox back where it was."""
+
+
+@op("list", http=Http(G, "/sandboxes/{sid}"))
+def sandbox_info(sid: str) -> dict:
+    """A live sandbox's state, image, limits and times."""
+
+
+@op("list", http=Http(G, "/sandboxes", query=("all",)))
+def sandbox_list(*, all: bool = False) -> list[dict]:
+    """Live sandboxes (all: stopped ones too)."""
+
+
+@op("list", http=Http(G, "/sandboxes/{sid}/file", query=("path",), raw=True))
+def sandbox_read(sid: str, path: str) -> bytes:
+    """A file's bytes, read from a live sandbox."""
+
+
+@op("run", audit="sandbox write",
+    http=Http(U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
+    """Write a file into a live sandbox."""
+
+
+# ---- warm pools -----------------------------------------------------------------------------------
+
+@op(None, admin=True, images=("ref",), http=Http(U, "/pools/{ref:path}",
+                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
+                                                      "output")))
+def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
+                pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
+    """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
+
+
+@op("list", http=Http(G, "/pools"))
+def pool_list() -> list[dict]:
+    """The warm pools and how full they are."""
+
+
+@op(None, admin=True, images=("ref",), http=Http(P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
+def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
+    """Wait until a pool is full; whether it filled in time."""
+
+
+@op(None, admin=True, images=("ref",), http=Http(X, "/pools/{ref:path}"))
+def pool_remove(ref: str) -> None:
+    """Stop a pool's sandboxes and forget it."""
+
+
+# ---- lineage ----------------------------------------------------------------------------------------
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/parents"))
+def parents(image: str) -> list[dict]:
+    """The images an image was made from, with the operations that made it."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/children"))
+def children(image: str) -> list[dict]:
+    """The images made from an image, with their operations."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/log", query=("limit",)))
+def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
+    """An image's history, newest first: each step's operation and command."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/ancestors"))
+def ancestors(image: str) -> dict[str, int]:
+    """Every ancestor with its distance."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/descendants"))
+def descendants(image: str) -> dict[str, int]:
+    """Every descendant with its distance."""
+
+
+@op("list", images=("image",), http=Http(G, "/images/{image:path}/produced-by"))
+def produced_by(image: str) -> list[dict]:
+    """The operations whose result is this image."""
+
+
+@op("list", images=("root",), http=Http(G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
+def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
+    """The tree of images grown from `root`, each edge labelled by its command."""
+
+
+@op("list", images=("a", "b"), http=Http(G, "/lineage/common", query=("a", "b"), result="image"))
+def common_ancestor(a: str, b: str) -> str | None:
+    """The nearest image both descend from (None: none)."""
+
+
+@op("list", images=("a", "b"), http=Http(G, "/lineage/path", query=("a", "b")))
+def lineage_path(a: str, b: str) -> list[str]:
+    """The images on the way from a to b through the lineage."""
+
+
+# ---- branching ------------------------------------------------------------------------------------
+
+@op("run", images=("base", "ours", "theirs"), audit="merge",
+    http=Http(P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
+def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
+          on_conflict: str = "raise") -> dict:
+    """Three-way merge of what two images changed since their common ancestor, as a new image."""
+
+
+@op("tag", images=("image",), audit="branch create", http=Http(P, "/branches", body=("name", "image", "force")))
+def branch_create(name: str, image: str, *, force: bool = False) -> None:
+    """A branch: a name whose head moves with each run on branch:NAME."""
+
+
+@op("tag", audit="branch delete", http=Http(X, "/branches/{name:path}", result="image"))
+def branch_delete(name: str) -> str:
+    """Remove a branch; returns its head."""
+
+
+@op("list", http=Http(G, "/branches"))
+def branches() -> dict[str, str]:
+    """Branch -> head image."""
+
+
+@op("list", http=Http(G, "/branches/{name:path}", result="image"))
+def branch_head(name: str) -> str:
+    """A branch's head image."""
+
+
+@op("list", http=Http(G, "/branches/{name:path}/log"))
+def branch_log(name: str) -> list[dict]:
+    """Where a branch's head has been, newest first."""
+
+
+@op("tag", audit="rollback", http=Http(P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
+def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
+    """Move a branch's head back (to an image, or `steps` back along its log)."""
+
+
+@op(None, admin=True, local=LOCAL_HOST)
+def bundle_create(path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
+    """Write images (and their ancestry) to a bundle file."""
+
+
+@op("import", audit="bundle import", local=LOCAL_HOST)
+def bundle_import(path: str) -> dict:
+    """Read a bundle file's images into the store."""
+
+
+# ---- the server and its store ------------------------------------------------------------------------
+
+@op(None, http=Http(G, "/whoami"))
+def whoami() -> dict:
+    """Who the caller is: tenant, scopes, the store."""
+
+
+@op(None, http=Http(G, "/doctor"))
+def doctor() -> list[dict]:
+    """What works on this machine: each tier, cgroups, CRIU, ..."""
+
+
+@op(None, http=Http(G, "/audit", query=("tenant", "limit")))
+def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
+    """The audit trail, newest first (a tenant: its own)."""
+
+
+@op(None, admin=True, http=Http(P, "/admin/fsck", query=("verify_content",)))
+def fsck(verify_content: bool = True) -> dict:
+    """Check the store; verify_content re-hashes every blob."""
+
+
+@op(None, admin=True, audit="gc", http=Http(P, "/admin/gc", query=("retention", "grace")))
+def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
+    """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
+
+
+# ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
+
+@op("run", images=("ref",), audit="run", group="operations", http=Http(P, "/runs"), custom_remote=True)
+def submit_run(ref: str, command, **options) -> str:
+    """Start a run and return its operation ID at once (the options are run's)."""
+
+
+@op("list", group="operations", http=Http(G, "/operations/{op}"))
+def get(op: str) -> dict:
+    """An operation's record and status."""
+
+
+@op("list", group="operations", http=Http(P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
+def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
+    """Wait for operations to end; their records, in order."""
+
+
+@op("list", group="operations", http=Http(G, "/operations/{op}"), custom_remote=True)
+def result(op: str):
+    """A finished run's record with its whole output (None while it runs)."""
+
+
+@op("run", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
+def cancel(op: str) -> dict:
+    """Stop a submitted operation."""
+
+
+@op("list", group="operations", http=Http(G, "/operations", query=("status", "limit")))
+def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
+    """Operations, newest first (status: queued, running, done, failed, cancelled)."""
+
+
+ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}
+OPERATIONS_OPS = {v.name: v for v in OPS.values() if v.group == "operations"}
+del list                                  # the row above; `list` is the builtin again below this line

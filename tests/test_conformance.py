@@ -1,0 +1,74 @@
+"""The operation table is the vocabulary (issue 13): Engine, the tenant and admin views and the
+remote client expose exactly the table's operations, with the table's signatures, and every HTTP
+binding names a route the server has. A method added to one surface and not the table, or a
+parameter that drifts, fails here."""
+
+import inspect
+import re
+
+import pytest
+
+from sandtree import table
+from sandtree.client.remote import RemoteEngine, RemoteOperations
+from sandtree.engine import Engine
+from sandtree.engine.operations import Operations
+from sandtree.tenancy.tenants import AdminView, TenantOperations, TenantView
+
+# What an engine has beside its operations: its own lifecycle and the tenancy entry point.
+PLUMBING = {"close", "tier", "as_tenant"}
+
+
+def shape(fn) -> list[tuple]:
+    """A signature as the caller sees it: names, kinds and defaults (annotations are spelling)."""
+    sig = fn if isinstance(fn, inspect.Signature) else inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default)) for p in params]
+
+
+def public_methods(cls) -> set[str]:
+    return {n for n, v in inspect.getmembers(cls) if not n.startswith("_") and callable(v)
+            and not inspect.isclass(v) and not isinstance(inspect.getattr_static(cls, n), property)}
+
+
+def test_engine_has_exactly_the_table():
+    assert public_methods(Engine) - PLUMBING == set(table.ENGINE_OPS)
+
+
+@pytest.mark.parametrize("cls", [Engine, TenantView, RemoteEngine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name", sorted(table.ENGINE_OPS))
+def test_signature_is_the_table_s(cls, name):
+    row = table.ENGINE_OPS[name]
+    assert hasattr(cls, name), f"{cls.__name__} has no {name}"
+    assert shape(getattr(cls, name)) == shape(row.signature), \
+        f"{cls.__name__}.{name}{inspect.signature(getattr(cls, name))} is not the table's {name}{row.signature}"
+
+
+@pytest.mark.parametrize("cls", [Operations, TenantOperations, RemoteOperations], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name", sorted(table.OPERATIONS_OPS))
+def test_operations_signature_is_the_table_s(cls, name):
+    row = table.OPERATIONS_OPS[name]
+    assert hasattr(cls, name), f"{cls.__name__} has no {name}"
+    assert shape(getattr(cls, name)) == shape(row.signature), \
+        f"{cls.__name__}.{name}{inspect.signature(getattr(cls, name))} is not the table's {name}{row.signature}"
+
+
+def test_every_http_binding_is_a_server_route(tmp_path):
+    from sandtree.http.server import build_app
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        paths = build_app(eng).openapi()["paths"]
+    finally:
+        eng.close()
+    routes = {(m.upper(), re.sub(r"\{[^}]*\}", "{}", p)) for p, ms in paths.items() for m in ms}
+    missing = [(row.name, row.http.method, row.http.path) for row in table.OPS.values() if row.http is not None
+               and (row.http.method, re.sub(r"\{[^}]*\}", "{}", "/api/v1" + row.http.path)) not in routes]
+    assert not missing, missing
+
+
+def test_rows_are_complete():
+    """Every row says its scope or that it is admin-only, and either binds to HTTP or says why not."""
+    for row in table.OPS.values():
+        assert row.doc, row.name
+        assert (row.http is None) != (row.local is None), f"{row.name}: an HTTP binding or a reason it has none"
+        assert row.scope in (None, "list", "run", "import", "tag"), row.name
+        assert row.scope is not None or row.admin or row.name in ("whoami", "doctor", "audit"), row.name
