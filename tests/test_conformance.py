@@ -72,3 +72,27 @@ def test_rows_are_complete():
         assert (row.http is None) != (row.local is None), f"{row.name}: an HTTP binding or a reason it has none"
         assert row.scope in (None, "list", "run", "import", "tag"), row.name
         assert row.scope is not None or row.admin or row.name in ("whoami", "doctor", "audit"), row.name
+
+
+def test_every_mcp_parameter_is_described(tmp_path):
+    """A model reads each tool parameter's description (issue 13: 0 of 106 had one)."""
+    import asyncio
+
+    from sandtree.mcp.server import build_server
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        tools = asyncio.run(build_server(eng).list_tools())
+    finally:
+        eng.close()
+    bare = [(t.name, p) for t in tools for p, s in t.input_schema.get("properties", {}).items()
+            if not s.get("description")]
+    assert len(tools) >= 35 and not bare, bare
+
+
+def test_a_parameter_without_a_description_is_refused():
+    from sandtree.mcp.server import described
+
+    def tool(image: str, frobnicate: int = 1) -> dict:
+        """A tool."""
+    with pytest.raises(AssertionError, match="frobnicate"):
+        described(tool)

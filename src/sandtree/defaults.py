@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUN_TIMEOUT = 300.0                  # seconds of wall clock per run / exec (Limits.timeout)
-SANDBOX_IDLE_TIMEOUT = 600.0         # a live sandbox with no command for this long is stopped
-SANDBOX_LIFETIME = 3600.0            # ... and stopped after this long in any case
+MCP_TIMEOUT = 30.0                   # an MCP tool call's run: the agent's turn waits on it, and MCP
+                                     # clients give up on a call long before 300 s (the caller may pass more)
+SANDBOX_IDLE_TIMEOUT = 600           # a live sandbox with no command for this long is stopped
+SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any case
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

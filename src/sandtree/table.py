@@ -116,7 +116,7 @@ PARAMS = {
     "files": "files put into the sandbox first: a list of {path, content | blob, mode} or {path: bytes | str}",
     "file_set": "the ID of a stored file set whose files are put in first",
     "disposable": "run without keeping the result as an image",
-    "timeout": f"seconds of wall clock before the command is killed (default {D.RUN_TIMEOUT:g})",
+    "timeout": "seconds of wall clock before the command is killed",
     "memory": "memory limit, bytes or a size like 512M (processes plus pending writes)",
     "pids": "the most processes and threads at once",
     "cpus": "CPU quota in cores (None: no quota)",
@@ -126,15 +126,60 @@ PARAMS = {
     "limit": "the most entries returned",
     "op": "an operation's ID",
     "digest": "a sha256 hex digest of an uploaded file",
-    "idle_timeout": f"seconds without a command before the sandbox is stopped (default {D.SANDBOX_IDLE_TIMEOUT:g})",
-    "lifetime": f"seconds until the sandbox is stopped in any case (default {D.SANDBOX_LIFETIME:g})",
+    "idle_timeout": "seconds without a command before the sandbox is stopped",
+    "lifetime": "seconds until the sandbox is stopped in any case",
     "idle_action": "what the idle timeout does: stop, or hibernate (resume brings it back)",
     "force": "replace or remove even where it would otherwise be refused",
     "strategy": "how conflicts resolve: None (report them), 'ours' or 'theirs'",
     "ignore": "glob patterns of paths the merge leaves out (default: __pycache__/, *.pyc, .pytest_cache/)",
     "on_conflict": "'raise' (MergeConflict) or 'return' (the conflicts in the answer)",
     "insecure": "allow plain HTTP / unverified TLS to this registry",
-    "max_nodes": f"the most nodes in the answer (default {D.LINEAGE_MAX_NODES})",
+    "max_nodes": "the most nodes in the answer",
+    "reference": "docker://HOST[:PORT]/NAME[:TAG|@DIGEST]",
+    "pattern": "an RE2 regular expression (linear time: no backtracking)",
+    # the MCP tools' own names for the same things
+    "sandbox_id": "a live sandbox's ID (from sandbox_start)",
+    "operation_id": "an operation's ID (from run with wait=false, or a result's operation_id)",
+    "operation_ids": "operation IDs to wait for",
+    "directory_state_id": "a file set's ID (from rsync): its files are put in first",
+    "shell": "true: run command with /bin/sh -c; false: split it on spaces into argv",
+    "wait": "false: return the operation_id at once (see wait_operations)",
+    "truncate_output_at": "characters of stdout and stderr returned (the rest: get_operation with an offset)",
+    "offset": "where to start reading (bytes, or characters of a stored output)",
+    "commands": "the commands, one branch each, all from the same image",
+    "parallel": "how many branches run at once",
+    "content": "the file's text",
+    "content_base64": "the file's bytes as base64 (instead of content)",
+    "mode": "the file's permission bits (e.g. 420 = 0o644)",
+    "all": "include stopped sandboxes",
+    "status": "only operations in this state: queued, running, done, failed, cancelled",
+    "tag_prefix": "only images with a tag starting with this",
+    "glob": "only files whose path matches this glob",
+    "exclude": "glob patterns of paths left out",
+    "ignore_case": "match regardless of case",
+    "max_matches": "the most matching lines returned",
+    "branch": "a branch's name",
+    "steps": "how many runs back along the branch's log",
+    "to": "an image on the branch's log to move its head to",
+    "registry_url": "the registry, e.g. https://registry.example.com",
+    "username": "the registry account",
+    "token": "the registry password or token (stored, never shown or logged)",
+    "setup_commands": "shell commands that prepare the environment, one per line",
+    "test_command": "the command whose exit status says whether a candidate works",
+    "candidates": "how many alternatives to try in parallel",
+    # meanings of one tool's own
+    "import_image.source": "docker://HOST/NAME:TAG, upload:SHA256 (an uploaded tar), a local path (stdio only) "
+                           "or debian:SUITE",
+    "rsync.source": "a directory on this machine (stdio only)",
+    "rsync.destination": "the directory inside the sandbox the files go to",
+    "download.destination": "a path on this machine to write the file to (stdio only)",
+    "upload.path": "a file on this machine to upload (stdio only; instead of content)",
+    "lineage.format": "text (an indented tree) or json",
+    "diff.patch": "also return a unified diff of the text files",
+    "merge.return_conflicts": "return the conflicts instead of failing with merge_conflict",
+    "get_guide.section": "workflow, branching, async, live or errors",
+    "prepare_environment.base": "the image to start from",
+    "prepare_environment.tag": "the tag the prepared image gets",
 }
 
 
@@ -159,13 +204,14 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
 
 
 def describe(name: str, param: str) -> str | None:
-    """A parameter's description: the row's own (`param: text` lines in its docstring), else PARAMS."""
+    """A parameter's description: the row's own (`param: text` lines in its docstring), else the
+    vocabulary's meaning for this tool (`name.param`), else the shared one."""
     row = OPS.get(name)
     if row is not None:
         for line in row.doc.splitlines():
             if line.strip().startswith(f"{param}:"):
                 return line.split(":", 1)[1].strip()
-    return PARAMS.get(param)
+    return PARAMS.get(f"{name}.{param}", PARAMS.get(param))
 
 
 G, P, U, X = "GET", "POST", "PUT", "DELETE"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import config
+from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION
 from ..defaults import Limits
 from ..table import RunRecord
@@ -110,7 +111,7 @@ class Sandtree:
 
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-             hostname: str = "sandtree", wait: bool = False) -> dict:
+             hostname: str = D.HOSTNAME, wait: bool = False) -> dict:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
         it again resizes; size=0 empties it. wait: until it is full. Returns its stats."""
@@ -256,7 +257,7 @@ class Image:
 
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
             cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
-            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
+            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
             files: list | None = None, disposable: bool = False,
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
@@ -268,8 +269,8 @@ class Image:
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
               cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
-              hostname: str = "sandtree", files: list | None = None, idle_timeout: float = 600,
-              lifetime: float = 3600, idle_action: str = "stop", tier: str | None = None) -> "Sandbox":
+              hostname: str = D.HOSTNAME, files: list | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+              lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None) -> "Sandbox":
         """Start a live sandbox on this image: commands enter it with exec/popen, it keeps its
         processes and files between them, and commit() snapshots it while it runs. timeout
         bounds each command; idle_timeout and lifetime (seconds) bound the sandbox; idle_action

@@ -36,7 +36,8 @@ from .contree import contree_router
 from ..engine import Engine
 from ..errors import DiskFull, Forbidden, InvalidInput, SandtreeError
 from ..tenancy.gate import JsonLog, RequestEngine, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
-from ..store.maintenance import GC_GRACE, GC_RETENTION
+from .. import defaults as D
+from ..defaults import GC_GRACE, GC_RETENTION
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
@@ -69,7 +70,7 @@ class RunIn(In):
     stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
     uid: int = 0
     gid: int = 0
-    hostname: str = "sandtree"
+    hostname: str = D.HOSTNAME
     files: list[FileIn] = []
     file_set: str | None = None
     disposable: bool = False
@@ -87,11 +88,11 @@ class StartIn(In):
     image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
     env: dict[str, str] = {}
     cwd: str = "/"
-    hostname: str = "sandtree"
+    hostname: str = D.HOSTNAME
     files: list[FileIn] = []
     file_set: str | None = None
-    idle_timeout: float = Field(600, description="seconds without a command before it is stopped")
-    lifetime: float = Field(3600, description="seconds until it is stopped in any case")
+    idle_timeout: float = Field(D.SANDBOX_IDLE_TIMEOUT, description="seconds without a command before it is stopped")
+    lifetime: float = Field(D.SANDBOX_LIFETIME, description="seconds until it is stopped in any case")
     idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
                                                        "or hibernate it (resume brings it back)")
     timeout: float | None = Field(None, description="default seconds per command")
@@ -123,7 +124,7 @@ class PoolIn(In):
     disk: str | int | None = None
     timeout: float | None = None
     output: str | int | None = None
-    hostname: str = "sandtree"
+    hostname: str = D.HOSTNAME
     wait: bool = Field(False, description="answer once the pool is full")
 
 

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import fnmatch
 import functools
+import inspect
 import json
 import logging
 import os
@@ -29,12 +30,16 @@ import sys
 import tempfile
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated
 
 import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
+from pydantic import Field
 
+from .. import defaults as D
+from .. import table
 from ..branching import lineage as lineage_mod
 from ..engine import Engine
 from ..errors import Forbidden, SandtreeError
@@ -75,6 +80,25 @@ sandbox_resume continues it. sandbox_stop when done (it also stops after idle_ti
 invalid_input (bad arguments; nothing changed), command_not_found, sandbox_error, runtime_unavailable.
 A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true.""",
 }
+
+
+def described(fn) -> inspect.Signature:
+    """The tool's signature with a description on every parameter, so a model sees what each one
+    means: a `name: text` line of the tool's own docstring where the tool means something of its
+    own, else the operation table's (table.describe: the row's, then the shared vocabulary)."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = {}
+    for line in (fn.__doc__ or "").splitlines():
+        name, sep, text = line.strip().partition(": ")
+        if sep and name.isidentifier() and name in sig.parameters:
+            own[name] = text.strip()
+    params = []
+    for p in sig.parameters.values():
+        text = own.get(p.name) or table.describe(fn.__name__, p.name)
+        if text is None:
+            raise AssertionError(f"MCP tool {fn.__name__}: parameter {p.name} has no description")
+        params.append(p.replace(annotation=Annotated[p.annotation, Field(description=text)]))
+    return sig.replace(parameters=params)
 
 
 def _cut(data: bytes, limit: int) -> tuple[str, bool]:
@@ -138,7 +162,8 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
             kept[0] -= len(o) + len(e)
 
     def guard(fn):
-        """Engine errors become tool errors with their kind and message (never a crash)."""
+        """Engine errors become tool errors with their kind and message (never a crash); every
+        parameter carries its description from the operation table (described())."""
 
         @functools.wraps(fn)
         def wrapper(*a, **k):
@@ -146,6 +171,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
                 return fn(*a, **k)
             except SandtreeError as exc:
                 raise ToolError(f"{exc.code}: {exc.message}") from None
+        wrapper.__signature__ = described(fn)
         return wrapper
 
     def run_result(rec, limit: int) -> dict:
@@ -168,7 +194,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     @server.tool()
     @guard
     def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None, cwd: str = "/",
-            uid: int = 0, gid: int = 0, timeout: float = 30, disposable: bool = True, stdin: str | None = None,
+            uid: int = 0, gid: int = 0, timeout: float = D.MCP_TIMEOUT, disposable: bool = True, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
             truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None) -> dict:
@@ -193,7 +219,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
 
     @server.tool()
     @guard
-    def fork(image: str, commands: list[str], parallel: int = 4, timeout: float = 30, disposable: bool = False,
+    def fork(image: str, commands: list[str], parallel: int = 4, timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
              truncate_output_at: int = 2000) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
@@ -212,8 +238,8 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     # ---- live sandboxes -------------------------------------------------------------------------
     @server.tool()
     @guard
-    def sandbox_start(image: str, timeout: float = 30, memory: str | None = None, env: dict[str, str] | None = None,
-                      cwd: str = "/", idle_timeout: float = 600, lifetime: float = 3600,
+    def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
+                      cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                       idle_action: str = "stop") -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
@@ -566,6 +592,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
         return res
 
     @server.tool()
+    @guard
     def get_guide(section: str = "workflow") -> str:
         """How to use sandtree well: workflow, branching, async, errors."""
         if section not in GUIDE:

@@ -18,11 +18,9 @@ from .objects import DIR, FILE, decode_tree, tree_hash_and_data
 from .store import Store
 
 
-# The defaults every surface shows (engine, SDK, remote client, REST, CLI): untagged images younger
-# than GC_RETENTION seconds are kept; anything younger than GC_GRACE is never judged (a commit may
-# be publishing it).
-GC_RETENTION = 7 * 86400
-GC_GRACE = 600
+# Untagged images younger than GC_RETENTION seconds are kept; anything younger than GC_GRACE is
+# never judged (a commit may be publishing it). The numbers live with every other default.
+from ..defaults import GC_GRACE, GC_RETENTION  # noqa: E402,F401
 
 def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
     """(tree hashes, blob digests) reachable from the given root trees."""
