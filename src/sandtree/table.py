@@ -4,7 +4,7 @@ Each row is a declaration: a signature (written as a Python function whose body 
 docstring), the token scope a tenant needs, which arguments name images (a tenant may name only
 images it can see), the audit action a call records, and the operation's HTTP binding. From the
 rows come the tenant and admin views' scope, visibility and audit (tenancy/), the remote client's
-methods (client/remote.py), MCP parameter descriptions (mcp/), and the conformance test that
+methods (client/remote.py), MCP parameter descriptions (vocabulary.py), and the conformance test that
 Engine, the tenant view and the remote client expose the same operations with the same
 signatures (tests/test_conformance.py). The engine implements each row as a method of the same
 name and signature; nothing here runs an operation.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from . import defaults as D
 
-__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "PARAMS", "RunRecord", "op", "describe"]
+__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "RunRecord", "op"]
 
 
 @dataclass
@@ -92,97 +92,6 @@ class Op:
 
 OPS: dict[str, Op] = {}
 
-# Descriptions of the parameters that recur (MCP tool parameters and REST fields take them from here).
-PARAMS = {
-    "ref": "an image: its ID or a unique prefix of it, a tag, or branch:NAME",
-    "image": "an image: its ID or a unique prefix of it, a tag, or branch:NAME",
-    "root": "the image the tree starts from (ID, prefix, tag or branch:NAME)",
-    "a": "the first image (ID, prefix, tag or branch:NAME)",
-    "b": "the second image (ID, prefix, tag or branch:NAME)",
-    "base": "the common ancestor (None: found from the lineage)",
-    "ours": "the image whose side wins a conflict with strategy='ours'",
-    "theirs": "the image merged into ours",
-    "command": "a string runs in /bin/sh -c; a list is the argv",
-    "path": "an absolute path inside the image or sandbox",
-    "name": "a tag or branch name",
-    "tag": "a tag to give the resulting image",
-    "sid": "a live sandbox's ID (or a unique prefix)",
-    "env": "environment variables added to the defaults (values that look like secrets are masked in records)",
-    "cwd": "the working directory inside the sandbox",
-    "stdin": "bytes or text fed to the command's standard input",
-    "uid": "the user ID the command runs as inside the sandbox",
-    "gid": "the group ID the command runs as inside the sandbox",
-    "hostname": "the sandbox's hostname",
-    "files": "files put into the sandbox first: a list of {path, content | blob, mode} or {path: bytes | str}",
-    "file_set": "the ID of a stored file set whose files are put in first",
-    "disposable": "run without keeping the result as an image",
-    "timeout": "seconds of wall clock before the command is killed",
-    "memory": "memory limit, bytes or a size like 512M (processes plus pending writes)",
-    "pids": "the most processes and threads at once",
-    "cpus": "CPU quota in cores (None: no quota)",
-    "disk": "bytes the run may write, or a size like 2G",
-    "output": "bytes kept per output stream; a stream passing it stops the command",
-    "tier": "isolation tier: namespaces (default) or gvisor",
-    "limit": "the most entries returned",
-    "op": "an operation's ID",
-    "digest": "a sha256 hex digest of an uploaded file",
-    "idle_timeout": "seconds without a command before the sandbox is stopped",
-    "lifetime": "seconds until the sandbox is stopped in any case",
-    "idle_action": "what the idle timeout does: stop, or hibernate (resume brings it back)",
-    "force": "replace or remove even where it would otherwise be refused",
-    "strategy": "how conflicts resolve: None (report them), 'ours' or 'theirs'",
-    "ignore": "glob patterns of paths the merge leaves out (default: __pycache__/, *.pyc, .pytest_cache/)",
-    "on_conflict": "'raise' (MergeConflict) or 'return' (the conflicts in the answer)",
-    "insecure": "allow plain HTTP / unverified TLS to this registry",
-    "max_nodes": "the most nodes in the answer",
-    "reference": "docker://HOST[:PORT]/NAME[:TAG|@DIGEST]",
-    "pattern": "an RE2 regular expression (linear time: no backtracking)",
-    # the MCP tools' own names for the same things
-    "sandbox_id": "a live sandbox's ID (from sandbox_start)",
-    "operation_id": "an operation's ID (from run with wait=false, or a result's operation_id)",
-    "operation_ids": "operation IDs to wait for",
-    "directory_state_id": "a file set's ID (from rsync): its files are put in first",
-    "shell": "true: run command with /bin/sh -c; false: split it on spaces into argv",
-    "wait": "false: return the operation_id at once (see wait_operations)",
-    "truncate_output_at": "characters of stdout and stderr returned (the rest: get_operation with an offset)",
-    "offset": "where to start reading (bytes, or characters of a stored output)",
-    "commands": "the commands, one branch each, all from the same image",
-    "parallel": "how many branches run at once",
-    "content": "the file's text",
-    "content_base64": "the file's bytes as base64 (instead of content)",
-    "mode": "the file's permission bits (e.g. 420 = 0o644)",
-    "all": "include stopped sandboxes",
-    "status": "only operations in this state: queued, running, done, failed, cancelled",
-    "tag_prefix": "only images with a tag starting with this",
-    "glob": "only files whose path matches this glob",
-    "exclude": "glob patterns of paths left out",
-    "ignore_case": "match regardless of case",
-    "max_matches": "the most matching lines returned",
-    "branch": "a branch's name",
-    "steps": "how many runs back along the branch's log",
-    "to": "an image on the branch's log to move its head to",
-    "registry_url": "the registry, e.g. https://registry.example.com",
-    "username": "the registry account",
-    "token": "the registry password or token (stored, never shown or logged)",
-    "setup_commands": "shell commands that prepare the environment, one per line",
-    "test_command": "the command whose exit status says whether a candidate works",
-    "candidates": "how many alternatives to try in parallel",
-    # meanings of one tool's own
-    "import_image.source": "docker://HOST/NAME:TAG, upload:SHA256 (an uploaded tar), a local path (stdio only) "
-                           "or debian:SUITE",
-    "rsync.source": "a directory on this machine (stdio only)",
-    "rsync.destination": "the directory inside the sandbox the files go to",
-    "download.destination": "a path on this machine to write the file to (stdio only)",
-    "upload.path": "a file on this machine to upload (stdio only; instead of content)",
-    "lineage.format": "text (an indented tree) or json",
-    "diff.patch": "also return a unified diff of the text files",
-    "merge.return_conflicts": "return the conflicts instead of failing with merge_conflict",
-    "get_guide.section": "workflow, branching, async, live or errors",
-    "prepare_environment.base": "the image to start from",
-    "prepare_environment.tag": "the tag the prepared image gets",
-}
-
-
 def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
        local: str | None = None, group: str = "engine", custom_remote: bool = False):
     """Declare the decorated signature as an operation (the function itself is never called)."""
@@ -203,17 +112,6 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
     return deco
 
 
-def describe(name: str, param: str) -> str | None:
-    """A parameter's description: the row's own (`param: text` lines in its docstring), else the
-    vocabulary's meaning for this tool (`name.param`), else the shared one."""
-    row = OPS.get(name)
-    if row is not None:
-        for line in row.doc.splitlines():
-            if line.strip().startswith(f"{param}:"):
-                return line.split(":", 1)[1].strip()
-    return PARAMS.get(f"{name}.{param}", PARAMS.get(param))
-
-
 G, P, U, X = "GET", "POST", "PUT", "DELETE"
 LOCAL_HOST = "it reads or writes paths of the server's own machine"
 
@@ -223,31 +121,25 @@ LOCAL_HOST = "it reads or writes paths of the server's own machine"
 def resolve(ref: str) -> str:
     """The full image ID a reference names."""
 
-
 @op("list", http=Http(G, "/images"))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
-
 
 @op("tag", images=("image",), audit="tag", http=Http(U, "/tags/{name:path}", body=("image",)))
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
-
 @op("tag", audit="untag", http=Http(X, "/tags/{name:path}", result="image"))
 def untag(name: str) -> str:
     """Remove a tag; returns the image it named."""
-
 
 @op("list", images=("image",), http=Http(G, "/tags", query=("image",)))
 def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}"))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags."""
-
 
 @op(None, admin=True, images=("image",), audit="remove image",
     http=Http(X, "/images/{image:path}", query=("force",)))
@@ -255,11 +147,9 @@ def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it
     unless force."""
 
-
 @op("tag", images=("image",), audit="share", http=Http(P, "/images/{image:path}/share", const={"public": True}))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
-
 
 @op("tag", images=("image",), audit="unshare",
     http=Http(P, "/images/{image:path}/share", const={"public": False}))
@@ -274,7 +164,6 @@ def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-
 @op("import", audit="pull", http=Http(P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
                                        drop=("progress",)))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
@@ -288,7 +177,6 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
-
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
@@ -300,31 +188,25 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
-
 @op("run", local=LOCAL_HOST)
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
-
 
 @op("list", http=Http(G, "/files/{digest}/info"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
-
 @op("list", local="the server answers it per request")
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
-
 
 @op("list", http=Http(G, "/files/{digest}", raw=True))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
-
 @op("run", http=Http(P, "/file-sets", whole_body="files", result="id"))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
-
 
 @op("list", local="the server answers it per request")
 def file_set(set_id: str) -> list[dict]:
@@ -337,32 +219,26 @@ def file_set(set_id: str) -> list[dict]:
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/stat", query=("path",), data=True))
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
-
 
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/grep", query=("pattern", "path")))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
 def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
-
 @op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), result="changes", data=True))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
-
 
 @op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
 def patch(a: str, b: str) -> str:
@@ -381,7 +257,6 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed"""
 
-
 @op("list", http=Http(G, "/operations/{op}"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
@@ -398,7 +273,6 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
-
 @op("run", audit="exec", http=Http(P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
@@ -408,48 +282,39 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
     timeout: seconds for this command (default: the sandbox's)
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
-
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
                   pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen
     (stdin/stdout/stderr: -1 is subprocess.PIPE)."""
 
-
 @op("run", audit="sandbox commit", http=Http(P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
-
 
 @op("run", audit="sandbox stop", http=Http(P, "/sandboxes/{sid}/stop"))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
-
 @op("run", audit="sandbox hibernate", http=Http(P, "/sandboxes/{sid}/hibernate"))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
-
 
 @op("run", audit="sandbox resume", http=Http(P, "/sandboxes/{sid}/resume"))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
-
 @op("list", http=Http(G, "/sandboxes/{sid}"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
-
 
 @op("list", http=Http(G, "/sandboxes", query=("all",)))
 def sandbox_list(*, all: bool = False) -> list[dict]:
     """Live sandboxes (all: stopped ones too)."""
 
-
 @op("list", http=Http(G, "/sandboxes/{sid}/file", query=("path",), raw=True))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
-
 
 @op("run", audit="sandbox write",
     http=Http(U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
@@ -466,16 +331,13 @@ def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: flo
                 pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
 
-
 @op("list", http=Http(G, "/pools"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
-
 @op(None, admin=True, images=("ref",), http=Http(P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
-
 
 @op(None, admin=True, images=("ref",), http=Http(X, "/pools/{ref:path}"))
 def pool_remove(ref: str) -> None:
@@ -488,41 +350,33 @@ def pool_remove(ref: str) -> None:
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/children"))
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""
-
 
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/log", query=("limit",)))
 def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
     """An image's history, newest first: each step's operation and command."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/ancestors"))
 def ancestors(image: str) -> dict[str, int]:
     """Every ancestor with its distance."""
-
 
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/descendants"))
 def descendants(image: str) -> dict[str, int]:
     """Every descendant with its distance."""
 
-
 @op("list", images=("image",), http=Http(G, "/images/{image:path}/produced-by"))
 def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
-
 
 @op("list", images=("root",), http=Http(G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
-
 @op("list", images=("a", "b"), http=Http(G, "/lineage/common", query=("a", "b"), result="image"))
 def common_ancestor(a: str, b: str) -> str | None:
     """The nearest image both descend from (None: none)."""
-
 
 @op("list", images=("a", "b"), http=Http(G, "/lineage/path", query=("a", "b")))
 def lineage_path(a: str, b: str) -> list[str]:
@@ -537,41 +391,33 @@ def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = No
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
 
-
 @op("tag", images=("image",), audit="branch create", http=Http(P, "/branches", body=("name", "image", "force")))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
-
 
 @op("tag", audit="branch delete", http=Http(X, "/branches/{name:path}", result="image"))
 def branch_delete(name: str) -> str:
     """Remove a branch; returns its head."""
 
-
 @op("list", http=Http(G, "/branches"))
 def branches() -> dict[str, str]:
     """Branch -> head image."""
-
 
 @op("list", http=Http(G, "/branches/{name:path}", result="image"))
 def branch_head(name: str) -> str:
     """A branch's head image."""
 
-
 @op("list", http=Http(G, "/branches/{name:path}/log"))
 def branch_log(name: str) -> list[dict]:
     """Where a branch's head has been, newest first."""
-
 
 @op("tag", audit="rollback", http=Http(P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
 def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
     """Move a branch's head back (to an image, or `steps` back along its log)."""
 
-
 @op(None, admin=True, local=LOCAL_HOST)
 def bundle_create(path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
     """Write images (and their ancestry) to a bundle file."""
-
 
 @op("import", audit="bundle import", local=LOCAL_HOST)
 def bundle_import(path: str) -> dict:
@@ -584,21 +430,17 @@ def bundle_import(path: str) -> dict:
 def whoami() -> dict:
     """Who the caller is: tenant, scopes, the store."""
 
-
 @op(None, http=Http(G, "/doctor"))
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
-
 
 @op(None, http=Http(G, "/audit", query=("tenant", "limit")))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
-
 @op(None, admin=True, http=Http(P, "/admin/fsck", query=("verify_content",)))
 def fsck(verify_content: bool = True) -> dict:
     """Check the store; verify_content re-hashes every blob."""
-
 
 @op(None, admin=True, audit="gc", http=Http(P, "/admin/gc", query=("retention", "grace")))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
@@ -611,26 +453,21 @@ def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 
-
 @op("list", group="operations", http=Http(G, "/operations/{op}"))
 def get(op: str) -> dict:
     """An operation's record and status."""
-
 
 @op("list", group="operations", http=Http(P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
-
 @op("list", group="operations", http=Http(G, "/operations/{op}"), custom_remote=True)
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
-
 @op("run", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
-
 
 @op("list", group="operations", http=Http(G, "/operations", query=("status", "limit")))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001

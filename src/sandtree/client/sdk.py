@@ -11,14 +11,16 @@ own beyond wrapping IDs in objects.
 
 from __future__ import annotations
 
+import os
+import stat as stat_mod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import config
 from .. import defaults as D
-from ..defaults import GC_GRACE, GC_RETENTION
-from ..defaults import Limits
+from ..defaults import GC_GRACE, GC_RETENTION, Limits
+from ..errors import InvalidInput
 from ..table import RunRecord
 from .remote import RemoteEngine
 
@@ -258,18 +260,22 @@ class Image:
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
             cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
-            files: list | None = None, disposable: bool = False,
-            on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None) -> "RunResult":
+            files: list | dict | None = None, disposable: bool = False,
+            on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
+            on_stdout: Callable[[bytes], None] | None = None,
+            on_stderr: Callable[[bytes], None] | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
-        image. Unless disposable, what it wrote becomes the new image `result.image`."""
+        image. Unless disposable, what it wrote becomes the new image `result.image`.
+        on_output(stream, bytes) sees both streams as they come; on_stdout/on_stderr(bytes) one each."""
         return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                              disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
-                             hostname=hostname, files=files, disposable=disposable, on_output=on_output,
-                             tier=tier)
+                             hostname=hostname, files=files_arg(files), disposable=disposable,
+                             on_output=streams(on_output, on_stdout, on_stderr), tier=tier)
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
               cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
-              hostname: str = D.HOSTNAME, files: list | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+              hostname: str = D.HOSTNAME, files: list | dict | None = None,
+              idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None) -> "Sandbox":
         """Start a live sandbox on this image: commands enter it with exec/popen, it keeps its
         processes and files between them, and commit() snapshots it while it runs. timeout
@@ -277,7 +283,7 @@ class Image:
         "hibernate" hibernates it when idle instead of stopping it (resume() brings it back)."""
         return Sandbox(self._st, self._st._engine.sandbox_start(
             self.id, timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output, env=env,
-            cwd=cwd, hostname=hostname, files=files, idle_timeout=idle_timeout, lifetime=lifetime,
+            cwd=cwd, hostname=hostname, files=files_arg(files), idle_timeout=idle_timeout, lifetime=lifetime,
             idle_action=idle_action, tier=tier))
 
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
@@ -424,11 +430,14 @@ class Sandbox:
 
     def exec(self, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
              uid: int = 0, gid: int = 0, timeout: float | None = None, output=None,
-             on_output: Callable[[str, bytes], None] | None = None) -> "RunResult":
+             on_output: Callable[[str, bytes], None] | None = None,
+             on_stdout: Callable[[bytes], None] | None = None,
+             on_stderr: Callable[[bytes], None] | None = None) -> "RunResult":
         """Run a command inside to its exit (background processes it starts keep running).
-        result.image is None: commit() makes images."""
+        result.image is None: commit() makes images. on_stdout/on_stderr(bytes): one stream each."""
         rec = self._st._engine.sandbox_exec(self.id, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
-                                            timeout=timeout, output=output, on_output=on_output)
+                                            timeout=timeout, output=output,
+                                            on_output=streams(on_output, on_stdout, on_stderr))
         return RunResult._of(self._st, rec)
 
     def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
@@ -507,6 +516,9 @@ class Branch:
     def run(self, command, **options) -> RunResult:
         """Run on the branch's head and advance the branch to the result (Conflict if another run
         moved it meanwhile; that run's image is kept, not applied)."""
+        options["on_output"] = streams(options.get("on_output"), options.pop("on_stdout", None),
+                                       options.pop("on_stderr", None))
+        options["files"] = files_arg(options.get("files"))
         return RunResult._of(self._st, self._st._engine.run(f"branch:{self.name}", command, **options))
 
     def rollback(self, *, to: "Image | str | None" = None, steps: int | None = None) -> Image:
@@ -543,6 +555,68 @@ def connect(url: str, *, token: str | None = None) -> Sandtree:
     st = Sandtree.__new__(Sandtree)
     st._engine = RemoteEngine(url, token)
     return st
+
+
+def files_arg(files):
+    """`files=` as E2B and Modal users write it, as the engine's list of {path, content, mode}:
+    {"/dest": bytes | str} for one file, {"/dest": Path} for a local file (its mode kept) or a
+    whole local directory (its tree under /dest). A list of dicts passes as it is."""
+    if files is None or isinstance(files, (list, tuple)):
+        return files
+    if not isinstance(files, dict):
+        raise InvalidInput("files is a list of {path, content | sha256, mode} or a {path: bytes | str | Path} dict")
+    out = []
+    for dest, value in files.items():
+        if not isinstance(dest, str) or not dest.startswith("/"):
+            raise InvalidInput(f"a file's path inside the sandbox must be absolute, not {dest!r}")
+        if isinstance(value, (bytes, bytearray, str)):
+            if dest.endswith("/"):
+                raise InvalidInput(f"{dest!r} names a directory: give a file's path, or a local directory as a Path")
+            out.append({"path": dest, "content": bytes(value) if not isinstance(value, str) else value})
+        elif isinstance(value, os.PathLike):
+            out += _local_tree(os.fspath(value), dest.rstrip("/") or "/")
+        else:
+            raise InvalidInput(f"files[{dest!r}] must be bytes, str or a path, not {type(value).__name__}")
+    return out
+
+
+def _local_tree(src: str, dest: str) -> list[dict]:
+    """A local file, or every regular file under a local directory, as files to put in."""
+    st = os.lstat(src) if os.path.lexists(src) else None
+    if st is None:
+        raise InvalidInput(f"no such local file or directory: {src}")
+    if stat_mod.S_ISREG(st.st_mode):
+        with open(src, "rb") as f:
+            return [{"path": dest, "content": f.read(), "mode": stat_mod.S_IMODE(st.st_mode)}]
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise InvalidInput(f"{src} is neither a regular file nor a directory")
+    out = []
+    for top, dirs, names in os.walk(src):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, src)
+            st = os.lstat(path)
+            if not stat_mod.S_ISREG(st.st_mode):         # a link could point anywhere on this machine
+                raise InvalidInput(f"{path} is not a regular file (links and devices are not copied in)")
+            with open(path, "rb") as f:
+                out.append({"path": f"{dest.rstrip('/')}/{rel}", "content": f.read(),
+                            "mode": stat_mod.S_IMODE(st.st_mode)})
+    return out
+
+
+def streams(on_output, on_stdout, on_stderr):
+    """One on_output(stream, bytes) callback from E2B/Modal-style per-stream ones (None: none)."""
+    if on_stdout is None and on_stderr is None:
+        return on_output
+    per = {"stdout": on_stdout, "stderr": on_stderr}
+
+    def fan_out(stream: str, chunk: bytes) -> None:
+        if on_output is not None:
+            on_output(stream, chunk)
+        if per.get(stream) is not None:
+            per[stream](chunk)
+    return fan_out
 
 
 def _unique(images):

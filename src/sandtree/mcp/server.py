@@ -39,7 +39,7 @@ from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from pydantic import Field
 
 from .. import defaults as D
-from .. import table
+from .. import vocabulary
 from ..branching import lineage as lineage_mod
 from ..engine import Engine
 from ..errors import Forbidden, SandtreeError
@@ -85,7 +85,7 @@ A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true."""
 def described(fn) -> inspect.Signature:
     """The tool's signature with a description on every parameter, so a model sees what each one
     means: a `name: text` line of the tool's own docstring where the tool means something of its
-    own, else the operation table's (table.describe: the row's, then the shared vocabulary)."""
+    own, else the vocabulary's (vocabulary.describe: the operation row's, then the shared meaning)."""
     sig = inspect.signature(fn, eval_str=True)
     own = {}
     for line in (fn.__doc__ or "").splitlines():
@@ -94,7 +94,7 @@ def described(fn) -> inspect.Signature:
             own[name] = text.strip()
     params = []
     for p in sig.parameters.values():
-        text = own.get(p.name) or table.describe(fn.__name__, p.name)
+        text = own.get(p.name) or vocabulary.describe(fn.__name__, p.name)
         if text is None:
             raise AssertionError(f"MCP tool {fn.__name__}: parameter {p.name} has no description")
         params.append(p.replace(annotation=Annotated[p.annotation, Field(description=text)]))

@@ -1,0 +1,81 @@
+"""Habits SDK users bring from E2B and Modal (issue 13 item 6), on the in-process engine and over
+HTTP alike: files= as a {path: bytes | str | Path} dict and whole local directories, per-stream
+output callbacks."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+import sandtree
+from conftest import serve_process
+
+
+@pytest.fixture(scope="module", params=["local", "remote"])
+def sdk(request, tmp_path_factory):
+    home = tmp_path_factory.mktemp(f"habits-{request.param}")
+    if request.param == "local":
+        st = sandtree.Sandtree(str(home))
+        yield st
+        st.close()
+        return
+    with serve_process(home) as url:
+        st = sandtree.connect(url)
+        yield st
+        st.close()
+
+
+@pytest.fixture(scope="module")
+def base(sdk, rootfs):
+    return sdk.import_image(rootfs, tag="habits/base")
+
+
+def test_files_as_a_dict_and_a_directory(base, tmp_path):
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("print('hi')\n")
+    (src / "run.sh").write_text("#!/bin/sh\necho run\n")
+    os.chmod(src / "run.sh", 0o755)
+    single = tmp_path / "one.txt"
+    single.write_bytes(b"one\n")
+    r = base.run("cat /a /b /c/one.txt /app/pkg/mod.py; /app/run.sh; stat -c %a /app/run.sh",
+                 files={"/a": b"bytes\n", "/b": "text\n", "/c/one.txt": single, "/app": src})
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == b"bytes\ntext\none\nprint('hi')\nrun\n755\n"
+    assert r.image.read("/app/pkg/mod.py") == b"print('hi')\n"
+
+
+def test_files_refused_before_anything_runs(base, tmp_path):
+    with pytest.raises(sandtree.InvalidInput, match="names a directory"):
+        base.run("true", files={"/etc/": b"x"})
+    with pytest.raises(sandtree.InvalidInput, match="absolute"):
+        base.run("true", files={"rel": b"x"})
+    with pytest.raises(sandtree.InvalidInput, match="no such local"):
+        base.run("true", files={"/x": pathlib.Path(tmp_path / "missing")})
+    d = tmp_path / "withlink"
+    d.mkdir()
+    os.symlink("/etc/shadow", d / "shadow")
+    with pytest.raises(sandtree.InvalidInput, match="not a regular file"):
+        base.run("true", files={"/x": d})
+
+
+def test_per_stream_callbacks(base):
+    out, err, both = [], [], []
+    r = base.run("echo to-out; echo to-err >&2", disposable=True, on_stdout=out.append, on_stderr=err.append,
+                 on_output=lambda s, c: both.append(s))
+    assert r.exit_code == 0
+    assert b"".join(out) == b"to-out\n" and b"".join(err) == b"to-err\n"
+    assert set(both) == {"stdout", "stderr"}
+
+
+def test_per_stream_callbacks_in_a_live_sandbox(base):
+    sb = base.start()
+    try:
+        out, err = [], []
+        r = sb.exec("echo live; echo oops >&2", on_stdout=out.append, on_stderr=err.append)
+        assert r.exit_code == 0
+        assert b"".join(out) == b"live\n" and b"".join(err) == b"oops\n"
+    finally:
+        sb.stop()
