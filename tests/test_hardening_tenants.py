@@ -108,7 +108,8 @@ def test_a_deep_lineage_is_drawn_without_recursion(eng, rootfs):
     """1,050 runs in a chain (seconds to make) made the lineage tree raise RecursionError in the
     engine and the tenant view alike (one recursive call per generation), and nested JSON that
     deep cannot be encoded: the walk is iterative and nesting is cut at MAX_TREE_DEPTH."""
-    from sandtree.branching.lineage import MAX_TREE_DEPTH, render_text
+    from sandtree.branching.lineage import MAX_TREE_DEPTH
+    from sandtree.render import render_text
     t = eng.as_tenant(Tenant("t", limits={"max_runs": 1}))
     img = t.import_path(rootfs, tag="mine")
     first = img

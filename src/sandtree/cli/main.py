@@ -481,7 +481,7 @@ def cmd_branch(args):
 
 
 def cmd_tree(args):
-    from ..branching import lineage
+    from .. import render as lineage
     eng = _engine(args)
     t = eng.lineage_tree(eng.resolve(args.image))
     if args.svg:

@@ -21,6 +21,7 @@ from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput
+from ..render import render_svg, render_text
 from ..table import RunRecord
 from .remote import RemoteEngine
 
@@ -352,15 +353,13 @@ class Image:
 
     def lineage(self, format: str = "json"):
         """The lineage tree under this image: a dict ("json"), text ("text") or SVG ("svg")."""
-        from ..branching import lineage
         t = self._st._engine.lineage_tree(self.id)
         if format == "json":
             return t
         if format == "text":
-            return lineage.render_text(t)
+            return render_text(t)
         if format == "svg":
-            return lineage.render_svg(t)
-        from ..errors import InvalidInput
+            return render_svg(t)
         raise InvalidInput(f"unknown lineage format {format!r} (json, text, svg)")
 
 

@@ -40,7 +40,7 @@ from pydantic import Field
 
 from .. import defaults as D
 from .. import vocabulary
-from ..branching import lineage as lineage_mod
+from ..render import render_text
 from ..engine import Engine
 from ..errors import Forbidden, SandtreeError
 from ..tenancy.gate import CURRENT, JsonLog, RequestEngine, TenantGate, engine_for
@@ -536,7 +536,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
             return {"tree": t}
         if format != "text":
             raise ToolError("invalid_input: format is text or json")
-        return {"tree": lineage_mod.render_text(t), "ancestry": engine.log(engine.resolve(image), limit=20)}
+        return {"tree": render_text(t), "ancestry": engine.log(engine.resolve(image), limit=20)}
 
     @server.tool()
     @guard
@@ -625,7 +625,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     def resource_lineage(image: str) -> str:
         """The lineage tree under an image."""
         try:
-            return lineage_mod.render_text(engine.lineage_tree(engine.resolve(image)))
+            return render_text(engine.lineage_tree(engine.resolve(image)))
         except SandtreeError as exc:
             raise ValueError(f"{exc.code}: {exc.message}") from None
 
