@@ -3,16 +3,16 @@ process inside a live sandbox (`sandtree shell`). Raw mode while it runs, window
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import signal
+import termios
+import tty
 
 
 def interactive(engine, sandbox_id: str, argv: list[str]) -> int:
-    import fcntl
-    import pty
-    import termios
-    import tty
     master, slave = pty.openpty()
     on_tty = os.isatty(0)
 
