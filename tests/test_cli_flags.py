@@ -145,6 +145,8 @@ def test_live_sandbox_flags(cli, bb, tmp_path):
         assert p.returncode == 4 and dest.read_bytes() == b"\x01\x02" and p.stdout == b"" and p.stderr == b"e\n"
         r = j(cli("exec", sid, "--output", str(dest), "--json", "--", "echo", "json"))
         assert r["stdout"] == "" and r["stdout_file"] == str(dest) and dest.read_bytes() == b"json\n"
+        p = cli("shell", sid, "--uid", "1000", input=b"id -u\nexit 6\n", check=False)
+        assert p.returncode == 6 and b"1000" in p.stdout
     finally:
         cli("stop", sid)
     p = cli("start", "bb", "--file", "no-colon", check=False)

@@ -85,7 +85,7 @@ def cmd_shell(args):
         info, started = eng.sandbox_start(args.target), True
         print(f"sandbox {info['id']} (stopped when this shell exits)", file=sys.stderr)
     try:
-        return interactive(eng, info["id"], args.cmd or ["/bin/sh", "-i"])
+        return interactive(eng, info["id"], args.cmd or ["/bin/sh", "-i"], **options.given(args, "uid", "gid"))
     finally:
         if started:
             eng.sandbox_stop(info["id"])
@@ -139,5 +139,6 @@ def add_sandboxes(sub, common) -> None:
     x.set_defaults(fn=cmd_sandbox_commit)
     x = sub.add_parser("shell", parents=[common], help="interactive shell in a live sandbox (ID) or a new one (IMAGE)")
     x.add_argument("target", help="a live sandbox id, or an image")
+    options.add_user(x)
     x.add_argument("cmd", nargs="*", help="-- PROGRAM ARGS (default: /bin/sh -i)")
     x.set_defaults(fn=cmd_shell, takes_command=True)
