@@ -69,7 +69,7 @@ def given(args, *names) -> dict:
 def files(args) -> list[dict]:
     """--file LOCAL:PATH (repeatable) as the engine's files= entries. Everything is read before
     the command starts, so a missing or unreadable local file refuses the command, not half of it."""
-    owner = {"uid": args.uid or 0, "gid": args.gid or 0} if hasattr(args, "uid") else {}
+    owner = given(args, "uid", "gid")             # the files belong to the user the command runs as
     entries: list[dict] = []
     for spec in args.files:
         local, sep, target = spec.rpartition(":")
