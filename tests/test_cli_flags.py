@@ -99,9 +99,10 @@ def test_run_puts_files_and_trees_in(cli, bb, tmp_path):
     (tree / "src" / "deep" / "data.bin").write_bytes(bytes(range(256)))
     (tree / "src" / "deep" / "data.bin").chmod(0o600)
     r = j(cli("run", "bb", "--file", f"{script}:/usr/bin/go.sh", "--file", f"{tree}:/work", "--cwd", "/work",
-              "--json", "--", "go.sh; cat README; wc -c < src/deep/data.bin"))
+              "--file", f"{script}:/opt/new/", "--json", "--", "go.sh; cat README; wc -c < src/deep/data.bin"))
     assert r["exit_code"] == 0 and r["stdout"].split() == ["script", "ran", "top", "256"]
     img = r["image"]
+    assert cli("cat", img, "/opt/new/go.sh").stdout == script.read_bytes()     # PATH/: under its own name
     assert cli("cat", img, "/work/src/deep/data.bin").stdout == bytes(range(256))
     modes = {p: j(cli("stat", img, p, "--json"))["mode"] for p in ("/usr/bin/go.sh", "/work/src/deep/data.bin")}
     assert modes == {"/usr/bin/go.sh": "0750", "/work/src/deep/data.bin": "0600"}

@@ -32,7 +32,8 @@ def add_hostname(x) -> None:
 
 def add_files(x, owner: str = "root") -> None:
     x.add_argument("--file", action="append", default=[], metavar="LOCAL:PATH", dest="files",
-                   help="put a local file (or a directory's whole tree) at PATH in the sandbox first; "
+                   help="put a local file (or a directory's whole tree) at PATH in the sandbox first (PATH/: "
+                        "into that directory); "
                         f"modes kept, owned by {owner} (repeatable)")
 
 
@@ -81,8 +82,9 @@ def files(args) -> list[dict]:
             raise InvalidInput(f"--file {local!r}: {exc.strerror}", file=spec) from None
         if stat.S_ISDIR(st.st_mode):
             entries.extend(_tree(local, target, owner, spec))
-        else:
-            entries.append(_entry(local, st, target, owner, spec))
+        else:                                     # PATH/ : into that directory, as cp does
+            name = os.path.basename(local) if target.endswith("/") else ""
+            entries.append(_entry(local, st, target + name, owner, spec))
     return entries
 
 
