@@ -103,3 +103,19 @@ def test_cli_branching(cli, rootfs, tmp_path):
     p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(env_home), "bundle", "import", str(bundle),
                         "--json"], capture_output=True)
     assert m["image"] in json.loads(p.stdout)["images"]
+
+
+def test_cli_command_tail_and_error_statuses(cli, rootfs):
+    """`--` is for the verbs that take a command; a sandtree error is 125 where the exit status is
+    the command's (run, exec) and 1 elsewhere."""
+    cli("image", "import", rootfs, "--tag", "bb")
+    p = cli("ls", "bb", "--", "/", check=False)
+    assert p.returncode == 2 and b"'--' is only for" in p.stderr
+    p = cli("exec", "no-such-sandbox", "--", "true", check=False)
+    assert p.returncode == 125 and p.stderr.startswith(b"error: ")
+    p = cli("exec", "no-such-sandbox", "--json", "--", "true", check=False)
+    assert p.returncode == 125 and j(p)["error"]
+    p = cli("start", "nope", check=False)
+    assert p.returncode == 1 and p.stderr.startswith(b"error: ")
+    p = cli("stat", "bb", "/missing", "--json", check=False)
+    assert p.returncode == 1 and j(p)["error"] == "path_not_found"

@@ -20,6 +20,7 @@ OPERATIONS_LIMIT = 50                # entries of `operations.list`
 LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
+MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
 CWD = "/"
 FILE_MODE = 0o644

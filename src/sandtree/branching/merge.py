@@ -30,9 +30,10 @@ from ..errors import InvalidInput
 from ..store.inspect import text_lines
 from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
 from ..store.store import Store
+from ..defaults import MERGE_IGNORE
 
 STRATEGIES = (None, "ours", "theirs", "markers")
-DEFAULT_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")
+DEFAULT_IGNORE = MERGE_IGNORE
 
 
 def check_ignore(ignore) -> tuple[str, ...]:

@@ -3,16 +3,17 @@ process inside a live sandbox (`sandtree shell`). Raw mode while it runs, window
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import signal
+import termios
+import tty
 
 
-def interactive(engine, sandbox_id: str, argv: list[str]) -> int:
-    import fcntl
-    import pty
-    import termios
-    import tty
+def interactive(engine, sandbox_id: str, argv: list[str], **user) -> int:
+    """Run argv on a pty in the sandbox until it exits; its status. user: uid/gid, if given."""
     master, slave = pty.openpty()
     on_tty = os.isatty(0)
 
@@ -23,7 +24,7 @@ def interactive(engine, sandbox_id: str, argv: list[str]) -> int:
     resize()
     try:
         proc = engine.sandbox_popen(sandbox_id, argv, pty=True, stdin=slave, stdout=slave, stderr=slave,
-                                    env={"TERM": os.environ.get("TERM", "xterm")})
+                                    env={"TERM": os.environ.get("TERM", "xterm")}, **user)
     finally:
         os.close(slave)
     saved = termios.tcgetattr(0) if on_tty else None

@@ -1,0 +1,174 @@
+"""Running and looking after a sandtree: the store (`fsck`, `gc`), the host (`doctor`), the
+servers (`serve`, `mcp`) and tenants (`token ...`, `audit`)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+
+from .. import config
+from ..engine import Engine
+from ..errors import InvalidInput
+from .output import fmt_time, open_engine, out
+
+# gc's --retention default is the engine's own (one place says how long untagged images live)
+GC_RETENTION = inspect.signature(Engine.gc).parameters["retention"].default
+
+
+def cmd_fsck(args):
+    eng = open_engine(args)
+    res = eng.fsck(verify_content=not args.quick)
+
+    def human(r):
+        print(f"{'ok' if r['ok'] else 'PROBLEMS'}: {r['images']} images, {r['trees']} trees, "
+              f"{r['blobs']} blobs, {r['layers']} layers")
+        for p in r["problems"]:
+            print("  " + json.dumps(p))
+    out(args, res, human)
+    return 0 if res["ok"] else 1
+
+
+def cmd_gc(args):
+    eng = open_engine(args)
+    res = eng.gc(retention=args.retention)
+    out(args, res, lambda r: print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items())))
+
+
+def cmd_doctor(args):
+    eng = open_engine(args)
+    rows = eng.doctor()
+    out(args, rows, lambda rs: [print(f"{r['tier']:<11} {'yes' if r['available'] else 'no ':<4} {r['reason']}")
+                                for r in rs])
+
+
+def cmd_serve(args):
+    # the REST adapter's entry point: the one place the CLI starts another adapter
+    from ..http.server import serve
+    pools = {}
+    for spec in args.pool or []:
+        image, _, size = spec.rpartition("=")
+        if not image or not size.isdigit():
+            raise InvalidInput(f"--pool takes IMAGE=SIZE, not {spec!r}")
+        pools[image] = int(size)
+    serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
+          access_log=args.access_log, pools=pools, max_upload=args.max_upload)
+
+
+def cmd_mcp(args):
+    # the MCP adapter's entry point (as `serve` is the REST one's)
+    from ..mcp.server import main as mcp_main
+    token = os.environ.get("SANDTREE_TOKEN") if args.url else None
+    mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
+             token=token)
+
+
+# ---- tenants, tokens, audit (tenancy/) ----------------------------------------------------------
+def _limits(args) -> dict:
+    return {"max_runs": args.max_runs, "max_timeout": args.max_timeout, "max_output": args.max_output,
+            "max_sandboxes": args.max_sandboxes, "max_upload": args.max_upload, "max_memory": args.max_memory,
+            "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus}
+
+
+def cmd_token(args):
+    eng = open_engine(args)
+    sub = args.token_command
+    if sub == "create":
+        res = eng.tenancy.create_token(args.tenant, args.scopes, **_limits(args))
+        out(args, res, lambda o: (print(o["token"]), print(
+            f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
+            file=sys.stderr)))
+    elif sub == "list":
+        def human(rows):
+            for r in rows:
+                state = "revoked" if r["revoked"] else "active"
+                lim = " ".join(f"{k}={int(v) if float(v).is_integer() else v}" for k, v in r["limits"].items())
+                print(f"{r['id']}  {r['tenant']:<16} {state:<8} {fmt_time(r['created'])}  {','.join(r['scopes'])}  "
+                      f"{lim}".rstrip())
+        out(args, eng.tenancy.tokens(), human)
+    elif sub == "revoke":
+        out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))
+    elif sub == "limits":
+        res = eng.tenancy.set_limits(args.tenant, **_limits(args))
+        out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
+
+
+def cmd_audit(args):
+    eng = open_engine(args)
+    rows = eng.audit(tenant=args.tenant, limit=args.limit)
+
+    def human(rows):
+        for r in rows:
+            what = r.get("command") or r.get("tag") or r.get("branch") or ""
+            outcome = f" [{r['outcome']}{'' if r.get('exit_code') is None else ' exit ' + str(r['exit_code'])}]" \
+                if r.get("outcome") else ""
+            print(f"{fmt_time(r['at'], seconds=True)}  {r['tenant']}/{r['token'] or '-'}  {r['action']:<8} "
+                  f"{(r['image'] or '-')[:12]} -> {(r['result'] or '-')[:12]}  {what}{outcome}")
+    out(args, rows, human)
+
+
+def add_store_checks(sub, common) -> None:
+    x = sub.add_parser("fsck", parents=[common], help="verify the store")
+    x.add_argument("--quick", action="store_true", help="skip re-hashing file contents")
+    x.set_defaults(fn=cmd_fsck)
+    x = sub.add_parser("gc", parents=[common], help="remove unreferenced images and data")
+    x.add_argument("--retention", type=float, default=GC_RETENTION, help="keep untagged images younger than this (s)")
+    x.set_defaults(fn=cmd_gc)
+
+
+def _limit_args(x) -> None:
+    x.add_argument("--max-runs", type=int, help="the tenant's runs at once (more are refused)")
+    x.add_argument("--max-timeout", type=float, help="longest run timeout the tenant may ask (s)")
+    x.add_argument("--max-output", help="most output kept per stream (e.g. 1M)")
+    x.add_argument("--max-sandboxes", type=int, help="live sandboxes the tenant may keep at once (default 8)")
+    x.add_argument("--max-upload", help="largest upload or image tar the tenant may send (e.g. 200M; "
+                                        "default: the server's --max-upload)")
+    x.add_argument("--max-memory", help="most memory a run or sandbox may ask (default: the engine's 2G)")
+    x.add_argument("--max-pids", type=int, help="most processes a run or sandbox may ask (default 1024)")
+    x.add_argument("--max-disk", help="most disk a run or sandbox may ask (default: the engine's 1G)")
+    x.add_argument("--max-cpus", type=float, help="most CPUs a run or sandbox may ask (default: any)")
+
+
+def add_services(sub, common) -> None:
+    """doctor, serve, token, audit, mcp (in --help's order)."""
+    x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
+    x.set_defaults(fn=cmd_doctor)
+    x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
+    x.add_argument("--host", default="127.0.0.1")
+    x.add_argument("--port", type=int, default=8080)
+    x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
+    x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
+                   help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable)")
+    x.add_argument("--access-log", choices=["json", "off"], default="json",
+                   help="request log on stderr: one JSON object per request (default), or none")
+    x.add_argument("--max-upload", default="1G",
+                   help="largest upload or image tar a request may send (default 1G; a tenant's own "
+                        "--max-upload limit replaces it)")
+    x.set_defaults(fn=cmd_serve)
+    tk = sub.add_parser("token", help="API tokens: each belongs to a tenant, which sees only its own images")
+    tsub = tk.add_subparsers(dest="token_command", required=True)
+    x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
+    x.add_argument("--tenant", required=True)
+    x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")
+    _limit_args(x)
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("list", parents=[common], help="tokens (ids, tenants, scopes; never secrets)")
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("revoke", parents=[common], help="revoke a token by id (takes effect at once)")
+    x.add_argument("id")
+    x.set_defaults(fn=cmd_token)
+    x = tsub.add_parser("limits", parents=[common], help="set a tenant's limits")
+    x.add_argument("--tenant", required=True)
+    _limit_args(x)
+    x.set_defaults(fn=cmd_token)
+    x = sub.add_parser("audit", parents=[common], help="who ran what on which image, newest first")
+    x.add_argument("--tenant")
+    x.add_argument("--limit", type=int, default=50)
+    x.set_defaults(fn=cmd_audit)
+    x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")
+    x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
+    x.add_argument("--host", default="127.0.0.1")
+    x.add_argument("--port", type=int, default=8765)
+    x.add_argument("--url", help="use a `sandtree serve` at this URL (token from $SANDTREE_TOKEN)")
+    x.set_defaults(fn=cmd_mcp)

@@ -1,0 +1,156 @@
+"""Git-like work on images: `diff`, `merge`, `branch ...`, `tree`, `lineage ...` and
+`bundle ...` (images with their lineage in one file)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .output import open_engine, out
+# Two names the engine has no public home for yet: the merge's default ignore globs (shown in
+# --help and extended by --ignore) and the text/SVG drawings of Engine.lineage_tree's result.
+# Both are pure (no store, no runtime); they move when the engine or a defaults module offers them.
+from ..render import render_svg, render_text
+from ..defaults import MERGE_IGNORE as DEFAULT_IGNORE
+
+
+def cmd_diff(args):
+    eng = open_engine(args)
+    a, b = eng.resolve(args.a), eng.resolve(args.b)
+    changes = eng.diff(a, b)
+    if args.patch and not args.json:
+        sys.stdout.write(eng.patch(a, b))
+        return 0
+    res = {"a": a, "b": b, "changes": [c.to_dict() for c in changes]}
+    if args.patch:
+        res["patch"] = eng.patch(a, b)
+
+    def human(o):
+        marks = {"added": "A", "removed": "D", "modified": "M", "type_changed": "T", "metadata_changed": "m"}
+        for c in o["changes"]:
+            print(f"{marks[c['kind']]}  {c['path']}")
+    out(args, res, human)
+
+
+def cmd_merge(args):
+    eng = open_engine(args)
+    refs_ = [eng.resolve(r) for r in args.images]
+    base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
+    ignore = None if args.ignore is None and not args.no_default_ignore else \
+        ([] if args.no_default_ignore else list(DEFAULT_IGNORE)) + (args.ignore or [])
+    # the conflicts come back to be listed (exit 1 says no image was made)
+    res = eng.merge(base, ours, theirs, strategy=args.strategy, ignore=ignore, on_conflict="return")
+
+    def human(o):
+        for c in o["conflicts"]:
+            print(f"CONFLICT ({c['kind']}): {c['path']}", file=sys.stderr)
+        print(o["image"] if o["image"] else "no image made: resolve the conflicts or pass --strategy",
+              file=sys.stdout if o["image"] else sys.stderr)
+    out(args, res, human)
+    return 0 if res["image"] else 1
+
+
+def cmd_branch(args):
+    eng = open_engine(args)
+    sub = args.branch_command
+    if sub == "list":
+        out(args, eng.branches(), lambda o: [print(f"{n}  {i[:12]}") for n, i in o.items()])
+    elif sub == "create":
+        image = eng.resolve(args.image)
+        eng.branch_create(args.name, image, force=args.force)
+        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
+    elif sub == "delete":
+        image = eng.branch_delete(args.name)
+        out(args, {"deleted": args.name, "image": image}, lambda o: print(f"deleted {o['deleted']}"))
+    elif sub == "rollback":
+        to = eng.resolve(args.to) if args.to else None
+        image = eng.rollback(args.name, to=to, steps=args.steps)
+        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
+    elif sub == "log":
+        out(args, eng.branch_log(args.name), lambda rows: [
+            print(f"{(r['old'] or '-')[:12]} -> {(r['new'] or '-')[:12]}  {r['reason']}") for r in rows])
+
+
+def cmd_tree(args):
+    eng = open_engine(args)
+    t = eng.lineage_tree(eng.resolve(args.image))
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(render_svg(t))
+    if args.json:
+        print(json.dumps(t))
+    elif not args.svg:
+        sys.stdout.write(render_text(t))
+
+
+LINEAGE_ARITY = {"ancestors": 1, "descendants": 1, "path": 2, "common": 2, "produced-by": 1}   # images each query takes
+
+
+def cmd_lineage(args):
+    eng = open_engine(args)
+    q = args.query
+    ids = [eng.resolve(i) for i in args.images]
+    if len(ids) != LINEAGE_ARITY[q]:
+        raise SystemExit(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
+    if q in ("ancestors", "descendants"):
+        d = eng.ancestors(ids[0]) if q == "ancestors" else eng.descendants(ids[0])
+        res = [{"image": i, "distance": n} for i, n in sorted(d.items(), key=lambda kv: kv[1]) if n]
+    elif q == "path":
+        res = eng.lineage_path(*ids)
+    elif q == "common":
+        res = {"image": eng.common_ancestor(*ids)}
+    else:
+        res = eng.produced_by(ids[0])
+    out(args, res, lambda o: print(json.dumps(o, indent=2)))
+
+
+def cmd_bundle(args):
+    eng = open_engine(args)
+    if args.bundle_command == "create":
+        res = eng.bundle_create(args.file, [eng.resolve(i) for i in args.images], with_ancestry=args.with_ancestry)
+        out(args, res, lambda o: print(f"{o['file']}: {o['images']} images, {o['trees']} trees, {o['blobs']} blobs"))
+    else:
+        res = eng.bundle_import(args.file)
+        out(args, res, lambda o: [print(i) for i in o["images"]])
+
+
+def add_branching(sub, common) -> None:
+    """diff, merge, branch, tree, lineage (bundle comes later in --help: add_bundle)."""
+    x = sub.add_parser("diff", parents=[common], help="what changed from image A to image B")
+    x.add_argument("a"); x.add_argument("b")
+    x.add_argument("--patch", action="store_true", help="a unified patch of text files")
+    x.set_defaults(fn=cmd_diff)
+    x = sub.add_parser("merge", parents=[common], help="three-way merge: [BASE] OURS THEIRS")
+    x.add_argument("images", nargs="+", metavar="IMAGE")
+    x.add_argument("--strategy", choices=["ours", "theirs", "markers"])
+    x.add_argument("--ignore", action="append", metavar="GLOB",
+                   help="paths that never conflict, ours taken (repeatable; added to the defaults "
+                        f"{' '.join(DEFAULT_IGNORE)})")
+    x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
+    x.set_defaults(fn=cmd_merge)
+    br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
+    bsub = br.add_subparsers(dest="branch_command", required=True)
+    x = bsub.add_parser("list", parents=[common]); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("create", parents=[common]); x.add_argument("name"); x.add_argument("image")
+    x.add_argument("--force", action="store_true"); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("delete", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("rollback", parents=[common]); x.add_argument("name")
+    g = x.add_mutually_exclusive_group(required=True)
+    g.add_argument("--steps", type=int); g.add_argument("--to")
+    x.set_defaults(fn=cmd_branch)
+    x = bsub.add_parser("log", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    x = sub.add_parser("tree", parents=[common], help="the lineage tree under an image")
+    x.add_argument("image"); x.add_argument("--svg", metavar="FILE", help="also draw it as SVG")
+    x.set_defaults(fn=cmd_tree)
+    x = sub.add_parser("lineage", parents=[common], help="ancestors, descendants, path, common, produced-by")
+    x.add_argument("query", choices=list(LINEAGE_ARITY))
+    x.add_argument("images", nargs="+", metavar="IMAGE")
+    x.set_defaults(fn=cmd_lineage)
+
+
+def add_bundle(sub, common) -> None:
+    bu = sub.add_parser("bundle", help="images with their lineage as one verifiable file")
+    busub = bu.add_subparsers(dest="bundle_command", required=True)
+    x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
+    x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
+    x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)

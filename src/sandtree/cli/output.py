@@ -1,0 +1,74 @@
+"""How a command talks back: the engine it opens, --json or human output, sizes and times for
+people, progress on a terminal. The command modules (images, runs, sandboxes, inspection,
+branching, admin) print through these and nothing else decides the output's form."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+from .. import config
+from ..engine import Engine
+
+
+def open_engine(args) -> Engine:
+    return Engine(args.home or config.default_home(), warm=0)     # one command, one process
+
+
+def out(args, obj, human) -> None:
+    """obj as one JSON line with --json, else human(obj) prints it for people."""
+    if args.json:
+        print(json.dumps(obj, indent=None, default=str))
+    else:
+        human(obj)
+
+
+def fmt_size(n: int) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+
+
+def fmt_time(t: float, seconds: bool = False) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _watched(args) -> bool:
+    """Someone is looking at a terminal (not --json, not a pipe): worth drawing progress."""
+    return not args.json and sys.stderr.isatty()
+
+
+def _rich():
+    # rich costs ~40 ms to import: loaded only when a person watches a terminal
+    from rich import console, progress
+    return console, progress
+
+
+def with_progress(args, label: str, fn):
+    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal."""
+    if not _watched(args):
+        return fn(None)
+    _, rp = _rich()
+    with rp.Progress(rp.TextColumn(label), rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(),
+                     transient=True) as prog:
+        task = prog.add_task(label, total=None)
+        return fn(lambda n: prog.advance(task, n))
+
+
+@contextmanager
+def status_line(args, label: str):
+    """Yields log(line), which shows the latest line after `label` on a terminal's status line;
+    None when nobody watches."""
+    if not _watched(args):
+        yield None
+        return
+    rc, _ = _rich()
+    status = rc.Console(stderr=True).status(label)
+    status.start()
+    try:
+        yield lambda line: status.update(f"{label}: {line[:100]}")
+    finally:
+        status.stop()

@@ -1,0 +1,110 @@
+"""`sandtree run` (one command on an image; a new image from what it wrote) and `sandtree fork`
+(several commands on one image at once), and how a run's result is reported, which `exec`
+shares: the exit status is the command's (128+N for a signal, 124 on timeout)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from . import options
+from .output import open_engine, out
+
+
+def cmd_run(args):
+    eng = open_engine(args)
+    command = options.command(args)
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    files = options.files(args)
+    sink = options.OutputFile(args.output) if args.output else None
+    try:
+        try:
+            rec = eng.run(args.image, command, env=options.env(args), cwd=args.cwd, stdin=stdin,
+                          disposable=args.disposable, timeout=args.timeout, memory=args.memory, pids=args.pids,
+                          cpus=args.cpus, disk=args.disk, tier=args.tier, on_output=options.live_output(args, sink),
+                          **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname"))
+        finally:
+            eng.close()          # waits for the run's helper to be reaped and its cgroups removed
+    except BaseException:
+        if sink is not None:
+            sink.discard()
+        raise
+    return report_run(args, rec, sink)
+
+
+def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
+    """Print a run's (or an exec's) result; the exit status the CLI should end with. With
+    --output the stdout bytes go to that file (and the JSON names it, its "stdout" empty)."""
+    if sink is not None:
+        sink.keep(rec.stdout)
+    if args.json:
+        doc = {"image": rec.image, "source": rec.source, "exit_code": rec.exit_code,
+               "signal": rec.signal, "stdout": "" if sink else rec.stdout.decode("utf-8", "replace"),
+               "stderr": rec.stderr.decode("utf-8", "replace"),
+               "stdout_truncated": rec.stdout_truncated, "stderr_truncated": rec.stderr_truncated,
+               "timed_out": rec.timed_out, "oom_killed": rec.oom_killed, "usage": rec.usage,
+               "operation": rec.op}
+        if sink is not None:
+            doc["stdout_file"] = sink.path
+        print(json.dumps(doc))
+    else:
+        notes = []
+        if rec.timed_out:
+            notes.append("timed out")
+        if rec.oom_killed:
+            notes.append("out of memory")
+        if rec.stdout_truncated or rec.stderr_truncated:
+            notes.append("output truncated")
+        if args.command == "run":
+            print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
+                  file=sys.stderr)
+        elif notes:
+            print(f"[{', '.join(notes)}]", file=sys.stderr)
+    if rec.timed_out:
+        return 124
+    if rec.signal:
+        return 128 + rec.signal
+    return rec.exit_code or 0
+
+
+def cmd_fork(args):
+    eng = open_engine(args)
+    image = eng.resolve(args.image)
+    if not args.cmd:
+        raise SystemExit("sandtree fork: give commands with --cmd (one per branch)")
+    with ThreadPoolExecutor(max(1, min(args.parallel, len(args.cmd)))) as pool:
+        recs = list(pool.map(lambda c: eng.run(image, c, timeout=args.timeout), args.cmd))
+    rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
+             "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
+            for c, r in zip(args.cmd, recs, strict=False)]
+    out(args, rows, lambda rs: [print(f"{(r['image'] or '-')[:12]}  exit {r['exit_code']}  {r['command']}")
+                                for r in rs])
+
+
+def add_run(sub, common) -> None:
+    x = sub.add_parser("run", parents=[common], help="run a command on an image; prints the new image")
+    x.add_argument("image")
+    x.add_argument("--timeout", type=float)
+    x.add_argument("--memory")
+    x.add_argument("--pids", type=int)
+    x.add_argument("--cpus", type=float)
+    x.add_argument("--disk")
+    options.add_env(x)
+    x.add_argument("--cwd", default="/")
+    x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
+    x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
+    x.add_argument("--tier", choices=["namespaces", "gvisor"], help="isolation tier (default: namespaces)")
+    options.add_user(x)
+    options.add_hostname(x)
+    options.add_files(x, owner="--uid/--gid")
+    options.add_output(x)
+    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
+    x.set_defaults(fn=cmd_run, takes_command=True, error_status=125)
+
+
+def add_fork(sub, common) -> None:
+    x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently")
+    x.add_argument("image"); x.add_argument("--cmd", action="append", default=[])
+    x.add_argument("--parallel", type=int, default=4); x.add_argument("--timeout", type=float)
+    x.set_defaults(fn=cmd_fork)
