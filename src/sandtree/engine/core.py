@@ -33,7 +33,8 @@ from .pools import Pools
 from .records import Records
 from .runs import RunOps
 from .sandboxes import Sandboxes
-from .spec import DEFAULT_ENV, RunRecord, RunSpecs, default_idmap, parse_size  # noqa: F401 - re-exported
+from .spec import RunSpecs, default_idmap
+from .values import RunRecord
 from .uploads import UploadOps
 
 _TENANCY_LOCK = threading.Lock()

@@ -31,7 +31,7 @@ from ..runtime.base import Limits
 from ..runtime.procid import Owner
 from ..store.names import check_tag
 from .records import Records
-from .spec import parse_size
+from .values import parse_size
 
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)

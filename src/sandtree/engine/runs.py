@@ -17,7 +17,8 @@ from ..runtime.namespaces import validate_spec
 from ..store import refs
 from ..store.store import ImageRow
 from .secrets_mask import mask_env, mask_text, secret_values
-from .spec import DEFAULT_ENV, RunRecord, command_argv
+from .spec import command_argv
+from .values import DEFAULT_ENV, RunRecord
 
 MAX_FORK = 256                # commands in one fork: each is a queued operation (a row, a future)
 FORK_REFUSED = ("on_output", "op_id", "cancel", "check_only")   # per-run hooks a fork cannot share

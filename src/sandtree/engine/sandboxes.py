@@ -40,7 +40,8 @@ from .records import Records
 from .sandbox_files import SandboxFiles
 from .secrets_mask import mask_env
 from .session import command_spec
-from .spec import DEFAULT_ENV, RunRecord, RunSpecs
+from .spec import RunSpecs
+from .values import DEFAULT_ENV, RunRecord
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 

@@ -1,8 +1,8 @@
-"""What a run is made of: the values every engine part shares, and the builder that turns a
-caller's options (limits, files, cwd, command) into the pieces of a runtime RunSpec.
+"""What a run is made of: the builder that turns a caller's options (limits, files, cwd,
+command) into the pieces of a runtime RunSpec, and the id map a store defaults to.
 
-The parts (runs, live sandboxes, pools, operations) import this module, never engine/core.py:
-the engine constructs one RunSpecs and hands it to each part. Where the rows of what ran are
+The parts (runs, live sandboxes, pools, operations) import this module and values.py, never
+engine/core.py: the engine constructs one RunSpecs and hands it to each part. Where the rows of what ran are
 written is records.py; the runtime's own types are runtime/base.py.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import InvalidInput, NotFound, PathEscape
@@ -19,54 +18,12 @@ from ..store import inspect
 from ..store.layers import IdMap
 from ..store.objects import DIR
 from ..store.store import Store
-
-DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
-
-UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-         "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
-
+from .values import parse_size
 
 def default_idmap() -> IdMap:
     if os.geteuid() == 0:
         return IdMap(100000, 100000, 65536)
     return IdMap(os.geteuid(), os.getegid(), 1)
-
-
-@dataclass
-class RunRecord:
-    """What a run produced; the public RunResult wraps it."""
-    op: str
-    source: str
-    image: str | None
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    oom_killed: bool
-    usage: dict
-    cancelled: bool = False
-
-
-def parse_size(v) -> int:
-    if isinstance(v, bool):
-        raise InvalidInput(f"bad size {v!r}")
-    if isinstance(v, (int, float)):
-        n = int(v)
-    else:
-        s = str(v).strip().lower()
-        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-        unit = s[len(num):].strip()
-        try:
-            n = int(float(num) * UNITS[unit])
-        except (ValueError, KeyError):
-            raise InvalidInput(f"bad size {v!r} (use e.g. 512M, 2G)") from None
-    if n <= 0:
-        raise InvalidInput(f"size must be positive, not {v!r}")
-    return n
 
 
 def injected_file(f, blob_path: Callable[[str], str] | None = None) -> InjectedFile:

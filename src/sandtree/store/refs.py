@@ -84,9 +84,21 @@ def untag(store, name: str) -> str:
         return remove_tag(con, name, "untag")
 
 
-def _check(name: str) -> None:
+def check_branch(name: str) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name) or HEX_RE.match(name) or ".." in name:
         raise InvalidInput(f"invalid branch name {name!r} (letters, digits and ._/-; not a hex id)")
+
+
+_check = check_branch          # (tenancy/tenants.py's name for it until it switches)
+
+
+def set_branch(con, name: str, image: str, *, force: bool, shown: str | None = None) -> None:
+    """Create branch `name` at `image` inside `con` (force: move it if it exists). shown: the
+    name to put in an error (a tenant's own, without its namespace)."""
+    old = target(con, "branch", name)
+    if old is not None and not force:
+        raise Conflict(f"branch {shown or name!r} exists (at {old[:12]})", branch=shown or name, image=old)
+    record(con, "branch", name, old, image, "create")
 
 
 def branch_named(store, ref) -> str | None:
@@ -115,14 +127,11 @@ def branches(store) -> dict[str, str]:
 
 
 def create(store, name: str, image: str, *, force: bool = False) -> None:
-    _check(name)
+    check_branch(name)
     with store.db.tx() as con:
         if con.execute("SELECT 1 FROM images WHERE id=?", (image,)).fetchone() is None:
             raise ImageNotFound(f"no image {image!r}", image=image)
-        row = con.execute("SELECT image FROM refs WHERE kind='branch' AND name=?", (name,)).fetchone()
-        if row is not None and not force:
-            raise Conflict(f"branch {name!r} exists (at {row[0][:12]})", branch=name, image=row[0])
-        record(con, "branch", name, row[0] if row else None, image, "create")
+        set_branch(con, name, image, force=force)
 
 
 def delete(store, name: str) -> str:
