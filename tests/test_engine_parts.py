@@ -246,6 +246,22 @@ def test_fork_raises_a_failed_run_after_the_others_end(eng):
     assert sorted(r["status"] for r in runs) == ["done", "failed"]    # nothing left running
 
 
+def test_fork_interrupted_cancels_what_it_started(eng, monkeypatch):
+    submit = eng.operations.submit_run
+    started = []
+
+    def flaky(ref, command, **options):
+        if started:
+            raise KeyboardInterrupt               # as a caller's Ctrl-C during the second submit
+        started.append(submit(ref, command, **options))
+        return started[-1]
+    monkeypatch.setattr(eng.operations, "submit_run", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        eng.fork("bb", ["sleep 30", "true"])
+    eng.operations.wait(started, timeout=20)
+    assert eng.operations.get(started[0])["status"] == "cancelled"     # not left running
+
+
 def test_fork_on_a_branch_leaves_the_branch(eng):
     head = eng.resolve("bb")
     eng.branch_create("work", head)

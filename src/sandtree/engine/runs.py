@@ -11,7 +11,7 @@ import time
 import uuid
 from concurrent.futures import wait
 
-from ..errors import Conflict, InvalidInput
+from ..errors import Conflict, InvalidInput, SandtreeError
 from ..runtime.base import RunSpec
 from ..runtime.namespaces import validate_spec
 from ..store import refs
@@ -118,7 +118,8 @@ class RunOps:
         resolved once, and no run moves it); the records in the commands' order. The runs are
         operations (queued on the engine's workers, listed, cancellable); parallel: at most this
         many submitted at once (default: all). Bad input in any command fails before any runs; a
-        run that fails raises its error once every other has ended."""
+        run that fails raises its error once every other has ended; a fork interrupted while it
+        waits cancels the runs it started."""
         for bad in FORK_REFUSED:
             if bad in options:
                 raise InvalidInput(f"fork does not take {bad} (it is per run)")
@@ -134,12 +135,22 @@ class RunOps:
         for command in commands:
             self.run(source, command, check_only=True, **options)
         futures = []                          # held here: the operations' result cache may drop them
-        for i, command in enumerate(commands):
-            if i >= parallel:
-                wait([futures[i - parallel][1]])    # at most `parallel` submitted and unfinished
-            op = self.operations.submit_run(source, command, **options)
-            futures.append((op, self.operations.future(op)))
-        wait([f for _, f in futures])
+        try:
+            for i, command in enumerate(commands):
+                if i >= parallel:
+                    wait([futures[i - parallel][1]])    # at most `parallel` submitted and unfinished
+                op = self.operations.submit_run(source, command, **options)
+                futures.append((op, self.operations.future(op)))
+            wait([f for _, f in futures])
+        except BaseException:
+            # the caller gives up (an interrupt, a failed submit): none of its runs goes on unseen
+            for op, fut in futures:
+                if not fut.done():
+                    try:
+                        self.operations.cancel(op)
+                    except SandtreeError:
+                        pass                    # ended meanwhile
+            raise
         out, failed = [], None
         for op, fut in futures:
             if fut.cancelled():
