@@ -1,5 +1,7 @@
 """The engine: store + runtime + the operations that combine them (see core.Engine)."""
 
-from .core import DEFAULT_ENV, Engine, RunRecord, default_idmap, parse_size
+from .core import Engine
+from .spec import default_idmap
+from .values import DEFAULT_ENV, RunRecord, parse_size
 
 __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size"]

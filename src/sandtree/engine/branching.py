@@ -1,6 +1,6 @@
 """The engine's branching operations (a mixin of engine.Engine): diff, merge, branches, lineage
-queries and bundles, wired to the store. The algorithms live beside this file (diff.py,
-merge.py, refs.py, lineage.py, bundle.py); here they meet layers and transactions."""
+queries and bundles, wired to the store. The algorithms live in sandtree/branching/ (diff,
+merge, lineage, bundle) and store/refs.py; here they meet layers and transactions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 from . import commit as commit_mod
 from ..errors import InvalidInput, MergeConflict
 from ..store.blobs import BlobStore
-from ..store.db import Database, dumps
+from ..store.db import Database
 from ..store.delta import write_delta
 from ..store.layers import remove_tree
 from ..store.objects import DIR, FILE, decode_tree
@@ -20,6 +20,7 @@ from ..branching import bundle, lineage
 from ..store import refs
 from ..branching import diff as diff_mod
 from ..branching import merge as merge_mod
+from .records import Records
 
 
 ON_CONFLICT = ("raise", "return")
@@ -85,13 +86,8 @@ class BranchingOps:
         with self.store.db.tx() as con:
             if write is not None:
                 write(con)
-            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                        "VALUES(?,?,?,?,?,?,?,?)", (op, "merge", ours, tm.root, dumps(spec),
-                                                     dumps({"conflicts": len(tm.conflicts)}), now, now))
-            for parent in (ours, theirs):
-                if parent != tm.root:
-                    con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
-                                (parent, tm.root, op, now))
+            Records.write(con, op, "merge", ours, tm.root, spec, {"conflicts": len(tm.conflicts)}, now, now,
+                          parents=(ours, theirs), replace=False)
         result["image"] = tm.root
         return result
 
@@ -223,20 +219,15 @@ class BranchingOps:
         with self.store.db.tx() as con:
             Database.put_trees(con, trees)
             for op_id, op in man["operations"].items():
-                con.execute("INSERT OR IGNORE INTO operations(id, kind, source, result, spec, outcome, started, "
-                            "finished) VALUES(?,?,?,?,?,?,?,?)",
-                            (op_id, op["kind"], op["source"], op["result"], dumps(op["spec"]),
-                             dumps(op["outcome"]) if op["outcome"] is not None else None, op["started"],
-                             op["finished"]))
+                Records.copy(con, op_id, op)
             for e in man["edges"]:
-                con.execute("INSERT OR IGNORE INTO edges(parent, child, op, created) VALUES(?,?,?,?)",
-                            (e["parent"], e["child"], e["op"], time.time()))
+                Records.edge(con, e["parent"], e["child"], e["op"], time.time())
             skipped = []
             for r in man.get("refs", []):
-                row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (r["name"],)).fetchone()
-                if row is None:
-                    Database.record_ref(con, "tag", r["name"], None, r["image"], "bundle import")
-                elif row[0] != r["image"]:
+                held = refs.target(con, "tag", r["name"])
+                if held is None:
+                    refs.set_tag(con, r["name"], r["image"], "bundle import")
+                elif held != r["image"]:
                     skipped.append(r["name"])
         return {"images": [i["id"] for i in man["images"]], "imported": imported, "tags_skipped": skipped}
 

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 
 from ..store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
                            logical_xattrs, read_xattrs, remove_tree, set_layer_xattrs)
-from ..errors import InvalidInput, TooLarge
+from ..errors import Conflict, InvalidInput, NotFound, TooLarge
+from ..runtime.openat2 import open_in_root
+from ..store.blobs import BlobStore
+from ..store.db import Database
 from ..store.names import check_path_length
 from ..store.delta import write_delta
 from ..store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
@@ -81,8 +84,6 @@ def _copy_hash(root_fd: int, ipath: str, dst: str, walked: os.stat_result) -> tu
     is never followed, and a FIFO does not block) into dst, hashing it. The file must be the one
     the walk saw (same inode): a live sandbox the freezer did not hold could swap names between
     the walk's lstat and this open; then nothing is committed."""
-    from ..errors import Conflict, InvalidInput, NotFound
-    from ..runtime.openat2 import open_in_root
     try:
         fd = open_in_root(root_fd, ipath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (OSError, NotFound, InvalidInput) as exc:   # gone, a symlink now (ELOOP), a dir...
@@ -383,6 +384,23 @@ class Committer:
             remove_tree(staged)
             raise
 
+
+    def image_writer(self, cr: CommitResult):
+        """Publish a commit's staged layer; return the function that writes its rows (None: no
+        new layer) inside the transaction that records the operation (records.Records.record).
+        Its `layer` is what to remove if no row came to name it."""
+        if cr.staged is None:
+            return None
+        layer = self.store.layers.publish(cr.staged)
+
+        def write(con):
+            if Store.insert_image(con, cr.image, [layer] + cr.below, cr.links, cr.size, cr.files):
+                Database.put_trees(con, cr.trees)
+                BlobStore.record(con, {h: f"layers/{layer}/{p}" for h, p in cr.locations.items()})
+                return True
+            return False                                 # a concurrent run made the same image
+        write.layer = layer
+        return write
 
     def _tree_with(self, extra: dict[str, bytes]):
         """Tree lookup that also sees trees made by this commit (not yet in the database)."""

@@ -24,11 +24,14 @@ import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import Protocol
 
 from ..errors import InvalidInput, NotFound, SandtreeError
+from ..runtime.base import Limits
 from ..runtime.procid import Owner
-from ..store.db import dumps
 from ..store.names import check_tag
+from .records import Records
+from .values import parse_size
 
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)
@@ -37,10 +40,22 @@ RETAIN_SECONDS = 600.0        # finished results (full output) kept this long...
 RETAIN_BYTES = 256 << 20      # ...and within this many bytes of output in all
 
 
+class RunHost(Protocol):
+    """What operations run on (engine.Engine is one): where rows go, and the calls they make."""
+    records: Records
+    default_limits: Limits
+
+    def resolve(self, ref: str) -> str: ...
+    def run(self, ref: str, command, **options): ...
+    def pull(self, reference: str, **options) -> str: ...
+    def registry_login(self, registry_url: str, username: str, secret: str) -> str: ...
+
+
 class Operations:
-    def __init__(self, engine, workers: int = 4, *, retain_seconds: float = RETAIN_SECONDS,
+    def __init__(self, host: RunHost, workers: int = 4, *, retain_seconds: float = RETAIN_SECONDS,
                  retain_bytes: int = RETAIN_BYTES):
-        self.engine = engine
+        self.host = host
+        self.records = host.records
         self.retain_seconds, self.retain_bytes = retain_seconds, retain_bytes
         self._event_caps: dict[str, int] = {}           # op -> bytes of output events kept per stream
         self._event_bytes: dict[tuple[str, str], int] = {}
@@ -144,33 +159,25 @@ class Operations:
                 self.changed.wait(max(0.0, end - time.monotonic()))
 
     def _recover(self) -> None:
-        now = time.time()
-        rows = self.engine.store.db.query("SELECT id, spec FROM operations WHERE finished IS NULL")
-        dead = [op for op, spec in rows if _alive(json.loads(spec)) is False]
+        dead = [op for op, spec in self.records.unfinished() if _alive(spec) is False]
         if dead:
-            with self.engine.store.db.tx() as con:
-                con.executemany("UPDATE operations SET outcome=?, finished=? WHERE id=? AND finished IS NULL",
-                                [(dumps({"error": "interrupted", "message": "the engine running it stopped"}),
-                                  now, op) for op in dead])
+            self.records.interrupt(dead, {"error": "interrupted", "message": "the engine running it stopped"})
 
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once."""
-        source = self.engine.resolve(ref)
-        self.engine.run(ref, command, check_only=True, **options)   # bad input fails now, not later
+        source = self.host.resolve(ref)
+        self.host.run(ref, command, check_only=True, **options)   # bad input fails now, not later
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
                 **Owner.me().to_dict(), "queued": True}
-        with self.engine.store.db.tx() as con:
-            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                        "VALUES(?,?,?,?,?,?,?,?)", (op, "run", source, None, dumps(spec), None, time.time(), None))
+        self.records.queue(op, "run", source, spec)
 
         def on_output(stream: str, chunk: bytes) -> None:
             self._event(op, stream, chunk.decode("utf-8", "replace"))
 
-        from .core import parse_size
         out = options.get("output")
-        cap = parse_size(out) if out is not None else self.engine.default_limits.output
+        cap = parse_size(out) if out is not None else self.host.default_limits.output
 
         def work():
             t0 = time.monotonic()
@@ -181,7 +188,7 @@ class Operations:
             self._event(op, "start", json.dumps({"image": source}))
             try:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
-                rec = self.engine.run(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
+                rec = self.host.run(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
             except SandtreeError as exc:
                 self._finish(op, exc.to_dict())
                 self._event(op, "end", json.dumps({"status": "failed", **exc.to_dict()}, default=str))
@@ -215,16 +222,14 @@ class Operations:
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
         called in the operation once the image is in."""
-        from ..store import registry
+        from ..store import registry        # httpx: loaded for registry work only
         ref = registry.parse(reference)
         if tag is not None:
             check_tag(tag)
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"source": f"pull:{ref}", "tag": tag, **Owner.me().to_dict(), "queued": True}
-        with self.engine.store.db.tx() as con:
-            con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
-                        "VALUES(?,?,?,?,?,?,?,?)", (op, "import", None, None, dumps(spec), None, time.time(), None))
+        self.records.queue(op, "import", None, spec)
 
         def work():
             if cancel.is_set():
@@ -234,8 +239,8 @@ class Operations:
             self._event(op, "start", json.dumps({"reference": reference}))
             try:
                 if credentials is not None:
-                    self.engine.registry_login(ref.registry, *credentials)
-                image = self.engine.pull(reference, tag=tag, op_id=op, check_host=check_host)
+                    self.host.registry_login(ref.registry, *credentials)
+                image = self.host.pull(reference, tag=tag, op_id=op, check_host=check_host)
                 if then is not None:
                     then(image)                  # the caller's bookkeeping (a tenant's ownership, tag)
             except Exception as exc:             # recorded, then re-raised to the future
@@ -256,11 +261,10 @@ class Operations:
         return op
 
     def _finish(self, op: str, outcome: dict) -> None:
-        with self.engine.store.db.tx() as con:
-            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=?", (dumps(outcome), time.time(), op))
+        self.records.finish(op, outcome)
 
     def get(self, op: str) -> dict:
-        rec = self.engine.operation(op)
+        rec = self.records.get(op)
         with self.lock:
             live = self.live.get(op)
         if rec["finished"] is None:
@@ -273,7 +277,7 @@ class Operations:
     def wait(self, ops: list[str], timeout: float | None = None) -> list[dict]:
         deadline = None if timeout is None else time.monotonic() + timeout
         for op in ops:
-            self.engine.operation(op)                 # NotFound for an unknown id
+            self.records.get(op)                      # NotFound for an unknown id
             with self.lock:
                 live = self.live.get(op)
             if live is not None:
@@ -283,6 +287,15 @@ class Operations:
                 except (TimeoutError, CancelledError):     # cancelled while queued: recorded already
                     pass
         return [self.get(op) for op in ops]
+
+    def future(self, op: str) -> Future:
+        """The future of an operation this process runs (its result, or the error it raised);
+        whoever holds it keeps the result past the retention bounds (engine.fork)."""
+        with self.lock:
+            live = self.live.get(op)
+        if live is None:
+            raise NotFound(f"operation {op} is not run by this process")
+        return live[0]
 
     def result(self, op: str):
         """The finished run's record (with its full output) if this process ran it, else None."""
@@ -307,9 +320,7 @@ class Operations:
         return self.get(op)
 
     def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
-        rows = self.engine.store.db.query("SELECT id FROM operations WHERE kind='run' ORDER BY started DESC LIMIT ?",
-                                          (max(1, min(limit, 1000)) * (4 if status else 1),))
-        out = [self.get(r[0]) for r in rows]
+        out = [self.get(op) for op in self.records.recent_runs(max(1, min(limit, 1000)) * (4 if status else 1))]
         if status:
             out = [o for o in out if o["status"] == status]
         return out[:limit]

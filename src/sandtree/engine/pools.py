@@ -17,11 +17,14 @@ import collections
 import os
 import threading
 import time
+from typing import Callable
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, RuntimeUnavailable
 from ..runtime.base import Limits, RunOutcome, RunSpec
 from ..runtime.live import Entered, LiveHandle, LiveRuntime
 from ..runtime.namespaces import validate_spec
+from ..store.store import Store
+from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 
@@ -60,8 +63,10 @@ class Pool:
             self.cv.notify_all()
             return h
 
-    def run(self, spec: RunSpec) -> RunOutcome | None:
-        """Run spec in a ready sandbox; None if none is ready (the caller runs it cold)."""
+    def run(self, spec: RunSpec) -> tuple[RunOutcome, Callable[[], None]] | None:
+        """Run spec in a ready sandbox: its outcome, and what to call once the outcome is closed
+        (its changes read: the sandbox is retired then). None if none is ready (the caller runs
+        it cold)."""
         validate_spec(spec)
         got = self.take()
         if got is None:
@@ -84,13 +89,12 @@ class Pool:
             raise
         self.served += 1
 
-        def close():
+        def release():
             os.close(scratch)
             self._retire(h)
         out.changes = f"/proc/self/fd/{scratch}/u"
         out.disk_limit = spec.limits.disk
-        out._close = close
-        return out
+        return out, release
 
     def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
@@ -174,34 +178,30 @@ class Pool:
 class Pools:
     """The engine's pools, one per image (a second `pool()` call on an image resizes it)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, store: Store, specs: RunSpecs, live: LiveRuntime, resolve: Callable[[str], str]):
+        self.store, self.specs, self.live, self.resolve = store, specs, live, resolve
         self.by_image: dict[str, Pool] = {}
         self.lock = threading.Lock()
 
     def create(self, ref: str, size: int, *, hostname: str = "sandtree", **limits) -> dict:
-        eng = self.engine
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 256:
             raise InvalidInput("pool size must be an integer from 0 to 256")
-        source = eng.resolve(ref)
-        lim: Limits = eng._limits(limits)
+        source = self.resolve(ref)
+        lim: Limits = self.specs.limits(limits)
         with self.lock:
             pool = self.by_image.get(source)
             if pool is not None and pool.template.limits == lim and pool.template.hostname == hostname:
                 pool.resize(size)
                 return pool.stats()
-        ok, why = eng.sandboxes.live.available()
+        ok, why = self.live.available()
         if not ok:
-            from ..errors import RuntimeUnavailable
             raise RuntimeUnavailable(why)
-        row = eng.store.image(source)
-        root = eng.store.tree(source)["."]
-        template = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
-                           hostname=hostname, limits=lim)
+        template = RunSpec(argv=["sandtree-init"], layers=self.store.image(source).layers,
+                           root_meta=self.specs.root_meta(source), hostname=hostname, limits=lim)
         validate_spec(template)
         with self.lock:
             old = self.by_image.pop(source, None)
-            self.by_image[source] = Pool(eng.sandboxes.live, source, template, size)
+            self.by_image[source] = Pool(self.live, source, template, size)
         if old is not None:
             old.close()
         return self.by_image[source].stats()
@@ -213,12 +213,12 @@ class Pools:
         return [p.stats() for p in list(self.by_image.values())]
 
     def wait_ready(self, ref: str, timeout: float = 30.0) -> bool:
-        pool = self.by_image.get(self.engine.resolve(ref))
+        pool = self.by_image.get(self.resolve(ref))
         return pool.wait_ready(timeout) if pool else False
 
     def remove(self, ref: str) -> None:
         with self.lock:
-            pool = self.by_image.pop(self.engine.resolve(ref), None)
+            pool = self.by_image.pop(self.resolve(ref), None)
         if pool is not None:
             pool.close()
 

@@ -8,10 +8,10 @@ to what is still running. Stopped, expired or vanished sandboxes are marked so, 
 "running". Every command is an `exec` operation (the audit trail); a commit is a `commit`
 operation whose lineage edge goes from the sandbox's last commit (or its image) to the new image.
 
-Shell session: a string command runs in `/bin/sh` through SESSION, which restores the exported
-environment and working directory the previous string command left (a file in the sandbox's
-/dev/shm, a tmpfs outside the committed filesystem) and saves them when it exits. A list runs as
-a fresh process with exactly the given environment.
+Beside it: the shell session a string command runs in and the spec of one command
+(session.py), helpers entered ahead of an exec (ahead.py), popen's process (process.py), file
+access from the host (sandbox_files.py). The parts it is given at construction (store, run-spec
+builder, records, committer, live runtime) are the engine's; it never imports the engine.
 """
 
 from __future__ import annotations
@@ -28,45 +28,32 @@ import time
 import uuid
 
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
-from ..runtime.base import Limits, RunSpec
 from ..runtime import criu
+from ..runtime.base import Limits, RunSpec
 from ..runtime.live import LiveHandle, LiveRuntime
-from .secrets_mask import mask_env, mask_text, secret_values
 from ..store.db import dumps
+from ..store.store import Store
+from .ahead import Ahead
+from .commit import Committer
+from .process import LiveProcess
+from .records import Records
+from .sandbox_files import SandboxFiles
+from .secrets_mask import mask_env
+from .session import command_spec
+from .spec import RunSpecs
+from .values import DEFAULT_ENV, RunRecord
 
-# $1: the session file, $2: the command, then NAME=VALUE pairs for this command only (their
-# session values come back after it). Each step says why in the comment at the top of the file.
-SESSION = r'''
-unset __ST_SESSION
-__st_s=$1; __st_c=$2; shift 2
-if [ -r "$__st_s" ]; then . "$__st_s"; fi
-__st_new=; __st_had=
-for __st_kv in "$@"; do
-  __st_n=${__st_kv%%=*}
-  if eval "[ \"\${$__st_n+set}\" = set ]"; then
-    eval "__st_old_$__st_n=\$$__st_n"; __st_had="$__st_had $__st_n"
-  else __st_new="$__st_new $__st_n"; fi
-  export "$__st_kv"
-done
-[ -n "$PWD" ] && cd "$PWD" 2>/dev/null
-unset __st_kv __st_n
-__st_save() {
-  ( for __st_n in $__st_new; do unset "$__st_n"; done
-    for __st_n in $__st_had; do eval "export $__st_n=\"\$__st_old_$__st_n\""; done
-    export PWD; export -p ) > "$__st_s.$$" 2>/dev/null && mv -f "$__st_s.$$" "$__st_s"
-}
-trap '__st_rc=$?; __st_save; exit $__st_rc' EXIT
-eval "$__st_c"
-'''
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 
-class Sandboxes:
-    def __init__(self, engine):
-        self.engine = engine
-        self.live = LiveRuntime(engine.runtime)
-        self.ahead = _Ahead(self.live)
+class Sandboxes(SandboxFiles):
+    def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
+                 live: LiveRuntime, resolve, default_tier):
+        self.store, self.specs, self.records, self.committer = store, specs, records, committer
+        self.resolve = resolve                     # the engine's: a ref may name a branch
+        self.live = live
+        self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
+        self.ahead = Ahead(self.live)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
 
@@ -78,7 +65,7 @@ class Sandboxes:
     def _row(self, sid: str) -> dict:
         if not isinstance(sid, str) or not sid:
             raise InvalidInput("a sandbox id must be a non-empty string")
-        rows = self.engine.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ?", (sid.replace("%", "") + "%",)) \
+        rows = self.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ?", (sid.replace("%", "") + "%",)) \
             if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []
         if len(rows) > 1:
             raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
@@ -94,7 +81,7 @@ class Sandboxes:
         return d
 
     def _set_state(self, sid: str, state: str) -> None:
-        with self.engine.store.db.tx() as con:
+        with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sid))
 
     def _ours(self, row: dict) -> None:
@@ -139,7 +126,7 @@ class Sandboxes:
     def _commit_lock(self, sid: str):
         """Held while a sandbox is frozen for a commit (any process); released by the kernel if
         the committer dies, so the next user can tell a commit in progress from a stale freeze."""
-        d = os.path.join(self.engine.home, "sandboxes")
+        d = os.path.join(self.store.home, "sandboxes")
         os.makedirs(d, exist_ok=True)
         os.chmod(d, 0o700)                         # checkpoints below hold sandboxes' memory
         fd = os.open(os.path.join(d, f"{sid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -220,7 +207,7 @@ class Sandboxes:
         self.reap()
         sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
             " ORDER BY created"
-        return [self._view(self._decode(r)) for r in self.engine.store.db.query(sql)]
+        return [self._view(self._decode(r)) for r in self.store.db.query(sql)]
 
     def reap(self) -> list[str]:
         """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
@@ -228,7 +215,7 @@ class Sandboxes:
         now = time.time()
         self._reaped = time.monotonic()
         done = []
-        for r in self.engine.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
+        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
             if self.live.foreign(row["handle"]):
                 continue                            # (its own engine reaps it; its helper ends it)
@@ -247,8 +234,7 @@ class Sandboxes:
               idle_action: str = "stop", tier: str | None = None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost)."""
-        eng = self.engine
-        if (tier or eng.default_tier) != "namespaces":
+        if (tier or self.default_tier()) != "namespaces":
             raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
         ok, why = self.live.available()
         if not ok:
@@ -262,22 +248,18 @@ class Sandboxes:
         for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
             if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
                 raise InvalidInput(f"{name} must be a positive number of seconds")
-        source = eng.resolve(ref)
-        row = eng.store.image(source)
-        lim = eng._limits(limits)
+        source = self.resolve(ref)
+        row = self.store.image(source)
+        lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        injected = [eng._file(f) for f in (files or [])]
-        if file_set is not None:
-            injected = [eng._file(f) for f in eng.file_set(file_set)] + injected
-        eng._check_cwd(source, cwd, injected)
-        root = eng.store.tree(source)["."]
-        from .core import DEFAULT_ENV
-        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=(root.mode, root.uid, root.gid),
+        injected = self.specs.files(files, file_set)
+        self.specs.check_cwd(source, cwd, injected)
+        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
                        env={**DEFAULT_ENV, **user_env}, cwd=cwd, hostname=hostname, files=injected, limits=lim,
-                       prepare_changes=(lambda upper: eng._inject(source, upper, injected)) if injected else None)
+                       prepare_changes=self.specs.injector(source, injected))
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
-        with eng.store.using():                    # gc keeps the layers of running sandboxes (below)
+        with self.store.using():                   # gc keeps the layers of running sandboxes (below)
             handle = self.live.start(spec, lifetime)
         sid = uuid.uuid4().hex
         now = time.time()
@@ -285,7 +267,7 @@ class Sandboxes:
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
                   "lifetime": lifetime, "idle_action": idle_action}
         try:
-            with eng.store.db.tx() as con:
+            with self.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
                             "expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
                             (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
@@ -309,52 +291,18 @@ class Sandboxes:
         return self.info(row["id"])
 
     def _touch(self, sid: str) -> None:
-        with self.engine.store.db.tx() as con:
+        with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (time.time(), sid))
 
-    # ---- commands ------------------------------------------------------------------------------
+    # ---- commands ----------------------------------------------------------------------------
     def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
-        eng = self.engine
-        base = row["spec"]
-        lim = Limits(**{**base["limits"], **{k: v for k, v in eng._limits(limits).__dict__.items()
-                                                 if k in limits and limits[k] is not None}})
-        user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        if isinstance(command, str):
-            if not command.strip():
-                raise InvalidInput("empty command")
-            for k in user_env:
-                if not NAME.match(k):
-                    raise InvalidInput(f"bad environment variable name {k!r} for a shell command")
-            if cwd is not None:
-                if not isinstance(cwd, str) or not cwd.startswith("/"):
-                    raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
-                user_env["PWD"] = cwd
-            session = f"/dev/shm/.sandtree-session-{int(uid)}"
-            # the wrapper travels in the environment (and leaves it at once): `ps` shows one line
-            argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command] + \
-                [f"{k}={v}" for k, v in user_env.items()]
-            env_out = {**base["env"], "__ST_SESSION": SESSION}
-            shown = command
-            run_cwd = base["cwd"]
-        elif isinstance(command, (list, tuple)) and command:
-            argv = [str(a) for a in command]
-            env_out = {**base["env"], **user_env}
-            shown = " ".join(argv)
-            run_cwd = cwd or base["cwd"]
-        else:
-            raise InvalidInput("command must be a shell string or a non-empty list of arguments")
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        spec = RunSpec(argv=argv, layers=[], root_meta=(0, 0, 0), env=env_out, cwd=run_cwd, stdin=stdin,
-                       uid=uid, gid=gid, limits=lim)
-        return spec, mask_text(shown, secret_values(user_env))
+        return command_spec(row["spec"], command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                            limits=limits, given=self.specs.limits(limits))
 
     def exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, stdin=None,
              uid: int = 0, gid: int = 0, on_output=None, cancel=None, **limits):
         """Run `command` inside the sandbox to its exit. A string runs in the shell session (cwd and
         exported env carry over); a list is a fresh process. Returns a RunRecord (image None)."""
-        from .core import RunRecord
-        eng = self.engine
         row = self._running(sid)
         spec, shown = self._command_spec(row, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                                          limits=limits)
@@ -365,17 +313,18 @@ class Sandboxes:
         try:
             out = self.live.exec(row["handle"], spec, ahead=self.ahead.take(row["id"], row["handle"]))
         except Exception as exc:
-            eng._record_run(op, row["image"], {"command": shown, "sandbox": row["id"]}, started, None,
-                            {"error": getattr(exc, "code", "error"), "message": str(exc)}, kind="exec")
+            self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"]}, started, None,
+                                {"error": getattr(exc, "code", "error"), "message": str(exc)}, kind="exec")
             if isinstance(exc, NotFound):
                 self._running(row["id"])        # raises Conflict(gone) if it died under us
             raise
         self._touch(row["id"])
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
-        eng._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": uid, "gid": gid},
-                        started, None, {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
-                                        "cancelled": rec.cancelled, "usage": rec.usage}, kind="exec")
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": uid, "gid": gid},
+                            started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
+                                            "timed_out": rec.timed_out, "cancelled": rec.cancelled,
+                                            "usage": rec.usage}, kind="exec")
         return rec
 
     def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0,
@@ -395,64 +344,17 @@ class Sandboxes:
                 break
             raw += chunk
         op = uuid.uuid4().hex
-        self.engine._record_run(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
-                                time.time(), None, {"started": True}, kind="exec")
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
+                            time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live, raw)
-
-    # ---- files ---------------------------------------------------------------------------------
-    # Host-side access as root to a tree the sandbox controls: runtime/openat2.py says what each
-    # step defends against (host device nodes bound into /dev, FIFOs, symlinks, /proc).
-    def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
-        """A regular file as the sandbox sees it now (resolved inside its root, never outside);
-        TooLarge over `limit` bytes, NotRegularFile for devices, FIFOs, sockets, directories."""
-        from ..runtime.openat2 import read_file
-        row = self._running(sid)
-        self._check_path(path)
-        if not isinstance(limit, int) or limit < 0:
-            raise InvalidInput("limit must be a non-negative number of bytes")
-        mounts = self.live.own_mounts(row["handle"])
-        root = self.live.root(row["handle"])
-        try:
-            return read_file(root, path, limit, mounts)
-        finally:
-            os.close(root)
-
-    def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
-        """Write a regular file into the running sandbox (its parent directory must exist): a new
-        file renamed over the name, so nothing that was there is written into or re-owned."""
-        from ..runtime.openat2 import write_file
-        row = self._running(sid)
-        self._check_path(path)
-        if isinstance(data, str):
-            data = data.encode()
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidInput("data must be bytes or a string")
-        idmap = self.engine.store.idmap
-        for name, v, top in (("mode", mode, 0o7777), ("uid", uid, idmap.count - 1), ("gid", gid, idmap.count - 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
-                raise InvalidInput(f"{name} must be an integer from 0 to {top if name != 'mode' else oct(top)}",
-                                   **{name: v})
-        mounts = self.live.own_mounts(row["handle"])
-        root = self.live.root(row["handle"])
-        try:
-            write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts)
-        finally:
-            os.close(root)
-        self._touch(row["id"])
-
-    @staticmethod
-    def _check_path(path) -> None:
-        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-            raise InvalidInput(f"path must be absolute, not {path!r}")
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None) -> str:
         """An image of the sandbox's filesystem now. Its processes are frozen for the instant of
         the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
-        eng = self.engine
         row = self._running(sid)
         h = row["handle"]
-        with eng.store.using(), self._commit_lock(row["id"]):
+        with self.store.using(), self._commit_lock(row["id"]):
             # Unfrozen, the sandbox's processes would rename and swap files under the walk (a
             # directory for a symlink to a host path between the walk's lstat and its open):
             # the freezer is what makes the snapshot one instant, so no freezer, no commit.
@@ -464,45 +366,41 @@ class Sandboxes:
             finally:
                 self.live.freeze(h, False)
         if tag:
-            eng.tag(image, tag)
+            self.store.tag(image, tag)
         return image
 
     def _snapshot(self, row: dict, frozen: bool, how: str = "commit") -> str:
         """Commit the upper (the caller holds the commit lock and froze the processes); record a
         `commit` operation and its lineage edge from the sandbox's head; move the head."""
-        eng = self.engine
         h = row["handle"]
         op = uuid.uuid4().hex
         started = time.time()
         fd = self.live.scratch(h)
         try:
             # after a resume the upper holds the changes since the hibernation's commit
-            cr = eng.committer.commit(eng.store.image(row["spec"].get("base") or row["image"]),
+            cr = self.committer.commit(self.store.image(row["spec"].get("base") or row["image"]),
                                       f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
         finally:
             os.close(fd)
-        write = eng._image_writer(cr)
+        write = self.committer.image_writer(cr)
         parent = row["head"] or row["image"]
-        execs = [r[0] for r in eng.store.db.query(
-            "SELECT id FROM operations WHERE kind='exec' AND source=? AND started>=? AND spec LIKE ?",
-            (row["image"], self._last_commit(row), f'%"sandbox":"{row["id"]}"%'))]
-        eng._record_run(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
-                                           "command": f"{how} of live sandbox {row['id'][:12]}"},
-                        started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
-        with eng.store.db.tx() as con:
+        execs = self.records.sandbox_execs(row["image"], row["id"], self.records.last_commit(row["id"]))
+        self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
+                                               "command": f"{how} of live sandbox {row['id'][:12]}"},
+                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
+        with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
         row["head"] = cr.image
         return cr.image
 
     # ---- hibernate -------------------------------------------------------------------------------
     def _checkpoint_dir(self, sid: str) -> str:
-        return os.path.join(self.engine.home, "sandboxes", f"{sid}.ckpt")
+        return os.path.join(self.store.home, "sandboxes", f"{sid}.ckpt")
 
     def hibernate(self, sid: str, *, idle: bool = True) -> dict:
         """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
         commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
         where they were. Its lifetime does not run while it is hibernated."""
-        eng = self.engine
         ok, why = self.live.hibernate_available()
         if not ok:
             raise RuntimeUnavailable(why)
@@ -512,7 +410,7 @@ class Sandboxes:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
-        with eng.store.using(), self._commit_lock(sid):
+        with self.store.using(), self._commit_lock(sid):
             self.live.freeze(h, True)
             try:
                 busy = self.live.outsiders(h)
@@ -541,12 +439,12 @@ class Sandboxes:
         return self.info(sid)
 
     def _set_spec(self, sid: str, spec: dict) -> None:
-        with self.engine.store.db.tx() as con:
+        with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
 
     def _hibernated(self, sid: str, spec: dict) -> None:
         spec.pop("hibernating", None)
-        with self.engine.store.db.tx() as con:
+        with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
 
     def _dump_finished(self, sid: str) -> bool:
@@ -555,7 +453,6 @@ class Sandboxes:
     def resume(self, sid: str) -> dict:
         """Bring a hibernated sandbox back: its processes continue where they were, on the image
         committed when it hibernated. Nothing is lost if this fails: it stays hibernated."""
-        eng = self.engine
         row = self._row(sid)
         sid = row["id"]
         with self._commit_lock(sid):
@@ -565,17 +462,16 @@ class Sandboxes:
             if row["state"] != "hibernated":
                 raise Conflict(f"sandbox {sid} is {row['state']}", sandbox=sid, state=row["state"])
             base, spec0 = row["spec"]["base"], row["spec"]
-            image = eng.store.image(base)
-            root = eng.store.tree(base)["."]
-            spec = RunSpec(argv=["sandtree-init"], layers=image.layers, root_meta=(root.mode, root.uid, root.gid),
+            spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
+                           root_meta=self.specs.root_meta(base),
                            env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
                            limits=Limits(**spec0["limits"]))
             remaining = spec0.get("remaining", spec0["lifetime"])
-            with eng.store.using():
+            with self.store.using():
                 handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
             now = time.time()
             try:
-                with eng.store.db.tx() as con:
+                with self.store.db.tx() as con:
                     con.execute("UPDATE sandboxes SET state='running', handle=?, last_used=?, expires=? WHERE id=?",
                                 (dumps(handle.to_dict()), now, now + remaining, sid))
             except BaseException:
@@ -583,154 +479,3 @@ class Sandboxes:
                 raise
             shutil.rmtree(self._checkpoint_dir(sid), ignore_errors=True)
         return self.info(sid)
-
-    def _last_commit(self, row: dict) -> float:
-        r = self.engine.store.db.one("SELECT MAX(started) FROM operations WHERE kind='commit' AND spec LIKE ?",
-                                     (f'%"sandbox":"{row["id"]}"%',))
-        return r[0] or 0.0
-
-
-class _Ahead:
-    """For each of the last KEEP live sandboxes this process exec'd in, one helper already inside it (cgroups joined,
-    namespaces entered: the slow part of an exec), prepared after each exec by one long-lived
-    thread (the helpers die with the thread that forked them)."""
-
-    KEEP = 32
-
-    def __init__(self, live: LiveRuntime):
-        self.live = live
-        self.ready: dict[str, tuple[LiveHandle, object]] = {}
-        self.want: dict[str, LiveHandle] = {}
-        self.cv = threading.Condition()
-        self.closed = False
-        self.thread: threading.Thread | None = None
-
-    def take(self, sid: str, handle: LiveHandle):
-        with self.cv:
-            got = self.ready.pop(sid, None)
-            self.want.pop(sid, None)
-            self.want[sid] = handle                 # most recent last
-            while len(self.want) > self.KEEP:       # a helper (and 5 fds) per sandbox: only the recent
-                old = next(iter(self.want))
-                self.want.pop(old)
-                drop = self.ready.pop(old, None)
-                if drop is not None:
-                    threading.Thread(target=drop[1].discard, daemon=True).start()
-            if self.thread is None and not self.closed:
-                self.thread = threading.Thread(target=self._loop, name="sandtree-enter", daemon=True)
-                self.thread.start()
-            self.cv.notify_all()
-        if got is None:
-            return None
-        if got[0] != handle or not self.live.alive(handle):
-            got[1].discard()
-            return None
-        return got[1]
-
-    def forget(self, sid: str) -> None:
-        with self.cv:
-            self.want.pop(sid, None)
-            got = self.ready.pop(sid, None)
-        if got is not None:
-            got[1].discard()
-
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not self.closed and not (set(self.want) - set(self.ready)):
-                    self.cv.wait()
-                if self.closed:
-                    return
-                todo = {k: v for k, v in self.want.items() if k not in self.ready}
-            for sid, h in todo.items():
-                try:
-                    e = self.live.enter_ahead(h) if self.live.alive(h) else None
-                except Exception:                  # noqa: BLE001 - the exec enters by itself then
-                    e = None
-                with self.cv:
-                    if e is not None and self.want.get(sid) == h and not self.closed:
-                        self.ready[sid] = (h, e)
-                        e = None
-                    elif self.want.get(sid) == h and e is None:
-                        self.want.pop(sid, None)    # gone: stop trying
-                if e is not None:
-                    e.discard()
-
-    def close(self) -> None:
-        with self.cv:
-            self.closed = True
-            got, self.ready = list(self.ready.values()), {}
-            self.cv.notify_all()
-        for _, e in got:
-            e.discard()
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-
-
-class LiveProcess:
-    """A process inside a live sandbox: subprocess.Popen's shape (stdin, stdout, stderr, wait,
-    communicate, send_signal, kill) with the exit status of the command itself."""
-
-    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveRuntime, raw: bytearray | None = None):
-        self._proc, self._rep_r, self._live = proc, rep_r, live
-        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
-        self.returncode: int | None = None
-        self._raw = raw if raw is not None else bytearray()
-
-    def _finish(self) -> None:
-        from ..runtime.namespaces import _parse_report
-        self._proc.wait()
-        if self._rep_r is not None:
-            while True:
-                chunk = os.read(self._rep_r, 4096)
-                if not chunk:
-                    break
-                self._raw += chunk
-            os.close(self._rep_r)
-            self._rep_r = None
-        rep = _parse_report(self._raw)
-        if "execfail" in rep:
-            self.returncode = 127 if rep["execfail"][1] == "exec" else 126
-        elif "signal" in rep:
-            self.returncode = -rep["signal"]
-        else:
-            self.returncode = rep.get("exit", self._proc.returncode)
-
-    def poll(self) -> int | None:
-        if self.returncode is None and self._proc.poll() is not None:
-            self._finish()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self._proc.wait(timeout)
-            self._finish()
-        return self.returncode
-
-    def communicate(self, input: bytes | None = None, timeout: float | None = None):
-        out, err = self._proc.communicate(input, timeout)
-        self.wait()
-        return out, err
-
-    def send_signal(self, sig: int) -> None:
-        self._live.signal_command(self._proc, int(sig))
-
-    def terminate(self) -> None:
-        self.send_signal(15)
-
-    def kill(self) -> None:
-        self.send_signal(9)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for s in (self.stdin, self.stdout, self.stderr):
-            if s is not None:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-        if self.poll() is None:
-            self.kill()
-        self.wait()

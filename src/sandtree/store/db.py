@@ -26,6 +26,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import DiskFull
+from . import refs
 
 SCHEMA_VERSION = 1
 
@@ -218,14 +219,8 @@ class Database:
 
     @staticmethod
     def record_ref(con, kind: str, name: str, old: str | None, new: str | None, reason: str) -> None:
-        now = time.time()
-        if new is None:
-            con.execute("DELETE FROM refs WHERE kind=? AND name=?", (kind, name))
-        else:
-            con.execute("INSERT OR REPLACE INTO refs(name, kind, image, updated) VALUES(?,?,?,?)",
-                        (name, kind, new, now))
-        con.execute("INSERT INTO reflog(kind, name, old, new, at, reason) VALUES(?,?,?,?,?,?)",
-                    (kind, name, old, new, now, reason))
+        """Kept for callers not yet moved to store/refs.py's record() (tenancy): the one writer."""
+        refs.record(con, kind, name, old, new, reason)
 
 
 def dumps(obj) -> str:

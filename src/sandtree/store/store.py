@@ -7,7 +7,7 @@
       tmp/                 staging for imports and commits; never holds a mount
 
 Names: an image is addressed by its full ID, a unique prefix of at least 6 hex digits, or a
-tag. Tags are refs of kind "tag"; every move is appended to the reflog.
+tag. Tags are refs of kind "tag", written by store/refs.py (every move is in the reflog).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import ImageNotFound, InvalidInput, NotFound
+from . import refs
 from .blobs import BlobStore
 from .db import Database, dumps
 from .layers import IdMap, LayerDirs
-from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - TAG_RE: re-exported; the one rule is names.py
+from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - re-exported; the one rule is names.py
 from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
 
 
@@ -155,22 +156,10 @@ class Store:
 
     # ---- tags --------------------------------------------------------------------------------
     def tag(self, image_id: str, name: str) -> None:
-        check_tag(name)
-        with self.db.tx() as con:
-            if con.execute("SELECT 1 FROM images WHERE id=?", (image_id,)).fetchone() is None:
-                raise ImageNotFound(f"no image {image_id!r}", image=image_id)
-            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,)).fetchone()
-            old = row[0] if row else None
-            if old != image_id:
-                Database.record_ref(con, "tag", name, old, image_id, "tag")
+        refs.tag(self, image_id, name)
 
     def untag(self, name: str) -> str:
-        with self.db.tx() as con:
-            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (name,)).fetchone()
-            if row is None:
-                raise NotFound(f"no tag {name!r}")
-            Database.record_ref(con, "tag", name, row[0], None, "untag")
-            return row[0]
+        return refs.untag(self, name)
 
     def tags(self, image_id: str | None = None) -> dict[str, str]:
         if image_id:

@@ -1,0 +1,164 @@
+"""Runs (a mixin of engine.Engine): a command on an image in a fresh sandbox, its changes
+committed as a new image; and fork, many commands from one image at once.
+
+What a RunSpec is built from is spec.py (RunSpecs); where the run's rows go is records.py;
+the commit of its writes is commit.py. Runs started now and awaited later are operations.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import wait
+
+from ..errors import Conflict, InvalidInput, SandtreeError
+from ..runtime.base import RunSpec
+from ..runtime.namespaces import validate_spec
+from ..store import refs
+from ..store.store import ImageRow
+from .secrets_mask import mask_env, mask_text, secret_values
+from .spec import command_argv
+from .values import DEFAULT_ENV, RunRecord
+
+MAX_FORK = 256                # commands in one fork: each is a queued operation (a row, a future)
+FORK_REFUSED = ("on_output", "op_id", "cancel", "check_only")   # per-run hooks a fork cannot share
+
+
+class RunOps:
+    """Mixed into engine.Engine, which provides store, specs, records, committer, tier(),
+    resolve() and its pools."""
+
+    def run(self, ref: str, command, **kw) -> RunRecord | None:
+        """Run `command` on image `ref` (see _run for the options); gc waits while it does."""
+        with self.store.using():
+            return self._run(ref, command, **kw)
+
+    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
+             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
+             files=None, disposable: bool = False, on_output=None, tier: str | None = None,
+             file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
+             **limits) -> RunRecord | None:
+        """Run `command` on image `ref`. check_only: validate everything a run would, start
+        nothing, return None (how a submitted operation refuses bad input at once)."""
+        runtime = self.tier(tier)
+        branch = refs.branch_named(self.store, ref)
+        source = self.resolve(ref)
+        row = self.store.image(source)
+        argv = command_argv(command)
+        lim = self.specs.limits(limits)
+        user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        injected = self.specs.files(files, file_set)
+        self.specs.check_cwd(source, cwd, injected)
+        spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
+                       env={**DEFAULT_ENV, **user_env}, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                       hostname=hostname, files=injected, limits=lim, on_output=on_output,
+                       prepare_changes=self.specs.injector(source, injected), cancel=cancel)
+        if check_only:
+            validate_spec(spec)
+            return None
+        op = op_id or uuid.uuid4().hex
+        secrets = secret_values(user_env)
+        record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
+                       "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
+                       "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
+                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
+        started = time.time()
+        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
+        release = None
+        try:
+            served = pool.run(spec) if pool is not None and pool.fits(spec) else None
+            outcome, release = served if served is not None else (runtime.run(spec), None)
+        except Exception as exc:
+            self.records.record(op, source, record_spec, started, None,
+                                {"error": getattr(exc, "code", "error"), "message": str(exc)})
+            raise
+        try:
+            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable)
+        finally:
+            if release is not None:
+                release()                      # the pool's sandbox: retired once its upper is read
+        if branch is not None and result is not None:
+            refs.advance(self.store, branch, source, result, f"run {op}")
+        return rec
+
+    def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
+                    disposable: bool) -> tuple[RunRecord, str | None]:
+        t_commit = time.perf_counter()
+        with outcome:
+            try:
+                result, write_image = (None, None) if disposable or outcome.cancelled else self._commit(row, outcome)
+            except Exception as exc:
+                self.records.record(op, source, record_spec, started, None,
+                                    {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}"})
+                raise
+            outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
+            rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,
+                            outcome.stderr, outcome.stdout_truncated, outcome.stderr_truncated,
+                            outcome.timed_out, outcome.oom_killed, outcome.usage, outcome.cancelled)
+            summary = {"exit_code": rec.exit_code, "signal": rec.signal, "timed_out": rec.timed_out,
+                       "cancelled": rec.cancelled,
+                       "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
+                       "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
+                       "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
+            self.records.record(op, source, record_spec, started, result, summary, write_image)
+        return rec, result
+
+    def _commit(self, base: ImageRow, outcome):
+        """(resulting image id, a function writing its rows inside the run's transaction or None).
+        The new layer is published (renamed into layers/) before any row names it."""
+        if outcome.changes is None:
+            return base.id, None
+        cr = self.committer.commit(base, outcome.changes, max_file_size=outcome.disk_limit)
+        return cr.image, self.committer.image_writer(cr)
+
+    def fork(self, ref: str, commands: list, *, parallel: int | None = None, **options) -> list[RunRecord]:
+        """Run each command on the same image concurrently (one branch each: a branch ref is
+        resolved once, and no run moves it); the records in the commands' order. The runs are
+        operations (queued on the engine's workers, listed, cancellable); parallel: at most this
+        many submitted at once (default: all). Bad input in any command fails before any runs; a
+        run that fails raises its error once every other has ended; a fork interrupted while it
+        waits cancels the runs it started."""
+        for bad in FORK_REFUSED:
+            if bad in options:
+                raise InvalidInput(f"fork does not take {bad} (it is per run)")
+        if not isinstance(commands, (list, tuple)) or not commands:
+            raise InvalidInput("fork takes a non-empty list of commands")
+        if len(commands) > MAX_FORK:
+            raise InvalidInput(f"at most {MAX_FORK} commands in one fork")
+        if parallel is None:
+            parallel = len(commands)
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise InvalidInput("parallel must be an integer of at least 1")
+        source = self.resolve(ref)
+        for command in commands:
+            self.run(source, command, check_only=True, **options)
+        futures = []                          # held here: the operations' result cache may drop them
+        try:
+            for i, command in enumerate(commands):
+                if i >= parallel:
+                    wait([futures[i - parallel][1]])    # at most `parallel` submitted and unfinished
+                op = self.operations.submit_run(source, command, **options)
+                futures.append((op, self.operations.future(op)))
+            wait([f for _, f in futures])
+        except BaseException:
+            # the caller gives up (an interrupt, a failed submit): none of its runs goes on unseen
+            for op, fut in futures:
+                if not fut.done():
+                    try:
+                        self.operations.cancel(op)
+                    except SandtreeError:
+                        pass                    # ended meanwhile
+            raise
+        out, failed = [], None
+        for op, fut in futures:
+            if fut.cancelled():
+                failed = failed or Conflict(f"fork run {op} was cancelled before it started", operation=op)
+            elif fut.exception() is not None:
+                failed = failed or fut.exception()
+            else:
+                out.append(fut.result())
+        if failed is not None:
+            raise failed
+        return out

@@ -1,0 +1,56 @@
+"""Files of a running live sandbox, read and written from the host (a mixin of
+sandboxes.Sandboxes, which provides store, live, _running and _touch).
+
+Host-side access as root to a tree the sandbox controls: runtime/openat2.py says what each
+step defends against (host device nodes bound into /dev, FIFOs, symlinks, /proc).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InvalidInput
+from ..runtime.openat2 import read_file, write_file
+
+
+class SandboxFiles:
+    def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
+        """A regular file as the sandbox sees it now (resolved inside its root, never outside);
+        TooLarge over `limit` bytes, NotRegularFile for devices, FIFOs, sockets, directories."""
+        row = self._running(sid)
+        self._check_path(path)
+        if not isinstance(limit, int) or limit < 0:
+            raise InvalidInput("limit must be a non-negative number of bytes")
+        mounts = self.live.own_mounts(row["handle"])
+        root = self.live.root(row["handle"])
+        try:
+            return read_file(root, path, limit, mounts)
+        finally:
+            os.close(root)
+
+    def write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        """Write a regular file into the running sandbox (its parent directory must exist): a new
+        file renamed over the name, so nothing that was there is written into or re-owned."""
+        row = self._running(sid)
+        self._check_path(path)
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidInput("data must be bytes or a string")
+        idmap = self.store.idmap
+        for name, v, top in (("mode", mode, 0o7777), ("uid", uid, idmap.count - 1), ("gid", gid, idmap.count - 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+                raise InvalidInput(f"{name} must be an integer from 0 to {top if name != 'mode' else oct(top)}",
+                                   **{name: v})
+        mounts = self.live.own_mounts(row["handle"])
+        root = self.live.root(row["handle"])
+        try:
+            write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts)
+        finally:
+            os.close(root)
+        self._touch(row["id"])
+
+    @staticmethod
+    def _check_path(path) -> None:
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise InvalidInput(f"path must be absolute, not {path!r}")

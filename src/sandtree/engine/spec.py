@@ -1,0 +1,165 @@
+"""What a run is made of: the builder that turns a caller's options (limits, files, cwd,
+command) into the pieces of a runtime RunSpec, and the id map a store defaults to.
+
+The parts (runs, live sandboxes, pools, operations) import this module and values.py, never
+engine/core.py: the engine constructs one RunSpecs and hands it to each part. Where the rows of what ran are
+written is records.py; the runtime's own types are runtime/base.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable
+
+from ..errors import InvalidInput, NotFound, PathEscape
+from ..runtime.base import InjectedFile, Limits
+from ..store import inspect
+from ..store.layers import IdMap
+from ..store.objects import DIR
+from ..store.store import Store
+from .values import parse_size
+
+def default_idmap() -> IdMap:
+    if os.geteuid() == 0:
+        return IdMap(100000, 100000, 65536)
+    return IdMap(os.geteuid(), os.getegid(), 1)
+
+
+def injected_file(f, blob_path: Callable[[str], str] | None = None) -> InjectedFile:
+    """A file to inject, from the public dict form; blob_path(sha256) says where an upload is."""
+    if isinstance(f, InjectedFile):
+        return f
+    if isinstance(f, dict):
+        source = None
+        if "sha256" in f and blob_path is not None:
+            content, source = b"", blob_path(f["sha256"])
+        else:
+            content = f.get("content", b"")
+        if isinstance(content, str):
+            content = content.encode()
+        mode = f.get("mode", 0o644)
+        if isinstance(mode, str):
+            mode = int(mode, 8)
+        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)), source)
+    raise InvalidInput("a file to inject is {'path': ..., 'content' or 'sha256': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
+
+
+def command_argv(command) -> list[str]:
+    """A shell string runs through /bin/sh -c; a list is the argv itself."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise InvalidInput("empty command")
+        return ["/bin/sh", "-c", command]
+    if isinstance(command, (list, tuple)) and command:
+        return [str(a) for a in command]
+    raise InvalidInput("command must be a shell string or a non-empty list of arguments")
+
+
+def _parts(path: str) -> list[str]:
+    # one path rule for images: the one store/inspect.py resolves with (.. may not leave the root)
+    return inspect._split(path)
+
+
+class RunSpecs:
+    """Turns what a caller passed into checked pieces of a RunSpec. Constructed once by the
+    engine (store, default limits, where uploads and file sets are) and shared by every part
+    that starts sandboxes: runs, live sandboxes, pools."""
+
+    def __init__(self, store: Store, default_limits: Limits, blob_path: Callable[[str], str],
+                 file_set: Callable[[str], list[dict]]):
+        self.store = store
+        self.default_limits = default_limits
+        self.blob_path = blob_path
+        self.file_set = file_set
+
+    def limits(self, given: dict) -> Limits:
+        """Limits from options (None: the default); unknown names refused."""
+        unknown = set(given) - set(Limits.__dataclass_fields__)
+        if unknown:
+            raise InvalidInput(f"unknown option(s): {', '.join(sorted(unknown))}")
+        vals = {k: v for k, v in given.items() if v is not None}
+        for k in ("memory", "disk", "output"):
+            if k in vals:
+                vals[k] = parse_size(vals[k])
+        for k in ("timeout", "cpus"):
+            if k in vals:
+                try:
+                    vals[k] = float(vals[k])
+                except (TypeError, ValueError):
+                    raise InvalidInput(f"{k} must be a number") from None
+        if "pids" in vals:
+            vals["pids"] = int(vals["pids"])
+        return Limits(**{**self.default_limits.__dict__, **vals})
+
+    def file(self, f) -> InjectedFile:
+        return injected_file(f, self.blob_path)
+
+    def files(self, files, file_set: str | None) -> list[InjectedFile]:
+        """The files a run injects: a file set's first, then the run's own (later ones win)."""
+        injected = [self.file(f) for f in (files or [])]
+        if file_set is not None:
+            injected = [self.file(f) for f in self.file_set(file_set)] + injected
+        return injected
+
+    def root_meta(self, image: str) -> tuple[int, int, int]:
+        root = self.store.tree(image)["."]
+        return (root.mode, root.uid, root.gid)
+
+    def check_cwd(self, source: str, cwd: str, injected: list[InjectedFile]) -> None:
+        """The working directory must exist in the image (or be made by an injected file's
+        parents): checked here, so every tier refuses it the same way (runsc would create it)."""
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
+        try:
+            e = inspect.resolve(self.store, source, cwd)[1]
+        except (NotFound, PathEscape):
+            e = None
+        if e is not None and e.kind == DIR:
+            return
+        norm = "/" + "/".join(_parts(cwd))
+        if any(("/" + "/".join(_parts(f.path))).startswith(norm.rstrip("/") + "/") for f in injected):
+            return
+        raise InvalidInput(f"working directory {cwd!r} does not exist in the image", cwd=cwd)
+
+    def injector(self, source: str, injected: list[InjectedFile]):
+        """RunSpec.prepare_changes for these files (None if there are none)."""
+        if not injected:
+            return None
+        return lambda upper: self.inject(source, upper, injected)
+
+    def inject(self, source: str, upper: str, files: list[InjectedFile]) -> None:
+        """Write injected files into the fresh upper, parents copied from the image's metadata."""
+        idmap = self.store.idmap
+        for f in files:
+            parts = _parts(f.path)
+            if not parts:
+                raise InvalidInput(f"cannot inject a file at {f.path!r}")
+            tree = self.store.tree(source)
+            host = upper
+            for i, part in enumerate(parts[:-1]):
+                e = tree.get(part) if tree is not None else None
+                host = os.path.join(host, part)
+                if e is not None and e.kind != DIR:
+                    raise PathEscape(f"cannot inject {f.path!r}: /{'/'.join(parts[:i + 1])} is not a directory")
+                if not os.path.isdir(host):
+                    os.mkdir(host)
+                    if e is not None:
+                        os.lchown(host, idmap.host_uid(e.uid), idmap.host_gid(e.gid))
+                        os.chmod(host, e.mode)
+                    else:
+                        os.lchown(host, idmap.host_uid(0), idmap.host_gid(0))
+                        os.chmod(host, 0o755)
+                tree = self.store.tree(e.ref) if e is not None else None
+            target = os.path.join(host, parts[-1])
+            e = tree.get(parts[-1]) if tree is not None else None
+            if e is not None and e.kind == DIR:
+                raise InvalidInput(f"cannot inject {f.path!r}: it is a directory in the image")
+            with open(target, "wb") as out:
+                if f.source is None:
+                    out.write(f.content)
+                else:                    # streamed: an upload may be bigger than memory allows
+                    with open(f.source, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            os.lchown(target, idmap.host_uid(f.uid), idmap.host_gid(f.gid))
+            os.chmod(target, f.mode)

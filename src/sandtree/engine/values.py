@@ -1,0 +1,33 @@
+"""The plain values every engine part shares: the default environment of a command, sizes as
+people write them (and the record of a run, which the operation table declares)."""
+
+from __future__ import annotations
+
+from ..errors import InvalidInput
+from ..table import RunRecord  # noqa: F401 - the engine's answer to a run (declared with the run row)
+
+DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
+
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+         "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def parse_size(v) -> int:
+    if isinstance(v, bool):
+        raise InvalidInput(f"bad size {v!r}")
+    if isinstance(v, (int, float)):
+        n = int(v)
+    else:
+        s = str(v).strip().lower()
+        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = s[len(num):].strip()
+        try:
+            n = int(float(num) * UNITS[unit])
+        except (ValueError, KeyError):
+            raise InvalidInput(f"bad size {v!r} (use e.g. 512M, 2G)") from None
+    if n <= 0:
+        raise InvalidInput(f"size must be positive, not {v!r}")
+    return n
+
+
