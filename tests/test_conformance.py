@@ -14,8 +14,10 @@ from sandtree.engine import Engine
 from sandtree.engine.operations import Operations
 from sandtree.tenancy.tenants import AdminView, TenantOperations, TenantView
 
-# What an engine has beside its operations: its own lifecycle and the tenancy entry point.
-PLUMBING = {"close", "tier", "as_tenant"}
+# What an engine has beside its operations: its own lifecycle, the tenancy entry point, and the
+# operation-level entries its parts and the tenant view use (a given operation id, a check-only
+# run, a tenant's import limits and registry check): never reached from a surface.
+PLUMBING = {"close", "tier", "as_tenant", "run_operation", "pull_operation", "import_limited"}
 
 
 def shape(fn) -> list[tuple]:

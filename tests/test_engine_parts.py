@@ -274,7 +274,7 @@ def test_pool_and_wait(eng):
     ok, why = eng.sandboxes.live.available()
     if not ok:
         pytest.skip(f"warm pools need live sandboxes: {why}")
-    stats = eng.pool_and_wait("bb", 1, timeout=60)
+    stats = eng.pool_and_wait("bb", 1, wait_timeout=60)
     assert (stats["image"], stats["size"], stats["ready"]) == (eng.resolve("bb"), 1, 1)
     r = eng.run("bb", "echo pooled > /p; cat /p")
     assert r.stdout == b"pooled\n" and r.usage.get("pool") is True

@@ -902,7 +902,7 @@ def test_a_pull_checks_every_host_it_is_sent_to(tmp_path):
     try:
         for name in ("redirect/app", "auth/app"):
             with pytest.raises(Forbidden):
-                engine.pull(f"docker://{registry}/{name}:1", check_host=only_the_registry)
+                engine.pull_operation(f"docker://{registry}/{name}:1", check_host=only_the_registry)
         with pytest.raises(socket.timeout):
             target.accept()                              # neither target was ever connected to
         assert os.listdir(os.path.join(engine.store.home, "tmp")) == []

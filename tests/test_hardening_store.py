@@ -533,11 +533,11 @@ def test_import_limits_are_a_parameter(st, tmp_path):
     p = tmp_path / "many.tar"
     p.write_bytes(_tar([_member(f"f{i}", data=b"0123456789") for i in range(20)]))
     with pytest.raises(TooLarge):
-        st._engine.import_path(str(p), limits=ImportLimits(max_entries=10))
+        st._engine.import_limited(str(p), limits=ImportLimits(max_entries=10))
     with pytest.raises(TooLarge):
-        st._engine.import_path(str(p), limits=ImportLimits(max_bytes=100))
+        st._engine.import_limited(str(p), limits=ImportLimits(max_bytes=100))
     assert _tmp_entries(st) == [] and st.images() == []
-    assert st._engine.import_path(str(p), limits=ImportLimits(max_entries=21, max_bytes=1 << 20))
+    assert st._engine.import_limited(str(p), limits=ImportLimits(max_entries=21, max_bytes=1 << 20))
 
 
 # ---- 10. the overlay xattr namespace the run's overlay used -------------------------------------

@@ -257,6 +257,15 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed"""
 
+@op("run", images=("ref",), audit="fork",
+    http=Http(P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
+    custom_remote=True)
+def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
+    """Run each command on the same image concurrently, one branch each; the records in order
+    (the options are run's; a branch ref is resolved once and no run moves it).
+    commands: the commands (each a shell string or an argv list), all from the same image
+    parallel: at most this many running at once (default: all)"""
+
 @op("list", http=Http(G, "/operations/{op}"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
@@ -330,6 +339,15 @@ def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, 
 def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
                 pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
+
+@op(None, admin=True, images=("ref",), http=Http(U, "/pools/{ref:path}",
+                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
+                                                      "output", "wait_timeout"), const={"wait": True}))
+def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
+                  timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
+                  disk=None, output=None) -> dict:
+    """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
+    wait_timeout: seconds to wait for the pool to fill"""
 
 @op("list", http=Http(G, "/pools"))
 def pool_list() -> list[dict]:

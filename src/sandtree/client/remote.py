@@ -204,6 +204,12 @@ class RemoteEngine:
         self._ops.stream(op, on_output)
         return record(self.request("POST", f"/operations/{op}/wait", params={"timeout": D.WAIT_MAX}).json())
 
+    @_declared("fork")
+    def fork(self, ref, commands, **options) -> list[RunRecord]:
+        args = table.OPS["fork"].bind(ref, commands, **options)
+        body = run_body(args)
+        return [record(op) for op in self.request("POST", "/fork", json=body).json()]
+
     @_declared("sandbox_start")
     def sandbox_start(self, ref, **options) -> dict:
         body = run_body(table.OPS["sandbox_start"].bind(ref, **options))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import defaults as D
 from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
@@ -93,34 +94,51 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                     self._pools = Pools(self.store, self.specs, self._live, self.resolve)
         return self._pools
 
-    def pool_create(self, ref: str, size: int, **options) -> dict:
+    def pool_create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None,
+                    memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
         """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
-        return self.pools.create(ref, size, **options)
+        return self.pools.create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
+                                 disk=disk, output=output)
 
-    def pool_and_wait(self, ref: str, size: int, *, timeout: float = 30.0, **options) -> dict:
+    def pool_and_wait(self, ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
+                      timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
+                      disk=None, output=None) -> dict:
         """pool_create, then until it is full (or `timeout` seconds): its stats then."""
-        stats = self.pools.create(ref, size, **options)
-        self.pools.wait_ready(stats["image"], timeout)
+        stats = self.pool_create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
+                                 disk=disk, output=output)
+        self.pools.wait_ready(stats["image"], wait_timeout)
         return next((p for p in self.pools.list() if p["image"] == stats["image"]), stats)
 
     def pool_list(self) -> list[dict]:
         return self.pools.list() if self._pools is not None else []
 
-    def pool_wait(self, ref: str, timeout: float = 30.0) -> bool:
+    def pool_wait(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
         return self.pools.wait_ready(ref, timeout)
 
     def pool_remove(self, ref: str) -> None:
         self.pools.remove(ref)
 
     # The facade of live sandboxes: what the API objects and every adapter call.
-    def sandbox_start(self, ref: str, **options) -> dict:
-        return self.sandboxes.start(ref, **options)
+    def sandbox_start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+                      files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+                      lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
+                      tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
+                      cpus: float | None = None, disk=None, output=None) -> dict:
+        return self.sandboxes.start(ref, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
+                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action, tier=tier,
+                                    timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output)
 
-    def sandbox_exec(self, sid: str, command, **options) -> RunRecord:
-        return self.sandboxes.exec(sid, command, **options)
+    def sandbox_exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
+                     stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
+                     timeout: float | None = None, output=None) -> RunRecord:
+        return self.sandboxes.exec(sid, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, on_output=on_output,
+                                   cancel=cancel, timeout=timeout, output=output)
 
-    def sandbox_popen(self, sid: str, argv, **options):
-        return self.sandboxes.popen(sid, argv, **options)
+    def sandbox_popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0,
+                      gid: int = 0, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+        # -1 is subprocess.PIPE (the table's modules import no subprocess)
+        return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
+                                    stdout=stdout, stderr=stderr)
 
     def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
         return self.sandboxes.commit(sid, tag=tag)

@@ -26,10 +26,14 @@ from .records import Records
 class ImportOps:
     """Mixed into engine.Engine, which provides store."""
 
-    def import_path(self, path: str, *, tag: str | None = None, progress=None,
-                    limits: importers.ImportLimits | None = None) -> str:
-        """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive.
-        limits: what an archive may expand to (ImportLimits' defaults; a tenant limit may pass less)."""
+    def import_path(self, path: str, *, tag: str | None = None, progress=None) -> str:
+        """A directory, a rootfs tar (plain/gz/zst), an OCI layout (dir or tar) or docker-archive."""
+        return self.import_limited(path, tag=tag, progress=progress)
+
+    def import_limited(self, path: str, *, tag: str | None = None, progress=None,
+                       limits: importers.ImportLimits | None = None) -> str:
+        """import_path within `limits`: what an archive may expand to (ImportLimits' defaults; a
+        tenant's limits may pass less). Not an operation of the table: the tenant view's way in."""
         if tag is not None:
             check_tag(tag)
         if not os.path.exists(path):
@@ -72,11 +76,15 @@ class ImportOps:
             remove_tree(staged)
             raise
 
-    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
-             op_id: str | None = None, check_host=None) -> str:
-        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it.
-        check_host("host:port"): called before every connection (redirects, token realms), raises
-        to refuse one (tenants.check_public_registry for a tenant's pull)."""
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified) and import it."""
+        return self.pull_operation(reference, tag=tag, insecure=insecure, progress=progress)
+
+    def pull_operation(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None,
+                       op_id: str | None = None, check_host=None) -> str:
+        """pull as operation `op_id` (a submitted pull's, or a new one). check_host("host:port"):
+        called before every connection (redirects, token realms), raises to refuse one (the
+        tenant view's check_public_registry). Not an operation of the table."""
         from ..store import registry        # httpx: loaded for registry work only
         if tag is not None:
             check_tag(tag)

@@ -46,8 +46,9 @@ class RunHost(Protocol):
     default_limits: Limits
 
     def resolve(self, ref: str) -> str: ...
-    def run(self, ref: str, command, **options): ...
-    def pull(self, reference: str, **options) -> str: ...
+    def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
+                      **options): ...
+    def pull_operation(self, reference: str, *, op_id: str | None = None, **options) -> str: ...
     def registry_login(self, registry_url: str, username: str, secret: str) -> str: ...
 
 
@@ -166,7 +167,7 @@ class Operations:
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once."""
         source = self.host.resolve(ref)
-        self.host.run(ref, command, check_only=True, **options)   # bad input fails now, not later
+        self.host.run_operation(ref, command, check_only=True, **options)   # bad input fails now, not later
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
@@ -188,7 +189,7 @@ class Operations:
             self._event(op, "start", json.dumps({"image": source}))
             try:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
-                rec = self.host.run(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
+                rec = self.host.run_operation(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
             except SandtreeError as exc:
                 self._finish(op, exc.to_dict())
                 self._event(op, "end", json.dumps({"status": "failed", **exc.to_dict()}, default=str))
@@ -240,7 +241,7 @@ class Operations:
             try:
                 if credentials is not None:
                     self.host.registry_login(ref.registry, *credentials)
-                image = self.host.pull(reference, tag=tag, op_id=op, check_host=check_host)
+                image = self.host.pull_operation(reference, tag=tag, op_id=op, check_host=check_host)
                 if then is not None:
                     then(image)                  # the caller's bookkeeping (a tenant's ownership, tag)
             except Exception as exc:             # recorded, then re-raised to the future

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable
 
+from .. import defaults as D
 from ..errors import InvalidInput, RuntimeUnavailable
 from ..runtime.base import Limits, RunOutcome, RunSpec
 from ..runtime.live import Entered, LiveHandle, LiveRuntime
@@ -142,7 +143,7 @@ class Pool:
             ahead.discard()                       # closed while it started: nobody will take it
             self.live.stop(h, wait=2.0)
 
-    def wait_ready(self, timeout: float = 30.0) -> bool:
+    def wait_ready(self, timeout: float = D.POOL_WAIT) -> bool:
         """Until the pool is full (tests, benchmarks, and users who want a warm first run)."""
         end = time.monotonic() + timeout
         with self.cv:
@@ -183,7 +184,7 @@ class Pools:
         self.by_image: dict[str, Pool] = {}
         self.lock = threading.Lock()
 
-    def create(self, ref: str, size: int, *, hostname: str = "sandtree", **limits) -> dict:
+    def create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, **limits) -> dict:
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 256:
             raise InvalidInput("pool size must be an integer from 0 to 256")
         source = self.resolve(ref)
@@ -212,7 +213,7 @@ class Pools:
     def list(self) -> list[dict]:
         return [p.stats() for p in list(self.by_image.values())]
 
-    def wait_ready(self, ref: str, timeout: float = 30.0) -> bool:
+    def wait_ready(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
         pool = self.by_image.get(self.resolve(ref))
         return pool.wait_ready(timeout) if pool else False
 

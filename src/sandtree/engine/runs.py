@@ -11,6 +11,7 @@ import time
 import uuid
 from concurrent.futures import wait
 
+from .. import defaults as D
 from ..errors import Conflict, InvalidInput, SandtreeError
 from ..runtime.base import RunSpec
 from ..runtime.namespaces import validate_spec
@@ -28,18 +29,30 @@ class RunOps:
     """Mixed into engine.Engine, which provides store, specs, records, committer, tier(),
     resolve() and its pools."""
 
-    def run(self, ref: str, command, **kw) -> RunRecord | None:
-        """Run `command` on image `ref` (see _run for the options); gc waits while it does."""
-        with self.store.using():
-            return self._run(ref, command, **kw)
+    def run(self, ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
+            uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
+            disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+            timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
+            disk=None, output=None) -> RunRecord:
+        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs."""
+        return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
+                                  files=files, file_set=file_set, disposable=disposable, on_output=on_output,
+                                  tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
+                                  disk=disk, output=output)
 
-    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str = "/",
-             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = "sandtree",
+    def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
+                      **options) -> RunRecord | None:
+        """run as operation `op_id` (a submitted run's, or a new one). check_only: validate
+        everything a run would, start nothing, return None (how a submitted operation refuses
+        bad input at once). Not an operation of the table: Operations' and fork's way in."""
+        with self.store.using():
+            return self._run(ref, command, op_id=op_id, check_only=check_only, **options)
+
+    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str = D.CWD,
+             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
              files=None, disposable: bool = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              **limits) -> RunRecord | None:
-        """Run `command` on image `ref`. check_only: validate everything a run would, start
-        nothing, return None (how a submitted operation refuses bad input at once)."""
         runtime = self.tier(tier)
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
@@ -133,7 +146,7 @@ class RunOps:
             raise InvalidInput("parallel must be an integer of at least 1")
         source = self.resolve(ref)
         for command in commands:
-            self.run(source, command, check_only=True, **options)
+            self.run_operation(source, command, check_only=True, **options)
         futures = []                          # held here: the operations' result cache may drop them
         try:
             for i, command in enumerate(commands):

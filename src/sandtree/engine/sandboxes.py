@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 
+from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime import criu
 from ..runtime.base import Limits, RunSpec
@@ -229,9 +230,10 @@ class Sandboxes(SandboxFiles):
         return done
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def start(self, ref: str, *, env: dict | None = None, cwd: str = "/", hostname: str = "sandtree",
-              files=None, file_set: str | None = None, idle_timeout: float = 600, lifetime: float = 3600,
-              idle_action: str = "stop", tier: str | None = None, **limits) -> dict:
+    def start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+              files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+              lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
+              **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost)."""
         if (tier or self.default_tier()) != "namespaces":

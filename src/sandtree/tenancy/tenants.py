@@ -692,7 +692,7 @@ class TenantView:
         if self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
             raise Forbidden(f"pulling from {ref.registry} uses the operator's stored credentials: admin only",
                             scope="admin")
-        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress,
+        image = self.engine.pull_operation(reference, tag=None, insecure=insecure, progress=progress,
                                  check_host=check_public_registry)         # redirects and realms too
         return self._imported("pull", image, tag, {"reference": str(ref)})
 
@@ -863,7 +863,7 @@ class TenantView:
                             (op, self.tenant.name, self.tenant.token))
             self._audit_run(source, command, op, opts.get("env"), branch)
             try:
-                return self.engine.run(target, command, op_id=op, **opts)
+                return self.engine.run_operation(target, command, op_id=op, **opts)
             except SandtreeError as exc:
                 raise self._plain(exc) from None
         finally:
