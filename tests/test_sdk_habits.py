@@ -57,7 +57,7 @@ def test_files_refused_before_anything_runs(base, tmp_path):
     d = tmp_path / "withlink"
     d.mkdir()
     os.symlink("/etc/shadow", d / "shadow")
-    with pytest.raises(sandtree.InvalidInput, match="not a regular file"):
+    with pytest.raises(sandtree.InvalidInput, match="symbolic link"):
         base.run("true", files={"/x": d})
 
 

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 from ..errors import InvalidInput
+from ..hostfiles import local_entries
 
 # ---- declaring the flags ---------------------------------------------------------------------
 
@@ -68,53 +69,15 @@ def given(args, *names) -> dict:
 
 
 def files(args) -> list[dict]:
-    """--file LOCAL:PATH (repeatable) as the engine's files= entries. Everything is read before
-    the command starts, so a missing or unreadable local file refuses the command, not half of it."""
+    """--file LOCAL:PATH (repeatable) as the engine's files= entries (hostfiles.local_entries)."""
     owner = given(args, "uid", "gid")             # the files belong to the user the command runs as
     entries: list[dict] = []
     for spec in args.files:
         local, sep, target = spec.rpartition(":")
         if not sep or not local or not target.startswith("/"):
             raise InvalidInput(f"--file wants LOCAL:/ABSOLUTE/PATH, not {spec!r}", file=spec)
-        try:
-            st = os.lstat(local)
-        except OSError as exc:
-            raise InvalidInput(f"--file {local!r}: {exc.strerror}", file=spec) from None
-        if stat.S_ISDIR(st.st_mode):
-            entries.extend(_tree(local, target, owner, spec))
-        else:                                     # PATH/ : into that directory, as cp does
-            name = os.path.basename(local) if target.endswith("/") else ""
-            entries.append(_entry(local, st, target + name, owner, spec))
+        entries += local_entries(local, target, owner=owner, label=f"--file {spec}")
     return entries
-
-
-def _entry(local: str, st: os.stat_result, target: str, owner: dict, spec: str) -> dict:
-    if not stat.S_ISREG(st.st_mode):
-        # the engine injects regular files only: a link or device is refused, not copied as something else
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-        raise InvalidInput(f"--file {local!r} is {kind}; only regular files and directories can be put in",
-                           file=spec)
-    try:
-        with open(local, "rb") as f:
-            content = f.read()
-    except OSError as exc:
-        raise InvalidInput(f"--file {local!r}: {exc.strerror}", file=spec) from None
-    return {"path": target, "content": content, "mode": stat.S_IMODE(st.st_mode), **owner}
-
-
-def _tree(local: str, target: str, owner: dict, spec: str) -> list[dict]:
-    out = []
-    errors: list[OSError] = []
-    for d, dirs, names in os.walk(local, onerror=errors.append):
-        dirs.sort()
-        rel = os.path.relpath(d, local)
-        base = target.rstrip("/") + ("" if rel == "." else "/" + rel.replace(os.sep, "/"))
-        for name in sorted(names + [n for n in dirs if os.path.islink(os.path.join(d, n))]):
-            p = os.path.join(d, name)
-            out.append(_entry(p, os.lstat(p), f"{base}/{name}", owner, spec))
-    if errors:
-        raise InvalidInput(f"--file {errors[0].filename!r}: {errors[0].strerror}", file=spec)
-    return out
 
 
 class OutputFile:

@@ -12,7 +12,6 @@ own beyond wrapping IDs in objects.
 from __future__ import annotations
 
 import os
-import stat as stat_mod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +20,7 @@ from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput
+from ..hostfiles import local_entries
 from ..render import render_svg, render_text
 from ..table import RunRecord
 from .remote import RemoteEngine
@@ -573,34 +573,9 @@ def files_arg(files):
                 raise InvalidInput(f"{dest!r} names a directory: give a file's path, or a local directory as a Path")
             out.append({"path": dest, "content": bytes(value) if not isinstance(value, str) else value})
         elif isinstance(value, os.PathLike):
-            out += _local_tree(os.fspath(value), dest.rstrip("/") or "/")
+            out += local_entries(os.fspath(value), dest)
         else:
             raise InvalidInput(f"files[{dest!r}] must be bytes, str or a path, not {type(value).__name__}")
-    return out
-
-
-def _local_tree(src: str, dest: str) -> list[dict]:
-    """A local file, or every regular file under a local directory, as files to put in."""
-    st = os.lstat(src) if os.path.lexists(src) else None
-    if st is None:
-        raise InvalidInput(f"no such local file or directory: {src}")
-    if stat_mod.S_ISREG(st.st_mode):
-        with open(src, "rb") as f:
-            return [{"path": dest, "content": f.read(), "mode": stat_mod.S_IMODE(st.st_mode)}]
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise InvalidInput(f"{src} is neither a regular file nor a directory")
-    out = []
-    for top, dirs, names in os.walk(src):
-        dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(top, name)
-            rel = os.path.relpath(path, src)
-            st = os.lstat(path)
-            if not stat_mod.S_ISREG(st.st_mode):         # a link could point anywhere on this machine
-                raise InvalidInput(f"{path} is not a regular file (links and devices are not copied in)")
-            with open(path, "rb") as f:
-                out.append({"path": f"{dest.rstrip('/')}/{rel}", "content": f.read(),
-                            "mode": stat_mod.S_IMODE(st.st_mode)})
     return out
 
 
