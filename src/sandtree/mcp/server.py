@@ -20,7 +20,6 @@ import logging
 
 from mcp.server.mcpserver import MCPServer
 
-from ..client.remote import RemoteEngine
 from ..engine import Engine
 from ..tenancy.gate import RequestEngine
 from . import branching, guide, images, runs, sandboxes
@@ -49,6 +48,8 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
          token: str | None = None) -> None:
     """url: use the engine of a `sandtree serve` there instead of one in this process."""
     if url:
+        # httpx and the remote client, only for --url: 0.1-0.2 s of every other start-up here
+        from ..client.remote import RemoteEngine
         if http and host not in LOOPBACK:
             # every HTTP caller would act with this process's one token: loopback only
             raise SystemExit(f"sandtree mcp --http --url: listens on loopback only (asked for {host})")
