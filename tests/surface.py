@@ -64,6 +64,7 @@ def openapi(engine) -> dict:
     they were before the modules moved into packages, since the path is no part of the wire."""
     from sandtree.http.server import build_app
     text = json.dumps(build_app(engine).openapi())
+    text = text.replace("sandtree__http__models__", "sandtree__http__server__")   # the REST bodies' new module
     return json.loads(re.sub(r"sandtree__(?:http|mcp|client|engine|tenancy)__", "sandtree__", text))
 
 

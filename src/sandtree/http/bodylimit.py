@@ -12,6 +12,7 @@ the upload routes (REST and Contree's) stream to a file in the store (spool, bel
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -20,7 +21,6 @@ import re
 
 from ..errors import DiskFull, TooLarge
 from ..tenancy.gate import STATE_KEY
-from ..store.layers import remove_tree
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
@@ -80,7 +80,12 @@ def staged_file(stage, prefix: str) -> str:
 
 
 def unstage(path: str) -> None:
-    remove_tree(os.path.dirname(path))
+    """Remove a staged file and its dir: nothing else is ever in it (no recursive delete, so
+    nothing here can cross a mount)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(os.path.dirname(path))
 
 
 async def spool(request, stage) -> tuple[str, str, int]:

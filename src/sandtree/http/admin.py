@@ -1,0 +1,71 @@
+"""/api/v1 about the server and its store: health, whoami, doctor, audit, fsck, gc; and /metrics
+(Prometheus) for the operator."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from ..defaults import GC_GRACE, GC_RETENTION
+from ..errors import Forbidden
+from ..tenancy.gate import current_engine
+from ..tenancy.tenants import TenantView
+from .plumbing import Plumbing
+
+
+def admin_router(p: Plumbing) -> APIRouter:
+    router, engine, ops, call = APIRouter(), p.engine, p.ops, p.call
+
+    @router.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text format: runs, queue depth, run latency, store size. The counters are the
+        whole server's (every tenant's runs): for the operator, or a token with the admin scope."""
+        if isinstance(current_engine(), TenantView):
+            raise Forbidden("metrics count every tenant's runs: they need a token with the admin scope",
+                            scope="admin")
+        images = await call(engine.images)
+        with ops.lock:
+            counts = dict(ops.counts)
+            buckets, hist, total = list(ops.latency_buckets), list(ops.latency), ops.latency_sum
+        lines = ["# TYPE sandtree_runs_started_total counter",
+                 f"sandtree_runs_started_total {counts.get('submitted', 0)}",
+                 "# TYPE sandtree_runs_finished_total counter"]
+        for status in ("done", "failed", "cancelled"):
+            lines.append(f'sandtree_runs_finished_total{{status="{status}"}} {counts.get(status, 0)}')
+        lines += ["# TYPE sandtree_queue_depth gauge", f"sandtree_queue_depth {ops.queue_depth()}",
+                  "# TYPE sandtree_run_seconds histogram"]
+        acc = 0
+        for b, n in zip(buckets + ["+Inf"], hist, strict=True):
+            acc += n
+            lines.append(f'sandtree_run_seconds_bucket{{le="{b}"}} {acc}')
+        lines += [f"sandtree_run_seconds_sum {total:.6f}", f"sandtree_run_seconds_count {acc}",
+                  "# TYPE sandtree_images gauge", f"sandtree_images {len(images)}",
+                  "# TYPE sandtree_images_bytes gauge", f"sandtree_images_bytes {sum(i['size'] for i in images)}"]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    @router.get("/api/v1/health")
+    async def health() -> dict:
+        return {"ok": True, "tiers": [t["tier"] for t in engine.doctor() if t["available"]]}
+
+    @router.get("/api/v1/whoami")
+    async def whoami() -> dict:
+        return engine.whoami()
+
+    @router.get("/api/v1/doctor")
+    async def doctor() -> list[dict]:
+        return await call(engine.doctor)
+
+    @router.get("/api/v1/audit")
+    async def audit(tenant: str | None = None, limit: int = Query(100, ge=1, le=10000)) -> list[dict]:
+        """Who ran what on which image, newest first: a tenant's token sees its own records."""
+        return await call(lambda: engine.audit(tenant=tenant, limit=limit))
+
+    @router.post("/api/v1/admin/fsck")
+    async def fsck(verify_content: bool = True) -> dict:
+        return await call(engine.fsck, verify_content)
+
+    @router.post("/api/v1/admin/gc")
+    async def gc(retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
+        return await call(engine.gc, retention, grace)
+
+    return router

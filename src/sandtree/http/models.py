@@ -1,0 +1,168 @@
+"""The bodies /api/v1 takes: one model per route, each refusing a field it does not name.
+
+Every JSON body of the REST server is one of these (a list of FileIn for file sets); an unknown
+field is a 422 invalid_input naming it (http/plumbing.py's handler), never taken silently. Their
+defaults come from defaults.py, the same ones the SDK, the MCP tools and the CLI use.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import defaults as D
+from ..errors import InvalidInput
+
+
+class In(BaseModel):
+    """A request body: a field the model does not name is refused (`"timout": 5` was taken
+    silently, with the default timeout), not ignored."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileIn(In):
+    path: str
+    sha256: str | None = Field(None, description="an upload's sha256 (POST /files)")
+    content: str | None = Field(None, description="text content, instead of sha256")
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+
+
+class RunOptionsIn(In):
+    """What a run takes beside its image and command (a fork's runs take the same)."""
+    env: dict[str, str] = {}
+    cwd: str = "/"
+    uid: int = 0
+    gid: int = 0
+    hostname: str = D.HOSTNAME
+    files: list[FileIn] = []
+    file_set: str | None = None
+    disposable: bool = False
+    timeout: float | None = None
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    output: str | int | None = None
+    tier: str | None = None
+
+
+class RunIn(RunOptionsIn):
+    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
+    command: str | list[str] = Field(description="a string runs in /bin/sh -c; a list is argv")
+    stdin: str | None = None
+    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
+    wait: bool = True
+
+
+class ForkIn(RunOptionsIn):
+    image: str = Field(description="an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)")
+    commands: list[str | list[str]] = Field(description="one run each, all from the same image")
+    parallel: int | None = Field(None, description="at most this many running at once (default: all)")
+
+
+class StartIn(In):
+    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
+    env: dict[str, str] = {}
+    cwd: str = "/"
+    hostname: str = D.HOSTNAME
+    files: list[FileIn] = []
+    file_set: str | None = None
+    idle_timeout: float = Field(D.SANDBOX_IDLE_TIMEOUT, description="seconds without a command before it is stopped")
+    lifetime: float = Field(D.SANDBOX_LIFETIME, description="seconds until it is stopped in any case")
+    idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
+                                                       "or hibernate it (resume brings it back)")
+    timeout: float | None = Field(None, description="default seconds per command")
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    output: str | int | None = None
+
+
+class ExecIn(In):
+    command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
+                                                 "carry over); a list is a fresh process")
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    stdin: str | None = None
+    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
+    uid: int = 0
+    gid: int = 0
+    timeout: float | None = None
+    output: str | int | None = None
+
+
+class PoolIn(In):
+    size: int = Field(4, description="sandboxes kept started (0 empties the pool)")
+    memory: str | int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk: str | int | None = None
+    timeout: float | None = None
+    output: str | int | None = None
+    hostname: str = D.HOSTNAME
+    wait: bool = Field(False, description="answer once the pool is full")
+    wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
+
+
+class CommitIn(In):
+    tag: str | None = None
+
+
+class LoginIn(In):
+    registry: str
+    username: str
+    token: str
+    insecure: bool = Field(False, description="plain HTTP to this registry (a test registry on loopback)")
+
+
+class TagIn(In):
+    image: str
+
+
+class PullIn(In):
+    reference: str
+    tag: str | None = None
+    insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
+
+
+class MergeIn(In):
+    ours: str
+    theirs: str
+    base: str | None = None
+    strategy: str | None = None
+    ignore: list[str] | None = Field(None, description="globs that never conflict (ours taken); null: "
+                                     "__pycache__/, *.pyc, .pytest_cache/; [] for none")
+    on_conflict: Literal["raise", "return"] = Field("raise", description="conflicts without a strategy: 409 "
+                                                    "merge_conflict (raise) or 200 with image null (return)")
+
+
+class BranchIn(In):
+    name: str
+    image: str
+    force: bool = False
+
+
+class RollbackIn(In):
+    steps: int | None = None
+    to: str | None = None
+
+
+class ShareIn(In):
+    public: bool = True
+
+
+def stdin_bytes(body) -> bytes | None:
+    """A run's or exec's stdin: text, or base64 for bytes that are not UTF-8 (one, not both)."""
+    if body.stdin_base64 is not None:
+        if body.stdin is not None:
+            raise InvalidInput("give stdin or stdin_base64, not both")
+        try:
+            return base64.b64decode(body.stdin_base64, validate=True)
+        except ValueError:
+            raise InvalidInput("stdin_base64 is not valid base64") from None
+    return body.stdin.encode() if body.stdin is not None else None

@@ -1,0 +1,98 @@
+"""/api/v1 runs and operations: POST /runs starts one (waiting for it unless wait=false); an
+operation can be listed, waited for, cancelled, and its stdout/stderr followed live as
+Server-Sent Events that resume from Last-Event-ID."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from .models import ForkIn, RunIn, stdin_bytes
+from .sandboxes import exec_view
+from .plumbing import Plumbing
+
+RUN_OPTIONS = ("env", "cwd", "uid", "gid", "hostname", "disposable", "file_set", "tier", "timeout",
+               "memory", "pids", "cpus", "disk", "output")
+
+
+def runs_router(p: Plumbing) -> APIRouter:
+    router, engine, ops, call, wait_call = APIRouter(), p.engine, p.ops, p.call, p.wait_call
+
+    def operation_view(rec: dict) -> dict:
+        done = ops.result(rec["id"])
+        if done is not None:                   # text for people, base64 for exact bytes
+            rec = {**rec, "stdout": done.stdout.decode("utf-8", "replace"),
+                   "stderr": done.stderr.decode("utf-8", "replace"),
+                   "stdout_base64": base64.b64encode(done.stdout).decode(),
+                   "stderr_base64": base64.b64encode(done.stderr).decode()}
+        return rec
+
+    @router.post("/api/v1/runs", status_code=201)
+    async def run(body: RunIn) -> dict:
+        opts: dict[str, Any] = {k: getattr(body, k) for k in RUN_OPTIONS}
+        opts["stdin"] = stdin_bytes(body)
+        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
+        if not body.wait:
+            return await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
+        # one thread for submit and wait: each hop between the loop and a thread costs
+        op = await call(ops.submit_run, body.image, body.command, **opts)
+        return await wait_call(lambda: operation_view(ops.wait([op])[0]))
+
+    @router.post("/api/v1/fork")
+    async def fork(body: ForkIn) -> list[dict]:
+        """Each command from the same image at once, one branch each; the finished runs in order."""
+        opts: dict[str, Any] = {k: getattr(body, k) for k in RUN_OPTIONS}
+        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
+        recs = await wait_call(engine.fork, body.image, body.commands, parallel=body.parallel, **opts)
+        return [exec_view(r) for r in recs]
+
+    @router.get("/api/v1/operations")
+    async def list_operations(status: str | None = None, limit: int = Query(50, ge=1, le=1000)) -> list[dict]:
+        return await call(ops.list, status=status, limit=limit)
+
+    @router.get("/api/v1/operations/{op}")
+    async def get_operation(op: str) -> dict:
+        return await call(lambda: operation_view(ops.get(op)))
+
+    @router.post("/api/v1/operations/{op}/wait")
+    async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
+        return await wait_call(lambda: operation_view(ops.wait([op], timeout)[0]))
+
+    @router.post("/api/v1/operations/{op}/cancel")
+    async def cancel_operation(op: str) -> dict:
+        return await call(ops.cancel, op)
+
+    @router.get("/api/v1/operations/{op}/events")
+    async def events(op: str, request: Request) -> StreamingResponse:
+        """Server-Sent Events: `start`, `stdout`, `stderr`, `end`; ids are sequence numbers, so a
+        client reconnecting with Last-Event-ID gets only what it missed."""
+        rec = await call(ops.get, op)                            # 404 for an unknown operation
+        try:
+            after = int(request.headers.get("last-event-id", "0"))
+        except ValueError:
+            after = 0
+
+        async def stream():
+            nonlocal after
+            if rec["status"] in ("done", "failed", "cancelled"):
+                new, ended = await call(ops.events_after, op, 0, 0)
+                if not new and not ended:
+                    return                  # run by an engine before this one (or long ago): nothing to follow
+            while True:
+                new, ended = await wait_call(ops.events_after, op, after, 10.0)
+                for seq, kind, data in new:
+                    after = seq
+                    payload = "\n".join(f"data: {line}" for line in data.split("\n"))
+                    yield f"id: {seq}\nevent: {kind}\n{payload}\n\n"
+                if ended:
+                    return
+                if not new:
+                    if await request.is_disconnected():
+                        return
+                    yield ": keep-alive\n\n"
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return router

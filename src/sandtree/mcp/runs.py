@@ -1,0 +1,91 @@
+"""MCP tools that run commands: run, fork, and the operations runs are (get, wait, list, cancel)."""
+
+from __future__ import annotations
+
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+
+from mcp.server.mcpserver.exceptions import ToolError
+
+from .. import defaults as D
+from .toolkit import Toolkit
+
+MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
+MAX_WAIT_IDS, MAX_WAIT = 1000, 600.0       # operations one wait_operations takes, and its seconds
+
+
+def register(t: Toolkit) -> None:
+    engine = t.engine
+
+    def files_arg(files: dict[str, str] | None) -> list[dict]:
+        return [{"path": p, "sha256": h} for p, h in (files or {}).items()]
+
+    @t.tool
+    def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None, cwd: str = "/",
+            uid: int = 0, gid: int = 0, timeout: float = D.MCP_TIMEOUT, disposable: bool = True, stdin: str | None = None,
+            files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
+            truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
+            pids: int | None = None, cpus: float | None = None, disk: str | None = None) -> dict:
+        """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
+
+        shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
+        disposable=false keeps what the command wrote as a new image: result_image (chain further
+        runs on it). files: {"/path/in/image": "<sha256 from upload>"}; directory_state_id: a set
+        from rsync. wait=false returns {"operation_id"} at once (see wait_operations). memory,
+        disk ("512M", "2G"), pids and cpus: the sandbox's limits (default: the server's).
+        Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
+        timed_out, oom_killed."""
+        cmd = command if shell else command.split()
+        opts = dict(env=env, cwd=cwd or "/", uid=uid, gid=gid, timeout=timeout, disposable=disposable,
+                    stdin=stdin.encode() if stdin else None, files=files_arg(files),
+                    file_set=directory_state_id, tier=tier)
+        opts.update({k: v for k, v in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk))
+                     if v is not None})
+        if not wait:
+            return {"operation_id": engine.operations.submit_run(image, cmd, **opts)}
+        return t.run_result(engine.run(image, cmd, **opts), truncate_output_at)
+
+    @t.tool
+    def fork(image: str, commands: list[str], parallel: int = 4, timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
+             truncate_output_at: int = 2000) -> list[dict]:
+        """Run several commands from the same image concurrently (one branch each); results in order.
+        Keep the branch you like by its result_image (disposable=false is the default here)."""
+        if not commands:
+            raise ToolError("invalid_input: give at least one command")
+        if len(commands) > MAX_FORK:
+            raise ToolError(f"invalid_input: at most {MAX_FORK} commands in one fork")
+        parallel = min(parallel, MAX_FORK_PARALLEL)
+        with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
+            # each branch runs in a copy of this call's context: over HTTP it holds the caller's view
+            futs = [pool.submit(contextvars.copy_context().run, engine.run, image, c, timeout=timeout,
+                                disposable=disposable) for c in commands]
+            recs = [f.result() for f in futs]
+        return [dict(t.run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
+
+    # ---- operations ---------------------------------------------------------------------------
+    @t.tool
+    def get_operation(operation_id: str, offset: int = 0) -> dict:
+        """Status and result of an operation (run); output from byte `offset` on."""
+        rec = engine.operations.get(operation_id)
+        t.remember_done(operation_id)
+        return t.op_view(rec, offset)
+
+    @t.tool
+    def wait_operations(operation_ids: list[str], timeout: float = 60) -> list[dict]:
+        """Wait (up to timeout seconds, at most 600) for operations to finish; returns their states."""
+        if len(operation_ids) > MAX_WAIT_IDS:
+            raise ToolError(f"invalid_input: at most {MAX_WAIT_IDS} operation ids")
+        recs = engine.operations.wait(operation_ids, max(0.0, min(float(timeout), MAX_WAIT)))
+        for op in operation_ids:
+            t.remember_done(op)
+        return [t.op_view(r) for r in recs]
+
+    @t.tool
+    def list_operations(status: str | None = None, limit: int = 20) -> list[dict]:
+        """Recent runs, newest first; status: queued, running, done, failed, cancelled."""
+        return [t.op_view(r, limit=200) for r in engine.operations.list(status=status, limit=limit)]
+
+    @t.tool
+    def cancel_operation(operation_id: str) -> dict:
+        """Cancel a queued or running operation (a running sandbox is killed; nothing is committed)."""
+        return t.op_view(engine.operations.cancel(operation_id))

@@ -1,0 +1,74 @@
+"""MCP tools for live sandboxes: a sandbox that stays up between commands (a dev server, a REPL,
+a shell's cwd), its files while it runs, committing it to an image, hibernating and resuming it."""
+
+from __future__ import annotations
+
+from .. import defaults as D
+from .toolkit import Toolkit
+
+
+def register(t: Toolkit) -> None:
+    engine = t.engine
+
+    @t.tool
+    def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
+                      cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
+                      idle_action: str = "stop") -> dict:
+        """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
+        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
+        idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
+        return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
+                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action)
+
+    @t.tool
+    def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
+                     stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
+                     truncate_output_at: int = 8000) -> dict:
+        """Run a command in a live sandbox. shell=true: in its shell session (cd and export carry over
+        to the next call); false: a fresh process (command split on spaces). Background processes
+        it starts keep running. Returns exit_code, stdout, stderr."""
+        rec = engine.sandbox_exec(sandbox_id, command if shell else command.split(), timeout=timeout,
+                                  stdin=stdin, cwd=cwd, env=env)
+        res = t.run_result(rec, truncate_output_at)
+        res.pop("result_image")
+        return res
+
+    @t.tool
+    def sandbox_commit(sandbox_id: str, tag: str | None = None) -> dict:
+        """An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."""
+        return {"image": engine.sandbox_commit(sandbox_id, tag=tag), "tag": tag}
+
+    @t.tool
+    def sandbox_stop(sandbox_id: str) -> dict:
+        """Stop a live sandbox: its processes end and its unsaved files go (sandbox_commit first to keep them)."""
+        return engine.sandbox_stop(sandbox_id)
+
+    @t.tool
+    def sandbox_hibernate(sandbox_id: str) -> dict:
+        """Hibernate a live sandbox: its files are committed and its processes saved with their
+        memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""
+        return engine.sandbox_hibernate(sandbox_id)
+
+    @t.tool
+    def sandbox_resume(sandbox_id: str) -> dict:
+        """Resume a hibernated live sandbox: the same processes continue with the same memory and files."""
+        return engine.sandbox_resume(sandbox_id)
+
+    @t.tool
+    def sandbox_list(all: bool = False) -> list[dict]:
+        """Running live sandboxes (all=true: also stopped and expired ones)."""
+        return engine.sandbox_list(all=all)
+
+    @t.tool
+    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:
+        """A file of a running live sandbox, as text (binary bytes replaced)."""
+        data = engine.sandbox_read(sandbox_id, path)
+        chunk = data[offset:offset + limit]
+        return {"path": path, "size": len(data), "content": chunk.decode("utf-8", "replace"),
+                "truncated": offset + limit < len(data)}
+
+    @t.tool
+    def sandbox_write_file(sandbox_id: str, path: str, content: str, mode: int = 0o644) -> dict:
+        """Write a text file into a running live sandbox (its directory must exist)."""
+        engine.sandbox_write(sandbox_id, path, content.encode(), mode=mode)
+        return {"path": path, "size": len(content.encode())}
