@@ -382,7 +382,7 @@ def test_structured_request_log(srv, alice_world):
 def test_in_process_view_and_cli_tokens(tmp_path, rootfs):
     """engine.as_tenant in process: the same rules without HTTP (what MCP or Contree mount)."""
     from sandtree.engine import Engine
-    from sandtree.tenancy.tenants import Tenant
+    from sandtree.tenancy import Tenant
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         a = eng.as_tenant(Tenant("a", limits={"max_runs": 1}))

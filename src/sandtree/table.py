@@ -581,7 +581,7 @@ def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
 
-@op("run", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
+@op("cancel", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 

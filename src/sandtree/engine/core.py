@@ -196,7 +196,7 @@ class Engine(BranchingOps):
         """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
         with _TENANCY_LOCK:
             if getattr(self, "_tenancy", None) is None:
-                from ..tenancy.tenants import Tenancy
+                from ..tenancy import Tenancy
                 self._tenancy = Tenancy(self)
         return self._tenancy
 

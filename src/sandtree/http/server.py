@@ -245,7 +245,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         """Prometheus text format: runs, queue depth, run latency, store size. The counters are the
         whole server's (every tenant's runs): for the operator, or a token with the admin scope."""
         from ..tenancy.gate import current_engine
-        from ..tenancy.tenants import TenantView
+        from ..tenancy import TenantView
         if isinstance(current_engine(), TenantView):
             raise Forbidden("metrics count every tenant's runs: they need a token with the admin scope",
                             scope="admin")

@@ -1,7 +1,7 @@
 """Who is calling, for every HTTP request of `sandtree serve`; and the JSON-lines request log.
 
 One ASGI middleware (TenantGate) resolves `Authorization: Bearer <token>` to the engine as that
-tenant sees it (tenants.py) and hands it on two ways:
+tenant sees it (tenancy/) and hands it on two ways:
 
 * `engine_for(request)`: a FastAPI dependency any router can take (`Depends(engine_for)`);
 * `RequestEngine`: what build_app's routes call `engine.X` on; it forwards to the same per-request
@@ -158,7 +158,7 @@ class TenantGate:
 
 
 def _anonymous():
-    from .tenants import Tenant
+    from .tenant import Tenant
     return Tenant("-", ())
 
 
