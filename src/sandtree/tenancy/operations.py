@@ -4,9 +4,7 @@ operations rows like the tenant view (derive.py); written by hand only where a r
 from __future__ import annotations
 
 from .. import table
-from ..errors import Forbidden, SandtreeError
-from ..store import registry
-from ..store.names import check_tag
+from ..errors import SandtreeError
 from .derive import install
 from .limits import check_slots
 from .tenant import check_public_registry
@@ -33,41 +31,38 @@ class TenantOperations:
     def _check(self, op) -> None:
         self.view._own_op(op)
 
+    def _allow(self, row) -> None:                  # the view's token, the view's rules
+        self.view._allow(row)
+
+    def _call_row(self, row, args: dict):
+        return self.view._call_row(row, args, self.inner)
+
     def submit_pull(self, reference: str, *, tag: str | None = None,
                     credentials: tuple[str, str] | None = None) -> str:
         """An import operation of this tenant: the image becomes its own, the tag its own name."""
-        v = self.view
-        v._need("import")
-        if tag is not None:
-            check_tag(tag)
-        ref = registry.parse(reference)
-        check_public_registry(ref.registry)
-        if credentials is not None or v.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
-            # registry credentials are stored server-wide (the operator's): not a tenant's to set or use
-            raise Forbidden(f"pulling from {ref.registry} with stored or given credentials: admin only",
-                            scope="admin")
-        op = self.inner.submit_pull(reference, then=lambda image: v._imported("pull", image, tag,
-                                                                             {"reference": str(ref)}),
+        self.view._need("import")
+        ref = self.view._check_pull(reference, tag, credentials)
+        imported = self.view._imported
+        op = self.inner.submit_pull(reference, then=lambda image: imported("pull", image, tag, {"reference": str(ref)}),
                                     check_host=check_public_registry)     # redirects and realms too
-        v._claim(op)
+        self.view._claim(op)
         return op
 
     def submit_run(self, ref: str, command, **options) -> str:    # rule: run slots, its branch advances
-        v = self.view
-        opts = v._run_options(options)
-        target = v._target(ref)
-        branch = v._branch_of(ref)
-        source = v._head(branch) if branch is not None else target
+        opts = self.view._run_options(options)
+        target = self.view._target(ref)
+        branch = self.view._branch_of(ref)
+        source = self.view._head(branch) if branch is not None else target
         # one tenant's submissions are counted and recorded one at a time, so two cannot both
         # take the last free slot
-        with v.tenancy.tenant_lock(v.tenant.name):
-            check_slots(v.tenancy, v.tenant)
+        with self.view.tenancy.tenant_lock(self.view.tenant.name):
+            check_slots(self.view.tenancy, self.view.tenant)
             try:
                 op = self.inner.submit_run(target, command, **opts)
             except SandtreeError as exc:
-                raise v._plain(exc) from None
-            v._claim(op)
-        v._audit_run(source, command, op, opts.get("env"), branch)
+                raise self.view._plain(exc) from None
+            self.view._claim(op)
+        self.view._audit_run(source, command, op, opts.get("env"), branch)
         return op
 
     def get(self, op: str) -> dict:                 # rule: told with its own branch names
@@ -103,5 +98,4 @@ class TenantOperations:
         pass
 
 
-install(TenantOperations, table.OPERATIONS_OPS, view_of=lambda self: self.view,
-        target_of=lambda view: view.engine.operations)
+install(TenantOperations, table.OPERATIONS_OPS)

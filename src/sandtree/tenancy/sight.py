@@ -8,13 +8,18 @@ import time
 
 from ..branching.lineage import Visible
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
+from ..store.names import check_tag
+from ..table import Op
+from . import auditing
+from .derive import KEEPS, LINEAGE, MAKES, REFS, call
+from .limits import capped
 from ..store.db import Database
 from .tenant import SEP, VISIBLE, Tenant
 
 
 class TenantSight:
     """The tenant's side of every rule: one query each, shared by the generated and the
-    hand-written methods of TenantView."""
+    hand-written methods of TenantView; and the generic call the generated methods make."""
 
     def __init__(self, tenancy, tenant: Tenant):
         self.tenancy, self.tenant = tenancy, tenant
@@ -194,3 +199,68 @@ class TenantSight:
         exc.args = (exc.message,)
         exc.details = {k: (v.replace(pre, "") if isinstance(v, str) else v) for k, v in exc.details.items()}
         return exc
+
+    def _allow(self, row: Op) -> None:
+        """A row's admin and scope, checked on this token."""
+        if row.admin:
+            raise Forbidden(f"{row.name.replace('_', ' ')} is for the server's administrator "
+                            "(a token with the admin scope)", scope="admin")
+        if row.scope is not None:
+            self._need(row.scope)
+
+    def _call_row(self, row: Op, args: dict, target=None):
+        """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
+        on `target`: the engine (None) or its operations."""
+        shown = dict(args)                                  # what the audit records: the tenant's names
+        for a in row.images:
+            if args.get(a) is not None:
+                args[a] = shown[a] = self._see(args[a])
+        for a, own in self._OWN_ARGS.items():
+            if a in args and not (a == "digest" and row.name in KEEPS):
+                args[a] = own(self, args[a])
+        if "sid" in args:
+            shown["sid"] = args["sid"]
+        if row.name in REFS:
+            args["name"] = self._ref_name(REFS[row.name], args["name"])
+        tag = args.get("tag")
+        if tag is not None:                     # the engine makes it untagged; the tenant's tag names it
+            check_tag(tag)
+            args["tag"] = None
+        if row.scope == "run":
+            args = capped(self.tenant.limits, self.engine.default_limits, args, set(args))
+        try:
+            query = LINEAGE.get(row.name)
+            if query is not None:
+                answer = query(self.engine.store, args, self._visibility())
+            else:
+                answer = call(self.engine if target is None else target, row, dict(args))
+        except SandtreeError as exc:
+            raise self._plain(exc) from None
+        if row.name in KEEPS:
+            self._keep_blob(KEEPS[row.name], answer)
+        if hasattr(answer, "op") and hasattr(answer, "source"):           # a run's or exec's: its operation
+            self._claim(answer.op)
+        rec = auditing.entry(row, shown, answer)
+        if row.name in MAKES and rec["result"]:
+            self._own(rec["result"])
+            rec["op"] = self._claim_op(MAKES[row.name], rec["result"]) or rec["op"]
+            if tag is not None:
+                self._write_tag(tag, rec["result"], row.audit)
+        if row.audit is not None:
+            self._audit(row.audit, **rec)
+        return answer
+
+    def _own_file_set(self, set_id):
+        return set_id if set_id is None else self._own_blob("file_set", set_id)
+
+    def _own_files(self, files):
+        self._check_files(files)
+        return files
+
+    def _own_upload(self, digest):
+        return self._own_blob("upload", digest)
+
+    # Arguments that name something a tenant owns, by parameter name: what the engine is given
+    # instead (NotFound, as for a thing that does not exist, when it is another's).
+    _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": lambda self, x: self._own_blob("file_set", x),
+                 "op": _own_op, "files": _own_files, "file_set": _own_file_set}

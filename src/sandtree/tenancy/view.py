@@ -186,16 +186,23 @@ class TenantView(TenantSight):
     # ---- imports and uploads ------------------------------------------------------------------
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
         # rule: a tenant's pull reaches public registries only, never with the operator's credentials
+        ref = self._check_pull(reference, tag)
+        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress,
+                                 check_host=check_public_registry)         # redirects and realms too
+        return self._imported("pull", image, tag, {"reference": str(ref)})
+
+    def _check_pull(self, reference: str, tag: str | None, credentials=None):
+        """The parsed reference of a pull this tenant may make: to a public registry, with no
+        credentials (registry credentials are stored server-wide: the operator's, not a tenant's
+        to set or use)."""
         if tag is not None:
             check_tag(tag)
         ref = registry.parse(reference)
         check_public_registry(ref.registry)
-        if self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
-            raise Forbidden(f"pulling from {ref.registry} uses the operator's stored credentials: admin only",
+        if credentials is not None or self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
+            raise Forbidden(f"pulling from {ref.registry} uses stored or given credentials: admin only",
                             scope="admin")
-        image = self.engine.pull(reference, tag=None, insecure=insecure, progress=progress,
-                                 check_host=check_public_registry)         # redirects and realms too
-        return self._imported("pull", image, tag, {"reference": str(ref)})
+        return ref
 
     def _imported(self, kind: str, image: str, tag: str | None, detail: dict) -> str:
         self._own(image)
