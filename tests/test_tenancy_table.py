@@ -102,17 +102,12 @@ def test_scope_of_each_row_is_required(world, key):
     assert exc.value.details.get("scope") == row.scope and repr(row.scope) in str(exc.value)
 
 
-# Rows that need a runtime, a sandbox or an output stream to get past their first argument; the
-# rest are called with the hidden image in each image argument.
-NEEDS_MORE = {"export_tar", "run", "sandbox_start", "pool_create", "pool_wait", "pool_remove", "remove_image",
-              "operations.submit_run"}
-
-
 @pytest.mark.parametrize("key,arg", sorted((k, a) for k, r in ROWS.items() for a in r.images
-                                            if not r.admin and k not in NEEDS_MORE))
+                                            if not r.admin))
 def test_a_hidden_image_answers_as_a_nonexistent_one(world, key, arg):
     """Bob names alice's merged image in each image argument: whatever he gets (an error or an
-    answer) is exactly what a nonexistent image gives, with the ID in its place."""
+    answer) is exactly what a nonexistent image gives, with the ID in its place. (Runs and
+    sandboxes among them: their image is resolved before anything starts.)"""
     row, bob = ROWS[key], world["bob"]
     others = {a: world["x"] for a in row.images if a != arg}     # x: shared below, so only `arg` is hidden
     world["eng"].tenancy.share(world["x"])
@@ -163,7 +158,7 @@ def test_every_audited_row_is_recorded_for_an_admin(world, tmp_path):
     rows = [r for r in reversed(eng.tenancy.audit(tenant="ops", limit=100))]
     assert [r["action"] for r in rows] == [table.OPS[n].audit for n in
                                           ("tag", "untag", "branch_create", "branch_delete", "import_path")]
-    assert rows[0]["image"] == x and rows[0]["tag"] == "admin-tag" and rows[1]["image"] == x
+    assert rows[0]["image"] == x and rows[0]["tag"] == rows[1]["tag"] == "admin-tag" and rows[1]["image"] == x
     assert rows[2]["branch"] == "main" and rows[3]["image"] == x and rows[4]["result"] == z
     assert {r["token"] for r in rows} == {"t-ops"}
 
