@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..engine.secrets_mask import mask_text, secret_values
 from ..store.names import HEX_RE
-from ..table import Op
+from ..table import Op, RunRecord
 
 # Where an answer that is an image goes (default: `result`, the image the call made).
 ANSWER = {
@@ -40,7 +40,7 @@ def entry(row: Op, args: dict, answer) -> dict:
         image, detail["sandbox"] = answer.get("image"), answer.get("id")
     elif isinstance(answer, dict) and row.name in RESULT_KEY:
         result = _image(answer.get(RESULT_KEY[row.name]))
-    elif hasattr(answer, "op") and hasattr(answer, "source"):           # a run's or an exec's record
+    elif isinstance(answer, RunRecord):                                  # a run's or an exec's record
         image, result, op = answer.source, answer.image, answer.op
     if isinstance(args.get("op"), str):                                # a call on an operation
         op = args["op"]

@@ -8,12 +8,12 @@ import time
 
 from ..branching.lineage import Visible
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
+from ..store.db import Database
 from ..store.names import check_tag
-from ..table import Op
+from ..table import Op, RunRecord
 from . import auditing
 from .derive import KEEPS, LINEAGE, MAKES, REFS, call
 from .limits import capped
-from ..store.db import Database
 from .tenant import SEP, VISIBLE, Tenant
 
 
@@ -34,7 +34,6 @@ class TenantSight:
 
     def _ns(self, name: str) -> str:
         return f"{self.tenant.name}{SEP}{name}"
-
 
     # ---- images -------------------------------------------------------------------------------
     def _visible(self, image) -> bool:
@@ -238,7 +237,7 @@ class TenantSight:
             raise self._plain(exc) from None
         if row.name in KEEPS:
             self._keep_blob(KEEPS[row.name], answer)
-        if hasattr(answer, "op") and hasattr(answer, "source"):           # a run's or exec's: its operation
+        if isinstance(answer, RunRecord):               # an exec's operation is the tenant's
             self._claim(answer.op)
         rec = auditing.entry(row, shown, answer)
         if row.name in MAKES and rec["result"]:
@@ -260,7 +259,10 @@ class TenantSight:
     def _own_upload(self, digest):
         return self._own_blob("upload", digest)
 
+    def _own_set(self, set_id):
+        return self._own_blob("file_set", set_id)
+
     # Arguments that name something a tenant owns, by parameter name: what the engine is given
     # instead (NotFound, as for a thing that does not exist, when it is another's).
-    _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": lambda self, x: self._own_blob("file_set", x),
+    _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": _own_set,
                  "op": _own_op, "files": _own_files, "file_set": _own_file_set}
