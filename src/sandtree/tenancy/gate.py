@@ -26,6 +26,7 @@ import time
 from starlette.requests import Request
 
 from ..errors import Forbidden, Unauthorized
+from .tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
@@ -157,12 +158,7 @@ class TenantGate:
         return self.engine.as_tenant(tenant)
 
 
-def _anonymous():
-    from .tenant import Tenant
-    return Tenant("-", ())
-
-
-_ANONYMOUS = _anonymous()
+_ANONYMOUS = Tenant("-", ())
 
 
 async def _reply(send, status: int, body: dict) -> None:
