@@ -70,6 +70,33 @@ def test_every_row_is_a_method_of_each_view():
                 assert name in cls.__dict__, f"{cls.__name__}.{name}"
 
 
+def test_every_row_that_starts_runs_has_its_tenant_rules(world):
+    """A row that runs commands (a run, a sandbox, a fork ...) needs the tenant's run slots,
+    limits and claims: never the generic call. An unwritten one is refused (RuntimeUnavailable);
+    this names any such row."""
+    from sandtree.tenancy import derive
+    rows = [r for r in ROWS.values() if derive.starts_runs(r) and not r.admin]
+    assert {r.name for r in rows} >= {"run", "sandbox_start", "submit_run"}
+    refusal = derive._unwritten_method(rows[0]).__code__
+    for r in rows:
+        cls = TenantOperations if r.group == "operations" else TenantView
+        assert cls.__dict__[r.name].__code__ is not refusal, f"{cls.__name__}.{r.name}: write its tenant rules"
+
+    # the refusal itself: a run-starting row nobody wrote tenant rules for
+    def spawn(ref: str, command, *, timeout: float | None = None) -> list:
+        """Runs."""
+    row = table.Op("spawn", inspect.signature(spawn), "Runs.", "run", ("ref",))
+
+    class Later(TenantView):
+        pass
+    derive.install(Later, {"spawn": row})
+    later = Later(world["eng"].tenancy, Tenant("alice"))
+    with pytest.raises(sandtree.RuntimeUnavailable):
+        later.spawn(world["x"], "true")
+    with pytest.raises(TypeError):
+        later.spawn(world["x"], "true", memory="1G")
+
+
 def test_hand_written_tenant_methods_are_few():
     """The target of issue 13: at most 20 of the tenant view's methods are written by hand."""
     import sandtree.tenancy.view as view_mod

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 
 from ..branching import lineage
+from ..errors import RuntimeUnavailable
 from ..table import Op
 
 _SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -74,6 +75,20 @@ def _own_method(row: Op, own):
     return method
 
 
+def starts_runs(row: Op) -> bool:
+    """A row that runs commands on an image: for a tenant that takes its run slots and limits,
+    advances its branch and makes the runs its own, which the generic call does not do."""
+    return row.scope == "run" and "ref" in row.images
+
+
+def _unwritten_method(row: Op):
+    def method(self, *a, **k):
+        self._allow(row)
+        row.bind(*a, **k)
+        raise RuntimeUnavailable(f"{row.name} is not available to a tenant yet (its tenant rules are unwritten)")
+    return method
+
+
 def _generic_method(row: Op):
     def method(self, *a, **k):
         self._allow(row)
@@ -83,8 +98,15 @@ def _generic_method(row: Op):
 
 def install(cls, rows: dict) -> None:
     """Give `cls` a method per row: its own (hand-written, in the class or a base) behind the
-    row's admin and scope check (cls._allow), else the generic call (cls._call_row: sight.py)."""
+    row's admin and scope check (cls._allow), else the generic call (cls._call_row: sight.py). A
+    row that starts runs is never generic: written by hand or refused (fails closed; the test of
+    the views names any such row)."""
     for row in rows.values():
         own = getattr(cls, row.name, None)
-        method = _own_method(row, own) if own is not None else _generic_method(row)
+        if own is not None:
+            method = _own_method(row, own)
+        elif starts_runs(row) and not row.admin:
+            method = _unwritten_method(row)
+        else:
+            method = _generic_method(row)
         setattr(cls, row.name, signed(method, row, cls.__name__))
