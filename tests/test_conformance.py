@@ -12,7 +12,7 @@ from sandtree import table
 from sandtree.client.remote import RemoteEngine, RemoteOperations
 from sandtree.engine import Engine
 from sandtree.engine.operations import Operations
-from sandtree.tenancy.tenants import AdminView, TenantOperations, TenantView
+from sandtree.tenancy import AdminView, TenantOperations, TenantView
 
 # What an engine has beside its operations: its own lifecycle, the tenancy entry point, and the
 # operation-level entries its parts and the tenant view use (a given operation id, a check-only
@@ -72,7 +72,7 @@ def test_rows_are_complete():
     for row in table.OPS.values():
         assert row.doc, row.name
         assert (row.http is None) != (row.local is None), f"{row.name}: an HTTP binding or a reason it has none"
-        assert row.scope in (None, "list", "run", "import", "tag"), row.name
+        assert row.scope in (None, "list", "run", "import", "tag", "cancel"), row.name
         assert row.scope is not None or row.admin or row.name in ("whoami", "doctor", "audit"), row.name
 
 

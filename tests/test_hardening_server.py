@@ -773,7 +773,7 @@ def test_a_tenants_pull_reaches_public_registries_only(tmp_path):
     finally:
         engine.close()
         listener.close()
-    from sandtree.tenancy.tenants import check_public_registry
+    from sandtree.tenancy import check_public_registry
     for host in ("169.254.169.254", "10.1.2.3:5000", "192.168.0.1", "[fd00::1]:443", "100.64.0.1",
                  "[::ffff:127.0.0.1]:5000", "0.0.0.0"):
         with pytest.raises(Forbidden):

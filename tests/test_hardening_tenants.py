@@ -15,7 +15,7 @@ import pytest
 
 import sandtree
 from sandtree.engine import Engine
-from sandtree.tenancy.tenants import Tenant
+from sandtree.tenancy import Tenant
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroup limits)")
 

@@ -382,7 +382,7 @@ def test_structured_request_log(srv, alice_world):
 def test_in_process_view_and_cli_tokens(tmp_path, rootfs):
     """engine.as_tenant in process: the same rules without HTTP (what MCP or Contree mount)."""
     from sandtree.engine import Engine
-    from sandtree.tenancy.tenants import Tenant
+    from sandtree.tenancy import Tenant
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         a = eng.as_tenant(Tenant("a", limits={"max_runs": 1}))
@@ -480,3 +480,26 @@ def test_pools_are_the_administrators(srv, alice_world):
     run = a.post("/runs", json={"image": child, "command": "true"}).json()   # but its runs use them
     assert run["outcome"]["usage"].get("pool") is True
     assert root.delete(f"/pools/{child}").status_code == 204 and root.get("/pools").json() == []
+
+
+def test_a_tenant_forks_through_its_own_runs(srv, alice_world):
+    """POST /fork as a tenant: the engine's fan-out, each run the tenant's own (audited, its
+    operation visible to it only, counted against its limits); another tenant's image is absent."""
+    a, b = srv["c"]["alice"], srv["c"]["bob"]
+    r = a.post("/fork", json={"image": "mine", "commands": ["echo one > /f", "echo two > /f"], "parallel": 1})
+    assert r.status_code == 200, r.text
+    runs = r.json()
+    assert [x["outcome"]["exit_code"] for x in runs] == [0, 0]
+    assert len({x["result"] for x in runs}) == 2                     # one branch each
+    for x in runs:
+        assert a.get(f"/operations/{x['id']}").status_code == 200
+        assert b.get(f"/operations/{x['id']}").status_code == 404    # not bob's
+        assert a.get(f"/images/{x['result']}/read", params={"path": "/f"}).status_code == 200
+    audit = a.get("/audit", params={"limit": 20}).json()
+    assert {x["id"] for x in runs} <= {e["op"] for e in audit if e["action"] == "run"}
+    r = b.post("/fork", json={"image": alice_world["child"], "commands": ["true"]})
+    assert r.status_code == 404 and r.json()["error"] == "image_not_found"
+    d = srv["c"]["dave"]                                             # --max-timeout 2: a fork's runs too
+    assert d.post("/images/import", params={"tag": "forkbase"}, content=srv["tar"]).status_code == 201
+    r = d.post("/fork", json={"image": "forkbase", "commands": ["true", "true"], "timeout": 60})
+    assert r.status_code == 429 and r.json()["error"] == "limit_exceeded", r.text

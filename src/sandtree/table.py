@@ -78,6 +78,8 @@ class Op:
     local: str | None = None            # why it is in-process only
     group: str = "engine"               # "engine": engine.<name>; "operations": engine.operations.<name>
     custom_remote: bool = False         # the remote client writes this one by hand (a stream, a tar)
+    caller: bool = False                # the answer depends on who asks: the tenancy answers it,
+                                        # given the caller (Tenancy.<name>(..., by=tenant))
 
     def bind(self, *args, **kwargs) -> dict:
         """The call's arguments by name, defaults applied; TypeError as a Python call would."""
@@ -93,7 +95,7 @@ class Op:
 OPS: dict[str, Op] = {}
 
 def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
-       local: str | None = None, group: str = "engine", custom_remote: bool = False):
+       local: str | None = None, group: str = "engine", custom_remote: bool = False, caller: bool = False):
     """Declare the decorated signature as an operation (the function itself is never called)."""
     def deco(fn):
         sig = inspect.signature(fn)
@@ -107,7 +109,7 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
                     raise AssertionError(f"{fn.__name__}: argument {p.name} has no place in its HTTP binding")
         key = fn.__name__ if group == "engine" else f"{group}.{fn.__name__}"
         OPS[key] = Op(fn.__name__, sig, inspect.getdoc(fn) or "", scope, tuple(images), audit, admin, http, local,
-                      group, custom_remote)
+                      group, custom_remote, caller)
         return fn
     return deco
 
@@ -147,11 +149,11 @@ def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it
     unless force."""
 
-@op("tag", images=("image",), audit="share", http=Http(P, "/images/{image:path}/share", const={"public": True}))
+@op("tag", images=("image",), audit="share", caller=True, http=Http(P, "/images/{image:path}/share", const={"public": True}))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
-@op("tag", images=("image",), audit="unshare",
+@op("tag", images=("image",), audit="unshare", caller=True,
     http=Http(P, "/images/{image:path}/share", const={"public": False}))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
@@ -444,7 +446,7 @@ def bundle_import(path: str) -> dict:
 
 # ---- the server and its store ------------------------------------------------------------------------
 
-@op(None, http=Http(G, "/whoami"))
+@op(None, caller=True, http=Http(G, "/whoami"))
 def whoami() -> dict:
     """Who the caller is: tenant, scopes, the store."""
 
@@ -452,7 +454,7 @@ def whoami() -> dict:
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
-@op(None, http=Http(G, "/audit", query=("tenant", "limit")))
+@op(None, caller=True, http=Http(G, "/audit", query=("tenant", "limit")))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
@@ -483,7 +485,7 @@ def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
-@op("run", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
+@op("cancel", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 

@@ -1,21 +1,46 @@
 """Lineage queries over the edges table: ancestors, descendants, paths, common ancestors, what
-produced an image, and the tree under a root (as data; sandtree/render.py draws it)."""
+produced an image, an image's log, and the tree under a root (as data; sandtree/render.py draws it).
+
+Every query takes `visible`: None answers from the whole store; a Visible answers as if only
+what it lets through existed (a tenant's view: tenancy/). An edge shows when both its images and
+its operation do, so a filtered walk never passes through, or names, anything hidden."""
 
 from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
 
 from ..errors import NotFound
 from ..store.store import Store
 
 
-def _parents(store: Store, image: str) -> list[str]:
-    return [r[0] for r in store.db.query("SELECT DISTINCT parent FROM edges WHERE child=? ORDER BY created", (image,))]
+@dataclass(frozen=True)
+class Visible:
+    """What a lineage answer may show."""
+    images: Container[str]                          # image IDs that exist for the caller
+    op: Callable[[str], bool] = lambda op: True     # whether an operation's record may be shown
+    tags: dict = field(default_factory=dict)        # image -> the tag names shown on it
+    branches: dict = field(default_factory=dict)    # image -> the branch names shown on it
+
+    def edge(self, parent: str, child: str, op: str) -> bool:
+        return parent in self.images and child in self.images and self.op(op)
 
 
-def _children(store: Store, image: str) -> list[str]:
-    return [r[0] for r in store.db.query("SELECT DISTINCT child FROM edges WHERE parent=? ORDER BY created", (image,))]
+def _edge_rows(store: Store, image: str, up: bool, visible: Visible | None) -> list[tuple]:
+    col = "child" if up else "parent"
+    rows = store.db.query(f"SELECT parent, child, op, created FROM edges WHERE {col}=? ORDER BY created", (image,))
+    return rows if visible is None else [r for r in rows if visible.edge(r[0], r[1], r[2])]
+
+
+def _step(store: Store, image: str, up: bool, visible: Visible | None) -> list[str]:
+    """The images one edge away, in the order their edges were made (each once)."""
+    if visible is None:
+        col, other = ("child", "parent") if up else ("parent", "child")
+        return [r[0] for r in store.db.query(
+            f"SELECT DISTINCT {other} FROM edges WHERE {col}=? ORDER BY created", (image,))]
+    return list(dict.fromkeys(r[0 if up else 1] for r in _edge_rows(store, image, up, visible)))
 
 
 def _distances(image: str, step) -> dict[str, int]:
@@ -30,18 +55,18 @@ def _distances(image: str, step) -> dict[str, int]:
     return dist
 
 
-def ancestors(store: Store, image: str) -> dict[str, int]:
+def ancestors(store: Store, image: str, visible: Visible | None = None) -> dict[str, int]:
     """Every ancestor with its distance (the image itself at 0)."""
-    return _distances(image, lambda i: _parents(store, i))
+    return _distances(image, lambda i: _step(store, i, True, visible))
 
 
-def descendants(store: Store, image: str) -> dict[str, int]:
-    return _distances(image, lambda i: _children(store, i))
+def descendants(store: Store, image: str, visible: Visible | None = None) -> dict[str, int]:
+    return _distances(image, lambda i: _step(store, i, False, visible))
 
 
-def common_ancestor(store: Store, a: str, b: str) -> str | None:
+def common_ancestor(store: Store, a: str, b: str, visible: Visible | None = None) -> str | None:
     """The nearest common ancestor (least total distance; ties go to the newer image)."""
-    da, db = ancestors(store, a), ancestors(store, b)
+    da, db = ancestors(store, a, visible), ancestors(store, b, visible)
     common = set(da) & set(db)
     if not common:
         return None
@@ -50,7 +75,7 @@ def common_ancestor(store: Store, a: str, b: str) -> str | None:
     return min(common, key=lambda x: (da[x] + db[x], -created.get(x, 0)))
 
 
-def path(store: Store, a: str, b: str) -> list[str]:
+def path(store: Store, a: str, b: str, visible: Visible | None = None) -> list[str]:
     """Images from a to b along lineage edges (through their common ancestor if neither
     descends from the other)."""
     def chain(frm: str, to: str) -> list[str] | None:
@@ -64,7 +89,7 @@ def path(store: Store, a: str, b: str) -> list[str]:
                     out.append(cur)
                     cur = prev[cur]
                 return out[::-1]
-            for c in _children(store, cur):
+            for c in _step(store, cur, False, visible):
                 if c not in prev:
                     prev[c] = cur
                     q.append(c)
@@ -76,17 +101,59 @@ def path(store: Store, a: str, b: str) -> list[str]:
     up = chain(b, a)
     if up:
         return up[::-1]
-    base = common_ancestor(store, a, b)
+    base = common_ancestor(store, a, b, visible)
     if base is None:
         raise NotFound("the two images share no ancestor")
     return chain(base, a)[::-1] + chain(base, b)[1:]
 
 
-def produced_by(store: Store, image: str) -> list[dict]:
+def op_summary(store: Store, op: str) -> dict:
+    """An operation's kind, command (or what it imported) and exit code; {} if it is gone."""
+    r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
+    if not r:
+        return {}
+    spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
+    return {"kind": r[0], "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code")}
+
+
+def edges(store: Store, image: str, *, up: bool, visible: Visible | None = None) -> list[dict]:
+    """An image's parent edges (up) or child edges, each with its operation's summary."""
+    return [{"parent": p, "child": c, "op": op, "created": t, **op_summary(store, op)}
+            for p, c, op, t in _edge_rows(store, image, up, visible)]
+
+
+def log(store: Store, image: str, limit: int = 1000, visible: Visible | None = None) -> list[dict]:
+    """Ancestry, newest first: each image with the operation that made it from its parent (a
+    root: the import that brought it in)."""
+    out, seen, todo = [], set(), [image]
+    while todo and len(out) < limit:
+        cur = todo.pop(0)
+        if cur in seen:
+            continue
+        seen.add(cur)
+        tags = sorted(store.tags(cur)) if visible is None else visible.tags.get(cur, [])
+        parents = edges(store, cur, up=True, visible=visible)
+        if not parents:
+            made = next((r for r in store.db.query("SELECT id, spec FROM operations WHERE result=? AND kind='import' "
+                                                   "ORDER BY started", (cur,))
+                         if visible is None or visible.op(r[0])), None)
+            out.append({"image": cur, "parents": [], "command": json.loads(made[1])["source"] if made else None,
+                        "op": made[0] if made else None, "exit_code": None, "tags": tags})
+            continue
+        first = parents[0]
+        out.append({"image": cur, "parents": [p["parent"] for p in parents], "command": first.get("command"),
+                    "op": first["op"], "exit_code": first.get("exit_code"), "tags": tags})
+        todo.extend(p["parent"] for p in parents)
+    return out
+
+
+def produced_by(store: Store, image: str, visible: Visible | None = None) -> list[dict]:
     rows = store.db.query("SELECT id, kind, source, spec, outcome, started FROM operations WHERE result=? "
                           "ORDER BY started", (image,))
     out = []
     for op, kind, source, spec, outcome, started in rows:
+        if visible is not None and not visible.op(op):
+            continue
         spec, outcome = json.loads(spec), json.loads(outcome) if outcome else {}
         out.append({"op": op, "kind": kind, "source": source, "started": started,
                     "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code")})
@@ -100,17 +167,22 @@ MAX_TREE_NODES = 2000
 MAX_TREE_DEPTH = 200
 
 
-def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, children=None, names=None,
+def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: Visible | None = None,
          via=None) -> dict:
     """The lineage tree under `root`: nested nodes with tags, branches and the command per edge.
-    Iterative (no recursion on lineage depth). The tenant view passes its own filters:
-    children(image) -> [(child, op)] in order, names: image -> [names], via(op) -> {"command",
-    "exit_code"}; by default the whole store's."""
-    if names is None:
+    Iterative (no recursion on lineage depth). via(op) -> {"command", "exit_code"} labels an
+    edge (default: the operation's command, else its kind)."""
+    if visible is not None:
+        names = {i: list(v) for i, v in visible.tags.items()}
+        for image, bs in visible.branches.items():
+            names.setdefault(image, []).extend(f"branch:{b}" for b in bs)
+
+        def children(image: str) -> list[tuple[str, str]]:
+            return [(r[1], r[2]) for r in _edge_rows(store, image, False, visible)]
+    else:
         names = {}
         for kind, name, image in store.db.query("SELECT kind, name, image FROM refs"):
             names.setdefault(image, []).append(name if kind == "tag" else f"branch:{name}")
-    if children is None:
         alive = {r[0] for r in store.db.query("SELECT id FROM images")}
 
         def children(image: str) -> list[tuple[str, str]]:      # removed ones (best_of losers) left out

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from . import options
 from .output import open_engine, out
@@ -70,11 +69,9 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
 
 def cmd_fork(args):
     eng = open_engine(args)
-    image = eng.resolve(args.image)
     if not args.cmd:
         raise SystemExit("sandtree fork: give commands with --cmd (one per branch)")
-    with ThreadPoolExecutor(max(1, min(args.parallel, len(args.cmd)))) as pool:
-        recs = list(pool.map(lambda c: eng.run(image, c, timeout=args.timeout), args.cmd))
+    recs = eng.fork(args.image, args.cmd, parallel=args.parallel, timeout=args.timeout)
     rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
              "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
             for c, r in zip(args.cmd, recs, strict=False)]

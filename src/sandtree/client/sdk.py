@@ -12,7 +12,6 @@ own beyond wrapping IDs in objects.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -207,13 +206,13 @@ class Sandtree:
 
     # many runs from one image
     def map(self, image: "Image | str", commands: list, *, parallel: int = 4, **run_options) -> list["RunResult"]:
-        """Run each command from the same image concurrently; results in the commands' order."""
-        img = image if isinstance(image, Image) else self.image(image)
-        if parallel < 1:
-            from ..errors import InvalidInput
-            raise InvalidInput("parallel must be at least 1")
-        with ThreadPoolExecutor(max_workers=min(parallel, max(1, len(commands)))) as pool:
-            return list(pool.map(lambda c: img.run(c, **run_options), commands))
+        """Run each command from the same image concurrently (Engine.fork: one operation each,
+        every command checked before any runs); results in the commands' order. The options
+        are Image.run's, less the per-run callbacks."""
+        if "files" in run_options:
+            run_options["files"] = files_arg(run_options["files"])
+        recs = self._engine.fork(self._id(image), commands, parallel=parallel, **run_options)
+        return [RunResult._of(self, r) for r in recs]
 
     # lineage
     def common_ancestor(self, a: "Image | str", b: "Image | str") -> "Image | None":

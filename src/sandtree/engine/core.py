@@ -212,8 +212,7 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
         """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
         with _TENANCY_LOCK:
             if getattr(self, "_tenancy", None) is None:
-                # tenancy is the layer above the engine: the lead moves this import out (issue 13)
-                from ..tenancy.tenants import Tenancy
+                from ..tenancy import Tenancy
                 self._tenancy = Tenancy(self)
         return self._tenancy
 

@@ -130,48 +130,61 @@ class RunOps:
         """Run each command on the same image concurrently (one branch each: a branch ref is
         resolved once, and no run moves it); the records in the commands' order. The runs are
         operations (queued on the engine's workers, listed, cancellable); parallel: at most this
-        many submitted at once (default: all). Bad input in any command fails before any runs; a
-        run that fails raises its error once every other has ended; a fork interrupted while it
-        waits cancels the runs it started."""
-        for bad in FORK_REFUSED:
-            if bad in options:
-                raise InvalidInput(f"fork does not take {bad} (it is per run)")
-        if not isinstance(commands, (list, tuple)) or not commands:
-            raise InvalidInput("fork takes a non-empty list of commands")
-        if len(commands) > MAX_FORK:
-            raise InvalidInput(f"at most {MAX_FORK} commands in one fork")
-        if parallel is None:
-            parallel = len(commands)
-        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-            raise InvalidInput("parallel must be an integer of at least 1")
+        many submitted at once (default: all). See fan_out."""
+        refuse_fork_options(options)
         source = self.resolve(ref)
-        for command in commands:
-            self.run_operation(source, command, check_only=True, **options)
-        futures = []                          # held here: the operations' result cache may drop them
-        try:
-            for i, command in enumerate(commands):
-                if i >= parallel:
-                    wait([futures[i - parallel][1]])    # at most `parallel` submitted and unfinished
-                op = self.operations.submit_run(source, command, **options)
-                futures.append((op, self.operations.future(op)))
-            wait([f for _, f in futures])
-        except BaseException:
-            # the caller gives up (an interrupt, a failed submit): none of its runs goes on unseen
-            for op, fut in futures:
-                if not fut.done():
-                    try:
-                        self.operations.cancel(op)
-                    except SandtreeError:
-                        pass                    # ended meanwhile
-            raise
-        out, failed = [], None
+        return fan_out(self.operations, commands, parallel,
+                       check=lambda c: self.run_operation(source, c, check_only=True, **options),
+                       submit=lambda c: self.operations.submit_run(source, c, **options))
+
+
+def refuse_fork_options(options: dict) -> None:
+    for bad in FORK_REFUSED:
+        if bad in options:
+            raise InvalidInput(f"fork does not take {bad} (it is per run)")
+
+
+def fan_out(operations, commands, parallel: int | None, *, check, submit) -> list[RunRecord]:
+    """The one fork: every command checked (check(command) raises on bad input) before any is
+    submitted (submit(command) -> operation id, through `operations`: the engine's or a tenant's,
+    whose submissions count against its run slots); at most `parallel` unfinished at once; the
+    records in the commands' order. A run that fails raises its error once every other has
+    ended; a fan-out interrupted while it waits cancels the runs it started."""
+    if not isinstance(commands, (list, tuple)) or not commands:
+        raise InvalidInput("fork takes a non-empty list of commands")
+    if len(commands) > MAX_FORK:
+        raise InvalidInput(f"at most {MAX_FORK} commands in one fork")
+    if parallel is None:
+        parallel = len(commands)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise InvalidInput("parallel must be an integer of at least 1")
+    for command in commands:
+        check(command)
+    futures = []                          # held here: the operations' result cache may drop them
+    try:
+        for i, command in enumerate(commands):
+            if i >= parallel:
+                wait([futures[i - parallel][1]])    # at most `parallel` submitted and unfinished
+            op = submit(command)
+            futures.append((op, operations.future(op)))
+        wait([f for _, f in futures])
+    except BaseException:
+        # the caller gives up (an interrupt, a failed submit): none of its runs goes on unseen
         for op, fut in futures:
-            if fut.cancelled():
-                failed = failed or Conflict(f"fork run {op} was cancelled before it started", operation=op)
-            elif fut.exception() is not None:
-                failed = failed or fut.exception()
-            else:
-                out.append(fut.result())
-        if failed is not None:
-            raise failed
-        return out
+            if not fut.done():
+                try:
+                    operations.cancel(op)
+                except SandtreeError:
+                    pass                    # ended meanwhile
+        raise
+    out, failed = [], None
+    for op, fut in futures:
+        if fut.cancelled():
+            failed = failed or Conflict(f"fork run {op} was cancelled before it started", operation=op)
+        elif fut.exception() is not None:
+            failed = failed or fut.exception()
+        else:
+            out.append(fut.result())
+    if failed is not None:
+        raise failed
+    return out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
-from concurrent.futures import ThreadPoolExecutor
 
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -54,12 +52,8 @@ def register(t: Toolkit) -> None:
             raise ToolError("invalid_input: give at least one command")
         if len(commands) > MAX_FORK:
             raise ToolError(f"invalid_input: at most {MAX_FORK} commands in one fork")
-        parallel = min(parallel, MAX_FORK_PARALLEL)
-        with ThreadPoolExecutor(max(1, min(parallel, len(commands)))) as pool:
-            # each branch runs in a copy of this call's context: over HTTP it holds the caller's view
-            futs = [pool.submit(contextvars.copy_context().run, engine.run, image, c, timeout=timeout,
-                                disposable=disposable) for c in commands]
-            recs = [f.result() for f in futs]
+        recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,
+                           disposable=disposable)
         return [dict(t.run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
 
     # ---- operations ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Who is calling, for every HTTP request of `sandtree serve`; and the JSON-lines request log.
 
 One ASGI middleware (TenantGate) resolves `Authorization: Bearer <token>` to the engine as that
-tenant sees it (tenants.py) and hands it on two ways:
+tenant sees it (tenancy/) and hands it on two ways:
 
 * `engine_for(request)`: a FastAPI dependency any router can take (`Depends(engine_for)`);
 * `RequestEngine`: what build_app's routes call `engine.X` on; it forwards to the same per-request
@@ -26,6 +26,7 @@ import time
 from starlette.requests import Request
 
 from ..errors import Forbidden, Unauthorized
+from .tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
@@ -157,12 +158,7 @@ class TenantGate:
         return self.engine.as_tenant(tenant)
 
 
-def _anonymous():
-    from .tenants import Tenant
-    return Tenant("-", ())
-
-
-_ANONYMOUS = _anonymous()
+_ANONYMOUS = Tenant("-", ())
 
 
 async def _reply(send, status: int, body: dict) -> None:

@@ -1,0 +1,270 @@
+"""What one tenant sees of the store: visible images, its namespaced tags and branches, its own
+sandboxes, uploads, file sets and operations. Everything else answers exactly as a nonexistent
+thing would (same error class, same message). TenantView (view.py) is built on these."""
+
+from __future__ import annotations
+
+import time
+
+from ..branching.lineage import Visible
+from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
+from ..store.db import Database
+from ..store.names import check_tag
+from ..table import Op, RunRecord
+from . import auditing
+from .derive import KEEPS, LINEAGE, MAKES, REFS, call
+from .limits import capped
+from .tenant import SEP, VISIBLE, Tenant
+
+
+class TenantSight:
+    """The tenant's side of every rule: one query each, shared by the generated and the
+    hand-written methods of TenantView; and the generic call the generated methods make."""
+
+    def __init__(self, tenancy, tenant: Tenant):
+        self.tenancy, self.tenant = tenancy, tenant
+        self.engine = tenancy.engine
+        self.db = tenancy.db
+        self._p = {"t": tenant.name}
+
+    def _need(self, scope: str) -> None:
+        if scope not in self.tenant.scopes:
+            raise Forbidden(f"this token has no {scope!r} scope (it has: {', '.join(self.tenant.scopes)})",
+                            scope=scope)
+
+    def _ns(self, name: str) -> str:
+        return f"{self.tenant.name}{SEP}{name}"
+
+    # ---- images -------------------------------------------------------------------------------
+    def _visible(self, image) -> bool:
+        return isinstance(image, str) and self.db.one(
+            f"SELECT 1 FROM images WHERE id=:i AND {VISIBLE}", {**self._p, "i": image}) is not None
+
+    def _see(self, image) -> str:
+        """`image` if this tenant may see it, else exactly the store's ImageNotFound."""
+        if not self._visible(image):
+            raise ImageNotFound(f"no image {image!r}", image=image)
+        return image
+
+    def _visible_set(self) -> set[str]:
+        return {r[0] for r in self.db.query(f"SELECT id FROM images WHERE {VISIBLE}", self._p)}
+
+    # ---- names --------------------------------------------------------------------------------
+    def _own_ref(self, kind: str, name: str) -> str | None:
+        if not isinstance(name, str) or SEP in name:
+            return None
+        row = self.db.one("SELECT image FROM refs WHERE kind=? AND name=?", (kind, self._ns(name)))
+        return row[0] if row else None
+
+    def _tag_image(self, name: str) -> str | None:
+        own = self._own_ref("tag", name)
+        if own is not None:
+            return own if self._visible(own) else None
+        if SEP in name:
+            return None
+        row = self.db.one("SELECT image FROM refs WHERE kind='tag' AND name=? AND image IN "
+                          "(SELECT image FROM public_images)", (name,))
+        return row[0] if row else None
+
+    def _branch_of(self, ref) -> str | None:
+        if not isinstance(ref, str):
+            return None
+        if ref.startswith("branch:"):
+            return ref[7:]
+        if self._own_ref("tag", ref) is not None:
+            return None
+        return ref if self._own_ref("branch", ref) is not None else None
+
+    def _head(self, name: str) -> str:
+        image = self._own_ref("branch", name)
+        if image is None:
+            raise NotFound(f"no branch {name!r}", branch=name)
+        return image
+
+    def _write_tag(self, name: str, image: str, reason: str) -> None:
+        """Point this tenant's tag `name` at `image` (its stored, namespaced name)."""
+        with self.db.tx() as con:
+            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (self._ns(name),)).fetchone()
+            if row is None or row[0] != image:
+                Database.record_ref(con, "tag", self._ns(name), row[0] if row else None, image, reason)
+
+    def _ref_name(self, kind: str, name) -> str:
+        """The stored name of this tenant's existing tag or branch `name` (NotFound, told with
+        the tenant's own name, when it has none)."""
+        if isinstance(name, str) and SEP not in name and self._own_ref(kind, name) is not None:
+            return self._ns(name)
+        if kind == "branch":
+            raise NotFound(f"no branch {name!r}", branch=name)
+        raise NotFound(f"no tag {name!r}")
+
+    def _names(self) -> dict[str, list[str]]:
+        """image -> the tag names this tenant sees on it (its own, and global ones of public images)."""
+        pre = self._ns("")
+        out: dict[str, set[str]] = {}
+        for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='tag' AND substr(name, 1, ?)=?",
+                                         (len(pre), pre)):
+            out.setdefault(image, set()).add(name[len(pre):])
+        for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='tag' AND instr(name, ?)=0 "
+                                         "AND image IN (SELECT image FROM public_images)", (SEP,)):
+            out.setdefault(image, set()).add(name)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def _branch_names(self) -> dict[str, str]:
+        """This tenant's branches: name -> head."""
+        pre = self._ns("")
+        return {n[len(pre):]: i for n, i in self.db.query(
+            "SELECT name, image FROM refs WHERE kind='branch' AND substr(name, 1, ?)=? ORDER BY name",
+            (len(pre), pre))}
+
+    # ---- lineage ------------------------------------------------------------------------------
+    def _op_visible(self, op: str) -> bool:
+        """An operation's record (command, exit code) shows if it is this tenant's, or an
+        operator's (no tenant); never another tenant's."""
+        row = self.db.one("SELECT tenant FROM tenant_ops WHERE op=?", (op,))
+        return row is None or row[0] == self.tenant.name
+
+    def _visibility(self) -> Visible:
+        """The filter branching/lineage's queries take: this tenant's images, operations and names."""
+        heads: dict[str, list[str]] = {}
+        for name, image in self._branch_names().items():
+            heads.setdefault(image, []).append(name)
+        return Visible(self._visible_set(), self._op_visible, self._names(), heads)
+
+    # ---- things of its own --------------------------------------------------------------------
+    def _own_blob(self, kind: str, ident) -> str:
+        if not isinstance(ident, str) or self.db.one("SELECT 1 FROM tenant_blobs WHERE tenant=? AND kind=? AND id=?",
+                                                     (self.tenant.name, kind, ident)) is None:
+            raise NotFound(f"no uploaded file {ident!r}" if kind == "upload" else f"no file set {ident!r}")
+        return ident
+
+    def _keep_blob(self, kind: str, ident: str) -> str:
+        with self.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_blobs(tenant, kind, id) VALUES(?,?,?)",
+                        (self.tenant.name, kind, ident))
+        return ident
+
+    def _check_files(self, files) -> None:
+        for f in files or []:
+            if isinstance(f, dict) and f.get("sha256") is not None:
+                self._own_blob("upload", f["sha256"])
+
+    def _own_op(self, op) -> str:
+        if not isinstance(op, str) or self.db.one("SELECT 1 FROM tenant_ops WHERE op=? AND tenant=?",
+                                                  (op, self.tenant.name)) is None:
+            raise NotFound(f"no operation {op!r}")
+        return op
+
+    def _own(self, image: str) -> None:
+        with self.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_images(tenant, image, at) VALUES(?,?,?)",
+                        (self.tenant.name, image, time.time()))
+
+    def _claim(self, op: str) -> None:
+        with self.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO tenant_ops(op, tenant, token) VALUES(?,?,?)",
+                        (op, self.tenant.name, self.tenant.token))
+
+    def _claim_op(self, kind: str, result: str) -> str | None:
+        """The operation the engine just wrote for this tenant's import, commit or merge (the
+        engine makes its id inside), recorded as this tenant's so lineage shows it."""
+        row = self.db.one("SELECT id FROM operations WHERE kind=? AND result=? AND id NOT IN "
+                          "(SELECT op FROM tenant_ops) ORDER BY started DESC LIMIT 1", (kind, result))
+        if row is None:
+            return None
+        self._claim(row[0])
+        return row[0]
+
+    # A sandbox is this tenant's if it started it (tenant_blobs, kind "sandbox"); any other id or
+    # prefix answers as a nonexistent sandbox. Commits are its images, execs its operations.
+    def _sandbox(self, sid) -> str:
+        """The full id of this tenant's sandbox `sid` (an id or unique prefix), else NotFound."""
+        if not isinstance(sid, str) or not sid:
+            raise InvalidInput("a sandbox id must be a non-empty string")
+        rows = self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox' AND id >= ? AND id < ? "
+                             "LIMIT 2", (self.tenant.name, sid, sid + "\uffff"))
+        if len(rows) > 1:
+            raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
+        if not rows:
+            raise NotFound(f"no live sandbox {sid!r}", sandbox=sid)
+        return rows[0][0]
+
+    def _audit(self, action: str, **kw) -> None:
+        self.tenancy.record(self.tenant, action, **kw)
+
+    def _plain(self, exc: SandtreeError) -> SandtreeError:
+        """An engine error about a namespaced ref, told with the tenant's own name for it."""
+        pre = self._ns("")
+        exc.message = exc.message.replace(pre, "")
+        exc.args = (exc.message,)
+        exc.details = {k: (v.replace(pre, "") if isinstance(v, str) else v) for k, v in exc.details.items()}
+        return exc
+
+    def _allow(self, row: Op) -> None:
+        """A row's admin and scope, checked on this token."""
+        if row.admin:
+            raise Forbidden(f"{row.name.replace('_', ' ')} is for the server's administrator "
+                            "(a token with the admin scope)", scope="admin")
+        if row.scope is not None:
+            self._need(row.scope)
+
+    def _call_row(self, row: Op, args: dict, target=None):
+        """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
+        on `target`: the engine (None) or its operations."""
+        shown = dict(args)                                  # what the audit records: the tenant's names
+        for a in row.images:
+            if args.get(a) is not None:
+                args[a] = shown[a] = self._see(args[a])
+        for a, own in self._OWN_ARGS.items():
+            if a in args and not (a == "digest" and row.name in KEEPS):
+                args[a] = own(self, args[a])
+        if "sid" in args:
+            shown["sid"] = args["sid"]
+        if row.name in REFS:
+            args["name"] = self._ref_name(REFS[row.name], args["name"])
+        tag = args.get("tag")
+        if tag is not None:                     # the engine makes it untagged; the tenant's tag names it
+            check_tag(tag)
+            args["tag"] = None
+        if row.scope == "run":
+            args = capped(self.tenant.limits, self.engine.default_limits, args, set(args))
+        try:
+            query = LINEAGE.get(row.name)
+            if query is not None:
+                answer = query(self.engine.store, args, self._visibility())
+            elif row.caller:                    # the tenancy answers, and records, with the caller
+                answer = call(self.tenancy, row, {**args, "by": self.tenant})
+            else:
+                answer = call(self.engine if target is None else target, row, dict(args))
+        except SandtreeError as exc:
+            raise self._plain(exc) from None
+        if row.name in KEEPS:
+            self._keep_blob(KEEPS[row.name], answer)
+        if isinstance(answer, RunRecord):               # an exec's operation is the tenant's
+            self._claim(answer.op)
+        rec = auditing.entry(row, shown, answer)
+        if row.name in MAKES and rec["result"]:
+            self._own(rec["result"])
+            rec["op"] = self._claim_op(MAKES[row.name], rec["result"]) or rec["op"]
+            if tag is not None:
+                self._write_tag(tag, rec["result"], row.audit)
+        if row.audit is not None and not row.caller:
+            self._audit(row.audit, **rec)
+        return answer
+
+    def _own_file_set(self, set_id):
+        return set_id if set_id is None else self._own_blob("file_set", set_id)
+
+    def _own_files(self, files):
+        self._check_files(files)
+        return files
+
+    def _own_upload(self, digest):
+        return self._own_blob("upload", digest)
+
+    def _own_set(self, set_id):
+        return self._own_blob("file_set", set_id)
+
+    # Arguments that name something a tenant owns, by parameter name: what the engine is given
+    # instead (NotFound, as for a thing that does not exist, when it is another's).
+    _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": _own_set,
+                 "op": _own_op, "files": _own_files, "file_set": _own_file_set}

@@ -1,0 +1,281 @@
+"""TenantView: the engine as one tenant sees it, the operation table's method set.
+
+Every method comes from the table (derive.py): scope, admin-only, image visibility, ownership of
+sandboxes, uploads, file sets and operations, namespaced ref names, lineage through the tenant's
+filter and the audit are the row's and the generic call's. Written here by hand are only the
+methods whose tenant rule the table cannot say; each names its rule in a comment.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from .. import table
+from ..branching import lineage
+from ..engine.branching import check_on_conflict, conflict_outcome
+from ..engine.runs import fan_out, refuse_fork_options
+from ..errors import Conflict, Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
+from ..store import refs, registry
+from ..store.db import Database
+from ..store.names import check_tag
+from ..store.objects import EMPTY_TREE_HASH
+from ..store.store import HEX_RE
+from . import auditing
+from .derive import install
+from .limits import capped, check_slots
+from .operations import TenantOperations
+from .sight import TenantSight
+from .tenant import DEFAULT_MAX_SANDBOXES, OWNED, VISIBLE, check_public_registry
+
+
+class TenantView(TenantSight):
+    """The engine as one tenant sees it: the method set of engine.Engine (and remote.RemoteEngine)."""
+
+    def __init__(self, tenancy, tenant):
+        super().__init__(tenancy, tenant)
+        self._ops = TenantOperations(self)
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    @property
+    def home(self) -> str:
+        return self.engine.home
+
+    @property
+    def default_limits(self):
+        return self.engine.default_limits
+
+    @property
+    def operations(self):
+        return self._ops
+
+    def close(self) -> None:
+        pass                                # the engine is the server's, not this view's
+
+    def _target(self, ref) -> str:
+        """What the engine is given for a run: this tenant's branch by its stored name (the run
+        advances it), else a visible image ID."""
+        branch = self._branch_of(ref)
+        if branch is not None:
+            self._head(branch)
+            return "branch:" + self._ns(branch)
+        return self.resolve(ref)
+
+    def _run_options(self, options: dict, keys=None) -> dict:
+        """Uploads and file sets must be this tenant's; resources within its limits."""
+        if "op_id" in options:
+            raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
+        opts = dict(options)
+        self._check_files(opts.get("files"))
+        if opts.get("file_set") is not None:
+            self._own_blob("file_set", opts["file_set"])
+        return capped(self.tenant.limits, self.engine.default_limits, opts, keys)
+
+    def _audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
+        self._audit("run", image=source, op=op,
+                    detail={"command": auditing.masked(command, env), **({"branch": branch} if branch else {})})
+
+    # ---- names: a tenant's tags and branches are its own (stored as <tenant>~<name>) ----------
+    def resolve(self, ref: str) -> str:             # rule: only visible images, own names, public tags
+        if not isinstance(ref, str) or not ref:
+            raise InvalidInput("an image reference must be a non-empty string")
+        branch = self._branch_of(ref)
+        if branch is not None:
+            return self._head(branch)
+        if len(ref) == 64 and HEX_RE.match(ref) and self._visible(ref):
+            return ref
+        image = self._tag_image(ref.removeprefix("tag:"))
+        if image is not None:
+            return image
+        if HEX_RE.match(ref):
+            rows = self.db.query(f"SELECT id FROM images WHERE id >= :p AND id < :q AND {VISIBLE} LIMIT 2",
+                                 {**self._p, "p": ref, "q": ref + "g"})
+            if len(rows) == 1:
+                return rows[0][0]
+            if len(rows) > 1:
+                raise InvalidInput(f"image prefix {ref!r} is ambiguous")
+        raise ImageNotFound(f"no image or tag {ref!r}", image=ref)
+
+    def images(self) -> list[dict]:                 # rule: visible images, with the names it sees
+        names = self._names()
+        return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": names.get(r[0], [])}
+                for r in self.db.query(f"SELECT id, created, size, files FROM images WHERE {VISIBLE} "
+                                       "ORDER BY created", self._p)]
+
+    def tags(self, image: str | None = None) -> dict[str, str]:     # rule: the tags it sees
+        vis = self._visible_set()
+        out = {}
+        for img, names in self._names().items():
+            if img in vis and (image is None or img == image):
+                for n in names:
+                    out.setdefault(n, img)
+        return dict(sorted(out.items()))
+
+    def tag(self, image: str, name: str) -> None:   # rule: a new tag is written in its namespace
+        check_tag(name)
+        self._see(image)
+        self._write_tag(name, image, "tag")
+        self._audit("tag", image=image, detail={"tag": name})
+
+    def image_info(self, image: str) -> dict:       # rule: its names, its visible parents
+        self._see(image)
+        row = self.engine.store.image(image)
+        return {"id": image, "tags": self._names().get(image, []), "size": row.size, "files": row.files,
+                "created": row.created, "parents": [p["parent"] for p in self.parents(image)]}
+
+    def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
+        refs._check(name)
+        self._see(image)
+        with self.db.tx() as con:
+            row = con.execute("SELECT image FROM refs WHERE kind='branch' AND name=?", (self._ns(name),)).fetchone()
+            if row is not None and not force:
+                raise Conflict(f"branch {name!r} exists (at {row[0][:12]})", branch=name, image=row[0])
+            Database.record_ref(con, "branch", self._ns(name), row[0] if row else None, image, "create")
+        self._audit("branch create", image=image, detail={"branch": name})
+
+    def branches(self) -> dict[str, str]:           # rule: only its own branches
+        return self._branch_names()
+
+    def rollback(self, name: str, *, to: str | None = None, steps: int | None = None) -> str:
+        # rule: back only to an ancestor it can see (a walk through hidden images would tell of them)
+        cur = self._head(name)
+        if to is not None:
+            self._see(to)
+        visible = self._visibility()
+        try:
+            target = refs.rollback_target(self.engine.store, self._ns(name), steps=steps, to=to,
+                                          is_ancestor=lambda a, b: a in lineage.ancestors(
+                                              self.engine.store, b, visible))
+            refs.advance(self.engine.store, self._ns(name), cur, target, "rollback")
+        except SandtreeError as exc:
+            raise self._plain(exc) from None
+        self._audit("rollback", image=cur, result=target, detail={"branch": name})
+        return target
+
+    # ---- sharing ------------------------------------------------------------------------------
+    # ---- the caller ---------------------------------------------------------------------------
+    # ---- imports and uploads ------------------------------------------------------------------
+    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
+        # rule: a tenant's pull reaches public registries only, never with the operator's credentials
+        ref = self._check_pull(reference, tag)
+        image = self.engine.pull_operation(reference, tag=None, insecure=insecure, progress=progress,
+                                 check_host=check_public_registry)         # redirects and realms too
+        return self._imported("pull", image, tag, {"reference": str(ref)})
+
+    def _check_pull(self, reference: str, tag: str | None, credentials=None):
+        """The parsed reference of a pull this tenant may make: to a public registry, with no
+        credentials (registry credentials are stored server-wide: the operator's, not a tenant's
+        to set or use)."""
+        if tag is not None:
+            check_tag(tag)
+        ref = registry.parse(reference)
+        check_public_registry(ref.registry)
+        if credentials is not None or self.db.one("SELECT 1 FROM registry_auth WHERE registry=?", (ref.registry,)):
+            raise Forbidden(f"pulling from {ref.registry} uses stored or given credentials: admin only",
+                            scope="admin")
+        return ref
+
+    def _imported(self, kind: str, image: str, tag: str | None, detail: dict) -> str:
+        self._own(image)
+        op = self._claim_op(kind, image)
+        if tag is not None:
+            self._write_tag(tag, image, kind)
+        self._audit(kind, result=image, op=op, detail={**detail, **({"tag": tag} if tag else {})})
+        return image
+
+    def find_upload(self, prefix: str) -> str:      # rule: a prefix matches only its own uploads
+        """This tenant's upload by a unique prefix (another tenant's answers as absent)."""
+        if not isinstance(prefix, str) or not re.fullmatch(r"[0-9a-f]{32,64}", prefix):
+            raise InvalidInput(f"an upload prefix is 32 to 64 hex digits, not {prefix!r}")
+        rows = self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload' AND id >= ? AND id < ? "
+                             "LIMIT 2", (self.tenant.name, prefix, prefix + "g"))
+        if not rows:
+            raise NotFound(f"no uploaded file {prefix!r}")
+        if len(rows) > 1:
+            raise InvalidInput(f"upload prefix {prefix!r} is ambiguous")
+        return rows[0][0]
+
+    # ---- runs and sandboxes -------------------------------------------------------------------
+    def run(self, ref: str, command, **options):    # rule: run slots (max_runs), its branch advances
+        opts = self._run_options(options)
+        target = self._target(ref)
+        branch = self._branch_of(ref)
+        source = self._head(branch) if branch is not None else target
+        op = uuid.uuid4().hex
+        with self.tenancy.tenant_lock(self.tenant.name):
+            check_slots(self.tenancy, self.tenant)
+            self.tenancy.sync_run(self.tenant.name, +1)
+        try:
+            self._claim(op)
+            self._audit_run(source, command, op, opts.get("env"), branch)
+            try:
+                return self.engine.run_operation(target, command, op_id=op, **opts)
+            except SandtreeError as exc:
+                raise self._plain(exc) from None
+        finally:
+            self.tenancy.sync_run(self.tenant.name, -1)
+
+    def fork(self, ref: str, commands, *, parallel: int | None = None, **options):
+        # rule: the fan-out is the engine's, its runs go through this tenant's operations (slots,
+        # claims, audit, branch names), each checked first within the tenant's limits
+        refuse_fork_options(options)
+        source = self.resolve(ref)
+        opts = self._run_options(options)
+        return fan_out(self.operations, commands, parallel,
+                       check=lambda c: self.engine.run_operation(source, c, check_only=True, **opts),
+                       submit=lambda c: self.operations.submit_run(source, c, **options))
+
+    def sandbox_start(self, ref: str, **options) -> dict:     # rule: max_sandboxes; the sandbox is its own
+        opts = self._run_options(options)
+        source = self.resolve(ref)
+        cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
+        with self.tenancy.tenant_lock(self.tenant.name):
+            if len(self.sandbox_list()) >= cap:
+                raise LimitExceeded(f"this tenant already has {cap} live sandbox(es) (max_sandboxes {cap}); "
+                                    "stop one", limit="max_sandboxes", max=cap)
+            info = self.engine.sandbox_start(source, **opts)
+            self._keep_blob("sandbox", info["id"])
+        self._audit("sandbox start", image=source, detail={"sandbox": info["id"]})
+        return info
+
+    def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
+        # rule: naming the commit takes the tag scope too; the image and its tag are the tenant's
+        full = self._sandbox(sid)
+        if tag is not None:
+            self._need("tag")
+        image = self.engine.sandbox_commit(full)
+        self._claim_op("commit", image)
+        self._own(image)
+        if tag is not None:
+            self.tag(image, tag)
+        self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
+        return image
+
+    def sandbox_list(self, *, all: bool = False) -> list[dict]:      # rule: only its own sandboxes
+        mine = {r[0] for r in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox'",
+                                            (self.tenant.name,))}
+        return [s for s in self.engine.sandbox_list(all=all) if s["id"] in mine]
+
+    def pool_list(self) -> list[dict]:              # rule: pools are the operator's (any tenant's runs use them)
+        return []
+
+    def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
+              ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
+        # rule: only this tenant's lineage may choose the base; the merged image is its own
+        check_on_conflict(on_conflict)
+        self._see(ours), self._see(theirs)
+        if base is None:
+            base = self.common_ancestor(ours, theirs) or EMPTY_TREE_HASH
+        elif base != EMPTY_TREE_HASH:
+            self._see(base)
+        res = self.engine.merge(base, ours, theirs, strategy=strategy, ignore=ignore, on_conflict="return")
+        op = None
+        if res.get("image"):
+            self._own(res["image"])
+            op = self._claim_op("merge", res["image"])
+        self._audit("merge", image=ours, result=res.get("image"), op=op,
+                    detail={"theirs": theirs, "base": base, "strategy": strategy, "conflicts": len(res["conflicts"])})
+        return conflict_outcome(res, on_conflict)          # audited first: a refused merge is recorded too
+
+
+install(TenantView, table.ENGINE_OPS)
