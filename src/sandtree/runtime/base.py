@@ -1,5 +1,10 @@
 """The runtime interface: what an isolation tier must do, and the values crossing it.
 
+Runtime is what every tier implements (available, validate_spec, run, close, live); LiveTier
+what a tier's live sandboxes implement (Runtime.live() returns it, or raises RuntimeUnavailable
+for a tier without them). Both are abstract base classes: a tier missing a method fails at
+construction. tests/test_runtime_interface.py runs one suite against every tier.
+
 A tier takes a RunSpec (the image's layers, the command, inputs and limits) and returns a
 RunOutcome whose `changes` is the directory of the run's writes in overlay form (upper dir:
 whiteouts, opaque markers, host-shifted ids), open until the outcome is closed. Commit
@@ -185,6 +190,11 @@ class LiveTier(abc.ABC):
         """Start spec.argv inside the sandbox and return (process, report fd, report so far)."""
 
     @abc.abstractmethod
+    def returncode(self, report: bytes, fallback: int | None) -> int | None:
+        """Popen's returncode of a command popen started, from what it reported: 127 (126) if it
+        could not be executed, -N for signal N, else its exit status (fallback: none reported)."""
+
+    @abc.abstractmethod
     def enter_ahead(self, h):
         """A process that has joined the sandbox and waits for its command (a faster exec)."""
 
@@ -215,6 +225,15 @@ class LiveTier(abc.ABC):
     @abc.abstractmethod
     def memory(self, h) -> int | None:
         """Bytes of memory the sandbox uses now (None: not measured)."""
+
+    @abc.abstractmethod
+    def stats(self, h) -> dict | None:
+        """The sandbox's resource counters as a run reports them (oom_killed, memory_peak,
+        cpu_usage_ns); None: not measured (no cgroups)."""
+
+    @abc.abstractmethod
+    def lingering(self, h) -> bool:
+        """Whether processes besides the sandbox's own pid 1 run in it (a command left one)."""
 
     @abc.abstractmethod
     def hibernate_available(self) -> tuple[bool, str]:

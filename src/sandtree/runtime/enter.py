@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import CommandNotFound, InvalidInput, NotFound, SandboxError
 from . import seccomp
 from .base import RunOutcome, RunSpec
-from .pump import pump
+from .pump import parse_report, pump
 from .validate import validate_spec
 
 # After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
@@ -101,6 +101,15 @@ class Commands:
             ahead.discard()
             raise
         return ahead.proc, ahead.rep_r, ahead.raw
+
+    @staticmethod
+    def returncode(report: bytes, fallback: int | None) -> int | None:
+        rep = parse_report(report)
+        if "execfail" in rep:
+            return 127 if rep["execfail"][1] == "exec" else 126
+        if "signal" in rep:
+            return -rep["signal"]
+        return rep.get("exit", fallback)
 
     @staticmethod
     def signal_command(proc: subprocess.Popen, sig: int) -> None:

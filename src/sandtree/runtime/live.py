@@ -241,6 +241,14 @@ class LiveRuntime(Commands, LiveTier):
         cg = h.cg()
         return cg.memory_current() if cg else None
 
+    def stats(self, h: LiveHandle) -> dict | None:
+        cg = h.cg()
+        return cg.stats() if cg else None
+
+    def lingering(self, h: LiveHandle) -> bool:
+        cg = h.cg()
+        return cg is not None and bool(cg.pids() - {h.init_pid, h.helper_pid})
+
     def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
         cg = h.cg()
