@@ -197,19 +197,21 @@ def cycles(mods: dict[str, Module]) -> list[str]:
 
 
 def _own_private_names(tree: ast.AST) -> set[str]:
-    """`_x` names this module defines: functions, classes, methods, attributes it assigns."""
+    """`_x` names this module defines: functions, classes, methods, fields, attributes it assigns
+    on self/cls. Setting `_x` on another object (`out._x = ...`) or passing it as a keyword
+    (`f(_x=...)`) reaches into that object's class as much as reading it does."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+            names.add(node.attr)         # self._x = ...: an attribute of this module's own classes
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)    # a dataclass field
         elif isinstance(node, ast.arg):
             names.add(node.arg)
-        elif isinstance(node, ast.keyword) and node.arg:
-            names.add(node.arg)          # dataclass(field=...) / constructor keywords of its own classes
     return {n for n in names if _private(n)}
 
 
@@ -237,6 +239,10 @@ def private_uses(mods: dict[str, Module]) -> list[str]:
             if isinstance(node, ast.Attribute) and _private(node.attr) and not _is_self(node.value) \
                     and node.attr not in own and node.attr not in STDLIB_UNDERSCORE:
                 out.append(f"{mod.name}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Call):
+                for k in node.keywords:
+                    if k.arg and _private(k.arg) and k.arg not in own:
+                        out.append(f"{mod.name}:{node.lineno}: {ast.unparse(node.func)}({k.arg}=...)")
     return out
 
 
@@ -481,9 +487,13 @@ def test_selftest_private_uses(tmp_path):
                                class B:
                                    def __init__(self):
                                        self._own = 1
+                               def g(out, close):
+                                   out._close = close
+                                   return A(_secret=1), B(_own=2)
                                """})
     found = private_uses(mods)
-    assert sorted(found) == ["pkg.b:1: imports _hidden from pkg.a", "pkg.b:6: eng._m"], found
+    assert sorted(found, key=_where) == ["pkg.b:1: imports _hidden from pkg.a", "pkg.b:6: eng._m",
+                                         "pkg.b:11: out._close", "pkg.b:12: A(_secret=...)"], found
 
 
 def test_selftest_env_reads(tmp_path):

@@ -100,6 +100,11 @@ class RunOutcome:
     disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
     _close: Callable[[], None] | None = None
 
+    def closing(self, release: Callable[[], None]) -> "RunOutcome":
+        """Have close() call `release` (what frees `changes`: the scratch fd, a pooled sandbox)."""
+        self._close = release
+        return self
+
     def close(self) -> None:
         if self._close:
             self._close()

@@ -25,7 +25,7 @@ from ..errors import NotFound, RuntimeUnavailable, SandboxError
 from . import criu, seccomp
 from .base import LiveTier, RunSpec
 from .build import drain_path, init_path
-from .enter import RELAY_GRACE, Commands, Entered
+from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
 from .procid import proc_namespace, signal_member, start_time
@@ -33,7 +33,7 @@ from .pump import parse_report
 from .validate import validate_spec
 
 # Names the engine and the tests import from here (defined in enter.py, liveproc.py, procid.py).
-COMPAT_NAMES = (RELAY_GRACE, Entered, start_time)
+from .enter import RELAY_GRACE, Entered  # noqa: F401
 
 
 class LiveRuntime(Commands, LiveTier):
@@ -349,7 +349,6 @@ class LiveRuntime(Commands, LiveTier):
                                f"{criu.log_tail(images, 'dump.log') or criu.log_tail(images, 'criu.out')}",
                                step="criu-dump")
         self.stop(h)                                 # what is left: the helper, the cgroup
-
 
 
 class _Detached:

@@ -40,13 +40,13 @@ from .cgroups import Cgroups
 from .live import LiveRuntime
 from .pump import parse_report, pump
 from .reaper import reaper
-from .validate import MAX_ENV_BYTES, check_files_fit, disk_inodes, validate_spec
+from .validate import disk_inodes, validate_spec
 from .warm import WarmPool
 
 # Old import names (the engine's, until it takes them from validate.py, pump.py and Runtime):
 # re-exported here, not defined twice.
+from .validate import MAX_ENV_BYTES, check_files_fit  # noqa: F401
 _parse_report = parse_report
-COMPAT_NAMES = (MAX_ENV_BYTES, check_files_fit, validate_spec)
 
 # Docker's default capability set (numbers from linux/capability.h).
 KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6,
@@ -270,7 +270,7 @@ class NamespaceRuntime(Runtime):
                           stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
                           oom_killed=oom, usage=usage, cancelled=out["cancelled"],
                           changes=None if scratch_fd is None else
-                          f"/proc/self/fd/{scratch_fd}/u", disk_limit=lim.disk, _close=close)
+                          f"/proc/self/fd/{scratch_fd}/u", disk_limit=lim.disk).closing(close)
 
     # ---- pieces ------------------------------------------------------------------------------
     def _exit_status(self, proc, report: dict, out: dict) -> tuple[int | None, int | None]:
