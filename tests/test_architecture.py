@@ -16,7 +16,9 @@ The rules (issue 13, "Deliver" 3-5):
      package; the remote client loads no runtime and at most 6 sandtree modules;
   f. no module over 500 lines;
   g. at most 10 imports inside functions, each with a comment (its line or the line above) saying
-     why it is not at the top.
+     why it is not at the top;
+  h. a module imports only from its own layer or below (working rules: errors/config/table ->
+     store -> branching -> runtime -> engine -> tenancy -> adapters), and every module is in one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ MAX_LINES = 500
 MAX_INNER_IMPORTS = 10
 REMOTE_MAX_MODULES = 6
 CONFIG_MODULES = ("config",)
+# Layers, bottom first; the package itself (sandtree/__init__.py: the SDK's names) and __main__
+# sit on top of everything.
+LAYERS = [("errors", "config", "table", "defaults"), ("store",), ("branching",), ("runtime",), ("engine",),
+          ("tenancy",), ADAPTERS, ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).
 STDLIB_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make", "_field_defaults", "_getframe"}
 ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
@@ -392,6 +398,28 @@ def _where(line: str):
     return (mod, int(num) if num.isdigit() else 0, line)
 
 
+def layer_of(name: str, pkg: str = PKG) -> int | None:
+    parts = name.split(".")
+    if parts == [pkg]:
+        return len(LAYERS) - 1
+    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), None)
+
+
+def upward_imports(mods: dict[str, Module], pkg: str = PKG) -> list[str]:
+    out = []
+    for mod in mods.values():
+        mine = layer_of(mod.name, pkg)
+        if mine is None:
+            out.append(f"{mod.name}: in no layer (add it to LAYERS)")
+            continue
+        for imp in imports(mods, mod):
+            for t in imp.targets:
+                theirs = layer_of(t, pkg)
+                if theirs is not None and theirs > mine:
+                    out.append(f"{mod.name}:{imp.lineno}: imports {t} (a layer above)")
+    return out
+
+
 def _listing(title: str, offenders: list[str]) -> str:
     return f"{title} ({len(offenders)}):\n  " + "\n  ".join(sorted(offenders, key=_where))
 
@@ -437,6 +465,11 @@ def test_rule_g_few_imports_inside_functions_each_said_why():
     listed = [f"{w}{'   <- no comment saying why' if w in bare else ''}" for w in every]
     assert len(every) <= MAX_INNER_IMPORTS and not bare, \
         _listing(f"imports inside functions (at most {MAX_INNER_IMPORTS}, each commented)", listed)
+
+
+def test_rule_h_imports_go_down_the_layers():
+    found = upward_imports(MODS)
+    assert not found, _listing("imports from a layer above", found)
 
 
 # ---- self-tests: each checker on a tiny tree with one planted violation -----------------------
@@ -565,3 +598,10 @@ def test_selftest_inner_imports(tmp_path):
     every, bare = inner_imports(mods)
     assert len(every) == 4, every
     assert [b.split(":")[1] for b in bare] == ["3", "8"], bare
+
+
+def test_selftest_upward_imports(tmp_path):
+    mods = tree(tmp_path, {"errors.py": "", "store/x.py": "from ..errors import E\nfrom ..runtime import y\n",
+                           "runtime/y.py": "from ..store import x\n", "stray.py": ""})
+    assert sorted(upward_imports(mods, pkg="pkg")) == ["pkg.store.x:2: imports pkg.runtime.y (a layer above)",
+                                                       "pkg.stray: in no layer (add it to LAYERS)"]
