@@ -61,7 +61,10 @@ def pump(proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray
                 cancelled = True
                 kill()
                 deadline = float("inf")
-            for key, ev in sel.select(min(left, poll)):
+            # The report first: the helper writes the sandbox's pid before the command can write a
+            # byte, so a kill for output seen in the same round knows the pid (without it, kill
+            # falls back to the helper itself, and the outcome has no exit status or signal).
+            for key, ev in sorted(sel.select(min(left, poll)), key=lambda kv: kv[0].fd != rep_r):
                 fd = key.fd
                 if ev & selectors.EVENT_WRITE:
                     try:
