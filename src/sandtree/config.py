@@ -1,4 +1,5 @@
-"""Where settings come from: the only place (with the CLI) that reads the environment."""
+"""Where settings come from: the only module that reads the environment (tests/test_architecture.py
+holds every other module to that), so what a deployment can set is listed here."""
 
 from __future__ import annotations
 
@@ -11,3 +12,14 @@ def default_home() -> str:
         return home
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "sandtree")
+
+
+def criu_binary() -> str | None:
+    """SANDTREE_CRIU: a CRIU binary to use instead of the installed one (runtime/criu.py)."""
+    return os.environ.get("SANDTREE_CRIU") or None
+
+
+def inherited_environment() -> dict[str, str]:
+    """The environment a host tool the engine runs for itself gets (the C compiler building the
+    helpers: its PATH, its locale); never a sandbox's, which starts from the run's env only."""
+    return dict(os.environ)

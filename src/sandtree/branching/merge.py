@@ -28,7 +28,7 @@ import merge3
 
 from ..errors import InvalidInput
 from ..store.inspect import text_lines
-from ..store.objects import DIR, FILE, Entry, tree_hash_and_data
+from ..store.objects import DIR, EMPTY_TREE_HASH, FILE, Entry, decode_tree, tree_hash_and_data
 from ..store.store import Store
 from ..defaults import MERGE_IGNORE
 
@@ -196,7 +196,6 @@ class _Merger:
         return self.conflict(path, kind, o, t)
 
     def store_or_new(self, h: str | None) -> dict[str, Entry]:
-        from ..store.objects import EMPTY_TREE_HASH, decode_tree
         if h is None or h == EMPTY_TREE_HASH:
             return {}
         return decode_tree(self.trees[h]) if h in self.trees else self.store.tree(h)

@@ -1,16 +1,23 @@
 """The runtime interface: what an isolation tier must do, and the values crossing it.
 
+Runtime is what every tier implements (available, validate_spec, run, close, live); LiveTier
+what a tier's live sandboxes implement (Runtime.live() returns it, or raises RuntimeUnavailable
+for a tier without them). Both are abstract base classes: a tier missing a method fails at
+construction. tests/test_runtime_interface.py runs one suite against every tier.
+
 A tier takes a RunSpec (the image's layers, the command, inputs and limits) and returns a
 RunOutcome whose `changes` is the directory of the run's writes in overlay form (upper dir:
 whiteouts, opaque markers, host-shifted ids), open until the outcome is closed. Commit
-(sandtree/commit.py) turns that directory into an image; callers never learn which tier ran.
+(engine/commit.py) turns that directory into an image; callers never learn which tier ran.
 """
 
 from __future__ import annotations
 
+import abc
+import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..defaults import Limits  # noqa: F401 - the limits a RunSpec carries (defined with the defaults)
 
@@ -46,7 +53,6 @@ class InjectedFile:
 
     @property
     def size(self) -> int:
-        import os
         return os.stat(self.source).st_size if self.source is not None else len(self.content)
 
 
@@ -85,6 +91,11 @@ class RunOutcome:
     disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
     _close: Callable[[], None] | None = None
 
+    def closing(self, release: Callable[[], None]) -> "RunOutcome":
+        """Have close() call `release` (what frees `changes`: the scratch fd, a pooled sandbox)."""
+        self._close = release
+        return self
+
     def close(self) -> None:
         if self._close:
             self._close()
@@ -98,12 +109,137 @@ class RunOutcome:
         self.close()
 
 
-class Runtime(Protocol):
-    name: str
+class Runtime(abc.ABC):
+    """An isolation tier. Every method is abstract: a tier that lacks one cannot be constructed
+    (TypeError), nor can one without a name. The engine holds tiers only through this interface."""
 
+    name: str = ""                   # the tier's name in RunSpec records and the `tier` option
+
+    def __new__(cls, *args, **kwargs):
+        if not cls.name:
+            raise TypeError(f"{cls.__name__} is a runtime tier without a name")
+        return super().__new__(cls)
+
+    @abc.abstractmethod
     def available(self) -> tuple[bool, str]:
         """(can run here, why not)."""
 
+    @abc.abstractmethod
+    def validate_spec(self, spec: RunSpec) -> None:
+        """Raise InvalidInput (TooLarge for files past the disk) for a spec this tier would refuse,
+        before anything starts; the engine asks before it records a run."""
+
+    @abc.abstractmethod
     def run(self, spec: RunSpec) -> RunOutcome:
         """Run to completion (or timeout). Raises SandboxError when the sandbox cannot start and
         CommandNotFound when the command does not exist; a failing command is an outcome."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop what the tier keeps between runs (started helpers, reaper threads). Idempotent;
+        runs already returned stay valid until their outcomes are closed."""
+
+    @abc.abstractmethod
+    def live(self) -> "LiveTier":
+        """The tier's live sandboxes, or RuntimeUnavailable (with the reason) for a tier that has
+        none. Whether this host can start them is the LiveTier's available()."""
+
+
+class LiveTier(abc.ABC):
+    """Live sandboxes of a tier: started once, entered by any number of commands, frozen,
+    committed, hibernated, stopped. A handle (the tier's own type, stored by the engine as its
+    to_dict()) names one across engine processes; handle() turns the stored form back."""
+
+    @abc.abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """(can start live sandboxes here, why not)."""
+
+    @abc.abstractmethod
+    def handle(self, stored: dict):
+        """The handle whose to_dict() was `stored`."""
+
+    @abc.abstractmethod
+    def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True, restore: str | None = None):
+        """Start a sandbox on spec's image, limits, env and files; return its handle. detach: it
+        outlives this process. restore: a checkpoint dir (see hibernate) to bring back instead."""
+
+    @abc.abstractmethod
+    def stop(self, h, wait: float = 5.0) -> None:
+        """Kill every process of the sandbox and free what it holds."""
+
+    @abc.abstractmethod
+    def alive(self, h) -> bool:
+        """Still running, and still the sandbox the handle named (not a reused pid)."""
+
+    @abc.abstractmethod
+    def foreign(self, h) -> bool:
+        """Started where this engine cannot judge it (another pid namespace): neither entered
+        nor declared gone."""
+
+    @abc.abstractmethod
+    def exec(self, h, spec: RunSpec, ahead=None) -> RunOutcome:
+        """Run spec.argv inside the sandbox to its exit (output, status, timeout, cancel)."""
+
+    @abc.abstractmethod
+    def popen(self, h, spec: RunSpec, *, stdin=None, stdout=None, stderr=None, pty: bool = False,
+              ahead=None):
+        """Start spec.argv inside the sandbox and return (process, report fd, report so far)."""
+
+    @abc.abstractmethod
+    def returncode(self, report: bytes, fallback: int | None) -> int | None:
+        """Popen's returncode of a command popen started, from what it reported: 127 (126) if it
+        could not be executed, -N for signal N, else its exit status (fallback: none reported)."""
+
+    @abc.abstractmethod
+    def enter_ahead(self, h):
+        """A process that has joined the sandbox and waits for its command (a faster exec)."""
+
+    @abc.abstractmethod
+    def signal_command(self, proc, sig: int) -> None:
+        """Signal a command started by popen (its whole process group)."""
+
+    @abc.abstractmethod
+    def scratch(self, h) -> int:
+        """An fd of the sandbox's scratch dir (its changes so far are `u` in it); caller closes."""
+
+    @abc.abstractmethod
+    def root(self, h) -> int:
+        """An O_PATH fd of the sandbox's root as its processes see it; caller closes."""
+
+    @abc.abstractmethod
+    def own_mounts(self, h) -> set[int]:
+        """Mount ids of the sandbox's own filesystems (for confined file access: openat2.py)."""
+
+    @abc.abstractmethod
+    def freeze(self, h, frozen: bool = True) -> bool:
+        """Freeze (thaw) every process of the sandbox; False if it cannot be frozen."""
+
+    @abc.abstractmethod
+    def frozen(self, h) -> bool:
+        """Whether the sandbox is frozen now."""
+
+    @abc.abstractmethod
+    def memory(self, h) -> int | None:
+        """Bytes of memory the sandbox uses now (None: not measured)."""
+
+    @abc.abstractmethod
+    def stats(self, h) -> dict | None:
+        """The sandbox's resource counters as a run reports them (oom_killed, memory_peak,
+        cpu_usage_ns); None: not measured (no cgroups)."""
+
+    @abc.abstractmethod
+    def lingering(self, h) -> bool:
+        """Whether processes besides the sandbox's own pid 1 run in it (a command left one)."""
+
+    @abc.abstractmethod
+    def hibernate_available(self) -> tuple[bool, str]:
+        """(can checkpoint sandboxes here, why not)."""
+
+    @abc.abstractmethod
+    def outsiders(self, h) -> list[int]:
+        """Processes of the sandbox a checkpoint cannot hold (busy execs): none, to hibernate."""
+
+    @abc.abstractmethod
+    def dump(self, h, images: str, ghost_limit: int) -> None:
+        """Checkpoint the sandbox's processes into `images`, then stop it (frozen and committed
+        by the caller first; on failure it runs on)."""

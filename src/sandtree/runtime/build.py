@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 
+from ..config import inherited_environment
 from ..errors import RuntimeUnavailable
 
 HERE = os.path.dirname(__file__)
@@ -58,7 +59,7 @@ def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
     # directory named after us: a build killed with us leaves only that, removed by the next.
     work = tempfile.mkdtemp(dir=cache_dir, prefix=f"{BUILD_PREFIX}{os.getpid()}-")
     tmp = os.path.join(work, name)
-    env = {**os.environ, "TMPDIR": work}
+    env = {**inherited_environment(), "TMPDIR": work}
     try:
         for i, flags in enumerate(flag_sets):
             r = subprocess.run(_contained([cc, *flags, "-o", tmp, source]), capture_output=True, env=env,

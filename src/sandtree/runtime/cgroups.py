@@ -27,7 +27,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from . import procid
+from . import devices, procid
 
 ROOT = "/sys/fs/cgroup"
 PARENT = "sandtree"
@@ -332,7 +332,6 @@ class Cgroups:
                     _write(os.path.join(d, "memory.swap.max"), "0") if os.path.exists(
                         os.path.join(d, "memory.swap.max")) else None
                     _write(os.path.join(d, "pids.max"), str(pids))
-                    from . import devices
                     devices.attach(d, DEVICES)
                     if cpus is not None:
                         _write(os.path.join(d, "cpu.max"), f"{max(1000, int(cpus * 100000))} 100000")

@@ -20,6 +20,7 @@ import shutil
 import struct
 import subprocess
 
+from ..config import criu_binary
 from ..errors import RuntimeUnavailable
 
 MIN_VERSION = (4, 2)
@@ -42,7 +43,7 @@ def find() -> tuple[str | None, str]:
 
 
 def _find() -> tuple[str | None, str]:
-    path = os.environ.get("SANDTREE_CRIU") or (DEFAULT if os.path.exists(DEFAULT) else shutil.which("criu"))
+    path = criu_binary() or (DEFAULT if os.path.exists(DEFAULT) else shutil.which("criu"))
     if not path:
         return None, "hibernate needs CRIU >= 4.2 (scripts/install-deps installs it in /opt/sandtree/criu)"
     try:

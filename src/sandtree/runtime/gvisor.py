@@ -20,8 +20,8 @@ import socket
 import subprocess
 
 from ..errors import CommandNotFound, InvalidInput, RuntimeUnavailable
-from .base import RunSpec
-from .namespaces import KEEP_CAPS, NamespaceRuntime, _Started
+from .base import LiveTier, RunSpec
+from .namespaces import KEEP_CAPS, NamespaceRuntime, Started
 
 CAP_NAMES = {0: "CAP_CHOWN", 1: "CAP_DAC_OVERRIDE", 3: "CAP_FOWNER", 4: "CAP_FSETID", 5: "CAP_KILL",
              6: "CAP_SETGID", 7: "CAP_SETUID", 8: "CAP_SETPCAP", 10: "CAP_NET_BIND_SERVICE",
@@ -45,6 +45,12 @@ class GVisorRuntime(NamespaceRuntime):
         if not self.cgroups.available:
             return False, "no writable cgroups: the gvisor tier's limits could not be enforced"
         return super().available()
+
+    def live(self) -> LiveTier:
+        """None yet: a live sandbox's pid 1 is sandtree-init entered through setns, and gVisor's
+        processes live in its Sentry, entered only through `runsc exec`."""
+        raise RuntimeUnavailable("the gvisor tier has no live sandboxes (yet): start them on the "
+                                 "namespaces tier", tier=self.name)
 
     def warm(self, size: int = 2) -> None:
         """runsc starts its own sandbox per run; there is nothing to start ahead here yet."""
@@ -82,7 +88,7 @@ class GVisorRuntime(NamespaceRuntime):
         }
         return json.dumps(config).encode()
 
-    def _start_cold(self, spec: RunSpec) -> _Started:
+    def _start_cold(self, spec: RunSpec) -> Started:
         runsc = runsc_path()
         if runsc is None:
             raise RuntimeUnavailable(self.available()[1])
@@ -91,7 +97,7 @@ class GVisorRuntime(NamespaceRuntime):
         rep_r, rep_w = os.pipe()
         args = [self.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
                 "--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
-        args += self._run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
+        args += self.run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
         config = self._oci_config(spec)
         inject = spec.prepare_changes
 
@@ -119,7 +125,7 @@ class GVisorRuntime(NamespaceRuntime):
         finally:
             theirs.close()
             os.close(rep_w)
-        return _Started(proc, ours, rep_r, cg, bytearray())
+        return Started(proc, ours, rep_r, cg, bytearray())
 
     @staticmethod
     def _kill_sandbox(proc, report_raw: bytearray, cg=None) -> None:

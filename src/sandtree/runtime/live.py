@@ -4,72 +4,42 @@ A live sandbox is the same sandbox a run gets (helper.c: user/mnt/pid/net/ipc/ut
 namespaces, overlay on a size-capped tmpfs upper, masked /proc, seccomp, cgroup limits), except
 that its pid 1 runs no command and its helper does not die with the engine: it is a process of
 its own (re-parented to init), bounded by its lifetime. Everything needed to find it again lives
-in a LiveHandle (stored by the engine), so any engine process - the CLI, a restarted server -
-can enter, freeze, commit or stop it.
+in a LiveHandle (liveproc.py, stored by the engine), so any engine process - the CLI, a
+restarted server - can enter, freeze, commit or stop it.
 
-Commands enter with `sandtree-exec --enter-fd PIDFD`: a pidfd of the sandbox's pid 1, opened
-and checked against the recorded start time here, so a recycled pid is never entered. The
-upper dir is read through /proc/<helper>/root/tmp/u: the helper's private mount namespace holds
-the tmpfs, for as long as the sandbox lives. Every /proc/PID file of the sandbox's processes is
-opened under a pidfd checked against the start time (_open_of).
-
-A command's stdout and stderr reach the engine through sandtree-drain (drain.c), a reader
-inside the sandbox: the exec returns at the command's exit with all it wrote, and a background
-job it left keeps a reader (its later output is discarded) instead of dying of SIGPIPE.
+The upper dir is read through /proc/<helper>/root/tmp/u: the helper's private mount namespace
+holds the tmpfs, for as long as the sandbox lives. Every /proc/PID file of the sandbox's
+processes is opened under a pidfd checked against the start time (liveproc.open_of). Commands
+inside it: enter.py. Here: start, state, stop, hibernate.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
 
-from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
-from . import seccomp
-from .base import RunOutcome, RunSpec
-from . import criu
+from ..errors import NotFound, RuntimeUnavailable, SandboxError
+from . import criu, seccomp
+from .base import LiveTier, RunSpec
 from .build import drain_path, init_path
-from .cgroups import RunCgroup
-from .namespaces import NamespaceRuntime, _parse_report, validate_spec
+from .enter import Commands
+from .liveproc import LiveHandle, kill_pid, open_of, parent_of
+from .openat2 import own_mounts
 from .procid import proc_namespace, signal_member, start_time
+from .pump import parse_report
+from .validate import validate_spec
+
+# Names the engine and the tests import from here (defined in enter.py, liveproc.py, procid.py).
+from .enter import RELAY_GRACE, Entered  # noqa: F401
 
 
-# After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
-# its output (microseconds normally; the drain runs as the sandbox's, so it is not trusted to).
-RELAY_GRACE = 2.0
-
-
-@dataclass
-class LiveHandle:
-    helper_pid: int
-    helper_start: int            # start times (clock ticks since boot): a pid is ours only if
-    init_pid: int                # its start time still matches
-    init_start: int
-    cgroup: dict | None          # {"version": ..., "dirs": {...}}
-    # the pid namespace these pids are numbered in (procid.proc_namespace; None: an older row,
-    # taken as ours). An engine in another pid namespace cannot judge them: see foreign().
-    ns: int | None = None
-    proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "proc"}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LiveHandle":
-        return cls(**d)
-
-    def cg(self) -> RunCgroup | None:
-        return RunCgroup(self.cgroup["version"], dict(self.cgroup["dirs"])) if self.cgroup else None
-
-
-class LiveRuntime:
+class LiveRuntime(Commands, LiveTier):
     """The live-sandbox half of the namespaces tier (it reuses its helper, options and pump)."""
 
-    def __init__(self, rt: NamespaceRuntime):
+    def __init__(self, rt):                    # rt: the NamespaceRuntime (or a tier built on it)
         self.rt = rt
         self._init: str | None = None
         self._drain: str | None = None
@@ -83,6 +53,9 @@ class LiveRuntime:
         if not hasattr(os, "pidfd_open"):
             return False, "live sandboxes need pidfd_open (Linux 5.3, Python 3.9)"
         return True, ""
+
+    def handle(self, stored: dict) -> LiveHandle:
+        return LiveHandle.from_dict(stored)
 
     def init(self) -> str:
         if self._init is None:
@@ -132,7 +105,7 @@ class LiveRuntime:
         rep_r, rep_w = os.pipe()
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1", *mode,
                 "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime)))]
-        args += rt._static_args() + rt._run_args(spec)
+        args += rt.static_args() + rt.run_args(spec)
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
         raw = bytearray()
@@ -154,7 +127,7 @@ class LiveRuntime:
             if detach:
                 proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)
-            scratch = rt._receive_scratch(ours, rep_r, raw, _Detached() if detach else proc, deadline)
+            scratch = rt.receive_scratch(ours, rep_r, raw, _Detached() if detach else proc, deadline)
             if scratch is not None and spec.prepare_changes:
                 spec.prepare_changes(f"/proc/self/fd/{scratch}/u")
                 ours.send(b"g")
@@ -163,7 +136,7 @@ class LiveRuntime:
                 if not chunk:
                     break
                 raw += chunk
-            report = _parse_report(raw)
+            report = parse_report(raw)
             if "setupfail" in report:
                 err, step = report["setupfail"]
                 if step == "criu-restore":
@@ -173,7 +146,7 @@ class LiveRuntime:
             if b"ready\n" not in raw or "pid" not in report:
                 raise SandboxError(f"live sandbox did not start: {bytes(raw).decode(errors='replace').strip()}")
             init_pid = report["pid"]
-            helper_pid = _parent_of(init_pid)
+            helper_pid = parent_of(init_pid)
             handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, init_pid, start_time(init_pid) or 0,
                                 {"version": cg.version, "dirs": cg.dirs} if cg else None, proc_namespace())
             if not handle.init_start or not handle.helper_start:
@@ -183,9 +156,9 @@ class LiveRuntime:
                 self._continue_restored(handle, cg, lim)
             return handle
         except BaseException:
-            rep = _parse_report(raw)
+            rep = parse_report(raw)
             if rep.get("pid"):
-                _kill_pid(rep["pid"], None)
+                kill_pid(rep["pid"], None)
             if not detach:
                 proc.kill()
                 proc.wait()
@@ -209,7 +182,7 @@ class LiveRuntime:
             except OSError as exc:
                 raise SandboxError(f"the restored sandbox does not fit its limits again: {exc}") from None
         if cg is None:
-            _kill_pid(h.init_pid, h.init_start, signal.SIGCONT)
+            kill_pid(h.init_pid, h.init_start, signal.SIGCONT)
             return
         group = next(iter(cg.dirs.values()))
         for pid in cg.pids() - {h.helper_pid}:
@@ -239,17 +212,16 @@ class LiveRuntime:
     def scratch(self, h: LiveHandle) -> int:
         """An fd of the sandbox's scratch dir: its upper (the changes so far) is `u` in it. The
         caller closes it."""
-        return _open_of(h.helper_pid, h.helper_start, "root/tmp", os.O_RDONLY | os.O_DIRECTORY)
+        return open_of(h.helper_pid, h.helper_start, "root/tmp", os.O_RDONLY | os.O_DIRECTORY)
 
     def root(self, h: LiveHandle) -> int:
         """An O_PATH fd of the sandbox's root as its processes see it (for confined file access)."""
-        return _open_of(h.init_pid, h.init_start, "root", os.O_PATH | os.O_DIRECTORY)
+        return open_of(h.init_pid, h.init_start, "root", os.O_PATH | os.O_DIRECTORY)
 
     def own_mounts(self, h: LiveHandle) -> set[int]:
         """Mount ids of the sandbox's own filesystems (overlay root, tmpfs mounts), from its mount
         table (the kernel's, not anything the sandbox wrote): see openat2.py."""
-        from .openat2 import own_mounts
-        fd = _open_of(h.init_pid, h.init_start, "mountinfo", os.O_RDONLY)
+        fd = open_of(h.init_pid, h.init_start, "mountinfo", os.O_RDONLY)
         with os.fdopen(fd, "r", encoding="utf-8", errors="surrogateescape") as f:
             return own_mounts(f.read())
 
@@ -268,6 +240,14 @@ class LiveRuntime:
     def memory(self, h: LiveHandle) -> int | None:
         cg = h.cg()
         return cg.memory_current() if cg else None
+
+    def stats(self, h: LiveHandle) -> dict | None:
+        cg = h.cg()
+        return cg.stats() if cg else None
+
+    def lingering(self, h: LiveHandle) -> bool:
+        cg = h.cg()
+        return cg is not None and bool(cg.pids() - {h.init_pid, h.helper_pid})
 
     def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
@@ -328,7 +308,7 @@ class LiveRuntime:
             p, seen = pid, 0
             while p not in (h.init_pid, 0, 1) and seen < 64:
                 try:
-                    p = _parent_of(p)
+                    p = parent_of(p)
                 except (OSError, ValueError):
                     p = 0
                 seen += 1
@@ -343,7 +323,7 @@ class LiveRuntime:
         if path is None:
             raise RuntimeUnavailable(why)
         cg = h.cg()
-        ns = _open_of(h.init_pid, h.init_start, "ns/user", os.O_RDONLY)
+        ns = open_of(h.init_pid, h.init_start, "ns/user", os.O_RDONLY)
         try:
             owner = criu.namespace_owner(ns)         # CRIU runs as it (criu.as_owner: why)
         finally:
@@ -370,155 +350,6 @@ class LiveRuntime:
                                step="criu-dump")
         self.stop(h)                                 # what is left: the helper, the cgroup
 
-    # ---- commands ------------------------------------------------------------------------------
-    def _spawn(self, h: LiveHandle, extra: list[str], env: dict, fds: tuple, stdin, stdout, stderr):
-        rt = self.rt
-        pfd = self.pidfd(h)
-        rep_r, rep_w = os.pipe()
-        # --drain: the command's output goes through a reader inside the sandbox (drain.c), so
-        # a background job it leaves keeps a reader after the exec returns
-        args = [rt.helper(), "--report", str(rep_w), "--enter-fd", str(pfd), "--drain", self.drain()] + \
-            rt._static_args()
-        cg = h.cg()
-        for f in (cg.procs_files if cg else []):
-            args += ["--cgroup", f]
-        try:
-            proc = subprocess.Popen(args + extra, env=env, close_fds=True,
-                                    pass_fds=(rep_w, pfd, seccomp.filter_fd()) + fds,
-                                    stdin=stdin, stdout=stdout, stderr=stderr)
-        except BaseException:
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(rep_w)
-            os.close(pfd)
-        return proc, rep_r
-
-    def enter_ahead(self, h: LiveHandle) -> "Entered":
-        """A helper that has joined the sandbox's cgroups and namespaces and waits for its command
-        (the slow part of an exec, done before it is asked for: see helper.c). Call from a
-        long-lived thread: it dies with the thread that started it."""
-        spec_r, spec_w = os.pipe()
-        try:
-            proc, rep_r = self._spawn(h, ["--spec-fd", str(spec_r)], {}, (spec_r,), subprocess.PIPE,
-                                      subprocess.PIPE, subprocess.PIPE)
-        except BaseException:
-            os.close(spec_w)
-            raise
-        finally:
-            os.close(spec_r)
-        e = Entered(proc, rep_r, spec_w, bytearray())
-        while b"ready\n" not in e.raw:
-            chunk = os.read(rep_r, 4096)
-            if not chunk:
-                e.discard()
-                raise SandboxError(f"entering the sandbox failed: {bytes(e.raw).decode(errors='replace').strip()}")
-            e.raw += chunk
-        return e
-
-    def popen(self, h: LiveHandle, spec: RunSpec, *, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE, pty: bool = False, ahead: "Entered | None" = None):
-        """Start spec.argv inside the sandbox. Returns the entering helper (signal it with
-        signal_command), the read end of its report pipe and what it reported so far. pty: stdin
-        is a terminal that becomes the command's controlling terminal. ahead: a helper from
-        enter_ahead (its pipes are the command's stdio)."""
-        validate_spec(spec)
-        words = ["--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid)]
-        if pty:
-            words += ["--pty", "1"]
-        if ahead is None:
-            proc, rep_r = self._spawn(h, words + ["--"] + spec.argv, spec.env, (), stdin, stdout, stderr)
-            return proc, rep_r, bytearray()
-        for k, v in spec.env.items():
-            words += ["--env", f"{k}={v}"]
-        data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words + ["--"] + spec.argv)
-        try:
-            with os.fdopen(ahead.spec_w, "wb") as f:
-                f.write(data)
-            ahead.spec_w = None
-            if stdin is subprocess.DEVNULL:
-                ahead.proc.stdin.close()
-                ahead.proc.stdin = None
-        except BaseException:
-            ahead.discard()
-            raise
-        return ahead.proc, ahead.rep_r, ahead.raw
-
-    @staticmethod
-    def signal_command(proc: subprocess.Popen, sig: int) -> None:
-        """Signal the command's whole process group (the entering helper forwards SIGRTMIN+n as n)."""
-        if not 1 <= sig <= 30:
-            raise InvalidInput(f"signal {sig} cannot be sent (1..30)")
-        if proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGRTMIN + sig)
-            except ProcessLookupError:
-                pass
-
-    def exec(self, h: LiveHandle, spec: RunSpec, ahead: "Entered | None" = None) -> RunOutcome:
-        """Run spec.argv inside the sandbox to its exit: output, exit status, timeout, cancel."""
-        started = time.monotonic()
-        proc, rep_r, raw = self.popen(h, spec, stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-                                      ahead=ahead)
-        try:
-            out = self.rt._pump(proc, spec, started + spec.limits.timeout, rep_r, raw,
-                                kill=lambda: self.signal_command(proc, signal.SIGKILL), to_exit=True,
-                                eof_grace=RELAY_GRACE)
-        except BaseException:
-            proc.kill()
-            raise
-        finally:
-            os.close(rep_r)
-            proc.wait()
-        return self.outcome(spec, out, started)
-
-    @staticmethod
-    def outcome(spec: RunSpec, out: dict, started: float) -> RunOutcome:
-        report = out.pop("report")
-        if "setupfail" in report:
-            err, step = report["setupfail"]
-            if step == "setns":
-                raise NotFound("the live sandbox is no longer running")
-            raise SandboxError(f"entering the sandbox failed at {step}: {os.strerror(err)}", step=step, errno=err)
-        if "execfail" in report:
-            err, step = report["execfail"]
-            if step == "exec":
-                raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}", command=spec.argv[0])
-            if step == "cwd":
-                raise InvalidInput(f"working directory {spec.cwd!r}: {os.strerror(err)}", cwd=spec.cwd)
-            raise SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
-        utime, stime, maxrss = report.get("rusage", (0, 0, 0))
-        usage = {"wall_s": round(time.monotonic() - started, 6), "user_cpu_s": utime / 1e6,
-                 "sys_cpu_s": stime / 1e6, "max_rss_bytes": maxrss * 1024}
-        if out.get("output_exceeded") and not out["timed_out"] and not out["cancelled"]:
-            usage["killed_by"] = "output_limit"      # as a run's (namespaces.py)
-        return RunOutcome(exit_code=report.get("exit"), signal=report.get("signal"), stdout=out["stdout"],
-                          stderr=out["stderr"], stdout_truncated=out["stdout_truncated"],
-                          stderr_truncated=out["stderr_truncated"], timed_out=out["timed_out"],
-                          oom_killed=False, usage=usage, cancelled=out["cancelled"])
-
-
-@dataclass
-class Entered:
-    """A helper waiting inside a sandbox for its command (LiveRuntime.enter_ahead)."""
-    proc: subprocess.Popen
-    rep_r: int
-    spec_w: int | None
-    raw: bytearray
-
-    def discard(self) -> None:
-        for fd in (self.spec_w, self.rep_r):
-            if fd is not None:
-                try:
-                    os.close(fd)               # EOF on the spec: the helper exits, running nothing
-                except OSError:
-                    pass
-        self.spec_w = self.rep_r = None
-        for s in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if s is not None:
-                s.close()
-        self.proc.wait()
-
 
 class _Detached:
     """The helper of a live sandbox forks away at once: its end says nothing about the sandbox."""
@@ -526,51 +357,3 @@ class _Detached:
     @staticmethod
     def poll():
         return None
-
-
-def _open_of(pid: int, start: int, name: str, flags: int) -> int:
-    """open(/proc/PID/NAME) of the process (pid, start time), never of a later one with its pid:
-    a pidfd checked against the start time pins the process; if it has not exited once the open
-    is done, the pid named it all along (a pid is reused only after its process is gone)."""
-    try:
-        pfd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        raise NotFound("the live sandbox is no longer running") from None
-    try:
-        if start_time(pid) != start:
-            raise NotFound("the live sandbox is no longer running")
-        try:
-            fd = os.open(f"/proc/{pid}/{name}", flags | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFound("the live sandbox is no longer running") from None
-        if _exited(pfd):
-            os.close(fd)
-            raise NotFound("the live sandbox is no longer running")
-        return fd
-    finally:
-        os.close(pfd)
-
-
-def _exited(pidfd: int) -> bool:
-    """A pidfd polls readable once its process has exited (poll: fds above 1024 are fine)."""
-    p = select.poll()
-    p.register(pidfd, select.POLLIN)
-    return bool(p.poll(0))
-
-
-def _parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return int(data[data.rindex(b")") + 2:].split()[1])
-
-
-def _kill_pid(pid: int, start: int | None, sig: int = signal.SIGKILL) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return
-    try:
-        if start is None or start_time(pid) == start:
-            signal.pidfd_send_signal(fd, sig)
-    finally:
-        os.close(fd)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
+import struct
 import threading
 
 DENIED = [
@@ -72,6 +74,8 @@ def filter_fd() -> int:
 
 
 def _build() -> int:
+    # libseccomp's ctypes binding: loaded only when a filter is first built, so importing the
+    # runtime (the engine, the CLI's help) does not load libseccomp
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
@@ -112,7 +116,6 @@ _NATIVE_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}   # AUDIT_ARCH_*
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
-    import struct
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
@@ -121,7 +124,6 @@ def _prefix() -> bytes:
     arches go on to libseccomp, which kills them), DENIED_NUMBERS answer EPERM and numbers above
     KNOWN_MAX answer ENOSYS; everything else falls through. libseccomp's program begins by
     loading the arch itself and its jumps are relative, so it runs unchanged after this."""
-    import platform
     arch = _NATIVE_ARCH.get(platform.machine())
     if arch is None:
         return b""            # an arch whose numbers we have not checked: libseccomp alone

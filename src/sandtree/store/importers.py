@@ -13,6 +13,7 @@ ids are sandbox ids; scan() shifts them to host ids.
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import hashlib
 import io
@@ -111,6 +112,7 @@ def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> t
     and every decompressed byte is counted (ratio and size caps hold while streaming)."""
     head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
     if head.startswith(ZSTD_MAGIC):
+        # an optional dependency (zstd archives only): absent, the other formats still import
         import zstandard
         stream = zstandard.ZstdDecompressor().stream_reader(fileobj)
     elif budget is None:
@@ -123,7 +125,6 @@ def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> t
     elif head.startswith(XZ_MAGIC):
         stream = lzma.LZMAFile(fileobj, "rb")
     elif head.startswith(BZ2_MAGIC):
-        import bz2
         stream = bz2.BZ2File(fileobj, "rb")
     else:
         stream = fileobj

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
+from .objects import BLK, CHR, DIR, FIFO, FILE, KIND_NAMES, SOCK, SYMLINK
 
 NAME_MAX = 255                       # bytes; the kernel's limit for one path component
 # Image paths are joined to host paths (staging, layers) of up to ~1 KiB, under the kernel's
@@ -92,7 +93,6 @@ def check_tag(name, error=InvalidInput) -> str:
 def check_entries(entries: dict, error=InvalidInput) -> dict:
     """A decoded tree from outside (a bundle): every name, kind and reference well formed, so
     nothing later joins, opens or creates what the tree does not describe."""
-    from .objects import BLK, CHR, DIR, FIFO, FILE, KIND_NAMES, SOCK, SYMLINK
     for key, e in entries.items():
         if key != e.name:
             raise error(f"tree entry {str(key)[:80]!r} is stored under another name")

@@ -1,0 +1,131 @@
+"""Helpers started ahead of runs (the namespaces tier's warm pool): exec, namespaces, id maps and
+cgroup membership done before a run asks, so a run pays only for its overlay, its command and
+its commit. NamespaceRuntime.warm starts a pool; _start_warm hands a run to one of its helpers.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from ..errors import SandboxError
+from . import seccomp
+from .base import Limits
+from .reaper import reaper
+
+
+@dataclass
+class WarmHelper:
+    proc: subprocess.Popen
+    sock: socket.socket
+    rep_r: int
+    spec_w: int
+    cg: object
+    report_raw: bytearray
+    scratch_fd: int | None = None
+
+    def discard(self) -> None:
+        for fd in (self.spec_w, self.rep_r, self.scratch_fd):
+            if fd is None:
+                continue
+            try:
+                os.close(fd)                     # EOF on the spec: the helper exits unused
+            except OSError:
+                pass
+        self.sock.close()
+        for s in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if s is not None:
+                s.close()
+        reaper.submit(self.proc, self.cg)
+
+
+class WarmPool:
+    """Helpers started ahead of runs: exec, namespaces, id maps and cgroup membership are done
+    before a run asks, so a run pays only for its overlay, its command and its commit.
+
+    Started from one long-lived thread: the helpers' PDEATHSIG is tied to the thread that
+    spawned them, and must fire only when the engine itself goes."""
+
+    def __init__(self, runtime, size: int):        # runtime: the NamespaceRuntime it starts for
+        self.rt = runtime
+        self.size = size
+        self.ready: "collections.deque[WarmHelper]" = collections.deque()
+        self.cv = threading.Condition()
+        self.closed = False
+        self.broken: str | None = None
+        self.thread = threading.Thread(target=self._fill, name="sandtree-warm", daemon=True)
+        self.thread.start()
+
+    def take(self) -> WarmHelper | None:
+        with self.cv:
+            w = self.ready.popleft() if self.ready else None
+            self.cv.notify()
+            return w
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+            idle = list(self.ready)
+            self.ready.clear()
+        for w in idle:
+            w.discard()
+        self.thread.join(timeout=30)          # a helper being started is discarded by the thread
+
+    def _fill(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and len(self.ready) >= self.size:
+                    self.cv.wait()
+                if self.closed:
+                    return
+            try:
+                w = self._spawn()
+            except Exception as exc:          # noqa: BLE001 - the pool is an optimisation
+                self.broken = str(exc)
+                return
+            with self.cv:
+                if self.closed:
+                    w.discard()
+                    return
+                self.ready.append(w)
+
+    def _spawn(self) -> WarmHelper:
+        rt = self.rt
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        spec_r, spec_w = os.pipe()
+        cg = rt.cgroups.create(memory=Limits().memory, pids=Limits().pids, cpus=0, warm=True)
+        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
+                "--spec-fd", str(spec_r), "--layers", rt.layers_dir, "--disk", str(Limits().disk),
+                "--root-uid", str(rt.idmap.host_uid(0)), "--root-gid", str(rt.idmap.host_gid(0))]
+        args += rt.static_args()
+        for f in cg.procs_files:
+            args += ["--cgroup", f]
+        try:
+            proc = subprocess.Popen(args, env={}, close_fds=True,
+                                    pass_fds=(theirs.fileno(), rep_w, spec_r, seccomp.filter_fd()),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            ours.close(); os.close(rep_r); os.close(spec_w); cg.remove()
+            raise
+        finally:
+            theirs.close(); os.close(rep_w); os.close(spec_r)
+        raw = bytearray()
+        w = WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
+        while b"ready\n" not in raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                w.discard()
+                raise SandboxError(f"warm helper failed: {bytes(raw).decode(errors='replace').strip()}")
+            raw += chunk
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1, socket.MSG_DONTWAIT)   # sent before "ready"
+        if not fds:
+            w.discard()
+            raise SandboxError("warm helper sent no scratch directory")
+        w.scratch_fd = fds[0]
+        return w
