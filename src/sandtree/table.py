@@ -114,59 +114,59 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
     return deco
 
 
-G, P, U, X = "GET", "POST", "PUT", "DELETE"
-LOCAL_HOST = "it reads or writes paths of the server's own machine"
+_G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
+_LOCAL_HOST = "it reads or writes paths of the server's own machine"
 
 # ---- names, images, refs -------------------------------------------------------------------------
 
-@op("list", http=Http(G, "/resolve", query=("ref",), result="image"))
+@op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
 def resolve(ref: str) -> str:
     """The full image ID a reference names."""
 
-@op("list", http=Http(G, "/images"))
+@op("list", http=Http(_G, "/images"))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
 
-@op("tag", images=("image",), audit="tag", http=Http(U, "/tags/{name:path}", body=("image",)))
+@op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",)))
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
-@op("tag", audit="untag", http=Http(X, "/tags/{name:path}", result="image"))
+@op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
 def untag(name: str) -> str:
     """Remove a tag; returns the image it named."""
 
-@op("list", images=("image",), http=Http(G, "/tags", query=("image",)))
+@op("list", images=("image",), http=Http(_G, "/tags", query=("image",)))
 def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags."""
 
 @op(None, admin=True, images=("image",), audit="remove image",
-    http=Http(X, "/images/{image:path}", query=("force",)))
+    http=Http(_X, "/images/{image:path}", query=("force",)))
 def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it
     unless force."""
 
-@op("tag", images=("image",), audit="share", caller=True, http=Http(P, "/images/{image:path}/share", const={"public": True}))
+@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
 @op("tag", images=("image",), audit="unshare", caller=True,
-    http=Http(P, "/images/{image:path}/share", const={"public": False}))
+    http=Http(_P, "/images/{image:path}/share", const={"public": False}))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
 
 # ---- import ---------------------------------------------------------------------------------------
 
-@op("import", audit="import", http=Http(P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
+@op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-@op("import", audit="pull", http=Http(P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
                                        drop=("progress",)))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
@@ -174,7 +174,7 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
 
 
 @op(None, admin=True, audit="registry login",
-    http=Http(P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
+    http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
               rename={"registry_url": "registry", "secret": "token"}))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
@@ -186,15 +186,15 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
 
 # ---- uploads and file sets --------------------------------------------------------------------------
 
-@op("run", http=Http(P, "/files", content="data", result="sha256"))
+@op("run", http=Http(_P, "/files", content="data", result="sha256"))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
-@op("run", local=LOCAL_HOST)
+@op("run", local=_LOCAL_HOST)
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
-@op("list", http=Http(G, "/files/{digest}/info"))
+@op("list", http=Http(_G, "/files/{digest}/info"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
@@ -202,11 +202,11 @@ def upload_info(digest: str) -> dict:
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
 
-@op("list", http=Http(G, "/files/{digest}", raw=True))
+@op("list", http=Http(_G, "/files/{digest}", raw=True))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
-@op("run", http=Http(P, "/file-sets", whole_body="files", result="id"))
+@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
@@ -217,39 +217,39 @@ def file_set(set_id: str) -> list[dict]:
 
 # ---- inspection ----------------------------------------------------------------------------------
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/ls", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/stat", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True))
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/grep", query=("pattern", "path")))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
 def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
-@op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), result="changes", data=True))
+@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
 
-@op("list", images=("a", "b"), http=Http(G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
+@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 
 # ---- runs -----------------------------------------------------------------------------------------
 
-@op("run", images=("ref",), audit="run", http=Http(P, "/runs"), custom_remote=True)
+@op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
         disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
@@ -260,7 +260,7 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
     cancel: a threading.Event; set, the command is killed"""
 
 @op("run", images=("ref",), audit="fork",
-    http=Http(P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
+    http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
     custom_remote=True)
 def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
     """Run each command on the same image concurrently, one branch each; the records in order
@@ -268,14 +268,14 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
     commands: the commands (each a shell string or an argv list), all from the same image
     parallel: at most this many running at once (default: all)"""
 
-@op("list", http=Http(G, "/operations/{op}"))
+@op("list", http=Http(_G, "/operations/{op}"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
 
 
 # ---- live sandboxes ------------------------------------------------------------------------------
 
-@op("run", images=("ref",), audit="sandbox start", http=Http(P, "/sandboxes"), custom_remote=True)
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
 def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
@@ -284,7 +284,7 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
-@op("run", audit="exec", http=Http(P, "/sandboxes/{sid}/exec"), custom_remote=True)
+@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
                  timeout: float | None = None, output=None):
@@ -299,50 +299,50 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen
     (stdin/stdout/stderr: -1 is subprocess.PIPE)."""
 
-@op("run", audit="sandbox commit", http=Http(P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
+@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
-@op("run", audit="sandbox stop", http=Http(P, "/sandboxes/{sid}/stop"))
+@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
-@op("run", audit="sandbox hibernate", http=Http(P, "/sandboxes/{sid}/hibernate"))
+@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
-@op("run", audit="sandbox resume", http=Http(P, "/sandboxes/{sid}/resume"))
+@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
-@op("list", http=Http(G, "/sandboxes/{sid}"))
+@op("list", http=Http(_G, "/sandboxes/{sid}"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
-@op("list", http=Http(G, "/sandboxes", query=("all",)))
+@op("list", http=Http(_G, "/sandboxes", query=("all",)))
 def sandbox_list(*, all: bool = False) -> list[dict]:
     """Live sandboxes (all: stopped ones too)."""
 
-@op("list", http=Http(G, "/sandboxes/{sid}/file", query=("path",), raw=True))
+@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
 @op("run", audit="sandbox write",
-    http=Http(U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+    http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox."""
 
 
 # ---- warm pools -----------------------------------------------------------------------------------
 
-@op(None, admin=True, images=("ref",), http=Http(U, "/pools/{ref:path}",
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
                                                 body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
                                                       "output")))
 def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
                 pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(U, "/pools/{ref:path}",
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
                                                 body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
                                                       "output", "wait_timeout"), const={"wait": True}))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
@@ -351,54 +351,54 @@ def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hos
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
-@op("list", http=Http(G, "/pools"))
+@op("list", http=Http(_G, "/pools"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
-@op(None, admin=True, images=("ref",), http=Http(P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
+@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
-@op(None, admin=True, images=("ref",), http=Http(X, "/pools/{ref:path}"))
+@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
 
 # ---- lineage ----------------------------------------------------------------------------------------
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/parents"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/children"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/children"))
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/log", query=("limit",)))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",)))
 def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
     """An image's history, newest first: each step's operation and command."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/ancestors"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors"))
 def ancestors(image: str) -> dict[str, int]:
     """Every ancestor with its distance."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/descendants"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants"))
 def descendants(image: str) -> dict[str, int]:
     """Every descendant with its distance."""
 
-@op("list", images=("image",), http=Http(G, "/images/{image:path}/produced-by"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by"))
 def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
 
-@op("list", images=("root",), http=Http(G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
+@op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
-@op("list", images=("a", "b"), http=Http(G, "/lineage/common", query=("a", "b"), result="image"))
+@op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image"))
 def common_ancestor(a: str, b: str) -> str | None:
     """The nearest image both descend from (None: none)."""
 
-@op("list", images=("a", "b"), http=Http(G, "/lineage/path", query=("a", "b")))
+@op("list", images=("a", "b"), http=Http(_G, "/lineage/path", query=("a", "b")))
 def lineage_path(a: str, b: str) -> list[str]:
     """The images on the way from a to b through the lineage."""
 
@@ -406,90 +406,90 @@ def lineage_path(a: str, b: str) -> list[str]:
 # ---- branching ------------------------------------------------------------------------------------
 
 @op("run", images=("base", "ours", "theirs"), audit="merge",
-    http=Http(P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
+    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
 
-@op("tag", images=("image",), audit="branch create", http=Http(P, "/branches", body=("name", "image", "force")))
+@op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
 
-@op("tag", audit="branch delete", http=Http(X, "/branches/{name:path}", result="image"))
+@op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image"))
 def branch_delete(name: str) -> str:
     """Remove a branch; returns its head."""
 
-@op("list", http=Http(G, "/branches"))
+@op("list", http=Http(_G, "/branches"))
 def branches() -> dict[str, str]:
     """Branch -> head image."""
 
-@op("list", http=Http(G, "/branches/{name:path}", result="image"))
+@op("list", http=Http(_G, "/branches/{name:path}", result="image"))
 def branch_head(name: str) -> str:
     """A branch's head image."""
 
-@op("list", http=Http(G, "/branches/{name:path}/log"))
+@op("list", http=Http(_G, "/branches/{name:path}/log"))
 def branch_log(name: str) -> list[dict]:
     """Where a branch's head has been, newest first."""
 
-@op("tag", audit="rollback", http=Http(P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
+@op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
 def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
     """Move a branch's head back (to an image, or `steps` back along its log)."""
 
-@op(None, admin=True, local=LOCAL_HOST)
+@op(None, admin=True, local=_LOCAL_HOST)
 def bundle_create(path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
     """Write images (and their ancestry) to a bundle file."""
 
-@op("import", audit="bundle import", local=LOCAL_HOST)
+@op("import", audit="bundle import", local=_LOCAL_HOST)
 def bundle_import(path: str) -> dict:
     """Read a bundle file's images into the store."""
 
 
 # ---- the server and its store ------------------------------------------------------------------------
 
-@op(None, caller=True, http=Http(G, "/whoami"))
+@op(None, caller=True, http=Http(_G, "/whoami"))
 def whoami() -> dict:
     """Who the caller is: tenant, scopes, the store."""
 
-@op(None, http=Http(G, "/doctor"))
+@op(None, http=Http(_G, "/doctor"))
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
-@op(None, caller=True, http=Http(G, "/audit", query=("tenant", "limit")))
+@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
-@op(None, admin=True, http=Http(P, "/admin/fsck", query=("verify_content",)))
+@op(None, admin=True, http=Http(_P, "/admin/fsck", query=("verify_content",)))
 def fsck(verify_content: bool = True) -> dict:
     """Check the store; verify_content re-hashes every blob."""
 
-@op(None, admin=True, audit="gc", http=Http(P, "/admin/gc", query=("retention", "grace")))
+@op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
 
-@op("run", images=("ref",), audit="run", group="operations", http=Http(P, "/runs"), custom_remote=True)
+@op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True)
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 
-@op("list", group="operations", http=Http(G, "/operations/{op}"))
+@op("list", group="operations", http=Http(_G, "/operations/{op}"))
 def get(op: str) -> dict:
     """An operation's record and status."""
 
-@op("list", group="operations", http=Http(P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
+@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
-@op("list", group="operations", http=Http(G, "/operations/{op}"), custom_remote=True)
+@op("list", group="operations", http=Http(_G, "/operations/{op}"), custom_remote=True)
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
-@op("cancel", audit="cancel", group="operations", http=Http(P, "/operations/{op}/cancel"))
+@op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel"))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
-@op("list", group="operations", http=Http(G, "/operations", query=("status", "limit")))
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
 

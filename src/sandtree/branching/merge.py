@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import merge3
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, MergeConflict
 from ..store.inspect import text_lines
 from ..store.objects import DIR, EMPTY_TREE_HASH, FILE, Entry, decode_tree, tree_hash_and_data
 from ..store.store import Store
@@ -278,3 +278,21 @@ def merge_trees(store: Store, base: str | None, ours: str, theirs: str, strategy
     if m.conflicts and strategy is None:
         return TreeMerge(None, {}, m.conflicts, ignored=m.ignored)
     return TreeMerge(root, m.trees, m.conflicts, m.pending, m.ignored)
+
+ON_CONFLICT = ("raise", "return")
+
+
+def check_on_conflict(on_conflict) -> None:
+    if on_conflict not in ON_CONFLICT:
+        raise InvalidInput(f"on_conflict is raise or return, not {on_conflict!r}")
+
+
+def conflict_outcome(res: dict, on_conflict: str) -> dict:
+    """A merge that made no image raises MergeConflict unless the caller asked for the conflicts back."""
+    if res["image"] is None and on_conflict == "raise":
+        n = len(res["conflicts"])
+        paths = ", ".join(f"{c['path']} ({c['kind']})" for c in res["conflicts"][:10])
+        raise MergeConflict(f"merge left {n} conflict{'s' if n != 1 else ''}, no image made: {paths}"
+                            f"{' ...' if n > 10 else ''} (pass a strategy: ours, theirs or markers; or ignore globs)",
+                            conflicts=res["conflicts"], base=res["base"])
+    return res

@@ -177,10 +177,8 @@ class Sandtree:
         .details["conflicts"] lists them), or with on_conflict="return" a result with image None.
         ignore: globs that never conflict, ours taken there (None: __pycache__/, *.pyc,
         .pytest_cache/; [] for none)."""
-        from ..engine.branching import conflict_outcome
         res = self._engine.merge(self._id(base) if base is not None else None, self._id(ours),
                                  self._id(theirs), strategy=strategy, ignore=ignore, on_conflict=on_conflict)
-        res = conflict_outcome(res, on_conflict)   # also when the engine is a server that returned them
         return MergeResult(Image(self, res["image"]) if res["image"] else None,
                            Image(self, res["base"]) if res["base"] else None, res["conflicts"],
                            res.get("ignored", []))

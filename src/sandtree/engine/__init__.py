@@ -2,6 +2,7 @@
 
 from .core import Engine
 from .spec import default_idmap
-from .values import DEFAULT_ENV, RunRecord, parse_size
+from ..table import RunRecord
+from ..values import DEFAULT_ENV, parse_size
 
 __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size"]

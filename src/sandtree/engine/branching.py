@@ -20,26 +20,10 @@ from ..branching import bundle, lineage
 from ..store import refs
 from ..branching import diff as diff_mod
 from ..branching import merge as merge_mod
+from ..branching.merge import check_on_conflict, conflict_outcome
 from .records import Records
 
 
-ON_CONFLICT = ("raise", "return")
-
-
-def check_on_conflict(on_conflict) -> None:
-    if on_conflict not in ON_CONFLICT:
-        raise InvalidInput(f"on_conflict is raise or return, not {on_conflict!r}")
-
-
-def conflict_outcome(res: dict, on_conflict: str) -> dict:
-    """A merge that made no image raises MergeConflict unless the caller asked for the conflicts back."""
-    if res["image"] is None and on_conflict == "raise":
-        n = len(res["conflicts"])
-        paths = ", ".join(f"{c['path']} ({c['kind']})" for c in res["conflicts"][:10])
-        raise MergeConflict(f"merge left {n} conflict{'s' if n != 1 else ''}, no image made: {paths}"
-                            f"{' ...' if n > 10 else ''} (pass a strategy: ours, theirs or markers; or ignore globs)",
-                            conflicts=res["conflicts"], base=res["base"])
-    return res
 
 
 class BranchingOps:

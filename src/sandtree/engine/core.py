@@ -26,6 +26,7 @@ from ..store.db import typed_disk_errors
 from ..store.layers import IdMap
 from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
+from ..tenancy import Tenancy
 from .branching import BranchingOps
 from .imports import ImportOps
 from .inspection import InspectionOps
@@ -35,7 +36,7 @@ from .records import Records
 from .runs import RunOps
 from .sandboxes import Sandboxes
 from .spec import RunSpecs, default_idmap
-from .values import RunRecord
+from ..table import RunRecord
 from .uploads import UploadOps
 
 _TENANCY_LOCK = threading.Lock()
@@ -206,13 +207,12 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                 "limits": {"timeout": lim.timeout, "memory": lim.memory, "pids": lim.pids,
                            "disk": lim.disk, "output": lim.output, "concurrent_runs": self._max_runs}}
 
-    # ---- tenants (issue 4): the rules live in tenants.py ------------------------------------------
+    # ---- tenants: the rules live in tenancy/ (a layer below: it wraps this engine, never imports it)
     @property
     def tenancy(self):
         """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
         with _TENANCY_LOCK:
             if getattr(self, "_tenancy", None) is None:
-                from ..tenancy import Tenancy
                 self._tenancy = Tenancy(self)
         return self._tenancy
 

@@ -28,10 +28,10 @@ from typing import Protocol
 
 from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
-from ..runtime.procid import Owner
+from ..procid import Owner
 from ..store.names import check_tag
 from .records import Records
-from .values import parse_size
+from ..values import parse_size
 
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)

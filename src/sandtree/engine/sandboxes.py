@@ -39,10 +39,11 @@ from .commit import Committer
 from .process import LiveProcess
 from .records import Records
 from .sandbox_files import SandboxFiles
-from .secrets_mask import mask_env
+from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
-from .values import DEFAULT_ENV, RunRecord
+from ..table import RunRecord
+from ..values import DEFAULT_ENV
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 

@@ -12,7 +12,7 @@ import re
 
 from ..errors import InvalidInput
 from ..runtime.base import Limits, RunSpec
-from .secrets_mask import mask_text, secret_values
+from ..secrets_mask import mask_text, secret_values
 
 # $1: the session file, $2: the command, then NAME=VALUE pairs for this command only (their
 # session values come back after it). Each step says why in the comment at the top of the file.

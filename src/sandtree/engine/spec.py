@@ -18,7 +18,7 @@ from ..store import inspect
 from ..store.layers import IdMap
 from ..store.objects import DIR
 from ..store.store import Store
-from .values import parse_size
+from ..values import parse_size
 
 def default_idmap() -> IdMap:
     if os.geteuid() == 0:

@@ -8,7 +8,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from .. import defaults as D
 from .toolkit import Toolkit
 
-MAX_FORK, MAX_FORK_PARALLEL = 256, 32      # a fork's commands, and its threads (each holds a run)
+MAX_FORK_PARALLEL = 32        # a fork's runs at once from one tool call (the engine bounds the commands)
 MAX_WAIT_IDS, MAX_WAIT = 1000, 600.0       # operations one wait_operations takes, and its seconds
 
 
@@ -48,10 +48,6 @@ def register(t: Toolkit) -> None:
              truncate_output_at: int = 2000) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
-        if not commands:
-            raise ToolError("invalid_input: give at least one command")
-        if len(commands) > MAX_FORK:
-            raise ToolError(f"invalid_input: at most {MAX_FORK} commands in one fork")
         recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,
                            disposable=disposable)
         return [dict(t.run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]

@@ -27,7 +27,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from . import devices, procid
+from .. import procid
+from . import devices
 
 ROOT = "/sys/fs/cgroup"
 PARENT = "sandtree"

@@ -28,7 +28,7 @@ from .build import drain_path, init_path
 from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
-from .procid import proc_namespace, signal_member, start_time
+from ..procid import proc_namespace, signal_member, start_time
 from .pump import parse_report
 from .validate import validate_spec
 

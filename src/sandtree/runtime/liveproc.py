@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import NotFound
 from .cgroups import RunCgroup
-from .procid import start_time
+from ..procid import start_time
 
 
 @dataclass

@@ -29,7 +29,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 
-from ..runtime.procid import dead_owner, owner_prefix
+from ..procid import dead_owner, owner_prefix
 from .objects import BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Entry
 
 log = logging.getLogger("sandtree.store")

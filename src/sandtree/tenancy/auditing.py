@@ -4,7 +4,7 @@ table is recorded the same way whoever calls it (nothing is audited by a list of
 
 from __future__ import annotations
 
-from ..engine.secrets_mask import mask_text, secret_values
+from ..secrets_mask import mask_text, secret_values
 from ..store.names import HEX_RE
 from ..table import Op, RunRecord
 

@@ -3,7 +3,7 @@ operator: `sandtree token create --max-...`)."""
 
 from __future__ import annotations
 
-from ..engine import parse_size
+from ..values import parse_size
 from ..errors import LimitExceeded
 
 # (option, the tenant limit capping it, how the option is read, whether the engine's default caps

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 
-from ..engine import parse_size
+from ..values import parse_size
 from .. import defaults as D
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, Unauthorized
 from ..store.db import dumps

@@ -13,8 +13,8 @@ import uuid
 
 from .. import table
 from ..branching import lineage
-from ..engine.branching import check_on_conflict, conflict_outcome
-from ..engine.runs import fan_out, refuse_fork_options
+from ..branching.fork import fan_out, refuse_fork_options
+from ..branching.merge import check_on_conflict, conflict_outcome
 from ..errors import Conflict, Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
 from ..store.db import Database

@@ -1,10 +1,9 @@
-"""The plain values every engine part shares: the default environment of a command, sizes as
-people write them (and the record of a run, which the operation table declares)."""
+"""Plain values more than one layer shares: the default environment of a command, and sizes as
+people write them (the engine's limits, a tenant's limits, the server's upload cap)."""
 
 from __future__ import annotations
 
-from ..errors import InvalidInput
-from ..table import RunRecord  # noqa: F401 - the engine's answer to a run (declared with the run row)
+from .errors import InvalidInput
 
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
