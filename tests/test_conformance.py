@@ -73,7 +73,7 @@ def test_rows_are_complete():
         assert row.doc, row.name
         assert (row.http is None) != (row.local is None), f"{row.name}: an HTTP binding or a reason it has none"
         assert row.scope in (None, "list", "run", "import", "tag", "cancel"), row.name
-        assert row.scope is not None or row.admin or row.name in ("whoami", "doctor", "audit"), row.name
+        assert row.scope is not None or row.admin or row.name in ("whoami", "doctor", "audit", "registry_host"), row.name
 
 
 def test_every_mcp_parameter_is_described(tmp_path):

@@ -302,7 +302,8 @@ def test_a_background_job_survives_hibernate_and_resume(tmp_path, rootfs):
 def test_proc_files_of_a_recycled_pid_are_not_opened(shared_st):
     """The sandbox's root, scratch and mount table are opened only while (pid, start time) still
     name the process the handle recorded (a pidfd pins it over the open)."""
-    from sandtree.runtime.live import LiveHandle, start_time
+    from sandtree.procid import start_time
+    from sandtree.runtime.liveproc import LiveHandle
     live = shared_st._engine.sandboxes.live
     me, start = os.getpid(), start_time(os.getpid())
     wrong = LiveHandle(me, start + 1, me, start + 1, None)
@@ -321,7 +322,7 @@ def test_a_sandbox_of_another_pid_namespace_is_never_reaped(bb, shared_st):
     """Two engines share a store and the host's cgroups, one in a pid namespace of its own: the
     other sees its sandboxes' pids as other (or no) processes. It must not conclude they are
     gone and kill their cgroups, nor enter them."""
-    from sandtree.runtime.live import start_time
+    from sandtree.procid import start_time
     from sandtree.store.db import dumps
     boxes = shared_st._engine.sandboxes
     sb = bb.start(idle_timeout=120, lifetime=300)

@@ -15,7 +15,7 @@ import pytest
 
 import sandtree
 from sandtree.runtime import criu
-from sandtree.runtime.live import start_time
+from sandtree.procid import start_time
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
 

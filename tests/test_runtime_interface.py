@@ -106,14 +106,6 @@ def test_a_tier_without_live_sandboxes_raises_the_typed_error(eng):
         rt.close()
 
 
-def test_old_import_names_still_work():
-    # the engine imports these from namespaces.py until it takes them from the interface
-    assert namespaces.validate_spec is validate.validate_spec
-    assert namespaces.check_files_fit is validate.check_files_fit
-    assert namespaces.disk_inodes is validate.disk_inodes
-    assert namespaces._parse_report(b"pid 7\nexit 3\n") == {"pid": 7, "exit": 3}
-
-
 # ---- one suite, every tier, through the interface only --------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@
     r = img.run("python3 -V")
 """
 
+import importlib
+
 from .defaults import Limits
 from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
                      LimitExceeded, MergeConflict, NotFound, NotRegularFile, PathEscape, PathNotFound,
@@ -14,8 +16,8 @@ from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden,
 
 # The API's classes load on first use (PEP 562), so that a process using one part (the remote
 # client, the CLI parsing its arguments) does not import the others.
-_LAZY = {name: "client.sdk" for name in ("Sandtree", "Image", "RunResult", "Branch", "MergeResult", "Sandbox",
-                                         "best_of", "connect")}
+_LAZY = {name: "client.sdk" for name in ("Sandtree", "connect")}
+_LAZY.update({name: "client.objects" for name in ("Image", "RunResult", "Branch", "MergeResult", "Sandbox", "best_of")})
 _LAZY.update({name: "client.aio" for name in ("AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch",
                                               "AsyncSandbox")})
 
@@ -34,7 +36,6 @@ def __getattr__(name: str):
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module 'sandtree' has no attribute {name!r}")
-    import importlib                     # PEP 562: the one place a public name is loaded late
     value = getattr(importlib.import_module(f".{where}", __name__), name)
     globals()[name] = value
     return value

@@ -23,3 +23,18 @@ def inherited_environment() -> dict[str, str]:
     """The environment a host tool the engine runs for itself gets (the C compiler building the
     helpers: its PATH, its locale); never a sandbox's, which starts from the run's env only."""
     return dict(os.environ)
+
+
+def remote_token() -> str | None:
+    """SANDTREE_TOKEN: the bearer token `sandtree mcp --url` (and scripts) present to a server."""
+    return os.environ.get("SANDTREE_TOKEN") or None
+
+
+def registry_token() -> str:
+    """SANDTREE_REGISTRY_TOKEN: the secret `sandtree registry login` stores, when not on stdin."""
+    return os.environ.get("SANDTREE_REGISTRY_TOKEN", "")
+
+
+def terminal_type() -> str:
+    """TERM of the terminal `sandtree shell` runs in, passed to the shell in the sandbox."""
+    return os.environ.get("TERM", "xterm")

@@ -1,16 +1,13 @@
 """The operation table: every engine operation declared once (Firecracker's single action vocabulary).
 
-Each row is a declaration: a signature (written as a Python function whose body is only its
-docstring), the token scope a tenant needs, which arguments name images (a tenant may name only
-images it can see), the audit action a call records, and the operation's HTTP binding. From the
-rows come the tenant and admin views' scope, visibility and audit (tenancy/), the remote client's
-methods (client/remote.py), MCP parameter descriptions (vocabulary.py), and the conformance test that
-Engine, the tenant view and the remote client expose the same operations with the same
+Each row is a declaration: a signature (a function whose body is only its docstring), the token
+scope a tenant needs, which arguments name images (a tenant may name only images it sees), the
+audit action, and the HTTP binding. From the rows come the tenant and admin views (tenancy/), the
+remote client (client/remote.py), MCP parameter descriptions (vocabulary.py), and the conformance
+test that Engine, the tenant view and the remote client expose the same operations with the same
 signatures (tests/test_conformance.py). The engine implements each row as a method of the same
-name and signature; nothing here runs an operation.
-
-This module imports only the standard library and defaults.py: the remote client loads it.
-"""
+name and signature; nothing here runs one. Imports only the standard library and defaults.py
+(the remote client loads it)."""
 
 from __future__ import annotations
 
@@ -172,12 +169,15 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
-
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
               rename={"registry_url": "registry", "secret": "token"}))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
+
+@op(None, http=Http(_G, "/registries/host", query=("reference",), result="registry"))
+def registry_host(reference: str) -> str:
+    """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:

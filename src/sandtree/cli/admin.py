@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 
 from .. import config
@@ -59,7 +58,7 @@ def cmd_serve(args):
 def cmd_mcp(args):
     # the MCP adapter's entry point (as `serve` is the REST one's)
     from ..mcp.server import main as mcp_main
-    token = os.environ.get("SANDTREE_TOKEN") if args.url else None
+    token = config.remote_token() if args.url else None
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
              token=token)
 

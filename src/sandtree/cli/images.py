@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import config
 from .output import fmt_size, fmt_time, open_engine, out, status_line, with_progress
 
 
@@ -24,7 +25,7 @@ def cmd_image_pull(args):
 
 def cmd_registry_login(args):
     eng = open_engine(args)
-    secret = sys.stdin.readline().rstrip("\n") if args.password_stdin else os.environ.get("SANDTREE_REGISTRY_TOKEN", "")
+    secret = sys.stdin.readline().rstrip("\n") if args.password_stdin else config.registry_token()
     if not secret:
         raise SystemExit("sandtree registry login: give the token on stdin (--password-stdin) or in SANDTREE_REGISTRY_TOKEN")
     host = eng.registry_login(args.registry, args.username, secret, insecure=args.insecure)

@@ -11,6 +11,8 @@ import signal
 import termios
 import tty
 
+from .. import config
+
 
 def interactive(engine, sandbox_id: str, argv: list[str], **user) -> int:
     """Run argv on a pty in the sandbox until it exits; its status. user: uid/gid, if given."""
@@ -24,7 +26,7 @@ def interactive(engine, sandbox_id: str, argv: list[str], **user) -> int:
     resize()
     try:
         proc = engine.sandbox_popen(sandbox_id, argv, pty=True, stdin=slave, stdout=slave, stderr=slave,
-                                    env={"TERM": os.environ.get("TERM", "xterm")}, **user)
+                                    env={"TERM": config.terminal_type()}, **user)
     finally:
         os.close(slave)
     saved = termios.tcgetattr(0) if on_tty else None

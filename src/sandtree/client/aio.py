@@ -17,24 +17,25 @@ import dataclasses
 import functools
 import inspect
 
+from . import objects
 from . import sdk as api
 
 
 def _wrap(value):
-    if isinstance(value, api.Image):
+    if isinstance(value, objects.Image):
         return AsyncImage(value)
-    if isinstance(value, api.RunResult):
+    if isinstance(value, objects.RunResult):
         return AsyncRunResult(**{**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
                                  "image": _wrap(value.image), "source": _wrap(value.source)})
-    if isinstance(value, api.MergeResult):
-        return api.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts, value.ignored)
-    if isinstance(value, api.Branch):
+    if isinstance(value, objects.MergeResult):
+        return objects.MergeResult(_wrap(value.image), _wrap(value.base), value.conflicts, value.ignored)
+    if isinstance(value, objects.Branch):
         return AsyncBranch(value)
-    if isinstance(value, api.Sandbox):
+    if isinstance(value, objects.Sandbox):
         return AsyncSandbox(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
-    if isinstance(value, dict) and any(isinstance(v, api.Branch) for v in value.values()):
+    if isinstance(value, dict) and any(isinstance(v, objects.Branch) for v in value.values()):
         return {k: _wrap(v) for k, v in value.items()}
     return value
 
@@ -93,9 +94,9 @@ class AsyncSandtree:
         self._sync.close()
 
 
-@_twin(api.Image)
+@_twin(objects.Image)
 class AsyncImage:
-    def __init__(self, sync: api.Image):
+    def __init__(self, sync: objects.Image):
         self._sync = sync
         self.id = sync.id
 
@@ -109,9 +110,9 @@ class AsyncImage:
         return hash(self.id)
 
 
-@_twin(api.Branch)
+@_twin(objects.Branch)
 class AsyncBranch:
-    def __init__(self, sync: api.Branch):
+    def __init__(self, sync: objects.Branch):
         self._sync = sync
         self.name = sync.name
 
@@ -119,9 +120,9 @@ class AsyncBranch:
         return f"<AsyncBranch {self.name}>"
 
 
-@_twin(api.Sandbox)
+@_twin(objects.Sandbox)
 class AsyncSandbox:
-    def __init__(self, sync: api.Sandbox):
+    def __init__(self, sync: objects.Sandbox):
         self._sync = sync
         self.id = sync.id
 
@@ -136,6 +137,6 @@ class AsyncSandbox:
 
 
 @dataclasses.dataclass
-class AsyncRunResult(api.RunResult):
+class AsyncRunResult(objects.RunResult):
     image: "AsyncImage | None" = None
     source: "AsyncImage | None" = None

@@ -27,7 +27,7 @@ from .. import defaults as D
 from ..defaults import Limits
 from ..table import RunRecord
 
-__all__ = ["RemoteEngine"]
+__all__ = ["RemoteEngine", "RemoteOperations", "run_body", "raise_for", "raise_error", "record"]
 
 
 class _Data(dict):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from ..runtime.live import LiveHandle, LiveRuntime
+from ..runtime.base import LiveTier
+from ..runtime.liveproc import LiveHandle
 
 
 class Ahead:
@@ -16,7 +17,7 @@ class Ahead:
 
     KEEP = 32
 
-    def __init__(self, live: LiveRuntime):
+    def __init__(self, live: LiveTier):
         self.live = live
         self.ready: dict[str, tuple[LiveHandle, object]] = {}
         self.want: dict[str, LiveHandle] = {}

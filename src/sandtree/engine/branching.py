@@ -9,7 +9,6 @@ import time
 import uuid
 
 from . import commit as commit_mod
-from ..errors import InvalidInput, MergeConflict
 from ..store.blobs import BlobStore
 from ..store.db import Database
 from ..store.delta import write_delta

@@ -19,7 +19,6 @@ from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime.gvisor import GVisorRuntime
-from ..runtime.live import LiveRuntime
 from ..runtime.namespaces import NamespaceRuntime
 from ..store import refs
 from ..store.db import typed_disk_errors
@@ -65,7 +64,7 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
         self.committer = commit_mod.Committer(self.store)
         self.records = Records(self.store)
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
-        self._live = LiveRuntime(self.runtime)     # live sandboxes and pools share it
+        self._live = self.runtime.live()           # the tier's live sandboxes: sandboxes and pools share them
 
     @property
     def operations(self):

@@ -85,7 +85,7 @@ class ImportOps:
         """pull as operation `op_id` (a submitted pull's, or a new one). check_host("host:port"):
         called before every connection (redirects, token realms), raises to refuse one (the
         tenant view's check_public_registry). Not an operation of the table."""
-        from ..store import registry        # httpx: loaded for registry work only
+        registry = registry_module()
         if tag is not None:
             check_tag(tag)
         ref = registry.parse(reference)
@@ -103,10 +103,14 @@ class ImportOps:
         finally:
             remove_tree(work)
 
+    def registry_host(self, reference: str) -> str:
+        """The registry a URL or image reference names ("docker://ghcr.io/org/x" -> "ghcr.io")."""
+        return registry_module().registry_host(reference)
+
     def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
         """Check credentials against the registry's /v2/ and keep them for pulls (the store is
         0700; the secret never appears in records)."""
-        from ..store import registry        # httpx: loaded for registry work only
+        registry = registry_module()
         host = registry.registry_host(registry_url)
         registry.check_login(host, username, secret, insecure)
         with self.store.db.tx() as con:
@@ -166,3 +170,10 @@ class ImportOps:
             if dest is not None:
                 remove_tree(dest)
             raise
+
+
+def registry_module():
+    """store/registry.py, imported on the first registry call: it loads httpx, which a run never
+    needs (the one place the engine imports late)."""
+    from ..store import registry    # httpx: loaded for registry work only
+    return registry

@@ -29,6 +29,7 @@ from typing import Protocol
 from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
 from ..procid import Owner
+from .imports import registry_module
 from ..store.names import check_tag
 from .records import Records
 from ..values import parse_size
@@ -223,7 +224,7 @@ class Operations:
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
         called in the operation once the image is in."""
-        from ..store import registry        # httpx: loaded for registry work only
+        registry = registry_module()
         ref = registry.parse(reference)
         if tag is not None:
             check_tag(tag)

@@ -22,8 +22,10 @@ from typing import Callable
 from .. import defaults as D
 from ..errors import InvalidInput, RuntimeUnavailable
 from ..runtime.base import Limits, RunOutcome, RunSpec
-from ..runtime.live import Entered, LiveHandle, LiveRuntime
-from ..runtime.namespaces import validate_spec
+from ..runtime.base import LiveTier
+from ..runtime.enter import Entered
+from ..runtime.liveproc import LiveHandle
+from ..runtime.validate import validate_spec
 from ..store.store import Store
 from .spec import RunSpecs
 
@@ -31,7 +33,7 @@ LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bo
 
 
 class Pool:
-    def __init__(self, live: LiveRuntime, image: str, template: RunSpec, size: int):
+    def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int):
         self.live = live
         self.image = image
         self.template = template                 # layers, root metadata, limits, hostname
@@ -179,7 +181,7 @@ class Pool:
 class Pools:
     """The engine's pools, one per image (a second `pool()` call on an image resizes it)."""
 
-    def __init__(self, store: Store, specs: RunSpecs, live: LiveRuntime, resolve: Callable[[str], str]):
+    def __init__(self, store: Store, specs: RunSpecs, live: LiveTier, resolve: Callable[[str], str]):
         self.store, self.specs, self.live, self.resolve = store, specs, live, resolve
         self.by_image: dict[str, Pool] = {}
         self.lock = threading.Lock()

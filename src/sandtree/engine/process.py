@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..runtime.live import LiveRuntime
-from ..runtime.namespaces import _parse_report
+from ..runtime.base import LiveTier
+from ..runtime.pump import parse_report
 
 
 class LiveProcess:
     """A process inside a live sandbox: subprocess.Popen's shape (stdin, stdout, stderr, wait,
     communicate, send_signal, kill) with the exit status of the command itself."""
 
-    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveRuntime, raw: bytearray | None = None):
+    def __init__(self, proc: subprocess.Popen, rep_r: int, live: LiveTier, raw: bytearray | None = None):
         self._proc, self._rep_r, self._live = proc, rep_r, live
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
         self.returncode: int | None = None
@@ -29,7 +29,7 @@ class LiveProcess:
                 self._raw += chunk
             os.close(self._rep_r)
             self._rep_r = None
-        rep = _parse_report(self._raw)
+        rep = parse_report(self._raw)
         if "execfail" in rep:
             self.returncode = 127 if rep["execfail"][1] == "exec" else 126
         elif "signal" in rep:

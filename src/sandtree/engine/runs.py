@@ -12,7 +12,7 @@ import uuid
 
 from .. import defaults as D
 from ..runtime.base import RunSpec
-from ..runtime.namespaces import validate_spec
+from ..runtime.validate import validate_spec
 from ..store import refs
 from ..store.store import ImageRow
 from ..secrets_mask import mask_env, mask_text, secret_values

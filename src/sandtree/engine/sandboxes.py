@@ -31,7 +31,8 @@ from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime import criu
 from ..runtime.base import Limits, RunSpec
-from ..runtime.live import LiveHandle, LiveRuntime
+from ..runtime.base import LiveTier
+from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.store import Store
 from .ahead import Ahead
@@ -50,7 +51,7 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 class Sandboxes(SandboxFiles):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
-                 live: LiveRuntime, resolve, default_tier):
+                 live: LiveTier, resolve, default_tier):
         self.store, self.specs, self.records, self.committer = store, specs, records, committer
         self.resolve = resolve                     # the engine's: a ref may name a branch
         self.live = live

@@ -58,7 +58,7 @@ def command_argv(command) -> list[str]:
 
 def _parts(path: str) -> list[str]:
     # one path rule for images: the one store/inspect.py resolves with (.. may not leave the root)
-    return inspect._split(path)
+    return inspect.split_path(path)
 
 
 class RunSpecs:

@@ -36,6 +36,11 @@ def files_router(p: Plumbing) -> APIRouter:
         return {"registry": await call(functools.partial(engine.registry_login, body.registry, body.username,
                                                          body.token, insecure=body.insecure))}
 
+    @router.get("/api/v1/registries/host")
+    async def registry_host(reference: str) -> dict:
+        """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
+        return {"registry": await call(engine.registry_host, reference)}
+
     @router.get("/api/v1/files/{sha256}/info")
     async def upload_info(sha256: str) -> dict:
         """An upload's size and time (the caller's own upload, or 404)."""

@@ -16,7 +16,6 @@ import tempfile
 
 from mcp.server.mcpserver.exceptions import ToolError
 
-from ..store.registry import registry_host   # the engine has no public way to name a URL's registry yet
 from .toolkit import Toolkit
 
 MAX_UPLOAD_IMPORT = 256 << 20     # bytes of an upload import_image("upload:SHA") reads into memory
@@ -174,7 +173,7 @@ def register(t: Toolkit) -> None:
     @t.tool
     def registry_token_obtain(registry_url: str) -> dict:
         """Where to create a read-only token for a registry (then call registry_auth with it)."""
-        host = registry_host(registry_url)
+        host = engine.registry_host(registry_url)
         pages = {"ghcr.io": "https://github.com/settings/tokens (scope: read:packages)",
                  "registry-1.docker.io": "https://app.docker.com/settings/personal-access-tokens (read-only)",
                  "registry.gitlab.com": "https://gitlab.com/-/user_settings/personal_access_tokens (read_registry)"}

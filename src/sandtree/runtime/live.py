@@ -32,9 +32,6 @@ from ..procid import proc_namespace, signal_member, start_time
 from .pump import parse_report
 from .validate import validate_spec
 
-# Names the engine and the tests import from here (defined in enter.py, liveproc.py, procid.py).
-from .enter import RELAY_GRACE, Entered  # noqa: F401
-
 
 class LiveRuntime(Commands, LiveTier):
     """The live-sandbox half of the namespaces tier (it reuses its helper, options and pump)."""

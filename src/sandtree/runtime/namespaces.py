@@ -43,11 +43,6 @@ from .reaper import reaper
 from .validate import disk_inodes, validate_spec
 from .warm import WarmPool
 
-# Old import names (the engine's, until it takes them from validate.py, pump.py and Runtime):
-# re-exported here, not defined twice.
-from .validate import MAX_ENV_BYTES, check_files_fit  # noqa: F401
-_parse_report = parse_report
-
 # Docker's default capability set (numbers from linux/capability.h).
 KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6,
              "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18,

@@ -26,7 +26,6 @@ import time
 from urllib.parse import quote
 
 from ..errors import DiskFull
-from . import refs
 
 SCHEMA_VERSION = 1
 
@@ -216,11 +215,6 @@ class Database:
     def put_trees(con, trees: dict[str, bytes]) -> None:
         # INSERT OR IGNORE: the first recording of a tree keeps its timestamps.
         con.executemany("INSERT OR IGNORE INTO trees(hash, data) VALUES(?, ?)", trees.items())
-
-    @staticmethod
-    def record_ref(con, kind: str, name: str, old: str | None, new: str | None, reason: str) -> None:
-        """Kept for callers not yet moved to store/refs.py's record() (tenancy): the one writer."""
-        refs.record(con, kind, name, old, new, reason)
 
 
 def dumps(obj) -> str:

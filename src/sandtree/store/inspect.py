@@ -24,7 +24,7 @@ MAX_SYMLINKS = 40
 MAX_LINE = 1 << 20
 
 
-def _split(path: str) -> list[str]:
+def split_path(path: str) -> list[str]:
     if not isinstance(path, str) or "\0" in path:
         raise InvalidInput("a path must be a string without NUL bytes")
     parts = []
@@ -42,7 +42,7 @@ def _split(path: str) -> list[str]:
 
 def resolve(store: Store, root: str, path: str, *, follow: bool = True) -> tuple[str, Entry]:
     """(normalised path, entry) for `path` in the tree `root`; the root itself is the '.' entry."""
-    todo = _split(path)
+    todo = split_path(path)
     done: list[str] = []
     stack: list[str] = [root]               # tree hashes of done's prefixes
     hops = 0

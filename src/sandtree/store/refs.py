@@ -89,7 +89,6 @@ def check_branch(name: str) -> None:
         raise InvalidInput(f"invalid branch name {name!r} (letters, digits and ._/-; not a hex id)")
 
 
-_check = check_branch          # (tenancy/tenants.py's name for it until it switches)
 
 
 def set_branch(con, name: str, image: str, *, force: bool, shown: str | None = None) -> None:

@@ -29,7 +29,7 @@ class TenantOperations:
         raise AttributeError(name)
 
     def _check(self, op) -> None:
-        self.view._own_op(op)
+        self.view.own_op(op)
 
     def _allow(self, row) -> None:                  # the view's token, the view's rules
         self.view._allow(row)
@@ -40,19 +40,19 @@ class TenantOperations:
     def submit_pull(self, reference: str, *, tag: str | None = None,
                     credentials: tuple[str, str] | None = None) -> str:
         """An import operation of this tenant: the image becomes its own, the tag its own name."""
-        self.view._need("import")
-        ref = self.view._check_pull(reference, tag, credentials)
-        imported = self.view._imported
+        self.view.need_scope("import")
+        ref = self.view.check_pull(reference, tag, credentials)
+        imported = self.view.imported
         op = self.inner.submit_pull(reference, then=lambda image: imported("pull", image, tag, {"reference": str(ref)}),
                                     check_host=check_public_registry)     # redirects and realms too
-        self.view._claim(op)
+        self.view.claim(op)
         return op
 
     def submit_run(self, ref: str, command, **options) -> str:    # rule: run slots, its branch advances
-        opts = self.view._run_options(options)
-        target = self.view._target(ref)
-        branch = self.view._branch_of(ref)
-        source = self.view._head(branch) if branch is not None else target
+        opts = self.view.run_options(options)
+        target = self.view.target_of(ref)
+        branch = self.view.branch_of(ref)
+        source = self.view.head_of(branch) if branch is not None else target
         # one tenant's submissions are counted and recorded one at a time, so two cannot both
         # take the last free slot
         with self.view.tenancy.tenant_lock(self.view.tenant.name):
@@ -60,9 +60,9 @@ class TenantOperations:
             try:
                 op = self.inner.submit_run(target, command, **opts)
             except SandtreeError as exc:
-                raise self.view._plain(exc) from None
-            self.view._claim(op)
-        self.view._audit_run(source, command, op, opts.get("env"), branch)
+                raise self.view.plain_error(exc) from None
+            self.view.claim(op)
+        self.view.audit_run(source, command, op, opts.get("env"), branch)
         return op
 
     def future(self, op: str):                      # rule: only its own operations exist
@@ -77,7 +77,7 @@ class TenantOperations:
         """An operation record with the tenant's own name for a branch it ran on."""
         o = rec.get("outcome")
         if isinstance(o, dict) and isinstance(o.get("message"), str):
-            rec["outcome"] = {**o, "message": o["message"].replace(self.view._ns(""), "")}
+            rec["outcome"] = {**o, "message": o["message"].replace(self.view.ns_name(""), "")}
         return rec
 
     def wait(self, ops: list[str], timeout: float | None = None) -> list[dict]:    # rule: only its own, all first

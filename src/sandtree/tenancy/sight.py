@@ -8,7 +8,7 @@ import time
 
 from ..branching.lineage import Visible
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
-from ..store.db import Database
+from ..store import refs
 from ..store.names import check_tag
 from ..table import Op, RunRecord
 from . import auditing
@@ -27,12 +27,12 @@ class TenantSight:
         self.db = tenancy.db
         self._p = {"t": tenant.name}
 
-    def _need(self, scope: str) -> None:
+    def need_scope(self, scope: str) -> None:
         if scope not in self.tenant.scopes:
             raise Forbidden(f"this token has no {scope!r} scope (it has: {', '.join(self.tenant.scopes)})",
                             scope=scope)
 
-    def _ns(self, name: str) -> str:
+    def ns_name(self, name: str) -> str:
         return f"{self.tenant.name}{SEP}{name}"
 
     # ---- images -------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ class TenantSight:
     def _own_ref(self, kind: str, name: str) -> str | None:
         if not isinstance(name, str) or SEP in name:
             return None
-        row = self.db.one("SELECT image FROM refs WHERE kind=? AND name=?", (kind, self._ns(name)))
+        row = self.db.one("SELECT image FROM refs WHERE kind=? AND name=?", (kind, self.ns_name(name)))
         return row[0] if row else None
 
     def _tag_image(self, name: str) -> str | None:
@@ -66,7 +66,7 @@ class TenantSight:
                           "(SELECT image FROM public_images)", (name,))
         return row[0] if row else None
 
-    def _branch_of(self, ref) -> str | None:
+    def branch_of(self, ref) -> str | None:
         if not isinstance(ref, str):
             return None
         if ref.startswith("branch:"):
@@ -75,7 +75,7 @@ class TenantSight:
             return None
         return ref if self._own_ref("branch", ref) is not None else None
 
-    def _head(self, name: str) -> str:
+    def head_of(self, name: str) -> str:
         image = self._own_ref("branch", name)
         if image is None:
             raise NotFound(f"no branch {name!r}", branch=name)
@@ -84,22 +84,20 @@ class TenantSight:
     def _write_tag(self, name: str, image: str, reason: str) -> None:
         """Point this tenant's tag `name` at `image` (its stored, namespaced name)."""
         with self.db.tx() as con:
-            row = con.execute("SELECT image FROM refs WHERE kind='tag' AND name=?", (self._ns(name),)).fetchone()
-            if row is None or row[0] != image:
-                Database.record_ref(con, "tag", self._ns(name), row[0] if row else None, image, reason)
+            refs.set_tag(con, self.ns_name(name), image, reason)
 
     def _ref_name(self, kind: str, name) -> str:
         """The stored name of this tenant's existing tag or branch `name` (NotFound, told with
         the tenant's own name, when it has none)."""
         if isinstance(name, str) and SEP not in name and self._own_ref(kind, name) is not None:
-            return self._ns(name)
+            return self.ns_name(name)
         if kind == "branch":
             raise NotFound(f"no branch {name!r}", branch=name)
         raise NotFound(f"no tag {name!r}")
 
     def _names(self) -> dict[str, list[str]]:
         """image -> the tag names this tenant sees on it (its own, and global ones of public images)."""
-        pre = self._ns("")
+        pre = self.ns_name("")
         out: dict[str, set[str]] = {}
         for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='tag' AND substr(name, 1, ?)=?",
                                          (len(pre), pre)):
@@ -111,7 +109,7 @@ class TenantSight:
 
     def _branch_names(self) -> dict[str, str]:
         """This tenant's branches: name -> head."""
-        pre = self._ns("")
+        pre = self.ns_name("")
         return {n[len(pre):]: i for n, i in self.db.query(
             "SELECT name, image FROM refs WHERE kind='branch' AND substr(name, 1, ?)=? ORDER BY name",
             (len(pre), pre))}
@@ -148,7 +146,7 @@ class TenantSight:
             if isinstance(f, dict) and f.get("sha256") is not None:
                 self._own_blob("upload", f["sha256"])
 
-    def _own_op(self, op) -> str:
+    def own_op(self, op) -> str:
         if not isinstance(op, str) or self.db.one("SELECT 1 FROM tenant_ops WHERE op=? AND tenant=?",
                                                   (op, self.tenant.name)) is None:
             raise NotFound(f"no operation {op!r}")
@@ -159,7 +157,7 @@ class TenantSight:
             con.execute("INSERT OR IGNORE INTO tenant_images(tenant, image, at) VALUES(?,?,?)",
                         (self.tenant.name, image, time.time()))
 
-    def _claim(self, op: str) -> None:
+    def claim(self, op: str) -> None:
         with self.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO tenant_ops(op, tenant, token) VALUES(?,?,?)",
                         (op, self.tenant.name, self.tenant.token))
@@ -171,7 +169,7 @@ class TenantSight:
                           "(SELECT op FROM tenant_ops) ORDER BY started DESC LIMIT 1", (kind, result))
         if row is None:
             return None
-        self._claim(row[0])
+        self.claim(row[0])
         return row[0]
 
     # A sandbox is this tenant's if it started it (tenant_blobs, kind "sandbox"); any other id or
@@ -191,9 +189,9 @@ class TenantSight:
     def _audit(self, action: str, **kw) -> None:
         self.tenancy.record(self.tenant, action, **kw)
 
-    def _plain(self, exc: SandtreeError) -> SandtreeError:
+    def plain_error(self, exc: SandtreeError) -> SandtreeError:
         """An engine error about a namespaced ref, told with the tenant's own name for it."""
-        pre = self._ns("")
+        pre = self.ns_name("")
         exc.message = exc.message.replace(pre, "")
         exc.args = (exc.message,)
         exc.details = {k: (v.replace(pre, "") if isinstance(v, str) else v) for k, v in exc.details.items()}
@@ -205,7 +203,7 @@ class TenantSight:
             raise Forbidden(f"{row.name.replace('_', ' ')} is for the server's administrator "
                             "(a token with the admin scope)", scope="admin")
         if row.scope is not None:
-            self._need(row.scope)
+            self.need_scope(row.scope)
 
     def _call_row(self, row: Op, args: dict, target=None):
         """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
@@ -236,11 +234,11 @@ class TenantSight:
             else:
                 answer = call(self.engine if target is None else target, row, dict(args))
         except SandtreeError as exc:
-            raise self._plain(exc) from None
+            raise self.plain_error(exc) from None
         if row.name in KEEPS:
             self._keep_blob(KEEPS[row.name], answer)
         if isinstance(answer, RunRecord):               # an exec's operation is the tenant's
-            self._claim(answer.op)
+            self.claim(answer.op)
         rec = auditing.entry(row, shown, answer)
         if row.name in MAKES and rec["result"]:
             self._own(rec["result"])
@@ -267,4 +265,4 @@ class TenantSight:
     # Arguments that name something a tenant owns, by parameter name: what the engine is given
     # instead (NotFound, as for a thing that does not exist, when it is another's).
     _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": _own_set,
-                 "op": _own_op, "files": _own_files, "file_set": _own_file_set}
+                 "op": own_op, "files": _own_files, "file_set": _own_file_set}

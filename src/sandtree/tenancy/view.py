@@ -15,9 +15,8 @@ from .. import table
 from ..branching import lineage
 from ..branching.fork import fan_out, refuse_fork_options
 from ..branching.merge import check_on_conflict, conflict_outcome
-from ..errors import Conflict, Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
+from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
-from ..store.db import Database
 from ..store.names import check_tag
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
@@ -26,7 +25,7 @@ from .derive import install
 from .limits import capped, check_slots
 from .operations import TenantOperations
 from .sight import TenantSight
-from .tenant import DEFAULT_MAX_SANDBOXES, OWNED, VISIBLE, check_public_registry
+from .tenant import DEFAULT_MAX_SANDBOXES, VISIBLE, check_public_registry
 
 
 class TenantView(TenantSight):
@@ -52,16 +51,16 @@ class TenantView(TenantSight):
     def close(self) -> None:
         pass                                # the engine is the server's, not this view's
 
-    def _target(self, ref) -> str:
+    def target_of(self, ref) -> str:
         """What the engine is given for a run: this tenant's branch by its stored name (the run
         advances it), else a visible image ID."""
-        branch = self._branch_of(ref)
+        branch = self.branch_of(ref)
         if branch is not None:
-            self._head(branch)
-            return "branch:" + self._ns(branch)
+            self.head_of(branch)
+            return "branch:" + self.ns_name(branch)
         return self.resolve(ref)
 
-    def _run_options(self, options: dict, keys=None) -> dict:
+    def run_options(self, options: dict, keys=None) -> dict:
         """Uploads and file sets must be this tenant's; resources within its limits."""
         if "op_id" in options:
             raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
@@ -71,7 +70,7 @@ class TenantView(TenantSight):
             self._own_blob("file_set", opts["file_set"])
         return capped(self.tenant.limits, self.engine.default_limits, opts, keys)
 
-    def _audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
+    def audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
         self._audit("run", image=source, op=op,
                     detail={"command": auditing.masked(command, env), **({"branch": branch} if branch else {})})
 
@@ -79,9 +78,9 @@ class TenantView(TenantSight):
     def resolve(self, ref: str) -> str:             # rule: only visible images, own names, public tags
         if not isinstance(ref, str) or not ref:
             raise InvalidInput("an image reference must be a non-empty string")
-        branch = self._branch_of(ref)
+        branch = self.branch_of(ref)
         if branch is not None:
-            return self._head(branch)
+            return self.head_of(branch)
         if len(ref) == 64 and HEX_RE.match(ref) and self._visible(ref):
             return ref
         image = self._tag_image(ref.removeprefix("tag:"))
@@ -124,13 +123,10 @@ class TenantView(TenantSight):
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)]}
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
-        refs._check(name)
+        refs.check_branch(name)
         self._see(image)
         with self.db.tx() as con:
-            row = con.execute("SELECT image FROM refs WHERE kind='branch' AND name=?", (self._ns(name),)).fetchone()
-            if row is not None and not force:
-                raise Conflict(f"branch {name!r} exists (at {row[0][:12]})", branch=name, image=row[0])
-            Database.record_ref(con, "branch", self._ns(name), row[0] if row else None, image, "create")
+            refs.set_branch(con, self.ns_name(name), image, force=force, shown=name)
         self._audit("branch create", image=image, detail={"branch": name})
 
     def branches(self) -> dict[str, str]:           # rule: only its own branches
@@ -138,17 +134,17 @@ class TenantView(TenantSight):
 
     def rollback(self, name: str, *, to: str | None = None, steps: int | None = None) -> str:
         # rule: back only to an ancestor it can see (a walk through hidden images would tell of them)
-        cur = self._head(name)
+        cur = self.head_of(name)
         if to is not None:
             self._see(to)
         visible = self._visibility()
         try:
-            target = refs.rollback_target(self.engine.store, self._ns(name), steps=steps, to=to,
+            target = refs.rollback_target(self.engine.store, self.ns_name(name), steps=steps, to=to,
                                           is_ancestor=lambda a, b: a in lineage.ancestors(
                                               self.engine.store, b, visible))
-            refs.advance(self.engine.store, self._ns(name), cur, target, "rollback")
+            refs.advance(self.engine.store, self.ns_name(name), cur, target, "rollback")
         except SandtreeError as exc:
-            raise self._plain(exc) from None
+            raise self.plain_error(exc) from None
         self._audit("rollback", image=cur, result=target, detail={"branch": name})
         return target
 
@@ -157,12 +153,12 @@ class TenantView(TenantSight):
     # ---- imports and uploads ------------------------------------------------------------------
     def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
         # rule: a tenant's pull reaches public registries only, never with the operator's credentials
-        ref = self._check_pull(reference, tag)
+        ref = self.check_pull(reference, tag)
         image = self.engine.pull_operation(reference, tag=None, insecure=insecure, progress=progress,
                                  check_host=check_public_registry)         # redirects and realms too
-        return self._imported("pull", image, tag, {"reference": str(ref)})
+        return self.imported("pull", image, tag, {"reference": str(ref)})
 
-    def _check_pull(self, reference: str, tag: str | None, credentials=None):
+    def check_pull(self, reference: str, tag: str | None, credentials=None):
         """The parsed reference of a pull this tenant may make: to a public registry, with no
         credentials (registry credentials are stored server-wide: the operator's, not a tenant's
         to set or use)."""
@@ -175,7 +171,7 @@ class TenantView(TenantSight):
                             scope="admin")
         return ref
 
-    def _imported(self, kind: str, image: str, tag: str | None, detail: dict) -> str:
+    def imported(self, kind: str, image: str, tag: str | None, detail: dict) -> str:
         self._own(image)
         op = self._claim_op(kind, image)
         if tag is not None:
@@ -197,21 +193,21 @@ class TenantView(TenantSight):
 
     # ---- runs and sandboxes -------------------------------------------------------------------
     def run(self, ref: str, command, **options):    # rule: run slots (max_runs), its branch advances
-        opts = self._run_options(options)
-        target = self._target(ref)
-        branch = self._branch_of(ref)
-        source = self._head(branch) if branch is not None else target
+        opts = self.run_options(options)
+        target = self.target_of(ref)
+        branch = self.branch_of(ref)
+        source = self.head_of(branch) if branch is not None else target
         op = uuid.uuid4().hex
         with self.tenancy.tenant_lock(self.tenant.name):
             check_slots(self.tenancy, self.tenant)
             self.tenancy.sync_run(self.tenant.name, +1)
         try:
-            self._claim(op)
-            self._audit_run(source, command, op, opts.get("env"), branch)
+            self.claim(op)
+            self.audit_run(source, command, op, opts.get("env"), branch)
             try:
                 return self.engine.run_operation(target, command, op_id=op, **opts)
             except SandtreeError as exc:
-                raise self._plain(exc) from None
+                raise self.plain_error(exc) from None
         finally:
             self.tenancy.sync_run(self.tenant.name, -1)
 
@@ -220,13 +216,13 @@ class TenantView(TenantSight):
         # claims, audit, branch names), each checked first within the tenant's limits
         refuse_fork_options(options)
         source = self.resolve(ref)
-        opts = self._run_options(options)
+        opts = self.run_options(options)
         return fan_out(self.operations, commands, parallel,
                        check=lambda c: self.engine.run_operation(source, c, check_only=True, **opts),
                        submit=lambda c: self.operations.submit_run(source, c, **options))
 
     def sandbox_start(self, ref: str, **options) -> dict:     # rule: max_sandboxes; the sandbox is its own
-        opts = self._run_options(options)
+        opts = self.run_options(options)
         source = self.resolve(ref)
         cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
         with self.tenancy.tenant_lock(self.tenant.name):
@@ -242,7 +238,7 @@ class TenantView(TenantSight):
         # rule: naming the commit takes the tag scope too; the image and its tag are the tenant's
         full = self._sandbox(sid)
         if tag is not None:
-            self._need("tag")
+            self.need_scope("tag")
         image = self.engine.sandbox_commit(full)
         self._claim_op("commit", image)
         self._own(image)
