@@ -79,3 +79,49 @@ def test_per_stream_callbacks_in_a_live_sandbox(base):
         assert b"".join(out) == b"live\n" and b"".join(err) == b"oops\n"
     finally:
         sb.stop()
+
+
+def test_live_sandbox_file_helpers(base):
+    """ls / exists / remove / mkdir on a running sandbox, and writes that make their parents,
+    each seen from inside the sandbox too."""
+    sb = base.start()
+    try:
+        sb.write("/work/deep/er/note.txt", "hi\n")                  # parents made (mkdir -p)
+        assert sb.exec("cat /work/deep/er/note.txt").stdout == b"hi\n"
+        assert sb.exists("/work/deep") and not sb.exists("/work/nothing")
+        names = {e["name"]: e for e in sb.ls("/work/deep/er")}
+        assert names["note.txt"]["kind"] == "file" and names["note.txt"]["size"] == 3
+        sb.mkdir("/srv/a/b", mode=0o700, uid=1000, gid=1000)
+        assert sb.exec("stat -c '%a %u' /srv/a/b").stdout == b"700 1000\n"
+        with pytest.raises(sandtree.InvalidInput, match="files in it"):
+            sb.remove("/work/deep")                                  # not emptied from outside
+        sb.remove("/work/deep/er/note.txt")
+        assert sb.exec("test -e /work/deep/er/note.txt").exit_code == 1
+        sb.remove("/work/deep/er")
+        assert not sb.exists("/work/deep/er")
+        with pytest.raises(sandtree.PathNotFound):
+            sb.remove("/work/deep/er")
+        sb.exec("ln -s /etc /work/etclink")
+        sb.remove("/work/etclink")                                   # the link, not what it names
+        assert sb.exec("test -f /etc/passwd").exit_code == 0
+        with pytest.raises(sandtree.InvalidInput):
+            sb.write("/x/y", b"data", mode=0o77777)                   # refused before any dir is made
+        assert not sb.exists("/x")
+    finally:
+        sb.stop()
+
+
+def test_live_sandbox_helpers_stay_inside(base):
+    """A link the sandbox points at the host is resolved inside the sandbox's root; /proc is not
+    the sandbox's own filesystem."""
+    sb = base.start()
+    try:
+        sb.exec("ln -s / /work-root && mkdir -p /tmp")
+        sb.mkdir("/work-root/tmp/made")                              # lands in the sandbox's /tmp
+        assert sb.exec("test -d /tmp/made").exit_code == 0
+        with pytest.raises(sandtree.NotRegularFile):
+            sb.ls("/proc")
+        with pytest.raises(sandtree.InvalidInput):
+            sb.mkdir("/tmp/../etc/x")
+    finally:
+        sb.stop()

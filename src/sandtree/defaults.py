@@ -1,6 +1,7 @@
 """Every default a caller can leave out, in one place (the operation table, the engine, the server's
-request models, MCP and the CLI read them from here; none writes its own number), and Limits, the
-resource limits of a run with their defaults."""
+request models, MCP and the CLI read them from here; none writes its own number), and the two
+values that carry them across every surface: Limits (a run's resource limits) and RunRecord (what
+a run produced: the engine's answer and the remote client's alike)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,22 @@ class Limits:
     disk: int = 1 << 30              # bytes the run may write (and disk/4096 inodes, at least 1024)
     output: int = 16 << 20           # bytes kept per stream (stdout, stderr); a stream passing it
                                      # stops the run (usage["killed_by"] = "output_limit")
+
+
+@dataclass
+class RunRecord:
+    """What a run or an exec produced (the engine's answer and the remote client's alike; the
+    public RunResult wraps it)."""
+    op: str
+    source: str
+    image: str | None
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    usage: dict
+    cancelled: bool = False

@@ -16,26 +16,7 @@ from dataclasses import dataclass, field
 
 from . import defaults as D
 
-__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "RunRecord", "op"]
-
-
-@dataclass
-class RunRecord:
-    """What a run or an exec produced (the engine's answer and the remote client's alike; the
-    public RunResult wraps it)."""
-    op: str
-    source: str
-    image: str | None
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    oom_killed: bool
-    usage: dict
-    cancelled: bool = False
+__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
 
 
 @dataclass(frozen=True)
@@ -330,7 +311,23 @@ def sandbox_read(sid: str, path: str) -> bytes:
 @op("run", audit="sandbox write",
     http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
-    """Write a file into a live sandbox."""
+    """Write a file into a live sandbox (missing parent directories are made)."""
+
+@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
+def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
+    """A directory of a live sandbox: name, kind, size, mode of each entry."""
+
+@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
+def sandbox_exists(sid: str, path: str) -> bool:
+    """Whether a path exists in a live sandbox."""
+
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
+def sandbox_remove(sid: str, path: str) -> None:
+    """Remove a file, a link or an empty directory of a live sandbox."""
+
+@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
+def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+    """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
 
 # ---- warm pools -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Callable
 from .. import defaults as D
 from ..errors import InvalidInput
 from ..render import render_svg, render_text
-from ..table import RunRecord
+from ..defaults import RunRecord
 from .inputs import files_arg, streams
 
 __all__ = ["Image", "RunResult", "Sandbox", "MergeResult", "Branch", "best_of"]
@@ -236,9 +236,24 @@ class Sandbox:
         return self.read(path).decode("utf-8", "replace")
 
     def write(self, path: str, data: bytes | str, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
-        """Write a file into the running sandbox (its directory must exist)."""
+        """Write a file into the running sandbox (missing parent directories are made)."""
         self._st.engine.sandbox_write(self.id, path, data.encode() if isinstance(data, str) else data,
                                        mode=mode, uid=uid, gid=gid)
+
+    def ls(self, path: str = "/") -> list[dict]:
+        """A directory as the sandbox sees it now: name, kind, size, mode of each entry."""
+        return self._st.engine.sandbox_ls(self.id, path)
+
+    def exists(self, path: str) -> bool:
+        return self._st.engine.sandbox_exists(self.id, path)
+
+    def remove(self, path: str) -> None:
+        """Remove a file, a link or an empty directory."""
+        self._st.engine.sandbox_remove(self.id, path)
+
+    def mkdir(self, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+        """Make a directory and any missing parents."""
+        self._st.engine.sandbox_mkdir(self.id, path, mode=mode, uid=uid, gid=gid)
 
     def commit(self, *, tag: str | None = None) -> Image:
         """An image of its filesystem now (processes frozen for the instant, then thawed); it

@@ -25,7 +25,7 @@ import httpx
 from .. import errors, table
 from .. import defaults as D
 from ..defaults import Limits
-from ..table import RunRecord
+from ..defaults import RunRecord
 
 __all__ = ["RemoteEngine", "RemoteOperations", "run_body", "raise_for", "raise_error", "record"]
 

@@ -2,7 +2,7 @@
 
 from .core import Engine
 from .spec import default_idmap
-from ..table import RunRecord
+from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, parse_size
 
 __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size"]

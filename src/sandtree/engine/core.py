@@ -35,7 +35,7 @@ from .records import Records
 from .runs import RunOps
 from .sandboxes import Sandboxes
 from .spec import RunSpecs, default_idmap
-from ..table import RunRecord
+from ..defaults import RunRecord
 from .uploads import UploadOps
 
 _TENANCY_LOCK = threading.Lock()
@@ -164,6 +164,18 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
     def sandbox_write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0,
                       gid: int = 0) -> None:
         self.sandboxes.write(sid, path, data, mode=mode, uid=uid, gid=gid)
+
+    def sandbox_ls(self, sid: str, path: str = "/") -> list[dict]:
+        return self.sandboxes.ls(sid, path)
+
+    def sandbox_exists(self, sid: str, path: str) -> bool:
+        return self.sandboxes.exists(sid, path)
+
+    def sandbox_remove(self, sid: str, path: str) -> None:
+        self.sandboxes.remove(sid, path)
+
+    def sandbox_mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+        self.sandboxes.mkdir(sid, path, mode=mode, uid=uid, gid=gid)
 
     def close(self) -> None:
         if self._operations is not None:

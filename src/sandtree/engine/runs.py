@@ -18,7 +18,7 @@ from ..store.store import ImageRow
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
-from ..table import RunRecord
+from ..defaults import RunRecord
 from ..values import DEFAULT_ENV
 
 

@@ -43,7 +43,7 @@ from .sandbox_files import SandboxFiles
 from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
-from ..table import RunRecord
+from ..defaults import RunRecord
 from ..values import DEFAULT_ENV
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")

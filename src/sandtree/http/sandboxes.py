@@ -123,4 +123,25 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
         await call(engine.sandbox_write, sid, path, data, mode=mode, uid=uid, gid=gid)
         return {"path": path, "size": len(data)}
 
+    @router.delete("/api/v1/sandboxes/{sid}/file", status_code=204)
+    async def remove_sandbox_file(sid: str, path: str) -> Response:
+        """Remove a file, a link or an empty directory."""
+        await call(engine.sandbox_remove, sid, path)
+        return Response(status_code=204)
+
+    @router.get("/api/v1/sandboxes/{sid}/ls")
+    async def list_sandbox_dir(sid: str, path: str = "/") -> list[dict]:
+        return await call(engine.sandbox_ls, sid, path)
+
+    @router.get("/api/v1/sandboxes/{sid}/exists")
+    async def sandbox_path_exists(sid: str, path: str) -> dict:
+        return {"path": path, "exists": await call(engine.sandbox_exists, sid, path)}
+
+    @router.post("/api/v1/sandboxes/{sid}/mkdir")
+    async def make_sandbox_dir(sid: str, path: str, mode: int = Query(0o755, ge=0, le=0o7777),
+                               uid: int = Query(0, ge=0, lt=65536), gid: int = Query(0, ge=0, lt=65536)) -> dict:
+        """Make a directory and any missing parents (mkdir -p)."""
+        await call(engine.sandbox_mkdir, sid, path, mode=mode, uid=uid, gid=gid)
+        return {"path": path}
+
     return router

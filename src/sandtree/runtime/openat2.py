@@ -197,3 +197,110 @@ def _replace(dfd: int, name: str, path: str, data: bytes, mode: int, uid: int, g
         if isinstance(exc, IsADirectoryError):         # made a directory meanwhile
             raise NotRegularFile(f"{path} is a directory: only regular files are written", path=path) from None
         raise
+
+
+MAX_LISTED = 10000                  # entries one listing returns (a directory the sandbox filled)
+
+
+def exists(root_fd: int, path: str) -> bool:
+    """Whether `path` names anything in the sandbox (symlinks followed inside the root)."""
+    try:
+        os.close(open_in_root(root_fd, path, os.O_PATH))
+    except PathNotFound:
+        return False
+    return True
+
+
+def list_dir(root_fd: int, path: str, mounts: set[int]) -> list[dict]:
+    """The entries of a directory of the sandbox's own filesystem: name, kind, size, mode (at most
+    MAX_LISTED; lstat of each, so a link is reported as a link, never followed)."""
+    dfd = open_in_root(root_fd, path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _own_filesystem(dfd, mounts, path)
+        out = []
+        with os.scandir(dfd) as it:
+            for e in it:
+                if len(out) >= MAX_LISTED:
+                    break
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue                              # removed while listed
+                out.append({"name": e.name, "kind": _KINDS.get(stat.S_IFMT(st.st_mode), "other"),
+                            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+        return sorted(out, key=lambda x: x["name"])
+    finally:
+        os.close(dfd)
+
+
+_KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFCHR: "char",
+          stat.S_IFBLK: "block", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
+
+
+def make_dirs(root_fd: int, path: str, mode: int, uid: int, gid: int, mounts: set[int]) -> None:
+    """Every missing directory of `path` in the sandbox, as mkdir -p does, owned by host uid/gid
+    (already mapped): each made in its parent opened inside the root (a link the sandbox puts in
+    the way is resolved inside it), and only on the sandbox's own filesystem."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidInput(f"a path with '..' is refused: {path}", path=path)
+    for i, name in enumerate(parts):
+        parent = "/" + "/".join(parts[:i])
+        dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd)            # a link to a directory inside the root is fine
+                if not stat.S_ISDIR(st.st_mode):
+                    raise NotRegularFile(f"/{'/'.join(parts[:i + 1])} exists and is {_kind(st.st_mode)}",
+                                         path=path)
+                continue
+            except FileNotFoundError:
+                pass
+            _own_filesystem(dfd, mounts, path)
+            try:
+                os.mkdir(name, 0o700, dir_fd=dfd)         # 0700 until it is the owner's
+            except FileExistsError:
+                continue                                  # made meanwhile
+            os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+            _chmod_dir(dfd, name, mode)
+        finally:
+            os.close(dfd)
+
+
+def _chmod_dir(dfd: int, name: str, mode: int) -> None:
+    """chmod the directory just made, through an fd of it (never following a link put there)."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def remove(root_fd: int, path: str, mounts: set[int]) -> None:
+    """Remove a file, a link (not what it points to) or an empty directory of the sandbox's own
+    filesystem. A directory with files in it is refused, not emptied: removing a tree from the
+    host would have to walk what the sandbox controls (`exec rm -r` does it inside)."""
+    parent, name = _split(path.rstrip("/") or "/")
+    if name in ("", ".", ".."):
+        raise InvalidInput(f"cannot remove {path}", path=path)
+    dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        _own_filesystem(dfd, mounts, path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=dfd)
+            else:
+                os.unlink(name, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                raise InvalidInput(f"{path} is a directory with files in it (remove them first, or exec rm -r)",
+                                   path=path) from None
+            if exc.errno == errno.EBUSY:
+                raise InvalidInput(f"{path} is a mount point", path=path) from None
+            raise
+    finally:
+        os.close(dfd)

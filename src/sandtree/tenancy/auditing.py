@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..secrets_mask import mask_text, secret_values
 from ..store.names import HEX_RE
-from ..table import Op, RunRecord
+from ..defaults import RunRecord
+from ..table import Op
 
 # Where an answer that is an image goes (default: `result`, the image the call made).
 ANSWER = {
@@ -49,6 +50,8 @@ def entry(row: Op, args: dict, answer) -> dict:
         image, result = result, (result if where == "both" else None)
     if "sid" in args:
         detail["sandbox"] = args["sid"]
+    if row.name in ("sandbox_remove", "sandbox_mkdir"):
+        detail["path"] = args["path"]
     if "command" in args or "argv" in args:
         detail["command"] = masked(args.get("command", args.get("argv")), args.get("env"))
     if row.name == "sandbox_popen":

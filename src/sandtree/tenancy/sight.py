@@ -10,7 +10,8 @@ from ..branching.lineage import Visible
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
 from ..store import refs
 from ..store.names import check_tag
-from ..table import Op, RunRecord
+from ..defaults import RunRecord
+from ..table import Op
 from . import auditing
 from .derive import KEEPS, LINEAGE, MAKES, REFS, call
 from .limits import capped
