@@ -104,8 +104,10 @@ def test_files_while_running_stay_inside(sb):
         sb.read("/tmp/rootlink/../../../../etc/debian_version")
     with pytest.raises(sandtree.InvalidInput):
         sb.read("relative/path")
-    with pytest.raises(sandtree.PathNotFound):
-        sb.write("/no/such/dir/file", b"x")
+    sb.write("/no/such/dir/file", b"x")                    # (issue 13: a write makes its parents)
+    assert sb.exec("cat /no/such/dir/file").stdout == b"x"
+    sb.write("/tmp/rootlink/made/here", b"y")              # a parent made through a planted link: inside
+    assert sb.exec("cat /made/here").stdout == b"y"
 
 
 def test_commit_while_running_then_fork(sb, bb):

@@ -216,6 +216,9 @@ def test_live_through_the_interface(eng, img, tier):
         assert live.handle(h.to_dict()) == h                   # the stored form names it again
         out = live.exec(h, spec_for(eng, img, ["/bin/sh", "-c", "echo hi > /tmp/f; cat /tmp/f; exit 4"]))
         assert (out.exit_code, out.stdout) == (4, b"hi\n")
+        end = time.monotonic() + 5                # the exec's relay leaves the group just after it
+        while live.lingering(h) and time.monotonic() < end:
+            time.sleep(0.05)
         assert not live.lingering(h)
         proc, rep_r, raw = live.popen(h, spec_for(eng, img, ["/bin/sh", "-c", "exit 5"]))
         proc.communicate()

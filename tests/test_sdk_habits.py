@@ -125,3 +125,28 @@ def test_live_sandbox_helpers_stay_inside(base):
             sb.mkdir("/tmp/../etc/x")
     finally:
         sb.stop()
+
+
+def test_set_timeout_moves_the_end_of_a_live_sandbox(base):
+    """E2B's set_timeout: later than the lifetime keeps it past it (its helper's own alarm
+    re-reads the deadline), sooner ends it then; bad values change nothing."""
+    import time
+    sb = base.start(lifetime=2)
+    try:
+        assert sb.set_timeout(30)["expires"] > time.time() + 25
+        time.sleep(3.5)                                             # past the 2 s it started with
+        assert sb.exec("echo alive").stdout == b"alive\n"
+        with pytest.raises(sandtree.InvalidInput):
+            sb.set_timeout(-1)
+        with pytest.raises(sandtree.InvalidInput):
+            sb.set_timeout(10 ** 9)
+        assert sb.exec("true").exit_code == 0                        # unchanged by the refusals
+        sb.set_timeout(1)
+        time.sleep(2.5)
+        with pytest.raises(sandtree.SandtreeError):
+            sb.exec("true")                                          # its helper ended it
+    finally:
+        try:
+            sb.stop()
+        except sandtree.SandtreeError:
+            pass

@@ -96,7 +96,6 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 _LOCAL_HOST = "it reads or writes paths of the server's own machine"
 
 # ---- names, images, refs -------------------------------------------------------------------------
-
 @op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
 def resolve(ref: str) -> str:
     """The full image ID a reference names."""
@@ -138,7 +137,6 @@ def unshare(image: str) -> dict:
 
 
 # ---- import ---------------------------------------------------------------------------------------
-
 @op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
@@ -166,7 +164,6 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
 
 
 # ---- uploads and file sets --------------------------------------------------------------------------
-
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
@@ -197,7 +194,6 @@ def file_set(set_id: str) -> list[dict]:
 
 
 # ---- inspection ----------------------------------------------------------------------------------
-
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
@@ -229,7 +225,6 @@ def patch(a: str, b: str) -> str:
 
 
 # ---- runs -----------------------------------------------------------------------------------------
-
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
@@ -255,7 +250,6 @@ def operation(op: str) -> dict:
 
 
 # ---- live sandboxes ------------------------------------------------------------------------------
-
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
 def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
@@ -313,6 +307,11 @@ def sandbox_read(sid: str, path: str) -> bytes:
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
+@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
+def sandbox_set_timeout(sid: str, timeout: float) -> dict:
+    """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
+    timeout: seconds from now until the sandbox is stopped"""
+
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
@@ -331,7 +330,6 @@ def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: 
 
 
 # ---- warm pools -----------------------------------------------------------------------------------
-
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
                                                 body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
                                                       "output")))
@@ -362,7 +360,6 @@ def pool_remove(ref: str) -> None:
 
 
 # ---- lineage ----------------------------------------------------------------------------------------
-
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
@@ -401,7 +398,6 @@ def lineage_path(a: str, b: str) -> list[str]:
 
 
 # ---- branching ------------------------------------------------------------------------------------
-
 @op("run", images=("base", "ours", "theirs"), audit="merge",
     http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
@@ -442,7 +438,6 @@ def bundle_import(path: str) -> dict:
 
 
 # ---- the server and its store ------------------------------------------------------------------------
-
 @op(None, caller=True, http=Http(_G, "/whoami"))
 def whoami() -> dict:
     """Who the caller is: tenant, scopes, the store."""
@@ -465,7 +460,6 @@ def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
 
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
-
 @op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True)
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""

@@ -240,6 +240,11 @@ class Sandbox:
         self._st.engine.sandbox_write(self.id, path, data.encode() if isinstance(data, str) else data,
                                        mode=mode, uid=uid, gid=gid)
 
+    def set_timeout(self, timeout: float) -> dict:
+        """Stop the sandbox `timeout` seconds from now (sooner or later than its lifetime said)."""
+        self._info = self._st.engine.sandbox_set_timeout(self.id, timeout)
+        return self._info
+
     def ls(self, path: str = "/") -> list[dict]:
         """A directory as the sandbox sees it now: name, kind, size, mode of each entry."""
         return self._st.engine.sandbox_ls(self.id, path)

@@ -17,7 +17,7 @@ from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from .inputs import files_arg
-from .objects import Branch, Image, MergeResult, RunResult, Sandbox, best_of
+from .objects import Branch, Image, MergeResult, RunResult, Sandbox
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]

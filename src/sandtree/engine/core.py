@@ -165,6 +165,9 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                       gid: int = 0) -> None:
         self.sandboxes.write(sid, path, data, mode=mode, uid=uid, gid=gid)
 
+    def sandbox_set_timeout(self, sid: str, timeout: float) -> dict:
+        return self.sandboxes.set_timeout(sid, timeout)
+
     def sandbox_ls(self, sid: str, path: str = "/") -> list[dict]:
         return self.sandboxes.ls(sid, path)
 

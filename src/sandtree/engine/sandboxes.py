@@ -28,7 +28,7 @@ import time
 import uuid
 
 from .. import defaults as D
-from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
+from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime import criu
 from ..runtime.base import Limits, RunSpec
 from ..runtime.base import LiveTier
@@ -40,6 +40,7 @@ from .commit import Committer
 from .process import LiveProcess
 from .records import Records
 from .sandbox_files import SandboxFiles
+from .sandbox_lifetime import SandboxLifetime
 from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
@@ -49,7 +50,7 @@ from ..values import DEFAULT_ENV
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 
-class Sandboxes(SandboxFiles):
+class Sandboxes(SandboxFiles, SandboxLifetime):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier):
         self.store, self.specs, self.records, self.committer = store, specs, records, committer
@@ -139,36 +140,6 @@ class Sandboxes(SandboxFiles):
         finally:
             os.close(fd)
 
-    def _due(self, row: dict, now: float) -> bool:
-        """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""
-        if now > row["expires"]:
-            return True
-        return bool(row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]
-                    and not self.live.outsiders(row["handle"]))
-
-    def _expire(self, row: dict) -> str:
-        """A sandbox past its lifetime is stopped; one idle past its idle timeout is stopped or,
-        with idle_action "hibernate", hibernated (stopped if that fails). Returns its state."""
-        if time.time() <= row["expires"] and row["spec"].get("idle_action") == "hibernate":
-            try:
-                return self.hibernate(row["id"], idle=False)["state"]
-            except SandtreeError:
-                pass                                 # (a command running: not idle after all)
-            if self.live.outsiders(row["handle"]):
-                return "running"
-        self._retire(row, "expired")
-        return "expired"
-
-    def reap_every(self, seconds: float) -> None:
-        """A long-running process (the server) reaps on a timer, not only when someone lists."""
-        def loop():
-            while not self._stop_reaping.wait(seconds):
-                try:
-                    self.reap()
-                except Exception:                  # noqa: BLE001 - a bad round must not end the timer
-                    pass
-        threading.Thread(target=loop, name="sandtree-reaper", daemon=True).start()
-
     def _lost(self, row: dict) -> str:
         """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
         checkpoint was written; else gone. Under the commit lock: a hibernation in progress ends
@@ -211,25 +182,6 @@ class Sandboxes(SandboxFiles):
         sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
             " ORDER BY created"
         return [self._view(self._decode(r)) for r in self.store.db.query(sql)]
-
-    def reap(self) -> list[str]:
-        """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
-        gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
-        now = time.time()
-        self._reaped = time.monotonic()
-        done = []
-        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
-            row = self._decode(r)
-            if self.live.foreign(row["handle"]):
-                continue                            # (its own engine reaps it; its helper ends it)
-            if self._due(row, now):
-                self._expire(row)                   # (its helper ends it at its lifetime by itself)
-            elif not self.live.alive(row["handle"]):
-                self._lost(row)
-            else:
-                continue
-            done.append(row["id"])
-        return done
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import SandtreeError
-from .models import CommitIn, ExecIn, PoolIn, StartIn, stdin_bytes
+from .models import CommitIn, ExecIn, PoolIn, StartIn, TimeoutIn, stdin_bytes
 from .plumbing import Plumbing
 
 
@@ -128,6 +128,11 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
         """Remove a file, a link or an empty directory."""
         await call(engine.sandbox_remove, sid, path)
         return Response(status_code=204)
+
+    @router.post("/api/v1/sandboxes/{sid}/timeout")
+    async def set_sandbox_timeout(sid: str, body: TimeoutIn) -> dict:
+        """The sandbox now stops `timeout` seconds from now (E2B's set_timeout)."""
+        return await call(engine.sandbox_set_timeout, sid, body.timeout)
 
     @router.get("/api/v1/sandboxes/{sid}/ls")
     async def list_sandbox_dir(sid: str, path: str = "/") -> list[dict]:

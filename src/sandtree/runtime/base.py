@@ -168,6 +168,10 @@ class LiveTier(abc.ABC):
         """Kill every process of the sandbox and free what it holds."""
 
     @abc.abstractmethod
+    def retime(self, h, deadline: float) -> None:
+        """The sandbox now lives until `deadline` (epoch seconds), earlier or later than before."""
+
+    @abc.abstractmethod
     def alive(self, h) -> bool:
         """Still running, and still the sandbox the handle named (not a reused pid)."""
 

@@ -67,6 +67,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -95,6 +96,9 @@ struct opts {
     int live;                   /* --live 1: pid 1 runs no command and waits for `--enter`s */
     int detach;                 /* live: --detach 1 outlives the engine (else it dies with it) */
     long lifetime;              /* live: seconds until the sandbox is killed (0: no limit) */
+    int deadline_fd;            /* live: --deadline-fd N: the engine's deadline (epoch seconds, as
+                                   text) read when the lifetime is up or on SIGALRM: a later one
+                                   re-arms the alarm (the sandbox's timeout was moved) */
     const char *init;           /* live: the sandtree-init binary (init.c) */
     int restore;                /* live: --restore 1: the command is `criu restore` (see below) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
@@ -592,6 +596,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--restore")) o->restore = atoi(v);
         else if (!strcmp(a, "--detach")) o->detach = atoi(v);
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
+        else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;
@@ -619,7 +624,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = -1;
     o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
@@ -731,7 +736,27 @@ out:
     if (tmp >= 0) close(tmp);
 }
 
-static void on_alarm(int sig) { (void)sig; if (g_pid > 0) kill(g_pid, SIGKILL); }
+static int g_deadline_fd = -1;
+/* The lifetime is up, or the engine moved the deadline and sent SIGALRM: a deadline still ahead
+ * re-arms the alarm for it (async-signal-safe: pread, clock_gettime, alarm); else the sandbox
+ * goes. The file is the engine's (store/sandboxes/ID.deadline), never the sandbox's. */
+static void on_alarm(int sig) {
+    (void)sig;
+    if (g_deadline_fd >= 0) {
+        char buf[32];
+        ssize_t n = pread(g_deadline_fd, buf, sizeof buf - 1, 0);
+        long d = 0;
+        for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9' && d < 100000000000L; i++) d = d * 10 + (buf[i] - '0');
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (d > now.tv_sec) {
+            long left = d - now.tv_sec;
+            alarm((unsigned)(left > 400L * 86400 ? 400L * 86400 : left));
+            return;
+        }
+    }
+    if (g_pid > 0) kill(g_pid, SIGKILL);
+}
 
 /* --enter-fd: run the command inside a live sandbox (see the header). */
 static int enter_sandbox(struct opts *o) {
@@ -805,6 +830,7 @@ static int enter_sandbox(struct opts *o) {
 /* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
 static int live_wait(struct opts *o, pid_t c) {
     g_pid = c;
+    g_deadline_fd = o->deadline_fd;
     if (o->lifetime > 0) {
         signal(SIGALRM, on_alarm);
         alarm((unsigned)o->lifetime);

@@ -100,8 +100,11 @@ class LiveRuntime(Commands, LiveTier):
             if rt.cgroups.available else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
+        deadline_file = self._deadline_file(time.time() + lifetime)
+        deadline_fd = os.open(deadline_file, os.O_RDONLY | os.O_CLOEXEC)
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w), "--live", "1", *mode,
-                "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime)))]
+                "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime))),
+                "--deadline-fd", str(deadline_fd)]
         args += rt.static_args() + rt.run_args(spec)
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
@@ -112,13 +115,14 @@ class LiveRuntime(Commands, LiveTier):
                 # criu runs iptables-restore & co. by name
                 env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if restore is not None else {}
                 proc = subprocess.Popen(args + ["--"] + command, env=env, close_fds=True,
-                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd())
+                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd(), deadline_fd)
                                         + ((images,) if images is not None else ()),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
                 theirs.close()
                 os.close(rep_w)
+                os.close(deadline_fd)
                 if images is not None:
                     os.close(images)
             if detach:
@@ -145,7 +149,8 @@ class LiveRuntime(Commands, LiveTier):
             init_pid = report["pid"]
             helper_pid = parent_of(init_pid)
             handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, init_pid, start_time(init_pid) or 0,
-                                {"version": cg.version, "dirs": cg.dirs} if cg else None, proc_namespace())
+                                {"version": cg.version, "dirs": cg.dirs} if cg else None, proc_namespace(),
+                                deadline_file=deadline_file)
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
             handle.proc = None if detach else proc
@@ -153,6 +158,7 @@ class LiveRuntime(Commands, LiveTier):
                 self._continue_restored(handle, cg, lim)
             return handle
         except BaseException:
+            _unlink(deadline_file)
             rep = parse_report(raw)
             if rep.get("pid"):
                 kill_pid(rep["pid"], None)
@@ -246,8 +252,37 @@ class LiveRuntime(Commands, LiveTier):
         cg = h.cg()
         return cg is not None and bool(cg.pids() - {h.init_pid, h.helper_pid})
 
+    # ---- its deadline -----------------------------------------------------------------------
+    def _deadline_file(self, deadline: float) -> str:
+        """A new file holding `deadline` (epoch seconds) in the store's deadlines/ (the engine's
+        own directory: the helper reads it, nothing of the sandbox's can)."""
+        d = os.path.join(os.path.dirname(self.rt.layers_dir), "deadlines")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        path = os.path.join(d, f"{os.urandom(8).hex()}.deadline")
+        _write_deadline(path, deadline, create=True)
+        return path
+
+    def retime(self, h: LiveHandle, deadline: float) -> None:
+        """The sandbox now lives until `deadline` (epoch seconds; earlier or later than before):
+        written where its helper reads it, then its helper is told (SIGALRM) to re-read it."""
+        if h.deadline_file is None:
+            raise SandboxError("this sandbox was started before deadlines could move: it keeps its lifetime")
+        _write_deadline(h.deadline_file, deadline)
+        try:
+            fd = os.pidfd_open(h.helper_pid)
+        except ProcessLookupError:
+            raise NotFound("the live sandbox is no longer running") from None
+        try:
+            if start_time(h.helper_pid) != h.helper_start:      # a reused pid is not ours to signal
+                raise NotFound("the live sandbox is no longer running")
+            signal.pidfd_send_signal(fd, signal.SIGALRM)
+        finally:
+            os.close(fd)
+
     def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
+        if h.deadline_file is not None:
+            _unlink(h.deadline_file)
         cg = h.cg()
         if self.alive(h):
             try:
@@ -354,3 +389,20 @@ class _Detached:
     @staticmethod
     def poll():
         return None
+
+
+def _write_deadline(path: str, deadline: float, *, create: bool = False) -> None:
+    """Whole seconds, zero-padded to one width, written in place (the helper holds the file open:
+    a rename would leave it reading the old one)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    try:
+        os.pwrite(fd, b"%020d\n" % int(deadline), 0)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

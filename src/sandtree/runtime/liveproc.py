@@ -25,6 +25,7 @@ class LiveHandle:
     # the pid namespace these pids are numbered in (procid.proc_namespace; None: an older row,
     # taken as ours). An engine in another pid namespace cannot judge them: see foreign().
     ns: int | None = None
+    deadline_file: str | None = None     # what its helper reads when its lifetime is up (retime)
     proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
 
     def to_dict(self) -> dict:

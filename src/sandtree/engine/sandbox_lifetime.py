@@ -1,0 +1,82 @@
+"""When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, _row,
+_running, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
+that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
+deadline the engine writes: runtime/live.py retime)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import InvalidInput, SandtreeError
+
+MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's alarm takes far more)
+
+
+class SandboxLifetime:
+    def _due(self, row: dict, now: float) -> bool:
+        """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""
+        if now > row["expires"]:
+            return True
+        return bool(row["idle_timeout"] and now - row["last_used"] > row["idle_timeout"]
+                    and not self.live.outsiders(row["handle"]))
+
+    def _expire(self, row: dict) -> str:
+        """A sandbox past its lifetime is stopped; one idle past its idle timeout is stopped or,
+        with idle_action "hibernate", hibernated (stopped if that fails). Returns its state."""
+        if time.time() <= row["expires"] and row["spec"].get("idle_action") == "hibernate":
+            try:
+                return self.hibernate(row["id"], idle=False)["state"]
+            except SandtreeError:
+                pass                                 # (a command running: not idle after all)
+            if self.live.outsiders(row["handle"]):
+                return "running"
+        self._retire(row, "expired")
+        return "expired"
+
+    def reap_every(self, seconds: float) -> None:
+        """A long-running process (the server) reaps on a timer, not only when someone lists."""
+        def loop():
+            while not self._stop_reaping.wait(seconds):
+                try:
+                    self.reap()
+                except Exception:                  # noqa: BLE001 - a bad round must not end the timer
+                    pass
+        threading.Thread(target=loop, name="sandtree-reaper", daemon=True).start()
+
+    def reap(self) -> list[str]:
+        """Stop sandboxes idle past their idle timeout or past their lifetime; mark vanished ones
+        gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
+        now = time.time()
+        self._reaped = time.monotonic()
+        done = []
+        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
+            row = self._decode(r)
+            if self.live.foreign(row["handle"]):
+                continue                            # (its own engine reaps it; its helper ends it)
+            if self._due(row, now):
+                self._expire(row)                   # (its helper ends it at its lifetime by itself)
+            elif not self.live.alive(row["handle"]):
+                self._lost(row)
+            else:
+                continue
+            done.append(row["id"])
+        return done
+
+    def set_timeout(self, sid: str, timeout: float) -> dict:
+        """The sandbox now stops `timeout` seconds from now, sooner or later than its lifetime
+        said (E2B's set_timeout). A hibernated one gets that long once resumed."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+            raise InvalidInput(f"timeout is seconds from now, more than 0 and at most {MAX_TIMEOUT}", timeout=timeout)
+        row = self._row(sid)
+        with self._commit_lock(row["id"]):
+            row = self._row(sid)
+            expires = time.time() + timeout
+            if row["state"] == "hibernated":
+                self._set_spec(row["id"], {**row["spec"], "remaining": float(timeout)})
+            else:
+                row = self._running(row["id"])
+                self.live.retime(row["handle"], expires)
+            with self.store.db.tx() as con:
+                con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (expires, row["id"]))
+        return self.info(row["id"])
