@@ -150,3 +150,27 @@ def test_set_timeout_moves_the_end_of_a_live_sandbox(base):
             sb.stop()
         except sandtree.SandtreeError:
             pass
+
+
+def test_labels_on_runs_and_sandboxes(sdk, base):
+    """labels= (E2B's metadata): kept with a run's operation and a sandbox, which lists filter by;
+    bad labels refused before anything starts."""
+    r = base.run("true", disposable=True, labels={"exp": "tot-1", "branch": "a"})
+    assert sdk.operation(r.operation)["spec"]["labels"] == {"exp": "tot-1", "branch": "a"}
+    a = base.start(labels={"pool": "golden", "n": "1"})
+    b = base.start(labels={"pool": "other"})
+    try:
+        assert a.info()["labels"] == {"pool": "golden", "n": "1"}
+        assert [s.id for s in sdk.sandboxes(labels={"pool": "golden"})] == [a.id]
+        assert {s.id for s in sdk.sandboxes()} >= {a.id, b.id}
+        assert sdk.sandboxes(labels={"pool": "golden", "n": "2"}) == []
+        before = len(sdk.sandboxes(all=True))
+        for bad in ({"bad name": "x"}, {"k": 1}, {f"k{i}": "v" for i in range(65)}):
+            with pytest.raises(sandtree.InvalidInput):
+                base.start(labels=bad)
+            with pytest.raises(sandtree.InvalidInput):
+                base.run("true", labels=bad)
+        assert len(sdk.sandboxes(all=True)) == before
+    finally:
+        a.stop()
+        b.stop()

@@ -230,7 +230,7 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
         disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None):
+        disk=None, output=None, labels: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed"""
@@ -255,7 +255,7 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None) -> dict:
+                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
@@ -294,9 +294,9 @@ def sandbox_resume(sid: str) -> dict:
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
-@op("list", http=Http(_G, "/sandboxes", query=("all",)))
-def sandbox_list(*, all: bool = False) -> list[dict]:
-    """Live sandboxes (all: stopped ones too)."""
+@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
+def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
+    """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
 def sandbox_read(sid: str, path: str) -> bytes:

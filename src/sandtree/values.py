@@ -3,6 +3,8 @@ people write them (the engine's limits, a tenant's limits, the server's upload c
 
 from __future__ import annotations
 
+import re
+
 from .errors import InvalidInput
 
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -30,3 +32,24 @@ def parse_size(v) -> int:
     return n
 
 
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
+MAX_LABELS, MAX_LABEL_VALUE = 64, 256
+
+
+def check_labels(labels) -> dict[str, str]:
+    """labels= (E2B's metadata, Modal's tags): at most 64 names of up to 63 letters, digits and
+    _.-/ with text values of up to 256 characters; {} for None. InvalidInput otherwise."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise InvalidInput(f"labels is a dict of at most {MAX_LABELS} name: text pairs")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not LABEL_KEY.match(k):
+            raise InvalidInput(f"bad label name {k!r} (letters, digits and _.-/, at most 63)", label=str(k)[:80])
+        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE or "\0" in v:
+            raise InvalidInput(f"label {k!r} must be text of at most {MAX_LABEL_VALUE} characters", label=k)
+    return dict(labels)
+
+
+def labels_match(have: dict, want: dict | None) -> bool:
+    return not want or all(have.get(k) == v for k, v in want.items())

@@ -52,6 +52,7 @@ PARAMS = {
     "insecure": "allow plain HTTP / unverified TLS to this registry",
     "max_nodes": "the most nodes in the answer",
     "reference": "docker://HOST[:PORT]/NAME[:TAG|@DIGEST]",
+    "labels": "names and values kept with it (E2B's metadata): at most 64, names of letters, digits and _.-/",
     "pattern": "an RE2 regular expression (linear time: no backtracking)",
     # the MCP tools' own names for the same things
     "sandbox_id": "a live sandbox's ID (from sandbox_start)",

@@ -138,7 +138,9 @@ class RemoteEngine:
         http = row.http
         sent = {k: v for k, v in args.items() if k not in http.drop}
         kw = {}
-        query = {http.rename.get(k, k): sent[k] for k in http.query if sent.get(k) is not None}
+        # a dict in a query (labels) travels as repeated NAME=K=V parameters
+        query = {http.rename.get(k, k): ([f"{a}={b}" for a, b in sent[k].items()] if isinstance(sent[k], dict)
+                                         else sent[k]) for k in http.query if sent.get(k) is not None}
         body = {http.rename.get(k, k): _wire(sent[k]) for k in http.body if sent.get(k) is not None}
         extra = {k: v for k, v in sent.items() if k not in _named(row) and v is not None}
         if extra:                                        # **options of the row (grep's flags, ...)

@@ -110,9 +110,10 @@ class Sandtree:
         """A live sandbox by id (or unique id prefix), started by this or any other process."""
         return Sandbox(self, self._engine.sandbox_info(sandbox_id))
 
-    def sandboxes(self, *, all: bool = False) -> list["Sandbox"]:
-        """Running live sandboxes (all=True: stopped and expired ones too)."""
-        return [Sandbox(self, d) for d in self._engine.sandbox_list(all=all)]
+    def sandboxes(self, *, all: bool = False, labels: dict | None = None) -> list["Sandbox"]:
+        """Running live sandboxes (all=True: stopped and expired ones too; labels: only those
+        carrying every one of these)."""
+        return [Sandbox(self, d) for d in self._engine.sandbox_list(all=all, labels=labels)]
 
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,

@@ -123,10 +123,11 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                       files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                       lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                       tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                      cpus: float | None = None, disk=None, output=None) -> dict:
+                      cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
         return self.sandboxes.start(ref, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
                                     idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action, tier=tier,
-                                    timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output)
+                                    timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output,
+                                    labels=labels)
 
     def sandbox_exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                      stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
@@ -155,8 +156,8 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
     def sandbox_info(self, sid: str) -> dict:
         return self.sandboxes.info(sid)
 
-    def sandbox_list(self, *, all: bool = False) -> list[dict]:
-        return self.sandboxes.list(all=all)
+    def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
+        return self.sandboxes.list(all=all, labels=labels)
 
     def sandbox_read(self, sid: str, path: str) -> bytes:
         return self.sandboxes.read(sid, path)

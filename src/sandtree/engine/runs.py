@@ -19,7 +19,7 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
-from ..values import DEFAULT_ENV
+from ..values import DEFAULT_ENV, check_labels
 
 
 
@@ -31,12 +31,12 @@ class RunOps:
             uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
             disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-            disk=None, output=None) -> RunRecord:
+            disk=None, output=None, labels: dict | None = None) -> RunRecord:
         """Run `command` on image `ref`; its writes become a new image. gc waits while it runs."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                  disk=disk, output=output)
+                                  disk=disk, output=output, labels=labels)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
@@ -50,8 +50,9 @@ class RunOps:
              stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
              files=None, disposable: bool = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
-             **limits) -> RunRecord | None:
+             labels: dict | None = None, **limits) -> RunRecord | None:
         runtime = self.tier(tier)
+        labels = check_labels(labels)
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -74,7 +75,8 @@ class RunOps:
         record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
                        "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
-                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name}
+                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
+                       **({"labels": labels} if labels else {})}
         started = time.time()
         pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None

@@ -45,7 +45,7 @@ from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
 from ..defaults import RunRecord
-from ..values import DEFAULT_ENV
+from ..values import DEFAULT_ENV, check_labels, labels_match
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
@@ -174,20 +174,23 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
                 "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
-                "idle_action": row["spec"].get("idle_action", "stop")}
+                "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {})}
 
-    def list(self, *, all: bool = False) -> list[dict]:
-        """Live sandboxes (all=True: also the stopped ones), after expiring what is due."""
+    def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
+        """Live sandboxes (all=True: also the stopped ones; labels: only those carrying every one
+        of these), after expiring what is due."""
+        want = check_labels(labels)
         self.reap()
         sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
             " ORDER BY created"
-        return [self._view(self._decode(r)) for r in self.store.db.query(sql)]
+        rows = (self._decode(r) for r in self.store.db.query(sql))
+        return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)]
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              **limits) -> dict:
+              labels: dict | None = None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost)."""
         if (tier or self.default_tier()) != "namespaces":
@@ -204,6 +207,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
         for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
             if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
                 raise InvalidInput(f"{name} must be a positive number of seconds")
+        labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
         lim = self.specs.limits(limits)
@@ -221,7 +225,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
         now = time.time()
         record = {"env": {**DEFAULT_ENV, **user_env}, "masked_env": mask_env(user_env), "cwd": cwd,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action}
+                  "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {})}
         try:
             with self.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "

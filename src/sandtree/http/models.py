@@ -48,6 +48,7 @@ class RunOptionsIn(In):
     disk: str | int | None = None
     output: str | int | None = None
     tier: str | None = None
+    labels: dict[str, str] = Field({}, description="names and values kept with the run (its operation's spec)")
 
 
 class RunIn(RunOptionsIn):
@@ -81,6 +82,7 @@ class StartIn(In):
     cpus: float | None = None
     disk: str | int | None = None
     output: str | int | None = None
+    labels: dict[str, str] = Field({}, description="names and values kept with the sandbox (list filters by them)")
 
 
 class ExecIn(In):

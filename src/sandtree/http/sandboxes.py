@@ -10,7 +10,7 @@ import json
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import SandtreeError
+from ..errors import InvalidInput, SandtreeError
 from .models import CommitIn, ExecIn, PoolIn, StartIn, TimeoutIn, stdin_bytes
 from .plumbing import Plumbing
 
@@ -38,8 +38,15 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
         return await call(engine.sandbox_start, body.image, **opts)
 
     @router.get("/api/v1/sandboxes")
-    async def list_sandboxes(all: bool = False) -> list[dict]:
-        return await call(engine.sandbox_list, all=all)
+    async def list_sandboxes(all: bool = False, label: list[str] = Query([], description="NAME=VALUE: only "
+                                                                   "sandboxes with this label (repeatable)")) -> list[dict]:
+        labels = {}
+        for pair in label:
+            name, sep, value = pair.partition("=")
+            if not sep:
+                raise InvalidInput(f"a label filter is NAME=VALUE, not {pair!r}")
+            labels[name] = value
+        return await call(engine.sandbox_list, all=all, labels=labels or None)
 
     @router.get("/api/v1/sandboxes/{sid}")
     async def get_sandbox(sid: str) -> dict:

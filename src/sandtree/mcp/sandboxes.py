@@ -13,12 +13,13 @@ def register(t: Toolkit) -> None:
     @t.tool
     def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
                       cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
-                      idle_action: str = "stop") -> dict:
+                      idle_action: str = "stop", labels: dict[str, str] | None = None) -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
         idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
         return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
-                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action)
+                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action,
+                                    labels=labels)
 
     @t.tool
     def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
@@ -55,9 +56,9 @@ def register(t: Toolkit) -> None:
         return engine.sandbox_resume(sandbox_id)
 
     @t.tool
-    def sandbox_list(all: bool = False) -> list[dict]:
+    def sandbox_list(all: bool = False, labels: dict[str, str] | None = None) -> list[dict]:
         """Running live sandboxes (all=true: also stopped and expired ones)."""
-        return engine.sandbox_list(all=all)
+        return engine.sandbox_list(all=all, labels=labels)
 
     @t.tool
     def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:

@@ -247,10 +247,10 @@ class TenantView(TenantSight):
         self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
         return image
 
-    def sandbox_list(self, *, all: bool = False) -> list[dict]:      # rule: only its own sandboxes
+    def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:   # rule: its own
         mine = {r[0] for r in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox'",
                                             (self.tenant.name,))}
-        return [s for s in self.engine.sandbox_list(all=all) if s["id"] in mine]
+        return [s for s in self.engine.sandbox_list(all=all, labels=labels) if s["id"] in mine]
 
     def pool_list(self) -> list[dict]:              # rule: pools are the operator's (any tenant's runs use them)
         return []
