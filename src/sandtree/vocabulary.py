@@ -91,6 +91,7 @@ PARAMS = {
     "rsync.destination": "the directory inside the sandbox the files go to",
     "download.destination": "a path on this machine to write the file to (stdio only)",
     "upload.path": "a file on this machine to upload (stdio only; instead of content)",
+    "sandbox_list.labels": "only sandboxes carrying every one of these labels",
     "lineage.format": "text (an indented tree) or json",
     "diff.patch": "also return a unified diff of the text files",
     "merge.return_conflicts": "return the conflicts instead of failing with merge_conflict",
