@@ -190,3 +190,33 @@ def pytest_sessionfinish(session, exitstatus):
     if problems:
         print("\nLEAK CHECK FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="module", params=["local", "remote"])
+def sdk(request, tmp_path_factory):
+    """The public API twice: on an in-process engine and over HTTP (`sandtree.connect` to a real
+    `sandtree serve` on loopback): a test using it holds for both."""
+    home = tmp_path_factory.mktemp(f"sdk-{request.param}")
+    if request.param == "local":
+        st = sandtree.Sandtree(str(home))
+        yield st
+        st.close()
+        return
+    with serve_process(home) as url:
+        st = sandtree.connect(url)
+        yield st
+        st.close()
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """`python -m sandtree ARGS` on a fresh store: the completed process (check: exit 0 or fail)."""
+    env = {**os.environ, "SANDTREE_HOME": str(tmp_path / "home")}
+
+    def run(*args, input=None, check=True):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True,
+                           input=input, timeout=120)
+        if check and p.returncode != 0:
+            raise AssertionError(f"sandtree {args} -> {p.returncode}: {p.stderr.decode()}")
+        return p
+    return run

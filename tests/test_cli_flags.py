@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 
-@pytest.fixture
-def cli(tmp_path):
-    env = {**os.environ, "SANDTREE_HOME": str(tmp_path / "home")}
-
-    def run(*args, input=None, check=True):
-        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True,
-                           input=input, timeout=120)
-        if check and p.returncode != 0:
-            raise AssertionError(f"sandtree {args} -> {p.returncode}: {p.stderr.decode()}")
-        return p
-    return run
 
 
 def j(p):

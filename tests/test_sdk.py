@@ -12,21 +12,8 @@ import pytest
 
 import sandtree
 from sandtree.runtime import criu
-from conftest import serve_process
 
 
-@pytest.fixture(scope="module", params=["local", "remote"])
-def sdk(request, tmp_path_factory):
-    home = tmp_path_factory.mktemp(f"sdk-{request.param}")
-    if request.param == "local":
-        st = sandtree.Sandtree(str(home))
-        yield st
-        st.close()
-        return
-    with serve_process(home) as url:
-        st = sandtree.connect(url)
-        yield st
-        st.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@ and its history (what made it, from what: records.py's operation rows and edges)
 
 from __future__ import annotations
 
+from .. import defaults as D
+from ..branching import lineage
 from ..store import inspect
 from ..store.objects import Entry
 
@@ -33,34 +35,10 @@ class InspectionOps:
     def children(self, image: str) -> list[dict]:
         return self.records.children(image)
 
-    def _edge(self, row) -> dict:
-        # (tenancy/tenants.py calls these two; they are records.py's edge_view and summary)
-        return self.records.edge_view(row)
-
-    def _op_summary(self, op: str) -> dict:
-        return self.records.summary(op)
-
     def operation(self, op: str) -> dict:
         return self.records.get(op)
 
-    def log(self, image: str, limit: int = 1000) -> list[dict]:
-        """Ancestry, newest first: each image with the operation that made it from its parent."""
-        out, seen, todo = [], set(), [image]
-        while todo and len(out) < limit:
-            cur = todo.pop(0)
-            if cur in seen:
-                continue
-            seen.add(cur)
-            parents = self.parents(cur)
-            if not parents:
-                made = self.records.import_of(cur)
-                out.append({"image": cur, "parents": [], "command": made[1]["source"] if made else None,
-                            "op": made[0] if made else None, "exit_code": None,
-                            "tags": sorted(self.store.tags(cur))})
-                continue
-            first = parents[0]
-            out.append({"image": cur, "parents": [p["parent"] for p in parents], "command": first.get("command"),
-                        "op": first["op"], "exit_code": first.get("exit_code"),
-                        "tags": sorted(self.store.tags(cur))})
-            todo.extend(p["parent"] for p in parents)
-        return out
+    def log(self, image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
+        """Ancestry, newest first: each image with the operation that made it from its parent
+        (branching/lineage.py's walk, unfiltered; a tenant's view gives it its filter)."""
+        return lineage.log(self.store, image, limit)
