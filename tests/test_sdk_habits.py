@@ -161,3 +161,18 @@ def test_labels_on_runs_and_sandboxes(sdk, base):
     finally:
         a.stop()
         b.stop()
+
+
+def test_mkdir_through_a_link_never_looks_at_the_host(base):
+    """A link to an absolute path is resolved inside the sandbox, never from the host's root:
+    /etc/os-release is a file on the host and absent from the image, so mkdir through a link to it
+    answers as for a dangling link (PathNotFound), not as for a file that exists (NotRegularFile)."""
+    assert os.path.isfile("/etc/os-release")                  # on the host
+    sb = base.start()
+    try:
+        assert not sb.exists("/etc/os-release")
+        sb.exec("ln -s /etc/os-release /tmp/hostfile")
+        with pytest.raises(sandtree.PathNotFound):
+            sb.mkdir("/tmp/hostfile/new")
+    finally:
+        sb.stop()

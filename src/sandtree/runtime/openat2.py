@@ -249,8 +249,10 @@ def make_dirs(root_fd: int, path: str, mode: int, uid: int, gid: int, mounts: se
         dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
         try:
             try:
-                st = os.stat(name, dir_fd=dfd)            # a link to a directory inside the root is fine
-                if not stat.S_ISDIR(st.st_mode):
+                # never followed here: a link's target would be looked up from the host's root (a
+                # host path's kind is not the sandbox's to learn); the next step opens it inside
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     raise NotRegularFile(f"/{'/'.join(parts[:i + 1])} exists and is {_kind(st.st_mode)}",
                                          path=path)
                 continue
