@@ -106,6 +106,10 @@ struct opts {
     const char *drain;          /* enter: sandtree-drain (drain.c), the reader of the output */
     int keep_fds;               /* become_command: fds below this survive the exec (0: 3) */
     int exec_fd;                /* become_command: execute this fd, not argv[0] (> 2) */
+    int netns_fd;               /* --netns-fd N: join this network namespace (made and wired by the
+                                   egress daemon, network/links.py; owned by the host's user
+                                   namespace, so root in the sandbox holds no capability over its
+                                   links, routes or netfilter) instead of a new, empty one */
 };
 
 static int report_fd = -1;
@@ -520,7 +524,7 @@ static int sandbox_init(struct opts *o) {
     } else {
         setup_proc("r/proc");
         if (!o->uid_map || o->live) setup_dev();
-        loopback_up();
+        if (o->netns_fd < 0) loopback_up();     /* a joined namespace came set up (links.py) */
     }
     if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
 
@@ -598,6 +602,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
         else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
+        else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
@@ -624,7 +629,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = o->netns_fd = -1;
     o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
@@ -1016,6 +1021,13 @@ int main(int argc, char **argv) {
     for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
 
     int warm = o.spec_fd >= 0;
+    if (o.netns_fd >= 0) {
+        /* Before the clone, so the sandbox is born in it (a user namespace's child cannot join a
+         * namespace of the host's); gVisor's runsc (--exec) runs its netstack on its links. */
+        if (warm) { errno = EINVAL; die_step("warm-netns"); }
+        if (setns(o.netns_fd, CLONE_NEWNET) < 0) die_step("netns");
+        close(o.netns_fd);
+    }
     if (warm && !o.uid_map) { errno = EINVAL; die_step("warm-needs-root"); }
     if (o.uid_map) {
         if (unshare(CLONE_NEWNS) < 0) die_step("unshare-mnt");
@@ -1044,6 +1056,7 @@ int main(int argc, char **argv) {
     gid_t rgid = getgid();
     long flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
                  CLONE_NEWUTS | CLONE_NEWCGROUP | SIGCHLD;
+    if (o.netns_fd >= 0) flags &= ~CLONE_NEWNET;
     /* The new user namespace's owner is our effective uid at the clone: a uid of its own per
      * sandbox (no host process runs as it), so what the kernel counts per user (inotify
      * instances and watches, ...) is counted per sandbox and never against host root. Only the

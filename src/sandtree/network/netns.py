@@ -1,0 +1,67 @@
+"""Network namespaces by file descriptor, from a thread: a thread enters a namespace, makes a
+socket there (a socket stays in the namespace it was made in) and comes back. No bind mounts under
+/run/netns: a namespace lives as long as an fd or a process holds it, so nothing is left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_lock = threading.Lock()       # only one thread of the process may be away at a time: simpler to reason about
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"setns: {os.strerror(e)}")
+
+
+def current() -> int:
+    """An fd of the calling thread's network namespace."""
+    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+
+@contextlib.contextmanager
+def entered(fd: int):
+    """The calling thread in namespace `fd` for the block, then back where it was."""
+    with _lock:
+        home = current()
+        try:
+            _setns(fd)
+            try:
+                yield
+            finally:
+                _setns(home)
+        finally:
+            os.close(home)
+
+
+def new() -> int:
+    """A new, empty network namespace (only `lo`, down), owned by our user namespace: an fd."""
+    with _lock:
+        home = current()
+        try:
+            if _libc.unshare(CLONE_NEWNET) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"unshare(CLONE_NEWNET): {os.strerror(e)}")
+            try:
+                return current()
+            finally:
+                _setns(home)
+        finally:
+            os.close(home)
+
+
+def write_sysctl(fd: int, name: str, value: str) -> None:
+    """Set net.* sysctl `name` (dotted) of namespace `fd`: /proc/sys/net shows the opener's namespace."""
+    path = "/proc/sys/" + name.replace(".", "/")
+    with entered(fd):
+        f = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(f, value.encode())
+    finally:
+        os.close(f)

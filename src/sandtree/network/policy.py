@@ -1,0 +1,331 @@
+"""A sandbox's network policy: which destinations its connections may reach.
+
+The shape users know from E2B (`allow_out` / `deny_out` lists of host names, addresses and CIDRs),
+with ports. A rule is text:
+
+    example.org            that name (any port)          *.example.org   its subdomains
+    203.0.113.7, 10.0.0.0/8, [2001:db8::]/32             an address or a network
+    *                      any public address
+    ...:443, ...:80,443, ...:8000-8100                   only these ports
+
+A connection is refused when a deny rule matches it; else allowed when an allow rule does. A
+destination that is not public (loopback, private, link-local and the metadata addresses in it,
+CGNAT, multicast, reserved, the egress host's own addresses) is reached only through a network
+rule that names it: never through `*`, `0.0.0.0/0` or a host name (a public name that resolves to
+a private address is refused: DNS rebinding). The sandboxes' own range is never reachable.
+
+Policy values are immutable and compare by their canonical JSON (`to_json`), which is what the
+records and lineage keep. `from_value` accepts what the surfaces receive (None/False: off,
+True/"all": public internet, a rule string or list: an allow-list, a dict with allow_out/deny_out);
+bad input raises InvalidInput naming the rule.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import InvalidInput
+
+SANDBOX_NET = ipaddress.ip_network("100.64.0.0/16")       # sandboxes' own addresses (links.py)
+MAX_RULES = 256
+_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def is_public(ip: Address) -> bool:
+    """A globally routed unicast address (what `*` reaches)."""
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def _parse_ports(text: str, rule: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise InvalidInput(f"network rule {rule!r}: bad port {part!r}") from None
+        if not (1 <= a <= b <= 65535):
+            raise InvalidInput(f"network rule {rule!r}: ports are 1-65535 ({part!r})")
+        out.append((a, b))
+    return tuple(out)
+
+
+def _normal_name(name: str) -> str | None:
+    """A host name in lower case without the root dot, or None when it is not a valid one."""
+    name = name.lower().rstrip(".")
+    if not name or len(name) > 253:
+        return None
+    if all(_LABEL.match(label) for label in name.split(".")):
+        return name
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str                                # "any" | "name" | "suffix" | "net"
+    target: str                              # the name, the suffix (".example.org") or the network
+    ports: tuple[tuple[int, int], ...] = ()  # empty: every port
+
+    @classmethod
+    def parse(cls, text) -> "Rule":
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInput(f"network rule must be a non-empty string, not {text!r}")
+        rule = text.strip()
+        host, ports = rule, ()
+        if rule.startswith("["):                                 # [v6]/len:ports
+            end = rule.find("]")
+            if end < 0:
+                raise InvalidInput(f"network rule {rule!r}: unclosed '['")
+            host, rest = rule[1:end], rule[end + 1:]
+            if rest.startswith("/"):
+                length, _, p = rest[1:].partition(":")
+                host, rest = f"{host}/{length}", (":" + p if p else "")
+            if rest:
+                if not rest.startswith(":"):
+                    raise InvalidInput(f"network rule {rule!r}: expected ':PORTS' after ']'")
+                ports = _parse_ports(rest[1:], rule)
+        elif rule.count(":") == 1:
+            host, p = rule.split(":")
+            ports = _parse_ports(p, rule)
+        elif rule.count(":") > 1:                                # a bare v6 address/network
+            host = rule
+        if host == "*":
+            return cls("any", "*", ports)
+        try:
+            net = ipaddress.ip_network(host, strict=False)
+        except ValueError:
+            net = None
+        if net is not None:
+            if net.prefixlen == 0:                               # 0.0.0.0/0 says "public", as * does
+                return cls("any", "*", ports)
+            return cls("net", str(net), ports)
+        if host.startswith("*."):
+            name = _normal_name(host[2:])
+            if name is None:
+                raise InvalidInput(f"network rule {rule!r}: not a host name, address or network")
+            return cls("suffix", "." + name, ports)
+        name = _normal_name(host)
+        if name is None or "*" in host:
+            raise InvalidInput(f"network rule {rule!r}: not a host name, address or network "
+                               "(wildcards only as a leading '*.')")
+        return cls("name", name, ports)
+
+    def __str__(self) -> str:
+        host = {"any": "*", "suffix": "*" + self.target}.get(self.kind, self.target)
+        if self.kind == "net" and ":" in host:
+            addr, _, length = host.partition("/")
+            host = f"[{addr}]/{length}"
+        if not self.ports:
+            return host
+        return host + ":" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ports)
+
+    def port_ok(self, port: int) -> bool:
+        return not self.ports or any(a <= port <= b for a, b in self.ports)
+
+    def name_ok(self, name: str) -> bool:
+        """Whether the rule names host `name` (lower case, no root dot)."""
+        if self.kind == "name":
+            return name == self.target
+        if self.kind == "suffix":
+            return name.endswith(self.target)
+        return False
+
+    def addr_ok(self, ip: Address) -> bool:
+        if self.kind == "net":
+            net = ipaddress.ip_network(self.target)
+            return ip.version == net.version and ip in net
+        return self.kind == "any" and is_public(ip)
+
+    def covers(self, other: "Rule") -> bool:
+        """Whether everything `other` allows, this allows too (tenant grants)."""
+        if self.ports and not all(any(a <= x and y <= b for a, b in self.ports) for x, y in
+                                  (other.ports or ((1, 65535),))):
+            return False
+        if self.kind == "any":
+            # public only: a network rule is covered when it holds public addresses alone
+            return other.kind in ("any", "name", "suffix") or (
+                other.kind == "net" and _all_public(ipaddress.ip_network(other.target)))
+        if self.kind == "net":
+            return other.kind == "net" and _subnet(ipaddress.ip_network(other.target),
+                                                   ipaddress.ip_network(self.target))
+        if self.kind == "suffix":
+            return other.kind in ("name", "suffix") and (other.target.endswith(self.target))
+        return other.kind == "name" and other.target == self.target
+
+
+def _subnet(a, b) -> bool:
+    return a.version == b.version and a.subnet_of(b)
+
+
+def _all_public(net) -> bool:
+    return is_public(net.network_address) and is_public(net.broadcast_address) and not any(
+        net.overlaps(n) for n in _NON_PUBLIC if n.version == net.version)
+
+
+_NON_PUBLIC = [ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3", "::1/128", "fc00::/7",
+    "fe80::/10", "ff00::/8")]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str          # which rule allowed it, or why it was refused (an agent reads it)
+
+
+@dataclass(frozen=True)
+class Policy:
+    allow: tuple[Rule, ...]
+    deny: tuple[Rule, ...] = ()
+
+    # ---- values from the surfaces --------------------------------------------------------
+    @classmethod
+    def from_value(cls, value) -> "Policy | None":
+        """None for "no network"; else the policy `value` describes (see the module doc)."""
+        if value is None or value is False:
+            return None
+        if isinstance(value, Policy):
+            return value
+        if value is True:
+            return cls((Rule("any", "*"),))
+        if isinstance(value, str):
+            v = value.strip()
+            if v.lower() in ("off", "none", ""):
+                return None
+            if v.lower() in ("all", "on", "public", "internet"):
+                return cls((Rule("any", "*"),))
+            return cls(_rules(v.split(","), "allow_out"))
+        if isinstance(value, (list, tuple)):
+            return cls(_rules(value, "allow_out")) if value else None
+        if isinstance(value, dict):
+            unknown = set(value) - {"allow_out", "deny_out"}
+            if unknown:
+                raise InvalidInput(f"network: unknown field(s) {sorted(unknown)} "
+                                   "(expected allow_out, deny_out)")
+            deny = _rules(value.get("deny_out") or [], "deny_out")
+            if "allow_out" in value and value["allow_out"] is not None:
+                allow = _rules(value["allow_out"], "allow_out")
+            else:                       # only a deny-list: the public internet minus it (E2B)
+                allow = (Rule("any", "*"),) if deny else ()
+            return cls(allow, deny) if allow else None
+        raise InvalidInput(f"network must be off/None, True/'all', a rule list or "
+                           f"{{'allow_out': [...], 'deny_out': [...]}}, not {type(value).__name__}")
+
+    @classmethod
+    def from_json(cls, data) -> "Policy | None":
+        return cls.from_value(data)
+
+    def to_json(self) -> dict:
+        out = {"allow_out": [str(r) for r in self.allow]}
+        if self.deny:
+            out["deny_out"] = [str(r) for r in self.deny]
+        return out
+
+    def __str__(self) -> str:
+        s = ",".join(str(r) for r in self.allow)
+        return s + ("".join(f" !{r}" for r in self.deny))
+
+    # ---- decisions -------------------------------------------------------------------------
+    def resolves(self, name: str) -> Verdict:
+        """May the sandbox resolve `name` (its DNS)? Names that some rule could reach."""
+        name = _normal_name(name) or name.lower()
+        for r in self.deny:
+            if r.name_ok(name) and not r.ports:
+                return Verdict(False, f"{name} is denied by rule {r}")
+        for r in self.allow:
+            if r.name_ok(name) or r.kind == "any":
+                return Verdict(True, f"allowed by rule {r}")
+        return Verdict(False, f"{name} is not in the allow-list")
+
+    def connect(self, names: Iterable[str], ip: Address, port: int, own: Iterable = ()) -> Verdict:
+        """May a connection to `ip`:`port` go out, known to the sandbox as `names` (SNI, Host,
+        or what DNS answered it), `own` the egress host's own addresses?"""
+        names = [n for n in (_normal_name(n) for n in names) if n]
+        shown = f"{names[0]}:{port}" if names else f"{_show(ip)}:{port}"
+        if ip in SANDBOX_NET:
+            return Verdict(False, f"{shown}: a sandbox address")
+        for r in self.deny:
+            if r.port_ok(port) and (any(r.name_ok(n) for n in names) or r.addr_ok(ip)
+                                    or (r.kind == "net" and r.addr_ok(ip))):
+                return Verdict(False, f"{shown} is denied by rule {r}")
+        explicit = [r for r in self.allow if r.kind == "net" and r.port_ok(port) and r.addr_ok(ip)]
+        if explicit:
+            return Verdict(True, f"allowed by rule {explicit[0]}")
+        if not is_public(ip) or ip in set(own):
+            what = _address_class(ip, own)
+            return Verdict(False, f"{shown} ({_show(ip)}) is {what}: reached only through a "
+                                  "network rule naming it")
+        for r in self.allow:
+            if r.port_ok(port) and (r.kind == "any" or any(r.name_ok(n) for n in names)):
+                return Verdict(True, f"allowed by rule {r}")
+        return Verdict(False, f"{shown} is not in the allow-list")
+
+    def within(self, grant: "Grant") -> str | None:
+        """None when every destination this allows, `grant` allows too; else why not."""
+        if grant.any:
+            return None
+        for r in self.allow:
+            if not any(g.covers(r) for g in grant.rules):
+                granted = ", ".join(str(g) for g in grant.rules) or "none"
+                return f"network rule {r} is beyond what this token may ask for ({granted})"
+        return None
+
+
+def _show(ip: Address) -> str:
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+def _address_class(ip: Address, own) -> str:
+    if ip in set(own):
+        return "an address of the egress host"
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_link_local:
+        return "a link-local (cloud metadata) address"
+    if ip.is_private:
+        return "a private address"
+    return "not a public address"
+
+
+def _rules(items, field: str) -> tuple[Rule, ...]:
+    if isinstance(items, str):
+        items = items.split(",")
+    if not isinstance(items, (list, tuple)):
+        raise InvalidInput(f"network {field} must be a list of rules")
+    if len(items) > MAX_RULES:
+        raise InvalidInput(f"network {field}: at most {MAX_RULES} rules ({len(items)} given)")
+    return tuple(Rule.parse(x) for x in items)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a tenant's token may ask for: any policy (`any`), or policies whose every allow rule is
+    covered by one of `rules` (`*`: public destinations only). No rules: no network."""
+    rules: tuple[Rule, ...] = ()
+    any: bool = False
+
+    @classmethod
+    def parse(cls, value) -> "Grant":
+        if value is None or value is False or value in ("", "off", "none"):
+            return cls()
+        if value in ("any", True):
+            return cls(any=True)
+        if value in ("all", "public"):
+            return cls((Rule("any", "*"),))
+        if isinstance(value, dict) and "any" in value:
+            return cls(any=bool(value["any"]))
+        if isinstance(value, dict):
+            value = value.get("rules") or []
+        return cls(_rules(value, "grant"))
+
+    def to_json(self):
+        if self.any:
+            return "any"
+        return [str(r) for r in self.rules] if self.rules else None
