@@ -6,15 +6,18 @@ and the Masker that keeps secret values out of what goes back to the sandbox."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 __all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "parse_head", "get", "tokens", "build",
-           "framing", "authority", "relay_chunks", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ"]
+           "framing", "authority", "relay_chunks", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ",
+           "LINGER_BYTES"]
 
 MAX_HEAD = 64 * 1024           # request or response head
 MAX_HEADERS = 128
 MAX_LINE = 4096                # a chunk-size line or a trailer line
 READ = 65536
+LINGER_BYTES = 1 << 20         # read and dropped at most, after a refusal
 
 
 class Closed(Exception):
@@ -109,7 +112,10 @@ class Stream:
         except (ConnectionError, OSError, ssl.SSLError) as e:
             raise Closed(str(e)) from None
 
-    async def close(self) -> None:
+    async def close(self, linger: float = 0.0) -> None:
+        """close_notify and close. `linger`: first half-close and read (discarding) for up to that
+        many seconds, so that a refusal sent while the peer is still sending is not lost to the
+        reset that closing over unread bytes causes (nginx's lingering close)."""
         try:
             if self.tls is not None and not self.eof:
                 try:
@@ -117,9 +123,21 @@ class Stream:
                 except ssl.SSLError:
                     pass
                 await self._flush()
-            self.w.close()
-        except (ConnectionError, OSError, ssl.SSLError):
+            if linger and self.w.can_write_eof():
+                self.w.write_eof()
+                await asyncio.wait_for(self._discard(), linger)
+        except (ConnectionError, OSError, ssl.SSLError, asyncio.TimeoutError):
             pass
+        finally:
+            self.w.close()
+
+    async def _discard(self) -> None:
+        left = LINGER_BYTES
+        while left > 0:
+            data = await self._raw()
+            if not data:
+                return
+            left -= len(data)
 
 
 class Reader:
@@ -138,6 +156,8 @@ class Reader:
         start = 0
         while True:
             i = self.buf.find(b"\r\n\r\n", start)
+            if i + 4 > limit:
+                raise Refuse(431, f"head over {limit} bytes")
             if i >= 0:
                 out = bytes(self.buf[:i + 4])
                 del self.buf[:i + 4]

@@ -31,13 +31,14 @@ import ssl
 import urllib.parse
 from typing import Awaitable, Callable
 
-from .httpio import (MAX_HEADERS, READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
+from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
                      get, parse_head, relay_chunks, tokens)
 from .state import LinkState, Secret
 
-__all__ = ["wants", "handle", "matches", "MAX_BODY", "IDLE"]
+__all__ = ["wants", "handle", "matches", "MAX_BODY", "IDLE", "LINGER"]
 
 MAX_BODY = 1 << 20             # Content-Length bodies up to this get the substitution
+LINGER = 2.0                   # seconds a refused client may go on sending before the close
 IDLE = 300.0                   # seconds a kept-alive connection may wait for its next request
 
 
@@ -104,11 +105,12 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
     secrets = [s for s in link.secrets if matches(s.hosts, name)]
     if port == 443:
         if tls is None or tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname:
+            client[1].close()
             raise ValueError("intercept.handle: the upstream TLS context must verify certificates and names")
         down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
     else:
         down = Stream(*client, initial=first)
-    up = None
+    up, linger = None, 0.0
     try:
         async def dial():
             r, w = await connect()
@@ -133,12 +135,13 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
         await _relay(link, name, secrets, down, up)
     except Refuse as e:
         await _answer(down, link, e.status, f"{name}: {e.reason}")
+        linger = LINGER
     except (Closed, ConnectionError, OSError, ssl.SSLError, asyncio.TimeoutError):
         pass
     finally:
         if up is not None:
             await up.close()
-        await down.close()
+        await down.close(linger)
 
 
 async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> None:
