@@ -136,6 +136,14 @@ class Upstream:
                 elif path == "/echo-header":
                     w.write(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: 2\r\n\r\nok"
                             % hd.get("authorization", "").encode())
+                elif path == "/big":
+                    n = int(target.split("=")[1])
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
+                    block = b"x" * 65536
+                    while n > 0:
+                        w.write(block[:n])
+                        n -= 65536
+                        await w.drain()
                 elif path == "/echo-close":
                     w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + echo)
                     await w.drain()
@@ -236,11 +244,15 @@ def env(tmp_path_factory):
                              ctx=sandbox_ctx, only_link=only_link, ph=ph, up_ca=up_ca, tmp=tmp, proxy=proxy,
                              upstream_tls=upstream_tls))
     yield e
-    for p in (proxy, plain_proxy):
-        for s in p.listeners.values():
-            s.close()
-    up.server.close()
-    plain_up.server.close()
+
+    async def close():
+        for server in [*proxy.listeners.values(), *plain_proxy.listeners.values(), up.server, plain_up.server]:
+            server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    loop.run(close())
     loop.stop()
 
 
@@ -679,3 +691,34 @@ def test_added_latency_per_https_request(env):
     # generous bounds (2 shared cores): they catch a stall (a Nagle/ack delay is 40 ms), not noise
     assert via_keep - direct_keep < 5
     assert via_new - direct_new < 20
+
+
+def test_masking_cost_and_download_throughput(env):
+    """What masking responses costs: Masker alone, and a 32 MiB download through the interceptor
+    against the same download straight from the host."""
+    data = bytes(range(256)) * 256                                   # 64 KiB without the value
+    m = Masker([TOKEN.encode(), OTHER_TOKEN.encode()])
+    t = time.perf_counter()
+    for _ in range(256):
+        m.feed(data)
+    masker_mb_s = 16 / (time.perf_counter() - t)
+    size = 32 << 20
+
+    def download(port, ctx):
+        c = Conn(API, port, ctx)
+        t = time.perf_counter()
+        c.request("GET", f"/big?n={size}")
+        resp = c.getresponse()
+        got = 0
+        while chunk := resp.read(1 << 20):
+            got += len(chunk)
+        dt = time.perf_counter() - t
+        c.close()
+        assert got == size
+        return size / dt / (1 << 20)
+
+    direct = download(env.up.port, ssl.create_default_context(cadata=env.up_ca.decode()))
+    via = download(env.ports[API], env.only_link)
+    print(f"\nMasker.feed: {masker_mb_s:.0f} MB/s; 32 MiB download: direct {direct:.0f} MB/s, "
+          f"intercepted {via:.0f} MB/s ({via / direct:.2f}x)")
+    assert masker_mb_s > 100 and via > 10

@@ -16,7 +16,7 @@ __all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "parse_head", "get"
 MAX_HEAD = 64 * 1024           # request or response head
 MAX_HEADERS = 128
 MAX_LINE = 4096                # a chunk-size line or a trailer line
-READ = 65536
+READ = 256 * 1024               # bytes read (and decrypted) at a time
 LINGER_BYTES = 1 << 20         # read and dropped at most, after a refusal
 
 
@@ -91,7 +91,14 @@ class Stream:
             return await self._raw()
         while True:
             try:
-                return self.tls.read(READ)
+                data = self.tls.read(READ)
+                # what is already decrypted or buffered goes in one piece (a record is 16 KiB)
+                while len(data) < READ and (self.tls.pending() or self.inc.pending):
+                    try:
+                        data += self.tls.read(READ - len(data))
+                    except ssl.SSLError:
+                        break
+                return data
             except ssl.SSLWantReadError:
                 await self._flush()
                 try:
@@ -184,8 +191,13 @@ class Reader:
 
     async def some(self, n: int) -> bytes:
         """Up to n bytes (at least one), as they come."""
-        if not self.buf and not await self.more():
-            raise Closed("cut inside a body")
+        if not self.buf:                    # the common case of a body: no copy through the buffer
+            data = await self.s.read()
+            if not data:
+                raise Closed("cut inside a body")
+            if len(data) > n:
+                self.buf += data[n:]
+            return data[:n] if len(data) > n else data
         out = bytes(self.buf[:n])
         del self.buf[:n]
         return out

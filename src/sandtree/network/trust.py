@@ -23,7 +23,7 @@ from .policy import Rule
 from .state import Secret
 
 __all__ = ["parse_secrets", "sandbox_env", "bundle", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
-           "MAX_SECRETS", "MAX_VALUE", "MAX_HOSTS", "MAX_NAME"]
+           "MAX_SECRETS", "MAX_VALUE", "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
 
 MAX_SECRETS = 64
 MAX_VALUE = 16 * 1024          # bytes of a value (UTF-8): it goes into request heads
