@@ -31,7 +31,7 @@ from sandtree.network import intercept
 from sandtree.network.ca import CA, placeholder
 from sandtree.network.httpio import Masker
 from sandtree.network.state import LinkState
-from sandtree.network.trust import CA_VARIABLES, bundle, parse_secrets, sandbox_env
+from sandtree.network.trust import CA_VARIABLES, bundle, link_ca, parse_secrets, placeholders, sandbox_env
 
 API = "api.example.org"
 OTHER = "other.example.net"
@@ -136,6 +136,8 @@ class Upstream:
                 elif path == "/echo-header":
                     w.write(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: 2\r\n\r\nok"
                             % hd.get("authorization", "").encode())
+                elif path == "/bad-framing":
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
                 elif path == "/big":
                     n = int(target.split("=")[1])
                     w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
@@ -228,9 +230,8 @@ def env(tmp_path_factory):
     plain_up = loop.run(Upstream().start())
     secrets = parse_secrets({"API_TOKEN": {"value": TOKEN, "hosts": [API, "*.svc.example.org"]},
                              "OTHER_TOKEN": {"value": OTHER_TOKEN, "hosts": [OTHER]}})
-    hosts = [h for s in secrets for h in s.hosts]
     link = LinkState(key="t1", index=1, address="100.64.1.2", gateway="100.64.1.1", policy=None,
-                     secrets=secrets, ca=CA.new("t1", hosts=hosts))
+                     secrets=secrets, ca=link_ca("t1", secrets))
     upstream_tls = ssl.create_default_context(cadata=up_ca.decode())
     proxy = Proxy(link, up.port, upstream_tls)
     plain_proxy = Proxy(link, plain_up.port, None, port=80)
@@ -722,3 +723,24 @@ def test_masking_cost_and_download_throughput(env):
     print(f"\nMasker.feed: {masker_mb_s:.0f} MB/s; 32 MiB download: direct {direct:.0f} MB/s, "
           f"intercepted {via:.0f} MB/s ({via / direct:.2f}x)")
     assert masker_mb_s > 100 and via > 10
+
+
+def test_alpn_is_http1_and_a_bad_upstream_response_is_a_502(env):
+    ctx = ssl.create_default_context(cadata=env.link.ca.pem().decode())
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    c = Conn(API, env.ports[API], ctx)
+    c.connect()
+    assert c.sock.selected_alpn_protocol() == "http/1.1"
+    c.close()
+    resp, data = _req(env, API, "GET", "/bad-framing")
+    assert resp.status == 502 and b"upstream response" in data
+
+
+def test_link_ca_and_placeholders_for_the_engine():
+    assert link_ca("k", []) is None
+    secrets = parse_secrets({"A": {"value": "abcdefgh", "hosts": ["a.example.org", "*.b.example.org"]}})
+    ca = link_ca("k", secrets)
+    nc = ca.certificate.extensions.get_extension_for_class(x509.NameConstraints).value
+    assert {g.value for g in nc.permitted_subtrees} == {"a.example.org", "b.example.org"}
+    env = placeholders(secrets)
+    assert env == {"A": secrets[0].placeholder} and "abcdefgh" not in json.dumps(env)

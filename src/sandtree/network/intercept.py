@@ -250,11 +250,15 @@ async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) 
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise Closed("malformed response from upstream")
     status = int(parts[1])
+    bodiless = 100 <= status < 200 or status in (204, 304) or method == b"HEAD"
+    try:
+        kind, length = ("none", 0) if bodiless else framing(fields, request=False)
+    except Refuse as e:                   # checked before a byte of it goes down: a 502 can still replace it
+        raise Refuse(502, f"upstream response: {e.reason}") from None
     mask = Masker(values)
     await send_down(mask.feed(head) + mask.end())
-    if 100 <= status < 200 or status in (204, 304) or method == b"HEAD":
+    if bodiless:
         return status, True
-    kind, length = framing(fields, request=False)
     keep = b"close" not in tokens(fields, b"connection") and parts[0] != b"HTTP/1.0"
     if kind == "length":
         left = length

@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
-from .ca import placeholder
+from .ca import CA, placeholder
 from .policy import Rule
 from .state import Secret
 
-__all__ = ["parse_secrets", "sandbox_env", "bundle", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
+__all__ = ["parse_secrets", "sandbox_env", "bundle", "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
            "MAX_SECRETS", "MAX_VALUE", "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
 
 MAX_SECRETS = 64
@@ -149,3 +149,16 @@ def bundle(ca_pem: bytes, image_bundle: bytes | None) -> bytes:
     if head and not head.endswith(b"\n"):
         head += b"\n"
     return head + ca_pem + (b"" if ca_pem.endswith(b"\n") else b"\n")
+
+
+def link_ca(label: str, secrets: list[Secret]) -> CA | None:
+    """The CA a link with `secrets` needs (None without secrets), constrained to their hosts: what
+    the daemon keeps in LinkState.ca and whose pem() goes into the run's bundle."""
+    if not secrets:
+        return None
+    return CA.new(label, hosts=[h for s in secrets for h in s.hosts])
+
+
+def placeholders(secrets: list[Secret]) -> dict[str, str]:
+    """NAME -> placeholder: what the run's environment gets (never the values)."""
+    return {s.name: s.placeholder for s in secrets}
