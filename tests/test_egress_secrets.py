@@ -136,6 +136,10 @@ class Upstream:
                 elif path == "/echo-header":
                     w.write(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: 2\r\n\r\nok"
                             % hd.get("authorization", "").encode())
+                elif path == "/then-close":            # an idle timeout, right after answering
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await w.drain()
+                    return
                 elif path == "/bad-framing":
                     w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
                 elif path == "/big":
@@ -744,3 +748,22 @@ def test_link_ca_and_placeholders_for_the_engine():
     assert {g.value for g in nc.permitted_subtrees} == {"a.example.org", "b.example.org"}
     env = placeholders(secrets)
     assert env == {"A": secrets[0].placeholder} and "abcdefgh" not in json.dumps(env)
+
+
+def test_a_kept_alive_connection_the_host_closed_is_dialled_again_for_idempotent_requests(env):
+    ph = env.ph["API_TOKEN"]
+    c = Conn(API, env.ports[API], env.only_link)
+    conns = env.up.conns
+    assert _req(env, API, "GET", "/then-close", conn=c)[0].status == 200
+    time.sleep(0.05)                                   # the host's close reaches the interceptor
+    resp, data = _req(env, API, "GET", "/echo", {"Authorization": f"Bearer {ph}"}, conn=c)
+    assert resp.status == 200 and TOKEN.encode() not in data
+    assert env.up.conns == conns + 2 and _hdr(_last(env), "Authorization") == [f"Bearer {TOKEN}"]
+    # a POST is not sent twice: the sandbox sees the connection end, as it would without us
+    assert _req(env, API, "GET", "/then-close", conn=c)[0].status == 200
+    time.sleep(0.05)
+    before = len(env.up.requests)
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        _req(env, API, "POST", "/", {}, b"once", conn=c)
+    c.close()
+    assert len(env.up.requests) == before

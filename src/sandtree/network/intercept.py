@@ -39,7 +39,8 @@ __all__ = ["wants", "handle", "matches", "MAX_BODY", "IDLE", "LINGER"]
 
 MAX_BODY = 1 << 20             # Content-Length bodies up to this get the substitution
 LINGER = 2.0                   # seconds a refused client may go on sending before the close
-IDLE = 300.0                   # seconds a kept-alive connection may wait for its next request
+IDLE = 300.0
+_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}                   # seconds a kept-alive connection may wait for its next request
 
 
 def matches(hosts, name: str) -> bool:
@@ -132,7 +133,11 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
                 else f"upstream unreachable: {type(e).__name__}"
             await _answer(down, link, 502, f"{name}: {reason}")
             return
-        await _relay(link, name, secrets, down, up)
+        ups = [up]
+        try:
+            await _relay(link, name, secrets, down, ups, dial)
+        finally:
+            up = ups[0]
     except Refuse as e:
         await _answer(down, link, e.status, f"{name}: {e.reason}")
         linger = LINGER
@@ -157,12 +162,15 @@ async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> No
         pass
 
 
-async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream, up: Stream) -> None:
-    cin, uin = Reader(down), Reader(up)
+async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream, ups: list[Stream],
+                 dial) -> None:
+    """Request by request; `ups[0]` the upstream stream (replaced when it is dialled again)."""
+    cin, uin = Reader(down), Reader(ups[0])
     masker_values = [s.value.encode() for s in secrets]
+    served = 0
 
     async def send_up(data: bytes) -> None:
-        await up.write(data)
+        await ups[0].write(data)
         link.usage.bytes_out += len(data)
 
     async def send_down(data: bytes) -> None:
@@ -177,19 +185,31 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
             return
         if head is None:
             return
-        method, keep, upgrade = await _request(cin, head, name, secrets, send_up, down)
+        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down)
+        answered = False
         while True:                                  # interim (1xx) responses, then the final one
             rhead = await uin.head()
+            if rhead is None and served and not answered and replay is not None:
+                # the host closed the kept-alive connection while it was idle and the request crossed
+                # its close: an idempotent request may be sent again (RFC 9112 9.3.1), on a new dial
+                await ups[0].close()
+                ups[0] = await dial()
+                uin = Reader(ups[0])
+                await send_up(replay)
+                replay = None
+                continue
             if rhead is None:
                 raise Closed("upstream closed")
+            answered = True
             status, rkeep = await _response(uin, rhead, method, masker_values, send_down)
             if status == 101 and upgrade:
-                await _tunnel(cin, uin, down, up, masker_values, send_up, send_down)
+                await _tunnel(cin, uin, masker_values, send_up, send_down)
                 return
             if status >= 200 or status == 101:
                 break
         if not (keep and rkeep):
             return
+        served += 1
 
 
 async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream):
@@ -232,7 +252,10 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
                       for k, v in new_fields]
     if expect:
         new_fields = [(k, v) for k, v in new_fields if k.lower() != b"expect"]
-    await send_up(build(b" ".join((method, new_target, version)), new_fields) + body)
+    whole = build(b" ".join((method, new_target, version)), new_fields) + body
+    await send_up(whole)
+    streamed = kind == "chunked" or (kind == "length" and not substitute)
+    replay = None if streamed or method not in _IDEMPOTENT else whole
     if kind == "length" and not substitute:
         left = length
         while left:
@@ -241,7 +264,7 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
             await send_up(data)
     elif kind == "chunked":
         await relay_chunks(cin, send_up, None)
-    return method, keep, upgrade
+    return method, keep, upgrade, replay
 
 
 async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) -> tuple[int, bool]:
@@ -280,7 +303,7 @@ async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) 
     return status, keep
 
 
-async def _tunnel(cin: Reader, uin: Reader, down: Stream, up: Stream, values, send_up, send_down) -> None:
+async def _tunnel(cin: Reader, uin: Reader, values, send_up, send_down) -> None:
     """After a 101 (WebSocket): bytes both ways as they are, the host's masked."""
     mask = Masker(values)
 
