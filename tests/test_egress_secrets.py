@@ -136,6 +136,17 @@ class Upstream:
                 elif path == "/echo-header":
                     w.write(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: 2\r\n\r\nok"
                             % hd.get("authorization", "").encode())
+                elif path == "/ws" and hd.get("upgrade") == "websocket":
+                    w.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                            b"X-Echo: %s\r\n\r\n" % hd.get("authorization", "").encode())
+                    await w.drain()
+                    while data := await r.read(65536):       # the frames, echoed as they are
+                        self.requests.append({"sni": sni, "conn": conn, "ws": data, "headers": []})
+                        w.write(data)
+                        await w.drain()
+                    return
+                elif path == "/huge-head":
+                    w.write(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\nContent-Length: 0\r\n\r\n")
                 elif path == "/then-close":            # an idle timeout, right after answering
                     w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                     await w.drain()
@@ -767,3 +778,30 @@ def test_a_kept_alive_connection_the_host_closed_is_dialled_again_for_idempotent
         _req(env, API, "POST", "/", {}, b"once", conn=c)
     c.close()
     assert len(env.up.requests) == before
+
+
+def test_an_upgraded_connection_is_relayed_both_ways_with_the_value_masked(env):
+    ph = env.ph["API_TOKEN"]
+    c = Conn(API, env.ports[API], env.only_link)
+    c.connect()
+    c.sock.sendall(f"GET /ws HTTP/1.1\r\nHost: {API}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   f"Authorization: Bearer {ph}\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += c.sock.recv(65536)
+    assert got.startswith(b"HTTP/1.1 101") and TOKEN.encode() not in got and b"*" * len(TOKEN) in got
+    assert _hdr(_last(env), "Authorization") == [f"Bearer {TOKEN}"]
+    frame = b"frame carrying " + ph.encode() + b" and the real " + TOKEN.encode()
+    c.sock.sendall(frame)
+    echo = b""
+    while len(echo) < len(frame):
+        echo += c.sock.recv(65536)
+    c.close()
+    # after the upgrade bytes go as they are (no substitution); what comes back is masked
+    assert _last(env)["ws"] == frame
+    assert echo == frame.replace(TOKEN.encode(), b"*" * len(TOKEN))
+
+
+def test_an_upstream_head_over_the_limit_is_a_502(env):
+    resp, data = _req(env, API, "GET", "/huge-head")
+    assert resp.status == 502 and b"upstream response" in data

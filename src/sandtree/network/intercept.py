@@ -188,7 +188,10 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
         method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down)
         answered = False
         while True:                                  # interim (1xx) responses, then the final one
-            rhead = await uin.head()
+            try:
+                rhead = await uin.head()
+            except Refuse as e:
+                raise Refuse(502, f"upstream response: {e.reason}") from None
             if rhead is None and served and not answered and replay is not None:
                 # the host closed the kept-alive connection while it was idle and the request crossed
                 # its close: an idempotent request may be sent again (RFC 9112 9.3.1), on a new dial
