@@ -14,9 +14,12 @@ import base64
 import datetime
 import http.client
 import json
+import os
+import shutil
 import socket
 import ssl
 import statistics
+import subprocess
 import threading
 import time
 
@@ -531,11 +534,7 @@ def test_the_ca_is_constrained_to_the_secrets_hosts(env, tmp_path):
     assert ca.server_context(API) is ca.server_context(API.upper())        # cached
 
     def verify(host):
-        srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        path = tmp_path / "k.pem"
-        path.write_bytes(ca.leaf(host).public_bytes(serialization.Encoding.PEM) + ca._leaf_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-        srv.load_cert_chain(str(path))
+        srv = ca.server_context(host)            # it signs any name asked: the constraints must refuse it
         cli = ssl.create_default_context(cadata=ca.pem().decode())
         a, b = socket.socketpair()
         s = srv.wrap_socket(a, server_side=True, do_handshake_on_connect=False)
@@ -805,3 +804,32 @@ def test_an_upgraded_connection_is_relayed_both_ways_with_the_value_masked(env):
 def test_an_upstream_head_over_the_limit_is_a_502(env):
     resp, data = _req(env, API, "GET", "/huge-head")
     assert resp.status == 502 and b"upstream response" in data
+
+
+@pytest.mark.parametrize("tool", ["curl", "node"])
+def test_real_clients_trust_the_bundle_through_the_sandbox_env(env, tool, tmp_path):
+    """curl (OpenSSL, CURL_CA_BUNDLE) and Node (its own store + NODE_EXTRA_CA_CERTS) accept the link
+    CA with its critical name constraints, from the variables sandbox_env sets."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed here")
+    ph = env.ph["API_TOKEN"]
+    pem = tmp_path / "ca.pem"
+    pem.write_bytes(bundle(env.link.ca.pem(), open("/etc/ssl/certs/ca-certificates.crt", "rb").read()))
+    port = env.ports[API]
+    run_env = {"PATH": os.environ["PATH"], **sandbox_env(str(pem))}
+    if tool == "curl":
+        argv = ["curl", "-sS", "--resolve", f"{API}:{port}:127.0.0.1", "-H", f"Authorization: Bearer {ph}",
+                f"https://{API}:{port}/echo"]
+    else:
+        script = ("require('https').get({host: '127.0.0.1', port: %d, servername: '%s', path: '/echo', "
+                  "headers: {Host: '%s', Authorization: 'Bearer %s'}}, r => { let b = ''; "
+                  "r.on('data', d => b += d); r.on('end', () => process.stdout.write(b)); })"
+                  ".on('error', e => { console.error(String(e)); process.exit(3); })") % (port, API, API, ph)
+        argv = ["node", "-e", script]
+    before = len(env.up.requests)
+    alone = subprocess.run(argv, env={"PATH": os.environ["PATH"]}, capture_output=True, timeout=30)
+    assert alone.returncode != 0 and len(env.up.requests) == before     # without the variables: refused
+    out = subprocess.run(argv, env=run_env, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert _hdr(_last(env), "Authorization") == [f"Bearer {TOKEN}"]
+    assert TOKEN.encode() not in out.stdout and json.loads(out.stdout)["target"] == "/echo"
