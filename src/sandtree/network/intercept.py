@@ -14,6 +14,9 @@ Requests (each request of a kept-alive connection alike):
     sent: a virtual host behind the same address must not receive this name's secrets;
   * heads are bounded (MAX_HEAD bytes, MAX_HEADERS lines); ambiguous framing (Content-Length with
     Transfer-Encoding, differing lengths, folded or bare-LF lines) is refused (400).
+The upstream connection is the sandbox connection's own (no pool); when the host closed it while
+it was idle, an idempotent request whose body was read whole is sent again on a new dial, other
+requests see the connection end. A kept-alive connection idle for IDLE seconds is closed.
 Responses are relayed as they come (chunk by chunk), but every value that may have been sent on
 this connection is masked ('*' times its length: the framing keeps its length) in heads, bodies
 and trailers, so a host that echoes the request back (httpbin's /headers, an error page quoting
@@ -105,9 +108,10 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
     name = name.lower().rstrip(".")
     secrets = [s for s in link.secrets if matches(s.hosts, name)]
     if port == 443:
-        if tls is None or tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname:
+        if tls is None or tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname or link.ca is None:
             client[1].close()
-            raise ValueError("intercept.handle: the upstream TLS context must verify certificates and names")
+            raise ValueError("intercept.handle: needs the link's CA and an upstream TLS context that verifies "
+                             "certificates and names")
         down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
     else:
         down = Stream(*client, initial=first)
