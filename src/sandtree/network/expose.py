@@ -16,7 +16,7 @@ import socket
 from . import netns
 from .state import LinkState
 
-__all__ = ["Exposure", "expose", "CHUNK"]
+__all__ = ["Exposure", "expose", "CHUNK", "CONNECT_TIMEOUT"]
 
 CHUNK = 64 * 1024            # bytes per read of a relay (one read, one write: back-pressure by drain)
 CONNECT_TIMEOUT = 5.0        # seconds to reach the sandbox's port (an address on a veth: instant or never)
