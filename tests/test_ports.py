@@ -7,6 +7,7 @@ sandboxes; every connection is to 127.0.0.1 or into those namespaces."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 
@@ -233,3 +234,121 @@ def test_bad_ports_and_stopped_sandboxes_are_refused(world):
     sb.stop()
     with pytest.raises(Conflict):
         sb.expose(8000)
+
+
+@pytest.fixture
+def tenants(world):
+    """world, with tokens: alice owns the sandbox (started through her view), bob is another tenant."""
+    st, sb_local, egress = world
+    eng = st.engine
+    eng.share(eng.sandbox_info(sb_local.id)["image"])
+    alice = eng.tenancy.create_token("alice")["token"]
+    bob = eng.tenancy.create_token("bob")["token"]
+    view = eng.as_tenant(eng.tenancy.authenticate(alice))
+    info = view.sandbox_start(eng.sandbox_info(sb_local.id)["image"])
+    view.sandbox_write(info["id"], "/www/index.html", b"alice's page\n")
+    view.sandbox_write(info["id"], "/bin/ws-echo", WS_ECHO.encode(), mode=0o755)
+    view.sandbox_exec(info["id"], "httpd -p 8000 -h /www; (nc -ll -p 9000 -e /bin/ws-echo >/dev/null 2>&1 &)")
+    try:
+        yield eng, info["id"], alice, bob
+    finally:
+        with contextlib.suppress(Exception):
+            eng.sandbox_stop(info["id"])
+
+
+def _auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_another_tenants_token_is_refused(tenants):
+    eng, sid, alice, bob = tenants
+    with serving(eng) as base:
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(bob), trust_env=False)
+        assert r.status_code == 404                          # bob cannot expose alice's sandbox
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
+        assert r.status_code == 201, r.text
+        path = r.json()["path"]
+        assert _get(base + path, headers=_auth(alice)).text == "alice's page\n"
+        r = _get(base + path, headers=_auth(bob))
+        assert r.status_code == 404 and r.json()["error"] == "not_found"
+        assert _get(base + path).status_code == 401          # no token at all
+        assert _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(bob)).status_code == 404
+        assert [p["port"] for p in _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(alice)).json()] \
+            == [8000]
+        # a WebSocket needs the token as well
+        httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/9000", headers=_auth(alice), trust_env=False)
+        ws = "ws://" + base[len("http://"):] + f"/api/v1/sandboxes/{sid}/ports/9000/"
+
+        async def talk(headers):
+            async with ws_connect(ws, proxy=None, additional_headers=headers, open_timeout=10) as c:
+                await c.send("alice here")
+                return await asyncio.wait_for(c.recv(), 10)
+        assert _run(talk(_auth(alice))) == "echo: alice here"
+        for headers, status in ((_auth(bob), 404), ({}, 401)):
+            with pytest.raises(Exception) as e:
+                _run(talk(headers))
+            assert getattr(getattr(e.value, "response", None), "status_code", None) == status, e.value
+
+
+def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
+    eng, sid, alice, bob = tenants
+    with serving(eng) as base:
+        httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 2}, headers=_auth(alice),
+                       trust_env=False)
+        assert r.status_code == 200, r.text
+        url = r.json()["url"]
+        assert url.startswith(f"{base}/api/v1/sandboxes/{sid}/ports/8000/?st_exp=")
+        assert httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", headers=_auth(bob),
+                          trust_env=False).status_code == 404
+        with httpx.Client(trust_env=False, timeout=10) as browser:
+            r = browser.get(url)
+            assert r.status_code == 200 and r.text == "alice's page\n"
+            assert "st_port" in browser.cookies                  # the page's own requests carry the grant
+            assert browser.get(f"{base}/api/v1/sandboxes/{sid}/ports/8000/index.html").text == "alice's page\n"
+            # the grant is for that port only: the API and other ports need a token
+            assert browser.get(f"{base}/api/v1/sandboxes/{sid}").status_code == 401
+        altered = url[:-1] + ("0" if url[-1] != "0" else "1")
+        r = _get(altered)
+        assert r.status_code == 403 and "signature" in r.json()["message"]
+        other_port = url.replace("/ports/8000/", "/ports/8001/")
+        assert _get(other_port).status_code == 403
+        later = url.replace("st_exp=", "st_exp=9")
+        assert _get(later).status_code == 403                    # a longer life is an altered URL
+        time.sleep(3.1)
+        r = _get(url)
+        assert r.status_code == 403 and "expired" in r.json()["message"]
+        from sandtree.errors import InvalidInput
+        with pytest.raises(InvalidInput):
+            eng.sandbox_port_url(sid, 8000, ttl=0)
+    key = os.path.join(eng.store.home, "ports.key")
+    assert os.stat(key).st_mode & 0o777 == 0o600
+
+
+def test_exposure_is_remade_after_a_daemon_restart(world):
+    st, sb, egress = world
+    entry = sb.expose(8000)
+    egress.restart()                                        # every link and listener gone
+    with pytest.raises(httpx.ConnectError):
+        _get(entry["url"] + "/index.html")
+    again = sb.ports()                                      # the rows make them again
+    assert [p["port"] for p in again] == [8000] and again[0]["url"] != entry["url"]
+    assert _get(again[0]["url"] + "/index.html").text == "hello from the sandbox\n"
+    with serving(st.engine) as base:
+        assert _get(base + entry["path"] + "index.html").text == "hello from the sandbox\n"
+
+
+def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
+    st, sb, egress = world
+    ok, why = st.engine.sandboxes.live.hibernate_available()
+    if not ok:
+        pytest.skip(f"hibernate unavailable here: {why}")
+    entry = sb.expose(8000)
+    assert _get(entry["url"] + "/index.html").status_code == 200
+    assert sb.hibernate()["state"] == "hibernated"
+    assert [p["url"] for p in sb.ports()] == [None]
+    with serving(st.engine) as base:
+        r = _get(base + entry["path"] + "index.html")
+        assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
+    assert st.engine.sandbox_info(sb.id)["state"] == "running"
+    assert [c[0] for c in egress.calls].count("adopt") == 2      # its new processes got a link

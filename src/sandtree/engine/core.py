@@ -86,6 +86,7 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                 if self._sandboxes is None:
                     self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
                                                 self.resolve, lambda: self.default_tier)
+                    self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
         return self._sandboxes
 
     @property

@@ -100,6 +100,20 @@ class SandboxPorts:
         exp = int(time.time() + ttl)
         return f"{port_path(info['id'], port)}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp)}"
 
+    def unlink(self, sid: str) -> None:
+        """Before a checkpoint: remove the link this code gave sandbox `sid` (CRIU cannot restore a
+        veth whose peer is in another namespace). Its exposed ports stay recorded and are made
+        again on the resumed processes when next asked for."""
+        row = self._row(sid)
+        if not self._recorded(row["id"]) or row["spec"].get("network"):
+            return                                 # (no link of ours; a network= link is its start's)
+        with self._lock:
+            try:
+                self.egress().release(self._link_key(row))
+            except NotFound:
+                pass
+            self._linked.pop(row["id"], None)
+
     # ---- signed URLs -------------------------------------------------------------------------
     def sign(self, sid: str, port: int, exp: int) -> str:
         return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}".encode(), hashlib.sha256).hexdigest()
