@@ -7,6 +7,7 @@ sandboxes; every connection is to 127.0.0.1 or into those namespaces."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -352,3 +353,44 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
         assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
     assert st.engine.sandbox_info(sb.id)["state"] == "running"
     assert [c[0] for c in egress.calls].count("adopt") == 2      # its new processes got a link
+
+
+def test_the_remote_client_and_mcp_expose_too(tenants):
+    """The SDK over HTTP (sandtree.connect) and the MCP tool: the same rows, the same rules."""
+    eng, sid, alice, bob = tenants
+    with serving(eng) as base:
+        st = sandtree.connect(base, token=alice)
+        try:
+            entry = eng.as_tenant(eng.tenancy.authenticate(alice)).sandbox_expose(sid, 8000)
+            remote = st.engine
+            assert remote.sandbox_expose(sid, 8000) == entry
+            assert remote.sandbox_ports(sid) == [entry]
+            signed = remote.sandbox_port_url(sid, 8000, ttl=60)
+            assert signed.startswith(base + entry["path"] + "?st_exp=")
+            assert _get(signed).text == "alice's page\n"
+            from sandtree.errors import InvalidInput, NotFound
+            with pytest.raises(InvalidInput):
+                remote.sandbox_expose(sid, 0)
+            remote.sandbox_unexpose(sid, 8000)
+            with pytest.raises(NotFound):
+                remote.sandbox_unexpose(sid, 8000)
+            with pytest.raises(NotFound):
+                sandtree.connect(base, token=bob).engine.sandbox_ports(sid)
+        finally:
+            st.close()
+    actions = [a["action"] for a in eng.audit(tenant="alice", limit=50)]
+    assert "sandbox expose" in actions and "sandbox unexpose" in actions
+
+    from mcp.client.client import Client
+    from sandtree.mcp.server import build_server
+
+    async def main():
+        async with Client(build_server(eng)) as c:
+            r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "url_ttl": 60})
+            assert not r.is_error, r.content
+            got = json.loads(r.content[0].text)
+            assert got["port"] == 8000 and got["signed_url"].startswith(got["path"] + "?st_exp=")
+            assert _get(got["url"] + "/").text == "alice's page\n"
+            r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "close": True})
+            assert not r.is_error and json.loads(r.content[0].text) == {"port": 8000, "exposed": False}
+    _run(main())

@@ -16,7 +16,7 @@ import time
 
 import httpx
 from fastapi import APIRouter, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
@@ -81,7 +81,7 @@ def ports_router(p: Plumbing) -> APIRouter:
     @router.delete("/api/v1/sandboxes/{sid}/ports/{port}", status_code=204)
     async def unexpose_port(sid: str, port: int):
         await call(engine.sandbox_unexpose, sid, port)
-        return JSONResponse(None, status_code=204)
+        return Response(status_code=204)
 
     @router.get("/api/v1/sandboxes/{sid}/ports")
     async def list_ports(sid: str) -> list[dict]:
