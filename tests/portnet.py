@@ -32,6 +32,7 @@ class LinkPair:
 
     def __init__(self, index: int = 200, sandbox_fd: int | None = None):
         self.router_fd = netns.new()
+        self.host_fd = netns.current()
         self.own_sandbox = sandbox_fd is None
         self.sandbox_fd = netns.new() if sandbox_fd is None else os.dup(sandbox_fd)
         self.link = LinkState(key=f"test{index}", index=index, address=f"100.64.{index}.2",
@@ -81,6 +82,7 @@ class LinkPair:
             s.close()
         os.close(self.router_fd)            # the veth pair dies with the router namespace
         os.close(self.sandbox_fd)
+        os.close(self.host_fd)
 
 
 def echo(conn: socket.socket) -> None:

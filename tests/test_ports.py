@@ -7,17 +7,24 @@ sandboxes; every connection is to 127.0.0.1 or into those namespaces."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 
+import httpx
 import pytest
+import uvicorn
+from websockets.asyncio.client import connect as ws_connect
 
-from sandtree.network import netns
+import sandtree
+from sandtree.http.server import build_app
 from sandtree.network.expose import expose
 
-from portnet import LinkPair, echo, http_hello
+from conftest import free_port, wait_for_port
+from portnet import WS_ECHO, LinkPair, StandInEgress, echo, http_hello
 
 
 @pytest.fixture
@@ -44,12 +51,7 @@ def test_expose_relays_to_the_sandbox_and_counts_bytes(pair):
     pair.serve(7000, echo)
 
     async def main():
-        host = netns.current()
-        try:
-            ex = await expose(pair.link, 7000, pair.router_fd, host)
-        finally:
-            import os
-            os.close(host)
+        ex = await expose(pair.link, 7000, pair.router_fd, pair.host_fd)
         try:
             payload = b"x" * 300_000
             got = await _client(ex.host_port, payload)
@@ -67,8 +69,7 @@ def test_expose_relays_to_the_sandbox_and_counts_bytes(pair):
 
 def test_an_exposed_port_with_nothing_listening_resets(pair):
     async def main():
-        host = netns.current()
-        ex = await expose(pair.link, 7001, pair.router_fd, host)
+        ex = await expose(pair.link, 7001, pair.router_fd, pair.host_fd)
         try:
             r, w = await asyncio.open_connection("127.0.0.1", ex.host_port)
             w.write(b"hello")
@@ -90,8 +91,7 @@ def test_only_the_exposed_port_is_relayed(pair):
     pair.serve(7003, http_hello(b"seven-three"))
 
     async def main():
-        host = netns.current()
-        ex = await expose(pair.link, 7002, pair.router_fd, host)
+        ex = await expose(pair.link, 7002, pair.router_fd, pair.host_fd)
         try:
             got = await _client(ex.host_port, b"GET / HTTP/1.0\r\n\r\n")
             assert b"seven-two" in got and b"seven-three" not in got
@@ -105,8 +105,7 @@ def test_close_cuts_open_relays(pair):
     pair.serve(7004, echo)
 
     async def main():
-        host = netns.current()
-        ex = await expose(pair.link, 7004, pair.router_fd, host)
+        ex = await expose(pair.link, 7004, pair.router_fd, pair.host_fd)
         r, w = await asyncio.open_connection("127.0.0.1", ex.host_port)
         w.write(b"ping")
         assert await asyncio.wait_for(r.read(4), 5) == b"ping"
@@ -129,19 +128,6 @@ def test_bad_ports_are_refused(pair):
 
 
 # ---- through the engine, the SDK and `sandtree serve` ------------------------------------------------
-import contextlib
-import threading
-
-import httpx
-import uvicorn
-from websockets.asyncio.client import connect as ws_connect
-
-import sandtree
-from sandtree.http.server import build_app
-
-from conftest import free_port, wait_for_port
-from portnet import WS_ECHO, StandInEgress
-
 
 @contextlib.contextmanager
 def serving(engine):
