@@ -135,6 +135,9 @@ class StandInEgress:
             raise NotFound(f"no link {key!r}")
         return self.links[key]
 
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
     def adopt(self, key: str, pid: int):
         self.calls.append(("adopt", key, pid))
         from sandtree.errors import Conflict

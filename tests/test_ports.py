@@ -380,3 +380,26 @@ def test_the_remote_client_and_mcp_expose_too(tenants):
             r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "close": True})
             assert not r.is_error and json.loads(r.content[0].text) == {"port": 8000, "exposed": False}
     _run(main())
+
+
+def test_the_cli_port_verb(world, monkeypatch, capsys):
+    """`sandtree port ID PORT` prints the URL; --url-ttl a signed one; no PORT lists; --close."""
+    st, sb, _ = world
+    import importlib
+    cli_main = importlib.import_module("sandtree.cli.main")
+    from sandtree.cli import sandboxes as cli_sandboxes
+    monkeypatch.setattr(cli_sandboxes, "open_engine", lambda args: st.engine)   # (the world's engine)
+
+    def cli(*argv) -> str:
+        assert cli_main.main(list(argv)) in (0, None)
+        return capsys.readouterr().out.strip()
+    url = cli("port", sb.id[:8], "8000")
+    assert url.startswith("http://127.0.0.1:") and _get(url + "/index.html").text == "hello from the sandbox\n"
+    signed = cli("port", sb.id, "8000", "--url-ttl", "60")
+    assert signed.startswith(f"/api/v1/sandboxes/{sb.id}/ports/8000/?st_exp=")
+    assert cli("port", sb.id) == f"8000  {url}  /api/v1/sandboxes/{sb.id}/ports/8000/"
+    assert json.loads(cli("port", sb.id, "--json"))[0]["url"] == url
+    cli("port", sb.id, "8000", "--close")
+    assert cli("port", sb.id) == ""
+    assert cli_main.main(["port", sb.id, "8000", "--close"]) != 0      # not exposed: a clear error
+    assert "not exposed" in capsys.readouterr().err

@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 
-from ..errors import Conflict, Forbidden, InvalidInput, NotFound, SandtreeError
+from ..errors import Conflict, Forbidden, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime.base import LiveTier
 from ..runtime.liveproc import LiveHandle
 from ..store.store import Store
@@ -209,6 +209,9 @@ class SandboxPorts:
             egress.release(key)
             known = False
         if not known:
+            ok, why = egress.available()
+            if not ok:
+                raise RuntimeUnavailable(f"exposing a port needs the egress daemon, which cannot run here: {why}")
             try:
                 egress.adopt(key, h.init_pid)
             except SandtreeError:
