@@ -27,9 +27,11 @@ from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Hop-by-hop headers (RFC 9110 7.6.1) and what only this server reads are not passed on.
+# A request's Content-Length is kept: its body is streamed on unchanged (many servers, busybox
+# httpd's CGI among them, take no chunked request body); so is an answer's.
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-       "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}
-HOP_BACK = HOP - {"host", "authorization", "cookie", "content-length"}    # (the answer's own length holds)
+       "transfer-encoding", "upgrade", "host", "authorization", "cookie"}
+HOP_BACK = HOP - {"host", "authorization", "cookie"}
 SIGNED = ("st_exp", "st_sig")
 
 
