@@ -39,6 +39,11 @@ from .spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
 from .uploads import UploadOps
 
+try:
+    from ..network.client import Egress
+except ImportError:               # (the links part of issue 14, until it is merged: no egress daemon)
+    Egress = None
+
 _TENANCY_LOCK = threading.Lock()
 
 
@@ -104,6 +109,9 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
         if self._egress is None:
             with self._parts_lock:
                 if self._egress is None:
+                    if Egress is None:
+                        raise RuntimeUnavailable("the egress daemon's client (network/client.py) is not "
+                                                 "in this build: ports cannot be exposed")
                     self._egress = Egress(self.store.home)
         return self._egress
 
