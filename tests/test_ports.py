@@ -295,6 +295,19 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
             assert browser.get(f"{base}/api/v1/sandboxes/{sid}/ports/8000/index.html").text == "alice's page\n"
             # the grant is for that port only: the API and other ports need a token
             assert browser.get(f"{base}/api/v1/sandboxes/{sid}").status_code == 401
+        # a WebSocket by a signed URL of its own port
+        httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/9000", headers=_auth(alice), trust_env=False)
+        ws_url = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/9000", headers=_auth(alice),
+                            trust_env=False).json()["url"].replace("http://", "ws://")
+
+        async def talk(u):
+            async with ws_connect(u, proxy=None, open_timeout=10) as c:
+                await c.send("by signature")
+                return await asyncio.wait_for(c.recv(), 10)
+        assert _run(talk(ws_url)) == "echo: by signature"
+        with pytest.raises(Exception) as e:
+            _run(talk(url.replace("http://", "ws://").replace("/ports/8000/", "/ports/9000/")))
+        assert e.value.response.status_code == 403
         altered = url[:-1] + ("0" if url[-1] != "0" else "1")
         r = _get(altered)
         assert r.status_code == 403 and "signature" in r.json()["message"]
