@@ -18,7 +18,8 @@ from .state import LinkState
 
 __all__ = ["Exposure", "expose", "CHUNK", "CONNECT_TIMEOUT"]
 
-CHUNK = 64 * 1024            # bytes per read of a relay (one read, one write: back-pressure by drain)
+CHUNK = 256 * 1024           # bytes per read of a relay (one read, one write: back-pressure by drain);
+                             # measured here 1.2-1.8 GB/s through a relay (64 KiB: 0.8 GB/s)
 CONNECT_TIMEOUT = 5.0        # seconds to reach the sandbox's port (an address on a veth: instant or never)
 
 
@@ -104,6 +105,8 @@ async def expose(link: LinkState, port: int, router_fd: int, host_fd: int) -> Ex
             ex.bytes_out += n
         try:
             await asyncio.gather(_pump(creader, swriter, inbound), _pump(sreader, cwriter, outbound))
+        except asyncio.CancelledError:
+            pass                                # (the loop is ending: the relay ends with it, quietly)
         finally:
             for w in (cwriter, swriter):
                 ex.open.discard(w)
