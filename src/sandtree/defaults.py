@@ -12,6 +12,7 @@ MCP_TIMEOUT = 30.0                   # an MCP tool call's run: the agent's turn 
                                      # clients give up on a call long before 300 s (the caller may pass more)
 SANDBOX_IDLE_TIMEOUT = 600           # a live sandbox with no command for this long is stopped
 SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any case
+PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port works (sandbox_port_url)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

@@ -1,12 +1,10 @@
-"""The operation table: every engine operation declared once (Firecracker's single action vocabulary).
-
-Each row is a declaration: a signature (a function whose body is only its docstring), the token
-scope a tenant needs, which arguments name images (a tenant may name only images it sees), the
-audit action, and the HTTP binding. From the rows come the tenant and admin views (tenancy/), the
-remote client (client/remote.py), MCP parameter descriptions (vocabulary.py), and the conformance
-test that Engine, the tenant view and the remote client expose the same operations with the same
-signatures (tests/test_conformance.py). The engine implements each row as a method of the same
-name and signature; nothing here runs one. Imports only the standard library and defaults.py
+"""The operation table: every engine operation declared once (Firecracker's single action vocabulary). Each row is
+a declaration: a signature (a function whose body is only its docstring), the token scope a tenant needs, which
+arguments name images (a tenant may name only images it sees), the audit action, and the HTTP binding. From the
+rows come the tenant and admin views (tenancy/), the remote client (client/remote.py), MCP parameter
+descriptions (vocabulary.py), and the conformance test that Engine, the tenant view and the remote client expose
+the same operations with the same signatures (tests/test_conformance.py). The engine implements each row as a
+method of the same name and signature; nothing here runs one. Imports only the standard library and defaults.py
 (the remote client loads it)."""
 
 from __future__ import annotations
@@ -21,14 +19,13 @@ __all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
 
 @dataclass(frozen=True)
 class Http:
-    """Where an operation lives under /api/v1. `{name}` in the path is an argument (`{name:path}`:
-    it may hold slashes); `query`/`body` name the arguments sent as query parameters / JSON fields
-    (None values are left out: the server's defaults are the table's); `content` is the argument
-    sent as the raw request body; `const` adds fixed JSON fields (or query parameters for a GET);
-    `result` is the key of the JSON answer that is the return value; `raw`: the answer is bytes;
-    `data`: dicts come back as value objects (to_dict()), as the engine's Entry and Change are;
-    `drop`: in-process-only arguments (callbacks) a remote call accepts and cannot send; `rename`:
-    arguments whose wire field is named otherwise."""
+    """Where an operation lives under /api/v1. `{name}` in the path is an argument (`{name:path}`: it may
+    hold slashes); `query`/`body` name the arguments sent as query parameters / JSON fields (None values
+    are left out: the server's defaults are the table's); `content` is the argument sent as the raw request
+    body; `const` adds fixed JSON fields (or query parameters for a GET); `result` is the key of the JSON
+    answer that is the return value; `raw`: the answer is bytes; `data`: dicts come back as value objects
+    (to_dict()), as the engine's Entry and Change are; `drop`: in-process-only arguments (callbacks) a
+    remote call accepts and cannot send; `rename`: arguments whose wire field is named otherwise."""
     method: str
     path: str
     query: tuple[str, ...] = ()
@@ -56,17 +53,15 @@ class Op:
     local: str | None = None            # why it is in-process only
     group: str = "engine"               # "engine": engine.<name>; "operations": engine.operations.<name>
     custom_remote: bool = False         # the remote client writes this one by hand (a stream, a tar)
-    caller: bool = False                # the answer depends on who asks: the tenancy answers it,
-                                        # given the caller (Tenancy.<name>(..., by=tenant))
+    caller: bool = False                # the answer depends on who asks (Tenancy.<name>(..., by=tenant))
 
     def bind(self, *args, **kwargs) -> dict:
         """The call's arguments by name, defaults applied; TypeError as a Python call would."""
         b = self.signature.bind(*args, **kwargs)
         b.apply_defaults()
         out = dict(b.arguments)
-        for p in self.signature.parameters.values():        # **options collected under their own names
-            if p.kind is p.VAR_KEYWORD:
-                out.update(out.pop(p.name, {}))
+        for p in (p for p in self.signature.parameters.values() if p.kind is p.VAR_KEYWORD):
+            out.update(out.pop(p.name, {}))                 # **options collected under their own names
         return out
 
 
@@ -77,8 +72,7 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
     """Declare the decorated signature as an operation (the function itself is never called)."""
     def deco(fn):
         sig = inspect.signature(fn)
-        for a in images:
-            assert a in sig.parameters, (fn.__name__, a)
+        assert all(a in sig.parameters for a in images), (fn.__name__, images)
         if http is not None:
             named = set(http.query) | set(http.body) | {http.content, http.whole_body} | set(http.drop)
             named |= {seg.split("}")[0].split(":")[0] for seg in http.path.split("{")[1:]}
@@ -327,6 +321,22 @@ def sandbox_remove(sid: str, path: str) -> None:
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
+
+@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
+def sandbox_expose(sid: str, port: int) -> dict:
+    """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
+
+@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
+def sandbox_unexpose(sid: str, port: int) -> None:
+    """Make an exposed port of a live sandbox unreachable again."""
+
+@op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
+def sandbox_ports(sid: str) -> list[dict]:
+    """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
+
+@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
+def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
+    """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
 
 # ---- warm pools -----------------------------------------------------------------------------------

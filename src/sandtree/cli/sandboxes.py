@@ -1,4 +1,4 @@
-"""Live sandboxes: `start`, `exec`, `stop`, `hibernate`, `resume`, `commit`, `ps` and `shell`
+"""Live sandboxes: `start`, `exec`, `stop`, `hibernate`, `resume`, `commit`, `ps`, `port` and `shell`
 (the terminal side of `shell` is terminal.py)."""
 
 from __future__ import annotations
@@ -63,6 +63,22 @@ def cmd_sandbox_commit(args):
     eng = open_engine(args)
     image = eng.sandbox_commit(args.sandbox, tag=args.tag)
     out(args, {"image": image, "sandbox": args.sandbox, "tag": args.tag}, lambda o: print(o["image"]))
+
+
+def cmd_port(args):
+    """Expose PORT and print its URL (--url-ttl: a signed URL under `sandtree serve` instead);
+    --close: unexpose it; no PORT: the exposed ports."""
+    eng = open_engine(args)
+    if args.port is None:
+        return out(args, eng.sandbox_ports(args.sandbox),
+                   lambda o: [print(f"{p['port']}  {p['url'] or '-'}  {p['path']}") for p in o])
+    if args.close:
+        eng.sandbox_unexpose(args.sandbox, args.port)
+        return out(args, {"port": args.port, "exposed": False}, lambda o: None)
+    entry = eng.sandbox_expose(args.sandbox, args.port)
+    if args.url_ttl is not None:
+        entry["signed_url"] = eng.sandbox_port_url(args.sandbox, args.port, ttl=args.url_ttl)
+    out(args, entry, lambda o: print(o.get("signed_url") or o["url"]))
 
 
 def cmd_ps(args):
@@ -134,6 +150,14 @@ def add_sandboxes(sub, common) -> None:
     x = sub.add_parser("ps", parents=[common], help="list live sandboxes")
     x.add_argument("--all", action="store_true", help="also stopped, expired and gone ones")
     x.set_defaults(fn=cmd_ps)
+    x = sub.add_parser("port", parents=[common], help="expose a port of a live sandbox and print its URL "
+                       "(on the host's loopback; no PORT: list the exposed ones)")
+    x.add_argument("sandbox")
+    x.add_argument("port", nargs="?", type=int)
+    x.add_argument("--url-ttl", type=float, metavar="SECONDS",
+                   help="print a signed URL under `sandtree serve` that works without a token this long")
+    x.add_argument("--close", action="store_true", help="unexpose the port (unreachable again)")
+    x.set_defaults(fn=cmd_port)
     x = sub.add_parser("commit", parents=[common], help="an image of a live sandbox's filesystem now")
     x.add_argument("sandbox")
     x.add_argument("--tag")

@@ -247,6 +247,24 @@ class Sandbox:
         self._info = self._st.engine.sandbox_set_timeout(self.id, timeout)
         return self._info
 
+    def expose(self, port: int) -> dict:
+        """Make `port` of the sandbox reachable: {port, url (http://127.0.0.1:<host port>, on the engine's
+        host), path (the port under `sandtree serve`, behind the token)}. E2B's get_host(port)."""
+        return self._st.engine.sandbox_expose(self.id, port)
+
+    def unexpose(self, port: int) -> None:
+        """Make an exposed port unreachable again."""
+        self._st.engine.sandbox_unexpose(self.id, port)
+
+    def ports(self) -> list[dict]:
+        """The exposed ports: {port, url, path} each (url None while the sandbox is not running)."""
+        return self._st.engine.sandbox_ports(self.id)
+
+    def port_url(self, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
+        """A signed URL of an exposed port that works without a token for `ttl` seconds (absolute
+        through a server; in-process, the path under `sandtree serve`)."""
+        return self._st.engine.sandbox_port_url(self.id, port, ttl=ttl)
+
     def ls(self, path: str = "/") -> list[dict]:
         """A directory as the sandbox sees it now: name, kind, size, mode of each entry."""
         return self._st.engine.sandbox_ls(self.id, path)

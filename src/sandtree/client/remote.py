@@ -38,7 +38,9 @@ class _Data(dict):
 
 
 def _segment(value, keep_slashes: bool) -> str:
-    """One path parameter (an id from the caller must not add segments; a ref may hold '/')."""
+    """One path parameter (an id from the caller must not add segments; a ref may hold '/'; a port)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if not isinstance(value, str) or not value:
         raise errors.InvalidInput("an id or reference must be a non-empty string")
     return quote(value, safe="/" if keep_slashes else "")

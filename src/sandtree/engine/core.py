@@ -33,10 +33,16 @@ from .operations import Operations
 from .pools import Pools
 from .records import Records
 from .runs import RunOps
+from .sandbox_ports import SandboxPorts
 from .sandboxes import Sandboxes
 from .spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
 from .uploads import UploadOps
+
+try:
+    from ..network.client import Egress
+except ImportError:               # (the links part of issue 14, until it is merged: no egress daemon)
+    Egress = None
 
 _TENANCY_LOCK = threading.Lock()
 
@@ -54,6 +60,8 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
         self._operations = None
         self._sandboxes = None
         self._pools = None
+        self._ports = None
+        self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
         # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
         # part's constructor may reach another part.
@@ -83,7 +91,29 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                 if self._sandboxes is None:
                     self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
                                                 self.resolve, lambda: self.default_tier)
+                    self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
         return self._sandboxes
+
+    @property
+    def ports(self):
+        """Exposed ports of live sandboxes and their signed URLs (created on first use)."""
+        if self._ports is None:
+            with self._parts_lock:
+                if self._ports is None:
+                    self._ports = SandboxPorts(self.store, self.sandboxes, self._live, lambda: self.egress)
+        return self._ports
+
+    @property
+    def egress(self):
+        """The egress daemon's client (network/client.py), made on first use."""
+        if self._egress is None:
+            with self._parts_lock:
+                if self._egress is None:
+                    if Egress is None:
+                        raise RuntimeUnavailable("the egress daemon's client (network/client.py) is not "
+                                                 "in this build: ports cannot be exposed")
+                    self._egress = Egress(self.store.home)
+        return self._egress
 
     @property
     def pools(self):
@@ -180,6 +210,18 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
 
     def sandbox_mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
         self.sandboxes.mkdir(sid, path, mode=mode, uid=uid, gid=gid)
+
+    def sandbox_expose(self, sid: str, port: int) -> dict:
+        return self.ports.expose(sid, port)
+
+    def sandbox_unexpose(self, sid: str, port: int) -> None:
+        self.ports.unexpose(sid, port)
+
+    def sandbox_ports(self, sid: str) -> list[dict]:
+        return self.ports.ports(sid)
+
+    def sandbox_port_url(self, sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
+        return self.ports.port_url(sid, port, ttl=ttl)
 
     def close(self) -> None:
         if self._operations is not None:

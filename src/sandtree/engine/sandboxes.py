@@ -58,6 +58,9 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
         self.live = live
         self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
         self.ahead = Ahead(self.live)
+        # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
+        # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
+        self.unlink = lambda sid: None
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
 
@@ -389,6 +392,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
                 # checkpoint and this note (see _running), so the sandbox is hibernated, not lost.
                 pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}
                 self._set_spec(sid, {**row["spec"], "hibernating": pending})
+                self.unlink(sid)
                 self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"])
             except BaseException:
                 if self.live.alive(h):

@@ -1,17 +1,17 @@
 """`sandtree serve`: the engine over HTTP (FastAPI on uvicorn), under /api/v1, with OpenAPI.
 
 An adapter: each route translates one request into one engine call, and engine errors into HTTP
-statuses through one table (errors.ERRORS: each class carries its status). The routes are in
-groups, one module each, composed here: images.py (images, what is inside them), runs.py (runs,
-operations, their events), sandboxes.py (live sandboxes, warm pools), branching.py (branching,
-lineage), files.py (uploads, file sets, registries), admin.py (health, metrics, the store);
-contree.py is Contree's own API under /v1. What they share (the caller's engine, calls in
-threads, the error shape) is plumbing.py; the request bodies are models.py. Without tokens the
-server only listens on loopback.
+statuses through one table (errors.ERRORS: each class carries its status). The routes are in groups,
+one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
+their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
+branching.py (branching, lineage), files.py (uploads, file sets, registries), admin.py (health,
+metrics, the store); contree.py is Contree's own API under /v1. What they share (the caller's
+engine, calls in threads, the error shape) is plumbing.py; the request bodies are models.py. Without
+tokens the server only listens on loopback.
 
-Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as
-that tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards
-to it, and other routers take the same view with `Depends(engine_for)`.
+Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
+tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
+and other routers take the same view with `Depends(engine_for)`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .contree import contree_router
 from .files import files_router
 from .images import images_router
 from .plumbing import Plumbing, add_error_handlers, lifespan
+from .ports import ports_router
 from .runs import runs_router
 from .sandboxes import sandboxes_router
 
@@ -48,7 +49,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
     # routes (branching's lineage) come before images_router's GET /images/{ref}.
-    for router in (admin_router, branching_router, images_router, files_router, runs_router, sandboxes_router):
+    for router in (admin_router, branching_router, images_router, files_router, runs_router, sandboxes_router,
+                   ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
     return app

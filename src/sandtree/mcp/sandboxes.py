@@ -73,3 +73,16 @@ def register(t: Toolkit) -> None:
         """Write a text file into a running live sandbox (its directory must exist)."""
         engine.sandbox_write(sandbox_id, path, content.encode(), mode=mode)
         return {"path": path, "size": len(content.encode())}
+
+    @t.tool
+    def sandbox_port(sandbox_id: str, port: int, close: bool = False, url_ttl: float | None = None) -> dict:
+        """Expose a TCP port of a live sandbox (a dev server, a notebook) and get its URLs: url on the
+        engine's host loopback, path under the sandtree server (with the token). close=true: unexpose
+        it. url_ttl: also a signed URL (signed_url) anyone may open without a token for that many seconds."""
+        if close:
+            engine.sandbox_unexpose(sandbox_id, port)
+            return {"port": port, "exposed": False}
+        entry = engine.sandbox_expose(sandbox_id, port)
+        if url_ttl is not None:
+            entry["signed_url"] = engine.sandbox_port_url(sandbox_id, port, ttl=url_ttl)
+        return entry

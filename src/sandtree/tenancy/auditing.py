@@ -52,6 +52,8 @@ def entry(row: Op, args: dict, answer) -> dict:
         detail["sandbox"] = args["sid"]
     if row.name in ("sandbox_remove", "sandbox_mkdir"):
         detail["path"] = args["path"]
+    if "port" in args:
+        detail["port"] = args["port"]
     if "command" in args or "argv" in args:
         detail["command"] = masked(args.get("command", args.get("argv")), args.get("env"))
     if row.name == "sandbox_popen":

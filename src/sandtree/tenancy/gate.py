@@ -23,9 +23,12 @@ import sys
 import threading
 import time
 
+from http.cookies import SimpleCookie
+from urllib.parse import parse_qs
+
 from starlette.requests import Request
 
-from ..errors import Forbidden, Unauthorized
+from ..errors import Forbidden, NotFound, SandtreeError, Unauthorized
 from .tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
@@ -35,6 +38,9 @@ OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
+# An exposed port served under the server (http/ports.py); a signed URL may stand for a token there.
+PORT_PATH = re.compile(r"^/api/v1/sandboxes/([0-9a-f]{32})/ports/(\d{1,5})/")
+PORT_COOKIE = "st_port"
 
 
 def engine_for(request: Request):
@@ -94,8 +100,10 @@ class TenantGate:
         self.app, self.engine, self.log = app, engine, log
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):            # (lifespan)
             return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            send = _WebSocketRefusal(send)       # a refusal before the handshake is an HTTP answer
         t0 = time.monotonic()
         info = {"status": None, "op": None, "tenant": None, "token": None}
         path = scope.get("path", "")
@@ -114,7 +122,7 @@ class TenantGate:
         try:
             try:
                 view = await self._authenticate(scope, path)
-            except (Unauthorized, Forbidden) as exc:
+            except (Unauthorized, Forbidden, NotFound) as exc:
                 return await _reply(send_logged, exc.http_status, exc.to_dict())
             who = getattr(view, "tenant", None)
             if who is not None:
@@ -151,6 +159,10 @@ class TenantGate:
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if path in OPEN_PATHS and not given:
             return self.engine.as_tenant(_ANONYMOUS)
+        if not given and (grant := signed_grant(scope, path)) is not None:
+            sid, port, exp, sig = grant
+            await asyncio.to_thread(self.engine.ports.verify, sid, port, exp, sig)   # Forbidden: why
+            return PortGrant(self.engine, sid, port, exp, sig)
         if not given:
             raise Unauthorized("this server needs a token: Authorization: Bearer <token> "
                                "(`sandtree token create --tenant NAME` on the server)")
@@ -159,6 +171,72 @@ class TenantGate:
 
 
 _ANONYMOUS = Tenant("-", ())
+
+
+def signed_grant(scope, path: str):
+    """(sid, port, exp, sig) a request to an exposed port's path carries in its query
+    (st_exp, st_sig) or, after one signed request, in its cookie; else None."""
+    m = PORT_PATH.match(path)
+    if m is None:
+        return None
+    q = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    if "st_sig" in q:
+        return m.group(1), int(m.group(2)), q.get("st_exp", [""])[0], q["st_sig"][0]
+    raw = dict(scope.get("headers") or []).get(b"cookie", b"").decode("latin-1")
+    try:
+        morsel = SimpleCookie(raw).get(PORT_COOKIE)
+    except Exception:                       # noqa: BLE001 - a malformed cookie header grants nothing
+        morsel = None
+    if morsel is None or "." not in morsel.value:
+        return None
+    exp, _, sig = morsel.value.partition(".")
+    return m.group(1), int(m.group(2)), exp, sig
+
+
+class PortGrant:
+    """What a valid signed URL grants: reaching one exposed port of one sandbox (its list entry,
+    its state, resuming it to answer); any other engine call is Forbidden."""
+    tenant = None
+
+    def __init__(self, engine, sid: str, port: int, exp: str, sig: str):
+        self.engine, self.sid, self.port, self.cookie = engine, sid, port, f"{exp}.{sig}"
+        self.expires = int(exp)
+
+    def _mine(self, sid: str) -> None:
+        if sid != self.sid:
+            raise Forbidden("a signed URL grants one port of one sandbox")
+
+    def sandbox_ports(self, sid: str) -> list[dict]:
+        self._mine(sid)
+        return [p for p in self.engine.sandbox_ports(sid) if p["port"] == self.port]
+
+    def sandbox_info(self, sid: str) -> dict:
+        self._mine(sid)
+        return self.engine.sandbox_info(sid)
+
+    def sandbox_resume(self, sid: str) -> dict:
+        self._mine(sid)
+        return self.engine.sandbox_resume(sid)
+
+    def __getattr__(self, name):
+        raise Forbidden(f"a signed URL grants one port of one sandbox, not {name}")
+
+
+class _WebSocketRefusal:
+    """A WebSocket's `send` through which the gate's HTTP refusal (401/403 with the error object)
+    goes as the handshake's answer (ASGI's websocket.http.response), or as a close where the server
+    lacks that extension. Everything else passes on unchanged."""
+
+    def __init__(self, send):
+        self.send = send
+
+    async def __call__(self, message):
+        kind = message["type"]
+        if kind == "http.response.start":
+            message = {**message, "type": "websocket.http.response.start"}
+        elif kind == "http.response.body":
+            message = {**message, "type": "websocket.http.response.body"}
+        await self.send(message)
 
 
 async def _reply(send, status: int, body: dict) -> None:

@@ -1,0 +1,190 @@
+"""/api/v1 exposed ports of live sandboxes: expose, unexpose, list, signed URLs, and the port itself
+under /api/v1/sandboxes/{sid}/ports/{port}/... (HTTP of any method, streamed both ways, and
+WebSocket), relayed to the exposed port's listener on the host's loopback (the egress daemon's,
+which relays into the sandbox through its link).
+
+Who may: the caller's engine view (TenantGate: a tenant reaches only its own sandboxes' exposed
+ports; the rows' scope) or, without a token, a valid signed URL (TenantGate's PortGrant: that one
+port), after which a cookie scoped to the port's path lets the page's own requests in. A port that
+is not exposed answers 404; a hibernated sandbox is resumed first (E2B's habit)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+from fastapi import APIRouter, Query, Request, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from .. import defaults as D
+from ..errors import NotFound, SandtreeError
+from ..tenancy.gate import PORT_COOKIE, STATE_KEY, PortGrant
+from .plumbing import Plumbing
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Hop-by-hop headers (RFC 9110 7.6.1) and what only this server reads are not passed on.
+# A request's Content-Length is kept: its body is streamed on unchanged (many servers, busybox
+# httpd's CGI among them, take no chunked request body); so is an answer's.
+HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+       "transfer-encoding", "upgrade", "host", "authorization", "cookie"}
+HOP_BACK = HOP - {"host", "authorization", "cookie"}
+SIGNED = ("st_exp", "st_sig")
+
+
+def _forward_cookies(raw: str) -> str:
+    """The request's cookies less this server's own (the sandbox never sees the grant)."""
+    parts = [c for c in raw.split(";") if c.strip() and c.strip().split("=", 1)[0] != PORT_COOKIE]
+    return ";".join(parts).strip()
+
+
+def _query(request_query: str) -> str:
+    return "&".join(p for p in request_query.split("&") if p and p.split("=", 1)[0] not in SIGNED)
+
+
+async def target(view, call, sid: str, port: int) -> str:
+    """The loopback URL of exposed port `port` of `sid` as `view` sees it (NotFound: not exposed,
+    or not the caller's), resuming a hibernated sandbox first."""
+    entry = next((p for p in await call(view.sandbox_ports, sid) if p["port"] == port), None)
+    if entry is None:
+        raise NotFound(f"port {port} of sandbox {sid} is not exposed", sandbox=sid, port=port)
+    if entry["url"] is None:
+        if (await call(view.sandbox_info, sid))["state"] == "hibernated":
+            await call(view.sandbox_resume, sid)
+        entry = next((p for p in await call(view.sandbox_ports, sid) if p["port"] == port), entry)
+        if entry["url"] is None:
+            raise NotFound(f"sandbox {sid} is not running, so port {port} answers nothing", sandbox=sid, port=port)
+    return entry["url"]
+
+
+def _grant_cookie(response, view, sid: str, port: int) -> None:
+    if isinstance(view, PortGrant):
+        response.set_cookie(PORT_COOKIE, view.cookie, max_age=max(0, int(view.expires - time.time())),
+                            path=f"/api/v1/sandboxes/{sid}/ports/{port}/", httponly=True, samesite="lax")
+
+
+def ports_router(p: Plumbing) -> APIRouter:
+    router, engine, call = APIRouter(), p.engine, p.call
+    clients: list[httpx.AsyncClient] = []
+
+    def client() -> httpx.AsyncClient:
+        if not clients:          # one pool of upstream connections; never the environment's proxies
+            clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0)))
+        return clients[0]
+
+    @router.post("/api/v1/sandboxes/{sid}/ports/{port}", status_code=201)
+    async def expose_port(sid: str, port: int) -> dict:
+        """Make a port of the sandbox reachable: its loopback URL on the host and its path here."""
+        return await call(engine.sandbox_expose, sid, port)
+
+    @router.delete("/api/v1/sandboxes/{sid}/ports/{port}", status_code=204)
+    async def unexpose_port(sid: str, port: int):
+        await call(engine.sandbox_unexpose, sid, port)
+        return Response(status_code=204)
+
+    @router.get("/api/v1/sandboxes/{sid}/ports")
+    async def list_ports(sid: str) -> list[dict]:
+        return await call(engine.sandbox_ports, sid)
+
+    @router.post("/api/v1/sandboxes/{sid}/port-url/{port}")
+    async def port_url(sid: str, port: int, request: Request,
+                       ttl: float = Query(D.PORT_URL_TTL, description="seconds until the URL stops working")) -> dict:
+        """A signed URL of the exposed port (works without a token until it expires)."""
+        path = await call(engine.sandbox_port_url, sid, port, ttl=ttl)
+        return {"url": str(request.base_url).rstrip("/") + path}
+
+    @router.api_route("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}", methods=METHODS,
+                      include_in_schema=False)
+    async def proxy_http(sid: str, port: int, path: str, request: Request):
+        """The exposed port itself: the request goes to the sandbox's server as it came (streamed)."""
+        view = request.scope["state"][STATE_KEY]
+        base = await target(view, call, sid, port)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
+        if cookies := _forward_cookies(request.headers.get("cookie", "")):
+            headers.append(("cookie", cookies))
+        prefix = f"/api/v1/sandboxes/{sid}/ports/{port}"
+        headers += [("x-forwarded-prefix", prefix), ("x-forwarded-host", request.headers.get("host", "")),
+                    ("x-forwarded-proto", request.url.scheme)]
+        query = _query(request.url.query)
+        has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
+        up = client().build_request(request.method, f"{base}/{path}" + (f"?{query}" if query else ""),
+                                    headers=headers, content=request.stream() if has_body else None)
+        try:
+            resp = await client().send(up, stream=True)
+        except httpx.HTTPError as exc:
+            return JSONResponse({"error": "bad_gateway", "message": f"nothing answered on port {port} of sandbox "
+                                 f"{sid} ({type(exc).__name__}: is a server listening there?)"}, status_code=502)
+
+        async def body():
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError:
+                pass                        # the sandbox's server hung up mid-answer: end ours
+            finally:
+                await resp.aclose()
+        out = StreamingResponse(body(), status_code=resp.status_code)
+        out.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
+                           if k.lower() not in HOP_BACK]
+        _grant_cookie(out, view, sid, port)
+        return out
+
+    @router.websocket("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}")
+    async def proxy_ws(websocket: WebSocket, sid: str, port: int, path: str):
+        """The exposed port's WebSocket: the handshake is made with the sandbox's server first, then
+        messages are relayed both ways until either side closes."""
+        view = websocket.scope["state"][STATE_KEY]
+        try:
+            base = await target(view, call, sid, port)
+        except SandtreeError as exc:
+            return await _refuse(websocket, exc.http_status, exc.to_dict())
+        query = _query(websocket.url.query)
+        url = "ws" + base[4:] + f"/{path}" + (f"?{query}" if query else "")
+        protocols = [s.strip() for s in websocket.headers.get("sec-websocket-protocol", "").split(",") if s.strip()]
+        try:
+            upstream = await ws_connect(url, subprotocols=protocols or None, proxy=None, max_size=None,
+                                        compression=None, open_timeout=10)
+        except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+            status = exc.response.status_code if isinstance(exc, InvalidStatus) else 502
+            return await _refuse(websocket, status, {"error": "bad_gateway", "message": f"the WebSocket handshake "
+                                 f"with port {port} of sandbox {sid} failed ({type(exc).__name__})"})
+        await websocket.accept(subprotocol=upstream.subprotocol)
+
+        async def down():
+            with contextlib.suppress(ConnectionClosed):     # either side closing ends the relay
+                async for msg in upstream:
+                    if isinstance(msg, bytes):
+                        await websocket.send_bytes(msg)
+                    else:
+                        await websocket.send_text(msg)
+
+        async def up():
+            while True:
+                msg = await websocket.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return
+                with contextlib.suppress(ConnectionClosed):
+                    await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text", ""))
+        tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await upstream.close()
+            with contextlib.suppress(Exception):
+                await websocket.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    return router
+
+
+async def _refuse(websocket: WebSocket, status: int, body: dict) -> None:
+    """Refuse a WebSocket before its handshake with an HTTP answer (the ASGI extension), else a close."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse(body, status_code=status))
+    else:
+        await websocket.close(code=1008, reason=body.get("message", "")[:120])
