@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import ssl
 import struct
+import threading
 import time
 
 import dns.exception
@@ -22,6 +23,7 @@ __all__ = ["Upstream"]
 
 CACHE_MAX = 4096
 MIN_TTL, MAX_TTL = 5, 300       # bounds on how long an answer is reused
+OWN_TTL = 30.0
 
 
 def _nameserver() -> tuple[str, int]:
@@ -43,7 +45,7 @@ class Upstream:
         self.dns = tuple(dns) if dns else _nameserver()
         self.ca_file = ca_file
         self._cache: dict[str, tuple[float, list]] = {}
-        self._own: frozenset | None = None
+        self._own: tuple[float, frozenset] | None = None
         self._tls: ssl.SSLContext | None = None
 
     # ---- sockets in the upstream namespace -------------------------------------------------------
@@ -79,20 +81,33 @@ class Upstream:
         return self._tls
 
     def own_addresses(self) -> frozenset:
-        """The upstream namespace's own addresses (the egress host's): never a destination."""
-        if self._own is None:
-            from pyroute2 import IPRoute
+        """The upstream namespace's own addresses (the egress host's): never a destination. Re-read
+        every OWN_TTL seconds (a host's addresses change), in a thread of its own: pyroute2 runs an
+        event loop of its own, which can not nest in the caller's."""
+        now = time.monotonic()
+        if self._own is None or self._own[0] < now:
+            found: list = []
+            t = threading.Thread(target=self._read_own, args=(found,))
+            t.start()
+            t.join()
+            if found or self._own is None:
+                self._own = (now + OWN_TTL, frozenset(found))
+        return self._own[1]
+
+    def _read_own(self, found: list) -> None:
+        from pyroute2 import IPRoute
+        try:
             if self.netns_fd is None:
                 ipr = IPRoute()
             else:
                 with netns.entered(self.netns_fd):
                     ipr = IPRoute()
             try:
-                self._own = frozenset(ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))
-                                      for a in ipr.get_addr())
+                found += [ipaddress.ip_address(a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr()]
             finally:
                 ipr.close()
-        return self._own
+        except OSError:
+            pass
 
     # ---- names -----------------------------------------------------------------------------------
     async def resolve(self, name: str) -> list[ipaddress.IPv4Address]:
