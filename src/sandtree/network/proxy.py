@@ -19,6 +19,7 @@ import struct
 
 from . import intercept, netns
 from .nft import PROXY_PORT
+from .policy import Verdict
 from .state import LinkState
 
 __all__ = ["serve_proxy", "recheck", "Connection", "sni", "http_host"]
@@ -119,8 +120,8 @@ async def _sniff(reader: asyncio.StreamReader, port: int) -> tuple[bytes, str | 
 class Connection:
     """One proxied connection: what it was decided on (recheck re-decides it) and its sockets."""
 
-    def __init__(self, link: LinkState, names: list[str], ip, port: int, by_name: bool, writers):
-        self.link, self.dest_names, self.ip, self.port = link, names, ip, port
+    def __init__(self, link: LinkState, names: list[str], ip, port: int, by_name: bool, writers, own):
+        self.link, self.dest_names, self.ip, self.port, self.own = link, names, ip, port, own
         self.by_name = by_name           # dialled by a name the sandbox gave (SNI/Host)
         self.writers = writers
         self.closed = False
@@ -136,7 +137,6 @@ class Connection:
 
 def _verdict(link: LinkState, names, ip, port, own):
     if link.policy is None:
-        from .policy import Verdict
         return Verdict(False, "this sandbox has no network")
     return link.policy.connect(names, ip, port, own)
 
@@ -224,7 +224,6 @@ async def _handle(reader, writer, links, upstream) -> None:
             elif verdicts:
                 verdict = verdicts[0][1]
             else:
-                from .policy import Verdict
                 verdict = Verdict(False, f"{name} does not resolve")
         else:                    # a name outside the name rules: only a network rule may allow it
             verdict = link.policy.connect(names, ip, port, own)
@@ -243,8 +242,7 @@ async def _handle(reader, writer, links, upstream) -> None:
     async def dial():
         return await upstream.open_connection(ip, port, timeout=DIAL_SECONDS)
 
-    conn = Connection(link, names, ip, port, by_name, [writer])
-    conn.own = own
+    conn = Connection(link, names, ip, port, by_name, [writer], own)
     link.conns.add(conn)
     try:
         if name and port in (80, 443) and intercept.wants(link, name, port):
@@ -279,17 +277,10 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -
     except BaseException:
         s.close()
         raise
-    tasks: set[asyncio.Task] = set()
-
-    def on_conn(reader, writer):
-        t = asyncio.ensure_future(_guarded(reader, writer))
-        tasks.add(t)
-        t.add_done_callback(tasks.discard)
-
     async def _guarded(reader, writer):
         try:
             await _handle(reader, writer, links, upstream)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             writer.transport.abort()
 
-    return await asyncio.start_server(lambda r, w: _guarded(r, w), sock=s, limit=CHUNK)
+    return await asyncio.start_server(_guarded, sock=s, limit=CHUNK)

@@ -16,6 +16,7 @@ import dns.exception
 import dns.flags
 import dns.message
 import dns.rdatatype
+from pyroute2 import IPRoute
 
 from . import netns
 
@@ -95,7 +96,6 @@ class Upstream:
         return self._own[1]
 
     def _read_own(self, found: list) -> None:
-        from pyroute2 import IPRoute
         try:
             if self.netns_fd is None:
                 ipr = IPRoute()
