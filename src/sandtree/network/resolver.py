@@ -24,7 +24,7 @@ from . import netns
 from .nft import RESOLVER_PORT
 from .state import MAX_HOSTS, LinkState
 
-__all__ = ["serve_resolver", "answer", "Resolver"]
+__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "TCP_IDLE", "TTL"]
 
 TTL = 30                 # short: a policy change reaches the sandbox's caches soon
 MAX_NAMES_PER_IP = 16

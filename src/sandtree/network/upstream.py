@@ -20,7 +20,7 @@ from pyroute2 import IPRoute
 
 from . import netns
 
-__all__ = ["Upstream"]
+__all__ = ["Upstream", "CACHE_MAX", "MAX_TTL", "MIN_TTL", "OWN_TTL"]
 
 CACHE_MAX = 4096
 MIN_TTL, MAX_TTL = 5, 300       # bounds on how long an answer is reused
