@@ -33,6 +33,7 @@ from collections import Counter
 
 import dns.flags
 import dns.message
+import dns.query
 import dns.rcode
 import dns.rdatatype
 import dns.rrset
@@ -42,7 +43,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pyroute2 import IPRoute
 
-from sandtree.network import netns
+from portnet import LinkPair
+
+from sandtree.network import netns, nft
+from sandtree.network.policy import Policy
+from sandtree.network.proxy import serve_proxy
+from sandtree.network.resolver import serve_resolver
+from sandtree.network.upstream import Upstream
 
 ALLOWED, OTHER = "11.1.1.10", "11.1.1.11"
 DNS_IP = "11.1.1.53"
@@ -313,6 +320,107 @@ class NetLab:
         for f in os.listdir(self._dir):
             os.unlink(os.path.join(self._dir, f))
         os.rmdir(self._dir)
+
+
+class ProxyRig:
+    """The egress path without the daemon, for tests and bench/: a router namespace with nft.py's
+    ruleset and the proxy and resolver on an event loop of their own (a thread), a "sandbox"
+    namespace on a veth to it (default route to the router), the upstream in `lab`'s edge
+    namespace. .link is the LinkState whose policy the caller sets; .sandbox_fd the sandbox's
+    namespace."""
+
+    def __init__(self, lab, index=201):
+        self.lab = lab
+        self.pair = LinkPair(index)
+        self.link = self.pair.link
+        self.sandbox_fd = self.pair.sandbox_fd
+        with netns.entered(self.sandbox_fd):
+            ipr = IPRoute()
+        try:
+            ipr.route("add", dst="0.0.0.0/0", gateway=self.link.gateway)
+        finally:
+            ipr.close()
+        nft.install(self.pair.router_fd)
+        self.upstream = Upstream(lab.edge_fd, lab.dns, lab.ca_file)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        links = {self.link.gateway: self.link}.get
+        self.proxy = self.run(serve_proxy(self.pair.router_fd, links, self.upstream))
+        self.resolver = self.run(serve_resolver(self.pair.router_fd, links, self.upstream))
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(15)
+
+    def call(self, fn, *a):
+        async def c():
+            return fn(*a)
+        return self.run(c())
+
+    def policy(self, value) -> None:
+        self.link.policy = Policy.from_value(value)
+
+    # ---- the sandbox's side --------------------------------------------------------------------
+    def sock(self, kind=socket.SOCK_STREAM, family=socket.AF_INET) -> socket.socket:
+        with netns.entered(self.sandbox_fd):
+            s = socket.socket(family, kind)
+        s.settimeout(5)
+        return s
+
+    def connect(self, ip, port, timeout=5, source=None) -> socket.socket:
+        s = self.sock()
+        s.settimeout(timeout)
+        if source:
+            s.bind((source, 0))
+        s.connect((ip, port))
+        return s
+
+    def dns(self, name, kind="A", tcp=False, server=None):
+        q = dns.message.make_query(name, kind)
+        server = server or self.link.gateway
+        if tcp:
+            s = self.sock()
+            s.connect((server, 53))
+            return dns.query.tcp(q, server, timeout=5, sock=s)
+        return dns.query.udp(q, server, timeout=5, sock=self.sock(socket.SOCK_DGRAM))
+
+    def http(self, ip, host, path="/", port=80) -> tuple[int, bytes]:
+        s = self.connect(ip, port)
+        with s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            data = read_all(s)
+        if not data:
+            return 0, b""
+        return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[1]
+
+    def https(self, ip, name, path="/") -> tuple[int, bytes]:
+        ctx = ssl.create_default_context(cafile=self.lab.ca_file)
+        s = self.connect(ip, 443)
+        with ctx.wrap_socket(s, server_hostname=name) as t:
+            t.sendall(f"GET {path} HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n".encode())
+            data = read_all(t)
+        return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[1]
+
+    def close(self) -> None:
+        self.call(self.proxy.close)
+        self.call(self.resolver.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+        self.pair.close()
+
+
+def read_all(s) -> bytes:
+    out = b""
+    while True:
+        try:
+            d = s.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            break
+        if not d:
+            break
+        out += d
+    return out
 
 
 @contextlib.contextmanager

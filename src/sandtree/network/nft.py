@@ -3,7 +3,8 @@ resolver. Every TCP connection arriving on a link (`st*`) is redirected to the t
 every DNS packet (UDP and TCP port 53, to any address) to the resolver; anything else from a link
 is dropped, nothing is forwarded. (All of a link's TCP reaches the proxy, even to the proxy's own
 address and port, so the proxy refuses it with a reason rather than the ruleset dropping it
-silently; UDP reaches the resolver only through the DNS redirect.) A link's packets must come from the sandboxes' range and, by the
+silently; UDP reaches the resolver only through the DNS redirect.) A link's packets must come
+from the sandboxes' range and, by the
 reverse-path check (`fib`), from the address routed to that very link, so one sandbox can not pass
 for another (the proxy picks the link by the connection's local address, and counts by it)."""
 

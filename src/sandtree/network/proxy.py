@@ -22,7 +22,8 @@ from .nft import PROXY_PORT
 from .policy import Verdict
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "sni", "http_host", "CHUNK", "DIAL_SECONDS", "SNIFF_BYTES", "SNIFF_SECONDS", "SO_ORIGINAL_DST"]
+__all__ = ["serve_proxy", "recheck", "Connection", "sni", "http_host", "CHUNK", "DIAL_SECONDS", "SNIFF_BYTES",
+           "SNIFF_SECONDS", "SO_ORIGINAL_DST"]
 
 SO_ORIGINAL_DST = 80
 SNIFF_BYTES = 16384          # what a ClientHello or an HTTP head may take
