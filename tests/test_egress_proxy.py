@@ -8,6 +8,7 @@ import json
 import socket
 import ssl
 import subprocess
+import time
 
 import dns.message
 import dns.query
@@ -281,3 +282,51 @@ def test_secret_injected_only_for_its_host_through_the_transparent_path(eg):
         assert eg.link.usage.bytes_out > 0 and set(eg.link.usage.allowed_hosts) >= {"allowed.test", "other.test"}
     finally:
         eg.link.secrets, eg.link.ca = [], None
+
+
+def _get_stream(eg, n: int) -> socket.socket:
+    s = eg.connect(eg.lab.allowed, 80)
+    s.sendall(f"GET /bytes/{n} HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n".encode())
+    return s
+
+
+def _count(s: socket.socket, limit: int | None = None) -> int:
+    buf = bytearray(1 << 20)
+    got = 0
+    while limit is None or got < limit:
+        try:
+            k = s.recv_into(buf)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not k:
+            break
+        got += k
+    return got
+
+
+def test_bulk_download_intact_and_counted(eg):
+    """Past BULK_BYTES a direction is relayed from a thread: the bytes and the counts still add up."""
+    eg.policy(["allowed.test"])
+    n = 48 << 20
+    with _get_stream(eg, n) as s:
+        got = _count(s)
+    assert got > n and got - n < 200                         # the body and a short head
+    deadline = time.time() + 3
+    while eg.link.usage.bytes_in < got and time.time() < deadline:
+        time.sleep(0.05)                                     # the thread's last count reaches the loop
+    assert eg.link.usage.bytes_in == got
+
+
+def test_recheck_cuts_a_bulk_transfer(eg):
+    eg.policy(["allowed.test"])
+    n = 4 << 30                                             # never read to the end
+    s = _get_stream(eg, n)
+    try:
+        assert _count(s, 24 << 20) >= 24 << 20                 # past BULK_BYTES: in a thread now
+        eg.policy(["other.test"])
+        assert eg.call(recheck, eg.link) == 1
+        s.settimeout(3)
+        rest = _count(s)                                     # what was in flight, then the end
+        assert rest < 256 << 20
+    finally:
+        s.close()
