@@ -330,3 +330,28 @@ def test_recheck_cuts_a_bulk_transfer(eg):
         assert rest < 256 << 20
     finally:
         s.close()
+
+
+def _client_hello(name: str | None) -> bytes:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = name is not None
+    if name is None:
+        ctx.verify_mode = ssl.CERT_NONE
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname=name)
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return out.read()
+
+
+def test_sniff_parsers():
+    from sandtree.network.sniff import http_host, sni
+    hello = _client_hello("Allowed.Test")
+    assert sni(hello) == "allowed.test"
+    assert sni(hello[:3]) is False and sni(hello[:len(hello) - 1]) is False     # more needed
+    assert sni(_client_hello(None)) is None and sni(b"GET / HTTP/1.1\r\n") is None
+    assert http_host(b"GET / HTTP/1.1\r\nHost: Example.org:8080\r\n\r\n") == "example.org"
+    assert http_host(b"GET / HTTP/1.1\r\nhost: [::1]:80\r\n\r\n") == "::1"
+    assert http_host(b"GET / HTTP/1.1\r\nHost: a.b\r\n") is False                # head not ended
+    assert http_host(b"GET / HTTP/1.1\r\nX: y\r\n\r\n") is None
+    assert http_host(b"SSH-2.0-OpenSSH\r\n\r\n") is None
