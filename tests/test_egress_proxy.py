@@ -355,3 +355,20 @@ def test_sniff_parsers():
     assert http_host(b"GET / HTTP/1.1\r\nHost: a.b\r\n") is False                # head not ended
     assert http_host(b"GET / HTTP/1.1\r\nX: y\r\n\r\n") is None
     assert http_host(b"SSH-2.0-OpenSSH\r\n\r\n") is None
+
+
+def test_a_network_rule_naming_a_non_public_address_reaches_it(eg):
+    """The only way to a private/link-local address: a rule naming it (and only on its ports).
+    (The traps record these on purpose; the counts are taken back so the fixture's check holds.)"""
+    eg.policy(["*", "169.254.169.254/32:80", "10.1.2.3/32:7"])
+    try:
+        status, body = eg.http(eg.lab.allowed, "rebind.test")
+        assert status == 200 and json.loads(body)["address"] == "169.254.169.254"
+        with eg.connect("10.1.2.3", 7) as s:
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"
+        assert refused(lambda: eg.connect("10.1.2.3", 2222).recv(10))
+        assert set(eg.lab.trap_hits()) == {("169.254.169.254", 80), ("10.1.2.3", 7)}
+    finally:
+        for k in list(eg.lab.trap_hits()):
+            del eg.lab.hits[k]
