@@ -13,7 +13,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from netlab import ALLOWED, ProxyRig, netlab  # noqa: E402
@@ -57,7 +56,7 @@ print(dt)
 
 
 def nsrun(fd: int, code: str, *args, **kw):
-    return [f"nsenter", f"--net=/proc/{os.getpid()}/fd/{fd}", sys.executable, "-c", code, *map(str, args)]
+    return ["nsenter", f"--net=/proc/{os.getpid()}/fd/{fd}", sys.executable, "-c", code, *map(str, args)]
 
 
 def main() -> None:
