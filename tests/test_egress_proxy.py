@@ -372,3 +372,20 @@ def test_a_network_rule_naming_a_non_public_address_reaches_it(eg):
     finally:
         for k in list(eg.lab.trap_hits()):
             del eg.lab.hits[k]
+
+
+def test_a_slow_reader_does_not_spin_the_proxy(eg):
+    """While the sandbox reads nothing, the proxy waits (no busy loop on the upstream's readiness)."""
+    eg.policy(["allowed.test"])
+    s = _get_stream(eg, 4 << 20)                            # under BULK_BYTES: relayed on the loop
+    try:
+        time.sleep(0.5)                                      # buffers fill; the relay now waits
+        async def cpu():
+            return time.thread_time()
+        t0 = eg.run(cpu())
+        time.sleep(1.0)
+        used = eg.run(cpu()) - t0
+        assert used < 0.2, f"the proxy's loop used {used:.2f} s of CPU in 1 s of waiting"
+        assert _count(s) > 4 << 20
+    finally:
+        s.close()

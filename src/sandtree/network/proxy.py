@@ -109,24 +109,25 @@ def recheck(link: LinkState) -> int:
 
 
 class _Ready:
-    """Readiness of one fd for one direction, registered once for the relay's life (registering
-    per wait costs two epoll_ctl calls a chunk)."""
+    """Readiness of one fd for one direction. Registered only while waited for: epoll is
+    level-triggered, so a registration left in place while the relay waits on the other side
+    (a slow reader) would wake the loop on every turn."""
 
     def __init__(self, loop, fd: int, write: bool):
         self.loop, self.fd, self.write = loop, fd, write
-        self.fut = None
-        (loop.add_writer if write else loop.add_reader)(fd, self._wake)
-
-    def _wake(self) -> None:
-        if self.fut is not None and not self.fut.done():
-            self.fut.set_result(None)
 
     async def wait(self) -> None:
-        self.fut = self.loop.create_future()
-        await self.fut
+        fut = self.loop.create_future()
+        add, remove = ((self.loop.add_writer, self.loop.remove_writer) if self.write
+                       else (self.loop.add_reader, self.loop.remove_reader))
+        add(self.fd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            remove(self.fd)
 
     def close(self) -> None:
-        (self.loop.remove_writer if self.write else self.loop.remove_reader)(self.fd)
+        pass
 
 
 def _cut(*socks: socket.socket) -> None:
