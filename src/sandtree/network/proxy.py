@@ -347,7 +347,13 @@ class ProxyServer:
     async def _accept(self, sock, links, upstream) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            client, _ = await loop.sock_accept(sock)
+            try:
+                client, _ = await loop.sock_accept(sock)
+            except OSError:
+                if sock.fileno() < 0:
+                    return
+                await asyncio.sleep(0.1)        # out of fds, for one: keep serving once it passes
+                continue
             client.setblocking(False)
             t = loop.create_task(self._one(client, links, upstream))
             self._tasks.add(t)
