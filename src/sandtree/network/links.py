@@ -23,6 +23,7 @@ import contextlib
 import ipaddress
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
@@ -153,6 +154,14 @@ class Links:
             ipl.link("set", index=eth, state="up")
             if gateway:
                 ipl.route("add", dst="0.0.0.0/0", gateway=gateway)
+            # The carrier comes on through the kernel's linkwatch, later than the netlink
+            # answer: a sandbox started before it would see eth0 without carrier and its first
+            # packets dropped. Links are made ahead, so waiting here costs an attach nothing.
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                if ipl.get_links(eth)[0].get_attr("IFLA_OPERSTATE") == "UP":
+                    break
+                time.sleep(0.002)
         finally:
             ipl.close()
 
