@@ -208,9 +208,30 @@ def test_a_sandbox_sees_its_link_and_cannot_change_it(eg, eng, img):
         eg.release("run1")
 
 
-def test_a_link_cannot_reach_another_link(eg, eng, img):
-    a = eg.attach("la", Policy.from_value(True))
-    b = eg.attach("lb", Policy.from_value(True))
+def test_a_gvisor_sandbox_on_a_link_uses_it_and_cannot_change_it(eg, eng, img):
+    link = eg.attach("gv1", Policy.from_value(True))
+    try:
+        spec = spec_for(eng, img, "ip -4 -o addr show eth0; ip route; "
+                                  "ip addr add 10.9.9.9/32 dev eth0; echo addr=$?; "
+                                  "ip route del default; echo route=$?; "
+                                  "nc -l -p 80 -w 1 </dev/null & sleep 0.5; netstat -ltn | grep -c ':80 '",
+                        netns_fd=link.netns_fd)
+        with run(eng, "gvisor", spec) as out:
+            text = out.stdout.decode()
+            assert out.exit_code == 0, out.stderr
+        assert f"inet {link.address}/30" in text and f"default via {link.gateway} dev eth0" in text
+        assert "addr=2" in text and "route=2" in text, (text, out.stderr)
+        assert text.rstrip().endswith("1")          # port 80 bound by the sandbox (a socket in the link)
+        # the listener was a socket of the link's namespace: nothing of it is left on the host
+    finally:
+        link.close()
+        eg.release("gv1")
+
+
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_a_link_cannot_reach_another_link(eg, eng, img, tier):
+    a = eg.attach(f"la-{tier}", Policy.from_value(True))
+    b = eg.attach(f"lb-{tier}", Policy.from_value(True))
     with netns.entered(b.netns_fd):
         srv = socket.socket()
     try:
@@ -218,7 +239,7 @@ def test_a_link_cannot_reach_another_link(eg, eng, img):
         srv.listen(8)
         srv.settimeout(5)
         # the listener is there: the router reaches it (an exposed port) ...
-        host_port = eg.expose("lb", 8080)
+        host_port = eg.expose(f"lb-{tier}", 8080)
         c = socket.create_connection(("127.0.0.1", host_port), timeout=5)
         srv.accept()[0].close()
         c.close()
@@ -227,14 +248,14 @@ def test_a_link_cannot_reach_another_link(eg, eng, img):
                                   f"nc -w 2 {b.gateway} 8080 </dev/null; echo second=$?",
                         netns_fd=a.netns_fd)
         srv.settimeout(0.1)
-        with run(eng, "namespaces", spec) as out:
+        with run(eng, tier, spec) as out:
             assert "first=1" in out.stdout.decode() and "second=1" in out.stdout.decode(), out.stderr
         with pytest.raises(socket.timeout):
             srv.accept()
     finally:
         srv.close()
         a.close(), b.close()
-        eg.release("la"), eg.release("lb")
+        eg.release(f"la-{tier}"), eg.release(f"lb-{tier}")
 
 
 @pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
