@@ -277,8 +277,17 @@ def test_resolv_conf_and_runtime_files_are_shown_read_only_and_never_committed(e
                 assert word not in text
             seen = {os.path.relpath(os.path.join(d, n), out.changes) for d, ds, fs in os.walk(out.changes)
                     for n in ds + fs}
-        assert "etc/greeting" in seen                  # the run's own change is in the upper ...
-        assert not any(p.startswith(("dev", "etc/resolv.conf")) for p in seen)   # ... the runtime's are not
+            assert "etc/greeting" in seen              # the run's own change is in the upper ...
+            assert not any(p.startswith(("dev", "etc/resolv.conf")) for p in seen)   # ... the runtime's are not
+            base = eng.store.image(img)
+            cr = eng.committer.commit(base, out.changes, max_file_size=out.disk_limit)
+            write = eng.committer.image_writer(cr)    # (None: the other tier committed the same image)
+            if write is not None:
+                with eng.store.db.tx() as con:
+                    write(con)
+        assert cr.image != img and eng.read(cr.image, "/etc/greeting") == b"changed\n"
+        assert eng.read(cr.image, "/etc/resolv.conf") == b"nameserver 192.0.2.53\n"     # the image's own
+        assert eng.ls(cr.image, "/dev") == eng.ls(img, "/dev") == []
     finally:
         link.close()
         eg.release(f"rf-{tier}")
