@@ -420,3 +420,51 @@ def test_attach_p50_with_a_warm_pool(eg):
     p50 = statistics.median(times) * 1e3
     print(f"attach p50 {p50:.3f} ms, p90 {sorted(times)[179] * 1e3:.3f} ms")
     assert p50 < 2.0
+
+
+def test_a_live_sandbox_on_a_link_with_runtime_files(eg, eng, img):
+    link = eg.attach("live1", Policy.from_value(True))
+    live = eng.tier("namespaces").live()
+    spec = spec_for(eng, img, "unused", netns_fd=link.netns_fd,
+                    runtime_files={"/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
+    spec.argv = ["sandtree-init"]
+    h = live.start(spec, 60, detach=False)
+    try:
+        link.close()                                  # the sandbox holds the namespace now
+        with live.exec(h, spec_for(eng, img, "ip -4 -o addr show eth0; cat /etc/resolv.conf; "
+                                             "echo x > /etc/resolv.conf; echo w=$?")) as out:
+            text = out.stdout.decode()
+        assert f"inet {link.address}/30" in text and f"nameserver {link.gateway}" in text and "w=1" in text
+        time.sleep(2.5)                               # past the grace: a process is in it, so kept
+        assert "live1" in {l["key"] for l in eg.list()}
+    finally:
+        live.stop(h)
+    end = time.monotonic() + 10                       # then collected: nobody is in it any more
+    while "live1" in {l["key"] for l in eg.list()} and time.monotonic() < end:
+        time.sleep(0.2)
+    assert "live1" not in {l["key"] for l in eg.list()}
+
+
+def test_the_engine_exposes_a_live_sandboxs_port_through_the_real_daemon(tmp_path, rootfs):
+    import httpx
+    import sandtree
+    st = sandtree.Sandtree(str(tmp_path / "home"))
+    try:
+        sb = st.import_image(rootfs, tag="busybox").start()
+        try:
+            sb.write("/www/index.html", "hello through a link\n")
+            sb.exec("httpd -p 8000 -h /www")
+            entry = sb.expose(8000)                   # adopt: a veth into the sandbox's own namespace
+            r = httpx.get(entry["url"] + "/index.html", timeout=10, trust_env=False)
+            assert r.text == "hello through a link\n"
+            # nothing goes out of an adopted link: no default route
+            out = sb.exec("ip route; nc -w 1 100.64.0.1 80 </dev/null; echo nc=$?")
+            assert b"default" not in out.stdout and b"nc=1" in out.stdout
+            sb.unexpose(8000)
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(entry["url"] + "/index.html", timeout=5, trust_env=False)
+        finally:
+            sb.stop()
+    finally:
+        st.close()
+        Egress(str(tmp_path / "home")).stop_daemon()
