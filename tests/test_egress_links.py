@@ -468,3 +468,39 @@ def test_the_engine_exposes_a_live_sandboxs_port_through_the_real_daemon(tmp_pat
     finally:
         st.close()
         Egress(str(tmp_path / "home")).stop_daemon()
+
+
+def test_a_killed_daemon_leaves_nothing_and_the_next_request_starts_one(tmp_path, eng, img):
+    home = str(tmp_path)
+    veths = host_veths()
+    e = Egress(home)
+    pid = daemon_pid(e)
+    link = e.attach("k", Policy.from_value(["api.example.org"]),
+                    parse_secrets({"TOKEN": {"value": "abcdefgh", "hosts": ["api.example.org"]}}))
+    try:
+        files = link.runtime_files(b"IMAGE BUNDLE\n")
+        assert files["/etc/resolv.conf"] == f"nameserver {link.gateway}\n".encode()
+        assert files["/dev/sandtree/ca.pem"].startswith(b"IMAGE BUNDLE\n-----BEGIN CERTIFICATE-----")
+        assert link.env()["TOKEN"] == link.placeholders["TOKEN"]
+        assert link.env()["SSL_CERT_FILE"] == "/dev/sandtree/ca.pem"
+        os.kill(pid, 9)
+        end = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        # the router namespace died with it, and both ends of every veth with it
+        from pyroute2 import IPRoute
+        with netns.entered(link.netns_fd):
+            ipr = IPRoute()
+        try:                                          # (namespaces are torn down asynchronously)
+            end = time.monotonic() + 10
+            while {l.get_attr("IFLA_IFNAME") for l in ipr.get_links()} != {"lo"} and time.monotonic() < end:
+                time.sleep(0.05)
+            assert {l.get_attr("IFLA_IFNAME") for l in ipr.get_links()} == {"lo"}
+        finally:
+            ipr.close()
+        assert host_veths() == veths
+        assert e.release("k") == {}                   # no daemon: nothing to release
+        assert e.ping()["pid"] != pid                 # a request that needs one starts one
+    finally:
+        link.close()
+        e.stop_daemon()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from .. import config, errors
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
+from ..runtime.runfiles import RESOLV_CONF
+from . import trust
 from .daemon import MAX_MESSAGE, lock_path, socket_path
 from .policy import Policy
 from .state import Secret
@@ -41,6 +43,20 @@ class Link:
         if self.netns_fd is not None:
             os.close(self.netns_fd)
             self.netns_fd = None
+
+    def runtime_files(self, image_bundle: bytes | None = None) -> dict[str, bytes]:
+        """What a run on this link is shown (RunSpec.runtime_files): a resolv.conf naming the
+        gateway (the daemon's resolver), and with secrets the image's CA bundle + the link's CA
+        at trust.RUNTIME_PATH."""
+        files = {RESOLV_CONF: f"nameserver {self.gateway}\n".encode()}
+        if self.ca_pem:
+            files[trust.RUNTIME_PATH] = trust.bundle(self.ca_pem, image_bundle)
+        return files
+
+    def env(self) -> dict[str, str]:
+        """The run's environment additions: each secret's placeholder, and with secrets the
+        variables that make TLS clients trust the bundle."""
+        return {**self.placeholders, **(trust.sandbox_env(trust.RUNTIME_PATH) if self.ca_pem else {})}
 
 
 def _error(answer: dict) -> SandtreeError:

@@ -316,6 +316,18 @@ class Daemon:
         self.links.close()
 
 
+def _answers(path: str) -> bool:
+    """Whether a daemon answers a ping on `path`."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+            s.settimeout(2)
+            s.connect(path)
+            s.send(b'{"op": "ping"}')
+            return b'"ok": true' in s.recv(65536)
+    except OSError:
+        return False
+
+
 def _dns(text: str | None) -> tuple[str, int] | None:
     if not text:
         return None
@@ -360,12 +372,19 @@ def main(argv=None) -> int:
 
 def _serve(a, base: str, w: int) -> int:
     lock = os.open(lock_path(a.home), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:           # one daemon per store: the other one answers
-        os.write(w, b"ok")
-        os.close(w)
-        return 0
+    # One daemon per store. When another holds the lock it either answers (then we are not
+    # needed) or is on its way out (idle exit, stop): then we wait for the lock and take over.
+    end = time.monotonic() + 15
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if _answers(socket_path(a.home)) or time.monotonic() > end:
+                os.write(w, b"ok")
+                os.close(w)
+                return 0
+            time.sleep(0.05)
     null = os.open(os.devnull, os.O_RDWR)
     log = os.open(os.path.join(base, "daemon.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     os.dup2(null, 0)
