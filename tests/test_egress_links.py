@@ -504,3 +504,37 @@ def test_a_killed_daemon_leaves_nothing_and_the_next_request_starts_one(tmp_path
     finally:
         link.close()
         e.stop_daemon()
+
+
+def test_the_daemon_sits_in_the_upstream_namespace_and_exposes_on_the_hosts_loopback(tmp_path):
+    up = subprocess.Popen(["unshare", "--net", "sleep", "60"])
+    home = str(tmp_path)
+    try:
+        end = time.monotonic() + 5
+        while os.readlink(f"/proc/{up.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        e = Egress(home, upstream_netns=f"/proc/{up.pid}/ns/net", upstream_dns="192.0.2.1:5353")
+        try:
+            pid = daemon_pid(e)
+            assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/proc/{up.pid}/ns/net").st_ino
+            link = e.attach("u", None)
+            with netns.entered(link.netns_fd):
+                srv = socket.socket()
+            try:
+                srv.bind((link.address, 9000))
+                srv.listen(1)
+                srv.settimeout(5)
+                with socket.create_connection(("127.0.0.1", e.expose("u", 9000)), timeout=5):
+                    srv.accept()[0].close()
+            finally:
+                srv.close()
+                link.close()
+        finally:
+            e.stop_daemon()
+    finally:
+        up.kill()
+        up.wait()
+    with pytest.raises(Exception):
+        Egress(home, upstream_netns="/nonexistent/ns").ping()
+    assert Egress(home, upstream_netns="/nonexistent/ns").available()[0] is False

@@ -201,6 +201,14 @@ class Daemon:
         self.by_gateway[made.gateway] = state
         return entry
 
+    async def _keep(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
+        """_add, or the link removed again when that fails (nothing half-made stays)."""
+        try:
+            return self._add(key, made, ns, policy, secrets, owner)
+        except BaseException:
+            await asyncio.get_running_loop().run_in_executor(None, self.links.drop, made)
+            raise
+
     # ---- requests ----------------------------------------------------------------------------------
     async def op_ping(self, req, fds) -> dict:
         return {"pid": os.getpid(), "links": len(self.entries), "proxy": _proxy is not None}
@@ -209,12 +217,12 @@ class Daemon:
         key = self._new_key(req)
         policy = Policy.from_json(req.get("policy"))
         secrets = trust.parse_secrets(req.get("secrets"))
-        owner = req.get("owner")
+        owner = _owner(req)
         if secrets and policy is None:
             raise InvalidInput("secrets need a network policy (nothing goes out without one)")
         made = self.links.take_ready() or await asyncio.get_running_loop().run_in_executor(None, self.links.take)
         st = os.fstat(made.netns_fd)
-        entry = self._add(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
+        entry = await self._keep(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
         fds.append(made.netns_fd)
         ca = entry.state.ca
         return {"address": made.address, "gateway": made.gateway, "placeholders": trust.placeholders(secrets),
@@ -222,6 +230,7 @@ class Daemon:
 
     async def op_adopt(self, req, fds) -> dict:
         key = self._new_key(req)
+        owner = _owner(req)
         pid = req.get("pid")
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise InvalidInput(f"pid must be a positive integer, not {pid!r}")
@@ -230,7 +239,7 @@ class Daemon:
         except OSError:
             raise NotFound(f"no process {pid}", pid=pid) from None
         made = await asyncio.get_running_loop().run_in_executor(None, self.links.adopt, pid)
-        self._add(key, made, (st.st_dev, st.st_ino), None, [], req.get("owner"))
+        await self._keep(key, made, (st.st_dev, st.st_ino), None, [], owner)
         return {"address": made.address, "gateway": made.gateway, "placeholders": {}, "ca_pem": None}
 
     async def op_set_policy(self, req, fds) -> dict:
@@ -314,6 +323,14 @@ class Daemon:
                 ex.close()
         self.entries.clear()
         self.links.close()
+
+
+def _owner(req) -> int | None:
+    """Who attached a link (the engine's pid; shown by `list`)."""
+    owner = req.get("owner")
+    if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int)):
+        raise InvalidInput(f"owner is a process id, not {owner!r}")
+    return owner
 
 
 def _answers(path: str) -> bool:
