@@ -249,9 +249,12 @@ def test_a_link_cannot_reach_another_link(eg, eng, img, tier):
                         netns_fd=a.netns_fd)
         srv.settimeout(0.1)
         with run(eng, tier, spec) as out:
-            assert "first=1" in out.stdout.decode() and "second=1" in out.stdout.decode(), out.stderr
-        with pytest.raises(socket.timeout):
+            assert "first=" in out.stdout.decode() and "second=" in out.stdout.decode(), out.stderr
+        with pytest.raises(socket.timeout):           # nothing reached b's listener
             srv.accept()
+        # every TCP connection from a went to the router's proxy, which refused both (not public)
+        refused = eg.usage(f"la-{tier}")["refused_hosts"]
+        assert {(r["host"], r["port"]) for r in refused} >= {(b.address, 8080), (b.gateway, 8080)}
     finally:
         srv.close()
         a.close(), b.close()
@@ -291,6 +294,40 @@ def test_resolv_conf_and_runtime_files_are_shown_read_only_and_never_committed(e
     finally:
         link.close()
         eg.release(f"rf-{tier}")
+
+
+def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_path, eng, img):
+    from netlab import netlab
+    with netlab() as lab:
+        home = str(tmp_path)
+        e = Egress(home, upstream_netns=lab.path, upstream_dns=f"{lab.dns[0]}:{lab.dns[1]}", upstream_ca=lab.ca_file)
+        try:
+            link = e.attach("web", Policy.from_value(["allowed.test"]))
+            try:
+                spec = spec_for(eng, img, "nslookup allowed.test; echo ns=$?; nslookup other.test; echo ns2=$?; "
+                                          "wget -q -O - http://allowed.test/hello; r=$?; echo; echo get=$r; "
+                                          "wget -q -O - http://other.test/ 2>&1; echo get2=$?; "
+                                          "wget -q -O - http://11.1.1.11/ 2>&1; echo get3=$?",
+                                netns_fd=link.netns_fd, runtime_files=link.runtime_files())
+                with run(eng, "namespaces", spec) as out:
+                    text = out.stdout.decode()
+                assert "11.1.1.10" in text and "ns=0" in text and "ns2=0" not in text, text
+                assert '"path": "/hello"' in text and "get=0" in text, text
+                assert "get2=0" not in text and "get3=0" not in text, text
+                usage = e.usage("web")
+                assert usage["connections"] >= 1 and usage["allowed_hosts"] == ["allowed.test"]
+                assert usage["refused"] >= 1 and usage["dns_refused"] >= 1
+                # a policy change cuts and refuses from now on
+                e.set_policy("web", None)
+                with run(eng, "namespaces", spec) as out:
+                    assert "get=0" not in out.stdout.decode() and "ns=0" not in out.stdout.decode(), out.stdout
+                assert lab.trap_hits() == {}
+            finally:
+                link.close()
+                final = e.release("web")
+                assert final["connections"] >= 1
+        finally:
+            e.stop_daemon()
 
 
 def test_runtime_files_are_checked(eng, img):
