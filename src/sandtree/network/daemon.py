@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -37,27 +36,14 @@ from .links import Links, Made
 from .policy import Policy
 from .state import LinkState
 
-try:                                 # the proxy part of issue 14 (e14-proxy2), until it is merged
-    from . import nft as _nft, proxy as _proxy, resolver as _resolver, upstream as _upstream
-except ImportError:
-    _nft = _proxy = _resolver = _upstream = None
+from . import nft, proxy, resolver, upstream
 
-__all__ = ["Daemon", "Entry", "main", "socket_path", "lock_path", "GRACE", "IDLE", "SWEEP", "MAX_MESSAGE", "FALLBACK_RULESET"]
+__all__ = ["Daemon", "Entry", "main", "socket_path", "lock_path", "GRACE", "IDLE", "SWEEP", "MAX_MESSAGE"]
 
 GRACE = 30.0             # seconds after attach before a link nobody is in is released
 IDLE = 60.0              # seconds without links or exposures before the daemon exits
 SWEEP = 2.0              # seconds between GC sweeps
 MAX_MESSAGE = 4 << 20    # bytes of one request (64 secrets of 16 KiB fit many times over)
-# Until nft.py (the proxy part) is here: nothing from a link reaches anything but what the router
-# opened itself (exposed ports); nothing is forwarded.
-FALLBACK_RULESET = """table inet sandtree {
-  chain input { type filter hook input priority 0; policy accept;
-    iifname "st*" ct state established,related accept
-    iifname "st*" drop
-  }
-  chain forward { type filter hook forward priority 0; policy drop; }
-}
-"""
 
 
 def socket_path(home: str) -> str:
@@ -66,11 +52,6 @@ def socket_path(home: str) -> str:
 
 def lock_path(home: str) -> str:
     return os.path.join(home, "network", "daemon.lock")
-
-
-def _fallback_firewall(router_fd: int) -> None:
-    subprocess.run(["nsenter", f"--net=/proc/{os.getpid()}/fd/{router_fd}", "nft", "-f", "-"],
-                   input=FALLBACK_RULESET.encode(), check=True, capture_output=True, pass_fds=(router_fd,))
 
 
 def _namespaces_in_use() -> set[tuple[int, int]]:
@@ -103,8 +84,8 @@ class Daemon:
         self.upstream_fd = upstream_fd
         self.entries: dict[str, Entry] = {}
         self.by_gateway: dict[str, LinkState] = {}
-        self.links = Links(_nft.install if _nft else _fallback_firewall, protect=(self.host_fd,))
-        self.upstream = _upstream.Upstream(upstream_fd, dns, ca) if _upstream else None
+        self.links = Links(nft.install, protect=(self.host_fd,))
+        self.upstream = upstream.Upstream(upstream_fd, dns, ca)
         self.services: list = []
         self.idle_since = time.monotonic()
         self.stopping: asyncio.Event | None = None
@@ -115,10 +96,8 @@ class Daemon:
         self.stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        if _proxy:
-            self.services.append(await _proxy.serve_proxy(self.links.router_fd, self.by_gateway.get, self.upstream))
-            self.services.append(await _resolver.serve_resolver(self.links.router_fd, self.by_gateway.get,
-                                                               self.upstream))
+        self.services.append(await proxy.serve_proxy(self.links.router_fd, self.by_gateway.get, self.upstream))
+        self.services.append(await resolver.serve_resolver(self.links.router_fd, self.by_gateway.get, self.upstream))
         listener.setblocking(False)
         loop.add_reader(listener.fileno(), self._accept, listener)
         ready()
@@ -211,7 +190,7 @@ class Daemon:
 
     # ---- requests ----------------------------------------------------------------------------------
     async def op_ping(self, req, fds) -> dict:
-        return {"pid": os.getpid(), "links": len(self.entries), "proxy": _proxy is not None}
+        return {"pid": os.getpid(), "links": len(self.entries), "proxy": True}
 
     async def op_attach(self, req, fds) -> dict:
         key = self._new_key(req)
@@ -245,7 +224,7 @@ class Daemon:
     async def op_set_policy(self, req, fds) -> dict:
         entry = self._entry(req)
         entry.state.policy = Policy.from_json(req.get("policy"))
-        cut = _proxy.recheck(entry.state) if _proxy else 0
+        cut = proxy.recheck(entry.state)
         return {"cut": cut}
 
     async def op_usage(self, req, fds) -> dict:
