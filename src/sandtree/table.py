@@ -224,9 +224,11 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
         disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None, labels: dict | None = None):
+        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
+    network: off (default), all, a rule list or {allow_out, deny_out}; inherit: the image's run's
+    secrets: NAME -> {value, hosts}: the sandbox sees a placeholder, requests to the hosts the value
     cancel: a threading.Event; set, the command is killed"""
 
 @op("run", images=("ref",), audit="fork",
@@ -249,9 +251,11 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
+                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None,
+                  network=None, secrets: dict | None = None) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
-    timeout: default seconds per command"""
+    timeout: default seconds per command
+    network: off (default), all, a rule list or {allow_out, deny_out}; inherit: the image's run's"""
 
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
