@@ -94,15 +94,16 @@ class Entry:
 
 
 class Daemon:
-    def __init__(self, home: str, upstream_fd: int | None, dns: tuple[str, int] | None, ca: str | None):
-        self.home = home
+    def __init__(self, home: str, upstream_fd: int | None, dns: tuple[str, int] | None, ca: str | None,
+                 grace: float = GRACE, idle: float = IDLE):
+        self.home, self.grace, self.idle = home, grace, idle
         self.host_fd = netns.current()          # where exposed ports listen (the host's loopback)
         if upstream_fd is not None:
             netns.join(upstream_fd)             # before any thread: they inherit it
         self.upstream_fd = upstream_fd
         self.entries: dict[str, Entry] = {}
         self.by_gateway: dict[str, LinkState] = {}
-        self.links = Links(_nft.install if _nft else _fallback_firewall)
+        self.links = Links(_nft.install if _nft else _fallback_firewall, protect=(self.host_fd,))
         self.upstream = _upstream.Upstream(upstream_fd, dns, ca) if _upstream else None
         self.services: list = []
         self.idle_since = time.monotonic()
@@ -211,7 +212,7 @@ class Daemon:
         owner = req.get("owner")
         if secrets and policy is None:
             raise InvalidInput("secrets need a network policy (nothing goes out without one)")
-        made = await asyncio.get_running_loop().run_in_executor(None, self.links.take)
+        made = self.links.take_ready() or await asyncio.get_running_loop().run_in_executor(None, self.links.take)
         st = os.fstat(made.netns_fd)
         entry = self._add(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
         fds.append(made.netns_fd)
@@ -298,9 +299,9 @@ class Daemon:
                 used = await loop.run_in_executor(None, _namespaces_in_use)
                 now = time.time()
                 for entry in list(self.entries.values()):
-                    if now - entry.state.attached >= GRACE and entry.ns not in used:
+                    if now - entry.state.attached >= self.grace and entry.ns not in used:
                         await self._release(entry)
-            elif time.monotonic() - self.idle_since >= IDLE:
+            elif time.monotonic() - self.idle_since >= self.idle:
                 self.stopping.set()
                 return
 
@@ -328,6 +329,8 @@ def main(argv=None) -> int:
     p.add_argument("--upstream-netns")
     p.add_argument("--upstream-dns")
     p.add_argument("--upstream-ca")
+    p.add_argument("--grace", type=float, default=GRACE, help=argparse.SUPPRESS)    # tests
+    p.add_argument("--idle", type=float, default=IDLE, help=argparse.SUPPRESS)      # tests
     a = p.parse_args(argv)
     if os.geteuid() != 0:
         print("the egress daemon needs root", file=sys.stderr)
@@ -369,7 +372,7 @@ def _serve(a, base: str, w: int) -> int:
     os.dup2(null, 1)
     os.dup2(log, 2)
     up = os.open(a.upstream_netns, os.O_RDONLY | os.O_CLOEXEC) if a.upstream_netns else None
-    daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca)
+    daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca, a.grace, a.idle)
     path = socket_path(a.home)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

@@ -79,7 +79,8 @@ class Links:
     """The router namespace and the links in it. `firewall(router_fd)` installs the router's
     ruleset (nft.install) once the namespace exists."""
 
-    def __init__(self, firewall, pool: int = POOL):
+    def __init__(self, firewall, pool: int = POOL, protect: tuple[int, ...] = ()):
+        self.protect = protect              # fds of namespaces never to adopt (the host's)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="links")
         self._pool_size = pool
         self._pool: list[Made] = []
@@ -202,14 +203,16 @@ class Links:
         if not self._closed:
             self.submit(self._fill)
 
-    def take(self) -> Made:
-        """A ready link: from the pool when it has one (microseconds), else made now."""
+    def take_ready(self) -> Made | None:
+        """A link from the pool (microseconds), or None when it is empty; the pool refills."""
         with self._lock:
             made = self._pool.pop(0) if self._pool else None
-        if made is None:
-            made = self.call(self._make)
         self.refill()
         return made
+
+    def take(self) -> Made:
+        """A ready link: from the pool when it has one, else made now (blocks: not on a loop)."""
+        return self.take_ready() or self.call(self._make)
 
     def adopt(self, pid: int) -> Made:
         """A veth into the network namespace of running process `pid` (eth0 there: address, no route)."""
@@ -218,7 +221,7 @@ class Links:
         except OSError:
             raise NotFound(f"no process {pid} (or no network namespace of its own to adopt)", pid=pid) from None
         try:
-            if _shared(fd, self.router_fd):
+            if _shared(fd, (self.router_fd, *self.protect)):
                 raise Conflict(f"process {pid} shares a namespace that is not a sandbox's own", pid=pid)
             return self.call(self._adopt, fd)
         finally:
@@ -271,16 +274,12 @@ class Links:
         os.close(self.router_fd)
 
 
-def _shared(fd: int, router_fd: int) -> bool:
+def _shared(fd: int, others) -> bool:
     """Whether namespace `fd` is one no sandbox owns: the router's, the daemon's, the host's."""
     mine = os.fstat(fd)
     own = netns.current()
     try:
-        for other in (router_fd, own):
-            o = os.fstat(other)
-            if (o.st_dev, o.st_ino) == (mine.st_dev, mine.st_ino):
-                return True
+        return any((o.st_dev, o.st_ino) == (mine.st_dev, mine.st_ino)
+                   for o in (os.fstat(x) for x in (*others, own)))
     finally:
         os.close(own)
-    o = os.stat("/proc/1/ns/net")
-    return (o.st_dev, o.st_ino) == (mine.st_dev, mine.st_ino)
