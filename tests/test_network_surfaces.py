@@ -111,7 +111,7 @@ def test_gvisor_refuses_a_policy_it_cannot_enforce_with_the_reason(eng, img):
 @NEEDS_ROOT
 @pytest.mark.parametrize("tier", ["namespaces"])   # gvisor: refused until runsc joins the link (above)
 def test_a_run_reaches_an_allowed_server_and_is_refused_another(eng, img, lab, tier):
-    script = get("allowed.test", "11.1.1.10") + "; " + get("other.test", "11.1.1.11")
+    script = "echo x > /marker; " + get("allowed.test", "11.1.1.10") + "; " + get("other.test", "11.1.1.11")
     rec = eng.run(img, script, network=["allowed.test"], tier=tier)
     out = rec.stdout.decode()
     assert "allowed.test" in out and "200" in out.split("--")[0], out + rec.stderr.decode()
@@ -121,6 +121,48 @@ def test_a_run_reaches_an_allowed_server_and_is_refused_another(eng, img, lab, t
     net = eng.operation(rec.op)["outcome"]["usage"]["network"]
     assert net and any(v for v in net.values() if isinstance(v, int)), net
     # the lineage edge joins its operation, which shows the policy
-    log = eng.log(rec.image)
-    assert any(e.get("spec", {}).get("network") == {"allow_out": ["allowed.test"]} for e in log
-               if isinstance(e, dict)) or spec["network"]
+    edge = next(p for p in eng.parents(rec.image) if p["op"] == rec.op)
+    assert edge["network"] == {"allow_out": ["allowed.test"]} and edge["hermetic"] is False
+    assert eng.log(rec.image)[0]["network"] == {"allow_out": ["allowed.test"]}
+    assert "network" not in eng.log(img)[0]
+
+
+def test_inherit_takes_the_policy_of_the_run_that_made_the_image(eng, img):
+    rec = eng.run(img, "echo a > /a", network=["allowed.test:80"])
+    child = eng.run(rec.image, "cat /etc/resolv.conf", network="inherit")
+    assert eng.operation(child.op)["spec"]["network"] == {"allow_out": ["allowed.test:80"]}
+    assert child.stdout.startswith(b"nameserver 100.64.")
+    hermetic = eng.run(img, "echo b > /b")                  # an image no networked run made: off
+    off = eng.run(hermetic.image, "cat /etc/resolv.conf", network="inherit")
+    assert "network" not in eng.operation(off.op)["spec"] and off.stdout == b"nameserver 192.0.2.53\n"
+
+
+def test_secrets_are_recorded_by_name_and_hosts_never_the_value(eng, img):
+    rec = eng.run(img, "echo $TOKEN; ls /dev/sandtree; echo $SSL_CERT_FILE", network=["allowed.test"],
+                  secrets={"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}})
+    out = rec.stdout.decode()
+    assert out.startswith("sandtree-secret-TOKEN-") and SECRET not in out
+    assert "ca.pem" in out and "/dev/sandtree/ca.pem" in out
+    spec = eng.operation(rec.op)["spec"]
+    assert spec["secrets"] == {"TOKEN": {"hosts": ["allowed.test"]}}
+    for name in os.listdir(eng.store.home):
+        path = os.path.join(eng.store.home, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                assert SECRET.encode() not in f.read(), path
+    assert SECRET not in str(eng.operation(rec.op))
+
+
+def test_a_live_sandbox_with_a_policy(eng, img, lab):
+    info = eng.sandbox_start(img, network={"allow_out": ["allowed.test"], "deny_out": ["other.test"]})
+    try:
+        assert info["network"] == {"allow_out": ["allowed.test"], "deny_out": ["other.test"]}
+        r = eng.sandbox_exec(info["id"], get("allowed.test", "11.1.1.10"))
+        assert b"200" in r.stdout, r.stdout + r.stderr
+        with pytest.raises(Conflict, match="network policy"):
+            eng.sandbox_hibernate(info["id"])
+    finally:
+        eng.sandbox_stop(info["id"])
+    assert info["id"] not in {l["key"] for l in eng.egress.list()}
+    with pytest.raises(Conflict, match="network policy"):
+        eng.sandbox_start(img, network="all", idle_action="hibernate")
