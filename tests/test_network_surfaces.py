@@ -10,13 +10,19 @@ here. The daemon is stopped at teardown."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import shutil
-import sqlite3
+import subprocess
+import sys
 
+import httpx
 import pytest
 
-from conftest import make_rootfs
+import sandtree
+from conftest import free_port, make_rootfs, wait_for_port
 from netlab import NetLab
 from sandtree.client.sdk import Sandtree
 from sandtree.engine import Engine
@@ -25,6 +31,7 @@ from sandtree.network.client import Egress
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
 SECRET = "s3cr3t-value-never-stored-9f1c"
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +173,137 @@ def test_a_live_sandbox_with_a_policy(eng, img, lab):
     assert info["id"] not in {l["key"] for l in eng.egress.list()}
     with pytest.raises(Conflict, match="network policy"):
         eng.sandbox_start(img, network="all", idle_action="hibernate")
+
+
+# ---- the surfaces: remote SDK over a real server, REST, CLI, MCP ------------------------------------------
+
+def lab_env(lab) -> dict:
+    """The environment a `sandtree` process needs for its egress daemon to use the netlab upstream."""
+    return {**os.environ, "SANDTREE_EGRESS_NETNS": lab.path, "SANDTREE_EGRESS_DNS": f"{lab.dns[0]}:{lab.dns[1]}",
+            "SANDTREE_EGRESS_CA": lab.ca_file, "PYTHONPATH": SRC}
+
+
+@contextlib.contextmanager
+def server(home: str, lab):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+                            env=lab_env(lab), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        Egress(home).stop_daemon()
+
+
+@NEEDS_ROOT
+def test_remote_sdk_and_rest(tmp_path, lab, rootfs):
+    home = str(tmp_path / "home")
+    with server(home, lab) as url:
+        st = sandtree.connect(url)
+        try:
+            img = st.import_image(rootfs)
+            r = img.run("echo x > /m; " + get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"),
+                        network="allowed.test")
+            out = r.stdout.decode()
+            assert "200 OK" in out.split("--")[0] and "200 OK" not in out.split("--", 1)[1], out
+            op = st.operation(r.operation)
+            assert op["spec"]["network"] == {"allow_out": ["allowed.test"]} and op["spec"]["hermetic"] is False
+            assert op["outcome"]["usage"]["network"]
+            sb = img.start(network={"allow_out": ["allowed.test"]})
+            try:
+                assert sb.info()["network"] == {"allow_out": ["allowed.test"]}
+            finally:
+                sb.stop()
+            with pytest.raises(InvalidInput):
+                img.run("true", network="bad rule!")
+            # REST: every JSON shape is accepted; bad ones are refused (422/invalid_input) and change nothing
+            with httpx.Client(base_url=url + "/api/v1") as h:
+                n = len(h.get("/operations").json())
+                for bad in (42, "bad rule!", {"allow_out": ["x"], "nope": []}, ["ok.org:0"]):
+                    resp = h.post("/runs", json={"image": img.id, "command": "true", "network": bad})
+                    # a shape the model refuses is 422; a rule the policy refuses is the typed 400
+                    assert resp.status_code == 422 or resp.json()["error"] == "invalid_input", (bad, resp.text)
+                    assert resp.status_code in (400, 422)
+                assert len(h.get("/operations").json()) == n
+                for good, want in ((True, ["*"]), ("all", ["*"]), (["allowed.test:80"], ["allowed.test:80"]),
+                                   ({"allow_out": ["allowed.test"], "deny_out": ["www.allowed.test"]},
+                                    ["allowed.test"])):
+                    resp = h.post("/runs", json={"image": img.id, "command": "true", "network": good})
+                    assert resp.status_code == 201, resp.text
+                    assert resp.json()["spec"]["network"]["allow_out"] == want and resp.json()["spec"]["hermetic"] is False
+                    assert st.operation(resp.json()["id"])["spec"]["network"]["allow_out"] == want
+        finally:
+            st.close()
+
+
+@NEEDS_ROOT
+def test_cli_network_flags(tmp_path, lab, rootfs):
+    home = str(tmp_path / "home")
+    env = {**lab_env(lab), "SANDTREE_HOME": home}
+    secret_file = tmp_path / "token"
+    secret_file.write_text(SECRET + "\n")
+
+    def cli(*args, check=True):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, timeout=120)
+        assert not check or p.returncode == 0, p.stderr.decode()
+        return p
+    try:
+        img = json.loads(cli("image", "import", rootfs, "--json").stdout)["image"]
+        p = cli("run", img, "--allow", "allowed.test", "--deny", "other.test", "--json", "--",
+                "sh", "-c", "echo x > /m; " + get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"))
+        rec = json.loads(p.stdout)
+        assert "200 OK" in rec["stdout"].split("--")[0] and "200 OK" not in rec["stdout"].split("--", 1)[1]
+        p = cli("run", img, "--network", "allowed.test", "--secret", f"TOKEN=@{secret_file}@allowed.test",
+                "--json", "--", "sh", "-c", "echo $TOKEN")
+        assert json.loads(p.stdout)["stdout"].startswith("sandtree-secret-TOKEN-")
+        bad = cli("run", img, "--network", "no such rule", "--", "true", check=False)
+        assert bad.returncode != 0 and b"no such rule" in bad.stderr
+        eng = Engine(home, warm=0)
+        try:
+            specs = [json.loads(s) for (s,) in eng.store.db.query("SELECT spec FROM operations WHERE kind='run' "
+                                                                 "ORDER BY started")]
+            assert specs[0]["network"] == {"allow_out": ["allowed.test"], "deny_out": ["other.test"]}
+            assert specs[1]["secrets"] == {"TOKEN": {"hosts": ["allowed.test"]}}
+            assert len(specs) == 2
+        finally:
+            eng.close()
+        with open(os.path.join(home, "sandtree.db"), "rb") as f:
+            assert SECRET.encode() not in f.read()
+    finally:
+        Egress(home).stop_daemon()
+
+
+@NEEDS_ROOT
+def test_mcp_network_parameter(tmp_path, lab, rootfs):
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    home = str(tmp_path / "home")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+                                   env=lab_env(lab))
+
+    async def main():
+        async with Client(params) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            assert "network" in tools["run"].input_schema["properties"]
+            assert "allow_out" in tools["run"].input_schema["properties"]["network"]["description"]
+            img = json.loads((await c.call_tool("import_image", {"source": rootfs})).content[0].text)["image"]
+            r = await c.call_tool("run", {"image": img, "command": get("allowed.test", "11.1.1.10"),
+                                          "network": ["allowed.test"]})
+            assert not r.is_error and "200 OK" in json.loads(r.content[0].text)["stdout"]
+            bad = await c.call_tool("run", {"image": img, "command": "true", "network": "bad rule!"})
+            assert bad.is_error
+            return json.loads(r.content[0].text)
+    try:
+        r = asyncio.run(main())
+    finally:
+        Egress(home).stop_daemon()
+    eng = Engine(home, warm=0)
+    try:
+        rows = eng.store.db.query("SELECT spec FROM operations WHERE kind='run'")
+        assert len(rows) == 1                                  # (the refused one left nothing)
+        spec = json.loads(rows[0][0])
+        assert spec["network"] == {"allow_out": ["allowed.test"]} and spec["hermetic"] is False
+    finally:
+        eng.close()
