@@ -26,7 +26,7 @@ from conftest import free_port, make_rootfs, wait_for_port
 from netlab import NetLab
 from sandtree.client.sdk import Sandtree
 from sandtree.engine import Engine
-from sandtree.errors import Conflict, InvalidInput, RuntimeUnavailable
+from sandtree.errors import Conflict, Forbidden, InvalidInput, RuntimeUnavailable
 from sandtree.network.client import Egress
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
@@ -307,3 +307,35 @@ def test_mcp_network_parameter(tmp_path, lab, rootfs):
         assert spec["network"] == {"allow_out": ["allowed.test"]} and spec["hermetic"] is False
     finally:
         eng.close()
+
+
+# ---- tenants' network grants ---------------------------------------------------------------------
+
+def test_a_tenant_may_ask_only_for_what_its_token_grants(eng, img):
+    t = eng.tenancy
+    off = eng.as_tenant(t.authenticate(t.create_token("netoff")["token"]))
+    some = eng.as_tenant(t.authenticate(t.create_token("netsome", network="allowed.test,*.allowed.test:443")["token"]))
+    public = eng.as_tenant(t.authenticate(t.create_token("netpub", network="all")["token"]))
+    with pytest.raises(InvalidInput):
+        t.create_token("netbad", network="bad rule!")
+    assert not [x for x in t.tokens() if x["tenant"] == "netbad"]
+    eng.share(img)
+    before = count_ops(eng)
+    with pytest.raises(Forbidden, match=r"rule allowed\.test"):
+        off.run(img, "true", network="allowed.test")
+    with pytest.raises(Forbidden, match=r"rule other\.test"):
+        some.run(img, "true", network=["allowed.test", "other.test"])
+    with pytest.raises(Forbidden, match=r"rule 10\.0\.0\.0/8"):
+        public.run(img, "true", network=["10.0.0.0/8"])        # "all" is public destinations only
+    with pytest.raises(Forbidden):
+        some.sandbox_start(img, network="all")
+    with pytest.raises(Forbidden):
+        some.operations.submit_run(img, "true", network="all")
+    assert count_ops(eng) == before and not off.sandbox_list()
+    rec = some.run(img, "echo x > /n", network=["www.allowed.test:443"])
+    assert eng.operation(rec.op)["spec"]["network"] == {"allow_out": ["www.allowed.test:443"]}
+    eng.share(rec.image)
+    with pytest.raises(Forbidden):                 # inherit is checked as the policy it stands for
+        off.run(rec.image, "true", network="inherit")
+    assert off.run(img, "true", network="inherit").exit_code == 0    # (nothing to inherit: off)
+    assert public.run(img, "true", network="all").exit_code == 0

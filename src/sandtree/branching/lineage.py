@@ -151,6 +151,14 @@ def log(store: Store, image: str, limit: int = 1000, visible: Visible | None = N
     return out
 
 
+def recorded_network(db, image: str) -> dict | None:
+    """The network policy (its canonical JSON) recorded on the run that produced `image`; None
+    when no networked run made it (what network="inherit" means)."""
+    row = db.one("SELECT spec FROM operations WHERE result=? AND kind='run' AND finished IS NOT NULL "
+                 "ORDER BY finished DESC LIMIT 1", (image,))
+    return json.loads(row[0]).get("network") if row else None
+
+
 def produced_by(store: Store, image: str, visible: Visible | None = None) -> list[dict]:
     rows = store.db.query("SELECT id, kind, source, spec, outcome, started FROM operations WHERE result=? "
                           "ORDER BY started", (image,))

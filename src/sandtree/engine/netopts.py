@@ -7,9 +7,9 @@ and hosts only, never a value).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
+from ..branching.lineage import recorded_network
 from ..errors import InvalidInput, NotFound
 from ..network.policy import Policy
 from ..network.trust import IMAGE_BUNDLES, RUNTIME_PATH, bundle, parse_secrets, sandbox_env
@@ -35,11 +35,7 @@ class NetOption:
 def inherited_policy(db, image: str) -> Policy | None:
     """The policy recorded on the run that produced `image` (its lineage operation); None (off)
     for an image no networked run made."""
-    row = db.one("SELECT spec FROM operations WHERE result=? AND kind='run' AND finished IS NOT NULL "
-                 "ORDER BY finished DESC LIMIT 1", (image,))
-    if not row:
-        return None
-    return Policy.from_json(json.loads(row[0]).get("network"))
+    return Policy.from_json(recorded_network(db, image))
 
 
 def network_option(db, image: str, network, secrets, *, host_files: bool = False) -> NetOption:
