@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -71,7 +72,7 @@ def count_ops(eng) -> int:
 # header names the destination (the proxy's check), the address is what the resolver answered.
 def get(name: str, ip: str) -> str:
     return (f"nslookup {name} >/dev/null 2>&1; printf 'GET /hello HTTP/1.0\\r\\nHost: {name}\\r\\n\\r\\n' "
-            f"| nc -w 5 {ip} 80; echo --")
+            f"| nc -w 5 {ip} 80; echo --; ")
 
 
 # ---- values and records (no daemon needed for refusals) ----------------------------------------------
@@ -118,7 +119,7 @@ def test_gvisor_refuses_a_policy_it_cannot_enforce_with_the_reason(eng, img):
 @NEEDS_ROOT
 @pytest.mark.parametrize("tier", ["namespaces"])   # gvisor: refused until runsc joins the link (above)
 def test_a_run_reaches_an_allowed_server_and_is_refused_another(eng, img, lab, tier):
-    script = "echo x > /marker; " + get("allowed.test", "11.1.1.10") + "; " + get("other.test", "11.1.1.11")
+    script = "echo x > /marker; " + get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11")
     rec = eng.run(img, script, network=["allowed.test"], tier=tier)
     out = rec.stdout.decode()
     assert "allowed.test" in out and "200" in out.split("--")[0], out + rec.stderr.decode()
@@ -339,3 +340,37 @@ def test_a_tenant_may_ask_only_for_what_its_token_grants(eng, img):
         off.run(rec.image, "true", network="inherit")
     assert off.run(img, "true", network="inherit").exit_code == 0    # (nothing to inherit: off)
     assert public.run(img, "true", network="all").exit_code == 0
+
+
+def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, lab):
+    info = eng.sandbox_start(img, network=["allowed.test", "other.test"])
+    sid = info["id"]
+    try:
+        assert b"200 OK" in eng.sandbox_exec(sid, get("other.test", "11.1.1.11")).stdout
+        # a connection held open to other.test, then a policy without it: the connection is cut
+        eng.sandbox_exec(sid, "nslookup other.test >/dev/null 2>&1; mkfifo /tmp/f; (sleep 30 > /tmp/f &); "
+                              "(nc 11.1.1.11 7 < /tmp/f > /tmp/held; echo done > /tmp/cut) > /dev/null 2>&1 &")
+        time.sleep(0.5)
+        assert eng.egress.usage(sid)["connections"] >= 2        # (the GET above and the held one)
+        new = eng.sandbox_set_network(sid, ["allowed.test"])
+        assert new["network"] == {"allow_out": ["allowed.test"]}
+        r = eng.sandbox_exec(sid, "for i in $(seq 50); do [ -e /tmp/cut ] && break; sleep 0.1; done; cat /tmp/cut; "
+                                  + get("other.test", "11.1.1.11") + get("allowed.test", "11.1.1.10"))
+        out = r.stdout.decode()
+        assert out.startswith("done"), out
+        assert "200 OK" not in out.split("--")[0] and "200 OK" in out.split("--")[1], out
+        before = eng.sandbox_info(sid)
+        with pytest.raises(InvalidInput):
+            eng.sandbox_set_network(sid, "bad rule!")
+        assert eng.sandbox_info(sid)["network"] == before["network"]
+        off = eng.sandbox_set_network(sid, "off")
+        assert off["network"] == {"allow_out": []}
+        assert b"200 OK" not in eng.sandbox_exec(sid, get("allowed.test", "11.1.1.10")).stdout
+    finally:
+        eng.sandbox_stop(sid)
+    plain = eng.sandbox_start(img)
+    try:
+        with pytest.raises(Conflict, match="without network"):
+            eng.sandbox_set_network(plain["id"], "all")
+    finally:
+        eng.sandbox_stop(plain["id"])

@@ -86,8 +86,7 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
     return deco
 
 
-_G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
-_LOCAL_HOST = "it reads or writes paths of the server's own machine"
+_G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
 # ---- names, images, refs -------------------------------------------------------------------------
 @op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
@@ -117,8 +116,7 @@ def image_info(image: str) -> dict:
 @op(None, admin=True, images=("image",), audit="remove image",
     http=Http(_X, "/images/{image:path}", query=("force",)))
 def remove_image(image: str, *, force: bool = False) -> None:
-    """Remove an image (its data goes at the next gc); refused while tags or children name it
-    unless force."""
+    """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
 @op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
 def share(image: str) -> dict:
@@ -266,8 +264,7 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
                   pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
-    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen
-    (stdin/stdout/stderr: -1 is subprocess.PIPE)."""
+    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
@@ -306,6 +303,10 @@ def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, 
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
+
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
+def sandbox_set_network(sid: str, network) -> dict:
+    """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:

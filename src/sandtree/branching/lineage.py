@@ -154,8 +154,9 @@ def log(store: Store, image: str, limit: int = 1000, visible: Visible | None = N
 def recorded_network(db, image: str) -> dict | None:
     """The network policy (its canonical JSON) recorded on the run that produced `image`; None
     when no networked run made it (what network="inherit" means)."""
+    # (a run that changed nothing "results" in its own source: it did not make the image)
     row = db.one("SELECT spec FROM operations WHERE result=? AND kind='run' AND finished IS NOT NULL "
-                 "ORDER BY finished DESC LIMIT 1", (image,))
+                 "AND (source IS NULL OR source != result) ORDER BY finished DESC LIMIT 1", (image,))
     return json.loads(row[0]).get("network") if row else None
 
 

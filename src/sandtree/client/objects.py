@@ -252,6 +252,12 @@ class Sandbox:
         self._info = self._st.engine.sandbox_set_timeout(self.id, timeout)
         return self._info
 
+    def set_network(self, network) -> dict:
+        """Replace the running sandbox's network policy (as img.start(network=...) takes it);
+        connections the new one forbids are cut. Only for a sandbox started with network."""
+        self._info = self._st.engine.sandbox_set_network(self.id, network)
+        return self._info
+
     def expose(self, port: int) -> dict:
         """Make `port` of the sandbox reachable: {port, url (http://127.0.0.1:<host port>, on the engine's
         host), path (the port under `sandtree serve`, behind the token)}. E2B's get_host(port)."""

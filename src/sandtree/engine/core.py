@@ -202,6 +202,9 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
     def sandbox_set_timeout(self, sid: str, timeout: float) -> dict:
         return self.sandboxes.set_timeout(sid, timeout)
 
+    def sandbox_set_network(self, sid: str, network) -> dict:
+        return self.sandboxes.set_network(sid, network)
+
     def sandbox_ls(self, sid: str, path: str = "/") -> list[dict]:
         return self.sandboxes.ls(sid, path)
 

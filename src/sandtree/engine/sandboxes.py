@@ -41,6 +41,7 @@ from .process import LiveProcess
 from .records import Records
 from .sandbox_files import SandboxFiles
 from .sandbox_lifetime import SandboxLifetime
+from .sandbox_network import SandboxNetwork
 from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
@@ -51,7 +52,7 @@ from .netopts import attach_link, network_option
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 
-class Sandboxes(SandboxFiles, SandboxLifetime):
+class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier):
         self.store, self.specs, self.records, self.committer = store, specs, records, committer
@@ -167,6 +168,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
     def _retire(self, row: dict, state: str) -> None:
         self.ahead.forget(row["id"])
         self.live.stop(row["handle"])
+        self.release_link(row)
         self._set_state(row["id"], state)
 
     def info(self, sid: str) -> dict:
@@ -276,8 +278,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
             row = self._row(row["id"])
             self._ours(row)
             self.live.stop(row["handle"])
-            if row["spec"].get("network"):
-                self.egress().release(row["id"])
+            self.release_link(row)
             if row["state"] in ("running", "hibernated"):
                 self._set_state(row["id"], "stopped")
             shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only

@@ -120,6 +120,10 @@ class PoolIn(In):
     wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
 
 
+class NetworkSetIn(In):
+    network: NetworkIn = Field(description=vocabulary.PARAMS["network"])
+
+
 class TimeoutIn(In):
     timeout: float = Field(description="seconds from now until the sandbox is stopped")
 

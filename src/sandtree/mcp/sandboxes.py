@@ -57,6 +57,12 @@ def register(t: Toolkit) -> None:
         return engine.sandbox_resume(sandbox_id)
 
     @t.tool
+    def sandbox_set_network(sandbox_id: str, network: bool | str | list[str] | dict | None = None) -> dict:
+        """Replace a live sandbox's network policy (it must have been started with one); connections
+        the new policy forbids are cut."""
+        return engine.sandbox_set_network(sandbox_id, network)
+
+    @t.tool
     def sandbox_list(all: bool = False, labels: dict[str, str] | None = None) -> list[dict]:
         """Running live sandboxes (all=true: also stopped and expired ones)."""
         return engine.sandbox_list(all=all, labels=labels)

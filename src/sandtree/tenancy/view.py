@@ -261,6 +261,13 @@ class TenantView(TenantSight):
         self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
         return image
 
+    def sandbox_set_network(self, sid: str, network) -> dict:     # rule: its own sandbox, within its grant
+        full = self._sandbox(sid)
+        self.check_network(network, self.engine.sandbox_info(full)["image"])
+        info = self.engine.sandbox_set_network(full, network)
+        self._audit("sandbox set network", detail={"sandbox": full, "network": info["network"]})
+        return info
+
     def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:   # rule: its own
         mine = {r[0] for r in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox'",
                                             (self.tenant.name,))}
