@@ -44,9 +44,9 @@ class Usage:
 @dataclass
 class Secret:
     name: str                      # the variable's name in the sandbox's env
-    value: str                     # the real value: only ever in the daemon's memory
-    placeholder: str               # what the sandbox sees instead
-    hosts: tuple[str, ...]         # policy-rule-shaped names ("api.example.org", "*.example.org")
+    value: str = field(repr=False)  # the real value: only ever in the daemon's memory (never in a repr)
+    placeholder: str = ""          # what the sandbox sees instead
+    hosts: tuple[str, ...] = ()    # policy-rule-shaped names ("api.example.org", "*.example.org")
 
 
 @dataclass

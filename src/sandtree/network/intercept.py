@@ -1,0 +1,335 @@
+"""Secret injection: the egress proxy hands over a connection whose name (TLS SNI / HTTP Host) is a
+host some secret of the link is for (`wants`); `handle` terminates the sandbox's TLS with the
+link's CA (ca.py), dials the host with verified TLS, and relays HTTP/1.x both ways, putting each
+secret's real value in place of its placeholder in the requests -- only for secrets whose hosts
+match the connection's name.
+
+Requests (each request of a kept-alive connection alike):
+  * request line and header values: the placeholder becomes the value (in the request target
+    percent-encoded; inside `Authorization: Basic` base64 decoded, replaced, encoded again);
+  * bodies with Content-Length up to MAX_BODY: replaced (JSON-escaped for a JSON body,
+    form-encoded for a form body, raw otherwise) and the length set anew; larger ones and chunked
+    bodies are streamed as they are (their placeholders reach the host unchanged);
+  * a Host that names another host than the connection's name is refused (421) before anything is
+    sent: a virtual host behind the same address must not receive this name's secrets;
+  * heads are bounded (MAX_HEAD bytes, MAX_HEADERS lines); ambiguous framing (Content-Length with
+    Transfer-Encoding, differing lengths, folded or bare-LF lines) is refused (400).
+The upstream connection is the sandbox connection's own (no pool); when the host closed it while
+it was idle, an idempotent request whose body was read whole is sent again on a new dial, other
+requests see the connection end. A kept-alive connection idle for IDLE seconds is closed.
+Responses are relayed as they come (chunk by chunk), but every value that may have been sent on
+this connection is masked ('*' times its length: the framing keeps its length) in heads, bodies
+and trailers, so a host that echoes the request back (httpbin's /headers, an error page quoting
+the Authorization header) does not hand the value to the sandbox. Requests that got a value ask
+for `Accept-Encoding: identity`, so that an echo is readable to the mask. Not masked: an echo the
+host encodes (base64, JSON `\\/` escapes, a compressed body it sends anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+import urllib.parse
+from typing import Awaitable, Callable
+
+from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
+                     get, parse_head, relay_chunks, tokens)
+from .state import LinkState, Secret
+
+__all__ = ["wants", "handle", "matches", "MAX_BODY", "IDLE", "LINGER"]
+
+MAX_BODY = 1 << 20             # Content-Length bodies up to this get the substitution
+LINGER = 2.0                   # seconds a refused client may go on sending before the close
+IDLE = 300.0
+_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}                   # seconds a kept-alive connection may wait for its next request
+
+
+def matches(hosts, name: str) -> bool:
+    """Whether host rules `hosts` ("api.example.org", "*.example.org") name host `name`."""
+    name = name.lower().rstrip(".")
+    return any(name.endswith(h[1:]) if h.startswith("*.") else name == h for h in hosts)
+
+
+def wants(link: LinkState, name: str, port: int) -> bool:
+    return port in (80, 443) and bool(name) and any(matches(s.hosts, name) for s in link.secrets)
+
+
+def _sub_target(target: bytes, secrets: list[Secret]) -> bytes:
+    for s in secrets:
+        ph = s.placeholder.encode()
+        if ph in target:
+            target = target.replace(ph, urllib.parse.quote(s.value, safe="").encode())
+    return target
+
+
+def _sub_value(value: bytes, secrets: list[Secret]) -> bytes:
+    for s in secrets:
+        value = value.replace(s.placeholder.encode(), s.value.encode())
+    scheme, _, cred = value.partition(b" ")
+    if scheme.lower() == b"basic" and cred:
+        try:
+            plain = base64.b64decode(cred.strip(), validate=True)
+        except ValueError:
+            return value
+        new = plain
+        for s in secrets:
+            new = new.replace(s.placeholder.encode(), s.value.encode())
+        if new != plain:
+            value = scheme + b" " + base64.b64encode(new)
+    return value
+
+
+def _sub_body(body: bytes, secrets: list[Secret], ctype: bytes) -> bytes:
+    ctype = ctype.split(b";")[0].strip().lower()
+    for s in secrets:
+        ph = s.placeholder.encode()
+        if ph not in body:
+            continue
+        if ctype == b"application/json" or ctype.endswith(b"+json"):
+            value = json.dumps(s.value)[1:-1].encode()
+        elif ctype == b"application/x-www-form-urlencoded":
+            value = urllib.parse.quote_plus(s.value).encode()
+        else:
+            value = s.value.encode()
+        body = body.replace(ph, value)
+    return body
+
+
+# ---- the relay -----------------------------------------------------------------------------
+
+async def handle(link: LinkState, name: str, port: int, client, first: bytes,
+                 connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
+                 tls: ssl.SSLContext | None) -> None:
+    """Serve one intercepted connection to the end (see the module doc); never raises for what the
+    peers do. `tls` must verify (CERT_REQUIRED and host names): the value goes only to the host
+    proven to be `name`."""
+    name = name.lower().rstrip(".")
+    secrets = [s for s in link.secrets if matches(s.hosts, name)]
+    if port == 443:
+        if tls is None or tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname or link.ca is None:
+            client[1].close()
+            raise ValueError("intercept.handle: needs the link's CA and an upstream TLS context that verifies "
+                             "certificates and names")
+        down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
+    else:
+        down = Stream(*client, initial=first)
+    up, linger = None, 0.0
+    try:
+        async def dial():
+            r, w = await connect()
+            s = Stream(r, w, tls if port == 443 else None, server_hostname=name)
+            await s.handshake()
+            return s
+        # the sandbox's handshake and the upstream's dial overlap: a new connection costs one round trip less
+        dialing = asyncio.ensure_future(dial())
+        try:
+            await down.handshake()
+        except (ssl.SSLError, Closed, ConnectionError, OSError):
+            dialing.cancel()
+            await asyncio.gather(dialing, return_exceptions=True)
+            return
+        try:
+            up = await dialing
+        except (ssl.SSLError, OSError, ConnectionError, Closed, asyncio.TimeoutError) as e:
+            reason = "upstream certificate not verified" if isinstance(e, ssl.SSLCertVerificationError) \
+                else f"upstream unreachable: {type(e).__name__}"
+            await _answer(down, link, 502, f"{name}: {reason}")
+            return
+        ups = [up]
+        try:
+            await _relay(link, name, secrets, down, ups, dial)
+        finally:
+            up = ups[0]
+    except Refuse as e:
+        await _answer(down, link, e.status, f"{name}: {e.reason}")
+        linger = LINGER
+    except (Closed, ConnectionError, OSError, ssl.SSLError, asyncio.TimeoutError):
+        pass
+    finally:
+        if up is not None:
+            await up.close()
+        await down.close(linger)
+
+
+async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> None:
+    body = (f"sandtree egress: {reason}\n").encode()
+    phrase = {400: "Bad Request", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
+              501: "Not Implemented", 502: "Bad Gateway"}.get(status, "Error")
+    head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    try:
+        await down.write(head + body)
+        link.usage.bytes_in += len(head) + len(body)
+    except Closed:
+        pass
+
+
+async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream, ups: list[Stream],
+                 dial) -> None:
+    """Request by request; `ups[0]` the upstream stream (replaced when it is dialled again)."""
+    cin, uin = Reader(down), Reader(ups[0])
+    masker_values = [s.value.encode() for s in secrets]
+    served = 0
+
+    async def send_up(data: bytes) -> None:
+        await ups[0].write(data)
+        link.usage.bytes_out += len(data)
+
+    async def send_down(data: bytes) -> None:
+        if data:
+            await down.write(data)
+            link.usage.bytes_in += len(data)
+
+    while True:
+        try:
+            head = await asyncio.wait_for(cin.head(), IDLE)
+        except asyncio.TimeoutError:
+            return
+        if head is None:
+            return
+        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down)
+        answered = False
+        while True:                                  # interim (1xx) responses, then the final one
+            try:
+                rhead = await uin.head()
+            except Refuse as e:
+                raise Refuse(502, f"upstream response: {e.reason}") from None
+            if rhead is None and served and not answered and replay is not None:
+                # the host closed the kept-alive connection while it was idle and the request crossed
+                # its close: an idempotent request may be sent again (RFC 9112 9.3.1), on a new dial
+                await ups[0].close()
+                ups[0] = await dial()
+                uin = Reader(ups[0])
+                await send_up(replay)
+                replay = None
+                continue
+            if rhead is None:
+                raise Closed("upstream closed")
+            answered = True
+            status, rkeep = await _response(uin, rhead, method, masker_values, send_down)
+            if status == 101 and upgrade:
+                await _tunnel(cin, uin, masker_values, send_up, send_down)
+                return
+            if status >= 200 or status == 101:
+                break
+        if not (keep and rkeep):
+            return
+        served += 1
+
+
+async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream):
+    first, fields = parse_head(head)
+    parts = first.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise Refuse(400, "malformed request line")
+    method, target, version = parts
+    hosts = get(fields, b"host")
+    if len(hosts) > 1:
+        raise Refuse(400, "more than one Host")
+    named = [h.decode("latin-1") for h in hosts]
+    if not target.startswith(b"/") and target != b"*":            # absolute form names a host too
+        parsed = urllib.parse.urlsplit(target.decode("latin-1"))
+        if parsed.hostname:
+            named.append(parsed.hostname)
+    for h in named:
+        if authority(h) != name:
+            raise Refuse(421, f"this connection is for {name}, the request names {authority(h)}")
+    kind, length = framing(fields, request=True)
+    conn = tokens(fields, b"connection")
+    keep = b"close" not in conn and (version != b"HTTP/1.0" or b"keep-alive" in conn)
+    upgrade = bool(get(fields, b"upgrade")) and b"upgrade" in conn
+    substitute = kind == "length" and length <= MAX_BODY
+    expect = substitute and b"100-continue" in tokens(fields, b"expect")
+    if expect:
+        # the body is read before the host sees the head: answer the client's wait ourselves
+        await down.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    body = await cin.exactly(length) if substitute else b""
+    new_target = _sub_target(target, secrets)
+    new_fields = [(k, v if k.lower() == b"host" else _sub_value(v, secrets)) for k, v in fields]
+    new_body = _sub_body(body, secrets, (get(fields, b"content-type") or [b""])[0]) if body else body
+    if new_target != target or new_fields != fields or new_body != body:
+        # a value is on its way: ask for a body the response masks can read
+        new_fields = [(k, v) for k, v in new_fields if k.lower() != b"accept-encoding"]
+        new_fields.append((b"Accept-Encoding", b"identity"))
+    if new_body != body:
+        body = new_body
+        new_fields = [(k, str(len(body)).encode() if k.lower() == b"content-length" else v)
+                      for k, v in new_fields]
+    if expect:
+        new_fields = [(k, v) for k, v in new_fields if k.lower() != b"expect"]
+    whole = build(b" ".join((method, new_target, version)), new_fields) + body
+    await send_up(whole)
+    streamed = kind == "chunked" or (kind == "length" and not substitute)
+    replay = None if streamed or method not in _IDEMPOTENT else whole
+    if kind == "length" and not substitute:
+        left = length
+        while left:
+            data = await cin.some(min(left, READ))
+            left -= len(data)
+            await send_up(data)
+    elif kind == "chunked":
+        await relay_chunks(cin, send_up, None)
+    return method, keep, upgrade, replay
+
+
+async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) -> tuple[int, bool]:
+    first, fields = parse_head(head)
+    parts = first.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise Closed("malformed response from upstream")
+    status = int(parts[1])
+    bodiless = 100 <= status < 200 or status in (204, 304) or method == b"HEAD"
+    try:
+        kind, length = ("none", 0) if bodiless else framing(fields, request=False)
+    except Refuse as e:                   # checked before a byte of it goes down: a 502 can still replace it
+        raise Refuse(502, f"upstream response: {e.reason}") from None
+    mask = Masker(values)
+    await send_down(mask.feed(head) + mask.end())
+    if bodiless:
+        return status, True
+    keep = b"close" not in tokens(fields, b"connection") and parts[0] != b"HTTP/1.0"
+    if kind == "length":
+        left = length
+        while left:
+            data = await uin.some(min(left, READ))
+            left -= len(data)
+            await send_down(mask.feed(data))
+        await send_down(mask.end())
+    elif kind == "chunked":
+        await relay_chunks(uin, send_down, mask)
+    else:
+        while True:
+            data = await uin.s.read() if not uin.buf else await uin.some(READ)
+            if not data:
+                break
+            await send_down(mask.feed(data))
+        await send_down(mask.end())
+        keep = False
+    return status, keep
+
+
+async def _tunnel(cin: Reader, uin: Reader, values, send_up, send_down) -> None:
+    """After a 101 (WebSocket): bytes both ways as they are, the host's masked."""
+    mask = Masker(values)
+
+    async def pump(src: Reader, send, m) -> None:
+        if src.buf:
+            data, src.buf = bytes(src.buf), bytearray()
+            await send(m.feed(data) if m else data)
+        while True:
+            data = await src.s.read()
+            if not data:
+                break
+            await send(m.feed(data) if m else data)
+        if m:
+            await send(m.end())
+
+    tasks = [asyncio.ensure_future(pump(cin, send_up, None)), asyncio.ensure_future(pump(uin, send_down, mask))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

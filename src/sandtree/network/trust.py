@@ -1,0 +1,164 @@
+"""Secrets as the surfaces give them, and what the sandbox is given so that it trusts its link's CA.
+
+    secrets={"NAME": {"value": "...", "hosts": ["api.example.org", "*.example.org"]}}
+    secrets={"NAME": {"file": "/path", "hosts": [...]}}      only where the caller allows host files
+
+The sandbox sees `NAME=<placeholder>` (ca.placeholder) in its environment; the egress daemon puts
+the value in place of the placeholder only in requests to the listed hosts (intercept.py). Values
+may not hold CR, LF or NUL: a value goes into request heads, where those would let it forge
+headers or requests. Hosts are host-name rules of the network policy (policy.Rule: a name or a
+leading `*.`; no address, no port, not `*`).
+
+The trust store: the run's `/dev/sandtree/ca.pem` = the image's own bundle (IMAGE_BUNDLES, the
+first one the image has) + the link's CA, and `sandbox_env` points the usual variables at it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidInput
+from .ca import CA, placeholder
+from .policy import Rule
+from .state import Secret
+
+__all__ = ["parse_secrets", "sandbox_env", "bundle", "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
+           "MAX_SECRETS", "MAX_VALUE", "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
+
+MAX_SECRETS = 64
+MAX_VALUE = 16 * 1024          # bytes of a value (UTF-8): it goes into request heads
+MIN_VALUE = 4                  # shorter values would be masked all over the responses (intercept.py)
+MAX_HOSTS = 32                 # hosts per secret
+MAX_NAME = 128
+RUNTIME_PATH = "/dev/sandtree/ca.pem"
+# Where images keep their CA bundle: Debian/Ubuntu/Alpine/Arch, Fedora/RHEL, openSUSE, the
+# OpenSSL default of other builds.
+IMAGE_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                 "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
+# The variables TLS clients read for their trust store: OpenSSL (and Python's ssl, Go, Ruby),
+# requests, pip, Node (added to its own store), git, curl.
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS",
+                "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FORBIDDEN = re.compile(r"[\r\n\x00]")
+
+
+def parse_secrets(value, *, host_files: bool = False) -> list[Secret]:
+    """Secrets from what the surfaces send (None or {}: none), each with a fresh placeholder.
+    `host_files`: whether {"file": path} may read a file of the host (the local SDK and CLI, not a
+    tenant of a server). Bad input raises InvalidInput naming the secret; nothing is read then
+    unless every entry's shape was valid."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        raise InvalidInput(f"secrets must be a mapping of NAME to {{'value' or 'file', 'hosts'}}, "
+                           f"not {type(value).__name__}")
+    if len(value) > MAX_SECRETS:
+        raise InvalidInput(f"secrets: at most {MAX_SECRETS} ({len(value)} given)")
+    checked = []
+    for name, spec in value.items():
+        checked.append((name, *_check(name, spec, host_files)))
+    out = []
+    for name, hosts, literal, path in checked:
+        text = literal if path is None else _read(name, path)
+        _check_value(name, text)
+        out.append(Secret(name=name, value=text, placeholder=placeholder(name), hosts=hosts))
+    return out
+
+
+def _check(name, spec, host_files: bool) -> tuple[tuple[str, ...], str | None, str | None]:
+    if not isinstance(name, str) or not _ENV_NAME.match(name) or len(name) > MAX_NAME:
+        raise InvalidInput(f"secret name {name!r} is not a valid environment variable name "
+                           f"(letters, digits, '_', not starting with a digit, at most {MAX_NAME})")
+    if name in CA_VARIABLES:
+        raise InvalidInput(f"secret name {name!r} is one of the trust-store variables the sandbox is given")
+    if not isinstance(spec, dict):
+        raise InvalidInput(f"secret {name}: expected {{'value' or 'file', 'hosts'}}, not {type(spec).__name__}")
+    unknown = set(spec) - {"value", "file", "hosts"}
+    if unknown:
+        raise InvalidInput(f"secret {name}: unknown field(s) {sorted(unknown)} (expected value or file, hosts)")
+    if ("value" in spec) == ("file" in spec):
+        raise InvalidInput(f"secret {name}: give exactly one of 'value' and 'file'")
+    if "file" in spec:
+        if not host_files:
+            raise InvalidInput(f"secret {name}: 'file' is not allowed here (a host file): give 'value'")
+        if not isinstance(spec["file"], str) or not spec["file"].startswith("/"):
+            raise InvalidInput(f"secret {name}: 'file' must be an absolute path")
+    elif not isinstance(spec["value"], str):
+        raise InvalidInput(f"secret {name}: 'value' must be a string")
+    return _hosts(name, spec.get("hosts")), spec.get("value"), spec.get("file")
+
+
+def _hosts(name: str, hosts) -> tuple[str, ...]:
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    if not isinstance(hosts, (list, tuple)) or not hosts:
+        raise InvalidInput(f"secret {name}: 'hosts' must list the host names it may be sent to")
+    if len(hosts) > MAX_HOSTS:
+        raise InvalidInput(f"secret {name}: at most {MAX_HOSTS} hosts ({len(hosts)} given)")
+    out = []
+    for h in hosts:
+        try:
+            rule = Rule.parse(h)
+        except InvalidInput as e:
+            raise InvalidInput(f"secret {name}: host {h!r}: {e.message}") from None
+        if rule.kind not in ("name", "suffix") or rule.ports:
+            raise InvalidInput(f"secret {name}: host {h!r} must be a host name or '*.' and a name "
+                               "(no address, port or '*'): the value is sent only where TLS names it")
+        text = str(rule)
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
+def _read(name: str, path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_VALUE + 2)
+    except OSError as e:
+        raise InvalidInput(f"secret {name}: cannot read {path}: {e.strerror}") from None
+    if data.endswith(b"\n"):                       # a file written by `echo` ends with a newline
+        data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InvalidInput(f"secret {name}: {path} is not UTF-8 text") from None
+
+
+def _check_value(name: str, text: str) -> None:
+    size = len(text.encode())
+    if size > MAX_VALUE:
+        raise InvalidInput(f"secret {name}: the value is over {MAX_VALUE} bytes")
+    if size < MIN_VALUE:
+        raise InvalidInput(f"secret {name}: the value is shorter than {MIN_VALUE} bytes")
+    if _FORBIDDEN.search(text):
+        raise InvalidInput(f"secret {name}: the value holds CR, LF or NUL (it goes into request heads)")
+
+
+def sandbox_env(ca_path: str = RUNTIME_PATH) -> dict[str, str]:
+    """The variables that make the sandbox's TLS clients trust `ca_path` (the bundle)."""
+    return {v: ca_path for v in CA_VARIABLES}
+
+
+def bundle(ca_pem: bytes, image_bundle: bytes | None) -> bytes:
+    """The image's trust store (its bundle's bytes, None when it has none) followed by the link's
+    CA: what the sandbox trusts for the run. Everything it trusted before, it still trusts."""
+    if not isinstance(ca_pem, bytes) or b"-----BEGIN CERTIFICATE-----" not in ca_pem:
+        raise InvalidInput("the link's CA must be a PEM certificate")
+    head = image_bundle or b""
+    if head and not head.endswith(b"\n"):
+        head += b"\n"
+    return head + ca_pem + (b"" if ca_pem.endswith(b"\n") else b"\n")
+
+
+def link_ca(label: str, secrets: list[Secret]) -> CA | None:
+    """The CA a link with `secrets` needs (None without secrets), constrained to their hosts: what
+    the daemon keeps in LinkState.ca and whose pem() goes into the run's bundle."""
+    if not secrets:
+        return None
+    return CA.new(label, hosts=[h for s in secrets for h in s.hosts])
+
+
+def placeholders(secrets: list[Secret]) -> dict[str, str]:
+    """NAME -> placeholder: what the run's environment gets (never the values)."""
+    return {s.name: s.placeholder for s in secrets}
