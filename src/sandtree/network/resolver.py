@@ -1,0 +1,159 @@
+"""The links' DNS: every DNS packet a sandbox sends (UDP or TCP port 53, to any address) is
+redirected here by the router's ruleset (nft.py). A name the link's policy may resolve is answered
+with its A records from the upstream (AAAA answered empty: links are IPv4; other types empty);
+any other name gets NXDOMAIN and is counted as refused. Nothing is forwarded, so a DNS tunnel
+(TXT or otherwise) gets no further than this process. The answers are recorded in `link.names`
+(address -> names) so the proxy can decide a name rule for a connection to a bare address."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+
+from . import netns
+from .nft import RESOLVER_PORT
+from .state import MAX_HOSTS, LinkState
+
+__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "TCP_IDLE", "TTL"]
+
+TTL = 30                 # short: a policy change reaches the sandbox's caches soon
+MAX_NAMES_PER_IP = 16
+TCP_IDLE = 10.0
+IP_PKTINFO = 8           # socket.IP_PKTINFO is missing on some builds
+
+
+def _record(link: LinkState, name: str, ips) -> None:
+    for ip in ips:
+        names = link.names.setdefault(str(ip), set())
+        if len(names) < MAX_NAMES_PER_IP:
+            names.add(name)
+
+
+def _refuse(link: LinkState, name: str, reason: str) -> None:
+    link.usage.dns_refused += 1
+    refused = link.usage.refused_hosts
+    if len(refused) < MAX_HOSTS and not any(r["host"] == name and r["port"] == 53 for r in refused):
+        refused.append({"host": name, "port": 53, "reason": f"DNS: {reason}"})
+
+
+async def answer(link: LinkState | None, wire: bytes, upstream) -> bytes | None:
+    """The reply to one DNS message from `link` (None: not a message worth answering)."""
+    try:
+        q = dns.message.from_wire(wire)
+    except dns.exception.DNSException:
+        return None
+    if q.flags & dns.flags.QR:
+        return None
+    r = dns.message.make_response(q)
+    r.flags |= dns.flags.RA
+    if link is None or q.opcode() != dns.opcode.QUERY or len(q.question) != 1:
+        r.set_rcode(dns.rcode.REFUSED)
+        return r.to_wire()
+    link.usage.dns_queries += 1
+    question = q.question[0]
+    name = question.name.to_text(omit_final_dot=True).lower()
+    verdict = link.policy.resolves(name) if link.policy is not None else None
+    if verdict is None or not verdict.allowed:
+        _refuse(link, name, verdict.reason if verdict else "this sandbox has no network")
+        r.set_rcode(dns.rcode.NXDOMAIN)
+        return r.to_wire()
+    if question.rdclass == dns.rdataclass.IN and question.rdtype in (dns.rdatatype.A, dns.rdatatype.ANY):
+        ips = await upstream.resolve(name)
+        if not ips:
+            r.set_rcode(dns.rcode.NXDOMAIN)
+            return r.to_wire()
+        _record(link, name, ips)
+        r.answer.append(dns.rrset.from_text_list(question.name, TTL, "IN", "A", [str(i) for i in ips]))
+    return r.to_wire()                       # other types: an empty NOERROR answer
+
+
+class Resolver:
+    """The UDP socket and the TCP server; close() stops both."""
+
+    def __init__(self, udp: socket.socket, tcp: asyncio.AbstractServer, loop):
+        self.udp, self.tcp, self.loop = udp, tcp, loop
+        self.tasks: set[asyncio.Task] = set()
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.udp.fileno())
+        self.udp.close()
+        self.tcp.close()
+        for t in list(self.tasks):
+            t.cancel()
+
+
+async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_PORT) -> Resolver:
+    loop = asyncio.get_running_loop()
+    with netns.entered(router_fd):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        tsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        udp.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        udp.bind(("0.0.0.0", port))
+        udp.setblocking(False)
+        tsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tsock.bind(("0.0.0.0", port))
+        tsock.listen(128)
+        tsock.setblocking(False)
+    except BaseException:
+        udp.close()
+        tsock.close()
+        raise
+
+    async def on_tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        link = links(writer.get_extra_info("sockname")[0])
+        try:
+            while True:
+                n = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), TCP_IDLE))[0]
+                msg = await asyncio.wait_for(reader.readexactly(n), TCP_IDLE)
+                out = await answer(link, msg, upstream)
+                if out is None:
+                    break
+                writer.write(struct.pack("!H", len(out)) + out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    tcp = await asyncio.start_server(on_tcp, sock=tsock)
+    res = Resolver(udp, tcp, loop)
+
+    async def one(data: bytes, local: str, peer, pktinfo: bytes) -> None:
+        out = await answer(links(local), data, upstream)
+        if out is not None:
+            try:                             # from the address the query was redirected to
+                udp.sendmsg([out], [(socket.IPPROTO_IP, IP_PKTINFO, pktinfo)], 0, peer)
+            except OSError:
+                pass
+
+    def readable() -> None:
+        for _ in range(64):
+            try:
+                data, anc, _flags, peer = udp.recvmsg(4096, socket.CMSG_SPACE(12))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            info = next((d for lvl, typ, d in anc if lvl == socket.IPPROTO_IP and typ == IP_PKTINFO), None)
+            if info is None or len(info) < 12:
+                continue
+            local = socket.inet_ntoa(info[8:12])       # in_pktinfo.ipi_addr: the header's destination
+            # reply with ipi_spec_dst = that address, ifindex 0: the route picks the link
+            reply_info = struct.pack("=i4s4s", 0, info[8:12], b"\0\0\0\0")
+            t = loop.create_task(one(data, local, peer, reply_info))
+            res.tasks.add(t)
+            t.add_done_callback(res.tasks.discard)
+
+    loop.add_reader(udp.fileno(), readable)
+    return res
