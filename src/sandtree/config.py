@@ -38,3 +38,13 @@ def registry_token() -> str:
 def terminal_type() -> str:
     """TERM of the terminal `sandtree shell` runs in, passed to the shell in the sandbox."""
     return os.environ.get("TERM", "xterm")
+
+
+def egress_upstream() -> tuple[str | None, str | None, str | None]:
+    """Where the egress daemon's outbound connections go (network/daemon.py), for tests and
+    deployments that name another than the host's: SANDTREE_EGRESS_NETNS (a network namespace's
+    path, e.g. /run/netns/up or /proc/PID/ns/net), SANDTREE_EGRESS_DNS ("ip[:port]", the upstream
+    DNS server; default the host's first nameserver) and SANDTREE_EGRESS_CA (a CA bundle trusted
+    for upstream TLS besides the system's)."""
+    return (os.environ.get("SANDTREE_EGRESS_NETNS") or None, os.environ.get("SANDTREE_EGRESS_DNS") or None,
+            os.environ.get("SANDTREE_EGRESS_CA") or None)

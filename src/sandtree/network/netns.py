@@ -40,6 +40,13 @@ def entered(fd: int):
             os.close(home)
 
 
+def join(fd: int) -> None:
+    """Move the calling thread into namespace `fd` for good (a daemon's main thread, before it
+    starts any other: threads inherit their creator's namespace)."""
+    with _lock:
+        _setns(fd)
+
+
 def new() -> int:
     """A new, empty network namespace (only `lo`, down), owned by our user namespace: an fd."""
     with _lock:

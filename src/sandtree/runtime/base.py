@@ -73,6 +73,14 @@ class RunSpec:
     # Writes parent dirs of injected files (with the image's metadata) into the changes dir.
     prepare_changes: Callable[[str], None] | None = None
     cancel: "threading.Event | None" = None   # set it to kill the run (an operation's cancel)
+    # A network namespace to join instead of a new, empty one (an egress link, network/links.py):
+    # the caller's fd, which it closes after the run started. Cold start only (a warm helper made
+    # its namespace already).
+    netns_fd: int | None = None
+    # Files the runtime shows the sandbox read-only and never commits (a link's resolv.conf, its CA
+    # bundle): "/etc/resolv.conf" is bound over the image's when that is a regular file; any other
+    # path is "/dev/sandtree/<name>" (RUNTIME_DIR, a tmpfs of the runtime's own).
+    runtime_files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass

@@ -16,18 +16,29 @@ import json
 import os
 import re
 import shutil
+import stat
 import socket
 import subprocess
 
 from ..errors import CommandNotFound, InvalidInput, RuntimeUnavailable
 from .base import LiveTier, RunSpec
 from .namespaces import KEEP_CAPS, NamespaceRuntime, Started
+from .runfiles import RESOLV_CONF, RUNTIME_DIR, fds_of, network_args
 
 CAP_NAMES = {0: "CAP_CHOWN", 1: "CAP_DAC_OVERRIDE", 3: "CAP_FOWNER", 4: "CAP_FSETID", 5: "CAP_KILL",
              6: "CAP_SETGID", 7: "CAP_SETUID", 8: "CAP_SETPCAP", 10: "CAP_NET_BIND_SERVICE",
              13: "CAP_NET_RAW", 18: "CAP_SYS_CHROOT", 27: "CAP_MKNOD", 29: "CAP_AUDIT_WRITE",
              31: "CAP_SETFCAP"}
 RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--overlay2=none", "--ignore-cgroups"]
+# A joined link namespace (RunSpec.netns_fd): `--network=sandbox` (gVisor's own netstack on the
+# namespace's interfaces) is refused here ("cannot run with network enabled in root network
+# namespace": runsc cannot tell the link's namespace from the host's when /proc/1/ns/net is not
+# readable to it, as in this container), and would need runsc to take eth0 over. `--network=host`
+# makes the sandbox's sockets host sockets *in the namespace runsc runs in*: the link's, so every
+# packet still leaves through the veth to the router and its rules; the Sentry cannot change the
+# link's addresses or routes (RTNETLINK: permission denied, tested), and the namespace is owned by
+# the host's user namespace. Without a link the sandbox keeps `--network=none`.
+NETWORK_FLAG = "--network=host"
 
 
 def runsc_path() -> str | None:
@@ -83,10 +94,42 @@ class GVisorRuntime(NamespaceRuntime):
             "mounts": [{"destination": "/tmp", "type": "bind", "source": "/tmp/r/tmp",
                         "options": ["rbind", "rw"]}] if self._image_has_dir(spec, "tmp") else [],
             "hostname": spec.hostname,
-            "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user")],
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user")
+                                     if t != "network" or spec.netns_fd is None],
                       "uidMappings": [rng], "gidMappings": [grng]},
         }
+        config["mounts"] += self._runtime_mounts(spec)
         return json.dumps(config).encode()
+
+    def _runtime_mounts(self, spec: RunSpec) -> list[dict]:
+        """Runtime files (helper.c wrote them into the scratch's x/, a read-only tmpfs): the
+        directory at /dev/sandtree, and resolv.conf over the image's when that is a regular file
+        (not a link: runsc would follow it) in the image's top-most layer that has the path."""
+        if not spec.runtime_files:
+            return []
+        out = [{"destination": RUNTIME_DIR.rstrip("/"), "type": "bind", "source": "/tmp/x",
+                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}]
+        if RESOLV_CONF in spec.runtime_files and self._image_has_file(spec, RESOLV_CONF.lstrip("/")):
+            out.append({"destination": RESOLV_CONF, "type": "bind", "source": "/tmp/x/resolv.conf",
+                        "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
+        return out
+
+    def run(self, spec: RunSpec):
+        out = super().run(spec)
+        if spec.runtime_files and out.changes:
+            _drop_mount_point(out.changes)
+        return out
+
+    def _image_has_file(self, spec: RunSpec, path: str) -> bool:
+        """Whether `path` is a regular file of the image (top layer first; a whiteout or a link
+        anywhere on the way is not one)."""
+        for layer in spec.layers:
+            p = os.path.join(self.layers_dir, layer, path)
+            if os.path.lexists(p):
+                st = os.lstat(p)
+                real = os.path.realpath(p) == os.path.abspath(p)     # no link on the way
+                return real and stat.S_ISREG(st.st_mode)
+        return False
 
     def _start_cold(self, spec: RunSpec) -> Started:
         runsc = runsc_path()
@@ -98,6 +141,8 @@ class GVisorRuntime(NamespaceRuntime):
         args = [self.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
                 "--uid-map", self.idmap.uid_map_line(), "--gid-map", self.idmap.gid_map_line()]
         args += self.run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
+        extra, rt = network_args(spec)
+        args += extra
         config = self._oci_config(spec)
         inject = spec.prepare_changes
 
@@ -113,10 +158,12 @@ class GVisorRuntime(NamespaceRuntime):
         cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
         for f in cg.procs_files:
             args += ["--cgroup", f]
-        cmd = [runsc, "--root", "/tmp/state", *RUNSC_FLAGS, "run", "--bundle", "/tmp/b", "sandtree"]
+        flags = RUNSC_FLAGS if spec.netns_fd is None else [NETWORK_FLAG if f == "--network=none" else f
+                                                           for f in RUNSC_FLAGS]
+        cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
         try:
             proc = subprocess.Popen(args + ["--"] + cmd, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                                    close_fds=True, pass_fds=(theirs.fileno(), rep_w),
+                                    close_fds=True, pass_fds=(theirs.fileno(), rep_w, *fds_of(spec, rt)),
                                     stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
@@ -125,6 +172,8 @@ class GVisorRuntime(NamespaceRuntime):
         finally:
             theirs.close()
             os.close(rep_w)
+            if rt is not None:
+                os.close(rt)
         return Started(proc, ours, rep_r, cg, bytearray())
 
     @staticmethod
@@ -148,3 +197,14 @@ class GVisorRuntime(NamespaceRuntime):
         if rc < 0:                             # runsc itself killed (output cap, cancel)
             return None, -rc
         return rc, None
+
+
+def _drop_mount_point(upper: str) -> None:
+    """runsc's gofer makes the /dev/sandtree mount point in the root it was given (our overlay),
+    so the upper gets dev/ (a copy-up) and dev/sandtree: not the sandbox's change. gVisor's /dev
+    is its own tmpfs, so nothing the sandbox writes lands there: both go when empty."""
+    for d in ("dev/sandtree", "dev"):
+        try:
+            os.rmdir(os.path.join(upper, d))
+        except OSError:                # not empty (or not there): leave it
+            return

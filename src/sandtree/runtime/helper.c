@@ -45,6 +45,7 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/openat2.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
@@ -110,6 +111,7 @@ struct opts {
                                    egress daemon, network/links.py; owned by the host's user
                                    namespace, so root in the sandbox holds no capability over its
                                    links, routes or netfilter) instead of a new, empty one */
+    int runtime_fd;             /* --runtime-fd N: the runtime files (see runtime_files) */
 };
 
 static int report_fd = -1;
@@ -401,6 +403,110 @@ static void forward(int sig) { if (g_pid > 0) kill(g_pid, sig); }
  * namespace when we are root (a host overlay: trusted.* xattrs, whiteouts as 0/0 devices),
  * or by C inside the user namespace when rootless (userxattr). Paths, not fds: overlay
  * refuses lowers that belong to another mount namespace. */
+/* Runtime files (RunSpec.runtime_files, --runtime-fd N): files the runtime shows the sandbox
+ * read-only and never commits: a link's resolv.conf and CA bundle. The fd holds records of
+ * (u32 path length, path, u32 data length, data), native byte order. Each file goes into a
+ * tmpfs of its own at /dev/sandtree (made read-only once written: the sandbox cannot add to it,
+ * and nothing there is in the overlay's upper, so a commit never holds them); "/etc/resolv.conf"
+ * is written there as resolv.conf and bound over the image's file when that is a regular file,
+ * resolved inside the sandbox's root without following a link out of it or across a mount. */
+static char *rt_buf;
+static size_t rt_len;
+
+static void read_runtime(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) die_step("runtime-files");
+    if (st.st_size > (64 << 20)) { errno = EFBIG; die_step("runtime-files"); }
+    rt_len = (size_t)st.st_size;
+    rt_buf = malloc(rt_len + 1);
+    if (!rt_buf) die_step("runtime-files");
+    for (size_t got = 0; got < rt_len;) {
+        ssize_t n = pread(fd, rt_buf + got, rt_len - got, (off_t)got);
+        if (n <= 0) { if (n == 0) errno = EIO; die_step("runtime-files"); }
+        got += (size_t)n;
+    }
+    close(fd);
+}
+
+static const char *rt_field(size_t *off, size_t *len) {
+    uint32_t n;
+    if (rt_len - *off < 4) { errno = EINVAL; die_step("runtime-files"); }
+    memcpy(&n, rt_buf + *off, 4);
+    *off += 4;
+    if (rt_len - *off < n) { errno = EINVAL; die_step("runtime-files"); }
+    const char *f = rt_buf + *off;
+    *off += n;
+    *len = n;
+    return f;
+}
+
+/* The file name under /dev/sandtree for a runtime path (validate.py checks them first). */
+static void rt_name(const char *path, size_t plen, char *out, size_t cap) {
+    static const char dev[] = "/dev/sandtree/";
+    const char *name = NULL;
+    size_t nlen = 0;
+    if (plen == 16 && !memcmp(path, "/etc/resolv.conf", 16)) { name = "resolv.conf"; nlen = 11; }
+    else if (plen > sizeof dev - 1 && !memcmp(path, dev, sizeof dev - 1)) {
+        name = path + sizeof dev - 1; nlen = plen - (sizeof dev - 1);
+    }
+    if (!name || nlen >= cap || memchr(name, '/', nlen) || memchr(name, 0, nlen) ||
+        (nlen == 1 && name[0] == '.') || (nlen == 2 && !memcmp(name, "..", 2))) {
+        errno = EINVAL; die_step("runtime-path");
+    }
+    memcpy(out, name, nlen);
+    out[nlen] = 0;
+}
+
+static void bind_resolv(const char *root, const char *src) {
+    int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rfd < 0) die_step("runtime-root");
+    struct open_how how = {.flags = O_PATH | O_CLOEXEC,
+                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+    int fd = (int)syscall(SYS_openat2, rfd, "etc/resolv.conf", &how, sizeof how);
+    close(rfd);
+    if (fd < 0) return;                         /* none, or a link out of the root: no bind */
+    struct stat st;
+    char target[64];
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(target, sizeof target, "/proc/self/fd/%d", fd);
+        xmount(src, target, NULL, MS_BIND, NULL);   /* its superblock is read-only (runtime_files) */
+    }
+    close(fd);
+}
+
+/* Write the runtime files into a new tmpfs at `dir`; bind resolv.conf into `root` (NULL: gVisor,
+ * whose OCI spec binds it, gvisor.py). */
+static void runtime_files(const char *dir, const char *root) {
+    if (!rt_buf) return;
+    char p[512], name[256], data[96];
+    size_t off = 0, total = 0, n, len;
+    int resolv = 0;
+    while (off < rt_len) { rt_field(&off, &n); rt_field(&off, &len); total += len + 4096; }
+    mkdir_p_one(dir, 0755);
+    snprintf(data, sizeof data, "mode=0755,size=%zu,nr_inodes=1024", total + 65536);
+    xmount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, data);
+    for (off = 0; off < rt_len;) {
+        const char *path = rt_field(&off, &n);
+        const char *body = rt_field(&off, &len);
+        rt_name(path, n, name, sizeof name);
+        if (!strcmp(name, "resolv.conf") && n == 16) resolv = 1;
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        int fd = open(p, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0444);
+        if (fd < 0) die_step(p);
+        for (size_t w = 0; w < len;) {
+            ssize_t k = write(fd, body + w, len - w);
+            if (k <= 0) die_step(p);
+            w += (size_t)k;
+        }
+        close(fd);
+    }
+    xmount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    if (resolv && root) {
+        snprintf(p, sizeof p, "%s/resolv.conf", dir);
+        bind_resolv(root, p);
+    }
+}
+
 static void mount_root(struct opts *o) {
     char data[256];
     if (o->spec_fd < 0) xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
@@ -436,7 +542,11 @@ static void mount_root(struct opts *o) {
     mkdir("r/dev", 0755);
     /* runsc brings its own; a live sandbox binds the host's nodes from inside (setup_dev): CRIU
      * restores binds, but cannot mknod a tmpfs's device nodes back inside a user namespace. */
-    if (o->uid_map && !o->exec_runtime && !o->live) setup_dev_root(o, "r/dev");
+    if (o->uid_map && !o->exec_runtime && !o->live) {
+        setup_dev_root(o, "r/dev");
+        runtime_files("r/dev/sandtree", "r");
+    }
+    if (o->exec_runtime) runtime_files("x", NULL);     /* runsc binds them (gvisor.py) */
     close(scratch);
 }
 
@@ -523,7 +633,10 @@ static int sandbox_init(struct opts *o) {
         xmount("p", "r/proc", NULL, MS_MOVE, NULL);
     } else {
         setup_proc("r/proc");
-        if (!o->uid_map || o->live) setup_dev();
+        if (!o->uid_map || o->live) {
+            setup_dev();
+            runtime_files("r/dev/sandtree", "r");
+        }
         if (o->netns_fd < 0) loopback_up();     /* a joined namespace came set up (links.py) */
     }
     if (sethostname(o->hostname, strlen(o->hostname)) < 0) die_step("hostname");
@@ -603,6 +716,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
+        else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
@@ -629,7 +743,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = o->netns_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = o->netns_fd = o->runtime_fd = -1;
     o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
@@ -1001,6 +1115,7 @@ int main(int argc, char **argv) {
     struct opts o;
     parse(argc, argv, &o);
     report_fd = o.report_fd;
+    if (o.runtime_fd >= 0) read_runtime(o.runtime_fd);
     pid_t engine = getppid();
     if (o.live && o.detach) {
         /* A live sandbox outlives its engine: no parent-death signal, a session of its own (the

@@ -30,6 +30,7 @@ from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
 from ..procid import proc_namespace, signal_member, start_time
 from .pump import parse_report
+from .runfiles import fds_of, network_args
 from .validate import validate_spec
 
 
@@ -108,6 +109,10 @@ class LiveRuntime(Commands, LiveTier):
         args += rt.static_args() + rt.run_args(spec)
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
+        # An egress link and runtime files (cold starts only; a restore keeps what CRIU dumped,
+        # and a hibernation removed the link first, design.md)
+        extra, rtfd = network_args(spec) if restore is None else ([], None)
+        args += extra
         raw = bytearray()
         scratch = None
         try:
@@ -116,7 +121,8 @@ class LiveRuntime(Commands, LiveTier):
                 env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if restore is not None else {}
                 proc = subprocess.Popen(args + ["--"] + command, env=env, close_fds=True,
                                         pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd(), deadline_fd)
-                                        + ((images,) if images is not None else ()),
+                                        + ((images,) if images is not None else ())
+                                        + (fds_of(spec, rtfd) if restore is None else ()),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
@@ -125,6 +131,8 @@ class LiveRuntime(Commands, LiveTier):
                 os.close(deadline_fd)
                 if images is not None:
                     os.close(images)
+                if rtfd is not None:
+                    os.close(rtfd)
             if detach:
                 proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)

@@ -40,6 +40,7 @@ from .cgroups import Cgroups
 from .live import LiveRuntime
 from .pump import parse_report, pump
 from .reaper import reaper
+from .runfiles import fds_of, network_args
 from .validate import disk_inodes, validate_spec
 from .warm import WarmPool
 
@@ -128,6 +129,8 @@ class NamespaceRuntime(Runtime):
         args += self.static_args() + self.run_args(spec)
         sfd = seccomp.filter_fd()
         cg = None
+        extra, rt = network_args(spec)
+        args += extra
         try:
             if self.cgroups.available:
                 cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
@@ -135,7 +138,7 @@ class NamespaceRuntime(Runtime):
                     args += ["--cgroup", f]
             proc = subprocess.Popen(
                 args + ["--"] + spec.argv, env=spec.env, close_fds=True,
-                pass_fds=(theirs.fileno(), rep_w, sfd),
+                pass_fds=(theirs.fileno(), rep_w, sfd, *fds_of(spec, rt)),
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
@@ -146,13 +149,15 @@ class NamespaceRuntime(Runtime):
         finally:
             theirs.close()
             os.close(rep_w)
+            if rt is not None:
+                os.close(rt)
         return Started(proc, ours, rep_r, cg, bytearray())
 
     def _start_warm(self, spec: RunSpec) -> "Started | None":
         """Hand the run to a pre-started helper (namespaces made, cgroups joined), if one is ready."""
         pool = self._pool
-        if pool is None:
-            return None
+        if pool is None or spec.netns_fd is not None or spec.runtime_files:
+            return None                          # (a warm helper made its network namespace already)
         w = pool.take()
         if w is None:
             return None

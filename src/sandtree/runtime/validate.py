@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import InvalidInput, TooLarge
 from .base import RunSpec
+from .runfiles import check_runtime_files
 
 MAX_ENV_BYTES = 256 * 1024
 
@@ -46,6 +47,10 @@ def validate_spec(spec: RunSpec) -> None:
         if not (0 <= v < 65536):
             raise InvalidInput("uid and gid must be in 0..65535")
     check_files_fit(spec)
+    check_runtime_files(spec.runtime_files)
+    if spec.netns_fd is not None and (isinstance(spec.netns_fd, bool) or not isinstance(spec.netns_fd, int)
+                                      or spec.netns_fd < 0):
+        raise InvalidInput(f"netns_fd must be an open file descriptor, not {spec.netns_fd!r}")
 
 
 def check_files_fit(spec: RunSpec) -> None:

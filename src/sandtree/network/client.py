@@ -1,0 +1,235 @@
+"""The engine's end of the egress daemon (daemon.py): `Egress` starts the store's daemon when it is
+not running, and turns its answers into values and its errors into the errors.py classes they
+name. One request and one answer a SOCK_SEQPACKET message; a link's namespace arrives as an fd
+(SCM_RIGHTS), which the caller owns (it passes it to the runtime, RunSpec.netns_fd, then closes it)."""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from .. import config, errors
+from ..errors import NotFound, RuntimeUnavailable, SandtreeError
+from ..runtime.runfiles import RESOLV_CONF
+from . import trust
+from .daemon import MAX_MESSAGE, lock_path, socket_path
+from .policy import Policy
+from .state import Secret
+
+__all__ = ["Egress", "Link", "START_TIMEOUT"]
+
+START_TIMEOUT = 30.0       # seconds for a daemon to come up
+
+
+@dataclass
+class Link:
+    key: str
+    netns_fd: int | None       # the link's namespace (ours to close); None for an adopted link
+    address: str               # the sandbox's address (eth0)
+    gateway: str               # the router's end: the sandbox's default route and DNS server
+    placeholders: dict[str, str]   # secret NAME -> what the sandbox's env gets instead of the value
+    ca_pem: bytes | None       # the link's CA (links with secrets): what the sandbox must trust
+
+    def close(self) -> None:
+        if self.netns_fd is not None:
+            os.close(self.netns_fd)
+            self.netns_fd = None
+
+    def runtime_files(self, image_bundle: bytes | None = None) -> dict[str, bytes]:
+        """What a run on this link is shown (RunSpec.runtime_files): a resolv.conf naming the
+        gateway (the daemon's resolver), and with secrets the image's CA bundle + the link's CA
+        at trust.RUNTIME_PATH."""
+        files = {RESOLV_CONF: f"nameserver {self.gateway}\n".encode()}
+        if self.ca_pem:
+            files[trust.RUNTIME_PATH] = trust.bundle(self.ca_pem, image_bundle)
+        return files
+
+    def env(self) -> dict[str, str]:
+        """The run's environment additions: each secret's placeholder, and with secrets the
+        variables that make TLS clients trust the bundle."""
+        return {**self.placeholders, **(trust.sandbox_env(trust.RUNTIME_PATH) if self.ca_pem else {})}
+
+
+def _error(answer: dict) -> SandtreeError:
+    cls = getattr(errors, str(answer.get("error")), None)
+    if not (isinstance(cls, type) and issubclass(cls, SandtreeError)):
+        cls = SandtreeError
+    return cls(answer.get("message") or "the egress daemon refused")
+
+
+class Egress:
+    def __init__(self, home: str, upstream_netns: str | None = None, upstream_dns: str | None = None,
+                 upstream_ca: str | None = None):
+        netns_, dns, ca = config.egress_upstream()
+        self.home = home
+        self.upstream_netns = upstream_netns or netns_
+        self.upstream_dns = upstream_dns or dns
+        self.upstream_ca = upstream_ca or ca
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    # ---- availability and the daemon ----------------------------------------------------------------
+    def available(self) -> tuple[bool, str]:
+        if os.geteuid() != 0:
+            return False, "network egress needs root (the daemon makes namespaces, veths and nftables rules)"
+        if not shutil.which("nft"):
+            return False, "nft (nftables) is not installed"
+        if not os.path.exists("/proc/self/ns/net"):
+            return False, "the kernel has no network namespaces"
+        if self.upstream_netns and not os.path.exists(self.upstream_netns):
+            return False, f"the upstream namespace {self.upstream_netns} does not exist"
+        return True, ""
+
+    def _start(self) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise RuntimeUnavailable(f"the egress daemon cannot run here: {why}")
+        cmd = [sys.executable, "-m", "sandtree.network.daemon", "--home", self.home]
+        for flag, value in (("--upstream-netns", self.upstream_netns), ("--upstream-dns", self.upstream_dns),
+                            ("--upstream-ca", self.upstream_ca)):
+            if value:
+                cmd += [flag, value]
+        env = config.inherited_environment()
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__ + "/..")))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        # The daemon forks: this child returns once the socket is there (or says why not).
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise RuntimeUnavailable("the egress daemon did not come up in time") from None
+        if r.returncode != 0:
+            raise RuntimeUnavailable(f"the egress daemon did not start: {r.stderr.decode(errors='replace').strip()}")
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(socket_path(self.home))
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    def _request(self, req: dict, start: bool = True) -> tuple[dict, list[int]]:
+        data = json.dumps(req).encode()
+        with self._lock:
+            for attempt in (0, 1):
+                try:
+                    if self._sock is None:
+                        self._sock = self._connect()
+                    self._sock.sendmsg([data])
+                    msg, anc, _, _ = self._sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * 4))
+                    if not msg:
+                        raise ConnectionResetError("the egress daemon went away")
+                    break
+                except (FileNotFoundError, ConnectionError, BrokenPipeError) as e:
+                    if self._sock is not None:
+                        self._sock.close()
+                        self._sock = None
+                    if attempt or not start:
+                        if not start:
+                            raise NotFound("no egress daemon runs for this store") from None
+                        raise RuntimeUnavailable(f"the egress daemon does not answer: {e}") from None
+                    self._start()
+        fds = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(payload[:len(payload) - len(payload) % 4])
+                fds.extend(a)
+        answer = json.loads(msg)
+        if not answer.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            raise _error(answer)
+        return answer, fds
+
+    # ---- the operations -------------------------------------------------------------------------------
+    def ping(self) -> dict:
+        return self._request({"op": "ping"})[0]
+
+    def attach(self, key: str, policy: Policy | None, secrets: list[Secret] | None = None,
+               owner: int | None = None) -> Link:
+        """A link for `key` with `policy` (None: nothing goes out); `secrets` get placeholders (the
+        daemon's: the values stay in its memory) and the link a CA."""
+        wire = {s.name: {"value": s.value, "hosts": list(s.hosts)} for s in secrets or ()}
+        answer, fds = self._request({"op": "attach", "key": key, "policy": policy.to_json() if policy else None,
+                                     "secrets": wire or None, "owner": owner if owner is not None else os.getpid()})
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandtreeError("the egress daemon's attach answer carried no namespace")
+        return self._link(key, answer, fds[0])
+
+    def adopt(self, key: str, pid: int) -> Link:
+        answer, _ = self._request({"op": "adopt", "key": key, "pid": pid, "owner": os.getpid()})
+        return self._link(key, answer, None)
+
+    @staticmethod
+    def _link(key: str, answer: dict, fd: int | None) -> Link:
+        ca = answer.get("ca_pem")
+        return Link(key=key, netns_fd=fd, address=answer["address"], gateway=answer["gateway"],
+                    placeholders=dict(answer.get("placeholders") or {}), ca_pem=ca.encode() if ca else None)
+
+    def set_policy(self, key: str, policy: Policy | None) -> None:
+        self._request({"op": "set_policy", "key": key, "policy": policy.to_json() if policy else None}, start=False)
+
+    def usage(self, key: str) -> dict:
+        return self._request({"op": "usage", "key": key}, start=False)[0]["usage"]
+
+    def release(self, key: str) -> dict:
+        """The link's final usage; {} when the daemon has no such link (or runs no more)."""
+        try:
+            return self._request({"op": "release", "key": key}, start=False)[0]["usage"]
+        except NotFound:
+            return {}
+
+    def expose(self, key: str, port: int) -> int:
+        return self._request({"op": "expose", "key": key, "port": port}, start=False)[0]["host_port"]
+
+    def unexpose(self, key: str, port: int) -> None:
+        self._request({"op": "unexpose", "key": key, "port": port}, start=False)
+
+    def list(self) -> list[dict]:
+        return self._request({"op": "list"}, start=False)[0]["links"]
+
+    def stop_daemon(self) -> None:
+        """Stop the store's daemon (tests): its links and listeners go; waits until it has exited."""
+        try:
+            self._request({"op": "stop"}, start=False)
+        except (NotFound, RuntimeUnavailable):
+            pass
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        try:
+            fd = os.open(lock_path(self.home), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:                                   # the daemon holds the lock until it is gone
+            end = time.monotonic() + 15
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() > end:
+                        raise RuntimeUnavailable("the egress daemon did not stop") from None
+                    time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None

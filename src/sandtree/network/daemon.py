@@ -1,0 +1,419 @@
+"""The egress daemon: one per store, root, detached (its own session, no parent-death signal: live
+sandboxes outlive the engine that started it). It holds the router namespace and the links
+(links.py), runs the transparent proxy and the resolver there (proxy.py, resolver.py) and the
+exposed ports' listeners (expose.py), and answers the engine's requests on a unix SOCK_SEQPACKET
+socket, `$SANDTREE_HOME/network/egress.sock` (0600): one JSON request and one JSON answer a
+message, a link's namespace fd passed by SCM_RIGHTS (client.py is the other end; design.md,
+"Network egress").
+
+    python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]] [--upstream-ca F]
+
+The process sits in the upstream namespace (the host's unless --upstream-netns names another):
+every outbound connection the proxy dials is made there; router-side sockets are made through
+netns.entered(). A link is released by its owner, or once no process has been in its namespace
+for GRACE seconds after attach (a killed engine leaves nothing); the daemon exits after IDLE
+seconds with no link and no exposed port."""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .. import errors
+from ..errors import InvalidInput, NotFound, SandtreeError
+from . import expose as exposing
+from . import netns, trust
+from .links import Links, Made
+from .policy import Policy
+from .state import LinkState
+
+try:                                 # the proxy part of issue 14 (e14-proxy2), until it is merged
+    from . import nft as _nft, proxy as _proxy, resolver as _resolver, upstream as _upstream
+except ImportError:
+    _nft = _proxy = _resolver = _upstream = None
+
+__all__ = ["Daemon", "Entry", "main", "socket_path", "lock_path", "GRACE", "IDLE", "SWEEP", "MAX_MESSAGE", "FALLBACK_RULESET"]
+
+GRACE = 30.0             # seconds after attach before a link nobody is in is released
+IDLE = 60.0              # seconds without links or exposures before the daemon exits
+SWEEP = 2.0              # seconds between GC sweeps
+MAX_MESSAGE = 4 << 20    # bytes of one request (64 secrets of 16 KiB fit many times over)
+# Until nft.py (the proxy part) is here: nothing from a link reaches anything but what the router
+# opened itself (exposed ports); nothing is forwarded.
+FALLBACK_RULESET = """table inet sandtree {
+  chain input { type filter hook input priority 0; policy accept;
+    iifname "st*" ct state established,related accept
+    iifname "st*" drop
+  }
+  chain forward { type filter hook forward priority 0; policy drop; }
+}
+"""
+
+
+def socket_path(home: str) -> str:
+    return os.path.join(home, "network", "egress.sock")
+
+
+def lock_path(home: str) -> str:
+    return os.path.join(home, "network", "daemon.lock")
+
+
+def _fallback_firewall(router_fd: int) -> None:
+    subprocess.run(["nsenter", f"--net=/proc/{os.getpid()}/fd/{router_fd}", "nft", "-f", "-"],
+                   input=FALLBACK_RULESET.encode(), check=True, capture_output=True, pass_fds=(router_fd,))
+
+
+def _namespaces_in_use() -> set[tuple[int, int]]:
+    """(dev, inode) of every network namespace some process is in."""
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                st = os.stat(f"/proc/{pid}/ns/net")
+                out.add((st.st_dev, st.st_ino))
+    return out
+
+
+class Entry:
+    """A link as the daemon holds it: its state (what the proxy reads), how it was made, its
+    namespace's identity (for GC), exposed ports and owner."""
+
+    def __init__(self, state: LinkState, made: Made, ns: tuple[int, int], owner):
+        self.state, self.made, self.ns, self.owner = state, made, ns, owner
+        self.exposures: dict[int, exposing.Exposure] = {}
+
+
+class Daemon:
+    def __init__(self, home: str, upstream_fd: int | None, dns: tuple[str, int] | None, ca: str | None,
+                 grace: float = GRACE, idle: float = IDLE):
+        self.home, self.grace, self.idle = home, grace, idle
+        self.host_fd = netns.current()          # where exposed ports listen (the host's loopback)
+        if upstream_fd is not None:
+            netns.join(upstream_fd)             # before any thread: they inherit it
+        self.upstream_fd = upstream_fd
+        self.entries: dict[str, Entry] = {}
+        self.by_gateway: dict[str, LinkState] = {}
+        self.links = Links(_nft.install if _nft else _fallback_firewall, protect=(self.host_fd,))
+        self.upstream = _upstream.Upstream(upstream_fd, dns, ca) if _upstream else None
+        self.services: list = []
+        self.idle_since = time.monotonic()
+        self.stopping: asyncio.Event | None = None
+
+    # ---- serving ---------------------------------------------------------------------------------
+    async def run(self, listener: socket.socket, ready) -> None:
+        loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        if _proxy:
+            self.services.append(await _proxy.serve_proxy(self.links.router_fd, self.by_gateway.get, self.upstream))
+            self.services.append(await _resolver.serve_resolver(self.links.router_fd, self.by_gateway.get,
+                                                               self.upstream))
+        listener.setblocking(False)
+        loop.add_reader(listener.fileno(), self._accept, listener)
+        ready()
+        sweeper = asyncio.ensure_future(self._sweep())
+        try:
+            await self.stopping.wait()
+        finally:
+            sweeper.cancel()
+            loop.remove_reader(listener.fileno())
+            self.shutdown()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        asyncio.get_running_loop().add_reader(conn.fileno(), self._readable, conn)
+
+    def _readable(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            data, _, flags, _ = conn.recvmsg(MAX_MESSAGE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, flags = b"", 0
+        if not data:
+            loop.remove_reader(conn.fileno())
+            conn.close()
+            return
+        asyncio.ensure_future(self._answer(conn, data, flags))
+
+    async def _answer(self, conn: socket.socket, data: bytes, flags: int) -> None:
+        fds: list[int] = []
+        try:
+            if flags & socket.MSG_TRUNC:
+                raise InvalidInput(f"request over {MAX_MESSAGE} bytes")
+            try:
+                req = json.loads(data)
+                op = req["op"]
+                assert isinstance(req, dict) and isinstance(op, str)
+            except (ValueError, KeyError, TypeError, AssertionError):
+                raise InvalidInput("a request is a JSON object with an 'op'") from None
+            handler = getattr(self, "op_" + op, None)
+            if handler is None:
+                raise InvalidInput(f"unknown request {op!r}")
+            answer = await handler(req, fds)
+            answer["ok"] = True
+        except SandtreeError as e:
+            answer = {"ok": False, "error": type(e).__name__, "message": e.message}
+        except Exception as e:          # a bug of ours: said, not hidden, and the daemon goes on
+            answer = {"ok": False, "error": "SandtreeError", "message": f"egress daemon: {type(e).__name__}: {e}"}
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds and answer["ok"] else []
+        with contextlib.suppress(OSError):
+            conn.sendmsg([json.dumps(answer).encode()], anc)
+        if answer.get("stopping") is True:
+            self.stopping.set()
+
+    def _entry(self, req) -> Entry:
+        key = req.get("key")
+        if not isinstance(key, str) or key not in self.entries:
+            raise NotFound(f"no link {key!r}", key=key)
+        return self.entries[key]
+
+    def _new_key(self, req) -> str:
+        key = req.get("key")
+        if not isinstance(key, str) or not key or len(key) > 256:
+            raise InvalidInput("a link's key is a non-empty string (at most 256 characters)")
+        if key in self.entries:
+            raise errors.Conflict(f"link {key!r} exists already", key=key)
+        return key
+
+    def _add(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
+        state = LinkState(key=key, index=made.index, address=made.address, gateway=made.gateway,
+                          policy=policy, secrets=secrets)
+        state.ca = trust.link_ca(key, secrets)
+        entry = Entry(state, made, ns, owner)
+        self.entries[key] = entry
+        self.by_gateway[made.gateway] = state
+        return entry
+
+    # ---- requests ----------------------------------------------------------------------------------
+    async def op_ping(self, req, fds) -> dict:
+        return {"pid": os.getpid(), "links": len(self.entries), "proxy": _proxy is not None}
+
+    async def op_attach(self, req, fds) -> dict:
+        key = self._new_key(req)
+        policy = Policy.from_json(req.get("policy"))
+        secrets = trust.parse_secrets(req.get("secrets"))
+        owner = req.get("owner")
+        if secrets and policy is None:
+            raise InvalidInput("secrets need a network policy (nothing goes out without one)")
+        made = self.links.take_ready() or await asyncio.get_running_loop().run_in_executor(None, self.links.take)
+        st = os.fstat(made.netns_fd)
+        entry = self._add(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
+        fds.append(made.netns_fd)
+        ca = entry.state.ca
+        return {"address": made.address, "gateway": made.gateway, "placeholders": trust.placeholders(secrets),
+                "ca_pem": ca.pem().decode() if ca else None}
+
+    async def op_adopt(self, req, fds) -> dict:
+        key = self._new_key(req)
+        pid = req.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidInput(f"pid must be a positive integer, not {pid!r}")
+        try:
+            st = os.stat(f"/proc/{pid}/ns/net")
+        except OSError:
+            raise NotFound(f"no process {pid}", pid=pid) from None
+        made = await asyncio.get_running_loop().run_in_executor(None, self.links.adopt, pid)
+        self._add(key, made, (st.st_dev, st.st_ino), None, [], req.get("owner"))
+        return {"address": made.address, "gateway": made.gateway, "placeholders": {}, "ca_pem": None}
+
+    async def op_set_policy(self, req, fds) -> dict:
+        entry = self._entry(req)
+        entry.state.policy = Policy.from_json(req.get("policy"))
+        cut = _proxy.recheck(entry.state) if _proxy else 0
+        return {"cut": cut}
+
+    async def op_usage(self, req, fds) -> dict:
+        return {"usage": self._entry(req).state.usage.to_json()}
+
+    async def op_release(self, req, fds) -> dict:
+        entry = self._entry(req)
+        await self._release(entry)
+        return {"usage": entry.state.usage.to_json()}
+
+    async def op_expose(self, req, fds) -> dict:
+        entry = self._entry(req)
+        port = req.get("port")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidInput(f"a port is a number from 1 to 65535, not {port!r}", port=port)
+        if port not in entry.exposures:
+            entry.exposures[port] = await exposing.expose(entry.state, port, self.links.router_fd, self.host_fd)
+        return {"host_port": entry.exposures[port].host_port}
+
+    async def op_unexpose(self, req, fds) -> dict:
+        entry = self._entry(req)
+        ex = entry.exposures.pop(req.get("port"), None)
+        if ex is None:
+            raise NotFound(f"port {req.get('port')!r} of link {entry.state.key!r} is not exposed")
+        ex.close()
+        return {}
+
+    async def op_list(self, req, fds) -> dict:
+        return {"links": [{"key": k, "address": e.state.address, "gateway": e.state.gateway,
+                           "adopted": e.made.netns_fd is None, "owner": e.owner,
+                           "policy": e.state.policy.to_json() if e.state.policy else None,
+                           "ports": {str(p): x.host_port for p, x in e.exposures.items()}}
+                          for k, e in self.entries.items()]}
+
+    async def op_stop(self, req, fds) -> dict:
+        return {"stopping": True}
+
+    # ---- releasing and collecting ---------------------------------------------------------------
+    async def _release(self, entry: Entry) -> None:
+        key = entry.state.key
+        if self.entries.get(key) is not entry:
+            return
+        del self.entries[key]
+        self.by_gateway.pop(entry.state.gateway, None)
+        for ex in entry.exposures.values():
+            ex.close()
+        entry.exposures.clear()
+        for c in list(entry.state.conns):
+            with contextlib.suppress(Exception):
+                c.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.links.drop, entry.made)
+        if not self.entries:
+            self.idle_since = time.monotonic()
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP)
+            if self.entries:
+                used = await loop.run_in_executor(None, _namespaces_in_use)
+                now = time.time()
+                for entry in list(self.entries.values()):
+                    if now - entry.state.attached >= self.grace and entry.ns not in used:
+                        await self._release(entry)
+            elif time.monotonic() - self.idle_since >= self.idle:
+                self.stopping.set()
+                return
+
+    def shutdown(self) -> None:
+        for s in self.services:
+            with contextlib.suppress(Exception):
+                s.close()
+        for entry in list(self.entries.values()):
+            for ex in entry.exposures.values():
+                ex.close()
+        self.entries.clear()
+        self.links.close()
+
+
+def _answers(path: str) -> bool:
+    """Whether a daemon answers a ping on `path`."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+            s.settimeout(2)
+            s.connect(path)
+            s.send(b'{"op": "ping"}')
+            return b'"ok": true' in s.recv(65536)
+    except OSError:
+        return False
+
+
+def _dns(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+    return (host, int(port)) if port else (text, 53)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="sandtree.network.daemon")
+    p.add_argument("--home", required=True)
+    p.add_argument("--upstream-netns")
+    p.add_argument("--upstream-dns")
+    p.add_argument("--upstream-ca")
+    p.add_argument("--grace", type=float, default=GRACE, help=argparse.SUPPRESS)    # tests
+    p.add_argument("--idle", type=float, default=IDLE, help=argparse.SUPPRESS)      # tests
+    a = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the egress daemon needs root", file=sys.stderr)
+        return 2
+    base = os.path.join(a.home, "network")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    r, w = os.pipe()
+    if os.fork():                     # the starter waits until the socket is there, then leaves
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            said = f.read()
+        if said == b"ok":
+            return 0
+        sys.stderr.write(said.decode(errors="replace") or "the egress daemon died starting\n")
+        return 1
+    os.close(r)
+    os.setsid()
+    code = 0
+    try:
+        code = _serve(a, base, w)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(w, f"egress daemon: {type(e).__name__}: {e}\n".encode())
+        code = 1
+    os._exit(code)
+
+
+def _serve(a, base: str, w: int) -> int:
+    lock = os.open(lock_path(a.home), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # One daemon per store. When another holds the lock it either answers (then we are not
+    # needed) or is on its way out (idle exit, stop): then we wait for the lock and take over.
+    end = time.monotonic() + 15
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if _answers(socket_path(a.home)) or time.monotonic() > end:
+                os.write(w, b"ok")
+                os.close(w)
+                return 0
+            time.sleep(0.05)
+    null = os.open(os.devnull, os.O_RDWR)
+    log = os.open(os.path.join(base, "daemon.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(log, 2)
+    up = os.open(a.upstream_netns, os.O_RDONLY | os.O_CLOEXEC) if a.upstream_netns else None
+    daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca, a.grace, a.idle)
+    path = socket_path(a.home)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+
+    def ready():
+        os.write(w, b"ok")
+        os.close(w)
+    try:
+        asyncio.run(daemon.run(listener, ready))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)                # (ours: we hold the store's lock)
+        listener.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

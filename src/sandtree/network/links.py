@@ -1,0 +1,285 @@
+"""Links: the network namespaces a networked sandbox joins, and the router namespace at their other end.
+
+A link K is a network namespace of its own (owned by the host's user namespace, so root inside a
+sandbox holds no capability over its addresses, routes or sysctls) with `lo` up and `eth0`, one
+end of a veth pair: 100.64.0.0/16 cut into /30s, the sandbox's end .2 of the K-th with a default
+route via .1, which is `stK` in the router namespace. The router namespace holds every `stK`; it
+forwards nothing (ip_forward 0) and its nftables ruleset (nft.py) sends every TCP connection and
+DNS packet from a link to the daemon's proxy and resolver (daemon.py).
+
+Everything is made over netlink (pyroute2), never by ip(8) per link. pyroute2's sync API runs an
+event loop of its own, so it cannot be called on the daemon's loop: all calls here go through one
+worker thread (`Links.call`), which also owns the netlink sockets. Links are made ahead (a small
+pool) so an attach only takes one (well under 2 ms); making one costs about 5-7 ms.
+
+`adopt` gives a RUNNING sandbox with a network namespace of its own a veth into that namespace:
+an address and no default route, so only connections the router opens to it (exposed ports) work.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ipaddress
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+
+from ..errors import Conflict, LimitExceeded, NotFound
+from . import netns
+
+__all__ = ["Links", "Made", "NETWORK", "MAX_INDEX", "POOL", "LINK_SYSCTLS", "ROUTER_SYSCTLS", "addresses"]
+
+NETWORK = ipaddress.IPv4Network("100.64.0.0/16")
+MAX_INDEX = NETWORK.num_addresses // 4 - 1      # K of the last /30 (K = 0 is never used)
+POOL = 4                                        # links made ahead
+# The sandbox's side. ip_unprivileged_port_start: the sandbox holds no capability in a namespace
+# it joined, and dev servers bind 80. tcp_rmem/tcp_wmem: what helper.c's loopback_up() sets in a
+# sandbox's own namespace (bounded socket buffers, see there); a joined, host-owned namespace
+# cannot be written by the sandbox, so the link comes with them. IPv6 off: links are IPv4 only
+# (the proxy and resolver are), and no IPv6 link-local address appears on eth0.
+LINK_SYSCTLS = (("net.ipv4.ip_unprivileged_port_start", "0"),
+                ("net.ipv4.tcp_rmem", "4096 65536 262144"),
+                ("net.ipv4.tcp_wmem", "4096 16384 65536"),
+                ("net.ipv6.conf.all.disable_ipv6", "1"),
+                ("net.ipv6.conf.default.disable_ipv6", "1"))
+ROUTER_SYSCTLS = (("net.ipv4.ip_forward", "0"),            # no packet of a sandbox is ever forwarded
+                  ("net.ipv6.conf.all.disable_ipv6", "1"),
+                  ("net.ipv6.conf.default.disable_ipv6", "1"))
+
+
+def addresses(index: int) -> tuple[str, str]:
+    """(sandbox address, gateway) of link `index`: .2 and .1 of the index-th /30 of NETWORK."""
+    base = NETWORK.network_address + 4 * index
+    return str(base + 2), str(base + 1)
+
+
+@dataclass
+class Made:
+    index: int
+    netns_fd: int | None           # the link's namespace (None for an adopted one: the sandbox's own)
+    address: str
+    gateway: str
+
+
+def _sysctls(pairs) -> None:
+    """Write net.* sysctls of the calling thread's namespace (/proc/sys/net shows the opener's)."""
+    for name, value in pairs:
+        fd = os.open("/proc/sys/" + name.replace(".", "/"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+
+class Links:
+    """The router namespace and the links in it. `firewall(router_fd)` installs the router's
+    ruleset (nft.install) once the namespace exists."""
+
+    def __init__(self, firewall, pool: int = POOL, protect: tuple[int, ...] = ()):
+        self.protect = protect              # fds of namespaces never to adopt (the host's)
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="links")
+        self._pool_size = pool
+        self._pool: list[Made] = []
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.router_fd = netns.new()
+        try:
+            self._ipr = self.call(self._router, firewall)
+        except BaseException:
+            os.close(self.router_fd)
+            self._worker.shutdown()
+            raise
+        self.refill()
+
+    # ---- the worker thread --------------------------------------------------------------------
+    def call(self, fn, *args):
+        """fn(*args) on the links thread, waited for (from any thread but the links thread)."""
+        return self._worker.submit(fn, *args).result()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        return self._worker.submit(fn, *args)
+
+    def _router(self, firewall) -> IPRoute:
+        with netns.entered(self.router_fd):
+            _sysctls(ROUTER_SYSCTLS)
+            ipr = IPRoute()                 # a netlink socket stays in the namespace it was made in
+        try:
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            firewall(self.router_fd)
+        except BaseException:
+            ipr.close()
+            raise
+        return ipr
+
+    def _index(self) -> int:
+        with self._lock:
+            for k in range(1, MAX_INDEX + 1):
+                if k not in self._used:
+                    self._used.add(k)
+                    return k
+        raise LimitExceeded(f"all {MAX_INDEX} links of {NETWORK} are in use")
+
+    def _veth(self, index: int, peer_fd: int) -> None:
+        """stK in the router (up, gateway address) with its peer eth0 moved into `peer_fd`."""
+        address, gateway = addresses(index)
+        name = f"st{index}"
+        self._ipr.link("add", ifname=name, kind="veth", peer={"ifname": "eth0", "net_ns_fd": peer_fd})
+        try:
+            i = self._ipr.link_lookup(ifname=name)[0]
+            self._ipr.addr("add", index=i, address=gateway, prefixlen=30)
+            self._ipr.link("set", index=i, state="up")
+        except BaseException:
+            self._drop_veth(index)
+            raise
+
+    def _drop_veth(self, index: int) -> None:
+        with contextlib.suppress(Exception):      # (gone with its namespace already: nothing to do)
+            for i in self._ipr.link_lookup(ifname=f"st{index}"):
+                self._ipr.link("del", index=i)
+
+    def _configure(self, peer_fd: int, address: str, gateway: str | None, sysctls) -> None:
+        """In the namespace `peer_fd`: sysctls, lo and eth0 up with `address`, default route via
+        `gateway` (none when None)."""
+        with netns.entered(peer_fd):
+            _sysctls(sysctls)
+            ipl = IPRoute()
+        try:
+            ipl.link("set", index=ipl.link_lookup(ifname="lo")[0], state="up")
+            eth = ipl.link_lookup(ifname="eth0")[0]
+            ipl.addr("add", index=eth, address=address, prefixlen=30)
+            ipl.link("set", index=eth, state="up")
+            if gateway:
+                ipl.route("add", dst="0.0.0.0/0", gateway=gateway)
+            # The carrier comes on through the kernel's linkwatch, later than the netlink
+            # answer: a sandbox started before it would see eth0 without carrier and its first
+            # packets dropped. Links are made ahead, so waiting here costs an attach nothing.
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                if ipl.get_links(eth)[0].get_attr("IFLA_OPERSTATE") == "UP":
+                    break
+                time.sleep(0.002)
+        finally:
+            ipl.close()
+
+    def _make(self) -> Made:
+        index = self._index()
+        fd = None
+        try:
+            fd = netns.new()
+            # Before the veth arrives, so eth0 is born without IPv6 (no link-local address).
+            with netns.entered(fd):
+                _sysctls(LINK_SYSCTLS)
+            self._veth(index, fd)
+            address, gateway = addresses(index)
+            self._configure(fd, address, gateway, ())
+            return Made(index, fd, address, gateway)
+        except BaseException:
+            self._drop_veth(index)
+            if fd is not None:
+                os.close(fd)
+            with self._lock:
+                self._used.discard(index)
+            raise
+
+    def _fill(self) -> None:
+        while not self._closed:
+            with self._lock:
+                if len(self._pool) >= self._pool_size:
+                    return
+            made = self._make()
+            with self._lock:
+                if self._closed:
+                    self._pool_size = 0
+                self._pool.append(made)
+
+    # ---- the daemon's calls ---------------------------------------------------------------------
+    def refill(self) -> None:
+        """Top up the pool in the background (on the links thread)."""
+        if not self._closed:
+            self.submit(self._fill)
+
+    def take_ready(self) -> Made | None:
+        """A link from the pool (microseconds), or None when it is empty; the pool refills."""
+        with self._lock:
+            made = self._pool.pop(0) if self._pool else None
+        self.refill()
+        return made
+
+    def take(self) -> Made:
+        """A ready link: from the pool when it has one, else made now (blocks: not on a loop)."""
+        return self.take_ready() or self.call(self._make)
+
+    def adopt(self, pid: int) -> Made:
+        """A veth into the network namespace of running process `pid` (eth0 there: address, no route)."""
+        try:
+            fd = os.open(f"/proc/{int(pid)}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise NotFound(f"no process {pid} (or no network namespace of its own to adopt)", pid=pid) from None
+        try:
+            if _shared(fd, (self.router_fd, *self.protect)):
+                raise Conflict(f"process {pid} shares a namespace that is not a sandbox's own", pid=pid)
+            return self.call(self._adopt, fd)
+        finally:
+            os.close(fd)                 # the namespace lives as long as the sandbox's processes
+
+    def _adopt(self, fd: int) -> Made:
+        with netns.entered(fd):
+            with IPRoute() as ipl:
+                if ipl.link_lookup(ifname="eth0"):
+                    raise Conflict("the sandbox's namespace already has an eth0 (a link)")
+        index = self._index()
+        try:
+            self._veth(index, fd)
+            address, gateway = addresses(index)
+            self._configure(fd, address, None, ())
+            return Made(index, None, address, gateway)
+        except BaseException:
+            self._drop_veth(index)
+            with self._lock:
+                self._used.discard(index)
+            raise
+
+    def drop(self, made: Made) -> None:
+        """Remove a link: its veth (both ends go) and our hold on its namespace."""
+        def go():
+            self._drop_veth(made.index)
+            if made.netns_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(made.netns_fd)
+            with self._lock:
+                self._used.discard(made.index)
+        if not self._closed:
+            self.call(go)
+
+    def close(self) -> None:
+        """Remove every link of the pool and the router namespace (all veths go with it)."""
+        if self._closed:
+            return
+        self._closed = True
+        def go():
+            for made in self._pool:
+                self._drop_veth(made.index)
+                os.close(made.netns_fd)
+            self._pool.clear()
+            for index in list(self._used):
+                self._drop_veth(index)
+            self._ipr.close()
+        self.call(go)
+        self._worker.shutdown()
+        os.close(self.router_fd)
+
+
+def _shared(fd: int, others) -> bool:
+    """Whether namespace `fd` is one no sandbox owns: the router's, the daemon's, the host's."""
+    mine = os.fstat(fd)
+    own = netns.current()
+    try:
+        return any((o.st_dev, o.st_ino) == (mine.st_dev, mine.st_ino)
+                   for o in (os.fstat(x) for x in (*others, own)))
+    finally:
+        os.close(own)
