@@ -2,7 +2,8 @@
 proxy under /api/v1/sandboxes/{sid}/ports/{port}/ (HTTP and WebSocket), signed URLs.
 
 Real sockets only: servers run in network namespaces the test made (portnet.py) or in live
-sandboxes; every connection is to 127.0.0.1 or into those namespaces."""
+sandboxes, whose links the store's real egress daemon makes (network/daemon.py: adopt); every
+connection is to 127.0.0.1 or into those namespaces."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from sandtree.http.server import build_app
 from sandtree.network.expose import expose
 
 from conftest import free_port, wait_for_port
-from portnet import WS_ECHO, LinkPair, StandInEgress, echo, http_hello
+from portnet import WS_ECHO, LinkPair, echo, http_hello
 
 
 @pytest.fixture
@@ -119,13 +120,11 @@ def test_close_cuts_open_relays(pair):
     _run(main())
 
 
-def test_exposure_works_under_the_routers_ruleset(pair, monkeypatch):
+def test_exposure_works_under_the_routers_ruleset(pair):
     """With network/nft.py's ruleset in the router namespace (a link may send nothing in but
     answers, DNS and proxied TCP), the router's own connection to an exposed port still works:
     the sandbox's answers are `established` there."""
-    nft = pytest.importorskip("sandtree.network.nft", reason="network/nft.py (e14-proxy) is not merged here yet")
-    # (e14-proxy's first cut named a chain `redirect`, a keyword to nft 1.0.6; renamed in its next)
-    monkeypatch.setattr(nft, "RULESET", nft.RULESET.replace("chain redirect {", "chain pre_nat {"))
+    from sandtree.network import nft
     nft.install(pair.router_fd)
     pair.serve(7005, http_hello(b"under nft"))
 
@@ -167,12 +166,10 @@ def serving(engine):
 
 @pytest.fixture
 def world(tmp_path, rootfs):
-    """A store with the busybox image, its engine given the egress client, a live sandbox running
-    busybox httpd on 8000 (a page) and a WebSocket echo on 9000."""
+    """A store with the busybox image, a live sandbox running busybox httpd on 8000 (a page) and a
+    WebSocket echo on 9000; the store's real egress daemon (network/daemon.py), stopped after."""
     st = sandtree.Sandtree(str(tmp_path / "home"))
-    egress = StandInEgress()
-    eng = st.engine
-    eng._egress = egress                    # (test only: the daemon's client until e14-links is merged)
+    egress = st.engine.egress
     img = st.import_image(rootfs, tag="busybox")
     sb = img.start()
     try:
@@ -183,7 +180,7 @@ def world(tmp_path, rootfs):
     finally:
         with contextlib.suppress(Exception):
             sb.stop()
-        egress.close()
+        egress.stop_daemon()
         st.close()
 
 
@@ -212,7 +209,7 @@ def test_a_sandbox_server_answers_only_while_exposed(world):
         with pytest.raises(httpx.ConnectError):
             _get(entry["url"] + "/index.html")
         assert _get(base + entry["path"]).status_code == 404
-    assert [c[0] for c in egress.calls].count("adopt") == 1
+    assert [(l["key"], l["adopted"]) for l in egress.list()] == [(sb.id, True)]     # one link, made by adopt
 
 
 def test_a_websocket_through_the_url_and_the_server(world):
@@ -301,7 +298,7 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
     eng, sid, alice, bob = tenants
     with serving(eng) as base:
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
-        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 2}, headers=_auth(alice),
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 6}, headers=_auth(alice),
                        trust_env=False)
         assert r.status_code == 200, r.text
         url = r.json()["url"]
@@ -335,7 +332,8 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
         assert _get(other_port).status_code == 403
         later = url.replace("st_exp=", "st_exp=9")
         assert _get(later).status_code == 403                    # a longer life is an altered URL
-        time.sleep(3.1)
+        exp = int(url.split("st_exp=")[1].split("&")[0])
+        time.sleep(max(0.0, exp - time.time() + 1.1))
         r = _get(url)
         assert r.status_code == 403 and "expired" in r.json()["message"]
         from sandtree.errors import InvalidInput
@@ -348,7 +346,7 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
 def test_exposure_is_remade_after_a_daemon_restart(world):
     st, sb, egress = world
     entry = sb.expose(8000)
-    egress.restart()                                        # every link and listener gone
+    egress.stop_daemon()                                    # every link and listener gone
     with pytest.raises(httpx.ConnectError):
         _get(entry["url"] + "/index.html")
     again = sb.ports()                                      # the rows make them again
@@ -371,7 +369,7 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
         r = _get(base + entry["path"] + "index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
     assert st.engine.sandbox_info(sb.id)["state"] == "running"
-    assert [c[0] for c in egress.calls].count("adopt") == 2      # its new processes got a link
+    assert [(l["key"], l["ports"]) for l in egress.list()] == [(sb.id, {"8000": int(sb.ports()[0]["url"][17:])})]
 
 
 def test_the_remote_client_and_mcp_expose_too(tenants):
