@@ -461,3 +461,18 @@ def test_any_method_and_bodies_stream_through_the_server(world):
             assert r.status_code == 200 and r.headers["x-method"] == method, r.text
         r = httpx.get(base + entry["path"] + "nothing-here", trust_env=False, timeout=10)
         assert r.status_code == 404                         # the sandbox's own 404, passed on
+
+
+def test_sandtree_port_in_its_own_process(world):
+    """`sandtree port ID PORT` as a command: the URL it prints works after it exits (the listener
+    is the daemon's), and --close makes it unreachable."""
+    import subprocess
+    import sys
+    st, sb, _ = world
+    cmd = [sys.executable, "-m", "sandtree", "--home", st.engine.store.home, "port", sb.id[:12], "8000"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    url = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, timeout=60).stdout.strip()
+    assert _get(url + "/index.html").text == "hello from the sandbox\n"
+    subprocess.run(cmd + ["--close"], capture_output=True, text=True, check=True, env=env, timeout=60)
+    with pytest.raises(httpx.ConnectError):
+        _get(url + "/index.html")
