@@ -224,7 +224,7 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
         disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None, labels: dict | None = None):
+        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed"""
@@ -249,7 +249,8 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
+                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None, network=None,
+                  secrets: dict | None = None) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
@@ -340,16 +341,14 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 
 # ---- warm pools -----------------------------------------------------------------------------------
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
-                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
-                                                      "output")))
+_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output")
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
 def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
                 pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
-                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
-                                                      "output", "wait_timeout"), const={"wait": True}))
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",),
+                                                const={"wait": True}))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                   timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
                   disk=None, output=None) -> dict:
