@@ -476,3 +476,33 @@ def test_sandtree_port_in_its_own_process(world):
     subprocess.run(cmd + ["--close"], capture_output=True, text=True, check=True, env=env, timeout=60)
     with pytest.raises(httpx.ConnectError):
         _get(url + "/index.html")
+
+
+def test_a_networked_sandboxs_port_uses_its_own_link(tmp_path, rootfs):
+    """A sandbox started with network= has its link from its start (key: its id): exposing a port
+    uses it (no second link by adopt), and its policy is unchanged. The upstream is a netlab this
+    test made (tests/netlab.py), so nothing the sandbox sends leaves namespaces the test made."""
+    from netlab import NetLab
+    from sandtree.engine import Engine
+    from sandtree.network.client import Egress
+    lab = NetLab()
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    eng._egress = Egress(eng.store.home, upstream_netns=lab.path, upstream_dns=f"{lab.dns[0]}:{lab.dns[1]}",
+                         upstream_ca=lab.ca_file)
+    try:
+        img = eng.import_path(rootfs)
+        info = eng.sandbox_start(img, network={"allow_out": ["allowed.test"]})
+        try:
+            eng.sandbox_write(info["id"], "/www/index.html", b"networked\n")
+            eng.sandbox_exec(info["id"], "httpd -p 8000 -h /www")
+            entry = eng.sandbox_expose(info["id"], 8000)
+            assert _get(entry["url"] + "/index.html").text == "networked\n"
+            links = [l for l in eng.egress.list() if l["key"] == info["id"]]
+            assert len(links) == 1 and not links[0]["adopted"] and links[0]["policy"] is not None
+            assert links[0]["ports"] == {"8000": int(entry["url"][17:])}
+        finally:
+            eng.sandbox_stop(info["id"])
+    finally:
+        eng.egress.stop_daemon()
+        eng.close()
+        lab.close()
