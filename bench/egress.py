@@ -59,12 +59,9 @@ def nsrun(fd: int, code: str, *args, **kw):
     return ["nsenter", f"--net=/proc/{os.getpid()}/fd/{fd}", sys.executable, "-c", code, *map(str, args)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=3)
-    a = ap.parse_args()
-    n = a.mb << 20
+def measure(mb: int = 1024, rounds: int = 3) -> dict:
+    """Median MB/s of `mb` MB downloads direct and through the egress proxy: {"direct", "proxy", "runs"}."""
+    n = mb << 20
     with netlab() as lab:
         rig = ProxyRig(lab)
         server = subprocess.Popen(nsrun(lab.internet_fd, SERVER, n, ALLOWED, PORT), pass_fds=(lab.internet_fd,),
@@ -72,23 +69,30 @@ def main() -> None:
         try:
             assert server.stdout.readline().strip() == "ready"
             rig.policy([f"{ALLOWED}/32:{PORT}"])
-            rates = {"direct (upstream namespace)": [], "through the egress proxy": []}
-            for _ in range(a.rounds):
-                for label, fd in (("direct (upstream namespace)", lab.edge_fd),
-                                  ("through the egress proxy", rig.sandbox_fd)):
+            rates = {"direct": [], "proxy": []}
+            for _ in range(rounds):
+                for label, fd in (("direct", lab.edge_fd), ("proxy", rig.sandbox_fd)):
                     out = subprocess.run(nsrun(fd, CLIENT, n, ALLOWED, PORT), pass_fds=(fd,),
                                          capture_output=True, text=True, check=True).stdout
                     rates[label].append(n / float(out) / 1e6)
-            for label, r in rates.items():
-                r.sort()
-                print(f"{label:32s} median {r[len(r) // 2]:8.0f} MB/s   (runs: {', '.join(f'{x:.0f}' for x in r)})")
-            ratio = sorted(rates["through the egress proxy"])[a.rounds // 2] / \
-                sorted(rates["direct (upstream namespace)"])[a.rounds // 2]
-            print(f"ratio proxy/direct: {ratio:.2f} (goal >= 0.8); link usage: {rig.link.usage.bytes_in} bytes in")
+            assert rig.link.usage.bytes_in >= rounds * n          # every proxied byte was counted
+            return {k: sorted(v)[len(v) // 2] for k, v in rates.items()} | {"runs": rates}
         finally:
             server.kill()
             server.wait()
             rig.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    r = measure(a.mb, a.rounds)
+    for label, key in (("direct (upstream namespace)", "direct"), ("through the egress proxy", "proxy")):
+        runs = ", ".join(f"{x:.0f}" for x in sorted(r["runs"][key]))
+        print(f"{label:32s} median {r[key]:8.0f} MB/s   (runs: {runs})")
+    print(f"ratio proxy/direct: {r['proxy'] / r['direct']:.2f} (goal >= 0.8)")
 
 
 if __name__ == "__main__":

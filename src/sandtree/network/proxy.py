@@ -355,6 +355,9 @@ class ProxyServer:
                 await asyncio.sleep(0.1)        # out of fds, for one: keep serving once it passes
                 continue
             client.setblocking(False)
+            # no Nagle towards the sandbox: an intercepted request's answer is written in parts
+            # (head, body), and Nagle held the second behind the client's delayed ACK (40 ms each)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             t = loop.create_task(self._one(client, links, upstream))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)

@@ -1,0 +1,96 @@
+"""`make bench` rows for the egress path (issue 14): the extra start cost of a run with an
+allow-list policy (a link from the egress daemon, its namespace joined, resolv.conf bound), the
+rate of a bulk download through the transparent proxy against the same download direct
+(bench/egress.py), and the latency secret injection adds to an HTTPS request (the proxy handing
+the connection to the interceptor, against the same request spliced through untouched), on a
+kept-alive connection and with a new connection each time. Everything but the start rows runs in
+namespaces made here (tests/netlab.py); the start rows send no packet. Asserts nothing but that
+the measured thing happened."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from netlab import ProxyRig, netlab  # noqa: E402
+
+import egress  # noqa: E402
+
+from sandtree.network.trust import bundle, link_ca, parse_secrets  # noqa: E402
+
+
+def start_rows(img, cold_img, n: int) -> list:
+    """(name, samples) rows: a run without network, warm and cold (a networked run always starts
+    cold: a warm helper made its namespace already), and one with an allow-list policy."""
+    plain = _times(lambda: img.run(["/bin/true"], disposable=True), n)
+    cold = _times(lambda: cold_img.run(["/bin/true"], disposable=True), n)
+    policy = ["allowed.example", "*.pypi.org:443"]
+    netted = _times(lambda: img.run(["/bin/true"], network=policy, disposable=True), n)
+    r = img.run(["/bin/true"], network=policy, disposable=True)
+    assert r.usage.get("network") is not None, "the run had no link"
+    return [("run /bin/true, no network (warm start)", plain), ("run /bin/true, no network (cold start)", cold),
+            ("run /bin/true, allow-list policy (link, cold start)", netted)]
+
+
+def _times(fn, n):
+    fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _request(t: ssl.SSLSocket, ph: str) -> None:
+    t.sendall(f"GET /s HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer {ph}\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += t.recv(65536)
+    head, body = buf.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += t.recv(65536)
+
+
+def injection_rows(n: int = 300) -> list:
+    """(name, samples) rows: HTTPS GETs to the lab's allowed.test through the proxy, spliced (no
+    secret for that host) and intercepted (a secret for it), kept-alive and a connection each."""
+    rows = []
+    with netlab() as lab:
+        rig = ProxyRig(lab)
+        try:
+            rig.policy(["allowed.test"])
+            secrets = parse_secrets({"TOKEN": {"value": "bench-value-" + "x" * 20, "hosts": ["allowed.test"]}})
+            ph = secrets[0].placeholder
+            ca = link_ca(rig.link.key, secrets)
+            ctx = ssl.create_default_context(cadata=bundle(ca.pem(), open(lab.ca_file, "rb").read()).decode())
+            for label, on in (("spliced", False), ("secret injected", True)):
+                rig.link.secrets, rig.link.ca = (secrets, ca) if on else ([], None)
+                t = ctx.wrap_socket(rig.connect(lab.allowed, 443), server_hostname="allowed.test")
+                kept = _times(lambda: _request(t, ph), n)
+                t.close()
+
+                def fresh():
+                    with ctx.wrap_socket(rig.connect(lab.allowed, 443), server_hostname="allowed.test") as s:
+                        _request(s, ph)
+                rows.append((f"HTTPS GET through egress, kept-alive, {label}", kept))
+                rows.append((f"HTTPS GET through egress, new connection, {label}", _times(fresh, n // 3)))
+                want = "bench-value-" if on else ph
+                assert want in lab.requests[-1]["headers"]["authorization"], "not what was measured"
+        finally:
+            rig.link.secrets, rig.link.ca = [], None
+            rig.close()
+    return rows
+
+
+def download(mb: int, rounds: int) -> dict:
+    return egress.measure(mb, rounds)
+
+
+def p50(xs) -> float:
+    return statistics.median(xs)
