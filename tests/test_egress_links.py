@@ -575,3 +575,26 @@ def test_the_daemon_sits_in_the_upstream_namespace_and_exposes_on_the_hosts_loop
     with pytest.raises(Exception):
         Egress(home, upstream_netns="/nonexistent/ns").ping()
     assert Egress(home, upstream_netns="/nonexistent/ns").available()[0] is False
+
+
+def test_a_networked_run_starts_cold_beside_a_warm_pool(eg, tmp_path, rootfs):
+    e = Engine(str(tmp_path / "warm"), warm=1)
+    link = eg.attach("warm", None)
+    try:
+        image = e.import_path(rootfs)
+        rt = e.tier("namespaces")
+        with rt.run(spec_for(e, image, "true")) as out:        # the pool starts after a first run
+            assert out.exit_code == 0
+        end = time.monotonic() + 10
+        while (rt._pool is None or not rt._pool.ready) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert rt._pool.ready                                  # a warm helper waits ...
+        with rt.run(spec_for(e, image, "ip -4 -o addr show eth0", netns_fd=link.netns_fd)) as out:
+            assert f"inet {link.address}/30" in out.stdout.decode(), out.stderr
+        assert rt._pool.ready                                  # ... and was not taken
+        with rt.run(spec_for(e, image, "ip -o link")) as out:   # and a run without one has no eth0
+            assert b"eth0" not in out.stdout and b"lo" in out.stdout
+    finally:
+        link.close()
+        eg.release("warm")
+        e.close()
