@@ -598,3 +598,24 @@ def test_a_networked_run_starts_cold_beside_a_warm_pool(eg, tmp_path, rootfs):
         link.close()
         eg.release("warm")
         e.close()
+
+
+def test_concurrent_attaches_of_one_key_give_one_link(eg):
+    import concurrent.futures
+    clients = [Egress(eg.home) for _ in range(6)]
+    def attach(c):
+        try:
+            return c.attach("race", None)
+        except Conflict:
+            return None
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        links = [l for l in pool.map(attach, clients) if l is not None]
+    try:
+        assert len(links) == 1
+        assert [l["key"] for l in eg.list()].count("race") == 1
+    finally:
+        for l in links:
+            l.close()
+        eg.release("race")
+        for c in clients:
+            c.close()
