@@ -296,7 +296,8 @@ def test_resolv_conf_and_runtime_files_are_shown_read_only_and_never_committed(e
         eg.release(f"rf-{tier}")
 
 
-def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_path, eng, img):
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_path, eng, img, tier):
     from netlab import netlab
     with netlab() as lab:
         home = str(tmp_path)
@@ -309,7 +310,7 @@ def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_pat
                                           "wget -q -O - http://other.test/ 2>&1; echo get2=$?; "
                                           "wget -q -O - http://11.1.1.11/ 2>&1; echo get3=$?",
                                 netns_fd=link.netns_fd, runtime_files=link.runtime_files())
-                with run(eng, "namespaces", spec) as out:
+                with run(eng, tier, spec) as out:
                     text = out.stdout.decode()
                 assert "11.1.1.10" in text and "ns=0" in text and "ns2=0" not in text, text
                 assert '"path": "/hello"' in text and "get=0" in text, text
@@ -319,7 +320,7 @@ def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_pat
                 assert usage["refused"] >= 1 and usage["dns_refused"] >= 1
                 # a policy change cuts and refuses from now on
                 e.set_policy("web", None)
-                with run(eng, "namespaces", spec) as out:
+                with run(eng, tier, spec) as out:
                     assert "get=0" not in out.stdout.decode() and "ns=0" not in out.stdout.decode(), out.stdout
                 assert lab.trap_hits() == {}
             finally:

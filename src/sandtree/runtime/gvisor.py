@@ -12,6 +12,7 @@ cgroup, which runsc and everything it starts join before they exist; a timeout k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -115,7 +116,9 @@ class GVisorRuntime(NamespaceRuntime):
         return out
 
     def run(self, spec: RunSpec):
-        out = super().run(spec)
+        # _start_cold wraps prepare_changes with the bundle's writer: on a copy, so the caller's
+        # spec can be run again (it would find the bundle written twice)
+        out = super().run(dataclasses.replace(spec))
         if spec.runtime_files and out.changes:
             _drop_mount_point(out.changes)
         return out
