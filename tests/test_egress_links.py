@@ -22,8 +22,7 @@ from conftest import make_rootfs
 from sandtree.engine import Engine
 from sandtree.errors import Conflict, InvalidInput, NotFound
 from sandtree.network import netns
-from sandtree.network.client import Egress
-from sandtree.network.daemon import socket_path
+from sandtree.network.client import Egress, socket_path
 from sandtree.network.policy import Policy
 from sandtree.network.trust import parse_secrets
 from sandtree.runtime.base import RunSpec

@@ -32,26 +32,18 @@ from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
 from . import netns, trust
+from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import Links, Made
 from .policy import Policy
 from .state import LinkState
 
 from . import nft, proxy, resolver, upstream
 
-__all__ = ["Daemon", "Entry", "main", "socket_path", "lock_path", "GRACE", "IDLE", "SWEEP", "MAX_MESSAGE"]
+__all__ = ["Daemon", "Entry", "main", "GRACE", "IDLE", "SWEEP"]
 
 GRACE = 30.0             # seconds after attach before a link nobody is in is released
 IDLE = 60.0              # seconds without links or exposures before the daemon exits
 SWEEP = 2.0              # seconds between GC sweeps
-MAX_MESSAGE = 4 << 20    # bytes of one request (64 secrets of 16 KiB fit many times over)
-
-
-def socket_path(home: str) -> str:
-    return os.path.join(home, "network", "egress.sock")
-
-
-def lock_path(home: str) -> str:
-    return os.path.join(home, "network", "daemon.lock")
 
 
 def _namespaces_in_use() -> set[tuple[int, int]]:
