@@ -619,3 +619,20 @@ def test_concurrent_attaches_of_one_key_give_one_link(eg):
         eg.release("race")
         for c in clients:
             c.close()
+
+
+def test_a_killed_owner_leaves_no_link(eg):
+    script = ("import sys, time; sys.path.insert(0, %r)\n"
+              "from sandtree.network.client import Egress\n"
+              "l = Egress(%r).attach('owned', None); print(l.address, flush=True); time.sleep(60)\n") % (SRC, eg.home)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().startswith("100.64.")
+        assert [l["owner"] for l in eg.list() if l["key"] == "owned"] == [owner.pid]
+    finally:
+        owner.kill()
+        owner.wait()
+    end = time.monotonic() + 10                        # nobody was ever in it: gone after the grace
+    while "owned" in {l["key"] for l in eg.list()} and time.monotonic() < end:
+        time.sleep(0.2)
+    assert "owned" not in {l["key"] for l in eg.list()}
