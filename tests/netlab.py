@@ -402,8 +402,11 @@ class ProxyRig:
         return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[1]
 
     def close(self) -> None:
-        self.call(self.proxy.close)
-        self.call(self.resolver.close)
+        async def stop():
+            self.proxy.close()
+            self.resolver.close()
+            await self.proxy.wait_closed()
+        self.run(stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()

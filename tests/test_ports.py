@@ -2,7 +2,8 @@
 proxy under /api/v1/sandboxes/{sid}/ports/{port}/ (HTTP and WebSocket), signed URLs.
 
 Real sockets only: servers run in network namespaces the test made (portnet.py) or in live
-sandboxes; every connection is to 127.0.0.1 or into those namespaces."""
+sandboxes, whose links the store's real egress daemon makes (network/daemon.py: adopt); every
+connection is to 127.0.0.1 or into those namespaces."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from sandtree.http.server import build_app
 from sandtree.network.expose import expose
 
 from conftest import free_port, wait_for_port
-from portnet import WS_ECHO, LinkPair, StandInEgress, echo, http_hello
+from portnet import WS_ECHO, LinkPair, echo, http_hello
 
 
 @pytest.fixture
@@ -119,6 +120,24 @@ def test_close_cuts_open_relays(pair):
     _run(main())
 
 
+def test_exposure_works_under_the_routers_ruleset(pair):
+    """With network/nft.py's ruleset in the router namespace (a link may send nothing in but
+    answers, DNS and proxied TCP), the router's own connection to an exposed port still works:
+    the sandbox's answers are `established` there."""
+    from sandtree.network import nft
+    nft.install(pair.router_fd)
+    pair.serve(7005, http_hello(b"under nft"))
+
+    async def main():
+        ex = await expose(pair.link, 7005, pair.router_fd, pair.host_fd)
+        try:
+            got = await _client(ex.host_port, b"GET / HTTP/1.0\r\n\r\n")
+            assert b"under nft" in got and ex.stats()["connections"] == 1
+        finally:
+            ex.close()
+    _run(main())
+
+
 def test_bad_ports_are_refused(pair):
     async def main():
         for bad in (0, 65536, -1, "80", True):
@@ -147,12 +166,10 @@ def serving(engine):
 
 @pytest.fixture
 def world(tmp_path, rootfs):
-    """A store with the busybox image, its engine given the egress client, a live sandbox running
-    busybox httpd on 8000 (a page) and a WebSocket echo on 9000."""
+    """A store with the busybox image, a live sandbox running busybox httpd on 8000 (a page) and a
+    WebSocket echo on 9000; the store's real egress daemon (network/daemon.py), stopped after."""
     st = sandtree.Sandtree(str(tmp_path / "home"))
-    egress = StandInEgress()
-    eng = st.engine
-    eng._egress = egress                    # (test only: the daemon's client until e14-links is merged)
+    egress = st.engine.egress
     img = st.import_image(rootfs, tag="busybox")
     sb = img.start()
     try:
@@ -163,7 +180,7 @@ def world(tmp_path, rootfs):
     finally:
         with contextlib.suppress(Exception):
             sb.stop()
-        egress.close()
+        egress.stop_daemon()
         st.close()
 
 
@@ -192,7 +209,7 @@ def test_a_sandbox_server_answers_only_while_exposed(world):
         with pytest.raises(httpx.ConnectError):
             _get(entry["url"] + "/index.html")
         assert _get(base + entry["path"]).status_code == 404
-    assert [c[0] for c in egress.calls].count("adopt") == 1
+    assert [(l["key"], l["adopted"]) for l in egress.list()] == [(sb.id, True)]     # one link, made by adopt
 
 
 def test_a_websocket_through_the_url_and_the_server(world):
@@ -281,7 +298,7 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
     eng, sid, alice, bob = tenants
     with serving(eng) as base:
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
-        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 2}, headers=_auth(alice),
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 6}, headers=_auth(alice),
                        trust_env=False)
         assert r.status_code == 200, r.text
         url = r.json()["url"]
@@ -315,7 +332,8 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
         assert _get(other_port).status_code == 403
         later = url.replace("st_exp=", "st_exp=9")
         assert _get(later).status_code == 403                    # a longer life is an altered URL
-        time.sleep(3.1)
+        exp = int(url.split("st_exp=")[1].split("&")[0])
+        time.sleep(max(0.0, exp - time.time() + 1.1))
         r = _get(url)
         assert r.status_code == 403 and "expired" in r.json()["message"]
         from sandtree.errors import InvalidInput
@@ -328,7 +346,7 @@ def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
 def test_exposure_is_remade_after_a_daemon_restart(world):
     st, sb, egress = world
     entry = sb.expose(8000)
-    egress.restart()                                        # every link and listener gone
+    egress.stop_daemon()                                    # every link and listener gone
     with pytest.raises(httpx.ConnectError):
         _get(entry["url"] + "/index.html")
     again = sb.ports()                                      # the rows make them again
@@ -351,7 +369,7 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
         r = _get(base + entry["path"] + "index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
     assert st.engine.sandbox_info(sb.id)["state"] == "running"
-    assert [c[0] for c in egress.calls].count("adopt") == 2      # its new processes got a link
+    assert [(l["key"], l["ports"]) for l in egress.list()] == [(sb.id, {"8000": int(sb.ports()[0]["url"][17:])})]
 
 
 def test_the_remote_client_and_mcp_expose_too(tenants):
@@ -443,3 +461,48 @@ def test_any_method_and_bodies_stream_through_the_server(world):
             assert r.status_code == 200 and r.headers["x-method"] == method, r.text
         r = httpx.get(base + entry["path"] + "nothing-here", trust_env=False, timeout=10)
         assert r.status_code == 404                         # the sandbox's own 404, passed on
+
+
+def test_sandtree_port_in_its_own_process(world):
+    """`sandtree port ID PORT` as a command: the URL it prints works after it exits (the listener
+    is the daemon's), and --close makes it unreachable."""
+    import subprocess
+    import sys
+    st, sb, _ = world
+    cmd = [sys.executable, "-m", "sandtree", "--home", st.engine.store.home, "port", sb.id[:12], "8000"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    url = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, timeout=60).stdout.strip()
+    assert _get(url + "/index.html").text == "hello from the sandbox\n"
+    subprocess.run(cmd + ["--close"], capture_output=True, text=True, check=True, env=env, timeout=60)
+    with pytest.raises(httpx.ConnectError):
+        _get(url + "/index.html")
+
+
+def test_a_networked_sandboxs_port_uses_its_own_link(tmp_path, rootfs):
+    """A sandbox started with network= has its link from its start (key: its id): exposing a port
+    uses it (no second link by adopt), and its policy is unchanged. The upstream is a netlab this
+    test made (tests/netlab.py), so nothing the sandbox sends leaves namespaces the test made."""
+    from netlab import NetLab
+    from sandtree.engine import Engine
+    from sandtree.network.client import Egress
+    lab = NetLab()
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    eng._egress = Egress(eng.store.home, upstream_netns=lab.path, upstream_dns=f"{lab.dns[0]}:{lab.dns[1]}",
+                         upstream_ca=lab.ca_file)
+    try:
+        img = eng.import_path(rootfs)
+        info = eng.sandbox_start(img, network={"allow_out": ["allowed.test"]})
+        try:
+            eng.sandbox_write(info["id"], "/www/index.html", b"networked\n")
+            eng.sandbox_exec(info["id"], "httpd -p 8000 -h /www")
+            entry = eng.sandbox_expose(info["id"], 8000)
+            assert _get(entry["url"] + "/index.html").text == "networked\n"
+            links = [l for l in eng.egress.list() if l["key"] == info["id"]]
+            assert len(links) == 1 and not links[0]["adopted"] and links[0]["policy"] is not None
+            assert links[0]["ports"] == {"8000": int(entry["url"][17:])}
+        finally:
+            eng.sandbox_stop(info["id"])
+    finally:
+        eng.egress.stop_daemon()
+        eng.close()
+        lab.close()

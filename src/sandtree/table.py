@@ -86,8 +86,7 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
     return deco
 
 
-_G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
-_LOCAL_HOST = "it reads or writes paths of the server's own machine"
+_G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
 # ---- names, images, refs -------------------------------------------------------------------------
 @op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
@@ -117,8 +116,7 @@ def image_info(image: str) -> dict:
 @op(None, admin=True, images=("image",), audit="remove image",
     http=Http(_X, "/images/{image:path}", query=("force",)))
 def remove_image(image: str, *, force: bool = False) -> None:
-    """Remove an image (its data goes at the next gc); refused while tags or children name it
-    unless force."""
+    """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
 @op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
 def share(image: str) -> dict:
@@ -224,7 +222,7 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: 
         uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
         disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None, labels: dict | None = None):
+        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed"""
@@ -249,7 +247,8 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
+                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None, network=None,
+                  secrets: dict | None = None) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
@@ -265,8 +264,7 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
                   pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
-    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen
-    (stdin/stdout/stderr: -1 is subprocess.PIPE)."""
+    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
@@ -306,6 +304,10 @@ def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
+def sandbox_set_network(sid: str, network) -> dict:
+    """Replace a live sandbox's network policy: connections the new one forbids are cut."""
+
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
@@ -340,16 +342,14 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 
 # ---- warm pools -----------------------------------------------------------------------------------
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
-                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
-                                                      "output")))
+_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output")
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
 def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
                 pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}",
-                                                body=("size", "hostname", "timeout", "memory", "pids", "cpus", "disk",
-                                                      "output", "wait_timeout"), const={"wait": True}))
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",),
+                                                const={"wait": True}))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                   timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
                   disk=None, output=None) -> dict:

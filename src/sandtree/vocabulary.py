@@ -54,6 +54,11 @@ PARAMS = {
     "insecure": "allow plain HTTP / unverified TLS to this registry",
     "max_nodes": "the most nodes in the answer",
     "reference": "docker://HOST[:PORT]/NAME[:TAG|@DIGEST]",
+    "network": "outbound network: off (default), all (public internet), a rule list like "
+               "['pypi.org', '*.pythonhosted.org:443', '203.0.113.0/24'] or {allow_out: [...], deny_out: [...]}; "
+               "inherit: the policy of the run that made the image",
+    "secrets": "NAME -> {value, hosts}: the sandbox sees a placeholder in $NAME; requests to those hosts carry "
+               "the value (needs network)",
     "labels": "names and values kept with it (E2B's metadata): at most 64, names of letters, digits and _.-/",
     "pattern": "an RE2 regular expression (linear time: no backtracking)",
     # the MCP tools' own names for the same things

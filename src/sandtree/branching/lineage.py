@@ -108,12 +108,15 @@ def path(store: Store, a: str, b: str, visible: Visible | None = None) -> list[s
 
 
 def op_summary(store: Store, op: str) -> dict:
-    """An operation's kind, command (or what it imported) and exit code; {} if it is gone."""
+    """An operation's kind, command (or what it imported) and exit code, and for a run that had
+    network its policy (hermetic false); {} if it is gone."""
     r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
     if not r:
         return {}
     spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
-    return {"kind": r[0], "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code")}
+    net = {"network": spec["network"], "hermetic": False} if spec.get("network") else {}
+    return {"kind": r[0], "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code"),
+            **net}
 
 
 def edges(store: Store, image: str, *, up: bool, visible: Visible | None = None) -> list[dict]:
@@ -142,9 +145,19 @@ def log(store: Store, image: str, limit: int = 1000, visible: Visible | None = N
             continue
         first = parents[0]
         out.append({"image": cur, "parents": [p["parent"] for p in parents], "command": first.get("command"),
-                    "op": first["op"], "exit_code": first.get("exit_code"), "tags": tags})
+                    "op": first["op"], "exit_code": first.get("exit_code"), "tags": tags,
+                    **({"network": first["network"], "hermetic": False} if first.get("network") else {})})
         todo.extend(p["parent"] for p in parents)
     return out
+
+
+def recorded_network(db, image: str) -> dict | None:
+    """The network policy (its canonical JSON) recorded on the run that produced `image`; None
+    when no networked run made it (what network="inherit" means)."""
+    # (a run that changed nothing "results" in its own source: it did not make the image)
+    row = db.one("SELECT spec FROM operations WHERE result=? AND kind='run' AND finished IS NOT NULL "
+                 "AND (source IS NULL OR source != result) ORDER BY finished DESC LIMIT 1", (image,))
+    return json.loads(row[0]).get("network") if row else None
 
 
 def produced_by(store: Store, image: str, visible: Visible | None = None) -> list[dict]:

@@ -74,7 +74,7 @@ def cmd_token(args):
     eng = open_engine(args)
     sub = args.token_command
     if sub == "create":
-        res = eng.tenancy.create_token(args.tenant, args.scopes, **_limits(args))
+        res = eng.tenancy.create_token(args.tenant, args.scopes, network=args.network, **_limits(args))
         out(args, res, lambda o: (print(o["token"]), print(
             f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
             file=sys.stderr)))
@@ -150,6 +150,9 @@ def add_services(sub, common) -> None:
     x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")
     x.add_argument("--tenant", required=True)
     x.add_argument("--scopes", help="comma-separated: import,run,list,cancel,tag (default) and admin")
+    x.add_argument("--network", metavar="RULES|all|any|off",
+                   help="network policies its runs and sandboxes may ask for: off (default), all (public "
+                        "destinations), any (any policy), or RULES (comma list: each allow rule must be within one)")
     _limit_args(x)
     x.set_defaults(fn=cmd_token)
     x = tsub.add_parser("list", parents=[common], help="tokens (ids, tenants, scopes; never secrets)")

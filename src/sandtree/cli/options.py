@@ -43,6 +43,19 @@ def add_output(x) -> None:
                    help="write the command's stdout to PATH (its bytes, as kept) instead of the terminal")
 
 
+def add_network(x) -> None:
+    x.add_argument("--network", metavar="off|all|RULES",
+                   help="outbound network: off (default), all (the public internet), RULES: an allow-list "
+                        "like pypi.org,*.pythonhosted.org:443,203.0.113.0/24; inherit: the image's run's")
+    x.add_argument("--allow", action="append", default=[], metavar="RULE",
+                   help="add RULE to the allow-list (repeatable)")
+    x.add_argument("--deny", action="append", default=[], metavar="RULE",
+                   help="refuse RULE even when allowed (repeatable; alone: the public internet minus these)")
+    x.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE@HOSTS",
+                   help="$NAME in the sandbox is a placeholder; requests to HOSTS (comma list) carry VALUE; "
+                        "NAME=@FILE@HOSTS reads VALUE from FILE (one trailing newline dropped) (repeatable)")
+
+
 # ---- reading them ----------------------------------------------------------------------------
 
 
@@ -134,3 +147,37 @@ def live_output(args, sink: OutputFile | None):
         f.write(chunk)
         f.flush()
     return show
+
+
+def network(args) -> dict:
+    """--network/--allow/--deny/--secret as the engine's network= and secrets= (only those given)."""
+    out = {}
+    base = args.network
+    if args.allow or args.deny:
+        allow = list(args.allow)
+        if base is not None and base.strip().lower() in ("all", "on", "public", "internet"):
+            allow.append("*")
+        elif base is not None and base.strip().lower() not in ("off", "none", ""):
+            if base.strip().lower() == "inherit":
+                raise InvalidInput("--network inherit cannot be combined with --allow/--deny")
+            allow += [r for r in base.split(",") if r.strip()]
+        out["network"] = {"allow_out": allow or None, "deny_out": list(args.deny)}
+    elif base is not None:
+        out["network"] = base
+    secrets = {}
+    for spec in args.secret:
+        name, eq, rest = spec.partition("=")
+        value, at, hosts = rest.rpartition("@")
+        if not eq or not at or not name:
+            raise InvalidInput(f"--secret is NAME=VALUE@HOST[,HOST...] or NAME=@FILE@HOSTS, not {spec.split('=')[0]!r}=...")
+        if value.startswith("@"):
+            try:
+                with open(value[1:], encoding="utf-8") as f:
+                    value = f.read()
+            except OSError as e:
+                raise InvalidInput(f"--secret {name}: cannot read {value[1:]}: {e.strerror}") from None
+            value = value[:-1] if value.endswith("\n") else value
+        secrets[name] = {"value": value, "hosts": [h for h in hosts.split(",") if h]}
+    if secrets:
+        out["secrets"] = secrets
+    return out

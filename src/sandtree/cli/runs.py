@@ -22,7 +22,7 @@ def cmd_run(args):
             rec = eng.run(args.image, command, env=options.env(args), cwd=args.cwd, stdin=stdin,
                           disposable=args.disposable, timeout=args.timeout, memory=args.memory, pids=args.pids,
                           cpus=args.cpus, disk=args.disk, tier=args.tier, on_output=options.live_output(args, sink),
-                          **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname"))
+                          **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname"), **options.network(args))
         finally:
             eng.close()          # waits for the run's helper to be reaped and its cgroups removed
     except BaseException:
@@ -94,6 +94,7 @@ def add_run(sub, common) -> None:
     x.add_argument("--tier", choices=["namespaces", "gvisor"], help="isolation tier (default: namespaces)")
     options.add_user(x)
     options.add_hostname(x)
+    options.add_network(x)
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")

@@ -45,22 +45,27 @@ class Image:
             files: list | dict | None = None, disposable: bool = False,
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
             on_stdout: Callable[[bytes], None] | None = None,
-            on_stderr: Callable[[bytes], None] | None = None, labels: dict | None = None) -> "RunResult":
+            on_stderr: Callable[[bytes], None] | None = None, labels: dict | None = None, network=None,
+            secrets: dict | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
         image. Unless disposable, what it wrote becomes the new image `result.image`. labels: names
         and values kept with the run (st.operation(result.operation)["spec"]["labels"]).
+        network: off (default), "all", rules ["pypi.org", "*.pythonhosted.org:443"], {"allow_out": [...],
+        "deny_out": [...]} or "inherit"; secrets: {"NAME": {"value": ..., "hosts": [...]}} (the sandbox
+        sees a placeholder in $NAME, requests to those hosts carry the value).
         on_output(stream, bytes) sees both streams as they come; on_stdout/on_stderr(bytes) one each."""
         return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                              disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                              hostname=hostname, files=files_arg(files), disposable=disposable,
-                             on_output=streams(on_output, on_stdout, on_stderr), tier=tier, labels=labels)
+                             on_output=streams(on_output, on_stdout, on_stderr), tier=tier, labels=labels,
+                             network=network, secrets=secrets)
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
               cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
               hostname: str = D.HOSTNAME, files: list | dict | None = None,
               idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              labels: dict | None = None) -> "Sandbox":
+              labels: dict | None = None, network=None, secrets: dict | None = None) -> "Sandbox":
         """Start a live sandbox on this image: commands enter it with exec/popen, it keeps its
         processes and files between them, and commit() snapshots it while it runs. timeout
         bounds each command; idle_timeout and lifetime (seconds) bound the sandbox; idle_action
@@ -68,7 +73,7 @@ class Image:
         return Sandbox(self._st, self._st.engine.sandbox_start(
             self.id, timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output, env=env,
             cwd=cwd, hostname=hostname, files=files_arg(files), idle_timeout=idle_timeout, lifetime=lifetime,
-            idle_action=idle_action, tier=tier, labels=labels))
+            idle_action=idle_action, tier=tier, labels=labels, network=network, secrets=secrets))
 
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
         rec = self._st.engine.run(ref, command, **options)
@@ -245,6 +250,12 @@ class Sandbox:
     def set_timeout(self, timeout: float) -> dict:
         """Stop the sandbox `timeout` seconds from now (sooner or later than its lifetime said)."""
         self._info = self._st.engine.sandbox_set_timeout(self.id, timeout)
+        return self._info
+
+    def set_network(self, network) -> dict:
+        """Replace the running sandbox's network policy (as img.start(network=...) takes it);
+        connections the new one forbids are cut. Only for a sandbox started with network."""
+        self._info = self._st.engine.sandbox_set_network(self.id, network)
         return self._info
 
     def expose(self, port: int) -> dict:

@@ -92,6 +92,8 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                     self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
                                                 self.resolve, lambda: self.default_tier)
                     self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
+                    self._sandboxes.egress = lambda: self.egress
+                    self._sandboxes.read_image = self.read
         return self._sandboxes
 
     @property
@@ -153,11 +155,12 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                       files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                       lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                       tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                      cpus: float | None = None, disk=None, output=None, labels: dict | None = None) -> dict:
+                      cpus: float | None = None, disk=None, output=None, labels: dict | None = None,
+                      network=None, secrets: dict | None = None) -> dict:
         return self.sandboxes.start(ref, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
                                     idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action, tier=tier,
                                     timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output,
-                                    labels=labels)
+                                    labels=labels, network=network, secrets=secrets)
 
     def sandbox_exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                      stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
@@ -198,6 +201,9 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
 
     def sandbox_set_timeout(self, sid: str, timeout: float) -> dict:
         return self.sandboxes.set_timeout(sid, timeout)
+
+    def sandbox_set_network(self, sid: str, network) -> dict:
+        return self.sandboxes.set_network(sid, network)
 
     def sandbox_ls(self, sid: str, path: str = "/") -> list[dict]:
         return self.sandboxes.ls(sid, path)

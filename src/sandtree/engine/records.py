@@ -16,6 +16,7 @@ import time
 from ..errors import NotFound
 from ..store.db import dumps
 from ..store.store import Store
+from ..branching.lineage import op_summary
 
 _COLUMNS = "id, kind, source, result, spec, outcome, started, finished"
 
@@ -105,12 +106,7 @@ class Records:
             "SELECT id FROM operations WHERE kind='run' ORDER BY started DESC LIMIT ?", (limit,))]
 
     def summary(self, op: str) -> dict:
-        r = self.store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
-        if not r:
-            return {}
-        spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
-        return {"kind": r[0], "command": spec.get("command") or spec.get("source"),
-                "exit_code": outcome.get("exit_code")}
+        return op_summary(self.store, op)      # (lineage's: a networked run's policy included)
 
     def edge_view(self, row) -> dict:
         """An edge row (parent, child, op, created) with what its operation did."""

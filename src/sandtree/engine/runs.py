@@ -11,6 +11,7 @@ import time
 import uuid
 
 from .. import defaults as D
+from ..errors import RuntimeUnavailable
 from ..runtime.base import RunSpec
 from ..runtime.validate import validate_spec
 from ..store import refs
@@ -20,6 +21,7 @@ from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, check_labels
+from .netopts import attach_link, network_option
 
 
 
@@ -31,12 +33,13 @@ class RunOps:
             uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
             disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-            disk=None, output=None, labels: dict | None = None) -> RunRecord:
+            disk=None, output=None, labels: dict | None = None, network=None,
+            secrets: dict | None = None) -> RunRecord:
         """Run `command` on image `ref`; its writes become a new image. gc waits while it runs."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                  disk=disk, output=output, labels=labels)
+                                  disk=disk, output=output, labels=labels, network=network, secrets=secrets)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
@@ -50,12 +53,17 @@ class RunOps:
              stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
              files=None, disposable: bool = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
-             labels: dict | None = None, **limits) -> RunRecord | None:
+             labels: dict | None = None, network=None, secrets: dict | None = None,
+             **limits) -> RunRecord | None:
         runtime = self.tier(tier)
         labels = check_labels(labels)
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
         row = self.store.image(source)
+        net = network_option(self.store.db, source, network, secrets)
+        if net.policy is not None and not getattr(runtime, "joins_links", runtime.name == "namespaces"):
+            raise RuntimeUnavailable(f"the {runtime.name} tier does not join an egress link yet: network policies "
+                                     "run on the namespaces tier")
         argv = command_argv(command)
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -71,22 +79,33 @@ class RunOps:
             validate_spec(spec)
             return None
         op = op_id or uuid.uuid4().hex
-        secrets = secret_values(user_env)
-        record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), secrets),
-                       "argv": [mask_text(a, secrets) for a in argv], "cwd": cwd,
+        masked = secret_values(user_env)
+        record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), masked),
+                       "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
-                       **({"labels": labels} if labels else {})}
+                       **({"labels": labels} if labels else {}), **net.record()}
         started = time.time()
+        link = None
         pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
+            if net.policy is not None:         # a link of its own (key: the operation); no pooled sandbox
+                link, spec.runtime_files, extra = attach_link(self.egress, op, net,
+                                                              lambda p: self.read(source, p))
+                spec.netns_fd = link.netns_fd
+                spec.env = {**spec.env, **extra}
+                pool = None
             served = pool.run(spec) if pool is not None and pool.fits(spec) else None
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
+            usage = self._unlink(op, link)
             self.records.record(op, source, record_spec, started, None,
-                                {"error": getattr(exc, "code", "error"), "message": str(exc)})
+                                {"error": getattr(exc, "code", "error"), "message": str(exc),
+                                 **({"usage": {"network": usage}} if link is not None else {})})
             raise
+        if link is not None:
+            outcome.usage["network"] = self._unlink(op, link)
         try:
             rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable)
         finally:
@@ -95,6 +114,13 @@ class RunOps:
         if branch is not None and result is not None:
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec
+
+    def _unlink(self, op: str, link) -> dict:
+        """Release a run's link: its final usage counters ({} without one)."""
+        if link is None:
+            return {}
+        link.close()
+        return self.egress.release(op)
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
                     disposable: bool) -> tuple[RunRecord, str | None]:

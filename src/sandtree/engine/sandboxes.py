@@ -41,16 +41,18 @@ from .process import LiveProcess
 from .records import Records
 from .sandbox_files import SandboxFiles
 from .sandbox_lifetime import SandboxLifetime
+from .sandbox_network import SandboxNetwork
 from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, check_labels, labels_match
+from .netopts import attach_link, network_option
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
 
-class Sandboxes(SandboxFiles, SandboxLifetime):
+class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier):
         self.store, self.specs, self.records, self.committer = store, specs, records, committer
@@ -61,6 +63,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
         # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
         # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
         self.unlink = lambda sid: None
+        self.egress = lambda: None                  # () -> the engine's Egress (network= sandboxes)
+        self.read_image = lambda image, path: b""   # the engine's read (an image's CA bundle)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
 
@@ -164,6 +168,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
     def _retire(self, row: dict, state: str) -> None:
         self.ahead.forget(row["id"])
         self.live.stop(row["handle"])
+        self.release_link(row)
         self._set_state(row["id"], state)
 
     def info(self, sid: str) -> dict:
@@ -177,7 +182,9 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
                 "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
-                "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {})}
+                "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
+                "network": row["spec"].get("network"), **({"secrets": row["spec"]["secrets"]}
+                                                         if row["spec"].get("secrets") else {})}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         """Live sandboxes (all=True: also the stopped ones; labels: only those carrying every one
@@ -193,9 +200,10 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
     def start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              labels: dict | None = None, **limits) -> dict:
+              labels: dict | None = None, network=None, secrets: dict | None = None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
-        idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost)."""
+        idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost).
+        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops."""
         if (tier or self.default_tier()) != "namespaces":
             raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
         ok, why = self.live.available()
@@ -213,6 +221,10 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
+        net = network_option(self.store.db, source, network, secrets)
+        if net.policy is not None and idle_action == "hibernate":
+            raise Conflict("a sandbox with a network policy cannot hibernate (CRIU cannot restore its link: a "
+                           "network namespace the egress daemon owns); use idle_action 'stop'")
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
         injected = self.specs.files(files, file_set)
@@ -222,13 +234,26 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
                        prepare_changes=self.specs.injector(source, injected))
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
-        with self.store.using():                   # gc keeps the layers of running sandboxes (below)
-            handle = self.live.start(spec, lifetime)
         sid = uuid.uuid4().hex
+        link = None
+        if net.policy is not None:
+            link, spec.runtime_files, extra = attach_link(self.egress(), sid, net, lambda p: self.read_image(source, p))
+            spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
+        try:
+            with self.store.using():               # gc keeps the layers of running sandboxes (below)
+                handle = self.live.start(spec, lifetime)
+        except BaseException:
+            self._unlink_net(sid, link)
+            raise
+        finally:
+            if link is not None:
+                link.close()                       # (the sandbox's processes hold the namespace)
         now = time.time()
-        record = {"env": {**DEFAULT_ENV, **user_env}, "masked_env": mask_env(user_env), "cwd": cwd,
+        record = {"env": {**DEFAULT_ENV, **user_env, **{k: v for k, v in spec.env.items() if k not in DEFAULT_ENV}},
+                  "masked_env": mask_env(user_env), "cwd": cwd,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {})}
+                  "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {}),
+                  **net.record()}
         try:
             with self.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
@@ -237,8 +262,13 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
                              idle_timeout, now + lifetime, source))
         except BaseException:
             self.live.stop(handle)
+            self._unlink_net(sid, link)
             raise
         return self.info(sid)
+
+    def _unlink_net(self, sid: str, link) -> dict:
+        """Release a network= sandbox's link (at stop or when it is gone): its final usage."""
+        return self.egress().release(sid) if link is not None else {}
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
@@ -248,6 +278,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
             row = self._row(row["id"])
             self._ours(row)
             self.live.stop(row["handle"])
+            self.release_link(row)
             if row["state"] in ("running", "hibernated"):
                 self._set_state(row["id"], "stopped")
             shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only
@@ -369,6 +400,9 @@ class Sandboxes(SandboxFiles, SandboxLifetime):
             raise RuntimeUnavailable(why)
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
+        if row["spec"].get("network"):
+            raise Conflict(f"sandbox {sid[:12]} has a network policy: it cannot hibernate (CRIU cannot restore "
+                           "its link, a network namespace the egress daemon owns)", sandbox=sid)
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.ahead.forget(sid)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import defaults as D
+from .. import defaults as D, vocabulary
 from ..errors import InvalidInput
 
 
@@ -29,6 +29,11 @@ class FileIn(In):
     mode: int = 0o644
     uid: int = 0
     gid: int = 0
+
+
+# network=: off/all/inherit or a comma list (text), true/false, a rule list, {allow_out, deny_out}
+NetworkIn = bool | str | list[str] | dict[str, list[str] | None] | None
+SecretsIn = dict[str, dict[str, str | list[str]]] | None
 
 
 class RunOptionsIn(In):
@@ -49,6 +54,8 @@ class RunOptionsIn(In):
     output: str | int | None = None
     tier: str | None = None
     labels: dict[str, str] = Field({}, description="names and values kept with the run (its operation's spec)")
+    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
+    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
 
 
 class RunIn(RunOptionsIn):
@@ -83,6 +90,8 @@ class StartIn(In):
     disk: str | int | None = None
     output: str | int | None = None
     labels: dict[str, str] = Field({}, description="names and values kept with the sandbox (list filters by them)")
+    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
+    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
 
 
 class ExecIn(In):
@@ -109,6 +118,10 @@ class PoolIn(In):
     hostname: str = D.HOSTNAME
     wait: bool = Field(False, description="answer once the pool is full")
     wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
+
+
+class NetworkSetIn(In):
+    network: NetworkIn = Field(description=vocabulary.PARAMS["network"])
 
 
 class TimeoutIn(In):

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import InvalidInput, SandtreeError
-from .models import CommitIn, ExecIn, PoolIn, StartIn, TimeoutIn, stdin_bytes
+from .models import CommitIn, ExecIn, NetworkSetIn, PoolIn, StartIn, TimeoutIn, stdin_bytes
 from .plumbing import Plumbing
 
 
@@ -140,6 +140,11 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
     async def set_sandbox_timeout(sid: str, body: TimeoutIn) -> dict:
         """The sandbox now stops `timeout` seconds from now (E2B's set_timeout)."""
         return await call(engine.sandbox_set_timeout, sid, body.timeout)
+
+    @router.post("/api/v1/sandboxes/{sid}/network")
+    async def set_sandbox_network(sid: str, body: NetworkSetIn) -> dict:
+        """Replace the live sandbox's network policy (connections it now forbids are cut)."""
+        return await call(engine.sandbox_set_network, sid, body.network)
 
     @router.get("/api/v1/sandboxes/{sid}/ls")
     async def list_sandbox_dir(sid: str, path: str = "/") -> list[dict]:

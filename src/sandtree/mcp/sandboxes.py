@@ -13,13 +13,14 @@ def register(t: Toolkit) -> None:
     @t.tool
     def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
                       cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
-                      idle_action: str = "stop", labels: dict[str, str] | None = None) -> dict:
+                      idle_action: str = "stop", labels: dict[str, str] | None = None,
+                      network: bool | str | list[str] | dict | None = None) -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
         idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
         return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
                                     idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action,
-                                    labels=labels)
+                                    labels=labels, network=network)
 
     @t.tool
     def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
@@ -54,6 +55,12 @@ def register(t: Toolkit) -> None:
     def sandbox_resume(sandbox_id: str) -> dict:
         """Resume a hibernated live sandbox: the same processes continue with the same memory and files."""
         return engine.sandbox_resume(sandbox_id)
+
+    @t.tool
+    def sandbox_set_network(sandbox_id: str, network: bool | str | list[str] | dict | None = None) -> dict:
+        """Replace a live sandbox's network policy (it must have been started with one); connections
+        the new policy forbids are cut."""
+        return engine.sandbox_set_network(sandbox_id, network)
 
     @t.tool
     def sandbox_list(all: bool = False, labels: dict[str, str] | None = None) -> list[dict]:

@@ -13,89 +13,38 @@ link's resolver answered with that address. A refusal closes the connection (HTT
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import ipaddress
+import os
+import select
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
 import struct
 
 from . import intercept, netns
 from .nft import PROXY_PORT
 from .policy import Verdict
+from .sniff import SNIFF_BYTES, http_host, sni
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "sni", "http_host", "CHUNK", "DIAL_SECONDS", "SNIFF_BYTES",
+__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "PIPE_SIZE",
+           "F_SETPIPE_SZ", "BULK_BYTES", "BULK_THREADS", "DIAL_SECONDS",
            "SNIFF_SECONDS", "SO_ORIGINAL_DST"]
 
 SO_ORIGINAL_DST = 80
-SNIFF_BYTES = 16384          # what a ClientHello or an HTTP head may take
 SNIFF_SECONDS = 2.0
-CHUNK = 1 << 18              # relay reads: large, the copy is what a download costs
+CHUNK = 1 << 18              # stream buffers of intercepted connections
+PIPE_SIZE = 1 << 20          # relay pipes: large, fewer splices per megabyte
+F_SETPIPE_SZ = 1031
+BULK_BYTES = 8 << 20          # a direction past this is a bulk transfer (see _splice)
+BULK_THREADS = 16
+_POOL = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="egress-bulk")
+_BULK = threading.Semaphore(BULK_THREADS)
 DIAL_SECONDS = 10.0
 
 
-# ---- what the first bytes say --------------------------------------------------------------
-def sni(data: bytes) -> str | None | bool:
-    """The server name of a TLS ClientHello in `data`; False: more bytes needed; None: none."""
-    if len(data) < 5:
-        return False
-    if data[0] != 22:                                        # not a handshake record
-        return None
-    body = bytearray()
-    pos = 0
-    while len(body) < 4 or len(body) < 4 + int.from_bytes(body[1:4], "big"):
-        if len(data) < pos + 5:
-            return False
-        if data[pos] != 22:
-            return None
-        n = int.from_bytes(data[pos + 3:pos + 5], "big")
-        if len(data) < pos + 5 + n:
-            return False
-        body += data[pos + 5:pos + 5 + n]
-        pos += 5 + n
-    if body[0] != 1:                                          # not a ClientHello
-        return None
-    try:
-        p = 4 + 2 + 32                                        # header, version, random
-        p += 1 + body[p]                                      # session id
-        p += 2 + int.from_bytes(body[p:p + 2], "big")         # cipher suites
-        p += 1 + body[p]                                      # compression methods
-        end = p + 2 + int.from_bytes(body[p:p + 2], "big")
-        p += 2
-        while p + 4 <= end:
-            kind, n = int.from_bytes(body[p:p + 2], "big"), int.from_bytes(body[p + 2:p + 4], "big")
-            p += 4
-            if kind == 0:                                     # server_name: list of (type, name)
-                q = p + 2
-                while q + 3 <= p + n:
-                    t, m = body[q], int.from_bytes(body[q + 1:q + 3], "big")
-                    if t == 0:
-                        return bytes(body[q + 3:q + 3 + m]).decode("ascii").lower().rstrip(".")
-                    q += 3 + m
-                return None
-            p += n
-    except (IndexError, UnicodeDecodeError):
-        return None
-    return None
-
-
-def http_host(data: bytes) -> str | None | bool:
-    """The Host of an HTTP/1.x request head in `data`; False: more bytes needed; None: none."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return False if len(data) < SNIFF_BYTES else None
-    lines = data[:end].split(b"\r\n")
-    if len(lines[0].split(b" ")) != 3 or not lines[0].split(b" ")[2].startswith(b"HTTP/1."):
-        return None
-    for line in lines[1:]:
-        k, sep, v = line.partition(b":")
-        if sep and k.strip().lower() == b"host":
-            host = v.strip().decode("latin-1").lower()
-            if host.startswith("["):
-                return host[1:host.find("]")] if "]" in host else None
-            return host.rsplit(":", 1)[0].rstrip(".") if host.count(":") == 1 else host.rstrip(".")
-    return None
-
-
-async def _sniff(reader: asyncio.StreamReader, port: int) -> tuple[bytes, str | None]:
+async def _sniff(sock: socket.socket, port: int) -> tuple[bytes, str | None]:
     parse = sni if port == 443 else http_host
     data = b""
     loop = asyncio.get_running_loop()
@@ -105,7 +54,7 @@ async def _sniff(reader: asyncio.StreamReader, port: int) -> tuple[bytes, str | 
         if left <= 0:
             break
         try:
-            more = await asyncio.wait_for(reader.read(SNIFF_BYTES - len(data)), left)
+            more = await asyncio.wait_for(loop.sock_recv(sock, SNIFF_BYTES - len(data)), left)
         except asyncio.TimeoutError:
             break
         if not more:
@@ -119,24 +68,28 @@ async def _sniff(reader: asyncio.StreamReader, port: int) -> tuple[bytes, str | 
 
 # ---- connections ----------------------------------------------------------------------------
 class Connection:
-    """One proxied connection: what it was decided on (recheck re-decides it) and its sockets."""
+    """One proxied connection: what it was decided on (recheck re-decides it) and how to cut it."""
 
-    def __init__(self, link: LinkState, names: list[str], ip, port: int, by_name: bool, writers, own):
+    def __init__(self, link: LinkState, names: list[str], ip, port: int, by_name: bool, own):
         self.link, self.dest_names, self.ip, self.port, self.own = link, names, ip, port, own
         self.by_name = by_name           # dialled by a name the sandbox gave (SNI/Host)
-        self.writers = writers
+        self.sockets: list[socket.socket] = []
+        self.writers: list[asyncio.StreamWriter] = []
         self.closed = False
 
     def close(self) -> None:
+        """Cut both ends; the relay notices (its reads end) and frees the sockets."""
         self.closed = True
-        for w in self.writers:
+        for s in self.sockets:
             try:
-                w.transport.abort()
-            except Exception:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
+        for w in self.writers:
+            w.transport.abort()
 
 
-def _verdict(link: LinkState, names, ip, port, own):
+def _verdict(link: LinkState, names, ip, port, own) -> Verdict:
     if link.policy is None:
         return Verdict(False, "this sandbox has no network")
     return link.policy.connect(names, ip, port, own)
@@ -148,46 +101,163 @@ def recheck(link: LinkState) -> int:
     for c in list(link.conns):
         if c.closed:
             continue
-        v = _verdict(link, c.dest_names, c.ip, c.port, c.own)
-        if not v.allowed:
+        if not _verdict(link, c.dest_names, c.ip, c.port, c.own).allowed:
             c.close()
             link.conns.discard(c)
             cut += 1
     return cut
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: LinkState,
-                out: bool) -> None:
-    usage = link.usage
+class _Ready:
+    """Readiness of one fd for one direction. Registered only while waited for: epoll is
+    level-triggered, so a registration left in place while the relay waits on the other side
+    (a slow reader) would wake the loop on every turn."""
+
+    def __init__(self, loop, fd: int, write: bool):
+        self.loop, self.fd, self.write = loop, fd, write
+
+    async def wait(self) -> None:
+        fut = self.loop.create_future()
+        add, remove = ((self.loop.add_writer, self.loop.remove_writer) if self.write
+                       else (self.loop.add_reader, self.loop.remove_reader))
+        add(self.fd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            remove(self.fd)
+
+    def close(self) -> None:
+        pass
+
+
+def _cut(*socks: socket.socket) -> None:
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _splice_thread(src: socket.socket, dst: socket.socket, r: int, w: int, flush) -> None:
+    """The bulk of a long transfer, off the event loop: the same splices, waiting in poll()
+    (the sockets stay non-blocking: the loop may still serve the other direction). Counts go to
+    the loop every BULK_BYTES (`flush`: the link's counters belong to the loop's thread)."""
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    pin, pout = select.poll(), select.poll()
+    pin.register(src.fileno(), select.POLLIN)
+    pout.register(dst.fileno(), select.POLLOUT)
+    moved = 0
     try:
         while True:
-            data = await reader.read(CHUNK)
-            if not data:
+            try:
+                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
+            except BlockingIOError:
+                pin.poll()
+                continue
+            if n == 0:
                 break
-            if out:
-                usage.bytes_out += len(data)
-            else:
-                usage.bytes_in += len(data)
-            writer.write(data)
-            if writer.transport.get_write_buffer_size() > CHUNK:
-                await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError, asyncio.CancelledError, RuntimeError):
-        writer.transport.abort()
+            moved += n
+            if moved >= BULK_BYTES:
+                flush(moved)
+                moved = 0
+            while n:
+                try:
+                    n -= os.splice(r, dst.fileno(), n, flags=flags)
+                except BlockingIOError:
+                    pout.poll()
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        _cut(src, dst)
+    finally:
+        flush(moved)
 
 
-async def _refuse(link: LinkState, writer, host: str, port: int, reason: str, http: bool) -> None:
-    link.usage.refuse(host, port, reason)
+async def _splice(src: socket.socket, dst: socket.socket, count) -> None:
+    """Move src's bytes to dst through a pipe (splice: the pages are passed, not copied through
+    this process) until src ends; then end dst's sending side. A transfer past BULK_BYTES goes on
+    in a thread of BULK_THREADS (measured: the loop's wake-ups cost ~0.2 s of CPU a GB)."""
+    loop = asyncio.get_running_loop()
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    readable = writable = None
+    moved = 0
     try:
-        if http:
-            body = f"sandtree egress refused {host}:{port}: {reason}\n".encode()
-            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
-            await asyncio.wait_for(writer.drain(), 2)
-    except (ConnectionError, OSError, asyncio.TimeoutError):
+        try:
+            fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass                                  # the default (64 KiB) still works
+        readable = _Ready(loop, src.fileno(), False)
+        while True:
+            if moved >= BULK_BYTES and _BULK.acquire(blocking=False):
+                readable.close()
+                readable = None
+                if writable is not None:
+                    writable.close()
+                    writable = None
+                try:
+                    job = loop.run_in_executor(_POOL, _splice_thread, src, dst, r, w,
+                                               lambda n: loop.call_soon_threadsafe(count, n))
+                    try:
+                        await asyncio.shield(job)
+                    except asyncio.CancelledError:
+                        _cut(src, dst)           # the thread ends; its fds are closed after it
+                        await asyncio.wait([job])
+                        raise
+                finally:
+                    _BULK.release()
+                return
+            try:
+                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
+            except BlockingIOError:
+                await readable.wait()
+                continue
+            if n == 0:
+                break
+            count(n)
+            moved += n
+            while n:
+                try:
+                    n -= os.splice(r, dst.fileno(), n, flags=flags)
+                except BlockingIOError:
+                    if writable is None:         # a slow reader: from now on registered
+                        writable = _Ready(loop, dst.fileno(), True)
+                    await writable.wait()
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:                               # a reset or a cut: end both ways
+        _cut(src, dst)
+    finally:
+        for ready in (readable, writable):
+            if ready is not None:
+                ready.close()
+        os.close(r)
+        os.close(w)
+
+
+async def _relay(link: LinkState, client: socket.socket, up: socket.socket) -> None:
+    usage = link.usage
+
+    def out(n):
+        usage.bytes_out += n
+
+    def into(n):
+        usage.bytes_in += n
+    await asyncio.gather(_splice(client, up, out), _splice(up, client, into))
+
+
+async def _refuse(link: LinkState, sock: socket.socket, host: str, port: int, reason: str,
+                  http: bool) -> None:
+    link.usage.refuse(host, port, reason)
+    if not http:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))    # a reset
+        return
+    body = f"sandtree egress refused {host}:{port}: {reason}\n".encode()
+    head = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, head + body), 2)
+        sock.shutdown(socket.SHUT_WR)
+    except (OSError, asyncio.TimeoutError):
         pass
-    writer.transport.abort() if not http else writer.close()
 
 
 def _original_dst(sock: socket.socket):
@@ -196,77 +266,123 @@ def _original_dst(sock: socket.socket):
     return ipaddress.IPv4Address(raw[4:8]), port
 
 
-async def _handle(reader, writer, links, upstream) -> None:
-    sock = writer.get_extra_info("socket")
-    link = links(writer.get_extra_info("sockname")[0])
+async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, own):
+    """(names, ip to dial, by_name, verdict)."""
+    if not name:
+        names = sorted(link.names.get(str(ip), ()))
+        return names, ip, False, _verdict(link, names, ip, port, own)
+    names = [name]
+    if link.policy.resolves(name).allowed:
+        # dial THE NAME: what the sandbox connected to (its /etc/hosts, a rebinding answer) is ignored
+        ips = await upstream.resolve(name)
+        verdicts = [(i, link.policy.connect(names, i, port, own)) for i in ips]
+        for i, v in verdicts:
+            if v.allowed:
+                return names, i, True, v
+        return names, ip, True, verdicts[0][1] if verdicts else Verdict(False, f"{name} does not resolve")
+    # a name outside the name rules: only a network rule naming the address may allow it
+    verdict = link.policy.connect(names, ip, port, own)
+    if verdict.allowed and not any(r.kind == "net" and r.port_ok(port) and r.addr_ok(ip)
+                                   for r in link.policy.allow):
+        verdict = link.policy.resolves(name)
+    return names, ip, False, verdict
+
+
+async def _handle(client: socket.socket, links, upstream) -> None:
+    loop = asyncio.get_running_loop()
+    link = links(client.getsockname()[0])
     if link is None:
-        writer.transport.abort()
         return
     try:
-        ip, port = _original_dst(sock)
+        ip, port = _original_dst(client)
     except OSError:
-        writer.transport.abort()
         return
     own = upstream.own_addresses()
     first, name = b"", None
     if port in (80, 443) and link.policy is not None:
-        first, name = await _sniff(reader, port)
-    http = port == 80 and name is not None
-    by_name = False
-    if name:
-        names = [name]
-        if link.policy.resolves(name).allowed:
-            by_name = True
-            ips = await upstream.resolve(name)
-            verdicts = [(i, link.policy.connect(names, i, port, own)) for i in ips]
-            ok = [(i, v) for i, v in verdicts if v.allowed]
-            if ok:
-                ip, verdict = ok[0]
-            elif verdicts:
-                verdict = verdicts[0][1]
-            else:
-                verdict = Verdict(False, f"{name} does not resolve")
-        else:                    # a name outside the name rules: only a network rule may allow it
-            verdict = link.policy.connect(names, ip, port, own)
-            if verdict.allowed and not any(r.kind == "net" and r.port_ok(port) and r.addr_ok(ip)
-                                           for r in link.policy.allow):
-                verdict = link.policy.resolves(name)
-    else:
-        names = sorted(link.names.get(str(ip), ()))
-        verdict = _verdict(link, names, ip, port, own)
+        first, name = await _sniff(client, port)
+    names, ip, by_name, verdict = await _decide(link, name, ip, port, upstream, own)
     host = names[0] if names else str(ip)
     if not verdict.allowed:
-        await _refuse(link, writer, host, port, verdict.reason, http)
+        await _refuse(link, client, host, port, verdict.reason, port == 80 and name is not None)
         return
     link.usage.allow(host)
-
-    async def dial():
-        return await upstream.open_connection(ip, port, timeout=DIAL_SECONDS)
-
-    conn = Connection(link, names, ip, port, by_name, [writer], own)
+    conn = Connection(link, names, ip, port, by_name, own)
+    conn.sockets.append(client)
     link.conns.add(conn)
     try:
-        if name and port in (80, 443) and intercept.wants(link, name, port):
-            await intercept.handle(link, name, port, (reader, writer), first, dial,
+        if name and intercept.wants(link, name, port):
+            streams = await asyncio.open_connection(sock=client.dup(), limit=CHUNK)
+            conn.writers.append(streams[1])
+            await intercept.handle(link, name, port, streams, first,
+                                   lambda: upstream.open_connection(ip, port, timeout=DIAL_SECONDS),
                                    upstream.tls_context() if port == 443 else None)
             return
         try:
-            ur, uw = await dial()
+            up = await upstream.connect(ip, port, timeout=DIAL_SECONDS)
         except (OSError, asyncio.TimeoutError):
-            writer.transport.abort()
             return
-        conn.writers.append(uw)
-        if first:
-            uw.write(first)
-            link.usage.bytes_out += len(first)
-        await asyncio.gather(_pump(reader, uw, link, True), _pump(ur, writer, link, False))
-        uw.close()
+        try:
+            conn.sockets.append(up)
+            if first:
+                await loop.sock_sendall(up, first)
+                link.usage.bytes_out += len(first)
+            if not conn.closed:
+                await _relay(link, client, up)
+        finally:
+            up.close()
     finally:
         link.conns.discard(conn)
-        writer.close()
 
 
-async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -> asyncio.AbstractServer:
+class ProxyServer:
+    """The listening proxy (what asyncio.start_server's server offers callers: close, wait_closed,
+    sockets); closing it stops accepting and cuts the connections in flight."""
+
+    def __init__(self, sock: socket.socket, links, upstream):
+        self.sockets = [sock]
+        self._task = asyncio.ensure_future(self._accept(sock, links, upstream))
+        self._tasks: set[asyncio.Task] = set()
+
+    async def _accept(self, sock, links, upstream) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, _ = await loop.sock_accept(sock)
+            except OSError:
+                if sock.fileno() < 0:
+                    return
+                await asyncio.sleep(0.1)        # out of fds, for one: keep serving once it passes
+                continue
+            client.setblocking(False)
+            t = loop.create_task(self._one(client, links, upstream))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _one(client, links, upstream) -> None:
+        try:
+            await _handle(client, links, upstream)
+        except (OSError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        self._task.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        for s in self.sockets:
+            s.close()
+
+    def is_serving(self) -> bool:
+        return not self._task.done()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self._task, *self._tasks, return_exceptions=True)
+
+
+async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -> ProxyServer:
     """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None."""
     with netns.entered(router_fd):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -278,10 +394,4 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -
     except BaseException:
         s.close()
         raise
-    async def _guarded(reader, writer):
-        try:
-            await _handle(reader, writer, links, upstream)
-        except (ConnectionError, OSError, asyncio.IncompleteReadError):
-            writer.transport.abort()
-
-    return await asyncio.start_server(_guarded, sock=s, limit=CHUNK)
+    return ProxyServer(s, links, upstream)

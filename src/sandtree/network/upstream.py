@@ -59,14 +59,22 @@ class Upstream:
         s.setblocking(False)
         return s
 
-    async def open_connection(self, ip, port: int, *, ssl=None, server_hostname=None, timeout=10.0,
-                              limit: int = 1 << 18):
+    async def connect(self, ip, port: int, *, timeout=10.0) -> socket.socket:
+        """A non-blocking TCP socket connected to ip:port from the upstream namespace."""
         ip = ipaddress.ip_address(str(ip))
         s = self.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET)
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            loop = asyncio.get_running_loop()
-            await asyncio.wait_for(loop.sock_connect(s, (str(ip), port)), timeout)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, (str(ip), port)), timeout)
+            return s
+        except BaseException:
+            s.close()
+            raise
+
+    async def open_connection(self, ip, port: int, *, ssl=None, server_hostname=None, timeout=10.0,
+                              limit: int = 1 << 18):
+        s = await self.connect(ip, port, timeout=timeout)
+        try:
             return await asyncio.wait_for(asyncio.open_connection(
                 sock=s, ssl=ssl, server_hostname=server_hostname if ssl else None, limit=limit), timeout)
         except BaseException:

@@ -111,8 +111,10 @@ class TenantGate:
         info["op"] = m.group(1) if m else None
 
         async def send_logged(message):
-            if message["type"] == "http.response.start":
+            if message["type"] in ("http.response.start", "websocket.http.response.start"):
                 info["status"] = message["status"]
+            elif message["type"] == "websocket.accept":
+                info["status"] = 101
             elif message["type"] == "http.response.body" and info["op"] is None and path.endswith("/runs"):
                 m = OP_IN_BODY.match(message.get("body", b"")[:64])
                 if m:

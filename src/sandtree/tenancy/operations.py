@@ -49,8 +49,8 @@ class TenantOperations:
         return op
 
     def submit_run(self, ref: str, command, **options) -> str:    # rule: run slots, its branch advances
-        opts = self.view.run_options(options)
         target = self.view.target_of(ref)
+        opts = self.view.run_options(options, image=target)
         branch = self.view.branch_of(ref)
         source = self.view.head_of(branch) if branch is not None else target
         # one tenant's submissions are counted and recorded one at a time, so two cannot both

@@ -12,6 +12,7 @@ import time
 from ..values import parse_size
 from .. import defaults as D
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, Unauthorized
+from ..network.policy import Grant
 from ..store.db import dumps
 from .admin import AdminView
 from .tenant import (
@@ -49,9 +50,11 @@ class Tenancy:
             self._configured = self.db.one("SELECT 1 FROM tokens LIMIT 1") is not None
         return self._configured
 
-    def create_token(self, tenant: str, scopes=None, **limits) -> dict:
+    def create_token(self, tenant: str, scopes=None, network=None, **limits) -> dict:
+        """network: what the token's runs may reach (Grant.parse: off (default), all, any, rules)."""
         check_tenant_name(tenant)
         scopes = parse_scopes(scopes)
+        grant = Grant.parse(network)
         token_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
         now = time.time()
@@ -59,10 +62,14 @@ class Tenancy:
             self._set_limits(con, tenant, limits, now)
             con.execute("INSERT INTO tokens(id, tenant, hash, scopes, created, revoked) VALUES(?,?,?,?,?,NULL)",
                         (token_id, tenant, token_hash(secret), ",".join(scopes), now))
+            if grant.to_json() is not None:
+                con.execute("INSERT INTO token_network(token, grant_json) VALUES(?,?)",
+                            (token_id, dumps(grant.to_json())))
         self.record(OPERATOR, "token create", detail={"subject_token": token_id, "for": tenant,
-                                                                         "scopes": list(scopes)})
+                                                                         "scopes": list(scopes),
+                                                                         "network": grant.to_json()})
         return {"token": f"stk_{token_id}_{secret}", "id": token_id, "tenant": tenant, "scopes": list(scopes),
-                "limits": self.limits(tenant)}
+                "limits": self.limits(tenant), "network": grant.to_json()}
 
     def _set_limits(self, con, tenant: str, limits: dict, now: float) -> None:
         unknown = set(limits) - set(LIMIT_KEYS)
@@ -118,7 +125,9 @@ class Tenancy:
         ok = hmac.compare_digest(row[1] if row else "0" * 64, token_hash(m.group(2)) if m else "")
         if not m or row is None or not ok or row[3] is not None:
             raise Unauthorized("invalid or revoked token")
-        return Tenant(row[0], tuple(row[2].split(",")), self.limits(row[0]), m.group(1))
+        grant = self.db.one("SELECT grant_json FROM token_network WHERE token=?", (m.group(1),))
+        return Tenant(row[0], tuple(row[2].split(",")), self.limits(row[0]), m.group(1),
+                      Grant.parse(json.loads(grant[0])) if grant else Grant())
 
     def operator_view(self):
         """The whole engine as its operator uses it (a server without tokens): nothing filtered,

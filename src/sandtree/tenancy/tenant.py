@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass, field
 
 from ..errors import Forbidden, InvalidInput
+from ..network.policy import Grant
 
 SCOPES = ("import", "run", "list", "cancel", "tag")
 ALL_SCOPES = SCOPES + ("admin",)
@@ -39,6 +40,7 @@ class Tenant:
     scopes: tuple[str, ...] = SCOPES
     limits: dict = field(default_factory=dict)
     token: str | None = None              # the token id it authenticated with
+    network: Grant = Grant()              # the network policies its runs and sandboxes may ask for
 
     @property
     def admin(self) -> bool:
@@ -68,7 +70,7 @@ def parse_scopes(scopes) -> tuple[str, ...]:
 
 # Who the audit names for the store's own operator (CLI on the server, the in-process engine):
 # the same name whoami() gives an unscoped engine.
-OPERATOR = Tenant("local", ALL_SCOPES)
+OPERATOR = Tenant("local", ALL_SCOPES, network=Grant(any=True))
 
 
 

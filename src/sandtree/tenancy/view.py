@@ -15,6 +15,7 @@ from .. import table
 from ..branching import lineage
 from ..branching.fork import fan_out, refuse_fork_options
 from ..branching.merge import check_on_conflict, conflict_outcome
+from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
 from ..store.names import check_tag
@@ -60,15 +61,28 @@ class TenantView(TenantSight):
             return "branch:" + self.ns_name(branch)
         return self.resolve(ref)
 
-    def run_options(self, options: dict, keys=None) -> dict:
-        """Uploads and file sets must be this tenant's; resources within its limits."""
+    def run_options(self, options: dict, keys=None, image: str | None = None) -> dict:
+        """Uploads and file sets must be this tenant's; resources within its limits; a network
+        policy (on `image`, for inherit) within its token's grant."""
         if "op_id" in options:
             raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
         opts = dict(options)
+        self.check_network(opts.get("network"), image)
         self._check_files(opts.get("files"))
         if opts.get("file_set") is not None:
             self._own_blob("file_set", opts["file_set"])
         return capped(self.tenant.limits, self.engine.default_limits, opts, keys)
+
+    def check_network(self, value, image: str | None) -> None:
+        """Forbidden (naming the rule) for a policy beyond the token's grant; admin: any."""
+        if value is None or value is False or self.tenant.admin:
+            return
+        if isinstance(value, str) and value.strip().lower() == "inherit":
+            value = lineage.recorded_network(self.db, image) if image else None
+        policy = Policy.from_value(value)
+        why = policy.within(self.tenant.network) if policy is not None else None
+        if why:
+            raise Forbidden(why, grant=self.tenant.network.to_json())
 
     def audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
         self._audit("run", image=source, op=op,
@@ -193,8 +207,8 @@ class TenantView(TenantSight):
 
     # ---- runs and sandboxes -------------------------------------------------------------------
     def run(self, ref: str, command, **options):    # rule: run slots (max_runs), its branch advances
-        opts = self.run_options(options)
         target = self.target_of(ref)
+        opts = self.run_options(options, image=target)
         branch = self.branch_of(ref)
         source = self.head_of(branch) if branch is not None else target
         op = uuid.uuid4().hex
@@ -216,14 +230,14 @@ class TenantView(TenantSight):
         # claims, audit, branch names), each checked first within the tenant's limits
         refuse_fork_options(options)
         source = self.resolve(ref)
-        opts = self.run_options(options)
+        opts = self.run_options(options, image=source)
         return fan_out(self.operations, commands, parallel,
                        check=lambda c: self.engine.run_operation(source, c, check_only=True, **opts),
                        submit=lambda c: self.operations.submit_run(source, c, **options))
 
     def sandbox_start(self, ref: str, **options) -> dict:     # rule: max_sandboxes; the sandbox is its own
-        opts = self.run_options(options)
         source = self.resolve(ref)
+        opts = self.run_options(options, image=source)
         cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
         with self.tenancy.tenant_lock(self.tenant.name):
             if len(self.sandbox_list()) >= cap:
@@ -246,6 +260,13 @@ class TenantView(TenantSight):
             self.tag(image, tag)
         self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
         return image
+
+    def sandbox_set_network(self, sid: str, network) -> dict:     # rule: its own sandbox, within its grant
+        full = self._sandbox(sid)
+        self.check_network(network, self.engine.sandbox_info(full)["image"])
+        info = self.engine.sandbox_set_network(full, network)
+        self._audit("sandbox set network", detail={"sandbox": full, "network": info["network"]})
+        return info
 
     def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:   # rule: its own
         mine = {r[0] for r in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox'",

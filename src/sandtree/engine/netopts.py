@@ -1,0 +1,70 @@
+"""A run's or live sandbox's network option (issue 14): the `network=` value as a Policy ("inherit":
+the policy recorded on the run that produced the image), its secrets, and the link the egress
+daemon gives it -- what the RunSpec gets (the link's namespace, resolv.conf, the CA bundle, the
+secrets' placeholders in the env) and what the records keep (the canonical policy, secrets by name
+and hosts only, never a value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..branching.lineage import recorded_network
+from ..errors import InvalidInput, NotFound
+from ..network.policy import Policy
+from ..network.trust import IMAGE_BUNDLES, RUNTIME_PATH, bundle, parse_secrets, sandbox_env
+
+__all__ = ["NetOption", "network_option", "inherited_policy", "attach_link"]
+
+
+@dataclass
+class NetOption:
+    policy: Policy | None
+    secrets: list = field(default_factory=list)
+
+    def record(self) -> dict:
+        """What the operation's (or sandbox's) spec keeps: empty for no network."""
+        if self.policy is None:
+            return {}
+        out = {"network": self.policy.to_json(), "hermetic": False}
+        if self.secrets:
+            out["secrets"] = {s.name: {"hosts": list(s.hosts)} for s in self.secrets}
+        return out
+
+
+def inherited_policy(db, image: str) -> Policy | None:
+    """The policy recorded on the run that produced `image` (its lineage operation); None (off)
+    for an image no networked run made."""
+    return Policy.from_json(recorded_network(db, image))
+
+
+def network_option(db, image: str, network, secrets, *, host_files: bool = False) -> NetOption:
+    """network= and secrets= as a run or start receives them; InvalidInput for bad values (nothing
+    is read or started before this returns)."""
+    if isinstance(network, str) and network.strip().lower() == "inherit":
+        policy = inherited_policy(db, image)
+    else:
+        policy = Policy.from_value(network)
+    parsed = parse_secrets(secrets or None, host_files=host_files)
+    if parsed and policy is None:
+        raise InvalidInput("secrets need a network policy that reaches their hosts (network=...)")
+    return NetOption(policy, parsed)
+
+
+def attach_link(egress, key: str, net: NetOption, read_image):
+    """Ask the egress daemon for `key`'s link; (link, runtime_files, env additions).
+    read_image(path) -> bytes of the image's file (NotFound when it has none)."""
+    link = egress.attach(key, net.policy, net.secrets or None)
+    files = {"/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()}
+    env = dict(link.placeholders)
+    if link.ca_pem:
+        image_bundle = None
+        for path in IMAGE_BUNDLES:
+            try:
+                image_bundle = read_image(path)
+                break
+            except (NotFound, InvalidInput, OSError):
+                continue
+        files[RUNTIME_PATH] = bundle(link.ca_pem, image_bundle)
+        env.update(sandbox_env(RUNTIME_PATH))
+    return link, files, env
