@@ -636,3 +636,26 @@ def test_a_killed_owner_leaves_no_link(eg):
     while "owned" in {l["key"] for l in eg.list()} and time.monotonic() < end:
         time.sleep(0.2)
     assert "owned" not in {l["key"] for l in eg.list()}
+
+
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+@pytest.mark.parametrize("kind", ["none", "link"])
+def test_an_image_without_a_regular_resolv_conf_gets_no_bind(eg, eng, tmp_path, tier, kind):
+    root = make_rootfs(str(tmp_path / "root"))
+    if kind == "link":             # a link across a mount: never bound; it resolves in the sandbox
+        os.symlink("/dev/sandtree/resolv.conf", os.path.join(root, "etc", "resolv.conf"))
+    image = eng.import_path(root)
+    link = eg.attach(f"nb-{tier}-{kind}", None)
+    try:
+        spec = spec_for(eng, image, "cat /etc/resolv.conf; echo r=$?; cat /dev/sandtree/resolv.conf",
+                        netns_fd=link.netns_fd, runtime_files=link.runtime_files())
+        with run(eng, tier, spec) as out:
+            text = out.stdout.decode()
+            seen = [os.path.relpath(os.path.join(d, n), out.changes) for d, ds, fs in os.walk(out.changes)
+                    for n in ds + fs]
+        assert text.endswith(f"nameserver {link.gateway}\n"), (text, out.stderr)
+        assert ("r=0" in text) == (kind == "link"), text
+        assert not [p for p in seen if p.startswith(("etc", "dev"))], seen
+    finally:
+        link.close()
+        eg.release(f"nb-{tier}-{kind}")
