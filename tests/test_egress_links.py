@@ -22,8 +22,7 @@ from conftest import make_rootfs
 from sandtree.engine import Engine
 from sandtree.errors import Conflict, InvalidInput, NotFound
 from sandtree.network import netns
-from sandtree.network.client import Egress
-from sandtree.network.daemon import socket_path
+from sandtree.network.client import Egress, socket_path
 from sandtree.network.policy import Policy
 from sandtree.network.trust import parse_secrets
 from sandtree.runtime.base import RunSpec
@@ -296,7 +295,8 @@ def test_resolv_conf_and_runtime_files_are_shown_read_only_and_never_committed(e
         eg.release(f"rf-{tier}")
 
 
-def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_path, eng, img):
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_path, eng, img, tier):
     from netlab import netlab
     with netlab() as lab:
         home = str(tmp_path)
@@ -309,7 +309,7 @@ def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_pat
                                           "wget -q -O - http://other.test/ 2>&1; echo get2=$?; "
                                           "wget -q -O - http://11.1.1.11/ 2>&1; echo get3=$?",
                                 netns_fd=link.netns_fd, runtime_files=link.runtime_files())
-                with run(eng, "namespaces", spec) as out:
+                with run(eng, tier, spec) as out:
                     text = out.stdout.decode()
                 assert "11.1.1.10" in text and "ns=0" in text and "ns2=0" not in text, text
                 assert '"path": "/hello"' in text and "get=0" in text, text
@@ -319,7 +319,7 @@ def test_a_sandbox_reaches_the_test_internet_through_the_proxy_by_policy(tmp_pat
                 assert usage["refused"] >= 1 and usage["dns_refused"] >= 1
                 # a policy change cuts and refuses from now on
                 e.set_policy("web", None)
-                with run(eng, "namespaces", spec) as out:
+                with run(eng, tier, spec) as out:
                     assert "get=0" not in out.stdout.decode() and "ns=0" not in out.stdout.decode(), out.stdout
                 assert lab.trap_hits() == {}
             finally:
@@ -575,3 +575,87 @@ def test_the_daemon_sits_in_the_upstream_namespace_and_exposes_on_the_hosts_loop
     with pytest.raises(Exception):
         Egress(home, upstream_netns="/nonexistent/ns").ping()
     assert Egress(home, upstream_netns="/nonexistent/ns").available()[0] is False
+
+
+def test_a_networked_run_starts_cold_beside_a_warm_pool(eg, tmp_path, rootfs):
+    e = Engine(str(tmp_path / "warm"), warm=1)
+    link = eg.attach("warm", None)
+    try:
+        image = e.import_path(rootfs)
+        rt = e.tier("namespaces")
+        with rt.run(spec_for(e, image, "true")) as out:        # the pool starts after a first run
+            assert out.exit_code == 0
+        end = time.monotonic() + 10
+        while (rt._pool is None or not rt._pool.ready) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert rt._pool.ready                                  # a warm helper waits ...
+        with rt.run(spec_for(e, image, "ip -4 -o addr show eth0", netns_fd=link.netns_fd)) as out:
+            assert f"inet {link.address}/30" in out.stdout.decode(), out.stderr
+        assert rt._pool.ready                                  # ... and was not taken
+        with rt.run(spec_for(e, image, "ip -o link")) as out:   # and a run without one has no eth0
+            assert b"eth0" not in out.stdout and b"lo" in out.stdout
+    finally:
+        link.close()
+        eg.release("warm")
+        e.close()
+
+
+def test_concurrent_attaches_of_one_key_give_one_link(eg):
+    import concurrent.futures
+    clients = [Egress(eg.home) for _ in range(6)]
+    def attach(c):
+        try:
+            return c.attach("race", None)
+        except Conflict:
+            return None
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        links = [l for l in pool.map(attach, clients) if l is not None]
+    try:
+        assert len(links) == 1
+        assert [l["key"] for l in eg.list()].count("race") == 1
+    finally:
+        for l in links:
+            l.close()
+        eg.release("race")
+        for c in clients:
+            c.close()
+
+
+def test_a_killed_owner_leaves_no_link(eg):
+    script = ("import sys, time; sys.path.insert(0, %r)\n"
+              "from sandtree.network.client import Egress\n"
+              "l = Egress(%r).attach('owned', None); print(l.address, flush=True); time.sleep(60)\n") % (SRC, eg.home)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().startswith("100.64.")
+        assert [l["owner"] for l in eg.list() if l["key"] == "owned"] == [owner.pid]
+    finally:
+        owner.kill()
+        owner.wait()
+    end = time.monotonic() + 10                        # nobody was ever in it: gone after the grace
+    while "owned" in {l["key"] for l in eg.list()} and time.monotonic() < end:
+        time.sleep(0.2)
+    assert "owned" not in {l["key"] for l in eg.list()}
+
+
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+@pytest.mark.parametrize("kind", ["none", "link"])
+def test_an_image_without_a_regular_resolv_conf_gets_no_bind(eg, eng, tmp_path, tier, kind):
+    root = make_rootfs(str(tmp_path / "root"))
+    if kind == "link":             # a link across a mount: never bound; it resolves in the sandbox
+        os.symlink("/dev/sandtree/resolv.conf", os.path.join(root, "etc", "resolv.conf"))
+    image = eng.import_path(root)
+    link = eg.attach(f"nb-{tier}-{kind}", None)
+    try:
+        spec = spec_for(eng, image, "cat /etc/resolv.conf; echo r=$?; cat /dev/sandtree/resolv.conf",
+                        netns_fd=link.netns_fd, runtime_files=link.runtime_files())
+        with run(eng, tier, spec) as out:
+            text = out.stdout.decode()
+            seen = [os.path.relpath(os.path.join(d, n), out.changes) for d, ds, fs in os.walk(out.changes)
+                    for n in ds + fs]
+        assert text.endswith(f"nameserver {link.gateway}\n"), (text, out.stderr)
+        assert ("r=0" in text) == (kind == "link"), text
+        assert not [p for p in seen if p.startswith(("etc", "dev"))], seen
+    finally:
+        link.close()
+        eg.release(f"nb-{tier}-{kind}")

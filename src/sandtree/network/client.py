@@ -21,13 +21,23 @@ from .. import config, errors
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime.runfiles import RESOLV_CONF
 from . import trust
-from .daemon import MAX_MESSAGE, lock_path, socket_path
 from .policy import Policy
 from .state import Secret
 
-__all__ = ["Egress", "Link", "START_TIMEOUT"]
+__all__ = ["Egress", "Link", "START_TIMEOUT", "MAX_MESSAGE", "socket_path", "lock_path"]
 
 START_TIMEOUT = 30.0       # seconds for a daemon to come up
+MAX_MESSAGE = 4 << 20      # bytes of one request or answer (64 secrets of 16 KiB fit many times over)
+
+
+def socket_path(home: str) -> str:
+    """The store's daemon's control socket (daemon.py)."""
+    return os.path.join(home, "network", "egress.sock")
+
+
+def lock_path(home: str) -> str:
+    """The flock one daemon per store holds while it runs."""
+    return os.path.join(home, "network", "daemon.lock")
 
 
 @dataclass

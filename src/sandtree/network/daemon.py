@@ -32,26 +32,18 @@ from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
 from . import netns, trust
+from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import Links, Made
 from .policy import Policy
 from .state import LinkState
 
 from . import nft, proxy, resolver, upstream
 
-__all__ = ["Daemon", "Entry", "main", "socket_path", "lock_path", "GRACE", "IDLE", "SWEEP", "MAX_MESSAGE"]
+__all__ = ["Daemon", "Entry", "main", "GRACE", "IDLE", "SWEEP"]
 
 GRACE = 30.0             # seconds after attach before a link nobody is in is released
 IDLE = 60.0              # seconds without links or exposures before the daemon exits
 SWEEP = 2.0              # seconds between GC sweeps
-MAX_MESSAGE = 4 << 20    # bytes of one request (64 secrets of 16 KiB fit many times over)
-
-
-def socket_path(home: str) -> str:
-    return os.path.join(home, "network", "egress.sock")
-
-
-def lock_path(home: str) -> str:
-    return os.path.join(home, "network", "daemon.lock")
 
 
 def _namespaces_in_use() -> set[tuple[int, int]]:
@@ -83,6 +75,7 @@ class Daemon:
             netns.join(upstream_fd)             # before any thread: they inherit it
         self.upstream_fd = upstream_fd
         self.entries: dict[str, Entry] = {}
+        self.pending: set[str] = set()          # keys of attaches/adopts under way (awaiting a link)
         self.by_gateway: dict[str, LinkState] = {}
         self.links = Links(nft.install, protect=(self.host_fd,))
         self.upstream = upstream.Upstream(upstream_fd, dns, ca)
@@ -168,9 +161,19 @@ class Daemon:
         key = req.get("key")
         if not isinstance(key, str) or not key or len(key) > 256:
             raise InvalidInput("a link's key is a non-empty string (at most 256 characters)")
-        if key in self.entries:
+        if key in self.entries or key in self.pending:
             raise errors.Conflict(f"link {key!r} exists already", key=key)
         return key
+
+    @contextlib.contextmanager
+    def _claim(self, req):
+        """A new link's key, held against a concurrent request for the same key until it is added."""
+        key = self._new_key(req)
+        self.pending.add(key)
+        try:
+            yield key
+        finally:
+            self.pending.discard(key)
 
     def _add(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
         state = LinkState(key=key, index=made.index, address=made.address, gateway=made.gateway,
@@ -194,7 +197,10 @@ class Daemon:
         return {"pid": os.getpid(), "links": len(self.entries), "proxy": True}
 
     async def op_attach(self, req, fds) -> dict:
-        key = self._new_key(req)
+        with self._claim(req) as key:
+            return await self._attach(key, req, fds)
+
+    async def _attach(self, key: str, req, fds) -> dict:
         policy = Policy.from_json(req.get("policy"))
         secrets = trust.parse_secrets(req.get("secrets"))
         owner = _owner(req)
@@ -209,7 +215,10 @@ class Daemon:
                 "ca_pem": ca.pem().decode() if ca else None}
 
     async def op_adopt(self, req, fds) -> dict:
-        key = self._new_key(req)
+        with self._claim(req) as key:
+            return await self._adopt(key, req)
+
+    async def _adopt(self, key: str, req) -> dict:
         owner = _owner(req)
         pid = req.get("pid")
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:

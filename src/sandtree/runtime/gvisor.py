@@ -12,6 +12,7 @@ cgroup, which runsc and everything it starts join before they exist; a timeout k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import socket
 import subprocess
 
 from ..errors import CommandNotFound, InvalidInput, RuntimeUnavailable
+from ..store.layers import opaque_xattr
 from .base import LiveTier, RunSpec
 from .namespaces import KEEP_CAPS, NamespaceRuntime, Started
 from .runfiles import RESOLV_CONF, RUNTIME_DIR, fds_of, network_args
@@ -115,20 +117,34 @@ class GVisorRuntime(NamespaceRuntime):
         return out
 
     def run(self, spec: RunSpec):
-        out = super().run(spec)
+        # _start_cold wraps prepare_changes with the bundle's writer: on a copy, so the caller's
+        # spec can be run again (it would find the bundle written twice)
+        out = super().run(dataclasses.replace(spec))
         if spec.runtime_files and out.changes:
             _drop_mount_point(out.changes)
         return out
 
     def _image_has_file(self, spec: RunSpec, path: str) -> bool:
-        """Whether `path` is a regular file of the image (top layer first; a whiteout or a link
-        anywhere on the way is not one)."""
+        """Whether `path` (directly under a top-level dir, e.g. etc/resolv.conf) is a regular file
+        of the image: the top-most layer that has it or ends the lookup decides (a whiteout, a
+        link on the way, a non-directory or opaque parent: not one). runsc would create a missing
+        bind destination in our upper, so the answer must be exact."""
+        parent = os.path.dirname(path)
         for layer in spec.layers:
-            p = os.path.join(self.layers_dir, layer, path)
+            base = os.path.join(self.layers_dir, layer)
+            p = os.path.join(base, path)
             if os.path.lexists(p):
-                st = os.lstat(p)
                 real = os.path.realpath(p) == os.path.abspath(p)     # no link on the way
-                return real and stat.S_ISREG(st.st_mode)
+                return real and stat.S_ISREG(os.lstat(p).st_mode)
+            d = os.path.join(base, parent)
+            if os.path.lexists(d):
+                if os.path.islink(d) or not os.path.isdir(d):
+                    return False
+                try:
+                    if os.getxattr(d, opaque_xattr(self.idmap), follow_symlinks=False):
+                        return False            # an opaque parent hides the layers below
+                except OSError:
+                    pass
         return False
 
     def _start_cold(self, spec: RunSpec) -> Started:

@@ -13,12 +13,13 @@ import struct
 
 from ..errors import InvalidInput, TooLarge
 
-__all__ = ["RUNTIME_DIR", "RESOLV_CONF", "MAX_TOTAL", "check_runtime_files", "encode", "memfd", "host_name",
+__all__ = ["RUNTIME_DIR", "RESOLV_CONF", "MAX_TOTAL", "MAX_FILES", "check_runtime_files", "encode", "memfd", "host_name",
            "network_args", "fds_of"]
 
 RUNTIME_DIR = "/dev/sandtree/"
 RESOLV_CONF = "/etc/resolv.conf"
 MAX_TOTAL = 16 << 20             # bytes of all runtime files of a run (a CA bundle is about 200 KB)
+MAX_FILES = 64                   # (the helper's tmpfs for them has 1024 inodes)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -30,6 +31,8 @@ def host_name(path: str) -> str:
 def check_runtime_files(files) -> None:
     if not isinstance(files, dict):
         raise InvalidInput("runtime_files must map paths to bytes")
+    if len(files) > MAX_FILES:
+        raise InvalidInput(f"at most {MAX_FILES} runtime files ({len(files)} given)")
     names, total = set(), 0
     for path, data in files.items():
         if not isinstance(path, str) or not (path == RESOLV_CONF or (
