@@ -340,6 +340,12 @@ def test_a_tenant_may_ask_only_for_what_its_token_grants(eng, img):
         off.run(rec.image, "true", network="inherit")
     assert off.run(img, "true", network="inherit").exit_code == 0    # (nothing to inherit: off)
     assert public.run(img, "true", network="all").exit_code == 0
+    # the audit log: the policy with the run, its usage counters after it
+    entries = t.audit(tenant="netsome")
+    ran = [e for e in entries if e["action"] == "run" and e.get("op") == rec.op]
+    used = [e for e in entries if e["action"] == "run network" and e.get("op") == rec.op]
+    assert ran and ran[0]["network"] == {"allow_out": ["www.allowed.test:443"]}, entries
+    assert used and "bytes_out" in used[0]["usage"], entries
 
 
 def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, lab):
