@@ -185,10 +185,10 @@ def lab_env(lab) -> dict:
 
 
 @contextlib.contextmanager
-def server(home: str, lab):
+def server(home: str, lab, **env):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
-                            env=lab_env(lab), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**lab_env(lab), **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)
         yield f"http://127.0.0.1:{port}"
@@ -380,3 +380,38 @@ def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, l
             eng.sandbox_set_network(plain["id"], "all")
     finally:
         eng.sandbox_stop(plain["id"])
+
+
+@NEEDS_ROOT
+def test_contree_networking_enabled_is_the_servers_default_policy(tmp_path, lab, rootfs):
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    st.import_image(rootfs, tag="ubuntu:latest")
+    st.close()
+    with server(home, lab, SANDTREE_NETWORK_DEFAULT="allowed.test") as url:
+        def spawn(**extra):
+            op = httpx.post(f"{url}/v1/instances", json={"command": get("allowed.test", "11.1.1.10"), "shell": True,
+                                                         "image": "tag:ubuntu:latest", **extra})
+            assert op.status_code == 201, op.text
+            uid = op.json()["uuid"]
+            with httpx.stream("GET", f"{url}/v1/operations/{uid}/events", params={"follow": "1"}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    pass
+            return httpx.get(f"{url}/v1/operations/{uid}").json()
+        on = spawn(networking={"enabled": True})
+        assert on["status"] == "SUCCESS", on
+        off, absent = spawn(networking={"enabled": False}), spawn()
+        bad = httpx.post(f"{url}/v1/instances", json={"command": "true", "image": "tag:ubuntu:latest",
+                                                      "networking": {"enabled": "perhaps"}})
+        assert bad.status_code in (400, 422)
+    eng = Engine(home, warm=0)
+    try:
+        rows = [(json.loads(sp), json.loads(oc)) for sp, oc in eng.store.db.query(
+            "SELECT spec, outcome FROM operations WHERE kind='run' ORDER BY started")]
+    finally:
+        eng.close()
+    assert len(rows) == 3
+    assert rows[0][0]["network"] == {"allow_out": ["allowed.test"]} and rows[0][0]["hermetic"] is False
+    assert "network" not in rows[1][0] and "network" not in rows[2][0]
+    assert "200 OK" in json.dumps(on)
+    assert "200 OK" not in json.dumps(off) and "200 OK" not in json.dumps(absent)
