@@ -8,7 +8,10 @@ skipped with the reason when that registry is unreachable or debootstrap cannot 
 On this machine every registry name resolves to one non-public address (203.0.113.80: the
 sandbox host's package gateway). A policy refuses a public name that resolves to a non-public
 address (DNS rebinding), so the policy names that address besides the names, as an operator of
-such a site must; the names are what the record keeps and what SNI is checked against."""
+such a site must; the names are what the record keeps and what SNI is checked against. That
+gateway's TLS certificates are signed by a CA the host trusts (its system bundle) and a fresh
+Debian image does not: the run is given the host's bundle (PIP_CERT), as a user here would.
+The egress path itself does not touch the TLS of a connection without secrets."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from sandtree.engine import Engine
 from sandtree.errors import SandtreeError
 
 NAMES = ["pypi.org", "files.pythonhosted.org"]
+HOST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def registry_rules() -> list[str]:
@@ -61,7 +65,10 @@ def test_pip_install_from_the_registry_allowed_by_name(eng, py, tier):
     image, rules = py
     cmd = ("pip install --break-system-packages --no-cache-dir --disable-pip-version-check six==1.16.0 "
            "&& python3 -c 'import six; print(\"six\", six.__version__)'")
-    rec = eng.run(image, cmd, network=rules, tier=tier)
+    with open(HOST_BUNDLE, "rb") as f:
+        bundle = f.read()
+    rec = eng.run(image, cmd, network=rules, tier=tier, env={"PIP_CERT": "/root/host-ca.pem"},
+                  files=[{"path": "/root/host-ca.pem", "content": bundle}])
     assert rec.exit_code == 0, rec.stderr.decode()[-2000:]
     assert b"six 1.16.0" in rec.stdout
     op = eng.operation(rec.op)
