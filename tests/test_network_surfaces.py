@@ -415,3 +415,23 @@ def test_contree_networking_enabled_is_the_servers_default_policy(tmp_path, lab,
     assert "network" not in rows[1][0] and "network" not in rows[2][0]
     assert "200 OK" in json.dumps(on)
     assert "200 OK" not in json.dumps(off) and "200 OK" not in json.dumps(absent)
+
+
+def test_a_pool_with_a_policy_serves_only_runs_asking_for_it(eng, img, lab):
+    stats = eng.pool_and_wait(img, 1, network=["allowed.test"], wait_timeout=30)
+    try:
+        assert stats["network"] == {"allow_out": ["allowed.test"]} and stats["ready"] == 1, stats
+        plain = eng.run(img, "true")                                 # no policy: not from this pool
+        assert not plain.usage.get("pool")
+        rec = eng.run(img, get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"),
+                      network=["allowed.test"])
+        out = rec.stdout.decode()
+        assert rec.usage.get("pool") is True, rec.usage
+        assert "200 OK" in out.split("--")[0] and "200 OK" not in out.split("--")[1], out
+        assert rec.usage["network"]["connections"] >= 1, rec.usage
+        other = eng.run(img, "true", network=["other.test"])         # another policy: its own link
+        assert not other.usage.get("pool") and "network" in other.usage
+        with pytest.raises(InvalidInput):
+            eng.pool_create(img, 1, network="bad rule!")
+    finally:
+        eng.pool_create(img, 0)
