@@ -29,7 +29,7 @@ from ..runtime.enter import Entered
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import validate_spec
 from ..store.store import Store
-from .netopts import network_option
+from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
@@ -219,6 +219,8 @@ class Pools:
             raise InvalidInput("pool size must be an integer from 0 to 256")
         source = self.resolve(ref)
         policy = network_option(self.store.db, source, network, None).policy
+        if policy is not None:
+            require_egress(self.egress())
         lim: Limits = self.specs.limits(limits)
         with self.lock:
             pool = self.by_image.get(source)

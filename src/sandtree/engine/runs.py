@@ -21,7 +21,7 @@ from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, check_labels
-from .netopts import attach_link, network_option
+from .netopts import attach_link, network_option, require_egress
 
 
 
@@ -64,6 +64,8 @@ class RunOps:
         if net.policy is not None and not getattr(runtime, "joins_links", runtime.name == "namespaces"):
             raise RuntimeUnavailable(f"the {runtime.name} tier does not join an egress link yet: network policies "
                                      "run on the namespaces tier")
+        if net.policy is not None:
+            require_egress(self.egress)
         argv = command_argv(command)
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
