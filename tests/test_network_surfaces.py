@@ -436,3 +436,18 @@ def test_a_pool_with_a_policy_serves_only_runs_asking_for_it(eng, img, lab):
             eng.pool_create(img, 1, network="bad rule!")
     finally:
         eng.pool_create(img, 0)
+
+
+def test_fork_and_submitted_runs_carry_the_policy(eng, img, lab):
+    recs = eng.fork(img, [get("allowed.test", "11.1.1.10"), "true"], network=["allowed.test"])
+    assert b"200 OK" in recs[0].stdout
+    for r in recs:
+        assert eng.operation(r.op)["spec"]["network"] == {"allow_out": ["allowed.test"]}
+        assert "network" in r.usage
+    op = eng.operations.submit_run(img, "true", network="all")
+    done = eng.operations.wait([op], timeout=30)[0]
+    assert eng.operation(op)["spec"]["network"] == {"allow_out": ["*"]} and done["outcome"]["usage"]["network"]
+    before = count_ops(eng)
+    with pytest.raises(InvalidInput):
+        eng.operations.submit_run(img, "true", network="bad rule!")
+    assert count_ops(eng) == before
