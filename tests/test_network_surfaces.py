@@ -153,11 +153,12 @@ def test_secrets_are_recorded_by_name_and_hosts_never_the_value(eng, img):
     assert "ca.pem" in out and "/dev/sandtree/ca.pem" in out
     spec = eng.operation(rec.op)["spec"]
     assert spec["secrets"] == {"TOKEN": {"hosts": ["allowed.test"]}}
-    for name in os.listdir(eng.store.home):
-        path = os.path.join(eng.store.home, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                assert SECRET.encode() not in f.read(), path
+    for top, _, names in os.walk(eng.store.home):          # the SQLite file and its WAL, logs, layers
+        for name in names:
+            path = os.path.join(top, name)
+            if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) < 64 << 20:
+                with open(path, "rb") as f:
+                    assert SECRET.encode() not in f.read(), path
     assert SECRET not in str(eng.operation(rec.op))
 
 
@@ -185,10 +186,10 @@ def lab_env(lab) -> dict:
 
 
 @contextlib.contextmanager
-def server(home: str, lab):
+def server(home: str, lab, **env):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
-                            env=lab_env(lab), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**lab_env(lab), **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)
         yield f"http://127.0.0.1:{port}"
@@ -340,6 +341,12 @@ def test_a_tenant_may_ask_only_for_what_its_token_grants(eng, img):
         off.run(rec.image, "true", network="inherit")
     assert off.run(img, "true", network="inherit").exit_code == 0    # (nothing to inherit: off)
     assert public.run(img, "true", network="all").exit_code == 0
+    # the audit log: the policy with the run, its usage counters after it
+    entries = t.audit(tenant="netsome")
+    ran = [e for e in entries if e["action"] == "run" and e.get("op") == rec.op]
+    used = [e for e in entries if e["action"] == "run network" and e.get("op") == rec.op]
+    assert ran and ran[0]["network"] == {"allow_out": ["www.allowed.test:443"]}, entries
+    assert used and "bytes_out" in used[0]["usage"], entries
 
 
 def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, lab):
@@ -374,3 +381,73 @@ def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, l
             eng.sandbox_set_network(plain["id"], "all")
     finally:
         eng.sandbox_stop(plain["id"])
+
+
+@NEEDS_ROOT
+def test_contree_networking_enabled_is_the_servers_default_policy(tmp_path, lab, rootfs):
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    st.import_image(rootfs, tag="ubuntu:latest")
+    st.close()
+    with server(home, lab, SANDTREE_NETWORK_DEFAULT="allowed.test") as url:
+        def spawn(**extra):
+            op = httpx.post(f"{url}/v1/instances", json={"command": get("allowed.test", "11.1.1.10"), "shell": True,
+                                                         "image": "tag:ubuntu:latest", **extra})
+            assert op.status_code == 201, op.text
+            uid = op.json()["uuid"]
+            with httpx.stream("GET", f"{url}/v1/operations/{uid}/events", params={"follow": "1"}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    pass
+            return httpx.get(f"{url}/v1/operations/{uid}").json()
+        on = spawn(networking={"enabled": True})
+        assert on["status"] == "SUCCESS", on
+        off, absent = spawn(networking={"enabled": False}), spawn()
+        bad = httpx.post(f"{url}/v1/instances", json={"command": "true", "image": "tag:ubuntu:latest",
+                                                      "networking": {"enabled": "perhaps"}})
+        assert bad.status_code in (400, 422)
+    eng = Engine(home, warm=0)
+    try:
+        rows = [(json.loads(sp), json.loads(oc)) for sp, oc in eng.store.db.query(
+            "SELECT spec, outcome FROM operations WHERE kind='run' ORDER BY started")]
+    finally:
+        eng.close()
+    assert len(rows) == 3
+    assert rows[0][0]["network"] == {"allow_out": ["allowed.test"]} and rows[0][0]["hermetic"] is False
+    assert "network" not in rows[1][0] and "network" not in rows[2][0]
+    assert "200 OK" in json.dumps(on)
+    assert "200 OK" not in json.dumps(off) and "200 OK" not in json.dumps(absent)
+
+
+def test_a_pool_with_a_policy_serves_only_runs_asking_for_it(eng, img, lab):
+    stats = eng.pool_and_wait(img, 1, network=["allowed.test"], wait_timeout=30)
+    try:
+        assert stats["network"] == {"allow_out": ["allowed.test"]} and stats["ready"] == 1, stats
+        plain = eng.run(img, "true")                                 # no policy: not from this pool
+        assert not plain.usage.get("pool")
+        rec = eng.run(img, get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"),
+                      network=["allowed.test"])
+        out = rec.stdout.decode()
+        assert rec.usage.get("pool") is True, rec.usage
+        assert "200 OK" in out.split("--")[0] and "200 OK" not in out.split("--")[1], out
+        assert rec.usage["network"]["connections"] >= 1, rec.usage
+        other = eng.run(img, "true", network=["other.test"])         # another policy: its own link
+        assert not other.usage.get("pool") and "network" in other.usage
+        with pytest.raises(InvalidInput):
+            eng.pool_create(img, 1, network="bad rule!")
+    finally:
+        eng.pool_create(img, 0)
+
+
+def test_fork_and_submitted_runs_carry_the_policy(eng, img, lab):
+    recs = eng.fork(img, [get("allowed.test", "11.1.1.10"), "true"], network=["allowed.test"])
+    assert b"200 OK" in recs[0].stdout
+    for r in recs:
+        assert eng.operation(r.op)["spec"]["network"] == {"allow_out": ["allowed.test"]}
+        assert "network" in r.usage
+    op = eng.operations.submit_run(img, "true", network="all")
+    done = eng.operations.wait([op], timeout=30)[0]
+    assert eng.operation(op)["spec"]["network"] == {"allow_out": ["*"]} and done["outcome"]["usage"]["network"]
+    before = count_ops(eng)
+    with pytest.raises(InvalidInput):
+        eng.operations.submit_run(img, "true", network="bad rule!")
+    assert count_ops(eng) == before

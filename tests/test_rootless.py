@@ -36,6 +36,11 @@ SCRIPT = textwrap.dedent("""
     assert m.image.run("ls /").stdout.split() == [b"a", b"bin", b"dev", b"etc", b"proc", b"root", b"tmp", b"usr", b"var"]
     assert r.usage["limits_enforced"] is False
     assert st.fsck()["ok"]
+    try:                                      # no egress daemon without root: refused, saying why
+        img.run("true", network="all")
+        raise AssertionError("a rootless engine accepted a network policy")
+    except sandtree.RuntimeUnavailable as e:
+        assert "root" in str(e) and "network=off" in str(e), e
     print("ROOTLESS OK")
 """)
 

@@ -40,6 +40,12 @@ def terminal_type() -> str:
     return os.environ.get("TERM", "xterm")
 
 
+def network_default() -> str:
+    """SANDTREE_NETWORK_DEFAULT: the policy a Contree client's `networking.enabled: true` gets
+    (network/policy.py values: "all" (default), a comma list of rules, "off")."""
+    return os.environ.get("SANDTREE_NETWORK_DEFAULT") or "all"
+
+
 def egress_upstream() -> tuple[str | None, str | None, str | None]:
     """Where the egress daemon's outbound connections go (network/daemon.py), for tests and
     deployments that name another than the host's: SANDTREE_EGRESS_NETNS (a network namespace's

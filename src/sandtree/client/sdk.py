@@ -117,12 +117,13 @@ class Sandtree:
 
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-             hostname: str = D.HOSTNAME, wait: bool = False) -> dict:
+             hostname: str = D.HOSTNAME, wait: bool = False, network=None) -> dict:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
-        it again resizes; size=0 empties it. wait: until it is full. Returns its stats."""
+        it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
+        sandboxes (only runs asking for the same one use them). Returns its stats."""
         stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
-                                         cpus=cpus, disk=disk, output=output, hostname=hostname)
+                                         cpus=cpus, disk=disk, output=output, hostname=hostname, network=network)
         if wait:
             self._engine.pool_wait(stats["image"])
             stats = next(p for p in self._engine.pool_list() if p["image"] == stats["image"])

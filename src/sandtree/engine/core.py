@@ -124,20 +124,23 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
             with self._parts_lock:
                 if self._pools is None:
                     self._pools = Pools(self.store, self.specs, self._live, self.resolve)
+                    self._pools.egress = lambda: self.egress
         return self._pools
 
     def pool_create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None,
-                    memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None) -> dict:
-        """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
+                    memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
+                    network=None) -> dict:
+        """Keep `size` sandboxes of an image started; runs on it with these limits (and this
+        network policy: each pooled sandbox has its own link) use them."""
         return self.pools.create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                 disk=disk, output=output)
+                                 disk=disk, output=output, network=network)
 
     def pool_and_wait(self, ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                       timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-                      disk=None, output=None) -> dict:
+                      disk=None, output=None, network=None) -> dict:
         """pool_create, then until it is full (or `timeout` seconds): its stats then."""
         stats = self.pool_create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                 disk=disk, output=output)
+                                 disk=disk, output=output, network=network)
         self.pools.wait_ready(stats["image"], wait_timeout)
         return next((p for p in self.pools.list() if p["image"] == stats["image"]), stats)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..branching.lineage import recorded_network
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..network.policy import Policy
 from ..network.trust import IMAGE_BUNDLES, RUNTIME_PATH, bundle, parse_secrets, sandbox_env
 
-__all__ = ["NetOption", "network_option", "inherited_policy", "attach_link"]
+__all__ = ["NetOption", "network_option", "inherited_policy", "attach_link", "require_egress"]
 
 
 @dataclass
@@ -49,6 +49,15 @@ def network_option(db, image: str, network, secrets, *, host_files: bool = False
     if parsed and policy is None:
         raise InvalidInput("secrets need a network policy that reaches their hosts (network=...)")
     return NetOption(policy, parsed)
+
+
+def require_egress(egress) -> None:
+    """RuntimeUnavailable with the reason when no egress daemon can run here (a rootless engine:
+    its sandboxes have only their own loopback, so it offers network=off and nothing else)."""
+    ok, why = egress.available()
+    if not ok:
+        raise RuntimeUnavailable(f"network policies cannot be enforced here: {why}; this engine runs "
+                                 "sandboxes without network only (network=off)")
 
 
 def attach_link(egress, key: str, net: NetOption, read_image):

@@ -14,9 +14,11 @@ the pool's own long-lived thread (the signal is tied to the thread that forked t
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 import time
+import uuid
 from typing import Callable
 
 from .. import defaults as D
@@ -27,14 +29,17 @@ from ..runtime.enter import Entered
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import validate_spec
 from ..store.store import Store
+from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 
 
 class Pool:
-    def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int):
+    def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int, policy=None, egress=None):
         self.live = live
+        self.policy, self.egress = policy, egress      # a networked pool: each sandbox its own link
+        self.links: dict[int, str] = {}                 # init pid -> its link's key
         self.image = image
         self.template = template                 # layers, root metadata, limits, hostname
         self.size = size
@@ -52,10 +57,10 @@ class Pool:
         self.thread.start()
 
     # ---- serving -------------------------------------------------------------------------------
-    def fits(self, spec: RunSpec) -> bool:
+    def fits(self, spec: RunSpec, policy=None) -> bool:
         t = self.template
         lim, tl = spec.limits, t.limits
-        return (not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
+        return (policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
                 and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
 
     def take(self) -> tuple[LiveHandle, Entered] | None:
@@ -86,6 +91,9 @@ class Pool:
                 out.oom_killed = bool(stats["oom_killed"]) and not out.timed_out
                 out.usage.update(cgroup_memory_peak_bytes=stats["memory_peak"], limits_enforced=True)
             out.usage["pool"] = True
+            key = self.links.pop(h.init_pid, None)
+            if key is not None:                   # its link is the run's: its counters, released
+                out.usage["network"] = self.egress().release(key)
             scratch = self.live.scratch(h)
         except BaseException:
             self._retire(h)
@@ -119,6 +127,9 @@ class Pool:
                 if ahead is not None:
                     ahead.discard()
                 self.live.stop(h, wait=2.0)
+                key = self.links.pop(h.init_pid, None)
+                if key is not None:                   # (never taken by a run: its link goes too)
+                    self.egress().release(key)
             if closed:
                 with self.cv:                    # (a run may have retired one meanwhile)
                     if not self._retired:
@@ -127,14 +138,29 @@ class Pool:
                 continue
             if len(self.ready) >= self.size:
                 continue
-            h = None
+            h = key = None
             try:
-                h = self.live.start(self.template, LIFETIME, detach=False)
+                spec = self.template
+                if self.policy is not None:
+                    key = f"pool-{uuid.uuid4().hex}"
+                    link = self.egress().attach(key, self.policy)
+                    spec = dataclasses.replace(spec, netns_fd=link.netns_fd, runtime_files={
+                        "/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
+                    try:
+                        h = self.live.start(spec, LIFETIME, detach=False)
+                    finally:
+                        link.close()
+                    self.links[h.init_pid] = key
+                else:
+                    h = self.live.start(spec, LIFETIME, detach=False)
                 ahead = self.live.enter_ahead(h)
             except Exception as exc:              # noqa: BLE001 - runs fall back to a cold start
                 self.error = str(exc)
                 if h is not None:
                     self.live.stop(h, wait=2.0)
+                if key is not None:
+                    self.links.pop(getattr(h, "init_pid", None), None)
+                    self.egress().release(key)
                 time.sleep(1.0)
                 continue
             with self.cv:
@@ -167,7 +193,8 @@ class Pool:
         with self.cv:
             return {"image": self.image, "size": self.size, "ready": len(self.ready), "served": self.served,
                     "misses": self.misses, "error": self.error,
-                    "limits": self.template.limits.__dict__}
+                    "limits": self.template.limits.__dict__,
+                    "network": self.policy.to_json() if self.policy is not None else None}
 
     def close(self) -> None:
         with self.cv:
@@ -184,16 +211,21 @@ class Pools:
     def __init__(self, store: Store, specs: RunSpecs, live: LiveTier, resolve: Callable[[str], str]):
         self.store, self.specs, self.live, self.resolve = store, specs, live, resolve
         self.by_image: dict[str, Pool] = {}
+        self.egress = lambda: None                  # () -> the engine's Egress (networked pools)
         self.lock = threading.Lock()
 
-    def create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, **limits) -> dict:
+    def create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, network=None, **limits) -> dict:
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 256:
             raise InvalidInput("pool size must be an integer from 0 to 256")
         source = self.resolve(ref)
+        policy = network_option(self.store.db, source, network, None).policy
+        if policy is not None:
+            require_egress(self.egress())
         lim: Limits = self.specs.limits(limits)
         with self.lock:
             pool = self.by_image.get(source)
-            if pool is not None and pool.template.limits == lim and pool.template.hostname == hostname:
+            if pool is not None and pool.template.limits == lim and pool.template.hostname == hostname \
+                    and pool.policy == policy:
                 pool.resize(size)
                 return pool.stats()
         ok, why = self.live.available()
@@ -204,7 +236,7 @@ class Pools:
         validate_spec(template)
         with self.lock:
             old = self.by_image.pop(source, None)
-            self.by_image[source] = Pool(self.live, source, template, size)
+            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress)
         if old is not None:
             old.close()
         return self.by_image[source].stats()

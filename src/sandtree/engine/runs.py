@@ -21,7 +21,7 @@ from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, check_labels
-from .netopts import attach_link, network_option
+from .netopts import attach_link, network_option, require_egress
 
 
 
@@ -64,6 +64,8 @@ class RunOps:
         if net.policy is not None and not getattr(runtime, "joins_links", runtime.name == "namespaces"):
             raise RuntimeUnavailable(f"the {runtime.name} tier does not join an egress link yet: network policies "
                                      "run on the namespaces tier")
+        if net.policy is not None:
+            require_egress(self.egress)
         argv = command_argv(command)
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -90,13 +92,13 @@ class RunOps:
         pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
-            if net.policy is not None:         # a link of its own (key: the operation); no pooled sandbox
+            # a pooled sandbox only of a pool with the same policy (its link then is the run's)
+            served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy) and not net.secrets else None
+            if served is None and net.policy is not None:   # a link of its own (key: the operation)
                 link, spec.runtime_files, extra = attach_link(self.egress, op, net,
                                                               lambda p: self.read(source, p))
                 spec.netns_fd = link.netns_fd
                 spec.env = {**spec.env, **extra}
-                pool = None
-            served = pool.run(spec) if pool is not None and pool.fits(spec) else None
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
             usage = self._unlink(op, link)

@@ -47,7 +47,7 @@ from .session import command_spec
 from .spec import RunSpecs
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, check_labels, labels_match
-from .netopts import attach_link, network_option
+from .netopts import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
 
@@ -222,6 +222,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         source = self.resolve(ref)
         row = self.store.image(source)
         net = network_option(self.store.db, source, network, secrets)
+        if net.policy is not None:
+            require_egress(self.egress())
         if net.policy is not None and idle_action == "hibernate":
             raise Conflict("a sandbox with a network policy cannot hibernate (CRIU cannot restore its link: a "
                            "network namespace the egress daemon owns); use idle_action 'stop'")

@@ -32,6 +32,7 @@ from fastapi.routing import APIRoute
 
 from . import contree_wire as wire
 from .bodylimit import spool, unstage
+from .. import config
 from ..errors import InvalidInput, NotFound, SandtreeError
 
 
@@ -181,7 +182,9 @@ def contree_router(engine_for, stage) -> APIRouter:
             "cwd": body.cwd.rstrip("/") or "/", "uid": body.uid, "gid": body.gid,
             "hostname": body.hostname or "sandtree", "disposable": body.disposable, "stdin": stdin,
             "files": files, "timeout": body.timeout, "output": body.truncate_output_at,
-            "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None}
+            "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None,
+            # enabled: the server's configured default policy; false or absent: none
+            "network": config.network_default() if body.networking and body.networking.enabled else None}
         command = body.command if body.shell else [body.command, *body.args]
         op = await call(engine.operations.submit_run, image, command, **opts)
         echo = body.model_dump(exclude_none=True)

@@ -197,6 +197,10 @@ class LimitsIn(Lenient):
     max_layer_bytes: int | None = Field(None, ge=1)
 
 
+class NetworkingIn(Lenient):
+    enabled: bool = False          # Contree's own default is true; sandtree's is no network (set it)
+
+
 class SpawnIn(Lenient):
     command: str = Field(min_length=1)
     image: str = Field(min_length=1)
@@ -214,6 +218,7 @@ class SpawnIn(Lenient):
     truncate_output_at: int | None = Field(None, ge=1, le=10 << 20)
     files: dict[str, FileSpecIn] | None = None
     resources_limits: LimitsIn | None = None
+    networking: NetworkingIn | None = None
 
 
 class CredentialsIn(Lenient):

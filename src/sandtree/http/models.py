@@ -116,6 +116,7 @@ class PoolIn(In):
     timeout: float | None = None
     output: str | int | None = None
     hostname: str = D.HOSTNAME
+    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
     wait: bool = Field(False, description="answer once the pool is full")
     wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
 

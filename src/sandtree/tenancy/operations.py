@@ -62,7 +62,7 @@ class TenantOperations:
             except SandtreeError as exc:
                 raise self.view.plain_error(exc) from None
             self.view.claim(op)
-        self.view.audit_run(source, command, op, opts.get("env"), branch)
+        self.view.audit_run(source, command, op, opts.get("env"), branch, opts.get("network"))
         return op
 
     def future(self, op: str):                      # rule: only its own operations exist

@@ -84,9 +84,11 @@ class TenantView(TenantSight):
         if why:
             raise Forbidden(why, grant=self.tenant.network.to_json())
 
-    def audit_run(self, source: str, command, op: str, env, branch: str | None) -> None:
+    def audit_run(self, source: str, command, op: str, env, branch: str | None, network=None) -> None:
+        policy = Policy.from_value(network) if network not in (None, False, "inherit") else None
         self._audit("run", image=source, op=op,
-                    detail={"command": auditing.masked(command, env), **({"branch": branch} if branch else {})})
+                    detail={"command": auditing.masked(command, env), **({"branch": branch} if branch else {}),
+                            **({"network": policy.to_json()} if policy else {})})
 
     # ---- names: a tenant's tags and branches are its own (stored as <tenant>~<name>) ----------
     def resolve(self, ref: str) -> str:             # rule: only visible images, own names, public tags
@@ -217,11 +219,14 @@ class TenantView(TenantSight):
             self.tenancy.sync_run(self.tenant.name, +1)
         try:
             self.claim(op)
-            self.audit_run(source, command, op, opts.get("env"), branch)
+            self.audit_run(source, command, op, opts.get("env"), branch, opts.get("network"))
             try:
-                return self.engine.run_operation(target, command, op_id=op, **opts)
+                rec = self.engine.run_operation(target, command, op_id=op, **opts)
             except SandtreeError as exc:
                 raise self.plain_error(exc) from None
+            if rec.usage.get("network") is not None:       # what a networked run sent and was refused
+                self._audit("run network", image=source, op=op, detail={"usage": rec.usage["network"]})
+            return rec
         finally:
             self.tenancy.sync_run(self.tenant.name, -1)
 

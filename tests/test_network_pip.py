@@ -1,0 +1,82 @@
+"""A real `pip install` from the package registry this machine reaches, allowed by name (issue 14).
+
+The egress daemon's upstream is the host's own namespace here (no SANDTREE_EGRESS_NETNS), so the
+sandbox's connections leave through the host: this is the one test that reaches outside the
+machine, on purpose, and only to the package registry (pypi.org, files.pythonhosted.org). It is
+skipped with the reason when that registry is unreachable or debootstrap cannot build an image.
+
+On this machine every registry name resolves to one non-public address (203.0.113.80: the
+sandbox host's package gateway). A policy refuses a public name that resolves to a non-public
+address (DNS rebinding), so the policy names that address besides the names, as an operator of
+such a site must; the names are what the record keeps and what SNI is checked against. That
+gateway's TLS certificates are signed by a CA the host trusts (its system bundle) and a fresh
+Debian image does not: the run is given the host's bundle (PIP_CERT), as a user here would.
+The egress path itself does not touch the TLS of a connection without secrets."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import socket
+import urllib.request
+
+import pytest
+
+from sandtree.engine import Engine
+from sandtree.errors import SandtreeError
+
+NAMES = ["pypi.org", "files.pythonhosted.org"]
+HOST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def registry_rules() -> list[str]:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).close()
+        ips = {a[4][0] for n in NAMES for a in socket.getaddrinfo(n, 443, socket.AF_INET)}
+    except OSError as e:
+        pytest.skip(f"the package registry is unreachable from this machine: {e}")
+    # names, and the registry's own addresses where they are not public (see the module doc)
+    return NAMES + sorted(f"{ip}:443" for ip in ips if not ipaddress.ip_address(ip).is_global)
+
+
+@pytest.fixture(scope="module")
+def eng(tmp_path_factory):
+    if os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("debootstrap"):
+        pytest.skip("needs root, nft and debootstrap")
+    e = Engine(str(tmp_path_factory.mktemp("pip") / "st"), warm=0)
+    yield e
+    e.egress.stop_daemon()
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def py(eng):
+    rules = registry_rules()
+    try:
+        image = eng.bootstrap("debian:bookworm", include=["python3-pip"])
+    except SandtreeError as e:
+        pytest.skip(f"debootstrap could not build an image with pip: {e}")
+    return image, rules
+
+
+@pytest.mark.parametrize("tier", ["namespaces"])   # gvisor refuses network policies until runsc joins links
+def test_pip_install_from_the_registry_allowed_by_name(eng, py, tier):
+    image, rules = py
+    cmd = ("pip install --break-system-packages --no-cache-dir --disable-pip-version-check six==1.16.0 "
+           "&& python3 -c 'import six; print(\"six\", six.__version__)'")
+    with open(HOST_BUNDLE, "rb") as f:
+        bundle = f.read()
+    rec = eng.run(image, cmd, network=rules, tier=tier, env={"PIP_CERT": "/root/host-ca.pem"},
+                  files=[{"path": "/root/host-ca.pem", "content": bundle}])
+    assert rec.exit_code == 0, rec.stderr.decode()[-2000:]
+    assert b"six 1.16.0" in rec.stdout
+    op = eng.operation(rec.op)
+    assert op["spec"]["network"]["allow_out"][:2] == NAMES and op["spec"]["hermetic"] is False
+    net = op["outcome"]["usage"]["network"]
+    assert net["bytes_in"] > 10_000 and net["connections"] >= 1, net
+    hosts = {h["host"] if isinstance(h, dict) else h for h in net["allowed_hosts"]}
+    assert hosts & set(NAMES), net
+    # the result image has the package; a run without network on it cannot fetch anything
+    again = eng.run(rec.image, "python3 -c 'import six' && pip download --no-cache-dir -d /tmp/x six 2>&1; echo rc=$?")
+    assert b"rc=0" not in again.stdout
