@@ -11,7 +11,6 @@ import time
 import uuid
 
 from .. import defaults as D
-from ..errors import RuntimeUnavailable
 from ..runtime.base import RunSpec
 from ..runtime.validate import validate_spec
 from ..store import refs
@@ -61,9 +60,6 @@ class RunOps:
         source = self.resolve(ref)
         row = self.store.image(source)
         net = network_option(self.store.db, source, network, secrets)
-        if net.policy is not None and not getattr(runtime, "joins_links", runtime.name == "namespaces"):
-            raise RuntimeUnavailable(f"the {runtime.name} tier does not join an egress link yet: network policies "
-                                     "run on the namespaces tier")
         if net.policy is not None:
             require_egress(self.egress)
         argv = command_argv(command)
