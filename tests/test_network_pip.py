@@ -19,7 +19,6 @@ import ipaddress
 import os
 import shutil
 import socket
-import urllib.request
 
 import pytest
 
@@ -31,11 +30,12 @@ HOST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def registry_rules() -> list[str]:
+    # Only a name lookup here: the registry itself is reached only through the sandbox's egress
+    # path (the run below skips when that finds it unreachable).
     try:
-        urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).close()
         ips = {a[4][0] for n in NAMES for a in socket.getaddrinfo(n, 443, socket.AF_INET)}
     except OSError as e:
-        pytest.skip(f"the package registry is unreachable from this machine: {e}")
+        pytest.skip(f"the package registry's names do not resolve on this machine: {e}")
     # names, and the registry's own addresses where they are not public (see the module doc)
     return NAMES + sorted(f"{ip}:443" for ip in ips if not ipaddress.ip_address(ip).is_global)
 
@@ -60,15 +60,20 @@ def py(eng):
     return image, rules
 
 
-@pytest.mark.parametrize("tier", ["namespaces"])   # gvisor refuses network policies until runsc joins links
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
 def test_pip_install_from_the_registry_allowed_by_name(eng, py, tier):
     image, rules = py
+    if tier == "gvisor" and not eng.tier("gvisor").available()[0]:
+        pytest.skip(f"tier gvisor unavailable: {eng.tier('gvisor').available()[1]}")
     cmd = ("pip install --break-system-packages --no-cache-dir --disable-pip-version-check six==1.16.0 "
            "&& python3 -c 'import six; print(\"six\", six.__version__)'")
     with open(HOST_BUNDLE, "rb") as f:
         bundle = f.read()
     rec = eng.run(image, cmd, network=rules, tier=tier, env={"PIP_CERT": "/root/host-ca.pem"},
                   files=[{"path": "/root/host-ca.pem", "content": bundle}])
+    net = eng.operation(rec.op)["outcome"]["usage"]["network"]
+    if rec.exit_code != 0 and net["bytes_in"] == 0 and not net["refused"]:
+        pytest.skip(f"the registry is unreachable through the egress path: {rec.stderr.decode()[-300:]}")
     assert rec.exit_code == 0, rec.stderr.decode()[-2000:]
     assert b"six 1.16.0" in rec.stdout
     op = eng.operation(rec.op)
