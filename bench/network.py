@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import statistics
 import sys
 import time
 
@@ -23,27 +22,17 @@ import egress  # noqa: E402
 from sandtree.network.trust import bundle, link_ca, parse_secrets  # noqa: E402
 
 
-def start_rows(img, cold_img, n: int) -> list:
+def start_rows(img, cold_img, n: int, timeit) -> list:
     """(name, samples) rows: a run without network, warm and cold (a networked run always starts
     cold: a warm helper made its namespace already), and one with an allow-list policy."""
-    plain = _times(lambda: img.run(["/bin/true"], disposable=True), n)
-    cold = _times(lambda: cold_img.run(["/bin/true"], disposable=True), n)
+    plain = timeit(lambda: img.run(["/bin/true"], disposable=True), n)
+    cold = timeit(lambda: cold_img.run(["/bin/true"], disposable=True), n)
     policy = ["allowed.example", "*.pypi.org:443"]
-    netted = _times(lambda: img.run(["/bin/true"], network=policy, disposable=True), n)
+    netted = timeit(lambda: img.run(["/bin/true"], network=policy, disposable=True), n)
     r = img.run(["/bin/true"], network=policy, disposable=True)
     assert r.usage.get("network") is not None, "the run had no link"
     return [("run /bin/true, no network (warm start)", plain), ("run /bin/true, no network (cold start)", cold),
             ("run /bin/true, allow-list policy (link, cold start)", netted)]
-
-
-def _times(fn, n):
-    fn()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def _request(t: ssl.SSLSocket, ph: str) -> None:
@@ -57,7 +46,7 @@ def _request(t: ssl.SSLSocket, ph: str) -> None:
         body += t.recv(65536)
 
 
-def injection_rows(n: int = 300) -> list:
+def injection_rows(n: int, timeit) -> list:
     """(name, samples) rows: HTTPS GETs to the lab's allowed.test through the proxy, spliced (no
     secret for that host) and intercepted (a secret for it), kept-alive and a connection each."""
     rows = []
@@ -72,14 +61,14 @@ def injection_rows(n: int = 300) -> list:
             for label, on in (("spliced", False), ("secret injected", True)):
                 rig.link.secrets, rig.link.ca = (secrets, ca) if on else ([], None)
                 t = ctx.wrap_socket(rig.connect(lab.allowed, 443), server_hostname="allowed.test")
-                kept = _times(lambda: _request(t, ph), n)
+                kept = timeit(lambda: _request(t, ph), n)
                 t.close()
 
                 def fresh():
                     with ctx.wrap_socket(rig.connect(lab.allowed, 443), server_hostname="allowed.test") as s:
                         _request(s, ph)
                 rows.append((f"HTTPS GET through egress, kept-alive, {label}", kept))
-                rows.append((f"HTTPS GET through egress, new connection, {label}", _times(fresh, n // 3)))
+                rows.append((f"HTTPS GET through egress, new connection, {label}", timeit(fresh, n // 3)))
                 want = "bench-value-" if on else ph
                 assert want in lab.requests[-1]["headers"]["authorization"], "not what was measured"
         finally:
@@ -91,6 +80,3 @@ def injection_rows(n: int = 300) -> list:
 def download(mb: int, rounds: int) -> dict:
     return egress.measure(mb, rounds)
 
-
-def p50(xs) -> float:
-    return statistics.median(xs)

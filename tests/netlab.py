@@ -199,6 +199,9 @@ class NetLab:
         async def run(reader, writer):
             local = _norm(writer.get_extra_info("sockname")[0])
             self.hits[(local, port)] += 1
+            # as real servers do: no Nagle (a TLS server's session tickets, written apart, waited
+            # on the client's delayed ACK: 40 ms on some new connections)
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 await handler(reader, writer, local)
             except (ConnectionError, OSError, asyncio.IncompleteReadError, ssl.SSLError):
