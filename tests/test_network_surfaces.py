@@ -155,6 +155,37 @@ def test_secrets_are_recorded_by_name_and_hosts_never_the_value(eng, img):
     assert SECRET not in str(eng.operation(rec.op))
 
 
+@NEEDS_ROOT
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_a_secret_reaches_only_its_host_and_never_the_sandbox(eng, img, lab, tier, tmp_path):
+    """Issue 14's secrets test, end to end through a real run: the netlab server for the secret's
+    host receives the value, another allowed host only the placeholder; the echo the server sends
+    back is masked; /proc/*/environ and the env inside, the committed image (its tar) and the
+    record hold no value."""
+    if tier == "gvisor" and not eng.tier("gvisor").available()[0]:
+        pytest.skip(f"tier gvisor unavailable: {eng.tier('gvisor').available()[1]}")
+    n = len(lab.requests)
+    script = ("req() { printf 'GET /s HTTP/1.1\\r\\nHost: %s\\r\\nAuthorization: Bearer %s\\r\\n"
+              "Connection: close\\r\\n\\r\\n' \"$1\" \"$TOKEN\" | nc -w 5 \"$2\" 80; echo; echo --; }; "
+              "req allowed.test 11.1.1.10; req other.test 11.1.1.11; "
+              "cat /proc/[0-9]*/environ > /env-dump 2>/dev/null; env > /env-now")
+    rec = eng.run(img, script, network=["allowed.test", "other.test"], tier=tier,
+                  secrets={"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}})
+    got = {r["headers"]["host"]: r["headers"].get("authorization") for r in lab.requests[n:]}
+    assert got.get("allowed.test") == f"Bearer {SECRET}", (got, rec.stdout, rec.stderr)
+    assert got.get("other.test", "").startswith("Bearer sandtree-secret-TOKEN-"), got
+    assert SECRET.encode() not in rec.stdout + rec.stderr          # the echo came back masked
+    assert b"allowed.test" in rec.stdout
+    assert SECRET.encode() not in eng.read(rec.image, "/env-dump")
+    env_now = eng.read(rec.image, "/env-now")
+    assert b"TOKEN=sandtree-secret-TOKEN-" in env_now and SECRET.encode() not in env_now
+    tar = tmp_path / "image.tar"
+    with open(tar, "wb") as f:
+        eng.export_tar(rec.image, f)
+    assert SECRET.encode() not in tar.read_bytes()
+    assert SECRET not in json.dumps(eng.operation(rec.op), default=str)
+
+
 def test_a_live_sandbox_with_a_policy(eng, img, lab):
     info = eng.sandbox_start(img, network={"allow_out": ["allowed.test"], "deny_out": ["other.test"]})
     try:
