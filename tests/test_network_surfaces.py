@@ -475,3 +475,37 @@ def test_fork_and_submitted_runs_carry_the_policy(eng, img, lab):
     with pytest.raises(InvalidInput):
         eng.operations.submit_run(img, "true", network="bad rule!")
     assert count_ops(eng) == before
+
+
+def test_cli_token_create_network_grant_is_stored_listed_and_checked(tmp_path, rootfs):
+    """`sandtree token create --network` through the real CLI: a bad rule is refused and creates no
+    token; a good grant is stored, shown by `token list` (so an operator sees it later), and enforced."""
+    home = str(tmp_path / "home")
+    env = {**os.environ, "SANDTREE_HOME": home, "PYTHONPATH": SRC}
+
+    def cli(*args, check=True):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, timeout=120)
+        assert not check or p.returncode == 0, p.stderr.decode()
+        return p
+    bad = cli("token", "create", "--tenant", "nb", "--network", "bad rule!", "--json", check=False)
+    assert bad.returncode != 0 and b"bad rule!" in bad.stdout, bad.stdout     # --json: the typed error as JSON
+    assert json.loads(cli("token", "list", "--json").stdout) == []
+    some = json.loads(cli("token", "create", "--tenant", "ns", "--network", "allowed.test,*.allowed.test:443",
+                          "--json").stdout)
+    plain = json.loads(cli("token", "create", "--tenant", "np", "--json").stdout)
+    assert some["network"] == ["allowed.test", "*.allowed.test:443"] and plain["network"] is None
+    listed = {t["tenant"]: t["network"] for t in json.loads(cli("token", "list", "--json").stdout)}
+    assert listed == {"ns": ["allowed.test", "*.allowed.test:443"], "np": None}
+    human = cli("token", "list").stdout.decode()
+    assert 'network=["allowed.test","*.allowed.test:443"]' in human, human
+    eng = Engine(home, warm=0)
+    try:
+        t, img = eng.tenancy, eng.import_path(rootfs)
+        eng.share(img)
+        with pytest.raises(Forbidden, match=r"rule other\.test"):
+            eng.as_tenant(t.authenticate(some["token"])).run(img, "true", network=["other.test"])
+        with pytest.raises(Forbidden, match=r"rule allowed\.test"):
+            eng.as_tenant(t.authenticate(plain["token"])).run(img, "true", network=["allowed.test"])
+        assert not eng.store.db.query("SELECT 1 FROM operations WHERE kind='run'")
+    finally:
+        eng.close()

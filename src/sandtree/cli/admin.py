@@ -83,8 +83,9 @@ def cmd_token(args):
             for r in rows:
                 state = "revoked" if r["revoked"] else "active"
                 lim = " ".join(f"{k}={int(v) if float(v).is_integer() else v}" for k, v in r["limits"].items())
+                net = f" network={json.dumps(r['network'], separators=(',', ':'))}" if r.get("network") else ""
                 print(f"{r['id']}  {r['tenant']:<16} {state:<8} {fmt_time(r['created'])}  {','.join(r['scopes'])}  "
-                      f"{lim}".rstrip())
+                      f"{lim}{net}".rstrip())
         out(args, eng.tenancy.tokens(), human)
     elif sub == "revoke":
         out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))

@@ -101,11 +101,14 @@ class Tenancy:
         return json.loads(row[0]) if row else {}
 
     def tokens(self) -> list[dict]:
-        """Every token (ids, never secrets or hashes), with its tenant's limits."""
+        """Every token (ids, never secrets or hashes), with its tenant's limits and its network grant
+        (None: off) -- so an operator can see later what a token lets its runs reach."""
         limits = {n: json.loads(v) for n, v in self.db.query("SELECT name, limits FROM tenants")}
-        return [{"id": i, "tenant": t, "scopes": s.split(","), "created": c, "revoked": r, "limits": limits.get(t, {})}
-                for i, t, s, c, r in self.db.query(
-                    "SELECT id, tenant, scopes, created, revoked FROM tokens ORDER BY created")]
+        return [{"id": i, "tenant": t, "scopes": s.split(","), "created": c, "revoked": r, "limits": limits.get(t, {}),
+                 "network": json.loads(g) if g else None}
+                for i, t, s, c, r, g in self.db.query(
+                    "SELECT id, tenant, scopes, created, revoked, grant_json FROM tokens "
+                    "LEFT JOIN token_network ON token_network.token = tokens.id ORDER BY created")]
 
     def revoke(self, token_id: str) -> dict:
         with self.db.tx() as con:
