@@ -509,3 +509,40 @@ def test_cli_token_create_network_grant_is_stored_listed_and_checked(tmp_path, r
         assert not eng.store.db.query("SELECT 1 FROM operations WHERE kind='run'")
     finally:
         eng.close()
+
+
+@NEEDS_ROOT
+def test_remote_set_network_and_rest_secrets(tmp_path, lab, rootfs):
+    """Over a real server: sb.set_network (remote SDK) and POST /sandboxes/{id}/network replace a live
+    policy (a bad one is refused and changes nothing); REST `secrets` reach the run as placeholders
+    and are recorded by name and hosts only."""
+    home = str(tmp_path / "home")
+    with server(home, lab) as url:
+        st = sandtree.connect(url)
+        try:
+            img = st.import_image(rootfs)
+            sb = img.start(network=["allowed.test", "other.test"])
+            try:
+                assert b"200 OK" in sb.exec(get("other.test", "11.1.1.11")).stdout
+                assert sb.set_network(["allowed.test"])["network"] == {"allow_out": ["allowed.test"]}
+                out = sb.exec(get("other.test", "11.1.1.11") + get("allowed.test", "11.1.1.10")).stdout.decode()
+                assert "200 OK" not in out.split("--")[0] and "200 OK" in out.split("--")[1], out
+                with httpx.Client(base_url=url + "/api/v1") as h:
+                    bad = h.post(f"/sandboxes/{sb.id}/network", json={"network": "bad rule!"})
+                    assert bad.status_code in (400, 422), bad.text
+                    assert sb.info()["network"] == {"allow_out": ["allowed.test"]}
+                    ok = h.post(f"/sandboxes/{sb.id}/network", json={"network": "off"})
+                    assert ok.status_code == 200 and ok.json()["network"] == {"allow_out": []}, ok.text
+                    assert b"200 OK" not in sb.exec(get("allowed.test", "11.1.1.10")).stdout
+                    resp = h.post("/runs", json={"image": img.id, "command": "echo $TOKEN", "network": "allowed.test",
+                                                 "secrets": {"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}}})
+                    assert resp.status_code == 201, resp.text
+                    spec = st.operation(resp.json()["id"])
+                    assert spec["spec"]["secrets"] == {"TOKEN": {"hosts": ["allowed.test"]}}
+                    assert SECRET not in json.dumps(spec)
+            finally:
+                sb.stop()
+        finally:
+            st.close()
+    with open(os.path.join(home, "sandtree.db"), "rb") as f:
+        assert SECRET.encode() not in f.read()
