@@ -546,3 +546,42 @@ def test_remote_set_network_and_rest_secrets(tmp_path, lab, rootfs):
             st.close()
     with open(os.path.join(home, "sandtree.db"), "rb") as f:
         assert SECRET.encode() not in f.read()
+
+
+@NEEDS_ROOT
+def test_mcp_sandbox_start_and_set_network(tmp_path, lab, rootfs):
+    """MCP through the real client: sandbox_start takes `network`, sandbox_set_network replaces it (a
+    bad value is a tool error that leaves the policy as it was), sandbox_hibernate is refused."""
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    home = str(tmp_path / "home")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+                                   env=lab_env(lab))
+
+    async def main():
+        async with Client(params) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            assert "network" in tools["sandbox_start"].input_schema["properties"]
+            assert "network" in tools["sandbox_set_network"].input_schema["properties"]
+            img = json.loads((await c.call_tool("import_image", {"source": rootfs})).content[0].text)["image"]
+            info = json.loads((await c.call_tool("sandbox_start", {"image": img, "network": ["other.test"]}))
+                              .content[0].text)
+            sid = info["id"]
+            try:
+                assert info["network"] == {"allow_out": ["other.test"]}
+                new = await c.call_tool("sandbox_set_network", {"sandbox_id": sid, "network": "allowed.test"})
+                assert not new.is_error and json.loads(new.content[0].text)["network"] == {"allow_out": ["allowed.test"]}
+                bad = await c.call_tool("sandbox_set_network", {"sandbox_id": sid, "network": "bad rule!"})
+                assert bad.is_error
+                r = await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command": get("allowed.test", "11.1.1.10")
+                                                       + get("other.test", "11.1.1.11")})
+                out = json.loads(r.content[0].text)["stdout"]
+                assert "200 OK" in out.split("--")[0] and "200 OK" not in out.split("--", 1)[1], out
+                hib = await c.call_tool("sandbox_hibernate", {"sandbox_id": sid})
+                assert hib.is_error and "network policy" in hib.content[0].text
+            finally:
+                await c.call_tool("sandbox_stop", {"sandbox_id": sid})
+    try:
+        asyncio.run(main())
+    finally:
+        Egress(home).stop_daemon()
