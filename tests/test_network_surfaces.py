@@ -585,3 +585,33 @@ def test_mcp_sandbox_start_and_set_network(tmp_path, lab, rootfs):
         asyncio.run(main())
     finally:
         Egress(home).stop_daemon()
+
+
+@NEEDS_ROOT
+def test_cli_network_command_replaces_a_live_policy(tmp_path, lab, rootfs):
+    """`sandtree network ID --allow/--deny/--network` through the real CLI: the new policy is the
+    sandbox's and enforced; secrets, no policy given or a bad rule are refused and change nothing."""
+    home = str(tmp_path / "home")
+    env = {**lab_env(lab), "SANDTREE_HOME": home}
+
+    def cli(*args, check=True):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, timeout=120)
+        assert not check or p.returncode == 0, p.stderr.decode()
+        return p
+    try:
+        img = json.loads(cli("image", "import", rootfs, "--json").stdout)["image"]
+        sid = json.loads(cli("start", img, "--network", "other.test", "--json").stdout)["id"]
+        try:
+            info = json.loads(cli("network", sid, "--allow", "allowed.test", "--json").stdout)
+            assert info["network"] == {"allow_out": ["allowed.test"]}
+            for bad in (["--network", "bad rule!"], [], ["--network", "all", "--secret", "T=v@allowed.test"]):
+                p = cli("network", sid, *bad, check=False)
+                assert p.returncode != 0 and p.stderr, (bad, p.stdout)
+            assert b'"allow_out":["allowed.test"]' in cli("network", sid, "--allow", "allowed.test").stdout
+            p = cli("exec", sid, "--json", "--", "sh", "-c", get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"))
+            out = json.loads(p.stdout)["stdout"]
+            assert "200 OK" in out.split("--")[0] and "200 OK" not in out.split("--", 1)[1], out
+        finally:
+            cli("stop", sid, check=False)
+    finally:
+        Egress(home).stop_daemon()

@@ -1,9 +1,10 @@
-"""Live sandboxes: `start`, `exec`, `stop`, `hibernate`, `resume`, `commit`, `ps`, `port` and `shell`
+"""Live sandboxes: `start`, `exec`, `stop`, `network`, `hibernate`, `resume`, `commit`, `ps`, `port` and `shell`
 (the terminal side of `shell` is terminal.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -12,7 +13,7 @@ from .output import fmt_size, open_engine, out
 from .runs import report_run
 from .terminal import interactive
 from .. import defaults as D
-from ..errors import SandtreeError
+from ..errors import InvalidInput, SandtreeError
 
 
 def cmd_start(args):
@@ -46,6 +47,17 @@ def cmd_stop(args):
     eng = open_engine(args)
     res = [eng.sandbox_stop(s) for s in args.sandboxes]
     out(args, res, lambda o: [print(f"{i['id']}  {i['state']}") for i in o])
+
+
+def cmd_set_network(args):
+    given = options.network(args)
+    if "secrets" in given:      # a live sandbox's secrets are fixed at its start (its link's CA and placeholders)
+        raise InvalidInput("`sandtree network` replaces the policy only: secrets are given at `sandtree start`")
+    if "network" not in given:
+        raise InvalidInput("`sandtree network ID` needs --network, --allow or --deny")
+    eng = open_engine(args)
+    info = eng.sandbox_set_network(args.sandbox, given["network"])
+    out(args, info, lambda o: print(f"{o['id']}  network {json.dumps(o.get('network'), separators=(',', ':'))}"))
 
 
 def cmd_hibernate(args):
@@ -142,6 +154,11 @@ def add_sandboxes(sub, common) -> None:
     x = sub.add_parser("stop", parents=[common], help="stop live sandboxes")
     x.add_argument("sandboxes", nargs="+")
     x.set_defaults(fn=cmd_stop)
+    x = sub.add_parser("network", parents=[common], help="replace a live sandbox's network policy "
+                       "(it must have started with one; connections the new policy forbids are cut)")
+    x.add_argument("sandbox")
+    options.add_network(x)
+    x.set_defaults(fn=cmd_set_network)
     x = sub.add_parser("hibernate", parents=[common],
                        help="save live sandboxes (files and processes, memory included) and free them")
     x.add_argument("sandboxes", nargs="+")
