@@ -24,17 +24,23 @@ from . import netns
 from .nft import RESOLVER_PORT
 from .state import MAX_HOSTS, LinkState
 
-__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "TCP_IDLE", "TTL"]
+__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "TCP_IDLE", "TTL"]
 
 TTL = 30                 # short: a policy change reaches the sandbox's caches soon
 MAX_NAMES_PER_IP = 16
+# addresses kept in link.names: a zone answering a fresh address per name grew it without end
+MAX_NAMED_ADDRESSES = 4096
 TCP_IDLE = 10.0
 IP_PKTINFO = 8           # socket.IP_PKTINFO is missing on some builds
 
 
 def _record(link: LinkState, name: str, ips) -> None:
     for ip in ips:
-        names = link.names.setdefault(str(ip), set())
+        # re-inserted at the end: the oldest answer is the one dropped when the map is full
+        names = link.names.pop(str(ip), None) or set()
+        while len(link.names) >= MAX_NAMED_ADDRESSES:
+            del link.names[next(iter(link.names))]
+        link.names[str(ip)] = names
         if len(names) < MAX_NAMES_PER_IP:
             names.add(name)
 

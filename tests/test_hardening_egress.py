@@ -1,0 +1,85 @@
+"""Hardening: the egress path (issue 14) under attack from inside a sandbox (attack review 3).
+
+E1. link.names grew without bound: every A answer the resolver gave a link added its addresses to
+    link.names (address -> names), capped per address but not in addresses. A sandbox allowed a
+    wildcard (or `all`) asking names of a zone that answers a fresh address each time grew the
+    shared daemon's memory for as long as it lived (5000 queries: 5000 entries, no cap).
+E2. No cap on one link's open proxied connections: one sandbox could hold thousands of connections
+    (two daemon fds each) through the daemon every sandbox shares, until the daemon ran out of fds
+    and refused every other tenant's connections and control requests.
+
+Everything real but the upstream's answers in E1: the rig's Upstream.resolve is replaced by one
+answering a fresh public address per name, standing in for a DNS zone the attacker controls (the
+netlab zone is fixed). Every packet stays in namespaces netlab made."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import pytest
+
+from sandtree.network import resolver, state
+from netlab import ALLOWED, ProxyRig, netlab
+
+
+@pytest.fixture(scope="module")
+def rig():
+    with netlab() as lab:
+        r = ProxyRig(lab)
+        try:
+            yield r
+        finally:
+            r.close()
+
+
+def test_link_names_stay_bounded_under_fresh_addresses(rig, monkeypatch):
+    count = [0]
+
+    async def fresh(name):
+        count[0] += 1
+        return [ipaddress.IPv4Address(int(ipaddress.IPv4Address("11.2.0.0")) + count[0])]
+
+    monkeypatch.setattr(rig.upstream, "resolve", fresh)
+    rig.policy(["*.attacker.test"])
+    rig.link.names.clear()
+    n = resolver.MAX_NAMED_ADDRESSES + 500
+    for i in range(n):
+        rig.dns(f"n{i}.attacker.test")
+    assert count[0] == n
+    assert len(rig.link.names) <= resolver.MAX_NAMED_ADDRESSES
+    # the newest answers are the ones kept (what the sandbox connects to next)
+    assert str(ipaddress.IPv4Address(int(ipaddress.IPv4Address("11.2.0.0")) + n)) in rig.link.names
+    rig.link.names.clear()
+
+
+def test_one_link_can_not_hold_unbounded_connections(rig):
+    from sandtree.network import proxy
+    rig.policy([f"{ALLOWED}/32:7"])
+    held = []
+    try:
+        for _ in range(proxy.MAX_LINK_CONNECTIONS):
+            s = rig.connect(ALLOWED, 7)
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"          # an echo: the connection is proxied and open
+            held.append(s)
+        extra = rig.connect(ALLOWED, 7)
+        held.append(extra)
+        extra.settimeout(3)
+        try:
+            extra.sendall(b"y")
+            got = extra.recv(1)
+        except (ConnectionError, socket.timeout, OSError):
+            got = b""
+        assert got == b"", "a connection past the link's cap was proxied"
+        assert any("connections" in r["reason"] for r in rig.link.usage.refused_hosts)
+    finally:
+        for s in held:
+            s.close()
+    # once they close, the link connects again
+    import time
+    time.sleep(0.5)
+    s = rig.connect(ALLOWED, 7)
+    with s:
+        s.sendall(b"z")
+        assert s.recv(1) == b"z"
