@@ -132,3 +132,42 @@ def test_one_link_can_not_hold_unbounded_dns_tcp_connections(rig):
     finally:
         for s in held:
             s.close()
+
+
+# ---- held: raw ICMP, UDP other than DNS, IPv6 from the sandbox's namespace as root ----------------
+
+def test_raw_icmp_other_udp_and_ipv6_go_nowhere(rig):
+    import struct
+    rig.policy("all")
+
+    def csum(b):
+        s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+        s = (s >> 16) + (s & 0xffff)
+        return ~(s + (s >> 16)) & 0xffff
+    body = struct.pack("!BBHHH", 8, 0, 0, 7, 1) + b"ping"
+    pkt = body[:2] + struct.pack("!H", csum(body)) + body[4:]
+    from sandtree.network import netns
+    for dst in (ALLOWED, rig.link.gateway):   # (127.0.0.1 here is the sandbox's own lo: it answers)
+        with netns.entered(rig.sandbox_fd):
+            s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        s.settimeout(0.5)
+        with s:
+            s.sendto(pkt, (dst, 0))
+            try:
+                while True:
+                    data, src = s.recvfrom(2048)
+                    assert src[0] != dst or data[20] != 0, f"an ICMP echo reply from {dst}"
+            except socket.timeout:
+                pass
+    u = rig.sock(socket.SOCK_DGRAM)
+    with u:
+        u.settimeout(1)
+        u.sendto(b"hello", (ALLOWED, 7))
+        with pytest.raises((socket.timeout, OSError)):
+            u.recvfrom(100)
+    with pytest.raises(OSError):
+        s6 = rig.sock(socket.SOCK_STREAM, socket.AF_INET6)
+        with s6:
+            s6.settimeout(2)
+            s6.connect(("fd00:ec2::254", 80))
+    assert rig.lab.trap_hits() == {}
