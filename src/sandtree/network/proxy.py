@@ -30,7 +30,7 @@ from .state import LinkState
 
 __all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "PIPE_SIZE",
            "F_SETPIPE_SZ", "BULK_BYTES", "BULK_THREADS", "DIAL_SECONDS",
-           "SNIFF_SECONDS", "SO_ORIGINAL_DST"]
+           "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
 
 SO_ORIGINAL_DST = 80
 SNIFF_SECONDS = 2.0
@@ -42,6 +42,10 @@ BULK_THREADS = 16
 _POOL = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="egress-bulk")
 _BULK = threading.Semaphore(BULK_THREADS)
 DIAL_SECONDS = 10.0
+# one link's connections in the proxy at once (two daemon fds each): every sandbox shares the
+# daemon, and one holding thousands ran it out of fds for all the others
+MAX_LINK_CONNECTIONS = 256
+_OPEN: dict[str, int] = {}      # link key -> its connections in _handle now
 
 
 async def _sniff(sock: socket.socket, port: int) -> tuple[bytes, str | None]:
@@ -289,7 +293,6 @@ async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, ow
 
 
 async def _handle(client: socket.socket, links, upstream) -> None:
-    loop = asyncio.get_running_loop()
     link = links(client.getsockname()[0])
     if link is None:
         return
@@ -297,6 +300,20 @@ async def _handle(client: socket.socket, links, upstream) -> None:
         ip, port = _original_dst(client)
     except OSError:
         return
+    if _OPEN.get(link.key, 0) >= MAX_LINK_CONNECTIONS:
+        await _refuse(link, client, str(ip), port, f"over {MAX_LINK_CONNECTIONS} open connections", False)
+        return
+    _OPEN[link.key] = _OPEN.get(link.key, 0) + 1
+    try:
+        await _handle_counted(link, client, ip, port, upstream)
+    finally:
+        _OPEN[link.key] -= 1
+        if not _OPEN[link.key]:
+            del _OPEN[link.key]
+
+
+async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream) -> None:
+    loop = asyncio.get_running_loop()
     own = upstream.own_addresses()
     first, name = b"", None
     if port in (80, 443) and link.policy is not None:

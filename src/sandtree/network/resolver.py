@@ -24,17 +24,26 @@ from . import netns
 from .nft import RESOLVER_PORT
 from .state import MAX_HOSTS, LinkState
 
-__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "TCP_IDLE", "TTL"]
+__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "MAX_LINK_TCP", "TCP_IDLE", "TTL"]
 
 TTL = 30                 # short: a policy change reaches the sandbox's caches soon
 MAX_NAMES_PER_IP = 16
+# addresses kept in link.names: a zone answering a fresh address per name grew it without end
+MAX_NAMED_ADDRESSES = 4096
 TCP_IDLE = 10.0
+# one link's DNS-over-TCP connections at once: each is a daemon fd held up to TCP_IDLE per message,
+# and every sandbox shares the daemon
+MAX_LINK_TCP = 64
 IP_PKTINFO = 8           # socket.IP_PKTINFO is missing on some builds
 
 
 def _record(link: LinkState, name: str, ips) -> None:
     for ip in ips:
-        names = link.names.setdefault(str(ip), set())
+        # re-inserted at the end: the oldest answer is the one dropped when the map is full
+        names = link.names.pop(str(ip), None) or set()
+        while len(link.names) >= MAX_NAMED_ADDRESSES:
+            del link.names[next(iter(link.names))]
+        link.names[str(ip)] = names
         if len(names) < MAX_NAMES_PER_IP:
             names.add(name)
 
@@ -110,8 +119,15 @@ async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_P
         tsock.close()
         raise
 
+    open_tcp: dict[str, int] = {}        # link gateway -> its TCP connections now
+
     async def on_tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        link = links(writer.get_extra_info("sockname")[0])
+        local = writer.get_extra_info("sockname")[0]
+        link = links(local)
+        if open_tcp.get(local, 0) >= MAX_LINK_TCP:
+            writer.close()
+            return
+        open_tcp[local] = open_tcp.get(local, 0) + 1
         try:
             while True:
                 n = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), TCP_IDLE))[0]
@@ -125,6 +141,9 @@ async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_P
             pass
         finally:
             writer.close()
+            open_tcp[local] -= 1
+            if not open_tcp[local]:
+                del open_tcp[local]
 
     tcp = await asyncio.start_server(on_tcp, sock=tsock)
     res = Resolver(udp, tcp, loop)
