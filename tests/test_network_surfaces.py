@@ -320,6 +320,12 @@ def test_mcp_network_parameter(tmp_path, lab, rootfs):
             assert not r.is_error and "200 OK" in json.loads(r.content[0].text)["stdout"]
             bad = await c.call_tool("run", {"image": img, "command": "true", "network": "bad rule!"})
             assert bad.is_error
+            assert "secrets" in tools["run"].input_schema["properties"]
+            assert "secrets" in tools["sandbox_start"].input_schema["properties"]
+            s = await c.call_tool("run", {"image": img, "command": "echo $TOKEN", "network": ["allowed.test"],
+                                          "secrets": {"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}}})
+            out = json.loads(s.content[0].text)["stdout"]
+            assert not s.is_error and out.startswith("sandtree-secret-TOKEN-") and SECRET not in out
             return json.loads(r.content[0].text)
     try:
         r = asyncio.run(main())
@@ -328,9 +334,11 @@ def test_mcp_network_parameter(tmp_path, lab, rootfs):
     eng = Engine(home, warm=0)
     try:
         rows = eng.store.db.query("SELECT spec FROM operations WHERE kind='run'")
-        assert len(rows) == 1                                  # (the refused one left nothing)
-        spec = json.loads(rows[0][0])
-        assert spec["network"] == {"allow_out": ["allowed.test"]} and spec["hermetic"] is False
+        assert len(rows) == 2                                  # (the refused one left nothing)
+        specs = [json.loads(row[0]) for row in rows]
+        assert all(sp["network"] == {"allow_out": ["allowed.test"]} and sp["hermetic"] is False for sp in specs)
+        assert {"TOKEN": {"hosts": ["allowed.test"]}} in [sp.get("secrets") for sp in specs]
+        assert SECRET not in json.dumps(specs)
     finally:
         eng.close()
 

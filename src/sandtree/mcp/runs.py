@@ -24,7 +24,8 @@ def register(t: Toolkit) -> None:
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
             truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
-            labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None) -> dict:
+            labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
+            secrets: dict[str, dict] | None = None) -> dict:
         """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
 
         shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
@@ -37,7 +38,8 @@ def register(t: Toolkit) -> None:
         cmd = command if shell else command.split()
         opts = dict(env=env, cwd=cwd or "/", uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
-                    file_set=directory_state_id, tier=tier, labels=labels, network=network)
+                    file_set=directory_state_id, tier=tier, labels=labels, network=network,
+                    secrets=secrets)
         opts.update({k: v for k, v in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk))
                      if v is not None})
         if not wait:

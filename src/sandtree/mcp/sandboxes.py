@@ -14,13 +14,14 @@ def register(t: Toolkit) -> None:
     def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
                       cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                       idle_action: str = "stop", labels: dict[str, str] | None = None,
-                      network: bool | str | list[str] | dict | None = None) -> dict:
+                      network: bool | str | list[str] | dict | None = None,
+                      secrets: dict[str, dict] | None = None) -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
         idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
         return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
                                     idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action,
-                                    labels=labels, network=network)
+                                    labels=labels, network=network, secrets=secrets)
 
     @t.tool
     def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
