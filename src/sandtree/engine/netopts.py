@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..branching.lineage import recorded_network
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..network.policy import Policy
-from ..network.trust import IMAGE_BUNDLES, RUNTIME_PATH, bundle, parse_secrets, sandbox_env
+from ..network.trust import IMAGE_BUNDLES, parse_secrets
 
 __all__ = ["NetOption", "network_option", "inherited_policy", "attach_link", "require_egress"]
 
@@ -64,16 +64,12 @@ def attach_link(egress, key: str, net: NetOption, read_image):
     """Ask the egress daemon for `key`'s link; (link, runtime_files, env additions).
     read_image(path) -> bytes of the image's file (NotFound when it has none)."""
     link = egress.attach(key, net.policy, net.secrets or None)
-    files = {"/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()}
-    env = dict(link.placeholders)
-    if link.ca_pem:
-        image_bundle = None
+    image_bundle = None
+    if link.ca_pem:                      # the image's trust store, which the link's CA joins
         for path in IMAGE_BUNDLES:
             try:
                 image_bundle = read_image(path)
                 break
             except (NotFound, InvalidInput, OSError):
                 continue
-        files[RUNTIME_PATH] = bundle(link.ca_pem, image_bundle)
-        env.update(sandbox_env(RUNTIME_PATH))
-    return link, files, env
+    return link, link.runtime_files(image_bundle), link.env()
