@@ -31,7 +31,7 @@ def abstract(cls) -> set[str]:
 # ---- the interface -------------------------------------------------------------------------------
 
 def test_the_interface_names_every_method_the_engine_calls():
-    assert abstract(Runtime) == {"available", "validate_spec", "run", "close", "live"}
+    assert abstract(Runtime) == {"available", "validate_spec", "run", "close", "live", "take_linked"}
     assert {"available", "handle", "start", "stop", "alive", "exec", "popen", "scratch", "freeze",
             "dump"} <= abstract(LiveTier)
 

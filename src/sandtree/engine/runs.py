@@ -13,6 +13,7 @@ import uuid
 from .. import defaults as D
 from ..runtime.base import RunSpec
 from ..runtime.validate import validate_spec
+from ..errors import SandtreeError
 from ..store import refs
 from ..store.store import ImageRow
 from ..secrets_mask import mask_env, mask_text, secret_values
@@ -84,53 +85,88 @@ class RunOps:
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
                        **({"labels": labels} if labels else {}), **net.record()}
         started = time.time()
-        link = None
+        link = link_key = None
         pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
             # a pooled sandbox only of a pool with the same policy (its link then is the run's)
             served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy) and not net.secrets else None
-            if served is None and net.policy is not None:   # a link of its own (key: the operation)
-                link, spec.runtime_files, extra = attach_link(self.egress, op, net,
-                                                              lambda p: self.read(source, p))
-                spec.netns_fd = link.netns_fd
-                spec.env = {**spec.env, **extra}
+            if served is None and net.policy is not None:   # a link of its own
+                spec.prestarted = self._take_linked(runtime, net)
+                if spec.prestarted is not None:      # a helper waiting in a link: now with the policy
+                    link_key = spec.prestarted.key
+                else:                                # a new link (key: the operation), cold start
+                    link, spec.runtime_files, extra = attach_link(self.egress, op, net,
+                                                                  lambda p: self.read(source, p))
+                    link_key, spec.netns_fd = op, link.netns_fd
+                    spec.env = {**spec.env, **extra}
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
-            usage = self._unlink(op, link)
+            usage = self._unlink(link_key, link)
             self.records.record(op, source, record_spec, started, None,
                                 {"error": getattr(exc, "code", "error"), "message": str(exc),
-                                 **({"usage": {"network": usage}} if link is not None else {})})
+                                 **({"usage": {"network": usage}} if link_key is not None else {})})
             raise
-        if link is not None:
-            outcome.usage["network"] = self._unlink(op, link)
+        network_usage = None
+        if link_key is not None:               # released while the commit runs; read before the record
+            if link is not None:
+                link.close()
+            network_usage = self.egress.release_begin(link_key)
         try:
-            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable)
+            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable,
+                                           network_usage)
         finally:
+            if network_usage is not None:
+                network_usage()                # (the answer is read whatever happened)
             if release is not None:
                 release()                      # the pool's sandbox: retired once its upper is read
         if branch is not None and result is not None:
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec
 
-    def _unlink(self, op: str, link) -> dict:
+    def _unlink(self, key: str | None, link) -> dict:
         """Release a run's link: its final usage counters ({} without one)."""
-        if link is None:
-            return {}
-        link.close()
-        return self.egress.release(op)
+        if link is not None:
+            link.close()
+        return self.egress.release(key) if key is not None else {}
+
+    def _take_linked(self, runtime, net):
+        """A helper the runtime started ahead in a link with nothing allowed, given the run's
+        policy (one round trip to the daemon), or None: the run attaches a link and starts cold.
+        Not for secrets (their placeholders and CA are the link's from its start)."""
+        if net.secrets:
+            return None
+        pre = runtime.take_linked(self._provide_link, self.egress.release)
+        if pre is None:
+            return None
+        try:
+            self.egress.set_policy(pre.key, net.policy)
+        except SandtreeError:                    # the daemon restarted (its links went): start cold
+            pre.discard()
+            return None
+        return pre
+
+    def _provide_link(self):
+        """A link for a linked warm helper: no policy until a run takes the helper."""
+        link = self.egress.attach(f"warm-{uuid.uuid4().hex}", None)
+        return link.key, link.netns_fd, link.runtime_files()
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
-                    disposable: bool) -> tuple[RunRecord, str | None]:
+                    disposable: bool, network_usage=None) -> tuple[RunRecord, str | None]:
+        """network_usage: None, or a function giving the released link's usage (read after the
+        commit, before the record)."""
         t_commit = time.perf_counter()
         with outcome:
             try:
                 result, write_image = (None, None) if disposable or outcome.cancelled else self._commit(row, outcome)
             except Exception as exc:
                 self.records.record(op, source, record_spec, started, None,
-                                    {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}"})
+                                    {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}",
+                                     **({"usage": {"network": network_usage()}} if network_usage else {})})
                 raise
             outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
+            if network_usage is not None:
+                outcome.usage["network"] = network_usage()
             rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,
                             outcome.stderr, outcome.stdout_truncated, outcome.stderr_truncated,
                             outcome.timed_out, outcome.oom_killed, outcome.usage, outcome.cancelled)

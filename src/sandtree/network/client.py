@@ -84,7 +84,8 @@ class Egress:
         self.upstream_netns = upstream_netns or netns_
         self.upstream_dns = upstream_dns or dns
         self.upstream_ca = upstream_ca or ca
-        self._sock: socket.socket | None = None
+        self._local = threading.local()
+        self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     # ---- availability and the daemon ----------------------------------------------------------------
@@ -128,27 +129,47 @@ class Egress:
             raise
         return s
 
-    def _request(self, req: dict, start: bool = True) -> tuple[dict, list[int]]:
-        data = json.dumps(req).encode()
-        with self._lock:
-            for attempt in (0, 1):
-                try:
-                    if self._sock is None:
-                        self._sock = self._connect()
-                    self._sock.sendmsg([data])
-                    msg, anc, _, _ = self._sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * 4))
-                    if not msg:
-                        raise ConnectionResetError("the egress daemon went away")
-                    break
-                except (FileNotFoundError, ConnectionError, BrokenPipeError) as e:
-                    if self._sock is not None:
-                        self._sock.close()
-                        self._sock = None
-                    if attempt or not start:
-                        if not start:
-                            raise NotFound("no egress daemon runs for this store") from None
-                        raise RuntimeUnavailable(f"the egress daemon does not answer: {e}") from None
-                    self._start()
+    # One connection a thread, one request in flight on it: concurrent runs do not queue behind
+    # each other's answers, and a thread may send a request and read its answer later (begin):
+    # a run's release then overlaps its commit.
+    def _thread_sock(self) -> socket.socket:
+        s = getattr(self._local, "sock", None)
+        if s is None or s.fileno() < 0:          # (close() closed it)
+            s = self._local.sock = self._connect()
+            with self._lock:
+                self._socks.add(s)
+        return s
+
+    def _drop_thread_sock(self) -> None:
+        s = getattr(self._local, "sock", None)
+        if s is not None:
+            self._local.sock = None
+            with self._lock:
+                self._socks.discard(s)
+            s.close()
+
+    def _send(self, data: bytes, start: bool) -> None:
+        for attempt in (0, 1):
+            try:
+                self._thread_sock().sendmsg([data])
+                return
+            except (FileNotFoundError, ConnectionError, BrokenPipeError) as e:
+                self._drop_thread_sock()
+                if not start:
+                    raise NotFound("no egress daemon runs for this store") from None
+                if attempt:
+                    raise RuntimeUnavailable(f"the egress daemon does not answer: {e}") from None
+                self._start()
+
+    def _receive(self) -> tuple[dict, list[int]]:
+        try:
+            msg, anc, _, _ = self._thread_sock().recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * 4))
+        except OSError as e:
+            self._drop_thread_sock()
+            raise RuntimeUnavailable(f"the egress daemon does not answer: {e}") from None
+        if not msg:
+            self._drop_thread_sock()
+            raise RuntimeUnavailable("the egress daemon went away")
         fds = []
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -161,6 +182,17 @@ class Egress:
                 os.close(fd)
             raise _error(answer)
         return answer, fds
+
+    def _request(self, req: dict, start: bool = True) -> tuple[dict, list[int]]:
+        data = json.dumps(req).encode()
+        for attempt in (0, 1):
+            self._send(data, start)
+            try:
+                return self._receive()
+            except RuntimeUnavailable:           # the daemon went between the send and the answer
+                if attempt or not start:
+                    raise
+        raise AssertionError("unreachable")
 
     # ---- the operations -------------------------------------------------------------------------------
     def ping(self) -> dict:
@@ -197,10 +229,25 @@ class Egress:
 
     def release(self, key: str) -> dict:
         """The link's final usage; {} when the daemon has no such link (or runs no more)."""
+        return self.release_begin(key)()
+
+    def release_begin(self, key: str):
+        """Send a release now, read its answer later: a function returning what release() does.
+        Call it before this thread asks the daemon anything else."""
         try:
-            return self._request({"op": "release", "key": key}, start=False)[0]["usage"]
-        except NotFound:
-            return {}
+            self._send(json.dumps({"op": "release", "key": key}).encode(), start=False)
+        except (NotFound, RuntimeUnavailable):
+            return dict
+        done: list[dict] = []
+
+        def finish() -> dict:               # once: a second call returns the same usage
+            if not done:
+                try:
+                    done.append(self._receive()[0]["usage"])
+                except (NotFound, RuntimeUnavailable):
+                    done.append({})
+            return done[0]
+        return finish
 
     def expose(self, key: str, port: int) -> int:
         return self._request({"op": "expose", "key": key, "port": port}, start=False)[0]["host_port"]
@@ -217,10 +264,7 @@ class Egress:
             self._request({"op": "stop"}, start=False)
         except (NotFound, RuntimeUnavailable):
             pass
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+        self.close()
         try:
             fd = os.open(lock_path(self.home), os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -239,7 +283,8 @@ class Egress:
             os.close(fd)
 
     def close(self) -> None:
+        """Close every thread's connection (a thread asking again reconnects)."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            socks, self._socks = self._socks, set()
+        for s in socks:
+            s.close()

@@ -81,6 +81,9 @@ class RunSpec:
     # bundle): "/etc/resolv.conf" is bound over the image's when that is a regular file; any other
     # path is "/dev/sandtree/<name>" (RUNTIME_DIR, a tmpfs of the runtime's own).
     runtime_files: dict[str, bytes] = field(default_factory=dict)
+    # A helper started ahead in a link's namespace (Runtime.take_linked), whose policy the caller
+    # set: the run takes it instead of netns_fd/runtime_files (the runtime owns it from here).
+    prestarted: object = None
 
 
 @dataclass
@@ -146,6 +149,14 @@ class Runtime(abc.ABC):
     def close(self) -> None:
         """Stop what the tier keeps between runs (started helpers, reaper threads). Idempotent;
         runs already returned stay valid until their outcomes are closed."""
+
+    @abc.abstractmethod
+    def take_linked(self, provide, retire) -> object | None:
+        """A helper started ahead inside a network link with nothing allowed yet (for
+        RunSpec.prestarted: the caller sets the link's policy, then runs), or None (none ready, or
+        a tier that keeps none: the caller attaches a link for a cold start). provide() -> (key,
+        netns_fd, runtime_files) makes a link, retire(key) gives one back; the first call starts
+        the tier's pool of them. The helper's `key` names its link."""
 
     @abc.abstractmethod
     def live(self) -> "LiveTier":

@@ -59,6 +59,9 @@ class GVisorRuntime(NamespaceRuntime):
             return False, "no writable cgroups: the gvisor tier's limits could not be enforced"
         return super().available()
 
+    def take_linked(self, provide, retire) -> None:
+        return None                              # runsc starts per run: no helpers kept ahead
+
     def live(self) -> LiveTier:
         """None yet: a live sandbox's pid 1 is sandtree-init entered through setns, and gVisor's
         processes live in its Sentry, entered only through `runsc exec`."""

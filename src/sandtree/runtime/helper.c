@@ -592,6 +592,7 @@ static void warm_mount(struct opts *o) {
     mkdir("r/proc", 0555);
     mkdir("r/dev", 0755);
     xmount("d", "r/dev", NULL, MS_BIND | MS_REC, NULL);
+    runtime_files("r/dev/sandtree", "r");            /* a linked warm helper's (--runtime-fd) */
 }
 
 /* C: pid 1 of the sandbox. */
@@ -618,7 +619,7 @@ static int sandbox_init(struct opts *o) {
         /* Ahead of the run: our /proc (masked) and loopback, then wait for the run. */
         if (chdir("/tmp") < 0) die_step("chdir-scratch");
         setup_proc("p");
-        loopback_up();
+        if (o->netns_fd < 0) loopback_up();         /* a joined namespace came set up (links.py) */
         if (read(sync_pipe[0], &c, 1) != 1) _exit(125);
         close(o->spec_fd);
         read_spec(spec_pipe[0], o);                 /* the run's options, forwarded by P */
@@ -1138,8 +1139,9 @@ int main(int argc, char **argv) {
     int warm = o.spec_fd >= 0;
     if (o.netns_fd >= 0) {
         /* Before the clone, so the sandbox is born in it (a user namespace's child cannot join a
-         * namespace of the host's); gVisor's runsc (--exec) runs its netstack on its links. */
-        if (warm) { errno = EINVAL; die_step("warm-netns"); }
+         * namespace of the host's); gVisor's runsc (--exec) runs its netstack on its links. A warm
+         * helper may be born in one too: a link with nothing allowed yet, whose policy the engine
+         * sets when a run takes the helper (runtime/warm.py, linked pools). */
         if (setns(o.netns_fd, CLONE_NEWNET) < 0) die_step("netns");
         close(o.netns_fd);
     }

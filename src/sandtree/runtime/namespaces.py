@@ -55,6 +55,10 @@ KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5,
 # limits a sandbox spends are charged to its owner, so to no one else.
 USERNS_OWNER_BASE = 0x7E000000
 
+# Helpers kept started in egress links (take_linked): a networked run then starts warm too; each
+# holds a link of the daemon's (a namespace, a veth, nothing allowed) while it waits.
+LINKED_WARM = 2
+
 
 class NamespaceRuntime(Runtime):
     name = "namespaces"
@@ -66,6 +70,7 @@ class NamespaceRuntime(Runtime):
         self.cgroups = Cgroups()
         self._helper: str | None = None
         self._pool: WarmPool | None = None
+        self._linked: WarmPool | None = None      # helpers born in egress links (take_linked)
         self._live: LiveRuntime | None = None
         self._pool_lock = threading.Lock()
         self._warm_size = warm             # started after the first run, not at construction
@@ -80,9 +85,10 @@ class NamespaceRuntime(Runtime):
         return True, ""
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._linked):
+            if pool is not None:
+                pool.close()
+        self._pool = self._linked = None
         reaper.drain()
 
     def validate_spec(self, spec: RunSpec) -> None:
@@ -154,13 +160,16 @@ class NamespaceRuntime(Runtime):
         return Started(proc, ours, rep_r, cg, bytearray())
 
     def _start_warm(self, spec: RunSpec) -> "Started | None":
-        """Hand the run to a pre-started helper (namespaces made, cgroups joined), if one is ready."""
-        pool = self._pool
-        if pool is None or spec.netns_fd is not None or spec.runtime_files:
-            return None                          # (a warm helper made its network namespace already)
-        w = pool.take()
+        """Hand the run to a pre-started helper (namespaces made, cgroups joined): the linked one
+        the caller took, or one of the pool's if one is ready."""
+        w, spec.prestarted = spec.prestarted, None
         if w is None:
-            return None
+            pool = self._pool
+            if pool is None or spec.netns_fd is not None or spec.runtime_files:
+                return None                      # (a warm helper made its network namespace already)
+            w = pool.take()
+            if w is None:
+                return None
         lim = spec.limits
         try:
             w.cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
@@ -181,6 +190,16 @@ class NamespaceRuntime(Runtime):
             raise
         return Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw, w.scratch_fd)
 
+    def take_linked(self, provide, retire) -> "WarmPool | None":
+        """See Runtime.take_linked: a pool of LINKED_WARM helpers, started on the first ask."""
+        with self._pool_lock:
+            if self._linked is None:
+                if self.idmap.rootless or not self.cgroups.available or not self._warm_size:
+                    return None
+                self._linked = WarmPool(self, LINKED_WARM, provide, retire)
+                return None                      # this run starts cold; the next finds one
+        return self._linked.take()
+
     def warm(self, size: int = 2) -> None:
         """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""
         with self._pool_lock:                  # concurrent first runs must start one pool
@@ -190,7 +209,13 @@ class NamespaceRuntime(Runtime):
     # ---- one run -----------------------------------------------------------------------------
     def run(self, spec: RunSpec) -> RunOutcome:
         lim = spec.limits
-        validate_spec(spec)
+        try:
+            validate_spec(spec)
+        except BaseException:
+            if spec.prestarted is not None:
+                spec.prestarted.discard()
+                spec.prestarted = None
+            raise
         started = time.monotonic()
         deadline = started + lim.timeout
         st = self._start_warm(spec) or self._start_cold(spec)

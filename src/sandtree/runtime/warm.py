@@ -16,6 +16,7 @@ from ..errors import SandboxError
 from . import seccomp
 from .base import Limits
 from .reaper import reaper
+from .runfiles import memfd
 
 
 @dataclass
@@ -27,6 +28,8 @@ class WarmHelper:
     cg: object
     report_raw: bytearray
     scratch_fd: int | None = None
+    key: str | None = None          # a linked helper's link (born in its namespace, nothing allowed yet)
+    retire: object = None           # key -> None: give the link back (an unused linked helper)
 
     def discard(self) -> None:
         for fd in (self.spec_w, self.rep_r, self.scratch_fd):
@@ -41,6 +44,12 @@ class WarmHelper:
             if s is not None:
                 s.close()
         reaper.submit(self.proc, self.cg)
+        if self.key is not None and self.retire is not None:
+            try:
+                self.retire(self.key)
+            except Exception:                    # noqa: BLE001 - the daemon collects it when we go
+                pass
+            self.key = None
 
 
 class WarmPool:
@@ -50,9 +59,14 @@ class WarmPool:
     Started from one long-lived thread: the helpers' PDEATHSIG is tied to the thread that
     spawned them, and must fire only when the engine itself goes."""
 
-    def __init__(self, runtime, size: int):        # runtime: the NamespaceRuntime it starts for
+    def __init__(self, runtime, size: int, provide=None, retire=None):
+        # runtime: the NamespaceRuntime it starts for. A linked pool (provide given): each helper is
+        # born in a link's network namespace; provide() -> (key, netns_fd, runtime_files) makes
+        # one (the engine's egress daemon, nothing allowed until a run sets its policy),
+        # retire(key) gives an unused one back.
         self.rt = runtime
         self.size = size
+        self.provide, self.retire = provide, retire
         self.ready: "collections.deque[WarmHelper]" = collections.deque()
         self.cv = threading.Condition()
         self.closed = False
@@ -106,17 +120,28 @@ class WarmPool:
         args += rt.static_args()
         for f in cg.procs_files:
             args += ["--cgroup", f]
+        key = netns_fd = files_fd = None
         try:
+            if self.provide is not None:
+                key, netns_fd, files = self.provide()
+                files_fd = memfd(files)
+                args += ["--netns-fd", str(netns_fd), "--runtime-fd", str(files_fd)]
             proc = subprocess.Popen(args, env={}, close_fds=True,
-                                    pass_fds=(theirs.fileno(), rep_w, spec_r, seccomp.filter_fd()),
+                                    pass_fds=(theirs.fileno(), rep_w, spec_r, seccomp.filter_fd(),
+                                              *(f for f in (netns_fd, files_fd) if f is not None)),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
             ours.close(); os.close(rep_r); os.close(spec_w); cg.remove()
+            if key is not None and self.retire is not None:
+                self.retire(key)
             raise
         finally:
             theirs.close(); os.close(rep_w); os.close(spec_r)
+            for fd in (netns_fd, files_fd):
+                if fd is not None:
+                    os.close(fd)
         raw = bytearray()
-        w = WarmHelper(proc, ours, rep_r, spec_w, cg, raw)
+        w = WarmHelper(proc, ours, rep_r, spec_w, cg, raw, key=key, retire=self.retire)
         while b"ready\n" not in raw:
             chunk = os.read(rep_r, 4096)
             if not chunk:
