@@ -163,3 +163,24 @@ def test_a_closing_engine_gives_its_waiting_links_back(lab, tmp_path):
 
 def warm_links_of(eg: Egress) -> set[str]:
     return {x["key"] for x in eg.list() if x["key"].startswith("warm-")}
+
+
+def test_a_run_refused_after_taking_a_linked_helper_leaves_the_connection_in_step(eng, img, monkeypatch):
+    """A helper taken and then given back unused (the runtime refused the spec) reads its pending
+    policy answer first, so the next request of this thread gets its own answer."""
+    from sandtree.errors import InvalidInput
+    eng.run(img, "true", network=["allowed.test"], disposable=True)
+    wait_linked(eng)
+    seen = taken_by(eng, monkeypatch)
+    real = eng.runtime.run
+
+    def refuse(spec):
+        spec.runtime_files = {"/etc/passwd": b"x"}     # a path the runtime refuses (validate_spec)
+        return real(spec)
+    monkeypatch.setattr(eng.runtime, "run", refuse)
+    with pytest.raises(InvalidInput):
+        eng.run(img, "true", network=["allowed.test"], disposable=True)
+    monkeypatch.undo()
+    assert seen and seen[0] not in warm_links(eng)             # given back
+    rec = eng.run(img, get("allowed.test", "11.1.1.10"), network=["allowed.test"], disposable=True)
+    assert "200 OK" in rec.stdout.decode() and rec.usage["network"]["connections"] == 1

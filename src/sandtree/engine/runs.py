@@ -7,6 +7,7 @@ the commit of its writes is commit.py. Runs started now and awaited later are op
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -85,7 +86,7 @@ class RunOps:
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
                        **({"labels": labels} if labels else {}), **net.record()}
         started = time.time()
-        link = link_key = None
+        link = link_key = gate = None
         pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
@@ -94,7 +95,7 @@ class RunOps:
             if served is None and net.policy is not None:   # a link of its own
                 spec.prestarted = self._take_linked(runtime, net)
                 if spec.prestarted is not None:      # a helper waiting in a link: now with the policy
-                    link_key = spec.prestarted.key
+                    link_key, gate = spec.prestarted.key, spec.prestarted.gate
                 else:                                # a new link (key: the operation), cold start
                     link, spec.runtime_files, extra = attach_link(self.egress, op, net,
                                                                   lambda p: self.read(source, p))
@@ -102,6 +103,9 @@ class RunOps:
                     spec.env = {**spec.env, **extra}
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
+            if gate is not None:
+                with contextlib.suppress(SandtreeError):
+                    gate()                       # (the answer is read whatever happened)
             usage = self._unlink(link_key, link)
             self.records.record(op, source, record_spec, started, None,
                                 {"error": getattr(exc, "code", "error"), "message": str(exc),
@@ -139,11 +143,9 @@ class RunOps:
         pre = runtime.take_linked(self._provide_link, self.egress.release)
         if pre is None:
             return None
-        try:
-            self.egress.set_policy(pre.key, net.policy)
-        except SandtreeError:                    # the daemon restarted (its links went): start cold
-            pre.discard()
-            return None
+        # The daemon's yes is awaited just before the command is handed over (the runtime calls
+        # the gate): the round trip overlaps the run's own preparation.
+        pre.gate = self.egress.set_policy_begin(pre.key, net.policy)
         return pre
 
     def _provide_link(self):

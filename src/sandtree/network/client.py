@@ -232,21 +232,40 @@ class Egress:
         return self.release_begin(key)()
 
     def release_begin(self, key: str):
-        """Send a release now, read its answer later: a function returning what release() does.
-        Call it before this thread asks the daemon anything else."""
-        try:
-            self._send(json.dumps({"op": "release", "key": key}).encode(), start=False)
-        except (NotFound, RuntimeUnavailable):
-            return dict
-        done: list[dict] = []
+        """Send a release now, read its answer later: a function returning what release() does."""
+        finish = self._begin({"op": "release", "key": key})
 
-        def finish() -> dict:               # once: a second call returns the same usage
-            if not done:
+        def usage() -> dict:
+            try:
+                return finish()["usage"]
+            except (NotFound, RuntimeUnavailable):
+                return {}
+        return usage
+
+    def set_policy_begin(self, key: str, policy: Policy | None):
+        """Send a set_policy now; the function returned waits for the daemon's yes (and raises
+        what set_policy would)."""
+        return self._begin({"op": "set_policy", "key": key, "policy": policy.to_json() if policy else None})
+
+    def _begin(self, req: dict):
+        """Send `req` now (no daemon started for it); finish() reads its answer once (later calls
+        return it again, or raise the same error). The thread must call finish() before it asks
+        the daemon anything else: its connection has one request in flight at a time."""
+        box: list = []
+        try:
+            self._send(json.dumps(req).encode(), start=False)
+        except SandtreeError as e:
+            box.append(e)
+
+        def finish() -> dict:
+            if not box:
                 try:
-                    done.append(self._receive()[0]["usage"])
-                except (NotFound, RuntimeUnavailable):
-                    done.append({})
-            return done[0]
+                    box.append(self._receive()[0])
+                except SandtreeError as e:
+                    box.append(e)
+            if isinstance(box[0], SandtreeError):
+                raise box[0]
+            return box[0]
         return finish
 
     def expose(self, key: str, port: int) -> int:

@@ -74,8 +74,8 @@ class RunSpec:
     prepare_changes: Callable[[str], None] | None = None
     cancel: "threading.Event | None" = None   # set it to kill the run (an operation's cancel)
     # A network namespace to join instead of a new, empty one (an egress link, network/links.py):
-    # the caller's fd, which it closes after the run started. Cold start only (a warm helper made
-    # its namespace already).
+    # the caller's fd, which it closes after the run started. Cold start only (a pooled warm helper
+    # made its namespace already; a linked one joined its link when it started: `prestarted`).
     netns_fd: int | None = None
     # Files the runtime shows the sandbox read-only and never commits (a link's resolv.conf, its CA
     # bundle): "/etc/resolv.conf" is bound over the image's when that is a regular file; any other

@@ -180,6 +180,8 @@ class NamespaceRuntime(Runtime):
                 words += ["--env", f"{k}={v}"]
             words += ["--"] + spec.argv
             data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
+            if w.gate is not None:               # nothing runs before the caller says (the link's policy)
+                w.gate()
             with os.fdopen(w.spec_w, "wb") as f:
                 f.write(data)
             if not spec.stdin:

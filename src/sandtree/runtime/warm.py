@@ -1,6 +1,8 @@
 """Helpers started ahead of runs (the namespaces tier's warm pool): exec, namespaces, id maps and
 cgroup membership done before a run asks, so a run pays only for its overlay, its command and
 its commit. NamespaceRuntime.warm starts a pool; _start_warm hands a run to one of its helpers.
+A linked pool (NamespaceRuntime.take_linked) starts its helpers inside egress links with nothing
+allowed: a networked run takes one after the engine set the link's policy (the helper's gate).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class WarmHelper:
     scratch_fd: int | None = None
     key: str | None = None          # a linked helper's link (born in its namespace, nothing allowed yet)
     retire: object = None           # key -> None: give the link back (an unused linked helper)
+    gate: object = None             # () -> None, called before the run is handed over (its link's policy set)
 
     def discard(self) -> None:
         for fd in (self.spec_w, self.rep_r, self.scratch_fd):
@@ -44,6 +47,12 @@ class WarmHelper:
             if s is not None:
                 s.close()
         reaper.submit(self.proc, self.cg)
+        if self.gate is not None:                # its answer first: one request in flight a thread
+            try:
+                self.gate()
+            except Exception:                    # noqa: BLE001 - it goes anyway
+                pass
+            self.gate = None
         if self.key is not None and self.retire is not None:
             try:
                 self.retire(self.key)
