@@ -142,6 +142,11 @@ def test_a_sandbox_with_an_allow_list_hibernates_and_resumes_in_its_link(world):
         assert b"100.64." in addr
         ns = _netns(st, sb.id)
         assert ns != os.stat("/proc/self/ns/net").st_ino
+        # connections open at the hibernation (one on the sandbox's loopback, one out through the
+        # proxy) do not stop it: they are cut (criu.py TCP_LINK)
+        assert sb.exec("(sleep 100000 | nc 127.0.0.1 8000 >/dev/null 2>&1 &); "
+                       "(sleep 100000 | nc 11.1.1.10 80 >/dev/null 2>&1 &); sleep 0.3").ok
+        assert sb.exec("netstat -tn | grep -c ESTABLISHED").stdout.strip() not in (b"", b"0")
 
         t0 = time.monotonic()
         info = sb.hibernate()
@@ -162,6 +167,7 @@ def test_a_sandbox_with_an_allow_list_hibernates_and_resumes_in_its_link(world):
         allowed, other = _reach(sb)
         assert "200 OK" in allowed and "200 OK" not in other, (allowed, other)
         assert sb.exec("cat /etc/resolv.conf").stdout.startswith(b"nameserver 100.64.")
+        assert b"ESTABLISHED" not in sb.exec("netstat -tn").stdout           # (they were cut)
         # the daemon's counters went on over the hibernation (the same link)
         usage = st.engine.egress.usage(sb.id)
         assert usage["connections"] >= 2 and usage["refused"] >= 2, usage
