@@ -168,6 +168,9 @@ def test_a_sandbox_with_an_allow_list_hibernates_and_resumes_in_its_link(world):
         assert "200 OK" in allowed and "200 OK" not in other, (allowed, other)
         assert sb.exec("cat /etc/resolv.conf").stdout.startswith(b"nameserver 100.64.")
         assert b"ESTABLISHED" not in sb.exec("netstat -tn").stdout           # (they were cut)
+        # root in the resumed sandbox holds no capability over its link, as after a start
+        r = sb.exec("ip route del default; echo rc=$?; ip link set eth0 down; echo rc=$?; ip route")
+        assert r.stdout.count(b"rc=0") == 0 and b"default via 100.64." in r.stdout, r.stdout + r.stderr
         # the daemon's counters went on over the hibernation (the same link)
         usage = st.engine.egress.usage(sb.id)
         assert usage["connections"] >= 2 and usage["refused"] >= 2, usage
