@@ -7,8 +7,9 @@ SANDTREE_CRIU names another binary.
 
 What a checkpoint holds, and what it does not: the process tree of the sandbox (pid 1 and
 everything under it: memory, registers, open files, pipes, sockets, its /dev tmpfs and /dev/shm
-contents, the namespaces, except a networked sandbox's link: TCP_LINK below). Not the filesystem: that is committed to an image first, with the
-processes frozen, and the resumed sandbox runs on that image (the upper starts empty again).
+contents, the namespaces, except a networked sandbox's link: TCP_LINK below). Not the
+filesystem: that is committed to an image first, with the processes frozen, and the resumed
+sandbox runs on that image (the upper starts empty again).
 """
 
 from __future__ import annotations
