@@ -359,6 +359,43 @@ def test_a_link_nobody_is_in_is_collected_after_the_grace(eg):
         eg.usage("gc")
 
 
+def test_a_held_link_outlives_the_grace_and_rejoin_gives_it_back(eg):
+    """hold: a hibernated sandbox's link, with nobody in it, is kept past GC; rejoin hands out the
+    same namespace, address, placeholders and CA (what the sandbox's env and ca.pem hold)."""
+    secrets = parse_secrets({"TOKEN": {"value": "held-s3cret", "hosts": ["api.example.org"]}})
+    link = eg.attach("held", Policy.from_value(["api.example.org"]), secrets)
+    ino = os.fstat(link.netns_fd).st_ino
+    link.close()
+    try:
+        eg.hold("held")
+        time.sleep(4.5)                              # past the grace (1.5 s) and two sweeps
+        listed = {l["key"]: l for l in eg.list()}
+        assert listed["held"]["held"] is True
+        again = eg.rejoin("held")
+        try:
+            assert os.fstat(again.netns_fd).st_ino == ino
+            assert (again.address, again.gateway, again.placeholders, again.ca_pem) == \
+                (link.address, link.gateway, link.placeholders, link.ca_pem)
+            assert again.placeholders["TOKEN"].startswith("sandtree-secret-TOKEN-") and again.ca_pem
+        finally:
+            again.close()
+        for bad in ("yes", 1, None):
+            with pytest.raises(InvalidInput):
+                eg.hold("held", bad)
+        with pytest.raises(NotFound):
+            eg.hold("no-such-link")
+        with pytest.raises(NotFound):
+            eg.rejoin("no-such-link")
+        eg.hold("held", False)                       # GC judges it again, from now
+        assert "held" in {l["key"] for l in eg.list()}
+        end = time.monotonic() + 10
+        while "held" in {l["key"] for l in eg.list()} and time.monotonic() < end:
+            time.sleep(0.2)
+        assert "held" not in {l["key"] for l in eg.list()}
+    finally:
+        eg.release("held")
+
+
 def test_adopt_gives_a_running_sandbox_an_address_and_no_route(eg):
     proc = subprocess.Popen(["unshare", "--net", "sleep", "60"])
     try:
@@ -370,6 +407,10 @@ def test_adopt_gives_a_running_sandbox_an_address_and_no_route(eg):
             eg.adopt("self", os.getpid())            # never the daemon's, the host's or the router's
         link = eg.adopt("adopted", proc.pid)
         assert link.netns_fd is None
+        with pytest.raises(Conflict):
+            eg.hold("adopted")                       # the sandbox's own namespace: ends with it
+        with pytest.raises(Conflict):
+            eg.rejoin("adopted")
         fd = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY)
         try:
             from pyroute2 import IPRoute

@@ -1,13 +1,22 @@
 """A live sandbox's network (a mixin of sandboxes.Sandboxes, which provides store, egress, _row,
 _running, _commit_lock, _set_spec and info): its policy replaced while it runs (the egress
-daemon's set_policy cuts the connections the new one forbids), and its link released when it
-stops or expires. A sandbox started without network has no link to give a policy to (its
-namespace is its own: only exposed ports reach it), so set_network refuses it."""
+daemon's set_policy cuts the connections the new one forbids), its link kept while it is
+hibernated and given back at resume, and released when it stops or expires. A sandbox started
+without network has no link to give a policy to (its namespace is its own: only exposed ports
+reach it), so set_network refuses it.
+
+Hibernation keeps the link (design.md, "Hibernate"): the daemon holds it while no process is in
+it (`hold`), and the resume is given its namespace again (`rejoin`), so the sandbox comes back
+with the same address, policy, secret placeholders and CA, and its exposed ports' listeners
+never went away. Only when the daemon lost it (restarted meanwhile) does the resume attach a new
+link with the recorded policy; a sandbox with secrets cannot (their values lived only in that
+daemon's memory), and stays hibernated."""
 
 from __future__ import annotations
 
 from ..errors import Conflict, NotFound, RuntimeUnavailable
-from .netopts import network_option
+from ..network.policy import Policy
+from .netopts import network_option, require_egress
 
 __all__ = ["SandboxNetwork", "NO_NETWORK"]
 
@@ -39,3 +48,39 @@ class SandboxNetwork:
             return self.egress().release(row["id"])
         except (NotFound, RuntimeUnavailable):
             return {}
+
+    def hold_link(self, row: dict, held: bool) -> None:
+        """Keep (or stop keeping) a networked sandbox's link while it has no processes; nothing
+        when the daemon has no such link (a resume attaches a new one: resume_link)."""
+        if not row["spec"].get("network"):
+            return
+        try:
+            self.egress().hold(row["id"], held)
+        except (NotFound, RuntimeUnavailable):
+            pass
+
+    def resume_link(self, row: dict):
+        """The Link a hibernated networked sandbox is restored into (the caller closes it), held:
+        if the restore fails it is still there for the next try. None without network."""
+        spec = row["spec"]
+        if not spec.get("network"):
+            return None
+        egress = self.egress()
+        try:
+            return egress.rejoin(row["id"])
+        except NotFound:
+            pass
+        if spec.get("secrets"):
+            raise Conflict(f"sandbox {row['id'][:12]} cannot resume: the egress daemon was restarted while it was "
+                           "hibernated, and its secrets' values lived only in that daemon's memory; stop it and "
+                           f"start a new sandbox from its head image {row['head']} with the secrets again",
+                           sandbox=row["id"], state="hibernated")
+        require_egress(egress)
+        link = egress.attach(row["id"], Policy.from_json(spec["network"]))
+        try:
+            egress.hold(row["id"])
+        except BaseException:
+            link.close()
+            egress.release(row["id"])
+            raise
+        return link

@@ -159,16 +159,17 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
 
     def _lost_locked(self, row: dict) -> str:
         if row["spec"].get("hibernating") and self._dump_finished(row["id"]):
-            self._retire(row, "running")
+            self._retire(row, "running", release=False)      # (the link is kept for the resume)
             self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
             return "hibernated"
         self._retire(row, "gone")
         return "gone"
 
-    def _retire(self, row: dict, state: str) -> None:
+    def _retire(self, row: dict, state: str, release: bool = True) -> None:
         self.ahead.forget(row["id"])
         self.live.stop(row["handle"])
-        self.release_link(row)
+        if release:
+            self.release_link(row)
         self._set_state(row["id"], state)
 
     def info(self, sid: str) -> dict:
@@ -224,9 +225,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         net = network_option(self.store.db, source, network, secrets)
         if net.policy is not None:
             require_egress(self.egress())
-        if net.policy is not None and idle_action == "hibernate":
-            raise Conflict("a sandbox with a network policy cannot hibernate (CRIU cannot restore its link: a "
-                           "network namespace the egress daemon owns); use idle_action 'stop'")
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
         injected = self.specs.files(files, file_set)
@@ -402,9 +400,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             raise RuntimeUnavailable(why)
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
-        if row["spec"].get("network"):
-            raise Conflict(f"sandbox {sid[:12]} has a network policy: it cannot hibernate (CRIU cannot restore "
-                           "its link, a network namespace the egress daemon owns)", sandbox=sid)
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.ahead.forget(sid)
@@ -429,11 +424,16 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}
                 self._set_spec(sid, {**row["spec"], "hibernating": pending})
                 self.unlink(sid)
-                self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"])
+                # A networked sandbox's link stays the daemon's, held while nothing is in it; its
+                # dump leaves it out and the resume is restored into it (sandbox_network.py).
+                self.hold_link(row, True)
+                self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"],
+                               link=bool(row["spec"].get("network")))
             except BaseException:
                 if self.live.alive(h):
                     self.live.freeze(h, False)
                     self._set_spec(sid, row["spec"])
+                    self.hold_link(row, False)
                 raise
             self._hibernated(sid, {**row["spec"], **pending})
         return self.info(sid)
@@ -467,8 +467,14 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                            env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
                            limits=Limits(**spec0["limits"]))
             remaining = spec0.get("remaining", spec0["lifetime"])
-            with self.store.using():
-                handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
+            link = self.resume_link(row)
+            spec.netns_fd = link.netns_fd if link is not None else None
+            try:
+                with self.store.using():
+                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
+            finally:
+                if link is not None:
+                    link.close()                   # (the restored processes hold the namespace)
             now = time.time()
             try:
                 with self.store.db.tx() as con:
@@ -478,4 +484,5 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 self.live.stop(handle)
                 raise
             shutil.rmtree(self._checkpoint_dir(sid), ignore_errors=True)
+            self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
         return self.info(sid)

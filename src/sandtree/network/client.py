@@ -211,6 +211,23 @@ class Egress:
             raise SandtreeError("the egress daemon's attach answer carried no namespace")
         return self._link(key, answer, fds[0])
 
+    def hold(self, key: str, held: bool = True) -> None:
+        """Keep `key`'s link while no process is in it (its sandbox hibernated: the daemon's GC
+        would release it), or let GC judge it again (held=False). NotFound when the daemon has no
+        such link; it is not started for this."""
+        self._request({"op": "hold", "key": key, "held": held}, start=False)
+
+    def rejoin(self, key: str) -> Link:
+        """`key`'s existing link with its namespace fd (the caller's to close): the same address,
+        placeholders and CA attach gave. NotFound when the daemon has no such link (it was
+        restarted, or the link released)."""
+        answer, fds = self._request({"op": "rejoin", "key": key}, start=False)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandtreeError("the egress daemon's rejoin answer carried no namespace")
+        return self._link(key, answer, fds[0])
+
     def adopt(self, key: str, pid: int) -> Link:
         answer, _ = self._request({"op": "adopt", "key": key, "pid": pid, "owner": os.getpid()})
         return self._link(key, answer, None)

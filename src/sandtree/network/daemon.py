@@ -11,8 +11,9 @@ message, a link's namespace fd passed by SCM_RIGHTS (client.py is the other end;
 The process sits in the upstream namespace (the host's unless --upstream-netns names another):
 every outbound connection the proxy dials is made there; router-side sockets are made through
 netns.entered(). A link is released by its owner, or once no process has been in its namespace
-for GRACE seconds after attach (a killed engine leaves nothing); the daemon exits after IDLE
-seconds with no link and no exposed port."""
+for GRACE seconds after attach (a killed engine leaves nothing), unless it is held (`hold`: its
+sandbox hibernated; `rejoin` hands its namespace out again at resume); the daemon exits after
+IDLE seconds with no link and no exposed port."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class Entry:
     def __init__(self, state: LinkState, made: Made, ns: tuple[int, int], owner):
         self.state, self.made, self.ns, self.owner = state, made, ns, owner
         self.exposures: dict[int, exposing.Exposure] = {}
+        self.held = False       # kept with no process in it (its sandbox hibernated): GC leaves it
 
 
 class Daemon:
@@ -210,9 +212,7 @@ class Daemon:
         st = os.fstat(made.netns_fd)
         entry = await self._keep(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
         fds.append(made.netns_fd)
-        ca = entry.state.ca
-        return {"address": made.address, "gateway": made.gateway, "placeholders": trust.placeholders(secrets),
-                "ca_pem": ca.pem().decode() if ca else None}
+        return self._described(entry)
 
     async def op_adopt(self, req, fds) -> dict:
         with self._claim(req) as key:
@@ -236,6 +236,38 @@ class Daemon:
         entry.state.policy = Policy.from_json(req.get("policy"))
         cut = proxy.recheck(entry.state)
         return {"cut": cut}
+
+    async def op_hold(self, req, fds) -> dict:
+        """Keep a link while no process is in its namespace (its sandbox hibernated), or (held:
+        false) let GC judge it again from now. Only a link the daemon made can be held: an
+        adopted one is the sandbox's own namespace, which ends with its processes."""
+        entry = self._entry(req)
+        held = req.get("held", True)
+        if not isinstance(held, bool):
+            raise InvalidInput(f"held is true or false, not {held!r}")
+        if held and entry.made.netns_fd is None:
+            raise errors.Conflict(f"link {entry.state.key!r} is adopted (the sandbox's own namespace): "
+                                  "it cannot outlive the sandbox's processes", key=entry.state.key)
+        entry.held = held
+        if not held:
+            entry.state.attached = time.time()      # (the grace for a process to be in it again)
+        return {}
+
+    async def op_rejoin(self, req, fds) -> dict:
+        """An existing link again, its namespace fd included: what attach gave (the same address,
+        placeholders and CA), for a sandbox resumed into it."""
+        entry = self._entry(req)
+        if entry.made.netns_fd is None:
+            raise errors.Conflict(f"link {entry.state.key!r} is adopted: it has no namespace of the daemon's",
+                                  key=entry.state.key)
+        fds.append(entry.made.netns_fd)            # (SCM_RIGHTS gives the caller its own copy)
+        return self._described(entry)
+
+    @staticmethod
+    def _described(entry: Entry) -> dict:
+        st = entry.state
+        return {"address": st.address, "gateway": st.gateway, "placeholders": trust.placeholders(st.secrets),
+                "ca_pem": st.ca.pem().decode() if st.ca else None}
 
     async def op_usage(self, req, fds) -> dict:
         return {"usage": self._entry(req).state.usage.to_json()}
@@ -264,7 +296,7 @@ class Daemon:
 
     async def op_list(self, req, fds) -> dict:
         return {"links": [{"key": k, "address": e.state.address, "gateway": e.state.gateway,
-                           "adopted": e.made.netns_fd is None, "owner": e.owner,
+                           "adopted": e.made.netns_fd is None, "owner": e.owner, "held": e.held,
                            "policy": e.state.policy.to_json() if e.state.policy else None,
                            "ports": {str(p): x.host_port for p, x in e.exposures.items()}}
                           for k, e in self.entries.items()]}
@@ -301,7 +333,7 @@ class Daemon:
                 used = await loop.run_in_executor(None, _namespaces_in_use)
                 now = time.time()
                 for entry in list(self.entries.values()):
-                    if now - entry.state.attached >= self.grace and entry.ns not in used:
+                    if not entry.held and now - entry.state.attached >= self.grace and entry.ns not in used:
                         await self._release(entry)
             elif time.monotonic() - self.idle_since >= self.idle:
                 self.stopping.set()

@@ -7,8 +7,9 @@ SANDTREE_CRIU names another binary.
 
 What a checkpoint holds, and what it does not: the process tree of the sandbox (pid 1 and
 everything under it: memory, registers, open files, pipes, sockets, its /dev tmpfs and /dev/shm
-contents, the namespaces). Not the filesystem: that is committed to an image first, with the
-processes frozen, and the resumed sandbox runs on that image (the upper starts empty again).
+contents, the namespaces, except a networked sandbox's link: TCP_LINK below). Not the
+filesystem: that is committed to an image first, with the processes frozen, and the resumed
+sandbox runs on that image (the upper starts empty again).
 """
 
 from __future__ import annotations
@@ -27,9 +28,20 @@ MIN_VERSION = (4, 2)
 DEFAULT = "/opt/sandtree/criu/criu"
 
 # Shared by dump and restore: bind mounts of host device nodes (/dev/null, ...) are re-bound from
-# the host at restore; cgroups are ours (the helper joins them before CRIU runs); connections on
-# the sandbox's own loopback and file locks are part of the state.
-COMMON = ["--external", "mnt[]", "--manage-cgroups=ignore", "--tcp-established", "--file-locks"]
+# the host at restore; cgroups are ours (the helper joins them before CRIU runs); file locks are
+# part of the state.
+COMMON = ["--external", "mnt[]", "--manage-cgroups=ignore", "--file-locks"]
+# TCP connections. In a sandbox's own network namespace (no network, or only exposed ports) they
+# can only be on its loopback, and are part of the state. A networked sandbox runs in its link, a
+# namespace the egress daemon made (owned by the host's user namespace): the dump is taken from
+# inside it (in_netns), so the checkpoint holds no namespace and the restore puts the tasks back
+# into the link it runs in (helper.c restore_sandbox). A connection cannot come back there: TCP
+# repair needs CAP_NET_ADMIN over the link's namespace, which the restoring CRIU (root of a user
+# namespace of the sandbox's own) does not hold, and the proxy's end of an outbound one is gone
+# anyway. So they are cut: restored closed (reads see EOF or ECONNRESET). Listening sockets come
+# back listening.
+TCP_OWN = ["--tcp-established"]
+TCP_LINK = ["--tcp-close"]
 
 _found: tuple[str | None, str] | None = None
 
@@ -57,8 +69,9 @@ def _find() -> tuple[str | None, str]:
 
 
 def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit: int,
-              owner: int = 0) -> list[str]:
-    """owner: the uid owning the sandbox's user namespaces (namespace_owner); CRIU runs as it."""
+              owner: int = 0, link: bool = False) -> list[str]:
+    """owner: the uid owning the sandbox's user namespaces (namespace_owner); CRIU runs as it.
+    link: the sandbox runs in an egress link (the caller runs this inside it: in_netns)."""
     # ghost files: files the sandbox deleted but holds open are saved whole, up to its disk size
     args = [criu, "dump", "-t", str(pid), "-D", images, "-o", "dump.log", "--ghost-limit", str(ghost_limit)]
     # --unprivileged: CRIU refuses an effective uid other than 0 without it. It holds every
@@ -67,7 +80,19 @@ def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit
     # they had), and no cache of its kernel probe (which as root it keeps only on a tmpfs /run,
     # not this VM's: it probes at every run either way).
     unpriv = ["--unprivileged"] if owner else []
-    return as_owner(owner) + args + unpriv + COMMON + (["--freeze-cgroup", freezer] if freezer else [])
+    return as_owner(owner) + args + unpriv + COMMON + (TCP_LINK if link else TCP_OWN) \
+        + (["--freeze-cgroup", freezer] if freezer else [])
+
+
+def in_netns(fd: int) -> list[str]:
+    """The prefix that runs a command in network namespace `fd` (an fd passed to it). CRIU dumps
+    the namespaces in which its target differs from CRIU itself: run in the sandbox's link, it
+    leaves the link out of the checkpoint (a veth whose peer is the daemon's router could not be
+    restored: "Unknown peer net namespace")."""
+    path = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if path is None:
+        raise RuntimeUnavailable("hibernating a networked sandbox needs nsenter (util-linux)")
+    return [path, f"--net=/proc/self/fd/{fd}", "--"]
 
 
 def as_owner(owner: int) -> list[str]:
@@ -126,13 +151,13 @@ def namespace_owner(ns_fd: int) -> int:
         os.close(fd)
 
 
-def restore_args(criu: str, images: str, root: str) -> list[str]:
+def restore_args(criu: str, images: str, root: str, link: bool = False) -> list[str]:
     # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime).
     # --unprivileged: CRIU runs as root of a user namespace of the sandbox's own, not of the
     # host's (helper.c: enter_owned_userns), so what needs the host's capabilities takes the
     # fallbacks this option allows (socket buffers within wmem_max/rmem_max, no tun probe).
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
-            "--leave-stopped", "--unprivileged"] + COMMON
+            "--leave-stopped", "--unprivileged"] + COMMON + (TCP_LINK if link else TCP_OWN)
 
 
 def dump_finished(images: str) -> bool:

@@ -1062,6 +1062,15 @@ static void map_owned_userns(pid_t cr, int from_c, int to_c) {
  * restored pid 1 becomes our child when CRIU exits: from there on we are its P, as after a start. */
 static int restore_sandbox(struct opts *o) {
     for (int k = 0; k < o->ncgroups; k++) write_file(o->cgroups[k], "0\n");
+    if (o->netns_fd >= 0) {
+        /* A networked sandbox's link (the egress daemon's namespace, owned by the host's user
+         * namespace): its dump was taken from inside it, so the checkpoint holds no network
+         * namespace and CRIU restores the tasks into the one it runs in, which it inherits from
+         * us. CRIU itself could not join it: it runs in a user namespace with no capability
+         * over the host's namespaces (enter_owned_userns). */
+        if (setns(o->netns_fd, CLONE_NEWNET) < 0) die_step("netns");
+        close(o->netns_fd);
+    }
     /* A cgroup namespace rooted at the sandbox's cgroups, as at a start: CRIU (managing no
      * cgroups) gives the restored tree its own, so the sandbox sees "/" and no host paths. */
     if (unshare(CLONE_NEWNS | CLONE_NEWCGROUP) < 0) die_step("unshare-mnt");

@@ -87,7 +87,10 @@ class LiveRuntime(Commands, LiveTier):
             if path is None:
                 raise RuntimeUnavailable(why)
             images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY)   # the helper covers /tmp
-            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r")   # (helper.c criu_root)
+            if spec.runtime_files:
+                raise SandboxError("a restore keeps the runtime files it had (its checkpoint holds them)")
+            # (helper.c criu_root; with a link: restored into it, criu.py TCP_LINK)
+            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r", link=spec.netns_fd is not None)
             mode = ["--restore", "1"]
         else:
             command = ["sandtree-init"]
@@ -109,9 +112,9 @@ class LiveRuntime(Commands, LiveTier):
         args += rt.static_args() + rt.run_args(spec)
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
-        # An egress link and runtime files (cold starts only; a restore keeps what CRIU dumped,
-        # and a hibernation removed the link first, design.md)
-        extra, rtfd = network_args(spec) if restore is None else ([], None)
+        # An egress link and runtime files. A restore gets no runtime files (its checkpoint holds
+        # its /dev/sandtree) but does get the link it was dumped from (design.md, "Hibernate").
+        extra, rtfd = network_args(spec)
         args += extra
         raw = bytearray()
         scratch = None
@@ -122,7 +125,7 @@ class LiveRuntime(Commands, LiveTier):
                 proc = subprocess.Popen(args + ["--"] + command, env=env, close_fds=True,
                                         pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd(), deadline_fd)
                                         + ((images,) if images is not None else ())
-                                        + (fds_of(spec, rtfd) if restore is None else ()),
+                                        + fds_of(spec, rtfd),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
@@ -356,9 +359,11 @@ class LiveRuntime(Commands, LiveTier):
                 out.append(pid)
         return out
 
-    def dump(self, h: LiveHandle, images: str, ghost_limit: int) -> None:
+    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
         """Checkpoint the sandbox's processes into `images` (CRIU), then they end and its cgroup
-        goes. The caller froze them and committed the filesystem; on failure they run on."""
+        goes. The caller froze them and committed the filesystem; on failure they run on.
+        link: the sandbox runs in an egress link, which stays the daemon's (not in the checkpoint;
+        a restore is given it again: start(spec with netns_fd, restore=...))."""
         path, why = criu.find()
         if path is None:
             raise RuntimeUnavailable(why)
@@ -369,13 +374,16 @@ class LiveRuntime(Commands, LiveTier):
         finally:
             os.close(ns)
         fd = self.pidfd(h)                           # pinned: the pid dumped is the sandbox's
+        net = open_of(h.init_pid, h.init_start, "ns/net", os.O_RDONLY) if link else None
         try:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
             # now, it finishes anyway and the next engine can tell (criu.dump_finished).
             p = subprocess.Popen(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
-                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner)],
-                                 cwd=images, stdin=subprocess.DEVNULL, start_new_session=True)
+                                  *(criu.in_netns(net) if net is not None else []),
+                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link)],
+                                 cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 pass_fds=(net,) if net is not None else ())
             try:
                 rc = p.wait(timeout=600)
             except subprocess.TimeoutExpired:
@@ -384,6 +392,8 @@ class LiveRuntime(Commands, LiveTier):
                 rc = -1
         finally:
             os.close(fd)
+            if net is not None:
+                os.close(net)
         if rc != 0 or not criu.dump_finished(images):
             raise SandboxError(f"criu dump failed: "
                                f"{criu.log_tail(images, 'dump.log') or criu.log_tail(images, 'criu.out')}",
