@@ -150,6 +150,20 @@ def registry_login(registry_url: str, username: str, secret: str, *, insecure: b
 def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
+@op(None, admin=True, images=("image",), audit="push",
+    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",)))
+def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
+    """Push an image to an OCI registry (layers = the image's layers, stable digests; the config file is
+    the OCI config); {reference, digest, layers, uploaded, bytes, seconds}. Admin only: the server connects
+    to the registry with its stored credentials.
+    reference: docker://HOST[:PORT]/NAME[:TAG]"""
+
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",)), custom_remote=True)
+def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
+    """Write an image as an OCI image layout (a tar: oci-layout, index.json, blobs) to a file object;
+    {image, digest, layers}. skopeo, podman, umoci and `docker load` (via skopeo) read it.
+    name: the index's ref name annotation (e.g. a tag)"""
+
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""

@@ -25,6 +25,7 @@ MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json"])
+CONFIG_LIMIT = 4 << 20       # bytes of an image config a pull reads (Docker Hub's largest are ~100 KB)
 REF_RE = re.compile(r"^(?:(docker|oci)://)?(?:(?P<host>[a-zA-Z0-9.-]+(?::\d+)?|\[[0-9a-fA-F:]+\](?::\d+)?)/)?"
                     r"(?P<name>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[\w][\w.-]{0,127}))?"
                     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
@@ -85,6 +86,7 @@ class Client:
         self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks)
         self.token: str | None = None
         self.basic = False
+        self.actions = "pull"            # the token scope asked for ("pull,push" for a push)
 
     def close(self) -> None:
         self.http.close()
@@ -107,7 +109,7 @@ class Client:
         if "realm" not in fields:
             raise RegistryError(f"unsupported auth challenge from {self.ref.registry}: {challenge!r}")
         query = {k: fields[k] for k in ("service", "scope") if k in fields}
-        query.setdefault("scope", f"repository:{self.ref.name}:pull")
+        query.setdefault("scope", f"repository:{self.ref.name}:{self.actions}")
         r = self.http.get(fields["realm"], params=query,
                           auth=httpx.BasicAuth(*self.credentials) if self.credentials else None)
         if r.status_code != 200:
@@ -135,6 +137,46 @@ class Client:
                 raise RegistryError(f"{self.ref.registry} answered HTTP {r.status_code} for {path}")
             return r
         raise RegistryError(f"{self.ref.registry} refused the credentials")
+
+    def request(self, method: str, url: str, *, ok=(200,), content=None, headers: dict | None = None,
+                params: dict | None = None) -> httpx.Response:
+        """One request (a path under /v2/ or an absolute URL, e.g. an upload's Location), with the
+        auth dance on a 401; RegistryError unless the status is in `ok`. A content that is a file
+        is rewound for the retry."""
+        url = url if url.startswith(("http://", "https://")) else self.base + url
+        for attempt in range(2):
+            if hasattr(content, "seek"):
+                content.seek(0)
+            r = self.http.request(method, url, content=content, params=params, headers=self._headers(headers))
+            if r.status_code == 401 and attempt == 0 and "www-authenticate" in r.headers:
+                self._auth(r.headers["www-authenticate"])
+                continue
+            if r.status_code not in ok:
+                detail = r.text[:300] if method != "HEAD" else ""
+                raise RegistryError(f"{self.ref.registry} answered HTTP {r.status_code} to {method} "
+                                    f"{url.split('?')[0].removeprefix(self.base)}: {detail}".rstrip(": "))
+            return r
+        raise RegistryError(f"{self.ref.registry} refused the credentials")
+
+    def config(self, manifest: dict, dest_dir: str) -> dict | None:
+        """The image config a manifest names (verified, at most CONFIG_LIMIT bytes), or None."""
+        desc = manifest.get("config")
+        if not isinstance(desc, dict):
+            return None
+        size = desc.get("size")
+        if not isinstance(size, int) or not 0 <= size <= CONFIG_LIMIT:
+            raise BadArchive(f"{self.ref}: the image config's size {str(size)[:20]!r} is not 0..{CONFIG_LIMIT}")
+        path = self.blob(desc.get("digest"), dest_dir, size=size)
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise BadArchive(f"{self.ref}: the image config is not JSON: {exc}") from None
+        finally:
+            os.unlink(path)
+        if not isinstance(doc, dict):
+            raise BadArchive(f"{self.ref}: the image config is not a JSON object")
+        return doc
 
     def check(self) -> None:
         """GET /v2/ with the credentials: do they work here?"""
@@ -198,7 +240,15 @@ class Client:
 
 def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
                 progress=None, check_host=None, max_bytes: int = 32 << 30) -> list[str]:
-    """Download and verify the layers of `reference` into workdir; bottom layer first.
+    """Download and verify the layers of `reference` into workdir; bottom layer first."""
+    return pull_image(reference, workdir, credentials=credentials, insecure=insecure, progress=progress,
+                      check_host=check_host, max_bytes=max_bytes)[0]
+
+
+def pull_image(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
+               progress=None, check_host=None, max_bytes: int = 32 << 30) -> tuple[list[str], dict | None]:
+    """Download and verify the layers of `reference` into workdir (bottom layer first) and its
+    image config (the OCI config document, or None if the manifest names none).
     check_host: see Client. max_bytes: what all layers together may download (then their
     expansion is capped by importers.ImportLimits when applied)."""
     ref = parse(reference)
@@ -209,10 +259,11 @@ def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: boo
             layers = manifest.get("layers")
             if not isinstance(layers, list):
                 raise BadArchive(f"{ref}: not an image manifest (schema 2 / OCI)")
+            config = client.config(manifest, workdir)
             left = [max_bytes]
             return [client.blob(layer.get("digest") if isinstance(layer, dict) else None, workdir, progress,
                                 size=layer.get("size") if isinstance(layer, dict) else None, budget=left)
-                    for layer in layers]
+                    for layer in layers], config
         except httpx.HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:
