@@ -3,9 +3,10 @@ registry (distribution API v2). What the layers hold is store/ocilayers.py.
 
 A layer's digests depend only on the two images it lies between, so they are kept in the
 database (oci_layers) once computed: an unchanged image is planned from rows alone, and a push
-writes a layer's bytes only when the registry lacks them (HEAD per blob first; then the manifest
+writes a layer's bytes only when the registry lacks them (HEAD per blob first; the manifest
 is left alone when the tag already names the same one). A push of an unchanged image therefore
-uploads nothing and costs a few loopback requests.
+uploads nothing and costs one request (HEAD of the tag's manifest: when it is ours, the registry
+already holds every blob it names, as it checked them when it took the manifest).
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ def push(store: Store, image: str, reference: str, workdir: str, *, credentials=
     uploaded, sent = 0, 0
     try:
         try:
+            # the tag already names this manifest: the registry checked its blobs when it took it
+            head = client.request("HEAD", f"{ref.name}/manifests/{tag}", ok=(200, 404),
+                                  headers={"Accept": MANIFEST_MEDIA})
+            if head.status_code == 200 and head.headers.get("docker-content-digest") == p.digest:
+                return _result(ref, tag, p, 0, 0, started)
             cfg_digest = "sha256:" + hashlib.sha256(p.config).hexdigest()
             for blob in p.layers + [LayerBlob(None, image, cfg_digest, cfg_digest, len(p.config))]:
                 if client.request("HEAD", f"{ref.name}/blobs/{blob.digest}", ok=(200, 404)).status_code == 200:
@@ -186,16 +192,17 @@ def push(store: Store, image: str, reference: str, workdir: str, *, credentials=
                 sent += blob.size
                 if progress:
                     progress(blob.size)
-            head = client.request("HEAD", f"{ref.name}/manifests/{tag}", ok=(200, 404),
-                                  headers={"Accept": MANIFEST_MEDIA})
-            if head.status_code != 200 or head.headers.get("docker-content-digest") != p.digest:
-                client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
-                               headers={"Content-Type": MANIFEST_MEDIA})
+            client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
+                           headers={"Content-Type": MANIFEST_MEDIA})
         except httpx.HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:
         client.close()
         p.discard()
+    return _result(ref, tag, p, uploaded, sent, started)
+
+
+def _result(ref, tag: str, p: Plan, uploaded: int, sent: int, started: float) -> dict:
     return {"reference": f"{ref.registry}/{ref.name}:{tag}", "digest": p.digest, "layers": len(p.layers),
             "uploaded": uploaded, "bytes": sent, "seconds": round(time.monotonic() - started, 4)}
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import ssl
 import tempfile
 from dataclasses import dataclass
 
@@ -72,6 +73,17 @@ def _loopback(host: str) -> bool:
     return h in ("localhost", "::1") or h.startswith("127.")
 
 
+_TLS: list = []
+
+
+def _tls() -> ssl.SSLContext:
+    """One verifying TLS context per process: loading the CA bundle costs about 100 ms, which
+    was most of a push of an unchanged image (the context is read-only once made)."""
+    if not _TLS:
+        _TLS.append(ssl.create_default_context())
+    return _TLS[0]
+
+
 class Client:
     def __init__(self, ref: Reference, credentials: tuple[str, str] | None = None, insecure: bool = False,
                  timeout: float = 60, check_host=None):
@@ -83,7 +95,7 @@ class Client:
         self.credentials = credentials
         hooks = {"request": [lambda req: check_host(f"{req.url.host}:{req.url.port or (443 if req.url.scheme == 'https' else 80)}")]} \
             if check_host is not None else None
-        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks)
+        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks, verify=_tls())
         self.token: str | None = None
         self.basic = False
         self.actions = "pull"            # the token scope asked for ("pull,push" for a push)
