@@ -254,7 +254,7 @@ def test_bad_push_input_changes_nothing(images, registry):
     eng, top = images["st"].engine, images["top"]
     with pytest.raises(sandtree.InvalidInput):
         eng.push(top.id, "docker://UPPER/Case!!")
-    with pytest.raises(sandtree.SandtreeError):
+    with pytest.raises(sandtree.InvalidInput):
         eng.push(top.id, f"docker://{registry.host}/team/app@sha256:{'0' * 64}")
     with pytest.raises(sandtree.ImageNotFound):
         eng.push("nosuchimage", f"docker://{registry.host}/team/app:1")

@@ -1,10 +1,12 @@
 """OCI out (a mixin of engine.Engine): push an image to a registry, export it as an OCI image
-layout. The layers, config and manifest are store/ocilayers.py; the writing and the registry
-protocol store/ociout.py. Credentials are the ones `registry login` kept for pulls.
+layout. The layers, config and manifest are store/ocilayers.py; the layout store/ociout.py; the
+registry protocol store/registry.py (loaded for registry work only: it brings httpx). Credentials
+are the ones `registry login` kept for pulls.
 """
 
 from __future__ import annotations
 
+from ..store import ociout
 from ..store.layers import remove_tree
 from ..store.names import check_tag
 from .imports import registry_module
@@ -16,21 +18,19 @@ class OciOps:
     def push(self, image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
         """Push an image to docker://HOST/NAME:TAG; {reference, digest, layers, uploaded, bytes, seconds}."""
         registry = registry_module()
-        from ..store import ociout          # httpx, like the registry client: loaded for registry work only
         image = self.resolve(image)
         ref = registry.parse(reference)
         row = self.store.db.one("SELECT username, secret FROM registry_auth WHERE registry=?", (ref.registry,))
         with self.store.using():
             work = self.store.layers.stage("push")
             try:
-                return ociout.push(self.store, image, reference, work, credentials=tuple(row) if row else None,
+                return registry.push_image(self.store, image, reference, work, credentials=tuple(row) if row else None,
                                    insecure=insecure, progress=progress)
             finally:
                 remove_tree(work)
 
     def export_oci(self, image: str, fileobj, *, name: str | None = None) -> dict:
         """Write an image as an OCI image layout in a tar stream; {image, digest, layers}."""
-        from ..store import ociout          # (see push)
         image = self.resolve(image)
         if name is not None:
             check_tag(name)

@@ -1,5 +1,6 @@
-"""OCI out (issue 15): an image written as an OCI image layout (a tar stream) or pushed to a
-registry (distribution API v2). What the layers hold is store/ocilayers.py.
+"""OCI out (issue 15): what an image is as OCI blobs (a Plan), written as an OCI image layout (a
+tar stream); a push sends the same Plan to a registry (store/registry.py push_image). What the
+layers hold is store/ocilayers.py.
 
 A layer's digests depend only on the two images it lies between, so they are kept in the
 database (oci_layers) once computed: an unchanged image is planned from rows alone, and a push
@@ -20,15 +21,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import httpx
-
-from ..errors import RegistryError, StoreCorrupt
+from ..errors import StoreCorrupt
 from .ocilayers import (ENCODING, MANIFEST_MEDIA, LayerBlob, config_json, layer_images, manifest_json,
                         split_config, write_layer)
-from .registry import Client, parse
 from .store import Store
 
-__all__ = ["Plan", "plan", "write_layout_tar", "push"]
+__all__ = ["Plan", "plan", "layer_file", "blob_file", "write_layout_tar"]
 
 
 @dataclass
@@ -110,7 +108,7 @@ def plan(store: Store, image: str, workdir: str, *, write_all: bool = False) -> 
     return Plan(image, layers, cfg, manifest_json(cfg, layers, image), files)
 
 
-def _blob_file(store: Store, p: Plan, blob: LayerBlob, workdir: str) -> str:
+def blob_file(store: Store, p: Plan, blob: LayerBlob, workdir: str) -> str:
     path = p.files.get(blob.digest)
     if path is None:
         fresh, path = layer_file(store, blob.lower, blob.upper, workdir)
@@ -151,71 +149,8 @@ def write_layout_tar(store: Store, image: str, fileobj, workdir: str, *, ref_nam
                 done.add(digest)
             for blob in p.layers:
                 if blob.digest not in done:
-                    add(f"blobs/sha256/{blob.digest[7:]}", path=_blob_file(store, p, blob, workdir))
+                    add(f"blobs/sha256/{blob.digest[7:]}", path=blob_file(store, p, blob, workdir))
                     done.add(blob.digest)
         return p
     finally:
         p.discard()
-
-
-# ---- a push -----------------------------------------------------------------------------------------
-def push(store: Store, image: str, reference: str, workdir: str, *, credentials=None, insecure: bool = False,
-         progress=None) -> dict:
-    """Push the image to docker://HOST/NAME:TAG. Returns {reference, digest, layers, uploaded,
-    bytes, seconds}: uploaded counts the blobs this push sent (0 for an unchanged image)."""
-    started = time.monotonic()
-    ref = parse(reference)
-    if ref.digest:
-        raise RegistryError("push to a tag (docker://HOST/NAME:TAG), not to a digest")
-    tag = ref.tag or "latest"
-    client = Client(ref, credentials, insecure)
-    client.actions = "pull,push"
-    p = plan(store, image, workdir)
-    uploaded, sent = 0, 0
-    try:
-        try:
-            # the tag already names this manifest: the registry checked its blobs when it took it
-            head = client.request("HEAD", f"{ref.name}/manifests/{tag}", ok=(200, 404),
-                                  headers={"Accept": MANIFEST_MEDIA})
-            if head.status_code == 200 and head.headers.get("docker-content-digest") == p.digest:
-                return _result(ref, tag, p, 0, 0, started)
-            cfg_digest = "sha256:" + hashlib.sha256(p.config).hexdigest()
-            for blob in p.layers + [LayerBlob(None, image, cfg_digest, cfg_digest, len(p.config))]:
-                if client.request("HEAD", f"{ref.name}/blobs/{blob.digest}", ok=(200, 404)).status_code == 200:
-                    continue
-                if blob.digest == cfg_digest:
-                    _upload(client, ref.name, blob.digest, p.config)
-                else:
-                    with open(_blob_file(store, p, blob, workdir), "rb") as f:
-                        _upload(client, ref.name, blob.digest, f)
-                uploaded += 1
-                sent += blob.size
-                if progress:
-                    progress(blob.size)
-            client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
-                           headers={"Content-Type": MANIFEST_MEDIA})
-        except httpx.HTTPError as exc:
-            raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
-    finally:
-        client.close()
-        p.discard()
-    return _result(ref, tag, p, uploaded, sent, started)
-
-
-def _result(ref, tag: str, p: Plan, uploaded: int, sent: int, started: float) -> dict:
-    return {"reference": f"{ref.registry}/{ref.name}:{tag}", "digest": p.digest, "layers": len(p.layers),
-            "uploaded": uploaded, "bytes": sent, "seconds": round(time.monotonic() - started, 4)}
-
-
-def _upload(client: Client, name: str, digest: str, content) -> None:
-    """A monolithic upload: POST a session, PUT the bytes to its Location with the digest."""
-    r = client.request("POST", f"{name}/blobs/uploads/", ok=(202,))
-    location = r.headers.get("location")
-    if not location:
-        raise RegistryError(f"{client.ref.registry} gave no upload location")
-    location = str(httpx.URL(client.base).join(location))
-    size = len(content) if isinstance(content, bytes) else os.fstat(content.fileno()).st_size
-    # the digest joins the location's own query (its upload state), which httpx's params would replace
-    client.request("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", ok=(201,),
-                   content=content, headers={"Content-Type": "application/octet-stream",
-                                             "Content-Length": str(size)})

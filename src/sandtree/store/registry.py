@@ -6,6 +6,12 @@ against their digests before anything is applied; layers are applied in order wi
 whiteouts by importers.apply_layers. Auth: anonymous, HTTP basic, or the Bearer token dance the
 registry asks for (WWW-Authenticate), with stored credentials if any. Plain HTTP is used only for
 loopback registries or when asked (insecure=True).
+
+Pushing (issue 15): push_image sends an image's OCI blobs (store/ociout.py Plan) with monolithic
+uploads (POST a session, PUT the bytes with their digest), each only when a HEAD finds it missing,
+then the manifest under the tag. When the tag already names the same manifest nothing else is
+asked: the registry checked that manifest's blobs when it took it. An unchanged image's push is
+one request.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import os
 import re
 import ssl
 import tempfile
+import time
 from dataclasses import dataclass
 
 import httpx
 
+from . import ociout, ocilayers
 from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError, TooLarge  # noqa: F401 - RegistryError: re-exported
 
 MANIFEST_TYPES = ", ".join([
@@ -291,3 +299,66 @@ def check_login(registry: str, username: str, secret: str, insecure: bool = Fals
             raise RegistryError(f"cannot reach {registry}: {exc}") from None
     finally:
         client.close()
+
+
+# ---- push -----------------------------------------------------------------------------------------
+def push_image(store, image: str, reference: str, workdir: str, *, credentials=None, insecure: bool = False,
+               progress=None) -> dict:
+    """Push the image to docker://HOST/NAME:TAG. Returns {reference, digest, layers, uploaded,
+    bytes, seconds}: uploaded counts the blobs this push sent (0 for an unchanged image)."""
+    started = time.monotonic()
+    ref = parse(reference)
+    if ref.digest:
+        raise InvalidInput("push to a tag (docker://HOST/NAME:TAG), not to a digest")
+    tag = ref.tag or "latest"
+    client = Client(ref, credentials, insecure)
+    client.actions = "pull,push"
+    p = ociout.plan(store, image, workdir)
+    uploaded, sent = 0, 0
+    try:
+        try:
+            # the tag already names this manifest: the registry checked its blobs when it took it
+            head = client.request("HEAD", f"{ref.name}/manifests/{tag}", ok=(200, 404),
+                                  headers={"Accept": ocilayers.MANIFEST_MEDIA})
+            if head.status_code == 200 and head.headers.get("docker-content-digest") == p.digest:
+                return _result(ref, tag, p, 0, 0, started)
+            cfg_digest = "sha256:" + hashlib.sha256(p.config).hexdigest()
+            for blob in p.layers + [ocilayers.LayerBlob(None, image, cfg_digest, cfg_digest, len(p.config))]:
+                if client.request("HEAD", f"{ref.name}/blobs/{blob.digest}", ok=(200, 404)).status_code == 200:
+                    continue
+                if blob.digest == cfg_digest:
+                    _upload(client, ref.name, blob.digest, p.config)
+                else:
+                    with open(ociout.blob_file(store, p, blob, workdir), "rb") as f:
+                        _upload(client, ref.name, blob.digest, f)
+                uploaded += 1
+                sent += blob.size
+                if progress:
+                    progress(blob.size)
+            client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
+                           headers={"Content-Type": ocilayers.MANIFEST_MEDIA})
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
+    finally:
+        client.close()
+        p.discard()
+    return _result(ref, tag, p, uploaded, sent, started)
+
+
+def _result(ref, tag: str, p, uploaded: int, sent: int, started: float) -> dict:
+    return {"reference": f"{ref.registry}/{ref.name}:{tag}", "digest": p.digest, "layers": len(p.layers),
+            "uploaded": uploaded, "bytes": sent, "seconds": round(time.monotonic() - started, 4)}
+
+
+def _upload(client: Client, name: str, digest: str, content) -> None:
+    """A monolithic upload: POST a session, PUT the bytes to its Location with the digest."""
+    r = client.request("POST", f"{name}/blobs/uploads/", ok=(202,))
+    location = r.headers.get("location")
+    if not location:
+        raise RegistryError(f"{client.ref.registry} gave no upload location")
+    location = str(httpx.URL(client.base).join(location))
+    size = len(content) if isinstance(content, bytes) else os.fstat(content.fileno()).st_size
+    # the digest joins the location's own query (its upload state), which httpx's params would replace
+    client.request("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", ok=(201,),
+                   content=content, headers={"Content-Type": "application/octet-stream",
+                                             "Content-Length": str(size)})
