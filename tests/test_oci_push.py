@@ -260,3 +260,116 @@ def test_bad_push_input_changes_nothing(images, registry):
         eng.push("nosuchimage", f"docker://{registry.host}/team/app:1")
     with pytest.raises(sandtree.RegistryError):
         eng.push(top.id, "docker://127.0.0.1:1/team/app:1")
+
+
+def test_devices_xattrs_links_and_replaced_dirs_round_trip(registry, st, tmp_path):
+    """What OCI layers must carry exactly for the ID to come back: device nodes (as recorded),
+    xattrs, hard links (incl. one to a file of a lower layer), a directory replaced whole (an
+    overlay opaque dir: per-name whiteouts here), a file replaced by a directory."""
+    root = make_rootfs(str(tmp_path / "rootfs"))
+    os.makedirs(f"{root}/dev/sub")
+    os.mknod(f"{root}/dev/null", 0o20666, os.makedev(1, 3))          # our own temp dir: never opened
+    os.mknod(f"{root}/dev/sub/loop9", 0o60660, os.makedev(7, 9))
+    with open(f"{root}/etc/tagged", "w") as f:
+        f.write("x")
+    os.setxattr(f"{root}/etc/tagged", "user.origin", b"sandtree")
+    os.link(f"{root}/etc/greeting", f"{root}/etc/greeting-2")
+    os.makedirs(f"{root}/var/lib/old")
+    with open(f"{root}/var/lib/old/f", "w") as f:
+        f.write("old")
+    base = st.import_image(root)
+    r = base.run("rm -rf /var/lib && mkdir -p /var/lib/new && echo n > /var/lib/new/f && "
+                 "ln /etc/greeting /etc/greeting-3 && rm /etc/tagged && mkdir /etc/tagged && "
+                 "echo in > /etc/tagged/inside")
+    assert r.exit_code == 0, r.stderr
+    top = r.image
+    res = st.engine.push(top.id, f"docker://{registry.host}/edge/img:1")
+    layout = tmp_path / "lay"
+    skopeo("copy", "--quiet", "--src-tls-verify=false", f"docker://{registry.host}/edge/img:1", f"oci:{layout}:x")
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_bytes())
+    layers = []
+    for desc in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress((layout / "blobs/sha256" / desc["digest"][7:])
+                                                             .read_bytes()))) as t:
+            layers.append({m.name: m for m in t.getmembers()})
+    assert res["layers"] == len(layers) == 2
+    low, up = layers
+    assert low["dev/null"].ischr() and (low["dev/null"].devmajor, low["dev/null"].devminor) == (1, 3)
+    assert low["dev/sub/loop9"].isblk() and low["dev/sub/loop9"].devminor == 9
+    assert low["etc/tagged"].pax_headers["SCHILY.xattr.user.origin"] == "sandtree"
+    assert low["etc/greeting-2"].islnk() and low["etc/greeting-2"].linkname == "etc/greeting"
+    assert up["etc/greeting-3"].islnk() and up["etc/greeting-3"].linkname == "etc/greeting"   # target below
+    assert "var/.wh.lib" not in up and "var/lib/.wh.old" in up and up["var/lib/new/f"].isfile()
+    assert up["etc/tagged"].isdir() and up["etc/tagged/inside"].isfile()
+    pulled = sandtree.Sandtree(str(tmp_path / "other"))
+    try:
+        img = pulled.pull(f"docker://{registry.host}/edge/img:1")
+        assert img.id == top.id
+        assert img.stat("/dev/null")["type"] == "char" and img.stat("/dev/null")["rdev"] == os.makedev(1, 3)
+        assert img.run("cat /dev/null; echo $?").stdout.strip() != ""          # a placeholder, never the host's
+    finally:
+        pulled.close()
+
+
+def test_config_only_step_adds_no_layer_and_sockets_are_left_out(images, tmp_path):
+    """A step that changes only the config is no layer (the OCI config carries it); an image whose
+    config file is not in the canonical form keeps it as a plain file of its layers."""
+    eng, top = images["st"].engine, images["top"]
+    relabel = configured(top, CONFIG.replace(labels={"team": "other"}))
+    a = eng.export_oci(top.id, io.BytesIO())
+    b = eng.export_oci(relabel.id, io.BytesIO())
+    assert a["layers"] == b["layers"] and a["digest"] != b["digest"]
+    odd = top.run("chmod 600 /.sandtree/config.json").image
+    buf = io.BytesIO()
+    res = eng.export_oci(odd.id, buf)
+    assert len(res["layers"]) == 4                                    # the file stays in a layer of its own
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as t:
+        t.extractall(tmp_path / "odd", filter="data")
+    other = sandtree.Sandtree(str(tmp_path / "home2"))
+    try:
+        assert other.import_image(str(tmp_path / "odd")).id == odd.id
+    finally:
+        other.close()
+
+
+def test_push_and_export_over_http_and_mcp(images, registry, tmp_path):
+    """The same operations through `sandtree serve` (the remote client) and the MCP tool."""
+    from conftest import serve_process
+    top = images["top"]
+    with serve_process(images["st"].home) as url:
+        remote = sandtree.connect(url)
+        try:
+            img = remote.image(top.id)
+            res = img.push(f"docker://{registry.host}/remote/app:1")
+            assert res["uploaded"] == 4 and img.push(f"docker://{registry.host}/remote/app:1")["uploaded"] == 0
+            buf = io.BytesIO()
+            exp = img.export_oci(buf, name="r")
+            assert exp["digest"] == res["digest"]
+            with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as t:
+                assert "index.json" in t.getnames()
+        finally:
+            remote.close()
+
+    async def mcp_push():
+        from mcp.client.client import Client
+        from mcp.client.stdio import StdioServerParameters
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home",
+                                                                     images["st"].home, "mcp"], env={**os.environ})
+        async with Client(params) as c:
+            r = await c.call_tool("push_image", {"image": top.id, "reference": f"docker://{registry.host}/mcp/app:1"})
+            assert not r.is_error, r.content
+            return json.loads(r.content[0].text)
+    import asyncio
+    got = asyncio.run(mcp_push())
+    assert got["digest"] == res["digest"] and got["uploaded"] == 4
+
+
+def test_cli_push(images, registry):
+    env = {**os.environ, "SANDTREE_HOME": images["st"].home}
+    p = subprocess.run([sys.executable, "-m", "sandtree", "image", "push", images["top"].id,
+                        f"docker://{registry.host}/cli/app:1", "--json"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["uploaded"] == 4 and out["layers"] == 3
