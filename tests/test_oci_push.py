@@ -376,3 +376,35 @@ def test_cli_push(images, registry):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["uploaded"] == 4 and out["layers"] == 3
+
+
+def _layout_with_config(root, layer: bytes, config: dict):
+    from test_store import _oci_layout
+    layout = _oci_layout(root, [layer])
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_bytes())
+    data = json.dumps({"architecture": "amd64", "os": "linux", "config": config,
+                       "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    (layout / "blobs/sha256" / hashlib.sha256(data).hexdigest()).write_bytes(data)
+    manifest["config"].update(digest="sha256:" + hashlib.sha256(data).hexdigest(), size=len(data))
+    mdata = json.dumps(manifest).encode()
+    (layout / "blobs/sha256" / hashlib.sha256(mdata).hexdigest()).write_bytes(mdata)
+    index["manifests"][0].update(digest="sha256:" + hashlib.sha256(mdata).hexdigest(), size=len(mdata))
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+def test_a_config_is_never_written_through_a_link_and_bad_configs_are_refused(st, tmp_path):
+    from test_store import _special, _tar_bytes
+    link = tarfile.TarInfo(".sandtree")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+    layer = _tar_bytes([_special("etc", tarfile.DIRTYPE), (link, None)])
+    with pytest.raises(sandtree.BadArchive, match="not a directory"):
+        st.import_image(str(_layout_with_config(tmp_path / "a", layer, {"Env": ["A=1"]})))
+    plain = _tar_bytes([_special("etc", tarfile.DIRTYPE)])
+    with pytest.raises(sandtree.BadArchive, match="config"):
+        st.import_image(str(_layout_with_config(tmp_path / "b", plain, {"WorkingDir": "relative/dir"})))
+    assert st.images() == []
+    # an empty config writes nothing: images without one keep their IDs
+    img = st.import_image(str(_layout_with_config(tmp_path / "c", plain, {"Env": None, "Cmd": None})))
+    assert [e["name"] for e in img.ls("/")] == ["etc"]
