@@ -42,8 +42,8 @@ def oci_config(layout: str) -> dict | None:
         rel = clean_name(name) if isinstance(name, str) else None
     else:
         return None
-    if rel is None:
-        return None
+    if rel is None or not os.path.lexists(os.path.join(layout, rel)):
+        return None                  # no config to keep (imports without one worked before: still do)
     path = layout_file(layout, rel)
     if os.path.getsize(path) > 4 << 20:
         raise BadArchive("the image config is over 4 MiB")
