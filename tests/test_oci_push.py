@@ -408,3 +408,19 @@ def test_a_config_is_never_written_through_a_link_and_bad_configs_are_refused(st
     # an empty config writes nothing: images without one keep their IDs
     img = st.import_image(str(_layout_with_config(tmp_path / "c", plain, {"Env": None, "Cmd": None})))
     assert [e["name"] for e in img.ls("/")] == ["etc"]
+
+
+def test_tenants_push_nothing_and_export_only_what_they_see(images, registry):
+    eng, top = images["st"].engine, images["top"]
+    tenancy = eng.tenancy
+    view = eng.as_tenant(tenancy.authenticate(tenancy.create_token("oci-t")["token"]))
+    with pytest.raises(sandtree.Forbidden):
+        view.push(top.id, f"docker://{registry.host}/tenant/app:1")
+    with pytest.raises(sandtree.SandtreeError) as e:
+        view.export_oci(top.id, io.BytesIO())
+    assert isinstance(e.value, (sandtree.Forbidden, sandtree.NotFound))      # not its image
+    eng.share(top.id)
+    try:
+        assert view.export_oci(top.id, io.BytesIO())["image"] == top.id        # a shared image: yes
+    finally:
+        eng.unshare(top.id)
