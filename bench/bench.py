@@ -9,7 +9,8 @@ from the pool), its command and commit share, and back to back (the hit rate say
 pool served); hibernate and resume of a sandbox holding 100 MB in a process's memory (every
 resume checked), beside the time to write 100 MB to the store's disk; commit cost after writing 1
 file and 100 MB; fork (N runs from one image) on a small
-and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick).
+and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick);
+OCI push to a loopback registry and export (bench/oci.py, issue 15).
 Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
 (total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
 cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
@@ -456,6 +457,8 @@ def main() -> None:
         con.print(table)
         if args.egress_mb > 0:
             con.print(network_table(img, cold_img, args))
+        import oci                         # bench/oci.py: a registry on loopback for the push rows
+        con.print(oci.oci_table(st, img, work, min(args.n, 50)))
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
                   "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "

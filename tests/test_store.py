@@ -316,3 +316,15 @@ def test_gc_waits_for_runs_in_flight(st, rootfs):
     assert waited > 0.4
     assert result["r"].exit_code == 0
     assert st.fsck()["ok"]
+
+
+def test_hard_links_keep_their_owner_on_an_in_place_import(st, tmp_path):
+    """A tar's hard link imported in place (scan without a copy): the second name used to read the
+    first's already host-shifted ids as sandbox ids (uid 100000 in the tree, nobody on disk)."""
+    first, data = _file("etc/a", b"a", uid=7, gid=8)
+    link = tarfile.TarInfo("etc/b")
+    link.type, link.linkname, link.uid, link.gid = tarfile.LNKTYPE, "etc/a", 7, 8
+    (tmp_path / "t.tar").write_bytes(_tar_bytes([_special("etc", tarfile.DIRTYPE), (first, data), (link, None)]))
+    img = st.import_image(str(tmp_path / "t.tar"))
+    assert [(img.stat(p)["uid"], img.stat(p)["gid"]) for p in ("/etc/a", "/etc/b")] == [(7, 8), (7, 8)]
+    assert img.stat("/etc/b")["hardlink"] == "/etc/a"

@@ -85,7 +85,6 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
         return fn
     return deco
 
-
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
 # ---- names, images, refs -------------------------------------------------------------------------
@@ -127,7 +126,6 @@ def share(image: str) -> dict:
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
-
 # ---- import ---------------------------------------------------------------------------------------
 @op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
@@ -150,10 +148,17 @@ def registry_login(registry_url: str, username: str, secret: str, *, insecure: b
 def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
+@op(None, admin=True, images=("image",), audit="push",
+    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",)))
+def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
+    """Push an image to docker://HOST[:PORT]/NAME[:TAG] (admin: with the server's stored credentials)."""
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",)), custom_remote=True)
+def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
+    """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
+
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
-
 
 # ---- uploads and file sets --------------------------------------------------------------------------
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
@@ -183,7 +188,6 @@ def file_set_create(files: list[dict]) -> str:
 @op("list", local="the server answers it per request")
 def file_set(set_id: str) -> list[dict]:
     """A stored file set's files."""
-
 
 # ---- inspection ----------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
@@ -215,7 +219,6 @@ def diff(a: str, b: str) -> list:
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
-
 # ---- runs -----------------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
@@ -239,7 +242,6 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
 @op("list", http=Http(_G, "/operations/{op}"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
-
 
 # ---- live sandboxes ------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
@@ -339,7 +341,6 @@ def sandbox_ports(sid: str) -> list[dict]:
 @op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
-
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network")
@@ -467,7 +468,6 @@ def fsck(verify_content: bool = True) -> dict:
 @op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
-
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
 @op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True)

@@ -1,10 +1,12 @@
-"""`sandtree image ...` (import, pull, bootstrap, list, export, rm, share, unshare) and
+"""`sandtree image ...` (import, pull, push, bootstrap, list, export, rm, share, unshare) and
 `sandtree registry login`: images coming in, going out and going away."""
 
 from __future__ import annotations
 
 import os
 import sys
+import tarfile
+import tempfile
 
 from .. import config
 from .output import fmt_size, fmt_time, open_engine, out, status_line, with_progress
@@ -53,6 +55,11 @@ def cmd_image_list(args):
 def cmd_image_export(args):
     eng = open_engine(args)
     image = eng.resolve(args.image)
+    if args.output and args.file:
+        raise SystemExit("sandtree image export: give the output once (FILE or -o)")
+    args.file = args.output or args.file or "-"
+    if args.format == "oci":
+        return _export_oci(args, eng, image)
     if args.file == "-":
         eng.export_tar(image, sys.stdout.buffer, args.path)
     else:
@@ -62,6 +69,36 @@ def cmd_image_export(args):
         os.replace(tmp, args.file)
     if args.json:
         out(args, {"image": image, "file": args.file}, None)
+
+
+def _export_oci(args, eng, image):
+    """An OCI image layout: a tar (FILE ending in .tar, or - for stdout) or a directory."""
+    if args.file == "-":
+        res = eng.export_oci(image, sys.stdout.buffer, name=args.name)
+    elif args.file.endswith(".tar"):
+        tmp = args.file + ".part"
+        with open(tmp, "wb") as f:
+            res = eng.export_oci(image, f, name=args.name)
+        os.replace(tmp, args.file)
+    else:
+        if os.path.lexists(args.file) and (not os.path.isdir(args.file) or os.listdir(args.file)):
+            raise SystemExit(f"sandtree image export: {args.file} exists and is not an empty directory")
+        with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(args.file))) as f:
+            res = eng.export_oci(image, f, name=args.name)
+            f.seek(0)
+            with tarfile.open(fileobj=f, mode="r") as t:
+                t.extractall(args.file, filter="data")       # our own layout; still never outside the dir
+    if args.file != "-":                                    # stdout is the layout itself
+        out(args, {**res, "file": args.file}, lambda o: print(o["digest"]))
+
+
+def cmd_image_push(args):
+    eng = open_engine(args)
+    image = eng.resolve(args.image)
+    res = with_progress(args, "pushing", lambda cb: eng.push(image, args.reference, insecure=args.insecure,
+                                                             progress=cb))
+    out(args, res, lambda o: print(f"{o['reference']}@{o['digest']}  {o['layers']} layers, "
+                                   f"{o['uploaded']} blobs uploaded ({fmt_size(o['bytes'])}) in {o['seconds']:.3f}s"))
 
 
 def cmd_image_rm(args):
@@ -101,11 +138,21 @@ def add_image(sub, common) -> None:
     x.set_defaults(fn=cmd_image_bootstrap)
     x = isub.add_parser("list", parents=[common], help="list images")
     x.set_defaults(fn=cmd_image_list)
-    x = isub.add_parser("export", parents=[common], help="write an image as a tar")
+    x = isub.add_parser("export", parents=[common], help="write an image as a tar or an OCI image layout")
     x.add_argument("image")
-    x.add_argument("file", help="output file, or - for stdout")
-    x.add_argument("--path", default="/", help="export only this subtree")
+    x.add_argument("file", nargs="?", help="output file, or - for stdout (default)")
+    x.add_argument("-o", "--output", help="output: a file, - for stdout, or for --format oci a directory "
+                                          "(a name not ending in .tar)")
+    x.add_argument("--format", choices=("tar", "oci"), default="tar",
+                   help="tar: the root filesystem; oci: an OCI image layout (layers, config, manifest)")
+    x.add_argument("--name", help="--format oci: the ref name in the layout's index (skopeo's oci:DIR:NAME)")
+    x.add_argument("--path", default="/", help="--format tar: export only this subtree")
     x.set_defaults(fn=cmd_image_export)
+    x = isub.add_parser("push", parents=[common], help="push an image to an OCI registry (docker://HOST/NAME:TAG)")
+    x.add_argument("image")
+    x.add_argument("reference", help="docker://HOST[:PORT]/NAME[:TAG]")
+    x.add_argument("--insecure", action="store_true", help="plain HTTP (loopback registries use it anyway)")
+    x.set_defaults(fn=cmd_image_push)
     x = isub.add_parser("rm", parents=[common], help="remove images (their data goes at the next gc)")
     x.add_argument("images", nargs="+")
     x.add_argument("--force", action="store_true", help="also drop the tags pointing at it")

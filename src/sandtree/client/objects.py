@@ -104,6 +104,20 @@ class Image:
         else:
             self._st.engine.export_tar(self.id, fileobj_or_path, path)
 
+    def export_oci(self, fileobj_or_path, *, name: str | None = None) -> dict:
+        """Write the image as an OCI image layout tar (skopeo's oci-archive:, podman load);
+        {image, digest, layers}. name: the layout index's ref name."""
+        if isinstance(fileobj_or_path, str):
+            with open(fileobj_or_path, "wb") as f:
+                return self._st.engine.export_oci(self.id, f, name=name)
+        return self._st.engine.export_oci(self.id, fileobj_or_path, name=name)
+
+    def push(self, reference: str, *, insecure: bool = False) -> dict:
+        """Push the image to docker://HOST[:PORT]/NAME[:TAG]: its layers as OCI layers (stable
+        digests: an unchanged image uploads nothing), its config as the OCI config;
+        {reference, digest, layers, uploaded, bytes, seconds}."""
+        return self._st.engine.push(self.id, reference, insecure=insecure)
+
     def parents(self) -> list["Image"]:
         return _unique(Image(self._st, e["parent"]) for e in self._st.engine.parents(self.id))
 

@@ -196,6 +196,16 @@ class RemoteEngine:
             for chunk in r.iter_bytes():
                 fileobj.write(chunk)
 
+    def export_oci(self, image: str, fileobj, *, name: str | None = None) -> dict:
+        params = {"name": name} if name is not None else {}
+        with self.http.stream("GET", f"/images/{_segment(image, True)}/oci", params=params, timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise_for(r)
+            for chunk in r.iter_bytes():
+                fileobj.write(chunk)
+            return json.loads(r.headers["x-sandtree-oci"])
+
     @_declared("run")
     def run(self, ref, command, **options) -> RunRecord:
         args = table.OPS["run"].bind(ref, command, **options)

@@ -29,6 +29,7 @@ from ..tenancy import Tenancy
 from .branching import BranchingOps
 from .imports import ImportOps
 from .inspection import InspectionOps
+from .oci import OciOps
 from .operations import Operations
 from .pools import Pools
 from .records import Records
@@ -47,7 +48,7 @@ except ImportError:               # (the links part of issue 14, until it is mer
 _TENANCY_LOCK = threading.Lock()
 
 
-class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
+class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a

@@ -1,5 +1,6 @@
 """Imports (a mixin of engine.Engine): a directory, a tar, an OCI layout or docker-archive, a
-registry pull, a Debian bootstrap; each adopted as an image with its import operation.
+registry pull, a Debian bootstrap; each adopted as an image with its import operation. An OCI
+image's config is kept in the image as /.sandtree/config.json (store/ociin.py).
 
 How archives are read and bounded is store/importers.py; the registry client store/registry.py.
 """
@@ -13,7 +14,7 @@ import uuid
 from typing import Callable
 
 from ..errors import NotFound
-from ..store import importers, refs
+from ..store import importers, ociin, refs
 from ..store.blobs import BlobStore
 from ..store.db import Database
 from ..store.layers import remove_tree
@@ -71,6 +72,7 @@ class ImportOps:
             importers.apply_layers(importers.oci_layers(layout), staged,
                                    chown=not self.store.idmap.rootless, progress=progress,
                                    budget=importers.ImportBudget(limits))
+            ociin.write_config(staged, ociin.oci_config(layout), chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=source or f"oci:{layout}")
         except BaseException:
             remove_tree(staged)
@@ -93,9 +95,10 @@ class ImportOps:
         work = self.store.layers.stage("pull")
         staged = self.store.layers.stage("import")
         try:
-            layers = registry.pull_layers(reference, work, credentials=tuple(row) if row else None,
-                                          insecure=insecure, progress=progress, check_host=check_host)
+            layers, config = registry.pull_image(reference, work, credentials=tuple(row) if row else None,
+                                                 insecure=insecure, progress=progress, check_host=check_host)
             importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
+            ociin.write_config(staged, config, chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:
             remove_tree(staged)

@@ -4,6 +4,7 @@ stat, grep, export (no sandbox is started to look inside an image)."""
 from __future__ import annotations
 
 import functools
+import json
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -11,7 +12,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import FileResponse
 
 from .bodylimit import spool, staged_file, unstage
-from .models import PullIn, ShareIn, TagIn
+from .models import PullIn, PushIn, ShareIn, TagIn
 from .plumbing import Plumbing
 
 READ_CHUNK = 1 << 20      # bytes per chunk of a streamed file read
@@ -76,6 +77,24 @@ def images_router(p: Plumbing) -> APIRouter:
             unstage(tmp)
             raise
         return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(unstage, tmp))
+
+    @router.get("/api/v1/images/{ref:path}/oci")
+    async def export_oci(ref: str, name: str | None = None) -> Response:
+        i = await call(engine.resolve, ref)
+        tmp = await call(staged_file, p.stage, "export")     # on the store's disk, as export is
+        try:
+            with open(tmp, "xb") as f:
+                res = await call(functools.partial(engine.export_oci, i, f, name=name))
+        except BaseException:
+            unstage(tmp)
+            raise
+        return FileResponse(tmp, media_type="application/x-tar", background=BackgroundTask(unstage, tmp),
+                            headers={"X-Sandtree-OCI": json.dumps(res)})
+
+    @router.post("/api/v1/images/{ref:path}/push")
+    async def push(ref: str, body: PushIn) -> dict:
+        i = await call(engine.resolve, ref)
+        return await call(functools.partial(engine.push, i, body.reference, insecure=body.insecure))
 
     @router.get("/api/v1/resolve")
     async def resolve(ref: str) -> dict:

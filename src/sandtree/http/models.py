@@ -150,6 +150,11 @@ class PullIn(In):
     insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
 
 
+class PushIn(In):
+    reference: str = Field(description="docker://HOST[:PORT]/NAME[:TAG]")
+    insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
+
+
 class MergeIn(In):
     ours: str
     theirs: str

@@ -1,6 +1,6 @@
 """MCP tools for images and files: import, list, inspect and tag images; read, list and grep
 their files without starting a sandbox; files in (upload, rsync) and out (download); registry
-credentials for docker:// imports.
+credentials for docker:// imports; pushes to a registry.
 
 Over HTTP the tools that touch the *server's* filesystem (import_image of a path, upload path=,
 rsync, download destination=) are off (Toolkit.no_host_paths): files come in by content (upload,
@@ -169,6 +169,13 @@ def register(t: Toolkit) -> None:
         /v2/ API and keep them for import_image("docker://..."). "docker://ghcr.io/org/x" -> ghcr.io."""
         host = engine.registry_login(registry_url, username, token)
         return {"status": "success", "registry": host, "message": f"credentials for {host} stored"}
+
+    @t.tool
+    def push_image(image: str, reference: str) -> dict:
+        """Push an image to an OCI registry as docker://HOST[:PORT]/NAME[:TAG] so Docker, Podman or
+        Kubernetes can run it (admin only; credentials from registry_auth). An unchanged image
+        uploads nothing. Returns the manifest digest and how many blobs were uploaded."""
+        return engine.push(engine.resolve(image), reference)
 
     @t.tool
     def registry_token_obtain(registry_url: str) -> dict:

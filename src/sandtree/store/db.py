@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS edges(
     parent TEXT NOT NULL, child TEXT NOT NULL, op TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY(parent, child, op));
 CREATE INDEX IF NOT EXISTS edges_child ON edges(child);
+-- OCI out (store/ociout.py): a layer's digests by the two images it lies between (lower '' = none) and
+-- how it was written; digest '' = an empty delta. pushed: blobs known to be in a registry's repository.
+CREATE TABLE IF NOT EXISTS oci_layers(lower TEXT NOT NULL, upper TEXT NOT NULL, encoding TEXT NOT NULL,
+    digest TEXT NOT NULL, diff_id TEXT NOT NULL, size INTEGER NOT NULL, PRIMARY KEY(lower, upper, encoding));
+CREATE INDEX IF NOT EXISTS images_layers ON images(layers);
 CREATE TABLE IF NOT EXISTS registry_auth(registry TEXT PRIMARY KEY, username TEXT NOT NULL, secret TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS file_sets(id TEXT PRIMARY KEY, files TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS blob_loc(hash TEXT PRIMARY KEY, path TEXT NOT NULL);

@@ -136,7 +136,7 @@ def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> t
         raise BadArchive(f"not a tar archive: {exc}") from None
 
 
-def _clean_name(name: str) -> str:
+def clean_name(name: str) -> str:
     if name.startswith("/"):
         raise PathEscape(f"tar member has an absolute path: {name!r}", member=name)
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -203,7 +203,7 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
     try:
         for m in tar:
             budget.entry()
-            rel = _clean_name(m.name)
+            rel = clean_name(m.name)
             if not rel:
                 if m.isdir():
                     _meta(root, m, chown, is_dir=True)
@@ -239,7 +239,7 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
             elif m.issym():
                 os.symlink(m.linkname, path)
             elif m.islnk():
-                target = _clean_name(m.linkname)
+                target = clean_name(m.linkname)
                 tpath = _parent_fd_path(root, target)
                 if not os.path.lexists(tpath):
                     raise BadArchive(f"hard link {rel!r} points at {m.linkname!r}, not in the archive")
@@ -285,7 +285,7 @@ def _meta(path: str, m: tarfile.TarInfo, chown: bool, *, is_dir: bool) -> None:
 
 
 # ---- OCI image layout and docker-archive -----------------------------------------------------
-def _inside(layout: str, rel: str) -> str:
+def layout_file(layout: str, rel: str) -> str:
     """Path of rel inside the layout, refusing any symlink on the way (an extracted archive's
     `blobs/sha256/X -> /etc/shadow` must not read a host file) and anything not regular."""
     cur = layout
@@ -302,9 +302,9 @@ def _inside(layout: str, rel: str) -> str:
     return cur
 
 
-def _load_json(layout: str, rel: str):
+def layout_json(layout: str, rel: str):
     try:
-        with open(_inside(layout, rel), "rb") as f:
+        with open(layout_file(layout, rel), "rb") as f:
             if os.fstat(f.fileno()).st_size > 64 << 20:
                 raise BadArchive(f"{rel} is over 64 MiB")
             return json.load(f)
@@ -332,16 +332,16 @@ def oci_layers(layout: str) -> list[str]:
         if algo != "sha256":
             raise BadArchive(f"unsupported digest {str(digest)[:80]!r}")
         names.check_digest(hexd, BadArchive, "OCI digest")
-        return _verified(_inside(layout, f"blobs/sha256/{hexd}"), digest)
+        return _verified(layout_file(layout, f"blobs/sha256/{hexd}"), digest)
 
     if os.path.lexists(os.path.join(layout, "index.json")):
-        index = _load_json(layout, "index.json")
+        index = layout_json(layout, "index.json")
         manifests = index.get("manifests") or []
         if not manifests:
             raise BadArchive("OCI index lists no manifests")
         desc = manifests[0]
         for _ in range(4):                          # nested indexes (multi-arch): pick amd64 or first
-            doc = _load_json(layout, os.path.relpath(blob(desc["digest"]), layout))
+            doc = layout_json(layout, os.path.relpath(blob(desc["digest"]), layout))
             if "manifests" not in doc:
                 break
             choices = doc["manifests"]
@@ -349,12 +349,12 @@ def oci_layers(layout: str) -> list[str]:
                         choices[0])
         return [blob(layer["digest"]) for layer in doc.get("layers", [])]
     if os.path.lexists(os.path.join(layout, "manifest.json")):
-        manifest = _load_json(layout, "manifest.json")
+        manifest = layout_json(layout, "manifest.json")
         if not manifest:
             raise BadArchive("docker-archive manifest is empty")
         paths = []
         for name in manifest[0]["Layers"]:
-            paths.append(_inside(layout, _clean_name(name)))
+            paths.append(layout_file(layout, clean_name(name)))
         return paths
     raise BadArchive("neither an OCI layout (index.json) nor a docker-archive (manifest.json)")
 
@@ -364,7 +364,7 @@ def is_image_archive(path: str) -> bool:
     try:
         with tarfile.open(path, "r:*") as t:
             for m in t:
-                name = _clean_name(m.name) if not m.name.startswith("/") else m.name
+                name = clean_name(m.name) if not m.name.startswith("/") else m.name
                 if name in ("oci-layout", "index.json", "manifest.json"):
                     return True
                 if "/" not in name and m.isreg() and name.endswith(".json"):

@@ -6,6 +6,12 @@ against their digests before anything is applied; layers are applied in order wi
 whiteouts by importers.apply_layers. Auth: anonymous, HTTP basic, or the Bearer token dance the
 registry asks for (WWW-Authenticate), with stored credentials if any. Plain HTTP is used only for
 loopback registries or when asked (insecure=True).
+
+Pushing (issue 15): push_image sends an image's OCI blobs (store/ociout.py Plan) with monolithic
+uploads (POST a session, PUT the bytes with their digest), each only when a HEAD finds it missing,
+then the manifest under the tag. When the tag already names the same manifest nothing else is
+asked: the registry checked that manifest's blobs when it took it. An unchanged image's push is
+one request.
 """
 
 from __future__ import annotations
@@ -14,17 +20,21 @@ import hashlib
 import json
 import os
 import re
+import ssl
 import tempfile
+import time
 from dataclasses import dataclass
 
 import httpx
 
+from . import ociout, ocilayers
 from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError, TooLarge  # noqa: F401 - RegistryError: re-exported
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json"])
+CONFIG_LIMIT = 4 << 20       # bytes of an image config a pull reads (Docker Hub's largest are ~100 KB)
 REF_RE = re.compile(r"^(?:(docker|oci)://)?(?:(?P<host>[a-zA-Z0-9.-]+(?::\d+)?|\[[0-9a-fA-F:]+\](?::\d+)?)/)?"
                     r"(?P<name>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[\w][\w.-]{0,127}))?"
                     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
@@ -71,6 +81,17 @@ def _loopback(host: str) -> bool:
     return h in ("localhost", "::1") or h.startswith("127.")
 
 
+_TLS: list = []
+
+
+def _tls() -> ssl.SSLContext:
+    """One verifying TLS context per process: loading the CA bundle costs about 100 ms, which
+    was most of a push of an unchanged image (the context is read-only once made)."""
+    if not _TLS:
+        _TLS.append(ssl.create_default_context())
+    return _TLS[0]
+
+
 class Client:
     def __init__(self, ref: Reference, credentials: tuple[str, str] | None = None, insecure: bool = False,
                  timeout: float = 60, check_host=None):
@@ -82,9 +103,10 @@ class Client:
         self.credentials = credentials
         hooks = {"request": [lambda req: check_host(f"{req.url.host}:{req.url.port or (443 if req.url.scheme == 'https' else 80)}")]} \
             if check_host is not None else None
-        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks)
+        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks, verify=_tls())
         self.token: str | None = None
         self.basic = False
+        self.actions = "pull"            # the token scope asked for ("pull,push" for a push)
 
     def close(self) -> None:
         self.http.close()
@@ -107,7 +129,7 @@ class Client:
         if "realm" not in fields:
             raise RegistryError(f"unsupported auth challenge from {self.ref.registry}: {challenge!r}")
         query = {k: fields[k] for k in ("service", "scope") if k in fields}
-        query.setdefault("scope", f"repository:{self.ref.name}:pull")
+        query.setdefault("scope", f"repository:{self.ref.name}:{self.actions}")
         r = self.http.get(fields["realm"], params=query,
                           auth=httpx.BasicAuth(*self.credentials) if self.credentials else None)
         if r.status_code != 200:
@@ -135,6 +157,46 @@ class Client:
                 raise RegistryError(f"{self.ref.registry} answered HTTP {r.status_code} for {path}")
             return r
         raise RegistryError(f"{self.ref.registry} refused the credentials")
+
+    def request(self, method: str, url: str, *, ok=(200,), content=None, headers: dict | None = None,
+                params: dict | None = None) -> httpx.Response:
+        """One request (a path under /v2/ or an absolute URL, e.g. an upload's Location), with the
+        auth dance on a 401; RegistryError unless the status is in `ok`. A content that is a file
+        is rewound for the retry."""
+        url = url if url.startswith(("http://", "https://")) else self.base + url
+        for attempt in range(2):
+            if hasattr(content, "seek"):
+                content.seek(0)
+            r = self.http.request(method, url, content=content, params=params, headers=self._headers(headers))
+            if r.status_code == 401 and attempt == 0 and "www-authenticate" in r.headers:
+                self._auth(r.headers["www-authenticate"])
+                continue
+            if r.status_code not in ok:
+                detail = r.text[:300] if method != "HEAD" else ""
+                raise RegistryError(f"{self.ref.registry} answered HTTP {r.status_code} to {method} "
+                                    f"{url.split('?')[0].removeprefix(self.base)}: {detail}".rstrip(": "))
+            return r
+        raise RegistryError(f"{self.ref.registry} refused the credentials")
+
+    def config(self, manifest: dict, dest_dir: str) -> dict | None:
+        """The image config a manifest names (verified, at most CONFIG_LIMIT bytes), or None."""
+        desc = manifest.get("config")
+        if not isinstance(desc, dict):
+            return None
+        size = desc.get("size")
+        if not isinstance(size, int) or not 0 <= size <= CONFIG_LIMIT:
+            raise BadArchive(f"{self.ref}: the image config's size {str(size)[:20]!r} is not 0..{CONFIG_LIMIT}")
+        path = self.blob(desc.get("digest"), dest_dir, size=size)
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise BadArchive(f"{self.ref}: the image config is not JSON: {exc}") from None
+        finally:
+            os.unlink(path)
+        if not isinstance(doc, dict):
+            raise BadArchive(f"{self.ref}: the image config is not a JSON object")
+        return doc
 
     def check(self) -> None:
         """GET /v2/ with the credentials: do they work here?"""
@@ -198,7 +260,15 @@ class Client:
 
 def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
                 progress=None, check_host=None, max_bytes: int = 32 << 30) -> list[str]:
-    """Download and verify the layers of `reference` into workdir; bottom layer first.
+    """Download and verify the layers of `reference` into workdir; bottom layer first."""
+    return pull_image(reference, workdir, credentials=credentials, insecure=insecure, progress=progress,
+                      check_host=check_host, max_bytes=max_bytes)[0]
+
+
+def pull_image(reference: str, workdir: str, *, credentials=None, insecure: bool = False,
+               progress=None, check_host=None, max_bytes: int = 32 << 30) -> tuple[list[str], dict | None]:
+    """Download and verify the layers of `reference` into workdir (bottom layer first) and its
+    image config (the OCI config document, or None if the manifest names none).
     check_host: see Client. max_bytes: what all layers together may download (then their
     expansion is capped by importers.ImportLimits when applied)."""
     ref = parse(reference)
@@ -209,10 +279,11 @@ def pull_layers(reference: str, workdir: str, *, credentials=None, insecure: boo
             layers = manifest.get("layers")
             if not isinstance(layers, list):
                 raise BadArchive(f"{ref}: not an image manifest (schema 2 / OCI)")
+            config = client.config(manifest, workdir)
             left = [max_bytes]
             return [client.blob(layer.get("digest") if isinstance(layer, dict) else None, workdir, progress,
                                 size=layer.get("size") if isinstance(layer, dict) else None, budget=left)
-                    for layer in layers]
+                    for layer in layers], config
         except httpx.HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:
@@ -228,3 +299,66 @@ def check_login(registry: str, username: str, secret: str, insecure: bool = Fals
             raise RegistryError(f"cannot reach {registry}: {exc}") from None
     finally:
         client.close()
+
+
+# ---- push -----------------------------------------------------------------------------------------
+def push_image(store, image: str, reference: str, workdir: str, *, credentials=None, insecure: bool = False,
+               progress=None) -> dict:
+    """Push the image to docker://HOST/NAME:TAG. Returns {reference, digest, layers, uploaded,
+    bytes, seconds}: uploaded counts the blobs this push sent (0 for an unchanged image)."""
+    started = time.monotonic()
+    ref = parse(reference)
+    if ref.digest:
+        raise InvalidInput("push to a tag (docker://HOST/NAME:TAG), not to a digest")
+    tag = ref.tag or "latest"
+    client = Client(ref, credentials, insecure)
+    client.actions = "pull,push"
+    p = ociout.plan(store, image, workdir)
+    uploaded, sent = 0, 0
+    try:
+        try:
+            # the tag already names this manifest: the registry checked its blobs when it took it
+            head = client.request("HEAD", f"{ref.name}/manifests/{tag}", ok=(200, 404),
+                                  headers={"Accept": ocilayers.MANIFEST_MEDIA})
+            if head.status_code == 200 and head.headers.get("docker-content-digest") == p.digest:
+                return _result(ref, tag, p, 0, 0, started)
+            cfg_digest = "sha256:" + hashlib.sha256(p.config).hexdigest()
+            for blob in p.layers + [ocilayers.LayerBlob(None, image, cfg_digest, cfg_digest, len(p.config))]:
+                if client.request("HEAD", f"{ref.name}/blobs/{blob.digest}", ok=(200, 404)).status_code == 200:
+                    continue
+                if blob.digest == cfg_digest:
+                    _upload(client, ref.name, blob.digest, p.config)
+                else:
+                    with open(ociout.blob_file(store, p, blob, workdir), "rb") as f:
+                        _upload(client, ref.name, blob.digest, f)
+                uploaded += 1
+                sent += blob.size
+                if progress:
+                    progress(blob.size)
+            client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
+                           headers={"Content-Type": ocilayers.MANIFEST_MEDIA})
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
+    finally:
+        client.close()
+        p.discard()
+    return _result(ref, tag, p, uploaded, sent, started)
+
+
+def _result(ref, tag: str, p, uploaded: int, sent: int, started: float) -> dict:
+    return {"reference": f"{ref.registry}/{ref.name}:{tag}", "digest": p.digest, "layers": len(p.layers),
+            "uploaded": uploaded, "bytes": sent, "seconds": round(time.monotonic() - started, 4)}
+
+
+def _upload(client: Client, name: str, digest: str, content) -> None:
+    """A monolithic upload: POST a session, PUT the bytes to its Location with the digest."""
+    r = client.request("POST", f"{name}/blobs/uploads/", ok=(202,))
+    location = r.headers.get("location")
+    if not location:
+        raise RegistryError(f"{client.ref.registry} gave no upload location")
+    location = str(httpx.URL(client.base).join(location))
+    size = len(content) if isinstance(content, bytes) else os.fstat(content.fileno()).st_size
+    # the digest joins the location's own query (its upload state), which httpx's params would replace
+    client.request("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", ok=(201,),
+                   content=content, headers={"Content-Type": "application/octet-stream",
+                                             "Content-Length": str(size)})

@@ -71,6 +71,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
          progress=None) -> ScanResult:
     """Walk `src`; ids on disk are sandbox ids unless ids_are_host. The layer ends up host-shifted."""
     inodes: dict[tuple[int, int], list[str]] = {}
+    first_ids: dict[tuple[int, int], tuple[int, int]] = {}     # hard-linked inode -> its logical ids
     locations: dict[str, str] = {}
     dirs: list[_Dir] = []
     total = [0, 0]
@@ -132,6 +133,9 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
         if kind is None:
             continue
         uid, gid = logical(st)
+        if st.st_nlink > 1 and (st.st_dev, st.st_ino) in first_ids:
+            # a later name of an inode already placed in place: its ids on disk are host ids now
+            uid, gid = first_ids[(st.st_dev, st.st_ino)]
         xattrs = encode_xattrs(logical_xattrs(read_xattrs(s), idmap))
         if kind == DIR:
             if dest is not None:
@@ -147,6 +151,7 @@ def scan(src: str, dest: str | None, idmap: IdMap, *, ids_are_host: bool = False
             kind, ref, mode = marker
         key = (st.st_dev, st.st_ino)
         if st.st_nlink > 1:
+            first_ids.setdefault(key, (uid, gid))
             members = inodes.setdefault(key, [])
             members.append(ip)
             hl = f"{st.st_dev}:{st.st_ino}"
