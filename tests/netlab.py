@@ -109,7 +109,8 @@ class NetLab:
     """See the module doc. Attributes: internet_fd, edge_fd (the upstream namespace), dns (ip, port),
     ca_file, addresses, hits, trap_hits()."""
 
-    def __init__(self):
+    def __init__(self, serve=PORTS):
+        self.serve = tuple(serve)               # the ports served (bench/ serves 80 itself)
         self.internet_fd = netns.new()
         self.edge_fd = netns.new()
         self.dns = (DNS_IP, 53)
@@ -184,7 +185,7 @@ class NetLab:
     async def _serve(self):
         servers = []
         handlers = {80: self._http, 443: self._http, 7: self._echo, 2222: self._banner}
-        for port in PORTS:
+        for port in self.serve:
             servers.append(await asyncio.start_server(
                 self._counted(handlers[port], port), sock=self._sock(port=port),
                 ssl=self.tls if port == 443 else None, limit=1 << 18))
@@ -430,9 +431,9 @@ def read_all(s) -> bytes:
 
 
 @contextlib.contextmanager
-def netlab():
+def netlab(serve=PORTS):
     """The lab for bench/ and scripts: `with netlab() as lab: ...`."""
-    lab = NetLab()
+    lab = NetLab(serve)
     try:
         yield lab
     finally:
