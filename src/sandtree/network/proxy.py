@@ -13,34 +13,23 @@ link's resolver answered with that address. A refusal closes the connection (HTT
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import ipaddress
-import os
-import select
 import socket
-import threading
-from concurrent.futures import ThreadPoolExecutor
 import struct
 
-from . import intercept, netns
+from . import intercept, netns, plainhttp, splice
+from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
-from .sniff import SNIFF_BYTES, http_host, sni
+from .sniff import SNIFF_BYTES, sni
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "PIPE_SIZE",
-           "F_SETPIPE_SZ", "BULK_BYTES", "BULK_THREADS", "DIAL_SECONDS",
+__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
            "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
 
 SO_ORIGINAL_DST = 80
 SNIFF_SECONDS = 2.0
 CHUNK = 1 << 18              # stream buffers of intercepted connections
-PIPE_SIZE = 1 << 20          # relay pipes: large, fewer splices per megabyte
-F_SETPIPE_SZ = 1031
-BULK_BYTES = 8 << 20          # a direction past this is a bulk transfer (see _splice)
-BULK_THREADS = 16
-_POOL = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="egress-bulk")
-_BULK = threading.Semaphore(BULK_THREADS)
 DIAL_SECONDS = 10.0
 # one link's connections in the proxy at once (two daemon fds each): every sandbox shares the
 # daemon, and one holding thousands ran it out of fds for all the others
@@ -49,7 +38,7 @@ _OPEN: dict[str, int] = {}      # link key -> its connections in _handle now
 
 
 async def _sniff(sock: socket.socket, port: int) -> tuple[bytes, str | None]:
-    parse = sni if port == 443 else http_host
+    parse = sni
     data = b""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SNIFF_SECONDS
@@ -112,156 +101,13 @@ def recheck(link: LinkState) -> int:
     return cut
 
 
-class _Ready:
-    """Readiness of one fd for one direction. Registered only while waited for: epoll is
-    level-triggered, so a registration left in place while the relay waits on the other side
-    (a slow reader) would wake the loop on every turn."""
-
-    def __init__(self, loop, fd: int, write: bool):
-        self.loop, self.fd, self.write = loop, fd, write
-
-    async def wait(self) -> None:
-        fut = self.loop.create_future()
-        add, remove = ((self.loop.add_writer, self.loop.remove_writer) if self.write
-                       else (self.loop.add_reader, self.loop.remove_reader))
-        add(self.fd, lambda: fut.done() or fut.set_result(None))
-        try:
-            await fut
-        finally:
-            remove(self.fd)
-
-    def close(self) -> None:
-        pass
-
-
-def _cut(*socks: socket.socket) -> None:
-    for s in socks:
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _splice_thread(src: socket.socket, dst: socket.socket, r: int, w: int, flush) -> None:
-    """The bulk of a long transfer, off the event loop: the same splices, waiting in poll()
-    (the sockets stay non-blocking: the loop may still serve the other direction). Counts go to
-    the loop every BULK_BYTES (`flush`: the link's counters belong to the loop's thread)."""
-    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-    pin, pout = select.poll(), select.poll()
-    pin.register(src.fileno(), select.POLLIN)
-    pout.register(dst.fileno(), select.POLLOUT)
-    moved = 0
-    try:
-        while True:
-            try:
-                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
-            except BlockingIOError:
-                pin.poll()
-                continue
-            if n == 0:
-                break
-            moved += n
-            if moved >= BULK_BYTES:
-                flush(moved)
-                moved = 0
-            while n:
-                try:
-                    n -= os.splice(r, dst.fileno(), n, flags=flags)
-                except BlockingIOError:
-                    pout.poll()
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        _cut(src, dst)
-    finally:
-        flush(moved)
-
-
-async def _splice(src: socket.socket, dst: socket.socket, count) -> None:
-    """Move src's bytes to dst through a pipe (splice: the pages are passed, not copied through
-    this process) until src ends; then end dst's sending side. A transfer past BULK_BYTES goes on
-    in a thread of BULK_THREADS (measured: the loop's wake-ups cost ~0.2 s of CPU a GB)."""
-    loop = asyncio.get_running_loop()
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-    readable = writable = None
-    moved = 0
-    try:
-        try:
-            fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass                                  # the default (64 KiB) still works
-        readable = _Ready(loop, src.fileno(), False)
-        while True:
-            if moved >= BULK_BYTES and _BULK.acquire(blocking=False):
-                readable.close()
-                readable = None
-                if writable is not None:
-                    writable.close()
-                    writable = None
-                try:
-                    job = loop.run_in_executor(_POOL, _splice_thread, src, dst, r, w,
-                                               lambda n: loop.call_soon_threadsafe(count, n))
-                    try:
-                        await asyncio.shield(job)
-                    except asyncio.CancelledError:
-                        _cut(src, dst)           # the thread ends; its fds are closed after it
-                        await asyncio.wait([job])
-                        raise
-                finally:
-                    _BULK.release()
-                return
-            try:
-                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
-            except BlockingIOError:
-                await readable.wait()
-                continue
-            if n == 0:
-                break
-            count(n)
-            moved += n
-            while n:
-                try:
-                    n -= os.splice(r, dst.fileno(), n, flags=flags)
-                except BlockingIOError:
-                    if writable is None:         # a slow reader: from now on registered
-                        writable = _Ready(loop, dst.fileno(), True)
-                    await writable.wait()
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:                               # a reset or a cut: end both ways
-        _cut(src, dst)
-    finally:
-        for ready in (readable, writable):
-            if ready is not None:
-                ready.close()
-        os.close(r)
-        os.close(w)
-
-
-async def _relay(link: LinkState, client: socket.socket, up: socket.socket) -> None:
-    usage = link.usage
-
-    def out(n):
-        usage.bytes_out += n
-
-    def into(n):
-        usage.bytes_in += n
-    await asyncio.gather(_splice(client, up, out), _splice(up, client, into))
-
-
 async def _refuse(link: LinkState, sock: socket.socket, host: str, port: int, reason: str,
                   http: bool) -> None:
     link.usage.refuse(host, port, reason)
     if not http:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))    # a reset
         return
-    body = f"sandtree egress refused {host}:{port}: {reason}\n".encode()
-    head = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
-    try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, head + body), 2)
-        sock.shutdown(socket.SHUT_WR)
-    except (OSError, asyncio.TimeoutError):
-        pass
+    link.usage.bytes_in += await plainhttp.answer(sock, 403, f"sandtree egress refused {host}:{port}: {reason}")
 
 
 def _original_dst(sock: socket.socket):
@@ -270,10 +116,11 @@ def _original_dst(sock: socket.socket):
     return ipaddress.IPv4Address(raw[4:8]), port
 
 
-async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, own):
-    """(names, ip to dial, by_name, verdict)."""
+async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, own, dns_names=True):
+    """(names, ip to dial, by_name, verdict); without a name, by the address: through the names the
+    link's resolver answered with it when `dns_names`, else by network rules alone."""
     if not name:
-        names = sorted(link.names.get(str(ip), ()))
+        names = sorted(link.names.get(str(ip), ())) if dns_names else []
         return names, ip, False, _verdict(link, names, ip, port, own)
     names = [name]
     if link.policy.resolves(name).allowed:
@@ -315,13 +162,25 @@ async def _handle(client: socket.socket, links, upstream) -> None:
 async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream) -> None:
     loop = asyncio.get_running_loop()
     own = upstream.own_addresses()
-    first, name = b"", None
-    if port in (80, 443) and link.policy is not None:
+    first, name, req, dialled = b"", None, None, ip
+    if port == 443 and link.policy is not None:
         first, name = await _sniff(client, port)
-    names, ip, by_name, verdict = await _decide(link, name, ip, port, upstream, own)
+    elif port == 80 and link.policy is not None:
+        try:
+            first, req = await plainhttp.first_request(client)
+        except Refuse as e:
+            link.usage.refuse(str(ip), port, e.reason)
+            link.usage.bytes_in += await plainhttp.answer(client, e.status, f"sandtree egress: {e.reason}")
+            return
+        except Closed:
+            return
+        name = req.name if req else None
+    # on port 80 a connection without a name (not HTTP, no Host) is decided by its address alone:
+    # a name the resolver answered for that address says nothing of which site it will ask for
+    names, ip, by_name, verdict = await _decide(link, name, ip, port, upstream, own, port != 80)
     host = names[0] if names else str(ip)
     if not verdict.allowed:
-        await _refuse(link, client, host, port, verdict.reason, port == 80 and name is not None)
+        await _refuse(link, client, host, port, verdict.reason, port == 80 and req is not None)
         return
     link.usage.allow(host)
     conn = Connection(link, names, ip, port, by_name, own)
@@ -341,11 +200,17 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
             return
         try:
             conn.sockets.append(up)
+            if req is not None:
+                async def later(other: str) -> Verdict:
+                    return (await _decide(link, other, dialled, port, upstream, own, False))[3]
+                if not conn.closed:
+                    await plainhttp.relay(link, client, up, first, req, port, later)
+                return
             if first:
                 await loop.sock_sendall(up, first)
                 link.usage.bytes_out += len(first)
             if not conn.closed:
-                await _relay(link, client, up)
+                await splice.relay(link.usage, client, up)
         finally:
             up.close()
     finally:
