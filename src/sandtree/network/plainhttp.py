@@ -326,16 +326,22 @@ async def relay(link, client: socket.socket, up: socket.socket, first: bytes, re
                     return
             first = False
             await upward.send(req.head())
+            # the request's body and the response move at once (a server may answer before it has
+            # read the whole body); a failure of either ends the connection
             body = asyncio.ensure_future(upward.framed(req.kind, req.length))
+            response = asyncio.ensure_future(_response(down, req))
             try:
-                status, keep = await _response(down, req)
+                await asyncio.wait((body, response), return_when=asyncio.FIRST_COMPLETED)
+                if body.done():
+                    body.result()
+                status, keep = await response
                 if not keep and not body.done():
                     return
                 await body
             finally:
-                if not body.done():
-                    body.cancel()
-                await asyncio.gather(body, return_exceptions=True)
+                for t in (body, response):
+                    t.cancel()
+                await asyncio.gather(body, response, return_exceptions=True)
             if status == 101:
                 await upward.send(bytes(upward.r.buf))
                 await down.send(bytes(down.r.buf))
