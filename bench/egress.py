@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 
@@ -61,6 +62,12 @@ def nsrun(fd: int, code: str, *args, **kw):
     return ["nsenter", f"--net=/proc/{os.getpid()}/fd/{fd}", sys.executable, "-c", code, *map(str, args)]
 
 
+def _cpu() -> float:
+    """CPU seconds of this process (the proxy's loop and its splice threads; user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def measure(mb: int = 1024, rounds: int = 3) -> dict:
     """Median MB/s of `mb` MB downloads direct and through the egress proxy:
     {"direct", "proxy" (port 8080, a network rule), "http" (port 80, by name), "runs"}."""
@@ -74,14 +81,18 @@ def measure(mb: int = 1024, rounds: int = 3) -> dict:
                 assert server.stdout.readline().strip() == "ready"
             rig.policy([f"{ALLOWED}/32:{PORT}", "allowed.test:80"])
             rates = {"direct": [], "proxy": [], "http": []}
+            cpu = {"direct": [], "proxy": [], "http": []}
             for _ in range(rounds):
                 for label, fd, port in (("direct", lab.edge_fd, PORT), ("proxy", rig.sandbox_fd, PORT),
                                         ("http", rig.sandbox_fd, 80)):
+                    t0 = _cpu()
                     out = subprocess.run(nsrun(fd, CLIENT, n, ALLOWED, port), pass_fds=(fd,),
                                          capture_output=True, text=True, check=True).stdout
+                    cpu[label].append((_cpu() - t0) / (n / 1e9))
                     rates[label].append(n / float(out) / 1e6)
             assert rig.link.usage.bytes_in >= 2 * rounds * n          # every proxied byte was counted
-            return {k: sorted(v)[len(v) // 2] for k, v in rates.items()} | {"runs": rates}
+            return ({k: sorted(v)[len(v) // 2] for k, v in rates.items()} | {"runs": rates}
+                    | {"cpu": {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}})
         finally:
             for server in servers:
                 server.kill()
@@ -98,7 +109,7 @@ def main() -> None:
     for label, key in (("direct (upstream namespace)", "direct"), ("egress, TCP by network rule", "proxy"),
                        ("egress, plain HTTP on port 80", "http")):
         runs = ", ".join(f"{x:.0f}" for x in sorted(r["runs"][key]))
-        print(f"{label:32s} median {r[key]:8.0f} MB/s   (runs: {runs})")
+        print(f"{label:32s} median {r[key]:8.0f} MB/s   (runs: {runs})   proxy CPU {r['cpu'][key]:.2f} s/GB")
     print(f"ratio proxy/direct: {r['proxy'] / r['direct']:.2f}, http/direct: {r['http'] / r['direct']:.2f} "
           "(goal >= 0.8)")
 
