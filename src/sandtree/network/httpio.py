@@ -323,9 +323,10 @@ class Masker:
         return out
 
 
-async def relay_chunks(src: Reader, send, mask: Masker | None) -> None:
-    """Relay a chunked body chunk by chunk; with `mask`, its payload and trailers masked and
-    chunked anew (a mask never changes a length, but a value may straddle two chunks)."""
+async def relay_chunks(src: Reader, send, mask=None, trailer=None) -> None:
+    """Relay a chunked body chunk by chunk; with `mask` (feed/end: a Masker, a substitution
+    stream), its payload passed through it and chunked anew (a value may straddle two chunks), and
+    its trailers through `trailer(line)` when given, else through `mask` too."""
     while True:
         line = await src.line()
         size = chunk_size(line)
@@ -348,7 +349,8 @@ async def relay_chunks(src: Reader, send, mask: Masker | None) -> None:
                 await send(line + b"".join(trailers))
             else:
                 rest = mask.end()
-                tail = mask.feed(b"".join(trailers)) + mask.end()
+                tail = (b"".join(map(trailer, trailers)) if trailer is not None
+                        else mask.feed(b"".join(trailers)) + mask.end())
                 await send((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n" + tail)
             return
         left = size

@@ -139,7 +139,7 @@ async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, ow
     return names, ip, False, verdict
 
 
-async def _handle(client: socket.socket, links, upstream) -> None:
+async def _handle(client: socket.socket, links, upstream, spool_dir=None) -> None:
     link = links(client.getsockname()[0])
     if link is None:
         return
@@ -152,14 +152,15 @@ async def _handle(client: socket.socket, links, upstream) -> None:
         return
     _OPEN[link.key] = _OPEN.get(link.key, 0) + 1
     try:
-        await _handle_counted(link, client, ip, port, upstream)
+        await _handle_counted(link, client, ip, port, upstream, spool_dir)
     finally:
         _OPEN[link.key] -= 1
         if not _OPEN[link.key]:
             del _OPEN[link.key]
 
 
-async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream) -> None:
+async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream,
+                          spool_dir) -> None:
     loop = asyncio.get_running_loop()
     own = upstream.own_addresses()
     first, name, req, dialled = b"", None, None, ip
@@ -192,7 +193,7 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
             conn.writers.append(streams[1])
             await intercept.handle(link, name, port, streams, first,
                                    lambda: upstream.open_connection(ip, port, timeout=DIAL_SECONDS),
-                                   upstream.tls_context() if port == 443 else None)
+                                   upstream.tls_context() if port == 443 else None, spool_dir)
             return
         try:
             up = await upstream.connect(ip, port, timeout=DIAL_SECONDS)
@@ -221,8 +222,8 @@ class ProxyServer:
     """The listening proxy (what asyncio.start_server's server offers callers: close, wait_closed,
     sockets); closing it stops accepting and cuts the connections in flight."""
 
-    def __init__(self, sock: socket.socket, links, upstream):
-        self.sockets = [sock]
+    def __init__(self, sock: socket.socket, links, upstream, spool_dir=None):
+        self.sockets, self.spool_dir = [sock], spool_dir
         self._task = asyncio.ensure_future(self._accept(sock, links, upstream))
         self._tasks: set[asyncio.Task] = set()
 
@@ -240,14 +241,14 @@ class ProxyServer:
             # no Nagle towards the sandbox: an intercepted request's answer is written in parts
             # (head, body), and Nagle held the second behind the client's delayed ACK (40 ms each)
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = loop.create_task(self._one(client, links, upstream))
+            t = loop.create_task(self._one(client, links, upstream, self.spool_dir))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
     @staticmethod
-    async def _one(client, links, upstream) -> None:
+    async def _one(client, links, upstream, spool_dir) -> None:
         try:
-            await _handle(client, links, upstream)
+            await _handle(client, links, upstream, spool_dir)
         except (OSError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -267,8 +268,10 @@ class ProxyServer:
         await asyncio.gather(self._task, *self._tasks, return_exceptions=True)
 
 
-async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -> ProxyServer:
-    """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None."""
+async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT,
+                      spool_dir: str | None = None) -> ProxyServer:
+    """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None;
+    `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
     with netns.entered(router_fd):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -279,4 +282,4 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -
     except BaseException:
         s.close()
         raise
-    return ProxyServer(s, links, upstream)
+    return ProxyServer(s, links, upstream, spool_dir)
