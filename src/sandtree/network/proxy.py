@@ -2,13 +2,16 @@
 a sandbox opens here; the original destination comes from conntrack (SO_ORIGINAL_DST), the link
 from the accepted socket's local address (the link's gateway: the sandbox can not choose it).
 
-On ports 80 and 443 the proxy reads the HTTP Host header or the TLS ClientHello's SNI (bounded
-bytes, 2 s). A name the policy resolves is dialled BY THAT NAME: resolved through the upstream and
-refused when what it resolves to is not public (unless a network rule names it) -- an `/etc/hosts`
-entry or a rebinding DNS answer can not steer the connection. Other ports (and 80/443 without a
-name) are decided by the destination address: network rules, or name rules through the names the
-link's resolver answered with that address. A refusal closes the connection (HTTP on port 80 gets a
-403 naming the host and the rule) and is counted with its reason in link.usage."""
+On port 443 the proxy reads the TLS ClientHello's SNI (bounded bytes, 2 s); on port 80 the first
+request head (plainhttp.first_request), and every later request of the connection is decided again
+by plainhttp.relay. A name the policy resolves is dialled BY THAT NAME: resolved through the
+upstream and refused when what it resolves to is not public (unless a network rule names it) --
+an `/etc/hosts` entry or a rebinding DNS answer can not steer the connection. Other ports (and 443
+without a name) are decided by the destination address: network rules, or name rules through the
+names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
+by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
+host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
+by splice (splice.py)."""
 
 from __future__ import annotations
 
