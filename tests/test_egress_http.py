@@ -254,3 +254,26 @@ def test_first_line_detection():
     assert plainhttp._looks_http(b"\x16\x03\x01") is False
     assert plainhttp._looks_http(b"SSH-2.0-OpenSSH_9.2\r\n") is False
     assert plainhttp._looks_http(b"GET / HTTP/2\r\n") is False
+
+
+def _curl(rig, *args) -> str:
+    import os
+    import shutil
+    import subprocess
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed")
+    resolve = [a for n in ("allowed.test", "www.allowed.test", "other.test") for a in ("--resolve", f"{n}:80:{ALLOWED}")]
+    out = subprocess.run(["nsenter", f"--net=/proc/{os.getpid()}/fd/{rig.sandbox_fd}", "curl", "-sS", "-v",
+                          "--max-time", "10", *resolve, *args], pass_fds=(rig.sandbox_fd,),
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout + out.stderr
+
+
+def test_real_curl_reuses_a_connection_uploads_chunked_and_is_refused_readably(rig):
+    text = _curl(rig, "http://allowed.test/a", "http://allowed.test/b",
+                 "-H", "Transfer-Encoding: chunked", "--data-binary", "x=1")
+    assert text.count("Re-using existing connection") >= 1 and rig.link.usage.connections == 1, text
+    assert [r["path"] for r in rig.lab.requests] == ["/a", "/b"] and rig.lab.requests[1]["body"] == "x=1"
+    text = _curl(rig, "http://allowed.test/c", "http://www.allowed.test/d", "http://other.test/e")
+    assert '"path": "/c"' in text and '"path": "/d"' in text             # a connection per host: both served
+    assert "403 Forbidden" in text and "other.test:80" in text and "not in the allow-list" in text
