@@ -455,8 +455,17 @@ def _raw_request(env, head: bytes, parts: list[bytes]) -> bytes:
     return got
 
 
-def test_a_placeholder_split_between_reads_of_a_large_body_is_substituted(env):
+def test_a_placeholder_split_between_reads_of_a_large_body_is_substituted(env, monkeypatch):
     ph = env.ph["API_TOKEN"].encode()
+    spooled = []
+    real = intercept.tempfile.TemporaryFile
+
+    def recording(*a, **kw):                      # what reaches the spool file (the disk)
+        f = real(*a, **kw)
+        write = f.write
+        f.write = lambda data: (spooled.append(bytes(data)), write(data))[1]
+        return f
+    monkeypatch.setattr(intercept.tempfile, "TemporaryFile", recording)
     body = b'{"pad": "' + b"p" * (2 << 20) + b'", "t": "' + ph + b'", "u": "' + ph + b'"}'
     cut = body.index(ph) + 11
     got = _raw_request(env, b"PUT /big-json HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
@@ -464,6 +473,8 @@ def test_a_placeholder_split_between_reads_of_a_large_body_is_substituted(env):
                        [body[:cut], body[cut:cut + 20], body[cut + 20:]])
     assert got.startswith(b"HTTP/1.1 200")
     assert _last(env)["body"] == body.replace(ph, TOKEN.encode()) and TOKEN.encode() not in got
+    on_disk = b"".join(spooled)
+    assert on_disk == body and TOKEN.encode() not in on_disk       # the body as sent: never the value
 
 
 def test_chunked_trailers_and_odd_chunk_splits_are_substituted(env):

@@ -9,7 +9,8 @@ encoded):
   * request line, header values and trailers: the placeholder becomes the value;
   * bodies (JSON-escaped for a JSON body, form-encoded for a form body, raw otherwise): with
     Content-Length up to MAX_BODY in memory, up to MAX_SPOOL through an unlinked spool file (the
-    daemon's directory; SPOOL_TOTAL at once, else 503), the length set anew either way; chunked
+    daemon's directory; the body as sent, substituted again when read back: values never reach
+    the disk; SPOOL_TOTAL at once, else 503), the length set anew either way; chunked
     bodies as they stream, chunked anew (a placeholder split between reads or chunks is found;
     memory: one read and a placeholder's length). Larger Content-Length bodies stream as they are;
   * a Host that names another host than the connection's name is refused (421) before anything is
@@ -47,8 +48,8 @@ MAX_SPOOL = 256 << 20          # larger ones up to this through a spool file (th
 SPOOL_TOTAL = 4 << 30          # all spool files of the daemon at once
 _SPOOLED = [0]
 LINGER = 2.0                   # seconds a refused client may go on sending before the close
-IDLE = 300.0
-_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}                   # seconds a kept-alive connection may wait for its next request
+IDLE = 300.0                   # seconds a kept-alive connection may wait for its next request
+_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}
 
 
 def matches(hosts, name: str) -> bool:
@@ -213,30 +214,32 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
         await down.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     ctype = (get(fields, b"content-type") or [b""])[0]
     body = await cin.exactly(length) if whole else b""
-    spool = await _spool(cin, length, substitute.Stream(substitute.body_values(secrets, ctype)),
-                         spool_dir) if spooled else None
+    pairs = substitute.body_values(secrets, ctype)
+    spool = await _spool(cin, length, pairs, spool_dir) if spooled else None
     try:
         new_target = substitute.target(target, secrets)
         new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets)) for k, v in fields]
         new_body = substitute.body(body, secrets, ctype) if body else body
         if (new_target != target or new_fields != fields or new_body != body or kind == "chunked"
-                or (spool is not None and spool[1])):
+                or (spool is not None and spool[2])):
             # a value is (or, chunked, may be) on its way: ask for a body the response masks can read
             new_fields = [(k, v) for k, v in new_fields if k.lower() != b"accept-encoding"]
             new_fields.append((b"Accept-Encoding", b"identity"))
         if new_body != body or spool is not None:
             body = new_body
-            size = spool[0].tell() if spool is not None else len(body)
+            size = spool[1] if spool is not None else len(body)
             new_fields = [(k, str(size).encode() if k.lower() == b"content-length" else v)
                           for k, v in new_fields]
         if expect:
             new_fields = [(k, v) for k, v in new_fields if k.lower() != b"expect"]
         whole_request = build(b" ".join((method, new_target, version)), new_fields) + body
         await send_up(whole_request)
-        if spool is not None:
+        if spool is not None:             # substituted again as it is read back (the same output)
             spool[0].seek(0)
+            stream = substitute.Stream(pairs)
             while data := spool[0].read(READ):
-                await send_up(data)
+                await send_up(stream.feed(data))
+            await send_up(stream.end())
     finally:
         if spool is not None:
             spool[0].close()
@@ -251,7 +254,7 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
             await send_up(data)
     elif kind == "chunked":
         # chunked anew as the substitution gives it out; a placeholder split between chunks is found
-        stream = substitute.Stream(substitute.body_values(secrets, ctype))
+        stream = substitute.Stream(pairs)
         await relay_chunks(cin, send_up, stream, trailer=lambda line: _sub_trailer(line, secrets))
     return method, keep, upgrade, replay
 
@@ -261,9 +264,10 @@ def _sub_trailer(line: bytes, secrets) -> bytes:
     return k + sep + substitute.value(v, secrets) if sep else line
 
 
-async def _spool(cin: Reader, length: int, stream, spool_dir):
-    """(file, whether a placeholder was replaced): the body substituted into an unlinked file (its
-    new length is the head's), counted against SPOOL_TOTAL until the caller closes it."""
+async def _spool(cin: Reader, length: int, pairs, spool_dir):
+    """(file, the body's length substituted, whether it holds a placeholder): the body as the sandbox
+    sent it (placeholders, never values: a value stays in memory) in an unlinked file, counted
+    against SPOOL_TOTAL until the caller closes it."""
     if _SPOOLED[0] + length > SPOOL_TOTAL:
         raise Refuse(503, "the egress spool for large bodies is full; try again later")
     _SPOOLED[0] += length
@@ -273,17 +277,18 @@ async def _spool(cin: Reader, length: int, stream, spool_dir):
         _SPOOLED[0] -= length
         raise
     try:
-        left = length
+        left, size, stream = length, 0, substitute.Stream(pairs)
         while left:
             data = await cin.some(min(left, READ))
             left -= len(data)
-            f.write(stream.feed(data))
-        f.write(stream.end())
+            f.write(data)
+            size += len(stream.feed(data))
+        size += len(stream.end())
     except BaseException:
         f.close()
         _SPOOLED[0] -= length
         raise
-    return f, stream.found > 0
+    return f, size, stream.found > 0
 
 
 async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) -> tuple[int, bool]:

@@ -34,8 +34,8 @@ from .httpio import (MAX_HEAD, MAX_LINE, READ, Closed, Reader, Refuse, authority
                      field_line, framing, get, parse_head, tokens)
 from .splice import relay as opaque, splice
 
-__all__ = ["Request", "read_first", "first_request", "parse_request", "relay", "answer", "FIRST_SECONDS", "HEAD_SECONDS",
-           "SPLICE_MIN"]
+__all__ = ["Request", "read_first", "first_request", "parse_request", "relay", "answer", "FIRST_SECONDS",
+           "HEAD_SECONDS", "SPLICE_MIN"]
 
 FIRST_SECONDS = 2.0        # for a connection's first request line (else: not HTTP)
 HEAD_SECONDS = 10.0        # for the rest of the first head
@@ -267,7 +267,8 @@ async def _response(down: _Side, req: Request) -> tuple[int, bool]:
         except Refuse as e:
             raise Refuse(502, f"upstream response: {e.reason}") from None
         parts = first.split(b" ", 2)
-        if len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1") or not re.fullmatch(rb"[1-5][0-9][0-9]", parts[1]):
+        if (len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1")
+                or not re.fullmatch(rb"[1-5][0-9][0-9]", parts[1])):
             raise Refuse(502, "upstream response: malformed status line")
         status = int(parts[1])
         if status == 101 and not req.upgrade:
@@ -290,8 +291,9 @@ async def _response(down: _Side, req: Request) -> tuple[int, bool]:
 async def relay(link, client: socket.socket, up: socket.socket, first: bytes, req: Request, port: int,
                 decide) -> None:
     """Serve a connection whose first request `req` (`first`: the bytes read, its head and what
-    followed it; first_request) was decided and dialled to `up`. `decide(name)` -> Verdict for a later request
-    naming another host. Returns when the connection is over (the caller closes both sockets)."""
+    followed it; first_request) was decided and dialled to `up`. `decide(name)` -> Verdict for a
+    later request naming another host. Returns when the connection is over (the caller closes both
+    sockets)."""
     usage = link.usage
 
     def out(n):
@@ -300,10 +302,10 @@ async def relay(link, client: socket.socket, up: socket.socket, first: bytes, re
     def into(n):
         usage.bytes_in += n
     upward, down = _Side(client, up, out, first[req.size:]), _Side(up, client, into)
-    key, first = req.name, True
+    key, opening = req.name, True
     try:
         while True:
-            if not first:
+            if not opening:
                 if down.r.buf:
                     return                                   # the upstream said more than it was asked
                 if not upward.r.buf and await _either(client, up) is up:
@@ -324,7 +326,7 @@ async def relay(link, client: socket.socket, up: socket.socket, first: bytes, re
                                                                 f"{key or 'its address'}; a request for {host} "
                                                                 "needs a connection of its own")
                     return
-            first = False
+            opening = False
             await upward.send(req.head())
             # the request's body and the response move at once (a server may answer before it has
             # read the whole body); a failure of either ends the connection
