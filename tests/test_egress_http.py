@@ -137,6 +137,7 @@ def test_a_later_request_naming_another_host_otherwise_never_goes_out(rig, secon
     b"POST / HTTP/1.1\r\nHost: allowed.test other.test\r\n\r\n",
     b"POST / HTTP/1.1\r\nHost: allowed.test\x00.other.test\r\n\r\n",
     b"CONNECT other.test:80 HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    b"POST / HTTP/1.0\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n",
 ])
 def test_ambiguous_framing_is_refused_before_anything_goes_out(rig, smuggle):
     tail = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n"

@@ -142,6 +142,9 @@ def parse_request(head: bytes) -> Request:
     if len(names) > 1:
         raise Refuse(400, "Host and the request target name different hosts")
     kind, length = framing(fields, request=True)
+    if kind == "chunked" and version == b"HTTP/1.0":
+        # an HTTP/1.0 server may ignore Transfer-Encoding and read the chunks as the next request
+        raise Refuse(400, "Transfer-Encoding in an HTTP/1.0 request")
     conn = tokens(fields, b"connection")
     keep = b"close" not in conn and (version == b"HTTP/1.1" or b"keep-alive" in conn)
     upgrade = bool(get(fields, b"upgrade")) and b"upgrade" in conn
