@@ -278,3 +278,18 @@ def test_real_curl_reuses_a_connection_uploads_chunked_and_is_refused_readably(r
     text = _curl(rig, "http://allowed.test/c", "http://www.allowed.test/d", "http://other.test/e")
     assert '"path": "/c"' in text and '"path": "/d"' in text             # a connection per host: both served
     assert "403 Forbidden" in text and "other.test:80" in text and "not in the allow-list" in text
+
+
+def test_field_lines_are_strict_in_requests_and_only_structural_in_responses():
+    assert httpio.field_line(b"X-A: b\tc") == (b"X-A", b"b\tc")
+    for bad in (b"X A: b", b"X-A : b", b" X-A: b", b"X-A b", b": b", b"X-A: b\rc", b"X-A: b\nc", b"X-A: b\0"):
+        for request in (True, False):
+            with pytest.raises(httpio.Refuse):
+                httpio.field_line(bad, request)
+    with pytest.raises(httpio.Refuse):
+        httpio.field_line(b"X-A: b\x01c")
+    assert httpio.field_line(b"X-A: b\x01c", request=False) == (b"X-A", b"b\x01c")
+    assert httpio.chunk_size(b"1aF;name=v\r\n") == 0x1af
+    for bad in (b"0x5\r\n", b"+5\r\n", b" 5\r\n", b"5 \r\n", b"1_0\r\n", b"\r\n", b"5\n", b"5;\x00\r\n"):
+        with pytest.raises(httpio.Closed):
+            httpio.chunk_size(bad)

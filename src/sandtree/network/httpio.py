@@ -217,22 +217,26 @@ _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH
 _CTL = frozenset(range(0x20)) - {0x09} | {0x7f}          # not allowed in a field value
 
 
-def field_line(line: bytes) -> tuple[bytes, bytes]:
+_LINE_BREAKS = frozenset(b"\r\n\0")
+
+
+def field_line(line: bytes, request: bool = True) -> tuple[bytes, bytes]:
     """(name, value) of one header or trailer line (without its CRLF); Refuse(400) for anything a
     server could read otherwise: no colon, a name that is not a token (a space before the colon),
-    folding (a leading space), bare CR or LF, other control bytes."""
+    folding (a leading space), bare CR or LF, NUL, and in a request other control bytes (a
+    response's values may hold them: only its client reads it)."""
     name, sep, value = line.partition(b":")
     if (not sep or not name or not _TCHAR.issuperset(name) or line[:1] in (b" ", b"\t")
-            or not _CTL.isdisjoint(value)):
+            or not (_CTL if request else _LINE_BREAKS).isdisjoint(value)):
         raise Refuse(400, "malformed header line")
     return name, value.strip(b" \t")
 
 
-def parse_head(head: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+def parse_head(head: bytes, request: bool = True) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     lines = head[:-4].split(b"\r\n")
     if len(lines) - 1 > MAX_HEADERS:
         raise Refuse(431, f"more than {MAX_HEADERS} header lines")
-    fields = [field_line(line) for line in lines[1:]]
+    fields = [field_line(line, request) for line in lines[1:]]
     if not _CTL.isdisjoint(lines[0]):
         raise Refuse(400, "malformed first line")
     return lines[0], fields

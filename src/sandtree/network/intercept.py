@@ -292,7 +292,7 @@ async def _spool(cin: Reader, length: int, pairs, spool_dir):
 
 
 async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) -> tuple[int, bool]:
-    first, fields = parse_head(head)
+    first, fields = parse_head(head, request=False)
     parts = first.split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise Closed("malformed response from upstream")

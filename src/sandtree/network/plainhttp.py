@@ -266,7 +266,7 @@ async def _response(down: _Side, req: Request) -> tuple[int, bool]:
         if head is None:
             raise Closed("upstream closed")
         try:
-            first, fields = parse_head(head)
+            first, fields = parse_head(head, request=False)
         except Refuse as e:
             raise Refuse(502, f"upstream response: {e.reason}") from None
         parts = first.split(b" ", 2)
