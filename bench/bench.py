@@ -301,6 +301,8 @@ def network_table(img, cold_img, args) -> Table:
     d = network.download(args.egress_mb, 3)
     table.add_row(f"{args.egress_mb} MB download through the egress proxy (MB/s, median of 3)",
                   f"{d['proxy']:.0f}", "", f"{d['proxy'] / d['direct']:.2f}x direct ({d['direct']:.0f})")
+    table.add_row(f"{args.egress_mb} MB plain HTTP on port 80 through the egress proxy (MB/s, median of 3)",
+                  f"{d['http']:.0f}", "", f"{d['http'] / d['direct']:.2f}x direct")
     table.caption = ("Targets: allow-list start cost <= 2 ms p50 over a plain run; download >= 0.8x direct; "
                      "secret injection <= 1 ms p50 per HTTPS request.")
     return table

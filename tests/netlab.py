@@ -7,8 +7,9 @@ addresses (11.1.1.0/24) and the addresses the egress path must never reach (169.
                  11.1.0.2/30 and fd00:1::2/64 on the veth, default routes into `internet`
 
 Servers (one asyncio loop on a thread, sockets bound to every address of `internet`):
-    80    HTTP: echoes method, path, headers, body and the address it was reached at as JSON;
-          GET /bytes/N answers N bytes (throughput)
+    80    HTTP: echoes method, path, headers, body (Content-Length or chunked) and the address it
+          was reached at as JSON; GET /bytes/N answers N bytes (throughput); /upgrade with
+          `Upgrade: websocket` answers 101 and then echoes bytes
     443   HTTPS, the same, with a certificate from the lab's CA (ca_file) for the zone's names
     7     TCP echo        2222  a banner ("BANNER <address>\\n") on a non-HTTP port
     53    DNS (UDP and TCP) on 11.1.1.53 answering ZONE (and TXT records)
@@ -109,7 +110,8 @@ class NetLab:
     """See the module doc. Attributes: internet_fd, edge_fd (the upstream namespace), dns (ip, port),
     ca_file, addresses, hits, trap_hits()."""
 
-    def __init__(self):
+    def __init__(self, serve=PORTS):
+        self.serve = tuple(serve)               # the ports served (bench/ serves 80 itself)
         self.internet_fd = netns.new()
         self.edge_fd = netns.new()
         self.dns = (DNS_IP, 53)
@@ -184,7 +186,7 @@ class NetLab:
     async def _serve(self):
         servers = []
         handlers = {80: self._http, 443: self._http, 7: self._echo, 2222: self._banner}
-        for port in PORTS:
+        for port in self.serve:
             servers.append(await asyncio.start_server(
                 self._counted(handlers[port], port), sock=self._sock(port=port),
                 ssl=self.tls if port == 443 else None, limit=1 << 18))
@@ -232,10 +234,22 @@ class NetLab:
                 if ":" in line:
                     k, v = line.split(":", 1)
                     headers[k.strip().lower()] = v.strip()
-            body = await reader.readexactly(int(headers.get("content-length", 0)))
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                body = b""
+                while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                    body += await reader.readexactly(size)
+                    assert await reader.readexactly(2) == b"\r\n"
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass                                          # trailers
+            else:
+                body = await reader.readexactly(int(headers.get("content-length", 0)))
             req = {"method": method, "path": path, "headers": headers, "body": body.decode("latin-1"),
                    "address": local}
             self.requests.append(req)
+            if path == "/upgrade" and headers.get("upgrade", "").lower() == "websocket":
+                writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                await self._echo(reader, writer, local)
+                return
             if path.startswith("/bytes/"):
                 n = int(path[7:])
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
@@ -247,7 +261,7 @@ class NetLab:
             else:
                 out = json.dumps(req).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(out) + out)
+                             b"Content-Length: %d\r\n\r\n" % len(out) + (out if method != "HEAD" else b""))
                 await writer.drain()
             if headers.get("connection", "").lower() == "close":
                 return
@@ -430,9 +444,9 @@ def read_all(s) -> bytes:
 
 
 @contextlib.contextmanager
-def netlab():
+def netlab(serve=PORTS):
     """The lab for bench/ and scripts: `with netlab() as lab: ...`."""
-    lab = NetLab()
+    lab = NetLab(serve)
     try:
         yield lab
     finally:

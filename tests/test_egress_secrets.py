@@ -113,6 +113,7 @@ class Upstream:
                 method, target, _ = lines[0].split(" ")
                 headers = [tuple(x.strip() for x in ln.split(":", 1)) for ln in lines[1:]]
                 hd = {k.lower(): v for k, v in headers}
+                trailers = []
                 if hd.get("transfer-encoding") == "chunked":
                     body = b""
                     while True:
@@ -121,12 +122,13 @@ class Upstream:
                         if size:
                             body = body[:-2]
                         else:
-                            await r.readuntil(b"\r\n")
+                            while (t := await r.readuntil(b"\r\n")) != b"\r\n":
+                                trailers.append(t[:-2].decode("latin-1"))
                             break
                 else:
                     body = await r.readexactly(int(hd.get("content-length", 0)))
                 rec = {"sni": sni, "conn": conn, "method": method, "target": target, "headers": headers,
-                       "body": body}
+                       "body": body, "trailers": trailers}
                 self.requests.append(rec)
                 echo = json.dumps({"target": target, "headers": headers, "body": body.decode("latin-1")}).encode()
                 path = target.split("?")[0]
@@ -415,20 +417,103 @@ def test_keep_alive_50_requests_each_get_the_value(env):
     assert len({r["conn"] for r in env.up.requests[-50:]}) == 1
 
 
-def test_chunked_and_large_bodies_stream_unchanged_and_the_connection_goes_on(env):
+def test_chunked_and_large_bodies_are_substituted_and_the_connection_goes_on(env):
     ph = env.ph["API_TOKEN"]
+    half = len(ph) // 2
     c = Conn(API, env.ports[API], env.only_link)
-    resp, _ = _req(env, API, "POST", "/", {},
-                   iter([b"a=" + ph.encode(), b"&b=2"]), conn=c)
-    assert resp.status == 200 and _last(env)["body"] == f"a={ph}&b=2".encode()
-    big = b"x" * (intercept.MAX_BODY + 1) + ph.encode()
+    # chunked: the placeholder split between two chunks (http.client sends each item as a chunk)
+    resp, _ = _req(env, API, "POST", "/", {"Content-Type": "application/x-www-form-urlencoded"},
+                   iter([b"a=" + ph[:half].encode(), ph[half:].encode() + b"&b=2", b"&c=" + ph.encode()]), conn=c)
+    assert resp.status == 200 and _last(env)["body"] == f"a={TOKEN}&b=2&c={TOKEN}".encode()
+    assert _hdr(_last(env), "Transfer-Encoding") == ["chunked"] and _hdr(_last(env), "Accept-Encoding") == ["identity"]
+    # over MAX_BODY: spooled, the length set anew
+    big = b"x" * (intercept.MAX_BODY + 1) + ph.encode() + b"y" * 100 + ph.encode()
     resp, _ = _req(env, API, "POST", "/", {"Authorization": f"Bearer {ph}"}, big, conn=c)
-    assert resp.status == 200 and _last(env)["body"] == big
+    want = big.replace(ph.encode(), TOKEN.encode())
+    assert resp.status == 200 and _last(env)["body"] == want
+    assert _hdr(_last(env), "Content-Length") == [str(len(want))]
     assert _hdr(_last(env), "Authorization") == [f"Bearer {TOKEN}"]      # the head still gets it
     resp, _ = _req(env, API, "HEAD", "/", conn=c)
     resp, data = _req(env, API, "GET", "/", conn=c)
     assert (resp.status, data) == (200, b"ok")
     c.close()
+    assert intercept._SPOOLED == [0]
+
+
+def _raw_request(env, head: bytes, parts: list[bytes]) -> bytes:
+    """Send a head and body parts as separate TCP writes (so the proxy reads them apart); the answer."""
+    c = Conn(API, env.ports[API], env.only_link)
+    c.connect()
+    c.sock.sendall(head)
+    for p in parts:
+        time.sleep(0.05)
+        c.sock.sendall(p)
+    got = b""
+    while chunk := c.sock.recv(65536):
+        got += chunk
+    c.close()
+    return got
+
+
+def test_a_placeholder_split_between_reads_of_a_large_body_is_substituted(env, monkeypatch):
+    ph = env.ph["API_TOKEN"].encode()
+    spooled = []
+    real = intercept.tempfile.TemporaryFile
+
+    def recording(*a, **kw):                      # what reaches the spool file (the disk)
+        f = real(*a, **kw)
+        write = f.write
+        f.write = lambda data: (spooled.append(bytes(data)), write(data))[1]
+        return f
+    monkeypatch.setattr(intercept.tempfile, "TemporaryFile", recording)
+    body = b'{"pad": "' + b"p" * (2 << 20) + b'", "t": "' + ph + b'", "u": "' + ph + b'"}'
+    cut = body.index(ph) + 11
+    got = _raw_request(env, b"PUT /big-json HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (API.encode(), len(body)),
+                       [body[:cut], body[cut:cut + 20], body[cut + 20:]])
+    assert got.startswith(b"HTTP/1.1 200")
+    assert _last(env)["body"] == body.replace(ph, TOKEN.encode()) and TOKEN.encode() not in got
+    on_disk = b"".join(spooled)
+    assert on_disk == body and TOKEN.encode() not in on_disk       # the body as sent: never the value
+
+
+def test_chunked_trailers_and_odd_chunk_splits_are_substituted(env):
+    ph = env.ph["API_TOKEN"].encode()
+    payload = b"[" + ph + b"]" + b"z" * 300000 + ph
+    chunks = [payload[i:i + 5] for i in range(0, 40, 5)] + [payload[40:]]   # the placeholder in 5-byte chunks
+    raw = b"".join(b"%x;ext=v\r\n%s\r\n" % (len(x), x) for x in chunks) + b"0\r\nX-Sig: " + ph + b"\r\n\r\n"
+    got = _raw_request(env, b"POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sig\r\n"
+                            b"Connection: close\r\n\r\n" % API.encode(), [raw[:17], raw[17:33], raw[33:]])
+    assert got.startswith(b"HTTP/1.1 200")
+    assert _last(env)["body"] == payload.replace(ph, TOKEN.encode())
+    assert _last(env)["trailers"] == [f"X-Sig: {TOKEN}"]
+
+
+def test_body_limits_over_the_spool_stream_as_they_are_and_a_full_spool_is_said(env, monkeypatch):
+    ph = env.ph["API_TOKEN"].encode()
+    body = b"q" * (intercept.MAX_BODY + 10) + ph
+    head = b"POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (API.encode(), len(body))
+    monkeypatch.setattr(intercept, "SPOOL_TOTAL", intercept.MAX_BODY)
+    got = _raw_request(env, head, [body])
+    assert got.startswith(b"HTTP/1.1 503") and b"spool" in got
+    monkeypatch.setattr(intercept, "MAX_SPOOL", intercept.MAX_BODY + 1)
+    assert _raw_request(env, head, [body]).startswith(b"HTTP/1.1 200")
+    assert _last(env)["body"] == body                  # over MAX_SPOOL: as it is (a documented limit)
+    assert intercept._SPOOLED == [0]
+
+
+def test_the_substitution_stream_holds_back_only_a_placeholder_prefix():
+    from sandtree.network.substitute import Stream
+    ph, value = b"sandtree-secret-A-0123456789abcdef", b"VALUE"
+    data = b"x" + ph + b"sandtree-secret-A-nope" + ph + ph[:-1]
+    for step in (1, 3, 7, len(data)):
+        st = Stream([(ph, value)])
+        out = b""
+        for i in range(0, len(data), step):
+            out += st.feed(data[i:i + step])
+            assert len(st.tail) < len(ph)                # memory: one read plus a placeholder
+        out += st.end()
+        assert out == data.replace(ph, value) and st.found == 2
 
 
 def test_expect_100_continue_is_answered_and_the_body_substituted(env):
@@ -737,6 +822,40 @@ def test_masking_cost_and_download_throughput(env):
     print(f"\nMasker.feed: {masker_mb_s:.0f} MB/s; 32 MiB download: direct {direct:.0f} MB/s, "
           f"intercepted {via:.0f} MB/s ({via / direct:.2f}x)")
     assert masker_mb_s > 100 and via > 10
+
+
+def test_substitution_cost_and_upload_throughput(env):
+    """What streaming substitution costs: substitute.Stream alone, and 32 MiB uploads through the
+    interceptor (Content-Length: spooled; chunked: streamed) against the same upload direct."""
+    from sandtree.network.substitute import Stream
+    pairs = [(env.ph["API_TOKEN"].encode(), TOKEN.encode()), (env.ph["OTHER_TOKEN"].encode(), OTHER_TOKEN.encode())]
+    data = bytes(range(256)) * 1024                                  # 256 KiB without a placeholder
+    st = Stream(pairs)
+    t = time.perf_counter()
+    for _ in range(64):
+        st.feed(data)
+    stream_mb_s = 16 / (time.perf_counter() - t)
+    size = 32 << 20
+    block = b"u" * (1 << 20)
+
+    def upload(port, ctx, chunked):
+        c = Conn(API, port, ctx)
+        t = time.perf_counter()
+        body = (block for _ in range(size >> 20)) if chunked else block * (size >> 20)
+        c.request("PUT", "/", body=body, headers={} if chunked else {"Content-Length": str(size)})
+        assert c.getresponse().read() == b"ok"
+        dt = time.perf_counter() - t
+        c.close()
+        assert len(_last(env)["body"]) == size
+        return size / dt / (1 << 20)
+
+    direct_ctx = ssl.create_default_context(cadata=env.up_ca.decode())
+    rates = {(k, chunked): upload(port, ctx, chunked) for k, port, ctx in
+             (("direct", env.up.port, direct_ctx), ("via", env.ports[API], env.only_link)) for chunked in (False, True)}
+    print(f"\nsubstitute.Stream.feed: {stream_mb_s:.0f} MB/s; 32 MiB upload, Content-Length: direct "
+          f"{rates['direct', False]:.0f} MB/s, intercepted {rates['via', False]:.0f} MB/s; chunked: direct "
+          f"{rates['direct', True]:.0f} MB/s, intercepted {rates['via', True]:.0f} MB/s")
+    assert stream_mb_s > 100 and min(rates.values()) > 10
 
 
 def test_alpn_is_http1_and_a_bad_upstream_response_is_a_502(env):

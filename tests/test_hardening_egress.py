@@ -7,6 +7,8 @@ E1. link.names grew without bound: every A answer the resolver gave a link added
 E2. No cap on one link's open proxied connections: one sandbox could hold thousands of connections
     (two daemon fds each) through the daemon every sandbox shares, until the daemon ran out of fds
     and refused every other tenant's connections and control requests.
+E3. On a kept-alive plain-HTTP connection (port 80) only the first request's Host was decided; a
+    later request could name any Host and reach the allowed name's address (virtual hosting, CDNs).
 
 Everything real but the upstream's answers in E1: the rig's Upstream.resolve is replaced by one
 answering a fresh public address per name, standing in for a DNS zone the attacker controls (the
@@ -85,14 +87,9 @@ def test_one_link_can_not_hold_unbounded_connections(rig):
         assert s.recv(1) == b"z"
 
 
-# ---- E3. a kept-alive plain-HTTP connection: only the first request's Host is decided ----------
+# ---- E3. a kept-alive plain-HTTP connection: only the first request's Host was decided ----------
+# (fixed: network/plainhttp.py decides each request; its attacks are in tests/test_egress_http.py)
 
-@pytest.mark.xfail(strict=True, reason="E3 (low): on port 80 without interception the proxy decides "
-                   "the first request's Host and then relays bytes; a later request on the same "
-                   "connection names any Host and reaches the allowed name's address with it (a "
-                   "virtual host sharing that address: CDN fronting). Fix: parse each request head "
-                   "on port 80 (httpio) and refuse a Host other than the first, as intercept.py does "
-                   "(421); not small (the plain path is a splice)")
 def test_a_second_request_on_a_kept_alive_connection_can_not_name_another_host(rig):
     import json
     rig.policy(["allowed.test"])
@@ -109,6 +106,8 @@ def test_a_second_request_on_a_kept_alive_connection_can_not_name_another_host(r
     hosts = [json.loads(part.split(b"HTTP/1.1", 1)[0])["headers"]["host"]
              for part in data.split(b"\r\n\r\n")[1:] if part.startswith(b"{")]
     assert "other.test" not in hosts, f"the upstream saw requests for {hosts}"
+    assert hosts == ["allowed.test"] and b"HTTP/1.1 403 Forbidden" in data and b"other.test:80" in data
+    assert ("other.test", 80) in [(r["host"], r["port"]) for r in rig.link.usage.refused_hosts]
 
 
 # ---- E4. the resolver's TCP side had no cap per link ---------------------------------------------

@@ -92,7 +92,9 @@ class Daemon:
         self.stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        self.services.append(await proxy.serve_proxy(self.links.router_fd, self.by_gateway.get, self.upstream))
+        # large intercepted bodies are spooled beside the daemon's socket (0700, root), not in memory
+        self.services.append(await proxy.serve_proxy(self.links.router_fd, self.by_gateway.get, self.upstream,
+                                                     spool_dir=os.path.join(self.home, "network")))
         self.services.append(await resolver.serve_resolver(self.links.router_fd, self.by_gateway.get, self.upstream))
         listener.setblocking(False)
         loop.add_reader(listener.fileno(), self._accept, listener)

@@ -10,7 +10,7 @@ import asyncio
 import ssl
 
 __all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "parse_head", "get", "tokens", "build",
-           "framing", "authority", "relay_chunks", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ",
+           "framing", "authority", "relay_chunks", "field_line", "chunk_size", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ",
            "LINGER_BYTES"]
 
 MAX_HEAD = 64 * 1024           # request or response head
@@ -213,20 +213,47 @@ class Reader:
 
 # ---- heads ---------------------------------------------------------------------------------
 
-def parse_head(head: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+_TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_CTL = frozenset(range(0x20)) - {0x09} | {0x7f}          # not allowed in a field value
+
+
+_LINE_BREAKS = frozenset(b"\r\n\0")
+
+
+def field_line(line: bytes, request: bool = True) -> tuple[bytes, bytes]:
+    """(name, value) of one header or trailer line (without its CRLF); Refuse(400) for anything a
+    server could read otherwise: no colon, a name that is not a token (a space before the colon),
+    folding (a leading space), bare CR or LF, NUL, and in a request other control bytes (a
+    response's values may hold them: only its client reads it)."""
+    name, sep, value = line.partition(b":")
+    if (not sep or not name or not _TCHAR.issuperset(name) or line[:1] in (b" ", b"\t")
+            or not (_CTL if request else _LINE_BREAKS).isdisjoint(value)):
+        raise Refuse(400, "malformed header line")
+    return name, value.strip(b" \t")
+
+
+def parse_head(head: bytes, request: bool = True) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     lines = head[:-4].split(b"\r\n")
     if len(lines) - 1 > MAX_HEADERS:
         raise Refuse(431, f"more than {MAX_HEADERS} header lines")
-    fields = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if (not sep or not name or name != name.strip() or b"\n" in line or b"\r" in line
-                or line[:1] in (b" ", b"\t")):
-            raise Refuse(400, "malformed header line")
-        fields.append((name, value.strip(b" \t")))
-    if b"\n" in lines[0] or b"\r" in lines[0]:
+    fields = [field_line(line, request) for line in lines[1:]]
+    if not _CTL.isdisjoint(lines[0]):
         raise Refuse(400, "malformed first line")
     return lines[0], fields
+
+
+def chunk_size(line: bytes) -> int:
+    """The size of a chunk-size line (with its CRLF): hex digits only (no sign, no 0x, no spaces or
+    underscores, at most 16), then optional extensions free of control bytes; Closed otherwise (a
+    size two parsers read differently is how a request is smuggled)."""
+    text, _, ext = line[:-2].partition(b";")
+    if (not line.endswith(b"\r\n") or not text or len(text) > 16 or not _HEX.issuperset(text)
+            or not _CTL.isdisjoint(ext)):
+        raise Closed("bad chunk size")
+    return int(text, 16)
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def get(fields, name: bytes) -> list[bytes]:
@@ -253,7 +280,8 @@ def framing(fields, request: bool) -> tuple[str, int]:
         return "chunked", 0
     if cl:
         values = {v.strip() for v in b",".join(cl).split(b",")}
-        if len(values) != 1 or not next(iter(values)).isdigit() or len(next(iter(values))) > 18:
+        if (len(values) != 1 or not next(iter(values)).isdigit() or len(next(iter(values))) > 18
+                or (request and (len(cl) > 1 or b"," in cl[0]))):
             raise Refuse(400 if request else 502, "bad Content-Length")
         return "length", int(next(iter(values)))
     return ("none", 0) if request else ("close", 0)
@@ -299,22 +327,22 @@ class Masker:
         return out
 
 
-async def relay_chunks(src: Reader, send, mask: Masker | None) -> None:
-    """Relay a chunked body chunk by chunk; with `mask`, its payload and trailers masked and
-    chunked anew (a mask never changes a length, but a value may straddle two chunks)."""
+async def relay_chunks(src: Reader, send, mask=None, trailer=None) -> None:
+    """Relay a chunked body chunk by chunk; with `mask` (feed/end: a Masker, a substitution
+    stream), its payload passed through it and chunked anew (a value may straddle two chunks), and
+    its trailers through `trailer(line)` when given, else through `mask` too."""
     while True:
         line = await src.line()
-        size_text = line.split(b";")[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise Closed("bad chunk size") from None
-        if size < 0 or len(size_text) > 16:
-            raise Closed("bad chunk size")
+        size = chunk_size(line)
         if size == 0:
             trailers, count = [], 0
             while True:
                 t = await src.line()
+                if t != b"\r\n":
+                    try:
+                        field_line(t[:-2])
+                    except Refuse:
+                        raise Closed("malformed trailer") from None
                 trailers.append(t)
                 count += 1
                 if t == b"\r\n":
@@ -325,7 +353,8 @@ async def relay_chunks(src: Reader, send, mask: Masker | None) -> None:
                 await send(line + b"".join(trailers))
             else:
                 rest = mask.end()
-                tail = mask.feed(b"".join(trailers)) + mask.end()
+                tail = (b"".join(map(trailer, trailers)) if trailer is not None
+                        else mask.feed(b"".join(trailers)) + mask.end())
                 await send((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n" + tail)
             return
         left = size

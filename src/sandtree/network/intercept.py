@@ -4,12 +4,15 @@ link's CA (ca.py), dials the host with verified TLS, and relays HTTP/1.x both wa
 secret's real value in place of its placeholder in the requests -- only for secrets whose hosts
 match the connection's name.
 
-Requests (each request of a kept-alive connection alike):
-  * request line and header values: the placeholder becomes the value (in the request target
-    percent-encoded; inside `Authorization: Basic` base64 decoded, replaced, encoded again);
-  * bodies with Content-Length up to MAX_BODY: replaced (JSON-escaped for a JSON body,
-    form-encoded for a form body, raw otherwise) and the length set anew; larger ones and chunked
-    bodies are streamed as they are (their placeholders reach the host unchanged);
+Requests (each request of a kept-alive connection alike; substitute.py says how each part is
+encoded):
+  * request line, header values and trailers: the placeholder becomes the value;
+  * bodies (JSON-escaped for a JSON body, form-encoded for a form body, raw otherwise): with
+    Content-Length up to MAX_BODY in memory, up to MAX_SPOOL through an unlinked spool file (the
+    daemon's directory; the body as sent, substituted again when read back: values never reach
+    the disk; SPOOL_TOTAL at once, else 503), the length set anew either way; chunked
+    bodies as they stream, chunked anew (a placeholder split between reads or chunks is found;
+    memory: one read and a placeholder's length). Larger Content-Length bodies stream as they are;
   * a Host that names another host than the connection's name is refused (421) before anything is
     sent: a virtual host behind the same address must not receive this name's secrets;
   * heads are bounded (MAX_HEAD bytes, MAX_HEADERS lines); ambiguous framing (Content-Length with
@@ -28,22 +31,25 @@ host encodes (base64, JSON `\\/` escapes, a compressed body it sends anyway).
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import ssl
+import tempfile
 import urllib.parse
 from typing import Awaitable, Callable
 
 from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
                      get, parse_head, relay_chunks, tokens)
+from . import substitute
 from .state import LinkState, Secret
 
-__all__ = ["wants", "handle", "matches", "MAX_BODY", "IDLE", "LINGER"]
+__all__ = ["wants", "handle", "matches", "MAX_BODY", "MAX_SPOOL", "SPOOL_TOTAL", "IDLE", "LINGER"]
 
-MAX_BODY = 1 << 20             # Content-Length bodies up to this get the substitution
+MAX_BODY = 1 << 20             # Content-Length bodies up to this are substituted in memory
+MAX_SPOOL = 256 << 20          # larger ones up to this through a spool file (the length changes)
+SPOOL_TOTAL = 4 << 30          # all spool files of the daemon at once
+_SPOOLED = [0]
 LINGER = 2.0                   # seconds a refused client may go on sending before the close
-IDLE = 300.0
-_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}                   # seconds a kept-alive connection may wait for its next request
+IDLE = 300.0                   # seconds a kept-alive connection may wait for its next request
+_IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}
 
 
 def matches(hosts, name: str) -> bool:
@@ -56,55 +62,15 @@ def wants(link: LinkState, name: str, port: int) -> bool:
     return port in (80, 443) and bool(name) and any(matches(s.hosts, name) for s in link.secrets)
 
 
-def _sub_target(target: bytes, secrets: list[Secret]) -> bytes:
-    for s in secrets:
-        ph = s.placeholder.encode()
-        if ph in target:
-            target = target.replace(ph, urllib.parse.quote(s.value, safe="").encode())
-    return target
-
-
-def _sub_value(value: bytes, secrets: list[Secret]) -> bytes:
-    for s in secrets:
-        value = value.replace(s.placeholder.encode(), s.value.encode())
-    scheme, _, cred = value.partition(b" ")
-    if scheme.lower() == b"basic" and cred:
-        try:
-            plain = base64.b64decode(cred.strip(), validate=True)
-        except ValueError:
-            return value
-        new = plain
-        for s in secrets:
-            new = new.replace(s.placeholder.encode(), s.value.encode())
-        if new != plain:
-            value = scheme + b" " + base64.b64encode(new)
-    return value
-
-
-def _sub_body(body: bytes, secrets: list[Secret], ctype: bytes) -> bytes:
-    ctype = ctype.split(b";")[0].strip().lower()
-    for s in secrets:
-        ph = s.placeholder.encode()
-        if ph not in body:
-            continue
-        if ctype == b"application/json" or ctype.endswith(b"+json"):
-            value = json.dumps(s.value)[1:-1].encode()
-        elif ctype == b"application/x-www-form-urlencoded":
-            value = urllib.parse.quote_plus(s.value).encode()
-        else:
-            value = s.value.encode()
-        body = body.replace(ph, value)
-    return body
-
-
 # ---- the relay -----------------------------------------------------------------------------
 
 async def handle(link: LinkState, name: str, port: int, client, first: bytes,
                  connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
-                 tls: ssl.SSLContext | None) -> None:
+                 tls: ssl.SSLContext | None, spool_dir: str | None = None) -> None:
     """Serve one intercepted connection to the end (see the module doc); never raises for what the
     peers do. `tls` must verify (CERT_REQUIRED and host names): the value goes only to the host
-    proven to be `name`."""
+    proven to be `name`. `spool_dir`: where bodies over MAX_BODY are spooled (unlinked files;
+    None: the system's temporary directory)."""
     name = name.lower().rstrip(".")
     secrets = [s for s in link.secrets if matches(s.hosts, name)]
     if port == 443:
@@ -139,7 +105,7 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
             return
         ups = [up]
         try:
-            await _relay(link, name, secrets, down, ups, dial)
+            await _relay(link, name, secrets, down, ups, dial, spool_dir)
         finally:
             up = ups[0]
     except Refuse as e:
@@ -167,7 +133,7 @@ async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> No
 
 
 async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream, ups: list[Stream],
-                 dial) -> None:
+                 dial, spool_dir) -> None:
     """Request by request; `ups[0]` the upstream stream (replaced when it is dialled again)."""
     cin, uin = Reader(down), Reader(ups[0])
     masker_values = [s.value.encode() for s in secrets]
@@ -189,7 +155,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
             return
         if head is None:
             return
-        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down)
+        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down, spool_dir)
         answered = False
         while True:                                  # interim (1xx) responses, then the final one
             try:
@@ -219,7 +185,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
         served += 1
 
 
-async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream):
+async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir):
     first, fields = parse_head(head)
     parts = first.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
@@ -240,42 +206,93 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
     conn = tokens(fields, b"connection")
     keep = b"close" not in conn and (version != b"HTTP/1.0" or b"keep-alive" in conn)
     upgrade = bool(get(fields, b"upgrade")) and b"upgrade" in conn
-    substitute = kind == "length" and length <= MAX_BODY
-    expect = substitute and b"100-continue" in tokens(fields, b"expect")
+    whole = kind == "length" and length <= MAX_BODY
+    spooled = kind == "length" and MAX_BODY < length <= MAX_SPOOL
+    expect = (whole or spooled) and b"100-continue" in tokens(fields, b"expect")
     if expect:
         # the body is read before the host sees the head: answer the client's wait ourselves
         await down.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    body = await cin.exactly(length) if substitute else b""
-    new_target = _sub_target(target, secrets)
-    new_fields = [(k, v if k.lower() == b"host" else _sub_value(v, secrets)) for k, v in fields]
-    new_body = _sub_body(body, secrets, (get(fields, b"content-type") or [b""])[0]) if body else body
-    if new_target != target or new_fields != fields or new_body != body:
-        # a value is on its way: ask for a body the response masks can read
-        new_fields = [(k, v) for k, v in new_fields if k.lower() != b"accept-encoding"]
-        new_fields.append((b"Accept-Encoding", b"identity"))
-    if new_body != body:
-        body = new_body
-        new_fields = [(k, str(len(body)).encode() if k.lower() == b"content-length" else v)
-                      for k, v in new_fields]
-    if expect:
-        new_fields = [(k, v) for k, v in new_fields if k.lower() != b"expect"]
-    whole = build(b" ".join((method, new_target, version)), new_fields) + body
-    await send_up(whole)
-    streamed = kind == "chunked" or (kind == "length" and not substitute)
-    replay = None if streamed or method not in _IDEMPOTENT else whole
-    if kind == "length" and not substitute:
-        left = length
+    ctype = (get(fields, b"content-type") or [b""])[0]
+    body = await cin.exactly(length) if whole else b""
+    pairs = substitute.body_values(secrets, ctype)
+    spool = await _spool(cin, length, pairs, spool_dir) if spooled else None
+    try:
+        new_target = substitute.target(target, secrets)
+        new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets)) for k, v in fields]
+        new_body = substitute.body(body, secrets, ctype) if body else body
+        if (new_target != target or new_fields != fields or new_body != body or kind == "chunked"
+                or (spool is not None and spool[2])):
+            # a value is (or, chunked, may be) on its way: ask for a body the response masks can read
+            new_fields = [(k, v) for k, v in new_fields if k.lower() != b"accept-encoding"]
+            new_fields.append((b"Accept-Encoding", b"identity"))
+        if new_body != body or spool is not None:
+            body = new_body
+            size = spool[1] if spool is not None else len(body)
+            new_fields = [(k, str(size).encode() if k.lower() == b"content-length" else v)
+                          for k, v in new_fields]
+        if expect:
+            new_fields = [(k, v) for k, v in new_fields if k.lower() != b"expect"]
+        whole_request = build(b" ".join((method, new_target, version)), new_fields) + body
+        await send_up(whole_request)
+        if spool is not None:             # substituted again as it is read back (the same output)
+            spool[0].seek(0)
+            stream = substitute.Stream(pairs)
+            while data := spool[0].read(READ):
+                await send_up(stream.feed(data))
+            await send_up(stream.end())
+    finally:
+        if spool is not None:
+            spool[0].close()
+            _SPOOLED[0] -= length
+    streamed = kind == "chunked" or (kind == "length" and not whole)
+    replay = None if streamed or method not in _IDEMPOTENT else whole_request
+    if kind == "length" and not (whole or spooled):
+        left = length                 # over MAX_SPOOL: as it is
         while left:
             data = await cin.some(min(left, READ))
             left -= len(data)
             await send_up(data)
     elif kind == "chunked":
-        await relay_chunks(cin, send_up, None)
+        # chunked anew as the substitution gives it out; a placeholder split between chunks is found
+        stream = substitute.Stream(pairs)
+        await relay_chunks(cin, send_up, stream, trailer=lambda line: _sub_trailer(line, secrets))
     return method, keep, upgrade, replay
 
 
+def _sub_trailer(line: bytes, secrets) -> bytes:
+    k, sep, v = line.partition(b":")
+    return k + sep + substitute.value(v, secrets) if sep else line
+
+
+async def _spool(cin: Reader, length: int, pairs, spool_dir):
+    """(file, the body's length substituted, whether it holds a placeholder): the body as the sandbox
+    sent it (placeholders, never values: a value stays in memory) in an unlinked file, counted
+    against SPOOL_TOTAL until the caller closes it."""
+    if _SPOOLED[0] + length > SPOOL_TOTAL:
+        raise Refuse(503, "the egress spool for large bodies is full; try again later")
+    _SPOOLED[0] += length
+    try:
+        f = tempfile.TemporaryFile(dir=spool_dir)
+    except OSError:
+        _SPOOLED[0] -= length
+        raise
+    try:
+        left, size, stream = length, 0, substitute.Stream(pairs)
+        while left:
+            data = await cin.some(min(left, READ))
+            left -= len(data)
+            f.write(data)
+            size += len(stream.feed(data))
+        size += len(stream.end())
+    except BaseException:
+        f.close()
+        _SPOOLED[0] -= length
+        raise
+    return f, size, stream.found > 0
+
+
 async def _response(uin: Reader, head: bytes, method: bytes, values, send_down) -> tuple[int, bool]:
-    first, fields = parse_head(head)
+    first, fields = parse_head(head, request=False)
     parts = first.split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise Closed("malformed response from upstream")

@@ -2,45 +2,37 @@
 a sandbox opens here; the original destination comes from conntrack (SO_ORIGINAL_DST), the link
 from the accepted socket's local address (the link's gateway: the sandbox can not choose it).
 
-On ports 80 and 443 the proxy reads the HTTP Host header or the TLS ClientHello's SNI (bounded
-bytes, 2 s). A name the policy resolves is dialled BY THAT NAME: resolved through the upstream and
-refused when what it resolves to is not public (unless a network rule names it) -- an `/etc/hosts`
-entry or a rebinding DNS answer can not steer the connection. Other ports (and 80/443 without a
-name) are decided by the destination address: network rules, or name rules through the names the
-link's resolver answered with that address. A refusal closes the connection (HTTP on port 80 gets a
-403 naming the host and the rule) and is counted with its reason in link.usage."""
+On port 443 the proxy reads the TLS ClientHello's SNI (bounded bytes, 2 s); on port 80 the first
+request head (plainhttp.first_request), and every later request of the connection is decided again
+by plainhttp.relay. A name the policy resolves is dialled BY THAT NAME: resolved through the
+upstream and refused when what it resolves to is not public (unless a network rule names it) --
+an `/etc/hosts` entry or a rebinding DNS answer can not steer the connection. Other ports (and 443
+without a name) are decided by the destination address: network rules, or name rules through the
+names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
+by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
+host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
+by splice (splice.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import ipaddress
-import os
-import select
 import socket
-import threading
-from concurrent.futures import ThreadPoolExecutor
 import struct
 
-from . import intercept, netns
+from . import intercept, netns, plainhttp, splice
+from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
-from .sniff import SNIFF_BYTES, http_host, sni
+from .sniff import SNIFF_BYTES, sni
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "PIPE_SIZE",
-           "F_SETPIPE_SZ", "BULK_BYTES", "BULK_THREADS", "DIAL_SECONDS",
+__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
            "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
 
 SO_ORIGINAL_DST = 80
 SNIFF_SECONDS = 2.0
 CHUNK = 1 << 18              # stream buffers of intercepted connections
-PIPE_SIZE = 1 << 20          # relay pipes: large, fewer splices per megabyte
-F_SETPIPE_SZ = 1031
-BULK_BYTES = 8 << 20          # a direction past this is a bulk transfer (see _splice)
-BULK_THREADS = 16
-_POOL = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="egress-bulk")
-_BULK = threading.Semaphore(BULK_THREADS)
 DIAL_SECONDS = 10.0
 # one link's connections in the proxy at once (two daemon fds each): every sandbox shares the
 # daemon, and one holding thousands ran it out of fds for all the others
@@ -49,7 +41,7 @@ _OPEN: dict[str, int] = {}      # link key -> its connections in _handle now
 
 
 async def _sniff(sock: socket.socket, port: int) -> tuple[bytes, str | None]:
-    parse = sni if port == 443 else http_host
+    parse = sni
     data = b""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SNIFF_SECONDS
@@ -112,156 +104,13 @@ def recheck(link: LinkState) -> int:
     return cut
 
 
-class _Ready:
-    """Readiness of one fd for one direction. Registered only while waited for: epoll is
-    level-triggered, so a registration left in place while the relay waits on the other side
-    (a slow reader) would wake the loop on every turn."""
-
-    def __init__(self, loop, fd: int, write: bool):
-        self.loop, self.fd, self.write = loop, fd, write
-
-    async def wait(self) -> None:
-        fut = self.loop.create_future()
-        add, remove = ((self.loop.add_writer, self.loop.remove_writer) if self.write
-                       else (self.loop.add_reader, self.loop.remove_reader))
-        add(self.fd, lambda: fut.done() or fut.set_result(None))
-        try:
-            await fut
-        finally:
-            remove(self.fd)
-
-    def close(self) -> None:
-        pass
-
-
-def _cut(*socks: socket.socket) -> None:
-    for s in socks:
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _splice_thread(src: socket.socket, dst: socket.socket, r: int, w: int, flush) -> None:
-    """The bulk of a long transfer, off the event loop: the same splices, waiting in poll()
-    (the sockets stay non-blocking: the loop may still serve the other direction). Counts go to
-    the loop every BULK_BYTES (`flush`: the link's counters belong to the loop's thread)."""
-    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-    pin, pout = select.poll(), select.poll()
-    pin.register(src.fileno(), select.POLLIN)
-    pout.register(dst.fileno(), select.POLLOUT)
-    moved = 0
-    try:
-        while True:
-            try:
-                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
-            except BlockingIOError:
-                pin.poll()
-                continue
-            if n == 0:
-                break
-            moved += n
-            if moved >= BULK_BYTES:
-                flush(moved)
-                moved = 0
-            while n:
-                try:
-                    n -= os.splice(r, dst.fileno(), n, flags=flags)
-                except BlockingIOError:
-                    pout.poll()
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        _cut(src, dst)
-    finally:
-        flush(moved)
-
-
-async def _splice(src: socket.socket, dst: socket.socket, count) -> None:
-    """Move src's bytes to dst through a pipe (splice: the pages are passed, not copied through
-    this process) until src ends; then end dst's sending side. A transfer past BULK_BYTES goes on
-    in a thread of BULK_THREADS (measured: the loop's wake-ups cost ~0.2 s of CPU a GB)."""
-    loop = asyncio.get_running_loop()
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-    readable = writable = None
-    moved = 0
-    try:
-        try:
-            fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass                                  # the default (64 KiB) still works
-        readable = _Ready(loop, src.fileno(), False)
-        while True:
-            if moved >= BULK_BYTES and _BULK.acquire(blocking=False):
-                readable.close()
-                readable = None
-                if writable is not None:
-                    writable.close()
-                    writable = None
-                try:
-                    job = loop.run_in_executor(_POOL, _splice_thread, src, dst, r, w,
-                                               lambda n: loop.call_soon_threadsafe(count, n))
-                    try:
-                        await asyncio.shield(job)
-                    except asyncio.CancelledError:
-                        _cut(src, dst)           # the thread ends; its fds are closed after it
-                        await asyncio.wait([job])
-                        raise
-                finally:
-                    _BULK.release()
-                return
-            try:
-                n = os.splice(src.fileno(), w, PIPE_SIZE, flags=flags)
-            except BlockingIOError:
-                await readable.wait()
-                continue
-            if n == 0:
-                break
-            count(n)
-            moved += n
-            while n:
-                try:
-                    n -= os.splice(r, dst.fileno(), n, flags=flags)
-                except BlockingIOError:
-                    if writable is None:         # a slow reader: from now on registered
-                        writable = _Ready(loop, dst.fileno(), True)
-                    await writable.wait()
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:                               # a reset or a cut: end both ways
-        _cut(src, dst)
-    finally:
-        for ready in (readable, writable):
-            if ready is not None:
-                ready.close()
-        os.close(r)
-        os.close(w)
-
-
-async def _relay(link: LinkState, client: socket.socket, up: socket.socket) -> None:
-    usage = link.usage
-
-    def out(n):
-        usage.bytes_out += n
-
-    def into(n):
-        usage.bytes_in += n
-    await asyncio.gather(_splice(client, up, out), _splice(up, client, into))
-
-
 async def _refuse(link: LinkState, sock: socket.socket, host: str, port: int, reason: str,
                   http: bool) -> None:
     link.usage.refuse(host, port, reason)
     if not http:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))    # a reset
         return
-    body = f"sandtree egress refused {host}:{port}: {reason}\n".encode()
-    head = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
-    try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, head + body), 2)
-        sock.shutdown(socket.SHUT_WR)
-    except (OSError, asyncio.TimeoutError):
-        pass
+    link.usage.bytes_in += await plainhttp.answer(sock, 403, f"sandtree egress refused {host}:{port}: {reason}")
 
 
 def _original_dst(sock: socket.socket):
@@ -270,10 +119,11 @@ def _original_dst(sock: socket.socket):
     return ipaddress.IPv4Address(raw[4:8]), port
 
 
-async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, own):
-    """(names, ip to dial, by_name, verdict)."""
+async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, own, dns_names=True):
+    """(names, ip to dial, by_name, verdict); without a name, by the address: through the names the
+    link's resolver answered with it when `dns_names`, else by network rules alone."""
     if not name:
-        names = sorted(link.names.get(str(ip), ()))
+        names = sorted(link.names.get(str(ip), ())) if dns_names else []
         return names, ip, False, _verdict(link, names, ip, port, own)
     names = [name]
     if link.policy.resolves(name).allowed:
@@ -292,7 +142,7 @@ async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, ow
     return names, ip, False, verdict
 
 
-async def _handle(client: socket.socket, links, upstream) -> None:
+async def _handle(client: socket.socket, links, upstream, spool_dir=None) -> None:
     link = links(client.getsockname()[0])
     if link is None:
         return
@@ -305,23 +155,36 @@ async def _handle(client: socket.socket, links, upstream) -> None:
         return
     _OPEN[link.key] = _OPEN.get(link.key, 0) + 1
     try:
-        await _handle_counted(link, client, ip, port, upstream)
+        await _handle_counted(link, client, ip, port, upstream, spool_dir)
     finally:
         _OPEN[link.key] -= 1
         if not _OPEN[link.key]:
             del _OPEN[link.key]
 
 
-async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream) -> None:
+async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream,
+                          spool_dir) -> None:
     loop = asyncio.get_running_loop()
     own = upstream.own_addresses()
-    first, name = b"", None
-    if port in (80, 443) and link.policy is not None:
+    first, name, req, dialled = b"", None, None, ip
+    if port == 443 and link.policy is not None:
         first, name = await _sniff(client, port)
-    names, ip, by_name, verdict = await _decide(link, name, ip, port, upstream, own)
+    elif port == 80 and link.policy is not None:
+        try:
+            first, req = await plainhttp.first_request(client)
+        except Refuse as e:
+            link.usage.refuse(str(ip), port, e.reason)
+            link.usage.bytes_in += await plainhttp.answer(client, e.status, f"sandtree egress: {e.reason}")
+            return
+        except Closed:
+            return
+        name = req.name if req else None
+    # on port 80 a connection without a name (not HTTP, no Host) is decided by its address alone:
+    # a name the resolver answered for that address says nothing of which site it will ask for
+    names, ip, by_name, verdict = await _decide(link, name, ip, port, upstream, own, port != 80)
     host = names[0] if names else str(ip)
     if not verdict.allowed:
-        await _refuse(link, client, host, port, verdict.reason, port == 80 and name is not None)
+        await _refuse(link, client, host, port, verdict.reason, port == 80 and req is not None)
         return
     link.usage.allow(host)
     conn = Connection(link, names, ip, port, by_name, own)
@@ -333,7 +196,7 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
             conn.writers.append(streams[1])
             await intercept.handle(link, name, port, streams, first,
                                    lambda: upstream.open_connection(ip, port, timeout=DIAL_SECONDS),
-                                   upstream.tls_context() if port == 443 else None)
+                                   upstream.tls_context() if port == 443 else None, spool_dir)
             return
         try:
             up = await upstream.connect(ip, port, timeout=DIAL_SECONDS)
@@ -341,11 +204,17 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
             return
         try:
             conn.sockets.append(up)
+            if req is not None:
+                async def later(other: str) -> Verdict:
+                    return (await _decide(link, other, dialled, port, upstream, own, False))[3]
+                if not conn.closed:
+                    await plainhttp.relay(link, client, up, first, req, port, later)
+                return
             if first:
                 await loop.sock_sendall(up, first)
                 link.usage.bytes_out += len(first)
             if not conn.closed:
-                await _relay(link, client, up)
+                await splice.relay(link.usage, client, up)
         finally:
             up.close()
     finally:
@@ -356,8 +225,8 @@ class ProxyServer:
     """The listening proxy (what asyncio.start_server's server offers callers: close, wait_closed,
     sockets); closing it stops accepting and cuts the connections in flight."""
 
-    def __init__(self, sock: socket.socket, links, upstream):
-        self.sockets = [sock]
+    def __init__(self, sock: socket.socket, links, upstream, spool_dir=None):
+        self.sockets, self.spool_dir = [sock], spool_dir
         self._task = asyncio.ensure_future(self._accept(sock, links, upstream))
         self._tasks: set[asyncio.Task] = set()
 
@@ -375,14 +244,14 @@ class ProxyServer:
             # no Nagle towards the sandbox: an intercepted request's answer is written in parts
             # (head, body), and Nagle held the second behind the client's delayed ACK (40 ms each)
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = loop.create_task(self._one(client, links, upstream))
+            t = loop.create_task(self._one(client, links, upstream, self.spool_dir))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
     @staticmethod
-    async def _one(client, links, upstream) -> None:
+    async def _one(client, links, upstream, spool_dir) -> None:
         try:
-            await _handle(client, links, upstream)
+            await _handle(client, links, upstream, spool_dir)
         except (OSError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -402,8 +271,10 @@ class ProxyServer:
         await asyncio.gather(self._task, *self._tasks, return_exceptions=True)
 
 
-async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -> ProxyServer:
-    """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None."""
+async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT,
+                      spool_dir: str | None = None) -> ProxyServer:
+    """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None;
+    `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
     with netns.entered(router_fd):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -414,4 +285,4 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT) -
     except BaseException:
         s.close()
         raise
-    return ProxyServer(s, links, upstream)
+    return ProxyServer(s, links, upstream, spool_dir)
