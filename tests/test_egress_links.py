@@ -126,7 +126,10 @@ def test_an_attached_link_is_a_namespace_with_eth0_and_a_route(eg):
             assert names["eth0"].get_attr("IFLA_OPERSTATE") == "UP"
             addrs = [(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(family=socket.AF_INET)]
             assert (link.address, 30) in addrs
-            assert not ipr.get_addr(family=socket.AF_INET6)
+            # IPv6 on lo only (::1 as without network); none on eth0, no IPv6 route out of it
+            assert [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET6)] == ["::1"]
+            assert not [r for r in ipr.get_routes(family=socket.AF_INET6)
+                        if r.get_attr("RTA_OIF") == names["eth0"]["index"]]
             gws = [r.get_attr("RTA_GATEWAY") for r in ipr.get_routes(family=socket.AF_INET) if r["dst_len"] == 0]
             assert gws == [link.gateway]
         finally:

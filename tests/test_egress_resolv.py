@@ -1,9 +1,11 @@
-"""A networked run's nameserver on images without a regular /etc/resolv.conf (issue 14, left open):
+"""A link's names and address families. The nameserver on images without a regular /etc/resolv.conf (issue 14, left open):
 none at all (OCI images from registries), a symbolic link (systemd's stub-resolv.conf), one that
 points at a host path, and no /etc. Each run reads the link's nameserver and resolves an allowed
 name through it; the committed image holds exactly what the image held there before (nothing, or
 the same link) and the run's own writes; no host file is read or covered through the image's link.
-Both tiers.
+Both tiers. And IPv6, which links do not carry: AAAA questions are answered empty (allowed names)
+or NXDOMAIN, a connect to any IPv6 address fails at once with ENETUNREACH (no timeout for a tool to
+wait out before it falls back to IPv4), and ::1 works inside as it does without network.
 
 Real things only: the engine on a temporary store, the real egress daemon whose upstream is a
 netlab internet this module made (tests/netlab.py); nothing leaves namespaces made here."""
@@ -134,3 +136,25 @@ def test_a_regular_resolv_conf_is_still_covered_and_kept(eng, lab, tmp_path, hos
     rec = eng.run(img, PROBE, network=["allowed.test"], tier=tier)
     assert rec.stdout.startswith(b"nameserver 100.64."), rec.stdout + rec.stderr
     assert eng.read(rec.image, "/etc/resolv.conf") == b"nameserver 192.0.2.53\n"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_ipv6_is_unreachable_at_once_and_loopback_v6_works(eng, lab, tmp_path, tier):
+    tier_or_skip(eng, tier)
+    img = eng.import_path(make_rootfs(str(tmp_path / f"root-v6-{tier}")))
+    script = ("nslookup -type=AAAA allowed.test 2>&1; echo \"aaaa=$?\"; echo --; "
+              "nslookup -type=AAAA other.test 2>&1; echo --; "
+              "for a in fd00:ec2::254 2001:db8::1; do time nc -w 10 $a 80 </dev/null; done 2>&1; echo --; "
+              "mkdir -p /www && echo hello6 > /www/index.html && httpd -p [::1]:8080 -h /www && sleep 0.3; "
+              "wget -q -O- http://[::1]:8080/ 2>&1")
+    before = lab.hits[("fd00:ec2::254", 80)]
+    rec = eng.run(img, script, network=["allowed.test"], tier=tier)
+    allowed, other, connects, loop6 = rec.stdout.decode().split("--\n")
+    assert "aaaa=0" in allowed and "11.1.1" not in allowed and "can't find" not in allowed, allowed
+    assert "can't find" in other or "NXDOMAIN" in other, other
+    assert connects.count("Network is unreachable") == 2, connects
+    seconds = [float(l.split()[1].replace("m", "")) * 60 + float(l.split()[2].rstrip("s"))
+               for l in connects.splitlines() if l.startswith("real")]
+    assert len(seconds) == 2 and max(seconds) < 1.0, connects            # at once, not after -w 10
+    assert loop6.strip() == "hello6", loop6 + rec.stderr.decode()
+    assert lab.hits[("fd00:ec2::254", 80)] == before
