@@ -185,7 +185,7 @@ def test_bad_secrets_are_refused_typed_and_change_nothing(tmp_path, name, value,
     try:
         with pytest.raises(InvalidInput, match=match) as exc:
             e.secret_set(name, value, hosts)
-        assert value not in str(exc.value) or value == SECRET and SECRET not in str(exc.value)
+        assert value not in str(exc.value)                          # the message names, never shows
         assert e.secret_list() == []
     finally:
         e.close()
@@ -437,4 +437,46 @@ def test_rest_tenant_stores_and_uses_a_secret_another_tenant_cannot(tmp_path, la
         log.close()
         Egress(home).stop_daemon()
     assert SECRET.encode() not in (tmp_path / "server.log").read_bytes()
+    assert grep_store(home, SECRET) == []
+
+
+@NEEDS_ROOT
+def test_mcp_lists_and_uses_stored_secrets_by_name_only(tmp_path, lab, rootfs_tls):
+    """MCP through the real client: secret_list shows names and hosts (never a value), no tool sets
+    or reads one, and run takes secrets=["TOKEN"]: the lab's host gets the value, the sandbox the
+    placeholder."""
+    import asyncio
+
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    home = str(tmp_path / "home")
+    e = Engine(home, warm=0)
+    try:
+        e.secret_set("TOKEN", SECRET, ["allowed.test"])
+        img = e.import_path(rootfs_tls)
+    finally:
+        e.close()
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+                                   env=cli_env(lab, home))
+
+    async def main():
+        async with Client(params) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            assert "secret_list" in tools and not [n for n in tools if "secret" in n and n != "secret_list"]
+            listed = [json.loads(x.text) for x in (await c.call_tool("secret_list", {})).content]
+            assert listed == [{"name": "TOKEN", "hosts": ["allowed.test"], "owner": "global"}], listed
+            n = len(lab.requests)
+            r = await c.call_tool("run", {"image": img, "command": "tlsget 11.1.1.10 443 allowed.test /mcp; echo $TOKEN",
+                                          "network": ["allowed.test"], "secrets": ["TOKEN"]})
+            assert not r.is_error, r.content[0].text
+            out = json.loads(r.content[0].text)["stdout"]
+            assert arrived(lab, n)["/mcp"]["allowed.test"] == f"Bearer {SECRET}"
+            assert "sandtree-secret-TOKEN-" in out and SECRET not in out
+            wide = await c.call_tool("run", {"image": img, "command": "true", "network": "all",
+                                             "secrets": {"TOKEN": {"stored": True, "hosts": ["other.test"]}}})
+            assert wide.is_error and "narrow" in wide.content[0].text
+    try:
+        asyncio.run(main())
+    finally:
+        Egress(home).stop_daemon()
     assert grep_store(home, SECRET) == []

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import getpass
 import sys
 
 from ..errors import InvalidInput
@@ -18,10 +19,10 @@ def _value(args) -> str:
         except (OSError, UnicodeDecodeError) as e:
             raise InvalidInput(f"secret {args.name}: cannot read {args.from_file}: "
                                f"{getattr(e, 'strerror', None) or 'not UTF-8 text'}") from None
+    elif sys.stdin.isatty():                                   # typed: not echoed
+        return getpass.getpass(f"value of {args.name}: ")
     else:
-        if sys.stdin.isatty():
-            print(f"value of {args.name} (then Enter):", file=sys.stderr)
-        text = sys.stdin.readline() if sys.stdin.isatty() else sys.stdin.read()
+        text = sys.stdin.read()
     return text[:-1] if text.endswith("\n") else text          # the newline `echo` or a file adds
 
 
