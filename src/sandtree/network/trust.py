@@ -27,8 +27,9 @@ from .ca import CA, placeholder
 from .policy import Rule
 from .state import Secret
 
-__all__ = ["parse_secrets", "stored_ref", "check_name", "check_hosts", "check_value", "sandbox_env", "bundle", "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
-           "MAX_SECRETS", "MAX_VALUE", "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
+__all__ = ["parse_secrets", "stored_ref", "check_name", "check_hosts", "check_value", "sandbox_env", "bundle",
+           "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH", "MAX_SECRETS", "MAX_VALUE",
+           "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
 
 MAX_SECRETS = 64
 MAX_VALUE = 16 * 1024          # bytes of a value (UTF-8): it goes into request heads

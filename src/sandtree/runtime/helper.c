@@ -461,9 +461,10 @@ static void rt_name(const char *path, size_t plen, char *out, size_t cap) {
 
 /* The entry at etc/resolv.conf in `root`: its parents resolved inside the root (no magic links,
  * no mount crossed), the last component itself (O_NOFOLLOW: a link is opened, not followed).
- * A regular file or a link gets the bind (over a link, through its O_PATH fd: the link is
- * covered, its target never looked at); anything else, or nothing, none. */
-static void bind_resolv(const char *root, const char *src) {
+ * A regular file or a link gets `src` bound over it (over a link, through its O_PATH fd: the link
+ * is covered, its target never looked at); anything else, or nothing, none. only_link: a link
+ * only (gVisor: runsc binds over a regular file itself, but would follow a link). */
+static void bind_resolv(const char *root, const char *src, int only_link) {
     int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (rfd < 0) die_step("runtime-root");
     struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
@@ -473,27 +474,9 @@ static void bind_resolv(const char *root, const char *src) {
     if (fd < 0) return;                         /* none (a whiteout, an opaque /etc above ours): no bind */
     struct stat st;
     char target[64];
-    if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
+    if (fstat(fd, &st) == 0 && (S_ISLNK(st.st_mode) || (!only_link && S_ISREG(st.st_mode)))) {
         snprintf(target, sizeof target, "/proc/self/fd/%d", fd);
-        xmount(src, target, NULL, MS_BIND, NULL);   /* its superblock is read-only (runtime_files) */
-    }
-    close(fd);
-}
-
-/* gVisor: cover a link at etc/resolv.conf (only a link) with `src`, as bind_resolv would. */
-static void bind_resolv_link(const char *root, const char *src) {
-    int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (rfd < 0) die_step("runtime-root");
-    struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
-                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
-    int fd = (int)syscall(SYS_openat2, rfd, "etc/resolv.conf", &how, sizeof how);
-    close(rfd);
-    if (fd < 0) return;
-    struct stat st;
-    char target[64];
-    if (fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
-        snprintf(target, sizeof target, "/proc/self/fd/%d", fd);
-        xmount(src, target, NULL, MS_BIND | MS_RDONLY, NULL);
+        xmount(src, target, NULL, MS_BIND, NULL);   /* read-only: runtime_files' tmpfs (gVisor: runsc covers m/) */
     }
     close(fd);
 }
@@ -556,7 +539,7 @@ static void runtime_files(const char *dir, const char *root) {
     xmount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     if (resolv && root) {
         snprintf(p, sizeof p, "%s/resolv.conf", dir);
-        bind_resolv(root, p);
+        bind_resolv(root, p, 0);
     }
 }
 
@@ -605,7 +588,7 @@ static void mount_root(struct opts *o) {
         runtime_files("x", NULL);
         /* runsc would follow a link at the bind's destination (and make its target in our
          * upper): it sees the mount point's empty file there instead, which its bind covers. */
-        if (rt_has_resolv()) bind_resolv_link("r", "m/etc/resolv.conf");
+        if (rt_has_resolv()) bind_resolv("r", "m/etc/resolv.conf", 1);
     }
     close(scratch);
 }
