@@ -158,3 +158,24 @@ def test_ipv6_is_unreachable_at_once_and_loopback_v6_works(eng, lab, tmp_path, t
     assert len(seconds) == 2 and max(seconds) < 1.0, connects            # at once, not after -w 10
     assert loop6.strip() == "hello6", loop6 + rec.stderr.decode()
     assert lab.hits[("fd00:ec2::254", 80)] == before
+
+
+def test_a_live_sandbox_gets_the_nameserver_and_its_commit_none_of_it(eng, lab, tmp_path, host_file):
+    """A live sandbox commits its upper while it runs: the mount point is in no layer of it."""
+    for kind in ("missing", "link"):
+        img = image(eng, tmp_path / "live", kind, host_file)
+        info = eng.sandbox_start(img, network=["allowed.test"])
+        try:
+            r = eng.sandbox_exec(info["id"], PROBE)
+            assert r.stdout.startswith(b"nameserver 100.64."), r.stdout + r.stderr
+            for verb in (b"WROTE", b"REMOVED", b"MOVED", b"LINKED"):
+                assert verb not in r.stdout, r.stdout
+            head = eng.sandbox_commit(info["id"])
+        finally:
+            eng.sandbox_stop(info["id"])
+        assert {c.to_dict()["path"] for c in eng.diff(img, head)} <= {"/etc/hello", "/etc"}
+        if kind == "missing":
+            with pytest.raises(NotFound):
+                eng.stat(head, "/etc/resolv.conf")
+        else:
+            assert eng.stat(head, "/etc/resolv.conf").to_dict()["type"] == "symlink"
