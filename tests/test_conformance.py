@@ -67,6 +67,19 @@ def test_every_http_binding_is_a_server_route(tmp_path):
     assert not missing, missing
 
 
+def test_every_argument_has_a_place_in_its_http_binding():
+    """A row's HTTP binding names each argument (path, query, body, content or dropped): the remote
+    client could not send one it does not (checked here, not at import: table.py stays declarations)."""
+    for row in table.OPS.values():
+        h = row.http
+        if h is None or row.custom_remote:
+            continue
+        named = set(h.query) | set(h.body) | {h.content, h.whole_body} | set(h.drop)
+        named |= {seg.split("}")[0].split(":")[0] for seg in h.path.split("{")[1:]}
+        lost = [p.name for p in row.signature.parameters.values() if p.kind is not p.VAR_KEYWORD and p.name not in named]
+        assert not lost, f"{row.name}: argument(s) {lost} have no place in its HTTP binding"
+
+
 def test_rows_are_complete():
     """Every row says its scope or that it is admin-only, and either binds to HTTP or says why not."""
     for row in table.OPS.values():

@@ -57,8 +57,15 @@ PARAMS = {
     "network": "outbound network: off (default), all (public internet), a rule list like "
                "['pypi.org', '*.pythonhosted.org:443', '203.0.113.0/24'] or {allow_out: [...], deny_out: [...]}; "
                "inherit: the policy of the run that made the image",
-    "secrets": "NAME -> {value, hosts}: the sandbox sees a placeholder in $NAME; requests to those hosts carry "
-               "the value (needs network)",
+    "secrets": "NAME -> {value, hosts}, or NAME -> {stored: true, hosts?} / a list of NAMEs for the server's "
+               "stored secrets (hosts may only narrow theirs): the sandbox sees a placeholder in $NAME; requests "
+               "to those hosts carry the value (needs network)",
+    "secret_set.name": "the secret's name: the environment variable runs see it as",
+    "secret_remove.name": "the stored secret's name",
+    "value": "the secret's value (UTF-8, 4 bytes to 16 KiB, no CR, LF or NUL); never shown again",
+    "hosts": "the host names (or *.domain) the value may be sent to",
+    "tenants": "(the operator's secrets) the tenants that may use it by name, '*': every tenant",
+    "tenant": "a tenant's name (an admin asking about that tenant; a tenant may name only itself)",
     "labels": "names and values kept with it (E2B's metadata): at most 64, names of letters, digits and _.-/",
     "pattern": "an RE2 regular expression (linear time: no backtracking)",
     # the MCP tools' own names for the same things

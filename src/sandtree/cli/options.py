@@ -53,7 +53,8 @@ def add_network(x) -> None:
                    help="refuse RULE even when allowed (repeatable; alone: the public internet minus these)")
     x.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE@HOSTS",
                    help="$NAME in the sandbox is a placeholder; requests to HOSTS (comma list) carry VALUE; "
-                        "NAME=@FILE@HOSTS reads VALUE from FILE (one trailing newline dropped) (repeatable)")
+                        "NAME=@FILE@HOSTS reads VALUE from FILE (one trailing newline dropped); NAME alone: the "
+                        "stored secret NAME (`sandtree secret set`), NAME@HOSTS: it to fewer hosts (repeatable)")
 
 
 # ---- reading them ----------------------------------------------------------------------------
@@ -166,6 +167,10 @@ def network(args) -> dict:
         out["network"] = base
     secrets = {}
     for spec in args.secret:
+        if "=" not in spec:                          # NAME or NAME@HOSTS: a stored secret
+            name, at, hosts = spec.partition("@")
+            secrets[name] = {"stored": True, **({"hosts": [h for h in hosts.split(",") if h]} if at else {})}
+            continue
         name, eq, rest = spec.partition("=")
         value, at, hosts = rest.rpartition("@")
         if not eq or not at or not name:

@@ -51,8 +51,9 @@ class Image:
         image. Unless disposable, what it wrote becomes the new image `result.image`. labels: names
         and values kept with the run (st.operation(result.operation)["spec"]["labels"]).
         network: off (default), "all", rules ["pypi.org", "*.pythonhosted.org:443"], {"allow_out": [...],
-        "deny_out": [...]} or "inherit"; secrets: {"NAME": {"value": ..., "hosts": [...]}} (the sandbox
-        sees a placeholder in $NAME, requests to those hosts carry the value).
+        "deny_out": [...]} or "inherit"; secrets: {"NAME": {"value": ..., "hosts": [...]}}, or stored ones
+        by name (st.set_secret): ["NAME"] or {"NAME": {"stored": True, "hosts": [fewer hosts]}} (the
+        sandbox sees a placeholder in $NAME, requests to those hosts carry the value).
         on_output(stream, bytes) sees both streams as they come; on_stdout/on_stderr(bytes) one each."""
         return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                              disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,

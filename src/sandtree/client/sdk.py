@@ -148,6 +148,22 @@ class Sandtree:
         """Who ran what on which image, newest first (a tenant sees its own records)."""
         return self._engine.audit(tenant=tenant, limit=limit)
 
+    # stored secrets: runs name them (secrets=["NAME"]) and never carry the value
+    def set_secret(self, name: str, value: str, *, hosts: list[str] | str, tenants: list[str] | None = None,
+                   tenant: str | None = None) -> dict:
+        """Store a secret once; runs, sandboxes and `secrets=["NAME"]` then use it by name (the
+        sandbox sees a placeholder; the egress path sends the value to `hosts` only). The value is
+        kept outside the store's database and never shown again. tenants: (the operator's) which
+        tenants may use it ("*": all); tenant: (an admin) store it for that tenant."""
+        return self._engine.secret_set(name, value, hosts, tenants=tenants, tenant=tenant)
+
+    def secrets(self, *, tenant: str | None = None) -> list[dict]:
+        """The stored secrets this caller may use: name, hosts, owner, times (never a value)."""
+        return self._engine.secret_list(tenant=tenant)
+
+    def remove_secret(self, name: str, *, tenant: str | None = None) -> None:
+        self._engine.secret_remove(name, tenant=tenant)
+
     def doctor(self) -> list[dict]:
         """The isolation tiers this host can run, and why not the others."""
         return self._engine.doctor()

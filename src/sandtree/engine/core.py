@@ -25,6 +25,7 @@ from ..store.db import typed_disk_errors
 from ..store.layers import IdMap
 from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
+from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
 from .branching import BranchingOps
 from .imports import ImportOps
@@ -95,6 +96,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                     self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
                     self._sandboxes.egress = lambda: self.egress
                     self._sandboxes.read_image = self.read
+                    self._sandboxes.stored_secret = self.tenancy.stored_secret
         return self._sandboxes
 
     @property
@@ -295,6 +297,21 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps):
 
     def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
         return self.tenancy.audit(tenant=tenant, limit=limit)
+
+    @property
+    def secret_store(self) -> SecretStore:
+        """Stored secrets' values, outside the database: $SANDTREE_HOME/secrets (network/secretstore.py)."""
+        return SecretStore(os.path.join(self.store.home, "secrets"))
+
+    def secret_set(self, name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None,
+                   tenant: str | None = None) -> dict:
+        return self.tenancy.secret_set(name, value, hosts, tenants=tenants, tenant=tenant)
+
+    def secret_list(self, *, tenant: str | None = None) -> list[dict]:
+        return self.tenancy.secret_list(tenant=tenant)
+
+    def secret_remove(self, name: str, *, tenant: str | None = None) -> None:
+        self.tenancy.secret_remove(name, tenant=tenant)
 
     def doctor(self) -> list[dict]:
         """Every isolation tier: can this host run it, and if not, why."""

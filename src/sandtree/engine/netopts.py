@@ -28,7 +28,8 @@ class NetOption:
             return {}
         out = {"network": self.policy.to_json(), "hermetic": False}
         if self.secrets:
-            out["secrets"] = {s.name: {"hosts": list(s.hosts)} for s in self.secrets}
+            out["secrets"] = {s.name: {"hosts": list(s.hosts), **({"stored": s.stored} if s.stored else {})}
+                              for s in self.secrets}
         return out
 
 
@@ -38,14 +39,15 @@ def inherited_policy(db, image: str) -> Policy | None:
     return Policy.from_json(recorded_network(db, image))
 
 
-def network_option(db, image: str, network, secrets, *, host_files: bool = False) -> NetOption:
+def network_option(db, image: str, network, secrets, *, host_files: bool = False, stored=None) -> NetOption:
     """network= and secrets= as a run or start receives them; InvalidInput for bad values (nothing
-    is read or started before this returns)."""
+    is read or started before this returns). stored(ref): a stored secret by reference (the
+    tenancy's lookup: tenancy/secrets.py), for secrets that name one."""
     if isinstance(network, str) and network.strip().lower() == "inherit":
         policy = inherited_policy(db, image)
     else:
         policy = Policy.from_value(network)
-    parsed = parse_secrets(secrets or None, host_files=host_files)
+    parsed = parse_secrets(secrets or None, host_files=host_files, stored=stored)
     if parsed and policy is None:
         raise InvalidInput("secrets need a network policy that reaches their hosts (network=...)")
     return NetOption(policy, parsed)

@@ -61,7 +61,7 @@ class RunOps:
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
         row = self.store.image(source)
-        net = network_option(self.store.db, source, network, secrets)
+        net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)
         argv = command_argv(command)

@@ -65,6 +65,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self.unlink = lambda sid: None
         self.egress = lambda: None                  # () -> the engine's Egress (network= sandboxes)
         self.read_image = lambda image, path: b""   # the engine's read (an image's CA bundle)
+        self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
 
@@ -222,7 +223,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
-        net = network_option(self.store.db, source, network, secrets)
+        net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
         if net.policy is not None:
             require_egress(self.egress())
         lim = self.specs.limits(limits)

@@ -1,5 +1,5 @@
-"""/api/v1 files and registries: uploads (stored once by sha256, then referenced by runs), file
-sets, and registry credentials for pulls."""
+"""/api/v1 files and credentials: uploads (stored once by sha256, then referenced by runs), file
+sets, registry credentials for pulls, and stored secrets (runs name them; values never come back)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from starlette.responses import FileResponse
 
 from .bodylimit import spool, unstage
-from .models import FileIn, LoginIn
+from .models import FileIn, LoginIn, SecretIn
 from .plumbing import Plumbing
 
 
@@ -40,6 +40,22 @@ def files_router(p: Plumbing) -> APIRouter:
     async def registry_host(reference: str) -> dict:
         """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
         return {"registry": await call(engine.registry_host, reference)}
+
+    @router.put("/api/v1/secrets/{name}")
+    async def secret_set(name: str, body: SecretIn) -> dict:
+        """Store a secret runs name (secrets=["NAME"]): its name, hosts and times come back, never its value."""
+        return await call(functools.partial(engine.secret_set, name, body.value, body.hosts, tenants=body.tenants,
+                                            tenant=body.tenant))
+
+    @router.get("/api/v1/secrets")
+    async def secret_list(tenant: str | None = None) -> list[dict]:
+        """The stored secrets the caller may use (its own, and the operator's shared with it)."""
+        return await call(functools.partial(engine.secret_list, tenant=tenant))
+
+    @router.delete("/api/v1/secrets/{name}")
+    async def secret_remove(name: str, tenant: str | None = None) -> Response:
+        await call(functools.partial(engine.secret_remove, name, tenant=tenant))
+        return Response(status_code=204)
 
     @router.get("/api/v1/files/{sha256}/info")
     async def upload_info(sha256: str) -> dict:

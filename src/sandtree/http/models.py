@@ -33,7 +33,8 @@ class FileIn(In):
 
 # network=: off/all/inherit or a comma list (text), true/false, a rule list, {allow_out, deny_out}
 NetworkIn = bool | str | list[str] | dict[str, list[str] | None] | None
-SecretsIn = dict[str, dict[str, str | list[str]]] | None
+# secrets=: NAME -> {value | stored, hosts}, or a list of stored secrets' names
+SecretsIn = dict[str, dict[str, bool | str | list[str]]] | list[str] | None
 
 
 class RunOptionsIn(In):
@@ -138,6 +139,14 @@ class LoginIn(In):
     username: str
     token: str
     insecure: bool = Field(False, description="plain HTTP to this registry (a test registry on loopback)")
+
+
+class SecretIn(In):
+    """PUT /secrets/{name}: a stored secret (the value is never in an answer, a log or the audit)."""
+    value: str = Field(description=vocabulary.PARAMS["value"])
+    hosts: list[str] | str = Field(description=vocabulary.PARAMS["hosts"])
+    tenants: list[str] | None = Field(None, description=vocabulary.PARAMS["tenants"])
+    tenant: str | None = Field(None, description=vocabulary.PARAMS["tenant"])
 
 
 class TagIn(In):

@@ -47,6 +47,14 @@ def register(t: Toolkit) -> None:
 
     # ---- about --------------------------------------------------------------------------------
     @t.tool
+    def secret_list() -> list[dict]:
+        """The server's stored secrets you may use: name and hosts (never a value). Pass them to run or
+        sandbox_start as secrets=["NAME"]: $NAME in the sandbox is a placeholder that the egress path
+        replaces with the value in requests to those hosts only (needs a network policy reaching them).
+        Secrets are stored by the operator or your token's owner (`sandtree secret set`), not here."""
+        return [{k: v for k, v in s.items() if k in ("name", "hosts", "owner")} for s in engine.secret_list()]
+
+    @t.tool
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
         who = engine.whoami()

@@ -25,7 +25,7 @@ def register(t: Toolkit) -> None:
             truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
-            secrets: dict[str, dict] | None = None) -> dict:
+            secrets: dict[str, dict] | list[str] | None = None) -> dict:
         """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
 
         shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.

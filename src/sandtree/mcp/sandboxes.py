@@ -15,7 +15,7 @@ def register(t: Toolkit) -> None:
                       cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                       idle_action: str = "stop", labels: dict[str, str] | None = None,
                       network: bool | str | list[str] | dict | None = None,
-                      secrets: dict[str, dict] | None = None) -> dict:
+                      secrets: dict[str, dict] | list[str] | None = None) -> dict:
         """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
         idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""

@@ -39,13 +39,16 @@ POOL = 4                                        # links made ahead
 # The sandbox's side. ip_unprivileged_port_start: the sandbox holds no capability in a namespace
 # it joined, and dev servers bind 80. tcp_rmem/tcp_wmem: what helper.c's loopback_up() sets in a
 # sandbox's own namespace (bounded socket buffers, see there); a joined, host-owned namespace
-# cannot be written by the sandbox, so the link comes with them. IPv6 off: links are IPv4 only
-# (the proxy and resolver are), and no IPv6 link-local address appears on eth0.
+# cannot be written by the sandbox, so the link comes with them. IPv6 off on eth0: links are IPv4
+# only (the proxy and resolver are), and no IPv6 address or route appears there, so a connect to
+# any IPv6 address fails at once (ENETUNREACH: tools fall back to IPv4 without a timeout). On lo
+# IPv6 stays on: ::1 works as in a sandbox without network (servers on [::1] or dual-stack [::]).
 LINK_SYSCTLS = (("net.ipv4.ip_unprivileged_port_start", "0"),
                 ("net.ipv4.tcp_rmem", "4096 65536 262144"),
                 ("net.ipv4.tcp_wmem", "4096 16384 65536"),
                 ("net.ipv6.conf.all.disable_ipv6", "1"),
-                ("net.ipv6.conf.default.disable_ipv6", "1"))
+                ("net.ipv6.conf.default.disable_ipv6", "1"),
+                ("net.ipv6.conf.lo.disable_ipv6", "0"))
 ROUTER_SYSCTLS = (("net.ipv4.ip_forward", "0"),            # no packet of a sandbox is ever forwarded
                   ("net.ipv6.conf.all.disable_ipv6", "1"),
                   ("net.ipv6.conf.default.disable_ipv6", "1"))

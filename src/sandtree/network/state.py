@@ -47,6 +47,7 @@ class Secret:
     value: str = field(repr=False)  # the real value: only ever in the daemon's memory (never in a repr)
     placeholder: str = ""          # what the sandbox sees instead
     hosts: tuple[str, ...] = ()    # policy-rule-shaped names ("api.example.org", "*.example.org")
+    stored: str | None = None      # the stored secret it came from (secretstore.py), None: given by value
 
 
 @dataclass

@@ -2,6 +2,11 @@
 
     secrets={"NAME": {"value": "...", "hosts": ["api.example.org", "*.example.org"]}}
     secrets={"NAME": {"file": "/path", "hosts": [...]}}      only where the caller allows host files
+    secrets={"NAME": {"stored": True}}   or   secrets=["NAME", ...]      the server's stored secret NAME
+    secrets={"NAME": {"stored": "OTHER", "hosts": [...]}}    stored OTHER as $NAME, to fewer hosts
+
+A stored secret (secretstore.py) brings its value and hosts; a request may name fewer hosts (each
+within one of the stored ones), never others (Forbidden): whoever stored it decided where it goes.
 
 The sandbox sees `NAME=<placeholder>` (ca.placeholder) in its environment; the egress daemon puts
 the value in place of the placeholder only in requests to the listed hosts (intercept.py). Values
@@ -17,13 +22,14 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InvalidInput
+from ..errors import Forbidden, InvalidInput
 from .ca import CA, placeholder
 from .policy import Rule
 from .state import Secret
 
-__all__ = ["parse_secrets", "sandbox_env", "bundle", "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH",
-           "MAX_SECRETS", "MAX_VALUE", "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
+__all__ = ["parse_secrets", "stored_ref", "check_name", "check_hosts", "check_value", "sandbox_env", "bundle",
+           "link_ca", "placeholders", "CA_VARIABLES", "IMAGE_BUNDLES", "RUNTIME_PATH", "MAX_SECRETS", "MAX_VALUE",
+           "MIN_VALUE", "MAX_HOSTS", "MAX_NAME"]
 
 MAX_SECRETS = 64
 MAX_VALUE = 16 * 1024          # bytes of a value (UTF-8): it goes into request heads
@@ -43,42 +49,94 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 
 
-def parse_secrets(value, *, host_files: bool = False) -> list[Secret]:
-    """Secrets from what the surfaces send (None or {}: none), each with a fresh placeholder.
+def parse_secrets(value, *, host_files: bool = False, stored=None) -> list[Secret]:
+    """Secrets from what the surfaces send (None, {} or []: none), each with a fresh placeholder.
     `host_files`: whether {"file": path} may read a file of the host (the local SDK and CLI, not a
-    tenant of a server). Bad input raises InvalidInput naming the secret; nothing is read then
+    tenant of a server). `stored(ref)`: the stored secret (secretstore.StoredSecret) a
+    {"stored": ...} entry names (NotFound when the caller has none by that name); None: such
+    entries are refused. Bad input raises InvalidInput naming the secret; nothing is read then
     unless every entry's shape was valid."""
     if value is None:
         return []
+    if isinstance(value, (list, tuple)):             # ["NAME", ...]: stored secrets by name
+        if not all(isinstance(n, str) for n in value):
+            raise InvalidInput("a list of secrets names stored secrets: every entry must be a name")
+        value = {n: {"stored": True} for n in value}
     if not isinstance(value, dict):
-        raise InvalidInput(f"secrets must be a mapping of NAME to {{'value' or 'file', 'hosts'}}, "
-                           f"not {type(value).__name__}")
+        raise InvalidInput(f"secrets must be a mapping of NAME to {{'value' or 'file' or 'stored', 'hosts'}} "
+                           f"or a list of stored secrets' names, not {type(value).__name__}")
     if len(value) > MAX_SECRETS:
         raise InvalidInput(f"secrets: at most {MAX_SECRETS} ({len(value)} given)")
     checked = []
     for name, spec in value.items():
         checked.append((name, *_check(name, spec, host_files)))
     out = []
-    for name, hosts, literal, path in checked:
+    for name, hosts, literal, path, ref in checked:
+        if ref is not None:
+            out.append(_from_store(name, ref, hosts, stored))
+            continue
         text = literal if path is None else _read(name, path)
         _check_value(name, text)
         out.append(Secret(name=name, value=text, placeholder=placeholder(name), hosts=hosts))
     return out
 
 
-def _check(name, spec, host_files: bool) -> tuple[tuple[str, ...], str | None, str | None]:
+def stored_ref(name: str, spec) -> str | None:
+    """The stored secret an entry names (its own name for `True`), None for a value or file."""
+    if not isinstance(spec, dict) or "stored" not in spec:
+        return None
+    return name if spec["stored"] is True else spec["stored"]
+
+
+def _from_store(name: str, ref: str, hosts: tuple[str, ...], stored) -> Secret:
+    if stored is None:
+        raise InvalidInput(f"secret {name}: stored secrets are not available here")
+    found = stored(ref)
+    for h in hosts:                                  # narrower only: each within a stored host
+        rule = Rule.parse(h)
+        if not any(Rule.parse(s).covers(rule) for s in found.hosts):
+            raise Forbidden(f"secret {name}: host {h} is not within the stored secret's hosts "
+                            f"({', '.join(found.hosts)}): a request may narrow them, not widen them",
+                            secret=name)
+    return Secret(name=name, value=found.value, placeholder=placeholder(name), hosts=hosts or found.hosts,
+                  stored=found.name)
+
+
+def check_name(name) -> str:
+    """A secret's name: an environment variable's, not one of the trust-store variables."""
     if not isinstance(name, str) or not _ENV_NAME.match(name) or len(name) > MAX_NAME:
         raise InvalidInput(f"secret name {name!r} is not a valid environment variable name "
                            f"(letters, digits, '_', not starting with a digit, at most {MAX_NAME})")
     if name in CA_VARIABLES:
         raise InvalidInput(f"secret name {name!r} is one of the trust-store variables the sandbox is given")
+    return name
+
+
+def check_hosts(name: str, hosts) -> tuple[str, ...]:
+    """The hosts a secret may be sent to, as canonical name rules (InvalidInput naming the secret)."""
+    return _hosts(name, hosts)
+
+
+def check_value(name: str, text: str) -> None:
+    """A value's size and characters (the message names the secret, never the value)."""
+    _check_value(name, text)
+
+
+def _check(name, spec, host_files: bool):
+    check_name(name)
     if not isinstance(spec, dict):
         raise InvalidInput(f"secret {name}: expected {{'value' or 'file', 'hosts'}}, not {type(spec).__name__}")
-    unknown = set(spec) - {"value", "file", "hosts"}
+    unknown = set(spec) - {"value", "file", "stored", "hosts"}
     if unknown:
-        raise InvalidInput(f"secret {name}: unknown field(s) {sorted(unknown)} (expected value or file, hosts)")
-    if ("value" in spec) == ("file" in spec):
-        raise InvalidInput(f"secret {name}: give exactly one of 'value' and 'file'")
+        raise InvalidInput(f"secret {name}: unknown field(s) {sorted(unknown)} (expected value, file or stored; hosts)")
+    if sum(k in spec for k in ("value", "file", "stored")) != 1:
+        raise InvalidInput(f"secret {name}: give exactly one of 'value', 'file' and 'stored'")
+    if "stored" in spec:
+        ref = stored_ref(name, spec)
+        if not isinstance(ref, str) or not ref:
+            raise InvalidInput(f"secret {name}: 'stored' is true (the stored secret {name}) or a stored "
+                               "secret's name")
+        return (_hosts(name, spec["hosts"]) if spec.get("hosts") is not None else ()), None, None, ref
     if "file" in spec:
         if not host_files:
             raise InvalidInput(f"secret {name}: 'file' is not allowed here (a host file): give 'value'")
@@ -86,7 +144,7 @@ def _check(name, spec, host_files: bool) -> tuple[tuple[str, ...], str | None, s
             raise InvalidInput(f"secret {name}: 'file' must be an absolute path")
     elif not isinstance(spec["value"], str):
         raise InvalidInput(f"secret {name}: 'value' must be a string")
-    return _hosts(name, spec.get("hosts")), spec.get("value"), spec.get("file")
+    return _hosts(name, spec.get("hosts")), spec.get("value"), spec.get("file"), None
 
 
 def _hosts(name: str, hosts) -> tuple[str, ...]:

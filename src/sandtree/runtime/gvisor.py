@@ -108,13 +108,17 @@ class GVisorRuntime(NamespaceRuntime):
 
     def _runtime_mounts(self, spec: RunSpec) -> list[dict]:
         """Runtime files (helper.c wrote them into the scratch's x/, a read-only tmpfs): the
-        directory at /dev/sandtree, and resolv.conf over the image's when that is a regular file
-        (not a link: runsc would follow it) in the image's top-most layer that has the path."""
+        directory at /dev/sandtree, and resolv.conf over the image's where runsc will find a
+        regular file there: the image's own, the helper's mount point where the image has none
+        (its lowest layer), or that mount point bound by the helper over an image's link (which
+        runsc would follow); not where a layer hides the path otherwise (a whiteout, an opaque or
+        linked /etc: runsc would make a mount point in our upper)."""
         if not spec.runtime_files:
             return []
         out = [{"destination": RUNTIME_DIR.rstrip("/"), "type": "bind", "source": "/tmp/x",
                 "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}]
-        if RESOLV_CONF in spec.runtime_files and self._image_has_file(spec, RESOLV_CONF.lstrip("/")):
+        if RESOLV_CONF in spec.runtime_files and self._image_has_file(spec, RESOLV_CONF.lstrip("/"),
+                                                                        missing=True, link=True):
             out.append({"destination": RESOLV_CONF, "type": "bind", "source": "/tmp/x/resolv.conf",
                         "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
         return out
@@ -127,18 +131,20 @@ class GVisorRuntime(NamespaceRuntime):
             _drop_mount_point(out.changes)
         return out
 
-    def _image_has_file(self, spec: RunSpec, path: str) -> bool:
+    def _image_has_file(self, spec: RunSpec, path: str, *, missing: bool = False, link: bool = False) -> bool:
         """Whether `path` (directly under a top-level dir, e.g. etc/resolv.conf) is a regular file
-        of the image: the top-most layer that has it or ends the lookup decides (a whiteout, a
-        link on the way, a non-directory or opaque parent: not one). runsc would create a missing
-        bind destination in our upper, so the answer must be exact."""
+        of the image (or, if asked, a link itself, or in no layer at all): the top-most layer that
+        has it or ends the lookup decides (a whiteout, a link on the way, a non-directory or opaque
+        parent: not one). runsc would create a missing bind destination in our upper, so the
+        answer must be exact."""
         parent = os.path.dirname(path)
         for layer in spec.layers:
             base = os.path.join(self.layers_dir, layer)
             p = os.path.join(base, path)
             if os.path.lexists(p):
-                real = os.path.realpath(p) == os.path.abspath(p)     # no link on the way
-                return real and stat.S_ISREG(os.lstat(p).st_mode)
+                mode = os.lstat(p).st_mode
+                real = os.path.realpath(os.path.dirname(p)) == os.path.abspath(os.path.dirname(p))
+                return real and (stat.S_ISREG(mode) or (link and stat.S_ISLNK(mode)))
             d = os.path.join(base, parent)
             if os.path.lexists(d):
                 if os.path.islink(d) or not os.path.isdir(d):
@@ -148,7 +154,7 @@ class GVisorRuntime(NamespaceRuntime):
                         return False            # an opaque parent hides the layers below
                 except OSError:
                     pass
-        return False
+        return missing                          # in no layer: the helper's lowest layer has it
 
     def _start_cold(self, spec: RunSpec) -> Started:
         runsc = runsc_path()

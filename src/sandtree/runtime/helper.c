@@ -408,8 +408,10 @@ static void forward(int sig) { if (g_pid > 0) kill(g_pid, sig); }
  * (u32 path length, path, u32 data length, data), native byte order. Each file goes into a
  * tmpfs of its own at /dev/sandtree (made read-only once written: the sandbox cannot add to it,
  * and nothing there is in the overlay's upper, so a commit never holds them); "/etc/resolv.conf"
- * is written there as resolv.conf and bound over the image's file when that is a regular file,
- * resolved inside the sandbox's root without following a link out of it or across a mount. */
+ * is written there as resolv.conf and bound over the image's /etc/resolv.conf (bind_resolv):
+ * over a regular file, over a symbolic link itself (never followed: its target is the image's to
+ * choose), and where the image has none over an empty file of a lowest overlay layer of the
+ * helper's own (mount_point_layer), so nothing of it is ever in the upper. */
 static char *rt_buf;
 static size_t rt_len;
 
@@ -457,21 +459,55 @@ static void rt_name(const char *path, size_t plen, char *out, size_t cap) {
     out[nlen] = 0;
 }
 
-static void bind_resolv(const char *root, const char *src) {
+/* The entry at etc/resolv.conf in `root`: its parents resolved inside the root (no magic links,
+ * no mount crossed), the last component itself (O_NOFOLLOW: a link is opened, not followed).
+ * A regular file or a link gets `src` bound over it (over a link, through its O_PATH fd: the link
+ * is covered, its target never looked at); anything else, or nothing, none. only_link: a link
+ * only (gVisor: runsc binds over a regular file itself, but would follow a link). */
+static void bind_resolv(const char *root, const char *src, int only_link) {
     int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (rfd < 0) die_step("runtime-root");
-    struct open_how how = {.flags = O_PATH | O_CLOEXEC,
+    struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
                            .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
     int fd = (int)syscall(SYS_openat2, rfd, "etc/resolv.conf", &how, sizeof how);
     close(rfd);
-    if (fd < 0) return;                         /* none, or a link out of the root: no bind */
+    if (fd < 0) return;                         /* none (a whiteout, an opaque /etc above ours): no bind */
     struct stat st;
     char target[64];
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) == 0 && (S_ISLNK(st.st_mode) || (!only_link && S_ISREG(st.st_mode)))) {
         snprintf(target, sizeof target, "/proc/self/fd/%d", fd);
-        xmount(src, target, NULL, MS_BIND, NULL);   /* its superblock is read-only (runtime_files) */
+        xmount(src, target, NULL, MS_BIND, NULL);   /* read-only: runtime_files' tmpfs (gVisor: runsc covers m/) */
     }
     close(fd);
+}
+
+/* Whether the runtime files hold /etc/resolv.conf. */
+static int rt_has_resolv(void) {
+    size_t off = 0, n, len;
+    while (rt_buf && off < rt_len) {
+        const char *path = rt_field(&off, &n);
+        rt_field(&off, &len);
+        if (n == 16 && !memcmp(path, "/etc/resolv.conf", 16)) return 1;
+    }
+    return 0;
+}
+
+/* A lowest overlay layer of the helper's own in the scratch (m/, outside the upper): etc/ and an
+ * empty etc/resolv.conf, the mount point bind_resolv covers where the image has no resolv.conf
+ * (an image's own etc/ above it keeps its attributes: the top-most layer's win). The sandbox never
+ * writes it (the bind is read-only, and a mount point cannot be removed or renamed), so the upper
+ * and a commit never see it. Returns the lowerdir suffix (":/tmp/m"), "" without a resolv.conf. */
+static const char *mount_point_layer(struct opts *o) {
+    if (!rt_has_resolv()) return "";
+    mkdir_p_one("m", 0755);
+    mkdir_p_one("m/etc", 0755);
+    int fd = open("m/etc/resolv.conf", O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) die_step("runtime-mount-point");
+    close(fd);
+    if (o->uid_map && (chown("m/etc", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0 ||
+                       chown("m/etc/resolv.conf", (uid_t)o->root_uid, (gid_t)o->root_gid) < 0))
+        die_step("runtime-mount-point");
+    return ":/tmp/m";
 }
 
 /* Write the runtime files into a new tmpfs at `dir`; bind resolv.conf into `root` (NULL: gVisor,
@@ -503,7 +539,7 @@ static void runtime_files(const char *dir, const char *root) {
     xmount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     if (resolv && root) {
         snprintf(p, sizeof p, "%s/resolv.conf", dir);
-        bind_resolv(root, p);
+        bind_resolv(root, p, 0);
     }
 }
 
@@ -528,9 +564,11 @@ static void mount_root(struct opts *o) {
     send_fd(o->sock_fd, scratch);
     char go;
     if (o->inject && recv(o->sock_fd, &go, 1, 0) != 1) die_step("inject-wait");
+    const char *lowest = mount_point_layer(o);
     size_t need = strlen(o->lower) + 128;
     char *ov = malloc(need);
-    snprintf(ov, need, "lowerdir=%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower, o->uid_map ? "" : ",userxattr");
+    snprintf(ov, need, "lowerdir=%s%s,upperdir=/tmp/u,workdir=/tmp/w%s", o->lower,
+             *o->lower ? lowest : lowest + (*lowest == ':'), o->uid_map ? "" : ",userxattr");
     if (fchdir(layers) < 0) die_step("chdir-layers");
     /* nodev: a device node in a layer (an old import, a bug) opens nothing on any tier, and
      * runsc's gofer, which opens files of this root on the host, is held to it as well. */
@@ -546,7 +584,12 @@ static void mount_root(struct opts *o) {
         setup_dev_root(o, "r/dev");
         runtime_files("r/dev/sandtree", "r");
     }
-    if (o->exec_runtime) runtime_files("x", NULL);     /* runsc binds them (gvisor.py) */
+    if (o->exec_runtime) {                 /* runsc binds them (gvisor.py) */
+        runtime_files("x", NULL);
+        /* runsc would follow a link at the bind's destination (and make its target in our
+         * upper): it sees the mount point's empty file there instead, which its bind covers. */
+        if (rt_has_resolv()) bind_resolv("r", "m/etc/resolv.conf", 1);
+    }
     close(scratch);
 }
 

@@ -14,6 +14,7 @@ from .. import defaults as D
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, Unauthorized
 from ..network.policy import Grant
 from ..store.db import dumps
+from . import secrets as stored
 from .admin import AdminView
 from .tenant import (
     DEFAULT_MAX_SANDBOXES,
@@ -181,6 +182,21 @@ class Tenancy:
             con.execute("DELETE FROM public_images WHERE image=?", (image,))
         self.record(by or OPERATOR, "unshare", image=image)
         return {"image": image, "public": False}
+
+    # ---- stored secrets (secrets.py: who manages and uses which) ---------------------------------
+    def secret_set(self, name: str, value: str, hosts, *, tenants=None, tenant: str | None = None,
+                   by: Tenant | None = None) -> dict:
+        return stored.set_secret(self, name, value, hosts, tenants, tenant, by)
+
+    def secret_list(self, *, tenant: str | None = None, by: Tenant | None = None) -> list[dict]:
+        return stored.list_secrets(self, tenant, by)
+
+    def secret_remove(self, name: str, *, tenant: str | None = None, by: Tenant | None = None) -> None:
+        stored.remove_secret(self, name, tenant, by)
+
+    def stored_secret(self, ref: str):
+        """The stored secret a run's reference names (the engine's lookup; secrets.lookup)."""
+        return stored.lookup(self.engine.secret_store, ref)
 
     # ---- audit --------------------------------------------------------------------------------
     def record(self, tenant: Tenant, action: str, *, image: str | None = None, result: str | None = None,

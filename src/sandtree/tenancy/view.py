@@ -22,6 +22,7 @@ from ..store.names import check_tag
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
 from . import auditing
+from . import secrets as stored
 from .derive import install
 from .limits import capped, check_slots
 from .operations import TenantOperations
@@ -63,11 +64,13 @@ class TenantView(TenantSight):
 
     def run_options(self, options: dict, keys=None, image: str | None = None) -> dict:
         """Uploads and file sets must be this tenant's; resources within its limits; a network
-        policy (on `image`, for inherit) within its token's grant."""
+        policy (on `image`, for inherit) within its token's grant; stored secrets in its namespace."""
         if "op_id" in options:
             raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
         opts = dict(options)
         self.check_network(opts.get("network"), image)
+        if opts.get("secrets") is not None:       # rule: stored secrets by name are its own or shared with it
+            opts["secrets"] = stored.qualify(self.tenant.name, opts["secrets"])
         self._check_files(opts.get("files"))
         if opts.get("file_set") is not None:
             self._own_blob("file_set", opts["file_set"])
