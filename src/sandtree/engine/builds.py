@@ -120,6 +120,10 @@ class BuildOps:
     # ---- the build ------------------------------------------------------------------------------
     def build(self, recipe: Recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(),
               network=None, progress=None) -> BuildResult:
+        """Build `recipe`; tag its target's image. no_cache: every step runs again (a deterministic
+        step then gives the same ID); no_cache_filter: stage names (or indexes as text) and step
+        numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
+        steps that name none (default: no network). progress(event): see the module doc."""
         if not isinstance(recipe, Recipe) or not recipe.stages:
             raise InvalidInput("build takes a Recipe with at least one stage")
         if tag is not None:
@@ -144,7 +148,7 @@ class BuildOps:
                 image = None
                 for step in stage.steps:
                     n = len(done) + 1
-                    fresh = no_cache or label in filt or si in filt or n in filt
+                    fresh = no_cache or label in filt or str(si) in filt or n in filt
                     done.append(self._step(recipe, step, n, total, label, image, results, names, si, fresh,
                                            network, progress))
                     image = done[-1].image
@@ -228,7 +232,7 @@ class BuildOps:
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
             return key, True, lambda put, box, emit: self._copy_step(recipe, step, image, src, put)
         if isinstance(step, Configure):
-            key = buildcache.step_key(image, step.text, extra={"changes": repr(step.changes)})
+            key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
             return key, True, lambda put, box, emit: self._configure(image, self._configured(image, step),
                                                                      step.text, also=put)
         raise InvalidInput(f"unknown step {type(step).__name__}")
