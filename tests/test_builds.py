@@ -300,3 +300,26 @@ def test_entrypoint_drops_the_base_cmd_in_the_image(eng):
     base = eng.configure("bb", ImageConfig(cmd=["sh"]))
     img = RecipeBuilder(base, None, build=eng.build).entrypoint(["/bin/echo"]).build().image
     assert eng.image_config(img) == ImageConfig(entrypoint=["/bin/echo"])
+
+
+def test_a_copied_symlink_is_never_followed_on_the_host(eng, tmp_path):
+    """Two copy roots landing on the same name: a symlink to a host directory, then a directory
+    with a file under that name. The file must land in the image, never through the link."""
+    host_dir = tmp_path / "host-target"
+    host_dir.mkdir()
+    a, b = tmp_path / "ctx" / "a", tmp_path / "ctx" / "b"
+    (a).mkdir(parents=True)
+    os.symlink(str(host_dir), a / "sub")                 # a link whose target is a host directory
+    (b / "sub").mkdir(parents=True)
+    (b / "sub" / "planted").write_text("x\n")
+    c = str(tmp_path / "ctx")
+    os.chmod(host_dir, 0o700)
+    for order in (("a", "b"), ("b", "a", "b")):
+        sources = tuple(f for src in order for f in list_context(c, src))
+        r = Recipe((Stage(None, (From("bb", "FROM bb"),
+                                 Copy(sources, "/d/", "COPY " + " ".join(order) + " /d/", dest_is_dir=True))),),
+                   context=c)
+        img = eng.build(r, no_cache=True).image
+        assert os.listdir(host_dir) == [], order               # nothing written on the host
+        assert host_dir.stat().st_mode & 0o7777 == 0o700        # nor its mode changed
+        assert eng.read(img, "/d/sub/planted") == b"x\n"        # the directory won, in the image
