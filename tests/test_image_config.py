@@ -115,3 +115,12 @@ def test_sdk_run_and_start_default_to_the_image(st, rootfs):
         assert sb.exec("pwd").stdout.strip() == b"/etc"
     finally:
         sb.stop()
+
+
+def test_fork_and_map_take_the_config(st, rootfs):
+    base = st.import_image(rootfs)
+    img = st.engine.configure(base.id, ImageConfig(cwd="/etc", user="1000", env={"X": "forked"}))
+    recs = st.engine.fork(img, ["pwd; id -u; echo $X", ["/bin/sh", "-c", "pwd"]])
+    assert recs[0].stdout.split() == [b"/etc", b"1000", b"forked"] and recs[1].stdout.strip() == b"/etc"
+    results = st.map(img, ["pwd", "id -u"])
+    assert [r.stdout.strip() for r in results] == [b"/etc", b"1000"]
