@@ -37,7 +37,8 @@ def test_async_builder(tmp_path, rootfs, ctx):
     async def go():
         async with sandtree.AsyncSandtree(str(tmp_path / "home")) as st:
             base = await st.import_image(rootfs)
-            img = await st.recipe(base, context=str(ctx)).copy("src/app.py", "/app.py").build()
+            r = await st.recipe(base, context=str(ctx))
+            img = await r.copy("src/app.py", "/app.py").build()
             assert isinstance(img, sandtree.AsyncImage)
             return await img.read("/app.py")
     assert asyncio.run(go()) == b"print('hi')\n"
