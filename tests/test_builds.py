@@ -323,3 +323,11 @@ def test_a_copied_symlink_is_never_followed_on_the_host(eng, tmp_path):
         assert os.listdir(host_dir) == [], order               # nothing written on the host
         assert host_dir.stat().st_mode & 0o7777 == 0o700        # nor its mode changed
         assert eng.read(img, "/d/sub/planted") == b"x\n"        # the directory won, in the image
+
+
+def test_workdir_joins_and_cleans_as_docker(eng):
+    b = RecipeBuilder("bb", None, build=eng.build).workdir("/app").workdir("sub").workdir("../x/./y/")
+    img = b.run("pwd > /pwd").build().image
+    assert eng.image_config(img).cwd == "/app/x/y"
+    assert eng.read(img, "/pwd") == b"/app/x/y\n"              # WORKDIR made the directory; the RUN ran in it
+    assert eng.stat(img, "/app/sub").kind == "d"

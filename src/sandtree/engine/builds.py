@@ -12,6 +12,7 @@ failed RUN raises BuildFailed naming its line, with its stderr's tail, and tags 
 
 from __future__ import annotations
 
+import posixpath
 import time
 import uuid
 from dataclasses import dataclass
@@ -288,9 +289,9 @@ class BuildOps:
                 changes[name] = tuple({**dict(changes.get(name, getattr(cfg, name))), **dict(value)}.items())
             elif name == "expose":
                 changes[name] = tuple(set(changes.get(name, cfg.expose)) | {str(p) for p in value})
-            elif name == "cwd" and isinstance(value, str) and not value.startswith("/"):
-                base = changes.get("cwd", cfg.cwd) or "/"
-                changes[name] = base.rstrip("/") + "/" + value
+            elif name == "cwd" and isinstance(value, str) and value:
+                base = changes.get("cwd", cfg.cwd) or "/"      # cleaned, as Docker's NormalizeWorkdir
+                changes[name] = posixpath.normpath(posixpath.join(base, value)).replace("//", "/")
             else:
                 changes[name] = value
         try:
