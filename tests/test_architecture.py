@@ -53,7 +53,7 @@ CONFIG_MODULES = ("config",)
 # sit on top of everything.
 # tenancy sits below the engine: the engine makes its Tenancy, which wraps the engine object it is
 # given and imports none of it (dependency inversion), so the views add no import cycle.
-LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles",
+LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows",
            "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("engine",), ADAPTERS, ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).
 STDLIB_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make", "_field_defaults", "_getframe"}

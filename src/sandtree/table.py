@@ -4,80 +4,15 @@ arguments name images (a tenant may name only images it sees), the audit action,
 rows come the tenant and admin views (tenancy/), the remote client (client/remote.py), MCP parameter
 descriptions (vocabulary.py), and the conformance test that Engine, the tenant view and the remote client expose
 the same operations with the same signatures (tests/test_conformance.py). The engine implements each row as a
-method of the same name and signature; nothing here runs one. Imports only the standard library and defaults.py
-(the remote client loads it)."""
+method of the same name and signature; nothing here runs one. What a row is: rows.py. Imports only defaults.py
+and rows.py (the remote client loads it)."""
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass, field
-
 from . import defaults as D
+from .rows import OPS, Http, Op, op
 
 __all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
-
-
-@dataclass(frozen=True)
-class Http:
-    """Where an operation lives under /api/v1. `{name}` in the path is an argument (`{name:path}`: it may
-    hold slashes); `query`/`body` name the arguments sent as query parameters / JSON fields (None values
-    are left out: the server's defaults are the table's); `content` is the argument sent as the raw request
-    body; `const` adds fixed JSON fields (or query parameters for a GET); `result` is the key of the JSON
-    answer that is the return value; `raw`: the answer is bytes; `data`: dicts come back as value objects
-    (to_dict()), as the engine's Entry and Change are; `drop`: in-process-only arguments (callbacks) a
-    remote call accepts and cannot send; `rename`: arguments whose wire field is named otherwise."""
-    method: str
-    path: str
-    query: tuple[str, ...] = ()
-    body: tuple[str, ...] = ()
-    whole_body: str | None = None
-    content: str | None = None
-    const: dict = field(default_factory=dict)
-    result: str | None = None
-    raw: bool = False
-    data: bool = False
-    drop: tuple[str, ...] = ()
-    rename: dict = field(default_factory=dict)      # argument -> its field name on the wire
-
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    signature: inspect.Signature
-    doc: str
-    scope: str | None                   # the token scope a tenant needs (None: any valid token)
-    images: tuple[str, ...] = ()        # arguments that name images (tenant visibility)
-    audit: str | None = None            # audit action of a call (None: a read, not audited)
-    admin: bool = False                 # only an admin token (Forbidden for a tenant)
-    http: Http | None = None            # None: in-process only (over HTTP: RuntimeUnavailable)
-    local: str | None = None            # why it is in-process only
-    group: str = "engine"               # "engine": engine.<name>; "operations": engine.operations.<name>
-    custom_remote: bool = False         # the remote client writes this one by hand (a stream, a tar)
-    caller: bool = False                # the answer depends on who asks (Tenancy.<name>(..., by=tenant))
-
-    def bind(self, *args, **kwargs) -> dict:
-        """The call's arguments by name, defaults applied; TypeError as a Python call would."""
-        b = self.signature.bind(*args, **kwargs)
-        b.apply_defaults()
-        out = dict(b.arguments)
-        for p in (p for p in self.signature.parameters.values() if p.kind is p.VAR_KEYWORD):
-            out.update(out.pop(p.name, {}))                 # **options collected under their own names
-        return out
-
-
-OPS: dict[str, Op] = {}
-
-def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
-       local: str | None = None, group: str = "engine", custom_remote: bool = False, caller: bool = False):
-    """Declare the decorated signature as an operation (the function itself is never called)."""
-    def deco(fn):
-        sig = inspect.signature(fn)
-        assert all(a in sig.parameters for a in images), (fn.__name__, images)   # (HTTP: test_conformance)
-        key = fn.__name__ if group == "engine" else f"{group}.{fn.__name__}"
-        OPS[key] = Op(fn.__name__, sig, inspect.getdoc(fn) or "", scope, tuple(images), audit, admin, http, local,
-                      group, custom_remote, caller)
-        return fn
-    return deco
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
@@ -212,11 +147,26 @@ def diff(a: str, b: str) -> list:
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
+# ---- builds (issue 15): image config and recipes ----------------------------------------------------
+_BUILD_LOCAL = "in-process for now: a recipe's context is a directory of this machine (REST: a context tar, later)"
+@op("list", images=("ref",), local=_BUILD_LOCAL)
+def image_config(ref: str):
+    """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
+
+@op("import", images=("ref",), audit="configure", local=_BUILD_LOCAL)   # makes an image, runs nothing
+def configure(ref: str, config, *, tag: str | None = None) -> str:
+    """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
+
+@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None, progress=None):
+    """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
+    progress: called with a dict per step event (step, total, text, status, output)"""
+
 # ---- runs -----------------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
-def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
-        uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
-        disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
+        uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
+        file_set: str | None = None, disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
         disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -238,7 +188,7 @@ def operation(op: str) -> dict:
 
 # ---- live sandboxes ------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
-def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+def sandbox_start(ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
@@ -249,16 +199,16 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
 
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                 stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
-                 timeout: float | None = None, output=None):
+                 stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
+                 cancel=None, timeout: float | None = None, output=None):
     """Run a command in a live sandbox (its state carries over to the next).
     cwd: the working directory (default: where the last command left it)
     timeout: seconds for this command (default: the sandbox's)
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
-def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
-                  pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+                  gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
@@ -493,7 +443,6 @@ def cancel(op: str) -> dict:
 @op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
-
 
 ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}
 OPERATIONS_OPS = {v.name: v for v in OPS.values() if v.group == "operations"}

@@ -93,6 +93,14 @@ class AsyncSandtree:
     async def __aexit__(self, *exc):
         self._sync.close()
 
+    async def recipe(self, base="scratch", context: str | None = "."):
+        """Sandtree.recipe, whose `.build(...)` is a coroutine too (the build runs in a worker
+        thread): `r = await st.recipe(img); image = await r.run("make").build()`."""
+        async def abuild(recipe, **kw):
+            res = await asyncio.to_thread(self._sync.build, recipe, **kw)
+            return _wrap(objects.Image(self._sync, res.image))
+        return self._sync.recipe(_unwrap(base), context).bound(abuild)
+
 
 @_twin(objects.Image)
 class AsyncImage:

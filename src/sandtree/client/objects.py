@@ -40,8 +40,8 @@ class Image:
         return sorted(self._st.engine.tags(self.id))
 
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
-            cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
-            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
+            cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,
+            stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
             files: list | dict | None = None, disposable: bool = False,
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
             on_stdout: Callable[[bytes], None] | None = None,
@@ -62,7 +62,7 @@ class Image:
                              network=network, secrets=secrets)
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
-              cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
+              cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,
               hostname: str = D.HOSTNAME, files: list | dict | None = None,
               idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
@@ -79,6 +79,15 @@ class Image:
     def _run_ref(self, ref: str, command, **options) -> "RunResult":
         rec = self._st.engine.run(ref, command, **options)
         return RunResult.from_record(self._st, rec)
+
+    def config(self):
+        """The image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels): what
+        its runs get by default. Empty for an image without one."""
+        return self._st.engine.image_config(self.id)
+
+    def configure(self, config, *, tag: str | None = None) -> "Image":
+        """This image with `config` (an ImageConfig; e.g. img.config().replace(cwd="/app"))."""
+        return Image(self._st, self._st.engine.configure(self.id, config, tag=tag))
 
     def ls(self, path: str = "/") -> list[dict]:
         return [e.to_dict() for e in self._st.engine.ls(self.id, path)]
@@ -231,7 +240,7 @@ class Sandbox:
         return self.info()["state"]
 
     def exec(self, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
-             uid: int = 0, gid: int = 0, timeout: float | None = None, output=None,
+             uid: int | None = None, gid: int | None = None, timeout: float | None = None, output=None,
              on_output: Callable[[str, bytes], None] | None = None,
              on_stdout: Callable[[bytes], None] | None = None,
              on_stderr: Callable[[bytes], None] | None = None) -> "RunResult":
@@ -242,8 +251,8 @@ class Sandbox:
                                             on_output=streams(on_output, on_stdout, on_stderr))
         return RunResult.from_record(self._st, rec)
 
-    def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
-              pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+    def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
         """A process inside, shaped like subprocess.Popen (pipes by default; pass a terminal's fd
         with pty=True for an interactive program): stdin/stdout/stderr, wait, communicate,
         send_signal, kill. In process only."""
