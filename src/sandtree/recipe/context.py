@@ -25,17 +25,20 @@ itself), roots never overlapping.
 
 from __future__ import annotations
 
+import bz2
 import errno
 import hashlib
+import lzma
 import os
 import stat
+import zlib
 
 from ..errors import InvalidInput, NotRegularFile, PathEscape, TooLarge
 from ..store.names import PATH_BYTES_MAX, entry_name_problem
 from .patterns import META, IgnoreRules, glob_regex, unescape, where
 from .steps import ContextFile
 
-__all__ = ["BuildContext", "placements", "MAX_ENTRIES", "MAX_BYTES", "MAX_DEPTH", "MAX_IGNORE_BYTES"]
+__all__ = ["BuildContext", "placements", "source_roots", "MAX_ENTRIES", "MAX_BYTES", "MAX_DEPTH", "MAX_IGNORE_BYTES"]
 
 MAX_ENTRIES = 200_000          # entries one COPY may select
 MAX_BYTES = 16 << 30           # bytes of files one COPY may select
@@ -119,6 +122,22 @@ class BuildContext:
         if len(data) > MAX_IGNORE_BYTES:
             raise TooLarge(f"{name} is over {MAX_IGNORE_BYTES} bytes")
         return data.decode("utf-8", "replace")
+
+    def is_archive(self, rel: str) -> bool:
+        """Is the context file `rel` (as `select` returned it) a tar, plain or gzip/bzip2/xz
+        compressed? Docker decides ADD's unpacking by content, not by name: so does this."""
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = _open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        finally:
+            os.close(root_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            head = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        return _tar_header(head)
 
     # ---- selection ---------------------------------------------------------------------------------
     def select(self, sources: list[str], *, line: int = 0) -> tuple[ContextFile, ...]:
@@ -290,6 +309,31 @@ class BuildContext:
         if size != st.st_size:
             raise InvalidInput(f"{where(line)}{path!r} changed while the context was read", line=line)
         return ContextFile(path, "file", mode, size, h.hexdigest())
+
+
+def _tar_header(head: bytes) -> bool:
+    """The first bytes of a file: a tar (ustar magic), possibly compressed."""
+    try:
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1024)
+        elif head[:3] == b"BZh":
+            head = bz2.BZ2Decompressor().decompress(head, max_length=1024)
+        elif head[:6] == b"\xfd7zXZ\x00":
+            head = lzma.LZMADecompressor().decompress(head, max_length=1024)
+    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
+        return False
+    return head[257:262] == b"ustar"
+
+
+def source_roots(sources: tuple[ContextFile, ...]) -> list[ContextFile]:
+    """The entries of a context COPY that its SOURCE arguments named (the rest lie below them)."""
+    out, root = [], None
+    for f in sources:
+        if root is not None and (root == "." or f.path.startswith(root + "/")):
+            continue
+        out.append(f)
+        root = f.path if f.kind == "dir" else None
+    return out
 
 
 def _overlaps(a: str, b: str) -> bool:
