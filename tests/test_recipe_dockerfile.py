@@ -15,7 +15,7 @@ from sandtree.errors import InvalidInput, PathEscape
 from sandtree.network.policy import Policy
 from sandtree.recipe.context import BuildContext
 from sandtree.recipe.dockerfile import parse
-from sandtree.recipe.lexer import expand, quote, split_words
+from sandtree.recipe.lexer import expand, quote, split_words, word
 from sandtree.recipe.steps import Configure, Copy, From, Run
 
 
@@ -108,9 +108,12 @@ def test_env_forms_and_docker_expansion_order():
 
 
 def test_canonical_quoting_reads_back():
-    for s in ("plain", "two words", 'q"uote', "$dollar", "back\\slash", "", "[bracket", "tab\tx"):
-        (w,) = split_words(quote(s), "\\", 1)
-        assert expand(w, {}, "\\", 1) == s
+    for s in ("plain", "two words", 'q"uote', "$dollar", "back\\slash", "", "[bracket", "tab\tx", "a*b"):
+        for form in (quote, word):
+            (w,) = split_words(form(s), "\\", 1)
+            assert expand(w, {}, "\\", 1) == s
+    assert word("src/*.c") == "src/*.c" and quote("src/*.c") == '"src/*.c"'
+    assert quote("1.2.3") == "1.2.3" and quote("x~y") == '"x~y"'
 
 
 def test_arg_scoping_before_and_after_from():
@@ -155,7 +158,7 @@ def test_copy_from_the_context(ctx):
     c1, c2, c3, c4, c5, c6 = got[2:]
     assert isinstance(c1, Copy) and c1.text == "COPY app.py /app/" and c1.dest == "/app/" and c1.dest_is_dir
     assert [f.path for f in c1.sources] == ["app.py"] and c1.sources[0].sha256
-    assert c2.text == "COPY --chown=app:app --chmod=755 src/*.c /src/"
+    assert c2.text == "COPY --chown=app:app --chmod=0755 src/*.c /src/"
     assert (c2.chown, c2.chmod) == ("app:app", 0o755)
     assert [f.path for f in c2.sources] == ["src/main.c", "src/util.c"]
     assert c3.text == 'COPY "a b.txt" /data/' and c3.sources[0].path == "a b.txt"
@@ -295,3 +298,13 @@ def test_image_env_feeds_expansion():
     assert dict(r.stages[0].steps[1].changes)["env"] == (("PATH", "/opt/bin:/usr/bin:/bin"),)
     assert dict(r.stages[1].steps[1].changes)["env"] == (("X", "/opt/bin:/usr/bin:/bin"),)
     assert dict(r.stages[2].steps[1].changes)["env"] == (("Y", "none"),)
+
+
+def test_image_env_is_asked_only_when_a_name_is_unknown():
+    asked = []
+    r = parse("FROM img\nARG V=1\nENV A=$V\nRUN echo\nENV B=$A\n", image_env=lambda ref: asked.append(ref) or {"V": "img"})
+    assert asked == ["img"]                                         # for V: the image's env wins over the ARG
+    assert dict(r.stages[0].steps[1].changes)["env"] == (("A", "img"),)
+    asked.clear()
+    parse("FROM img\nENV A=1\nENV B=$A\nWORKDIR /x\n", image_env=lambda ref: asked.append(ref) or {})
+    assert asked == []

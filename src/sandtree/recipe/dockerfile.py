@@ -22,7 +22,7 @@ import re
 from ..errors import InvalidInput
 from ..network.policy import Policy
 from .context import BuildContext, source_roots
-from .lexer import Line, directives_and_lines, expand, quote, split_words
+from .lexer import Line, directives_and_lines, expand, quote, split_words, word
 from .steps import Configure, Copy, From, Recipe, Run, Stage
 
 __all__ = ["parse", "SUPPORTED", "MAX_STAGES"]
@@ -43,17 +43,39 @@ def _fail(ln: Line, what: str) -> InvalidInput:
 
 
 class _Stage:
-    def __init__(self, index: int, name: str | None, env: dict):
+    def __init__(self, index: int, name: str | None, base_env):
         self.index, self.name = index, name
         self.steps: list = []
-        self.env = dict(env)             # the config env as known (the base's, then ENVs)
+        self._base_env = base_env        # () -> the base image's env (asked only when needed)
+        self._base: dict | None = None
+        self.env: dict = {}              # the stage's own ENVs
         self.args: dict = {}             # ARGs in scope: name -> value (None: declared, no value)
         self.cwd = "/"
         self.cmd_set = False
 
-    def scope(self) -> dict:
-        """What $VAR sees: the stage's ARGs with a value, ENV over them."""
-        return {**{k: v for k, v in self.args.items() if v is not None}, **self.env}
+    def base_env(self) -> dict:
+        if self._base is None:
+            self._base = dict(self._base_env())
+        return self._base
+
+    def scope(self) -> "_Scope":
+        return _Scope(self)
+
+
+class _Scope:
+    """What $VAR sees in a stage: its ENVs, then the base image's env, then its ARGs (Docker: an
+    image's env wins over an ARG). The base's env is asked for only when a name is not found before."""
+
+    def __init__(self, stage: _Stage):
+        self.stage = stage
+
+    def get(self, name: str, default=None):
+        st = self.stage
+        if name in st.env:
+            return st.env[name]
+        if name in st.args and st.args[name] is not None and name not in st.base_env():
+            return st.args[name]
+        return st.base_env().get(name, default)
 
 
 class _Parser:
@@ -139,13 +161,18 @@ class _Parser:
             raise _fail(ln, f"over {MAX_STAGES} stages")
         base = self.find_stage(image, len(self.stages)) if not image.isdigit() else None
         if base is not None:
-            env = next(s for s in self.stages if s.name == base[6:]).env     # the stage's env as built
+            parent = next(s for s in self.stages if s.name == base[6:])
+            ended = dict(parent.env)                          # that stage's env as it ended
+
+            def base_env():
+                return {**parent.base_env(), **ended}
         elif image == "scratch":
-            base, env = "scratch", {}
+            base, base_env = "scratch", dict
         else:
-            base, env = image, dict(self.image_env(image)) if self.image_env else {}
-        self.stages.append(_Stage(len(self.stages), name, env))
-        self.add(From(base, f"FROM {quote(image)}" + (f" AS {name}" if name else ""), ln.number))
+            base = image
+            base_env = (lambda: self.image_env(image)) if self.image_env else dict
+        self.stages.append(_Stage(len(self.stages), name, base_env))
+        self.add(From(base, f"FROM {word(image)}" + (f" AS {name}" if name else ""), ln.number))
 
     def do_ARG(self, ln: Line) -> None:
         if not ln.rest:
@@ -182,7 +209,7 @@ class _Parser:
                 raise _fail(ln, e.message) from None
         argv = self.json_form(rest)
         text = "RUN " + (json.dumps(argv, ensure_ascii=False) if argv is not None else rest)
-        env = tuple((k, v) for k, v in st.args.items() if v is not None and k not in st.env)
+        env = tuple((k, v) for k, v in st.args.items() if v is not None and k not in st.env)   # ENV wins
         self.add(Run(tuple(argv) if argv is not None else rest, text, ln.number, network, env))
 
     def do_COPY(self, ln: Line) -> None:
@@ -209,7 +236,7 @@ class _Parser:
                 kw["from_stage"] = self.find_stage(frm, st.index) or frm
             except InvalidInput as e:
                 raise _fail(ln, f"--from={frm}: {e.message}") from None
-            texts.append(f"--from={quote(frm)}")
+            texts.append(f"--from={word(frm)}")
         if "chown" in flags:
             chown = expand(flags["chown"], scope, self.escape, ln.number)
             if not _CHOWN.match(chown):
@@ -220,8 +247,8 @@ class _Parser:
             if not re.fullmatch(r"[0-7]{3,4}", flags["chmod"]):
                 raise _fail(ln, f"--chmod={flags['chmod']!r}: expected an octal mode like 755")
             kw["chmod"] = int(flags["chmod"], 8)
-            texts.append(f"--chmod={kw['chmod']:o}")
-        text = " ".join([ln.instruction] + texts + [quote(w) for w in words])
+            texts.append(f"--chmod={kw['chmod']:04o}")
+        text = " ".join([ln.instruction] + texts + [word(w) for w in words])
         dir_dest = dest.endswith("/") or dest in (".", "..") or dest.endswith("/.")
         if "from_stage" in kw:
             paths = tuple("/" + posixpath.normpath("/" + s).lstrip("/") for s in srcs)
@@ -302,7 +329,7 @@ class _Parser:
         value = self.one_word(ln)
         st = self.stages[-1]
         st.cwd = posixpath.normpath(posixpath.join(st.cwd, value))
-        self.add(Configure((("cwd", st.cwd),), f"WORKDIR {quote(value)}", ln.number))
+        self.add(Configure((("cwd", st.cwd),), f"WORKDIR {word(value)}", ln.number))
 
     def do_USER(self, ln: Line) -> None:
         value = self.one_word(ln)

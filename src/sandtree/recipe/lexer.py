@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidInput
 
-__all__ = ["Line", "directives_and_lines", "split_words", "expand", "quote", "MAX_TEXT_BYTES", "MAX_LINES"]
+__all__ = ["Line", "directives_and_lines", "split_words", "expand", "quote", "word", "MAX_TEXT_BYTES", "MAX_LINES"]
 
 MAX_TEXT_BYTES = 1 << 20        # a Dockerfile larger than this is refused
 MAX_LINES = 2000                # instructions
@@ -191,12 +191,19 @@ def _closing_brace(word: str, i: int, line: int) -> int:
     raise InvalidInput(f"line {line}: missing '}}' in {word[:80]!r}", line=line)
 
 
-_PLAIN = re.compile(r'^[^\s"\'\\$`]+$')
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@%+,=-]+$")   # the Python builder's (recipe/texts.py) plain set
+_BARE = re.compile(r'^[^\s"\'\\]+$')
 
 
 def quote(s: str) -> str:
-    """A word as a step's text writes it: bare when that reads back the same, else in double quotes
-    with \\ " $ escaped (what Docker reads back as `s`)."""
-    if _PLAIN.match(s) and not s.startswith("["):
+    """An ENV/LABEL value as a step's text writes it: bare when plain, else in double quotes with
+    \\ " $ escaped (what Docker reads back as `s`: an unescaped $ would expand)."""
+    if _PLAIN.match(s):
         return s
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def word(s: str) -> str:
+    """A COPY/WORKDIR/FROM word as written (globs and all), quoted only when it could not be read
+    back as one word."""
+    return s if _BARE.match(s) and "$" not in s else quote(s)
