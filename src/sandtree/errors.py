@@ -17,6 +17,7 @@
     │   └── TooLarge              a body, upload, archive or expansion over its size cap
     ├── RegistryError             an OCI registry refused or could not be reached
     ├── DiskFull                  the store's disk has no room; nothing was committed
+    ├── BuildFailed               a build's step failed (`details`: step, line, text, exit_code, stderr tail)
     ├── RuntimeUnavailable        this host cannot run the requested isolation tier
     ├── SandboxError              the sandbox could not be set up (not the command's failure)
     └── StoreCorrupt              fsck-level damage found while reading
@@ -127,6 +128,13 @@ class RegistryError(SandtreeError):
 class DiskFull(SandtreeError):
     code = "disk_full"
     http_status = 507
+
+
+class BuildFailed(SandtreeError):
+    """A RUN of a build exited non-zero (or was killed): nothing was tagged. The message names the
+    step, its Dockerfile line and instruction, and ends with the tail of the command's stderr."""
+    code = "build_failed"
+    http_status = 422
 
 
 def _tree(cls) -> list:

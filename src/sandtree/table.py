@@ -16,7 +16,6 @@ from . import defaults as D
 
 __all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
 
-
 @dataclass(frozen=True)
 class Http:
     """Where an operation lives under /api/v1. `{name}` in the path is an argument (`{name:path}`: it may
@@ -38,7 +37,6 @@ class Http:
     data: bool = False
     drop: tuple[str, ...] = ()
     rename: dict = field(default_factory=dict)      # argument -> its field name on the wire
-
 
 @dataclass(frozen=True)
 class Op:
@@ -64,7 +62,6 @@ class Op:
             out.update(out.pop(p.name, {}))                 # **options collected under their own names
         return out
 
-
 OPS: dict[str, Op] = {}
 
 def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
@@ -84,7 +81,6 @@ def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = 
                       group, custom_remote, caller)
         return fn
     return deco
-
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
@@ -127,7 +123,6 @@ def share(image: str) -> dict:
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
-
 # ---- import ---------------------------------------------------------------------------------------
 @op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
@@ -153,7 +148,6 @@ def registry_host(reference: str) -> str:
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
-
 
 # ---- uploads and file sets --------------------------------------------------------------------------
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
@@ -183,7 +177,6 @@ def file_set_create(files: list[dict]) -> str:
 @op("list", local="the server answers it per request")
 def file_set(set_id: str) -> list[dict]:
     """A stored file set's files."""
-
 
 # ---- inspection ----------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
@@ -215,12 +208,26 @@ def diff(a: str, b: str) -> list:
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
+# ---- builds (issue 15): image config and recipes ----------------------------------------------------
+_BUILD_LOCAL = "in-process for now: a recipe's context is a directory of this machine (REST: a context tar, later)"
+@op("list", images=("ref",), local=_BUILD_LOCAL)
+def image_config(ref: str):
+    """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
+
+@op("run", images=("ref",), audit="configure", local=_BUILD_LOCAL)
+def configure(ref: str, config, *, tag: str | None = None) -> str:
+    """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
+
+@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None, progress=None):
+    """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
+    progress: called with a dict per step event (step, total, text, status, output)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
-def run(ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
-        uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
-        disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
+        uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
+        file_set: str | None = None, disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
         disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -240,10 +247,9 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
 
-
 # ---- live sandboxes ------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
-def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+def sandbox_start(ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
                   files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                   lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                   tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
@@ -254,16 +260,16 @@ def sandbox_start(ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostna
 
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                 stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
-                 timeout: float | None = None, output=None):
+                 stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
+                 cancel=None, timeout: float | None = None, output=None):
     """Run a command in a live sandbox (its state carries over to the next).
     cwd: the working directory (default: where the last command left it)
     timeout: seconds for this command (default: the sandbox's)
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
-def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
-                  pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+                  gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
@@ -340,7 +346,6 @@ def sandbox_ports(sid: str) -> list[dict]:
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
-
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network")
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
@@ -367,7 +372,6 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
-
 
 # ---- lineage ----------------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
@@ -405,7 +409,6 @@ def common_ancestor(a: str, b: str) -> str | None:
 @op("list", images=("a", "b"), http=Http(_G, "/lineage/path", query=("a", "b")))
 def lineage_path(a: str, b: str) -> list[str]:
     """The images on the way from a to b through the lineage."""
-
 
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
@@ -446,7 +449,6 @@ def bundle_create(path: str, images: list[str], *, with_ancestry: bool = False) 
 def bundle_import(path: str) -> dict:
     """Read a bundle file's images into the store."""
 
-
 # ---- the server and its store ------------------------------------------------------------------------
 @op(None, caller=True, http=Http(_G, "/whoami"))
 def whoami() -> dict:
@@ -467,7 +469,6 @@ def fsck(verify_content: bool = True) -> dict:
 @op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
-
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
 @op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True)
@@ -493,7 +494,6 @@ def cancel(op: str) -> dict:
 @op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
-
 
 ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}
 OPERATIONS_OPS = {v.name: v for v in OPS.values() if v.group == "operations"}

@@ -131,7 +131,7 @@ def add_sandboxes(sub, common) -> None:
     x = sub.add_parser("start", parents=[common, limits], help="start a live sandbox on an image; prints its id")
     x.add_argument("image")
     options.add_env(x)
-    x.add_argument("--cwd", default="/")
+    x.add_argument("--cwd", help="working directory (default: the image's WORKDIR, else /)")
     x.add_argument("--idle-timeout", type=float, default=D.SANDBOX_IDLE_TIMEOUT, help="seconds without a command before it stops")
     x.add_argument("--lifetime", type=float, default=D.SANDBOX_LIFETIME, help="seconds until it stops in any case")
     x.add_argument("--on-idle", choices=["stop", "hibernate"], default=D.SANDBOX_IDLE_ACTION,

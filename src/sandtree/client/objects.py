@@ -40,8 +40,8 @@ class Image:
         return sorted(self._st.engine.tags(self.id))
 
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
-            cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
-            stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
+            cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,
+            stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
             files: list | dict | None = None, disposable: bool = False,
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
             on_stdout: Callable[[bytes], None] | None = None,
@@ -61,7 +61,7 @@ class Image:
                              network=network, secrets=secrets)
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
-              cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str = "/",
+              cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,
               hostname: str = D.HOSTNAME, files: list | dict | None = None,
               idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
@@ -216,7 +216,7 @@ class Sandbox:
         return self.info()["state"]
 
     def exec(self, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
-             uid: int = 0, gid: int = 0, timeout: float | None = None, output=None,
+             uid: int | None = None, gid: int | None = None, timeout: float | None = None, output=None,
              on_output: Callable[[str, bytes], None] | None = None,
              on_stdout: Callable[[bytes], None] | None = None,
              on_stderr: Callable[[bytes], None] | None = None) -> "RunResult":
@@ -227,8 +227,8 @@ class Sandbox:
                                             on_output=streams(on_output, on_stdout, on_stderr))
         return RunResult.from_record(self._st, rec)
 
-    def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0, gid: int = 0,
-              pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+    def popen(self, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
         """A process inside, shaped like subprocess.Popen (pipes by default; pass a terminal's fd
         with pty=True for an interactive program): stdin/stdout/stderr, wait, communicate,
         send_signal, kill. In process only."""

@@ -27,6 +27,7 @@ from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
 from ..tenancy import Tenancy
 from .branching import BranchingOps
+from .builds import BuildOps
 from .imports import ImportOps
 from .inspection import InspectionOps
 from .operations import Operations
@@ -47,7 +48,7 @@ except ImportError:               # (the links part of issue 14, until it is mer
 _TENANCY_LOCK = threading.Lock()
 
 
-class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
+class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
@@ -154,7 +155,7 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
         self.pools.remove(ref)
 
     # The facade of live sandboxes: what the API objects and every adapter call.
-    def sandbox_start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+    def sandbox_start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
                       files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
                       lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
                       tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
@@ -166,13 +167,14 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps):
                                     labels=labels, network=network, secrets=secrets)
 
     def sandbox_exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                     stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, on_output=None, cancel=None,
+                     stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
+                     on_output=None, cancel=None,
                      timeout: float | None = None, output=None) -> RunRecord:
         return self.sandboxes.exec(sid, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, on_output=on_output,
                                    cancel=cancel, timeout=timeout, output=output)
 
-    def sandbox_popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0,
-                      gid: int = 0, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+    def sandbox_popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None,
+                      uid: int | None = None, gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
         # -1 is subprocess.PIPE (the table's modules import no subprocess)
         return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
                                     stdout=stdout, stderr=stderr)

@@ -71,10 +71,12 @@ class Records:
                             [(dumps(outcome), now, op) for op in ops])
 
     def record(self, op: str, source: str, spec: dict, started: float, result: str | None,
-               outcome: dict, write_image=None, *, kind: str = "run", parent: str | None = None) -> None:
+               outcome: dict, write_image=None, *, kind: str = "run", parent: str | None = None,
+               also=None) -> None:
         """One transaction per run: the new image's rows (write_image(con), if any), the
         operation, the lineage edge (from `parent`, by default the source). A published layer
-        that no row came to name is removed again."""
+        that no row came to name is removed again. also(con): more rows of the same transaction
+        (a build step's cache row)."""
         used = True
         try:
             with self.store.db.tx() as con:
@@ -82,6 +84,8 @@ class Records:
                     used = write_image(con)
                 self.write(con, op, kind, source, result, spec, outcome, started, time.time(),
                            parents=[parent or source])
+                if also is not None:
+                    also(con)
         except BaseException:
             used = False
             raise

@@ -19,7 +19,8 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
-from ..values import DEFAULT_ENV, check_labels
+from ..values import check_labels
+from .imagedefaults import run_defaults
 from .netopts import attach_link, network_option, require_egress
 
 
@@ -28,8 +29,9 @@ class RunOps:
     """Mixed into engine.Engine, which provides store, specs, records, committer, tier(),
     resolve() and its pools."""
 
-    def run(self, ref: str, command, *, env: dict | None = None, cwd: str = D.CWD, stdin: bytes | str | None = None,
-            uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
+    def run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
+            stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
+            hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
             disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
@@ -48,12 +50,15 @@ class RunOps:
         with self.store.using():
             return self._run(ref, command, op_id=op_id, check_only=check_only, **options)
 
-    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str = D.CWD,
-             stdin: bytes | str | None = None, uid: int = 0, gid: int = 0, hostname: str = D.HOSTNAME,
+    def _run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
+             stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
+             hostname: str = D.HOSTNAME,
              files=None, disposable: bool = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
-             **limits) -> RunRecord | None:
+             step: str | None = None, in_tx=None, **limits) -> RunRecord | None:
+        """step: a build step's text, recorded as the command (the lineage edge's label);
+        in_tx(con, result): called in the transaction that records the run (the build cache's row)."""
         runtime = self.tier(tier)
         labels = check_labels(labels)
         branch = refs.branch_named(self.store, ref)
@@ -65,12 +70,14 @@ class RunOps:
         argv = command_argv(command)
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
+        cwd, uid, gid = dflt.cwd, dflt.uid, dflt.gid
         if isinstance(stdin, str):
             stdin = stdin.encode()
         injected = self.specs.files(files, file_set)
         self.specs.check_cwd(source, cwd, injected)
         spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env={**DEFAULT_ENV, **user_env}, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                       env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                        hostname=hostname, files=injected, limits=lim, on_output=on_output,
                        prepare_changes=self.specs.injector(source, injected), cancel=cancel)
         if check_only:
@@ -78,7 +85,8 @@ class RunOps:
             return None
         op = op_id or uuid.uuid4().hex
         masked = secret_values(user_env)
-        record_spec = {"command": mask_text(command if isinstance(command, str) else " ".join(argv), masked),
+        record_spec = {"command": step if step is not None else
+                       mask_text(command if isinstance(command, str) else " ".join(argv), masked),
                        "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
                        "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
                        "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
@@ -105,7 +113,7 @@ class RunOps:
         if link is not None:
             outcome.usage["network"] = self._unlink(op, link)
         try:
-            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable)
+            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable, in_tx)
         finally:
             if release is not None:
                 release()                      # the pool's sandbox: retired once its upper is read
@@ -121,7 +129,7 @@ class RunOps:
         return self.egress.release(op)
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
-                    disposable: bool) -> tuple[RunRecord, str | None]:
+                    disposable: bool, in_tx=None) -> tuple[RunRecord, str | None]:
         t_commit = time.perf_counter()
         with outcome:
             try:
@@ -139,7 +147,11 @@ class RunOps:
                        "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
                        "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
                        "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
-            self.records.record(op, source, record_spec, started, result, summary, write_image)
+            also = None
+            if in_tx is not None and result is not None and not rec.exit_code and rec.signal is None \
+                    and not rec.timed_out:
+                also = lambda con: in_tx(con, result)      # noqa: E731 - a successful step only
+            self.records.record(op, source, record_spec, started, result, summary, write_image, also=also)
         return rec, result
 
     def _commit(self, base: ImageRow, outcome):

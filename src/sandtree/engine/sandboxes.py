@@ -46,7 +46,8 @@ from ..secrets_mask import mask_env
 from .session import command_spec
 from .spec import RunSpecs
 from ..defaults import RunRecord
-from ..values import DEFAULT_ENV, check_labels, labels_match
+from ..values import check_labels, labels_match
+from .imagedefaults import run_defaults
 from .netopts import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone")
@@ -197,7 +198,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)]
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def start(self, ref: str, *, env: dict | None = None, cwd: str = D.CWD, hostname: str = D.HOSTNAME,
+    def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
               labels: dict | None = None, network=None, secrets: dict | None = None, **limits) -> dict:
@@ -229,10 +230,12 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                            "network namespace the egress daemon owns); use idle_action 'stop'")
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
+        cwd = dflt.cwd
         injected = self.specs.files(files, file_set)
         self.specs.check_cwd(source, cwd, injected)
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env={**DEFAULT_ENV, **user_env}, cwd=cwd, hostname=hostname, files=injected, limits=lim,
+                       env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                        prepare_changes=self.specs.injector(source, injected))
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
@@ -251,8 +254,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             if link is not None:
                 link.close()                       # (the sandbox's processes hold the namespace)
         now = time.time()
-        record = {"env": {**DEFAULT_ENV, **user_env, **{k: v for k, v in spec.env.items() if k not in DEFAULT_ENV}},
-                  "masked_env": mask_env(user_env), "cwd": cwd,
+        record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
+                  "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
                   "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {}),
                   **net.record()}
@@ -292,11 +295,16 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
 
     # ---- commands ----------------------------------------------------------------------------
     def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
+        if uid is None:          # the image's user (its config's USER), resolved at start
+            uid = row["spec"].get("uid", 0)
+            gid = row["spec"].get("gid", 0) if gid is None else gid
+        elif gid is None:
+            gid = 0
         return command_spec(row["spec"], command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                             limits=limits, given=self.specs.limits(limits))
 
     def exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, stdin=None,
-             uid: int = 0, gid: int = 0, on_output=None, cancel=None, **limits):
+             uid: int | None = None, gid: int | None = None, on_output=None, cancel=None, **limits):
         """Run `command` inside the sandbox to its exit. A string runs in the shell session (cwd and
         exported env carry over); a list is a fresh process. Returns a RunRecord (image None)."""
         row = self._running(sid)
@@ -317,14 +325,14 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self._touch(row["id"])
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
-        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": uid, "gid": gid},
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid, "gid": spec.gid},
                             started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
                                             "timed_out": rec.timed_out, "cancelled": rec.cancelled,
                                             "usage": rec.usage}, kind="exec")
         return rec
 
-    def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int = 0,
-              gid: int = 0, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
               stderr=subprocess.PIPE) -> "LiveProcess":
         """A process inside the sandbox with pipes (or a terminal), like subprocess.Popen."""
         row = self._running(sid)

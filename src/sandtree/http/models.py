@@ -39,9 +39,9 @@ SecretsIn = dict[str, dict[str, str | list[str]]] | None
 class RunOptionsIn(In):
     """What a run takes beside its image and command (a fork's runs take the same)."""
     env: dict[str, str] = {}
-    cwd: str = "/"
-    uid: int = 0
-    gid: int = 0
+    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
+    uid: int | None = Field(None, description="user id (default: the image's USER, else 0)")
+    gid: int | None = None
     hostname: str = D.HOSTNAME
     files: list[FileIn] = []
     file_set: str | None = None
@@ -75,7 +75,7 @@ class ForkIn(RunOptionsIn):
 class StartIn(In):
     image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
     env: dict[str, str] = {}
-    cwd: str = "/"
+    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
     hostname: str = D.HOSTNAME
     files: list[FileIn] = []
     file_set: str | None = None
@@ -101,8 +101,8 @@ class ExecIn(In):
     cwd: str | None = None
     stdin: str | None = None
     stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    uid: int = 0
-    gid: int = 0
+    uid: int | None = None
+    gid: int | None = None
     timeout: float | None = None
     output: str | int | None = None
 

@@ -19,8 +19,9 @@ def register(t: Toolkit) -> None:
         return [{"path": p, "sha256": h} for p, h in (files or {}).items()]
 
     @t.tool
-    def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None, cwd: str = "/",
-            uid: int = 0, gid: int = 0, timeout: float = D.MCP_TIMEOUT, disposable: bool = True, stdin: str | None = None,
+    def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None,
+            cwd: str | None = None, uid: int | None = None, gid: int | None = None, timeout: float = D.MCP_TIMEOUT,
+            disposable: bool = True, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
             truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
@@ -36,7 +37,7 @@ def register(t: Toolkit) -> None:
         Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
         timed_out, oom_killed."""
         cmd = command if shell else command.split()
-        opts = dict(env=env, cwd=cwd or "/", uid=uid, gid=gid, timeout=timeout, disposable=disposable,
+        opts = dict(env=env, cwd=cwd or None, uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
                     file_set=directory_state_id, tier=tier, labels=labels, network=network,
                     secrets=secrets)

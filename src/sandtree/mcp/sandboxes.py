@@ -12,7 +12,7 @@ def register(t: Toolkit) -> None:
 
     @t.tool
     def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
-                      cwd: str = "/", idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
+                      cwd: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                       idle_action: str = "stop", labels: dict[str, str] | None = None,
                       network: bool | str | list[str] | dict | None = None,
                       secrets: dict[str, dict] | None = None) -> dict:

@@ -84,6 +84,10 @@ CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
     action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
+-- The build cache (engine/buildcache.py): a step's key -> the image it made, written in the
+-- transaction that records the step; a hit needs the image still there (and visible).
+CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL, op TEXT,
+    hermetic INTEGER NOT NULL, created REAL NOT NULL);
 """
 
 

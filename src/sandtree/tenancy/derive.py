@@ -31,7 +31,7 @@ REFS = {"untag": "tag", "branch_head": "branch", "branch_log": "branch", "branch
 KEEPS = {"upload": "upload", "upload_file": "upload", "file_set_create": "file_set"}
 # Rows whose answer is an image the tenant made: it owns it, and the engine's operation of this
 # kind that made it becomes the tenant's (lineage and audit show it).
-MAKES = {"import_path": "import", "sandbox_hibernate": "commit"}
+MAKES = {"import_path": "import", "sandbox_hibernate": "commit", "configure": "configure"}
 # The lineage rows: branching/lineage's query, given the tenant's filter instead of the engine's
 # unfiltered one (store, bound arguments, filter) -> answer.
 LINEAGE = {

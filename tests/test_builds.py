@@ -1,0 +1,252 @@
+"""Engine.build (issue 15): a Recipe executed as a chain of real runs and commits on the real
+kernel, cached on the image DAG. A cache hit gives the same ID with no operation; a changed copied
+file reruns only from its COPY on; a failed RUN names its line and tags nothing; multi-stage builds
+copy between stages; the Python builder gives the same steps (and ID) as a hand-written recipe."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from sandtree.errors import BuildFailed, Conflict, InvalidInput, PathEscape
+from sandtree.engine.buildcopy import placements
+from sandtree.recipe.builder import RecipeBuilder, list_context
+from sandtree.recipe.steps import Configure, Copy, From, Recipe, Run, Stage
+from sandtree.store.imageconfig import ImageConfig
+
+
+@pytest.fixture
+def eng(st, rootfs):
+    st.import_image(rootfs, tag="bb")
+    return st.engine
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    d = tmp_path / "ctx"
+    (d / "src" / "pkg").mkdir(parents=True)
+    (d / "app.py").write_text("print('hi')\n")
+    (d / "src" / "main.c").write_text("int main(){return 0;}\n")
+    (d / "src" / "pkg" / "data.txt").write_text("data\n")
+    os.chmod(d / "src" / "pkg" / "data.txt", 0o600)
+    os.symlink("main.c", d / "src" / "link")
+    return d
+
+
+def ops_count(eng) -> int:
+    return eng.store.db.one("SELECT COUNT(*) FROM operations")[0]
+
+
+def ten_steps(ctx) -> Recipe:
+    """FROM + 9 steps: config, runs, a copy at step 8 (what the bench changes)."""
+    c = str(ctx)
+    steps = [From("bb", "FROM bb", 1),
+             Configure((("env", (("GREETING", "hello world"),)),), 'ENV GREETING="hello world"', 2),
+             Configure((("cwd", "/app"),), "WORKDIR /app", 3),
+             Run("echo \"$GREETING\" > greeting.txt", 'RUN echo "$GREETING" > greeting.txt', 4),
+             Run("mkdir -p out && echo $BUILD_ARG > out/arg", "RUN mkdir -p out && echo $BUILD_ARG > out/arg", 5,
+                 env=(("BUILD_ARG", "v1"),)),
+             Copy(list_context(c, "src"), "/app/src", "COPY src /app/src", 6),
+             Configure((("labels", (("stage", "one"),)),), "LABEL stage=one", 7),
+             Copy(list_context(c, "app.py"), ".", "COPY app.py .", 8, dest_is_dir=True),
+             Run("cat app.py src/pkg/data.txt > combined", "RUN cat app.py src/pkg/data.txt > combined", 9),
+             Configure((("cmd", ("python3", "app.py")),), 'CMD ["python3", "app.py"]', 10)]
+    return Recipe((Stage(None, tuple(steps)),), context=c)
+
+
+def test_build_runs_each_step_and_a_rebuild_is_all_cache_hits(eng, ctx):
+    events = []
+    res = eng.build(ten_steps(ctx), tag="built", progress=events.append)
+    img = res.image
+    assert eng.resolve("built") == img
+    assert [s.cached for s in res.steps] == [True] + [False] * 9      # (FROM a ref: resolved, nothing to run)
+    assert [s.index for s in res.steps] == list(range(1, 11))
+    assert all(s.operation for s in res.steps[1:])
+    assert eng.read(img, "/app/greeting.txt") == b"hello world\n"
+    assert eng.read(img, "/app/out/arg") == b"v1\n"
+    assert eng.read(img, "/app/app.py") == b"print('hi')\n"
+    assert eng.read(img, "/app/src/main.c") == (ctx / "src" / "main.c").read_bytes()
+    assert eng.stat(img, "/app/src/link").to_dict()["target"] == "main.c"
+    data = eng.stat(img, "/app/src/pkg/data.txt")
+    assert (data.mode, data.uid, data.gid) == (0o600, 0, 0)
+    assert eng.read(img, "/app/combined") == b"print('hi')\ndata\n"
+    cfg = eng.image_config(img)
+    assert cfg == ImageConfig(env={"GREETING": "hello world"}, cwd="/app", labels={"stage": "one"},
+                              cmd=["python3", "app.py"])
+    # the ARG is not kept; the run of the image sees the config
+    assert eng.run(img, "pwd; echo $GREETING; echo ${BUILD_ARG:-unset}", disposable=True).stdout.decode().split("\n")[:3] \
+        == ["/app", "hello world", "unset"]
+    # the lineage reads like the Dockerfile
+    log = [e["command"] for e in eng.log(img)]
+    assert [t for t in reversed(log) if t][-9:] == [s.text for s in res.steps[1:]]
+    # progress: running then done per step, the output of runs folded in
+    assert [e["status"] for e in events if e["step"] == 4 and "output" not in e] == ["running", "done"]
+    assert events[0]["total"] == 10
+
+    before = ops_count(eng)
+    again = eng.build(ten_steps(ctx), progress=events.append)
+    assert again.image == img
+    assert all(s.cached for s in again.steps) and not any(s.operation for s in again.steps)
+    assert ops_count(eng) == before                                       # no run, no commit
+    assert {e["status"] for e in events[-10:]} == {"cached"}
+
+
+def test_a_changed_copied_file_reruns_only_from_that_copy(eng, ctx):
+    first = eng.build(ten_steps(ctx))
+    (ctx / "app.py").write_text("print('changed')\n")
+    second = eng.build(ten_steps(ctx))
+    assert [s.cached for s in second.steps] == [True] * 7 + [False] * 3
+    assert [s.image for s in second.steps[:7]] == [s.image for s in first.steps[:7]]
+    assert second.image != first.image
+    assert eng.read(second.image, "/app/combined") == b"print('changed')\ndata\n"
+    # back to the first content: the first image again, from the cache
+    (ctx / "app.py").write_text("print('hi')\n")
+    third = eng.build(ten_steps(ctx))
+    assert third.image == first.image and all(s.cached for s in third.steps)
+
+
+def test_a_failed_run_names_its_line_and_tags_nothing(eng, ctx):
+    r = Recipe((Stage(None, (From("bb", "FROM bb", 1), Run("echo fine", "RUN echo fine", 2),
+                             Run("echo broken >&2; exit 3", "RUN echo broken >&2; exit 3", 7),
+                             Run("echo never", "RUN echo never", 8))),))
+    events = []
+    with pytest.raises(BuildFailed) as e:
+        eng.build(r, tag="failed", progress=events.append)
+    assert "line 7" in e.value.message and "RUN echo broken" in e.value.message and "broken" in e.value.message
+    assert e.value.details["line"] == 7 and e.value.details["exit_code"] == 3
+    assert "failed" not in eng.tags()
+    assert [ev["step"] for ev in events if ev["status"] == "failed"] == [3]
+    assert not [ev for ev in events if ev["step"] == 4]
+    # the step before it was cached; the failed one was not (a rebuild runs it again)
+    with pytest.raises(BuildFailed):
+        eng.build(r)
+
+
+def test_cache_misses_once_the_image_is_gone_and_no_cache_reruns(eng, ctx):
+    r = Recipe((Stage(None, (From("bb", "FROM bb"), Run("echo a > /a", "RUN echo a > /a"))),))
+    first = eng.build(r)
+    again = eng.build(r, no_cache=True)
+    assert again.image == first.image and not again.steps[1].cached       # ran again, same state
+    eng.remove_image(first.image, force=True)
+    third = eng.build(r)
+    assert not third.steps[1].cached and third.image == first.image
+    assert eng.build(r, no_cache_filter=[2]).steps[1].cached is False
+    assert eng.build(r, no_cache_filter=["other"]).steps[1].cached is True
+
+
+def test_multi_stage_scratch_and_copy_from(eng, ctx):
+    build = Stage("build", (From("bb", "FROM bb AS build", 1),
+                            Run("mkdir -p /out && echo binary > /out/prog && chmod 755 /out/prog",
+                                "RUN mkdir -p /out && echo binary > /out/prog && chmod 755 /out/prog", 2),
+                            Run("echo unused > /unused", "RUN echo unused > /unused", 3)))
+    unused = Stage("unused", (From("bb", "FROM bb AS unused", 4), Run("exit 1", "RUN exit 1", 5)))
+    final = Stage(None, (From("scratch", "FROM scratch", 6),
+                         Copy((), "/bin/", "COPY --from=build /out/prog /bin/", 7, from_stage="build",
+                              paths=("/out/prog",), dest_is_dir=True),
+                         Copy((), "/etc", "COPY --from=bb /etc/passwd /etc/group /etc", 8, from_stage="bb",
+                              paths=("/etc/passwd", "/etc/group"), chown="1000:65534", chmod=0o640)))
+    res = eng.build(Recipe((build, unused, final)))           # the unused stage (it would fail) is skipped
+    assert len(res.steps) == 6
+    names = sorted(e.name for e in eng.ls(res.image, "/"))
+    assert names == ["bin", "etc"]
+    assert eng.read(res.image, "/bin/prog") == b"binary\n"
+    assert eng.stat(res.image, "/bin/prog").mode == 0o755
+    pw = eng.stat(res.image, "/etc/passwd")
+    assert (pw.mode, pw.uid, pw.gid) == (0o640, 1000, 65534)
+    # a --chown name is resolved in the destination's /etc/passwd (scratch has none: as Docker, an error)
+    with pytest.raises(InvalidInput, match="user"):
+        eng.build(Recipe((Stage(None, (From("scratch", "FROM scratch"),
+                                       Copy((), "/p", "COPY --from=bb --chown=user /etc/passwd /p", from_stage="bb",
+                                            paths=("/etc/passwd",), chown="user"))),)))
+    # FROM an earlier stage
+    r2 = Recipe((build, Stage(None, (From("stage:build", "FROM build", 9), Run("cat /out/prog", "RUN cat /out/prog", 10)))))
+    res2 = eng.build(r2)
+    assert [s.cached for s in res2.steps] == [True, True, True, True, False]   # build stage: from the cache
+    assert res2.steps[3].image == res2.steps[2].image
+    with pytest.raises(InvalidInput, match="does not exist"):
+        eng.build(Recipe((build, Stage(None, (From("scratch", "FROM scratch"),
+                                              Copy((), "/x", "COPY --from=build /nope /x", 3, from_stage="build",
+                                                   paths=("/nope",)))))))
+
+
+def test_copy_chown_chmod_unpack_and_escapes(eng, ctx):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        data = b"from the tar\n"
+        info = tarfile.TarInfo("inner/file.txt")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    (ctx / "bundle.tar.gz").write_bytes(buf.getvalue())
+    c = str(ctx)
+    r = Recipe((Stage(None, (From("bb", "FROM bb"),
+                             Copy(list_context(c, "src/main.c"), "/opt/main.c", "COPY --chown=user --chmod=0600 src/main.c /opt/main.c",
+                                  chown="user", chmod=0o600),
+                             Copy(list_context(c, "bundle.tar.gz"), "/opt/unpacked", "ADD bundle.tar.gz /opt/unpacked",
+                                  unpack=True))),), context=c)
+    img = eng.build(r).image
+    e = eng.stat(img, "/opt/main.c")
+    assert (e.mode, e.uid, e.gid) == (0o600, 1000, 1000)
+    assert eng.read(img, "/opt/unpacked/inner/file.txt") == b"from the tar\n"
+    with pytest.raises(PathEscape):
+        list_context(c, "../outside")
+    os.symlink("/etc/passwd", ctx / "escape")
+    with pytest.raises(PathEscape):
+        list_context(c, "escape")
+    # a file changed after it was listed (and keyed): the copy fails, nothing is made
+    listed = list_context(c, "app.py")
+    (ctx / "app.py").write_text("swapped\n")
+    before = eng.images()
+    with pytest.raises(Conflict, match="changed"):
+        eng.build(Recipe((Stage(None, (From("bb", "FROM bb"), Copy(listed, "/x", "COPY app.py /x"))),), context=c))
+    assert eng.images() == before
+
+
+def test_placements_follow_the_listing_order(ctx):
+    got = [(f.path, rel, root) for f, rel, root in placements(list_context(str(ctx), "src"))]
+    assert got[0] == ("src", "", True)
+    assert ("src/pkg/data.txt", "pkg/data.txt", False) in got
+    assert [(f.path, rel) for f, rel, _ in placements(list_context(str(ctx), "app.py"))] == [("app.py", "app.py")]
+
+
+def test_python_builder_gives_the_hand_written_recipe_and_id(eng, ctx):
+    b = (RecipeBuilder("bb", str(ctx), build=eng.build)
+         .env(GREETING="hello world").workdir("/app")
+         .run('echo "$GREETING" > greeting.txt')
+         .copy("src", "/app/src").label(stage="one").copy("app.py", "./")
+         .cmd(["python3", "app.py"]))
+    base = b
+    b2 = b.run("true")
+    assert len(base.recipe().stages[0].steps) == 8 and len(b2.recipe().stages[0].steps) == 9   # immutable
+    want = ['FROM bb', 'ENV GREETING="hello world"', "WORKDIR /app", 'RUN echo "$GREETING" > greeting.txt',
+            "COPY src /app/src", "LABEL stage=one", "COPY app.py ./", 'CMD ["python3", "app.py"]']
+    assert [s.text for s in b.recipe().stages[0].steps] == want
+    hand = Recipe((Stage(None, (From("bb", "FROM bb"),
+                                Configure((("env", (("GREETING", "hello world"),)),), want[1]),
+                                Configure((("cwd", "/app"),), want[2]),
+                                Run('echo "$GREETING" > greeting.txt', want[3]),
+                                Copy(list_context(str(ctx), "src"), "/app/src", want[4]),
+                                Configure((("labels", (("stage", "one"),)),), want[5]),
+                                Copy(list_context(str(ctx), "app.py"), "./", want[6], dest_is_dir=True),
+                                Configure((("cmd", ("python3", "app.py")),), want[7]))),), context=str(ctx))
+    assert b.recipe() == hand
+    built = b.build(tag="from-builder")
+    assert eng.build(hand).image == built.image
+    assert eng.read(built.image, "/app/app.py") == b"print('hi')\n"
+    texts = [s.text for s in RecipeBuilder("bb").apt_install("git", "curl").pip_install("numpy==2.1.3", "x>=1")
+             .recipe().stages[0].steps[1:]]
+    assert texts == ["RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                     "--no-install-recommends git curl && rm -rf /var/lib/apt/lists/*",
+                     "RUN python3 -m pip install --no-cache-dir numpy==2.1.3 'x>=1'"]
+
+
+def test_bad_recipes_change_nothing(eng):
+    before = eng.images()
+    with pytest.raises(InvalidInput):
+        eng.build("FROM bb")
+    with pytest.raises(InvalidInput, match="FROM"):
+        eng.build(Recipe((Stage(None, (Run("true", "RUN true"),)),)))
+    with pytest.raises(InvalidInput, match="ghost"):
+        eng.build(Recipe((Stage(None, (From("bb", "FROM bb"), Copy((), "/x", "COPY --chown=ghost", from_stage="bb",
+                                                                   paths=("/etc/passwd",), chown="ghost"))),)))
+    assert eng.images() == before
