@@ -172,9 +172,9 @@ def test_copy_from_a_stage_or_image():
     r = parse("FROM gcc AS build\nRUN cc\nFROM busybox\nCOPY --from=build /out/hello /usr/bin/\n"
               "COPY --from=0 out/a out/b /x/\nCOPY --from=docker://r/img:1 /etc/os-release /\n")
     c1, c2, c3 = r.stages[1].steps[1:]
-    assert (c1.from_stage, c1.paths, c1.sources, c1.text) == ("stage:build", ("/out/hello",), (),
+    assert (c1.from_stage, c1.paths, c1.sources, c1.text) == ("build", ("/out/hello",), (),
                                                              "COPY --from=build /out/hello /usr/bin/")
-    assert (c2.from_stage, c2.paths, c2.dest_is_dir) == ("stage:0", ("/out/a", "/out/b"), True)
+    assert (c2.from_stage, c2.paths, c2.dest_is_dir) == ("0", ("/out/a", "/out/b"), True)
     assert c3.from_stage == "docker://r/img:1"
 
 

@@ -233,7 +233,10 @@ class _Parser:
             if frm.lower() == st.name:
                 raise _fail(ln, f"--from={frm} is this stage itself")
             try:
-                kw["from_stage"] = self.find_stage(frm, st.index) or frm
+                # Copy.from_stage: an earlier stage's name (lower case) or index, else an image
+                # reference as written (engine/builds.py reads a stage name before an image)
+                found = self.find_stage(frm, st.index)
+                kw["from_stage"] = found[6:] if found else frm
             except InvalidInput as e:
                 raise _fail(ln, f"--from={frm}: {e.message}") from None
             texts.append(f"--from={word(frm)}")
