@@ -135,8 +135,8 @@ def test_workdir_user_label_cmd_entrypoint_expose():
                 'ENTRYPOINT ["/init"]\nEXPOSE 8080 53/udp 9000-9002/TCP\n')
     cfg = [(s.changes, s.text) for s in got[2:]]
     assert cfg[0] == ((("cwd", "/srv"),), "WORKDIR /srv")
-    assert cfg[1] == ((("cwd", "/srv/app"),), "WORKDIR app")
-    assert cfg[2] == ((("cwd", "/srv/other"),), "WORKDIR ../other")
+    assert cfg[1] == ((("cwd", "app"),), "WORKDIR app")              # the engine joins it to the image's
+    assert cfg[2] == ((("cwd", "../other"),), "WORKDIR ../other")
     assert cfg[3] == ((("user", "app:staff"),), "USER app:staff")
     assert cfg[4] == ((("user", "1000"),), "USER 1000")
     assert cfg[5] == ((("labels", (("org.x.v", "1"), ("k 2", "v 2"))),), 'LABEL org.x.v=1 "k 2"="v 2"')

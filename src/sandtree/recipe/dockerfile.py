@@ -50,7 +50,6 @@ class _Stage:
         self._base: dict | None = None
         self.env: dict = {}              # the stage's own ENVs
         self.args: dict = {}             # ARGs in scope: name -> value (None: declared, no value)
-        self.cwd = "/"
         self.cmd_set = False
 
     def base_env(self) -> dict:
@@ -330,9 +329,9 @@ class _Parser:
 
     def do_WORKDIR(self, ln: Line) -> None:
         value = self.one_word(ln)
-        st = self.stages[-1]
-        st.cwd = posixpath.normpath(posixpath.join(st.cwd, value))
-        self.add(Configure((("cwd", st.cwd),), f"WORKDIR {word(value)}", ln.number))
+        # as written: the engine joins a relative one to the image's current WORKDIR (the base
+        # image's included, which a parser cannot know), as the Python builder's workdir() does
+        self.add(Configure((("cwd", value),), f"WORKDIR {word(value)}", ln.number))
 
     def do_USER(self, ln: Line) -> None:
         value = self.one_word(ln)
