@@ -185,3 +185,62 @@ def test_a_failed_run_names_its_line_and_tags_nothing(home):
     assert "#4 [" not in err                                     # nothing after the failed step ran
     tags = [t for row in json.loads(cli("image", "list", "--json").stdout) for t in row["tags"]]
     assert "broken" not in tags
+
+
+def test_args_target_no_cache_filter_stdin_and_json_progress(home):
+    cli, base = home
+    ctx = base / "ctx-args"
+    ctx.mkdir()
+    (ctx / "data.txt").write_text("data\n")
+    text = ("ARG BASE=busybox\nFROM $BASE AS one\nARG WHO=nobody\nRUN echo \"$WHO\" > /who\n"
+            "FROM one AS two\nCOPY data.txt /data.txt\nRUN cat /who /data.txt > /both\n")
+    p = cli("build", str(ctx), "-f", "-", "--build-arg", "WHO=builder", "--target", "one", "--json",
+            "--progress", "json", input=text.encode())
+    res = json.loads(p.stdout)
+    assert [s["text"] for s in res["steps"]] == ["FROM busybox AS one", 'RUN echo "$WHO" > /who']
+    events = [json.loads(line) for line in p.stderr.decode().splitlines()]
+    assert {e["status"] for e in events} >= {"cached", "running", "done"}
+    assert all({"step", "total", "stage", "text", "line", "status"} <= set(e) for e in events)
+    r = json.loads(cli("run", res["image"], "--json", "--", "cat", "/who").stdout)
+    assert r["stdout"] == "builder\n"                               # --build-arg reached the RUN
+
+    (ctx / "Dockerfile").write_text(text)
+    full = json.loads(cli("build", str(ctx), "--build-arg", "WHO=builder", "--json", "--progress", "quiet").stdout)
+    assert [s["cached"] for s in full["steps"]] == [True, True, True, False, False]   # stage one from the cache
+    again = json.loads(cli("build", str(ctx), "--build-arg", "WHO=builder", "--no-cache-filter", "two", "--json",
+                           "--progress", "quiet").stdout)
+    assert [s["cached"] for s in again["steps"]] == [True, True, True, False, False]  # only stage two again
+    assert again["image"] == full["image"]                          # the same state, the same ID
+    other = json.loads(cli("build", str(ctx), "--build-arg", "WHO=someone", "--json", "--progress", "quiet").stdout)
+    assert other["image"] != full["image"] and not other["steps"][1]["cached"]       # the ARG is in the key
+
+
+def test_the_live_view_on_a_terminal(home):
+    cli, base = home
+    ctx = base / "ctx-tty"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM busybox\nRUN for i in 1 2 3; do echo step-output-$i; done\n")
+    master, slave = os.openpty()
+    try:
+        env = {**os.environ, "SANDTREE_HOME": str(base / "home"), "COLUMNS": "100"}
+        p = subprocess.run([sys.executable, "-m", "sandtree", "build", str(ctx), "--tag", "tty"], env=env,
+                           stdout=subprocess.PIPE, stderr=slave, timeout=600)
+        os.close(slave)
+        slave = None
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:                                          # EIO: the writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0 and re.fullmatch(rb"[0-9a-f]{64}\n", p.stdout)
+    plain = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", shown).decode("utf-8", "replace")
+    assert "[+] Building" in plain and "=> CACHED [1/2] FROM busybox" in plain
+    assert "[2/2] RUN for i in 1 2 3; do echo step-output-$i; done" in plain
