@@ -9,7 +9,8 @@ from the pool), its command and commit share, and back to back (the hit rate say
 pool served); hibernate and resume of a sandbox holding 100 MB in a process's memory (every
 resume checked), beside the time to write 100 MB to the store's disk; commit cost after writing 1
 file and 100 MB; fork (N runs from one image) on a small
-and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick).
+and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick);
+builds (bench/builds.py: a cached 10-step rebuild, a change at step 8 of 10).
 Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
 (total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
 cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
@@ -315,6 +316,17 @@ def bwrap_path() -> str | None:
         return shutil.which("bwrap")
 
 
+def build_table(st, img, args) -> Table:
+    """Issue 15's targets: a cached rebuild of 10 steps, a change at step 8 of 10 (bench/builds.py)."""
+    import builds                      # bench/builds.py: only when these rows run
+    table = Table(title="builds (issue 15)")
+    for c in ("what", "p50 ms", "p90 ms", "goal"):
+        table.add_column(c, justify="right" if c != "what" else "left")
+    for name, xs, note in builds.build_rows(st, img, min(args.n, 100)):
+        table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", note)
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=200, help="samples per latency row")
@@ -457,6 +469,7 @@ def main() -> None:
         con.print(table)
         if args.egress_mb > 0:
             con.print(network_table(img, cold_img, args))
+        con.print(build_table(st, img, args))
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
                   "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "

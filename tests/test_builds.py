@@ -84,6 +84,12 @@ def test_build_runs_each_step_and_a_rebuild_is_all_cache_hits(eng, ctx):
     assert [e["status"] for e in events if e["step"] == 4 and "output" not in e] == ["running", "done"]
     assert events[0]["total"] == 10
 
+    # each cache row names the operation that made its image (rows of the same transaction)
+    made = {s.operation: s.image for s in res.steps[1:]}
+    rows = dict(eng.store.db.query("SELECT op, image FROM build_cache WHERE op IS NOT NULL"))
+    assert all(rows[op] == image for op, image in made.items())
+    assert {eng.operation(op)["result"] for op in made} == set(made.values())
+
     before = ops_count(eng)
     again = eng.build(ten_steps(ctx), progress=events.append)
     assert again.image == img
@@ -200,6 +206,16 @@ def test_copy_chown_chmod_unpack_and_escapes(eng, ctx):
     with pytest.raises(Conflict, match="changed"):
         eng.build(Recipe((Stage(None, (From("bb", "FROM bb"), Copy(listed, "/x", "COPY app.py /x"))),), context=c))
     assert eng.images() == before
+
+
+def test_step_errors_name_the_line(eng):
+    from sandtree.errors import ImageNotFound
+    with pytest.raises(ImageNotFound, match="line 3: FROM ghost"):
+        eng.build(Recipe((Stage(None, (From("ghost", "FROM ghost", 3),)),)))
+    with pytest.raises(InvalidInput, match="line 5: FROM later") as e:
+        eng.build(Recipe((Stage(None, (From("stage:later", "FROM later", 5),)), Stage("later", (From("bb", "FROM bb"),))),
+                         target=0))
+    assert e.value.details["line"] == 5
 
 
 def test_placements_follow_the_listing_order(ctx):

@@ -9,7 +9,7 @@
 import importlib
 
 from .defaults import Limits
-from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
+from .errors import (BadArchive, BuildFailed, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
                      LimitExceeded, MergeConflict, NotFound, NotRegularFile, PathEscape, PathNotFound,
                      RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,
                      Unauthorized)
@@ -18,6 +18,7 @@ from .errors import (BadArchive, CommandNotFound, Conflict, DiskFull, Forbidden,
 # client, the CLI parsing its arguments) does not import the others.
 _LAZY = {name: "client.sdk" for name in ("Sandtree", "connect")}
 _LAZY.update({name: "client.objects" for name in ("Image", "RunResult", "Branch", "MergeResult", "Sandbox", "best_of")})
+_LAZY.update({"ImageConfig": "store.imageconfig", "RecipeBuilder": "recipe.builder", "Recipe": "recipe.steps"})
 _LAZY.update({name: "client.aio" for name in ("AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch",
                                               "AsyncSandbox")})
 
@@ -27,7 +28,7 @@ __all__ = [
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
     "Unauthorized", "Forbidden", "LimitExceeded", "NotRegularFile", "MergeConflict", "TooLarge",
-    "RegistryError", "DiskFull",
+    "RegistryError", "DiskFull", "BuildFailed", "ImageConfig", "RecipeBuilder", "Recipe",
 ]
 __version__ = "0.1.0"
 

@@ -93,6 +93,13 @@ class AsyncSandtree:
     async def __aexit__(self, *exc):
         self._sync.close()
 
+    def recipe(self, base="scratch", context: str | None = "."):
+        """Sandtree.recipe, whose `.build(...)` is a coroutine (the build runs in a worker thread)."""
+        async def abuild(recipe, **kw):
+            res = await asyncio.to_thread(self._sync.build, recipe, **kw)
+            return _wrap(objects.Image(self._sync, res.image))
+        return self._sync.recipe(_unwrap(base), context).bound(abuild)
+
 
 @_twin(objects.Image)
 class AsyncImage:

@@ -79,6 +79,15 @@ class Image:
         rec = self._st.engine.run(ref, command, **options)
         return RunResult.from_record(self._st, rec)
 
+    def config(self):
+        """The image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels): what
+        its runs get by default. Empty for an image without one."""
+        return self._st.engine.image_config(self.id)
+
+    def configure(self, config, *, tag: str | None = None) -> "Image":
+        """This image with `config` (an ImageConfig; e.g. img.config().replace(cwd="/app"))."""
+        return Image(self._st, self._st.engine.configure(self.id, config, tag=tag))
+
     def ls(self, path: str = "/") -> list[dict]:
         return [e.to_dict() for e in self._st.engine.ls(self.id, path)]
 

@@ -16,6 +16,7 @@ from typing import Callable
 from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
+from ..errors import RuntimeUnavailable
 from .inputs import files_arg
 from .objects import Branch, Image, MergeResult, RunResult, Sandbox
 from .remote import RemoteEngine
@@ -31,9 +32,11 @@ class Sandtree:
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
-        # here so that `import sandtree` and a connect()ed client never load them.
-        from ..engine import Engine
+        # here so that `import sandtree` and a connect()ed client never load them. (The Python
+        # builder comes with it: builds are in-process until REST builds exist.)
+        from ..engine import Engine, RecipeBuilder
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
+        self._builder = RecipeBuilder
 
     @property
     def engine(self):
@@ -76,6 +79,27 @@ class Sandtree:
                   log: Callable[[str], None] | None = None) -> "Image":
         """Build a Debian base image with debootstrap (root only); tagged `spec` unless `tag`."""
         return Image(self, self._engine.bootstrap(spec, include=list(include), tag=tag, log=log))
+
+    # builds (issue 15)
+    def recipe(self, base: "Image | str" = "scratch", context: str | None = "."):
+        """A Python recipe on `base` ("scratch", an image or ref, "docker://REF"): immutable,
+        chainable, lazy; `.build(tag=...)` builds it here and returns the Image. Each method is one
+        step with the text the same Dockerfile instruction has (same steps, same ID, same cache)."""
+        builder = getattr(self, "_builder", None)
+        if builder is None:
+            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
+                                     "machine (REST builds with a context tar come later)")
+        ref = base.id if isinstance(base, Image) else base
+        return builder(ref, context, build=lambda recipe, **kw: Image(self, self._engine.build(recipe, **kw).image))
+
+    def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
+              progress: Callable[[dict], None] | None = None):
+        """Build a Recipe (or a RecipeBuilder) step by step, each step cached on the image DAG;
+        the BuildResult: .image (the ID) and .steps (index, stage, text, line, cached, image,
+        seconds, operation). progress(event) gets {step, total, text, status, output?}."""
+        recipe = recipe.recipe() if hasattr(recipe, "recipe") and callable(recipe.recipe) else recipe
+        return self._engine.build(recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
+                                  network=network, progress=progress)
 
     def tag(self, image: "Image | str", name: str) -> "Image":
         image_id = self._id(image)

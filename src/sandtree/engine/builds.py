@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import BuildFailed, InvalidInput
+from ..errors import BuildFailed, InvalidInput, SandtreeError
 from ..network.policy import Policy
 from ..recipe.steps import Configure, Copy, From, Recipe, Run
 from ..recipe.texts import config_text
@@ -67,7 +67,10 @@ def _needed(recipe: Recipe, target: int) -> set[int]:
         for step in recipe.stages[i].steps:
             ref = step.base[6:] if isinstance(step, From) and step.base.startswith("stage:") else \
                 step.from_stage if isinstance(step, Copy) else None
-            j = _stage_index(ref, names, i) if ref is not None else None
+            try:
+                j = _stage_index(ref, names, i) if ref is not None else None
+            except InvalidInput as exc:
+                raise InvalidInput(f"line {step.line}: {step.text}: {exc.message}", line=step.line) from None
             if j is not None:
                 todo.append(j)
     return need
@@ -99,12 +102,12 @@ class BuildOps:
         text = "; ".join(config_text(f, getattr(config, f)) for f in ("env", "cwd", "user", "entrypoint", "cmd",
                                                                        "expose", "labels")
                          if getattr(config, f) != getattr(old, f) and getattr(config, f) not in (None, ()))
-        image, _ = self._configure(source, config, text or "CONFIG")
+        image = self._configure(source, config, text or "CONFIG")
         if tag is not None:
             self.store.tag(image, tag)
         return image
 
-    def _configure(self, source: str, config: ImageConfig, text: str, also=None) -> tuple[str, str]:
+    def _configure(self, source: str, config: ImageConfig, text: str, also=None, op: str | None = None) -> str:
         def fill(up):
             if config.is_empty():
                 if up.find(CONFIG_PATH) is not None:
@@ -115,11 +118,16 @@ class BuildOps:
             found = up.find(config.cwd) if config.cwd else None
             if config.cwd and (found is None or found[1].kind != DIR):
                 up.dir(config.cwd)                 # WORKDIR makes its directory (as Docker)
-        return commit_edit(self, source, fill, {"command": text, "config": True}, kind="configure", also=also)
+        return commit_edit(self, source, fill, {"command": text, "config": True}, kind="configure", also=also,
+                           op=op)[0]
 
     # ---- the build ------------------------------------------------------------------------------
     def build(self, recipe: Recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(),
               network=None, progress=None) -> BuildResult:
+        """Build `recipe`; tag its target's image. no_cache: every step runs again (a deterministic
+        step then gives the same ID); no_cache_filter: stage names (or indexes as text) and step
+        numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
+        steps that name none (default: no network). progress(event): see the module doc."""
         if not isinstance(recipe, Recipe) or not recipe.stages:
             raise InvalidInput("build takes a Recipe with at least one stage")
         if tag is not None:
@@ -144,7 +152,7 @@ class BuildOps:
                 image = None
                 for step in stage.steps:
                     n = len(done) + 1
-                    fresh = no_cache or label in filt or si in filt or n in filt
+                    fresh = no_cache or label in filt or str(si) in filt or n in filt
                     done.append(self._step(recipe, step, n, total, label, image, results, names, si, fresh,
                                            network, progress))
                     image = done[-1].image
@@ -167,24 +175,31 @@ class BuildOps:
             emit("cached" if cached else "done", image=img, seconds=r.seconds)
             return r
 
-        if isinstance(step, From):
-            return self._from(step, results, names, si, fresh, finish, emit)
-        if image is None:
-            raise InvalidInput(f"line {step.line}: {step.text}: no FROM before it", line=step.line)
-        key, hermetic, run = self._plan(recipe, step, image, results, names, si, network)
-        hit = None if fresh else buildcache.lookup(self.store, key)
-        if hit is not None:
-            return finish(hit, True, None)
-        emit("running")
-        box = {}
-
-        def put(con, result):
-            buildcache.put(con, key, result, box.get("op"), hermetic)
         try:
-            img, op = run(put, box, emit)
+            if isinstance(step, From):
+                return self._from(step, results, names, si, fresh, finish, emit)
+            if image is None:
+                raise InvalidInput("no FROM before it")
+            key, hermetic, run = self._plan(recipe, step, image, results, names, si, network)
+            hit = None if fresh else buildcache.lookup(self.store, key)
+            if hit is not None:
+                return finish(hit, True, None)
+            emit("running")
+            op = uuid.uuid4().hex
+
+            def put(con, result):
+                buildcache.put(con, key, result, op, hermetic)
+            img = run(put, op, emit)
         except BuildFailed:
             emit("failed")
             raise
+        except SandtreeError as exc:
+            emit("failed", error=exc.message)
+            if "line" in exc.details:
+                raise
+            # every error of a step names its line and instruction (the recipe's, not the engine's words)
+            details = {**exc.details, "line": step.line}
+            raise type(exc)(f"line {step.line}: {step.text}: {exc.message}", **details) from None
         except Exception as exc:
             emit("failed", error=str(exc))
             raise
@@ -217,7 +232,7 @@ class BuildOps:
         if isinstance(step, Run):
             policy = Policy.from_value(step.network if step.network is not None else network)
             key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=step.env)
-            return key, policy is None, lambda put, box, emit: self._run_step(step, image, policy, put, box, emit)
+            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit)
         if isinstance(step, Copy):
             src = None
             if step.from_stage is not None:
@@ -226,17 +241,16 @@ class BuildOps:
             extra = {"from": src, "paths": list(step.paths), "chown": step.chown, "chmod": step.chmod,
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
-            return key, True, lambda put, box, emit: self._copy_step(recipe, step, image, src, put)
+            return key, True, lambda put, op, emit: self._copy_step(recipe, step, image, src, put, op)
         if isinstance(step, Configure):
-            key = buildcache.step_key(image, step.text, extra={"changes": repr(step.changes)})
-            return key, True, lambda put, box, emit: self._configure(image, self._configured(image, step),
-                                                                     step.text, also=put)
+            key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
+            return key, True, lambda put, op, emit: self._configure(image, self._configured(image, step),
+                                                                    step.text, also=put, op=op)
         raise InvalidInput(f"unknown step {type(step).__name__}")
 
-    def _run_step(self, step: Run, image: str, policy, put, box, emit):
+    def _run_step(self, step: Run, image: str, policy, put, op: str, emit) -> str:
         cfg = image_config(self.store, image)
         env = {k: v for k, v in step.env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
-        box["op"] = op = uuid.uuid4().hex
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
                                  on_output=lambda s, b: emit("running", stream=s, output=b))
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
@@ -245,9 +259,9 @@ class BuildOps:
                 else f"signal {rec.signal}"
             raise BuildFailed(f"line {step.line}: {step.text}: {why}" + (f"\n{tail}" if tail else ""),
                               line=step.line, text=step.text, exit_code=rec.exit_code, operation=op, stderr=tail)
-        return rec.image, op
+        return rec.image
 
-    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put):
+    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str) -> str:
         cfg = image_config(self.store, image)
         dest = dest_path(step.dest, cfg.cwd)
         uid, gid = resolve_user(self.store, image, step.chown) if step.chown else (0, 0)
@@ -257,7 +271,7 @@ class BuildOps:
                 copy_image(up, self.store, src, step, dest, uid, gid)
             else:
                 copy_context(up, recipe.context, step, dest, uid, gid)
-        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put)
+        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op)[0]
 
     def _configured(self, image: str, step: Configure) -> ImageConfig:
         """The image's config with a Configure step's changes: env and labels merged, ports

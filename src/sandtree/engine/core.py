@@ -174,7 +174,8 @@ class Engine(ImportOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps
                                    cancel=cancel, timeout=timeout, output=output)
 
     def sandbox_popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None,
-                      uid: int | None = None, gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
+                      uid: int | None = None, gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1,
+                      stderr=-1):
         # -1 is subprocess.PIPE (the table's modules import no subprocess)
         return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
                                     stdout=stdout, stderr=stderr)

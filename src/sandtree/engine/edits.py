@@ -107,12 +107,13 @@ class Upper:
         remove_tree(self.path)
 
 
-def commit_edit(engine, source: str, fill, spec: dict, *, kind: str, also=None) -> tuple[str, str]:
+def commit_edit(engine, source: str, fill, spec: dict, *, kind: str, also=None,
+                op: str | None = None) -> tuple[str, str]:
     """(new image, operation id): fill(Upper) then commit it on `source`, recorded as an
     operation of `kind` with `spec` (spec["command"] labels the lineage edge). also(con, image):
     more rows in the same transaction (a build step's cache row)."""
     started = time.time()
-    op = uuid.uuid4().hex
+    op = op or uuid.uuid4().hex
     with engine.store.using():
         row = engine.store.image(source)
         upper = Upper(engine.store, source)

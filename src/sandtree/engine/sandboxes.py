@@ -325,7 +325,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self._touch(row["id"])
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
-        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid, "gid": spec.gid},
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid,
+                                               "gid": spec.gid},
                             started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
                                             "timed_out": rec.timed_out, "cancelled": rec.cancelled,
                                             "usage": rec.usage}, kind="exec")

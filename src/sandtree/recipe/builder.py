@@ -128,6 +128,10 @@ class RecipeBuilder:
     def _with(self, step) -> "RecipeBuilder":
         return RecipeBuilder(self._base, self._context, build=self._build, _steps=self._steps + (step,))
 
+    def bound(self, build) -> "RecipeBuilder":
+        """The same steps, built by build(recipe, tag=, no_cache=, network=, progress=)."""
+        return RecipeBuilder(self._base, self._context, build=build, _steps=self._steps)
+
     def __repr__(self) -> str:
         return "\n".join(["RecipeBuilder:", f"FROM {self._base}"] +
                          [s.text if not isinstance(s, tuple) else copy_text(*s[1:3], **s[3]) for s in self._steps])

@@ -1,0 +1,105 @@
+"""`make bench` rows for builds (issue 15): a fully cached rebuild of a 10-step recipe (goal <= 50
+ms; `docker build` on a warm cache is about 1 s where published), and a 1-step change at step 8 of
+10 (goal: what the steps that rerun cost + <= 20 ms of the build's own). The recipe is the Python
+builder's (the same steps a Dockerfile gives): FROM, ENV, WORKDIR, RUN, RUN, COPY dir, LABEL, COPY
+file (step 8, the one changed), RUN, CMD, on the busybox image. Every cached rebuild is checked to
+be all hits with the same ID; every changed one to rerun exactly steps 8-10.
+
+Alone: `python bench/builds.py [-n N]` prints the rows.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from conftest import make_rootfs  # noqa: E402
+
+import sandtree  # noqa: E402
+
+
+def _context(root: str) -> str:
+    ctx = os.path.join(root, "ctx")
+    os.makedirs(os.path.join(ctx, "src", "pkg"))
+    for i in range(20):
+        with open(os.path.join(ctx, "src", "pkg", f"mod{i}.py"), "w") as f:
+            f.write(f"VALUE = {i}\n" * 50)
+    with open(os.path.join(ctx, "app.py"), "w") as f:
+        f.write("print('v0')\n")
+    return ctx
+
+
+def _recipe(st, base, ctx):
+    return (st.recipe(base, context=ctx).env(APP_ENV="bench", GREETING="hello world").workdir("/app")
+            .run("echo \"$GREETING\" > greeting.txt").run("mkdir -p out && date +%s > out/built")
+            .copy("src", "/app/src").label(stage="bench").copy("app.py", "./")
+            .run("cat app.py greeting.txt > combined").cmd(["python3", "app.py"]))
+
+
+def build_rows(st, base, n: int) -> list[tuple[str, list[float], str]]:
+    """(name, samples in seconds, note) rows."""
+    with tempfile.TemporaryDirectory(dir=st.home) as work:
+        ctx = _context(work)
+        r = _recipe(st, base, ctx)
+        first = st.build(r)
+        assert len(first.steps) == 10
+        recipe = r.recipe()
+
+        def cached_engine():
+            res = st.engine.build(recipe)
+            assert res.image == first.image and all(s.cached for s in res.steps)
+
+        def cached_builder():
+            res = st.build(r)                    # lists and hashes the context again (22 files)
+            assert res.image == first.image and all(s.cached for s in res.steps)
+
+        engine_only = [_timed(cached_engine) for _ in range(n)]
+        with_listing = [_timed(cached_builder) for _ in range(n)]
+        totals, own, rerun = [], [], []
+        for i in range(max(5, n // 10)):
+            with open(os.path.join(ctx, "app.py"), "w") as f:
+                f.write(f"print('v{i + 1}-{time.time_ns()}')\n")        # new content: never cached
+            t0 = time.perf_counter()
+            res = st.build(r)
+            total = time.perf_counter() - t0
+            assert [s.cached for s in res.steps] == [True] * 7 + [False] * 3, [s.cached for s in res.steps]
+            steps = sum(s.seconds for s in res.steps if not s.cached)
+            totals.append(total)
+            rerun.append(steps)
+            own.append(total - steps)
+        one_run = [_timed(lambda: st.image(first.image).run("cat app.py greeting.txt > combined"))
+                   for _ in range(max(5, n // 10))]
+    return [("cached rebuild, 10 steps (engine.build of a listed recipe)", engine_only, "goal <= 50 ms"),
+            ("cached rebuild, 10 steps (st.build: context listed + hashed)", with_listing, "goal <= 50 ms"),
+            ("step 8 of 10 changed: the whole rebuild (steps 8-10 rerun)", totals, ""),
+            ("  of it: the 3 rerun steps' own time (COPY commit, RUN, CMD commit)", rerun, ""),
+            ("  of it: the build's own cost (7 cache hits, keys, bookkeeping)", own, "goal <= 20 ms"),
+            ("  for scale: one run of step 9's command (img.run)", one_run, "")]
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    n = int(sys.argv[sys.argv.index("-n") + 1]) if "-n" in sys.argv else 50
+    with tempfile.TemporaryDirectory() as work:
+        st = sandtree.Sandtree(os.path.join(work, "home"))
+        try:
+            base = st.import_image(make_rootfs(os.path.join(work, "rootfs")))
+            for name, xs, note in build_rows(st, base, n):
+                xs = sorted(xs)
+                print(f"{name:72s} p50 {statistics.median(xs) * 1e3:8.2f} ms  "
+                      f"p90 {xs[int(0.9 * (len(xs) - 1))] * 1e3:8.2f} ms  {note}")
+        finally:
+            st.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The Python builder through the public API (issue 15): st.recipe(...) sync and async, in process;
+over HTTP a build is refused with its reason until REST builds exist (config reads work)."""
+
+import asyncio
+
+import pytest
+
+import sandtree
+from sandtree.errors import RuntimeUnavailable
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    d = tmp_path / "ctx"
+    (d / "src").mkdir(parents=True)
+    (d / "src" / "app.py").write_text("print('hi')\n")
+    return d
+
+
+def test_sdk_builder_builds_and_caches(st, rootfs, ctx):
+    base = st.import_image(rootfs, tag="bb")
+    r = (st.recipe(base, context=str(ctx)).env(APP="demo").workdir("/app").copy("src", ".")
+         .run("echo built > stamp").cmd(["sh", "-c", "cat stamp"]))
+    img = r.build(tag="app")
+    assert isinstance(img, sandtree.Image) and st.image("app") == img
+    assert img.read("/app/app.py") == b"print('hi')\n"
+    cfg = img.config()
+    assert cfg.cwd == "/app" and dict(cfg.env) == {"APP": "demo"} and cfg.cmd == ("sh", "-c", "cat stamp")
+    assert img.run("pwd; echo $APP; cat stamp").stdout.split() == [b"/app", b"demo", b"built"]
+    res = st.build(r)
+    assert res.image == img.id and all(s.cached for s in res.steps)
+    again = img.configure(cfg.replace(user="user"))
+    assert again.config().user == "user" and again.run("id -u").stdout.strip() == b"1000"
+
+
+def test_async_builder(tmp_path, rootfs, ctx):
+    async def go():
+        async with sandtree.AsyncSandtree(str(tmp_path / "home")) as st:
+            base = await st.import_image(rootfs)
+            img = await st.recipe(base, context=str(ctx)).copy("src/app.py", "/app.py").build()
+            assert isinstance(img, sandtree.AsyncImage)
+            return await img.read("/app.py")
+    assert asyncio.run(go()) == b"print('hi')\n"
+
+
+def test_remote_build_says_why_not(sdk, rootfs, ctx):
+    base = sdk.import_image(rootfs)
+    try:
+        img = sdk.recipe(base, context=str(ctx)).run("true").build()
+    except RuntimeUnavailable as exc:
+        assert "in-process" in exc.message
+        assert sdk.engine.__class__.__name__ == "RemoteEngine"
+        return
+    assert sdk.engine.__class__.__name__ == "Engine" and img.id
