@@ -244,3 +244,23 @@ def test_the_live_view_on_a_terminal(home):
     plain = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", shown).decode("utf-8", "replace")
     assert "[+] Building" in plain and "=> CACHED [1/2] FROM busybox" in plain
     assert "[2/2] RUN for i in 1 2 3; do echo step-output-$i; done" in plain
+
+
+def test_add_unpacks_a_local_tar_and_copies_other_files(home):
+    import io
+    import tarfile
+    cli, base = home
+    ctx = base / "ctx-add"
+    ctx.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        info = tarfile.TarInfo("pkg/hello.txt")
+        info.size = 6
+        t.addfile(info, io.BytesIO(b"inside"))
+    (ctx / "bundle.tgz").write_bytes(buf.getvalue())
+    (ctx / "plain.txt").write_text("plain\n")
+    (ctx / "Dockerfile").write_text("FROM busybox\nADD bundle.tgz /opt/\nADD plain.txt /opt/\n")
+    res = json.loads(cli("build", str(ctx), "--json", "--progress", "quiet").stdout)
+    r = json.loads(cli("run", res["image"], "--json", "--", "sh", "-c",
+                       "cat /opt/pkg/hello.txt; echo; cat /opt/plain.txt; ls /opt").stdout)
+    assert r["stdout"] == "inside\nplain\npkg\nplain.txt\n"          # the tar unpacked, not copied
