@@ -266,3 +266,60 @@ def test_bad_recipes_change_nothing(eng):
         eng.build(Recipe((Stage(None, (From("bb", "FROM bb"), Copy((), "/x", "COPY --chown=ghost", from_stage="bb",
                                                                    paths=("/etc/passwd",), chown="ghost"))),)))
     assert eng.images() == before
+
+
+def test_gc_keeps_a_built_image_s_steps_and_drops_rows_of_removed_ones(eng):
+    r = Recipe((Stage(None, (From("bb", "FROM bb"), Run("echo 1 > /one", "RUN echo 1 > /one"),
+                             Run("echo 2 > /two", "RUN echo 2 > /two"))),))
+    res = eng.build(r, tag="kept")
+    eng.gc(retention=0, grace=0)
+    assert all(s.cached for s in eng.build(r).steps)       # the tagged result keeps its ancestors
+    eng.untag("kept")
+    eng.gc(retention=0, grace=0)
+    assert eng.store.db.one("SELECT COUNT(*) FROM build_cache WHERE image=?", (res.image,))[0] == 0
+    assert not eng.build(r).steps[2].cached
+
+
+def test_builder_texts_follow_the_dockerfile_rules():
+    b = RecipeBuilder("bb", None).env(P="$HOME/x y", Q='say "hi"').expose(8080, "53/udp", "9000-9001") \
+        .entrypoint(["srv"]).cmd(["--help"]).entrypoint(["srv2"])
+    steps = b.recipe().stages[0].steps
+    assert [s.text for s in steps[1:]] == ['ENV P="\\$HOME/x y" Q="say \\"hi\\""',
+                                           "EXPOSE 8080/tcp 53/udp 9000/tcp 9001/tcp",
+                                           'ENTRYPOINT ["srv"]', 'CMD ["--help"]', 'ENTRYPOINT ["srv2"]']
+    assert steps[2].changes == (("expose", ("8080/tcp", "53/udp", "9000/tcp", "9001/tcp")),)
+    assert steps[3].changes == (("entrypoint", ("srv",)), ("cmd", None))      # drops the base's CMD
+    assert steps[5].changes == (("entrypoint", ("srv2",)),)                    # a CMD was set before it
+    with pytest.raises(InvalidInput):
+        RecipeBuilder("bb").expose("99999")
+    with pytest.raises(InvalidInput, match="context"):
+        RecipeBuilder("bb", None).copy("a", "/a")
+
+
+def test_entrypoint_drops_the_base_cmd_in_the_image(eng):
+    base = eng.configure("bb", ImageConfig(cmd=["sh"]))
+    img = RecipeBuilder(base, None, build=eng.build).entrypoint(["/bin/echo"]).build().image
+    assert eng.image_config(img) == ImageConfig(entrypoint=["/bin/echo"])
+
+
+def test_a_copied_symlink_is_never_followed_on_the_host(eng, tmp_path):
+    """Two copy roots landing on the same name: a symlink to a host directory, then a directory
+    with a file under that name. The file must land in the image, never through the link."""
+    host_dir = tmp_path / "host-target"
+    host_dir.mkdir()
+    a, b = tmp_path / "ctx" / "a", tmp_path / "ctx" / "b"
+    (a).mkdir(parents=True)
+    os.symlink(str(host_dir), a / "sub")                 # a link whose target is a host directory
+    (b / "sub").mkdir(parents=True)
+    (b / "sub" / "planted").write_text("x\n")
+    c = str(tmp_path / "ctx")
+    os.chmod(host_dir, 0o700)
+    for order in (("a", "b"), ("b", "a", "b")):
+        sources = tuple(f for src in order for f in list_context(c, src))
+        r = Recipe((Stage(None, (From("bb", "FROM bb"),
+                                 Copy(sources, "/d/", "COPY " + " ".join(order) + " /d/", dest_is_dir=True))),),
+                   context=c)
+        img = eng.build(r, no_cache=True).image
+        assert os.listdir(host_dir) == [], order               # nothing written on the host
+        assert host_dir.stat().st_mode & 0o7777 == 0o700        # nor its mode changed
+        assert eng.read(img, "/d/sub/planted") == b"x\n"        # the directory won, in the image

@@ -70,10 +70,15 @@ def _needed(recipe: Recipe, target: int) -> set[int]:
             try:
                 j = _stage_index(ref, names, i) if ref is not None else None
             except InvalidInput as exc:
-                raise InvalidInput(f"line {step.line}: {step.text}: {exc.message}", line=step.line) from None
+                raise InvalidInput(f"{_at(step)}: {exc.message}", line=step.line) from None
             if j is not None:
                 todo.append(j)
     return need
+
+
+def _at(step) -> str:
+    """How an error names a step: its Dockerfile line and instruction (a builder's step: no line)."""
+    return f"line {step.line}: {step.text}" if step.line else step.text
 
 
 def _stage_index(ref: str, names: dict, before: int) -> int | None:
@@ -199,7 +204,7 @@ class BuildOps:
                 raise
             # every error of a step names its line and instruction (the recipe's, not the engine's words)
             details = {**exc.details, "line": step.line}
-            raise type(exc)(f"line {step.line}: {step.text}: {exc.message}", **details) from None
+            raise type(exc)(f"{_at(step)}: {exc.message}", **details) from None
         except Exception as exc:
             emit("failed", error=str(exc))
             raise
@@ -210,7 +215,7 @@ class BuildOps:
         if base.startswith("stage:"):
             j = _stage_index(base[6:], names, si)
             if j is None or j not in results:
-                raise InvalidInput(f"line {step.line}: {step.text}: no stage {base[6:]!r} before it", line=step.line)
+                raise InvalidInput(f"{_at(step)}: no stage {base[6:]!r} before it", line=step.line)
             return finish(results[j], True, None)
         if base == "scratch":
             return finish(scratch_image(self.store, self._adopt), True, None)
@@ -257,7 +262,7 @@ class BuildOps:
             tail = rec.stderr[-STDERR_TAIL:].decode("utf-8", "replace")
             why = "timed out" if rec.timed_out else f"exit code {rec.exit_code}" if rec.signal is None \
                 else f"signal {rec.signal}"
-            raise BuildFailed(f"line {step.line}: {step.text}: {why}" + (f"\n{tail}" if tail else ""),
+            raise BuildFailed(f"{_at(step)}: {why}" + (f"\n{tail}" if tail else ""),
                               line=step.line, text=step.text, exit_code=rec.exit_code, operation=op, stderr=tail)
         return rec.image
 
@@ -291,4 +296,4 @@ class BuildOps:
         try:
             return cfg.replace(**changes)
         except TypeError as exc:
-            raise InvalidInput(f"line {step.line}: {step.text}: {exc}", line=step.line) from None
+            raise InvalidInput(f"{_at(step)}: {exc}", line=step.line) from None

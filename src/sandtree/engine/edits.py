@@ -10,6 +10,7 @@ resolves COPY destinations in the container's root), never on the host.
 from __future__ import annotations
 
 import os
+import stat
 import time
 import uuid
 
@@ -20,6 +21,15 @@ from ..store.objects import DIR
 from ..store.store import Store
 
 __all__ = ["Upper", "commit_edit"]
+
+
+def _real_dir(path: str) -> bool:
+    """A directory itself, not a symlink to one (the upper is host paths: a link made by this edit
+    from a copied symlink must never be followed on the host)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 class Upper:
@@ -47,6 +57,8 @@ class Upper:
         cur = "/"
         for i, name in enumerate(parts):
             nxt = cur.rstrip("/") + "/" + name
+            if nxt in self.made and not _real_dir(self.made[nxt]):
+                self._forget(nxt)                  # replaced by a file or link of this edit since
             if nxt not in self.made:
                 found = self.find(nxt)
                 if found is not None and found[0] != nxt:     # a symlink on the way: its target
@@ -55,7 +67,7 @@ class Upper:
                     return self.dir(found[0] + "/" + "/".join(parts[i + 1:]), mode=mode, uid=uid, gid=gid,
                                     meta=meta)
                 host = os.path.join(self.made[cur], name)
-                if not os.path.isdir(host):
+                if not _real_dir(host):            # never through a link: lstat, not isdir
                     if os.path.lexists(host):
                         os.unlink(host)                      # written by this edit: replaced by a dir
                     os.mkdir(host)
@@ -77,12 +89,18 @@ class Upper:
             raise InvalidInput(f"cannot write at {path!r}")
         parent, host_dir = self.dir("/" + "/".join(parts[:-1]))
         host = os.path.join(host_dir, parts[-1])
-        if os.path.isdir(host) and not os.path.islink(host):
+        if _real_dir(host):
             remove_tree(host)            # (made by this edit; nothing mounted under a staged dir)
         elif os.path.lexists(host):
             os.unlink(host)
-        self.made.pop(parent.rstrip("/") + "/" + parts[-1], None)
+        self._forget(parent.rstrip("/") + "/" + parts[-1])
         return parent.rstrip("/") + "/" + parts[-1], host
+
+    def _forget(self, path: str) -> None:
+        """Drop the dirs made at and under `path` (it is replaced): a later write under it must
+        make them again, never reach them through what replaced them."""
+        for p in [p for p in self.made if p == path or p.startswith(path + "/")]:
+            del self.made[p]
 
     def file(self, path: str, write, *, mode: int, uid: int, gid: int) -> str:
         """A regular file at `path`, its bytes from write(fileobj); its host path."""

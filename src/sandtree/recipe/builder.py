@@ -20,7 +20,8 @@ import stat
 
 from ..errors import InvalidInput, PathEscape
 from .steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
-from .texts import APT_INSTALL, PIP_INSTALL, argv_text, config_text, copy_text, pairs_text, run_text
+from .texts import (APT_INSTALL, PIP_INSTALL, argv_text, config_text, copy_text, dest_is_dir, expose_ports,
+                    pairs_text, run_text)
 
 __all__ = ["RecipeBuilder", "list_context", "MAX_ENTRIES", "MAX_DEPTH"]
 
@@ -177,13 +178,21 @@ class RecipeBuilder:
         return self._config("user", str(user))
 
     def entrypoint(self, argv) -> "RecipeBuilder":
-        return self._config("entrypoint", tuple(argv), argv_text("ENTRYPOINT", argv))
+        """ENTRYPOINT; as Docker, it drops the base image's CMD unless this recipe set one before."""
+        argv = tuple(argv)
+        cmd_set = any(isinstance(s, Configure) and any(k == "cmd" for k, _ in s.changes) for s in self._steps)
+        changes = (("entrypoint", argv),) + ((("cmd", None),) if not cmd_set else ())
+        return self._with(Configure(changes, argv_text("ENTRYPOINT", argv)))
 
     def cmd(self, argv) -> "RecipeBuilder":
         return self._config("cmd", tuple(argv), argv_text("CMD", argv))
 
     def expose(self, *ports) -> "RecipeBuilder":
-        ports = tuple(str(p) for p in ports)
+        """EXPOSE 8080 "53/udp" "8000-8002": each kept as N/proto (tcp by default), as a Dockerfile's."""
+        try:
+            ports = expose_ports(ports)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         return self._config("expose", ports, config_text("expose", ports))
 
     def _config(self, name: str, value, text: str | None = None) -> "RecipeBuilder":
@@ -201,7 +210,7 @@ class RecipeBuilder:
                 _, sources, dest, opts = s
                 listed = tuple(f for src in sources for f in list_context(context, src))
                 steps.append(Copy(listed, dest, copy_text(sources, dest, **opts), chown=opts["chown"],
-                                  chmod=opts["chmod"], dest_is_dir=dest.endswith("/") or len(sources) > 1))
+                                  chmod=opts["chmod"], dest_is_dir=dest_is_dir(dest, len(sources))))
             else:
                 steps.append(s)
         return Recipe((Stage(None, tuple(steps)),), context=context)

@@ -11,7 +11,7 @@ import json
 import re
 
 __all__ = ["quote_word", "pairs_text", "argv_text", "run_text", "copy_text", "APT_INSTALL", "PIP_INSTALL",
-           "config_text"]
+           "config_text", "expose_ports", "MAX_PORT_RANGE", "dest_is_dir"]
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@%+,=-]+$")
 
@@ -23,11 +23,33 @@ PIP_INSTALL = "python3 -m pip install --no-cache-dir {pkgs}"
 
 
 def quote_word(v: str) -> str:
-    """A value as ENV/LABEL write it: bare when it is plain, else in double quotes with \\ and "
-    escaped (what the parser reads back to the same value)."""
+    r"""A value as ENV/LABEL write it: bare when it is plain, else in double quotes with \, " and $
+    backslash-escaped (what the Dockerfile parser reads back to the same value: an unescaped $
+    would expand)."""
     if v and _PLAIN.match(v):
         return v
-    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+_PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp|sctp))?$", re.I)
+MAX_PORT_RANGE = 1024
+
+
+def expose_ports(ports) -> tuple[str, ...]:
+    """EXPOSE's words normalised as the Dockerfile parser does: `N/proto` each (tcp by default),
+    a range `A-B[/proto]` expanded, in order."""
+    out = []
+    for p in ports:
+        m = _PORT.match(str(p))
+        lo = int(m.group(1)) if m else 0
+        hi = int(m.group(2) or lo) if m else 0
+        if not m or not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"{p!r} is not a port (1-65535), a range, with /tcp, /udp or /sctp")
+        if hi - lo >= MAX_PORT_RANGE:
+            raise ValueError(f"{p!r}: at most {MAX_PORT_RANGE} ports in a range")
+        proto = (m.group(3) or "tcp").lower()
+        out += [f"{n}/{proto}" for n in range(lo, hi + 1)]
+    return tuple(out)
 
 
 def pairs_text(instruction: str, pairs) -> str:
@@ -58,6 +80,12 @@ def copy_text(sources, dest: str, *, from_stage: str | None = None, chown: str |
     if chmod is not None:
         flags.append(f"--chmod={chmod:04o}")
     return " ".join(["ADD" if add else "COPY", *flags, *sources, dest])
+
+
+def dest_is_dir(dest: str, nsources: int = 1) -> bool:
+    """Docker's rule: a COPY destination is a directory when it ends in `/`, is `.` or `..` or ends
+    in `/.`, or there are several sources."""
+    return dest.endswith("/") or dest in (".", "..") or dest.endswith("/.") or nsources > 1
 
 
 def config_text(field: str, value) -> str:

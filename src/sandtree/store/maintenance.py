@@ -134,6 +134,8 @@ def _gc(store: Store, retention: float, grace: float, now: float) -> dict:
         keep &= set(images)
         doomed = [i for i in images if i not in keep]
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
+        # build cache rows of removed images (a lookup skips them anyway: engine/buildcache.py)
+        con.execute("DELETE FROM build_cache WHERE image NOT IN (SELECT id FROM images)")
         store.forget_images()
         trees, blobs = reachable(store, keep)
         for (files,) in con.execute("SELECT files FROM file_sets"):       # reusable uploaded sets
