@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 
 import pytest
 
@@ -236,3 +237,28 @@ def test_dockerignore_applies_to_copy(ctx):
     assert paths(bc.select(["logs"])) == ["logs", "logs/keep.log"]
     with pytest.raises(InvalidInput, match="matches nothing"):
         bc.select(["a.txt", "*.md"])                            # an ignored file is not there for globs
+
+
+def test_an_unreadable_entry_is_a_clear_error():
+    import shutil
+    import subprocess
+    import tempfile
+    # as an unprivileged user (root reads anything), in a directory that user may enter
+    top = tempfile.mkdtemp(prefix="sandtree-ctx-")
+    try:
+        os.chmod(top, 0o755)
+        write(top, "src/ok.txt", b"ok")
+        os.makedirs(os.path.join(top, "src", "closed"))
+        os.chmod(os.path.join(top, "src", "closed"), 0)
+        code = ("import sys; sys.path.insert(0, %r)\n"
+                "from sandtree.recipe.context import BuildContext\n"
+                "from sandtree.errors import InvalidInput\n"
+                "try:\n    BuildContext(%r).select(['src'], line=3)\n"
+                "except InvalidInput as e:\n    print(e.message)\n") % (
+            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src")), top)
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                            sys.executable, "-c", code], capture_output=True, text=True)
+        assert r.stdout.strip() == "line 3: cannot read the build context: Permission denied (src/closed)", \
+            r.stdout + r.stderr
+    finally:
+        shutil.rmtree(top)            # a plain tree this test made (no mounts)

@@ -161,6 +161,12 @@ class BuildContext:
                     roots.append(rel)
                     out += self._root_entries(root_fd, rel, src, budget)
             return tuple(out)
+        except OSError as e:       # unreadable, or changed under the walk (a dir swapped for a link)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise InvalidInput(f"{where(line)}cannot read the build context: {e.strerror}"
+                               + (f" ({e.filename})" if e.filename else ""),
+                               line=line) from None
         finally:
             os.close(root_fd)
 
@@ -261,7 +267,10 @@ class BuildContext:
                 continue
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, path) from None     # named in the context
                 try:
                     below = self._walk(sub, path + "/", depth + 1, budget)
                 finally:
@@ -293,7 +302,10 @@ class BuildContext:
                                  "directory or symlink (device nodes, FIFOs and sockets are never copied)",
                                  line=line, path=path)
         budget.take(st.st_size)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from None
         try:
             fst = os.fstat(fd)
             if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(fst.st_mode):
