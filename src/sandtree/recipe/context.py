@@ -126,17 +126,20 @@ class BuildContext:
     def is_archive(self, rel: str) -> bool:
         """Is the context file `rel` (as `select` returned it) a tar, plain or gzip/bzip2/xz
         compressed? Docker decides ADD's unpacking by content, not by name: so does this."""
-        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fd = _open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        finally:
-            os.close(root_fd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
-            head = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = _open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            finally:
+                os.close(root_fd)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return False
+                head = os.read(fd, 1 << 16)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise InvalidInput(f"cannot read {rel!r} in the build context: {e.strerror}", path=rel) from None
         return _tar_header(head)
 
     # ---- selection ---------------------------------------------------------------------------------
