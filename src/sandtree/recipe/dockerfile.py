@@ -275,7 +275,10 @@ class _Parser:
             raise _fail(ln, f"{len(roots)} sources need a destination ending in /")
         unpack = False
         if ln.instruction == "ADD":
-            archives = [r for r in roots if r.kind == "file" and self.context.is_archive(r.path)]
+            try:
+                archives = [r for r in roots if r.kind == "file" and self.context.is_archive(r.path)]
+            except InvalidInput as e:
+                raise _fail(ln, e.message) from None
             if archives and len(archives) != len(roots):
                 raise _fail(ln, "mixes tar archives (which ADD unpacks) with other sources: one ADD per archive")
             unpack = bool(archives)
