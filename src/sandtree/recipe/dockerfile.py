@@ -178,8 +178,8 @@ class _Parser:
             raise _fail(ln, "needs a name (ARG NAME[=DEFAULT])")
         scope = self.stages[-1].scope() if self.stages else \
             {k: v for k, v in self.global_args.items() if v is not None}
-        for word in split_words(ln.rest, self.escape, ln.number):
-            name, eq, default = word.partition("=")
+        for decl in split_words(ln.rest, self.escape, ln.number):
+            name, eq, default = decl.partition("=")
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise _fail(ln, f"bad argument name {name!r}")
             value = expand(default, scope, self.escape, ln.number) if eq else None
