@@ -95,9 +95,9 @@ class _Parser:
         """Leading --name=value flags (only `allowed`) and the rest of the line."""
         out, rest = {}, ln.rest
         while rest.startswith("--"):
-            word, _, rest = rest.partition(" ")
-            rest = rest.lstrip()
-            name, eq, value = word[2:].partition("=")
+            flag, *more = re.split(r"[ \t]", rest, maxsplit=1)
+            rest = more[0].lstrip() if more else ""
+            name, eq, value = flag[2:].partition("=")
             if name not in allowed:
                 raise _fail(ln, f"the flag --{name} is not supported" +
                             (f" (supported: {', '.join('--' + a for a in allowed)})" if allowed else ""))
