@@ -52,3 +52,16 @@ def test_remote_build_says_why_not(sdk, rootfs, ctx):
         assert sdk.engine.__class__.__name__ == "RemoteEngine"
         return
     assert sdk.engine.__class__.__name__ == "Engine" and img.id
+
+
+def test_pool_of_a_recipe(st, rootfs):
+    base = st.import_image(rootfs)
+    r = st.recipe(base, context=None).workdir("/tmp").env(POOLED="yes")
+    stats = st.pool(r, size=1, wait=True)
+    try:
+        img = st.build(r).image
+        assert stats["image"] == img and stats["ready"] == 1
+        res = st.image(img).run("pwd; echo $POOLED", disposable=True)
+        assert res.usage.get("pool") is True and res.stdout.split() == [b"/tmp", b"yes"]
+    finally:
+        st.pool(img, size=0)

@@ -115,3 +115,35 @@ def test_sdk_run_and_start_default_to_the_image(st, rootfs):
         assert sb.exec("pwd").stdout.strip() == b"/etc"
     finally:
         sb.stop()
+
+
+def test_fork_and_map_take_the_config(st, rootfs):
+    base = st.import_image(rootfs)
+    img = st.engine.configure(base.id, ImageConfig(cwd="/etc", user="1000", env={"X": "forked"}))
+    recs = st.engine.fork(img, ["pwd; id -u; echo $X", ["/bin/sh", "-c", "pwd"]])
+    assert recs[0].stdout.split() == [b"/etc", b"1000", b"forked"] and recs[1].stdout.strip() == b"/etc"
+    results = st.map(img, ["pwd", "id -u"])
+    assert [r.stdout.strip() for r in results] == [b"/etc", b"1000"]
+
+
+def test_a_tenant_configures_what_it_sees_and_may_not_build(tmp_path, rootfs):
+    """image_config reads and configure makes an image from one the tenant sees (the result is
+    then the tenant's, tagged in its namespace); build is admin-only for now."""
+    from sandtree.engine import Engine, Recipe, Stage, From
+    from sandtree.errors import Forbidden, ImageNotFound
+    from sandtree.tenancy.tenant import Tenant
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        alice = eng.as_tenant(Tenant("alice", token="t-alice"))
+        bob = eng.as_tenant(Tenant("bob", token="t-bob"))
+        img = alice.import_path(rootfs)
+        made = alice.configure(img, ImageConfig(cwd="/tmp"), tag="mine")
+        assert alice.resolve("mine") == made and alice.image_config(made).cwd == "/tmp"
+        assert alice.run(made, "pwd", disposable=True).stdout.strip() == b"/tmp"
+        for call in (lambda: bob.image_config(made), lambda: bob.configure(img, ImageConfig())):
+            with pytest.raises(ImageNotFound):
+                call()                                 # not bob's to see
+        with pytest.raises(Forbidden):
+            alice.build(Recipe((Stage(None, (From(img, "FROM x"),)),)))
+    finally:
+        eng.close()

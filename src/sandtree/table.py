@@ -214,7 +214,7 @@ _BUILD_LOCAL = "in-process for now: a recipe's context is a directory of this ma
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
-@op("run", images=("ref",), audit="configure", local=_BUILD_LOCAL)
+@op("import", images=("ref",), audit="configure", local=_BUILD_LOCAL)   # makes an image, runs nothing
 def configure(ref: str, config, *, tag: str | None = None) -> str:
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
 

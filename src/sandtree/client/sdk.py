@@ -145,7 +145,11 @@ class Sandtree:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
         it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
-        sandboxes (only runs asking for the same one use them). Returns its stats."""
+        sandboxes (only runs asking for the same one use them). Returns its stats. `image` may be
+        a recipe (st.recipe(...) or a Recipe): it is built first (unchanged: cache hits) and the
+        pool is of the image it gives."""
+        if callable(getattr(image, "recipe", None)) or hasattr(image, "stages"):
+            image = self.build(image).image
         stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
                                          cpus=cpus, disk=disk, output=output, hostname=hostname, network=network)
         if wait:

@@ -129,20 +129,22 @@ def _unpack(up: Upper, fd: int, f: ContextFile, dest: str, uid: int, gid: int, s
     """ADD of a local tar: its members under dest (the archive's bytes verified first; members
     extracted by the importer's bounded, path-checked extractor into a scratch dir, then copied
     with the step's ownership)."""
-    buf = io.BytesIO()
-    _copy_verified(fd, buf, f.sha256, f.path)
-    buf.seek(0)
     scratch = up.store.layers.stage("unpack")
     try:
+        archive = os.path.join(scratch, "archive")          # (on disk, not in memory: it may be large)
+        with open(archive, "xb") as out:
+            _copy_verified(fd, out, f.sha256, f.path)
+        tree = os.path.join(scratch, "tree")
+        os.mkdir(tree)
         budget = importers.ImportBudget()
-        budget.source(len(buf.getbuffer()))
+        budget.source(os.path.getsize(archive))
         try:
-            with importers.open_tar_stream(io.BufferedReader(buf), budget) as t:
-                importers.extract_tar(t, scratch, chown=False, budget=budget)
+            with open(archive, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
+                importers.extract_tar(t, tree, chown=False, budget=budget)
         except tarfile.TarError as exc:
             raise InvalidInput(f"line {step.line}: {f.path} is not a tar archive ({exc})", line=step.line) from None
         up.dir(dest, uid=uid, gid=gid)
-        _copy_host_tree(up, scratch, dest, uid, gid, step.chmod)
+        _copy_host_tree(up, tree, dest, uid, gid, step.chmod)
     finally:
         remove_tree(scratch)
 
