@@ -41,9 +41,15 @@ def _watched(args) -> bool:
     return not args.json and sys.stderr.isatty()
 
 
-def _rich():
+def rich_modules():
+    """rich's console, live, progress and text modules."""
     # rich costs ~40 ms to import: loaded only when a person watches a terminal
-    from rich import console, progress
+    from rich import console, live, progress, text
+    return console, live, progress, text
+
+
+def _rich():
+    console, _, progress, _ = rich_modules()
     return console, progress
 
 

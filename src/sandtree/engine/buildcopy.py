@@ -80,6 +80,8 @@ def copy_context(up: Upper, context: str, step: Copy, dest: str, uid: int, gid: 
     try:
         for f, rel, is_root in placements(step.sources):
             target = _target(dest, rel, is_root, f.kind, step.dest_is_dir)
+            if step.unpack and is_root and f.kind == "file":
+                target = dest                  # ADD's tar: its members land under DEST, not DEST/NAME
             mode = step.chmod if step.chmod is not None else f.mode
             if f.kind == "dir":
                 if rel:
