@@ -10,7 +10,10 @@ and rows.py (the remote client loads it)."""
 from __future__ import annotations
 
 from . import defaults as D
-from .rows import OPS, Http, Op, op
+from . import rows
+
+# What a row is (rows.py), named here too: the table's readers know one module.
+Http, Op, OPS, op = rows.Http, rows.Op, rows.OPS, rows.op
 
 __all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
 
