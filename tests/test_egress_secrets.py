@@ -788,9 +788,10 @@ def test_added_latency_per_https_request(env):
           f"(+{via_keep - direct_keep:.3f}); new connection p50: direct {direct_new:.3f} ms, "
           f"intercepted {via_new:.3f} ms (+{via_new - direct_new:.3f})")
     assert _hdr(_last(env), "Authorization") == [f"Bearer {TOKEN}"]
-    # generous bounds (2 shared cores): they catch a stall (a Nagle/ack delay is 40 ms), not noise
-    assert via_keep - direct_keep < 5
-    assert via_new - direct_new < 20
+    # Not a performance target (make bench measures that): a guard against the delayed-ACK stall
+    # (Nagle on a relayed socket: 40 ms on every kept-alive request), far from load's noise.
+    assert via_keep - direct_keep < 30
+    assert via_new - direct_new < 60
 
 
 def test_masking_cost_and_download_throughput(env):

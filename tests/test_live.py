@@ -541,11 +541,10 @@ def test_resume_fits_a_sandbox_near_its_limits(tmp_path, rootfs):
     st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
     sb = st.import_image(rootfs).start(pids=32)
     try:
-        cg = st._engine.sandboxes._row(sb.id)["handle"].cg()
-        while len(cg.pids()) < 29:               # (room left for one exec's own processes)
+        n = 0
+        while n < 25:                            # 25 of 32, room left for one exec's own processes
             assert sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"]).ok
-        n = len(sb.exec(["pidof", "sleep"]).stdout.split())
-        assert n >= 25
+            n = len(sb.exec(["pidof", "sleep"]).stdout.split())
         sb.hibernate()
         assert sb.resume()["state"] == "running"
         assert len(sb.exec(["pidof", "sleep"]).stdout.split()) == n
