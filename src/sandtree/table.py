@@ -315,6 +315,15 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
+@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
+                build_network=None, progress=None, hostname: str = D.HOSTNAME, timeout: float | None = None,
+                memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
+                network=None) -> dict:
+    """Build a Recipe (cache hits when unchanged) and keep a pool of its result under `tag`; a new ID rolls the pool over.
+    tag: the pool's tag (default pool/<hash of the recipe's steps>); it moves once the new pool is full
+    build_network: the policy of RUN steps that name none; network: the pooled sandboxes' policy"""
+
 # ---- lineage ----------------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
 def parents(image: str) -> list[dict]:

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
-from ..errors import RuntimeUnavailable
+from ..errors import InvalidInput, RuntimeUnavailable
 from .inputs import files_arg
 from .objects import Branch, Image, MergeResult, RunResult, Sandbox
 from .remote import RemoteEngine
@@ -141,15 +141,24 @@ class Sandtree:
 
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-             hostname: str = D.HOSTNAME, wait: bool = False, network=None) -> dict:
+             hostname: str = D.HOSTNAME, wait: bool = False, network=None, tag: str | None = None,
+             build_network=None) -> dict:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
         it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
-        sandboxes (only runs asking for the same one use them). Returns its stats. `image` may be
-        a recipe (st.recipe(...) or a Recipe): it is built first (unchanged: cache hits) and the
-        pool is of the image it gives."""
+        sandboxes (only runs asking for the same one use them). Returns its stats.
+        `image` may be a recipe (st.recipe(...) or a Recipe): it is built (unchanged: cache hits),
+        its result tagged `tag` (default pool/<hash of its steps>) and pooled; called again after a
+        change that gives another ID, the pool rolls over: the new one fills while runs on the tag
+        keep using the old, then the tag moves and the old pool drains (stats: previous,
+        rolled_over seconds). build_network: the policy of the recipe's RUN steps naming none."""
         if callable(getattr(image, "recipe", None)) or hasattr(image, "stages"):
-            image = self.build(image).image
+            recipe = image.recipe() if callable(getattr(image, "recipe", None)) else image
+            return self._engine.pool_recipe(recipe, size, tag=tag, wait=wait, build_network=build_network,
+                                            timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk,
+                                            output=output, hostname=hostname, network=network)
+        if tag is not None or build_network is not None:
+            raise InvalidInput("tag= and build_network= are for a pool of a recipe")
         stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
                                          cpus=cpus, disk=disk, output=output, hostname=hostname, network=network)
         if wait:
