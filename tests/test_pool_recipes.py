@@ -35,10 +35,6 @@ def ctx(tmp_path):
     return d
 
 
-def recipe_of(st, ctx):
-    return dockerfile_recipe(st.engine, str(ctx))
-
-
 def alive(pid: int, start: int) -> bool:
     """The process (pid, start time) still runs (a zombie has ended: only its exit status is left)."""
     try:
@@ -51,7 +47,7 @@ def alive(pid: int, start: int) -> bool:
 
 def test_a_pool_from_a_dockerfile_serves_runs_warm(st, rootfs, ctx):
     st.import_image(rootfs, tag="bb")
-    stats = st.pool(recipe_of(st, ctx), size=2, tag="app", wait=True)
+    stats = st.pool(st.dockerfile(str(ctx)), size=2, tag="app", wait=True)
     try:
         assert stats["tag"] == "app" and stats["ready"] == 2 and stats["previous"] is None, stats
         assert st.image("app").id == stats["image"]
@@ -72,7 +68,7 @@ def test_a_pool_from_a_dockerfile_serves_runs_warm(st, rootfs, ctx):
         assert served == 8
         print(f"\nrun latency p50: plain {statistics.median(plain) * 1000:.1f} ms, "
               f"from a recipe pool {statistics.median(pooled) * 1000:.1f} ms")
-        again = st.pool(recipe_of(st, ctx), size=2, tag="app")                  # unchanged: all cached, no roll
+        again = st.pool(st.dockerfile(str(ctx)), size=2, tag="app")                  # unchanged: all cached, no roll
         assert again["image"] == stats["image"] and again["previous"] is None and again["cached"] == again["steps"]
     finally:
         st.pool("app", size=0)
@@ -85,7 +81,7 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
         t = time.perf_counter()
         st.image("bb").run("cat /etc/greeting", disposable=True)
         cold.append(time.perf_counter() - t)
-    first = st.pool(recipe_of(st, ctx), size=2, tag="app", wait=True)
+    first = st.pool(st.dockerfile(str(ctx)), size=2, tag="app", wait=True)
     old = first["image"]
     handles = []                                      # every sandbox the old pool holds or hands out
     runs, errors, stop = [], [], threading.Event()
@@ -116,7 +112,7 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
         handles.extend(h for h, _ in list(old_pool.ready))
         (ctx / "app.txt").write_text("v2\n")
         t_roll = time.perf_counter()
-        second = st.pool(recipe_of(st, ctx), size=2, tag="app")
+        second = st.pool(st.dockerfile(str(ctx)), size=2, tag="app")
         t_done = time.perf_counter()
         time.sleep(0.5)
     finally:
@@ -152,6 +148,9 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
         with open("/proc/self/mountinfo") as f:
             assert st.home not in f.read()
         pooled = sum(1 for *_, p in runs if p)
+        slow = sorted(runs, key=lambda x: x[0] - x[1])[:4]
+        print("\nslowest:", [(round((e - s) * 1000, 1), round((s - t_roll) * 1000, 1), p) for s, e, *_, p in slow],
+              f"roll call {(t_done - t_roll) * 1000:.1f} ms")
         print(f"\nroll-over: build {second['build_seconds'] * 1000:.1f} ms, new pool filled + tag moved + old "
               f"drained {second['rolled_over'] * 1000:.1f} ms; {len(runs)} runs back to back, {pooled} pooled, "
               f"worst {worst * 1000:.1f} ms (cold max {max(cold[1:]) * 1000:.1f} ms)")
@@ -161,16 +160,16 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
 
 def test_a_failed_rebuild_keeps_the_pool_and_the_tag(st, rootfs, ctx):
     st.import_image(rootfs, tag="bb")
-    first = st.pool(recipe_of(st, ctx), size=1, tag="app", wait=True)
+    first = st.pool(st.dockerfile(str(ctx)), size=1, tag="app", wait=True)
     try:
         (ctx / "Dockerfile").write_text(DOCKERFILE + "RUN exit 3\n")
         with pytest.raises(Exception) as got:
-            st.pool(recipe_of(st, ctx), size=1, tag="app")
+            st.pool(st.dockerfile(str(ctx)), size=1, tag="app")
         assert "exit code 3" in str(got.value)
         assert st.image("app").id == first["image"] and st.engine.pools.get(first["image"]) is not None
         assert st.image("app").run("cat /app.txt", disposable=True).usage.get("pool") is True
         with pytest.raises(InvalidInput):
-            st.pool(recipe_of(st, ctx), size=1, tag="not a tag")
+            st.pool(st.dockerfile(str(ctx)), size=1, tag="not a tag")
         with pytest.raises(InvalidInput):
             st.pool("bb", size=1, tag="x")                          # tag= is for a recipe
     finally:
@@ -289,3 +288,25 @@ def test_a_networked_recipe_pool_keeps_its_policy(neteng, ctx):
         assert not eng.run("netapp", "true", disposable=True).usage.get("pool")     # no policy: not this pool
     finally:
         eng.pool_remove("netapp")
+
+
+def test_a_pool_removed_under_a_run_lets_it_finish(st, rootfs):
+    """A pooled sandbox dies with the thread that started it (PDEATHSIG): a closed pool's filler
+    thread waits for the runs holding its sandboxes, then stops them."""
+    img = st.import_image(rootfs)
+    st.pool(img, size=1, wait=True)
+    pool = st.engine.pools.get(img.id)
+    got = {}
+    th = threading.Thread(target=lambda: got.update(r=img.run("sleep 0.5; echo done", disposable=True)))
+    th.start()
+    end = time.monotonic() + 5
+    while pool.out == 0 and time.monotonic() < end:
+        time.sleep(0.005)
+    assert pool.out == 1
+    t = time.perf_counter()
+    st.engine.pool_remove(img.id)                     # waits for the run: the pool drains
+    assert time.perf_counter() - t >= 0.2
+    th.join()
+    r = got["r"]
+    assert r.exit_code == 0 and r.stdout == b"done\n" and r.usage.get("pool") is True
+    assert pool.thread_done and not pool.thread.is_alive() and st.pools() == []

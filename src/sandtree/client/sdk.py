@@ -34,9 +34,9 @@ class Sandtree:
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
         # here so that `import sandtree` and a connect()ed client never load them. (The Python
         # builder comes with it: builds are in-process until REST builds exist.)
-        from ..engine import Engine, RecipeBuilder
+        from ..engine import Engine, RecipeBuilder, dockerfile_recipe
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
-        self._builder = RecipeBuilder
+        self._builder, self._dockerfile = RecipeBuilder, dockerfile_recipe
 
     @property
     def engine(self):
@@ -91,6 +91,17 @@ class Sandtree:
                                      "machine (REST builds with a context tar come later)")
         ref = base.id if isinstance(base, Image) else base
         return builder(ref, context, build=lambda recipe, **kw: Image(self, self._engine.build(recipe, **kw).image))
+
+    def dockerfile(self, context: str | None = ".", *, file: str | None = None, text: str | None = None,
+                   build_args: dict | None = None, target: str | None = None, network=None):
+        """A Dockerfile as a Recipe for st.build or st.pool: `file` (default CONTEXT/Dockerfile) or
+        `text`, read and its context listed and hashed now (call it again after a change)."""
+        parse = getattr(self, "_dockerfile", None)
+        if parse is None:
+            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
+                                     "machine (REST builds with a context tar come later)")
+        return parse(self._engine, context, dockerfile=file, text=text, build_args=build_args, target=target,
+                     network=network)
 
     def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
               progress: Callable[[dict], None] | None = None):

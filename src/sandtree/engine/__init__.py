@@ -2,6 +2,7 @@
 
 from .builds import BuildResult, StepResult
 from .core import Engine
+from .dockerfiles import dockerfile_recipe
 from ..recipe.builder import RecipeBuilder
 from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
 from ..store.imageconfig import ImageConfig
@@ -10,4 +11,4 @@ from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, parse_size
 
 __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size", "BuildResult", "StepResult",
-           "RecipeBuilder", "Recipe", "Stage", "From", "Run", "Copy", "Configure", "ContextFile", "ImageConfig"]
+           "RecipeBuilder", "dockerfile_recipe", "Recipe", "Stage", "From", "Run", "Copy", "Configure", "ContextFile", "ImageConfig"]

@@ -247,8 +247,10 @@ class Pools:
         with self.lock:
             old = self.by_image.pop(source, None)
             self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress)
+            if old is not None:
+                self.draining.append(old)           # runs in it finish; joined at close
         if old is not None:
-            old.close()
+            old.close(wait=False)
         return self.by_image[source].stats()
 
     def get(self, image: str) -> Pool | None:
