@@ -225,7 +225,7 @@ def test_serve_pool_dockerfile_over_rest(tmp_path, rootfs, ctx):
         tag = "pool/ctx/Dockerfile"
         with httpx.Client(base_url=url, timeout=60) as c:
             pools = c.get("/api/v1/pools").json()
-            assert len(pools) == 1 and pools[0]["size"] == 2, pools
+            assert len(pools) == 1 and pools[0]["size"] == 2 and pools[0]["tag"] == tag, pools
             first = pools[0]["image"]
             for _ in range(3):
                 r = c.post("/api/v1/runs", json={"image": tag, "command": "cat /app.txt", "disposable": True})

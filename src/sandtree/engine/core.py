@@ -151,7 +151,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return next((p for p in self.pools.list() if p["image"] == stats["image"]), stats)
 
     def pool_list(self) -> list[dict]:
-        return self.pools.list() if self._pools is not None else []
+        if self._pools is None:
+            return []
+        tags = {i: t for t, i in self._recipe_pools.by_tag.items()} if self._recipe_pools is not None else {}
+        return [{**p, "tag": tags[p["image"]]} if p["image"] in tags else p for p in self.pools.list()]
 
     def pool_wait(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
         return self.pools.wait_ready(ref, timeout)
