@@ -16,9 +16,10 @@ from typing import Callable
 from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
-from ..errors import RuntimeUnavailable
 from .inputs import files_arg
 from .objects import Branch, Image, MergeResult, RunResult, Sandbox
+from ..recipe.builder import RecipeBuilder
+from .recipes import build_remote
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]
@@ -32,11 +33,9 @@ class Sandtree:
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
-        # here so that `import sandtree` and a connect()ed client never load them. (The Python
-        # builder comes with it: builds are in-process until REST builds exist.)
-        from ..engine import Engine, RecipeBuilder
+        # here so that `import sandtree` and a connect()ed client never load them.
+        from ..engine import Engine
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
-        self._builder = RecipeBuilder
 
     @property
     def engine(self):
@@ -85,12 +84,8 @@ class Sandtree:
         """A Python recipe on `base` ("scratch", an image or ref, "docker://REF"): immutable,
         chainable, lazy; `.build(tag=...)` builds it here and returns the Image. Each method is one
         step with the text the same Dockerfile instruction has (same steps, same ID, same cache)."""
-        builder = getattr(self, "_builder", None)
-        if builder is None:
-            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
-                                     "machine (REST builds with a context tar come later)")
         ref = base.id if isinstance(base, Image) else base
-        return builder(ref, context, build=lambda recipe, **kw: Image(self, self._engine.build(recipe, **kw).image))
+        return RecipeBuilder(ref, context, build=lambda recipe, **kw: Image(self, self.build(recipe, **kw).image))
 
     def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
               progress: Callable[[dict], None] | None = None):
@@ -98,8 +93,22 @@ class Sandtree:
         the BuildResult: .image (the ID) and .steps (index, stage, text, line, cached, image,
         seconds, operation). progress(event) gets {step, total, text, status, output?}."""
         recipe = recipe.recipe() if hasattr(recipe, "recipe") and callable(recipe.recipe) else recipe
+        if isinstance(self._engine, RemoteEngine):      # sent as the Dockerfile it is, with its context
+            return build_remote(self._engine, recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
+                                network=network, progress=progress)
         return self._engine.build(recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
                                   network=network, progress=progress)
+
+    def build_context(self, context: str | None = ".", *, dockerfile: str = "Dockerfile", text: str | None = None,
+                      tag: str | None = None, build_args: dict | None = None, target: str | None = None,
+                      network=None, no_cache: bool = False, no_cache_filter=(),
+                      progress: Callable[[dict], None] | None = None):
+        """Build a Dockerfile (`text`, or the file `dockerfile` in the context) with a build
+        context (a directory or a tar; through connect() it is sent to the server as a tar); the
+        BuildResult. progress(event) as for build."""
+        return self._engine.build_context(context, dockerfile=dockerfile, text=text, tag=tag, build_args=build_args,
+                                          target=target, network=network, no_cache=no_cache,
+                                          no_cache_filter=no_cache_filter, progress=progress)
 
     def tag(self, image: "Image | str", name: str) -> "Image":
         image_id = self._id(image)
