@@ -18,7 +18,7 @@ import io
 import os
 import stat
 
-from ..errors import BadArchive, InvalidInput
+from ..errors import BadArchive, InvalidInput, TooLarge
 from ..recipe.context import MAX_BYTES, MAX_DEPTH, MAX_ENTRIES, BuildContext
 from ..recipe.lexer import MAX_TEXT_BYTES
 from ..store import importers
@@ -59,7 +59,7 @@ def unpacked_context(store, context: str | None, limits: importers.ImportLimits 
         with open(context, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
             try:
                 importers.extract_tar(t, root, chown=False, budget=budget)
-            except (BadArchive, InvalidInput) as exc:
+            except (BadArchive, InvalidInput, TooLarge) as exc:
                 raise type(exc)(f"build context: {exc.message}", **exc.details) from None
         yield root
     finally:

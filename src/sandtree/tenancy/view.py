@@ -289,13 +289,10 @@ class TenantView(TenantSight):
         return self._building(tag, lambda: self.engine.build_as(
             recipe, self, no_cache=no_cache, no_cache_filter=no_cache_filter, network=network, progress=progress))
 
-    def build_context(self, context, *, dockerfile: str = "Dockerfile", text: str | None = None,
-                      tag: str | None = None, build_args: dict | None = None, target: str | None = None,
-                      network=None, no_cache: bool = False, no_cache_filter=(), progress=None):
-        # rule: as build's (the context is what the adapter was sent: a server never takes a path)
-        return self._building(tag, lambda: self.engine.build_context_as(
-            self, context, dockerfile=dockerfile, text=text, build_args=build_args, target=target,
-            network=network, no_cache=no_cache, no_cache_filter=no_cache_filter, progress=progress))
+    def build_context(self, context, **options):     # rule: as build's (signature: the table's row)
+        # (the context is what the adapter was sent: a server never takes a path from a tenant)
+        tag = options.pop("tag", None)
+        return self._building(tag, lambda: self.engine.build_context_as(self, context, **options))
 
     def _building(self, tag, go):
         if tag is not None:
