@@ -306,3 +306,20 @@ def test_a_networked_step_beyond_the_grant_is_refused_with_403(srv, ctx):
     assert status == 403 and "line 2" in err["message"], err
     assert len(b.get("/operations", params={"limit": 1000}).json()) == ops     # nothing ran
     assert [x for x in b.get("/audit").json() if x["action"] == "build" and x.get("error") == "forbidden"]
+
+
+def test_a_context_over_the_tenants_upload_cap_is_refused(srv):
+    """The context tar is an upload: the tenant's max_upload bounds it while it streams (413)."""
+    t = token(srv["home"], "small", "--max-upload", "4K")
+    with httpx.Client(base_url=srv["url"] + "/api/v1", timeout=60, headers={"Authorization": f"Bearer {t}"}) as c:
+        big = tar_of([({"name": "big.bin", "mode": 0o644}, b"x" * 64 * 1024)])
+        status, err = post_build(c, big, text="FROM scratch\nCOPY big.bin /\n")
+        assert status == 413 and err["error"] == "too_large", err
+
+        def chunks():                            # no Content-Length: refused while streaming
+            yield big[:2048]
+            yield big[2048:]
+        with c.stream("POST", "/builds", params={"text": "FROM scratch\nCOPY big.bin /\n"}, content=chunks()) as r:
+            r.read()
+            assert r.status_code == 413, r.text
+        assert not [n for n in os.listdir(os.path.join(srv["home"], "tmp")) if n.startswith("upload-")]
