@@ -2,7 +2,7 @@
 context tar streams the steps as Server-Sent Events and gives the in-process build's image ID; the
 remote SDK, the CLI with --server and the MCP `build` tool reach the same build; malicious context
 tars are refused with nothing built; tenants get only the cache hits they may (a RUN's private result
-never, a COPY's when they could have made it), their network grant bounds RUN steps (403), and
+unless they see it: their own or shared ones), their network grant bounds RUN steps (403), and
 builds are audited."""
 
 from __future__ import annotations
@@ -277,12 +277,15 @@ def test_tenants_share_only_the_cache_hits_they_may(srv, ctx):
     alice = ev[-1][1]
     assert [s["cached"] for s in alice["steps"]] == [True, False, False]
     alice_key = a.get("/images/keyed/read", params={"path": "/key"}).content
-    # Bob, the same inputs: Alice's COPY result he could have made himself (a hit); her RUN's result
-    # holds what her run generated (a key): not his, so his RUN runs again and makes his own
+    # Bob, the same inputs: none of Alice's private results is his hit (a COPY hit would tell him she
+    # copied exactly these bytes there; her RUN's result holds the key her run made). His steps run:
+    # the COPY converges on the same image (now his too), the RUN makes his own key
     _, ev = post_build(b, body, text=df, tag="keyed")
     bob = ev[-1][1]
-    assert [s["cached"] for s in bob["steps"]] == [True, True, False]
+    assert [s["cached"] for s in bob["steps"]] == [True, False, False]
     assert bob["steps"][1]["image"] == alice["steps"][1]["image"]
+    _, ev = post_build(b, body, text=df)
+    assert [s["cached"] for s in ev[-1][1]["steps"]] == [True, True, True]   # his own results: his hits
     assert bob["image"] != alice["image"]
     assert b.get("/images/keyed/read", params={"path": "/key"}).content != alice_key
     assert b.get(f"/images/{alice['image']}").status_code == 404          # hers stays hers

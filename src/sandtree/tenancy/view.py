@@ -315,19 +315,13 @@ class TenantView(TenantSight):
             self.tenancy.sync_run(self.tenant.name, -1)
 
     def build_hit(self, image: str, kind: str) -> bool:
-        """Whether this tenant's build may use a cached step result. Rule: one it sees; or, for a
-        COPY or config step, one it could have made itself: the engine computes those from the
-        parent image, the copied files' bytes and the step alone, and every one of those inputs is
-        this tenant's to see (its own build's images, files it sent, images it resolved); it then
-        owns it. A RUN's result may hold what that run generated (a key, a token, a timestamp) and
-        a pulled FROM what a registry answered another tenant's credentials: those only when
-        visible, else the step runs again for this tenant (a deterministic step: the same ID)."""
-        if self._visible(image):
-            return True
-        if kind in ("copy", "configure"):
-            self._own(image)
-            return True
-        return False
+        """Whether this tenant's build may use a cached step result. Rule: only one it sees (its
+        own, or shared). Not one it merely could have made (a COPY of bytes it sent onto a parent it
+        sees): the hit itself would tell it that another tenant built exactly those bytes there, an
+        oracle for guessed file contents, as deduplication side channels are; and a RUN's result
+        may hold what that run generated (a key, a token). The step runs again for this tenant
+        instead: a deterministic step converges on the same image ID, now its own too."""
+        return self._visible(image)
 
     def build_run_options(self) -> dict:
         """A RUN step's resources: this tenant's caps (a build asks none of its own)."""
