@@ -326,3 +326,35 @@ def test_a_context_over_the_tenants_upload_cap_is_refused(srv):
             r.read()
             assert r.status_code == 413, r.text
         assert not [n for n in os.listdir(os.path.join(srv["home"], "tmp")) if n.startswith("upload-")]
+
+
+def test_the_embedded_mcp_build_tool_takes_a_file_set(tmp_path, rootfs, ctx):
+    """`sandtree mcp` on its own store (stdio): rsync makes a file set of the context, `build` takes
+    it as directory_state_id; the image (and every step) is the in-process build's of the directory."""
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", str(tmp_path / "h"),
+                                                                 "mcp"], env=dict(os.environ))
+
+    def data(result):
+        assert not result.is_error, result.content
+        if result.structured_content is not None and "result" in result.structured_content:
+            return result.structured_content["result"]
+        return json.loads(result.content[0].text)
+
+    async def main():
+        async with Client(params) as c:
+            data(await c.call_tool("import_image", {"source": rootfs, "tag": "base"}))
+            fs = data(await c.call_tool("rsync", {"source": str(ctx), "destination": "/"}))
+            res = data(await c.call_tool("build", {"dockerfile": DOCKERFILE,
+                                                   "directory_state_id": fs["directory_state_id"]}))
+            assert [s["cached"] for s in res["steps"]][1:] == [False] * 5
+            return res["image"]
+    image = asyncio.run(main())
+    local = sandtree.Sandtree(str(tmp_path / "h"), warm=0)
+    try:
+        assert local.image(image).read("/app/out.txt") == b"hello\ninner\nbuilt\n"
+        same = local.build_context(str(ctx))                  # the context directory itself, in process
+        assert same.image == image and all(s.cached for s in same.steps)
+    finally:
+        local.close()
