@@ -201,8 +201,8 @@ def test_the_remote_sdk_builds_dockerfiles_and_recipes(srv, ctx, tmp_path):
         assert res.image == st.image("app").id and all(s.cached for s in res.steps)
         assert events and events[-1]["status"] == "cached"
         # the Python builder: its steps travel as the Dockerfile they are, with the files they list
-        recipe = st.recipe("base", context=str(ctx)).workdir("/app").copy("hello.txt", "/app/").copy("sub", "/app/sub") \
-            .run("cat hello.txt sub/inner.txt > out.txt").env(GREETING="hi")
+        recipe = st.recipe("base", context=str(ctx)).workdir("/app").copy("hello.txt", "/app/") \
+            .copy("sub", "/app/sub").run("cat hello.txt sub/inner.txt > out.txt").env(GREETING="hi")
         out = []
         img = recipe.build(tag="from-recipe", progress=out.append)
         assert img.read("/app/out.txt") == b"hello\ninner\n"
@@ -358,3 +358,12 @@ def test_the_embedded_mcp_build_tool_takes_a_file_set(tmp_path, rootfs, ctx):
         assert same.image == image and all(s.cached for s in same.steps)
     finally:
         local.close()
+
+
+def test_an_admin_build_is_audited(srv):
+    ops = srv["c"]["ops"]
+    status, events = post_build(ops, b"", text=f"FROM {srv['base']}\nRUN echo admin > /who\n", tag="admin-built")
+    assert status == 200 and events[-1][0] == "result", events
+    image = events[-1][1]["image"]
+    rec = [x for x in ops.get("/audit").json() if x["action"] == "build" and x["tenant"] == "ops"]
+    assert rec and rec[0]["result"] == image and rec[0]["tag"] == "admin-built" and rec[0]["steps"] == 2

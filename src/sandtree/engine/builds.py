@@ -181,8 +181,8 @@ class BuildOps:
                  no_cache_filter=(), network=None, progress=None) -> BuildResult:
         """Build `recipe` as `guard` builds (None: the operator); tag its target's image. Not an
         operation of the table: build's and the tenant view's way in. no_cache: every step runs
-        again (a deterministic step then gives the same ID); no_cache_filter: stage names (or indexes as text) and step
-        numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
+        again (a deterministic step then gives the same ID); no_cache_filter: stage names (or
+        indexes as text) and step numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
         steps that name none (default: no network). progress(event): see the module doc."""
         if not isinstance(recipe, Recipe) or not recipe.stages:
             raise InvalidInput("build takes a Recipe with at least one stage")
@@ -232,7 +232,7 @@ class BuildOps:
         def emit(status, **more):
             if b.progress is not None:
                 b.progress({"step": n, "total": total, "stage": label, "text": step.text, "line": step.line,
-                          "status": status, **more})
+                            "status": status, **more})
 
         def finish(img, cached, op):
             r = StepResult(n, label, step.text, step.line, cached, img, round(time.perf_counter() - t0, 6), op)

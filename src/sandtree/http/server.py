@@ -5,9 +5,9 @@ statuses through one table (errors.ERRORS: each class carries its status). The r
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
 branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
-registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1. What they share (the caller's
-engine, calls in threads, the error shape) is plumbing.py; the request bodies are models.py. Without
-tokens the server only listens on loopback.
+registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1.
+What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
+request bodies are models.py. Without tokens the server only listens on loopback.
 
 Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,

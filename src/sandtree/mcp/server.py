@@ -5,13 +5,13 @@ a `sandtree serve` elsewhere with --url), and every engine error comes back as a
 its message. The tools are in groups, one module each, composed here: runs.py (run, fork,
 operations), sandboxes.py (live sandboxes), images.py (images, their files, uploads, registries),
 builds.py (build, image_config), branching.py (diff, merge, lineage, branches); guide.py holds
-what the server says about itself (guide, whoami, resources, prompts). What they share (registering a tool with every parameter
-described, the recent runs' output) is toolkit.py.
+what the server says about itself (guide, whoami, resources, prompts). What they share (registering
+a tool with every parameter described, the recent runs' output) is toolkit.py.
 
 Transports: stdio (default) or streamable HTTP (`--http --port P`, transport.py). Over HTTP the
-server is `sandtree serve`'s equal: the same tokens and tenancy, a non-loopback bind without
-tokens is refused, and the tools that touch the *server's* filesystem are off, since the caller
-is not the server's user.
+server is `sandtree serve`'s equal: the same tokens and tenancy, a non-loopback bind without tokens
+is refused, and the tools that touch the *server's* filesystem are off, since the caller is not the
+server's user.
 """
 
 from __future__ import annotations
