@@ -367,3 +367,16 @@ def test_an_admin_build_is_audited(srv):
     image = events[-1][1]["image"]
     rec = [x for x in ops.get("/audit").json() if x["action"] == "build" and x["tenant"] == "ops"]
     assert rec and rec[0]["result"] == image and rec[0]["tag"] == "admin-built" and rec[0]["steps"] == 2
+
+
+def test_a_tenants_run_steps_get_its_limits(srv):
+    """A build's RUN steps are the tenant's runs: its max_timeout ends one (BuildFailed, as an SSE
+    error naming the line), and nothing is tagged."""
+    t = token(srv["home"], "slow", "--max-timeout", "1")
+    with httpx.Client(base_url=srv["url"] + "/api/v1", timeout=60, headers={"Authorization": f"Bearer {t}"}) as c:
+        assert c.post("/images/import", params={"tag": "base"}, content=srv["base_tar"]).status_code == 201
+        status, events = post_build(c, b"", text="FROM base\nRUN sleep 5\n", tag="never")
+        assert status == 200 and events[-1][0] == "error", events
+        err = events[-1][1]
+        assert err["error"] == "build_failed" and "line 2" in err["message"] and "timed out" in err["message"], err
+        assert c.get("/resolve", params={"ref": "never"}).status_code == 404
