@@ -151,19 +151,26 @@ def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 # ---- builds (issue 15): image config and recipes ----------------------------------------------------
-_BUILD_LOCAL = "in-process for now: a recipe's context is a directory of this machine (REST: a context tar, later)"
-@op("list", images=("ref",), local=_BUILD_LOCAL)
+@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
-@op("import", images=("ref",), audit="configure", local=_BUILD_LOCAL)   # makes an image, runs nothing
-def configure(ref: str, config, *, tag: str | None = None) -> str:
+@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure"), custom_remote=True)
+def configure(ref: str, config, *, tag: str | None = None) -> str:     # makes an image, runs nothing
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
 
-@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+@op("run", audit="build", local="a Recipe's context is a directory of this machine: over HTTP the remote client "
+    "sends it as a build_context")
 def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None, progress=None):
     """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
     progress: called with a dict per step event (step, total, text, status, output)"""
+
+@op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
+def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: str | None = None,
+                  tag: str | None = None, build_args: dict | None = None, target: str | None = None, network=None,
+                  no_cache: bool = False, no_cache_filter=(), progress=None):
+    """Build a Dockerfile (`text`, or the file `dockerfile` inside the context) with a build context; a BuildResult.
+    context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)

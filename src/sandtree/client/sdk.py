@@ -19,6 +19,8 @@ from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput, RuntimeUnavailable
 from .inputs import files_arg
 from .objects import Branch, Image, MergeResult, RunResult, Sandbox
+from ..recipe.builder import RecipeBuilder
+from .recipes import build_remote
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]
@@ -32,11 +34,10 @@ class Sandtree:
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
-        # here so that `import sandtree` and a connect()ed client never load them. (The Python
-        # builder comes with it: builds are in-process until REST builds exist.)
-        from ..engine import Engine, RecipeBuilder, dockerfile_recipe
+        # here so that `import sandtree` and a connect()ed client never load them.
+        from ..engine import Engine, dockerfile_recipe
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
-        self._builder, self._dockerfile = RecipeBuilder, dockerfile_recipe
+        self._dockerfile = dockerfile_recipe
 
     @property
     def engine(self):
@@ -85,12 +86,8 @@ class Sandtree:
         """A Python recipe on `base` ("scratch", an image or ref, "docker://REF"): immutable,
         chainable, lazy; `.build(tag=...)` builds it here and returns the Image. Each method is one
         step with the text the same Dockerfile instruction has (same steps, same ID, same cache)."""
-        builder = getattr(self, "_builder", None)
-        if builder is None:
-            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
-                                     "machine (REST builds with a context tar come later)")
         ref = base.id if isinstance(base, Image) else base
-        return builder(ref, context, build=lambda recipe, **kw: Image(self, self._engine.build(recipe, **kw).image))
+        return RecipeBuilder(ref, context, build=lambda recipe, **kw: Image(self, self.build(recipe, **kw).image))
 
     def dockerfile(self, context: str | None = ".", *, file: str | None = None, text: str | None = None,
                    build_args: dict | None = None, target: str | None = None, network=None):
@@ -98,8 +95,8 @@ class Sandtree:
         `text`, read and its context listed and hashed now (call it again after a change)."""
         parse = getattr(self, "_dockerfile", None)
         if parse is None:
-            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
-                                     "machine (REST builds with a context tar come later)")
+            raise RuntimeUnavailable("st.dockerfile reads a context of this machine for an in-process engine; "
+                                     "through connect() use st.build_context(context, ...), which sends it")
         return parse(self._engine, context, dockerfile=file, text=text, build_args=build_args, target=target,
                      network=network)
 
@@ -109,8 +106,22 @@ class Sandtree:
         the BuildResult: .image (the ID) and .steps (index, stage, text, line, cached, image,
         seconds, operation). progress(event) gets {step, total, text, status, output?}."""
         recipe = recipe.recipe() if hasattr(recipe, "recipe") and callable(recipe.recipe) else recipe
+        if isinstance(self._engine, RemoteEngine):      # sent as the Dockerfile it is, with its context
+            return build_remote(self._engine, recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
+                                network=network, progress=progress)
         return self._engine.build(recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
                                   network=network, progress=progress)
+
+    def build_context(self, context: str | None = ".", *, dockerfile: str = "Dockerfile", text: str | None = None,
+                      tag: str | None = None, build_args: dict | None = None, target: str | None = None,
+                      network=None, no_cache: bool = False, no_cache_filter=(),
+                      progress: Callable[[dict], None] | None = None):
+        """Build a Dockerfile (`text`, or the file `dockerfile` in the context) with a build
+        context (a directory or a tar; through connect() it is sent to the server as a tar); the
+        BuildResult. progress(event) as for build."""
+        return self._engine.build_context(context, dockerfile=dockerfile, text=text, tag=tag, build_args=build_args,
+                                          target=target, network=network, no_cache=no_cache,
+                                          no_cache_filter=no_cache_filter, progress=progress)
 
     def tag(self, image: "Image | str", name: str) -> "Image":
         image_id = self._id(image)

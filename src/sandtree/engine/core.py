@@ -28,6 +28,7 @@ from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
 from .branching import BranchingOps
+from .buildcontexts import ContextBuildOps
 from .builds import BuildOps
 from .imports import ImportOps
 from .inspection import InspectionOps
@@ -51,7 +52,7 @@ except ImportError:               # (the links part of issue 14, until it is mer
 _TENANCY_LOCK = threading.Lock()
 
 
-class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps):
+class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a

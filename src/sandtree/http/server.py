@@ -4,10 +4,10 @@ An adapter: each route translates one request into one engine call, and engine e
 statuses through one table (errors.ERRORS: each class carries its status). The routes are in groups,
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
-branching.py (branching, lineage), files.py (uploads, file sets, registries), admin.py (health,
-metrics, the store); contree.py is Contree's own API under /v1. What they share (the caller's
-engine, calls in threads, the error shape) is plumbing.py; the request bodies are models.py. Without
-tokens the server only listens on loopback.
+branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
+registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1.
+What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
+request bodies are models.py. Without tokens the server only listens on loopback.
 
 Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
@@ -27,6 +27,7 @@ from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engin
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .branching import branching_router
+from .builds import builds_router
 from .contree import contree_router
 from .files import files_router
 from .images import images_router
@@ -51,8 +52,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
     # routes (branching's lineage) come before images_router's GET /images/{ref}.
-    for router in (admin_router, branching_router, images_router, files_router, runs_router, sandboxes_router,
-                   ports_router):
+    for router in (admin_router, branching_router, builds_router, images_router, files_router, runs_router,
+                   sandboxes_router, ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
     return app
