@@ -322,7 +322,7 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
-@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+@op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)")
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
                 build_network=None, progress=None, hostname: str = D.HOSTNAME, timeout: float | None = None,
                 memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
