@@ -169,7 +169,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
         uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
-        file_set: str | None = None, disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+        file_set: str | None = None, disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
         disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).

@@ -180,7 +180,9 @@ def contree_router(engine_for, stage) -> APIRouter:
         opts: dict[str, Any] = {
             "env": {k: v for k, v in (body.env or {}).items() if v is not None},   # null unsets: none set
             "cwd": body.cwd.rstrip("/") or "/", "uid": body.uid, "gid": body.gid,
-            "hostname": body.hostname or "sandtree", "disposable": body.disposable, "stdin": stdin,
+            "hostname": body.hostname or "sandtree", "stdin": stdin,
+            # a disposable run's end state is still the result's image (Contree's clients chain on it)
+            "disposable": "ephemeral" if body.disposable else False,
             "files": files, "timeout": body.timeout, "output": body.truncate_output_at,
             "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None,
             # enabled: the server's configured default policy; false or absent: none

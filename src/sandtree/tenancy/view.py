@@ -118,7 +118,7 @@ class TenantView(TenantSight):
         names = self._names()
         return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": names.get(r[0], [])}
                 for r in self.db.query(f"SELECT id, created, size, files FROM images WHERE {VISIBLE} "
-                                       "ORDER BY created", self._p)]
+                                       f"AND id NOT IN ({UNLISTED}) ORDER BY created", self._p)]
 
     def tags(self, image: str | None = None) -> dict[str, str]:     # rule: the tags it sees
         vis = self._visible_set()
