@@ -33,8 +33,7 @@ PARAMS = {
     "hostname": "the sandbox's hostname",
     "files": "files put into the sandbox first: a list of {path, content | blob, mode} or {path: bytes | str}",
     "file_set": "the ID of a stored file set whose files are put in first",
-    "disposable": ("true: keep nothing of the run (no commit); 'ephemeral': keep its end state as a "
-                   "short-lived unlisted image (gc drops it after an hour nothing uses it); false: a new image"),
+    "disposable": "run without keeping the result as an image",
     "timeout": "seconds of wall clock before the command is killed",
     "memory": "memory limit, bytes or a size like 512M (processes plus pending writes)",
     "pids": "the most processes and threads at once",

@@ -42,14 +42,14 @@ class Image:
     def run(self, command, *, timeout: float | None = None, memory=None, pids: int | None = None,
             cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,
             stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
-            files: list | dict | None = None, disposable: bool | str = False,
+            files: list | dict | None = None, disposable: bool = False,
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
             on_stdout: Callable[[bytes], None] | None = None,
             on_stderr: Callable[[bytes], None] | None = None, labels: dict | None = None, network=None,
             secrets: dict | None = None) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
-        image. Unless disposable, what it wrote becomes the new image `result.image` (disposable=
-        "ephemeral": a short-lived unlisted one, store/ephemeral.py). labels: names and values kept with the run (st.operation(result.operation)["spec"]["labels"]).
+        image. Unless disposable, what it wrote becomes the new image `result.image`. labels: names
+        and values kept with the run (st.operation(result.operation)["spec"]["labels"]).
         network: off (default), "all", rules ["pypi.org", "*.pythonhosted.org:443"], {"allow_out": [...],
         "deny_out": [...]} or "inherit"; secrets: {"NAME": {"value": ..., "hosts": [...]}}, or stored ones
         by name (st.set_secret): ["NAME"] or {"NAME": {"stored": True, "hosts": [fewer hosts]}} (the

@@ -53,7 +53,10 @@ class RunOps:
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
             secrets: dict | None = None) -> RunRecord:
-        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs."""
+        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs.
+        disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
+        unlisted image (store/ephemeral.py: the Contree adapter's mode; sandtree's own surfaces
+        offer only True and False)."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,

@@ -46,7 +46,7 @@ class RunOptionsIn(In):
     hostname: str = D.HOSTNAME
     files: list[FileIn] = []
     file_set: str | None = None
-    disposable: bool | Literal["ephemeral"] = Field(False, description=vocabulary.PARAMS["disposable"])
+    disposable: bool = False
     timeout: float | None = None
     memory: str | int | None = None
     pids: int | None = None
