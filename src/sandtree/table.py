@@ -443,8 +443,8 @@ def result(op: str):
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
-@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
-def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
+def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
 
 ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}

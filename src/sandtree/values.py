@@ -53,3 +53,10 @@ def check_labels(labels) -> dict[str, str]:
 
 def labels_match(have: dict, want: dict | None) -> bool:
     return not want or all(have.get(k) == v for k, v in want.items())
+
+
+def check_kind(kind) -> str:
+    """An operation kind as operations.list takes it (run, import, exec, commit, merge, ...)."""
+    if not isinstance(kind, str) or not kind.isidentifier() or len(kind) > 32:
+        raise InvalidInput(f"an operation kind is a word like run or import, not {kind!r}")
+    return kind
