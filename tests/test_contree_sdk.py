@@ -257,3 +257,54 @@ def test_placeholder_token_against_a_server_with_tokens(venv, home, tmp_path):
         out = run_script(venv, code.replace('token="fake-token"', f'token="{token}"'), env, tmp_path)
         assert out.returncode == 0, out.stderr
         assert out.stdout == "Hello from Contree!\n\n"
+
+
+# ---- contree-cli 0.9.4: its README's everyday commands ------------------------------------------
+def test_contree_cli_everyday_commands(venv, server, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = client_env(str(tmp_path / "cli-home"))
+
+    def cli(*args: str, ok: bool = True) -> str:
+        r = subprocess.run([os.path.join(venv, "contree"), *args], capture_output=True, text=True, env=env,
+                           cwd=str(work), timeout=120)
+        assert (r.returncode == 0) == ok, (args, r.stdout, r.stderr)
+        return r.stdout
+
+    # auth: verified against /v1/whoami, saved as a profile (jwt: a token and our URL)
+    cli("auth", "--type", "jwt", "--token", "fake-token", "--url", server)
+    assert "default" in cli("auth", "list") and " ok" in cli("auth", "list")
+    assert re.search(r"(ubuntu|busybox):latest", cli("images"))            # (one tag an image: the first)
+    # a session on an image (`eval $(contree use ...)`)
+    export = cli("use", "tag:ubuntu:latest").strip()
+    assert export.startswith("export CONTREE_SESSION=")
+    env["CONTREE_SESSION"] = export.split("=", 1)[1]
+    assert "uname" not in cli("use")
+    assert cli("run", "uname", "-s") == "Linux\n"                          # direct execution
+    assert cli("run", "-s", "--", "mkdir -p /app && echo hello > /app/greeting && echo $HOME") == "/root\n"
+    assert "greeting" in cli("ls", "/app")                                  # inspection, no run
+    assert cli("cat", "/app/greeting") == "hello\n"
+    cli("cp", "/app/greeting", "./greeting.txt")
+    assert (work / "greeting.txt").read_text() == "hello\n"
+    (work / "data.txt").write_text("local-data\n")
+    assert cli("run", "--file", "./data.txt:/app/data.txt", "--", "cat", "/app/data.txt") == "local-data\n"
+    assert cli("run", "-s", "--", "exit 3", ok=False) == ""                 # the command's exit status
+    # branches and rollback
+    cli("session", "branch", "experiment")
+    cli("session", "checkout", "experiment")
+    cli("run", "-s", "--", "echo exp > /app/exp")
+    assert "exp" in cli("ls", "/app")
+    cli("session", "checkout", "main")
+    assert "exp" not in cli("ls", "/app") and "data.txt" in cli("ls", "/app")
+    cli("session", "rollback", "--", "-2")                                  # before data.txt was added
+    listing = cli("ls", "/app")
+    assert "data.txt" not in listing and "greeting" in listing
+    assert "experiment" in cli("session", "show")
+    # images, tags, operations
+    image = json.loads(cli("-o", "json", "images").splitlines()[0])["uuid"]
+    cli("tag", image, "mytag")
+    assert "mytag" in cli("images", "--prefix", "my")
+    cli("ps")                                                               # (what is running: nothing)
+    ran = instance_ops(server)
+    assert len(ran) == 5 and ran[0]["metadata"]["command"] == "echo exp > /app/exp"
+    assert cli("show", ran[0]["uuid"])
