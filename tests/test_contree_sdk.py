@@ -306,5 +306,6 @@ def test_contree_cli_everyday_commands(venv, server, tmp_path):
     assert "mytag" in cli("images", "--prefix", "my")
     cli("ps")                                                               # (what is running: nothing)
     ran = instance_ops(server)
-    assert len(ran) == 5 and ran[0]["metadata"]["command"] == "echo exp > /app/exp"
+    assert len(ran) == 5
+    assert httpx.get(f"{server}/v1/operations/{ran[0]['uuid']}").json()["metadata"]["command"] == "echo exp > /app/exp"
     assert cli("show", ran[0]["uuid"])

@@ -276,13 +276,14 @@ def contree_router(engine_for, stage) -> APIRouter:
             return "".join(f"id: {e['id']}\nevent: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in keep)
 
         async def stream():
-            nonlocal after
+            nonlocal after, following
             cursor = max(0, after // 2 - 1) if after >= 0 else 0
             if rec["status"] in ("done", "failed", "cancelled"):
-                _, ended = await call(ops.events_after, op, 0, 0)
-                if not ended:                # run by an engine before this one: only the end is known
+                logged, ended = await call(ops.events_after, op, 0, 0)
+                if not logged and not ended:  # run by an engine before this one: only the end is known
                     yield frames(await call(translate, 0, "end", "{}"))
                     return
+                following = True             # its end is being logged (the row is written first): wait for it
             while True:
                 new, ended = await call(ops.events_after, op, cursor, 10.0 if following else 0)
                 for seq, kind, data in new:
