@@ -104,6 +104,10 @@ def upload_file(path: str, digest: str | None = None) -> str:
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
+@op("list", http=Http(_G, "/files", query=("limit", "offset")))
+def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
+    """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
+
 @op("list", local="the server answers it per request")
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""

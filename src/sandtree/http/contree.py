@@ -148,6 +148,16 @@ def contree_router(engine_for, stage) -> APIRouter:
         finally:
             unstage(path)
 
+    @router.get("/files")
+    async def list_uploads(engine: Engine, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+                           since: str | None = None, until: str | None = None) -> dict:
+        """FilesListResponse: the caller's uploads, newest first (since/until: as for images)."""
+        t0, t1 = wire.parse_time(since, "since"), wire.parse_time(until, "until")
+        infos = [i for i in await call(engine.uploads, limit=1000)
+                 if (t0 is None or i["created"] >= t0) and (t1 is None or i["created"] <= t1)]
+        return {"files": [{**file_view(i), "created_at": wire.iso(i["created"]), "updated_at": wire.iso(i["created"])}
+                          for i in infos[offset:offset + limit]]}
+
     def digest(sha256: str) -> str:
         if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
             raise InvalidInput(f"sha256 must be 64 hex digits, not {sha256!r}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import posixpath
 
 from ..errors import InvalidInput, NotFound, SandtreeError
-from ..store.imageconfig import CONFIG_PATH
+from ..engine import CONFIG_PATH
 
 __all__ = ["image_path", "spawn_failure", "preserve_cwd_file", "network_for", "list_operations"]
 
-MAX_PASSWD = 1 << 20
+_MAX_PASSWD = 1 << 20
 
 
 def _homes(engine, image: str) -> dict[str, str]:
@@ -25,7 +25,7 @@ def _homes(engine, image: str) -> dict[str, str]:
         data = engine.read(image, "/etc/passwd")
     except SandtreeError:
         data = b""
-    for line in data[:MAX_PASSWD].decode("utf-8", "replace").splitlines():
+    for line in data[:_MAX_PASSWD].decode("utf-8", "replace").splitlines():
         f = line.split(":")
         if len(f) >= 6 and f[5].startswith("/"):
             homes.setdefault(f[0], f[5])
