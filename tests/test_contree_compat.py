@@ -121,6 +121,9 @@ def test_uploads_per_tenant(home):
     try:
         a = st._engine.tenancy.create_token("alpha", None)["token"]
         b = st._engine.tenancy.create_token("beta", None)["token"]
+        base = st._engine.resolve("ubuntu:latest")
+        st._engine.tenancy.share(base)
+        shared = str(uuid.UUID(base[:32]))
     finally:
         st.close()
     with serve_process(home) as url:
@@ -130,6 +133,21 @@ def test_uploads_per_tenant(home):
         up = httpx.post(f"{url}/v1/files", content=b"alpha's", headers={"Authorization": f"Bearer {a}"}).json()
         assert files(a) == {up["sha256"]} and files(b) == set()
         assert httpx.get(f"{url}/api/v1/files", headers={"Authorization": f"Bearer {b}"}).json() == []
+        # a tenant's disposable run: its end state usable by UUID (by it only), listed for nobody
+        ha, hb = ({"Authorization": f"Bearer {t}"} for t in (a, b))
+        before = httpx.get(f"{url}/v1/images", headers=ha).json()["images"]
+        r = httpx.post(f"{url}/v1/instances", headers=ha, json={"command": "echo t > /t", "shell": True,
+                                                                 "image": shared, "disposable": True})
+        assert r.status_code == 201, r.text
+        with httpx.stream("GET", f"{url}/v1/operations/{r.json()['uuid']}/events", params={"follow": "1"},
+                          headers=ha, timeout=60) as s:
+            for _ in s.iter_lines():
+                pass
+        image = httpx.get(f"{url}/v1/operations/{r.json()['uuid']}", headers=ha).json()["result"]["image"]
+        assert image and image != shared
+        assert httpx.get(f"{url}/v1/images", headers=ha).json()["images"] == before
+        assert httpx.get(f"{url}/v1/inspect/{image}/download", params={"path": "/t"}, headers=ha).content == b"t\n"
+        assert httpx.get(f"{url}/v1/inspect/{image}/", headers=hb).status_code == 404
 
 
 def test_networking_on_a_server_without_network(home, monkeypatch):

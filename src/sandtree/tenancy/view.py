@@ -19,6 +19,7 @@ from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
 from ..store.names import check_tag
+from ..store.ephemeral import UNLISTED
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
 from ..values import newest_page
