@@ -83,3 +83,20 @@ def test_gc_drops_ephemeral_images_after_their_ttl_unless_kept(st, base):
     # an ordinary untagged image keeps its retention (a week)
     maintenance.gc(e.store, now=now + 3 * HOUR, grace=0)
     assert kept in {r[0] for r in e.store.db.query("SELECT id FROM images")}
+
+
+def test_uploads_and_operations_by_kind(st, base):
+    """Two engine operations the Contree adapter needed: uploads() and operations.list(kind=)."""
+    e = st._engine
+    first = e.upload(b"first")
+    second = e.upload(b"second")
+    listed = [u["sha256"] for u in e.uploads()]
+    assert set(listed) >= {first, second} and e.uploads(limit=1, offset=0)[0]["size"] in (5, 6)
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"limit": "5"}):
+        with pytest.raises(sandtree.InvalidInput):
+            e.uploads(**bad)
+    e.run(base.id, "true")
+    assert [o["kind"] for o in e.operations.list(kind="import")] == ["import"]
+    assert [o["kind"] for o in e.operations.list()] == ["run"]
+    with pytest.raises(sandtree.InvalidInput):
+        e.operations.list(kind="no such; kind")
