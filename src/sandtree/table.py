@@ -104,6 +104,10 @@ def upload_file(path: str, digest: str | None = None) -> str:
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
+@op("list", http=Http(_G, "/files", query=("limit", "offset")))
+def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
+    """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
+
 @op("list", local="the server answers it per request")
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
@@ -176,7 +180,7 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
         uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
-        file_set: str | None = None, disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+        file_set: str | None = None, disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
         disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -459,8 +463,8 @@ def result(op: str):
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
-@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
-def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
+def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
 
 ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}

@@ -19,8 +19,10 @@ from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
 from ..store.names import check_tag
+from ..store.ephemeral import UNLISTED
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
+from ..values import newest_page
 from . import auditing
 from . import secrets as stored
 from .derive import install
@@ -118,7 +120,7 @@ class TenantView(TenantSight):
         names = self._names()
         return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": names.get(r[0], [])}
                 for r in self.db.query(f"SELECT id, created, size, files FROM images WHERE {VISIBLE} "
-                                       "ORDER BY created", self._p)]
+                                       f"AND id NOT IN ({UNLISTED}) ORDER BY created", self._p)]
 
     def tags(self, image: str | None = None) -> dict[str, str]:     # rule: the tags it sees
         vis = self._visible_set()
@@ -197,6 +199,16 @@ class TenantView(TenantSight):
             self._write_tag(tag, image, kind)
         self._audit(kind, result=image, op=op, detail={**detail, **({"tag": tag} if tag else {})})
         return image
+
+    def uploads(self, *, limit: int = 100, offset: int = 0) -> list[dict]:   # rule: its own uploads only
+        infos = []
+        for (digest,) in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload'",
+                                       (self.tenant.name,)):
+            try:
+                infos.append(self.engine.upload_info(digest))
+            except NotFound:
+                pass                                  # collected since
+        return newest_page(infos, limit, offset)
 
     def find_upload(self, prefix: str) -> str:      # rule: a prefix matches only its own uploads
         """This tenant's upload by a unique prefix (another tenant's answers as absent)."""
