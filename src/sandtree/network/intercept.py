@@ -136,7 +136,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
                  dial, spool_dir) -> None:
     """Request by request; `ups[0]` the upstream stream (replaced when it is dialled again)."""
     cin, uin = Reader(down), Reader(ups[0])
-    masker_values = [s.value.encode() for s in secrets]
+    masker_values = substitute.masks(secrets)      # (grows by the Basic credentials a request carries)
     served = 0
 
     async def send_up(data: bytes) -> None:
@@ -155,7 +155,8 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
             return
         if head is None:
             return
-        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down, spool_dir)
+        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down, spool_dir,
+                                                       masker_values)
         answered = False
         while True:                                  # interim (1xx) responses, then the final one
             try:
@@ -185,7 +186,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
         served += 1
 
 
-async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir):
+async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir, sent: list):
     first, fields = parse_head(head)
     parts = first.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
@@ -218,7 +219,7 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
     spool = await _spool(cin, length, pairs, spool_dir) if spooled else None
     try:
         new_target = substitute.target(target, secrets)
-        new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets)) for k, v in fields]
+        new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets, sent)) for k, v in fields]
         new_body = substitute.body(body, secrets, ctype) if body else body
         if (new_target != target or new_fields != fields or new_body != body or kind == "chunked"
                 or (spool is not None and spool[2])):

@@ -6,7 +6,12 @@ what is replaced, and how it is encoded where it lands):
     replaced, encoded again;
   * a body: JSON-escaped for a JSON body, form-encoded for a form body, raw otherwise -- whole
     (`body`) or as a stream (`Stream`: a placeholder split between two reads or two chunks is
-    still found; memory is one read plus the longest placeholder)."""
+    still found; memory is one read plus the longest placeholder).
+
+What the relay masks in responses (`masks`) is every form a value was sent in, not only the value
+itself: a host that echoes the request (its URL, its headers, its form) hands back the proxy's own
+encoding, and percent-, form- or JSON-encoding or base64 is undone by the sandbox in one line (attack
+review of issue 15: `GET /echo?q=PLACEHOLDER` gave back the value percent-encoded)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import urllib.parse
 
 from .state import Secret
 
-__all__ = ["target", "value", "body", "body_values", "Stream"]
+__all__ = ["target", "value", "body", "body_values", "masks", "Stream"]
 
 
 def target(text: bytes, secrets: list[Secret]) -> bytes:
@@ -27,7 +32,20 @@ def target(text: bytes, secrets: list[Secret]) -> bytes:
     return text
 
 
-def value(text: bytes, secrets: list[Secret]) -> bytes:
+def masks(secrets: list[Secret]) -> list[bytes]:
+    """Each value in every encoding the substitution writes it (value, target, form and JSON
+    bodies), longest first; `value` adds a Basic credential it writes (the encoding holds more)."""
+    out = set()
+    for s in secrets:
+        v = s.value
+        out.update((v.encode(), urllib.parse.quote(v, safe="").encode(), urllib.parse.quote_plus(v).encode(),
+                    json.dumps(v)[1:-1].encode()))
+    return sorted((m for m in out if m), key=lambda m: (-len(m), m))
+
+
+def value(text: bytes, secrets: list[Secret], sent: list[bytes] | None = None) -> bytes:
+    """A header value with the placeholders replaced; `sent` (the connection's masks) gets a
+    Basic credential this wrote, as it goes on the wire."""
     for s in secrets:
         text = text.replace(s.placeholder.encode(), s.value.encode())
     scheme, _, cred = text.partition(b" ")
@@ -40,7 +58,10 @@ def value(text: bytes, secrets: list[Secret]) -> bytes:
         for s in secrets:
             new = new.replace(s.placeholder.encode(), s.value.encode())
         if new != plain:
-            text = scheme + b" " + base64.b64encode(new)
+            cred = base64.b64encode(new)
+            text = scheme + b" " + cred
+            if sent is not None and cred not in sent:
+                sent.append(cred)
     return text
 
 

@@ -1,0 +1,170 @@
+"""Attack review of issue 14/15's network additions, from inside a sandbox (an HTTP client of the
+proxy) and from a run that leaves processes behind.
+
+Finding F3 (fixed): the interceptor masked a secret's value in responses only as it is, while it
+sends the value percent-encoded (request target), form-encoded (form bodies), JSON-escaped (JSON
+bodies) and base64-encoded (inside `Authorization: Basic`): a host that echoes the request handed
+the sandbox the value in the proxy's own encoding, undone in one line. Real TLS upstream and
+interceptor on loopback (the helpers of tests/test_egress_secrets.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import urllib.parse
+
+import pytest
+
+from sandtree.network import substitute
+from sandtree.network.httpio import Masker
+from sandtree.network.state import LinkState
+from sandtree.network.trust import bundle, link_ca, parse_secrets
+from test_egress_secrets import Conn, Loop, Proxy, Upstream, _server_ctx, _test_ca
+
+API = "api.example.org"
+# a value as real tokens are (base64 alphabets, punctuation): its encodings differ from it
+VALUE = 'AKIA/s3cr+et=va l&ue"q\\z~é'
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("echo")
+    up_ca, leaf, key = _test_ca([API])
+    loop = Loop()
+    up = loop.run(Upstream(_server_ctx(tmp, leaf, key)).start())
+    secrets = parse_secrets({"TOKEN": {"value": VALUE, "hosts": [API]}})
+    link = LinkState(key="echo", index=1, address="100.64.1.2", gateway="100.64.1.1", policy=None,
+                     secrets=secrets, ca=link_ca("echo", secrets))
+    import ssl
+    proxy = Proxy(link, up.port, ssl.create_default_context(cadata=up_ca.decode()))
+    port = loop.run(proxy.listen(API))
+    ctx = ssl.create_default_context(cadata=bundle(link.ca.pem(), up_ca).decode())
+    yield type("Env", (), dict(loop=loop, up=up, port=port, ctx=ctx, ph=secrets[0].placeholder))
+
+    async def close():
+        import asyncio
+        for server in [*proxy.listeners.values(), up.server]:
+            server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    loop.run(close())
+    loop.stop()
+
+
+def _raw(env, request: bytes) -> bytes:
+    c = Conn(API, env.port, env.ctx)
+    c.connect()
+    c.sock.sendall(request)
+    got = b""
+    while chunk := c.sock.recv(65536):
+        got += chunk
+    c.sock.close()
+    return got
+
+
+def _encodings() -> dict[str, bytes]:
+    return {"raw": VALUE.encode(), "percent": urllib.parse.quote(VALUE, safe="").encode(),
+            "form": urllib.parse.quote_plus(VALUE).encode(), "json": json.dumps(VALUE)[1:-1].encode(),
+            "basic": base64.b64encode(b"user:" + VALUE.encode())}
+
+
+def _leaks(got: bytes) -> list[str]:
+    return [k for k, v in _encodings().items() if v in got]
+
+
+def test_an_echoed_request_target_does_not_give_the_value_back_percent_encoded(env):
+    got = _raw(env, f"GET /echo?q={env.ph} HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n".encode())
+    sent = env.up.requests[-1]["target"]
+    assert sent == "/echo?q=" + urllib.parse.quote(VALUE, safe="")     # the host did get the value
+    assert got.startswith(b"HTTP/1.1 200") and _leaks(got) == []
+
+
+def test_an_echoed_form_body_does_not_give_the_value_back_form_encoded(env):
+    body = f"k={env.ph}".encode()
+    got = _raw(env, f"POST /echo HTTP/1.1\r\nHost: {API}\r\nContent-Type: application/x-www-form-urlencoded"
+                    f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    assert env.up.requests[-1]["body"] == b"k=" + urllib.parse.quote_plus(VALUE).encode()
+    assert got.startswith(b"HTTP/1.1 200") and _leaks(got) == []
+
+
+def test_an_echoed_basic_credential_does_not_give_the_value_back_base64_encoded(env):
+    cred = base64.b64encode(f"user:{env.ph}".encode()).decode()
+    got = _raw(env, f"GET /echo-header HTTP/1.1\r\nHost: {API}\r\nAuthorization: Basic {cred}\r\n"
+                    f"Connection: close\r\n\r\n".encode())
+    assert (b"Basic " + _encodings()["basic"]).decode() in dict(env.up.requests[-1]["headers"]).values()
+    assert got.startswith(b"HTTP/1.1 200") and _leaks(got) == []
+
+
+def test_masks_cover_every_encoding_the_substitution_writes():
+    secrets = parse_secrets({"T": {"value": VALUE, "hosts": [API]}})
+    ph = secrets[0].placeholder
+    sent: list = substitute.masks(secrets)
+    written = [substitute.target(f"/x?{ph}".encode(), secrets)[3:],
+               substitute.body(ph.encode(), secrets, b"application/json"),
+               substitute.body(ph.encode(), secrets, b"application/x-www-form-urlencoded"),
+               substitute.value(b"Basic " + base64.b64encode(f"u:{ph}".encode()), secrets, sent)[6:]]
+    for w in written:
+        m = Masker(sent)
+        out = m.feed(b"<" + w + b">") + m.end()
+        assert out == b"<" + b"*" * len(w) + b">", w
+
+
+# ---- a run's processes and its link ---------------------------------------------------------------
+
+pytestmark_net = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from netlab import NetLab
+    lab = NetLab()
+    yield lab
+    lab.close()
+
+
+@pytest.fixture(scope="module")
+def neteng(tmp_path_factory, lab):
+    from test_egress_warm import lab_engine
+    e = lab_engine(lab, str(tmp_path_factory.mktemp("review-net") / "st"))
+    yield e
+    e._egress.stop_daemon()
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def netimg(neteng, tmp_path_factory):
+    from conftest import make_rootfs
+    return neteng.import_path(make_rootfs(str(tmp_path_factory.mktemp("review-root") / "root")))
+
+
+def _in_netns(inode: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == inode:
+                out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+@pytestmark_net
+def test_a_runs_background_processes_do_not_outlive_it_in_its_link(neteng, netimg):
+    """A networked run (warm, linked) leaves daemons behind (setsid, nohup, double fork): none is
+    in its link once the run returns, and the next run's link is another namespace."""
+    from test_egress_warm import wait_linked
+    policy = {"allow_out": ["11.1.1.0/24:80"]}
+    neteng.run(netimg, "true", network=policy, disposable=True)          # the linked pool starts
+    wait_linked(neteng)
+    cmd = ("readlink /proc/self/ns/net; (setsid sleep 300 &) ; nohup sleep 300 >/dev/null 2>&1 & "
+           "sh -c 'sleep 300 & exit 0'; exit 0")
+    first = neteng.run(netimg, cmd, network=policy, disposable=True)
+    inode = first.stdout.decode().split()[0]
+    assert inode.startswith("net:[")
+    assert _in_netns(inode) == []
+    second = neteng.run(netimg, "readlink /proc/self/ns/net", network=policy, disposable=True)
+    assert second.stdout.decode().split()[0] != inode
