@@ -261,14 +261,19 @@ def test_an_image_env_cannot_reach_the_helper(eng, tmp_path):
 
 # ---- tenants --------------------------------------------------------------------------------------
 
-def test_a_tenant_cannot_build_nor_configure_an_image_it_does_not_see(eng, tmp_path):
+def test_a_tenant_cannot_build_nor_configure_an_image_it_does_not_see(eng, rootfs):
+    """Builds are the operator's (in process; no tenant reads the cache or COPY --from another's
+    image); configure and image_config work on images the tenant sees only."""
     from sandtree.tenancy import Tenant
     other = eng.as_tenant(Tenant("other"))
-    base = eng.resolve("bb")
-    with pytest.raises((Forbidden, InvalidInput, NotFound)):
-        other.build(Recipe((Stage(None, (From(base, "FROM bb", 1),
-                                         Run("true", "RUN true", 2))),)))
+    own = other.import_path(rootfs)                       # (the same ID as the operator's bb)
+    hidden = eng.run("bb", "echo operator > /mine").image
+    with pytest.raises(Forbidden, match="admin"):
+        other.build(Recipe((Stage(None, (From(own, "FROM own", 1), Run("true", "RUN true", 2),
+                                         Copy((), "/x", "COPY --from=h /mine /x", 3, from_stage=hidden,
+                                              paths=("/mine",)))),)))
     with pytest.raises(NotFound):
-        other.configure(base, ImageConfig(env={"A": "1"}))
+        other.configure(hidden, ImageConfig(env={"A": "1"}))
     with pytest.raises(NotFound):
-        other.image_config(base)
+        other.image_config(hidden)
+    assert other.image_config(own) == ImageConfig()

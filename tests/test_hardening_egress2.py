@@ -168,3 +168,39 @@ def test_a_runs_background_processes_do_not_outlive_it_in_its_link(neteng, netim
     assert _in_netns(inode) == []
     second = neteng.run(netimg, "readlink /proc/self/ns/net", network=policy, disposable=True)
     assert second.stdout.decode().split()[0] != inode
+
+
+# ---- plain HTTP on port 80: a request's name and framing, as the proxy reads them ---------------
+
+@pytest.mark.parametrize("head,status", [
+    (b"GET http://a.com@evil.com/ HTTP/1.1\r\nHost: a.com\r\n\r\n", 400),          # userinfo in the target
+    (b"GET http://evil.com/ HTTP/1.1\r\nHost: a.com\r\n\r\n", 400),                 # target and Host differ
+    (b"GET / HTTP/1.1\r\nHost: a.com\r\nHost: evil.com\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: a.com, evil.com\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: a.com%2fevil.com\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: a.com\r\n Host: evil.com\r\n\r\n", 400),            # obs-fold
+    (b"GET / HTTP/1.1\r\nhost : evil.com\r\n\r\n", 400),                            # blank before ':'
+    (b"GET / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding : chunked\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding: \x0bchunked\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding: identity, chunked\r\n\r\n", 501),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nContent-Length: +5\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nContent-Length: 5, 5\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: a.com\r\nContent-Length: 99999999999999999999999\r\n\r\n", 400),
+    (b"POST / HTTP/1.0\r\nHost: a.com\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (b"CONNECT evil.com:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n", 405),
+])
+def test_smuggling_heads_are_refused_not_normalised(head, status):
+    from sandtree.network.httpio import Refuse
+    from sandtree.network.plainhttp import parse_request
+    with pytest.raises(Refuse) as e:
+        parse_request(head)
+    assert e.value.status == status
+
+
+def test_names_that_are_one_host_decide_as_one_and_h2c_is_taken_out():
+    from sandtree.network.plainhttp import parse_request
+    assert parse_request(b"GET HTTP://A.COM./ HTTP/1.1\r\nHost: a.com:80\r\n\r\n").name == "a.com"
+    r = parse_request(b"GET / HTTP/1.1\r\nHost: a.com\r\nUpgrade: websocket, h2c\r\nConnection: upgrade\r\n\r\n")
+    assert not r.upgrade and b"h2c" not in r.head() and b"Upgrade" not in r.head()
