@@ -277,3 +277,21 @@ def test_a_tenant_cannot_build_nor_configure_an_image_it_does_not_see(eng, rootf
     with pytest.raises(NotFound):
         other.image_config(hidden)
     assert other.image_config(own) == ImageConfig()
+
+
+def test_a_copy_destination_through_a_self_referencing_link_is_not_a_recursion(eng, tmp_path):
+    """F4: `RUN ln -s / /l` then `COPY f /l/l/l/.../f` (1,400 deep) was a RecursionError (a
+    traceback, not a typed error) in the edit's directory walk; now a loop: it lands at /f."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "f").write_text("x\n")
+    dest = "/l" * 1400 + "/f"
+    steps = (From("bb", "FROM bb", 1), Run("ln -s / /l", "RUN ln -s / /l", 2),
+             Copy(list_context(str(ctx), "f"), dest, f"COPY f {dest}", 3))
+    res = eng.build(Recipe((Stage(None, steps),), context=str(ctx)))
+    assert eng.read(res.image, "/f") == b"x\n"
+    grow = "/g" * 1400 + "/f"                      # g -> a long path: the walk's path would grow
+    steps = (From("bb", "FROM bb", 1), Run("mkdir -p /" + "d" * 200 + " && ln -s /" + "d" * 200 + "/.. /g", "RUN g", 2),
+             Copy(list_context(str(ctx), "f"), grow, f"COPY f {grow}", 3))
+    res = eng.build(Recipe((Stage(None, steps),), context=str(ctx)))
+    assert eng.read(res.image, "/f") == b"x\n"

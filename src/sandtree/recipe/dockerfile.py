@@ -25,7 +25,7 @@ from .context import BuildContext, source_roots
 from .lexer import MAX_WORD_CHARS, Line, directives_and_lines, expand, quote, split_words, word
 from .steps import Configure, Copy, From, Recipe, Run, Stage
 
-__all__ = ["parse", "SUPPORTED", "MAX_STAGES"]
+__all__ = ["parse", "SUPPORTED", "MAX_STAGES", "MAX_EXPANDED"]
 
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "LABEL", "ENTRYPOINT", "CMD", "EXPOSE")
 _DOCKER_ONLY = ("MAINTAINER", "VOLUME", "HEALTHCHECK", "SHELL", "STOPSIGNAL", "ONBUILD")
