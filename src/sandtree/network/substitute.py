@@ -19,6 +19,7 @@ import base64
 import json
 import urllib.parse
 
+from .httpio import prefix_hold
 from .state import Secret
 
 __all__ = ["target", "value", "body", "body_values", "masks", "Stream"]
@@ -109,14 +110,7 @@ class Stream:
             out += (buf[i:j], v)
             i = j + len(p)
             self.found += 1
-        hold = 0
-        for p, _ in self.pairs:
-            k = buf.find(p[:1], max(i, len(buf) - len(p) + 1))
-            while k >= 0:
-                if p.startswith(buf[k:]):
-                    hold = max(hold, len(buf) - k)
-                    break
-                k = buf.find(p[:1], k + 1)
+        hold = prefix_hold(buf, i, [p for p, _ in self.pairs])
         self.tail = buf[len(buf) - hold:] if hold else b""
         out.append(buf[i:len(buf) - hold])
         return b"".join(out)

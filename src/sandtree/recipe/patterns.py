@@ -59,6 +59,13 @@ def _compile(regex: str, what: str) -> Matcher:
         raise InvalidInput(f"{what}: {msg}") from None
 
 
+def _char_class(body: str) -> str:
+    """A pattern's `[...]` (its body) as a regex class: `^` negates; a backslash and `[` are literal."""
+    neg = body.startswith("^")
+    body = body[1:] if neg else body
+    return "[" + ("^" if neg else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]"
+
+
 # ---- .dockerignore -------------------------------------------------------------------------------
 
 def ignore_regex(pattern: str) -> Matcher:
@@ -84,10 +91,7 @@ def ignore_regex(pattern: str) -> Matcher:
             end = pattern.find("]", i + 1)
             if end < 0:
                 raise InvalidInput(f".dockerignore pattern {pattern!r}: unclosed '['")
-            body = pattern[i + 1:end]
-            neg = body.startswith("^")
-            body = body[1:] if neg else body
-            out += "[" + ("^" if neg else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]"
+            out += _char_class(pattern[i + 1:end])
             i = end
         else:
             out += re.escape(ch)
@@ -168,10 +172,7 @@ def glob_regex(segment: str, source: str, line: int) -> Matcher:
             end = segment.find("]", i + 2 if segment[i + 1:i + 2] in ("^", "]") else i + 1)
             if end < 0:
                 raise InvalidInput(f"{where(line)}COPY source {source!r}: unclosed '['", line=line)
-            body = segment[i + 1:end]
-            neg = body.startswith("^")
-            body = body[1:] if neg else body
-            out += "[" + ("^" if neg else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]"
+            out += _char_class(segment[i + 1:end])
             i = end
         else:
             out += re.escape(ch)
