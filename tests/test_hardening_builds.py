@@ -10,7 +10,6 @@ COPY globs backtracked for minutes (Python's re; now RE2), F2 expansion without 
 from __future__ import annotations
 
 import io
-import json
 import os
 import tarfile
 import time

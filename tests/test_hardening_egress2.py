@@ -22,6 +22,7 @@ from sandtree.network.httpio import Masker
 from sandtree.network.state import LinkState
 from sandtree.network.trust import bundle, link_ca, parse_secrets
 from test_egress_secrets import Conn, Loop, Proxy, Upstream, _server_ctx, _test_ca
+from test_egress_warm import eng, img, lab, wait_linked  # noqa: F401 (fixtures: the real daemon on a netlab)
 
 API = "api.example.org"
 # a value as real tokens are (base64 alphabets, punctuation): its encodings differ from it
@@ -42,17 +43,7 @@ def env(tmp_path_factory):
     port = loop.run(proxy.listen(API))
     ctx = ssl.create_default_context(cadata=bundle(link.ca.pem(), up_ca).decode())
     yield type("Env", (), dict(loop=loop, up=up, port=port, ctx=ctx, ph=secrets[0].placeholder))
-
-    async def close():
-        import asyncio
-        for server in [*proxy.listeners.values(), up.server]:
-            server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    loop.run(close())
-    loop.stop()
+    loop.close_all([*proxy.listeners.values(), up.server])
 
 
 def _raw(env, request: bytes) -> bytes:
@@ -118,27 +109,6 @@ def test_masks_cover_every_encoding_the_substitution_writes():
 pytestmark_net = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
 
 
-@pytest.fixture(scope="module")
-def lab():
-    from netlab import NetLab
-    lab = NetLab()
-    yield lab
-    lab.close()
-
-
-@pytest.fixture(scope="module")
-def neteng(tmp_path_factory, lab):
-    from test_egress_warm import lab_engine
-    e = lab_engine(lab, str(tmp_path_factory.mktemp("review-net") / "st"))
-    yield e
-    e._egress.stop_daemon()
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def netimg(neteng, tmp_path_factory):
-    from conftest import make_rootfs
-    return neteng.import_path(make_rootfs(str(tmp_path_factory.mktemp("review-root") / "root")))
 
 
 def _in_netns(inode: str) -> list[int]:
@@ -153,20 +123,19 @@ def _in_netns(inode: str) -> list[int]:
 
 
 @pytestmark_net
-def test_a_runs_background_processes_do_not_outlive_it_in_its_link(neteng, netimg):
+def test_a_runs_background_processes_do_not_outlive_it_in_its_link(eng, img):
     """A networked run (warm, linked) leaves daemons behind (setsid, nohup, double fork): none is
     in its link once the run returns, and the next run's link is another namespace."""
-    from test_egress_warm import wait_linked
     policy = {"allow_out": ["11.1.1.0/24:80"]}
-    neteng.run(netimg, "true", network=policy, disposable=True)          # the linked pool starts
-    wait_linked(neteng)
+    eng.run(img, "true", network=policy, disposable=True)          # the linked pool starts
+    wait_linked(eng)
     cmd = ("readlink /proc/self/ns/net; (setsid sleep 300 &) ; nohup sleep 300 >/dev/null 2>&1 & "
            "sh -c 'sleep 300 & exit 0'; exit 0")
-    first = neteng.run(netimg, cmd, network=policy, disposable=True)
+    first = eng.run(img, cmd, network=policy, disposable=True)
     inode = first.stdout.decode().split()[0]
     assert inode.startswith("net:[")
     assert _in_netns(inode) == []
-    second = neteng.run(netimg, "readlink /proc/self/ns/net", network=policy, disposable=True)
+    second = eng.run(img, "readlink /proc/self/ns/net", network=policy, disposable=True)
     assert second.stdout.decode().split()[0] != inode
 
 
