@@ -24,6 +24,7 @@ from sandtree.recipe.lexer import MAX_NESTING, MAX_WORD_CHARS
 from sandtree.recipe.patterns import IgnoreRules
 from sandtree.recipe.steps import Copy, From, Recipe, Run, Stage
 from sandtree.store.imageconfig import ImageConfig
+from test_builds import eng  # noqa: F401 (fixture: an engine with busybox tagged bb)
 
 
 def _write(root, rel, data=b"x"):
@@ -120,12 +121,6 @@ def test_deeply_nested_substitution_is_a_typed_error():
 
 
 # ---- the engine: a build never writes the host ----------------------------------------------------
-
-@pytest.fixture
-def eng(st, rootfs):
-    st.import_image(rootfs, tag="bb")
-    return st.engine
-
 
 def _host_dir(tmp_path):
     d = tmp_path / "host-target"
