@@ -289,3 +289,28 @@ def test_a_copy_destination_through_a_self_referencing_link_is_not_a_recursion(e
              Copy(list_context(str(ctx), "f"), grow, f"COPY f {grow}", 3))
     res = eng.build(Recipe((Stage(None, steps),), context=str(ctx)))
     assert eng.read(res.image, "/f") == b"x\n"
+
+
+# ---- F5 (open): a Dockerfile grants its RUN steps network the builder did not --------------------
+
+@pytest.mark.xfail(strict=True, reason="F5, open (a design decision): a Dockerfile's own `RUN --network=POLICY` "
+                   "wins over the build's network (engine/builds.py: step.network or the build's), so an "
+                   "untrusted Dockerfile built with no --network still reaches the public internet (the "
+                   "context it was given can leave) -- README says a RUN has no network unless network= "
+                   "gives it one. Fix: a step's flag may only narrow the build's policy (Policy.within a "
+                   "Grant of the build's rules), or need an entitlement like BuildKit's --allow")
+def test_a_dockerfile_cannot_widen_the_builds_network():
+    recipe = dockerfile.parse("FROM scratch\nRUN --network=all wget -qO- https://example.org\n")
+    assert recipe.stages[0].steps[1].network is None
+
+
+@pytest.mark.xfail(strict=True, reason="F5, open: a Dockerfile's RUN --network may name non-public "
+                   "destinations (169.254.169.254/32:80, 10.0.0.0/8), which the proxy then dials from the "
+                   "build host's namespace (non-public answers are refused unless a rule names them): an "
+                   "untrusted Dockerfile reaches the cloud metadata service and the host's LAN. Tenants are "
+                   "bounded by their token's Grant; a build has no bound")
+@pytest.mark.parametrize("rule", ["169.254.169.254/32:80", "10.0.0.0/8", "metadata.google.internal"])
+def test_a_dockerfile_cannot_name_private_destinations(rule):
+    with pytest.raises(InvalidInput):
+        dockerfile.parse(f"FROM scratch\nRUN --network={rule} wget -qO- http://169.254.169.254/\n",
+                         network="all")

@@ -173,3 +173,80 @@ def test_names_that_are_one_host_decide_as_one_and_h2c_is_taken_out():
     assert parse_request(b"GET HTTP://A.COM./ HTTP/1.1\r\nHost: a.com:80\r\n\r\n").name == "a.com"
     r = parse_request(b"GET / HTTP/1.1\r\nHost: a.com\r\nUpgrade: websocket, h2c\r\nConnection: upgrade\r\n\r\n")
     assert not r.upgrade and b"h2c" not in r.head() and b"Upgrade" not in r.head()
+
+
+# ---- F6: a body of placeholders grows in the daemon's memory ----------------------------------------
+
+class _Discard:
+    """A plain HTTP upstream that reads each request's body (Content-Length or chunked) without
+    keeping it and answers with the number of body bytes it read."""
+
+    async def start(self):
+        import asyncio
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, r, w):
+        import asyncio
+        try:
+            while True:
+                head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+                n = 0
+                if "transfer-encoding: chunked" in head:
+                    while size := int((await r.readuntil(b"\r\n")).split(b";")[0], 16):
+                        n += len(await r.readexactly(size))
+                        await r.readexactly(2)
+                    await r.readuntil(b"\r\n")
+                else:
+                    left = int(head.split("content-length: ")[1].split("\r\n")[0])
+                    while left:
+                        left -= len(await r.read(min(left, 1 << 20)))
+                        n = int(head.split("content-length: ")[1].split("\r\n")[0]) - left
+                body = str(n).encode()
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_of_placeholders_is_not_multiplied_in_the_daemons_memory(chunked):
+    """A sandbox's 1 MiB body made of a secret's placeholder (50 bytes) becomes 327 MiB with a 16 KiB
+    value: it was built in memory whole (and each 256 KiB read of a chunked or spooled body became
+    84 MiB); 256 such requests a link were the daemon's memory, every tenant's egress. It is still
+    sent whole, streamed in slices."""
+    import asyncio
+    import http.client
+    import tracemalloc
+    value = "v" * (16 << 10)
+    secrets = parse_secrets({"K": {"value": value, "hosts": [API]}})
+    link = LinkState(key="grow", index=2, address="100.64.2.2", gateway="100.64.2.1", policy=None,
+                     secrets=secrets, ca=link_ca("grow", secrets))
+    loop = Loop()
+    up = loop.run(_Discard().start())
+    proxy = Proxy(link, up.port, None, port=80)
+    port = loop.run(proxy.listen(API))
+    ph = secrets[0].placeholder.encode()
+    body = ph * ((1 << 20) // len(ph))
+    expect = len(body) // len(ph) * len(value)
+    try:
+        tracemalloc.start()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        if chunked:
+            c.request("POST", "/", body=(body[i:i + 65536] for i in range(0, len(body), 65536)),
+                      headers={"Host": API, "Content-Type": "text/plain"})
+        else:
+            c.request("POST", "/", body=body, headers={"Host": API, "Content-Type": "text/plain"})
+        got = c.getresponse().read()
+        c.close()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert int(got) == expect                                   # the host got every value
+        assert peak < 48 << 20, f"{peak >> 20} MiB held for a {len(body) >> 10} KiB body"
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+        loop.close_all([*proxy.listeners.values(), up.server])

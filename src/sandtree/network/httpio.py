@@ -371,8 +371,9 @@ async def relay_chunks(src: Reader, send, mask=None, trailer=None) -> None:
             left -= len(data)
             if mask is None:
                 await send(data)
-            else:
-                out = mask.feed(data)
+                continue
+            # (a substitution grows: it gives its output out in pieces; a masker does not)
+            for out in mask.pieces(data) if hasattr(mask, "pieces") else (mask.feed(data),):
                 if out:
                     await send(b"%x\r\n%s\r\n" % (len(out), out))
         if await src.exactly(2) != b"\r\n":

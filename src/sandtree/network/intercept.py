@@ -31,6 +31,7 @@ host encodes (base64, JSON `\\/` escapes, a compressed body it sends anyway).
 from __future__ import annotations
 
 import asyncio
+import io
 import ssl
 import tempfile
 import urllib.parse
@@ -217,6 +218,9 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
     body = await cin.exactly(length) if whole else b""
     pairs = substitute.body_values(secrets, ctype)
     spool = await _spool(cin, length, pairs, spool_dir) if spooled else None
+    if whole and body and (size := substitute.grown(body, pairs)) > MAX_BODY:
+        # placeholders grow (a 1 MiB body of them, 16 KiB values: 327 MiB): streamed out, as a spool's
+        spool, body = (io.BytesIO(body), size, True), b""
     try:
         new_target = substitute.target(target, secrets)
         new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets, sent)) for k, v in fields]
@@ -239,13 +243,15 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
             spool[0].seek(0)
             stream = substitute.Stream(pairs)
             while data := spool[0].read(READ):
-                await send_up(stream.feed(data))
+                for out in stream.pieces(data):
+                    await send_up(out)
             await send_up(stream.end())
     finally:
         if spool is not None:
             spool[0].close()
-            _SPOOLED[0] -= length
-    streamed = kind == "chunked" or (kind == "length" and not whole)
+            if spooled:
+                _SPOOLED[0] -= length
+    streamed = kind == "chunked" or (kind == "length" and not whole) or spool is not None
     replay = None if streamed or method not in _IDEMPOTENT else whole_request
     if kind == "length" and not (whole or spooled):
         left = length                 # over MAX_SPOOL: as it is
@@ -283,7 +289,7 @@ async def _spool(cin: Reader, length: int, pairs, spool_dir):
             data = await cin.some(min(left, READ))
             left -= len(data)
             f.write(data)
-            size += len(stream.feed(data))
+            size += sum(len(out) for out in stream.pieces(data))
         size += len(stream.end())
     except BaseException:
         f.close()

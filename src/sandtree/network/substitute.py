@@ -19,10 +19,10 @@ import base64
 import json
 import urllib.parse
 
-from .httpio import prefix_hold
+from .httpio import READ, prefix_hold
 from .state import Secret
 
-__all__ = ["target", "value", "body", "body_values", "masks", "Stream"]
+__all__ = ["target", "value", "body", "body_values", "masks", "grown", "Stream"]
 
 
 def target(text: bytes, secrets: list[Secret]) -> bytes:
@@ -88,10 +88,39 @@ def body(data: bytes, secrets: list[Secret], ctype: bytes) -> bytes:
     return data
 
 
+def grown(data: bytes, pairs: list[tuple[bytes, bytes]]) -> int:
+    """The length of `data` once substituted (placeholders never overlap: each holds 128 random bits)."""
+    return len(data) + sum(data.count(p) * (len(v) - len(p)) for p, v in pairs if p)
+
+
 class Stream:
     """Replaces placeholders in a body that comes in pieces. `feed` returns what is certain; it
     holds back only a tail that may be the start of a placeholder (never a byte of a value:
-    replaced text is not searched again). `found`: how many were replaced."""
+    replaced text is not searched again). `found`: how many were replaced.
+
+    Callers feed at most MAX_FEED bytes at a time: a body of nothing but placeholders grows by
+    up to len(value)/len(placeholder) (16 KiB values: over 300 times), so what one feed returns,
+    and the daemon holds, stays a few MiB (attack review of issue 15: a 1 MiB body was 327 MiB)."""
+
+    MAX_FEED = 16 << 10
+
+    def pieces(self, data: bytes, size: int = READ):
+        """feed(data) in MAX_FEED slices, given out in pieces of about `size` bytes (so a
+        relay's writes stay as few as one a read when nothing grows)."""
+        if grown(data, self.pairs) - len(data) <= size:     # little growth (the usual body): one feed
+            yield self.feed(data)
+            return
+        out: list[bytes] = []
+        n = 0
+        for i in range(0, len(data), self.MAX_FEED):
+            piece = self.feed(data[i:i + self.MAX_FEED])
+            out.append(piece)
+            n += len(piece)
+            if n >= size:
+                yield b"".join(out)
+                out, n = [], 0
+        if n:
+            yield b"".join(out)
 
     def __init__(self, pairs: list[tuple[bytes, bytes]]):
         self.pairs = [(p, v) for p, v in pairs if p]
