@@ -11,6 +11,7 @@ import pytest
 from sandtree.recipe.builder import RecipeBuilder
 from sandtree.recipe.context import BuildContext
 from sandtree.recipe.dockerfile import parse
+from test_builds import eng  # noqa: F401 (fixture: an engine with busybox tagged bb)
 
 DOCKERFILE = """\
 FROM bb
@@ -28,12 +29,6 @@ USER 1000:1000
 ENTRYPOINT ["/bin/sh", "-c"]
 CMD ["python3", "app.py"]
 """
-
-
-@pytest.fixture
-def eng(st, rootfs):
-    st.import_image(rootfs, tag="bb")
-    return st.engine
 
 
 @pytest.fixture

@@ -223,6 +223,18 @@ class Loop:
     def run(self, coro, timeout=30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def close_all(self, servers):
+        """Close `servers`, cancel every task left on the loop, stop it."""
+        async def close():
+            for server in servers:
+                server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.run(close())
+        self.stop()
+
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
@@ -265,16 +277,7 @@ def env(tmp_path_factory):
                              ctx=sandbox_ctx, only_link=only_link, ph=ph, up_ca=up_ca, tmp=tmp, proxy=proxy,
                              upstream_tls=upstream_tls))
     yield e
-
-    async def close():
-        for server in [*proxy.listeners.values(), *plain_proxy.listeners.values(), up.server, plain_up.server]:
-            server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    loop.run(close())
-    loop.stop()
+    loop.close_all([*proxy.listeners.values(), *plain_proxy.listeners.values(), up.server, plain_up.server])
 
 
 def _req(e, name, method, target, headers=None, body=None, ctx="link", conn=None):

@@ -17,6 +17,7 @@ import uuid
 from ..errors import InvalidInput, NotFound, PathEscape
 from ..store import inspect
 from ..store.layers import make_whiteout, remove_tree
+from ..store.names import PATH_BYTES_MAX
 from ..store.objects import DIR
 from ..store.store import Store
 
@@ -52,7 +53,22 @@ class Upper:
     def dir(self, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0, meta: bool = False) -> tuple[str, str]:
         """(normalised image path, host dir in the upper) of directory `path`, made with every
         parent. Existing directories (image or upper) keep their metadata unless meta: then this
-        mode/owner is set (a copied directory's own). New ones get mode/uid/gid."""
+        mode/owner is set (a copied directory's own). New ones get mode/uid/gid.
+
+        A symlink on the way starts the walk again from its resolved target (a loop, not a
+        recursion: `/l/l/l/...` under `l -> /` was a RecursionError); each restart resolves at
+        least one more component, and the path may not grow past PATH_BYTES_MAX."""
+        while True:
+            found_link = self._walk(path, mode, uid, gid, meta)
+            if isinstance(found_link, tuple):
+                return found_link
+            path = found_link
+            if len(path.encode("utf-8", "surrogateescape")) > PATH_BYTES_MAX:
+                raise InvalidInput(f"a path through the image's symlinks is over {PATH_BYTES_MAX} bytes",
+                                   path=path[:200])
+
+    def _walk(self, path: str, mode: int, uid: int, gid: int, meta: bool):
+        """dir()'s walk: the result, or the path to walk again (a symlink's target + the rest)."""
         parts = inspect.split_path(path)
         cur = "/"
         for i, name in enumerate(parts):
@@ -64,8 +80,7 @@ class Upper:
                 if found is not None and found[0] != nxt:     # a symlink on the way: its target
                     if found[1].kind != DIR:
                         raise InvalidInput(f"{nxt} is not a directory in the image", path=nxt)
-                    return self.dir(found[0] + "/" + "/".join(parts[i + 1:]), mode=mode, uid=uid, gid=gid,
-                                    meta=meta)
+                    return found[0] + "/" + "/".join(parts[i + 1:])
                 host = os.path.join(self.made[cur], name)
                 if not _real_dir(host):            # never through a link: lstat, not isdir
                     if os.path.lexists(host):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-__all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "parse_head", "get", "tokens", "build",
+__all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "prefix_hold", "parse_head", "get", "tokens", "build",
            "framing", "authority", "relay_chunks", "field_line", "chunk_size", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ",
            "LINGER_BYTES"]
 
@@ -295,6 +295,20 @@ def authority(text: str) -> str:
 
 
 
+def prefix_hold(buf: bytes, start: int, needles) -> int:
+    """How many bytes at the end of buf[start:] may begin one of `needles` (held back until the
+    next piece says whether it is one): the longest such tail."""
+    hold = 0
+    for v in needles:
+        i = buf.find(v[:1], max(start, len(buf) - len(v) + 1))
+        while i >= 0:
+            if v.startswith(buf[i:]):
+                hold = max(hold, len(buf) - i)
+                break
+            i = buf.find(v[:1], i + 1)
+    return hold
+
+
 class Masker:
     """Replaces `values` by '*' of their length in a stream of chunks, holding back only a tail
     that could be the start of a value (so a streamed response is not delayed otherwise)."""
@@ -310,15 +324,7 @@ class Masker:
         for v in self.values:
             if v in buf:
                 buf = buf.replace(v, b"*" * len(v))
-        hold = 0
-        for v in self.values:
-            start = max(0, len(buf) - len(v) + 1)
-            i = buf.find(v[:1], start)
-            while i >= 0:
-                if v.startswith(buf[i:]):
-                    hold = max(hold, len(buf) - i)
-                    break
-                i = buf.find(v[:1], i + 1)
+        hold = prefix_hold(buf, 0, self.values)
         self.tail = buf[len(buf) - hold:] if hold else b""
         return buf[:len(buf) - hold]
 
@@ -365,8 +371,9 @@ async def relay_chunks(src: Reader, send, mask=None, trailer=None) -> None:
             left -= len(data)
             if mask is None:
                 await send(data)
-            else:
-                out = mask.feed(data)
+                continue
+            # (a substitution grows: it gives its output out in pieces; a masker does not)
+            for out in mask.pieces(data) if hasattr(mask, "pieces") else (mask.feed(data),):
                 if out:
                     await send(b"%x\r\n%s\r\n" % (len(out), out))
         if await src.exactly(2) != b"\r\n":

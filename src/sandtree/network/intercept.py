@@ -31,6 +31,7 @@ host encodes (base64, JSON `\\/` escapes, a compressed body it sends anyway).
 from __future__ import annotations
 
 import asyncio
+import io
 import ssl
 import tempfile
 import urllib.parse
@@ -136,7 +137,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
                  dial, spool_dir) -> None:
     """Request by request; `ups[0]` the upstream stream (replaced when it is dialled again)."""
     cin, uin = Reader(down), Reader(ups[0])
-    masker_values = [s.value.encode() for s in secrets]
+    masker_values = substitute.masks(secrets)      # (grows by the Basic credentials a request carries)
     served = 0
 
     async def send_up(data: bytes) -> None:
@@ -155,7 +156,8 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
             return
         if head is None:
             return
-        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down, spool_dir)
+        method, keep, upgrade, replay = await _request(cin, head, name, secrets, send_up, down, spool_dir,
+                                                       masker_values)
         answered = False
         while True:                                  # interim (1xx) responses, then the final one
             try:
@@ -185,7 +187,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
         served += 1
 
 
-async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir):
+async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir, sent: list):
     first, fields = parse_head(head)
     parts = first.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
@@ -216,9 +218,12 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
     body = await cin.exactly(length) if whole else b""
     pairs = substitute.body_values(secrets, ctype)
     spool = await _spool(cin, length, pairs, spool_dir) if spooled else None
+    if whole and body and (size := substitute.grown(body, pairs)) > MAX_BODY:
+        # placeholders grow (a 1 MiB body of them, 16 KiB values: 327 MiB): streamed out, as a spool's
+        spool, body = (io.BytesIO(body), size, True), b""
     try:
         new_target = substitute.target(target, secrets)
-        new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets)) for k, v in fields]
+        new_fields = [(k, v if k.lower() == b"host" else substitute.value(v, secrets, sent)) for k, v in fields]
         new_body = substitute.body(body, secrets, ctype) if body else body
         if (new_target != target or new_fields != fields or new_body != body or kind == "chunked"
                 or (spool is not None and spool[2])):
@@ -238,13 +243,15 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
             spool[0].seek(0)
             stream = substitute.Stream(pairs)
             while data := spool[0].read(READ):
-                await send_up(stream.feed(data))
+                for out in stream.pieces(data):
+                    await send_up(out)
             await send_up(stream.end())
     finally:
         if spool is not None:
             spool[0].close()
-            _SPOOLED[0] -= length
-    streamed = kind == "chunked" or (kind == "length" and not whole)
+            if spooled:
+                _SPOOLED[0] -= length
+    streamed = kind == "chunked" or (kind == "length" and not whole) or spool is not None
     replay = None if streamed or method not in _IDEMPOTENT else whole_request
     if kind == "length" and not (whole or spooled):
         left = length                 # over MAX_SPOOL: as it is
@@ -282,7 +289,7 @@ async def _spool(cin: Reader, length: int, pairs, spool_dir):
             data = await cin.some(min(left, READ))
             left -= len(data)
             f.write(data)
-            size += len(stream.feed(data))
+            size += sum(len(out) for out in stream.pieces(data))
         size += len(stream.end())
     except BaseException:
         f.close()

@@ -6,7 +6,12 @@ what is replaced, and how it is encoded where it lands):
     replaced, encoded again;
   * a body: JSON-escaped for a JSON body, form-encoded for a form body, raw otherwise -- whole
     (`body`) or as a stream (`Stream`: a placeholder split between two reads or two chunks is
-    still found; memory is one read plus the longest placeholder)."""
+    still found; memory is one read plus the longest placeholder).
+
+What the relay masks in responses (`masks`) is every form a value was sent in, not only the value
+itself: a host that echoes the request (its URL, its headers, its form) hands back the proxy's own
+encoding, and percent-, form- or JSON-encoding or base64 is undone by the sandbox in one line (attack
+review of issue 15: `GET /echo?q=PLACEHOLDER` gave back the value percent-encoded)."""
 
 from __future__ import annotations
 
@@ -14,9 +19,10 @@ import base64
 import json
 import urllib.parse
 
+from .httpio import READ, prefix_hold
 from .state import Secret
 
-__all__ = ["target", "value", "body", "body_values", "Stream"]
+__all__ = ["target", "value", "body", "body_values", "masks", "grown", "Stream"]
 
 
 def target(text: bytes, secrets: list[Secret]) -> bytes:
@@ -27,7 +33,20 @@ def target(text: bytes, secrets: list[Secret]) -> bytes:
     return text
 
 
-def value(text: bytes, secrets: list[Secret]) -> bytes:
+def masks(secrets: list[Secret]) -> list[bytes]:
+    """Each value in every encoding the substitution writes it (value, target, form and JSON
+    bodies), longest first; `value` adds a Basic credential it writes (the encoding holds more)."""
+    out = set()
+    for s in secrets:
+        v = s.value
+        out.update((v.encode(), urllib.parse.quote(v, safe="").encode(), urllib.parse.quote_plus(v).encode(),
+                    json.dumps(v)[1:-1].encode()))
+    return sorted((m for m in out if m), key=lambda m: (-len(m), m))
+
+
+def value(text: bytes, secrets: list[Secret], sent: list[bytes] | None = None) -> bytes:
+    """A header value with the placeholders replaced; `sent` (the connection's masks) gets a
+    Basic credential this wrote, as it goes on the wire."""
     for s in secrets:
         text = text.replace(s.placeholder.encode(), s.value.encode())
     scheme, _, cred = text.partition(b" ")
@@ -40,7 +59,10 @@ def value(text: bytes, secrets: list[Secret]) -> bytes:
         for s in secrets:
             new = new.replace(s.placeholder.encode(), s.value.encode())
         if new != plain:
-            text = scheme + b" " + base64.b64encode(new)
+            cred = base64.b64encode(new)
+            text = scheme + b" " + cred
+            if sent is not None and cred not in sent:
+                sent.append(cred)
     return text
 
 
@@ -66,10 +88,39 @@ def body(data: bytes, secrets: list[Secret], ctype: bytes) -> bytes:
     return data
 
 
+def grown(data: bytes, pairs: list[tuple[bytes, bytes]]) -> int:
+    """The length of `data` once substituted (placeholders never overlap: each holds 128 random bits)."""
+    return len(data) + sum(data.count(p) * (len(v) - len(p)) for p, v in pairs if p)
+
+
 class Stream:
     """Replaces placeholders in a body that comes in pieces. `feed` returns what is certain; it
     holds back only a tail that may be the start of a placeholder (never a byte of a value:
-    replaced text is not searched again). `found`: how many were replaced."""
+    replaced text is not searched again). `found`: how many were replaced.
+
+    Callers feed at most MAX_FEED bytes at a time: a body of nothing but placeholders grows by
+    up to len(value)/len(placeholder) (16 KiB values: over 300 times), so what one feed returns,
+    and the daemon holds, stays a few MiB (attack review of issue 15: a 1 MiB body was 327 MiB)."""
+
+    MAX_FEED = 16 << 10
+
+    def pieces(self, data: bytes, size: int = READ):
+        """feed(data) in MAX_FEED slices, given out in pieces of about `size` bytes (so a
+        relay's writes stay as few as one a read when nothing grows)."""
+        if grown(data, self.pairs) - len(data) <= size:     # little growth (the usual body): one feed
+            yield self.feed(data)
+            return
+        out: list[bytes] = []
+        n = 0
+        for i in range(0, len(data), self.MAX_FEED):
+            piece = self.feed(data[i:i + self.MAX_FEED])
+            out.append(piece)
+            n += len(piece)
+            if n >= size:
+                yield b"".join(out)
+                out, n = [], 0
+        if n:
+            yield b"".join(out)
 
     def __init__(self, pairs: list[tuple[bytes, bytes]]):
         self.pairs = [(p, v) for p, v in pairs if p]
@@ -88,14 +139,7 @@ class Stream:
             out += (buf[i:j], v)
             i = j + len(p)
             self.found += 1
-        hold = 0
-        for p, _ in self.pairs:
-            k = buf.find(p[:1], max(i, len(buf) - len(p) + 1))
-            while k >= 0:
-                if p.startswith(buf[k:]):
-                    hold = max(hold, len(buf) - k)
-                    break
-                k = buf.find(p[:1], k + 1)
+        hold = prefix_hold(buf, i, [p for p, _ in self.pairs])
         self.tail = buf[len(buf) - hold:] if hold else b""
         out.append(buf[i:len(buf) - hold])
         return b"".join(out)

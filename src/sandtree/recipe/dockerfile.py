@@ -22,10 +22,10 @@ import re
 from ..errors import InvalidInput
 from ..network.policy import Policy
 from .context import BuildContext, source_roots
-from .lexer import Line, directives_and_lines, expand, quote, split_words, word
+from .lexer import MAX_WORD_CHARS, Line, directives_and_lines, expand, quote, split_words, word
 from .steps import Configure, Copy, From, Recipe, Run, Stage
 
-__all__ = ["parse", "SUPPORTED", "MAX_STAGES"]
+__all__ = ["parse", "SUPPORTED", "MAX_STAGES", "MAX_EXPANDED"]
 
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "LABEL", "ENTRYPOINT", "CMD", "EXPOSE")
 _DOCKER_ONLY = ("MAINTAINER", "VOLUME", "HEALTHCHECK", "SHELL", "STOPSIGNAL", "ONBUILD")
@@ -36,6 +36,7 @@ _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://|git@)")
 _HEREDOC = re.compile(r"(^|\s)\d*<<-?\s*([\"']?)[A-Za-z_][A-Za-z0-9_]*\2(\s|$)")
 _PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp|sctp))?$", re.I)
 _MAX_PORTS = 1024
+MAX_EXPANDED = 16 * MAX_WORD_CHARS   # all of a Dockerfile's expanded words together (each step keeps its text)
 
 
 def _fail(ln: Line, what: str) -> InvalidInput:
@@ -86,10 +87,20 @@ class _Parser:
         self.image_env = image_env
         self.global_args: dict = {}
         self.stages: list[_Stage] = []
+        self.expanded = 0
 
     # ---- helpers --------------------------------------------------------------------------------------
+    def expand(self, w: str, scope, line: int) -> str:
+        """expand() counted against MAX_EXPANDED: copies of a large value cannot add up either."""
+        value = expand(w, scope, self.escape, line)
+        self.expanded += len(value)
+        if self.expanded > MAX_EXPANDED:
+            raise InvalidInput(f"line {line}: the Dockerfile's words expand to over {MAX_EXPANDED} characters",
+                               line=line)
+        return value
+
     def words(self, ln: Line, text: str, scope: dict) -> list[str]:
-        return [expand(w, scope, self.escape, ln.number) for w in split_words(text, self.escape, ln.number)]
+        return [self.expand(w, scope, ln.number) for w in split_words(text, self.escape, ln.number)]
 
     def flags(self, ln: Line, allowed: tuple[str, ...]) -> tuple[dict, str]:
         """Leading --name=value flags (only `allowed`) and the rest of the line."""
@@ -182,7 +193,7 @@ class _Parser:
             name, eq, default = decl.partition("=")
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise _fail(ln, f"bad argument name {name!r}")
-            value = expand(default, scope, self.escape, ln.number) if eq else None
+            value = self.expand(default, scope, ln.number) if eq else None
             if not self.stages:
                 self.global_args[name] = self.build_args.get(name, value)
             else:
@@ -218,7 +229,7 @@ class _Parser:
             raise _fail(ln, "heredocs (<<EOF) are not supported: put the file in the context")
         scope = st.scope()
         argv = self.json_form(rest)
-        words = [expand(w, scope, self.escape, ln.number) for w in argv] if argv is not None \
+        words = [self.expand(w, scope, ln.number) for w in argv] if argv is not None \
             else self.words(ln, rest, scope)
         if len(words) < 2:
             raise _fail(ln, "needs a source and a destination")
@@ -228,7 +239,7 @@ class _Parser:
         kw: dict = {}
         texts = []
         if "from" in flags:
-            frm = expand(flags["from"], scope, self.escape, ln.number)
+            frm = self.expand(flags["from"], scope, ln.number)
             if frm.lower() == st.name:
                 raise _fail(ln, f"--from={frm} is this stage itself")
             try:
@@ -240,7 +251,7 @@ class _Parser:
                 raise _fail(ln, f"--from={frm}: {e.message}") from None
             texts.append(f"--from={word(frm)}")
         if "chown" in flags:
-            chown = expand(flags["chown"], scope, self.escape, ln.number)
+            chown = self.expand(flags["chown"], scope, ln.number)
             if not _CHOWN.match(chown):
                 raise _fail(ln, f"--chown={chown!r}: expected USER[:GROUP] (names or IDs)")
             kw["chown"] = chown
@@ -297,16 +308,16 @@ class _Parser:
             if len(words) < 2:
                 raise _fail(ln, f"{words[0]!r} needs a value ({ln.instruction} K=V)")
             value = ln.rest[len(words[0]):].strip()
-            return [(expand(words[0], scope, self.escape, ln.number), expand(value, scope, self.escape, ln.number))]
+            return [(self.expand(words[0], scope, ln.number), self.expand(value, scope, ln.number))]
         out = []
         for w in words:
             k, eq, v = w.partition("=")
             if not eq:
                 raise _fail(ln, f"{w!r} is not K=V")
-            k = expand(k, scope, self.escape, ln.number)
+            k = self.expand(k, scope, ln.number)
             if not k:
                 raise _fail(ln, f"an empty name in {w!r}")
-            out.append((k, expand(v, scope, self.escape, ln.number)))
+            out.append((k, self.expand(v, scope, ln.number)))
         return out
 
     def do_ENV(self, ln: Line) -> None:
@@ -325,7 +336,7 @@ class _Parser:
         st = self.stage(ln)
         if not ln.rest:
             raise _fail(ln, "needs a value")
-        value = expand(ln.rest, st.scope(), self.escape, ln.number)
+        value = self.expand(ln.rest, st.scope(), ln.number)
         if not value:
             raise _fail(ln, f"{ln.rest!r} expands to nothing")
         return value

@@ -12,10 +12,16 @@ from dataclasses import dataclass
 
 from ..errors import InvalidInput
 
-__all__ = ["Line", "directives_and_lines", "split_words", "expand", "quote", "word", "MAX_TEXT_BYTES", "MAX_LINES"]
+__all__ = ["Line", "directives_and_lines", "split_words", "expand", "quote", "word", "MAX_TEXT_BYTES", "MAX_LINES",
+           "MAX_WORD_CHARS", "MAX_NESTING"]
 
 MAX_TEXT_BYTES = 1 << 20        # a Dockerfile larger than this is refused
 MAX_LINES = 2000                # instructions
+# Expansion is bounded too (a review found `ENV A=$A$A` on 40 lines asks for 2^40 bytes, and
+# `${A:-${A:-...}}` nested 500 deep raised RecursionError after quadratic scanning): a word expands
+# to at most as much as a whole Dockerfile may hold, through at most this many nested ${...}.
+MAX_WORD_CHARS = 1 << 20
+MAX_NESTING = 32
 _DIRECTIVE = re.compile(r"^#\s*([a-zA-Z][a-zA-Z0-9]*)\s*=\s*(.*?)\s*$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -113,9 +119,13 @@ def split_words(text: str, escape: str, line: int) -> list[str]:
     return words
 
 
-def expand(word: str, env: dict, escape: str, line: int) -> str:
-    """One word with its quotes removed and its variables replaced (Docker's ProcessWord)."""
+def expand(word: str, env: dict, escape: str, line: int, _depth: int = 0) -> str:
+    """One word with its quotes removed and its variables replaced (Docker's ProcessWord);
+    InvalidInput past MAX_WORD_CHARS or MAX_NESTING."""
+    if _depth > MAX_NESTING:
+        raise InvalidInput(f"line {line}: substitutions nested over {MAX_NESTING} deep", line=line)
     out, i, n = [], 0, len(word)
+    size = 0
     quote_ch = None
     while i < n:
         ch = word[i]
@@ -138,7 +148,10 @@ def expand(word: str, env: dict, escape: str, line: int) -> str:
             quote_ch = None
             i += 1
         elif ch == "$":
-            value, i = _variable(word, i + 1, env, escape, line)
+            value, i = _variable(word, i + 1, env, escape, line, _depth)
+            size += len(value)
+            if size > MAX_WORD_CHARS:
+                raise InvalidInput(f"line {line}: a word expands to over {MAX_WORD_CHARS} characters", line=line)
             out.append(value)
         else:
             out.append(ch)
@@ -148,7 +161,7 @@ def expand(word: str, env: dict, escape: str, line: int) -> str:
     return "".join(out)
 
 
-def _variable(word: str, i: int, env: dict, escape: str, line: int) -> tuple[str, int]:
+def _variable(word: str, i: int, env: dict, escape: str, line: int, depth: int) -> tuple[str, int]:
     """The value of the variable that starts at word[i] (just after '$'), and where it ends."""
     if i < len(word) and word[i] == "{":
         end = _closing_brace(word, i, line)
@@ -162,7 +175,7 @@ def _variable(word: str, i: int, env: dict, escape: str, line: int) -> tuple[str
             return value or "", end + 1
         for form in (":-", ":+", ":?", "-", "+", "?"):
             if op.startswith(form):
-                arg = expand(op[len(form):], env, escape, line)
+                arg = expand(op[len(form):], env, escape, line, depth + 1)
                 unset_or_empty = not value if form.startswith(":") else value is None
                 if form.endswith("-"):
                     return (arg if unset_or_empty else value), end + 1

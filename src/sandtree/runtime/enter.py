@@ -21,7 +21,7 @@ from ..errors import CommandNotFound, InvalidInput, NotFound, SandboxError
 from . import seccomp
 from .base import RunOutcome, RunSpec
 from .pump import parse_report, pump
-from .validate import validate_spec
+from .validate import env_args, helper_env, validate_spec
 
 # After the command's exit, how long the engine waits for sandtree-drain to pass on the rest of
 # its output (microseconds normally; the drain runs as the sandbox's, so it is not trusted to).
@@ -84,11 +84,10 @@ class Commands:
         words = ["--cwd", spec.cwd, "--uid", str(spec.uid), "--gid", str(spec.gid)]
         if pty:
             words += ["--pty", "1"]
-        if ahead is None:
-            proc, rep_r = self._spawn(h, words + ["--"] + spec.argv, spec.env, (), stdin, stdout, stderr)
+        if ahead is None:                   # (the env never as the host helper's own: helper_env)
+            proc, rep_r = self._spawn(h, words + ["--"] + spec.argv, helper_env(spec.env), (), stdin, stdout, stderr)
             return proc, rep_r, bytearray()
-        for k, v in spec.env.items():
-            words += ["--env", f"{k}={v}"]
+        words += env_args(spec.env)
         data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words + ["--"] + spec.argv)
         try:
             with os.fdopen(ahead.spec_w, "wb") as f:

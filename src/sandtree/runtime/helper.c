@@ -93,7 +93,7 @@ struct opts {
     int inject;                 /* the engine writes files into the upper first: wait for it */
     int exec_runtime;           /* --exec 1: after the mounts, P becomes the command (runsc) */
     int spec_fd;                /* warm mode: per-run options arrive here (see below) */
-    char **envp; int nenv;      /* warm mode: the command's environment (--env K=V) */
+    char **envp; int nenv;      /* the command's environment (--env K=V; the helper's own is empty) */
     int live;                   /* --live 1: pid 1 runs no command and waits for `--enter`s */
     int detach;                 /* live: --detach 1 outlives the engine (else it dies with it) */
     long lifetime;              /* live: seconds until the sandbox is killed (0: no limit) */
@@ -353,7 +353,7 @@ static void become_command(const struct opts *o) {
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) goto fail;
     }
     if (o->seccomp_fd < 0) syscall(SYS_close_range, o->keep_fds > 3 ? o->keep_fds : 3, ~0U, 4);
-    if (o->envp) environ = o->envp;             /* warm start: env came with the spec */
+    if (o->envp) environ = o->envp;             /* the command's env came as options (or the spec) */
     if (o->exec_fd > 2) syscall(SYS_execveat, o->exec_fd, "", o->argv, environ, AT_EMPTY_PATH);
     else execvp(o->argv[0], o->argv);
     e = errno;
@@ -696,6 +696,7 @@ static int sandbox_init(struct opts *o) {
     /* Hide the host paths in our own argv from the sandbox's /proc/1/cmdline. */
     o->cwd = strdup(o->cwd);
     for (char **a = o->argv; *a; a++) *a = strdup(*a);   /* the command may live in our argv */
+    for (int k = 0; k < o->nenv; k++) o->envp[k] = strdup(o->envp[k]);   /* its env too */
     memset(o->self_argv0, 0, (size_t)(o->argv_end - o->self_argv0));
     strcpy(o->self_argv0, "sandtree-init");
     prctl(PR_SET_NAME, "sandtree-init", 0, 0, 0);
@@ -796,6 +797,16 @@ static void parse(int argc, char **argv, struct opts *o) {
     o->self_argv0 = argv[0];
     o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]);
     o->argv = argv + i;
+    /* The command's env comes as our own environment's _ST_NAME=VALUE entries: names that no
+     * loader or libc reads (LD_PRELOAD, GLIBC_TUNABLES, ... act on nothing of ours, and a dynamic
+     * build of this root helper would load them), and not argv (/proc/PID/cmdline is world-readable). */
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "_ST_", 4)) continue;
+        o->envp = realloc(o->envp, sizeof(char *) * (size_t)(o->nenv + 2));
+        if (!o->envp) exit(125);
+        o->envp[o->nenv++] = *e + 4;
+        o->envp[o->nenv] = NULL;
+    }
     if (o->spec_fd >= 0) return;                 /* the rest comes with the spec */
     if (o->enter_fd >= 0 && o->report_fd >= 0) return;
     if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {

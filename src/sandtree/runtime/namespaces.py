@@ -41,7 +41,7 @@ from .live import LiveRuntime
 from .pump import parse_report, pump
 from .reaper import reaper
 from .runfiles import fds_of, network_args
-from .validate import disk_inodes, validate_spec
+from .validate import disk_inodes, env_args, helper_env, validate_spec
 from .warm import WarmPool
 
 # Docker's default capability set (numbers from linux/capability.h).
@@ -142,8 +142,10 @@ class NamespaceRuntime(Runtime):
                 cg = self.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
                 for f in cg.procs_files:
                     args += ["--cgroup", f]
+            # the helper is root on the host: the command's env (the caller's, an image's config) is
+            # never its own (LD_PRELOAD & co.): helper_env renames it, helper.c takes it back
             proc = subprocess.Popen(
-                args + ["--"] + spec.argv, env=spec.env, close_fds=True,
+                args + ["--"] + spec.argv, env=helper_env(spec.env), close_fds=True,
                 pass_fds=(theirs.fileno(), rep_w, sfd, *fds_of(spec, rt)),
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -175,10 +177,7 @@ class NamespaceRuntime(Runtime):
             w.cg.set_limits(memory=lim.memory, pids=lim.pids, cpus=lim.cpus)
             if spec.prepare_changes:             # the upper exists already: no round trip
                 spec.prepare_changes(f"/proc/self/fd/{w.scratch_fd}/u")
-            words = self.run_args(spec)
-            for k, v in spec.env.items():
-                words += ["--env", f"{k}={v}"]
-            words += ["--"] + spec.argv
+            words = self.run_args(spec) + env_args(spec.env) + ["--"] + spec.argv
             data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
             if w.gate is not None:               # nothing runs before the caller says (the link's policy)
                 w.gate()

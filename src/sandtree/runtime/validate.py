@@ -70,3 +70,20 @@ def check_files_fit(spec: RunSpec) -> None:
     if inodes > disk_inodes(disk):                     # the files and their parent dirs
         raise TooLarge(f"{len(spec.files)} files and their directories need {inodes} inodes, "
                        f"disk={disk} gives {disk_inodes(disk)}: ask for more disk", inodes=inodes, disk=disk)
+
+
+
+def env_args(env: dict) -> list[str]:
+    """A command's environment as `--env K=V` options of a spec sent on a pipe (warm helpers)."""
+    out: list[str] = []
+    for k, v in env.items():
+        out += ["--env", f"{k}={v}"]
+    return out
+
+
+def helper_env(env: dict) -> dict:
+    """A command's environment as a helper started cold gets it: `_ST_NAME` entries (helper.c
+    takes them for the command). The helper is root on the host: nothing a caller or an image's
+    config puts in env (LD_PRELOAD, GLIBC_TUNABLES, ...) may be its own environment, and argv
+    would show the values to every host user (/proc/PID/cmdline)."""
+    return {"_ST_" + k: v for k, v in env.items()}
