@@ -302,9 +302,13 @@ def test_a_networked_step_beyond_the_grant_is_refused_with_403(srv, ctx):
     b = srv["c"]["bob"]                                      # no network grant (the default: off)
     ops = len(b.get("/operations", params={"limit": 1000}).json())
     body = tar_of([({"name": "hello.txt", "mode": 0o644}, b"hello\n")])
-    status, err = post_build(b, body, text="FROM base\nRUN true\nRUN --network=pypi.org pip download x\n")
+    status, err = post_build(b, body, text="FROM base\nRUN --network=none true\nRUN --network=pypi.org pip download x\n",
+                             network="all")
     assert status == 403 and err["error"] == "forbidden" and "line 3" in err["message"] and "pypi.org" in \
         err["message"], err
+    # a step's own --network only narrows the build's: with none given it is refused (line named)
+    status, err = post_build(b, body, text="FROM base\nRUN true\nRUN --network=pypi.org pip download x\n")
+    assert status == 400 and "line 3" in err["message"] and "build's network" in err["message"], err
     status, err = post_build(b, body, text="FROM base\nRUN echo hi\n", network="all")
     assert status == 403 and "line 2" in err["message"], err
     assert len(b.get("/operations", params={"limit": 1000}).json()) == ops     # nothing ran

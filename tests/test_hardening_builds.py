@@ -299,13 +299,13 @@ def test_an_image_env_never_becomes_the_host_helpers_environment(tmp_path, rootf
 # ---- tenants --------------------------------------------------------------------------------------
 
 def test_a_tenant_cannot_build_nor_configure_an_image_it_does_not_see(eng, rootfs):
-    """Builds are the operator's (in process; no tenant reads the cache or COPY --from another's
-    image); configure and image_config work on images the tenant sees only."""
+    """A tenant builds from what it sees only (no COPY --from an image of another's, no cache hit
+    on one); configure and image_config work on images the tenant sees only."""
     from sandtree.tenancy import Tenant
     other = eng.as_tenant(Tenant("other"))
     own = other.import_path(rootfs)                       # (the same ID as the operator's bb)
     hidden = eng.run("bb", "echo operator > /mine").image
-    with pytest.raises(Forbidden, match="admin"):
+    with pytest.raises(NotFound):
         other.build(Recipe((Stage(None, (From(own, "FROM own", 1), Run("true", "RUN true", 2),
                                          Copy((), "/x", "COPY --from=h /mine /x", 3, from_stage=hidden,
                                               paths=("/mine",)))),)))
@@ -334,26 +334,27 @@ def test_a_copy_destination_through_a_self_referencing_link_is_not_a_recursion(e
     assert eng.read(res.image, "/f") == b"x\n"
 
 
-# ---- F5 (open): a Dockerfile grants its RUN steps network the builder did not --------------------
+# ---- F5 (fixed): a Dockerfile's RUN --network may only narrow the build's network --------------
 
-@pytest.mark.xfail(strict=True, reason="F5, open (a design decision): a Dockerfile's own `RUN --network=POLICY` "
-                   "wins over the build's network (engine/builds.py: step.network or the build's), so an "
-                   "untrusted Dockerfile built with no --network still reaches the public internet (the "
-                   "context it was given can leave) -- README says a RUN has no network unless network= "
-                   "gives it one. Fix: a step's flag may only narrow the build's policy (Policy.within a "
-                   "Grant of the build's rules), or need an entitlement like BuildKit's --allow")
 def test_a_dockerfile_cannot_widen_the_builds_network():
-    recipe = dockerfile.parse("FROM scratch\nRUN --network=all wget -qO- https://example.org\n")
-    assert recipe.stages[0].steps[1].network is None
+    """A step's --network may only narrow the build's (the caller's) network; a build without one
+    refuses the flag, naming the line."""
+    with pytest.raises(InvalidInput, match="line 2.*needs the build's network"):
+        dockerfile.parse("FROM scratch\nRUN --network=all wget -qO- https://example.org\n")
+    with pytest.raises(InvalidInput, match="beyond what the build allows"):
+        dockerfile.parse("FROM scratch\nRUN --network=evil.example wget -qO- http://evil.example\n",
+                         network=["pypi.org"])
+    narrowed = dockerfile.parse("FROM scratch\nRUN --network=pypi.org true\nRUN --network=none true\n",
+                                network="all")
+    assert [str(r) for r in narrowed.stages[0].steps[1].network.allow] == ["pypi.org"]
+    assert narrowed.stages[0].steps[2].network is None
 
 
-@pytest.mark.xfail(strict=True, reason="F5, open: a Dockerfile's RUN --network may name non-public "
-                   "destinations (169.254.169.254/32:80, 10.0.0.0/8), which the proxy then dials from the "
-                   "build host's namespace (non-public answers are refused unless a rule names them): an "
-                   "untrusted Dockerfile reaches the cloud metadata service and the host's LAN. Tenants are "
-                   "bounded by their token's Grant; a build has no bound")
-@pytest.mark.parametrize("rule", ["169.254.169.254/32:80", "10.0.0.0/8", "metadata.google.internal"])
+@pytest.mark.parametrize("rule", ["169.254.169.254/32:80", "10.0.0.0/8"])
 def test_a_dockerfile_cannot_name_private_destinations(rule):
-    with pytest.raises(InvalidInput):
+    """A build's "all" is the public internet; a step naming a private or metadata network is
+    beyond it. (A host name such as metadata.google.internal never reaches a non-public answer:
+    only a network rule naming the address does, network/policy.py.)"""
+    with pytest.raises(InvalidInput, match="beyond what the build allows"):
         dockerfile.parse(f"FROM scratch\nRUN --network={rule} wget -qO- http://169.254.169.254/\n",
                          network="all")

@@ -20,7 +20,7 @@ import posixpath
 import re
 
 from ..errors import InvalidInput
-from ..network.policy import Policy
+from ..network.policy import Grant, Policy
 from .context import BuildContext, source_roots
 from .lexer import MAX_WORD_CHARS, Line, directives_and_lines, expand, quote, split_words, word
 from .steps import Configure, Copy, From, Recipe, Run, Stage
@@ -37,6 +37,10 @@ _HEREDOC = re.compile(r"(^|\s)\d*<<-?\s*([\"']?)[A-Za-z_][A-Za-z0-9_]*\2(\s|$)")
 _PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp|sctp))?$", re.I)
 _MAX_PORTS = 1024
 MAX_EXPANDED = 16 * MAX_WORD_CHARS   # all of a Dockerfile's expanded words together (each step keeps its text)
+
+
+def _show_policy(p: Policy) -> str:
+    return ",".join(str(r) for r in p.allow)
 
 
 def _fail(ln: Line, what: str) -> InvalidInput:
@@ -201,6 +205,20 @@ class _Parser:
                     value = self.global_args[name]          # ARG NAME in a stage: the global value
                 self.stages[-1].args[name] = self.build_args.get(name, value)
 
+    def narrowed(self, ln: Line, step: Policy | None) -> Policy | None:
+        """A step's own --network within the build's (the caller's `network`): a Dockerfile is
+        untrusted, so its flag may narrow what the build allows, never widen it (BuildKit asks
+        for an --allow entitlement likewise). The build's deny rules stay on the step."""
+        if step is None or step == self.network:
+            return step
+        if self.network is None:
+            raise _fail(ln, f"--network={_show_policy(step)} needs the build's network: a step may only narrow "
+                            "what the build allows (build with --network ...)")
+        why = step.within(Grant(self.network.allow))
+        if why:
+            raise _fail(ln, f"--network: {why.replace('this token may ask for', 'the build allows')}")
+        return Policy(step.allow, tuple(dict.fromkeys(step.deny + self.network.deny)))
+
     def do_RUN(self, ln: Line) -> None:
         st = self.stage(ln)
         flags, rest = self.flags(ln, ("network",))
@@ -217,6 +235,7 @@ class _Parser:
                 network = self.network if value == "default" else Policy.from_value(value)
             except InvalidInput as e:
                 raise _fail(ln, e.message) from None
+            network = self.narrowed(ln, network)
         argv = self.json_form(rest)
         text = "RUN " + (json.dumps(argv, ensure_ascii=False) if argv is not None else rest)
         env = tuple((k, v) for k, v in st.args.items() if v is not None and k not in st.env)   # ENV wins
