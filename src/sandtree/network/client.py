@@ -84,12 +84,20 @@ class Egress:
         self.upstream_netns = upstream_netns or netns_
         self.upstream_dns = upstream_dns or dns
         self.upstream_ca = upstream_ca or ca
+        self._available = False
         self._local = threading.local()
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     # ---- availability and the daemon ----------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
+        if self._available:                  # (asked before every networked run: a yes is kept)
+            return True, ""
+        ok, why = self._check()
+        self._available = ok
+        return ok, why
+
+    def _check(self) -> tuple[bool, str]:
         if os.geteuid() != 0:
             return False, "network egress needs root (the daemon makes namespaces, veths and nftables rules)"
         if not shutil.which("nft"):

@@ -90,12 +90,17 @@ class Links:
         self._used: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # Removing a veth waits for the kernel (RCU: 15-35 ms each here): on a thread of its own,
+        # with its own netlink socket, so making links for the pool never queues behind removals.
+        self._dropper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="links-drop")
         self.router_fd = netns.new()
         try:
             self._ipr = self.call(self._router, firewall)
+            self._drop_ipr = self._dropper.submit(self._router_socket).result()
         except BaseException:
             os.close(self.router_fd)
             self._worker.shutdown()
+            self._dropper.shutdown()
             raise
         self.refill()
 
@@ -119,6 +124,10 @@ class Links:
             raise
         return ipr
 
+    def _router_socket(self) -> IPRoute:
+        with netns.entered(self.router_fd):
+            return IPRoute()
+
     def _index(self) -> int:
         with self._lock:
             for k in range(1, MAX_INDEX + 1):
@@ -140,10 +149,11 @@ class Links:
             self._drop_veth(index)
             raise
 
-    def _drop_veth(self, index: int) -> None:
+    def _drop_veth(self, index: int, ipr: IPRoute | None = None) -> None:
+        ipr = ipr or self._ipr                    # (the socket of the thread this runs on)
         with contextlib.suppress(Exception):      # (gone with its namespace already: nothing to do)
-            for i in self._ipr.link_lookup(ifname=f"st{index}"):
-                self._ipr.link("del", index=i)
+            for i in ipr.link_lookup(ifname=f"st{index}"):
+                ipr.link("del", index=i)
 
     def _configure(self, peer_fd: int, address: str, gateway: str | None, sysctls) -> None:
         """In the namespace `peer_fd`: sysctls, lo and eth0 up with `address`, default route via
@@ -250,20 +260,22 @@ class Links:
     def drop(self, made: Made) -> None:
         """Remove a link: its veth (both ends go) and our hold on its namespace."""
         def go():
-            self._drop_veth(made.index)
+            self._drop_veth(made.index, self._drop_ipr)
             if made.netns_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(made.netns_fd)
             with self._lock:
                 self._used.discard(made.index)
         if not self._closed:
-            self.call(go)
+            self._dropper.submit(go).result()
 
     def close(self) -> None:
         """Remove every link of the pool and the router namespace (all veths go with it)."""
         if self._closed:
             return
         self._closed = True
+        self._dropper.shutdown(wait=True)          # removals under way end first
+        self._drop_ipr.close()
         def go():
             for made in self._pool:
                 self._drop_veth(made.index)
