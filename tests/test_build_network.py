@@ -6,26 +6,15 @@ why the host's CA bundle goes into the image); skipped with the reason when unre
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
 
-from sandtree.engine import Engine, RecipeBuilder
+from sandtree.engine import RecipeBuilder
 from sandtree.errors import BuildFailed
-from test_network_pip import HOST_BUNDLE, registry_rules
+from test_network_pip import HOST_BUNDLE, eng, registry_rules  # noqa: F401 - eng: the same fixture
 
 PIP = ("pip install --break-system-packages --no-cache-dir --disable-pip-version-check six==1.16.0")
-
-
-@pytest.fixture(scope="module")
-def eng(bookworm):
-    if os.geteuid() != 0 or not shutil.which("nft"):
-        pytest.skip("needs root and nft")
-    e = Engine(bookworm[0], warm=0)             # the session's Debian store (conftest.bookworm)
-    yield e
-    e.egress.stop_daemon()
-    e.close()
 
 
 @pytest.fixture(scope="module")
