@@ -31,6 +31,7 @@ from fastapi.responses import (
 from fastapi.routing import APIRoute
 
 from . import contree_wire as wire
+from .contree_subprocesses import proc_events, subprocesses_router
 from .bodylimit import spool, unstage
 from .. import config
 from ..errors import InvalidInput, NotFound, SandtreeError
@@ -184,7 +185,10 @@ def contree_router(engine_for, stage) -> APIRouter:
             "files": files, "timeout": body.timeout, "output": body.truncate_output_at,
             "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None,
             # enabled: the server's configured default policy; false or absent: none
-            "network": config.network_default() if body.networking and body.networking.enabled else None}
+            "network": wire.network_of(body.networking, config.network_default()),
+            # a live sandbox (subprocesses may join it) unless disposable with its stdin closed;
+            # those run as a plain run (its disposable result: see the design's Contree section)
+            "live": not body.disposable, "stdin_open": body.stdin is not None and not body.stdin.close}
         command = body.command if body.shell else [body.command, *body.args]
         op = await call(engine.operations.submit_run, image, command, **opts)
         echo = body.model_dump(exclude_none=True)
@@ -256,6 +260,8 @@ def contree_router(engine_for, stage) -> APIRouter:
         following = wire.flag(follow)
 
         def translate(seq: int, kind: str, data: str) -> list[dict]:
+            if kind == "proc":                      # a subprocess's (contree_subprocesses.py)
+                return proc_events(seq, data)
             return wire.events_of(seq, kind, data, ops.get(op) if kind not in ("stdout", "stderr") else None)
 
         def frames(evs: list[dict]) -> str:
@@ -377,4 +383,5 @@ def contree_router(engine_for, stage) -> APIRouter:
         truncated = len(matches) > max_total
         return {"path": path[0], "patterns": pattern, "matches": matches[:max_total], "truncated": truncated}
 
+    router.include_router(subprocesses_router(engine_for, ContreeRoute))
     return router
