@@ -119,7 +119,8 @@ async def delete_image_tag(c):
 @scenario
 async def import_image(c):
     # a registry this machine cannot name: the operation is accepted and then fails, saying why
-    op = await do(c.import_image("docker://127.0.0.1:9/none/such:1", tag="client/imported", timeout=30))
+    op = await do(c.import_image(models.ImageImportRegistry(url="docker://127.0.0.1:9/none/such:1"),
+                                 tag="client/imported", timeout=30))
     uid = op if isinstance(op, str) else op.uuid
     done = await do(c.wait_operation(uid, timeout=60))
     assert str(done.status) == "FAILED" and done.error, done
@@ -432,6 +433,7 @@ async def inspect_image_archive(c):
         names = set(t.getnames())
     assert {"d/f", "d/l"} <= {n.lstrip("./") for n in names}, names
     gz = b"".join(await items(await do(c.inspect_image_archive(img, "/w", compressed=True))))
+    assert gz[:2] == b"\x1f\x8b"                             # as served: gzip (the client asked for it)
     with tarfile.open(fileobj=io.BytesIO(gz), mode="r:gz") as t:
         assert {n.lstrip("./") for n in t.getnames()} == {n.lstrip("./") for n in names}
     return {}

@@ -26,6 +26,7 @@ from ..errors import Conflict, InvalidInput, NotFound
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
 
+START_WAIT = 30.0             # seconds a call on a submitted live run waits for its sandbox to be up
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
 EXITED_WAIT = 5.0             # seconds a killed process is given to be reaped
 
@@ -105,7 +106,27 @@ class Instances:
     def __init__(self, host, emit):
         self.host, self.emit = host, emit
         self.live: dict[str, Instance] = {}
+        self.expected: set[str] = set()           # submitted, sandbox not up yet
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+
+    def expect(self, op: str) -> None:
+        """A live run was submitted: calls on it wait for its sandbox (START_WAIT), not fail."""
+        with self.lock:
+            self.expected.add(op)
+
+    def forget(self, op: str) -> None:
+        """A submitted live run that never starts (cancelled while queued)."""
+        self._up(op, None)
+
+    def _up(self, op: str, inst: Instance | None) -> None:
+        with self.changed:
+            self.expected.discard(op)
+            if inst is not None:
+                self.live[op] = inst
+            else:
+                self.live.pop(op, None)
+            self.changed.notify_all()
 
     # ---- the operation's work ------------------------------------------------------------------
     def run(self, op: str, ref: str, command, *, cancel: threading.Event, on_output, stdin=None,
@@ -114,6 +135,16 @@ class Instances:
             file_set: str | None = None, network=None, secrets: dict | None = None, labels: dict | None = None,
             **limits) -> RunRecord:
         """Run `command` as process 1 of a new live sandbox on `ref` (module doc)."""
+        try:
+            return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
+                             stdin_open=stdin_open, disposable=disposable, env=env, cwd=cwd, uid=uid, gid=gid,
+                             hostname=hostname, files=files, file_set=file_set, network=network, secrets=secrets,
+                             labels=labels, **limits)
+        finally:
+            self._up(op, None)
+
+    def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, disposable, env, cwd, uid, gid,
+             hostname, files, file_set, network, secrets, labels, **limits) -> RunRecord:
         sb = self.host.sandboxes
         source = self.host.resolve(ref)
         argv = argv_of(command)
@@ -123,13 +154,12 @@ class Instances:
                         idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN, network=network, secrets=secrets,
                         labels=labels, **limits)
         inst = Instance(op, info["id"])
-        with self.lock:
-            self.live[op] = inst
         image, cancelled, p1 = None, False, None
         try:
             p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None, cwd=None,
                              uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open, cap=lim.output,
                              on_output=on_output)
+            self._up(op, inst)
             deadline = time.monotonic() + lim.timeout
             while not p1.done.wait(0.05):
                 if cancel.is_set() and not cancelled:
@@ -146,8 +176,7 @@ class Instances:
             try:
                 sb.stop(inst.sid)
             finally:
-                with self.lock:
-                    self.live.pop(op, None)
+                self._up(op, None)
                 self._record(op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
                              image, cancelled, lim)
         v = p1.view()
@@ -251,7 +280,8 @@ class Instances:
         p.done.set()
 
     def _instance(self, op: str) -> Instance:
-        with self.lock:
+        with self.changed:
+            self.changed.wait_for(lambda: op not in self.expected, START_WAIT)
             inst = self.live.get(op)
         if inst is None:
             raise Conflict(f"operation {op} is not a running instance")
@@ -308,7 +338,8 @@ class Instances:
     def process(self, op: str, spid: int) -> dict | None:
         """A process of a running instance: its state and output so far; None when `op` is not
         a running instance (a finished one's processes are told by its events)."""
-        with self.lock:
+        with self.changed:
+            self.changed.wait_for(lambda: op not in self.expected, START_WAIT)
             inst = self.live.get(op)
         if inst is None:
             return None

@@ -189,6 +189,7 @@ class Operations:
         def work():
             t0 = time.monotonic()
             if cancel.is_set():
+                self.instances.forget(op)
                 self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
                 self._event(op, "end", json.dumps({"status": "cancelled"}))
                 return None
@@ -220,6 +221,8 @@ class Operations:
                                                "timed_out": rec.timed_out, "image": rec.image, **cut}))
             return rec
 
+        if live:
+            self.instances.expect(op)
         with self.lock:
             self._event_caps[op] = cap
             fut = self.pool.submit(work)
@@ -327,6 +330,7 @@ class Operations:
             raise NotFound(f"operation {op} is not run by this process")
         live[1].set()
         if live[0].cancel():                          # still queued: it never starts
+            self.instances.forget(op)
             self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
             self._event(op, "end", json.dumps({"status": "cancelled"}))
         return self.get(op)

@@ -13,6 +13,7 @@ Tokens (Authorization: Bearer) are checked in front of this router by the Tenant
 
 import asyncio
 import base64
+import gzip
 import io
 import json
 import re
@@ -343,7 +344,7 @@ def contree_router(engine_for, stage) -> APIRouter:
         return Response(status_code=422 if kind == "dir" else 200)
 
     @router.get("/inspect/{image_uuid}/archive")
-    async def archive(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
+    async def archive(image_uuid: str, request: Request, engine: Engine, path: str = Query(min_length=1)) -> Response:
         image = await resolved(engine, image_uuid)
         await call(engine.stat, image, path)                     # 404 before any byte is sent
 
@@ -352,8 +353,12 @@ def contree_router(engine_for, stage) -> APIRouter:
             engine.export_tar(image, buf, path)
             return buf.getvalue()
         name = (path.strip("/").replace("/", "_") or "root") + ".tar"
-        return Response(await call(build), media_type="application/x-tar",
-                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        body = await call(build)
+        if "gzip" in request.headers.get("accept-encoding", ""):     # Contree serves archives compressed
+            body = await call(gzip.compress, body, 6)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type="application/x-tar", headers=headers)
 
     @router.head("/inspect/{image_uuid}/archive")
     async def archive_check(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
@@ -364,7 +369,8 @@ def contree_router(engine_for, stage) -> APIRouter:
     async def grep(image_uuid: str, engine: Engine, pattern: Annotated[list[str], Query(min_length=1, max_length=16)],
                    path: Annotated[list[str] | None, Query(max_length=16)] = None, glob: str | None = None,
                    max_total: int = Query(1000, ge=1, le=10000), max_count: int | None = Query(None, ge=1, le=10000),
-                   case: str = Query("sensitive", pattern="^(sensitive|insensitive|smart)$")) -> dict:
+                   case: str = Query("sensitive", pattern="^(sensitive|insensitive|smart)$"),
+                   before: int = Query(0, ge=0, le=50), after: int = Query(0, ge=0, le=50)) -> dict:
         image = await resolved(engine, image_uuid)
         path = path or ["/"]
         rx = "|".join(f"(?:{p})" for p in pattern)
@@ -374,14 +380,19 @@ def contree_router(engine_for, stage) -> APIRouter:
             left = max_total - len(matches)
             if left <= 0:
                 break
-            hits = await call(engine.grep, image, rx, root, glob=glob, max_matches=left + 1, ignore_case=ignore)
+            hits = await call(engine.grep, image, rx, root, glob=glob, max_matches=left + 1, ignore_case=ignore,
+                              **({"before": before, "after": after} if before or after else {}))
             per_file: dict[str, int] = {}
             for h in hits:
-                per_file[h["path"]] = per_file.get(h["path"], 0) + 1
-                if max_count is None or per_file[h["path"]] <= max_count:
+                if not h.get("context"):
+                    per_file[h["path"]] = per_file.get(h["path"], 0) + 1
+                if max_count is None or per_file.get(h["path"], 0) <= max_count:
                     matches.append(wire.grep_match(h, rx, ignore))
-        truncated = len(matches) > max_total
-        return {"path": path[0], "patterns": pattern, "matches": matches[:max_total], "truncated": truncated}
+        found = [i for i, m in enumerate(matches) if m["type"] == "match"]
+        truncated = len(found) > max_total
+        if truncated:
+            matches = matches[:found[max_total]]
+        return {"path": path[0], "patterns": pattern, "matches": matches, "truncated": truncated}
 
     router.include_router(subprocesses_router(engine_for, ContreeRoute))
     return router

@@ -304,4 +304,5 @@ def grep_match(h: dict, rx: str, ignore: bool) -> dict:
             for m in re.finditer(rx, text, re.IGNORECASE if ignore else 0) if m.group(0)]
     line = text + "\n"
     return {"path": h["path"], "line_number": h["line"], "absolute_offset": 0, "line_text": line,
-            "line_bytes": len(line.encode()), "submatches": subs, "type": "match"}
+            "line_bytes": len(line.encode()), "submatches": [] if h.get("context") else subs,
+            "type": "context" if h.get("context") else "match"}
