@@ -76,7 +76,7 @@ def proc_events(seq: int, data: str) -> list[dict]:
     code, sig = e["exit_code"], e["signal"]
     return [{**head, "data": {"pid": e["spid"], "code": code if code is not None else -1,
                               "signal": sig if sig is not None else -1, "timed_out": e["timed_out"],
-                              "duration_ms": e["duration_ms"], "resources": {}}}]
+                              "duration_ms": e["duration_ms"], "resources": wire.event_resources(None)}}]
 
 
 def subprocesses_router(engine_for, route_class) -> APIRouter:
