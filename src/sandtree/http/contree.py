@@ -32,7 +32,7 @@ from fastapi.responses import (
 from fastapi.routing import APIRoute
 
 from . import contree_wire as wire
-from .contree_subprocesses import proc_events, subprocesses_router
+from .contree_subprocesses import live_options, proc_events, subprocesses_router
 from .bodylimit import spool, unstage
 from .. import config
 from ..errors import InvalidInput, NotFound, SandtreeError
@@ -186,12 +186,9 @@ def contree_router(engine_for, stage) -> APIRouter:
             "files": files, "timeout": body.timeout, "output": body.truncate_output_at,
             "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None,
             # enabled: the server's configured default policy; false or absent: none
-            "network": wire.network_of(body.networking, config.network_default()),
-            # a live sandbox (subprocesses may join it) unless disposable with its stdin closed;
-            # those run as a plain run (its disposable result: see the design's Contree section)
-            "live": not body.disposable, "stdin_open": body.stdin is not None and not body.stdin.close}
+            "network": config.network_default() if body.networking and body.networking.enabled else None}
         command = body.command if body.shell else [body.command, *body.args]
-        op = await call(engine.operations.submit_run, image, command, **opts)
+        op = await call(engine.operations.submit_run, image, command, **opts, **live_options(body))
         echo = body.model_dump(exclude_none=True)
         echo.update(uuid=wire.to_uuid(op), image=wire.to_uuid(image), result=None)
         return JSONResponse(echo, status_code=201,

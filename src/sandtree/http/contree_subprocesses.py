@@ -35,6 +35,12 @@ class ExecIn(wire.Lenient):
     truncate_output_at: int | None = Field(None, ge=1, le=10 << 20)
 
 
+def live_options(body) -> dict:
+    """How an instance (wire.SpawnIn) runs: in a live sandbox (subprocesses may join it) unless
+    disposable with its stdin closed; those run as a plain run (see the design's Contree section)."""
+    return {"live": not body.disposable, "stdin_open": body.stdin is not None and not body.stdin.close}
+
+
 def stream_bytes(s: wire.StreamIn | None) -> bytes:
     if s is None or not s.value:
         return b""

@@ -15,7 +15,7 @@ import uuid as uuid_mod
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..errors import Forbidden, InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound
 
 # our operation statuses -> Contree's enum (a run that exited non-zero still SUCCEEDED: it ran)
 OP_STATUS = {"queued": "PENDING", "running": "EXECUTING", "done": "SUCCESS", "failed": "FAILED",
@@ -212,18 +212,7 @@ class LimitsIn(Lenient):
 
 
 class NetworkingIn(Lenient):
-    enabled: bool = True           # Contree's default inside `networking`; without it: no network
-
-
-def network_of(networking: NetworkingIn | None, default: str):
-    """The network a Contree instance gets: none without `networking` (sandtree's default, unlike
-    Contree's), the server's default policy (SANDTREE_NETWORK_DEFAULT) for `enabled: true`, and
-    a clear refusal when that default is "off" (never silently none)."""
-    if networking is None or not networking.enabled:
-        return None
-    if default.strip().lower() in ("off", "none", ""):
-        raise Forbidden("networking.enabled: this server gives instances no network (SANDTREE_NETWORK_DEFAULT=off)")
-    return default
+    enabled: bool = False          # Contree's own default is true; sandtree's is no network (set it)
 
 
 class SpawnIn(Lenient):
