@@ -167,11 +167,12 @@ class Operations:
         if dead:
             self.records.interrupt(dead, {"error": "interrupted", "message": "the engine running it stopped"})
 
-    def submit_run(self, ref: str, command, *, live: bool = False, stdin_open: bool = False, **options) -> str:
-        """Queue a run; returns its operation ID at once. live: its command runs as process 1 of
-        a live sandbox, which more processes may join while it runs (instances.py); stdin_open:
-        its stdin stays open for `write` (live only)."""
-        live = live or stdin_open
+    def submit_run(self, ref: str, command, **options) -> str:
+        """Queue a run; returns its operation ID at once. Option live=True: its command runs as
+        process 1 of a live sandbox, which more processes may join while it runs (instances.py);
+        stdin_open=True: its stdin stays open for `write` (a live run)."""
+        stdin_open = bool(options.pop("stdin_open", False))
+        live = bool(options.pop("live", False)) or stdin_open
         source = self.host.resolve(ref)
         self.host.run_operation(ref, command, check_only=True, **options)   # bad input fails now, not later
         op = uuid.uuid4().hex
