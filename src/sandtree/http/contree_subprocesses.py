@@ -22,7 +22,7 @@ from . import contree_wire as wire
 from ..errors import InvalidInput
 
 
-class ExecIn(wire.Lenient):
+class SubprocessIn(wire.Lenient):
     """Contree's ExecSpec: process fields only (the instance's own are set at its spawn)."""
     command: str = Field(min_length=1)
     args: list[str] = []
@@ -98,7 +98,7 @@ def subprocesses_router(engine_for, route_class) -> APIRouter:
         return asyncio.to_thread(fn, *a, **k)
 
     @router.post("/operations/{operation_id}/subprocesses", status_code=201)
-    async def create(operation_id: str, body: ExecIn, request: Request, engine: Engine) -> JSONResponse:
+    async def create(operation_id: str, body: SubprocessIn, request: Request, engine: Engine) -> JSONResponse:
         op = wire.op_id(operation_id)
         if body.shell and body.args:
             raise InvalidInput("args must be empty when shell is true")

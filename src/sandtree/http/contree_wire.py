@@ -188,7 +188,7 @@ class StreamIn(Lenient):
 
 class FileSpecIn(Lenient):
     uuid: str
-    mode: str = "0644"
+    mode: str = Field("0644", pattern="^0?[0-7]{3,4}$")
     uid: int = Field(0, ge=0)
     gid: int = Field(0, ge=0)
 
