@@ -321,21 +321,6 @@ class Operations:
             return None
         return live[0].result()
 
-    def cancel(self, op: str) -> dict:
-        rec = self.get(op)
-        if rec["status"] not in ("queued", "running"):
-            raise InvalidInput(f"operation {op} is already {rec['status']}", status=rec["status"])
-        with self.lock:
-            live = self.live.get(op)
-        if live is None:
-            raise NotFound(f"operation {op} is not run by this process")
-        live[1].set()
-        if live[0].cancel():                          # still queued: it never starts
-            self.instances.forget(op)
-            self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
-            self._event(op, "end", json.dumps({"status": "cancelled"}))
-        return self.get(op)
-
     # ---- the processes of a live run (instances.py) ---------------------------------------------
     def spawn(self, op: str, command, **options) -> int:
         """Start another process in live run `op` while its command runs; its spid (2, 3, ...)."""
@@ -362,6 +347,21 @@ class Operations:
         with self.lock:
             log = list(self.events.get(op, []))
         return fold_process(op, spid, log, self.get(op), self.result(op))
+
+    def cancel(self, op: str) -> dict:
+        rec = self.get(op)
+        if rec["status"] not in ("queued", "running"):
+            raise InvalidInput(f"operation {op} is already {rec['status']}", status=rec["status"])
+        with self.lock:
+            live = self.live.get(op)
+        if live is None:
+            raise NotFound(f"operation {op} is not run by this process")
+        live[1].set()
+        if live[0].cancel():                          # still queued: it never starts
+            self.instances.forget(op)
+            self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
+            self._event(op, "end", json.dumps({"status": "cancelled"}))
+        return self.get(op)
 
     def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
         out = [self.get(op) for op in self.records.recent_runs(max(1, min(limit, 1000)) * (4 if status else 1))]

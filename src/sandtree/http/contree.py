@@ -258,8 +258,6 @@ def contree_router(engine_for, stage) -> APIRouter:
         following = wire.flag(follow)
 
         def translate(seq: int, kind: str, data: str) -> list[dict]:
-            if kind == "proc":                      # a subprocess's (contree_subprocesses.py)
-                return proc_events(seq, data)
             return wire.events_of(seq, kind, data, ops.get(op) if kind not in ("stdout", "stderr") else None)
 
         def frames(evs: list[dict]) -> str:
@@ -278,7 +276,9 @@ def contree_router(engine_for, stage) -> APIRouter:
                 new, ended = await call(ops.events_after, op, cursor, 10.0 if following else 0)
                 for seq, kind, data in new:
                     cursor = seq
-                    text = frames(await call(translate, seq, kind, data))
+                    # a subprocess's events are contree_subprocesses.py's
+                    evs = proc_events(seq, data) if kind == "proc" else await call(translate, seq, kind, data)
+                    text = frames(evs)
                     if text:
                         yield text
                 if ended or not following:
