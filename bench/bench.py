@@ -324,7 +324,7 @@ def build_table(st, img, args) -> Table:
     table = Table(title="builds (issue 15)")
     for c in ("what", "p50 ms", "p90 ms", "goal"):
         table.add_column(c, justify="right" if c != "what" else "left")
-    for name, xs, note in builds.build_rows(st, img, min(args.n, 100)):
+    for name, xs, note in builds.build_rows(st, img, min(args.n, 100)) + builds.pool_rows(st, img, min(args.n, 100)):
         table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", note)
     return table
 

@@ -5,6 +5,9 @@ builder's (the same steps a Dockerfile gives): FROM, ENV, WORKDIR, RUN, RUN, COP
 file (step 8, the one changed), RUN, CMD, on the busybox image. Every cached rebuild is checked to
 be all hits with the same ID; every changed one to rerun exactly steps 8-10.
 
+Pool rows (golden pools from recipes): a run from a recipe's pool vs a plain run of the same
+image, and the roll-over time after a copied file changed.
+
 Alone: `python bench/builds.py [-n N]` prints the rows.
 """
 
@@ -105,6 +108,44 @@ def build_rows(st, base, n: int) -> list[tuple[str, list[float], str]]:
             ("  for scale: one run of step 9's command (img.run)", one_run, "")]
 
 
+def pool_rows(st, base, n: int, size: int = 2) -> list[tuple[str, list[float], str]]:
+    """Golden pools from recipes: a run on the recipe's tag from its pool vs a plain run on the
+    same image (no pool: the runtime's warm helpers), and the roll-over after a copied file
+    changed (the new pool filled, the tag moved, the old pool closed; the build not included)."""
+    with tempfile.TemporaryDirectory(dir=st.home) as work:
+        ctx = os.path.join(work, "ctx")
+        os.makedirs(ctx)
+        with open(os.path.join(ctx, "app.txt"), "w") as f:
+            f.write("v0\n")
+        r = st.recipe(base, context=ctx).copy("app.txt", "/app.txt").run("echo built > /stamp")
+        first = st.pool(r, size=size, tag="bench-pool", wait=True)
+        pooled, plain, rolls, builds = [], [], [], []
+        try:
+            img = st.image("bench-pool")
+            for _ in range(n):
+                st.engine.pool_wait("bench-pool", 10)
+                t = time.perf_counter()
+                res = img.run(["/bin/true"], disposable=True)
+                pooled.append(time.perf_counter() - t)
+                assert res.usage.get("pool") is True
+                st.engine.pool_wait("bench-pool", 10)
+                time.sleep(0.02)                      # the used sandbox stopped off the path: settled
+                plain.append(_timed(lambda: img.run(["/bin/true"], disposable=True, hostname="plain")))
+            for i in range(max(5, n // 10)):
+                with open(os.path.join(ctx, "app.txt"), "w") as f:
+                    f.write(f"v{i + 1}-{time.time_ns()}\n")
+                got = st.pool(r, size=size, tag="bench-pool")
+                assert got["previous"] is not None and got["rolled_over"] is not None
+                rolls.append(got["rolled_over"])
+                builds.append(got["build_seconds"])
+        finally:
+            st.pool("bench-pool", size=0)
+    return [(f"run from a recipe pool (size {size}), /bin/true", pooled, ""),
+            ("plain run of the same image (no pool), /bin/true", plain, ""),
+            ("pool roll-over: the rebuild (COPY + RUN rerun)", builds, ""),
+            (f"pool roll-over: new pool of {size} filled, tag moved, old closed", rolls, "no run dropped")]
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -117,7 +158,7 @@ def main() -> None:
         st = sandtree.Sandtree(os.path.join(work, "home"))
         try:
             base = st.import_image(make_rootfs(os.path.join(work, "rootfs")))
-            for name, xs, note in build_rows(st, base, n):
+            for name, xs, note in build_rows(st, base, n) + pool_rows(st, base, n):
                 xs = sorted(xs)
                 print(f"{name:72s} p50 {statistics.median(xs) * 1e3:8.2f} ms  "
                       f"p90 {xs[int(0.9 * (len(xs) - 1))] * 1e3:8.2f} ms  {note}")

@@ -161,6 +161,25 @@ def st(tmp_path):
     s.close()
 
 
+@pytest.fixture(scope="session")
+def bookworm(tmp_path_factory):
+    """One Debian bookworm image with pip, bootstrapped once a session (debootstrap takes a minute
+    and a half here), in a store of its own: (home, image id, debootstrap's log lines). Tests open
+    their own engine on that home (the store takes several engines, one after another or at once)."""
+    if os.geteuid() != 0 or not shutil.which("debootstrap"):
+        pytest.skip("needs root and debootstrap")
+    home = str(tmp_path_factory.mktemp("bookworm") / "home")
+    s = sandtree.Sandtree(home, warm=0)
+    lines: list[str] = []
+    try:
+        image = s.bootstrap("debian:bookworm", include=["python3-pip"], log=lines.append).id
+    except sandtree.SandtreeError as e:
+        pytest.skip(f"debootstrap could not build an image with pip: {e}")
+    finally:
+        s.close()
+    return home, image, lines
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Leak check: nothing of ours may outlive the tests."""
     problems = []

@@ -38,12 +38,15 @@ PKG = "sandtree"
 ADAPTERS = ("client", "http", "mcp", "cli")
 # The bottom layer's shared vocabulary, the engine and the tenancy; never another adapter, except
 # the three edges below (each the entry point of another adapter, not its logic).
+# recipe: a build's values and the Python builder (no I/O but listing a context), which a connect()ed
+# SDK builds too (issue 15: it sends them to the server).
 ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "render",
-                      "engine", "tenancy")
+                      "engine", "tenancy", "recipe")
 ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.http.server"),    # `sandtree serve` starts the REST server
     ("cli", "sandtree.mcp.server"),     # `sandtree mcp` starts the MCP server
     ("mcp", "sandtree.client.remote"),  # `sandtree mcp --url`: the engine over HTTP is an engine
+    ("cli", "sandtree.client.remote"),  # `sandtree build --server`: the same
 }
 MAX_LINES = 500
 MAX_INNER_IMPORTS = 10

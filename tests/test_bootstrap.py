@@ -11,9 +11,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("debootstrap"), reason="needs root and debootstrap")
-def test_bootstrap_debian_minbase(st):
-    lines = []
-    img = st.bootstrap("debian:bookworm", log=lines.append)
+def test_bootstrap_debian_minbase(bookworm):
+    """The session's bootstrap (conftest.bookworm: minbase and python3-pip, made once for every
+    test that needs Debian), as its store has it."""
+    import sandtree
+    home, image, lines = bookworm
+    st = sandtree.Sandtree(home, warm=0)
+    try:
+        _check_bootstrapped(st, st.image(image), lines)
+    finally:
+        st.close()
+
+
+def _check_bootstrapped(st, img, lines):
     assert lines, "debootstrap's progress reaches the caller"
     assert st.image("debian:bookworm") == img
     assert img.read("/etc/debian_version").startswith(b"12")

@@ -12,17 +12,17 @@ import shutil
 import pytest
 
 from sandtree.engine import Engine, RecipeBuilder
-from sandtree.errors import BuildFailed, SandtreeError
+from sandtree.errors import BuildFailed
 from test_network_pip import HOST_BUNDLE, registry_rules
 
 PIP = ("pip install --break-system-packages --no-cache-dir --disable-pip-version-check six==1.16.0")
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory):
-    if os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("debootstrap"):
-        pytest.skip("needs root, nft and debootstrap")
-    e = Engine(str(tmp_path_factory.mktemp("buildpip") / "st"), warm=0)
+def eng(bookworm):
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        pytest.skip("needs root and nft")
+    e = Engine(bookworm[0], warm=0)             # the session's Debian store (conftest.bookworm)
     yield e
     e.egress.stop_daemon()
     e.close()
@@ -31,10 +31,7 @@ def eng(tmp_path_factory):
 @pytest.fixture(scope="module")
 def py(eng, tmp_path_factory):
     rules = registry_rules()
-    try:
-        image = eng.bootstrap("debian:bookworm", include=["python3-pip"])
-    except SandtreeError as e:
-        pytest.skip(f"debootstrap could not build an image with pip: {e}")
+    image = eng.resolve("debian:bookworm")      # bootstrapped once a session, with pip (conftest)
     ctx = tmp_path_factory.mktemp("ctx")
     shutil.copyfile(HOST_BUNDLE, ctx / "host-ca.pem")
     base = RecipeBuilder(image, str(ctx), build=eng.build).copy("host-ca.pem", "/root/host-ca.pem") \

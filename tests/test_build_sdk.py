@@ -6,7 +6,6 @@ import asyncio
 import pytest
 
 import sandtree
-from sandtree.errors import RuntimeUnavailable
 
 
 @pytest.fixture
@@ -44,15 +43,14 @@ def test_async_builder(tmp_path, rootfs, ctx):
     assert asyncio.run(go()) == b"print('hi')\n"
 
 
-def test_remote_build_says_why_not(sdk, rootfs, ctx):
+def test_a_recipe_builds_in_process_and_over_http_alike(sdk, rootfs, ctx):
+    """Through connect() the recipe travels as its Dockerfile with the files it lists (issue 15
+    item 7): the same steps, the same image as in process."""
     base = sdk.import_image(rootfs)
-    try:
-        img = sdk.recipe(base, context=str(ctx)).run("true").build()
-    except RuntimeUnavailable as exc:
-        assert "in-process" in exc.message
-        assert sdk.engine.__class__.__name__ == "RemoteEngine"
-        return
-    assert sdk.engine.__class__.__name__ == "Engine" and img.id
+    img = sdk.recipe(base, context=str(ctx)).copy("src/app.py", "/app/").run("cp /app/app.py /app/copy.py").build()
+    assert img.read("/app/copy.py") == (ctx / "src" / "app.py").read_bytes()
+    again = sdk.build(sdk.recipe(base, context=str(ctx)).copy("src/app.py", "/app/").run("cp /app/app.py /app/copy.py"))
+    assert again.image == img.id and all(s.cached for s in again.steps)
 
 
 def test_pool_of_a_recipe(st, rootfs):

@@ -16,8 +16,9 @@ from sandtree.tenancy import AdminView, TenantOperations, TenantView
 
 # What an engine has beside its operations: its own lifecycle, the tenancy entry point, and the
 # operation-level entries its parts and the tenant view use (a given operation id, a check-only
-# run, a tenant's import limits and registry check): never reached from a surface.
-PLUMBING = {"close", "tier", "as_tenant", "run_operation", "pull_operation", "import_limited"}
+# run, a tenant's import limits and registry check, a build as a tenant's guard): never reached from a surface.
+PLUMBING = {"close", "tier", "as_tenant", "run_operation", "pull_operation", "import_limited", "build_as",
+            "build_context_as"}
 
 
 def shape(fn) -> list[tuple]:

@@ -83,7 +83,8 @@ def test_readme_quick_start(sdk_env, example):
     assert out.stdout == "Hello from Contree!\n\n"
     ops = operations(sdk_env)
     assert len(ops) == before + 1 and ops[0]["status"] == "SUCCESS" and ops[0]["kind"] == "instance"
-    assert ops[0]["result_image_uuid"] is None           # the SDK runs disposable by default
+    # the SDK runs disposable by default: the state it ended in (here unchanged: the image itself)
+    assert ops[0]["result_image_uuid"] == ops[0]["image_uuid"]
 
 
 def test_sdk_images_files_tags_and_stable_uuids(sdk_env, home):
@@ -178,7 +179,8 @@ def test_instances_operations_and_events_on_the_wire(server):
     res = done["metadata"]["result"]
     assert res["state"]["exit_code"] == 4 and res["stdout"] == {"value": "out\ninput", "encoding": "ascii",
                                                                   "truncated": False}
-    assert res["stderr"]["value"] == "err\n" and done["result"] == {"image": None, "tag": None}
+    # disposable: the end state all the same (nothing written: the source image), kept ephemeral
+    assert res["stderr"]["value"] == "err\n" and done["result"] == {"image": r.json()["image"], "tag": None}
     assert done["metadata"]["command"] == "/bin/sh" and done["metadata"]["args"][1].startswith("echo out")
     frames = sse(httpx.get(f"{server}/v1/operations/{op}/events").text)
     events = [json.loads(f["data"]) for f in frames]
@@ -298,7 +300,7 @@ def test_errors_are_typed_and_change_nothing(server):
     err(httpx.delete(f"{server}/v1/images/{uid}/tag", params={"tag": "not-its-tag"}), 404)
     err(httpx.get(f"{server}/v1/inspect/{uid}/download", params={"path": "/missing"}), 404)
     assert httpx.get(f"{server}/v1/images").json() == images
-    assert operations(server) == []                      # nothing was started by any of it
+    assert httpx.get(f"{server}/v1/operations", params={"kind": "instance"}).json() == []   # nothing started
 
 
 # ---- contree-mcp: its own venv (it needs mcp 1.x; sandtree pins mcp 2.x) --------------------------
@@ -399,8 +401,12 @@ def test_sdk_imports_from_a_registry(sdk_env, registry):
         return image
 
     image = asyncio.run(main())
-    # imports are not listed (GET /operations lists runs), but each is readable by its UUID
-    assert httpx.get(f"{sdk_env}/v1/operations", params={"kind": "image_import"}).json() == []
+    # imports are listed with kind=image_import (and without a kind), each readable by its UUID
+    imports = httpx.get(f"{sdk_env}/v1/operations", params={"kind": "image_import"}).json()
+    assert [o["status"] for o in imports] == ["FAILED", "SUCCESS", "SUCCESS"]       # newest first
+    assert {o["kind"] for o in imports} == {"image_import"} and "not found" in imports[0]["error"]
+    assert imports[1]["result_image_uuid"] == str(image.uuid)
+    assert {o["uuid"] for o in imports} <= {o["uuid"] for o in httpx.get(f"{sdk_env}/v1/operations").json()}
     r = httpx.post(f"{sdk_env}/v1/images/import", json={
         "registry": {"url": f"docker://{ref}", "credentials": {"username": "u", "password": "p"}}, "tag": "again"})
     assert r.status_code == 201

@@ -126,9 +126,9 @@ def test_fork_and_map_take_the_config(st, rootfs):
     assert [r.stdout.strip() for r in results] == [b"/etc", b"1000"]
 
 
-def test_a_tenant_configures_what_it_sees_and_may_not_build(tmp_path, rootfs):
+def test_a_tenant_configures_and_builds_what_it_sees(tmp_path, rootfs):
     """image_config reads and configure makes an image from one the tenant sees (the result is
-    then the tenant's, tagged in its namespace); build is admin-only for now."""
+    then the tenant's, tagged in its namespace); a tenant builds from what it sees."""
     from sandtree.engine import Engine, Recipe, Stage, From
     from sandtree.errors import Forbidden, ImageNotFound
     from sandtree.tenancy.tenant import Tenant
@@ -143,7 +143,11 @@ def test_a_tenant_configures_what_it_sees_and_may_not_build(tmp_path, rootfs):
         for call in (lambda: bob.image_config(made), lambda: bob.configure(img, ImageConfig())):
             with pytest.raises(ImageNotFound):
                 call()                                 # not bob's to see
+        # a tenant builds (scope run) from what it sees only; without the run scope it may not
+        assert alice.build(Recipe((Stage(None, (From(made, "FROM x"),)),))).image == made
+        with pytest.raises(ImageNotFound):
+            bob.build(Recipe((Stage(None, (From(made, "FROM x"),)),)))
         with pytest.raises(Forbidden):
-            alice.build(Recipe((Stage(None, (From(img, "FROM x"),)),)))
+            eng.as_tenant(Tenant("carol", scopes=("list",))).build(Recipe((Stage(None, (From(img, "FROM x"),)),)))
     finally:
         eng.close()

@@ -23,7 +23,7 @@ import socket
 import pytest
 
 from sandtree.engine import Engine
-from sandtree.errors import SandtreeError
+
 
 NAMES = ["pypi.org", "files.pythonhosted.org"]
 HOST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -41,10 +41,10 @@ def registry_rules() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory):
-    if os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("debootstrap"):
-        pytest.skip("needs root, nft and debootstrap")
-    e = Engine(str(tmp_path_factory.mktemp("pip") / "st"), warm=0)
+def eng(bookworm):
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        pytest.skip("needs root and nft")
+    e = Engine(bookworm[0], warm=0)             # the session's Debian store (conftest.bookworm)
     yield e
     e.egress.stop_daemon()
     e.close()
@@ -53,10 +53,7 @@ def eng(tmp_path_factory):
 @pytest.fixture(scope="module")
 def py(eng):
     rules = registry_rules()
-    try:
-        image = eng.bootstrap("debian:bookworm", include=["python3-pip"])
-    except SandtreeError as e:
-        pytest.skip(f"debootstrap could not build an image with pip: {e}")
+    image = eng.resolve("debian:bookworm")      # bootstrapped once a session, with pip (conftest)
     return image, rules
 
 

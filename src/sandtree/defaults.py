@@ -15,6 +15,7 @@ SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any ca
 PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port works (sandbox_port_url)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
+EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)
 LOG_LIMIT = 1000                     # entries of `log`
 AUDIT_LIMIT = 100                    # entries of `audit`

@@ -104,6 +104,10 @@ def upload_file(path: str, digest: str | None = None) -> str:
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
+@op("list", http=Http(_G, "/files", query=("limit", "offset")))
+def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
+    """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
+
 @op("list", local="the server answers it per request")
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
@@ -151,25 +155,32 @@ def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 # ---- builds (issue 15): image config and recipes ----------------------------------------------------
-_BUILD_LOCAL = "in-process for now: a recipe's context is a directory of this machine (REST: a context tar, later)"
-@op("list", images=("ref",), local=_BUILD_LOCAL)
+@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
-@op("import", images=("ref",), audit="configure", local=_BUILD_LOCAL)   # makes an image, runs nothing
-def configure(ref: str, config, *, tag: str | None = None) -> str:
+@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure"), custom_remote=True)
+def configure(ref: str, config, *, tag: str | None = None) -> str:     # makes an image, runs nothing
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
 
-@op(None, admin=True, audit="build", local=_BUILD_LOCAL)
+@op("run", audit="build", local="a Recipe's context is a directory of this machine: over HTTP the remote client "
+    "sends it as a build_context")
 def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None, progress=None):
     """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
     progress: called with a dict per step event (step, total, text, status, output)"""
+
+@op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
+def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: str | None = None,
+                  tag: str | None = None, build_args: dict | None = None, target: str | None = None, network=None,
+                  no_cache: bool = False, no_cache_filter=(), progress=None):
+    """Build a Dockerfile (`text`, or the file `dockerfile` inside the context) with a build context; a BuildResult.
+    context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
 def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
         uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
-        file_set: str | None = None, disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+        file_set: str | None = None, disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
         disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -315,6 +326,15 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
+@op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)")
+def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
+                build_network=None, progress=None, hostname: str = D.HOSTNAME, timeout: float | None = None,
+                memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
+                network=None) -> dict:
+    """Build a Recipe (cache hits when unchanged) and keep a pool of its result under `tag`; a new ID rolls the pool over.
+    tag: the pool's tag (default pool/<hash of the recipe's steps>); it moves once the new pool is full
+    build_network: the policy of RUN steps that name none; network: the pooled sandboxes' policy"""
+
 # ---- lineage ----------------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
 def parents(image: str) -> list[dict]:
@@ -443,8 +463,8 @@ def result(op: str):
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
-@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit")))
-def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT) -> list[dict]:   # noqa: A001
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
+def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
 
 ENGINE_OPS = {k: v for k, v in OPS.items() if v.group == "engine"}

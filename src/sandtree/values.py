@@ -53,3 +53,19 @@ def check_labels(labels) -> dict[str, str]:
 
 def labels_match(have: dict, want: dict | None) -> bool:
     return not want or all(have.get(k) == v for k, v in want.items())
+
+
+def check_kind(kind) -> str:
+    """An operation kind as operations.list takes it (run, import, exec, commit, merge, ...)."""
+    if not isinstance(kind, str) or not kind.isidentifier() or len(kind) > 32:
+        raise InvalidInput(f"an operation kind is a word like run or import, not {kind!r}")
+    return kind
+
+
+def newest_page(infos: list[dict], limit, offset) -> list[dict]:
+    """A page of records with a `created` time, newest first (limit 1 to 1000, offset from 0)."""
+    for name, v, lo, hi in (("limit", limit, 1, 1000), ("offset", offset, 0, 1 << 40)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InvalidInput(f"{name} must be an integer from {lo} to {hi}, not {v!r}")
+    infos.sort(key=lambda i: (-i["created"], i.get("sha256", "")))
+    return infos[offset:offset + limit]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import re
 import sys
 
 from .. import config
@@ -42,17 +44,48 @@ def cmd_doctor(args):
                                 for r in rs])
 
 
+def pool_source(spec: str) -> dict:
+    """One --pool value: IMAGE=SIZE ({"image", "size"}), or DOCKERFILE[:CONTEXT][#TAG]=SIZE
+    ({"dockerfile", "context", "tag", "size"}). A Dockerfile is an existing file (or a directory
+    holding one named Dockerfile), or a path that says it is one (/, ./, ../ or "dockerfile" in
+    its name, so a missing one is an error, not an image ref); CONTEXT defaults to its directory,
+    TAG to pool/<context name>/<file name>."""
+    source, _, size = spec.rpartition("=")
+    if not source or not size.isdigit():
+        raise InvalidInput(f"--pool takes IMAGE=SIZE or DOCKERFILE[:CONTEXT][#TAG]=SIZE, not {spec!r}")
+    source, hashed, tag = source.partition("#")
+    path, context = source, None
+    if not os.path.exists(path) and ":" in source and os.path.isfile(source.rpartition(":")[0]):
+        path, _, context = source.rpartition(":")
+    if os.path.isdir(path):
+        path = os.path.join(path, "Dockerfile")
+    looks = path.startswith(("/", "./", "../")) or "dockerfile" in os.path.basename(path).lower()
+    if not os.path.isfile(path) and not looks:
+        if hashed:
+            raise InvalidInput(f"--pool {spec!r}: #TAG is for a Dockerfile, and {source!r} is none")
+        return {"image": source, "size": int(size)}
+    context = context or os.path.dirname(path) or "."
+    if not os.path.isdir(context):
+        raise InvalidInput(f"--pool {spec!r}: the build context {context!r} is not a directory")
+    if not tag:
+        clean = lambda name: re.sub(r"[^A-Za-z0-9._-]", "-", name).strip(".-") or "x"   # noqa: E731
+        tag = f"pool/{clean(os.path.basename(os.path.abspath(context)))}/{clean(os.path.basename(path))}"
+    return {"dockerfile": path, "context": context, "tag": tag, "size": int(size)}
+
+
 def cmd_serve(args):
     # the REST adapter's entry point: the one place the CLI starts another adapter
     from ..http.server import serve
-    pools = {}
+    pools, recipes = {}, []
     for spec in args.pool or []:
-        image, _, size = spec.rpartition("=")
-        if not image or not size.isdigit():
-            raise InvalidInput(f"--pool takes IMAGE=SIZE, not {spec!r}")
-        pools[image] = int(size)
+        got = pool_source(spec)
+        if "image" in got:
+            pools[got["image"]] = got["size"]
+        else:
+            recipes.append(got)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
-          access_log=args.access_log, pools=pools, max_upload=args.max_upload)
+          access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
+          watch=args.watch)
 
 
 def cmd_mcp(args):
@@ -139,7 +172,12 @@ def add_services(sub, common) -> None:
     x.add_argument("--port", type=int, default=8080)
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
     x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
-                   help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable)")
+                   help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable); "
+                        "DOCKERFILE[:CONTEXT][#TAG]=SIZE builds the Dockerfile at start (cache hits when "
+                        "unchanged), tags the result TAG (default pool/CONTEXT-NAME/FILE-NAME) and pools it")
+    x.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="every SECONDS, rebuild each Dockerfile pool (cache hits when nothing changed); a new "
+                        "image rolls its pool over without dropping runs")
     x.add_argument("--access-log", choices=["json", "off"], default="json",
                    help="request log on stderr: one JSON object per request (default), or none")
     x.add_argument("--max-upload", default="1G",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from .. import config
+from ..client.remote import RemoteEngine
 from . import options
 from .buildprogress import JsonProgress, LiveProgress, PlainProgress, StepLabels
 from .output import open_engine, out
@@ -37,7 +39,29 @@ def progress_view(mode: str, recipe, stream=None, *, tty: bool | None = None):
     return LiveProgress(stream, labels)
 
 
+def _remote_build(args) -> dict:
+    """`--server URL`: the context directory sent as a tar, the Dockerfile as its text unless it
+    is the context's own; the server's progress events drawn here as the local build's are."""
+    eng = RemoteEngine(args.server, config.remote_token())
+    try:
+        text = sys.stdin.read() if args.file == "-" else read_dockerfile(args.file) if args.file else None
+        filters = tuple(f for x in args.no_cache_filter for f in x.split(",") if f)
+        view = progress_view(args.progress, None)
+        try:
+            return eng.build_context(args.context, text=text, tag=args.tag,
+                                     build_args=_pairs(args.build_arg, "--build-arg"), target=args.target,
+                                     network=options.network(args).get("network"), no_cache=args.no_cache,
+                                     no_cache_filter=filters, progress=view).to_dict()
+        finally:
+            if view is not None:
+                view.close()
+    finally:
+        eng.close()
+
+
 def cmd_build(args):
+    if args.server:
+        return out(args, _remote_build(args), lambda o: print(o["image"]))
     eng = open_engine(args)
     try:
         text = None
@@ -77,4 +101,6 @@ def add_build(sub, common) -> None:
                    help="run this stage's steps again (repeatable, or comma-separated)")
     x.add_argument("--progress", choices=("auto", "plain", "json", "quiet"), default="auto",
                    help="auto: a live view on a terminal, else plain (docker's #N lines); json: an event a line")
+    x.add_argument("--server", metavar="URL", help="build on a `sandtree serve` at URL (the context is sent as a "
+                   "tar; token: $SANDTREE_TOKEN)")
     x.set_defaults(fn=cmd_build, secret=[])

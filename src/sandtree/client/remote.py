@@ -206,6 +206,61 @@ class RemoteEngine:
                 fileobj.write(chunk)
             return json.loads(r.headers["x-sandtree-oci"])
 
+    # ---- builds (issue 15): a context tar up, progress and the result down as Server-Sent Events ---
+    @_declared("build_context")
+    def build_context(self, context, **options):
+        a = table.OPS["build_context"].bind(context, **options)
+        progress = a.pop("progress")
+        params = {"dockerfile": a["dockerfile"], "text": a["text"], "tag": a["tag"], "target": a["target"],
+                  "no_cache": "true" if a["no_cache"] else None,
+                  "build_arg": [f"{k}={v}" for k, v in (a["build_args"] or {}).items()],
+                  "no_cache_filter": [str(f) for f in a["no_cache_filter"] or ()],
+                  "network": a["network"] if a["network"] is None or isinstance(a["network"], str)
+                  else json.dumps(getattr(a["network"], "to_json", lambda: a["network"])())}
+        params = {k: v for k, v in params.items() if v not in (None, [])}
+        with tempfile.TemporaryFile() as f:
+            if context is not None and os.path.isdir(context):
+                with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as t:
+                    t.add(context, arcname=".", filter=_context_member)
+            elif context is not None:
+                with open(context, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+            f.seek(0)
+            return self._build_stream(params, _chunks(f), progress)
+
+    def _build_stream(self, params: dict, body, progress):
+        with self.http.stream("POST", "/builds", params=params, content=body, timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise_for(r)
+            event = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "progress" and progress is not None:
+                        if "output_base64" in data:
+                            data["output"] = base64.b64decode(data.pop("output_base64"))
+                        progress(data)
+                    elif event == "result":
+                        return _Build(data)
+                    elif event == "error":
+                        raise_error(data)
+        raise errors.SandtreeError(f"{self.url}: the build stream ended without a result")
+
+    @_declared("image_config")
+    def image_config(self, ref):
+        """The image's OCI config object (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts, Labels)."""
+        return _Data(self.request("GET", f"/images/{_segment(ref, True)}/config").json()["config"])
+
+    @_declared("configure")
+    def configure(self, ref, config, *, tag=None) -> str:
+        oci = config.to_oci() if hasattr(config, "to_oci") else dict(config)
+        return self.request("POST", f"/images/{_segment(ref, True)}/configure",
+                            json={"config": oci, "tag": tag}).json()["image"]
+
     @_declared("run")
     def run(self, ref, command, **options) -> RunRecord:
         args = table.OPS["run"].bind(ref, command, **options)
@@ -302,6 +357,33 @@ class RemoteOperations:
 
 _install(RemoteEngine, table.ENGINE_OPS)
 _install(RemoteOperations, table.OPERATIONS_OPS)
+
+
+class _Build(_Data):
+    """A BuildResult as the server sent it: .image, .steps (each .index, .text, .cached, .image, ...)."""
+
+    def __init__(self, data: dict):
+        super().__init__(data)
+        self.image = data["image"]
+        self.steps = tuple(_Step(s) for s in data["steps"])
+
+
+class _Step(_Data):
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _chunks(f):
+    while chunk := f.read(1 << 20):
+        yield chunk
+
+
+def _context_member(info: tarfile.TarInfo):
+    """A local context as the server takes it: files, directories, symlinks (no device, no FIFO)."""
+    return info if info.isfile() or info.isdir() or info.issym() or info.islnk() else None
 
 
 def _named(row: table.Op) -> set[str]:

@@ -16,9 +16,11 @@ from typing import Callable
 from .. import config
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
-from ..errors import RuntimeUnavailable
+from ..errors import InvalidInput, RuntimeUnavailable
 from .inputs import files_arg
 from .objects import Branch, Image, MergeResult, RunResult, Sandbox
+from ..recipe.builder import RecipeBuilder
+from .recipes import build_remote
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]
@@ -32,11 +34,10 @@ class Sandtree:
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
-        # here so that `import sandtree` and a connect()ed client never load them. (The Python
-        # builder comes with it: builds are in-process until REST builds exist.)
-        from ..engine import Engine, RecipeBuilder
+        # here so that `import sandtree` and a connect()ed client never load them.
+        from ..engine import Engine, dockerfile_recipe
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
-        self._builder = RecipeBuilder
+        self._dockerfile = dockerfile_recipe
 
     @property
     def engine(self):
@@ -85,12 +86,19 @@ class Sandtree:
         """A Python recipe on `base` ("scratch", an image or ref, "docker://REF"): immutable,
         chainable, lazy; `.build(tag=...)` builds it here and returns the Image. Each method is one
         step with the text the same Dockerfile instruction has (same steps, same ID, same cache)."""
-        builder = getattr(self, "_builder", None)
-        if builder is None:
-            raise RuntimeUnavailable("builds run in-process for now: the recipe's context is a directory of this "
-                                     "machine (REST builds with a context tar come later)")
         ref = base.id if isinstance(base, Image) else base
-        return builder(ref, context, build=lambda recipe, **kw: Image(self, self._engine.build(recipe, **kw).image))
+        return RecipeBuilder(ref, context, build=lambda recipe, **kw: Image(self, self.build(recipe, **kw).image))
+
+    def dockerfile(self, context: str | None = ".", *, file: str | None = None, text: str | None = None,
+                   build_args: dict | None = None, target: str | None = None, network=None):
+        """A Dockerfile as a Recipe for st.build or st.pool: `file` (default CONTEXT/Dockerfile) or
+        `text`, read and its context listed and hashed now (call it again after a change)."""
+        parse = getattr(self, "_dockerfile", None)
+        if parse is None:
+            raise RuntimeUnavailable("st.dockerfile reads a context of this machine for an in-process engine; "
+                                     "through connect() use st.build_context(context, ...), which sends it")
+        return parse(self._engine, context, dockerfile=file, text=text, build_args=build_args, target=target,
+                     network=network)
 
     def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
               progress: Callable[[dict], None] | None = None):
@@ -98,8 +106,22 @@ class Sandtree:
         the BuildResult: .image (the ID) and .steps (index, stage, text, line, cached, image,
         seconds, operation). progress(event) gets {step, total, text, status, output?}."""
         recipe = recipe.recipe() if hasattr(recipe, "recipe") and callable(recipe.recipe) else recipe
+        if isinstance(self._engine, RemoteEngine):      # sent as the Dockerfile it is, with its context
+            return build_remote(self._engine, recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
+                                network=network, progress=progress)
         return self._engine.build(recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
                                   network=network, progress=progress)
+
+    def build_context(self, context: str | None = ".", *, dockerfile: str = "Dockerfile", text: str | None = None,
+                      tag: str | None = None, build_args: dict | None = None, target: str | None = None,
+                      network=None, no_cache: bool = False, no_cache_filter=(),
+                      progress: Callable[[dict], None] | None = None):
+        """Build a Dockerfile (`text`, or the file `dockerfile` in the context) with a build
+        context (a directory or a tar; through connect() it is sent to the server as a tar); the
+        BuildResult. progress(event) as for build."""
+        return self._engine.build_context(context, dockerfile=dockerfile, text=text, tag=tag, build_args=build_args,
+                                          target=target, network=network, no_cache=no_cache,
+                                          no_cache_filter=no_cache_filter, progress=progress)
 
     def tag(self, image: "Image | str", name: str) -> "Image":
         image_id = self._id(image)
@@ -141,15 +163,24 @@ class Sandtree:
 
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-             hostname: str = D.HOSTNAME, wait: bool = False, network=None) -> dict:
+             hostname: str = D.HOSTNAME, wait: bool = False, network=None, tag: str | None = None,
+             build_network=None) -> dict:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
         it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
-        sandboxes (only runs asking for the same one use them). Returns its stats. `image` may be
-        a recipe (st.recipe(...) or a Recipe): it is built first (unchanged: cache hits) and the
-        pool is of the image it gives."""
+        sandboxes (only runs asking for the same one use them). Returns its stats.
+        `image` may be a recipe (st.recipe(...) or a Recipe): it is built (unchanged: cache hits),
+        its result tagged `tag` (default pool/<hash of its steps>) and pooled; called again after a
+        change that gives another ID, the pool rolls over: the new one fills while runs on the tag
+        keep using the old, then the tag moves and the old pool drains (stats: previous,
+        rolled_over seconds). build_network: the policy of the recipe's RUN steps naming none."""
         if callable(getattr(image, "recipe", None)) or hasattr(image, "stages"):
-            image = self.build(image).image
+            recipe = image.recipe() if callable(getattr(image, "recipe", None)) else image
+            return self._engine.pool_recipe(recipe, size, tag=tag, wait=wait, build_network=build_network,
+                                            timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk,
+                                            output=output, hostname=hostname, network=network)
+        if tag is not None or build_network is not None:
+            raise InvalidInput("tag= and build_network= are for a pool of a recipe")
         stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
                                          cpus=cpus, disk=disk, output=output, hostname=hostname, network=network)
         if wait:

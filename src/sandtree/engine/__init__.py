@@ -2,12 +2,14 @@
 
 from .builds import BuildResult, StepResult
 from .core import Engine
+from .dockerfiles import dockerfile_recipe
 from ..recipe.builder import RecipeBuilder
 from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
-from ..store.imageconfig import ImageConfig
+from ..store.imageconfig import CONFIG_PATH, ImageConfig
 from .spec import default_idmap
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, parse_size
 
 __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size", "BuildResult", "StepResult",
-           "RecipeBuilder", "Recipe", "Stage", "From", "Run", "Copy", "Configure", "ContextFile", "ImageConfig"]
+           "RecipeBuilder", "dockerfile_recipe", "Recipe", "Stage", "From", "Run", "Copy", "Configure", "ContextFile",
+           "ImageConfig", "CONFIG_PATH"]

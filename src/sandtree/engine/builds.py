@@ -8,6 +8,12 @@ them (buildcopy.py); Configure writes the image's config (imagedefaults.py reads
 result is an image whose lineage edge is labelled by the step's text; a step's key (buildcache.py)
 finds a result made before, and then nothing runs. Only the stages the target needs are built. A
 failed RUN raises BuildFailed naming its line, with its stderr's tail, and tags nothing.
+
+Who builds is a guard (build_as): the operator's (OperatorGuard: every image, every hit, any
+network) or a tenant's view (tenancy/view.py), which resolves and pulls as that tenant, says which
+cache hits it may use (build_hit), checks each RUN's network against its grant before anything
+runs, caps RUN steps by its limits and claims the operations the build makes (so their results
+are its own).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from .edits import commit_edit
 from .imagedefaults import image_config, resolve_user
 from .scratch import scratch_image
 
-__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL"]
+__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
 
 STDERR_TAIL = 2000         # bytes of a failed RUN's stderr in its error
 
@@ -92,6 +98,44 @@ def _stage_index(ref: str, names: dict, before: int) -> int | None:
     return j
 
 
+class OperatorGuard:
+    """The operator's build (in process, an admin token): every image and cache hit, any network.
+    A tenant's view has the same methods with its own rules (tenancy/view.py)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def resolve(self, ref: str) -> str:
+        return self.engine.resolve(ref)
+
+    def pull(self, reference: str) -> str:
+        return self.engine.pull(reference)
+
+    def build_hit(self, image: str, kind: str) -> bool:
+        """May the build use this cached result of a step of `kind` (from, run, copy, configure)?"""
+        return True
+
+    def check_network(self, value, image) -> None:
+        """Refuse (Forbidden) a RUN step's network policy beyond what the builder may ask."""
+
+    def build_run_options(self) -> dict:
+        """A RUN step's resource options (a tenant: within its limits)."""
+        return {}
+
+    def claim(self, op: str) -> None:
+        """An operation the build is about to make (a tenant: its result is then its own)."""
+
+
+@dataclass
+class _Build:
+    recipe: Recipe
+    guard: object
+    names: dict
+    network: object
+    progress: object
+    results: dict
+
+
 class BuildOps:
     """Mixed into engine.Engine (store, committer, records, resolve, pull, run_operation, tag)."""
 
@@ -130,9 +174,15 @@ class BuildOps:
     # ---- the build ------------------------------------------------------------------------------
     def build(self, recipe: Recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(),
               network=None, progress=None) -> BuildResult:
-        """Build `recipe`; tag its target's image. no_cache: every step runs again (a deterministic
-        step then gives the same ID); no_cache_filter: stage names (or indexes as text) and step
-        numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
+        return self.build_as(recipe, None, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
+                             network=network, progress=progress)
+
+    def build_as(self, recipe: Recipe, guard, *, tag: str | None = None, no_cache: bool = False,
+                 no_cache_filter=(), network=None, progress=None) -> BuildResult:
+        """Build `recipe` as `guard` builds (None: the operator); tag its target's image. Not an
+        operation of the table: build's and the tenant view's way in. no_cache: every step runs
+        again (a deterministic step then gives the same ID); no_cache_filter: stage names (or
+        indexes as text) and step numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
         steps that name none (default: no network). progress(event): see the module doc."""
         if not isinstance(recipe, Recipe) or not recipe.stages:
             raise InvalidInput("build takes a Recipe with at least one stage")
@@ -143,10 +193,19 @@ class BuildOps:
         if target is None:
             raise InvalidInput(f"no stage {recipe.target} to build")
         need = _needed(recipe, target)
-        names = {s.name: i for i, s in enumerate(recipe.stages) if s.name}
+        guard = guard if guard is not None else OperatorGuard(self)
+        for i in sorted(need):               # every RUN's network, before anything runs
+            for step in recipe.stages[i].steps:
+                if isinstance(step, Run):
+                    try:
+                        guard.check_network(step.network if step.network is not None else network, None)
+                    except SandtreeError as exc:
+                        raise type(exc)(f"{_at(step)}: {exc.message}", **{**exc.details, "line": step.line}) \
+                            from None
+        b = _Build(recipe, guard, {s.name: i for i, s in enumerate(recipe.stages) if s.name}, network, progress, {})
         filt = set(no_cache_filter or ())
         total = sum(len(s.steps) for i, s in enumerate(recipe.stages) if i in need)
-        results: dict[int, str] = {}
+        results = b.results
         done: list[StepResult] = []
         with self.store.using():
             for si, stage in enumerate(recipe.stages):
@@ -159,8 +218,7 @@ class BuildOps:
                 for step in stage.steps:
                     n = len(done) + 1
                     fresh = no_cache or label in filt or str(si) in filt or n in filt
-                    done.append(self._step(recipe, step, n, total, label, image, results, names, si, fresh,
-                                           network, progress))
+                    done.append(self._step(b, step, n, total, label, image, si, fresh))
                     image = done[-1].image
                 results[si] = image
         image = results[target]
@@ -168,13 +226,13 @@ class BuildOps:
             self.store.tag(image, tag)
         return BuildResult(image, tuple(done))
 
-    def _step(self, recipe, step, n, total, label, image, results, names, si, fresh, network, progress) -> StepResult:
+    def _step(self, b: _Build, step, n, total, label, image, si, fresh) -> StepResult:
         t0 = time.perf_counter()
 
         def emit(status, **more):
-            if progress is not None:
-                progress({"step": n, "total": total, "stage": label, "text": step.text, "line": step.line,
-                          "status": status, **more})
+            if b.progress is not None:
+                b.progress({"step": n, "total": total, "stage": label, "text": step.text, "line": step.line,
+                            "status": status, **more})
 
         def finish(img, cached, op):
             r = StepResult(n, label, step.text, step.line, cached, img, round(time.perf_counter() - t0, 6), op)
@@ -183,15 +241,18 @@ class BuildOps:
 
         try:
             if isinstance(step, From):
-                return self._from(step, results, names, si, fresh, finish, emit)
+                return self._from(b, step, si, fresh, finish, emit)
             if image is None:
                 raise InvalidInput("no FROM before it")
-            key, hermetic, run = self._plan(recipe, step, image, results, names, si, network)
-            hit = None if fresh else buildcache.lookup(self.store, key)
+            key, hermetic, run = self._plan(b, step, image, si)
+            kind = "run" if isinstance(step, Run) else "copy" if isinstance(step, Copy) else "configure"
+            hit = None if fresh else buildcache.lookup(self.store, key,
+                                                       visible=lambda img: b.guard.build_hit(img, kind))
             if hit is not None:
                 return finish(hit, True, None)
             emit("running")
             op = uuid.uuid4().hex
+            b.guard.claim(op)
 
             def put(con, result):
                 buildcache.put(con, key, result, op, hermetic)
@@ -211,54 +272,56 @@ class BuildOps:
             raise
         return finish(img, False, op)
 
-    def _from(self, step: From, results, names, si, fresh, finish, emit) -> StepResult:
+    def _from(self, b: _Build, step: From, si, fresh, finish, emit) -> StepResult:
         base = step.base
         if base.startswith("stage:"):
-            j = _stage_index(base[6:], names, si)
-            if j is None or j not in results:
+            j = _stage_index(base[6:], b.names, si)
+            if j is None or j not in b.results:
                 raise InvalidInput(f"{_at(step)}: no stage {base[6:]!r} before it", line=step.line)
-            return finish(results[j], True, None)
+            return finish(b.results[j], True, None)
         if base == "scratch":
             return finish(scratch_image(self.store, self._adopt), True, None)
         if base.startswith("docker://"):
             key = buildcache.step_key("", f"FROM {base}")
-            hit = None if fresh else buildcache.lookup(self.store, key)
+            hit = None if fresh else buildcache.lookup(self.store, key,
+                                                       visible=lambda img: b.guard.build_hit(img, "from"))
             if hit is not None:
                 return finish(hit, True, None)
             emit("running")
-            img = self.pull(base)
+            img = b.guard.pull(base)
             with self.store.db.tx() as con:
                 buildcache.put(con, key, img, None, False)
             return finish(img, False, None)
-        return finish(self.resolve(base), True, None)
+        return finish(b.guard.resolve(base), True, None)
 
-    def _plan(self, recipe: Recipe, step, image: str, results, names, si, network):
+    def _plan(self, b: _Build, step, image: str, si):
         """(cache key, hermetic, run(put, box, emit) -> (image, op)) of a non-FROM step."""
         tier = self.default_tier
         if isinstance(step, Run):
-            policy = Policy.from_value(step.network if step.network is not None else network)
+            policy = Policy.from_value(step.network if step.network is not None else b.network)
             key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=step.env)
-            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit)
+            opts = b.guard.build_run_options()
+            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts)
         if isinstance(step, Copy):
             src = None
             if step.from_stage is not None:
-                j = _stage_index(step.from_stage, names, si)
-                src = results[j] if j is not None else self.resolve(step.from_stage)
+                j = _stage_index(step.from_stage, b.names, si)
+                src = b.results[j] if j is not None else b.guard.resolve(step.from_stage)
             extra = {"from": src, "paths": list(step.paths), "chown": step.chown, "chmod": step.chmod,
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
-            return key, True, lambda put, op, emit: self._copy_step(recipe, step, image, src, put, op)
+            return key, True, lambda put, op, emit: self._copy_step(b.recipe, step, image, src, put, op)
         if isinstance(step, Configure):
             key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
             return key, True, lambda put, op, emit: self._configure(image, self._configured(image, step),
                                                                     step.text, also=put, op=op)
         raise InvalidInput(f"unknown step {type(step).__name__}")
 
-    def _run_step(self, step: Run, image: str, policy, put, op: str, emit) -> str:
+    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict) -> str:
         cfg = image_config(self.store, image)
         env = {k: v for k, v in step.env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
-                                 on_output=lambda s, b: emit("running", stream=s, output=b))
+                                 on_output=lambda s, b: emit("running", stream=s, output=b), **opts)
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
             tail = rec.stderr[-STDERR_TAIL:].decode("utf-8", "replace")
             why = "timed out" if rec.timed_out else f"exit code {rec.exit_code}" if rec.signal is None \

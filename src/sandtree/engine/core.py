@@ -28,11 +28,13 @@ from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
 from .branching import BranchingOps
+from .buildcontexts import ContextBuildOps
 from .builds import BuildOps
 from .imports import ImportOps
 from .inspection import InspectionOps
 from .oci import OciOps
 from .operations import Operations
+from .poolroll import RecipePools
 from .pools import Pools
 from .records import Records
 from .runs import RunOps
@@ -50,7 +52,7 @@ except ImportError:               # (the links part of issue 14, until it is mer
 _TENANCY_LOCK = threading.Lock()
 
 
-class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps):
+class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
@@ -63,6 +65,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self._operations = None
         self._sandboxes = None
         self._pools = None
+        self._recipe_pools = None
         self._ports = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
@@ -149,13 +152,39 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return next((p for p in self.pools.list() if p["image"] == stats["image"]), stats)
 
     def pool_list(self) -> list[dict]:
-        return self.pools.list() if self._pools is not None else []
+        if self._pools is None:
+            return []
+        tags = {i: t for t, i in self._recipe_pools.by_tag.items()} if self._recipe_pools is not None else {}
+        return [{**p, "tag": tags[p["image"]]} if p["image"] in tags else p for p in self.pools.list()]
 
     def pool_wait(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
         return self.pools.wait_ready(ref, timeout)
 
     def pool_remove(self, ref: str) -> None:
-        self.pools.remove(ref)
+        image = self.resolve(ref)
+        self.pools.remove(image)
+        self.recipe_pools.forget(image)
+
+    @property
+    def recipe_pools(self) -> RecipePools:
+        """Pools kept of recipes' results under their tags (poolroll.py)."""
+        if self._recipe_pools is None:
+            with self._parts_lock:
+                if self._recipe_pools is None:
+                    self._recipe_pools = RecipePools(self)
+        return self._recipe_pools
+
+    def pool_recipe(self, recipe, size: int = 4, *, tag: str | None = None, wait: bool = False,
+                    wait_timeout: float = D.POOL_WAIT, build_network=None, progress=None,
+                    hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None, pids: int | None = None,
+                    cpus: float | None = None, disk=None, output=None, network=None) -> dict:
+        """Build `recipe` (cache hits when unchanged) and keep a pool of `size` sandboxes of the
+        result, tagged `tag`; when the result differs from the image this tag's pool is of, the pool
+        rolls over (the new one filled, the tag moved, the old one drained)."""
+        return self.recipe_pools.roll(recipe, size, tag=tag, wait=wait, wait_timeout=wait_timeout,
+                                      build_network=build_network, progress=progress, hostname=hostname,
+                                      timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output,
+                                      network=network)
 
     # The facade of live sandboxes: what the API objects and every adapter call.
     def sandbox_start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,

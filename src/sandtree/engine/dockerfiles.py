@@ -1,6 +1,6 @@
 """A Dockerfile on the host as a Recipe, for the surfaces that build from one (the CLI's `sandtree
-build`; REST's builds later): the file read with its size bounded, the build context opened
-(recipe/context.py), and the parser (recipe/dockerfile.py) given this engine's view of a base image's
+build`; build_context: REST, the remote client, MCP): the file read with its size bounded, the build
+context opened (recipe/context.py), and the parser (recipe/dockerfile.py) given this engine's view of a base image's
 environment, so `ENV PATH=/opt/bin:$PATH` expands as Docker would. The build itself is Engine.build.
 """
 

@@ -363,8 +363,9 @@ class Operations:
             self._event(op, "end", json.dumps({"status": "cancelled"}))
         return self.get(op)
 
-    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
-        out = [self.get(op) for op in self.records.recent_runs(max(1, min(limit, 1000)) * (4 if status else 1))]
+    def list(self, *, status: str | None = None, limit: int = 50, kind: str = "run") -> list[dict]:
+        """The newest operations of one kind (run, import, ...), newest first."""
+        out = [self.get(op) for op in self.records.recent_runs(max(1, min(limit, 1000)) * (4 if status else 1), kind)]
         if status:
             out = [o for o in out if o["status"] == status]
         return out[:limit]

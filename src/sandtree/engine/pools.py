@@ -52,6 +52,9 @@ class Pool:
         self.served = 0
         self.misses = 0
         self._retired: list[LiveHandle] = []
+        # Sandboxes handed to runs and not retired yet: the filler thread outlives them, because
+        # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
+        self.out = 0
         self.thread_done = False                 # after it, runs stop their own sandbox
         self.thread = threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}", daemon=True)
         self.thread.start()
@@ -68,6 +71,8 @@ class Pool:
             h = self.ready.popleft() if self.ready else None
             if h is None:
                 self.misses += 1
+            else:
+                self.out += 1
             self.cv.notify_all()
             return h
 
@@ -109,6 +114,7 @@ class Pool:
 
     def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
+            self.out -= 1
             if not self.thread_done:
                 self._retired.append((h, ahead))
                 self.cv.notify_all()
@@ -119,7 +125,7 @@ class Pool:
     def _fill(self) -> None:
         while True:
             with self.cv:
-                while not self.closed and not self._retired and len(self.ready) >= self.size:
+                while not self._retired and (self.out > 0 if self.closed else len(self.ready) >= self.size):
                     self.cv.wait()
                 retired, self._retired = self._retired, []
                 closed = self.closed
@@ -132,7 +138,7 @@ class Pool:
                     self.egress().release(key)
             if closed:
                 with self.cv:                    # (a run may have retired one meanwhile)
-                    if not self._retired:
+                    if not self._retired and self.out == 0:
                         self.thread_done = True
                         return
                 continue
@@ -196,13 +202,16 @@ class Pool:
                     "limits": self.template.limits.__dict__,
                     "network": self.policy.to_json() if self.policy is not None else None}
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the ready sandboxes; those runs hold are stopped as they finish (the pool drains).
+        wait: until then (at most a minute)."""
         with self.cv:
             self.closed = True
             self._retired.extend(self.ready)
             self.ready.clear()
             self.cv.notify_all()
-        self.thread.join(timeout=60)
+        if wait:
+            self.thread.join(timeout=60)
 
 
 class Pools:
@@ -211,6 +220,7 @@ class Pools:
     def __init__(self, store: Store, specs: RunSpecs, live: LiveTier, resolve: Callable[[str], str]):
         self.store, self.specs, self.live, self.resolve = store, specs, live, resolve
         self.by_image: dict[str, Pool] = {}
+        self.draining: list[Pool] = []              # removed without waiting: joined at close
         self.egress = lambda: None                  # () -> the engine's Egress (networked pools)
         self.lock = threading.Lock()
 
@@ -237,8 +247,10 @@ class Pools:
         with self.lock:
             old = self.by_image.pop(source, None)
             self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress)
+            if old is not None:
+                self.draining.append(old)           # runs in it finish; joined at close
         if old is not None:
-            old.close()
+            old.close(wait=False)
         return self.by_image[source].stats()
 
     def get(self, image: str) -> Pool | None:
@@ -251,14 +263,20 @@ class Pools:
         pool = self.by_image.get(self.resolve(ref))
         return pool.wait_ready(timeout) if pool else False
 
-    def remove(self, ref: str) -> None:
+    def remove(self, ref: str, wait: bool = True) -> None:
+        """Forget a pool: runs no longer find it; its ready sandboxes stop, those in runs as they
+        end (wait: until then; else it drains behind the caller, joined at close)."""
         with self.lock:
             pool = self.by_image.pop(self.resolve(ref), None)
+            self.draining = [p for p in self.draining if not p.thread_done]
+            if pool is not None and not wait:
+                self.draining.append(pool)
         if pool is not None:
-            pool.close()
+            pool.close(wait)
 
     def close(self) -> None:
         with self.lock:
-            pools, self.by_image = list(self.by_image.values()), {}
+            pools, self.by_image = list(self.by_image.values()) + self.draining, {}
+            self.draining = []
         for p in pools:
             p.close()

@@ -15,10 +15,12 @@ import time
 
 from ..errors import NotFound
 from ..store.db import dumps
+from ..values import check_kind
 from ..store.store import Store
 from ..branching.lineage import op_summary
 
 _COLUMNS = "id, kind, source, result, spec, outcome, started, finished"
+
 
 
 class Records:
@@ -105,9 +107,10 @@ class Records:
         return [(op, json.loads(spec)) for op, spec in
                 self.store.db.query("SELECT id, spec FROM operations WHERE finished IS NULL")]
 
-    def recent_runs(self, limit: int) -> list[str]:
+    def recent_runs(self, limit: int, kind: str = "run") -> list[str]:
+        """The newest operations of `kind` (run by default), newest first."""
         return [r[0] for r in self.store.db.query(
-            "SELECT id FROM operations WHERE kind='run' ORDER BY started DESC LIMIT ?", (limit,))]
+            "SELECT id FROM operations WHERE kind=? ORDER BY started DESC LIMIT ?", (check_kind(kind), limit))]
 
     def summary(self, op: str) -> dict:
         return op_summary(self.store, op)      # (lineage's: a networked run's policy included)

@@ -14,8 +14,8 @@ import uuid
 from .. import defaults as D
 from ..runtime.base import RunSpec
 from ..runtime.validate import validate_spec
-from ..errors import SandtreeError
-from ..store import refs
+from ..errors import InvalidInput, SandtreeError
+from ..store import ephemeral, refs
 from ..store.store import ImageRow
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
@@ -27,6 +27,21 @@ from .netopts import attach_link, network_option, require_egress
 
 
 
+KEPT, EPHEMERAL, NOTHING = "kept", "ephemeral", "nothing"
+
+
+def keep_mode(disposable) -> str:
+    """What a run keeps: disposable=False its end state as an image (KEPT), True nothing (no
+    commit), "ephemeral" its end state as a short-lived unlisted image (store/ephemeral.py)."""
+    if disposable is False or disposable is None:
+        return KEPT
+    if disposable is True:
+        return NOTHING
+    if disposable == EPHEMERAL:
+        return EPHEMERAL
+    raise InvalidInput(f"disposable must be true, false or 'ephemeral', not {disposable!r}")
+
+
 class RunOps:
     """Mixed into engine.Engine, which provides store, specs, records, committer, tier(),
     resolve() and its pools."""
@@ -34,11 +49,14 @@ class RunOps:
     def run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
             stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
             hostname: str = D.HOSTNAME, files=None, file_set: str | None = None,
-            disposable: bool = False, on_output=None, tier: str | None = None, cancel=None,
+            disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
             secrets: dict | None = None) -> RunRecord:
-        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs."""
+        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs.
+        disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
+        unlisted image (store/ephemeral.py: the Contree adapter's mode; sandtree's own surfaces
+        offer only True and False)."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
@@ -55,13 +73,14 @@ class RunOps:
     def _run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
              stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
              hostname: str = D.HOSTNAME,
-             files=None, disposable: bool = False, on_output=None, tier: str | None = None,
+             files=None, disposable: bool | str = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
              step: str | None = None, in_tx=None, **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
         in_tx(con, result): called in the transaction that records the run (the build cache's row)."""
         runtime = self.tier(tier)
+        keep = keep_mode(disposable)
         labels = check_labels(labels)
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
@@ -125,14 +144,14 @@ class RunOps:
                 link.close()
             network_usage = self.egress.release_begin(link_key)
         try:
-            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, disposable,
+            rec, result = self._commit_run(op, source, row, outcome, record_spec, started, keep,
                                            network_usage, in_tx)
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
             if release is not None:
                 release()                      # the pool's sandbox: retired once its upper is read
-        if branch is not None and result is not None:
+        if branch is not None and result is not None and keep == KEPT:     # an ephemeral end moves no branch
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec
 
@@ -162,13 +181,15 @@ class RunOps:
         return link.key, link.netns_fd, link.runtime_files()
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
-                    disposable: bool, network_usage=None, in_tx=None) -> tuple[RunRecord, str | None]:
-        """network_usage: None, or a function giving the released link's usage (read after the
-        commit, before the record). in_tx: see run_operation."""
+                    keep: str, network_usage=None, in_tx=None) -> tuple[RunRecord, str | None]:
+        """keep: KEPT, EPHEMERAL or NOTHING (keep_mode). network_usage: None, or a function giving
+        the released link's usage (read after the commit, before the record). in_tx: see run_operation."""
         t_commit = time.perf_counter()
         with outcome:
             try:
-                result, write_image = (None, None) if disposable or outcome.cancelled else self._commit(row, outcome)
+                result, write_image = (None, None) if keep == NOTHING or outcome.cancelled else self._commit(row, outcome)
+                if keep == EPHEMERAL and write_image is not None:
+                    write_image = ephemeral.mark_writer(write_image, result)
             except Exception as exc:
                 self.records.record(op, source, record_spec, started, None,
                                     {"error": getattr(exc, "code", "error"), "message": f"commit failed: {exc}",
@@ -185,10 +206,10 @@ class RunOps:
                        "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
                        "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
                        "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
-            also = None
+            also = (lambda con: ephemeral.keep(con, result)) if keep == KEPT and result is not None else None
             if in_tx is not None and result is not None and not rec.exit_code and rec.signal is None \
                     and not rec.timed_out:
-                also = lambda con: in_tx(con, result)      # noqa: E731 - a successful step only
+                also = lambda con: (ephemeral.keep(con, result), in_tx(con, result))  # noqa: E731 - a successful step only
             self.records.record(op, source, record_spec, started, result, summary, write_image, also=also)
         return rec, result
 

@@ -14,8 +14,10 @@ daemon's memory), and stays hibernated."""
 
 from __future__ import annotations
 
-from ..errors import Conflict, NotFound, RuntimeUnavailable
+from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..network.policy import Policy
+from ..store import inspect
+from ..store.objects import SYMLINK
 from .netopts import network_option, require_egress
 
 __all__ = ["SandboxNetwork", "NO_NETWORK"]
@@ -84,3 +86,19 @@ class SandboxNetwork:
             egress.release(row["id"])
             raise
         return link
+
+    def check_resolv_link(self, row: dict) -> None:
+        """Conflict for a networked sandbox whose image has a link at /etc/resolv.conf: the runtime
+        covered the link itself with the daemon's file, and CRIU restores a mount by its path,
+        which would follow the link (to a file that is not there, or to one of the image's
+        choosing). The sandbox cannot remove a mount point, so its base image decides."""
+        if not row["spec"].get("network"):
+            return
+        try:
+            entry = inspect.resolve(self.store, row["image"], "/etc/resolv.conf", follow=False)[1]
+        except (NotFound, InvalidInput):
+            return
+        if entry.kind == SYMLINK:
+            raise Conflict(f"sandbox {row['id'][:12]} cannot hibernate: its image's /etc/resolv.conf is a link, "
+                           "covered by the egress resolver's file, and a restore would follow it; start it from "
+                           "an image with a regular /etc/resolv.conf (or none) to hibernate it", sandbox=row["id"])

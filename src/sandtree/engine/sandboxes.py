@@ -412,6 +412,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         sid, h = row["id"], row["handle"]
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
+        self.check_resolv_link(row)
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
         with self.store.using(), self._commit_lock(sid):

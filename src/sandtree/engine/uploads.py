@@ -12,6 +12,7 @@ import time
 from ..errors import InvalidInput, NotFound
 from ..store.blobs import hash_file
 from ..store.db import dumps
+from ..values import newest_page
 
 
 class UploadOps:
@@ -44,6 +45,11 @@ class UploadOps:
             raise NotFound(f"no uploaded file {digest!r}")
         st = os.stat(self.store.blobs.path(digest))
         return {"sha256": digest, "size": st.st_size, "created": st.st_mtime}
+
+    def uploads(self, *, limit: int = 100, offset: int = 0) -> list[dict]:
+        """Stored file contents runs may name by sha256 (uploads, and content gc kept as files),
+        newest first."""
+        return newest_page([self.upload_info(d) for d in self.store.blobs.files()], limit, offset)
 
     def find_upload(self, prefix: str) -> str:
         """The sha256 of stored content by a unique prefix of at least 32 hex digits (Contree
@@ -87,3 +93,4 @@ class UploadOps:
         if row is None:
             raise NotFound(f"no file set {set_id!r}")
         return json.loads(row[0])
+

@@ -1,8 +1,8 @@
 """Request body caps for `sandtree serve` (issue 12 item 9): no body is read past its cap.
 
 One ASGI middleware, inside httpauth.TenantGate (so the caller's tenant is known), counts the bytes
-of every request body as the route reads them. Upload routes (a file, an image tar, a file into a
-live sandbox, Contree's uploads) may send up to the tenant's `max_upload` limit, else the
+of every request body as the route reads them. Upload routes (a file, an image tar, a build context
+tar, a file into a live sandbox, Contree's uploads) may send up to the tenant's `max_upload` limit, else the
 server's (`serve --max-upload`, DEFAULT_MAX_UPLOAD); every other route takes JSON and gets
 MAX_JSON_BODY. A Content-Length over the cap is answered 413 before anything is read; a body that
 grows past it while streaming makes the route's read raise TooLarge (413 through the error table),
@@ -24,7 +24,8 @@ from ..tenancy.gate import STATE_KEY
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
-UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/sandboxes/[^/]+/file|/v1/files)/?$")
+UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/builds|/api/v1/sandboxes/[^/]+/file"
+                          r"|/v1/files)/?$")
 
 
 def upload_cap(scope, default: int) -> int:

@@ -31,6 +31,7 @@ from fastapi.responses import (
 )
 from fastapi.routing import APIRoute
 
+from . import contree_compat as compat
 from . import contree_wire as wire
 from .contree_subprocesses import live_options, proc_events, subprocesses_router
 from .bodylimit import spool, unstage
@@ -149,6 +150,16 @@ def contree_router(engine_for, stage) -> APIRouter:
         finally:
             unstage(path)
 
+    @router.get("/files")
+    async def list_uploads(engine: Engine, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+                           since: str | None = None, until: str | None = None) -> dict:
+        """FilesListResponse: the caller's uploads, newest first (since/until: as for images)."""
+        t0, t1 = wire.parse_time(since, "since"), wire.parse_time(until, "until")
+        infos = [i for i in await call(engine.uploads, limit=1000)
+                 if (t0 is None or i["created"] >= t0) and (t1 is None or i["created"] <= t1)]
+        return {"files": [{**file_view(i), "created_at": wire.iso(i["created"]), "updated_at": wire.iso(i["created"])}
+                          for i in infos[offset:offset + limit]]}
+
     def digest(sha256: str) -> str:
         if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
             raise InvalidInput(f"sha256 must be 64 hex digits, not {sha256!r}")
@@ -179,14 +190,19 @@ def contree_router(engine_for, stage) -> APIRouter:
                          else body.stdin.value.encode())
             except ValueError:
                 raise InvalidInput("stdin.value is not valid base64") from None
+        cwd = body.cwd.rstrip("/") or (None if not body.cwd else "/")     # "": the image's own, else /
+        if body.preserve_cwd and (keep := await call(compat.preserve_cwd_file, engine, image, cwd, body.disposable)):
+            files.append(keep)
         opts: dict[str, Any] = {
             "env": {k: v for k, v in (body.env or {}).items() if v is not None},   # null unsets: none set
-            "cwd": body.cwd.rstrip("/") or "/", "uid": body.uid, "gid": body.gid,
-            "hostname": body.hostname or "sandtree", "disposable": body.disposable, "stdin": stdin,
+            "cwd": cwd, "uid": body.uid, "gid": body.gid,
+            "hostname": body.hostname or "sandtree", "stdin": stdin,
+            # a disposable run's end state is still the result's image (Contree's clients chain on it)
+            "disposable": "ephemeral" if body.disposable else False,
             "files": files, "timeout": body.timeout, "output": body.truncate_output_at,
             "disk": body.resources_limits.max_layer_bytes if body.resources_limits else None,
             # enabled: the server's configured default policy; false or absent: none
-            "network": config.network_default() if body.networking and body.networking.enabled else None}
+            "network": compat.network_for(body.networking and body.networking.enabled, config.network_default())}
         command = body.command if body.shell else [body.command, *body.args]
         op = await call(engine.operations.submit_run, image, command, **opts, **live_options(body))
         echo = body.model_dump(exclude_none=True)
@@ -200,6 +216,7 @@ def contree_router(engine_for, stage) -> APIRouter:
         if rec["status"] in ("done", "failed", "cancelled"):
             rec = ops.wait([op], 10)[0]     # the row is written just before the run's record is handed over
         out = wire.operation_view(rec, ops.result(op) if rec["kind"] == "run" else None)
+        out["error"] = compat.spawn_failure(rec.get("outcome")) or out["error"]
         if inflight and rec["status"] == "running" and rec["kind"] == "run":
             # the output so far, from the live event log (?inflight, as Contree does)
             events, _ = ops.events_after(op, 0, 0)
@@ -213,10 +230,10 @@ def contree_router(engine_for, stage) -> APIRouter:
                               kind: str | None = Query(None, pattern="^(image_import|instance)$"),
                               since: str | None = None, until: str | None = None) -> list[dict]:
         t0, t1 = wire.parse_time(since, "since"), wire.parse_time(until, "until")
-        if kind == "image_import" or status == "ASSIGNED":
-            return []                       # imports are not operations here; nothing is ever ASSIGNED
+        if status == "ASSIGNED":
+            return []                       # nothing is ever ASSIGNED here
         ours = {v: k for k, v in wire.OP_STATUS.items()}.get(status) if status else None
-        recs = await call(engine.operations.list, status=ours, limit=min(1000, offset + limit))
+        recs = await call(compat.list_operations, engine, kind, ours, min(1000, offset + limit))
         keep = ("uuid", "kind", "status", "error", "created_at", "duration", "image_size", "consumed_cpu",
                 "consumed_memory", "image_uuid", "result_image_uuid")
         out = []
@@ -224,6 +241,7 @@ def contree_router(engine_for, stage) -> APIRouter:
             if (t0 is not None and rec["started"] < t0) or (t1 is not None and rec["started"] > t1):
                 continue
             v = wire.operation_view(rec, None)
+            v["error"] = compat.spawn_failure(rec.get("outcome")) or v["error"]
             out.append({k: v[k] for k in keep})
         return out[offset:offset + limit]
 
@@ -258,20 +276,26 @@ def contree_router(engine_for, stage) -> APIRouter:
         following = wire.flag(follow)
 
         def translate(seq: int, kind: str, data: str) -> list[dict]:
-            return wire.events_of(seq, kind, data, ops.get(op) if kind not in ("stdout", "stderr") else None)
+            cur = ops.get(op) if kind not in ("stdout", "stderr") else None
+            evs = wire.events_of(seq, kind, data, cur)
+            for e in evs:
+                if e["type"] == "completion" and e["data"].get("error"):
+                    e["data"]["error"] = compat.spawn_failure(cur.get("outcome")) or e["data"]["error"]
+            return evs
 
         def frames(evs: list[dict]) -> str:
             keep = [e for e in evs if e["id"] > after and (spid is None or e.get("spid") == spid)]
             return "".join(f"id: {e['id']}\nevent: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in keep)
 
         async def stream():
-            nonlocal after
+            nonlocal after, following
             cursor = max(0, after // 2 - 1) if after >= 0 else 0
             if rec["status"] in ("done", "failed", "cancelled"):
-                _, ended = await call(ops.events_after, op, 0, 0)
-                if not ended:                # run by an engine before this one: only the end is known
+                logged, ended = await call(ops.events_after, op, 0, 0)
+                if not logged and not ended:  # run by an engine before this one: only the end is known
                     yield frames(await call(translate, 0, "end", "{}"))
                     return
+                following = True             # its end is being logged (the row is written first): wait for it
             while True:
                 new, ended = await call(ops.events_after, op, cursor, 10.0 if following else 0)
                 for seq, kind, data in new:
@@ -310,6 +334,9 @@ def contree_router(engine_for, stage) -> APIRouter:
     async def resolved(engine, image_uuid: str) -> str:
         return await call(engine.resolve, wire.from_uuid(image_uuid, "image"))
 
+    async def here_path(engine, image: str, path: str) -> str:
+        return await call(compat.image_path, engine, image, path)          # ~ and relative paths
+
     @router.get("/inspect/{image_uuid}/")
     async def inspect_image(image_uuid: str, engine: Engine) -> dict:
         return wire.image_view(await call(engine.image_info, await resolved(engine, image_uuid)))
@@ -318,7 +345,7 @@ def contree_router(engine_for, stage) -> APIRouter:
     async def list_files(image_uuid: str, engine: Engine, path: str = Query(min_length=1),
                          text: str | None = None) -> Response:
         image = await resolved(engine, image_uuid)
-        entries = [wire.file_item(e.to_dict()) for e in await call(engine.ls, image, path)]
+        entries = [wire.file_item(e.to_dict()) for e in await call(engine.ls, image, await here_path(engine, image, path))]
         if text is not None:
             lines = [f"{stat_mod.filemode(e['mode'])} {e['nlink']} {e['uid']} {e['gid']} {e['size']:>10} {e['path']}"
                      + (f" -> {e['symlink_to']}" if e["is_symlink"] else "") for e in entries]
@@ -329,6 +356,7 @@ def contree_router(engine_for, stage) -> APIRouter:
     async def download(image_uuid: str, engine: Engine, path: str = Query(min_length=1),
                        text: str | None = None) -> Response:
         image = await resolved(engine, image_uuid)
+        path = await here_path(engine, image, path)
         if (await call(engine.stat, image, path)).to_dict()["type"] == "dir":
             return error(422, f"{path} is a directory")
         data = await call(engine.read, image, path)
@@ -337,12 +365,13 @@ def contree_router(engine_for, stage) -> APIRouter:
     @router.head("/inspect/{image_uuid}/download")
     async def file_check(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
         image = await resolved(engine, image_uuid)
-        kind = (await call(engine.stat, image, path)).to_dict()["type"]
+        kind = (await call(engine.stat, image, await here_path(engine, image, path))).to_dict()["type"]
         return Response(status_code=422 if kind == "dir" else 200)
 
     @router.get("/inspect/{image_uuid}/archive")
     async def archive(image_uuid: str, request: Request, engine: Engine, path: str = Query(min_length=1)) -> Response:
         image = await resolved(engine, image_uuid)
+        path = await here_path(engine, image, path)
         await call(engine.stat, image, path)                     # 404 before any byte is sent
 
         def build() -> bytes:
@@ -359,7 +388,8 @@ def contree_router(engine_for, stage) -> APIRouter:
 
     @router.head("/inspect/{image_uuid}/archive")
     async def archive_check(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
-        await call(engine.stat, await resolved(engine, image_uuid), path)
+        image = await resolved(engine, image_uuid)
+        await call(engine.stat, image, await here_path(engine, image, path))
         return Response(status_code=200)
 
     @router.get("/inspect/{image_uuid}/grep")
@@ -369,7 +399,7 @@ def contree_router(engine_for, stage) -> APIRouter:
                    case: str = Query("sensitive", pattern="^(sensitive|insensitive|smart)$"),
                    before: int = Query(0, ge=0, le=50), after: int = Query(0, ge=0, le=50)) -> dict:
         image = await resolved(engine, image_uuid)
-        path = path or ["/"]
+        path = [await here_path(engine, image, p) for p in path or ["/"]]
         rx = "|".join(f"(?:{p})" for p in pattern)
         ignore = case == "insensitive" or (case == "smart" and rx == rx.lower())
         matches: list[dict] = []

@@ -222,6 +222,7 @@ class SpawnIn(Lenient):
     shell: bool = False
     env: dict[str, str | None] | None = None
     preserve_env: bool = False
+    preserve_cwd: bool = False
     cwd: str = Field("", pattern=r"^((/[^/]*)+/?)?$")
     uid: int = Field(0, ge=0)
     gid: int = Field(0, ge=0)

@@ -26,6 +26,11 @@ def files_router(p: Plumbing) -> APIRouter:
         finally:
             unstage(path)
 
+    @router.get("/api/v1/files")
+    async def uploads(limit: int = 100, offset: int = 0) -> list[dict]:
+        """Uploaded files (sha256, size, created), newest first."""
+        return await call(functools.partial(engine.uploads, limit=limit, offset=offset))
+
     @router.post("/api/v1/file-sets", status_code=201)
     async def file_set(body: list[FileIn]) -> dict:
         """A reusable set of uploaded files ({"path", "sha256", "mode"}); its ID is its content hash."""

@@ -50,8 +50,9 @@ def runs_router(p: Plumbing) -> APIRouter:
         return [exec_view(r) for r in recs]
 
     @router.get("/api/v1/operations")
-    async def list_operations(status: str | None = None, limit: int = Query(50, ge=1, le=1000)) -> list[dict]:
-        return await call(ops.list, status=status, limit=limit)
+    async def list_operations(status: str | None = None, limit: int = Query(50, ge=1, le=1000),
+                              kind: str = "run") -> list[dict]:
+        return await call(ops.list, status=status, limit=limit, kind=kind)
 
     @router.get("/api/v1/operations/{op}")
     async def get_operation(op: str) -> dict:

@@ -4,10 +4,10 @@ An adapter: each route translates one request into one engine call, and engine e
 statuses through one table (errors.ERRORS: each class carries its status). The routes are in groups,
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
-branching.py (branching, lineage), files.py (uploads, file sets, registries), admin.py (health,
-metrics, the store); contree.py is Contree's own API under /v1. What they share (the caller's
-engine, calls in threads, the error shape) is plumbing.py; the request bodies are models.py. Without
-tokens the server only listens on loopback.
+branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
+registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1.
+What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
+request bodies are models.py. Without tokens the server only listens on loopback.
 
 Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
@@ -21,10 +21,13 @@ import sys
 from fastapi import FastAPI
 
 from ..engine import Engine, parse_size
+from ..engine.dockerfiles import dockerfile_recipe
+from ..engine.poolroll import RecipeWatch
 from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .branching import branching_router
+from .builds import builds_router
 from .contree import contree_router
 from .files import files_router
 from .images import images_router
@@ -49,8 +52,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
     # routes (branching's lineage) come before images_router's GET /images/{ref}.
-    for router in (admin_router, branching_router, images_router, files_router, runs_router, sandboxes_router,
-                   ports_router):
+    for router in (admin_router, branching_router, builds_router, images_router, files_router, runs_router,
+                   sandboxes_router, ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
     return app
@@ -58,15 +61,20 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
-          max_upload: int | str = DEFAULT_MAX_UPLOAD) -> None:
+          max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
+          watch: float | None = None) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
-    warm pools kept by this server (runs through it on those images skip setup). max_upload:
-    the largest upload or image tar (a tenant's max_upload limit replaces it)."""
+    warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
+    {dockerfile, context, tag, size}, each built before the server listens and pooled under its
+    tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
+    changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
+    max_upload limit replaces it)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve, not to build the app
 
     max_upload = parse_size(max_upload)
     engine = Engine(home, max_runs=max_runs)
+    watchers = []
     try:
         tokens = engine.tenancy.configured()
         if host not in LOOPBACK and not tokens:
@@ -80,7 +88,19 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
         for image, size in (pools or {}).items():
             engine.pool_create(engine.resolve(image), size)
+        say = log if log is not None else (lambda event, **kv: print(f"sandtree serve: {event} {kv}", file=sys.stderr))
+        for rp in recipe_pools or []:
+            def make(rp=rp):
+                return dockerfile_recipe(engine, rp["context"], dockerfile=rp["dockerfile"])
+            got = engine.pool_recipe(make(), rp["size"], tag=rp["tag"], wait=True)
+            say("pool", tag=got["tag"], image=got["image"], ready=got["ready"], steps=got["steps"],
+                cached=got["cached"], dockerfile=rp["dockerfile"])
+            if watch:
+                watchers.append(RecipeWatch(engine, make, rp["size"], tag=rp["tag"], interval=watch,
+                                            on_event=lambda ev: say(ev.pop("event"), **ev)))
         uvicorn.run(build_app(engine, log=log, max_upload=max_upload), host=host, port=port, log_level="warning")
     finally:
+        for w in watchers:
+            w.close()
         engine.close()
 

@@ -4,14 +4,14 @@ An adapter like the CLI: every tool is a few lines over engine.Engine (embedded,
 a `sandtree serve` elsewhere with --url), and every engine error comes back as a tool error with
 its message. The tools are in groups, one module each, composed here: runs.py (run, fork,
 operations), sandboxes.py (live sandboxes), images.py (images, their files, uploads, registries),
-branching.py (diff, merge, lineage, branches); guide.py holds what the server says about itself
-(guide, whoami, resources, prompts). What they share (registering a tool with every parameter
-described, the recent runs' output) is toolkit.py.
+builds.py (build, image_config), branching.py (diff, merge, lineage, branches); guide.py holds
+what the server says about itself (guide, whoami, resources, prompts). What they share (registering
+a tool with every parameter described, the recent runs' output) is toolkit.py.
 
 Transports: stdio (default) or streamable HTTP (`--http --port P`, transport.py). Over HTTP the
-server is `sandtree serve`'s equal: the same tokens and tenancy, a non-loopback bind without
-tokens is refused, and the tools that touch the *server's* filesystem are off, since the caller
-is not the server's user.
+server is `sandtree serve`'s equal: the same tokens and tenancy, a non-loopback bind without tokens
+is refused, and the tools that touch the *server's* filesystem are off, since the caller is not the
+server's user.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
 from ..tenancy.gate import RequestEngine
-from . import branching, guide, images, runs, sandboxes
+from . import branching, builds, guide, images, runs, sandboxes
 from .guide import GUIDE
 from .toolkit import Toolkit, described  # noqa: F401 - described: every tool parameter's description
 from .transport import PerRequestServer, serve_http
@@ -39,7 +39,7 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     cls = PerRequestServer if per_request else MCPServer
     server = cls("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
     toolkit = Toolkit(server, engine, host_paths=host_paths, remote=remote)
-    for group in (runs, sandboxes, images, branching, guide):
+    for group in (runs, sandboxes, images, builds, branching, guide):
         group.register(toolkit)
     return server
 

@@ -123,6 +123,32 @@ class BuildContext:
             raise TooLarge(f"{name} is over {MAX_IGNORE_BYTES} bytes")
         return data.decode("utf-8", "replace")
 
+    def read_file(self, name: str, max_bytes: int) -> str:
+        """The text of the context's file `name` (a Dockerfile inside it): cleaned, opened beneath the
+        root following no symlink, a regular file of at most max_bytes, UTF-8."""
+        rel = _clean(name, 0, "Dockerfile path")
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = _open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except FileNotFoundError:
+            raise InvalidInput(f"no Dockerfile {name!r} in the build context", path=name) from None
+        finally:
+            os.close(root_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegularFile(f"{name!r} in the build context is not a regular file", path=name)
+            data = os.read(fd, max_bytes + 1)
+            while len(data) <= max_bytes and (more := os.read(fd, max_bytes + 1 - len(data))):
+                data += more
+        finally:
+            os.close(fd)
+        if len(data) > max_bytes:
+            raise TooLarge(f"{name!r} is over {max_bytes} bytes", path=name)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInput(f"{name!r} is not UTF-8 (byte {e.start})", path=name) from None
+
     def is_archive(self, rel: str) -> bool:
         """Is the context file `rel` (as `select` returned it) a tar, plain or gzip/bzip2/xz
         compressed? Docker decides ADD's unpacking by content, not by name: so does this."""

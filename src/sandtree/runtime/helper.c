@@ -107,6 +107,8 @@ struct opts {
     const char *drain;          /* enter: sandtree-drain (drain.c), the reader of the output */
     int keep_fds;               /* become_command: fds below this survive the exec (0: 3) */
     int exec_fd;                /* become_command: execute this fd, not argv[0] (> 2) */
+    int resolv_layer;           /* --resolv-layer 1: make mount_point_layer's m/ without runtime files
+                                   (a networked sandbox's restore: its dumped root had one) */
     int netns_fd;               /* --netns-fd N: join this network namespace (made and wired by the
                                    egress daemon, network/links.py; owned by the host's user
                                    namespace, so root in the sandbox holds no capability over its
@@ -498,7 +500,7 @@ static int rt_has_resolv(void) {
  * writes it (the bind is read-only, and a mount point cannot be removed or renamed), so the upper
  * and a commit never see it. Returns the lowerdir suffix (":/tmp/m"), "" without a resolv.conf. */
 static const char *mount_point_layer(struct opts *o) {
-    if (!rt_has_resolv()) return "";
+    if (!rt_has_resolv() && !o->resolv_layer) return "";
     mkdir_p_one("m", 0755);
     mkdir_p_one("m/etc", 0755);
     int fd = open("m/etc/resolv.conf", O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -760,6 +762,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
+        else if (!strcmp(a, "--resolv-layer")) o->resolv_layer = atoi(v);
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;

@@ -92,6 +92,8 @@ class LiveRuntime(Commands, LiveTier):
             # (helper.c criu_root; with a link: restored into it, criu.py TCP_LINK)
             command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r", link=spec.netns_fd is not None)
             mode = ["--restore", "1"]
+            if spec.netns_fd is not None:        # its root had the resolv.conf mount point layer
+                mode += ["--resolv-layer", "1"]   # (helper.c mount_point_layer): CRIU binds onto it
         else:
             command = ["sandtree-init"]
             mode = ["--init", self.init()]

@@ -93,6 +93,8 @@ CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
 -- transaction that records the step; a hit needs the image still there (and visible).
 CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL, op TEXT,
     hermetic INTEGER NOT NULL, created REAL NOT NULL);
+-- Ephemeral images (store/ephemeral.py): a disposable run's end state, unlisted, collected after a TTL.
+CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
 """
 
 

@@ -48,6 +48,8 @@ class ImportLimits:
     max_entries: int = 2_000_000             # tar members, all layers together
     max_ratio: int = 100                     # expanded bytes / compressed input bytes
     ratio_floor: int = 256 << 20
+    max_depth: int | None = None             # path components of a member (None: the path-length rule only)
+    special: bool = True                     # device nodes (as placeholders) and FIFOs allowed; False: BadArchive
 
 
 class ImportBudget:
@@ -75,6 +77,16 @@ class ImportBudget:
         if self.entries > self.limits.max_entries:
             raise TooLarge(f"the archive has more than {self.limits.max_entries} entries",
                            limit="entries", max=self.limits.max_entries)
+
+    def member(self, rel: str, m: tarfile.TarInfo) -> None:
+        """A member's depth and kind, against limits that bound them (a build context's)."""
+        lim = self.limits
+        if lim.max_depth is not None and rel.count("/") + 1 > lim.max_depth:
+            raise TooLarge(f"tar member {rel[:80]!r}... is deeper than {lim.max_depth} levels",
+                           limit="depth", max=lim.max_depth, member=rel)
+        if not lim.special and (m.ischr() or m.isblk() or m.isfifo()):
+            kind = "FIFO" if m.isfifo() else "device node"
+            raise BadArchive(f"tar member {rel!r} is a {kind}: not allowed here", member=rel)
 
     def data(self, nbytes: int) -> None:
         self.bytes += nbytes
@@ -204,6 +216,7 @@ def extract_tar(tar: tarfile.TarFile, root: str, *, oci_layer: bool = False, cho
         for m in tar:
             budget.entry()
             rel = clean_name(m.name)
+            budget.member(rel, m)
             if not rel:
                 if m.isdir():
                     _meta(root, m, chown, is_dir=True)

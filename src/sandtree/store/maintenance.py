@@ -15,12 +15,13 @@ import time
 
 from .blobs import hash_file
 from .objects import DIR, FILE, decode_tree, tree_hash_and_data
+from . import ephemeral
 from .store import Store
 
 
 # Untagged images younger than GC_RETENTION seconds are kept; anything younger than GC_GRACE is
 # never judged (a commit may be publishing it). The numbers live with every other default.
-from ..defaults import GC_GRACE, GC_RETENTION  # noqa: E402,F401
+from ..defaults import EPHEMERAL_TTL, GC_GRACE, GC_RETENTION  # noqa: E402,F401
 
 def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
     """(tree hashes, blob digests) reachable from the given root trees."""
@@ -102,18 +103,21 @@ def device_nodes(layer_dir: str) -> list[str]:
     return sorted(found)
 
 
-def gc(store: Store, *, retention: float = GC_RETENTION, grace: float = GC_GRACE, now: float | None = None) -> dict:
+def gc(store: Store, *, retention: float = GC_RETENTION, grace: float = GC_GRACE, now: float | None = None,
+       ephemeral_ttl: float = EPHEMERAL_TTL) -> dict:
     """`grace`: layers and blobs younger than this are kept even when unreferenced (a concurrent
-    commit may have published them and not yet written its image row)."""
+    commit may have published them and not yet written its image row). `ephemeral_ttl`: how long
+    an ephemeral image nothing uses is kept (never longer than `retention`; store/ephemeral.py)."""
     with store.collecting():
-        return _gc(store, retention, grace, time.time() if now is None else now)
+        return _gc(store, retention, grace, time.time() if now is None else now, min(ephemeral_ttl, retention))
 
 
-def _gc(store: Store, retention: float, grace: float, now: float) -> dict:
+def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) -> dict:
     store.layers.clean_stale()
     with store.db.tx() as con:
         images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}
-        keep = {i for i, (_, created) in images.items() if now - created < retention}
+        expired = ephemeral.collectable(con, now, ttl)       # short-lived: not kept by their age
+        keep = {i for i, (_, created) in images.items() if now - created < retention and i not in expired}
         keep |= {r[0] for r in con.execute("SELECT image FROM refs")}          # tags and branches
         for img, head, spec in con.execute(
                 "SELECT image, head, spec FROM sandboxes WHERE state IN ('running', 'hibernated')"):
@@ -136,6 +140,7 @@ def _gc(store: Store, retention: float, grace: float, now: float) -> dict:
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
         # build cache rows of removed images (a lookup skips them anyway: engine/buildcache.py)
         con.execute("DELETE FROM build_cache WHERE image NOT IN (SELECT id FROM images)")
+        ephemeral.forget(con)
         store.forget_images()
         trees, blobs = reachable(store, keep)
         for (files,) in con.execute("SELECT files FROM file_sets"):       # reusable uploaded sets

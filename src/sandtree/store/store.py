@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import ImageNotFound, InvalidInput, NotFound
-from . import refs
+from . import ephemeral, refs
 from .blobs import BlobStore
 from .db import Database, dumps
 from .layers import IdMap, LayerDirs
@@ -145,7 +145,8 @@ class Store:
         for name, image in self.db.query("SELECT name, image FROM refs WHERE kind='tag'"):
             tags.setdefault(image, []).append(name)
         return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": sorted(tags.get(r[0], []))}
-                for r in self.db.query("SELECT id, created, size, files FROM images ORDER BY created")]
+                for r in self.db.query("SELECT id, created, size, files FROM images "
+                                       f"WHERE id NOT IN ({ephemeral.UNLISTED}) ORDER BY created")]
 
     @staticmethod
     def insert_image(con, image_id: str, layers: list[str], links: dict, size: int, files: int) -> bool:

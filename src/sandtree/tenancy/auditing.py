@@ -43,6 +43,9 @@ def entry(row: Op, args: dict, answer) -> dict:
         result = _image(answer.get(RESULT_KEY[row.name]))
     elif isinstance(answer, RunRecord):                                  # a run's or an exec's record
         image, result, op = answer.source, answer.image, answer.op
+    elif row.name in ("build", "build_context") and answer is not None:  # a BuildResult
+        result = _image(answer.image)
+        detail.update(steps=len(answer.steps), cached=sum(1 for s in answer.steps if s.cached))
     if isinstance(args.get("op"), str):                                # a call on an operation
         op = args["op"]
     where = ANSWER.get(row.name)

@@ -125,7 +125,7 @@ class TenantGate:
             try:
                 view = await self._authenticate(scope, path)
             except (Unauthorized, Forbidden, NotFound) as exc:
-                return await _reply(send_logged, exc.http_status, exc.to_dict())
+                return await _reply(send_logged, exc.http_status, refusal(exc, path))
             who = getattr(view, "tenant", None)
             if who is not None:
                 info["tenant"], info["token"] = who.name, who.token
@@ -239,6 +239,19 @@ class _WebSocketRefusal:
         elif kind == "http.response.body":
             message = {**message, "type": "websocket.http.response.body"}
         await self.send(message)
+
+
+def refusal(exc, path: str) -> dict:
+    """The body of a refused request: Contree's shape {"error": message, "status"} under /v1 (its
+    clients show `error`), sandtree's elsewhere. A Contree client's token that is not one of this
+    server's (the quick start's "fake-token") is told what to use instead."""
+    if not (path == "/v1" or path.startswith("/v1/")):
+        return exc.to_dict()
+    message = exc.message
+    if isinstance(exc, Unauthorized):
+        message += (": this sandtree server has tokens, so a Contree client needs one of them as its token "
+                    "(`sandtree token create --tenant NAME` on the server), not a placeholder")
+    return {"error": message, "status": exc.http_status}
 
 
 async def _reply(send, status: int, body: dict) -> None:

@@ -4,6 +4,7 @@ operations rows like the tenant view (derive.py); written by hand only where a r
 from __future__ import annotations
 
 from .. import table
+from ..values import check_kind
 from ..errors import SandtreeError
 from .derive import install
 from .limits import check_slots
@@ -109,10 +110,10 @@ class TenantOperations:
         self._check(op)
         return self.inner.events_after(op, after, timeout)
 
-    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:     # rule: only its own
+    def list(self, *, status: str | None = None, limit: int = 50, kind: str = "run") -> list[dict]:  # rule: its own
         rows = self.view.db.query("SELECT o.id FROM operations o JOIN tenant_ops w ON w.op=o.id WHERE w.tenant=? "
-                                  "AND o.kind='run' ORDER BY o.started DESC LIMIT ?",
-                                  (self.view.tenant.name, max(1, min(limit, 1000)) * (4 if status else 1)))
+                                  "AND o.kind=? ORDER BY o.started DESC LIMIT ?",
+                                  (self.view.tenant.name, check_kind(kind), max(1, min(limit, 1000)) * (4 if status else 1)))
         out = [self.get(r[0]) for r in rows]
         if status:
             out = [o for o in out if o["status"] == status]

@@ -19,8 +19,10 @@ from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
 from ..store.names import check_tag
+from ..store.ephemeral import UNLISTED
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
+from ..values import newest_page
 from . import auditing
 from . import secrets as stored
 from .derive import install
@@ -118,7 +120,7 @@ class TenantView(TenantSight):
         names = self._names()
         return [{"id": r[0], "created": r[1], "size": r[2], "files": r[3], "tags": names.get(r[0], [])}
                 for r in self.db.query(f"SELECT id, created, size, files FROM images WHERE {VISIBLE} "
-                                       "ORDER BY created", self._p)]
+                                       f"AND id NOT IN ({UNLISTED}) ORDER BY created", self._p)]
 
     def tags(self, image: str | None = None) -> dict[str, str]:     # rule: the tags it sees
         vis = self._visible_set()
@@ -197,6 +199,16 @@ class TenantView(TenantSight):
             self._write_tag(tag, image, kind)
         self._audit(kind, result=image, op=op, detail={**detail, **({"tag": tag} if tag else {})})
         return image
+
+    def uploads(self, *, limit: int = 100, offset: int = 0) -> list[dict]:   # rule: its own uploads only
+        infos = []
+        for (digest,) in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload'",
+                                       (self.tenant.name,)):
+            try:
+                infos.append(self.engine.upload_info(digest))
+            except NotFound:
+                pass                                  # collected since
+        return newest_page(infos, limit, offset)
 
     def find_upload(self, prefix: str) -> str:      # rule: a prefix matches only its own uploads
         """This tenant's upload by a unique prefix (another tenant's answers as absent)."""
@@ -280,6 +292,52 @@ class TenantView(TenantSight):
         mine = {r[0] for r in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='sandbox'",
                                             (self.tenant.name,))}
         return [s for s in self.engine.sandbox_list(all=all, labels=labels) if s["id"] in mine]
+
+    # ---- builds (issue 15): the view is the build's guard (engine/builds.py OperatorGuard's methods) ----
+    def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
+              progress=None):
+        # rule: a build is a run (a slot of max_runs, RUN steps within its limits and grant), resolves
+        # and pulls as this tenant, uses only the cache hits build_hit allows; the tag is its own
+        return self._building(tag, lambda: self.engine.build_as(
+            recipe, self, no_cache=no_cache, no_cache_filter=no_cache_filter, network=network, progress=progress))
+
+    def build_context(self, context, **options):     # rule: as build's (signature: the table's row)
+        # (the context is what the adapter was sent: a server never takes a path from a tenant)
+        tag = options.pop("tag", None)
+        return self._building(tag, lambda: self.engine.build_context_as(self, context, **options))
+
+    def _building(self, tag, go):
+        if tag is not None:
+            check_tag(tag)
+        with self.tenancy.tenant_lock(self.tenant.name):
+            check_slots(self.tenancy, self.tenant)
+            self.tenancy.sync_run(self.tenant.name, +1)
+        try:
+            try:
+                res = go()
+            except SandtreeError as exc:
+                self._audit("build", detail={"tag": tag, "error": exc.code, "message": exc.message[:500]})
+                raise self.plain_error(exc) from None
+            if tag is not None:
+                self._write_tag(tag, res.image, "build")
+            self._audit("build", result=res.image, detail={"tag": tag, "steps": len(res.steps),
+                                                           "cached": sum(1 for s in res.steps if s.cached)})
+            return res
+        finally:
+            self.tenancy.sync_run(self.tenant.name, -1)
+
+    def build_hit(self, image: str, kind: str) -> bool:
+        """Whether this tenant's build may use a cached step result. Rule: only one it sees (its
+        own, or shared). Not one it merely could have made (a COPY of bytes it sent onto a parent it
+        sees): the hit itself would tell it that another tenant built exactly those bytes there, an
+        oracle for guessed file contents, as deduplication side channels are; and a RUN's result
+        may hold what that run generated (a key, a token). The step runs again for this tenant
+        instead: a deterministic step converges on the same image ID, now its own too."""
+        return self._visible(image)
+
+    def build_run_options(self) -> dict:
+        """A RUN step's resources: this tenant's caps (a build asks none of its own)."""
+        return capped(self.tenant.limits, self.engine.default_limits, {})
 
     def pool_list(self) -> list[dict]:              # rule: pools are the operator's (any tenant's runs use them)
         return []
