@@ -15,6 +15,7 @@ from any event. What a process wrote is kept up to the output cap per stream, as
 from __future__ import annotations
 
 import json
+import os
 import signal as signal_mod
 import subprocess
 import threading
@@ -22,9 +23,11 @@ import time
 
 from .. import defaults as D
 from ..defaults import RunRecord
-from ..errors import Conflict, InvalidInput, NotFound
+from ..errors import CommandNotFound, Conflict, InvalidInput, NotFound, SandboxError
+from ..store import ephemeral
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
+from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 
 START_WAIT = 30.0             # seconds a call on a submitted live run waits for its sandbox to be up
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
@@ -55,6 +58,26 @@ def argv_of(command) -> list[str]:
     if isinstance(command, (list, tuple)) and command:
         return [str(a) for a in command]
     raise InvalidInput("command must be a shell string or a non-empty list of arguments")
+
+
+def start_error(p: "Process", argv: list[str], cwd) -> Exception | None:
+    """The error of a process the sandbox could not start (its helper's report), as a run's."""
+    rep = getattr(p.proc, "report", {}) or {}
+    if "execfail" not in rep:
+        return None
+    err, step = rep["execfail"]
+    if step == "exec":
+        return CommandNotFound(f"cannot execute {argv[0]!r}: {os.strerror(err)}", command=argv[0])
+    if step == "cwd":
+        return InvalidInput(f"working directory {cwd!r}: {os.strerror(err)}", cwd=cwd)
+    return SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+
+
+def usage_of(p: "Process") -> dict:
+    """A process's usage as a run's: wall clock, and CPU and max RSS from its helper's report."""
+    utime, stime, maxrss = (getattr(p.proc, "report", {}) or {}).get("rusage", (0, 0, 0))
+    return {"wall_s": round((p.finished or time.time()) - p.started, 6), "user_cpu_s": utime / 1e6,
+            "sys_cpu_s": stime / 1e6, "max_rss_bytes": maxrss * 1024}
 
 
 class Process:
@@ -146,6 +169,7 @@ class Instances:
     def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, disposable, env, cwd, uid, gid,
              hostname, files, file_set, network, secrets, labels, **limits) -> RunRecord:
         sb = self.host.sandboxes
+        keep = keep_mode(disposable)             # kept, ephemeral (Contree's disposable) or nothing
         source = self.host.resolve(ref)
         argv = argv_of(command)
         lim = self.host.specs.limits(limits)
@@ -154,7 +178,7 @@ class Instances:
                         idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN, network=network, secrets=secrets,
                         labels=labels, **limits)
         inst = Instance(op, info["id"])
-        image, cancelled, p1 = None, False, None
+        image, cancelled, p1, done = None, False, None, False
         try:
             p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None, cwd=None,
                              uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open, cap=lim.output,
@@ -169,20 +193,25 @@ class Instances:
                     p1.timed_out = True
                     p1.proc.kill()
             self._end(inst)
-            if not disposable and not cancelled:
-                image = sb.commit(inst.sid)
+            failed = start_error(p1, argv, cwd)
+            if failed is not None:
+                raise failed                     # a failed operation, as a run that cannot start
+            if keep != NOTHING and not cancelled:
+                image = sb.commit(inst.sid, ephemeral=keep == EPHEMERAL)
+            done = True
         finally:
             self._end(inst)
             try:
                 sb.stop(inst.sid)
             finally:
                 self._up(op, None)
+            if done:                             # (a failure is recorded by operations.py)
                 self._record(op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
-                             image, cancelled, lim)
+                             image, cancelled, lim, keep)
         v = p1.view()
         return RunRecord(op, source, image, v["exit_code"], v["signal"], v["stdout"], v["stderr"],
                          v["stdout_truncated"], v["stderr_truncated"], v["timed_out"], False,
-                         {"wall_s": round((v["finished"] or time.time()) - v["started"], 6)}, cancelled)
+                         usage_of(p1), cancelled)
 
     def _end(self, inst: Instance) -> None:
         """No more processes; the ones left are killed and reaped (their exit events written)."""
@@ -196,7 +225,7 @@ class Instances:
             p.done.wait(EXITED_WAIT)
 
     def _record(self, op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
-                image, cancelled, lim) -> None:
+                image, cancelled, lim, keep) -> None:
         masked = secret_values({str(k): str(v) for k, v in (env or {}).items()})
         shown = command if isinstance(command, str) else " ".join(argv)
         spec = {"command": mask_text(shown, masked), "argv": [mask_text(a, masked) for a in argv],
@@ -210,8 +239,9 @@ class Instances:
             outcome = {"exit_code": v["exit_code"], "signal": v["signal"], "timed_out": v["timed_out"],
                        "cancelled": cancelled, "stdout_bytes": len(v["stdout"]), "stderr_bytes": len(v["stderr"]),
                        "stdout_truncated": v["stdout_truncated"], "stderr_truncated": v["stderr_truncated"],
-                       "usage": {"wall_s": round((v["finished"] or time.time()) - v["started"], 6)}}
-        self.host.records.record(op, source, spec, started, image, outcome)
+                       "usage": usage_of(p1)}
+        also = (lambda con: ephemeral.keep(con, image)) if keep == KEPT and image else None
+        self.host.records.record(op, source, spec, started, image, outcome, also=also)
 
     # ---- processes -----------------------------------------------------------------------------
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,

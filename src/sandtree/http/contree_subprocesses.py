@@ -36,9 +36,9 @@ class SubprocessIn(wire.Lenient):
 
 
 def live_options(body) -> dict:
-    """How an instance (wire.SpawnIn) runs: in a live sandbox (subprocesses may join it) unless
-    disposable with its stdin closed; those run as a plain run (see the design's Contree section)."""
-    return {"live": not body.disposable, "stdin_open": body.stdin is not None and not body.stdin.close}
+    """How an instance (wire.SpawnIn) runs: in a live sandbox, so subprocesses may join it while it
+    runs (an instance still running is a live sandbox); its stdin open unless closed at spawn."""
+    return {"live": True, "stdin_open": body.stdin is not None and not body.stdin.close}
 
 
 def stream_bytes(s: wire.StreamIn | None) -> bytes:
