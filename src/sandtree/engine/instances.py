@@ -231,7 +231,10 @@ class Instances:
         spec = {"command": mask_text(shown, masked), "argv": [mask_text(a, masked) for a in argv],
                 "cwd": info.get("cwd", "/"), "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
                 "uid": uid if uid is not None else 0, "gid": gid if gid is not None else 0, "hostname": hostname,
-                "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"]}
+                "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"],
+                # the sandbox's network, as a run records its own (netopts.NetworkOption.record)
+                **({"network": info["network"], "hermetic": False} if info.get("network") else {}),
+                **({"secrets": info["secrets"]} if info.get("secrets") else {})}
         if p1 is None:
             outcome = {"error": "error", "message": "the instance's command did not start"}
         else:
