@@ -190,6 +190,17 @@ async def spawn_instance(c):
     # argv (shell false), stdin, a timeout
     _, argv = await run(c, "/bin/echo", shell=False, args=["a b", "c"])
     assert argv.metadata.result.stdout.value == "a b c\n"
+    # preserve_env: the result image's environment keeps GREETING (and drops what is set to null)
+    _, kept = await run(c, "true", env={"GREETING": "kept", "PATH": "/usr/bin:/bin"}, preserve_env=True,
+                        disposable=False)
+    spawned2 = await do(c.spawn_instance("echo $GREETING", kept.result.image, shell=True))
+    later = await do(c.wait_operation(spawned2.uuid, timeout=60))
+    assert later.metadata.result.stdout.value == "kept\n", later
+    drop = await do(c.spawn_instance("true", kept.result.image, shell=True,
+                                     env={"GREETING": None}, preserve_env=True, disposable=False))
+    dropped = await do(c.wait_operation(drop.uuid, timeout=60))
+    again = await do(c.spawn_instance("echo x$GREETING", dropped.result.image, shell=True))
+    assert (await do(c.wait_operation(again.uuid, timeout=60))).metadata.result.stdout.value == "x\n"
     _, fed = await run(c, "cat", stdin=models.ClosableStreamRepr(value="fed\n"))
     assert fed.metadata.result.stdout.value == "fed\n"
     _, slow = await run(c, "sleep 30", timeout=1)

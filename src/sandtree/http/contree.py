@@ -193,6 +193,8 @@ def contree_router(engine_for, stage) -> APIRouter:
         cwd = body.cwd.rstrip("/") or (None if not body.cwd else "/")     # "": the image's own, else /
         if body.preserve_cwd and (keep := await call(compat.preserve_cwd_file, engine, image, cwd, body.disposable)):
             files.append(keep)
+        if body.preserve_env:
+            files = await call(compat.preserve_env_files, engine, image, body.env or {}, body.disposable, files)
         opts: dict[str, Any] = {
             "env": {k: v for k, v in (body.env or {}).items() if v is not None},   # null unsets: none set
             "cwd": cwd, "uid": body.uid, "gid": body.gid,
