@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import time
+import uuid as uuid_mod
 
+import httpx
 import pytest
+from conftest import serve_process
 
+import sandtree
 from sandtree.errors import Conflict, InvalidInput, NotFound
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
@@ -77,3 +81,39 @@ def test_a_live_run_times_out_is_cancelled_and_a_disposable_one_keeps_nothing(op
     with pytest.raises(Conflict):
         ops.spawn(plain, "true")
     ops.wait([plain], 30)
+
+
+def test_only_its_tenant_reaches_an_instances_processes(tmp_path, rootfs):
+    """Over /v1 with tokens: another tenant's calls on an instance's processes are 404 (it does
+    not exist for them) and change nothing; its own tenant's work."""
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    try:
+        st.import_image(rootfs, tag="bb")
+        a = st._engine.tenancy.create_token("alpha", None)["token"]
+        b = st._engine.tenancy.create_token("beta", None)["token"]
+        base = st._engine.resolve("bb")
+        st._engine.tenancy.share(base)
+    finally:
+        st.close()
+    ha, hb = ({"Authorization": f"Bearer {t}"} for t in (a, b))
+    with serve_process(home) as url:
+        r = httpx.post(f"{url}/v1/instances", headers=ha, json={
+            "command": "cat", "shell": True, "image": str(uuid_mod.UUID(base[:32])),
+            "stdin": {"value": "", "close": False}})
+        assert r.status_code == 201, r.text
+        ops = f"{url}/v1/operations/{r.json()['uuid']}"
+        for call in (lambda h: httpx.post(f"{ops}/subprocesses", headers=h, json={"command": "true", "shell": True}),
+                     lambda h: httpx.get(f"{ops}/subprocesses/1", headers=h),
+                     lambda h: httpx.post(f"{ops}/subprocesses/1/stdin", headers=h, json={"value": "x", "close": False}),
+                     lambda h: httpx.delete(f"{ops}/subprocesses/1", headers=h)):
+            assert call(hb).status_code == 404
+        spid = httpx.post(f"{ops}/subprocesses", headers=ha, json={"command": "echo mine", "shell": True})
+        assert spid.status_code == 201 and spid.json() == {"spid": 2}, spid.text
+        assert httpx.post(f"{ops}/subprocesses/1/stdin", headers=ha, json={"value": "in\n"}).status_code == 204
+        with httpx.stream("GET", f"{ops}/events", params={"follow": "1"}, headers=ha, timeout=60) as s:
+            for _ in s.iter_lines():
+                pass
+        done = httpx.get(ops, headers=ha).json()
+        assert done["status"] == "SUCCESS" and done["metadata"]["result"]["stdout"]["value"] == "in\n", done
+        assert httpx.get(f"{ops}/subprocesses/2", headers=ha).json()["stdout"]["value"] == "mine\n"
