@@ -352,8 +352,11 @@ async def operation_subprocess(c):
 @scenario
 async def operation_subprocess_kill(c):
     op = await live(c)
-    spid = await do(c.operation_subprocess_create(op, "sleep 60", shell=True))
-    await asyncio.sleep(0.2)
+    spid = await do(c.operation_subprocess_create(op, "echo up; exec sleep 60", shell=True))
+    for _ in range(200):                     # signalled once it runs (see test_instances.py)
+        if (await do(c.operation_subprocess(op, spid))).stdout.value == "up\n":
+            break
+        await asyncio.sleep(0.05)
     await do(c.operation_subprocess_kill(op, spid, signal="SIGTERM"))
     for _ in range(100):
         r = await do(c.operation_subprocess(op, spid))
