@@ -120,3 +120,10 @@ def test_only_its_tenant_reaches_an_instances_processes(tmp_path, rootfs):
         done = httpx.get(ops, headers=ha).json()
         assert done["status"] == "SUCCESS" and done["metadata"]["result"]["stdout"]["value"] == "in\n", done
         assert httpx.get(f"{ops}/subprocesses/2", headers=ha).json()["stdout"]["value"] == "mine\n"
+
+
+def test_a_process_left_in_the_background_does_not_hold_the_run(ops):
+    t0 = time.monotonic()
+    op = ops.submit_run("bb", "sleep 60 & echo started", live=True)
+    ops.wait([op], 30)
+    assert ops.result(op).stdout == b"started\n" and time.monotonic() - t0 < 10

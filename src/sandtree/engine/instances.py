@@ -32,6 +32,7 @@ from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 START_WAIT = 30.0             # seconds a call on a submitted live run waits for its sandbox to be up
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
 EXITED_WAIT = 5.0             # seconds a killed process is given to be reaped
+PUMP_GRACE = 0.5              # seconds its pipes are read after a process exits (background writers)
 
 
 def signal_number(value) -> int:
@@ -276,26 +277,31 @@ class Instances:
         return p
 
     def _pump(self, inst: Instance, p: Process, stream: str, on_output) -> None:
-        f = getattr(p.proc, stream)
-        while True:
-            chunk = f.read1(65536)
-            if not chunk:
-                return
-            kept = p.keep(stream, chunk)
-            if not kept:
-                continue
-            if on_output is not None:
-                on_output(stream, kept)           # process 1: the run's own output events
-            else:
-                self.emit(inst.op, "proc", json.dumps({"spid": p.spid, "type": stream,
-                                                       "data": kept.decode("utf-8", "replace")}))
+        with getattr(p.proc, stream) as f:
+            while True:
+                chunk = f.read1(65536)
+                if not chunk:
+                    return
+                self._chunk(inst, p, stream, chunk, on_output)
+
+    def _chunk(self, inst: Instance, p: Process, stream: str, chunk: bytes, on_output) -> None:
+        if p.done.is_set():
+            return                                # a background process's, after the command's exit
+        kept = p.keep(stream, chunk)
+        if not kept:
+            return
+        if on_output is not None:
+            on_output(stream, kept)               # process 1: the run's own output events
+        else:
+            self.emit(inst.op, "proc", json.dumps({"spid": p.spid, "type": stream,
+                                                   "data": kept.decode("utf-8", "replace")}))
 
     def _reap(self, inst: Instance, p: Process, pumps: list[threading.Thread]) -> None:
         rc = p.proc.wait()
+        # what it wrote before it exited; then it is done: a process it left in the background may
+        # hold the pipes open until the sandbox stops (read to the exit, not to EOF, as exec does)
         for t in pumps:
-            t.join()
-        for s in (p.proc.stdout, p.proc.stderr):
-            s.close()
+            t.join(PUMP_GRACE)
         with p.lock:
             p.stdin_open = False
             try:
