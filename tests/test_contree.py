@@ -211,7 +211,7 @@ def test_disposable_keeps_no_image_and_cancel(server):
                                                     "image": "tag:ubuntu:latest"}).json()["uuid"]
     for _ in range(100):                       # ?inflight: the output so far of a running instance
         live = httpx.get(f"{server}/v1/operations/{op}", params={"inflight": ""}).json()
-        if live["status"] == "EXECUTING" and live["metadata"]["result"]:
+        if live["status"] == "EXECUTING" and (live["metadata"]["result"] or {}).get("stdout", {}).get("value"):
             break
         time.sleep(0.1)
     assert live["metadata"]["result"]["stdout"]["value"] == "started\n"

@@ -30,6 +30,7 @@ from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
 from ..procid import Owner
 from .imports import registry_module
+from .instances import Instances, fold_process
 from ..store.names import check_tag
 from .records import Records
 from ..values import parse_size
@@ -76,6 +77,7 @@ class Operations:
         self.latency_buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
         self.latency = [0] * (len(self.latency_buckets) + 1)
         self.latency_sum = 0.0
+        self.instances = Instances(host, self._event)      # runs in live sandboxes (live=True)
         self._recover()
 
     def _count(self, status: str, seconds: float | None = None) -> None:
@@ -166,7 +168,11 @@ class Operations:
             self.records.interrupt(dead, {"error": "interrupted", "message": "the engine running it stopped"})
 
     def submit_run(self, ref: str, command, **options) -> str:
-        """Queue a run; returns its operation ID at once."""
+        """Queue a run; returns its operation ID at once. Option live=True: its command runs as
+        process 1 of a live sandbox, which more processes may join while it runs (instances.py);
+        stdin_open=True: its stdin stays open for `write` (a live run)."""
+        stdin_open = bool(options.pop("stdin_open", False))
+        live = bool(options.pop("live", False)) or stdin_open
         source = self.host.resolve(ref)
         self.host.run_operation(ref, command, check_only=True, **options)   # bad input fails now, not later
         op = uuid.uuid4().hex
@@ -184,13 +190,19 @@ class Operations:
         def work():
             t0 = time.monotonic()
             if cancel.is_set():
+                self.instances.forget(op)
                 self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
                 self._event(op, "end", json.dumps({"status": "cancelled"}))
                 return None
             self._event(op, "start", json.dumps({"image": source}))
             try:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
-                rec = self.host.run_operation(ref, command, op_id=op, cancel=cancel, on_output=on_output, **options)
+                if live:
+                    rec = self.instances.run(op, ref, command, cancel=cancel, on_output=on_output,
+                                             stdin_open=stdin_open, **options)
+                else:
+                    rec = self.host.run_operation(ref, command, op_id=op, cancel=cancel, on_output=on_output,
+                                                  **options)
             except SandtreeError as exc:
                 self._finish(op, exc.to_dict())
                 self._event(op, "end", json.dumps({"status": "failed", **exc.to_dict()}, default=str))
@@ -210,6 +222,8 @@ class Operations:
                                                "timed_out": rec.timed_out, "image": rec.image, **cut}))
             return rec
 
+        if live:
+            self.instances.expect(op)
         with self.lock:
             self._event_caps[op] = cap
             fut = self.pool.submit(work)
@@ -307,6 +321,33 @@ class Operations:
             return None
         return live[0].result()
 
+    # ---- the processes of a live run (instances.py) ---------------------------------------------
+    def spawn(self, op: str, command, **options) -> int:
+        """Start another process in live run `op` while its command runs; its spid (2, 3, ...)."""
+        self.records.get(op)                          # NotFound for an unknown id
+        return self.instances.spawn(op, command, **options)
+
+    def write(self, op: str, spid: int, data: bytes = b"", *, close: bool = True) -> None:
+        """Write to the open stdin of process `spid` of live run `op` (then close it, or not)."""
+        self.records.get(op)
+        self.instances.write(op, spid, data, close=close)
+
+    def signal(self, op: str, spid: int, sig=9) -> None:
+        """Signal process `spid` of live run `op` (its process group; a name or number)."""
+        self.records.get(op)
+        self.instances.signal(op, spid, sig)
+
+    def process(self, op: str, spid: int) -> dict:
+        """Process `spid` of a live run: running or not, exit status, output (to the cap). A run
+        that ended tells them from its events (EVENTS_KEEP); process 1 of any run from its result."""
+        self.records.get(op)
+        now = self.instances.process(op, spid)
+        if now is not None:
+            return now
+        with self.lock:
+            log = list(self.events.get(op, []))
+        return fold_process(op, spid, log, self.get(op), self.result(op))
+
     def cancel(self, op: str) -> dict:
         rec = self.get(op)
         if rec["status"] not in ("queued", "running"):
@@ -317,6 +358,7 @@ class Operations:
             raise NotFound(f"operation {op} is not run by this process")
         live[1].set()
         if live[0].cancel():                          # still queued: it never starts
+            self.instances.forget(op)
             self._finish(op, {"cancelled": True, "message": "cancelled before it started"})
             self._event(op, "end", json.dumps({"status": "cancelled"}))
         return self.get(op)

@@ -17,6 +17,7 @@ class LiveProcess:
         self._proc, self._rep_r, self._live = proc, rep_r, live
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
         self.returncode: int | None = None
+        self.report: dict = {}
         self._raw = raw if raw is not None else bytearray()
 
     def _finish(self) -> None:
@@ -30,6 +31,7 @@ class LiveProcess:
             os.close(self._rep_r)
             self._rep_r = None
         rep = parse_report(self._raw)
+        self.report = rep                    # what the entering helper said (execfail, rusage)
         if "execfail" in rep:
             self.returncode = 127 if rep["execfail"][1] == "exec" else 126
         elif "signal" in rep:

@@ -34,6 +34,7 @@ from ..runtime.base import Limits, RunSpec
 from ..runtime.base import LiveTier
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
+from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
 from .ahead import Ahead
 from .commit import Committer
@@ -353,7 +354,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         return LiveProcess(proc, rep_r, self.live, raw)
 
     # ---- commit ----------------------------------------------------------------------------------
-    def commit(self, sid: str, *, tag: str | None = None) -> str:
+    def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:
         """An image of the sandbox's filesystem now. Its processes are frozen for the instant of
         the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
         row = self._running(sid)
@@ -366,14 +367,14 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 raise RuntimeUnavailable("committing a live sandbox needs the cgroup freezer "
                                          "(cgroups are not available here); nothing was committed")
             try:
-                image = self._snapshot(row, True)
+                image = self._snapshot(row, True, ephemeral=ephemeral)
             finally:
                 self.live.freeze(h, False)
         if tag:
             self.store.tag(image, tag)
         return image
 
-    def _snapshot(self, row: dict, frozen: bool, how: str = "commit") -> str:
+    def _snapshot(self, row: dict, frozen: bool, how: str = "commit", ephemeral: bool = False) -> str:
         """Commit the upper (the caller holds the commit lock and froze the processes); record a
         `commit` operation and its lineage edge from the sandbox's head; move the head."""
         h = row["handle"]
@@ -386,7 +387,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                                       f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
         finally:
             os.close(fd)
-        write = self.committer.image_writer(cr)
+        write = mark_writer(self.committer.image_writer(cr), cr.image) if ephemeral else self.committer.image_writer(cr)
         parent = row["head"] or row["image"]
         execs = self.records.sandbox_execs(row["image"], row["id"], self.records.last_commit(row["id"]))
         self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,

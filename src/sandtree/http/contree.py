@@ -13,6 +13,7 @@ Tokens (Authorization: Bearer) are checked in front of this router by the Tenant
 
 import asyncio
 import base64
+import gzip
 import io
 import json
 import re
@@ -32,6 +33,7 @@ from fastapi.routing import APIRoute
 
 from . import contree_compat as compat
 from . import contree_wire as wire
+from .contree_subprocesses import live_options, proc_events, subprocesses_router
 from .bodylimit import spool, unstage
 from .. import config
 from ..errors import InvalidInput, NotFound, SandtreeError
@@ -191,6 +193,8 @@ def contree_router(engine_for, stage) -> APIRouter:
         cwd = body.cwd.rstrip("/") or (None if not body.cwd else "/")     # "": the image's own, else /
         if body.preserve_cwd and (keep := await call(compat.preserve_cwd_file, engine, image, cwd, body.disposable)):
             files.append(keep)
+        if body.preserve_env:
+            files = await call(compat.preserve_env_files, engine, image, body.env or {}, body.disposable, files)
         opts: dict[str, Any] = {
             "env": {k: v for k, v in (body.env or {}).items() if v is not None},   # null unsets: none set
             "cwd": cwd, "uid": body.uid, "gid": body.gid,
@@ -202,7 +206,7 @@ def contree_router(engine_for, stage) -> APIRouter:
             # enabled: the server's configured default policy; false or absent: none
             "network": compat.network_for(body.networking and body.networking.enabled, config.network_default())}
         command = body.command if body.shell else [body.command, *body.args]
-        op = await call(engine.operations.submit_run, image, command, **opts)
+        op = await call(engine.operations.submit_run, image, command, **opts, **live_options(body))
         echo = body.model_dump(exclude_none=True)
         echo.update(uuid=wire.to_uuid(op), image=wire.to_uuid(image), result=None)
         return JSONResponse(echo, status_code=201,
@@ -298,7 +302,9 @@ def contree_router(engine_for, stage) -> APIRouter:
                 new, ended = await call(ops.events_after, op, cursor, 10.0 if following else 0)
                 for seq, kind, data in new:
                     cursor = seq
-                    text = frames(await call(translate, seq, kind, data))
+                    # a subprocess's events are contree_subprocesses.py's
+                    evs = proc_events(seq, data) if kind == "proc" else await call(translate, seq, kind, data)
+                    text = frames(evs)
                     if text:
                         yield text
                 if ended or not following:
@@ -365,7 +371,7 @@ def contree_router(engine_for, stage) -> APIRouter:
         return Response(status_code=422 if kind == "dir" else 200)
 
     @router.get("/inspect/{image_uuid}/archive")
-    async def archive(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
+    async def archive(image_uuid: str, request: Request, engine: Engine, path: str = Query(min_length=1)) -> Response:
         image = await resolved(engine, image_uuid)
         path = await here_path(engine, image, path)
         await call(engine.stat, image, path)                     # 404 before any byte is sent
@@ -375,8 +381,12 @@ def contree_router(engine_for, stage) -> APIRouter:
             engine.export_tar(image, buf, path)
             return buf.getvalue()
         name = (path.strip("/").replace("/", "_") or "root") + ".tar"
-        return Response(await call(build), media_type="application/x-tar",
-                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        body = await call(build)
+        if "gzip" in request.headers.get("accept-encoding", ""):     # Contree serves archives compressed
+            body = await call(gzip.compress, body, 6)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type="application/x-tar", headers=headers)
 
     @router.head("/inspect/{image_uuid}/archive")
     async def archive_check(image_uuid: str, engine: Engine, path: str = Query(min_length=1)) -> Response:
@@ -388,7 +398,8 @@ def contree_router(engine_for, stage) -> APIRouter:
     async def grep(image_uuid: str, engine: Engine, pattern: Annotated[list[str], Query(min_length=1, max_length=16)],
                    path: Annotated[list[str] | None, Query(max_length=16)] = None, glob: str | None = None,
                    max_total: int = Query(1000, ge=1, le=10000), max_count: int | None = Query(None, ge=1, le=10000),
-                   case: str = Query("sensitive", pattern="^(sensitive|insensitive|smart)$")) -> dict:
+                   case: str = Query("sensitive", pattern="^(sensitive|insensitive|smart)$"),
+                   before: int = Query(0, ge=0, le=50), after: int = Query(0, ge=0, le=50)) -> dict:
         image = await resolved(engine, image_uuid)
         path = [await here_path(engine, image, p) for p in path or ["/"]]
         rx = "|".join(f"(?:{p})" for p in pattern)
@@ -398,13 +409,19 @@ def contree_router(engine_for, stage) -> APIRouter:
             left = max_total - len(matches)
             if left <= 0:
                 break
-            hits = await call(engine.grep, image, rx, root, glob=glob, max_matches=left + 1, ignore_case=ignore)
+            hits = await call(engine.grep, image, rx, root, glob=glob, max_matches=left + 1, ignore_case=ignore,
+                              **({"before": before, "after": after} if before or after else {}))
             per_file: dict[str, int] = {}
             for h in hits:
-                per_file[h["path"]] = per_file.get(h["path"], 0) + 1
-                if max_count is None or per_file[h["path"]] <= max_count:
+                if not h.get("context"):
+                    per_file[h["path"]] = per_file.get(h["path"], 0) + 1
+                if max_count is None or per_file.get(h["path"], 0) <= max_count:
                     matches.append(wire.grep_match(h, rx, ignore))
-        truncated = len(matches) > max_total
-        return {"path": path[0], "patterns": pattern, "matches": matches[:max_total], "truncated": truncated}
+        found = [i for i, m in enumerate(matches) if m["type"] == "match"]
+        truncated = len(found) > max_total
+        if truncated:
+            matches = matches[:found[max_total]]
+        return {"path": path[0], "patterns": pattern, "matches": matches, "truncated": truncated}
 
+    router.include_router(subprocesses_router(engine_for, ContreeRoute))
     return router

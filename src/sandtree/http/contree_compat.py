@@ -13,7 +13,7 @@ import posixpath
 from ..errors import InvalidInput, NotFound, SandtreeError
 from ..engine import CONFIG_PATH
 
-__all__ = ["image_path", "spawn_failure", "preserve_cwd_file", "network_for", "list_operations"]
+__all__ = ["image_path", "spawn_failure", "preserve_cwd_file", "preserve_env_files", "network_for", "list_operations"]
 
 _MAX_PASSWD = 1 << 20
 
@@ -71,6 +71,26 @@ def preserve_cwd_file(engine, image: str, cwd: str | None, disposable: bool) -> 
     if config.cwd == resolved or (config.cwd is None and resolved == "/"):
         return None
     return {"path": CONFIG_PATH, "content": config.replace(cwd=resolved).to_json(), "mode": 0o644}
+
+
+def preserve_env_files(engine, image: str, env: dict, disposable: bool, files: list) -> list:
+    """preserve_env: the image's environment with the run's `env` over it (a null or empty value
+    removes the name) saved as the result image's default, written like preserve_cwd's file (over
+    it, if that is in `files`). Returns the run's files; a disposable run keeps no image."""
+    if disposable:
+        return files
+    earlier = next((f for f in files if f.get("path") == CONFIG_PATH and "content" in f), None)
+    config = type(engine.image_config(image)).from_json(earlier["content"]) if earlier else engine.image_config(image)
+    merged = dict(config.env)
+    for k, v in env.items():
+        if v is None or v == "":
+            merged.pop(k, None)
+        else:
+            merged[k] = v
+    if tuple(merged.items()) == tuple(config.env):
+        return files
+    out = [f for f in files if f is not earlier]
+    return out + [{"path": CONFIG_PATH, "content": config.replace(env=tuple(merged.items())).to_json(), "mode": 0o644}]
 
 
 def network_for(enabled: bool | None, default_policy: str) -> str | None:

@@ -13,7 +13,7 @@ import stat as stat_mod
 import time
 import uuid as uuid_mod
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import InvalidInput, NotFound
 
@@ -192,6 +192,20 @@ class FileSpecIn(Lenient):
     uid: int = Field(0, ge=0)
     gid: int = Field(0, ge=0)
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def octal(cls, v):
+        """"0644", and what clients send besides: Python's oct(st_mode) ("0o100644", contree-mcp's
+        rsync) or a number; only a regular file's type bits may come with it."""
+        text = str(v).strip().lower() if not isinstance(v, int) else oct(v)
+        m = re.fullmatch(r"0?o?([0-7]{3,7})", text)
+        bits = int(m[1], 8) if m else -1
+        if bits < 0 or bits & ~0o7777 not in (0, stat_mod.S_IFREG):
+            raise ValueError(f"mode must be octal permission bits like 0644, not {v!r}")
+        return f"{bits & 0o7777:04o}"
+
+
+
 
 class LimitsIn(Lenient):
     max_layer_bytes: int | None = Field(None, ge=1)
@@ -242,6 +256,21 @@ class TagIn(Lenient):
     tag: str = Field(min_length=1)
 
 
+RESOURCE_KEYS = ("user_time_us", "sys_time_us", "max_rss_kb", "shared_memory", "unshared_memory", "swaps",
+                 "minor_faults", "major_faults", "voluntary_ctx_switches", "involuntary_ctx_switches",
+                 "block_input_ops", "block_output_ops", "ipc_msgs_sent", "ipc_msgs_received", "signals_received")
+
+
+def event_resources(usage: dict | None) -> dict:
+    """EventResources from our usage (CPU times and max RSS are measured; the rest are 0)."""
+    u = usage or {}
+    out = dict.fromkeys(RESOURCE_KEYS, 0)
+    out.update(user_time_us=int(float(u.get("user_cpu_s") or 0) * 1e6),
+               sys_time_us=int(float(u.get("sys_cpu_s") or 0) * 1e6),
+               max_rss_kb=int((u.get("max_rss_bytes") or 0) // 1024))
+    return out
+
+
 def events_of(seq: int, kind: str, data: str, cur: dict | None) -> list[dict]:
     """Contree events for our event `seq` (`cur`: the operation's record, for all but output):
     our event n is Contree event 2n, the completion after our `end` is 2n+1."""
@@ -264,7 +293,8 @@ def events_of(seq: int, kind: str, data: str, cur: dict | None) -> list[dict]:
         out.append({"id": 2 * seq, "ts": now, "spid": 1, "type": "exit",
                     "data": {"pid": 1, "code": code if code is not None else 128 + sig,
                              "signal": sig if sig is not None else -1,
-                             "timed_out": bool(end.get("timed_out")), "duration_ms": ms, "resources": {}}})
+                             "timed_out": bool(end.get("timed_out")), "duration_ms": ms,
+                             "resources": event_resources((cur.get("outcome") or {}).get("usage"))}})
     status = OP_STATUS.get(cur["status"], "FAILED")
     out.append({"id": 2 * seq + 1, "ts": now, "type": "completion",
                 "data": {"status": status, "duration_ms": ms,
@@ -294,4 +324,5 @@ def grep_match(h: dict, rx: str, ignore: bool) -> dict:
             for m in re.finditer(rx, text, re.IGNORECASE if ignore else 0) if m.group(0)]
     line = text + "\n"
     return {"path": h["path"], "line_number": h["line"], "absolute_offset": 0, "line_text": line,
-            "line_bytes": len(line.encode()), "submatches": subs, "type": "match"}
+            "line_bytes": len(line.encode()), "submatches": [] if h.get("context") else subs,
+            "type": "context" if h.get("context") else "match"}

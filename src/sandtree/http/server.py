@@ -16,6 +16,7 @@ and other routers take the same view with `Depends(engine_for)`.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from fastapi import FastAPI
@@ -98,6 +99,9 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
             if watch:
                 watchers.append(RecipeWatch(engine, make, rp["size"], tag=rp["tag"], interval=watch,
                                             on_event=lambda ev: say(ev.pop("event"), **ev)))
+        # uvicorn re-raises SIGTERM after its graceful shutdown: as SystemExit, so the engine is
+        # closed below (its operations end, a live run's sandbox stops) rather than left running
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         uvicorn.run(build_app(engine, log=log, max_upload=max_upload), host=host, port=port, log_level="warning")
     finally:
         for w in watchers:

@@ -24,7 +24,10 @@ UNLISTED = "SELECT image FROM ephemeral_images WHERE image NOT IN (SELECT image 
 def mark_writer(write_image, image: str):
     """The image writer of an ephemeral run's commit (commit.Committer.image_writer): writes the
     image's rows and marks the image ephemeral when this commit made it (an image that was
-    already there keeps its standing)."""
+    already there keeps its standing). None (a commit with nothing to write) stays None."""
+    if write_image is None:
+        return None
+
     def write(con) -> bool:
         made = write_image(con)
         if made:

@@ -10,6 +10,7 @@ mean to.
 from __future__ import annotations
 
 import base64
+import collections
 import fnmatch
 import os
 import tarfile
@@ -145,13 +146,18 @@ def walk(store: Store, tree: str, prefix: str):
 
 
 def grep(store: Store, root: str, pattern: str, path: str = "/", *, glob: str | None = None,
-         max_matches: int = 1000, ignore_case: bool = False) -> list[dict]:
+         max_matches: int = 1000, ignore_case: bool = False, before: int = 0, after: int = 0) -> list[dict]:
+    """Matching lines ({path, line, text}); before/after: that many lines of context around each
+    match too, as ripgrep -B/-A (entries with "context": True, not counted as matches; at most 50)."""
     rx = _compile(pattern, ignore_case)
     if max_matches <= 0:
         raise InvalidInput("max_matches must be positive")
+    if not (0 <= before <= 50 and 0 <= after <= 50):
+        raise InvalidInput("before and after must be 0..50 lines")
     p, e = resolve(store, root, path)
     items = [(p, e)] if e.kind != DIR else walk(store, e.ref, p)
     out = []
+    found = 0
     for fp, fe in items:
         if fe.kind != FILE:
             continue
@@ -162,14 +168,26 @@ def grep(store: Store, root: str, pattern: str, path: str = "/", *, glob: str | 
             if b"\0" in head:
                 continue                      # binary
             f.seek(0)
+            recent: collections.deque = collections.deque(maxlen=before or 1)
+            trailing = 0                      # context lines still owed after the last match
             # a line is read at most MAX_LINE bytes at a time (a 10 GB file without a newline
             # must not be one string); longer lines are matched in pieces
             for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
+                text = line.rstrip(b"\n").decode("utf-8", "replace")
                 if rx.search(line[:-1] if line.endswith(b"\n") else line):   # RE2: $ is the end
-                    out.append({"path": fp, "line": lineno,
-                                "text": line.rstrip(b"\n").decode("utf-8", "replace")})
-                    if len(out) >= max_matches:
+                    if before:
+                        out.extend({"path": fp, "line": n, "text": t, "context": True} for n, t in recent)
+                        recent.clear()
+                    out.append({"path": fp, "line": lineno, "text": text})
+                    found += 1
+                    if found >= max_matches:
                         return out
+                    trailing = after
+                elif trailing:
+                    out.append({"path": fp, "line": lineno, "text": text, "context": True})
+                    trailing -= 1
+                elif before:
+                    recent.append((lineno, text))
     return out
 
 
