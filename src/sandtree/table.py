@@ -104,7 +104,7 @@ def upload_file(path: str, digest: str | None = None) -> str:
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
-@op("list", http=Http(_G, "/files", query=("limit", "offset")))
+@op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
 

@@ -102,14 +102,8 @@ class OperatorGuard:
     """The operator's build (in process, an admin token): every image and cache hit, any network.
     A tenant's view has the same methods with its own rules (tenancy/view.py)."""
 
-    def __init__(self, engine):
-        self.engine = engine
-
-    def resolve(self, ref: str) -> str:
-        return self.engine.resolve(ref)
-
-    def pull(self, reference: str) -> str:
-        return self.engine.pull(reference)
+    def __init__(self, resolve, pull):
+        self.resolve, self.pull = resolve, pull          # the engine's own (every image, any pull)
 
     def build_hit(self, image: str, kind: str) -> bool:
         """May the build use this cached result of a step of `kind` (from, run, copy, configure)?"""
@@ -193,7 +187,7 @@ class BuildOps:
         if target is None:
             raise InvalidInput(f"no stage {recipe.target} to build")
         need = _needed(recipe, target)
-        guard = guard if guard is not None else OperatorGuard(self)
+        guard = guard if guard is not None else OperatorGuard(self.resolve, self.pull)
         for i in sorted(need):               # every RUN's network, before anything runs
             for step in recipe.stages[i].steps:
                 if isinstance(step, Run):

@@ -171,7 +171,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._recipe_pools is None:
             with self._parts_lock:
                 if self._recipe_pools is None:
-                    self._recipe_pools = RecipePools(self)
+                    self._recipe_pools = RecipePools(self.build, self.pool_create, self.pools, self.store)
         return self._recipe_pools
 
     def pool_recipe(self, recipe, size: int = 4, *, tag: str | None = None, wait: bool = False,

@@ -44,8 +44,9 @@ def default_tag(recipe: Recipe) -> str:
 class RecipePools:
     """The engine's recipe pools: tag -> the image its pool is of (one roll at a time)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, build, pool_create, pools, store):
+        # the engine's build and pool_create, its pools and store (parts, not the engine)
+        self.build, self.pool_create, self.pools, self.store = build, pool_create, pools, store
         self.by_tag: dict[str, str] = {}
         self.lock = threading.Lock()
 
@@ -56,25 +57,24 @@ class RecipePools:
         tag = check_tag(tag) if tag is not None else default_tag(recipe)
         if not isinstance(wait_timeout, (int, float)) or isinstance(wait_timeout, bool) or not 0 <= wait_timeout <= 3600:
             raise InvalidInput("wait_timeout must be seconds from 0 to 3600")
-        eng = self.engine
         with self.lock:
             t0 = time.perf_counter()
-            result = eng.build(recipe, network=build_network, progress=progress)   # cache hits when unchanged
+            result = self.build(recipe, network=build_network, progress=progress)   # cache hits when unchanged
             built = time.perf_counter()
             new, old = result.image, self.by_tag.get(tag)
-            stats = eng.pool_create(new, size, **pool_opts)
+            stats = self.pool_create(new, size, **pool_opts)
             rolled = None
             if old is not None and old != new and size > 0:
                 # filled before the tag moves: runs on the tag stay warm (old pool, then new)
-                eng.pools.wait_ready(new, wait_timeout)
+                self.pools.wait_ready(new, wait_timeout)
             elif wait:
-                eng.pools.wait_ready(new, wait_timeout)
-            eng.store.tag(new, tag)
+                self.pools.wait_ready(new, wait_timeout)
+            self.store.tag(new, tag)
             self.by_tag[tag] = new
             if old is not None and old != new and old not in self.by_tag.values():
-                eng.pools.remove(old, wait=False)        # drains: runs in it finish, the rest stop now
+                self.pools.remove(old, wait=False)        # drains: runs in it finish, the rest stop now
                 rolled = round(time.perf_counter() - built, 6)
-            stats = next((p for p in eng.pools.list() if p["image"] == new), stats)
+            stats = next((p for p in self.pools.list() if p["image"] == new), stats)
         return {**stats, "tag": tag, "previous": old if old != new else None, "rolled_over": rolled,
                 "build_seconds": round(built - t0, 6), "steps": len(result.steps),
                 "cached": sum(1 for s in result.steps if s.cached)}
@@ -90,11 +90,11 @@ class RecipeWatch:
     """Every `interval` seconds: make(), the recipe made again, rolled into the pool under `tag`.
     A failed make or build leaves the pool as it is; on_event(dict) hears of rolls and errors."""
 
-    def __init__(self, engine, make: Callable[[], Recipe], size: int, *, tag: str, interval: float,
+    def __init__(self, pool_recipe, make: Callable[[], Recipe], size: int, *, tag: str, interval: float,
                  on_event: Callable[[dict], None] | None = None, **pool_opts):
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0.05 <= interval <= 86400:
             raise InvalidInput("a watch interval is seconds from 0.05 to 86400")
-        self.engine, self.make, self.size, self.tag, self.interval = engine, make, size, tag, interval
+        self.pool_recipe, self.make, self.size, self.tag, self.interval = pool_recipe, make, size, tag, interval
         self.on_event, self.pool_opts = on_event, pool_opts
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"sandtree-watch-{tag[:24]}", daemon=True)
@@ -103,7 +103,7 @@ class RecipeWatch:
     def _loop(self) -> None:
         while not self.stop_event.wait(self.interval):
             try:
-                got = self.engine.pool_recipe(self.make(), self.size, tag=self.tag, **self.pool_opts)
+                got = self.pool_recipe(self.make(), self.size, tag=self.tag, **self.pool_opts)
             except SandtreeError as exc:               # the old pool keeps serving
                 self._tell({"event": "pool_build_failed", "tag": self.tag, "error": exc.message})
                 continue

@@ -97,7 +97,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
             say("pool", tag=got["tag"], image=got["image"], ready=got["ready"], steps=got["steps"],
                 cached=got["cached"], dockerfile=rp["dockerfile"])
             if watch:
-                watchers.append(RecipeWatch(engine, make, rp["size"], tag=rp["tag"], interval=watch,
+                watchers.append(RecipeWatch(engine.pool_recipe, make, rp["size"], tag=rp["tag"], interval=watch,
                                             on_event=lambda ev: say(ev.pop("event"), **ev)))
         # uvicorn re-raises SIGTERM after its graceful shutdown: as SystemExit, so the engine is
         # closed below (its operations end, a live run's sandbox stops) rather than left running

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 
-from ..values import parse_size
+from ..values import newest_page, parse_size
 from .. import defaults as D
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, Unauthorized
 from ..network.policy import Grant
@@ -205,6 +205,18 @@ class Tenancy:
             con.execute("INSERT INTO audit(at, tenant, token, action, image, result, op, detail) "
                         "VALUES(?,?,?,?,?,?,?,?)", (time.time(), tenant.name, tenant.token, action, image, result,
                                                     op, dumps(detail or {})))
+
+    def uploads(self, *, limit: int = 100, offset: int = 0, by: Tenant | None = None) -> list[dict]:
+        """Newest first; a tenant (by, not an admin) sees its own uploads only."""
+        if by is None or by.admin:
+            return self.engine.uploads(limit=limit, offset=offset)
+        infos = []
+        for (digest,) in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload'", (by.name,)):
+            try:
+                infos.append(self.engine.upload_info(digest))
+            except NotFound:
+                pass                                  # collected since
+        return newest_page(infos, limit, offset)
 
     def audit(self, *, tenant: str | None = None, limit: int = D.AUDIT_LIMIT, by: Tenant | None = None) -> list[dict]:
         """Newest first. A run's result image and outcome come from its operation row. A tenant

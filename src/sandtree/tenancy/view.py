@@ -22,7 +22,6 @@ from ..store.names import check_tag
 from ..store.ephemeral import UNLISTED
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import HEX_RE
-from ..values import newest_page
 from . import auditing
 from . import secrets as stored
 from .derive import install
@@ -199,16 +198,6 @@ class TenantView(TenantSight):
             self._write_tag(tag, image, kind)
         self._audit(kind, result=image, op=op, detail={**detail, **({"tag": tag} if tag else {})})
         return image
-
-    def uploads(self, *, limit: int = 100, offset: int = 0) -> list[dict]:   # rule: its own uploads only
-        infos = []
-        for (digest,) in self.db.query("SELECT id FROM tenant_blobs WHERE tenant=? AND kind='upload'",
-                                       (self.tenant.name,)):
-            try:
-                infos.append(self.engine.upload_info(digest))
-            except NotFound:
-                pass                                  # collected since
-        return newest_page(infos, limit, offset)
 
     def find_upload(self, prefix: str) -> str:      # rule: a prefix matches only its own uploads
         """This tenant's upload by a unique prefix (another tenant's answers as absent)."""
