@@ -7,10 +7,9 @@ environment, so `ENV PATH=/opt/bin:$PATH` expands as Docker would. The build its
 from __future__ import annotations
 
 import os
-import stat
 
-from ..errors import InvalidInput, NotFound, NotRegularFile, TooLarge
-from ..recipe.context import BuildContext
+from ..errors import InvalidInput, NotFound
+from ..recipe.context import BuildContext, read_text
 from ..recipe.dockerfile import parse
 from ..recipe.lexer import MAX_TEXT_BYTES
 from ..recipe.steps import Recipe
@@ -27,20 +26,7 @@ def read_dockerfile(path: str) -> str:
         raise InvalidInput(f"no Dockerfile at {path!r} (give one with -f)", path=path) from None
     except OSError as e:
         raise InvalidInput(f"cannot read {path!r}: {e.strerror}", path=path) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(f"{path!r} is not a regular file", path=path)
-        data = os.read(fd, MAX_TEXT_BYTES + 1)
-        while len(data) <= MAX_TEXT_BYTES and (more := os.read(fd, MAX_TEXT_BYTES + 1 - len(data))):
-            data += more
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TEXT_BYTES:
-        raise TooLarge(f"{path!r} is over {MAX_TEXT_BYTES} bytes", path=path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidInput(f"{path!r} is not UTF-8 (byte {e.start})", path=path) from None
+    return read_text(fd, path, MAX_TEXT_BYTES)
 
 
 def dockerfile_recipe(engine, context: str | None, *, dockerfile: str | None = None, text: str | None = None,

@@ -28,6 +28,7 @@ from ..store import ephemeral
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
 from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
+from .spec import command_argv
 
 START_WAIT = 30.0             # seconds a call on a submitted live run waits for its sandbox to be up
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
@@ -48,17 +49,6 @@ def signal_number(value) -> int:
     if not 1 <= n <= 30:
         raise InvalidInput(f"unknown signal {value!r}")
     return n
-
-
-def argv_of(command) -> list[str]:
-    """A shell string runs as `/bin/sh -c STRING` (no session: every process starts afresh)."""
-    if isinstance(command, str):
-        if not command.strip():
-            raise InvalidInput("empty command")
-        return ["/bin/sh", "-c", command]
-    if isinstance(command, (list, tuple)) and command:
-        return [str(a) for a in command]
-    raise InvalidInput("command must be a shell string or a non-empty list of arguments")
 
 
 def start_error(p: "Process", argv: list[str], cwd) -> Exception | None:
@@ -172,7 +162,7 @@ class Instances:
         sb = self.host.sandboxes
         keep = keep_mode(disposable)             # kept, ephemeral (Contree's disposable) or nothing
         source = self.host.resolve(ref)
-        argv = argv_of(command)
+        argv = command_argv(command)
         lim = self.host.specs.limits(limits)
         started = time.time()
         info = sb.start(source, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
@@ -329,7 +319,7 @@ class Instances:
     def spawn(self, op: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
               gid: int | None = None, stdin: bytes | None = None, stdin_open: bool = False, output=None) -> int:
         """Start another process in running instance `op`; its spid (2, 3, ...)."""
-        argv = argv_of(command)
+        argv = command_argv(command)
         cap = parse_size(output) if output is not None else self.host.default_limits.output
         if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
             raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")

@@ -38,7 +38,7 @@ from ..store.names import PATH_BYTES_MAX, entry_name_problem
 from .patterns import META, IgnoreRules, glob_regex, unescape, where
 from .steps import ContextFile
 
-__all__ = ["BuildContext", "placements", "source_roots", "MAX_ENTRIES", "MAX_BYTES", "MAX_DEPTH", "MAX_IGNORE_BYTES"]
+__all__ = ["BuildContext", "read_text", "placements", "source_roots", "MAX_ENTRIES", "MAX_BYTES", "MAX_DEPTH", "MAX_IGNORE_BYTES"]
 
 MAX_ENTRIES = 200_000          # entries one COPY may select
 MAX_BYTES = 16 << 30           # bytes of files one COPY may select
@@ -82,6 +82,25 @@ class _Budget:
         if self.bytes > MAX_BYTES:
             raise TooLarge(f"{where(self.line)}COPY selects over {MAX_BYTES} bytes", line=self.line,
                            limit="context_bytes", max=MAX_BYTES)
+
+
+def read_text(fd: int, name: str, max_bytes: int, where: str = "") -> str:
+    """An open file's text (the fd is closed): a regular file of at most max_bytes, UTF-8;
+    NotRegularFile, TooLarge or InvalidInput naming it otherwise."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{name!r}{where} is not a regular file", path=name)
+        data = os.read(fd, max_bytes + 1)
+        while len(data) <= max_bytes and (more := os.read(fd, max_bytes + 1 - len(data))):
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise TooLarge(f"{name!r} is over {max_bytes} bytes", path=name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{name!r} is not UTF-8 (byte {e.start})", path=name) from None
 
 
 class BuildContext:
@@ -134,20 +153,7 @@ class BuildContext:
             raise InvalidInput(f"no Dockerfile {name!r} in the build context", path=name) from None
         finally:
             os.close(root_fd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise NotRegularFile(f"{name!r} in the build context is not a regular file", path=name)
-            data = os.read(fd, max_bytes + 1)
-            while len(data) <= max_bytes and (more := os.read(fd, max_bytes + 1 - len(data))):
-                data += more
-        finally:
-            os.close(fd)
-        if len(data) > max_bytes:
-            raise TooLarge(f"{name!r} is over {max_bytes} bytes", path=name)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidInput(f"{name!r} is not UTF-8 (byte {e.start})", path=name) from None
+        return read_text(fd, name, max_bytes, " in the build context")
 
     def is_archive(self, rel: str) -> bool:
         """Is the context file `rel` (as `select` returned it) a tar, plain or gzip/bzip2/xz
