@@ -41,7 +41,7 @@ ADAPTERS = ("client", "http", "mcp", "cli")
 # recipe: a build's values and the Python builder (no I/O but listing a context), which a connect()ed
 # SDK builds too (issue 15: it sends them to the server).
 ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "render",
-                      "engine", "tenancy", "recipe")
+                      "engine", "tenancy", "recipe", "evaluation", "exploration")
 ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.http.server"),    # `sandtree serve` starts the REST server
     ("cli", "sandtree.mcp.server"),     # `sandtree mcp` starts the MCP server
@@ -56,8 +56,13 @@ CONFIG_MODULES = ("config",)
 # sit on top of everything.
 # tenancy sits below the engine: the engine makes its Tenancy, which wraps the engine object it is
 # given and imports none of it (dependency inversion), so the views add no import cycle.
+# evaluation (the SWE-bench-style harness) and exploration (annotations, trace export, tree search) are
+# logic over the engine's operations: they take an engine-like object (Engine or the remote client)
+# and import none of it, so they work in-process and against a server alike; the adapters expose them.
+# integrations (inspect-ai, mini-swe-agent, LangChain) plug the SDK into other frameworks: on top.
 LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows",
-           "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("engine",), ADAPTERS, ("__main__",)]
+           "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("engine",),
+          ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).
 STDLIB_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make", "_field_defaults", "_getframe"}
 ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
