@@ -16,6 +16,8 @@ def test_bootstrap_debian_minbase(bookworm):
     test that needs Debian), as its store has it."""
     import sandtree
     home, image, lines = bookworm
+    if not lines:
+        pytest.skip("SANDTREE_TEST_BOOKWORM names a store bootstrapped earlier: no debootstrap log to check")
     st = sandtree.Sandtree(home, warm=0)
     try:
         _check_bootstrapped(st, st.image(image), lines)
