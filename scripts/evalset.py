@@ -10,18 +10,22 @@ fix, the hunks of Y's diff to keep (`{"path": "all" | [hunk numbers]}`, numbered
 them) for the gold patch (source files) and the test_patch (test files), and the FAIL_TO_PASS tests.
 `make` downloads both sdists on the host (pip download, hash from PyPI's JSON simple API), cuts the
 patches, writes the environment's Dockerfile, then runs the test file(s) on sandtree with both
-patches applied to fill PASS_TO_PASS (every other test that passes there). `verify` checks each
+patches applied to fill PASS_TO_PASS (every other test that passes there; FAIL_TO_PASS "auto": the
+tests that pass there and fail or error with the test patch alone). `verify` checks each
 instance the way the eval does: gold + test patch -> FAIL_TO_PASS and PASS_TO_PASS pass; test patch
 only -> FAIL_TO_PASS fail, PASS_TO_PASS pass.
 
 Needs root (sandtree), the host's pip and PyPI reachable from the host (make) and through the
 sandbox's egress path (the environments' RUN --network steps). Environment: EVALSET_HOME (the
 sandtree store, default /work/scratch/evalset/home), EVALSET_BASE (the base image: Debian with
-python3, pip, git, patch; default: the session's bookworm image), EVALSET_CACHE (sdists).
+python3, pip, git, patch; default: the session's bookworm image), EVALSET_SITE_CA (a CA bundle put
+into BASE's /etc/ssl/certs/ca-certificates.crt, "" for none: see data/evalset/README.md),
+EVALSET_CACHE (sdists), EVALSET_PIP (the host's pip).
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import ipaddress
 import json
@@ -155,13 +159,17 @@ def dockerfile(src: dict, rel: dict) -> str:
     the exact test dependencies, the project installed in develop mode."""
     fetch = ("python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "
              f"{rel['url']} /tmp/{rel['filename']} && echo '{rel['sha256']}  /tmp/{rel['filename']}' | sha256sum -c -")
+    # the commit's dates are the release's, so its ID is the same in every build of the environment
+    uploaded = datetime.datetime.fromisoformat(rel["uploaded"].replace("Z", "+00:00"))
+    stamp = f"@{int(uploaded.timestamp())} +0000"
     lines = [
         "ARG BASE",
         "FROM ${BASE}",
         f"RUN --network=default {fetch}",
         f"RUN --network=none mkdir /testbed && tar -xzf /tmp/{rel['filename']} -C /testbed --strip-components=1 && "
         f"rm /tmp/{rel['filename']} && cd /testbed && git init -q && git add -A && "
-        f"git -c user.name=evalset -c user.email=evalset@localhost commit -qm '{src['project']} {src['version']}'",
+        f"GIT_AUTHOR_DATE='{stamp}' GIT_COMMITTER_DATE='{stamp}' git -c user.name=evalset "
+        f"-c user.email=evalset@localhost commit -qm '{src['project']} {src['version']} (sdist)'",
         f"RUN --network=default {PIP_INSTALL} {' '.join(src['test_deps'] + src.get('build_deps', []))}",
         f"RUN --network=none cd /testbed && {PIP_INSTALL} --no-build-isolation -e .",
         "WORKDIR /testbed",
@@ -281,7 +289,11 @@ def cmd_make(*ids: str) -> None:
             inst = make_instance(src)
             image = environment(st, inst, site_base(st))
             status, log = run_tests(st, image, inst, [inst["test_patch"], inst["patch"]])
-            missing = [t for t in inst["FAIL_TO_PASS"] if status.get(t) != "PASSED"]
+            if src["FAIL_TO_PASS"] == "auto":      # what the gold patch turns from failing to passing
+                bare, _ = run_tests(st, image, inst, [inst["test_patch"]])
+                inst["FAIL_TO_PASS"] = sorted(t for t, s in status.items()
+                                              if s == "PASSED" and bare.get(t) in ("FAILED", "ERROR"))
+            missing = [t for t in inst["FAIL_TO_PASS"] if status.get(t) != "PASSED"] or not inst["FAIL_TO_PASS"]
             if missing:
                 print(log[-4000:])
                 raise SystemExit(f"{inst['instance_id']}: with the gold patch these do not pass: {missing}")
