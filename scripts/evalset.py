@@ -281,6 +281,12 @@ def make_instance(src: dict) -> dict:
     }
 
 
+def whole(node: str) -> bool:
+    """A node ID the log parser read whole: it splits lines on whitespace, so a parameter with a
+    space in it (`test_x[a b]`) comes out cut (`test_x[a`); such tests are left out."""
+    return "[" not in node or node.endswith("]")
+
+
 def cmd_make(*ids: str) -> None:
     done = {i["instance_id"]: i for i in load_instances()}
     st = open_store()
@@ -292,12 +298,13 @@ def cmd_make(*ids: str) -> None:
             if src["FAIL_TO_PASS"] == "auto":      # what the gold patch turns from failing to passing
                 bare, _ = run_tests(st, image, inst, [inst["test_patch"]])
                 inst["FAIL_TO_PASS"] = sorted(t for t, s in status.items()
-                                              if s == "PASSED" and bare.get(t) in ("FAILED", "ERROR"))
+                                              if s == "PASSED" and bare.get(t) in ("FAILED", "ERROR") and whole(t))
             missing = [t for t in inst["FAIL_TO_PASS"] if status.get(t) != "PASSED"] or not inst["FAIL_TO_PASS"]
             if missing:
                 print(log[-4000:])
                 raise SystemExit(f"{inst['instance_id']}: with the gold patch these do not pass: {missing}")
-            inst["PASS_TO_PASS"] = sorted(t for t, s in status.items() if s == "PASSED" and t not in inst["FAIL_TO_PASS"])
+            inst["PASS_TO_PASS"] = sorted(t for t, s in status.items()
+                                          if s == "PASSED" and t not in inst["FAIL_TO_PASS"] and whole(t))
             done[inst["instance_id"]] = inst
             print(f"{inst['instance_id']}: {image} F2P {len(inst['FAIL_TO_PASS'])} P2P {len(inst['PASS_TO_PASS'])}")
     finally:

@@ -122,9 +122,14 @@ def test_tests_are_in_the_test_files_the_test_patch_touches(inst):
         assert re.fullmatch(r"[^\s:]+\.py(::[^\s:\[]+)+(\[\S*\])?", node), node
         assert node.split("::")[0] in touched, node
         assert node.split("::")[0] in inst["test_cmd"].split()
-    for node in f2p:        # the fix's test (or its class, for a changed test) is in the test_patch
+    added = "\n".join(l for l in inst["test_patch"].splitlines() if l.startswith("+"))
+    for node in f2p:
+        # the fix's test (or its class, for a changed test) is in the test_patch, or for a test
+        # parametrized by data the test_patch adds, that data
         names = [part.split("[")[0] for part in node.split("::")[1:]]
-        assert any(re.search(rf"\b{re.escape(n)}\b", inst["test_patch"]) for n in names), node
+        params = node.partition("[")[2].rstrip("]").split("-") if "[" in node else []
+        assert (any(re.search(rf"\b{re.escape(n)}\b", inst["test_patch"]) for n in names)
+                or params and all(p in added for p in params)), node
 
 
 @pytest.mark.parametrize("inst", instances(), ids=lambda i: i["instance_id"])
