@@ -11,7 +11,8 @@ them) for the gold patch (source files) and the test_patch (test files), and the
 `make` downloads both sdists on the host (pip download, hash from PyPI's JSON simple API), cuts the
 patches, writes the environment's Dockerfile, then runs the test file(s) on sandtree with both
 patches applied to fill PASS_TO_PASS (every other test that passes there; FAIL_TO_PASS "auto": the
-tests that pass there and fail or error with the test patch alone). `verify` checks each
+tests that pass there and fail or error with the test patch alone; a source's "flaky" tests, which
+depend on wall-clock timing, are left out of PASS_TO_PASS). `verify` checks each
 instance the way the eval does: gold + test patch -> FAIL_TO_PASS and PASS_TO_PASS pass; test patch
 only -> FAIL_TO_PASS fail, PASS_TO_PASS pass.
 
@@ -304,7 +305,8 @@ def cmd_make(*ids: str) -> None:
                 print(log[-4000:])
                 raise SystemExit(f"{inst['instance_id']}: with the gold patch these do not pass: {missing}")
             inst["PASS_TO_PASS"] = sorted(t for t, s in status.items()
-                                          if s == "PASSED" and t not in inst["FAIL_TO_PASS"] and whole(t))
+                                          if s == "PASSED" and t not in inst["FAIL_TO_PASS"] and whole(t)
+                                          and t not in src.get("flaky", ()))
             done[inst["instance_id"]] = inst
             print(f"{inst['instance_id']}: {image} F2P {len(inst['FAIL_TO_PASS'])} P2P {len(inst['PASS_TO_PASS'])}")
     finally:

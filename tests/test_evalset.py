@@ -101,6 +101,7 @@ def test_fields(inst):
     assert datetime.datetime.fromisoformat(inst["created_at"].replace("Z", "+00:00")).year >= 2000
     src = sources()[inst["instance_id"]]
     assert (src["version"], src["repo"]) == (inst["version"], inst["repo"])
+    assert not set(src.get("flaky", ())) & set(inst["PASS_TO_PASS"]), "timing-dependent tests stay out"
 
 
 @pytest.mark.parametrize("inst", instances(), ids=lambda i: i["instance_id"])
