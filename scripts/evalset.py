@@ -19,7 +19,8 @@ only -> FAIL_TO_PASS fail, PASS_TO_PASS pass.
 Needs root (sandtree), the host's pip and PyPI reachable from the host (make) and through the
 sandbox's egress path (the environments' RUN --network steps). Environment: EVALSET_HOME (the
 sandtree store, default /work/scratch/evalset/home), EVALSET_BASE (the base image: Debian with
-python3, pip, git, patch; default: the session's bookworm image), EVALSET_SITE_CA (a CA bundle put
+python3, pip, git, patch; default: the session's bookworm image), EVALSET_BASE_HOME (a store to
+copy BASE from when EVALSET_HOME lacks it, default the session's), EVALSET_SITE_CA (a CA bundle put
 into BASE's /etc/ssl/certs/ca-certificates.crt, "" for none: see data/evalset/README.md),
 EVALSET_CACHE (sdists), EVALSET_PIP (the host's pip).
 """
@@ -49,6 +50,7 @@ HOME = os.environ.get("EVALSET_HOME", "/work/scratch/evalset/home")
 BASE = os.environ.get("EVALSET_BASE", "e7802a9d6c014c3782aa216cd6bfd26c888c4f1fee7685d3ce371b2c13dce098")
 CACHE = Path(os.environ.get("EVALSET_CACHE", "/work/scratch/evalset/sdists"))
 SITE_CA = os.environ.get("EVALSET_SITE_CA", "/etc/ssl/certs/ca-certificates.crt")
+BASE_HOME = os.environ.get("EVALSET_BASE_HOME", "/work/scratch/bookworm/home")
 PIP = os.environ.get("EVALSET_PIP", "/work/main/.venv/bin/pip")
 PYPI = ["pypi.org", "files.pythonhosted.org"]
 PIP_INSTALL = "pip install --break-system-packages --no-cache-dir --no-deps"
@@ -200,7 +202,19 @@ def registry_rules() -> list[str]:
 
 def site_base(st) -> str:
     """BASE with this host's CA bundle (its package gateway's certificates are signed by a CA the
-    host trusts and a fresh Debian image does not); BASE itself where the bundle is not set."""
+    host trusts and a fresh Debian image does not); BASE itself where the bundle is not set. BASE
+    is copied (by bundle) from the store EVALSET_BASE_HOME when this store lacks it."""
+    import sandtree
+    try:
+        st.image(BASE)
+    except sandtree.ImageNotFound:
+        with tempfile.TemporaryDirectory() as d:
+            other = sandtree.Sandtree(BASE_HOME)
+            try:
+                other.bundle(f"{d}/base.bundle", [BASE])
+            finally:
+                other.close()
+            st.import_bundle(f"{d}/base.bundle")
     if not SITE_CA:
         return BASE
     bundle = Path(SITE_CA).read_bytes()
@@ -220,14 +234,10 @@ def run_tests(st, image, inst: dict, patches: list[str]) -> tuple[dict, str]:
     from swebench.harness.log_parsers.python import parse_log_pytest
     files = [{"path": f"/tmp/patch{i}.diff", "content": p} for i, p in enumerate(patches)]
     apply = " && ".join(f"git apply -v /tmp/patch{i}.diff" for i in range(len(patches))) or "true"
-    cmd = f"cd /testbed && {apply} && {test_cmd_of(inst)}"
+    cmd = f"cd /testbed && {apply} && {inst['test_cmd']}"
     r = st.image(image).run(cmd, files=files, timeout=600, disposable=True)
     log = (r.stdout + r.stderr).decode(errors="replace")
     return parse_log_pytest(log, None), log
-
-
-def test_cmd_of(inst: dict) -> str:
-    return inst["test_cmd"]
 
 # ---- commands -----------------------------------------------------------------------------------
 
