@@ -325,8 +325,8 @@ def cmd_make(*ids: str) -> None:
     INSTANCES.write_text("".join(json.dumps(done[i], sort_keys=False) + "\n" for i in order if i in done))
 
 
-def verify(st, inst: dict) -> list[str]:
-    """What is wrong with one instance on sandtree (nothing: an empty list)."""
+def verify(st, inst: dict) -> tuple[list[str], str]:
+    """What is wrong with one instance on sandtree (nothing: an empty list), and a summary line."""
     image = environment(st, inst, site_base(st))
     problems = []
     gold, _ = run_tests(st, image, inst, [inst["test_patch"], inst["patch"]])
@@ -340,7 +340,9 @@ def verify(st, inst: dict) -> list[str]:
         for name, status in (("gold", gold), ("test patch only", bare)):
             if status.get(t) != "PASSED":
                 problems.append(f"{name}: PASS_TO_PASS {t} is {status.get(t)}")
-    return problems
+    counts = {n: sum(1 for v in st_.values() if v == "PASSED") for n, st_ in (("gold", gold), ("bare", bare))}
+    return problems, (f"image {image[:12]}; gold + test patch: {counts['gold']} passed; test patch only: "
+                      f"{counts['bare']} passed, FAIL_TO_PASS {[bare.get(t) for t in inst['FAIL_TO_PASS']]}")
 
 
 def cmd_verify(*ids: str) -> None:
@@ -350,9 +352,9 @@ def cmd_verify(*ids: str) -> None:
         for inst in load_instances():
             if ids and inst["instance_id"] not in ids:
                 continue
-            problems = verify(st, inst)
+            problems, summary = verify(st, inst)
             bad += bool(problems)
-            print(f"{inst['instance_id']}: {'ok' if not problems else 'FAILED'}")
+            print(f"{inst['instance_id']}: {'ok' if not problems else 'FAILED'} ({summary})")
             for p in problems:
                 print("   ", p)
     finally:
