@@ -108,11 +108,14 @@ def _final_tag(iid: str, run_id: str, model: str) -> str | None:
 
 def evaluate(engine, instances, predictions=None, *, base: str | None = None, workers: int = 2,
              run_id: str, out_dir="logs/run_evaluation", report_dir=None, validate: str | None = None,
-             instance_ids=None, timeout: float = DEFAULT_TIMEOUT, build_network=DEFAULT_BUILD_NETWORK,
-             progress=None, cancel=None) -> dict:
+             instance_ids=None, timeout: float = DEFAULT_TIMEOUT, build_network=None, progress=None,
+             cancel=None) -> dict:
     """Evaluate predictions on instances (see the module docstring); the summary, also written to
-    REPORT_DIR/MODEL.RUN_ID.json. Every input is checked before anything is built or run."""
+    REPORT_DIR/MODEL.RUN_ID.json. Every input is checked before anything is built or run.
+    build_network: the policy of the environments' RUN steps (a Dockerfile's own --network may only
+    narrow it); None: DEFAULT_BUILD_NETWORK, "off": none."""
     check_name(run_id, "run_id")
+    build_network = list(DEFAULT_BUILD_NETWORK) if build_network is None else build_network
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise InvalidInput("workers is a whole number from 1 to 256")
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
