@@ -15,7 +15,8 @@ from .. import config, evaluation
 from ..client.remote import RemoteEngine
 from . import options
 from .evalprogress import eval_view
-from .output import open_engine, out
+from ..engine import Engine
+from .output import out
 
 
 def _human(summary: dict) -> None:
@@ -42,7 +43,9 @@ def _complaints(summary: dict) -> list[str]:
 
 
 def cmd_eval(args):
-    eng = RemoteEngine(args.server, config.remote_token()) if args.server else open_engine(args)
+    # warm sandboxes ahead of the instances' forks (a one-shot command's engine keeps none)
+    eng = RemoteEngine(args.server, config.remote_token()) if args.server else \
+        Engine(args.home or config.default_home(), warm=min(max(args.workers, 1), 4))
     view = eval_view("quiet" if args.json and args.progress == "auto" else args.progress, sys.stderr)
     try:
         summary = evaluation.evaluate(

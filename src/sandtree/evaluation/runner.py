@@ -82,8 +82,19 @@ def _apply(sb: _Sandbox, patch: str, log_dir: Path, logger, iid: str) -> None:
     raise InstanceError(f"{grading.APPLY_PATCH_FAIL}:\n{_text(rec)[-2000:]}")
 
 
-def _git_diff(sb: _Sandbox) -> str:
-    return sb.exec(["git", "-c", "core.fileMode=false", "diff"]).stdout.decode("utf-8", "replace").strip()
+# swebench's `git diff` before and after the eval script, in the same process as the script (two
+# fewer commands per instance): each into a file of its own, read back, the script's output untouched.
+_DIFF = "git -c core.fileMode=false diff"
+_BEFORE, _AFTER = "/tmp/.sandtree-diff-before", "/tmp/.sandtree-diff-after"
+_EVAL_COMMAND = ["/bin/bash", "-c", f"{_DIFF} > {_BEFORE} 2>&1; /bin/bash {EVAL_SCRIPT} 2>&1; "
+                                    f"{_DIFF} > {_AFTER} 2>&1"]
+
+
+def _read(sb: _Sandbox, path: str) -> str:
+    try:
+        return sb.engine.sandbox_read(sb.sid, path).decode("utf-8", "replace").strip()
+    except Exception as e:                   # informational only (swebench logs it, grades nothing on it)
+        return f"(unreadable: {e})"
 
 
 def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str, log_dir: Path, *,
@@ -108,7 +119,6 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
         else:
             _apply(sb, prediction["model_patch"] or "", log_dir, logger, iid)
         times["apply"] = time.monotonic() - t
-        logger.info(f"Git diff before:\n{_git_diff(sb)}")
 
         spec = grading.test_spec(inst, environment)
         eval_file = log_dir / "eval.sh"
@@ -116,9 +126,11 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
         logger.info(f"Eval script for {iid} written to {eval_file}; copying to sandbox...")
         sb.write(EVAL_SCRIPT, spec.eval_script, mode=0o755)
         t = time.monotonic()
-        rec = sb.exec(["/bin/bash", "-c", f"/bin/bash {EVAL_SCRIPT} 2>&1"], stream=True)
+        rec = sb.exec(_EVAL_COMMAND, stream=True)
         times["tests"] = time.monotonic() - t
         test_output_path = log_dir / grading.LOG_TEST_OUTPUT
+        before = _read(sb, _BEFORE)
+        logger.info(f"Git diff before:\n{before}")
         logger.info(f"Test runtime: {times['tests']:_.2f} seconds")
         with open(test_output_path, "w") as f:
             f.write(_text(rec))
@@ -130,15 +142,19 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
                 raise InstanceError(f"Test timed out after {timeout} seconds.")
             if getattr(rec, "cancelled", False):
                 raise InstanceError("cancelled")
-        after = _git_diff(sb)
+        after = _read(sb, _AFTER)
         logger.info(f"Git diff after:\n{after}")
+        if after != before:
+            logger.info("Git diff changed after running eval script")
 
         t = time.monotonic()
         image = engine.sandbox_commit(sb.sid, tag=tag)
         times["commit"] = time.monotonic() - t
         logger.info(f"Final state of {iid} kept as image {image}" + (f" (tag {tag})" if tag else ""))
         logger.info(f"Grading answer for {iid}...")
+        t = time.monotonic()
         report = grading.grade(spec, prediction, str(test_output_path))
+        times["grade"] = time.monotonic() - t
         report[iid]["sandtree"] = {"environment": environment, "image": image, "tag": tag,
                                    "seconds": {k: round(v, 4) for k, v in times.items()}}
         logger.info(f"report: {report}\nResult for {iid}: resolved: {report[iid]['resolved']}")
