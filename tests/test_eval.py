@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import io
 import json
 import os
 import shutil
@@ -308,6 +309,24 @@ def test_eval_through_a_server_and_the_async_twin(st, site, gold, tmp_path, book
                                   build_network=site[1])
         summary = asyncio.run(go())
     assert summary["validation"]["ok"] and summary["unresolved_ids"] == [inst["instance_id"]]
+
+
+def test_an_image_environment_and_the_live_view(st, gold, tmp_path):
+    """environment {"image": REF}: resolved and tagged, no build; the terminal view draws the run."""
+    from sandtree.cli.evalprogress import LiveEval
+    inst = _instances()[0]
+    env = st.tags()[f"eval/{inst['instance_id']}"]
+    again = {**inst, "instance_id": "by-image__x-1", "environment": {"image": env}}
+    screen = io.StringIO()
+    view = LiveEval(screen)
+    try:
+        summary = st.eval([again], validate="gold", run_id="img", out_dir=str(tmp_path), progress=view)
+    finally:
+        view.close()
+    assert summary["resolved_ids"] == ["by-image__x-1"] and summary["images"]["by-image__x-1"]["environment"] == env
+    assert st.tags()["eval/by-image__x-1"] == env
+    text = screen.getvalue()
+    assert "Evaluating" in text and "(1/1): 1 resolved" in text and "by-image__x-1 resolved" in text
 
 
 def test_times_reported():
