@@ -102,7 +102,7 @@ def eval_rows(work: str, quick: bool = False) -> list[tuple[str, str, str]]:
                              f"start + stop ({DOCKER_START_S + DOCKER_STOP_S:.1f} s); {DOCKER_START_S / p50:.1f}x "
                              f"Docker's bare start ({DOCKER_START_S} s)"))
                 rows.append(("  max ms", f"{max(over) * 1e3:.0f}", ""))
-        rows.append(("  first run, environments built from their Dockerfiles (s, not in the rows above)",
+        rows.append(("  first run: environments built (or found in the build cache), not in the rows above: s",
                      f"{build_s:.1f}", ""))
         return rows
     finally:

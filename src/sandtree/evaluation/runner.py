@@ -38,19 +38,17 @@ def _text(rec) -> str:
 class _Sandbox:
     """The instance's live sandbox: its commands, each a fresh process in /testbed."""
 
-    def __init__(self, engine, image: str, iid: str, timeout: float, cancel):
+    def __init__(self, engine, image: str, iid: str, timeout: float, cancel, files: list[dict]):
         self.engine, self.timeout, self.cancel = engine, timeout, cancel
+        # files: the patch and the eval script, put in place as the sandbox starts (no call each)
         self.sid = engine.sandbox_start(image, cwd=grading.WORKDIR, idle_timeout=timeout + _SLACK,
-                                        lifetime=timeout * 2 + _SLACK, timeout=timeout,
+                                        lifetime=timeout * 2 + _SLACK, timeout=timeout, files=files,
                                         labels={SANDBOX_LABEL: iid})["id"]
 
     def exec(self, argv: list, *, stream: bool = False):
         # stream: the long test command goes over a streamed exec, which has no HTTP read timeout remotely
         return self.engine.sandbox_exec(self.sid, argv, cwd=grading.WORKDIR, timeout=self.timeout,
                                         cancel=self.cancel, on_output=(lambda _s, _b: None) if stream else None)
-
-    def write(self, path: str, text: str, mode: int = 0o644) -> None:
-        self.engine.sandbox_write(self.sid, path, text.encode("utf-8"), mode=mode)
 
     def stop(self) -> None:
         try:
@@ -59,13 +57,9 @@ class _Sandbox:
             pass
 
 
-def _apply(sb: _Sandbox, patch: str, log_dir: Path, logger, iid: str) -> None:
+def _apply(sb: _Sandbox, logger) -> None:
     """swebench's patch step: each command of GIT_APPLY_CMDS in order, a reset between attempts,
     then `git apply --check --reverse` (the chain may leave it applied while each exited non-zero)."""
-    patch_file = log_dir / "patch.diff"
-    patch_file.write_text(patch)
-    logger.info(f"Intermediate patch for {iid} written to {patch_file}, now applying to sandbox...")
-    sb.write(grading.PATCH_FILE, patch)
     rec = None
     for attempt, argv in enumerate(grading.APPLY_COMMANDS):
         if attempt:
@@ -108,23 +102,28 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
     sb = None
     times: dict[str, float] = {}
     try:
+        spec = grading.test_spec(inst, environment)
+        eval_file = log_dir / "eval.sh"
+        eval_file.write_text(spec.eval_script)
+        files = [{"path": EVAL_SCRIPT, "content": spec.eval_script.encode(), "mode": 0o755}]
+        logger.info(f"Eval script for {iid} written to {eval_file}; copying to sandbox...")
+        if not skip_patch:
+            patch = prediction["model_patch"] or ""
+            patch_file = log_dir / "patch.diff"
+            patch_file.write_text(patch)
+            files.append({"path": grading.PATCH_FILE, "content": patch.encode(), "mode": 0o644})
+            logger.info(f"Intermediate patch for {iid} written to {patch_file}, now applying to sandbox...")
         t = time.monotonic()
         logger.info(f"Creating sandbox for {iid} from environment image {environment}...")
-        sb = _Sandbox(engine, environment, iid, timeout, cancel)
+        sb = _Sandbox(engine, environment, iid, timeout, cancel, files)
         logger.info(f"Sandbox for {iid} started: {sb.sid}")
         times["start"] = time.monotonic() - t
         t = time.monotonic()
         if skip_patch:
             logger.info(f"Skipping model patch for {iid} (--no-patch mode)")
         else:
-            _apply(sb, prediction["model_patch"] or "", log_dir, logger, iid)
+            _apply(sb, logger)
         times["apply"] = time.monotonic() - t
-
-        spec = grading.test_spec(inst, environment)
-        eval_file = log_dir / "eval.sh"
-        eval_file.write_text(spec.eval_script)
-        logger.info(f"Eval script for {iid} written to {eval_file}; copying to sandbox...")
-        sb.write(EVAL_SCRIPT, spec.eval_script, mode=0o755)
         t = time.monotonic()
         rec = sb.exec(_EVAL_COMMAND, stream=True)
         times["tests"] = time.monotonic() - t
