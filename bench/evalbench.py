@@ -93,7 +93,9 @@ def eval_rows(work: str, quick: bool = False) -> list[tuple[str, str, str]]:
                 for ev in events:
                     if ev.get("status") != "resolved":
                         continue
-                    rep = json.load(open(os.path.join(out, f"bench-{workers}", "gold", ev["instance_id"], "report.json")))
+                    path = os.path.join(out, f"bench-{workers}", "gold", ev["instance_id"], "report.json")
+                    with open(path) as f:
+                        rep = json.load(f)
                     over.append(ev["seconds"] - rep[ev["instance_id"]]["sandtree"]["seconds"]["tests"])
                 p50 = statistics.median(over)
                 rows.append(("  harness cost per instance, tests excluded (fork, patch, diffs, commit, stop): p50 ms",

@@ -138,12 +138,14 @@ def predicted(st, site, gold, tmp_path_factory):
     """A model's predictions: gold, wrong, empty and one that applies nowhere (and a '/' in its name)."""
     insts = _instances()
     out = tmp_path_factory.mktemp("pred-out")
-    preds = [{"instance_id": insts[0]["instance_id"], "model_name_or_path": "org/model-1", "model_patch": insts[0]["patch"]},
+    preds = [{"instance_id": insts[0]["instance_id"], "model_name_or_path": "org/model-1",
+              "model_patch": insts[0]["patch"]},
              {"instance_id": insts[1]["instance_id"], "model_name_or_path": "org/model-1",
               "model_patch": _wrong_patch(st, insts[1])},
              {"instance_id": insts[2]["instance_id"], "model_name_or_path": "org/model-1", "model_patch": ""},
              {"instance_id": insts[3]["instance_id"], "model_name_or_path": "org/model-1",
-              "model_patch": "diff --git a/nowhere.py b/nowhere.py\n--- a/nowhere.py\n+++ b/nowhere.py\n@@ -1 +1 @@\n-a\n+b\n"}]
+              "model_patch": ("diff --git a/nowhere.py b/nowhere.py\n--- a/nowhere.py\n+++ b/nowhere.py\n"
+                              "@@ -1 +1 @@\n-a\n+b\n")}]
     path = out / "preds.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in preds))
     summary = st.eval(INSTANCES, str(path), base=site[0], run_id="r1", out_dir=str(out), workers=2,
@@ -296,8 +298,9 @@ def test_eval_through_a_server_and_the_async_twin(st, site, gold, tmp_path, book
     one.write_text(json.dumps(inst) + "\n")
     with serve_process(bookworm[0]) as url:
         t = time.monotonic()
-        rc = cli_main(["eval", str(one), "--validate", "gold", "--server", url, "--base", site[0], "--run-id", "remote",
-                       "--out", str(tmp_path / "out"), "--progress", "quiet", "--network", ",".join(site[1])])
+        rc = cli_main(["eval", str(one), "--validate", "gold", "--server", url, "--base", site[0],
+                       "--run-id", "remote", "--out", str(tmp_path / "out"), "--progress", "quiet",
+                       "--network", ",".join(site[1])])
         TIMES["one instance through the server"] = time.monotonic() - t
         assert rc == 0
         rep = json.loads((tmp_path / "out" / "remote" / "gold" / inst["instance_id"] / "report.json").read_text())

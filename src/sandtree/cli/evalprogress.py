@@ -50,7 +50,8 @@ class PlainEval:
             step = ev.get("step")
             if step and step.get("status") in ("done", "failed"):
                 what = "DONE" if step["status"] == "done" else "ERROR"
-                self._print(f"{iid} #{step.get('step')} {what} {step.get('seconds') or 0:.1f}s {_clean(step.get('text', ''))[:160]}")
+                text = _clean(step.get("text", ""))[:160]
+                self._print(f"{iid} #{step.get('step')} {what} {step.get('seconds') or 0:.1f}s {text}")
         elif status == "running":
             self._print(f"{head} running on {str(ev.get('image'))[:12]}")
         elif status in ("resolved", "unresolved"):
@@ -98,7 +99,8 @@ class LiveEval:
             self.done, self.total = ev.get("done", self.done), ev.get("total", self.total)
             if status == "building":
                 step = ev.get("step") or {}
-                what = f"building: {step.get('step')}/{step.get('total')} {_clean(step.get('text', ''))}" if step else "building"
+                what = (f"building: {step.get('step')}/{step.get('total')} {_clean(step.get('text', ''))}"
+                        if step else "building")
                 self.active[iid] = (what[:120], self.active.get(iid, ("", self.clock()))[1])
             elif status == "running":
                 self.active[iid] = ("running the tests", self.clock())

@@ -16,8 +16,10 @@ from .. import errors
 __all__ = ["evaluate", "load_instances", "load_predictions", "Instance", "Prediction", "DEFAULT_BUILD_NETWORK",
            "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
 
-_LAZY = {name: "sandtree.evaluation.harness" for name in ("evaluate", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES")}
-_LAZY.update({name: "sandtree.evaluation.inputs" for name in ("load_instances", "load_predictions", "Instance", "Prediction")})
+_LAZY = {name: "sandtree.evaluation.harness"
+         for name in ("evaluate", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES")}
+_LAZY.update({name: "sandtree.evaluation.inputs"
+              for name in ("load_instances", "load_predictions", "Instance", "Prediction")})
 
 
 def __getattr__(name: str):

@@ -215,7 +215,8 @@ def _validation(mode: str, insts: list[Instance], summary: dict) -> dict:
     ids = [i.instance_id for i in insts]
     if mode == "gold":
         failed = [i for i in ids if i not in resolved]
-        why = {i: ("error: " + summary["errors"].get(i, "no report")) if i in errored else "not resolved" for i in failed}
+        why = {i: ("error: " + summary["errors"].get(i, "no report")) if i in errored else "not resolved"
+               for i in failed}
     else:
         failed = [i for i in ids if i in resolved or i in errored]
         why = {i: ("error: " + summary["errors"].get(i, "no report")) if i in errored else "resolved with no patch"
