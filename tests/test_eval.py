@@ -19,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -330,6 +331,18 @@ def test_an_image_environment_and_the_live_view(st, gold, tmp_path):
     assert st.tags()["eval/by-image__x-1"] == env
     text = screen.getvalue()
     assert "Evaluating" in text and "(1/1): 1 resolved" in text and "by-image__x-1 resolved" in text
+
+
+def test_without_swebench_the_eval_says_what_to_install():
+    """The SDK imports without swebench; the eval itself raises RuntimeUnavailable naming the extra."""
+    code = ("import sys; sys.modules['swebench'] = None\n"
+            "import sandtree, sandtree.client.sdk\n"
+            "from sandtree import evaluation\n"
+            "try:\n    evaluation.evaluate\nexcept sandtree.RuntimeUnavailable as e:\n    print(e.message)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'sandtree[swebench]'" in r.stdout
 
 
 def test_times_reported():

@@ -28,10 +28,10 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'sandtree.evaluation' has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(where), name)
-    except ModuleNotFoundError as e:
+    except ImportError as e:                 # absent, or a swebench before 5 (no TestSpec.log_parser)
         if e.name and e.name.split(".")[0] in ("swebench", "docker", "unidiff"):
-            raise errors.RuntimeUnavailable(f"sandtree eval needs the swebench package ({e.name} is missing): "
-                                     "pip install 'sandtree[swebench]'") from None
+            raise errors.RuntimeUnavailable(f"sandtree eval needs the swebench package, version 5 or later "
+                                            f"({e.name}: {e}): pip install 'sandtree[swebench]'") from None
         raise
     globals()[name] = value
     return value
