@@ -315,7 +315,7 @@ def test_eval_through_a_server_and_the_async_twin(st, site, gold, tmp_path, book
     assert summary["validation"]["ok"] and summary["unresolved_ids"] == [inst["instance_id"]]
 
 
-def test_an_image_environment_and_the_live_view(st, gold, tmp_path):
+def test_an_image_environment_and_the_live_view(st, site, gold, tmp_path):
     """environment {"image": REF}: resolved and tagged, no build; the terminal view draws the run."""
     from sandtree.cli.evalprogress import LiveEval
     inst = _instances()[0]
@@ -329,6 +329,9 @@ def test_an_image_environment_and_the_live_view(st, gold, tmp_path):
         view.close()
     assert summary["resolved_ids"] == ["by-image__x-1"] and summary["images"]["by-image__x-1"]["environment"] == env
     assert st.tags()["eval/by-image__x-1"] == env
+    # the same environment by the call others use (an agent's sandbox, a tree search): the same ID, cached
+    from sandtree import evaluation
+    assert evaluation.environment(st.engine, inst, base=site[0], build_network=site[1]) == env
     text = screen.getvalue()
     assert "Evaluating" in text and "(1/1): 1 resolved" in text and "by-image__x-1 resolved" in text
 

@@ -13,11 +13,11 @@ import importlib
 
 from .. import errors
 
-__all__ = ["evaluate", "load_instances", "load_predictions", "Instance", "Prediction", "DEFAULT_BUILD_NETWORK",
-           "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
+__all__ = ["evaluate", "environment", "load_instances", "load_predictions", "Instance", "Prediction",
+           "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
 
 _LAZY = {name: "sandtree.evaluation.harness"
-         for name in ("evaluate", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES")}
+         for name in ("evaluate", "environment", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES")}
 _LAZY.update({name: "sandtree.evaluation.inputs"
               for name in ("load_instances", "load_predictions", "Instance", "Prediction")})
 

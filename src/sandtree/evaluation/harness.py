@@ -26,7 +26,7 @@ from .inputs import Instance, Prediction, check_name, load_instances, load_predi
 from .runner import InstanceError, evaluate_instance
 from .summary import Layout, read_report, summarize, write_summary
 
-__all__ = ["evaluate", "environment_tag", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
+__all__ = ["evaluate", "environment", "environment_tag", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
 
 DEFAULT_BUILD_NETWORK = ("pypi.org", "files.pythonhosted.org")    # RUN steps' policy unless told
 DEFAULT_TIMEOUT = 1800.0              # seconds of one instance's tests (swebench's default)
@@ -75,6 +75,18 @@ class _Environments:
                 self.emit(inst.instance_id, "building", step={k: v for k, v in ev.items() if k != "output"})
         return self.engine.build_context(None, text=inst.environment["dockerfile"], build_args={"BASE": self.base},
                                          network=self.network, progress=step).image
+
+
+def environment(engine, instance, *, base: str | None = None, build_network=None, progress=None) -> str:
+    """One instance's environment image, as the eval makes it (built from its Dockerfile on `base`,
+    or its image resolved), tagged eval/<instance_id>; its ID. instance: a dict in the instances'
+    schema (checked as the eval checks it) or an Instance. For others that start from the same
+    image (an agent's sandbox, a tree search): the same call gives the same ID, cached."""
+    inst = instance if isinstance(instance, Instance) else load_instances([instance])[0]
+    net = list(DEFAULT_BUILD_NETWORK) if build_network is None else build_network
+    envs = _Environments(engine, engine.resolve(base) if base is not None else None, net,
+                         lambda _iid, _status, **info: progress(info["step"]) if progress else None)
+    return envs.get(inst)[0]
 
 
 def _predictions(insts: list[Instance], predictions, validate: str | None) -> tuple[list[Prediction], bool]:
