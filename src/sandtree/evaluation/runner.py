@@ -25,7 +25,7 @@ from pathlib import Path
 from . import grading
 from .inputs import Instance
 
-__all__ = ["InstanceError", "evaluate_instance", "RUN_LABEL", "EVAL_SCRIPT", "STATE_DIR", "driver_script"]
+__all__ = ["InstanceError", "evaluate_instance", "RUN_LABEL", "EVAL_SCRIPT", "STATE_DIR", "DRIVER", "driver_script"]
 
 RUN_LABEL = "sandtree.eval"             # label of the eval's runs (their operations carry the instance ID)
 EVAL_SCRIPT = "/eval.sh"
