@@ -1,10 +1,9 @@
 """`make bench` rows for the eval harness (issue 17): the real instance set (data/evalset) evaluated
 with its gold patches, environments cached (built once before measuring, with the registry reached
-through the sandbox's egress path), two workers; instances per minute, seconds per instance, and the
-harness's own cost per instance (everything but the instance's test command: the fork of the
-environment image, patch application, the two `git diff`s, writing the eval script, the commit of
-the final state and the stop) beside what swebench's Docker harness spends per instance on its
-container alone.
+through the sandbox's egress path), one worker then two; instances per minute, seconds per instance,
+and the harness's own cost per instance (everything but the eval script: the run's fork of the
+environment image and its commit, the patch step, writing and reading the run's files, grading)
+beside what swebench's Docker harness spends per instance on its container alone.
 
 The Docker numbers are published ones, not measured here (no Docker engine runs on this machine):
 - swebench's harness stops each instance's container with `docker stop --time=15` (swebench
@@ -98,7 +97,7 @@ def eval_rows(work: str, quick: bool = False) -> list[tuple[str, str, str]]:
                         rep = json.load(f)
                     over.append(ev["seconds"] - rep[ev["instance_id"]]["sandtree"]["seconds"]["tests"])
                 p50 = statistics.median(over)
-                rows.append(("  harness cost per instance, tests excluded (fork, patch, diffs, commit, stop): p50 ms",
+                rows.append(("  harness cost per instance, eval script excluded (fork, patch, commit, records): p50 ms",
                              f"{p50 * 1e3:.0f}",
                              f"{(DOCKER_START_S + DOCKER_STOP_S) / p50:.0f}x fewer s than swebench's container "
                              f"start + stop ({DOCKER_START_S + DOCKER_STOP_S:.1f} s); {DOCKER_START_S / p50:.1f}x "
