@@ -329,6 +329,20 @@ def build_table(st, img, args) -> Table:
     return table
 
 
+def eval_table(work: str, args) -> Table:
+    """Issue 17's target: instances evaluated per minute, environments cached, vs swebench's Docker
+    harness per instance (bench/evalbench.py, which cites the published Docker numbers)."""
+    import evalbench                   # bench/evalbench.py: only when these rows run
+    table = Table(title="eval harness (issue 17, data/evalset)")
+    for c in ("what", "value", "vs swebench's Docker harness"):
+        table.add_column(c, justify="right" if c == "value" else "left")
+    for row in evalbench.eval_rows(work, quick=args.quick):
+        table.add_row(*row)
+    table.caption = ("Goal: >= 10x fewer seconds per instance than swebench's per-instance container start + setup "
+                     "(published: start 0.5 s, moby#38077; stop+remove 14.2 s, inspect_ai#509).")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=200, help="samples per latency row")
@@ -474,6 +488,7 @@ def main() -> None:
         import oci                         # bench/oci.py: a registry on loopback for the push rows
         con.print(oci.oci_table(st, img, work, min(args.n, 50)))
         con.print(build_table(st, img, args))
+        con.print(eval_table(work, args))
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
                   "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "

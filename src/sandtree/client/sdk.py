@@ -11,9 +11,10 @@ own beyond wrapping IDs in objects.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
-from .. import config
+from .. import config, evaluation
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput, RuntimeUnavailable
@@ -239,6 +240,26 @@ class Sandtree:
 
     def _id(self, image: "Image | str") -> str:
         return image.id if isinstance(image, Image) else self._engine.resolve(image)
+
+    # evaluation (issue 17)
+    def eval(self, instances, predictions=None, *, base: "Image | str | None" = None, workers: int = 2,
+             run_id: str | None = None, out_dir: str = "logs/run_evaluation", report_dir: str | None = None,
+             validate: str | None = None, instance_ids: list[str] | None = None, timeout: float = 1800,
+             build_network=None, progress: Callable[[dict], None] | None = None, cancel=None) -> dict:
+        """Evaluate predictions on SWE-bench-style instances, the way swebench's harness does,
+        each in a fork of its environment image (built from the instance's Dockerfile on `base`
+        once, tagged eval/<instance_id>); instances and predictions are JSONL paths or lists of
+        dicts (predictions: also a .json list/dict). Writes OUT_DIR/RUN_ID/MODEL/ID/report.json
+        (swebench's, plus the final image), test_output.txt, patch.diff, and the summary
+        MODEL.RUN_ID.json; returns the summary. A rerun with the same run_id skips instances
+        with a report. validate="gold": the instances' own patches, all must resolve;
+        "empty": no patch, none may (summary["validation"]["ok"], ["failed"]). progress(event)
+        per instance step. build_network: the RUN steps' policy (default PyPI's two names)."""
+        return evaluation.evaluate(
+            self._engine, instances, predictions, base=self._id(base) if base is not None else None,
+            workers=workers, run_id=run_id or time.strftime("run-%Y%m%d-%H%M%S"), out_dir=out_dir,
+            report_dir=report_dir, validate=validate, instance_ids=instance_ids, timeout=timeout,
+            build_network=build_network, progress=progress, cancel=cancel)
 
     # diff and merge
     def diff(self, a: "Image | str", b: "Image | str") -> list[dict]:
