@@ -58,7 +58,9 @@ class SandtreeSandbox(BaseSandbox):
     """deepagents' sandbox backend over a live sandtree sandbox (in process or through `sandtree
     serve`: whatever Sandtree the sandbox came from)."""
 
-    enable_capture_offload = True      # /bin/sh and coreutils: large outputs stay in the sandbox
+    # deepagents' capture-offload wrapper runs the command in a child shell: its cd and exports
+    # would not reach the session, so it stays off (the default): large outputs come back whole.
+    enable_capture_offload = False
 
     def __init__(self, sandbox, *, uid: int = 0, gid: int | None = None, timeout: int = DEFAULT_TIMEOUT,
                  owned: bool = False, start_options: dict | None = None):
