@@ -110,6 +110,9 @@ def script(backend, *, native: bool) -> None:
     assert down[4].error == "is_directory" if native else down[4].error in ("is_directory", "invalid_path")
     # overwrite; the file tools deepagents builds on the three primitives
     assert backend.upload_files([("/work/up/deep/er/b.txt", b"again\n")])[0].error is None
+    if native:                     # a directory at the path, a file where a directory should be
+        assert [u.error for u in backend.upload_files([("/work/up/deep", b"x"), ("/work/up/a.bin/x", b"x")])] \
+            == ["is_directory", "file_not_found"]
     assert backend.download_files(["/work/up/deep/er/b.txt"])[0].content == b"again\n"
     assert backend.write("/work/t/notes.md", "one\ntwo\n").error is None
     assert backend.edit("/work/t/notes.md", "two", "three").occurrences == 1
@@ -166,7 +169,7 @@ def test_native_as_a_user_checks_permissions(st):
         up = backend.upload_files([("/etc/new.conf", b"x"), ("/usr/lib/x/y", b"x"), ("/tmp/u/no", b"x"),
                                    ("/tmp/u/mine/a.txt", b"mine"), ("/tmp/u", b"x"), ("/etc/passwd/x", b"x")])
         assert [u.error for u in up] == ["permission_denied", "permission_denied", "permission_denied", None,
-                                         "is_directory", "invalid_path"]
+                                         "is_directory", "file_not_found"]
         assert backend.execute("stat -c %u:%g /tmp/u/mine /tmp/u/mine/a.txt; cat /tmp/u/mine/a.txt").output == \
             f"{USER}:{USER}\n{USER}:{USER}\nmine"
         assert backend.execute("ls /etc/new.conf /usr/lib/x 2>&1; true").output.count("No such file") == 2

@@ -31,7 +31,7 @@ from deepagents.backends.sandbox import BaseSandbox
 from .. import defaults as D
 from ..errors import InvalidInput, NotFound, NotRegularFile, SandtreeError
 
-__all__ = ["SandtreeSandbox"]
+__all__ = ["DEFAULT_TIMEOUT", "TIMED_OUT_EXIT", "SandtreeSandbox"]
 
 DEFAULT_TIMEOUT = 30 * 60          # seconds per command unless execute(timeout=) says otherwise (as the partners)
 TIMED_OUT_EXIT = 124               # what deepagents' local shell (and coreutils' timeout) answer
@@ -50,8 +50,9 @@ _CAN_WRITE = r'''for p; do
   while [ ! -e "$d" ] && [ "$d" != / ]; do d=${d%/*}; d=${d:-/}; done
   if [ ! -d "$d" ]; then echo bad_parent; elif [ -w "$d" ] && [ -x "$d" ]; then echo ok; else echo denied; fi
 done'''
+# bad_parent (a file where a directory should be): file_not_found, what root's host-side write answers
 _CHECK_ERRORS = {"directory": "is_directory", "missing": "file_not_found", "denied": "permission_denied",
-                 "bad_parent": "invalid_path"}
+                 "bad_parent": "file_not_found"}
 
 
 class SandtreeSandbox(BaseSandbox):
