@@ -25,7 +25,10 @@ import sandtree
 deepagents = pytest.importorskip("deepagents")
 contree_langchain = pytest.importorskip("contree_sdk.langchain.sandbox")
 from contree_sdk import Contree, ContreeSync  # noqa: E402
+from deepagents import create_deep_agent  # noqa: E402
 from deepagents.backends.protocol import FileDownloadResponse, FileUploadResponse  # noqa: E402
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
+from langchain_core.messages import AIMessage  # noqa: E402
 from langchain_tests.integration_tests import SandboxIntegrationTests  # noqa: E402
 
 from sandtree.integrations.langchain_sandbox import SandtreeSandbox  # noqa: E402
@@ -219,6 +222,43 @@ def test_native_timeout_and_bad_input(st):
             backend.execute("true", timeout=-1)
     with pytest.raises(sandtree.InvalidInput):
         SandtreeSandbox(backend.sandbox, uid=-1)
+
+
+class ScriptedModel(GenericFakeChatModel):
+    """LangChain's own fake chat model answering a fixed list of messages (tool calls included);
+    the agent binds its tools to it, which a script does not need."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+def run_agent(backend) -> list:
+    """A deepagents agent (create_deep_agent) whose scripted model writes a file, runs it through
+    `execute` and reads what it wrote, all through `backend`."""
+    calls = [("write_file", {"file_path": "/app/hello.py", "content": "print('hello from the agent')\n"}),
+             ("execute", {"command": "cd /app && python3 hello.py > out.txt && cat out.txt"}),
+             ("read_file", {"file_path": "/app/out.txt"})]
+    script = [AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": f"call-{i}"}])
+              for i, (n, a) in enumerate(calls)] + [AIMessage(content="done")]
+    agent = create_deep_agent(model=ScriptedModel(messages=iter(script)), backend=backend)
+    out = agent.invoke({"messages": [{"role": "user", "content": "say hello"}]})
+    return [m.content for m in out["messages"] if m.type == "tool"]
+
+
+def test_deep_agent_on_the_native_backend(st):
+    with SandtreeSandbox.start(st.image(TAG)) as backend:
+        tools = run_agent(backend)
+        assert tools[0] == "Updated file /app/hello.py"
+        assert tools[1].startswith("hello from the agent\n") and "exit code 0" in tools[1]
+        assert tools[2].endswith("hello from the agent")
+        assert backend.execute("pwd").output == "/app\n"          # the agent's cd is the session's
+        assert backend.commit().run("cat /app/out.txt").stdout == b"hello from the agent\n"
+
+
+def test_deep_agent_on_contree_sdk_backend(server):
+    tools = run_agent(contree_sandbox(server))
+    assert tools[0] == "Updated file /app/hello.py"
+    assert tools[1].startswith("hello from the agent\n") and tools[2].endswith("hello from the agent")
 
 
 # ---- langchain-tests' standard sandbox suite ----------------------------------------------------------
