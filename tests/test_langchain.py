@@ -211,11 +211,15 @@ def test_native_commit_fork_rollback(st):
 
 
 def test_native_timeout_and_bad_input(st):
+    with SandtreeSandbox.start(st.image(TAG), timeout=1, lifetime=120) as backend:
+        assert backend.execute("sleep 3").exit_code == 124                    # the backend's default
     with SandtreeSandbox.start(st.image(TAG), timeout=60) as backend:
         r = backend.execute("echo started; sleep 30; echo never", timeout=1)
         assert r.exit_code == 124 and r.output.startswith("started\n") and "timed out after 1" in r.output
         assert "never" not in r.output
         assert backend.execute("echo still here").output == "still here\n"     # the sandbox goes on
+        r = backend.execute("sleep 2; echo no limit of its own", timeout=0)     # the lifetime bounds it
+        assert r.exit_code == 0 and r.output == "no limit of its own\n"
         r = backend.execute("head -c 20000000 /dev/zero")                       # past 16 MiB a stream
         assert r.truncated
         with pytest.raises(sandtree.InvalidInput):

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 from deepagents.backends.sandbox import BaseSandbox
 
-from .. import defaults as D
 from ..errors import InvalidInput, NotFound, NotRegularFile, SandtreeError
 
 __all__ = ["DEFAULT_TIMEOUT", "TIMED_OUT_EXIT", "SandtreeSandbox"]
@@ -114,7 +114,7 @@ class SandtreeSandbox(BaseSandbox):
     def fork(self) -> "SandtreeSandbox":
         """A second backend on a new sandbox started from this one's files now (its own from then
         on; processes and memory are not copied)."""
-        return type(self).start(self.commit(), uid=self._uid, gid=self._gid, timeout=self._timeout,
+        return type(self).start(self.commit(), uid=self._uid, gid=self._gid, timeout=self._timeout or 0,
                                 **self._options)
 
     def rollback(self, image) -> None:
@@ -162,14 +162,17 @@ class SandtreeSandbox(BaseSandbox):
         """Run a shell string in the sandbox's session; stdout and stderr combined in the order
         they came. A command over its timeout is killed: exit code 124 and a line saying so."""
         limit = self._timeout if timeout is None else self._check_timeout(timeout)
+        sb = self._current()
+        if limit is None:                  # no limit of its own: what is left of the sandbox's lifetime
+            limit = max(1.0, round(sb.info()["expires"] - time.time()))
         chunks: list[bytes] = []
-        res = self._current().exec(command, uid=self._uid, gid=self._gid, timeout=limit,
-                                   on_output=lambda _stream, data: chunks.append(data))
+        res = sb.exec(command, uid=self._uid, gid=self._gid, timeout=limit,
+                      on_output=lambda _stream, data: chunks.append(data))
         output = b"".join(chunks).decode("utf-8", "replace")
         truncated = res.stdout_truncated or res.stderr_truncated
         if res.timed_out:
             sep = "\n" if output and not output.endswith("\n") else ""
-            return ExecuteResponse(output=f"{output}{sep}Error: Command timed out after {limit} seconds.",
+            return ExecuteResponse(output=f"{output}{sep}Error: Command timed out after {limit:g} seconds.",
                                    exit_code=TIMED_OUT_EXIT, truncated=truncated)
         code = res.exit_code if res.exit_code is not None else (128 + res.signal if res.signal else None)
         return ExecuteResponse(output=output, exit_code=code, truncated=truncated)
@@ -201,11 +204,11 @@ class SandtreeSandbox(BaseSandbox):
             return self._sandbox
 
     @staticmethod
-    def _check_timeout(timeout) -> float:
-        """Seconds for one command; 0: no limit of its own (the sandbox's lifetime bounds it)."""
+    def _check_timeout(timeout) -> float | None:
+        """Seconds for one command; 0 (None back): no limit of its own, the sandbox's lifetime bounds it."""
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise InvalidInput(f"timeout must be a non-negative number of seconds, not {timeout!r}")
-        return float(timeout) if timeout else float(D.SANDBOX_LIFETIME)
+        return float(timeout) if timeout else None
 
     @staticmethod
     def _valid(path) -> bool:
