@@ -226,6 +226,11 @@ def test_native_timeout_and_bad_input(st):
             backend.execute("true", timeout=-1)
     with pytest.raises(sandtree.InvalidInput):
         SandtreeSandbox(backend.sandbox, uid=-1)
+    running = {sb.id for sb in st.sandboxes()}
+    for bad in ({"uid": "root"}, {"gid": -1}, {"timeout": -5}):        # refused before anything starts
+        with pytest.raises(sandtree.InvalidInput):
+            SandtreeSandbox.start(st.image(TAG), **bad)
+    assert {sb.id for sb in st.sandboxes()} == running
 
 
 class ScriptedModel(GenericFakeChatModel):

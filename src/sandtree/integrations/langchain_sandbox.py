@@ -67,9 +67,7 @@ class SandtreeSandbox(BaseSandbox):
                  owned: bool = False, start_options: dict | None = None):
         """Adapt a running `sandtree` Sandbox (img.start(...)). owned: stop() and leaving a `with`
         block stop it (start() sets it). start_options: what fork()/rollback() start with."""
-        for name, v in (("uid", uid), ("gid", 0 if gid is None else gid)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InvalidInput(f"{name} must be a non-negative integer", **{name: v})
+        self._check_ids(uid, gid)
         self._timeout = self._check_timeout(timeout)
         self._sandbox = sandbox
         self._uid, self._gid = uid, (uid if gid is None else gid)
@@ -83,6 +81,8 @@ class SandtreeSandbox(BaseSandbox):
               **start_options) -> "SandtreeSandbox":
         """Start a live sandbox on `image` (a sandtree Image; start_options as Image.start takes
         them: memory, cpus, network, env, cwd, lifetime, idle_timeout, ...), owned by the backend."""
+        cls._check_ids(uid, gid)                   # bad input refused before a sandbox exists
+        cls._check_timeout(timeout)
         return cls(image.start(**start_options), uid=uid, gid=gid, timeout=timeout, owned=True,
                    start_options=start_options)
 
@@ -202,6 +202,12 @@ class SandtreeSandbox(BaseSandbox):
     def _current(self):
         with self._lock:
             return self._sandbox
+
+    @staticmethod
+    def _check_ids(uid, gid) -> None:
+        for name, v in (("uid", uid), ("gid", 0 if gid is None else gid)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidInput(f"{name} must be a non-negative integer", **{name: v})
 
     @staticmethod
     def _check_timeout(timeout) -> float | None:
