@@ -1,6 +1,8 @@
-"""Live runs (engine/instances.py, issue 16): a submitted run whose command is process 1 of a live
-sandbox, joined by more processes while it runs, with stdin kept open and signals; on the real
-kernel, through engine.operations (what Contree's /v1 adapts)."""
+"""Live runs and the processes of a live sandbox (engine/instances.py, issue 16): a submitted run
+whose command is process 1 of a live sandbox, joined by more processes while it runs, with stdin
+kept open and signals; a plain live sandbox's processes the same way; on the real kernel, through
+the table's rows sandbox_spawn / sandbox_stdin / sandbox_signal / sandbox_process (what Contree's
+/v1 adapts), in process, through the SDK (sync and async) and over REST."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from conftest import serve_process
 
 import sandtree
-from sandtree.errors import Conflict, InvalidInput, NotFound
+from sandtree.errors import Conflict, Ended, InvalidInput, NotFound, NotReady
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
 
@@ -21,7 +23,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need r
 @pytest.fixture
 def ops(st, rootfs):
     st.import_image(rootfs, tag="bb")
-    return st._engine.operations if hasattr(st, "_engine") else st.engine.operations
+    return st._engine.operations
+
+
+def out(view, stream="stdout") -> bytes:
+    """A process view's exact bytes of one stream."""
+    import base64
+    return base64.b64decode(view[stream + "_base64"])
 
 
 def until(fn, timeout=10.0):
@@ -35,37 +43,42 @@ def until(fn, timeout=10.0):
 
 
 def test_processes_join_a_live_run_and_its_commit_holds_their_writes(ops):
+    eng = ops.host
     op = ops.submit_run("bb", "cat; echo main > /main", live=True, stdin_open=True)
-    spid = ops.spawn(op, "echo sub $X; echo sub > /sub", env={"X": "1"})     # waits for the sandbox
+    spid = eng.sandbox_spawn(op, "echo sub $X; echo sub > /sub", env={"X": "1"})     # waits for the sandbox
     assert spid == 2
-    p = until(lambda: (v := ops.process(op, 2)) and not v["running"] and v)
-    assert (p["exit_code"], p["stdout"]) == (0, b"sub 1\n")
-    three = ops.spawn(op, ["sh", "-c", "echo up; exec sleep 30"])
+    p = until(lambda: (v := eng.sandbox_process(op, 2)) and not v["running"] and v)
+    assert (p["exit_code"], out(p), p["stdout"], p["pid"]) == (0, b"sub 1\n", "sub 1\n", 2)
+    three = eng.sandbox_spawn(op, ["sh", "-c", "echo up; exec sleep 30"])
     # (signalled once it runs: a signal between the helper's fork and the command's setsid is
     # lost, a limit of the entering helper, runtime/helper.c)
-    until(lambda: ops.process(op, three)["stdout"] == b"up\n")
-    assert ops.process(op, three)["running"]
-    ops.signal(op, three, "TERM")
-    p3 = until(lambda: (v := ops.process(op, three)) and not v["running"] and v)
+    until(lambda: out(eng.sandbox_process(op, three)) == b"up\n")
+    assert eng.sandbox_process(op, three)["running"]
+    eng.sandbox_signal(op, three, "TERM")
+    p3 = until(lambda: (v := eng.sandbox_process(op, three)) and not v["running"] and v)
     assert (p3["exit_code"], p3["signal"]) == (None, 15)
     with pytest.raises(NotFound):
-        ops.signal(op, three, 9)                      # exited
+        eng.sandbox_signal(op, three, "9")            # exited
     with pytest.raises(InvalidInput):
-        ops.signal(op, 1, "NOSUCH")
-    ops.write(op, 1, b"a\n", close=False)
-    ops.write(op, 1, b"b\n")
+        eng.sandbox_signal(op, 1, "NOSUCH")
+    eng.sandbox_stdin(op, 1, b"a\n", close=False)
+    eng.sandbox_stdin(op, 1, "b\n")
     with pytest.raises(Conflict):
-        ops.write(op, 1, b"late")                     # closed
+        eng.sandbox_stdin(op, 1, b"late")             # closed
     rec = ops.wait([op], 30)[0]
     res = ops.result(op)
     assert rec["status"] == "done" and res.stdout == b"a\nb\n" and res.exit_code == 0
-    assert {"main", "sub"} <= {e.name for e in ops.host.ls(res.image, "/")}
-    # ended: no new processes; the old ones are told from the events
-    with pytest.raises(Conflict):
-        ops.spawn(op, "true")
-    assert ops.process(op, 2)["stdout"] == b"sub 1\n" and ops.process(op, 1)["stdout"] == b"a\nb\n"
+    assert {"main", "sub"} <= {e.name for e in eng.ls(res.image, "/")}
+    # ended: no new processes (Conflict), no stdin to write (Ended: Contree's 410); the old ones
+    # are told from the events
+    with pytest.raises(Conflict) as exc:
+        eng.sandbox_spawn(op, "true")
+    assert not isinstance(exc.value, Ended)
+    with pytest.raises(Ended):
+        eng.sandbox_stdin(op, 1, b"x")
+    assert out(eng.sandbox_process(op, 2)) == b"sub 1\n" and out(eng.sandbox_process(op, 1)) == b"a\nb\n"
     with pytest.raises(NotFound):
-        ops.process(op, 9)
+        eng.sandbox_process(op, 9)
 
 
 def test_a_live_run_times_out_is_cancelled_and_a_disposable_one_keeps_nothing(ops):
@@ -73,7 +86,7 @@ def test_a_live_run_times_out_is_cancelled_and_a_disposable_one_keeps_nothing(op
     rec = ops.wait([slow], 30)[0]
     assert ops.result(slow).timed_out and ops.result(slow).signal == 9 and rec["status"] == "done"
     held = ops.submit_run("bb", "cat", live=True, stdin_open=True)
-    ops.spawn(held, ["sleep", "30"])                  # killed with it
+    ops.host.sandbox_spawn(held, ["sleep", "30"])    # killed with it
     ops.cancel(held)
     assert ops.wait([held], 30)[0]["status"] == "cancelled"
     gone = ops.submit_run("bb", "echo x > /x", live=True, disposable=True)
@@ -82,7 +95,7 @@ def test_a_live_run_times_out_is_cancelled_and_a_disposable_one_keeps_nothing(op
     # not a live run: nothing joins it
     plain = ops.submit_run("bb", "sleep 1")
     with pytest.raises(Conflict):
-        ops.spawn(plain, "true")
+        ops.host.sandbox_spawn(plain, "true")
     ops.wait([plain], 30)
 
 

@@ -13,11 +13,12 @@ import errno
 import json
 import sys
 
-from . import admin, branching, build, images, inspection, runs, sandboxes, secrets
+from . import admin, branching, build, images, inspection, processes, runs, sandboxes, secrets
 from ..errors import DiskFull, SandtreeError
 
 # The verbs in the order `sandtree --help` lists them (kept from before the split by group).
-GROUPS = (images.add_image, build.add_build, runs.add_run, sandboxes.add_sandboxes, inspection.add_inspection,
+GROUPS = (images.add_image, build.add_build, runs.add_run, sandboxes.add_sandboxes, processes.add_processes,
+          inspection.add_inspection,
           admin.add_store_checks, branching.add_branching, runs.add_fork, branching.add_bundle,
           images.add_registry, admin.add_services, secrets.add_secrets, inspection.add_op)
 

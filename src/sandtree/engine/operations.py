@@ -30,7 +30,8 @@ from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
 from ..procid import Owner
 from .imports import registry_module
-from .instances import Instances, fold_process
+from .instances import Instances
+from .liveprocs import fold_process, public_view
 from ..store.names import check_tag
 from .records import Records
 from ..values import parse_size
@@ -95,20 +96,22 @@ class Operations:
     def _event(self, op: str, kind: str, data: str) -> None:
         with self.changed:
             log = self.events.setdefault(op, [])
+            marker = None
             if kind in ("stdout", "stderr"):
                 cap = self._event_caps.get(op)
                 if cap is not None:
                     used = self._event_bytes.get((op, kind), 0)
                     if used + len(data) > cap:
                         data = data[:max(0, cap - used)]
+                        if op not in self._events_cut:      # once: output events stop here (Contree's size_cap)
+                            marker = json.dumps({"limit_bytes": cap, "file_size": used + len(data)})
                         self._events_cut.add(op)
-                        if not data:
-                            return
                     self._event_bytes[(op, kind)] = used + len(data)
             elif kind == "end" and op in self._events_cut:
                 data = json.dumps({**json.loads(data), "events_truncated": True})
-            seq = log[-1][0] + 1 if log else 1
-            log.append((seq, kind, data))
+            for k, d in ((kind, data), ("size_cap", marker)):
+                if d:
+                    log.append((log[-1][0] + 1 if log else 1, k, d))
             if kind == "end":
                 self._ended[op] = time.monotonic()
                 self._event_caps.pop(op, None)
@@ -170,11 +173,14 @@ class Operations:
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once. Option live=True: its command runs as
         process 1 of a live sandbox, which more processes may join while it runs (instances.py);
-        stdin_open=True: its stdin stays open for `write` (a live run)."""
+        stdin_open=True: its stdin stays open for sandbox_stdin (a live run); make_cwd=True: a
+        missing cwd is made, not refused (a live run)."""
         stdin_open = bool(options.pop("stdin_open", False))
-        live = bool(options.pop("live", False)) or stdin_open
+        make_cwd = bool(options.pop("make_cwd", False))       # a missing cwd is made (Contree's)
+        live = bool(options.pop("live", False)) or stdin_open or make_cwd
         source = self.host.resolve(ref)
-        self.host.run_operation(ref, command, check_only=True, **options)   # bad input fails now, not later
+        checked = {**options, "cwd": None} if make_cwd else options
+        self.host.run_operation(ref, command, check_only=True, **checked)   # bad input fails now, not later
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
@@ -199,7 +205,7 @@ class Operations:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
                 if live:
                     rec = self.instances.run(op, ref, command, cancel=cancel, on_output=on_output,
-                                             stdin_open=stdin_open, **options)
+                                             stdin_open=stdin_open, make_cwd=make_cwd, **options)
                 else:
                     rec = self.host.run_operation(ref, command, op_id=op, cancel=cancel, on_output=on_output,
                                                   **options)
@@ -321,32 +327,13 @@ class Operations:
             return None
         return live[0].result()
 
-    # ---- the processes of a live run (instances.py) ---------------------------------------------
-    def spawn(self, op: str, command, **options) -> int:
-        """Start another process in live run `op` while its command runs; its spid (2, 3, ...)."""
-        self.records.get(op)                          # NotFound for an unknown id
-        return self.instances.spawn(op, command, **options)
-
-    def write(self, op: str, spid: int, data: bytes = b"", *, close: bool = True) -> None:
-        """Write to the open stdin of process `spid` of live run `op` (then close it, or not)."""
-        self.records.get(op)
-        self.instances.write(op, spid, data, close=close)
-
-    def signal(self, op: str, spid: int, sig=9) -> None:
-        """Signal process `spid` of live run `op` (its process group; a name or number)."""
-        self.records.get(op)
-        self.instances.signal(op, spid, sig)
-
-    def process(self, op: str, spid: int) -> dict:
-        """Process `spid` of a live run: running or not, exit status, output (to the cap). A run
-        that ended tells them from its events (EVENTS_KEEP); process 1 of any run from its result."""
-        self.records.get(op)
-        now = self.instances.process(op, spid)
-        if now is not None:
-            return now
+    # ---- the processes of a live run (instances.py; the rows are engine.sandbox_*) --------------
+    def folded_process(self, op: str, spid: int) -> dict:
+        """Process `spid` of a run not running live: from its events (EVENTS_KEEP); process 1 of
+        any run from its result (liveprocs.fold_process), as liveprocs.public_view."""
         with self.lock:
             log = list(self.events.get(op, []))
-        return fold_process(op, spid, log, self.get(op), self.result(op))
+        return public_view(fold_process(op, spid, log, self.get(op), self.result(op)))
 
     def cancel(self, op: str) -> dict:
         rec = self.get(op)
