@@ -6,6 +6,8 @@ the table's rows sandbox_spawn / sandbox_stdin / sandbox_signal / sandbox_proces
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
 import uuid as uuid_mod
@@ -28,7 +30,6 @@ def ops(st, rootfs):
 
 def out(view, stream="stdout") -> bytes:
     """A process view's exact bytes of one stream."""
-    import base64
     return base64.b64decode(view[stream + "_base64"])
 
 
@@ -140,3 +141,122 @@ def test_a_process_left_in_the_background_does_not_hold_the_run(ops):
     op = ops.submit_run("bb", "sleep 60 & echo started", live=True)
     ops.wait([op], 30)
     assert ops.result(op).stdout == b"started\n" and time.monotonic() - t0 < 10
+
+
+def test_a_live_sandboxes_processes_through_the_sdk_sync_and_async(st, rootfs):
+    """Sandbox.spawn (the table's rows on a plain live sandbox): stdin kept open, written, closed;
+    a signal; the async twin; numbered from 1; gone with the sandbox."""
+    import asyncio
+
+    from sandtree.client.aio import AsyncSandbox
+    img = st.import_image(rootfs)
+    with img.start() as sb:
+        cat = sb.spawn("cat; echo done >&2", stdin_open=True)
+        assert cat.pid == 1 and cat.state()["running"] and cat.state()["stdin_open"]
+        cat.write("hi\n")
+        cat.write(b"\xff\n", close=True)
+        v = cat.wait(10)
+        assert (v["exit_code"], out(v), v["stderr"], v["stdin_open"]) == (0, b"hi\n\xff\n", "done\n", False)
+        with pytest.raises(Conflict):
+            cat.write("late")                                # closed
+        sleeper = sb.spawn(["sh", "-c", "echo up; exec sleep 30"])
+        assert sleeper.pid == 2
+        until(lambda: sleeper.state()["stdout"] == "up\n")
+        sleeper.signal("TERM")
+        assert sleeper.wait(10)["signal"] == 15
+        with pytest.raises(NotFound):
+            sb._st.engine.sandbox_process(sb.id, 7)
+
+        async def twin():
+            proc = await AsyncSandbox(sb).spawn("read x; echo got $x", stdin_open=True)
+            await proc.write("it", close=True)
+            return await proc.wait(10)
+        assert asyncio.run(twin())["stdout"] == "got it\n"
+        sid = sb.id
+    with pytest.raises(Conflict):
+        st._engine.sandbox_spawn(sid, "true")                # stopped
+    with pytest.raises(NotFound):
+        st._engine.sandbox_spawn("0" * 32, "true")
+
+
+def test_a_live_run_is_a_run_slot_not_a_listed_sandbox(ops):
+    """Its sandbox is the run's (counted as a run: max_runs, the queue), not one of the live
+    sandboxes listed (max_sandboxes counts those); its info names the run."""
+    eng = ops.host
+    op = ops.submit_run("bb", "sleep 30", live=True)
+    sid = until(lambda: (i := ops.instances.live.get(op)) and i.sid)
+    assert sid not in {s["id"] for s in eng.sandbox_list()} and eng.sandbox_info(sid)["run"] == op
+    assert ops.get(op)["status"] == "running"
+    ops.cancel(op)
+    ops.wait([op], 30)
+
+
+def test_v1_statuses_cwd_and_events_as_contree(tmp_path, rootfs):
+    """Over /v1 (a real `sandtree serve`, one run slot): a subprocess of an instance still queued
+    is 425 with Retry-After (its clients retry); stdin of a finished one 410, a spawn 409; a
+    missing cwd is made, for the instance and its subprocesses; the events Contree documents:
+    init first (spid 0), stdin, truncated, size_cap, exit, shutdown, then completion."""
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    try:
+        image = str(uuid_mod.UUID(st.import_image(rootfs).id[:32]))
+    finally:
+        st.close()
+    with serve_process(home, "--max-runs", "1") as url:
+        def spawn(**body):
+            r = httpx.post(f"{url}/v1/instances", json={"image": image, "shell": True, **body})
+            assert r.status_code == 201, r.text
+            return f"{url}/v1/operations/{r.json()['uuid']}"
+
+        def events(ops):
+            with httpx.stream("GET", f"{ops}/events", params={"follow": "1"}, timeout=60) as s:
+                return [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
+
+        busy = spawn(command="sleep 30")
+        queued = spawn(command="true")
+        r = httpx.post(f"{queued}/subprocesses", json={"command": "true", "shell": True})
+        assert r.status_code == 425 and int(r.headers["retry-after"]) >= 1, r.text
+        assert httpx.delete(busy).status_code == 202
+        until(lambda: httpx.get(queued).json()["status"] == "SUCCESS", 30)
+        assert httpx.post(f"{queued}/subprocesses/1/stdin", json={"value": "x"}).status_code == 410
+        assert httpx.post(f"{queued}/subprocesses", json={"command": "true", "shell": True}).status_code == 409
+
+        ops = spawn(command="pwd; cat; head -c 100 /dev/zero", cwd="/made/here", truncate_output_at=16,
+                    stdin={"value": "", "close": False})
+        sub = httpx.post(f"{ops}/subprocesses", json={"command": "pwd; head -c 50 /dev/zero", "shell": True,
+                                                      "cwd": "/also/new", "truncate_output_at": 10})
+        assert sub.status_code == 201, sub.text
+        until(lambda: not httpx.get(f"{ops}/subprocesses/2").json()["state"]["exit_code"] == -1)
+        assert httpx.get(f"{ops}/subprocesses/2").json()["stdout"]["value"].startswith("/also/new\n")
+        # a process whose own cap is higher than the log's budget (8 x 16 bytes) fills the log
+        big = httpx.post(f"{ops}/subprocesses", json={"command": "head -c 1000 /dev/zero | tr '\\0' b; echo",
+                                                      "shell": True, "truncate_output_at": 2000})
+        until(lambda: not httpx.get(f"{ops}/subprocesses/3").json()["state"]["exit_code"] == -1)
+        assert len(httpx.get(f"{ops}/subprocesses/3").json()["stdout"]["value"]) == 1001, big.text
+        assert httpx.post(f"{ops}/subprocesses/1/stdin", json={"value": "in\n"}).status_code == 204
+        evs = events(ops)
+        done = httpx.get(ops).json()
+        assert done["status"] == "SUCCESS", done
+        ids = [e["id"] for e in evs]
+        assert ids == sorted(set(ids))
+        types = [(e["type"], e.get("spid")) for e in evs]
+        assert types[0] == ("init", 0) and types[-2:] == [("shutdown", 0), ("completion", None)], types
+        assert {"started_at", "runtime_path", "verbose", "init_pid"} <= set(evs[0]["data"])
+        assert evs[-2]["data"]["reason"] == "job_complete"
+        stdin = [e for e in evs if e["type"] == "stdin"]
+        assert stdin == []                               # written after the log's cap: dropped
+        cut = {e["spid"]: e["data"] for e in evs if e["type"] == "truncated"}
+        assert cut[2] == {"stream": "stdout", "bytes_emitted": 10, "bytes_dropped": 50}, cut
+        assert cut[1]["bytes_emitted"] == 16 and cut[1]["stream"] == "stdout"
+        caps = [e for e in evs if e["type"] == "size_cap"]
+        assert len(caps) == 1 and caps[0]["spid"] == 0 and caps[0]["data"]["limit_bytes"] == 8 * 16, caps
+        # after it, no stream event (process 3's output, then process 1's stdin and output)
+        assert not [e for e in evs if e["id"] > caps[0]["id"] and e["type"] in ("stdout", "stderr", "stdin")]
+        assert any(e["type"] == "exit" and e["spid"] == 3 for e in evs)         # service events go on
+        out1 = "".join(e["data"]["value"] for e in evs if e["type"] == "stdout" and e["spid"] == 1)
+        result = done["metadata"]["result"]["stdout"]             # base64: the NULs of /dev/zero
+        assert out1 == "/made/here\n" and base64.b64decode(result["value"]) == b"/made/here\nin\n\0\0"
+        # resuming after an event gives only what came after it
+        with httpx.stream("GET", f"{ops}/events", params={"since": str(ids[2])}, timeout=60) as s:
+            after = [json.loads(ln[6:])["id"] for ln in s.iter_lines() if ln.startswith("data: ")]
+        assert after == ids[3:]

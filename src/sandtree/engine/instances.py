@@ -26,6 +26,7 @@ import json
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import defaults as D
 from ..defaults import RunRecord
@@ -65,6 +66,7 @@ class Instances:
         self.expected: set[str] = set()           # submitted, sandbox not up yet
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        self.stopper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandtree-inst-stop")
 
     def expect(self, op: str) -> None:
         """A live run was submitted: calls on it wait for its sandbox (START_WAIT), not fail."""
@@ -110,7 +112,7 @@ class Instances:
         started = time.time()
         info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
                         file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN, network=network,
-                        secrets=secrets, labels=labels, **limits)
+                        secrets=secrets, labels=labels, run_of=op, **limits)
         inst = Instance(op, info["id"], make_cwd)
         image, cancelled, p1, done = None, False, None, False
         try:
@@ -137,10 +139,10 @@ class Instances:
             done = True
         finally:
             self._end(inst)
-            try:
-                sb.stop(inst.sid)
-            finally:
-                self._up(op, None)
+            self._up(op, None)
+            # its processes are gone and its image committed: the run is over, and the sandbox's
+            # teardown (6 ms: pid 1 reaped, mounts and cgroups gone) is off the run's path
+            self.stopper.submit(self._stop, inst.sid)
             if done:                             # (a failure is recorded by operations.py)
                 self._record(op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
                              image, cancelled, lim, keep)
@@ -148,6 +150,16 @@ class Instances:
         return RunRecord(op, source, image, v["exit_code"], v["signal"], v["stdout"], v["stderr"],
                          v["stdout_truncated"], v["stderr_truncated"], v["timed_out"], False,
                          usage_of(p1), cancelled)
+
+    def _stop(self, sid: str) -> None:
+        try:
+            self.host.sandboxes.stop(sid)
+        except Exception:                        # noqa: BLE001 - its lifetime ends it in any case
+            pass
+
+    def close(self) -> None:
+        """Wait for the sandboxes of ended live runs to be stopped."""
+        self.stopper.shutdown(wait=True)
 
     def _end(self, inst: Instance) -> None:
         """No more processes; the ones left are killed and reaped (their exit events written)."""

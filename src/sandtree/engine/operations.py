@@ -9,7 +9,8 @@ leaving them "running" forever.
 
 What this process keeps per operation is bounded (issue 12 item 9: a flooding run grew a server
 by gigabytes, never freed): live output events are kept up to the run's output cap per stream (the
-run itself keeps no more; the end event then says `events_truncated`); an ended operation's
+run itself keeps no more; the end event then says `events_truncated`), and all stream events of
+a live run's processes together up to LOG_BUDGET caps (then one `size_cap` event, and no more); an ended operation's
 events shrink to its end event after EVENTS_KEEP seconds, so a stream resuming with Last-Event-ID
 still learns how it ended; the finished results (their full output, for get/result) are kept for
 `retain_seconds` and within `retain_bytes`, oldest dropped first: after that an operation reads as
@@ -39,6 +40,7 @@ from ..values import parse_size
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)
 ENDED_MARKERS = 10000         # end events kept after that, newest first
+LOG_BUDGET = 8                # a log keeps this many output caps of stream events in all (then size_cap)
 RETAIN_SECONDS = 600.0        # finished results (full output) kept this long...
 RETAIN_BYTES = 256 << 20      # ...and within this many bytes of output in all
 
@@ -64,6 +66,8 @@ class Operations:
         self._event_caps: dict[str, int] = {}           # op -> bytes of output events kept per stream
         self._event_bytes: dict[tuple[str, str], int] = {}
         self._events_cut: set[str] = set()
+        self._log_bytes: dict[str, int] = {}            # op -> bytes of stream events kept (all processes)
+        self._log_capped: set[str] = set()              # ops past LOG_BUDGET (their size_cap is written)
         self._ended: OrderedDict[str, float] = OrderedDict()      # op -> when its end event came
         self._results: OrderedDict[str, tuple[float, int]] = OrderedDict()   # op -> (finished, bytes)
         self._result_bytes = 0
@@ -97,25 +101,36 @@ class Operations:
         with self.changed:
             log = self.events.setdefault(op, [])
             marker = None
-            if kind in ("stdout", "stderr"):
-                cap = self._event_caps.get(op)
-                if cap is not None:
-                    used = self._event_bytes.get((op, kind), 0)
-                    if used + len(data) > cap:
-                        data = data[:max(0, cap - used)]
-                        if op not in self._events_cut:      # once: output events stop here (Contree's size_cap)
-                            marker = json.dumps({"limit_bytes": cap, "file_size": used + len(data)})
-                        self._events_cut.add(op)
-                    self._event_bytes[(op, kind)] = used + len(data)
+            cap = self._event_caps.get(op)
+            if cap is not None and _is_stream(kind, data):
+                # the whole log's output (every process's streams and stdin) within LOG_BUDGET caps:
+                # past it, stream events are dropped after one size_cap marker (Contree's)
+                used = self._log_bytes.get(op, 0)
+                if op in self._log_capped or used + len(data) > LOG_BUDGET * cap:
+                    if op not in self._log_capped:
+                        self._log_capped.add(op)
+                        marker = json.dumps({"limit_bytes": LOG_BUDGET * cap, "file_size": used})
+                        log.append((log[-1][0] + 1 if log else 1, "size_cap", marker))
+                        self.changed.notify_all()
+                    self._events_cut.add(op)
+                    return
+                self._log_bytes[op] = used + len(data)
+            if kind in ("stdout", "stderr") and cap is not None:
+                used = self._event_bytes.get((op, kind), 0)
+                if used + len(data) > cap:
+                    data = data[:max(0, cap - used)]
+                    self._events_cut.add(op)
+                self._event_bytes[(op, kind)] = used + len(data)
             elif kind == "end" and op in self._events_cut:
                 data = json.dumps({**json.loads(data), "events_truncated": True})
-            for k, d in ((kind, data), ("size_cap", marker)):
-                if d:
-                    log.append((log[-1][0] + 1 if log else 1, k, d))
+            if data:
+                log.append((log[-1][0] + 1 if log else 1, kind, data))
             if kind == "end":
                 self._ended[op] = time.monotonic()
                 self._event_caps.pop(op, None)
                 self._events_cut.discard(op)
+                self._log_capped.discard(op)
+                self._log_bytes.pop(op, None)
                 for k in ("stdout", "stderr"):
                     self._event_bytes.pop((op, k), None)
                 self._prune()
@@ -363,6 +378,15 @@ class Operations:
                 cancel.set()
                 fut.cancel()
         self.pool.shutdown(wait=True)
+        self.instances.close()
+
+
+def _is_stream(kind: str, data: str) -> bool:
+    """Whether an event carries a process's stream bytes (a run's output, a live run's process's
+    stdin, stdout or stderr: instances.py's "proc" events)."""
+    if kind in ("stdout", "stderr"):
+        return True
+    return kind == "proc" and json.loads(data).get("type") in ("stdout", "stderr", "stdin")
 
 
 def _alive(spec: dict) -> bool | None:
