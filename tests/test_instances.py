@@ -260,3 +260,74 @@ def test_v1_statuses_cwd_and_events_as_contree(tmp_path, rootfs):
         with httpx.stream("GET", f"{ops}/events", params={"since": str(ids[2])}, timeout=60) as s:
             after = [json.loads(ln[6:])["id"] for ln in s.iter_lines() if ln.startswith("data: ")]
         assert after == ids[3:]
+
+
+def test_processes_over_rest_the_cli_and_mcp(tmp_path, rootfs):
+    """The same rows through the remote client (sandtree.connect: REST /api/v1), `sandtree spawn`
+    and `sandtree proc --server`, and the MCP tools sandbox_spawn / sandbox_process (a real
+    `sandtree mcp` over stdio)."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    home = str(tmp_path / "home")
+    with serve_process(home) as url:
+        remote = sandtree.connect(url)
+        sb = remote.import_image(rootfs).start()
+        try:
+            p = sb.spawn("cat", stdin_open=True)
+            p.write(b"\xfe bytes\n", close=True)
+            v = p.wait(10)
+            assert (v["pid"], out(v), v["exit_code"]) == (1, b"\xfe bytes\n", 0)
+            with pytest.raises(Conflict):
+                p.write("late")
+            with pytest.raises(NotFound):
+                remote.engine.sandbox_process(sb.id, 9)
+            cli = [sys.executable, "-m", "sandtree", "--home", home]
+            r = subprocess.run(cli + ["spawn", sb.id, "--server", url, "--stdin-open", "--", "read x; echo cli $x"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr
+            r = subprocess.run(cli + ["proc", sb.id, "2", "--server", url, "--write", "ok", "--close", "--wait", "10"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and r.stdout == "cli ok\n" and "exit 0" in r.stderr, r.stderr
+            r = subprocess.run(cli + ["spawn", sb.id, "--", "true"], capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0 and "--server" in r.stderr
+        finally:
+            sb.stop()
+            remote.close()
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+                                       env={**os.environ})
+        async with Client(params) as c:
+            def data(res):
+                assert not res.is_error, res.content
+                return json.loads(res.content[0].text)
+            img = data(await c.call_tool("import_image", {"source": rootfs, "tag": "bb"}))["image"]
+            sid = data(await c.call_tool("sandbox_start", {"image": img}))["id"]
+            pid = data(await c.call_tool("sandbox_spawn", {"sandbox_id": sid, "command": "cat; echo end",
+                                                           "stdin_open": True}))["pid"]
+            v = data(await c.call_tool("sandbox_process", {"sandbox_id": sid, "pid": pid, "stdin": "mcp\n",
+                                                           "close_stdin": True}))
+            assert v["pid"] == pid
+            for _ in range(200):
+                v = data(await c.call_tool("sandbox_process", {"sandbox_id": sid, "pid": pid}))
+                if not v["running"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert (v["exit_code"], v["stdout"]) == (0, "mcp\nend\n"), v
+            slow = data(await c.call_tool("sandbox_spawn", {"sandbox_id": sid, "command": "sleep 30"}))["pid"]
+            await asyncio.sleep(0.3)
+            data(await c.call_tool("sandbox_process", {"sandbox_id": sid, "pid": slow, "signal": "KILL"}))
+            for _ in range(200):
+                v = data(await c.call_tool("sandbox_process", {"sandbox_id": sid, "pid": slow}))
+                if not v["running"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert v["signal"] == 9
+            r = await c.call_tool("sandbox_process", {"sandbox_id": sid, "pid": 99})
+            assert r.is_error and "not_found" in r.content[0].text
+            data(await c.call_tool("sandbox_stop", {"sandbox_id": sid}))
+    asyncio.run(main())

@@ -352,7 +352,6 @@ class Sandbox:
         self.stop()
 
 
-@dataclass
 class SandboxProcess:
     """A process started with Sandbox.spawn: `pid` is its number in the sandbox (1, 2, ...)."""
 
@@ -390,6 +389,7 @@ class SandboxProcess:
         return v
 
 
+@dataclass
 class MergeResult:
     image: Image | None              # None: conflicts, no strategy, on_conflict="return"; nothing made
     base: Image | None

@@ -108,7 +108,7 @@ class ExecIn(In):
     output: str | int | None = None
 
 
-class SpawnIn(In):
+class ProcessIn(In):
     """A process started in a live sandbox without waiting (table.sandbox_spawn)."""
     command: str | list[str] = Field(description="a string runs in /bin/sh -c, a list is argv")
     env: dict[str, str] | None = None

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import InvalidInput, SandtreeError
-from .models import CommitIn, ExecIn, NetworkSetIn, PoolIn, SignalIn, SpawnIn, StartIn, TimeoutIn, stdin_bytes
+from .models import CommitIn, ExecIn, NetworkSetIn, PoolIn, SignalIn, ProcessIn, StartIn, TimeoutIn, stdin_bytes
 from .plumbing import Plumbing
 
 
@@ -83,7 +83,7 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
 
     # ---- processes started without waiting (sid: a live sandbox, or a live run's operation ID) ----
     @router.post("/api/v1/sandboxes/{sid}/processes", status_code=201)
-    async def spawn_process(sid: str, body: SpawnIn) -> dict:
+    async def spawn_process(sid: str, body: ProcessIn) -> dict:
         opts = body.model_dump(exclude={"command", "stdin", "stdin_base64"})
         return {"pid": await call(engine.sandbox_spawn, sid, body.command, stdin=stdin_bytes(body), **opts)}
 
