@@ -331,3 +331,25 @@ def test_processes_over_rest_the_cli_and_mcp(tmp_path, rootfs):
             assert r.is_error and "not_found" in r.content[0].text
             data(await c.call_tool("sandbox_stop", {"sandbox_id": sid}))
     asyncio.run(main())
+
+
+def test_a_live_run_starts_from_the_images_warm_pool(ops):
+    """A live run on an image with a warm pool takes a ready sandbox (its limits fitting), gives
+    it back stopped, and commits what its processes wrote; one with other limits starts its own;
+    the pool then closes (nothing lent is left out)."""
+    eng = ops.host
+    eng.pool_and_wait("bb", 2)
+    before = eng.pool_list()[0]["served"]
+    op = ops.submit_run("bb", "cat; echo main > /main", live=True, stdin_open=True)
+    assert eng.sandbox_spawn(op, "echo sub > /sub") == 2
+    eng.sandbox_stdin(op, 1, b"x\n")
+    rec, res = ops.wait([op], 30)[0], ops.result(op)
+    assert rec["status"] == "done" and res.stdout == b"x\n"
+    assert {"main", "sub"} <= {e.name for e in eng.ls(res.image, "/")}
+    assert eng.pool_list()[0]["served"] == before + 1
+    other = ops.submit_run("bb", "true", live=True, memory="96M")
+    ops.wait([other], 30)
+    assert ops.result(other).exit_code == 0 and eng.pool_list()[0]["served"] == before + 1
+    t0 = time.monotonic()
+    eng.pool_remove("bb")                       # waits for what it lent: given back
+    assert time.monotonic() - t0 < 10

@@ -92,8 +92,9 @@ class Instances:
             cwd: str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
             files=None, file_set: str | None = None, network=None, secrets: dict | None = None,
             labels: dict | None = None, **limits) -> RunRecord:
-        """Run `command` as process 1 of a new live sandbox on `ref` (module doc). make_cwd: a
-        missing cwd is made (Contree's), not refused."""
+        """Run `command` as process 1 of a new live sandbox on `ref` (module doc); a ready one of
+        the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. make_cwd:
+        a missing cwd is made (Contree's), not refused."""
         try:
             return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
                              stdin_open=stdin_open, make_cwd=make_cwd, disposable=disposable, env=env, cwd=cwd,
@@ -110,9 +111,21 @@ class Instances:
         argv = command_argv(command)
         lim = self.host.specs.limits(limits)
         started = time.time()
-        info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
-                        file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN, network=network,
-                        secrets=secrets, labels=labels, run_of=op, **limits)
+        pool, lent = self.host.pools.get(source), []
+
+        def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
+            h = pool.lend(spec) if pool is not None else None
+            if h is None:
+                return sb.live.start(spec, lifetime)
+            lent.append((pool, h))
+            return h
+        try:
+            info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
+                            file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN,
+                            network=network, secrets=secrets, labels=labels, run_of=op, starter=starter, **limits)
+        except BaseException:
+            self._stop(None, lent)                 # (stopped by sb.start)
+            raise
         inst = Instance(op, info["id"], make_cwd)
         image, cancelled, p1, done = None, False, None, False
         try:
@@ -142,7 +155,7 @@ class Instances:
             self._up(op, None)
             # its processes are gone and its image committed: the run is over, and the sandbox's
             # teardown (6 ms: pid 1 reaped, mounts and cgroups gone) is off the run's path
-            self.stopper.submit(self._stop, inst.sid)
+            self.stopper.submit(self._stop, inst.sid, lent)
             if done:                             # (a failure is recorded by operations.py)
                 self._record(op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
                              image, cancelled, lim, keep)
@@ -151,11 +164,17 @@ class Instances:
                          v["stdout_truncated"], v["stderr_truncated"], v["timed_out"], False,
                          usage_of(p1), cancelled)
 
-    def _stop(self, sid: str) -> None:
+    def _stop(self, sid: str | None, lent: list) -> None:
         try:
-            self.host.sandboxes.stop(sid)
+            if sid is not None:
+                self.host.sandboxes.stop(sid)
         except Exception:                        # noqa: BLE001 - its lifetime ends it in any case
             pass
+        for pool, h in lent:                      # a warm pool's sandbox: the pool's child, reaped
+            try:                                  # here (its row's handle has no process object)
+                self.host.sandboxes.live.stop(h, wait=2.0)
+            finally:
+                pool.returned()                   # (the pool may close now)
 
     def close(self) -> None:
         """Wait for the sandboxes of ended live runs to be stopped."""

@@ -28,8 +28,7 @@ import uuid
 from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime import criu
-from ..runtime.base import Limits, RunSpec
-from ..runtime.base import LiveTier
+from ..runtime.base import Limits, LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
@@ -203,11 +202,12 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
               labels: dict | None = None, network=None, secrets: dict | None = None, run_of: str | None = None,
-              **limits) -> dict:
+              starter=None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
-        idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost).
-        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops.
-        run_of: the live run it serves (instances.py): a run slot, not a sandbox `list` shows."""
+        idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
+        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
+        the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
         if (tier or self.default_tier()) != "namespaces":
             raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
         ok, why = self.live.available()
@@ -246,7 +246,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
         try:
             with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = self.live.start(spec, lifetime)
+                handle = (starter or self.live.start)(spec, lifetime)
         except BaseException:
             self._unlink_net(sid, link)
             raise
