@@ -16,8 +16,9 @@ stream resumes from any event. What a process wrote is kept up to the output cap
 for a run. A plain live sandbox's processes are numbered from 1 and write no events (their state
 is asked for); they are forgotten when the sandbox stops.
 
-A call on a live run that has not started waits START_WAIT, then answers NotReady (Contree's 425,
-its clients retry); on a live run that ended: Ended for stdin (410), Conflict for the others (409).
+A call on a live run still queued waits START_WAIT for a worker, then answers NotReady (Contree's
+425, its clients retry; one a worker took waits for its sandbox, UP_WAIT); on a live run that
+ended: Ended for stdin (410), Conflict for the others (409).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 from .liveprocs import Process, public_view, signal_number, start_error, usage_of
 from .spec import command_argv
 
-START_WAIT = 2.0              # seconds a call on a submitted live run waits for its sandbox (then NotReady)
+START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
+UP_WAIT = 30.0                # seconds it waits for the sandbox of one a worker is starting
 RETRY_AFTER = 1               # seconds NotReady tells the caller to wait
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
 EXITED_WAIT = 5.0             # seconds a killed process is given to be reaped
@@ -64,6 +66,7 @@ class Instances:
         self.live: dict[str, Instance] = {}       # op -> its instance
         self.plain: dict[str, Instance] = {}      # sandbox id -> a plain live sandbox's processes
         self.expected: set[str] = set()           # submitted, sandbox not up yet
+        self.starting: set[str] = set()           # of those, taken by a worker (its sandbox coming up)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.stopper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandtree-inst-stop")
@@ -80,6 +83,7 @@ class Instances:
     def _up(self, op: str, inst: Instance | None) -> None:
         with self.changed:
             self.expected.discard(op)
+            self.starting.discard(op)
             if inst is not None:
                 self.live[op] = inst
             else:
@@ -95,6 +99,9 @@ class Instances:
         """Run `command` as process 1 of a new live sandbox on `ref` (module doc); a ready one of
         the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. make_cwd:
         a missing cwd is made (Contree's), not refused."""
+        with self.changed:
+            self.starting.add(op)
+            self.changed.notify_all()
         try:
             return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
                              stdin_open=stdin_open, make_cwd=make_cwd, disposable=disposable, env=env, cwd=cwd,
@@ -300,8 +307,12 @@ class Instances:
     def _instance(self, sid: str, *, ended=Conflict) -> Instance:
         """The processes of `sid`: a live run's (its operation ID) or a live sandbox's (module doc)."""
         with self.changed:
-            if sid in self.expected:
-                self.changed.wait_for(lambda: sid not in self.expected, START_WAIT)
+            if sid in self.expected:              # queued: START_WAIT for a worker; taken: its sandbox
+                end = time.monotonic() + START_WAIT
+                while sid in self.expected and sid not in self.starting and time.monotonic() < end:
+                    self.changed.wait(end - time.monotonic())
+                if sid in self.starting:
+                    self.changed.wait_for(lambda: sid not in self.expected, UP_WAIT)
             if sid in self.expected:
                 raise NotReady(f"operation {sid} is not running yet: retry", retry_after=RETRY_AFTER)
             inst = self.live.get(sid) or self.plain.get(sid)
