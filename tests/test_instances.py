@@ -353,3 +353,37 @@ def test_a_live_run_starts_from_the_images_warm_pool(ops):
     t0 = time.monotonic()
     eng.pool_remove("bb")                       # waits for what it lent: given back
     assert time.monotonic() - t0 < 10
+
+
+def test_a_tenant_reaches_only_its_own_sandboxes_processes(tmp_path, rootfs):
+    """The rows through the tenant view: another tenant's sandbox and live run answer as ones
+    that do not exist, and a token without the run scope is refused."""
+    from sandtree.engine import Engine
+    from sandtree.errors import Forbidden
+    from sandtree.tenancy import Tenant
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        alice, bob = eng.as_tenant(Tenant("alice")), eng.as_tenant(Tenant("bob"))
+        img = alice.import_path(rootfs)
+        sid = alice.sandbox_start(img)["id"]
+        op = alice.operations.submit_run(img, "cat", live=True, stdin_open=True)
+        pid = alice.sandbox_spawn(sid, "echo mine")
+        until(lambda: not alice.sandbox_process(sid, pid)["running"])
+        assert alice.sandbox_process(sid, pid)["stdout"] == "mine\n"
+        for target in (sid, op):
+            with pytest.raises(NotFound):
+                bob.sandbox_spawn(target, "true")
+            with pytest.raises(NotFound):
+                bob.sandbox_process(target, 1)
+            with pytest.raises(NotFound):
+                bob.sandbox_signal(target, 1, "KILL")
+            with pytest.raises(NotFound):
+                bob.sandbox_stdin(target, 1, b"x")
+        with pytest.raises(Forbidden):
+            eng.as_tenant(Tenant("alice", ("list",))).sandbox_spawn(sid, "true")
+        alice.sandbox_stdin(op, 1, b"ok\n")                 # its own live run, by its operation ID
+        assert alice.operations.wait([op], 30)[0]["status"] == "done"
+        assert alice.sandbox_process(op, 1)["stdout"] == "ok\n"
+        alice.sandbox_stop(sid)
+    finally:
+        eng.close()
