@@ -387,3 +387,25 @@ def test_a_tenant_reaches_only_its_own_sandboxes_processes(tmp_path, rootfs):
         alice.sandbox_stop(sid)
     finally:
         eng.close()
+
+
+def test_a_call_on_a_queued_live_run_is_not_ready_then_works(tmp_path, rootfs):
+    """No worker free (max_runs 1): a call on the queued live run waits 2 s, then NotReady (the
+    engine's 425); once a worker takes it, the same call waits for its sandbox and works."""
+    from sandtree.engine import Engine
+    eng = Engine(str(tmp_path / "home"), warm=0, max_runs=1)
+    try:
+        img = eng.import_path(rootfs)
+        busy = eng.operations.submit_run(img, "sleep 30", live=True)
+        queued = eng.operations.submit_run(img, "cat", live=True, stdin_open=True)
+        t0 = time.monotonic()
+        with pytest.raises(NotReady) as exc:
+            eng.sandbox_spawn(queued, "true")
+        assert 1.5 < time.monotonic() - t0 < 10 and exc.value.details["retry_after"] >= 1
+        assert isinstance(exc.value, Conflict) and exc.value.http_status == 425
+        eng.operations.cancel(busy)
+        assert eng.sandbox_spawn(queued, "echo late") == 2           # waits for its sandbox now
+        eng.sandbox_stdin(queued, 1, b"")
+        assert eng.operations.wait([queued], 30)[0]["status"] == "done"
+    finally:
+        eng.close()
