@@ -121,11 +121,11 @@ class Instances:
         pool, lent = self.host.pools.get(source), []
 
         def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
-            h = pool.lend(spec) if pool is not None else None
-            if h is None:
+            got = pool.lend(spec) if pool is not None else None
+            if got is None:
                 return sb.live.start(spec, lifetime)
-            lent.append((pool, h))
-            return h
+            lent.append((pool, *got))             # (its helper entered ahead: process 1's)
+            return got[0]
         try:
             info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
                             file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN,
@@ -140,7 +140,8 @@ class Instances:
                 self.emit(op, "proc", json.dumps({"spid": 0, "type": "network", "network": info["network"]}))
             p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None,
                              cwd=cwd if make_cwd else None, uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open,
-                             cap=lim.output, on_output=on_output)
+                             cap=lim.output, on_output=on_output, ahead=lent[0][2] if lent else None)
+            lent[:] = [(p, h, None) for p, h, _ in lent]      # its helper is process 1's now
             self._up(op, inst)
             deadline = time.monotonic() + lim.timeout
             while not p1.done.wait(0.05):
@@ -177,8 +178,10 @@ class Instances:
                 self.host.sandboxes.stop(sid)
         except Exception:                        # noqa: BLE001 - its lifetime ends it in any case
             pass
-        for pool, h in lent:                      # a warm pool's sandbox: the pool's child, reaped
+        for pool, h, ahead in lent:               # a warm pool's sandbox: the pool's child, reaped
             try:                                  # here (its row's handle has no process object)
+                if ahead is not None:
+                    ahead.discard()               # (not used: process 1 did not start)
                 self.host.sandboxes.live.stop(h, wait=2.0)
             finally:
                 pool.returned()                   # (the pool may close now)
@@ -203,7 +206,8 @@ class Instances:
         masked = secret_values({str(k): str(v) for k, v in (env or {}).items()})
         shown = command if isinstance(command, str) else " ".join(argv)
         spec = {"command": mask_text(shown, masked), "argv": [mask_text(a, masked) for a in argv],
-                "cwd": (p1 and p1.spec["cwd"]) or info.get("cwd", "/"), "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
+                "cwd": (p1 and p1.spec["cwd"]) or info.get("cwd", "/"),
+                "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
                 "uid": uid if uid is not None else 0, "gid": gid if gid is not None else 0, "hostname": hostname,
                 "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"],
                 # the sandbox's network, as a run records its own (netopts.NetworkOption.record)
@@ -226,12 +230,12 @@ class Instances:
             self.emit(inst.op, "proc", json.dumps({"spid": p.spid if p is not None else 0, **data}))
 
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,
-               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None) -> Process:
+               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None) -> Process:
         """Start a process in the instance's sandbox; its pumps write its events (module doc)."""
         if cwd is not None and inst.make_cwd and not self.host.sandboxes.exists(inst.sid, cwd):
             # Contree makes a missing working directory (owned by the process's user)
             self.host.sandboxes.mkdir(inst.sid, cwd, uid=uid or 0, gid=gid or 0)
-        proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid,
+        proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, ahead=ahead,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         shown = shell if shell is not None else " ".join(argv)
         p = Process(spid, proc, argv, shown, cap, stdin_open,

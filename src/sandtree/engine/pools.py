@@ -76,16 +76,14 @@ class Pool:
             self.cv.notify_all()
             return h
 
-    def lend(self, spec: RunSpec) -> LiveHandle | None:
-        """A ready sandbox for good, if spec fits (a live run's: instances.py); None: start one.
-        Its stopper calls `returned` once it has stopped it (the pool's thread outlives it)."""
+    def lend(self, spec: RunSpec) -> tuple[LiveHandle, Entered] | None:
+        """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
+        instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
+        pool's thread, which their PDEATHSIG is tied to, outlives it)."""
         got = self.take() if self.policy is None and self.fits(spec) else None
-        if got is None:
-            return None
-        if got[1] is not None:
-            got[1].discard()                     # (its own helper enters it per process)
-        self.served += 1
-        return got[0]
+        if got is not None:
+            self.served += 1
+        return got
 
     def returned(self) -> None:
         """A lent sandbox has been stopped by its borrower."""

@@ -188,7 +188,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
-        """Live sandboxes (all: also stopped ones; labels: only those with all of these), expired first."""
+        """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
         want = check_labels(labels)
         self.reap()
         sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
@@ -334,13 +334,13 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
 
     def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
               gid: int | None = None, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE) -> "LiveProcess":
-        """A process inside the sandbox with pipes (or a terminal), like subprocess.Popen."""
+              stderr=subprocess.PIPE, ahead=None) -> "LiveProcess":
+        """A process inside with pipes (or a terminal), like subprocess.Popen; ahead: an entered helper."""
         row = self._running(sid)
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row["id"])
-        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
         while b"pid " not in raw:
