@@ -409,3 +409,29 @@ def test_a_call_on_a_queued_live_run_is_not_ready_then_works(tmp_path, rootfs):
         assert eng.operations.wait([queued], 30)[0]["status"] == "done"
     finally:
         eng.close()
+
+
+def test_v1_instances_start_from_the_servers_pool(tmp_path, rootfs):
+    """`serve --pool IMAGE=N`: Contree's instances on that image (default limits, as the clients
+    send them) take its ready sandboxes, their subprocesses included."""
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    try:
+        image = str(uuid_mod.UUID(st.import_image(rootfs, tag="bb").id[:32]))
+    finally:
+        st.close()
+    with serve_process(home, "--pool", "bb=1") as url:
+        until(lambda: httpx.get(f"{url}/api/v1/pools").json()[0]["ready"] == 1, 30)
+        served = []
+        for _ in range(2):
+            r = httpx.post(f"{url}/v1/instances", json={"image": image, "command": "cat", "shell": True,
+                                                        "stdin": {"value": "", "close": False}})
+            ops = f"{url}/v1/operations/{r.json()['uuid']}"
+            assert httpx.post(f"{ops}/subprocesses", json={"command": "echo sub", "shell": True}).status_code == 201
+            assert httpx.post(f"{ops}/subprocesses/1/stdin", json={"value": "main\n"}).status_code == 204
+            until(lambda: httpx.get(ops).json()["status"] == "SUCCESS", 30)
+            assert httpx.get(ops).json()["metadata"]["result"]["stdout"]["value"] == "main\n"
+            assert httpx.get(f"{ops}/subprocesses/2").json()["stdout"]["value"] == "sub\n"
+            served.append(httpx.get(f"{url}/api/v1/pools").json()[0]["served"])
+            until(lambda: httpx.get(f"{url}/api/v1/pools").json()[0]["ready"] == 1, 30)
+        assert served == [1, 2], served
