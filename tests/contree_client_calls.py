@@ -268,7 +268,7 @@ async def iter_operation_events(c):
     spawned, _ = await run(c, "echo one; echo two >&2")
     evs = await items(c.iter_operation_events(spawned.uuid))
     kinds = [e.type for e in evs]
-    assert kinds[0] == "spawn" and kinds[-1] == "completion", kinds
+    assert kinds[:2] == ["init", "spawn"] and kinds[-2:] == ["shutdown", "completion"], kinds
     out = "".join(e.data.value for e in evs if e.type == "stdout")
     assert out == "one\n"
     # resumable: since= the id of an event gives only what came after it
@@ -389,7 +389,7 @@ async def operation_subprocess_stdin(c):
     await do(c.operation_subprocess_stdin(op, 1, "main\n", close=True))
     done = await do(c.wait_operation(op, timeout=60))
     assert done.metadata.result.stdout.value == "main\n"
-    assert await status_of(lambda: c.operation_subprocess_stdin(op, 1, "x")) == 409       # finished
+    assert await status_of(lambda: c.operation_subprocess_stdin(op, 1, "x")) == 410       # finished: gone
     return {}
 
 

@@ -186,9 +186,11 @@ def test_instances_operations_and_events_on_the_wire(server):
     events = [json.loads(f["data"]) for f in frames]
     assert [f["event"] for f in frames] == [e["type"] for e in events]
     types = [e["type"] for e in events]
-    assert types[0] == "spawn" and types[-2:] == ["exit", "completion"]
+    assert types[:2] == ["init", "spawn"] and types[-3:] == ["exit", "shutdown", "completion"], types
     assert b"".join(e["data"]["value"].encode() for e in events if e["type"] == "stdout") == b"out\ninput"
-    assert events[-2]["data"]["code"] == 4 and events[-1]["data"]["status"] == "SUCCESS"
+    assert events[-3]["data"]["code"] == 4 and events[-1]["data"]["status"] == "SUCCESS"
+    # the stdin it was given is an event of process 1 (Contree's `stdin`)
+    assert [(e["spid"], e["data"]["value"]) for e in events if e["type"] == "stdin"] == [(1, "input")]
     ids = [e["id"] for e in events]
     assert ids == sorted(set(ids))
     # resuming with Last-Event-Id sends only what came after it

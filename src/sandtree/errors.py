@@ -77,6 +77,18 @@ class Conflict(SandtreeError):
     http_status = 409
 
 
+class NotReady(Conflict):
+    """Asked too early: what the call needs is still starting (HTTP 425 Too Early, as Contree; retry)."""
+    code = "not_ready"
+    http_status = 425
+
+
+class Ended(Conflict):
+    """What the call needs has ended (a live run that finished: no live process to reach), HTTP 410."""
+    code = "ended"
+    http_status = 410
+
+
 class Unauthorized(SandtreeError):
     code = "unauthorized"
     http_status = 401

@@ -225,6 +225,29 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
                   gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
+_PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
+@op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
+                                                           "stdin_open", "output"), result="pid"))
+def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+                  gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
+                  output=None) -> int:
+    """Start a process in a live sandbox without waiting for it; its number (a live run's command is 1).
+    sid: a live sandbox's ID, or a running live run's operation ID
+    stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
+    output: bytes of its output kept per stream (default: the server's)"""
+
+@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
+def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
+    """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
+
+@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
+def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
+    """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
+
+@op("list", http=Http(_G, _PROC + "/{pid}"))
+def sandbox_process(sid: str, pid: int) -> dict:
+    """A spawned process: running, exit code, signal, its output so far (text and base64)."""
+
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""

@@ -33,6 +33,8 @@ def _wrap(value):
         return AsyncBranch(value)
     if isinstance(value, objects.Sandbox):
         return AsyncSandbox(value)
+    if isinstance(value, objects.SandboxProcess):
+        return AsyncSandboxProcess(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
     if isinstance(value, dict) and any(isinstance(v, objects.Branch) for v in value.values()):
@@ -148,3 +150,13 @@ class AsyncSandbox:
 class AsyncRunResult(objects.RunResult):
     image: "AsyncImage | None" = None
     source: "AsyncImage | None" = None
+
+
+@_twin(objects.SandboxProcess)
+class AsyncSandboxProcess:
+    def __init__(self, sync: objects.SandboxProcess):
+        self._sync = sync
+        self.sandbox_id, self.pid = sync.sandbox_id, sync.pid
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandboxProcess {self.pid} of {self.sandbox_id[:12]}>"

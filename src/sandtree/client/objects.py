@@ -3,6 +3,7 @@ its Sandtree (client/sdk.py) and reaches the engine through it; none imports the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -12,7 +13,7 @@ from ..render import render_svg, render_text
 from ..defaults import RunRecord
 from .inputs import files_arg, streams
 
-__all__ = ["Image", "RunResult", "Sandbox", "MergeResult", "Branch", "best_of"]
+__all__ = ["Image", "RunResult", "Sandbox", "SandboxProcess", "MergeResult", "Branch", "best_of"]
 
 
 class Image:
@@ -259,6 +260,15 @@ class Sandbox:
         return self._st.engine.sandbox_popen(self.id, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty,
                                               stdin=stdin, stdout=stdout, stderr=stderr)
 
+    def spawn(self, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
+              output=None) -> "SandboxProcess":
+        """Start a process inside without waiting for it (in process and over a server alike):
+        write to its stdin (stdin_open=True keeps it open), signal it, ask its state and output."""
+        pid = self._st.engine.sandbox_spawn(self.id, command, env=env, cwd=cwd, uid=uid, gid=gid, stdin=stdin,
+                                            stdin_open=stdin_open, output=output)
+        return SandboxProcess(self._st, self.id, pid)
+
     def read(self, path: str) -> bytes:
         """A file as the sandbox sees it now."""
         return self._st.engine.sandbox_read(self.id, path)
@@ -340,6 +350,43 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class SandboxProcess:
+    """A process started with Sandbox.spawn: `pid` is its number in the sandbox (1, 2, ...)."""
+
+    def __init__(self, st: Sandtree, sid: str, pid: int):
+        self._st, self.sandbox_id, self.pid = st, sid, pid
+
+    def __repr__(self) -> str:
+        return f"<SandboxProcess {self.pid} of {self.sandbox_id[:12]}>"
+
+    def write(self, data: bytes | str, *, close: bool = False) -> None:
+        """Write to its stdin (close=True: then close it)."""
+        self._st.engine.sandbox_stdin(self.sandbox_id, self.pid, data, close=close)
+
+    def close_stdin(self) -> None:
+        self._st.engine.sandbox_stdin(self.sandbox_id, self.pid, b"", close=True)
+
+    def signal(self, signal: str | int = "TERM") -> None:
+        """Signal its process group (a number or a name: TERM, SIGTERM)."""
+        self._st.engine.sandbox_signal(self.sandbox_id, self.pid, str(signal))
+
+    def kill(self) -> None:
+        self.signal("KILL")
+
+    def state(self) -> dict:
+        """running, exit_code, signal, timed_out, stdout/stderr so far (text; *_base64: exact)."""
+        return self._st.engine.sandbox_process(self.sandbox_id, self.pid)
+
+    def wait(self, timeout: float | None = None, poll: float = 0.02) -> dict:
+        """Its state once it has exited (TimeoutError after `timeout` seconds)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while (v := self.state())["running"]:
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError(f"process {self.pid} still runs after {timeout} s")
+            time.sleep(poll)
+        return v
 
 
 @dataclass

@@ -156,7 +156,8 @@ class RemoteEngine:
         if http.whole_body is not None:
             kw["json"] = [{k: _wire(v) for k, v in dict(f).items()} for f in sent[http.whole_body]]
         elif http.content is not None:
-            kw["content"] = bytes(sent[http.content])
+            data = sent[http.content]
+            kw["content"] = data.encode() if isinstance(data, str) else bytes(data)
         elif body or http.method in ("PUT",) or http.const:
             kw["json"] = body
         return _answer(row, self.request(http.method, _path(http, sent), **kw))

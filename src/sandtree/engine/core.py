@@ -212,6 +212,23 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
                                     stdout=stdout, stderr=stderr)
 
+    # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/instances.py
+    def sandbox_spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
+                      uid: int | None = None, gid: int | None = None, stdin: bytes | str | None = None,
+                      stdin_open: bool = False, output=None) -> int:
+        return self.operations.instances.spawn(sid, command, env=env, cwd=cwd, uid=uid, gid=gid, stdin=stdin,
+                                               stdin_open=stdin_open, output=output)
+
+    def sandbox_stdin(self, sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
+        self.operations.instances.write(sid, pid, data, close=close)
+
+    def sandbox_signal(self, sid: str, pid: int, signal: str = "KILL") -> None:
+        self.operations.instances.signal(sid, pid, signal)
+
+    def sandbox_process(self, sid: str, pid: int) -> dict:
+        now = self.operations.instances.process(sid, pid)
+        return now if now is not None else self.operations.folded_process(sid, pid)
+
     def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
         return self.sandboxes.commit(sid, tag=tag)
 

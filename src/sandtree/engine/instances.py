@@ -1,5 +1,7 @@
 """Instances: a run whose command lives in a live sandbox, so more processes join it while it
-runs (Contree's subprocesses), each with stdin that may stay open and signals of its own.
+runs (Contree's subprocesses), each with stdin that may stay open and signals of its own; and the
+processes of any live sandbox (the table's sandbox_spawn / sandbox_stdin / sandbox_signal /
+sandbox_process: `sid` is a live sandbox's ID or a live run's operation ID).
 
 An instance is an operation (operations.py: queued, listed, awaited and cancelled like a run; its
 row is a run's). Its work (`run`): start a live sandbox (sandboxes.py) on the image, start the
@@ -8,106 +10,48 @@ processes left, commit the sandbox's filesystem unless disposable, stop the sand
 process 1 runs, `spawn` starts more processes (2, 3, ...) in the same sandbox, `write` feeds a
 process's open stdin (and closes it), `signal` signals a process's group and `process` tells its
 state and output so far. Process 1's output is the run's own stdout/stderr events; the others'
-spawn, output and exit are events of kind "proc" (JSON with their `spid`), so a stream resumes
-from any event. What a process wrote is kept up to the output cap per stream, as for a run.
+spawn, stdin, output, truncation and exit are events of kind "proc" (JSON with their `spid`;
+process 1's stdin and truncation too, and the sandbox's network at its start as spid 0), so a
+stream resumes from any event. What a process wrote is kept up to the output cap per stream, as
+for a run. A plain live sandbox's processes are numbered from 1 and write no events (their state
+is asked for); they are forgotten when the sandbox stops.
+
+A call on a live run still queued waits START_WAIT for a worker, then answers NotReady (Contree's
+425, its clients retry; one a worker took waits for its sandbox, UP_WAIT); on a live run that
+ended: Ended for stdin (410), Conflict for the others (409).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal as signal_mod
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import defaults as D
 from ..defaults import RunRecord
-from ..errors import CommandNotFound, Conflict, InvalidInput, NotFound, SandboxError
+from ..errors import Conflict, Ended, InvalidInput, NotFound, NotReady
 from ..store import ephemeral
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
 from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
+from .liveprocs import Process, public_view, signal_number, start_error, usage_of
 from .spec import command_argv
 
-START_WAIT = 30.0             # seconds a call on a submitted live run waits for its sandbox to be up
+START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
+UP_WAIT = 30.0                # seconds it waits for the sandbox of one a worker is starting
+RETRY_AFTER = 1               # seconds NotReady tells the caller to wait
 LIFETIME_MARGIN = 60.0        # the sandbox outlives its command's timeout by this much (the commit)
 EXITED_WAIT = 5.0             # seconds a killed process is given to be reaped
 PUMP_GRACE = 0.5              # seconds its pipes are read after a process exits (background writers)
 
 
-def signal_number(value) -> int:
-    """A signal from a number (15) or a name with or without SIG (TERM, SIGTERM)."""
-    text = str(value).strip().upper()
-    if text.isdigit():
-        n = int(text)
-    else:
-        try:
-            n = int(signal_mod.Signals[text if text.startswith("SIG") else "SIG" + text])
-        except (ValueError, KeyError):
-            n = 0
-    if not 1 <= n <= 30:
-        raise InvalidInput(f"unknown signal {value!r}")
-    return n
-
-
-def start_error(p: "Process", argv: list[str], cwd) -> Exception | None:
-    """The error of a process the sandbox could not start (its helper's report), as a run's."""
-    rep = getattr(p.proc, "report", {}) or {}
-    if "execfail" not in rep:
-        return None
-    err, step = rep["execfail"]
-    if step == "exec":
-        return CommandNotFound(f"cannot execute {argv[0]!r}: {os.strerror(err)}", command=argv[0])
-    if step == "cwd":
-        return InvalidInput(f"working directory {cwd!r}: {os.strerror(err)}", cwd=cwd)
-    return SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
-
-
-def usage_of(p: "Process") -> dict:
-    """A process's usage as a run's: wall clock, and CPU and max RSS from its helper's report."""
-    utime, stime, maxrss = (getattr(p.proc, "report", {}) or {}).get("rusage", (0, 0, 0))
-    return {"wall_s": round((p.finished or time.time()) - p.started, 6), "user_cpu_s": utime / 1e6,
-            "sys_cpu_s": stime / 1e6, "max_rss_bytes": maxrss * 1024}
-
-
-class Process:
-    """One process of an instance: its pipes, what it wrote (to the cap) and how it ended."""
-
-    def __init__(self, spid: int, proc, argv: list[str], shown: str, cap: int, stdin_open: bool, spec: dict):
-        self.spid, self.proc, self.argv, self.shown, self.cap = spid, proc, argv, shown, cap
-        self.spec = spec
-        self.started, self.finished = time.time(), None
-        self.output = {"stdout": bytearray(), "stderr": bytearray()}
-        self.cut = {"stdout": False, "stderr": False}
-        self.stdin_open = stdin_open
-        self.exit_code: int | None = None
-        self.signal: int | None = None
-        self.timed_out = False
-        self.lock = threading.Lock()              # stdin writes, one at a time
-        self.done = threading.Event()
-
-    def keep(self, stream: str, chunk: bytes) -> bytes:
-        """The part of chunk within the cap (the rest is counted as cut)."""
-        buf = self.output[stream]
-        room = max(0, self.cap - len(buf))
-        if len(chunk) > room:
-            self.cut[stream] = True
-            chunk = chunk[:room]
-        buf += chunk
-        return chunk
-
-    def view(self) -> dict:
-        return {"spid": self.spid, "argv": self.argv, "command": self.shown, "running": not self.done.is_set(),
-                "exit_code": self.exit_code, "signal": self.signal, "timed_out": self.timed_out,
-                "stdout": bytes(self.output["stdout"]), "stderr": bytes(self.output["stderr"]),
-                "stdout_truncated": self.cut["stdout"], "stderr_truncated": self.cut["stderr"],
-                "stdin_open": self.stdin_open, "started": self.started, "finished": self.finished, **self.spec}
-
-
 class Instance:
-    def __init__(self, op: str, sid: str):
-        self.op, self.sid = op, sid
+    """A live run's processes (op: its operation), or a plain live sandbox's (op None)."""
+
+    def __init__(self, op: str | None, sid: str, make_cwd: bool = False):
+        self.op, self.sid, self.make_cwd = op, sid, make_cwd
         self.procs: dict[int, Process] = {}
         self.lock = threading.Lock()
         self.ended = False                        # process 1 ended: no new processes
@@ -119,10 +63,13 @@ class Instances:
 
     def __init__(self, host, emit):
         self.host, self.emit = host, emit
-        self.live: dict[str, Instance] = {}
+        self.live: dict[str, Instance] = {}       # op -> its instance
+        self.plain: dict[str, Instance] = {}      # sandbox id -> a plain live sandbox's processes
         self.expected: set[str] = set()           # submitted, sandbox not up yet
+        self.starting: set[str] = set()           # of those, taken by a worker (its sandbox coming up)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        self.stopper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandtree-inst-stop")
 
     def expect(self, op: str) -> None:
         """A live run was submitted: calls on it wait for its sandbox (START_WAIT), not fail."""
@@ -136,6 +83,7 @@ class Instances:
     def _up(self, op: str, inst: Instance | None) -> None:
         with self.changed:
             self.expected.discard(op)
+            self.starting.discard(op)
             if inst is not None:
                 self.live[op] = inst
             else:
@@ -144,36 +92,56 @@ class Instances:
 
     # ---- the operation's work ------------------------------------------------------------------
     def run(self, op: str, ref: str, command, *, cancel: threading.Event, on_output, stdin=None,
-            stdin_open: bool = False, disposable: bool = False, env: dict | None = None, cwd: str | None = None,
-            uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
-            file_set: str | None = None, network=None, secrets: dict | None = None, labels: dict | None = None,
-            **limits) -> RunRecord:
-        """Run `command` as process 1 of a new live sandbox on `ref` (module doc)."""
+            stdin_open: bool = False, make_cwd: bool = False, disposable: bool = False, env: dict | None = None,
+            cwd: str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
+            files=None, file_set: str | None = None, network=None, secrets: dict | None = None,
+            labels: dict | None = None, **limits) -> RunRecord:
+        """Run `command` as process 1 of a new live sandbox on `ref` (module doc); a ready one of
+        the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. make_cwd:
+        a missing cwd is made (Contree's), not refused."""
+        with self.changed:
+            self.starting.add(op)
+            self.changed.notify_all()
         try:
             return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
-                             stdin_open=stdin_open, disposable=disposable, env=env, cwd=cwd, uid=uid, gid=gid,
-                             hostname=hostname, files=files, file_set=file_set, network=network, secrets=secrets,
-                             labels=labels, **limits)
+                             stdin_open=stdin_open, make_cwd=make_cwd, disposable=disposable, env=env, cwd=cwd,
+                             uid=uid, gid=gid, hostname=hostname, files=files, file_set=file_set, network=network,
+                             secrets=secrets, labels=labels, **limits)
         finally:
             self._up(op, None)
 
-    def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, disposable, env, cwd, uid, gid,
-             hostname, files, file_set, network, secrets, labels, **limits) -> RunRecord:
+    def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, make_cwd, disposable, env, cwd, uid,
+             gid, hostname, files, file_set, network, secrets, labels, **limits) -> RunRecord:
         sb = self.host.sandboxes
         keep = keep_mode(disposable)             # kept, ephemeral (Contree's disposable) or nothing
         source = self.host.resolve(ref)
         argv = command_argv(command)
         lim = self.host.specs.limits(limits)
         started = time.time()
-        info = sb.start(source, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
-                        idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN, network=network, secrets=secrets,
-                        labels=labels, **limits)
-        inst = Instance(op, info["id"])
+        pool, lent = self.host.pools.get(source), []
+
+        def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
+            got = pool.lend(spec) if pool is not None else None
+            if got is None:
+                return sb.live.start(spec, lifetime)
+            lent.append((pool, *got))             # (its helper entered ahead: process 1's)
+            return got[0]
+        try:
+            info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
+                            file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN,
+                            network=network, secrets=secrets, labels=labels, run_of=op, starter=starter, **limits)
+        except BaseException:
+            self._stop(None, lent)                 # (stopped by sb.start)
+            raise
+        inst = Instance(op, info["id"], make_cwd)
         image, cancelled, p1, done = None, False, None, False
         try:
-            p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None, cwd=None,
-                             uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open, cap=lim.output,
-                             on_output=on_output)
+            if info.get("network"):
+                self.emit(op, "proc", json.dumps({"spid": 0, "type": "network", "network": info["network"]}))
+            p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None,
+                             cwd=cwd if make_cwd else None, uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open,
+                             cap=lim.output, on_output=on_output, ahead=lent[0][2] if lent else None)
+            lent[:] = [(p, h, None) for p, h, _ in lent]      # its helper is process 1's now
             self._up(op, inst)
             deadline = time.monotonic() + lim.timeout
             while not p1.done.wait(0.05):
@@ -192,10 +160,10 @@ class Instances:
             done = True
         finally:
             self._end(inst)
-            try:
-                sb.stop(inst.sid)
-            finally:
-                self._up(op, None)
+            self._up(op, None)
+            # its processes are gone and its image committed: the run is over, and the sandbox's
+            # teardown (6 ms: pid 1 reaped, mounts and cgroups gone) is off the run's path
+            self.stopper.submit(self._stop, inst.sid, lent)
             if done:                             # (a failure is recorded by operations.py)
                 self._record(op, source, argv, command, p1, info, env, uid, gid, hostname, disposable, started,
                              image, cancelled, lim, keep)
@@ -203,6 +171,24 @@ class Instances:
         return RunRecord(op, source, image, v["exit_code"], v["signal"], v["stdout"], v["stderr"],
                          v["stdout_truncated"], v["stderr_truncated"], v["timed_out"], False,
                          usage_of(p1), cancelled)
+
+    def _stop(self, sid: str | None, lent: list) -> None:
+        try:
+            if sid is not None:
+                self.host.sandboxes.stop(sid)
+        except Exception:                        # noqa: BLE001 - its lifetime ends it in any case
+            pass
+        for pool, h, ahead in lent:               # a warm pool's sandbox: the pool's child, reaped
+            try:                                  # here (its row's handle has no process object)
+                if ahead is not None:
+                    ahead.discard()               # (not used: process 1 did not start)
+                self.host.sandboxes.live.stop(h, wait=2.0)
+            finally:
+                pool.returned()                   # (the pool may close now)
+
+    def close(self) -> None:
+        """Wait for the sandboxes of ended live runs to be stopped."""
+        self.stopper.shutdown(wait=True)
 
     def _end(self, inst: Instance) -> None:
         """No more processes; the ones left are killed and reaped (their exit events written)."""
@@ -220,7 +206,8 @@ class Instances:
         masked = secret_values({str(k): str(v) for k, v in (env or {}).items()})
         shown = command if isinstance(command, str) else " ".join(argv)
         spec = {"command": mask_text(shown, masked), "argv": [mask_text(a, masked) for a in argv],
-                "cwd": info.get("cwd", "/"), "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
+                "cwd": (p1 and p1.spec["cwd"]) or info.get("cwd", "/"),
+                "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
                 "uid": uid if uid is not None else 0, "gid": gid if gid is not None else 0, "hostname": hostname,
                 "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"],
                 # the sandbox's network, as a run records its own (netopts.NetworkOption.record)
@@ -238,41 +225,57 @@ class Instances:
         self.host.records.record(op, source, spec, started, image, outcome, also=also)
 
     # ---- processes -----------------------------------------------------------------------------
+    def _emit(self, inst: Instance, p: Process | None, data: dict) -> None:
+        if inst.op is not None:                   # a plain live sandbox's processes write no events
+            self.emit(inst.op, "proc", json.dumps({"spid": p.spid if p is not None else 0, **data}))
+
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,
-               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None) -> Process:
+               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None) -> Process:
         """Start a process in the instance's sandbox; its pumps write its events (module doc)."""
-        proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid,
+        if cwd is not None and inst.make_cwd and not self.host.sandboxes.exists(inst.sid, cwd):
+            # Contree makes a missing working directory (owned by the process's user)
+            self.host.sandboxes.mkdir(inst.sid, cwd, uid=uid or 0, gid=gid or 0)
+        proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, ahead=ahead,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         shown = shell if shell is not None else " ".join(argv)
         p = Process(spid, proc, argv, shown, cap, stdin_open,
                     {"shell": shell is not None, "cwd": cwd, "uid": uid, "gid": gid})
         inst.procs[spid] = p
-        if spid > 1:
-            self.emit(inst.op, "proc", json.dumps({"spid": spid, "type": "spawn", "command": shown, "argv": argv,
-                                                   "shell": shell is not None, "cwd": cwd, "uid": uid, "gid": gid,
-                                                   "truncate_at": cap}))
+        if spid > 1 or inst.op is None:
+            self._emit(inst, p, {"type": "spawn", "command": shown, "argv": argv, "shell": shell is not None,
+                                 "cwd": cwd, "uid": uid, "gid": gid, "truncate_at": cap})
         pumps = [threading.Thread(target=self._pump, args=(inst, p, name, on_output), daemon=True,
                                   name=f"sandtree-inst-{spid}-{name}") for name in ("stdout", "stderr")]
         for t in pumps:
             t.start()
         threading.Thread(target=self._reap, args=(inst, p, pumps), daemon=True, name=f"sandtree-inst-{spid}").start()
-        try:
-            if stdin:
-                proc.stdin.write(stdin)
-                proc.stdin.flush()
-            if not stdin_open:
-                proc.stdin.close()
-        except (BrokenPipeError, ValueError):
-            p.stdin_open = False
+        with p.lock:
+            try:
+                self._feed(inst, p, stdin or b"", close=not stdin_open)
+            except (BrokenPipeError, ValueError, OSError):
+                p.stdin_open = False
         return p
+
+    def _feed(self, inst: Instance, p: Process, data: bytes, *, close: bool) -> None:
+        """Write to a process's stdin (its `stdin` event), then close it or not. Holds p.lock."""
+        if data:
+            p.proc.stdin.write(data)
+            p.proc.stdin.flush()
+            self._emit(inst, p, {"type": "stdin", "data": data.decode("utf-8", "replace")})
+        if close:
+            p.stdin_open = False
+            p.proc.stdin.close()
 
     def _pump(self, inst: Instance, p: Process, stream: str, on_output) -> None:
         with getattr(p.proc, stream) as f:
             while True:
                 chunk = f.read1(65536)
                 if not chunk:
-                    return
+                    break
                 self._chunk(inst, p, stream, chunk, on_output)
+        if p.cut[stream]:                         # Contree's `truncated`, on the stream's EOF
+            self._emit(inst, p, {"type": "truncated", "stream": stream, "bytes_emitted": len(p.output[stream]),
+                                 "bytes_dropped": p.dropped[stream]})
 
     def _chunk(self, inst: Instance, p: Process, stream: str, chunk: bytes, on_output) -> None:
         if p.done.is_set():
@@ -283,8 +286,7 @@ class Instances:
         if on_output is not None:
             on_output(stream, kept)               # process 1: the run's own output events
         else:
-            self.emit(inst.op, "proc", json.dumps({"spid": p.spid, "type": stream,
-                                                   "data": kept.decode("utf-8", "replace")}))
+            self._emit(inst, p, {"type": stream, "data": kept.decode("utf-8", "replace")})
 
     def _reap(self, inst: Instance, p: Process, pumps: list[threading.Thread]) -> None:
         rc = p.proc.wait()
@@ -300,125 +302,114 @@ class Instances:
                 pass
         p.exit_code, p.signal = (None, -rc) if rc < 0 else (rc, None)
         p.finished = time.time()
-        if p.spid > 1:
-            self.emit(inst.op, "proc", json.dumps({"spid": p.spid, "type": "exit", "exit_code": p.exit_code,
-                                                   "signal": p.signal, "timed_out": p.timed_out,
-                                                   "duration_ms": int((p.finished - p.started) * 1000),
-                                                   "stdout_truncated": p.cut["stdout"],
-                                                   "stderr_truncated": p.cut["stderr"]}))
+        if p.spid > 1 or inst.op is None:
+            self._emit(inst, p, {"type": "exit", "exit_code": p.exit_code, "signal": p.signal,
+                                 "timed_out": p.timed_out, "duration_ms": int((p.finished - p.started) * 1000),
+                                 "stdout_truncated": p.cut["stdout"], "stderr_truncated": p.cut["stderr"]})
         p.done.set()
 
-    def _instance(self, op: str) -> Instance:
+    def _instance(self, sid: str, *, ended=Conflict) -> Instance:
+        """The processes of `sid`: a live run's (its operation ID) or a live sandbox's (module doc)."""
         with self.changed:
-            self.changed.wait_for(lambda: op not in self.expected, START_WAIT)
-            inst = self.live.get(op)
+            if sid in self.expected:              # queued: START_WAIT for a worker; taken: its sandbox
+                end = time.monotonic() + START_WAIT
+                while sid in self.expected and sid not in self.starting and time.monotonic() < end:
+                    self.changed.wait(end - time.monotonic())
+                if sid in self.starting:
+                    self.changed.wait_for(lambda: sid not in self.expected, UP_WAIT)
+            if sid in self.expected:
+                raise NotReady(f"operation {sid} is not running yet: retry", retry_after=RETRY_AFTER)
+            inst = self.live.get(sid) or self.plain.get(sid)
+        if inst is None and self._is_op(sid):
+            raise ended(f"operation {sid} is not a running instance")
         if inst is None:
-            raise Conflict(f"operation {op} is not a running instance")
+            inst = self._plain(sid)
+        if inst.ended:
+            raise ended(f"operation {inst.op} is not a running instance" if inst.op else f"sandbox {sid} stopped")
         return inst
 
-    def spawn(self, op: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
-              gid: int | None = None, stdin: bytes | None = None, stdin_open: bool = False, output=None) -> int:
-        """Start another process in running instance `op`; its spid (2, 3, ...)."""
+    def _is_op(self, ident: str) -> bool:
+        try:
+            self.host.records.get(ident)
+        except NotFound:
+            return False
+        return True
+
+    def _plain(self, sid: str) -> Instance:
+        """A running plain live sandbox's processes (made at its first), the stopped ones' forgotten."""
+        info = self.host.sandboxes.info(sid)              # NotFound for an unknown sandbox
+        if info["state"] != "running":
+            raise Conflict(f"sandbox {info['id']} is {info['state']}, not running", state=info["state"])
+        with self.lock:
+            for other, inst in list(self.plain.items()):
+                if other != info["id"] and all(p.done.is_set() for p in inst.procs.values()):
+                    try:
+                        gone = self.host.sandboxes.info(other)["state"] != "running"
+                    except NotFound:
+                        gone = True
+                    if gone:
+                        del self.plain[other]
+            return self.plain.setdefault(info["id"], Instance(None, info["id"]))
+
+    def spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
+              output=None) -> int:
+        """Start a process in live sandbox (or running live run) `sid`; its number (a live run's
+        command is 1: its others are 2, 3, ...)."""
         argv = command_argv(command)
         cap = parse_size(output) if output is not None else self.host.default_limits.output
         if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
             raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
-        inst = self._instance(op)
+        data = stdin.encode() if isinstance(stdin, str) else bytes(stdin or b"")
+        inst = self._instance(sid)
         with inst.lock:
             if inst.ended:
-                raise Conflict(f"operation {op} is not a running instance")
-            spid = max(inst.procs, default=1) + 1
-            self._start(inst, spid, argv, command if isinstance(command, str) else None, env=env, cwd=cwd,
-                        uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open, cap=cap)
+                raise Conflict(f"operation {inst.op} is not a running instance")
+            spid = max(inst.procs, default=1 if inst.op else 0) + 1
+            p = self._start(inst, spid, argv, command if isinstance(command, str) else None, env=env, cwd=cwd,
+                            uid=uid, gid=gid, stdin=data, stdin_open=stdin_open, cap=cap)
+        failed = start_error(p, argv, cwd) if p.done.wait(0) else None
+        if failed is not None:
+            raise failed
         return spid
 
-    def _process(self, op: str, spid: int) -> Process:
-        inst = self._instance(op)
-        p = inst.procs.get(int(spid))
+    def _process(self, sid: str, pid: int, ended=Conflict) -> tuple[Instance, Process]:
+        inst = self._instance(sid, ended=ended)
+        p = inst.procs.get(int(pid))
         if p is None:
-            raise NotFound(f"operation {op} has no process {spid}")
-        return p
+            raise NotFound(f"{'operation ' + inst.op if inst.op else 'sandbox ' + inst.sid} has no process {pid}")
+        return inst, p
 
-    def write(self, op: str, spid: int, data: bytes = b"", *, close: bool = True) -> None:
+    def write(self, sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
         """Write to a process's open stdin, then close it (close=True) or keep it open."""
-        p = self._process(op, spid)
+        inst, p = self._process(sid, pid, ended=Ended)
         with p.lock:
             if not p.stdin_open:
-                raise Conflict(f"the stdin of process {spid} is closed")
+                raise Conflict(f"the stdin of process {pid} is closed")
             try:
-                if data:
-                    p.proc.stdin.write(data)
-                    p.proc.stdin.flush()
-                if close:
-                    p.stdin_open = False
-                    p.proc.stdin.close()
-            except (BrokenPipeError, ValueError):
+                self._feed(inst, p, data.encode() if isinstance(data, str) else bytes(data or b""), close=close)
+            except (BrokenPipeError, ValueError, OSError):
                 p.stdin_open = False
-                raise Conflict(f"process {spid} no longer reads its stdin") from None
+                raise Conflict(f"process {pid} no longer reads its stdin") from None
 
-    def signal(self, op: str, spid: int, sig=signal_mod.SIGKILL) -> None:
+    def signal(self, sid: str, pid: int, sig="KILL") -> None:
         """Signal a running process's group (a name or number; default SIGKILL)."""
         n = signal_number(sig)
-        p = self._process(op, spid)
+        _, p = self._process(sid, pid)
         if p.done.is_set():
-            raise NotFound(f"process {spid} of operation {op} has exited")
+            raise NotFound(f"process {pid} of {sid} has exited")
         p.proc.send_signal(n)
 
-    def process(self, op: str, spid: int) -> dict | None:
-        """A process of a running instance: its state and output so far; None when `op` is not
-        a running instance (a finished one's processes are told by its events)."""
-        with self.changed:
-            self.changed.wait_for(lambda: op not in self.expected, START_WAIT)
-            inst = self.live.get(op)
-        if inst is None:
-            return None
-        p = inst.procs.get(int(spid))
-        if p is None:
-            raise NotFound(f"operation {op} has no process {spid}")
-        return p.view()
-
-
-def fold_process(op: str, spid: int, log: list, rec: dict, result) -> dict:
-    """A process's view (Process.view's shape) from the operation's events, `rec` (operations.get)
-    and `result` (its RunRecord, or None): for a run not running live any more."""
-    spid = int(spid)
-    spec = rec.get("spec") or {}
-    base = {"spid": spid, "argv": spec.get("argv") or [], "command": spec.get("command", ""), "running": False,
-            "exit_code": None, "signal": None, "timed_out": False, "stdout_truncated": False,
-            "stderr_truncated": False, "stdin_open": False, "started": rec.get("started"),
-            "finished": rec.get("finished"), "shell": None, "cwd": spec.get("cwd"), "uid": spec.get("uid"),
-            "gid": spec.get("gid")}
-    out = {"stdout": bytearray(), "stderr": bytearray()}
-    if spid == 1:
-        if rec["status"] == "queued":
-            raise NotFound(f"operation {op} has not started its command yet")
-        if rec["status"] == "running":
-            for _, kind, data in log:
-                if kind in out:
-                    out[kind] += data.encode()
-            return {**base, "running": True, "stdout": bytes(out["stdout"]), "stderr": bytes(out["stderr"])}
-        src = result.__dict__ if result is not None else (rec.get("outcome") or {})
-        return {**base, "exit_code": src.get("exit_code"), "signal": src.get("signal"),
-                "timed_out": bool(src.get("timed_out")), "stdout": bytes(getattr(result, "stdout", b"") or b""),
-                "stderr": bytes(getattr(result, "stderr", b"") or b""),
-                "stdout_truncated": bool(src.get("stdout_truncated")) if result is not None else True,
-                "stderr_truncated": bool(src.get("stderr_truncated")) if result is not None else True}
-    seen = False
-    for _, kind, data in log:
-        if kind != "proc":
-            continue
-        e = json.loads(data)
-        if e.get("spid") != spid:
-            continue
-        if e["type"] == "spawn":
-            seen = True
-            base.update(argv=e["argv"], command=e["command"], shell=e["shell"], cwd=e["cwd"], uid=e["uid"],
-                        gid=e["gid"], running=True)
-        elif e["type"] in out:
-            out[e["type"]] += e["data"].encode()
-        elif e["type"] == "exit":
-            base.update(running=False, exit_code=e["exit_code"], signal=e["signal"], timed_out=e["timed_out"],
-                        stdout_truncated=e["stdout_truncated"], stderr_truncated=e["stderr_truncated"])
-    if not seen:
-        raise NotFound(f"operation {op} has no process {spid} (or its events are no longer kept)")
-    return {**base, "stdout": bytes(out["stdout"]), "stderr": bytes(out["stderr"])}
+    def process(self, sid: str, pid: int) -> dict | None:
+        """A process of a running live run or live sandbox: its state and output so far (JSON, as
+        liveprocs.public_view); None when `sid` is an operation not running live (its processes
+        are told by its events: operations.py)."""
+        try:
+            _, p = self._process(sid, pid)
+        except NotReady:
+            raise
+        except Conflict:
+            if self._is_op(sid):
+                return None
+            raise
+        return public_view(p.view())

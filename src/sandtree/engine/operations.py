@@ -9,7 +9,8 @@ leaving them "running" forever.
 
 What this process keeps per operation is bounded (issue 12 item 9: a flooding run grew a server
 by gigabytes, never freed): live output events are kept up to the run's output cap per stream (the
-run itself keeps no more; the end event then says `events_truncated`); an ended operation's
+run itself keeps no more; the end event then says `events_truncated`), and all stream events of
+a live run's processes together up to LOG_BUDGET caps (then one `size_cap` event, and no more); an ended operation's
 events shrink to its end event after EVENTS_KEEP seconds, so a stream resuming with Last-Event-ID
 still learns how it ended; the finished results (their full output, for get/result) are kept for
 `retain_seconds` and within `retain_bytes`, oldest dropped first: after that an operation reads as
@@ -30,7 +31,8 @@ from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
 from ..procid import Owner
 from .imports import registry_module
-from .instances import Instances, fold_process
+from .instances import Instances
+from .liveprocs import fold_process, public_view
 from ..store.names import check_tag
 from .records import Records
 from ..values import parse_size
@@ -38,6 +40,7 @@ from ..values import parse_size
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)
 ENDED_MARKERS = 10000         # end events kept after that, newest first
+LOG_BUDGET = 8                # a log keeps this many output caps of stream events in all (then size_cap)
 RETAIN_SECONDS = 600.0        # finished results (full output) kept this long...
 RETAIN_BYTES = 256 << 20      # ...and within this many bytes of output in all
 
@@ -63,6 +66,8 @@ class Operations:
         self._event_caps: dict[str, int] = {}           # op -> bytes of output events kept per stream
         self._event_bytes: dict[tuple[str, str], int] = {}
         self._events_cut: set[str] = set()
+        self._log_bytes: dict[str, int] = {}            # op -> bytes of stream events kept (all processes)
+        self._log_capped: set[str] = set()              # ops past LOG_BUDGET (their size_cap is written)
         self._ended: OrderedDict[str, float] = OrderedDict()      # op -> when its end event came
         self._results: OrderedDict[str, tuple[float, int]] = OrderedDict()   # op -> (finished, bytes)
         self._result_bytes = 0
@@ -95,24 +100,37 @@ class Operations:
     def _event(self, op: str, kind: str, data: str) -> None:
         with self.changed:
             log = self.events.setdefault(op, [])
-            if kind in ("stdout", "stderr"):
-                cap = self._event_caps.get(op)
-                if cap is not None:
-                    used = self._event_bytes.get((op, kind), 0)
-                    if used + len(data) > cap:
-                        data = data[:max(0, cap - used)]
-                        self._events_cut.add(op)
-                        if not data:
-                            return
-                    self._event_bytes[(op, kind)] = used + len(data)
+            marker = None
+            cap = self._event_caps.get(op)
+            if cap is not None and _is_stream(kind, data):
+                # the whole log's output (every process's streams and stdin) within LOG_BUDGET caps:
+                # past it, stream events are dropped after one size_cap marker (Contree's)
+                used = self._log_bytes.get(op, 0)
+                if op in self._log_capped or used + len(data) > LOG_BUDGET * cap:
+                    if op not in self._log_capped:
+                        self._log_capped.add(op)
+                        marker = json.dumps({"limit_bytes": LOG_BUDGET * cap, "file_size": used})
+                        log.append((log[-1][0] + 1 if log else 1, "size_cap", marker))
+                        self.changed.notify_all()
+                    self._events_cut.add(op)
+                    return
+                self._log_bytes[op] = used + len(data)
+            if kind in ("stdout", "stderr") and cap is not None:
+                used = self._event_bytes.get((op, kind), 0)
+                if used + len(data) > cap:
+                    data = data[:max(0, cap - used)]
+                    self._events_cut.add(op)
+                self._event_bytes[(op, kind)] = used + len(data)
             elif kind == "end" and op in self._events_cut:
                 data = json.dumps({**json.loads(data), "events_truncated": True})
-            seq = log[-1][0] + 1 if log else 1
-            log.append((seq, kind, data))
+            if data:
+                log.append((log[-1][0] + 1 if log else 1, kind, data))
             if kind == "end":
                 self._ended[op] = time.monotonic()
                 self._event_caps.pop(op, None)
                 self._events_cut.discard(op)
+                self._log_capped.discard(op)
+                self._log_bytes.pop(op, None)
                 for k in ("stdout", "stderr"):
                     self._event_bytes.pop((op, k), None)
                 self._prune()
@@ -170,11 +188,14 @@ class Operations:
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once. Option live=True: its command runs as
         process 1 of a live sandbox, which more processes may join while it runs (instances.py);
-        stdin_open=True: its stdin stays open for `write` (a live run)."""
+        stdin_open=True: its stdin stays open for sandbox_stdin (a live run); make_cwd=True: a
+        missing cwd is made, not refused (a live run)."""
         stdin_open = bool(options.pop("stdin_open", False))
-        live = bool(options.pop("live", False)) or stdin_open
+        make_cwd = bool(options.pop("make_cwd", False))       # a missing cwd is made (Contree's)
+        live = bool(options.pop("live", False)) or stdin_open or make_cwd
         source = self.host.resolve(ref)
-        self.host.run_operation(ref, command, check_only=True, **options)   # bad input fails now, not later
+        checked = {**options, "cwd": None} if make_cwd else options
+        self.host.run_operation(ref, command, check_only=True, **checked)   # bad input fails now, not later
         op = uuid.uuid4().hex
         cancel = threading.Event()
         spec = {"command": command if isinstance(command, str) else " ".join(map(str, command)),
@@ -199,7 +220,7 @@ class Operations:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
                 if live:
                     rec = self.instances.run(op, ref, command, cancel=cancel, on_output=on_output,
-                                             stdin_open=stdin_open, **options)
+                                             stdin_open=stdin_open, make_cwd=make_cwd, **options)
                 else:
                     rec = self.host.run_operation(ref, command, op_id=op, cancel=cancel, on_output=on_output,
                                                   **options)
@@ -321,32 +342,13 @@ class Operations:
             return None
         return live[0].result()
 
-    # ---- the processes of a live run (instances.py) ---------------------------------------------
-    def spawn(self, op: str, command, **options) -> int:
-        """Start another process in live run `op` while its command runs; its spid (2, 3, ...)."""
-        self.records.get(op)                          # NotFound for an unknown id
-        return self.instances.spawn(op, command, **options)
-
-    def write(self, op: str, spid: int, data: bytes = b"", *, close: bool = True) -> None:
-        """Write to the open stdin of process `spid` of live run `op` (then close it, or not)."""
-        self.records.get(op)
-        self.instances.write(op, spid, data, close=close)
-
-    def signal(self, op: str, spid: int, sig=9) -> None:
-        """Signal process `spid` of live run `op` (its process group; a name or number)."""
-        self.records.get(op)
-        self.instances.signal(op, spid, sig)
-
-    def process(self, op: str, spid: int) -> dict:
-        """Process `spid` of a live run: running or not, exit status, output (to the cap). A run
-        that ended tells them from its events (EVENTS_KEEP); process 1 of any run from its result."""
-        self.records.get(op)
-        now = self.instances.process(op, spid)
-        if now is not None:
-            return now
+    # ---- the processes of a live run (instances.py; the rows are engine.sandbox_*) --------------
+    def folded_process(self, op: str, spid: int) -> dict:
+        """Process `spid` of a run not running live: from its events (EVENTS_KEEP); process 1 of
+        any run from its result (liveprocs.fold_process), as liveprocs.public_view."""
         with self.lock:
             log = list(self.events.get(op, []))
-        return fold_process(op, spid, log, self.get(op), self.result(op))
+        return public_view(fold_process(op, spid, log, self.get(op), self.result(op)))
 
     def cancel(self, op: str) -> dict:
         rec = self.get(op)
@@ -376,6 +378,15 @@ class Operations:
                 cancel.set()
                 fut.cancel()
         self.pool.shutdown(wait=True)
+        self.instances.close()
+
+
+def _is_stream(kind: str, data: str) -> bool:
+    """Whether an event carries a process's stream bytes (a run's output, a live run's process's
+    stdin, stdout or stderr: instances.py's "proc" events)."""
+    if kind in ("stdout", "stderr"):
+        return True
+    return kind == "proc" and json.loads(data).get("type") in ("stdout", "stderr", "stdin")
 
 
 def _alive(spec: dict) -> bool | None:

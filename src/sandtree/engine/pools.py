@@ -76,6 +76,21 @@ class Pool:
             self.cv.notify_all()
             return h
 
+    def lend(self, spec: RunSpec) -> tuple[LiveHandle, Entered] | None:
+        """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
+        instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
+        pool's thread, which their PDEATHSIG is tied to, outlives it)."""
+        got = self.take() if self.policy is None and self.fits(spec) else None
+        if got is not None:
+            self.served += 1
+        return got
+
+    def returned(self) -> None:
+        """A lent sandbox has been stopped by its borrower."""
+        with self.cv:
+            self.out -= 1
+            self.cv.notify_all()
+
     def run(self, spec: RunSpec) -> tuple[RunOutcome, Callable[[], None]] | None:
         """Run spec in a ready sandbox: its outcome, and what to call once the outcome is closed
         (its changes read: the sandbox is retired then). None if none is ready (the caller runs

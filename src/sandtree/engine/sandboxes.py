@@ -8,10 +8,8 @@ to what is still running. Stopped, expired or vanished sandboxes are marked so, 
 "running". Every command is an `exec` operation (the audit trail); a commit is a `commit`
 operation whose lineage edge goes from the sandbox's last commit (or its image) to the new image.
 
-Beside it: the shell session a string command runs in and the spec of one command
-(session.py), helpers entered ahead of an exec (ahead.py), popen's process (process.py), file
-access from the host (sandbox_files.py). The parts it is given at construction (store, run-spec
-builder, records, committer, live runtime) are the engine's; it never imports the engine.
+Beside it: session.py (the shell session, one command's spec), ahead.py, process.py (popen),
+sandbox_files.py; the parts it is given at construction are the engine's (it never imports it).
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ import uuid
 from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime import criu
-from ..runtime.base import Limits, RunSpec
-from ..runtime.base import LiveTier
+from ..runtime.base import Limits, LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
@@ -187,27 +184,30 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
-                "network": row["spec"].get("network"), **({"secrets": row["spec"]["secrets"]}
-                                                         if row["spec"].get("secrets") else {})}
+                "network": row["spec"].get("network"),
+                **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
-        """Live sandboxes (all=True: also the stopped ones; labels: only those carrying every one
-        of these), after expiring what is due."""
+        """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
         want = check_labels(labels)
         self.reap()
         sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
             " ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
-        return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)]
+        return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)
+                and not r["spec"].get("run")]          # a live run's sandbox is its run's (instances.py)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              labels: dict | None = None, network=None, secrets: dict | None = None, **limits) -> dict:
+              labels: dict | None = None, network=None, secrets: dict | None = None, run_of: str | None = None,
+              starter=None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
-        idle_action: what idle_timeout does, "stop" it or "hibernate" it (nothing is lost).
-        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops."""
+        idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
+        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
+        the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
         if (tier or self.default_tier()) != "namespaces":
             raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
         ok, why = self.live.available()
@@ -246,7 +246,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
         try:
             with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = self.live.start(spec, lifetime)
+                handle = (starter or self.live.start)(spec, lifetime)
         except BaseException:
             self._unlink_net(sid, link)
             raise
@@ -258,7 +258,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                   "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
                   "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {}),
-                  **net.record()}
+                  **({"run": run_of} if run_of else {}), **net.record()}
         try:
             with self.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
@@ -334,13 +334,13 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
 
     def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
               gid: int | None = None, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE) -> "LiveProcess":
-        """A process inside the sandbox with pipes (or a terminal), like subprocess.Popen."""
+              stderr=subprocess.PIPE, ahead=None) -> "LiveProcess":
+        """A process inside with pipes (or a terminal), like subprocess.Popen; ahead: an entered helper."""
         row = self._running(sid)
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row["id"])
-        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty)
+        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
         while b"pid " not in raw:

@@ -56,7 +56,10 @@ class ContreeRoute(APIRoute):
                 msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
                 return error(400, "; ".join(msgs) or "malformed request")
             except SandtreeError as exc:
-                return error(exc.http_status, exc.message)  # errors.py: one table
+                out = error(exc.http_status, exc.message)  # errors.py: one table
+                if exc.http_status == 425:                 # NotReady: Contree's clients retry after it
+                    out.headers["Retry-After"] = str(exc.details.get("retry_after", 1))
+                return out
         return guarded
 
 
@@ -263,8 +266,9 @@ def contree_router(engine_for, stage) -> APIRouter:
     @router.get("/operations/{operation_id}/events")
     async def events(operation_id: str, request: Request, engine: Engine, follow: str | None = None,
                      since: int | None = Query(None, ge=0), spid: int | None = Query(None, ge=0)) -> StreamingResponse:
-        """Server-Sent Events in Contree's shape: spawn, stdout, stderr, exit (spid 1), then
-        completion. Our event n is Contree event 2n, the completion after our `end` is 2n+1."""
+        """Server-Sent Events in Contree's shape: init, spawn, stdin, stdout, stderr, truncated,
+        exit (spid 1 and the subprocesses'), network, size_cap, shutdown, then completion. Our
+        event n gives Contree events wire.STEP*n and after (contree_wire.events_of)."""
         op = wire.op_id(operation_id)
         ops = engine.operations
         rec = await call(ops.get, op)                              # 404 for an unknown operation
@@ -291,7 +295,7 @@ def contree_router(engine_for, stage) -> APIRouter:
 
         async def stream():
             nonlocal after, following
-            cursor = max(0, after // 2 - 1) if after >= 0 else 0
+            cursor = max(0, after // wire.STEP - 1) if after >= 0 else 0
             if rec["status"] in ("done", "failed", "cancelled"):
                 logged, ended = await call(ops.events_after, op, 0, 0)
                 if not logged and not ended:  # run by an engine before this one: only the end is known

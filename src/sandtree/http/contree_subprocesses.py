@@ -3,9 +3,11 @@ events they add to the operation's stream (for contree.py).
 
 An instance that is still running is a live sandbox (engine/instances.py); its subprocesses are
 processes started in it: spid 1 is the instance's own command, 2, 3, ... the ones added here.
-Each route is one engine call (engine.operations.spawn / write / signal / process); what they
-answer is put in Contree's shapes here. Statuses as Contree's document: 409 when the operation is
-not a running instance or a stdin is closed, 404 for a process it never had or one that exited.
+Each route is one row of the operation table on the operation's ID (sandbox_spawn / sandbox_stdin /
+sandbox_signal / sandbox_process: a live run's ID names its live sandbox); what they answer is put
+in Contree's shapes here. Statuses as Contree's document: 425 (with Retry-After) while the
+instance is still starting, 409 when the operation is not a running instance or a stdin is closed,
+410 for a stdin of an instance that finished, 404 for a process it never had or one that exited.
 """
 
 import asyncio
@@ -37,8 +39,9 @@ class SubprocessIn(wire.Lenient):
 
 def live_options(body) -> dict:
     """How an instance (wire.SpawnIn) runs: in a live sandbox, so subprocesses may join it while it
-    runs (an instance still running is a live sandbox); its stdin open unless closed at spawn."""
-    return {"live": True, "stdin_open": body.stdin is not None and not body.stdin.close}
+    runs (an instance still running is a live sandbox); its stdin open unless closed at spawn; a
+    missing cwd made, as Contree does (its processes' too)."""
+    return {"live": True, "stdin_open": body.stdin is not None and not body.stdin.close, "make_cwd": True}
 
 
 def stream_bytes(s: wire.StreamIn | None) -> bytes:
@@ -53,28 +56,36 @@ def stream_bytes(s: wire.StreamIn | None) -> bytes:
 
 
 def result_view(p: dict) -> dict:
-    """Contree's InstanceResult of a process (operations.process): -1 for what is not known yet."""
+    """Contree's InstanceResult of a process (the sandbox_process row): -1 for what is not known yet."""
     running = p["running"]
+    out = {s: base64.b64decode(p[s + "_base64"]) for s in ("stdout", "stderr")}
     code, sig = p["exit_code"], p["signal"]
     wall = ((p.get("finished") or 0) - (p.get("started") or 0)) if not running else 0.0
     zero = ("block_input", "block_output", "involuntary_switches", "max_rss", "page_faults", "page_faults_io",
             "shared_memory", "signals", "swaps", "unshared_memory", "voluntary_switches")
     return {"resources": {**{k: 0 for k in zero}, "cost": 0.0, "elapsed_time": max(0.0, wall),
                           "monotonic_time": max(0.0, wall), "system_cpu_time": 0.0, "user_cpu_time": 0.0},
-            "state": {"continued": False, "core_dump": False, "pid": p["spid"], "stopped": False,
+            "state": {"continued": False, "core_dump": False, "pid": p["pid"], "stopped": False,
                       "exit_code": -1 if running or code is None else code,
                       "signal": -1 if running else (sig or 0), "timed_out": bool(p["timed_out"])},
-            "stdout": wire.stream_repr(p["stdout"], p["stdout_truncated"]),
-            "stderr": wire.stream_repr(p["stderr"], p["stderr_truncated"])}
+            "stdout": wire.stream_repr(out["stdout"], p["stdout_truncated"]),
+            "stderr": wire.stream_repr(out["stderr"], p["stderr_truncated"])}
 
 
 def proc_events(seq: int, data: str) -> list[dict]:
-    """Contree events (id 2*seq, as contree_wire.events_of) of one engine "proc" event."""
+    """Contree events (id STEP*seq, as contree_wire.events_of) of one engine "proc" event."""
     e = json.loads(data)
     now = dt.datetime.now(dt.UTC).isoformat()
-    head = {"id": 2 * seq, "ts": now, "spid": e["spid"], "type": e["type"]}
-    if e["type"] in ("stdout", "stderr"):
+    head = {"id": wire.STEP * seq, "ts": now, "spid": e["spid"], "type": e["type"]}
+    if e["type"] in ("stdout", "stderr", "stdin"):
         return [{**head, "data": wire.stream_repr(e["data"].encode())}]
+    if e["type"] == "truncated":
+        return [{**head, "data": {k: e[k] for k in ("stream", "bytes_emitted", "bytes_dropped")}}]
+    if e["type"] == "network":
+        # the configured policy is the run's (its hosts and ports); the link's counters live in the
+        # egress daemon, not in the sandbox: told as Contree tells a failed counter read
+        return [{**head, "data": {"interfaces": [], "configured": {},
+                                  "error": "per-interface counters are not read here"}}]
     if e["type"] == "spawn":
         return [{**head, "data": {"pid": e["spid"], "command": e["argv"][0], "args": e["argv"][1:],
                                   "shell": e["shell"], "cwd": e["cwd"] or "", "uid": e["uid"] or 0,
@@ -103,7 +114,7 @@ def subprocesses_router(engine_for, route_class) -> APIRouter:
         if body.shell and body.args:
             raise InvalidInput("args must be empty when shell is true")
         command = body.command if body.shell else [body.command, *body.args]
-        spid = await call(engine.operations.spawn, op, command,
+        spid = await call(engine.sandbox_spawn, op, command,
                           env={k: v for k, v in (body.env or {}).items() if v is not None} or None,
                           cwd=body.cwd.rstrip("/") or None, uid=body.uid, gid=body.gid,
                           stdin=stream_bytes(body.stdin) or None,
@@ -114,16 +125,16 @@ def subprocesses_router(engine_for, route_class) -> APIRouter:
 
     @router.get("/operations/{operation_id}/subprocesses/{spid}")
     async def result(operation_id: str, engine: Engine, spid: int = Path(ge=1)) -> dict:
-        return result_view(await call(engine.operations.process, wire.op_id(operation_id), spid))
+        return result_view(await call(engine.sandbox_process, wire.op_id(operation_id), spid))
 
     @router.delete("/operations/{operation_id}/subprocesses/{spid}", status_code=204)
     async def kill(operation_id: str, engine: Engine, spid: int = Path(ge=1), signal: str | None = None) -> Response:
-        await call(engine.operations.signal, wire.op_id(operation_id), spid, "KILL" if signal is None else signal)
+        await call(engine.sandbox_signal, wire.op_id(operation_id), spid, "KILL" if signal is None else signal)
         return Response(status_code=204)
 
     @router.post("/operations/{operation_id}/subprocesses/{spid}/stdin", status_code=204)
     async def stdin(operation_id: str, body: wire.StreamIn, engine: Engine, spid: int = Path(ge=1)) -> Response:
-        await call(engine.operations.write, wire.op_id(operation_id), spid, stream_bytes(body), close=body.close)
+        await call(engine.sandbox_stdin, wire.op_id(operation_id), spid, stream_bytes(body), close=body.close)
         return Response(status_code=204)
 
     return router

@@ -8,6 +8,7 @@ and goes back by prefix: stable across restarts, with no mapping table.
 import base64
 import datetime as dt
 import json
+import os
 import re
 import stat as stat_mod
 import time
@@ -271,17 +272,43 @@ def event_resources(usage: dict | None) -> dict:
     return out
 
 
+STEP = 8                      # our event n gives Contree events STEP*n .. STEP*n+STEP-1
+
+
+def shutdown_reason(end: dict, cur: dict) -> str:
+    """EventDataShutdown.reason of how a run ended."""
+    if end.get("timed_out"):
+        return "timeout"
+    if end.get("signal") is not None or cur.get("status") == "cancelled":
+        return "signal"
+    if cur.get("status") == "failed":
+        return "spawn_failed"
+    return "job_complete"
+
+
+def init_data(cur: dict, op: str) -> dict:
+    """EventDataInit of a run's live sandbox (the sandbox's init is its process 1)."""
+    u = os.uname()
+    return {"started_at": iso(cur.get("started") or time.time()), "runtime_path": "/", "verbose": False,
+            "init_pid": 1, "hostname": (cur.get("spec") or {}).get("hostname", "sandtree"),
+            "kernel": f"{u.release} {u.version}", "machine": u.machine, "boot_id": to_uuid(op)}
+
+
 def events_of(seq: int, kind: str, data: str, cur: dict | None) -> list[dict]:
     """Contree events for our event `seq` (`cur`: the operation's record, for all but output):
-    our event n is Contree event 2n, the completion after our `end` is 2n+1."""
+    ids STEP*seq + i (a start gives init and spawn; an end exit, shutdown and completion)."""
     now = dt.datetime.now(dt.UTC).isoformat()
+    base = STEP * seq
     if kind in ("stdout", "stderr"):
-        return [{"id": 2 * seq, "ts": now, "spid": 1, "type": kind, "data": stream_repr(data.encode())}]
+        return [{"id": base, "ts": now, "spid": 1, "type": kind, "data": stream_repr(data.encode())}]
+    if kind == "size_cap":
+        return [{"id": base, "ts": now, "spid": 0, "type": "size_cap", "data": json.loads(data)}]
     if kind == "start" and cur.get("kind") != "run":
         return []                                        # an import: no process, only its completion
     if kind == "start":
         md = instance_metadata(cur, None)
-        return [{"id": 2 * seq, "ts": now, "spid": 1, "type": "spawn",
+        return [{"id": base, "ts": now, "spid": 0, "type": "init", "data": init_data(cur, cur["id"])},
+                {"id": base + 1, "ts": now, "spid": 1, "type": "spawn",
                  "data": {"pid": 1, "command": md["command"], "args": md["args"], "shell": md["shell"],
                           "cwd": md["cwd"], "uid": md["uid"], "gid": md["gid"], "timeout": md["timeout"],
                           "truncate_at": md["truncate_output_at"], "env": md["env"]}}]
@@ -290,13 +317,17 @@ def events_of(seq: int, kind: str, data: str, cur: dict | None) -> list[dict]:
     ms = int(((cur.get("finished") or time.time()) - (cur.get("started") or time.time())) * 1000)
     if end.get("exit_code") is not None or end.get("signal") is not None:
         code, sig = end.get("exit_code"), end.get("signal")
-        out.append({"id": 2 * seq, "ts": now, "spid": 1, "type": "exit",
+        out.append({"id": base, "ts": now, "spid": 1, "type": "exit",
                     "data": {"pid": 1, "code": code if code is not None else 128 + sig,
                              "signal": sig if sig is not None else -1,
                              "timed_out": bool(end.get("timed_out")), "duration_ms": ms,
                              "resources": event_resources((cur.get("outcome") or {}).get("usage"))}})
     status = OP_STATUS.get(cur["status"], "FAILED")
-    out.append({"id": 2 * seq + 1, "ts": now, "type": "completion",
+    if cur.get("kind") == "run" and (out or status == "FAILED"):     # a sandbox was (or was to be) up
+        out.append({"id": base + 1, "ts": now, "spid": 0, "type": "shutdown",
+                    "data": {"stopped_at": iso(cur.get("finished") or time.time()),
+                             "reason": shutdown_reason(end, cur)}})
+    out.append({"id": base + 2, "ts": now, "type": "completion",
                 "data": {"status": status, "duration_ms": ms,
                          "result_image_uuid": to_uuid(cur.get("result")) if status == "SUCCESS" else None,
                          "error": (cur.get("outcome") or {}).get("message") if status == "FAILED" else None}})

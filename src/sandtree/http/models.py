@@ -108,6 +108,23 @@ class ExecIn(In):
     output: str | int | None = None
 
 
+class ProcessIn(In):
+    """A process started in a live sandbox without waiting (table.sandbox_spawn)."""
+    command: str | list[str] = Field(description="a string runs in /bin/sh -c, a list is argv")
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    uid: int | None = Field(None, ge=0, lt=65536)
+    gid: int | None = Field(None, ge=0, lt=65536)
+    stdin: str | None = None
+    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
+    stdin_open: bool = Field(False, description="keep its stdin open for writes (POST .../stdin)")
+    output: str | int | None = None
+
+
+class SignalIn(In):
+    signal: str | int = Field("KILL", description="a number or a name (TERM, SIGTERM)")
+
+
 class PoolIn(In):
     size: int = Field(4, description="sandboxes kept started (0 empties the pool)")
     memory: str | int | None = None
@@ -199,4 +216,4 @@ def stdin_bytes(body) -> bytes | None:
             return base64.b64decode(body.stdin_base64, validate=True)
         except ValueError:
             raise InvalidInput("stdin_base64 is not valid base64") from None
-    return body.stdin.encode() if body.stdin is not None else None
+    return body.stdin.encode("utf-8", "surrogateescape") if body.stdin is not None else None

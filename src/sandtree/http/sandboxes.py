@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import InvalidInput, SandtreeError
-from .models import CommitIn, ExecIn, NetworkSetIn, PoolIn, StartIn, TimeoutIn, stdin_bytes
+from .models import CommitIn, ExecIn, NetworkSetIn, PoolIn, SignalIn, ProcessIn, StartIn, TimeoutIn, stdin_bytes
 from .plumbing import Plumbing
 
 
@@ -80,6 +80,27 @@ def sandboxes_router(p: Plumbing) -> APIRouter:
                 err = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
                 yield f"event: error\ndata: {json.dumps(err, default=str)}\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    # ---- processes started without waiting (sid: a live sandbox, or a live run's operation ID) ----
+    @router.post("/api/v1/sandboxes/{sid}/processes", status_code=201)
+    async def spawn_process(sid: str, body: ProcessIn) -> dict:
+        opts = body.model_dump(exclude={"command", "stdin", "stdin_base64"})
+        return {"pid": await call(engine.sandbox_spawn, sid, body.command, stdin=stdin_bytes(body), **opts)}
+
+    @router.post("/api/v1/sandboxes/{sid}/processes/{pid}/stdin", status_code=204)
+    async def process_stdin(sid: str, pid: int, request: Request, close: bool = True) -> Response:
+        """The request body is written to the process's stdin; close=false keeps it open."""
+        await call(engine.sandbox_stdin, sid, pid, await request.body(), close=close)
+        return Response(status_code=204)
+
+    @router.post("/api/v1/sandboxes/{sid}/processes/{pid}/signal", status_code=204)
+    async def process_signal(sid: str, pid: int, body: SignalIn | None = None) -> Response:
+        await call(engine.sandbox_signal, sid, pid, str((body or SignalIn()).signal))
+        return Response(status_code=204)
+
+    @router.get("/api/v1/sandboxes/{sid}/processes/{pid}")
+    async def get_process(sid: str, pid: int) -> dict:
+        return await call(engine.sandbox_process, sid, pid)
 
     @router.post("/api/v1/sandboxes/{sid}/commit", status_code=201)
     async def commit_sandbox(sid: str, body: CommitIn | None = None) -> dict:

@@ -37,6 +37,38 @@ def register(t: Toolkit) -> None:
         return res
 
     @t.tool
+    def sandbox_spawn(sandbox_id: str, command: str, shell: bool = True, stdin: str | None = None,
+                      stdin_open: bool = False, cwd: str | None = None, env: dict[str, str] | None = None) -> dict:
+        """Start a process in a live sandbox without waiting for it (a server, a REPL, a long job);
+        returns its pid. sandbox_process then feeds its stdin, signals it and reads its output.
+        stdin_open: keep its stdin open for sandbox_process(stdin=...)"""
+        pid = engine.sandbox_spawn(sandbox_id, command if shell else command.split(), stdin=stdin,
+                                   stdin_open=stdin_open, cwd=cwd, env=env)
+        return {"sandbox_id": sandbox_id, "pid": pid}
+
+    @t.tool
+    def sandbox_process(sandbox_id: str, pid: int, stdin: str | None = None, close_stdin: bool = False,
+                        signal: str | None = None, truncate_output_at: int = 8000) -> dict:
+        """A process started by sandbox_spawn: first writes stdin (and closes it with close_stdin),
+        then sends signal, then tells whether it runs, its exit code and its output so far.
+        pid: the process's number (from sandbox_spawn)
+        stdin: text written to its open stdin
+        close_stdin: close its stdin (after writing stdin), so a program reading to the end goes on
+        signal: a signal sent to its process group (TERM, KILL, INT, a number)
+        truncate_output_at: the last characters of stdout and stderr returned"""
+        if stdin is not None or close_stdin:
+            engine.sandbox_stdin(sandbox_id, pid, (stdin or "").encode(), close=close_stdin)
+        if signal is not None:
+            engine.sandbox_signal(sandbox_id, pid, signal)
+        v = engine.sandbox_process(sandbox_id, pid)
+        keep = ("pid", "running", "exit_code", "signal", "timed_out", "stdin_open", "command")
+        out = {k: v.get(k) for k in keep}
+        for s in ("stdout", "stderr"):
+            out[s] = v[s][-truncate_output_at:] if truncate_output_at else v[s]
+            out[s + "_truncated"] = v[s + "_truncated"] or len(v[s]) > truncate_output_at
+        return out
+
+    @t.tool
     def sandbox_commit(sandbox_id: str, tag: str | None = None) -> dict:
         """An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."""
         return {"image": engine.sandbox_commit(sandbox_id, tag=tag), "tag": tag}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import select
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import NotFound
 from .cgroups import RunCgroup
@@ -29,7 +29,8 @@ class LiveHandle:
     proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "proc"}
+        # (the process object itself is never copied: a pool's sandbox has one, with locks)
+        return {k: v for k, v in asdict(replace(self, proc=None)).items() if k != "proc"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LiveHandle":

@@ -86,26 +86,6 @@ class TenantOperations:
             self._check(op)
         return [self._plain_rec(r) for r in self.inner.wait(ops, timeout)]
 
-    # rule: only its own operations' processes (a live run's: engine/instances.py)
-    def spawn(self, op: str, command, **options) -> int:
-        self._check(op)
-        self.view.need_scope("run")
-        return self.inner.spawn(op, command, **options)
-
-    def write(self, op: str, spid: int, data: bytes = b"", *, close: bool = True) -> None:
-        self._check(op)
-        self.view.need_scope("run")
-        self.inner.write(op, spid, data, close=close)
-
-    def signal(self, op: str, spid: int, sig=9) -> None:
-        self._check(op)
-        self.view.need_scope("cancel")
-        self.inner.signal(op, spid, sig)
-
-    def process(self, op: str, spid: int) -> dict:
-        self._check(op)
-        return self.inner.process(op, spid)
-
     def events_after(self, op: str, after: int, timeout: float):
         self._check(op)
         return self.inner.events_after(op, after, timeout)

@@ -173,8 +173,9 @@ class TenantSight:
         self.claim(row[0])
         return row[0]
 
-    # A sandbox is this tenant's if it started it (tenant_blobs, kind "sandbox"); any other id or
-    # prefix answers as a nonexistent sandbox. Commits are its images, execs its operations.
+    # A sandbox is this tenant's if it started it (tenant_blobs, kind "sandbox"), or if it is the
+    # live sandbox of its own live run, named by the run's operation ID (the process rows); any
+    # other id or prefix answers as a nonexistent sandbox. Commits are its images, execs its operations.
     def _sandbox(self, sid) -> str:
         """The full id of this tenant's sandbox `sid` (an id or unique prefix), else NotFound."""
         if not isinstance(sid, str) or not sid:
@@ -183,6 +184,8 @@ class TenantSight:
                              "LIMIT 2", (self.tenant.name, sid, sid + "\uffff"))
         if len(rows) > 1:
             raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
+        if not rows and self.db.one("SELECT 1 FROM tenant_ops WHERE op=? AND tenant=?", (sid, self.tenant.name)):
+            return sid                                  # its own run's operation ID (the engine tells if live)
         if not rows:
             raise NotFound(f"no live sandbox {sid!r}", sandbox=sid)
         return rows[0][0]
