@@ -15,6 +15,7 @@ from .. import table
 from ..branching import lineage
 from ..branching.fork import fan_out, refuse_fork_options
 from ..branching.merge import check_on_conflict, conflict_outcome
+from ..network.client import tenant_scope
 from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
@@ -225,7 +226,7 @@ class TenantView(TenantSight):
             self.claim(op)
             self.audit_run(source, command, op, opts.get("env"), branch, opts.get("network"))
             try:
-                rec = self.engine.run_operation(target, command, op_id=op, **opts)
+                rec = self.engine.run_operation(target, command, op_id=op, scope=tenant_scope(self.tenant.name), **opts)
             except SandtreeError as exc:
                 raise self.plain_error(exc) from None
             if rec.usage.get("network") is not None:       # what a networked run sent and was refused
