@@ -32,7 +32,7 @@ import time
 from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import netns, trust
+from . import netns, recycle, trust
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made
 from .policy import Policy
@@ -45,17 +45,6 @@ __all__ = ["Daemon", "Entry", "main", "GRACE", "IDLE", "SWEEP"]
 GRACE = 30.0             # seconds after attach before a link nobody is in is released
 IDLE = 60.0              # seconds without links or exposures before the daemon exits
 SWEEP = 2.0              # seconds between GC sweeps
-
-
-def _namespaces_in_use() -> set[tuple[int, int]]:
-    """(dev, inode) of every network namespace some process is in."""
-    out = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            with contextlib.suppress(OSError):
-                st = os.stat(f"/proc/{pid}/ns/net")
-                out.add((st.st_dev, st.st_ino))
-    return out
 
 
 class Entry:
@@ -363,7 +352,7 @@ class Daemon:
         while True:
             await asyncio.sleep(SWEEP)
             if self.entries:
-                used = await loop.run_in_executor(None, _namespaces_in_use)
+                used = await loop.run_in_executor(None, recycle.namespaces_in_use)
                 now = time.time()
                 for entry in list(self.entries.values()):
                     if not entry.held and now - entry.state.attached >= self.grace and entry.ns not in used:
