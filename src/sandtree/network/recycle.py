@@ -224,7 +224,11 @@ def forget_conntrack(router_fd: int, address: str, nl: nlraw.Socket | None = Non
         n = 0
         for row in rows:
             words = row.split()
-            fields = dict(w.split("=", 1) for w in words if "=" in w)      # (the first of each: the original tuple)
+            fields: dict[str, str] = {}
+            for w in words:                       # the first of each: the original tuple's
+                if "=" in w:
+                    k, v = w.split("=", 1)
+                    fields.setdefault(k, v)
             if fields.get("src") != address:
                 continue
             if words[0] != "ipv4" or words[2] not in ("tcp", "udp"):
