@@ -270,7 +270,7 @@ def test_a_link_with_a_time_wait_socket_is_removed(eg):
         time.sleep(0.05)
         assert "TIME-WAIT" in subprocess.run(["nsenter", f"--net=/proc/self/fd/{link.netns_fd}", "ss", "-tan"],
                                              pass_fds=(link.netns_fd,), capture_output=True, text=True).stdout
-    _released_dirty(eg, "r-tw", time_wait, "left in /proc/net/tcp")
+    _released_dirty(eg, "r-tw", time_wait, "left in /proc/net/tcp (TIME_WAIT)")
 
 
 def test_a_link_with_a_udp_socket_held_open_is_removed(eg):
@@ -444,8 +444,10 @@ def warm_eng(tmp_path_factory, lab):
 SEE = ("readlink /proc/self/ns/net; grep '^Tcp:' /proc/net/snmp | tail -1 | awk '{print \"opens=\" $6}'; "
        "echo neigh=$(ip neigh | wc -l); "
        "echo sockets=$(cat /proc/net/tcp /proc/net/udp /proc/net/unix /proc/net/raw | grep -vc -e sl -e Num); "
-       "nslookup allowed.test >/dev/null 2>&1; printf 'GET /hello HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n' "
-       "| nc -w 5 11.1.1.10 80 | head -1")
+       "nslookup allowed.test >/dev/null 2>&1; (printf 'GET /hello HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n'; "
+       "sleep 0.5) | nc -w 5 11.1.1.10 80 > /tmp/got; head -1 /tmp/got")
+# (nc's input stays open until the server has closed: it closes first, no TIME_WAIT here; a run
+# whose client closes first leaves one, and its link is removed: test_a_link_with_a_time_wait_socket...)
 
 
 def test_networked_runs_reuse_links_of_their_scope_and_each_finds_one_clean(warm_eng, lab):

@@ -41,6 +41,8 @@ SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6", "udplite", "udplite6", "raw", "ra
                  "unix", "packet", "ip6_flowlabel", "nf_conntrack")
 
 Fingerprint = tuple
+_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+           "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
 
 
 def namespaces_in_use() -> set[tuple[int, int]]:
@@ -74,8 +76,12 @@ def _sockets_left(tables: dict[str, list[str]], kernel_netlink: int) -> str | No
             # process's, and more unbound ones than a fresh link has are too.
             if any(r.split()[2] != "0" for r in rows if len(r.split()) > 2) or len(rows) > kernel_netlink:
                 return f"a netlink socket is left ({len(rows)} rows)"
+        elif name == "nf_conntrack" and rows:
+            return f"{len(rows)} conntrack entries left in its namespace"
         elif rows:
-            return f"{len(rows)} {'entries' if name == 'nf_conntrack' else 'sockets'} left in /proc/net/{name}"
+            states = sorted({_STATES.get(r.split()[3], r.split()[3]) for r in rows if len(r.split()) > 3}) \
+                if name.startswith("tcp") else []
+            return f"sockets left in /proc/net/{name}" + (f" ({', '.join(states)})" if states else "")
     return None
 
 
