@@ -93,39 +93,50 @@ class RunOps:
         net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)
-        argv = command_argv(command)
-        lim = self.specs.limits(limits)
-        user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
-        cwd, uid, gid = dflt.cwd, dflt.uid, dflt.gid
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        injected = self.specs.files(files, file_set)
-        self.specs.check_cwd(source, cwd, injected)
-        spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
-                       hostname=hostname, files=injected, limits=lim, on_output=on_output,
-                       prepare_changes=self.specs.injector(source, injected), cancel=cancel)
-        if check_only:
-            validate_spec(spec)
-            return None
-        op = op_id or uuid.uuid4().hex
-        masked = secret_values(user_env)
-        record_spec = {"command": step if step is not None else
-                       mask_text(command if isinstance(command, str) else " ".join(argv), masked),
-                       "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
-                       "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
-                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
-                       **({"labels": labels} if labels else {}), **net.record()}
+        # A run that will take a linked helper takes it now and sends its link's policy: the
+        # daemon answers while the spec is built (the gate awaits the answer before the command).
+        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
+        early = None
+        if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
+            early = self._take_linked(runtime, net, scope)
+        try:
+            argv = command_argv(command)
+            lim = self.specs.limits(limits)
+            user_env = {str(k): str(v) for k, v in (env or {}).items()}
+            dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
+            cwd, uid, gid = dflt.cwd, dflt.uid, dflt.gid
+            if isinstance(stdin, str):
+                stdin = stdin.encode()
+            injected = self.specs.files(files, file_set)
+            self.specs.check_cwd(source, cwd, injected)
+            spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
+                           env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                           hostname=hostname, files=injected, limits=lim, on_output=on_output,
+                           prepare_changes=self.specs.injector(source, injected), cancel=cancel)
+            if check_only:
+                validate_spec(spec)
+                return None
+            op = op_id or uuid.uuid4().hex
+            masked = secret_values(user_env)
+            record_spec = {"command": step if step is not None else
+                           mask_text(command if isinstance(command, str) else " ".join(argv), masked),
+                           "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
+                           "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
+                           "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
+                           **({"labels": labels} if labels else {}), **net.record()}
+        except BaseException:
+            if early is not None:
+                early.discard()                  # (its policy's answer read, its link given back)
+            raise
         started = time.time()
         link = link_key = gate = None
-        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
             # a pooled sandbox only of a pool with the same policy (its link then is the run's)
             served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy) and not net.secrets else None
             if served is None and net.policy is not None:   # a link of its own
-                spec.prestarted = self._take_linked(runtime, net, scope)
+                spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope)
+                early = None
                 if spec.prestarted is not None:      # a helper waiting in a link: now with the policy
                     link_key, gate = spec.prestarted.key, spec.prestarted.gate
                 else:                                # a new link (key: the operation), cold start
@@ -135,6 +146,8 @@ class RunOps:
                     spec.env = {**spec.env, **extra}
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
+            if early is not None:
+                early.discard()
             if gate is not None:
                 with contextlib.suppress(SandtreeError):
                     gate()                       # (the answer is read whatever happened)

@@ -463,6 +463,10 @@ def _serve(a, base: str, w: int) -> int:
     os.dup2(null, 1)
     os.dup2(log, 2)
     up = os.open(a.upstream_netns, os.O_RDONLY | os.O_CLOEXEC) if a.upstream_netns else None
+    # The links' threads (making, looking at released ones) run Python for milliseconds at a time:
+    # the loop, which answers a run's set_policy and release, gets the GIL back within 0.5 ms
+    # instead of the default 5 (measured: a networked run waited 0.6 ms p50, 2.6 p90 for its set_policy).
+    sys.setswitchinterval(0.0005)
     daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca, a.grace, a.idle)
     path = socket_path(a.home)
     with contextlib.suppress(FileNotFoundError):
