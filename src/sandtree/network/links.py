@@ -334,6 +334,7 @@ class Links:
                     for w in due:
                         self._waiting.remove(w)
                 used = recycle.namespaces_in_use()          # one /proc scan for all that are due
+                self.stats["scans"] += 1
                 for w in due:
                     self._look_at(w, used, router, ct)
         except BaseException as e:          # noqa: BLE001 - a bug here must not leave links behind
