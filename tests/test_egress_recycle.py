@@ -472,3 +472,22 @@ def test_networked_runs_reuse_links_of_their_scope_and_each_finds_one_clean(warm
         before = [r for r in runs[:i] if r[1] == runs[i][1]]
         assert before and before[-1][0] == runs[i][0], (i, runs)
     assert lab.trap_hits() == {}
+
+
+def test_a_tenants_runs_are_of_its_own_scope_and_it_cannot_name_one(eng, tmp_path, monkeypatch):
+    from sandtree.tenancy import Tenant
+    view = eng.as_tenant(Tenant("recycler"))
+    image = view.import_path(make_rootfs(str(tmp_path / "root")))
+    with pytest.raises(InvalidInput):
+        view.run(image, "true", scope="engine")            # whose run it is is the engine's to say
+    with pytest.raises(InvalidInput):
+        view.run(image, "true", scope="tenant:recycler")
+    asked = []
+    real = eng.run_operation
+
+    def spy(*a, **kw):
+        asked.append(kw.get("scope"))
+        return real(*a, **kw)
+    monkeypatch.setattr(eng, "run_operation", spy)
+    view.run(image, "true")
+    assert asked == ["tenant:recycler"]

@@ -67,8 +67,9 @@ class TenantView(TenantSight):
     def run_options(self, options: dict, keys=None, image: str | None = None) -> dict:
         """Uploads and file sets must be this tenant's; resources within its limits; a network
         policy (on `image`, for inherit) within its token's grant; stored secrets in its namespace."""
-        if "op_id" in options:
-            raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
+        for name in ("op_id", "scope"):      # an operation's id and whose run it is are the engine's to say
+            if name in options:
+                raise InvalidInput(f"unknown option(s): {name}")
         opts = dict(options)
         self.check_network(opts.get("network"), image)
         if opts.get("secrets") is not None:       # rule: stored secrets by name are its own or shared with it
