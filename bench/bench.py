@@ -296,11 +296,8 @@ def network_table(img, cold_img, args, unrecycled_img=None, only_start: bool = F
     for c in ("what", "p50 ms", "p90 ms", "vs"):
         table.add_column(c, justify="right" if c != "what" else "left")
     starts = network.start_rows(img, cold_img, min(args.n, 100), timeit, unrecycled_img)
-    shown = set()
     for (name, xs), (netname, nxs) in zip(starts[::2], starts[1::2]):
-        if name not in shown:
-            shown.add(name)
-            table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", "")
+        table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", "")
         table.add_row(netname, f"{pct(nxs, 50) * 1e3:.2f}", f"{pct(nxs, 90) * 1e3:.2f}",
                       f"{(pct(nxs, 50) - pct(xs, 50)) * 1e3:+.2f} ms vs no network")
     if only_start:

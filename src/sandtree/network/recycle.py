@@ -174,7 +174,8 @@ def reset(fd: int, router: nlraw.Socket, router_ifindex: int) -> None:
         genl.request(family, struct.pack("=BBH", _TCPM_DEL, 1, 0))      # no address: every entry
         if genl.request(family, struct.pack("=BBH", _TCPM_GET, 1, 0), dump=True):
             raise OSError("TCP metrics are left after a flush")
-        for _, m in nl.request(_RTM_GETROUTE, bytes(12), dump=True):
+        cached = struct.pack("=8BI", 0, 0, 0, 0, 0, 0, 0, 0, _RTM_F_CLONED)     # (a dump of the exceptions)
+        for _, m in nl.request(_RTM_GETROUTE, cached, dump=True):
             if struct.unpack_from("=I", m, 8)[0] & _RTM_F_CLONED:
                 raise OSError("a cached route is left after a flush")
     _flush_neighbours(router, router_ifindex)
