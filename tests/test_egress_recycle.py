@@ -230,6 +230,34 @@ def test_a_clean_link_comes_back_only_to_its_scope_and_looks_fresh(eg):
             eg.release(key)
 
 
+def test_a_link_that_had_secrets_comes_back_without_them(eg):
+    from sandtree.network.trust import parse_secrets
+    secrets = parse_secrets({"API_KEY": {"value": "s3cr3t-recycled", "hosts": ["allowed.test"]}})
+    first = eg.attach("r-sec1", POLICY, secrets, scope="tenant:sec")
+    used_ino, used_ca = ino(first.netns_fd), first.ca_pem
+    assert first.placeholders and used_ca
+    first.close()
+    n = stats(eg).get("recycled", 0)
+    eg.release("r-sec1")
+    wait_stat(eg, "recycled", n)
+    again = eg.attach("r-sec2", POLICY, scope="tenant:sec")
+    try:
+        assert ino(again.netns_fd) == used_ino
+        assert again.placeholders == {} and again.ca_pem is None
+        assert "s3cr3t" not in str(eg.list())
+    finally:
+        again.close()
+        eg.release("r-sec2")
+    other = eg.attach("r-sec3", POLICY, parse_secrets({"API_KEY": {"value": "another", "hosts": ["allowed.test"]}}),
+                      scope="tenant:sec")
+    try:
+        assert other.ca_pem and other.ca_pem != used_ca            # a CA of its own, not the last one's
+        assert other.placeholders["API_KEY"] != first.placeholders["API_KEY"]
+    finally:
+        other.close()
+        eg.release("r-sec3")
+
+
 def _released_dirty(eg, key: str, dirty, reason: str, timeout: float = 8.0) -> None:
     link = eg.attach(key, POLICY, scope="tenant:d")
     used_ino = ino(link.netns_fd)
