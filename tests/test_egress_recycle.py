@@ -103,6 +103,20 @@ def wait_stat(eg, name: str, above: int, timeout: float = 8.0) -> dict:
     raise AssertionError(f"stat {name!r} did not pass {above}: {stats(eg)}")
 
 
+def settled(eg) -> dict:
+    """The daemon's stats once the recycler has nothing left from earlier tests (unchanged for
+    1.2 s: a link waiting for its processes is looked at again within 1 s)."""
+    end = time.monotonic() + 15
+    last = stats(eg)
+    while time.monotonic() < end:
+        time.sleep(1.2)
+        now = stats(eg)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the recycler did not settle: {last}")
+
+
 def reasons(eg) -> dict:
     return {k: v for k, v in stats(eg).items() if k not in ("made", "recycled", "dropped")}
 
@@ -207,7 +221,7 @@ def test_a_clean_link_comes_back_only_to_its_scope_and_looks_fresh(eg):
         assert eg.usage("r-a1")["dns_queries"] == 1 and eg.usage("r-a1")["refused"] == 1
     finally:
         first.close()
-    n = stats(eg).get("recycled", 0)
+    n = settled(eg).get("recycled", 0)
     eg.release("r-a1")
     wait_stat(eg, "recycled", n)
     other = eg.attach("r-b1", POLICY, scope="tenant:b")
@@ -237,7 +251,7 @@ def test_a_link_that_had_secrets_comes_back_without_them(eg):
     used_ino, used_ca = ino(first.netns_fd), first.ca_pem
     assert first.placeholders and used_ca
     first.close()
-    n = stats(eg).get("recycled", 0)
+    n = settled(eg).get("recycled", 0)
     eg.release("r-sec1")
     wait_stat(eg, "recycled", n)
     again = eg.attach("r-sec2", POLICY, scope="tenant:sec")
@@ -335,6 +349,23 @@ def test_a_link_changed_from_how_it_was_made_is_removed(eg, change):
     _released_dirty(eg, f"r-{change[0]}", changed, "differ from a fresh link's")
 
 
+@pytest.mark.parametrize("traffic", [False, True])
+def test_a_link_with_an_nftables_table_or_conntrack_entries_in_it_is_removed(eg, traffic):
+    def table(link):
+        r = subprocess.run(["nsenter", f"--net=/proc/self/fd/{link.netns_fd}", "nft", "-f", "-"],
+                           input="table inet t {\n chain c {\n type filter hook output priority 0;\n"
+                                 " ct state new accept\n }\n}\n",
+                           pass_fds=(link.netns_fd,), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        if traffic:
+            with netns.entered(link.netns_fd):
+                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.sendto(b"x", ("127.0.0.1", 9))          # a conntrack entry in the link's namespace
+            u.close()
+    _released_dirty(eg, f"r-nft{int(traffic)}", table,
+                    "conntrack entries left" if traffic else "an nftables table is in its namespace")
+
+
 def test_an_unscoped_link_is_removed_after_its_release(eg):
     link = eg.attach("r-plain", POLICY)
     used_ino = ino(link.netns_fd)
@@ -353,7 +384,7 @@ def test_an_unscoped_link_is_removed_after_its_release(eg):
 def test_the_daemon_keeps_a_link_to_its_scope(eg):
     link = eg.attach("r-s1", POLICY, scope="tenant:a")
     link.close()
-    n = stats(eg).get("recycled", 0)
+    n = settled(eg).get("recycled", 0)
     eg.release("r-s1")
     wait_stat(eg, "recycled", n)
     # a link for a run not yet known: any link, its scope said; the run must then be of that scope
@@ -436,7 +467,7 @@ def test_a_link_is_the_hosts_and_a_sandbox_on_it_changes_nothing_checked(eg, eng
         assert "nft_newtable -1\n" in text and "ct_flush -1\n" in text, text      # EPERM
     finally:
         link.close()
-    n = stats(eg).get("recycled", 0)
+    n = settled(eg).get("recycled", 0)
     eg.release("r-sb")
     wait_stat(eg, "recycled", n)                  # found as it was made: nothing was changed
     nxt = eg.attach("r-sb2", POLICY, scope="tenant:sb")
