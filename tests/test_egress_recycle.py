@@ -122,7 +122,12 @@ def reasons(eg) -> dict:
 
 
 def ino(fd: int) -> int:
-    return os.fstat(fd).st_ino
+    """A namespace's identity: its cookie (SO_NETNS_COOKIE), never reused, unlike its inode
+    number, which a namespace made after one is gone may get again."""
+    with netns.entered(fd):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)     # (unbound: listed nowhere)
+    with s:
+        return int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), "little")     # SO_NETNS_COOKIE
 
 
 def ip(fd: int, *args: str) -> str:
