@@ -237,8 +237,8 @@ class Links:
 
     def _fill(self) -> None:
         while not self._closed:
-            with self._lock:
-                if len(self._pool) >= self._pool_size:
+            with self._lock:              # (fresh ones: recycled links serve only their scope)
+                if sum(m.scope is None for m in self._pool) >= self._pool_size:
                     return
             made = self._make()
             with self._lock:
@@ -367,7 +367,8 @@ class Links:
             except Exception as e:          # noqa: BLE001 - not provably clean: removed
                 why = f"looking at it failed: {type(e).__name__}: {e}"
         with self._lock:
-            keep = why is None and not self._closed and len(self._pool) < 2 * self._pool_size
+            keep = why is None and not self._closed and \
+                sum(m.scope is not None for m in self._pool) < 2 * self._pool_size
             if keep:
                 made.scope, made.uses = scope, made.uses + 1
                 self._pool.append(made)
