@@ -282,17 +282,26 @@ def density(st, img, k: int, con: Console) -> Table:
     return table
 
 
-def network_table(img, cold_img, args) -> Table:
+def unrecycled_image(img, work: str):
+    """img in a store of its own whose engine's links are never recycled (the rows' before)."""
+    st = sandtree.Sandtree(os.path.join(work, "home-unrecycled"))
+    st._engine.egress.recycle = False
+    return st, st.import_image(os.path.join(work, "rootfs"))
+
+
+def network_table(img, cold_img, args, unrecycled_img=None, only_start: bool = False) -> Table:
     """Issue 14's targets: start cost of an allow-list, egress rate, secret injection latency."""
     import network                     # tests/netlab.py and the proxy: only when these rows run
     table = Table(title="network egress (issue 14)")
     for c in ("what", "p50 ms", "p90 ms", "vs"):
         table.add_column(c, justify="right" if c != "what" else "left")
-    starts = network.start_rows(img, cold_img, min(args.n, 100), timeit)
+    starts = network.start_rows(img, cold_img, min(args.n, 100), timeit, unrecycled_img)
     for (name, xs), (netname, nxs) in zip(starts[::2], starts[1::2]):
         table.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", "")
         table.add_row(netname, f"{pct(nxs, 50) * 1e3:.2f}", f"{pct(nxs, 90) * 1e3:.2f}",
                       f"{(pct(nxs, 50) - pct(xs, 50)) * 1e3:+.2f} ms vs no network")
+    if only_start:
+        return table
     inj = network.injection_rows(min(args.n, 300), timeit)
     by = dict(inj)
     for name, xs in inj:
@@ -352,6 +361,9 @@ def main() -> None:
                     help="idle live sandboxes to start at once (0: skip)")
     ap.add_argument("--egress-mb", type=int, default=1024, metavar="MB",
                     help="the bulk download through the egress proxy (0: skip the network rows)")
+    ap.add_argument("--only", choices=["network-start"],
+                    help="only these rows (network-start: the start cost of an allow-list policy, warm and "
+                         "cold, and with links not recycled)")
     args = ap.parse_args()
     con = Console(width=120)
     work = tempfile.mkdtemp(prefix="sandtree-bench-")
@@ -360,6 +372,13 @@ def main() -> None:
         rootfs = make_rootfs(os.path.join(work, "rootfs"))
         st = sandtree.Sandtree(os.path.join(work, "home"))
         img = st.import_image(rootfs)
+        if args.only == "network-start":
+            cold_st = sandtree.Sandtree(os.path.join(work, "home"), warm=0)
+            un_st, un_img = unrecycled_image(img, work)
+            con.print(network_table(img, cold_st.image(img.id), args, un_img, only_start=True))
+            for s_ in (un_st, cold_st, st):
+                s_.close()
+            return
 
         floor = timeit(lambda: subprocess.run(["/bin/true"]), args.n)
         rows.append(("subprocess /bin/true (floor)", floor))
@@ -484,7 +503,9 @@ def main() -> None:
                           f"{pct(deb_true, 90) * 1e3:.2f}", ratio)
         con.print(table)
         if args.egress_mb > 0:
-            con.print(network_table(img, cold_img, args))
+            un_st, un_img = unrecycled_image(img, work)
+            con.print(network_table(img, cold_img, args, un_img))
+            un_st.close()
         import oci                         # bench/oci.py: a registry on loopback for the push rows
         con.print(oci.oci_table(st, img, work, min(args.n, 50)))
         con.print(build_table(st, img, args))

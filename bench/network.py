@@ -22,26 +22,43 @@ import egress  # noqa: E402
 from sandtree.network.trust import bundle, link_ca, parse_secrets  # noqa: E402
 
 
-def start_rows(img, cold_img, n: int, timeit) -> list:
+def _alternate(im, policy, n: int, plain: list, netted: list) -> None:
+    for _ in range(n):
+        for out, kw in ((plain, {}), (netted, {"network": policy})):
+            t = time.perf_counter()
+            im.run(["/bin/true"], disposable=True, **kw)
+            out.append(time.perf_counter() - t)
+
+
+def start_rows(img, cold_img, n: int, timeit, unrecycled_img=None) -> list:
     """(name, samples) rows: a run without network and one with an allow-list policy, warm (the
     engine's pools: a networked run takes a helper started ahead in a link) and cold (warm=0: a
     link attached per run). Plain and networked runs alternate, so load on the machine falls on
-    both alike."""
+    both alike. unrecycled_img: the same image in a store of its own whose engine asks for links
+    that are never recycled (Egress.recycle off: a fresh link for every run, removed after, as
+    before recycling): measured in blocks that alternate with the warm rows' (A B A B; runs of
+    both stores interleaved one by one would put each one's background work on the other's runs)."""
     policy = ["allowed.example", "*.pypi.org:443"]
     rows = []
-    for label, im in (("warm start", img), ("cold start", cold_img)):
-        im.run(["/bin/true"], network=policy, disposable=True)      # (the first starts the linked pool)
+    for label, im, other in (("warm start", img, unrecycled_img), ("cold start", cold_img, None)):
+        for x in (im, other):
+            if x is not None:
+                x.run(["/bin/true"], network=policy, disposable=True)      # (the first starts the linked pool)
         time.sleep(0.5)
-        plain, netted = [], []
-        for _ in range(n):
-            for out, kw in ((plain, {}), (netted, {"network": policy})):
-                t = time.perf_counter()
-                im.run(["/bin/true"], disposable=True, **kw)
-                out.append(time.perf_counter() - t)
+        plain, netted, plain2, unrecycled = [], [], [], []
+        for half in (n - n // 2, n // 2):
+            _alternate(im, policy, half, plain, netted)
+            if other is not None:
+                time.sleep(0.3)                      # (the other store's background work settles)
+                _alternate(other, policy, half, plain2, unrecycled)
+                time.sleep(0.3)
         r = im.run(["/bin/true"], network=policy, disposable=True)
         assert r.usage.get("network") is not None, "the run had no link"
         rows += [(f"run /bin/true, no network ({label})", plain),
                  (f"run /bin/true, allow-list policy ({label})", netted)]
+        if other is not None:
+            rows += [(f"run /bin/true, no network ({label}, store without recycling)", plain2),
+                     (f"run /bin/true, allow-list policy ({label}, links not recycled)", unrecycled)]
     return rows
 
 

@@ -85,8 +85,8 @@ def taken_by(eng, monkeypatch) -> list:
     seen = []
     real = eng.runtime.take_linked
 
-    def spy(provide, retire):
-        w = real(provide, retire)
+    def spy(provide, retire, fits=None):
+        w = real(provide, retire, fits)
         seen.append(w and w.key)
         return w
     monkeypatch.setattr(eng.runtime, "take_linked", spy)

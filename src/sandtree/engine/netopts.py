@@ -62,10 +62,11 @@ def require_egress(egress) -> None:
                                  "sandboxes without network only (network=off)")
 
 
-def attach_link(egress, key: str, net: NetOption, read_image):
+def attach_link(egress, key: str, net: NetOption, read_image, scope: str | None = None):
     """Ask the egress daemon for `key`'s link; (link, runtime_files, env additions).
-    read_image(path) -> bytes of the image's file (NotFound when it has none)."""
-    link = egress.attach(key, net.policy, net.secrets or None)
+    read_image(path) -> bytes of the image's file (NotFound when it has none). scope: whose run
+    it is (the link may be one that scope used before, and serve it again: Egress.attach)."""
+    link = egress.attach(key, net.policy, net.secrets or None, scope=scope)
     image_bundle = None
     if link.ca_pem:                      # the image's trust store, which the link's CA joins
         for path in IMAGE_BUNDLES:

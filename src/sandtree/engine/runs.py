@@ -23,6 +23,7 @@ from .spec import command_argv
 from ..defaults import RunRecord
 from ..values import check_labels
 from .imagedefaults import run_defaults
+from ..network.client import LOCAL_SCOPE
 from .netopts import attach_link, network_option, require_egress
 
 
@@ -60,7 +61,8 @@ class RunOps:
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                  disk=disk, output=output, labels=labels, network=network, secrets=secrets)
+                                  disk=disk, output=output, labels=labels, network=network, secrets=secrets,
+                                  scope=LOCAL_SCOPE)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
@@ -76,9 +78,12 @@ class RunOps:
              files=None, disposable: bool | str = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
-             step: str | None = None, in_tx=None, **limits) -> RunRecord | None:
+             step: str | None = None, in_tx=None, scope: str | None = None, **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
-        in_tx(con, result): called in the transaction that records the run (the build cache's row)."""
+        in_tx(con, result): called in the transaction that records the run (the build cache's row).
+        scope: whose run this is (a tenant; LOCAL_SCOPE: the engine's own caller): a networked run
+        may get a link only runs of the same scope used (the egress daemon recycles links within
+        a scope); None: a fresh link, removed after."""
         runtime = self.tier(tier)
         keep = keep_mode(disposable)
         labels = check_labels(labels)
@@ -88,48 +93,61 @@ class RunOps:
         net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)
-        argv = command_argv(command)
-        lim = self.specs.limits(limits)
-        user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
-        cwd, uid, gid = dflt.cwd, dflt.uid, dflt.gid
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        injected = self.specs.files(files, file_set)
-        self.specs.check_cwd(source, cwd, injected)
-        spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
-                       hostname=hostname, files=injected, limits=lim, on_output=on_output,
-                       prepare_changes=self.specs.injector(source, injected), cancel=cancel)
-        if check_only:
-            validate_spec(spec)
-            return None
-        op = op_id or uuid.uuid4().hex
-        masked = secret_values(user_env)
-        record_spec = {"command": step if step is not None else
-                       mask_text(command if isinstance(command, str) else " ".join(argv), masked),
-                       "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
-                       "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
-                       "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
-                       **({"labels": labels} if labels else {}), **net.record()}
+        # A run that will take a linked helper takes it now and sends its link's policy: the
+        # daemon answers while the spec is built (the gate awaits the answer before the command).
+        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
+        early = None
+        if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
+            early = self._take_linked(runtime, net, scope)
+        try:
+            argv = command_argv(command)
+            lim = self.specs.limits(limits)
+            user_env = {str(k): str(v) for k, v in (env or {}).items()}
+            dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
+            cwd, uid, gid = dflt.cwd, dflt.uid, dflt.gid
+            if isinstance(stdin, str):
+                stdin = stdin.encode()
+            injected = self.specs.files(files, file_set)
+            self.specs.check_cwd(source, cwd, injected)
+            spec = RunSpec(argv=argv, layers=row.layers, root_meta=self.specs.root_meta(source),
+                           env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                           hostname=hostname, files=injected, limits=lim, on_output=on_output,
+                           prepare_changes=self.specs.injector(source, injected), cancel=cancel)
+            if check_only:
+                validate_spec(spec)
+                return None
+            op = op_id or uuid.uuid4().hex
+            masked = secret_values(user_env)
+            record_spec = {"command": step if step is not None else
+                           mask_text(command if isinstance(command, str) else " ".join(argv), masked),
+                           "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
+                           "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
+                           "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
+                           **({"labels": labels} if labels else {}), **net.record()}
+        except BaseException:
+            if early is not None:
+                early.discard()                  # (its policy's answer read, its link given back)
+            raise
         started = time.time()
         link = link_key = gate = None
-        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
         release = None
         try:
             # a pooled sandbox only of a pool with the same policy (its link then is the run's)
             served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy) and not net.secrets else None
             if served is None and net.policy is not None:   # a link of its own
-                spec.prestarted = self._take_linked(runtime, net)
+                spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope)
+                early = None
                 if spec.prestarted is not None:      # a helper waiting in a link: now with the policy
                     link_key, gate = spec.prestarted.key, spec.prestarted.gate
                 else:                                # a new link (key: the operation), cold start
                     link, spec.runtime_files, extra = attach_link(self.egress, op, net,
-                                                                  lambda p: self.read(source, p))
+                                                                  lambda p: self.read(source, p), scope)
                     link_key, spec.netns_fd = op, link.netns_fd
                     spec.env = {**spec.env, **extra}
             outcome, release = served if served is not None else (runtime.run(spec), None)
         except Exception as exc:
+            if early is not None:
+                early.discard()
             if gate is not None:
                 with contextlib.suppress(SandtreeError):
                     gate()                       # (the answer is read whatever happened)
@@ -161,24 +179,27 @@ class RunOps:
             link.close()
         return self.egress.release(key) if key is not None else {}
 
-    def _take_linked(self, runtime, net):
+    def _take_linked(self, runtime, net, scope: str | None):
         """A helper the runtime started ahead in a link with nothing allowed, given the run's
         policy (one round trip to the daemon), or None: the run attaches a link and starts cold.
-        Not for secrets (their placeholders and CA are the link's from its start)."""
+        Not for secrets (their placeholders and CA are the link's from its start). Only a helper
+        whose link is fresh or served this scope before (a recycled link never changes scope)."""
         if net.secrets:
             return None
-        pre = runtime.take_linked(self._provide_link, self.egress.release)
+        pre = runtime.take_linked(self._provide_link, self.egress.release,
+                                  fits=lambda link_scope: link_scope is None or link_scope == scope)
         if pre is None:
             return None
         # The daemon's yes is awaited just before the command is handed over (the runtime calls
         # the gate): the round trip overlaps the run's own preparation.
-        pre.gate = self.egress.set_policy_begin(pre.key, net.policy)
+        pre.gate = self.egress.set_policy_begin(pre.key, net.policy, scope)
         return pre
 
     def _provide_link(self):
-        """A link for a linked warm helper: no policy until a run takes the helper."""
-        link = self.egress.attach(f"warm-{uuid.uuid4().hex}", None)
-        return link.key, link.netns_fd, link.runtime_files()
+        """A link for a linked warm helper: no policy until a run takes the helper; a fresh one or
+        one a scope used before (link.scope: then only that scope's runs take the helper)."""
+        link = self.egress.attach(f"warm-{uuid.uuid4().hex}", None, scope="any")
+        return link.key, link.netns_fd, link.runtime_files(), link.scope
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
                     keep: str, network_usage=None, in_tx=None) -> tuple[RunRecord, str | None]:

@@ -24,10 +24,19 @@ from . import trust
 from .policy import Policy
 from .state import Secret
 
-__all__ = ["Egress", "Link", "START_TIMEOUT", "MAX_MESSAGE", "socket_path", "lock_path"]
+__all__ = ["Egress", "Link", "START_TIMEOUT", "MAX_MESSAGE", "LOCAL_SCOPE", "socket_path", "lock_path", "tenant_scope"]
 
 START_TIMEOUT = 30.0       # seconds for a daemon to come up
 MAX_MESSAGE = 4 << 20      # bytes of one request or answer (64 secrets of 16 KiB fit many times over)
+
+
+# Scopes (whose runs a recycled link may serve again: Egress.attach): the in-process engine's own
+# caller, and each tenant of a server. The two kinds never meet.
+LOCAL_SCOPE = "engine"
+
+
+def tenant_scope(name: str) -> str:
+    return "tenant:" + name
 
 
 def socket_path(home: str) -> str:
@@ -48,6 +57,7 @@ class Link:
     gateway: str               # the router's end: the sandbox's default route and DNS server
     placeholders: dict[str, str]   # secret NAME -> what the sandbox's env gets instead of the value
     ca_pem: bytes | None       # the link's CA (links with secrets): what the sandbox must trust
+    scope: str | None = None   # whose runs the link served (a recycled link's); None: nobody's yet
 
     def close(self) -> None:
         if self.netns_fd is not None:
@@ -69,6 +79,13 @@ class Link:
         return {**self.placeholders, **(trust.sandbox_env(trust.RUNTIME_PATH) if self.ca_pem else {})}
 
 
+def _policy_request(key: str, policy: Policy | None, scope: str | None) -> dict:
+    req = {"op": "set_policy", "key": key, "policy": policy.to_json() if policy else None}
+    if scope is not None:
+        req["scope"] = scope
+    return req
+
+
 def _error(answer: dict) -> SandtreeError:
     cls = getattr(errors, str(answer.get("error")), None)
     if not (isinstance(cls, type) and issubclass(cls, SandtreeError)):
@@ -85,6 +102,7 @@ class Egress:
         self.upstream_dns = upstream_dns or dns
         self.upstream_ca = upstream_ca or ca
         self._available = False
+        self.recycle = True                  # attach links that may go back to the daemon's pool (tests, bench: off)
         self._local = threading.local()
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -207,12 +225,19 @@ class Egress:
         return self._request({"op": "ping"})[0]
 
     def attach(self, key: str, policy: Policy | None, secrets: list[Secret] | None = None,
-               owner: int | None = None) -> Link:
+               owner: int | None = None, scope: str | None = None) -> Link:
         """A link for `key` with `policy` (None: nothing goes out); `secrets` get placeholders (the
-        daemon's: the values stay in its memory) and the link a CA."""
+        daemon's: the values stay in its memory) and the link a CA. scope: whose run it is (a
+        tenant): the link is a fresh one or one only that scope used, and after its release it
+        may serve that scope again (the daemon recycles it when it finds it clean); "any" (only
+        with no policy: a link made ready for a run not yet known) any, Link.scope saying whose
+        it was; None: a fresh link, removed after its release."""
         wire = {s.name: {"value": s.value, "hosts": list(s.hosts)} for s in secrets or ()}
-        answer, fds = self._request({"op": "attach", "key": key, "policy": policy.to_json() if policy else None,
-                                     "secrets": wire or None, "owner": owner if owner is not None else os.getpid()})
+        req = {"op": "attach", "key": key, "policy": policy.to_json() if policy else None,
+               "secrets": wire or None, "owner": owner if owner is not None else os.getpid()}
+        if scope is not None and self.recycle:
+            req.update(scope=scope, recycle=True)
+        answer, fds = self._request(req)
         if len(fds) != 1:
             for fd in fds:
                 os.close(fd)
@@ -244,10 +269,14 @@ class Egress:
     def _link(key: str, answer: dict, fd: int | None) -> Link:
         ca = answer.get("ca_pem")
         return Link(key=key, netns_fd=fd, address=answer["address"], gateway=answer["gateway"],
-                    placeholders=dict(answer.get("placeholders") or {}), ca_pem=ca.encode() if ca else None)
+                    placeholders=dict(answer.get("placeholders") or {}), ca_pem=ca.encode() if ca else None,
+                    scope=answer.get("scope"))
 
-    def set_policy(self, key: str, policy: Policy | None) -> None:
-        self._request({"op": "set_policy", "key": key, "policy": policy.to_json() if policy else None}, start=False)
+    def set_policy(self, key: str, policy: Policy | None, scope: str | None = None) -> None:
+        """Replace `key`'s policy. scope: whose run it now is (a link attached with scope "any"
+        must be given the scope it served, or a fresh one any scope; None: the link is removed
+        after its release)."""
+        self._request(_policy_request(key, policy, scope), start=False)
 
     def usage(self, key: str) -> dict:
         return self._request({"op": "usage", "key": key}, start=False)[0]["usage"]
@@ -267,10 +296,10 @@ class Egress:
                 return {}
         return usage
 
-    def set_policy_begin(self, key: str, policy: Policy | None):
+    def set_policy_begin(self, key: str, policy: Policy | None, scope: str | None = None):
         """Send a set_policy now; the function returned waits for the daemon's yes (and raises
         what set_policy would)."""
-        return self._begin({"op": "set_policy", "key": key, "policy": policy.to_json() if policy else None})
+        return self._begin(_policy_request(key, policy, scope))
 
     def _begin(self, req: dict):
         """Send `req` now (no daemon started for it); finish() reads its answer once (later calls

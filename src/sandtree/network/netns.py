@@ -47,15 +47,19 @@ def join(fd: int) -> None:
         _setns(fd)
 
 
-def new() -> int:
-    """A new, empty network namespace (only `lo`, down), owned by our user namespace: an fd."""
+def new(parent: int | None = None) -> int:
+    """A new, empty network namespace (only `lo`, down), owned by our user namespace: an fd.
+    parent: a namespace to make it from (some settings, as tcp_child_ehash_entries, are the
+    maker's namespace's), else the calling thread's."""
     with _lock:
         home = current()
         try:
-            if _libc.unshare(CLONE_NEWNET) != 0:
-                e = ctypes.get_errno()
-                raise OSError(e, f"unshare(CLONE_NEWNET): {os.strerror(e)}")
             try:
+                if parent is not None:
+                    _setns(parent)
+                if _libc.unshare(CLONE_NEWNET) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"unshare(CLONE_NEWNET): {os.strerror(e)}")
                 return current()
             finally:
                 _setns(home)

@@ -191,7 +191,7 @@ class NamespaceRuntime(Runtime):
             raise
         return Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw, w.scratch_fd)
 
-    def take_linked(self, provide, retire) -> "WarmPool | None":
+    def take_linked(self, provide, retire, fits=None) -> "WarmPool | None":
         """See Runtime.take_linked: a pool of LINKED_WARM helpers, started on the first ask."""
         with self._pool_lock:
             if self._linked is None:
@@ -199,7 +199,7 @@ class NamespaceRuntime(Runtime):
                     return None
                 self._linked = WarmPool(self, LINKED_WARM, provide, retire)
                 return None                      # this run starts cold; the next finds one
-        return self._linked.take()
+        return self._linked.take(fits)
 
     def warm(self, size: int = 2) -> None:
         """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""

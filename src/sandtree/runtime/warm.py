@@ -31,6 +31,7 @@ class WarmHelper:
     report_raw: bytearray
     scratch_fd: int | None = None
     key: str | None = None          # a linked helper's link (born in its namespace, nothing allowed yet)
+    scope: str | None = None        # whose runs that link served before (a recycled one); None: nobody's
     retire: object = None           # key -> None: give the link back (an unused linked helper)
     gate: object = None             # () -> None, called before the run is handed over (its link's policy set)
 
@@ -70,8 +71,8 @@ class WarmPool:
 
     def __init__(self, runtime, size: int, provide=None, retire=None):
         # runtime: the NamespaceRuntime it starts for. A linked pool (provide given): each helper is
-        # born in a link's network namespace; provide() -> (key, netns_fd, runtime_files) makes
-        # one (the engine's egress daemon, nothing allowed until a run sets its policy),
+        # born in a link's network namespace; provide() -> (key, netns_fd, runtime_files, scope)
+        # makes one (the engine's egress daemon, nothing allowed until a run sets its policy),
         # retire(key) gives an unused one back.
         self.rt = runtime
         self.size = size
@@ -83,9 +84,12 @@ class WarmPool:
         self.thread = threading.Thread(target=self._fill, name="sandtree-warm", daemon=True)
         self.thread.start()
 
-    def take(self) -> WarmHelper | None:
+    def take(self, fits=None) -> WarmHelper | None:
+        """A ready helper (for a linked pool: one whose link's scope fits(scope) accepts), or None."""
         with self.cv:
-            w = self.ready.popleft() if self.ready else None
+            w = next((x for x in self.ready if fits is None or fits(x.scope)), None)
+            if w is not None:
+                self.ready.remove(w)
             self.cv.notify()
             return w
 
@@ -129,10 +133,10 @@ class WarmPool:
         args += rt.static_args()
         for f in cg.procs_files:
             args += ["--cgroup", f]
-        key = netns_fd = files_fd = None
+        key = netns_fd = files_fd = scope = None
         try:
             if self.provide is not None:
-                key, netns_fd, files = self.provide()
+                key, netns_fd, files, scope = self.provide()
                 files_fd = memfd(files)
                 args += ["--netns-fd", str(netns_fd), "--runtime-fd", str(files_fd)]
             proc = subprocess.Popen(args, env={}, close_fds=True,
@@ -150,7 +154,7 @@ class WarmPool:
                 if fd is not None:
                     os.close(fd)
         raw = bytearray()
-        w = WarmHelper(proc, ours, rep_r, spec_w, cg, raw, key=key, retire=self.retire)
+        w = WarmHelper(proc, ours, rep_r, spec_w, cg, raw, key=key, scope=scope, retire=self.retire)
         while b"ready\n" not in raw:
             chunk = os.read(rep_r, 4096)
             if not chunk:

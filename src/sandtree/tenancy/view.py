@@ -15,6 +15,7 @@ from .. import table
 from ..branching import lineage
 from ..branching.fork import fan_out, refuse_fork_options
 from ..branching.merge import check_on_conflict, conflict_outcome
+from ..network.client import tenant_scope
 from ..network.policy import Policy
 from ..errors import Forbidden, ImageNotFound, InvalidInput, LimitExceeded, NotFound, SandtreeError
 from ..store import refs, registry
@@ -66,8 +67,9 @@ class TenantView(TenantSight):
     def run_options(self, options: dict, keys=None, image: str | None = None) -> dict:
         """Uploads and file sets must be this tenant's; resources within its limits; a network
         policy (on `image`, for inherit) within its token's grant; stored secrets in its namespace."""
-        if "op_id" in options:
-            raise InvalidInput("unknown option(s): op_id")   # an operation's id is the engine's to choose
+        for name in ("op_id", "scope"):      # an operation's id and whose run it is are the engine's to say
+            if name in options:
+                raise InvalidInput(f"unknown option(s): {name}")
         opts = dict(options)
         self.check_network(opts.get("network"), image)
         if opts.get("secrets") is not None:       # rule: stored secrets by name are its own or shared with it
@@ -225,7 +227,7 @@ class TenantView(TenantSight):
             self.claim(op)
             self.audit_run(source, command, op, opts.get("env"), branch, opts.get("network"))
             try:
-                rec = self.engine.run_operation(target, command, op_id=op, **opts)
+                rec = self.engine.run_operation(target, command, op_id=op, scope=tenant_scope(self.tenant.name), **opts)
             except SandtreeError as exc:
                 raise self.plain_error(exc) from None
             if rec.usage.get("network") is not None:       # what a networked run sent and was refused
