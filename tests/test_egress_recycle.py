@@ -546,6 +546,9 @@ def test_a_tenants_runs_are_of_its_own_scope_and_it_cannot_name_one(eng, tmp_pat
         view.run(image, "true", scope="engine")            # whose run it is is the engine's to say
     with pytest.raises(InvalidInput):
         view.run(image, "true", scope="tenant:recycler")
+    for name, value in (("step", "RUN pretend"), ("in_tx", print), ("op_id", "x" * 32), ("check_only", True)):
+        with pytest.raises(InvalidInput):                 # nor forge what the lineage records
+            view.run(image, "true", **{name: value})
     asked = []
     real = eng.run_operation
 

@@ -67,7 +67,10 @@ class TenantView(TenantSight):
     def run_options(self, options: dict, keys=None, image: str | None = None) -> dict:
         """Uploads and file sets must be this tenant's; resources within its limits; a network
         policy (on `image`, for inherit) within its token's grant; stored secrets in its namespace."""
-        for name in ("op_id", "scope"):      # an operation's id and whose run it is are the engine's to say
+        # The engine's own options, never a caller's: an operation's id, whose run it is (scope), what the
+        # lineage records as the command (step: a build's text) and the build cache's hook (in_tx) --
+        # a tenant naming them would forge records or take another's link.
+        for name in ("op_id", "scope", "step", "in_tx", "check_only"):
             if name in options:
                 raise InvalidInput(f"unknown option(s): {name}")
         opts = dict(options)
