@@ -39,6 +39,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 
 def pct(xs, p):
@@ -520,11 +521,7 @@ def main() -> None:
             con.print(density(st, img, args.density, con))
         st.close()
     finally:
-        # never delete through a mount (PLATFORM.md): sandboxes mount only in their own namespaces
-        if any(work in line for line in open("/proc/self/mountinfo")):
-            print(f"a mount is left under {work}: not deleting it", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)
 
 
 if __name__ == "__main__":

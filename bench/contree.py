@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 
 SETTLE = 0.02                 # seconds between samples (an agent's client between two instances)
@@ -99,10 +99,7 @@ def main() -> None:
         Console(width=120).print(contree_table(st, img, args.n))
         st.close()
     finally:
-        if any(work in line for line in open("/proc/self/mountinfo")):
-            print(f"a mount is left under {work}: not deleting it", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import sandtree
+import workdir  # bench/workdir.py (this script's folder is on sys.path when run or imported by bench.py)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "evalset", "instances.jsonl")
 REGISTRY = ["pypi.org", "files.pythonhosted.org"]
@@ -116,10 +117,7 @@ def main() -> None:
         for row in eval_rows(work, quick="--quick" in sys.argv):
             print(" | ".join(row))
     finally:
-        if any(work in line for line in open("/proc/self/mountinfo")):
-            print(f"a mount is left under {work}: not deleting it", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)
 
 
 if __name__ == "__main__":
