@@ -129,6 +129,15 @@ class Sandtree:
         self._engine.tag(image_id, name)
         return Image(self, image_id)
 
+    def annotate(self, image: "Image | str", score: float | None = None, **meta) -> dict:
+        """Merge a score and metadata (key=JSON scalar; None removes a key) into an image's annotations, like
+        git notes (the image's ID does not change); returns {"score": ..., "meta": {...}}."""
+        return self._engine.annotate(self._id(image), score, meta or None)
+
+    def annotations(self, image: "Image | str") -> dict:
+        """An image's annotations: {"score": float | None, "meta": {...}}."""
+        return self._engine.image_info(self._id(image))["annotations"]
+
     def untag(self, name: str) -> None:
         self._engine.untag(name)
 
