@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 from ..errors import InvalidInput
+from ..exploration import traces
 from .output import open_engine, out
 
-__all__ = ["add_exploration", "cmd_annotate", "parse_meta"]
+__all__ = ["add_exploration", "add_trace", "cmd_annotate", "cmd_trace_export", "parse_meta"]
 
 
 def parse_meta(items: list[str]) -> dict:
@@ -41,3 +42,21 @@ def add_exploration(sub, common) -> None:
     x.add_argument("--score", type=float)
     x.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="repeatable; VALUE null removes")
     x.set_defaults(fn=cmd_annotate)
+    add_trace(sub, common)
+
+
+def cmd_trace_export(args):
+    eng = open_engine(args)
+    got = traces.export_trace(eng, args.root, args.format, args.output, args.max_output)
+    out(args, got, lambda o: print(f"{o['rows']} rows from {o['root'][:12]} -> {o['file']} ({o['format']})"))
+
+
+def add_trace(sub, common) -> None:
+    t = sub.add_parser("trace", help="the image tree as a dataset (RL traces, evaluation)")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    x = tsub.add_parser("export", parents=[common], help="write the subtree under ROOT as JSONL or Parquet")
+    x.add_argument("root")
+    x.add_argument("--format", choices=traces.FORMATS, default="jsonl")
+    x.add_argument("-o", "--output", required=True, help="the file to write")
+    x.add_argument("--max-output", type=int, default=4096, help="bytes of stdout/stderr kept per row")
+    x.set_defaults(fn=cmd_trace_export)

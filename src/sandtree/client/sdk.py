@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from .. import config, evaluation
+from ..exploration import traces
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput, RuntimeUnavailable
@@ -137,6 +138,12 @@ class Sandtree:
     def annotations(self, image: "Image | str") -> dict:
         """An image's annotations: {"score": float | None, "meta": {...}}."""
         return self._engine.image_info(self._id(image))["annotations"]
+
+    def trace_export(self, root: "Image | str", fmt: str = "jsonl", out: str = "trace.jsonl",
+                     max_output: int = 4096) -> dict:
+        """Write the subtree under `root` as a dataset (one row per image: parent, command, exit code, outputs
+        cut to max_output bytes, usage, tags, score, meta): fmt "jsonl" or "parquet"; {"file", "rows", ...}."""
+        return traces.export_trace(self._engine, self._id(root), fmt, out, max_output)
 
     def untag(self, name: str) -> None:
         self._engine.untag(name)
