@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from .. import config, evaluation
-from ..exploration import traces
+from ..exploration import search, traces
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput, RuntimeUnavailable
@@ -138,6 +138,13 @@ class Sandtree:
     def annotations(self, image: "Image | str") -> dict:
         """An image's annotations: {"score": float | None, "meta": {...}}."""
         return self._engine.image_info(self._id(image))["annotations"]
+
+    def beam_search(self, root: "Image | str", expand, score, beam: int = 2, depth: int = 2, *,
+                    stop: float | None = None, **run_options) -> dict:
+        """Beam search from `root` (exploration/search.py): expand(image_id) -> commands, each run in a fork,
+        score(record) -> float annotated on its image; the best {"image", "score", "path", "nodes"}."""
+        return search.beam_search(self._engine, self._id(root), expand, score, beam, depth, stop=stop,
+                                  **run_options)
 
     def trace_export(self, root: "Image | str", fmt: str = "jsonl", out: str = "trace.jsonl",
                      max_output: int = 4096) -> dict:
