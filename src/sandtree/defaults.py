@@ -21,6 +21,7 @@ LOG_LIMIT = 1000                     # entries of `log`
 AUDIT_LIMIT = 100                    # entries of `audit`
 OPERATIONS_LIMIT = 50                # entries of `operations.list`
 LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
+OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts

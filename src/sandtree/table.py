@@ -32,6 +32,10 @@ def images() -> list[dict]:
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
+@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
+def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
+    """Merge a score and metadata (key -> JSON scalar; null removes a key) into an image's annotations; returns them."""
+
 @op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
 def untag(name: str) -> str:
     """Remove a tag; returns the image it named."""
@@ -42,7 +46,7 @@ def tags(image: str | None = None) -> dict[str, str]:
 
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
 def image_info(image: str) -> dict:
-    """An image's row: id, parents, size, creation time, tags."""
+    """An image's row: id, parents, size, creation time, tags, annotations."""
 
 @op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",)))
 def remove_image(image: str, *, force: bool = False) -> None:

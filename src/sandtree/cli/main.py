@@ -13,14 +13,14 @@ import errno
 import json
 import sys
 
-from . import admin, branching, build, evaluation, images, inspection, processes, runs, sandboxes, secrets
+from . import admin, branching, build, evaluation, exploration, images, inspection, processes, runs, sandboxes, secrets
 from ..errors import DiskFull, SandtreeError
 
 # The verbs in the order `sandtree --help` lists them (kept from before the split by group).
 GROUPS = (images.add_image, build.add_build, evaluation.add_eval, runs.add_run, sandboxes.add_sandboxes,
           processes.add_processes, inspection.add_inspection, admin.add_store_checks, branching.add_branching,
           runs.add_fork, branching.add_bundle, images.add_registry, admin.add_services, secrets.add_secrets,
-          inspection.add_op)
+          inspection.add_op, exploration.add_exploration)
 
 
 def build_parser() -> argparse.ArgumentParser:

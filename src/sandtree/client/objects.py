@@ -141,6 +141,12 @@ class Image:
     def tag(self, name: str) -> "Image":
         return self._st.tag(self, name)
 
+    def annotate(self, score: float | None = None, **meta) -> dict:
+        return self._st.annotate(self, score, **meta)
+
+    def annotations(self) -> dict:
+        return self._st.annotations(self)
+
     def diff(self, other: "Image | str") -> list[dict]:
         return self._st.diff(self, other)
 

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from .. import config, evaluation
+from ..exploration import search, traces
 from .. import defaults as D
 from ..defaults import GC_GRACE, GC_RETENTION, Limits
 from ..errors import InvalidInput, RuntimeUnavailable
@@ -128,6 +129,28 @@ class Sandtree:
         image_id = self._id(image)
         self._engine.tag(image_id, name)
         return Image(self, image_id)
+
+    def annotate(self, image: "Image | str", score: float | None = None, **meta) -> dict:
+        """Merge a score and metadata (key=JSON scalar; None removes a key) into an image's annotations, like
+        git notes (the image's ID does not change); returns {"score": ..., "meta": {...}}."""
+        return self._engine.annotate(self._id(image), score, meta or None)
+
+    def annotations(self, image: "Image | str") -> dict:
+        """An image's annotations: {"score": float | None, "meta": {...}}."""
+        return self._engine.image_info(self._id(image))["annotations"]
+
+    def beam_search(self, root: "Image | str", expand, score, beam: int = 2, depth: int = 2, *,
+                    stop: float | None = None, **run_options) -> dict:
+        """Beam search from `root` (exploration/search.py): expand(image_id) -> commands, each run in a fork,
+        score(record) -> float annotated on its image; the best {"image", "score", "path", "nodes"}."""
+        return search.beam_search(self._engine, self._id(root), expand, score, beam, depth, stop=stop,
+                                  **run_options)
+
+    def trace_export(self, root: "Image | str", fmt: str = "jsonl", out: str = "trace.jsonl",
+                     max_output: int = 4096) -> dict:
+        """Write the subtree under `root` as a dataset (one row per image: parent, command, exit code, outputs
+        cut to max_output bytes, usage, tags, score, meta): fmt "jsonl" or "parquet"; {"file", "rows", ...}."""
+        return traces.export_trace(self._engine, self._id(root), fmt, out, max_output)
 
     def untag(self, name: str) -> None:
         self._engine.untag(name)

@@ -27,6 +27,7 @@ from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
+from .annotations import AnnotationOps, read_annotations
 from .branching import BranchingOps
 from .buildcontexts import ContextBuildOps
 from .builds import BuildOps
@@ -52,7 +53,8 @@ except ImportError:               # (the links part of issue 14, until it is mer
 _TENANCY_LOCK = threading.Lock()
 
 
-class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps):
+class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps,
+             AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
@@ -402,7 +404,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     def image_info(self, image: str) -> dict:
         row = self.store.image(image)
         return {"id": image, "tags": sorted(self.store.tags(image)), "size": row.size, "files": row.files,
-                "created": row.created, "parents": [p["parent"] for p in self.parents(image)]}
+                "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
+                "annotations": read_annotations(self.store.db, image)}
 
     def branch_head(self, name: str) -> str:
         return refs.head(self.store, name)

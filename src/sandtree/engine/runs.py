@@ -163,7 +163,7 @@ class RunOps:
             network_usage = self.egress.release_begin(link_key)
         try:
             rec, result = self._commit_run(op, source, row, outcome, record_spec, started, keep,
-                                           network_usage, in_tx)
+                                           network_usage, in_tx, masked)
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
@@ -202,7 +202,7 @@ class RunOps:
         return link.key, link.netns_fd, link.runtime_files(), link.scope
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
-                    keep: str, network_usage=None, in_tx=None) -> tuple[RunRecord, str | None]:
+                    keep: str, network_usage=None, in_tx=None, masked=()) -> tuple[RunRecord, str | None]:
         """keep: KEPT, EPHEMERAL or NOTHING (keep_mode). network_usage: None, or a function giving
         the released link's usage (read after the commit, before the record). in_tx: see run_operation."""
         t_commit = time.perf_counter()
@@ -226,7 +226,10 @@ class RunOps:
                        "cancelled": rec.cancelled,
                        "oom_killed": rec.oom_killed, "stdout_bytes": len(rec.stdout),
                        "stderr_bytes": len(rec.stderr), "stdout_truncated": rec.stdout_truncated,
-                       "stderr_truncated": rec.stderr_truncated, "usage": rec.usage}
+                       "stderr_truncated": rec.stderr_truncated, "usage": rec.usage,
+                       # the head of each output, secrets masked as in the command (trace export's rows)
+                       **{f"{k}_head": mask_text(getattr(rec, k)[:D.OUTPUT_HEAD].decode("utf-8", "replace"), masked)
+                          for k in ("stdout", "stderr")}}
             also = (lambda con: ephemeral.keep(con, result)) if keep == KEPT and result is not None else None
             if in_tx is not None and result is not None and not rec.exit_code and rec.signal is None \
                     and not rec.timed_out:

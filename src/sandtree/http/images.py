@@ -12,7 +12,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import FileResponse
 
 from .bodylimit import spool, staged_file, unstage
-from .models import PullIn, PushIn, ShareIn, TagIn
+from .models import AnnotateIn, PullIn, PushIn, ShareIn, TagIn
 from .plumbing import Plumbing
 
 READ_CHUNK = 1 << 20      # bytes per chunk of a streamed file read
@@ -139,6 +139,10 @@ def images_router(p: Plumbing) -> APIRouter:
         i = await call(engine.resolve, body.image)
         await call(engine.tag, i, name)
         return {"tag": name, "image": i}
+
+    @router.post("/api/v1/images/{image:path}/annotations")
+    async def annotate(image: str, body: AnnotateIn) -> dict:
+        return await call(engine.annotate, await call(engine.resolve, image), body.score, body.meta)
 
     @router.delete("/api/v1/tags/{name:path}")
     async def delete_tag(name: str) -> dict:

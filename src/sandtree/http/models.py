@@ -170,6 +170,11 @@ class TagIn(In):
     image: str
 
 
+class AnnotateIn(In):
+    score: float | None = None
+    meta: dict | None = None            # checked by the engine (engine/annotations.py)
+
+
 class PullIn(In):
     reference: str
     tag: str | None = None

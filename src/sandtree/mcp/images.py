@@ -78,6 +78,15 @@ def register(t: Toolkit) -> None:
         engine.tag(i, tag)
         return {"image": i, "tag": tag}
 
+    @t.tool
+    def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
+        """Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
+        notes: its ID stays. Returns the image's annotations. Tree search scores its nodes this way.
+        score: a finite number (e.g. a reward or the fraction of tests passing); omitted: unchanged
+        meta: key -> string, number, boolean or null (removes the key); keys 1-64 of A-Z a-z 0-9 _ . -"""
+        i = engine.resolve(image)
+        return {"image": i, **engine.annotate(i, score, meta)}
+
     # ---- files --------------------------------------------------------------------------------
     @t.tool
     def upload(content: str | None = None, content_base64: str | None = None, path: str | None = None) -> dict:

@@ -95,6 +95,9 @@ CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL
     hermetic INTEGER NOT NULL, created REAL NOT NULL);
 -- Ephemeral images (store/ephemeral.py): a disposable run's end state, unlisted, collected after a TTL.
 CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
+-- Annotations (engine/annotations.py): a score and metadata about an image, like git notes: they never
+-- change its ID. Added in place (IF NOT EXISTS): older stores gain the table, older code ignores it.
+CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
 """
 
 

@@ -145,7 +145,8 @@ class TenantView(TenantSight):
         self._see(image)
         row = self.engine.store.image(image)
         return {"id": image, "tags": self._names().get(image, []), "size": row.size, "files": row.files,
-                "created": row.created, "parents": [p["parent"] for p in self.parents(image)]}
+                "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
+                "annotations": self.engine.image_info(image)["annotations"]}     # per image, as the engine's
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
         refs.check_branch(name)

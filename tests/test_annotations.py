@@ -1,0 +1,158 @@
+"""Annotations (issue 17, deliverable 6): a score and metadata on an image, like git notes. Validated
+(untrusted over REST/MCP), durable in the store's SQLite, seen through each surface, and a tenant annotates
+only the images it sees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+import sandtree
+from sandtree.engine import Engine
+from sandtree.errors import Forbidden, ImageNotFound, InvalidInput, NotFound
+from sandtree.engine.annotations import MAX_KEYS, MAX_VALUE
+from sandtree.tenancy import Tenant
+
+
+@pytest.fixture
+def eng_img(tmp_path):
+    d = tmp_path / "tree"
+    d.mkdir()
+    (d / "f.txt").write_text("one")
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        yield eng, eng.import_path(str(d), tag="t")
+    finally:
+        eng.close()
+
+
+def test_merge_and_read_back_without_changing_the_id(eng_img):
+    eng, img = eng_img
+    before, listed = eng.image_info(img), eng.images()
+    assert before["annotations"] == {"score": None, "meta": {}}
+    assert eng.annotate(img, 0.5, {"k": "v", "n": 3}) == {"score": 0.5, "meta": {"k": "v", "n": 3}}
+    # merge: score kept when omitted, keys added, a null removes one
+    assert eng.annotate(img, None, {"n": None, "ok": True}) == {"score": 0.5, "meta": {"k": "v", "ok": True}}
+    assert eng.annotate("t", 1) == {"score": 1.0, "meta": {"k": "v", "ok": True}}     # a tag names it too
+    info = eng.image_info(img)
+    assert info["annotations"] == {"score": 1.0, "meta": {"k": "v", "ok": True}}
+    assert info["id"] == img and eng.resolve("t") == img and eng.images() == listed     # no new image, same ID
+
+
+@pytest.mark.parametrize("score", [math.inf, -math.inf, math.nan, "0.5", True, [1]])
+def test_bad_score_is_refused_and_changes_nothing(eng_img, score):
+    eng, img = eng_img
+    eng.annotate(img, 0.25, {"a": 1})
+    with pytest.raises(InvalidInput):
+        eng.annotate(img, score, {"b": 2})
+    assert eng.image_info(img)["annotations"] == {"score": 0.25, "meta": {"a": 1}}
+
+
+@pytest.mark.parametrize("meta", [
+    {"": 1}, {"a b": 1}, {"../x": 1}, {"x;drop": 1}, {"1abc": 1}, {"k" * 65: 1}, {3: 1},
+    {"k": [1]}, {"k": {"x": 1}}, {"k": math.nan}, {"k": math.inf}, {"k": b"bytes"}, {"k": "x" * (MAX_VALUE + 1)},
+    {"k": 2 ** 70}, {f"k{i}": i for i in range(MAX_KEYS + 1)}, "k=v", ["k"],
+])
+def test_bad_meta_is_refused_and_changes_nothing(eng_img, meta):
+    eng, img = eng_img
+    eng.annotate(img, 0.25, {"a": 1})
+    with pytest.raises(InvalidInput):
+        eng.annotate(img, 0.9, meta)
+    assert eng.image_info(img)["annotations"] == {"score": 0.25, "meta": {"a": 1}}
+
+
+def test_keys_per_image_count_after_merging(eng_img):
+    eng, img = eng_img
+    eng.annotate(img, None, {f"a{i}": i for i in range(MAX_KEYS)})
+    with pytest.raises(InvalidInput, match="after merging"):
+        eng.annotate(img, None, {"one_more": 1})
+    eng.annotate(img, None, {"a0": None, "one_more": 1})          # replacing one is fine
+    assert len(eng.image_info(img)["annotations"]["meta"]) == MAX_KEYS
+
+
+def test_unknown_image_is_not_found(eng_img):
+    eng, _ = eng_img
+    with pytest.raises(NotFound):
+        eng.annotate("f" * 64, 1.0)
+
+
+def test_durable_a_new_engine_on_the_store_sees_them(eng_img, tmp_path):
+    eng, img = eng_img
+    eng.annotate(img, 0.75, {"note": "kept"})
+    eng.close()
+    again = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        assert again.image_info(img)["annotations"] == {"score": 0.75, "meta": {"note": "kept"}}
+    finally:
+        again.close()
+
+
+def test_a_tenant_annotates_only_images_it_sees(tmp_path):
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        d = tmp_path / "x"
+        d.mkdir()
+        (d / "x.txt").write_text("x")
+        alice = eng.as_tenant(Tenant("alice", token="t-alice"))
+        bob = eng.as_tenant(Tenant("bob", token="t-bob"))
+        reader = eng.as_tenant(Tenant("carol", ("list",)))
+        x = alice.import_path(str(d))
+        assert alice.annotate(x, 0.5, {"by": "alice"})["score"] == 0.5
+        with pytest.raises(ImageNotFound):
+            bob.annotate(x, 0.0, {"by": "bob"})
+        eng.tenancy.share(x)                              # carol sees it now, but holds no "tag" scope
+        assert reader.image_info(x)["annotations"]["score"] == 0.5
+        with pytest.raises(Forbidden):
+            reader.annotate(x, 0.0)
+        assert eng.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
+        assert alice.image_info(x)["annotations"]["meta"] == {"by": "alice"}
+    finally:
+        eng.close()
+
+
+def test_sdk_local_and_remote(sdk, tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "s.txt").write_text("s")
+    img = sdk.import_image(str(d))
+    assert img.annotate(score=0.7, task="t1", passed=3) == {"score": 0.7, "meta": {"task": "t1", "passed": 3}}
+    assert sdk.annotate(img.id, None, passed=None) == {"score": 0.7, "meta": {"task": "t1"}}
+    assert sdk.annotations(img) == {"score": 0.7, "meta": {"task": "t1"}}
+    with pytest.raises(InvalidInput):
+        sdk.annotate(img, None, **{"bad key": 1})
+    with pytest.raises(InvalidInput):
+        img.annotate(k=[1, 2])
+    assert img.annotations() == {"score": 0.7, "meta": {"task": "t1"}}
+
+
+def test_async_twin(tmp_path):
+    d = tmp_path / "a"
+    d.mkdir()
+    (d / "a.txt").write_text("a")
+
+    async def go():
+        async with sandtree.AsyncSandtree(str(tmp_path / "home"), warm=0) as st:
+            img = await st.import_image(str(d))
+            await img.annotate(score=0.1, k="v")
+            return await st.annotations(img)
+    assert asyncio.run(go()) == {"score": 0.1, "meta": {"k": "v"}}
+
+
+def test_cli(cli, tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "c.txt").write_text("c")
+    img = cli("image", "import", str(d), "--json").stdout.decode().strip()
+    img = json.loads(img)["image"]
+    got = json.loads(cli("annotate", img, "--score", "0.7", "--meta", "k=v", "--meta", "n=3", "--meta", "ok=true",
+                         "--json").stdout)
+    assert got == {"image": img, "score": 0.7, "meta": {"k": "v", "n": 3, "ok": True}}
+    bad = cli("annotate", img, "--meta", "bad key=1", "--json", check=False)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["error"] == "invalid_input"
+    bad = cli("annotate", img, "--score", "nan", check=False)
+    assert bad.returncode == 1 and "finite" in bad.stderr.decode()
+    info = json.loads(cli("annotate", img, "--json").stdout)
+    assert info["meta"] == {"k": "v", "n": 3, "ok": True} and info["score"] == 0.7
