@@ -351,3 +351,23 @@ def test_without_swebench_the_eval_says_what_to_install():
 def test_times_reported():
     """Not a check: the session's times, for the report (pytest -s shows them)."""
     print("\neval times: " + json.dumps({k: round(v, 2) for k, v in TIMES.items()}), file=sys.stderr)
+
+
+def test_the_tree_search_example_repairs_a_failing_test(site, gold, bookworm, tmp_path):
+    """examples/tree_search.py end to end on the session's store (the instance's environment is built by
+    the gold run above): the beam search picks the gold fix of python-semver-426 among wrong candidates by
+    running the instance's real tests, and the winner passes them; its trace has a row per candidate."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "trace.jsonl"
+    argv = [sys.executable, os.path.join(root, "examples", "tree_search.py"), "--home", bookworm[0],
+            "--base", site[0], "-o", str(out)] + [a for rule in site[1] for a in ("--network", rule)]
+    p = subprocess.run(argv, capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": os.path.join(root, "src")})
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    text = p.stdout.decode()
+    assert "best: gold" in text and "score 1.00" in text and "pytest exit 0" in text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # the environment's other children (the eval runs above) are in the trace too: the candidates are the
+    # runs that applied one of the example's /tmp/<name>.diff
+    names = ("returns-self", "base-class", "gold", "copy-then-replace")
+    scored = {n: r["score"] for r in rows if r["depth"] == 1 for n in names if f"/tmp/{n}.diff" in (r["command"] or "")}
+    assert scored["gold"] == 1.0 and all(s < 1.0 for k, s in scored.items() if k != "gold") and len(scored) == 4
