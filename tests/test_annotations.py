@@ -156,3 +156,20 @@ def test_cli(cli, tmp_path):
     assert bad.returncode == 1 and "finite" in bad.stderr.decode()
     info = json.loads(cli("annotate", img, "--json").stdout)
     assert info["meta"] == {"k": "v", "n": 3, "ok": True} and info["score"] == 0.7
+
+
+def test_gc_drops_the_annotations_of_collected_images(tmp_path):
+    d = tmp_path / "gone"
+    d.mkdir()
+    (d / "g.txt").write_text("g")
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        img = eng.import_path(str(d))
+        eng.annotate(img, 0.5, {"k": "v"})
+        eng.remove_image(img)
+        eng.gc(retention=0, grace=0)
+        assert not eng.store.db.query("SELECT image FROM annotations")
+        again = eng.import_path(str(d))
+        assert again == img and eng.image_info(img)["annotations"] == {"score": None, "meta": {}}
+    finally:
+        eng.close()

@@ -13,7 +13,8 @@ import time
 
 from ..errors import InvalidInput
 
-__all__ = ["AnnotationOps", "read_annotations", "KEY_RE", "MAX_KEYS", "MAX_VALUE", "MAX_META_BYTES", "check_score", "check_meta"]
+__all__ = ["AnnotationOps", "read_annotations", "KEY_RE", "MAX_KEYS", "MAX_VALUE", "MAX_META_BYTES", "check_score",
+           "check_meta"]
 
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")   # short, printable, no path or SQL meaning
 MAX_KEYS = 64               # keys per image, after merging
@@ -43,7 +44,8 @@ def check_meta(meta) -> dict:
         raise InvalidInput(f"at most {MAX_KEYS} annotation keys per image")
     for key, value in meta.items():
         if not isinstance(key, str) or not KEY_RE.match(key):
-            raise InvalidInput(f"bad annotation key {key!r}: 1-64 of A-Z a-z 0-9 _ . - (not starting with . - or a digit)")
+            raise InvalidInput(f"bad annotation key {key!r}: 1-64 of A-Z a-z 0-9 _ . - "
+                               "(not starting with . - or a digit)")
         if value is None or isinstance(value, (bool, str)):
             if isinstance(value, str) and len(value) > MAX_VALUE:
                 raise InvalidInput(f"annotation {key!r}: a string value holds at most {MAX_VALUE} characters")

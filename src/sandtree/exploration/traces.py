@@ -34,7 +34,8 @@ def _cut(outcome: dict, stream: str, limit: int) -> tuple[str | None, bool]:
         return None, bool(outcome.get(f"{stream}_bytes"))
     data = head.encode()
     text = data[:limit].decode("utf-8", "ignore")
-    return text, bool(outcome.get(f"{stream}_truncated")) or outcome.get(f"{stream}_bytes", len(data)) > len(text.encode())
+    cut = outcome.get(f"{stream}_bytes", len(data)) > len(text.encode())
+    return text, bool(outcome.get(f"{stream}_truncated")) or cut
 
 
 def _row(engine, image: str, parent: str | None, depth: int, op: str | None, max_output: int) -> dict:

@@ -140,6 +140,8 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
         # build cache rows of removed images (a lookup skips them anyway: engine/buildcache.py)
         con.execute("DELETE FROM build_cache WHERE image NOT IN (SELECT id FROM images)")
+        # annotations of collected images (engine/annotations.py): the same content made again starts bare
+        con.execute("DELETE FROM annotations WHERE image NOT IN (SELECT id FROM images)")
         ephemeral.forget(con)
         store.forget_images()
         trees, blobs = reachable(store, keep)
