@@ -107,6 +107,10 @@ def test_a_tenant_annotates_only_images_it_sees(tmp_path):
         assert reader.image_info(x)["annotations"]["score"] == 0.5
         with pytest.raises(Forbidden):
             reader.annotate(x, 0.0)
+        with pytest.raises(Forbidden):                    # bob sees the shared image and holds "tag": not his to score
+            bob.annotate(x, 0.0, {"by": "bob"})
+        y = bob.import_path(str(d))                       # the same content: now bob's too, he scores it
+        assert y == x and bob.annotate(y, 0.5)["score"] == 0.5
         assert eng.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
         assert alice.image_info(x)["annotations"]["meta"] == {"by": "alice"}
     finally:
