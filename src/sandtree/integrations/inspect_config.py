@@ -22,7 +22,8 @@ from ..client.remote import RemoteEngine
 from ..client.sdk import Sandtree, connect
 from ..errors import ImageNotFound, InvalidInput
 
-__all__ = ["SandtreeSandboxConfig", "load_config", "client", "close_clients", "task_image", "CONFIG_FILES"]
+__all__ = ["SandtreeSandboxConfig", "load_config", "validate", "client", "close_clients", "task_image", "CONFIG_FILES",
+           "MAX_CONFIG_BYTES"]
 
 CONFIG_FILES = ["sandtree.yaml", "sandtree.yml", "sandtree.json", "sandtree.toml", "Dockerfile"]
 MAX_CONFIG_BYTES = 1 << 20           # a config file or a Dockerfile sent to a server: text, not data

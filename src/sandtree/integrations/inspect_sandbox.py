@@ -29,6 +29,7 @@ from typing import Any, Literal, Union, overload
 
 import anyio
 from inspect_ai.log import transcript
+from inspect_ai.log._samples import sample_active     # the sample's epoch, as inspect's docker provider reads it
 from inspect_ai.util import (ExecResult, OutputLimitExceededError, SandboxConnection, SandboxEnvironment,
                              SandboxEnvironmentConfigType, SandboxEnvironmentLimits, SandboxUnavailableError,
                              sandboxenv, store)
@@ -39,13 +40,13 @@ from ..client.sdk import Sandtree
 from ..errors import CommandNotFound, Conflict, NotFound, NotRegularFile, SandtreeError, TooLarge
 from .inspect_config import CONFIG_FILES, SandtreeSandboxConfig, client, load_config, task_image, validate
 
-__all__ = ["SandtreeSandboxEnvironment", "SandtreeSandboxConfig", "RUN", "STORE_KEY"]
+__all__ = ["SandtreeSandboxEnvironment", "RUN", "STORE_KEY"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 RUN = uuid.uuid4().hex[:16]         # this process's samples carry it: task_cleanup stops only its own
 STORE_KEY = "sandtree:{name}"       # the sample store key of an environment's record (image, sandbox, source)
-LABELS = ("inspect.run", "inspect.task", "inspect.sample")
+_LABELS = ("inspect.run", "inspect.task", "inspect.sample")
 _images: dict[str, str] = {}        # a config (as JSON) -> its task image ID, set by task_init
 
 
@@ -96,7 +97,7 @@ class SandtreeSandboxEnvironment(SandboxEnvironment):
         st = client(cfg)
         image = _images.get(_key(cfg)) or await _call(task_image, st, cfg)
         sample = str(metadata.get("__sample_id__", ""))
-        labels = dict(zip(LABELS, (RUN, task_name[:256], sample[:256])))
+        labels = dict(zip(_LABELS, (RUN, task_name[:256], sample[:256])))
         sb = await _call(Image(st, image).start, timeout=cfg.timeout, memory=cfg.memory, pids=cfg.pids,
                          cpus=cfg.cpus, disk=cfg.disk, env=cfg.env, cwd=cfg.cwd, idle_timeout=cfg.idle_timeout,
                          lifetime=cfg.lifetime, labels=labels, network=cfg.network)
@@ -122,7 +123,7 @@ class SandtreeSandboxEnvironment(SandboxEnvironment):
             record.update(image=self.image, **({"tag": tag} if tag else {}))
         except SandtreeError as e:          # gone (lifetime, a crash): nothing left to commit
             record["error"] = f"{e.code}: {e.message}"
-            log.warning("sandtree sandbox %s: no final image: %s", self.sandbox.id, e.message)
+            _log.warning("sandtree sandbox %s: no final image: %s", self.sandbox.id, e.message)
         finally:
             try:
                 await _call(self.sandbox.stop)
@@ -134,13 +135,8 @@ class SandtreeSandboxEnvironment(SandboxEnvironment):
     def _tag(self, task_name: str) -> str | None:
         if not self._cfg.tag:
             return None
-        epoch = ""
-        try:
-            from inspect_ai.log._samples import sample_active     # inspect's docker provider reads it alike
-            active = sample_active()
-            epoch = str(active.epoch) if active is not None else ""
-        except ImportError:
-            pass
+        active = sample_active()
+        epoch = str(active.epoch) if active is not None else ""
         return self._cfg.tag.format(task=task_name, sample=self.sample, epoch=epoch)
 
     @classmethod
