@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = textwrap.dedent('''
     from inspect_ai import Task, task
     from inspect_ai.dataset import Sample
-    from inspect_ai.model import ModelOutput, get_model
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
     from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer
     from inspect_ai.solver import generate, solver, use_tools
     from inspect_ai.tool import bash
@@ -54,9 +54,13 @@ TASK = textwrap.dedent('''
     def script(messages, tools, tool_choice, config):
         """The scripted model: one bash call that computes the product, then an answer."""
         if any(m.role == "tool" for m in messages):
-            return ModelOutput.from_content("mockllm/model", "done")
-        return ModelOutput.for_tool_call("mockllm/model", "bash", {"cmd":
-            "cd /work && python3 -c 'a, b = map(int, open(\\"input.txt\\").read().split()); print(a * b)' > answer.txt"})
+            out = ModelOutput.from_content("mockllm/model", "done")
+        else:
+            out = ModelOutput.for_tool_call("mockllm/model", "bash", {"command":
+                "cd /work && python3 -c 'a, b = map(int, open(\\"input.txt\\").read().split()); print(a * b)' > answer.txt"})
+        # usage given: mockllm would otherwise count tokens with tiktoken, which downloads its tables
+        out.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+        return out
 
     @solver
     def prepare():
@@ -110,7 +114,7 @@ def inspect_eval(tmp_path, sandbox_expr: str, *extra: str):
     task_dir = tmp_path / "task"
     task_dir.mkdir(exist_ok=True)
     (task_dir / "task.py").write_text(TASK.replace("sandbox=SANDBOX", f"sandbox={sandbox_expr}"))
-    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "inspect"), "eval", str(task_dir / "task.py"),
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "inspect"), "eval", "task.py",
                         "--log-dir", str(tmp_path / "logs"), "--log-format", "eval", *extra],
                        cwd=task_dir, env=inspect_env(tmp_path), capture_output=True, text=True, timeout=600)
     logs = glob.glob(str(tmp_path / "logs" / "*.eval"))
@@ -204,8 +208,14 @@ def test_inspect_eval_dockerfile(bb_home, tmp_path):
     (task_dir / "task.py").write_text(textwrap.dedent('''
         from inspect_ai import Task, task
         from inspect_ai.dataset import Sample
+        from inspect_ai.model import ModelOutput, ModelUsage, get_model
         from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer
         from inspect_ai.util import sandbox
+
+        def script(messages, tools, tool_choice, config):
+            out = ModelOutput.from_content("mockllm/model", "nothing to do")
+            out.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)   # no tiktoken download
+            return out
 
         @scorer(metrics=[accuracy()])
         def built():
@@ -216,11 +226,12 @@ def test_inspect_eval_dockerfile(bb_home, tmp_path):
 
         @task
         def dockerfile():
-            return Task(dataset=[Sample(input="x", id=1)], scorer=built(), sandbox="sandtree")
+            return Task(dataset=[Sample(input="x", id=1)], scorer=built(), sandbox="sandtree",
+                        model=get_model("mockllm/model", custom_outputs=script))
     '''))
     env = {**inspect_env(tmp_path), "SANDTREE_HOME": home}
     inspect = os.path.join(os.path.dirname(sys.executable), "inspect")
-    p = subprocess.run([inspect, "eval", str(task_dir / "task.py"), "--model", "mockllm/model", "--no-sandbox-cleanup",
+    p = subprocess.run([inspect, "eval", "task.py", "--no-sandbox-cleanup",
                         "--log-dir", str(tmp_path / "logs")], cwd=task_dir, env=env, capture_output=True, text=True,
                        timeout=600)
     logs = glob.glob(str(tmp_path / "logs" / "*.eval"))
