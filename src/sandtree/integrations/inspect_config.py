@@ -126,8 +126,7 @@ def client(cfg: SandtreeSandboxConfig) -> Sandtree:
     with _lock:
         st = _clients.get(key)
         if st is None:
-            # warm=0: samples start live sandboxes, which no pre-started run sandbox serves
-            st = connect(key[1], token=key[2]) if key[0] == "url" else Sandtree(key[1], warm=0)
+            st = connect(key[1], token=key[2]) if key[0] == "url" else Sandtree(key[1])
             _clients[key] = st
         return st
 
