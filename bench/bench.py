@@ -11,7 +11,9 @@ resume checked), beside the time to write 100 MB to the store's disk; commit cos
 file and 100 MB; fork (N runs from one image) on a small
 and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick);
 OCI push to a loopback registry and export (bench/oci.py, issue 15); builds (bench/builds.py: a
-cached 10-step rebuild, a change at step 8 of 10); Contree's instances (bench/contree.py, issue 16).
+cached 10-step rebuild, a change at step 8 of 10); Contree's instances (bench/contree.py, issue 16);
+a sample's fork in inspect-ai, its sample_init, on the small and the large image (bench/inspect_fork.py,
+issue 17); SWE-bench-style instances evaluated (bench/evalbench.py, issue 17).
 Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
 (total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
 cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
@@ -513,10 +515,15 @@ def main() -> None:
         con.print(eval_table(work, args))
         import contree                     # bench/contree.py: /v1 instances (live runs) vs plain runs
         con.print(contree.contree_table(st, img, min(args.n, 100)))
+        import inspect_fork                # bench/inspect_fork.py: a sample's fork in inspect-ai (issue 17)
+        con.print(inspect_fork.inspect_table(os.path.join(work, "home"), [
+            ("small image", img.id, st._engine.store.image(img.id).files),
+            ("large image", large.id, st._engine.store.image(large.id).files)], min(args.n, 100)))
         cold_st.close()
         con.print("Targets: run <= 1.0x bwrap; 1-file commit <= 5 ms; fork cost independent of image size (issue 2); "
                   "gvisor tier <= 1.0x runsc do and under 150 ms (issue 7); a run served from a warm pool "
-                  "p50 <= 2 ms, hibernate and resume of a 100 MB process <= 300 ms each (issue 6).")
+                  "p50 <= 2 ms, hibernate and resume of a 100 MB process <= 300 ms each (issue 6); a sample's fork in "
+                  "inspect-ai (sample_init) p50 <= 5 ms (issue 17).")
         if args.density > 0:
             con.print(density(st, img, args.density, con))
         st.close()

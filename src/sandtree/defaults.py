@@ -28,6 +28,11 @@ MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge nev
 HOSTNAME = "sandtree"
 CWD = "/"
 FILE_MODE = 0o644
+# The inspect-ai sandbox "sandtree" (integrations/inspect_sandbox.py): a sample's sandbox lives the sample's length,
+# and an agent's sandbox waits while its model thinks (the engine's 10 min idle stop would end long turns).
+INSPECT_IMAGE = "debian:bookworm-python"   # the task image when its config names none (README's example tag)
+INSPECT_SANDBOX_LIFETIME = 24 * 3600
+INSPECT_SANDBOX_IDLE_TIMEOUT = 3600
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
     ├── InvalidInput              the request itself is wrong; nothing was changed
     │   ├── PathEscape            a path that leaves the image (`..`, symlinks, absolute tar members)
     │   ├── BadArchive            an import source that cannot be read safely
-    │   └── CommandNotFound       the command to run does not exist in the image
+    │   └── CommandNotFound       the command cannot be executed (details: command, errno: ENOENT, EACCES...)
     │   ├── NotRegularFile        a host-side file call met a device, FIFO or socket
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
     │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)

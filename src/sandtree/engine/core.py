@@ -64,6 +64,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
+        self._warm = warm                          # > 0: live sandboxes are started ahead too (startahead.py)
         self._operations = None
         self._sandboxes = None
         self._pools = None
@@ -98,7 +99,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
             with self._parts_lock:
                 if self._sandboxes is None:
                     self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
-                                                self.resolve, lambda: self.default_tier)
+                                                self.resolve, lambda: self.default_tier, ahead_starts=self._warm > 0)
                     self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
                     self._sandboxes.egress = lambda: self.egress
                     self._sandboxes.read_image = self.read

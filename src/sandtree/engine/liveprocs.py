@@ -40,7 +40,7 @@ def start_error(p: "Process", argv: list[str], cwd) -> Exception | None:
         return None
     err, step = rep["execfail"]
     if step == "exec":
-        return CommandNotFound(f"cannot execute {argv[0]!r}: {os.strerror(err)}", command=argv[0])
+        return CommandNotFound(f"cannot execute {argv[0]!r}: {os.strerror(err)}", command=argv[0], errno=err)
     if step == "cwd":
         return InvalidInput(f"working directory {cwd!r}: {os.strerror(err)}", cwd=cwd)
     return SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)

@@ -1,5 +1,5 @@
-"""When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, _row,
-_running, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
+"""When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
+_row, _running, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
 
@@ -8,12 +8,29 @@ from __future__ import annotations
 import threading
 import time
 
-from ..errors import InvalidInput, SandtreeError
+from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
 
 MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's alarm takes far more)
 
 
 class SandboxLifetime:
+    def _check_start(self, tier: str | None, idle_action: str, idle_timeout, lifetime) -> None:
+        """A start's tier, idle action, idle timeout and lifetime, refused before anything is made."""
+        if (tier or self.default_tier()) != "namespaces":
+            raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
+        ok, why = self.live.available()
+        if not ok:
+            raise RuntimeUnavailable(why)
+        if idle_action not in ("stop", "hibernate"):
+            raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
+        if idle_action == "hibernate":
+            ok, why = self.live.hibernate_available()
+            if not ok:
+                raise RuntimeUnavailable(why)
+        for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
+            if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
+                raise InvalidInput(f"{name} must be a positive number of seconds")
+
     def _due(self, row: dict, now: float) -> bool:
         """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""
         if now > row["expires"]:
@@ -49,6 +66,8 @@ class SandboxLifetime:
         gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
         now = time.time()
         self._reaped = time.monotonic()
+        with self.store.db.tx() as con:        # started ahead, never claimed, ended by their own helper
+            con.execute("UPDATE sandboxes SET state='stopped' WHERE state='ahead' AND expires < ?", (now,))
         done = []
         for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)

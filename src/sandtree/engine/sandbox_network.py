@@ -27,6 +27,10 @@ NO_NETWORK = {"allow_out": []}
 
 
 class SandboxNetwork:
+    def _unlink_net(self, sid: str, link) -> dict:
+        """Release a network= sandbox's link (at stop or when it is gone): its final usage."""
+        return self.egress().release(sid) if link is not None else {}
+
     def set_network(self, sid: str, network) -> dict:
         """Replace the running sandbox's network policy (inherit: the policy of the run that made
         its image); its info with the new one."""

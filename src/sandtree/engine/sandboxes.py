@@ -1,15 +1,18 @@
 """Live sandboxes: started from an image, entered by many commands, committed while running.
 
-The engine's half of issue 6 (the runtime's half is runtime/live.py). A live sandbox is a row
-in the `sandboxes` table (its image, its LiveHandle, its limits, its last commit) and a set of
-processes that outlive whoever started them; any engine process finds them by id, so the CLI's
-`sandtree start` and `sandtree exec` work across invocations and a restarted server re-attaches
-to what is still running. Stopped, expired or vanished sandboxes are marked so, never left
-"running". Every command is an `exec` operation (the audit trail); a commit is a `commit`
-operation whose lineage edge goes from the sandbox's last commit (or its image) to the new image.
+The engine's half of issue 6 (the runtime's half is runtime/live.py). A live sandbox is a row in the
+`sandboxes` table (its image, its LiveHandle, its limits, its last commit) and a set of processes that
+outlive whoever started them; any engine process finds them by id, so the CLI's `sandtree start` and
+`sandtree exec` work across invocations and a restarted server re-attaches to what is still running.
+Stopped, expired or vanished sandboxes are marked so, never left "running". Every command is an `exec`
+operation (the audit trail); a commit is a `commit` operation whose lineage edge goes from the
+sandbox's last commit (or its image) to the new image.
 
-Beside it: session.py (the shell session, one command's spec), ahead.py, process.py (popen),
-sandbox_files.py; the parts it is given at construction are the engine's (it never imports it).
+Beside it: the shell session a string command runs in and the spec of one command (session.py),
+helpers entered ahead of an exec (ahead.py), sandboxes started ahead of a start (startahead.py),
+popen's process (process.py), file access from the host (sandbox_files.py). The parts it is given at
+construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
+imports the engine.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
 from .ahead import Ahead
+from .startahead import StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
@@ -48,17 +52,17 @@ from ..values import check_labels, labels_match
 from .imagedefaults import run_defaults
 from .netopts import attach_link, network_option, require_egress
 
-STATES = ("running", "hibernated", "stopped", "expired", "gone")
+STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: startahead.py, unclaimed
 
 
 class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
-                 live: LiveTier, resolve, default_tier):
-        self.store, self.specs, self.records, self.committer = store, specs, records, committer
+                 live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
+        self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
         self.resolve = resolve                     # the engine's: a ref may name a branch
-        self.live = live
         self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
         self.ahead = Ahead(self.live)
+        self.starts = StartsAhead(store, live) if ahead_starts else None    # the engine's warm > 0
         # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
         # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
         self.unlink = lambda sid: None
@@ -70,6 +74,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
 
     def close(self) -> None:
         self._stop_reaping.set()
+        if self.starts is not None:
+            self.starts.close()
         self.ahead.close()
 
     # ---- registry ------------------------------------------------------------------------------
@@ -191,8 +197,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
         want = check_labels(labels)
         self.reap()
-        sql = "SELECT * FROM sandboxes" + ("" if all else " WHERE state IN ('running', 'hibernated')") + \
-            " ORDER BY created"
+        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated')"
+        sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
         return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)
                 and not r["spec"].get("run")]          # a live run's sandbox is its run's (instances.py)
@@ -208,20 +214,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
         the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
         (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
-        if (tier or self.default_tier()) != "namespaces":
-            raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
-        ok, why = self.live.available()
-        if not ok:
-            raise RuntimeUnavailable(why)
-        if idle_action not in ("stop", "hibernate"):
-            raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
-        if idle_action == "hibernate":
-            ok, why = self.live.hibernate_available()
-            if not ok:
-                raise RuntimeUnavailable(why)
-        for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
-            if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
-                raise InvalidInput(f"{name} must be a positive number of seconds")
+        self._check_start(tier, idle_action, idle_timeout, lifetime)
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -239,14 +232,16 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                        prepare_changes=self.specs.injector(source, injected))
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
-        sid = uuid.uuid4().hex
+        key = self.starts.key(source, spec) if self.starts and net.policy is None and not injected else None
+        got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
+        sid = got[0] if got else uuid.uuid4().hex
         link = None
         if net.policy is not None:
             link, spec.runtime_files, extra = attach_link(self.egress(), sid, net, lambda p: self.read_image(source, p))
             spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
         try:
             with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = (starter or self.live.start)(spec, lifetime)
+                handle = got[1] if got else (starter or self.live.start)(spec, lifetime)
         except BaseException:
             self._unlink_net(sid, link)
             raise
@@ -261,19 +256,17 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                   **({"run": run_of} if run_of else {}), **net.record()}
         try:
             with self.store.db.tx() as con:
-                con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
-                            "expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                            "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
                             (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
                              idle_timeout, now + lifetime, source))
         except BaseException:
             self.live.stop(handle)
             self._unlink_net(sid, link)
             raise
+        if key:
+            self.starts.after(key, source, spec)
         return self.info(sid)
-
-    def _unlink_net(self, sid: str, link) -> dict:
-        """Release a network= sandbox's link (at stop or when it is gone): its final usage."""
-        return self.egress().release(sid) if link is not None else {}
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)

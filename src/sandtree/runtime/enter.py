@@ -149,7 +149,8 @@ class Commands:
         if "execfail" in report:
             err, step = report["execfail"]
             if step == "exec":
-                raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}", command=spec.argv[0])
+                raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}", command=spec.argv[0],
+                                      errno=err)
             if step == "cwd":
                 raise InvalidInput(f"working directory {spec.cwd!r}: {os.strerror(err)}", cwd=spec.cwd)
             raise SandboxError(f"command setup failed at {step}: {os.strerror(err)}", step=step, errno=err)

@@ -263,7 +263,7 @@ class NamespaceRuntime(Runtime):
             err, step = report["execfail"]
             if step == "exec":
                 raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}",
-                                      command=spec.argv[0])
+                                      command=spec.argv[0], errno=err)
             if step == "cwd":
                 raise InvalidInput(f"working directory {spec.cwd!r}: {os.strerror(err)}", cwd=spec.cwd)
             raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)

@@ -120,8 +120,8 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         keep = {i for i, (_, created) in images.items() if now - created < retention and i not in expired}
         keep |= {r[0] for r in con.execute("SELECT image FROM refs")}          # tags and branches
         for img, head, spec in con.execute(
-                "SELECT image, head, spec FROM sandboxes WHERE state IN ('running', 'hibernated')"):
-            # live sandboxes' images; after a resume, the hibernation's commit is their lower
+                "SELECT image, head, spec FROM sandboxes WHERE state IN ('running', 'hibernated', 'ahead')"):
+            # live sandboxes' images (and those started ahead); after a resume, the hibernation's commit is their lower
             keep.update(x for x in (img, head, json.loads(spec).get("base")) if x)
         # a ref's recent history stays reachable (rollback to where a branch was yesterday)
         for old, new in con.execute("SELECT old, new FROM reflog WHERE at > ?", (now - retention,)):

@@ -1,0 +1,131 @@
+"""Live sandboxes started ahead: for the last few start specs this process used, one sandbox of
+that spec already started (detached, pid 1 waiting), so the next `sandbox_start` with the same
+spec only claims it: its row goes from state "ahead" to "running" with the caller's record, and
+its end moves from AHEAD_LIFETIME to the caller's lifetime (runtime/live.py retime). One
+long-lived thread starts the replacement off the caller's path. An evaluation that forks one
+image per sample (inspect-ai's sample_init, issue 17) pays for a claim, not for a start.
+
+Only specs that carry nothing per call are started ahead: no injected files, no network link
+(a link is per sandbox), tier namespaces; the key covers everything else the sandbox is made
+from (image, env, cwd, hostname, limits). An "ahead" row keeps its image from gc (maintenance.py)
+and is listed nowhere; an unclaimed sandbox is stopped at engine close, and if its process died
+first, its helper ends it after AHEAD_LIFETIME by itself and the reaper marks the row stopped.
+Used by sandboxes.py's start, with the engine's warm option (warm=0: nothing is started ahead)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+
+from ..runtime.base import LiveTier, RunSpec
+from ..runtime.liveproc import LiveHandle
+from ..store.db import dumps
+from ..store.store import Store
+
+AHEAD_LIFETIME = 600.0        # an unclaimed sandbox's own end, should its engine die without stopping it
+
+
+class StartsAhead:
+    KEEP = 4                  # specs kept started ahead (one sandbox each: about 0.5 MB of memory idle)
+
+    def __init__(self, store: Store, live: LiveTier):
+        self.store, self.live = store, live
+        self.ready: dict[str, tuple[str, LiveHandle]] = {}
+        self.want: dict[str, tuple[str, RunSpec]] = {}     # key -> (image, spec), most recent last
+        self.cv = threading.Condition()
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    @staticmethod
+    def key(image: str, spec: RunSpec) -> str:
+        return json.dumps([image, spec.env, spec.cwd, spec.hostname, dataclasses.asdict(spec.limits)], sort_keys=True)
+
+    def take(self, key: str, lifetime: float) -> tuple[str, LiveHandle] | None:
+        """A sandbox of this spec started ahead, now ending `lifetime` seconds from now, its row
+        still "ahead" (the caller writes it); None if there is none."""
+        with self.cv:
+            got = self.ready.pop(key, None)
+        if got is None:
+            return None
+        try:
+            self.live.retime(got[1], time.time() + lifetime)
+        except Exception:                              # noqa: BLE001 - gone meanwhile: the caller starts one
+            self._stop(*got)
+            return None
+        return got
+
+    def after(self, key: str, image: str, spec: RunSpec) -> None:
+        """A start with this spec happened: keep one ready for the next."""
+        with self.cv:
+            if self.closed:
+                return
+            self.want.pop(key, None)
+            self.want[key] = (image, dataclasses.replace(spec, prepare_changes=None))
+            while len(self.want) > self.KEEP:
+                old = next(iter(self.want))
+                self.want.pop(old)
+                drop = self.ready.pop(old, None)
+                if drop is not None:
+                    threading.Thread(target=self._stop, args=drop, daemon=True).start()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="sandtree-start-ahead", daemon=True)
+                self.thread.start()
+            self.cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and not (set(self.want) - set(self.ready)):
+                    self.cv.wait()
+                if self.closed:
+                    return
+                todo = {k: v for k, v in self.want.items() if k not in self.ready}
+            for key, (image, spec) in todo.items():
+                got = self._start(image, spec)
+                with self.cv:
+                    if got is not None and self.want.get(key, (None, None))[1] is spec and not self.closed:
+                        self.ready[key] = got
+                        got = None
+                    elif got is None and self.want.get(key, (None, None))[1] is spec:
+                        self.want.pop(key, None)      # it cannot start: the caller's own start says why
+                if got is not None:
+                    self._stop(*got)
+
+    def _start(self, image: str, spec: RunSpec) -> tuple[str, LiveHandle] | None:
+        sid = uuid.uuid4().hex
+        try:
+            with self.store.using():                   # gc keeps the image: its row is written below
+                handle = self.live.start(spec, AHEAD_LIFETIME)
+        except Exception:                              # noqa: BLE001 - the next start starts by itself
+            return None
+        now = time.time()
+        try:
+            with self.store.db.tx() as con:
+                con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
+                            "expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                            (sid, image, "ahead", dumps(handle.to_dict()), dumps({}), now, now, 0,
+                             now + AHEAD_LIFETIME, image))
+        except Exception:                              # noqa: BLE001 - not kept without its row
+            self.live.stop(handle)
+            return None
+        return sid, handle
+
+    def _stop(self, sid: str, handle: LiveHandle) -> None:
+        try:
+            self.live.stop(handle)
+        finally:
+            with self.store.db.tx() as con:
+                con.execute("UPDATE sandboxes SET state='stopped' WHERE id=? AND state='ahead'", (sid,))
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            left, self.ready = list(self.ready.values()), {}
+            self.cv.notify_all()
+        for got in left:
+            self._stop(*got)
+        if self.thread is not None:
+            self.thread.join(timeout=30)

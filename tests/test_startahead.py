@@ -1,0 +1,104 @@
+"""Live sandboxes started ahead (engine/startahead.py): a start with the spec of a recent start claims
+a sandbox already started; what the caller gets is the sandbox it asked for (its env, limits,
+labels, lifetime, its own files), and nothing started ahead is listed, collected or left behind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import sandtree
+
+
+def ready(st, timeout: float = 10.0) -> dict:
+    """Wait until the engine has a sandbox started ahead for every spec it wants one for."""
+    starts = st.engine.sandboxes.starts
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with starts.cv:
+            if starts.want and set(starts.want) <= set(starts.ready):
+                return dict(starts.ready)
+        time.sleep(0.01)
+    raise AssertionError("nothing was started ahead")
+
+
+def state_of(st, sid: str) -> str:
+    return st.engine.store.db.query("SELECT state FROM sandboxes WHERE id=?", (sid,))[0][0]
+
+
+@pytest.fixture
+def img(st, rootfs):
+    return st.import_image(rootfs)
+
+
+def test_a_start_claims_the_one_started_ahead(st, img):
+    first = img.start(env={"A": "1"}, memory="256M")
+    ahead = ready(st)
+    (sid, handle), = ahead.values()
+    assert state_of(st, sid) == "ahead"
+    assert sid not in [s.id for s in st.sandboxes(all=True)]         # never listed
+    t = time.time()
+    second = img.start(env={"A": "1"}, memory="256M", labels={"who": "second"}, lifetime=100, idle_timeout=50)
+    assert second.id == sid and state_of(st, sid) == "running"
+    info = second.info()
+    assert info["labels"] == {"who": "second"} and info["idle_timeout"] == 50
+    assert info["limits"]["memory"] == 256 << 20 and t + 99 < info["expires"] < time.time() + 101
+    assert second.exec("echo $A").stdout == b"1\n"
+    second.write("/mine", "2")
+    assert not first.exists("/mine")                                  # each its own upper
+    assert second.commit().read("/mine") == b"2"
+    assert ready(st) and sid not in [s for s, _ in st.engine.sandboxes.starts.ready.values()]   # replaced
+    first.stop()
+    second.stop()
+
+
+def test_other_specs_start_their_own(st, img, tmp_path):
+    a = img.start(env={"A": "1"})
+    ahead = ready(st)
+    (sid, _), = ahead.values()
+    b = img.start(env={"A": "2"})                     # another env: not that sandbox
+    c = img.start(env={"A": "1"}, files={"/f": "x"})  # injected files: never from ahead
+    assert sid not in (b.id, c.id) and c.read("/f") == b"x"
+    d = img.start(env={"A": "1"})
+    assert d.id == sid
+    for sb in (a, b, c, d):
+        sb.stop()
+
+
+def test_the_lifetime_moves_to_the_callers(st, img):
+    img.start().stop()
+    ready(st)
+    sb = img.start(lifetime=2)
+    assert sb.exec("true").exit_code == 0
+    time.sleep(3.5)                                   # its helper ends it at the caller's lifetime, not 600 s
+    assert sb.state != "running"
+
+
+def test_gc_keeps_the_image_and_close_stops_them(tmp_path, rootfs):
+    st = sandtree.Sandtree(str(tmp_path / "home"))
+    try:
+        img = st.import_image(rootfs)                 # untagged: only a sandbox keeps it
+        img.start().stop()
+        (sid, handle), = ready(st).values()
+        st.gc(retention=0, grace=0)
+        sb = img.start()
+        assert sb.id == sid and sb.exec("cat /etc/greeting").stdout == b"hello from the image\n"
+        sb.stop()
+        (sid, handle), = ready(st).values()
+    finally:
+        st.close()
+    with sandtree.Sandtree(str(tmp_path / "home"), warm=0) as again:
+        assert state_of(again, sid) == "stopped"
+        assert not again.engine.sandboxes.live.alive(handle)
+        assert again.engine.sandboxes.starts is None             # warm=0: nothing started ahead
+        again.image(img.id).start().stop()
+
+
+def test_an_unclaimed_one_past_its_end_is_marked_stopped(st, img):
+    img.start().stop()
+    (sid, handle), = ready(st).values()
+    with st.engine.store.db.tx() as con:              # as if its engine had died 10 minutes ago
+        con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (time.time() - 1, sid))
+    st.sandboxes()                                    # (a list reaps)
+    assert state_of(st, sid) == "stopped"
