@@ -232,7 +232,9 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                        prepare_changes=self.specs.injector(source, injected))
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
-        key = self.starts.key(source, spec) if self.starts and net.policy is None and not injected else None
+        # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
+        ahead = self.starts and starter is None and net.policy is None and not injected
+        key = self.starts.key(source, spec) if ahead else None
         got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
         sid = got[0] if got else uuid.uuid4().hex
         link = None
