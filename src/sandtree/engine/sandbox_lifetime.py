@@ -67,7 +67,7 @@ class SandboxLifetime:
         now = time.time()
         self._reaped = time.monotonic()
         with self.store.db.tx() as con:        # started ahead, never claimed, ended by their own helper
-            con.execute("UPDATE sandboxes SET state='stopped' WHERE state='ahead' AND expires < ?", (now,))
+            con.execute("DELETE FROM sandboxes WHERE state='ahead' AND expires < ?", (now,))
         done = []
         for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)

@@ -200,7 +200,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         states = "state != 'ahead'" if all else "state IN ('running', 'hibernated')"
         sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
-        return [self._view(r) for r in rows if labels_match(r["spec"].get("labels", {}), want)
+        return [self._view(r) for r in rows if r["spec"] and labels_match(r["spec"].get("labels", {}), want)
                 and not r["spec"].get("run")]          # a live run's sandbox is its run's (instances.py)
 
     # ---- lifecycle -----------------------------------------------------------------------------

@@ -118,7 +118,8 @@ class StartsAhead:
             self.live.stop(handle)
         finally:
             with self.store.db.tx() as con:
-                con.execute("UPDATE sandboxes SET state='stopped' WHERE id=? AND state='ahead'", (sid,))
+                # never anybody's: no row is left for lists (it has no spec of a caller to show)
+                con.execute("DELETE FROM sandboxes WHERE id=? AND state='ahead'", (sid,))
 
     def close(self) -> None:
         with self.cv:
