@@ -103,3 +103,41 @@ def test_an_unclaimed_one_past_its_end_is_removed(st, img):
         con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (time.time() - 1, sid))
     st.sandboxes()                                    # (a list reaps)
     assert state_of(st, sid) is None and sid not in {s.id for s in st.sandboxes(all=True)}
+
+
+def test_two_tenants_with_one_spec_share_nothing(tmp_path, rootfs):
+    """The sandbox started ahead after tenant a's start is claimed by tenant b (same image: same
+    content is one image; same spec): b gets a fresh sandbox, none of a's files, processes or
+    environment, and each tenant sees and enters only its own."""
+    from sandtree.engine import Engine
+    from sandtree.tenancy import Tenant
+    eng = Engine(str(tmp_path / "home"), warm=2)
+    try:
+        a = eng.as_tenant(Tenant("a"))
+        b = eng.as_tenant(Tenant("b"))
+        image = a.import_path(rootfs)
+        assert b.import_path(rootfs) == image
+        sa = a.sandbox_start(image, env={"K": "v"})["id"]
+        a.sandbox_write(sa, "/secret", b"a's")
+        a.sandbox_exec(sa, "export A_ONLY=1; sleep 300 >/dev/null 2>&1 &")
+        starts = eng.sandboxes.starts
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not starts.ready:
+            time.sleep(0.01)
+        (waiting, _), = starts.ready.values()
+        sb = b.sandbox_start(image, env={"K": "v"})["id"]
+        assert sb == waiting != sa                                   # b claimed the one started ahead
+        procs = "cat /proc/[0-9]*/comm"
+        assert b"sleep" in a.sandbox_exec(sa, procs).stdout                # (what the next check looks for)
+        out = b.sandbox_exec(sb, f"ls /secret; echo A=$A_ONLY K=$K; {procs}")
+        assert b"No such file" in out.stderr and b"A= K=v" in out.stdout and b"sleep" not in out.stdout
+        assert [s["id"] for s in a.sandbox_list()] == [sa] and [s["id"] for s in b.sandbox_list()] == [sb]
+        for view, other in ((a, sb), (b, sa)):
+            with pytest.raises(sandtree.NotFound):
+                view.sandbox_exec(other, "true")
+            with pytest.raises(sandtree.NotFound):
+                view.sandbox_read(other, "/etc/hostname")
+        b.sandbox_stop(sb)
+        a.sandbox_stop(sa)
+    finally:
+        eng.close()
