@@ -112,12 +112,14 @@ def test_two_tenants_with_one_spec_share_nothing(tmp_path, rootfs):
     from sandtree.engine import Engine
     from sandtree.tenancy import Tenant
     eng = Engine(str(tmp_path / "home"), warm=2)
+    started = []
     try:
         a = eng.as_tenant(Tenant("a"))
         b = eng.as_tenant(Tenant("b"))
         image = a.import_path(rootfs)
         assert b.import_path(rootfs) == image
         sa = a.sandbox_start(image, env={"K": "v"})["id"]
+        started.append(sa)
         a.sandbox_write(sa, "/secret", b"a's")
         a.sandbox_exec(sa, "export A_ONLY=1; sleep 300 >/dev/null 2>&1 &")
         starts = eng.sandboxes.starts
@@ -126,6 +128,7 @@ def test_two_tenants_with_one_spec_share_nothing(tmp_path, rootfs):
             time.sleep(0.01)
         (waiting, _), = starts.ready.values()
         sb = b.sandbox_start(image, env={"K": "v"})["id"]
+        started.append(sb)
         assert sb == waiting != sa                                   # b claimed the one started ahead
         procs = "cat /proc/[0-9]*/comm"
         assert b"sleep" in a.sandbox_exec(sa, procs).stdout                # (what the next check looks for)
@@ -137,7 +140,7 @@ def test_two_tenants_with_one_spec_share_nothing(tmp_path, rootfs):
                 view.sandbox_exec(other, "true")
             with pytest.raises(sandtree.NotFound):
                 view.sandbox_read(other, "/etc/hostname")
-        b.sandbox_stop(sb)
-        a.sandbox_stop(sa)
     finally:
+        for sid in started:                       # (detached: they would outlive the engine)
+            eng.sandbox_stop(sid)
         eng.close()
