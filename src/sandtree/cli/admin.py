@@ -107,7 +107,8 @@ def cmd_token(args):
     eng = open_engine(args)
     sub = args.token_command
     if sub == "create":
-        res = eng.tenancy.create_token(args.tenant, args.scopes, network=args.network, **_limits(args))
+        res = eng.tenancy.create_token(args.tenant, args.scopes, network=args.network, tier=args.tier,
+                                        **_limits(args))
         out(args, res, lambda o: (print(o["token"]), print(
             f"token {o['id']} for tenant {o['tenant']} ({','.join(o['scopes'])}): shown once, keep it",
             file=sys.stderr)))
@@ -117,8 +118,9 @@ def cmd_token(args):
                 state = "revoked" if r["revoked"] else "active"
                 lim = " ".join(f"{k}={int(v) if float(v).is_integer() else v}" for k, v in r["limits"].items())
                 net = f" network={json.dumps(r['network'], separators=(',', ':'))}" if r.get("network") else ""
+                tier = f" tier={r['tier']}" if r.get("tier") else ""
                 print(f"{r['id']}  {r['tenant']:<16} {state:<8} {fmt_time(r['created'])}  {','.join(r['scopes'])}  "
-                      f"{lim}{net}".rstrip())
+                      f"{lim}{net}{tier}".rstrip())
         out(args, eng.tenancy.tokens(), human)
     elif sub == "revoke":
         out(args, eng.tenancy.revoke(args.id), lambda o: print(f"revoked {o['id']} ({o['tenant']})"))
@@ -192,6 +194,9 @@ def add_services(sub, common) -> None:
     x.add_argument("--network", metavar="RULES|all|any|off",
                    help="network policies its runs and sandboxes may ask for: off (default), all (public "
                         "destinations), any (any policy), or RULES (comma list: each allow rule must be within one)")
+    x.add_argument("--tier", metavar="TIER",
+                   help="the only isolation tier (namespaces, gvisor) its runs, sandboxes and builds use, whatever they ask (asking "
+                        "for another is refused): gvisor keeps its code off the host kernel")
     _limit_args(x)
     x.set_defaults(fn=cmd_token)
     x = tsub.add_parser("list", parents=[common], help="tokens (ids, tenants, scopes; never secrets)")

@@ -290,11 +290,11 @@ class BuildOps:
 
     def _plan(self, b: _Build, step, image: str, si):
         """(cache key, hermetic, run(put, box, emit) -> (image, op)) of a non-FROM step."""
-        tier = self.default_tier
+        opts = b.guard.build_run_options()          # (a tenant's caps; its token's tier, if one is forced)
+        tier = opts.get("tier") or self.default_tier
         if isinstance(step, Run):
             policy = Policy.from_value(step.network if step.network is not None else b.network)
             key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=step.env)
-            opts = b.guard.build_run_options()
             return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts)
         if isinstance(step, Copy):
             src = None

@@ -95,7 +95,7 @@ class Instances:
             stdin_open: bool = False, make_cwd: bool = False, disposable: bool = False, env: dict | None = None,
             cwd: str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
             files=None, file_set: str | None = None, network=None, secrets: dict | None = None,
-            labels: dict | None = None, **limits) -> RunRecord:
+            labels: dict | None = None, tier: str | None = None, **limits) -> RunRecord:
         """Run `command` as process 1 of a new live sandbox on `ref` (module doc); a ready one of
         the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. make_cwd:
         a missing cwd is made (Contree's), not refused."""
@@ -106,12 +106,12 @@ class Instances:
             return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
                              stdin_open=stdin_open, make_cwd=make_cwd, disposable=disposable, env=env, cwd=cwd,
                              uid=uid, gid=gid, hostname=hostname, files=files, file_set=file_set, network=network,
-                             secrets=secrets, labels=labels, **limits)
+                             secrets=secrets, labels=labels, tier=tier, **limits)
         finally:
             self._up(op, None)
 
     def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, make_cwd, disposable, env, cwd, uid,
-             gid, hostname, files, file_set, network, secrets, labels, **limits) -> RunRecord:
+             gid, hostname, files, file_set, network, secrets, labels, tier, **limits) -> RunRecord:
         sb = self.host.sandboxes
         keep = keep_mode(disposable)             # kept, ephemeral (Contree's disposable) or nothing
         source = self.host.resolve(ref)
@@ -129,7 +129,8 @@ class Instances:
         try:
             info = sb.start(source, env=env, cwd=None if make_cwd else cwd, hostname=hostname, files=files,
                             file_set=file_set, idle_timeout=0, lifetime=lim.timeout + LIFETIME_MARGIN,
-                            network=network, secrets=secrets, labels=labels, run_of=op, starter=starter, **limits)
+                            network=network, secrets=secrets, labels=labels, run_of=op, starter=starter, tier=tier,
+                            **limits)
         except BaseException:
             self._stop(None, lent)                 # (stopped by sb.start)
             raise

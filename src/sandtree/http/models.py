@@ -84,6 +84,7 @@ class StartIn(In):
     lifetime: float = Field(D.SANDBOX_LIFETIME, description="seconds until it is stopped in any case")
     idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
                                                        "or hibernate it (resume brings it back)")
+    tier: str | None = Field(None, description="isolation tier (default: the server's; a token may force one)")
     timeout: float | None = Field(None, description="default seconds per command")
     memory: str | int | None = None
     pids: int | None = None

@@ -79,6 +79,8 @@ CREATE TABLE IF NOT EXISTS tenant_images(tenant TEXT NOT NULL, image TEXT NOT NU
     PRIMARY KEY(tenant, image));
 -- A token's network grant (network/policy.py Grant.to_json): a token without a row may ask for none.
 CREATE TABLE IF NOT EXISTS token_network(token TEXT PRIMARY KEY, grant_json TEXT NOT NULL);
+-- the isolation tier forced on a token's runs, starts and builds (issue 18: `token create --tier gvisor`)
+CREATE TABLE IF NOT EXISTS token_tier(token TEXT PRIMARY KEY, tier TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tenant_ops(op TEXT PRIMARY KEY, tenant TEXT NOT NULL, token TEXT);
 CREATE INDEX IF NOT EXISTS tenant_ops_tenant ON tenant_ops(tenant);
 CREATE TABLE IF NOT EXISTS tenant_blobs(tenant TEXT NOT NULL, kind TEXT NOT NULL, id TEXT NOT NULL,

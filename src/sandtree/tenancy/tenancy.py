@@ -51,11 +51,18 @@ class Tenancy:
             self._configured = self.db.one("SELECT 1 FROM tokens LIMIT 1") is not None
         return self._configured
 
-    def create_token(self, tenant: str, scopes=None, network=None, **limits) -> dict:
-        """network: what the token's runs may reach (Grant.parse: off (default), all, any, rules)."""
+    def create_token(self, tenant: str, scopes=None, network=None, tier: str | None = None, **limits) -> dict:
+        """network: what the token's runs may reach (Grant.parse: off (default), all, any, rules).
+        tier: the isolation tier every run, sandbox and build step of the token runs on, whatever
+        it asks (e.g. "gvisor": its code never shares the host kernel); asking for another is refused."""
         check_tenant_name(tenant)
         scopes = parse_scopes(scopes)
         grant = Grant.parse(network)
+        if tier is not None:
+            if tier not in self.engine.TIERS:
+                raise InvalidInput(f"unknown tier {tier!r} (one of: {', '.join(self.engine.TIERS)})")
+            if "admin" in scopes:
+                raise InvalidInput("a tier is forced on a tenant's token, not on an admin's (an admin runs anything)")
         token_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
         now = time.time()
@@ -66,11 +73,13 @@ class Tenancy:
             if grant.to_json() is not None:
                 con.execute("INSERT INTO token_network(token, grant_json) VALUES(?,?)",
                             (token_id, dumps(grant.to_json())))
+            if tier is not None:
+                con.execute("INSERT INTO token_tier(token, tier) VALUES(?,?)", (token_id, tier))
         self.record(OPERATOR, "token create", detail={"subject_token": token_id, "for": tenant,
-                                                                         "scopes": list(scopes),
-                                                                         "network": grant.to_json()})
+                                                      "scopes": list(scopes), "network": grant.to_json(),
+                                                      **({"tier": tier} if tier else {})})
         return {"token": f"stk_{token_id}_{secret}", "id": token_id, "tenant": tenant, "scopes": list(scopes),
-                "limits": self.limits(tenant), "network": grant.to_json()}
+                "limits": self.limits(tenant), "network": grant.to_json(), "tier": tier}
 
     def _set_limits(self, con, tenant: str, limits: dict, now: float) -> None:
         unknown = set(limits) - set(LIMIT_KEYS)
@@ -106,10 +115,11 @@ class Tenancy:
         (None: off) -- so an operator can see later what a token lets its runs reach."""
         limits = {n: json.loads(v) for n, v in self.db.query("SELECT name, limits FROM tenants")}
         return [{"id": i, "tenant": t, "scopes": s.split(","), "created": c, "revoked": r, "limits": limits.get(t, {}),
-                 "network": json.loads(g) if g else None}
-                for i, t, s, c, r, g in self.db.query(
-                    "SELECT id, tenant, scopes, created, revoked, grant_json FROM tokens "
-                    "LEFT JOIN token_network ON token_network.token = tokens.id ORDER BY created")]
+                 "network": json.loads(g) if g else None, "tier": tier}
+                for i, t, s, c, r, g, tier in self.db.query(
+                    "SELECT id, tenant, scopes, created, revoked, grant_json, token_tier.tier FROM tokens "
+                    "LEFT JOIN token_network ON token_network.token = tokens.id "
+                    "LEFT JOIN token_tier ON token_tier.token = tokens.id ORDER BY created")]
 
     def revoke(self, token_id: str) -> dict:
         with self.db.tx() as con:
@@ -130,8 +140,9 @@ class Tenancy:
         if not m or row is None or not ok or row[3] is not None:
             raise Unauthorized("invalid or revoked token")
         grant = self.db.one("SELECT grant_json FROM token_network WHERE token=?", (m.group(1),))
+        tier = self.db.one("SELECT tier FROM token_tier WHERE token=?", (m.group(1),))
         return Tenant(row[0], tuple(row[2].split(",")), self.limits(row[0]), m.group(1),
-                      Grant.parse(json.loads(grant[0])) if grant else Grant())
+                      Grant.parse(json.loads(grant[0])) if grant else Grant(), tier[0] if tier else None)
 
     def operator_view(self):
         """The whole engine as its operator uses it (a server without tokens): nothing filtered,
@@ -152,7 +163,7 @@ class Tenancy:
         lim, t = self.engine.default_limits, by.limits      # a tenant: the limits that apply to it
         capped_by = {k: min(getattr(lim, k), t.get(f"max_{k}", getattr(lim, k)))
                      for k in ("timeout", "memory", "pids", "disk", "output")}
-        return {"tenant": by.name, "scopes": list(by.scopes), "token": by.token,
+        return {"tenant": by.name, "scopes": list(by.scopes), "token": by.token, "tier": by.tier,
                 "limits": {**capped_by,
                            "concurrent_runs": t.get("max_runs", self.engine.whoami()["limits"]["concurrent_runs"]),
                            "live_sandboxes": t.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)}}

@@ -41,6 +41,7 @@ class Tenant:
     limits: dict = field(default_factory=dict)
     token: str | None = None              # the token id it authenticated with
     network: Grant = Grant()              # the network policies its runs and sandboxes may ask for
+    tier: str | None = None               # the only isolation tier its code runs on (None: any it asks)
 
     @property
     def admin(self) -> bool:

@@ -73,7 +73,7 @@ class TenantView(TenantSight):
         for name in ("op_id", "scope", "step", "in_tx", "check_only"):
             if name in options:
                 raise InvalidInput(f"unknown option(s): {name}")
-        opts = dict(options)
+        opts = self.forced_tier(dict(options))
         self.check_network(opts.get("network"), image)
         if opts.get("secrets") is not None:       # rule: stored secrets by name are its own or shared with it
             opts["secrets"] = stored.qualify(self.tenant.name, opts["secrets"])
@@ -81,6 +81,17 @@ class TenantView(TenantSight):
         if opts.get("file_set") is not None:
             self._own_blob("file_set", opts["file_set"])
         return capped(self.tenant.limits, self.engine.default_limits, opts, keys)
+
+    def forced_tier(self, opts: dict) -> dict:
+        """The token's tier on every run, sandbox and build step (token create --tier): a caller
+        that names another is refused (Forbidden), one that names none gets it, never the default."""
+        forced = self.tenant.tier
+        if forced is None:
+            return opts
+        asked = opts.get("tier")
+        if asked is not None and asked != forced:
+            raise Forbidden(f"this token runs only on the {forced} tier, not {asked}", tier=forced)
+        return {**opts, "tier": forced}
 
     def check_network(self, value, image: str | None) -> None:
         """Forbidden (naming the rule) for a policy beyond the token's grant; admin: any."""
@@ -332,7 +343,7 @@ class TenantView(TenantSight):
 
     def build_run_options(self) -> dict:
         """A RUN step's resources: this tenant's caps (a build asks none of its own)."""
-        return capped(self.tenant.limits, self.engine.default_limits, {})
+        return capped(self.tenant.limits, self.engine.default_limits, self.forced_tier({}))
 
     def pool_list(self) -> list[dict]:              # rule: pools are the operator's (any tenant's runs use them)
         return []
