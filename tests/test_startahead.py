@@ -144,3 +144,27 @@ def test_two_tenants_with_one_spec_share_nothing(tmp_path, rootfs):
         for sid in started:                       # (detached: they would outlive the engine)
             eng.sandbox_stop(sid)
         eng.close()
+
+
+def test_a_process_that_never_closes_its_engine_leaves_nothing(tmp_path, rootfs):
+    """A script (or `inspect eval`) that ends without closing its engine: the sandbox started ahead
+    for it is stopped at its exit, not left running until AHEAD_LIFETIME."""
+    import subprocess
+    import sys
+    home = str(tmp_path / "home")
+    code = ("import sys, time, sandtree\n"
+            "st = sandtree.Sandtree(sys.argv[1])\n"
+            "st.import_image(sys.argv[2]).start().stop()\n"
+            "end = time.monotonic() + 10\n"
+            "while not st.engine.sandboxes.starts.ready and time.monotonic() < end:\n"
+            "    time.sleep(0.01)\n"
+            "print(len(st.engine.sandboxes.starts.ready))\n")
+    p = subprocess.run([sys.executable, "-c", code, home, rootfs], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "1", p.stderr      # one was started ahead
+    ps = subprocess.run(["ps", "-eo", "stat=,comm=,args="], capture_output=True, text=True).stdout
+    assert not [l for l in ps.splitlines() if str(tmp_path) in l and not l.startswith("Z")]   # (argv may be cut)
+    st = sandtree.Sandtree(home, warm=0)
+    try:
+        assert st.engine.store.db.query("SELECT id FROM sandboxes WHERE state='ahead'") == []
+    finally:
+        st.close()

@@ -8,12 +8,14 @@ image per sample (inspect-ai's sample_init, issue 17) pays for a claim, not for 
 Only specs that carry nothing per call are started ahead: no injected files, no network link
 (a link is per sandbox), tier namespaces; the key covers everything else the sandbox is made
 from (image, env, cwd, hostname, limits). An "ahead" row keeps its image from gc (maintenance.py)
-and is listed nowhere; an unclaimed sandbox is stopped at engine close, and if its process died
-first, its helper ends it after AHEAD_LIFETIME by itself and the reaper marks the row stopped.
+and is listed nowhere; an unclaimed sandbox is stopped at engine close or, for a process that
+never closed its engine, at its exit; if the process was killed, its helper ends it after
+AHEAD_LIFETIME by itself and the reaper removes the row.
 Used by sandboxes.py's start, with the engine's warm option (warm=0: nothing is started ahead)."""
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import threading
@@ -73,6 +75,9 @@ class StartsAhead:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._loop, name="sandtree-start-ahead", daemon=True)
                 self.thread.start()
+                # A process that ends without closing its engine (a script, `inspect eval`) would leave
+                # its unclaimed sandboxes running until AHEAD_LIFETIME: they are stopped at its exit.
+                atexit.register(self.close)
             self.cv.notify_all()
 
     def _loop(self) -> None:
@@ -122,6 +127,7 @@ class StartsAhead:
                 con.execute("DELETE FROM sandboxes WHERE id=? AND state='ahead'", (sid,))
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         with self.cv:
             self.closed = True
             left, self.ready = list(self.ready.values()), {}
