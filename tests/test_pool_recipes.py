@@ -139,8 +139,9 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
         assert next(p for p in st.pools() if p["image"] == new)["served"] >= 1
         # the old pool's sandboxes are all stopped: processes, cgroups, mounts
         assert handles
-        old_pool.thread.join(10)                      # (the last sandbox a run held: stopped once it ended)
-        assert old_pool.thread_done and not old_pool.thread.is_alive()
+        for t in old_pool.fillers:                    # (the last sandbox a run held: stopped once it ended)
+            t.join(10)
+        assert old_pool.thread_done and not any(t.is_alive() for t in old_pool.fillers)
         for h in handles:
             assert not alive(h.init_pid, h.init_start) and not alive(h.helper_pid, h.helper_start), \
                 (h, open(f"/proc/{h.init_pid}/status").read()[:300])
@@ -311,4 +312,4 @@ def test_a_pool_removed_under_a_run_lets_it_finish(st, rootfs):
     th.join()
     r = got["r"]
     assert r.exit_code == 0 and r.stdout == b"done\n" and r.usage.get("pool") is True
-    assert pool.thread_done and not pool.thread.is_alive() and st.pools() == []
+    assert pool.thread_done and not any(t.is_alive() for t in pool.fillers) and st.pools() == []

@@ -4,11 +4,13 @@ The golden-environment pattern (issue 6): `st.pool(image, size=N)` keeps N live 
 the image ready (namespaces, overlay, /dev, /proc, cgroup: everything but the command). A run on
 that image with the pool's limits takes one, enters it with the command, and commits its upper
 exactly as a run would (same image ID for the same change); the used sandbox is stopped off the
-caller's path and a filler thread starts a replacement. A run the pool cannot serve (other
+caller's path and filler threads start replacements: FILLERS of them, so back-to-back runs (a run
+costs less than a start) find one ready, and starting goes before stopping used ones. A run the pool cannot serve (other
 limits, injected files, another tier) runs the ordinary way, so a pool never changes a result.
 
 Pool sandboxes are not detached: they die with the engine (PDEATHSIG), so they are started from
-the pool's own long-lived thread (the signal is tied to the thread that forked the helper).
+the pool's own long-lived threads (the signal is tied to the thread that forked the helper), which
+all end only once every sandbox of the pool is stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
+FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
 
 class Pool:
@@ -55,9 +58,13 @@ class Pool:
         # Sandboxes handed to runs and not retired yet: the filler thread outlives them, because
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
-        self.thread_done = False                 # after it, runs stop their own sandbox
-        self.thread = threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}", daemon=True)
-        self.thread.start()
+        self.starting = 0                        # starts under way (counted with ready against size)
+        self.thread_done = False                 # after it (every filler ended), runs stop their own sandbox
+        self.fillers = [threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}-{i}", daemon=True)
+                        for i in range(FILLERS)]
+        self.fillers_left = len(self.fillers)
+        for t in self.fillers:
+            t.start()
 
     # ---- serving -------------------------------------------------------------------------------
     def fits(self, spec: RunSpec, policy=None) -> bool:
@@ -140,10 +147,19 @@ class Pool:
     def _fill(self) -> None:
         while True:
             with self.cv:
-                while not self._retired and (self.out > 0 if self.closed else len(self.ready) >= self.size):
+                while not self._retired and (self.out > 0 if self.closed
+                                             else len(self.ready) + self.starting >= self.size):
                     self.cv.wait()
-                retired, self._retired = self._retired, []
                 closed = self.closed
+                start = not closed and len(self.ready) + self.starting < self.size
+                if start:                         # a ready sandbox first; used ones are stopped after
+                    self.starting += 1
+                    retired = []
+                else:
+                    retired, self._retired = self._retired, []
+            if start:
+                self._start_one()
+                continue
             for h, ahead in retired:
                 if ahead is not None:
                     ahead.discard()
@@ -154,43 +170,50 @@ class Pool:
             if closed:
                 with self.cv:                    # (a run may have retired one meanwhile)
                     if not self._retired and self.out == 0:
-                        self.thread_done = True
+                        self.fillers_left -= 1
+                        self.thread_done = self.fillers_left == 0
+                        self.cv.notify_all()
                         return
-                continue
-            if len(self.ready) >= self.size:
-                continue
-            h = key = None
-            try:
-                spec = self.template
-                if self.policy is not None:
-                    key = f"pool-{uuid.uuid4().hex}"
-                    link = self.egress().attach(key, self.policy)
-                    spec = dataclasses.replace(spec, netns_fd=link.netns_fd, runtime_files={
-                        "/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
-                    try:
-                        h = self.live.start(spec, LIFETIME, detach=False)
-                    finally:
-                        link.close()
-                    self.links[h.init_pid] = key
-                else:
+
+    def _start_one(self) -> None:
+        """Start a sandbox (from this filler thread: its PDEATHSIG is tied to it) and make it ready."""
+        h = key = None
+        try:
+            spec = self.template
+            if self.policy is not None:
+                key = f"pool-{uuid.uuid4().hex}"
+                link = self.egress().attach(key, self.policy)
+                spec = dataclasses.replace(spec, netns_fd=link.netns_fd, runtime_files={
+                    "/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
+                try:
                     h = self.live.start(spec, LIFETIME, detach=False)
-                ahead = self.live.enter_ahead(h)
-            except Exception as exc:              # noqa: BLE001 - runs fall back to a cold start
-                self.error = str(exc)
-                if h is not None:
-                    self.live.stop(h, wait=2.0)
-                if key is not None:
-                    self.links.pop(getattr(h, "init_pid", None), None)
-                    self.egress().release(key)
-                time.sleep(1.0)
-                continue
+                finally:
+                    link.close()
+                self.links[h.init_pid] = key
+            else:
+                h = self.live.start(spec, LIFETIME, detach=False)
+            ahead = self.live.enter_ahead(h)
+        except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
+            self.error = str(exc)
+            if h is not None:
+                self.live.stop(h, wait=2.0)
+            if key is not None:
+                self.links.pop(getattr(h, "init_pid", None), None)
+                self.egress().release(key)
+            time.sleep(1.0)
             with self.cv:
-                if not self.closed:
-                    self.ready.append((h, ahead))
-                    self.cv.notify_all()
-                    continue
-            ahead.discard()                       # closed while it started: nobody will take it
-            self.live.stop(h, wait=2.0)
+                self.starting -= 1
+                self.cv.notify_all()
+            return
+        with self.cv:
+            self.starting -= 1
+            if not self.closed:
+                self.ready.append((h, ahead))
+                self.cv.notify_all()
+                return
+            self.cv.notify_all()
+        ahead.discard()                           # closed while it started: nobody will take it
+        self.live.stop(h, wait=2.0)
 
     def wait_ready(self, timeout: float = D.POOL_WAIT) -> bool:
         """Until the pool is full (tests, benchmarks, and users who want a warm first run)."""
@@ -226,7 +249,9 @@ class Pool:
             self.ready.clear()
             self.cv.notify_all()
         if wait:
-            self.thread.join(timeout=60)
+            end = time.monotonic() + 60
+            for t in self.fillers:
+                t.join(timeout=max(0.0, end - time.monotonic()))
 
 
 class Pools:
