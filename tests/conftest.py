@@ -7,12 +7,14 @@ The session finaliser checks that the tests left no mount, cgroup or process beh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+from filelock import FileLock
 
 import sandtree
 
@@ -174,17 +176,32 @@ def bookworm(tmp_path_factory):
     if reuse:
         home, _, image = reuse.rpartition(":")
         return home, image, []
-    home = str(tmp_path_factory.mktemp("bookworm") / "home")
-    s = sandtree.Sandtree(home, warm=0)
-    lines: list[str] = []
-    try:
-        # git and patch: the evaluation harness applies patches the way swebench's does, in a git work tree
-        image = s.bootstrap("debian:bookworm", include=["python3-pip", "git", "patch"], log=lines.append).id
-    except sandtree.SandtreeError as e:
-        pytest.skip(f"debootstrap could not build an image with pip: {e}")
-    finally:
-        s.close()
-    return home, image, lines
+    # `make test` runs on pytest-xdist workers (-n 2 --dist loadfile): the first worker to ask
+    # bootstraps into the run's shared temporary root, the others wait for it and reuse that store.
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    made = shared / "bookworm.json" if shared else None
+    with FileLock(str(shared / "bookworm.lock")) if shared else contextlib.nullcontext():
+        if made is not None and made.exists():
+            got = json.loads(made.read_text())
+            if "skip" in got:
+                pytest.skip(got["skip"])
+            return got["home"], got["image"], got["lines"]
+        home = str((shared / "bookworm" if shared else tmp_path_factory.mktemp("bookworm")) / "home")
+        s = sandtree.Sandtree(home, warm=0)
+        lines: list[str] = []
+        try:
+            # git and patch: the evaluation harness applies patches the way swebench's does, in a git work tree
+            image = s.bootstrap("debian:bookworm", include=["python3-pip", "git", "patch"], log=lines.append).id
+        except sandtree.SandtreeError as e:
+            why = f"debootstrap could not build an image with pip: {e}"
+            if made is not None:
+                made.write_text(json.dumps({"skip": why}))
+            pytest.skip(why)
+        finally:
+            s.close()
+        if made is not None:
+            made.write_text(json.dumps({"home": home, "image": image, "lines": lines}))
+        return home, image, lines
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -203,14 +220,15 @@ def pytest_sessionfinish(session, exitstatus):
                 left = [n for n in os.listdir(d) if n.startswith(f"{os.getpid()}-")]
                 if left:
                     problems.append(f"cgroups left in {d}: {left[:3]}")
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,comm=,args="], capture_output=True, text=True).stdout
     # Ours: helpers built under this session's temporary tree, and the sandbox inits they started
     # (other test sessions may run beside this one). Zombies (state Z) are already dead: the
-    # durability test's killed workers leave them to pid 1.
-    rows = [l.split(None, 3) for l in out.splitlines() if len(l.split(None, 3)) == 4]
-    helpers = {r[0] for r in rows if "sandtree-exec" in r[3] and base in r[3]}
+    # durability test's killed workers leave them to pid 1. A helper is told by its name (comm):
+    # its argv may show only a prefix of its path while it runs (the path is cut where it works).
+    rows = [l.split(None, 4) for l in out.splitlines() if len(l.split(None, 4)) == 5]
+    helpers = {r[0] for r in rows if r[3].startswith("sandtree-exec") and base in r[4]}
     procs = [" ".join(r) for r in rows if r[2][0] != "Z"
-             and (r[0] in helpers or ("sandtree-init" in r[3] and r[1] in helpers))]
+             and (r[0] in helpers or (r[3] == "sandtree-init" and r[1] in helpers))]
     if procs:
         problems.append(f"processes left behind: {procs[:3]}")
     if problems:
