@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
-import threading
 import time
 import uuid
 
@@ -26,20 +25,18 @@ from ..runtime.base import LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.store import Store
+from .keptahead import KeptAhead
 
 AHEAD_LIFETIME = 600.0        # an unclaimed sandbox's own end, should its engine die without stopping it
 
 
-class StartsAhead:
+class StartsAhead(KeptAhead):
     KEEP = 4                  # specs kept started ahead (one sandbox each: about 0.5 MB of memory idle)
+    NAME = "sandtree-start-ahead"
 
     def __init__(self, store: Store, live: LiveTier):
+        super().__init__()
         self.store, self.live = store, live
-        self.ready: dict[str, tuple[str, LiveHandle]] = {}
-        self.want: dict[str, tuple[str, RunSpec]] = {}     # key -> (image, spec), most recent last
-        self.cv = threading.Condition()
-        self.closed = False
-        self.thread: threading.Thread | None = None
 
     @staticmethod
     def key(image: str, spec: RunSpec) -> str:
@@ -64,40 +61,18 @@ class StartsAhead:
         with self.cv:
             if self.closed:
                 return
-            self.want.pop(key, None)
-            self.want[key] = (image, dataclasses.replace(spec, prepare_changes=None))
-            while len(self.want) > self.KEEP:
-                old = next(iter(self.want))
-                self.want.pop(old)
-                drop = self.ready.pop(old, None)
-                if drop is not None:
-                    threading.Thread(target=self._stop, args=drop, daemon=True).start()
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="sandtree-start-ahead", daemon=True)
-                self.thread.start()
-                # A process that ends without closing its engine (a script, `inspect eval`) would leave
-                # its unclaimed sandboxes running until AHEAD_LIFETIME: they are stopped at its exit.
-                atexit.register(self.close)
-            self.cv.notify_all()
+            started = self.thread is None
+            self._want(key, (image, dataclasses.replace(spec, prepare_changes=None)))
+        if started:
+            # A process that ends without closing its engine (a script, `inspect eval`) would leave
+            # its unclaimed sandboxes running until AHEAD_LIFETIME: they are stopped at its exit.
+            atexit.register(self.close)
 
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not self.closed and not (set(self.want) - set(self.ready)):
-                    self.cv.wait()
-                if self.closed:
-                    return
-                todo = {k: v for k, v in self.want.items() if k not in self.ready}
-            for key, (image, spec) in todo.items():
-                got = self._start(image, spec)
-                with self.cv:
-                    if got is not None and self.want.get(key, (None, None))[1] is spec and not self.closed:
-                        self.ready[key] = got
-                        got = None
-                    elif got is None and self.want.get(key, (None, None))[1] is spec:
-                        self.want.pop(key, None)      # it cannot start: the caller's own start says why
-                if got is not None:
-                    self._stop(*got)
+    def _make(self, key: str, wanted) -> tuple[str, LiveHandle] | None:
+        return self._start(*wanted)
+
+    def _discard(self, made) -> None:
+        self._stop(*made)
 
     def _start(self, image: str, spec: RunSpec) -> tuple[str, LiveHandle] | None:
         sid = uuid.uuid4().hex
@@ -128,11 +103,4 @@ class StartsAhead:
 
     def close(self) -> None:
         atexit.unregister(self.close)
-        with self.cv:
-            self.closed = True
-            left, self.ready = list(self.ready.values()), {}
-            self.cv.notify_all()
-        for got in left:
-            self._stop(*got)
-        if self.thread is not None:
-            self.thread.join(timeout=30)
+        super().close()
