@@ -151,8 +151,11 @@ class Pool:
                                              else len(self.ready) + self.starting >= self.size):
                     self.cv.wait()
                 closed = self.closed
-                start = not closed and len(self.ready) + self.starting < self.size
-                if start:                         # a ready sandbox first; used ones are stopped after
+                # a start first when no sandbox is ready (a burst of runs); else used ones are
+                # stopped first, so their stopping does not overlap the next runs
+                start = (not closed and len(self.ready) + self.starting < self.size
+                         and (not self._retired or not self.ready))
+                if start:
                     self.starting += 1
                     retired = []
                 else:
