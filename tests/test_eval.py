@@ -254,6 +254,9 @@ def test_bad_input_is_refused_before_anything_runs(st, tmp_path):
     assert "base_commit" in refused([{**inst, "base_commit": "HEAD; rm -rf /"}], validate="gold")
     assert "over" in refused([{**inst, "patch": "+" * (9 << 20)}], exc=LimitExceeded, validate="gold")
     assert "run_id" in refused([inst], validate="gold", run_id="../up")
+    assert "memory" in refused([inst], validate="gold", memory="lots")       # the test runs' resources
+    assert "pids" in refused([inst], validate="gold", pids=2.5)
+    assert "cpus" in refused([inst], validate="gold", cpus=0)
     preds = tmp_path / "p.jsonl"
     for pred, word in (({"instance_id": inst["instance_id"], "model_name_or_path": "../../x", "model_patch": ""},
                         "model_name_or_path"),
@@ -301,11 +304,15 @@ def test_eval_through_a_server_and_the_async_twin(st, site, gold, tmp_path, book
         t = time.monotonic()
         rc = cli_main(["eval", str(one), "--validate", "gold", "--server", url, "--base", site[0],
                        "--run-id", "remote", "--out", str(tmp_path / "out"), "--progress", "quiet",
-                       "--network", ",".join(site[1])])
+                       "--network", ",".join(site[1]), "--memory", "1G", "--pids", "400"])
         TIMES["one instance through the server"] = time.monotonic() - t
         assert rc == 0
         rep = json.loads((tmp_path / "out" / "remote" / "gold" / inst["instance_id"] / "report.json").read_text())
         assert rep[inst["instance_id"]]["resolved"]
+        with sandtree.connect(url) as remote:               # the test run had the resources asked for
+            made = remote.image(rep[inst["instance_id"]]["sandtree"]["image"]).produced_by()
+            limits = remote.operation(next(o["op"] for o in made if o["kind"] == "run"))["spec"]["limits"]
+        assert limits["memory"] == 1 << 30 and limits["pids"] == 400
 
         async def go():
             ast = sandtree.AsyncSandtree.connect(url)

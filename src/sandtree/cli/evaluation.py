@@ -52,7 +52,7 @@ def cmd_eval(args):
             eng, args.instances, args.predictions, base=args.base, workers=args.workers,
             run_id=args.run_id or time.strftime("run-%Y%m%d-%H%M%S"), out_dir=args.out, report_dir=args.report_dir,
             validate=args.validate, instance_ids=args.instance_ids or None, timeout=args.timeout,
-            build_network=options.network(args).get("network"), progress=view)
+            build_network=options.network(args).get("network"), progress=view, limits=options.resources(args))
     finally:
         if view is not None:
             view.close()
@@ -84,6 +84,7 @@ def add_eval(sub, common) -> None:
     x.add_argument("--report-dir", metavar="DIR", help="where MODEL.RUN_ID.json goes (default DIR/RUN_ID)")
     x.add_argument("--instance-ids", "-i", nargs="+", metavar="ID", help="only these instances")
     x.add_argument("--timeout", type=float, default=1800, help="seconds of one instance's tests (default 1800)")
+    options.add_resources(x)                  # each test run's (the environments' builds: the engine's)
     x.add_argument("--network", metavar="off|all|RULES",
                    help="network of the environments' RUN steps without their own --network (default "
                         "pypi.org,files.pythonhosted.org; a Dockerfile's own may only narrow it)")

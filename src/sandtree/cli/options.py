@@ -38,6 +38,18 @@ def add_files(x, owner: str = "root") -> None:
                         f"modes kept, owned by {owner} (repeatable)")
 
 
+def add_resources(x) -> None:
+    """A run's resources: --memory, --pids, --cpus, --disk (default: the engine's)."""
+    x.add_argument("--memory", help="memory limit, e.g. 512M, 2G")
+    x.add_argument("--pids", type=int, help="most processes at once")
+    x.add_argument("--cpus", type=float, help="CPU time, in cores")
+    x.add_argument("--disk", help="most bytes written, e.g. 1G")
+
+
+def resources(args) -> dict:
+    return {"memory": args.memory, "pids": args.pids, "cpus": args.cpus, "disk": args.disk}
+
+
 def add_output(x) -> None:
     x.add_argument("--output", metavar="PATH",
                    help="write the command's stdout to PATH (its bytes, as kept) instead of the terminal")

@@ -124,10 +124,7 @@ def cmd_shell(args):
 def add_sandboxes(sub, common) -> None:
     limits = argparse.ArgumentParser(add_help=False)
     limits.add_argument("--timeout", type=float, help="seconds per command")
-    limits.add_argument("--memory")
-    limits.add_argument("--pids", type=int)
-    limits.add_argument("--cpus", type=float)
-    limits.add_argument("--disk")
+    options.add_resources(limits)
     x = sub.add_parser("start", parents=[common, limits], help="start a live sandbox on an image; prints its id")
     x.add_argument("image")
     options.add_env(x)

@@ -268,7 +268,8 @@ class Sandtree:
     def eval(self, instances, predictions=None, *, base: "Image | str | None" = None, workers: int = 2,
              run_id: str | None = None, out_dir: str = "logs/run_evaluation", report_dir: str | None = None,
              validate: str | None = None, instance_ids: list[str] | None = None, timeout: float = 1800,
-             build_network=None, progress: Callable[[dict], None] | None = None, cancel=None) -> dict:
+             build_network=None, progress: Callable[[dict], None] | None = None, cancel=None,
+             memory=None, cpus: float | None = None, pids: int | None = None, disk=None) -> dict:
         """Evaluate predictions on SWE-bench-style instances, the way swebench's harness does,
         each in a fork of its environment image (built from the instance's Dockerfile on `base`
         once, tagged eval/<instance_id>); instances and predictions are JSONL paths or lists of
@@ -277,12 +278,14 @@ class Sandtree:
         MODEL.RUN_ID.json; returns the summary. A rerun with the same run_id skips instances
         with a report. validate="gold": the instances' own patches, all must resolve;
         "empty": no patch, none may (summary["validation"]["ok"], ["failed"]). progress(event)
-        per instance step. build_network: the RUN steps' policy (default PyPI's two names)."""
+        per instance step. build_network: the RUN steps' policy (default PyPI's two names).
+        memory, cpus, pids, disk: each test run's resources (default: the engine's, as a run's)."""
         return evaluation.evaluate(
             self._engine, instances, predictions, base=self._id(base) if base is not None else None,
             workers=workers, run_id=run_id or time.strftime("run-%Y%m%d-%H%M%S"), out_dir=out_dir,
             report_dir=report_dir, validate=validate, instance_ids=instance_ids, timeout=timeout,
-            build_network=build_network, progress=progress, cancel=cancel)
+            build_network=build_network, progress=progress, cancel=cancel,
+            limits={"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
 
     # diff and merge
     def diff(self, a: "Image | str", b: "Image | str") -> list[dict]:

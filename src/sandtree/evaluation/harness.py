@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidInput
 from . import grading
-from .inputs import Instance, Prediction, check_name, load_instances, load_predictions, model_dir
+from .inputs import Instance, Prediction, check_limits, check_name, load_instances, load_predictions, model_dir
 from .runner import InstanceError, evaluate_instance
 from .summary import Layout, read_report, summarize, write_summary
 
@@ -121,17 +121,19 @@ def _final_tag(iid: str, run_id: str, model: str) -> str | None:
 def evaluate(engine, instances, predictions=None, *, base: str | None = None, workers: int = 2,
              run_id: str, out_dir="logs/run_evaluation", report_dir=None, validate: str | None = None,
              instance_ids=None, timeout: float = DEFAULT_TIMEOUT, build_network=None, progress=None,
-             cancel=None) -> dict:
+             cancel=None, limits: dict | None = None) -> dict:
     """Evaluate predictions on instances (see the module docstring); the summary, also written to
     REPORT_DIR/MODEL.RUN_ID.json. Every input is checked before anything is built or run.
     build_network: the policy of the environments' RUN steps (a Dockerfile's own --network may only
-    narrow it); None: DEFAULT_BUILD_NETWORK, "off": none."""
+    narrow it); None: DEFAULT_BUILD_NETWORK, "off": none. limits: the test runs' resources
+    (memory, cpus, pids, disk; as for a run; default: the engine's)."""
     check_name(run_id, "run_id")
     build_network = list(DEFAULT_BUILD_NETWORK) if build_network is None else build_network
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise InvalidInput("workers is a whole number from 1 to 256")
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise InvalidInput("timeout is a positive number of seconds")
+    limits = check_limits(limits)
     insts = load_instances(instances)
     if instance_ids is not None:
         wanted = set(instance_ids)
@@ -189,7 +191,7 @@ def evaluate(engine, instances, predictions=None, *, base: str | None = None, wo
             emit(iid, "running", image=env)
             rep = evaluate_instance(engine, inst, pred.to_dict(), env, layout.instance_dir(pred), timeout=timeout,
                                     skip_patch=skip_patch, tag=_final_tag(iid, run_id, pred.model_name_or_path),
-                                    cancel=cancel)[iid]
+                                    cancel=cancel, limits=limits)[iid]
         except InstanceError as e:
             errors[iid] = str(e)
             emit(iid, "error", finished=True, message=str(e), seconds=time.monotonic() - t)

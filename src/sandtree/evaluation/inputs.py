@@ -15,10 +15,11 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InvalidInput, TooLarge
+from ..values import parse_size
 
-__all__ = ["Instance", "Prediction", "load_instances", "load_predictions", "check_name", "model_dir",
-           "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_PATCH_BYTES", "MAX_TESTS", "MAX_TEST_ID", "MAX_TEXT_BYTES",
-           "NAME_RE"]
+__all__ = ["Instance", "Prediction", "load_instances", "load_predictions", "check_name", "check_limits",
+           "model_dir", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_PATCH_BYTES", "MAX_TESTS", "MAX_TEST_ID", "MAX_TEXT_BYTES",
+           "NAME_RE", "LIMITS"]
 
 MAX_FILE_BYTES = 256 << 20        # an instances or predictions file (SWE-bench's whole test split is ~100 MB)
 MAX_LINE_BYTES = 32 << 20         # one JSONL line
@@ -59,6 +60,31 @@ class Prediction:
     def to_dict(self) -> dict:
         return {"instance_id": self.instance_id, "model_name_or_path": self.model_name_or_path,
                 "model_patch": self.model_patch}
+
+
+LIMITS = ("memory", "cpus", "pids", "disk")
+
+
+def check_limits(limits) -> dict:
+    """The test runs' resources, checked before anything is built or run: memory and disk sizes
+    ("2G" or bytes), cpus a positive number, pids a positive whole number; None: the engine's."""
+    if limits is None:
+        return {}
+    if not isinstance(limits, dict):
+        raise InvalidInput("limits is a mapping of " + ", ".join(LIMITS))
+    unknown = sorted(str(k) for k in limits if k not in LIMITS)
+    if unknown:
+        raise InvalidInput(f"unknown limit(s): {', '.join(unknown)} (from: {', '.join(LIMITS)})")
+    out = {k: v for k, v in limits.items() if v is not None}
+    for k, v in out.items():
+        if k in ("memory", "disk"):
+            try:
+                parse_size(v)
+            except InvalidInput as e:
+                raise InvalidInput(f"{k}: {e.message}") from None
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (k == "pids" and v != int(v)):
+            raise InvalidInput(f"{k} must be a positive {'whole ' if k == 'pids' else ''}number, not {v!r}")
+    return out
 
 
 def check_name(value, what: str) -> str:

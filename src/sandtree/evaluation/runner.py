@@ -110,7 +110,8 @@ def _write_report(log_dir: Path, report: dict) -> None:
 
 
 def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str, log_dir: Path, *,
-                      timeout: float, skip_patch: bool = False, tag: str | None = None, cancel=None) -> dict:
+                      timeout: float, skip_patch: bool = False, tag: str | None = None, cancel=None,
+                      limits: dict | None = None) -> dict:
     """Evaluate one prediction ({instance_id, model_name_or_path, model_patch}) on the environment
     image; swebench's report ({instance_id: {...}}), also written to log_dir/report.json, its
     `sandtree` entry holding the environment, the final image and its tag, and seconds per phase."""
@@ -136,7 +137,7 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
         t = time.monotonic()
         # on_output: the run streams (remotely: no HTTP read timeout however long the tests take)
         rec = engine.run(environment, ["/bin/bash", DRIVER], cwd=grading.WORKDIR, files=files, timeout=timeout,
-                         cancel=cancel, on_output=lambda _s, _b: None, labels={RUN_LABEL: iid})
+                         cancel=cancel, on_output=lambda _s, _b: None, labels={RUN_LABEL: iid}, **(limits or {}))
         run_s = time.monotonic() - t
         res = _Result(engine, rec.image)
         test_output_path = log_dir / grading.LOG_TEST_OUTPUT
