@@ -125,3 +125,26 @@ def test_in_process_tenant_view(tmp_path, rootfs):
         assert g.whoami()["tier"] == "gvisor"
     finally:
         eng.close()
+
+
+def test_contree_instances_never_fall_back_to_the_host_kernel(world):
+    """A /v1 instance (Contree's API; a live run) of a forced token runs on gVisor or not at all: where
+    this build has no live gVisor sandboxes, its operation fails with the tier's reason."""
+    import time
+    import uuid
+    h = {"Authorization": f"Bearer {world['tokens']['g']['token']}"}
+    r = httpx.post(f"{world['url']}/v1/instances", headers=h, timeout=30,
+                   json={"command": "echo hi", "shell": True, "image": str(uuid.UUID(world["base"].id[:32]))})
+    if r.status_code != 201:                            # refused at once: never run anywhere
+        assert r.status_code in (403, 503), r.text
+        return
+    ops = f"{world['url']}/v1/operations/{r.json()['uuid']}"
+    end = time.monotonic() + 30
+    while (op := httpx.get(ops, headers=h, timeout=30).json())["status"] in ("PENDING", "EXECUTING", "ASSIGNED") \
+            and time.monotonic() < end:
+        time.sleep(0.05)
+    if op["status"] == "SUCCESS":                       # (once gVisor live sandboxes exist)
+        spec = world["st"]["g"].operation(r.json()["uuid"].replace("-", ""))["spec"]
+        assert spec["tier"] == "gvisor", spec
+    else:
+        assert op["status"] == "FAILED" and "live sandboxes run on the namespaces tier" in json.dumps(op), op
