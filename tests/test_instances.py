@@ -342,6 +342,7 @@ def test_a_live_run_starts_from_the_images_warm_pool(ops):
     before = eng.pool_list()[0]["served"]
     op = ops.submit_run("bb", "cat; echo main > /main", live=True, stdin_open=True)
     assert eng.sandbox_spawn(op, "echo sub > /sub") == 2
+    until(lambda: not eng.sandbox_process(op, 2)["running"], 30)   # (process 1's end kills what is left)
     eng.sandbox_stdin(op, 1, b"x\n")
     rec, res = ops.wait([op], 30)[0], ops.result(op)
     assert rec["status"] == "done" and res.stdout == b"x\n"
