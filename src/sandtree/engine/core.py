@@ -19,6 +19,7 @@ from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime.gvisor import GVisorRuntime
+from ..runtime.livetiers import LiveTiers
 from ..runtime.namespaces import NamespaceRuntime
 from ..store import refs
 from ..store.db import typed_disk_errors
@@ -81,7 +82,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.committer = commit_mod.Committer(self.store)
         self.records = Records(self.store)
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
-        self._live = self.runtime.live()           # the tier's live sandboxes: sandboxes and pools share them
+        # every tier's live sandboxes: sandboxes, pools and ports share them
+        self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
 
     @property
     def operations(self):

@@ -37,6 +37,7 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
 from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 from .liveprocs import Process, public_view, signal_number, start_error, usage_of
+from .pools import POOL_TIER
 from .spec import command_argv
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
@@ -118,12 +119,13 @@ class Instances:
         argv = command_argv(command)
         lim = self.host.specs.limits(limits)
         started = time.time()
-        pool, lent = self.host.pools.get(source), []
+        tier = tier or self.host.default_tier
+        pool, lent = self.host.pools.get(source) if tier == POOL_TIER else None, []
 
         def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
             got = pool.lend(spec) if pool is not None else None
             if got is None:
-                return sb.live.start(spec, lifetime)
+                return sb.live.start(spec, lifetime, tier=tier)
             lent.append((pool, *got))             # (its helper entered ahead: process 1's)
             return got[0]
         try:
@@ -210,7 +212,7 @@ class Instances:
                 "cwd": (p1 and p1.spec["cwd"]) or info.get("cwd", "/"),
                 "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
                 "uid": uid if uid is not None else 0, "gid": gid if gid is not None else 0, "hostname": hostname,
-                "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"],
+                "disposable": disposable, "limits": lim.__dict__, "tier": info["tier"], "live": info["id"],
                 # the sandbox's network, as a run records its own (netopts.NetworkOption.record)
                 **({"network": info["network"], "hermetic": False} if info.get("network") else {}),
                 **({"secrets": info["secrets"]} if info.get("secrets") else {})}

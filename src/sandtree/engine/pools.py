@@ -36,6 +36,7 @@ from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
+POOL_TIER = "namespaces"     # the tier pools keep sandboxes of (runs and live runs on another start their own)
 
 
 class Pool:
@@ -189,12 +190,12 @@ class Pool:
                 spec = dataclasses.replace(spec, netns_fd=link.netns_fd, runtime_files={
                     "/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
                 try:
-                    h = self.live.start(spec, LIFETIME, detach=False)
+                    h = self.live.start(spec, LIFETIME, detach=False, tier=POOL_TIER)
                 finally:
                     link.close()
                 self.links[h.init_pid] = key
             else:
-                h = self.live.start(spec, LIFETIME, detach=False)
+                h = self.live.start(spec, LIFETIME, detach=False, tier=POOL_TIER)
             ahead = self.live.enter_ahead(h)
         except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
             self.error = str(exc)

@@ -19,6 +19,7 @@ from ..store import ephemeral, refs
 from ..store.store import ImageRow
 from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
+from .pools import POOL_TIER
 from .spec import command_argv
 from ..defaults import RunRecord
 from ..values import check_labels
@@ -95,7 +96,7 @@ class RunOps:
             require_egress(self.egress)
         # A run that will take a linked helper takes it now and sends its link's policy: the
         # daemon answers while the spec is built (the gate awaits the answer before the command).
-        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
+        pool = self.pools.get(source) if self._pools is not None and runtime.name == POOL_TIER else None
         early = None
         if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
             early = self._take_linked(runtime, net, scope)

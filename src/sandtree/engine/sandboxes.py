@@ -37,7 +37,7 @@ from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
 from .ahead import Ahead
-from .startahead import StartsAhead
+from .startahead import AHEAD_TIER, StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
@@ -190,7 +190,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
-                "network": row["spec"].get("network"),
+                "network": row["spec"].get("network"), "tier": row["handle"].tier,
                 **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
@@ -215,6 +215,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
         (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
         self._check_start(tier, idle_action, idle_timeout, lifetime)
+        tier = tier or self.default_tier()
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -233,7 +234,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
         # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
-        ahead = self.starts and starter is None and net.policy is None and not injected
+        # on the tier they are started on
+        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER
         key = self.starts.key(source, spec) if ahead else None
         got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
         sid = got[0] if got else uuid.uuid4().hex
@@ -243,7 +245,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
         try:
             with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = got[1] if got else (starter or self.live.start)(spec, lifetime)
+                handle = got[1] if got else starter(spec, lifetime) if starter else \
+                    self.live.start(spec, lifetime, tier=tier)
         except BaseException:
             self._unlink_net(sid, link)
             raise
@@ -254,7 +257,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
                   "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {}),
+                  "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
+                  **({"labels": labels} if labels else {}),
                   **({"run": run_of} if run_of else {}), **net.record()}
         try:
             with self.store.db.tx() as con:
@@ -346,7 +350,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         op = uuid.uuid4().hex
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
-        return LiveProcess(proc, rep_r, self.live, raw)
+        return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:

@@ -141,7 +141,7 @@ class LiveRuntime(Commands, LiveTier):
             if detach:
                 proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)
-            scratch = rt.receive_scratch(ours, rep_r, raw, _Detached() if detach else proc, deadline)
+            scratch = rt.receive_scratch(ours, rep_r, raw, Detached() if detach else proc, deadline)
             if scratch is not None and spec.prepare_changes:
                 spec.prepare_changes(f"/proc/self/fd/{scratch}/u")
                 ours.send(b"g")
@@ -171,7 +171,7 @@ class LiveRuntime(Commands, LiveTier):
                 self._continue_restored(handle, cg, lim)
             return handle
         except BaseException:
-            _unlink(deadline_file)
+            unlink_quietly(deadline_file)
             rep = parse_report(raw)
             if rep.get("pid"):
                 kill_pid(rep["pid"], None)
@@ -295,7 +295,7 @@ class LiveRuntime(Commands, LiveTier):
     def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
         if h.deadline_file is not None:
-            _unlink(h.deadline_file)
+            unlink_quietly(h.deadline_file)
         cg = h.cg()
         if self.alive(h):
             try:
@@ -403,7 +403,7 @@ class LiveRuntime(Commands, LiveTier):
         self.stop(h)                                 # what is left: the helper, the cgroup
 
 
-class _Detached:
+class Detached:
     """The helper of a live sandbox forks away at once: its end says nothing about the sandbox."""
 
     @staticmethod
@@ -421,7 +421,7 @@ def _write_deadline(path: str, deadline: float, *, create: bool = False) -> None
         os.close(fd)
 
 
-def _unlink(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
