@@ -364,9 +364,9 @@ def main() -> None:
                     help="idle live sandboxes to start at once (0: skip)")
     ap.add_argument("--egress-mb", type=int, default=1024, metavar="MB",
                     help="the bulk download through the egress proxy (0: skip the network rows)")
-    ap.add_argument("--only", choices=["network-start"],
+    ap.add_argument("--only", choices=["network-start", "gvisor-live"],
                     help="only these rows (network-start: the start cost of an allow-list policy, warm and "
-                         "cold, and with links not recycled)")
+                         "cold, and with links not recycled; gvisor-live: live sandboxes and pools on gVisor)")
     args = ap.parse_args()
     con = Console(width=120)
     work = tempfile.mkdtemp(prefix="sandtree-bench-")
@@ -381,6 +381,11 @@ def main() -> None:
             con.print(network_table(img, cold_st.image(img.id), args, un_img, only_start=True))
             for s_ in (un_st, cold_st, st):
                 s_.close()
+            return
+        if args.only == "gvisor-live":
+            import gvisor_live             # bench/gvisor_live.py (issue 18)
+            con.print(gvisor_live.gvisor_live_table(st, img, min(args.n, 100), args.pool_size))
+            st.close()
             return
 
         floor = timeit(lambda: subprocess.run(["/bin/true"]), args.n)
@@ -492,6 +497,8 @@ def main() -> None:
                           f"{pct(ours_gv, 50) * 1e3:.1f}", f"{pct(ours_gv, 90) * 1e3:.1f}", "")
         else:
             table.add_row(f"tier gvisor: unavailable ({gv['reason']})", "-", "-", "")
+        import gvisor_live                 # bench/gvisor_live.py: live sandboxes and pools on gVisor (issue 18)
+        gv_table = gvisor_live.gvisor_live_table(st, img, min(args.n, 100), args.pool_size)
 
         if not args.quick and os.geteuid() == 0 and shutil.which("debootstrap"):
             t = time.perf_counter()
@@ -505,6 +512,7 @@ def main() -> None:
             table.add_row("sandtree /bin/true on Debian image", f"{pct(deb_true, 50) * 1e3:.2f}",
                           f"{pct(deb_true, 90) * 1e3:.2f}", ratio)
         con.print(table)
+        con.print(gv_table)
         if args.egress_mb > 0:
             un_st, un_img = unrecycled_image(img, work)
             con.print(network_table(img, cold_img, args, un_img))

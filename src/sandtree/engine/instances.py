@@ -37,7 +37,6 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..values import parse_size
 from .runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 from .liveprocs import Process, public_view, signal_number, start_error, usage_of
-from .pools import POOL_TIER
 from .spec import command_argv
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
@@ -120,10 +119,10 @@ class Instances:
         lim = self.host.specs.limits(limits)
         started = time.time()
         tier = tier or self.host.default_tier
-        pool, lent = self.host.pools.get(source) if tier == POOL_TIER else None, []
+        pool, lent = self.host.pools.get(source), []
 
         def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
-            got = pool.lend(spec) if pool is not None else None
+            got = pool.lend(spec, tier) if pool is not None else None
             if got is None:
                 return sb.live.start(spec, lifetime, tier=tier)
             lent.append((pool, *got))             # (its helper entered ahead: process 1's)
