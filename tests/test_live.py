@@ -592,3 +592,18 @@ def test_idle_action_hibernate_keeps_everything(tmp_path, rootfs):
     finally:
         sb.stop()
         st.close()
+
+
+def test_hibernate_on_gvisor_is_refused_before_anything_changes(bb, shared_st):
+    """Not built on gVisor yet (gvisor_live.py hibernate_available): refused with the reason, with no
+    commit recorded and the sandbox running on, whatever tier the engine defaults to."""
+    tier_status = {r["tier"]: r for r in shared_st.doctor()}["gvisor"]
+    if not tier_status["available"]:
+        pytest.skip(f"tier gvisor unavailable here: {tier_status['reason']}")
+    with bb.start(tier="gvisor") as sb:
+        sb.exec("echo x > /tmp/x")
+        head = sb.info()["head"]
+        with pytest.raises(sandtree.RuntimeUnavailable, match="gvisor"):
+            sb.hibernate()
+        assert sb.state == "running" and sb.info()["head"] == head
+        assert sb.exec("cat /tmp/x").stdout == b"x\n"

@@ -405,11 +405,11 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
         commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
         where they were. Its lifetime does not run while it is hibernated."""
-        ok, why = self.live.hibernate_available()
-        if not ok:
-            raise RuntimeUnavailable(why)
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
+        ok, why = self.live.of(h).hibernate_available()        # (its own tier's, not the default's)
+        if not ok:
+            raise RuntimeUnavailable(why, tier=h.tier)
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.check_resolv_link(row)
@@ -482,7 +482,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd = link.netns_fd if link is not None else None
             try:
                 with self.store.using():
-                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
+                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid),
+                                             tier=row["handle"].tier)
             finally:
                 if link is not None:
                     link.close()                   # (the restored processes hold the namespace)
