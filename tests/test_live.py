@@ -15,6 +15,7 @@ import time
 import pytest
 
 import sandtree
+from conftest import tier_or_skip
 from sandtree.runtime import criu
 from sandtree.procid import start_time
 
@@ -81,6 +82,7 @@ def test_same_isolation_as_a_run(sb, bb, live_tier):
     # a host path is not there, and pid 1 is the sandbox's own init
     assert sb.exec("ls /proc/1/root/etc/greeting").exit_code != 0
     assert b"sandtree-init" in sb.exec(["cat", "/proc/1/cmdline"]).stdout or \
+        b"sandtree-agent" in sb.exec(["cat", "/proc/1/cmdline"]).stdout or \
         sb.exec(["cat", "/proc/1/cmdline"]).exit_code != 0
 
 
@@ -607,3 +609,23 @@ def test_hibernate_on_gvisor_is_refused_before_anything_changes(bb, shared_st):
             sb.hibernate()
         assert sb.state == "running" and sb.info()["head"] == head
         assert sb.exec("cat /tmp/x").stdout == b"x\n"
+
+
+def test_gvisor_commands_are_pid_1s_and_runsc_exec_still_serves(bb, shared_st, request):
+    """On gVisor a command is started by pid 1, the agent (a background job it leaves keeps its
+    output pipes read, so it writes on), and a stdin past the agent's buffer goes by runsc exec,
+    with the same result."""
+    tier_or_skip(request, shared_st, "gvisor")
+    from sandtree.runtime.agentcall import MAX_STDIN
+    with bb.start(tier="gvisor") as sb:
+        assert sb.exec(["sh", "-c", "echo $PPID"]).stdout == b"1\n"
+        sb.exec("(i=0; while :; do i=$((i+1)); echo tick; echo $i > /tmp/beat; sleep 0.05; done) &")
+        first = sb.exec("cat /tmp/beat").stdout
+        time.sleep(0.5)
+        assert sb.exec("cat /tmp/beat").stdout != first          # still writing, not killed by EPIPE
+        big = b"z" * (MAX_STDIN + 1000)
+        r = sb.exec(["wc", "-c"], stdin=big)
+        assert r.ok and r.stdout.strip() == str(len(big)).encode()
+        assert sb.exec(["sh", "-c", "exit 130"]).exit_code == 130         # an exit, not a signal
+        r = sb.exec(["sh", "-c", "kill -INT $$"])
+        assert r.signal == 2 and r.exit_code is None

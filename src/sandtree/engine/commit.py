@@ -40,7 +40,7 @@ MOUNT_POINTS = ("proc", "dev", "sys")   # made by the helper or runsc when an im
 
 # Mount points runsc's gofer makes in the root for a live gVisor sandbox's binds under /dev (its
 # pid 1's binary, the runtime files' dir): empty, and never the sandbox's (its /dev is gVisor's).
-RUNTIME_MOUNTS = (".sandtree-init", "sandtree")
+RUNTIME_MOUNTS = (".sandtree-agent", "sandtree")
 
 
 def _drop_runtime_mounts(changes: dict, staged: str) -> None:

@@ -21,6 +21,7 @@ holds the Sentry), as on the other tier.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -31,7 +32,8 @@ import time
 
 from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
 from .base import RunOutcome, RunSpec
-from .build import init_path
+from . import agentcall
+from .build import agent_path
 from .enter import Commands
 from .live import Detached, LiveRuntime, unlink_quietly
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
@@ -40,9 +42,9 @@ from .runfiles import fds_of, network_args
 from .validate import validate_spec
 from ..procid import proc_namespace, start_time
 
-__all__ = ["GVisorLive", "INIT", "PATH_ENV"]
+__all__ = ["GVisorLive", "AGENT", "PATH_ENV"]
 
-INIT = "/dev/.sandtree-init"          # where pid 1's binary is bound in (gVisor's own /dev)
+AGENT = "/dev/.sandtree-agent"        # where pid 1's binary is bound in (gVisor's own /dev)
 PATH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 # runsc exec's own failures (exit 128 and this on stderr) are no exit of the command's
 _RUNSC_FAIL = re.compile(rb"executing processes for container: .*\n?$")
@@ -78,9 +80,9 @@ class GVisorLive(LiveRuntime):
         runsc = self.runsc()
         if runsc is None:
             raise RuntimeUnavailable(rt.available()[1])
-        init = init_path(rt.cache_dir)
-        pid1 = dataclasses.replace(spec, argv=[INIT], uid=0, gid=0, cwd="/", env={})
-        config = rt.oci_config(pid1, ({"destination": INIT, "type": "bind", "source": "/tmp/i/init",
+        agent = agent_path(rt.cache_dir)
+        pid1 = dataclasses.replace(spec, argv=[AGENT], uid=0, gid=0, cwd="/", env={})
+        config = rt.oci_config(pid1, ({"destination": AGENT, "type": "bind", "source": "/tmp/i/agent",
                                         "options": ["bind", "ro", "nosuid", "nodev"]},))
         inject = spec.prepare_changes
 
@@ -91,8 +93,8 @@ class GVisorLive(LiveRuntime):
                 f.write(config)
             # readable to the gofer, which runs as the sandbox's root (the bundle is the host's)
             os.mkdir(os.path.join(os.path.dirname(upper), "i"), 0o755)
-            shutil.copyfile(init, os.path.join(os.path.dirname(upper), "i", "init"))
-            os.chmod(os.path.join(os.path.dirname(upper), "i", "init"), 0o555)
+            shutil.copyfile(agent, os.path.join(os.path.dirname(upper), "i", "agent"))
+            os.chmod(os.path.join(os.path.dirname(upper), "i", "agent"), 0o555)
             if inject:
                 inject(upper)
 
@@ -101,13 +103,14 @@ class GVisorLive(LiveRuntime):
         rep_r, rep_w = os.pipe()
         deadline_file = self._deadline_file(time.time() + lifetime)
         deadline_fd = os.open(deadline_file, os.O_RDONLY | os.O_CLOEXEC)
+        listener, agent_sock = self._agent_socket()
         flags = self.flags + ["--file-access=shared"]
         if spec.netns_fd is not None:
             flags = [self.network_flag if f == "--network=none" else f for f in flags]
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
                 "--uid-map", rt.idmap.uid_map_line(), "--gid-map", rt.idmap.gid_map_line(),
                 "--live", "1", "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime))),
-                "--deadline-fd", str(deadline_fd)]
+                "--deadline-fd", str(deadline_fd), "--agent-fd", str(listener.fileno())]
         args += rt.run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
         for f in cg.procs_files:
             args += ["--cgroup", f]
@@ -120,11 +123,13 @@ class GVisorLive(LiveRuntime):
         try:
             try:
                 proc = subprocess.Popen(args + ["--"] + cmd, env=PATH_ENV, close_fds=True,
-                                        pass_fds=(theirs.fileno(), rep_w, deadline_fd) + fds_of(spec, rtfd),
+                                        pass_fds=(theirs.fileno(), rep_w, deadline_fd, listener.fileno())
+                                        + fds_of(spec, rtfd),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
                 theirs.close()
+                listener.close()
                 os.close(rep_w)
                 os.close(deadline_fd)
                 if rtfd is not None:
@@ -150,13 +155,14 @@ class GVisorLive(LiveRuntime):
             helper_pid = parent_of(runsc_pid)
             handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, runsc_pid, start_time(runsc_pid) or 0,
                                 {"version": cg.version, "dirs": cg.dirs}, proc_namespace(),
-                                deadline_file=deadline_file, tier="gvisor")
+                                deadline_file=deadline_file, tier="gvisor", agent=agent_sock)
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
             handle.proc = None if detach else proc
             return handle
         except BaseException:
             unlink_quietly(deadline_file)
+            unlink_quietly(agent_sock)
             rep = parse_report(raw)
             if rep.get("pid"):
                 kill_pid(rep["pid"], None)
@@ -171,6 +177,30 @@ class GVisorLive(LiveRuntime):
             os.close(rep_r)
             if scratch is not None:
                 os.close(scratch)
+
+    def _agent_socket(self) -> tuple[socket.socket, str]:
+        """A listening unix socket in the store's agents/ (the engine's own directory, 0700), on
+        which the sandbox's helper lends pid 1's pipes (helper.c live_runtime)."""
+        d = os.path.join(os.path.dirname(self.rt.layers_dir), "agents")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        name = f"{os.urandom(8).hex()}.sock"
+        dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(f"/proc/self/fd/{dfd}/{name}")      # (a store's path may be too long for an address)
+            s.listen(64)
+        except BaseException:
+            s.close()
+            raise
+        finally:
+            os.close(dfd)
+        return s, os.path.join(d, name)
+
+    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
+        super().stop(h, wait)
+        if h.agent is not None:
+            unlink_quietly(h.agent)
+            unlink_quietly(h.agent + ".busy")
 
     @staticmethod
     def _failed(raw: bytearray) -> None:
@@ -218,14 +248,15 @@ class GVisorLive(LiveRuntime):
 
     def outsiders(self, h: LiveHandle) -> list[int]:
         """Commands running now: the runsc exec of each (children of our helpers, in P's mount
-        namespace, outside the sandbox's cgroup)."""
+        namespace, outside the sandbox's cgroup), and the agent's, which is the sandbox's own
+        process: its caller holds a lock on the socket (P stands for it in the list)."""
+        out = [h.helper_pid] if h.agent is not None and _busy(h.agent) else []
         try:
             ns = os.readlink(f"/proc/{h.helper_pid}/ns/mnt")
         except OSError:
-            return []
+            return out
         cg = h.cg()
         mine = (cg.pids() if cg else set()) | {h.helper_pid, h.init_pid}
-        out = []
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in mine:
                 continue
@@ -254,6 +285,38 @@ class GVisorLive(LiveRuntime):
             os.close(rep_w)
             os.close(mnt)
         return proc, rep_r
+
+    def exec(self, h: LiveHandle, spec: RunSpec, ahead=None) -> RunOutcome:
+        """By the agent (pid 1 starts it: ~1 ms inside, and a checkpoint keeps it), or by runsc exec
+        for a sandbox started without one or a stdin past the agent's buffer."""
+        if h.agent is None or not agentcall.fits(spec):
+            return Commands.exec(self, h, spec)
+        validate_spec(spec)
+        started = time.monotonic()
+        if not self.alive(h):
+            raise NotFound("the live sandbox is no longer running")
+        lock = os.open(h.agent + ".busy", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH)           # (outsiders: a command is running)
+            try:
+                conn, w, r = agentcall.lend(h.agent, timeout=max(spec.limits.timeout, 1.0))
+            except (OSError, ValueError):
+                if not self.alive(h):
+                    raise NotFound("the live sandbox is no longer running") from None
+                raise SandboxError("the sandbox's agent cannot be reached") from None
+            try:
+                out = agentcall.call(w, r, spec, started + spec.limits.timeout)
+            except OSError as exc:
+                if not self.alive(h):
+                    raise NotFound("the live sandbox is no longer running") from None
+                raise SandboxError(f"the sandbox's agent: {exc}") from None
+            finally:
+                os.close(w)
+                os.close(r)
+                conn.close()
+        finally:
+            os.close(lock)
+        return _no_rusage(Commands.outcome(spec, out, started))
 
     def enter_ahead(self, h: LiveHandle):
         """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
@@ -332,10 +395,7 @@ class GVisorLive(LiveRuntime):
             report.pop("exit")
             report["signal"] = code - 128
         report.pop("rusage", None)              # runsc exec's own, not the command's
-        outcome = Commands.outcome(spec, out, started)
-        for k in ("user_cpu_s", "sys_cpu_s", "max_rss_bytes"):
-            outcome.usage.pop(k, None)
-        return outcome
+        return _no_rusage(Commands.outcome(spec, out, started))
 
     # ---- hibernate -------------------------------------------------------------------------------
     def hibernate_available(self) -> tuple[bool, str]:
@@ -386,6 +446,29 @@ class _Exec(subprocess.Popen):
         if rc is not None:
             self._done()
         return rc
+
+
+def _no_rusage(outcome: RunOutcome) -> RunOutcome:
+    """Without the command's CPU time and peak memory: gVisor's processes are the Sentry's, not
+    host processes whose rusage anyone sees (the sandbox's cgroup counts the whole Sentry)."""
+    for k in ("user_cpu_s", "sys_cpu_s", "max_rss_bytes"):
+        outcome.usage.pop(k, None)
+    return outcome
+
+
+def _busy(agent: str) -> bool:
+    """Whether an exec holds the agent (agent + ".busy" is locked shared by each)."""
+    try:
+        fd = os.open(agent + ".busy", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _unlink_at(dir_fd: int, name: str) -> None:

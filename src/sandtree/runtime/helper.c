@@ -103,6 +103,8 @@ struct opts {
     const char *init;           /* live: the sandtree-init binary (init.c) */
     int restore;                /* live: --restore 1: the command is `criu restore` (see below) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
+    int agent_fd;               /* --agent-fd N (with --live --exec): a listening unix socket; each
+                                   caller accepted gets the agent's pipes (live_runtime) */
     int mnt_fd;                 /* --mnt-fd N: a live gVisor sandbox's mount namespace (of its P):
                                    join it, then exec the command (runsc exec, ps, ...) */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
@@ -765,6 +767,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--mnt-fd")) o->mnt_fd = atoi(v);
+        else if (!strcmp(a, "--agent-fd")) o->agent_fd = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
         else if (!strcmp(a, "--resolv-layer")) o->resolv_layer = atoi(v);
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
@@ -794,7 +797,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->mnt_fd = o->deadline_fd = o->netns_fd = o->runtime_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->mnt_fd = o->agent_fd = o->deadline_fd = o->netns_fd = o->runtime_fd = -1;
     o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
@@ -1025,38 +1028,64 @@ static int live_wait(struct opts *o, pid_t c) {
 }
 
 /* --live 1 --exec 1: a live gVisor sandbox. P stays in the private mount namespace that holds the
- * sandbox's root and scratch (the engine reaches both through /proc/P/root/tmp, and runsc exec
- * through --mnt-fd), bounded by the lifetime like a live P, and runs runsc as its child R. runsc
- * runs attached: its sandbox and gofer die with R, R with P. Pid 1 inside (sandtree-init) writes
- * "ready" on its stdout, R's, a pipe P reads; what runsc writes there before it (an error) goes
- * to the engine on a "runsc" line when it fails. */
+ * sandbox's root and scratch (the engine reaches both through /proc/P/root/tmp, and runsc through
+ * --mnt-fd), bounded by the lifetime like a live P, and runs runsc as its child R. runsc runs
+ * attached: its sandbox and gofer die with R, R with P. Pid 1 inside is sandtree-agent (agent.c):
+ * its stdin and stdout are R's, pipes P holds; it says "ready" on stdout. What runsc writes on
+ * stderr before that (an error) goes to the engine on a "runsc" line when it fails. Then P lends
+ * the agent's pipes to one engine process at a time (--agent-fd: a listening unix socket the
+ * engine made): each one accepted gets both ends by SCM_RIGHTS, the next once it hung up. */
+static void send_fds(int sock, int a, int b) {
+    char one = 'p';
+    struct iovec iov = {.iov_base = &one, .iov_len = 1};
+    union { char buf[CMSG_SPACE(2 * sizeof(int))]; struct cmsghdr align; } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    int fds[2] = {a, b};
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    sendmsg(sock, &msg, MSG_NOSIGNAL);            /* (a caller that went away: the next one) */
+}
+
 static int live_runtime(struct opts *o) {
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) < 0) die_step("pipe");
+    int in[2], out[2], err[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) die_step("pipe");
     pid_t r = fork();
     if (r < 0) die_step("fork");
     if (r == 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) _exit(125);
-        int dn = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (dn < 0 || dup2(dn, 0) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0) _exit(125);
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) _exit(125);
+        if (o->agent_fd >= 0) close(o->agent_fd);
         execv(o->argv[0], o->argv);
         _exit(127);
     }
+    close(in[0]);
     close(out[1]);
+    close(err[1]);
+    if (o->agent_fd >= 0) fcntl(o->agent_fd, F_SETFD, FD_CLOEXEC);
     dprintf(report_fd, "pid %d\n", r);
-    char said[2048];
+    char said[2048], seen[8] = {0};
     size_t len = 0;
-    int ready = 0;
+    int ready = 0, err_open = 1;
     while (!ready) {
+        struct pollfd pf[2] = {{out[0], POLLIN, 0}, {err[0], err_open ? POLLIN : 0, 0}};
+        if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }
         char buf[512];
-        ssize_t n = read(out[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        for (ssize_t i = 0; i < n; i++) {
-            if (len < sizeof said - 1) said[len++] = (buf[i] == '\n' || buf[i] == '\r') ? ' ' : buf[i];
+        if (pf[1].revents) {
+            ssize_t n = read(err[0], buf, sizeof buf);
+            if (n <= 0) err_open = 0;
+            for (ssize_t i = 0; i < n; i++)
+                if (len < sizeof said - 1) said[len++] = (buf[i] == '\n' || buf[i] == '\r') ? ' ' : buf[i];
         }
-        said[len] = 0;
-        ready = strstr(said, "ready ") != NULL;
+        if (pf[0].revents) {
+            ssize_t n = read(out[0], buf, 1);        /* byte by byte: nothing after "ready\n" is ours */
+            if (n <= 0) break;
+            memmove(seen, seen + 1, 5);
+            seen[5] = buf[0];
+            ready = !memcmp(seen, "ready\n", 6);
+        }
     }
     if (!ready) {
         kill(r, SIGKILL);
@@ -1077,12 +1106,26 @@ static int live_runtime(struct opts *o) {
     report_fd = -1;
     int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
-    /* Keep reading: runsc must never write into a pipe without a reader (SIGPIPE would end it,
-     * and the sandbox with it). EOF comes once runsc and its sandbox are gone. */
+    /* Keep reading runsc's stderr: it must never write into a pipe without a reader (SIGPIPE
+     * would end it, and the sandbox with it). Its EOF comes once runsc and its sandbox are gone. */
+    int client = -1;
     for (;;) {
+        struct pollfd pf[2] = {{err[0], POLLIN, 0}, {-1, POLLIN, 0}};
+        pf[1].fd = client >= 0 ? client : o->agent_fd;
+        if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }
         char buf[512];
-        ssize_t n = read(out[0], buf, sizeof buf);
-        if (n == 0 || (n < 0 && errno != EINTR)) break;
+        if (pf[0].revents) {
+            ssize_t n = read(err[0], buf, sizeof buf);
+            if (n == 0 || (n < 0 && errno != EINTR)) break;
+        }
+        if (!pf[1].revents) continue;
+        if (client < 0) {
+            client = accept4(o->agent_fd, NULL, NULL, SOCK_CLOEXEC);
+            if (client >= 0) send_fds(client, in[1], out[0]);
+        } else if (read(client, buf, sizeof buf) <= 0) {
+            close(client);                            /* hung up: the next caller's turn */
+            client = -1;
+        }
     }
     while (waitpid(r, NULL, 0) < 0 && errno == EINTR) {}
     return 0;
