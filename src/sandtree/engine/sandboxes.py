@@ -30,7 +30,6 @@ import uuid
 
 from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..runtime import criu
 from ..runtime.base import Limits, LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
@@ -164,7 +163,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             return self._lost_locked(row)
 
     def _lost_locked(self, row: dict) -> str:
-        if row["spec"].get("hibernating") and self._dump_finished(row["id"]):
+        if row["spec"].get("hibernating") and self.live.dump_finished(row["handle"], self._checkpoint_dir(row["id"])):
             self._retire(row, "running", release=False)      # (the link is kept for the resume)
             self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
             return "hibernated"
@@ -416,7 +415,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
         with self.store.using(), self._commit_lock(sid):
-            self.live.freeze(h, True)
+            self.live.freeze(h, True, checkpoint=True)
             try:
                 busy = self.live.outsiders(h)
                 if busy:
@@ -457,9 +456,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         spec.pop("hibernating", None)
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
-
-    def _dump_finished(self, sid: str) -> bool:
-        return criu.dump_finished(self._checkpoint_dir(sid))
 
     def resume(self, sid: str) -> dict:
         """Bring a hibernated sandbox back: its processes continue where they were, on the image

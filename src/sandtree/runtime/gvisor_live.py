@@ -21,20 +21,17 @@ holds the Sentry), as on the other tier.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
 import time
 
-from ..errors import CommandNotFound, InvalidInput, NotFound, RuntimeUnavailable, SandboxError
-from .base import RunOutcome, RunSpec
-from . import agentcall
+from ..errors import RuntimeUnavailable, SandboxError
+from .base import RunSpec
 from .build import agent_path
-from .enter import Commands
+from .gvisor_commands import PATH_ENV, GVisorCommands, unlink_at
 from .live import Detached, LiveRuntime, unlink_quietly
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .pump import parse_report
@@ -42,15 +39,12 @@ from .runfiles import fds_of, network_args
 from .validate import validate_spec
 from ..procid import proc_namespace, start_time
 
-__all__ = ["GVisorLive", "AGENT", "PATH_ENV"]
+__all__ = ["GVisorLive", "AGENT"]
 
 AGENT = "/dev/.sandtree-agent"        # where pid 1's binary is bound in (gVisor's own /dev)
-PATH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-# runsc exec's own failures (exit 128 and this on stderr) are no exit of the command's
-_RUNSC_FAIL = re.compile(rb"executing processes for container: .*\n?$")
 
 
-class GVisorLive(LiveRuntime):
+class GVisorLive(GVisorCommands, LiveRuntime):
     """The live-sandbox half of the gvisor tier (rt: its GVisorRuntime)."""
 
     def __init__(self, rt, flags: list[str], network_flag: str, runsc):
@@ -72,9 +66,6 @@ class GVisorLive(LiveRuntime):
     def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True,
               restore: str | None = None) -> LiveHandle:
         self._check()
-        if restore is not None:
-            raise RuntimeUnavailable("hibernate is not built for the gvisor tier yet: a gVisor sandbox "
-                                     "cannot be resumed", tier="gvisor")
         validate_spec(spec)
         rt, lim = self.rt, spec.limits
         runsc = self.runsc()
@@ -116,7 +107,17 @@ class GVisorLive(LiveRuntime):
             args += ["--cgroup", f]
         extra, rtfd = network_args(spec)
         args += extra
-        cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
+        images = None
+        if restore is not None:
+            # the checkpoint (dump) on the image committed with it: runsc restores the Sentry's
+            # memory and its tasks over that root (the engine waits for runsc to say "running")
+            images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.set_inheritable(images, True)
+            args += ["--resumed", "1"]
+            cmd = [runsc, "--root", "/tmp/state", *flags, "restore", "--image-path", f"/proc/self/fd/{images}",
+                   "--bundle", "/tmp/b", "sandtree"]
+        else:
+            cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
         raw = bytearray()
         scratch = None
         proc = None
@@ -124,7 +125,7 @@ class GVisorLive(LiveRuntime):
             try:
                 proc = subprocess.Popen(args + ["--"] + cmd, env=PATH_ENV, close_fds=True,
                                         pass_fds=(theirs.fileno(), rep_w, deadline_fd, listener.fileno())
-                                        + fds_of(spec, rtfd),
+                                        + fds_of(spec, rtfd) + ((images,) if images is not None else ()),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
             finally:
@@ -134,6 +135,8 @@ class GVisorLive(LiveRuntime):
                 os.close(deadline_fd)
                 if rtfd is not None:
                     os.close(rtfd)
+                if images is not None:
+                    os.close(images)
             if detach:
                 proc.wait()                   # the helper forks away at once (see helper.c)
             deadline = time.monotonic() + min(lim.timeout, 60)
@@ -159,6 +162,8 @@ class GVisorLive(LiveRuntime):
             if not handle.init_start or not handle.helper_start:
                 raise SandboxError("live sandbox exited while starting")
             handle.proc = None if detach else proc
+            if restore is not None:
+                self._wait_running(handle, time.monotonic() + min(lim.timeout, 120))
             return handle
         except BaseException:
             unlink_quietly(deadline_file)
@@ -233,246 +238,109 @@ class GVisorLive(LiveRuntime):
                 out.add(int(fields[0]))
         return out
 
-    def lingering(self, h: LiveHandle) -> bool:
-        """Processes besides pid 1 inside (gVisor's, not the host's: runsc ps lists them)."""
-        proc, rep_r = self._mnt(h, ["ps", "--format", "json", "sandtree"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            os.close(rep_r)
-        try:
-            return len(json.loads(out or b"[]")) > 1
-        except ValueError:
-            return False
+    # ---- freeze, hibernate ------------------------------------------------------------------
+    # A checkpoint is taken by the Sentry itself, which must answer runsc: for one, the sandbox is
+    # paused by runsc (its tasks stopped in gVisor's kernel), not frozen by the cgroup. A file in
+    # the scratch says so, for any engine process (a pauser that died leaves it: thawed by the next).
+    PAUSED = "paused"
 
-    def outsiders(self, h: LiveHandle) -> list[int]:
-        """Commands running now: the runsc exec of each (children of our helpers, in P's mount
-        namespace, outside the sandbox's cgroup), and the agent's, which is the sandbox's own
-        process: its caller holds a lock on the socket (P stands for it in the list)."""
-        out = [h.helper_pid] if h.agent is not None and _busy(h.agent) else []
+    def _runsc_wait(self, h: LiveHandle, words: list[str], timeout: float = 600, pass_fds=()) -> tuple[int, bytes]:
+        proc, rep_r = self._mnt(h, words, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, pass_fds=pass_fds)
         try:
-            ns = os.readlink(f"/proc/{h.helper_pid}/ns/mnt")
-        except OSError:
-            return out
-        cg = h.cg()
-        mine = (cg.pids() if cg else set()) | {h.helper_pid, h.init_pid}
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in mine:
-                continue
-            try:
-                if os.readlink(f"/proc/{name}/ns/mnt") == ns:
-                    out.append(int(name))
-            except OSError:
-                continue
-        return out
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        raw = b""
+        while chunk := os.read(rep_r, 4096):
+            raw += chunk
+        os.close(rep_r)
+        rep = parse_report(raw)
+        return rep.get("exit", -rep.get("signal", 1) or -1), out
 
-    # ---- commands --------------------------------------------------------------------------------
-    def _mnt(self, h: LiveHandle, words: list[str], *, stdin, stdout, stderr, cls=subprocess.Popen):
-        """runsc WORDS in the sandbox's mount namespace, run by the helper (helper.c enter_mount);
-        returns the helper and its report's read end."""
-        mnt = open_of(h.helper_pid, h.helper_start, "ns/mnt", os.O_RDONLY)
-        rep_r, rep_w = os.pipe()
-        try:
-            proc = cls([self.rt.helper(), "--report", str(rep_w), "--mnt-fd", str(mnt), "--",
-                                     self.runsc(), "--root", "/tmp/state", *words], env=PATH_ENV,
-                                    close_fds=True, pass_fds=(rep_w, mnt),
-                                    stdin=stdin, stdout=stdout, stderr=stderr)
-        except BaseException:
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(rep_w)
-            os.close(mnt)
-        return proc, rep_r
-
-    def exec(self, h: LiveHandle, spec: RunSpec, ahead=None) -> RunOutcome:
-        """By the agent (pid 1 starts it: ~1 ms inside, and a checkpoint keeps it), or by runsc exec
-        for a sandbox started without one or a stdin past the agent's buffer."""
-        if h.agent is None or not agentcall.fits(spec):
-            return Commands.exec(self, h, spec)
-        validate_spec(spec)
-        started = time.monotonic()
-        if not self.alive(h):
-            raise NotFound("the live sandbox is no longer running")
-        lock = os.open(h.agent + ".busy", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH)           # (outsiders: a command is running)
-            try:
-                conn, w, r = agentcall.lend(h.agent, timeout=max(spec.limits.timeout, 1.0))
-            except (OSError, ValueError):
-                if not self.alive(h):
-                    raise NotFound("the live sandbox is no longer running") from None
-                raise SandboxError("the sandbox's agent cannot be reached") from None
-            try:
-                out = agentcall.call(w, r, spec, started + spec.limits.timeout)
-            except OSError as exc:
-                if not self.alive(h):
-                    raise NotFound("the live sandbox is no longer running") from None
-                raise SandboxError(f"the sandbox's agent: {exc}") from None
-            finally:
-                os.close(w)
-                os.close(r)
-                conn.close()
-        finally:
-            os.close(lock)
-        return _no_rusage(Commands.outcome(spec, out, started))
-
-    def enter_ahead(self, h: LiveHandle):
-        """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
-        return None
-
-    def popen(self, h: LiveHandle, spec: RunSpec, *, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE, pty: bool = False, ahead=None):
-        """Start spec.argv inside (runsc exec); returns as soon as it is started on the host side:
-        the helper, its report's read end, what it reported so far ("pid")."""
-        validate_spec(spec)
-        name = f"b/p-{os.urandom(8).hex()}.json"
+    def frozen(self, h: LiveHandle) -> bool:
+        if super().frozen(h):
+            return True
         scratch = self.scratch(h)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=scratch)
-            try:
-                # pty: stdin is a host terminal (the engine's); runsc gives it to the command as its
-                # controlling terminal (gVisor's host TTY), which sets its window size and job control
-                os.write(fd, json.dumps(self.rt.process(spec, terminal=pty)).encode())
-            finally:
-                os.close(fd)
-            proc, rep_r = self._mnt(h, ["exec", "--process", f"/tmp/{name}", "--internal-pid-file",
-                                        f"/tmp/{name[:-5]}.pid", "sandtree"], stdin=stdin, stdout=stdout,
-                                    stderr=stderr, cls=_Exec)
-        except BaseException:
-            _unlink_at(scratch, name)
+            os.stat(self.PAUSED, dir_fd=scratch)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
             os.close(scratch)
-            raise
-        proc.files, proc.sandbox = (scratch, name, name[:-5] + ".pid"), (self, h)   # (_Exec)
-        raw = bytearray()
-        while b"pid " not in raw:
-            chunk = os.read(rep_r, 4096)
-            if not chunk:
-                break
-            raw += chunk
-        return proc, rep_r, raw
 
-    def signal_command(self, proc: "_Exec", sig: int) -> None:
-        """Signal a command by its pid inside (runsc kill --pid): runsc exec itself would die of
-        the signal, not pass it on."""
-        if not 1 <= sig <= 30:
-            raise InvalidInput(f"signal {sig} cannot be sent (1..30)")
-        pid, end = None, time.monotonic() + 5
-        while pid is None and proc.poll() is None and time.monotonic() < end:
-            pid = proc.inner_pid()
-            if pid is None:
-                time.sleep(0.002)                # (runsc writes it once the process exists)
-        if pid is None:
-            return
-        killer, rep_r = self._mnt(proc.sandbox[1], ["kill", "--pid", str(pid), "sandtree", str(sig)],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(rep_r)
-        killer.wait()
+    def freeze(self, h: LiveHandle, frozen: bool = True, *, checkpoint: bool = False) -> bool:
+        if frozen and not checkpoint:
+            return super().freeze(h, True)
+        scratch = self.scratch(h)
+        try:
+            if frozen:
+                fd = os.open(self.PAUSED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=scratch)
+                os.close(fd)
+                rc, out = self._runsc_wait(h, ["pause", "sandtree"], 60)
+                if rc != 0:
+                    unlink_at(scratch, self.PAUSED)
+                    raise SandboxError(f"runsc pause failed: {out.decode(errors='replace')[-500:]}", step="pause")
+                return True
+            super().freeze(h, False)
+            try:
+                os.stat(self.PAUSED, dir_fd=scratch)
+            except FileNotFoundError:
+                return True
+            rc, out = self._runsc_wait(h, ["resume", "sandtree"], 60)
+            if rc != 0 and b"not paused" not in out and b"Running" not in out:
+                raise SandboxError(f"runsc resume failed: {out.decode(errors='replace')[-500:]}", step="resume")
+            unlink_at(scratch, self.PAUSED)
+            return True
+        finally:
+            os.close(scratch)
 
-    @staticmethod
-    def returncode(report: bytes, fallback: int | None) -> int | None:
-        rep = parse_report(report)
-        if "execfail" in rep or "exit" not in rep:
-            return Commands.returncode(report, fallback)
-        code = rep["exit"]
-        if code == 128:
-            return 127                          # runsc could not start it (not found, bad cwd)
-        return -(code - 128) if code > 128 else code
+    def _wait_running(self, h: LiveHandle, deadline: float) -> None:
+        """Until runsc says the restored container runs (or it died: SandboxError with its words)."""
+        while True:
+            rc, out = self._runsc_wait(h, ["state", "sandtree"], 30)
+            if rc == 0:
+                try:
+                    if json.loads(out).get("status") == "running":
+                        return
+                except ValueError:
+                    pass
+            if not self.alive(h) or time.monotonic() > deadline:
+                raise SandboxError(f"gVisor did not restore the sandbox: {out.decode(errors='replace')[-800:]}",
+                                   step="runsc-restore")
+            time.sleep(0.01)
 
-    @staticmethod
-    def outcome(spec: RunSpec, out: dict, started: float) -> RunOutcome:
-        """An entering helper's outcome, after runsc's ways: exit 128 and its message when it
-        could not start the command; 128+N for a command killed by signal N."""
-        report = out["report"]
-        code = report.get("exit")
-        if code == 128 and _RUNSC_FAIL.search(out["stderr"][-2000:]):
-            said = out["stderr"][-2000:]
-            if b"working directory" in said:
-                raise InvalidInput(f"working directory {spec.cwd!r} does not exist in the sandbox", cwd=spec.cwd)
-            raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: not found in the sandbox", command=spec.argv[0])
-        if code is not None and code > 128:
-            report.pop("exit")
-            report["signal"] = code - 128
-        report.pop("rusage", None)              # runsc exec's own, not the command's
-        return _no_rusage(Commands.outcome(spec, out, started))
-
-    # ---- hibernate -------------------------------------------------------------------------------
     def hibernate_available(self) -> tuple[bool, str]:
-        # runsc checkpoint/restore works here (branch gvisor-hibernate-wip: ~0.15 s each way), but
-        # a restore kills every process runsc exec started (gVisor #11544): commands must first be
-        # spawned by pid 1 (an agent inside) for a resume to keep them
-        return False, ("hibernate is not built for the gvisor tier yet: gVisor restores only processes its pid 1 "
-                       "started, and commands enter by runsc exec")
+        """Hibernate keeps the processes pid 1 (the agent) started; gVisor kills those runsc exec
+        started (popen's, a terminal's: gVisor #11544), so one running refuses it (outsiders)."""
+        return self.available()
+
+    DONE = "gvisor.done"
+
+    def dump_finished(self, h: LiveHandle, images: str) -> bool:
+        return os.path.exists(os.path.join(images, self.DONE))
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
-        raise RuntimeUnavailable(self.hibernate_available()[1], tier="gvisor")
-
-
-class _Exec(subprocess.Popen):
-    """The helper of a command: its process file and pid file (in the scratch: files = (scratch
-    fd, names)) go once it is done."""
-    files: tuple | None = None
-    sandbox: tuple | None = None               # (its GVisorLive, the sandbox's handle)
-
-    def inner_pid(self) -> int | None:
-        """The command's pid inside the sandbox (runsc's pid file), once it is started."""
-        if self.files is None:
-            return None
+        """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
+        target), leaving it running: only once the checkpoint is whole (DONE written) is it
+        stopped, so a dumper killed on the way leaves a running (paused) sandbox, never none."""
+        if link:
+            raise RuntimeUnavailable("hibernating a gVisor sandbox with a network policy is not built yet",
+                                     tier="gvisor")
+        fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fd = os.open(self.files[2], os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.files[0])
-        except OSError:
-            return None
-        try:
-            text = os.read(fd, 32).strip()
+            os.set_inheritable(fd, True)
+            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", "--compression",
+                                           "none", "--leave-running", "sandtree"], pass_fds=(fd,))
         finally:
             os.close(fd)
-        return int(text) if text.isdigit() else None
-
-    def _done(self) -> None:
-        got, self.files = self.files, None
-        if got is not None:
-            _unlink_at(got[0], got[1])
-            _unlink_at(got[0], got[2])
-            os.close(got[0])
-
-    def wait(self, timeout=None):
-        rc = super().wait(timeout)
-        self._done()
-        return rc
-
-    def poll(self):
-        rc = super().poll()
-        if rc is not None:
-            self._done()
-        return rc
-
-
-def _no_rusage(outcome: RunOutcome) -> RunOutcome:
-    """Without the command's CPU time and peak memory: gVisor's processes are the Sentry's, not
-    host processes whose rusage anyone sees (the sandbox's cgroup counts the whole Sentry)."""
-    for k in ("user_cpu_s", "sys_cpu_s", "max_rss_bytes"):
-        outcome.usage.pop(k, None)
-    return outcome
-
-
-def _busy(agent: str) -> bool:
-    """Whether an exec holds the agent (agent + ".busy" is locked shared by each)."""
-    try:
-        fd = os.open(agent + ".busy", os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def _unlink_at(dir_fd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
+        if rc != 0:
+            raise SandboxError(f"runsc checkpoint failed: {out.decode(errors='replace')[-800:]}",
+                               step="runsc-checkpoint")
+        with open(os.path.join(images, self.DONE), "wb") as f:
+            f.write(b"ok\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.stop(h)

@@ -105,6 +105,8 @@ struct opts {
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
     int agent_fd;               /* --agent-fd N (with --live --exec): a listening unix socket; each
                                    caller accepted gets the agent's pipes (live_runtime) */
+    int resumed;                /* --resumed 1 (with --live --exec): runsc restores a checkpoint, no
+                                   pid 1 says "ready" (the engine asks runsc for the state) */
     int mnt_fd;                 /* --mnt-fd N: a live gVisor sandbox's mount namespace (of its P):
                                    join it, then exec the command (runsc exec, ps, ...) */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
@@ -768,6 +770,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
         else if (!strcmp(a, "--mnt-fd")) o->mnt_fd = atoi(v);
         else if (!strcmp(a, "--agent-fd")) o->agent_fd = atoi(v);
+        else if (!strcmp(a, "--resumed")) o->resumed = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
         else if (!strcmp(a, "--resolv-layer")) o->resolv_layer = atoi(v);
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
@@ -1068,7 +1071,7 @@ static int live_runtime(struct opts *o) {
     dprintf(report_fd, "pid %d\n", r);
     char said[2048], seen[8] = {0};
     size_t len = 0;
-    int ready = 0, err_open = 1;
+    int ready = o->resumed, err_open = 1;
     while (!ready) {
         struct pollfd pf[2] = {{out[0], POLLIN, 0}, {err[0], err_open ? POLLIN : 0, 0}};
         if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }

@@ -245,7 +245,7 @@ class LiveRuntime(Commands, LiveTier):
         cg = h.cg()
         return cg is not None and cg.is_frozen()
 
-    def freeze(self, h: LiveHandle, frozen: bool = True) -> bool:
+    def freeze(self, h: LiveHandle, frozen: bool = True, *, checkpoint: bool = False) -> bool:
         """Freeze (thaw) every process of the sandbox; False if it has no freezer."""
         cg = h.cg()
         if cg is None:
@@ -330,6 +330,10 @@ class LiveRuntime(Commands, LiveTier):
             return ok, why
         path, why = criu.find()
         return path is not None, why
+
+    @staticmethod
+    def dump_finished(h: LiveHandle, images: str) -> bool:
+        return criu.dump_finished(images)
 
     def outsiders(self, h: LiveHandle) -> list[int]:
         """Processes in the sandbox's cgroup that a checkpoint cannot hold: commands of an `exec`

@@ -80,8 +80,8 @@ class LiveTiers(LiveTier):
     def own_mounts(self, h) -> set[int]:
         return self.of(h).own_mounts(h)
 
-    def freeze(self, h, frozen: bool = True) -> bool:
-        return self.of(h).freeze(h, frozen)
+    def freeze(self, h, frozen: bool = True, *, checkpoint: bool = False) -> bool:
+        return self.of(h).freeze(h, frozen, checkpoint=checkpoint)
 
     def frozen(self, h) -> bool:
         return self.of(h).frozen(h)
@@ -97,6 +97,9 @@ class LiveTiers(LiveTier):
 
     def outsiders(self, h) -> list[int]:
         return self.of(h).outsiders(h)
+
+    def dump_finished(self, h, images: str) -> bool:
+        return self.of(h).dump_finished(h, images)
 
     def dump(self, h, images: str, ghost_limit: int, link: bool = False) -> None:
         self.of(h).dump(h, images, ghost_limit, link=link)
