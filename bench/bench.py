@@ -392,7 +392,7 @@ def main() -> None:
             return
         if args.only == "gvisor-live":
             import gvisor_live             # bench/gvisor_live.py (issue 18)
-            con.print(gvisor_live.gvisor_live_table(st, img, min(args.n, 100), args.pool_size))
+            con.print(gvisor_live.gvisor_live_table(st, img, timeit, pct, min(args.n, 100), args.pool_size))
             t = Table(title="hibernate and resume, both tiers")
             for c in ("what", "p50 ms", "p90 ms", "note"):
                 t.add_column(c)
@@ -513,7 +513,7 @@ def main() -> None:
         else:
             table.add_row(f"tier gvisor: unavailable ({gv['reason']})", "-", "-", "")
         import gvisor_live                 # bench/gvisor_live.py: live sandboxes and pools on gVisor (issue 18)
-        gv_table = gvisor_live.gvisor_live_table(st, img, min(args.n, 100), args.pool_size)
+        gv_table = gvisor_live.gvisor_live_table(st, img, timeit, pct, min(args.n, 100), args.pool_size)
 
         if not args.quick and os.geteuid() == 0 and shutil.which("debootstrap"):
             t = time.perf_counter()

@@ -12,21 +12,10 @@ import time
 from rich.table import Table
 
 
-def _timeit(fn, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def _ms(xs: list[float], p: int) -> str:
-    xs = sorted(xs)
-    return f"{xs[min(len(xs) - 1, int(len(xs) * p / 100))] * 1e3:.1f}"
-
-
-def gvisor_live_table(st, img, n: int = 50, pool_size: int = 4) -> Table:
+def gvisor_live_table(st, img, timeit, pct, n: int = 50, pool_size: int = 4) -> Table:
+    """timeit(fn, n) -> seconds per call, pct(xs, p) -> a percentile: bench.py's."""
+    def _ms(xs, p):
+        return f"{pct(xs, p) * 1e3:.1f}"
     table = Table(title=f"gVisor live sandboxes and pools ({n} samples; targets: pool run <= 20 ms p50, "
                         "live exec <= 10 ms p50)")
     for c in ("what", "p50 ms", "p90 ms", "note"):
@@ -37,10 +26,10 @@ def gvisor_live_table(st, img, n: int = 50, pool_size: int = 4) -> Table:
         return table
     rows = []
     runsc = shutil.which("runsc")
-    do = _timeit(lambda: subprocess.run([runsc, "--network=none", "--platform=systrap", "do", "/bin/true"]),
+    do = timeit(lambda: subprocess.run([runsc, "--network=none", "--platform=systrap", "do", "/bin/true"]),
                  max(10, n // 5))
     rows.append(("runsc do /bin/true (gVisor's own one-shot)", do, ""))
-    cold = _timeit(lambda: img.run(["/bin/true"], tier="gvisor"), max(10, n // 5))
+    cold = timeit(lambda: img.run(["/bin/true"], tier="gvisor"), max(10, n // 5))
     rows.append(("img.run(['/bin/true'], tier='gvisor'), no pool", cold,
                  f"{statistics.median(cold) / statistics.median(do):.2f}x runsc do"))
     starts, stops = [], []
@@ -56,9 +45,9 @@ def gvisor_live_table(st, img, n: int = 50, pool_size: int = 4) -> Table:
     for tier in ("gvisor", "namespaces"):
         with img.start(tier=tier) as sb:
             for label, cmd in (("sb.exec(['/bin/true'])", ["/bin/true"]), ("sb.exec('true') (shell session)", "true")):
-                xs = _timeit(lambda: sb.exec(cmd), n)
+                xs = timeit(lambda: sb.exec(cmd), n)
                 rows.append((f"{tier}: {label}", xs, "goal <= 10 ms" if tier == "gvisor" else ""))
-            xs = _timeit(lambda: sb.write("/tmp/f", b"x" * 1024), n)
+            xs = timeit(lambda: sb.write("/tmp/f", b"x" * 1024), n)
             rows.append((f"{tier}: sb.write 1 KB while running", xs, ""))
             sb.exec("echo 1 > /tmp/c")
             xs = []

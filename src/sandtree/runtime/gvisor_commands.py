@@ -19,7 +19,7 @@ import time
 from ..errors import CommandNotFound, InvalidInput, NotFound, SandboxError
 from . import agentcall
 from .base import RunOutcome, RunSpec
-from .enter import Commands
+from .enter import Commands, start_reporting
 from .liveproc import LiveHandle, open_of
 from .pump import parse_report
 from .validate import validate_spec
@@ -72,18 +72,9 @@ class GVisorCommands:
         returns the helper and its report's read end."""
         mnt = open_of(h.helper_pid, h.helper_start, "ns/mnt", os.O_RDONLY)
         rep_r, rep_w = os.pipe()
-        try:
-            proc = cls([self.rt.helper(), "--report", str(rep_w), "--mnt-fd", str(mnt), "--",
-                                     self.runsc(), "--root", "/tmp/state", *words], env=PATH_ENV,
-                                    close_fds=True, pass_fds=(rep_w, mnt) + tuple(pass_fds),
-                                    stdin=stdin, stdout=stdout, stderr=stderr)
-        except BaseException:
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(rep_w)
-            os.close(mnt)
-        return proc, rep_r
+        return start_reporting([self.rt.helper(), "--report", str(rep_w), "--mnt-fd", str(mnt), "--",
+                                self.runsc(), "--root", "/tmp/state", *words], PATH_ENV, (mnt,) + tuple(pass_fds),
+                               (mnt,), rep_r, rep_w, stdin, stdout, stderr, cls=cls)
 
     def exec(self, h: LiveHandle, spec: RunSpec, ahead=None) -> RunOutcome:
         """By the agent (pid 1 starts it: ~1 ms inside, and a checkpoint keeps it), or by runsc exec

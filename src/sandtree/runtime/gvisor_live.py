@@ -32,7 +32,7 @@ from ..errors import RuntimeUnavailable, SandboxError
 from .base import RunSpec
 from .build import agent_path
 from .gvisor_commands import PATH_ENV, GVisorCommands, unlink_at
-from .live import Detached, LiveRuntime, unlink_quietly
+from .live import LiveRuntime, unlink_quietly
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .pump import parse_report
 from .runfiles import fds_of, network_args
@@ -119,37 +119,13 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         else:
             cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
         raw = bytearray()
-        scratch = None
-        proc = None
+        scratch = proc = None
         try:
-            try:
-                proc = subprocess.Popen(args + ["--"] + cmd, env=PATH_ENV, close_fds=True,
-                                        pass_fds=(theirs.fileno(), rep_w, deadline_fd, listener.fileno())
-                                        + fds_of(spec, rtfd) + ((images,) if images is not None else ()),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
-            finally:
-                theirs.close()
-                listener.close()
-                os.close(rep_w)
-                os.close(deadline_fd)
-                if rtfd is not None:
-                    os.close(rtfd)
-                if images is not None:
-                    os.close(images)
-            if detach:
-                proc.wait()                   # the helper forks away at once (see helper.c)
-            deadline = time.monotonic() + min(lim.timeout, 60)
-            scratch = rt.receive_scratch(ours, rep_r, raw, Detached() if detach else proc, deadline)
-            if scratch is None:
-                self._failed(raw)
-            prepare(f"/proc/self/fd/{scratch}/u")
-            ours.send(b"g")
-            while b"ready\n" not in raw and b"setupfail" not in raw:
-                chunk = os.read(rep_r, 4096)
-                if not chunk:
-                    break
-                raw += chunk
+            proc = self._spawn_helper(args + ["--"] + cmd, PATH_ENV,
+                               (theirs.fileno(), rep_w, deadline_fd, listener.fileno()) + fds_of(spec, rtfd)
+                               + ((images,) if images is not None else ()),
+                               [theirs, listener, rep_w, deadline_fd, rtfd, images], detach)
+            scratch = self._handshake(proc, detach, ours, rep_r, raw, lim, prepare)
             self._failed(raw)
             report = parse_report(raw)
             if b"ready\n" not in raw or "pid" not in report:

@@ -1013,8 +1013,9 @@ static int enter_sandbox(struct opts *o) {
     return 0;
 }
 
-/* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
-static int live_wait(struct opts *o, pid_t c) {
+/* A live P, once its sandbox is up: the lifetime's alarm (SIGKILL to c, the sandbox's root
+ * process), "ready" to the engine, which is free then (its report closed, our stdio /dev/null). */
+static void live_ready(struct opts *o, pid_t c) {
     g_pid = c;
     g_deadline_fd = o->deadline_fd;
     if (o->lifetime > 0) {
@@ -1022,10 +1023,15 @@ static int live_wait(struct opts *o, pid_t c) {
         alarm((unsigned)o->lifetime);
     }
     dprintf(report_fd, "ready\n");
-    close(report_fd);                        /* the engine is free; we stay for C */
+    close(report_fd);
     report_fd = -1;
     int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+}
+
+/* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
+static int live_wait(struct opts *o, pid_t c) {
+    live_ready(o, c);                        /* the engine is free; we stay for C */
     while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
     return 0;
 }
@@ -1098,17 +1104,7 @@ static int live_runtime(struct opts *o) {
         errno = ECHILD;
         die_step("runsc-run");
     }
-    g_pid = r;
-    g_deadline_fd = o->deadline_fd;
-    if (o->lifetime > 0) {
-        signal(SIGALRM, on_alarm);
-        alarm((unsigned)o->lifetime);
-    }
-    dprintf(report_fd, "ready\n");
-    close(report_fd);
-    report_fd = -1;
-    int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+    live_ready(o, r);
     /* Keep reading runsc's stderr: it must never write into a pipe without a reader (SIGPIPE
      * would end it, and the sandbox with it). Its EOF comes once runsc and its sandbox are gone. */
     int client = -1;
