@@ -33,7 +33,7 @@ from .base import RunSpec
 from .build import agent_path
 from .gvisor_commands import PATH_ENV, GVisorCommands, unlink_at
 from .live import LiveRuntime, unlink_quietly
-from .liveproc import LiveHandle, kill_pid, open_of, parent_of
+from .liveproc import LiveHandle, open_of, parent_of
 from .pump import parse_report
 from .runfiles import fds_of, network_args
 from .validate import validate_spec
@@ -144,14 +144,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         except BaseException:
             unlink_quietly(deadline_file)
             unlink_quietly(agent_sock)
-            rep = parse_report(raw)
-            if rep.get("pid"):
-                kill_pid(rep["pid"], None)
-            if proc is not None and not detach:
-                proc.kill()
-                proc.wait()
-            cg.kill_all()
-            cg.remove(wait=2.0)
+            self._abort_start(raw, proc, detach, cg)
             raise
         finally:
             ours.close()

@@ -150,21 +150,26 @@ class LiveRuntime(Commands, LiveTier):
             return handle
         except BaseException:
             unlink_quietly(deadline_file)
-            rep = parse_report(raw)
-            if rep.get("pid"):
-                kill_pid(rep["pid"], None)
-            if proc is not None and not detach:
-                proc.kill()
-                proc.wait()
-            if cg:
-                cg.kill_all()
-                cg.remove(wait=2.0)
+            self._abort_start(raw, proc, detach, cg)
             raise
         finally:
             ours.close()
             os.close(rep_r)
             if scratch is not None:
                 os.close(scratch)
+
+    @staticmethod
+    def _abort_start(raw: bytearray, proc, detach: bool, cg) -> None:
+        """A start that failed half-way: what it started is killed, its cgroup removed."""
+        rep = parse_report(raw)
+        if rep.get("pid"):
+            kill_pid(rep["pid"], None)
+        if proc is not None and not detach:
+            proc.kill()
+            proc.wait()
+        if cg:
+            cg.kill_all()
+            cg.remove(wait=2.0)
 
     @staticmethod
     def _spawn_helper(argv: list[str], env: dict, fds: tuple, give: list, detach: bool) -> subprocess.Popen:
