@@ -111,10 +111,9 @@ class Pool:
         h, ahead = got
         try:
             out = self.live.exec(h, spec, ahead=ahead)
-            # The command is done; what it left running must not write while the upper is read
-            # (on gVisor its processes are the Sentry's, never seen here: always frozen).
+            # The command is done; what it left running must not write while the upper is read.
             cg = h.cg()
-            if cg is not None and (self.tier != "namespaces" or cg.pids() - {h.init_pid, h.helper_pid}):
+            if cg is not None and self.tier == "namespaces" and cg.pids() - {h.init_pid, h.helper_pid}:
                 self.live.freeze(h, True)
             if cg is not None:
                 stats = cg.stats()
@@ -125,6 +124,10 @@ class Pool:
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
             scratch = self.live.scratch(h)
+            if cg is not None and self.tier != "namespaces":
+                # gVisor's processes are the Sentry's, unseen from here, and its freezer takes tens
+                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper)
+                cg.kill_all()
         except BaseException:
             self._retire(h)
             raise
