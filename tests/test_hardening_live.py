@@ -262,7 +262,8 @@ def _ticking(sb) -> None:
 def test_a_background_job_keeps_running_and_writing(sb):
     t = time.monotonic()
     r = sb.exec(TICKER + " echo started")
-    assert r.ok and r.stdout.startswith(b"started\n") and time.monotonic() - t < 2     # returns at exit
+    # (under load the job may tick before the command echoes: only that it returns at exit counts)
+    assert r.ok and b"started\n" in r.stdout and time.monotonic() - t < 2     # returns at exit
     for _ in range(5):
         assert sb.exec("echo another").stdout == b"another\n"
     _ticking(sb)

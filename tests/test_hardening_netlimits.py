@@ -241,7 +241,7 @@ def test_a_live_commit_without_a_freezer_is_refused(bb, monkeypatch):
         sb.exec(["/bin/sh", "-c", "echo x > /tmp/f"])
         eng = bb._st._engine
         before = eng.store.db.query("SELECT count(*) FROM operations WHERE kind='commit'")[0][0]
-        monkeypatch.setattr(LiveRuntime, "freeze", lambda self, h, frozen=True: False)
+        monkeypatch.setattr(LiveRuntime, "freeze", lambda self, h, frozen=True, **kw: False)
         with pytest.raises(sandtree.RuntimeUnavailable, match="freezer"):
             sb.commit()
         monkeypatch.undo()
