@@ -222,11 +222,12 @@ def bookworm(tmp_path_factory):
         return home, image, lines
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Leak check: nothing of ours may outlive the tests."""
+_WORKER_LEAKS: list[str] = []
+
+
+def _leaks(base: str) -> list[str]:
+    """What of ours outlives the tests, under this session's temporary tree `base`."""
     problems = []
-    # only this session's temporary tree: other test sessions may run beside this one
-    base = str(session.config._tmp_path_factory.getbasetemp())
     with open("/proc/self/mountinfo") as f:
         mounts = [l for l in f if base in l]
     if mounts:
@@ -246,12 +247,30 @@ def pytest_sessionfinish(session, exitstatus):
     rows = [l.split(None, 4) for l in out.splitlines() if len(l.split(None, 4)) == 5]
     helpers = {r[0] for r in rows if r[3].startswith("sandtree-exec") and base in r[4]}
     procs = [" ".join(r) for r in rows if r[2][0] != "Z"
-             and (r[0] in helpers or (r[3] == "sandtree-init" and r[1] in helpers))]
+             and (r[0] in helpers or (r[3] in ("sandtree-init", "runsc") and r[1] in helpers))]
     if procs:
         problems.append(f"processes left behind: {procs[:3]}")
+    return problems
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leak check: nothing of ours may outlive the tests. Under xdist each worker checks its own
+    tree and hands what it found to the controller (a worker's exit status and stderr are not the
+    run's), which checks the whole tree once every worker is done, and fails the run."""
+    config = session.config
+    base = str(config._tmp_path_factory.getbasetemp())
+    if hasattr(config, "workerinput"):
+        config.workeroutput["leaks"] = _leaks(base)
+        return
+    problems = _WORKER_LEAKS + _leaks(base)
     if problems:
         print("\nLEAK CHECK FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         session.exitstatus = 1
+
+
+def pytest_testnodedown(node, error):
+    """(xdist) a worker is done: its leak check's findings."""
+    _WORKER_LEAKS.extend(f"{node.gateway.id}: {p}" for p in getattr(node, "workeroutput", {}).get("leaks", []))
 
 
 @pytest.fixture(scope="module", params=["local", "remote"])
