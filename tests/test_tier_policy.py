@@ -20,7 +20,8 @@ from sandtree.tenancy import Tenant
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, rootfs):
     home = tmp_path_factory.mktemp("tier-policy")
-    toks = {"g": token(home, "g", "--tier", "gvisor"), "n": token(home, "n")}
+    toks = {"g": token(home, "g", "--tier", "gvisor"), "n": token(home, "n"),
+            "ops": token(home, "ops", "--scopes", "admin")}
     with serve_process(home) as url:
         clients = {k: sandtree.connect(url, token=t["token"]) for k, t in toks.items()}
         tiers = {r["tier"]: r for r in clients["n"].doctor()}
@@ -28,6 +29,7 @@ def world(tmp_path_factory, rootfs):
             pytest.skip(f"tier gvisor unavailable here: {tiers['gvisor']['reason']}")
         base = clients["g"].import_image(rootfs, tag="base")
         clients["n"].import_image(rootfs, tag="base")
+        clients["ops"].import_image(rootfs, tag="base")
         yield {"url": url, "home": home, "tokens": toks, "st": clients, "base": base}
         for c in clients.values():
             c.close()
@@ -86,6 +88,24 @@ def test_live_sandboxes_never_fall_back_to_the_host_kernel(world):
         assert sb.info()["tier"] == "gvisor"
         assert b"gVisor" in sb.exec("dmesg 2>/dev/null | head -1").stdout
         assert sb.commit().read("/etc/greeting")
+
+
+def test_pools_serve_a_forced_tenant_only_from_its_tier(world):
+    """An operator's pool of the image on namespaces is never a forced tenant's; one on gVisor is:
+    its runs take a started gVisor sandbox (usage `pool`) and record the tier."""
+    g, ops = world["st"]["g"], world["st"]["ops"]
+    image = world["base"].id
+    ops.pool(image, size=1, wait=True, tier="namespaces")
+    try:
+        rec = g.image("base").run("echo a > /a")
+        assert tier_of(g, rec.operation) == "gvisor" and not rec.usage.get("pool")
+        stats = ops.pool(image, size=1, wait=True, tier="gvisor")
+        assert stats["tier"] == "gvisor" and stats["ready"] == 1
+        rec = g.image("base").run("echo b > /b")
+        assert rec.usage.get("pool") and tier_of(g, rec.operation) == "gvisor"
+        assert rec.image.read("/b") == b"b\n"
+    finally:
+        ops.pool(image, size=0)
 
 
 def test_build_steps_run_on_gvisor(world):

@@ -136,6 +136,8 @@ class PoolIn(In):
     output: str | int | None = None
     hostname: str = D.HOSTNAME
     network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
+    tier: str | None = Field(None, description="its sandboxes' isolation tier (default: the server's); "
+                                               "only runs on that tier take them")
     wait: bool = Field(False, description="answer once the pool is full")
     wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
 
