@@ -622,3 +622,21 @@ def test_gvisor_commands_are_pid_1s_and_runsc_exec_still_serves(bb, shared_st, r
         assert sb.exec(["sh", "-c", "exit 130"]).exit_code == 130         # an exit, not a signal
         r = sb.exec(["sh", "-c", "kill -INT $$"])
         assert r.signal == 2 and r.exit_code is None
+
+
+def test_gvisor_commands_run_at_once_beside_a_long_one(bb, shared_st, request):
+    """The agent runs one command at a time: a second one meanwhile is not held up by the first
+    (it goes by runsc exec), and the sandbox counts as busy (not idle) while either runs."""
+    tier_or_skip(request, shared_st, "gvisor")
+    with bb.start(tier="gvisor", idle_timeout=120) as sb:
+        out = []
+        t = threading.Thread(target=lambda: out.append(sb.exec("sleep 3; echo long")))
+        t.start()
+        time.sleep(0.5)
+        h = shared_st._engine.sandboxes._row(sb.id)["handle"]
+        assert shared_st._engine._live.outsiders(h)
+        started = time.monotonic()
+        assert sb.exec(["echo", "quick"]).stdout == b"quick\n"
+        assert time.monotonic() - started < 2.5
+        t.join()
+        assert out[0].stdout == b"long\n"

@@ -87,7 +87,12 @@ class GVisorCommands:
             raise NotFound("the live sandbox is no longer running")
         lock = os.open(h.agent + ".busy", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(lock, fcntl.LOCK_SH)           # (outsiders: a command is running)
+            # The agent runs one command at a time: one that comes while another runs goes by runsc
+            # exec instead of waiting (the lock also tells outsiders() a command is running)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return Commands.exec(self, h, spec)
             try:
                 conn, w, r = agentcall.lend(h.agent, timeout=max(spec.limits.timeout, 1.0))
             except (OSError, ValueError):
@@ -236,7 +241,7 @@ def _no_rusage(outcome: RunOutcome) -> RunOutcome:
 
 
 def _busy(agent: str) -> bool:
-    """Whether an exec holds the agent (agent + ".busy" is locked shared by each)."""
+    """Whether an exec holds the agent (agent + ".busy" is locked by it)."""
     try:
         fd = os.open(agent + ".busy", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
