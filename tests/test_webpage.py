@@ -1,11 +1,59 @@
 """The web page (issue 19) end to end: a real `sandtree serve` on a free loopback port (a
-subprocess, as a user starts it) and a real headless Chromium (tests/browser.py) clicking through it."""
+subprocess, as a user starts it) with tokens, and a real headless Chromium (tests/browser.py)
+clicking through it as a user would: log in, open a tree, click a node, read its run, diff it
+against its parent, browse to a file; another tenant's token sees none of it."""
 
 from __future__ import annotations
 
+import io
+import json
+import struct
+import subprocess
+import sys
+import tarfile
+import time
+
+import httpx
 import pytest
 from browser import headless_chromium
 from conftest import serve_process
+
+CALC = "def answer():\n    return 41\n"
+
+
+def cli(home, *args) -> str:
+    p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(home), *args], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def token(home, tenant) -> str:
+    return json.loads(cli(home, "token", "create", "--tenant", tenant, "--json"))["token"]
+
+
+def run(c: httpx.Client, image: str, command: str) -> dict:
+    r = c.post("/runs", json={"image": image, "command": command})
+    assert r.status_code == 201, r.text
+    rec = r.json()
+    assert rec["status"] == "done", rec
+    return rec
+
+
+def until(check, timeout: float = 20.0) -> None:
+    """Poll `check` from Python: the page's Content-Security-Policy forbids the string evaluation
+    Playwright's wait_for_function would need (which the test also shows holds)."""
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def png_size(path) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
 
 
 @pytest.fixture(scope="module")
@@ -16,14 +64,209 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx = browser.new_context(viewport={"width": 1400, "height": 860})
     pg = ctx.new_page()
+    pg.set_default_timeout(20_000)
     yield pg
     ctx.close()
 
 
-def test_browser_reaches_a_real_server(tmp_path, page):
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, rootfs):
+    """Alice's attempts from a checkpoint (a winning branch, a failing one, a chain of four
+    steps) on a real `sandtree serve` with tokens; Bob is another tenant of the same server."""
+    home = tmp_path_factory.mktemp("web-home")
+    alice, bob = token(home, "alice"), token(home, "bob")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(rootfs, arcname=".")
+    with serve_process(home) as url:
+        a = httpx.Client(base_url=url + "/api/v1", timeout=60, headers={"Authorization": f"Bearer {alice}"})
+        r = a.post("/images/import", params={"tag": "base"}, content=buf.getvalue())
+        assert r.status_code == 201, r.text
+        base = r.json()["image"]
+        cp = run(a, "base", f"mkdir -p /app && printf '{CALC}' > /app/calc.py && echo checkpoint made")["result"]
+        assert a.put("/tags/checkpoint", json={"image": cp}).status_code == 200
+        for name in ("win", "lose", "chain"):
+            assert a.post("/branches", json={"name": name, "image": cp}).status_code == 201
+        win = run(a, "branch:win", "sed -i s/41/42/ /app/calc.py && printf '\\033[32mfixed\\033[0m\\n'")
+        lose = run(a, "branch:lose", "echo broken >> /app/calc.py; echo oops >&2; exit 3")
+        chain = [run(a, "branch:chain", f"echo step {i} >> /app/log") for i in range(4)]
+        yield {"url": url, "alice": alice, "bob": bob, "base": base, "checkpoint": cp, "win": win, "lose": lose,
+               "chain": chain, "api": a}
+        a.close()
+
+
+def login(page, url: str, tok: str) -> None:
+    page.goto(url + "/")
+    page.wait_for_selector("#login:not([hidden])")
+    page.fill("#token", tok)
+    page.click("#loginform button")
+    page.wait_for_selector("#login", state="hidden")
+
+
+def test_browser_reaches_a_real_server(world, page):
     """The fixtures themselves: the browser talks to `sandtree serve` on loopback."""
-    with serve_process(tmp_path / "home") as url:
-        answer = page.goto(url + "/api/v1/health")
-        assert answer.status == 200 and '"ok"' in page.inner_text("body").replace(" ", "")
+    answer = page.goto(world["url"] + "/api/v1/health")
+    assert answer.status == 200 and '"ok":true' in page.inner_text("body").replace(" ", "")
+
+
+def test_page_is_served_without_data_and_asks_for_a_token(world, page):
+    """`/` and its assets are open (they hold no data); the page shows its login form, a bad
+    token is refused, and the API answers nothing without one."""
+    answer = page.goto(world["url"] + "/")
+    assert answer.status == 200 and "default-src 'none'" in answer.headers["content-security-policy"]
+    page.wait_for_selector("#login:not([hidden])")
+    assert page.locator("#viewport .node").count() == 0
+    assert httpx.get(world["url"] + "/api/v1/images").status_code == 401
+    assert httpx.get(world["url"] + "/ui/..%2F..%2F..%2Fetc%2Fpasswd").status_code == 404
+    assert httpx.get(world["url"] + "/ui/webpage.py").status_code == 404     # only the page's own files
+    assert httpx.get(world["url"] + "/ui/nothing.js").status_code == 404
+    page.fill("#token", world["alice"][:-3] + "zzz")
+    page.click("#loginform button")
+    page.wait_for_selector("#loginerr:has-text('refused')")
+    assert page.locator("#login").is_visible()
+
+
+def test_tree_node_run_diff_and_files(world, page, tmp_path):
+    """Log in, open the checkpoint's tree, click the winning branch, see its command and output,
+    open the diff against the checkpoint and see the changed line, browse to the file and read it."""
+    url, win, cp = world["url"], world["win"], world["checkpoint"]
+    login(page, url, world["alice"])
+    assert page.inner_text("#who") == "tenant alice"
+    page.locator("#home a", has_text="branch:win").wait_for()              # the start page lists refs
+    page.goto(f"{url}/#tree=checkpoint")
+    node = page.locator(f'#viewport .node[data-image="{win["result"]}"]')
+    node.wait_for()
+    # nodes: short id and names; edges: command, exit code, pass/fail colour
+    assert "branch:win" in node.text_content() and win["result"][:12] in node.text_content()
+    labels = page.text_content("#viewport .labels")
+    assert "sed -i s/41/42/" in labels and "✓ exit 0" in labels and "✗ exit 3" in labels
+    assert page.locator("#viewport path.edge.fail").count() == 1
+    assert page.locator("#viewport path.edge.pass").count() >= 3
+    # the four-step chain is collapsed into one pill; a click opens it
+    assert page.locator("#viewport .node.chain").count() == 1
+    assert "3 steps" in page.text_content("#viewport .node.chain")
+    page.screenshot(path=str(tmp_path / "tree.png"))
+    drawn = page.locator("#viewport .node").count()
+    page.locator("#viewport .node.chain").click()
+    until(lambda: page.locator("#viewport .node").count() > drawn)
+    assert page.locator("#viewport .node.chain").count() == 0
+
+    node.click()
+    page.wait_for_selector("#panel pre.command")
+    assert page.inner_text("#panel pre.command") == win["spec"]["command"]
+    assert page.inner_text("#panel pre.stdout").strip() == "fixed"
+    assert page.locator("#panel pre.stdout span.ansi-fg-2").inner_text() == "fixed"   # ANSI green
+    assert "exit 0" in page.inner_text("#panel .run")
+    assert cp[:12] in page.inner_text("#panel ul.edges")          # its parent, the checkpoint
+
+    page.click("#panel button.diffparent")
+    page.wait_for_selector("#panel .patch")
+    assert page.inner_text("#panel .patch .del").strip() == "-    return 41"
+    assert page.inner_text("#panel .patch .add").strip() == "+    return 42"
+    assert "modified" in page.inner_text("#panel ul.changes") and "/app/calc.py" in page.inner_text("#panel ul.changes")
+
+    page.goto(f"{url}/#tree=checkpoint&node={win['result']}")
+    page.click("#panel #browse")
+    page.click("#panel a.entry.dir:text-is('app/')")
+    page.click("#panel a.entry:text-is('calc.py')")
+    page.wait_for_selector("#panel pre.filetext")
+    assert page.inner_text("#panel pre.filetext") == CALC.replace("41", "42")
+    assert "-rw-r--r--" in page.inner_text("#panel .kv")
+    page.click("#panel a:text-is('/')")                   # back up through the breadcrumbs
+    page.wait_for_selector("#panel a.entry.dir:text-is('bin/')")
+    page.click("#panel a.entry:text-is('bin/')")
+    page.click("#panel a.entry:text-is('busybox')")
+    page.wait_for_selector("#panel .binary")
+    assert "binary file" in page.inner_text("#panel .binary")
+
+    # the failing attempt: its stderr and exit code
+    page.goto(f"{url}/#tree=checkpoint&node={world['lose']['result']}")
+    page.wait_for_selector("#panel pre.stderr")
+    assert page.inner_text("#panel pre.stderr").strip() == "oops" and "exit 3" in page.inner_text("#panel .run")
+
+    # the tree view after the viewport changes size
+    page.set_viewport_size({"width": 760, "height": 900})
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(tmp_path / "tree-resized.png"))
+    assert png_size(tmp_path / "tree.png") == (1400, 860) and png_size(tmp_path / "tree-resized.png") == (760, 900)
+    assert page.locator(f'#viewport .node[data-image="{win["result"]}"]').is_visible()
+    print(f"\nscreenshots: {tmp_path / 'tree.png'} {tmp_path / 'tree-resized.png'}")
+
+
+def test_lazy_expansion_and_zoom(world, page):
+    """With a page of 3 nodes, a `+` marks a node whose children were not sent; a click loads
+    them. Wheel zoom and drag pan change the view."""
+    url = world["url"]
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#tree=base&page=3")
+    page.wait_for_selector("#viewport .more")
+    page.click("#treebar [data-zoom=fit]")                    # the whole tree in the window
+    page.locator("#viewport .more").first.click()
+    head = world["chain"][-1]["result"]                    # branch:chain's head, past the first page
+    page.locator(f'#viewport .node[data-image="{head}"]').wait_for()
+    assert page.locator("#viewport .more").count() == 0
+    until(lambda: page.get_attribute("#tree", "data-expand-ms") is not None)
+    t0 = page.get_attribute("#viewport", "transform")
+    page.mouse.move(500, 400)
+    page.mouse.wheel(0, -400)
+    until(lambda: page.get_attribute("#viewport", "transform") != t0)
+    t1 = page.get_attribute("#viewport", "transform")
+    page.mouse.move(300, 700)                    # empty canvas (below the nodes): a drag pans
+    page.mouse.down()
+    page.mouse.move(360, 650, steps=4)
+    page.mouse.up()
+    assert page.get_attribute("#viewport", "transform") != t1
+
+
+def test_another_tenant_sees_nothing_of_alice(world, page):
+    """Bob's token: Alice's tree, node page, files and diff answer as nonexistent, through the page."""
+    url, cp, win = world["url"], world["checkpoint"], world["win"]["result"]
+    login(page, url, world["bob"])
+    assert page.inner_text("#who") == "tenant bob"
+    page.wait_for_selector("#home p.muted:has-text('No tags or branches')")   # none of his own, none of hers
+    for frag in (f"tree={cp}", "tree=checkpoint", f"tree={cp}&node={win}",
+                 f"tree={cp}&node={win}&files=/app/calc.py", f"tree={cp}&diff={cp}..{win}"):
+        page.goto(f"{url}/#{frag}")
+        page.wait_for_selector("#panel .err")
+        assert "Not found" in page.inner_text("#panel .err"), frag
+        assert page.locator("#viewport .node").count() == 0
+        body = page.inner_text("body")
+        assert "return 4" not in body and "fixed" not in body and "sed -i" not in body
+
+
+def test_no_token_server_serves_the_page_without_login(tmp_path, rootfs, page):
+    """A server without tokens (loopback only): the page needs no login and shows the operator's tree."""
+    home = tmp_path / "home"
+    with serve_process(home) as url:
+        c = httpx.Client(base_url=url + "/api/v1", timeout=60)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            t.add(rootfs, arcname=".")
+        img = c.post("/images/import", params={"tag": "solo"}, content=buf.getvalue()).json()["image"]
+        page.goto(url + "/#tree=solo")
+        page.locator(f'#viewport .node[data-image="{img}"]').wait_for()
+        assert page.locator("#login").is_hidden()
+        c.close()
+
+
+def test_sandtree_ui_prints_a_loopback_url_that_serves_the_page(tmp_path):
+    """`sandtree ui` starts a server on a free loopback port and prints the page's URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(tmp_path / "home"), "ui"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), url
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(url)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "sandtree ui never listened"
+                time.sleep(0.1)
+        assert r.status_code == 200 and '<script src="/ui/app.js"' in r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

@@ -33,8 +33,10 @@ from .tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
-# Open without a token: liveness and the API's own description (no data in either).
-OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# Open without a token: liveness, the API's own description and the web page's fixed assets
+# (http/webpage.py: files of the package, no data in any; the page asks for a token itself).
+OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"}
+PAGE_PREFIX = "/ui/"
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
@@ -159,7 +161,7 @@ class TenantGate:
                 raise Forbidden(f"this server has no tokens and answers only to a loopback Host, not {host!r} "
                                 "(create a token with `sandtree token create --tenant NAME` to serve other names)")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
-        if path in OPEN_PATHS and not given:
+        if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
         if not given and (grant := signed_grant(scope, path)) is not None:
             sid, port, exp, sig = grant
