@@ -234,6 +234,13 @@ function selectImage(image) {
   if (!found) return false;
   Tree.selected = found;
   render();
+  const d = Tree.byImage.get(image), v = Tree.view, r = document.getElementById("tree").getBoundingClientRect();
+  const sx = d.x * v.k + v.tx, sy = d.y * v.k + v.ty;
+  if (v.k < 0.5 || sx < 0 || sx + NODE_W * v.k > r.width || sy < 0 || sy > r.height) {   // bring it into view
+    v.k = Math.max(v.k, 0.8);
+    v.tx = r.width / 2 - (d.x + NODE_W / 2) * v.k;
+    v.ty = r.height / 2 - d.y * v.k;
+  }
   applyView();
   return true;
 }
