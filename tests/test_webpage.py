@@ -144,14 +144,10 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     assert "sed -i s/41/42/" in labels and "✓ exit 0" in labels and "✗ exit 3" in labels
     assert page.locator("#viewport path.edge.fail").count() == 1
     assert page.locator("#viewport path.edge.pass").count() >= 3
-    # the four-step chain is collapsed into one pill; a click opens it
+    # the four-step chain is collapsed into one pill (a click opens it: below)
     assert page.locator("#viewport .node.chain").count() == 1
     assert "3 steps" in page.text_content("#viewport .node.chain")
     page.screenshot(path=str(tmp_path / "tree.png"))
-    drawn = page.locator("#viewport .node").count()
-    page.locator("#viewport .node.chain").click()
-    until(lambda: page.locator("#viewport .node").count() > drawn)
-    assert page.locator("#viewport .node.chain").count() == 0
 
     node.click()
     page.wait_for_selector("#panel pre.command")
@@ -160,6 +156,11 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     assert page.locator("#panel pre.stdout span.ansi-fg-2").inner_text() == "fixed"   # ANSI green
     assert "exit 0" in page.inner_text("#panel .run")
     assert cp[:12] in page.inner_text("#panel ul.edges")          # its parent, the checkpoint
+    page.screenshot(path=str(tmp_path / "node.png"))             # (README's picture: docs/webpage.png)
+    drawn = page.locator("#viewport .node").count()
+    page.locator("#viewport .node.chain").click()
+    until(lambda: page.locator("#viewport .node").count() > drawn)
+    assert page.locator("#viewport .node.chain").count() == 0
 
     page.click("#panel button.diffparent")
     page.wait_for_selector("#panel .patch")
@@ -191,7 +192,9 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     page.wait_for_timeout(200)
     page.screenshot(path=str(tmp_path / "tree-resized.png"))
     assert png_size(tmp_path / "tree.png") == (1400, 860) and png_size(tmp_path / "tree-resized.png") == (760, 900)
-    assert page.locator(f'#viewport .node[data-image="{win["result"]}"]').is_visible()
+    sel, pane = page.locator("#viewport .node.sel").bounding_box(), page.locator("#tree").bounding_box()
+    assert pane["x"] <= sel["x"] and sel["x"] + sel["width"] <= pane["x"] + pane["width"]      # kept in view
+    assert pane["y"] <= sel["y"] and sel["y"] + sel["height"] <= pane["y"] + pane["height"]
     print(f"\nscreenshots: {tmp_path / 'tree.png'} {tmp_path / 'tree-resized.png'}")
 
 

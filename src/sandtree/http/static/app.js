@@ -95,7 +95,7 @@ async function start() {
     if (ref) { Tree.ref = null; go({tree: ref}); }
   });
   window.addEventListener("hashchange", () => route().catch(showError));
-  window.addEventListener("resize", () => { if (Tree.root) applyView(); });
+  window.addEventListener("resize", () => { if (Tree.root) keepInView(); });
   try {
     loggedIn(await api("/whoami"));
   } catch (e) {

@@ -8,7 +8,7 @@
 "use strict";
 
 const SVGNS = "http://www.w3.org/2000/svg";
-const COL = 360, ROW = 56, NODE_W = 132, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 31;
+const COL = 300, ROW = 56, NODE_W = 132, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 24;
 const TREE_PAGE = 1000;          // nodes per lineage request (first paint, and each `+`); #...&page=N sets another
 
 const Tree = {
@@ -68,7 +68,7 @@ function build(root) {
       if (!Tree.expanded.has(c.image)) while (collapsible(cur)) { chain.push(cur); cur = cur.kids[0]; }
       if (chain.length >= MIN_CHAIN) {
         const pill = {chain, kids: [], depth: d.depth + 1,
-          edge: {command: chain.length + " steps", exit_code: chain.some((x) => status(x) === "fail") ? 1 : chain.every((x) => status(x) === "pass") ? 0 : null,
+          edge: {command: chain[0].command + " …", exit_code: chain.some((x) => status(x) === "fail") ? 1 : chain.every((x) => status(x) === "pass") ? 0 : null,
             seconds: chain.reduce((a, x) => a + (x.seconds || 0), 0), steps: chain.length}};
         const nd = {n: cur, kids: [], edge: cur, depth: d.depth + 2};
         pill.kids.push(nd);
@@ -234,15 +234,23 @@ function selectImage(image) {
   if (!found) return false;
   Tree.selected = found;
   render();
-  const d = Tree.byImage.get(image), v = Tree.view, r = document.getElementById("tree").getBoundingClientRect();
-  const sx = d.x * v.k + v.tx, sy = d.y * v.k + v.ty;
-  if (v.k < 0.5 || sx < 0 || sx + NODE_W * v.k > r.width || sy < 0 || sy > r.height) {   // bring it into view
-    v.k = Math.max(v.k, 0.8);
-    v.tx = r.width / 2 - (d.x + NODE_W / 2) * v.k;
-    v.ty = r.height / 2 - d.y * v.k;
+  keepInView();
+  return true;
+}
+
+// After a selection or a resize: the selected node, if out of the window (or too small), centred.
+function keepInView() {
+  const d = Tree.selected && Tree.byImage.get(Tree.selected.image), v = Tree.view;
+  const r = document.getElementById("tree").getBoundingClientRect();
+  if (d) {
+    const sx = d.x * v.k + v.tx, sy = d.y * v.k + v.ty;
+    if (v.k < 0.5 || sx < 0 || sx + NODE_W * v.k > r.width || sy < 0 || sy > r.height) {
+      v.k = Math.max(v.k, 0.8);
+      v.tx = r.width / 2 - (d.x + NODE_W / 2) * v.k;
+      v.ty = r.height / 2 - d.y * v.k;
+    }
   }
   applyView();
-  return true;
 }
 
 function initTreeEvents() {
