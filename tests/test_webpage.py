@@ -5,6 +5,7 @@ against its parent, browse to a file; another tenant's token sees none of it."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import struct
@@ -273,3 +274,40 @@ def test_sandtree_ui_prints_a_loopback_url_that_serves_the_page(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+# ---- live sandboxes: the terminal over a WebSocket ------------------------------------------------
+
+@pytest.fixture
+def alice_sandbox(world):
+    a = world["api"]
+    r = a.post("/sandboxes", json={"image": "checkpoint"})
+    assert r.status_code in (200, 201), r.text
+    sid = r.json()["id"]
+    yield sid
+    a.post(f"/sandboxes/{sid}/stop")
+
+
+async def _terminal_session(url: str, sid: str, tok: str | None, send: bytes, want: bytes, **headers) -> bytes:
+    from websockets.asyncio.client import connect      # the client side of what the page does
+    protocols = ["sandtree.terminal"] + ([f"bearer.{tok}"] if tok else [])
+    async with connect(f"ws{url[4:]}/api/v1/sandboxes/{sid}/terminal?cols=100&rows=30", subprotocols=protocols,
+                       additional_headers=headers or None, open_timeout=20) as ws:
+        assert ws.subprotocol == "sandtree.terminal"      # never the token
+        await ws.send(send)
+        got = b""
+        while want not in got:
+            got += await asyncio.wait_for(ws.recv(), 20)
+        return got
+
+
+def test_terminal_websocket_relays_a_shell_of_the_tenants_own_sandbox(world, alice_sandbox):
+    from websockets.exceptions import InvalidStatus
+    url = world["url"]
+    got = asyncio.run(_terminal_session(url, alice_sandbox, world["alice"], b"echo h''i; stty size\n", b"30 100"))
+    assert b"\r\nhi\r\n" in got
+    for tok, headers, status in ((world["bob"], {}, 404), (None, {}, 401),
+                                 (world["alice"], {"Origin": "http://evil.example"}, 403)):
+        with pytest.raises(InvalidStatus) as e:
+            asyncio.run(_terminal_session(url, alice_sandbox, tok, b"id\n", b"uid", **headers))
+        assert e.value.response.status_code == status, (tok, headers)

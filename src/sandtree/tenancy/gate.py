@@ -148,6 +148,8 @@ class TenantGate:
         tenancy = self.engine.tenancy
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         given = header[7:].strip() if header[:7].lower() == "bearer " else None
+        if given is None and scope["type"] == "websocket":
+            given = subprotocol_token(scope)
         # one indexed read of a WAL database (never blocked by writers): cheaper here than a
         # thread hop, on every request
         if not tenancy.configured():
@@ -175,6 +177,17 @@ class TenantGate:
 
 
 _ANONYMOUS = Tenant("-", ())
+TOKEN_SUBPROTOCOL = "bearer."
+
+
+def subprotocol_token(scope) -> str | None:
+    """A browser cannot set a WebSocket's Authorization header: the web page offers its token as
+    a subprotocol `bearer.<token>` instead (token characters are all valid there). The server
+    never names it in its answer (http/terminal.py accepts only its own protocol name)."""
+    for proto in scope.get("subprotocols") or ():
+        if proto.startswith(TOKEN_SUBPROTOCOL):
+            return proto[len(TOKEN_SUBPROTOCOL):].strip() or None
+    return None
 
 
 def signed_grant(scope, path: str):
