@@ -35,7 +35,7 @@ from ..errors import Forbidden, InvalidInput, SandtreeError
 from ..tenancy.gate import STATE_KEY
 
 PROTOCOL = "sandtree.terminal"
-TERM = "xterm-256color"         # what xterm.js speaks
+_TERM = "xterm-256color"        # what xterm.js speaks
 
 __all__ = ["terminal_router", "PROTOCOL"]
 
@@ -60,7 +60,7 @@ def terminal_router() -> APIRouter:
         try:
             _winsize(master, cols, rows)
             proc = await asyncio.to_thread(view.sandbox_popen, sid, [shell], pty=True, stdin=slave, stdout=slave,
-                                           stderr=slave, env={"TERM": TERM})
+                                           stderr=slave, env={"TERM": _TERM})
         except SandtreeError as exc:
             os.close(master)
             return await _refuse(ws, exc)
