@@ -6,6 +6,7 @@ against its parent, browse to a file; another tenant's token sees none of it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import struct
@@ -301,13 +302,93 @@ async def _terminal_session(url: str, sid: str, tok: str | None, send: bytes, wa
         return got
 
 
+def in_thread(coro):
+    """asyncio.run on a thread of its own: Playwright's sync API holds this thread's event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def test_terminal_websocket_relays_a_shell_of_the_tenants_own_sandbox(world, alice_sandbox):
     from websockets.exceptions import InvalidStatus
     url = world["url"]
-    got = asyncio.run(_terminal_session(url, alice_sandbox, world["alice"], b"echo h''i; stty size\n", b"30 100"))
+    got = in_thread(_terminal_session(url, alice_sandbox, world["alice"], b"echo h''i; stty size\n", b"30 100"))
     assert b"\r\nhi\r\n" in got
     for tok, headers, status in ((world["bob"], {}, 404), (None, {}, 401),
                                  (world["alice"], {"Origin": "http://evil.example"}, 403)):
         with pytest.raises(InvalidStatus) as e:
-            asyncio.run(_terminal_session(url, alice_sandbox, tok, b"id\n", b"uid", **headers))
+            in_thread(_terminal_session(url, alice_sandbox, tok, b"id\n", b"uid", **headers))
         assert e.value.response.status_code == status, (tok, headers)
+
+
+def test_live_sandbox_terminal_in_the_page(world, page):
+    """From the checkpoint's page: start a sandbox, type `echo hi` into its terminal (xterm.js
+    over the WebSocket) and see `hi`; commit it (its image opens in the tree), then stop it."""
+    url, a = world["url"], world["api"]
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#tree=checkpoint")
+    page.click("#panel #startsb")
+    page.wait_for_selector("#terminal[data-state=open]")
+    sid = dict(p.split("=", 1) for p in page.evaluate("location.hash").lstrip("#").split("&"))["live"]
+    try:
+        assert page.locator(f"table.live a.sid:text-is('{sid[:12]}')").count() == 1
+        page.click("#terminal")
+        page.keyboard.type("echo h''i > /from-page; cat /from-page\n")
+        until(lambda: any(line.strip() == "hi" for line in page.inner_text("#terminal .xterm-rows").splitlines()))
+        page.click("#panel #sb-commit")
+        page.wait_for_selector("#panel pre.command")             # the committed image's page
+        image = dict(p.split("=", 1) for p in page.evaluate("location.hash").lstrip("#").split("&"))["tree"]
+        assert a.get(f"/images/{image}/read", params={"path": "/from-page"}).content == b"hi\n"
+        page.goto(f"{url}/#live={sid}")
+        page.click("#panel #sb-stop")
+        page.wait_for_selector("#panel .badge.state:text-is('stopped')")
+        assert page.locator("#terminal").count() == 0
+    finally:
+        a.post(f"/sandboxes/{sid}/stop")
+
+
+def test_actions_tag_branch_and_run_from_a_node_and_the_audit_view(world, page):
+    """Tag and branch a node, run a command on it (a new child drawn and opened), all through the
+    API's own calls; the audit view lists them and links to the images."""
+    url, a, win = world["url"], world["api"], world["win"]["result"]
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#tree=checkpoint&node={win}")
+    page.wait_for_selector("#panel pre.command")
+    page.fill("#actinput", "from-page")
+    page.click("#act-tag")
+    page.wait_for_selector("#actmsg:text-is('tag from-page: done')")
+    assert a.get("/tags").json()["from-page"] == win
+    assert "from-page" in page.text_content(f'#viewport .node[data-image="{win}"]')
+    page.fill("#actinput", "page-branch")
+    page.click("#act-branch")
+    page.wait_for_selector("#actmsg:text-is('branch page-branch: done')")
+    assert a.get("/branches").json().get("page-branch") == win
+    page.fill("#actinput", "echo tried >> /app/log")
+    page.click("#act-run")
+    until(lambda: len(a.get(f"/images/{win}/children").json()) == 1)
+    child = a.get(f"/images/{win}/children").json()[0]["child"]
+    page.wait_for_selector(f'#viewport .node.sel[data-image="{child}"]', state="attached")
+    page.wait_for_selector("#panel pre.command:text-is('echo tried >> /app/log')")
+    page.goto(f"{url}/#audit&action=tag")
+    page.wait_for_selector("table.audit td:text-is('tag')")
+    assert "from-page" in page.inner_text("table.audit")
+    assert page.locator("table.audit td:text-is('run')").count() == 0     # filtered to tags
+    page.goto(f"{url}/#audit")
+    page.wait_for_selector("table.audit td:text-is('branch create')")
+    assert "echo tried" in page.inner_text("table.audit")
+    page.goto(f"{url}/#audit&tenant=alice&image={child[:12]}")
+    page.wait_for_selector("table.audit a.img")
+    page.locator("table.audit a.img", has_text=child[:12]).first.click()
+    page.wait_for_selector(f'#viewport .node.sel[data-image="{child}"]', state="attached")
+
+
+def test_another_tenant_sees_no_sandbox_or_audit_of_alice(world, page, alice_sandbox):
+    url = world["url"]
+    login(page, url, world["bob"])
+    page.goto(f"{url}/#live")
+    page.wait_for_selector("#home p.muted:has-text('No live sandboxes')")
+    page.goto(f"{url}/#live={alice_sandbox}")
+    page.wait_for_selector("#panel .err")
+    assert "Not found" in page.inner_text("#panel .err") and page.locator("#terminal").count() == 0
+    page.goto(f"{url}/#audit")
+    page.wait_for_selector("table.audit")
+    assert "alice" not in page.inner_text("table.audit")

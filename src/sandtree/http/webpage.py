@@ -5,8 +5,10 @@ The page holds no data and no logic of its own: it calls /api/v1 with the token 
 (its login form), so a tenant sees in it exactly what its token sees through the API. These paths
 are open without a token (tenancy/gate.py's OPEN_PATHS and PAGE_PREFIX); a server without tokens
 still answers them only to a loopback Host. The answers forbid framing and any script, style or
-connection not from the server itself (Content-Security-Policy): what the page shows from the
-store (commands, outputs, file contents) is put in as text, never as markup.
+connection not from the server itself (Content-Security-Policy; inline styles are allowed, for
+xterm.js): what the page shows from the store (commands, outputs, file contents) is put in as
+text, never as markup. xterm.js 5.5.0 and its fit addon 0.10.0 (npm's @xterm/xterm and
+@xterm/addon-fit, MIT: static/XTERM-LICENSE.txt) are vendored unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ _STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
 _HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    # styles inline too: xterm.js writes its measured cell sizes and colours into <style> elements
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data: blob:; "
                                "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; "
                                "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",

@@ -1,6 +1,7 @@
 // sandtree's web page: log in, then route on the URL's fragment
 //   #tree=REF[&page=N][&node=ID][&files=PATH | &diff=A..B]
-// (the tree of REF; a node's page, its files at PATH, or the diff from A to B in the panel).
+// (the tree of REF; a node's page, its files at PATH, or the diff from A to B in the panel);
+//   #live[=SID]  live sandboxes (and one's terminal);  #audit[&tenant=T&action=A&image=I]  the audit log.
 "use strict";
 
 function showLogin(message) {
@@ -38,9 +39,15 @@ async function routeNow() {
   if (!ref) {
     document.getElementById("viewport").replaceChildren();
     Tree.ref = Tree.root = null;
+    document.getElementById("treeinfo").textContent = "";
     panel().replaceChildren();
+    document.getElementById("tree").classList.add("empty");
+    if (q.has("live")) return showLive(q.get("live"));
+    closeTerminal();
+    if (q.has("audit")) return showAudit(q);
     return home();
   }
+  closeTerminal();
   document.getElementById("home").hidden = true;
   document.getElementById("tree").classList.remove("empty");
   if (ref !== Tree.ref) {
@@ -95,7 +102,7 @@ async function start() {
     if (ref) { Tree.ref = null; go({tree: ref}); }
   });
   window.addEventListener("hashchange", () => route().catch(showError));
-  window.addEventListener("resize", () => { if (Tree.root) keepInView(); });
+  window.addEventListener("resize", () => { if (Tree.root) keepInView(); if (Live.fit) Live.fit.fit(); });
   try {
     loggedIn(await api("/whoami"));
   } catch (e) {

@@ -93,13 +93,46 @@ async function showNode(id, opHint) {
       el("button", {type: "button", id: "pick", onclick: () => { sessionStorage.setItem("sandtree-pick", id); showNode(id, opHint).catch(showError); }}, "Pick for diff"),
       picked && picked !== id ? el("button", {type: "button", id: "diffpicked",
         onclick: () => go({tree: Tree.ref || id, node: id, diff: picked + ".." + id})}, "Diff from picked " + picked.slice(0, 12)) : null,
-      el("button", {type: "button", id: "subtree", onclick: () => go({tree: id, node: id})}, "Tree from here")),
+      el("button", {type: "button", id: "subtree", onclick: () => go({tree: id, node: id})}, "Tree from here"),
+      el("button", {type: "button", id: "startsb", onclick: () => startSandbox(id).catch(showError)}, "Start a sandbox")),
+    actionForm(id),
     op ? runSection(op) : el("p", {class: "muted"}, "No operation record visible for this image."),
     el("h3", {}, "Parents"), parents.length ? el("ul", {class: "edges"}, parents.map((e) => edgeRow(e, "parent", id))) : el("p", {class: "muted"}, "none (a root)"),
     el("h3", {}, "Children"), children.length ? el("ul", {class: "edges"}, children.map((e) => edgeRow(e, "child", id))) : el("p", {class: "muted"}, "none"));
 }
 
 // an ls/stat entry's type ("file", "dir", "symlink", ...) and octal mode ("0644") as ls -l shows them
+// Tag it, start a branch at it, or run a command on it (a new child): the API's own calls.
+function actionForm(id) {
+  const input = el("input", {id: "actinput", placeholder: "tag or branch name, or a command", "aria-label": "name or command"});
+  const msg = el("span", {class: "muted", id: "actmsg"});
+  const act = (what) => async () => {
+    const v = input.value.trim();
+    if (!v) return;
+    msg.textContent = "…";
+    try {
+      if (what === "tag") await api(`/tags/${enc(v)}`, {method: "PUT", json: {image: id}});
+      else if (what === "branch") await api("/branches", {method: "POST", json: {name: v, image: id}});
+      else {
+        const rec = await api("/runs", {method: "POST", json: {image: id, command: v}});
+        const made = rec.result && rec.result !== id ? rec.result : null;
+        Tree.ref = null;                                   // redraw the tree with the new child
+        const to = new URLSearchParams({tree: new URLSearchParams(location.hash.slice(1)).get("tree") || id, node: made || id});
+        if ("#" + to.toString() === location.hash) await route(); else location.hash = to.toString();
+        return;
+      }
+      Tree.ref = null;                                     // redraw: the node shows its new name
+      await route();
+      const now = document.getElementById("actmsg");
+      if (now) now.textContent = `${what} ${v}: done`;
+    } catch (e) { msg.textContent = e.message; msg.className = "err"; }
+  };
+  return el("div", {class: "actions actform"}, input,
+    el("button", {type: "button", id: "act-tag", onclick: act("tag")}, "Tag"),
+    el("button", {type: "button", id: "act-branch", onclick: act("branch")}, "Branch"),
+    el("button", {type: "button", id: "act-run", onclick: act("run")}, "Run"), msg);
+}
+
 function modeString(type, mode) {
   mode = parseInt(mode || "0", 8);
   const t = {dir: "d", symlink: "l", file: "-", char: "c", block: "b", fifo: "p", socket: "s"}[type] || "?";
