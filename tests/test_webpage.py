@@ -392,3 +392,21 @@ def test_another_tenant_sees_no_sandbox_or_audit_of_alice(world, page, alice_san
     page.goto(f"{url}/#audit")
     page.wait_for_selector("table.audit")
     assert "alice" not in page.inner_text("table.audit")
+
+
+def test_a_merge_is_drawn_as_a_merge(world, page):
+    """A merge of two attempts: the merged image is drawn once, under its first parent, and its
+    second parent gets a dashed edge to it. (Last in this file: it adds to Alice's tree.)"""
+    url, a = world["url"], world["api"]
+    lose, head = world["lose"]["result"], world["chain"][-1]["result"]
+    r = a.post("/merge", json={"base": world["checkpoint"], "ours": lose, "theirs": head})
+    assert r.status_code in (200, 201), r.text
+    merged = r.json()["image"]
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#tree=checkpoint&node={merged}")
+    page.wait_for_selector("#panel pre.command, #panel .run")
+    assert page.locator(f'#viewport .node[data-image="{merged}"]').count() == 1
+    assert page.locator("#viewport path.edge.merge").count() == 1
+    assert "merge" in page.text_content("#viewport path.edge.merge title")
+    parents = page.inner_text("#panel ul.edges")
+    assert lose[:12] in parents and head[:12] in parents
