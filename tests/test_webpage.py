@@ -410,3 +410,22 @@ def test_a_merge_is_drawn_as_a_merge(world, page):
     assert "merge" in page.text_content("#viewport path.edge.merge title")
     parents = page.inner_text("#panel ul.edges")
     assert lose[:12] in parents and head[:12] in parents
+
+
+def test_a_running_operation_streams_its_output_into_the_page(world, page):
+    """A run submitted without waiting: the Live view lists it, and its page shows its output as
+    it is made (the API's Server-Sent Events), then its end."""
+    url, a = world["url"], world["api"]
+    r = a.post("/runs", json={"image": "checkpoint", "wait": False,
+                              "command": "echo tick-1; sleep 2; echo tick-2 >&2; sleep 2; echo tick-3"})
+    assert r.status_code in (200, 201, 202), r.text
+    op = r.json()["id"]
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#live")
+    page.locator(f"table.ops a.opid:text-is('{op[:12]}')").click()
+    page.wait_for_selector("#opout:has-text('tick-1')")
+    assert "tick-3" not in page.inner_text("#opout")             # seen while it still runs
+    assert page.inner_text("#opstatus") in ("running", "queued")
+    page.wait_for_selector("#opout .stderr:has-text('tick-2')")
+    page.wait_for_selector("#opout:has-text('tick-3')")
+    page.wait_for_selector("#opstatus:text-is('done, exit 0')")

@@ -24,7 +24,7 @@ async function api(path, opts = {}) {
     headers["Content-Type"] = "application/json";
     body = JSON.stringify(opts.json);
   }
-  const r = await fetch(API + path, {method: opts.method || "GET", headers, body, cache: "no-store"});
+  const r = await fetch(API + path, {method: opts.method || "GET", headers, body, cache: "no-store", signal: opts.signal});
   if (!r.ok) {
     let err = {};
     try { err = await r.json(); } catch (e) { /* not JSON: the status says it */ }

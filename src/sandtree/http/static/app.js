@@ -42,7 +42,7 @@ async function routeNow() {
     document.getElementById("treeinfo").textContent = "";
     panel().replaceChildren();
     document.getElementById("tree").classList.add("empty");
-    if (q.has("live")) return showLive(q.get("live"));
+    if (q.has("live")) return showLive(q.get("live"), q.get("op"));
     closeTerminal();
     if (q.has("audit")) return showAudit(q);
     return home();

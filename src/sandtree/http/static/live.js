@@ -4,12 +4,75 @@
 // /api/v1/sandboxes/{sid}/terminal, the token offered as the subprotocol bearer.<token>.
 "use strict";
 
-const Live = {term: null, sock: null, fit: null};
+const Live = {term: null, sock: null, fit: null, follow: null};
 
+// Leaving a live view: its terminal's socket and any followed operation's stream end.
 function closeTerminal() {
   if (Live.sock) { Live.sock.onclose = null; Live.sock.close(); }
   if (Live.term) Live.term.dispose();
-  Live.sock = Live.term = Live.fit = null;
+  if (Live.follow) Live.follow.abort();
+  Live.sock = Live.term = Live.fit = Live.follow = null;
+}
+
+// An operation's output as it is made: GET /operations/{op}/events (Server-Sent Events, read
+// with fetch: EventSource cannot send the token), each stdout/stderr chunk appended as it comes.
+async function followOperation(op) {
+  const rec = await api(`/operations/${enc(op)}`);
+  const out = el("pre", {class: "stream live-out", id: "opout"});
+  const status = el("span", {class: "badge", id: "opstatus"}, rec.status);
+  const spec = rec.spec || {};
+  panel().replaceChildren(el("h2", {}, "Operation ", el("code", {}, op.slice(0, 12))),
+    el("pre", {class: "command"}, commandText(spec.command !== undefined ? spec.command : spec.source || rec.kind)),
+    kv([["status", status], ["image", rec.source ? imageLink(rec.source) : null], ["started", fmtTime(rec.started)]]),
+    el("div", {class: "actions"}, el("button", {type: "button", id: "opcancel", disabled: !["queued", "running"].includes(rec.status) || null,
+      onclick: () => api(`/operations/${enc(op)}/cancel`, {method: "POST"}).catch(showError)}, "cancel")),
+    el("h4", {}, "output"), out);
+  const ctl = new AbortController();
+  Live.follow = ctl;
+  const r = await api(`/operations/${enc(op)}/events`, {raw: true, signal: ctl.signal});
+  const reader = r.body.getReader(), dec = new TextDecoder();
+  let buf = "";
+  const handle = (block) => {
+    let kind = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event: ")) kind = line.slice(7);
+      else if (line.startsWith("data: ")) data.push(line.slice(6));
+      else if (line.startsWith("data:")) data.push(line.slice(5));
+    }
+    const text = data.join("\n");
+    if (kind === "stdout" || kind === "stderr") out.append(el("span", {class: kind}, ansi(text)));
+    else if (kind === "start") { status.textContent = "running"; }
+    else if (kind === "end") {
+      let end = {};
+      try { end = JSON.parse(text); } catch (e) { /* keep {} */ }
+      status.textContent = end.status + (end.exit_code !== undefined && end.exit_code !== null ? ", exit " + end.exit_code : "");
+      status.className = "badge " + (end.status === "done" && !end.exit_code ? "pass" : "fail");
+      document.getElementById("opcancel").disabled = true;
+      if (end.image) out.after(el("p", {}, "made ", imageLink(end.image)));
+    }
+  };
+  try {
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, {stream: true});
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) { handle(buf.slice(0, i)); buf = buf.slice(i + 2); }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") throw e;
+  }
+}
+
+async function operationsList() {
+  const ops = await api(`/operations${qs({limit: 20})}`);
+  return ops.length ? el("table", {class: "live ops"}, el("tr", {}, ["operation", "status", "command", "image", "started"].map((x) => el("th", {}, x))),
+    ops.map((o) => el("tr", {}, el("td", {}, el("a", {href: "#" + new URLSearchParams({live: "", op: o.id}), class: "opid"}, o.id.slice(0, 12))),
+      el("td", {}, el("span", {class: "badge " + (o.status === "done" ? "pass" : o.status === "running" || o.status === "queued" ? "none" : "fail")}, o.status)),
+      el("td", {}, el("code", {}, cut(commandText((o.spec || {}).command), 50))), el("td", {}, o.source ? imageLink(o.source) : ""),
+      el("td", {}, fmtTime(o.started)))))
+    : el("p", {class: "muted"}, "No runs yet.");
 }
 
 function openTerminal(sid, box) {
@@ -49,9 +112,10 @@ async function sandboxAction(sid, what) {
   await showLive(sid);
 }
 
-async function showLive(sid) {
+async function showLive(sid, op) {
   const h = document.getElementById("home");
   const list = await api(`/sandboxes${qs({all: true})}`);
+  const ops = await operationsList();
   list.sort((a, b) => (b.created || 0) - (a.created || 0));
   h.replaceChildren(el("h2", {}, "Live sandboxes"),
     list.length ? el("table", {class: "live"}, el("tr", {}, ["sandbox", "state", "image", "started", ""].map((x) => el("th", {}, x))),
@@ -59,21 +123,30 @@ async function showLive(sid) {
         el("td", {}, el("a", {href: "#" + new URLSearchParams({live: s.id}), class: "sid"}, s.id.slice(0, 12))),
         el("td", {}, stateBadge(s.state)), el("td", {}, s.image ? imageLink(s.image) : ""),
         el("td", {}, fmtTime(s.created)))))
-      : el("p", {class: "muted"}, "No live sandboxes. Start one from an image's page."));
+      : el("p", {class: "muted"}, "No live sandboxes. Start one from an image's page."),
+    el("h2", {}, "Runs"), ops);
   h.hidden = false;
-  if (!sid) { closeTerminal(); panel().replaceChildren(); return; }
+  closeTerminal();
+  if (op) return followOperation(op);
+  if (!sid) { panel().replaceChildren(); return; }
   const s = await api(`/sandboxes/${enc(sid)}`);
   const running = s.state === "running";
+  const ports = running ? await api(`/sandboxes/${enc(sid)}/ports`).catch(() => []) : [];
+  const openPort = (port) => async () => {        // a signed URL: usable in a new tab without the token
+    const r = await api(`/sandboxes/${enc(sid)}/port-url/${port}`, {method: "POST"});
+    window.open(r.url, "_blank", "noopener");
+  };
   const box = el("div", {id: "terminal"});
   panel().replaceChildren(
     el("h2", {}, "Sandbox ", el("code", {}, s.id.slice(0, 12))),
     kv([["state", stateBadge(s.state)], ["image", s.image ? imageLink(s.image) : null], ["started", fmtTime(s.created)],
-      ["tier", s.tier], ["ports", (s.ports || []).map((p) => p.port).join(", ")]]),
+      ["tier", s.tier], ["network", s.network ? JSON.stringify(s.network) : "off"],
+      ["ports", ports.length ? ports.map((p) => el("button", {type: "button", class: "port", onclick: () => openPort(p.port)().catch(showError)}, "open " + p.port)) : null]]),
     el("div", {class: "actions"}, ["commit", "hibernate", "resume", "stop"].map((what) => el("button", {type: "button",
       id: "sb-" + what, disabled: (what === "resume" ? s.state !== "hibernated" : !running) || null,
       onclick: () => sandboxAction(sid, what).catch(showError)}, what))),
     running ? box : el("p", {class: "muted"}, "The terminal needs a running sandbox."));
-  if (running) openTerminal(sid, box); else closeTerminal();
+  if (running) openTerminal(sid, box);
 }
 
 async function startSandbox(image) {
