@@ -94,7 +94,7 @@ def world(tmp_path_factory, rootfs):
         win = run(a, "branch:win", "sed -i s/41/42/ /app/calc.py && printf '\\033[32mfixed\\033[0m\\n'")
         lose = run(a, "branch:lose", "echo broken >> /app/calc.py; echo oops >&2; exit 3")
         chain = [run(a, "branch:chain", f"echo step {i} >> /app/log") for i in range(4)]
-        yield {"url": url, "alice": alice, "bob": bob, "base": base, "checkpoint": cp, "win": win, "lose": lose,
+        yield {"url": url, "alice": alice, "bob": bob, "base": base, "rootfs": rootfs, "checkpoint": cp, "win": win, "lose": lose,
                "chain": chain, "api": a}
         a.close()
 
@@ -169,6 +169,10 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     assert page.inner_text("#panel .patch .del").strip() == "-    return 41"
     assert page.inner_text("#panel .patch .add").strip() == "+    return 42"
     assert "modified" in page.inner_text("#panel ul.changes") and "/app/calc.py" in page.inner_text("#panel ul.changes")
+    page.click("#panel #splittoggle")                          # side by side: old left, new right
+    page.wait_for_selector("#panel table.split")
+    assert page.inner_text("#panel table.split td.del") == "    return 41"
+    assert page.inner_text("#panel table.split td.add") == "    return 42"
 
     page.goto(f"{url}/#tree=checkpoint&node={win['result']}")
     page.click("#panel #browse")
@@ -183,6 +187,16 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     page.click("#panel a.entry:text-is('busybox')")
     page.wait_for_selector("#panel .binary")
     assert "binary file" in page.inner_text("#panel .binary")
+    assert "null" not in page.inner_text("#panel") and "[object" not in page.inner_text("#panel")
+    with page.expect_download() as got:                        # a file, then a directory as a tar
+        page.click("#panel #download")
+    assert open(got.value.path(), "rb").read() == open(world["rootfs"] + "/bin/busybox", "rb").read()
+    page.click("#panel .crumbs a:text-is('/')")
+    page.click("#panel a.entry.dir:text-is('app/')")
+    with page.expect_download() as got:
+        page.click("#panel #downloadtar")
+    with tarfile.open(got.value.path()) as t:
+        assert t.extractfile("calc.py").read().decode() == CALC.replace("41", "42")
 
     # the failing attempt: its stderr and exit code
     page.goto(f"{url}/#tree=checkpoint&node={world['lose']['result']}")
@@ -368,6 +382,12 @@ def test_actions_tag_branch_and_run_from_a_node_and_the_audit_view(world, page):
     child = a.get(f"/images/{win}/children").json()[0]["child"]
     page.wait_for_selector(f'#viewport .node.sel[data-image="{child}"]', state="attached")
     page.wait_for_selector("#panel pre.command:text-is('echo tried >> /app/log')")
+    c2, c3 = world["chain"][-2]["result"], world["chain"][-1]["result"]
+    page.goto(f"{url}/#tree=checkpoint&node={c3}")
+    page.click("#panel button.rollback:text-is('roll back branch:chain one step')")
+    until(lambda: a.get("/branches").json()["chain"] == c2)
+    page.wait_for_selector(f'#viewport .node.sel[data-image="{c2}"]', state="attached")
+    assert "branch:chain" in page.text_content(f'#viewport .node[data-image="{c2}"]')
     page.goto(f"{url}/#audit&action=tag")
     page.wait_for_selector("table.audit td:text-is('tag')")
     assert "from-page" in page.inner_text("table.audit")

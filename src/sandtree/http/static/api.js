@@ -108,3 +108,13 @@ function ansi(text) {
   put(text.slice(last));
   return frag;
 }
+
+// node's children become kids (nested arrays flattened; null, undefined and false left out):
+// replaceChildren would show them as the text "null" or "a,b".
+function put(node, ...kids) {
+  node.replaceChildren();
+  for (const c of kids.flat(Infinity)) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(c instanceof Node ? c : String(c));
+  }
+}

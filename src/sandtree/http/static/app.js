@@ -23,7 +23,7 @@ async function home() {
   document.getElementById("tree").classList.add("empty");
   const [tags, branches] = await Promise.all([api("/tags"), api("/branches")]);
   const list = [...Object.entries(branches).map(([n, i]) => ["branch:" + n, i]), ...Object.entries(tags)];
-  h.replaceChildren(el("h2", {}, "Lineage"), el("p", {}, "Pick a tag or branch, or type an image ID above."),
+  put(h, el("h2", {}, "Lineage"), el("p", {}, "Pick a tag or branch, or type an image ID above."),
     list.length ? el("ul", {class: "refs"}, list.map(([n, i]) => el("li", {},
       el("a", {href: "#" + new URLSearchParams({tree: n})}, n), " ", el("code", {}, i.slice(0, 12)))))
       : el("p", {class: "muted"}, "No tags or branches yet."));
@@ -40,7 +40,7 @@ async function routeNow() {
     document.getElementById("viewport").replaceChildren();
     Tree.ref = Tree.root = null;
     document.getElementById("treeinfo").textContent = "";
-    panel().replaceChildren();
+    put(panel());
     document.getElementById("tree").classList.add("empty");
     if (q.has("live")) return showLive(q.get("live"), q.get("op"));
     closeTerminal();
@@ -66,7 +66,7 @@ async function routeNow() {
   if (node && (!Tree.selected || Tree.selected.image !== node)) selectImage(node);
   if (q.get("diff")) {
     const [a, b] = q.get("diff").split("..");
-    return showDiff(a, b);
+    return showDiff(a, b, q.has("split"));
   }
   if (q.get("files")) return showFiles(node, q.get("files"));
   const hint = Tree.selected && Tree.selected.image === node ? Tree.selected.op : null;

@@ -21,7 +21,7 @@ async function followOperation(op) {
   const out = el("pre", {class: "stream live-out", id: "opout"});
   const status = el("span", {class: "badge", id: "opstatus"}, rec.status);
   const spec = rec.spec || {};
-  panel().replaceChildren(el("h2", {}, "Operation ", el("code", {}, op.slice(0, 12))),
+  put(panel(), el("h2", {}, "Operation ", el("code", {}, op.slice(0, 12))),
     el("pre", {class: "command"}, commandText(spec.command !== undefined ? spec.command : spec.source || rec.kind)),
     kv([["status", status], ["image", rec.source ? imageLink(rec.source) : null], ["started", fmtTime(rec.started)]]),
     el("div", {class: "actions"}, el("button", {type: "button", id: "opcancel", disabled: !["queued", "running"].includes(rec.status) || null,
@@ -117,7 +117,7 @@ async function showLive(sid, op) {
   const list = await api(`/sandboxes${qs({all: true})}`);
   const ops = await operationsList();
   list.sort((a, b) => (b.created || 0) - (a.created || 0));
-  h.replaceChildren(el("h2", {}, "Live sandboxes"),
+  put(h, el("h2", {}, "Live sandboxes"),
     list.length ? el("table", {class: "live"}, el("tr", {}, ["sandbox", "state", "image", "started", ""].map((x) => el("th", {}, x))),
       list.map((s) => el("tr", {class: s.id === sid ? "sel" : null},
         el("td", {}, el("a", {href: "#" + new URLSearchParams({live: s.id}), class: "sid"}, s.id.slice(0, 12))),
@@ -128,7 +128,7 @@ async function showLive(sid, op) {
   h.hidden = false;
   closeTerminal();
   if (op) return followOperation(op);
-  if (!sid) { panel().replaceChildren(); return; }
+  if (!sid) { put(panel()); return; }
   const s = await api(`/sandboxes/${enc(sid)}`);
   const running = s.state === "running";
   const ports = running ? await api(`/sandboxes/${enc(sid)}/ports`).catch(() => []) : [];
@@ -137,7 +137,7 @@ async function showLive(sid, op) {
     window.open(r.url, "_blank", "noopener");
   };
   const box = el("div", {id: "terminal"});
-  panel().replaceChildren(
+  put(panel(),
     el("h2", {}, "Sandbox ", el("code", {}, s.id.slice(0, 12))),
     kv([["state", stateBadge(s.state)], ["image", s.image ? imageLink(s.image) : null], ["started", fmtTime(s.created)],
       ["tier", s.tier], ["network", s.network ? JSON.stringify(s.network) : "off"],
@@ -175,11 +175,11 @@ async function showAudit(q) {
     for (const k of ["tenant", "action", "image"]) if (form.elements[k].value.trim()) p[k] = form.elements[k].value.trim();
     go(p);
   });
-  h.replaceChildren(el("h2", {}, "Audit log"), form, el("table", {class: "audit"},
+  put(h, el("h2", {}, "Audit log"), form, el("table", {class: "audit"},
     el("tr", {}, ["time", "tenant", "action", "image", "result", "detail"].map((x) => el("th", {}, x))),
     shown.map((r) => el("tr", {}, el("td", {}, fmtTime(r.at)), el("td", {}, r.tenant),
       el("td", {}, r.action), el("td", {}, r.image ? imageLink(r.image) : ""), el("td", {}, r.result ? imageLink(r.result) : ""),
       el("td", {class: "detail"}, auditDetail(r))))));
   h.hidden = false;
-  panel().replaceChildren();
+  put(panel());
 }

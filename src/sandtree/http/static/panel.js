@@ -16,7 +16,7 @@ function imageLink(id, text) {
 
 function showError(e) {
   const p = panel();
-  p.replaceChildren(el("p", {class: "err", role: "alert"}, e.status === 404 ? "Not found: " + e.message : String(e.message || e)));
+  put(p, el("p", {class: "err", role: "alert"}, e.status === 404 ? "Not found: " + e.message : String(e.message || e)));
 }
 
 function kv(rows) {
@@ -74,7 +74,7 @@ function edgeRow(e, other, id) {
 
 async function showNode(id, opHint) {
   const p = panel();
-  p.replaceChildren(el("p", {class: "muted"}, "loading " + id.slice(0, 12) + "…"));
+  put(p, el("p", {class: "muted"}, "loading " + id.slice(0, 12) + "…"));
   const [info, made, parents, children] = await Promise.all([api(`/images/${enc(id)}`),
     api(`/images/${enc(id)}/produced-by`), api(`/images/${enc(id)}/parents`), api(`/images/${enc(id)}/children`)]);
   const pick = made.find((m) => m.op === opHint) || made[0];
@@ -82,7 +82,7 @@ async function showNode(id, opHint) {
   const node = Tree.byImage.get(id);
   const names = node && node.n ? node.n.names : info.tags || [];
   const picked = sessionStorage.getItem("sandtree-pick");
-  p.replaceChildren(
+  put(p,
     el("h2", {}, "Image ", el("code", {class: "imageid"}, info.id.slice(0, 12))),
     el("p", {class: "fullid"}, info.id),
     el("p", {class: "names"}, names.length ? names.map((n) => el("span", {class: "tag"}, n)) : el("span", {class: "muted"}, "no tags")),
@@ -96,12 +96,20 @@ async function showNode(id, opHint) {
       el("button", {type: "button", id: "subtree", onclick: () => go({tree: id, node: id})}, "Tree from here"),
       el("button", {type: "button", id: "startsb", onclick: () => startSandbox(id).catch(showError)}, "Start a sandbox")),
     actionForm(id),
+    el("div", {class: "actions"}, names.filter((n) => n.startsWith("branch:")).map((n) => el("button", {type: "button",
+      class: "rollback", onclick: () => rollback(n.slice(7)).catch(showError)}, `roll back ${n} one step`))),
     op ? runSection(op) : el("p", {class: "muted"}, "No operation record visible for this image."),
     el("h3", {}, "Parents"), parents.length ? el("ul", {class: "edges"}, parents.map((e) => edgeRow(e, "parent", id))) : el("p", {class: "muted"}, "none (a root)"),
     el("h3", {}, "Children"), children.length ? el("ul", {class: "edges"}, children.map((e) => edgeRow(e, "child", id))) : el("p", {class: "muted"}, "none"));
 }
 
 // an ls/stat entry's type ("file", "dir", "symlink", ...) and octal mode ("0644") as ls -l shows them
+async function rollback(branch) {
+  const r = await api(`/branches/${enc(branch)}/rollback`, {method: "POST", json: {steps: 1}});
+  Tree.ref = null;
+  go({tree: new URLSearchParams(location.hash.slice(1)).get("tree") || r.image, node: r.image});
+}
+
 // Tag it, start a branch at it, or run a command on it (a new child): the API's own calls.
 function actionForm(id) {
   const input = el("input", {id: "actinput", placeholder: "tag or branch name, or a command", "aria-label": "name or command"});
@@ -157,7 +165,9 @@ async function showFiles(id, path) {
   if (st.type === "dir") {
     const entries = await api(`/images/${enc(id)}/ls${qs({path})}`);
     entries.sort((a, b) => (a.type !== "dir") - (b.type !== "dir") || a.name.localeCompare(b.name));
-    p.replaceChildren(el("h2", {}, "Files"), crumbs, el("table", {class: "files"},
+    put(p, el("h2", {}, "Files"), crumbs,
+      el("button", {type: "button", id: "downloadtar", onclick: () => download(id, path, true).catch(showError)}, "Download as tar"),
+      el("table", {class: "files"},
       el("tr", {}, el("th", {}, "mode"), el("th", {}, "size"), el("th", {}, "name")),
       entries.map((e) => el("tr", {}, el("td", {class: "mode"}, modeString(e.type, e.mode)), el("td", {class: "size"}, e.type === "file" ? fmtBytes(e.size) : ""),
         el("td", {}, el("a", {href: "#" + new URLSearchParams({tree: Tree.ref || id, node: id, files: joinPath(path, e.name)}), class: "entry " + e.type},
@@ -177,14 +187,16 @@ async function showFiles(id, path) {
     body = text === null ? el("p", {class: "binary"}, `binary file, ${fmtBytes(st.size)}`)
       : el("pre", {class: "filetext"}, text, st.size > READ_LIMIT ? el("i", {}, `\n… (first ${fmtBytes(READ_LIMIT)} of ${fmtBytes(st.size)})`) : null);
   }
-  p.replaceChildren(el("h2", {}, "File"), crumbs, info,
+  put(p, el("h2", {}, "File"), crumbs, info,
     st.type === "file" ? el("button", {type: "button", id: "download", onclick: () => download(id, path).catch(showError)}, "Download") : null, body);
 }
 
-async function download(id, path) {
-  const r = await api(`/images/${enc(id)}/read${qs({path})}`, {raw: true});
+// A file's bytes, or (tar) a directory as a tar: fetched with the token, saved from a blob URL.
+async function download(id, path, tar) {
+  const r = await api(`/images/${enc(id)}/${tar ? "export" : "read"}${qs({path})}`, {raw: true});
   const url = URL.createObjectURL(await r.blob());
-  const a = el("a", {href: url, download: path.split("/").pop() || "file"});
+  const base = path.split("/").filter(Boolean).pop() || id.slice(0, 12);
+  const a = el("a", {href: url, download: tar ? base + ".tar" : base});
   document.body.append(a);
   a.click();
   a.remove();
@@ -202,12 +214,41 @@ function patchView(patch) {
       class: l.startsWith("+++") || l.startsWith("---") ? "phead" : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : "ctx"}, l || " ")))));
 }
 
-async function showDiff(a, b) {
+// The patch side by side: per file, removed lines left and added lines right, paired in order
+// within each run of changes; context on both sides.
+function splitView(patch) {
+  const files = [];
+  for (const line of patch.split("\n")) {
+    if (line.startsWith("diff ")) files.push({head: line, rows: [], dels: [], adds: []});
+    else if (!files.length || line.startsWith("+++") || line.startsWith("---")) continue;
+    else {
+      const f = files[files.length - 1];
+      const flush = () => {
+        for (let i = 0; i < Math.max(f.dels.length, f.adds.length); i++) f.rows.push([f.dels[i], f.adds[i]]);
+        f.dels = []; f.adds = [];
+      };
+      if (line.startsWith("-")) f.dels.push(line.slice(1));
+      else if (line.startsWith("+")) { f.adds.push(line.slice(1)); }
+      else { flush(); f.rows.push(line.startsWith("@@") ? ["@@", line] : [line.slice(1), line.slice(1), true]); }
+    }
+  }
+  for (const f of files) for (let i = 0; i < Math.max(f.dels.length, f.adds.length); i++) f.rows.push([f.dels[i], f.adds[i]]);
+  return files.map((f) => el("table", {class: "split"}, el("tr", {}, el("th", {colspan: 2, class: "phead"}, f.head)),
+    f.rows.map(([l, r, same]) => l === "@@" ? el("tr", {class: "hunk"}, el("td", {colspan: 2}, r))
+      : el("tr", {}, el("td", {class: same ? "ctx" : l === undefined ? "gap" : "del"}, l === undefined ? "" : l),
+        el("td", {class: same ? "ctx" : r === undefined ? "gap" : "add"}, r === undefined ? "" : r)))));
+}
+
+async function showDiff(a, b, split) {
   const p = panel();
-  p.replaceChildren(el("p", {class: "muted"}, "diffing…"));
+  put(p, el("p", {class: "muted"}, "diffing…"));
   const d = await api(`/diff${qs({a, b, patch: true})}`);
-  p.replaceChildren(el("h2", {}, "Diff"), el("p", {}, imageLink(d.a), " → ", imageLink(d.b)),
+  const here = new URLSearchParams(location.hash.slice(1));
+  split ? here.delete("split") : here.set("split", "1");
+  put(p, el("h2", {}, "Diff"), el("p", {}, imageLink(d.a), " → ", imageLink(d.b), " ",
+    el("a", {href: "#" + here.toString(), id: "splittoggle"}, split ? "unified" : "side by side")),
     el("h3", {}, `${d.changes.length} changed`),
     el("ul", {class: "changes"}, d.changes.map((c) => el("li", {}, el("span", {class: "badge " + c.kind}, c.kind), " ", el("code", {}, c.path)))),
-    el("h3", {}, "Patch"), d.patch ? el("div", {class: "patches"}, patchView(d.patch)) : el("p", {class: "muted"}, "no text changes"));
+    el("h3", {}, "Patch"), d.patch ? el("div", {class: "patches"}, split ? splitView(d.patch) : patchView(d.patch))
+      : el("p", {class: "muted"}, "no text changes"));
 }
