@@ -414,17 +414,29 @@ def test_another_tenant_sees_no_sandbox_or_audit_of_alice(world, page, alice_san
     assert "alice" not in page.inner_text("table.audit")
 
 
-def test_a_merge_is_drawn_as_a_merge(world, page):
-    """A merge of two attempts: the merged image is drawn once, under its first parent, and its
-    second parent gets a dashed edge to it. (Last in this file: it adds to Alice's tree.)"""
+def test_merge_preview_then_merge_drawn_as_a_merge(world, page):
+    """From the diff of two attempts: preview merging them (conflicts highlighted, nothing made),
+    then merge two that do not conflict; the merged image is drawn once, under its first parent,
+    with a dashed edge from its second. (It adds to Alice's tree: after the tests that count it.)"""
     url, a = world["url"], world["api"]
-    lose, head = world["lose"]["result"], world["chain"][-1]["result"]
-    r = a.post("/merge", json={"base": world["checkpoint"], "ours": lose, "theirs": head})
-    assert r.status_code in (200, 201), r.text
-    merged = r.json()["image"]
+    win, lose, head = world["win"]["result"], world["lose"]["result"], world["chain"][-1]["result"]
     login(page, url, world["alice"])
-    page.goto(f"{url}/#tree=checkpoint&node={merged}")
-    page.wait_for_selector("#panel pre.command, #panel .run")
+    images = len(a.get("/images").json())
+    page.goto(f"{url}/#tree=checkpoint&node={win}&diff={win}..{lose}")
+    page.click("#panel #previewmerge")
+    page.wait_for_selector("#panel #mergeconflicts:text-is('1 conflict')")
+    markers = page.locator("#panel .patch.marked .marker").all_inner_texts()
+    assert markers[0].startswith("<<<<<<<") and markers[-1].startswith(">>>>>>>")
+    marked = page.inner_text("#panel .patch.marked")
+    assert "return 42" in marked and "broken" in marked
+    assert len(a.get("/images").json()) == images                  # a preview makes nothing
+    page.goto(f"{url}/#tree=checkpoint&node={lose}&diff={lose}..{head}")
+    page.click("#panel #previewmerge")
+    page.wait_for_selector("#panel #mergeclean")
+    page.click("#panel button.domerge")
+    page.wait_for_selector("#panel .run .kind:text-is('merge')")
+    merged = dict(p.split("=", 1) for p in page.evaluate("location.hash").lstrip("#").split("&"))["node"]
+    assert {e["parent"] for e in a.get(f"/images/{merged}/parents").json()} == {lose, head}
     assert page.locator(f'#viewport .node[data-image="{merged}"]').count() == 1
     assert page.locator("#viewport path.edge.merge").count() == 1
     assert "merge" in page.text_content("#viewport path.edge.merge title")

@@ -249,6 +249,32 @@ async function showDiff(a, b, split) {
     el("a", {href: "#" + here.toString(), id: "splittoggle"}, split ? "unified" : "side by side")),
     el("h3", {}, `${d.changes.length} changed`),
     el("ul", {class: "changes"}, d.changes.map((c) => el("li", {}, el("span", {class: "badge " + c.kind}, c.kind), " ", el("code", {}, c.path)))),
+    el("div", {class: "actions"}, el("button", {type: "button", id: "previewmerge",
+      onclick: () => showMergePreview(d.a, d.b).catch(showError)}, "Preview merging these two")),
+    el("div", {id: "mergepreview"}),
     el("h3", {}, "Patch"), d.patch ? el("div", {class: "patches"}, split ? splitView(d.patch) : patchView(d.patch))
       : el("p", {class: "muted"}, "no text changes"));
+}
+
+// GET /merge/preview: what merging theirs into ours would make (nothing is made); conflicted
+// text files shown with their markers highlighted; then the merge itself, POST /merge.
+async function showMergePreview(ours, theirs) {
+  const box = document.getElementById("mergepreview");
+  put(box, el("p", {class: "muted"}, "previewing…"));
+  const p = await api(`/merge/preview${qs({ours, theirs})}`);
+  const merge = (strategy) => async () => {
+    const r = await api("/merge", {method: "POST", json: {base: p.base, ours, theirs, strategy}});
+    Tree.ref = null;
+    go({tree: new URLSearchParams(location.hash.slice(1)).get("tree") || r.image, node: r.image});
+  };
+  const button = (label, strategy) => el("button", {type: "button", class: "domerge", dataset: {strategy: strategy || "none"},
+    onclick: () => merge(strategy)().catch(showError)}, label);
+  put(box, el("h3", {}, "Merge preview"),
+    el("p", {}, p.clean ? el("span", {class: "badge pass", id: "mergeclean"}, "clean") : el("span", {class: "badge fail", id: "mergeconflicts"},
+      `${p.conflicts.length} conflict${p.conflicts.length === 1 ? "" : "s"}`), " from base ", p.base ? imageLink(p.base) : "none"),
+    p.conflicts.length ? el("ul", {class: "changes"}, p.conflicts.map((c) => el("li", {}, el("span", {class: "badge fail"}, c.kind), " ", el("code", {}, c.path)))) : null,
+    p.marked.map((f) => el("div", {class: "patchfile"}, el("pre", {class: "patch marked"}, el("div", {class: "phead"}, f.path),
+      f.text.split("\n").map((l) => el("div", {class: /^(<{7}|={7}|>{7}|\|{7})/.test(l) ? "marker" : "ctx"}, l || " "))))),
+    el("div", {class: "actions"}, p.clean ? button("Merge", null)
+      : [button("Merge keeping conflict markers", "markers"), button("Merge taking ours", "ours"), button("Merge taking theirs", "theirs")]));
 }
