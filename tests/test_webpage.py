@@ -180,6 +180,8 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     page.click("#panel a.entry:text-is('calc.py')")
     page.wait_for_selector("#panel pre.filetext")
     assert page.inner_text("#panel pre.filetext") == CALC.replace("41", "42")
+    assert page.locator("#panel pre.filetext span.hl-k").all_inner_texts() == ["def", "return"]   # Python, highlighted
+    assert page.locator("#panel pre.filetext span.hl-n").all_inner_texts() == ["42"]
     assert "-rw-r--r--" in page.inner_text("#panel .kv")
     page.click("#panel a:text-is('/')")                   # back up through the breadcrumbs
     page.wait_for_selector("#panel a.entry.dir:text-is('bin/')")

@@ -185,7 +185,7 @@ async function showFiles(id, path) {
     try { text = new TextDecoder("utf-8", {fatal: true}).decode(bytes); } catch (e) { text = null; }
     if (text !== null && text.includes("\0")) text = null;
     body = text === null ? el("p", {class: "binary"}, `binary file, ${fmtBytes(st.size)}`)
-      : el("pre", {class: "filetext"}, text, st.size > READ_LIMIT ? el("i", {}, `\n… (first ${fmtBytes(READ_LIMIT)} of ${fmtBytes(st.size)})`) : null);
+      : el("pre", {class: "filetext"}, highlight(path, text) || text, st.size > READ_LIMIT ? el("i", {}, `\n… (first ${fmtBytes(READ_LIMIT)} of ${fmtBytes(st.size)})`) : null);
   }
   put(p, el("h2", {}, "File"), crumbs, info,
     st.type === "file" ? el("button", {type: "button", id: "download", onclick: () => download(id, path).catch(showError)}, "Download") : null, body);
