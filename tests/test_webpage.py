@@ -20,6 +20,8 @@ import pytest
 from browser import headless_chromium
 from conftest import serve_process
 
+import sandtree
+
 CALC = "def answer():\n    return 41\n"
 
 
@@ -463,3 +465,29 @@ def test_a_running_operation_streams_its_output_into_the_page(world, page):
     page.wait_for_selector("#opout .stderr:has-text('tick-2')")
     page.wait_for_selector("#opout:has-text('tick-3')")
     page.wait_for_selector("#opstatus:text-is('done, exit 0')")
+
+
+def test_hibernate_and_resume_from_the_live_view(world, page, alice_sandbox, tmp_path):
+    """The Live view's hibernate and resume buttons (CRIU: skipped where this host cannot), with
+    a terminal open before and after: the shell's files survive."""
+    url, a = world["url"], world["api"]
+    probe = sandtree.Sandtree(str(tmp_path / "probe"))
+    ok, why = probe.engine.sandboxes.live.hibernate_available()
+    probe.close()
+    if not ok:
+        pytest.skip(why)
+    login(page, url, world["alice"])
+    page.goto(f"{url}/#live={alice_sandbox}")
+    page.wait_for_selector("#terminal[data-state=open]")
+    page.click("#terminal")
+    page.keyboard.type("echo kept > /tmp/k\n")
+    until(lambda: a.get(f"/sandboxes/{alice_sandbox}/file", params={"path": "/tmp/k"}).status_code == 200)
+    page.click("#panel #sb-hibernate")
+    page.wait_for_selector("#panel .badge.state:text-is('hibernated')", timeout=60_000)
+    assert page.locator("#terminal").count() == 0
+    page.click("#panel #sb-resume")
+    page.wait_for_selector("#panel .badge.state:text-is('running')", timeout=60_000)
+    page.wait_for_selector("#terminal[data-state=open]")
+    page.click("#terminal")
+    page.keyboard.type("cat /tmp/k\n")
+    until(lambda: any(line.strip() == "kept" for line in page.inner_text("#terminal .xterm-rows").splitlines()))

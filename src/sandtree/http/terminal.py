@@ -5,8 +5,10 @@ The engine's own operation (table row `sandbox_popen`, pty=True: what `sandtree 
 in-process) on the caller's view: a tenant reaches only its own sandboxes (any other answers 404
 as a nonexistent one), and the view audits it as an interactive exec. This route only relays:
 binary frames both ways are the terminal's bytes; a text frame from the client is JSON control,
-`{"resize": [cols, rows]}`. The shell ends (SIGHUP, then KILL) when the socket closes, and the
-socket closes when the shell exits.
+`{"resize": [cols, rows]}`, or `{"end": true}`: the shell is ended, then the socket closed (so a
+client that waits for the close knows the shell is gone: hibernate refuses a sandbox with a
+command running). The shell also ends (SIGHUP, then KILL) when the socket closes, and the socket
+closes when the shell exits.
 
 A browser cannot set a WebSocket's Authorization header: the page offers its token as the
 subprotocol `bearer.<token>` beside `sandtree.terminal` (tenancy/gate.py reads it); the answer
@@ -92,9 +94,11 @@ def terminal_router() -> APIRouter:
                 if msg.get("bytes"):
                     await asyncio.to_thread(os.write, master, msg["bytes"])
                 elif msg.get("text"):
-                    with contextlib.suppress(ValueError, TypeError, KeyError, OSError):
-                        cols_rows = json.loads(msg["text"])["resize"]
-                        _winsize(master, int(cols_rows[0]), int(cols_rows[1]))
+                    with contextlib.suppress(ValueError, TypeError, KeyError, OSError, AttributeError):
+                        control = json.loads(msg["text"])
+                        if control.get("end"):        # the shell ended first, then the socket closes
+                            return
+                        _winsize(master, int(control["resize"][0]), int(control["resize"][1]))
 
         tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
         try:

@@ -102,7 +102,21 @@ function stateBadge(state) {
   return el("span", {class: "badge state " + cls}, state);
 }
 
+// End the terminal's shell and wait until the server says it is gone (it closes the socket then):
+// hibernate refuses a sandbox while a command (the shell) runs in it.
+function endTerminal() {
+  const sock = Live.sock;
+  if (!sock || sock.readyState !== 1) { closeTerminal(); return Promise.resolve(); }
+  return new Promise((done) => {
+    const finish = () => { closeTerminal(); done(); };
+    sock.onclose = finish;
+    setTimeout(finish, 5000);
+    sock.send(JSON.stringify({end: true}));
+  });
+}
+
 async function sandboxAction(sid, what) {
+  if (what === "hibernate" || what === "stop") await endTerminal();
   if (what === "commit") {
     const r = await api(`/sandboxes/${enc(sid)}/commit`, {method: "POST", json: {}});
     go({tree: r.image, node: r.image});
