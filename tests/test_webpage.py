@@ -153,6 +153,8 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     assert "3 steps" in page.text_content("#viewport .node.chain")
     page.screenshot(path=str(tmp_path / "tree.png"))
 
+    node.hover()                                                 # one tooltip, filled on hover
+    assert page.text_content("#tip") == f"{win['result']}\nbranch:win"
     node.click()
     page.wait_for_selector("#panel pre.command")
     assert page.inner_text("#panel pre.command") == win["spec"]["command"]

@@ -70,15 +70,23 @@ def paint(browser, url: str, fragment: str, size=(1400, 860)) -> tuple[object, o
 
 
 def test_thousand_node_tree_first_paint(big, browser, tmp_path):
+    paints = []
+    for _ in range(2):                   # the median of three: other tests share this machine's 2 cores
+        ctx, page, wall, in_page = paint(browser, big["url"], "tree=thousand")
+        paints.append(in_page)
+        ctx.close()
     ctx, page, wall, in_page = paint(browser, big["url"], "tree=thousand")
+    paints.append(in_page)
     try:
         drawn = page.locator("#viewport .node[data-image]").count()
         fails = page.locator("#viewport path.edge.fail").count()
-        print(f"\n1,001-image tree: first paint {in_page} ms in the page (request + layout + draw), "
+        fetch = page.get_attribute("#tree", "data-fetch-ms")
+        print(f"\n1,001-image tree: first paint {in_page} ms in the page ({fetch} ms of it the lineage request), "
               f"{wall * 1000:.0f} ms from navigation; {drawn} nodes drawn, {fails} failing edges")
         assert drawn == 1001                      # every inner node branches: nothing to collapse
         assert fails == sum(1 for i in range(1000) if i % 7 == 3)
-        assert in_page / 1000 <= FIRST_PAINT_BUDGET_S, f"first paint {in_page} ms"
+        print(f"first paints: {paints} ms")
+        assert sorted(paints)[1] / 1000 <= FIRST_PAINT_BUDGET_S, f"first paints {paints} ms"
         page.screenshot(path=str(tmp_path / "thousand.png"))
         t = time.monotonic()                     # still interactive: a click selects and opens a node
         deep = big["runs"][-1]
