@@ -81,6 +81,7 @@ def world(tmp_path_factory, rootfs):
     steps) on a real `sandtree serve` with tokens; Bob is another tenant of the same server."""
     home = tmp_path_factory.mktemp("web-home")
     alice, bob = token(home, "alice"), token(home, "bob")
+    ops = json.loads(cli(home, "token", "create", "--tenant", "ops", "--scopes", "admin", "--json"))["token"]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
         t.add(rootfs, arcname=".")
@@ -96,7 +97,7 @@ def world(tmp_path_factory, rootfs):
         win = run(a, "branch:win", "sed -i s/41/42/ /app/calc.py && printf '\\033[32mfixed\\033[0m\\n'")
         lose = run(a, "branch:lose", "echo broken >> /app/calc.py; echo oops >&2; exit 3")
         chain = [run(a, "branch:chain", f"echo step {i} >> /app/log") for i in range(4)]
-        yield {"url": url, "alice": alice, "bob": bob, "base": base, "rootfs": rootfs, "checkpoint": cp, "win": win, "lose": lose,
+        yield {"url": url, "alice": alice, "bob": bob, "ops": ops, "base": base, "rootfs": rootfs, "checkpoint": cp, "win": win, "lose": lose,
                "chain": chain, "api": a}
         a.close()
 
@@ -405,6 +406,19 @@ def test_actions_tag_branch_and_run_from_a_node_and_the_audit_view(world, page):
     page.wait_for_selector("table.audit a.img")
     page.locator("table.audit a.img", has_text=child[:12]).first.click()
     page.wait_for_selector(f'#viewport .node.sel[data-image="{child}"]', state="attached")
+
+
+def test_an_admin_token_filters_everyone_s_audit_by_tenant(world, page):
+    url = world["url"]
+    login(page, url, world["ops"])
+    page.goto(f"{url}/#audit&tenant=alice&action=run")
+    page.wait_for_selector("table.audit td:text-is('run')")
+    tenants = set(page.locator("table.audit tr td:nth-child(2)").all_inner_texts())
+    assert tenants == {"alice"}
+    assert "sed -i s/41/42/" in page.inner_text("table.audit")
+    page.goto(f"{url}/#audit&tenant=bob")
+    page.wait_for_selector("table.audit")
+    until(lambda: "alice" not in page.inner_text("table.audit"))
 
 
 def test_another_tenant_sees_no_sandbox_or_audit_of_alice(world, page, alice_sandbox):
