@@ -389,6 +389,13 @@ def test_actions_tag_branch_and_run_from_a_node_and_the_audit_view(world, page):
     child = a.get(f"/images/{win}/children").json()[0]["child"]
     page.wait_for_selector(f'#viewport .node.sel[data-image="{child}"]', state="attached")
     page.wait_for_selector("#panel pre.command:text-is('echo tried >> /app/log')")
+    page.fill("#actinput", "echo a > /a\necho b > /b\necho c > /c; exit 1")   # several lines: a fork, a branch each
+    page.click("#act-run")
+    until(lambda: len(a.get(f"/images/{child}/children").json()) == 3)
+    kids = a.get(f"/images/{child}/children").json()
+    for k in kids:
+        page.locator(f'#viewport .node[data-image="{k["child"]}"]').wait_for(state="attached")
+    assert sorted(k["exit_code"] for k in kids) == [0, 0, 1]
     c2, c3 = world["chain"][-2]["result"], world["chain"][-1]["result"]
     page.goto(f"{url}/#tree=checkpoint&node={c3}")
     page.click("#panel button.rollback:text-is('roll back branch:chain one step')")

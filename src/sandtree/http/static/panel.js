@@ -110,9 +110,11 @@ async function rollback(branch) {
   go({tree: new URLSearchParams(location.hash.slice(1)).get("tree") || r.image, node: r.image});
 }
 
-// Tag it, start a branch at it, or run a command on it (a new child): the API's own calls.
+// Tag it, start a branch at it, or run commands on it (one line: POST /runs, a new child; several
+// lines: POST /fork, a branch each, in parallel): the API's own calls.
 function actionForm(id) {
-  const input = el("input", {id: "actinput", placeholder: "tag or branch name, or a command", "aria-label": "name or command"});
+  const input = el("textarea", {id: "actinput", rows: 1, placeholder: "tag or branch name; or commands, one per line",
+    "aria-label": "name or commands"});
   const msg = el("span", {class: "muted", id: "actmsg"});
   const act = (what) => async () => {
     const v = input.value.trim();
@@ -122,8 +124,13 @@ function actionForm(id) {
       if (what === "tag") await api(`/tags/${enc(v)}`, {method: "PUT", json: {image: id}});
       else if (what === "branch") await api("/branches", {method: "POST", json: {name: v, image: id}});
       else {
-        const rec = await api("/runs", {method: "POST", json: {image: id, command: v}});
-        const made = rec.result && rec.result !== id ? rec.result : null;
+        const lines = v.split("\n").map((l) => l.trim()).filter(Boolean);
+        let made = null;
+        if (lines.length > 1) await api("/fork", {method: "POST", json: {image: id, commands: lines}});
+        else {
+          const rec = await api("/runs", {method: "POST", json: {image: id, command: lines[0]}});
+          made = rec.result && rec.result !== id ? rec.result : null;
+        }
         Tree.ref = null;                                   // redraw the tree with the new child
         const to = new URLSearchParams({tree: new URLSearchParams(location.hash.slice(1)).get("tree") || id, node: made || id});
         if ("#" + to.toString() === location.hash) await route(); else location.hash = to.toString();
