@@ -116,6 +116,24 @@ def each_tier(request, shared_st):
     TIER["current"] = "namespaces"
 
 
+def tier_or_skip(request, st, tier: str) -> str:
+    """`tier`, or skip with the reason: this host cannot run it (doctor's), or the test is marked
+    not_on_gvisor(reason) (a mechanism that tier does differently or lacks)."""
+    status = {r["tier"]: r for r in st.doctor()}[tier]
+    if not status["available"]:
+        pytest.skip(f"tier {tier} unavailable here: {status['reason']}")
+    mark = request.node.get_closest_marker("not_on_gvisor")
+    if tier == "gvisor" and mark:
+        pytest.skip(f"not on gvisor: {mark.args[0]}")
+    return tier
+
+
+@pytest.fixture(params=TIERS)
+def live_tier(request, shared_st):
+    """Run the requesting live-sandbox test once per tier that has live sandboxes (issue 18)."""
+    return tier_or_skip(request, shared_st, request.param)
+
+
 @pytest.fixture(scope="session")
 def shared_st(tmp_path_factory):
     st = sandtree.Sandtree(str(tmp_path_factory.mktemp("home-shared")))

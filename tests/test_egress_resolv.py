@@ -160,11 +160,13 @@ def test_ipv6_is_unreachable_at_once_and_loopback_v6_works(eng, lab, tmp_path, t
     assert lab.hits[("fd00:ec2::254", 80)] == before
 
 
-def test_a_live_sandbox_gets_the_nameserver_and_its_commit_none_of_it(eng, lab, tmp_path, host_file):
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_live_sandbox_gets_the_nameserver_and_its_commit_none_of_it(eng, lab, tmp_path, host_file, tier):
     """A live sandbox commits its upper while it runs: the mount point is in no layer of it."""
+    tier_or_skip(eng, tier)
     for kind in ("missing", "link"):
-        img = image(eng, tmp_path / "live", kind, host_file)
-        info = eng.sandbox_start(img, network=["allowed.test"])
+        img = image(eng, tmp_path / f"live-{tier}", kind, host_file)
+        info = eng.sandbox_start(img, network=["allowed.test"], tier=tier)
         try:
             r = eng.sandbox_exec(info["id"], PROBE)
             assert r.stdout.startswith(b"nameserver 100.64."), r.stdout + r.stderr

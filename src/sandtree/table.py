@@ -66,8 +66,7 @@ def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
-                                       drop=("progress",)))
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",)))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
@@ -325,16 +324,17 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
 # ---- warm pools -----------------------------------------------------------------------------------
-_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network")
+_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network", "tier")
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
 def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
-                pids: int | None = None, cpus: float | None = None, disk=None, output=None, network=None) -> dict:
-    """Keep `size` sandboxes of an image started; runs on it with these limits use them."""
+                pids: int | None = None, cpus: float | None = None, disk=None, output=None, network=None,
+                tier: str | None = None) -> dict:
+    """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                   timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-                  disk=None, output=None, network=None) -> dict:
+                  disk=None, output=None, network=None, tier: str | None = None) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 

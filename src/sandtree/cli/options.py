@@ -27,6 +27,11 @@ def add_user(x) -> None:
     x.add_argument("--gid", type=int, help="group id the command runs as (default 0)")
 
 
+def add_tier(x) -> None:
+    x.add_argument("--tier", choices=["namespaces", "gvisor"], help="isolation tier (default: the engine's, "
+                   "namespaces; gvisor: gVisor's user-space kernel)")
+
+
 def add_hostname(x) -> None:
     x.add_argument("--hostname", help="the sandbox's host name (default: sandtree)")
 

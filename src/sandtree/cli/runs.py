@@ -88,7 +88,7 @@ def add_run(sub, common) -> None:
     x.add_argument("--cwd", help="working directory (default: the image's WORKDIR, else /)")
     x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
-    x.add_argument("--tier", choices=["namespaces", "gvisor"], help="isolation tier (default: namespaces)")
+    options.add_tier(x)
     options.add_user(x)
     options.add_hostname(x)
     options.add_network(x)

@@ -22,7 +22,7 @@ def cmd_start(args):
     info = eng.sandbox_start(args.image, env=options.env(args), cwd=args.cwd, timeout=args.timeout,
                              memory=args.memory, pids=args.pids, cpus=args.cpus, disk=args.disk,
                              idle_timeout=args.idle_timeout, lifetime=args.lifetime, idle_action=args.on_idle,
-                             **({"files": files} if files else {}), **options.given(args, "hostname"),
+                             tier=args.tier, **({"files": files} if files else {}), **options.given(args, "hostname"),
                              **options.network(args))
     out(args, info, lambda o: print(o["id"]))
 
@@ -134,6 +134,7 @@ def add_sandboxes(sub, common) -> None:
     x.add_argument("--on-idle", choices=["stop", "hibernate"], default=D.SANDBOX_IDLE_ACTION,
                    help="what the idle timeout does (hibernate: nothing is lost; `sandtree resume` continues it)")
     options.add_hostname(x)
+    options.add_tier(x)
     options.add_network(x)
     options.add_files(x)
     x.set_defaults(fn=cmd_start)

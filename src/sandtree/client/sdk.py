@@ -188,11 +188,12 @@ class Sandtree:
     def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
              pids: int | None = None, cpus: float | None = None, disk=None, output=None,
              hostname: str = D.HOSTNAME, wait: bool = False, network=None, tag: str | None = None,
-             build_network=None) -> dict:
+             build_network=None, tier: str | None = None) -> dict:
         """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
         same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
         it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
-        sandboxes (only runs asking for the same one use them). Returns its stats.
+        sandboxes (only runs asking for the same one use them). tier: its sandboxes' (default the
+        engine's; only runs on that tier use them). Returns its stats.
         `image` may be a recipe (st.recipe(...) or a Recipe): it is built (unchanged: cache hits),
         its result tagged `tag` (default pool/<hash of its steps>) and pooled; called again after a
         change that gives another ID, the pool rolls over: the new one fills while runs on the tag
@@ -206,7 +207,8 @@ class Sandtree:
         if tag is not None or build_network is not None:
             raise InvalidInput("tag= and build_network= are for a pool of a recipe")
         stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
-                                         cpus=cpus, disk=disk, output=output, hostname=hostname, network=network)
+                                         cpus=cpus, disk=disk, output=output, hostname=hostname, network=network,
+                                         **({"tier": tier} if tier is not None else {}))
         if wait:
             self._engine.pool_wait(stats["image"])
             stats = next(p for p in self._engine.pool_list() if p["image"] == stats["image"])

@@ -35,7 +35,8 @@ class Ahead(KeptAhead):
         return got[1]
 
     def _make(self, sid: str, h: LiveHandle):
-        return (h, self.live.enter_ahead(h)) if self.live.alive(h) else None
+        entered = self.live.enter_ahead(h) if self.live.alive(h) else None
+        return (h, entered) if entered is not None else None      # (a tier without: gvisor_live.py)
 
     def _discard(self, made) -> None:
         made[1].discard()

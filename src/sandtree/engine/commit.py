@@ -38,6 +38,28 @@ MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fa
 MOUNT_POINTS = ("proc", "dev", "sys")   # made by the helper or runsc when an image lacks them
 
 
+# Mount points runsc's gofer makes in the root for a live gVisor sandbox's binds under /dev (its
+# pid 1's binary, the runtime files' dir): empty, and never the sandbox's (its /dev is gVisor's).
+RUNTIME_MOUNTS = (".sandtree-agent", "sandtree")
+
+
+def _drop_runtime_mounts(changes: dict, staged: str) -> None:
+    dev = changes.get("dev")
+    if dev is None or dev.kind != "dir":
+        return
+    for name in RUNTIME_MOUNTS:
+        ch = dev.children.get(name)
+        if ch is None or ch.kind not in ("dir", "node") or ch.children or (ch.st is not None and ch.st.st_size
+                                                                            and ch.kind == "node"):
+            continue
+        del dev.children[name]
+        path = os.path.join(staged, "dev", name)
+        try:
+            os.rmdir(path) if ch.kind == "dir" else os.unlink(path)
+        except OSError:
+            pass
+
+
 @dataclass
 class Change:
     kind: str                                  # "del", "dir", "node", "patch"
@@ -345,9 +367,12 @@ class Committer:
             changes = self._read_upper(upper, staged, "/", inodes, locations,
                                        None if max_file_size is None else [max_file_size])
             base_root = self.store.tree(base.id)
+            _drop_runtime_mounts(changes, staged)
             for mp in MOUNT_POINTS:
                 ch = changes.get(mp)
-                if ch and ch.kind == "dir" and not ch.children and mp not in base_root:
+                if ch and ch.kind == "dir" and not ch.children and (mp not in base_root or mp == "dev"):
+                    # (an image's /dev is always covered, on every tier: its upper's dev/ is only ever
+                    # the runtime's mount points, whose creation changed its mtime)
                     del changes[mp]
                     os.rmdir(os.path.join(staged, mp))
             # link groups: fill in entries of later members from the first one

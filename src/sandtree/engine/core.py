@@ -19,6 +19,7 @@ from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime.gvisor import GVisorRuntime
+from ..runtime.livetiers import LiveTiers
 from ..runtime.namespaces import NamespaceRuntime
 from ..store import refs
 from ..store.db import typed_disk_errors
@@ -81,7 +82,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.committer = commit_mod.Committer(self.store)
         self.records = Records(self.store)
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
-        self._live = self.runtime.live()           # the tier's live sandboxes: sandboxes and pools share them
+        # every tier's live sandboxes: sandboxes, pools and ports share them
+        self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
 
     @property
     def operations(self):
@@ -133,24 +135,25 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._pools is None:
             with self._parts_lock:
                 if self._pools is None:
-                    self._pools = Pools(self.store, self.specs, self._live, self.resolve)
+                    self._pools = Pools(self.store, self.specs, self._live, self.resolve, lambda: self.default_tier)
                     self._pools.egress = lambda: self.egress
         return self._pools
 
     def pool_create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None,
                     memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-                    network=None) -> dict:
+                    network=None, tier: str | None = None) -> dict:
         """Keep `size` sandboxes of an image started; runs on it with these limits (and this
-        network policy: each pooled sandbox has its own link) use them."""
+        network policy: each pooled sandbox has its own link; this tier, default the engine's) use them."""
         return self.pools.create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                 disk=disk, output=output, network=network)
+                                 disk=disk, output=output, network=network,
+                                 tier=self._check_tier(tier) if tier is not None else None)
 
     def pool_and_wait(self, ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                       timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-                      disk=None, output=None, network=None) -> dict:
+                      disk=None, output=None, network=None, tier: str | None = None) -> dict:
         """pool_create, then until it is full (or `timeout` seconds): its stats then."""
         stats = self.pool_create(ref, size, hostname=hostname, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
-                                 disk=disk, output=output, network=network)
+                                 disk=disk, output=output, network=network, tier=tier)
         self.pools.wait_ready(stats["image"], wait_timeout)
         return next((p for p in self.pools.list() if p["image"] == stats["image"]), stats)
 

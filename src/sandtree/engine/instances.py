@@ -118,12 +118,13 @@ class Instances:
         argv = command_argv(command)
         lim = self.host.specs.limits(limits)
         started = time.time()
+        tier = tier or self.host.default_tier
         pool, lent = self.host.pools.get(source), []
 
         def starter(spec, lifetime):              # a ready sandbox of the image's warm pool, if it fits
-            got = pool.lend(spec) if pool is not None else None
+            got = pool.lend(spec, tier) if pool is not None else None
             if got is None:
-                return sb.live.start(spec, lifetime)
+                return sb.live.start(spec, lifetime, tier=tier)
             lent.append((pool, *got))             # (its helper entered ahead: process 1's)
             return got[0]
         try:
@@ -210,7 +211,7 @@ class Instances:
                 "cwd": (p1 and p1.spec["cwd"]) or info.get("cwd", "/"),
                 "env": mask_env({str(k): str(v) for k, v in (env or {}).items()}),
                 "uid": uid if uid is not None else 0, "gid": gid if gid is not None else 0, "hostname": hostname,
-                "disposable": disposable, "limits": lim.__dict__, "tier": "namespaces", "live": info["id"],
+                "disposable": disposable, "limits": lim.__dict__, "tier": info["tier"], "live": info["id"],
                 # the sandbox's network, as a run records its own (netopts.NetworkOption.record)
                 **({"network": info["network"], "hermetic": False} if info.get("network") else {}),
                 **({"secrets": info["secrets"]} if info.get("secrets") else {})}

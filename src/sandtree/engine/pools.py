@@ -39,8 +39,10 @@ FILLERS = 3                   # threads starting a pool's sandboxes at once (a s
 
 
 class Pool:
-    def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int, policy=None, egress=None):
+    def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int, policy=None, egress=None,
+                 tier: str = "namespaces"):
         self.live = live
+        self.tier = tier                                # its sandboxes' (runs on another tier start their own)
         self.policy, self.egress = policy, egress      # a networked pool: each sandbox its own link
         self.links: dict[int, str] = {}                 # init pid -> its link's key
         self.image = image
@@ -67,10 +69,10 @@ class Pool:
             t.start()
 
     # ---- serving -------------------------------------------------------------------------------
-    def fits(self, spec: RunSpec, policy=None) -> bool:
+    def fits(self, spec: RunSpec, policy=None, tier: str = "namespaces") -> bool:
         t = self.template
         lim, tl = spec.limits, t.limits
-        return (policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
+        return (tier == self.tier and policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
                 and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
 
     def take(self) -> tuple[LiveHandle, Entered] | None:
@@ -83,11 +85,11 @@ class Pool:
             self.cv.notify_all()
             return h
 
-    def lend(self, spec: RunSpec) -> tuple[LiveHandle, Entered] | None:
+    def lend(self, spec: RunSpec, tier: str) -> tuple[LiveHandle, Entered] | None:
         """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
         instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
         pool's thread, which their PDEATHSIG is tied to, outlives it)."""
-        got = self.take() if self.policy is None and self.fits(spec) else None
+        got = self.take() if self.policy is None and self.fits(spec, tier=tier) else None
         if got is not None:
             self.served += 1
         return got
@@ -111,7 +113,7 @@ class Pool:
             out = self.live.exec(h, spec, ahead=ahead)
             # The command is done; what it left running must not write while the upper is read.
             cg = h.cg()
-            if cg is not None and cg.pids() - {h.init_pid, h.helper_pid}:
+            if cg is not None and self.tier == "namespaces" and cg.pids() - {h.init_pid, h.helper_pid}:
                 self.live.freeze(h, True)
             if cg is not None:
                 stats = cg.stats()
@@ -122,6 +124,10 @@ class Pool:
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
             scratch = self.live.scratch(h)
+            if cg is not None and self.tier != "namespaces":
+                # gVisor's processes are the Sentry's, unseen from here, and its freezer takes tens
+                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper)
+                cg.kill_all()
         except BaseException:
             self._retire(h)
             raise
@@ -189,12 +195,12 @@ class Pool:
                 spec = dataclasses.replace(spec, netns_fd=link.netns_fd, runtime_files={
                     "/etc/resolv.conf": f"nameserver {link.gateway}\n".encode()})
                 try:
-                    h = self.live.start(spec, LIFETIME, detach=False)
+                    h = self.live.start(spec, LIFETIME, detach=False, tier=self.tier)
                 finally:
                     link.close()
                 self.links[h.init_pid] = key
             else:
-                h = self.live.start(spec, LIFETIME, detach=False)
+                h = self.live.start(spec, LIFETIME, detach=False, tier=self.tier)
             ahead = self.live.enter_ahead(h)
         except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
             self.error = str(exc)
@@ -215,7 +221,8 @@ class Pool:
                 self.cv.notify_all()
                 return
             self.cv.notify_all()
-        ahead.discard()                           # closed while it started: nobody will take it
+        if ahead is not None:                     # closed while it started: nobody will take it
+            ahead.discard()
         self.live.stop(h, wait=2.0)
 
     def wait_ready(self, timeout: float = D.POOL_WAIT) -> bool:
@@ -240,7 +247,7 @@ class Pool:
         with self.cv:
             return {"image": self.image, "size": self.size, "ready": len(self.ready), "served": self.served,
                     "misses": self.misses, "error": self.error,
-                    "limits": self.template.limits.__dict__,
+                    "limits": self.template.limits.__dict__, "tier": self.tier,
                     "network": self.policy.to_json() if self.policy is not None else None}
 
     def close(self, wait: bool = True) -> None:
@@ -260,14 +267,17 @@ class Pool:
 class Pools:
     """The engine's pools, one per image (a second `pool()` call on an image resizes it)."""
 
-    def __init__(self, store: Store, specs: RunSpecs, live: LiveTier, resolve: Callable[[str], str]):
+    def __init__(self, store: Store, specs: RunSpecs, live: LiveTier, resolve: Callable[[str], str],
+                 default_tier: Callable[[], str] = lambda: "namespaces"):
         self.store, self.specs, self.live, self.resolve = store, specs, live, resolve
+        self.default_tier = default_tier
         self.by_image: dict[str, Pool] = {}
         self.draining: list[Pool] = []              # removed without waiting: joined at close
         self.egress = lambda: None                  # () -> the engine's Egress (networked pools)
         self.lock = threading.Lock()
 
-    def create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, network=None, **limits) -> dict:
+    def create(self, ref: str, size: int, *, hostname: str = D.HOSTNAME, network=None, tier: str | None = None,
+               **limits) -> dict:
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 256:
             raise InvalidInput("pool size must be an integer from 0 to 256")
         source = self.resolve(ref)
@@ -275,21 +285,22 @@ class Pools:
         if policy is not None:
             require_egress(self.egress())
         lim: Limits = self.specs.limits(limits)
+        tier = tier or self.default_tier()
         with self.lock:
             pool = self.by_image.get(source)
             if pool is not None and pool.template.limits == lim and pool.template.hostname == hostname \
-                    and pool.policy == policy:
+                    and pool.policy == policy and pool.tier == tier:
                 pool.resize(size)
                 return pool.stats()
-        ok, why = self.live.available()
+        ok, why = self.live.available(tier)
         if not ok:
-            raise RuntimeUnavailable(why)
+            raise RuntimeUnavailable(why, tier=tier)
         template = RunSpec(argv=["sandtree-init"], layers=self.store.image(source).layers,
                            root_meta=self.specs.root_meta(source), hostname=hostname, limits=lim)
         validate_spec(template)
         with self.lock:
             old = self.by_image.pop(source, None)
-            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress)
+            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress, tier)
             if old is not None:
                 self.draining.append(old)           # runs in it finish; joined at close
         if old is not None:

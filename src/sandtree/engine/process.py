@@ -30,14 +30,8 @@ class LiveProcess:
                 self._raw += chunk
             os.close(self._rep_r)
             self._rep_r = None
-        rep = parse_report(self._raw)
-        self.report = rep                    # what the entering helper said (execfail, rusage)
-        if "execfail" in rep:
-            self.returncode = 127 if rep["execfail"][1] == "exec" else 126
-        elif "signal" in rep:
-            self.returncode = -rep["signal"]
-        else:
-            self.returncode = rep.get("exit", self._proc.returncode)
+        self.report = parse_report(self._raw)    # what the entering helper said (execfail, rusage)
+        self.returncode = self._live.returncode(bytes(self._raw), self._proc.returncode)   # (the tier's ways)
 
     def poll(self) -> int | None:
         if self.returncode is None and self._proc.poll() is not None:

@@ -95,7 +95,8 @@ class RunOps:
             require_egress(self.egress)
         # A run that will take a linked helper takes it now and sends its link's policy: the
         # daemon answers while the spec is built (the gate awaits the answer before the command).
-        pool = self.pools.get(source) if self._pools is not None and runtime.name == "namespaces" else None
+        pool = self.pools.get(source) if self._pools is not None else None
+        pool = pool if pool is not None and pool.tier == runtime.name else None
         early = None
         if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
             early = self._take_linked(runtime, net, scope)
@@ -133,7 +134,8 @@ class RunOps:
         release = None
         try:
             # a pooled sandbox only of a pool with the same policy (its link then is the run's)
-            served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy) and not net.secrets else None
+            served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy, runtime.name) and not net.secrets \
+                else None
             if served is None and net.policy is not None:   # a link of its own
                 spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope)
                 early = None

@@ -16,15 +16,13 @@ MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's
 class SandboxLifetime:
     def _check_start(self, tier: str | None, idle_action: str, idle_timeout, lifetime) -> None:
         """A start's tier, idle action, idle timeout and lifetime, refused before anything is made."""
-        if (tier or self.default_tier()) != "namespaces":
-            raise RuntimeUnavailable("live sandboxes run on the namespaces tier")
-        ok, why = self.live.available()
+        ok, why = self.live.available(tier)
         if not ok:
-            raise RuntimeUnavailable(why)
+            raise RuntimeUnavailable(why, tier=tier or self.default_tier())
         if idle_action not in ("stop", "hibernate"):
             raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
         if idle_action == "hibernate":
-            ok, why = self.live.hibernate_available()
+            ok, why = self.live.hibernate_available(tier)
             if not ok:
                 raise RuntimeUnavailable(why)
         for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):

@@ -30,14 +30,13 @@ import uuid
 
 from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..runtime import criu
 from ..runtime.base import Limits, LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
 from .ahead import Ahead
-from .startahead import StartsAhead
+from .startahead import AHEAD_TIER, StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
@@ -164,7 +163,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             return self._lost_locked(row)
 
     def _lost_locked(self, row: dict) -> str:
-        if row["spec"].get("hibernating") and self._dump_finished(row["id"]):
+        if row["spec"].get("hibernating") and self.live.dump_finished(row["handle"], self._checkpoint_dir(row["id"])):
             self._retire(row, "running", release=False)      # (the link is kept for the resume)
             self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
             return "hibernated"
@@ -190,7 +189,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
-                "network": row["spec"].get("network"),
+                "network": row["spec"].get("network"), "tier": row["handle"].tier,
                 **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
@@ -215,6 +214,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
         (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
         self._check_start(tier, idle_action, idle_timeout, lifetime)
+        tier = tier or self.default_tier()
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -233,7 +233,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
         # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
-        ahead = self.starts and starter is None and net.policy is None and not injected
+        # on the tier they are started on
+        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER
         key = self.starts.key(source, spec) if ahead else None
         got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
         sid = got[0] if got else uuid.uuid4().hex
@@ -243,7 +244,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
         try:
             with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = got[1] if got else (starter or self.live.start)(spec, lifetime)
+                handle = got[1] if got else starter(spec, lifetime) if starter else \
+                    self.live.start(spec, lifetime, tier=tier)
         except BaseException:
             self._unlink_net(sid, link)
             raise
@@ -254,7 +256,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
                   "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action, **({"labels": labels} if labels else {}),
+                  "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
+                  **({"labels": labels} if labels else {}),
                   **({"run": run_of} if run_of else {}), **net.record()}
         try:
             with self.store.db.tx() as con:
@@ -346,7 +349,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         op = uuid.uuid4().hex
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
-        return LiveProcess(proc, rep_r, self.live, raw)
+        return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:
@@ -401,18 +404,18 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
         commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
         where they were. Its lifetime does not run while it is hibernated."""
-        ok, why = self.live.hibernate_available()
-        if not ok:
-            raise RuntimeUnavailable(why)
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
+        ok, why = self.live.of(h).hibernate_available()        # (its own tier's, not the default's)
+        if not ok:
+            raise RuntimeUnavailable(why, tier=h.tier)
         if h.cgroup is None:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.check_resolv_link(row)
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
         with self.store.using(), self._commit_lock(sid):
-            self.live.freeze(h, True)
+            self.live.freeze(h, True, checkpoint=True)
             try:
                 busy = self.live.outsiders(h)
                 if busy:
@@ -454,9 +457,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
 
-    def _dump_finished(self, sid: str) -> bool:
-        return criu.dump_finished(self._checkpoint_dir(sid))
-
     def resume(self, sid: str) -> dict:
         """Bring a hibernated sandbox back: its processes continue where they were, on the image
         committed when it hibernated. Nothing is lost if this fails: it stays hibernated."""
@@ -478,7 +478,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             spec.netns_fd = link.netns_fd if link is not None else None
             try:
                 with self.store.using():
-                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid))
+                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid),
+                                             tier=row["handle"].tier)
             finally:
                 if link is not None:
                     link.close()                   # (the restored processes hold the namespace)

@@ -28,6 +28,7 @@ from ..store.store import Store
 from .keptahead import KeptAhead
 
 AHEAD_LIFETIME = 600.0        # an unclaimed sandbox's own end, should its engine die without stopping it
+AHEAD_TIER = "namespaces"    # sandboxes are started ahead on this tier only (a start on another starts its own)
 
 
 class StartsAhead(KeptAhead):
@@ -78,7 +79,7 @@ class StartsAhead(KeptAhead):
         sid = uuid.uuid4().hex
         try:
             with self.store.using():                   # gc keeps the image: its row is written below
-                handle = self.live.start(spec, AHEAD_LIFETIME)
+                handle = self.live.start(spec, AHEAD_LIFETIME, tier=AHEAD_TIER)
         except Exception:                              # noqa: BLE001 - the next start starts by itself
             return None
         now = time.time()

@@ -235,8 +235,10 @@ class LiveTier(abc.ABC):
         """Mount ids of the sandbox's own filesystems (for confined file access: openat2.py)."""
 
     @abc.abstractmethod
-    def freeze(self, h, frozen: bool = True) -> bool:
-        """Freeze (thaw) every process of the sandbox; False if it cannot be frozen."""
+    def freeze(self, h, frozen: bool = True, *, checkpoint: bool = False) -> bool:
+        """Freeze (thaw) every process of the sandbox; False if it cannot be frozen. checkpoint:
+        frozen for a dump that follows (a tier whose checkpointer needs the sandbox to answer
+        stops it its own way: gVisor)."""
 
     @abc.abstractmethod
     def frozen(self, h) -> bool:
@@ -262,6 +264,11 @@ class LiveTier(abc.ABC):
     @abc.abstractmethod
     def outsiders(self, h) -> list[int]:
         """Processes of the sandbox a checkpoint cannot hold (busy execs): none, to hibernate."""
+
+    @abc.abstractmethod
+    def dump_finished(self, h, images: str) -> bool:
+        """Whether `images` holds a whole checkpoint of the sandbox (one whose dumper died after
+        writing it is hibernated, not lost)."""
 
     @abc.abstractmethod
     def dump(self, h, images: str, ghost_limit: int) -> None:

@@ -20,12 +20,15 @@ SOURCE = os.path.join(HERE, "helper.c")
 INIT_SOURCE = os.path.join(HERE, "init.c")
 NOLIBC_HEADER = os.path.join(HERE, "nolibc.h")
 DRAIN_SOURCE = os.path.join(HERE, "drain.c")
+AGENT_SOURCE = os.path.join(HERE, "agent.c")
 
 # static: no dynamic loader on the start path of every sandbox (a dynamic build if libc.a is missing)
 HELPER_FLAGS = (["-O2", "-Wall", "-static"], ["-O2", "-Wall"])
 # no libc, no PIE (nothing would relocate it), no padding to pages (-n): it is copied per sandbox
 INIT_FLAGS = (["-Os", "-Wall", "-static", "-nostdlib", "-fno-pie", "-no-pie", "-fno-stack-protector",
                "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-Wl,-n", "-s"],)
+# (freestanding: the compiler must not turn its loops into calls of strlen or memset)
+AGENT_FLAGS = (INIT_FLAGS[0] + ["-ffreestanding", "-fno-tree-loop-distribute-patterns"],)
 
 
 def helper_path(cache_dir: str) -> str:
@@ -39,6 +42,11 @@ def init_path(cache_dir: str) -> str:
 def drain_path(cache_dir: str) -> str:
     """sandtree-drain: the reader of a live exec's output inside the sandbox (no libc, as init)."""
     return _build(cache_dir, DRAIN_SOURCE, "sandtree-drain", INIT_FLAGS)
+
+
+def agent_path(cache_dir: str) -> str:
+    """sandtree-agent: pid 1 of a live gVisor sandbox, which starts its commands (agent.c)."""
+    return _build(cache_dir, AGENT_SOURCE, "sandtree-agent", AGENT_FLAGS)
 
 
 def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:

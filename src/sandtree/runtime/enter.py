@@ -28,6 +28,23 @@ from .validate import env_args, helper_env, validate_spec
 RELAY_GRACE = 2.0
 
 
+def start_reporting(argv: list[str], env: dict, fds: tuple, owned: tuple, rep_r: int, rep_w: int, stdin, stdout,
+                    stderr, cls=subprocess.Popen):
+    """Start a helper that reports on rep_w (closed here, with `owned`, once it has them; rep_r too
+    if it cannot start). Returns (the helper, rep_r)."""
+    try:
+        proc = cls(argv, env=env, close_fds=True, pass_fds=(rep_w,) + tuple(fds), stdin=stdin, stdout=stdout,
+                   stderr=stderr)
+    except BaseException:
+        os.close(rep_r)
+        raise
+    finally:
+        os.close(rep_w)
+        for fd in owned:
+            os.close(fd)
+    return proc, rep_r
+
+
 class Commands:
     def _spawn(self, h, extra: list[str], env: dict, fds: tuple, stdin, stdout, stderr):
         rt = self.rt
@@ -40,17 +57,8 @@ class Commands:
         cg = h.cg()
         for f in (cg.procs_files if cg else []):
             args += ["--cgroup", f]
-        try:
-            proc = subprocess.Popen(args + extra, env=env, close_fds=True,
-                                    pass_fds=(rep_w, pfd, seccomp.filter_fd()) + fds,
-                                    stdin=stdin, stdout=stdout, stderr=stderr)
-        except BaseException:
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(rep_w)
-            os.close(pfd)
-        return proc, rep_r
+        return start_reporting(args + extra, env, (pfd, seccomp.filter_fd()) + fds, (pfd,), rep_r, rep_w,
+                               stdin, stdout, stderr)
 
     def enter_ahead(self, h) -> "Entered":
         """A helper that has joined the sandbox's cgroups and namespaces and waits for its command

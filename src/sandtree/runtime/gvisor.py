@@ -24,6 +24,7 @@ import subprocess
 from ..errors import CommandNotFound, InvalidInput, RuntimeUnavailable
 from ..store.layers import opaque_xattr
 from .base import LiveTier, RunSpec
+from .gvisor_live import GVisorLive
 from .namespaces import KEEP_CAPS, NamespaceRuntime, Started
 from .runfiles import RESOLV_CONF, RUNTIME_DIR, fds_of, network_args
 
@@ -63,10 +64,10 @@ class GVisorRuntime(NamespaceRuntime):
         return None                              # runsc starts per run: no helpers kept ahead
 
     def live(self) -> LiveTier:
-        """None yet: a live sandbox's pid 1 is sandtree-init entered through setns, and gVisor's
-        processes live in its Sentry, entered only through `runsc exec`."""
-        raise RuntimeUnavailable("the gvisor tier has no live sandboxes (yet): start them on the "
-                                 "namespaces tier", tier=self.name)
+        """This tier's live sandboxes (gvisor_live.py)."""
+        if self._live is None:
+            self._live = GVisorLive(self, RUNSC_FLAGS, NETWORK_FLAG, runsc_path)
+        return self._live
 
     def warm(self, size: int = 2) -> None:
         """runsc starts its own sandbox per run; there is nothing to start ahead here yet."""
@@ -82,17 +83,23 @@ class GVisorRuntime(NamespaceRuntime):
                 return os.path.isdir(p) and not os.path.islink(p)
         return False
 
-    def _oci_config(self, spec: RunSpec) -> bytes:
+    @staticmethod
+    def process(spec: RunSpec, terminal: bool = False) -> dict:
+        """The OCI process of spec's command: its ids, env and cwd, Docker's capability set,
+        no_new_privs, no core dumps (a run's pid 1, or a command in a live sandbox)."""
         caps = [CAP_NAMES[c] for c in sorted(KEEP_CAPS.values())]
+        return {"args": spec.argv, "env": [f"{k}={v}" for k, v in spec.env.items()], "terminal": terminal,
+                "cwd": spec.cwd, "user": {"uid": spec.uid, "gid": spec.gid}, "noNewPrivileges": True,
+                "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+                "rlimits": [{"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]}
+
+    def oci_config(self, spec: RunSpec, mounts: tuple = ()) -> bytes:
+        """mounts: more OCI mounts (a live sandbox's pid 1, gvisor_live.py)."""
         rng = {"containerID": 0, "hostID": self.idmap.uid_base, "size": self.idmap.count}
         grng = {"containerID": 0, "hostID": self.idmap.gid_base, "size": self.idmap.count}
         config = {
             "ociVersion": "1.0.2",
-            "process": {"args": spec.argv, "env": [f"{k}={v}" for k, v in spec.env.items()],
-                        "cwd": spec.cwd, "user": {"uid": spec.uid, "gid": spec.gid},
-                        "noNewPrivileges": True,
-                        "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-                        "rlimits": [{"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]},
+            "process": self.process(spec),
             "root": {"path": "/tmp/r", "readonly": False},
             # runsc puts a private tmpfs on an empty /tmp unless the spec mounts one: bind the
             # image's own, so writes there are part of the result as on every other tier.
@@ -103,7 +110,7 @@ class GVisorRuntime(NamespaceRuntime):
                                      if t != "network" or spec.netns_fd is None],
                       "uidMappings": [rng], "gidMappings": [grng]},
         }
-        config["mounts"] += self._runtime_mounts(spec)
+        config["mounts"] += self._runtime_mounts(spec) + list(mounts)
         return json.dumps(config).encode()
 
     def _runtime_mounts(self, spec: RunSpec) -> list[dict]:
@@ -168,7 +175,7 @@ class GVisorRuntime(NamespaceRuntime):
         args += self.run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
         extra, rt = network_args(spec)
         args += extra
-        config = self._oci_config(spec)
+        config = self.oci_config(spec)
         inject = spec.prepare_changes
 
         def prepare(upper: str) -> None:

@@ -103,6 +103,12 @@ struct opts {
     const char *init;           /* live: the sandtree-init binary (init.c) */
     int restore;                /* live: --restore 1: the command is `criu restore` (see below) */
     int enter_fd;               /* --enter-fd N: a pidfd of a live sandbox's pid 1: exec in it */
+    int agent_fd;               /* --agent-fd N (with --live --exec): a listening unix socket; each
+                                   caller accepted gets the agent's pipes (live_runtime) */
+    int resumed;                /* --resumed 1 (with --live --exec): runsc restores a checkpoint, no
+                                   pid 1 says "ready" (the engine asks runsc for the state) */
+    int mnt_fd;                 /* --mnt-fd N: a live gVisor sandbox's mount namespace (of its P):
+                                   join it, then exec the command (runsc exec, ps, ...) */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
     const char *drain;          /* enter: sandtree-drain (drain.c), the reader of the output */
     int keep_fds;               /* become_command: fds below this survive the exec (0: 3) */
@@ -762,6 +768,9 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--lifetime")) o->lifetime = atol(v);
         else if (!strcmp(a, "--deadline-fd")) o->deadline_fd = atoi(v);
         else if (!strcmp(a, "--enter-fd")) o->enter_fd = atoi(v);
+        else if (!strcmp(a, "--mnt-fd")) o->mnt_fd = atoi(v);
+        else if (!strcmp(a, "--agent-fd")) o->agent_fd = atoi(v);
+        else if (!strcmp(a, "--resumed")) o->resumed = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
         else if (!strcmp(a, "--resolv-layer")) o->resolv_layer = atoi(v);
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
@@ -791,7 +800,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 static void parse(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->deadline_fd = o->netns_fd = o->runtime_fd = -1;
+    o->sock_fd = o->report_fd = o->seccomp_fd = o->spec_fd = o->enter_fd = o->mnt_fd = o->agent_fd = o->deadline_fd = o->netns_fd = o->runtime_fd = -1;
     o->disk = "1g"; o->inodes = "262144"; o->root_mode = 0755; o->hostname = "sandtree"; o->cwd = "/"; o->lower = "";
     int i = 1 + parse_opts(argc - 1, argv + 1, o);
     o->self_argv0 = argv[0];
@@ -808,7 +817,7 @@ static void parse(int argc, char **argv, struct opts *o) {
         o->envp[o->nenv] = NULL;
     }
     if (o->spec_fd >= 0) return;                 /* the rest comes with the spec */
-    if (o->enter_fd >= 0 && o->report_fd >= 0) return;
+    if ((o->enter_fd >= 0 || o->mnt_fd >= 0) && o->report_fd >= 0) return;
     if (i >= argc || !o->layers || o->sock_fd < 0 || o->report_fd < 0) {
         fprintf(stderr, "usage: sandtree-exec --layers DIR --lower L --sock N --report N [...] -- CMD...\n");
         exit(125);
@@ -1004,8 +1013,9 @@ static int enter_sandbox(struct opts *o) {
     return 0;
 }
 
-/* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
-static int live_wait(struct opts *o, pid_t c) {
+/* A live P, once its sandbox is up: the lifetime's alarm (SIGKILL to c, the sandbox's root
+ * process), "ready" to the engine, which is free then (its report closed, our stdio /dev/null). */
+static void live_ready(struct opts *o, pid_t c) {
     g_pid = c;
     g_deadline_fd = o->deadline_fd;
     if (o->lifetime > 0) {
@@ -1013,11 +1023,145 @@ static int live_wait(struct opts *o, pid_t c) {
         alarm((unsigned)o->lifetime);
     }
     dprintf(report_fd, "ready\n");
-    close(report_fd);                        /* the engine is free; we stay for C */
+    close(report_fd);
     report_fd = -1;
     int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+}
+
+/* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
+static int live_wait(struct opts *o, pid_t c) {
+    live_ready(o, c);                        /* the engine is free; we stay for C */
     while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+    return 0;
+}
+
+/* --live 1 --exec 1: a live gVisor sandbox. P stays in the private mount namespace that holds the
+ * sandbox's root and scratch (the engine reaches both through /proc/P/root/tmp, and runsc through
+ * --mnt-fd), bounded by the lifetime like a live P, and runs runsc as its child R. runsc runs
+ * attached: its sandbox and gofer die with R, R with P. Pid 1 inside is sandtree-agent (agent.c):
+ * its stdin and stdout are R's, pipes P holds; it says "ready" on stdout. What runsc writes on
+ * stderr before that (an error) goes to the engine on a "runsc" line when it fails. Then P lends
+ * the agent's pipes to one engine process at a time (--agent-fd: a listening unix socket the
+ * engine made): each one accepted gets both ends by SCM_RIGHTS, the next once it hung up. */
+static void send_fds(int sock, int a, int b) {
+    char one = 'p';
+    struct iovec iov = {.iov_base = &one, .iov_len = 1};
+    union { char buf[CMSG_SPACE(2 * sizeof(int))]; struct cmsghdr align; } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    int fds[2] = {a, b};
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    sendmsg(sock, &msg, MSG_NOSIGNAL);            /* (a caller that went away: the next one) */
+}
+
+static int live_runtime(struct opts *o) {
+    int in[2], out[2], err[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) die_step("pipe");
+    pid_t r = fork();
+    if (r < 0) die_step("fork");
+    if (r == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) _exit(125);
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) _exit(125);
+        if (o->agent_fd >= 0) close(o->agent_fd);
+        execv(o->argv[0], o->argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    if (o->agent_fd >= 0) fcntl(o->agent_fd, F_SETFD, FD_CLOEXEC);
+    dprintf(report_fd, "pid %d\n", r);
+    char said[2048], seen[8] = {0};
+    size_t len = 0;
+    int ready = o->resumed, err_open = 1;
+    while (!ready) {
+        struct pollfd pf[2] = {{out[0], POLLIN, 0}, {err[0], err_open ? POLLIN : 0, 0}};
+        if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }
+        char buf[512];
+        if (pf[1].revents) {
+            ssize_t n = read(err[0], buf, sizeof buf);
+            if (n <= 0) err_open = 0;
+            for (ssize_t i = 0; i < n; i++)
+                if (len < sizeof said - 1) said[len++] = (buf[i] == '\n' || buf[i] == '\r') ? ' ' : buf[i];
+        }
+        if (pf[0].revents) {
+            ssize_t n = read(out[0], buf, 1);        /* byte by byte: nothing after "ready\n" is ours */
+            if (n <= 0) break;
+            memmove(seen, seen + 1, 5);
+            seen[5] = buf[0];
+            ready = !memcmp(seen, "ready\n", 6);
+        }
+    }
+    if (!ready) {
+        kill(r, SIGKILL);
+        while (waitpid(r, NULL, 0) < 0 && errno == EINTR) {}
+        said[len] = 0;
+        dprintf(report_fd, "runsc %s\n", said);
+        errno = ECHILD;
+        die_step("runsc-run");
+    }
+    live_ready(o, r);
+    /* Keep reading runsc's stderr: it must never write into a pipe without a reader (SIGPIPE
+     * would end it, and the sandbox with it). Its EOF comes once runsc and its sandbox are gone. */
+    int client = -1;
+    for (;;) {
+        struct pollfd pf[2] = {{err[0], POLLIN, 0}, {-1, POLLIN, 0}};
+        pf[1].fd = client >= 0 ? client : o->agent_fd;
+        if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }
+        char buf[512];
+        if (pf[0].revents) {
+            ssize_t n = read(err[0], buf, sizeof buf);
+            if (n == 0 || (n < 0 && errno != EINTR)) break;
+        }
+        if (!pf[1].revents) continue;
+        if (client < 0) {
+            client = accept4(o->agent_fd, NULL, NULL, SOCK_CLOEXEC);
+            if (client >= 0) send_fds(client, in[1], out[0]);
+        } else if (read(client, buf, sizeof buf) <= 0) {
+            close(client);                            /* hung up: the next caller's turn */
+            client = -1;
+        }
+    }
+    while (waitpid(r, NULL, 0) < 0 && errno == EINTR) {}
+    return 0;
+}
+
+/* --mnt-fd: a command (runsc exec, runsc ps) in a live gVisor sandbox's mount namespace, where its
+ * runsc state and control socket are (see live_runtime). It runs on the host, as the engine's
+ * child G; we report as for --enter-fd ("pid", then "exit" and "rusage") and forward SIGRTMIN+n
+ * as n to it (runsc exec passes a signal on to its process inside). */
+static int enter_mount(struct opts *o) {
+    if (setns(o->mnt_fd, CLONE_NEWNS) < 0) die_step("setns-mnt");
+    close(o->mnt_fd);
+    if (chdir("/") < 0) die_step("chdir-/");
+    if (!o->argv || !o->argv[0]) { errno = EINVAL; die_step("spec"); }
+    for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, forward_rt);
+    pid_t g = fork();
+    if (g < 0) die_step("fork");
+    if (g == 0) {
+        for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, SIG_DFL);
+        setpgid(0, 0);                           /* forward_rt signals its group */
+        if (report_fd >= 0) close(report_fd);
+        execv(o->argv[0], o->argv);
+        _exit(127);
+    }
+    g_pid = g;
+    setpgid(g, g);
+    dprintf(report_fd, "pid %d\n", g);
+    close(0);
+    close(1);
+    close(2);
+    int st;
+    struct rusage ru;
+    while (wait4(g, &st, 0, &ru) < 0) if (errno != EINTR) die_step("wait4");
+    if (WIFEXITED(st)) dprintf(report_fd, "exit %d\n", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st)) dprintf(report_fd, "signal %d\n", WTERMSIG(st));
+    /* runsc's own use, not the command's (the Sentry runs it): the engine leaves it out */
+    dprintf(report_fd, "rusage 0 0 0\n");
     return 0;
 }
 
@@ -1197,8 +1341,9 @@ int main(int argc, char **argv) {
         if (getppid() != engine) _exit(125);
     }
     if (o.enter_fd >= 0) return enter_sandbox(&o);
+    if (o.mnt_fd >= 0) return enter_mount(&o);
     if (o.restore) return restore_sandbox(&o);
-    if (o.live && (!o.init || (init_fd = open(o.init, O_RDONLY | O_CLOEXEC)) < 0)) die_step("open-init");
+    if (o.live && !o.exec_runtime && (!o.init || (init_fd = open(o.init, O_RDONLY | O_CLOEXEC)) < 0)) die_step("open-init");
 
     for (int k = 0; k < o.ncgroups; k++) write_file(o.cgroups[k], "0\n");
 
@@ -1229,6 +1374,7 @@ int main(int argc, char **argv) {
             if (chdir("/") < 0) die_step("chdir-/");
             close(o.sock_fd);
             fcntl(report_fd, F_SETFD, FD_CLOEXEC);
+            if (o.live) return live_runtime(&o);
             execv(o.argv[0], o.argv);
             die_step("exec-runtime");
         }

@@ -119,37 +119,15 @@ class LiveRuntime(Commands, LiveTier):
         extra, rtfd = network_args(spec)
         args += extra
         raw = bytearray()
-        scratch = None
+        scratch = proc = None
         try:
-            try:
-                # criu runs iptables-restore & co. by name
-                env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if restore is not None else {}
-                proc = subprocess.Popen(args + ["--"] + command, env=env, close_fds=True,
-                                        pass_fds=(theirs.fileno(), rep_w, seccomp.filter_fd(), deadline_fd)
-                                        + ((images,) if images is not None else ())
-                                        + fds_of(spec, rtfd),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
-            finally:
-                theirs.close()
-                os.close(rep_w)
-                os.close(deadline_fd)
-                if images is not None:
-                    os.close(images)
-                if rtfd is not None:
-                    os.close(rtfd)
-            if detach:
-                proc.wait()                   # the helper forks away at once (see helper.c)
-            deadline = time.monotonic() + min(lim.timeout, 60)
-            scratch = rt.receive_scratch(ours, rep_r, raw, _Detached() if detach else proc, deadline)
-            if scratch is not None and spec.prepare_changes:
-                spec.prepare_changes(f"/proc/self/fd/{scratch}/u")
-                ours.send(b"g")
-            while b"ready\n" not in raw:
-                chunk = os.read(rep_r, 4096)
-                if not chunk:
-                    break
-                raw += chunk
+            # criu runs iptables-restore & co. by name
+            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if restore is not None else {}
+            proc = self._spawn_helper(args + ["--"] + command, env,
+                               (theirs.fileno(), rep_w, seccomp.filter_fd(), deadline_fd)
+                               + ((images,) if images is not None else ()) + fds_of(spec, rtfd),
+                               [theirs, rep_w, deadline_fd, images, rtfd], detach)
+            scratch = self._handshake(proc, detach, ours, rep_r, raw, lim, spec.prepare_changes)
             report = parse_report(raw)
             if "setupfail" in report:
                 err, step = report["setupfail"]
@@ -171,22 +149,60 @@ class LiveRuntime(Commands, LiveTier):
                 self._continue_restored(handle, cg, lim)
             return handle
         except BaseException:
-            _unlink(deadline_file)
-            rep = parse_report(raw)
-            if rep.get("pid"):
-                kill_pid(rep["pid"], None)
-            if not detach:
-                proc.kill()
-                proc.wait()
-            if cg:
-                cg.kill_all()
-                cg.remove(wait=2.0)
+            unlink_quietly(deadline_file)
+            self._abort_start(raw, proc, detach, cg)
             raise
         finally:
             ours.close()
             os.close(rep_r)
             if scratch is not None:
                 os.close(scratch)
+
+    @staticmethod
+    def _abort_start(raw: bytearray, proc, detach: bool, cg) -> None:
+        """A start that failed half-way: what it started is killed, its cgroup removed."""
+        rep = parse_report(raw)
+        if rep.get("pid"):
+            kill_pid(rep["pid"], None)
+        if proc is not None and not detach:
+            proc.kill()
+            proc.wait()
+        if cg:
+            cg.kill_all()
+            cg.remove(wait=2.0)
+
+    @staticmethod
+    def _spawn_helper(argv: list[str], env: dict, fds: tuple, give: list, detach: bool) -> subprocess.Popen:
+        """Start a live helper with `fds`; `give` (fds and sockets only it keeps) are closed here
+        once it has them. A detached helper forks away at once (helper.c): it is waited for."""
+        try:
+            proc = subprocess.Popen(argv, env=env, close_fds=True, pass_fds=fds, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            for f in give:
+                if isinstance(f, int):
+                    os.close(f)
+                elif f is not None:
+                    f.close()
+        if detach:
+            proc.wait()
+        return proc
+
+    def _handshake(self, proc, detach: bool, ours, rep_r: int, raw: bytearray, lim, prepare) -> int | None:
+        """Take the scratch fd the helper sends, let prepare(upper) write into it (then the helper
+        goes on), and read its report to "ready" or a setup failure (into raw). Returns the
+        scratch fd (the caller closes it), or None if none came."""
+        deadline = time.monotonic() + min(lim.timeout, 60)
+        scratch = self.rt.receive_scratch(ours, rep_r, raw, Detached() if detach else proc, deadline)
+        if scratch is not None and prepare:
+            prepare(f"/proc/self/fd/{scratch}/u")
+            ours.send(b"g")
+        while b"ready\n" not in raw and b"setupfail" not in raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                break
+            raw += chunk
+        return scratch
 
     @staticmethod
     def _continue_restored(h: LiveHandle, cg, lim) -> None:
@@ -245,7 +261,7 @@ class LiveRuntime(Commands, LiveTier):
         cg = h.cg()
         return cg is not None and cg.is_frozen()
 
-    def freeze(self, h: LiveHandle, frozen: bool = True) -> bool:
+    def freeze(self, h: LiveHandle, frozen: bool = True, *, checkpoint: bool = False) -> bool:
         """Freeze (thaw) every process of the sandbox; False if it has no freezer."""
         cg = h.cg()
         if cg is None:
@@ -295,7 +311,7 @@ class LiveRuntime(Commands, LiveTier):
     def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
         if h.deadline_file is not None:
-            _unlink(h.deadline_file)
+            unlink_quietly(h.deadline_file)
         cg = h.cg()
         if self.alive(h):
             try:
@@ -330,6 +346,10 @@ class LiveRuntime(Commands, LiveTier):
             return ok, why
         path, why = criu.find()
         return path is not None, why
+
+    @staticmethod
+    def dump_finished(h: LiveHandle, images: str) -> bool:
+        return criu.dump_finished(images)
 
     def outsiders(self, h: LiveHandle) -> list[int]:
         """Processes in the sandbox's cgroup that a checkpoint cannot hold: commands of an `exec`
@@ -403,7 +423,7 @@ class LiveRuntime(Commands, LiveTier):
         self.stop(h)                                 # what is left: the helper, the cgroup
 
 
-class _Detached:
+class Detached:
     """The helper of a live sandbox forks away at once: its end says nothing about the sandbox."""
 
     @staticmethod
@@ -421,7 +441,7 @@ def _write_deadline(path: str, deadline: float, *, create: bool = False) -> None
         os.close(fd)
 
 
-def _unlink(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

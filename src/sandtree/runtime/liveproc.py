@@ -26,6 +26,8 @@ class LiveHandle:
     # taken as ours). An engine in another pid namespace cannot judge them: see foreign().
     ns: int | None = None
     deadline_file: str | None = None     # what its helper reads when its lifetime is up (retime)
+    tier: str = "namespaces"             # whose LiveTier runs it (runtime/livetiers.py)
+    agent: str | None = None             # gvisor: the socket its helper lends pid 1's pipes on
     proc: object = field(default=None, repr=False, compare=False)   # not detached: our child
 
     def to_dict(self) -> dict:

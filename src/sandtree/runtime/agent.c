@@ -1,0 +1,315 @@
+/*
+ * sandtree-agent: pid 1 of a live gVisor sandbox (gvisor_live.py), which starts the sandbox's
+ * commands itself.
+ *
+ * Why: entering gVisor from the host takes `runsc exec`, a Go program's start (~20 ms of a ~30 ms
+ * exec), and gVisor kills what runsc exec started when it restores a checkpoint (gVisor #11544).
+ * The agent is already inside: a command is a fork and an exec in the Sentry, and its processes
+ * are pid 1's descendants, which a checkpoint keeps. It holds nothing of the host's: it runs as
+ * the sandbox's root with the sandbox's capabilities and no_new_privs (its OCI process), and
+ * every command it starts could have been started by any process of the sandbox.
+ *
+ * Its stdin and stdout are pipes the helper P holds (helper.c live_runtime) and lends to one
+ * engine process at a time. Frames, native-endian u32 words:
+ *   request  "STRQ" id words_len stdin_len, then words (NUL-terminated: cwd, uid, gid, n_env,
+ *            n_env "K=V", then argv), then stdin_len bytes of the command's stdin (at most
+ *            MAXIN: read whole first, so fd 0 is free for signal frames while it runs)
+ *   signal   "STSG" id sig 0: signal the running command's process group
+ *   reply    "STRS" id type len, then len bytes: 'o' stdout, 'e' stderr, 'x' the wait status
+ *            (u32), 'f' a failed start (u32 errno, then "exec" or "cwd")
+ * One command at a time; its exit ends its reply ('x' after all the output it wrote). Pipes a
+ * background job still holds are read and discarded from then on (it never meets a closed pipe).
+ * Orphans are reaped (signalfd on SIGCHLD).
+ */
+#include <asm/unistd.h>
+#include <linux/fcntl.h>
+#include <linux/prctl.h>
+
+#define POLLIN 1
+#define POLLOUT 4
+#define POLLHUP 16
+#define EINTR 4
+#define EAGAIN 11
+#define ENOENT 2
+#define E2BIG 7
+#define SIGCHLD 17
+#define SIGKILL 9
+#define WNOHANG 1
+#define O_NONBLOCK_ 04000
+#define SFD_CLOEXEC 02000000
+#define MAXW 4096
+#define MAXDRAIN 64
+
+struct pollfd { int fd; short events, revents; };
+typedef unsigned int u32;
+
+#include "nolibc.h"
+
+NOLIBC_START(agent_main)
+
+static char words[1 << 18];        /* a request's words (the engine caps a spec well below) */
+static char *argv_[MAXW], *envp[MAXW];
+static char buf[1 << 16];
+#define MAXIN (4 << 20)             /* a request's stdin, read whole before the command starts */
+static char inbuf[MAXIN];
+static int drains[MAXDRAIN];
+static int ndrain;
+
+static long slen(const char *s) { long n = 0; while (s[n]) n++; return n; }
+
+static long num(const char *s) {
+    long v = 0;
+    while (*s >= '0' && *s <= '9') v = v * 10 + (*s++ - '0');
+    return v;
+}
+
+static int read_full(int fd, void *p, long n) {
+    for (long off = 0; off < n;) {
+        long r = sys(__NR_read, fd, (long)((char *)p + off), n - off, 0);
+        if (r == -EINTR) continue;
+        if (r <= 0) return -1;
+        off += r;
+    }
+    return 0;
+}
+
+static void write_full(int fd, const void *p, long n) {
+    for (long off = 0; off < n;) {
+        long w = sys(__NR_write, fd, (long)((const char *)p + off), n - off, 0);
+        if (w == -EINTR) continue;
+        if (w <= 0) return;             /* nobody reads: the engine went away */
+        off += w;
+    }
+}
+
+static void reply(u32 id, u32 type, const void *data, u32 len) {
+    u32 h[4] = {0x53525453 /* "STRS" */, id, type, len};
+    write_full(1, h, sizeof h);
+    if (len) write_full(1, data, len);
+}
+
+/* The command, in the child: ids, cwd, then execve along PATH (as execvpe). Never returns. */
+static void become(int errfd, const char *cwd, long uid, long gid, char *const *av, char *const *ev) {
+    u32 fail[2];
+    sys(__NR_setsid, 0, 0, 0, 0);
+    if (sys(__NR_setgroups, 0, 0, 0, 0) < 0 || sys(__NR_setresgid, gid, gid, gid, 0) < 0 ||
+        sys(__NR_setresuid, uid, uid, uid, 0) < 0) {
+        fail[0] = 1; fail[1] = 'i';
+        write_full(errfd, fail, sizeof fail);
+        sys(__NR_exit_group, 126, 0, 0, 0);
+    }
+    long e = sys(__NR_chdir, (long)cwd, 0, 0, 0);
+    if (e < 0) {
+        fail[0] = (u32)-e; fail[1] = 'c';
+        write_full(errfd, fail, sizeof fail);
+        sys(__NR_exit_group, 126, 0, 0, 0);
+    }
+    const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    for (int k = 0; ev[k]; k++)
+        if (ev[k][0] == 'P' && ev[k][1] == 'A' && ev[k][2] == 'T' && ev[k][3] == 'H' && ev[k][4] == '=') path = ev[k] + 5;
+    long err = -ENOENT;
+    const char *name = av[0];
+    int slash = 0;
+    for (const char *c = name; *c; c++) if (*c == '/') slash = 1;
+    if (slash) {
+        err = sys(__NR_execve, (long)name, (long)av, (long)ev, 0);
+    } else {
+        static char full[4096];
+        long nl = slen(name);
+        for (const char *p = path; ; ) {
+            const char *end = p;
+            while (*end && *end != ':') end++;
+            long dl = end - p;
+            if (dl + nl + 2 < (long)sizeof full) {
+                long i = 0;
+                for (; i < dl; i++) full[i] = p[i];
+                if (dl == 0) full[i++] = '.';
+                full[i++] = '/';
+                for (long j = 0; j <= nl; j++) full[i + j] = name[j];
+                long r = sys(__NR_execve, (long)full, (long)av, (long)ev, 0);
+                if (r != -ENOENT && err == -ENOENT) err = r;   /* (EACCES & co. win over ENOENT) */
+            }
+            if (!*end) break;
+            p = end + 1;
+        }
+    }
+    fail[0] = (u32)-err; fail[1] = 'e';
+    write_full(errfd, fail, sizeof fail);
+    sys(__NR_exit_group, 127, 0, 0, 0);
+}
+
+static void drain_add(int fd) {
+    if (ndrain < MAXDRAIN) drains[ndrain++] = fd;
+    else sys(__NR_close, fd, 0, 0, 0);
+}
+
+/* Read and discard what background jobs write (their pipes are ours till they close them). */
+static void drain_poll(struct pollfd *p, int n) {
+    for (int k = 0; k < n; k++) {
+        if (!p[k].revents) continue;
+        long r = sys(__NR_read, p[k].fd, (long)buf, sizeof buf, 0);
+        if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) {
+            sys(__NR_close, p[k].fd, 0, 0, 0);
+            for (int j = 0; j < ndrain; j++) if (drains[j] == p[k].fd) drains[j] = drains[--ndrain];
+        }
+    }
+}
+
+static int sigfd;
+static int reap(int child, int *status) {      /* 1 once `child` has been reaped */
+    int got = 0;
+    char info[128];
+    sys(__NR_read, sigfd, (long)info, sizeof info, 0);
+    for (;;) {
+        int st = 0;
+        long pid = sys(__NR_wait4, -1, (long)&st, WNOHANG, 0);
+        if (pid <= 0) break;
+        if (pid == child) { *status = st; got = 1; }
+    }
+    return got;
+}
+
+static void run(u32 id, u32 wlen, long have) {
+    /* words: cwd uid gid n_env env... argv... */
+    char *w = words, *end = words + wlen;
+    char *field[4];
+    for (int k = 0; k < 4; k++) { field[k] = w; w += slen(w) + 1; if (w > end) return; }
+    long nenv = num(field[3]), ne = 0, na = 0;
+    while (w < end && ne < nenv && ne < MAXW - 1) { envp[ne++] = w; w += slen(w) + 1; }
+    while (w < end && na < MAXW - 1) { argv_[na++] = w; w += slen(w) + 1; }
+    envp[ne] = 0;
+    argv_[na] = 0;
+    u32 bad[2] = {E2BIG, 'e'};
+    if (!na) { reply(id, 'f', bad, sizeof bad); return; }
+    int pin[2], pout[2], perr[2], pfail[2];
+    sys(__NR_pipe2, (long)pin, O_CLOEXEC, 0, 0);
+    sys(__NR_pipe2, (long)pout, O_CLOEXEC, 0, 0);
+    sys(__NR_pipe2, (long)perr, O_CLOEXEC, 0, 0);
+    sys(__NR_pipe2, (long)pfail, O_CLOEXEC, 0, 0);
+    long child = sys(__NR_clone, SIGCHLD, 0, 0, 0);
+    if (child == 0) {
+        unsigned long none = 0;
+        sys(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&none, 0, sizeof none);
+        sys(__NR_dup3, pin[0], 0, 0, 0);
+        sys(__NR_dup3, pout[1], 1, 0, 0);
+        sys(__NR_dup3, perr[1], 2, 0, 0);
+        become(pfail[1], field[0], num(field[1]), num(field[2]), argv_, envp);
+    }
+    sys(__NR_close, pin[0], 0, 0, 0);
+    sys(__NR_close, pout[1], 0, 0, 0);
+    sys(__NR_close, perr[1], 0, 0, 0);
+    sys(__NR_close, pfail[1], 0, 0, 0);
+    if (child < 0) {
+        u32 f[2] = {(u32)-child, 'e'};
+        int fds[4] = {pin[1], pout[0], perr[0], pfail[0]};
+        for (int k = 0; k < 4; k++) sys(__NR_close, fds[k], 0, 0, 0);
+        reply(id, 'f', f, sizeof f);
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        int fd = k ? perr[0] : pout[0];
+        sys(__NR_fcntl, fd, F_SETFL, O_NONBLOCK_, 0);
+    }
+    sys(__NR_fcntl, pin[1], F_SETFL, O_NONBLOCK_, 0);
+    int in_open = 1, out_open = 1, err_open = 1, done = 0, status = 0;
+    long off = 0;                        /* stdin bytes written */
+    if (!have) { sys(__NR_close, pin[1], 0, 0, 0); in_open = 0; }
+    while (!done) {
+        struct pollfd p[6 + MAXDRAIN];
+        int n = 0, ih = -1, ic = -1, io = -1, ie = -1, is = -1, iw = -1;
+        if (in_open) { iw = n; p[n++] = (struct pollfd){pin[1], POLLOUT, 0}; }
+        ic = n; p[n++] = (struct pollfd){0, POLLIN, 0};            /* signal frames */
+        if (out_open) { io = n; p[n++] = (struct pollfd){pout[0], POLLIN, 0}; }
+        if (err_open) { ie = n; p[n++] = (struct pollfd){perr[0], POLLIN, 0}; }
+        is = n; p[n++] = (struct pollfd){sigfd, POLLIN, 0};
+        ih = n;
+        for (int k = 0; k < ndrain; k++) p[n++] = (struct pollfd){drains[k], POLLIN, 0};
+        if (sys(__NR_ppoll, (long)p, n, 0, 0) < 0) continue;
+        if (iw >= 0 && p[iw].revents) {
+            long wr = sys(__NR_write, pin[1], (long)(inbuf + off), have - off, 0);
+            if (wr > 0) off += wr;
+            if ((wr < 0 && wr != -EAGAIN && wr != -EINTR) || off == have) {   /* (or it closed its stdin) */
+                sys(__NR_close, pin[1], 0, 0, 0);
+                in_open = 0;
+            }
+        }
+        if (p[ic].revents) {
+            u32 c[4];
+            if (read_full(0, c, sizeof c) < 0) sys(__NR_exit_group, 0, 0, 0, 0);   /* P is gone */
+            if (c[0] == 0x47535453 /* "STSG" */ && c[1] == id && c[2] >= 1 && c[2] <= 64)
+                sys(__NR_kill, -child, c[2], 0, 0);
+        }
+        for (int k = 0; k < 2; k++) {
+            int ix = k ? ie : io, fd = k ? perr[0] : pout[0];
+            if (ix < 0 || !p[ix].revents) continue;
+            long r = sys(__NR_read, fd, (long)buf, sizeof buf, 0);
+            if (r > 0) reply(id, k ? 'e' : 'o', buf, (u32)r);
+            else if (r == 0) { sys(__NR_close, fd, 0, 0, 0); if (k) err_open = 0; else out_open = 0; }
+        }
+        if (p[is].revents && reap((int)child, &status)) done = 1;
+        drain_poll(p + ih, n - ih);
+    }
+    /* exited: what it wrote is in the pipes now; pass exactly that on */
+    for (int k = 0; k < 2; k++) {
+        int fd = k ? perr[0] : pout[0];
+        if (!(k ? err_open : out_open)) continue;
+        for (;;) {
+            long r = sys(__NR_read, fd, (long)buf, sizeof buf, 0);
+            if (r <= 0) break;
+            reply(id, k ? 'e' : 'o', buf, (u32)r);
+        }
+        drain_add(fd);                   /* a background job may hold it still */
+    }
+    if (in_open) sys(__NR_close, pin[1], 0, 0, 0);
+    u32 f[2];
+    long fr = sys(__NR_read, pfail[0], (long)f, sizeof f, 0);
+    sys(__NR_close, pfail[0], 0, 0, 0);
+    if (fr == (long)sizeof f && f[1] != 'i') {
+        char fb[12];
+        u32 *fw = (u32 *)fb;
+        fw[0] = f[0];
+        const char *step = f[1] == 'c' ? "cwd\0\0" : "exec";
+        for (int k = 0; k < 4; k++) fb[4 + k] = step[k];
+        reply(id, 'f', fb, f[1] == 'c' ? 7 : 8);
+        return;
+    }
+    u32 st = (u32)status;
+    reply(id, 'x', &st, sizeof st);
+}
+
+__attribute__((noreturn, used)) void agent_main(void) {
+    unsigned long chld = 1UL << (SIGCHLD - 1), blocked = chld | (1UL << (13 /* SIGPIPE */ - 1));
+    sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-agent", 0, 0);
+    /* SIGCHLD is read from a signalfd; SIGPIPE blocked: a write to a closed pipe is EPIPE */
+    sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&blocked, 0, sizeof blocked);
+    sigfd = (int)sys(__NR_signalfd4, -1, (long)&chld, sizeof chld, SFD_CLOEXEC);
+    write_full(1, "ready\n", 6);
+    for (;;) {
+        struct pollfd p[2 + MAXDRAIN];
+        int n = 0;
+        p[n++] = (struct pollfd){0, POLLIN, 0};
+        p[n++] = (struct pollfd){sigfd, POLLIN, 0};
+        for (int k = 0; k < ndrain; k++) p[n++] = (struct pollfd){drains[k], POLLIN, 0};
+        if (sys(__NR_ppoll, (long)p, n, 0, 0) < 0) continue;
+        if (p[1].revents) { int st; reap(-2, &st); }
+        drain_poll(p + 2, n - 2);
+        if (!p[0].revents) continue;
+        u32 h[4];
+        if (read_full(0, h, sizeof h) < 0) sys(__NR_exit_group, 0, 0, 0, 0);   /* P is gone */
+        if (h[0] != 0x51525453 /* "STRQ" */) continue;     /* a stale signal frame */
+        if (h[2] > sizeof words || h[3] > MAXIN) {
+            /* too large (the engine never sends one): consumed and refused */
+            for (u32 left = h[2] + h[3]; left;) {
+                long r = sys(__NR_read, 0, (long)buf, left < sizeof buf ? left : sizeof buf, 0);
+                if (r <= 0 && r != -EINTR) sys(__NR_exit_group, 0, 0, 0, 0);
+                if (r > 0) left -= (u32)r;
+            }
+            u32 f[2] = {E2BIG, 'e'};
+            reply(h[1], 'f', f, sizeof f);
+            continue;
+        }
+        if (read_full(0, words, h[2]) < 0 || read_full(0, inbuf, h[3]) < 0) sys(__NR_exit_group, 0, 0, 0, 0);
+        if (h[2]) words[h[2] - 1] = 0;
+        run(h[1], h[2], (long)h[3]);
+    }
+}

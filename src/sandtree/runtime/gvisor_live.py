@@ -1,0 +1,315 @@
+"""Live sandboxes on the `gvisor` tier: the same LiveTier as the namespaces tier (live.py), on
+gVisor's user-space kernel.
+
+The helper (helper.c live_runtime) mounts the sandbox's root as for a gVisor run (the image's
+layers under an overlay whose upper is on a size-capped tmpfs, in a private mount namespace) and
+stays there as P, bounded by the lifetime; its child R is `runsc run` of a bundle whose pid 1 is
+sandtree-init (bound in read-only from the bundle), so the Sentry, its gofer and every process
+inside live as long as R. A LiveHandle names P (helper) and R (init) with their start times:
+the scratch and the upper are read through /proc/P/root/tmp exactly as on the namespaces tier,
+so commit is the same code and gives the same image IDs for the same changes.
+
+Commands enter through `runsc exec --process FILE` run by the helper in P's mount namespace
+(--mnt-fd: runsc's state and control socket are there), which reports like an entering helper
+(pid, exit, forwarded signals). The process file (argv, env, ids, cwd, capabilities) is written
+into the scratch, never onto a command line. runsc runs the root with --file-access=shared, so
+files the engine writes into the upper while the sandbox runs are seen inside at once (gVisor
+would otherwise cache the directory it saw). Freezing, memory and stats are the cgroup's (it
+holds the Sentry), as on the other tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+from ..errors import RuntimeUnavailable, SandboxError
+from .base import RunSpec
+from .build import agent_path
+from .gvisor_commands import PATH_ENV, GVisorCommands, unlink_at
+from .live import LiveRuntime, unlink_quietly
+from .liveproc import LiveHandle, open_of, parent_of
+from .pump import parse_report
+from .runfiles import fds_of, network_args
+from .validate import validate_spec
+from ..procid import proc_namespace, start_time
+
+__all__ = ["GVisorLive", "AGENT"]
+
+AGENT = "/dev/.sandtree-agent"        # where pid 1's binary is bound in (gVisor's own /dev)
+
+
+class GVisorLive(GVisorCommands, LiveRuntime):
+    """The live-sandbox half of the gvisor tier (rt: its GVisorRuntime)."""
+
+    def __init__(self, rt, flags: list[str], network_flag: str, runsc):
+        super().__init__(rt)
+        self.flags, self.network_flag, self.runsc = flags, network_flag, runsc
+
+    def available(self) -> tuple[bool, str]:
+        ok, why = self.rt.available()
+        if not ok:
+            return ok, why
+        if not hasattr(os, "pidfd_open"):
+            return False, "live sandboxes need pidfd_open (Linux 5.3, Python 3.9)"
+        return True, ""
+
+    def handle(self, stored: dict) -> LiveHandle:
+        return LiveHandle.from_dict(stored)
+
+    # ---- start ---------------------------------------------------------------------------------
+    def start(self, spec: RunSpec, lifetime: float, *, detach: bool = True,
+              restore: str | None = None) -> LiveHandle:
+        self._check()
+        validate_spec(spec)
+        rt, lim = self.rt, spec.limits
+        runsc = self.runsc()
+        if runsc is None:
+            raise RuntimeUnavailable(rt.available()[1])
+        agent = agent_path(rt.cache_dir)
+        pid1 = dataclasses.replace(spec, argv=[AGENT], uid=0, gid=0, cwd="/", env={})
+        config = rt.oci_config(pid1, ({"destination": AGENT, "type": "bind", "source": "/tmp/i/agent",
+                                        "options": ["bind", "ro", "nosuid", "nodev"]},))
+        inject = spec.prepare_changes
+
+        def prepare(upper: str) -> None:
+            bundle = os.path.join(os.path.dirname(upper), "b")    # in the scratch, as a run's
+            os.mkdir(bundle, 0o700)
+            with open(os.path.join(bundle, "config.json"), "wb") as f:
+                f.write(config)
+            # readable to the gofer, which runs as the sandbox's root (the bundle is the host's)
+            os.mkdir(os.path.join(os.path.dirname(upper), "i"), 0o755)
+            shutil.copyfile(agent, os.path.join(os.path.dirname(upper), "i", "agent"))
+            os.chmod(os.path.join(os.path.dirname(upper), "i", "agent"), 0o555)
+            if inject:
+                inject(upper)
+
+        cg = rt.cgroups.create(memory=lim.memory, pids=lim.pids, cpus=lim.cpus, live=True, detached=detach)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rep_r, rep_w = os.pipe()
+        deadline_file = self._deadline_file(time.time() + lifetime)
+        deadline_fd = os.open(deadline_file, os.O_RDONLY | os.O_CLOEXEC)
+        listener, agent_sock = self._agent_socket()
+        flags = self.flags + ["--file-access=shared"]
+        if spec.netns_fd is not None:
+            flags = [self.network_flag if f == "--network=none" else f for f in flags]
+        args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),
+                "--uid-map", rt.idmap.uid_map_line(), "--gid-map", rt.idmap.gid_map_line(),
+                "--live", "1", "--detach", "1" if detach else "0", "--lifetime", str(max(1, int(lifetime))),
+                "--deadline-fd", str(deadline_fd), "--agent-fd", str(listener.fileno())]
+        args += rt.run_args(spec)[:-2] + ["--inject", "1", "--exec", "1"]
+        for f in cg.procs_files:
+            args += ["--cgroup", f]
+        extra, rtfd = network_args(spec)
+        args += extra
+        images = None
+        if restore is not None:
+            # the checkpoint (dump) on the image committed with it: runsc restores the Sentry's
+            # memory and its tasks over that root (the engine waits for runsc to say "running")
+            images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.set_inheritable(images, True)
+            args += ["--resumed", "1"]
+            cmd = [runsc, "--root", "/tmp/state", *flags, "restore", "--image-path", f"/proc/self/fd/{images}",
+                   "--bundle", "/tmp/b", "sandtree"]
+        else:
+            cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
+        raw = bytearray()
+        scratch = proc = None
+        try:
+            proc = self._spawn_helper(args + ["--"] + cmd, PATH_ENV,
+                               (theirs.fileno(), rep_w, deadline_fd, listener.fileno()) + fds_of(spec, rtfd)
+                               + ((images,) if images is not None else ()),
+                               [theirs, listener, rep_w, deadline_fd, rtfd, images], detach)
+            scratch = self._handshake(proc, detach, ours, rep_r, raw, lim, prepare)
+            self._failed(raw)
+            report = parse_report(raw)
+            if b"ready\n" not in raw or "pid" not in report:
+                raise SandboxError(f"live sandbox did not start: {bytes(raw).decode(errors='replace').strip()}")
+            runsc_pid = report["pid"]
+            helper_pid = parent_of(runsc_pid)
+            handle = LiveHandle(helper_pid, start_time(helper_pid) or 0, runsc_pid, start_time(runsc_pid) or 0,
+                                {"version": cg.version, "dirs": cg.dirs}, proc_namespace(),
+                                deadline_file=deadline_file, tier="gvisor", agent=agent_sock)
+            if not handle.init_start or not handle.helper_start:
+                raise SandboxError("live sandbox exited while starting")
+            handle.proc = None if detach else proc
+            if restore is not None:
+                self._wait_running(handle, time.monotonic() + min(lim.timeout, 120))
+            return handle
+        except BaseException:
+            unlink_quietly(deadline_file)
+            unlink_quietly(agent_sock)
+            self._abort_start(raw, proc, detach, cg)
+            raise
+        finally:
+            ours.close()
+            os.close(rep_r)
+            if scratch is not None:
+                os.close(scratch)
+
+    def _agent_socket(self) -> tuple[socket.socket, str]:
+        """A listening unix socket in the store's agents/ (the engine's own directory, 0700), on
+        which the sandbox's helper lends pid 1's pipes (helper.c live_runtime)."""
+        d = os.path.join(os.path.dirname(self.rt.layers_dir), "agents")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        name = f"{os.urandom(8).hex()}.sock"
+        dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(f"/proc/self/fd/{dfd}/{name}")      # (a store's path may be too long for an address)
+            s.listen(64)
+        except BaseException:
+            s.close()
+            raise
+        finally:
+            os.close(dfd)
+        return s, os.path.join(d, name)
+
+    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
+        super().stop(h, wait)
+        if h.agent is not None:
+            unlink_quietly(h.agent)
+            unlink_quietly(h.agent + ".busy")
+
+    @staticmethod
+    def _failed(raw: bytearray) -> None:
+        """Raise the helper's reported failure, with what runsc said (helper.c: "runsc ...")."""
+        report = parse_report(raw)
+        if "setupfail" not in report:
+            return
+        err, step = report["setupfail"]
+        said = next((ln[6:] for ln in bytes(raw).decode(errors="replace").splitlines() if ln.startswith("runsc ")),
+                    "")
+        if said:
+            raise SandboxError(f"gVisor did not start the sandbox: {said.strip()[-1500:]}", step=step)
+        raise SandboxError(f"sandbox setup failed at {step}: {os.strerror(err)}", step=step, errno=err)
+
+    # ---- where its files are ---------------------------------------------------------------------
+    def root(self, h: LiveHandle) -> int:
+        """The sandbox's root as the host sees it: P's overlay (the Sentry serves exactly it)."""
+        return open_of(h.helper_pid, h.helper_start, "root/tmp/r", os.O_PATH | os.O_DIRECTORY)
+
+    def own_mounts(self, h: LiveHandle) -> set[int]:
+        """The overlay at P's /tmp/r and what is mounted under it (gVisor's /proc, /dev and the
+        like are the Sentry's own, never host mounts)."""
+        fd = open_of(h.helper_pid, h.helper_start, "mountinfo", os.O_RDONLY)
+        with os.fdopen(fd, "r", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+        out = set()
+        for line in text.splitlines():
+            fields = line.split(" - ")[0].split()
+            if len(fields) > 4 and (fields[4] == "/tmp/r" or fields[4].startswith("/tmp/r/")):
+                out.add(int(fields[0]))
+        return out
+
+    # ---- freeze, hibernate ------------------------------------------------------------------
+    # A checkpoint is taken by the Sentry itself, which must answer runsc: for one, the sandbox is
+    # paused by runsc (its tasks stopped in gVisor's kernel), not frozen by the cgroup. A file in
+    # the scratch says so, for any engine process (a pauser that died leaves it: thawed by the next).
+    PAUSED = "paused"
+
+    def _runsc_wait(self, h: LiveHandle, words: list[str], timeout: float = 600, pass_fds=()) -> tuple[int, bytes]:
+        proc, rep_r = self._mnt(h, words, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, pass_fds=pass_fds)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        raw = b""
+        while chunk := os.read(rep_r, 4096):
+            raw += chunk
+        os.close(rep_r)
+        rep = parse_report(raw)
+        return rep.get("exit", -rep.get("signal", 1) or -1), out
+
+    def frozen(self, h: LiveHandle) -> bool:
+        if super().frozen(h):
+            return True
+        scratch = self.scratch(h)
+        try:
+            os.stat(self.PAUSED, dir_fd=scratch)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(scratch)
+
+    def freeze(self, h: LiveHandle, frozen: bool = True, *, checkpoint: bool = False) -> bool:
+        if frozen and not checkpoint:
+            return super().freeze(h, True)
+        scratch = self.scratch(h)
+        try:
+            if frozen:
+                fd = os.open(self.PAUSED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=scratch)
+                os.close(fd)
+                rc, out = self._runsc_wait(h, ["pause", "sandtree"], 60)
+                if rc != 0:
+                    unlink_at(scratch, self.PAUSED)
+                    raise SandboxError(f"runsc pause failed: {out.decode(errors='replace')[-500:]}", step="pause")
+                return True
+            super().freeze(h, False)
+            try:
+                os.stat(self.PAUSED, dir_fd=scratch)
+            except FileNotFoundError:
+                return True
+            rc, out = self._runsc_wait(h, ["resume", "sandtree"], 60)
+            if rc != 0 and b"not paused" not in out and b"Running" not in out:
+                raise SandboxError(f"runsc resume failed: {out.decode(errors='replace')[-500:]}", step="resume")
+            unlink_at(scratch, self.PAUSED)
+            return True
+        finally:
+            os.close(scratch)
+
+    def _wait_running(self, h: LiveHandle, deadline: float) -> None:
+        """Until runsc says the restored container runs (or it died: SandboxError with its words)."""
+        while True:
+            rc, out = self._runsc_wait(h, ["state", "sandtree"], 30)
+            if rc == 0:
+                try:
+                    if json.loads(out).get("status") == "running":
+                        return
+                except ValueError:
+                    pass
+            if not self.alive(h) or time.monotonic() > deadline:
+                raise SandboxError(f"gVisor did not restore the sandbox: {out.decode(errors='replace')[-800:]}",
+                                   step="runsc-restore")
+            time.sleep(0.01)
+
+    def hibernate_available(self) -> tuple[bool, str]:
+        """Hibernate keeps the processes pid 1 (the agent) started; gVisor kills those runsc exec
+        started (popen's, a terminal's: gVisor #11544), so one running refuses it (outsiders)."""
+        return self.available()
+
+    DONE = "gvisor.done"
+
+    def dump_finished(self, h: LiveHandle, images: str) -> bool:
+        return os.path.exists(os.path.join(images, self.DONE))
+
+    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
+        """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
+        target), leaving it running: only once the checkpoint is whole (DONE written) is it
+        stopped, so a dumper killed on the way leaves a running (paused) sandbox, never none."""
+        if link:
+            raise RuntimeUnavailable("hibernating a gVisor sandbox with a network policy is not built yet",
+                                     tier="gvisor")
+        fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.set_inheritable(fd, True)
+            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", "--compression",
+                                           "none", "--leave-running", "sandtree"], pass_fds=(fd,))
+        finally:
+            os.close(fd)
+        if rc != 0:
+            raise SandboxError(f"runsc checkpoint failed: {out.decode(errors='replace')[-800:]}",
+                               step="runsc-checkpoint")
+        with open(os.path.join(images, self.DONE), "wb") as f:
+            f.write(b"ok\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.stop(h)
