@@ -113,7 +113,7 @@ async function rollback(branch) {
 // Tag it, start a branch at it, or run commands on it (one line: POST /runs, a new child; several
 // lines: POST /fork, a branch each, in parallel): the API's own calls.
 function actionForm(id) {
-  const input = el("textarea", {id: "actinput", rows: 1, placeholder: "tag or branch name; or commands, one per line",
+  const input = el("textarea", {id: "actinput", rows: 2, placeholder: "tag or branch name; or commands, one per line",
     "aria-label": "name or commands"});
   const msg = el("span", {class: "muted", id: "actmsg"});
   const act = (what) => async () => {
