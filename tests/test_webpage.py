@@ -334,6 +334,8 @@ def test_terminal_websocket_relays_a_shell_of_the_tenants_own_sandbox(world, ali
     url = world["url"]
     got = in_thread(_terminal_session(url, alice_sandbox, world["alice"], b"echo h''i; stty size\n", b"30 100"))
     assert b"\r\nhi\r\n" in got
+    audit = world["api"].get("/audit").json()
+    assert any(r["action"] == "exec" and r.get("interactive") for r in audit)     # audited as the engine's popen
     for tok, headers, status in ((world["bob"], {}, 404), (None, {}, 401),
                                  (world["alice"], {"Origin": "http://evil.example"}, 403)):
         with pytest.raises(InvalidStatus) as e:
