@@ -75,8 +75,25 @@ async function operationsList() {
     : el("p", {class: "muted"}, "No runs yet.");
 }
 
-function openTerminal(sid, box) {
+// xterm.js (290 KB) is loaded the first time a terminal opens, not with every page.
+const scripts = {};
+function loadScript(src) {
+  if (!scripts[src]) {
+    scripts[src] = new Promise((ok, fail) => {
+      const s = el("script", {src});
+      s.onload = ok;
+      s.onerror = () => fail(new Error("could not load " + src));
+      document.head.append(s);
+    });
+  }
+  return scripts[src];
+}
+
+async function openTerminal(sid, box) {
   closeTerminal();
+  await loadScript("/ui/xterm.js");
+  await loadScript("/ui/xterm-addon-fit.js");
+  if (!box.isConnected) return;                     // the view changed while it loaded
   const term = new Terminal({fontSize: 13, cursorBlink: true, scrollback: 2000,
     fontFamily: '"DejaVu Sans Mono", ui-monospace, monospace'});
   const fit = new FitAddon.FitAddon();
@@ -160,7 +177,7 @@ async function showLive(sid, op) {
       id: "sb-" + what, disabled: (what === "resume" ? s.state !== "hibernated" : !running) || null,
       onclick: () => sandboxAction(sid, what).catch(showError)}, what))),
     running ? box : el("p", {class: "muted"}, "The terminal needs a running sandbox."));
-  if (running) openTerminal(sid, box);
+  if (running) await openTerminal(sid, box);
 }
 
 async function startSandbox(image) {
