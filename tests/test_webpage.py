@@ -239,11 +239,16 @@ def test_lazy_expansion_and_zoom(world, page):
     page.mouse.wheel(0, -400)
     until(lambda: page.get_attribute("#viewport", "transform") != t0)
     t1 = page.get_attribute("#viewport", "transform")
+
     page.mouse.move(300, 700)                    # empty canvas (below the nodes): a drag pans
     page.mouse.down()
     page.mouse.move(360, 650, steps=4)
     page.mouse.up()
     assert page.get_attribute("#viewport", "transform") != t1
+    page.fill("#ref", "branch:win")                              # any ref typed into the header
+    page.press("#ref", "Enter")
+    page.wait_for_selector(f'#viewport .node.sel[data-image="{world["win"]["result"]}"]', state="attached")
+    assert page.locator("#viewport .node[data-image]").count() == 1
 
 
 def test_another_tenant_sees_nothing_of_alice(world, page):
