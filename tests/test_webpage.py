@@ -36,8 +36,8 @@ def token(home, tenant) -> str:
     return json.loads(cli(home, "token", "create", "--tenant", tenant, "--json"))["token"]
 
 
-def run(c: httpx.Client, image: str, command: str) -> dict:
-    r = c.post("/runs", json={"image": image, "command": command})
+def run(c: httpx.Client, image: str, command: str, **extra) -> dict:
+    r = c.post("/runs", json={"image": image, "command": command, **extra})
     assert r.status_code == 201, r.text
     rec = r.json()
     assert rec["status"] == "done", rec
@@ -95,7 +95,8 @@ def world(tmp_path_factory, rootfs):
         for name in ("win", "lose", "chain"):
             assert a.post("/branches", json={"name": name, "image": cp}).status_code == 201
         win = run(a, "branch:win", "sed -i s/41/42/ /app/calc.py && printf '\\033[32mfixed\\033[0m\\n'")
-        lose = run(a, "branch:lose", "echo broken >> /app/calc.py; echo oops >&2; exit 3")
+        lose = run(a, "branch:lose", "echo broken >> /app/calc.py; echo oops >&2; exit 3",
+                   env={"API_TOKEN": "hunter2hunter2", "MODE": "ci"})
         chain = [run(a, "branch:chain", f"echo step {i} >> /app/log") for i in range(4)]
         yield {"url": url, "alice": alice, "bob": bob, "ops": ops, "base": base, "rootfs": rootfs, "checkpoint": cp, "win": win, "lose": lose,
                "chain": chain, "api": a}
@@ -205,10 +206,13 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     with tarfile.open(got.value.path()) as t:
         assert t.extractfile("calc.py").read().decode() == CALC.replace("41", "42")
 
-    # the failing attempt: its stderr and exit code
+    # the failing attempt: its stderr, exit code, and its env with the secret masked
     page.goto(f"{url}/#tree=checkpoint&node={world['lose']['result']}")
     page.wait_for_selector("#panel pre.stderr")
     assert page.inner_text("#panel pre.stderr").strip() == "oops" and "exit 3" in page.inner_text("#panel .run")
+    env = dict(row.split("\t", 1) for row in page.inner_text("#panel table.env").splitlines())
+    assert env == {"API_TOKEN": "***", "MODE": "ci"}
+    assert "hunter2" not in page.content()
 
     # the tree view after the viewport changes size
     page.set_viewport_size({"width": 760, "height": 900})
