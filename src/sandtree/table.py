@@ -56,8 +56,7 @@ def remove_image(image: str, *, force: bool = False) -> None:
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
-@op("tag", images=("image",), audit="unshare", caller=True,
-    http=Http(_P, "/images/{image:path}/share", const={"public": False}))
+@op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
@@ -67,8 +66,7 @@ def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image",
-                                       drop=("progress",)))
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",)))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
@@ -280,8 +278,7 @@ def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
-@op("run", audit="sandbox write",
-    http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
@@ -334,8 +331,7 @@ def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: flo
                 tier: str | None = None) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",),
-                                                const={"wait": True}))
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
                   timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
                   disk=None, output=None, network=None, tier: str | None = None) -> dict:
@@ -406,6 +402,10 @@ def lineage_path(a: str, b: str) -> list[str]:
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
+
+@op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs")))
+def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
+    """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
 @op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:

@@ -108,15 +108,19 @@ def path(store: Store, a: str, b: str, visible: Visible | None = None) -> list[s
 
 
 def op_summary(store: Store, op: str) -> dict:
-    """An operation's kind, command (or what it imported) and exit code, and for a run that had
-    network its policy (hermetic false); {} if it is gone."""
-    r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
+    """An operation's kind, command (or what it imported), exit code and duration in seconds
+    (None while it runs), and for a run that had network its policy (hermetic false); {} if it is gone."""
+    r = store.db.one("SELECT kind, spec, outcome, started, finished FROM operations WHERE id=?", (op,))
     if not r:
         return {}
     spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
     net = {"network": spec["network"], "hermetic": False} if spec.get("network") else {}
     return {"kind": r[0], "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code"),
-            **net}
+            "seconds": _seconds(r[3], r[4]), **net}
+
+
+def _seconds(started, finished) -> float | None:
+    return round(finished - started, 3) if started is not None and finished is not None else None
 
 
 def edges(store: Store, image: str, *, up: bool, visible: Visible | None = None) -> list[dict]:
@@ -182,9 +186,11 @@ MAX_TREE_DEPTH = 200
 
 def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: Visible | None = None,
          via=None) -> dict:
-    """The lineage tree under `root`: nested nodes with tags, branches and the command per edge.
-    Iterative (no recursion on lineage depth). via(op) -> {"command", "exit_code"} labels an
-    edge (default: the operation's command, else its kind)."""
+    """The lineage tree under `root`: nested nodes with tags, branches and, per edge, its
+    operation (`op`), command, exit code and duration (`seconds`). Iterative (no recursion on
+    lineage depth). via(op) -> {"command", "exit_code", "seconds"} labels an edge (default: the
+    operation's command, else its kind). Past `max_nodes` a node is not expanded: `more` says it
+    has children (its own tree is the next page: how the web page expands lazily)."""
     if visible is not None:
         names = {i: list(v) for i, v in visible.tags.items()}
         for image, bs in visible.branches.items():
@@ -203,24 +209,28 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
                 "SELECT child, op FROM edges WHERE parent=? ORDER BY created", (image,)) if c in alive]
     if via is None:
         def via(op: str) -> dict:
-            r = store.db.one("SELECT kind, spec, outcome FROM operations WHERE id=?", (op,))
+            r = store.db.one("SELECT kind, spec, outcome, started, finished FROM operations WHERE id=?", (op,))
             spec = json.loads(r[1]) if r else {}
             outcome = json.loads(r[2]) if r and r[2] else {}
-            return {"command": spec.get("command") or (r[0] if r else None), "exit_code": outcome.get("exit_code")}
+            return {"command": spec.get("command") or (r[0] if r else None), "exit_code": outcome.get("exit_code"),
+                    "seconds": _seconds(r[3], r[4]) if r else None}
     count, drawn = 0, set()
     top: list[dict] = []
-    stack = [(root, None, top, 0)]              # (image, the edge that led here, where it goes, depth)
+    stack = [(root, None, None, top, 0)]        # (image, its edge's op and label, where it goes, depth)
     while stack:
-        image, edge, into, depth = stack.pop()
+        image, op, edge, into, depth = stack.pop()
         count += 1
-        n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])),
-             "command": edge and edge["command"], "exit_code": edge and edge["exit_code"], "children": []}
+        n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])), "op": op,
+             "command": edge and edge["command"], "exit_code": edge and edge["exit_code"],
+             "seconds": edge and edge.get("seconds"), "children": []}
         into.append(n)
         if image in drawn:                       # a merge reached from both parents: drawn once
             n["repeat"] = True
             continue
         drawn.add(image)
         if count > max_nodes:
+            if children(image):
+                n["more"] = True
             continue
         kids, shown = [], set()
         for child, op in children(image):
@@ -231,5 +241,5 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
             n["cut"] = True
             continue
         for child, op in reversed(kids):         # popped in order: depth first, as drawn
-            stack.append((child, via(op), n["children"], depth + 1))
+            stack.append((child, op, via(op), n["children"], depth + 1))
     return top[0]

@@ -1,5 +1,5 @@
 """Running and looking after a sandtree: the store (`fsck`, `gc`), the host (`doctor`), the
-servers (`serve`, `mcp`) and tenants (`token ...`, `audit`)."""
+servers (`serve`, `ui`, `mcp`) and tenants (`token ...`, `audit`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import inspect
 import json
 import os
 import re
+import socket
 import sys
+import threading
+import time
+import webbrowser
 
 from .. import config
 from ..engine import Engine
@@ -88,6 +92,30 @@ def cmd_serve(args):
           watch=args.watch)
 
 
+def cmd_ui(args):
+    """`sandtree serve` on a free loopback port (or --port) for the web page; prints its URL."""
+    if args.port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{args.port}/"
+    print(url, flush=True)
+    if args.open:
+        threading.Thread(target=_open_when_listening, args=(args.port, url), daemon=True).start()
+    args.host, args.pool, args.watch, args.access_log = "127.0.0.1", None, None, "off"
+    cmd_serve(args)
+
+
+def _open_when_listening(port: int, url: str) -> None:
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            webbrowser.open(url)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def cmd_mcp(args):
     # the MCP adapter's entry point (as `serve` is the REST one's)
     from ..mcp.server import main as mcp_main
@@ -166,7 +194,7 @@ def _limit_args(x) -> None:
 
 
 def add_services(sub, common) -> None:
-    """doctor, serve, token, audit, mcp (in --help's order)."""
+    """doctor, serve, ui, token, audit, mcp (in --help's order)."""
     x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
     x.set_defaults(fn=cmd_doctor)
     x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
@@ -186,6 +214,13 @@ def add_services(sub, common) -> None:
                    help="largest upload or image tar a request may send (default 1G; a tenant's own "
                         "--max-upload limit replaces it)")
     x.set_defaults(fn=cmd_serve)
+    x = sub.add_parser("ui", parents=[common], help="the web page (lineage tree, runs, diffs, files) on a local "
+                                                  "server at a free loopback port; prints its URL")
+    x.add_argument("--open", action="store_true", help="open it in this machine's web browser")
+    x.add_argument("--port", type=int, default=None, help="this port instead of a free one")
+    x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
+    x.add_argument("--max-upload", default="1G", help="largest upload or image tar a request may send")
+    x.set_defaults(fn=cmd_ui)
     tk = sub.add_parser("token", help="API tokens: each belongs to a tenant, which sees only its own images")
     tsub = tk.add_subparsers(dest="token_command", required=True)
     x = tsub.add_parser("create", parents=[common], help="a new token (the secret is shown once)")

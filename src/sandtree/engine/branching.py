@@ -22,6 +22,8 @@ from ..branching import merge as merge_mod
 from ..branching.merge import check_on_conflict, conflict_outcome
 from .records import Records
 
+PREVIEW_FILES, PREVIEW_BYTES = 50, 256 * 1024     # a merge preview's marked files: how many, how much of each
+
 
 
 
@@ -46,6 +48,31 @@ class BranchingOps:
         with self.store.using():
             res = self._merge(base, ours, theirs, strategy=strategy, ignore=ignore)
         return conflict_outcome(res, on_conflict)
+
+    def merge_preview(self, base: str | None, ours: str, theirs: str) -> dict:
+        """{"base", "clean", "conflicts", "ignored", "marked"}: what merge would do, writing nothing
+        (its trees and blobs stay in memory). marked: each conflicted text file as the "markers"
+        strategy would leave it (at most PREVIEW_FILES files of PREVIEW_BYTES each)."""
+        if base is None:
+            base = lineage.common_ancestor(self.store, ours, theirs)
+        plain = merge_mod.merge_trees(self.store, base, ours, theirs, None, None)
+        out = {"base": base, "clean": not plain.conflicts, "conflicts": [c.to_dict() for c in plain.conflicts],
+               "ignored": plain.ignored, "marked": []}
+        if plain.conflicts:
+            mk = merge_mod.merge_trees(self.store, base, ours, theirs, "markers", None)
+            for c in plain.conflicts[:PREVIEW_FILES]:
+                e = _lookup(self.store, mk.trees, mk.root, c.path)
+                if e is None or e.kind != FILE:
+                    continue
+                if e.ref in mk.blobs:
+                    data = mk.blobs[e.ref][:PREVIEW_BYTES]
+                else:
+                    with self.store.blobs.open(e.ref) as f:
+                        data = f.read(PREVIEW_BYTES)
+                if b"\0" not in data:
+                    out["marked"].append({"path": c.path, "text": data.decode("utf-8", "replace"),
+                                          "truncated": e.size > PREVIEW_BYTES})
+        return out
 
     def _merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
                ignore: list[str] | None = None) -> dict:

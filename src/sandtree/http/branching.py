@@ -1,4 +1,4 @@
-"""/api/v1 branching and lineage: diff, merge, branches and rollback; where an image came from
+"""/api/v1 branching and lineage: diff, merge (and its preview), branches and rollback; where an image came from
 (parents, log, ancestors, produced-by) and what came from it (children, descendants, the tree)."""
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def branching_router(p: Plumbing) -> APIRouter:
         base = await call(resolve, body.base) if body.base else None
         return await call(engine.merge, base, await call(resolve, body.ours), await call(resolve, body.theirs),
                           strategy=body.strategy, ignore=body.ignore, on_conflict=body.on_conflict)
+
+    @router.get("/api/v1/merge/preview")
+    async def merge_preview(ours: str, theirs: str, base: str | None = None) -> dict:
+        resolve = engine.resolve
+        b = await call(resolve, base) if base else None
+        return await call(engine.merge_preview, b, await call(resolve, ours), await call(resolve, theirs))
 
     @router.get("/api/v1/branches")
     async def branches() -> dict:

@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from .. import defaults as D
 from ..errors import NotFound, SandtreeError
-from ..tenancy.gate import PORT_COOKIE, STATE_KEY, PortGrant
+from ..tenancy.gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
 from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -143,7 +143,9 @@ def ports_router(p: Plumbing) -> APIRouter:
             return await _refuse(websocket, exc.http_status, exc.to_dict())
         query = _query(websocket.url.query)
         url = "ws" + base[4:] + f"/{path}" + (f"?{query}" if query else "")
-        protocols = [s.strip() for s in websocket.headers.get("sec-websocket-protocol", "").split(",") if s.strip()]
+        # (a token offered as a subprotocol, tenancy/gate.py's bearer.<token>, never reaches the sandbox)
+        protocols = [s.strip() for s in websocket.headers.get("sec-websocket-protocol", "").split(",")
+                     if s.strip() and not s.strip().startswith(TOKEN_SUBPROTOCOL)]
         try:
             upstream = await ws_connect(url, subprotocols=protocols or None, proxy=None, max_size=None,
                                         compression=None, open_timeout=10)

@@ -5,7 +5,9 @@ statuses through one table (errors.ERRORS: each class carries its status). The r
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
 branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
-registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1.
+registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1;
+webpage.py serves the web page at / (it calls only /api/v1); terminal.py is a live sandbox's
+terminal over a WebSocket (the engine's sandbox_popen with a pty).
 What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
 request bodies are models.py. Without tokens the server only listens on loopback.
 
@@ -36,6 +38,8 @@ from .plumbing import Plumbing, add_error_handlers, lifespan
 from .ports import ports_router
 from .runs import runs_router
 from .sandboxes import sandboxes_router
+from .terminal import terminal_router
+from .webpage import webpage_router
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -57,6 +61,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
                    sandboxes_router, ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
+    app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)
+    app.include_router(webpage_router())                                 # the web page: / and /ui/
     return app
 
 

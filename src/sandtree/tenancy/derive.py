@@ -51,7 +51,7 @@ def _via(store):
     """A tenant's tree labels an edge by its operation's command (or what it imported)."""
     def via(op: str) -> dict:
         s = lineage.op_summary(store, op)
-        return {"command": s.get("command") or s.get("kind"), "exit_code": s.get("exit_code")}
+        return {"command": s.get("command") or s.get("kind"), "exit_code": s.get("exit_code"), "seconds": s.get("seconds")}
     return via
 
 

@@ -33,8 +33,10 @@ from .tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
-# Open without a token: liveness and the API's own description (no data in either).
-OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# Open without a token: liveness, the API's own description and the web page's fixed assets
+# (http/webpage.py: files of the package, no data in any; the page asks for a token itself).
+OPEN_PATHS = {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"}
+PAGE_PREFIX = "/ui/"
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
@@ -146,6 +148,8 @@ class TenantGate:
         tenancy = self.engine.tenancy
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         given = header[7:].strip() if header[:7].lower() == "bearer " else None
+        if given is None and scope["type"] == "websocket":
+            given = subprotocol_token(scope)
         # one indexed read of a WAL database (never blocked by writers): cheaper here than a
         # thread hop, on every request
         if not tenancy.configured():
@@ -159,7 +163,7 @@ class TenantGate:
                 raise Forbidden(f"this server has no tokens and answers only to a loopback Host, not {host!r} "
                                 "(create a token with `sandtree token create --tenant NAME` to serve other names)")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
-        if path in OPEN_PATHS and not given:
+        if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
         if not given and (grant := signed_grant(scope, path)) is not None:
             sid, port, exp, sig = grant
@@ -173,6 +177,17 @@ class TenantGate:
 
 
 _ANONYMOUS = Tenant("-", ())
+TOKEN_SUBPROTOCOL = "bearer."
+
+
+def subprotocol_token(scope) -> str | None:
+    """A browser cannot set a WebSocket's Authorization header: the web page offers its token as
+    a subprotocol `bearer.<token>` instead (token characters are all valid there). The server
+    never names it in its answer (http/terminal.py accepts only its own protocol name)."""
+    for proto in scope.get("subprotocols") or ():
+        if proto.startswith(TOKEN_SUBPROTOCOL):
+            return proto[len(TOKEN_SUBPROTOCOL):].strip() or None
+    return None
 
 
 def signed_grant(scope, path: str):

@@ -1,0 +1,309 @@
+// sandtree's web page: the lineage tree view (an SVG drawn by hand, no library).
+// Data: GET /api/v1/images/{ref}/lineage (branching/lineage.py's tree: nested nodes, each with the
+// edge that made it: op, command, exit_code, seconds; `repeat` marks a merge's second parent,
+// `more`/`cut` a node whose children were not sent). Nodes are images, edges are labelled by
+// command, exit code and duration and coloured pass/fail; runs of 3+ unnamed single-child images
+// collapse into one "N steps" pill (click to open); a `+` on a node loads its subtree (lazy);
+// a merge's second parent gets a dashed edge to the merged image; wheel zooms, drag pans.
+"use strict";
+
+const SVGNS = "http://www.w3.org/2000/svg";
+const COL = 300, ROW = 56, NODE_W = 132, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 22;
+const TREE_PAGE = 1000;          // nodes per lineage request (first paint, and each `+`); #...&page=N sets another
+
+const Tree = {
+  ref: null, root: null, shown: [], byImage: new Map(), expanded: new Set(), expandAll: false,
+  selected: null, view: {k: 1, tx: 20, ty: 20}, onSelect: null, loaded: 0, page: TREE_PAGE,
+};
+
+function svgEl(tag, attrs, text) {
+  const n = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+  if (text !== undefined) n.textContent = text;
+  return n;
+}
+
+function cut(s, n) { s = s === null || s === undefined ? "" : String(s); return s.length > n ? s.slice(0, n - 1) + "…" : s; }
+
+function commandText(c) { return Array.isArray(c) ? c.join(" ") : (c === null || c === undefined ? "" : String(c)); }
+
+// API nodes -> internal nodes {image, short, names, op, command, exit_code, seconds, repeat, more, cut, kids, parent}
+function adopt(data, parent) {
+  const mk = (d, p) => ({image: d.image, short: d.short || d.image.slice(0, 12), names: d.names || [], op: d.op,
+    command: commandText(d.command), exit_code: d.exit_code, seconds: d.seconds, repeat: !!d.repeat,
+    more: !!d.more, cut: !!d.cut, kids: [], parent: p});
+  const top = mk(data, parent);
+  const stack = [[data, top]];
+  let count = 1;
+  while (stack.length) {
+    const [d, n] = stack.pop();
+    for (const c of d.children || []) {
+      const k = mk(c, n);
+      n.kids.push(k);
+      count++;
+      stack.push([c, k]);
+    }
+  }
+  Tree.loaded += count;
+  return top;
+}
+
+function status(n) { return n.exit_code === null || n.exit_code === undefined ? "none" : n.exit_code === 0 ? "pass" : "fail"; }
+
+function collapsible(n) {
+  return !Tree.expandAll && n.kids.length === 1 && !n.kids[0].repeat && n.names.length === 0 && !n.more
+    && !n.cut && n !== Tree.selected;
+}
+
+// The drawn tree: display nodes {n | chain, kids, edge, depth}; merges: dashed extra edges.
+function build(root) {
+  const droot = {n: root, kids: [], edge: null, depth: 0};
+  const merges = [], stack = [droot];
+  while (stack.length) {
+    const d = stack.pop();
+    for (const c of d.n.kids) {
+      if (c.repeat) { merges.push({from: d, edge: c}); continue; }
+      const chain = [];
+      let cur = c;
+      if (!Tree.expanded.has(c.image)) while (collapsible(cur)) { chain.push(cur); cur = cur.kids[0]; }
+      if (chain.length >= MIN_CHAIN) {
+        const pill = {chain, kids: [], depth: d.depth + 1,
+          edge: {command: chain[0].command + " …", exit_code: chain.some((x) => status(x) === "fail") ? 1 : chain.every((x) => status(x) === "pass") ? 0 : null,
+            seconds: chain.reduce((a, x) => a + (x.seconds || 0), 0), steps: chain.length}};
+        const nd = {n: cur, kids: [], edge: cur, depth: d.depth + 2};
+        pill.kids.push(nd);
+        d.kids.push(pill);
+        stack.push(nd);
+      } else {
+        const nd = {n: c, kids: [], edge: c, depth: d.depth + 1};
+        d.kids.push(nd);
+        stack.push(nd);
+      }
+    }
+  }
+  return {droot, merges};
+}
+
+// Rows: leaves top to bottom in depth-first order; a parent midway between its first and last child.
+function layout(droot) {
+  const order = [], stack = [droot];
+  let row = 0;
+  while (stack.length) {
+    const d = stack.pop();
+    order.push(d);
+    d.x = d.depth * COL;
+    if (!d.kids.length) d.y = (row++) * ROW;
+    for (let i = d.kids.length - 1; i >= 0; i--) stack.push(d.kids[i]);
+  }
+  for (let i = order.length - 1; i >= 0; i--) {
+    const d = order[i];
+    if (d.kids.length) d.y = (d.kids[0].y + d.kids[d.kids.length - 1].y) / 2;
+  }
+  return {order, rows: Math.max(row, 1)};
+}
+
+function edgeLabel(g, x, y, e) {
+  const st = status(e);
+  g.append(svgEl("text", {x: x - 8, y: y - 7, class: "elabel", "text-anchor": "end"}, cut(e.command, LABEL_CHARS)));
+  const bits = [];
+  if (e.exit_code !== null && e.exit_code !== undefined) bits.push((st === "pass" ? "✓ " : "✗ ") + "exit " + e.exit_code);
+  if (e.seconds) bits.push(fmtSeconds(e.seconds));
+  if (bits.length) g.append(svgEl("text", {x: x - 8, y: y + 14, class: "estat " + st, "text-anchor": "end"}, bits.join(" · ")));
+}
+
+function render() {
+  const vp = document.getElementById("viewport");
+  const t0 = performance.now();
+  const {droot, merges} = build(Tree.root);
+  const {order, rows} = layout(droot);
+  Tree.shown = order;
+  Tree.byImage = new Map();
+  const edges = svgEl("g", {class: "edges"}), nodes = svgEl("g", {class: "nodes"}), labels = svgEl("g", {class: "labels"});
+  order.forEach((d, i) => { d.i = i; });
+  order.forEach((d, i) => {
+    if (d.n) Tree.byImage.set(d.n.image, d);
+    for (const k of d.kids) {
+      const x1 = d.x + NODE_W, y1 = d.y, x2 = k.x, y2 = k.y, mx = (x1 + x2) / 2;
+      edges.append(svgEl("path", {d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`, class: "edge " + status(k.edge),
+        "data-to": k.i}));
+      edgeLabel(labels, x2, y2, k.edge);
+    }
+    const g = svgEl("g", {class: "node" + (d.chain ? " chain" : ""), transform: `translate(${d.x},${d.y - NODE_H / 2})`, "data-i": i});
+    if (d.chain) {
+      g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 18}));
+      g.append(svgEl("text", {x: NODE_W / 2, y: 23, "text-anchor": "middle"}, "⋯ " + d.chain.length + " steps"));
+      g.append(svgEl("title", {}, "collapsed: click to show each step"));
+    } else {
+      g.setAttribute("data-image", d.n.image);
+      if (d.n === Tree.selected) g.classList.add("sel");
+      g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 5}));
+      g.append(svgEl("text", {x: 8, y: 15, class: "short"}, d.n.short));
+      g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut(d.n.names.join(" "), 20)));
+      if (d.n.more || d.n.cut) {
+        const plus = svgEl("g", {class: "more", transform: `translate(${NODE_W + 10},${NODE_H / 2})`, "data-more": i});
+        plus.append(svgEl("circle", {r: 9}), svgEl("text", {y: 4, "text-anchor": "middle"}, "+"));
+        plus.append(svgEl("title", {}, "load what grew from this image"));
+        g.append(plus);
+      }
+    }
+    nodes.append(g);
+  });
+  for (const m of merges) {
+    const to = Tree.byImage.get(m.edge.image);
+    if (!to) continue;
+    const x1 = m.from.x + NODE_W, y1 = m.from.y, x2 = to.x, y2 = to.y + 8, mx = (x1 + x2) / 2;
+    const p = svgEl("path", {d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`, class: "edge merge " + status(m.edge)});
+    p.append(svgEl("title", {}, "merge: " + commandText(m.edge.command)));
+    edges.append(p);
+  }
+  vp.replaceChildren(edges, labels, nodes);
+  const maxDepth = order.reduce((a, d) => Math.max(a, d.depth), 0);
+  Tree.extent = {w: maxDepth * COL + NODE_W + 40, h: rows * ROW};
+  const drawn = order.filter((d) => d.n).length;
+  document.getElementById("treeinfo").textContent =
+    `${drawn} images drawn, ${order.length - drawn} chains collapsed, ${Tree.loaded} loaded`;
+  return performance.now() - t0;
+}
+
+function applyView() {
+  const v = Tree.view;
+  document.getElementById("viewport").setAttribute("transform", `translate(${v.tx},${v.ty}) scale(${v.k})`);
+}
+
+function fitView(readable) {
+  const svg = document.getElementById("tree"), r = svg.getBoundingClientRect();
+  const e = Tree.extent || {w: 1, h: 1};
+  let k = Math.min((r.width - 40) / e.w, (r.height - 40) / e.h, 1.4);
+  if (readable) k = Math.max(k, 0.55);
+  k = Math.max(k, 0.02);
+  const rootY = Tree.shown.length ? Tree.shown[0].y : 0;
+  Tree.view = {k, tx: 20, ty: readable && e.h * k > r.height ? r.height / 2 - rootY * k : (r.height - e.h * k) / 2 + ROW / 2 * k};
+  applyView();
+}
+
+function zoomAt(factor, cx, cy) {
+  const v = Tree.view, k = Math.min(Math.max(v.k * factor, 0.02), 4);
+  v.tx = cx - (cx - v.tx) * (k / v.k);
+  v.ty = cy - (cy - v.ty) * (k / v.k);
+  v.k = k;
+  applyView();
+}
+
+// Load the tree of a ref and draw it; resolves with {ms: time to first paint}.
+async function loadTree(ref, page) {
+  const t0 = performance.now();
+  Tree.page = Math.min(Math.max(Number(page) || TREE_PAGE, 1), 100000);
+  const data = await api(`/images/${enc(ref)}/lineage${qs({max_nodes: Tree.page})}`);
+  const t1 = performance.now();
+  Tree.ref = ref;
+  Tree.loaded = 0;
+  Tree.expanded = new Set();
+  Tree.selected = null;
+  Tree.root = adopt(data.tree, null);
+  render();
+  fitView(true);
+  await new Promise((ok) => requestAnimationFrame(() => requestAnimationFrame(ok)));
+  const ms = Math.round(performance.now() - t0);
+  Object.assign(document.getElementById("tree").dataset, {paintMs: ms, fetchMs: Math.round(t1 - t0)});
+  return {ms, image: data.image};
+}
+
+async function expandMore(n) {
+  const t0 = performance.now();
+  const data = await api(`/images/${enc(n.image)}/lineage${qs({max_nodes: Tree.page})}`);
+  const sub = adopt(data.tree, n.parent);
+  Tree.loaded -= 1;                                 // n itself was counted already
+  n.kids = sub.kids;
+  for (const k of n.kids) k.parent = n;
+  n.more = n.cut = false;
+  render();
+  applyView();
+  await new Promise((ok) => requestAnimationFrame(() => requestAnimationFrame(ok)));
+  document.getElementById("tree").dataset.expandMs = Math.round(performance.now() - t0);
+}
+
+// Select the drawn node of an image (opening a chain that hides it); false if it is not loaded.
+function selectImage(image) {
+  let found = null;
+  const stack = Tree.root ? [Tree.root] : [];
+  while (stack.length && !found) {
+    const n = stack.pop();
+    if (n.image === image && !n.repeat) found = n;
+    for (const k of n.kids) stack.push(k);
+  }
+  if (!found) return false;
+  Tree.selected = found;
+  render();
+  keepInView();
+  return true;
+}
+
+// After a selection or a resize: the selected node, if out of the window (or too small), centred.
+function keepInView() {
+  const d = Tree.selected && Tree.byImage.get(Tree.selected.image), v = Tree.view;
+  const r = document.getElementById("tree").getBoundingClientRect();
+  if (d) {
+    const sx = d.x * v.k + v.tx, sy = d.y * v.k + v.ty;
+    if (v.k < 0.5 || sx < 0 || sx + NODE_W * v.k > r.width || sy < 0 || sy > r.height) {
+      v.k = Math.max(v.k, 0.8);
+      v.tx = r.width / 2 - (d.x + NODE_W / 2) * v.k;
+      v.ty = r.height / 2 - d.y * v.k;
+    }
+  }
+  applyView();
+}
+
+function initTreeEvents() {
+  const svg = document.getElementById("tree");
+  let drag = null;
+  // One tooltip for the whole drawing, filled on hover (a <title> per node and edge cost a
+  // quarter of the first paint of a 1,000-node tree)
+  const tip = document.getElementById("tip");
+  svg.addEventListener("pointerover", (ev) => {
+    const t = ev.target.closest("[data-i], [data-to]");
+    const d = t && Tree.shown[Number(t.dataset.to !== undefined ? t.dataset.to : t.dataset.i)];
+    if (!d) { tip.textContent = ""; return; }
+    if (t.dataset.to !== undefined) tip.textContent = commandText(d.edge.command);
+    else tip.textContent = d.n ? d.n.image + (d.n.names.length ? "\n" + d.n.names.join("\n") : "") : "";
+  });
+  svg.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    const r = svg.getBoundingClientRect();
+    zoomAt(Math.exp(-ev.deltaY * 0.0015), ev.clientX - r.left, ev.clientY - r.top);
+  }, {passive: false});
+  svg.addEventListener("pointerdown", (ev) => {
+    if (ev.target.closest(".node")) return;
+    drag = {x: ev.clientX, y: ev.clientY, tx: Tree.view.tx, ty: Tree.view.ty};
+    svg.setPointerCapture(ev.pointerId);
+    svg.classList.add("dragging");
+  });
+  svg.addEventListener("pointermove", (ev) => {
+    if (!drag) return;
+    Tree.view.tx = drag.tx + ev.clientX - drag.x;
+    Tree.view.ty = drag.ty + ev.clientY - drag.y;
+    applyView();
+  });
+  const end = () => { drag = null; svg.classList.remove("dragging"); };
+  svg.addEventListener("pointerup", end);
+  svg.addEventListener("pointercancel", end);
+  svg.addEventListener("click", (ev) => {
+    const more = ev.target.closest("[data-more]");
+    const d = Tree.shown[Number((more || ev.target.closest(".node") || {dataset: {}}).dataset[more ? "more" : "i"])];
+    if (!d) return;
+    if (more) { expandMore(d.n).catch(showError); return; }
+    if (d.chain) { Tree.expanded.add(d.chain[0].image); render(); applyView(); return; }
+    if (Tree.onSelect) Tree.onSelect(d.n);
+  });
+  document.getElementById("treebar").addEventListener("click", (ev) => {
+    const z = ev.target.dataset && ev.target.dataset.zoom;
+    const r = svg.getBoundingClientRect();
+    if (z === "in") zoomAt(1.25, r.width / 2, r.height / 2);
+    else if (z === "out") zoomAt(0.8, r.width / 2, r.height / 2);
+    else if (z === "fit") fitView(false);
+  });
+  document.getElementById("expandall").addEventListener("click", () => {
+    Tree.expandAll = !Tree.expandAll;
+    document.getElementById("expandall").textContent = Tree.expandAll ? "collapse chains" : "expand chains";
+    if (Tree.root) { render(); applyView(); }
+  });
+}
