@@ -725,6 +725,28 @@ def test_a_server_without_tokens_answers_only_a_loopback_host(tmp_path):
             assert httpx.get(f"{url}/api/v1/images", headers={"Host": host}).status_code == 200
 
 
+
+def test_a_server_without_tokens_answers_no_other_web_page(tmp_path):
+    """Review (stop 29): a page of another origin in a local browser can POST to a token-less
+    loopback server without a preflight (a "simple" request: text/plain, no custom header): an
+    import was read. A browser names the page's origin; only this server's own page passes, and
+    clients that are no browser (no Origin) as before. Nothing is imported on a refusal."""
+    with serve_process(tmp_path / "home") as url:
+        port = int(url.rsplit(":", 1)[1])
+        before = httpx.get(f"{url}/api/v1/images").json()
+        plain = {"Content-Type": "text/plain"}
+        for h in ({"Origin": "http://attacker.example"}, {"Origin": f"http://127.0.0.1:{port + 1}"},
+                  {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
+            r = httpx.post(f"{url}/api/v1/images/import", content=b"not a tar", headers={**plain, **h})
+            assert r.status_code == 403 and r.json()["error"] == "forbidden", (h, r.text)
+            r = httpx.get(f"{url}/api/v1/images", headers=h)
+            assert r.status_code == 403, h
+        own = {"Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"}
+        r = httpx.post(f"{url}/api/v1/images/import", content=b"not a tar", headers={**plain, **own})
+        assert r.status_code == 400 and r.json()["error"] == "bad_archive"      # read, and refused as a tar
+        assert httpx.get(f"{url}/api/v1/images").json() == before
+
+
 def test_metrics_are_for_the_admin_only(tmp_path):
     """Review: /metrics counted every tenant's runs and queue and answered any tenant's token."""
     from sandtree.http.server import build_app

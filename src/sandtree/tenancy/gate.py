@@ -158,10 +158,19 @@ class TenantGate:
             # "fake-token"), and so does a client with $SANDTREE_TOKEN set for another server.
             # Loopback is not enough on its own: a web page in a local browser can reach it by
             # DNS rebinding (its own name, resolved to 127.0.0.1), so the Host must name loopback.
-            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            headers = dict(scope.get("headers") or [])
+            host = headers.get(b"host", b"").decode("latin-1")
             if not LOOPBACK_HOST.match(host):
                 raise Forbidden(f"this server has no tokens and answers only to a loopback Host, not {host!r} "
                                 "(create a token with `sandtree token create --tenant NAME` to serve other names)")
+            # Nor may a page of another origin use it from the local browser (a "simple" cross-site
+            # POST needs no preflight: it would import, run, stop): a browser names the page's origin
+            # (Origin, Sec-Fetch-Site); only this server's own page, and clients that are no browser, pass.
+            origin = headers.get(b"origin", b"").decode("latin-1")
+            site = headers.get(b"sec-fetch-site", b"").decode("latin-1")
+            if (origin and origin not in (f"http://{host}", f"https://{host}")) or \
+                    site not in ("", "same-origin", "none"):
+                raise Forbidden(f"this server has no tokens: it answers no web page but its own (origin {origin!r})")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
