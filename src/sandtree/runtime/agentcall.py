@@ -22,6 +22,8 @@ __all__ = ["MAX_STDIN", "MAX_WORDS", "lend", "request", "fits", "call"]
 _RQ, _SG, _RS = 0x51525453, 0x47535453, 0x53525453
 MAX_STDIN = 4 << 20              # agent.c MAXIN: larger stdin goes by runsc exec
 MAX_WORDS = 1 << 18              # agent.c words[]
+MAX_FRAME = 1 << 16              # agent.c buf[]: no reply frame is larger
+GIVE_UP = 5.0                    # seconds past the deadline (and its kill) before the agent counts as gone
 _HEAD = struct.Struct("=4I")
 
 
@@ -61,7 +63,10 @@ def fits(spec: RunSpec) -> bool:
 def call(w: int, r: int, spec: RunSpec, deadline: float) -> dict:
     """Run spec on the agent through its pipes (w: its stdin, r: its stdout): output kept to the
     caps (pump.keep: on_output sees what is kept), killed at the deadline, on cancel, or once a
-    stream passed its cap; returns pump's dict, with the report parsed from the agent's frames."""
+    stream passed its cap; returns pump's dict, with the report parsed from the agent's frames.
+    The agent is the sandbox's own process (its root could drive it): a frame past MAX_FRAME or
+    out of order ends the call (OSError), and one that never reports gives up GIVE_UP seconds after
+    its deadline's kill (no status)."""
     rid = int.from_bytes(os.urandom(4), "little")
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     trunc = {"stdout": False, "stderr": False}
@@ -86,10 +91,12 @@ def call(w: int, r: int, spec: RunSpec, deadline: float) -> dict:
     try:
         while not report:
             left = deadline - time.monotonic()
-            if left <= 0 and not timed_out:
+            if left <= 0 and timed_out:
+                break                              # killed, and still no word: given up
+            if left <= 0:
                 timed_out = True
                 kill()
-                deadline = float("inf")
+                deadline = time.monotonic() + GIVE_UP
                 continue
             if spec.cancel is not None and spec.cancel.is_set() and not cancelled:
                 cancelled = True
@@ -108,7 +115,7 @@ def call(w: int, r: int, spec: RunSpec, deadline: float) -> dict:
                 raw += chunk
                 while len(raw) >= 16:
                     magic, fid, kind, n = _HEAD.unpack_from(raw)
-                    if magic != _RS:
+                    if magic != _RS or n > MAX_FRAME:
                         raise OSError("the sandbox's agent answered out of turn")
                     if len(raw) < 16 + n:
                         break
@@ -122,11 +129,13 @@ def call(w: int, r: int, spec: RunSpec, deadline: float) -> dict:
                         if trunc[name] and exceeded is None:
                             exceeded = name
                             kill()
-                    elif kind == ord("x"):
+                    elif kind == ord("x") and n == 4:
                         st = struct.unpack("=I", data)[0]
                         report = {"signal": st & 0x7F} if st & 0x7F else {"exit": (st >> 8) & 0xFF}
-                    elif kind == ord("f"):
-                        report = {"execfail": (struct.unpack_from("=I", data)[0], data[4:].decode())}
+                    elif kind == ord("f") and n >= 4:
+                        step = data[4:].rstrip(b"\0").decode("ascii", "replace")
+                        report = {"execfail": (struct.unpack_from("=I", data)[0],
+                                               step if step in ("exec", "cwd") else "exec")}
     finally:
         sel.close()
     return {"stdout": bytes(bufs["stdout"]), "stderr": bytes(bufs["stderr"]),
