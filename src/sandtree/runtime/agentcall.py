@@ -17,7 +17,7 @@ import time
 from .base import RunSpec
 from .pump import keep
 
-__all__ = ["MAX_STDIN", "MAX_WORDS", "lend", "request", "fits", "call"]
+__all__ = ["MAX_STDIN", "MAX_WORDS", "MAX_FRAME", "GIVE_UP", "lend", "request", "fits", "call"]
 
 _RQ, _SG, _RS = 0x51525453, 0x47535453, 0x53525453
 MAX_STDIN = 4 << 20              # agent.c MAXIN: larger stdin goes by runsc exec
