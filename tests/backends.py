@@ -1,0 +1,16 @@
+"""The store backend conformance suite (issue 20), as dulwich runs its object-store tests on every
+backend: a test_backends_*.py module imports an existing store test module's tests and fixtures
+and this `store_database` fixture, so each of those tests runs on SQLite and on PostgreSQL (a
+fresh database of the session's throwaway cluster, tests/pgcluster.py; skipped with the reason
+only when PostgreSQL cannot start). The source modules alone keep running on SQLite only."""
+
+import pytest
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_database(request):
+    if request.param == "sqlite":
+        return None
+    return request.getfixturevalue("pg_cluster").new_database()
