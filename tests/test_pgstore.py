@@ -1,0 +1,163 @@
+"""Metadata in PostgreSQL (issue 20 item 1): what only that backend has to show. The store's own
+tests run on it through the conformance suite (tests/backends.py, test_backends_*.py).
+
+- a branch move is a compare-and-swap across connections: of racing movers from one head, one wins;
+- the server killed (-9) in the middle of writes loses no committed write, and the writer meets a
+  typed error (StoreUnavailable), never a raw driver error;
+- `--database` and SANDTREE_DATABASE_URL select it; bad URLs and unreachable servers are typed errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psycopg
+import pytest
+
+import sandtree
+from sandtree.errors import Conflict, InvalidInput, StoreUnavailable
+from sandtree.store import refs
+
+from pgcluster import PgCluster, Unavailable
+
+
+def test_branch_moves_are_compare_and_swap_across_connections(tmp_path, pg_cluster, rootfs):
+    url = pg_cluster.new_database()
+    with sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url) as st:
+        base = st.import_image(rootfs)
+        store = st.engine.store
+        refs.create(store, "main", base.id)
+        movers = 8
+        news = [base.run(f"echo {i} > /m").image.id for i in range(movers)]
+        won, lost, go = [], [], threading.Barrier(movers)
+
+        def move(new):
+            go.wait()                                   # every thread on its own connection, at once
+            try:
+                refs.advance(store, "main", base.id, new, "race")
+                won.append(new)
+            except Conflict as exc:
+                lost.append(exc)
+        threads = [threading.Thread(target=move, args=(n,)) for n in news]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(lost) == movers - 1
+        assert refs.head(store, "main") == won[0]
+        assert [m["new"] for m in refs.reflog(store, "main")] == [base.id, won[0]]
+        assert all("moved" in str(e) for e in lost)
+        # the rows are PostgreSQL's: another connection sees the head
+        with psycopg.connect(url) as con:
+            assert con.execute("SELECT image FROM refs WHERE kind='branch' AND name='main'").fetchone()[0] == won[0]
+        assert not os.path.exists(tmp_path / "home" / "sandtree.db")
+
+
+WRITER = textwrap.dedent("""
+    import sys, sandtree
+    from sandtree.errors import SandtreeError
+    home, rootfs, url = sys.argv[1:4]
+    st = sandtree.Sandtree(home, warm=0, database=url)
+    img = st.import_image(rootfs)
+    print("ready", img.id, flush=True)
+    i = 0
+    try:
+        while True:
+            i += 1
+            st.tag(img, f"t{i}")
+            print("tagged", i, flush=True)               # after the commit returned
+    except SandtreeError as exc:
+        print("error", type(exc).__name__, flush=True)
+""")
+
+
+def _kill_cluster(cluster: PgCluster) -> None:
+    """SIGKILL the postmaster and every backend of it (a machine losing the server)."""
+    pm = cluster.postmaster_pid()
+    kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == pm]
+    for pid in [pm, *kids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_server_killed_mid_writes_loses_nothing_committed(tmp_path, rootfs):
+    try:
+        cluster = PgCluster().start()            # its own: this test kills it
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL cannot start here: {exc}")
+    try:
+        url = cluster.new_database()
+        home = str(tmp_path / "home")
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, home, rootfs, url], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        first = proc.stdout.readline().split()
+        assert first[0] == "ready", proc.stderr.read()
+        lines = []
+        while len(lines) < 30:                   # writes in flight, then the server dies under them
+            lines.append(proc.stdout.readline().strip())
+        _kill_cluster(cluster)
+        out, err = proc.communicate(timeout=60)
+        lines += out.splitlines()
+        assert lines[-1] == "error StoreUnavailable", (lines[-3:], err[-2000:])
+        committed = [int(x.split()[1]) for x in lines if x.startswith("tagged")]
+        for _ in range(50):                      # crash recovery; the killed backends' pids must be gone
+            time.sleep(0.2)
+            if subprocess.run([f"{cluster.bindir}/pg_ctl", "-D", cluster.data, "-l", os.path.join(cluster.dir, "log"),
+                               "-o", f"-c listen_addresses='' -k {cluster.dir}", "-w", "start"],
+                              **cluster._as_user).returncode == 0:
+                break
+        with sandtree.Sandtree(home, warm=0, database=url) as st:
+            tags = st.engine.store.tags()
+            assert {f"t{i}" for i in committed} <= set(tags), "a committed tag was lost"
+            assert len(tags) >= len(committed) >= 30
+            assert st.fsck()["ok"]
+    finally:
+        cluster.stop()
+
+
+def test_database_chosen_by_flag_or_environment(tmp_path, pg_cluster, rootfs):
+    url = pg_cluster.new_database()
+    home = str(tmp_path / "home")
+    env = {k: v for k, v in os.environ.items() if k != "SANDTREE_DATABASE_URL"}
+
+    def cli(*args, **extra):
+        p = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, *args], capture_output=True,
+                           text=True, timeout=120, env={**env, **extra})
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    cli("--database", url, "image", "import", rootfs, "--tag", "viaflag")
+    assert not os.path.exists(os.path.join(home, "sandtree.db"))     # nothing went to SQLite
+    listed = json.loads(cli("image", "list", "--json", SANDTREE_DATABASE_URL=url))
+    assert [i["tags"] for i in listed] == [["viaflag"]]
+    with psycopg.connect(url) as con:
+        assert con.execute("SELECT name FROM refs").fetchall() == [("viaflag",)]
+    # without either: the SQLite default of the same home, which holds nothing
+    assert json.loads(cli("image", "list", "--json")) == []
+    assert os.path.exists(os.path.join(home, "sandtree.db"))
+
+
+@pytest.mark.parametrize("url, err", [
+    ("mysql://localhost/x", InvalidInput),
+    ("sqlite://relative/path.db", InvalidInput),
+    ("postgresql://sandtree@/nope?host=/nonexistent-dir", StoreUnavailable),
+])
+def test_bad_database_urls_are_typed_errors(tmp_path, url, err):
+    with pytest.raises(err):
+        sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url)
