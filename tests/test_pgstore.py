@@ -161,3 +161,23 @@ def test_database_chosen_by_flag_or_environment(tmp_path, pg_cluster, rootfs):
 def test_bad_database_urls_are_typed_errors(tmp_path, url, err):
     with pytest.raises(err):
         sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url)
+
+
+def test_threads_that_end_leave_no_server_connection(tmp_path, pg_cluster, rootfs):
+    url = pg_cluster.new_database()
+
+    def backends():
+        with psycopg.connect(url, autocommit=True) as con:
+            return con.execute("SELECT count(*) FROM pg_stat_activity WHERE datname=current_database()").fetchone()[0] - 1
+    with sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url) as st:
+        img = st.import_image(rootfs)
+        for i in range(60):                          # each thread opens its own connection, then ends
+            t = threading.Thread(target=lambda: st.engine.store.db.one("SELECT 1"))
+            t.start()
+            t.join()
+        ops = [img.run(f"echo {i} > /f") for i in range(5)]
+        assert len({o.image.id for o in ops}) == 5
+        time.sleep(0.3)
+        assert backends() <= 10, "connections of ended threads are still open"
+    time.sleep(0.3)
+    assert backends() == 0                           # close() closed the rest

@@ -18,6 +18,7 @@ takes a second advisory lock so two processes opening one fresh database do not 
 from __future__ import annotations
 
 import threading
+import weakref
 
 from ..errors import DiskFull, InvalidInput, StoreUnavailable
 from . import dialect
@@ -103,8 +104,7 @@ class PgDatabase:
         self.path = url                      # what errors and fsck name
         self.url = url
         self._local = threading.local()
-        self._all: list[_Connection] = []
-        self._all_lock = threading.Lock()
+        self._all: weakref.WeakSet = weakref.WeakSet()    # every thread's live connection, for close()
         self._pkeys = tuple((t, tuple(k)) for t, k in dialect.primary_keys(sqlite_schema).items())
         with self.tx(lock=_SCHEMA_LOCK) as con:
             con.raw.execute(dialect.schema(sqlite_schema))
@@ -130,13 +130,14 @@ class PgDatabase:
             except psycopg.Error as exc:
                 raise _translate_errors(exc) from None
             con = self._local.con = _Connection(raw, self._pkeys)
-            with self._all_lock:
-                self._all.append(con)
+            # A thread that ends drops its local, and with it the connection: closed then, so
+            # threads that come and go (runs, requests) hold no server connection after them.
+            weakref.finalize(con, raw.close)
+            self._all.add(con)
         return con
 
     def close(self) -> None:
-        with self._all_lock:
-            cons, self._all = self._all, []
+        cons, self._all = list(self._all), weakref.WeakSet()
         for con in cons:
             try:
                 con.close()
