@@ -181,3 +181,41 @@ def test_threads_that_end_leave_no_server_connection(tmp_path, pg_cluster, rootf
         assert backends() <= 10, "connections of ended threads are still open"
     time.sleep(0.3)
     assert backends() == 0                           # close() closed the rest
+
+
+def test_dialect_knows_the_primary_key_of_every_table_replaced_into():
+    """INSERT OR REPLACE becomes an upsert on the table's primary key, read from the schema: every
+    table of the schema has one found, and every table the source replaces into is among them."""
+    import glob
+    import re
+    from sandtree.store import db, dialect
+    keys = dialect.primary_keys(db.SCHEMA)
+    tables = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", db.SCHEMA))
+    assert tables == set(keys), tables - set(keys)
+    assert keys["sandboxes"] == ["id"] and keys["refs"] == ["kind", "name"]
+    src = os.path.join(os.path.dirname(sandtree.__file__))
+    replaced = set()
+    for path in glob.glob(os.path.join(src, "**", "*.py"), recursive=True):
+        replaced |= set(re.findall(r"INSERT OR REPLACE INTO (\w+)", open(path).read()))
+    assert replaced and replaced <= set(keys)
+    sql = dialect.statement("INSERT OR REPLACE INTO sandboxes(id, image, state) VALUES(?,?,?)",
+                            tuple((t, tuple(k)) for t, k in keys.items()))
+    assert sql.endswith("ON CONFLICT (id) DO UPDATE SET image=EXCLUDED.image, state=EXCLUDED.state")
+
+
+def test_live_sandbox_forks_keep_the_parents_sessions(tmp_path, pg_cluster, rootfs):
+    """A live sandbox's helper is forked from the engine: the child dropping the threads (and their
+    connections) it inherited must not end the parent's PostgreSQL sessions (it did: every call
+    after start() met StoreUnavailable)."""
+    url = pg_cluster.new_database()
+    with sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url) as st:
+        img = st.import_image(rootfs)
+        threading.Thread(target=lambda: st.engine.store.db.one("SELECT 1")).start()   # another thread's session
+        sb = img.start()
+        try:
+            assert sb.exec("echo hi > /f; cat /f").stdout == b"hi\n"
+            done = sb.commit(tag="live")
+        finally:
+            sb.stop()
+        assert st.image("live").id == done.id
+        assert done.run("cat /f").stdout == b"hi\n"

@@ -29,8 +29,7 @@ _INSERT_RE = re.compile(r"^\s*INSERT OR (IGNORE|REPLACE) INTO (\w+)\s*\(([^)]*)\
 def primary_keys(sqlite_schema: str) -> dict[str, list[str]]:
     """table -> its primary key's columns, as the schema declares them."""
     out = {}
-    for table, body in _TABLE_RE.findall(sqlite_schema):
-        body = re.sub(r"--[^\n]*", "", body)
+    for table, body in _TABLE_RE.findall(re.sub(r"--[^\n]*", "", sqlite_schema)):   # comments hold ");"
         m = _PK_TABLE_RE.search(body)
         if m:
             out[table] = [c.strip() for c in m.group(1).split(",")]

@@ -17,6 +17,7 @@ takes a second advisory lock so two processes opening one fresh database do not 
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -50,6 +51,11 @@ def _translate_errors(exc: Exception):
     return exc
 
 
+def _close_if_ours(raw, pid: int) -> None:
+    if os.getpid() == pid:
+        raw.close()
+
+
 class _Cursor:
     """What the store reads from sqlite3's cursor: rows, iteration and rowcount."""
 
@@ -73,6 +79,7 @@ class _Connection:
     def __init__(self, raw, pkeys):
         self.raw, self._pkeys = raw, pkeys
         self.in_transaction = False
+        self.pid = os.getpid()
 
     def execute(self, sql: str, args=()):
         try:
@@ -121,8 +128,8 @@ class PgDatabase:
 
     def connection(self, *, write: bool = False) -> _Connection:
         con = getattr(self._local, "con", None)
-        if con is not None and con.raw.closed:
-            con = None
+        if con is not None and (con.raw.closed or con.pid != os.getpid()):
+            con = None                          # gone, or the parent's (this is a forked child)
         if con is None:
             psycopg = _psycopg()
             try:
@@ -132,12 +139,14 @@ class PgDatabase:
             con = self._local.con = _Connection(raw, self._pkeys)
             # A thread that ends drops its local, and with it the connection: closed then, so
             # threads that come and go (runs, requests) hold no server connection after them.
-            weakref.finalize(con, raw.close)
+            # Only in this process: a forked child (a sandbox helper) dropping the threads it
+            # did not inherit must not close the parent's session (psycopg's own __del__ checks too).
+            weakref.finalize(con, _close_if_ours, raw, os.getpid())
             self._all.add(con)
         return con
 
     def close(self) -> None:
-        cons, self._all = list(self._all), weakref.WeakSet()
+        cons, self._all = [c for c in self._all if c.pid == os.getpid()], weakref.WeakSet()
         for con in cons:
             try:
                 con.close()
