@@ -14,3 +14,19 @@ def store_database(request):
     if request.param == "sqlite":
         return None
     return request.getfixturevalue("pg_cluster").new_database()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared_st(request, tmp_path_factory):
+    """conftest's session-wide shared store, once per backend for a module that imports it."""
+    import sandtree
+    database = None if request.param == "sqlite" else request.getfixturevalue("pg_cluster").new_database()
+    st = sandtree.Sandtree(str(tmp_path_factory.mktemp("home-shared")), database=database)
+    yield st
+    st.close()
+
+
+@pytest.fixture(scope="module")
+def bb(shared_st, rootfs):
+    """The busybox image in that store (conftest's `bb`, at module scope)."""
+    return shared_st.import_image(rootfs, tag="busybox")
