@@ -219,3 +219,40 @@ def test_live_sandbox_forks_keep_the_parents_sessions(tmp_path, pg_cluster, root
             sb.stop()
         assert st.image("live").id == done.id
         assert done.run("cat /f").stdout == b"hi\n"
+
+
+def test_postgresql_answers_as_sqlite_does(tmp_path, pg_cluster):
+    """The same rows, the same store queries, the same answers: byte order of names even on a
+    database whose locale sorts otherwise (ICU en-US: 'a' < 'B'), NULLs last descending, LIKE
+    without an escape character and case-insensitive, booleans as integers, sizes past 2^31."""
+    name = "t_icu_" + os.urandom(4).hex()
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as con:
+        con.execute(f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+                    "LOCALE 'C.UTF-8'")
+    from sandtree.store.db import open_database
+    dbs = [open_database(str(tmp_path), None), open_database(str(tmp_path), pg_cluster.url(name))]
+    answers = []
+    for db in dbs:
+        with db.tx() as con:
+            for n in ["b", "B", "a", "A", "_x", "a/b", "a-b", "Z9"]:
+                con.execute("INSERT INTO refs(name, kind, image, updated) VALUES(?,?,?,?)", (n, "branch", "i" + n, 1.0))
+            for i, fin in enumerate([None, 3.0, 2.0, None]):
+                con.execute("INSERT INTO operations(id, kind, source, result, spec, outcome, started, finished) "
+                            "VALUES(?,?,?,?,?,?,?,?)", (f"op{i}", "exec", "s", f"r{i}", '{"k": "a_b\\\\c"}', None, i, fin))
+            con.execute("INSERT OR REPLACE INTO build_cache(key, image, op, hermetic, created) VALUES(?,?,?,?,?)",
+                        ("k", "img", None, True, 1.0))
+            con.execute("INSERT INTO images(id, layers, links, created, size, files) VALUES(?,?,?,?,?,?)",
+                        ("ab" * 32, "[]", "{}", 1.0, 5 << 31, 1))
+        answers.append([
+            db.query("SELECT name FROM refs WHERE kind='branch' ORDER BY name"),
+            db.query("SELECT id FROM operations WHERE source=? ORDER BY finished DESC", ("s",)),
+            db.query("SELECT id FROM operations WHERE spec LIKE ?", ('%A_B\\%',)),
+            db.query("SELECT id FROM operations WHERE spec LIKE ?", ('%a\\_b%',)),
+            db.query("SELECT name FROM refs WHERE instr(name, ?)=0 AND substr(name, 1, ?)=? ORDER BY name", ("/", 1, "a")),
+            db.query("SELECT hermetic FROM build_cache"),
+            db.query("SELECT id, size FROM images WHERE id >= ? AND id < ?", ("abab", "ababg")),
+        ])
+        db.close()
+    assert answers[0] == [[tuple(r) for r in q] for q in answers[1]]
+    assert [r[0] for r in answers[0][0]] == sorted(["b", "B", "a", "A", "_x", "a/b", "a-b", "Z9"])
+    assert answers[0][1][-2:] in ([("op0",), ("op3",)], [("op3",), ("op0",)])     # NULLs last descending

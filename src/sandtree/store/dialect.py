@@ -7,6 +7,9 @@ PostgreSQL database (store/pgdb.py) runs them after `schema()` / `statement()` h
   table's primary key (read from the schema: every table the store replaces into has one);
 - `instr(a, b)` is `strpos(a, b)`;
 - `LIKE` is case-insensitive in SQLite (ASCII) and has no escape character: `ILIKE ... ESCAPE ''`;
+- order: TEXT columns are `COLLATE "C"` (SQLite's BINARY, whatever the database's locale), and
+  `DESC` is `DESC NULLS LAST`, as in SQLite, where NULL is the smallest value (the store orders
+  ascending only by NOT NULL columns, where the two agree without a rewrite);
 - types: BLOB -> BYTEA, REAL -> DOUBLE PRECISION, INTEGER -> BIGINT (sizes pass 2^31), an
   AUTOINCREMENT key -> an identity column; the index on images.layers (JSON text that can pass
   btree's 2.7 kB row limit) is a hash index (only equality looks it up).
@@ -47,6 +50,7 @@ def schema(sqlite_schema: str) -> str:
     s = re.sub(r"\bBLOB\b", "BYTEA", s)
     s = re.sub(r"\bREAL\b", "DOUBLE PRECISION", s)
     s = re.sub(r"\bINTEGER\b", "BIGINT", s)
+    s = re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', s)        # SQLite's BINARY: bytewise order and compare
     s = s.replace("ON images(layers)", "ON images USING hash (layers)")
     return s
 
@@ -88,10 +92,11 @@ def statement(sql: str, pkeys: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
             text = re.sub(r"\binstr\(", "strpos(", text, flags=re.I)
             text = re.sub(r"\bNOT LIKE\b", "NOT ILIKE", text)
             text = re.sub(r"(?<!NOT )\bLIKE\b", "ILIKE", text)
+            text = re.sub(r"\bDESC\b", "DESC NULLS LAST", text)   # SQLite: NULL is the smallest value
         pieces.append(text)
     out = "".join(pieces).rstrip().rstrip(";")
     if "ILIKE" in out and "ESCAPE" not in out.upper():
-        out = re.sub(r"(ILIKE\s+(?:%s|'(?:[^']|'')*'))", r"\1 ESCAPE ''", out)
+        out = re.sub(r"(ILIKE\s+(?:%s|'(?:[^']|'')*'))(?!\s*\|\|)", r"\1 ESCAPE ''", out)
     return out + suffix
 
 
