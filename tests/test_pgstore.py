@@ -161,6 +161,7 @@ def test_database_chosen_by_flag_or_environment(tmp_path, pg_cluster, rootfs):
 def test_bad_database_urls_are_typed_errors(tmp_path, url, err):
     with pytest.raises(err):
         sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url)
+    assert not os.path.exists(tmp_path / "home")                  # nothing made
 
 
 def test_threads_that_end_leave_no_server_connection(tmp_path, pg_cluster, rootfs):

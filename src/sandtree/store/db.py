@@ -108,19 +108,27 @@ CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta 
 MIGRATIONS = [("public_images", "by", "TEXT")]
 
 
-def open_database(home: str, url: str | None):
-    """The store's metadata database: `url` postgresql://... (store/pgdb.py), or None / "" / a
-    sqlite:///path URL: SQLite (default: HOME/sandtree.db)."""
+def check_url(url: str | None) -> str:
+    """The backend a database URL names ("sqlite" or "postgresql"), or InvalidInput."""
     if not url:
-        return Database(os.path.join(home, "sandtree.db"))
+        return "sqlite"
     if not isinstance(url, str):
         raise InvalidInput("a database URL is a string")
     if url.startswith("sqlite://"):
-        path = url[len("sqlite://"):]
-        if not path.startswith("/"):
+        if not url[len("sqlite://"):].startswith("/"):
             raise InvalidInput(f"a sqlite:// URL names an absolute path (sqlite:///path): {url!r}")
-        return Database(path)
-    return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION)
+        return "sqlite"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql"
+    raise InvalidInput(f"a database URL is postgresql://... or sqlite:///path: {url.split('@')[-1]!r}")
+
+
+def open_database(home: str, url: str | None):
+    """The store's metadata database: `url` postgresql://... (store/pgdb.py), or None / "" / a
+    sqlite:///path URL: SQLite (default: HOME/sandtree.db)."""
+    if check_url(url) == "postgresql":
+        return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION)
+    return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"))
 
 
 class Database:
