@@ -1,7 +1,7 @@
 """Refs: the names of images (tags and branches) and their history (the reflog).
 
-Every write of a ref goes through this module (record()), so each move is appended to the
-reflog in the same transaction, whoever makes it (a tag, an import's tag, a bundle's, a
+Every write of a ref goes through this module (record(), or advance()'s compare-and-swap), so each
+move is appended to the reflog in the same transaction, whoever makes it (a tag, an import's tag, a bundle's, a
 tenant's namespaced names, a branch move, image rm).
 
 Branches are movable names that advance with each run made on them. A move is a compare-and-swap (a conditional UPDATE) inside one write transaction: it succeeds only if
