@@ -23,6 +23,7 @@ test: deps $(STAMP)
 
 bench: deps $(STAMP)
 	$(BIN)/python bench/bench.py
+	PYTHONPATH=src $(BIN)/python bench/storeback.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -173,10 +173,35 @@ def loop_device(tmp_path):
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """One throwaway PostgreSQL cluster a session (tests/pgcluster.py); skipped, saying why, only
+    when it cannot start here."""
+    from pgcluster import PgCluster, Unavailable
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg not installed (pip install 'psycopg[binary]')")
+    cluster = PgCluster()
+    try:
+        cluster.start()
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL cannot start here: {exc}")
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
-def st(tmp_path):
+def store_database():
+    """The metadata database of the `st` fixture's store: None = SQLite. The backend conformance
+    suite (test_store_backends.py) overrides it with every backend."""
+    return None
+
+
+@pytest.fixture
+def st(tmp_path, store_database):
     """A fresh, empty store."""
-    s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"])
+    s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"], database=store_database)
     yield s
     s.close()
 

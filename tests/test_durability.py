@@ -20,8 +20,8 @@ import sandtree
 
 WORKER = textwrap.dedent("""
     import os, sys, sandtree
-    home, rootfs, big = sys.argv[1:4]
-    st = sandtree.Sandtree(home)
+    home, rootfs, big, database = sys.argv[1:5]
+    st = sandtree.Sandtree(home, database=database or None)
     img = st.import_image(rootfs, tag="base")
     print("ready", flush=True)
     i = 0
@@ -45,9 +45,9 @@ def big_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("delay", [0.35, 0.6, 0.9, 1.3, 1.7])
-def test_kill_9_mid_import_and_commit(tmp_path, rootfs, big_dir, delay):
+def test_kill_9_mid_import_and_commit(tmp_path, rootfs, big_dir, delay, store_database):
     home = str(tmp_path / "home")
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, home, rootfs, big_dir], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, home, rootfs, big_dir, store_database or ""], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     assert proc.stdout.readline() == b"ready\n", proc.stderr.read()
     time.sleep(delay)
@@ -57,7 +57,7 @@ def test_kill_9_mid_import_and_commit(tmp_path, rootfs, big_dir, delay):
     proc.stderr.close()
     time.sleep(0.1)                                             # the helper chain dies by PDEATHSIG
 
-    with sandtree.Sandtree(home) as st:
+    with sandtree.Sandtree(home, database=store_database) as st:
         report = st.fsck()
         assert report["ok"], report["problems"]
         assert os.listdir(os.path.join(home, "tmp")) == []     # the dead worker's staging is gone

@@ -442,14 +442,14 @@ def test_oci_reserved_whiteouts_and_opaque_still_work(st, tmp_path):
 
 
 # ---- 9. grep and decompression ------------------------------------------------------------------
-def test_grep_is_linear_time_and_refuses_what_it_cannot_compile(st, tmp_path):
+def test_grep_is_linear_time_and_refuses_what_it_cannot_compile(st, tmp_path, store_database):
     src = tmp_path / "src"
     src.mkdir()
     (src / "f").write_bytes(b"a" * 30 + b"!\n")
     (src / "g").write_bytes(b"Hello there\n")
     img = st.import_image(str(src))
-    code = ("import sandtree; st = sandtree.Sandtree(%r, warm=0); "
-            "print(len(st.image(%r).grep(r'(a+)+$')))" % (st.home, img.id))
+    code = ("import sandtree; st = sandtree.Sandtree(%r, warm=0, database=%r); "
+            "print(len(st.image(%r).grep(r'(a+)+$')))" % (st.home, store_database, img.id))
     t0 = time.monotonic()
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)

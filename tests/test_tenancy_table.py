@@ -37,10 +37,10 @@ def method_of(view, key: str):
 
 
 @pytest.fixture
-def world(tmp_path):
+def world(tmp_path, store_database):
     """Alice imports two trees and merges them; bob has a token without any scope but list; the
     operator's engine is there to compare with."""
-    eng = Engine(str(tmp_path / "home"), warm=0)
+    eng = Engine(str(tmp_path / "home"), warm=0, database=store_database)
     for name, text in (("x", "one"), ("y", "two")):
         d = tmp_path / name
         d.mkdir()

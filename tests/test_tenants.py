@@ -26,8 +26,22 @@ NO_OP = "0" * 32
 Caller = Annotated[Any, Depends(engine_for)]          # how another router asks for the caller's engine
 
 
+DATABASES: dict[str, str] = {}       # a store's home -> its PostgreSQL URL (test_backends_tenants.py)
+
+
+def db_args(home) -> list[str]:
+    url = DATABASES.get(str(home))
+    return ["--database", url] if url else []
+
+
+@pytest.fixture(scope="module")
+def server_database():
+    """The metadata database of the `srv` server's store: None = SQLite (tests/backends.py overrides it)."""
+    return None
+
+
 def cli(home, *args) -> str:
-    p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(home), *args], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "sandtree", "--home", str(home), *db_args(home), *args], capture_output=True,
                        text=True, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     return p.stdout
@@ -38,8 +52,10 @@ def token(home, tenant, *extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, rootfs):
+def srv(tmp_path_factory, rootfs, server_database):
     home = tmp_path_factory.mktemp("tenants-home")
+    if server_database:
+        DATABASES[str(home)] = server_database
     toks = {"alice": token(home, "alice"), "bob": token(home, "bob"),
             "carol": token(home, "carol", "--scopes", "list"),
             "dave": token(home, "dave", "--max-runs", "1", "--max-timeout", "2", "--max-output", "1000"),
@@ -47,8 +63,8 @@ def srv(tmp_path_factory, rootfs):
     port = free_port()
     log = home / "serve.log"
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), *db_args(home), "serve",
+                                 "--port", str(port)], stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     clients = {}
     try:
@@ -303,6 +319,12 @@ def test_tokens_hashed_at_rest(srv):
     for p in glob.glob(str(srv["home"] / "sandtree.db*")):           # the database and its WAL
         with open(p, "rb") as f:
             data += f.read()
+    url = DATABASES.get(str(srv["home"]))
+    if url:                                                         # PostgreSQL: every table's rows
+        import psycopg
+        with psycopg.connect(url) as con:
+            for (table,) in con.execute("SELECT tablename FROM pg_tables WHERE schemaname='public'").fetchall():
+                data += repr(con.execute(f"SELECT * FROM {table}").fetchall()).encode()
     for t in srv["tokens"].values():
         secret = t["token"].split("_", 2)[2]
         assert secret.encode() not in data and t["token"].encode() not in data

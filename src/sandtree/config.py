@@ -14,6 +14,22 @@ def default_home() -> str:
     return os.path.join(base, "sandtree")
 
 
+_database: list[str] = []          # set by `--database` (cli/main.py): wins over the environment
+
+
+def use_database(url: str | None) -> None:
+    """`sandtree --database URL`: the metadata database of every store this process opens."""
+    _database[:] = [url] if url else []
+
+
+def database_url() -> str | None:
+    """The store's metadata database: `--database`, else SANDTREE_DATABASE_URL (postgresql://...);
+    None: SQLite in the store's home (store/db.py open_database)."""
+    if _database:
+        return _database[0]
+    return os.environ.get("SANDTREE_DATABASE_URL") or None
+
+
 def criu_binary() -> str | None:
     """SANDTREE_CRIU: a CRIU binary to use instead of the installed one (runtime/criu.py)."""
     return os.environ.get("SANDTREE_CRIU") or None

@@ -142,6 +142,13 @@ class DiskFull(SandtreeError):
     http_status = 507
 
 
+class StoreUnavailable(SandtreeError):
+    """The store's metadata database (a PostgreSQL server) cannot be reached or refused us;
+    nothing of the call was written."""
+    code = "store_unavailable"
+    http_status = 503
+
+
 class BuildFailed(SandtreeError):
     """A RUN of a build exited non-zero (or was killed): nothing was tagged. The message names the
     step, its Dockerfile line and instruction, and ends with the tail of the command's stderr."""

@@ -39,7 +39,7 @@ def _step(store: Store, image: str, up: bool, visible: Visible | None) -> list[s
     if visible is None:
         col, other = ("child", "parent") if up else ("parent", "child")
         return [r[0] for r in store.db.query(
-            f"SELECT DISTINCT {other} FROM edges WHERE {col}=? ORDER BY created", (image,))]
+            f"SELECT {other} FROM edges WHERE {col}=? GROUP BY {other} ORDER BY MIN(created), {other}", (image,))]
     return list(dict.fromkeys(r[0 if up else 1] for r in _edge_rows(store, image, up, visible)))
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 
 from . import admin, branching, build, evaluation, exploration, images, inspection, processes, runs, sandboxes, secrets
+from .. import config
 from ..errors import DiskFull, SandtreeError
 
 # The verbs in the order `sandtree --help` lists them (kept from before the split by group).
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     common.add_argument("--home", default=argparse.SUPPRESS,
                         help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
+    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
+                        help="the store's metadata database: postgresql://... (default $SANDTREE_DATABASE_URL, "
+                             "else SQLite in the store directory)")
 
     p = argparse.ArgumentParser(prog="sandtree", parents=[common],
                                 description="Sandboxes for AI agents with git-like images.")
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.json = getattr(args, "json", False)
     args.home = getattr(args, "home", None)
+    config.use_database(getattr(args, "database", None))
     if tail is not None:
         if not getattr(args, "takes_command", False):
             parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`, `exec` and `shell`")

@@ -32,13 +32,16 @@ class Sandtree:
     ~/.local/share/sandtree."""
 
     def __init__(self, home: str | None = None, *, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces"):
+                 tier: str = "namespaces", database: str | None = None):
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
-        pays for its overlay, command and commit only). 0 starts every run cold."""
+        pays for its overlay, command and commit only). 0 starts every run cold. database: where
+        the store's metadata lives: postgresql://... (default $SANDTREE_DATABASE_URL, else SQLite
+        in `home`); objects stay in `home`."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
         # here so that `import sandtree` and a connect()ed client never load them.
         from ..engine import Engine, dockerfile_recipe
-        self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier)
+        self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier,
+                              database=database)
         self._dockerfile = dockerfile_recipe
 
     @property

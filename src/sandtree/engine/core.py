@@ -57,11 +57,12 @@ _TENANCY_LOCK = threading.Lock()
 class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps,
              AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces", max_runs: int = 4):
+                 tier: str = "namespaces", max_runs: int = 4, database: str | None = None):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
         one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
-        operations (submitted runs) running at once; more wait in a queue."""
-        self.store = Store(home, idmap or default_idmap())
+        operations (submitted runs) running at once; more wait in a queue. database: the metadata
+        database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite)."""
+        self.store = Store(home, idmap or default_idmap(), database)
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}

@@ -1,4 +1,4 @@
-"""Metadata database (SQLite, WAL): trees, images, lineage edges, operations, refs and their log.
+"""Metadata database (SQLite, WAL, the default; or PostgreSQL, store/pgdb.py): trees, images, lineage edges, operations, refs and their log.
 
 An image row is written in the same transaction as its trees, edges and operation, and only
 after its layer directory and blobs are in place, so after a kill -9 at any point no image is
@@ -25,7 +25,8 @@ import threading
 import time
 from urllib.parse import quote
 
-from ..errors import DiskFull
+from ..errors import DiskFull, InvalidInput
+from .pgdb import PgDatabase
 
 SCHEMA_VERSION = 1
 
@@ -102,6 +103,33 @@ CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT 
 CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
 """
 
+# Columns added since a store was made (same format: older code ignores them), for both backends:
+# (table, column, type in SQLite's words).
+MIGRATIONS = [("public_images", "by", "TEXT")]
+
+
+def check_url(url: str | None) -> str:
+    """The backend a database URL names ("sqlite" or "postgresql"), or InvalidInput."""
+    if not url:
+        return "sqlite"
+    if not isinstance(url, str):
+        raise InvalidInput("a database URL is a string")
+    if url.startswith("sqlite://"):
+        if not url[len("sqlite://"):].startswith("/"):
+            raise InvalidInput(f"a sqlite:// URL names an absolute path (sqlite:///path): {url!r}")
+        return "sqlite"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql"
+    raise InvalidInput(f"a database URL is postgresql://... or sqlite:///path: {url.split('@')[-1]!r}")
+
+
+def open_database(home: str, url: str | None):
+    """The store's metadata database: `url` postgresql://... (store/pgdb.py), or None / "" / a
+    sqlite:///path URL: SQLite (default: HOME/sandtree.db)."""
+    if check_url(url) == "postgresql":
+        return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION)
+    return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"))
+
 
 class Database:
     def __init__(self, path: str):
@@ -110,9 +138,9 @@ class Database:
         con = self.connection()
         with con:
             con.executescript(SCHEMA)
-            # columns added since a store was made (same format: older code ignores them)
-            if "by" not in {r[1] for r in con.execute("PRAGMA table_info(public_images)")}:
-                con.execute("ALTER TABLE public_images ADD COLUMN by TEXT")
+            for table, column, kind in MIGRATIONS:
+                if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(SCHEMA_VERSION),))

@@ -1,10 +1,10 @@
 """Refs: the names of images (tags and branches) and their history (the reflog).
 
-Every write of a ref goes through this module (record()), so each move is appended to the
-reflog in the same transaction, whoever makes it (a tag, an import's tag, a bundle's, a
+Every write of a ref goes through this module (record(), or advance()'s compare-and-swap), so each
+move is appended to the reflog in the same transaction, whoever makes it (a tag, an import's tag, a bundle's, a
 tenant's namespaced names, a branch move, image rm).
 
-Branches are movable names that advance with each run made on them. A move is a compare-and-swap inside one write transaction (BEGIN IMMEDIATE): it succeeds only if
+Branches are movable names that advance with each run made on them. A move is a compare-and-swap (a conditional UPDATE) inside one write transaction: it succeeds only if
 the branch still points where the mover saw it, so concurrent runs on one branch are applied in
 order or rejected as stale, never silently lost (the stale run's image stays in the store and is
 named in the error). Every move is appended to the reflog, which rollback and gc read.
@@ -145,6 +145,15 @@ def delete(store, name: str) -> str:
 def advance(store, name: str, old: str, new: str, reason: str) -> None:
     """Move `name` from `old` to `new`, or raise Conflict if it is no longer at `old`."""
     with store.db.tx() as con:
+        # The compare-and-swap itself: a conditional UPDATE, atomic on either database whatever
+        # else holds the write lock; the reflog row joins it in the same transaction.
+        now = time.time()
+        if con.execute("UPDATE refs SET image=?, updated=? WHERE kind='branch' AND name=? AND image=?",
+                       (new, now, name, old)).rowcount == 1:
+            if new != old:
+                con.execute("INSERT INTO reflog(kind, name, old, new, at, reason) VALUES(?,?,?,?,?,?)",
+                            ("branch", name, old, new, now, reason))
+            return
         row = con.execute("SELECT image FROM refs WHERE kind='branch' AND name=?", (name,)).fetchone()
         if row is None:
             raise NotFound(f"no branch {name!r}", branch=name)
@@ -152,8 +161,6 @@ def advance(store, name: str, old: str, new: str, reason: str) -> None:
             raise Conflict(f"branch {name!r} moved to {row[0][:12]} while this run started from {old[:12]}; "
                            f"the run's result {new[:12]} was kept but not applied",
                            branch=name, expected=old, actual=row[0], image=new)
-        if new != old:
-            record(con, "branch", name, old, new, reason)
 
 
 def reflog(store, name: str, kind: str = "branch") -> list[dict]:

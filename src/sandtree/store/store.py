@@ -20,10 +20,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .. import config
 from ..errors import ImageNotFound, InvalidInput, NotFound
 from . import ephemeral, refs
 from .blobs import BlobStore
-from .db import Database, dumps
+from .db import check_url, dumps, open_database
 from .layers import IdMap, LayerDirs
 from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - re-exported; the one rule is names.py
 from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
@@ -41,11 +42,16 @@ class ImageRow:
 
 
 class Store:
-    def __init__(self, home: str, idmap: IdMap):
+    def __init__(self, home: str, idmap: IdMap, database: str | None = None):
+        """database: the metadata database's URL (postgresql://...; None: config.database_url(),
+        whose default is SQLite in `home`)."""
         self.home = os.path.abspath(home)
-        os.makedirs(self.home, mode=0o700, exist_ok=True)
+        url = database if database is not None else config.database_url()
+        if check_url(url) == "sqlite":           # a bad URL or an unreachable server makes no home
+            os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
-        self.db = Database(os.path.join(self.home, "sandtree.db"))
+        self.db = open_database(self.home, url)
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
         self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
         self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()

@@ -1,0 +1,33 @@
+"""The store backend conformance suite (issue 20), as dulwich runs its object-store tests on every
+backend: a test_backends_*.py module imports an existing store test module's tests and fixtures
+and this `store_database` fixture, so each of those tests runs on SQLite and on PostgreSQL (a
+fresh database of the session's throwaway cluster, tests/pgcluster.py; skipped with the reason
+only when PostgreSQL cannot start). The source modules alone keep running on SQLite only."""
+
+import pytest
+
+# SQLite: the source modules themselves (run on it); here PostgreSQL, so nothing runs twice on one backend
+BACKENDS = ["postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_database(request):
+    if request.param == "sqlite":
+        return None
+    return request.getfixturevalue("pg_cluster").new_database()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared_st(request, tmp_path_factory):
+    """conftest's session-wide shared store, once per backend for a module that imports it."""
+    import sandtree
+    database = None if request.param == "sqlite" else request.getfixturevalue("pg_cluster").new_database()
+    st = sandtree.Sandtree(str(tmp_path_factory.mktemp("home-shared")), database=database)
+    yield st
+    st.close()
+
+
+@pytest.fixture(scope="module")
+def bb(shared_st, rootfs):
+    """The busybox image in that store (conftest's `bb`, at module scope)."""
+    return shared_st.import_image(rootfs, tag="busybox")
