@@ -47,7 +47,19 @@ def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[st
 
 def fsck(store: Store, *, verify_content: bool = True, grace: float = GC_GRACE, now: float | None = None) -> dict:
     """grace: a layer nothing references is reported once it is older than this (a commit
-    publishes its layer, then writes the image row: a younger one may be in between)."""
+    publishes its layer, then writes the image row: a younger one may be in between). A store in
+    use changes while it is read (an ephemeral image and its layer go between the read of the rows
+    and the listing of the layers): what looks wrong is checked again, and only what is wrong both
+    times is a problem."""
+    first = _fsck(store, verify_content, grace, now)
+    if first["ok"]:
+        return first
+    again = _fsck(store, verify_content, grace, now)
+    return {**again, "problems": [p for p in again["problems"] if p in first["problems"]],
+            "ok": not any(p in first["problems"] for p in again["problems"])}
+
+
+def _fsck(store: Store, verify_content: bool, grace: float, now: float | None) -> dict:
     now = time.time() if now is None else now
     problems: list[dict] = []
     images = store.db.query("SELECT id, layers FROM images")
