@@ -26,6 +26,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import DiskFull, InvalidInput
+from .dbreads import Reads
 from .pgdb import PgDatabase
 
 SCHEMA_VERSION = 1
@@ -131,7 +132,7 @@ def open_database(home: str, url: str | None):
     return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"))
 
 
-class Database:
+class Database(Reads):
     def __init__(self, path: str):
         self.path = path
         self._local = threading.local()
@@ -247,22 +248,6 @@ class Database:
             raise DiskFull("disk full: nothing was written") from None
         if isinstance(exc, sqlite3.OperationalError) and disk_full(self.path, exc):
             raise DiskFull("disk full: nothing was written") from None
-
-    def query(self, sql: str, args=()):
-        return self.connection().execute(sql, args).fetchall()
-
-    def one(self, sql: str, args=()):
-        return self.connection().execute(sql, args).fetchone()
-
-    # ---- trees -------------------------------------------------------------------------------
-    def tree_data(self, digest: str) -> bytes | None:
-        row = self.one("SELECT data FROM trees WHERE hash=?", (digest,))
-        return row[0] if row else None
-
-    @staticmethod
-    def put_trees(con, trees: dict[str, bytes]) -> None:
-        # INSERT OR IGNORE: the first recording of a tree keeps its timestamps.
-        con.executemany("INSERT OR IGNORE INTO trees(hash, data) VALUES(?, ?)", trees.items())
 
 
 def dumps(obj) -> str:

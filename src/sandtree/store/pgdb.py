@@ -23,6 +23,7 @@ import weakref
 
 from ..errors import DiskFull, InvalidInput, StoreUnavailable
 from . import dialect
+from .dbreads import Reads
 
 try:
     import psycopg as _pg                # optional (the `postgresql` extra): only a PostgreSQL store needs it
@@ -104,7 +105,7 @@ class _Connection:
         self.raw.close()
 
 
-class PgDatabase:
+class PgDatabase(Reads):
     def __init__(self, url: str, sqlite_schema: str, migrations, schema_version: int):
         if not url.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"a database URL is postgresql://...: {url.split('@')[-1]!r}")
@@ -190,16 +191,4 @@ class PgDatabase:
     def tx(self, lock: int = WRITE_LOCK):
         return self._Tx(self, lock)
 
-    def query(self, sql: str, args=()):
-        return self.connection().execute(sql, args).fetchall()
 
-    def one(self, sql: str, args=()):
-        return self.connection().execute(sql, args).fetchone()
-
-    def tree_data(self, digest: str) -> bytes | None:
-        row = self.one("SELECT data FROM trees WHERE hash=?", (digest,))
-        return bytes(row[0]) if row else None
-
-    @staticmethod
-    def put_trees(con, trees: dict[str, bytes]) -> None:
-        con.executemany("INSERT OR IGNORE INTO trees(hash, data) VALUES(?, ?)", trees.items())
