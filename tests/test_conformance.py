@@ -70,7 +70,7 @@ def test_every_http_binding_is_a_server_route(tmp_path):
 
 def test_every_argument_has_a_place_in_its_http_binding():
     """A row's HTTP binding names each argument (path, query, body, content or dropped): the remote
-    client could not send one it does not (checked here, not at import: table.py stays declarations)."""
+    client could not send one it does not (checked here, not at import: the table stays declarations)."""
     for row in table.OPS.values():
         h = row.http
         if h is None or row.custom_remote:

@@ -1,4 +1,4 @@
-"""What a row of the operation table (table.py) is: an operation's HTTP binding (Http), the row itself
+"""What a row of the operation table (sandtree/table/) is: an operation's HTTP binding (Http), the row itself
 (Op), and the decorator that declares one (op) into OPS. Imports only the standard library (the remote
 client loads it)."""
 

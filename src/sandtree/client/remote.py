@@ -2,7 +2,7 @@
 
 `sandtree.connect(url)` builds the public API objects (Sandtree, Image, RunResult, Branch) on
 this instead of an in-process Engine, so code written against the local engine runs unchanged
-against a server. Every operation with an HTTP binding in sandtree/table.py becomes a method here
+against a server. Every operation with an HTTP binding in sandtree/table/ becomes a method here
 through one generic call (`_invoke`); only streams, tars and run bodies are written by hand.
 Errors come back as the same exception classes, chosen from the one error table by the server's
 error code (never by a name the other side sends).

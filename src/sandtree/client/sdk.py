@@ -47,7 +47,7 @@ class Sandtree:
     @property
     def engine(self):
         """The engine this API speaks to: the in-process Engine, or the RemoteEngine of connect()
-        (the same operations either way: sandtree/table.py)."""
+        (the same operations either way: sandtree/table/)."""
         return self._engine
 
     @property

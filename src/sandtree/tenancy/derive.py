@@ -1,4 +1,4 @@
-"""The tenant view's methods, made from the operation table (sandtree/table.py).
+"""The tenant view's methods, made from the operation table (sandtree/table/).
 
 Every row becomes a method of TenantView with the row's signature and doc. The row's `admin`
 refuses a tenant, its `scope` is required of the token (Forbidden naming it), then:

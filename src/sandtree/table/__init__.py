@@ -9,8 +9,8 @@ and rows.py (the remote client loads it)."""
 
 from __future__ import annotations
 
-from . import defaults as D
-from . import rows
+from .. import defaults as D
+from .. import rows
 
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Op, OPS, op = rows.Http, rows.Op, rows.OPS, rows.op
@@ -202,162 +202,8 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
 
-# ---- live sandboxes ------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
-def sandbox_start(ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
-                  files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
-                  lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
-                  tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None, network=None,
-                  secrets: dict | None = None) -> dict:
-    """Start a live sandbox on an image: commands run in it one after another, sharing its state.
-    timeout: default seconds per command"""
-
-@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
-def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                 stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
-                 cancel=None, timeout: float | None = None, output=None):
-    """Run a command in a live sandbox (its state carries over to the next).
-    cwd: the working directory (default: where the last command left it)
-    timeout: seconds for this command (default: the sandbox's)
-    output: bytes kept per stream for this command (default: the sandbox's)"""
-
-@op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
-def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
-                  gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
-    """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
-
-_PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
-@op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
-                                                           "stdin_open", "output"), result="pid"))
-def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
-                  gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
-                  output=None) -> int:
-    """Start a process in a live sandbox without waiting for it; its number (a live run's command is 1).
-    sid: a live sandbox's ID, or a running live run's operation ID
-    stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
-    output: bytes of its output kept per stream (default: the server's)"""
-
-@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
-def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
-    """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
-
-@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
-def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
-    """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
-
-@op("list", http=Http(_G, _PROC + "/{pid}"))
-def sandbox_process(sid: str, pid: int) -> dict:
-    """A spawned process: running, exit code, signal, its output so far (text and base64)."""
-
-@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
-def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
-    """An image of a live sandbox's filesystem as it is now."""
-
-@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
-def sandbox_stop(sid: str) -> dict:
-    """Stop a live sandbox (its state is gone unless committed)."""
-
-@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
-def sandbox_hibernate(sid: str) -> dict:
-    """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
-
-@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
-def sandbox_resume(sid: str) -> dict:
-    """Bring a hibernated sandbox back where it was."""
-
-@op("list", http=Http(_G, "/sandboxes/{sid}"))
-def sandbox_info(sid: str) -> dict:
-    """A live sandbox's state, image, limits and times."""
-
-@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
-def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
-    """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
-
-@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
-def sandbox_read(sid: str, path: str) -> bytes:
-    """A file's bytes, read from a live sandbox."""
-
-@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
-def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
-    """Write a file into a live sandbox (missing parent directories are made)."""
-
-@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
-def sandbox_set_timeout(sid: str, timeout: float) -> dict:
-    """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
-    timeout: seconds from now until the sandbox is stopped"""
-
-@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
-def sandbox_set_network(sid: str, network) -> dict:
-    """Replace a live sandbox's network policy: connections the new one forbids are cut."""
-
-@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
-def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
-    """A directory of a live sandbox: name, kind, size, mode of each entry."""
-
-@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
-def sandbox_exists(sid: str, path: str) -> bool:
-    """Whether a path exists in a live sandbox."""
-
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
-def sandbox_remove(sid: str, path: str) -> None:
-    """Remove a file, a link or an empty directory of a live sandbox."""
-
-@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
-def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
-    """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
-
-@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
-def sandbox_expose(sid: str, port: int) -> dict:
-    """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
-
-@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
-def sandbox_unexpose(sid: str, port: int) -> None:
-    """Make an exposed port of a live sandbox unreachable again."""
-
-@op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
-def sandbox_ports(sid: str) -> list[dict]:
-    """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
-
-@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
-def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
-    """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
-
-# ---- warm pools -----------------------------------------------------------------------------------
-_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network", "tier")
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
-def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
-                pids: int | None = None, cpus: float | None = None, disk=None, output=None, network=None,
-                tier: str | None = None) -> dict:
-    """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
-
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}))
-def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
-                  timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-                  disk=None, output=None, network=None, tier: str | None = None) -> dict:
-    """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
-    wait_timeout: seconds to wait for the pool to fill"""
-
-@op("list", http=Http(_G, "/pools"))
-def pool_list() -> list[dict]:
-    """The warm pools and how full they are."""
-
-@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
-def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
-    """Wait until a pool is full; whether it filled in time."""
-
-@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
-def pool_remove(ref: str) -> None:
-    """Stop a pool's sandboxes and forget it."""
-
-@op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)")
-def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
-                build_network=None, progress=None, hostname: str = D.HOSTNAME, timeout: float | None = None,
-                memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-                network=None) -> dict:
-    """Build a Recipe (cache hits when unchanged) and keep a pool of its result under `tag`; a new ID rolls the pool over.
-    tag: the pool's tag (default pool/<hash of the recipe's steps>); it moves once the new pool is full
-    build_network: the policy of RUN steps that name none; network: the pooled sandboxes' policy"""
+# ---- live sandboxes and warm pools: table/sandboxes.py (here, so the rows keep their order) ------
+from . import sandboxes  # noqa: E402,F401
 
 # ---- lineage ----------------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
