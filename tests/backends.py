@@ -31,3 +31,15 @@ def shared_st(request, tmp_path_factory):
 def bb(shared_st, rootfs):
     """The busybox image in that store (conftest's `bb`, at module scope)."""
     return shared_st.import_image(rootfs, tag="busybox")
+
+
+# The store backend is what varies in these modules: each test runs on the namespaces tier only. A tier
+# touches the store through the same engine calls; both tiers run on SQLite in the source modules.
+@pytest.fixture
+def each_tier():
+    return "namespaces"
+
+
+@pytest.fixture
+def live_tier():
+    return "namespaces"
