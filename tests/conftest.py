@@ -71,7 +71,9 @@ def listening(home: str, *command: str):
     """`sandtree --home HOME COMMAND... --port P` on a free loopback port, until it listens;
     yields its base URL; stopped afterwards."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), *command, "--port", str(port)],
+    ports = ("--ports-port", "0") if command[:1] == ("serve",) else ()     # its exposed ports: any free port
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), *command, "--port", str(port),
+                             *ports],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)

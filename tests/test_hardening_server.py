@@ -376,7 +376,7 @@ def test_server_memory_stays_bounded_after_flooding_runs(tmp_path, rootfs):
     home = str(tmp_path / "home")
     Engine(home, warm=0).close()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         from conftest import wait_for_port
@@ -465,7 +465,7 @@ def test_uploads_stream_to_disk_under_a_cap(tmp_path, rootfs):
     finally:
         engine.close()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0",
                              "--max-upload", "500M"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         from conftest import wait_for_port
@@ -660,7 +660,7 @@ def test_reading_and_exporting_large_files_streams(tmp_path, rootfs):
     import hashlib
     home = str(tmp_path / "home")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         from conftest import wait_for_port
@@ -862,7 +862,7 @@ def test_an_upload_cut_by_kill_9_leaves_nothing_after_the_next_start(tmp_path):
     home = str(tmp_path / "home")
     Engine(home, warm=0).close()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         from conftest import wait_for_port

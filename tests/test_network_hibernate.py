@@ -13,18 +13,16 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 import sandtree
-from conftest import free_port, make_rootfs, wait_for_port
+from conftest import make_rootfs
+from served import serving
 from netlab import NetLab
 from sandtree.errors import Conflict
-from sandtree.http.server import build_app
 from sandtree.network.client import Egress
 
 SECRET = "hib3rnated-s3cret-value-7d41e0"
@@ -91,19 +89,6 @@ def world(tmp_path_factory):
                 os.environ[k] = v
 
 
-@contextlib.contextmanager
-def serving(engine):
-    """The REST server of `engine` on a free loopback port, in a thread; its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        wait_for_port(port, 20)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 def _get(url: str) -> httpx.Response:
@@ -199,8 +184,8 @@ def test_exposed_ports_work_after_resume_and_a_request_resumes(world):
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"
 
         assert sb.hibernate()["state"] == "hibernated"
-        with serving(st.engine) as base:
-            r = _get(base + entry["path"] + "index.html")
+        with serving(st.engine) as (base, ports):
+            r = _get(ports + entry["path"] + "index.html")
             assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
         assert sb.info()["state"] == "running"
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"

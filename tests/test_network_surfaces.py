@@ -214,7 +214,7 @@ def lab_env(lab) -> dict:
 @contextlib.contextmanager
 def server(home: str, lab, **env):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0"],
                             env={**lab_env(lab), **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)

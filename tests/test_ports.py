@@ -12,19 +12,16 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect as ws_connect
 
 import sandtree
-from sandtree.http.server import build_app
 from sandtree.network.expose import expose
 
-from conftest import free_port, wait_for_port
+from served import serving
 from portnet import WS_ECHO, LinkPair, echo, http_hello
 
 
@@ -148,20 +145,6 @@ def test_bad_ports_are_refused(pair):
 
 # ---- through the engine, the SDK and `sandtree serve` ------------------------------------------------
 
-@contextlib.contextmanager
-def serving(engine):
-    """The REST server of `engine` on a free loopback port, in a thread (uvicorn as `sandtree serve`
-    runs it: WebSockets by the websockets package); its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        wait_for_port(port, 20)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 @pytest.fixture
@@ -191,24 +174,24 @@ def _get(url: str, **kw) -> httpx.Response:
 def test_a_sandbox_server_answers_only_while_exposed(world):
     st, sb, egress = world
     assert sb.ports() == []
-    with serving(st.engine) as base:
-        r = _get(f"{base}/api/v1/sandboxes/{sb.id}/ports/8000/index.html")
+    with serving(st.engine) as (base, ports):
+        r = _get(f"{ports}/api/v1/sandboxes/{sb.id}/ports/8000/index.html")
         assert r.status_code == 404 and "not exposed" in r.json()["message"]
         entry = sb.expose(8000)
         assert entry["port"] == 8000 and entry["path"] == f"/api/v1/sandboxes/{sb.id}/ports/8000/"
         assert entry["url"].startswith("http://127.0.0.1:")
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"
-        r = _get(base + entry["path"] + "index.html")
+        r = _get(ports + entry["path"] + "index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n"
         assert sb.ports() == [entry]
         assert sb.expose(8000) == entry                     # exposing twice: the same port
         # another port of the same sandbox stays unreachable through the server
-        assert _get(f"{base}/api/v1/sandboxes/{sb.id}/ports/9000/").status_code == 404
+        assert _get(f"{ports}/api/v1/sandboxes/{sb.id}/ports/9000/").status_code == 404
         sb.unexpose(8000)
         assert sb.ports() == []
         with pytest.raises(httpx.ConnectError):
             _get(entry["url"] + "/index.html")
-        assert _get(base + entry["path"]).status_code == 404
+        assert _get(ports + entry["path"]).status_code == 404
     assert [(l["key"], l["adopted"]) for l in egress.list()] == [(sb.id, True)]     # one link, made by adopt
 
 
@@ -221,8 +204,8 @@ def test_a_websocket_through_the_url_and_the_server(world):
             await ws.send("hi there")
             return await asyncio.wait_for(ws.recv(), 10)
     assert _run(echo("ws://" + entry["url"][len("http://"):] + "/")) == "echo: hi there"
-    with serving(st.engine) as base:
-        assert _run(echo("ws://" + base[len("http://"):] + entry["path"] + "chat")) == "echo: hi there"
+    with serving(st.engine) as (base, ports):
+        assert _run(echo("ws://" + ports[len("http://"):] + entry["path"] + "chat")) == "echo: hi there"
 
 
 def test_bad_ports_and_stopped_sandboxes_are_refused(world):
@@ -238,6 +221,38 @@ def test_bad_ports_and_stopped_sandboxes_are_refused(world):
     sb.stop()
     with pytest.raises(Conflict):
         sb.expose(8000)
+
+
+def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
+    """A page the sandbox serves is another origin than the API's (http/listeners.py): the API's
+    listener sends a proxy path there, the ports' listener serves nothing else, and a call the page's
+    script would make to the API (a token-less server here) is refused by its Origin."""
+    st, sb, _ = world
+    entry = sb.expose(8000)
+    with serving(st.engine) as (base, ports):
+        assert base != ports
+        r = httpx.get(base + entry["path"] + "index.html?a=1", trust_env=False, timeout=10)
+        assert r.status_code == 307 and r.headers["location"] == ports + entry["path"] + "index.html?a=1"
+        r = httpx.get(base + entry["path"] + "index.html", trust_env=False, timeout=10, follow_redirects=True)
+        assert r.status_code == 200 and r.text == "hello from the sandbox\n" and str(r.url).startswith(ports)
+        for path in ("/api/v1/images", "/", "/ui/", f"/api/v1/sandboxes/{sb.id}", "/v1/images"):
+            r = _get(ports + path)
+            assert r.status_code == 404 and "exposed ports of sandboxes only" in r.json()["message"], path
+        # the page's own requests pass; its script's calls to the API do not
+        assert _get(ports + entry["path"] + "index.html", headers={"Origin": ports}).status_code == 200
+        r = _get(base + "/api/v1/images", headers={"Origin": ports, "Sec-Fetch-Site": "same-site"})
+        assert r.status_code == 403 and "origin" in r.json()["message"]
+        assert _get(base + "/api/v1/images", headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
+        r = httpx.post(f"{base}/api/v1/sandboxes/{sb.id}/port-url/8000", trust_env=False, timeout=10)
+        assert r.json()["url"].startswith(ports + entry["path"] + "?st_exp=")
+        with pytest.raises(Exception) as e:                     # a WebSocket is not redirected: refused
+            _run(ws_connect("ws://" + base[len("http://"):] + entry["path"], proxy=None, open_timeout=10).__aenter__())
+        assert getattr(getattr(e.value, "response", None), "status_code", None) == 403, e.value
+    from fastapi.testclient import TestClient
+    from sandtree.http.server import build_app
+    with TestClient(build_app(st.engine), base_url="http://127.0.0.1") as c:      # no ports listener: none served
+        r = c.get(entry["path"] + "index.html")
+        assert r.status_code == 404 and "serves no exposed ports" in r.json()["message"]
 
 
 @pytest.fixture
@@ -266,22 +281,22 @@ def _auth(token: str) -> dict:
 
 def test_another_tenants_token_is_refused(tenants):
     eng, sid, alice, bob = tenants
-    with serving(eng) as base:
+    with serving(eng) as (base, ports):
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(bob), trust_env=False)
         assert r.status_code == 404                          # bob cannot expose alice's sandbox
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
         assert r.status_code == 201, r.text
         path = r.json()["path"]
-        assert _get(base + path, headers=_auth(alice)).text == "alice's page\n"
-        r = _get(base + path, headers=_auth(bob))
+        assert _get(ports + path, headers=_auth(alice)).text == "alice's page\n"
+        r = _get(ports + path, headers=_auth(bob))
         assert r.status_code == 404 and r.json()["error"] == "not_found"
-        assert _get(base + path).status_code == 401          # no token at all
+        assert _get(ports + path).status_code == 401          # no token at all
         assert _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(bob)).status_code == 404
         assert [p["port"] for p in _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(alice)).json()] \
             == [8000]
         # a WebSocket needs the token as well
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/9000", headers=_auth(alice), trust_env=False)
-        ws = "ws://" + base[len("http://"):] + f"/api/v1/sandboxes/{sid}/ports/9000/"
+        ws = "ws://" + ports[len("http://"):] + f"/api/v1/sandboxes/{sid}/ports/9000/"
 
         async def talk(headers):
             async with ws_connect(ws, proxy=None, additional_headers=headers, open_timeout=10) as c:
@@ -296,20 +311,20 @@ def test_another_tenants_token_is_refused(tenants):
 
 def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
     eng, sid, alice, bob = tenants
-    with serving(eng) as base:
+    with serving(eng) as (base, ports):
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 6}, headers=_auth(alice),
                        trust_env=False)
         assert r.status_code == 200, r.text
         url = r.json()["url"]
-        assert url.startswith(f"{base}/api/v1/sandboxes/{sid}/ports/8000/?st_exp=")
+        assert url.startswith(f"{ports}/api/v1/sandboxes/{sid}/ports/8000/?st_exp=")
         assert httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", headers=_auth(bob),
                           trust_env=False).status_code == 404
         with httpx.Client(trust_env=False, timeout=10) as browser:
             r = browser.get(url)
             assert r.status_code == 200 and r.text == "alice's page\n"
             assert "st_port" in browser.cookies                  # the page's own requests carry the grant
-            assert browser.get(f"{base}/api/v1/sandboxes/{sid}/ports/8000/index.html").text == "alice's page\n"
+            assert browser.get(f"{ports}/api/v1/sandboxes/{sid}/ports/8000/index.html").text == "alice's page\n"
             # the grant is for that port only: the API and other ports need a token
             assert browser.get(f"{base}/api/v1/sandboxes/{sid}").status_code == 401
         # a WebSocket by a signed URL of its own port
@@ -352,8 +367,8 @@ def test_exposure_is_remade_after_a_daemon_restart(world):
     again = sb.ports()                                      # the rows make them again
     assert [p["port"] for p in again] == [8000] and again[0]["url"] != entry["url"]
     assert _get(again[0]["url"] + "/index.html").text == "hello from the sandbox\n"
-    with serving(st.engine) as base:
-        assert _get(base + entry["path"] + "index.html").text == "hello from the sandbox\n"
+    with serving(st.engine) as (base, ports):
+        assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
 
 
 def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
@@ -365,8 +380,8 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
     assert _get(entry["url"] + "/index.html").status_code == 200
     assert sb.hibernate()["state"] == "hibernated"
     assert [p["url"] for p in sb.ports()] == [None]
-    with serving(st.engine) as base:
-        r = _get(base + entry["path"] + "index.html")
+    with serving(st.engine) as (base, ports):
+        r = _get(ports + entry["path"] + "index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
     assert st.engine.sandbox_info(sb.id)["state"] == "running"
     assert [(l["key"], l["ports"]) for l in egress.list()] == [(sb.id, {"8000": int(sb.ports()[0]["url"][17:])})]
@@ -375,7 +390,7 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
 def test_the_remote_client_and_mcp_expose_too(tenants):
     """The SDK over HTTP (sandtree.connect) and the MCP tool: the same rows, the same rules."""
     eng, sid, alice, bob = tenants
-    with serving(eng) as base:
+    with serving(eng) as (base, ports):
         st = sandtree.connect(base, token=alice)
         try:
             entry = eng.as_tenant(eng.tenancy.authenticate(alice)).sandbox_expose(sid, 8000)
@@ -383,7 +398,7 @@ def test_the_remote_client_and_mcp_expose_too(tenants):
             assert remote.sandbox_expose(sid, 8000) == entry
             assert remote.sandbox_ports(sid) == [entry]
             signed = remote.sandbox_port_url(sid, 8000, ttl=60)
-            assert signed.startswith(base + entry["path"] + "?st_exp=")
+            assert signed.startswith(ports + entry["path"] + "?st_exp=")
             assert _get(signed).text == "alice's page\n"
             from sandtree.errors import InvalidInput, NotFound
             with pytest.raises(InvalidInput):
@@ -450,16 +465,16 @@ def test_any_method_and_bodies_stream_through_the_server(world):
     sb.write("/www/cgi-bin/echo", CGI_ECHO, mode=0o755)
     entry = sb.expose(8000)
     body = os.urandom(3 * 1024 * 1024)
-    with serving(st.engine) as base:
-        r = httpx.post(base + entry["path"] + "cgi-bin/echo?a=1&st_exp=5&b=2", content=body, trust_env=False,
+    with serving(st.engine) as (base, ports):
+        r = httpx.post(ports + entry["path"] + "cgi-bin/echo?a=1&st_exp=5&b=2", content=body, trust_env=False,
                        timeout=30)
         assert r.status_code == 200, r.text
         assert r.headers["x-method"] == "POST" and r.headers["x-query"] == "a=1&b=2"
         assert r.text.strip() == hashlib.sha256(body).hexdigest()
         for method in ("PUT", "DELETE", "PATCH"):       # (busybox httpd hands a CGI a body on POST only)
-            r = httpx.request(method, base + entry["path"] + "cgi-bin/echo", trust_env=False, timeout=30)
+            r = httpx.request(method, ports + entry["path"] + "cgi-bin/echo", trust_env=False, timeout=30)
             assert r.status_code == 200 and r.headers["x-method"] == method, r.text
-        r = httpx.get(base + entry["path"] + "nothing-here", trust_env=False, timeout=10)
+        r = httpx.get(ports + entry["path"] + "nothing-here", trust_env=False, timeout=10)
         assert r.status_code == 404                         # the sandbox's own 404, passed on
 
 

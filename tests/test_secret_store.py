@@ -385,7 +385,7 @@ def test_rest_tenant_stores_and_uses_a_secret_another_tenant_cannot(tmp_path, la
         e.close()
     port = free_port()
     log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port), "--ports-port", "0"],
                             env=cli_env(lab, home), stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -125,7 +125,7 @@ def test_branches_merge_over_http(server, image):
 def test_killed_server_loses_nothing_and_marks_runs_failed(tmp_path, rootfs):
     home = str(tmp_path / "home")
     port = free_port()
-    cmd = [sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "sandtree", "--home", home, "serve", "--ports-port", "0", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, 30)

@@ -64,7 +64,7 @@ def srv(tmp_path_factory, rootfs, server_database):
     log = home / "serve.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), *db_args(home), "serve",
-                                 "--port", str(port)], stdout=subprocess.DEVNULL, stderr=err)
+                                 "--port", str(port), "--ports-port", "0"], stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     clients = {}
     try:
@@ -339,7 +339,7 @@ def test_no_token_server_stays_on_loopback(tmp_path, rootfs):
     # on loopback it serves, unscoped, and says so; a token sent anyway is ignored (Contree's
     # clients always send one)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(home), "serve", "--port", str(port), "--ports-port", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, 30)

@@ -89,7 +89,7 @@ def cmd_serve(args):
             recipes.append(got)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
           access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
-          watch=args.watch)
+          watch=args.watch, ports_port=args.ports_port)
 
 
 def cmd_ui(args):
@@ -103,6 +103,7 @@ def cmd_ui(args):
     if args.open:
         threading.Thread(target=_open_when_listening, args=(args.port, url), daemon=True).start()
     args.host, args.pool, args.watch, args.access_log = "127.0.0.1", None, None, "off"
+    args.ports_port = 0                     # any free port: the page's own was picked free too
     cmd_serve(args)
 
 
@@ -200,6 +201,9 @@ def add_services(sub, common) -> None:
     x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8080)
+    x.add_argument("--ports-port", type=int, default=None, metavar="PORT",
+                   help="where the exposed ports of sandboxes are served: an origin of their own, so a page a "
+                        "sandbox serves cannot act as the API's (default: --port + 1; 0: any free port)")
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
     x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
                    help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable); "

@@ -21,8 +21,9 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from .. import defaults as D
-from ..errors import NotFound, SandtreeError
+from ..errors import NotFound, RuntimeUnavailable, SandtreeError
 from ..tenancy.gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
+from .listeners import ports_base
 from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -94,7 +95,10 @@ def ports_router(p: Plumbing) -> APIRouter:
                        ttl: float = Query(D.PORT_URL_TTL, description="seconds until the URL stops working")) -> dict:
         """A signed URL of the exposed port (works without a token until it expires)."""
         path = await call(engine.sandbox_port_url, sid, port, ttl=ttl)
-        return {"url": str(request.base_url).rstrip("/") + path}
+        ports_port = request.app.state.ports_port
+        if ports_port is None:
+            raise RuntimeUnavailable("this server serves no exposed ports (they need a listener of their own)")
+        return {"url": ports_base(request.scope, ports_port) + path}
 
     @router.api_route("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}", methods=METHODS,
                       include_in_schema=False)

@@ -34,6 +34,7 @@ from .builds import builds_router
 from .contree import contree_router
 from .files import files_router
 from .images import images_router
+from .listeners import Listeners, bind
 from .plumbing import Plumbing, add_error_handlers, lifespan
 from .ports import ports_router
 from .runs import runs_router
@@ -44,13 +45,18 @@ from .webpage import webpage_router
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD) -> FastAPI:
+def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD,
+              ports_port: int | None = None) -> FastAPI:
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
-    largest upload or image tar a request may send, unless its tenant's max_upload says otherwise."""
+    largest upload or image tar a request may send, unless its tenant's max_upload says otherwise.
+    ports_port: the local port of the listener that serves exposed ports (http/listeners.py; None:
+    none is served)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
+    app.add_middleware(Listeners, ports_port=ports_port)         # outermost: which listener serves what
+    app.state.ports_port = ports_port
     add_error_handlers(app)
     # The engine has no public methods for these two yet: uploads and exports are staged on the
     # store's disk (never memory), and downloads stream from the blob's own file.
@@ -69,13 +75,14 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
           max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
-          watch: float | None = None) -> None:
+          watch: float | None = None, ports_port: int | None = None) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
     tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
     changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
-    max_upload limit replaces it)."""
+    max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
+    http/listeners.py; None: port + 1)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve, not to build the app
 
@@ -88,10 +95,19 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
             raise SystemExit("sandtree serve: no tokens are configured, so it listens on loopback only "
                              f"(asked for {host}); create one with `sandtree token create --tenant NAME`")
         log = JsonLog(sys.stderr) if access_log == "json" else None
+        try:
+            sockets = bind(host, port, ports_port)
+        except OSError as exc:
+            raise SystemExit(f"sandtree serve: cannot listen on {host} port {port} and its exposed ports' "
+                             f"port {ports_port if ports_port is not None else port + 1} ({exc.strerror or exc}); "
+                             "choose others with --port / --ports-port") from None
+        port, ports_port = (s.getsockname()[1] for s in sockets)
         auth = "tokens" if tokens else "none: no tokens configured, listening on loopback only"
-        print(f"sandtree serve: http://{host}:{port} (auth: {auth})", file=sys.stderr, flush=True)
+        print(f"sandtree serve: http://{host}:{port} (auth: {auth}; exposed ports on http://{host}:{ports_port})",
+              file=sys.stderr, flush=True)
         if log is not None:
-            log("start", host=host, port=port, auth="tokens" if tokens else "none", loopback_only=not tokens)
+            log("start", host=host, port=port, ports_port=ports_port, auth="tokens" if tokens else "none",
+                loopback_only=not tokens)
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
         for image, size in (pools or {}).items():
             engine.pool_create(engine.resolve(image), size)
@@ -108,7 +124,8 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         # uvicorn re-raises SIGTERM after its graceful shutdown: as SystemExit, so the engine is
         # closed below (its operations end, a live run's sandbox stops) rather than left running
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        uvicorn.run(build_app(engine, log=log, max_upload=max_upload), host=host, port=port, log_level="warning")
+        app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=sockets)
     finally:
         for w in watchers:
             w.close()
