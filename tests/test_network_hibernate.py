@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 import sandtree
-from conftest import make_rootfs
+from conftest import make_rootfs, tier_or_skip
 from served import serving
 from netlab import NetLab
-from sandtree.errors import Conflict
+from sandtree.errors import Conflict, RuntimeUnavailable
 from sandtree.network.client import Egress
 
 SECRET = "hib3rnated-s3cret-value-7d41e0"
@@ -355,5 +355,27 @@ def test_an_image_without_a_regular_resolv_conf_hibernates_and_resumes(world, tm
         assert sb.resume()["state"] == "running"
         r = sb.exec("cat /etc/resolv.conf; " + get("allowed.test", "11.1.1.10"))
         assert r.stdout.startswith(b"nameserver 100.64.") and b"200 OK" in r.stdout, r.stdout + r.stderr
+    finally:
+        sb.stop()
+
+
+def test_a_gvisor_sandbox_with_a_policy_refuses_to_hibernate_and_runs_on(world, request):
+    """gVisor checkpoints no sandbox on host networking (how it joins a link): the hibernate is
+    refused with the reason, and the sandbox, its processes and its policy go on as before."""
+    st, img, lab, home = world
+    tier_or_skip(request, st, "gvisor")
+    sb = img.start(network={"allow_out": ["allowed.test"]}, idle_timeout=300, tier="gvisor")
+    try:
+        assert sb.exec(SERVE).ok
+        mem = sb.exec("nc 127.0.0.1 7000 </dev/null").stdout
+        head = sb.info()["head"]
+        with pytest.raises(RuntimeUnavailable, match="host networking"):
+            sb.hibernate()
+        assert sb.info()["state"] == "running" and sb.info()["head"] == head     # nothing committed
+        with pytest.raises(RuntimeUnavailable, match="host networking"):       # and not at a start
+            img.start(network=["allowed.test"], idle_action="hibernate", tier="gvisor")
+        assert sb.exec("nc 127.0.0.1 7000 </dev/null").stdout == mem
+        allowed, other = _reach(sb)
+        assert "200 OK" in allowed and "200 OK" not in other, (allowed, other)
     finally:
         sb.stop()

@@ -21,13 +21,18 @@ class SandboxLifetime:
             raise RuntimeUnavailable(why, tier=tier or self.default_tier())
         if idle_action not in ("stop", "hibernate"):
             raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
-        if idle_action == "hibernate":
-            ok, why = self.live.hibernate_available(tier)
-            if not ok:
-                raise RuntimeUnavailable(why)
+        self._check_idle_hibernate(tier, idle_action)
         for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
             if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
                 raise InvalidInput(f"{name} must be a positive number of seconds")
+
+    def _check_idle_hibernate(self, tier: str | None, idle_action: str, *, link: bool = False) -> None:
+        """RuntimeUnavailable when the idle action is to hibernate and the tier cannot (in a link:
+        a network policy's)."""
+        if idle_action == "hibernate":
+            ok, why = self.live.hibernate_available(tier, link=link)
+            if not ok:
+                raise RuntimeUnavailable(why, tier=tier or self.default_tier())
 
     def _due(self, row: dict, now: float) -> bool:
         """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""

@@ -220,6 +220,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         row = self.store.image(source)
         net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
         if net.policy is not None:
+            self._check_idle_hibernate(tier, idle_action, link=True)
+        if net.policy is not None:
             require_egress(self.egress())
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -406,7 +408,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         where they were. Its lifetime does not run while it is hibernated."""
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
-        ok, why = self.live.of(h).hibernate_available()        # (its own tier's, not the default's)
+        # its own tier's answer, not the default's; before anything is paused or committed
+        ok, why = self.live.of(h).hibernate_available(link=bool(row["spec"].get("network")))
         if not ok:
             raise RuntimeUnavailable(why, tier=h.tier)
         if h.cgroup is None:

@@ -258,8 +258,8 @@ class LiveTier(abc.ABC):
         """Whether processes besides the sandbox's own pid 1 run in it (a command left one)."""
 
     @abc.abstractmethod
-    def hibernate_available(self) -> tuple[bool, str]:
-        """(can checkpoint sandboxes here, why not)."""
+    def hibernate_available(self, link: bool = False) -> tuple[bool, str]:
+        """(can checkpoint sandboxes here, why not); link: one in a network link (a policy's)."""
 
     @abc.abstractmethod
     def outsiders(self, h) -> list[int]:

@@ -281,9 +281,19 @@ class GVisorLive(GVisorCommands, LiveRuntime):
                                    step="runsc-restore")
             time.sleep(0.01)
 
-    def hibernate_available(self) -> tuple[bool, str]:
+    NO_LINK = ("a gVisor sandbox with a network policy cannot hibernate: gVisor checkpoints no sandbox on host "
+               "networking, which is how it joins a link; stop it, or run it on the namespaces tier to hibernate it")
+
+    def hibernate_available(self, link: bool = False) -> tuple[bool, str]:
         """Hibernate keeps the processes pid 1 (the agent) started; gVisor kills those runsc exec
-        started (popen's, a terminal's: gVisor #11544), so one running refuses it (outsiders)."""
+        started (popen's, a terminal's: gVisor #11544), so one running refuses it (outsiders).
+        Not in a link: runsc refuses "checkpoint not supported when using hostinet" (a link is
+        joined with --network=host: gvisor.py NETWORK_FLAG), and must be asked before the pause,
+        which ends a process blocked in accept(2) on a host socket. gVisor's own netstack would
+        checkpoint, but this runsc refuses it in a link on kernels >= 6.11 (gVisor #10704) and it
+        would give root in the sandbox (CAP_NET_RAW) raw packets on the link's veth."""
+        if link:
+            return False, self.NO_LINK
         return self.available()
 
     DONE = "gvisor.done"
@@ -296,8 +306,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         target), leaving it running: only once the checkpoint is whole (DONE written) is it
         stopped, so a dumper killed on the way leaves a running (paused) sandbox, never none."""
         if link:
-            raise RuntimeUnavailable("hibernating a gVisor sandbox with a network policy is not built yet",
-                                     tier="gvisor")
+            raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.set_inheritable(fd, True)

@@ -340,8 +340,8 @@ class LiveRuntime(Commands, LiveTier):
             time.sleep(0.002)
 
     # ---- hibernate -----------------------------------------------------------------------------
-    def hibernate_available(self) -> tuple[bool, str]:
-        ok, why = self.available()
+    def hibernate_available(self, link: bool = False) -> tuple[bool, str]:
+        ok, why = self.available()              # (a link stays out of the dump: "Hibernating a networked sandbox")
         if not ok:
             return ok, why
         path, why = criu.find()

@@ -39,8 +39,8 @@ class LiveTiers(LiveTier):
     def available(self, tier: str | None = None) -> tuple[bool, str]:
         return self.named(tier).available()
 
-    def hibernate_available(self, tier: str | None = None) -> tuple[bool, str]:
-        return self.named(tier).hibernate_available()
+    def hibernate_available(self, tier: str | None = None, link: bool = False) -> tuple[bool, str]:
+        return self.named(tier).hibernate_available(link)
 
     def handle(self, stored: dict) -> LiveHandle:
         return LiveHandle.from_dict(stored)
