@@ -255,6 +255,37 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
         assert r.status_code == 404 and "serves no exposed ports" in r.json()["message"]
 
 
+def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
+    """gVisor fixes a sandbox's network at its start: with a policy (a link, joined on host
+    networking) its port is exposed as on namespaces; without one the expose is refused with the
+    reason, not a namespace error."""
+    from conftest import tier_or_skip
+    from sandtree.errors import RuntimeUnavailable
+    st, _, _ = world
+    tier_or_skip(request, st, "gvisor")
+    img = st.image("busybox")
+    bare = img.start(tier="gvisor")
+    try:
+        with pytest.raises(RuntimeUnavailable, match="network is fixed when it starts"):
+            bare.expose(8000)
+        assert bare.ports() == []
+    finally:
+        bare.stop()
+    sb = img.start(tier="gvisor", network=["allowed.test"])      # (a name no resolver answers)
+    try:
+        sb.write("/www/index.html", "hello from gvisor\n")
+        assert sb.exec("(httpd -p 8000 -h /www &); sleep 0.2").ok
+        entry = sb.expose(8000)
+        assert _get(entry["url"] + "/index.html").text == "hello from gvisor\n"
+        with serving(st.engine) as (base, ports):
+            assert _get(ports + entry["path"] + "index.html").text == "hello from gvisor\n"
+        sb.unexpose(8000)
+        with pytest.raises(httpx.ConnectError):
+            _get(entry["url"] + "/index.html")
+    finally:
+        sb.stop()
+
+
 @pytest.fixture
 def tenants(world):
     """world, with tokens: alice owns the sandbox (started through her view), bob is another tenant."""

@@ -209,6 +209,9 @@ class SandboxPorts:
             egress.release(key)
             known = False
         if not known:
+            ok, why = self.live.of(h).adopt_available()
+            if not ok:
+                raise RuntimeUnavailable(why, sandbox=row["id"])
             ok, why = egress.available()
             if not ok:
                 raise RuntimeUnavailable(f"exposing a port needs the egress daemon, which cannot run here: {why}")

@@ -257,6 +257,11 @@ class LiveTier(abc.ABC):
     def lingering(self, h) -> bool:
         """Whether processes besides the sandbox's own pid 1 run in it (a command left one)."""
 
+    def adopt_available(self) -> tuple[bool, str]:
+        """(a running sandbox started without network can be given a link, why not): the one an
+        exposed port needs (the egress daemon's `adopt` of its network namespace)."""
+        return True, ""
+
     @abc.abstractmethod
     def hibernate_available(self, link: bool = False) -> tuple[bool, str]:
         """(can checkpoint sandboxes here, why not); link: one in a network link (a policy's)."""

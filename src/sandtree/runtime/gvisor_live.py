@@ -281,6 +281,13 @@ class GVisorLive(GVisorCommands, LiveRuntime):
                                    step="runsc-restore")
             time.sleep(0.01)
 
+    def adopt_available(self) -> tuple[bool, str]:
+        """No: without a policy the Sentry's own netstack has loopback only (--network=none) and
+        runsc fixes the network mode at the start; a link is joined only then (gvisor.py)."""
+        return False, ("a gVisor sandbox's network is fixed when it starts: one started without a network policy "
+                       "cannot expose a port; start it with one (network=[...]: its ports can then be exposed), "
+                       "or on the namespaces tier")
+
     NO_LINK = ("a gVisor sandbox with a network policy cannot hibernate: gVisor checkpoints no sandbox on host "
                "networking, which is how it joins a link; stop it, or run it on the namespaces tier to hibernate it")
 
