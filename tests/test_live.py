@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import select
 import signal
 import subprocess
 import sys
@@ -154,8 +155,7 @@ def test_popen_pipes_and_signals(sb):
 
 def test_pty(sb, live_tier):
     """An interactive program gets a terminal: isatty, its window size, and it is the session's
-    controlling terminal (so /dev/tty opens; not on gVisor: its host-terminal stdio is no
-    controlling terminal inside, see gvisor_live.py)."""
+    controlling terminal (so /dev/tty opens; on gVisor a terminal of gVisor's own: agent.c --tty)."""
     import fcntl
     import pty as ptymod
     import struct
@@ -163,8 +163,8 @@ def test_pty(sb, live_tier):
     master, slave = ptymod.openpty()
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 77, 0, 0))
     try:
-        p = sb.popen(["sh", "-c", "[ -t 0 ] && echo isatty; stty size; echo ctty > /dev/tty || true"], pty=True,
-                     stdin=slave, stdout=slave, stderr=slave)
+        p = sb.popen(["sh", "-c", "[ -t 0 ] && echo isatty; stty size; echo ctty > /dev/tty; tty || true"],
+                     pty=True, stdin=slave, stdout=slave, stderr=slave)
         os.close(slave)
         slave = None
         assert p.wait(timeout=20) == 0
@@ -180,10 +180,56 @@ def test_pty(sb, live_tier):
         assert b"isatty" in data and b"33 77" in data, data
         if live_tier == "namespaces":
             assert b"ctty" in data, data
+        else:   # gVisor's /dev/tty opens for no one (its ttydev answers EIO); its own terminal is the command's
+            assert b"\n/dev/pts/" in data, data
     finally:
         os.close(master)
         if slave is not None:
             os.close(slave)
+
+
+def test_terminal_interrupts_its_foreground_command(sb, live_tier):
+    """^C typed into a terminal's shell interrupts the command in the foreground, not the shell
+    (the line discipline of the session's controlling terminal sends SIGINT to that job); a window
+    size set later reaches the shell; the shell's exit code is the terminal's."""
+    import fcntl
+    import pty as ptymod
+    import struct
+    import termios
+    master, slave = ptymod.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    p = sb.popen(["sh", "-i"], pty=True, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    got = bytearray()
+
+    def until(marker: bytes, timeout: float = 15) -> None:
+        end = time.monotonic() + timeout
+        while marker not in got:
+            assert time.monotonic() < end, (marker, bytes(got))
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    got.extend(os.read(master, 4096))
+                except OSError:                 # EIO: no one holds the terminal any more
+                    assert marker in got, (marker, bytes(got))
+    try:
+        os.write(master, b"echo st-ready\n")
+        until(b"st-ready\r\n")
+        os.write(master, b"sleep 30; echo not-interrupted\n")
+        time.sleep(0.5)
+        os.write(master, b"\x03")
+        os.write(master, b"echo after-$?\n")
+        until(b"after-130")
+        assert b"\nnot-interrupted" not in got            # (the echoed line holds the words)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        time.sleep(0.3)                         # (the size travels by SIGWINCH)
+        os.write(master, b"stty size; exit 3\n")
+        until(b"40 100")
+        assert p.wait(timeout=20) == 3
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
 
 
 def test_stop_lifetime_idle_and_errors(bb, shared_st, live_tier):

@@ -88,6 +88,8 @@ static void reply(u32 id, u32 type, const void *data, u32 len) {
     if (len) write_full(1, data, len);
 }
 
+static long execvpe_(char *const *av, char *const *ev);
+
 /* The command, in the child: ids, cwd, then execve along PATH (as execvpe). Never returns. */
 static void become(int errfd, const char *cwd, long uid, long gid, char *const *av, char *const *ev) {
     u32 fail[2];
@@ -104,6 +106,14 @@ static void become(int errfd, const char *cwd, long uid, long gid, char *const *
         write_full(errfd, fail, sizeof fail);
         sys(__NR_exit_group, 126, 0, 0, 0);
     }
+    long err = execvpe_(av, ev);
+    fail[0] = (u32)-err; fail[1] = 'e';
+    write_full(errfd, fail, sizeof fail);
+    sys(__NR_exit_group, 127, 0, 0, 0);
+}
+
+/* execve along PATH (as execvpe); returns the error that counts (EACCES & co. win over ENOENT). */
+static long execvpe_(char *const *av, char *const *ev) {
     const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     for (int k = 0; ev[k]; k++)
         if (ev[k][0] == 'P' && ev[k][1] == 'A' && ev[k][2] == 'T' && ev[k][3] == 'H' && ev[k][4] == '=') path = ev[k] + 5;
@@ -133,9 +143,7 @@ static void become(int errfd, const char *cwd, long uid, long gid, char *const *
             p = end + 1;
         }
     }
-    fail[0] = (u32)-err; fail[1] = 'e';
-    write_full(errfd, fail, sizeof fail);
-    sys(__NR_exit_group, 127, 0, 0, 0);
+    return err;
 }
 
 static void drain_add(int fd) {
@@ -277,7 +285,153 @@ static void run(u32 id, u32 wlen, long have) {
     reply(id, 'x', &st, sizeof st);
 }
 
-__attribute__((noreturn, used)) void agent_main(void) {
+/*
+ * `sandtree-agent --tty -- COMMAND...`: a terminal's command (gvisor_commands.py popen with a
+ * pty), started by runsc exec with the engine's terminal as its stdio. gVisor hands that host
+ * terminal to the process as its stdio but makes it no session's controlling terminal, so /dev/tty,
+ * job control and ^C-as-a-signal would not work. This mode opens a terminal of gVisor's own
+ * (/dev/ptmx), makes it the command's controlling terminal in a new session, puts the host
+ * terminal in raw mode (the inner terminal does the line discipline: ^C becomes SIGINT there) and
+ * relays both ways: window sizes on SIGWINCH (runsc exec forwards signals to the foreground group,
+ * which is ours), other forwarded signals to the command's process group. It exits as the command
+ * did (the same signal, else its code), with the host terminal's mode restored.
+ */
+#define TCGETS 0x5401
+#define TCSETS 0x5402
+#define TIOCSCTTY 0x540E
+#define TIOCGWINSZ 0x5413
+#define TIOCSWINSZ 0x5414
+#define TIOCGPTN 0x80045430
+#define TIOCSPTLCK 0x40045431
+#define SIGWINCH 28
+#define EIO 5
+
+struct ktermios { u32 iflag, oflag, cflag, lflag; unsigned char line, cc[19]; };   /* TCGETS's */
+struct sfd_info { u32 signo; char rest[124]; };                                        /* signalfd's */
+
+static void say(const char *a, const char *b) {
+    write_full(2, a, slen(a));
+    write_full(2, b, slen(b));
+    write_full(2, "\n", 1);
+}
+
+static void copy_winsize(int master) {
+    unsigned short ws[4];
+    if (sys(__NR_ioctl, 0, TIOCGWINSZ, (long)ws, 0) == 0) sys(__NR_ioctl, master, TIOCSWINSZ, (long)ws, 0);
+}
+
+__attribute__((noreturn)) static void tty_relay(char **av, char **ev) {
+    if (!av[0]) { say("sandtree-agent --tty: ", "no command"); sys(__NR_exit_group, 127, 0, 0, 0); }
+    int master = (int)sys(__NR_openat, AT_FDCWD, (long)"/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC, 0);
+    unsigned int zero = 0, n = 0;
+    if (master < 0 || sys(__NR_ioctl, master, TIOCSPTLCK, (long)&zero, 0) < 0 ||
+        sys(__NR_ioctl, master, TIOCGPTN, (long)&n, 0) < 0) {
+        /* no terminal of its own to give it: the command runs on the host one, as before */
+        say("sandtree-agent --tty: no /dev/ptmx here, so no controlling terminal for ", av[0]);
+        long err = execvpe_(av, ev);
+        say("sandtree-agent --tty: cannot run ", av[0]);
+        sys(__NR_exit_group, err == -ENOENT ? 127 : 126, 0, 0, 0);
+    }
+    char slave[32] = "/dev/pts/";
+    int len = 9;
+    char digits[12];
+    int nd = 0;
+    do { digits[nd++] = (char)('0' + n % 10); n /= 10; } while (n);
+    while (nd) slave[len++] = digits[--nd];
+    slave[len] = 0;
+    copy_winsize(master);
+    unsigned long handled = (1UL << (SIGCHLD - 1)) | (1UL << (SIGWINCH - 1)) | (1UL << (1 - 1)) /* HUP */ |
+                            (1UL << (2 - 1)) /* INT */ | (1UL << (3 - 1)) /* QUIT */ | (1UL << (10 - 1)) /* USR1 */ |
+                            (1UL << (12 - 1)) /* USR2 */ | (1UL << (15 - 1)) /* TERM */;
+    unsigned long blocked = handled | (1UL << (13 - 1)) /* PIPE: a write to a gone reader is EPIPE */;
+    sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&blocked, 0, sizeof blocked);
+    int sfd = (int)sys(__NR_signalfd4, -1, (long)&handled, sizeof handled, SFD_CLOEXEC | O_NONBLOCK_);
+    long child = sys(__NR_clone, SIGCHLD, 0, 0, 0);
+    if (child == 0) {
+        unsigned long none = 0;
+        sys(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&none, 0, sizeof none);
+        sys(__NR_setsid, 0, 0, 0, 0);
+        int s = (int)sys(__NR_openat, AT_FDCWD, (long)slave, O_RDWR, 0);   /* (no O_NOCTTY: it becomes ours) */
+        if (s < 0 || sys(__NR_ioctl, s, TIOCSCTTY, 0, 0) < 0) {
+            say("sandtree-agent --tty: cannot open its terminal ", slave);
+            sys(__NR_exit_group, 126, 0, 0, 0);
+        }
+        for (int fd = 0; fd < 3; fd++) sys(__NR_dup3, s, fd, 0, 0);
+        if (s > 2) sys(__NR_close, s, 0, 0, 0);
+        long err = execvpe_(av, ev);
+        say(err == -ENOENT ? "sandtree-agent: command not found: " : "sandtree-agent: cannot run ", av[0]);
+        sys(__NR_exit_group, err == -ENOENT ? 127 : 126, 0, 0, 0);
+    }
+    if (child < 0) { say("sandtree-agent --tty: cannot start ", av[0]); sys(__NR_exit_group, 126, 0, 0, 0); }
+    struct ktermios saved, raw;
+    int restore = sys(__NR_ioctl, 0, TCGETS, (long)&saved, 0) == 0;
+    if (restore) {                                   /* cfmakeraw */
+        raw = saved;
+        raw.iflag &= ~(01 | 02 | 010 | 040 | 0100 | 0200 | 0400 | 02000);   /* IGNBRK BRKINT PARMRK ISTRIP INLCR IGNCR ICRNL IXON */
+        raw.oflag &= ~01u;                                                   /* OPOST */
+        raw.lflag &= ~(010 | 0100 | 02 | 01 | 0100000);                      /* ECHO ECHONL ICANON ISIG IEXTEN */
+        raw.cflag = (raw.cflag & ~(060u | 0400u)) | 060u;                    /* CS8, no parity */
+        raw.cc[6] = 1;                                                       /* VMIN */
+        raw.cc[5] = 0;                                                       /* VTIME */
+        sys(__NR_ioctl, 0, TCSETS, (long)&raw, 0);
+    }
+    int in_open = 1, exited = 0, status = 0;
+    for (;;) {
+        struct pollfd p[3];
+        int k = 0, im = -1, ii = -1, is;
+        im = k; p[k++] = (struct pollfd){master, POLLIN, 0};
+        is = k; p[k++] = (struct pollfd){sfd, POLLIN, 0};
+        if (in_open && !exited) { ii = k; p[k++] = (struct pollfd){0, POLLIN, 0}; }
+        /* once the command exited: what is left on the terminal, then done (a background job that
+         * keeps the terminal open would otherwise hold us forever) */
+        struct { long s, ns; } now = {0, 0};
+        long r = sys(__NR_ppoll, (long)p, k, exited ? (long)&now : 0, 0);
+        if (r == 0) break;
+        if (r < 0) continue;
+        if (p[im].revents) {
+            long got = sys(__NR_read, master, (long)buf, sizeof buf, 0);
+            if (got > 0) write_full(1, buf, got);
+            else if (got == 0 || (got != -EINTR && got != -EAGAIN)) {         /* EIO: no one has it open */
+                if (exited) break;
+                p[im].fd = -1;
+            }
+        }
+        if (ii >= 0 && p[ii].revents) {
+            long got = sys(__NR_read, 0, (long)buf, sizeof buf, 0);
+            if (got > 0) write_full(master, buf, got);
+            else if (got == 0 || (got != -EINTR && got != -EAGAIN)) {         /* the engine's end hung up */
+                in_open = 0;
+                sys(__NR_kill, -child, 1 /* SIGHUP */, 0, 0);
+            }
+        }
+        if (p[is].revents) {
+            struct sfd_info si;
+            while (sys(__NR_read, sfd, (long)&si, sizeof si, 0) == (long)sizeof si) {
+                if (si.signo == SIGWINCH) copy_winsize(master);
+                else if (si.signo != SIGCHLD) sys(__NR_kill, -child, si.signo, 0, 0);
+                else {
+                    int st = 0;
+                    while (sys(__NR_wait4, child, (long)&st, WNOHANG, 0) == child) { exited = 1; status = st; }
+                }
+            }
+        }
+    }
+    if (restore) sys(__NR_ioctl, 0, TCSETS, (long)&saved, 0);
+    if ((status & 0x7f) && (status & 0x7f) != 0x7f) {     /* killed by a signal: the same end */
+        unsigned long all = ~0UL;
+        int sig = status & 0x7f;
+        sys(__NR_rt_sigprocmask, 1 /* SIG_UNBLOCK */, (long)&all, 0, sizeof all);
+        sys(__NR_kill, sys(__NR_getpid, 0, 0, 0, 0), sig, 0, 0);
+        sys(__NR_exit_group, 128 + sig, 0, 0, 0);
+    }
+    sys(__NR_exit_group, (status >> 8) & 0xff, 0, 0, 0);
+}
+
+__attribute__((noreturn, used)) void agent_main(long *sp) {
+    char **av = (char **)(sp + 1), **ev = av + sp[0] + 1;
+    if (sp[0] >= 3 && av[1][0] == '-' && av[1][1] == '-' && av[1][2] == 't' && av[1][3] == 't' && av[1][4] == 'y' &&
+        !av[1][5] && av[2][0] == '-' && av[2][1] == '-' && !av[2][2])
+        tty_relay(av + 3, ev);
     unsigned long chld = 1UL << (SIGCHLD - 1), blocked = chld | (1UL << (13 /* SIGPIPE */ - 1));
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-agent", 0, 0);
     /* SIGCHLD is read from a signalfd; SIGPIPE blocked: a write to a closed pipe is EPIPE */

@@ -9,6 +9,7 @@ instead of passing them on.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -24,7 +25,9 @@ from .liveproc import LiveHandle, open_of
 from .pump import parse_report
 from .validate import validate_spec
 
-__all__ = ["GVisorCommands", "PATH_ENV", "unlink_at"]
+__all__ = ["GVisorCommands", "PATH_ENV", "AGENT", "unlink_at"]
+
+AGENT = "/dev/.sandtree-agent"        # where pid 1's binary is bound in (gVisor's own /dev)
 
 PATH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 # runsc exec's own failures (exit 128 and this on stderr) are no exit of the command's
@@ -67,12 +70,15 @@ class GVisorCommands:
         return out
 
     # ---- commands --------------------------------------------------------------------------------
-    def _mnt(self, h: LiveHandle, words: list[str], *, stdin, stdout, stderr, cls=subprocess.Popen, pass_fds=()):
+    def _mnt(self, h: LiveHandle, words: list[str], *, stdin, stdout, stderr, cls=subprocess.Popen, pass_fds=(),
+             pty: bool = False):
         """runsc WORDS in the sandbox's mount namespace, run by the helper (helper.c enter_mount);
-        returns the helper and its report's read end."""
+        returns the helper and its report's read end. pty: stdin is a terminal, made runsc's
+        controlling one (its window size changes reach runsc as SIGWINCH)."""
         mnt = open_of(h.helper_pid, h.helper_start, "ns/mnt", os.O_RDONLY)
         rep_r, rep_w = os.pipe()
-        return start_reporting([self.rt.helper(), "--report", str(rep_w), "--mnt-fd", str(mnt), "--",
+        return start_reporting([self.rt.helper(), "--report", str(rep_w), "--mnt-fd", str(mnt),
+                                *(["--pty", "1"] if pty else []), "--",
                                 self.runsc(), "--root", "/tmp/state", *words], PATH_ENV, (mnt,) + tuple(pass_fds),
                                (mnt,), rep_r, rep_w, stdin, stdout, stderr, cls=cls)
 
@@ -127,14 +133,16 @@ class GVisorCommands:
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=scratch)
             try:
-                # pty: stdin is a host terminal (the engine's); runsc gives it to the command as its
-                # controlling terminal (gVisor's host TTY), which sets its window size and job control
-                os.write(fd, json.dumps(self.rt.process(spec, terminal=pty)).encode())
+                # pty: stdin is a host terminal (the engine's). gVisor gives it to the process as its
+                # stdio but as no session's controlling terminal: the agent's --tty mode (agent.c)
+                # runs the command on a terminal of gVisor's own that is, and relays the two
+                run = dataclasses.replace(spec, argv=[AGENT, "--tty", "--", *spec.argv]) if pty else spec
+                os.write(fd, json.dumps(self.rt.process(run, terminal=pty)).encode())
             finally:
                 os.close(fd)
             proc, rep_r = self._mnt(h, ["exec", "--process", f"/tmp/{name}", "--internal-pid-file",
                                         f"/tmp/{name[:-5]}.pid", "sandtree"], stdin=stdin, stdout=stdout,
-                                    stderr=stderr, cls=_Exec)
+                                    stderr=stderr, cls=_Exec, pty=pty)
         except BaseException:
             unlink_at(scratch, name)
             os.close(scratch)

@@ -31,7 +31,7 @@ import time
 from ..errors import RuntimeUnavailable, SandboxError
 from .base import RunSpec
 from .build import agent_path
-from .gvisor_commands import PATH_ENV, GVisorCommands, unlink_at
+from .gvisor_commands import AGENT, PATH_ENV, GVisorCommands, unlink_at
 from .live import LiveRuntime, unlink_quietly
 from .liveproc import LiveHandle, open_of, parent_of
 from .pump import parse_report
@@ -39,9 +39,8 @@ from .runfiles import fds_of, network_args
 from .validate import validate_spec
 from ..procid import proc_namespace, start_time
 
-__all__ = ["GVisorLive", "AGENT"]
+__all__ = ["GVisorLive"]
 
-AGENT = "/dev/.sandtree-agent"        # where pid 1's binary is bound in (gVisor's own /dev)
 
 
 class GVisorLive(GVisorCommands, LiveRuntime):

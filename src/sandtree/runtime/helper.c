@@ -1133,7 +1133,9 @@ static int live_runtime(struct opts *o) {
 /* --mnt-fd: a command (runsc exec, runsc ps) in a live gVisor sandbox's mount namespace, where its
  * runsc state and control socket are (see live_runtime). It runs on the host, as the engine's
  * child G; we report as for --enter-fd ("pid", then "exit" and "rusage") and forward SIGRTMIN+n
- * as n to it (runsc exec passes a signal on to its process inside). */
+ * as n to it (runsc exec passes a signal on to its process inside). With --pty 1 its stdin (the
+ * engine's terminal) becomes G's controlling terminal, so a window size set on it reaches G as
+ * SIGWINCH, which runsc exec passes on to the foreground process inside (agent.c --tty). */
 static int enter_mount(struct opts *o) {
     if (setns(o->mnt_fd, CLONE_NEWNS) < 0) die_step("setns-mnt");
     close(o->mnt_fd);
@@ -1144,13 +1146,17 @@ static int enter_mount(struct opts *o) {
     if (g < 0) die_step("fork");
     if (g == 0) {
         for (int s = 1; s <= 30 && SIGRTMIN + s <= SIGRTMAX; s++) signal(SIGRTMIN + s, SIG_DFL);
-        setpgid(0, 0);                           /* forward_rt signals its group */
+        if (o->pty) {                            /* a session of its own: its group is forward_rt's too */
+            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) < 0) _exit(126);
+        } else {
+            setpgid(0, 0);                       /* forward_rt signals its group */
+        }
         if (report_fd >= 0) close(report_fd);
         execv(o->argv[0], o->argv);
         _exit(127);
     }
     g_pid = g;
-    setpgid(g, g);
+    if (!o->pty) setpgid(g, g);
     dprintf(report_fd, "pid %d\n", g);
     close(0);
     close(1);

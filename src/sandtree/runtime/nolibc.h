@@ -14,9 +14,10 @@ static long sys(long n, long a, long b, long c, long d) {
     __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
     return r;
 }
-/* _start: a zeroed frame pointer, an aligned stack, then the program's main (which never returns) */
+/* _start: a zeroed frame pointer, an aligned stack, then the program's main (which never returns),
+ * given the initial stack pointer (argc, argv..., 0, envp..., 0: a main may read its arguments) */
 #define NOLIBC_START(entry) \
-    __asm__(".global _start\n_start:\n xor %rbp,%rbp\n and $-16,%rsp\n call " #entry "\n hlt\n");
+    __asm__(".global _start\n_start:\n xor %rbp,%rbp\n mov %rsp,%rdi\n and $-16,%rsp\n call " #entry "\n hlt\n");
 #elif defined(__aarch64__)
 static long sys(long n, long a, long b, long c, long d) {
     register long x8 __asm__("x8") = n, x0 __asm__("x0") = a, x1 __asm__("x1") = b,
@@ -24,7 +25,7 @@ static long sys(long n, long a, long b, long c, long d) {
     __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
     return x0;
 }
-#define NOLIBC_START(entry) __asm__(".global _start\n_start:\n mov x29, #0\n bl " #entry "\n");
+#define NOLIBC_START(entry) __asm__(".global _start\n_start:\n mov x29, #0\n mov x0, sp\n bl " #entry "\n");
 #else
 #error "sandtree: add this architecture's system call convention to nolibc.h"
 #endif
