@@ -40,7 +40,7 @@ ADAPTERS = ("client", "http", "mcp", "cli")
 # the three edges below (each the entry point of another adapter, not its logic).
 # recipe: a build's values and the Python builder (no I/O but listing a context), which a connect()ed
 # SDK builds too (issue 15: it sends them to the server).
-ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "render",
+ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "render", "tasks",
                       "engine", "tenancy", "recipe", "evaluation", "exploration")
 ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.http.server"),    # `sandtree serve` starts the REST server
@@ -60,7 +60,7 @@ CONFIG_MODULES = ("config",)
 # logic over the engine's operations: they take an engine-like object (Engine or the remote client)
 # and import none of it, so they work in-process and against a server alike; the adapters expose them.
 # integrations (inspect-ai, mini-swe-agent, LangChain) plug the SDK into other frameworks: on top.
-LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows",
+LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows", "tasks",
            "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("engine",),
           ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).

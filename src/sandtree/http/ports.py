@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from .. import defaults as D
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
+from ..tasks import until_first
 from ..tenancy.gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
 from .listeners import ports_base
 from .plumbing import Plumbing
@@ -174,16 +175,11 @@ def ports_router(p: Plumbing) -> APIRouter:
                     return
                 with contextlib.suppress(ConnectionClosed):
                     await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text", ""))
-        tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
+        async def close_both():
             await upstream.close()
             with contextlib.suppress(Exception):
                 await websocket.close()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await until_first(down(), up(), closing=close_both)
 
     return router
 

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Query, WebSocket
 from fastapi.responses import JSONResponse
 
 from ..errors import Forbidden, InvalidInput, SandtreeError
+from ..tasks import until_first
 from ..tenancy.gate import STATE_KEY
 
 PROTOCOL = "sandtree.terminal"
@@ -100,13 +101,9 @@ def terminal_router() -> APIRouter:
                             return
                         _winsize(master, int(control["resize"][0]), int(control["resize"][1]))
 
-        tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await until_first(down(), up())
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(OSError):
                 loop.remove_reader(master)
             await asyncio.to_thread(_end, proc)

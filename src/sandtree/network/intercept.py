@@ -37,6 +37,7 @@ import tempfile
 import urllib.parse
 from typing import Awaitable, Callable
 
+from ..tasks import until_first
 from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
                      get, parse_head, relay_chunks, tokens)
 from . import substitute
@@ -350,10 +351,4 @@ async def _tunnel(cin: Reader, uin: Reader, values, send_up, send_down) -> None:
         if m:
             await send(m.end())
 
-    tasks = [asyncio.ensure_future(pump(cin, send_up, None)), asyncio.ensure_future(pump(uin, send_down, mask))]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await until_first(pump(cin, send_up, None), pump(uin, send_down, mask))
