@@ -17,7 +17,10 @@ the same namespace) or None (cannot tell: another namespace). Callers remove onl
 Names written by older engines (a pid alone) are judged by the pid alone, as they were.
 
 Written into names as `PID-START-NS-` (owner_prefix); into operation rows as owner_pid,
-owner_start, owner_ns.
+owner_start, owner_ns and owner_boot: the machine's boot id (/proc/sys/kernel/random/boot_id), since
+engines on several machines may share one database (API replicas) and a pid namespace's inode is
+not unique across machines (every host's first one is 4026531836). An owner of another boot (another
+machine, or this one before a reboot) is None to alive(): its heartbeat decides (engine/heartbeat.py).
 
 The same holds for a pid read from a cgroup's member list: by the time it is signalled it may
 have exited and been reused outside the group. `signal_member` pins it with a pidfd and
@@ -61,29 +64,49 @@ def proc_namespace() -> int:
     return _ns_inode("/proc/1/ns/pid") or _ns_inode("/proc/self/ns/pid") or 0
 
 
+_BOOT: list[str] = []
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (random per boot), None where it cannot be read."""
+    if not _BOOT:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _BOOT.append(f.read().strip())
+        except OSError:
+            _BOOT.append("")
+    return _BOOT[0] or None
+
+
 @dataclass(frozen=True)
 class Owner:
     pid: int
     start: int | None = None         # None: written by an older engine (a pid alone)
     ns: int | None = None
+    boot: str | None = None          # None: written by an older engine (or a name: names are local)
 
     @classmethod
     def me(cls) -> "Owner":
         pid = int(os.readlink("/proc/self"))
-        return cls(pid, start_time("self"), proc_namespace())
+        return cls(pid, start_time("self"), proc_namespace(), boot_id())
+
+    def key(self) -> str:
+        """Its heartbeat row's key (engine/heartbeat.py)."""
+        return f"{self.boot}-{self.pid}-{self.start}-{self.ns}"
 
     def prefix(self) -> str:
         return f"{self.pid}-{self.start}-{self.ns}-"
 
     def to_dict(self) -> dict:
-        return {"owner_pid": self.pid, "owner_start": self.start, "owner_ns": self.ns}
+        return {"owner_pid": self.pid, "owner_start": self.start, "owner_ns": self.ns, "owner_boot": self.boot}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Owner | None":
-        pid, start, ns = d.get("owner_pid"), d.get("owner_start"), d.get("owner_ns")
+        pid, start, ns, boot = d.get("owner_pid"), d.get("owner_start"), d.get("owner_ns"), d.get("owner_boot")
         if not _is_int(pid):
             return None
-        return cls(pid, start if _is_int(start) else None, ns if _is_int(ns) else None)
+        return cls(pid, start if _is_int(start) else None, ns if _is_int(ns) else None,
+                   boot if isinstance(boot, str) and boot else None)
 
     @classmethod
     def from_name(cls, name: str) -> "Owner | None":
@@ -97,6 +120,8 @@ class Owner:
 
     def alive(self) -> bool | None:
         """True: this very process runs; False: it verifiably does not; None: cannot tell here."""
+        if self.boot is not None and self.boot != boot_id():
+            return None                          # another machine's (or before a reboot)
         if self.start is None:                   # an older engine's record: the pid alone
             return os.path.exists(f"/proc/{self.pid}")
         if self.ns is not None and self.ns != proc_namespace():

@@ -5,7 +5,8 @@ submitted (status from the row: finished NULL = queued or running), and complete
 own transaction, so `sandtree op ID` and every adapter see the same record. Cancel works queued
 (the run never starts) or running (the sandbox is killed; nothing is committed). An engine that
 dies leaves rows unfinished: the next engine marks those of dead processes failed, never
-leaving them "running" forever.
+leaving them "running" forever; an engine that runs or watches operations looks again every few
+seconds, and judges owners on other machines by their heartbeats (heartbeat.py: API replicas).
 
 What this process keeps per operation is bounded (issue 12 item 9: a flooding run grew a server
 by gigabytes, never freed): live output events are kept up to the run's output cap per stream (the
@@ -30,6 +31,7 @@ from typing import Protocol
 from ..errors import InvalidInput, NotFound, SandtreeError
 from ..runtime.base import Limits
 from ..procid import Owner
+from .heartbeat import Heartbeats
 from .imports import registry_module
 from .instances import Instances
 from .liveprocs import fold_process, public_view
@@ -83,6 +85,7 @@ class Operations:
         self.latency = [0] * (len(self.latency_buckets) + 1)
         self.latency_sum = 0.0
         self.instances = Instances(host, self._event)      # runs in live sandboxes (live=True)
+        self.beats = Heartbeats(self.records.store.db)
         self._recover()
 
     def _count(self, status: str, seconds: float | None = None) -> None:
@@ -181,7 +184,7 @@ class Operations:
                 self.changed.wait(max(0.0, end - time.monotonic()))
 
     def _recover(self) -> None:
-        dead = [op for op, spec in self.records.unfinished() if _alive(spec) is False]
+        dead = [op for op, spec in self.records.unfinished() if _alive(spec, self.beats) is False]
         if dead:
             self.records.interrupt(dead, {"error": "interrupted", "message": "the engine running it stopped"})
 
@@ -190,6 +193,7 @@ class Operations:
         process 1 of a live sandbox, which more processes may join while it runs (instances.py);
         stdin_open=True: its stdin stays open for sandbox_stdin (a live run); make_cwd=True: a
         missing cwd is made, not refused (a live run)."""
+        self.beats.start(self._recover)
         stdin_open = bool(options.pop("stdin_open", False))
         make_cwd = bool(options.pop("make_cwd", False))       # a missing cwd is made (Contree's)
         live = bool(options.pop("live", False)) or stdin_open or make_cwd
@@ -259,6 +263,7 @@ class Operations:
         checked now; the registry is reached by the operation, which first logs in with
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
         called in the operation once the image is in."""
+        self.beats.start(self._recover)
         registry = registry_module()
         ref = registry.parse(reference)
         if tag is not None:
@@ -301,6 +306,7 @@ class Operations:
         self.records.finish(op, outcome)
 
     def get(self, op: str) -> dict:
+        self.beats.start(self._recover)          # a watcher of operations sweeps for gone owners too
         rec = self.records.get(op)
         with self.lock:
             live = self.live.get(op)
@@ -379,6 +385,7 @@ class Operations:
                 fut.cancel()
         self.pool.shutdown(wait=True)
         self.instances.close()
+        self.beats.stop()
 
 
 def _is_stream(kind: str, data: str) -> bool:
@@ -389,10 +396,15 @@ def _is_stream(kind: str, data: str) -> bool:
     return kind == "proc" and json.loads(data).get("type") in ("stdout", "stderr", "stdin")
 
 
-def _alive(spec: dict) -> bool | None:
+def _alive(spec: dict, beats: Heartbeats) -> bool | None:
     """Whether the engine that owns an unfinished row still runs: (pid, start time, pid namespace),
-    so a recycled pid is not mistaken for it (runtime/procid.py). None: it runs in another pid
-    namespace, which cannot be judged from here (the row is left to an engine there). A row
-    without an owner (or an older engine's, with a pid alone) is judged as before."""
+    so a recycled pid is not mistaken for it (runtime/procid.py); on another machine (another boot
+    id) by its heartbeat. None: it runs in another pid namespace here, which cannot be judged from
+    here (the row is left to an engine there). A row without an owner (or an older engine's, with a
+    pid alone) is judged as before."""
     owner = Owner.from_dict(spec) if isinstance(spec, dict) else None
-    return False if owner is None else owner.alive()
+    if owner is None:
+        return False
+    alive = owner.alive()
+    return beats.alive(owner) if alive is None and owner.boot is not None and owner.boot != beats.owner.boot \
+        else alive

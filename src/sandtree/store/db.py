@@ -102,6 +102,9 @@ CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT 
 -- Annotations (engine/annotations.py): a score and metadata about an image, like git notes: they never
 -- change its ID. Added in place (IF NOT EXISTS): older stores gain the table, older code ignores it.
 CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
+-- Engines that own operations, by boot id, pid and start time (engine/heartbeat.py): beat every few
+-- seconds, so an engine on another machine (API replicas on one database) can tell that one is gone.
+CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 """
 
 # Columns added since a store was made (same format: older code ignores them), for both backends:
