@@ -285,7 +285,10 @@ class Daemon:
                 "ca_pem": st.ca.pem().decode() if st.ca else None, "scope": entry.scope}
 
     async def op_usage(self, req, fds) -> dict:
-        return {"usage": self._entry(req).state.usage.to_json()}
+        state = self._entry(req).state
+        for c in list(state.conns):
+            c.sync()                # kernel-relayed connections count every second, or now
+        return {"usage": state.usage.to_json()}
 
     async def op_release(self, req, fds) -> dict:
         entry = self._entry(req)

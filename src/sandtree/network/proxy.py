@@ -11,7 +11,7 @@ without a name) are decided by the destination address: network rules, or name r
 names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
 by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
 host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
-by splice (splice.py)."""
+by the kernel (fastpath.py: a BPF sockmap) or else by splice (splice.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import ipaddress
 import socket
 import struct
 
-from . import intercept, netns, plainhttp, splice
+from . import fastpath, intercept, netns, plainhttp, splice
 from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
@@ -72,10 +72,18 @@ class Connection:
         self.sockets: list[socket.socket] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.closed = False
+        self.fast = None                 # fastpath.Fast while the kernel relays it
+
+    def sync(self) -> None:
+        """Bring the link's counters up to date (a kernel-relayed connection counts late)."""
+        if self.fast is not None:
+            self.fast.sync()
 
     def close(self) -> None:
         """Cut both ends; the relay notices (its reads end) and frees the sockets."""
         self.closed = True
+        if self.fast is not None:
+            self.fast.stop()             # counted, and out of the kernel's map before the cut
         for s in self.sockets:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -213,7 +221,8 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
             if first:
                 await loop.sock_sendall(up, first)
                 link.usage.bytes_out += len(first)
-            if not conn.closed:
+            # decided and opaque from here: the kernel relays it when it can (fastpath.py)
+            if not conn.closed and not await fastpath.relay(link.usage, client, up, conn):
                 await splice.relay(link.usage, client, up)
         finally:
             up.close()
