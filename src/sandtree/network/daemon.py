@@ -32,7 +32,7 @@ import time
 from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import netns, recycle, trust
+from . import fastpath, netns, recycle, trust
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made
 from .policy import Policy
@@ -189,7 +189,9 @@ class Daemon:
 
     # ---- requests ----------------------------------------------------------------------------------
     async def op_ping(self, req, fds) -> dict:
-        return {"pid": os.getpid(), "links": len(self.entries), "proxy": True, "stats": dict(self.links.stats)}
+        return {"pid": os.getpid(), "links": len(self.entries), "proxy": True, "stats": dict(self.links.stats),
+                # the kernel relay of opaque connections (fastpath.py): '' or why it is off
+                "relay": {"kernel_off": fastpath.reason(), **fastpath.STATS}}
 
     async def op_attach(self, req, fds) -> dict:
         with self._claim(req) as key:

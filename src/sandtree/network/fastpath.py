@@ -19,6 +19,7 @@ cut (Connection.close calls `stop()`)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import select
 import socket
@@ -28,15 +29,19 @@ import termios
 
 from . import sockmap
 
-__all__ = ["relay", "Fast", "enabled", "disable", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES"]
+__all__ = ["relay", "Fast", "enabled", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES"]
 
 SYNC_SECONDS = 1.0
 BUFFER_BYTES = 32 << 20      # SO_RCVBUF / SO_SNDBUF of a kernel-relayed pair (see Fast.start)
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33   # root may pass net.core.[rw]mem_max
 HOLD_BYTES = 16384           # SO_RCVLOWAT while a pair is being put in (below the initial window)
 _TCP_INFO_LEN, _ACKED, _RECEIVED = 232, 120, 128    # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received
+_TCP_CLOSE = 7
 _EV = select.EPOLLRDHUP | select.EPOLLERR | select.EPOLLHUP
 _state: dict = {"hash": None, "off": None}
+# connections this process relayed by the kernel, and those left to splice.py (kernel path off, or
+# a connection the map would not take: not established any more when its turn came)
+STATS = {"kernel": 0, "splice": 0}
 
 
 def disable(why: str) -> None:
@@ -44,6 +49,12 @@ def disable(why: str) -> None:
     _state["off"] = why
     print(f"sandtree egress: kernel relay off ({why}); opaque connections use the splice relay",
           file=sys.stderr, flush=True)
+
+
+def reason() -> str:
+    """'' while the kernel path is on here, else why it is off."""
+    enabled()
+    return _state["off"] or ""
 
 
 def enabled() -> bool:
@@ -59,9 +70,10 @@ def enabled() -> bool:
     return _state["off"] is None
 
 
-def _info(s: socket.socket) -> tuple[int, int]:
+def _info(s: socket.socket) -> tuple[int, int, int]:
+    """(bytes acked, bytes received, TCP state)."""
     raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-    return struct.unpack_from("=QQ", raw, _ACKED)
+    return struct.unpack_from("=QQ", raw, _ACKED) + (raw[0],)
 
 
 def _ioctl(s: socket.socket, req: int) -> int:
@@ -136,9 +148,10 @@ class Fast:
                 setattr(self.usage, attr, getattr(self.usage, attr) + n - self.counted[src])
                 self.counted[src] = n
 
-    def stop(self) -> None:
+    def stop(self, count: bool = True) -> None:
         """Counted and out of the map: nothing more is redirected (a cut, or the end)."""
-        self.sync()
+        if count:
+            self.sync()
         if self.paired:
             self.paired = False
             self.hash.unpair(self.client, self.up)
@@ -153,12 +166,27 @@ class Fast:
         want = self.moved(src)
         delay = 0.0005
         while True:
-            if dst.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            if _info(dst)[2] == _TCP_CLOSE:
                 return False
             if _stable(lambda: _written(dst)) - self.base_tx[dst] >= want:
                 return True
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+
+def _error(s: socket.socket, fast: Fast) -> bool:
+    """Whether s's pending error is a failure. The kernel reports EPIPE on the socket a FIN's
+    empty skb was redirected to (sk_psock_backlog: a send of 0 bytes counts as a broken pipe)
+    after every byte before it went out: that one is the other side's end, not a failure."""
+    err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    return bool(err) and not (err == errno.EPIPE and _ended(fast.other(s)))
+
+
+def _ended(s: socket.socket) -> bool:
+    """s's peer has sent its FIN (whether or not its event was looked at yet)."""
+    p = select.poll()
+    p.register(s.fileno(), select.POLLRDHUP)
+    return any(ev & select.POLLRDHUP for _, ev in p.poll(0))
 
 
 async def _events(ep: select.epoll, timeout: float) -> list:
@@ -182,20 +210,23 @@ async def relay(usage, client: socket.socket, up: socket.socket, conn=None) -> b
     without doing anything when the kernel path is off here. `conn` (proxy.Connection) gets the
     Fast as `.fast`, so its close() counts and unpairs before it cuts."""
     if not enabled():
+        STATS["splice"] += 1
         return False
     fast = Fast(usage, client, up)
     try:
         fast.start()
     except OSError:
         # this connection only (e.g. the client's FIN came first: the map takes only established
-        # sockets); nothing was redirected, so the splice relay goes on from here
-        fast.stop()
+        # sockets); nothing was redirected, so the splice relay goes on (and counts) from here
+        fast.stop(count=False)
         for s in (client, up):
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
             except OSError:
                 pass
+        STATS["splice"] += 1
         return False
+    STATS["kernel"] += 1
     if conn is not None:
         conn.fast = fast
     by_fd = {client.fileno(): client, up.fileno(): up}
@@ -210,9 +241,10 @@ async def relay(usage, client: socket.socket, up: socket.socket, conn=None) -> b
                 return True                          # cut by a policy change or a release
             for fd, ev in events:
                 src = by_fd[fd]
-                if ev & select.EPOLLERR or (ev & select.EPOLLHUP and not ev & select.EPOLLRDHUP
-                                            and src not in done):
+                if ev & select.EPOLLERR and _error(src, fast):
                     return True                      # a reset: both are cut below
+                if ev & select.EPOLLHUP and not ev & select.EPOLLRDHUP:
+                    return True                      # closed without an end: a reset
                 if ev & select.EPOLLRDHUP and src not in done:
                     fast.eof[src] = True
                     ep.unregister(fd)

@@ -284,6 +284,7 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT,
                       spool_dir: str | None = None) -> ProxyServer:
     """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None;
     `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
+    fastpath.enabled()                  # the daemon's log says now if the kernel relay is off here
     with netns.entered(router_fd):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

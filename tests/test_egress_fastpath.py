@@ -1,0 +1,205 @@
+"""The kernel relay of decided, opaque connections (network/fastpath.py, sockmap.py: a BPF sockhash
+with an SK_SKB verdict program) against the test-made internet (tests/netlab.py): the bytes are
+exact, counted, ends and half-closes pass in order, a policy change cuts it, and where the kernel
+path is off or a connection cannot be paired the splice relay carries it. Every packet stays in
+namespaces this test made."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from sandtree.network import fastpath, sockmap
+from sandtree.network.proxy import recheck
+from sandtree.network.state import Usage
+
+from netlab import ProxyRig, netlab
+
+pytestmark = pytest.mark.skipif(bool(sockmap.reason()), reason=sockmap.reason() or "")
+
+
+@pytest.fixture(scope="module")
+def eg():
+    with netlab() as lab:
+        e = ProxyRig(lab, index=203)
+        try:
+            yield e
+        finally:
+            e.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh(eg):
+    eg.link.usage = Usage()
+    eg.link.policy = None
+    yield
+    assert eg.lab.trap_hits() == {}, "a never-reach address accepted a connection"
+
+
+def _conn(eg):
+    """The proxy's Connection of the one open connection (waits for the relay to take it)."""
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        conns = eg.call(lambda: list(eg.link.conns))
+        if conns and (conns[0].fast is not None or fastpath.STATS["splice"]):
+            return conns[0]
+        time.sleep(0.01)
+    raise AssertionError("no relayed connection")
+
+
+def _counts(eg, out: int, into: int) -> None:
+    deadline = time.time() + 3
+    while time.time() < deadline and (eg.link.usage.bytes_out, eg.link.usage.bytes_in) != (out, into):
+        time.sleep(0.02)
+    assert (eg.link.usage.bytes_out, eg.link.usage.bytes_in) == (out, into)
+
+
+def _echo_through(s: socket.socket, data: bytes) -> bytes:
+    """Send `data` and half-close while reading the echo to its end (the server closes on EOF)."""
+    got = bytearray()
+
+    def send():
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+    t = threading.Thread(target=send)
+    t.start()
+    while chunk := s.recv(1 << 20):
+        got.extend(chunk)
+    t.join()
+    return bytes(got)
+
+
+def test_large_transfer_exact_counted_and_by_the_kernel(eg):
+    eg.policy(["11.1.1.10/32:7"])
+    before = dict(fastpath.STATS)
+    data = os.urandom(48 << 20)
+    with eg.connect(eg.lab.allowed, 7, timeout=20) as s:
+        s.sendall(b"x")
+        assert s.recv(1) == b"x"
+        c = _conn(eg)
+        assert c.fast is not None                              # relayed by the kernel
+        assert _echo_through(s, data) == data                  # byte-exact, in order, both ways
+    assert fastpath.STATS["kernel"] == before["kernel"] + 1
+    _counts(eg, len(data) + 1, len(data) + 1)
+    assert not eg.call(lambda: list(eg.link.conns))           # ended and gone
+
+
+def test_half_close_passes_after_the_bytes_before_it(eg):
+    """The sandbox's FIN reaches the server only after its last bytes; the server's answer after
+    it still comes back, then the server's own end."""
+    eg.policy(["11.1.1.10/32:7"])
+    with eg.connect(eg.lab.allowed, 7) as s:
+        s.sendall(b"1")
+        assert s.recv(1) == b"1"
+        assert _conn(eg).fast is not None
+        s.sendall(b"tail" * 1000)
+        s.shutdown(socket.SHUT_WR)                             # the echo server closes on EOF
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        assert got == b"tail" * 1000
+    _counts(eg, 4001, 4001)
+
+
+def test_server_speaks_first_is_relayed(eg):
+    """A banner that arrived before the pairing waits in its socket's queue and goes out then."""
+    eg.policy(["11.1.1.10/32:2222"])
+    with eg.connect(eg.lab.allowed, 2222) as s:
+        got = b""
+        while chunk := s.recv(100):
+            got += chunk
+        assert got.startswith(b"BANNER ")
+
+
+def test_policy_change_cuts_a_kernel_relayed_connection(eg):
+    eg.policy(["11.1.1.10/32:7"])
+    s = eg.connect(eg.lab.allowed, 7)
+    try:
+        s.sendall(b"abc")
+        assert s.recv(3) == b"abc"
+        c = _conn(eg)
+        assert c.fast is not None
+        s.sendall(b"de")
+        assert s.recv(2) == b"de"
+        eg.call(c.sync)                                        # what the daemon's usage answer does
+        assert (eg.link.usage.bytes_out, eg.link.usage.bytes_in) == (5, 5)
+        eg.policy(["11.1.1.10/32:2222"])
+        assert eg.call(recheck, eg.link) == 1
+        s.settimeout(3)
+        try:
+            s.sendall(b"f")
+            assert s.recv(10) == b""                           # the end, nothing more echoed
+        except ConnectionError:
+            pass
+        assert not eg.call(lambda: c.fast.paired)             # out of the kernel's map
+    finally:
+        s.close()
+    deadline = time.time() + 3
+    while eg.call(lambda: list(eg.link.conns)) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not eg.call(lambda: list(eg.link.conns))
+
+
+def test_kernel_relay_off_falls_back_to_splice(eg, capfd):
+    eg.policy(["11.1.1.10/32:7"])
+    saved = dict(fastpath._state)
+    before = fastpath.STATS["splice"]
+    try:
+        eg.call(fastpath.disable, "off for a test")
+        assert "kernel relay off (off for a test)" in capfd.readouterr().err
+        assert fastpath.reason() == "off for a test"
+        data = os.urandom(12 << 20)
+        with eg.connect(eg.lab.allowed, 7, timeout=20) as s:
+            assert _echo_through(s, data) == data
+    finally:
+        fastpath._state.update(saved)
+    assert fastpath.STATS["splice"] == before + 1
+    _counts(eg, len(data), len(data))
+
+
+def test_a_connection_ended_before_its_pairing_goes_by_splice(eg):
+    """The map takes only established sockets: a sandbox that sent its bytes and its FIN before
+    the proxy got to the pairing is relayed by splice, bytes and end intact."""
+    eg.policy(["11.1.1.10/32:7"])
+    before = dict(fastpath.STATS)
+    with eg.connect(eg.lab.allowed, 7) as s:
+        s.sendall(b"early")
+        s.shutdown(socket.SHUT_WR)                             # before the proxy dialled upstream
+        got = b""
+        while chunk := s.recv(100):
+            got += chunk
+    assert got == b"early"
+    assert fastpath.STATS["splice"] == before["splice"] + 1 and fastpath.STATS["kernel"] == before["kernel"]
+    _counts(eg, 5, 5)
+
+
+def test_program_key_matches_the_socket():
+    """key_of() builds what the program reads from an skb: a pair of plain loopback connections
+    relayed by a map of their own moves bytes both ways (a wrong key would leave them)."""
+    h = sockmap.Sockhash()
+    socks = []
+    try:
+        a_l, b_l = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+        c = socket.create_connection(a_l.getsockname())
+        p1, _ = a_l.accept()
+        p2 = socket.create_connection(b_l.getsockname())
+        s1, _ = b_l.accept()
+        socks = [a_l, b_l, c, p1, p2, s1]
+        for s in (c, s1):
+            s.settimeout(3)
+        h.pair(p1, p2)
+        c.sendall(b"ping")
+        assert s1.recv(4) == b"ping"
+        s1.sendall(b"pong")
+        assert c.recv(4) == b"pong"
+        h.unpair(p1, p2)
+        c.sendall(b"left")                                     # unpaired: stays with p1
+        assert p1.recv(4) == b"left"
+    finally:
+        for s in socks:
+            s.close()
+        h.close()
