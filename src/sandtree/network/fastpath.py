@@ -29,7 +29,7 @@ import termios
 
 from . import sockmap
 
-__all__ = ["relay", "Fast", "enabled", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES"]
+__all__ = ["relay", "Fast", "enabled", "enable", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES"]
 
 SYNC_SECONDS = 1.0
 BUFFER_BYTES = 32 << 20      # SO_RCVBUF / SO_SNDBUF of a kernel-relayed pair (see Fast.start)
@@ -44,11 +44,17 @@ _state: dict = {"hash": None, "off": None}
 STATS = {"kernel": 0, "splice": 0}
 
 
-def disable(why: str) -> None:
+def disable(why: str, log: bool = True) -> None:
     """Use splice.py's relay from now on in this process (the daemon's log says why)."""
     _state["off"] = why
-    print(f"sandtree egress: kernel relay off ({why}); opaque connections use the splice relay",
-          file=sys.stderr, flush=True)
+    if log:
+        print(f"sandtree egress: kernel relay off ({why}); opaque connections use the splice relay",
+              file=sys.stderr, flush=True)
+
+
+def enable() -> None:
+    """Back to the kernel path where it works (benchmarks compare both)."""
+    _state["off"] = None
 
 
 def reason() -> str:
