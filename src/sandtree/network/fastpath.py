@@ -33,6 +33,7 @@ __all__ = ["relay", "Fast", "enabled", "enable", "disable", "reason", "STATS", "
 
 SYNC_SECONDS = 1.0
 BUFFER_BYTES = 32 << 20      # SO_RCVBUF / SO_SNDBUF of a kernel-relayed pair (see Fast.start)
+SEND_BYTES = 32 << 20
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33   # root may pass net.core.[rw]mem_max
 HOLD_BYTES = 16384           # SO_RCVLOWAT while a pair is being put in (below the initial window)
 _TCP_INFO_LEN, _ACKED, _RECEIVED = 232, 120, 128    # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received
@@ -126,7 +127,7 @@ class Fast:
         # taken only while a reader is slower than its writer.
         for s in (c, u):
             s.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, BUFFER_BYTES)
-            s.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, BUFFER_BYTES)
+            s.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, SEND_BYTES)
         c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HOLD_BYTES)
         self.base_rx = {c: _stable(lambda: _consumed(c)), u: 0}
         self.base_tx = {c: _stable(lambda: _written(c)), u: _stable(lambda: _written(u))}
