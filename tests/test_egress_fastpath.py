@@ -161,20 +161,57 @@ def test_kernel_relay_off_falls_back_to_splice(eg, capfd):
     _counts(eg, len(data), len(data))
 
 
-def test_a_connection_ended_before_its_pairing_goes_by_splice(eg):
-    """The map takes only established sockets: a sandbox that sent its bytes and its FIN before
-    the proxy got to the pairing is relayed by splice, bytes and end intact."""
-    eg.policy(["11.1.1.10/32:7"])
-    before = dict(fastpath.STATS)
-    with eg.connect(eg.lab.allowed, 7) as s:
-        s.sendall(b"early")
-        s.shutdown(socket.SHUT_WR)                             # before the proxy dialled upstream
+def _loopback_pair():
+    """c -> p1 (the proxy's accepted socket), p2 -> s1 (the proxy's upstream socket), on loopback."""
+    a_l, b_l = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(a_l.getsockname())
+    p1, _ = a_l.accept()
+    p2 = socket.create_connection(b_l.getsockname())
+    s1, _ = b_l.accept()
+    for s in (c, s1):
+        s.settimeout(5)
+    for s in (p1, p2):
+        s.setblocking(False)
+    a_l.close()
+    b_l.close()
+    return c, p1, p2, s1
+
+
+def test_a_connection_ended_before_its_pairing_goes_by_splice():
+    """The map takes only established sockets: a client that sent its bytes and its FIN before
+    the pairing is left (unread, uncounted) to the splice relay, which carries bytes and ends."""
+    from sandtree.network import splice
+    c, p1, p2, s1 = _loopback_pair()
+    try:
+        c.sendall(b"early")
+        c.shutdown(socket.SHUT_WR)
+        time.sleep(0.05)                                       # p1 is in CLOSE_WAIT now
+        usage = Usage()
+        before = dict(fastpath.STATS)
+
+        async def go():
+            if await fastpath.relay(usage, p1, p2):
+                return "kernel"
+            await splice.relay(usage, p1, p2)
+            return "splice"
+        result = []
+        t = threading.Thread(target=lambda: result.append(__import__("asyncio").run(go())))
+        t.start()
         got = b""
-        while chunk := s.recv(100):
+        while chunk := s1.recv(100):
             got += chunk
-    assert got == b"early"
-    assert fastpath.STATS["splice"] == before["splice"] + 1 and fastpath.STATS["kernel"] == before["kernel"]
-    _counts(eg, 5, 5)
+        s1.sendall(b"back")
+        s1.close()
+        back = b""
+        while chunk := c.recv(100):
+            back += chunk
+        t.join(5)
+        assert result == ["splice"] and got == b"early" and back == b"back"
+        assert fastpath.STATS["splice"] == before["splice"] + 1
+        assert (usage.bytes_out, usage.bytes_in) == (5, 4)
+    finally:
+        for s in (c, p1, p2, s1):
+            s.close()
 
 
 def test_program_key_matches_the_socket():
@@ -203,3 +240,24 @@ def test_program_key_matches_the_socket():
         for s in socks:
             s.close()
         h.close()
+
+
+def test_a_websocket_after_101_is_relayed_by_the_kernel(eg):
+    """Past an accepted upgrade on port 80 the connection is opaque: the kernel relays it, exact
+    and counted (the head and the 101 by the HTTP relay, the rest by the program)."""
+    eg.policy(["allowed.test:80"])
+    before = dict(fastpath.STATS)
+    with eg.connect(eg.lab.allowed, 80, timeout=20) as s:
+        s.sendall(b"GET /upgrade HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 101")
+        data = os.urandom(8 << 20)
+        assert _echo_through(s, data) == data
+    assert fastpath.STATS["kernel"] == before["kernel"] + 1
+    deadline = time.time() + 3
+    while eg.link.usage.bytes_out < len(data) and time.time() < deadline:
+        time.sleep(0.02)
+    assert eg.link.usage.bytes_out > len(data) and eg.link.usage.bytes_in > len(data)
+    assert eg.link.usage.bytes_out - len(data) < 200 and eg.link.usage.bytes_in - len(data) < 400   # the heads

@@ -38,6 +38,7 @@ _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33   # root may pass net.core.[rw]mem_max
 HOLD_BYTES = 16384           # SO_RCVLOWAT while a pair is being put in (below the initial window)
 _TCP_INFO_LEN, _ACKED, _RECEIVED = 232, 120, 128    # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received
 _TCP_CLOSE = 7
+_FIN_RECEIVED = (6, 8, 9, 11)      # TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING
 _EV = select.EPOLLRDHUP | select.EPOLLERR | select.EPOLLHUP
 _state: dict = {"hash": None, "off": None}
 # connections this process relayed by the kernel, and those left to splice.py (kernel path off, or
@@ -141,12 +142,16 @@ class Fast:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)     # runs the verdict on what queued
 
     def moved(self, src: socket.socket) -> int:
-        """Payload bytes src received since the handoff (its FIN not counted)."""
+        """Payload bytes src received since the handoff (its FIN not counted: the FIN is in
+        bytes_received once the state says it came, both read by one getsockopt; a socket that
+        had sent its own FIN goes to CLOSE on its peer's, as on a reset: there the receive side's
+        shutdown tells, and a reset counts one byte less)."""
         try:
-            n = _received(src) - self.base_rx[src]
+            _, received, state = _info(src)
         except OSError:
             return self.counted[src]
-        return n - 1 if self.eof[src] else n
+        fin = state in _FIN_RECEIVED or (state == _TCP_CLOSE and _ended(src))
+        return received - self.base_rx[src] - fin
 
     def sync(self) -> None:
         for src, attr in ((self.client, "bytes_out"), (self.up, "bytes_in")):

@@ -216,7 +216,7 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
                 async def later(other: str) -> Verdict:
                     return (await _decide(link, other, dialled, port, upstream, own, False))[3]
                 if not conn.closed:
-                    await plainhttp.relay(link, client, up, first, req, port, later)
+                    await plainhttp.relay(link, client, up, first, req, port, later, conn)
                 return
             if first:
                 await loop.sock_sendall(up, first)
