@@ -88,6 +88,19 @@ def test_large_transfer_exact_counted_and_by_the_kernel(eg):
     assert not eg.call(lambda: list(eg.link.conns))           # ended and gone
 
 
+def test_https_after_its_sni_is_relayed_by_the_kernel(eg):
+    """The ClientHello the proxy read goes up first; the handshake and the rest by the kernel."""
+    eg.policy(["allowed.test"])
+    before = dict(fastpath.STATS)
+    status, body = eg.https(eg.lab.allowed, "allowed.test", "/bytes/3000000")
+    assert status == 200 and len(body) == 3000000
+    assert fastpath.STATS["kernel"] == before["kernel"] + 1
+    deadline = time.time() + 3
+    while eg.link.usage.bytes_in < 3000000 and time.time() < deadline:
+        time.sleep(0.02)
+    assert 3000000 < eg.link.usage.bytes_in < 3100000           # the body, TLS records and the handshake
+
+
 def test_half_close_passes_after_the_bytes_before_it(eg):
     """The sandbox's FIN reaches the server only after its last bytes; the server's answer after
     it still comes back, then the server's own end."""

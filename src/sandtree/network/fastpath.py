@@ -29,11 +29,12 @@ import termios
 
 from . import sockmap
 
-__all__ = ["relay", "Fast", "enabled", "enable", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES"]
+__all__ = ["relay", "Fast", "enabled", "enable", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES",
+           "SEND_BYTES"]
 
 SYNC_SECONDS = 1.0
 BUFFER_BYTES = 32 << 20      # SO_RCVBUF / SO_SNDBUF of a kernel-relayed pair (see Fast.start)
-SEND_BYTES = 32 << 20
+SEND_BYTES = 32 << 20        # (a send side of its own: the two were measured apart)
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33   # root may pass net.core.[rw]mem_max
 HOLD_BYTES = 16384           # SO_RCVLOWAT while a pair is being put in (below the initial window)
 _TCP_INFO_LEN, _ACKED, _RECEIVED = 232, 120, 128    # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received
@@ -122,10 +123,12 @@ class Fast:
 
     def start(self) -> None:
         c, u = self.client, self.up
-        # The program's queue gets no receive-buffer autotuning (that runs in recvmsg): measured,
-        # the default buffers gave 290 MB/s, 8 MiB 540, 32 MiB 1.2-1.9 GB/s. 32 MiB is what
-        # autotuning may give a spliced socket anyway (tcp_rmem's max here); kernel memory is
-        # taken only while a reader is slower than its writer.
+        # The program's path gets no buffer autotuning (that runs in recvmsg), and the kernel's
+        # worker retries a full send buffer only a jiffy later (sk_psock_backlog: EAGAIN ->
+        # schedule_delayed_work(.., 1)): measured, default buffers gave 290 MB/s, 8 MiB 540,
+        # 32 MiB 1.1-1.5 GB/s, 128 MiB a little more (not worth 4x the memory a stalled reader
+        # pins). 32 MiB is what autotuning may give a spliced socket's receive side anyway
+        # (tcp_rmem's max here); the memory is taken only while a reader is slower than its writer.
         for s in (c, u):
             s.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, BUFFER_BYTES)
             s.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, SEND_BYTES)
