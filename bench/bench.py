@@ -301,18 +301,18 @@ def unrecycled_image(img, work: str):
 
 
 def egress_rows(table: Table, args) -> None:
-    """The bulk download rows (bench/egress.py): direct, the kernel relay, the splice relay, port 80."""
+    """The bulk download rows (bench/egress.py): direct, the splice relay, the kernel relay, port 80."""
     import network
     k = args.egress_rounds
     d = network.download(args.egress_mb, k)
     mc = d["machine"]
     table.add_row(f"{args.egress_mb} MB download through the egress proxy (MB/s, median of {k})",
-                  f"{d['proxy']:.0f}", "", f"{d['proxy'] / d['direct']:.2f}x direct ({d['direct']:.0f})"
-                  + (f"; kernel relay off: {d['kernel']}" if d["kernel"] else "; kernel relay")
-                  + f"; CPU s/GB: proxy {d['cpu']['proxy']:.2f}, machine {mc['proxy']:.2f} vs {mc['direct']:.2f}")
-    table.add_row(f"{args.egress_mb} MB download, the splice relay (kernel relay off; MB/s, median of {k})",
-                  f"{d['splice']:.0f}", "", f"{d['splice'] / d['direct']:.2f}x direct; CPU s/GB: proxy "
-                  f"{d['cpu']['splice']:.2f}, machine {mc['splice']:.2f}")
+                  f"{d['proxy']:.0f}", "", f"{d['proxy'] / d['direct']:.2f}x direct ({d['direct']:.0f}); CPU "
+                  f"s/GB: proxy {d['cpu']['proxy']:.2f}, machine {mc['proxy']:.2f} vs {mc['direct']:.2f} direct")
+    table.add_row(f"{args.egress_mb} MB download, kernel relay (SANDTREE_EGRESS_RELAY=kernel; MB/s, median of {k})",
+                  f"{d['kernel']:.0f}", "", (f"off: {d['kernel_off']}" if d["kernel_off"] else
+                                             f"{d['kernel'] / d['direct']:.2f}x direct; CPU s/GB: proxy "
+                                             f"{d['cpu']['kernel']:.2f}, machine {mc['kernel']:.2f}"))
     table.add_row(f"{args.egress_mb} MB plain HTTP on port 80 through the egress proxy (MB/s, median of {k})",
                   f"{d['http']:.0f}", "", f"{d['http'] / d['direct']:.2f}x direct; CPU s/GB: proxy "
                   f"{d['cpu']['http']:.2f}, machine {mc['http']:.2f}")

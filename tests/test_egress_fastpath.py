@@ -24,12 +24,14 @@ pytestmark = pytest.mark.skipif(bool(sockmap.reason()), reason=sockmap.reason() 
 
 @pytest.fixture(scope="module")
 def eg():
+    fastpath.choose("kernel")                  # what the daemon's --relay kernel does
     with netlab() as lab:
         e = ProxyRig(lab, index=203)
         try:
             yield e
         finally:
             e.close()
+            fastpath.choose("splice")
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +161,6 @@ def test_policy_change_cuts_a_kernel_relayed_connection(eg):
 
 def test_kernel_relay_off_falls_back_to_splice(eg, capfd):
     eg.policy(["11.1.1.10/32:7"])
-    saved = dict(fastpath._state)
     before = fastpath.STATS["splice"]
     try:
         eg.call(fastpath.disable, "off for a test")
@@ -169,7 +170,7 @@ def test_kernel_relay_off_falls_back_to_splice(eg, capfd):
         with eg.connect(eg.lab.allowed, 7, timeout=20) as s:
             assert _echo_through(s, data) == data
     finally:
-        fastpath._state.update(saved)
+        eg.call(fastpath.choose, "kernel")
     assert fastpath.STATS["splice"] == before + 1
     _counts(eg, len(data), len(data))
 
@@ -190,7 +191,7 @@ def _loopback_pair():
     return c, p1, p2, s1
 
 
-def test_a_connection_ended_before_its_pairing_goes_by_splice():
+def test_a_connection_ended_before_its_pairing_goes_by_splice(eg):
     """The map takes only established sockets: a client that sent its bytes and its FIN before
     the pairing is left (unread, uncounted) to the splice relay, which carries bytes and ends."""
     from sandtree.network import splice
@@ -274,3 +275,43 @@ def test_a_websocket_after_101_is_relayed_by_the_kernel(eg):
         time.sleep(0.02)
     assert eg.link.usage.bytes_out > len(data) and eg.link.usage.bytes_in > len(data)
     assert eg.link.usage.bytes_out - len(data) < 200 and eg.link.usage.bytes_in - len(data) < 400   # the heads
+
+
+def test_the_splice_relay_unless_the_kernel_one_is_chosen(eg):
+    """The daemon's default (SANDTREE_EGRESS_RELAY unset): splice; config, client and daemon pass
+    the choice on."""
+    import subprocess
+    import sys
+    from sandtree import config
+    eg.policy(["11.1.1.10/32:7"])
+    before = dict(fastpath.STATS)
+    try:
+        eg.call(fastpath.choose, "splice")
+        assert fastpath.reason() == fastpath.NOT_CHOSEN
+        with eg.connect(eg.lab.allowed, 7) as s:
+            assert _echo_through(s, b"plain") == b"plain"
+    finally:
+        eg.call(fastpath.choose, "kernel")
+    assert fastpath.STATS["splice"] == before["splice"] + 1 and fastpath.STATS["kernel"] == before["kernel"]
+    code = "from sandtree import config; print(config.egress_relay())"
+    env = {k: v for k, v in os.environ.items() if k != "SANDTREE_EGRESS_RELAY"}
+    for value, want in ((None, "splice"), ("kernel", "kernel"), ("KERNEL ", "kernel"), ("bpf", "splice")):
+        e = env | ({"SANDTREE_EGRESS_RELAY": value} if value else {})
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want
+    assert config.egress_relay() in ("splice", "kernel")
+
+
+def test_the_daemon_takes_the_choice_from_the_environment(tmp_path, monkeypatch):
+    """The client starts the store's daemon with --relay from SANDTREE_EGRESS_RELAY; its ping
+    says which relay is on (and why the kernel one is off)."""
+    from sandtree.network.client import Egress
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    monkeypatch.setenv("PYTHONPATH", src)
+    for value, off in (("kernel", ""), ("", fastpath.NOT_CHOSEN)):
+        monkeypatch.setenv("SANDTREE_EGRESS_RELAY", value)
+        e = Egress(str(tmp_path / (value or "default")))
+        try:
+            assert e.ping()["relay"]["kernel_off"] == off
+        finally:
+            e.stop_daemon()

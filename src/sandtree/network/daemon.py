@@ -7,6 +7,7 @@ message, a link's namespace fd passed by SCM_RIGHTS (client.py is the other end;
 "Network egress").
 
     python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]] [--upstream-ca F]
+        [--relay splice|kernel]
 
 The process sits in the upstream namespace (the host's unless --upstream-netns names another):
 every outbound connection the proxy dials is made there; router-side sockets are made through
@@ -418,6 +419,8 @@ def main(argv=None) -> int:
     p.add_argument("--upstream-netns")
     p.add_argument("--upstream-dns")
     p.add_argument("--upstream-ca")
+    p.add_argument("--relay", choices=("splice", "kernel"), default="splice",
+                   help="decided opaque connections: splice(2) (default) or the kernel's sockmap")
     p.add_argument("--grace", type=float, default=GRACE, help=argparse.SUPPRESS)    # tests
     p.add_argument("--idle", type=float, default=IDLE, help=argparse.SUPPRESS)      # tests
     a = p.parse_args(argv)
@@ -472,6 +475,7 @@ def _serve(a, base: str, w: int) -> int:
     # the loop, which answers a run's set_policy and release, gets the GIL back within 0.5 ms
     # instead of the default 5 (measured: a networked run waited 0.6 ms p50, 2.6 p90 for its set_policy).
     sys.setswitchinterval(0.0005)
+    fastpath.choose(a.relay)          # the log says if the kernel relay was asked for and can not be
     daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca, a.grace, a.idle)
     path = socket_path(a.home)
     with contextlib.suppress(FileNotFoundError):

@@ -12,8 +12,10 @@ queued (tcp_set_rcvlowat calls tcp_data_ready). An end is passed on only once ev
 it went out: src's FIN is followed by dst's shutdown(SHUT_WR) when dst's written bytes (acked +
 SIOCOUTQ) caught up with src's received ones (the program's queue is not visible otherwise).
 
-`relay()` answers False (nothing done) where the kernel cannot (sockmap.reason()); the caller then
-uses splice.py's relay. Counts go into the link's usage every SYNC_SECONDS, on an end and on a
+Off unless chosen (`choose("kernel")`: the daemon's --relay, from SANDTREE_EGRESS_RELAY): measured
+here it moved the proxy's CPU into kernel workers without making downloads faster (design.md).
+`relay()` answers False (nothing done) where it is off or the kernel cannot (sockmap.reason()); the
+caller then uses splice.py's relay. Counts go into the link's usage every SYNC_SECONDS, on an end and on a
 cut (Connection.close calls `stop()`)."""
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import termios
 
 from . import sockmap
 
-__all__ = ["relay", "Fast", "enabled", "enable", "disable", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES",
+__all__ = ["relay", "Fast", "enabled", "enable", "disable", "choose", "NOT_CHOSEN", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES",
            "SEND_BYTES"]
 
 SYNC_SECONDS = 1.0
@@ -41,7 +43,8 @@ _TCP_INFO_LEN, _ACKED, _RECEIVED = 232, 120, 128    # struct tcp_info: tcpi_byte
 _TCP_CLOSE = 7
 _FIN_RECEIVED = (6, 8, 9, 11)      # TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING
 _EV = select.EPOLLRDHUP | select.EPOLLERR | select.EPOLLHUP
-_state: dict = {"hash": None, "off": None}
+NOT_CHOSEN = "not chosen (SANDTREE_EGRESS_RELAY=kernel chooses it)"
+_state: dict = {"hash": None, "off": NOT_CHOSEN}
 # connections this process relayed by the kernel, and those left to splice.py (kernel path off, or
 # a connection the map would not take: not established any more when its turn came)
 STATS = {"kernel": 0, "splice": 0}
@@ -56,8 +59,17 @@ def disable(why: str, log: bool = True) -> None:
 
 
 def enable() -> None:
-    """Back to the kernel path where it works (benchmarks compare both)."""
+    """The kernel path from now on where it works (the daemon's --relay kernel; tests, bench)."""
     _state["off"] = None
+
+
+def choose(relay: str) -> None:
+    """'kernel' (checked at once: the log says if it can not be) or 'splice'."""
+    if relay == "kernel":
+        enable()
+        enabled()
+    else:
+        _state["off"] = NOT_CHOSEN
 
 
 def reason() -> str:

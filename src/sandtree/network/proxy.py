@@ -11,7 +11,7 @@ without a name) are decided by the destination address: network rules, or name r
 names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
 by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
 host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
-by the kernel (fastpath.py: a BPF sockmap) or else by splice (splice.py)."""
+by splice (splice.py), or by the kernel when chosen (fastpath.py: a BPF sockmap)."""
 
 from __future__ import annotations
 
@@ -284,7 +284,6 @@ async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT,
                       spool_dir: str | None = None) -> ProxyServer:
     """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None;
     `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
-    fastpath.enabled()                  # the daemon's log says now if the kernel relay is off here
     with netns.entered(router_fd):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
