@@ -4,7 +4,7 @@ rule), both sockets go into a BPF SOCKHASH whose stream-verdict program (SK_SKB)
 received skb to the egress of the other socket. Bytes then go socket to socket inside the kernel:
 no pipe, no splice, no wake-up of the proxy per chunk (what Cilium's and Envoy's acceleration do).
 
-The program is eleven instructions assembled here (no BPF library is a dependency; bpf(2) by
+The program is 19 instruction slots assembled here (no BPF library is a dependency; bpf(2) by
 ctypes): it builds its own socket's 4-tuple as a key and calls bpf_sk_redirect_hash with it. The
 map holds each socket under its PEER's 4-tuple, so the lookup of a socket's own tuple gives the
 socket to send to. A missing key (a pair half inserted, or taken out by a cut) leaves the bytes
