@@ -6,8 +6,8 @@ socket, `$SANDTREE_HOME/network/egress.sock` (0600): one JSON request and one JS
 message, a link's namespace fd passed by SCM_RIGHTS (client.py is the other end; design.md,
 "Network egress").
 
-    python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]] [--upstream-ca F]
-        [--relay splice|kernel]
+    python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]]
+        [--upstream-ca F] [--relay splice|kernel]
 
 The process sits in the upstream namespace (the host's unless --upstream-netns names another):
 every outbound connection the proxy dials is made there; router-side sockets are made through
@@ -191,8 +191,7 @@ class Daemon:
     # ---- requests ----------------------------------------------------------------------------------
     async def op_ping(self, req, fds) -> dict:
         return {"pid": os.getpid(), "links": len(self.entries), "proxy": True, "stats": dict(self.links.stats),
-                # the kernel relay of opaque connections (fastpath.py): '' or why it is off
-                "relay": {"kernel_off": fastpath.reason(), **fastpath.STATS}}
+                "relay": {"kernel_off": fastpath.reason(), **fastpath.STATS}}     # fastpath.py
 
     async def op_attach(self, req, fds) -> dict:
         with self._claim(req) as key:
@@ -288,10 +287,7 @@ class Daemon:
                 "ca_pem": st.ca.pem().decode() if st.ca else None, "scope": entry.scope}
 
     async def op_usage(self, req, fds) -> dict:
-        state = self._entry(req).state
-        for c in list(state.conns):
-            c.sync()                # kernel-relayed connections count every second, or now
-        return {"usage": state.usage.to_json()}
+        return {"usage": proxy.synced(self._entry(req).state).to_json()}
 
     async def op_release(self, req, fds) -> dict:
         entry = self._entry(req)
@@ -419,8 +415,7 @@ def main(argv=None) -> int:
     p.add_argument("--upstream-netns")
     p.add_argument("--upstream-dns")
     p.add_argument("--upstream-ca")
-    p.add_argument("--relay", choices=("splice", "kernel"), default="splice",
-                   help="decided opaque connections: splice(2) (default) or the kernel's sockmap")
+    p.add_argument("--relay", choices=("splice", "kernel"), default="splice")   # fastpath.py
     p.add_argument("--grace", type=float, default=GRACE, help=argparse.SUPPRESS)    # tests
     p.add_argument("--idle", type=float, default=IDLE, help=argparse.SUPPRESS)      # tests
     a = p.parse_args(argv)

@@ -13,10 +13,10 @@ it went out: src's FIN is followed by dst's shutdown(SHUT_WR) when dst's written
 SIOCOUTQ) caught up with src's received ones (the program's queue is not visible otherwise).
 
 Off unless chosen (`choose("kernel")`: the daemon's --relay, from SANDTREE_EGRESS_RELAY): measured
-here it moved the proxy's CPU into kernel workers without making downloads faster (design.md).
-`relay()` answers False (nothing done) where it is off or the kernel cannot (sockmap.reason()); the
-caller then uses splice.py's relay. Counts go into the link's usage every SYNC_SECONDS, on an end and on a
-cut (Connection.close calls `stop()`)."""
+here it moved the proxy's CPU into kernel workers and was not reliably faster (design.md, "The
+relay, measured"). `relay()` answers False (nothing done) where it is off or the kernel cannot
+(sockmap.reason()); the caller then uses splice.py's relay. Counts go into the link's usage every
+SYNC_SECONDS, on an end and on a cut (Connection.close calls `stop()`)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ import termios
 
 from . import sockmap
 
-__all__ = ["relay", "Fast", "enabled", "enable", "disable", "choose", "NOT_CHOSEN", "reason", "STATS", "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES",
-           "SEND_BYTES"]
+__all__ = ["relay", "Fast", "enabled", "enable", "disable", "choose", "reason", "NOT_CHOSEN", "STATS",
+           "SYNC_SECONDS", "HOLD_BYTES", "BUFFER_BYTES", "SEND_BYTES"]
 
 SYNC_SECONDS = 1.0
 BUFFER_BYTES = 32 << 20      # SO_RCVBUF / SO_SNDBUF of a kernel-relayed pair (see Fast.start)
@@ -128,7 +128,7 @@ class Fast:
         self.usage, self.client, self.up = usage, client, up
         self.hash = _state["hash"]
         self.paired = False
-        self.eof = {client: False, up: False}       # its FIN has arrived
+        self.stopped = False                       # stop() was called: a cut or the end
         self.base_rx = {client: 0, up: 0}
         self.base_tx = {client: 0, up: 0}
         self.counted = {client: 0, up: 0}          # what sync() put into usage so far
@@ -177,6 +177,7 @@ class Fast:
 
     def stop(self, count: bool = True) -> None:
         """Counted and out of the map: nothing more is redirected (a cut, or the end)."""
+        self.stopped = True
         if count:
             self.sync()
         if self.paired:
@@ -188,12 +189,13 @@ class Fast:
 
     async def drained(self, src: socket.socket) -> bool:
         """Wait until every byte src received before its FIN went into the other socket; False
-        when the other socket failed first (its bytes will not go out)."""
+        when the other socket failed first (its bytes will not go out) or the connection was cut
+        meanwhile (a reader that never reads would keep it waiting)."""
         dst = self.other(src)
         want = self.moved(src)
         delay = 0.0005
         while True:
-            if _info(dst)[2] == _TCP_CLOSE:
+            if self.stopped or _info(dst)[2] == _TCP_CLOSE:
                 return False
             if _stable(lambda: _written(dst)) - self.base_tx[dst] >= want:
                 return True
@@ -273,7 +275,6 @@ async def relay(usage, client: socket.socket, up: socket.socket, conn=None) -> b
                 if ev & select.EPOLLHUP and not ev & select.EPOLLRDHUP:
                     return True                      # closed without an end: a reset
                 if ev & select.EPOLLRDHUP and src not in done:
-                    fast.eof[src] = True
                     ep.unregister(fd)
                     if not await fast.drained(src):
                         return True

@@ -27,7 +27,7 @@ from .policy import Verdict
 from .sniff import SNIFF_BYTES, sni
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
+__all__ = ["serve_proxy", "recheck", "synced", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
            "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
 
 SO_ORIGINAL_DST = 80
@@ -97,6 +97,13 @@ def _verdict(link: LinkState, names, ip, port, own) -> Verdict:
     if link.policy is None:
         return Verdict(False, "this sandbox has no network")
     return link.policy.connect(names, ip, port, own)
+
+
+def synced(link: LinkState):
+    """link.usage with its kernel-relayed connections counted up to now (they count every second)."""
+    for c in list(link.conns):
+        c.sync()
+    return link.usage
 
 
 def recheck(link: LinkState) -> int:
