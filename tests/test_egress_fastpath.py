@@ -315,3 +315,43 @@ def test_the_daemon_takes_the_choice_from_the_environment(tmp_path, monkeypatch)
             assert e.ping()["relay"]["kernel_off"] == off
         finally:
             e.stop_daemon()
+
+
+def test_a_cut_ends_the_wait_for_a_reader_that_never_reads():
+    """The sandbox sent its last bytes and its FIN, the server reads nothing: the relay waits for
+    those bytes to go out before it passes the FIN on; a cut (Connection.close) ends that wait."""
+    import asyncio
+    from sandtree.network.proxy import Connection
+    fastpath.choose("kernel")
+    c, p1, p2, s1 = _loopback_pair()
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        conn = Connection(None, [], None, 7, False, ())
+        conn.sockets += [p1, p2]
+        usage = Usage()
+        job = asyncio.run_coroutine_threadsafe(fastpath.relay(usage, p1, p2, conn), loop)
+        deadline = time.time() + 3
+        while conn.fast is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert conn.fast is not None
+        c.settimeout(10)
+        c.sendall(os.urandom(50 << 20))                       # more than p2 can hold: s1 reads nothing
+        c.shutdown(socket.SHUT_WR)
+        time.sleep(1.0)
+        import select
+        poll = select.poll()
+        poll.register(p1.fileno(), select.POLLRDHUP)
+        assert poll.poll(0), "the FIN reached the proxy"        # so the relay is past the event ...
+        assert not job.done()                                  # ... waiting for the bytes before it
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(3)
+        loop.call_soon_threadsafe(conn.close)
+        assert job.result(3) is True                           # the cut ended it
+        assert 0 < usage.bytes_out <= 50 << 20
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(3)
+        for s in (c, p1, p2, s1):
+            s.close()
+        fastpath.choose("splice")
