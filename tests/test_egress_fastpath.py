@@ -243,6 +243,8 @@ def test_program_key_matches_the_socket():
         for s in (c, s1):
             s.settimeout(3)
         h.pair(p1, p2)
+        with pytest.raises(OSError):
+            h.pair(p2, p1)                                     # a key in already is never replaced
         c.sendall(b"ping")
         assert s1.recv(4) == b"ping"
         s1.sendall(b"pong")

@@ -33,6 +33,7 @@ _MAP_TYPE_SOCKHASH = 18
 _PROG_TYPE_SK_SKB = 14
 _SK_SKB_STREAM_VERDICT = 5
 _FUNC_SK_REDIRECT_HASH = 72
+_NOEXIST = 1
 _KEY = 16                            # remote_ip4, local_ip4, remote_port, local_port: 4 x u32
 
 # struct __sk_buff offsets of the fields the key is made of
@@ -118,8 +119,11 @@ class Sockhash:
     def _update(self, key: bytes, sock: socket.socket) -> None:
         k = ctypes.create_string_buffer(key, _KEY)
         v = ctypes.c_uint32(sock.fileno())
+        # BPF_NOEXIST: a key already in (two sockets with one 4-tuple, one in the router's namespace
+        # and one in the upstream's: only if the host had a link's address) fails the pairing
+        # (that connection goes by splice) instead of taking another connection's place
         _bpf(_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", self.map_fd, 0, ctypes.addressof(k),
-                                           ctypes.addressof(v), 0))
+                                           ctypes.addressof(v), _NOEXIST))
 
     def _delete(self, key: bytes) -> None:
         k = ctypes.create_string_buffer(key, _KEY)
