@@ -1,13 +1,13 @@
 """Egress throughput: a 1 GB download through the transparent proxy (sandbox namespace -> router's
 nft redirect -> proxy -> upstream namespace -> server) against the same download straight from the
-upstream namespace (what the host would get). Two paths through the proxy: port 8080 allowed by a
-network rule (an opaque TCP relay: by the splice relay, the default, and by the kernel's
-sockmap, network/fastpath.py, which SANDTREE_EGRESS_RELAY=kernel chooses) and port 80 allowed by name (plain HTTP: each
-request's Host decided, the response body spliced by its length). The paths take turns in each
-round (the machine's load moves them alike). CPU is given twice: this process's (the proxy: its
-loop, its splice threads) and the whole machine's busy time from /proc/stat (the kernel relay's
-work runs in kernel workers and softirqs, not in the proxy; other work on the machine is in it
-too). Everything runs in namespaces made here (tests/
+upstream namespace (what the host would get); the sandbox's namespace has a link's socket buffer
+limits. Two paths through the proxy: port 8080 allowed by a network rule (an opaque TCP relay: by
+the splice relay, the default, and by the kernel's sockmap, network/fastpath.py, which
+SANDTREE_EGRESS_RELAY=kernel chooses) and port 80 allowed by name (plain HTTP: each request's Host
+decided, the response body spliced by its length). The paths take turns in each round (the
+machine's load moves them alike). CPU is given twice: this process's (the proxy: its loop, its
+splice threads) and the whole machine's busy time from /proc/stat (the kernel relay's work runs in
+kernel workers and softirqs, not in the proxy; other work on the machine is in it too). Everything runs in namespaces made here (tests/
 netlab.py): the server and both clients are processes of their own (nsenter), so the proxy's
 event loop is the only Python work in this process. Prints the rates; asserts nothing.
 
@@ -26,7 +26,18 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from netlab import ALLOWED, ProxyRig, netlab  # noqa: E402
 
-from sandtree.network import fastpath  # noqa: E402
+from sandtree.network import fastpath, netns  # noqa: E402
+from sandtree.network.links import LINK_SYSCTLS  # noqa: E402
+
+
+def _as_a_link(fd: int) -> None:
+    """The rig's sandbox namespace gets a real link's socket buffer limits (links.py: tcp_rmem's
+    maximum 256 KiB, tcp_wmem's 64 KiB), so the download is measured as a sandbox would make it."""
+    with netns.entered(fd):
+        for name, value in LINK_SYSCTLS:
+            if name in ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
+                with open("/proc/sys/" + name.replace(".", "/"), "w") as f:
+                    f.write(value)
 
 PORT = 8080
 SERVER = r"""
@@ -95,6 +106,7 @@ def measure(mb: int = 1024, rounds: int = 3) -> dict:
     n = mb << 20
     with netlab(serve=(443, 7, 2222)) as lab:     # port 80 is this bench's own server
         rig = ProxyRig(lab)
+        _as_a_link(rig.sandbox_fd)
         servers = [subprocess.Popen(nsrun(lab.internet_fd, SERVER, n, ALLOWED, port), pass_fds=(lab.internet_fd,),
                                     stdout=subprocess.PIPE, text=True) for port in (PORT, 80)]
         try:
