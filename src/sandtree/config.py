@@ -70,3 +70,10 @@ def egress_upstream() -> tuple[str | None, str | None, str | None]:
     for upstream TLS besides the system's)."""
     return (os.environ.get("SANDTREE_EGRESS_NETNS") or None, os.environ.get("SANDTREE_EGRESS_DNS") or None,
             os.environ.get("SANDTREE_EGRESS_CA") or None)
+
+
+def egress_relay() -> str:
+    """How the egress daemon relays decided opaque connections: SANDTREE_EGRESS_RELAY=splice (the
+    default: splice(2) through a pipe, network/splice.py) or kernel (a BPF sockmap, network/
+    fastpath.py; it falls back to splice where the kernel can not). Anything else is splice."""
+    return "kernel" if os.environ.get("SANDTREE_EGRESS_RELAY", "").strip().lower() == "kernel" else "splice"

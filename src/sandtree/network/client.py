@@ -135,6 +135,7 @@ class Egress:
                             ("--upstream-ca", self.upstream_ca)):
             if value:
                 cmd += [flag, value]
+        cmd += ["--relay", config.egress_relay()]
         env = config.inherited_environment()
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__ + "/..")))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)

@@ -6,7 +6,8 @@ socket, `$SANDTREE_HOME/network/egress.sock` (0600): one JSON request and one JS
 message, a link's namespace fd passed by SCM_RIGHTS (client.py is the other end; design.md,
 "Network egress").
 
-    python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]] [--upstream-ca F]
+    python -m sandtree.network.daemon --home H [--upstream-netns P] [--upstream-dns IP[:PORT]]
+        [--upstream-ca F] [--relay splice|kernel]
 
 The process sits in the upstream namespace (the host's unless --upstream-netns names another):
 every outbound connection the proxy dials is made there; router-side sockets are made through
@@ -32,7 +33,7 @@ import time
 from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import netns, recycle, trust
+from . import fastpath, netns, recycle, trust
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made
 from .policy import Policy
@@ -189,7 +190,8 @@ class Daemon:
 
     # ---- requests ----------------------------------------------------------------------------------
     async def op_ping(self, req, fds) -> dict:
-        return {"pid": os.getpid(), "links": len(self.entries), "proxy": True, "stats": dict(self.links.stats)}
+        return {"pid": os.getpid(), "links": len(self.entries), "proxy": True, "stats": dict(self.links.stats),
+                "relay": {"kernel_off": fastpath.reason(), **fastpath.STATS}}     # fastpath.py
 
     async def op_attach(self, req, fds) -> dict:
         with self._claim(req) as key:
@@ -285,7 +287,7 @@ class Daemon:
                 "ca_pem": st.ca.pem().decode() if st.ca else None, "scope": entry.scope}
 
     async def op_usage(self, req, fds) -> dict:
-        return {"usage": self._entry(req).state.usage.to_json()}
+        return {"usage": proxy.synced(self._entry(req).state).to_json()}
 
     async def op_release(self, req, fds) -> dict:
         entry = self._entry(req)
@@ -413,6 +415,7 @@ def main(argv=None) -> int:
     p.add_argument("--upstream-netns")
     p.add_argument("--upstream-dns")
     p.add_argument("--upstream-ca")
+    p.add_argument("--relay", choices=("splice", "kernel"), default="splice")   # fastpath.py
     p.add_argument("--grace", type=float, default=GRACE, help=argparse.SUPPRESS)    # tests
     p.add_argument("--idle", type=float, default=IDLE, help=argparse.SUPPRESS)      # tests
     a = p.parse_args(argv)
@@ -467,6 +470,7 @@ def _serve(a, base: str, w: int) -> int:
     # the loop, which answers a run's set_policy and release, gets the GIL back within 0.5 ms
     # instead of the default 5 (measured: a networked run waited 0.6 ms p50, 2.6 p90 for its set_policy).
     sys.setswitchinterval(0.0005)
+    fastpath.choose(a.relay)          # the log says if the kernel relay was asked for and can not be
     daemon = Daemon(a.home, up, _dns(a.upstream_dns), a.upstream_ca, a.grace, a.idle)
     path = socket_path(a.home)
     with contextlib.suppress(FileNotFoundError):

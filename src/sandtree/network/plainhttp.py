@@ -32,6 +32,7 @@ import urllib.parse
 
 from .httpio import (MAX_HEAD, MAX_LINE, READ, Closed, Reader, Refuse, authority, build, chunk_size,
                      field_line, framing, get, parse_head, tokens)
+from . import fastpath
 from .splice import relay as opaque, splice
 
 __all__ = ["Request", "read_first", "first_request", "parse_request", "relay", "answer", "FIRST_SECONDS",
@@ -292,11 +293,12 @@ async def _response(down: _Side, req: Request) -> tuple[int, bool]:
 
 
 async def relay(link, client: socket.socket, up: socket.socket, first: bytes, req: Request, port: int,
-                decide) -> None:
+                decide, conn=None) -> None:
     """Serve a connection whose first request `req` (`first`: the bytes read, its head and what
     followed it; first_request) was decided and dialled to `up`. `decide(name)` -> Verdict for a
     later request naming another host. Returns when the connection is over (the caller closes both
-    sockets)."""
+    sockets). `conn` (proxy.Connection): a connection past a 101 is relayed by the kernel where it
+    can (fastpath.py), and conn.close() then counts and unpairs it."""
     usage = link.usage
 
     def out(n):
@@ -352,7 +354,8 @@ async def relay(link, client: socket.socket, up: socket.socket, first: bytes, re
                 await down.send(bytes(down.r.buf))
                 upward.r.buf.clear()
                 down.r.buf.clear()
-                await opaque(usage, client, up)
+                if not await fastpath.relay(usage, client, up, conn):
+                    await opaque(usage, client, up)
                 return
             if not (keep and req.keep):
                 return

@@ -11,7 +11,7 @@ without a name) are decided by the destination address: network rules, or name r
 names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
 by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
 host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
-by splice (splice.py)."""
+by splice (splice.py), or by the kernel when chosen (fastpath.py: a BPF sockmap)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ import ipaddress
 import socket
 import struct
 
-from . import intercept, netns, plainhttp, splice
+from . import fastpath, intercept, netns, plainhttp, splice
 from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
 from .sniff import SNIFF_BYTES, sni
 from .state import LinkState
 
-__all__ = ["serve_proxy", "recheck", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
+__all__ = ["serve_proxy", "recheck", "synced", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
            "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
 
 SO_ORIGINAL_DST = 80
@@ -72,10 +72,18 @@ class Connection:
         self.sockets: list[socket.socket] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.closed = False
+        self.fast = None                 # fastpath.Fast while the kernel relays it
+
+    def sync(self) -> None:
+        """Bring the link's counters up to date (a kernel-relayed connection counts late)."""
+        if self.fast is not None:
+            self.fast.sync()
 
     def close(self) -> None:
         """Cut both ends; the relay notices (its reads end) and frees the sockets."""
         self.closed = True
+        if self.fast is not None:
+            self.fast.stop()             # counted, and out of the kernel's map before the cut
         for s in self.sockets:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -89,6 +97,13 @@ def _verdict(link: LinkState, names, ip, port, own) -> Verdict:
     if link.policy is None:
         return Verdict(False, "this sandbox has no network")
     return link.policy.connect(names, ip, port, own)
+
+
+def synced(link: LinkState):
+    """link.usage with its kernel-relayed connections counted up to now (they count every second)."""
+    for c in list(link.conns):
+        c.sync()
+    return link.usage
 
 
 def recheck(link: LinkState) -> int:
@@ -208,12 +223,13 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
                 async def later(other: str) -> Verdict:
                     return (await _decide(link, other, dialled, port, upstream, own, False))[3]
                 if not conn.closed:
-                    await plainhttp.relay(link, client, up, first, req, port, later)
+                    await plainhttp.relay(link, client, up, first, req, port, later, conn)
                 return
             if first:
                 await loop.sock_sendall(up, first)
                 link.usage.bytes_out += len(first)
-            if not conn.closed:
+            # decided and opaque from here: the kernel relays it when it can (fastpath.py)
+            if not conn.closed and not await fastpath.relay(link.usage, client, up, conn):
                 await splice.relay(link.usage, client, up)
         finally:
             up.close()
