@@ -35,6 +35,7 @@ from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
+SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
 
@@ -51,7 +52,11 @@ class Pool:
         # each ready sandbox comes with a helper already inside it (joined its cgroups and
         # namespaces), waiting for the command: a run pays for fork + exec + commit only
         self.ready: collections.deque[tuple[LiveHandle, Entered]] = collections.deque()
-        self.cv = threading.Condition()
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)
+        # the filler threads wait on their own condition (same lock): a run that takes or retires
+        # a sandbox wakes one of them, not every waiter (each woken thread costs the run GIL time)
+        self.fill = threading.Condition(lock)
         self.closed = False
         self.error: str | None = None
         self.served = 0
@@ -82,7 +87,7 @@ class Pool:
                 self.misses += 1
             else:
                 self.out += 1
-            self.cv.notify_all()
+                self.fill.notify()               # one start to make (lend: a borrower's)
             return h
 
     def lend(self, spec: RunSpec, tier: str) -> tuple[LiveHandle, Entered] | None:
@@ -98,7 +103,7 @@ class Pool:
         """A lent sandbox has been stopped by its borrower."""
         with self.cv:
             self.out -= 1
-            self.cv.notify_all()
+            self.fill.notify_all()
 
     def run(self, spec: RunSpec) -> tuple[RunOutcome, Callable[[], None]] | None:
         """Run spec in a ready sandbox: its outcome, and what to call once the outcome is closed
@@ -112,8 +117,9 @@ class Pool:
         try:
             out = self.live.exec(h, spec, ahead=ahead)
             # The command is done; what it left running must not write while the upper is read.
+            # (its output relay, sandtree-drain, often ends just after it: waited for, not frozen)
             cg = h.cg()
-            if cg is not None and self.tier == "namespaces" and cg.pids() - {h.init_pid, h.helper_pid}:
+            if cg is not None and self.tier == "namespaces" and cg.settle({h.init_pid, h.helper_pid}, SETTLE):
                 self.live.freeze(h, True)
             if cg is not None:
                 stats = cg.stats()
@@ -134,19 +140,20 @@ class Pool:
         self.served += 1
 
         def release():
-            os.close(scratch)
-            self._retire(h)
+            self._retire(h, scratch=scratch)        # (the filler closes the fd: off the caller's path)
         out.changes = f"/proc/self/fd/{scratch}/u"
         out.disk_limit = spec.limits.disk
         return out, release
 
-    def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
+    def _retire(self, h: LiveHandle, ahead: Entered | None = None, scratch: int | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
             self.out -= 1
             if not self.thread_done:
-                self._retired.append((h, ahead))
-                self.cv.notify_all()
+                self._retired.append((h, ahead, scratch))
+                self.fill.notify()
                 return
+        if scratch is not None:
+            os.close(scratch)
         self.live.stop(h, wait=2.0)              # a run that ended after the pool was closed
 
     # ---- filling -------------------------------------------------------------------------------
@@ -155,7 +162,7 @@ class Pool:
             with self.cv:
                 while not self._retired and (self.out > 0 if self.closed
                                              else len(self.ready) + self.starting >= self.size):
-                    self.cv.wait()
+                    self.fill.wait()
                 closed = self.closed
                 # a start first when no sandbox is ready (a burst of runs); else used ones are
                 # stopped first, so their stopping does not overlap the next runs
@@ -169,7 +176,9 @@ class Pool:
             if start:
                 self._start_one()
                 continue
-            for h, ahead in retired:
+            for h, ahead, scratch in retired:
+                if scratch is not None:
+                    os.close(scratch)
                 if ahead is not None:
                     ahead.discard()
                 self.live.stop(h, wait=2.0)
@@ -182,6 +191,7 @@ class Pool:
                         self.fillers_left -= 1
                         self.thread_done = self.fillers_left == 0
                         self.cv.notify_all()
+                        self.fill.notify_all()
                         return
 
     def _start_one(self) -> None:
@@ -213,6 +223,7 @@ class Pool:
             with self.cv:
                 self.starting -= 1
                 self.cv.notify_all()
+                self.fill.notify_all()
             return
         with self.cv:
             self.starting -= 1
@@ -240,8 +251,9 @@ class Pool:
         with self.cv:
             self.size = size
             while len(self.ready) > size:
-                self._retired.append(self.ready.pop())
+                self._retired.append(self.ready.pop() + (None,))
             self.cv.notify_all()
+            self.fill.notify_all()
 
     def stats(self) -> dict:
         with self.cv:
@@ -255,9 +267,10 @@ class Pool:
         wait: until then (at most a minute)."""
         with self.cv:
             self.closed = True
-            self._retired.extend(self.ready)
+            self._retired.extend(r + (None,) for r in self.ready)
             self.ready.clear()
             self.cv.notify_all()
+            self.fill.notify_all()
         if wait:
             end = time.monotonic() + 60
             for t in self.fillers:
