@@ -66,6 +66,12 @@ class Pool:
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
         self.starting = 0                        # starts under way (counted with ready against size)
+        # Runs in flight that took a sandbox while others were still ready: their replacement
+        # starts when they end, not beside them (on 2 cores a start beside a run slows the run by
+        # more than it gains); counted with ready against size until then. A take that leaves
+        # fewer than half the pool ready starts one at once (a burst).
+        self.held = 0
+        self._held: set[int] = set()             # their init pids
         self.thread_done = False                 # after it (every filler ended), runs stop their own sandbox
         self.fillers = [threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}-{i}", daemon=True)
                         for i in range(FILLERS)]
@@ -80,15 +86,21 @@ class Pool:
         return (tier == self.tier and policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
                 and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
 
-    def take(self) -> tuple[LiveHandle, Entered] | None:
+    def take(self, hold: bool = False) -> tuple[LiveHandle, Entered] | None:
+        """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
+        replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
-            h = self.ready.popleft() if self.ready else None
-            if h is None:
+            got = self.ready.popleft() if self.ready else None
+            if got is None:
                 self.misses += 1
+                return None
+            self.out += 1
+            if hold and 2 * len(self.ready) >= self.size:
+                self.held += 1
+                self._held.add(got[0].init_pid)
             else:
-                self.out += 1
                 self.fill.notify()               # one start to make (lend: a borrower's)
-            return h
+            return got
 
     def lend(self, spec: RunSpec, tier: str) -> tuple[LiveHandle, Entered] | None:
         """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
@@ -110,7 +122,7 @@ class Pool:
         (its changes read: the sandbox is retired then). None if none is ready (the caller runs
         it cold)."""
         validate_spec(spec)
-        got = self.take()
+        got = self.take(hold=True)
         if got is None:
             return None
         h, ahead = got
@@ -140,7 +152,7 @@ class Pool:
         self.served += 1
 
         def release():
-            self._retire(h, scratch=scratch)        # (the filler closes the fd: off the caller's path)
+            self._retire(h, scratch=scratch)   # (the filler closes the fd: off the caller's path)
         out.changes = f"/proc/self/fd/{scratch}/u"
         out.disk_limit = spec.limits.disk
         return out, release
@@ -148,6 +160,9 @@ class Pool:
     def _retire(self, h: LiveHandle, ahead: Entered | None = None, scratch: int | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
             self.out -= 1
+            if h.init_pid in self._held:         # its replacement may start now
+                self._held.discard(h.init_pid)
+                self.held -= 1
             if not self.thread_done:
                 self._retired.append((h, ahead, scratch))
                 self.fill.notify()
@@ -161,12 +176,12 @@ class Pool:
         while True:
             with self.cv:
                 while not self._retired and (self.out > 0 if self.closed
-                                             else len(self.ready) + self.starting >= self.size):
+                                             else len(self.ready) + self.starting + self.held >= self.size):
                     self.fill.wait()
                 closed = self.closed
                 # a start first when no sandbox is ready (a burst of runs); else used ones are
                 # stopped first, so their stopping does not overlap the next runs
-                start = (not closed and len(self.ready) + self.starting < self.size
+                start = (not closed and len(self.ready) + self.starting + self.held < self.size
                          and (not self._retired or not self.ready))
                 if start:
                     self.starting += 1
