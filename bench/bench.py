@@ -388,11 +388,12 @@ def main() -> None:
                     help="the bulk download through the egress proxy (0: skip the network rows)")
     ap.add_argument("--egress-rounds", type=int, default=3, metavar="K",
                     help="rounds of the bulk downloads (each path once a round, in turn; medians)")
-    ap.add_argument("--only", choices=["network-start", "network-egress", "gvisor-live", "webpage"],
+    ap.add_argument("--only", choices=["network-start", "network-egress", "gvisor-live", "webpage", "pools"],
                     help="only these rows (network-start: the start cost of an allow-list policy, warm and "
                          "cold, and with links not recycled; network-egress: the bulk downloads direct and "
                          "through the egress proxy; gvisor-live: live sandboxes and pools on gVisor; "
-                         "webpage: the web page's first paint and expand)")
+                         "webpage: the web page's first paint and expand; pools: the floor, live "
+                         "sandboxes and the warm-pool rows on the namespaces tier)")
     args = ap.parse_args()
     con = Console(width=120)
     if args.only == "network-egress":
@@ -435,6 +436,16 @@ def main() -> None:
 
         floor = timeit(lambda: subprocess.run(["/bin/true"]), args.n)
         rows.append(("subprocess /bin/true (floor)", floor))
+        if args.only == "pools":
+            t = Table(title=f"live sandboxes and warm pools ({args.n} samples; {os.cpu_count()} CPUs)")
+            for c in ("what", "p50 ms", "p90 ms", "note"):
+                t.add_column(c)
+            for name, xs, *note in [r + (None,) for r in rows] + live_rows(st, img, args.n, floor, None,
+                                                                          args.pool_size):
+                t.add_row(name, f"{pct(xs, 50) * 1e3:.2f}", f"{pct(xs, 90) * 1e3:.2f}", note[0] or "")
+            con.print(t)
+            st.close()
+            return
         bw = bwrap_path()
         bwrap = bwrap_spaced = None
         if bw:

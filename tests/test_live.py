@@ -686,3 +686,24 @@ def test_gvisor_commands_run_at_once_beside_a_long_one(bb, shared_st, request):
         assert time.monotonic() - started < 2.5
         t.join()
         assert out[0].stdout == b"long\n"
+
+
+def test_settle_waits_for_leftovers_to_exit_and_names_what_still_runs(bb):
+    """A pool run gives what its command left (its output relay, often still exiting) a moment
+    to exit instead of freezing the group at once (pools.py SETTLE): RunCgroup.settle returns at
+    their exit, and names what still runs after the wait (the pool then freezes it)."""
+    with bb.start(idle_timeout=120, lifetime=300, tier="namespaces") as s:
+        cg = bb._st._engine.sandboxes._row(s.id)["handle"].cg()
+        inner = int(s.exec(["sh", "-c", "sleep 1 >/dev/null 2>&1 & echo $!"]).stdout)
+        time.sleep(0.2)                                    # (the next exec's helper is entered ahead)
+
+        def inside(p):                                     # its pid in the sandbox's pid namespace
+            with open(f"/proc/{p}/status") as f:
+                return int(next(l for l in f if l.startswith("NSpid:")).split()[-1])
+        sleeper = {p for p in cg.pids() if inside(p) == inner}
+        assert len(sleeper) == 1
+        known = cg.pids() - sleeper
+        assert cg.settle(known, 0.01) == sleeper           # still running after a short wait: named
+        t = time.monotonic()
+        assert cg.settle(known, 10.0) == set()             # waited for to its exit ...
+        assert time.monotonic() - t < 5.0                  # ... at its exit, not the wait's end

@@ -88,8 +88,8 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
     old_pool = st.engine.pools.get(old)
     real_take = old_pool.take
 
-    def take():
-        got = real_take()
+    def take(**kw):
+        got = real_take(**kw)
         if got is not None:
             handles.append(got[0])
         return got

@@ -35,6 +35,7 @@ from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
+SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
 
@@ -51,7 +52,11 @@ class Pool:
         # each ready sandbox comes with a helper already inside it (joined its cgroups and
         # namespaces), waiting for the command: a run pays for fork + exec + commit only
         self.ready: collections.deque[tuple[LiveHandle, Entered]] = collections.deque()
-        self.cv = threading.Condition()
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)
+        # the filler threads wait on their own condition (same lock): a run that takes or retires
+        # a sandbox wakes one of them, not every waiter (each woken thread costs the run GIL time)
+        self.fill = threading.Condition(lock)
         self.closed = False
         self.error: str | None = None
         self.served = 0
@@ -61,6 +66,12 @@ class Pool:
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
         self.starting = 0                        # starts under way (counted with ready against size)
+        # Runs in flight that took a sandbox while others were still ready: their replacement
+        # starts when they end, not beside them (on 2 cores a start beside a run slows the run by
+        # more than it gains); counted with ready against size until then. A take that leaves
+        # fewer than half the pool ready starts one at once (a burst).
+        self.held = 0
+        self._held: set[int] = set()             # their init pids
         self.thread_done = False                 # after it (every filler ended), runs stop their own sandbox
         self.fillers = [threading.Thread(target=self._fill, name=f"sandtree-pool-{image[:12]}-{i}", daemon=True)
                         for i in range(FILLERS)]
@@ -75,15 +86,21 @@ class Pool:
         return (tier == self.tier and policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
                 and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
 
-    def take(self) -> tuple[LiveHandle, Entered] | None:
+    def take(self, hold: bool = False) -> tuple[LiveHandle, Entered] | None:
+        """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
+        replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
-            h = self.ready.popleft() if self.ready else None
-            if h is None:
+            got = self.ready.popleft() if self.ready else None
+            if got is None:
                 self.misses += 1
+                return None
+            self.out += 1
+            if hold and 2 * len(self.ready) >= self.size:
+                self.held += 1
+                self._held.add(got[0].init_pid)
             else:
-                self.out += 1
-            self.cv.notify_all()
-            return h
+                self.fill.notify()               # one start to make (lend: a borrower's)
+            return got
 
     def lend(self, spec: RunSpec, tier: str) -> tuple[LiveHandle, Entered] | None:
         """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
@@ -98,22 +115,23 @@ class Pool:
         """A lent sandbox has been stopped by its borrower."""
         with self.cv:
             self.out -= 1
-            self.cv.notify_all()
+            self.fill.notify_all()
 
     def run(self, spec: RunSpec) -> tuple[RunOutcome, Callable[[], None]] | None:
         """Run spec in a ready sandbox: its outcome, and what to call once the outcome is closed
         (its changes read: the sandbox is retired then). None if none is ready (the caller runs
         it cold)."""
         validate_spec(spec)
-        got = self.take()
+        got = self.take(hold=True)
         if got is None:
             return None
         h, ahead = got
         try:
             out = self.live.exec(h, spec, ahead=ahead)
             # The command is done; what it left running must not write while the upper is read.
+            # (its output relay, sandtree-drain, often ends just after it: waited for, not frozen)
             cg = h.cg()
-            if cg is not None and self.tier == "namespaces" and cg.pids() - {h.init_pid, h.helper_pid}:
+            if cg is not None and self.tier == "namespaces" and cg.settle({h.init_pid, h.helper_pid}, SETTLE):
                 self.live.freeze(h, True)
             if cg is not None:
                 stats = cg.stats()
@@ -134,19 +152,23 @@ class Pool:
         self.served += 1
 
         def release():
-            os.close(scratch)
-            self._retire(h)
+            self._retire(h, scratch=scratch)   # (the filler closes the fd: off the caller's path)
         out.changes = f"/proc/self/fd/{scratch}/u"
         out.disk_limit = spec.limits.disk
         return out, release
 
-    def _retire(self, h: LiveHandle, ahead: Entered | None = None) -> None:
+    def _retire(self, h: LiveHandle, ahead: Entered | None = None, scratch: int | None = None) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
             self.out -= 1
+            if h.init_pid in self._held:         # its replacement may start now
+                self._held.discard(h.init_pid)
+                self.held -= 1
             if not self.thread_done:
-                self._retired.append((h, ahead))
-                self.cv.notify_all()
+                self._retired.append((h, ahead, scratch))
+                self.fill.notify()
                 return
+        if scratch is not None:
+            os.close(scratch)
         self.live.stop(h, wait=2.0)              # a run that ended after the pool was closed
 
     # ---- filling -------------------------------------------------------------------------------
@@ -154,12 +176,12 @@ class Pool:
         while True:
             with self.cv:
                 while not self._retired and (self.out > 0 if self.closed
-                                             else len(self.ready) + self.starting >= self.size):
-                    self.cv.wait()
+                                             else len(self.ready) + self.starting + self.held >= self.size):
+                    self.fill.wait()
                 closed = self.closed
                 # a start first when no sandbox is ready (a burst of runs); else used ones are
                 # stopped first, so their stopping does not overlap the next runs
-                start = (not closed and len(self.ready) + self.starting < self.size
+                start = (not closed and len(self.ready) + self.starting + self.held < self.size
                          and (not self._retired or not self.ready))
                 if start:
                     self.starting += 1
@@ -169,7 +191,9 @@ class Pool:
             if start:
                 self._start_one()
                 continue
-            for h, ahead in retired:
+            for h, ahead, scratch in retired:
+                if scratch is not None:
+                    os.close(scratch)
                 if ahead is not None:
                     ahead.discard()
                 self.live.stop(h, wait=2.0)
@@ -182,6 +206,7 @@ class Pool:
                         self.fillers_left -= 1
                         self.thread_done = self.fillers_left == 0
                         self.cv.notify_all()
+                        self.fill.notify_all()
                         return
 
     def _start_one(self) -> None:
@@ -213,6 +238,7 @@ class Pool:
             with self.cv:
                 self.starting -= 1
                 self.cv.notify_all()
+                self.fill.notify_all()
             return
         with self.cv:
             self.starting -= 1
@@ -240,8 +266,9 @@ class Pool:
         with self.cv:
             self.size = size
             while len(self.ready) > size:
-                self._retired.append(self.ready.pop())
+                self._retired.append(self.ready.pop() + (None,))
             self.cv.notify_all()
+            self.fill.notify_all()
 
     def stats(self) -> dict:
         with self.cv:
@@ -255,9 +282,10 @@ class Pool:
         wait: until then (at most a minute)."""
         with self.cv:
             self.closed = True
-            self._retired.extend(self.ready)
+            self._retired.extend(r + (None,) for r in self.ready)
             self.ready.clear()
             self.cv.notify_all()
+            self.fill.notify_all()
         if wait:
             end = time.monotonic() + 60
             for t in self.fillers:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import time
 from dataclasses import dataclass, field
 
@@ -91,11 +92,23 @@ def _write_tcp_limit(group: str, memory: int) -> None:
 
 
 def _read(path: str, default: str = "") -> str:
+    # os.open/os.read, not open(): no buffered text wrapper for a small kernel file (a pool run
+    # reads several of them on the caller's path)
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return default
+    try:
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data.decode()
+            data += chunk
+    except OSError:
+        return default
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -173,6 +186,26 @@ class RunCgroup:
         # every process joins all of the run's controllers (helper.c), so one of them tells
         d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
         return {int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()}
+
+    def settle(self, known: set[int], wait: float) -> set[int]:
+        """The group's processes other than `known`, once those have had up to `wait` seconds to
+        exit (a command's output relay ends just after the command: waiting for its exit on a
+        pidfd is cheaper than freezing the group). The answer is a fresh read of the group: a
+        pid that exited and was reused meanwhile only costs the wait."""
+        others = self.pids() - known
+        if not others:
+            return others
+        end = time.monotonic() + wait
+        for p in others:
+            try:
+                fd = os.pidfd_open(p)
+            except OSError:                     # exited already
+                continue
+            try:
+                select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            finally:
+                os.close(fd)
+        return self.pids() - known
 
     def memory_current(self) -> int | None:
         if self.version == "v1":

@@ -98,9 +98,13 @@ class Commands:
         words += env_args(spec.env)
         data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words + ["--"] + spec.argv)
         try:
-            with os.fdopen(ahead.spec_w, "wb") as f:
-                f.write(data)
-            ahead.spec_w = None
+            fd, ahead.spec_w = ahead.spec_w, None
+            try:                            # (os.write: no buffered file object on the run's path)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)                # EOF: the whole spec is there
             if stdin is subprocess.DEVNULL:
                 ahead.proc.stdin.close()
                 ahead.proc.stdin = None
