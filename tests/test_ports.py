@@ -245,6 +245,11 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
         assert _get(base + "/api/v1/images", headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
         r = httpx.post(f"{base}/api/v1/sandboxes/{sb.id}/port-url/8000", trust_env=False, timeout=10)
         assert r.json()["url"].startswith(ports + entry["path"] + "?st_exp=")
+        from sandtree.http.listeners import ports_base     # a Host that is no host name is not echoed
+        port_of = int(ports.rsplit(":", 1)[1])
+        scope = {"headers": [(b"host", b"evil.example/x?y=")], "server": ("127.0.0.1", 1)}
+        assert ports_base(scope, port_of) == ports
+        assert ports_base({"headers": [(b"host", b"[::1]:80")]}, 9) == "http://[::1]:9"
         with pytest.raises(Exception) as e:                     # a WebSocket is not redirected: refused
             _run(ws_connect("ws://" + base[len("http://"):] + entry["path"], proxy=None, open_timeout=10).__aenter__())
         assert getattr(getattr(e.value, "response", None), "status_code", None) == 403, e.value

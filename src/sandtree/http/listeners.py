@@ -17,6 +17,7 @@ no exposed port at all (404 saying so)."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 from starlette.responses import JSONResponse, RedirectResponse
@@ -25,7 +26,9 @@ from starlette.websockets import WebSocketClose
 from ..errors import NotFound
 from ..tenancy.gate import PORT_PATH
 
-__all__ = ["Listeners", "bind", "ports_base"]
+__all__ = ["Listeners", "bind", "ports_base", "HOST_NAME"]
+
+HOST_NAME = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}))$")
 
 
 def bind(host: str, port: int, ports_port: int | None = None) -> list[socket.socket]:
@@ -45,8 +48,11 @@ def bind(host: str, port: int, ports_port: int | None = None) -> list[socket.soc
 def ports_base(scope, ports_port: int) -> str:
     """scheme://host:ports_port as the client named this server (its Host header's name)."""
     headers = dict(scope.get("headers") or [])
-    host = headers.get(b"host", b"").decode("latin-1") or "127.0.0.1"
+    host = headers.get(b"host", b"").decode("latin-1")
     name = host[:host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":", 1)[0]
+    if not HOST_NAME.match(name):       # a Host that is no host name (it would steer the URL's path): ours
+        local = (scope.get("server") or ("127.0.0.1",))[0]
+        name = f"[{local}]" if ":" in local else local
     scheme = {"https": "https", "wss": "https"}.get(scope.get("scheme", "http"), "http")
     return f"{scheme}://{name}:{ports_port}"
 
