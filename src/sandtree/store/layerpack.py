@@ -30,7 +30,7 @@ _TRUSTED_OK = ("trusted.overlay.opaque",)
 
 def pack(layer_dir: str, out, idmap: IdMap) -> None:
     """Write layer_dir as a tar to the binary file object `out` (iterative walk, sorted names)."""
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT,
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20,
                       pax_headers={"SANDTREE.idmap": _idmap_text(idmap)}) as tar:
         _add(tar, layer_dir, ".", os.lstat(layer_dir))
         todo = [""]
