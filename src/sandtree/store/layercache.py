@@ -74,18 +74,20 @@ class LayerCache:
         """Every layer local, each pinned (into `pins`, released by their holder) before it is
         checked, so no eviction can take it between the check and the mount."""
         fetched = False
-        for layer in layers:
-            fd = self._pin(layer)
-            if pins is not None:
-                pins.append(fd)
-            if not os.path.isdir(self.store.layers.path(layer)):
-                self._fetch(layer)
-                fetched = True
-            os.utime(fd)                         # last use, for LRU
-            if pins is None:
+        held = []
+        try:
+            for layer in layers:
+                fd = self._pin(layer)
+                (pins if pins is not None else held).append(fd)
+                if not os.path.isdir(self.store.layers.path(layer)):
+                    self._fetch(layer)
+                    fetched = True
+                os.utime(fd)                     # last use, for LRU
+            if fetched:
+                self.evict()                     # while ours are pinned: never them
+        finally:
+            for fd in held:                      # no operation holds them: the caller reads now
                 os.close(fd)
-        if fetched:
-            self.evict()
 
     def _pin(self, layer: str) -> int:
         fd = os.open(os.path.join(self.dir, layer), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -9,8 +9,9 @@ unpack() trusts nothing in the tar even though its sha256 was checked: members a
 one by one, under a fresh staging dir; a name must be relative, normalised, within the depth and
 length caps, and its parent a directory this unpack made (so no symlink or hard link is ever
 followed); duplicates, block devices, char devices other than overlay's 0/0 whiteout, hard links
-outside what was unpacked, trusted.* xattrs other than overlay's opaque marker, and more bytes or
-members than the caps are BadArchive."""
+(pack writes each file whole), trusted.* xattrs other than overlay's opaque marker and an import's
+device-placeholder marker (inert to overlay), and more bytes or members than the caps are
+BadArchive."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .layers import DEVICE_MARKER, IdMap
 MAX_DEPTH = 512
 MAX_NAME = 4096
 MAX_MEMBERS = 2_000_000
-_TRUSTED_OK = ("trusted.overlay.opaque",)
+_TRUSTED_OK = ("trusted.overlay.opaque", DEVICE_MARKER)   # opaque dirs; an import's device placeholders
 
 
 def pack(layer_dir: str, out, idmap: IdMap) -> None:
@@ -56,7 +57,7 @@ def _add(tar, path: str, name: str, st: os.stat_result) -> None:
     ti.uname = ti.gname = ""
     pax = {"SANDTREE.mtime_ns": str(st.st_mtime_ns)}
     try:
-        for k in os.listxattr(path, follow_symlinks=False):
+        for k in sorted(os.listxattr(path, follow_symlinks=False)):     # sorted: one layer, one tar
             pax["SANDTREE.xattr." + k] = base64.b64encode(os.getxattr(path, k, follow_symlinks=False)).decode()
     except OSError:
         pass
@@ -166,7 +167,7 @@ def _meta(path: str, ti) -> None:
         if not key.startswith("SANDTREE.xattr."):
             continue
         xname = key[len("SANDTREE.xattr."):]
-        if xname == DEVICE_MARKER or (xname.startswith("trusted.") and xname not in _TRUSTED_OK):
+        if xname.startswith("trusted.") and xname not in _TRUSTED_OK:
             raise BadArchive(f"layer member {ti.name!r} carries xattr {xname!r}")
         try:
             os.setxattr(path, xname, base64.b64decode(value, validate=True), follow_symlinks=False)
