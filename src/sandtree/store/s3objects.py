@@ -16,45 +16,28 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
-from urllib.parse import urlparse
+
+import boto3                                    # the `s3` extra; this module is loaded only for S3 objects
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import config
-from ..errors import InvalidInput, StoreCorrupt, StoreUnavailable, TooLarge
+from ..errors import StoreCorrupt, StoreUnavailable, TooLarge
+from .objecturl import parse_url
 
 CHUNK = 1 << 20
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,200}$")
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix with a trailing '/' or empty) of s3://bucket/prefix."""
-    u = urlparse(url) if isinstance(url, str) else None
-    if u is None or u.scheme != "s3" or not _BUCKET.match(u.netloc or "") or u.query or u.fragment:
-        raise InvalidInput(f"objects URL must be s3://bucket[/prefix], not {url!r}")
-    prefix = u.path.strip("/")
-    if not _PREFIX.match(prefix) or ".." in prefix.split("/") or "//" in prefix:
-        raise InvalidInput(f"bad prefix in objects URL {url!r}")
-    return u.netloc, prefix + "/" if prefix else ""
-
-
 class S3Objects:
     """One bucket/prefix. Keys given to it are relative to the prefix."""
 
     def __init__(self, url: str, endpoint: str | None = None):
         self.url = url
         self.bucket, self.prefix = parse_url(url)
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError:
-            raise StoreUnavailable("S3 objects need boto3: pip install 'sandtree[s3]'") from None
-        self._errors = _botocore_errors()
+        self._errors = (BotoCoreError, ClientError)
         self.client = boto3.client("s3", endpoint_url=endpoint or config.s3_endpoint(),
                                    config=Config(retries={"max_attempts": 4, "mode": "standard"},
                                                  connect_timeout=5, read_timeout=60))
-        from boto3.s3.transfer import TransferConfig
         self.transfer = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=16 << 20,
                                        max_concurrency=4)
         self._call(self.client.head_bucket, Bucket=self.bucket)     # unreachable/denied: fail at open
@@ -131,15 +114,6 @@ class S3Objects:
                        Delete={"Objects": [{"Key": self.prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
-def _botocore_errors() -> tuple:
-    from botocore.exceptions import BotoCoreError, ClientError
-    return (BotoCoreError, ClientError)
-
-
 def _status(exc) -> int | None:
     return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
 
-
-def open_objects(url: str | None):
-    """S3Objects for an s3:// URL; None (the store's directory holds the objects) for None."""
-    return S3Objects(url) if url else None

@@ -33,10 +33,21 @@ from .blobs import BlobStore
 from .db import check_url, dumps, open_database
 from .layercache import LayerCache
 from .layers import IdMap, LayerDirs
-from .s3objects import open_objects, parse_url
+from .objecturl import parse_url
 from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - re-exported; the one rule is names.py
 from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
 
+
+
+def _open_objects(url: str | None):
+    """S3Objects for an s3:// URL; None (this directory holds the objects) for None."""
+    if not url:
+        return None
+    try:
+        from .s3objects import S3Objects    # boto3: 220 ms, the `s3` extra; only stores with S3 objects pay
+    except ImportError:
+        raise InvalidInput("S3 objects need boto3: pip install 'sandtree[s3]'") from None
+    return S3Objects(url)
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,7 @@ class Store:
             os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
         self.db = open_database(self.home, url)
-        self.objects = open_objects(objects_url)
+        self.objects = _open_objects(objects_url)
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
         self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
