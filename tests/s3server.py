@@ -62,7 +62,7 @@ class S3Server:
                 f"-master.port={m}", f"-master.port.grpc={mg}", f"-volume.port={v}", f"-volume.port.grpc={vg}",
                 f"-filer.port={fl}", f"-filer.port.grpc={flg}", "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
                 f"-metricsPort={met}", f"-s3.config={conf}", "-master.volumeSizeLimitMB=256",
-                "-volume.max=0"]
+                "-volume.max=0", "-s3.port.iceberg=0", "-s3.port.lance=0"]   # (fixed ports by default)
         self.log = open(os.path.join(self.dir, "log"), "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.dir,
                                      start_new_session=True)
