@@ -57,12 +57,15 @@ _TENANCY_LOCK = threading.Lock()
 class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps,
              AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces", max_runs: int = 4, database: str | None = None):
+                 tier: str = "namespaces", max_runs: int = 4, database: str | None = None,
+                 objects: str | None = None, cache_max: int | None = None):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
         one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
         operations (submitted runs) running at once; more wait in a queue. database: the metadata
-        database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite)."""
-        self.store = Store(home, idmap or default_idmap(), database)
+        database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite).
+        objects: s3://bucket/prefix (None: --objects / SANDTREE_OBJECTS_URL, else `home` only);
+        cache_max: the layer cache's cap in bytes (store/layercache.py)."""
+        self.store = Store(home, idmap or default_idmap(), database, objects, cache_max)
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}

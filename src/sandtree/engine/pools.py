@@ -323,6 +323,7 @@ class Pools:
         ok, why = self.live.available(tier)
         if not ok:
             raise RuntimeUnavailable(why, tier=tier)
+        self.store.ensure_layers(self.store.image(source).layers)
         template = RunSpec(argv=["sandtree-init"], layers=self.store.image(source).layers,
                            root_meta=self.specs.root_meta(source), hostname=hostname, limits=lim)
         validate_spec(template)

@@ -90,6 +90,8 @@ class RunOps:
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
         row = self.store.image(source)
+        if not check_only:
+            self.store.ensure_layers(row.layers)     # S3 objects: cached here, pinned until the run ends
         net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)

@@ -229,6 +229,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         cwd = dflt.cwd
         injected = self.specs.files(files, file_set)
         self.specs.check_cwd(source, cwd, injected)
+        self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
                        env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                        prepare_changes=self.specs.injector(source, injected))
@@ -472,6 +473,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             if row["state"] != "hibernated":
                 raise Conflict(f"sandbox {sid} is {row['state']}", sandbox=sid, state=row["state"])
             base, spec0 = row["spec"]["base"], row["spec"]
+            self.store.ensure_layers(self.store.image(base).layers)   # resumable on any node
             spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
                            root_meta=self.specs.root_meta(base),
                            env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
