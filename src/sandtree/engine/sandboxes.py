@@ -475,9 +475,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             base, spec0 = row["spec"]["base"], row["spec"]
             self.store.ensure_layers(self.store.image(base).layers)   # resumable on any node
             spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
-                           root_meta=self.specs.root_meta(base),
-                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
-                           limits=Limits(**spec0["limits"]))
+                           root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
+                           hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))
             remaining = spec0.get("remaining", spec0["lifetime"])
             link = self.resume_link(row)
             spec.netns_fd = link.netns_fd if link is not None else None
