@@ -50,6 +50,7 @@ class Store:
         if check_url(url) == "sqlite":           # a bad URL or an unreachable server makes no home
             os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
+        self.database_url = url                  # (a cluster's nodes open the same database)
         self.db = open_database(self.home, url)
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
