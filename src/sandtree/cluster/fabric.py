@@ -96,7 +96,11 @@ class Fabric:
                 self._views[nid].layers = frozenset(layers)
 
     def pick(self, layers=()) -> str:
-        return choose_node(self.nodes(), layers).id
+        views = self.nodes()
+        with self._lock:
+            for v in views:
+                v.sandboxes = sum(1 for n in self._pinned.values() if n == v.id)
+        return choose_node(views, layers).id
 
     # ---- calls ---------------------------------------------------------------------------------
     def _get(self, nid: str, ref, what: str, cancel=None, on_cancel=None):
@@ -166,7 +170,11 @@ class Fabric:
         return None
 
     def call(self, nid: str, name: str, args: tuple = (), kwargs: dict | None = None):
-        return self._get(nid, self._actor(nid).call.remote(name, args, kwargs or {}), name)
+        out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs or {}), name)
+        if name in ("sandbox_stop", "sandbox_hibernate"):       # not pinned any more
+            with self._lock:
+                self._pinned.pop(args[0], None)
+        return out
 
     def call_all(self, name: str, args: tuple = (), kwargs: dict | None = None) -> dict:
         """`name` on every node: node ID -> its answer (a lost node's is its NodeLost)."""

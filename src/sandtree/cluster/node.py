@@ -25,6 +25,7 @@ class Node:
         self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._running = 0
+        self._runs = 0                          # runs served since the actor started
         self._started = time.time()
         self._sandboxes: set[str] = set()       # live sandboxes started (or resumed) here: pinned here
 
@@ -36,11 +37,14 @@ class Node:
             self._cancels[key] = cancel
             self._running += 1
         try:
-            return self.engine.run_operation(ref, command, op_id=op_id, cancel=cancel, **options)
+            rec = self.engine.run_operation(ref, command, op_id=op_id, cancel=cancel, **options)
+            rec.usage["node"] = self.node_id       # (the record returned; the row was written before)
+            return rec
         finally:
             with self._lock:
                 self._cancels.pop(key, None)
                 self._running -= 1
+                self._runs += 1
 
     def cancel(self, op_id: str) -> bool:
         ev = self._cancels.get(op_id)
@@ -55,7 +59,7 @@ class Node:
         out = getattr(self.engine, name)(*args, **kwargs)
         if name in ("sandbox_start", "sandbox_resume"):
             self._sandboxes.add(out["id"])
-        elif name == "sandbox_stop":
+        elif name in ("sandbox_stop", "sandbox_hibernate"):     # a hibernated one resumes on any node
             self._sandboxes.discard(args[0])
         return out
 
@@ -71,6 +75,6 @@ class Node:
 
     def status(self) -> dict:
         sandboxes = sorted(self._sandboxes)
-        return {"node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running,
+        return {"node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running, "runs": self._runs,
                 "sandboxes": len(sandboxes), "sandbox_ids": sandboxes, "home": self.config.home,
                 "objects": self.config.objects_url, "up_s": round(time.time() - self._started, 1)}

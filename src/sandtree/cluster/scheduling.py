@@ -25,18 +25,21 @@ class NodeConfig:
 @dataclass
 class NodeView:
     """The API side's picture of a node. id: the Ray node ID. cpus: its Ray CPU resource.
-    running: calls this process has in flight on it. layers: the layer IDs it reported holding
+    running: calls this process has in flight on it. sandboxes: live sandboxes it started there.
+    layers: the layer IDs it reported holding
     (None: it sees every layer, as nodes sharing one store directory do)."""
     id: str
     cpus: float
     running: int = 0
+    sandboxes: int = 0
     layers: frozenset[str] | None = None
     address: str = ""
 
 
 def choose_node(nodes: Sequence[NodeView], layers: Iterable[str] = ()) -> NodeView:
     """The node for a run or a sandbox of an image made of `layers`: the one holding most of them
-    (locality: no fetch), then the least loaded per CPU, then the fewest calls in flight.
+    (locality: no fetch), then the least loaded per CPU (runs in flight plus live sandboxes), then
+    the fewest runs in flight.
     NodeLost when there is no node at all."""
     if not nodes:
         raise NodeLost("no sandtree node is alive in the cluster (a Ray node with CPUs runs one)")
@@ -45,4 +48,4 @@ def choose_node(nodes: Sequence[NodeView], layers: Iterable[str] = ()) -> NodeVi
     def held(n: NodeView) -> int:
         return len(want) if n.layers is None else len(want & n.layers)
 
-    return max(nodes, key=lambda n: (held(n), -n.running / max(n.cpus, 1.0), -n.running))
+    return max(nodes, key=lambda n: (held(n), -(n.running + n.sandboxes) / max(n.cpus, 1.0), -n.running))
