@@ -109,6 +109,24 @@ def test_live_sandbox_is_pinned_to_its_node(cst):
         cst.engine.sandbox_exec(sid, ["true"])
 
 
+def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
+    """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
+    go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
+    from conftest import serve_process
+    with serve_process(cst.engine.home, "--cluster", ray_cluster.address, "--database",
+                       cst.engine.store.database_url) as url:
+        remote = sandtree.connect(url)
+        res = remote.image(cst.image.id).run("echo remote > /r; cat /r")
+        assert res.exit_code == 0 and res.stdout == b"remote\n"
+        assert cst.engine.read(res.image.id, "/r") == b"remote\n"      # one store
+        runs = sum(n["runs"] for n in cst.cluster_status()["nodes"])
+        assert remote.map(cst.image.id, ["true"] * 6, parallel=3)[5].exit_code == 0
+        assert sum(n["runs"] for n in cst.cluster_status()["nodes"]) == runs + 6   # on the nodes
+        status = remote.cluster_status()
+        assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
+        assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
+
+
 def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster):
     """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, the other node's
     finish, later runs go to the survivor, fsck finds nothing wrong."""
@@ -133,6 +151,7 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     assert failed and done, finished
     assert all(f["outcome"]["error"] == "node_lost" and "was lost" in f["outcome"]["message"] for f in failed), failed
     assert noticed < 30, noticed
+    print(f"node lost noticed after {noticed:.1f} s: {failed[0]['outcome']['message']}")
     for f in done:
         assert f["outcome"]["exit_code"] == 0 and f["result"]
     # the survivor keeps serving, alone
