@@ -127,6 +127,22 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
 
 
+def test_cli_cluster_status(cst, ray_cluster):
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--database",
+                          cst.engine.store.database_url, "--cluster", ray_cluster.address, "cluster", "status",
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status["mode"] == "cluster" and sorted(n["node"] for n in status["nodes"]) == \
+        sorted(n["node"] for n in cst.cluster_status()["nodes"])
+    human = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "cluster", "status"],
+                           capture_output=True, text=True, timeout=120)
+    assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
+
+
 def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster):
     """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, the other node's
     finish, later runs go to the survivor, fsck finds nothing wrong."""
