@@ -11,7 +11,7 @@ import time
 import pytest
 
 import sandtree
-from sandtree.errors import NotFound
+from sandtree.errors import NodeLost, NotFound
 
 pytest.importorskip("ray")
 
@@ -109,6 +109,32 @@ def test_live_sandbox_is_pinned_to_its_node(cst):
         cst.engine.sandbox_exec(sid, ["true"])
 
 
+def test_pools_are_per_node(cst):
+    stats = cst.engine.pool_and_wait(cst.image.id, 1, wait_timeout=60)
+    try:
+        assert stats["nodes"] == 2
+        pools = cst.engine.pool_list()
+        assert len(pools) == 2 and len({p["node"] for p in pools}) == 2
+        assert all(p["image"] == cst.image.id for p in pools)
+        assert cst.engine.run(cst.image.id, ["true"]).exit_code == 0      # served (or not) by its node's pool
+    finally:
+        cst.engine.pool_remove(cst.image.id)
+    assert cst.engine.pool_list() == []
+
+
+def test_cancel_reaches_the_node(cst):
+    ops = cst.engine.operations
+    op = ops.submit_run(cst.image.id, ["sleep", "30"])
+    deadline = time.monotonic() + 20
+    while ops.get(op)["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)                          # (on its node, in its sandbox)
+    t0 = time.monotonic()
+    ops.cancel(op)
+    [done] = ops.wait([op], timeout=30)
+    assert done["status"] == "cancelled" and time.monotonic() - t0 < 10, done
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
@@ -148,6 +174,10 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     finish, later runs go to the survivor, fsck finds nothing wrong."""
     ops = cst.engine.operations
     status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
+    # a live sandbox on each node (load counts sandboxes: the second goes to the other node)
+    sandboxes = [cst.engine.sandbox_start(cst.image.id)["id"] for _ in range(2)]
+    where = {sid: n["node"] for n in cst.cluster_status()["nodes"] for sid in n["sandbox_ids"]}
+    assert sorted(where.values()) == sorted(status), where
     submitted = [ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"]) for i in range(8)]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:      # until both nodes run some
@@ -175,6 +205,16 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     assert all(r.exit_code == 0 for r in more)
     alive = [n for n in cst.cluster_status()["nodes"] if n["alive"]]
     assert len(alive) == 1 and alive[0]["pid"] != victim_pid
+    # the lost node's sandbox is reported lost; the survivor's answers
+    [lost] = [sid for sid, n in where.items() if n == victim_node]
+    [kept] = [sid for sid, n in where.items() if n != victim_node]
+    with pytest.raises(NodeLost, match="was lost"):
+        cst.engine.sandbox_exec(lost, ["true"])
+    assert cst.engine.sandbox_exec(kept, ["echo", "ok"]).stdout == b"ok\n"
+    cst.engine.sandbox_stop(kept)
+    # its processes outlive the node on this one machine (live sandboxes are detached by design):
+    # this process's own engine stops it through the shared rows
+    type(cst.engine).sandbox_stop(cst.engine, lost)
     report = cst.engine.fsck()
     assert report["ok"], report
 

@@ -136,14 +136,16 @@ class Fabric:
         view = self._views.get(nid)
         actor = self._actor(nid)
         if view is not None:
-            view.running += 1
+            with self._lock:
+                view.running += 1
         try:
             what = f"operation {op_id}" if op_id else "a run"
             return self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
                              lambda: actor.cancel.remote(op_id) if op_id else None)
         finally:
             if view is not None:
-                view.running -= 1
+                with self._lock:
+                    view.running -= 1
 
     def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=()) -> dict:
         """sandbox_start (or a resume): on the chosen node, and pinned there."""
