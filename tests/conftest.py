@@ -309,6 +309,9 @@ def _leaks(base: str) -> list[str]:
     helpers = {r[0] for r in rows if r[3].startswith("sandtree-exec") and base in r[4]}
     procs = [" ".join(r) for r in rows if r[2][0] != "Z"
              and (r[0] in helpers or (r[3] in ("sandtree-init", "runsc") and r[1] in helpers))]
+    # A Ray cluster a test started (tests/raycluster.py) lives in /tmp/st-ray-<this pid>-*
+    ray_mark = f"/tmp/st-ray-{os.getpid()}-"
+    procs += [" ".join(r)[:200] for r in rows if r[2][0] != "Z" and ray_mark in r[4]]
     if procs:
         problems.append(f"processes left behind: {procs[:3]}")
     return problems

@@ -67,6 +67,22 @@ def layer_cache_max() -> int | None:
         return None
 
 
+_cluster: list[str] = []           # set by `--cluster` (cli/main.py): wins over the environment
+
+
+def use_cluster(address: str | None) -> None:
+    """`sandtree --cluster ADDRESS`: the Ray cluster every engine this process opens sends runs to."""
+    _cluster[:] = [address] if address else []
+
+
+def cluster_address() -> str | None:
+    """The Ray cluster runs go to: `--cluster`, else SANDTREE_CLUSTER (`auto`, `HOST:PORT` or
+    `ray://HOST:PORT`); None: runs stay in this process (no cluster)."""
+    if _cluster:
+        return _cluster[0]
+    return os.environ.get("SANDTREE_CLUSTER") or None
+
+
 def criu_binary() -> str | None:
     """SANDTREE_CRIU: a CRIU binary to use instead of the installed one (runtime/criu.py)."""
     return os.environ.get("SANDTREE_CRIU") or None

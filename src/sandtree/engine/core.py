@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import config
 from .. import defaults as D
+from . import clustered
 from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
@@ -58,7 +60,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
              AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4, database: str | None = None,
-                 objects: str | None = None, cache_max: int | None = None):
+                 objects: str | None = None, cache_max: int | None = None, cluster: str | None = None):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
         one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
         operations (submitted runs) running at once; more wait in a queue. database: the metadata
@@ -88,6 +90,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
+        address = cluster if cluster is not None else config.cluster_address()
+        self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
+        if self.fabric is not None:               # the API side's workers wait on the nodes' runs
+            self._max_runs = max(max_runs, self.fabric.slots())
 
     @property
     def operations(self):
@@ -324,6 +330,17 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if not ok:
             raise RuntimeUnavailable(f"tier {name!r} cannot run here: {why}", tier=name)
         return rt
+
+    def cluster_status(self) -> dict:
+        """Where runs go: without a cluster, this process (one node, its runs and live sandboxes);
+        a clustered engine's is the Fabric's (clustered.py binds it)."""
+        running = len(self._operations.live) if self._operations is not None else 0
+        sandboxes = [s["id"] for s in self.sandbox_list()] if self._sandboxes is not None else []
+        return {"mode": "local", "address": None, "objects": None,
+                "database": "postgresql" if (self.store.database_url or "").startswith("postgres") else "sqlite",
+                "nodes": [{"node": "local", "alive": True, "pid": os.getpid(), "cpus": float(os.cpu_count() or 1),
+                           "running": running, "in_flight": running, "sandboxes": len(sandboxes),
+                           "sandbox_ids": sandboxes, "home": self.store.home}]}
 
     SCOPES = ("import", "run", "list", "cancel", "tag")
 

@@ -75,6 +75,7 @@ class Store:
         if check_url(url) == "sqlite":           # a bad URL or an unreachable server makes no home
             os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
+        self.database_url = url                  # (a cluster's nodes open the same database)
         self.db = open_database(self.home, url)
         self.objects = _open_objects(objects_url)
         os.makedirs(self.home, mode=0o700, exist_ok=True)

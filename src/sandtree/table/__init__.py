@@ -294,6 +294,10 @@ def whoami() -> dict:
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
+@op(None, admin=True, http=Http(_G, "/cluster"))
+def cluster_status() -> dict:
+    """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
+
 @op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""

@@ -1,0 +1,80 @@
+"""A sandtree node: one per Ray node, an actor owning that node's engine (its store or cache, its
+warm pools, its live sandboxes). A plain class: fabric.py makes it a Ray actor pinned to its node.
+
+Runs arrive with their operation ID (the API side wrote the queued row in the shared database);
+the node's engine runs and commits them and completes that row itself, as an in-process engine
+does. What cannot cross processes stays on the node: a run's cancel event (cancel() sets it) and
+its output callback (a cluster run's output arrives with its record at the end).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+from .scheduling import NodeConfig
+
+
+class Node:
+    def __init__(self, config: NodeConfig, make_engine, node_id: str, cpus: float):
+        """make_engine(config): this node's engine (engine/clustered.py node_engine)."""
+        self.config, self.node_id, self.cpus = config, node_id, cpus
+        self.engine = make_engine(config)
+        self._cancels: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._running = 0
+        self._runs = 0                          # runs served since the actor started
+        self._started = time.time()
+        self._sandboxes: set[str] = set()       # live sandboxes started (or resumed) here: pinned here
+
+    def run(self, ref: str, command, op_id: str | None, options: dict):
+        """One run on this node's engine (engine.run_operation): its RunRecord."""
+        key = op_id or uuid.uuid4().hex
+        cancel = threading.Event()
+        with self._lock:
+            self._cancels[key] = cancel
+            self._running += 1
+        try:
+            rec = self.engine.run_operation(ref, command, op_id=op_id, cancel=cancel, **options)
+            rec.usage["node"] = self.node_id       # (the record returned; the row was written before)
+            return rec
+        finally:
+            with self._lock:
+                self._cancels.pop(key, None)
+                self._running -= 1
+                self._runs += 1
+
+    def cancel(self, op_id: str) -> bool:
+        ev = self._cancels.get(op_id)
+        if ev is not None:
+            ev.set()
+        return ev is not None
+
+    def call(self, name: str, args: tuple, kwargs: dict):
+        """Any other engine call (live sandboxes, pools): the engine's method `name`."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        out = getattr(self.engine, name)(*args, **kwargs)
+        if name in ("sandbox_start", "sandbox_resume"):
+            self._sandboxes.add(out["id"])
+        elif name in ("sandbox_stop", "sandbox_hibernate"):     # a hibernated one resumes on any node
+            self._sandboxes.discard(args[0])
+        return out
+
+    def owns(self, sid: str) -> bool:
+        """Whether live sandbox `sid` was started (or resumed) on this node and not stopped."""
+        return sid in self._sandboxes
+
+    def held_layers(self) -> list[str]:
+        """The layer IDs this node holds (its store's layers/; with the cache, the cache's): what
+        choose_node prefers. Nodes sharing one store directory each hold every layer."""
+        root = self.engine.store.layers.root
+        return sorted(n for n in os.listdir(root) if not n.startswith(".")) if os.path.isdir(root) else []
+
+    def status(self) -> dict:
+        sandboxes = sorted(self._sandboxes)
+        return {"node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running, "runs": self._runs,
+                "sandboxes": len(sandboxes), "sandbox_ids": sandboxes, "home": self.config.home,
+                "objects": self.config.objects_url, "up_s": round(time.time() - self._started, 1)}

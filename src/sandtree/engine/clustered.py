@@ -1,0 +1,133 @@
+"""An engine whose runs and live sandboxes go to a Ray cluster's nodes (cluster/), its metadata
+operations staying here (the database is shared, so tags, lineage, images and operations read the
+same from every node and every API replica).
+
+attach(engine, address) is called by Engine.__init__ when a cluster is configured: it makes the
+Fabric and sets, on that engine object, the calls that go to nodes (so the adapters, the tenant
+views and the table's signatures stay those of Engine: one engine, nothing for an adapter to know).
+What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), sandbox
+starts (the node choose_node picks) and every later call on that sandbox (its node), pools (one per
+node). What stays here: everything else, and the processes of live runs (left: instances.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..cluster import Fabric, NodeConfig
+from ..errors import NodeLost, NotFound
+
+# A live sandbox's calls after its start: to the node it runs on.
+PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
+          "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
+          "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
+          "sandbox_port_url")
+LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a node
+
+
+class NodeEngine:
+    """make_engine for the node actors: Engine(config.home, database=...) on the node, with no
+    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree)."""
+
+    def __init__(self, cls, warm: int, tier: str):
+        self.cls, self.warm, self.tier = cls, warm, tier
+
+    def __call__(self, config: NodeConfig):
+        return self.cls(config.home, database=config.database_url, cluster="", warm=self.warm, tier=self.tier,
+                        max_runs=max(4, (os.cpu_count() or 1) * 4))
+
+
+class Dispatch:
+    """The engine's calls that go to nodes; attach() binds them onto the engine object."""
+
+    def __init__(self, engine, fabric: Fabric):
+        self.engine, self.fabric = engine, fabric
+
+    def _layers(self, ref: str):
+        """The image's layers, when some node reported what it holds (locality); () otherwise."""
+        if all(v.layers is None for v in self.fabric.nodes()):
+            return ()
+        return self.engine.store.image(self.engine.resolve(ref)).layers
+
+    def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False, **options):
+        if check_only:                    # validation reads only the shared store: here
+            return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
+        on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
+        rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref), cancel=cancel)
+        if on_output is not None:         # a node's output arrives with its record
+            for stream in ("stdout", "stderr"):
+                if getattr(rec, stream):
+                    on_output(stream, getattr(rec, stream))
+        return rec
+
+    def sandbox_start(self, ref: str, **options) -> dict:
+        return self.fabric.start_sandbox("sandbox_start", (ref,), options, self._layers(ref))
+
+    def sandbox_resume(self, sid: str) -> dict:
+        nid = self.fabric.sandbox_node(sid)
+        if nid is None:                   # hibernated: any node resumes it (its checkpoint is shared)
+            row = self.engine.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
+            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else ())
+        return self.fabric.call(nid, "sandbox_resume", (sid,))
+
+    def pinned(self, name: str):
+        def call(sid: str, *args, **kwargs):
+            for k in LOCAL_ONLY:
+                kwargs.pop(k, None)
+            nid = self.fabric.sandbox_node(sid)
+            if nid is None:
+                lost = self.fabric.lost_sandbox(sid)
+                if lost is not None:
+                    raise NodeLost(f"sandbox {sid} ran on node {lost[:12]}, which was lost", node=lost, sandbox=sid)
+                raise NotFound(f"no live sandbox {sid!r} on any node of the cluster")
+            return self.fabric.call(nid, name, (sid, *args), kwargs)
+        call.__name__ = name
+        return call
+
+    def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
+        return self.fabric.call(self.fabric.pick(), "sandbox_list", (), {"all": all, "labels": labels})
+
+    # ---- pools: one per node -------------------------------------------------------------------
+    def _every(self, name: str, args: tuple, kwargs: dict) -> dict:
+        out = self.fabric.call_all(name, args, kwargs)
+        for answer in out.values():
+            if isinstance(answer, BaseException):
+                raise answer
+        return out
+
+    def pool_create(self, ref: str, size: int, **options) -> dict:
+        answers = self._every("pool_create", (ref, size), options)
+        return {**next(iter(answers.values())), "nodes": len(answers)}
+
+    def pool_and_wait(self, ref: str, size: int, **options) -> dict:
+        answers = self._every("pool_and_wait", (ref, size), options)
+        return {**next(iter(answers.values())), "nodes": len(answers)}
+
+    def pool_wait(self, ref: str, timeout: float | None = None) -> bool:
+        kw = {} if timeout is None else {"timeout": timeout}
+        return all(self._every("pool_wait", (ref,), kw).values())
+
+    def pool_list(self) -> list[dict]:
+        return [{**p, "node": nid} for nid, ps in self._every("pool_list", (), {}).items() for p in ps]
+
+    def pool_remove(self, ref: str) -> None:
+        self._every("pool_remove", (ref,), {})
+
+    def cluster_status(self) -> dict:
+        return self.fabric.status()
+
+
+def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
+    """Make engine's runs and live sandboxes go to the cluster at `address`; its nodes are
+    NodeConfig(engine's home, its database URL) until the object store (issue 20 item 2) gives each
+    node a home of its own."""
+    config = NodeConfig(engine.store.home, engine.store.database_url, None)
+    fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
+    d = Dispatch(engine, fabric)
+    d.local_run_operation = engine.run_operation
+    for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
+                 "pool_wait", "pool_list", "pool_remove", "cluster_status"):
+        setattr(engine, name, getattr(d, name))
+    for name in PINNED:
+        setattr(engine, name, d.pinned(name))
+    return fabric

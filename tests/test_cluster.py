@@ -1,0 +1,220 @@
+"""A sandtree cluster on a real Ray cluster (issue 20 item 3): a head and two worker nodes on this
+machine (tests/raycluster.py), one PostgreSQL database and, until the object store lands, one store
+directory shared by the API side and both nodes. One cluster for the module; the node-killing test
+runs last (it takes a node away)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import sandtree
+from sandtree.errors import NodeLost, NotFound
+
+pytest.importorskip("ray")
+
+from raycluster import RayCluster, Unavailable  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    cluster = RayCluster()
+    try:
+        cluster.start(workers=2)
+    except Unavailable as exc:
+        cluster.stop()
+        pytest.skip(f"a Ray cluster cannot start here: {exc}")
+    yield cluster
+    import ray
+    ray.shutdown()
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cst(ray_cluster, pg_cluster, tmp_path_factory, rootfs):
+    """A Sandtree whose runs go to the cluster (its metadata: one PostgreSQL database)."""
+    st = sandtree.Sandtree(str(tmp_path_factory.mktemp("cluster-home")), database=pg_cluster.new_database(),
+                           cluster=ray_cluster.address, warm=0)
+    st.image = st.import_image(rootfs, tag="busybox")
+    yield st
+    st.close()
+
+
+def test_status_lists_both_nodes(cst, ray_cluster):
+    status = cst.cluster_status()
+    assert status["mode"] == "cluster" and status["database"] == "postgresql"
+    nodes = [n for n in status["nodes"] if n["alive"]]
+    assert len(nodes) == 2 and all(n["cpus"] == 1 for n in nodes)
+    assert {n["node"] for n in nodes} == {n["NodeID"] for n in ray_cluster.nodes()}
+    assert len({n["pid"] for n in nodes}) == 2          # one actor process per node
+
+
+def test_local_engine_status_is_one_local_node(st):
+    status = st.cluster_status()
+    assert status["mode"] == "local" and [n["node"] for n in status["nodes"]] == ["local"]
+
+
+def test_map_200_runs_over_both_nodes_with_local_lineage(cst, tmp_path, rootfs):
+    commands = [f"echo {i} > /n; true" for i in range(200)]
+    before = {n["node"]: n["runs"] for n in cst.cluster_status()["nodes"]}
+    results = cst.map(cst.image, commands, parallel=8)
+    assert len(results) == 200 and all(r.exit_code == 0 for r in results), \
+        [(r.exit_code, r.stderr) for r in results if r.exit_code][:3]
+    after = {n["node"]: n["runs"] for n in cst.cluster_status()["nodes"]}
+    used = {n: after[n] - before.get(n, 0) for n in after}
+    assert sum(used.values()) == 200 and all(v >= 20 for v in used.values()), used   # both nodes served
+    # the same runs in a local store give the same images and the same lineage
+    local = sandtree.Sandtree(str(tmp_path / "local"), warm=0)
+    try:
+        base = local.import_image(rootfs)
+        assert base.id == cst.image.id
+        mine = local.map(base, commands[:20], parallel=4)
+        assert [r.image.id for r in mine] == [r.image.id for r in results[:20]]
+        for r in results[:20]:
+            assert [p["parent"] for p in cst.engine.parents(r.image.id)] == [cst.image.id]
+        assert cst.engine.read(results[7].image.id, "/n") == b"7\n"
+    finally:
+        local.close()
+
+
+def test_run_and_submit_through_the_cluster(cst):
+    rec = cst.engine.run(cst.image.id, ["sh", "-c", "echo hi > /f; echo out"])
+    assert rec.exit_code == 0 and rec.stdout == b"out\n"
+    assert cst.engine.read(rec.image, "/f") == b"hi\n"
+    op = cst.engine.operations.submit_run(cst.image.id, ["sh", "-c", "exit 3"])
+    [done] = cst.engine.operations.wait([op], timeout=60)
+    assert done["status"] == "done" and done["outcome"]["exit_code"] == 3
+    with pytest.raises(NotFound):
+        cst.engine.run("no-such-image", ["true"])
+
+
+def test_live_sandbox_is_pinned_to_its_node(cst):
+    sb = cst.engine.sandbox_start(cst.image.id)
+    sid = sb["id"]
+    try:
+        status = cst.cluster_status()
+        [home] = [n for n in status["nodes"] if sid in n.get("sandbox_ids", [])]
+        assert cst.engine.sandbox_exec(sid, ["sh", "-c", "echo live > /state; cat /state"]).stdout == b"live\n"
+        assert cst.engine.sandbox_exec(sid, ["cat", "/state"]).stdout == b"live\n"   # the same sandbox
+        image = cst.engine.sandbox_commit(sid, tag="from-live")
+        assert cst.engine.read(image, "/state") == b"live\n"
+        assert cst.engine.sandbox_info(sid)["id"] == sid
+        assert sid in [s["id"] for s in cst.engine.sandbox_list()]
+        assert home["pid"] != 0
+    finally:
+        cst.engine.sandbox_stop(sid)
+    with pytest.raises(NotFound):
+        cst.engine.sandbox_exec(sid, ["true"])
+
+
+def test_pools_are_per_node(cst):
+    stats = cst.engine.pool_and_wait(cst.image.id, 1, wait_timeout=60)
+    try:
+        assert stats["nodes"] == 2
+        pools = cst.engine.pool_list()
+        assert len(pools) == 2 and len({p["node"] for p in pools}) == 2
+        assert all(p["image"] == cst.image.id for p in pools)
+        assert cst.engine.run(cst.image.id, ["true"]).exit_code == 0      # served (or not) by its node's pool
+    finally:
+        cst.engine.pool_remove(cst.image.id)
+    assert cst.engine.pool_list() == []
+
+
+def test_cancel_reaches_the_node(cst):
+    ops = cst.engine.operations
+    op = ops.submit_run(cst.image.id, ["sleep", "30"])
+    deadline = time.monotonic() + 20
+    while ops.get(op)["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)                          # (on its node, in its sandbox)
+    t0 = time.monotonic()
+    ops.cancel(op)
+    [done] = ops.wait([op], timeout=30)
+    assert done["status"] == "cancelled" and time.monotonic() - t0 < 10, done
+
+
+def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
+    """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
+    go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
+    from conftest import serve_process
+    with serve_process(cst.engine.home, "--cluster", ray_cluster.address, "--database",
+                       cst.engine.store.database_url) as url:
+        remote = sandtree.connect(url)
+        res = remote.image(cst.image.id).run("echo remote > /r; cat /r")
+        assert res.exit_code == 0 and res.stdout == b"remote\n"
+        assert cst.engine.read(res.image.id, "/r") == b"remote\n"      # one store
+        runs = sum(n["runs"] for n in cst.cluster_status()["nodes"])
+        assert remote.map(cst.image.id, ["true"] * 6, parallel=3)[5].exit_code == 0
+        assert sum(n["runs"] for n in cst.cluster_status()["nodes"]) == runs + 6   # on the nodes
+        status = remote.cluster_status()
+        assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
+        assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
+
+
+def test_cli_cluster_status(cst, ray_cluster):
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--database",
+                          cst.engine.store.database_url, "--cluster", ray_cluster.address, "cluster", "status",
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status["mode"] == "cluster" and sorted(n["node"] for n in status["nodes"]) == \
+        sorted(n["node"] for n in cst.cluster_status()["nodes"])
+    human = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "cluster", "status"],
+                           capture_output=True, text=True, timeout=120)
+    assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
+
+
+def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster):
+    """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, the other node's
+    finish, later runs go to the survivor, fsck finds nothing wrong."""
+    ops = cst.engine.operations
+    status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
+    # a live sandbox on each node (load counts sandboxes: the second goes to the other node)
+    sandboxes = [cst.engine.sandbox_start(cst.image.id)["id"] for _ in range(2)]
+    where = {sid: n["node"] for n in cst.cluster_status()["nodes"] for sid in n["sandbox_ids"]}
+    assert sorted(where.values()) == sorted(status), where
+    submitted = [ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"]) for i in range(8)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:      # until both nodes run some
+        running = {n["node"]: n["running"] for n in cst.cluster_status()["nodes"]}
+        if all(v > 0 for v in running.values()):
+            break
+        time.sleep(0.1)
+    victim = 0
+    victim_node = ray_cluster.node_id(victim)
+    victim_pid = status[victim_node]["pid"]
+    t0 = time.monotonic()
+    ray_cluster.kill(victim)
+    finished = ops.wait(submitted, timeout=120)
+    noticed = time.monotonic() - t0
+    failed = [f for f in finished if f["status"] == "failed"]
+    done = [f for f in finished if f["status"] == "done"]
+    assert failed and done, finished
+    assert all(f["outcome"]["error"] == "node_lost" and "was lost" in f["outcome"]["message"] for f in failed), failed
+    assert noticed < 30, noticed
+    print(f"node lost noticed after {noticed:.1f} s: {failed[0]['outcome']['message']}")
+    for f in done:
+        assert f["outcome"]["exit_code"] == 0 and f["result"]
+    # the survivor keeps serving, alone
+    more = cst.map(cst.image, [f"echo after{i} > /a" for i in range(6)], parallel=3)
+    assert all(r.exit_code == 0 for r in more)
+    alive = [n for n in cst.cluster_status()["nodes"] if n["alive"]]
+    assert len(alive) == 1 and alive[0]["pid"] != victim_pid
+    # the lost node's sandbox is reported lost; the survivor's answers
+    [lost] = [sid for sid, n in where.items() if n == victim_node]
+    [kept] = [sid for sid, n in where.items() if n != victim_node]
+    with pytest.raises(NodeLost, match="was lost"):
+        cst.engine.sandbox_exec(lost, ["true"])
+    assert cst.engine.sandbox_exec(kept, ["echo", "ok"]).stdout == b"ok\n"
+    cst.engine.sandbox_stop(kept)
+    # its processes outlive the node on this one machine (live sandboxes are detached by design):
+    # this process's own engine stops it through the shared rows
+    type(cst.engine).sandbox_stop(cst.engine, lost)
+    report = cst.engine.fsck()
+    assert report["ok"], report
+
