@@ -62,9 +62,14 @@ class S3Server:
                 f"-master.port={m}", f"-master.port.grpc={mg}", f"-volume.port={v}", f"-volume.port.grpc={vg}",
                 f"-filer.port={fl}", f"-filer.port.grpc={flg}", "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
                 f"-metricsPort={met}", f"-s3.config={conf}", "-master.volumeSizeLimitMB=256",
-                "-volume.max=0", "-s3.port.iceberg=0", "-s3.port.lance=0"]   # (fixed ports by default)
+                # A count, not 0 (= as many as the free disk holds at 256 MB each: ~180 here, and each bucket
+                # (a collection) takes 7, so the 26th bucket of a run got "no free volumes" -> InternalError).
+                # Empty volumes are sparse files; one per collection is enough for a test (master.toml
+                # volume_growth.copy_1, set through its WEED_ variable).
+                "-volume.max=10000", "-s3.port.iceberg=0", "-s3.port.lance=0"]   # (fixed ports by default)
         self.log = open(os.path.join(self.dir, "log"), "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.dir,
+                                     env={**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"},
                                      start_new_session=True)
         self.endpoint = f"http://127.0.0.1:{s3}"
         deadline = time.time() + timeout
