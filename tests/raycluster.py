@@ -48,6 +48,11 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def client_address(self) -> str:
+        """Ray Client's (the head's proxy): ray://127.0.0.1:PORT."""
+        return f"ray://127.0.0.1:{self.client_port}"
+
     def _env(self) -> dict:
         src = os.path.dirname(os.path.dirname(os.path.abspath(sandtree.__file__)))
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -78,11 +83,11 @@ class RayCluster:
         if not os.path.exists(RAY):
             raise Unavailable("Ray is not installed (pip install 'sandtree[cluster]')")
         self.dir = tempfile.mkdtemp(prefix=PREFIX, dir="/tmp")
-        self.port = _free_port()
+        self.port, self.client_port = _free_port(), _free_port()
         # One at a time: nodes joining while the head still starts (or two at once, on 2 busy
         # CPUs) were seen to hang for a minute.
         self.head = self._start("--head", f"--port={self.port}", "--num-cpus=0", f"--temp-dir={self.dir}",
-                                "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
+                                "--include-dashboard=false", f"--ray-client-server-port={self.client_port}",
                                 f"--dashboard-port={_free_port()}")
         self._wait_started(0, self.head, timeout)
         for _ in range(workers):
