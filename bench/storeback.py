@@ -78,19 +78,33 @@ def measure(name: str, url: str | None, rootfs: str, work: str, n: int) -> list:
     with sandtree.Sandtree(os.path.join(work, name), warm=2, database=url) as st:
         img = st.import_image(rootfs)
         img.run("true")                                     # warm helpers, caches
-        for kind, disposable in (("commit", False), ("disposable", True)):
+        sb = img.start()
+        sb.exec("true")
+
+        def step(kind, i, disposable=False):
+            if kind == "live start+stop":
+                img.start().stop()
+            elif kind == "live exec":
+                sb.exec(f"echo {i} > /f")
+            else:
+                img.run(f"echo {i} > /f", disposable=disposable)
+
+        # The live rows are the capacity model's input for concurrent sandboxes: what a start, a stop
+        # and a command in a running sandbox cost the shared database.
+        for kind, count in (("commit", n), ("disposable", n), ("live exec", n), ("live start+stop", max(n // 5, 5))):
             walls = []
             for k in COUNT:
                 COUNT[k] = 0
-            for i in range(n):
+            for i in range(count):
                 t = time.perf_counter()
-                img.run(f"echo {i} > /f", disposable=disposable)
+                step(kind, i, disposable=kind == "disposable")
                 walls.append((time.perf_counter() - t) * 1000)
             q = statistics.quantiles(walls, n=10)
             rows.append([name, kind, f"{statistics.median(walls):.1f}", f"{q[8]:.1f}",
-                         f"{COUNT['stmts'] / n:.1f}", f"{COUNT['tx'] / n:.1f}",
-                         f"{(COUNT['auto'] + COUNT['tx']) / n:.1f}",
-                         f"{COUNT['ms'] / n:.2f}" if url else "-"])
+                         f"{COUNT['stmts'] / count:.1f}", f"{COUNT['tx'] / count:.1f}",
+                         f"{(COUNT['auto'] + COUNT['tx']) / count:.1f}",
+                         f"{COUNT['ms'] / count:.2f}" if url else "-"])
+        sb.stop()
     return rows
 
 

@@ -70,6 +70,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
+        self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
 
     def close(self) -> None:
         self._stop_reaping.set()
@@ -290,10 +291,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only
         return self.info(row["id"])
 
-    def _touch(self, sid: str) -> None:
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (time.time(), sid))
-
     # ---- commands ----------------------------------------------------------------------------
     def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
         if uid is None:          # the image's user (its config's USER), resolved at start
@@ -314,7 +311,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         spec.on_output, spec.cancel = on_output, cancel
         op = uuid.uuid4().hex
         started = time.time()
-        self._touch(row["id"])
+        self._touch(row)
         try:
             out = self.live.exec(row["handle"], spec, ahead=self.ahead.take(row["id"], row["handle"]))
         except Exception as exc:
@@ -323,7 +320,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             if isinstance(exc, NotFound):
                 self._running(row["id"])        # raises Conflict(gone) if it died under us
             raise
-        self._touch(row["id"])
+        self._touch(row)
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid,
@@ -340,7 +337,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         row = self._running(sid)
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
-        self._touch(row["id"])
+        self._touch(row)
         proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
