@@ -81,7 +81,9 @@ class Records:
         (a build step's cache row)."""
         used = True
         try:
-            with self.store.db.tx() as con:
+            # No image and no extra rows: only this operation's own row (an exec, a disposable run),
+            # which needs no place in the one-writer order (db.tx serial).
+            with self.store.db.tx(serial=write_image is not None or also is not None) as con:
                 if write_image is not None:
                     used = write_image(con)
                 self.write(con, op, kind, source, result, spec, outcome, started, time.time(),

@@ -45,7 +45,7 @@ class SandboxLifetime:
         if len(self._touched) > 4096:                # ids of ended sandboxes: a miss costs one write
             self._touched.clear()
         self._touched[row["id"]] = now
-        with self.store.db.tx() as con:
+        with self.store.db.tx(serial=False) as con:          # its own row's stamp only
             con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (now, row["id"]))
 
     def _due(self, row: dict, now: float) -> bool:

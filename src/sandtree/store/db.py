@@ -244,7 +244,10 @@ class Database(Reads):
                 raise ev                                 # the COMMIT's own error
             return False
 
-    def tx(self):
+    def tx(self, *, serial: bool = True):
+        """A write transaction (BEGIN IMMEDIATE: SQLite has one writer at a time, so `serial`, which
+        lets PostgreSQL run a transaction that only writes rows of its own beside others, changes
+        nothing here)."""
         return self._Tx(self)
 
     def _full(self, exc) -> None:
