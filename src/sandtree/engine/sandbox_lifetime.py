@@ -34,18 +34,22 @@ class SandboxLifetime:
             if not ok:
                 raise RuntimeUnavailable(why, tier=tier or self.default_tier())
 
-    def _touch(self, row: dict) -> None:
+    def _touch(self, row: dict, con=None) -> None:
         """Marks the sandbox used now: its idle timeout counts from here. A loop of commands touches
-        several times a second and each touch is a write transaction on the shared database, so this
-        engine writes once per window, a tenth of the idle timeout and at most 1 s: the row lags the
-        last use by less than that."""
+        several times a second and each touch is a write on the shared database, so this engine
+        writes once per window, a tenth of the idle timeout and at most 1 s: the row lags the last
+        use by less than that. con: write in that transaction (a command's record), else in one of
+        its own, outside the one-writer lock (the row is this sandbox's alone)."""
         now = time.time()
         if now - self._touched.get(row["id"], 0.0) < min(1.0, (row["idle_timeout"] or 10) / 10):
             return
         if len(self._touched) > 4096:                # ids of ended sandboxes: a miss costs one write
             self._touched.clear()
         self._touched[row["id"]] = now
-        with self.store.db.tx(serial=False) as con:          # its own row's stamp only
+        if con is not None:
+            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (now, row["id"]))
+            return
+        with self.store.db.tx(serial=False) as con:
             con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (now, row["id"]))
 
     def _due(self, row: dict, now: float) -> bool:

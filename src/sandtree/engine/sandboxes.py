@@ -320,14 +320,14 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             if isinstance(exc, NotFound):
                 self._running(row["id"])        # raises Conflict(gone) if it died under us
             raise
-        self._touch(row)
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid,
                                                "gid": spec.gid},
                             started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
                                             "timed_out": rec.timed_out, "cancelled": rec.cancelled,
-                                            "usage": rec.usage}, kind="exec")
+                                            "usage": rec.usage}, kind="exec",
+                            also=lambda con: self._touch(row, con), serial=False)
         return rec
 
     def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
