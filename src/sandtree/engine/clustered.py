@@ -40,14 +40,14 @@ class NodeEngine:
 class Dispatch:
     """The engine's calls that go to nodes; attach() binds them onto the engine object."""
 
-    def __init__(self, engine, fabric: Fabric):
-        self.engine, self.fabric = engine, fabric
+    def __init__(self, store, resolve, fabric: Fabric):
+        self.store, self.resolve, self.fabric = store, resolve, fabric       # the engine's
 
     def _layers(self, ref: str):
         """The image's layers, when some node reported what it holds (locality); () otherwise."""
         if all(v.layers is None for v in self.fabric.nodes()):
             return ()
-        return self.engine.store.image(self.engine.resolve(ref)).layers
+        return self.store.image(self.resolve(ref)).layers
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False, **options):
         if check_only:                    # validation reads only the shared store: here
@@ -66,7 +66,7 @@ class Dispatch:
     def sandbox_resume(self, sid: str) -> dict:
         nid = self.fabric.sandbox_node(sid)
         if nid is None:                   # hibernated: any node resumes it (its checkpoint is shared)
-            row = self.engine.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
+            row = self.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
             return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else ())
         return self.fabric.call(nid, "sandbox_resume", (sid,))
 
@@ -123,7 +123,7 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     node a home of its own."""
     config = NodeConfig(engine.store.home, engine.store.database_url, None)
     fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
-    d = Dispatch(engine, fabric)
+    d = Dispatch(engine.store, engine.resolve, fabric)
     d.local_run_operation = engine.run_operation
     for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
                  "pool_wait", "pool_list", "pool_remove", "cluster_status"):
