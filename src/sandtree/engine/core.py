@@ -11,6 +11,7 @@ variables and prints nothing; configuration comes in through its constructor (sa
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -20,6 +21,7 @@ from . import clustered
 from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
+from ..runtime import leftovers
 from ..runtime.gvisor import GVisorRuntime
 from ..runtime.livetiers import LiveTiers
 from ..runtime.namespaces import NamespaceRuntime
@@ -439,7 +441,12 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return fsck(self.store, verify_content=verify_content)
 
     def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        return gc(self.store, retention=retention, grace=grace)
+        out = gc(self.store, retention=retention, grace=grace)
+        # and the deadline files / agent sockets of sandboxes whose engine was killed
+        rows = self.store.db.query("SELECT handle FROM sandboxes WHERE handle IS NOT NULL")
+        out["removed_runtime_files"] = leftovers.sweep(self.store.home, leftovers.named(map(json.loads, (h for (h,) in rows))),
+                                                       grace)
+        return out
 
     def remove_image(self, image: str, *, force: bool = False) -> None:
         with self.store.db.tx() as con:
