@@ -1,10 +1,11 @@
-"""A sandtree cluster on a real Ray cluster (issue 20 item 3): a head and two worker nodes on this
-machine (tests/raycluster.py), one PostgreSQL database and, until the object store lands, one store
-directory shared by the API side and both nodes. One cluster for the module; the node-killing test
-runs last (it takes a node away)."""
+"""A sandtree cluster on a real Ray cluster (issue 20): a head and two worker nodes on this machine
+(tests/raycluster.py), one PostgreSQL database and one S3 bucket (SeaweedFS, tests/s3server.py),
+each node with a store directory of its own (its layer cache), as on machines of their own. One
+cluster for the module; the node-killing test runs last (it takes a node away)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -15,11 +16,13 @@ from sandtree.errors import NodeLost, NotFound
 
 pytest.importorskip("ray")
 
+from conftest import make_rootfs  # noqa: E402
 from raycluster import RayCluster, Unavailable  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(s3_server):
+    """(after s3_server: the nodes' environment carries its endpoint and keys, as a deployment's would)"""
     cluster = RayCluster()
     try:
         cluster.start(workers=2)
@@ -33,10 +36,11 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def cst(ray_cluster, pg_cluster, tmp_path_factory, rootfs):
-    """A Sandtree whose runs go to the cluster (its metadata: one PostgreSQL database)."""
+def cst(ray_cluster, pg_cluster, s3_server, tmp_path_factory, rootfs):
+    """A Sandtree whose runs go to the cluster (its metadata: one PostgreSQL database; its objects:
+    one bucket; each node's home: API home/nodes/node-<id>)."""
     st = sandtree.Sandtree(str(tmp_path_factory.mktemp("cluster-home")), database=pg_cluster.new_database(),
-                           cluster=ray_cluster.address, warm=0)
+                           objects=f"s3://{s3_server.new_bucket()}/cluster", cluster=ray_cluster.address, warm=0)
     st.image = st.import_image(rootfs, tag="busybox")
     yield st
     st.close()
@@ -49,6 +53,64 @@ def test_status_lists_both_nodes(cst, ray_cluster):
     assert len(nodes) == 2 and all(n["cpus"] == 1 for n in nodes)
     assert {n["node"] for n in nodes} == {n["NodeID"] for n in ray_cluster.nodes()}
     assert len({n["pid"] for n in nodes}) == 2          # one actor process per node
+
+
+def test_each_node_has_its_own_home_and_cache(cst):
+    nodes = cst.cluster_status()["nodes"]
+    homes = {n["home"] for n in nodes}
+    assert len(homes) == 2 and cst.engine.home not in homes
+    assert all(h.startswith(os.path.join(cst.engine.home, "nodes", "node-")) for h in homes)
+    assert all(n["objects"] == cst.engine.store.objects.url and "fetched" in n for n in nodes)
+
+
+def fixed(text: str) -> str:
+    """A run whose result does not depend on when it ran (fixed mtimes): equal IDs on any store."""
+    return f"mkdir -p /w && echo {text} > /w/f && touch -d @1000000000 /w/f /w /"
+
+
+def test_image_imported_on_node_a_runs_on_node_b(cst, tmp_path):
+    """Issue 20's must-hold: imported through node A, run on node B (its layers fetched once into
+    B's cache, then served from it), B's result readable from A, IDs those of one local store."""
+    fabric = cst.engine.fabric
+    status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
+    a, b = sorted(status)
+    root = make_rootfs(str(tmp_path / "root"))
+    with open(os.path.join(root, "etc", "only-here"), "w") as f:
+        f.write("imported on A\n")                   # an image no node has seen yet
+    img = fabric.call(a, "import_path", (root,), {"tag": "on-a"})
+    layers = cst.engine.store.image(img).layers
+    assert not any(os.path.isdir(os.path.join(status[b]["home"], "layers", l)) for l in layers)
+    fetched0 = _node(cst, b)["fetched"]
+    r1 = fabric.call(b, "run", (img, ["cat", "/etc/only-here"]))
+    assert r1.exit_code == 0 and r1.stdout == b"imported on A\n"
+    assert _node(cst, b)["fetched"] == fetched0 + len(layers)            # fetched once...
+    assert all(os.path.isdir(os.path.join(status[b]["home"], "layers", l)) for l in layers)
+    r2 = fabric.call(b, "run", (img, ["sh", "-c", fixed("one")]))
+    assert r2.exit_code == 0 and _node(cst, b)["fetched"] == fetched0 + len(layers)   # ...then from B's cache
+    # locality: only B holds the result's top layer, so runs of it go to B
+    fabric.refresh()
+    top = cst.engine.store.image(r2.image).layers
+    assert fabric.pick(top) == b
+    for _ in range(3):
+        rec = cst.engine.run(r2.image, ["cat", "/w/f"])
+        assert rec.stdout == b"one\n" and rec.usage["node"] == b, rec.usage
+    # B's result is A's (and the API's) to read: its new layer comes from S3 into A's cache
+    fetched_a = _node(cst, a)["fetched"]
+    assert fabric.call(a, "read", (r2.image, "/w/f")) == b"one\n"
+    assert _node(cst, a)["fetched"] == fetched_a + 1
+    assert cst.engine.read(r2.image, "/w/f") == b"one\n"
+    # the same IDs as a single-machine store
+    local = sandtree.Sandtree(str(tmp_path / "local"), warm=0)
+    try:
+        base = local.import_image(root)
+        assert base.id == img
+        assert local.engine.run(base.id, ["sh", "-c", fixed("one")]).image == r2.image
+    finally:
+        local.close()
+
+
+def _node(cst, nid: str) -> dict:
+    return next(n for n in cst.cluster_status()["nodes"] if n["node"] == nid)
 
 
 def test_local_engine_status_is_one_local_node(st):

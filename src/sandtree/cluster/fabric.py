@@ -29,6 +29,7 @@ NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
 CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
 STATUS_TIMEOUT = 10.0
+LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
 
 
 class Fabric:
@@ -65,7 +66,26 @@ class Fabric:
                     ).remote(self.config, self._make_engine, nid, cpus)
                     self._views[nid] = NodeView(nid, cpus, address=n.get("NodeManagerAddress", ""))
             self._read = time.monotonic()
-            return list(self._views.values())
+            views = list(self._views.values())
+            actors = {v.id: self._actors[v.id] for v in views}
+        self._read_layers(actors)
+        return views
+
+    def _read_layers(self, actors: dict) -> None:
+        """What each node's layer cache holds now (Node.held_layers), for locality; a node that
+        does not answer in LAYERS_TIMEOUT keeps what was known (a new one's engine may still start)."""
+        refs = {ref: nid for nid, a in actors.items() for ref in [a.held_layers.remote()]}
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=LAYERS_TIMEOUT)
+        except _LOST:
+            return
+        for ref in ready:
+            try:
+                held = ray.get(ref)
+            except (_LOST + (ray.exceptions.RayTaskError,)):
+                continue
+            if held is not None:
+                self.note_layers(refs[ref], held)
 
     def _drop(self, nid: str) -> None:
         self._views.pop(nid, None)
@@ -88,12 +108,14 @@ class Fabric:
         """How many calls the cluster serves at once (the API side's worker threads)."""
         return sum(max(8, int(v.cpus * CALLS_PER_CPU)) for v in self.nodes())
 
-    def note_layers(self, nid: str, layers) -> None:
-        """What node `nid` holds (its reported layer IDs): choose_node prefers it for images of them.
-        The layer cache (issue 20 item 2) calls this with Node.held_layers()."""
+    def note_layers(self, nid: str, layers, *, add: bool = False) -> None:
+        """What node `nid` holds: choose_node prefers it for images of these layers. refresh()
+        replaces it with Node.held_layers() (its cache's index); add: a run there just used these
+        layers (they are in its cache now, until it evicts them: the next refresh says)."""
         with self._lock:
-            if nid in self._views:
-                self._views[nid].layers = frozenset(layers)
+            view = self._views.get(nid)
+            if view is not None:
+                view.layers = frozenset(layers) | (view.layers or frozenset() if add else frozenset())
 
     def pick(self, layers=()) -> str:
         views = self.nodes()
@@ -140,8 +162,11 @@ class Fabric:
                 view.running += 1
         try:
             what = f"operation {op_id}" if op_id else "a run"
-            return self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
-                             lambda: actor.cancel.remote(op_id) if op_id else None)
+            rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
+                            lambda: actor.cancel.remote(op_id) if op_id else None)
+            if layers and view is not None and view.layers is not None:
+                self.note_layers(nid, layers, add=True)
+            return rec
         finally:
             if view is not None:
                 with self._lock:

@@ -26,15 +26,16 @@ LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a n
 
 
 class NodeEngine:
-    """make_engine for the node actors: Engine(config.home, database=...) on the node, with no
-    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree)."""
+    """make_engine for the node actors: Engine(home, database=, objects=) on the node, with no
+    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree).
+    Endpoint and credentials of the objects come from the node's own environment (config.py)."""
 
     def __init__(self, cls, warm: int, tier: str):
         self.cls, self.warm, self.tier = cls, warm, tier
 
-    def __call__(self, config: NodeConfig):
-        return self.cls(config.home, database=config.database_url, cluster="", warm=self.warm, tier=self.tier,
-                        max_runs=max(4, (os.cpu_count() or 1) * 4))
+    def __call__(self, config: NodeConfig, home: str):
+        return self.cls(home, database=config.database_url or "", objects=config.objects_url or "", cluster="",
+                        warm=self.warm, tier=self.tier, max_runs=max(4, (os.cpu_count() or 1) * 4))
 
 
 class Dispatch:
@@ -117,11 +118,20 @@ class Dispatch:
         return self.fabric.status()
 
 
+def node_config(store) -> NodeConfig:
+    """The nodes of an API engine's store: its database and objects. Without S3 objects every node
+    shares its store directory; with them each has a home of its own under home/nodes/ (or its
+    SANDTREE_NODE_HOME), a cache of the bucket. SQLite is named by its path (one machine only)."""
+    database = store.database_url or f"sqlite:///{os.path.join(store.home, 'sandtree.db')}"
+    if store.objects is None:
+        return NodeConfig(store.home, store.database_url, None)
+    return NodeConfig(os.path.join(store.home, "nodes"), database, store.objects.url)
+
+
 def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
-    """Make engine's runs and live sandboxes go to the cluster at `address`; its nodes are
-    NodeConfig(engine's home, its database URL) until the object store (issue 20 item 2) gives each
-    node a home of its own."""
-    config = NodeConfig(engine.store.home, engine.store.database_url, None)
+    """Make engine's runs and live sandboxes go to the cluster at `address` (node_config: what
+    the nodes are made of)."""
+    config = node_config(engine.store)
     fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
     d = Dispatch(engine, fabric)
     d.local_run_operation = engine.run_operation
