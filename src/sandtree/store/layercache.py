@@ -51,6 +51,7 @@ class LayerCache:
         self.dir = os.path.join(store.home, "cache")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.fetched = 0                         # layers this process downloaded (tests, bench)
+        self.timings: dict[str, float] = {}      # seconds spent per fetch phase (bench/coldstart.py)
 
     # ---- publish --------------------------------------------------------------------------
     def upload(self, staged: str, layer: str) -> None:
@@ -102,9 +103,13 @@ class LayerCache:
         tar = os.path.join(self.store.layers.tmp, f"fetch-{owner_prefix()}{secrets.token_hex(6)}.tar")
         staged = self.store.layers.stage("fetch")
         try:
+            t0 = time.perf_counter()
             self.objects.fetch(layer_key(layer), tar, digest, size)
+            t1 = time.perf_counter()
             with open(tar, "rb") as f:
                 total = layerpack.unpack(f, staged, self.store.idmap, max_bytes=size)
+            self._took("download", t1 - t0)
+            self._took("unpack", time.perf_counter() - t1)
             try:
                 os.rename(staged, self.store.layers.path(layer))
             except OSError:
@@ -119,6 +124,9 @@ class LayerCache:
         finally:
             if os.path.exists(tar):
                 os.unlink(tar)
+
+    def _took(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
     def _mark(self, layer: str, size: int) -> None:
         with open(os.path.join(self.dir, layer), "w") as f:
