@@ -34,11 +34,11 @@ MB = 1 << 20
 
 def debian_like(path: str, total: int = 120 * MB, seed: int = 20) -> str:
     """A busybox rootfs plus `total` bytes shaped like a Debian base: ~9,000 files, most a few KB
-    (docs, locales, Python modules, configs), ~100 of 0.3-3 MB (shared libraries, binaries),
+    (docs, locales, Python modules, configs), ~100 of 0.2-1.2 MB (shared libraries, binaries),
     incompressible (the layer tar is not compressed either way)."""
     make_rootfs(path)
     rnd = random.Random(seed)
-    big = [int(rnd.uniform(0.3, 3.0) * MB) for _ in range(100)]
+    big = [int(rnd.uniform(0.2, 1.2) * MB) for _ in range(100)]
     small_total = total - sum(big)
     n_small = 9000
     sizes = [max(64, int(rnd.lognormvariate(8.0, 1.2))) for _ in range(n_small)]
@@ -110,7 +110,7 @@ def coldstart_rows(work: str, n: int = 5) -> tuple[list[tuple[str, list[float], 
             dest = os.path.join(work, f"untar-{i}")
             os.makedirs(dest)
             t = time.perf_counter()
-            subprocess.run(["tar", "-xf", tar, "-C", dest], check=True)
+            subprocess.run(["tar", "--warning=no-unknown-keyword", "-xf", tar, "-C", dest], check=True)
             untar.append(time.perf_counter() - t)
             shutil.rmtree(dest)
         facts["object_bytes"] = os.path.getsize(tar)

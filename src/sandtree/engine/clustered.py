@@ -12,10 +12,15 @@ node). What stays here: everything else, and the processes of live runs (left: i
 
 from __future__ import annotations
 
+import logging
 import os
+import uuid
 
 from ..cluster import Fabric, NodeConfig
 from ..errors import NodeLost, NotFound
+from ..values import check_retries
+
+log = logging.getLogger("sandtree.cluster")
 
 # A live sandbox's calls after its start: to the node it runs on.
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
@@ -54,7 +59,25 @@ class Dispatch:
         if check_only:                    # validation reads only the shared store: here
             return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
         on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
-        rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref), cancel=cancel)
+        retries = check_retries(options.pop("retries", 0))
+        op_id = op_id or (uuid.uuid4().hex if retries else None)    # (its row tells whether it committed)
+        lost = []
+        while True:
+            try:
+                rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref),
+                                      cancel=cancel)
+                break
+            except NodeLost as exc:
+                if len(lost) >= retries or (cancel is not None and cancel.is_set()):
+                    raise
+                finished = self.engine.store.db.one("SELECT finished FROM operations WHERE id=?", (op_id,))
+                if finished is not None and finished[0] is not None:    # it committed before the node went
+                    raise NodeLost(f"{exc} (not retried: the run had finished and committed on that node)",
+                                   **exc.details) from None
+                lost.append(exc.details.get("node"))
+                log.warning("run %s: %s; retry %d of %d on another node", op_id, exc, len(lost), retries)
+        if lost:                          # (a run is a function of its image and command: a rerun is the run)
+            rec.usage["retried_after_lost"] = lost
         if on_output is not None:         # a node's output arrives with its record
             for stream in ("stdout", "stderr"):
                 if getattr(rec, stream):
