@@ -12,7 +12,7 @@ import time
 import pytest
 
 import sandtree
-from sandtree.errors import NodeLost, NotFound
+from sandtree.errors import InvalidInput, NodeLost, NotFound
 
 pytest.importorskip("ray")
 
@@ -150,6 +150,11 @@ def test_run_and_submit_through_the_cluster(cst):
     assert done["status"] == "done" and done["outcome"]["exit_code"] == 3
     with pytest.raises(NotFound):
         cst.engine.run("no-such-image", ["true"])
+    for bad in (-1, True, 11, "2"):
+        with pytest.raises(InvalidInput, match="retries"):
+            cst.engine.run(cst.image.id, ["true"], retries=bad)
+        with pytest.raises(InvalidInput, match="retries"):
+            cst.engine.operations.submit_run(cst.image.id, ["true"], retries=bad)
 
 
 def test_live_sandbox_is_pinned_to_its_node(cst):
@@ -204,7 +209,7 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     with serve_process(cst.engine.home, "--cluster", ray_cluster.address, "--database",
                        cst.engine.store.database_url) as url:
         remote = sandtree.connect(url)
-        res = remote.image(cst.image.id).run("echo remote > /r; cat /r")
+        res = remote.image(cst.image.id).run("echo remote > /r; cat /r", retries=1)    # (REST carries retries)
         assert res.exit_code == 0 and res.stdout == b"remote\n"
         assert cst.engine.read(res.image.id, "/r") == b"remote\n"      # one store
         runs = sum(n["runs"] for n in cst.cluster_status()["nodes"])
@@ -232,15 +237,21 @@ def test_cli_cluster_status(cst, ray_cluster):
 
 
 def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster):
-    """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, the other node's
-    finish, later runs go to the survivor, fsck finds nothing wrong."""
+    """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, except those asked
+    with retries=, which run again on the survivor and succeed; the other node's finish, later
+    runs go to the survivor, fsck finds nothing wrong."""
     ops = cst.engine.operations
     status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
     # a live sandbox on each node (load counts sandboxes: the second goes to the other node)
     sandboxes = [cst.engine.sandbox_start(cst.image.id)["id"] for _ in range(2)]
     where = {sid: n["node"] for n in cst.cluster_status()["nodes"] for sid in n["sandbox_ids"]}
     assert sorted(where.values()) == sorted(status), where
-    submitted = [ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"]) for i in range(8)]
+    submitted, retried = [], []
+    for i in range(14):                     # interleaved: both kinds on both nodes
+        if i % 2:
+            retried.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"], retries=2))
+        else:
+            submitted.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"]))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:      # until both nodes run some
         running = {n["node"]: n["running"] for n in cst.cluster_status()["nodes"]}
@@ -262,6 +273,16 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     print(f"node lost noticed after {noticed:.1f} s: {failed[0]['outcome']['message']}")
     for f in done:
         assert f["outcome"]["exit_code"] == 0 and f["result"]
+    # the runs that asked for retries all succeeded; those the lost node had ran again on the survivor
+    again = ops.wait(retried, timeout=120)
+    assert all(f["status"] == "done" and f["outcome"]["exit_code"] == 0 for f in again), again
+    moved = [op for op in retried if ops.result(op).usage.get("retried_after_lost")]
+    assert moved, [ops.result(op).usage for op in retried]
+    for op in moved:
+        rec = ops.result(op)
+        assert rec.usage["retried_after_lost"] == [victim_node] and rec.usage["node"] != victim_node
+        i = 2 * retried.index(op) + 1
+        assert cst.engine.read(rec.image, "/k") == f"{i}\n".encode()
     # the survivor keeps serving, alone
     more = cst.map(cst.image, [f"echo after{i} > /a" for i in range(6)], parallel=3)
     assert all(r.exit_code == 0 for r in more)

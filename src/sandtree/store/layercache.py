@@ -23,7 +23,7 @@ import os
 import secrets
 import time
 
-from ..errors import StoreCorrupt
+from ..errors import BadArchive, StoreCorrupt
 from ..procid import owner_prefix
 from . import layerpack
 from .layers import remove_tree
@@ -100,16 +100,22 @@ class LayerCache:
         if row is None:
             raise StoreCorrupt(f"layer {layer} is neither cached here nor recorded in object storage", layer=layer)
         digest, size = row
-        tar = os.path.join(self.store.layers.tmp, f"fetch-{owner_prefix()}{secrets.token_hex(6)}.tar")
         staged = self.store.layers.stage("fetch")
         try:
+            # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
+            # dir nothing uses until the whole object's sha256 and size matched the row.
             t0 = time.perf_counter()
-            self.objects.fetch(layer_key(layer), tar, digest, size)
-            t1 = time.perf_counter()
-            with open(tar, "rb") as f:
-                total = layerpack.unpack(f, staged, self.store.idmap, max_bytes=size)
-            self._took("download", t1 - t0)
-            self._took("unpack", time.perf_counter() - t1)
+            body = self.objects.stream(layer_key(layer), digest, size)
+            try:
+                try:
+                    total = layerpack.unpack(body, staged, self.store.idmap, max_bytes=size)
+                except (BadArchive, OSError):
+                    body.finish()                # bytes other than the recorded ones: StoreCorrupt
+                    raise
+                body.finish()
+            finally:
+                body.close()
+            self._took("download+unpack", time.perf_counter() - t0)
             try:
                 os.rename(staged, self.store.layers.path(layer))
             except OSError:
@@ -121,9 +127,6 @@ class LayerCache:
         except BaseException:
             remove_tree(staged)
             raise
-        finally:
-            if os.path.exists(tar):
-                os.unlink(tar)
 
     def _took(self, phase: str, seconds: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + seconds
