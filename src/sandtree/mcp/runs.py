@@ -35,8 +35,7 @@ def register(t: Toolkit) -> None:
         from rsync. wait=false returns {"operation_id"} at once (see wait_operations). memory,
         disk ("512M", "2G"), pids and cpus: the sandbox's limits (default: the server's).
         Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
-        timed_out, oom_killed. retries: on a cluster, runs again on another node (at most this many
-        times) when its node is lost before the run committed."""
+        timed_out, oom_killed."""
         cmd = command if shell else command.split()
         opts = dict(env=env, cwd=cwd or None, uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
