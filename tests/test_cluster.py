@@ -291,13 +291,17 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     # the lost node's sandbox is reported lost; the survivor's answers
     [lost] = [sid for sid, n in where.items() if n == victim_node]
     [kept] = [sid for sid, n in where.items() if n != victim_node]
-    with pytest.raises(NodeLost, match="was lost"):
+    with pytest.raises(NodeLost, match="was lost") as e:
         cst.engine.sandbox_exec(lost, ["true"])
+    assert e.value.details["node"] == victim_node
+    info = cst.engine.sandbox_info(lost)             # its row says so, for every replica
+    assert info["state"] == "lost" and info["lost"]["node"] == victim_node and info["lost"]["reason"], info
+    assert {s["id"]: s["state"] for s in cst.engine.sandbox_list()}[lost] == "lost"
     assert cst.engine.sandbox_exec(kept, ["echo", "ok"]).stdout == b"ok\n"
     cst.engine.sandbox_stop(kept)
     # its processes outlive the node on this one machine (live sandboxes are detached by design):
-    # this process's own engine stops it through the shared rows
-    type(cst.engine).sandbox_stop(cst.engine, lost)
+    # a stop of a lost sandbox is answered from its row here, and ends them
+    assert cst.engine.sandbox_stop(lost)["state"] == "stopped"
     report = cst.engine.fsck()
     assert report["ok"], report
 

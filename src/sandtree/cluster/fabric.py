@@ -46,6 +46,7 @@ class Fabric:
         self._actors: dict[str, object] = {}
         self._pinned: dict[str, str] = {}       # live sandbox -> the node it runs on
         self._lost: dict[str, str] = {}         # live sandbox -> the node it ran on, which was lost
+        self.on_lost = None                     # (node, sandbox IDs, reason): engine/clustered.py marks rows
         self._read = 0.0
         self.refresh()
 
@@ -53,9 +54,10 @@ class Fabric:
     def refresh(self) -> list[NodeView]:
         """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped."""
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0}
+        gone = []
         with self._lock:
             for nid in [n for n in self._views if n not in alive]:
-                self._drop(nid)
+                gone.append((nid, self._drop(nid)))
             for nid, n in alive.items():
                 if nid not in self._actors:
                     cpus = float(n["Resources"]["CPU"])
@@ -68,6 +70,8 @@ class Fabric:
             self._read = time.monotonic()
             views = list(self._views.values())
             actors = {v.id: self._actors[v.id] for v in views}
+        for nid, sids in gone:
+            self._report_lost(nid, sids, "Ray reports the node dead")
         self._read_layers(actors)
         return views
 
@@ -87,11 +91,19 @@ class Fabric:
             if held is not None:
                 self.note_layers(refs[ref], held)
 
-    def _drop(self, nid: str) -> None:
+    def _drop(self, nid: str) -> list[str]:
+        """(under the lock) node `nid` out of the picture; returns its live sandboxes, now lost."""
         self._views.pop(nid, None)
         self._actors.pop(nid, None)
-        for sid in [s for s, n in self._pinned.items() if n == nid]:
+        sids = [s for s, n in self._pinned.items() if n == nid]
+        for sid in sids:
             self._lost[sid] = self._pinned.pop(sid)
+        return sids
+
+    def _report_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """on_lost(node, sandbox IDs, reason), set by the engine side: their rows say `lost`."""
+        if sids and self.on_lost is not None:
+            self.on_lost(nid, sids, reason)
 
     def lost_sandbox(self, sid: str) -> str | None:
         """The node live sandbox `sid` ran on when that node was lost (None: not known lost)."""
@@ -140,8 +152,9 @@ class Fabric:
             raise
         except _LOST as exc:
             with self._lock:
-                self._drop(nid)
+                sids = self._drop(nid)
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._report_lost(nid, sids, f"{type(exc).__name__}: {reason}")
             raise NodeLost(f"node {nid[:12]} was lost during {what}: {reason}", node=nid,
                            reason=type(exc).__name__) from None
 

@@ -12,8 +12,10 @@ node). What stays here: everything else, and the processes of live runs (left: i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 import uuid
 
 from ..cluster import Fabric, NodeConfig
@@ -28,6 +30,7 @@ PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
           "sandbox_port_url")
 LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a node
+ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
 
 
 class NodeEngine:
@@ -100,13 +103,37 @@ class Dispatch:
                 kwargs.pop(k, None)
             nid = self.fabric.sandbox_node(sid)
             if nid is None:
-                lost = self.fabric.lost_sandbox(sid)
+                lost = self._lost(sid)
+                if lost is not None and name in ON_LOST_ROWS:     # its row: state `lost` and why; stop ends it
+                    return getattr(type(self.engine), name)(self.engine, sid, *args, **kwargs)
                 if lost is not None:
-                    raise NodeLost(f"sandbox {sid} ran on node {lost[:12]}, which was lost", node=lost, sandbox=sid)
+                    raise NodeLost(f"sandbox {sid} ran on node {lost['node'][:12]}, which was lost "
+                                   f"({lost['reason']})", node=lost["node"], sandbox=sid, reason=lost["reason"])
                 raise NotFound(f"no live sandbox {sid!r} on any node of the cluster")
             return self.fabric.call(nid, name, (sid, *args), kwargs)
         call.__name__ = name
         return call
+
+    def _lost(self, sid: str) -> dict | None:
+        """{node, reason, at} when live sandbox `sid`'s node was lost (this process saw it, or
+        any replica did and marked its row); None otherwise."""
+        row = self.engine.store.db.one("SELECT state, spec FROM sandboxes WHERE id=?", (sid,))
+        if row is not None and row[0] == "lost":
+            return json.loads(row[1]).get("lost") or {"node": "", "reason": "its node was lost"}
+        nid = self.fabric.lost_sandbox(sid)
+        return None if nid is None else {"node": nid, "reason": "its node was lost"}
+
+    def mark_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """Fabric.on_lost: the rows of a lost node's live sandboxes say `lost`, with the node and
+        why, for every replica (a hibernated one is not pinned to a node: never marked)."""
+        with self.engine.store.db.tx() as con:
+            for sid in sids:
+                row = con.execute("SELECT spec FROM sandboxes WHERE id=? AND state='running'", (sid,)).fetchone()
+                if row is not None:
+                    spec = {**json.loads(row[0]), "lost": {"node": nid, "reason": reason, "at": time.time()}}
+                    con.execute("UPDATE sandboxes SET state='lost', spec=? WHERE id=? AND state='running'",
+                                (json.dumps(spec), sid))
+        log.warning("node %s lost: live sandboxes %s marked lost (%s)", nid[:12], ", ".join(sids), reason)
 
     def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         return self.fabric.call(self.fabric.pick(), "sandbox_list", (), {"all": all, "labels": labels})
@@ -157,6 +184,7 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     config = node_config(engine.store)
     fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
     d = Dispatch(engine, fabric)
+    fabric.on_lost = d.mark_lost
     d.local_run_operation = engine.run_operation
     for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
                  "pool_wait", "pool_list", "pool_remove", "cluster_status"):
