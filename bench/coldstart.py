@@ -60,6 +60,7 @@ def debian_like(path: str, total: int = 120 * MB, seed: int = 20) -> str:
 
 def coldstart_rows(work: str, n: int = 5) -> tuple[list[tuple[str, list[float], str]], dict]:
     """(what, seconds samples, note) rows and facts about the image."""
+    os.makedirs(work, exist_ok=True)
     s3 = S3Server().start()
     saved = {k: os.environ.get(k) for k in s3.env()}
     os.environ.update(s3.env())
