@@ -141,7 +141,8 @@ def coldstart_rows(work: str, n: int = 5) -> tuple[list[tuple[str, list[float], 
 
 def coldstart_table(work: str, n: int = 5) -> Table:
     rows, _ = coldstart_rows(work, n)
-    t = Table(title=f"cold start from S3 on loopback (issue 20; n={n}; {os.cpu_count()} CPUs)")
+    t = Table(title=f"cold start from S3 on loopback (issue 20; n={n}; {os.cpu_count()} CPUs; "
+                    f"load average {os.getloadavg()[0]:.1f} at the end: file creation, the floor here, slows with it)")
     for c in ("what", "p50 ms", "max ms", "note"):
         t.add_column(c, justify="left" if c in ("what", "note") else "right")
     for name, xs, note in rows:

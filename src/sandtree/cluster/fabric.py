@@ -47,12 +47,15 @@ class Fabric:
         self._pinned: dict[str, str] = {}       # live sandbox -> the node it runs on
         self._lost: dict[str, str] = {}         # live sandbox -> the node it ran on, which was lost
         self.on_lost = None                     # (node, sandbox IDs, reason): engine/clustered.py marks rows
+        self._asked: dict = {}                  # held_layers() calls in flight -> their node
         self._read = 0.0
         self.refresh()
 
     # ---- nodes ---------------------------------------------------------------------------------
-    def refresh(self) -> list[NodeView]:
-        """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped."""
+    def refresh(self, wait: float = LAYERS_TIMEOUT) -> list[NodeView]:
+        """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped; and
+        what their caches hold, waiting up to `wait` s for the answers (0, on the run path: the
+        answers that came since the last refresh; a node busy with runs answers later)."""
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0}
         gone = []
         with self._lock:
@@ -72,18 +75,27 @@ class Fabric:
             actors = {v.id: self._actors[v.id] for v in views}
         for nid, sids in gone:
             self._report_lost(nid, sids, "Ray reports the node dead")
-        self._read_layers(actors)
+        self._read_layers(actors, wait)
         return views
 
-    def _read_layers(self, actors: dict) -> None:
-        """What each node's layer cache holds now (Node.held_layers), for locality; a node that
-        does not answer in LAYERS_TIMEOUT keeps what was known (a new one's engine may still start)."""
-        refs = {ref: nid for nid, a in actors.items() for ref in [a.held_layers.remote()]}
-        try:
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=LAYERS_TIMEOUT)
-        except _LOST:
+    def _read_layers(self, actors: dict, wait: float) -> None:
+        """What each node's layer cache holds (Node.held_layers), for locality: one question per
+        node in flight at a time; a node that has not answered keeps what was known."""
+        with self._lock:
+            asking = set(self._asked.values())
+            for nid, a in actors.items():
+                if nid not in asking:
+                    self._asked[a.held_layers.remote()] = nid
+            refs = dict(self._asked)
+        if not refs:
             return
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
+        except _LOST:
+            ready = []
         for ref in ready:
+            with self._lock:
+                self._asked.pop(ref, None)
             try:
                 held = ray.get(ref)
             except (_LOST + (ray.exceptions.RayTaskError,)):
@@ -112,7 +124,7 @@ class Fabric:
 
     def nodes(self) -> list[NodeView]:
         if time.monotonic() - self._read > REFRESH_S:
-            return self.refresh()
+            return self.refresh(wait=0)
         with self._lock:
             return list(self._views.values())
 
