@@ -133,9 +133,9 @@ def _write_file(path: str, data: bytes, ti) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
+        _meta(fd, ti)                            # on the fd: no path lookups
     finally:
         os.close(fd)
-    _meta(path, ti)
 
 
 def _unpack(src, dest: str, idmap: IdMap, max_bytes: int, pool) -> int:
@@ -220,8 +220,14 @@ def _check_name(raw: str) -> str:
     return name
 
 
-def _meta(path: str, ti) -> None:
-    os.lchown(path, ti.uid, ti.gid)
+def _meta(path, ti) -> None:
+    """Owner, xattrs, mode and times of a member, in that order (a chown clears setuid bits and
+    file capabilities). `path` may be the open fd of a regular file: no path lookups then."""
+    fd = isinstance(path, int)
+    if fd:
+        os.chown(path, ti.uid, ti.gid)
+    else:
+        os.lchown(path, ti.uid, ti.gid)
     for key, value in ti.pax_headers.items():
         if not key.startswith("SANDTREE.xattr."):
             continue
@@ -229,7 +235,11 @@ def _meta(path: str, ti) -> None:
         if xname.startswith("trusted.") and xname not in _TRUSTED_OK:
             raise BadArchive(f"layer member {ti.name!r} carries xattr {xname!r}")
         try:
-            os.setxattr(path, xname, base64.b64decode(value, validate=True), follow_symlinks=False)
+            data = base64.b64decode(value, validate=True)
+            if fd:
+                os.setxattr(path, xname, data)
+            else:
+                os.setxattr(path, xname, data, follow_symlinks=False)
         except ValueError:
             raise BadArchive(f"layer member {ti.name!r}: bad xattr value") from None
     if ti.type != tarfile.SYMTYPE:
@@ -238,4 +248,7 @@ def _meta(path: str, ti) -> None:
         ns = int(ti.pax_headers.get("SANDTREE.mtime_ns", ti.mtime * 10**9))
     except ValueError:
         raise BadArchive(f"layer member {ti.name!r}: bad mtime") from None
-    os.utime(path, ns=(ns, ns), follow_symlinks=False)
+    if fd:
+        os.utime(path, ns=(ns, ns))
+    else:
+        os.utime(path, ns=(ns, ns), follow_symlinks=False)
