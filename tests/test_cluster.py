@@ -236,6 +236,31 @@ def test_cli_cluster_status(cst, ray_cluster):
     assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
 
 
+def test_hibernated_sandbox_resumes_on_the_node_holding_its_checkpoint(cst):
+    """With a home per node a hibernation's CRIU checkpoint is in the hibernating node's home:
+    resume goes there, even when the load would pick the other node."""
+    ok, why = cst.engine.runtime.live().hibernate_available()
+    if not ok:
+        pytest.skip(f"hibernate is not available here: {why}")
+    fabric = cst.engine.fabric
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    extra = []
+    try:
+        [home] = [n["node"] for n in cst.cluster_status()["nodes"] if sid in n["sandbox_ids"]]
+        cst.engine.sandbox_exec(sid, ["sh", "-c", "echo before > /state"])
+        cst.engine.sandbox_hibernate(sid)
+        assert cst.engine.sandbox_info(sid)["state"] == "hibernated"
+        assert fabric.checkpoint_node(sid) == home
+        extra = [fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=home)["id"] for _ in range(2)]
+        assert fabric.pick() != home                         # by load the other node would get it
+        assert cst.engine.sandbox_resume(sid)["state"] == "running"
+        assert sid in _node(cst, home)["sandbox_ids"]
+        assert cst.engine.sandbox_exec(sid, ["cat", "/state"]).stdout == b"before\n"
+    finally:
+        for s in [sid, *extra]:
+            cst.engine.sandbox_stop(s)
+
+
 def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster):
     """kill -9 of a worker node mid-runs: its runs end failed with NodeLost, except those asked
     with retries=, which run again on the survivor and succeed; the other node's finish, later

@@ -197,13 +197,23 @@ class Fabric:
                 with self._lock:
                     view.running -= 1
 
-    def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=()) -> dict:
-        """sandbox_start (or a resume): on the chosen node, and pinned there."""
-        nid = self.pick(layers)
+    def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=(), node: str | None = None) -> dict:
+        """sandbox_start (or a resume): on `node`, else the chosen one, and pinned there."""
+        nid = node or self.pick(layers)
         out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs), name)
         with self._lock:
             self._pinned[out["id"]] = nid
         return out
+
+    def checkpoint_node(self, sid: str) -> str | None:
+        """The node that hibernated sandbox `sid` and holds its checkpoint (asked of every node)."""
+        for view in self.nodes():
+            try:
+                if self._get(view.id, self._actor(view.id).holds_checkpoint.remote(sid), "a lookup"):
+                    return view.id
+            except NodeLost:
+                continue
+        return None
 
     def sandbox_node(self, sid: str) -> str | None:
         """The node live sandbox `sid` runs on (asked of every node when this process did not start it)."""

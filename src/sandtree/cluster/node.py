@@ -31,6 +31,7 @@ class Node:
         self._runs = 0                          # runs served since the actor started
         self._started = time.time()
         self._sandboxes: set[str] = set()       # live sandboxes started (or resumed) here: pinned here
+        self._hibernated: set[str] = set()      # hibernated here: their checkpoints are in this home
 
     def run(self, ref: str, command, op_id: str | None, options: dict):
         """One run on this node's engine (engine.run_operation): its RunRecord."""
@@ -62,13 +63,20 @@ class Node:
         out = getattr(self.engine, name)(*args, **kwargs)
         if name in ("sandbox_start", "sandbox_resume"):
             self._sandboxes.add(out["id"])
-        elif name in ("sandbox_stop", "sandbox_hibernate"):     # a hibernated one resumes on any node
+            self._hibernated.discard(out["id"])
+        elif name in ("sandbox_stop", "sandbox_hibernate"):     # not pinned any more
             self._sandboxes.discard(args[0])
+            (self._hibernated.add if name == "sandbox_hibernate" else self._hibernated.discard)(args[0])
         return out
 
     def owns(self, sid: str) -> bool:
         """Whether live sandbox `sid` was started (or resumed) on this node and not stopped."""
         return sid in self._sandboxes
+
+    def holds_checkpoint(self, sid: str) -> bool:
+        """Whether sandbox `sid` was hibernated here (its CRIU checkpoint is in this node's home:
+        with a home per node, only this node can resume it)."""
+        return sid in self._hibernated
 
     def held_layers(self) -> list[str] | None:
         """The layer IDs in this node's layer cache: what choose_node prefers. None without S3

@@ -92,9 +92,15 @@ class Dispatch:
 
     def sandbox_resume(self, sid: str) -> dict:
         nid = self.fabric.sandbox_node(sid)
-        if nid is None:                   # hibernated: any node resumes it (its checkpoint is shared)
+        if nid is None:                   # hibernated: on the node holding its checkpoint (a home per node)
+            home = self.fabric.checkpoint_node(sid) if self.fabric.config.objects_url else None
+            if self.fabric.config.objects_url and home is None and self._hibernated(sid):
+                raise NodeLost(f"sandbox {sid} was hibernated on a node that is no longer in the cluster: its "
+                               "checkpoint stayed in that node's home (checkpoints are not in object storage yet)",
+                               sandbox=sid)
             row = self.engine.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
-            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else ())
+            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
+                                             node=home)   # (None: any node; one shared home has it)
         return self.fabric.call(nid, "sandbox_resume", (sid,))
 
     def pinned(self, name: str):
@@ -113,6 +119,10 @@ class Dispatch:
             return self.fabric.call(nid, name, (sid, *args), kwargs)
         call.__name__ = name
         return call
+
+    def _hibernated(self, sid: str) -> bool:
+        row = self.engine.store.db.one("SELECT state FROM sandboxes WHERE id=?", (sid,))
+        return row is not None and row[0] == "hibernated"
 
     def _lost(self, sid: str) -> dict | None:
         """{node, reason, at} when live sandbox `sid`'s node was lost (this process saw it, or
