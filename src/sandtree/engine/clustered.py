@@ -108,6 +108,10 @@ class Dispatch:
             for k in LOCAL_ONLY:
                 kwargs.pop(k, None)
             nid = self.fabric.sandbox_node(sid)
+            if nid is None and self._hibernated(sid):   # to its checkpoint's node (a stop removes it there),
+                nid = self.fabric.checkpoint_node(sid)  # else answered here from its row
+                if nid is None:
+                    return getattr(type(self.engine), name)(self.engine, sid, *args, **kwargs)
             if nid is None:
                 lost = self._lost(sid)
                 if lost is not None and name in ON_LOST_ROWS:     # its row: state `lost` and why; stop ends it
