@@ -283,11 +283,22 @@ def _killed_node(cst, ray_cluster, status, sandboxes):
     where = {sid: n["node"] for n in cst.cluster_status()["nodes"] for sid in n["sandbox_ids"]}
     assert sorted(where.values()) == sorted(status), where
     submitted, retried = [], []
-    for i in range(16):                     # in pairs: runs alternate between the nodes, so both kinds reach both
+    fabric = cst.engine.fabric
+
+    def in_flight() -> int:
+        return sum(v.running for v in fabric.nodes())
+
+    # One at a time, each sent to its node before the next (by load they alternate between the
+    # two nodes), in pairs of a kind: runs with retries and without reach both nodes.
+    for i in range(16):
+        before = in_flight()
         if (i // 2) % 2:
-            retried.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"], retries=2))
+            retried.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 6; echo {i} > /k"], retries=2))
         else:
-            submitted.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 3; echo {i} > /k"]))
+            submitted.append(ops.submit_run(cst.image.id, ["sh", "-c", f"sleep 6; echo {i} > /k"]))
+        deadline = time.monotonic() + 10
+        while in_flight() <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:      # until both nodes run some
         running = {n["node"]: n["running"] for n in cst.cluster_status()["nodes"]}
@@ -304,7 +315,8 @@ def _killed_node(cst, ray_cluster, status, sandboxes):
     failed = [f for f in finished if f["status"] == "failed"]
     done = [f for f in finished if f["status"] == "done"]
     assert failed and done, finished
-    assert all(f["outcome"]["error"] == "node_lost" and "was lost" in f["outcome"]["message"] for f in failed), failed
+    assert all(f["outcome"]["error"] == "node_lost" and "was lost" in f["outcome"]["message"]
+               and f["outcome"]["node"] == victim_node for f in failed), failed
     assert noticed < 30, noticed
     print(f"node lost noticed after {noticed:.1f} s: {failed[0]['outcome']['message']}")
     for f in done:
