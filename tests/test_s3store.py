@@ -192,3 +192,52 @@ def test_kill9_mid_upload_leaves_nothing_visible(tmp_path, s3_server, bucket):
         assert list(st.engine.store.objects.keys()) == []
     finally:
         st.close()
+
+
+def test_layers_fetched_at_once_and_unpacked_while_downloading(tmp_path, bucket):
+    """An image of several layers, new to node B: each fetched once (several at a time, each
+    unpacked while it streams) into exactly the bytes node A packed; a wrong-sized object is refused
+    after the stream, with nothing kept."""
+    from sandtree.store import layerpack
+    from sandtree.store.layercache import _HashingWriter, _Null
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = node(tmp_path / "a", db, bucket)
+    b = node(tmp_path / "b", db, bucket)
+    try:
+        root = make_rootfs(str(tmp_path / "root"))
+        for i in range(300):                                    # more files than the writers' batch
+            with open(os.path.join(root, "etc", f"f{i}"), "wb") as f:
+                f.write(os.urandom(i * 37))
+        with open(os.path.join(root, "etc", "big"), "wb") as f:    # written inline (over HANDOFF_MAX)
+            f.write(os.urandom(layerpack.HANDOFF_MAX + 4097))
+        img = a.import_image(root)
+        img = img.run("mkdir -p /w && echo two > /w/two && setfattr -n user.k -v v /w/two 2>/dev/null; true").image
+        img = img.run("echo three > /w/three && rm /etc/f7 && ln -s /w/two /w/link").image
+        layers = b.engine.store.image(img.id).layers
+        assert len(layers) == 3
+        out = b.image(img.id).run("cat /w/two /w/three; readlink /w/link; test -e /etc/f7 || echo gone; "
+                                  "wc -c < /etc/f299; wc -c < /etc/big")
+        assert out.stdout.split() == [b"two", b"three", b"/w/two", b"gone", str(299 * 37).encode(),
+                                      str(layerpack.HANDOFF_MAX + 4097).encode()], out.stdout
+        assert b.engine.store.cache.fetched == 3
+        rows = dict(b.engine.store.db.query("SELECT layer, sha256 FROM layer_objects"))
+        for layer in layers:                                    # packed again: the same bytes as A's
+            w = _HashingWriter(_Null())
+            layerpack.pack(b.engine.store.layers.path(layer), w, b.engine.store.idmap)
+            assert w.h.hexdigest() == rows[layer]
+        # an object one byte longer than its row: refused once streamed, nothing left behind
+        objects = a.engine.store.objects
+        top = layers[-1]
+        good = objects.client.get_object(Bucket=objects.bucket, Key=f"{objects.prefix}layers/{top}.tar")["Body"].read()
+        objects.put_bytes(f"layers/{top}.tar", good + b"\0")
+        c = node(tmp_path / "c", db, bucket)
+        try:
+            with pytest.raises(StoreCorrupt):
+                c.image(img.id).run("true")
+            assert top not in c.engine.store.layers.all()
+            assert os.listdir(c.engine.store.layers.tmp) == []
+        finally:
+            objects.put_bytes(f"layers/{top}.tar", good)
+            c.close()
+    finally:
+        a.close(), b.close()

@@ -83,6 +83,13 @@ def cluster_address() -> str | None:
     return os.environ.get("SANDTREE_CLUSTER") or None
 
 
+def node_home() -> str | None:
+    """SANDTREE_NODE_HOME, read on a cluster node (a Ray node's environment, set where `ray start`
+    runs): that node's own store directory, its layer cache and work dirs. None: the cluster's
+    default (cluster/scheduling.py NodeConfig.home_for)."""
+    return os.environ.get("SANDTREE_NODE_HOME") or None
+
+
 def criu_binary() -> str | None:
     """SANDTREE_CRIU: a CRIU binary to use instead of the installed one (runtime/criu.py)."""
     return os.environ.get("SANDTREE_CRIU") or None

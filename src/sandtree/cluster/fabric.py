@@ -29,6 +29,7 @@ NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
 CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
 STATUS_TIMEOUT = 10.0
+LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
 
 
 class Fabric:
@@ -45,16 +46,21 @@ class Fabric:
         self._actors: dict[str, object] = {}
         self._pinned: dict[str, str] = {}       # live sandbox -> the node it runs on
         self._lost: dict[str, str] = {}         # live sandbox -> the node it ran on, which was lost
+        self.on_lost = None                     # (node, sandbox IDs, reason): engine/clustered.py marks rows
+        self._asked: dict = {}                  # held_layers() calls in flight -> their node
         self._read = 0.0
         self.refresh()
 
     # ---- nodes ---------------------------------------------------------------------------------
-    def refresh(self) -> list[NodeView]:
-        """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped."""
+    def refresh(self, wait: float = LAYERS_TIMEOUT) -> list[NodeView]:
+        """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped; and
+        what their caches hold, waiting up to `wait` s for the answers (0, on the run path: the
+        answers that came since the last refresh; a node busy with runs answers later)."""
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0}
+        gone = []
         with self._lock:
             for nid in [n for n in self._views if n not in alive]:
-                self._drop(nid)
+                gone.append((nid, self._drop(nid)))
             for nid, n in alive.items():
                 if nid not in self._actors:
                     cpus = float(n["Resources"]["CPU"])
@@ -65,13 +71,51 @@ class Fabric:
                     ).remote(self.config, self._make_engine, nid, cpus)
                     self._views[nid] = NodeView(nid, cpus, address=n.get("NodeManagerAddress", ""))
             self._read = time.monotonic()
-            return list(self._views.values())
+            views = list(self._views.values())
+            actors = {v.id: self._actors[v.id] for v in views}
+        for nid, sids in gone:
+            self._report_lost(nid, sids, "Ray reports the node dead")
+        self._read_layers(actors, wait)
+        return views
 
-    def _drop(self, nid: str) -> None:
+    def _read_layers(self, actors: dict, wait: float) -> None:
+        """What each node's layer cache holds (Node.held_layers), for locality: one question per
+        node in flight at a time; a node that has not answered keeps what was known."""
+        with self._lock:
+            asking = set(self._asked.values())
+            for nid, a in actors.items():
+                if nid not in asking:
+                    self._asked[a.held_layers.remote()] = nid
+            refs = dict(self._asked)
+        if not refs:
+            return
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
+        except _LOST:
+            ready = []
+        for ref in ready:
+            with self._lock:
+                self._asked.pop(ref, None)
+            try:
+                held = ray.get(ref)
+            except (_LOST + (ray.exceptions.RayTaskError,)):
+                continue
+            if held is not None:
+                self.note_layers(refs[ref], held)
+
+    def _drop(self, nid: str) -> list[str]:
+        """(under the lock) node `nid` out of the picture; returns its live sandboxes, now lost."""
         self._views.pop(nid, None)
         self._actors.pop(nid, None)
-        for sid in [s for s, n in self._pinned.items() if n == nid]:
+        sids = [s for s, n in self._pinned.items() if n == nid]
+        for sid in sids:
             self._lost[sid] = self._pinned.pop(sid)
+        return sids
+
+    def _report_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """on_lost(node, sandbox IDs, reason), set by the engine side: their rows say `lost`."""
+        if sids and self.on_lost is not None:
+            self.on_lost(nid, sids, reason)
 
     def lost_sandbox(self, sid: str) -> str | None:
         """The node live sandbox `sid` ran on when that node was lost (None: not known lost)."""
@@ -80,7 +124,7 @@ class Fabric:
 
     def nodes(self) -> list[NodeView]:
         if time.monotonic() - self._read > REFRESH_S:
-            return self.refresh()
+            return self.refresh(wait=0)
         with self._lock:
             return list(self._views.values())
 
@@ -88,12 +132,14 @@ class Fabric:
         """How many calls the cluster serves at once (the API side's worker threads)."""
         return sum(max(8, int(v.cpus * CALLS_PER_CPU)) for v in self.nodes())
 
-    def note_layers(self, nid: str, layers) -> None:
-        """What node `nid` holds (its reported layer IDs): choose_node prefers it for images of them.
-        The layer cache (issue 20 item 2) calls this with Node.held_layers()."""
+    def note_layers(self, nid: str, layers, *, add: bool = False) -> None:
+        """What node `nid` holds: choose_node prefers it for images of these layers. refresh()
+        replaces it with Node.held_layers() (its cache's index); add: a run there just used these
+        layers (they are in its cache now, until it evicts them: the next refresh says)."""
         with self._lock:
-            if nid in self._views:
-                self._views[nid].layers = frozenset(layers)
+            view = self._views.get(nid)
+            if view is not None:
+                view.layers = frozenset(layers) | (view.layers or frozenset() if add else frozenset())
 
     def pick(self, layers=()) -> str:
         views = self.nodes()
@@ -118,8 +164,9 @@ class Fabric:
             raise
         except _LOST as exc:
             with self._lock:
-                self._drop(nid)
+                sids = self._drop(nid)
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._report_lost(nid, sids, f"{type(exc).__name__}: {reason}")
             raise NodeLost(f"node {nid[:12]} was lost during {what}: {reason}", node=nid,
                            reason=type(exc).__name__) from None
 
@@ -140,20 +187,33 @@ class Fabric:
                 view.running += 1
         try:
             what = f"operation {op_id}" if op_id else "a run"
-            return self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
-                             lambda: actor.cancel.remote(op_id) if op_id else None)
+            rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
+                            lambda: actor.cancel.remote(op_id) if op_id else None)
+            if layers and view is not None and view.layers is not None:
+                self.note_layers(nid, layers, add=True)
+            return rec
         finally:
             if view is not None:
                 with self._lock:
                     view.running -= 1
 
-    def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=()) -> dict:
-        """sandbox_start (or a resume): on the chosen node, and pinned there."""
-        nid = self.pick(layers)
+    def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=(), node: str | None = None) -> dict:
+        """sandbox_start (or a resume): on `node`, else the chosen one, and pinned there."""
+        nid = node or self.pick(layers)
         out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs), name)
         with self._lock:
             self._pinned[out["id"]] = nid
         return out
+
+    def checkpoint_node(self, sid: str) -> str | None:
+        """The node that hibernated sandbox `sid` and holds its checkpoint (asked of every node)."""
+        for view in self.nodes():
+            try:
+                if self._get(view.id, self._actor(view.id).holds_checkpoint.remote(sid), "a lookup"):
+                    return view.id
+            except NodeLost:
+                continue
+        return None
 
     def sandbox_node(self, sid: str) -> str | None:
         """The node live sandbox `sid` runs on (asked of every node when this process did not start it)."""

@@ -14,20 +14,24 @@ import threading
 import time
 import uuid
 
+from .. import config as settings
 from .scheduling import NodeConfig
 
 
 class Node:
     def __init__(self, config: NodeConfig, make_engine, node_id: str, cpus: float):
-        """make_engine(config): this node's engine (engine/clustered.py node_engine)."""
+        """make_engine(config, home): this node's engine on its own store directory `home`
+        (engine/clustered.py NodeEngine)."""
         self.config, self.node_id, self.cpus = config, node_id, cpus
-        self.engine = make_engine(config)
+        self.home = config.home_for(node_id, settings.node_home())
+        self.engine = make_engine(config, self.home)
         self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._running = 0
         self._runs = 0                          # runs served since the actor started
         self._started = time.time()
         self._sandboxes: set[str] = set()       # live sandboxes started (or resumed) here: pinned here
+        self._hibernated: set[str] = set()      # hibernated here: their checkpoints are in this home
 
     def run(self, ref: str, command, op_id: str | None, options: dict):
         """One run on this node's engine (engine.run_operation): its RunRecord."""
@@ -59,22 +63,35 @@ class Node:
         out = getattr(self.engine, name)(*args, **kwargs)
         if name in ("sandbox_start", "sandbox_resume"):
             self._sandboxes.add(out["id"])
-        elif name in ("sandbox_stop", "sandbox_hibernate"):     # a hibernated one resumes on any node
+            self._hibernated.discard(out["id"])
+        elif name in ("sandbox_stop", "sandbox_hibernate"):     # not pinned any more
             self._sandboxes.discard(args[0])
+            (self._hibernated.add if name == "sandbox_hibernate" else self._hibernated.discard)(args[0])
         return out
 
     def owns(self, sid: str) -> bool:
         """Whether live sandbox `sid` was started (or resumed) on this node and not stopped."""
         return sid in self._sandboxes
 
-    def held_layers(self) -> list[str]:
-        """The layer IDs this node holds (its store's layers/; with the cache, the cache's): what
-        choose_node prefers. Nodes sharing one store directory each hold every layer."""
-        root = self.engine.store.layers.root
-        return sorted(n for n in os.listdir(root) if not n.startswith(".")) if os.path.isdir(root) else []
+    def holds_checkpoint(self, sid: str) -> bool:
+        """Whether sandbox `sid` was hibernated here (its CRIU checkpoint is in this node's home:
+        with a home per node, only this node can resume it)."""
+        return sid in self._hibernated
+
+    def held_layers(self) -> list[str] | None:
+        """The layer IDs in this node's layer cache: what choose_node prefers. None without S3
+        objects (nodes sharing one store directory each see every layer)."""
+        cache = self.engine.store.cache
+        return None if cache is None else [layer for _, layer, _ in cache.entries()]
 
     def status(self) -> dict:
         sandboxes = sorted(self._sandboxes)
-        return {"node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running, "runs": self._runs,
-                "sandboxes": len(sandboxes), "sandbox_ids": sandboxes, "home": self.config.home,
+        cache = self.engine.store.cache
+        if cache is not None:           # layers downloaded by this node's engine, layers cached now
+            cached = cache.entries()
+            held = {"fetched": cache.fetched, "cached_layers": len(cached), "cached_bytes": sum(s for *_, s in cached)}
+        else:
+            held = {}
+        return {**held, "node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running, "runs": self._runs,
+                "sandboxes": len(sandboxes), "sandbox_ids": sandboxes, "home": self.home,
                 "objects": self.config.objects_url, "up_s": round(time.time() - self._started, 1)}

@@ -12,10 +12,17 @@ node). What stays here: everything else, and the processes of live runs (left: i
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import time
+import uuid
 
 from ..cluster import Fabric, NodeConfig
 from ..errors import NodeLost, NotFound
+from ..values import check_retries
+
+log = logging.getLogger("sandtree.cluster")
 
 # A live sandbox's calls after its start: to the node it runs on.
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
@@ -23,18 +30,20 @@ PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
           "sandbox_port_url")
 LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a node
+ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
 
 
 class NodeEngine:
-    """make_engine for the node actors: Engine(config.home, database=...) on the node, with no
-    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree)."""
+    """make_engine for the node actors: Engine(home, database=, objects=) on the node, with no
+    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree).
+    Endpoint and credentials of the objects come from the node's own environment (config.py)."""
 
     def __init__(self, cls, warm: int, tier: str):
         self.cls, self.warm, self.tier = cls, warm, tier
 
-    def __call__(self, config: NodeConfig):
-        return self.cls(config.home, database=config.database_url, cluster="", warm=self.warm, tier=self.tier,
-                        max_runs=max(4, (os.cpu_count() or 1) * 4))
+    def __call__(self, config: NodeConfig, home: str):
+        return self.cls(home, database=config.database_url or "", objects=config.objects_url or "", cluster="",
+                        warm=self.warm, tier=self.tier, max_runs=max(4, (os.cpu_count() or 1) * 4))
 
 
 class Dispatch:
@@ -53,7 +62,25 @@ class Dispatch:
         if check_only:                    # validation reads only the shared store: here
             return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
         on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
-        rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref), cancel=cancel)
+        retries = check_retries(options.pop("retries", 0))
+        op_id = op_id or (uuid.uuid4().hex if retries else None)    # (its row tells whether it committed)
+        lost = []
+        while True:
+            try:
+                rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref),
+                                      cancel=cancel)
+                break
+            except NodeLost as exc:
+                if len(lost) >= retries or (cancel is not None and cancel.is_set()):
+                    raise
+                finished = self.store.db.one("SELECT finished FROM operations WHERE id=?", (op_id,))
+                if finished is not None and finished[0] is not None:    # it committed before the node went
+                    raise NodeLost(f"{exc} (not retried: the run had finished and committed on that node)",
+                                   **exc.details) from None
+                lost.append(exc.details.get("node"))
+                log.warning("run %s: %s; retry %d of %d on another node", op_id, exc, len(lost), retries)
+        if lost:                          # (a run is a function of its image and command: a rerun is the run)
+            rec.usage["retried_after_lost"] = lost
         if on_output is not None:         # a node's output arrives with its record
             for stream in ("stdout", "stderr"):
                 if getattr(rec, stream):
@@ -65,9 +92,15 @@ class Dispatch:
 
     def sandbox_resume(self, sid: str) -> dict:
         nid = self.fabric.sandbox_node(sid)
-        if nid is None:                   # hibernated: any node resumes it (its checkpoint is shared)
+        if nid is None:                   # hibernated: on the node holding its checkpoint (a home per node)
+            home = self.fabric.checkpoint_node(sid) if self.fabric.config.objects_url else None
+            if self.fabric.config.objects_url and home is None and self._hibernated(sid):
+                raise NodeLost(f"sandbox {sid} was hibernated on a node that is no longer in the cluster: its "
+                               "checkpoint stayed in that node's home (checkpoints are not in object storage yet)",
+                               sandbox=sid)
             row = self.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
-            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else ())
+            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
+                                             node=home)   # (None: any node; one shared home has it)
         return self.fabric.call(nid, "sandbox_resume", (sid,))
 
     def pinned(self, name: str):
@@ -75,14 +108,46 @@ class Dispatch:
             for k in LOCAL_ONLY:
                 kwargs.pop(k, None)
             nid = self.fabric.sandbox_node(sid)
+            if nid is None and self._hibernated(sid):   # to its checkpoint's node (a stop removes it there),
+                nid = self.fabric.checkpoint_node(sid)  # else answered here from its row
+                if nid is None:
+                    return self.local[name](sid, *args, **kwargs)
             if nid is None:
-                lost = self.fabric.lost_sandbox(sid)
+                lost = self._lost(sid)
+                if lost is not None and name in ON_LOST_ROWS:     # its row: state `lost` and why; stop ends it
+                    return self.local[name](sid, *args, **kwargs)
                 if lost is not None:
-                    raise NodeLost(f"sandbox {sid} ran on node {lost[:12]}, which was lost", node=lost, sandbox=sid)
+                    raise NodeLost(f"sandbox {sid} ran on node {lost['node'][:12]}, which was lost "
+                                   f"({lost['reason']})", node=lost["node"], sandbox=sid, reason=lost["reason"])
                 raise NotFound(f"no live sandbox {sid!r} on any node of the cluster")
             return self.fabric.call(nid, name, (sid, *args), kwargs)
         call.__name__ = name
         return call
+
+    def _hibernated(self, sid: str) -> bool:
+        row = self.store.db.one("SELECT state FROM sandboxes WHERE id=?", (sid,))
+        return row is not None and row[0] == "hibernated"
+
+    def _lost(self, sid: str) -> dict | None:
+        """{node, reason, at} when live sandbox `sid`'s node was lost (this process saw it, or
+        any replica did and marked its row); None otherwise."""
+        row = self.store.db.one("SELECT state, spec FROM sandboxes WHERE id=?", (sid,))
+        if row is not None and row[0] == "lost":
+            return json.loads(row[1]).get("lost") or {"node": "", "reason": "its node was lost"}
+        nid = self.fabric.lost_sandbox(sid)
+        return None if nid is None else {"node": nid, "reason": "its node was lost"}
+
+    def mark_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """Fabric.on_lost: the rows of a lost node's live sandboxes say `lost`, with the node and
+        why, for every replica (a hibernated one is not pinned to a node: never marked)."""
+        with self.store.db.tx() as con:
+            for sid in sids:
+                row = con.execute("SELECT spec FROM sandboxes WHERE id=? AND state='running'", (sid,)).fetchone()
+                if row is not None:
+                    spec = {**json.loads(row[0]), "lost": {"node": nid, "reason": reason, "at": time.time()}}
+                    con.execute("UPDATE sandboxes SET state='lost', spec=? WHERE id=? AND state='running'",
+                                (json.dumps(spec), sid))
+        log.warning("node %s lost: live sandboxes %s marked lost (%s)", nid[:12], ", ".join(sids), reason)
 
     def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         return self.fabric.call(self.fabric.pick(), "sandbox_list", (), {"all": all, "labels": labels})
@@ -117,14 +182,25 @@ class Dispatch:
         return self.fabric.status()
 
 
+def node_config(store) -> NodeConfig:
+    """The nodes of an API engine's store: its database and objects. Without S3 objects every node
+    shares its store directory; with them each has a home of its own under home/nodes/ (or its
+    SANDTREE_NODE_HOME), a cache of the bucket. SQLite is named by its path (one machine only)."""
+    database = store.database_url or f"sqlite:///{os.path.join(store.home, 'sandtree.db')}"
+    if store.objects is None:
+        return NodeConfig(store.home, store.database_url, None)
+    return NodeConfig(os.path.join(store.home, "nodes"), database, store.objects.url)
+
+
 def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
-    """Make engine's runs and live sandboxes go to the cluster at `address`; its nodes are
-    NodeConfig(engine's home, its database URL) until the object store (issue 20 item 2) gives each
-    node a home of its own."""
-    config = NodeConfig(engine.store.home, engine.store.database_url, None)
+    """Make engine's runs and live sandboxes go to the cluster at `address` (node_config: what
+    the nodes are made of)."""
+    config = node_config(engine.store)
     fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
     d = Dispatch(engine.store, engine.resolve, fabric)
+    fabric.on_lost = d.mark_lost
     d.local_run_operation = engine.run_operation
+    d.local = {name: getattr(engine, name) for name in PINNED}      # this process's own, answered from rows
     for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
                  "pool_wait", "pool_list", "pool_remove", "cluster_status"):
         setattr(engine, name, getattr(d, name))

@@ -21,7 +21,7 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
-from ..values import check_labels
+from ..values import check_labels, check_retries
 from .imagedefaults import run_defaults
 from ..network.client import LOCAL_SCOPE
 from .netopts import attach_link, network_option, require_egress
@@ -53,22 +53,25 @@ class RunOps:
             disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
-            secrets: dict | None = None) -> RunRecord:
+            secrets: dict | None = None, retries: int = 0) -> RunRecord:
         """Run `command` on image `ref`; its writes become a new image. gc waits while it runs.
         disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
         unlisted image (store/ephemeral.py: the Contree adapter's mode; sandtree's own surfaces
-        offer only True and False)."""
+        offer only True and False). retries: on a cluster, how many times a run whose node was
+        lost before it committed is run again on another node (engine/clustered.py); here, where
+        no node can be lost apart from this process, it is only checked."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                                   disk=disk, output=output, labels=labels, network=network, secrets=secrets,
-                                  scope=LOCAL_SCOPE)
+                                  scope=LOCAL_SCOPE, retries=retries)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
         """run as operation `op_id` (a submitted run's, or a new one). check_only: validate
         everything a run would, start nothing, return None (how a submitted operation refuses
         bad input at once). Not an operation of the table: Operations' and fork's way in."""
+        check_retries(options.pop("retries", 0))      # (a cluster engine's Dispatch acts on it)
         with self.store.using():
             return self._run(ref, command, op_id=op_id, check_only=check_only, **options)
 

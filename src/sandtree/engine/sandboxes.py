@@ -191,13 +191,13 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
-                **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
+                **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
         want = check_labels(labels)
         self.reap()
-        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated')"
+        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated', 'lost')"   # lost: its node was
         sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
         return [self._view(r) for r in rows if r["spec"] and labels_match(r["spec"].get("labels", {}), want)
@@ -286,7 +286,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             self._ours(row)
             self.live.stop(row["handle"])
             self.release_link(row)
-            if row["state"] in ("running", "hibernated"):
+            if row["state"] in ("running", "hibernated", "lost"):
                 self._set_state(row["id"], "stopped")
             shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only
         return self.info(row["id"])

@@ -15,7 +15,7 @@ from .sandboxes import exec_view
 from .plumbing import Plumbing
 
 RUN_OPTIONS = ("env", "cwd", "uid", "gid", "hostname", "disposable", "file_set", "tier", "timeout",
-               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets")
+               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets", "retries")
 
 
 def runs_router(p: Plumbing) -> APIRouter:

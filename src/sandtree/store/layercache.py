@@ -21,14 +21,17 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import StoreCorrupt
+from ..errors import BadArchive, StoreCorrupt
 from ..procid import owner_prefix
 from . import layerpack
 from .layers import remove_tree
 
 log = logging.getLogger("sandtree.store")
+FETCHES = 4                   # layers of one image fetched at once
 
 
 class _HashingWriter:
@@ -51,6 +54,8 @@ class LayerCache:
         self.dir = os.path.join(store.home, "cache")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.fetched = 0                         # layers this process downloaded (tests, bench)
+        self._count = threading.Lock()
+        self.timings: dict[str, float] = {}      # seconds spent per fetch phase (bench/coldstart.py)
 
     # ---- publish --------------------------------------------------------------------------
     def upload(self, staged: str, layer: str) -> None:
@@ -73,17 +78,22 @@ class LayerCache:
     def ensure(self, layers, pins: list | None = None) -> None:
         """Every layer local, each pinned (into `pins`, released by their holder) before it is
         checked, so no eviction can take it between the check and the mount."""
-        fetched = False
         held = []
         try:
+            missing = []
             for layer in layers:
                 fd = self._pin(layer)
                 (pins if pins is not None else held).append(fd)
                 if not os.path.isdir(self.store.layers.path(layer)):
-                    self._fetch(layer)
-                    fetched = True
+                    missing.append(layer)
                 os.utime(fd)                     # last use, for LRU
-            if fetched:
+            if len(missing) == 1:
+                self._fetch(missing[0])
+            elif missing:                        # several layers download and unpack at once
+                with ThreadPoolExecutor(min(FETCHES, len(missing)), thread_name_prefix="sandtree-fetch") as pool:
+                    for fut in [pool.submit(self._fetch, layer) for layer in missing]:
+                        fut.result()
+            if missing:
                 self.evict()                     # while ours are pinned: never them
         finally:
             for fd in held:                      # no operation holds them: the caller reads now
@@ -99,26 +109,38 @@ class LayerCache:
         if row is None:
             raise StoreCorrupt(f"layer {layer} is neither cached here nor recorded in object storage", layer=layer)
         digest, size = row
-        tar = os.path.join(self.store.layers.tmp, f"fetch-{owner_prefix()}{secrets.token_hex(6)}.tar")
         staged = self.store.layers.stage("fetch")
         try:
-            self.objects.fetch(layer_key(layer), tar, digest, size)
-            with open(tar, "rb") as f:
-                total = layerpack.unpack(f, staged, self.store.idmap, max_bytes=size)
+            # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
+            # dir nothing uses until the whole object's sha256 and size matched the row.
+            t0 = time.perf_counter()
+            body = self.objects.stream(layer_key(layer), digest, size)
+            try:
+                try:
+                    total = layerpack.unpack(body, staged, self.store.idmap, max_bytes=size)
+                except (BadArchive, OSError):
+                    body.finish()                # bytes other than the recorded ones: StoreCorrupt
+                    raise
+                body.finish()
+            finally:
+                body.close()
+            self._took("download+unpack", time.perf_counter() - t0)
             try:
                 os.rename(staged, self.store.layers.path(layer))
             except OSError:
                 if not os.path.isdir(self.store.layers.path(layer)):
                     raise                        # else another process fetched it first: ours goes
                 remove_tree(staged)
-            self.fetched += 1
+            with self._count:
+                self.fetched += 1
             self._mark(layer, total)
         except BaseException:
             remove_tree(staged)
             raise
-        finally:
-            if os.path.exists(tar):
-                os.unlink(tar)
+
+    def _took(self, phase: str, seconds: float) -> None:
+        with self._count:
+            self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
     def _mark(self, layer: str, size: int) -> None:
         with open(os.path.join(self.dir, layer), "w") as f:

@@ -16,9 +16,11 @@ BadArchive."""
 from __future__ import annotations
 
 import base64
+import collections
 import os
 import stat
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import BadArchive
 from .layers import DEVICE_MARKER, IdMap
@@ -26,6 +28,9 @@ from .layers import DEVICE_MARKER, IdMap
 MAX_DEPTH = 512
 MAX_NAME = 4096
 MAX_MEMBERS = 2_000_000
+WRITERS = 4                   # threads creating files while the tar is parsed (creates wait in the kernel)
+HANDOFF_MAX = 1 << 20         # files up to this size are read into memory and written by a writer thread
+INFLIGHT_MAX = 64 << 20       # bytes handed to writers and not yet written
 _TRUSTED_OK = ("trusted.overlay.opaque", DEVICE_MARKER)   # opaque dirs; an import's device placeholders
 
 
@@ -86,15 +91,61 @@ def _add(tar, path: str, name: str, st: os.stat_result) -> None:
             f.close()
 
 
-def unpack(src, dest: str, idmap: IdMap, max_bytes: int) -> int:
+def unpack(src, dest: str, idmap: IdMap, max_bytes: int, writers: int = WRITERS) -> int:
     """Unpack a layer tar (binary file object) into the empty directory dest; returns the bytes of
-    its files. Raises BadArchive on anything a layer cannot hold (see the module docstring)."""
+    its files. Raises BadArchive on anything a layer cannot hold (see the module docstring).
+    Every member is checked here, in order; small files are then created and written by `writers`
+    threads (each file's parent is a directory already made here; directories get their times
+    after every file is in)."""
+    pool = ThreadPoolExecutor(writers, thread_name_prefix="sandtree-unpack") if writers > 1 else None
+    try:
+        return _unpack(src, dest, idmap, max_bytes, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Writes:
+    """Files handed to the writer threads: bounded in bytes, their errors raised here."""
+
+    def __init__(self, pool):
+        self.pool, self.pending, self.bytes = pool, collections.deque(), 0
+
+    def submit(self, path: str, data: bytes, ti) -> None:
+        self.pending.append((self.pool.submit(_write_file, path, data, ti), len(data)))
+        self.bytes += len(data)
+        while self.bytes > INFLIGHT_MAX or len(self.pending) > 4096:
+            self._one()
+
+    def _one(self) -> None:
+        fut, n = self.pending.popleft()
+        self.bytes -= n
+        fut.result()
+
+    def drain(self) -> None:
+        while self.pending:
+            self._one()
+
+
+def _write_file(path: str, data: bytes, ti) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        _meta(fd, ti)                            # on the fd: no path lookups
+    finally:
+        os.close(fd)
+
+
+def _unpack(src, dest: str, idmap: IdMap, max_bytes: int, pool) -> int:
     made_dirs = {"."}
     seen: set[str] = set()
     total = members = 0
     dir_meta = []
+    writes = _Writes(pool) if pool is not None else None
     try:
-        tar = tarfile.open(fileobj=src, mode="r|")
+        tar = tarfile.open(fileobj=src, mode="r|", bufsize=1 << 20)
     except tarfile.TarError as exc:
         raise BadArchive(f"layer object is not a tar: {exc}") from None
     with tar:
@@ -124,6 +175,12 @@ def unpack(src, dest: str, idmap: IdMap, max_bytes: int) -> int:
                     total += ti.size
                     if total > max_bytes:
                         raise BadArchive("layer object holds more bytes than recorded")
+                    if writes is not None and ti.size <= HANDOFF_MAX:
+                        data = tar.extractfile(ti).read(ti.size)
+                        if len(data) != ti.size:
+                            raise BadArchive(f"layer member {name!r} is cut short")
+                        writes.submit(path, data, ti)
+                        continue
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                     with os.fdopen(fd, "wb") as out:
                         data = tar.extractfile(ti)
@@ -143,6 +200,8 @@ def unpack(src, dest: str, idmap: IdMap, max_bytes: int) -> int:
                 _meta(path, ti)
         except tarfile.TarError as exc:
             raise BadArchive(f"layer object is damaged: {exc}") from None
+    if writes is not None:
+        writes.drain()
     for path, ti in reversed(dir_meta):          # deepest last-made first: their mtimes stay
         _meta(path, ti)
     return total
@@ -161,8 +220,14 @@ def _check_name(raw: str) -> str:
     return name
 
 
-def _meta(path: str, ti) -> None:
-    os.lchown(path, ti.uid, ti.gid)
+def _meta(path, ti) -> None:
+    """Owner, xattrs, mode and times of a member, in that order (a chown clears setuid bits and
+    file capabilities). `path` may be the open fd of a regular file: no path lookups then."""
+    fd = isinstance(path, int)
+    if fd:
+        os.chown(path, ti.uid, ti.gid)
+    else:
+        os.lchown(path, ti.uid, ti.gid)
     for key, value in ti.pax_headers.items():
         if not key.startswith("SANDTREE.xattr."):
             continue
@@ -170,7 +235,11 @@ def _meta(path: str, ti) -> None:
         if xname.startswith("trusted.") and xname not in _TRUSTED_OK:
             raise BadArchive(f"layer member {ti.name!r} carries xattr {xname!r}")
         try:
-            os.setxattr(path, xname, base64.b64decode(value, validate=True), follow_symlinks=False)
+            data = base64.b64decode(value, validate=True)
+            if fd:
+                os.setxattr(path, xname, data)
+            else:
+                os.setxattr(path, xname, data, follow_symlinks=False)
         except ValueError:
             raise BadArchive(f"layer member {ti.name!r}: bad xattr value") from None
     if ti.type != tarfile.SYMTYPE:
@@ -179,4 +248,7 @@ def _meta(path: str, ti) -> None:
         ns = int(ti.pax_headers.get("SANDTREE.mtime_ns", ti.mtime * 10**9))
     except ValueError:
         raise BadArchive(f"layer member {ti.name!r}: bad mtime") from None
-    os.utime(path, ns=(ns, ns), follow_symlinks=False)
+    if fd:
+        os.utime(path, ns=(ns, ns))
+    else:
+        os.utime(path, ns=(ns, ns), follow_symlinks=False)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import tempfile
+import threading
 
 import boto3                                    # the `s3` extra; this module is loaded only for S3 objects
 from boto3.s3.transfer import TransferConfig
@@ -28,6 +30,9 @@ from ..errors import StoreCorrupt, StoreUnavailable, TooLarge
 from .objecturl import parse_url
 
 CHUNK = 1 << 20
+PREFETCH = 32                 # chunks a stream reads ahead of its consumer (32 MiB)
+
+
 class S3Objects:
     """One bucket/prefix. Keys given to it are relative to the prefix."""
 
@@ -89,6 +94,14 @@ class S3Objects:
                 pass
             raise
 
+    def stream(self, key: str, digest: str, size: int) -> "VerifiedStream":
+        """`key` as a binary file object read while it downloads (a thread reads ahead); its bytes
+        are NOT trusted until finish() has read to the end and compared sha256 and size with the
+        recorded ones (StoreCorrupt otherwise): whatever was made from them must stay unused
+        until then. close() always."""
+        resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.prefix + key)
+        return VerifiedStream(resp["Body"], key, digest, size, self._errors, self.url)
+
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
@@ -117,3 +130,80 @@ class S3Objects:
 def _status(exc) -> int | None:
     return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
 
+
+class VerifiedStream:
+    """A download as a file object: a reader thread pulls CHUNKs into a bounded queue (the network
+    overlaps the consumer's work), read(n) hashes what it hands out, and more bytes than `size`
+    are refused at once."""
+
+    def __init__(self, body, key: str, digest: str, size: int, errors, url: str):
+        self.body, self.key, self.digest, self.size = body, key, digest, size
+        self.h = hashlib.sha256()
+        self.got = 0
+        self._buf = memoryview(b"")
+        self._q: queue.Queue = queue.Queue(PREFETCH)
+        self._stop = threading.Event()
+        self._errors, self._url = errors, url
+        self._thread = threading.Thread(target=self._pull, name="sandtree-s3-stream", daemon=True)
+        self._thread.start()
+
+    def _pull(self) -> None:
+        try:
+            while not self._stop.is_set():
+                chunk = self.body.read(CHUNK)
+                self._q.put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:     # handed to the reader, raised there
+            self._q.put(exc)
+
+    def _next(self) -> bytes:
+        item = self._q.get()
+        if isinstance(item, BaseException):
+            if isinstance(item, self._errors):
+                raise StoreUnavailable(f"object storage {self._url}: {item}") from None
+            raise item
+        self.got += len(item)
+        if self.got > self.size:
+            raise StoreCorrupt(f"object {self.key} is larger than recorded ({self.size} bytes)", key=self.key)
+        self.h.update(item)
+        return item
+
+    def read(self, n: int = -1) -> bytes:
+        out = []
+        want = n if n is not None and n >= 0 else float("inf")
+        while want > 0:
+            if not self._buf:
+                chunk = self._next()
+                if not chunk:
+                    self._q.put(b"")             # EOF stays EOF
+                    break
+                self._buf = memoryview(chunk)
+            take = self._buf[:want] if want != float("inf") else self._buf
+            out.append(bytes(take))
+            self._buf = self._buf[len(take):]
+            want -= len(take)
+        return b"".join(out)
+
+    def finish(self) -> None:
+        """Read what the consumer left (a tar's end padding) and check the whole object."""
+        while self.read(CHUNK):
+            pass
+        if self.h.hexdigest() != self.digest or self.got != self.size:
+            raise StoreCorrupt(f"object {self.key} does not match its recorded sha256 (refused)",
+                               key=self.key, expected=self.digest, got=self.h.hexdigest())
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.body.close()                # a reader blocked on the socket returns
+        except Exception:                    # noqa: BLE001 - closing is all that is left to do
+            pass
+        for _ in range(200):                 # and one blocked on a full queue gets room (10 s at most)
+            if not self._thread.is_alive():
+                break
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(0.05)
