@@ -141,8 +141,10 @@ class Fabric:
             if view is not None:
                 view.layers = frozenset(layers) | (view.layers or frozenset() if add else frozenset())
 
-    def pick(self, layers=()) -> str:
-        views = self.nodes()
+    def pick(self, layers=(), avoid=()) -> str:
+        """The node for a run or a start; `avoid`: nodes this run was lost on (Ray may list a dead
+        node as alive for a while after its actor's calls failed)."""
+        views = [v for v in self.nodes() if v.id not in avoid]
         with self._lock:
             for v in views:
                 v.sandboxes = sum(1 for n in self._pinned.values() if n == v.id)
@@ -177,9 +179,9 @@ class Fabric:
             raise NodeLost(f"node {nid[:12]} is not in the cluster any more", node=nid)
         return actor
 
-    def run(self, ref: str, command, *, op_id: str | None, options: dict, layers=(), cancel=None):
+    def run(self, ref: str, command, *, op_id: str | None, options: dict, layers=(), cancel=None, avoid=()):
         """A run on the chosen node (Node.run): its RunRecord."""
-        nid = self.pick(layers)
+        nid = self.pick(layers, avoid)
         view = self._views.get(nid)
         actor = self._actor(nid)
         if view is not None:

@@ -68,7 +68,7 @@ class Dispatch:
         while True:
             try:
                 rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref),
-                                      cancel=cancel)
+                                      cancel=cancel, avoid=lost)
                 break
             except NodeLost as exc:
                 if len(lost) >= retries or (cancel is not None and cancel.is_set()):
