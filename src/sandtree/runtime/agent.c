@@ -16,7 +16,9 @@
  *            MAXIN: read whole first, so fd 0 is free for signal frames while it runs)
  *   signal   "STSG" id sig 0: signal the running command's process group
  *   reply    "STRS" id type len, then len bytes: 'o' stdout, 'e' stderr, 'x' the wait status
- *            (u32), 'f' a failed start (u32 errno, then "exec" or "cwd")
+ *            (u32) and whether no other process is left in the sandbox (u32 1/0: alone(); an
+ *            older agent's 'x' has the status only), 'f' a failed start (u32 errno, then "exec"
+ *            or "cwd")
  * One command at a time; its exit ends its reply ('x' after all the output it wrote). Pipes a
  * background job still holds are read and discarded from then on (it never meets a closed pipe).
  * Orphans are reaped (signalfd on SIGCHLD).
@@ -32,6 +34,7 @@
 #define EAGAIN 11
 #define ENOENT 2
 #define E2BIG 7
+#define ECHILD 10
 #define SIGCHLD 17
 #define SIGKILL 9
 #define WNOHANG 1
@@ -248,6 +251,18 @@ static void prepare(void) {
     }
 }
 
+/* 1 if no process but us is left in the sandbox: every process in it descends from pid 1 (orphans
+ * are re-parented to us) but those `runsc exec` started, which the engine knows of. Then nothing
+ * inside can write to its files any more (a pool's commit need not stop the sandbox first). */
+static u32 alone(void) {
+    for (;;) {
+        int st;
+        long r = sys(__NR_wait4, -1, (long)&st, WNOHANG, 0);
+        if (r == -ECHILD) return 1;
+        if (r <= 0) return 0;            /* (r > 0: one more reaped; ask again) */
+    }
+}
+
 static void run(u32 id, u32 wlen, long have) {
     /* words: cwd uid gid n_env env... argv... */
     char *w = words, *end = words + wlen;
@@ -343,8 +358,8 @@ static void run(u32 id, u32 wlen, long have) {
         reply(id, 'f', fb, fail[1] == 'c' ? 7 : 8);
         return;
     }
-    u32 st = (u32)status;
-    reply(id, 'x', &st, sizeof st);
+    u32 x[2] = {(u32)status, alone()};
+    reply(id, 'x', x, sizeof x);
 }
 
 /*

@@ -116,7 +116,10 @@ class GVisorCommands:
                 conn.close()
         finally:
             os.close(lock)
-        return _no_rusage(Commands.outcome(spec, out, started))
+        alone = out["report"].pop("alone", False)
+        outcome = _no_rusage(Commands.outcome(spec, out, started))
+        outcome.quiescent = alone
+        return outcome
 
     def enter_ahead(self, h: LiveHandle):
         """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
