@@ -142,9 +142,12 @@ class Pool:
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
             scratch = self.live.scratch(h)
-            if cg is not None and self.tier != "namespaces":
+            if cg is not None and self.tier != "namespaces" and not out.quiescent:
                 # gVisor's processes are the Sentry's, unseen from here, and its freezer takes tens
-                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper)
+                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper).
+                # Unless its agent said nothing but itself is left inside: then nothing can write
+                # to the upper (gVisor caches no file data with --file-access=shared: writes go
+                # to the host file at once), and the filler stops it, off this run's path.
                 cg.kill_all()
         except BaseException:
             self._retire(h)

@@ -100,6 +100,9 @@ class RunOutcome:
     cancelled: bool = False
     changes: str | None = None       # upper dir path, valid until close()
     disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
+    # a live sandbox's command: nothing of the sandbox's but its pid 1 runs any more (gVisor's
+    # agent says so), so nothing inside can write to its upper: a pool commits it still running
+    quiescent: bool = False
     _close: Callable[[], None] | None = None
 
     def closing(self, release: Callable[[], None]) -> "RunOutcome":
