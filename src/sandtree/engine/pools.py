@@ -31,6 +31,7 @@ from ..runtime.enter import Entered
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import validate_spec
 from ..store.store import Store
+from .imagedefaults import run_defaults
 from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
@@ -41,8 +42,10 @@ FILLERS = 3                   # threads starting a pool's sandboxes at once (a s
 
 class Pool:
     def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int, policy=None, egress=None,
-                 tier: str = "namespaces"):
+                 tier: str = "namespaces", ids: tuple[int, int] = (0, 0)):
         self.live = live
+        self.ids = ids                                  # a run's uid, gid by default (the image's USER):
+        #                                                 its helper's output relay is started ahead for them
         self.tier = tier                                # its sandboxes' (runs on another tier start their own)
         self.policy, self.egress = policy, egress      # a networked pool: each sandbox its own link
         self.links: dict[int, str] = {}                 # init pid -> its link's key
@@ -226,7 +229,7 @@ class Pool:
                 self.links[h.init_pid] = key
             else:
                 h = self.live.start(spec, LIFETIME, detach=False, tier=self.tier)
-            ahead = self.live.enter_ahead(h)
+            ahead = self.live.enter_ahead(h, relay=self.ids)
         except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
             self.error = str(exc)
             if h is not None:
@@ -327,9 +330,14 @@ class Pools:
         template = RunSpec(argv=["sandtree-init"], layers=self.store.image(source).layers,
                            root_meta=self.specs.root_meta(source), hostname=hostname, limits=lim)
         validate_spec(template)
+        try:                                        # the ids a run gets by default (its relay's)
+            dflt = run_defaults(self.store, source, env=None, cwd=None, uid=None, gid=None)
+            ids = (dflt.uid, dflt.gid)
+        except InvalidInput:                        # (a USER that does not resolve fails its runs)
+            ids = (0, 0)
         with self.lock:
             old = self.by_image.pop(source, None)
-            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress, tier)
+            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress, tier, ids)
             if old is not None:
                 self.draining.append(old)           # runs in it finish; joined at close
         if old is not None:

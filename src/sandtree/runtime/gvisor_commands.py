@@ -119,7 +119,7 @@ class GVisorCommands:
             os.close(lock)
         return _no_rusage(Commands.outcome(spec, out, started))
 
-    def enter_ahead(self, h: LiveHandle):
+    def enter_ahead(self, h: LiveHandle, relay: tuple[int, int] | None = None):
         """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
         return None
 
