@@ -37,6 +37,7 @@ from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
+START_WAIT = 0.010            # how long a run that finds none ready waits for a start under way
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
 
@@ -69,6 +70,7 @@ class Pool:
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
         self.starting = 0                        # starts under way (counted with ready against size)
+        self.waiting = 0                         # runs waiting for one of them (Pool.take)
         # Runs in flight that took a sandbox while others were still ready: their replacement
         # starts when they end, not beside them (on 2 cores a start beside a run slows the run by
         # more than it gains); counted with ready against size until then. A take that leaves
@@ -93,6 +95,20 @@ class Pool:
         """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
         replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
+            if not self.ready and self.waiting < self.starting:
+                # None ready, but a start under way that no other run waits for: it ends about
+                # when a cold run would, and the pool run after it is the faster one; a cold run
+                # beside it would slow it (2 cores). Wait for it, up to START_WAIT.
+                self.waiting += 1
+                end = time.monotonic() + START_WAIT
+                try:
+                    while not self.ready and self.starting and not self.closed:
+                        left = end - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.cv.wait(left)
+                finally:
+                    self.waiting -= 1
             got = self.ready.popleft() if self.ready else None
             if got is None:
                 self.misses += 1
