@@ -70,7 +70,7 @@ class Pool:
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
         self.starting = 0                        # starts under way (counted with ready against size)
-        self.waiting = 0                         # runs waiting for one of them (Pool.take)
+        self.waiting = 0                         # runs waiting for a start (Pool.take)
         # Runs in flight that took a sandbox while others were still ready: their replacement
         # starts when they end, not beside them (on 2 cores a start beside a run slows the run by
         # more than it gains); counted with ready against size until then. A take that leaves
@@ -95,14 +95,16 @@ class Pool:
         """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
         replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
-            if not self.ready and self.waiting < self.starting:
-                # None ready, but a start under way that no other run waits for: it ends about
-                # when a cold run would, and the pool run after it is the faster one; a cold run
+            # starts under way or owed (a filler was woken for it), not held for a run's end
+            coming = self.size - self.held - len(self.ready)
+            if not self.ready and not self.closed and self.waiting < coming:
+                # None ready, but a start coming that no other run waits for: it ends about when
+                # a cold run would, and the pool run after it is the faster one; a cold run
                 # beside it would slow it (2 cores). Wait for it, up to START_WAIT.
                 self.waiting += 1
                 end = time.monotonic() + START_WAIT
                 try:
-                    while not self.ready and self.starting and not self.closed:
+                    while not self.ready and not self.closed:
                         left = end - time.monotonic()
                         if left <= 0:
                             break
