@@ -72,8 +72,15 @@ class RunOps:
         everything a run would, start nothing, return None (how a submitted operation refuses
         bad input at once). Not an operation of the table: Operations' and fork's way in."""
         check_retries(options.pop("retries", 0))      # (a cluster engine's Dispatch acts on it)
-        with self.store.using():
-            return self._run(ref, command, op_id=op_id, check_only=check_only, **options)
+        after: list = []
+        try:
+            with self.store.using():
+                return self._run(ref, command, op_id=op_id, check_only=check_only, after=after, **options)
+        finally:
+            # a pool's sandbox is retired once the run is done, lock and all: retiring wakes the
+            # pool's filler thread, which would otherwise take the GIL from the run's last steps
+            for f in after:
+                f()
 
     def _run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
              stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
@@ -81,12 +88,14 @@ class RunOps:
              files=None, disposable: bool | str = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
-             step: str | None = None, in_tx=None, scope: str | None = None, **limits) -> RunRecord | None:
+             step: str | None = None, in_tx=None, scope: str | None = None, after: list | None = None,
+             **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
         in_tx(con, result): called in the transaction that records the run (the build cache's row).
         scope: whose run this is (a tenant; LOCAL_SCOPE: the engine's own caller): a networked run
         may get a link only runs of the same scope used (the egress daemon recycles links within
-        a scope); None: a fresh link, removed after."""
+        a scope); None: a fresh link, removed after. after: what to call once the run is over
+        (appended here; the caller calls it), else called before returning."""
         runtime = self.tier(tier)
         keep = keep_mode(disposable)
         labels = check_labels(labels)
@@ -174,8 +183,8 @@ class RunOps:
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
-            if release is not None:
-                release()                      # the pool's sandbox: retired once its upper is read
+            if release is not None:            # the pool's sandbox: retired once its upper is read
+                after.append(release) if after is not None else release()
         if branch is not None and result is not None and keep == KEPT:     # an ephemeral end moves no branch
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec

@@ -218,8 +218,10 @@ class LiveTier(abc.ABC):
         could not be executed, -N for signal N, else its exit status (fallback: none reported)."""
 
     @abc.abstractmethod
-    def enter_ahead(self, h):
-        """A process that has joined the sandbox and waits for its command (a faster exec)."""
+    def enter_ahead(self, h, relay: tuple[int, int] | None = None):
+        """A process that has joined the sandbox and waits for its command (a faster exec).
+        relay (uid, gid): the command's output relay started ahead too, for those ids (a sandbox
+        never hibernated: a warm pool's)."""
 
     @abc.abstractmethod
     def signal_command(self, proc, sig: int) -> None:

@@ -121,7 +121,7 @@ class GVisorCommands:
         outcome.quiescent = alone
         return outcome
 
-    def enter_ahead(self, h: LiveHandle):
+    def enter_ahead(self, h: LiveHandle, relay: tuple[int, int] | None = None):
         """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
         return None
 
