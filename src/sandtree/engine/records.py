@@ -61,9 +61,12 @@ class Records:
             self.write(con, op, kind, source, None, spec, None, time.time(), None, replace=False)
 
     def finish(self, op: str, outcome: dict) -> None:
-        """End an operation that made nothing (failed, cancelled) with its outcome."""
+        """End an operation that made nothing (failed, cancelled) with its outcome; never one already
+        finished (a run that committed on a cluster node whose reply was lost stays done: its image
+        and lineage exist)."""
         with self.store.db.tx() as con:
-            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=?", (dumps(outcome), time.time(), op))
+            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=? AND finished IS NULL",
+                        (dumps(outcome), time.time(), op))
 
     def interrupt(self, ops: list[str], outcome: dict) -> None:
         """End rows left unfinished by an engine that stopped (never those finished meanwhile)."""
