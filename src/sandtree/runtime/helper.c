@@ -281,9 +281,9 @@ static void loopback_up(void) {
     close(s);
 }
 
-static void send_fd(int sock, int fd) {
-    char dummy = 'u';
-    struct iovec iov = {.iov_base = &dummy, .iov_len = 1};
+/* One byte `tag` with `fd` attached (SCM_RIGHTS); sendmsg's answer. */
+static ssize_t sendmsg_fd(int sock, int fd, char tag, int flags) {
+    struct iovec iov = {.iov_base = &tag, .iov_len = 1};
     union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
@@ -291,7 +291,11 @@ static void send_fd(int sock, int fd) {
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
+    return sendmsg(sock, &msg, flags);
+}
+
+static void send_fd(int sock, int fd) {
+    if (sendmsg_fd(sock, fd, 'u', 0) < 0) die_step("sendmsg");
 }
 
 static int cap_kept(const struct opts *o, int cap) {
@@ -954,16 +958,7 @@ out:
  * its stdout and stderr are the relay's pipes. */
 static void use_relay(struct relay *r) {
     int me = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    char one = 'p';
-    struct iovec iov = {.iov_base = &one, .iov_len = 1};
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &me, sizeof(int));
-    if (me >= 0 && sendmsg(r->sock, &msg, MSG_NOSIGNAL) == 1 && dup2(r->out, 1) >= 0 && dup2(r->err, 2) >= 0)
+    if (me >= 0 && sendmsg_fd(r->sock, me, 'p', MSG_NOSIGNAL) == 1 && dup2(r->out, 1) >= 0 && dup2(r->err, 2) >= 0)
         dprintf(report_fd, "relay\n");
     if (me >= 0) close(me);
     close_relay(r);
