@@ -61,11 +61,11 @@ class Records:
             self.write(con, op, kind, source, None, spec, None, time.time(), None, replace=False)
 
     def finish(self, op: str, outcome: dict) -> None:
-        """End an operation that made nothing (failed, cancelled) with its outcome; never one already
-        finished (a run that committed on a cluster node whose reply was lost stays done: its image
-        and lineage exist)."""
+        """End an operation that made nothing (failed, cancelled) with its outcome (over the one its
+        run recorded: the typed error the caller sees); never one that made an image (a run that
+        committed on a cluster node whose reply was lost stays done: its image and lineage exist)."""
         with self.store.db.tx() as con:
-            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=? AND finished IS NULL",
+            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=? AND result IS NULL",
                         (dumps(outcome), time.time(), op))
 
     def interrupt(self, ops: list[str], outcome: dict) -> None:
