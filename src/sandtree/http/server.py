@@ -62,8 +62,9 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     # store's disk (never memory), and downloads stream from the blob's own file.
     p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
-    # routes (branching's lineage) come before images_router's GET /images/{ref}.
-    for router in (admin_router, branching_router, builds_router, images_router, files_router, runs_router,
+    # routes (branching's lineage) come before images_router's GET /images/{ref}. Runs first: the
+    # router tries routes in turn, and POST /runs is the busiest (none of its paths is another's).
+    for router in (runs_router, admin_router, branching_router, builds_router, images_router, files_router,
                    sandboxes_router, ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
