@@ -42,6 +42,7 @@ from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
 import workdir  # noqa: E402  (bench/workdir.py)
+import httprate  # noqa: E402  (bench/httprate.py)
 
 
 def pct(xs, p):
@@ -389,13 +390,14 @@ def main() -> None:
     ap.add_argument("--egress-rounds", type=int, default=3, metavar="K",
                     help="rounds of the bulk downloads (each path once a round, in turn; medians)")
     ap.add_argument("--only", choices=["network-start", "network-egress", "gvisor-live", "webpage", "pools",
-                                       "cold-start"],
+                                       "cold-start", "http"],
                     help="only these rows (network-start: the start cost of an allow-list policy, warm and "
                          "cold, and with links not recycled; network-egress: the bulk downloads direct and "
                          "through the egress proxy; gvisor-live: live sandboxes and pools on gVisor; "
                          "webpage: the web page's first paint and expand; pools: the floor, live "
                          "sandboxes and the warm-pool rows on the namespaces tier; cold-start: a 120 MB "
-                         "image's first run on a node with an empty cache, from S3 on loopback)")
+                         "image's first run on a node with an empty cache, from S3 on loopback; http: 16 HTTP "
+                         "clients' runs/s and the server's CPU per run)")
     args = ap.parse_args()
     con = Console(width=120)
     if args.only == "network-egress":
@@ -423,6 +425,25 @@ def main() -> None:
         if args.only == "webpage":
             import webpage                 # bench/webpage.py
             con.print(webpage.web_table(work, 5))
+            st.close()
+            return
+        if args.only == "http":
+            t = Table(title="16 HTTP clients through `sandtree serve` (issue 18)")
+            for c in ("what", "runs/s", "", "note"):
+                t.add_column(c)
+            port = free_port()
+            srv = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", os.path.join(work, "home-http"),
+                                    "serve", "--port", str(port), "--max-runs", "16"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_for_port(port, 30)
+                remote = sandtree.connect(f"http://127.0.0.1:{port}")
+                httprate.http_row(t, remote.import_image(rootfs), srv.pid)
+                remote.close()
+            finally:
+                srv.terminate()
+                srv.wait(timeout=15)
+            con.print(t)
             st.close()
             return
         if args.only == "network-start":
@@ -540,11 +561,7 @@ def main() -> None:
             table.add_row("sandtree over HTTP (sandtree.connect), /bin/true", f"{pct(http, 50) * 1e3:.2f}",
                           f"{pct(http, 90) * 1e3:.2f}",
                           f"HTTP overhead p50 {(statistics.median(http) - statistics.median(local)) * 1e3:.2f} ms")
-            n_runs, t0 = 320, time.perf_counter()
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda _: rimg.run(["/bin/true"]), range(n_runs)))
-            rate = n_runs / (time.perf_counter() - t0)
-            table.add_row("16 HTTP clients, /bin/true runs per second", f"{rate:.0f}/s", "", "")
+            httprate.http_row(table, rimg, srv.pid)
             remote.close()
         finally:
             srv.terminate()

@@ -323,10 +323,11 @@ class Operations:
     def wait(self, ops: list[str], timeout: float | None = None) -> list[dict]:
         deadline = None if timeout is None else time.monotonic() + timeout
         for op in ops:
-            self.records.get(op)                      # NotFound for an unknown id
             with self.lock:
                 live = self.live.get(op)
-            if live is not None:
+            if live is None:
+                self.records.get(op)                  # NotFound for an unknown id (a live one has its row)
+            else:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     live[0].exception(timeout=left)
