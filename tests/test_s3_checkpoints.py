@@ -118,3 +118,41 @@ def test_hibernated_on_one_node_resumes_on_another(tmp_path, s3_server, memstate
         a.close(), b.close()
     assert not glob.glob(str(tmp_path / "*" / "sandboxes" / "*.ckpt"))
 
+
+
+def test_a_failed_upload_hibernates_for_this_node_only(tmp_path, s3_server, rootfs, monkeypatch):
+    """The upload fails (injected: S3 refusing a PUT mid-hibernation cannot be staged on a shared
+    server): the sandbox still hibernates, its row names no checkpoint object, another node
+    refuses to resume it (Conflict, nothing changes), its own node resumes it."""
+    from sandtree.errors import StoreUnavailable
+    bucket = f"s3://{s3_server.new_bucket()}/store"
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = sandtree.Sandtree(str(tmp_path / "a"), tier="namespaces", database=db, objects=bucket, warm=0)
+    b = sandtree.Sandtree(str(tmp_path / "b"), tier="namespaces", database=db, objects=bucket, warm=0)
+    ok, why = a._engine.sandboxes.live.hibernate_available("namespaces")
+    if not ok:
+        a.close(), b.close()
+        pytest.skip(why)
+    sb = a.import_image(rootfs).start(idle_timeout=300, lifetime=600)
+    try:
+        assert sb.exec("echo kept > /tmp/f").ok
+
+        put = a._engine.store.objects.put_file
+
+        def refuse(key, path):                          # the hibernation's commit uploads its layer
+            if key.startswith("checkpoints/"):
+                raise StoreUnavailable(f"object storage {bucket}: connection reset (injected)")
+            return put(key, path)
+        monkeypatch.setattr(a._engine.store.objects, "put_file", refuse)
+        assert sb.hibernate()["state"] == "hibernated"
+        monkeypatch.undo()
+        row = a._engine.store.db.one("SELECT spec FROM sandboxes WHERE id=?", (sb.id,))
+        assert "checkpoint" not in json.loads(row[0]) and _object(a._engine.store, sb.id) is None
+        with pytest.raises(sandtree.Conflict, match="upload"):
+            b.sandbox(sb.id).resume()
+        assert b.sandbox(sb.id).info()["state"] == "hibernated"
+        assert sb.resume()["state"] == "running"
+        assert sb.exec("cat /tmp/f").stdout == b"kept\n"
+    finally:
+        sb.stop()
+        a.close(), b.close()

@@ -98,17 +98,22 @@ class SandboxHibernation:
             sid = name[:-5]
             if not name.endswith(".ckpt") or not re.fullmatch(r"[0-9a-f]{32}", sid):
                 continue
+            if self._current_checkpoint(sid, os.path.join(d, name)):
+                continue                            # (the common case: no lock taken)
             with self._commit_lock(sid):            # a hibernation or resume in progress decides
-                row = self.store.db.one("SELECT state, spec FROM sandboxes WHERE id=?", (sid,))
-                spec = json.loads(row[1]) if row is not None else {}
-                current = row is not None and (
-                    (row[0] == "hibernated" and (not spec.get("checkpoint") or checkpoints.is_local(
-                        os.path.join(d, name), spec["checkpoint"])))
-                    or (row[0] == "running" and spec.get("hibernating")))   # (a dump; see _lost_locked)
-                if not current:
+                if not self._current_checkpoint(sid, os.path.join(d, name)):
                     checkpoints.remove(os.path.join(d, name))
                     gone.append(sid)
         return gone
+
+    def _current_checkpoint(self, sid: str, directory: str) -> bool:
+        row = self.store.db.one("SELECT state, spec FROM sandboxes WHERE id=?", (sid,))
+        spec = json.loads(row[1]) if row is not None else {}
+        if row is None:
+            return False
+        if row[0] == "hibernated":
+            return not spec.get("checkpoint") or checkpoints.is_local(directory, spec["checkpoint"])
+        return row[0] == "running" and bool(spec.get("hibernating"))     # (a dump: see _lost_locked)
 
     def _drop_checkpoint(self, sid: str, spec: dict) -> None:
         """The checkpoint of a sandbox that stopped or resumed: its directory here and its object
@@ -145,6 +150,10 @@ class SandboxHibernation:
             if spec0.get("checkpoint") and self.store.objects is not None:
                 # fetched and verified (StoreCorrupt: nothing changes) unless this home has it
                 checkpoints.fetch(self.store, sid, spec0["checkpoint"], self._checkpoint_dir(sid))
+            elif not os.path.isdir(self._checkpoint_dir(sid)):
+                raise Conflict(f"sandbox {sid}'s checkpoint is in the home of the machine that hibernated it "
+                               "(its upload to object storage failed): resume it there", sandbox=sid,
+                               state="hibernated")
             spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
                            root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
                            hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))

@@ -69,9 +69,10 @@ def _write_sidecar(directory: str, digest: str) -> None:
 
 def is_local(directory: str, record: dict) -> bool:
     """Whether `directory` holds the checkpoint `record` names (uploaded or fetched here)."""
+    digest = record.get("sha256") if isinstance(record, dict) else None
     try:
         with open(_sidecar(directory)) as f:
-            return os.path.isdir(directory) and f.read().strip() == record["sha256"]
+            return bool(digest) and os.path.isdir(directory) and f.read().strip() == digest
     except OSError:
         return False
 
@@ -80,11 +81,11 @@ def fetch(store, sid: str, record: dict, directory: str) -> bool:
     """Make `directory` sandbox `sid`'s checkpoint of `record` ({"sha256", "size"}): nothing to do
     (False) when it already is; else (True) fetched, verified and renamed into place, replacing a
     stale one. StoreCorrupt (BadArchive inside) when the object is not the recorded one."""
-    if is_local(directory, record):
-        return False
-    digest, size = record.get("sha256"), record.get("size")
+    digest, size = (record.get("sha256"), record.get("size")) if isinstance(record, dict) else (None, None)
     if not isinstance(digest, str) or not isinstance(size, int) or size < 0:
         raise StoreCorrupt(f"sandbox {sid}'s checkpoint record is damaged", sandbox=sid)
+    if is_local(directory, record):
+        return False
     staged = os.path.join(os.path.dirname(directory), f".fetch-{sid}-{secrets.token_hex(6)}")
     os.mkdir(staged, 0o700)
     try:
