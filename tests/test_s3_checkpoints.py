@@ -45,12 +45,14 @@ def _object(store, sid: str) -> bytes | None:
     return o.client.get_object(Bucket=o.bucket, Key=o.prefix + checkpoint_key(sid))["Body"].read()
 
 
-def test_hibernated_on_one_node_resumes_on_another(tmp_path, s3_server, memstate_root):
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_hibernated_on_one_node_resumes_on_another(tmp_path, s3_server, memstate_root, tier):
+    """CRIU's images (namespaces) or runsc's checkpoint files (gVisor): the same directory, packed."""
     bucket = f"s3://{s3_server.new_bucket()}/store"
     db = f"sqlite:///{tmp_path}/shared.db"
-    a = sandtree.Sandtree(str(tmp_path / "a"), tier="namespaces", database=db, objects=bucket, warm=0)
-    b = sandtree.Sandtree(str(tmp_path / "b"), tier="namespaces", database=db, objects=bucket, warm=0)
-    ok, why = a._engine.sandboxes.live.hibernate_available("namespaces")
+    a = sandtree.Sandtree(str(tmp_path / "a"), tier=tier, database=db, objects=bucket, warm=0)
+    b = sandtree.Sandtree(str(tmp_path / "b"), tier=tier, database=db, objects=bucket, warm=0)
+    ok, why = a._engine.sandboxes.live.hibernate_available(tier)
     if not ok:
         a.close(), b.close()
         pytest.skip(why)
