@@ -236,26 +236,53 @@ def test_cli_cluster_status(cst, ray_cluster):
     assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
 
 
-def test_hibernated_sandbox_resumes_on_the_node_holding_its_checkpoint(cst):
-    """With a home per node a hibernation's CRIU checkpoint is in the hibernating node's home:
-    resume goes there, even when the load would pick the other node."""
+# A process whose state lives only in its memory: a random word it read, then deleted from disk;
+# each /tmp/ask it answers with that word in /tmp/answer.
+REMEMBER = ("x=$(cat /proc/sys/kernel/random/uuid); echo $x > /tmp/word; "
+            "while true; do if [ -e /tmp/ask ]; then echo $x > /tmp/answer; rm /tmp/ask; fi; sleep 0.02; done")
+
+
+def _remembering(cst, sid: str) -> bytes:
+    """Start REMEMBER in sandbox `sid`; its word (no longer on disk)."""
+    assert cst.engine.sandbox_exec(sid, ["sh", "-c", f"({REMEMBER}) >/dev/null 2>&1 &"]).exit_code == 0
+    out = cst.engine.sandbox_exec(sid, ["sh", "-c", "while [ ! -s /tmp/word ]; do sleep 0.02; done; "
+                                                   "cat /tmp/word; rm /tmp/word"])
+    assert out.exit_code == 0 and len(out.stdout) == 37, out
+    return out.stdout
+
+
+def _recalled(cst, sid: str) -> bytes:
+    return cst.engine.sandbox_exec(sid, ["sh", "-c", "touch /tmp/ask; while [ -e /tmp/ask ]; do sleep 0.02; "
+                                                    "done; cat /tmp/answer"]).stdout
+
+
+def _hibernate_or_skip(cst):
     ok, why = cst.engine.runtime.live().hibernate_available()
     if not ok:
         pytest.skip(f"hibernate is not available here: {why}")
+
+
+def test_hibernated_sandbox_resumes_on_any_node(cst):
+    """A hibernation's checkpoint is in object storage: resume goes where load and layers say,
+    here the other node (the hibernating one is busier), with its processes' memory."""
+    _hibernate_or_skip(cst)
     fabric = cst.engine.fabric
     sid = cst.engine.sandbox_start(cst.image.id)["id"]
     extra = []
     try:
         [home] = [n["node"] for n in cst.cluster_status()["nodes"] if sid in n["sandbox_ids"]]
         cst.engine.sandbox_exec(sid, ["sh", "-c", "echo before > /state"])
+        word = _remembering(cst, sid)
         cst.engine.sandbox_hibernate(sid)
         assert cst.engine.sandbox_info(sid)["state"] == "hibernated"
-        assert fabric.checkpoint_node(sid) == home
-        extra = [fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=home)["id"] for _ in range(2)]
-        assert fabric.pick() != home                         # by load the other node would get it
+        assert fabric.checkpoint_node(sid) == home           # (its copy there: unused)
+        extra = [fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=home)["id"] for _ in range(3)]
+        base = cst.engine.store.image(cst.engine.sandbox_info(sid)["head"]).layers
+        assert fabric.pick(base) != home                     # by load and layers: the other node
         assert cst.engine.sandbox_resume(sid)["state"] == "running"
-        assert sid in _node(cst, home)["sandbox_ids"]
+        assert sid not in _node(cst, home)["sandbox_ids"]
         assert cst.engine.sandbox_exec(sid, ["cat", "/state"]).stdout == b"before\n"
+        assert _recalled(cst, sid) == word
     finally:
         for s in [sid, *extra]:
             cst.engine.sandbox_stop(s)
@@ -280,6 +307,16 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
 
 def _killed_node(cst, ray_cluster, status, sandboxes):
     ops = cst.engine.operations
+    victim = 0
+    victim_node = ray_cluster.node_id(victim)
+    # a sandbox hibernated on the node about to die (its checkpoint in object storage)
+    hib = cst.engine.fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=victim_node)["id"]
+    sandboxes.append(hib)
+    word = _remembering(cst, hib) if cst.engine.runtime.live().hibernate_available()[0] else None
+    if word is not None:
+        cst.engine.sandbox_hibernate(hib)
+    else:
+        cst.engine.sandbox_stop(hib)
     where = {sid: n["node"] for n in cst.cluster_status()["nodes"] for sid in n["sandbox_ids"]}
     assert sorted(where.values()) == sorted(status), where
     submitted, retried = [], []
@@ -305,8 +342,6 @@ def _killed_node(cst, ray_cluster, status, sandboxes):
         if all(v > 0 for v in running.values()):
             break
         time.sleep(0.1)
-    victim = 0
-    victim_node = ray_cluster.node_id(victim)
     victim_pid = status[victim_node]["pid"]
     t0 = time.monotonic()
     ray_cluster.kill(victim)
@@ -351,6 +386,13 @@ def _killed_node(cst, ray_cluster, status, sandboxes):
     # its processes outlive the node on this one machine (live sandboxes are detached by design):
     # a stop of a lost sandbox is answered from its row here, and ends them
     assert cst.engine.sandbox_stop(lost)["state"] == "stopped"
+    # the sandbox hibernated on the lost node resumes on the survivor, its memory intact
+    if word is not None:
+        assert cst.engine.sandbox_info(hib)["state"] == "hibernated"
+        assert cst.engine.sandbox_resume(hib)["state"] == "running"
+        assert hib in _node(cst, alive[0]["node"])["sandbox_ids"]
+        assert _recalled(cst, hib) == word
+        assert cst.engine.sandbox_stop(hib)["state"] == "stopped"
     report = cst.engine.fsck()
     assert report["ok"], report
 

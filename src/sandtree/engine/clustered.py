@@ -92,16 +92,22 @@ class Dispatch:
 
     def sandbox_resume(self, sid: str) -> dict:
         nid = self.fabric.sandbox_node(sid)
-        if nid is None:                   # hibernated: on the node holding its checkpoint (a home per node)
-            home = self.fabric.checkpoint_node(sid) if self.fabric.config.objects_url else None
-            if self.fabric.config.objects_url and home is None and self._hibernated(sid):
-                raise NodeLost(f"sandbox {sid} was hibernated on a node that is no longer in the cluster: its "
-                               "checkpoint stayed in that node's home (checkpoints are not in object storage yet)",
-                               sandbox=sid)
-            row = self.store.db.one("SELECT image FROM sandboxes WHERE id=?", (sid,))
-            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
-                                             node=home)   # (None: any node; one shared home has it)
-        return self.fabric.call(nid, "sandbox_resume", (sid,))
+        if nid is not None:
+            return self.fabric.call(nid, "sandbox_resume", (sid,))
+        row = self.store.db.one("SELECT image, state, spec FROM sandboxes WHERE id=?", (sid,))
+        spec = json.loads(row[2]) if row is not None else {}
+        if self.fabric.config.objects_url and row is not None and row[1] == "hibernated" and spec.get("checkpoint"):
+            # its checkpoint is in object storage (engine/sandbox_hibernation.py): any node, by load
+            # and the layers of the image it resumes on; its node may be gone
+            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(spec.get("base") or row[0]))
+        # else on the node holding its checkpoint (a home per node): hibernated before checkpoints
+        # went to S3, or its upload failed
+        home = self.fabric.checkpoint_node(sid) if self.fabric.config.objects_url else None
+        if self.fabric.config.objects_url and home is None and self._hibernated(sid):
+            raise NodeLost(f"sandbox {sid} was hibernated on a node that is no longer in the cluster, and its "
+                           "checkpoint stayed in that node's home (its upload to object storage failed)", sandbox=sid)
+        return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
+                                         node=home)   # (None: any node; one shared home has it)
 
     def pinned(self, name: str):
         def call(sid: str, *args, **kwargs):

@@ -1,5 +1,5 @@
 """When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
-_row, _running, _touched, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
+_row, _running, _touched, _commit_lock, _set_spec, _retire, sweep_checkpoints and info): idle timeouts and lifetimes, the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
 
@@ -101,6 +101,8 @@ class SandboxLifetime:
             else:
                 continue
             done.append(row["id"])
+        if self.store.objects is not None:
+            self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
         return done
 
     def set_timeout(self, sid: str, timeout: float) -> dict:

@@ -205,10 +205,11 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
 
 def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, grace: float, retention: float) -> int:
     """S3 objects: layers no kept image names (and their layer_objects rows), blobs nothing
-    reaches, checkpoints of sandboxes that are gone; each only once older than the grace (an
-    upload in flight has no row yet). Layers of images another node is committing right now
-    are younger than the grace too."""
-    live = {r[0] for r in store.db.query("SELECT id FROM sandboxes")}
+    reaches, checkpoints (checkpoints/<sandbox>.tar, store/checkpoints.py) of sandboxes not
+    hibernated now (stopped, resumed, gone); each only once older than the grace (an upload in
+    flight has no row yet). Layers of images another node is committing right now are younger
+    than the grace too."""
+    hibernated = {r[0] for r in store.db.query("SELECT id FROM sandboxes WHERE state='hibernated'")}
     doomed = []
     for key, _size, modified in store.objects.keys():
         kind, _, name = key.partition("/")
@@ -218,7 +219,7 @@ def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, 
             doomed.append(key)
         elif kind == "blobs" and name not in blobs and now - modified >= max(grace, retention):
             doomed.append(key)
-        elif kind == "checkpoints" and name not in live:
+        elif kind == "checkpoints" and name.removesuffix(".tar") not in hibernated:
             doomed.append(key)
     store.objects.delete(doomed)
     gone = [k[len("layers/"):-4] for k in doomed if k.startswith("layers/")]

@@ -5,7 +5,8 @@ their own, and checkpoints of hibernated sandboxes. The store directory then is 
 
     layers/<layer>.tar        a layer, its sha256 and size in the `layer_objects` table
     blobs/<sha256>            a blob by its content hash
-    checkpoints/<sandbox>     a hibernated sandbox's checkpoint file
+    checkpoints/<sandbox>.tar a hibernated sandbox's checkpoint directory (store/checkpoints.py),
+                              its sha256 and size in the sandbox's row
 
 Nothing read back is trusted: every download is hashed while it streams and compared with the
 digest the metadata database recorded before the bytes are used (StoreCorrupt otherwise, and the
