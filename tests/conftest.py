@@ -193,6 +193,32 @@ def pg_cluster():
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """One throwaway S3 server a session (SeaweedFS, tests/s3server.py), its endpoint and keys in
+    this process's environment (what a deployment sets: config.s3_endpoint(), boto3's AWS_*);
+    skipped, saying why, only when it cannot start here."""
+    from s3server import S3Server, Unavailable
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        pytest.skip("boto3 not installed (pip install 'sandtree[s3]')")
+    server = S3Server()
+    try:
+        server.start()
+    except Unavailable as exc:
+        pytest.skip(f"the S3 server cannot start here: {exc}")
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
 @pytest.fixture
 def store_database():
     """The metadata database of the `st` fixture's store: None = SQLite. The backend conformance
@@ -201,9 +227,17 @@ def store_database():
 
 
 @pytest.fixture
-def st(tmp_path, store_database):
+def store_objects():
+    """The objects URL of the `st` fixture's store: None = the store directory; tests/backends.py's
+    S3 combinations override it with a fresh bucket."""
+    return None
+
+
+@pytest.fixture
+def st(tmp_path, store_database, store_objects):
     """A fresh, empty store."""
-    s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"], database=store_database)
+    s = sandtree.Sandtree(str(tmp_path / "home"), tier=TIER["current"], database=store_database,
+                          objects=store_objects)
     yield s
     s.close()
 
@@ -275,6 +309,9 @@ def _leaks(base: str) -> list[str]:
     helpers = {r[0] for r in rows if r[3].startswith("sandtree-exec") and base in r[4]}
     procs = [" ".join(r) for r in rows if r[2][0] != "Z"
              and (r[0] in helpers or (r[3] in ("sandtree-init", "runsc") and r[1] in helpers))]
+    # A Ray cluster a test started (tests/raycluster.py) lives in /tmp/st-ray-<this pid>-*
+    ray_mark = f"/tmp/st-ray-{os.getpid()}-"
+    procs += [" ".join(r)[:200] for r in rows if r[2][0] != "Z" and ray_mark in r[4]]
     if procs:
         problems.append(f"processes left behind: {procs[:3]}")
     return problems

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import tier_or_skip
 from sandtree.defaults import Limits
 from sandtree.runtime import agentcall
 from sandtree.runtime.base import RunSpec
@@ -77,4 +78,43 @@ def test_output_is_kept_to_the_cap_and_the_command_killed():
     w, r, keep = agent(frames)
     out = agentcall.call(w, r, spec(output=1000), time.monotonic() + 10)
     assert out["stdout"] == b"y" * 1000 and out["stdout_truncated"] and out["output_exceeded"] == "stdout"
-    assert out["report"] == {"signal": 9}
+    assert out["report"] == {"signal": 9, "alone": False}     # (an older agent's frame: never alone)
+
+
+def test_the_exit_frame_says_whether_the_agent_is_alone():
+    w, r, keep = agent(lambda rid: [frame(rid, "x", struct.pack("=II", 3 << 8, 1))])
+    assert agentcall.call(w, r, spec(), time.monotonic() + 10)["report"] == {"exit": 3, "alone": True}
+    w, r, keep = agent(lambda rid: [frame(rid, "x", struct.pack("=II", 0, 7))])      # only 1 means alone
+    assert agentcall.call(w, r, spec(), time.monotonic() + 10)["report"] == {"exit": 0, "alone": False}
+
+
+def test_the_real_agent_is_alone_only_once_nothing_else_runs(bb, shared_st, request):
+    """sandtree-agent (pid 1 on gVisor) says it is alone, so a pool commits its upper without
+    stopping it first (pools.py, RunOutcome.quiescent), only when no process of the sandbox is
+    left: not while a background job or an orphan (re-parented to pid 1) still runs."""
+    tier_or_skip(request, shared_st, "gvisor")
+    with bb.start(tier="gvisor") as sb:
+        h = shared_st._engine.sandboxes._row(sb.id)["handle"]
+
+        def ask(*argv):
+            conn, w, r = agentcall.lend(h.agent)
+            try:
+                return agentcall.call(w, r, RunSpec(argv=list(argv), layers=[], root_meta=(0o755, 0, 0),
+                                                    limits=Limits(), cwd="/"), time.monotonic() + 30)["report"]
+            finally:
+                os.close(w)
+                os.close(r)
+                conn.close()
+        assert ask("sh", "-c", "echo x > /tmp/f") == {"exit": 0, "alone": True}
+        assert ask("sh", "-c", "sleep 1 >/dev/null 2>&1 & exit 4") == {"exit": 4, "alone": False}
+        assert ask("sh", "-c", "(sh -c 'sleep 1' >/dev/null 2>&1 &)")["alone"] is False      # an orphan
+        end = time.monotonic() + 10
+        while not ask("true")["alone"]:
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert ask("sh", "-c", "kill -9 $$") == {"signal": 9, "alone": True}
+        # what the pool relies on: a quiescent exec is the agent's word, and the upper holds its writes
+        out = shared_st._engine._live.exec(h, RunSpec(argv=["sh", "-c", "echo y > /tmp/g"], layers=[],
+                                                      root_meta=(0o755, 0, 0), limits=Limits(), cwd="/"))
+        assert out.quiescent and sb.read("/tmp/g") == b"y\n"
+

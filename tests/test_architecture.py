@@ -60,8 +60,11 @@ CONFIG_MODULES = ("config",)
 # logic over the engine's operations: they take an engine-like object (Engine or the remote client)
 # and import none of it, so they work in-process and against a server alike; the adapters expose them.
 # integrations (inspect-ai, mini-swe-agent, LangChain) plug the SDK into other frameworks: on top.
+# cluster (the Ray fabric: node actors, the scheduler) sits below the engine for the tenancy's reason:
+# the engine makes its Fabric and hands it the function that builds a node's engine, so the node
+# actor runs an Engine without cluster/ importing one; adapters never see it (engine/clustered.py).
 LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows", "tasks",
-           "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("engine",),
+           "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("cluster",), ("engine",),
           ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).
 STDLIB_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make", "_field_defaults", "_getframe"}

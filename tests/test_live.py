@@ -707,3 +707,55 @@ def test_settle_waits_for_leftovers_to_exit_and_names_what_still_runs(bb):
         t = time.monotonic()
         assert cg.settle(known, 10.0) == set()             # waited for to its exit ...
         assert time.monotonic() - t < 5.0                  # ... at its exit, not the wait's end
+
+
+PROCS = "for p in /proc/[0-9]*; do echo ${p#/proc/} $(cat $p/comm) $(grep Uid $p/status | cut -f2); done"
+
+
+def _procs(out: bytes) -> dict:
+    """{comm: [(pid, uid), ...]} of what PROCS printed."""
+    seen: dict = {}
+    for line in out.decode().splitlines():
+        if len(line.split()) < 3:
+            continue                          # (ended while listed: the relay started ahead, exiting)
+        pid, comm, uid = line.split()[:3]
+        seen.setdefault(comm, []).append((int(pid), int(uid)))
+    return seen
+
+
+def test_a_pool_runs_output_relay_is_started_ahead_with_the_commands_ids(tmp_path, rootfs):
+    """A pool's helper starts the output relay (sandtree-drain) before its run comes (helper.c
+    start_relay), for the ids a run gets by default: the run pays one fork and exec. A run with
+    other ids gets a relay of its own, and the one started ahead is gone before its command
+    starts; output and a background job behave as through a relay started per exec."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        img = st.import_image(rootfs)
+        st.pool(img, size=1, wait=True)
+        r = img.run(["sh", "-c", PROCS])
+        assert r.usage.get("pool") and r.exit_code == 0
+        seen = _procs(r.stdout)
+        (drain,), (cmd,) = seen["sandtree-drain"], seen["sh"]
+        assert drain[0] < cmd[0] and drain[1] == cmd[1] == 0      # started first, the command's uid
+        st.pool(img, size=1, wait=True)
+        r = img.run(["sh", "-c", PROCS], uid=1000, gid=1000)
+        assert r.usage.get("pool")
+        seen = _procs(r.stdout)
+        assert [uid for _, uid in seen["sandtree-drain"]] == [1000]   # the ahead one (uid 0) is gone
+        assert seen["sh"][0][1] == 1000 and seen["sh"][0][0] < seen["sandtree-drain"][0][0]
+        # all output passes (1 MB on both streams), and the run ends at its command's exit
+        st.pool(img, size=1, wait=True)
+        t = time.monotonic()
+        r = img.run(["sh", "-c", "head -c 1048576 /dev/zero; head -c 65536 /dev/zero >&2; "
+                                 "(while :; do echo bg; sleep 0.05; done) & echo done"])
+        assert r.usage.get("pool") and r.exit_code == 0 and time.monotonic() - t < 5
+        assert r.stdout[:1048576] == bytes(1048576) and r.stderr == bytes(65536)
+        assert b"done\n" in r.stdout[1048576:]          # (and what the job wrote before the exit)
+        # a terminal-less run that never writes, and a command that cannot start, as in a run
+        st.pool(img, size=1, wait=True)
+        with pytest.raises(sandtree.CommandNotFound):
+            img.run(["/no/such"])
+        st.pool(img, size=1, wait=True)
+        assert img.run("exit 3").exit_code == 3
+    finally:
+        st.close()

@@ -426,13 +426,13 @@ def test_contree_networking_enabled_is_the_servers_default_policy(tmp_path, lab,
     with server(home, lab, SANDTREE_NETWORK_DEFAULT="allowed.test") as url:
         def spawn(**extra):
             op = httpx.post(f"{url}/v1/instances", json={"command": get("allowed.test", "11.1.1.10"), "shell": True,
-                                                         "image": "tag:ubuntu:latest", **extra})
+                                                         "image": "tag:ubuntu:latest", **extra}, timeout=60)
             assert op.status_code == 201, op.text
             uid = op.json()["uuid"]
             with httpx.stream("GET", f"{url}/v1/operations/{uid}/events", params={"follow": "1"}, timeout=60) as r:
                 for _ in r.iter_lines():
                     pass
-            return httpx.get(f"{url}/v1/operations/{uid}").json()
+            return httpx.get(f"{url}/v1/operations/{uid}", timeout=60).json()
         on = spawn(networking={"enabled": True})
         assert on["status"] == "SUCCESS", on
         off, absent = spawn(networking={"enabled": False}), spawn()

@@ -257,3 +257,34 @@ def test_postgresql_answers_as_sqlite_does(tmp_path, pg_cluster):
     assert answers[0] == [[tuple(r) for r in q] for q in answers[1]]
     assert [r[0] for r in answers[0][0]] == sorted(["b", "B", "a", "A", "_x", "a/b", "a-b", "Z9"])
     assert answers[0][1][-2:] in ([("op0",), ("op3",)], [("op3",), ("op0",)])     # NULLs last descending
+
+
+def test_a_command_in_a_live_sandbox_does_not_queue_behind_the_write_lock(tmp_path, pg_cluster, rootfs):
+    """An exec's record and its sandbox's last-use stamp are rows of their own: they are written
+    while another connection holds the one-writer lock (as a slow commit would), which a ref move
+    still waits for."""
+    from sandtree.store.pgdb import WRITE_LOCK
+    url = pg_cluster.new_database()
+    with sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=url) as st:
+        img = st.import_image(rootfs)
+        sb = img.start(idle_timeout=600)
+        try:
+            with psycopg.connect(url) as holder:
+                holder.execute("BEGIN")
+                holder.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                done = {}
+                execs = threading.Thread(target=lambda: done.update(rec=[sb.exec(f"echo {i}") for i in range(3)]))
+                tag = threading.Thread(target=lambda: done.update(tag=img.tag("held")))
+                execs.start()
+                tag.start()
+                execs.join(60)
+                assert not execs.is_alive() and [r.stdout for r in done["rec"]] == [b"0\n", b"1\n", b"2\n"]
+                tag.join(1)
+                assert tag.is_alive() and "tag" not in done       # a ref move waits for the lock
+                holder.execute("ROLLBACK")
+            tag.join(60)
+            assert not tag.is_alive() and st.image("held").id == img.id
+            ops = [st.operation(r.operation) for r in done["rec"]]
+            assert [o["kind"] for o in ops] == ["exec"] * 3 and all(o["outcome"]["exit_code"] == 0 for o in ops)
+        finally:
+            sb.stop()

@@ -348,9 +348,9 @@ def test_another_tenants_token_is_refused(tenants):
 def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
     eng, sid, alice, bob = tenants
     with serving(eng) as (base, ports):
-        httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
+        httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False, timeout=60)
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 6}, headers=_auth(alice),
-                       trust_env=False)
+                       trust_env=False, timeout=60)
         assert r.status_code == 200, r.text
         url = r.json()["url"]
         assert url.startswith(f"{ports}/api/v1/sandboxes/{sid}/ports/8000/?st_exp=")

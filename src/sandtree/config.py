@@ -30,6 +30,66 @@ def database_url() -> str | None:
     return os.environ.get("SANDTREE_DATABASE_URL") or None
 
 
+_objects: list[str] = []           # set by `--objects` (cli/main.py): wins over the environment
+
+
+def use_objects(url: str | None) -> None:
+    """`sandtree --objects s3://bucket/prefix`: where every store this process opens keeps objects."""
+    _objects[:] = [url] if url else []
+
+
+def objects_url() -> str | None:
+    """The store's object storage: `--objects`, else SANDTREE_OBJECTS_URL (s3://bucket/prefix);
+    None: the store's own directory only (store/s3objects.py)."""
+    if _objects:
+        return _objects[0]
+    return os.environ.get("SANDTREE_OBJECTS_URL") or None
+
+
+def s3_endpoint() -> str | None:
+    """The S3 server for a non-AWS store (SeaweedFS, MinIO, Ceph): SANDTREE_S3_ENDPOINT, else the
+    AWS SDK's own AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL. Credentials and region are boto3's usual
+    chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials and config)."""
+    return (os.environ.get("SANDTREE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def layer_cache_max() -> int | None:
+    """SANDTREE_CACHE_MAX: the size cap in bytes (suffixes K, M, G) of a store's local layer cache
+    when its objects are in S3 (store/layercache.py); None: defaults.LAYER_CACHE_MAX."""
+    raw = (os.environ.get("SANDTREE_CACHE_MAX") or "").strip().upper()
+    if not raw:
+        return None
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(raw[-1], 1)
+    try:
+        return int(float(raw.rstrip("KMGT")) * mult)
+    except ValueError:
+        return None
+
+
+_cluster: list[str] = []           # set by `--cluster` (cli/main.py): wins over the environment
+
+
+def use_cluster(address: str | None) -> None:
+    """`sandtree --cluster ADDRESS`: the Ray cluster every engine this process opens sends runs to."""
+    _cluster[:] = [address] if address else []
+
+
+def cluster_address() -> str | None:
+    """The Ray cluster runs go to: `--cluster`, else SANDTREE_CLUSTER (`auto`, `HOST:PORT` or
+    `ray://HOST:PORT`); None: runs stay in this process (no cluster)."""
+    if _cluster:
+        return _cluster[0]
+    return os.environ.get("SANDTREE_CLUSTER") or None
+
+
+def node_home() -> str | None:
+    """SANDTREE_NODE_HOME, read on a cluster node (a Ray node's environment, set where `ray start`
+    runs): that node's own store directory, its layer cache and work dirs. None: the cluster's
+    default (cluster/scheduling.py NodeConfig.home_for)."""
+    return os.environ.get("SANDTREE_NODE_HOME") or None
+
+
 def criu_binary() -> str | None:
     """SANDTREE_CRIU: a CRIU binary to use instead of the installed one (runtime/criu.py)."""
     return os.environ.get("SANDTREE_CRIU") or None

@@ -17,6 +17,8 @@ SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)
+RUN_RETRIES_MAX = 10                  # retries= a run may ask for (on a lost cluster node)
+LAYER_CACHE_MAX = 20 << 30             # bytes of layers a node caches from S3 objects before LRU eviction
 LOG_LIMIT = 1000                     # entries of `log`
 AUDIT_LIMIT = 100                    # entries of `audit`
 OPERATIONS_LIMIT = 50                # entries of `operations.list`

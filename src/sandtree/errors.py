@@ -20,7 +20,8 @@
     ├── BuildFailed               a build's step failed (`details`: step, line, text, exit_code, stderr tail)
     ├── RuntimeUnavailable        this host cannot run the requested isolation tier
     ├── SandboxError              the sandbox could not be set up (not the command's failure)
-    └── StoreCorrupt              fsck-level damage found while reading
+    ├── StoreCorrupt              fsck-level damage found while reading
+    └── NodeLost                  a cluster node died (or became unreachable) during the call
 
 Each class carries its HTTP status: the one error table (server, Contree router and remote client
 all read `ERRORS` / `http_status`, so a new class needs no edit elsewhere).
@@ -154,6 +155,13 @@ class BuildFailed(SandtreeError):
     step, its Dockerfile line and instruction, and ends with the tail of the command's stderr."""
     code = "build_failed"
     http_status = 422
+
+
+class NodeLost(SandtreeError):
+    """A cluster node (cluster/) died or became unreachable while it ran the call: the run's
+    sandbox went with it and nothing of it was committed; `details`: node, operation, reason."""
+    code = "node_lost"
+    http_status = 503
 
 
 def _tree(cls) -> list:

@@ -147,10 +147,21 @@ def dead_owner(name: str) -> bool:
 def signal_member(pid: int, group_dir: str, sig: int = signal.SIGKILL) -> bool:
     """Send `sig` to `pid` only while it is in the cgroup at `group_dir` (a pid read from
     cgroup.procs may have been reused since). True if sent."""
+    fd = signal_member_pidfd(pid, group_dir, sig)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def signal_member_pidfd(pid: int, group_dir: str, sig: int = signal.SIGKILL) -> int | None:
+    """signal_member, returning the pidfd it was sent through (the caller closes it; it turns
+    readable once the process has exited), or None if not sent."""
     try:
         fd = os.pidfd_open(pid)
     except OSError:
-        return False
+        return None
+    sent = False
     try:
         # the group as /proc/PID/cgroup names it: the path below the hierarchy's root (its
         # last two components suffice here: `sandtree/<name>`, our own parent's)
@@ -159,14 +170,16 @@ def signal_member(pid: int, group_dir: str, sig: int = signal.SIGKILL) -> bool:
             with open(f"/proc/{pid}/cgroup") as f:
                 member = any(line.rstrip("\n").split(":", 2)[-1].endswith(tail) for line in f)
         except OSError:
-            return False
+            return None
         p = select.poll()
         p.register(fd, select.POLLIN)
         if not member or p.poll(0):               # exited (and maybe reused) while we read
-            return False
+            return None
         signal.pidfd_send_signal(fd, sig)
-        return True
+        sent = True
+        return fd
     except ProcessLookupError:
-        return False
+        return None
     finally:
-        os.close(fd)
+        if not sent:
+            os.close(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from .defaults import RUN_RETRIES_MAX
 from .errors import InvalidInput
 
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -12,6 +13,14 @@ DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def check_retries(n) -> int:
+    """A run's retries= (how many times a run on a cluster node that was lost is run again on
+    another): an int from 0 to defaults.RUN_RETRIES_MAX."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= RUN_RETRIES_MAX:
+        raise InvalidInput(f"retries must be an integer from 0 to {RUN_RETRIES_MAX}, not {n!r}")
+    return n
 
 
 def parse_size(v) -> int:

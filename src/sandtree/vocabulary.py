@@ -60,6 +60,8 @@ PARAMS = {
     "secrets": "NAME -> {value, hosts}, or NAME -> {stored: true, hosts?} / a list of NAMEs for the server's "
                "stored secrets (hosts may only narrow theirs): the sandbox sees a placeholder in $NAME; requests "
                "to those hosts carry the value (needs network)",
+    "retries": "on a cluster: run it again on another node, at most this many times, when its node is lost "
+               "before the run committed anything (0: it fails with node_lost)",
     "secret_set.name": "the secret's name: the environment variable runs see it as",
     "secret_remove.name": "the stored secret's name",
     "value": "the secret's value (UTF-8, 4 bytes to 16 KiB, no CR, LF or NUL); never shown again",

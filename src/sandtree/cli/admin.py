@@ -48,6 +48,19 @@ def cmd_doctor(args):
                                 for r in rs])
 
 
+def cmd_cluster_status(args):
+    res = open_engine(args).cluster_status()
+
+    def human(r):
+        print(f"mode: {r['mode']}" + (f" ({r['address']})" if r.get("address") else "") + f", database: {r['database']}")
+        print(f"{'NODE':<14} {'ALIVE':<6} {'CPUS':>5} {'RUNNING':>8} {'SANDBOXES':>10}  PID")
+        for n in r["nodes"]:
+            print(f"{n['node'][:12]:<14} {'yes' if n.get('alive') else 'no':<6} {n.get('cpus', 0):>5g} "
+                  f"{n.get('running', 0):>8} {n.get('sandboxes', 0):>10}  {n.get('pid', '')}"
+                  + (f"  ({n['reason']})" if n.get("reason") else ""))
+    out(args, res, human)
+
+
 def pool_source(spec: str) -> dict:
     """One --pool value: IMAGE=SIZE ({"image", "size"}), or DOCKERFILE[:CONTEXT][#TAG]=SIZE
     ({"dockerfile", "context", "tag", "size"}). A Dockerfile is an existing file (or a directory
@@ -198,6 +211,10 @@ def add_services(sub, common) -> None:
     """doctor, serve, ui, token, audit, mcp (in --help's order)."""
     x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
     x.set_defaults(fn=cmd_doctor)
+    x = sub.add_parser("cluster", parents=[common], help="the Ray cluster runs go to (with --cluster)")
+    cs = x.add_subparsers(dest="cluster_command", required=True)
+    y = cs.add_parser("status", parents=[common], help="each node: CPUs, runs in flight, live sandboxes")
+    y.set_defaults(fn=cmd_cluster_status)
     x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8080)

@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
                         help="the store's metadata database: postgresql://... (default $SANDTREE_DATABASE_URL, "
                              "else SQLite in the store directory)")
+    common.add_argument("--objects", default=argparse.SUPPRESS, metavar="URL",
+                        help="the store's objects in S3-compatible storage: s3://bucket/prefix (default "
+                             "$SANDTREE_OBJECTS_URL, else the store directory only; endpoint: $SANDTREE_S3_ENDPOINT)")
+    common.add_argument("--cluster", default=argparse.SUPPRESS, metavar="ADDRESS",
+                        help="send runs and live sandboxes to a Ray cluster's nodes: auto, HOST:PORT or "
+                             "ray://HOST:PORT (default $SANDTREE_CLUSTER, else none: this process runs them)")
 
     p = argparse.ArgumentParser(prog="sandtree", parents=[common],
                                 description="Sandboxes for AI agents with git-like images.")
@@ -54,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.home = getattr(args, "home", None)
     config.use_database(getattr(args, "database", None))
+    config.use_objects(getattr(args, "objects", None))
+    config.use_cluster(getattr(args, "cluster", None))
     if tail is not None:
         if not getattr(args, "takes_command", False):
             parser.error("'--' is only for `sandtree run IMAGE -- CMD ...`, `exec` and `shell`")

@@ -22,7 +22,8 @@ def cmd_run(args):
             rec = eng.run(args.image, command, env=options.env(args), cwd=args.cwd, stdin=stdin,
                           disposable=args.disposable, timeout=args.timeout, memory=args.memory, pids=args.pids,
                           cpus=args.cpus, disk=args.disk, tier=args.tier, on_output=options.live_output(args, sink),
-                          **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname"), **options.network(args))
+                          **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname", "retries"),
+                          **options.network(args))
         finally:
             eng.close()          # waits for the run's helper to be reaped and its cgroups removed
     except BaseException:
@@ -88,6 +89,8 @@ def add_run(sub, common) -> None:
     x.add_argument("--cwd", help="working directory (default: the image's WORKDIR, else /)")
     x.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     x.add_argument("--disposable", action="store_true", help="do not keep the resulting image")
+    x.add_argument("--retries", type=int, help="on a cluster: run it again on another node up to N times if "
+                                               "its node is lost before it committed (default 0)")
     options.add_tier(x)
     options.add_user(x)
     options.add_hostname(x)

@@ -47,7 +47,7 @@ class Image:
             on_output: Callable[[str, bytes], None] | None = None, tier: str | None = None,
             on_stdout: Callable[[bytes], None] | None = None,
             on_stderr: Callable[[bytes], None] | None = None, labels: dict | None = None, network=None,
-            secrets: dict | None = None) -> "RunResult":
+            secrets: dict | None = None, retries: int = 0) -> "RunResult":
         """Run `command` (a string runs in /bin/sh -c, a list is argv) in a fresh sandbox on this
         image. Unless disposable, what it wrote becomes the new image `result.image`. labels: names
         and values kept with the run (st.operation(result.operation)["spec"]["labels"]).
@@ -55,12 +55,14 @@ class Image:
         "deny_out": [...]} or "inherit"; secrets: {"NAME": {"value": ..., "hosts": [...]}}, or stored ones
         by name (st.set_secret): ["NAME"] or {"NAME": {"stored": True, "hosts": [fewer hosts]}} (the
         sandbox sees a placeholder in $NAME, requests to those hosts carry the value).
-        on_output(stream, bytes) sees both streams as they come; on_stdout/on_stderr(bytes) one each."""
+        on_output(stream, bytes) sees both streams as they come; on_stdout/on_stderr(bytes) one each.
+        retries: on a cluster, run it again on another node (at most this many times) if its node is
+        lost before the run committed anything (0: the run fails with NodeLost)."""
         return self._run_ref(self.id, command, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                              disk=disk, output=output, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                              hostname=hostname, files=files_arg(files), disposable=disposable,
                              on_output=streams(on_output, on_stdout, on_stderr), tier=tier, labels=labels,
-                             network=network, secrets=secrets)
+                             network=network, secrets=secrets, retries=retries)
 
     def start(self, *, timeout: float | None = None, memory=None, pids: int | None = None,
               cpus: float | None = None, disk=None, output=None, env: dict | None = None, cwd: str | None = None,

@@ -32,16 +32,21 @@ class Sandtree:
     ~/.local/share/sandtree."""
 
     def __init__(self, home: str | None = None, *, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces", database: str | None = None):
+                 tier: str = "namespaces", database: str | None = None, objects: str | None = None,
+                 cache_max: int | None = None, cluster: str | None = None):
         """warm: sandboxes kept started ahead of runs (namespaces and cgroups ready; a run then
         pays for its overlay, command and commit only). 0 starts every run cold. database: where
         the store's metadata lives: postgresql://... (default $SANDTREE_DATABASE_URL, else SQLite
-        in `home`); objects stay in `home`."""
+        in `home`). objects: s3://bucket/prefix to keep layers, blobs and checkpoints in
+        S3-compatible storage (default $SANDTREE_OBJECTS_URL, else only in `home`); `home` is then
+        this node's layer cache, capped at cache_max bytes ($SANDTREE_CACHE_MAX, default 20 GiB).
+        cluster: a Ray cluster (`auto`, HOST:PORT or ray://HOST:PORT; default $SANDTREE_CLUSTER)
+        whose nodes run the runs and live sandboxes."""
         # The in-process engine loads the store and the runtime (seccomp, cgroups...); imported
         # here so that `import sandtree` and a connect()ed client never load them.
         from ..engine import Engine, dockerfile_recipe
         self._engine = Engine(home or config.default_home(), limits=limits, warm=warm, tier=tier,
-                              database=database)
+                              database=database, objects=objects, cache_max=cache_max, cluster=cluster)
         self._dockerfile = dockerfile_recipe
 
     @property
@@ -255,6 +260,10 @@ class Sandtree:
     def doctor(self) -> list[dict]:
         """The isolation tiers this host can run, and why not the others."""
         return self._engine.doctor()
+
+    def cluster_status(self) -> dict:
+        """Where runs go: mode "local" (this process) or "cluster" (each Ray node: CPUs, runs in flight, sandboxes)."""
+        return self._engine.cluster_status()
 
     def fsck(self, *, verify_content: bool = True) -> dict:
         return self._engine.fsck(verify_content=verify_content)

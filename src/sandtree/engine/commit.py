@@ -434,14 +434,37 @@ class Committer:
         return tree
 
     def _unchanged(self, base: ImageRow, upper: str) -> bool:
-        """The common case of a read-only run: an empty upper whose root kept its metadata."""
+        """The common case of a read-only run: an upper whose root kept its metadata, empty but
+        for what the full commit would drop (commit's MOUNT_POINTS rule): the mount points a
+        runtime made, empty (gVisor makes /sys when an image lacks it, and its binds' mount
+        points under dev/: _drop_runtime_mounts)."""
+        root = self.store.tree(base.id)
         with os.scandir(upper) as it:
-            if next(it, None) is not None:
-                return False
+            for e in it:
+                if e.name not in MOUNT_POINTS or (e.name in root and e.name != "dev") \
+                        or not _empty_mount_point(e, RUNTIME_MOUNTS if e.name == "dev" else ()):
+                    return False
         st = os.lstat(upper)
-        root = self.store.tree(base.id)["."]
         return (stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid), self.idmap.gid(st.st_gid)) == \
-            (root.mode, root.uid, root.gid)
+            (root["."].mode, root["."].uid, root["."].gid)
+
+
+def _empty_mount_point(d: os.DirEntry, allowed: tuple) -> bool:
+    """`d` is a directory holding nothing but `allowed` names, each an empty regular file or an
+    empty directory (the mount points _drop_runtime_mounts drops)."""
+    if not d.is_dir(follow_symlinks=False):
+        return False
+    with os.scandir(d.path) as it:
+        for e in it:
+            if e.name not in allowed:
+                return False
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size:
+                    return False
+            elif not stat.S_ISDIR(st.st_mode) or not _empty_mount_point(e, ()):
+                return False
+    return True
 
 
 def _touched(changes: dict[str, Change], path: str) -> bool:

@@ -11,13 +11,17 @@ variables and prints nothing; configuration comes in through its constructor (sa
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
+from .. import config
 from .. import defaults as D
+from . import clustered
 from . import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
+from ..runtime import leftovers
 from ..runtime.gvisor import GVisorRuntime
 from ..runtime.livetiers import LiveTiers
 from ..runtime.namespaces import NamespaceRuntime
@@ -57,12 +61,15 @@ _TENANCY_LOCK = threading.Lock()
 class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps,
              AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
-                 tier: str = "namespaces", max_runs: int = 4, database: str | None = None):
+                 tier: str = "namespaces", max_runs: int = 4, database: str | None = None,
+                 objects: str | None = None, cache_max: int | None = None, cluster: str | None = None):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
         one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
         operations (submitted runs) running at once; more wait in a queue. database: the metadata
-        database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite)."""
-        self.store = Store(home, idmap or default_idmap(), database)
+        database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite).
+        objects: s3://bucket/prefix (None: --objects / SANDTREE_OBJECTS_URL, else `home` only);
+        cache_max: the layer cache's cap in bytes (store/layercache.py)."""
+        self.store = Store(home, idmap or default_idmap(), database, objects, cache_max)
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
@@ -85,6 +92,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
+        address = cluster if cluster is not None else config.cluster_address()
+        self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
+        if self.fabric is not None:               # the API side's workers wait on the nodes' runs
+            self._max_runs = max(max_runs, self.fabric.slots())
 
     @property
     def operations(self):
@@ -322,6 +333,17 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
             raise RuntimeUnavailable(f"tier {name!r} cannot run here: {why}", tier=name)
         return rt
 
+    def cluster_status(self) -> dict:
+        """Where runs go: without a cluster, this process (one node, its runs and live sandboxes);
+        a clustered engine's is the Fabric's (clustered.py binds it)."""
+        running = len(self._operations.live) if self._operations is not None else 0
+        sandboxes = [s["id"] for s in self.sandbox_list()] if self._sandboxes is not None else []
+        return {"mode": "local", "address": None, "objects": None,
+                "database": "postgresql" if (self.store.database_url or "").startswith("postgres") else "sqlite",
+                "nodes": [{"node": "local", "alive": True, "pid": os.getpid(), "cpus": float(os.cpu_count() or 1),
+                           "running": running, "in_flight": running, "sandboxes": len(sandboxes),
+                           "sandbox_ids": sandboxes, "home": self.store.home}]}
+
     SCOPES = ("import", "run", "list", "cancel", "tag")
 
     def whoami(self) -> dict:
@@ -419,7 +441,12 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return fsck(self.store, verify_content=verify_content)
 
     def gc(self, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        return gc(self.store, retention=retention, grace=grace)
+        out = gc(self.store, retention=retention, grace=grace)
+        # and the deadline files / agent sockets of sandboxes whose engine was killed
+        rows = self.store.db.query("SELECT handle FROM sandboxes WHERE handle IS NOT NULL")
+        out["removed_runtime_files"] = leftovers.sweep(self.store.home, leftovers.named(map(json.loads, (h for (h,) in rows))),
+                                                       grace)
+        return out
 
     def remove_image(self, image: str, *, force: bool = False) -> None:
         with self.store.db.tx() as con:

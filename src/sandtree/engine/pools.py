@@ -31,18 +31,22 @@ from ..runtime.enter import Entered
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import validate_spec
 from ..store.store import Store
+from .imagedefaults import run_defaults
 from .netopts import network_option, require_egress
 from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
+START_WAIT = 0.010            # how long a run that finds none ready waits for a start under way
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
 
 class Pool:
     def __init__(self, live: LiveTier, image: str, template: RunSpec, size: int, policy=None, egress=None,
-                 tier: str = "namespaces"):
+                 tier: str = "namespaces", ids: tuple[int, int] = (0, 0)):
         self.live = live
+        self.ids = ids                                  # a run's uid, gid by default (the image's USER):
+        #                                                 its helper's output relay is started ahead for them
         self.tier = tier                                # its sandboxes' (runs on another tier start their own)
         self.policy, self.egress = policy, egress      # a networked pool: each sandbox its own link
         self.links: dict[int, str] = {}                 # init pid -> its link's key
@@ -66,6 +70,7 @@ class Pool:
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
         self.starting = 0                        # starts under way (counted with ready against size)
+        self.waiting = 0                         # runs waiting for a start (Pool.take)
         # Runs in flight that took a sandbox while others were still ready: their replacement
         # starts when they end, not beside them (on 2 cores a start beside a run slows the run by
         # more than it gains); counted with ready against size until then. A take that leaves
@@ -90,6 +95,22 @@ class Pool:
         """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
         replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
+            # starts under way or owed (a filler was woken for it), not held for a run's end
+            coming = self.size - self.held - len(self.ready)
+            if not self.ready and not self.closed and self.waiting < coming:
+                # None ready, but a start coming that no other run waits for: it ends about when
+                # a cold run would, and the pool run after it is the faster one; a cold run
+                # beside it would slow it (2 cores). Wait for it, up to START_WAIT.
+                self.waiting += 1
+                end = time.monotonic() + START_WAIT
+                try:
+                    while not self.ready and not self.closed:
+                        left = end - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.cv.wait(left)
+                finally:
+                    self.waiting -= 1
             got = self.ready.popleft() if self.ready else None
             if got is None:
                 self.misses += 1
@@ -142,9 +163,12 @@ class Pool:
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
             scratch = self.live.scratch(h)
-            if cg is not None and self.tier != "namespaces":
+            if cg is not None and self.tier != "namespaces" and not out.quiescent:
                 # gVisor's processes are the Sentry's, unseen from here, and its freezer takes tens
-                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper)
+                # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper).
+                # Unless its agent said nothing but itself is left inside: then nothing can write
+                # to the upper (gVisor caches no file data with --file-access=shared: writes go
+                # to the host file at once), and the filler stops it, off this run's path.
                 cg.kill_all()
         except BaseException:
             self._retire(h)
@@ -226,7 +250,7 @@ class Pool:
                 self.links[h.init_pid] = key
             else:
                 h = self.live.start(spec, LIFETIME, detach=False, tier=self.tier)
-            ahead = self.live.enter_ahead(h)
+            ahead = self.live.enter_ahead(h, relay=self.ids)
         except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
             self.error = str(exc)
             if h is not None:
@@ -323,12 +347,18 @@ class Pools:
         ok, why = self.live.available(tier)
         if not ok:
             raise RuntimeUnavailable(why, tier=tier)
+        self.store.ensure_layers(self.store.image(source).layers)
         template = RunSpec(argv=["sandtree-init"], layers=self.store.image(source).layers,
                            root_meta=self.specs.root_meta(source), hostname=hostname, limits=lim)
         validate_spec(template)
+        try:                                        # the ids a run gets by default (its relay's)
+            dflt = run_defaults(self.store, source, env=None, cwd=None, uid=None, gid=None)
+            ids = (dflt.uid, dflt.gid)
+        except InvalidInput:                        # (a USER that does not resolve fails its runs)
+            ids = (0, 0)
         with self.lock:
             old = self.by_image.pop(source, None)
-            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress, tier)
+            self.by_image[source] = Pool(self.live, source, template, size, policy, self.egress, tier, ids)
             if old is not None:
                 self.draining.append(old)           # runs in it finish; joined at close
         if old is not None:

@@ -61,9 +61,12 @@ class Records:
             self.write(con, op, kind, source, None, spec, None, time.time(), None, replace=False)
 
     def finish(self, op: str, outcome: dict) -> None:
-        """End an operation that made nothing (failed, cancelled) with its outcome."""
+        """End an operation that made nothing (failed, cancelled) with its outcome (over the one its
+        run recorded: the typed error the caller sees); never one that made an image (a run that
+        committed on a cluster node whose reply was lost stays done: its image and lineage exist)."""
         with self.store.db.tx() as con:
-            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=?", (dumps(outcome), time.time(), op))
+            con.execute("UPDATE operations SET outcome=?, finished=? WHERE id=? AND result IS NULL",
+                        (dumps(outcome), time.time(), op))
 
     def interrupt(self, ops: list[str], outcome: dict) -> None:
         """End rows left unfinished by an engine that stopped (never those finished meanwhile)."""
@@ -74,14 +77,17 @@ class Records:
 
     def record(self, op: str, source: str, spec: dict, started: float, result: str | None,
                outcome: dict, write_image=None, *, kind: str = "run", parent: str | None = None,
-               also=None) -> None:
+               also=None, serial: bool | None = None) -> None:
         """One transaction per run: the new image's rows (write_image(con), if any), the
         operation, the lineage edge (from `parent`, by default the source). A published layer
         that no row came to name is removed again. also(con): more rows of the same transaction
-        (a build step's cache row)."""
+        (a build step's cache row). serial: the transaction's place in the one-writer order
+        (db.tx); by default only when it writes an image or more rows (`also`): an operation's own
+        row alone (an exec, a disposable run) decides nothing on what it reads."""
         used = True
         try:
-            with self.store.db.tx() as con:
+            serial = (write_image is not None or also is not None) if serial is None else serial
+            with self.store.db.tx(serial=serial) as con:
                 if write_image is not None:
                     used = write_image(con)
                 self.write(con, op, kind, source, result, spec, outcome, started, time.time(),

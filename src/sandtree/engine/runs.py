@@ -21,7 +21,7 @@ from ..secrets_mask import mask_env, mask_text, secret_values
 from ..branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ..defaults import RunRecord
-from ..values import check_labels
+from ..values import check_labels, check_retries
 from .imagedefaults import run_defaults
 from ..network.client import LOCAL_SCOPE
 from .netopts import attach_link, network_option, require_egress
@@ -53,24 +53,34 @@ class RunOps:
             disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
-            secrets: dict | None = None) -> RunRecord:
+            secrets: dict | None = None, retries: int = 0) -> RunRecord:
         """Run `command` on image `ref`; its writes become a new image. gc waits while it runs.
         disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
         unlisted image (store/ephemeral.py: the Contree adapter's mode; sandtree's own surfaces
-        offer only True and False)."""
+        offer only True and False). retries: on a cluster, how many times a run whose node was
+        lost before it committed is run again on another node (engine/clustered.py); here, where
+        no node can be lost apart from this process, it is only checked."""
         return self.run_operation(ref, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, hostname=hostname,
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                                   disk=disk, output=output, labels=labels, network=network, secrets=secrets,
-                                  scope=LOCAL_SCOPE)
+                                  scope=LOCAL_SCOPE, retries=retries)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
         """run as operation `op_id` (a submitted run's, or a new one). check_only: validate
         everything a run would, start nothing, return None (how a submitted operation refuses
         bad input at once). Not an operation of the table: Operations' and fork's way in."""
-        with self.store.using():
-            return self._run(ref, command, op_id=op_id, check_only=check_only, **options)
+        check_retries(options.pop("retries", 0))      # (a cluster engine's Dispatch acts on it)
+        after: list = []
+        try:
+            with self.store.using():
+                return self._run(ref, command, op_id=op_id, check_only=check_only, after=after, **options)
+        finally:
+            # a pool's sandbox is retired once the run is done, lock and all: retiring wakes the
+            # pool's filler thread, which would otherwise take the GIL from the run's last steps
+            for f in after:
+                f()
 
     def _run(self, ref: str, command, *, env: dict | None = None, cwd: str | None = None,
              stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
@@ -78,18 +88,22 @@ class RunOps:
              files=None, disposable: bool | str = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
-             step: str | None = None, in_tx=None, scope: str | None = None, **limits) -> RunRecord | None:
+             step: str | None = None, in_tx=None, scope: str | None = None, after: list | None = None,
+             **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
         in_tx(con, result): called in the transaction that records the run (the build cache's row).
         scope: whose run this is (a tenant; LOCAL_SCOPE: the engine's own caller): a networked run
         may get a link only runs of the same scope used (the egress daemon recycles links within
-        a scope); None: a fresh link, removed after."""
+        a scope); None: a fresh link, removed after. after: what to call once the run is over
+        (appended here; the caller calls it), else called before returning."""
         runtime = self.tier(tier)
         keep = keep_mode(disposable)
         labels = check_labels(labels)
         branch = refs.branch_named(self.store, ref)
         source = self.resolve(ref)
         row = self.store.image(source)
+        if not check_only:
+            self.store.ensure_layers(row.layers)     # S3 objects: cached here, pinned until the run ends
         net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)
@@ -169,8 +183,8 @@ class RunOps:
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
-            if release is not None:
-                release()                      # the pool's sandbox: retired once its upper is read
+            if release is not None:            # the pool's sandbox: retired once its upper is read
+                after.append(release) if after is not None else release()
         if branch is not None and result is not None and keep == KEPT:     # an ephemeral end moves no branch
             refs.advance(self.store, branch, source, result, f"run {op}")
         return rec

@@ -50,7 +50,7 @@ class SandboxFiles:
             write_file(root, path, bytes(data), mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts)
         finally:
             os.close(root)
-        self._touch(row["id"])
+        self._touch(row)
 
     def ls(self, sid: str, path: str = "/") -> list[dict]:
         """A directory of the running sandbox: name, kind, size, mode of each entry."""
@@ -66,7 +66,7 @@ class SandboxFiles:
         self._check_path(path)
         row = self._running(sid)
         self._in(row, lambda root, mounts: openat2.remove(root, path, mounts))
-        self._touch(row["id"])
+        self._touch(row)
 
     def mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
         """Make a directory of the running sandbox and any missing parents (mkdir -p)."""
@@ -76,7 +76,7 @@ class SandboxFiles:
         self._check_owner(mode, uid, gid)
         self._in(row, lambda root, mounts: openat2.make_dirs(root, path, mode, idmap.host_uid(uid),
                                                              idmap.host_gid(gid), mounts))
-        self._touch(row["id"])
+        self._touch(row)
 
     def _in(self, row: dict, fn):
         """fn(root fd, own mounts) on the sandbox's root, the fd closed after."""

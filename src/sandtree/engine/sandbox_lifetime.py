@@ -1,5 +1,5 @@
 """When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
-_row, _running, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
+_row, _running, _touched, _commit_lock, _set_spec, _retire, sweep_checkpoints and info): idle timeouts and lifetimes, the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
 
@@ -33,6 +33,24 @@ class SandboxLifetime:
             ok, why = self.live.hibernate_available(tier, link=link)
             if not ok:
                 raise RuntimeUnavailable(why, tier=tier or self.default_tier())
+
+    def _touch(self, row: dict, con=None) -> None:
+        """Marks the sandbox used now: its idle timeout counts from here. A loop of commands touches
+        several times a second and each touch is a write on the shared database, so this engine
+        writes once per window, a tenth of the idle timeout and at most 1 s: the row lags the last
+        use by less than that. con: write in that transaction (a command's record), else in one of
+        its own, outside the one-writer lock (the row is this sandbox's alone)."""
+        now = time.time()
+        if now - self._touched.get(row["id"], 0.0) < min(1.0, (row["idle_timeout"] or 10) / 10):
+            return
+        if len(self._touched) > 4096:                # ids of ended sandboxes: a miss costs one write
+            self._touched.clear()
+        self._touched[row["id"]] = now
+        if con is not None:
+            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (now, row["id"]))
+            return
+        with self.store.db.tx(serial=False) as con:
+            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (now, row["id"]))
 
     def _due(self, row: dict, now: float) -> bool:
         """Past its lifetime, or idle past its idle timeout (a command still running is not idle)."""
@@ -83,6 +101,8 @@ class SandboxLifetime:
             else:
                 continue
             done.append(row["id"])
+        if self.store.objects is not None:
+            self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
         return done
 
     def set_timeout(self, sid: str, timeout: float) -> dict:

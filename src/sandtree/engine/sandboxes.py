@@ -12,7 +12,7 @@ Beside it: the shell session a string command runs in and the spec of one comman
 helpers entered ahead of an exec (ahead.py), sandboxes started ahead of a start (startahead.py),
 popen's process (process.py), file access from the host (sandbox_files.py). The parts it is given at
 construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
-imports the engine.
+imports the engine. Hibernate and resume: sandbox_hibernation.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -30,7 +29,7 @@ import uuid
 
 from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..runtime.base import Limits, LiveTier, RunSpec
+from ..runtime.base import LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
@@ -41,6 +40,7 @@ from .commit import Committer
 from .process import LiveProcess
 from .records import Records
 from .sandbox_files import SandboxFiles
+from .sandbox_hibernation import SandboxHibernation
 from .sandbox_lifetime import SandboxLifetime
 from .sandbox_network import SandboxNetwork
 from ..secrets_mask import mask_env
@@ -54,7 +54,7 @@ from .netopts import attach_link, network_option, require_egress
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: startahead.py, unclaimed
 
 
-class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
@@ -70,6 +70,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
+        self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
 
     def close(self) -> None:
         self._stop_reaping.set()
@@ -165,7 +166,8 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
     def _lost_locked(self, row: dict) -> str:
         if row["spec"].get("hibernating") and self.live.dump_finished(row["handle"], self._checkpoint_dir(row["id"])):
             self._retire(row, "running", release=False)      # (the link is kept for the resume)
-            self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"]})
+            self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"],
+                                         **self._publish(row["id"])})
             return "hibernated"
         self._retire(row, "gone")
         return "gone"
@@ -190,13 +192,13 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
-                **{k: row["spec"][k] for k in ("secrets", "run") if row["spec"].get(k)}}
+                **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
         want = check_labels(labels)
         self.reap()
-        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated')"
+        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated', 'lost')"   # lost: its node was
         sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
         return [self._view(r) for r in rows if r["spec"] and labels_match(r["spec"].get("labels", {}), want)
@@ -229,6 +231,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         cwd = dflt.cwd
         injected = self.specs.files(files, file_set)
         self.specs.check_cwd(source, cwd, injected)
+        self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
                        env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                        prepare_changes=self.specs.injector(source, injected))
@@ -284,14 +287,10 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             self._ours(row)
             self.live.stop(row["handle"])
             self.release_link(row)
-            if row["state"] in ("running", "hibernated"):
+            if row["state"] in ("running", "hibernated", "lost"):
                 self._set_state(row["id"], "stopped")
-            shutil.rmtree(self._checkpoint_dir(row["id"]), ignore_errors=True)   # files only
+            self._drop_checkpoint(row["id"], row["spec"])
         return self.info(row["id"])
-
-    def _touch(self, sid: str) -> None:
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET last_used=? WHERE id=?", (time.time(), sid))
 
     # ---- commands ----------------------------------------------------------------------------
     def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
@@ -313,7 +312,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         spec.on_output, spec.cancel = on_output, cancel
         op = uuid.uuid4().hex
         started = time.time()
-        self._touch(row["id"])
+        self._touch(row)
         try:
             out = self.live.exec(row["handle"], spec, ahead=self.ahead.take(row["id"], row["handle"]))
         except Exception as exc:
@@ -322,14 +321,14 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             if isinstance(exc, NotFound):
                 self._running(row["id"])        # raises Conflict(gone) if it died under us
             raise
-        self._touch(row["id"])
         rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
                         out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid,
                                                "gid": spec.gid},
                             started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
                                             "timed_out": rec.timed_out, "cancelled": rec.cancelled,
-                                            "usage": rec.usage}, kind="exec")
+                                            "usage": rec.usage}, kind="exec",
+                            also=lambda con: self._touch(row, con), serial=False)
         return rec
 
     def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
@@ -339,7 +338,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         row = self._running(sid)
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
-        self._touch(row["id"])
+        self._touch(row)
         proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
@@ -397,103 +396,3 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
         row["head"] = cr.image
         return cr.image
-
-    # ---- hibernate -------------------------------------------------------------------------------
-    def _checkpoint_dir(self, sid: str) -> str:
-        return os.path.join(self.store.home, "sandboxes", f"{sid}.ckpt")
-
-    def hibernate(self, sid: str, *, idle: bool = True) -> dict:
-        """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
-        commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
-        where they were. Its lifetime does not run while it is hibernated."""
-        row = self._running(sid, idle=idle)
-        sid, h = row["id"], row["handle"]
-        # its own tier's answer, not the default's; before anything is paused or committed
-        ok, why = self.live.of(h).hibernate_available(link=bool(row["spec"].get("network")))
-        if not ok:
-            raise RuntimeUnavailable(why, tier=h.tier)
-        if h.cgroup is None:
-            raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
-        self.check_resolv_link(row)
-        self.ahead.forget(sid)
-        images = self._checkpoint_dir(sid)
-        with self.store.using(), self._commit_lock(sid):
-            self.live.freeze(h, True, checkpoint=True)
-            try:
-                busy = self.live.outsiders(h)
-                if busy:
-                    raise Conflict(f"a command is still running in sandbox {sid[:12]} (exec or shell); "
-                                   "hibernate it once that has finished", sandbox=sid)
-                image = self._snapshot(row, True, "hibernate")
-                if os.path.isdir(images):
-                    shutil.rmtree(images)         # a failed earlier try (files only, no mounts)
-                # The images hold the sandbox's memory, secrets included. They stay readable
-                # (0644, in a 0711 dir): CRIU's restore reads some from inside the sandbox's user
-                # namespace, at moments before its uid map exists. $home/sandboxes is 0700.
-                os.makedirs(images)
-                os.chmod(images, 0o711)
-                # If this process dies during the dump, whoever looks next finds the finished
-                # checkpoint and this note (see _running), so the sandbox is hibernated, not lost.
-                pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}
-                self._set_spec(sid, {**row["spec"], "hibernating": pending})
-                self.unlink(sid)
-                # A networked sandbox's link stays the daemon's, held while nothing is in it; its
-                # dump leaves it out and the resume is restored into it (sandbox_network.py).
-                self.hold_link(row, True)
-                self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"],
-                               link=bool(row["spec"].get("network")))
-            except BaseException:
-                if self.live.alive(h):
-                    self.live.freeze(h, False)
-                    self._set_spec(sid, row["spec"])
-                    self.hold_link(row, False)
-                raise
-            self._hibernated(sid, {**row["spec"], **pending})
-        return self.info(sid)
-
-    def _set_spec(self, sid: str, spec: dict) -> None:
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
-
-    def _hibernated(self, sid: str, spec: dict) -> None:
-        spec.pop("hibernating", None)
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
-
-    def resume(self, sid: str) -> dict:
-        """Bring a hibernated sandbox back: its processes continue where they were, on the image
-        committed when it hibernated. Nothing is lost if this fails: it stays hibernated."""
-        row = self._row(sid)
-        sid = row["id"]
-        with self._commit_lock(sid):
-            row = self._row(sid)
-            if row["state"] == "running":
-                return self._view(row)
-            if row["state"] != "hibernated":
-                raise Conflict(f"sandbox {sid} is {row['state']}", sandbox=sid, state=row["state"])
-            base, spec0 = row["spec"]["base"], row["spec"]
-            spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
-                           root_meta=self.specs.root_meta(base),
-                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"],
-                           limits=Limits(**spec0["limits"]))
-            remaining = spec0.get("remaining", spec0["lifetime"])
-            link = self.resume_link(row)
-            spec.netns_fd = link.netns_fd if link is not None else None
-            try:
-                with self.store.using():
-                    handle = self.live.start(spec, remaining, restore=self._checkpoint_dir(sid),
-                                             tier=row["handle"].tier)
-            finally:
-                if link is not None:
-                    link.close()                   # (the restored processes hold the namespace)
-            now = time.time()
-            try:
-                with self.store.db.tx() as con:
-                    con.execute("UPDATE sandboxes SET state='running', handle=?, last_used=?, expires=? WHERE id=?",
-                                (dumps(handle.to_dict()), now, now + remaining, sid))
-            except BaseException:
-                self.live.stop(handle)
-                raise
-            shutil.rmtree(self._checkpoint_dir(sid), ignore_errors=True)
-            self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
-        return self.info(sid)

@@ -1,4 +1,4 @@
-"""/api/v1 about the server and its store: health, whoami, doctor, audit, fsck, gc; and /metrics
+"""/api/v1 about the server and its store: health, whoami, doctor, cluster, audit, fsck, gc; and /metrics
 (Prometheus) for the operator."""
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def admin_router(p: Plumbing) -> APIRouter:
     @router.get("/api/v1/doctor")
     async def doctor() -> list[dict]:
         return await call(engine.doctor)
+
+    @router.get("/api/v1/cluster")
+    async def cluster_status() -> dict:
+        """Where runs go: this server alone (mode local) or a Ray cluster's nodes, their load and sandboxes."""
+        return await call(engine.cluster_status)
 
     @router.get("/api/v1/audit")
     async def audit(tenant: str | None = None, limit: int = Query(100, ge=1, le=10000)) -> list[dict]:

@@ -57,6 +57,8 @@ class RunOptionsIn(In):
     labels: dict[str, str] = Field({}, description="names and values kept with the run (its operation's spec)")
     network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
     secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
+    retries: int = Field(0, ge=0, le=D.RUN_RETRIES_MAX, description="on a cluster: run it again on another node "
+                         "this many times at most if its node is lost before it committed")
 
 
 class RunIn(RunOptionsIn):

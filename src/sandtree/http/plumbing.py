@@ -63,7 +63,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(SandtreeError)
     async def sandtree_error(request: Request, exc: SandtreeError):
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
@@ -76,8 +76,15 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError):
-        """A full disk the engine did not name (a route's own file): 507 disk_full, not internal."""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            full = DiskFull("disk full: nothing was stored")
-            return JSONResponse(full.to_dict(), status_code=full.http_status)
-        return JSONResponse({"error": "internal", "message": str(exc)}, status_code=500)
+        return error_response(exc)
+
+
+def error_response(exc: SandtreeError | OSError) -> JSONResponse:
+    """The answer to an engine error (its status from errors.py's table), or to an OSError: a full
+    disk the engine did not name (a route's own file) is 507 disk_full, not internal."""
+    if isinstance(exc, SandtreeError):
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = DiskFull("disk full: nothing was stored")
+        return JSONResponse(full.to_dict(), status_code=full.http_status)
+    return JSONResponse({"error": "internal", "message": str(exc)}, status_code=500)

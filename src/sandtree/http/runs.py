@@ -8,38 +8,57 @@ import base64
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from .models import ForkIn, RunIn, stdin_bytes
 from .sandboxes import exec_view
 from .plumbing import Plumbing
 
 RUN_OPTIONS = ("env", "cwd", "uid", "gid", "hostname", "disposable", "file_set", "tier", "timeout",
-               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets")
+               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets", "retries")
+
+
+def operation_view(ops, rec: dict) -> dict:
+    """An operation's record with a finished run's output (if this process ran it)."""
+    done = ops.result(rec["id"])
+    if done is not None:                   # text for people, base64 for exact bytes
+        rec = {**rec, "stdout": done.stdout.decode("utf-8", "replace"),
+               "stderr": done.stderr.decode("utf-8", "replace"),
+               "stdout_base64": base64.b64encode(done.stdout).decode(),
+               "stderr_base64": base64.b64encode(done.stderr).decode()}
+    return rec
+
+
+def run_answer(p: Plumbing):
+    """POST /api/v1/runs once its body is a valid RunIn: `await answer(body)` is the 201 response
+    (engine errors raise, for the error handlers)."""
+    ops, call, wait_call = p.ops, p.call, p.wait_call
+
+    async def answer(body: RunIn) -> JSONResponse:
+        opts: dict[str, Any] = {k: getattr(body, k) for k in RUN_OPTIONS}
+        opts["stdin"] = stdin_bytes(body)
+        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
+        if not body.wait:
+            rec = await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
+        else:
+            # one thread hop for submit and wait (each hop costs the event loop, which every
+            # request shares): on the waits pool, as the run's end is what it mostly waits for
+            rec = await wait_call(lambda: operation_view(ops, ops.wait([ops.submit_run(body.image, body.command,
+                                                                                       **opts)])[0]))
+        # the record is JSON already (rows of the database): answered as it is, not re-validated
+        # against the `dict` response model (the busiest route's largest per-request cost after routing)
+        return JSONResponse(rec, status_code=201)
+    return answer
 
 
 def runs_router(p: Plumbing) -> APIRouter:
     router, engine, ops, call, wait_call = APIRouter(), p.engine, p.ops, p.call, p.wait_call
 
-    def operation_view(rec: dict) -> dict:
-        done = ops.result(rec["id"])
-        if done is not None:                   # text for people, base64 for exact bytes
-            rec = {**rec, "stdout": done.stdout.decode("utf-8", "replace"),
-                   "stderr": done.stderr.decode("utf-8", "replace"),
-                   "stdout_base64": base64.b64encode(done.stdout).decode(),
-                   "stderr_base64": base64.b64encode(done.stderr).decode()}
-        return rec
+    answer = run_answer(p)
 
     @router.post("/api/v1/runs", status_code=201)
     async def run(body: RunIn) -> dict:
-        opts: dict[str, Any] = {k: getattr(body, k) for k in RUN_OPTIONS}
-        opts["stdin"] = stdin_bytes(body)
-        opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
-        if not body.wait:
-            return await call(lambda: ops.get(ops.submit_run(body.image, body.command, **opts)))
-        # one thread for submit and wait: each hop between the loop and a thread costs
-        op = await call(ops.submit_run, body.image, body.command, **opts)
-        return await wait_call(lambda: operation_view(ops.wait([op])[0]))
+        return await answer(body)       # (quickruns.QuickRuns answers a well-formed one before routing)
 
     @router.post("/api/v1/fork")
     async def fork(body: ForkIn) -> list[dict]:
@@ -56,11 +75,11 @@ def runs_router(p: Plumbing) -> APIRouter:
 
     @router.get("/api/v1/operations/{op}")
     async def get_operation(op: str) -> dict:
-        return await call(lambda: operation_view(ops.get(op)))
+        return await call(lambda: operation_view(ops, ops.get(op)))
 
     @router.post("/api/v1/operations/{op}/wait")
     async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
-        return await wait_call(lambda: operation_view(ops.wait([op], timeout)[0]))
+        return await wait_call(lambda: operation_view(ops, ops.wait([op], timeout)[0]))
 
     @router.post("/api/v1/operations/{op}/cancel")
     async def cancel_operation(op: str) -> dict:

@@ -9,7 +9,8 @@ registries), admin.py (health, metrics, the store); contree.py is Contree's own 
 webpage.py serves the web page at / (it calls only /api/v1); terminal.py is a live sandbox's
 terminal over a WebSocket (the engine's sandbox_popen with a pty).
 What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
-request bodies are models.py. Without tokens the server only listens on loopback.
+request bodies are models.py. quickruns.py answers a well-formed POST /runs (the busiest route)
+before FastAPI's routing; anything else goes on to it. Without tokens the server only listens on loopback.
 
 Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
@@ -37,7 +38,8 @@ from .images import images_router
 from .listeners import Listeners, bind
 from .plumbing import Plumbing, add_error_handlers, lifespan
 from .ports import ports_router
-from .runs import runs_router
+from .quickruns import QuickRuns
+from .runs import run_answer, runs_router
 from .sandboxes import sandboxes_router
 from .terminal import terminal_router
 from .webpage import webpage_router
@@ -53,17 +55,19 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     none is served)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
+    # The engine has no public methods for these two yet: uploads and exports are staged on the
+    # store's disk (never memory), and downloads stream from the blob's own file.
+    p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
+    app.add_middleware(QuickRuns, answer=run_answer(p))           # innermost: a valid POST /runs, answered
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
     app.add_middleware(Listeners, ports_port=ports_port)         # outermost: which listener serves what
     app.state.ports_port = ports_port
     add_error_handlers(app)
-    # The engine has no public methods for these two yet: uploads and exports are staged on the
-    # store's disk (never memory), and downloads stream from the blob's own file.
-    p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
-    # routes (branching's lineage) come before images_router's GET /images/{ref}.
-    for router in (admin_router, branching_router, builds_router, images_router, files_router, runs_router,
+    # routes (branching's lineage) come before images_router's GET /images/{ref}. Runs first: the
+    # router tries routes in turn, and POST /runs is the busiest (none of its paths is another's).
+    for router in (runs_router, admin_router, branching_router, builds_router, images_router, files_router,
                    sandboxes_router, ports_router):
         app.include_router(router(p))
     app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1

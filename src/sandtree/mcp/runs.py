@@ -26,7 +26,7 @@ def register(t: Toolkit) -> None:
             truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
-            secrets: dict[str, dict] | list[str] | None = None) -> dict:
+            secrets: dict[str, dict] | list[str] | None = None, retries: int = 0) -> dict:
         """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
 
         shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
@@ -40,7 +40,7 @@ def register(t: Toolkit) -> None:
         opts = dict(env=env, cwd=cwd or None, uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
                     file_set=directory_state_id, tier=tier, labels=labels, network=network,
-                    secrets=secrets)
+                    secrets=secrets, retries=retries)
         opts.update({k: v for k, v in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk))
                      if v is not None})
         if not wait:

@@ -101,6 +101,11 @@ def register(t: Toolkit) -> None:
         return engine.sandbox_list(all=all, labels=labels)
 
     @t.tool
+    def cluster_status() -> dict:
+        """Where runs and sandboxes go: mode local (this server) or cluster (each node: cpus, runs in flight, sandboxes)."""
+        return engine.cluster_status()
+
+    @t.tool
     def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:
         """A file of a running live sandbox, as text (binary bytes replaced)."""
         data = engine.sandbox_read(sandbox_id, path)

@@ -129,9 +129,11 @@ def call(w: int, r: int, spec: RunSpec, deadline: float) -> dict:
                         if trunc[name] and exceeded is None:
                             exceeded = name
                             kill()
-                    elif kind == ord("x") and n == 4:
-                        st = struct.unpack("=I", data)[0]
+                    elif kind == ord("x") and n in (4, 8):
+                        st = struct.unpack_from("=I", data)[0]
                         report = {"signal": st & 0x7F} if st & 0x7F else {"exit": (st >> 8) & 0xFF}
+                        # (8: the agent also says whether it is alone in the sandbox now)
+                        report["alone"] = n == 8 and struct.unpack_from("=I", data, 4)[0] == 1
                     elif kind == ord("f") and n >= 4:
                         step = data[4:].rstrip(b"\0").decode("ascii", "replace")
                         report = {"execfail": (struct.unpack_from("=I", data)[0],

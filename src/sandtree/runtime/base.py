@@ -100,6 +100,9 @@ class RunOutcome:
     cancelled: bool = False
     changes: str | None = None       # upper dir path, valid until close()
     disk_limit: int | None = None    # the run's disk cap (commit refuses larger sparse files)
+    # a live sandbox's command: nothing of the sandbox's but its pid 1 runs any more (gVisor's
+    # agent says so), so nothing inside can write to its upper: a pool commits it still running
+    quiescent: bool = False
     _close: Callable[[], None] | None = None
 
     def closing(self, release: Callable[[], None]) -> "RunOutcome":
@@ -215,8 +218,10 @@ class LiveTier(abc.ABC):
         could not be executed, -N for signal N, else its exit status (fallback: none reported)."""
 
     @abc.abstractmethod
-    def enter_ahead(self, h):
-        """A process that has joined the sandbox and waits for its command (a faster exec)."""
+    def enter_ahead(self, h, relay: tuple[int, int] | None = None):
+        """A process that has joined the sandbox and waits for its command (a faster exec).
+        relay (uid, gid): the command's output relay started ahead too, for those ids (a sandbox
+        never hibernated: a warm pool's)."""
 
     @abc.abstractmethod
     def signal_command(self, proc, sig: int) -> None:

@@ -215,18 +215,33 @@ class RunCgroup:
             v = _read(os.path.join(self.dirs["unified"], "memory.current")).strip()
         return int(v) if v.isdigit() else None
 
-    def kill_all(self) -> None:
+    def kill_all(self, wait: float = 5.0) -> bool:
         """SIGKILL every process in the group (a runtime whose processes are not one pid
-        namespace under us, like runsc's sandbox and gofer)."""
-        for _ in range(20):
+        namespace under us, like runsc's sandbox and gofer) and wait, up to `wait` seconds, for
+        their exits: each on the pidfd it was signalled through, readable once the process is
+        gone (its files closed: none of its writes can still land), then the group read again.
+        True once it is empty."""
+        end = time.monotonic() + wait
+        while True:
             pids = {}
             for d in self.dirs.values():
                 pids.update((int(p), d) for p in _read(os.path.join(d, "cgroup.procs")).split())
             if not pids:
-                return
-            for p, d in pids.items():
-                procid.signal_member(p, d)           # only while still a member (pid reuse)
-            time.sleep(0.005)
+                return True
+            fds = [fd for p, d in pids.items()
+                   if (fd := procid.signal_member_pidfd(p, d)) is not None]   # only while still a member
+            try:
+                left = fds
+                while left and (t := end - time.monotonic()) > 0:
+                    done = select.select(left, [], [], t)[0]
+                    left = [fd for fd in left if fd not in done]
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if time.monotonic() >= end:
+                return not any(_read(os.path.join(d, "cgroup.procs")).split() for d in self.dirs.values())
+            if not fds:
+                time.sleep(0.001)            # (listed, but exited before the signal: not yet unlisted)
 
     def kill(self) -> None:
         for d in self.dirs.values():

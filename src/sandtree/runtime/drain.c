@@ -17,8 +17,11 @@
  * no_new_privs and seccomp filter: it holds nothing the command did not hold.
  *
  * fds: 0 the command's stdout pipe, 1 and 2 the engine's stdout and stderr, 3 the command's
- * stderr pipe (0 and 3 non-blocking), 4 a pidfd of the command. SIGPIPE is ignored (set by
- * helper.c; dispositions survive execve): an engine that went away only stops the forwarding.
+ * stderr pipe (0 and 3 non-blocking), 4 a unix socket on which a pidfd of the command comes
+ * (SCM_RIGHTS) before the command runs: a drain may be started before its command exists (a
+ * warm pool's, helper.c start_relay), and one whose command never comes (EOF) exits at once.
+ * SIGPIPE is ignored (set by helper.c; dispositions survive execve): an engine that went away
+ * only stops the forwarding.
  */
 #include <asm/unistd.h>
 #include <linux/prctl.h>
@@ -28,7 +31,16 @@
 #define EAGAIN 11
 #define FIONREAD 0x541B
 
+#define SOL_SOCKET 1
+#define SCM_RIGHTS 1
+#define MSG_CMSG_CLOEXEC 0x40000000
+#define O_CLOEXEC 02000000
+
 struct pollfd { int fd; short events, revents; };
+struct iovec { void *base; unsigned long len; };
+struct msghdr { void *name; int namelen; struct iovec *iov; unsigned long iovlen; void *control;
+                unsigned long controllen; unsigned flags; };
+struct cmsg_fd { unsigned long len; int level, type, fd, pad; };     /* CMSG_SPACE(sizeof(int)) */
 
 #include "nolibc.h"
 
@@ -63,9 +75,26 @@ static int move(int src, int sink, long max) {
     return 1;
 }
 
+/* The command's pidfd, from the socket on fd 4, becomes fd 4; 0 if none comes. */
+static int take_pidfd(void) {
+    char one;
+    struct iovec iov = {&one, 1};
+    struct cmsg_fd c = {0};
+    struct msghdr m = {0, 0, &iov, 1, &c, sizeof c, 0};
+    long n;
+    while ((n = sys(__NR_recvmsg, 4, (long)&m, MSG_CMSG_CLOEXEC, 0)) == -EINTR) {}
+    if (n <= 0 || m.controllen < sizeof c - sizeof c.pad || c.level != SOL_SOCKET || c.type != SCM_RIGHTS)
+        return 0;
+    return sys(__NR_dup3, c.fd, 4, O_CLOEXEC, 0) == 4 && sys(__NR_close, c.fd, 0, 0, 0) == 0;
+}
+
 __attribute__((noreturn, used)) void drain_main(void) {
     int open_out = 1, open_err = 1;
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-drain", 0, 0);
+    if (!take_pidfd()) {                 /* its command never came: nothing was written */
+        sys(__NR_exit, 0, 0, 0, 0);
+        for (;;) {}
+    }
     while (open_out || open_err) {
         struct pollfd p[3];
         int n = 0;

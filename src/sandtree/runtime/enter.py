@@ -60,14 +60,19 @@ class Commands:
         return start_reporting(args + extra, env, (pfd, seccomp.filter_fd()) + fds, (pfd,), rep_r, rep_w,
                                stdin, stdout, stderr)
 
-    def enter_ahead(self, h) -> "Entered":
+    def enter_ahead(self, h, relay: tuple[int, int] | None = None) -> "Entered":
         """A helper that has joined the sandbox's cgroups and namespaces and waits for its command
         (the slow part of an exec, done before it is asked for: see helper.c). Call from a
-        long-lived thread: it dies with the thread that started it."""
+        long-lived thread: it dies with the thread that started it. relay (uid, gid): its output
+        relay (sandtree-drain) is started ahead too, with those ids (a command with others starts
+        its own): only for a sandbox that will never be hibernated (a warm pool's), as the waiting
+        relay is a process of the sandbox holding the engine's pipes."""
         spec_r, spec_w = os.pipe()
+        extra = ["--spec-fd", str(spec_r)]
+        if relay is not None:
+            extra += ["--relay-ahead", "1", "--uid", str(relay[0]), "--gid", str(relay[1])]
         try:
-            proc, rep_r = self._spawn(h, ["--spec-fd", str(spec_r)], {}, (spec_r,), subprocess.PIPE,
-                                      subprocess.PIPE, subprocess.PIPE)
+            proc, rep_r = self._spawn(h, extra, {}, (spec_r,), subprocess.PIPE, subprocess.PIPE, subprocess.PIPE)
         except BaseException:
             os.close(spec_w)
             raise

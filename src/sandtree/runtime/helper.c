@@ -111,6 +111,8 @@ struct opts {
                                    join it, then exec the command (runsc exec, ps, ...) */
     int pty;                    /* enter: stdin is a terminal; make it the controlling one */
     const char *drain;          /* enter: sandtree-drain (drain.c), the reader of the output */
+    int relay_ahead;            /* enter with --spec-fd: start the drain before the spec comes, for
+                                   --uid/--gid (start_relay) */
     int keep_fds;               /* become_command: fds below this survive the exec (0: 3) */
     int exec_fd;                /* become_command: execute this fd, not argv[0] (> 2) */
     int resolv_layer;           /* --resolv-layer 1: make mount_point_layer's m/ without runtime files
@@ -132,7 +134,7 @@ __attribute__((noreturn)) static void die_step(const char *step) {
 }
 
 static int sync_pipe[2];       /* P -> C: maps written */
-static int exec_pipe[2];       /* G -> C: errno of a failed execve (CLOEXEC) */
+static int exec_pipe[2] = {-1, -1}; /* G -> C: errno of a failed execve (CLOEXEC) */
 static int status_pipe[2];     /* C -> P: G's wait status / exec errno */
 static int spec_pipe[2];       /* P -> C: the run's spec (warm start) */
 
@@ -279,9 +281,9 @@ static void loopback_up(void) {
     close(s);
 }
 
-static void send_fd(int sock, int fd) {
-    char dummy = 'u';
-    struct iovec iov = {.iov_base = &dummy, .iov_len = 1};
+/* One byte `tag` with `fd` attached (SCM_RIGHTS); sendmsg's answer. */
+static ssize_t sendmsg_fd(int sock, int fd, char tag, int flags) {
+    struct iovec iov = {.iov_base = &tag, .iov_len = 1};
     union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
@@ -289,7 +291,11 @@ static void send_fd(int sock, int fd) {
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    if (sendmsg(sock, &msg, 0) < 0) die_step("sendmsg");
+    return sendmsg(sock, &msg, flags);
+}
+
+static void send_fd(int sock, int fd) {
+    if (sendmsg_fd(sock, fd, 'u', 0) < 0) die_step("sendmsg");
 }
 
 static int cap_kept(const struct opts *o, int cap) {
@@ -776,6 +782,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;
+        else if (!strcmp(a, "--relay-ahead")) o->relay_ahead = atoi(v);
         else if (!strcmp(a, "--uid-map")) o->uid_map = v;
         else if (!strcmp(a, "--gid-map")) o->gid_map = v;
         else if (!strcmp(a, "--disk")) o->disk = v;
@@ -849,44 +856,68 @@ static void read_spec(int fd, struct opts *o) {
 
 static void forward_rt(int sig) { if (g_pid > 0) kill(-g_pid, sig - SIGRTMIN); }
 
-/* Enter, in the command's process before it becomes the command: its stdout and stderr become
- * pipes to sandtree-drain (drain.c: why), started here as a process of the sandbox's own
- * (adopted by its pid 1, in a session of its own so a kill of the command's group spares it)
- * with the command's ids, capabilities and seccomp filter. Its executable is a copy of
- * drain_fd (a host file opened before setns) on the sandbox's /dev/shm that never has a name,
- * reopened read-only so it can be executed. The helper says "relay" on the report: the engine
- * then reads to EOF. On any failure the command writes to the engine's pipes as before. */
-static void relay_output(struct opts *o, int drain_fd) {
-    int po[2] = {-1, -1}, pe[2] = {-1, -1}, ok[2] = {-1, -1}, me = -1, exe = -1, tmp = -1, st = 0;
-    char buf[1 << 12], path[64];
-    ssize_t n = 0;
-    off_t off = 0;
-    me = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (me < 0 || pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 || pipe2(ok, O_CLOEXEC) < 0) goto out;
-    /* Our ids are still the host's, which the sandbox's user namespace does not map (a file
-     * made so fails with EOVERFLOW): the copy is made as the sandbox's root (become_command
-     * sets every id after this anyway). */
-    setfsuid(0);
-    setfsgid(0);
-    if ((tmp = open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0555)) < 0) goto out;
-    while ((n = pread(drain_fd, buf, sizeof buf, off)) > 0 && write(tmp, buf, (size_t)n) == n) off += n;
-    if (n != 0 || off == 0) goto out;
-    snprintf(path, sizeof path, "/proc/self/fd/%d", tmp);
-    if ((exe = open(path, O_RDONLY | O_CLOEXEC)) < 0) goto out;
-    close(tmp);
-    tmp = -1;
+/* The output relay of an enter: the command's stdout and stderr become pipes to sandtree-drain
+ * (drain.c: why), a process of the sandbox's own (adopted by its pid 1, in a session of its own so
+ * a kill of the command's group spares it) with the command's ids, capabilities and seccomp
+ * filter. Its executable is a copy of drain_fd (a host file opened before setns) on the sandbox's
+ * /dev/shm that never has a name, reopened read-only so it can be executed. It waits on a unix
+ * socket for a pidfd of its command (it forwards until that exits): the command sends its own
+ * just before it execs (use_relay), then says "relay" on the report (the engine then reads to
+ * EOF). A relay that never gets one (the run did not come, or went the other way) exits.
+ * Started by the command's process itself (per exec), or, with --relay-ahead 1, by a helper
+ * entered ahead (a warm pool's) before its spec comes, for the --uid/--gid it was given: a run
+ * then pays one fork and one exec, not three forks and two (a spec with other ids or a terminal
+ * closes it and starts its own). On any failure the command writes to the engine's pipes. */
+struct relay { int out, err, sock; };        /* the pipes' write ends; the relay's socket */
+
+static void close_relay(struct relay *r) {
+    if (r->out >= 0) close(r->out);
+    if (r->err >= 0) close(r->err);
+    if (r->sock >= 0) close(r->sock);        /* EOF: a relay still waiting exits */
+    r->out = r->err = r->sock = -1;
+}
+
+static int start_relay(struct opts *o, int drain_fd, struct relay *r) {
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, sp[2] = {-1, -1}, ok[2] = {-1, -1}, st = 0, ret = -1;
+    char buf[1 << 12];
+    ssize_t said;
+    r->out = r->err = r->sock = -1;
+    if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 || pipe2(ok, O_CLOEXEC) < 0 ||
+        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0) goto out;
     pid_t d = fork();
     if (d < 0) goto out;
     if (d == 0) {
+        /* (a child: in the sandbox's pid namespace, where its /proc/self resolves; a helper
+         * entered ahead is not) */
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);      /* until exec we hold the engine's fds */
+        if (exec_pipe[1] >= 0) close(exec_pipe[1]);   /* its setup failing is not the command's */
+        exec_pipe[1] = ok[1];                    /* become_command says so there; exec closes it */
+        /* Our ids are still the host's, which the sandbox's user namespace does not map (a file
+         * made so fails with EOVERFLOW): the copy is made as the sandbox's root (become_command
+         * sets every id after this anyway). */
+        setfsuid(0);
+        setfsgid(0);
+        char path[64];
+        ssize_t n = 0;
+        off_t off = 0;
+        int tmp = open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0555), exe = -1;
+        if (tmp >= 0) {
+            while ((n = pread(drain_fd, buf, sizeof buf, off)) > 0 && write(tmp, buf, (size_t)n) == n) off += n;
+            snprintf(path, sizeof path, "/proc/self/fd/%d", tmp);
+            if (n == 0 && off > 0) exe = open(path, O_RDONLY | O_CLOEXEC);
+        }
+        if (exe < 0) {
+            dprintf(ok[1], "copy %d", errno);
+            _exit(1);
+        }
+        close(tmp);
         pid_t x = fork();
         if (x != 0) _exit(x > 0 ? 0 : 1);        /* our pid 1 adopts the drain */
         setsid();
         signal(SIGPIPE, SIG_IGN);
-        close(exec_pipe[1]);                     /* its setup failing is not the command's */
-        exec_pipe[1] = ok[1];                    /* become_command says so there; exec closes it */
-        /* 0: stdout's pipe, 1 and 2: the engine's (as inherited), 3: stderr's pipe, 4: pidfd */
+        /* 0: stdout's pipe, 1 and 2: the engine's (as inherited), 3: stderr's pipe, 4: the socket */
         int a = fcntl(po[0], F_DUPFD_CLOEXEC, 10), b = fcntl(pe[0], F_DUPFD_CLOEXEC, 10);
-        int c = fcntl(me, F_DUPFD_CLOEXEC, 10);
+        int c = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
         o->exec_fd = fcntl(exe, F_DUPFD_CLOEXEC, 10);
         if (o->seccomp_fd >= 0) o->seccomp_fd = fcntl(o->seccomp_fd, F_DUPFD_CLOEXEC, 10);
         if (a < 0 || b < 0 || c < 0 || o->exec_fd < 0 || dup2(a, 0) < 0 || dup2(b, 3) < 0 || dup2(c, 4) < 0) {
@@ -905,21 +936,32 @@ static void relay_output(struct opts *o, int drain_fd) {
     }
     close(ok[1]);
     ok[1] = -1;
-    ssize_t said;
     while (waitpid(d, &st, 0) < 0 && errno == EINTR) {}
     while ((said = read(ok[0], buf, 1)) < 0 && errno == EINTR) {}
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || said != 0) goto out;     /* EOF alone: it runs */
-    if (dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0) goto out;
-    dprintf(report_fd, "relay\n");
+    r->out = po[1];
+    r->err = pe[1];
+    r->sock = sp[0];
+    po[1] = pe[1] = sp[0] = -1;
+    ret = 0;
 out:
     for (int k = 0; k < 2; k++) {
         if (po[k] >= 0) close(po[k]);
         if (pe[k] >= 0) close(pe[k]);
+        if (sp[k] >= 0) close(sp[k]);            /* (the relay's end: its copy is its fd 4) */
         if (ok[k] >= 0) close(ok[k]);
     }
+    return ret;
+}
+
+/* The command's process, before it becomes the command: a pidfd of itself to the relay, then
+ * its stdout and stderr are the relay's pipes. */
+static void use_relay(struct relay *r) {
+    int me = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (me >= 0 && sendmsg_fd(r->sock, me, 'p', MSG_NOSIGNAL) == 1 && dup2(r->out, 1) >= 0 && dup2(r->err, 2) >= 0)
+        dprintf(report_fd, "relay\n");
     if (me >= 0) close(me);
-    if (exe >= 0) close(exe);
-    if (tmp >= 0) close(tmp);
+    close_relay(r);
 }
 
 static int g_deadline_fd = -1;
@@ -955,14 +997,26 @@ static int enter_sandbox(struct opts *o) {
     if (setns(o->enter_fd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
                            CLONE_NEWUTS | CLONE_NEWCGROUP) < 0) die_step("setns");
     close(o->enter_fd);
+    struct relay ahead = {-1, -1, -1};
     if (o->spec_fd >= 0) {
         /* Entered ahead of the command: joining a v1 memory cgroup waits for an RCU grace period
-         * (milliseconds, more on an idle machine), so a warm pool pays it before the run. */
+         * (milliseconds, more on an idle machine), so a warm pool pays it before the run; its
+         * output relay too, for the ids the run is expected to have. */
+        long uid = o->uid, gid = o->gid;
+        if (drain_fd >= 0 && o->relay_ahead && start_relay(o, drain_fd, &ahead) < 0) ahead.sock = -1;
         dprintf(report_fd, "ready\n");
         int sfd = o->spec_fd;
         o->spec_fd = -1;
         read_spec(sfd, o);
         prctl(PR_SET_NAME, "sandtree-enter", 0, 0, 0);
+        if (ahead.sock >= 0 && (o->pty || o->uid != uid || o->gid != gid)) {
+            /* not this command's: it goes before the command starts (no process with other ids
+             * beside it), and the command starts its own */
+            struct pollfd gone = {.fd = ahead.sock, .events = POLLIN};
+            shutdown(ahead.sock, SHUT_WR);
+            while (poll(&gone, 1, 1000) < 0 && errno == EINTR) {}
+            close_relay(&ahead);
+        }
     }
     if (!o->argv || !o->argv[0]) { errno = EINVAL; die_step("spec"); }
     if (pipe2(exec_pipe, O_CLOEXEC) < 0) die_step("pipe");
@@ -983,9 +1037,11 @@ static int enter_sandbox(struct opts *o) {
             dprintf(exec_pipe[1], "tty %d", errno);
             _exit(126);
         }
-        if (drain_fd >= 0 && !o->pty) relay_output(o, drain_fd);
+        if (ahead.sock >= 0) use_relay(&ahead);
+        else if (drain_fd >= 0 && !o->pty && start_relay(o, drain_fd, &ahead) == 0) use_relay(&ahead);
         become_command(o);
     }
+    close_relay(&ahead);                         /* (the command's now; its relay waits for its pidfd) */
     if (drain_fd >= 0) close(drain_fd);
     g_pid = g;
     dprintf(report_fd, "pid %d\n", g);

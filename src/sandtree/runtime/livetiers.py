@@ -68,8 +68,8 @@ class LiveTiers(LiveTier):
     def popen(self, h, spec: RunSpec, *, stdin=None, stdout=None, stderr=None, pty: bool = False, ahead=None):
         return self.of(h).popen(h, spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
 
-    def enter_ahead(self, h):
-        return self.of(h).enter_ahead(h)
+    def enter_ahead(self, h, relay: tuple[int, int] | None = None):
+        return self.of(h).enter_ahead(h, relay=relay)
 
     def scratch(self, h) -> int:
         return self.of(h).scratch(h)

@@ -6,6 +6,10 @@ in the `blob_loc` table. Layers are immutable, so a layer file is as good a blob
 committing 100 MB writes 100 MB once. Neither a hard link (the sandbox would see st_nlink grow)
 nor a copy is made. When gc removes a layer, the contents still referenced move out to blob
 files first (evacuate). Trees (the other object kind) live in the database (store/db.py).
+
+With S3 objects (store/s3objects.py) a blob file of its own is uploaded as blobs/<sha256> when
+written, and one missing here is fetched (its hash checked) when asked for; a blob in a layer
+that is not cached on this node brings the layer in (ensure_layer, store/layercache.py).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class BlobStore:
         self.root = root
         self.home = home
         self.db = db
+        self.remote = None                       # S3Objects, or None: this directory only
+        self.ensure_layer = None                 # fetches a layer into the cache (S3 objects)
         os.makedirs(root, mode=0o700, exist_ok=True)
 
     def file_path(self, digest: str) -> str:
@@ -50,7 +56,16 @@ class BlobStore:
         if os.path.exists(own):
             return own
         row = self.db.one("SELECT path FROM blob_loc WHERE hash=?", (digest,))
-        return os.path.join(self.home, row[0]) if row else own
+        if row and self.ensure_layer is not None and row[0].startswith("layers/"):
+            layer = row[0].split("/")[1]
+            if not os.path.isdir(os.path.join(self.home, "layers", layer)):
+                self.ensure_layer(layer)
+        if row:
+            return os.path.join(self.home, row[0])
+        if self.remote is not None and self.remote.exists(f"blobs/{digest}"):
+            self.remote.fetch(f"blobs/{digest}", own, digest)     # StoreCorrupt if the bytes differ
+            os.chmod(own, 0o444)
+        return own
 
     def has(self, digest: str) -> bool:
         return os.path.exists(self.path(digest))
@@ -73,6 +88,8 @@ class BlobStore:
                     os.link(os.path.join(self.home, rel), dst)   # the layer is going: no one sees nlink
                 except OSError:
                     self.put_file(os.path.join(self.home, rel), digest)
+                if self.remote is not None:
+                    self.remote.put_file(f"blobs/{digest}", dst)
                 moved += 1
         with self.db.tx() as con:
             con.execute("DELETE FROM blob_loc WHERE path >= ? AND path < ?", (layer_rel + "/", layer_rel + "0"))
@@ -100,6 +117,8 @@ class BlobStore:
                 for c in chunks:
                     f.write(c)
             os.chmod(tmp, 0o444)
+            if self.remote is not None:
+                self.remote.put_file(f"blobs/{digest}", tmp)    # in S3 before it exists here
             os.rename(tmp, dst)
         except BaseException:
             os.unlink(tmp)

@@ -57,6 +57,8 @@ CREATE INDEX IF NOT EXISTS images_layers ON images(layers);
 CREATE TABLE IF NOT EXISTS registry_auth(registry TEXT PRIMARY KEY, username TEXT NOT NULL, secret TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS file_sets(id TEXT PRIMARY KEY, files TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS blob_loc(hash TEXT PRIMARY KEY, path TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS layer_objects(   -- layers packed in S3 (store/layercache.py): what a fetch must match
+    layer TEXT PRIMARY KEY, sha256 TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS blob_loc_path ON blob_loc(path);
 CREATE TABLE IF NOT EXISTS refs(
     name TEXT NOT NULL, kind TEXT NOT NULL, image TEXT NOT NULL, updated REAL NOT NULL,
@@ -242,7 +244,10 @@ class Database(Reads):
                 raise ev                                 # the COMMIT's own error
             return False
 
-    def tx(self):
+    def tx(self, *, serial: bool = True):
+        """A write transaction (BEGIN IMMEDIATE: SQLite has one writer at a time, so `serial`, which
+        lets PostgreSQL run a transaction that only writes rows of its own beside others, changes
+        nothing here)."""
         return self._Tx(self)
 
     def _full(self, exc) -> None:

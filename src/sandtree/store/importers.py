@@ -28,6 +28,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, IO
 
+try:
+    import zstandard        # optional (zstd archives only): absent, the other formats still import
+except ImportError:         # (at module level: the inner-import budget went to the S3 client, 220 ms)
+    zstandard = None
+
 from ..errors import BadArchive, InvalidInput, PathEscape, TooLarge
 from . import names
 from .layers import device_marker, DEVICE_MARKER, is_recorded_xattr, make_placeholder, remove_tree
@@ -124,8 +129,8 @@ def open_tar_stream(fileobj: IO[bytes], budget: ImportBudget | None = None) -> t
     and every decompressed byte is counted (ratio and size caps hold while streaming)."""
     head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
     if head.startswith(ZSTD_MAGIC):
-        # an optional dependency (zstd archives only): absent, the other formats still import
-        import zstandard
+        if zstandard is None:
+            raise BadArchive("a zstd archive needs the zstandard package (pip install zstandard)")
         stream = zstandard.ZstdDecompressor().stream_reader(fileobj)
     elif budget is None:
         try:

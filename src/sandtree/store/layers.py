@@ -318,6 +318,7 @@ class LayerDirs:
     def __init__(self, root: str, tmp: str):
         self.root = root
         self.tmp = tmp
+        self.upload = None        # S3 objects: upload(staged, layer) before the rename (layercache.py)
         os.makedirs(root, exist_ok=True)
         os.chmod(root, 0o711)     # sandboxes resolve lowers by name; nobody may list them
         os.makedirs(tmp, mode=0o700, exist_ok=True)
@@ -332,6 +333,8 @@ class LayerDirs:
 
     def publish(self, staged: str) -> str:
         layer = secrets.token_hex(5)
+        if self.upload is not None:
+            self.upload(staged, layer)           # complete in S3 before anything can name it
         os.rename(staged, self.path(layer))
         return layer
 

@@ -64,11 +64,12 @@ def _fsck(store: Store, verify_content: bool, grace: float, now: float | None) -
     problems: list[dict] = []
     images = store.db.query("SELECT id, layers FROM images")
     on_disk_layers = set(store.layers.all())
+    remote = _remote_layers(store, problems) if store.objects else set()
     used: set[str] = set()
     for image_id, layers in images:
         for layer in json.loads(layers):
             used.add(layer)
-            if layer not in on_disk_layers:
+            if layer not in on_disk_layers and layer not in remote:
                 problems.append({"kind": "missing_layer", "image": image_id, "layer": layer})
     for layer in sorted(on_disk_layers):
         path = store.layers.path(layer)
@@ -83,6 +84,8 @@ def _fsck(store: Store, verify_content: bool, grace: float, now: float | None) -
         data = store.db.tree_data(h)
         if tree_hash_and_data(decode_tree(data))[0] != h:
             problems.append({"kind": "tree_hash_mismatch", "tree": h})
+    if store.cache is not None and verify_content:
+        problems.extend(store.cache.check())     # cached layers against their S3 object's hash
     for b in blobs:
         path = store.blobs.path(b)
         if not os.path.exists(path):
@@ -95,6 +98,21 @@ def _fsck(store: Store, verify_content: bool, grace: float, now: float | None) -
             problems.append({"kind": "dangling_ref", "ref": f"{kind}:{name}", "image": image})
     return {"ok": not problems, "problems": problems, "images": len(images), "trees": len(trees),
             "blobs": len(blobs), "layers": len(on_disk_layers)}
+
+
+def _remote_layers(store: Store, problems: list) -> set[str]:
+    """Layers with a complete S3 object and a row saying what it must hash to (a row whose object
+    is missing is a problem; an object without a row is an upload that never finished: gc's)."""
+    keys = {k[len("layers/"):-4]: size for k, size, _ in store.objects.keys("layers/") if k.endswith(".tar")}
+    found = set()
+    for layer, _sha, size in store.db.query("SELECT layer, sha256, size FROM layer_objects"):
+        if layer not in keys:
+            problems.append({"kind": "missing_layer_object", "layer": layer})
+        elif keys[layer] != size:
+            problems.append({"kind": "layer_object_size_mismatch", "layer": layer})
+        else:
+            found.add(layer)
+    return found
 
 
 def device_nodes(layer_dir: str) -> list[str]:
@@ -171,6 +189,7 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
                 store.blobs.evacuate(f"layers/{layer}", blobs)
                 store.layers.remove(layer)
                 removed_layers += 1
+    removed_objects = remote_gc(store, used_layers, blobs, now, grace, retention) if store.objects else 0
     removed_blobs = 0
     for b in list(store.blobs.files()):
         if b not in blobs:
@@ -180,4 +199,37 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
                 store.blobs.remove_file(b)
                 removed_blobs += 1
     return {"removed_images": len(doomed), "removed_trees": len(dead_trees),
-            "removed_layers": removed_layers, "removed_blobs": removed_blobs, "kept_images": len(keep)}
+            "removed_layers": removed_layers, "removed_blobs": removed_blobs, "kept_images": len(keep),
+            **({"removed_objects": removed_objects} if store.objects else {})}
+
+
+def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, grace: float, retention: float) -> int:
+    """S3 objects: layers no kept image names (and their layer_objects rows), blobs nothing
+    reaches, checkpoints (checkpoints/<sandbox>.tar, store/checkpoints.py) of sandboxes not
+    hibernated now (stopped, resumed, gone); each only once older than the grace (an upload in
+    flight has no row yet). Layers of images another node is committing right now are younger
+    than the grace too."""
+    hibernated = {r[0] for r in store.db.query("SELECT id FROM sandboxes WHERE state='hibernated'")}
+    doomed = []
+    for key, _size, modified in store.objects.keys():
+        kind, _, name = key.partition("/")
+        if now - modified < grace:
+            continue
+        if kind == "layers" and name.endswith(".tar") and name[:-4] not in used_layers:
+            doomed.append(key)
+        elif kind == "blobs" and name not in blobs and now - modified >= max(grace, retention):
+            doomed.append(key)
+        elif kind == "checkpoints" and name.removesuffix(".tar") not in hibernated:
+            doomed.append(key)
+    store.objects.delete(doomed)
+    gone = [k[len("layers/"):-4] for k in doomed if k.startswith("layers/")]
+    with store.db.tx() as con:
+        con.executemany("DELETE FROM layer_objects WHERE layer=?", [(x,) for x in gone])
+        rows = [r[0] for r in con.execute("SELECT layer FROM layer_objects WHERE created < ?", (now - grace,))]
+        con.executemany("DELETE FROM layer_objects WHERE layer=?", [(x,) for x in rows if x not in used_layers])
+    for layer in gone:                           # this node's cache marker of it
+        try:
+            os.unlink(os.path.join(store.cache.dir, layer))
+        except FileNotFoundError:
+            pass
+    return len(doomed)

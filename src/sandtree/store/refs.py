@@ -107,6 +107,8 @@ def branch_named(store, ref) -> str | None:
         return None
     if ref.startswith("branch:"):
         return ref[7:]
+    if HEX_RE.match(ref):
+        return None               # an ID or its prefix: no tag or branch is named so (check_tag, check_branch)
     if store.db.one("SELECT 1 FROM refs WHERE kind='tag' AND name=?", (ref,)):
         return None
     if store.db.one("SELECT 1 FROM refs WHERE kind='branch' AND name=?", (ref,)):

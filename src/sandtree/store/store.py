@@ -5,6 +5,11 @@
       objects/blobs/       file contents by sha256 (store/blobs.py)
       layers/              overlay lower dirs, one per commit (store/layers.py)
       tmp/                 staging for imports and commits; never holds a mount
+      cache/               with S3 objects: one marker per cached layer (store/layercache.py)
+
+With `objects` (s3://bucket/prefix) S3 holds the authoritative layers and blobs and this
+directory is the node's cache of them: several store directories (nodes) on one metadata
+database and one bucket are one store.
 
 Names: an image is addressed by its full ID, a unique prefix of at least 6 hex digits, or a
 tag. Tags are refs of kind "tag", written by store/refs.py (every move is in the reflog).
@@ -21,14 +26,28 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import config
+from ..defaults import LAYER_CACHE_MAX
 from ..errors import ImageNotFound, InvalidInput, NotFound
 from . import ephemeral, refs
 from .blobs import BlobStore
 from .db import check_url, dumps, open_database
+from .layercache import LayerCache
 from .layers import IdMap, LayerDirs
+from .objecturl import parse_url
 from .names import HEX_RE, TAG_RE, check_tag  # noqa: F401 - re-exported; the one rule is names.py
 from .objects import EMPTY_TREE_DATA, EMPTY_TREE_HASH, Entry, decode_tree
 
+
+
+def _open_objects(url: str | None):
+    """S3Objects for an s3:// URL; None (this directory holds the objects) for None."""
+    if not url:
+        return None
+    try:
+        from .s3objects import S3Objects    # boto3: 220 ms, the `s3` extra; only stores with S3 objects pay
+    except ImportError:
+        raise InvalidInput("S3 objects need boto3: pip install 'sandtree[s3]'") from None
+    return S3Objects(url)
 
 
 @dataclass(frozen=True)
@@ -42,21 +61,37 @@ class ImageRow:
 
 
 class Store:
-    def __init__(self, home: str, idmap: IdMap, database: str | None = None):
+    def __init__(self, home: str, idmap: IdMap, database: str | None = None, objects: str | None = None,
+                 cache_max: int | None = None):
         """database: the metadata database's URL (postgresql://...; None: config.database_url(),
-        whose default is SQLite in `home`)."""
+        whose default is SQLite in `home`). objects: s3://bucket/prefix (None:
+        config.objects_url(), whose default is this directory alone); cache_max: the layer
+        cache's cap in bytes (None: config.layer_cache_max(), else defaults.LAYER_CACHE_MAX)."""
         self.home = os.path.abspath(home)
         url = database if database is not None else config.database_url()
+        objects_url = objects if objects is not None else config.objects_url()
+        if objects_url:
+            parse_url(objects_url)               # a bad URL changes nothing
         if check_url(url) == "sqlite":           # a bad URL or an unreachable server makes no home
             os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
+        self.database_url = url                  # (a cluster's nodes open the same database)
         self.db = open_database(self.home, url)
+        self.objects = _open_objects(objects_url)
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
         self.layers = LayerDirs(os.path.join(self.home, "layers"), os.path.join(self.home, "tmp"))
+        self.cache = None
+        if self.objects is not None:
+            cap = cache_max if cache_max is not None else (config.layer_cache_max() or LAYER_CACHE_MAX)
+            self.cache = LayerCache(self, self.objects, cap)
+            self.layers.upload = self.cache.upload
+            self.blobs.remote = self.objects
+            self.blobs.ensure_layer = lambda layer: self.cache.ensure([layer], self._pins())
         self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()
         self._images: dict[str, ImageRow] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
         self.layers.clean_stale()
 
     def close(self) -> None:
@@ -66,21 +101,37 @@ class Store:
     # run holds a shared lock on its own open of gc.lock (flock is per open file, and dies with
     # its process), gc an exclusive one. A run costs an open and two flocks.
     class _Flock:
-        def __init__(self, path: str, mode: int):
-            self.path, self.mode = path, mode
+        def __init__(self, path: str, mode: int, local=None):
+            self.path, self.mode, self.local = path, mode, local
 
         def __enter__(self):
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(self.fd, self.mode)
+            if self.local is not None:           # layer pins taken while this is held (ensure_layers)
+                self.local.__dict__.setdefault("stack", []).append([])
             return self
 
         def __exit__(self, *exc):
+            if self.local is not None:
+                for fd in self.local.stack.pop():
+                    os.close(fd)                 # unpins the layers this operation used
             os.close(self.fd)                   # releases the lock
             return False
 
     def using(self):
-        """Held while an operation reads or builds on existing images (runs, imports, merges)."""
-        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_SH)
+        """Held while an operation reads or builds on existing images (runs, imports, merges).
+        With S3 objects, the layers it ensures stay pinned in the cache until it ends."""
+        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_SH, self._local)
+
+    def _pins(self) -> list | None:
+        stack = getattr(self._local, "stack", None)
+        return stack[-1] if stack else None
+
+    def ensure_layers(self, layers: list[str]) -> None:
+        """Before a mount: every layer local (fetched from S3 on first use, hash-checked) and
+        pinned for the enclosing using(). A store without S3 objects has them all already."""
+        if self.cache is not None:
+            self.cache.ensure(layers, self._pins())
 
     def collecting(self):
         """Held by gc: waits for every operation using images to finish, and holds new ones."""

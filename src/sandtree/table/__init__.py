@@ -184,10 +184,12 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, s
         uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
         file_set: str | None = None, disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
         timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None):
+        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None,
+        retries: int = 0):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
-    cancel: a threading.Event; set, the command is killed"""
+    cancel: a threading.Event; set, the command is killed
+    retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
 @op("run", images=("ref",), audit="fork",
     http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
@@ -293,6 +295,10 @@ def whoami() -> dict:
 @op(None, http=Http(_G, "/doctor"))
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
+
+@op(None, admin=True, http=Http(_G, "/cluster"))
+def cluster_status() -> dict:
+    """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
 
 @op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:

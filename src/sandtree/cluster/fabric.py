@@ -1,0 +1,268 @@
+"""The API side of a cluster: the Ray connection, one Node actor per Ray node, and the calls.
+
+Which Ray nodes are sandtree nodes: every live node with a CPU resource (a head started with
+`--num-cpus=0` only coordinates). Each gets one detached, named actor (`sandtree-node-<node id>`
+in the namespace `sandtree`), so every API replica on the cluster finds the same actors instead of
+starting its own. A run goes to choose_node's pick; a live sandbox stays on the node that started
+it (every later call goes there). A node that dies takes its calls with it: they end as NodeLost
+(a typed error naming the node and Ray's reason), and the node leaves the picture.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import NodeLost, RuntimeUnavailable
+from .node import Node
+from .scheduling import NodeConfig, NodeView, choose_node
+
+try:
+    import ray                          # optional (the `cluster` extra): only a cluster engine needs it
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    _LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+             ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+except ImportError:
+    ray = None
+
+NAMESPACE = "sandtree"
+REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
+CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
+STATUS_TIMEOUT = 10.0
+LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
+
+
+class Fabric:
+    def __init__(self, address: str, config: NodeConfig, make_engine):
+        """address: `auto`, HOST:PORT (the GCS) or ray://HOST:PORT (Ray Client). config: every node's
+        NodeConfig. make_engine(config): a node's engine, run on the node (must pickle by name)."""
+        if ray is None:
+            raise RuntimeUnavailable("a cluster needs Ray: pip install 'sandtree[cluster]'")
+        self.address, self.config, self._make_engine = address, config, make_engine
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+        self._lock = threading.Lock()
+        self._views: dict[str, NodeView] = {}
+        self._actors: dict[str, object] = {}
+        self._pinned: dict[str, str] = {}       # live sandbox -> the node it runs on
+        self._lost: dict[str, str] = {}         # live sandbox -> the node it ran on, which was lost
+        self.on_lost = None                     # (node, sandbox IDs, reason): engine/clustered.py marks rows
+        self._asked: dict = {}                  # held_layers() calls in flight -> their node
+        self._read = 0.0
+        self.refresh()
+
+    # ---- nodes ---------------------------------------------------------------------------------
+    def refresh(self, wait: float = LAYERS_TIMEOUT) -> list[NodeView]:
+        """Read the nodes from Ray: an actor for each new node with CPUs, dead ones dropped; and
+        what their caches hold, waiting up to `wait` s for the answers (0, on the run path: the
+        answers that came since the last refresh; a node busy with runs answers later)."""
+        alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0}
+        gone = []
+        with self._lock:
+            for nid in [n for n in self._views if n not in alive]:
+                gone.append((nid, self._drop(nid)))
+            for nid, n in alive.items():
+                if nid not in self._actors:
+                    cpus = float(n["Resources"]["CPU"])
+                    self._actors[nid] = ray.remote(Node).options(
+                        name=f"sandtree-node-{nid}", namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                        num_cpus=0, max_restarts=0, max_concurrency=max(8, int(cpus * CALLS_PER_CPU)),
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+                    ).remote(self.config, self._make_engine, nid, cpus)
+                    self._views[nid] = NodeView(nid, cpus, address=n.get("NodeManagerAddress", ""))
+            self._read = time.monotonic()
+            views = list(self._views.values())
+            actors = {v.id: self._actors[v.id] for v in views}
+        for nid, sids in gone:
+            self._report_lost(nid, sids, "Ray reports the node dead")
+        self._read_layers(actors, wait)
+        return views
+
+    def _read_layers(self, actors: dict, wait: float) -> None:
+        """What each node's layer cache holds (Node.held_layers), for locality: one question per
+        node in flight at a time; a node that has not answered keeps what was known."""
+        with self._lock:
+            asking = set(self._asked.values())
+            for nid, a in actors.items():
+                if nid not in asking:
+                    self._asked[a.held_layers.remote()] = nid
+            refs = dict(self._asked)
+        if not refs:
+            return
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
+        except _LOST:
+            ready = []
+        for ref in ready:
+            with self._lock:
+                self._asked.pop(ref, None)
+            try:
+                held = ray.get(ref)
+            except (_LOST + (ray.exceptions.RayTaskError,)):
+                continue
+            if held is not None:
+                self.note_layers(refs[ref], held)
+
+    def _drop(self, nid: str) -> list[str]:
+        """(under the lock) node `nid` out of the picture; returns its live sandboxes, now lost."""
+        self._views.pop(nid, None)
+        self._actors.pop(nid, None)
+        sids = [s for s, n in self._pinned.items() if n == nid]
+        for sid in sids:
+            self._lost[sid] = self._pinned.pop(sid)
+        return sids
+
+    def _report_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """on_lost(node, sandbox IDs, reason), set by the engine side: their rows say `lost`."""
+        if sids and self.on_lost is not None:
+            self.on_lost(nid, sids, reason)
+
+    def lost_sandbox(self, sid: str) -> str | None:
+        """The node live sandbox `sid` ran on when that node was lost (None: not known lost)."""
+        with self._lock:
+            return self._lost.get(sid)
+
+    def nodes(self) -> list[NodeView]:
+        if time.monotonic() - self._read > REFRESH_S:
+            return self.refresh(wait=0)
+        with self._lock:
+            return list(self._views.values())
+
+    def slots(self) -> int:
+        """How many calls the cluster serves at once (the API side's worker threads)."""
+        return sum(max(8, int(v.cpus * CALLS_PER_CPU)) for v in self.nodes())
+
+    def note_layers(self, nid: str, layers, *, add: bool = False) -> None:
+        """What node `nid` holds: choose_node prefers it for images of these layers. refresh()
+        replaces it with Node.held_layers() (its cache's index); add: a run there just used these
+        layers (they are in its cache now, until it evicts them: the next refresh says)."""
+        with self._lock:
+            view = self._views.get(nid)
+            if view is not None:
+                view.layers = frozenset(layers) | (view.layers or frozenset() if add else frozenset())
+
+    def pick(self, layers=(), avoid=()) -> str:
+        """The node for a run or a start; `avoid`: nodes this run was lost on (Ray may list a dead
+        node as alive for a while after its actor's calls failed)."""
+        views = [v for v in self.nodes() if v.id not in avoid]
+        with self._lock:
+            for v in views:
+                v.sandboxes = sum(1 for n in self._pinned.values() if n == v.id)
+        return choose_node(views, layers).id
+
+    # ---- calls ---------------------------------------------------------------------------------
+    def _get(self, nid: str, ref, what: str, cancel=None, on_cancel=None):
+        """ray.get of a call on node `nid`: its result, its own error re-raised, or NodeLost."""
+        try:
+            while cancel is not None and not ray.wait([ref], timeout=0.2)[0]:
+                if cancel.is_set() and on_cancel is not None:
+                    on_cancel()
+                    on_cancel = None
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise
+        except _LOST as exc:
+            with self._lock:
+                sids = self._drop(nid)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._report_lost(nid, sids, f"{type(exc).__name__}: {reason}")
+            raise NodeLost(f"node {nid[:12]} was lost during {what}: {reason}", node=nid,
+                           reason=type(exc).__name__) from None
+
+    def _actor(self, nid: str):
+        with self._lock:
+            actor = self._actors.get(nid)
+        if actor is None:
+            raise NodeLost(f"node {nid[:12]} is not in the cluster any more", node=nid)
+        return actor
+
+    def run(self, ref: str, command, *, op_id: str | None, options: dict, layers=(), cancel=None, avoid=()):
+        """A run on the chosen node (Node.run): its RunRecord."""
+        nid = self.pick(layers, avoid)
+        view = self._views.get(nid)
+        actor = self._actor(nid)
+        if view is not None:
+            with self._lock:
+                view.running += 1
+        try:
+            what = f"operation {op_id}" if op_id else "a run"
+            rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
+                            lambda: actor.cancel.remote(op_id) if op_id else None)
+            if layers and view is not None and view.layers is not None:
+                self.note_layers(nid, layers, add=True)
+            return rec
+        finally:
+            if view is not None:
+                with self._lock:
+                    view.running -= 1
+
+    def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=(), node: str | None = None) -> dict:
+        """sandbox_start (or a resume): on `node`, else the chosen one, and pinned there."""
+        nid = node or self.pick(layers)
+        out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs), name)
+        with self._lock:
+            self._pinned[out["id"]] = nid
+        return out
+
+    def checkpoint_node(self, sid: str) -> str | None:
+        """The node that hibernated sandbox `sid` and holds its checkpoint (asked of every node)."""
+        for view in self.nodes():
+            try:
+                if self._get(view.id, self._actor(view.id).holds_checkpoint.remote(sid), "a lookup"):
+                    return view.id
+            except NodeLost:
+                continue
+        return None
+
+    def sandbox_node(self, sid: str) -> str | None:
+        """The node live sandbox `sid` runs on (asked of every node when this process did not start it)."""
+        with self._lock:
+            nid = self._pinned.get(sid)
+        if nid is not None:
+            return nid
+        for view in self.nodes():
+            try:
+                if self._get(view.id, self._actor(view.id).owns.remote(sid), "a lookup"):
+                    with self._lock:
+                        self._pinned[sid] = view.id
+                    return view.id
+            except NodeLost:
+                continue
+        return None
+
+    def call(self, nid: str, name: str, args: tuple = (), kwargs: dict | None = None):
+        out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs or {}), name)
+        if name in ("sandbox_stop", "sandbox_hibernate"):       # not pinned any more
+            with self._lock:
+                self._pinned.pop(args[0], None)
+        return out
+
+    def call_all(self, name: str, args: tuple = (), kwargs: dict | None = None) -> dict:
+        """`name` on every node: node ID -> its answer (a lost node's is its NodeLost)."""
+        refs = {v.id: self._actor(v.id).call.remote(name, args, kwargs or {}) for v in self.nodes()}
+        out = {}
+        for nid, ref in refs.items():
+            try:
+                out[nid] = self._get(nid, ref, name)
+            except NodeLost as exc:
+                out[nid] = exc
+        return out
+
+    def status(self) -> dict:
+        views = self.refresh()
+        refs = {v.id: self._actor(v.id).status.remote() for v in views}
+        nodes = []
+        for v in views:
+            try:
+                ready, _ = ray.wait([refs[v.id]], timeout=STATUS_TIMEOUT)
+                st = ray.get(ready[0]) if ready else {"alive": False, "reason": "no answer"}
+            except _LOST as exc:
+                st = {"alive": False, "reason": type(exc).__name__}
+            nodes.append({"node": v.id, "address": v.address, "cpus": v.cpus, "in_flight": v.running,
+                          "alive": True, **st})
+        return {"mode": "cluster", "address": self.address, "objects": self.config.objects_url,
+                "database": "postgresql" if (self.config.database_url or "").startswith("postgres") else "sqlite",
+                "nodes": nodes}

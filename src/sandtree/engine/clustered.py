@@ -1,0 +1,215 @@
+"""An engine whose runs and live sandboxes go to a Ray cluster's nodes (cluster/), its metadata
+operations staying here (the database is shared, so tags, lineage, images and operations read the
+same from every node and every API replica).
+
+attach(engine, address) is called by Engine.__init__ when a cluster is configured: it makes the
+Fabric and sets, on that engine object, the calls that go to nodes (so the adapters, the tenant
+views and the table's signatures stay those of Engine: one engine, nothing for an adapter to know).
+What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), sandbox
+starts (the node choose_node picks) and every later call on that sandbox (its node), pools (one per
+node). What stays here: everything else, and the processes of live runs (left: instances.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+
+from ..cluster import Fabric, NodeConfig
+from ..errors import NodeLost, NotFound
+from ..values import check_retries
+
+log = logging.getLogger("sandtree.cluster")
+
+# A live sandbox's calls after its start: to the node it runs on.
+PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
+          "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
+          "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
+          "sandbox_port_url")
+LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a node
+ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
+
+
+class NodeEngine:
+    """make_engine for the node actors: Engine(home, database=, objects=) on the node, with no
+    cluster of its own. Pickles by reference to the engine's class (the node imports sandtree).
+    Endpoint and credentials of the objects come from the node's own environment (config.py)."""
+
+    def __init__(self, cls, warm: int, tier: str):
+        self.cls, self.warm, self.tier = cls, warm, tier
+
+    def __call__(self, config: NodeConfig, home: str):
+        return self.cls(home, database=config.database_url or "", objects=config.objects_url or "", cluster="",
+                        warm=self.warm, tier=self.tier, max_runs=max(4, (os.cpu_count() or 1) * 4))
+
+
+class Dispatch:
+    """The engine's calls that go to nodes; attach() binds them onto the engine object."""
+
+    def __init__(self, store, resolve, fabric: Fabric):
+        self.store, self.resolve, self.fabric = store, resolve, fabric       # the engine's
+
+    def _layers(self, ref: str):
+        """The image's layers, when some node reported what it holds (locality); () otherwise."""
+        if all(v.layers is None for v in self.fabric.nodes()):
+            return ()
+        return self.store.image(self.resolve(ref)).layers
+
+    def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False, **options):
+        if check_only:                    # validation reads only the shared store: here
+            return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
+        on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
+        retries = check_retries(options.pop("retries", 0))
+        op_id = op_id or (uuid.uuid4().hex if retries else None)    # (its row tells whether it committed)
+        lost = []
+        while True:
+            try:
+                rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref),
+                                      cancel=cancel, avoid=lost)
+                break
+            except NodeLost as exc:
+                if len(lost) >= retries or (cancel is not None and cancel.is_set()):
+                    raise
+                finished = self.store.db.one("SELECT finished FROM operations WHERE id=?", (op_id,))
+                if finished is not None and finished[0] is not None:    # it committed before the node went
+                    raise NodeLost(f"{exc} (not retried: the run had finished and committed on that node)",
+                                   **exc.details) from None
+                lost.append(exc.details.get("node"))
+                log.warning("run %s: %s; retry %d of %d on another node", op_id, exc, len(lost), retries)
+        if lost:                          # (a run is a function of its image and command: a rerun is the run)
+            rec.usage["retried_after_lost"] = lost
+        if on_output is not None:         # a node's output arrives with its record
+            for stream in ("stdout", "stderr"):
+                if getattr(rec, stream):
+                    on_output(stream, getattr(rec, stream))
+        return rec
+
+    def sandbox_start(self, ref: str, **options) -> dict:
+        return self.fabric.start_sandbox("sandbox_start", (ref,), options, self._layers(ref))
+
+    def sandbox_resume(self, sid: str) -> dict:
+        nid = self.fabric.sandbox_node(sid)
+        if nid is not None:
+            return self.fabric.call(nid, "sandbox_resume", (sid,))
+        row = self.store.db.one("SELECT image, state, spec FROM sandboxes WHERE id=?", (sid,))
+        spec = json.loads(row[2]) if row is not None else {}
+        if self.fabric.config.objects_url and row is not None and row[1] == "hibernated" and spec.get("checkpoint"):
+            # its checkpoint is in object storage (engine/sandbox_hibernation.py): any node, by load
+            # and the layers of the image it resumes on; its node may be gone
+            return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(spec.get("base") or row[0]))
+        # else on the node holding its checkpoint (a home per node): hibernated before checkpoints
+        # went to S3, or its upload failed
+        home = self.fabric.checkpoint_node(sid) if self.fabric.config.objects_url else None
+        if self.fabric.config.objects_url and home is None and self._hibernated(sid):
+            raise NodeLost(f"sandbox {sid} was hibernated on a node that is no longer in the cluster, and its "
+                           "checkpoint stayed in that node's home (its upload to object storage failed)", sandbox=sid)
+        return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
+                                         node=home)   # (None: any node; one shared home has it)
+
+    def pinned(self, name: str):
+        def call(sid: str, *args, **kwargs):
+            for k in LOCAL_ONLY:
+                kwargs.pop(k, None)
+            nid = self.fabric.sandbox_node(sid)
+            if nid is None and self._hibernated(sid):   # to its checkpoint's node (a stop removes it there),
+                nid = self.fabric.checkpoint_node(sid)  # else answered here from its row
+                if nid is None:
+                    return self.local[name](sid, *args, **kwargs)
+            if nid is None:
+                lost = self._lost(sid)
+                if lost is not None and name in ON_LOST_ROWS:     # its row: state `lost` and why; stop ends it
+                    return self.local[name](sid, *args, **kwargs)
+                if lost is not None:
+                    raise NodeLost(f"sandbox {sid} ran on node {lost['node'][:12]}, which was lost "
+                                   f"({lost['reason']})", node=lost["node"], sandbox=sid, reason=lost["reason"])
+                raise NotFound(f"no live sandbox {sid!r} on any node of the cluster")
+            return self.fabric.call(nid, name, (sid, *args), kwargs)
+        call.__name__ = name
+        return call
+
+    def _hibernated(self, sid: str) -> bool:
+        row = self.store.db.one("SELECT state FROM sandboxes WHERE id=?", (sid,))
+        return row is not None and row[0] == "hibernated"
+
+    def _lost(self, sid: str) -> dict | None:
+        """{node, reason, at} when live sandbox `sid`'s node was lost (this process saw it, or
+        any replica did and marked its row); None otherwise."""
+        row = self.store.db.one("SELECT state, spec FROM sandboxes WHERE id=?", (sid,))
+        if row is not None and row[0] == "lost":
+            return json.loads(row[1]).get("lost") or {"node": "", "reason": "its node was lost"}
+        nid = self.fabric.lost_sandbox(sid)
+        return None if nid is None else {"node": nid, "reason": "its node was lost"}
+
+    def mark_lost(self, nid: str, sids: list[str], reason: str) -> None:
+        """Fabric.on_lost: the rows of a lost node's live sandboxes say `lost`, with the node and
+        why, for every replica (a hibernated one is not pinned to a node: never marked)."""
+        with self.store.db.tx() as con:
+            for sid in sids:
+                row = con.execute("SELECT spec FROM sandboxes WHERE id=? AND state='running'", (sid,)).fetchone()
+                if row is not None:
+                    spec = {**json.loads(row[0]), "lost": {"node": nid, "reason": reason, "at": time.time()}}
+                    con.execute("UPDATE sandboxes SET state='lost', spec=? WHERE id=? AND state='running'",
+                                (json.dumps(spec), sid))
+        log.warning("node %s lost: live sandboxes %s marked lost (%s)", nid[:12], ", ".join(sids), reason)
+
+    def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
+        return self.fabric.call(self.fabric.pick(), "sandbox_list", (), {"all": all, "labels": labels})
+
+    # ---- pools: one per node -------------------------------------------------------------------
+    def _every(self, name: str, args: tuple, kwargs: dict) -> dict:
+        out = self.fabric.call_all(name, args, kwargs)
+        for answer in out.values():
+            if isinstance(answer, BaseException):
+                raise answer
+        return out
+
+    def pool_create(self, ref: str, size: int, **options) -> dict:
+        answers = self._every("pool_create", (ref, size), options)
+        return {**next(iter(answers.values())), "nodes": len(answers)}
+
+    def pool_and_wait(self, ref: str, size: int, **options) -> dict:
+        answers = self._every("pool_and_wait", (ref, size), options)
+        return {**next(iter(answers.values())), "nodes": len(answers)}
+
+    def pool_wait(self, ref: str, timeout: float | None = None) -> bool:
+        kw = {} if timeout is None else {"timeout": timeout}
+        return all(self._every("pool_wait", (ref,), kw).values())
+
+    def pool_list(self) -> list[dict]:
+        return [{**p, "node": nid} for nid, ps in self._every("pool_list", (), {}).items() for p in ps]
+
+    def pool_remove(self, ref: str) -> None:
+        self._every("pool_remove", (ref,), {})
+
+    def cluster_status(self) -> dict:
+        return self.fabric.status()
+
+
+def node_config(store) -> NodeConfig:
+    """The nodes of an API engine's store: its database and objects. Without S3 objects every node
+    shares its store directory; with them each has a home of its own under home/nodes/ (or its
+    SANDTREE_NODE_HOME), a cache of the bucket. SQLite is named by its path (one machine only)."""
+    database = store.database_url or f"sqlite:///{os.path.join(store.home, 'sandtree.db')}"
+    if store.objects is None:
+        return NodeConfig(store.home, store.database_url, None)
+    return NodeConfig(os.path.join(store.home, "nodes"), database, store.objects.url)
+
+
+def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
+    """Make engine's runs and live sandboxes go to the cluster at `address` (node_config: what
+    the nodes are made of)."""
+    config = node_config(engine.store)
+    fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
+    d = Dispatch(engine.store, engine.resolve, fabric)
+    fabric.on_lost = d.mark_lost
+    d.local_run_operation = engine.run_operation
+    d.local = {name: getattr(engine, name) for name in PINNED}      # this process's own, answered from rows
+    for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
+                 "pool_wait", "pool_list", "pool_remove", "cluster_status"):
+        setattr(engine, name, getattr(d, name))
+    for name in PINNED:
+        setattr(engine, name, d.pinned(name))
+    return fabric

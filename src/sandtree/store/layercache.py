@@ -1,0 +1,270 @@
+"""A node's local layer cache when the store's objects are in S3 (issue 20 item 2).
+
+The kernel mounts layers as overlay lower dirs, so they must be local: layers/<id>/ stays what
+it was, but is now a cache of the authoritative copies in S3 (store/s3objects.py). Publishing a
+layer packs and uploads it (complete) and records its sha256 and size in `layer_objects` before
+the image row that names it can be written, so an upload cut off halfway is never an image.
+ensure() fetches what a run needs on first use: downloaded to tmp/, its sha256 checked against
+the row, unpacked with layerpack's checks into a staging dir, renamed in.
+
+Bookkeeping survives restarts and lives beside the layers: cache/<layer> is a marker per cached
+layer, its content the layer's size in bytes, its mtime the last use (LRU). A layer in use is
+pinned: a shared flock on its marker, held by the operation (Store.using) that ensured it.
+evict() brings the cached bytes under the cap, oldest use first, and skips a layer that is
+pinned (its exclusive flock fails), mounted by any sandbox (an overlay in any process's
+mountinfo names it), or the lower of a live sandbox (the sandboxes table), or has no S3 copy."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import BadArchive, StoreCorrupt
+from ..procid import owner_prefix
+from . import layerpack
+from .layers import remove_tree
+
+log = logging.getLogger("sandtree.store")
+FETCHES = 4                   # layers of one image fetched at once
+
+
+class _HashingWriter:
+    def __init__(self, f):
+        self.f, self.h, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b):
+        self.h.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+
+def layer_key(layer: str) -> str:
+    return f"layers/{layer}.tar"
+
+
+class LayerCache:
+    def __init__(self, store, objects, cap: int):
+        self.store, self.objects, self.cap = store, objects, cap
+        self.dir = os.path.join(store.home, "cache")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.fetched = 0                         # layers this process downloaded (tests, bench)
+        self._count = threading.Lock()
+        self.timings: dict[str, float] = {}      # seconds spent per fetch phase (bench/coldstart.py)
+
+    # ---- publish --------------------------------------------------------------------------
+    def upload(self, staged: str, layer: str) -> None:
+        """Pack and upload a staged layer as `layer`, then record its object: all before the
+        layer is renamed in and before any image row names it."""
+        tmp = os.path.join(self.store.layers.tmp, f"pack-{owner_prefix()}{secrets.token_hex(6)}")
+        try:
+            with open(tmp, "wb") as f:
+                w = _HashingWriter(f)
+                layerpack.pack(staged, w, self.store.idmap)
+            self.objects.put_file(layer_key(layer), tmp)
+        finally:
+            os.unlink(tmp)
+        with self.store.db.tx() as con:
+            con.execute("INSERT OR IGNORE INTO layer_objects(layer, sha256, size, created) VALUES(?,?,?,?)",
+                        (layer, w.h.hexdigest(), w.size, time.time()))
+        self._mark(layer, _dir_bytes(staged))
+
+    # ---- use --------------------------------------------------------------------------------
+    def ensure(self, layers, pins: list | None = None) -> None:
+        """Every layer local, each pinned (into `pins`, released by their holder) before it is
+        checked, so no eviction can take it between the check and the mount."""
+        held = []
+        try:
+            missing = []
+            for layer in layers:
+                fd = self._pin(layer)
+                (pins if pins is not None else held).append(fd)
+                if not os.path.isdir(self.store.layers.path(layer)):
+                    missing.append(layer)
+                os.utime(fd)                     # last use, for LRU
+            if len(missing) == 1:
+                self._fetch(missing[0])
+            elif missing:                        # several layers download and unpack at once
+                with ThreadPoolExecutor(min(FETCHES, len(missing)), thread_name_prefix="sandtree-fetch") as pool:
+                    for fut in [pool.submit(self._fetch, layer) for layer in missing]:
+                        fut.result()
+            if missing:
+                self.evict()                     # while ours are pinned: never them
+        finally:
+            for fd in held:                      # no operation holds them: the caller reads now
+                os.close(fd)
+
+    def _pin(self, layer: str) -> int:
+        fd = os.open(os.path.join(self.dir, layer), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def _fetch(self, layer: str) -> None:
+        row = self.store.db.one("SELECT sha256, size FROM layer_objects WHERE layer=?", (layer,))
+        if row is None:
+            raise StoreCorrupt(f"layer {layer} is neither cached here nor recorded in object storage", layer=layer)
+        digest, size = row
+        staged = self.store.layers.stage("fetch")
+        try:
+            # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
+            # dir nothing uses until the whole object's sha256 and size matched the row.
+            t0 = time.perf_counter()
+            body = self.objects.stream(layer_key(layer), digest, size)
+            try:
+                try:
+                    total = layerpack.unpack(body, staged, self.store.idmap, max_bytes=size)
+                except (BadArchive, OSError):
+                    body.finish()                # bytes other than the recorded ones: StoreCorrupt
+                    raise
+                body.finish()
+            finally:
+                body.close()
+            self._took("download+unpack", time.perf_counter() - t0)
+            try:
+                os.rename(staged, self.store.layers.path(layer))
+            except OSError:
+                if not os.path.isdir(self.store.layers.path(layer)):
+                    raise                        # else another process fetched it first: ours goes
+                remove_tree(staged)
+            with self._count:
+                self.fetched += 1
+            self._mark(layer, total)
+        except BaseException:
+            remove_tree(staged)
+            raise
+
+    def _took(self, phase: str, seconds: float) -> None:
+        with self._count:
+            self.timings[phase] = self.timings.get(phase, 0.0) + seconds
+
+    def _mark(self, layer: str, size: int) -> None:
+        with open(os.path.join(self.dir, layer), "w") as f:
+            f.write(str(size))
+
+    # ---- evict --------------------------------------------------------------------------------
+    def entries(self) -> list[tuple[float, str, int]]:
+        """(last use, layer, bytes) of every cached layer, oldest use first."""
+        out = []
+        for layer in os.listdir(self.dir):
+            if not os.path.isdir(self.store.layers.path(layer)):
+                continue
+            p = os.path.join(self.dir, layer)
+            try:
+                with open(p) as f:
+                    size = int(f.read() or 0)
+                out.append((os.stat(p).st_mtime, layer, size))
+            except (OSError, ValueError):
+                continue
+        return sorted(out)
+
+    def evict(self, cap: int | None = None) -> list[str]:
+        """Remove least recently used layers until the cache holds at most `cap` bytes (default
+        the store's); returns the layers evicted. Never one pinned, mounted, a live sandbox's
+        lower, or without an S3 copy."""
+        cap = self.cap if cap is None else cap
+        entries = self.entries()
+        total = sum(s for _, _, s in entries)
+        if total <= cap:
+            return []
+        backed = {r[0] for r in self.store.db.query("SELECT layer FROM layer_objects")}
+        live = self._live_layers()
+        mounted = mounted_layers()
+        gone = []
+        for _, layer, size in entries:
+            if total <= cap:
+                break
+            if layer not in backed or layer in live or layer in mounted:
+                continue
+            fd = os.open(os.path.join(self.dir, layer), os.O_RDWR | os.O_CLOEXEC)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue                     # pinned by an operation using it
+                doomed = self.store.layers.stage("evict")
+                os.rmdir(doomed)
+                os.rename(self.store.layers.path(layer), doomed)
+                os.unlink(os.path.join(self.dir, layer))
+            finally:
+                os.close(fd)
+            remove_tree(doomed)
+            total -= size
+            gone.append(layer)
+        return gone
+
+    def _live_layers(self) -> set[str]:
+        out: set[str] = set()
+        for img, head in self.store.db.query(
+                "SELECT image, head FROM sandboxes WHERE state IN ('running', 'ahead')"):
+            for i in (img, head):
+                if i and self.store.has_image(i):
+                    out.update(self.store.image(i).layers)
+        return out
+
+    def check(self) -> list[dict]:
+        """fsck of the cache: markers without a layer go, cached layers without a marker get one;
+        every cached layer S3 backs is packed again and its sha256 compared with its row."""
+        problems = []
+        for name in os.listdir(self.dir):
+            if not os.path.isdir(self.store.layers.path(name)):
+                try:
+                    os.unlink(os.path.join(self.dir, name))
+                except FileNotFoundError:
+                    pass
+        rows = dict((r[0], r[1]) for r in self.store.db.query("SELECT layer, sha256 FROM layer_objects"))
+        for layer in self.store.layers.all():
+            if not os.path.exists(os.path.join(self.dir, layer)):
+                self._mark(layer, _dir_bytes(self.store.layers.path(layer)))
+            if layer in rows:
+                w = _HashingWriter(_Null())
+                layerpack.pack(self.store.layers.path(layer), w, self.store.idmap)
+                if w.h.hexdigest() != rows[layer]:
+                    problems.append({"kind": "cached_layer_mismatch", "layer": layer})
+        return problems
+
+
+class _Null:
+    def write(self, b):
+        return len(b)
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def mounted_layers() -> set[str]:
+    """Names of layers some overlay mount, in any process's mount namespace, has as a lower dir
+    (sandboxes mount in their own namespaces: /proc/self/mountinfo does not show them)."""
+    found: set[str] = set()
+    seen_ns: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+            if ns in seen_ns:
+                continue
+            seen_ns.add(ns)
+            with open(f"/proc/{pid}/mountinfo") as f:
+                for line in f:
+                    if " - overlay " not in line:
+                        continue
+                    for opt in line.rsplit(" ", 1)[-1].split(","):
+                        if opt.startswith(("lowerdir=", "lowerdir+=")):
+                            for part in opt.split("=", 1)[1].split(":"):
+                                found.add(os.path.basename(part.rstrip("/")))
+        except OSError:
+            continue
+    return found
