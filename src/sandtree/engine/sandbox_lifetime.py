@@ -1,5 +1,5 @@
 """When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
-_row, _running, _touched, _commit_lock, _set_spec, _retire and info): idle timeouts and lifetimes, the reaper
+_row, _running, _touched, _commit_lock, _retire, retiring and info): idle timeouts and lifetimes, the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
 
@@ -9,6 +9,7 @@ import threading
 import time
 
 from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
+from ..store.db import dumps
 
 MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's alarm takes far more)
 
@@ -101,6 +102,7 @@ class SandboxLifetime:
             else:
                 continue
             done.append(row["id"])
+        self.retiring.leftovers()                   # old sandboxes a killed hibernator left (retiring.py)
         return done
 
     def set_timeout(self, sid: str, timeout: float) -> dict:
@@ -120,3 +122,13 @@ class SandboxLifetime:
             with self.store.db.tx() as con:
                 con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (expires, row["id"]))
         return self.info(row["id"])
+
+    def _set_spec(self, sid: str, spec: dict) -> None:
+        with self.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
+
+    def _hibernated(self, sid: str, spec: dict) -> None:
+        """The row says hibernated (the spec: what the resume needs; `retiring`: retiring.py)."""
+        spec.pop("hibernating", None)
+        with self.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))

@@ -40,6 +40,7 @@ from .startahead import AHEAD_TIER, StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
+from .retiring import Retiring
 from .sandbox_files import SandboxFiles
 from .sandbox_lifetime import SandboxLifetime
 from .sandbox_network import SandboxNetwork
@@ -61,6 +62,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         self.resolve = resolve                     # the engine's: a ref may name a branch
         self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
         self.ahead = Ahead(self.live)
+        self.retiring = Retiring(store, live)        # old sandboxes a hibernation stops off its path
         self.starts = StartsAhead(store, live) if ahead_starts else None    # the engine's warm > 0
         # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
         # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
@@ -77,6 +79,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
+        self.retiring.close()
 
     # ---- registry ------------------------------------------------------------------------------
     def _row(self, sid: str) -> dict:
@@ -285,6 +288,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             row = self._row(row["id"])
             self._ours(row)
             self.live.stop(row["handle"])
+            self.retiring.finish(row)
             self.release_link(row)
             if row["state"] in ("running", "hibernated", "lost"):
                 self._set_state(row["id"], "stopped")
@@ -446,17 +450,11 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                     self._set_spec(sid, row["spec"])
                     self.hold_link(row, False)
                 raise
-            self._hibernated(sid, {**row["spec"], **pending})
+            old = self.live.alive(h)             # (gVisor's: paused; stopped below, off this path)
+            self._hibernated(sid, {**row["spec"], **pending, **({"retiring": h.to_dict()} if old else {})})
+        if old:
+            self.retiring.later(sid, h)
         return self.info(sid)
-
-    def _set_spec(self, sid: str, spec: dict) -> None:
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
-
-    def _hibernated(self, sid: str, spec: dict) -> None:
-        spec.pop("hibernating", None)
-        with self.store.db.tx() as con:
-            con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
 
     def resume(self, sid: str) -> dict:
         """Bring a hibernated sandbox back: its processes continue where they were, on the image
@@ -475,6 +473,7 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
                            root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
                            hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))
             remaining = spec0.get("remaining", spec0["lifetime"])
+            self.retiring.finish(row)              # (an old one a killed engine left: stopped first)
             link = self.resume_link(row)
             spec.netns_fd = link.netns_fd if link is not None else None
             try:

@@ -282,5 +282,6 @@ class LiveTier(abc.ABC):
 
     @abc.abstractmethod
     def dump(self, h, images: str, ghost_limit: int) -> None:
-        """Checkpoint the sandbox's processes into `images`, then stop it (frozen and committed
-        by the caller first; on failure it runs on)."""
+        """Checkpoint the sandbox's processes into `images` (frozen and committed by the caller
+        first; on failure it runs on). CRIU's ends them; a tier whose checkpoint leaves them
+        (gVisor's, paused) leaves their stop to the caller (alive(h) says which)."""

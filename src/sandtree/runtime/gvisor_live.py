@@ -113,7 +113,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             os.set_inheritable(images, True)
             args += ["--resumed", "1"]
-            cmd = [runsc, "--root", "/tmp/state", *flags, "restore", "--image-path", f"/proc/self/fd/{images}",
+            cmd = [runsc, "--root", "/tmp/state", *flags, "restore", *self.RESTORE, "--image-path", f"/proc/self/fd/{images}",
                    "--bundle", "/tmp/b", "sandtree"]
         else:
             cmd = [runsc, "--root", "/tmp/state", *flags, "run", "--bundle", "/tmp/b", "sandtree"]
@@ -267,10 +267,12 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     # runsc's own record of the container (its --root, P's /tmp/state): read directly, it says
     # "running" as `runsc state` would, without a runsc start (~30 ms of CPU each, which the
-    # restore itself needs on a small machine). `runsc state` stays the answer when the file
-    # is not there (another runsc's layout) and for the words of a failure.
+    # restore itself needs on a small machine). `runsc state` is asked only while the file is
+    # not there (another runsc's layout), and for the words of a failure: asked every 0.25 s
+    # beside a readable file, it cost a loaded resume 110-300 ms (the ask's own CPU, and the
+    # file unwatched while it ran).
     STATE_FILE = "state/sandtree_sandbox:sandtree.state"
-    ASK_RUNSC = 0.25                 # seconds between `runsc state` asks meanwhile
+    ASK_RUNSC = 0.25                 # seconds between `runsc state` asks while there is no file
 
     def _wait_running(self, h: LiveHandle, deadline: float) -> None:
         """Until runsc says the restored container runs (or it died: SandboxError with its words)."""
@@ -278,10 +280,12 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         scratch = self.scratch(h)
         try:
             while True:
-                if _status_in(scratch, self.STATE_FILE) == "running":
+                status = _status_in(scratch, self.STATE_FILE)
+                if status == "running":
                     return
                 out = b""
-                if time.monotonic() - asked >= self.ASK_RUNSC:
+                if status is None and not _exists_in(scratch, self.STATE_FILE) \
+                        and time.monotonic() - asked >= self.ASK_RUNSC:
                     rc, out = self._runsc_wait(h, ["state", "sandtree"], 30)
                     asked = time.monotonic()
                     if rc == 0 and _status(out) == "running":
@@ -317,21 +321,24 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         return self.available()
 
     DONE = "gvisor.done"
+    CHECKPOINT = ["--compression", "none"]
+    RESTORE: list[str] = []
 
     def dump_finished(self, h: LiveHandle, images: str) -> bool:
         return os.path.exists(os.path.join(images, self.DONE))
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
-        target), leaving it running: only once the checkpoint is whole (DONE written) is it
-        stopped, so a dumper killed on the way leaves a running (paused) sandbox, never none."""
+        target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
+        none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:
+        engine/retiring.py)."""
         if link:
             raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.set_inheritable(fd, True)
-            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", "--compression",
-                                           "none", "--leave-running", "sandtree"], pass_fds=(fd,))
+            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", *self.CHECKPOINT,
+                                           "--leave-running", "sandtree"], pass_fds=(fd,))
         finally:
             os.close(fd)
         if rc != 0:
@@ -341,7 +348,6 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             f.write(b"ok\n")
             f.flush()
             os.fsync(f.fileno())
-        self.stop(h)
 
 
 def _status(text: bytes) -> str | None:
@@ -350,6 +356,14 @@ def _status(text: bytes) -> str | None:
     except ValueError:                   # (runsc rewrites the file in place: read while half written)
         return None
     return got.get("status") if isinstance(got, dict) else None
+
+
+def _exists_in(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
 
 
 def _status_in(dir_fd: int, name: str) -> str | None:
