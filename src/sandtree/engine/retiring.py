@@ -20,7 +20,7 @@ from ..store.db import dumps
 
 __all__ = ["Retiring"]
 
-KEY = "retiring"            # the spec's record of an old handle still to stop
+_KEY = "retiring"           # the spec's record of an old handle still to stop
 
 
 class Retiring:
@@ -58,7 +58,7 @@ class Retiring:
     def finish(self, row: dict) -> None:
         """The row's recorded old handle, stopped now unless a thread of this engine is at it
         (its stopper died: a killed engine)."""
-        stored = row["spec"].get(KEY)
+        stored = row["spec"].get(_KEY)
         if not stored or self.busy(row["id"]):
             return
         h = LiveHandle.from_dict(stored)
@@ -68,9 +68,9 @@ class Retiring:
     def leftovers(self) -> None:
         """Every recorded old handle no thread of this engine is stopping: stopped (the reaper's)."""
         for sid, spec in self.store.db.query("SELECT id, spec FROM sandboxes WHERE spec LIKE ?",
-                                             (f'%"{KEY}"%',)):
+                                             (f'%"{_KEY}"%',)):
             spec = json.loads(spec)
-            if spec.get(KEY):
+            if spec.get(_KEY):
                 self.finish({"id": sid, "spec": spec})
 
     def close(self, timeout: float = 10.0) -> None:
@@ -83,6 +83,6 @@ class Retiring:
         with self.store.db.tx() as con:
             r = con.execute("SELECT spec FROM sandboxes WHERE id=?", (sid,)).fetchone()
             spec = json.loads(r[0]) if r else {}
-            if spec.get(KEY) == json.loads(dumps(h.to_dict())):
-                del spec[KEY]
+            if spec.get(_KEY) == json.loads(dumps(h.to_dict())):
+                del spec[_KEY]
                 con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
