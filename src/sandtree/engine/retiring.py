@@ -33,7 +33,8 @@ class Retiring:
         """Stop h in a thread of this engine, then drop the row's record of it."""
         def stop():
             try:
-                self.live.stop(h)
+                # its exit yields to a resume (live.py stop), so on busy cores it may take seconds
+                self.live.stop(h, 60.0, idle=True)
                 self._forget(sid, h)
             finally:
                 with self._lock:
@@ -49,7 +50,7 @@ class Retiring:
             t = self._threads.get(sid)
         return t is not None and t.is_alive()
 
-    def wait(self, sid: str, timeout: float = 10.0) -> None:
+    def wait(self, sid: str, timeout: float = 60.0) -> None:
         with self._lock:
             t = self._threads.get(sid)
         if t is not None:
@@ -73,7 +74,7 @@ class Retiring:
             if spec.get(_KEY):
                 self.finish({"id": sid, "spec": spec})
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 60.0) -> None:
         with self._lock:
             threads = list(self._threads.values())
         for t in threads:

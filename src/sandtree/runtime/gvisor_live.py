@@ -169,8 +169,8 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             os.close(dfd)
         return s, os.path.join(d, name)
 
-    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
-        super().stop(h, wait)
+    def stop(self, h: LiveHandle, wait: float = 5.0, *, idle: bool = False) -> None:
+        super().stop(h, wait, idle=idle)
         if h.agent is not None:
             unlink_quietly(h.agent)
             unlink_quietly(h.agent + ".busy")
