@@ -112,3 +112,35 @@ def test_stopping_a_hibernated_sandbox_stops_an_old_one_left_behind(tmp_path, ro
     finally:
         st.sandbox(sb.id).stop()
         st.close()
+
+
+def test_a_checkpoint_pause_goes_through_the_sentrys_control_socket(bb, shared_st):
+    """freeze(checkpoint=True) pauses gVisor's kernel by runsc's control socket (no runsc start);
+    any engine thaws it by the marker; a marker whose pauser died before saying how is left
+    alone (an Unpause of a kernel not paused would end the Sentry)."""
+    ok, why = shared_st._engine.sandboxes.live.hibernate_available("gvisor")
+    if not ok:
+        pytest.skip(why)
+    live = shared_st._engine.sandboxes.live
+    with bb.start(tier="gvisor") as sb:
+        assert sb.exec(f"({COUNTER}) >/dev/null 2>&1 &").ok
+        while _count(sb) < 2:
+            time.sleep(0.05)
+        h = shared_st._engine.sandboxes._row(sb.id)["handle"]
+        path = f"/proc/{h.helper_pid}/root/tmp/paused"
+        assert live.freeze(h, True, checkpoint=True) and live.frozen(h)
+        with open(path, "rb") as f:
+            assert f.read() == b"control\n"
+        seen = _old_count(h)
+        time.sleep(0.3)
+        assert _old_count(h) == seen                           # its kernel is paused
+        live.freeze(h, False)
+        assert not live.frozen(h) and not os.path.exists(path)
+        time.sleep(0.3)
+        assert _old_count(h) != seen                           # and runs on
+        with open(path, "wb"):
+            pass                                               # a pauser that died before its call
+        assert live.frozen(h)
+        assert sb.exec("echo alive").stdout == b"alive\n"      # (the next use thaws: nothing to undo)
+        assert not os.path.exists(path)
+        assert _count(sb) > int(seen)
