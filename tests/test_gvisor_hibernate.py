@@ -75,6 +75,7 @@ def test_an_engine_killed_before_the_old_gvisor_sandbox_stopped_loses_nothing(tm
                 assert old.cg() is None or not any(os.path.exists(d) for d in old.cg().dirs.values())
             assert sb.resume()["state"] == "running"
             assert not live.alive(old)
+            assert not os.path.exists(os.path.join(home, "sandboxes", f"{sid}.ckpt"))   # (deleted aside)
             assert "retiring" not in st._engine.sandboxes._row(sid)["spec"]
             # the same shell, counting on from where it was checkpointed (not from 1)
             first = _count(sb)
@@ -144,3 +145,21 @@ def test_a_checkpoint_pause_goes_through_the_sentrys_control_socket(bb, shared_s
         assert sb.exec("echo alive").stdout == b"alive\n"      # (the next use thaws: nothing to undo)
         assert not os.path.exists(path)
         assert _count(sb) > int(seen)
+
+
+def test_a_resumed_sandboxs_checkpoint_left_aside_goes_at_the_next_reap(tmp_path):
+    """A resume moves its checkpoint aside and deletes it off its path (retiring.py discard); one
+    a killed engine left behind is deleted by the next reap."""
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home, warm=0)
+    try:
+        left = os.path.join(home, "sandboxes", "0123abcd.ckpt.old")
+        os.makedirs(left)
+        with open(os.path.join(left, "pages"), "wb") as f:
+            f.write(b"x" * 4096)
+        kept = os.path.join(home, "sandboxes", "4567abcd.ckpt")     # a hibernated one's: kept
+        os.makedirs(kept)
+        st.sandboxes()                                  # (a list reaps)
+        assert not os.path.exists(left) and os.path.isdir(kept)
+    finally:
+        st.close()

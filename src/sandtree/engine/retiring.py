@@ -8,11 +8,17 @@ The row keeps the old handle as `retiring` in its spec until that stop finished,
 killed before it ends leaves a record: the next reap (any engine process), resume or stop of the
 sandbox stops it. It stays paused meanwhile (nothing thaws a sandbox whose row is not
 `running`), so a sandbox is never both running and hibernated.
+
+Likewise a resumed sandbox's checkpoint (100 MB of memory: deleting it costs 18-27 ms) is renamed
+`<id>.ckpt.old` on the resume's path and deleted by a thread; what a killed engine left of those
+(they are never read again) goes at the next reap.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 
 from ..runtime.liveproc import LiveHandle
@@ -21,12 +27,14 @@ from ..store.db import dumps
 __all__ = ["Retiring"]
 
 _KEY = "retiring"           # the spec's record of an old handle still to stop
+_OLD = ".old"               # (suffix of) a resumed sandbox's checkpoint, to delete
 
 
 class Retiring:
     def __init__(self, store, live):
         self.store, self.live = store, live
         self._threads: dict[str, threading.Thread] = {}
+        self._removing: list[threading.Thread] = []     # checkpoints being deleted (discard)
         self._lock = threading.Lock()
 
     def later(self, sid: str, h: LiveHandle) -> None:
@@ -43,6 +51,22 @@ class Retiring:
         t = threading.Thread(target=stop, name=f"sandtree-retire-{sid[:8]}", daemon=True)
         with self._lock:
             self._threads[sid] = t
+        t.start()
+
+    def discard(self, checkpoint: str) -> None:
+        """A checkpoint no one will read again (its sandbox was resumed from it): moved aside at
+        once, deleted by a thread (files only: a checkpoint dir holds no mounts)."""
+        old = checkpoint + _OLD
+        try:
+            os.rename(checkpoint, old)
+        except FileNotFoundError:
+            return
+        except OSError:                      # (an old one of the same name is still there)
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(checkpoint, old)
+        t = threading.Thread(target=shutil.rmtree, args=(old, True), name="sandtree-rm-ckpt", daemon=True)
+        with self._lock:
+            self._removing = [r for r in self._removing if r.is_alive()] + [t]
         t.start()
 
     def busy(self, sid: str) -> bool:
@@ -73,10 +97,14 @@ class Retiring:
             spec = json.loads(spec)
             if spec.get(_KEY):
                 self.finish({"id": sid, "spec": spec})
+        d = os.path.join(self.store.home, "sandboxes")
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            if name.endswith(_OLD):
+                shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
     def close(self, timeout: float = 60.0) -> None:
         with self._lock:
-            threads = list(self._threads.values())
+            threads = list(self._threads.values()) + self._removing
         for t in threads:
             t.join(timeout)
 

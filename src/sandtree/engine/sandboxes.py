@@ -491,6 +491,6 @@ class Sandboxes(SandboxFiles, SandboxLifetime, SandboxNetwork):
             except BaseException:
                 self.live.stop(handle)
                 raise
-            shutil.rmtree(self._checkpoint_dir(sid), ignore_errors=True)
+            self.retiring.discard(self._checkpoint_dir(sid))     # (deleted off this path)
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
         return self.info(sid)
