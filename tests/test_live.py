@@ -475,7 +475,9 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
 
         info = sb.hibernate()
         assert info["state"] == "hibernated" and info["memory_bytes"] is None
+        st._engine.sandboxes.retiring.wait(sid)      # (gVisor's paused one: stopped off the hibernate's path)
         assert not st._engine.sandboxes.live.alive(old)            # its processes are gone
+        assert "retiring" not in st._engine.sandboxes._row(sid)["spec"]
         assert old.cg() is None or not any(os.path.exists(d) for d in old.cg().dirs.values())
         hib = info["head"]                                          # the files, committed
         assert sandtree.Sandtree(home).image(hib).read("/tmp/file") == b"on disk\n"

@@ -74,7 +74,11 @@ class SandboxHibernation:
                     self.hold_link(row, False)
                 raise
             # (its processes are gone now: the checkpoint is whole here; S3 before the row says so)
-            self._hibernated(sid, {**row["spec"], **pending, **self._publish(sid)})
+            old = self.live.alive(h)             # (gVisor's: paused; stopped below, off this path)
+            self._hibernated(sid, {**row["spec"], **pending, **self._publish(sid),
+                                   **({"retiring": h.to_dict()} if old else {})})
+        if old:
+            self.retiring.later(sid, h)
         return self.info(sid)
 
     def _publish(self, sid: str) -> dict:
@@ -130,6 +134,7 @@ class SandboxHibernation:
             con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
 
     def _hibernated(self, sid: str, spec: dict) -> None:
+        """The row says hibernated (the spec: what the resume needs; `retiring`: retiring.py)."""
         spec.pop("hibernating", None)
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
@@ -158,6 +163,7 @@ class SandboxHibernation:
                            root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
                            hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))
             remaining = spec0.get("remaining", spec0["lifetime"])
+            self.retiring.finish(row)              # (an old one a killed engine left: stopped first)
             link = self.resume_link(row)
             spec.netns_fd = link.netns_fd if link is not None else None
             try:
@@ -170,10 +176,11 @@ class SandboxHibernation:
             now = time.time()
             try:
                 with self.store.db.tx() as con:
+                    # the row's spec now (a retiring stop may have changed it since), less the checkpoint
+                    current = json.loads(con.execute("SELECT spec FROM sandboxes WHERE id=?", (sid,)).fetchone()[0])
+                    current.pop("checkpoint", None)
                     con.execute("UPDATE sandboxes SET state='running', handle=?, spec=?, last_used=?, expires=? "
-                                "WHERE id=?", (dumps(handle.to_dict()), dumps({k: v for k, v in spec0.items()
-                                                                             if k != "checkpoint"}),
-                                               now, now + remaining, sid))
+                                "WHERE id=?", (dumps(handle.to_dict()), dumps(current), now, now + remaining, sid))
             except BaseException:
                 self.live.stop(handle)
                 raise

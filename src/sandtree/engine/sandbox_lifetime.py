@@ -1,5 +1,6 @@
 """When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
-_row, _running, _touched, _commit_lock, _set_spec, _retire, sweep_checkpoints and info): idle timeouts and lifetimes, the reaper
+_row, _running, _touched, _commit_lock, _set_spec, _retire, retiring, sweep_checkpoints and info): idle timeouts and lifetimes,
+the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
 
@@ -101,6 +102,7 @@ class SandboxLifetime:
             else:
                 continue
             done.append(row["id"])
+        self.retiring.leftovers()                   # old sandboxes a killed hibernator left (retiring.py)
         if self.store.objects is not None:
             self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
         return done
@@ -122,3 +124,4 @@ class SandboxLifetime:
             with self.store.db.tx() as con:
                 con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (expires, row["id"]))
         return self.info(row["id"])
+

@@ -39,6 +39,7 @@ from .startahead import AHEAD_TIER, StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
+from .retiring import Retiring
 from .sandbox_files import SandboxFiles
 from .sandbox_hibernation import SandboxHibernation
 from .sandbox_lifetime import SandboxLifetime
@@ -61,6 +62,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self.resolve = resolve                     # the engine's: a ref may name a branch
         self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
         self.ahead = Ahead(self.live)
+        self.retiring = Retiring(store, live)        # old sandboxes a hibernation stops off its path
         self.starts = StartsAhead(store, live) if ahead_starts else None    # the engine's warm > 0
         # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
         # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
@@ -77,6 +79,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
+        self.retiring.close()
 
     # ---- registry ------------------------------------------------------------------------------
     def _row(self, sid: str) -> dict:
@@ -286,6 +289,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             row = self._row(row["id"])
             self._ours(row)
             self.live.stop(row["handle"])
+            self.retiring.finish(row)
             self.release_link(row)
             if row["state"] in ("running", "hibernated", "lost"):
                 self._set_state(row["id"], "stopped")

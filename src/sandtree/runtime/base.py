@@ -187,8 +187,9 @@ class LiveTier(abc.ABC):
         outlives this process. restore: a checkpoint dir (see hibernate) to bring back instead."""
 
     @abc.abstractmethod
-    def stop(self, h, wait: float = 5.0) -> None:
-        """Kill every process of the sandbox and free what it holds."""
+    def stop(self, h, wait: float = 5.0, *, idle: bool = False) -> None:
+        """Kill every process of the sandbox and free what it holds. idle: their end (freeing
+        their memory, done by the dying processes themselves) yields the CPU to everyone else."""
 
     @abc.abstractmethod
     def retime(self, h, deadline: float) -> None:
@@ -282,5 +283,6 @@ class LiveTier(abc.ABC):
 
     @abc.abstractmethod
     def dump(self, h, images: str, ghost_limit: int) -> None:
-        """Checkpoint the sandbox's processes into `images`, then stop it (frozen and committed
-        by the caller first; on failure it runs on)."""
+        """Checkpoint the sandbox's processes into `images` (frozen and committed by the caller
+        first; on failure it runs on). CRIU's ends them; a tier whose checkpoint leaves them
+        (gVisor's, paused) leaves their stop to the caller (alive(h) says which)."""

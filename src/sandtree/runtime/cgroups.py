@@ -187,6 +187,12 @@ class RunCgroup:
         d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
         return {int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()}
 
+    def threads(self) -> set[int]:
+        """Every thread of the group's processes (v1 `tasks`, v2 `cgroup.threads`)."""
+        d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
+        text = _read(os.path.join(d, "tasks"), "") or _read(os.path.join(d, "cgroup.threads"), "")
+        return {int(t) for t in text.split()}
+
     def settle(self, known: set[int], wait: float) -> set[int]:
         """The group's processes other than `known`, once those have had up to `wait` seconds to
         exit (a command's output relay ends just after the command: waiting for its exit on a

@@ -169,8 +169,8 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             os.close(dfd)
         return s, os.path.join(d, name)
 
-    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
-        super().stop(h, wait)
+    def stop(self, h: LiveHandle, wait: float = 5.0, *, idle: bool = False) -> None:
+        super().stop(h, wait, idle=idle)
         if h.agent is not None:
             unlink_quietly(h.agent)
             unlink_quietly(h.agent + ".busy")
@@ -208,9 +208,12 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     # ---- freeze, hibernate ------------------------------------------------------------------
     # A checkpoint is taken by the Sentry itself, which must answer runsc: for one, the sandbox is
-    # paused by runsc (its tasks stopped in gVisor's kernel), not frozen by the cgroup. A file in
-    # the scratch says so, for any engine process (a pauser that died leaves it: thawed by the next).
+    # paused in gVisor's kernel (its tasks stopped), not frozen by the cgroup. A file in the
+    # scratch says so, for any engine process (a pauser that died leaves it: thawed by the next),
+    # and how: by the Sentry's control socket (what `runsc pause` calls, without a runsc start:
+    # 16-50 ms on 2 loaded cores) or, on a runsc of another layout, by `runsc pause`.
     PAUSED = "paused"
+    CONTROL = "state/runsc-sandtree.sock"        # runsc's control socket of the sandbox, in its --root
 
     def _runsc_wait(self, h: LiveHandle, words: list[str], timeout: float = 600, pass_fds=()) -> tuple[int, bytes]:
         proc, rep_r = self._mnt(h, words, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -245,21 +248,37 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         scratch = self.scratch(h)
         try:
             if frozen:
-                fd = os.open(self.PAUSED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=scratch)
-                os.close(fd)
-                rc, out = self._runsc_wait(h, ["pause", "sandtree"], 60)
-                if rc != 0:
+                _write_at(scratch, self.PAUSED, b"")
+                try:
+                    _control(scratch, self.CONTROL, "containerManager.Pause")
+                    _write_at(scratch, self.PAUSED, b"control\n")       # (paused for sure: below)
+                except FileNotFoundError:                      # (not this runsc's layout)
+                    rc, out = self._runsc_wait(h, ["pause", "sandtree"], 60)
+                    if rc != 0:
+                        unlink_at(scratch, self.PAUSED)
+                        raise SandboxError(f"runsc pause failed: {out.decode(errors='replace')[-500:]}",
+                                           step="pause") from None
+                    _write_at(scratch, self.PAUSED, b"runsc\n")
+                except BaseException:
                     unlink_at(scratch, self.PAUSED)
-                    raise SandboxError(f"runsc pause failed: {out.decode(errors='replace')[-500:]}", step="pause")
+                    raise
                 return True
             super().freeze(h, False)
             try:
-                os.stat(self.PAUSED, dir_fd=scratch)
+                how = _read_at(scratch, self.PAUSED)
             except FileNotFoundError:
                 return True
-            rc, out = self._runsc_wait(h, ["resume", "sandtree"], 60)
-            if rc != 0 and b"not paused" not in out and b"Running" not in out:
-                raise SandboxError(f"runsc resume failed: {out.decode(errors='replace')[-500:]}", step="resume")
+            if how == b"control\n":
+                _control(scratch, self.CONTROL, "containerManager.Resume")
+            elif how == b"":
+                # paused by the control socket or not at all (its pauser died before it could
+                # say): the Sentry's Unpause of a kernel not paused ends the sandbox (a panic),
+                # so it is left as it is; `runsc resume` refuses one runsc does not know paused
+                pass
+            else:
+                rc, out = self._runsc_wait(h, ["resume", "sandtree"], 60)
+                if rc != 0 and b"not paused" not in out and b"Running" not in out:
+                    raise SandboxError(f"runsc resume failed: {out.decode(errors='replace')[-500:]}", step="resume")
             unlink_at(scratch, self.PAUSED)
             return True
         finally:
@@ -267,10 +286,12 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     # runsc's own record of the container (its --root, P's /tmp/state): read directly, it says
     # "running" as `runsc state` would, without a runsc start (~30 ms of CPU each, which the
-    # restore itself needs on a small machine). `runsc state` stays the answer when the file
-    # is not there (another runsc's layout) and for the words of a failure.
+    # restore itself needs on a small machine). `runsc state` is asked only while the file is
+    # not there (another runsc's layout), and for the words of a failure: asked every 0.25 s
+    # beside a readable file, it cost a loaded resume 110-300 ms (the ask's own CPU, and the
+    # file unwatched while it ran).
     STATE_FILE = "state/sandtree_sandbox:sandtree.state"
-    ASK_RUNSC = 0.25                 # seconds between `runsc state` asks meanwhile
+    ASK_RUNSC = 0.25                 # seconds between `runsc state` asks while there is no file
 
     def _wait_running(self, h: LiveHandle, deadline: float) -> None:
         """Until runsc says the restored container runs (or it died: SandboxError with its words)."""
@@ -278,10 +299,12 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         scratch = self.scratch(h)
         try:
             while True:
-                if _status_in(scratch, self.STATE_FILE) == "running":
+                status = _status_in(scratch, self.STATE_FILE)
+                if status == "running":
                     return
                 out = b""
-                if time.monotonic() - asked >= self.ASK_RUNSC:
+                if status is None and not _exists_in(scratch, self.STATE_FILE) \
+                        and time.monotonic() - asked >= self.ASK_RUNSC:
                     rc, out = self._runsc_wait(h, ["state", "sandtree"], 30)
                     asked = time.monotonic()
                     if rc == 0 and _status(out) == "running":
@@ -317,21 +340,27 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         return self.available()
 
     DONE = "gvisor.done"
+    # memory uncompressed (the 300 ms target). Tried, not kept (2026-12-05, interleaved, 2 cores
+    # at load 7-13, too noisy to show a gain): --exclude-committed-zero-pages (memstate's 100 MB
+    # are random), --direct (O_DIRECT writes: the resume then reads from the disk, not the page
+    # cache), and restore --direct.
+    CHECKPOINT = ["--compression", "none"]
 
     def dump_finished(self, h: LiveHandle, images: str) -> bool:
         return os.path.exists(os.path.join(images, self.DONE))
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
-        target), leaving it running: only once the checkpoint is whole (DONE written) is it
-        stopped, so a dumper killed on the way leaves a running (paused) sandbox, never none."""
+        target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
+        none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:
+        engine/retiring.py)."""
         if link:
             raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.set_inheritable(fd, True)
-            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", "--compression",
-                                           "none", "--leave-running", "sandtree"], pass_fds=(fd,))
+            rc, out = self._runsc_wait(h, ["checkpoint", "--image-path", f"/proc/self/fd/{fd}", *self.CHECKPOINT,
+                                           "--leave-running", "sandtree"], pass_fds=(fd,))
         finally:
             os.close(fd)
         if rc != 0:
@@ -341,7 +370,6 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             f.write(b"ok\n")
             f.flush()
             os.fsync(f.fileno())
-        self.stop(h)
 
 
 def _status(text: bytes) -> str | None:
@@ -350,6 +378,59 @@ def _status(text: bytes) -> str | None:
     except ValueError:                   # (runsc rewrites the file in place: read while half written)
         return None
     return got.get("status") if isinstance(got, dict) else None
+
+
+def _control(dir_fd: int, name: str, method: str, timeout: float = 60.0) -> None:
+    """One call of runsc's urpc on the Sentry's control socket `name` under dir_fd: a JSON object
+    each way ({"method", "arg"} -> {"success", "err"}), as runsc makes it. FileNotFoundError: no
+    such socket. Its answer is the sandbox's (read to 64 KiB, only success and err used)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout)
+        s.connect(f"/proc/self/fd/{dir_fd}/{name}")
+        s.sendall(json.dumps({"method": method, "arg": None}).encode())
+        got = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk or len(got) > 65536:
+                raise SandboxError(f"gVisor's control server gave no answer to {method}", step="runsc-control")
+            got += chunk
+            try:
+                answer = json.loads(got)
+                break
+            except ValueError:
+                continue
+    except (ConnectionRefusedError, socket.timeout) as exc:
+        raise SandboxError(f"gVisor's control server did not answer {method}: {exc}", step="runsc-control") from None
+    finally:
+        s.close()
+    if not isinstance(answer, dict) or answer.get("success") is not True:
+        err = answer.get("err") if isinstance(answer, dict) else answer
+        raise SandboxError(f"gVisor refused {method}: {str(err)[:500]}", step="runsc-control")
+
+
+def _write_at(dir_fd: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _read_at(dir_fd: int, name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 64)
+    finally:
+        os.close(fd)
+
+
+def _exists_in(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
 
 
 def _status_in(dir_fd: int, name: str) -> str | None:

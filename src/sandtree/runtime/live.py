@@ -308,11 +308,20 @@ class LiveRuntime(Commands, LiveTier):
         finally:
             os.close(fd)
 
-    def stop(self, h: LiveHandle, wait: float = 5.0) -> None:
-        """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup."""
+    def stop(self, h: LiveHandle, wait: float = 5.0, *, idle: bool = False) -> None:
+        """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup.
+        idle: its threads are SCHED_IDLE first, so their exit (a gVisor Sentry frees its memory
+        file then: 40-90 ms of CPU for 100 MB) runs only when nothing else wants the CPU (a
+        resume right after a hibernation's stop, engine/retiring.py)."""
         if h.deadline_file is not None:
             unlink_quietly(h.deadline_file)
         cg = h.cg()
+        if idle and cg:
+            for tid in cg.threads():
+                try:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                except OSError:
+                    pass                               # (exited meanwhile)
         if self.alive(h):
             try:
                 fd = self.pidfd(h)

@@ -50,8 +50,8 @@ class LiveTiers(LiveTier):
         return self.named(tier).start(spec, lifetime, detach=detach, restore=restore)
 
     # every call on a sandbox: its own tier's
-    def stop(self, h, wait: float = 5.0) -> None:
-        self.of(h).stop(h, wait)
+    def stop(self, h, wait: float = 5.0, *, idle: bool = False) -> None:
+        self.of(h).stop(h, wait, idle=idle)
 
     def retime(self, h, deadline: float) -> None:
         self.of(h).retime(h, deadline)
