@@ -13,13 +13,14 @@ import pytest
 from sandtree.errors import BadArchive
 from sandtree.engine.core import default_idmap
 from sandtree.store import layerpack
-from sandtree.store.layercache import _HashingWriter, _Null
+from sandtree.store.layercache import _Null
+from sandtree.store.layerpack import HashingWriter
 
 from conftest import make_rootfs
 
 
 def _digest(d: str, idmap) -> str:
-    w = _HashingWriter(_Null())
+    w = HashingWriter(_Null())
     layerpack.pack(d, w, idmap)
     return w.h.hexdigest()
 

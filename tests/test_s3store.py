@@ -199,7 +199,8 @@ def test_layers_fetched_at_once_and_unpacked_while_downloading(tmp_path, bucket)
     unpacked while it streams) into exactly the bytes node A packed; a wrong-sized object is refused
     after the stream, with nothing kept."""
     from sandtree.store import layerpack
-    from sandtree.store.layercache import _HashingWriter, _Null
+    from sandtree.store.layercache import _Null
+    from sandtree.store.layerpack import HashingWriter
     db = f"sqlite:///{tmp_path}/shared.db"
     a = node(tmp_path / "a", db, bucket)
     b = node(tmp_path / "b", db, bucket)
@@ -222,7 +223,7 @@ def test_layers_fetched_at_once_and_unpacked_while_downloading(tmp_path, bucket)
         assert b.engine.store.cache.fetched == 3
         rows = dict(b.engine.store.db.query("SELECT layer, sha256 FROM layer_objects"))
         for layer in layers:                                    # packed again: the same bytes as A's
-            w = _HashingWriter(_Null())
+            w = HashingWriter(_Null())
             layerpack.pack(b.engine.store.layers.path(layer), w, b.engine.store.idmap)
             assert w.h.hexdigest() == rows[layer]
         # an object one byte longer than its row: refused once streamed, nothing left behind

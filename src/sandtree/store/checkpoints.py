@@ -15,7 +15,6 @@ directory (a node that resumed it, then another node hibernated it again) is nev
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 
@@ -26,16 +25,6 @@ from .layers import remove_tree
 
 def checkpoint_key(sid: str) -> str:
     return f"checkpoints/{sid}.tar"
-
-
-class _HashingFile:
-    def __init__(self, f):
-        self.f, self.h, self.size = f, hashlib.sha256(), 0
-
-    def write(self, b):
-        self.h.update(b)
-        self.size += len(b)
-        return self.f.write(b)
 
 
 def _sidecar(directory: str) -> str:
@@ -49,7 +38,7 @@ def publish(store, sid: str, directory: str) -> dict:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)   # memory: root only
         with os.fdopen(fd, "wb") as f:
-            w = _HashingFile(f)
+            w = layerpack.HashingWriter(f)
             layerpack.pack(directory, w, store.idmap)
         store.objects.put_file(checkpoint_key(sid), tmp)
     finally:

@@ -17,7 +17,6 @@ mountinfo names it), or the lower of a live sandbox (the sandboxes table), or ha
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import secrets
@@ -32,16 +31,6 @@ from .layers import remove_tree
 
 log = logging.getLogger("sandtree.store")
 FETCHES = 4                   # layers of one image fetched at once
-
-
-class _HashingWriter:
-    def __init__(self, f):
-        self.f, self.h, self.size = f, hashlib.sha256(), 0
-
-    def write(self, b):
-        self.h.update(b)
-        self.size += len(b)
-        return self.f.write(b)
 
 
 def layer_key(layer: str) -> str:
@@ -64,7 +53,7 @@ class LayerCache:
         tmp = os.path.join(self.store.layers.tmp, f"pack-{owner_prefix()}{secrets.token_hex(6)}")
         try:
             with open(tmp, "wb") as f:
-                w = _HashingWriter(f)
+                w = layerpack.HashingWriter(f)
                 layerpack.pack(staged, w, self.store.idmap)
             self.objects.put_file(layer_key(layer), tmp)
         finally:
@@ -221,7 +210,7 @@ class LayerCache:
             if not os.path.exists(os.path.join(self.dir, layer)):
                 self._mark(layer, _dir_bytes(self.store.layers.path(layer)))
             if layer in rows:
-                w = _HashingWriter(_Null())
+                w = layerpack.HashingWriter(_Null())
                 layerpack.pack(self.store.layers.path(layer), w, self.store.idmap)
                 if w.h.hexdigest() != rows[layer]:
                     problems.append({"kind": "cached_layer_mismatch", "layer": layer})

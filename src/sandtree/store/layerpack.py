@@ -16,6 +16,7 @@ BadArchive."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import collections
 import os
 import stat
@@ -32,6 +33,19 @@ WRITERS = 4                   # threads creating files while the tar is parsed (
 HANDOFF_MAX = 1 << 20         # files up to this size are read into memory and written by a writer thread
 INFLIGHT_MAX = 64 << 20       # bytes handed to writers and not yet written
 _TRUSTED_OK = ("trusted.overlay.opaque", DEVICE_MARKER)   # opaque dirs; an import's device placeholders
+
+
+class HashingWriter:
+    """A file-like sink that counts and sha256-hashes what is written through it (a packed layer's
+    or checkpoint's digest and size, for the row that names it)."""
+
+    def __init__(self, f):
+        self.f, self.h, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b):
+        self.h.update(b)
+        self.size += len(b)
+        return self.f.write(b)
 
 
 def pack(layer_dir: str, out, idmap: IdMap) -> None:
