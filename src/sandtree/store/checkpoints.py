@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..errors import BadArchive, StoreCorrupt
+from ..errors import StoreCorrupt
 from . import layerpack
 from .layers import remove_tree
 
@@ -78,16 +78,7 @@ def fetch(store, sid: str, record: dict, directory: str) -> bool:
     staged = os.path.join(os.path.dirname(directory), f".fetch-{sid}-{secrets.token_hex(6)}")
     os.mkdir(staged, 0o700)
     try:
-        body = store.objects.stream(checkpoint_key(sid), digest, size)
-        try:
-            try:
-                layerpack.unpack(body, staged, store.idmap, max_bytes=size)
-            except (BadArchive, OSError):
-                body.finish()                    # bytes other than the recorded ones: StoreCorrupt
-                raise
-            body.finish()
-        finally:
-            body.close()
+        layerpack.unpack_verified(store.objects.stream(checkpoint_key(sid), digest, size), staged, store.idmap, size)
         remove(directory)                        # a stale one (another upload): files only
         os.rename(staged, directory)
         _write_sidecar(directory, digest)

@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import BadArchive, StoreCorrupt
+from ..errors import StoreCorrupt
 from ..procid import owner_prefix
 from . import layerpack
 from .layers import remove_tree
@@ -103,16 +103,8 @@ class LayerCache:
             # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
             # dir nothing uses until the whole object's sha256 and size matched the row.
             t0 = time.perf_counter()
-            body = self.objects.stream(layer_key(layer), digest, size)
-            try:
-                try:
-                    total = layerpack.unpack(body, staged, self.store.idmap, max_bytes=size)
-                except (BadArchive, OSError):
-                    body.finish()                # bytes other than the recorded ones: StoreCorrupt
-                    raise
-                body.finish()
-            finally:
-                body.close()
+            total = layerpack.unpack_verified(self.objects.stream(layer_key(layer), digest, size), staged,
+                                              self.store.idmap, size)
             self._took("download+unpack", time.perf_counter() - t0)
             try:
                 os.rename(staged, self.store.layers.path(layer))

@@ -119,6 +119,22 @@ def unpack(src, dest: str, idmap: IdMap, max_bytes: int, writers: int = WRITERS)
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def unpack_verified(body, dest: str, idmap: IdMap, size: int) -> int:
+    """unpack() of a VerifiedStream (S3Objects.stream) into `dest` as it downloads; the stream's
+    finish() then checks the whole object's sha256 and size. A tar that fails the checks is read to
+    its end first, so a damaged object is named StoreCorrupt, not only BadArchive."""
+    try:
+        try:
+            total = unpack(body, dest, idmap, max_bytes=size)
+        except (BadArchive, OSError):
+            body.finish()                        # bytes other than the recorded ones: StoreCorrupt
+            raise
+        body.finish()
+        return total
+    finally:
+        body.close()
+
+
 class _Writes:
     """Files handed to the writer threads: bounded in bytes, their errors raised here."""
 
