@@ -76,8 +76,12 @@ def test_two_replicas_serve_one_store_and_a_killed_one_loses_nothing(tmp_path, p
         # runs in flight on A when it dies
         slow = [a.post("/runs", json={"image": img, "command": "sleep 60", "wait": False}).json()["id"]
                 for _ in range(2)]
-        time.sleep(1.0)
-        assert {b.get(f"/operations/{op}").json()["status"] for op in slow} <= {"queued", "running"}
+        # B cannot see A's queue: the rows say they began (A's own view agrees)
+        end = time.monotonic() + 30
+        while {b.get(f"/operations/{op}").json()["status"] for op in slow} != {"running"} and time.monotonic() < end:
+            time.sleep(0.2)
+        assert {b.get(f"/operations/{op}").json()["status"] for op in slow} == {"running"}
+        assert {a.get(f"/operations/{op}").json()["status"] for op in slow} == {"running"}
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=30)
         # B ends them as interrupted (A's process is gone: judged at B's next sweep), and serves on
@@ -132,7 +136,9 @@ def test_an_owner_of_another_machine_is_judged_by_its_heartbeat(tmp_path, pg_clu
         with eng.store.db.tx() as con:
             con.execute("INSERT INTO engines(owner, beat) VALUES(?, ?)", (other.key(), time.time()))
         ops._recover()
-        assert all(ops.get(op)["status"] in ("queued", "running") for op in (fresh, stale, gone))
+        assert all(ops.get(op)["status"] == "queued" for op in (fresh, stale, gone))
+        ops.records.start(fresh, {"command": "sleep 1", **other.to_dict(), "queued": True})
+        assert ops.get(fresh)["status"] == "running" and "queued" not in ops.get(fresh)["spec"]
         with eng.store.db.tx() as con:
             con.execute("UPDATE engines SET beat=? WHERE owner=?", (time.time() - LEASE - 1, other.key()))
         ops._recover()

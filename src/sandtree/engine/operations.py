@@ -223,6 +223,7 @@ class Operations:
                 self._event(op, "end", json.dumps({"status": "cancelled"}))
                 return None
             self._event(op, "start", json.dumps({"image": source}))
+            self.records.start(op, spec)
             try:
                 # the ref, not the ID: a run on a branch starts from its head then, and advances it
                 if live:
@@ -282,6 +283,7 @@ class Operations:
                 self._event(op, "end", json.dumps({"status": "cancelled"}))
                 return None
             self._event(op, "start", json.dumps({"reference": reference}))
+            self.records.start(op, spec)
             try:
                 if credentials is not None:
                     self.host.registry_login(ref.registry, *credentials)
@@ -314,7 +316,9 @@ class Operations:
         with self.lock:
             live = self.live.get(op)
         if rec["finished"] is None:
-            rec["status"] = "running" if live and live[0].running() else "queued"
+            # this process's queue knows; a row another replica runs says whether it began
+            rec["status"] = ("running" if live[0].running() else "queued") if live else \
+                ("queued" if rec["spec"].get("queued") else "running")
         else:
             o = rec["outcome"] or {}
             rec["status"] = ("cancelled" if o.get("cancelled") else "failed" if "error" in o else "done")

@@ -60,6 +60,14 @@ class Records:
         with self.store.db.tx() as con:
             self.write(con, op, kind, source, None, spec, None, time.time(), None, replace=False)
 
+    def start(self, op: str, spec: dict) -> None:
+        """A queued row's run has begun: its spec says so (`queued` gone, `began` set), so another
+        replica, which cannot see this process's queue, reads it as running. Outside the one-writer
+        order: it decides nothing on what it reads."""
+        spec = {**{k: v for k, v in spec.items() if k != "queued"}, "began": time.time()}
+        with self.store.db.tx(serial=False) as con:
+            con.execute("UPDATE operations SET spec=? WHERE id=? AND finished IS NULL", (dumps(spec), op))
+
     def finish(self, op: str, outcome: dict) -> None:
         """End an operation that made nothing (failed, cancelled) with its outcome (over the one its
         run recorded: the typed error the caller sees); never one that made an image (a run that
