@@ -85,3 +85,58 @@ def test_gc_sweeps_what_a_killed_engines_pool_left_and_keeps_what_is_in_use(tmp_
         finally:
             live.stop()
         assert not set(os.listdir(deadlines)) & live_files        # its engine removes it at the end
+
+
+def test_gc_removes_transfer_temp_files_of_killed_processes_only(tmp_path):
+    """A process killed while writing a blob (or fetching/packing from S3) leaves a temp file
+    named by its owner: gc removes it once that process is verifiably gone, and before that fix
+    such a name in a blob shard made gc fail (blobs.files() yielded it as a digest)."""
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home)
+    try:
+        fifo = str(tmp_path / "fifo")
+        os.mkfifo(fifo)
+        digest = "ab" * 32
+        # a writer blocked mid-blob (its source never ends), then killed -9
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sandtree
+            st = sandtree.Sandtree({home!r})
+            st.engine.store.blobs.put_file({fifo!r}, {digest!r})
+        """)])
+        with open(fifo, "wb") as w:
+            w.write(b"x" * 1000)
+            w.flush()
+            shard = os.path.join(home, "objects", "blobs", "ab")
+            for _ in range(600):
+                if os.path.isdir(shard) and any(n.startswith(".tmp-") for n in os.listdir(shard)):
+                    break
+                time.sleep(0.05)
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        [blob_tmp] = [os.path.join(shard, n) for n in os.listdir(shard) if n.startswith(".tmp-")]
+        # what a killed checkpoint transfer leaves (named as checkpoints.py names them), by a gone process
+        made = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            import os
+            from sandtree.procid import owner_prefix
+            d = os.path.join({home!r}, "sandboxes")
+            os.makedirs(d, exist_ok=True)
+            open(os.path.join(d, ".pack-" + owner_prefix() + "sb1-0a0b"), "w").close()
+            os.makedirs(os.path.join(d, ".fetch-" + owner_prefix() + "sb1-0c0d", "sub"))
+            print(owner_prefix())
+        """)], capture_output=True, text=True, check=True)
+        assert made.stdout.strip()
+        sandboxes = os.path.join(home, "sandboxes")
+        dead = sorted(os.path.join(sandboxes, n) for n in os.listdir(sandboxes) if n.startswith((".pack-", ".fetch-")))
+        assert len(dead) == 2
+        # this (live) process's own transfer in progress stays
+        from sandtree.procid import owner_prefix
+        mine = os.path.join(sandboxes, f".fetch-{owner_prefix()}sb2-0e0f")
+        os.mkdir(mine)
+        out = st.gc()
+        assert out["removed_transfers"] == 3, out
+        assert not any(os.path.lexists(p) for p in [blob_tmp, *dead])
+        assert os.path.isdir(mine)
+        os.rmdir(mine)
+        assert st.gc()["removed_transfers"] == 0
+    finally:
+        st.close()

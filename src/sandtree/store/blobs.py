@@ -20,6 +20,7 @@ import stat
 import tempfile
 
 from ..errors import NotRegularFile
+from ..procid import owner_prefix
 from .names import check_digest
 
 CHUNK = 1 << 20
@@ -111,7 +112,7 @@ class BlobStore:
     def _write_atomic(self, digest: str, chunks) -> None:
         dst = self.file_path(digest)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=f".tmp-{owner_prefix()}")
         try:
             with os.fdopen(fd, "wb") as f:
                 for c in chunks:
@@ -143,8 +144,12 @@ class BlobStore:
             if len(d) != 2 or not os.path.isdir(sub):
                 continue
             for name in os.listdir(sub):
-                if not name.startswith(".tmp-"):
+                if not name.startswith("."):          # temp files (layers.TRANSFER_PREFIXES)
                     yield d + name
+
+    def shards(self) -> list[str]:
+        """The directories blob files (and their temp files) are in."""
+        return [os.path.join(self.root, d) for d in os.listdir(self.root) if len(d) == 2]
 
     def remove_file(self, digest: str) -> None:
         try:

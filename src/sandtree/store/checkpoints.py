@@ -19,6 +19,7 @@ import os
 import secrets
 
 from ..errors import StoreCorrupt
+from ..procid import owner_prefix
 from . import layerpack
 from .layers import remove_tree
 
@@ -34,7 +35,7 @@ def _sidecar(directory: str) -> str:
 def publish(store, sid: str, directory: str) -> dict:
     """Pack `directory` and upload it as sandbox `sid`'s checkpoint; returns {"sha256", "size"}
     (for its row). Returns once the object is complete in S3."""
-    tmp = os.path.join(os.path.dirname(directory), f".pack-{sid}-{secrets.token_hex(6)}")
+    tmp = os.path.join(os.path.dirname(directory), f".pack-{owner_prefix()}{sid}-{secrets.token_hex(6)}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)   # memory: root only
         with os.fdopen(fd, "wb") as f:
@@ -75,7 +76,7 @@ def fetch(store, sid: str, record: dict, directory: str) -> bool:
         raise StoreCorrupt(f"sandbox {sid}'s checkpoint record is damaged", sandbox=sid)
     if is_local(directory, record):
         return False
-    staged = os.path.join(os.path.dirname(directory), f".fetch-{sid}-{secrets.token_hex(6)}")
+    staged = os.path.join(os.path.dirname(directory), f".fetch-{owner_prefix()}{sid}-{secrets.token_hex(6)}")
     os.mkdir(staged, 0o700)
     try:
         layerpack.unpack_verified(store.objects.stream(checkpoint_key(sid), digest, size), staged, store.idmap, size)

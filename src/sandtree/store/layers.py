@@ -244,6 +244,29 @@ def mount_points_under(path: str) -> list[str]:
     return found
 
 
+# What a process writes before renaming it into place, named `PREFIX` + its owner_prefix(): left
+# behind only when it was killed (blob and S3 temp files, checkpoint packs and fetches).
+TRANSFER_PREFIXES = (".tmp-", ".fetch-", ".pack-")
+
+
+def remove_dead_transfers(directory: str) -> int:
+    """Remove the transfer leftovers in `directory` whose owner verifiably died; how many."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        prefix = next((p for p in TRANSFER_PREFIXES if name.startswith(p)), None)
+        if prefix is not None and dead_owner(name[len(prefix):]):
+            try:
+                remove_tree(os.path.join(directory, name))
+                removed += 1
+            except (OSError, RuntimeError) as exc:        # a mount beneath it, a race: left, said
+                log.warning("cannot remove leftover %s: %s", name, exc)
+    return removed
+
+
 def remove_tree(path: str) -> None:
     """rm -rf that refuses to cross a mount (a bind of a lower would delete the image)."""
     if not os.path.lexists(path):

@@ -14,6 +14,7 @@ import stat
 import time
 
 from .blobs import hash_file
+from .layers import remove_dead_transfers
 from .objects import DIR, FILE, decode_tree, tree_hash_and_data
 from . import ephemeral
 from .store import Store
@@ -198,8 +199,11 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
             if now - os.lstat(path).st_ctime >= max(grace, retention):
                 store.blobs.remove_file(b)
                 removed_blobs += 1
+    # temp files of transfers a killed process left (blob writes, S3 fetches, checkpoint packs)
+    transfers = sum(remove_dead_transfers(d) for d in [*store.blobs.shards(), os.path.join(store.home, "sandboxes")])
     return {"removed_images": len(doomed), "removed_trees": len(dead_trees),
             "removed_layers": removed_layers, "removed_blobs": removed_blobs, "kept_images": len(keep),
+            "removed_transfers": transfers,
             **({"removed_objects": removed_objects} if store.objects else {})}
 
 

@@ -28,6 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import config
 from ..errors import StoreCorrupt, StoreUnavailable, TooLarge
+from ..procid import owner_prefix
 from .objecturl import parse_url
 
 CHUNK = 1 << 20
@@ -66,7 +67,7 @@ class S3Objects:
         `digest` (and its size `size`); else StoreCorrupt and nothing is left behind."""
         d = os.path.dirname(dest)
         os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".fetch-")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".fetch-{owner_prefix()}")   # (a killed one: gc)
         try:
             resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.prefix + key)
             body = resp["Body"]
