@@ -121,9 +121,11 @@ def test_a_runs_rlimits_are_the_sandboxs_not_the_engines(bb):
 def test_a_live_execs_rlimits_are_the_sandboxs_not_the_engines(bb):
     with bb.start(idle_timeout=60, lifetime=120) as sb:
         got = _parse_limits(sb.exec(["/bin/cat", "/proc/self/limits"]).stdout.decode())
-        # the output drain is a command of the sandbox too (drain.c): same limits
-        drain = sb.exec(["/bin/sh", "-c", "for p in /proc/[0-9]*; do "
-                         "[ \"$(cat $p/comm)\" = sandtree-drain ] && cat $p/limits && break; done"])
+        # the output drain is a command of the sandbox too (drain.c): same limits. It starts beside
+        # the command (it may not have exec'd yet when the command first looks): look until it has
+        drain = sb.exec(["/bin/sh", "-c", "for i in $(seq 200); do for p in /proc/[0-9]*; do "
+                         "[ \"$(cat $p/comm)\" = sandtree-drain ] && cat $p/limits && exit; done; "
+                         "sleep 0.05; done"])
     assert got == _expected_rlimits()
     assert _parse_limits(drain.stdout.decode()) == _expected_rlimits()
 
