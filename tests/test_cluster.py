@@ -337,6 +337,51 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         status = remote.cluster_status()
         assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
         assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
+        _rest_streams_and_cancels(cst, remote, url)
+
+
+def _rest_streams_and_cancels(cst, remote, url):
+    """Through REST: a run's event stream (SSE) carries its output while it runs on its node and a
+    cancel over REST ends it there; a live sandbox's exec streams; a Contree instance (a live run)
+    runs on a node, its subprocess started there, its DELETE cancels it."""
+    import httpx
+    ops = remote.engine.operations
+    op = ops.submit_run(cst.image.id, "echo ready; sleep 60")
+    seen = []
+
+    def on_output(stream, chunk):
+        seen.append(chunk)
+        if b"ready" in b"".join(seen):
+            ops.cancel(op)
+    ops.stream(op, on_output)
+    [done] = ops.wait([op], timeout=60)
+    assert done["status"] == "cancelled" and b"".join(seen) == b"ready\n", done
+    sid = remote.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        # it goes on only once the test, seeing `ready`, has written /go: its output came as it ran
+        got = []
+
+        def go(stream, chunk):
+            got.append(chunk)
+            if b"ready" in chunk:
+                cst.engine.sandbox_write(sid, "/go", b"")
+        rec = remote.engine.sandbox_exec(sid, ["sh", "-c", "echo ready; while [ ! -e /go ]; do sleep 0.05; done; "
+                                                          "echo went"], on_output=go)
+        assert rec.exit_code == 0 and b"".join(got) == rec.stdout == b"ready\nwent\n", rec
+    finally:
+        remote.engine.sandbox_stop(sid)
+    inst = httpx.post(f"{url}/v1/instances", json={"command": "echo started; sleep 60", "shell": True,
+                                                   "image": "tag:busybox"})
+    assert inst.status_code == 201, inst.text
+    op = inst.json()["uuid"].replace("-", "")
+    sub = httpx.post(f"{url}/v1/operations/{op}/subprocesses", json={"command": "echo sub", "shell": True})
+    assert sub.status_code == 201, sub.text
+    assert [n["node"] for n in cst.cluster_status()["nodes"] if op in n["sandbox_ids"]]   # on a node
+    assert httpx.delete(f"{url}/v1/operations/{op}").status_code == 202
+    with httpx.stream("GET", f"{url}/v1/operations/{op}/events", params={"follow": "1"}, timeout=60) as r:
+        for _ in r.iter_lines():
+            pass
+    assert httpx.get(f"{url}/v1/operations/{op}").json()["status"] == "CANCELLED"
 
 
 def test_cli_cluster_status(cst, ray_cluster):
