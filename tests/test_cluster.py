@@ -377,6 +377,12 @@ def _rest_streams_and_cancels(cst, remote, url):
     sub = httpx.post(f"{url}/v1/operations/{op}/subprocesses", json={"command": "echo sub", "shell": True})
     assert sub.status_code == 201, sub.text
     assert [n["node"] for n in cst.cluster_status()["nodes"] if op in n["sandbox_ids"]]   # on a node
+    for _ in range(200):                   # ?inflight: its output so far, streamed from its node
+        live = httpx.get(f"{url}/v1/operations/{op}", params={"inflight": ""}).json()
+        if (live["metadata"]["result"] or {}).get("stdout", {}).get("value"):
+            break
+        time.sleep(0.05)
+    assert live["status"] == "EXECUTING" and live["metadata"]["result"]["stdout"]["value"] == "started\n", live
     assert httpx.delete(f"{url}/v1/operations/{op}").status_code == 202
     with httpx.stream("GET", f"{url}/v1/operations/{op}/events", params={"follow": "1"}, timeout=60) as r:
         for _ in r.iter_lines():
