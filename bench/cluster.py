@@ -1,6 +1,7 @@
 """`make bench` rows for the cluster on Ray (issue 20 item 3): the dispatch overhead of a run sent
 to a node actor against the same run in-process (p50 of sequential runs of /bin/true, and of a
-no-op call to a node: the fabric's own round trip), and runs/s of /bin/true through st.map with 1
+no-op call to a node: the fabric's own round trip; and of `echo x` with and without an on_output
+callback: the streamed call against the one-answer call), and runs/s of /bin/true through st.map with 1
 and then 2 worker nodes. A real Ray cluster on this machine (tests/raycluster.py: a head without
 CPUs, worker nodes of 1 CPU each) and one PostgreSQL database (tests/pgcluster.py) shared by the
 API side and the nodes, as are the store directory and its layers. On a 2-CPU machine every node,
@@ -74,6 +75,9 @@ def main() -> None:
         cp50, cp90 = p50_ms(lambda: ceng.run(image.id, ["/bin/true"]), args.n // 2)
         rows.append(("run of /bin/true, through the cluster (1 node)", f"{cp50:.2f}", f"{cp90:.2f}"))
         rows.append(("dispatch overhead (difference of p50s)", f"{cp50 - lp50:.2f}", ""))
+        for label, kw in (("without on_output", {}), ("with on_output (streamed)", {"on_output": lambda s, c: None})):
+            ep50, ep90 = p50_ms(lambda: ceng.run(image.id, ["echo", "x"], **kw), args.n // 2)
+            rows.append((f"run of `echo x` through the cluster, {label}", f"{ep50:.2f}", f"{ep90:.2f}"))
         fabric = ceng.fabric
         nid = fabric.pick()
         np50, np90 = p50_ms(lambda: fabric._get(nid, fabric._actor(nid).owns.remote("x"), "a no-op"), args.n)

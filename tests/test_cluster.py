@@ -5,6 +5,7 @@ cluster for the module; the node-killing test runs last (it takes a node away)."
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 
 import sandtree
-from sandtree.errors import InvalidInput, NodeLost, NotFound
+from sandtree.errors import Conflict, InvalidInput, NodeLost, NotFound
 
 pytest.importorskip("ray")
 
@@ -202,6 +203,124 @@ def test_cancel_reaches_the_node(cst):
     assert done["status"] == "cancelled" and time.monotonic() - t0 < 10, done
 
 
+def _cancel_on_ready(cancel: threading.Event, seen: list):
+    """An on_output that sets `cancel` once the command said `ready` (seen: what it got)."""
+    def on_output(stream, chunk):
+        seen.append((stream, chunk))
+        if b"ready" in b"".join(c for s, c in seen if s == "stdout"):
+            cancel.set()
+    return on_output
+
+
+def test_output_streams_and_a_cancel_reaches_the_node(cst):
+    """A run that says `ready` and then sleeps: its on_output sees `ready` while it runs (so the
+    output streams from its node) and cancels it there; it ends cancelled as a local run does."""
+    cancel, seen = threading.Event(), []
+    rec = cst.engine.run(cst.image.id, ["sh", "-c", "echo ready; sleep 60; echo never"],
+                         on_output=_cancel_on_ready(cancel, seen), cancel=cancel)
+    assert rec.cancelled and rec.image is None and rec.usage["node"], rec
+    assert rec.stdout == b"ready\n" and b"".join(c for _, c in seen) == b"ready\n"
+    # a submitted run: its events stream as it runs, and Operations.cancel reaches its node
+    ops = cst.engine.operations
+    op = ops.submit_run(cst.image.id, ["sh", "-c", "echo ready; sleep 60"])
+    new, after = [], 0
+    while not any(k == "stdout" and "ready" in d for _, k, d in new):
+        got, ended = ops.events_after(op, after, 30)
+        assert not ended, got
+        new += got
+        after = got[-1][0] if got else after
+    assert ops.cancel(op)["status"] in ("running", "cancelled")
+    [done] = ops.wait([op], timeout=60)
+    assert done["status"] == "cancelled" and done["outcome"]["cancelled"], done
+    # sandbox_exec on a live sandbox (pinned to its node): streamed and cancelled there too
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        cancel, seen = threading.Event(), []
+        rec = cst.engine.sandbox_exec(sid, ["sh", "-c", "echo ready; sleep 60"],
+                                      on_output=_cancel_on_ready(cancel, seen), cancel=cancel)
+        assert rec.cancelled and b"".join(c for _, c in seen) == b"ready\n", rec
+        assert cst.engine.sandbox_exec(sid, ["echo", "after"]).stdout == b"after\n"
+    finally:
+        cst.engine.sandbox_stop(sid)
+
+
+def test_streamed_output_keeps_its_order_on_both_streams(cst):
+    script = "i=0; while [ $i -lt 3000 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done"
+    seen = {"stdout": [], "stderr": []}
+    rec = cst.engine.run(cst.image.id, ["sh", "-c", script], on_output=lambda s, c: seen[s].append(c))
+    assert rec.exit_code == 0 and rec.usage["node"]
+    for stream, word in (("stdout", "out"), ("stderr", "err")):
+        want = "".join(f"{word}{i}\n" for i in range(3000)).encode()
+        assert b"".join(seen[stream]) == want == getattr(rec, stream)
+    # without on_output: the one-answer call, the same record
+    plain = cst.engine.run(cst.image.id, ["sh", "-c", script])
+    assert (plain.stdout, plain.stderr) == (rec.stdout, rec.stderr)
+
+
+def _node_of(cst, sid: str) -> str:
+    [nid] = [n["node"] for n in cst.cluster_status()["nodes"] if sid in n["sandbox_ids"]]
+    return nid
+
+
+def test_live_run_and_its_processes_run_on_a_node(cst):
+    """A live run (stdin open: Contree's instance) runs on a node, which owns it while it runs; its
+    stdin, spawned processes, signals and process views go there; its events stream here."""
+    ops = cst.engine.operations
+    op = ops.submit_run(cst.image.id, ["sh", "-c", "read line; echo got $line; echo $line > /said"],
+                        stdin_open=True)
+    spid = cst.engine.sandbox_spawn(op, ["sh", "-c", "echo two; sleep 60"])    # waits for its sandbox
+    nid = _node_of(cst, op)
+    assert spid == 2 and cst.engine.fabric.sandbox_node(op) == nid
+    deadline = time.monotonic() + 30
+    while cst.engine.sandbox_process(op, 2)["stdout"] != "two\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cst.engine.sandbox_process(op, 2)["stdout"] == "two\n"
+    cst.engine.sandbox_signal(op, 2, "TERM")
+    cst.engine.sandbox_stdin(op, 1, "hello\n")
+    [done] = ops.wait([op], timeout=60)
+    assert done["status"] == "done" and done["outcome"]["exit_code"] == 0, done
+    rec = ops.result(op)
+    assert rec.stdout == b"got hello\n" and rec.usage["node"] == nid, rec
+    assert cst.engine.read(rec.image, "/said") == b"hello\n"
+    # its events came here as they happened: process 2's spawn, output and exit, process 1's output
+    events, _ = ops.events_after(op, 0, 0)
+    procs = [json.loads(d) for _, k, d in events if k == "proc"]
+    assert [p["type"] for p in procs if p["spid"] == 2][:1] == ["spawn"]
+    assert {"type": "stdout", "spid": 2, "data": "two\n"}.items() <= next(
+        p for p in procs if p["spid"] == 2 and p["type"] == "stdout").items()
+    assert [p["signal"] for p in procs if p["spid"] == 2 and p["type"] == "exit"] == [15]
+    assert "".join(d for _, k, d in events if k == "stdout") == "got hello\n"
+    # ended: its processes are told from its events here; the node owns it no more
+    assert op not in _node(cst, nid)["sandbox_ids"]
+    assert cst.engine.sandbox_process(op, 1)["exit_code"] == 0
+    with pytest.raises(Conflict):
+        cst.engine.sandbox_spawn(op, ["true"])
+    # a cancel reaches it on its node
+    op = ops.submit_run(cst.image.id, ["sleep", "60"], live=True)
+    assert cst.engine.sandbox_spawn(op, ["true"]) == 2
+    ops.cancel(op)
+    [done] = ops.wait([op], timeout=60)
+    assert done["status"] == "cancelled", done
+
+
+def test_processes_of_a_plain_live_sandbox_run_on_its_node(cst):
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        spid = cst.engine.sandbox_spawn(sid, ["sh", "-c", "read x; echo $x$x"], stdin_open=True)
+        cst.engine.sandbox_stdin(sid, spid, "ab\n")
+        deadline = time.monotonic() + 30
+        while cst.engine.sandbox_process(sid, spid)["exit_code"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = cst.engine.sandbox_process(sid, spid)
+        assert view["exit_code"] == 0 and view["stdout"] == "abab\n", view
+        # the process is the node's: its Instances knows it, the API side's does not
+        nid = _node_of(cst, sid)
+        assert cst.engine.fabric.ask(nid, "process", sid, spid)["stdout"] == "abab\n"
+        assert sid not in cst.engine.operations.instances.plain
+    finally:
+        cst.engine.sandbox_stop(sid)
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
@@ -218,6 +337,57 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         status = remote.cluster_status()
         assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
         assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
+        _rest_streams_and_cancels(cst, remote, url)
+
+
+def _rest_streams_and_cancels(cst, remote, url):
+    """Through REST: a run's event stream (SSE) carries its output while it runs on its node and a
+    cancel over REST ends it there; a live sandbox's exec streams; a Contree instance (a live run)
+    runs on a node, its subprocess started there, its DELETE cancels it."""
+    import httpx
+    ops = remote.engine.operations
+    op = ops.submit_run(cst.image.id, "echo ready; sleep 60")
+    seen = []
+
+    def on_output(stream, chunk):
+        seen.append(chunk)
+        if b"ready" in b"".join(seen):
+            ops.cancel(op)
+    ops.stream(op, on_output)
+    [done] = ops.wait([op], timeout=60)
+    assert done["status"] == "cancelled" and b"".join(seen) == b"ready\n", done
+    sid = remote.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        # it goes on only once the test, seeing `ready`, has written /go: its output came as it ran
+        got = []
+
+        def go(stream, chunk):
+            got.append(chunk)
+            if b"ready" in chunk:
+                cst.engine.sandbox_write(sid, "/go", b"")
+        rec = remote.engine.sandbox_exec(sid, ["sh", "-c", "echo ready; while [ ! -e /go ]; do sleep 0.05; done; "
+                                                          "echo went"], on_output=go)
+        assert rec.exit_code == 0 and b"".join(got) == rec.stdout == b"ready\nwent\n", rec
+    finally:
+        remote.engine.sandbox_stop(sid)
+    inst = httpx.post(f"{url}/v1/instances", json={"command": "echo started; sleep 60", "shell": True,
+                                                   "image": "tag:busybox"})
+    assert inst.status_code == 201, inst.text
+    op = inst.json()["uuid"].replace("-", "")
+    sub = httpx.post(f"{url}/v1/operations/{op}/subprocesses", json={"command": "echo sub", "shell": True})
+    assert sub.status_code == 201, sub.text
+    assert [n["node"] for n in cst.cluster_status()["nodes"] if op in n["sandbox_ids"]]   # on a node
+    for _ in range(200):                   # ?inflight: its output so far, streamed from its node
+        live = httpx.get(f"{url}/v1/operations/{op}", params={"inflight": ""}).json()
+        if (live["metadata"]["result"] or {}).get("stdout", {}).get("value"):
+            break
+        time.sleep(0.05)
+    assert live["status"] == "EXECUTING" and live["metadata"]["result"]["stdout"]["value"] == "started\n", live
+    assert httpx.delete(f"{url}/v1/operations/{op}").status_code == 202
+    with httpx.stream("GET", f"{url}/v1/operations/{op}/events", params={"follow": "1"}, timeout=60) as r:
+        for _ in r.iter_lines():
+            pass
+    assert httpx.get(f"{url}/v1/operations/{op}").json()["status"] == "CANCELLED"
 
 
 def test_cli_cluster_status(cst, ray_cluster):

@@ -4,14 +4,19 @@ Which Ray nodes are sandtree nodes: every live node with a CPU resource (a head 
 `--num-cpus=0` only coordinates). Each gets one detached, named actor (`sandtree-node-<node id>`
 in the namespace `sandtree`), so every API replica on the cluster finds the same actors instead of
 starting its own. A run goes to choose_node's pick; a live sandbox stays on the node that started
-it (every later call goes there). A node that dies takes its calls with it: they end as NodeLost
-(a typed error naming the node and Ray's reason), and the node leaves the picture.
+it (every later call goes there), as does a live run (its operation ID) while it runs. A call
+whose caller watches its output is streamed (a Ray generator method of the node: node.py), its
+chunks passed on in order as they come; a cancel reaches the node as Node.cancel(key). A node that
+dies takes its calls with it: they end as NodeLost (a typed error naming the node and Ray's
+reason), and the node leaves the picture.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 
 from ..errors import NodeLost, RuntimeUnavailable
 from .node import Node
@@ -153,12 +158,31 @@ class Fabric:
     # ---- calls ---------------------------------------------------------------------------------
     def _get(self, nid: str, ref, what: str, cancel=None, on_cancel=None):
         """ray.get of a call on node `nid`: its result, its own error re-raised, or NodeLost."""
-        try:
-            while cancel is not None and not ray.wait([ref], timeout=0.2)[0]:
-                if cancel.is_set() and on_cancel is not None:
-                    on_cancel()
-                    on_cancel = None
+        with self._answer(nid, what):
+            _await(ref, cancel, on_cancel)
             return ray.get(ref)
+
+    def _stream(self, nid: str, gen, what: str, on_output, cancel=None, on_cancel=None, on_item=None):
+        """Drive a streamed call on node `nid` (node.py's items): its output to on_output(stream,
+        chunk) in order as it comes, its other items to on_item(kind, payload); its result, its
+        own error re-raised, or NodeLost."""
+        with self._answer(nid, what):
+            while True:
+                on_cancel = _await(gen, cancel, on_cancel)
+                kind, payload = ray.get(next(gen))     # (a stream ends with its result or its error)
+                if kind == "result":
+                    return payload
+                if kind == "output":
+                    for stream, chunk in payload:
+                        on_output(stream, chunk)
+                elif on_item is not None:
+                    on_item(kind, payload)
+
+    @contextlib.contextmanager
+    def _answer(self, nid: str, what: str):
+        """A call on node `nid` answered: its own error re-raised, a lost node's as NodeLost."""
+        try:
+            yield
         except ray.exceptions.RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, BaseException):
@@ -179,25 +203,63 @@ class Fabric:
             raise NodeLost(f"node {nid[:12]} is not in the cluster any more", node=nid)
         return actor
 
-    def run(self, ref: str, command, *, op_id: str | None, options: dict, layers=(), cancel=None, avoid=()):
-        """A run on the chosen node (Node.run): its RunRecord."""
+    def run(self, ref: str, command, *, op_id: str | None, options: dict, layers=(), cancel=None, avoid=(),
+            on_output=None):
+        """A run on the chosen node (Node.run): its RunRecord. on_output: its output streamed
+        (Node.run_streamed); cancel: an event whose setting cancels it there (needs op_id)."""
         nid = self.pick(layers, avoid)
-        view = self._views.get(nid)
         actor = self._actor(nid)
+        with self._running(nid):
+            what = f"operation {op_id}" if op_id else "a run"
+            on_cancel = (lambda: actor.cancel.remote(op_id)) if op_id else None
+            if on_output is None:        # (the cheaper call: one answer)
+                rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel, on_cancel)
+            else:
+                rec = self._stream(nid, actor.run_streamed.remote(ref, command, op_id, options), what, on_output,
+                                   cancel, on_cancel)
+            if layers and self._views.get(nid) is not None and self._views[nid].layers is not None:
+                self.note_layers(nid, layers, add=True)
+            return rec
+
+    def live_run(self, op: str, ref: str, command, options: dict, *, cancel, on_output, on_up, events, layers=()):
+        """Live run `op` on the chosen node (Node.live_run): pinned there from its sandbox's start
+        (on_up(sandbox ID) after) to its end, so its processes' calls go there; its output to
+        on_output and its events to events(kind, data) as they come. Its RunRecord."""
+        nid = self.pick(layers)
+        actor = self._actor(nid)
+
+        def item(kind, payload):
+            if kind == "up":
+                self.pin(op, nid)
+                on_up(payload)
+            else:
+                events(*payload)
+        try:
+            with self._running(nid):
+                return self._stream(nid, actor.live_run.remote(op, ref, command, options), f"live run {op}",
+                                    on_output, cancel, lambda: actor.cancel.remote(op), item)
+        finally:
+            with self._lock:
+                self._pinned.pop(op, None)
+
+    @contextlib.contextmanager
+    def _running(self, nid: str):
+        """A run in flight on node `nid` (its view's count: choose_node's load)."""
+        view = self._views.get(nid)
         if view is not None:
             with self._lock:
                 view.running += 1
         try:
-            what = f"operation {op_id}" if op_id else "a run"
-            rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel,
-                            lambda: actor.cancel.remote(op_id) if op_id else None)
-            if layers and view is not None and view.layers is not None:
-                self.note_layers(nid, layers, add=True)
-            return rec
+            yield
         finally:
             if view is not None:
                 with self._lock:
                     view.running -= 1
+
+    def pin(self, sid: str, nid: str) -> None:
+        """Calls on `sid` (a live sandbox or live run) go to node `nid` from now on."""
+        with self._lock:
+            self._pinned[sid] = nid
 
     def start_sandbox(self, name: str, args: tuple, kwargs: dict, layers=(), node: str | None = None) -> dict:
         """sandbox_start (or a resume): on `node`, else the chosen one, and pinned there."""
@@ -233,12 +295,24 @@ class Fabric:
                 continue
         return None
 
-    def call(self, nid: str, name: str, args: tuple = (), kwargs: dict | None = None):
+    def call(self, nid: str, name: str, args: tuple = (), kwargs: dict | None = None, *, on_output=None,
+             cancel=None):
+        """Engine method `name` on node `nid`. on_output, cancel (sandbox_exec's): the call is
+        streamed (Node.call_streamed), its output passed on as it comes, cancelled there when
+        `cancel` is set."""
+        if on_output is not None or cancel is not None:
+            key, actor = uuid.uuid4().hex, self._actor(nid)
+            return self._stream(nid, actor.call_streamed.remote(name, args, kwargs or {}, key, on_output is not None),
+                                name, on_output, cancel, lambda: actor.cancel.remote(key))
         out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs or {}), name)
         if name in ("sandbox_stop", "sandbox_hibernate"):       # not pinned any more
             with self._lock:
                 self._pinned.pop(args[0], None)
         return out
+
+    def ask(self, nid: str, method: str, *args):
+        """Node method `method` (not an engine call) on node `nid`."""
+        return self._get(nid, getattr(self._actor(nid), method).remote(*args), method)
 
     def call_all(self, name: str, args: tuple = (), kwargs: dict | None = None) -> dict:
         """`name` on every node: node ID -> its answer (a lost node's is its NodeLost)."""
@@ -266,3 +340,13 @@ class Fabric:
         return {"mode": "cluster", "address": self.address, "objects": self.config.objects_url,
                 "database": "postgresql" if (self.config.database_url or "").startswith("postgres") else "sqlite",
                 "nodes": nodes}
+
+
+def _await(ref, cancel, on_cancel):
+    """Wait for `ref` (a call's answer, or a stream's next item); while waiting, once `cancel`
+    is set, on_cancel() once. Returns on_cancel, or None once it was called."""
+    while cancel is not None and not ray.wait([ref], timeout=0.2)[0]:
+        if cancel.is_set() and on_cancel is not None:
+            on_cancel()
+            on_cancel = None
+    return on_cancel

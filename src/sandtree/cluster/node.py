@@ -3,19 +3,28 @@ warm pools, its live sandboxes). A plain class: fabric.py makes it a Ray actor p
 
 Runs arrive with their operation ID (the API side wrote the queued row in the shared database);
 the node's engine runs and commits them and completes that row itself, as an in-process engine
-does. What cannot cross processes stays on the node: a run's cancel event (cancel() sets it) and
-its output callback (a cluster run's output arrives with its record at the end).
+does. What cannot cross processes stays on the node: a call's cancel event (cancel(key) sets it)
+and its output callback. A caller watching the output gets a streamed call (run_streamed,
+call_streamed: Ray generator methods) that yields ("output", [(stream, chunk), ...]) batches as
+the command writes them, in order, then ("result", its value); a live run's (live_run) also
+yields ("up", sandbox ID) once its sandbox runs and ("event", (kind, data)) for its processes'
+events (engine/instances.py), so the API side keeps the operation's event log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import config as settings
 from .scheduling import NodeConfig
+
+STREAM_WORKERS = 256          # streamed calls' engine work at once (live runs hold one while they run)
 
 
 class Node:
@@ -32,26 +41,77 @@ class Node:
         self._started = time.time()
         self._sandboxes: set[str] = set()       # live sandboxes started (or resumed) here: pinned here
         self._hibernated: set[str] = set()      # hibernated here: their checkpoints are in this home
+        # the threads a streamed call's engine work runs in, kept: a new thread per call costs a new
+        # database connection (the store's are per thread), ~9 ms a run here
+        self._workers = ThreadPoolExecutor(max_workers=STREAM_WORKERS, thread_name_prefix="sandtree-node-stream")
 
-    def run(self, ref: str, command, op_id: str | None, options: dict):
-        """One run on this node's engine (engine.run_operation): its RunRecord."""
-        key = op_id or uuid.uuid4().hex
+    def run(self, ref: str, command, op_id: str | None, options: dict, on_output=None):
+        """One run on this node's engine (engine.run_operation): its RunRecord. Cancelled by
+        cancel(op_id)."""
+        with self._cancel_for(op_id or uuid.uuid4().hex) as cancel, self._counted():
+            rec = self.engine.run_operation(ref, command, op_id=op_id, cancel=cancel, on_output=on_output,
+                                            **options)
+            rec.usage["node"] = self.node_id       # (the record returned; the row was written before)
+            return rec
+
+    def run_streamed(self, ref: str, command, op_id: str | None, options: dict):
+        """run, its output streamed as it comes (module doc)."""
+        yield from _streamed(self._workers, lambda out, _: self.run(ref, command, op_id, options, out))
+
+    def call_streamed(self, name: str, args: tuple, kwargs: dict, key: str, output: bool):
+        """call of an engine method taking on_output and cancel (sandbox_exec): cancelled by
+        cancel(key); its output streamed when `output` (module doc)."""
+        with self._cancel_for(key) as cancel:
+            yield from _streamed(self._workers, lambda out, _: self.call(name, args, {**kwargs, "cancel": cancel,
+                                                                        "on_output": out if output else None}))
+
+    def live_run(self, op: str, ref: str, command, options: dict):
+        """Live run `op` (the API side queued it) on this node's engine (engine/instances.py):
+        owned here while it runs, so its processes' calls come here; cancelled by cancel(op);
+        its output and events streamed (module doc)."""
+        def work(out, put):
+            def up(sid):
+                with self._lock:
+                    self._sandboxes.add(op)
+                put(("up", sid))
+            rec = self.engine.operations.instances.run(op, ref, command, cancel=cancel, on_output=out, on_up=up,
+                                                       events=lambda kind, data: put(("event", (kind, data))),
+                                                       **options)
+            rec.usage["node"] = self.node_id
+            return rec
+        with self._cancel_for(op) as cancel, self._counted():
+            try:
+                yield from _streamed(self._workers, work)
+            finally:
+                with self._lock:
+                    self._sandboxes.discard(op)
+
+    @contextlib.contextmanager
+    def _cancel_for(self, key: str):
         cancel = threading.Event()
         with self._lock:
             self._cancels[key] = cancel
-            self._running += 1
         try:
-            rec = self.engine.run_operation(ref, command, op_id=op_id, cancel=cancel, **options)
-            rec.usage["node"] = self.node_id       # (the record returned; the row was written before)
-            return rec
+            yield cancel
         finally:
             with self._lock:
                 self._cancels.pop(key, None)
+
+    @contextlib.contextmanager
+    def _counted(self):
+        with self._lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
                 self._running -= 1
                 self._runs += 1
 
-    def cancel(self, op_id: str) -> bool:
-        ev = self._cancels.get(op_id)
+    def cancel(self, key: str) -> bool:
+        """Cancel the run (its operation ID) or streamed call (its key) running here, if any."""
+        with self._lock:
+            ev = self._cancels.get(key)
         if ev is not None:
             ev.set()
         return ev is not None
@@ -69,8 +129,14 @@ class Node:
             (self._hibernated.add if name == "sandbox_hibernate" else self._hibernated.discard)(args[0])
         return out
 
+    def process(self, sid: str, pid: int) -> dict | None:
+        """Process `pid` of live sandbox or live run `sid` here (engine/instances.py's process):
+        None when `sid` is a live run that ended (the API side tells it from its events)."""
+        return self.engine.operations.instances.process(sid, pid)
+
     def owns(self, sid: str) -> bool:
-        """Whether live sandbox `sid` was started (or resumed) on this node and not stopped."""
+        """Whether live sandbox `sid` was started (or resumed) on this node and not stopped, or
+        `sid` is a live run running here (its operation ID)."""
         return sid in self._sandboxes
 
     def holds_checkpoint(self, sid: str) -> bool:
@@ -95,3 +161,47 @@ class Node:
         return {**held, "node": self.node_id, "pid": os.getpid(), "cpus": self.cpus, "running": self._running, "runs": self._runs,
                 "sandboxes": len(sandboxes), "sandbox_ids": sandboxes, "home": self.home,
                 "objects": self.config.objects_url, "up_s": round(time.time() - self._started, 1)}
+
+
+def _streamed(workers: ThreadPoolExecutor, work):
+    """Drive work(on_output, put) in a thread of `workers` (the engine calls back; a generator
+    cannot be called back): yield ("output", chunks) batches as on_output gets them, in order, what put()
+    was given, then ("result", what work returned), or raise what it raised."""
+    items: queue.SimpleQueue = queue.SimpleQueue()
+    outcome: list = []
+    end = object()
+
+    def target():
+        try:
+            outcome.append((True, work(lambda stream, chunk: items.put(("chunk", (stream, chunk))), items.put)))
+        except BaseException as exc:       # noqa: BLE001 - raised to the caller below
+            outcome.append((False, exc))
+        finally:
+            items.put(end)
+
+    workers.submit(target)
+    done = False
+    while not done:
+        batch = [items.get()]
+        while True:                         # what came meanwhile: one message for many chunks
+            try:
+                batch.append(items.get_nowait())
+            except queue.Empty:
+                break
+        chunks = []
+        for item in batch:
+            if item is end:
+                done = True
+            elif item[0] == "chunk":
+                chunks.append(item[1])
+            else:
+                if chunks:
+                    yield ("output", chunks)
+                    chunks = []
+                yield item
+        if chunks:
+            yield ("output", chunks)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    yield ("result", value)

@@ -5,9 +5,17 @@ same from every node and every API replica).
 attach(engine, address) is called by Engine.__init__ when a cluster is configured: it makes the
 Fabric and sets, on that engine object, the calls that go to nodes (so the adapters, the tenant
 views and the table's signatures stay those of Engine: one engine, nothing for an adapter to know).
-What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), sandbox
-starts (the node choose_node picks) and every later call on that sandbox (its node), pools (one per
-node). What stays here: everything else, and the processes of live runs (left: instances.py).
+What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), live
+runs (submit_run(live=True), Contree's instances: engine/instances.py runs them on a node) and
+their processes' calls (spawn, stdin, signal, process: to the node while the run runs; an ended
+one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
+later call on that sandbox (its node), pools (one per node). What stays here: everything else
+(sandbox_popen's process too: its pipes or pty are this machine's file descriptors).
+
+A caller's on_output gets a node's output as it comes (a streamed call, cluster/fabric.py), in
+order; without one a run is the one-answer call (cheaper: bench/cluster.py). A cancel event set
+while the run (or sandbox_exec) runs cancels it on its node, and it ends cancelled as here. A run
+retried after its node was lost (retries=) passes on the output of each attempt.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ log = logging.getLogger("sandtree.cluster")
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
           "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
-          "sandbox_port_url")
-LOCAL_ONLY = ("on_output", "cancel")       # callables: they cannot cross to a node
+          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
+# of these, the calls on a live run's processes too (its operation ID): wait while it starts here
+INSTANCE_CALLS = ("sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
 ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
 
 
@@ -49,8 +58,9 @@ class NodeEngine:
 class Dispatch:
     """The engine's calls that go to nodes; attach() binds them onto the engine object."""
 
-    def __init__(self, store, resolve, fabric: Fabric):
+    def __init__(self, store, resolve, fabric: Fabric, instances):
         self.store, self.resolve, self.fabric = store, resolve, fabric       # the engine's
+        self.instances = instances      # () -> the engine's Instances (made with its operations)
 
     def _layers(self, ref: str):
         """The image's layers, when some node reported what it holds (locality); () otherwise."""
@@ -63,12 +73,13 @@ class Dispatch:
             return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
         on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
         retries = check_retries(options.pop("retries", 0))
-        op_id = op_id or (uuid.uuid4().hex if retries else None)    # (its row tells whether it committed)
+        # (its row tells whether it committed; a cancel names the run on its node)
+        op_id = op_id or (uuid.uuid4().hex if retries or cancel is not None else None)
         lost = []
         while True:
             try:
                 rec = self.fabric.run(ref, command, op_id=op_id, options=options, layers=self._layers(ref),
-                                      cancel=cancel, avoid=lost)
+                                      cancel=cancel, avoid=lost, on_output=on_output)
                 break
             except NodeLost as exc:
                 if len(lost) >= retries or (cancel is not None and cancel.is_set()):
@@ -81,11 +92,11 @@ class Dispatch:
                 log.warning("run %s: %s; retry %d of %d on another node", op_id, exc, len(lost), retries)
         if lost:                          # (a run is a function of its image and command: a rerun is the run)
             rec.usage["retried_after_lost"] = lost
-        if on_output is not None:         # a node's output arrives with its record
-            for stream in ("stdout", "stderr"):
-                if getattr(rec, stream):
-                    on_output(stream, getattr(rec, stream))
         return rec
+
+    def live_run(self, op: str, ref: str, command, options: dict, **how):
+        """Instances.elsewhere: live run `op` on a node (Fabric.live_run; `how`: its callbacks)."""
+        return self.fabric.live_run(op, ref, command, options, layers=self._layers(ref), **how)
 
     def sandbox_start(self, ref: str, **options) -> dict:
         return self.fabric.start_sandbox("sandbox_start", (ref,), options, self._layers(ref))
@@ -111,8 +122,8 @@ class Dispatch:
 
     def pinned(self, name: str):
         def call(sid: str, *args, **kwargs):
-            for k in LOCAL_ONLY:
-                kwargs.pop(k, None)
+            if name in INSTANCE_CALLS:    # a live run submitted here, not up yet: wait (or NotReady)
+                self.instances().wait_started(sid)
             nid = self.fabric.sandbox_node(sid)
             if nid is None and self._hibernated(sid):   # to its checkpoint's node (a stop removes it there),
                 nid = self.fabric.checkpoint_node(sid)  # else answered here from its row
@@ -125,8 +136,14 @@ class Dispatch:
                 if lost is not None:
                     raise NodeLost(f"sandbox {sid} ran on node {lost['node'][:12]}, which was lost "
                                    f"({lost['reason']})", node=lost["node"], sandbox=sid, reason=lost["reason"])
+                if name in INSTANCE_CALLS:     # a live run that ended: its events and result are here
+                    return self.local[name](sid, *args, **kwargs)
                 raise NotFound(f"no live sandbox {sid!r} on any node of the cluster")
-            return self.fabric.call(nid, name, (sid, *args), kwargs)
+            if name == "sandbox_process":      # None: it ended meanwhile (told from its events here)
+                now = self.fabric.ask(nid, "process", sid, *args)
+                return now if now is not None else self.local[name](sid, *args, **kwargs)
+            on_output, cancel = kwargs.pop("on_output", None), kwargs.pop("cancel", None)
+            return self.fabric.call(nid, name, (sid, *args), kwargs, on_output=on_output, cancel=cancel)
         call.__name__ = name
         return call
 
@@ -203,7 +220,7 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     the nodes are made of)."""
     config = node_config(engine.store)
     fabric = Fabric(address, config, NodeEngine(type(engine), warm, tier))
-    d = Dispatch(engine.store, engine.resolve, fabric)
+    d = Dispatch(engine.store, engine.resolve, fabric, lambda: engine.operations.instances)
     fabric.on_lost = d.mark_lost
     d.local_run_operation = engine.run_operation
     d.local = {name: getattr(engine, name) for name in PINNED}      # this process's own, answered from rows
@@ -212,4 +229,5 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
         setattr(engine, name, getattr(d, name))
     for name in PINNED:
         setattr(engine, name, d.pinned(name))
+    engine.live_elsewhere = d.live_run
     return fabric

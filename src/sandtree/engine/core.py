@@ -92,6 +92,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
+        self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (instances.py)
         address = cluster if cluster is not None else config.cluster_address()
         self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
         if self.fabric is not None:               # the API side's workers wait on the nodes' runs

@@ -50,8 +50,9 @@ PUMP_GRACE = 0.5              # seconds its pipes are read after a process exits
 class Instance:
     """A live run's processes (op: its operation), or a plain live sandbox's (op None)."""
 
-    def __init__(self, op: str | None, sid: str, make_cwd: bool = False):
-        self.op, self.sid, self.make_cwd = op, sid, make_cwd
+    def __init__(self, op: str | None, sid: str, make_cwd: bool = False, events=None):
+        """events(kind, data): where the live run's events go (None: a plain sandbox's, none)."""
+        self.op, self.sid, self.make_cwd, self.events = op, sid, make_cwd, events
         self.procs: dict[int, Process] = {}
         self.lock = threading.Lock()
         self.ended = False                        # process 1 ended: no new processes
@@ -59,10 +60,12 @@ class Instance:
 
 class Instances:
     """The live instances of one engine process. host: the engine (sandboxes, records, resolve,
-    default_limits); emit(op, kind, data): an event of the operation (operations.py)."""
+    default_limits); emit(op, kind, data): an event of the operation (operations.py). elsewhere:
+    None, or a cluster engine's (engine/clustered.py), which runs live runs on its nodes."""
 
     def __init__(self, host, emit):
         self.host, self.emit = host, emit
+        self.elsewhere = getattr(host, "live_elsewhere", None)
         self.live: dict[str, Instance] = {}       # op -> its instance
         self.plain: dict[str, Instance] = {}      # sandbox id -> a plain live sandbox's processes
         self.expected: set[str] = set()           # submitted, sandbox not up yet
@@ -91,27 +94,31 @@ class Instances:
             self.changed.notify_all()
 
     # ---- the operation's work ------------------------------------------------------------------
-    def run(self, op: str, ref: str, command, *, cancel: threading.Event, on_output, stdin=None,
-            stdin_open: bool = False, make_cwd: bool = False, disposable: bool = False, env: dict | None = None,
-            cwd: str | None = None, uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME,
-            files=None, file_set: str | None = None, network=None, secrets: dict | None = None,
-            labels: dict | None = None, tier: str | None = None, **limits) -> RunRecord:
+    def run(self, op: str, ref: str, command, *, cancel: threading.Event, on_output, on_up=None, events=None,
+            **options) -> RunRecord:
         """Run `command` as process 1 of a new live sandbox on `ref` (module doc); a ready one of
-        the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. make_cwd:
-        a missing cwd is made (Contree's), not refused."""
+        the image's warm pool (engine.pool_create, `serve --pool`) when its limits fit. options:
+        _run's. on_up(sandbox ID): called once its sandbox runs; events(kind, data): where its
+        events go (default: emit's). With `elsewhere` set: on a node, which calls back here."""
         with self.changed:
             self.starting.add(op)
             self.changed.notify_all()
+        events = events or (lambda kind, data: self.emit(op, kind, data))
         try:
-            return self._run(op, ref, command, cancel=cancel, on_output=on_output, stdin=stdin,
-                             stdin_open=stdin_open, make_cwd=make_cwd, disposable=disposable, env=env, cwd=cwd,
-                             uid=uid, gid=gid, hostname=hostname, files=files, file_set=file_set, network=network,
-                             secrets=secrets, labels=labels, tier=tier, **limits)
+            if self.elsewhere is not None:
+                # once its node has its sandbox up, calls on it go there (no longer wait here)
+                return self.elsewhere(op, ref, command, options, cancel=cancel, on_output=on_output,
+                                      on_up=lambda sid: self._up(op, None), events=events)
+            return self._run(op, ref, command, cancel=cancel, on_output=on_output, on_up=on_up, events=events,
+                             **options)
         finally:
             self._up(op, None)
 
-    def _run(self, op, ref, command, *, cancel, on_output, stdin, stdin_open, make_cwd, disposable, env, cwd, uid,
-             gid, hostname, files, file_set, network, secrets, labels, tier, **limits) -> RunRecord:
+    def _run(self, op, ref, command, *, cancel, on_output, on_up, events, stdin=None, stdin_open: bool = False,
+             make_cwd: bool = False, disposable: bool = False, env: dict | None = None, cwd: str | None = None,
+             uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
+             file_set: str | None = None, network=None, secrets: dict | None = None, labels: dict | None = None,
+             tier: str | None = None, **limits) -> RunRecord:
         sb = self.host.sandboxes
         keep = keep_mode(disposable)             # kept, ephemeral (Contree's disposable) or nothing
         source = self.host.resolve(ref)
@@ -135,16 +142,18 @@ class Instances:
         except BaseException:
             self._stop(None, lent)                 # (stopped by sb.start)
             raise
-        inst = Instance(op, info["id"], make_cwd)
+        inst = Instance(op, info["id"], make_cwd, events)
         image, cancelled, p1, done = None, False, None, False
         try:
             if info.get("network"):
-                self.emit(op, "proc", json.dumps({"spid": 0, "type": "network", "network": info["network"]}))
+                events("proc", json.dumps({"spid": 0, "type": "network", "network": info["network"]}))
             p1 = self._start(inst, 1, argv, command if isinstance(command, str) else None, env=None,
                              cwd=cwd if make_cwd else None, uid=uid, gid=gid, stdin=stdin, stdin_open=stdin_open,
                              cap=lim.output, on_output=on_output, ahead=lent[0][2] if lent else None)
             lent[:] = [(p, h, None) for p, h, _ in lent]      # its helper is process 1's now
             self._up(op, inst)
+            if on_up is not None:
+                on_up(info["id"])
             deadline = time.monotonic() + lim.timeout
             while not p1.done.wait(0.05):
                 if cancel.is_set() and not cancelled:
@@ -228,8 +237,8 @@ class Instances:
 
     # ---- processes -----------------------------------------------------------------------------
     def _emit(self, inst: Instance, p: Process | None, data: dict) -> None:
-        if inst.op is not None:                   # a plain live sandbox's processes write no events
-            self.emit(inst.op, "proc", json.dumps({"spid": p.spid if p is not None else 0, **data}))
+        if inst.events is not None:               # a plain live sandbox's processes write no events
+            inst.events("proc", json.dumps({"spid": p.spid if p is not None else 0, **data}))
 
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,
                stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None) -> Process:
@@ -310,17 +319,26 @@ class Instances:
                                  "stdout_truncated": p.cut["stdout"], "stderr_truncated": p.cut["stderr"]})
         p.done.set()
 
+    def wait_started(self, sid: str) -> None:
+        """When `sid` is a live run submitted here whose sandbox is not up: wait START_WAIT for a
+        worker to take it (then NotReady), and UP_WAIT for its sandbox once one has."""
+        with self.changed:
+            self._wait_started(sid)
+
+    def _wait_started(self, sid: str) -> None:
+        if sid in self.expected:              # queued: START_WAIT for a worker; taken: its sandbox
+            end = time.monotonic() + START_WAIT
+            while sid in self.expected and sid not in self.starting and time.monotonic() < end:
+                self.changed.wait(end - time.monotonic())
+            if sid in self.starting:
+                self.changed.wait_for(lambda: sid not in self.expected, UP_WAIT)
+        if sid in self.expected:
+            raise NotReady(f"operation {sid} is not running yet: retry", retry_after=RETRY_AFTER)
+
     def _instance(self, sid: str, *, ended=Conflict) -> Instance:
         """The processes of `sid`: a live run's (its operation ID) or a live sandbox's (module doc)."""
         with self.changed:
-            if sid in self.expected:              # queued: START_WAIT for a worker; taken: its sandbox
-                end = time.monotonic() + START_WAIT
-                while sid in self.expected and sid not in self.starting and time.monotonic() < end:
-                    self.changed.wait(end - time.monotonic())
-                if sid in self.starting:
-                    self.changed.wait_for(lambda: sid not in self.expected, UP_WAIT)
-            if sid in self.expected:
-                raise NotReady(f"operation {sid} is not running yet: retry", retry_after=RETRY_AFTER)
+            self._wait_started(sid)
             inst = self.live.get(sid) or self.plain.get(sid)
         if inst is None and self._is_op(sid):
             raise ended(f"operation {sid} is not a running instance")
