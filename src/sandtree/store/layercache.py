@@ -7,6 +7,13 @@ the image row that names it can be written, so an upload cut off halfway is neve
 ensure() fetches what a run needs on first use: downloaded to tmp/, its sha256 checked against
 the row, unpacked with layerpack's checks into a staging dir, renamed in.
 
+A layer with many files or bytes (erofs.worth) is also uploaded as an EROFS image
+(layers/<id>.erofs, store/erofs.py; its sha256 and size in the same row): a node that can mount
+it (root, file-backed EROFS, the packer's id map) downloads it to erofs/<id>.img, and mounts it
+at layers/<id> once its sha256 and size matched, with no file created: one GET and a mount.
+Such a layer is present when its dir is a mount; an image whose mount is gone (a restart, a
+release) is hashed again and mounted again on its next use.
+
 Bookkeeping survives restarts and lives beside the layers: cache/<layer> is a marker per cached
 layer, its content the layer's size in bytes, its mtime the last use (LRU). A layer in use is
 pinned: a shared flock on its marker, held by the operation (Store.using) that ensured it.
@@ -16,6 +23,8 @@ mountinfo names it), or the lower of a live sandbox (the sandboxes table), or ha
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -26,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import StoreCorrupt
 from ..procid import owner_prefix
-from . import layerpack
+from . import erofs, layerpack
+from .blobs import hash_file
 from .layers import remove_tree
 
 log = logging.getLogger("sandtree.store")
@@ -37,11 +47,20 @@ def layer_key(layer: str) -> str:
     return f"layers/{layer}.tar"
 
 
+def image_key(layer: str) -> str:
+    return f"layers/{layer}.erofs"
+
+
 class LayerCache:
     def __init__(self, store, objects, cap: int):
         self.store, self.objects, self.cap = store, objects, cap
         self.dir = os.path.join(store.home, "cache")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.images = os.path.join(store.home, "erofs")      # verified EROFS images, mounted at layers/<id>
+        os.makedirs(self.images, mode=0o700, exist_ok=True)
+        self.build_images = erofs.can_build() and not store.idmap.rootless
+        self.mount_images = erofs.can_mount(store.idmap.rootless)
+        self.idmap_text = layerpack.idmap_text(store.idmap)
         self.fetched = 0                         # layers this process downloaded (tests, bench)
         self._count = threading.Lock()
         self.timings: dict[str, float] = {}      # seconds spent per fetch phase (bench/coldstart.py)
@@ -58,10 +77,34 @@ class LayerCache:
             self.objects.put_file(layer_key(layer), tmp)
         finally:
             os.unlink(tmp)
+        files, size = _dir_stats(staged)
+        image = self._upload_image(staged, layer) if self.build_images and erofs.worth(files, size) else None
         with self.store.db.tx() as con:
-            con.execute("INSERT OR IGNORE INTO layer_objects(layer, sha256, size, created) VALUES(?,?,?,?)",
-                        (layer, w.h.hexdigest(), w.size, time.time()))
-        self._mark(layer, _dir_bytes(staged))
+            con.execute("INSERT OR IGNORE INTO layer_objects(layer, sha256, size, created, erofs_sha256, erofs_size, "
+                        "erofs_idmap) VALUES(?,?,?,?,?,?,?)",
+                        (layer, w.h.hexdigest(), w.size, time.time(), *(image or (None, None)),
+                         self.idmap_text if image else None))
+        self._mark(layer, size)
+
+    def _upload_image(self, staged: str, layer: str) -> tuple[str, int] | None:
+        """Build and upload the layer's EROFS image: (sha256, size), or None (the tar alone: an
+        optimisation that failed is logged, never the publish's failure)."""
+        tmp = os.path.join(self.store.layers.tmp, f"erofs-{owner_prefix()}{secrets.token_hex(6)}")
+        try:
+            t0 = time.perf_counter()
+            erofs.build(staged, tmp)
+            self._took("mkfs.erofs", time.perf_counter() - t0)
+            digest = hash_file(tmp)
+            self.objects.put_file(image_key(layer), tmp)
+            return digest
+        except OSError as exc:
+            log.warning("layer %s: no EROFS image (%s); its tar alone", layer, exc)
+            return None
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
 
     # ---- use --------------------------------------------------------------------------------
     def ensure(self, layers, pins: list | None = None) -> None:
@@ -73,7 +116,7 @@ class LayerCache:
             for layer in layers:
                 fd = self._pin(layer)
                 (pins if pins is not None else held).append(fd)
-                if not os.path.isdir(self.store.layers.path(layer)):
+                if not self.local(layer):
                     missing.append(layer)
                 os.utime(fd)                     # last use, for LRU
             if len(missing) == 1:
@@ -93,11 +136,45 @@ class LayerCache:
         fcntl.flock(fd, fcntl.LOCK_SH)
         return fd
 
+    def present(self, layer: str) -> bool:
+        """Whether layers/<layer> holds the layer: a dir, mounted if an EROFS image backs it
+        (its mount point alone is an empty dir, never an empty layer)."""
+        path = self.store.layers.path(layer)
+        if not os.path.isdir(path):
+            return False
+        return not os.path.exists(self.image_path(layer)) or erofs.is_mounted(path)
+
+    def local(self, layer: str) -> bool:
+        """present(), after mounting again a cached image whose mount is gone (hashed again
+        first: only an image matching its row is ever mounted)."""
+        if self.present(layer):
+            return True
+        image = self.image_path(layer)
+        if not os.path.exists(image):
+            return False
+        row = self.store.db.one("SELECT erofs_sha256, erofs_size FROM layer_objects WHERE layer=?", (layer,))
+        if row is None or row[0] is None or hash_file(image) != (row[0], row[1]) or not self.mount_images:
+            self._unmount(layer, keep_image=False)   # not ours to mount: the tar path fetches it
+            return False
+        self._mount(layer)
+        return True
+
+    def image_path(self, layer: str) -> str:
+        return os.path.join(self.images, f"{layer}.img")
+
     def _fetch(self, layer: str) -> None:
-        row = self.store.db.one("SELECT sha256, size FROM layer_objects WHERE layer=?", (layer,))
+        row = self.store.db.one("SELECT sha256, size, erofs_sha256, erofs_size, erofs_idmap FROM layer_objects "
+                                "WHERE layer=?", (layer,))
         if row is None:
             raise StoreCorrupt(f"layer {layer} is neither cached here nor recorded in object storage", layer=layer)
-        digest, size = row
+        digest, size, image_digest, image_size, image_idmap = row
+        if image_digest is not None and self.mount_images and image_idmap == self.idmap_text:
+            try:
+                return self._fetch_image(layer, image_digest, image_size)
+            except OSError as exc:               # not StoreCorrupt: the kernel would not mount it
+                log.warning("layer %s: cannot mount its EROFS image (%s); tars from now on", layer, exc)
+                self.mount_images = False
+                self._unmount(layer, keep_image=False)
         staged = self.store.layers.stage("fetch")
         try:
             # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
@@ -119,6 +196,107 @@ class LayerCache:
             remove_tree(staged)
             raise
 
+    def _fetch_image(self, layer: str, digest: str, size: int) -> None:
+        """Download the layer's image into tmp/, check its sha256 and size, rename it into
+        erofs/, mount it. A kill -9 at any point leaves a tmp file (clean_stale's) or a verified
+        image that the next local() mounts; never a mount of unchecked bytes."""
+        tmp = os.path.join(self.store.layers.tmp, f"erofs-{owner_prefix()}{secrets.token_hex(6)}")
+        t0 = time.perf_counter()
+        body = self.objects.stream(image_key(layer), digest, size)
+        try:
+            with open(tmp, "xb") as f:
+                while chunk := body.read(1 << 20):
+                    f.write(chunk)
+            body.finish()                        # StoreCorrupt: other bytes than the row's
+            os.rename(tmp, self.image_path(layer))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            body.close()
+        self._took("download", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        self._mount(layer)
+        self._took("mount", time.perf_counter() - t0)
+        with self._count:
+            self.fetched += 1
+        self._mark(layer, size)
+
+    def _mount(self, layer: str) -> None:
+        """Mount the layer's (verified) image at layers/<layer>, unless a process did already
+        (the image's flock: two fetches of one layer mount it once)."""
+        path = self.store.layers.path(layer)
+        fd = os.open(self.image_path(layer), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                os.mkdir(path, 0o755)            # after the image is in: see erofs.py
+            except FileExistsError:
+                pass
+            if not erofs.is_mounted(path):
+                erofs.mount(self.image_path(layer), path)
+        finally:
+            os.close(fd)
+
+    def _unmount(self, layer: str, keep_image: bool) -> None:
+        """Unmount an image layer and remove its mount point (then, unless kept, the image):
+        in that order, so an empty dir beside its image is always 'mount it', never a layer."""
+        path = self.store.layers.path(layer)
+        while erofs.is_mounted(path):
+            erofs.unmount(path)
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:                   # a real dir (its tar's): the layer stays, unbacked
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        if not keep_image:
+            try:
+                os.unlink(self.image_path(layer))
+            except FileNotFoundError:
+                pass
+
+    def drop(self, layer: str) -> None:
+        """Before a layer is removed (gc, LayerDirs.remove): its image, if it has one, goes."""
+        if os.path.exists(self.image_path(layer)):
+            self._unmount(layer, keep_image=False)
+
+    def release_mounts(self) -> list[str]:
+        """Unmount the images no one uses (not pinned, no sandbox's lower, no live sandbox's
+        layer); each is mounted again (hashed first) on its next use. For a store being closed:
+        a mount outlives its process only while something uses it."""
+        names = [n[:-4] for n in os.listdir(self.images) if n.endswith(".img")]
+        if not any(erofs.is_mounted(self.store.layers.path(n)) for n in names):
+            return []
+        busy = self._live_layers() | mounted_layers()
+        out = []
+        for layer in names:
+            if layer in busy or not erofs.is_mounted(self.store.layers.path(layer)):
+                continue
+            with self._exclusive(layer) as mine:
+                if mine:
+                    self._unmount(layer, keep_image=True)
+                    out.append(layer)
+        return out
+
+    @contextlib.contextmanager
+    def _exclusive(self, layer: str):
+        """Yields whether no operation pins the layer (then none can until the block ends)."""
+        fd = os.open(os.path.join(self.dir, layer), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
     def _took(self, phase: str, seconds: float) -> None:
         with self._count:
             self.timings[phase] = self.timings.get(phase, 0.0) + seconds
@@ -132,7 +310,7 @@ class LayerCache:
         """(last use, layer, bytes) of every cached layer, oldest use first."""
         out = []
         for layer in os.listdir(self.dir):
-            if not os.path.isdir(self.store.layers.path(layer)):
+            if not self._cached(layer):
                 continue
             p = os.path.join(self.dir, layer)
             try:
@@ -161,22 +339,26 @@ class LayerCache:
                 break
             if layer not in backed or layer in live or layer in mounted:
                 continue
-            fd = os.open(os.path.join(self.dir, layer), os.O_RDWR | os.O_CLOEXEC)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            doomed = None
+            with self._exclusive(layer) as mine:
+                if not mine:
                     continue                     # pinned by an operation using it
-                doomed = self.store.layers.stage("evict")
-                os.rmdir(doomed)
-                os.rename(self.store.layers.path(layer), doomed)
+                if os.path.exists(self.image_path(layer)):
+                    self._unmount(layer, keep_image=False)
+                else:
+                    doomed = self.store.layers.stage("evict")
+                    os.rmdir(doomed)
+                    os.rename(self.store.layers.path(layer), doomed)
                 os.unlink(os.path.join(self.dir, layer))
-            finally:
-                os.close(fd)
-            remove_tree(doomed)
+            if doomed is not None:
+                remove_tree(doomed)
             total -= size
             gone.append(layer)
         return gone
+
+    def _cached(self, layer: str) -> bool:
+        """A layer dir here, or an image of it (mounted or not)."""
+        return os.path.isdir(self.store.layers.path(layer)) or os.path.exists(self.image_path(layer))
 
     def _live_layers(self) -> set[str]:
         out: set[str] = set()
@@ -192,19 +374,27 @@ class LayerCache:
         every cached layer S3 backs is packed again and its sha256 compared with its row."""
         problems = []
         for name in os.listdir(self.dir):
-            if not os.path.isdir(self.store.layers.path(name)):
+            if not self._cached(name):
                 try:
                     os.unlink(os.path.join(self.dir, name))
                 except FileNotFoundError:
                     pass
-        rows = dict((r[0], r[1]) for r in self.store.db.query("SELECT layer, sha256 FROM layer_objects"))
+        rows = {r[0]: r[1:] for r in self.store.db.query("SELECT layer, sha256, erofs_sha256, erofs_size "
+                                                        "FROM layer_objects")}
+        for name in os.listdir(self.images):     # an image is checked before it is mounted again
+            layer = name[:-4]
+            if name.endswith(".img") and (layer not in rows or hash_file(os.path.join(self.images, name))
+                                          != tuple(rows[layer][1:])):
+                problems.append({"kind": "cached_layer_image_mismatch", "layer": layer})
         for layer in self.store.layers.all():
+            if not self.local(layer):
+                continue                         # an image that failed its hash (reported above)
             if not os.path.exists(os.path.join(self.dir, layer)):
-                self._mark(layer, _dir_bytes(self.store.layers.path(layer)))
+                self._mark(layer, _dir_stats(self.store.layers.path(layer))[1])
             if layer in rows:
                 w = layerpack.HashingWriter(_Null())
                 layerpack.pack(self.store.layers.path(layer), w, self.store.idmap)
-                if w.h.hexdigest() != rows[layer]:
+                if w.h.hexdigest() != rows[layer][0]:     # (a mounted image: its files as packed)
                     problems.append({"kind": "cached_layer_mismatch", "layer": layer})
         return problems
 
@@ -214,15 +404,17 @@ class _Null:
         return len(b)
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
+def _dir_stats(path: str) -> tuple[int, int]:
+    """(entries, bytes of regular files) under path."""
+    total = count = 0
+    for dirpath, dirs, files in os.walk(path):
+        count += len(dirs) + len(files)
         for n in files:
             try:
                 total += os.lstat(os.path.join(dirpath, n)).st_size
             except OSError:
                 pass
-    return total
+    return count, total
 
 
 def mounted_layers() -> set[str]:
