@@ -105,7 +105,167 @@ def test_big_layers_fetched_as_images_same_as_tars(tmp_path, bucket):
         # B reads files and commits on top of the mounted layers
         r = b.image(img.id).run("cat /w/g1 > /w/copy && rm /w/g7")
         assert a.image(r.image.id).run("cat /w/copy; test -e /w/g7 || echo gone").stdout == b"1\ngone\n"
-        assert b.read(img.id, "/usr/share/many/f3") == b"file 3\n"
+        assert b.image(img.id).read("/usr/share/many/f3") == b"file 3\n"
+        assert {"path": "/usr/share/many/f5"}.items() <= next(
+            d for d in b.diff(base.id, img.id) if d["path"] == "/usr/share/many/f5").items()
     finally:
         a.close(), b.close(), c.close(), local.close()
     assert mounted_under(tmp_path) == []                          # closed: unmounted
+
+
+def _image_object(store, layer):
+    objects = store.objects
+    return objects.client.get_object(Bucket=objects.bucket, Key=f"{objects.prefix}layers/{layer}.erofs")["Body"].read()
+
+
+@pytest.mark.parametrize("damage", ["bit", "truncated"])
+def test_damaged_image_refused_never_mounted(tmp_path, bucket, damage):
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = node(tmp_path / "a", db, bucket)
+    b = node(tmp_path / "b", db, bucket)
+    try:
+        img = a.import_image(big_rootfs(str(tmp_path / "root")))
+        store = b.engine.store
+        (layer,) = store.image(img.id).layers
+        good = _image_object(a.engine.store, layer)
+        bad = bytearray(good)
+        if damage == "bit":
+            bad[len(bad) // 2] ^= 1                               # one bit, same size
+        else:
+            del bad[len(bad) // 2:]
+        a.engine.store.objects.put_bytes(f"layers/{layer}.erofs", bytes(bad))
+        before = b.images()
+        with pytest.raises(StoreCorrupt):
+            b.image(img.id).run("true")
+        assert mounted_under(tmp_path) == []                      # never mounted
+        assert store.layers.all() == [] and os.listdir(store.cache.images) == []
+        assert os.listdir(store.layers.tmp) == [] and b.images() == before
+        assert not fsck(a.engine.store)["ok"] if damage == "truncated" else True   # the object's size
+        a.engine.store.objects.put_bytes(f"layers/{layer}.erofs", good)           # repaired: B runs it
+        assert b.image(img.id).run("cat /usr/share/many/f1").stdout == b"file 1\n"
+        assert erofs.is_mounted(store.layers.path(layer))
+    finally:
+        a.close(), b.close()
+    assert mounted_under(tmp_path) == []
+
+
+def test_evict_gc_release_and_remount(tmp_path, bucket):
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = node(tmp_path / "a", db, bucket)
+    b = node(tmp_path / "b", db, bucket)
+    try:
+        img = a.import_image(big_rootfs(str(tmp_path / "root")))
+        store = b.engine.store
+        (layer,) = store.image(img.id).layers
+        path = store.layers.path(layer)
+        live = b.image(img.id).start()                            # a live sandbox's lower: kept
+        try:
+            assert erofs.is_mounted(path)
+            assert store.cache.evict(0) == [] and store.cache.release_mounts() == []
+            assert live.exec("cat /usr/share/many/f2").stdout == b"file 2\n"
+        finally:
+            live.stop()
+        # nothing uses it: released (unmounted, image kept), then mounted again on use, hashed first
+        assert store.cache.release_mounts() == [layer]
+        assert not os.path.exists(path) and os.path.exists(store.cache.image_path(layer))
+        assert [x for _, x, _ in store.cache.entries()] == [layer]
+        assert b.image(img.id).run("cat /usr/share/many/f3").stdout == b"file 3\n"
+        assert erofs.is_mounted(path) and store.cache.fetched == 1
+        # an image whose bytes changed on disk is never mounted again: fetched anew
+        assert store.cache.release_mounts() == [layer]
+        with open(store.cache.image_path(layer), "r+b") as f:
+            f.seek(4096)
+            f.write(b"\xff" * 16)
+        assert store.cache.check() == [{"kind": "cached_layer_image_mismatch", "layer": layer}]
+        assert b.image(img.id).run("true").exit_code == 0 and store.cache.fetched == 2
+        # eviction unmounts, then deletes the image
+        assert store.cache.evict(0) == [layer]
+        assert mounted_under(tmp_path / "b") == [] and not os.path.exists(path)
+        assert os.listdir(store.cache.images) == [] and store.cache.entries() == []
+        assert fsck(store)["ok"]
+        # gc: the unused layer's image object goes with its tar, and the local image with its mount
+        assert b.image(img.id).run("true").exit_code == 0
+        gc(a.engine.store, retention=0, grace=0, ephemeral_ttl=0, now=time.time() + 5)
+        assert list(a.engine.store.objects.keys("layers/")) == []
+        gc(store, retention=0, grace=0, ephemeral_ttl=0, now=time.time() + 5)
+        assert mounted_under(tmp_path) == [] and os.listdir(store.cache.images) == []
+        assert store.layers.all() == []
+    finally:
+        a.close(), b.close()
+    assert mounted_under(tmp_path) == []
+
+
+FETCH = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import sandtree
+    st = sandtree.Sandtree(sys.argv[2], database=sys.argv[3], objects=sys.argv[4], warm=0)
+    store = st.engine.store
+    with store.using():
+        store.ensure_layers(store.image(sys.argv[5]).layers)
+    print("fetched", flush=True)
+    sys.stdin.read()                                             # killed here (kill -9): its mount stays
+""")
+
+
+def test_kill9_mid_fetch_and_after_mount(tmp_path, bucket):
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = node(tmp_path / "a", db, bucket)
+    home = str(tmp_path / "b")
+    try:
+        img = a.import_image(big_rootfs(str(tmp_path / "root"), extra=160 << 20))
+        (layer,) = a.engine.store.image(img.id).layers
+        args = [sys.executable, "-c", FETCH, SRC, home, db, bucket, img.id]
+        # killed while the image downloads: nothing mounted, nothing kept but a dead process's tmp file
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        seen = False
+        while time.time() < deadline and proc.poll() is None and not seen:
+            seen = any(os.path.getsize(p) > 0 for p in glob.glob(os.path.join(home, "tmp", "erofs-*")))
+            time.sleep(0.01)
+        assert seen, proc.stderr.read().decode()[-500:] if proc.poll() is not None else "never downloading"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert mounted_under(tmp_path) == []
+        # killed after its mount: the mount stays (the host's namespace) and is reused
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.readline() == b"fetched\n", proc.stderr.read().decode()[-500:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert mounted_under(tmp_path) == [os.path.join(home, "layers", layer)]
+        b = node(home, db, bucket)
+        try:
+            assert glob.glob(os.path.join(home, "tmp", "*")) == []   # the dead processes' downloads went
+            assert b.image(img.id).run("cat /usr/share/many/f4").stdout == b"file 4\n"
+            assert b.engine.store.cache.fetched == 0                   # the mount it found
+            assert mounted_under(tmp_path) == [os.path.join(home, "layers", layer)]
+            assert fsck(b.engine.store)["ok"]
+        finally:
+            b.close()
+    finally:
+        a.close()
+    assert mounted_under(tmp_path) == []
+
+
+def test_warm_helper_born_before_a_mount_is_not_used(tmp_path, bucket):
+    """Warm helpers keep the mount namespace they were born with: one started before a layer
+    was mounted would see its empty mount point; it is discarded and the run starts cold."""
+    db = f"sqlite:///{tmp_path}/shared.db"
+    a = node(tmp_path / "a", db, bucket)
+    b = sandtree.Sandtree(str(tmp_path / "b"), tier="namespaces", database=db, objects=bucket, warm=2)
+    try:
+        small = a.import_image(make_rootfs(str(tmp_path / "small")))
+        img = a.import_image(big_rootfs(str(tmp_path / "root")))
+        assert b.image(small.id).run("true").exit_code == 0        # starts the warm pool
+        rt = b.engine.tier("namespaces")
+        deadline = time.time() + 60
+        while (rt._pool is None or len(rt._pool.ready) < 2) and time.time() < deadline:
+            time.sleep(0.05)
+        born = {w.proc.pid for w in rt._pool.ready} if rt._pool is not None else set()
+        for _ in range(3):
+            assert b.image(img.id).run("cat /usr/share/many/f5").stdout == b"file 5\n"
+        assert b.image(small.id).run("cat /etc/greeting").stdout == b"hello from the image\n"
+        assert not born & {w.proc.pid for w in rt._pool.ready}
+    finally:
+        a.close(), b.close()
+    assert mounted_under(tmp_path) == []

@@ -154,7 +154,8 @@ class LayerCache:
             return False
         row = self.store.db.one("SELECT erofs_sha256, erofs_size FROM layer_objects WHERE layer=?", (layer,))
         if row is None or row[0] is None or hash_file(image) != (row[0], row[1]) or not self.mount_images:
-            self._unmount(layer, keep_image=False)   # not ours to mount: the tar path fetches it
+            log.warning("layer %s: cached EROFS image not mounted again (changed, or not mountable here)", layer)
+            self._unmount(layer, keep_image=False)   # not ours to mount: fetched again
             return False
         self._mount(layer)
         return True
