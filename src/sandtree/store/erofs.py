@@ -7,7 +7,7 @@ the portable format (bundles, rootless nodes, kernels without file-backed EROFS,
 Only images we built ourselves are ever mounted (a filesystem image is kernel attack surface):
 build() runs mkfs.erofs on a layer dir this store checked, and a fetched image is mounted only
 after its sha256 and size matched the layer's row (store/layercache.py). build() is
-deterministic: fixed UUID, every inode extended (exact nanosecond mtimes, host ids above 65535)
+deterministic: fixed _UUID, every inode extended (exact nanosecond mtimes, host ids above 65535)
 and the superblock's build time zeroed, so one layer dir gives one image.
 
 Lifecycle on a node: images live in erofs/<layer>.img, mounted read-only, nosuid, nodev at
@@ -30,11 +30,11 @@ import subprocess
 __all__ = ["MIN_FILES", "MIN_BYTES", "worth", "can_build", "can_mount", "build", "mount", "unmount",
            "is_mounted"]
 
-MKFS = "mkfs.erofs"
+_MKFS = "mkfs.erofs"
 # Below both, a layer unpacks from its tar about as fast as an image is mounted (bench/coldstart.py).
 MIN_FILES = 1000
 MIN_BYTES = 64 << 20
-UUID = "73616e64-7472-6565-8000-000000000001"  # fixed: one layer dir, one image
+_UUID = "73616e64-7472-6565-8000-000000000001"  # fixed: one layer dir, one image
 _SB = 1024                                      # the superblock's offset in the image
 _MAGIC = 0xE0F5E1E2
 _BUILD_TIME = 24                                # u64 seconds + u32 nanoseconds, informational only
@@ -49,7 +49,7 @@ def worth(files: int, size: int) -> bool:
 
 
 def can_build() -> bool:
-    return shutil.which(MKFS) is not None
+    return shutil.which(_MKFS) is not None
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,9 +75,12 @@ def can_mount(rootless: bool) -> bool:
 def build(layer_dir: str, out: str) -> None:
     """Write layer_dir as an EROFS image to `out` (a new file), byte for byte the same for the
     same dir. Raises OSError if mkfs.erofs fails (the caller keeps the tar alone)."""
-    cmd = [MKFS, "--quiet", "--preserve-mtime", "-Eforce-inode-extended,nosbcrc", f"-U{UUID}", out, layer_dir]
+    mkfs = shutil.which(_MKFS)
+    if mkfs is None:
+        raise OSError(f"{_MKFS} is not installed")
+    cmd = [mkfs, "--quiet", "--preserve-mtime", "-Eforce-inode-extended,nosbcrc", f"-U{_UUID}", out, layer_dir]
     res = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
+                         env={"LC_ALL": "C"})     # (SOURCE_DATE_EPOCH would flatten every mtime)
     if res.returncode != 0:
         raise OSError(f"mkfs.erofs failed ({res.returncode}): {res.stdout.decode(errors='replace')[-500:]}")
     # Every inode carries its own mtime (force-inode-extended) and the superblock no checksum
