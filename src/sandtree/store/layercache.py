@@ -7,7 +7,7 @@ the image row that names it can be written, so an upload cut off halfway is neve
 ensure() fetches what a run needs on first use: downloaded to tmp/, its sha256 checked against
 the row, unpacked with layerpack's checks into a staging dir, renamed in.
 
-A layer with many files or bytes (erofs.worth) is also uploaded as an EROFS image
+A layer with many files (erofs.worth) is also uploaded as an EROFS image
 (layers/<id>.erofs, store/erofs.py; its sha256 and size in the same row): a node that can mount
 it (root, file-backed EROFS, the packer's id map) downloads it to erofs/<id>.img, and mounts it
 at layers/<id> once its sha256 and size matched, with no file created: one GET and a mount.
@@ -78,7 +78,7 @@ class LayerCache:
         finally:
             os.unlink(tmp)
         files, size = _dir_stats(staged)
-        image = self._upload_image(staged, layer) if self.build_images and erofs.worth(files, size) else None
+        image = self._upload_image(staged, layer) if self.build_images and erofs.worth(files) else None
         with self.store.db.tx() as con:
             con.execute("INSERT OR IGNORE INTO layer_objects(layer, sha256, size, created, erofs_sha256, erofs_size, "
                         "erofs_idmap) VALUES(?,?,?,?,?,?,?)",
@@ -172,7 +172,7 @@ class LayerCache:
         if image_digest is not None and self.mount_images and image_idmap == self.idmap_text:
             try:
                 return self._fetch_image(layer, image_digest, image_size)
-            except OSError as exc:               # not StoreCorrupt: the kernel would not mount it
+            except _MountRefused as exc:         # the kernel would not mount a verified image
                 log.warning("layer %s: cannot mount its EROFS image (%s); tars from now on", layer, exc)
                 self.mount_images = False
                 self._unmount(layer, keep_image=False)
@@ -220,7 +220,10 @@ class LayerCache:
             body.close()
         self._took("download", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        self._mount(layer)
+        try:
+            self._mount(layer)
+        except OSError as exc:
+            raise _MountRefused(str(exc)) from exc
         self._took("mount", time.perf_counter() - t0)
         with self._count:
             self.fetched += 1
@@ -398,6 +401,10 @@ class LayerCache:
                 if w.h.hexdigest() != rows[layer][0]:     # (a mounted image: its files as packed)
                     problems.append({"kind": "cached_layer_mismatch", "layer": layer})
         return problems
+
+
+class _MountRefused(Exception):
+    """This node's kernel refused to mount a verified image (no file-backed EROFS, say)."""
 
 
 class _Null:
