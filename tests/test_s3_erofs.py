@@ -159,7 +159,7 @@ def test_damaged_image_refused_never_mounted(tmp_path, pair, damage):
     with pytest.raises(StoreCorrupt):
         b.image(img.id).run("true")
     assert mounted_under(tmp_path) == []                      # never mounted
-    assert store.layers.all() == [] and os.listdir(store.cache.images) == []
+    assert store.layers.all() == [] and store.cache.images.names() == []
     assert os.listdir(store.layers.tmp) == [] and b.images() == before
     if damage == "truncated":                                 # fsck sees the object's size
         assert {"kind": "layer_image_object_mismatch", "layer": layer} in fsck(a.engine.store)["problems"]
@@ -181,13 +181,16 @@ def test_evict_gc_release_and_remount(tmp_path, pair):
         live.stop()
     # nothing uses it: released (unmounted, image kept), then mounted again on use, hashed first
     assert settled(store.cache.release_mounts) == [layer]
-    assert not os.path.exists(path) and os.path.exists(store.cache.image_path(layer))
+    assert not os.path.exists(path) and os.path.exists(store.cache.images.path(layer))
     assert [x for _, x, _ in store.cache.entries()] == [layer]
+    stamp = os.stat(os.path.join(store.cache.images.root, f"{layer}.ok")).st_mtime_ns
     assert b.image(img.id).run("cat /usr/share/many/f3").stdout == b"file 3\n"
     assert erofs.is_mounted(path) and store.cache.fetched == 1
+    # (unchanged since its check, this boot: not hashed again, so not stamped again)
+    assert os.stat(os.path.join(store.cache.images.root, f"{layer}.ok")).st_mtime_ns == stamp
     # an image whose bytes changed on disk is never mounted again: fetched anew
     assert settled(store.cache.release_mounts) == [layer]
-    with open(store.cache.image_path(layer), "r+b") as f:
+    with open(store.cache.images.path(layer), "r+b") as f:
         f.seek(4096)
         f.write(b"\xff" * 16)
     assert store.cache.check() == [{"kind": "cached_layer_image_mismatch", "layer": layer}]
@@ -195,14 +198,14 @@ def test_evict_gc_release_and_remount(tmp_path, pair):
     # eviction unmounts, then deletes the image
     assert settled(lambda: store.cache.evict(0)) == [layer]
     assert mounted_under(tmp_path / "b") == [] and not os.path.exists(path)
-    assert os.listdir(store.cache.images) == [] and store.cache.entries() == []
+    assert store.cache.images.names() == [] and store.cache.entries() == []
     assert fsck(store)["ok"]
     # gc: the unused layer's image object goes with its tar, and the local image with its mount
     assert b.image(img.id).run("true").exit_code == 0
     gc(a.engine.store, retention=0, grace=0, ephemeral_ttl=0, now=time.time() + 5)
     assert list(a.engine.store.objects.keys("layers/")) == []
     gc(store, retention=0, grace=0, ephemeral_ttl=0, now=time.time() + 5)
-    assert mounted_under(tmp_path) == [] and os.listdir(store.cache.images) == []
+    assert mounted_under(tmp_path) == [] and store.cache.images.names() == []
     assert store.layers.all() == []
 
 

@@ -7,14 +7,12 @@ the portable format (bundles, rootless nodes, kernels without file-backed EROFS,
 Only images we built ourselves are ever mounted (a filesystem image is kernel attack surface):
 build() runs mkfs.erofs on a layer dir this store checked, and a fetched image is mounted only
 after its sha256 and size matched the layer's row (store/layercache.py). build() is
-deterministic: fixed _UUID, every inode extended (exact nanosecond mtimes, host ids above 65535)
+deterministic: a fixed UUID, every inode extended (exact nanosecond mtimes, host ids above 65535)
 and the superblock's build time zeroed, so one layer dir gives one image.
 
-Lifecycle on a node: images live in erofs/<layer>.img, mounted read-only, nosuid, nodev at
-layers/<layer> in the host's mount namespace (a node's processes share it; a mount left by a
-killed process is reused). The image is renamed in before its mount point is made and removed
-only after the mount point is, so an empty layers/<layer> dir next to its image means "mount
-it", never "an empty layer". Nothing deletes through a mount: umount (detached) first.
+On a node (store/erofsdir.py): images live in erofs/<layer>.img, mounted read-only, nosuid,
+nodev at layers/<layer> in the host's mount namespace (a node's processes share it; a mount left
+by a killed process is reused). Nothing deletes through a mount: umount (detached) first.
 """
 
 from __future__ import annotations

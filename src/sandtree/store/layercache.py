@@ -12,7 +12,7 @@ A layer with many files (erofs.worth) is also uploaded as an EROFS image
 it (root, file-backed EROFS, the packer's id map) downloads it to erofs/<id>.img, and mounts it
 at layers/<id> once its sha256 and size matched, with no file created: one GET and a mount.
 Such a layer is present when its dir is a mount; an image whose mount is gone (a restart, a
-release) is hashed again and mounted again on its next use.
+release) is mounted again on its next use, hashed again first unless unchanged in this boot.
 
 Bookkeeping survives restarts and lives beside the layers: cache/<layer> is a marker per cached
 layer, its content the layer's size in bytes, its mtime the last use (LRU). A layer in use is
@@ -24,7 +24,6 @@ mountinfo names it), or the lower of a live sandbox (the sandboxes table), or ha
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -37,6 +36,7 @@ from ..errors import StoreCorrupt
 from ..procid import owner_prefix
 from . import erofs, layerpack
 from .blobs import hash_file
+from .erofsdir import ImageDir
 from .layers import remove_tree
 
 log = logging.getLogger("sandtree.store")
@@ -56,8 +56,7 @@ class LayerCache:
         self.store, self.objects, self.cap = store, objects, cap
         self.dir = os.path.join(store.home, "cache")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        self.images = os.path.join(store.home, "erofs")      # verified EROFS images, mounted at layers/<id>
-        os.makedirs(self.images, mode=0o700, exist_ok=True)
+        self.images = ImageDir(os.path.join(store.home, "erofs"), store.layers)   # mounted at layers/<id>
         self.build_images = erofs.can_build() and not store.idmap.rootless
         self.mount_images = erofs.can_mount(store.idmap.rootless)
         self.idmap_text = layerpack.idmap_text(store.idmap)
@@ -137,31 +136,23 @@ class LayerCache:
         return fd
 
     def present(self, layer: str) -> bool:
-        """Whether layers/<layer> holds the layer: a dir, mounted if an EROFS image backs it
-        (its mount point alone is an empty dir, never an empty layer)."""
-        path = self.store.layers.path(layer)
-        if not os.path.isdir(path):
-            return False
-        return not os.path.exists(self.image_path(layer)) or erofs.is_mounted(path)
+        """Whether layers/<layer> holds the layer (its mount point alone is never an empty layer)."""
+        return self.images.present(layer)
 
     def local(self, layer: str) -> bool:
-        """present(), after mounting again a cached image whose mount is gone (hashed again
+        """present(), after mounting again a cached image whose mount is gone (checked again
         first: only an image matching its row is ever mounted)."""
-        if self.present(layer):
+        if self.images.present(layer):
             return True
-        image = self.image_path(layer)
-        if not os.path.exists(image):
+        if not self.images.has(layer):
             return False
         row = self.store.db.one("SELECT erofs_sha256, erofs_size FROM layer_objects WHERE layer=?", (layer,))
-        if row is None or row[0] is None or hash_file(image) != (row[0], row[1]) or not self.mount_images:
+        if row is None or row[0] is None or not self.mount_images or not self.images.verified(layer, *row):
             log.warning("layer %s: cached EROFS image not mounted again (changed, or not mountable here)", layer)
-            self._unmount(layer, keep_image=False)   # not ours to mount: fetched again
+            self.images.unmount(layer, keep_image=False)      # fetched again
             return False
-        self._mount(layer)
+        self.images.mount(layer)
         return True
-
-    def image_path(self, layer: str) -> str:
-        return os.path.join(self.images, f"{layer}.img")
 
     def _fetch(self, layer: str) -> None:
         row = self.store.db.one("SELECT sha256, size, erofs_sha256, erofs_size, erofs_idmap FROM layer_objects "
@@ -175,7 +166,7 @@ class LayerCache:
             except _MountRefused as exc:         # the kernel would not mount a verified image
                 log.warning("layer %s: cannot mount its EROFS image (%s); tars from now on", layer, exc)
                 self.mount_images = False
-                self._unmount(layer, keep_image=False)
+                self.images.unmount(layer, keep_image=False)
         staged = self.store.layers.stage("fetch")
         try:
             # Unpacked while it downloads (no tar on disk: half the bytes written), into a staging
@@ -198,30 +189,13 @@ class LayerCache:
             raise
 
     def _fetch_image(self, layer: str, digest: str, size: int) -> None:
-        """Download the layer's image into tmp/, check its sha256 and size, rename it into
-        erofs/, mount it. A kill -9 at any point leaves a tmp file (clean_stale's) or a verified
-        image that the next local() mounts; never a mount of unchecked bytes."""
-        tmp = os.path.join(self.store.layers.tmp, f"erofs-{owner_prefix()}{secrets.token_hex(6)}")
+        """Download the layer's image (checked before it is renamed in: erofsdir.py), mount it."""
         t0 = time.perf_counter()
-        body = self.objects.stream(image_key(layer), digest, size)
-        try:
-            with open(tmp, "xb") as f:
-                while chunk := body.read(1 << 20):
-                    f.write(chunk)
-            body.finish()                        # StoreCorrupt: other bytes than the row's
-            os.rename(tmp, self.image_path(layer))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        finally:
-            body.close()
+        self.images.download(self.objects.stream(image_key(layer), digest, size), layer)
         self._took("download", time.perf_counter() - t0)
         t0 = time.perf_counter()
         try:
-            self._mount(layer)
+            self.images.mount(layer)
         except OSError as exc:
             raise _MountRefused(str(exc)) from exc
         self._took("mount", time.perf_counter() - t0)
@@ -229,61 +203,26 @@ class LayerCache:
             self.fetched += 1
         self._mark(layer, size)
 
-    def _mount(self, layer: str) -> None:
-        """Mount the layer's (verified) image at layers/<layer>, unless a process did already
-        (the image's flock: two fetches of one layer mount it once)."""
-        path = self.store.layers.path(layer)
-        fd = os.open(self.image_path(layer), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                os.mkdir(path, 0o755)            # after the image is in: see erofs.py
-            except FileExistsError:
-                pass
-            if not erofs.is_mounted(path):
-                erofs.mount(self.image_path(layer), path)
-        finally:
-            os.close(fd)
-
-    def _unmount(self, layer: str, keep_image: bool) -> None:
-        """Unmount an image layer and remove its mount point (then, unless kept, the image):
-        in that order, so an empty dir beside its image is always 'mount it', never a layer."""
-        path = self.store.layers.path(layer)
-        while erofs.is_mounted(path):
-            erofs.unmount(path)
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:                   # a real dir (its tar's): the layer stays, unbacked
-            if exc.errno != errno.ENOTEMPTY:
-                raise
-        if not keep_image:
-            try:
-                os.unlink(self.image_path(layer))
-            except FileNotFoundError:
-                pass
-
     def drop(self, layer: str) -> None:
         """Before a layer is removed (gc, LayerDirs.remove): its image, if it has one, goes."""
-        if os.path.exists(self.image_path(layer)):
-            self._unmount(layer, keep_image=False)
+        if self.images.has(layer):
+            self.images.unmount(layer, keep_image=False)
 
     def release_mounts(self) -> list[str]:
         """Unmount the images no one uses (not pinned, no sandbox's lower, no live sandbox's
         layer); each is mounted again (hashed first) on its next use. For a store being closed:
         a mount outlives its process only while something uses it."""
-        names = [n[:-4] for n in os.listdir(self.images) if n.endswith(".img")]
-        if not any(erofs.is_mounted(self.store.layers.path(n)) for n in names):
+        names = self.images.names()
+        if not any(self.images.mounted(n) for n in names):
             return []
         busy = self._live_layers() | mounted_layers()
         out = []
         for layer in names:
-            if layer in busy or not erofs.is_mounted(self.store.layers.path(layer)):
+            if layer in busy or not self.images.mounted(layer):
                 continue
             with self._exclusive(layer) as mine:
                 if mine:
-                    self._unmount(layer, keep_image=True)
+                    self.images.unmount(layer, keep_image=True)
                     out.append(layer)
         return out
 
@@ -347,8 +286,8 @@ class LayerCache:
             with self._exclusive(layer) as mine:
                 if not mine:
                     continue                     # pinned by an operation using it
-                if os.path.exists(self.image_path(layer)):
-                    self._unmount(layer, keep_image=False)
+                if self.images.has(layer):
+                    self.images.unmount(layer, keep_image=False)
                 else:
                     doomed = self.store.layers.stage("evict")
                     os.rmdir(doomed)
@@ -362,7 +301,7 @@ class LayerCache:
 
     def _cached(self, layer: str) -> bool:
         """A layer dir here, or an image of it (mounted or not)."""
-        return os.path.isdir(self.store.layers.path(layer)) or os.path.exists(self.image_path(layer))
+        return os.path.isdir(self.store.layers.path(layer)) or self.images.has(layer)
 
     def _live_layers(self) -> set[str]:
         out: set[str] = set()
@@ -385,10 +324,8 @@ class LayerCache:
                     pass
         rows = {r[0]: r[1:] for r in self.store.db.query("SELECT layer, sha256, erofs_sha256, erofs_size "
                                                         "FROM layer_objects")}
-        for name in os.listdir(self.images):     # an image is checked before it is mounted again
-            layer = name[:-4]
-            if name.endswith(".img") and (layer not in rows or hash_file(os.path.join(self.images, name))
-                                          != tuple(rows[layer][1:])):
+        for layer in self.images.names():        # hashed, whatever the stamp says
+            if layer not in rows or hash_file(self.images.path(layer)) != tuple(rows[layer][1:]):
                 problems.append({"kind": "cached_layer_image_mismatch", "layer": layer})
         for layer in self.store.layers.all():
             if not self.local(layer):
