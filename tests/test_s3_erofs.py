@@ -75,8 +75,8 @@ def mounted_under(home) -> list[str]:
         return [line.split()[4] for line in f if line.split()[4].startswith(str(home) + "/")]
 
 
-def test_big_layers_fetched_as_images_same_as_tars(tmp_path, bucket):
-    db = f"sqlite:///{tmp_path}/shared.db"
+def test_big_layers_fetched_as_images_same_as_tars(tmp_path, pg_cluster, bucket):
+    db = pg_cluster.new_database()                               # (the other tests: SQLite)
     a = node(tmp_path / "a", db, bucket)
     local = sandtree.Sandtree(str(tmp_path / "local"), tier=TIER["current"], warm=0)
     b = node(tmp_path / "b", db, bucket)
