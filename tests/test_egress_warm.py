@@ -85,8 +85,8 @@ def taken_by(eng, monkeypatch) -> list:
     seen = []
     real = eng.runtime.take_linked
 
-    def spy(provide, retire, fits=None):
-        w = real(provide, retire, fits)
+    def spy(provide, retire, fits=None, layers=()):
+        w = real(provide, retire, fits, layers)
         seen.append(w and w.key)
         return w
     monkeypatch.setattr(eng.runtime, "take_linked", spy)

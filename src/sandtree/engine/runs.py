@@ -113,7 +113,7 @@ class RunOps:
         pool = pool if pool is not None and pool.tier == runtime.name else None
         early = None
         if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
-            early = self._take_linked(runtime, net, scope)
+            early = self._take_linked(runtime, net, scope, row.layers)
         try:
             argv = command_argv(command)
             lim = self.specs.limits(limits)
@@ -151,7 +151,7 @@ class RunOps:
             served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy, runtime.name) and not net.secrets \
                 else None
             if served is None and net.policy is not None:   # a link of its own
-                spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope)
+                spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope, row.layers)
                 early = None
                 if spec.prestarted is not None:      # a helper waiting in a link: now with the policy
                     link_key, gate = spec.prestarted.key, spec.prestarted.gate
@@ -195,7 +195,7 @@ class RunOps:
             link.close()
         return self.egress.release(key) if key is not None else {}
 
-    def _take_linked(self, runtime, net, scope: str | None):
+    def _take_linked(self, runtime, net, scope: str | None, layers=()):
         """A helper the runtime started ahead in a link with nothing allowed, given the run's
         policy (one round trip to the daemon), or None: the run attaches a link and starts cold.
         Not for secrets (their placeholders and CA are the link's from its start). Only a helper
@@ -203,7 +203,7 @@ class RunOps:
         if net.secrets:
             return None
         pre = runtime.take_linked(self._provide_link, self.egress.release,
-                                  fits=lambda link_scope: link_scope is None or link_scope == scope)
+                                  fits=lambda link_scope: link_scope is None or link_scope == scope, layers=layers)
         if pre is None:
             return None
         # The daemon's yes is awaited just before the command is handed over (the runtime calls

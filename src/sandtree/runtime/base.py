@@ -154,13 +154,14 @@ class Runtime(abc.ABC):
         runs already returned stay valid until their outcomes are closed."""
 
     @abc.abstractmethod
-    def take_linked(self, provide, retire, fits=None) -> object | None:
+    def take_linked(self, provide, retire, fits=None, layers=()) -> object | None:
         """A helper started ahead inside a network link with nothing allowed yet (for
         RunSpec.prestarted: the caller sets the link's policy, then runs), or None (none ready, or
         a tier that keeps none: the caller attaches a link for a cold start). provide() -> (key,
         netns_fd, runtime_files, scope) makes a link (scope: whose runs it served, None: a fresh
         one), retire(key) gives one back; the first call starts the tier's pool of them. fits(scope)
-        says which helpers the caller may take (None: any). The helper's `key` names its link."""
+        says which helpers the caller may take (None: any); one taken sees every layer of `layers`
+        (the run's: see WarmPool.take). The helper's `key` names its link."""
 
     @abc.abstractmethod
     def live(self) -> "LiveTier":

@@ -60,7 +60,7 @@ class GVisorRuntime(NamespaceRuntime):
             return False, "no writable cgroups: the gvisor tier's limits could not be enforced"
         return super().available()
 
-    def take_linked(self, provide, retire, fits=None) -> None:
+    def take_linked(self, provide, retire, fits=None, layers=()) -> None:
         return None                              # runsc starts per run: no helpers kept ahead
 
     def live(self) -> LiveTier:

@@ -169,7 +169,7 @@ class NamespaceRuntime(Runtime):
             pool = self._pool
             if pool is None or spec.netns_fd is not None or spec.runtime_files:
                 return None                      # (a warm helper made its network namespace already)
-            w = pool.take()
+            w = pool.take(layers=spec.layers)
             if w is None:
                 return None
         lim = spec.limits
@@ -191,7 +191,7 @@ class NamespaceRuntime(Runtime):
             raise
         return Started(w.proc, w.sock, w.rep_r, w.cg, w.report_raw, w.scratch_fd)
 
-    def take_linked(self, provide, retire, fits=None) -> "WarmPool | None":
+    def take_linked(self, provide, retire, fits=None, layers=()) -> "WarmPool | None":
         """See Runtime.take_linked: a pool of LINKED_WARM helpers, started on the first ask."""
         with self._pool_lock:
             if self._linked is None:
@@ -199,7 +199,7 @@ class NamespaceRuntime(Runtime):
                     return None
                 self._linked = WarmPool(self, LINKED_WARM, provide, retire)
                 return None                      # this run starts cold; the next finds one
-        return self._linked.take(fits)
+        return self._linked.take(fits, layers)
 
     def warm(self, size: int = 2) -> None:
         """Keep `size` helpers started ahead of runs (root with cgroups only; otherwise cold)."""

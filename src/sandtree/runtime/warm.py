@@ -84,14 +84,29 @@ class WarmPool:
         self.thread = threading.Thread(target=self._fill, name="sandtree-warm", daemon=True)
         self.thread.start()
 
-    def take(self, fits=None) -> WarmHelper | None:
-        """A ready helper (for a linked pool: one whose link's scope fits(scope) accepts), or None."""
+    def take(self, fits=None, layers=()) -> WarmHelper | None:
+        """A ready helper (for a linked pool: one whose link's scope fits(scope) accepts) that
+        sees every one of `layers`, or None. Helpers born before a layer was mounted (an EROFS
+        image, store/erofs.py) are discarded: in their mount namespace, private since their
+        birth, the layer is its empty mount point."""
+        mounts = _mounted_lowers(self.rt.layers_dir, layers)
+        stale = []
         with self.cv:
-            w = next((x for x in self.ready if fits is None or fits(x.scope)), None)
-            if w is not None:
-                self.ready.remove(w)
+            w = None
+            for x in list(self.ready):
+                if fits is not None and not fits(x.scope):
+                    continue
+                if mounts and not mounts <= _mount_points(x.proc.pid):
+                    self.ready.remove(x)
+                    stale.append(x)
+                    continue
+                self.ready.remove(x)
+                w = x
+                break
             self.cv.notify()
-            return w
+        for x in stale:
+            x.discard()
+        return w
 
     def close(self) -> None:
         with self.cv:
@@ -167,3 +182,28 @@ class WarmPool:
             raise SandboxError("warm helper sent no scratch directory")
         w.scratch_fd = fds[0]
         return w
+
+
+def _mounted_lowers(layers_dir: str, layers) -> set[str]:
+    """The paths of those layers that are mounts of their own here (a stat each)."""
+    if not layers:
+        return set()
+    root = os.stat(layers_dir).st_dev
+    out = set()
+    for layer in layers:
+        path = os.path.join(layers_dir, layer)
+        try:
+            if os.stat(path).st_dev != root:
+                out.add(os.path.realpath(path))
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _mount_points(pid: int) -> set[str]:
+    """Mount points in a process's mount namespace (none if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            return {line.split()[4].replace("\\040", " ") for line in f}
+    except OSError:
+        return set()

@@ -58,9 +58,7 @@ class BlobStore:
             return own
         row = self.db.one("SELECT path FROM blob_loc WHERE hash=?", (digest,))
         if row and self.ensure_layer is not None and row[0].startswith("layers/"):
-            layer = row[0].split("/")[1]
-            if not os.path.isdir(os.path.join(self.home, "layers", layer)):
-                self.ensure_layer(layer)
+            self.ensure_layer(row[0].split("/")[1])      # (a cached layer: a few stats)
         if row:
             return os.path.join(self.home, row[0])
         if self.remote is not None and self.remote.exists(f"blobs/{digest}"):

@@ -111,7 +111,10 @@ CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 
 # Columns added since a store was made (same format: older code ignores them), for both backends:
 # (table, column, type in SQLite's words).
-MIGRATIONS = [("public_images", "by", "TEXT")]
+# layer_objects.erofs_*: a layer's EROFS image (store/erofs.py), NULL: its tar alone. idmap: the
+# packer's ("uid_base gid_base count"): a node with another one takes the tar.
+MIGRATIONS = [("public_images", "by", "TEXT"), ("layer_objects", "erofs_sha256", "TEXT"),
+              ("layer_objects", "erofs_size", "INTEGER"), ("layer_objects", "erofs_idmap", "TEXT")]
 
 
 def check_url(url: str | None) -> str:

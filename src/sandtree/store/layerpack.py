@@ -51,7 +51,7 @@ class HashingWriter:
 def pack(layer_dir: str, out, idmap: IdMap) -> None:
     """Write layer_dir as a tar to the binary file object `out` (iterative walk, sorted names)."""
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20,
-                      pax_headers={"SANDTREE.idmap": _idmap_text(idmap)}) as tar:
+                      pax_headers={"SANDTREE.idmap": idmap_text(idmap)}) as tar:
         _add(tar, layer_dir, ".", os.lstat(layer_dir))
         todo = [""]
         while todo:
@@ -65,7 +65,7 @@ def pack(layer_dir: str, out, idmap: IdMap) -> None:
                     todo.append(sub)
 
 
-def _idmap_text(idmap: IdMap) -> str:
+def idmap_text(idmap: IdMap) -> str:
     return f"{idmap.uid_base} {idmap.gid_base} {idmap.count}"
 
 
@@ -179,9 +179,9 @@ def _unpack(src, dest: str, idmap: IdMap, max_bytes: int, pool) -> int:
     except tarfile.TarError as exc:
         raise BadArchive(f"layer object is not a tar: {exc}") from None
     with tar:
-        if tar.pax_headers.get("SANDTREE.idmap") != _idmap_text(idmap):
+        if tar.pax_headers.get("SANDTREE.idmap") != idmap_text(idmap):
             raise BadArchive("layer object was packed by a store with another id map "
-                             f"({tar.pax_headers.get('SANDTREE.idmap')!r}, here {_idmap_text(idmap)!r})")
+                             f"({tar.pax_headers.get('SANDTREE.idmap')!r}, here {idmap_text(idmap)!r})")
         try:
             for ti in tar:
                 members += 1

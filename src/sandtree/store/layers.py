@@ -14,8 +14,8 @@ regular file, mode 0 (make_placeholder). The only device nodes in layers are ove
 whiteouts. A staged import marks its placeholders with DEVICE_MARKER (a trusted.* xattr: no
 sandbox can set or read one) so scan() can record the device it stands for.
 
-Deleting: nothing is ever mounted inside the store (sandboxes mount in their own namespaces),
-but remove_tree() still refuses any path with a mount beneath it (see PLATFORM.md, DANGER), and
+Deleting: nothing is mounted inside the store but EROFS images of layers (store/erofs.py, S3
+objects), which remove() unmounts first (drop); remove_tree() still refuses any path with a mount beneath it (see PLATFORM.md, DANGER), and
 never crosses a mount or recurses on the tree's depth.
 """
 
@@ -342,6 +342,7 @@ class LayerDirs:
         self.root = root
         self.tmp = tmp
         self.upload = None        # S3 objects: upload(staged, layer) before the rename (layercache.py)
+        self.drop = None          # S3 objects: drop(layer) unmounts and deletes its EROFS image first
         os.makedirs(root, exist_ok=True)
         os.chmod(root, 0o711)     # sandboxes resolve lowers by name; nobody may list them
         os.makedirs(tmp, mode=0o700, exist_ok=True)
@@ -376,6 +377,8 @@ class LayerDirs:
         return sorted(os.listdir(self.root))
 
     def remove(self, layer: str) -> None:
+        if self.drop is not None:
+            self.drop(layer)
         remove_tree(self.path(layer))
 
 

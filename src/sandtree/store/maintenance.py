@@ -104,16 +104,23 @@ def _fsck(store: Store, verify_content: bool, grace: float, now: float | None) -
 def _remote_layers(store: Store, problems: list) -> set[str]:
     """Layers with a complete S3 object and a row saying what it must hash to (a row whose object
     is missing is a problem; an object without a row is an upload that never finished: gc's)."""
-    keys = {k[len("layers/"):-4]: size for k, size, _ in store.objects.keys("layers/") if k.endswith(".tar")}
+    keys = {k[len("layers/"):]: size for k, size, _ in store.objects.keys("layers/")}
     found = set()
-    for layer, _sha, size in store.db.query("SELECT layer, sha256, size FROM layer_objects"):
-        if layer not in keys:
+    for layer, size, image_size in store.db.query("SELECT layer, size, erofs_size FROM layer_objects"):
+        if f"{layer}.tar" not in keys:
             problems.append({"kind": "missing_layer_object", "layer": layer})
-        elif keys[layer] != size:
+        elif keys[f"{layer}.tar"] != size:
             problems.append({"kind": "layer_object_size_mismatch", "layer": layer})
         else:
             found.add(layer)
+        if image_size is not None and keys.get(f"{layer}.erofs") != image_size:
+            problems.append({"kind": "layer_image_object_mismatch", "layer": layer})     # missing or cut
     return found
+
+
+def _layer_of(name: str) -> str:
+    """The layer a layers/ object is of: <id>.tar, its EROFS image <id>.erofs (layercache.py)."""
+    return name.removesuffix(".tar").removesuffix(".erofs")
 
 
 def device_nodes(layer_dir: str) -> list[str]:
@@ -187,6 +194,8 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         if layer not in used_layers:
             path = store.layers.path(layer)
             if now - os.lstat(path).st_ctime >= grace:
+                if store.cache is not None:
+                    store.cache.local(layer)     # an image's mount point: mounted, to evacuate from
                 store.blobs.evacuate(f"layers/{layer}", blobs)
                 store.layers.remove(layer)
                 removed_layers += 1
@@ -219,19 +228,20 @@ def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, 
         kind, _, name = key.partition("/")
         if now - modified < grace:
             continue
-        if kind == "layers" and name.endswith(".tar") and name[:-4] not in used_layers:
+        if kind == "layers" and _layer_of(name) not in used_layers:
             doomed.append(key)
         elif kind == "blobs" and name not in blobs and now - modified >= max(grace, retention):
             doomed.append(key)
         elif kind == "checkpoints" and name.removesuffix(".tar") not in hibernated:
             doomed.append(key)
     store.objects.delete(doomed)
-    gone = [k[len("layers/"):-4] for k in doomed if k.startswith("layers/")]
+    gone = sorted({_layer_of(k[len("layers/"):]) for k in doomed if k.startswith("layers/")})
     with store.db.tx() as con:
         con.executemany("DELETE FROM layer_objects WHERE layer=?", [(x,) for x in gone])
         rows = [r[0] for r in con.execute("SELECT layer FROM layer_objects WHERE created < ?", (now - grace,))]
         con.executemany("DELETE FROM layer_objects WHERE layer=?", [(x,) for x in rows if x not in used_layers])
-    for layer in gone:                           # this node's cache marker of it
+    for layer in gone:                           # this node's cache marker (and image) of it
+        store.cache.drop(layer)
         try:
             os.unlink(os.path.join(store.cache.dir, layer))
         except FileNotFoundError:

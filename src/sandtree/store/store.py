@@ -4,6 +4,7 @@
       sandtree.db          trees, images, edges, operations, refs (store/db.py)
       objects/blobs/       file contents by sha256 (store/blobs.py)
       layers/              overlay lower dirs, one per commit (store/layers.py)
+      erofs/               with S3 objects: fetched EROFS images, mounted at layers/<id> (store/erofs.py)
       tmp/                 staging for imports and commits; never holds a mount
       cache/               with S3 objects: one marker per cached layer (store/layercache.py)
 
@@ -86,15 +87,23 @@ class Store:
             cap = cache_max if cache_max is not None else (config.layer_cache_max() or LAYER_CACHE_MAX)
             self.cache = LayerCache(self, self.objects, cap)
             self.layers.upload = self.cache.upload
+            self.layers.drop = self.cache.drop
             self.blobs.remote = self.objects
-            self.blobs.ensure_layer = lambda layer: self.cache.ensure([layer], self._pins())
+            self.blobs.ensure_layer = self._ensure_layer
         self._trees: OrderedDict[str, dict[str, Entry]] = OrderedDict()
         self._images: dict[str, ImageRow] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self.layers.clean_stale()
 
+    def _ensure_layer(self, layer: str) -> None:
+        if not self.cache.present(layer):
+            self.cache.ensure([layer], self._pins())
+
     def close(self) -> None:
+        """With S3 objects, first unmounts the layers' EROFS images nothing uses (layercache.py)."""
+        if self.cache is not None:
+            self.cache.release_mounts()
         self.db.close()
 
     # gc and the operations that use existing images exclude each other, across processes: a
