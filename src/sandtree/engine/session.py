@@ -22,7 +22,7 @@ from ..secrets_mask import mask_text, secret_values
 # among the .ok files this uid owns (another uid may plant files in /dev/shm, never owned by this
 # one), so it never reads a save still being written or cut short by a kill, and two commands
 # saving at once write two files (SEQ ties go to either; each is a whole state). A reader whose
-# pick vanished under it (a cleanup) looks again. Cleanup is an `rm` of the saves more than 4
+# pick vanished under it (a cleanup, under a burst of saves) looks again. Cleanup is an `rm` of the saves more than 4
 # behind the newest, once 16 are there (one process every ~12 saves). PREFIX itself is the file
 # an older wrapper kept (renamed into place): read when no newer save exists.
 # The EXIT trap (so `exit N` saves too) runs in the command's shell, which exits right after: it
@@ -38,13 +38,13 @@ __st_top() {
     case $__st_n in ''|*[!0-9]*) continue;; esac
     [ ${#__st_n} -lt 16 ] && [ -O "$__st_m" ] || continue
     __st_k=$((__st_k+1))
-    if [ "$__st_n" -gt "$__st_q" ]; then __st_q=$__st_n; __st_f=${__st_m%.ok}; fi
+    if [ "$__st_n" -gt "$__st_q" ] && [ -O "${__st_m%.ok}" ]; then __st_q=$__st_n; __st_f=${__st_m%.ok}; fi
   done
 }
 __st_a=0
-while __st_top; [ -n "$__st_f" ] && ! [ -O "$__st_f" ] && [ $__st_a -lt 3 ]; do __st_a=$((__st_a+1)); done
-if [ -n "$__st_f" ]; then [ -O "$__st_f" ] && command . "$__st_f" 2>/dev/null
-elif [ -O "$__st_s" ]; then command . "$__st_s" 2>/dev/null; fi
+until __st_top; [ -z "$__st_f" ] || command . "$__st_f" 2>/dev/null || [ $__st_a -ge 2 ]; do
+  __st_a=$((__st_a+1)); done
+[ -n "$__st_f" ] || ! [ -O "$__st_s" ] || command . "$__st_s" 2>/dev/null
 __st_new=; __st_had=
 for __st_kv in "$@"; do
   __st_n=${__st_kv%%=*}
@@ -64,7 +64,7 @@ __st_save() {
   umask 077
   __st_top
   __st_w=$__st_s.$((__st_q+1)).$$
-  command export -p >| "$__st_w" && : >| "$__st_w.ok"
+  command export -p 2>/dev/null >| "$__st_w" && : 2>/dev/null >| "$__st_w.ok"
   if [ "$__st_k" -ge 16 ]; then
     set --
     for __st_m in "$__st_s".*; do
