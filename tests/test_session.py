@@ -68,8 +68,8 @@ def test_session_carries_cwd_and_exports_in_each_shell(shell_image, live_tier):
         assert sb.exec("export U=1000; cd /tmp", uid=1000, gid=1000).ok
         assert sb.exec('echo "$U"; pwd', uid=1000, gid=1000).stdout == b"1000\n/tmp\n"
         assert sb.exec('echo "${U-none}"; pwd').stdout == b"none\n/\n"
-        modes = sb.exec(["sh", "-c", f"stat -c '%a %u' {SESSION}.* {SESSION[:-1]}1000.*"]).stdout.split(b"\n")
-        assert set(modes[:-1]) == {b"600 0", b"600 1000"}
+        modes = sb.exec(["stat", "-c", "%a %u", f"{SESSION}.d", f"{SESSION[:-1]}1000.d"]).stdout
+        assert modes == b"700 0\n700 1000\n"
 
 
 def test_session_concurrent_commands_cut_saves_and_planted_files(bb, live_tier):
@@ -95,18 +95,17 @@ def test_session_concurrent_commands_cut_saves_and_planted_files(bb, live_tier):
         assert not errors and not bad
         assert sb.exec('[ "$BIG" = "$V" ] && echo same', env={"V": big}).stdout == b"same\n"
         assert sb.exec(["test", "-e", "/tmp/pwned"]).exit_code == 1
-        # what a save killed halfway leaves (its file, no .ok), an .ok whose file is gone, another
-        # uid's save (mode 0644, say), all numbered past the newest: none of them is read
-        plant = (f"printf \"export X=partial BIG='cut\" > {SESSION}.900000.7; "
-                 f": > {SESSION}.900001.8.ok; "
-                 f"printf 'export X=foreign\\n' > {SESSION}.900002.9; : > {SESSION}.900002.9.ok")
+        # what a save killed halfway leaves (its file, no .ok) and an .ok whose file is gone, numbered
+        # past the newest: neither is read; another uid cannot put anything there
+        plant = (f"printf \"export X=partial BIG='cut\" > {SESSION}.d/900000.7; "
+                 f": > {SESSION}.d/900001.8.ok")
         assert sb.exec(["sh", "-c", plant]).ok
-        assert sb.exec(["chown", "1000", f"{SESSION}.900002.9", f"{SESSION}.900002.9.ok"]).ok
+        assert sb.exec(["sh", "-c", f": > {SESSION}.d/900002.9.ok"], uid=1000).exit_code != 0
         assert sb.exec('[ "$BIG" = "$V" ] && echo "same ${X-unset} $PWD"', env={"V": big}).stdout == b"same unset /tmp\n"
         # saves are cleaned up as they pile up: the files stay few however many commands ran
         for i in range(40):
             assert sb.exec(f"export N={i}").ok
-        left = sb.exec(["sh", "-c", f"ls {SESSION}.* | wc -l"]).stdout
+        left = sb.exec(["sh", "-c", f"ls {SESSION}.d | wc -l"]).stdout
         assert int(left) <= 40 and sb.exec('echo "$N ${#BIG}"').stdout == f"39 {len(big)}\n".encode()
 
 
@@ -117,3 +116,15 @@ def test_session_reads_the_file_an_older_wrapper_left(bb, live_tier):
         assert sb.exec(["sh", "-c", f"printf \"export OLD='from before'\\nexport PWD=/etc\\n\" > {SESSION}"]).ok
         assert sb.exec('echo "$OLD"; pwd; export NEW=1').stdout == b"from before\n/etc\n"
         assert sb.exec('echo "$OLD $NEW"').stdout == b"from before 1\n"
+
+
+def test_session_ignores_what_another_uid_made_first(bb, live_tier):
+    """A uid that gets to /dev/shm first (a 1777 directory) and makes root's session directory or
+    the older wrapper's file there does not choose root's next environment: they are not root's,
+    so root's commands run without a session instead."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        plant = (f"mkdir -m 777 {SESSION}.d && printf 'export X=foreign\\n' > {SESSION}.d/5.1 && "
+                 f": > {SESSION}.d/5.1.ok && printf 'export X=foreign\\n' > {SESSION}")
+        assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
+        assert sb.exec('echo "${X-unset}"; export Y=1').stdout == b"unset\n"
+        assert sb.exec('echo "${X-unset} ${Y-unset}"').stdout == b"unset unset\n"
