@@ -32,7 +32,7 @@ from ..secrets_mask import mask_text, secret_values
 SESSION = r"""
 unset __ST_SESSION
 __st_s=$1; __st_c=$2; shift 2
-__st_d=$__st_s.d; __st_x=; __st_f=; __st_a=0
+__st_d=$__st_s.d; __st_x=; __st_f=; __st_a=0; __st_o=
 __st_top() {
   __st_q=0; __st_f=; __st_k=0
   for __st_m in "$__st_d"/*.ok; do
@@ -44,6 +44,7 @@ __st_top() {
   done
 }
 if [ -O "$__st_d" ]; then
+  __st_o=1
   while __st_top; [ -n "$__st_f" ] && ! [ -f "$__st_f" ] && [ $__st_a -lt 3 ]; do
     __st_a=$((__st_a+1)); __st_x="$__st_x $__st_f.ok"; done
 fi
@@ -65,7 +66,7 @@ __st_save() {
   for __st_n in $__st_had; do eval "export $__st_n=\"\$__st_old_$__st_n\""; done
   if [ -n "$__st_i" ]; then IFS=$__st_j; else unset IFS; fi
   export PWD
-  [ -O "$__st_d" ] || { PATH=/usr/sbin:/usr/bin:/sbin:/bin command mkdir -m 700 "$__st_d" 2>/dev/null &&
+  [ -n "$__st_o" ] || [ -O "$__st_d" ] || { PATH=/usr/sbin:/usr/bin:/sbin:/bin command mkdir -m 700 "$__st_d" 2>/dev/null &&
     [ -O "$__st_d" ]; } || return
   __st_top
   __st_w=$__st_d/$((__st_q+1)).$$
