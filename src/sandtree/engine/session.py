@@ -27,7 +27,8 @@ from ..secrets_mask import mask_text, secret_values
 # of the saves more than 4 behind the newest once 16 are there: one process every ~12 saves.
 # NAME itself is the file an older wrapper kept (renamed into place), read when no save exists.
 # The EXIT trap (so `exit N` saves too) runs in the command's shell, which exits right after: it
-# turns off the command's set -e/-u/-f/-x (noclobber: `>|`), and `command` keeps a failing special
+# turns off the command's set -e/-u/-f/-x (noclobber: `>|`; the redirect that hides the trace of
+# `set +x` only when -x is on: a redirect is 8 system calls), and `command` keeps a failing special
 # builtin from exiting the shell before the save and a function the command defined from running.
 SESSION = r"""
 unset __ST_SESSION
@@ -81,7 +82,8 @@ __st_save() {
     PATH=/usr/sbin:/usr/bin:/sbin:/bin command rm -f -- "$@" 2>/dev/null
   fi
 }
-trap '{ __st_rc=$?; set +efux; } 2>/dev/null; __st_save; exit $__st_rc' EXIT
+trap 'case $- in *x*) { __st_rc=$?; set +efux; } 2>/dev/null;; *) __st_rc=$?; set +efu;; esac
+  __st_save; exit $__st_rc' EXIT
 eval "$__st_c"
 """
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
