@@ -201,6 +201,7 @@ def test_tree_node_run_diff_and_files(world, page, tmp_path):
     assert open(got.value.path(), "rb").read() == open(world["rootfs"] + "/bin/busybox", "rb").read()
     page.click("#panel .crumbs a:text-is('/')")
     page.click("#panel a.entry.dir:text-is('app/')")
+    page.wait_for_selector("#panel a.entry:text-is('calc.py')")     # /app shown (else the tar is /'s)
     with page.expect_download() as got:
         page.click("#panel #downloadtar")
     with tarfile.open(got.value.path()) as t:
