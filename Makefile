@@ -19,7 +19,7 @@ demo: deps $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: deps $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests
+	SANDTREE_TEST_BOOKWORM_AHEAD=1 $(BIN)/python -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests
 
 bench: deps $(STAMP)
 	$(BIN)/python bench/bench.py

@@ -256,31 +256,56 @@ def bookworm(tmp_path_factory):
         home, _, image = reuse.rpartition(":")
         return home, image, []
     # `make test` runs on pytest-xdist workers (-n 2 --dist loadfile): the first worker to ask
-    # bootstraps into the run's shared temporary root, the others wait for it and reuse that store.
-    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
-    made = shared / "bookworm.json" if shared else None
-    with FileLock(str(shared / "bookworm.lock")) if shared else contextlib.nullcontext():
-        if made is not None and made.exists():
-            got = json.loads(made.read_text())
-            if "skip" in got:
-                pytest.skip(got["skip"])
-            return got["home"], got["image"], got["lines"]
-        home = str((shared / "bookworm" if shared else tmp_path_factory.mktemp("bookworm")) / "home")
+    # bootstraps into the run's shared temporary root, the others wait for it and reuse that store
+    # (under `make test` the controller has started it already: pytest_configure below).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        got = _bootstrap_bookworm(tmp_path_factory.getbasetemp().parent)
+    else:
+        got = _bootstrap_bookworm(tmp_path_factory.mktemp("bookworm"), shared=False)
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    return got["home"], got["image"], got["lines"]
+
+
+def _bootstrap_bookworm(root, shared: bool = True) -> dict:
+    """The bookworm store in `root` ({home, image, lines}, or {skip: why}): made by the first
+    process to ask (others wait on its lock and read what it wrote to bookworm.json)."""
+    made = root / "bookworm.json"
+    with FileLock(str(root / "bookworm.lock")) if shared else contextlib.nullcontext():
+        if made.exists():
+            return json.loads(made.read_text())
+        home = str((root / "bookworm" if shared else root) / "home")
         s = sandtree.Sandtree(home, warm=0)
         lines: list[str] = []
         try:
             # git and patch: the evaluation harness applies patches the way swebench's does, in a git work tree
-            image = s.bootstrap("debian:bookworm", include=["python3-pip", "git", "patch"], log=lines.append).id
+            got = {"home": home, "image": s.bootstrap("debian:bookworm", include=["python3-pip", "git", "patch"],
+                                                     log=lines.append).id, "lines": lines}
         except sandtree.SandtreeError as e:
-            why = f"debootstrap could not build an image with pip: {e}"
-            if made is not None:
-                made.write_text(json.dumps({"skip": why}))
-            pytest.skip(why)
+            got = {"skip": f"debootstrap could not build an image with pip: {e}"}
         finally:
             s.close()
-        if made is not None:
-            made.write_text(json.dumps({"home": home, "image": image, "lines": lines}))
-        return home, image, lines
+        made.write_text(json.dumps(got))
+        return got
+
+
+_AHEAD: list = []
+
+
+@pytest.hookimpl(trylast=True)                  # after the tmp_path plugin's: its factory is made
+def pytest_configure(config):
+    """Under `make test` (SANDTREE_TEST_BOOKWORM_AHEAD=1, xdist) the controller, which runs no test,
+    bootstraps the bookworm image while the workers run other tests: else the first worker to need
+    it spends a minute and a half on it and the other may wait as long for it."""
+    if (os.environ.get("SANDTREE_TEST_BOOKWORM_AHEAD") != "1" or hasattr(config, "workerinput")
+            or not getattr(config.option, "numprocesses", None) or os.environ.get("SANDTREE_TEST_BOOKWORM")
+            or os.geteuid() != 0 or not shutil.which("debootstrap")):
+        return
+    import threading
+    root = config._tmp_path_factory.getbasetemp()      # the workers' base temps are inside it
+    t = threading.Thread(target=_bootstrap_bookworm, args=(root,), name="bookworm-ahead", daemon=True)
+    t.start()
+    _AHEAD.append(t)
 
 
 _WORKER_LEAKS: list[str] = []
@@ -326,6 +351,8 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(config, "workerinput"):
         config.workeroutput["leaks"] = _leaks(base)
         return
+    for t in _AHEAD:                             # (done long before, unless no test needed it)
+        t.join()
     problems = _WORKER_LEAKS + _leaks(base)
     if problems:
         print("\nLEAK CHECK FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
