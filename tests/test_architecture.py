@@ -63,7 +63,7 @@ CONFIG_MODULES = ("config",)
 # cluster (the Ray fabric: node actors, the scheduler) sits below the engine for the tenancy's reason:
 # the engine makes its Fabric and hands it the function that builds a node's engine, so the node
 # actor runs an Engine without cluster/ importing one; adapters never see it (engine/clustered.py).
-LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows", "tasks",
+LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows", "tasks", "optional",
            "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("cluster",), ("engine",),
           ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).

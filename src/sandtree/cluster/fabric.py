@@ -19,16 +19,26 @@ import time
 import uuid
 
 from ..errors import NodeLost, RuntimeUnavailable
+from ..optional import load
 from .node import Node
 from .scheduling import NodeConfig, NodeView, choose_node
 
-try:
-    import ray                          # optional (the `cluster` extra): only a cluster engine needs it
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    _LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
-             ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
-except ImportError:
-    ray = None
+# Ray (the `cluster` extra) is loaded by the first Fabric (optional.py), not with this module.
+ray = NodeAffinitySchedulingStrategy = None
+_LOST: tuple = ()
+
+
+def _load_ray() -> bool:
+    global ray, NodeAffinitySchedulingStrategy, _LOST
+    if ray is None:
+        strategies = load("ray.util.scheduling_strategies")
+        if strategies is None:
+            return False
+        ray, NodeAffinitySchedulingStrategy = load("ray"), strategies.NodeAffinitySchedulingStrategy
+        _LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                 ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+    return True
+
 
 NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
@@ -41,7 +51,7 @@ class Fabric:
     def __init__(self, address: str, config: NodeConfig, make_engine):
         """address: `auto`, HOST:PORT (the GCS) or ray://HOST:PORT (Ray Client). config: every node's
         NodeConfig. make_engine(config): a node's engine, run on the node (must pickle by name)."""
-        if ray is None:
+        if not _load_ray():
             raise RuntimeUnavailable("a cluster needs Ray: pip install 'sandtree[cluster]'")
         self.address, self.config, self._make_engine = address, config, make_engine
         if not ray.is_initialized():

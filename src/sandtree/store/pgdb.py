@@ -22,13 +22,11 @@ import threading
 import weakref
 
 from ..errors import DiskFull, InvalidInput, StoreUnavailable
+from ..optional import load
 from . import dialect
 from .dbreads import Reads
 
-try:
-    import psycopg as _pg                # optional (the `postgresql` extra): only a PostgreSQL store needs it
-except ImportError:
-    _pg = None
+_pg = None       # psycopg (the `postgresql` extra), loaded by the first PostgreSQL store (optional.py)
 
 __all__ = ["PgDatabase", "WRITE_LOCK"]
 
@@ -37,6 +35,9 @@ _SCHEMA_LOCK = 0x5A7D_0002
 
 
 def _psycopg():
+    global _pg
+    if _pg is None:
+        _pg = load("psycopg")
     if _pg is None:
         raise StoreUnavailable("a postgresql:// database needs psycopg: pip install 'sandtree[postgresql]'")
     return _pg
