@@ -5,8 +5,14 @@ cluster for the module; the node-killing test runs last (it takes a node away)."
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pty as ptymod
+import select
+import struct
+import termios
 import threading
 import time
 
@@ -321,6 +327,122 @@ def test_processes_of_a_plain_live_sandbox_run_on_its_node(cst):
         cst.engine.sandbox_stop(sid)
 
 
+def test_popen_with_pipes_on_a_node_sandbox(cst):
+    """sandbox_popen on a sandbox pinned to a node: the process runs there, its pipes are this
+    machine's (relayed), shaped as the local one (write, read both streams, close, wait, communicate)."""
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        sb = cst.sandbox(sid)
+        p = sb.popen(["sh", "-c", "while read x; do echo got $x; echo err $x >&2; done; exit 5"])
+        p.stdin.write(b"one\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"got one\n" and p.stderr.readline() == b"err one\n"
+        assert p.poll() is None
+        p.stdin.close()
+        assert p.wait(timeout=30) == 5 and p.stdout.read() == b"" and p.stderr.read() == b""
+        q = cst.engine.sandbox_popen(sid, ["sh", "-c", "cat; echo e >&2; exit 3"])
+        assert q.communicate(b"abc" * 30000, timeout=30) == (b"abc" * 30000, b"e\n") and q.returncode == 3
+        with pytest.raises(InvalidInput):
+            cst.engine.sandbox_popen(sid, ["sh"], pty=True)        # a terminal needs a terminal
+        k = cst.engine.sandbox_popen(sid, ["sleep", "60"], stdin=-3)
+        k.kill()
+        assert k.wait(timeout=30) == -9
+    finally:
+        cst.engine.sandbox_stop(sid)
+    with pytest.raises(NotFound):
+        cst.engine.sandbox_popen("0" * 32, ["true"])
+
+
+def _pty_session(p, master):
+    """until(marker): what the terminal showed, read until it holds marker."""
+    got = bytearray()
+
+    def until(marker: bytes, timeout: float = 20) -> bytes:
+        end = time.monotonic() + timeout
+        while marker not in got:
+            assert time.monotonic() < end, (marker, bytes(got))
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    got.extend(os.read(master, 4096))
+                except OSError:                 # EIO: no one holds the terminal any more
+                    assert marker in got, (marker, bytes(got))
+        return bytes(got)
+    return until
+
+
+def test_popen_with_a_terminal_on_a_node_sandbox(cst):
+    """pty=True on a node's sandbox: the caller's pty carries the node's terminal (one echo, not
+    two), a window size set on the caller's master reaches `stty size`, ^C interrupts the
+    foreground `sleep` and not the shell, closing the master hangs the shell up."""
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    master, slave = ptymod.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    try:
+        p = cst.sandbox(sid).popen(["sh", "-i"], pty=True, stdin=slave, stdout=slave, stderr=slave,
+                                   env={"TERM": "xterm"})
+        os.close(slave)
+        slave = None
+        until = _pty_session(p, master)
+        os.write(master, b"echo st-$((40+2)); [ -t 0 ] && echo on-a-$((6*7))\n")
+        shown = until(b"on-a-42\r\n")
+        assert shown.count(b"echo st-$((40+2))") == 1 and b"st-42\r\n" in shown, shown
+        os.write(master, b"stty size\n")
+        until(b"24 80")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        os.write(master, b"stty size\n")
+        until(b"40 100")
+        os.write(master, b"sleep 30; echo not-interrupted\n")
+        time.sleep(0.5)
+        os.write(master, b"\x03")
+        os.write(master, b"echo after-$?\n")
+        assert b"\nnot-interrupted" not in until(b"after-130")
+        assert p.poll() is None
+        os.close(master)                # the terminal closed: its shell is hung up
+        master = None
+        assert p.wait(timeout=30) is not None
+        nid = _node_of(cst, sid)
+        assert cst.engine.fabric.ask(nid, "popen_write", "no-such", b"x") is False
+    finally:
+        for fd in (master, slave):
+            if fd is not None:
+                os.close(fd)
+        cst.engine.sandbox_stop(sid)
+
+
+def _terminal_through_serve(cst, url):
+    """The web terminal's WebSocket route of `serve --cluster` on a node's sandbox."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def session(sid):
+        async with connect(f"ws{url[4:]}/api/v1/sandboxes/{sid}/terminal?cols=100&rows=30",
+                           subprotocols=["sandtree.terminal"], open_timeout=20) as ws:
+            await ws.send(b"echo h''i; stty size\n")
+            got = b""
+            while b"30 100" not in got:
+                got += await asyncio.wait_for(ws.recv(), 20)
+            await ws.send(json.dumps({"resize": [90, 20]}))
+            await ws.send(b"stty size\n")
+            while b"20 90" not in got:
+                got += await asyncio.wait_for(ws.recv(), 20)
+            await ws.send(json.dumps({"end": True}))
+            with contextlib.suppress(Exception):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 20)
+            return got
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        got = asyncio.run(session(sid))
+        assert b"hi\r\n" in got, got
+        # the shell was ended: the sandbox runs no command (hibernate would refuse one)
+        ps = cst.engine.sandbox_exec(sid, ["sh", "-c", "ps | grep -c '/bin/sh$' || true"]).stdout
+        assert ps == b"0\n", ps
+    finally:
+        cst.engine.sandbox_stop(sid)
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
@@ -338,6 +460,7 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
         assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
         _rest_streams_and_cancels(cst, remote, url)
+        _terminal_through_serve(cst, url)
 
 
 def _rest_streams_and_cancels(cst, remote, url):

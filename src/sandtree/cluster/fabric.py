@@ -33,6 +33,7 @@ except ImportError:
 NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
 CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
+SESSIONS = 256               # open terminals (popen relays) a node actor serves at once, beside its calls
 STATUS_TIMEOUT = 10.0
 LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
 
@@ -69,7 +70,7 @@ class Fabric:
             for nid, n in alive.items():
                 if nid not in self._actors:
                     cpus = float(n["Resources"]["CPU"])
-                    self._actors[nid] = ray.remote(Node).options(
+                    self._actors[nid] = ray.remote(concurrency_groups={"sessions": SESSIONS})(Node).options(
                         name=f"sandtree-node-{nid}", namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                         num_cpus=0, max_restarts=0, max_concurrency=max(8, int(cpus * CALLS_PER_CPU)),
                         scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
@@ -309,6 +310,15 @@ class Fabric:
             with self._lock:
                 self._pinned.pop(args[0], None)
         return out
+
+    def items(self, nid: str, method: str, *args, what: str):
+        """The items of node generator method `method` on node `nid`, as they come (an iterator;
+        its own error re-raised, or NodeLost). In the actor's `sessions` concurrency group: a
+        terminal holds its call for as long as it is open, and must not take a slot of the runs."""
+        gen = getattr(self._actor(nid), method).options(concurrency_group="sessions").remote(*args)
+        with self._answer(nid, what):
+            for ref in gen:
+                yield ray.get(ref)
 
     def ask(self, nid: str, method: str, *args):
         """Node method `method` (not an engine call) on node `nid`."""

@@ -26,7 +26,7 @@ import os
 import time
 import uuid
 
-from ..cluster import Fabric, NodeConfig
+from ..cluster import Fabric, NodeConfig, RelayedProcess
 from ..errors import NodeLost, NotFound
 from ..values import check_retries
 
@@ -36,7 +36,7 @@ log = logging.getLogger("sandtree.cluster")
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
           "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
-          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
+          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process", "sandbox_popen")
 # of these, the calls on a live run's processes too (its operation ID): wait while it starts here
 INSTANCE_CALLS = ("sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
 ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
@@ -142,6 +142,10 @@ class Dispatch:
             if name == "sandbox_process":      # None: it ended meanwhile (told from its events here)
                 now = self.fabric.ask(nid, "process", sid, *args)
                 return now if now is not None else self.local[name](sid, *args, **kwargs)
+            if name == "sandbox_popen":        # run there, its pipes or terminal relayed (cluster/relay.py)
+                argv = args[0] if args else kwargs.pop("argv")
+                ends = {k: kwargs.pop(k) for k in ("pty", "stdin", "stdout", "stderr") if k in kwargs}
+                return RelayedProcess(self.fabric, nid, sid, argv, kwargs, **ends)
             on_output, cancel = kwargs.pop("on_output", None), kwargs.pop("cancel", None)
             return self.fabric.call(nid, name, (sid, *args), kwargs, on_output=on_output, cancel=cancel)
         call.__name__ = name
