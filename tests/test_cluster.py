@@ -443,6 +443,28 @@ def _terminal_through_serve(cst, url):
         cst.engine.sandbox_stop(sid)
 
 
+def test_dockerfile_build_runs_its_steps_on_nodes(cst, tmp_path):
+    """A build's RUN steps run on the nodes (their operations name their node), each step's cache
+    row written with its result; the rebuild is all cache hits and the same image."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("hi\n")
+    (ctx / "Dockerfile").write_text("FROM busybox\nRUN echo one > /one && echo made-one && touch -d @1000000000 /one /\n"
+                                    "COPY hello.txt /h\nRUN cat /h /one > /both\n")
+    seen = []
+    res = cst.build_context(str(ctx), progress=seen.append)
+    runs = [s for s in res.steps if s.text.startswith("RUN")]
+    assert len(runs) == 2 and not any(s.cached for s in runs), res.steps
+    assert b"".join(e["output"] for e in seen if e.get("output")) == b"made-one\n"   # streamed from its node
+    nodes = {n["node"] for n in cst.cluster_status()["nodes"]}
+    for s in runs:
+        op = cst.engine.operation(s.operation)
+        assert op["outcome"]["usage"]["node"] in nodes, op
+    assert cst.engine.read(res.image, "/both") == b"hi\none\n"
+    again = cst.build_context(str(ctx))
+    assert again.image == res.image and all(s.cached for s in again.steps), again.steps
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""

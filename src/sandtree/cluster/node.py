@@ -35,6 +35,7 @@ class Node:
         self.config, self.node_id, self.cpus = config, node_id, cpus
         self.home = config.home_for(node_id, settings.node_home())
         self.engine = make_engine(config, self.home)
+        self.engine.node_id = node_id
         self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._running = 0

@@ -78,6 +78,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self._sandboxes = None
         self._pools = None
         self._recipe_pools = None
+        self.node_id: str | None = None     # a cluster node's engine: its ID (cluster/node.py), in its runs' rows
         self._ports = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
