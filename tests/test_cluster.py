@@ -465,6 +465,39 @@ def test_dockerfile_build_runs_its_steps_on_nodes(cst, tmp_path):
     assert again.image == res.image and all(s.cached for s in again.steps), again.steps
 
 
+def test_a_recipe_pool_is_made_on_the_nodes(cst, tmp_path):
+    """pool_recipe through the cluster: built (its RUN on a node), pooled on every node as
+    pool_create does; a change rolls it over there (the new pool filled on the nodes, the old
+    one drained from them)."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM busybox\nCOPY app.txt /app.txt\nRUN echo built > /stamp\n")
+    (ctx / "app.txt").write_text("v1\n")
+    nodes = {n["node"] for n in cst.cluster_status()["nodes"]}
+    first = cst.pool(cst.dockerfile(str(ctx)), size=1, tag="app-c", wait=True)
+    second = None
+    try:
+        assert first["tag"] == "app-c" and first["nodes"] == 2 and first["previous"] is None, first
+        listed = [p for p in cst.pools() if p["image"] == first["image"]]
+        assert {p["node"] for p in listed} == nodes and all(p["ready"] == 1 for p in listed), listed
+        r = cst.engine.run("app-c", ["cat", "/app.txt", "/stamp"], disposable=True)
+        assert r.stdout == b"v1\nbuilt\n" and r.usage.get("pool") is True and r.usage["node"] in nodes, r.usage
+        (ctx / "app.txt").write_text("v2\n")
+        second = cst.pool(cst.dockerfile(str(ctx)), size=1, tag="app-c", wait=True)
+        assert second["previous"] == first["image"] != second["image"], second
+        assert cst.engine.resolve("app-c") == second["image"]
+        assert {p["node"] for p in cst.pools() if p["image"] == second["image"]} == nodes
+        deadline = time.monotonic() + 60          # the old pool drains on the nodes, behind the roll
+        while any(p["image"] == first["image"] for p in cst.pools()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(p["image"] == first["image"] for p in cst.pools())
+        assert cst.engine.run("app-c", ["cat", "/app.txt"], disposable=True).stdout == b"v2\n"
+    finally:
+        for stats in (first, second):
+            if stats is not None:
+                cst.engine.pool_remove(stats["image"])
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 
@@ -205,6 +206,16 @@ class Dispatch:
     def pool_remove(self, ref: str) -> None:
         self._every("pool_remove", (ref,), {})
 
+    def pool_drain(self, image: str) -> None:
+        """A rolled-over recipe pool (engine/poolroll.py) removed on every node, behind the caller
+        (a node's remove waits for the runs in it)."""
+        def drain():
+            try:
+                self.pool_remove(image)
+            except Exception:          # noqa: BLE001 - a lost node took its pool with it
+                log.warning("draining the pool of %s on the nodes failed", image, exc_info=True)
+        threading.Thread(target=drain, name="sandtree-pool-drain", daemon=True).start()
+
     def cluster_status(self) -> dict:
         return self.fabric.status()
 
@@ -234,4 +245,5 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     for name in PINNED:
         setattr(engine, name, d.pinned(name))
     engine.live_elsewhere = d.live_run
+    engine.drain_elsewhere = d.pool_drain
     return fabric
