@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import pty as ptymod
-import select
 import struct
 import termios
 import threading
@@ -23,7 +22,7 @@ from sandtree.errors import Conflict, InvalidInput, NodeLost, NotFound
 
 pytest.importorskip("ray")
 
-from conftest import make_rootfs  # noqa: E402
+from conftest import make_rootfs, terminal_reader  # noqa: E402
 from raycluster import RayCluster, Unavailable  # noqa: E402
 
 
@@ -353,24 +352,6 @@ def test_popen_with_pipes_on_a_node_sandbox(cst):
         cst.engine.sandbox_popen("0" * 32, ["true"])
 
 
-def _pty_session(p, master):
-    """until(marker): what the terminal showed, read until it holds marker."""
-    got = bytearray()
-
-    def until(marker: bytes, timeout: float = 20) -> bytes:
-        end = time.monotonic() + timeout
-        while marker not in got:
-            assert time.monotonic() < end, (marker, bytes(got))
-            r, _, _ = select.select([master], [], [], 0.2)
-            if r:
-                try:
-                    got.extend(os.read(master, 4096))
-                except OSError:                 # EIO: no one holds the terminal any more
-                    assert marker in got, (marker, bytes(got))
-        return bytes(got)
-    return until
-
-
 def test_popen_with_a_terminal_on_a_node_sandbox(cst):
     """pty=True on a node's sandbox: the caller's pty carries the node's terminal (one echo, not
     two), a window size set on the caller's master reaches `stty size`, ^C interrupts the
@@ -383,7 +364,7 @@ def test_popen_with_a_terminal_on_a_node_sandbox(cst):
                                    env={"TERM": "xterm"})
         os.close(slave)
         slave = None
-        until = _pty_session(p, master)
+        until = terminal_reader(master)
         os.write(master, b"echo st-$((40+2)); [ -t 0 ] && echo on-a-$((6*7))\n")
         shown = until(b"on-a-42\r\n")
         assert shown.count(b"echo st-$((40+2))") == 1 and b"st-42\r\n" in shown, shown

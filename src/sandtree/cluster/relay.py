@@ -28,8 +28,9 @@ import tty
 import uuid
 
 from ..errors import InvalidInput
+from ..runtime.popenlike import PopenLike
 
-__all__ = ["RelayedProcess"]
+__all__ = ["RelayedProcess", "RESIZE_POLL_S"]
 
 RESIZE_POLL_S = 0.1
 _PIPE, _STDOUT, _DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
@@ -47,7 +48,7 @@ def _winsize(fd: int) -> tuple[int, int]:
     return cols or 80, rows or 24
 
 
-class RelayedProcess:
+class RelayedProcess(PopenLike):
     def __init__(self, fabric, nid: str, sid: str, argv, kwargs: dict, *, pty: bool = False, stdin=_PIPE,
                  stdout=_PIPE, stderr=_PIPE):
         """sandbox_popen(sid, argv, pty=, stdin=, stdout=, stderr=, **kwargs) on node `nid`;
@@ -232,21 +233,3 @@ class RelayedProcess:
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             self._fabric.ask(self._nid, "popen_signal", self._key, int(sig))
-
-    def terminate(self) -> None:
-        self.send_signal(15)
-
-    def kill(self) -> None:
-        self.send_signal(9)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for s in (self.stdin, self.stdout, self.stderr):
-            if s is not None:
-                with contextlib.suppress(OSError):
-                    s.close()
-        if self.poll() is None:
-            self.kill()
-        self.wait()

@@ -22,7 +22,7 @@ import subprocess
 import termios
 import threading
 
-__all__ = ["Terminals"]
+__all__ = ["Terminals", "EXIT_POLL_S", "set_winsize"]
 
 # A process's exit is looked for this often while its output is quiet (a helper process: no fd
 # to wait on that is not private to the engine).
