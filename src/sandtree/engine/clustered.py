@@ -9,8 +9,12 @@ What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's f
 runs (submit_run(live=True), Contree's instances: engine/instances.py runs them on a node) and
 their processes' calls (spawn, stdin, signal, process: to the node while the run runs; an ended
 one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
-later call on that sandbox (its node), pools (one per node). What stays here: everything else
-(sandbox_popen's process too: its pipes or pty are this machine's file descriptors).
+later call on that sandbox (its node), sandbox_popen on such a sandbox (run there; its pipes or
+terminal are the caller's file descriptors, relayed: cluster/relay.py, a RelayedProcess shaped as
+the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/poolroll.py),
+and a build's RUN steps (they are run_operation: the step's cache row, a buildcache.Entry, goes
+with the run and is written in the node's transaction recording its result, in the shared
+database). What stays here: everything else (a build's COPY and configure steps, cache lookups).
 
 A caller's on_output gets a node's output as it comes (a streamed call, cluster/fabric.py), in
 order; without one a run is the one-answer call (cheaper: bench/cluster.py). A cancel event set
