@@ -563,6 +563,16 @@ def test_cli_cluster_status(cst, ray_cluster):
     human = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "cluster", "status"],
                            capture_output=True, text=True, timeout=120)
     assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
+    # `sandtree shell` on a node's sandbox: its terminal relayed (here fed from a pipe, not a tty)
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        shell = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--database",
+                                cst.engine.store.database_url, "--cluster", ray_cluster.address, "shell", sid,
+                                "--", "sh", "-c", "read x; echo got-$x-$((1+1)); exit 7"],
+                               input="hi\n", capture_output=True, text=True, timeout=120)
+        assert shell.returncode == 7 and "got-hi-2" in shell.stdout, (shell.stdout, shell.stderr[-2000:])
+    finally:
+        cst.engine.sandbox_stop(sid)
 
 
 # A process whose state lives only in its memory: a random word it read, then deleted from disk;
