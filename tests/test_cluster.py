@@ -479,6 +479,48 @@ def test_a_recipe_pool_is_made_on_the_nodes(cst, tmp_path):
                 cst.engine.pool_remove(stats["image"])
 
 
+def test_a_relay_whose_api_process_died_ends_on_its_node(cst, ray_cluster):
+    """An API process holding a terminal to a node's sandbox is killed (-9): the node, hearing no
+    keepalive from it, hangs the terminal up and kills its process (Ray keeps a generator call
+    of a dead caller running; without this the shell would stay)."""
+    import subprocess
+    import sys
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    script = f"""
+import os, pty, time, sandtree
+st = sandtree.Sandtree({cst.engine.home!r}, database={cst.engine.store.database_url!r},
+                       objects={cst.engine.store.objects.url!r}, cluster={ray_cluster.address!r}, warm=0)
+st.engine.fabric.keepalive_s = 0.5          # (the node gives up after 6 of them: 3 s)
+master, slave = pty.openpty()
+p = st.engine.sandbox_popen({sid!r}, ["sh", "-c", "echo $$ > /tmp/orphan; exec sleep 300"], pty=True,
+                            stdin=slave, stdout=slave, stderr=slave)
+print("up", flush=True)
+time.sleep(600)
+"""
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 30
+        while not cst.engine.sandbox_exists(sid, "/tmp/orphan") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = cst.engine.sandbox_read(sid, "/tmp/orphan").decode().strip()
+
+        def running() -> bool:
+            return cst.engine.sandbox_exec(sid, ["sh", "-c", f"kill -0 {pid}"]).exit_code == 0
+        assert running()
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 60
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not running()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        cst.engine.sandbox_stop(sid)
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""

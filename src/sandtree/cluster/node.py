@@ -90,9 +90,12 @@ class Node:
                     self._sandboxes.discard(op)
 
     # ---- sandbox_popen here, relayed to the API side (terminals.py; its other end: relay.py) -------
-    def popen(self, key: str, sid: str, argv, kwargs: dict, winsize, kinds: dict):
+    def popen(self, key: str, sid: str, argv, kwargs: dict, winsize, kinds: dict, orphan_s: float):
         """A Ray generator method: the process's output as it comes (Terminals.run)."""
-        yield from self._terminals.run(key, sid, argv, kwargs, winsize, kinds)
+        yield from self._terminals.run(key, sid, argv, kwargs, winsize, kinds, orphan_s)
+
+    def popen_alive(self, keys: list[str]) -> None:
+        self._terminals.alive(keys)
 
     def popen_write(self, key: str, data: bytes) -> bool:
         return self._terminals.write(key, data)

@@ -69,9 +69,10 @@ class RelayedProcess(PopenLike):
         try:
             kinds, winsize = self._ends(pty, stdin, stdout, stderr)
             self._items = fabric.items(nid, "popen", self._key, sid, argv, kwargs, winsize, kinds,
-                                       what=f"a process in sandbox {sid}")
+                                       fabric.hold(nid, self._key), what=f"a process in sandbox {sid}")
             next(self._items)                      # ("up", None): it exists (or its error is raised)
         except BaseException:
+            fabric.release(nid, self._key)
             for f in (self.stdin, self.stdout, self.stderr):
                 if f is not None:
                     f.close()
@@ -140,6 +141,7 @@ class RelayedProcess(PopenLike):
         except BaseException as exc:       # noqa: BLE001 - NodeLost: wait() raises it
             self._error = exc
         finally:
+            self._fabric.release(self._nid, self._key)
             self._exited.set()
             for name, fd in list(self._outs.items()):
                 if fd != self._term:        # (the terminal's fd is the input's too: closed with it)

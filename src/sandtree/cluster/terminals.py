@@ -8,6 +8,10 @@ process exists, ("output", [(stream, chunk), ...]) batches as it writes ("pty", 
 has ended (a background process holding the terminal keeps it open, as on one machine). The
 caller's writes, window sizes, signals and the end of its input come as other node calls, by
 the session's key.
+
+Ray does not end a generator call whose caller died: a relay that has not heard from its API
+process (Fabric.hold's keepalive) for `orphan_s` ends as a closed terminal would (hung up, its
+process killed), so a dead API replica leaves no shell behind on the node.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import struct
 import subprocess
 import termios
 import threading
+import time
 
 __all__ = ["Terminals", "EXIT_POLL_S", "set_winsize"]
 
@@ -35,8 +40,9 @@ def set_winsize(fd: int, cols: int, rows: int) -> None:
 
 
 class _Session:
-    def __init__(self, proc, master: int | None):
-        self.proc, self.master = proc, master
+    def __init__(self, proc, master: int | None, orphan_s: float):
+        self.proc, self.master, self.orphan_s = proc, master, orphan_s
+        self.seen = time.monotonic()                # the caller's last keepalive
         self.wake_r, self.wake_w = os.pipe()        # the hangup: the reading loop closes the master itself
         self.hangup = False
 
@@ -49,10 +55,11 @@ class Terminals:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
 
-    def run(self, key: str, sid: str, argv, kwargs: dict, winsize: tuple[int, int] | None, kinds: dict):
+    def run(self, key: str, sid: str, argv, kwargs: dict, winsize: tuple[int, int] | None, kinds: dict,
+            orphan_s: float):
         """sandbox_popen(sid, argv, **kwargs) here, relayed (module doc). winsize (cols, rows): a
         terminal of that size is the streams whose kind is "pty"; kinds: stdin/stdout/stderr ->
-        "pty", "pipe", "devnull" or "stdout" (stderr into stdout)."""
+        "pty", "pipe", "devnull" or "stdout" (stderr into stdout). orphan_s: see the module doc."""
         master = slave = None
         if winsize is not None:
             master, slave = pty.openpty()
@@ -67,7 +74,7 @@ class Terminals:
         finally:
             if slave is not None:
                 os.close(slave)             # the process holds it now
-        s = _Session(proc, master)
+        s = _Session(proc, master, orphan_s)
         with self._lock:
             self._sessions[key] = s
         try:
@@ -113,14 +120,23 @@ class Terminals:
                     readers.pop(fd)
             if batch:
                 yield ("output", batch)
+            if not exited and time.monotonic() - s.seen > s.orphan_s and not s.hangup:
+                s.hangup = True             # its caller is gone: as if its terminal closed, and killed
+                os.write(s.wake_w, b"o")
+                s.proc.kill()
             if not exited and s.proc.poll() is not None:
                 exited = True
                 yield ("exit", (s.proc.returncode, s.proc.report))
         yield ("result", None)
 
-    def _session(self, key: str) -> _Session | None:
+    def alive(self, keys: list[str]) -> None:
+        """Their callers are still there (module doc)."""
+        now = time.monotonic()
         with self._lock:
-            return self._sessions.get(key)
+            for key in keys:
+                s = self._sessions.get(key)
+                if s is not None:
+                    s.seen = now
 
     def write(self, key: str, data: bytes) -> bool:
         """Bytes to the process's terminal or stdin pipe (False: it has ended, or that is closed)."""
@@ -165,6 +181,7 @@ class Terminals:
                     set_winsize(s.master, cols, rows)      # (the kernel tells its foreground group: SIGWINCH)
 
     def signal(self, key: str, sig: int) -> None:
-        s = self._session(key)
+        with self._lock:
+            s = self._sessions.get(key)
         if s is not None:
             s.proc.send_signal(sig)
