@@ -64,6 +64,16 @@ def terminal_reader(master: int):
     return until
 
 
+def interrupt_a_sleep(master: int, until) -> None:
+    """^C typed into a terminal's interactive shell ends its foreground `sleep 30`, not the shell:
+    the next command runs and says 130 (until: terminal_reader's)."""
+    os.write(master, b"sleep 30; echo not-interrupted\n")
+    time.sleep(0.5)
+    os.write(master, b"\x03")
+    os.write(master, b"echo after-$?\n")
+    assert b"\nnot-interrupted" not in until(b"after-130")    # (the echoed line holds the words)
+
+
 def free_port() -> int:
     import socket
     s = socket.socket()

@@ -22,7 +22,7 @@ from sandtree.errors import Conflict, InvalidInput, NodeLost, NotFound
 
 pytest.importorskip("ray")
 
-from conftest import make_rootfs, terminal_reader  # noqa: E402
+from conftest import interrupt_a_sleep, make_rootfs, terminal_reader  # noqa: E402
 from raycluster import RayCluster, Unavailable  # noqa: E402
 
 
@@ -373,11 +373,7 @@ def test_popen_with_a_terminal_on_a_node_sandbox(cst):
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
         os.write(master, b"stty size\n")
         until(b"40 100")
-        os.write(master, b"sleep 30; echo not-interrupted\n")
-        time.sleep(0.5)
-        os.write(master, b"\x03")
-        os.write(master, b"echo after-$?\n")
-        assert b"\nnot-interrupted" not in until(b"after-130")
+        interrupt_a_sleep(master, until)
         assert p.poll() is None
         os.close(master)                # the terminal closed: its shell is hung up
         master = None
