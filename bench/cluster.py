@@ -1,7 +1,8 @@
 """`make bench` rows for the cluster on Ray (issue 20 item 3): the dispatch overhead of a run sent
 to a node actor against the same run in-process (p50 of sequential runs of /bin/true, and of a
 no-op call to a node: the fabric's own round trip; and of `echo x` with and without an on_output
-callback: the streamed call against the one-answer call), and runs/s of /bin/true through st.map with 1
+callback: the streamed call against the one-answer call), a key's echo through a terminal
+(sandbox_popen with a pty: in-process, and relayed from a node's sandbox), and runs/s of /bin/true through st.map with 1
 and then 2 worker nodes. A real Ray cluster on this machine (tests/raycluster.py: a head without
 CPUs, worker nodes of 1 CPU each) and one PostgreSQL database (tests/pgcluster.py) shared by the
 API side and the nodes, as are the store directory and its layers. On a 2-CPU machine every node,
@@ -52,6 +53,35 @@ def rate(st, image, n: int, parallel: int) -> float:
     return n / took
 
 
+def keystroke_ms(engine, image: str, n: int) -> tuple[float, float]:
+    """A key typed into a terminal (sandbox_popen, pty=True, of `cat`) until its echo is back on
+    the caller's pty: p50, p90 (through a cluster: the relay both ways and the node's pty)."""
+    import pty
+    import select
+    sid = engine.sandbox_start(image)["id"]
+    master, slave = pty.openpty()
+    try:
+        p = engine.sandbox_popen(sid, ["cat"], pty=True, stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        slave = None
+
+        def key():
+            os.write(master, b"k")
+            got = b""
+            while b"k" not in got:
+                select.select([master], [], [], 10)
+                got += os.read(master, 4096)
+        out = p50_ms(key, n)
+        os.write(master, b"\x04\x04")
+        p.wait(timeout=30)
+        return out
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+        engine.sandbox_stop(sid)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=200)
@@ -70,6 +100,8 @@ def main() -> None:
         lp50, lp90 = p50_ms(lambda: eng.run(image.id, ["/bin/true"]), args.n // 2)
         rows.append(("run of /bin/true, in-process", f"{lp50:.2f}", f"{lp90:.2f}"))
         lrate = rate(local, image, args.n, 8)
+        lk50, lk90 = keystroke_ms(eng, image.id, args.n // 2)
+        rows.append(("a key's echo through a terminal (sandbox_popen pty), in-process", f"{lk50:.2f}", f"{lk90:.2f}"))
         clustered = sandtree.Sandtree(home, database=url, cluster=ray_cluster.address)
         ceng = clustered.engine
         cp50, cp90 = p50_ms(lambda: ceng.run(image.id, ["/bin/true"]), args.n // 2)
@@ -82,6 +114,8 @@ def main() -> None:
         nid = fabric.pick()
         np50, np90 = p50_ms(lambda: fabric._get(nid, fabric._actor(nid).owns.remote("x"), "a no-op"), args.n)
         rows.append(("no-op call to a node actor (the fabric's round trip)", f"{np50:.2f}", f"{np90:.2f}"))
+        ck50, ck90 = keystroke_ms(ceng, image.id, args.n // 2)
+        rows.append(("a key's echo through a terminal, its sandbox on a node (relayed)", f"{ck50:.2f}", f"{ck90:.2f}"))
         rate1 = rate(clustered, image, args.n, 8)
         ray_cluster.add_worker()
         deadline = time.monotonic() + 60

@@ -10,8 +10,10 @@ import contextlib
 import json
 import os
 import shutil
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 from filelock import FileLock
@@ -41,6 +43,35 @@ def make_rootfs(path: str) -> str:
     with open(os.path.join(path, "etc", "greeting"), "w") as f:
         f.write("hello from the image\n")
     return path
+
+
+def terminal_reader(master: int):
+    """until(marker, timeout=15): what a pty's master showed, read until it holds `marker` (the
+    bytes so far); fails saying what came when it does not come in time."""
+    got = bytearray()
+
+    def until(marker: bytes, timeout: float = 15) -> bytes:
+        end = time.monotonic() + timeout
+        while marker not in got:
+            assert time.monotonic() < end, (marker, bytes(got))
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    got.extend(os.read(master, 4096))
+                except OSError:                 # EIO: no one holds the terminal any more
+                    assert marker in got, (marker, bytes(got))
+        return bytes(got)
+    return until
+
+
+def interrupt_a_sleep(master: int, until) -> None:
+    """^C typed into a terminal's interactive shell ends its foreground `sleep 30`, not the shell:
+    the next command runs and says 130 (until: terminal_reader's)."""
+    os.write(master, b"sleep 30; echo not-interrupted\n")
+    time.sleep(0.5)
+    os.write(master, b"\x03")
+    os.write(master, b"echo after-$?\n")
+    assert b"\nnot-interrupted" not in until(b"after-130")    # (the echoed line holds the words)
 
 
 def free_port() -> int:

@@ -5,8 +5,13 @@ cluster for the module; the node-killing test runs last (it takes a node away)."
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pty as ptymod
+import struct
+import termios
 import threading
 import time
 
@@ -17,7 +22,7 @@ from sandtree.errors import Conflict, InvalidInput, NodeLost, NotFound
 
 pytest.importorskip("ray")
 
-from conftest import make_rootfs  # noqa: E402
+from conftest import interrupt_a_sleep, make_rootfs, terminal_reader  # noqa: E402
 from raycluster import RayCluster, Unavailable  # noqa: E402
 
 
@@ -321,6 +326,197 @@ def test_processes_of_a_plain_live_sandbox_run_on_its_node(cst):
         cst.engine.sandbox_stop(sid)
 
 
+def test_popen_with_pipes_on_a_node_sandbox(cst):
+    """sandbox_popen on a sandbox pinned to a node: the process runs there, its pipes are this
+    machine's (relayed), shaped as the local one (write, read both streams, close, wait, communicate)."""
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        sb = cst.sandbox(sid)
+        p = sb.popen(["sh", "-c", "while read x; do echo got $x; echo err $x >&2; done; exit 5"])
+        p.stdin.write(b"one\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"got one\n" and p.stderr.readline() == b"err one\n"
+        assert p.poll() is None
+        p.stdin.close()
+        assert p.wait(timeout=30) == 5 and p.stdout.read() == b"" and p.stderr.read() == b""
+        q = cst.engine.sandbox_popen(sid, ["sh", "-c", "cat; echo e >&2; exit 3"])
+        assert q.communicate(b"abc" * 30000, timeout=30) == (b"abc" * 30000, b"e\n") and q.returncode == 3
+        with pytest.raises(InvalidInput):
+            cst.engine.sandbox_popen(sid, ["sh"], pty=True)        # a terminal needs a terminal
+        k = cst.engine.sandbox_popen(sid, ["sleep", "60"], stdin=-3)
+        k.kill()
+        assert k.wait(timeout=30) == -9
+    finally:
+        cst.engine.sandbox_stop(sid)
+    with pytest.raises(NotFound):
+        cst.engine.sandbox_popen("0" * 32, ["true"])
+
+
+def test_popen_with_a_terminal_on_a_node_sandbox(cst):
+    """pty=True on a node's sandbox: the caller's pty carries the node's terminal (one echo, not
+    two), a window size set on the caller's master reaches `stty size`, ^C interrupts the
+    foreground `sleep` and not the shell, closing the master hangs the shell up."""
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    master, slave = ptymod.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    try:
+        p = cst.sandbox(sid).popen(["sh", "-i"], pty=True, stdin=slave, stdout=slave, stderr=slave,
+                                   env={"TERM": "xterm"})
+        os.close(slave)
+        slave = None
+        until = terminal_reader(master)
+        os.write(master, b"echo st-$((40+2)); [ -t 0 ] && echo on-a-$((6*7))\n")
+        shown = until(b"on-a-42\r\n")
+        assert shown.count(b"echo st-$((40+2))") == 1 and b"st-42\r\n" in shown, shown
+        os.write(master, b"stty size\n")
+        until(b"24 80")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        os.write(master, b"stty size\n")
+        until(b"40 100")
+        interrupt_a_sleep(master, until)
+        assert p.poll() is None
+        os.close(master)                # the terminal closed: its shell is hung up
+        master = None
+        assert p.wait(timeout=30) is not None
+        nid = _node_of(cst, sid)
+        assert cst.engine.fabric.ask(nid, "popen_write", "no-such", b"x") is False
+    finally:
+        for fd in (master, slave):
+            if fd is not None:
+                os.close(fd)
+        cst.engine.sandbox_stop(sid)
+
+
+def _terminal_through_serve(cst, url):
+    """The web terminal's WebSocket route of `serve --cluster` on a node's sandbox."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def session(sid):
+        async with connect(f"ws{url[4:]}/api/v1/sandboxes/{sid}/terminal?cols=100&rows=30",
+                           subprotocols=["sandtree.terminal"], open_timeout=20) as ws:
+            await ws.send(b"echo h''i; stty size\n")
+            got = b""
+            while b"30 100" not in got:
+                got += await asyncio.wait_for(ws.recv(), 20)
+            await ws.send(json.dumps({"resize": [90, 20]}))
+            await ws.send(b"stty size\n")
+            while b"20 90" not in got:
+                got += await asyncio.wait_for(ws.recv(), 20)
+            await ws.send(json.dumps({"end": True}))
+            with contextlib.suppress(Exception):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 20)
+            return got
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        got = asyncio.run(session(sid))
+        assert b"hi\r\n" in got, got
+        # the shell was ended: the sandbox runs no command (hibernate would refuse one)
+        ps = cst.engine.sandbox_exec(sid, ["sh", "-c", "ps | grep -c '/bin/sh$' || true"]).stdout
+        assert ps == b"0\n", ps
+    finally:
+        cst.engine.sandbox_stop(sid)
+
+
+def test_dockerfile_build_runs_its_steps_on_nodes(cst, tmp_path):
+    """A build's RUN steps run on the nodes (their operations name their node), each step's cache
+    row written with its result; the rebuild is all cache hits and the same image."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("hi\n")
+    (ctx / "Dockerfile").write_text("FROM busybox\nRUN echo one > /one && echo made-one && touch -d @1000000000 /one /\n"
+                                    "COPY hello.txt /h\nRUN cat /h /one > /both\n")
+    seen = []
+    res = cst.build_context(str(ctx), progress=seen.append)
+    runs = [s for s in res.steps if s.text.startswith("RUN")]
+    assert len(runs) == 2 and not any(s.cached for s in runs), res.steps
+    assert b"".join(e["output"] for e in seen if e.get("output")) == b"made-one\n"   # streamed from its node
+    nodes = {n["node"] for n in cst.cluster_status()["nodes"]}
+    for s in runs:
+        op = cst.engine.operation(s.operation)
+        assert op["outcome"]["usage"]["node"] in nodes, op
+    assert cst.engine.read(res.image, "/both") == b"hi\none\n"
+    again = cst.build_context(str(ctx))
+    assert again.image == res.image and all(s.cached for s in again.steps), again.steps
+
+
+def test_a_recipe_pool_is_made_on_the_nodes(cst, tmp_path):
+    """pool_recipe through the cluster: built (its RUN on a node), pooled on every node as
+    pool_create does; a change rolls it over there (the new pool filled on the nodes, the old
+    one drained from them)."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM busybox\nCOPY app.txt /app.txt\nRUN echo built > /stamp\n")
+    (ctx / "app.txt").write_text("v1\n")
+    nodes = {n["node"] for n in cst.cluster_status()["nodes"]}
+    first = cst.pool(cst.dockerfile(str(ctx)), size=1, tag="app-c", wait=True)
+    second = None
+    try:
+        assert first["tag"] == "app-c" and first["nodes"] == 2 and first["previous"] is None, first
+        listed = [p for p in cst.pools() if p["image"] == first["image"]]
+        assert {p["node"] for p in listed} == nodes and all(p["ready"] == 1 for p in listed), listed
+        r = cst.engine.run("app-c", ["cat", "/app.txt", "/stamp"], disposable=True)
+        assert r.stdout == b"v1\nbuilt\n" and r.usage.get("pool") is True and r.usage["node"] in nodes, r.usage
+        (ctx / "app.txt").write_text("v2\n")
+        second = cst.pool(cst.dockerfile(str(ctx)), size=1, tag="app-c", wait=True)
+        assert second["previous"] == first["image"] != second["image"], second
+        assert cst.engine.resolve("app-c") == second["image"]
+        assert {p["node"] for p in cst.pools() if p["image"] == second["image"]} == nodes
+        deadline = time.monotonic() + 60          # the old pool drains on the nodes, behind the roll
+        while any(p["image"] == first["image"] for p in cst.pools()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(p["image"] == first["image"] for p in cst.pools())
+        assert cst.engine.run("app-c", ["cat", "/app.txt"], disposable=True).stdout == b"v2\n"
+    finally:
+        for stats in (first, second):
+            if stats is not None:
+                cst.engine.pool_remove(stats["image"])
+
+
+def test_a_relay_whose_api_process_died_ends_on_its_node(cst, ray_cluster):
+    """An API process holding a terminal to a node's sandbox is killed (-9): the node, hearing no
+    keepalive from it, hangs the terminal up and kills its process (Ray keeps a generator call
+    of a dead caller running; without this the shell would stay)."""
+    import subprocess
+    import sys
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    script = f"""
+import os, pty, time, sandtree
+st = sandtree.Sandtree({cst.engine.home!r}, database={cst.engine.store.database_url!r},
+                       objects={cst.engine.store.objects.url!r}, cluster={ray_cluster.address!r}, warm=0)
+st.engine.fabric.keepalive_s = 0.5          # (the node gives up after 6 of them: 3 s)
+master, slave = pty.openpty()
+p = st.engine.sandbox_popen({sid!r}, ["sh", "-c", "echo $$ > /tmp/orphan; exec sleep 300"], pty=True,
+                            stdin=slave, stdout=slave, stderr=slave)
+print("up", flush=True)
+time.sleep(600)
+"""
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 30
+        while not cst.engine.sandbox_exists(sid, "/tmp/orphan") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = cst.engine.sandbox_read(sid, "/tmp/orphan").decode().strip()
+
+        def running() -> bool:
+            return cst.engine.sandbox_exec(sid, ["sh", "-c", f"kill -0 {pid}"]).exit_code == 0
+        assert running()
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 60
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not running()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        cst.engine.sandbox_stop(sid)
+
+
 def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
     """`sandtree serve --cluster ... --database ...` on the same store: a connect()ed client's runs
     go to the nodes (the API process finds the same node actors), and GET /cluster says so."""
@@ -338,6 +534,7 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         assert status["mode"] == "cluster" and len([n for n in status["nodes"] if n["alive"]]) == 2
         assert {n["pid"] for n in status["nodes"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
         _rest_streams_and_cancels(cst, remote, url)
+        _terminal_through_serve(cst, url)
 
 
 def _rest_streams_and_cancels(cst, remote, url):
@@ -404,6 +601,16 @@ def test_cli_cluster_status(cst, ray_cluster):
     human = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "cluster", "status"],
                            capture_output=True, text=True, timeout=120)
     assert human.returncode == 0 and "mode: local" in human.stdout, human.stderr[-2000:]
+    # `sandtree shell` on a node's sandbox: its terminal relayed (here fed from a pipe, not a tty)
+    sid = cst.engine.sandbox_start(cst.image.id)["id"]
+    try:
+        shell = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--database",
+                                cst.engine.store.database_url, "--cluster", ray_cluster.address, "shell", sid,
+                                "--", "sh", "-c", "read x; echo got-$x-$((1+1)); exit 7"],
+                               input="hi\n", capture_output=True, text=True, timeout=120)
+        assert shell.returncode == 7 and "got-hi-2" in shell.stdout, (shell.stdout, shell.stderr[-2000:])
+    finally:
+        cst.engine.sandbox_stop(sid)
 
 
 # A process whose state lives only in its memory: a random word it read, then deleted from disk;

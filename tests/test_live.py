@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import select
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import time
 import pytest
 
 import sandtree
-from conftest import tier_or_skip
+from conftest import interrupt_a_sleep, terminal_reader, tier_or_skip
 from sandtree.runtime import criu
 from sandtree.procid import start_time
 
@@ -200,27 +199,11 @@ def test_terminal_interrupts_its_foreground_command(sb, live_tier):
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     p = sb.popen(["sh", "-i"], pty=True, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
-    got = bytearray()
-
-    def until(marker: bytes, timeout: float = 15) -> None:
-        end = time.monotonic() + timeout
-        while marker not in got:
-            assert time.monotonic() < end, (marker, bytes(got))
-            r, _, _ = select.select([master], [], [], 0.2)
-            if r:
-                try:
-                    got.extend(os.read(master, 4096))
-                except OSError:                 # EIO: no one holds the terminal any more
-                    assert marker in got, (marker, bytes(got))
+    until = terminal_reader(master)
     try:
         os.write(master, b"echo st-ready\n")
         until(b"st-ready\r\n")
-        os.write(master, b"sleep 30; echo not-interrupted\n")
-        time.sleep(0.5)
-        os.write(master, b"\x03")
-        os.write(master, b"echo after-$?\n")
-        until(b"after-130")
-        assert b"\nnot-interrupted" not in got            # (the echoed line holds the words)
+        interrupt_a_sleep(master, until)
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
         time.sleep(0.3)                         # (the size travels by SIGWINCH)
         os.write(master, b"stty size; exit 3\n")

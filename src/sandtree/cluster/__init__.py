@@ -8,6 +8,7 @@ Engine on its own machine without this package knowing the class (dependency inv
 
 from .fabric import Fabric
 from .node import Node
+from .relay import RelayedProcess
 from .scheduling import NodeConfig, NodeView, choose_node
 
-__all__ = ["Fabric", "Node", "NodeConfig", "NodeView", "choose_node"]
+__all__ = ["Fabric", "Node", "NodeConfig", "RelayedProcess", "NodeView", "choose_node"]

@@ -43,6 +43,8 @@ def _load_ray() -> bool:
 NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
 CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
+SESSIONS = 256               # open terminals (popen relays) a node actor serves at once, beside its calls
+KEEPALIVE_S = 5.0             # how often the nodes hear that this process's relays are still open
 STATUS_TIMEOUT = 10.0
 LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
 
@@ -64,6 +66,9 @@ class Fabric:
         self.on_lost = None                     # (node, sandbox IDs, reason): engine/clustered.py marks rows
         self._asked: dict = {}                  # held_layers() calls in flight -> their node
         self._read = 0.0
+        self._held: dict[str, set[str]] = {}    # node -> keys of the relayed processes open here
+        self._keeping = False
+        self.keepalive_s = KEEPALIVE_S
         self.refresh()
 
     # ---- nodes ---------------------------------------------------------------------------------
@@ -79,7 +84,7 @@ class Fabric:
             for nid, n in alive.items():
                 if nid not in self._actors:
                     cpus = float(n["Resources"]["CPU"])
-                    self._actors[nid] = ray.remote(Node).options(
+                    self._actors[nid] = ray.remote(concurrency_groups={"sessions": SESSIONS})(Node).options(
                         name=f"sandtree-node-{nid}", namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                         num_cpus=0, max_restarts=0, max_concurrency=max(8, int(cpus * CALLS_PER_CPU)),
                         scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
@@ -319,6 +324,40 @@ class Fabric:
             with self._lock:
                 self._pinned.pop(args[0], None)
         return out
+
+    def items(self, nid: str, method: str, *args, what: str):
+        """The items of node generator method `method` on node `nid`, as they come (an iterator;
+        its own error re-raised, or NodeLost). In the actor's `sessions` concurrency group: a
+        terminal holds its call for as long as it is open, and must not take a slot of the runs."""
+        gen = getattr(self._actor(nid), method).options(concurrency_group="sessions").remote(*args)
+        with self._answer(nid, what):
+            for ref in gen:
+                yield ray.get(ref)
+
+    def hold(self, nid: str, key: str) -> float:
+        """Relayed process `key` on node `nid` is open here: the node hears so every keepalive_s
+        (Node.popen_alive); returns how long the node waits without hearing before it takes this
+        process as gone and ends its relay (a terminal hung up, its process killed)."""
+        with self._lock:
+            self._held.setdefault(nid, set()).add(key)
+            start, self._keeping = not self._keeping, True
+        if start:
+            threading.Thread(target=self._keepalive, name="sandtree-relay-keepalive", daemon=True).start()
+        return self.keepalive_s * 6
+
+    def release(self, nid: str, key: str) -> None:
+        with self._lock:
+            self._held.get(nid, set()).discard(key)
+
+    def _keepalive(self) -> None:
+        while True:
+            time.sleep(self.keepalive_s)
+            with self._lock:
+                held = [(self._actors.get(n), sorted(keys)) for n, keys in self._held.items() if keys]
+            for actor, keys in held:
+                if actor is not None:
+                    with contextlib.suppress(Exception):     # a lost node: its relays end as NodeLost
+                        actor.popen_alive.remote(keys)       # (no answer waited for)
 
     def ask(self, nid: str, method: str, *args):
         """Node method `method` (not an engine call) on node `nid`."""

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import config as settings
 from .scheduling import NodeConfig
+from .terminals import Terminals
 
 STREAM_WORKERS = 256          # streamed calls' engine work at once (live runs hold one while they run)
 
@@ -34,6 +35,7 @@ class Node:
         self.config, self.node_id, self.cpus = config, node_id, cpus
         self.home = config.home_for(node_id, settings.node_home())
         self.engine = make_engine(config, self.home)
+        self.engine.node_id = node_id
         self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._running = 0
@@ -44,6 +46,7 @@ class Node:
         # the threads a streamed call's engine work runs in, kept: a new thread per call costs a new
         # database connection (the store's are per thread), ~9 ms a run here
         self._workers = ThreadPoolExecutor(max_workers=STREAM_WORKERS, thread_name_prefix="sandtree-node-stream")
+        self._terminals = Terminals(self.engine)
 
     def run(self, ref: str, command, op_id: str | None, options: dict, on_output=None):
         """One run on this node's engine (engine.run_operation): its RunRecord. Cancelled by
@@ -85,6 +88,26 @@ class Node:
             finally:
                 with self._lock:
                     self._sandboxes.discard(op)
+
+    # ---- sandbox_popen here, relayed to the API side (terminals.py; its other end: relay.py) -------
+    def popen(self, key: str, sid: str, argv, kwargs: dict, winsize, kinds: dict, orphan_s: float):
+        """A Ray generator method: the process's output as it comes (Terminals.run)."""
+        yield from self._terminals.run(key, sid, argv, kwargs, winsize, kinds, orphan_s)
+
+    def popen_alive(self, keys: list[str]) -> None:
+        self._terminals.alive(keys)
+
+    def popen_write(self, key: str, data: bytes) -> bool:
+        return self._terminals.write(key, data)
+
+    def popen_close_input(self, key: str) -> None:
+        self._terminals.close_input(key)
+
+    def popen_resize(self, key: str, cols: int, rows: int) -> None:
+        self._terminals.resize(key, cols, rows)
+
+    def popen_signal(self, key: str, sig: int) -> None:
+        self._terminals.signal(key, sig)
 
     @contextlib.contextmanager
     def _cancel_for(self, key: str):

@@ -19,7 +19,7 @@ import time
 from ..recipe.steps import ContextFile
 from ..store.store import Store
 
-__all__ = ["step_key", "lookup", "put", "KEY_VERSION"]
+__all__ = ["step_key", "lookup", "put", "Entry", "KEY_VERSION"]
 
 KEY_VERSION = 1      # bump when what a key covers changes: old rows then never match
 
@@ -50,3 +50,16 @@ def put(con, key: str, image: str, op: str | None, hermetic: bool) -> None:
     """Inside the transaction that records the step's result."""
     con.execute("INSERT OR REPLACE INTO build_cache(key, image, op, hermetic, created) VALUES(?,?,?,?,?)",
                 (key, image, op, 1 if hermetic else 0, time.time()))
+
+
+class Entry:
+    """A step's row to come: entry(con, image) puts it, inside the transaction recording the
+    step's result (run_operation's in_tx). A plain object, not a closure: on a cluster the run
+    and its transaction are a node's (engine/clustered.py), so this crosses to it pickled by
+    reference (the database is shared: the row lands where it would here, with the result)."""
+
+    def __init__(self, key: str, op: str | None, hermetic: bool):
+        self.key, self.op, self.hermetic = key, op, hermetic
+
+    def __call__(self, con, image: str) -> None:
+        put(con, self.key, image, self.op, self.hermetic)

@@ -247,10 +247,7 @@ class BuildOps:
             emit("running")
             op = uuid.uuid4().hex
             b.guard.claim(op)
-
-            def put(con, result):
-                buildcache.put(con, key, result, op, hermetic)
-            img = run(put, op, emit)
+            img = run(buildcache.Entry(key, op, hermetic), op, emit)
         except BuildFailed:
             emit("failed")
             raise

@@ -9,8 +9,12 @@ What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's f
 runs (submit_run(live=True), Contree's instances: engine/instances.py runs them on a node) and
 their processes' calls (spawn, stdin, signal, process: to the node while the run runs; an ended
 one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
-later call on that sandbox (its node), pools (one per node). What stays here: everything else
-(sandbox_popen's process too: its pipes or pty are this machine's file descriptors).
+later call on that sandbox (its node), sandbox_popen on such a sandbox (run there; its pipes or
+terminal are the caller's file descriptors, relayed: cluster/relay.py, a RelayedProcess shaped as
+the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/poolroll.py),
+and a build's RUN steps (they are run_operation: the step's cache row, a buildcache.Entry, goes
+with the run and is written in the node's transaction recording its result, in the shared
+database). What stays here: everything else (a build's COPY and configure steps, cache lookups).
 
 A caller's on_output gets a node's output as it comes (a streamed call, cluster/fabric.py), in
 order; without one a run is the one-answer call (cheaper: bench/cluster.py). A cancel event set
@@ -23,10 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 
-from ..cluster import Fabric, NodeConfig
+from ..cluster import Fabric, NodeConfig, RelayedProcess
 from ..errors import NodeLost, NotFound
 from ..values import check_retries
 
@@ -36,7 +41,7 @@ log = logging.getLogger("sandtree.cluster")
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
           "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
-          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
+          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process", "sandbox_popen")
 # of these, the calls on a live run's processes too (its operation ID): wait while it starts here
 INSTANCE_CALLS = ("sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
 ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row
@@ -142,6 +147,10 @@ class Dispatch:
             if name == "sandbox_process":      # None: it ended meanwhile (told from its events here)
                 now = self.fabric.ask(nid, "process", sid, *args)
                 return now if now is not None else self.local[name](sid, *args, **kwargs)
+            if name == "sandbox_popen":        # run there, its pipes or terminal relayed (cluster/relay.py)
+                argv = args[0] if args else kwargs.pop("argv")
+                ends = {k: kwargs.pop(k) for k in ("pty", "stdin", "stdout", "stderr") if k in kwargs}
+                return RelayedProcess(self.fabric, nid, sid, argv, kwargs, **ends)
             on_output, cancel = kwargs.pop("on_output", None), kwargs.pop("cancel", None)
             return self.fabric.call(nid, name, (sid, *args), kwargs, on_output=on_output, cancel=cancel)
         call.__name__ = name
@@ -201,6 +210,16 @@ class Dispatch:
     def pool_remove(self, ref: str) -> None:
         self._every("pool_remove", (ref,), {})
 
+    def pool_drain(self, image: str) -> None:
+        """A rolled-over recipe pool (engine/poolroll.py) removed on every node, behind the caller
+        (a node's remove waits for the runs in it)."""
+        def drain():
+            try:
+                self.pool_remove(image)
+            except Exception:          # noqa: BLE001 - a lost node took its pool with it
+                log.warning("draining the pool of %s on the nodes failed", image, exc_info=True)
+        threading.Thread(target=drain, name="sandtree-pool-drain", daemon=True).start()
+
     def cluster_status(self) -> dict:
         return self.fabric.status()
 
@@ -230,4 +249,5 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     for name in PINNED:
         setattr(engine, name, d.pinned(name))
     engine.live_elsewhere = d.live_run
+    engine.drain_elsewhere = d.pool_drain
     return fabric

@@ -78,6 +78,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self._sandboxes = None
         self._pools = None
         self._recipe_pools = None
+        self.node_id: str | None = None     # a cluster node's engine: its ID (cluster/node.py), in its runs' rows
         self._ports = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
@@ -92,6 +93,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.specs = RunSpecs(self.store, self.default_limits, self._upload_path, self.file_set)
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
+        self.drain_elsewhere = None               # a cluster engine's: a rolled-over recipe pool drains on its nodes
         self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (instances.py)
         address = cluster if cluster is not None else config.cluster_address()
         self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
@@ -190,7 +192,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._recipe_pools is None:
             with self._parts_lock:
                 if self._recipe_pools is None:
-                    self._recipe_pools = RecipePools(self.build, self.pool_create, self.pools, self.store)
+                    # the engine's pool calls (a cluster engine's go to its nodes: clustered.py)
+                    drain = self.drain_elsewhere or (lambda image: self.pools.remove(image, wait=False))
+                    self._recipe_pools = RecipePools(self.build, self.pool_create, self.pool_wait, drain,
+                                                     self.pool_list, self.store)
         return self._recipe_pools
 
     def pool_recipe(self, recipe, size: int = 4, *, tag: str | None = None, wait: bool = False,

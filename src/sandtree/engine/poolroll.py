@@ -44,9 +44,11 @@ def default_tag(recipe: Recipe) -> str:
 class RecipePools:
     """The engine's recipe pools: tag -> the image its pool is of (one roll at a time)."""
 
-    def __init__(self, build, pool_create, pools, store):
-        # the engine's build and pool_create, its pools and store (parts, not the engine)
-        self.build, self.pool_create, self.pools, self.store = build, pool_create, pools, store
+    def __init__(self, build, pool_create, pool_wait, drain, pool_list, store):
+        # the engine's build and pool calls (drain(image): removed, its runs finishing behind the
+        # caller), and its store: parts, not the engine (a cluster engine's pool calls are its nodes')
+        self.build, self.pool_create, self.pool_wait, self.drain = build, pool_create, pool_wait, drain
+        self.pool_list, self.store = pool_list, store
         self.by_tag: dict[str, str] = {}
         self.lock = threading.Lock()
 
@@ -66,15 +68,15 @@ class RecipePools:
             rolled = None
             if old is not None and old != new and size > 0:
                 # filled before the tag moves: runs on the tag stay warm (old pool, then new)
-                self.pools.wait_ready(new, wait_timeout)
+                self.pool_wait(new, wait_timeout)
             elif wait:
-                self.pools.wait_ready(new, wait_timeout)
+                self.pool_wait(new, wait_timeout)
             self.store.tag(new, tag)
             self.by_tag[tag] = new
             if old is not None and old != new and old not in self.by_tag.values():
-                self.pools.remove(old, wait=False)        # drains: runs in it finish, the rest stop now
+                self.drain(old)                           # drains: runs in it finish, the rest stop now
                 rolled = round(time.perf_counter() - built, 6)
-            stats = next((p for p in self.pools.list() if p["image"] == new), stats)
+            stats = {**stats, **next((p for p in self.pool_list() if p["image"] == new), {})}
         return {**stats, "tag": tag, "previous": old if old != new else None, "rolled_over": rolled,
                 "build_seconds": round(built - t0, 6), "steps": len(result.steps),
                 "cached": sum(1 for s in result.steps if s.cached)}

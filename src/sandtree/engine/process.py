@@ -6,10 +6,11 @@ import os
 import subprocess
 
 from ..runtime.base import LiveTier
+from ..runtime.popenlike import PopenLike
 from ..runtime.pump import parse_report
 
 
-class LiveProcess:
+class LiveProcess(PopenLike):
     """A process inside a live sandbox: subprocess.Popen's shape (stdin, stdout, stderr, wait,
     communicate, send_signal, kill) with the exit status of the command itself."""
 
@@ -51,23 +52,3 @@ class LiveProcess:
 
     def send_signal(self, sig: int) -> None:
         self._live.signal_command(self._proc, int(sig))
-
-    def terminate(self) -> None:
-        self.send_signal(15)
-
-    def kill(self) -> None:
-        self.send_signal(9)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for s in (self.stdin, self.stdout, self.stderr):
-            if s is not None:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-        if self.poll() is None:
-            self.kill()
-        self.wait()

@@ -233,6 +233,8 @@ class RunOps:
                                      **({"usage": {"network": network_usage()}} if network_usage else {})})
                 raise
             outcome.usage["commit_s"] = round(time.perf_counter() - t_commit, 6)
+            if self.node_id is not None:         # where it ran, in its row (a build step's too)
+                outcome.usage["node"] = self.node_id
             if network_usage is not None:
                 outcome.usage["network"] = network_usage()
             rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,

@@ -1386,6 +1386,12 @@ static int restore_sandbox(struct opts *o) {
 
 int main(int argc, char **argv) {
     struct opts o;
+    /* The engine's signal mask is not the sandbox's: a blocked signal stays blocked across fork
+     * and exec, and the thread that starts us may block some (a Ray worker's threads block
+     * SIGINT: a terminal's ^C on a cluster node never reached its foreground command). */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     parse(argc, argv, &o);
     report_fd = o.report_fd;
     if (o.runtime_fd >= 0) read_runtime(o.runtime_fd);
