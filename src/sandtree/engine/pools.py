@@ -297,7 +297,8 @@ class Pool:
             self.error = str(exc)
             if ready is not None:
                 ready.close()
-                ready.ahead.discard()
+                if ready.ahead is not None:
+                    ready.ahead.discard()
             if h is not None:
                 self.live.stop(h, wait=2.0)
             if key is not None:
@@ -317,7 +318,8 @@ class Pool:
                 return
             self.cv.notify_all()
         ready.close()                             # closed while it started: nobody will take it
-        ready.ahead.discard()
+        if ready.ahead is not None:
+            ready.ahead.discard()
         self.live.stop(h, wait=2.0)
 
     def wait_ready(self, timeout: float = D.POOL_WAIT) -> bool:
