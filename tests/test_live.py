@@ -386,6 +386,25 @@ def test_warm_pool_runs_like_a_run(tmp_path, rootfs, live_tier):
     assert _our_cgroups() <= groups_before
 
 
+def test_a_pool_runs_memory_peak_and_oom_are_read_after_its_command(tmp_path, rootfs):
+    """A pool's sandbox opens its cgroup's stats files when it starts (pools.Ready): what a run
+    records must still be read after its command (the kernel makes the text anew at offset 0)."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        if not st._engine.runtime.cgroups.available:
+            pytest.skip("no cgroup access")
+        img = st.import_image(rootfs)
+        st.pool(img, size=1, memory="64m", wait=True)
+        r = img.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=32M", "count=1"], memory="64m")
+        assert r.usage.get("pool") and r.exit_code == 0 and not r.oom_killed
+        assert r.usage["cgroup_memory_peak_bytes"] >= 32 << 20        # its 32 MiB buffer, touched
+        st.pool(img, size=1, memory="64m", wait=True)
+        r = img.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"], memory="64m")
+        assert r.usage.get("pool") and r.oom_killed and r.signal == 9
+    finally:
+        st.close()
+
+
 def _our_cgroups() -> set:
     root = "/sys/fs/cgroup/pids/sandtree"
     return {d for d in (os.listdir(root) if os.path.isdir(root) else []) if d.startswith(f"{os.getpid()}-")}
