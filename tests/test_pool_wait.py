@@ -25,9 +25,8 @@ class SlowStarts:
     def start(self, spec, lifetime, *, detach, tier):
         time.sleep(self.delay)
         self.started += 1
-        # (its "helper" is this process: Ready pins it with a pidfd checked against its start time)
-        return types.SimpleNamespace(init_pid=self.started, helper_pid=os.getpid(),
-                                     helper_start=start_time(os.getpid()), cg=lambda: None)
+        # (its "pid 1" is this process: Ready pins it with a pidfd checked against its start time)
+        return types.SimpleNamespace(init_pid=os.getpid(), init_start=start_time(os.getpid()), cg=lambda: None)
 
     def enter_ahead(self, h, relay=None):
         return None

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import os
 import select
+import signal
 import threading
 import time
 import uuid
@@ -47,7 +48,7 @@ FILLERS = 3                   # threads starting a pool's sandboxes at once (a s
 @dataclasses.dataclass
 class Ready:
     """A started sandbox of a pool and what a run's end reads of it, opened when it started (not
-    on the run's path): its scratch dir (the upper), a pidfd of its helper (pinned: checked
+    on the run's path): its scratch dir (the upper), a pidfd of its pid 1 (pinned: checked
     against its start time), its cgroup with the files stats() reads held open."""
     h: LiveHandle
     ahead: Entered | None                   # its helper entered ahead (None once a command took it)
@@ -57,8 +58,8 @@ class Ready:
 
     def open(self, live: LiveTier) -> None:
         self.scratch = live.scratch(self.h)
-        fd = os.pidfd_open(self.h.helper_pid)
-        if start_time(self.h.helper_pid) != self.h.helper_start:
+        fd = os.pidfd_open(self.h.init_pid)
+        if start_time(self.h.init_pid) != self.h.init_start:
             os.close(fd)
             raise NotFound("the live sandbox is no longer running")
         self.pin = fd
@@ -67,7 +68,9 @@ class Ready:
             self.cg.hold()
 
     def gone(self) -> bool:
-        """Its helper has exited (the sandbox with it): a pidfd is readable then."""
+        """Its pid 1 has exited (the sandbox with it): a pidfd is readable then. (Its pid 1, not
+        its helper, which exits only after it: a run whose sandbox died under it must not
+        commit, and pid 1 is done before the helper entered with the command can report.)"""
         return self.pin is not None and bool(select.select([self.pin], [], [], 0)[0])
 
     def close(self) -> None:
@@ -203,7 +206,11 @@ class Pool:
             key = self.links.pop(h.init_pid, None)
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
-            if got.gone():                        # (its upper would be read from a dead sandbox)
+            # A sandbox that died under the run (its pid 1's end SIGKILLs the command) fails it,
+            # not a commit of its upper: a killed command opens the scratch dir anew, through
+            # its helper's /proc root (as every run did before it was opened ahead), which
+            # fails once the helper is exiting; pid 1 may still be in its exit then.
+            if got.gone() or (out.signal == signal.SIGKILL and os.close(self.live.scratch(h)) is not None):
                 raise NotFound("the live sandbox is no longer running")
             scratch = got.scratch
             if cg is not None and self.tier != "namespaces" and not out.quiescent:
