@@ -405,6 +405,36 @@ def test_a_pool_runs_memory_peak_and_oom_are_read_after_its_command(tmp_path, ro
         st.close()
 
 
+def test_a_pool_run_whose_sandbox_dies_under_it_fails_and_commits_nothing(tmp_path, rootfs):
+    """pid 1 of a pool's sandbox killed while a run's command runs in it: the run raises
+    NotFound (pools.Ready.gone waits for pid 1's exit, which may still be under way when the
+    command's end is reported) and no image is made of the dead sandbox's upper."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        img = st.import_image(rootfs)
+        for _ in range(3):
+            st.pool(img, size=1, wait=True)
+            pool = st._engine.pools.get(img.id)
+            h = pool.ready[0].h
+            images = len(st.images())
+
+            def kill():
+                while pool.ready and pool.ready[0].h is h:     # until the run took it
+                    time.sleep(0.005)
+                time.sleep(0.2)                                  # (its command is running)
+                os.kill(h.init_pid, signal.SIGKILL)
+            t = threading.Thread(target=kill)
+            t.start()
+            try:
+                with pytest.raises(sandtree.NotFound):
+                    img.run(["sh", "-c", "echo x > /f; sleep 30"])
+            finally:
+                t.join()
+            assert len(st.images()) == images
+    finally:
+        st.close()
+
+
 def _our_cgroups() -> set:
     root = "/sys/fs/cgroup/pids/sandtree"
     return {d for d in (os.listdir(root) if os.path.isdir(root) else []) if d.startswith(f"{os.getpid()}-")}

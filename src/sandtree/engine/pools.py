@@ -67,11 +67,10 @@ class Ready:
         if self.cg is not None:
             self.cg.hold()
 
-    def gone(self) -> bool:
-        """Its pid 1 has exited (the sandbox with it): a pidfd is readable then. (Its pid 1, not
-        its helper, which exits only after it: a run whose sandbox died under it must not
-        commit, and pid 1 is done before the helper entered with the command can report.)"""
-        return self.pin is not None and bool(select.select([self.pin], [], [], 0)[0])
+    def gone(self, wait: float = 0) -> bool:
+        """Its pid 1 has exited (the sandbox with it), or does within `wait` seconds: a pidfd is
+        readable then."""
+        return self.pin is not None and bool(select.select([self.pin], [], [], wait)[0])
 
     def close(self) -> None:
         """Its fds (not its sandbox, not its entered helper)."""
@@ -206,11 +205,14 @@ class Pool:
             key = self.links.pop(h.init_pid, None)
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
-            # A sandbox that died under the run (its pid 1's end SIGKILLs the command) fails it,
-            # not a commit of its upper: a killed command opens the scratch dir anew, through
-            # its helper's /proc root (as every run did before it was opened ahead), which
-            # fails once the helper is exiting; pid 1 may still be in its exit then.
-            if got.gone() or (out.signal == signal.SIGKILL and os.close(self.live.scratch(h)) is not None):
+            # A sandbox that died under the run fails it (NotFound), not a commit of its upper.
+            # Its pid 1's end SIGKILLs the command, and pid 1 may still be in its exit when the
+            # command's end is reported: a command SIGKILLed by none of the run's own limits
+            # gives it up to SETTLE to end (before, the helper's /proc root was opened here,
+            # which raced with the same exits: 5 of 8 such runs failed, the rest committed).
+            killed = out.signal == signal.SIGKILL and not (out.timed_out or out.cancelled or out.oom_killed
+                                                           or out.usage.get("killed_by"))
+            if got.gone(SETTLE if killed else 0):
                 raise NotFound("the live sandbox is no longer running")
             scratch = got.scratch
             if cg is not None and self.tier != "namespaces" and not out.quiescent:
