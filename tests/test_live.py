@@ -369,6 +369,55 @@ def test_warm_pool_runs_like_a_run(tmp_path, rootfs, live_tier):
     assert _our_cgroups() <= groups_before
 
 
+def test_a_pool_runs_memory_peak_and_oom_are_read_after_its_command(tmp_path, rootfs):
+    """A pool's sandbox opens its cgroup's stats files when it starts (pools.Ready): what a run
+    records must still be read after its command (the kernel makes the text anew at offset 0)."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        if not st._engine.runtime.cgroups.available:
+            pytest.skip("no cgroup access")
+        img = st.import_image(rootfs)
+        st.pool(img, size=1, memory="64m", wait=True)
+        r = img.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=32M", "count=1"], memory="64m")
+        assert r.usage.get("pool") and r.exit_code == 0 and not r.oom_killed
+        assert r.usage["cgroup_memory_peak_bytes"] >= 32 << 20        # its 32 MiB buffer, touched
+        st.pool(img, size=1, memory="64m", wait=True)
+        r = img.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"], memory="64m")
+        assert r.usage.get("pool") and r.oom_killed and r.signal == 9
+    finally:
+        st.close()
+
+
+def test_a_pool_run_whose_sandbox_dies_under_it_fails_and_commits_nothing(tmp_path, rootfs):
+    """pid 1 of a pool's sandbox killed while a run's command runs in it: the run raises
+    NotFound (pools.Ready.gone waits for pid 1's exit, which may still be under way when the
+    command's end is reported) and no image is made of the dead sandbox's upper."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        img = st.import_image(rootfs)
+        for _ in range(3):
+            st.pool(img, size=1, wait=True)
+            pool = st._engine.pools.get(img.id)
+            h = pool.ready[0].h
+            images = len(st.images())
+
+            def kill():
+                while pool.ready and pool.ready[0].h is h:     # until the run took it
+                    time.sleep(0.005)
+                time.sleep(0.2)                                  # (its command is running)
+                os.kill(h.init_pid, signal.SIGKILL)
+            t = threading.Thread(target=kill)
+            t.start()
+            try:
+                with pytest.raises(sandtree.NotFound):
+                    img.run(["sh", "-c", "echo x > /f; sleep 30"])
+            finally:
+                t.join()
+            assert len(st.images()) == images
+    finally:
+        st.close()
+
+
 def _our_cgroups() -> set:
     root = "/sys/fs/cgroup/pids/sandtree"
     return {d for d in (os.listdir(root) if os.path.isdir(root) else []) if d.startswith(f"{os.getpid()}-")}

@@ -91,7 +91,7 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
     def take(**kw):
         got = real_take(**kw)
         if got is not None:
-            handles.append(got[0])
+            handles.append(got.h)                     # (pools.Ready)
         return got
     old_pool.take = take
 
@@ -109,7 +109,7 @@ def test_rebuild_rolls_the_pool_over_without_dropping_runs(st, rootfs, ctx):
     th.start()
     try:
         time.sleep(0.5)
-        handles.extend(h for h, _ in list(old_pool.ready))
+        handles.extend(r.h for r in list(old_pool.ready))
         (ctx / "app.txt").write_text("v2\n")
         t_roll = time.perf_counter()
         second = st.pool(st.dockerfile(str(ctx)), size=2, tag="app")

@@ -6,10 +6,13 @@ real pools are tested in test_live.py (test_warm_pool_runs_like_a_run and the re
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 import types
 
 from sandtree.engine import pools
+from sandtree.procid import start_time
 from sandtree.runtime.base import Limits, RunSpec
 
 
@@ -22,10 +25,14 @@ class SlowStarts:
     def start(self, spec, lifetime, *, detach, tier):
         time.sleep(self.delay)
         self.started += 1
-        return types.SimpleNamespace(init_pid=self.started, cg=lambda: None)
+        # (its "pid 1" is this process: Ready pins it with a pidfd checked against its start time)
+        return types.SimpleNamespace(init_pid=os.getpid(), init_start=start_time(os.getpid()), cg=lambda: None)
 
     def enter_ahead(self, h, relay=None):
         return None
+
+    def scratch(self, h):
+        return os.open(tempfile.gettempdir(), os.O_RDONLY | os.O_DIRECTORY)
 
     def stop(self, h, wait=2.0):
         self.stopped += 1

@@ -18,18 +18,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import select
+import signal
 import threading
 import time
 import uuid
 from typing import Callable
 
 from .. import defaults as D
-from ..errors import InvalidInput, RuntimeUnavailable
+from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits, RunOutcome, RunSpec
 from ..runtime.base import LiveTier
+from ..runtime.cgroups import RunCgroup
 from ..runtime.enter import Entered
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import validate_spec
+from ..procid import start_time
 from ..store.store import Store
 from .imagedefaults import run_defaults
 from .netopts import network_option, require_egress
@@ -39,6 +43,43 @@ LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bo
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
 START_WAIT = 0.010            # how long a run that finds none ready waits for a start under way
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
+
+
+@dataclasses.dataclass
+class Ready:
+    """A started sandbox of a pool and what a run's end reads of it, opened when it started (not
+    on the run's path): its scratch dir (the upper), a pidfd of its pid 1 (pinned: checked
+    against its start time), its cgroup with the files stats() reads held open."""
+    h: LiveHandle
+    ahead: Entered | None                   # its helper entered ahead (None once a command took it)
+    scratch: int | None = None
+    pin: int | None = None
+    cg: RunCgroup | None = None
+
+    def open(self, live: LiveTier) -> None:
+        self.scratch = live.scratch(self.h)
+        fd = os.pidfd_open(self.h.init_pid)
+        if start_time(self.h.init_pid) != self.h.init_start:
+            os.close(fd)
+            raise NotFound("the live sandbox is no longer running")
+        self.pin = fd
+        self.cg = self.h.cg()
+        if self.cg is not None:
+            self.cg.hold()
+
+    def gone(self, wait: float = 0) -> bool:
+        """Its pid 1 has exited (the sandbox with it), or does within `wait` seconds: a pidfd is
+        readable then."""
+        return self.pin is not None and bool(select.select([self.pin], [], [], wait)[0])
+
+    def close(self) -> None:
+        """Its fds (not its sandbox, not its entered helper)."""
+        for fd in (self.scratch, self.pin):
+            if fd is not None:
+                os.close(fd)
+        self.scratch = self.pin = None
+        if self.cg is not None:
+            self.cg.unhold()
 
 
 class Pool:
@@ -55,7 +96,7 @@ class Pool:
         self.size = size
         # each ready sandbox comes with a helper already inside it (joined its cgroups and
         # namespaces), waiting for the command: a run pays for fork + exec + commit only
-        self.ready: collections.deque[tuple[LiveHandle, Entered]] = collections.deque()
+        self.ready: collections.deque[Ready] = collections.deque()
         lock = threading.RLock()
         self.cv = threading.Condition(lock)
         # the filler threads wait on their own condition (same lock): a run that takes or retires
@@ -65,7 +106,7 @@ class Pool:
         self.error: str | None = None
         self.served = 0
         self.misses = 0
-        self._retired: list[LiveHandle] = []
+        self._retired: list[Ready] = []
         # Sandboxes handed to runs and not retired yet: the filler thread outlives them, because
         # their PDEATHSIG is tied to it (its end would kill a run in flight: a closed pool drains)
         self.out = 0
@@ -91,7 +132,7 @@ class Pool:
         return (tier == self.tier and policy == self.policy and not spec.files and spec.prepare_changes is None and spec.hostname == t.hostname
                 and (lim.memory, lim.pids, lim.cpus, lim.disk) == (tl.memory, tl.pids, tl.cpus, tl.disk))
 
-    def take(self, hold: bool = False) -> tuple[LiveHandle, Entered] | None:
+    def take(self, hold: bool = False) -> Ready | None:
         """A ready sandbox or None. hold (a run's): while half the pool is still ready, its
         replacement waits for the run's end (`_retire` lets it start)."""
         with self.cv:
@@ -118,7 +159,7 @@ class Pool:
             self.out += 1
             if hold and 2 * len(self.ready) >= self.size:
                 self.held += 1
-                self._held.add(got[0].init_pid)
+                self._held.add(got.h.init_pid)
             else:
                 self.fill.notify()               # one start to make (lend: a borrower's)
             return got
@@ -128,9 +169,11 @@ class Pool:
         instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
         pool's thread, which their PDEATHSIG is tied to, outlives it)."""
         got = self.take() if self.policy is None and self.fits(spec, tier=tier) else None
-        if got is not None:
-            self.served += 1
-        return got
+        if got is None:
+            return None
+        self.served += 1
+        got.close()                              # (its borrower reads it its own way)
+        return got.h, got.ahead
 
     def returned(self) -> None:
         """A lent sandbox has been stopped by its borrower."""
@@ -146,12 +189,12 @@ class Pool:
         got = self.take(hold=True)
         if got is None:
             return None
-        h, ahead = got
+        h, ahead, got.ahead = got.h, got.ahead, None
         try:
             out = self.live.exec(h, spec, ahead=ahead)
             # The command is done; what it left running must not write while the upper is read.
             # (its output relay, sandtree-drain, often ends just after it: waited for, not frozen)
-            cg = h.cg()
+            cg = got.cg
             if cg is not None and self.tier == "namespaces" and cg.settle({h.init_pid, h.helper_pid}, SETTLE):
                 self.live.freeze(h, True)
             if cg is not None:
@@ -162,7 +205,16 @@ class Pool:
             key = self.links.pop(h.init_pid, None)
             if key is not None:                   # its link is the run's: its counters, released
                 out.usage["network"] = self.egress().release(key)
-            scratch = self.live.scratch(h)
+            # A sandbox that died under the run fails it (NotFound), not a commit of its upper.
+            # Its pid 1's end SIGKILLs the command, and pid 1 may still be in its exit when the
+            # command's end is reported: a command SIGKILLed by none of the run's own limits
+            # gives it up to SETTLE to end (before, the helper's /proc root was opened here,
+            # which raced with the same exits: 5 of 8 such runs failed, the rest committed).
+            killed = out.signal == signal.SIGKILL and not (out.timed_out or out.cancelled or out.oom_killed
+                                                           or out.usage.get("killed_by"))
+            if got.gone(SETTLE if killed else 0):
+                raise NotFound("the live sandbox is no longer running")
+            scratch = got.scratch
             if cg is not None and self.tier != "namespaces" and not out.quiescent:
                 # gVisor's processes are the Sentry's, unseen from here, and its freezer takes tens
                 # of ms: the sandbox ends now, as a run's does (the scratch fd keeps the upper).
@@ -171,29 +223,28 @@ class Pool:
                 # to the host file at once), and the filler stops it, off this run's path.
                 cg.kill_all()
         except BaseException:
-            self._retire(h)
+            self._retire(got)
             raise
         self.served += 1
 
         def release():
-            self._retire(h, scratch=scratch)   # (the filler closes the fd: off the caller's path)
+            self._retire(got)                    # (the filler closes its fds: off the caller's path)
         out.changes = f"/proc/self/fd/{scratch}/u"
         out.disk_limit = spec.limits.disk
         return out, release
 
-    def _retire(self, h: LiveHandle, ahead: Entered | None = None, scratch: int | None = None) -> None:
+    def _retire(self, r: Ready) -> None:
         with self.cv:                            # stopped by the filler thread, off the run's path
             self.out -= 1
-            if h.init_pid in self._held:         # its replacement may start now
-                self._held.discard(h.init_pid)
+            if r.h.init_pid in self._held:       # its replacement may start now
+                self._held.discard(r.h.init_pid)
                 self.held -= 1
             if not self.thread_done:
-                self._retired.append((h, ahead, scratch))
+                self._retired.append(r)
                 self.fill.notify()
                 return
-        if scratch is not None:
-            os.close(scratch)
-        self.live.stop(h, wait=2.0)              # a run that ended after the pool was closed
+        r.close()
+        self.live.stop(r.h, wait=2.0)            # a run that ended after the pool was closed
 
     # ---- filling -------------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -215,13 +266,12 @@ class Pool:
             if start:
                 self._start_one()
                 continue
-            for h, ahead, scratch in retired:
-                if scratch is not None:
-                    os.close(scratch)
-                if ahead is not None:
-                    ahead.discard()
-                self.live.stop(h, wait=2.0)
-                key = self.links.pop(h.init_pid, None)
+            for r in retired:
+                r.close()
+                if r.ahead is not None:
+                    r.ahead.discard()
+                self.live.stop(r.h, wait=2.0)
+                key = self.links.pop(r.h.init_pid, None)
                 if key is not None:                   # (never taken by a run: its link goes too)
                     self.egress().release(key)
             if closed:
@@ -235,7 +285,7 @@ class Pool:
 
     def _start_one(self) -> None:
         """Start a sandbox (from this filler thread: its PDEATHSIG is tied to it) and make it ready."""
-        h = key = None
+        h = key = ready = None
         try:
             spec = self.template
             if self.policy is not None:
@@ -250,9 +300,14 @@ class Pool:
                 self.links[h.init_pid] = key
             else:
                 h = self.live.start(spec, LIFETIME, detach=False, tier=self.tier)
-            ahead = self.live.enter_ahead(h, relay=self.ids)
+            ready = Ready(h, self.live.enter_ahead(h, relay=self.ids))
+            ready.open(self.live)
         except Exception as exc:                  # noqa: BLE001 - runs fall back to a cold start
             self.error = str(exc)
+            if ready is not None:
+                ready.close()
+                if ready.ahead is not None:
+                    ready.ahead.discard()
             if h is not None:
                 self.live.stop(h, wait=2.0)
             if key is not None:
@@ -267,12 +322,13 @@ class Pool:
         with self.cv:
             self.starting -= 1
             if not self.closed:
-                self.ready.append((h, ahead))
+                self.ready.append(ready)
                 self.cv.notify_all()
                 return
             self.cv.notify_all()
-        if ahead is not None:                     # closed while it started: nobody will take it
-            ahead.discard()
+        ready.close()                             # closed while it started: nobody will take it
+        if ready.ahead is not None:
+            ready.ahead.discard()
         self.live.stop(h, wait=2.0)
 
     def wait_ready(self, timeout: float = D.POOL_WAIT) -> bool:
@@ -290,7 +346,7 @@ class Pool:
         with self.cv:
             self.size = size
             while len(self.ready) > size:
-                self._retired.append(self.ready.pop() + (None,))
+                self._retired.append(self.ready.pop())
             self.cv.notify_all()
             self.fill.notify_all()
 
@@ -306,7 +362,7 @@ class Pool:
         wait: until then (at most a minute)."""
         with self.cv:
             self.closed = True
-            self._retired.extend(r + (None,) for r in self.ready)
+            self._retired.extend(self.ready)
             self.ready.clear()
             self.cv.notify_all()
             self.fill.notify_all()

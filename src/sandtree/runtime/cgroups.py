@@ -111,10 +111,52 @@ def _read(path: str, default: str = "") -> str:
         os.close(fd)
 
 
+def _pread(fd: int, default: str = "") -> str:
+    """A kernel file held open, read whole again: the kernel makes a cgroup file's text anew for a
+    read at offset 0 (seq_file)."""
+    data = b""
+    try:
+        while chunk := os.pread(fd, 65536, len(data)):
+            data += chunk
+    except OSError:
+        return default
+    return data.decode()
+
+
 @dataclass
 class RunCgroup:
     version: str
     dirs: dict[str, str] = field(default_factory=dict)     # controller (or "unified") -> dir
+    # path -> fd of the files a run's end reads (stats), opened once ahead (hold): a warm
+    # pool's sandbox opens them when it starts, not on each run's path
+    held: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def _read(self, path: str) -> str:
+        fd = self.held.get(path)
+        return _read(path) if fd is None else _pread(fd)
+
+    def _procs_dir(self) -> str:
+        # every process joins all of the run's controllers (helper.c), so one of them tells
+        return self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
+
+    def hold(self) -> None:
+        """Open the files stats() reads, for as long as the group lives (unhold)."""
+        if self.version == "v1":
+            m = self.dirs.get("memory")
+            paths = [os.path.join(m, f) for f in ("memory.oom_control", "memory.max_usage_in_bytes")] if m else []
+        else:
+            paths = [os.path.join(self.dirs["unified"], f) for f in ("memory.events", "memory.peak", "cpu.stat")]
+        # (not cgroup.procs: v1 serves a held one's later reads from a pid list it keeps for a second)
+        for path in paths:
+            try:
+                self.held[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass                                 # (read by path then: as without hold)
+
+    def unhold(self) -> None:
+        for fd in self.held.values():
+            os.close(fd)
+        self.held.clear()
 
     @property
     def procs_files(self) -> list[str]:
@@ -125,17 +167,17 @@ class RunCgroup:
         if self.version == "v1":
             m = self.dirs.get("memory")
             if m:
-                oc = dict(l.split() for l in _read(os.path.join(m, "memory.oom_control")).splitlines() if l)
+                oc = dict(l.split() for l in self._read(os.path.join(m, "memory.oom_control")).splitlines() if l)
                 out["oom_killed"] = int(oc.get("oom_kill", 0)) > 0
-                peak = _read(os.path.join(m, "memory.max_usage_in_bytes")).strip()
+                peak = self._read(os.path.join(m, "memory.max_usage_in_bytes")).strip()
                 out["memory_peak"] = int(peak) if peak else None
         else:
             d = self.dirs["unified"]
-            ev = dict(l.split() for l in _read(os.path.join(d, "memory.events")).splitlines() if l)
+            ev = dict(l.split() for l in self._read(os.path.join(d, "memory.events")).splitlines() if l)
             out["oom_killed"] = int(ev.get("oom_kill", 0)) > 0
-            peak = _read(os.path.join(d, "memory.peak")).strip()
+            peak = self._read(os.path.join(d, "memory.peak")).strip()
             out["memory_peak"] = int(peak) if peak.isdigit() else None
-            st = dict(l.split() for l in _read(os.path.join(d, "cpu.stat")).splitlines() if l)
+            st = dict(l.split() for l in self._read(os.path.join(d, "cpu.stat")).splitlines() if l)
             if "usage_usec" in st:
                 out["cpu_usage_ns"] = int(st["usage_usec"]) * 1000
         return out
@@ -183,13 +225,11 @@ class RunCgroup:
         return "frozen 1" in _read(os.path.join(self.dirs["unified"], "cgroup.events"))
 
     def pids(self) -> set[int]:
-        # every process joins all of the run's controllers (helper.c), so one of them tells
-        d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
-        return {int(p) for p in _read(os.path.join(d, "cgroup.procs")).split()}
+        return {int(p) for p in _read(os.path.join(self._procs_dir(), "cgroup.procs")).split()}
 
     def threads(self) -> set[int]:
         """Every thread of the group's processes (v1 `tasks`, v2 `cgroup.threads`)."""
-        d = self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
+        d = self._procs_dir()
         text = _read(os.path.join(d, "tasks"), "") or _read(os.path.join(d, "cgroup.threads"), "")
         return {int(t) for t in text.split()}
 
