@@ -1,0 +1,51 @@
+"""Attacks on the shell session (engine/session.py) by another uid in the same sandbox: names it
+makes in /dev/shm before root's first string command (a 1777 directory) must never make root
+source a file it chose, nor write root's exported values where it can read them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
+
+SESSION = "/dev/shm/.sandtree-session-0"
+
+
+def test_session_directory_symlinked_to_a_root_owned_1777_directory(bb, live_tier):
+    """/tmp is root's and 1777: a symlink to it passes an owner test that follows links, and the
+    saves the attacker put there would run as root; root's saves (secrets) would land there."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        plant = (f"ln -s /tmp {SESSION}.d && printf 'export X=foreign; touch /tmp/rooted\\n' > /tmp/99.1 && "
+                 f": > /tmp/99.1.ok")
+        assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
+        assert sb.exec('echo "${X-unset}"; export SECRET=s3cr3t-value').stdout == b"unset\n"
+        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+        assert sb.exec(["test", "-e", "/tmp/rooted"]).exit_code == 1
+        # root's exported values went nowhere another uid can read
+        leaked = sb.exec(["sh", "-c", "grep -rl s3cr3t-value /tmp /dev/shm"], uid=1000, gid=1000)
+        assert leaked.stdout == b""
+        assert sb.exec(["sh", "-c", "ls -a /tmp"]).stdout.split() == [b".", b"..", b"99.1", b"99.1.ok"]
+
+
+def test_session_directory_symlinked_to_root_owned_directory_made_writable(bb, live_tier):
+    """The same through a directory root made 0777 in /dev/shm itself (a parent check alone
+    would pass it)."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        assert sb.exec(["sh", "-c", "mkdir -m 777 /dev/shm/shared"]).ok
+        plant = (f"ln -s /dev/shm/shared {SESSION}.d && printf 'export X=foreign\\n' > /dev/shm/shared/99.1 && "
+                 f": > /dev/shm/shared/99.1.ok")
+        assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
+        assert sb.exec('echo "${X-unset}"; export Y=1').stdout == b"unset\n"
+        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+
+
+def test_older_wrappers_file_symlinked_to_a_root_owned_file(bb, live_tier):
+    """The older wrapper's file name pointed at a root-owned file whose text another uid chose
+    (here one root wrote for it): root does not source it."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        assert sb.exec(["sh", "-c", "printf 'export X=foreign\\n' > /tmp/notes"]).ok
+        assert sb.exec(["ln", "-s", "/tmp/notes", SESSION], uid=1000, gid=1000).ok
+        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+
