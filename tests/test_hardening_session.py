@@ -8,15 +8,18 @@ import os
 
 import pytest
 
+from test_session import shell_image  # noqa: F401 - fixture: busybox ash, dash, bash as /bin/sh
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
 
 SESSION = "/dev/shm/.sandtree-session-0"
 
 
-def test_session_directory_symlinked_to_a_root_owned_1777_directory(bb, live_tier):
+def test_session_directory_symlinked_to_a_root_owned_1777_directory(shell_image, live_tier):  # noqa: F811
     """/tmp is root's and 1777: a symlink to it passes an owner test that follows links, and the
     saves the attacker put there would run as root; root's saves (secrets) would land there."""
-    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+    _, img = shell_image
+    with img.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
         plant = (f"ln -s /tmp {SESSION}.d && printf 'export X=foreign; touch /tmp/rooted\\n' > /tmp/99.1 && "
                  f": > /tmp/99.1.ok")
         assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
