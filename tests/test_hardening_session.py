@@ -15,6 +15,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need r
 SESSION = "/dev/shm/.sandtree-session-0"
 
 
+def _root_runs_unplanted(sb, plant: str, export: str = "Y=1") -> None:
+    """uid 1000 runs `plant`; root's next two string commands see none of it (X unset)."""
+    assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
+    assert sb.exec(f'echo "${{X-unset}}"; export {export}').stdout == b"unset\n"
+    assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+
+
 def test_session_directory_symlinked_to_a_root_owned_1777_directory(shell_image, live_tier):  # noqa: F811
     """/tmp is root's and 1777: a symlink to it passes an owner test that follows links, and the
     saves the attacker put there would run as root; root's saves (secrets) would land there."""
@@ -22,9 +29,7 @@ def test_session_directory_symlinked_to_a_root_owned_1777_directory(shell_image,
     with img.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
         plant = (f"ln -s /tmp {SESSION}.d && printf 'export X=foreign; touch /tmp/rooted\\n' > /tmp/99.1 && "
                  f": > /tmp/99.1.ok")
-        assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
-        assert sb.exec('echo "${X-unset}"; export SECRET=s3cr3t-value').stdout == b"unset\n"
-        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+        _root_runs_unplanted(sb, plant, "SECRET=s3cr3t-value")
         assert sb.exec(["test", "-e", "/tmp/rooted"]).exit_code == 1
         # root's exported values went nowhere another uid can read
         leaked = sb.exec(["sh", "-c", "grep -rl s3cr3t-value /tmp /dev/shm"], uid=1000, gid=1000)
@@ -39,9 +44,7 @@ def test_session_directory_symlinked_to_root_owned_directory_made_writable(bb, l
         assert sb.exec(["sh", "-c", "mkdir -m 777 /dev/shm/shared"]).ok
         plant = (f"ln -s /dev/shm/shared {SESSION}.d && printf 'export X=foreign\\n' > /dev/shm/shared/99.1 && "
                  f": > /dev/shm/shared/99.1.ok")
-        assert sb.exec(["sh", "-c", plant], uid=1000, gid=1000).ok
-        assert sb.exec('echo "${X-unset}"; export Y=1').stdout == b"unset\n"
-        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+        _root_runs_unplanted(sb, plant)
 
 
 def test_older_wrappers_file_symlinked_to_a_root_owned_file(bb, live_tier):
@@ -49,6 +52,5 @@ def test_older_wrappers_file_symlinked_to_a_root_owned_file(bb, live_tier):
     (here one root wrote for it): root does not source it."""
     with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
         assert sb.exec(["sh", "-c", "printf 'export X=foreign\\n' > /tmp/notes"]).ok
-        assert sb.exec(["ln", "-s", "/tmp/notes", SESSION], uid=1000, gid=1000).ok
-        assert sb.exec('echo "${X-unset}"').stdout == b"unset\n"
+        _root_runs_unplanted(sb, f"ln -s /tmp/notes {SESSION}")
 
