@@ -54,3 +54,22 @@ def test_older_wrappers_file_symlinked_to_a_root_owned_file(bb, live_tier):
         assert sb.exec(["sh", "-c", "printf 'export X=foreign\\n' > /tmp/notes"]).ok
         _root_runs_unplanted(sb, f"ln -s /tmp/notes {SESSION}")
 
+
+
+def test_a_commands_own_env_values_are_not_in_its_argv(bb, live_tier):
+    """A string command's env= values reach its shell by the environment (/proc/PID/environ: its
+    uid's alone), not its argv, which every uid in the sandbox reads (/proc/PID/cmdline, ps)."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        secret = "tok-5e6f7a8b9c0d"
+        proc = sb.popen('sleep 30', env={"TOKEN": secret})
+        try:
+            seen = b""
+            for _ in range(100):
+                seen = sb.exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"], uid=1000, gid=1000).stdout
+                if b"sleep 30" in seen:
+                    break
+            assert b"sleep 30" in seen and secret.encode() not in seen
+        finally:
+            proc.kill()
+            proc.wait()
+        assert sb.exec('echo "$TOKEN ${TOKEN2-unset}"', env={"TOKEN": secret}).stdout == f"{secret} unset\n".encode()

@@ -14,8 +14,10 @@ from ..errors import InvalidInput
 from ..runtime.base import Limits, RunSpec
 from ..secrets_mask import mask_text, secret_values
 
-# $1: the session's name, $2: the command, then NAME=VALUE pairs for this command only (their
-# session values come back after it). One process, /bin/sh, does it all with builtins and few
+# $1: the session's name, $2: the command, then the NAMEs of variables for this command only
+# (their session values come back after it), each value in __st_v_NAME: the environment, which
+# only this uid reads, not the argv, which every uid does (/proc/PID/cmdline); the script turns
+# them into NAME=VALUE arguments of its own. One process, /bin/sh, does it all with builtins and few
 # system calls: a process start is most of a string command's cost (gVisor: 3-8 ms each), and on
 # gVisor every system call is a trip to the Sentry. A POSIX shell has no builtin rename or unlink,
 # so every save is a new file, NAME.d/SEQ.PID (`export -p` plus PWD), and SEQ.PID.ok is made once
@@ -38,6 +40,7 @@ from ..secrets_mask import mask_text, secret_values
 SESSION = r"""
 unset __ST_SESSION
 __st_s=$1; __st_c=$2; shift 2
+for __st_n in "$@"; do eval "set -- \"\$@\" \"\$__st_n=\$__st_v_$__st_n\""; unset "__st_v_$__st_n"; shift; done
 __st_d=$__st_s.d; __st_x=; __st_f=; __st_a=0; __st_o=
 __st_top() {
   __st_q=0; __st_f=; __st_k=0
@@ -121,9 +124,8 @@ def command_spec(base: dict, command, *, env, cwd, stdin, uid, gid, limits: dict
             user_env["PWD"] = cwd
         session = f"/dev/shm/.sandtree-session-{int(uid)}"
         # the wrapper travels in the environment (and leaves it at once): `ps` shows one line
-        argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command] + \
-            [f"{k}={v}" for k, v in user_env.items()]
-        env_out = {**base["env"], "__ST_SESSION": SESSION}
+        argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command, *user_env]
+        env_out = {**base["env"], "__ST_SESSION": SESSION, **{f"__st_v_{k}": v for k, v in user_env.items()}}
         shown = command
         run_cwd = base["cwd"]
     elif isinstance(command, (list, tuple)) and command:
