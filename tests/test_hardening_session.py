@@ -73,3 +73,16 @@ def test_a_commands_own_env_values_are_not_in_its_argv(bb, live_tier):
             proc.kill()
             proc.wait()
         assert sb.exec('echo "$TOKEN ${TOKEN2-unset}"', env={"TOKEN": secret}).stdout == f"{secret} unset\n".encode()
+
+
+def test_a_string_commands_secret_values_stay_out_of_its_record(bb, live_tier):
+    """The record of a string command in the session holds no value of its env= (masked where
+    the command's text repeats one), as a run's does."""
+    with bb.start(idle_timeout=120, lifetime=300, tier=live_tier) as sb:
+        secret = "s3cr3tv4lue-x7"
+        r = sb.exec(f'[ "$API_TOKEN" = {secret} ] && export KEPT="$API_TOKEN" && echo same',
+                    env={"API_TOKEN": secret})
+        assert r.stdout == b"same\n"
+        op = bb._st.operation(r.operation)
+        assert op["spec"]["command"].startswith('[ "$API_TOKEN" = ***') and secret not in str(op)
+        assert sb.exec('echo "$KEPT"').stdout == f"{secret}\n".encode()
