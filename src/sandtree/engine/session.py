@@ -14,15 +14,22 @@ from ..errors import InvalidInput
 from ..runtime.base import Limits, RunSpec
 from ..secrets_mask import mask_text, secret_values
 
-# $1: the session's name, $2: the command, then NAME=VALUE pairs for this command only (their
-# session values come back after it). One process, /bin/sh, does it all with builtins and few
+# $1: the session's name, $2: the command, then the NAMEs of variables for this command only
+# (their session values come back after it), each value in __st_v_NAME: the environment, which
+# only this uid reads, not the argv, which every uid does (/proc/PID/cmdline); the script turns
+# them into NAME=VALUE arguments of its own. One process, /bin/sh, does it all with builtins and few
 # system calls: a process start is most of a string command's cost (gVisor: 3-8 ms each), and on
 # gVisor every system call is a trip to the Sentry. A POSIX shell has no builtin rename or unlink,
 # so every save is a new file, NAME.d/SEQ.PID (`export -p` plus PWD), and SEQ.PID.ok is made once
 # it is whole: a reader takes the highest SEQ among the .ok files, so it never reads a save still
 # being written or cut short by a kill, and two commands saving at once write two files (a SEQ
 # tie goes to either; each is a whole state). NAME.d is made once (mkdir, 0700) and read only if
-# this uid owns it: another uid can neither plant a save nor read one. A reader whose pick is gone
+# this uid owns it: another uid can neither plant a save nor read one. An owner test follows
+# symlinks (root owns /tmp, 1777), so __st_mine also checks that the directory it owns (the cwd
+# `cd -P` reached, pinned) is NAME.d itself in /dev/shm (its physical path: getcwd in dash and
+# ash; bash resolves it by name, the `-ef` tests narrow that to a race): a name another uid made
+# first points nowhere root then reads or writes. The older wrapper's file is read through the descriptor it
+# was checked on (a root-owned regular file, not a symlink when looked at). A reader whose pick is gone
 # (a cleanup under a burst of saves; an .ok left alone) looks again without it. Cleanup is an `rm`
 # of the saves more than 4 behind the newest once 16 are there: one process every ~12 saves.
 # NAME itself is the file an older wrapper kept (renamed into place), read when no save exists.
@@ -33,6 +40,7 @@ from ..secrets_mask import mask_text, secret_values
 SESSION = r"""
 unset __ST_SESSION
 __st_s=$1; __st_c=$2; shift 2
+for __st_n in "$@"; do eval "set -- \"\$@\" \"\$__st_n=\$__st_v_$__st_n\""; unset "__st_v_$__st_n"; shift; done
 __st_d=$__st_s.d; __st_x=; __st_f=; __st_a=0; __st_o=
 __st_top() {
   __st_q=0; __st_f=; __st_k=0
@@ -44,13 +52,21 @@ __st_top() {
     if [ ${#__st_n} -lt 16 ] && [ "$__st_n" -gt "$__st_q" ]; then __st_q=$__st_n; __st_f=${__st_m%.ok}; fi
   done
 }
-if [ -O "$__st_d" ]; then
+__st_mine() {
+  __st_p=$PWD; __st_l=$OLDPWD
+  cd -P "$__st_d" 2>/dev/null || return
+  [ "$PWD" = "$__st_d" ] && [ -O . ] && [ .. -ef "${__st_d%/*}" ] && [ "../${__st_d##*/}" -ef . ]; __st_r=$?
+  cd "$__st_p" 2>/dev/null || PWD=$__st_p
+  OLDPWD=$__st_l; return $__st_r
+}
+if [ -O "$__st_d" ] && __st_mine; then
   __st_o=1
   while __st_top; [ -n "$__st_f" ] && ! [ -f "$__st_f" ] && [ $__st_a -lt 3 ]; do
     __st_a=$((__st_a+1)); __st_x="$__st_x $__st_f.ok"; done
 fi
 if [ -n "$__st_f" ]; then command . "$__st_f" 2>/dev/null
-elif [ -O "$__st_s" ]; then command . "$__st_s" 2>/dev/null; fi
+elif [ -O "$__st_s" ] && [ -f "$__st_s" ] && ! [ -h "$__st_s" ] && { exec 3<"$__st_s"; } 2>/dev/null; then
+  [ -O /proc/self/fd/3 ] && [ -f /proc/self/fd/3 ] && command . /proc/self/fd/3 2>/dev/null; exec 3<&-; fi
 __st_new=; __st_had=
 for __st_kv in "$@"; do
   __st_n=${__st_kv%%=*}
@@ -67,7 +83,7 @@ __st_save() {
   for __st_n in $__st_had; do eval "export $__st_n=\"\$__st_old_$__st_n\""; done
   if [ -n "$__st_i" ]; then IFS=$__st_j; else unset IFS; fi
   export PWD
-  [ -n "$__st_o" ] || [ -O "$__st_d" ] || { PATH=/usr/sbin:/usr/bin:/sbin:/bin command mkdir -m 700 "$__st_d" 2>/dev/null &&
+  [ -n "$__st_o" ] || { [ -O "$__st_d" ] && __st_mine; } || { PATH=/usr/sbin:/usr/bin:/sbin:/bin command mkdir -m 700 "$__st_d" 2>/dev/null &&
     [ -O "$__st_d" ]; } || return
   __st_top
   __st_w=$__st_d/$((__st_q+1)).$$
@@ -108,9 +124,8 @@ def command_spec(base: dict, command, *, env, cwd, stdin, uid, gid, limits: dict
             user_env["PWD"] = cwd
         session = f"/dev/shm/.sandtree-session-{int(uid)}"
         # the wrapper travels in the environment (and leaves it at once): `ps` shows one line
-        argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command] + \
-            [f"{k}={v}" for k, v in user_env.items()]
-        env_out = {**base["env"], "__ST_SESSION": SESSION}
+        argv = ["/bin/sh", "-c", 'eval "$__ST_SESSION"', "sandtree-session", session, command, *user_env]
+        env_out = {**base["env"], "__ST_SESSION": SESSION, **{f"__st_v_{k}": v for k, v in user_env.items()}}
         shown = command
         run_cwd = base["cwd"]
     elif isinstance(command, (list, tuple)) and command:
