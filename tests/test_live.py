@@ -743,7 +743,10 @@ def test_settle_waits_for_leftovers_to_exit_and_names_what_still_runs(bb):
         assert time.monotonic() - t < 5.0                  # ... at its exit, not the wait's end
 
 
-PROCS = "for p in /proc/[0-9]*; do echo ${p#/proc/} $(cat $p/comm) $(grep Uid $p/status | cut -f2); done"
+# (a relay is forked before it execs: under load the command may look in between, so it first waits
+# until one is listed as sandtree-drain; one already there, e.g. an ahead one not gone, ends the wait)
+PROCS = ("for i in $(seq 200); do grep -qx sandtree-drain /proc/[0-9]*/comm 2>/dev/null && break; sleep 0.05; done; "
+         "for p in /proc/[0-9]*; do echo ${p#/proc/} $(cat $p/comm) $(grep Uid $p/status | cut -f2); done")
 
 
 def _procs(out: bytes) -> dict:
