@@ -459,6 +459,7 @@ def test_an_idle_daemon_exits_and_leaves_nothing(tmp_path):
     ns = os.stat(f"/proc/{pid}/ns/net").st_ino
     link = e.attach("one", None)
     link_ns = os.fstat(link.netns_fd).st_ino
+    link_cookie = _netns_cookie(link.netns_fd)
     link.close()
     e.release("one")
     end = time.monotonic() + 15
@@ -470,9 +471,44 @@ def test_an_idle_daemon_exits_and_leaves_nothing(tmp_path):
         assert host_veths() == veths
         in_use = {os.stat(f"/proc/{p}/ns/net").st_ino for p in os.listdir("/proc") if p.isdigit()
                   and os.path.exists(f"/proc/{p}/ns/net")}
-        assert link_ns not in in_use and ns in in_use   # (ns: the host's, where the daemon sat)
+        assert ns in in_use                              # (ns: the host's, where the daemon sat)
+        # no process in the link's namespace: a namespace of the same inode number is another one
+        # (the kernel reuses the numbers of freed namespaces; other tests make many): its cookie says
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.stat(f"/proc/{p}/ns/net").st_ino != link_ns:
+                    continue
+                fd = os.open(f"/proc/{p}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue                                 # (ended meanwhile)
+            try:
+                assert _netns_cookie(fd) != link_cookie, f"process {p} is still in the released link's namespace"
+            finally:
+                os.close(fd)
     finally:
         e.stop_daemon()
+
+
+def _netns_cookie(ns_fd: int) -> int:
+    """The network namespace's cookie (SO_NETNS_COOKIE: unique for the boot, never reused as inode
+    numbers are), read by a socket made in it from a thread that joins it (setns is per thread)."""
+    import ctypes
+    import struct
+    import threading
+    out: list = []
+
+    def inside():
+        if ctypes.CDLL(None, use_errno=True).setns(ns_fd, 0x40000000) != 0:      # CLONE_NEWNET
+            out.append(OSError(ctypes.get_errno(), "setns"))
+            return
+        with socket.socket() as s:
+            out.append(struct.unpack("Q", s.getsockopt(socket.SOL_SOCKET, 71, 8))[0])   # SO_NETNS_COOKIE
+    t = threading.Thread(target=inside)
+    t.start()
+    t.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
 
 
 def test_the_client_starts_the_daemon_once_per_store(tmp_path):

@@ -69,8 +69,9 @@ def test_pip_install_from_the_registry_allowed_by_name(eng, py, tier):
     rec = eng.run(image, cmd, network=rules, tier=tier, env={"PIP_CERT": "/root/host-ca.pem"},
                   files=[{"path": "/root/host-ca.pem", "content": bundle}])
     net = eng.operation(rec.op)["outcome"]["usage"]["network"]
-    if rec.exit_code != 0 and net["bytes_in"] == 0 and not net["refused"]:
-        pytest.skip(f"the registry is unreachable through the egress path: {rec.stderr.decode()[-300:]}")
+    if rec.exit_code != 0 and not net.get("bytes_in") and not net.get("refused"):
+        # ({} when the link was gone at release: said in the reason, with pip's own words)
+        pytest.skip(f"the registry is unreachable through the egress path (usage {net}): {rec.stderr.decode()[-300:]}")
     assert rec.exit_code == 0, rec.stderr.decode()[-2000:]
     assert b"six 1.16.0" in rec.stdout
     op = eng.operation(rec.op)
