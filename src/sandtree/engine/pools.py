@@ -41,6 +41,10 @@ from .spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them
+# How long a pool run whose command was SIGKILLed by none of its own limits waits for its sandbox's
+# pid 1 to be seen gone (a dying pid 1 kills the command first and ends after; 2 ms was too short
+# under load: a clean-clone CI run committed such a dead sandbox's upper). Only that rare path pays it.
+DIED_WAIT = 0.25
 START_WAIT = 0.010            # how long a run that finds none ready waits for a start under way
 FILLERS = 3                   # threads starting a pool's sandboxes at once (a start takes ~3 runs' time)
 
@@ -208,11 +212,11 @@ class Pool:
             # A sandbox that died under the run fails it (NotFound), not a commit of its upper.
             # Its pid 1's end SIGKILLs the command, and pid 1 may still be in its exit when the
             # command's end is reported: a command SIGKILLed by none of the run's own limits
-            # gives it up to SETTLE to end (before, the helper's /proc root was opened here,
+            # gives it up to DIED_WAIT to end (before, the helper's /proc root was opened here,
             # which raced with the same exits: 5 of 8 such runs failed, the rest committed).
             killed = out.signal == signal.SIGKILL and not (out.timed_out or out.cancelled or out.oom_killed
                                                            or out.usage.get("killed_by"))
-            if got.gone(SETTLE if killed else 0):
+            if got.gone(DIED_WAIT if killed else 0):
                 raise NotFound("the live sandbox is no longer running")
             scratch = got.scratch
             if cg is not None and self.tier != "namespaces" and not out.quiescent:
