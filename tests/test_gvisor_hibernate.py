@@ -42,14 +42,20 @@ def _old_count(h: LiveHandle) -> bytes:
         return f.read()
 
 
-def test_an_engine_killed_before_the_old_gvisor_sandbox_stopped_loses_nothing(tmp_path, rootfs):
+def _gvisor_sandbox(tmp_path, rootfs):
+    """(home, store, a live gVisor sandbox in it), or a skip when gVisor cannot hibernate here."""
     home = str(tmp_path / "home")
     st = sandtree.Sandtree(home, warm=0)
     ok, why = st._engine.sandboxes.live.hibernate_available("gvisor")
     if not ok:
+        st.close()
         pytest.skip(why)
+    return home, st, st.import_image(rootfs).start(tier="gvisor", idle_timeout=300, lifetime=600)
+
+
+def test_an_engine_killed_before_the_old_gvisor_sandbox_stopped_loses_nothing(tmp_path, rootfs):
+    home, st, sb = _gvisor_sandbox(tmp_path, rootfs)
     live = st._engine.sandboxes.live
-    sb = st.import_image(rootfs).start(tier="gvisor", idle_timeout=300, lifetime=600)
     sid = sb.id
     try:
         assert sb.exec(f"({COUNTER}) >/dev/null 2>&1 &").ok
@@ -95,12 +101,7 @@ def test_an_engine_killed_before_the_old_gvisor_sandbox_stopped_loses_nothing(tm
 
 
 def test_stopping_a_hibernated_sandbox_stops_an_old_one_left_behind(tmp_path, rootfs):
-    home = str(tmp_path / "home")
-    st = sandtree.Sandtree(home, warm=0)
-    ok, why = st._engine.sandboxes.live.hibernate_available("gvisor")
-    if not ok:
-        pytest.skip(why)
-    sb = st.import_image(rootfs).start(tier="gvisor", idle_timeout=300, lifetime=600)
+    home, st, sb = _gvisor_sandbox(tmp_path, rootfs)
     try:
         assert sb.exec("echo kept > /tmp/f").ok
         _killed_hibernate(home, sb.id)
