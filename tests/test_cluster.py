@@ -365,6 +365,9 @@ def test_popen_with_a_terminal_on_a_node_sandbox(cst):
         os.close(slave)
         slave = None
         until = terminal_reader(master)
+        # typed after the prompt, as a user would: a line typed before the shell's line editor
+        # took the terminal is echoed by the line discipline and again by the editor (any tty)
+        until(b"# ")
         os.write(master, b"echo st-$((40+2)); [ -t 0 ] && echo on-a-$((6*7))\n")
         shown = until(b"on-a-42\r\n")
         assert shown.count(b"echo st-$((40+2))") == 1 and b"st-42\r\n" in shown, shown

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -152,6 +153,42 @@ def test_gc_removes_unreferenced_objects(tmp_path, bucket, rootfs):
         assert fsck(store)["ok"]
     finally:
         a.close()
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_gc_on_one_node_waits_for_a_run_on_another(tmp_path, bucket, rootfs, database, request):
+    """gc's fence spans the store's database, not one store directory: a gc on node A while a run
+    on node B builds on an image gc would collect waits for that run; the run's result (kept, and
+    with it its parent) survives whole, and a third node with an empty cache runs it. (With the
+    lock in each store directory, A's gc deleted the parent's layer object under B's run.)"""
+    db = (request.getfixturevalue("pg_cluster").new_database() if database == "postgresql"
+          else f"sqlite:///{tmp_path}/shared.db")
+    a, b, c = (node(tmp_path / n, db, bucket) for n in "abc")
+    try:
+        parent = a.import_image(rootfs)                            # untagged: collectable when old
+        created = a.engine.store.image(parent.id).created
+        began, out = threading.Event(), {}
+
+        def run():
+            out["run"] = b.image(parent.id).run("echo began; sleep 2; echo child > /child",
+                                                on_output=lambda s, chunk: began.set())
+        t = threading.Thread(target=run)
+        t.start()
+        try:
+            assert began.wait(60), "the run on node B did not start"
+            # as if an hour had passed since the import: the parent is past the retention, while
+            # its child (committed at least 2 s after it) is not
+            out["gc"] = gc(a.engine.store, retention=3600, grace=0, ephemeral_ttl=3600, now=created + 3601)
+        finally:
+            t.join(120)
+        child = out["run"]
+        assert child.exit_code == 0 and child.image is not None
+        assert out["gc"]["removed_images"] == 0 and out["gc"]["removed_objects"] == 0, out["gc"]
+        assert c.image(child.image.id).run("cat /child").stdout == b"child\n"
+        assert c.engine.store.cache.fetched == len(c.engine.store.image(child.image.id).layers)
+        assert fsck(c.engine.store)["ok"]
+    finally:
+        a.close(), b.close(), c.close()
 
 
 KILLED_IMPORT = textwrap.dedent("""

@@ -17,6 +17,7 @@ room may be back) and raise DiskFull if it still fails.
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -253,12 +254,34 @@ class Database(Reads):
         nothing here)."""
         return self._Tx(self)
 
+    def fence(self, *, shared: bool) -> "FileFence":
+        """gc's fence (store.py using/collecting) for every process on this database, whatever
+        store directory it uses: a flock on a file beside it (a SQLite file is one machine's)."""
+        return FileFence(self.path + ".gc-lock", shared)
+
     def _full(self, exc) -> None:
         """Raise DiskFull if `exc` is the disk having no room."""
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFull("disk full: nothing was written") from None
         if isinstance(exc, sqlite3.OperationalError) and disk_full(self.path, exc):
             raise DiskFull("disk full: nothing was written") from None
+
+
+class FileFence:
+    """A flock held from __enter__ to __exit__ on its own open of `path` (flock is per open file,
+    so each holder's is its own, and it dies with its process). An open and two flocks."""
+
+    def __init__(self, path: str, shared: bool):
+        self.path, self.mode = path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        return False
 
 
 def dumps(obj) -> str:

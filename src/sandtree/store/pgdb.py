@@ -32,6 +32,7 @@ __all__ = ["PgDatabase", "WRITE_LOCK"]
 
 WRITE_LOCK = 0x5A7D_0001          # pg_advisory_xact_lock key of the one writer at a time
 _SCHEMA_LOCK = 0x5A7D_0002
+_GC_FENCE = 0x5A7D_0003           # session advisory lock: shared by operations using images, gc's exclusive
 
 
 def _psycopg():
@@ -197,4 +198,32 @@ class PgDatabase(Reads):
         is one such; it would otherwise queue behind every run's commit)."""
         return self._Tx(self, lock if serial else None)
 
+    def fence(self, *, shared: bool) -> "_Fence":
+        """gc's fence (store.py using/collecting) for every process on this database, on every
+        machine: a session-level advisory lock on this thread's connection (PostgreSQL ends the
+        session, and the lock, of a process that dies)."""
+        return _Fence(self, shared)
+
+
+class _Fence:
+    def __init__(self, db: PgDatabase, shared: bool):
+        self.db, self.kind = db, "_shared" if shared else ""
+
+    def __enter__(self):
+        self.con = self.db.connection()
+        try:
+            self.con.raw.execute(f"SELECT pg_advisory_lock{self.kind}(%s)", (_GC_FENCE,))
+        except Exception as exc:
+            raise _translate_errors(exc) from exc
+        return self
+
+    def __exit__(self, *exc):
+        raw = self.con.raw
+        if raw.closed:                      # the session, and its lock, ended with it
+            return False
+        try:
+            raw.execute(f"SELECT pg_advisory_unlock{self.kind}(%s)", (_GC_FENCE,))
+        except Exception:                   # (a failed transaction): never leave gc locked out
+            _close_if_ours(raw, self.con.pid)
+        return False
 

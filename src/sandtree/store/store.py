@@ -18,7 +18,6 @@ tag. Tags are refs of kind "tag", written by store/refs.py (every move is in the
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
@@ -106,31 +105,34 @@ class Store:
             self.cache.release_mounts()
         self.db.close()
 
-    # gc and the operations that use existing images exclude each other, across processes: a
-    # run holds a shared lock on its own open of gc.lock (flock is per open file, and dies with
-    # its process), gc an exclusive one. A run costs an open and two flocks.
-    class _Flock:
-        def __init__(self, path: str, mode: int, local=None):
-            self.path, self.mode, self.local = path, mode, local
+    # gc and the operations that use existing images exclude each other in every process using
+    # the store's database, on any machine: a run holds the database's fence shared (db.py /
+    # pgdb.py fence: a flock beside a SQLite file, an advisory lock on PostgreSQL; either dies
+    # with its process), gc holds it exclusive. Before, the lock was a file in the store
+    # directory, so a gc on one node could delete the layers a run on another was building on.
+    class _Using:
+        def __init__(self, fence, local=None):
+            self.fence, self.local = fence, local
 
         def __enter__(self):
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(self.fd, self.mode)
+            self.fence.__enter__()
             if self.local is not None:           # layer pins taken while this is held (ensure_layers)
                 self.local.__dict__.setdefault("stack", []).append([])
             return self
 
         def __exit__(self, *exc):
-            if self.local is not None:
-                for fd in self.local.stack.pop():
-                    os.close(fd)                 # unpins the layers this operation used
-            os.close(self.fd)                   # releases the lock
+            try:
+                if self.local is not None:
+                    for fd in self.local.stack.pop():
+                        os.close(fd)             # unpins the layers this operation used
+            finally:
+                self.fence.__exit__(*exc)        # releases the lock
             return False
 
     def using(self):
         """Held while an operation reads or builds on existing images (runs, imports, merges).
         With S3 objects, the layers it ensures stay pinned in the cache until it ends."""
-        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_SH, self._local)
+        return self._Using(self.db.fence(shared=True), self._local)
 
     def _pins(self) -> list | None:
         stack = getattr(self._local, "stack", None)
@@ -144,7 +146,7 @@ class Store:
 
     def collecting(self):
         """Held by gc: waits for every operation using images to finish, and holds new ones."""
-        return self._Flock(os.path.join(self.home, "gc.lock"), fcntl.LOCK_EX)
+        return self._Using(self.db.fence(shared=False))
 
     # ---- trees -------------------------------------------------------------------------------
     def tree(self, digest: str) -> dict[str, Entry]:
