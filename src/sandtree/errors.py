@@ -159,7 +159,9 @@ class BuildFailed(SandtreeError):
 
 class NodeLost(SandtreeError):
     """A cluster node (cluster/) died or became unreachable while it ran the call: the run's
-    sandbox went with it and nothing of it was committed; `details`: node, operation, reason."""
+    sandbox went with it and nothing of it was committed; `details`: node, operation, reason.
+    Except a run that finished and committed on the node just before it went: its `details` also
+    name the `image` it made (its row is done; it is not retried, even with retries=)."""
     code = "node_lost"
     http_status = 503
 

@@ -89,10 +89,13 @@ class Dispatch:
             except NodeLost as exc:
                 if len(lost) >= retries or (cancel is not None and cancel.is_set()):
                     raise
-                finished = self.store.db.one("SELECT finished FROM operations WHERE id=?", (op_id,))
-                if finished is not None and finished[0] is not None:    # it committed before the node went
-                    raise NodeLost(f"{exc} (not retried: the run had finished and committed on that node)",
-                                   **exc.details) from None
+                row = self.store.db.one("SELECT finished, result FROM operations WHERE id=?", (op_id,))
+                if row is not None and row[0] is not None:    # it committed before the node went
+                    # (its output went with the node, but what it made is the caller's: a rerun
+                    # would run the command a second time)
+                    raise NodeLost(f"{exc} (not retried: the run had finished and committed on that node, "
+                                   f"its operation {op_id} made image {row[1]})",
+                                   **{**exc.details, "operation": op_id, "image": row[1]}) from None
                 lost.append(exc.details.get("node"))
                 log.warning("run %s: %s; retry %d of %d on another node", op_id, exc, len(lost), retries)
         if lost:                          # (a run is a function of its image and command: a rerun is the run)
