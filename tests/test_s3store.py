@@ -17,6 +17,7 @@ import pytest
 
 import sandtree
 from sandtree import StoreCorrupt
+from sandtree.runtime.reaper import reaper
 from sandtree.store.maintenance import fsck, gc
 
 from conftest import TIER, make_rootfs
@@ -109,9 +110,13 @@ def test_cache_eviction_lru_never_pinned_or_mounted(tmp_path, bucket):
             cached = lambda: sorted(x for _, x, _ in store.cache.entries())
             for i in (1, 2):
                 assert b.image(imgs[i].id).run("cat /etc/greeting").stdout == f"image {i}\n".encode()
+                # a run returns while its sandbox still tears its mount namespace down (reaper.py),
+                # its overlay (on this layer) still mounted: evictable once that ended
+                reaper.drain()
             # over the cap: the least recently used one goes, never the mounted one (older)
             assert cached() == sorted([layer[0], layer[2]])
             b.image(imgs[1].id).run("true")
+            reaper.drain()
             assert cached() == sorted([layer[0], layer[1]]) and store.cache.fetched == 4
             assert store.cache.evict(0) == [layer[1]]
             assert cached() == [layer[0]]
