@@ -642,9 +642,12 @@ def test_waiting_callers_do_not_starve_the_server(tmp_path, rootfs):
         t0 = time.monotonic()
         assert api.get("/images").status_code == 200
         took = time.monotonic() - t0
+        # answered while the run (6 s) still ran, not after it (no timing asserted: a loaded
+        # machine is slow, a starved server waits for the run's end)
+        still = api.get(f"/operations/{op}").json()["status"]
         for t in waiters:
             t.join()
-        assert took < 2.0, f"GET /images took {took:.1f} s while 12 callers waited on a run"
+        assert still in ("queued", "running"), f"GET /images took {took:.1f} s: answered after the run ({still})"
 
 
 def _hwm_mb(pid: int) -> float:
@@ -848,9 +851,11 @@ def test_mcp_http_waiters_do_not_starve_other_tools(tmp_path, rootfs):
                 t0 = time.monotonic()
                 imgs = _tool_value(await c.call_tool("list_images", {}))
                 took = time.monotonic() - t0
+                # answered while the run (6 s) still ran, not after it (no timing asserted)
+                still = _tool_value(await c.call_tool("get_operation", {"operation_id": op}))["status"]
                 done = await asyncio.gather(*waits)
                 assert imgs and all(not d.is_error for d in done)
-                assert took < 2.0, f"list_images took {took:.1f} s while 45 calls waited"
+                assert still in ("queued", "running"), f"list_images took {took:.1f} s: answered after the run"
         asyncio.run(main())
 
 
