@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import os
 import shutil
 import signal
@@ -181,6 +182,47 @@ def test_pty(sb, live_tier):
             assert b"ctty" in data, data
         else:   # gVisor's /dev/tty opens for no one (its ttydev answers EIO); its own terminal is the command's
             assert b"\n/dev/pts/" in data, data
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+
+
+# In a terminal's command: its terminal by name (ttyname: `tty`) is a device of the sandbox's own
+# /dev/pts, the one its stdin, stdout and stderr are, which it can open again by that name (its
+# user's, as a login's), and the controlling terminal of its session (ps's TTY column). In the
+# namespaces tier the entering helper relays between it and the engine's (helper.c take_terminal);
+# in gVisor's, agent.c --tty.
+NAMED_TTY = (r't=$(tty) && [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && test -c "$t" && echo "name=$t" && '
+             r'for fd in 0 1 2; do [ "$(readlink /proc/$$/fd/$fd)" = "$t" ] || echo "fd $fd: elsewhere"; done && '
+             r'echo reopened > "$t" && echo "owner=$(stat -c %u "$t")" && '
+             r'echo "ps=$(ps -o pid,tty | sed -n "s/^ *$$ *//p")"')
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_terminal_is_one_of_the_sandbox(sb, live_tier, uid):
+    import pty as ptymod
+    master, slave = ptymod.openpty()
+    try:
+        p = sb.popen(["sh", "-c", NAMED_TTY], pty=True, stdin=slave, stdout=slave, stderr=slave, uid=uid, gid=uid)
+        os.close(slave)
+        slave = None
+        data = terminal_reader(master)(b"ps=")
+        assert p.wait(timeout=20) == 0, data
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:                       # EIO: every slave fd is closed
+                break
+            if not chunk:
+                break
+            data += chunk
+        name = re.search(rb"name=(/dev/pts/(\d+))\r\n", data)
+        assert name, data
+        assert b"elsewhere" not in data and b"reopened\r\n" in data, data
+        assert f"owner={uid}\r\n".encode() in data, data
+        # (busybox's ps shows a terminal as its major,minor: 136 is devpts's first)
+        assert re.search(rb"ps=136," + name.group(2) + rb"\r\n", data), data
     finally:
         os.close(master)
         if slave is not None:
