@@ -259,6 +259,54 @@ def test_terminal_interrupts_its_foreground_command(sb, live_tier):
             p.kill()
 
 
+def test_terminal_echoes_once_and_stops_its_jobs(sb, live_tier):
+    """A typed line is echoed once (the command's terminal echoes; the engine's only carries
+    bytes), and ^Z stops the foreground job, which the shell lists as stopped (job control)."""
+    import pty as ptymod
+    master, slave = ptymod.openpty()
+    p = sb.popen(["sh", "-i"], pty=True, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    until = terminal_reader(master)
+    try:
+        until(b"# ")                            # (typed before its editor has the terminal: echoed twice by any tty)
+        os.write(master, b"echo one-echo\n")
+        assert until(b"one-echo\r\n").count(b"echo one-echo") == 1
+        os.write(master, b"sleep 30\n")
+        time.sleep(0.5)
+        os.write(master, b"\x1a")
+        time.sleep(0.3)
+        os.write(master, b"jobs; kill -9 %1; echo jobs-done\n")
+        shown = until(b"jobs-done\r\n")
+        assert re.search(rb"\[1\]\+? +Stopped +sleep 30", shown), shown
+        os.write(master, b"sleep 0.5; jobs; echo reaped\n")    # (the shell notes the kill; then exit exits)
+        until(b"reaped\r\n")
+        os.write(master, b"exit 4\n")
+        assert p.wait(timeout=20) == 4
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+
+
+def test_closing_the_terminal_hangs_its_command_up(sb, live_tier):
+    """The caller's terminal closing is a hangup of the command's terminal: its session gets SIGHUP."""
+    import pty as ptymod
+    master, slave = ptymod.openpty()
+    p = sb.popen(["sh", "-c", 'trap "echo hup > /tmp/hup; exit 7" HUP; echo st-ready; while :; do sleep 0.1; done'],
+                 pty=True, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    try:
+        terminal_reader(master)(b"st-ready")
+    finally:
+        os.close(master)
+    try:
+        assert p.wait(timeout=20) == 7
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sb.exec("cat /tmp/hup").stdout == b"hup\n"
+
+
 def test_stop_lifetime_idle_and_errors(bb, shared_st, live_tier):
     start = functools.partial(bb.start, tier=live_tier)
     sb = start()
