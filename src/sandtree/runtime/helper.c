@@ -35,7 +35,9 @@
  * with the engine like a run. Commands enter it with `--enter-fd PIDFD`: join its cgroups, setns
  * into all of its namespaces at once through the pidfd, fork, then the same steps as G. The
  * entering process reports "pid", then "exit"/"signal"/"execfail" and "rusage" like P, and
- * forwards signal SIGRTMIN+n as signal n to the command's process group.
+ * forwards signal SIGRTMIN+n as signal n to the command's process group. With --pty 1 the
+ * command gets a terminal of the sandbox's own devpts and the entering process relays it to the
+ * engine's (take_terminal, relay_terminal).
  * Any death of P, C or the engine kills the whole sandbox (PDEATHSIG chain,
  * and the pid namespace dies with its pid 1).
  */
