@@ -155,18 +155,20 @@ def test_popen_pipes_and_signals(sb):
 
 def on_a_terminal(sb, argv: list[str], size: tuple[int, int] = (24, 80), **kw) -> tuple[int, bytes]:
     """argv run on a terminal of `size` (popen, pty=True) to its exit: its exit code, and all it
-    showed on the terminal."""
+    showed on the terminal, which has its mode back then (the relay made it raw meanwhile)."""
     import fcntl
     import pty as ptymod
     import struct
     import termios
     master, slave = ptymod.openpty()
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+    mode = termios.tcgetattr(slave)
     try:
         p = sb.popen(argv, pty=True, stdin=slave, stdout=slave, stderr=slave, **kw)
+        code = p.wait(timeout=20)
+        assert termios.tcgetattr(slave) == mode
         os.close(slave)
         slave = None
-        code = p.wait(timeout=20)
         data = b""
         while True:
             try:
