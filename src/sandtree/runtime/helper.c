@@ -1123,10 +1123,6 @@ static void relay_terminal(int master, int out, pid_t g, int sfd) {
                     done = 1;
             }
         }
-        if (p[1].revents & POLLOUT) {
-            ssize_t wr = write(master, in + inoff, inlen - inoff);
-            if (wr > 0) inoff += (size_t)wr;
-        }
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
             ssize_t got = read(master, buf, sizeof buf);
             if (got > 0 && host && write_all(out, buf, (size_t)got) < 0) host = 0;
@@ -1136,6 +1132,12 @@ static void relay_terminal(int master, int out, pid_t g, int sfd) {
             ssize_t got = read(0, in, sizeof in);
             if (got > 0) { inlen = (size_t)got; inoff = 0; }
             else if (got == 0 || (errno != EAGAIN && errno != EINTR)) host = 0;
+        }
+        if (inoff < inlen && master >= 0 && !quiet && (p[2].revents || p[1].revents & POLLOUT)) {
+            /* at once (a key costs one wakeup here); what the command's terminal cannot take yet
+             * waits for POLLOUT, and we read no more meanwhile */
+            ssize_t wr = write(master, in + inoff, inlen - inoff);
+            if (wr > 0) inoff += (size_t)wr;
         }
         if (!host && master >= 0) {
             close(master);                       /* the engine's terminal hung up: so does the command's */
