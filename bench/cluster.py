@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from conftest import make_rootfs  # noqa: E402
 from pgcluster import PgCluster  # noqa: E402
 from raycluster import RayCluster  # noqa: E402
+from terminal import keystroke_ms  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -51,35 +52,6 @@ def rate(st, image, n: int, parallel: int) -> float:
     took = time.perf_counter() - t
     assert all(r.exit_code == 0 for r in res)
     return n / took
-
-
-def keystroke_ms(engine, image: str, n: int) -> tuple[float, float]:
-    """A key typed into a terminal (sandbox_popen, pty=True, of `cat`) until its echo is back on
-    the caller's pty: p50, p90 (through a cluster: the relay both ways and the node's pty)."""
-    import pty
-    import select
-    sid = engine.sandbox_start(image)["id"]
-    master, slave = pty.openpty()
-    try:
-        p = engine.sandbox_popen(sid, ["cat"], pty=True, stdin=slave, stdout=slave, stderr=slave)
-        os.close(slave)
-        slave = None
-
-        def key():
-            os.write(master, b"k")
-            got = b""
-            while b"k" not in got:
-                select.select([master], [], [], 10)
-                got += os.read(master, 4096)
-        out = p50_ms(key, n)
-        os.write(master, b"\x04\x04")
-        p.wait(timeout=30)
-        return out
-    finally:
-        os.close(master)
-        if slave is not None:
-            os.close(slave)
-        engine.sandbox_stop(sid)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import os
 import shutil
 import signal
@@ -152,21 +153,22 @@ def test_popen_pipes_and_signals(sb):
         assert p.wait(timeout=20) == 7 and p.stdout.read() == b"term\n"
 
 
-def test_pty(sb, live_tier):
-    """An interactive program gets a terminal: isatty, its window size, and it is the session's
-    controlling terminal (so /dev/tty opens; on gVisor a terminal of gVisor's own: agent.c --tty)."""
+def on_a_terminal(sb, argv: list[str], size: tuple[int, int] = (24, 80), **kw) -> tuple[int, bytes]:
+    """argv run on a terminal of `size` (popen, pty=True) to its exit: its exit code, and all it
+    showed on the terminal, which has its mode back then (the relay made it raw meanwhile)."""
     import fcntl
     import pty as ptymod
     import struct
     import termios
     master, slave = ptymod.openpty()
-    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 77, 0, 0))
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+    mode = termios.tcgetattr(slave)
     try:
-        p = sb.popen(["sh", "-c", "[ -t 0 ] && echo isatty; stty size; echo ctty > /dev/tty; tty || true"],
-                     pty=True, stdin=slave, stdout=slave, stderr=slave)
+        p = sb.popen(argv, pty=True, stdin=slave, stdout=slave, stderr=slave, **kw)
+        code = p.wait(timeout=20)
+        assert termios.tcgetattr(slave) == mode
         os.close(slave)
         slave = None
-        assert p.wait(timeout=20) == 0
         data = b""
         while True:
             try:
@@ -176,21 +178,55 @@ def test_pty(sb, live_tier):
             if not chunk:
                 break
             data += chunk
-        assert b"isatty" in data and b"33 77" in data, data
-        if live_tier == "namespaces":
-            assert b"ctty" in data, data
-        else:   # gVisor's /dev/tty opens for no one (its ttydev answers EIO); its own terminal is the command's
-            assert b"\n/dev/pts/" in data, data
+        return code, data
     finally:
         os.close(master)
         if slave is not None:
             os.close(slave)
 
 
+def test_pty(sb, live_tier):
+    """An interactive program gets a terminal: isatty, its window size, and it is the session's
+    controlling terminal (so /dev/tty opens; on gVisor a terminal of gVisor's own: agent.c --tty)."""
+    code, data = on_a_terminal(sb, ["sh", "-c", "[ -t 0 ] && echo isatty; stty size; echo ctty > /dev/tty; tty || true"],
+                               (33, 77))
+    assert code == 0 and b"isatty" in data and b"33 77" in data, data
+    if live_tier == "namespaces":
+        assert b"ctty" in data, data
+    else:   # gVisor's /dev/tty opens for no one (its ttydev answers EIO); its own terminal is the command's
+        assert b"\n/dev/pts/" in data, data
+
+
+# In a terminal's command: its terminal by name (ttyname: `tty`) is a device of the sandbox's own
+# /dev/pts, the one its stdin, stdout and stderr are, which it can open again by that name (its
+# user's, as a login's), and the controlling terminal of its session (ps's TTY column). In the
+# namespaces tier the entering helper relays between it and the engine's (helper.c take_terminal);
+# in gVisor's, agent.c --tty.
+NAMED_TTY = (r't=$(tty) && [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && test -c "$t" && echo "name=$t" && '
+             r'for fd in 0 1 2; do [ "$(readlink /proc/$$/fd/$fd)" = "$t" ] || echo "fd $fd: elsewhere"; done && '
+             r'echo reopened > "$t" && echo "owner=$(stat -c %u "$t")" && '
+             r'echo "ps=$(ps -o pid,tty | sed -n "s/^ *$$ *//p")"')
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_terminal_is_one_of_the_sandbox(sb, live_tier, uid):
+    code, data = on_a_terminal(sb, ["sh", "-c", NAMED_TTY], uid=uid, gid=uid)
+    name = re.search(rb"name=(/dev/pts/(\d+))\r\n", data)
+    assert code == 0 and name, data
+    assert b"elsewhere" not in data and b"reopened\r\n" in data, data
+    assert f"owner={uid}\r\n".encode() in data, data
+    # (busybox's ps shows a terminal as its major,minor: 136 is devpts's first). gVisor's
+    # /proc/PID/stat says tty_nr 0 for every process (its procfs), so ps shows none there.
+    if live_tier == "namespaces":
+        assert re.search(rb"ps=136," + name.group(2) + rb"\r\n", data), data
+
+
 def test_terminal_interrupts_its_foreground_command(sb, live_tier):
-    """^C typed into a terminal's shell interrupts the command in the foreground, not the shell
-    (the line discipline of the session's controlling terminal sends SIGINT to that job); a window
-    size set later reaches the shell; the shell's exit code is the terminal's."""
+    """A typed line is echoed once (the command's terminal echoes; the caller's only carries bytes).
+    ^C typed into a terminal's shell interrupts the command in the foreground, not the shell (the
+    line discipline of the session's controlling terminal sends SIGINT to that job); ^Z stops it,
+    and the shell lists it as stopped (job control); a window size set later reaches the shell; the
+    shell's exit code is the terminal's."""
     import fcntl
     import pty as ptymod
     import struct
@@ -201,9 +237,18 @@ def test_terminal_interrupts_its_foreground_command(sb, live_tier):
     os.close(slave)
     until = terminal_reader(master)
     try:
+        until(b"# ")                            # (typed before its editor has the terminal: echoed twice by any tty)
         os.write(master, b"echo st-ready\n")
-        until(b"st-ready\r\n")
+        assert until(b"st-ready\r\n").count(b"echo st-ready") == 1
         interrupt_a_sleep(master, until)
+        os.write(master, b"sleep 30\n")
+        time.sleep(0.5)
+        os.write(master, b"\x1a")
+        time.sleep(0.3)
+        os.write(master, b"jobs; kill -9 %1; echo jobs-done\n")
+        assert re.search(rb"\[1\]\+? +Stopped +sleep 30", until(b"jobs-done\r\n"))
+        os.write(master, b"sleep 0.5; jobs; echo reaped\n")    # (the shell notes the kill: exit then exits)
+        until(b"reaped\r\n")
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
         time.sleep(0.3)                         # (the size travels by SIGWINCH)
         os.write(master, b"stty size; exit 3\n")
@@ -213,6 +258,25 @@ def test_terminal_interrupts_its_foreground_command(sb, live_tier):
         os.close(master)
         if p.poll() is None:
             p.kill()
+
+
+def test_closing_the_terminal_hangs_its_command_up(sb, live_tier):
+    """The caller's terminal closing is a hangup of the command's terminal: its session gets SIGHUP."""
+    import pty as ptymod
+    master, slave = ptymod.openpty()
+    p = sb.popen(["sh", "-c", 'trap "echo hup > /tmp/hup; exit 7" HUP; echo st-ready; while :; do sleep 0.1; done'],
+                 pty=True, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    try:
+        terminal_reader(master)(b"st-ready")
+    finally:
+        os.close(master)
+    try:
+        assert p.wait(timeout=20) == 7
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sb.exec("cat /tmp/hup").stdout == b"hup\n"
 
 
 def test_stop_lifetime_idle_and_errors(bb, shared_st, live_tier):
