@@ -25,6 +25,7 @@ bench: deps $(STAMP)
 	$(BIN)/python bench/bench.py
 	PYTHONPATH=src $(BIN)/python bench/storeback.py
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
+	PYTHONPATH=src $(BIN)/python bench/rayclient.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

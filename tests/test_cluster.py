@@ -650,8 +650,8 @@ def test_cli_through_ray_client(cst, ray_cluster):
     status = json.loads(out.stdout.strip().splitlines()[-1])
     assert status["ray_client"] and sorted(n["node"] for n in status["nodes"] if n["alive"]) == \
         sorted(n["node"] for n in cst.cluster_status()["nodes"])
-    from raycluster import _free_port
-    nobody = f"ray://127.0.0.1:{_free_port()}"
+    from conftest import free_port
+    nobody = f"ray://127.0.0.1:{free_port()}"
     env = {**os.environ, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
     out = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--cluster", nobody, "cluster",
                           "status"], capture_output=True, text=True, timeout=180, env=env)
