@@ -716,8 +716,9 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     with retries=, which run again on the survivor and succeed; the other node's finish, later
     runs go to the survivor, fsck finds nothing wrong."""
     status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
-    # a live sandbox on each node (load counts sandboxes: the second goes to the other node)
-    sandboxes = [cst.engine.sandbox_start(cst.image.id)["id"] for _ in range(2)]
+    # a live sandbox on each node (placed: this process's count of a node's sandboxes still holds
+    # those another replica, a serve test's, started and stopped, so load may not alternate)
+    sandboxes = [cst.engine.fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=n)["id"] for n in status]
     try:
         _killed_node(cst, ray_cluster, status, sandboxes)
     finally:                                # whatever failed: this machine's sandbox processes end
