@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import make_rootfs  # noqa: E402
 from raycluster import RayCluster  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 import sandtree  # noqa: E402
 
@@ -74,10 +74,7 @@ def main() -> None:
             results[label] = json.loads(line[7:])
     finally:
         ray_cluster.stop()
-        with open("/proc/self/mountinfo") as f:          # never delete through a mount (PLATFORM.md)
-            mounted = any(line.split()[4].startswith(work) for line in f)
-        if not mounted:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)
     from rich.console import Console
     from rich.table import Table
     with open("/proc/loadavg") as f:
