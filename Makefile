@@ -26,6 +26,7 @@ bench: deps $(STAMP)
 	PYTHONPATH=src $(BIN)/python bench/storeback.py
 	PYTHONPATH=src $(BIN)/python bench/terminal.py
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
+	PYTHONPATH=src $(BIN)/python bench/rayclient.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

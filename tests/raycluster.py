@@ -62,14 +62,14 @@ class RayCluster:
         env.pop("RAY_ADDRESS", None)
         return env
 
-    def _start(self, *args: str) -> subprocess.Popen:
+    def _start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
         with open(os.path.join(self.dir, f"start-{len(self.workers) + (self.head is not None)}.log"), "wb") as log:
-            return self._popen(log, *args)
+            return self._popen(log, *args, env=env)
 
-    def _popen(self, log, *args: str) -> subprocess.Popen:
+    def _popen(self, log, *args: str, env: dict | None = None) -> subprocess.Popen:
         return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
                                  f"--dashboard-agent-listen-port={_free_port()}", *args],
-                                env=self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env or self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self, workers: int = 2, cpus: int = 1, timeout: float = 60.0) -> "RayCluster":
         """Unavailable (with the reason) when it cannot; whatever failed, nothing stays running."""
@@ -86,9 +86,13 @@ class RayCluster:
         self.port, self.client_port = _free_port(), _free_port()
         # One at a time: nodes joining while the head still starts (or two at once, on 2 busy
         # CPUs) were seen to hang for a minute.
+        # GRPC_ENABLE_FORK_SUPPORT=0: the head's Ray Client proxy forks a server process per client
+        # while its gRPC threads run; with gRPC's fork handlers on, about one connection in eight
+        # (eight at once, on 2 busy CPUs) died in that child before exec ("Starting Ray client
+        # server failed"); with them off, none of 24 (docs/design.md)
         self.head = self._start("--head", f"--port={self.port}", "--num-cpus=0", f"--temp-dir={self.dir}",
                                 "--include-dashboard=false", f"--ray-client-server-port={self.client_port}",
-                                f"--dashboard-port={_free_port()}")
+                                f"--dashboard-port={_free_port()}", env={**self._env(), "GRPC_ENABLE_FORK_SUPPORT": "0"})
         self._wait_started(0, self.head, timeout)
         for _ in range(workers):
             self.add_worker(cpus, timeout)

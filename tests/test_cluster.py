@@ -540,6 +540,28 @@ def test_serve_and_connect_reach_the_cluster_unchanged(cst, ray_cluster):
         _terminal_through_serve(cst, url)
 
 
+def test_ray_client_reaches_the_cluster(cst, ray_cluster):
+    """Through Ray Client (`ray://`, the head's proxy) instead of the GCS: `serve --cluster ray://...`
+    finds the same node actors; a map uses both nodes; output streams as it comes though Ray
+    Client has no generator methods (pulled: cluster/pulled.py), cancels reach the nodes, a live
+    run and a terminal work, as through the GCS (the helpers of the test above)."""
+    from conftest import serve_process
+    with serve_process(cst.engine.home, "--cluster", ray_cluster.client_address, "--database",
+                       cst.engine.store.database_url) as url:
+        remote = sandtree.connect(url)
+        status = remote.cluster_status()
+        assert status["ray_client"] and status["address"] == ray_cluster.client_address, status
+        assert {n["pid"] for n in status["nodes"] if n["alive"]} == {n["pid"] for n in cst.cluster_status()["nodes"]}
+        before = {n["node"]: n["runs"] for n in cst.cluster_status()["nodes"]}
+        results = remote.map(cst.image.id, [f"sleep 0.2; echo {i} > /m" for i in range(8)], parallel=4)
+        assert [r.exit_code for r in results] == [0] * 8
+        assert cst.engine.read(results[5].image.id, "/m") == b"5\n"
+        used = {n["node"]: n["runs"] - before[n["node"]] for n in cst.cluster_status()["nodes"]}
+        assert sum(used.values()) == 8 and all(used.values()), used        # both nodes served
+        _rest_streams_and_cancels(cst, remote, url)
+        _terminal_through_serve(cst, url)
+
+
 def _rest_streams_and_cancels(cst, remote, url):
     """Through REST: a run's event stream (SSE) carries its output while it runs on its node and a
     cancel over REST ends it there; a live sandbox's exec streams; a Contree instance (a live run)
@@ -616,6 +638,27 @@ def test_cli_cluster_status(cst, ray_cluster):
         cst.engine.sandbox_stop(sid)
 
 
+def test_cli_through_ray_client(cst, ray_cluster):
+    """`sandtree --cluster ray://... cluster status`; a Ray Client address nothing answers is
+    refused with a typed error naming it (after Ray's own connection attempts, shortened here)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--database",
+                          cst.engine.store.database_url, "--cluster", ray_cluster.client_address, "cluster", "status",
+                          "--json"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status["ray_client"] and sorted(n["node"] for n in status["nodes"] if n["alive"]) == \
+        sorted(n["node"] for n in cst.cluster_status()["nodes"])
+    from conftest import free_port
+    nobody = f"ray://127.0.0.1:{free_port()}"
+    env = {**os.environ, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", cst.engine.home, "--cluster", nobody, "cluster",
+                          "status"], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode != 0 and f"cannot connect to the Ray cluster at {nobody}" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
 # A process whose state lives only in its memory: a random word it read, then deleted from disk;
 # each /tmp/ask it answers with that word in /tmp/answer.
 REMEMBER = ("x=$(cat /proc/sys/kernel/random/uuid); echo $x > /tmp/word; "
@@ -673,8 +716,9 @@ def test_killed_node_fails_its_runs_and_the_other_keeps_serving(cst, ray_cluster
     with retries=, which run again on the survivor and succeed; the other node's finish, later
     runs go to the survivor, fsck finds nothing wrong."""
     status = {n["node"]: n for n in cst.cluster_status()["nodes"]}
-    # a live sandbox on each node (load counts sandboxes: the second goes to the other node)
-    sandboxes = [cst.engine.sandbox_start(cst.image.id)["id"] for _ in range(2)]
+    # a live sandbox on each node (placed: this process's count of a node's sandboxes still holds
+    # those another replica, a serve test's, started and stopped, so load may not alternate)
+    sandboxes = [cst.engine.fabric.start_sandbox("sandbox_start", (cst.image.id,), {}, node=n)["id"] for n in status]
     try:
         _killed_node(cst, ray_cluster, status, sandboxes)
     finally:                                # whatever failed: this machine's sandbox processes end

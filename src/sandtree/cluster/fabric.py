@@ -9,18 +9,26 @@ whose caller watches its output is streamed (a Ray generator method of the node:
 chunks passed on in order as they come; a cancel reaches the node as Node.cancel(key). A node that
 dies takes its calls with it: they end as NodeLost (a typed error naming the node and Ray's
 reason), and the node leaves the picture.
+
+Through Ray Client (`ray://HOST:PORT`) the same calls work, with two differences Ray Client
+imposes: it has no generator methods, so a streamed call's items are pulled (Node.pull,
+pulled.py: one call per batch of items, a round trip more than a stream); and its head's proxy
+starts a server process for each connection, which can fail on a loaded head (or when another
+cluster's proxy on the same machine took the port it chose): the connection is tried
+CONNECT_ATTEMPTS times, then refused as RuntimeUnavailable with Ray's reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
 
 from ..errors import NodeLost, RuntimeUnavailable
 from ..optional import load
-from .node import Node
+from .node import SESSION_GROUP, Node
 from .scheduling import NodeConfig, NodeView, choose_node
 
 # Ray (the `cluster` extra) is loaded by the first Fabric (optional.py), not with this module.
@@ -40,6 +48,8 @@ def _load_ray() -> bool:
     return True
 
 
+log = logging.getLogger("sandtree.cluster")
+
 NAMESPACE = "sandtree"
 REFRESH_S = 5.0               # how often the node list is read again from Ray (new nodes, dead nodes)
 CALLS_PER_CPU = 4             # concurrent calls a node actor serves per CPU (runs wait in their sandboxes)
@@ -47,6 +57,8 @@ SESSIONS = 256               # open terminals (popen relays) a node actor serves
 KEEPALIVE_S = 5.0             # how often the nodes hear that this process's relays are still open
 STATUS_TIMEOUT = 10.0
 LAYERS_TIMEOUT = 2.0          # a refresh's wait for the nodes' cache contents
+PULL_WAIT_S = 5.0             # through Ray Client: how long one pull of a stream waits for its next items
+CONNECT_ATTEMPTS = 3          # through Ray Client: connections tried before the cluster is refused
 
 
 class Fabric:
@@ -57,7 +69,8 @@ class Fabric:
             raise RuntimeUnavailable("a cluster needs Ray: pip install 'sandtree[cluster]'")
         self.address, self.config, self._make_engine = address, config, make_engine
         if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+            _connect(address)
+        self.client = ray.util.client.ray.is_connected()       # through Ray Client: streams are pulled
         self._lock = threading.Lock()
         self._views: dict[str, NodeView] = {}
         self._actors: dict[str, object] = {}
@@ -84,7 +97,7 @@ class Fabric:
             for nid, n in alive.items():
                 if nid not in self._actors:
                     cpus = float(n["Resources"]["CPU"])
-                    self._actors[nid] = ray.remote(concurrency_groups={"sessions": SESSIONS})(Node).options(
+                    self._actors[nid] = ray.remote(concurrency_groups={SESSION_GROUP: SESSIONS})(Node).options(
                         name=f"sandtree-node-{nid}", namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                         num_cpus=0, max_restarts=0, max_concurrency=max(8, int(cpus * CALLS_PER_CPU)),
                         scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
@@ -177,15 +190,14 @@ class Fabric:
             _await(ref, cancel, on_cancel)
             return ray.get(ref)
 
-    def _stream(self, nid: str, gen, what: str, on_output, cancel=None, on_cancel=None, on_item=None):
-        """Drive a streamed call on node `nid` (node.py's items): its output to on_output(stream,
-        chunk) in order as it comes, its other items to on_item(kind, payload); its result, its
-        own error re-raised, or NodeLost."""
+    def _stream(self, nid: str, method: str, args: tuple, what: str, on_output, cancel=None, on_cancel=None,
+                on_item=None):
+        """Drive streamed call `method`(*args) on node `nid` (node.py's items): its output to
+        on_output(stream, chunk) in order as it comes, its other items to on_item(kind, payload);
+        its result, its own error re-raised, or NodeLost."""
         with self._answer(nid, what):
-            while True:
-                on_cancel = _await(gen, cancel, on_cancel)
-                kind, payload = ray.get(next(gen))     # (a stream ends with its result or its error)
-                if kind == "result":
+            for kind, payload in self._items(nid, method, args, cancel, on_cancel):
+                if kind == "result":          # (a stream ends with its result or its error)
                     return payload
                 if kind == "output":
                     for stream, chunk in payload:
@@ -230,8 +242,8 @@ class Fabric:
             if on_output is None:        # (the cheaper call: one answer)
                 rec = self._get(nid, actor.run.remote(ref, command, op_id, options), what, cancel, on_cancel)
             else:
-                rec = self._stream(nid, actor.run_streamed.remote(ref, command, op_id, options), what, on_output,
-                                   cancel, on_cancel)
+                rec = self._stream(nid, "run_streamed", (ref, command, op_id, options), what, on_output, cancel,
+                                   on_cancel)
             if layers and self._views.get(nid) is not None and self._views[nid].layers is not None:
                 self.note_layers(nid, layers, add=True)
             return rec
@@ -251,8 +263,8 @@ class Fabric:
                 events(*payload)
         try:
             with self._running(nid):
-                return self._stream(nid, actor.live_run.remote(op, ref, command, options), f"live run {op}",
-                                    on_output, cancel, lambda: actor.cancel.remote(op), item)
+                return self._stream(nid, "live_run", (op, ref, command, options), f"live run {op}", on_output,
+                                    cancel, lambda: actor.cancel.remote(op), item)
         finally:
             with self._lock:
                 self._pinned.pop(op, None)
@@ -317,8 +329,8 @@ class Fabric:
         `cancel` is set."""
         if on_output is not None or cancel is not None:
             key, actor = uuid.uuid4().hex, self._actor(nid)
-            return self._stream(nid, actor.call_streamed.remote(name, args, kwargs or {}, key, on_output is not None),
-                                name, on_output, cancel, lambda: actor.cancel.remote(key))
+            return self._stream(nid, "call_streamed", (name, args, kwargs or {}, key, on_output is not None), name,
+                                on_output, cancel, lambda: actor.cancel.remote(key))
         out = self._get(nid, self._actor(nid).call.remote(name, args, kwargs or {}), name)
         if name in ("sandbox_stop", "sandbox_hibernate"):       # not pinned any more
             with self._lock:
@@ -327,12 +339,34 @@ class Fabric:
 
     def items(self, nid: str, method: str, *args, what: str):
         """The items of node generator method `method` on node `nid`, as they come (an iterator;
-        its own error re-raised, or NodeLost). In the actor's `sessions` concurrency group: a
-        terminal holds its call for as long as it is open, and must not take a slot of the runs."""
-        gen = getattr(self._actor(nid), method).options(concurrency_group="sessions").remote(*args)
+        its own error re-raised, or NodeLost). A terminal's (popen): in the actor's sessions
+        group (node.py), pulled in it too."""
         with self._answer(nid, what):
-            for ref in gen:
+            yield from self._items(nid, method, args, session=True)
+
+    def _items(self, nid: str, method: str, args: tuple, cancel=None, on_cancel=None, session: bool = False):
+        """The items of generator method `method`(*args) of node `nid` as they come: a Ray
+        generator call, or pulled through Ray Client (module doc). While waiting for the next,
+        once `cancel` is set, on_cancel() once."""
+        actor = self._actor(nid)
+        if not self.client:
+            gen = getattr(actor, method).remote(*args)
+            while True:
+                on_cancel = _await(gen, cancel, on_cancel)
+                try:
+                    ref = next(gen)
+                except StopIteration:
+                    return
                 yield ray.get(ref)
+        key, pull, start = uuid.uuid4().hex, actor.pull_session if session else actor.pull, (method, args)
+        while True:
+            ref = pull.remote(key, PULL_WAIT_S, *start)
+            start = ()
+            on_cancel = _await(ref, cancel, on_cancel)
+            items, ended = ray.get(ref)
+            yield from items
+            if ended:
+                return
 
     def hold(self, nid: str, key: str) -> float:
         """Relayed process `key` on node `nid` is open here: the node hears so every keepalive_s
@@ -386,9 +420,33 @@ class Fabric:
                 st = {"alive": False, "reason": type(exc).__name__}
             nodes.append({"node": v.id, "address": v.address, "cpus": v.cpus, "in_flight": v.running,
                           "alive": True, **st})
-        return {"mode": "cluster", "address": self.address, "objects": self.config.objects_url,
-                "database": "postgresql" if (self.config.database_url or "").startswith("postgres") else "sqlite",
+        return {"mode": "cluster", "address": self.address, "ray_client": self.client,
+                "objects": self.config.objects_url, "database": "postgresql" if (self.config.database_url or "").startswith("postgres") else "sqlite",
                 "nodes": nodes}
+
+
+def _connect(address: str) -> None:
+    """ray.init of `address`; RuntimeUnavailable with Ray's reason when it cannot connect. A Ray
+    Client connection whose server (on the head) failed to start is tried again, up to
+    CONNECT_ATTEMPTS times (module doc); one that found no proxy is not (Ray waited ~30 s for it:
+    RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S / RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S)."""
+    attempt = 1
+    while True:
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+            return
+        except ConnectionError as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = lines[-1] if lines else type(exc).__name__      # (Ray's message ends a server traceback)
+            if not isinstance(exc, ConnectionAbortedError) or attempt == CONNECT_ATTEMPTS:
+                raise RuntimeUnavailable(f"cannot connect to the Ray cluster at {address} "
+                                         f"({attempt} attempt{'s' * (attempt > 1)}): {reason}",
+                                         address=address, reason=reason) from None
+            attempt += 1
+            log.warning("connecting to %s: %s; attempt %d of %d", address, reason, attempt, CONNECT_ATTEMPTS)
+            time.sleep(attempt - 1)
 
 
 def _await(ref, cancel, on_cancel):

@@ -8,7 +8,8 @@ and its output callback. A caller watching the output gets a streamed call (run_
 call_streamed: Ray generator methods) that yields ("output", [(stream, chunk), ...]) batches as
 the command writes them, in order, then ("result", its value); a live run's (live_run) also
 yields ("up", sandbox ID) once its sandbox runs and ("event", (kind, data)) for its processes'
-events (engine/instances.py), so the API side keeps the operation's event log.
+events (engine/instances.py), so the API side keeps the operation's event log. A caller on Ray
+Client, which has no generator methods, pulls the same items instead (pull, pulled.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import config as settings
+from .pulled import Pulled
 from .scheduling import NodeConfig
 from .terminals import Terminals
 
 STREAM_WORKERS = 256          # streamed calls' engine work at once (live runs hold one while they run)
+SESSION_GROUP = "sessions"    # the concurrency group of open terminals (fabric.py sizes it)
+STREAMED = ("run_streamed", "call_streamed", "live_run", "popen")     # the generator methods
 
 
 class Node:
@@ -47,6 +51,7 @@ class Node:
         # database connection (the store's are per thread), ~9 ms a run here
         self._workers = ThreadPoolExecutor(max_workers=STREAM_WORKERS, thread_name_prefix="sandtree-node-stream")
         self._terminals = Terminals(self.engine)
+        self._pulled = Pulled()
 
     def run(self, ref: str, command, op_id: str | None, options: dict, on_output=None):
         """One run on this node's engine (engine.run_operation): its RunRecord. Cancelled by
@@ -93,6 +98,28 @@ class Node:
     def popen(self, key: str, sid: str, argv, kwargs: dict, winsize, kinds: dict, orphan_s: float):
         """A Ray generator method: the process's output as it comes (Terminals.run)."""
         yield from self._terminals.run(key, sid, argv, kwargs, winsize, kinds, orphan_s)
+
+    # A terminal holds its call for as long as it is open: in a group of its own, so open terminals
+    # take no slot of the runs. (What @ray.method(concurrency_group=) sets, set without importing
+    # Ray here; read where the actor is made, so also by a Ray Client's server, where a call's
+    # .options(concurrency_group=) is refused.)
+    popen.__ray_concurrency_group__ = SESSION_GROUP
+
+    # ---- streamed calls pulled (Ray Client: pulled.py) -----------------------------------------
+    def pull(self, key: str, wait: float, method: str | None = None, args: tuple = ()):
+        """The items of stream `key` that came since the last pull (waiting up to `wait` s for the
+        first) and whether it ended; `method`: first open it as generator method `method`(*args)."""
+        if method is not None:
+            if method not in STREAMED:
+                raise AttributeError(method)
+            self._pulled.open(key, getattr(self, method)(*args))
+        return self._pulled.pull(key, wait)
+
+    def pull_session(self, key: str, wait: float, method: str | None = None, args: tuple = ()):
+        """pull of a terminal's stream (popen), in the terminals' group."""
+        return self.pull(key, wait, method, args)
+
+    pull_session.__ray_concurrency_group__ = SESSION_GROUP
 
     def popen_alive(self, keys: list[str]) -> None:
         self._terminals.alive(keys)
