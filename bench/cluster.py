@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 
 def p50_ms(fn, n: int) -> tuple[float, float]:
@@ -102,10 +102,7 @@ def main() -> None:
         ray.shutdown()
         ray_cluster.stop()
         pg.stop()
-        with open("/proc/self/mountinfo") as f:          # never delete through a mount (PLATFORM.md)
-            mounted = any(line.split()[4].startswith(work) for line in f)
-        if not mounted:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)      # never through a mount (PLATFORM.md)
     t = Table(title=f"cluster on Ray: dispatch (sequential runs, n={args.n // 2}); PostgreSQL metadata; "
                     f"{os.cpu_count()} CPUs")
     for c in ("what", "p50 ms", "p90 ms"):

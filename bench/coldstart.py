@@ -31,6 +31,7 @@ from s3server import S3Server  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 MB = 1 << 20
 
@@ -187,10 +188,7 @@ def main() -> None:
     try:
         Console(width=160).print(coldstart_table(work, args.n))
     finally:
-        with open("/proc/self/mountinfo") as f:          # never delete through a mount (PLATFORM.md)
-            mounted = any(line.split()[4].startswith(work) for line in f)
-        if not mounted:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)      # never through a mount (PLATFORM.md)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
 from sandtree.store import db as sqlitedb, pgdb  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 COUNT = {"stmts": 0, "tx": 0, "ms": 0.0, "auto": 0}
 _lock = threading.Lock()
@@ -157,10 +157,7 @@ def main() -> None:
                  write_rate(cluster.new_database(), work, threads=16, serial=False)]
     finally:
         cluster.stop()
-        with open("/proc/self/mountinfo") as f:          # never delete through a mount (PLATFORM.md)
-            mounted = any(line.split()[4].startswith(work) for line in f)
-        if not mounted:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)      # never through a mount (PLATFORM.md)
     t = Table(title=f"metadata cost per run (/bin/sh -c 'echo i > /f', n={args.n}; PostgreSQL on a unix socket)")
     for c in ("backend", "run", "p50 ms", "p90 ms", "statements", "write tx", "transactions", "driver ms"):
         t.add_column(c)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py)
 
 __all__ = ["keystroke_ms"]
 
@@ -93,10 +93,7 @@ def main() -> None:
                 rows.append((tier, what, f"{p50:.3f}", f"{p90:.3f}"))
         st.close()
     finally:
-        with open("/proc/self/mountinfo") as f:          # never delete through a mount (PLATFORM.md)
-            mounted = any(line.split()[4].startswith(work) for line in f)
-        if not mounted:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.remove_unless_mounted(work)      # never through a mount (PLATFORM.md)
     t = Table(title=f"a key's echo through a live sandbox's terminal (n={args.n}); "
                     f"load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
     for c in ("tier", "echo", "p50 ms", "p90 ms"):
