@@ -1,8 +1,11 @@
-"""Secret injection: the egress proxy hands over a connection whose name (TLS SNI / HTTP Host) is a
-host some secret of the link is for (`wants`); `handle` terminates the sandbox's TLS with the
-link's CA (ca.py), dials the host with verified TLS, and relays HTTP/1.x both ways, putting each
-secret's real value in place of its placeholder in the requests -- only for secrets whose hosts
-match the connection's name.
+"""Secret injection: the egress proxy hands over a TLS connection on port 443 whose SNI is a host
+some secret of the link is for and which the proxy dialled by that name itself (`wants`: never
+plain HTTP, never an address the sandbox chose); `handle` terminates the sandbox's TLS with the
+link's CA (ca.py), completes the dial with TLS verified for the name, and relays HTTP/1.x both
+ways, putting each secret's real value in place of its placeholder in the requests -- only for
+secrets whose hosts match the connection's name. So a value goes only to a server that proved
+(a certificate the daemon trusts) that it is the secret's host, at an address the daemon's DNS
+gave for that name.
 
 Requests (each request of a kept-alive connection alike; substitute.py says how each part is
 encoded):
@@ -14,7 +17,8 @@ encoded):
     bodies as they stream, chunked anew (a placeholder split between reads or chunks is found;
     memory: one read and a placeholder's length). Larger Content-Length bodies stream as they are;
   * a Host that names another host than the connection's name is refused (421) before anything is
-    sent: a virtual host behind the same address must not receive this name's secrets;
+    sent: a virtual host behind the same address must not receive this name's secrets; CONNECT
+    (a tunnel through the host to elsewhere) is refused (405);
   * heads are bounded (MAX_HEAD bytes, MAX_HEADERS lines); ambiguous framing (Content-Length with
     Transfer-Encoding, differing lengths, folded or bare-LF lines) is refused (400).
 The upstream connection is the sandbox connection's own (no pool); when the host closed it while
@@ -41,6 +45,7 @@ from ..tasks import until_first
 from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
                      get, parse_head, relay_chunks, tokens)
 from . import substitute
+from .policy import Rule, host_name
 from .state import LinkState, Secret
 
 __all__ = ["wants", "handle", "matches", "MAX_BODY", "MAX_SPOOL", "SPOOL_TOTAL", "IDLE", "LINGER"]
@@ -55,13 +60,19 @@ _IDEMPOTENT = {b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"}
 
 
 def matches(hosts, name: str) -> bool:
-    """Whether host rules `hosts` ("api.example.org", "*.example.org") name host `name`."""
-    name = name.lower().rstrip(".")
-    return any(name.endswith(h[1:]) if h.startswith("*.") else name == h for h in hosts)
+    """Whether host rules `hosts` ("api.example.org", "*.example.org") name host `name` (a plain
+    host name, compared label by label: policy.Rule.name_ok)."""
+    name = host_name(name)
+    return name is not None and any(Rule.parse(h).name_ok(name) for h in hosts)
 
 
-def wants(link: LinkState, name: str, port: int) -> bool:
-    return port in (80, 443) and bool(name) and any(matches(s.hosts, name) for s in link.secrets)
+def wants(link: LinkState, name: str, port: int, dialled_by_name: bool) -> bool:
+    """Whether a connection to `name`:`port` is one a value may go on: TLS on 443 (verified by
+    `handle`), and dialled by the daemon by that name (`dialled_by_name`: the address is the one the
+    daemon's DNS gave, not the sandbox's choice). Plain HTTP never: the value would cross every
+    network on the way in clear, to whatever answers the address."""
+    return (port == 443 and dialled_by_name and bool(name)
+            and any(matches(s.hosts, name) for s in link.secrets))
 
 
 # ---- the relay -----------------------------------------------------------------------------
@@ -73,21 +84,19 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
     peers do. `tls` must verify (CERT_REQUIRED and host names): the value goes only to the host
     proven to be `name`. `spool_dir`: where bodies over MAX_BODY are spooled (unlinked files;
     None: the system's temporary directory)."""
-    name = name.lower().rstrip(".")
+    name = host_name(name) or ""
     secrets = [s for s in link.secrets if matches(s.hosts, name)]
-    if port == 443:
-        if tls is None or tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname or link.ca is None:
-            client[1].close()
-            raise ValueError("intercept.handle: needs the link's CA and an upstream TLS context that verifies "
-                             "certificates and names")
-        down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
-    else:
-        down = Stream(*client, initial=first)
+    if (port != 443 or not name or tls is None or tls.verify_mode != ssl.CERT_REQUIRED
+            or not tls.check_hostname or link.ca is None):
+        client[1].close()
+        raise ValueError("intercept.handle: needs TLS on port 443 to a host name, the link's CA and an "
+                         "upstream TLS context that verifies certificates and names")
+    down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
     up, linger = None, 0.0
     try:
         async def dial():
             r, w = await connect()
-            s = Stream(r, w, tls if port == 443 else None, server_hostname=name)
+            s = Stream(r, w, tls, server_hostname=name)
             await s.handshake()
             return s
         # the sandbox's handshake and the upstream's dial overlap: a new connection costs one round trip less
@@ -123,7 +132,7 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
 
 async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> None:
     body = (f"sandtree egress: {reason}\n").encode()
-    phrase = {400: "Bad Request", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
+    phrase = {400: "Bad Request", 405: "Method Not Allowed", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
               501: "Not Implemented", 502: "Bad Gateway"}.get(status, "Error")
     head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
@@ -194,6 +203,9 @@ async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: 
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise Refuse(400, "malformed request line")
     method, target, version = parts
+    if method == b"CONNECT":
+        # a tunnel through the secret's host to somewhere else: not a request to that host
+        raise Refuse(405, "CONNECT is not relayed to a host a secret is for")
     hosts = get(fields, b"host")
     if len(hosts) > 1:
         raise Refuse(400, "more than one Host")

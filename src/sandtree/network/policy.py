@@ -31,7 +31,8 @@ from ..errors import InvalidInput
 
 SANDBOX_NET = ipaddress.ip_network("100.64.0.0/16")       # sandboxes' own addresses (links.py)
 MAX_RULES = 256
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+_WIRE_LABEL = re.compile(rb"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -56,14 +57,36 @@ def _parse_ports(text: str, rule: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _normal_name(name: str) -> str | None:
-    """A host name in lower case without the root dot, or None when it is not a valid one."""
-    name = name.lower().rstrip(".")
+def host_name(name) -> str | None:
+    """A plain host name in lower case without the root dot, or None when it is not one: labels of
+    letters, digits, '-' and '_' (1-63, no '-' at either end), 253 characters in all. Only such
+    names are decided: a name's text may hold escapes (`x\\.y` is one label holding a dot), and a
+    text comparison of those let a label with a dot in it pass a `*.` rule (attack review of issue
+    33), so everything that compares or looks names up takes them through here (or wire_name)."""
+    if not isinstance(name, str):
+        return None
+    name = name.lower()
+    if name.endswith("."):
+        name = name[:-1]
     if not name or len(name) > 253:
         return None
-    if all(_LABEL.match(label) for label in name.split(".")):
+    if all(_LABEL.fullmatch(label) for label in name.split(".")):
         return name
     return None
+
+
+_normal_name = host_name
+
+
+def wire_name(labels) -> str | None:
+    """host_name of a name as DNS carries it (dnspython's Name.labels: bytes, the root's empty label
+    last): a label holding '.', NUL, '\\' or any byte but a host name's is no host name (None)."""
+    labels = list(labels)
+    if labels and labels[-1] == b"":
+        labels.pop()
+    if not labels or not all(_WIRE_LABEL.fullmatch(label.lower()) for label in labels):
+        return None
+    return host_name(b".".join(labels).decode("ascii"))
 
 
 @dataclass(frozen=True)
@@ -132,8 +155,10 @@ class Rule:
         """Whether the rule names host `name` (lower case, no root dot)."""
         if self.kind == "name":
             return name == self.target
-        if self.kind == "suffix":
-            return name.endswith(self.target)
+        if self.kind == "suffix":           # label by label: below the suffix, never the suffix itself
+            below = self.target[1:].split(".")
+            labels = name.split(".")
+            return len(labels) > len(below) and labels[-len(below):] == below
         return False
 
     def addr_ok(self, ip: Address) -> bool:
@@ -148,9 +173,11 @@ class Rule:
                                   (other.ports or ((1, 65535),))):
             return False
         if self.kind == "any":
-            # public only: a network rule is covered when it holds public addresses alone
-            return other.kind in ("any", "name", "suffix") or (
-                other.kind == "net" and _all_public(ipaddress.ip_network(other.target)))
+            # `*` (a grant of `all`, a build's `all`) covers what reaches public addresses by name:
+            # not an address rule, even a public one. An address rule is decided before the checks
+            # `*` gets (the egress host's own addresses), and it is a destination the asker picks,
+            # not one the daemon's DNS gives: an address is the operator's to grant, by naming it
+            return other.kind in ("any", "name", "suffix")
         if self.kind == "net":
             return other.kind == "net" and _subnet(ipaddress.ip_network(other.target),
                                                    ipaddress.ip_network(self.target))
@@ -161,17 +188,6 @@ class Rule:
 
 def _subnet(a, b) -> bool:
     return a.version == b.version and a.subnet_of(b)
-
-
-def _all_public(net) -> bool:
-    return is_public(net.network_address) and is_public(net.broadcast_address) and not any(
-        net.overlaps(n) for n in _NON_PUBLIC if n.version == net.version)
-
-
-_NON_PUBLIC = [ipaddress.ip_network(n) for n in (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-    "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3", "::1/128", "fc00::/7",
-    "fe80::/10", "ff00::/8")]
 
 
 @dataclass(frozen=True)
@@ -235,7 +251,9 @@ class Policy:
     # ---- decisions -------------------------------------------------------------------------
     def resolves(self, name: str) -> Verdict:
         """May the sandbox resolve `name` (its DNS)? Names that some rule could reach."""
-        name = _normal_name(name) or name.lower()
+        name = host_name(name)
+        if name is None:
+            return Verdict(False, "not a host name (letters, digits, '-', '_' in dot-separated labels)")
         for r in self.deny:
             if r.name_ok(name) and not r.ports:
                 return Verdict(False, f"{name} is denied by rule {r}")

@@ -11,7 +11,13 @@ without a name) are decided by the destination address: network rules, or name r
 names the link's resolver answered with that address; port 80 without a name (not HTTP, no Host)
 by network rules alone. A refusal closes the connection (HTTP on port 80 gets a 403 naming the
 host and the rule) and is counted with its reason in link.usage. Opaque connections are relayed
-by splice (splice.py), or by the kernel when chosen (fastpath.py: a BPF sockmap)."""
+by splice (splice.py), or by the kernel when chosen (fastpath.py: a BPF sockmap).
+
+A connection goes to the interceptor (intercept.py: a secret's placeholder becomes its value) only
+when it is TLS on 443 whose SNI a secret is for AND the proxy dialled that name itself (the name is
+allowed by a name rule or `*`): the value then goes to what the daemon's DNS says the name is, over
+TLS verified for it. A name that an address rule alone allows keeps the sandbox's destination, so
+it is relayed as it is (the placeholder goes out unchanged), as is plain HTTP."""
 
 from __future__ import annotations
 
@@ -206,12 +212,13 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
     conn.sockets.append(client)
     link.conns.add(conn)
     try:
-        if name and intercept.wants(link, name, port):
+        if name and intercept.wants(link, name, port, by_name):
             streams = await asyncio.open_connection(sock=client.dup(), limit=CHUNK)
             conn.writers.append(streams[1])
+            # `ip` is what the daemon resolved `name` to (by_name), never the sandbox's destination
             await intercept.handle(link, name, port, streams, first,
                                    lambda: upstream.open_connection(ip, port, timeout=DIAL_SECONDS),
-                                   upstream.tls_context() if port == 443 else None, spool_dir)
+                                   upstream.tls_context(), spool_dir)
             return
         try:
             up = await upstream.connect(ip, port, timeout=DIAL_SECONDS)

@@ -1,7 +1,8 @@
 """The links' DNS: every DNS packet a sandbox sends (UDP or TCP port 53, to any address) is
 redirected here by the router's ruleset (nft.py). A name the link's policy may resolve is answered
 with its A records from the upstream (AAAA answered empty: links are IPv4; other types empty);
-any other name gets NXDOMAIN and is counted as refused. Nothing is forwarded, so a DNS tunnel
+any other name gets NXDOMAIN and is counted as refused, as does a name that is not a plain host
+name (policy.wire_name: a label holding a dot, NUL, backslash or other byte). Nothing is forwarded, so a DNS tunnel
 (TXT or otherwise) gets no further than this process. The answers are recorded in `link.names`
 (address -> names) so the proxy can decide a name rule for a connection to a bare address."""
 
@@ -22,6 +23,7 @@ import dns.rrset
 
 from . import netns
 from .nft import RESOLVER_PORT
+from .policy import wire_name
 from .state import MAX_HOSTS, LinkState
 
 __all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "MAX_LINK_TCP", "TCP_IDLE", "TTL"]
@@ -70,7 +72,13 @@ async def answer(link: LinkState | None, wire: bytes, upstream) -> bytes | None:
         return r.to_wire()
     link.usage.dns_queries += 1
     question = q.question[0]
-    name = question.name.to_text(omit_final_dot=True).lower()
+    # from the labels, not the text: `x\.y` is one label holding a dot, which a text comparison
+    # read as two (a `*.` rule passed it, and upstream got the label back)
+    name = wire_name(question.name.labels)
+    if name is None:
+        _refuse(link, question.name.to_text(omit_final_dot=True)[:255], "not a host name")
+        r.set_rcode(dns.rcode.NXDOMAIN)
+        return r.to_wire()
     verdict = link.policy.resolves(name) if link.policy is not None else None
     if verdict is None or not verdict.allowed:
         _refuse(link, name, verdict.reason if verdict else "this sandbox has no network")

@@ -15,10 +15,12 @@ import time
 import dns.exception
 import dns.flags
 import dns.message
+import dns.name
 import dns.rdatatype
 from pyroute2 import IPRoute
 
 from . import netns
+from .policy import host_name
 
 __all__ = ["Upstream", "CACHE_MAX", "MAX_TTL", "MIN_TTL", "OWN_TTL"]
 
@@ -119,14 +121,19 @@ class Upstream:
 
     # ---- names -----------------------------------------------------------------------------------
     async def resolve(self, name: str) -> list[ipaddress.IPv4Address]:
-        """A records of `name` ([] when none, NXDOMAIN or no answer); answers reused for their TTL."""
-        name = name.lower().rstrip(".")
+        """A records of `name` ([] when none, NXDOMAIN or no answer, or not a plain host name:
+        policy.host_name); answers reused for their TTL. The question is made from the name's
+        labels, never parsed from text (where `\\.` would put a dot inside a label)."""
+        name = host_name(name)
+        if name is None:
+            return []
         hit = self._cache.get(name)
         now = time.monotonic()
         if hit and hit[0] > now:
             return list(hit[1])
         try:
-            reply = await self._ask(dns.message.make_query(name + ".", dns.rdatatype.A))
+            qname = dns.name.Name([label.encode("ascii") for label in name.split(".")] + [b""])
+            reply = await self._ask(dns.message.make_query(qname, dns.rdatatype.A))
         except (OSError, asyncio.TimeoutError, dns.exception.DNSException):
             return []
         ips, ttl = [], MAX_TTL
