@@ -2,8 +2,8 @@
 (network/intercept.py, network/httpio.py) and what the sandbox is given to trust it
 (network/trust.py).
 
-Everything on loopback: a real upstream HTTPS (and HTTP) server with its own test CA that records
-what it received; a stand-in for the egress proxy that, like proxy.py, hands a connection to
+Everything on loopback: a real upstream HTTPS (and HTTP: it never gets a value) server with its own
+test CA that records what it received; a stand-in for the egress proxy that, like proxy.py, hands a connection to
 `intercept.handle` when `intercept.wants` says so and splices it otherwise; and a "sandbox" client
 (blocking ssl + http.client) that trusts only what trust.bundle gives it."""
 
@@ -195,7 +195,8 @@ class Proxy:
 
         async def connect():
             return await asyncio.open_connection("127.0.0.1", self.up)
-        if intercept.wants(self.link, name, self.port):
+        # the stand-in dials the name's upstream itself (as proxy.py does a name it resolved)
+        if intercept.wants(self.link, name, self.port, True):
             await intercept.handle(self.link, name, self.port, (r, w), first, connect,
                                    self.tls if self.port == 443 else None)
             return
@@ -337,9 +338,12 @@ def test_a_placeholder_goes_out_unchanged_to_a_host_its_secret_is_not_for(env):
 
 
 def test_an_unlisted_host_is_not_intercepted_and_gets_only_the_placeholder(env):
-    assert not intercept.wants(env.link, PLAIN, 443)
-    assert not intercept.wants(env.link, API, 22) and intercept.wants(env.link, API.upper() + ".", 443)
-    assert not intercept.wants(env.link, "svc.example.org", 443)          # *. is subdomains only
+    assert not intercept.wants(env.link, PLAIN, 443, True)
+    assert not intercept.wants(env.link, API, 22, True) and intercept.wants(env.link, API.upper() + ".", 443, True)
+    assert not intercept.wants(env.link, "svc.example.org", 443, True)    # *. is subdomains only
+    # plain HTTP, and a connection the daemon did not dial by the name (an address rule): never
+    assert not intercept.wants(env.link, API, 80, True) and not intercept.wants(env.link, API, 443, False)
+    assert not intercept.wants(env.link, "x\\.svc.example.org", 443, True)  # a label with a dot in it
     ph = env.ph["API_TOKEN"]
     resp, _ = _req(env, PLAIN, "GET", f"/?k={ph}", {"Authorization": f"Bearer {ph}"}, ctx="bundle")
     assert resp.status == 200
@@ -556,13 +560,21 @@ def test_malformed_and_oversized_requests_are_refused(env):
     assert len(env.up.requests) == before
 
 
-def test_plain_http_on_port_80_is_intercepted_too(env):
+def test_plain_http_on_port_80_is_not_intercepted_and_gets_only_the_placeholder(env):
+    """A value never goes in clear (it would cross every network on the way); intercept.handle
+    refuses to serve anything but TLS on 443."""
     ph = env.ph["API_TOKEN"]
     c = Conn(API, env.plain_ports[API])
     resp, data = _req(env, API, "GET", f"/echo?t={ph}", {"Authorization": f"Bearer {ph}"}, conn=c)
     c.close()
     assert resp.status == 200 and TOKEN.encode() not in data
-    assert _hdr(_last(env, env.plain_up), "Authorization") == [f"Bearer {TOKEN}"]
+    assert _hdr(_last(env, env.plain_up), "Authorization") == [f"Bearer {ph}"]
+
+    async def plain_handle():
+        r, w = await asyncio.open_connection("127.0.0.1", env.plain_up.port)
+        await intercept.handle(env.link, API, 80, (r, w), b"", None, env.upstream_tls)
+    with pytest.raises(ValueError, match="port 443"):
+        env.loop.run(plain_handle())
 
 
 def test_usage_counts_the_relayed_bytes(env):

@@ -182,12 +182,15 @@ def test_names_that_are_one_host_decide_as_one_and_h2c_is_taken_out():
 # ---- F6: a body of placeholders grows in the daemon's memory ----------------------------------------
 
 class _Discard:
-    """A plain HTTP upstream that reads each request's body (Content-Length or chunked) without
+    """An HTTPS upstream (`ctx`) that reads each request's body (Content-Length or chunked) without
     keeping it and answers with the number of body bytes it read."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
 
     async def start(self):
         import asyncio
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ctx)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -217,7 +220,7 @@ class _Discard:
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_a_body_of_placeholders_is_not_multiplied_in_the_daemons_memory(chunked):
+def test_a_body_of_placeholders_is_not_multiplied_in_the_daemons_memory(chunked, tmp_path):
     """A sandbox's 1 MiB body made of a secret's placeholder (50 bytes) becomes 327 MiB with a 16 KiB
     value: it was built in memory whole (and each 256 KiB read of a chunked or spooled body became
     84 MiB); 256 such requests a link were the daemon's memory, every tenant's egress. It is still
@@ -229,16 +232,19 @@ def test_a_body_of_placeholders_is_not_multiplied_in_the_daemons_memory(chunked)
     secrets = parse_secrets({"K": {"value": value, "hosts": [API]}})
     link = LinkState(key="grow", index=2, address="100.64.2.2", gateway="100.64.2.1", policy=None,
                      secrets=secrets, ca=link_ca("grow", secrets))
+    import ssl
+    up_ca, leaf, key = _test_ca([API])
     loop = Loop()
-    up = loop.run(_Discard().start())
-    proxy = Proxy(link, up.port, None, port=80)
+    up = loop.run(_Discard(_server_ctx(tmp_path, leaf, key)).start())
+    proxy = Proxy(link, up.port, ssl.create_default_context(cadata=up_ca.decode()))
     port = loop.run(proxy.listen(API))
+    ctx = ssl.create_default_context(cadata=link.ca.pem().decode())
     ph = secrets[0].placeholder.encode()
     body = ph * ((1 << 20) // len(ph))
     expect = len(body) // len(ph) * len(value)
     try:
         tracemalloc.start()
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c = Conn(API, port, ctx, timeout=60)
         if chunked:
             c.request("POST", "/", body=(body[i:i + 65536] for i in range(0, len(body), 65536)),
                       headers={"Host": API, "Content-Type": "text/plain"})
