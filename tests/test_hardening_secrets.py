@@ -15,9 +15,9 @@ S1b. A tenant grant of `all` admitted any public address rule the tenant named (
     own address" check `*` makes). Fixed (network/policy.py Rule.covers): `all` (and a build's `*`)
     covers names, `*.` suffixes and `*`, not address rules: an address is the operator's to grant.
 S2. An escaped dot passed a wildcard rule: with `*.allowed.test`, a DNS question whose first label
-    is `x.allowed` (a dot inside a label) read as text `x\\.allowed.allowed.test`, passed the text
-    suffix check and was forwarded upstream (a DNS channel to the rule's parent zone); a TLS SNI of
-    that text went the same way through the proxy's lookup. Fixed (network/policy.py host_name,
+    is `x.allowed` (a dot inside a label) read as text `x\\.allowed.test`, passed the text suffix
+    check and was forwarded upstream (a DNS channel to the rule's parent zone, `test`); a TLS SNI
+    of such text went the same way through the proxy's lookup. Fixed (network/policy.py host_name,
     resolver.py, upstream.py): only plain host names (labels of letters, digits, '-', '_', 1-63
     bytes, 253 in all) are decided, compared label by label and asked upstream from their labels.
 
@@ -217,12 +217,15 @@ def _dns_hits(rig) -> int:
     return sum(v for k, v in rig.lab.hits.items() if k[0] == "dns")
 
 
-@pytest.mark.parametrize("first", [b"x.allowed", b"x\x00y", b"x\\y", b"x y", b"caf\xc3\xa9", b"-x"],
-                         ids=["dot", "nul", "backslash", "space", "utf8", "leading-hyphen"])
-def test_a_label_that_is_not_a_host_name_label_is_refused_and_not_forwarded(rig, first):
+@pytest.mark.parametrize("labels", [
+    [b"x.allowed", b"test"],                 # text x\.allowed.test: a name in `test`, the rule's parent
+    [b"x.y", b"allowed", b"test"], [b"x\x00y", b"allowed", b"test"], [b"x\\y", b"allowed", b"test"],
+    [b"x y", b"allowed", b"test"], [b"caf\xc3\xa9", b"allowed", b"test"], [b"-x", b"allowed", b"test"]],
+    ids=["dot-parent", "dot", "nul", "backslash", "space", "utf8", "leading-hyphen"])
+def test_a_label_that_is_not_a_host_name_label_is_refused_and_not_forwarded(rig, labels):
     rig.policy(["*.allowed.test"])
     before = _dns_hits(rig)
-    r = _ask(rig, _wire_query([first, b"allowed", b"test"]))
+    r = _ask(rig, _wire_query(labels))
     assert r is not None and r.rcode() in (dns.rcode.NXDOMAIN, dns.rcode.REFUSED) and not r.answer
     assert _dns_hits(rig) == before, "the name was asked upstream"
     assert rig.link.usage.dns_refused == 1
