@@ -325,7 +325,9 @@ def _rules(items, field: str) -> tuple[Rule, ...]:
 @dataclass(frozen=True)
 class Grant:
     """What a tenant's token may ask for: any policy (`any`), or policies whose every allow rule is
-    covered by one of `rules` (`*`: public destinations only). No rules: no network."""
+    covered by one of `rules` (`*`, a grant of `all`: names, `*.` suffixes and `*` itself -- public
+    destinations by name; an address rule only under a grant rule naming its network). No rules:
+    no network."""
     rules: tuple[Rule, ...] = ()
     any: bool = False
 

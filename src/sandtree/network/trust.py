@@ -9,7 +9,9 @@ A stored secret (secretstore.py) brings its value and hosts; a request may name 
 within one of the stored ones), never others (Forbidden): whoever stored it decided where it goes.
 
 The sandbox sees `NAME=<placeholder>` (ca.placeholder) in its environment; the egress daemon puts
-the value in place of the placeholder only in requests to the listed hosts (intercept.py). Values
+the value in place of the placeholder only in requests on a connection it dialled itself, by one of
+the listed hosts' names (the policy must allow it by name or `*`), over TLS on port 443 verified
+for that name (intercept.py, proxy.py): never plain HTTP, never an address the sandbox chose. Values
 may not hold CR, LF or NUL: a value goes into request heads, where those would let it forge
 headers or requests. Hosts are host-name rules of the network policy (policy.Rule: a name or a
 leading `*.`; no address, no port, not `*`).
@@ -162,7 +164,7 @@ def _hosts(name: str, hosts) -> tuple[str, ...]:
             raise InvalidInput(f"secret {name}: host {h!r}: {e.message}") from None
         if rule.kind not in ("name", "suffix") or rule.ports:
             raise InvalidInput(f"secret {name}: host {h!r} must be a host name or '*.' and a name "
-                               "(no address, port or '*'): the value is sent only where TLS names it")
+                               "(no address, port or '*'): the value is sent only to that name, over TLS verified for it")
         text = str(rule)
         if text not in out:
             out.append(text)
