@@ -285,23 +285,17 @@ def test_an_operators_secret_shared_with_a_tenant_never_reaches_the_tenants_addr
     sends the placeholder there over plain HTTP and over TLS with SNI allowed.test: the server at
     that address gets the placeholder both times; a grant of `all` does not admit that address rule
     at all; and by name, over the daemon's verified TLS, allowed.test still gets the value."""
-    from test_secret_store import TLSGET  # noqa: F401  (the same static OpenSSL client)
-    import subprocess
-    from conftest import make_rootfs
+    from test_secret_store import make_tls_rootfs        # the same static OpenSSL client (tlsget)
     from netlab import NetLab
     from sandtree.engine import Engine
     from sandtree.network.client import Egress
 
     lab = NetLab()
-    root = make_rootfs(str(tmp_path / "root"))
-    (tmp_path / "tlsget.c").write_text(TLSGET)
-    p = subprocess.run(["cc", "-static", "-O1", "-o", os.path.join(root, "bin", "tlsget"), str(tmp_path / "tlsget.c"),
-                        "-lssl", "-lcrypto", "-lpthread"], capture_output=True, text=True)
-    if p.returncode != 0:
+    try:
+        root = make_tls_rootfs(tmp_path, lab.ca_file)
+    except BaseException:
         lab.close()
-        pytest.skip(f"cannot build a static OpenSSL client here: {p.stderr[-300:]}")
-    os.makedirs(os.path.join(root, "etc", "ssl", "certs"))
-    shutil.copy(lab.ca_file, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
+        raise
     e = Engine(str(tmp_path / "st"), warm=0)
     e._egress = Egress(e.store.home, upstream_netns=lab.path, upstream_dns=f"{lab.dns[0]}:{lab.dns[1]}",
                        upstream_ca=lab.ca_file)

@@ -64,6 +64,13 @@ def img(eng, tmp_path_factory):
     return eng.import_path(root)
 
 
+@pytest.fixture(scope="module")
+def img_tls(eng, lab, tmp_path_factory):
+    """img plus a static OpenSSL client (/bin/tlsget) and the lab's CA as the image's trust store."""
+    from test_secret_store import make_tls_rootfs
+    return eng.import_path(make_tls_rootfs(tmp_path_factory.mktemp("netsurf-tls"), lab.ca_file))
+
+
 def count_ops(eng) -> int:
     return eng.store.db.one("SELECT count(*) FROM operations")[0]
 
@@ -157,23 +164,26 @@ def test_secrets_are_recorded_by_name_and_hosts_never_the_value(eng, img):
 
 @NEEDS_ROOT
 @pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
-def test_a_secret_reaches_only_its_host_and_never_the_sandbox(eng, img, lab, tier, tmp_path):
+def test_a_secret_reaches_only_its_host_and_never_the_sandbox(eng, img_tls, lab, tier, tmp_path):
     """Issue 14's secrets test, end to end through a real run: the netlab server for the secret's
-    host receives the value, another allowed host only the placeholder; the echo the server sends
-    back is masked; /proc/*/environ and the env inside, the committed image (its tar) and the
-    record hold no value."""
+    host receives the value over HTTPS, another allowed host only the placeholder, and plain HTTP
+    (even to the secret's host) only the placeholder; the echo the server sends back is masked;
+    /proc/*/environ and the env inside, the committed image (its tar) and the record hold no value."""
     if tier == "gvisor" and not eng.tier("gvisor").available()[0]:
         pytest.skip(f"tier gvisor unavailable: {eng.tier('gvisor').available()[1]}")
+    img = img_tls
     n = len(lab.requests)
-    script = ("req() { printf 'GET /s HTTP/1.1\\r\\nHost: %s\\r\\nAuthorization: Bearer %s\\r\\n"
+    script = ("req() { printf 'GET /plain HTTP/1.1\\r\\nHost: %s\\r\\nAuthorization: Bearer %s\\r\\n"
               "Connection: close\\r\\n\\r\\n' \"$1\" \"$TOKEN\" | nc -w 5 \"$2\" 80; echo; echo --; }; "
-              "req allowed.test 11.1.1.10; req other.test 11.1.1.11; "
+              "tlsget 11.1.1.10 443 allowed.test /s; echo; echo --; tlsget 11.1.1.11 443 other.test /s; echo; "
+              "echo --; req allowed.test 11.1.1.10; "
               "cat /proc/[0-9]*/environ > /env-dump 2>/dev/null; env > /env-now")
     rec = eng.run(img, script, network=["allowed.test", "other.test"], tier=tier,
                   secrets={"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}})
-    got = {r["headers"]["host"]: r["headers"].get("authorization") for r in lab.requests[n:]}
-    assert got.get("allowed.test") == f"Bearer {SECRET}", (got, rec.stdout, rec.stderr)
-    assert got.get("other.test", "").startswith("Bearer sandtree-secret-TOKEN-"), got
+    got = {(r["path"], r["headers"]["host"]): r["headers"].get("authorization") for r in lab.requests[n:]}
+    assert got.get(("/s", "allowed.test")) == f"Bearer {SECRET}", (got, rec.stdout, rec.stderr)
+    assert got.get(("/s", "other.test"), "").startswith("Bearer sandtree-secret-TOKEN-"), got
+    assert got.get(("/plain", "allowed.test"), "").startswith("Bearer sandtree-secret-TOKEN-"), got
     assert SECRET.encode() not in rec.stdout + rec.stderr          # the echo came back masked
     assert b"allowed.test" in rec.stdout
     assert SECRET.encode() not in eng.read(rec.image, "/env-dump")

@@ -90,23 +90,28 @@ def lab():
     lab.close()
 
 
-@pytest.fixture(scope="module")
-def rootfs_tls(tmp_path_factory, lab):
-    """The busybox image plus /bin/tlsget (static OpenSSL), an /etc/resolv.conf to bind over, and
-    the lab's CA as the image's own trust store (so a host no secret is for verifies too)."""
-    d = tmp_path_factory.mktemp("secret-store-root")
-    root = make_rootfs(str(d / "root"))
-    with open(d / "tlsget.c", "w") as f:
+def make_tls_rootfs(d, ca_file: str) -> str:
+    """The busybox image (in directory `d`) plus /bin/tlsget (static OpenSSL), an /etc/resolv.conf
+    to bind over, and `ca_file` (the lab's CA) as the image's own trust store (so a host no secret
+    is for verifies too). Skips the test when no static OpenSSL client can be built here."""
+    root = make_rootfs(os.path.join(str(d), "root"))
+    src = os.path.join(str(d), "tlsget.c")
+    with open(src, "w") as f:
         f.write(TLSGET)
-    p = subprocess.run(["cc", "-static", "-O1", "-o", os.path.join(root, "bin", "tlsget"), str(d / "tlsget.c"),
+    p = subprocess.run(["cc", "-static", "-O1", "-o", os.path.join(root, "bin", "tlsget"), src,
                         "-lssl", "-lcrypto", "-lpthread"], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot build a static OpenSSL client here: {p.stderr[-300:]}")
     with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
         f.write("nameserver 192.0.2.53\n")
     os.makedirs(os.path.join(root, "etc", "ssl", "certs"))
-    shutil.copy(lab.ca_file, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
+    shutil.copy(ca_file, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
     return root
+
+
+@pytest.fixture(scope="module")
+def rootfs_tls(tmp_path_factory, lab):
+    return make_tls_rootfs(tmp_path_factory.mktemp("secret-store-root"), lab.ca_file)
 
 
 @pytest.fixture(scope="module")
