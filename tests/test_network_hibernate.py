@@ -64,6 +64,8 @@ def world(tmp_path_factory):
                         "--upstream-ca", lab.ca_file, "--grace", str(GRACE)],
                        env={**os.environ, "PYTHONPATH": SRC}, check=True, timeout=60)
         root = make_rootfs(str(tmp_path_factory.mktemp("nethib-root") / "root"))
+        from test_secret_store import add_tls_client
+        add_tls_client(root, lab.ca_file)              # a secret's value goes only over HTTPS
         with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
             f.write("nameserver 192.0.2.53\n")
         os.makedirs(os.path.join(root, "www"))
@@ -201,8 +203,7 @@ def test_secrets_survive_a_hibernation_and_never_reach_the_checkpoint(world):
     st, img, lab, home = world
     sb = img.start(network=["allowed.test", "other.test"], idle_timeout=300,
                    secrets={"TOKEN": {"value": SECRET, "hosts": ["allowed.test"]}})
-    req = ("printf 'GET /s HTTP/1.1\\r\\nHost: allowed.test\\r\\nAuthorization: Bearer %s\\r\\n"
-           "Connection: close\\r\\n\\r\\n' \"$TOKEN\" | nc -w 5 11.1.1.10 80")
+    req = "tlsget 11.1.1.10 443 allowed.test /s"          # through the link's CA, kept over the sleep
 
     def sent() -> str:
         n = len(lab.requests)

@@ -90,22 +90,27 @@ def lab():
     lab.close()
 
 
-def make_tls_rootfs(d, ca_file: str) -> str:
-    """The busybox image (in directory `d`) plus /bin/tlsget (static OpenSSL), an /etc/resolv.conf
-    to bind over, and `ca_file` (the lab's CA) as the image's own trust store (so a host no secret
-    is for verifies too). Skips the test when no static OpenSSL client can be built here."""
-    root = make_rootfs(os.path.join(str(d), "root"))
-    src = os.path.join(str(d), "tlsget.c")
+def add_tls_client(root: str, ca_file: str) -> None:
+    """/bin/tlsget (static OpenSSL) into rootfs `root`, and `ca_file` (the lab's CA) as its own trust
+    store (so a host no secret is for verifies too). Skips the test when no static OpenSSL client
+    can be built here."""
+    src = os.path.join(os.path.dirname(root), "tlsget.c")
     with open(src, "w") as f:
         f.write(TLSGET)
     p = subprocess.run(["cc", "-static", "-O1", "-o", os.path.join(root, "bin", "tlsget"), src,
                         "-lssl", "-lcrypto", "-lpthread"], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot build a static OpenSSL client here: {p.stderr[-300:]}")
+    os.makedirs(os.path.join(root, "etc", "ssl", "certs"), exist_ok=True)
+    shutil.copy(ca_file, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
+
+
+def make_tls_rootfs(d, ca_file: str) -> str:
+    """The busybox image (in directory `d`) with add_tls_client's and an /etc/resolv.conf to bind over."""
+    root = make_rootfs(os.path.join(str(d), "root"))
+    add_tls_client(root, ca_file)
     with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
         f.write("nameserver 192.0.2.53\n")
-    os.makedirs(os.path.join(root, "etc", "ssl", "certs"))
-    shutil.copy(ca_file, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
     return root
 
 
