@@ -35,7 +35,6 @@ import ssl
 import struct
 
 import dns.message
-import dns.name
 import dns.rcode
 import pytest
 

@@ -132,8 +132,8 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
 
 async def _answer(down: Stream, link: LinkState, status: int, reason: str) -> None:
     body = (f"sandtree egress: {reason}\n").encode()
-    phrase = {400: "Bad Request", 405: "Method Not Allowed", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
-              501: "Not Implemented", 502: "Bad Gateway"}.get(status, "Error")
+    phrase = {400: "Bad Request", 405: "Method Not Allowed", 421: "Misdirected Request",
+              431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway"}.get(status, "Error")
     head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
     try:

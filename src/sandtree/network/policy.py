@@ -75,9 +75,6 @@ def host_name(name) -> str | None:
     return None
 
 
-_normal_name = host_name
-
-
 def wire_name(labels) -> str | None:
     """host_name of a name as DNS carries it (dnspython's Name.labels: bytes, the root's empty label
     last): a label holding '.', NUL, '\\' or any byte but a host name's is no host name (None)."""
@@ -129,11 +126,11 @@ class Rule:
                 return cls("any", "*", ports)
             return cls("net", str(net), ports)
         if host.startswith("*."):
-            name = _normal_name(host[2:])
+            name = host_name(host[2:])
             if name is None:
                 raise InvalidInput(f"network rule {rule!r}: not a host name, address or network")
             return cls("suffix", "." + name, ports)
-        name = _normal_name(host)
+        name = host_name(host)
         if name is None or "*" in host:
             raise InvalidInput(f"network rule {rule!r}: not a host name, address or network "
                                "(wildcards only as a leading '*.')")
@@ -265,7 +262,7 @@ class Policy:
     def connect(self, names: Iterable[str], ip: Address, port: int, own: Iterable = ()) -> Verdict:
         """May a connection to `ip`:`port` go out, known to the sandbox as `names` (SNI, Host,
         or what DNS answered it), `own` the egress host's own addresses?"""
-        names = [n for n in (_normal_name(n) for n in names) if n]
+        names = [n for n in (host_name(n) for n in names) if n]
         shown = f"{names[0]}:{port}" if names else f"{_show(ip)}:{port}"
         if ip in SANDBOX_NET:
             return Verdict(False, f"{shown}: a sandbox address")

@@ -2,8 +2,8 @@
 redirected here by the router's ruleset (nft.py). A name the link's policy may resolve is answered
 with its A records from the upstream (AAAA answered empty: links are IPv4; other types empty);
 any other name gets NXDOMAIN and is counted as refused, as does a name that is not a plain host
-name (policy.wire_name: a label holding a dot, NUL, backslash or other byte). Nothing is forwarded, so a DNS tunnel
-(TXT or otherwise) gets no further than this process. The answers are recorded in `link.names`
+name (policy.wire_name: a label holding a dot, NUL, backslash or other byte). Nothing is
+forwarded, so a DNS tunnel (TXT or otherwise) gets no further than this process. The answers are recorded in `link.names`
 (address -> names) so the proxy can decide a name rule for a connection to a bare address."""
 
 from __future__ import annotations
