@@ -1,6 +1,6 @@
 """Annotations (issue 17, deliverable 6): a score and metadata on an image, like git notes. Validated
 (untrusted over REST/MCP), durable in the store's SQLite, seen through each surface, and a tenant annotates
-only the images it sees."""
+only the images it sees, for itself."""
 
 from __future__ import annotations
 
@@ -90,7 +90,9 @@ def test_durable_a_new_engine_on_the_store_sees_them(eng_img, tmp_path):
         again.close()
 
 
-def test_a_tenant_annotates_only_images_it_sees(tmp_path):
+def test_each_tenant_annotates_only_for_itself(tmp_path):
+    """Annotations are per principal (a tenant, or the operator): a tenant writes its own on any image
+    it sees, and reads its own, else those of whoever shared the image."""
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         d = tmp_path / "x"
@@ -103,16 +105,20 @@ def test_a_tenant_annotates_only_images_it_sees(tmp_path):
         assert alice.annotate(x, 0.5, {"by": "alice"})["score"] == 0.5
         with pytest.raises(ImageNotFound):
             bob.annotate(x, 0.0, {"by": "bob"})
-        eng.tenancy.share(x)                              # carol sees it now, but holds no "tag" scope
-        assert reader.image_info(x)["annotations"]["score"] == 0.5
+        assert eng.image_info(x)["annotations"] == {"score": None, "meta": {}}     # not shared: the operator's own
+        alice.share(x)                                    # carol sees it now, but holds no "tag" scope
+        assert reader.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}   # the sharer's
         with pytest.raises(Forbidden):
             reader.annotate(x, 0.0)
-        with pytest.raises(Forbidden):                    # bob sees the shared image and holds "tag": not his to score
-            bob.annotate(x, 0.0, {"by": "bob"})
-        y = bob.import_path(str(d))                       # the same content: now bob's too, he scores it
-        assert y == x and bob.annotate(y, 0.5)["score"] == 0.5
-        assert eng.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
-        assert alice.image_info(x)["annotations"]["meta"] == {"by": "alice"}
+        assert bob.image_info(x)["annotations"]["score"] == 0.5
+        assert bob.annotate(x, 0.0, {"by": "bob"}) == {"score": 0.0, "meta": {"by": "bob"}}     # his own, from none
+        y = bob.import_path(str(d))                       # the same content, now his too: still his own notes
+        assert y == x and bob.annotate(y, None, {"more": 1}) == {"score": 0.0, "meta": {"by": "bob", "more": 1}}
+        assert eng.annotate(x, 0.9, {"by": "operator"})["score"] == 0.9
+        for who in (alice, reader):                       # the sharer's, whatever bob and the operator wrote
+            assert who.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
+        assert bob.image_info(x)["annotations"] == {"score": 0.0, "meta": {"by": "bob", "more": 1}}
+        assert eng.image_info(x)["annotations"] == {"score": 0.9, "meta": {"by": "operator"}}
     finally:
         eng.close()
 
@@ -172,7 +178,7 @@ def test_gc_drops_the_annotations_of_collected_images(tmp_path):
         eng.annotate(img, 0.5, {"k": "v"})
         eng.remove_image(img)
         eng.gc(retention=0, grace=0)
-        assert not eng.store.db.query("SELECT image FROM annotations")
+        assert not eng.store.db.query("SELECT image FROM annotations_by")
         again = eng.import_path(str(d))
         assert again == img and eng.image_info(img)["annotations"] == {"score": None, "meta": {}}
     finally:
