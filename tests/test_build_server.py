@@ -384,3 +384,42 @@ def test_a_tenants_run_steps_get_its_limits(srv):
         err = events[-1][1]
         assert err["error"] == "build_failed" and "line 2" in err["message"] and "timed out" in err["message"], err
         assert c.get("/resolve", params={"ref": "never"}).status_code == 404
+
+
+def test_a_tenants_build_never_becomes_the_operators_cache_hit(srv):
+    """Cache rows are per principal. The operator (an admin token) builds a step whose RUN writes a
+    random token; Alice, who cannot see that image, builds the same step and runs it again: her row
+    must not replace the operator's, whose next build is still its own image and token (a recipe
+    pool would roll onto hers; a key generated at build time would be hers to know). And the
+    other way: the operator, who sees every image, does not take a tenant's result as its hit."""
+    ops, a, b = srv["c"]["ops"], srv["c"]["alice"], srv["c"]["bob"]
+    df = f"FROM {srv['base']}\nRUN head -c 16 /dev/urandom | od -x > /build-key\n"
+
+    def build(client, text):
+        status, ev = post_build(client, b"", text=text)
+        assert status == 200 and ev[-1][0] == "result", ev
+        return ev[-1][1]
+
+    def key(client, image):
+        r = client.get(f"/images/{image}/read", params={"path": "/build-key"})
+        assert r.status_code == 200, r.text
+        return r.content
+
+    mine = build(ops, df)
+    assert [s["cached"] for s in mine["steps"]] == [True, False]
+    op_key = key(ops, mine["image"])
+    alice = build(a, df)
+    assert [s["cached"] for s in alice["steps"]] == [True, False] and alice["image"] != mine["image"]
+    again = build(ops, df)
+    assert [s["cached"] for s in again["steps"]] == [True, True]
+    assert again["image"] == mine["image"] and key(ops, again["image"]) == op_key
+    assert build(a, df)["image"] == alice["image"]            # her own row is still her hit
+    bob = build(b, df)                                        # and one tenant's never another's
+    assert not bob["steps"][1]["cached"] and bob["image"] not in (alice["image"], mine["image"])
+    assert build(a, df)["image"] == alice["image"] and build(ops, df)["image"] == mine["image"]
+    # a tenant first: the operator sees its image, yet runs the step itself
+    df2 = f"FROM {srv['base']}\nRUN head -c 16 /dev/urandom | od -x > /build-key-2\n"
+    first = build(a, df2)
+    ours = build(ops, df2)
+    assert not ours["steps"][1]["cached"] and ours["image"] != first["image"]
+    assert build(a, df2)["image"] == first["image"] and build(ops, df2)["image"] == ours["image"]
