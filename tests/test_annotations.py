@@ -183,3 +183,48 @@ def test_gc_drops_the_annotations_of_collected_images(tmp_path):
         assert again == img and eng.image_info(img)["annotations"] == {"score": None, "meta": {}}
     finally:
         eng.close()
+
+
+def test_rest_a_reimport_of_a_shared_image_does_not_rewrite_its_sharers_annotations(tmp_path):
+    """Over a real server: Bob exports the image Alice shared and imports it again (the same ID, now
+    his too); what he writes on it are his notes: Alice, Carol and the operator read what they read."""
+    import io
+    import tarfile
+
+    import httpx
+    from conftest import listening
+    from test_build_server import token
+
+    home = tmp_path / "home"
+    toks = {n: token(home, n) for n in ("alice", "bob")}
+    toks["carol"] = token(home, "carol", "--scopes", "list")
+    toks["ops"] = token(home, "ops", "--scopes", "admin")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("notes.txt")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"abc"))
+    with listening(home, "serve") as url:
+        c = {n: httpx.Client(base_url=url + "/api/v1", timeout=60, headers={"Authorization": f"Bearer {t}"})
+             for n, t in toks.items()}
+        try:
+            r = c["alice"].post("/images/import", content=buf.getvalue())
+            assert r.status_code == 201, r.text
+            x = r.json()["image"]
+            assert c["alice"].post(f"/images/{x}/annotations", json={"score": 0.9, "meta": {"verdict": "good"}}
+                                   ).status_code == 200
+            assert c["alice"].post(f"/images/{x}/share", json={"public": True}).status_code == 200
+            exported = c["bob"].get(f"/images/{x}/export")
+            assert exported.status_code == 200
+            r = c["bob"].post("/images/import", content=exported.content)
+            assert r.status_code == 201 and r.json()["image"] == x, r.text
+            r = c["bob"].post(f"/images/{x}/annotations", json={"score": 0.0, "meta": {"verdict": "malware"}})
+            assert r.status_code == 200 and r.json()["score"] == 0.0, r.text
+            alices = {"score": 0.9, "meta": {"verdict": "good"}}
+            for who in ("alice", "carol", "ops"):
+                assert c[who].get(f"/images/{x}").json()["annotations"] == alices, who
+            assert c["bob"].get(f"/images/{x}").json()["annotations"] == {"score": 0.0, "meta": {"verdict": "malware"}}
+            assert c["carol"].post(f"/images/{x}/annotations", json={"score": 0.1}).status_code == 403  # no "tag" scope
+        finally:
+            for cl in c.values():
+                cl.close()
