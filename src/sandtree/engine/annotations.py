@@ -7,8 +7,9 @@ is written, and a refused call changes nothing.
 Each principal has its own (table `annotations_by`: a tenant's name, OPERATOR for the operator and admin
 tokens): a write changes only what its writer reads. An image's ID is its content, so many may hold it (two
 tenants importing the same tree, one re-importing another's export): shared notes would let each rewrite the
-score the others' tree searches and readers rely on. A principal with none of its own on an image reads the
-default: those of whoever shared it (tenancy/view.py), so a published score still reaches its readers."""
+score the others' tree searches and readers rely on. A tenant with none of its own on an image reads the
+default: those of whoever shared it, so a published score still reaches its readers; the operator reads
+only its own (shown_annotations)."""
 
 from __future__ import annotations
 
@@ -102,8 +103,12 @@ def write_annotations(db, image: str, score, meta, principal: str = OPERATOR) ->
 
 
 def shown_annotations(db, image_id: str, principal: str = OPERATOR) -> dict:
-    """What `principal` reads of an image: its own annotations; with none, those of whoever made the
-    image public (public_images.by; NULL: the operator or an admin), if anyone did."""
+    """What `principal` reads of an image: its own annotations; a tenant with none reads those of
+    whoever made the image public (public_images.by; NULL: the operator or an admin), if anyone did.
+    The operator reads only its own: it sees every image, and a default would let a tenant that
+    shares an image put its scores into the operator's reads and trace exports."""
+    if principal == OPERATOR:
+        return read_annotations(db, image_id)
     row = db.one("SELECT by FROM public_images WHERE image=?", (image_id,))
     return read_annotations(db, image_id, principal, None if row is None else (row[0] or OPERATOR))
 
