@@ -126,8 +126,9 @@ CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 MIGRATIONS = [("public_images", "by", "TEXT"), ("layer_objects", "erofs_sha256", "TEXT"),
               ("layer_objects", "erofs_size", "INTEGER"), ("layer_objects", "erofs_idmap", "TEXT")]
 
-# Rows moved from a table whose key changed into its successor, run on every open in the schema's transaction
-# (a no-op once moved; an older sandtree writing the old table meanwhile is moved again), for both backends.
+# Rows moved from a table whose key changed into its successor, on every open in the schema's transaction
+# (nothing once moved; an older sandtree writing the old table meanwhile is moved again), for both backends:
+# (old table, statements).
 # The build cache: a row made by a tenant's operation (tenant_ops) is that tenant's, by any other operation
 # the operator's; a pull's or FROM scratch's (no operation: who asked is unknown) is dropped, to be made
 # again. Annotations: each old row becomes the operator's and every owning tenant's (tenancy/tenant.py
@@ -136,17 +137,28 @@ _OWNERS = ("SELECT image AS image, tenant AS tenant FROM tenant_images UNION "
            "SELECT o.result, w.tenant FROM tenant_ops w JOIN operations o ON o.id=w.op "
            "WHERE o.result IS NOT NULL AND (o.source IS NULL OR o.result != o.source)")
 MOVES = [
-    "INSERT OR IGNORE INTO build_cache_by(principal, key, image, op, hermetic, created) "
-    "SELECT COALESCE((SELECT w.tenant FROM tenant_ops w WHERE w.op=c.op), ''), c.key, c.image, c.op, c.hermetic, "
-    "c.created FROM build_cache c WHERE c.op IS NOT NULL",
-    "DELETE FROM build_cache",
-    "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
-    "SELECT '', image, score, meta, updated FROM annotations",
-    "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
-    f"SELECT DISTINCT w.tenant, a.image, a.score, a.meta, a.updated FROM annotations a JOIN ({_OWNERS}) w "
-    "ON w.image=a.image",
-    "DELETE FROM annotations",
+    ("build_cache", [
+        "INSERT OR IGNORE INTO build_cache_by(principal, key, image, op, hermetic, created) "
+        "SELECT COALESCE((SELECT w.tenant FROM tenant_ops w WHERE w.op=c.op), ''), c.key, c.image, c.op, "
+        "c.hermetic, c.created FROM build_cache c WHERE c.op IS NOT NULL",
+        "DELETE FROM build_cache"]),
+    ("annotations", [
+        "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
+        "SELECT '', image, score, meta, updated FROM annotations",
+        "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
+        f"SELECT DISTINCT w.tenant, a.image, a.score, a.meta, a.updated FROM annotations a JOIN ({_OWNERS}) w "
+        "ON w.image=a.image",
+        "DELETE FROM annotations"]),
 ]
+
+
+def move_rows(con, moves) -> None:
+    """MOVES, each only when its old table holds rows (so an open writes nothing once they are moved:
+    a read-only open of a full disk's database keeps working)."""
+    for table, statements in moves:
+        if con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+            for sql in statements:
+                con.execute(sql)
 
 
 def check_url(url: str | None) -> str:
@@ -182,8 +194,7 @@ class Database(Reads):
             for table, column, kind in MIGRATIONS:
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-            for sql in MOVES:
-                con.execute(sql)
+            move_rows(con, MOVES)
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(SCHEMA_VERSION),))

@@ -123,8 +123,10 @@ class PgDatabase(Reads):
                                        "AND table_name=%s AND column_name=%s", (table, column)).fetchone()
                 if have is None:
                     con.raw.execute(f"ALTER TABLE {table} ADD COLUMN {column} {dialect.schema(kind)}")
-            for sql in moves:
-                con.execute(sql)
+            for table, statements in moves:          # db.py move_rows (not imported: db.py imports this module)
+                if con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+                    for sql in statements:
+                        con.execute(sql)
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(schema_version),))
