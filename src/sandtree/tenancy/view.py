@@ -159,17 +159,6 @@ class TenantView(TenantSight):
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
                 "annotations": self.engine.annotations_as(self.tenant.name, image)}     # its own, else the sharer's
 
-    def annotate(self, image: str, score=None, meta=None) -> dict:
-        # rule: its own annotations (engine/annotations.py), on any image it sees: they change only what it
-        # reads itself, never what another tenant or the operator reads (the same ID may be many's)
-        self._see(image)
-        try:
-            answer = self.engine.annotate_as(self.tenant.name, image, score, meta)
-        except SandtreeError as exc:
-            raise self.plain_error(exc) from None
-        self._audit("annotate", image=image)
-        return answer
-
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
         refs.check_branch(name)
         self._see(image)
