@@ -1,6 +1,6 @@
 """Annotations (issue 17, deliverable 6): a score and metadata on an image, like git notes. Validated
 (untrusted over REST/MCP), durable in the store's SQLite, seen through each surface, and a tenant annotates
-only the images it sees."""
+only the images it sees, for itself."""
 
 from __future__ import annotations
 
@@ -90,7 +90,9 @@ def test_durable_a_new_engine_on_the_store_sees_them(eng_img, tmp_path):
         again.close()
 
 
-def test_a_tenant_annotates_only_images_it_sees(tmp_path):
+def test_each_tenant_annotates_only_for_itself(tmp_path):
+    """Annotations are per principal (a tenant, or the operator): a tenant writes its own on any image
+    it sees, and reads its own, else those of whoever shared the image."""
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
         d = tmp_path / "x"
@@ -103,16 +105,20 @@ def test_a_tenant_annotates_only_images_it_sees(tmp_path):
         assert alice.annotate(x, 0.5, {"by": "alice"})["score"] == 0.5
         with pytest.raises(ImageNotFound):
             bob.annotate(x, 0.0, {"by": "bob"})
-        eng.tenancy.share(x)                              # carol sees it now, but holds no "tag" scope
-        assert reader.image_info(x)["annotations"]["score"] == 0.5
+        assert eng.image_info(x)["annotations"] == {"score": None, "meta": {}}     # not shared: the operator's own
+        alice.share(x)                                    # carol sees it now, but holds no "tag" scope
+        assert reader.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}   # the sharer's
         with pytest.raises(Forbidden):
             reader.annotate(x, 0.0)
-        with pytest.raises(Forbidden):                    # bob sees the shared image and holds "tag": not his to score
-            bob.annotate(x, 0.0, {"by": "bob"})
-        y = bob.import_path(str(d))                       # the same content: now bob's too, he scores it
-        assert y == x and bob.annotate(y, 0.5)["score"] == 0.5
-        assert eng.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
-        assert alice.image_info(x)["annotations"]["meta"] == {"by": "alice"}
+        assert bob.image_info(x)["annotations"]["score"] == 0.5
+        assert bob.annotate(x, 0.0, {"by": "bob"}) == {"score": 0.0, "meta": {"by": "bob"}}     # his own, from none
+        y = bob.import_path(str(d))                       # the same content, now his too: still his own notes
+        assert y == x and bob.annotate(y, None, {"more": 1}) == {"score": 0.0, "meta": {"by": "bob", "more": 1}}
+        assert eng.annotate(x, 0.9, {"by": "operator"})["score"] == 0.9
+        for who in (alice, reader):                       # the sharer's, whatever bob and the operator wrote
+            assert who.image_info(x)["annotations"] == {"score": 0.5, "meta": {"by": "alice"}}
+        assert bob.image_info(x)["annotations"] == {"score": 0.0, "meta": {"by": "bob", "more": 1}}
+        assert eng.image_info(x)["annotations"] == {"score": 0.9, "meta": {"by": "operator"}}
     finally:
         eng.close()
 
@@ -172,8 +178,55 @@ def test_gc_drops_the_annotations_of_collected_images(tmp_path):
         eng.annotate(img, 0.5, {"k": "v"})
         eng.remove_image(img)
         eng.gc(retention=0, grace=0)
-        assert not eng.store.db.query("SELECT image FROM annotations")
+        assert not eng.store.db.query("SELECT image FROM annotations_by")
         again = eng.import_path(str(d))
         assert again == img and eng.image_info(img)["annotations"] == {"score": None, "meta": {}}
     finally:
         eng.close()
+
+
+def test_rest_a_reimport_of_a_shared_image_does_not_rewrite_its_sharers_annotations(tmp_path):
+    """Over a real server: Bob exports the image Alice shared and imports it again (the same ID, now
+    his too); what he writes on it are his notes: Alice and Carol read what Alice wrote, the operator
+(who reads only its own) nothing."""
+    import io
+    import tarfile
+
+    import httpx
+    from conftest import listening
+    from test_build_server import token
+
+    home = tmp_path / "home"
+    toks = {n: token(home, n) for n in ("alice", "bob")}
+    toks["carol"] = token(home, "carol", "--scopes", "list")
+    toks["ops"] = token(home, "ops", "--scopes", "admin")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("notes.txt")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"abc"))
+    with listening(home, "serve") as url:
+        c = {n: httpx.Client(base_url=url + "/api/v1", timeout=60, headers={"Authorization": f"Bearer {t}"})
+             for n, t in toks.items()}
+        try:
+            r = c["alice"].post("/images/import", content=buf.getvalue())
+            assert r.status_code == 201, r.text
+            x = r.json()["image"]
+            assert c["alice"].post(f"/images/{x}/annotations", json={"score": 0.9, "meta": {"verdict": "good"}}
+                                   ).status_code == 200
+            assert c["alice"].post(f"/images/{x}/share", json={"public": True}).status_code == 200
+            exported = c["bob"].get(f"/images/{x}/export")
+            assert exported.status_code == 200
+            r = c["bob"].post("/images/import", content=exported.content)
+            assert r.status_code == 201 and r.json()["image"] == x, r.text
+            r = c["bob"].post(f"/images/{x}/annotations", json={"score": 0.0, "meta": {"verdict": "malware"}})
+            assert r.status_code == 200 and r.json()["score"] == 0.0, r.text
+            alices = {"score": 0.9, "meta": {"verdict": "good"}}
+            for who in ("alice", "carol"):
+                assert c[who].get(f"/images/{x}").json()["annotations"] == alices, who
+            assert c["ops"].get(f"/images/{x}").json()["annotations"] == {"score": None, "meta": {}}  # only its own
+            assert c["bob"].get(f"/images/{x}").json()["annotations"] == {"score": 0.0, "meta": {"verdict": "malware"}}
+            assert c["carol"].post(f"/images/{x}/annotations", json={"score": 0.1}).status_code == 403  # no "tag" scope
+        finally:
+            for cl in c.values():
+                cl.close()

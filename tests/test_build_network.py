@@ -42,7 +42,7 @@ def test_networked_run_step_installs_and_is_cached_non_hermetic(eng, py):
     assert eng.read(res.image, "/six-version") == b"1.16.0\n"
     step = res.steps[3]
     assert not step.cached and step.text == f"RUN {PIP}"
-    assert eng.store.db.one("SELECT hermetic FROM build_cache WHERE op=?", (step.operation,))[0] == 0
+    assert eng.store.db.one("SELECT hermetic FROM build_cache_by WHERE op=?", (step.operation,))[0] == 0
     assert eng.operation(step.operation)["spec"]["hermetic"] is False
     again = r.build()
     assert again.image == res.image and all(s.cached for s in again.steps)   # no network used again

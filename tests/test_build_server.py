@@ -1,8 +1,8 @@
 """Builds through a real `sandtree serve` on loopback (issue 15 item 7): POST /api/v1/builds with a
 context tar streams the steps as Server-Sent Events and gives the in-process build's image ID; the
 remote SDK, the CLI with --server and the MCP `build` tool reach the same build; malicious context
-tars are refused with nothing built; tenants get only the cache hits they may (a RUN's private result
-unless they see it: their own or shared ones), their network grant bounds RUN steps (403), and
+tars are refused with nothing built; tenants and the operator get only the cache hits they may (each
+only its own results: rows are per principal), their network grant bounds RUN steps (403), and
 builds are audited."""
 
 from __future__ import annotations
@@ -289,13 +289,16 @@ def test_tenants_share_only_the_cache_hits_they_may(srv, ctx):
     assert bob["image"] != alice["image"]
     assert b.get("/images/keyed/read", params={"path": "/key"}).content != alice_key
     assert b.get(f"/images/{alice['image']}").status_code == 404          # hers stays hers
-    # a result Alice shared is visible to Bob: then her RUN's result is his hit too
+    # a result Alice shared is visible to Bob, yet not his hit: who built a step decided what its RUN
+    # wrote (cache rows are per principal); he names her image to start from it
     df2 = "FROM base\nRUN head -c 16 /dev/urandom | od -x > /shared-key\n"
     _, ev = post_build(a, b"", text=df2)
     shared = ev[-1][1]["image"]
     assert a.post(f"/images/{shared}/share", json={"public": True}).status_code == 200
     _, ev = post_build(b, b"", text=df2)
-    assert ev[-1][1]["image"] == shared and all(s["cached"] for s in ev[-1][1]["steps"])
+    assert ev[-1][1]["image"] != shared and not ev[-1][1]["steps"][1]["cached"]
+    _, ev = post_build(b, b"", text=f"FROM {shared}\n")
+    assert ev[-1][1]["image"] == shared
 
 
 def test_a_networked_step_beyond_the_grant_is_refused_with_403(srv, ctx):
@@ -384,3 +387,42 @@ def test_a_tenants_run_steps_get_its_limits(srv):
         err = events[-1][1]
         assert err["error"] == "build_failed" and "line 2" in err["message"] and "timed out" in err["message"], err
         assert c.get("/resolve", params={"ref": "never"}).status_code == 404
+
+
+def test_a_tenants_build_never_becomes_the_operators_cache_hit(srv):
+    """Cache rows are per principal. The operator (an admin token) builds a step whose RUN writes a
+    random token; Alice, who cannot see that image, builds the same step and runs it again: her row
+    must not replace the operator's, whose next build is still its own image and token (a recipe
+    pool would roll onto hers; a key generated at build time would be hers to know). And the
+    other way: the operator, who sees every image, does not take a tenant's result as its hit."""
+    ops, a, b = srv["c"]["ops"], srv["c"]["alice"], srv["c"]["bob"]
+    df = f"FROM {srv['base']}\nRUN head -c 16 /dev/urandom | od -x > /build-key\n"
+
+    def build(client, text):
+        status, ev = post_build(client, b"", text=text)
+        assert status == 200 and ev[-1][0] == "result", ev
+        return ev[-1][1]
+
+    def key(client, image):
+        r = client.get(f"/images/{image}/read", params={"path": "/build-key"})
+        assert r.status_code == 200, r.text
+        return r.content
+
+    mine = build(ops, df)
+    assert [s["cached"] for s in mine["steps"]] == [True, False]
+    op_key = key(ops, mine["image"])
+    alice = build(a, df)
+    assert [s["cached"] for s in alice["steps"]] == [True, False] and alice["image"] != mine["image"]
+    again = build(ops, df)
+    assert [s["cached"] for s in again["steps"]] == [True, True]
+    assert again["image"] == mine["image"] and key(ops, again["image"]) == op_key
+    assert build(a, df)["image"] == alice["image"]            # her own row is still her hit
+    bob = build(b, df)                                        # and one tenant's never another's
+    assert not bob["steps"][1]["cached"] and bob["image"] not in (alice["image"], mine["image"])
+    assert build(a, df)["image"] == alice["image"] and build(ops, df)["image"] == mine["image"]
+    # a tenant first: the operator sees its image, yet runs the step itself
+    df2 = f"FROM {srv['base']}\nRUN head -c 16 /dev/urandom | od -x > /build-key-2\n"
+    first = build(a, df2)
+    ours = build(ops, df2)
+    assert not ours["steps"][1]["cached"] and ours["image"] != first["image"]
+    assert build(a, df2)["image"] == first["image"] and build(ops, df2)["image"] == ours["image"]

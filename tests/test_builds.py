@@ -86,7 +86,7 @@ def test_build_runs_each_step_and_a_rebuild_is_all_cache_hits(eng, ctx):
 
     # each cache row names the operation that made its image (rows of the same transaction)
     made = {s.operation: s.image for s in res.steps[1:]}
-    rows = dict(eng.store.db.query("SELECT op, image FROM build_cache WHERE op IS NOT NULL"))
+    rows = dict(eng.store.db.query("SELECT op, image FROM build_cache_by WHERE op IS NOT NULL"))
     assert all(rows[op] == image for op, image in made.items())
     assert {eng.operation(op)["result"] for op in made} == set(made.values())
 
@@ -276,7 +276,7 @@ def test_gc_keeps_a_built_image_s_steps_and_drops_rows_of_removed_ones(eng):
     assert all(s.cached for s in eng.build(r).steps)       # the tagged result keeps its ancestors
     eng.untag("kept")
     eng.gc(retention=0, grace=0)
-    assert eng.store.db.one("SELECT COUNT(*) FROM build_cache WHERE image=?", (res.image,))[0] == 0
+    assert eng.store.db.one("SELECT COUNT(*) FROM build_cache_by WHERE image=?", (res.image,))[0] == 0
     assert not eng.build(r).steps[2].cached
 
 

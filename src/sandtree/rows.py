@@ -47,7 +47,6 @@ class Op:
     group: str = "engine"               # "engine": engine.<name>; "operations": engine.operations.<name>
     custom_remote: bool = False         # the remote client writes this one by hand (a stream, a tar)
     caller: bool = False                # the answer depends on who asks (Tenancy.<name>(..., by=tenant))
-    owned: tuple[str, ...] = ()         # image arguments a tenant must own, not only see (it writes what all see)
 
     def bind(self, *args, **kwargs) -> dict:
         """The call's arguments by name, defaults applied; TypeError as a Python call would."""
@@ -63,15 +62,13 @@ OPS: dict[str, Op] = {}
 
 
 def op(scope: str | None, *, images=(), audit: str | None = None, admin: bool = False, http: Http | None = None,
-       local: str | None = None, group: str = "engine", custom_remote: bool = False, caller: bool = False,
-       owned=()):
+       local: str | None = None, group: str = "engine", custom_remote: bool = False, caller: bool = False):
     """Declare the decorated signature as an operation (the function itself is never called)."""
     def deco(fn):
         sig = inspect.signature(fn)
         assert all(a in sig.parameters for a in images), (fn.__name__, images)   # (HTTP: test_conformance)
-        assert set(owned) <= set(images), (fn.__name__, owned)
         key = fn.__name__ if group == "engine" else f"{group}.{fn.__name__}"
         OPS[key] = Op(fn.__name__, sig, inspect.getdoc(fn) or "", scope, tuple(images), audit, admin, http, local,
-                      group, custom_remote, caller, tuple(owned))
+                      group, custom_remote, caller)
         return fn
     return deco

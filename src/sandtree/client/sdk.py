@@ -140,7 +140,8 @@ class Sandtree:
 
     def annotate(self, image: "Image | str", score: float | None = None, **meta) -> dict:
         """Merge a score and metadata (key=JSON scalar; None removes a key) into an image's annotations, like
-        git notes (the image's ID does not change); returns {"score": ..., "meta": {...}}."""
+        git notes (the image's ID does not change); returns {"score": ..., "meta": {...}}. On a server each
+        tenant has its own annotations (the operator and admin tokens one set)."""
         return self._engine.annotate(self._id(image), score, meta or None)
 
     def annotations(self, image: "Image | str") -> dict:

@@ -8,6 +8,13 @@ the transaction that records the step's result (records.Records.record's `also`)
 names an image whose rows are missing; a hit is used only while the image still exists (gc or
 `image rm` may remove it) and is visible to the caller. A step with network is cached but marked
 hermetic=0: its result depends on what the network answered then.
+
+Rows are per principal (the tenant that built, "" the operator and admins: OPERATOR): a build hits
+only its own principal's rows, and a step that runs again replaces only that principal's row. A
+tenant that cannot see the operator's result of a step runs it again; were rows per key alone, its
+result (whatever its RUN wrote: a token, a key it generated) would become the operator's next hit,
+and a recipe pool's image. Another principal's row is not trusted even when the image is visible:
+who built it decided what the step wrote.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import time
 from ..recipe.steps import ContextFile
 from ..store.store import Store
 
-__all__ = ["step_key", "lookup", "put", "Entry", "KEY_VERSION"]
+__all__ = ["step_key", "lookup", "put", "Entry", "KEY_VERSION", "OPERATOR"]
 
 KEY_VERSION = 1      # bump when what a key covers changes: old rows then never match
+OPERATOR = ""        # the principal of the operator's (and an admin token's) builds
 
 
 def _files(files: tuple[ContextFile, ...]) -> list:
@@ -38,18 +46,19 @@ def step_key(parent: str, text: str, *, files: tuple[ContextFile, ...] = (), net
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def lookup(store: Store, key: str, visible=None) -> str | None:
-    """The image a step with this key made, if it still exists (and visible(image) allows it)."""
-    row = store.db.one("SELECT c.image FROM build_cache c JOIN images i ON i.id = c.image WHERE c.key=?", (key,))
+def lookup(store: Store, key: str, visible=None, principal: str = OPERATOR) -> str | None:
+    """The image `principal`'s step with this key made, if it still exists (and visible(image) allows it)."""
+    row = store.db.one("SELECT c.image FROM build_cache_by c JOIN images i ON i.id = c.image "
+                       "WHERE c.principal=? AND c.key=?", (principal, key))
     if row is None or (visible is not None and not visible(row[0])):
         return None
     return row[0]
 
 
-def put(con, key: str, image: str, op: str | None, hermetic: bool) -> None:
-    """Inside the transaction that records the step's result."""
-    con.execute("INSERT OR REPLACE INTO build_cache(key, image, op, hermetic, created) VALUES(?,?,?,?,?)",
-                (key, image, op, 1 if hermetic else 0, time.time()))
+def put(con, key: str, image: str, op: str | None, hermetic: bool, principal: str = OPERATOR) -> None:
+    """Inside the transaction that records the step's result: `principal`'s row (never another's)."""
+    con.execute("INSERT OR REPLACE INTO build_cache_by(principal, key, image, op, hermetic, created) "
+                "VALUES(?,?,?,?,?,?)", (principal, key, image, op, 1 if hermetic else 0, time.time()))
 
 
 class Entry:
@@ -58,8 +67,8 @@ class Entry:
     and its transaction are a node's (engine/clustered.py), so this crosses to it pickled by
     reference (the database is shared: the row lands where it would here, with the result)."""
 
-    def __init__(self, key: str, op: str | None, hermetic: bool):
-        self.key, self.op, self.hermetic = key, op, hermetic
+    def __init__(self, key: str, op: str | None, hermetic: bool, principal: str = OPERATOR):
+        self.key, self.op, self.hermetic, self.principal = key, op, hermetic, principal
 
     def __call__(self, con, image: str) -> None:
-        put(con, self.key, image, self.op, self.hermetic)
+        put(con, self.key, image, self.op, self.hermetic, self.principal)

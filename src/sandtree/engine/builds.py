@@ -102,6 +102,8 @@ class OperatorGuard:
     """The operator's build (in process, an admin token): every image and cache hit, any network.
     A tenant's view has the same methods with its own rules (tenancy/view.py)."""
 
+    build_principal = buildcache.OPERATOR    # whose build cache rows it hits and writes (a tenant: its name)
+
     def __init__(self, resolve, pull):
         self.resolve, self.pull = resolve, pull          # the engine's own (every image, any pull)
 
@@ -240,14 +242,15 @@ class BuildOps:
                 raise InvalidInput("no FROM before it")
             key, hermetic, run = self._plan(b, step, image, si)
             kind = "run" if isinstance(step, Run) else "copy" if isinstance(step, Copy) else "configure"
-            hit = None if fresh else buildcache.lookup(self.store, key,
+            who = b.guard.build_principal
+            hit = None if fresh else buildcache.lookup(self.store, key, principal=who,
                                                        visible=lambda img: b.guard.build_hit(img, kind))
             if hit is not None:
                 return finish(hit, True, None)
             emit("running")
             op = uuid.uuid4().hex
             b.guard.claim(op)
-            img = run(buildcache.Entry(key, op, hermetic), op, emit)
+            img = run(buildcache.Entry(key, op, hermetic, who), op, emit)
         except BuildFailed:
             emit("failed")
             raise
@@ -274,14 +277,15 @@ class BuildOps:
             return finish(scratch_image(self.store, self._adopt), True, None)
         if base.startswith("docker://"):
             key = buildcache.step_key("", f"FROM {base}")
-            hit = None if fresh else buildcache.lookup(self.store, key,
+            who = b.guard.build_principal
+            hit = None if fresh else buildcache.lookup(self.store, key, principal=who,
                                                        visible=lambda img: b.guard.build_hit(img, "from"))
             if hit is not None:
                 return finish(hit, True, None)
             emit("running")
             img = b.guard.pull(base)
             with self.store.db.tx() as con:
-                buildcache.put(con, key, img, None, False)
+                buildcache.put(con, key, img, None, False, who)
             return finish(img, False, None)
         return finish(b.guard.resolve(base), True, None)
 

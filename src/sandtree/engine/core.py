@@ -32,7 +32,7 @@ from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
-from .annotations import AnnotationOps, read_annotations
+from .annotations import AnnotationOps, shown_annotations
 from .branching import BranchingOps
 from .buildcontexts import ContextBuildOps
 from .builds import BuildOps
@@ -438,7 +438,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         row = self.store.image(image)
         return {"id": image, "tags": sorted(self.store.tags(image)), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
-                "annotations": read_annotations(self.store.db, image)}
+                "annotations": shown_annotations(self.store.db, image)}
 
     def branch_head(self, name: str) -> str:
         return refs.head(self.store, name)

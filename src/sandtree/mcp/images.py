@@ -81,7 +81,8 @@ def register(t: Toolkit) -> None:
     @t.tool
     def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
         """Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
-        notes: its ID stays. Returns the image's annotations. Tree search scores its nodes this way.
+        notes: its ID stays. Returns your annotations of it (each tenant has its own). Tree search scores its
+        nodes this way.
         score: a finite number (e.g. a reward or the fraction of tests passing); omitted: unchanged
         meta: key -> string, number, boolean or null (removes the key); keys 1-64 of A-Z a-z 0-9 _ . -"""
         i = engine.resolve(image)

@@ -96,14 +96,23 @@ CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
     action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
--- The build cache (engine/buildcache.py): a step's key -> the image it made, written in the
--- transaction that records the step; a hit needs the image still there (and visible).
+-- The build cache (engine/buildcache.py): a principal's step key -> the image its step made, written in
+-- the transaction that records the step; a hit needs the image still there (and visible). principal: the
+-- tenant that built it, '' the operator (and admins): one principal never hits, nor replaces, another's row.
+CREATE TABLE IF NOT EXISTS build_cache_by(principal TEXT NOT NULL, key TEXT NOT NULL, image TEXT NOT NULL,
+    op TEXT, hermetic INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY(principal, key));
+-- Before build_cache_by (one row per key, whoever built it): emptied into it on open (MOVES), kept so
+-- that the move reads it on every store.
 CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL, op TEXT,
     hermetic INTEGER NOT NULL, created REAL NOT NULL);
 -- Ephemeral images (store/ephemeral.py): a disposable run's end state, unlisted, collected after a TTL.
 CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
 -- Annotations (engine/annotations.py): a score and metadata about an image, like git notes: they never
--- change its ID. Added in place (IF NOT EXISTS): older stores gain the table, older code ignores it.
+-- change its ID. Each principal's own (a tenant's name, '' the operator and admins): one that writes them
+-- changes only what it reads itself.
+CREATE TABLE IF NOT EXISTS annotations_by(principal TEXT NOT NULL, image TEXT NOT NULL, score REAL,
+    meta TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY(principal, image));
+-- Before annotations_by (one row per image, any owner wrote it): emptied into it on open (MOVES).
 CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
 -- Engines that own operations, by boot id, pid and start time (engine/heartbeat.py): beat every few
 -- seconds, so an engine on another machine (API replicas on one database) can tell that one is gone.
@@ -116,6 +125,40 @@ CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 # packer's ("uid_base gid_base count"): a node with another one takes the tar.
 MIGRATIONS = [("public_images", "by", "TEXT"), ("layer_objects", "erofs_sha256", "TEXT"),
               ("layer_objects", "erofs_size", "INTEGER"), ("layer_objects", "erofs_idmap", "TEXT")]
+
+# Rows moved from a table whose key changed into its successor, on every open in the schema's transaction
+# (nothing once moved; an older sandtree writing the old table meanwhile is moved again), for both backends:
+# (old table, statements).
+# The build cache: a row made by a tenant's operation (tenant_ops) is that tenant's, by any other operation
+# the operator's; a pull's or FROM scratch's (no operation: who asked is unknown) is dropped, to be made
+# again. Annotations: each old row becomes the operator's and every owning tenant's (tenancy/tenant.py
+# OWNED), so each reads what it read before; a public image's readers see its sharer's (an owner's).
+_OWNERS = ("SELECT image AS image, tenant AS tenant FROM tenant_images UNION "
+           "SELECT o.result, w.tenant FROM tenant_ops w JOIN operations o ON o.id=w.op "
+           "WHERE o.result IS NOT NULL AND (o.source IS NULL OR o.result != o.source)")
+MOVES = [
+    ("build_cache", [
+        "INSERT OR IGNORE INTO build_cache_by(principal, key, image, op, hermetic, created) "
+        "SELECT COALESCE((SELECT w.tenant FROM tenant_ops w WHERE w.op=c.op), ''), c.key, c.image, c.op, "
+        "c.hermetic, c.created FROM build_cache c WHERE c.op IS NOT NULL",
+        "DELETE FROM build_cache"]),
+    ("annotations", [
+        "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
+        "SELECT '', image, score, meta, updated FROM annotations",
+        "INSERT OR IGNORE INTO annotations_by(principal, image, score, meta, updated) "
+        f"SELECT DISTINCT w.tenant, a.image, a.score, a.meta, a.updated FROM annotations a JOIN ({_OWNERS}) w "
+        "ON w.image=a.image",
+        "DELETE FROM annotations"]),
+]
+
+
+def move_rows(con, moves) -> None:
+    """MOVES, each only when its old table holds rows (so an open writes nothing once they are moved:
+    a read-only open of a full disk's database keeps working)."""
+    for table, statements in moves:
+        if con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+            for sql in statements:
+                con.execute(sql)
 
 
 def check_url(url: str | None) -> str:
@@ -137,7 +180,7 @@ def open_database(home: str, url: str | None):
     """The store's metadata database: `url` postgresql://... (store/pgdb.py), or None / "" / a
     sqlite:///path URL: SQLite (default: HOME/sandtree.db)."""
     if check_url(url) == "postgresql":
-        return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION)
+        return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION, MOVES)
     return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"))
 
 
@@ -151,6 +194,7 @@ class Database(Reads):
             for table, column, kind in MIGRATIONS:
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            move_rows(con, MOVES)
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(SCHEMA_VERSION),))

@@ -11,7 +11,7 @@ invalidated between its read and its write. Branch moves are in addition a condi
 (refs.advance), a compare-and-swap that needs no lock. A commit is PostgreSQL's (fsynced WAL): a
 process killed mid-transaction leaves nothing of it.
 
-The schema and its migrations are db.py's (SCHEMA, MIGRATIONS), translated once; creating them
+The schema and its migrations are db.py's (SCHEMA, MIGRATIONS, MOVES), translated once; creating them
 takes a second advisory lock so two processes opening one fresh database do not race.
 """
 
@@ -108,7 +108,7 @@ class _Connection:
 
 
 class PgDatabase(Reads):
-    def __init__(self, url: str, sqlite_schema: str, migrations, schema_version: int):
+    def __init__(self, url: str, sqlite_schema: str, migrations, schema_version: int, moves=()):
         if not url.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"a database URL is postgresql://...: {url.split('@')[-1]!r}")
         self.path = url                      # what errors and fsck name
@@ -123,6 +123,10 @@ class PgDatabase(Reads):
                                        "AND table_name=%s AND column_name=%s", (table, column)).fetchone()
                 if have is None:
                     con.raw.execute(f"ALTER TABLE {table} ADD COLUMN {column} {dialect.schema(kind)}")
+            for table, statements in moves:          # db.py move_rows (not imported: db.py imports this module)
+                if con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+                    for sql in statements:
+                        con.execute(sql)
             row = con.execute("SELECT value FROM meta WHERE key='format'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES('format', ?)", (str(schema_version),))

@@ -32,9 +32,9 @@ def images() -> list[dict]:
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
-@op("tag", images=("image",), owned=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
+@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
 def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
-    """Merge a score and metadata (key -> JSON scalar; null removes a key) into an image's annotations; returns them."""
+    """Merge a score and metadata (key -> JSON scalar; null removes a key) into your annotations of an image; returns them."""
 
 @op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
 def untag(name: str) -> str:

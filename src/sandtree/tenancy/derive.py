@@ -10,7 +10,8 @@ refuses a tenant, its `scope` is required of the token (Forbidden naming it), th
   operation) must be its own, and a sandbox prefix or a ref name becomes what the engine calls
   it; resources are capped by the tenant's limits; lineage rows are answered by
   branching/lineage's queries through the tenant's filter, the rest by the engine; what the call
-  makes becomes the tenant's (the tables below); the row's `audit` action is recorded.
+  makes becomes the tenant's (the tables below); a row of per-principal rows is answered with the
+  tenant's own (AS_PRINCIPAL); the row's `audit` action is recorded.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ KEEPS = {"upload": "upload", "upload_file": "upload", "file_set_create": "file_s
 # Rows whose answer is an image the tenant made: it owns it, and the engine's operation of this
 # kind that made it becomes the tenant's (lineage and audit show it).
 MAKES = {"import_path": "import", "sandbox_hibernate": "commit", "configure": "configure"}
+# Rows whose rows in the store are each principal's (engine/annotations.py): the engine's
+# `<name>_as(principal, ...)` answers a tenant's call, with the tenant's own.
+AS_PRINCIPAL = {"annotate"}
 # The lineage rows: branching/lineage's query, given the tenant's filter instead of the engine's
 # unfiltered one (store, bound arguments, filter) -> answer.
 LINEAGE = {
@@ -55,9 +59,12 @@ def _via(store):
     return via
 
 
-def call(target, row: Op, args: dict):
-    """target.<row>(...) with bound arguments: positional ones by position, the rest by name."""
+def call(target, row: Op, args: dict, principal: str | None = None):
+    """target.<row>(...) with bound arguments: positional ones by position, the rest by name
+    (principal: target.<row>_as(principal, ...), AS_PRINCIPAL's)."""
     pos = [args.pop(p.name) for p in row.signature.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if principal is not None:
+        return getattr(target, f"{row.name}_as")(principal, *pos, **args)
     return getattr(target, row.name)(*pos, **args)
 
 

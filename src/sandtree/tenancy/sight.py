@@ -13,7 +13,7 @@ from ..store.names import check_tag
 from ..defaults import RunRecord
 from ..table import Op
 from . import auditing
-from .derive import KEEPS, LINEAGE, MAKES, REFS, call
+from .derive import AS_PRINCIPAL, KEEPS, LINEAGE, MAKES, REFS, call
 from .limits import capped
 from .tenant import OWNED, SEP, VISIBLE, Tenant
 
@@ -209,14 +209,6 @@ class TenantSight:
         if row.scope is not None:
             self.need_scope(row.scope)
 
-    def _owned(self, image: str, row: Op) -> None:
-        """A row that writes what every tenant seeing the image reads (its annotations): only an owner
-        of the image (one that imported or made it; an admin: any) may call it."""
-        if not self.tenant.admin and self.db.one(f"SELECT 1 FROM images WHERE id=:i AND {OWNED}",
-                                                 {"t": self.tenant.name, "i": image}) is None:
-            raise Forbidden(f"only a tenant that owns an image may {row.name} it (one shared with it: its owner's)",
-                            scope=row.scope)
-
     def _call_row(self, row: Op, args: dict, target=None):
         """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
         on `target`: the engine (None) or its operations."""
@@ -224,8 +216,6 @@ class TenantSight:
         for a in row.images:
             if args.get(a) is not None:
                 args[a] = shown[a] = self._see(args[a])
-                if a in row.owned:
-                    self._owned(args[a], row)
         for a, own in self._OWN_ARGS.items():
             if a in args and not (a == "digest" and row.name in KEEPS):
                 args[a] = own(self, args[a])
@@ -246,7 +236,8 @@ class TenantSight:
             elif row.caller:                    # the tenancy answers, and records, with the caller
                 answer = call(self.tenancy, row, {**args, "by": self.tenant})
             else:
-                answer = call(self.engine if target is None else target, row, dict(args))
+                answer = call(self.engine if target is None else target, row, dict(args),
+                              self.tenant.name if row.name in AS_PRINCIPAL else None)
         except SandtreeError as exc:
             raise self.plain_error(exc) from None
         if row.name in KEEPS:

@@ -157,7 +157,7 @@ class TenantView(TenantSight):
         row = self.engine.store.image(image)
         return {"id": image, "tags": self._names().get(image, []), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
-                "annotations": self.engine.image_info(image)["annotations"]}     # per image, as the engine's
+                "annotations": self.engine.annotations_as(self.tenant.name, image)}     # its own, else the sharer's
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
         refs.check_branch(name)
@@ -340,6 +340,12 @@ class TenantView(TenantSight):
         may hold what that run generated (a key, a token). The step runs again for this tenant
         instead: a deterministic step converges on the same image ID, now its own too."""
         return self._visible(image)
+
+    @property
+    def build_principal(self) -> str:
+        """Whose build cache rows this tenant's builds hit and write: its own only (engine/buildcache.py).
+        Not the operator's: its result is one the tenant cannot see (build_hit would refuse it anyway)."""
+        return self.tenant.name
 
     def build_run_options(self) -> dict:
         """A RUN step's resources: this tenant's caps (a build asks none of its own)."""
