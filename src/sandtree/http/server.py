@@ -25,7 +25,6 @@ import sys
 from fastapi import FastAPI
 
 from .. import defaults as D
-
 from ..engine import Engine, parse_size
 from ..engine.dockerfiles import dockerfile_recipe
 from ..engine.poolroll import RecipeWatch
