@@ -187,6 +187,26 @@ def test_limits_accept_exactly_the_limit(bb):
     assert r.stdout.decode().split() == [str(len(args)), str(len(env))]
 
 
+def test_execve_e2big_is_invalid_input(tmp_path, rootfs):
+    """Within the limits execve still says E2BIG where the engine runs with a small stack rlimit
+    (execve takes a quarter of it): the caller's input, not an internal error (it was OSError)."""
+    code = f"""
+import resource, sandtree
+resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+st = sandtree.Sandtree({str(tmp_path / "home")!r}, warm=0)
+try:
+    img = st.import_image({rootfs!r})
+    img.run(["true", "a" * (120 << 10)], env={{"A": "b" * (120 << 10), "B": "c" * (120 << 10)}}, timeout=30)
+    print("ran")
+except sandtree.InvalidInput as e:
+    print("invalid_input", e)
+finally:
+    st.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("invalid_input"), (out.stdout, out.stderr[-2000:])
+
+
 # ---- a run told to stop always ends ---------------------------------------------------------------
 def test_pump_ends_a_run_whose_kill_does_not_close_its_pipes():
     """The runtime's kill (SIGKILL to the sandbox's pid 1) did nothing to a helper stuck writing its
@@ -246,8 +266,8 @@ def server(tmp_path, rootfs):
 
 
 def _refused(r, limit: int):
-    assert r.status_code == 400, r.text
-    assert r.json()["error"] == "invalid_input", r.text
+    assert r.status_code == 400, r.text[:500]
+    assert r.json()["error"] == "invalid_input", r.text[:500]
     assert str(limit) in r.json()["message"]
 
 
@@ -265,7 +285,7 @@ def test_rest_big_env_on_a_warmed_server(server):
     time.sleep(0.5)                          # (the pool's helpers start after the first run)
     big = _text(100 << 10, "rest")
     r = server.run(command='printf %s "$BIG" | sha256sum | cut -c1-64', env={"BIG": big}, timeout=5)
-    assert r.status_code == 201, r.text
+    assert r.status_code == 201, r.text[:500]
     assert r.json()["status"] == "done" and r.json()["outcome"]["exit_code"] == 0, r.text[:2000]
     assert r.json()["stdout"].strip() == _sha(big)
     _refused(server.run(command="true", env={"BIG": _over(D.ENV_VAR_MAX_BYTES - 4)}, timeout=5),
@@ -286,7 +306,7 @@ def test_rest_oversize_runs_do_not_take_the_slots(server):
     ops = []
     for i in range(4):
         r = server.run(command="true", env={"BIG": _text(100 << 10, str(i))}, timeout=5, wait=False)
-        assert r.status_code == 201, r.text
+        assert r.status_code == 201, r.text[:500]
         ops.append(r.json()["id"])
         _refused(server.run(command="true", env={"BIG": _over(D.ENV_VAR_MAX_BYTES)}, timeout=5),
                  D.ENV_VAR_MAX_BYTES)

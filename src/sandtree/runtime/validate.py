@@ -99,6 +99,14 @@ def check_env(env) -> None:
             raise InvalidInput(f"the environment is over {D.ENV_MAX_BYTES} bytes", limit=D.ENV_MAX_BYTES)
 
 
+def too_big_for_execve() -> InvalidInput:
+    """What an E2BIG from execve becomes: within the limits above that happens only where the
+    engine runs with a stack rlimit under 8 MiB (execve takes a quarter of it); still the
+    caller's input, not an internal error."""
+    return InvalidInput("the command and its environment are too large for execve on this host "
+                        "(its stack limit allows less than the documented limits)")
+
+
 def check_files_fit(spec: RunSpec) -> None:
     """Injected files are written into the run's scratch, so they count against its disk (in
     whole pages, as tmpfs counts them) and its inodes: refused here, before any sandbox starts,
