@@ -166,16 +166,22 @@ def test_limits_refused_before_anything_starts(bb, case):
     assert len(bb.log()) == before           # nothing ran, nothing was recorded
 
 
-def test_limits_accept_exactly_the_limit(bb):
-    """Each limit itself is accepted (and the sandbox sees it)."""
+def _env_at_the_limit() -> dict:
+    """Variables that with the image's defaults (DEFAULT_ENV) fill the environment to exactly its limit."""
     room = D.ENV_MAX_BYTES - sum(len(f"{k}={v}".encode()) + 1 for k, v in DEFAULT_ENV.items())
     env, left, i = {}, room, 0
-    while left > 0:                          # fill the environment to exactly its limit
+    while left > 0:
         n = min(D.ENV_VAR_MAX_BYTES, left - 1)
         name = f"V{i:03d}"
         env[name] = "v" * (n - len(name) - 1)
         left -= n + 1
         i += 1
+    return env
+
+
+def test_limits_accept_exactly_the_limit(bb):
+    """Each limit itself is accepted (and the sandbox sees it)."""
+    env = _env_at_the_limit()
     args = ["a" * D.ARG_MAX_BYTES] * (D.COMMAND_MAX_BYTES // (D.ARG_MAX_BYTES + 1))
     fill = D.COMMAND_MAX_BYTES - sum(len(a) + 1 for a in args) - len("/bin/sh\0-c\0") - len("sh\0")
     script = 'echo $#; env | grep -c "^V"'
@@ -205,6 +211,25 @@ finally:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("invalid_input"), (out.stdout, out.stderr[-2000:])
+
+
+def test_live_commands_at_the_limit(bb):
+    """A live sandbox's shell command carries the caller's env in variables of its own, beside
+    the session script (RUNTIME_ROOM): an env at the limit is still the caller's to use; one past
+    it is refused naming the caller's variable, not the session's."""
+    env = _env_at_the_limit()
+    sb = bb.start()
+    try:
+        r = sb.exec('env | grep -c "^V"', env=env, timeout=60)
+        assert r.exit_code == 0 and r.stdout.decode().split() == [str(len(env))], r.stderr
+        r = sb.exec(["/bin/sh", "-c", 'env | grep -c "^V"'], env=env, timeout=60)
+        assert r.exit_code == 0 and r.stdout.decode().split() == [str(len(env))], r.stderr
+        with pytest.raises(sandtree.InvalidInput, match="'BIG'"):
+            sb.exec("true", env={"BIG": _over(D.ENV_VAR_MAX_BYTES)})
+        with pytest.raises(sandtree.InvalidInput, match=str(D.ARG_MAX_BYTES)):
+            sb.exec("echo " + _over(D.ARG_MAX_BYTES))
+    finally:
+        sb.stop()
 
 
 # ---- a run told to stop always ends ---------------------------------------------------------------

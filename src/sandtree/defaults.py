@@ -41,6 +41,9 @@ ENV_MAX_BYTES = 256 << 10            # all variables (each counts NAME=VALUE + 1
 ENV_MAX_VARS = 4096                  # variables
 ENV_VAR_MAX_BYTES = 127 << 10        # one variable's NAME=VALUE
 PATH_MAX_BYTES = 4095                # the working directory (the kernel's PATH_MAX, less its NUL)
+RUNTIME_ROOM = 16 << 10              # bytes (and RUNTIME_ROOM // 256 arguments or variables) the engine adds
+                                     # beyond the caller's (a live sandbox's shell session, an egress link's proxy
+                                     # settings): checked with this room once added, the caller's without it
 CWD = "/"
 FILE_MODE = 0o644
 # The inspect-ai sandbox "sandtree" (integrations/inspect_sandbox.py): a sample's sandbox lives the sample's length,

@@ -13,7 +13,7 @@ import uuid
 
 from .. import defaults as D
 from ..runtime.base import RunSpec
-from ..runtime.validate import check_command, validate_spec
+from ..runtime.validate import check_command, check_env, validate_spec
 from ..errors import InvalidInput, SandtreeError
 from ..store import ephemeral, refs
 from ..store.store import ImageRow
@@ -129,6 +129,7 @@ class RunOps:
                            env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                            hostname=hostname, files=injected, limits=lim, on_output=on_output,
                            prepare_changes=self.specs.injector(source, injected), cancel=cancel)
+            check_env(spec.env)                  # the image's and the caller's, before an egress link adds its own
             validate_spec(spec)                  # before anything starts or is recorded
             if check_only:
                 return None

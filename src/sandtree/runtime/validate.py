@@ -20,8 +20,8 @@ def disk_inodes(disk: int) -> int:
 def validate_spec(spec: RunSpec) -> None:
     """Bad input gets a clear error before anything starts (shared by every tier and the engine's checks)."""
     lim = spec.limits
-    check_command(spec.argv)
-    check_env(spec.env)
+    check_command(spec.argv, D.RUNTIME_ROOM)     # (the engine checked the caller's own without it)
+    check_env(spec.env, D.RUNTIME_ROOM)
     if not (lim.timeout > 0):
         raise InvalidInput(f"timeout must be positive, not {lim.timeout}")
     for name in ("memory", "pids", "disk", "output"):
@@ -47,6 +47,9 @@ def validate_spec(spec: RunSpec) -> None:
         raise InvalidInput(f"netns_fd must be an open file descriptor, not {spec.netns_fd!r}")
 
 
+_MAX_ARG_STRLEN = 128 << 10             # the kernel's cap on one argv/envp string, its NUL included
+
+
 def _size(s: str, cap: int, what: str) -> int:
     """s's length in bytes as execve gets it (UTF-8; bytes the caller's text could not decode
     kept as surrogate escapes), or any number over cap once it is surely over: a 30 MB string is
@@ -59,43 +62,49 @@ def _size(s: str, cap: int, what: str) -> int:
         raise InvalidInput(f"{what} is not valid text (a lone surrogate)") from None
 
 
-def check_command(argv) -> None:
+def check_command(argv, room: int = 0) -> None:
     """The command's arguments fit what execve takes in the sandbox (defaults.COMMAND_MAX_*):
     beyond it the kernel answers E2BIG, or a helper's spec would not fit; refused here, before
-    anything starts, whatever the tier."""
+    anything starts, whatever the tier. room: bytes the engine added (defaults.RUNTIME_ROOM)."""
     if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
         raise InvalidInput("the command must be a non-empty list of strings without NUL bytes")
-    if len(argv) > D.COMMAND_MAX_ARGS:
+    max_args, max_bytes = D.COMMAND_MAX_ARGS + room // 256, D.COMMAND_MAX_BYTES + room
+    max_arg = D.ARG_MAX_BYTES if not room else _MAX_ARG_STRLEN - 1
+    if len(argv) > max_args:
         raise InvalidInput(f"the command has {len(argv)} arguments (at most {D.COMMAND_MAX_ARGS})",
                            limit=D.COMMAND_MAX_ARGS)
     total = 0
     for i, a in enumerate(argv):
-        n = _size(a, D.ARG_MAX_BYTES, "the command")
-        if n > D.ARG_MAX_BYTES:
+        n = _size(a, max_arg, "the command")
+        if n > max_arg:
             raise InvalidInput(f"argument {i} of the command is {n} bytes (at most {D.ARG_MAX_BYTES} each)",
                                limit=D.ARG_MAX_BYTES)
         total += n + 1
-        if total > D.COMMAND_MAX_BYTES:
+        if total > max_bytes:
             raise InvalidInput(f"the command is over {D.COMMAND_MAX_BYTES} bytes", limit=D.COMMAND_MAX_BYTES)
 
 
-def check_env(env) -> None:
+def check_env(env, room: int = 0) -> None:
     """The environment fits what execve takes in the sandbox (defaults.ENV_*); names are
-    non-empty, without '=' or NUL (NAME=VALUE would split elsewhere), values without NUL."""
+    non-empty, without '=' or NUL (NAME=VALUE would split elsewhere), values without NUL.
+    room: bytes the engine added (defaults.RUNTIME_ROOM)."""
     if not isinstance(env, dict):
         raise InvalidInput("env must map names to values")
-    if len(env) > D.ENV_MAX_VARS:
+    # (a variable the engine renamed, a shell session's __st_v_NAME, may be longer than the
+    # caller's: up to what a cold start's helper takes as _ST_NAME=VALUE)
+    max_var = D.ENV_VAR_MAX_BYTES if not room else _MAX_ARG_STRLEN - len("_ST_") - 1
+    if len(env) > D.ENV_MAX_VARS + room // 256:
         raise InvalidInput(f"env has {len(env)} variables (at most {D.ENV_MAX_VARS})", limit=D.ENV_MAX_VARS)
     total = 0
     for k, v in env.items():
         if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v:
             raise InvalidInput(f"bad environment variable {k!r}"[:200])
-        n = _size(k, D.ENV_VAR_MAX_BYTES, "env") + 1 + _size(v, D.ENV_VAR_MAX_BYTES, "env")
-        if n > D.ENV_VAR_MAX_BYTES:
+        n = _size(k, max_var, "env") + 1 + _size(v, max_var, "env")
+        if n > max_var:
             raise InvalidInput(f"environment variable {k[:64]!r} is {n} bytes as NAME=VALUE "
                                f"(at most {D.ENV_VAR_MAX_BYTES} each)", limit=D.ENV_VAR_MAX_BYTES)
         total += n + 1
-        if total > D.ENV_MAX_BYTES:
+        if total > D.ENV_MAX_BYTES + room:
             raise InvalidInput(f"the environment is over {D.ENV_MAX_BYTES} bytes", limit=D.ENV_MAX_BYTES)
 
 
