@@ -25,9 +25,25 @@ OPERATIONS_LIMIT = 50                # entries of `operations.list`
 LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
+SHUTDOWN_GRACE = 10.0                # seconds `serve` waits on requests in flight after SIGTERM; then they are
+                                     # dropped and the engine's runs cancelled (their sandboxes killed)
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
+# What a run's command and environment may hold, refused (invalid_input) before anything starts.
+# Sizes are UTF-8 bytes. Within what execve(2) takes inside a sandbox (its stack rlimit is 8 MiB:
+# argv + envp up to 2 MiB; one string up to MAX_ARG_STRLEN, 128 KiB with its NUL), with room for
+# the runtime's own options and its "_ST_" prefix on each variable (runtime/validate.py).
+COMMAND_MAX_BYTES = 256 << 10        # all arguments of the command (each counts its length + 1)
+COMMAND_MAX_ARGS = 8192              # arguments of the command
+ARG_MAX_BYTES = 127 << 10            # one argument (a `sh -c` script is one)
+ENV_MAX_BYTES = 256 << 10            # all variables (each counts NAME=VALUE + 1)
+ENV_MAX_VARS = 4096                  # variables
+ENV_VAR_MAX_BYTES = 127 << 10        # one variable's NAME=VALUE
+PATH_MAX_BYTES = 4095                # the working directory (the kernel's PATH_MAX, less its NUL)
+RUNTIME_ROOM = 16 << 10              # bytes (and RUNTIME_ROOM // 256 arguments or variables) the engine adds
+                                     # beyond the caller's (a live sandbox's shell session, an egress link's proxy
+                                     # settings): checked with this room once added, the caller's without it
 CWD = "/"
 FILE_MODE = 0o644
 # The inspect-ai sandbox "sandtree" (integrations/inspect_sandbox.py): a sample's sandbox lives the sample's length,

@@ -33,7 +33,9 @@ import uuid
 
 from ..cluster import Fabric, NodeConfig, RelayedProcess
 from ..errors import NodeLost, NotFound
+from ..runtime.validate import check_command, check_env
 from ..values import check_retries
+from .spec import command_argv
 
 log = logging.getLogger("sandtree.cluster")
 
@@ -76,6 +78,8 @@ class Dispatch:
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False, **options):
         if check_only:                    # validation reads only the shared store: here
             return self.local_run_operation(ref, command, op_id=op_id, check_only=True, **options)
+        check_command(command_argv(command))    # (a huge command is refused here, not shipped to a node)
+        check_env({str(k): str(v) for k, v in (options.get("env") or {}).items()})
         on_output, cancel = options.pop("on_output", None), options.pop("cancel", None)
         retries = check_retries(options.pop("retries", 0))
         # (its row tells whether it committed; a cancel names the run on its node)

@@ -13,7 +13,7 @@ import uuid
 
 from .. import defaults as D
 from ..runtime.base import RunSpec
-from ..runtime.validate import validate_spec
+from ..runtime.validate import check_command, check_env, validate_spec
 from ..errors import InvalidInput, SandtreeError
 from ..store import ephemeral, refs
 from ..store.store import ImageRow
@@ -116,6 +116,7 @@ class RunOps:
             early = self._take_linked(runtime, net, scope, row.layers)
         try:
             argv = command_argv(command)
+            check_command(argv)                  # (a 30 MB command goes no further)
             lim = self.specs.limits(limits)
             user_env = {str(k): str(v) for k, v in (env or {}).items()}
             dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=uid, gid=gid)
@@ -128,8 +129,9 @@ class RunOps:
                            env=dflt.env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
                            hostname=hostname, files=injected, limits=lim, on_output=on_output,
                            prepare_changes=self.specs.injector(source, injected), cancel=cancel)
+            check_env(spec.env)                  # the image's and the caller's, before an egress link adds its own
+            validate_spec(spec)                  # before anything starts or is recorded
             if check_only:
-                validate_spec(spec)
                 return None
             op = op_id or uuid.uuid4().hex
             masked = secret_values(user_env)

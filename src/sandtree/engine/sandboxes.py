@@ -31,6 +31,7 @@ from .. import defaults as D
 from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
+from ..runtime.validate import check_env
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
@@ -231,6 +232,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         lim = self.specs.limits(limits)
         user_env = {str(k): str(v) for k, v in (env or {}).items()}
         dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
+        check_env(dflt.env)                           # the documented limits, before anything is added
         cwd = dflt.cwd
         injected = self.specs.files(files, file_set)
         self.specs.check_cwd(source, cwd, injected)

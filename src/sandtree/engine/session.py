@@ -12,6 +12,7 @@ import re
 
 from ..errors import InvalidInput
 from ..runtime.base import Limits, RunSpec
+from ..runtime.validate import check_command, check_env
 from ..secrets_mask import mask_text, secret_values
 
 # $1: the session's name, $2: the command, then the NAMEs of variables for this command only
@@ -112,6 +113,9 @@ def command_spec(base: dict, command, *, env, cwd, stdin, uid, gid, limits: dict
     lim = Limits(**{**base["limits"], **{k: v for k, v in given.__dict__.items()
                                          if k in limits and limits[k] is not None}})
     user_env = {str(k): str(v) for k, v in (env or {}).items()}
+    check_env(user_env)                  # the caller's, before the session adds its own (RUNTIME_ROOM)
+    if isinstance(command, str) or (isinstance(command, (list, tuple)) and command):
+        check_command([command] if isinstance(command, str) else [str(a) for a in command])
     if isinstance(command, str):
         if not command.strip():
             raise InvalidInput("empty command")

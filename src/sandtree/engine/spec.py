@@ -12,6 +12,7 @@ import os
 import shutil
 from typing import Callable
 
+from .. import defaults as D
 from ..errors import InvalidInput, NotFound, PathEscape
 from ..runtime.base import InjectedFile, Limits
 from ..store import inspect
@@ -110,7 +111,10 @@ class RunSpecs:
         """The working directory must exist in the image (or be made by an injected file's
         parents): checked here, so every tier refuses it the same way (runsc would create it)."""
         if not isinstance(cwd, str) or not cwd.startswith("/"):
-            raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
+            raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}"[:200])
+        if len(cwd) > D.PATH_MAX_BYTES or "\0" in cwd:    # (before a walk of its parts)
+            raise InvalidInput(f"cwd must be a path of at most {D.PATH_MAX_BYTES} bytes without NUL",
+                               limit=D.PATH_MAX_BYTES)
         try:
             e = inspect.resolve(self.store, source, cwd)[1]
         except (NotFound, PathEscape):

@@ -24,6 +24,7 @@ import sys
 
 from fastapi import FastAPI
 
+from .. import defaults as D
 from ..engine import Engine, parse_size
 from ..engine.dockerfiles import dockerfile_recipe
 from ..engine.poolroll import RecipeWatch
@@ -129,7 +130,9 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         # closed below (its operations end, a live run's sandbox stops) rather than left running
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=sockets)
+        # a request waiting on a run (POST /runs) would hold the shutdown for the run's whole timeout
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=D.SHUTDOWN_GRACE)
+                       ).run(sockets=sockets)
     finally:
         for w in watchers:
             w.close()

@@ -133,6 +133,8 @@ struct opts {
 
 static int report_fd = -1;
 static void read_spec(int fd, struct opts *o);
+static char *read_all(int fd, size_t *len);
+static void parse_spec(char *buf, size_t len, struct opts *o);
 
 __attribute__((noreturn)) static void die_step(const char *step) {
     int e = errno;
@@ -738,9 +740,11 @@ static int sandbox_init(struct opts *o) {
         if (chdir("/tmp") < 0) die_step("chdir-scratch");
         setup_proc("p");
         if (o->netns_fd < 0) loopback_up();         /* a joined namespace came set up (links.py) */
-        if (read(sync_pipe[0], &c, 1) != 1) _exit(125);
         close(o->spec_fd);
-        read_spec(spec_pipe[0], o);                 /* the run's options, forwarded by P */
+        /* The run's options, forwarded by P: read whole while P writes (a spec is larger than
+         * a pipe holds), then P's go once it mounted the run's root. */
+        read_spec(spec_pipe[0], o);
+        if (read(sync_pipe[0], &c, 1) != 1) _exit(125);
     }
     close(sync_pipe[0]);
 
@@ -892,19 +896,42 @@ static void parse(int argc, char **argv, struct opts *o) {
     }
 }
 
-/* Warm start: read the per-run spec (NUL-separated options, "--", command) until EOF. */
-static void read_spec(int fd, struct opts *o) {
-    size_t cap = 1 << 16, len = 0;
+/* A warm start's spec is never larger than this (the engine's limits on a command and its env,
+ * runtime/validate.py, keep it far below): a writer that sends more is refused, not buffered. */
+#define MAX_SPEC (16 << 20)
+
+/* Everything on fd until EOF (then closed), in memory of ours; *len its size. */
+static char *read_all(int fd, size_t *len) {
+    size_t cap = 1 << 16;
     char *buf = malloc(cap);
+    *len = 0;
     for (;;) {
-        if (len == cap) buf = realloc(buf, cap *= 2);
-        ssize_t n = read(fd, buf + len, cap - len);
+        if (!buf) die_step("spec-alloc");
+        if (*len == cap) {
+            if (cap >= MAX_SPEC) { errno = E2BIG; die_step("spec"); }
+            buf = realloc(buf, cap *= 2);
+            continue;
+        }
+        ssize_t n = read(fd, buf + *len, cap - *len);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) die_step("spec-read");
         if (n == 0) break;
-        len += (size_t)n;
+        *len += (size_t)n;
     }
     close(fd);
+    return buf;
+}
+
+/* Warm start: read the per-run spec (NUL-separated options, "--", command) until EOF. */
+static void read_spec(int fd, struct opts *o) {
+    size_t len;
+    char *buf = read_all(fd, &len);
+    parse_spec(buf, len, o);
+}
+
+/* The spec in buf (kept: the options point into it) as options and command. */
+static void parse_spec(char *buf, size_t len, struct opts *o) {
+    if (len == 0 || buf[len - 1] != 0) { errno = EINVAL; die_step("spec"); }
     int argc = 0;
     for (size_t k = 0; k < len; k++) if (buf[k] == 0) argc++;
     char **args = calloc((size_t)argc + 1, sizeof(char *));
@@ -1692,33 +1719,28 @@ int main(int argc, char **argv) {
         /* Ready and waiting: everything above is off the run's critical path. */
         dprintf(report_fd, "ready\n");
         close(spec_pipe[0]);
-        size_t cap = 1 << 16, len = 0;
-        char *raw = malloc(cap);
-        for (;;) {
-            if (len == cap) raw = realloc(raw, cap *= 2);
-            ssize_t n = read(o.spec_fd, raw + len, cap - len);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            len += (size_t)n;
-        }
+        size_t len;
+        char *raw = read_all(o.spec_fd, &len);
         if (len == 0) {                               /* the pool let us go unused */
             kill(c, SIGKILL);
             waitpid(c, NULL, 0);                      /* out of the cgroup before we go */
             _exit(0);
         }
-        int fds[2];
-        if (pipe(fds) < 0) die_step("pipe");
-        if (write(fds[1], raw, len) != (ssize_t)len) die_step("spec-copy");
-        close(fds[1]);
-        read_spec(fds[0], &o);
-        warm_mount(&o);                               /* propagates into C's namespace */
-        for (size_t off = 0; off < len;) {            /* C gets the same spec */
+        /* C gets the same spec, and reads it whole before it waits for our go: a spec is larger
+         * than a pipe holds, so nothing here may wait on a reader that waits on us. Parsed from
+         * our own copy afterwards (parse_spec only points into it). A C gone (EPIPE, not SIGPIPE)
+         * is a setup failure the engine is told of. */
+        signal(SIGPIPE, SIG_IGN);
+        for (size_t off = 0; off < len;) {
             ssize_t n = write(spec_pipe[1], raw + off, len - off);
             if (n < 0 && errno == EINTR) continue;
-            if (n < 0) die_step("spec-forward");
+            if (n < 0) { kill(c, SIGKILL); die_step("spec-forward"); }
             off += (size_t)n;
         }
         close(spec_pipe[1]);
+        signal(SIGPIPE, SIG_DFL);
+        parse_spec(raw, len, &o);
+        warm_mount(&o);                               /* propagates into C's namespace */
     }
     if (write(sync_pipe[1], "g", 1) != 1) die_step("sync");
     close(sync_pipe[1]);

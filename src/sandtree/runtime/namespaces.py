@@ -22,6 +22,7 @@ pool (warm.py), reaping helpers (reaper.py), live sandboxes on this tier (live.p
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import signal
@@ -41,7 +42,7 @@ from .live import LiveRuntime
 from .pump import parse_report, pump
 from .reaper import reaper
 from .runfiles import fds_of, network_args
-from .validate import disk_inodes, env_args, helper_env, validate_spec
+from .validate import disk_inodes, env_args, helper_env, too_big_for_execve, validate_spec
 from .warm import WarmPool
 
 # Docker's default capability set (numbers from linux/capability.h).
@@ -149,10 +150,12 @@ class NamespaceRuntime(Runtime):
                 pass_fds=(theirs.fileno(), rep_w, sfd, *fds_of(spec, rt)),
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except BaseException:
+        except BaseException as exc:
             ours.close(); os.close(rep_r)
             if cg:
                 cg.remove()
+            if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
+                raise too_big_for_execve() from None
             raise
         finally:
             theirs.close()
@@ -261,6 +264,8 @@ class NamespaceRuntime(Runtime):
             if scratch_fd is not None:
                 os.close(scratch_fd)
             err, step = report["execfail"]
+            if step == "exec" and err == errno.E2BIG:
+                raise too_big_for_execve()
             if step == "exec":
                 raise CommandNotFound(f"cannot execute {spec.argv[0]!r}: {os.strerror(err)}",
                                       command=spec.argv[0], errno=err)

@@ -17,6 +17,12 @@ from typing import Callable
 
 from .base import RunSpec
 
+# Seconds after a kill (timeout, cancel, output cap) for the command's pipes to close; then the
+# helper itself is killed, and after as long again the pipes are given up on: a run that was
+# told to stop always ends, even if its helper is stuck (a caller waits on it, and it holds a
+# --max-runs slot and the server's shutdown).
+GIVE_UP = 5.0
+
 
 def pump(proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray, kill: Callable[[], None],
          *, to_exit: bool = False, eof_grace: float = 0.0) -> dict:
@@ -43,6 +49,12 @@ def pump(proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray
     open_fds = len(streams) + 1
     poll = 0.05 if spec.cancel is not None else 3600
     exit_by = None                               # exited, relay: the rest comes until then
+    killed = 0                                   # 1: kill() called, 2: and the helper killed (GIVE_UP)
+
+    def stop() -> None:
+        nonlocal killed, deadline
+        kill()
+        killed, deadline = 1, time.monotonic() + GIVE_UP
     try:
         while open_fds:
             if exit_by is not None and time.monotonic() >= exit_by:
@@ -53,14 +65,21 @@ def pump(proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray
             if exit_by is not None:
                 left = poll = exit_by - time.monotonic()
             elif left <= 0:
-                timed_out = True
-                kill()
-                deadline = float("inf")
+                if killed == 0:
+                    timed_out = True
+                    stop()
+                elif killed == 1:                # killed, and the pipes still open: the helper too
+                    proc.kill()
+                    killed, deadline = 2, time.monotonic() + GIVE_UP
+                else:                            # nothing more will come: what we have is the output
+                    for sfd, name in streams.items():
+                        drain(sfd, name, bufs, trunc, spec)
+                    break
                 continue
             if spec.cancel is not None and spec.cancel.is_set() and not cancelled and exit_by is None:
                 cancelled = True
-                kill()
-                deadline = float("inf")
+                if not killed:
+                    stop()
             # The report first: the helper writes the sandbox's pid before the command can write a
             # byte, so a kill for output seen in the same round knows the pid (without it, kill
             # falls back to the helper itself, and the outcome has no exit status or signal).
@@ -104,8 +123,8 @@ def pump(proc, spec: RunSpec, deadline: float, rep_r: int, report_raw: bytearray
                     # Past the cap nothing more is kept, so a command still writing only
                     # burns CPU until its timeout (`yes`): stop it, as a closed pipe would.
                     exceeded = streams[fd]
-                    kill()
-                    deadline = float("inf")
+                    if not killed:
+                        stop()
     finally:
         sel.close()
         if proc.stdin is not None and not proc.stdin.closed:
