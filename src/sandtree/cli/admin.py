@@ -102,7 +102,7 @@ def cmd_serve(args):
             recipes.append(got)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
           access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
-          watch=args.watch, ports_port=args.ports_port)
+          watch=args.watch, ports_port=args.ports_port, preview_url=getattr(args, "preview_url", None))
 
 
 def cmd_ui(args):
@@ -221,6 +221,10 @@ def add_services(sub, common) -> None:
     x.add_argument("--ports-port", type=int, default=None, metavar="PORT",
                    help="where the exposed ports of sandboxes are served: an origin of their own, so a page a "
                         "sandbox serves cannot act as the API's (default: --port + 1; 0: any free port)")
+    x.add_argument("--preview-url", default=None, metavar="URL",
+                   help="where browsers reach each exposed port, under a host name of its own (p<port>-<id>): "
+                        "http(s)://*.DOMAIN[:PORT], e.g. https://*.previews.example.com behind a proxy with a "
+                        "wildcard DNS name and certificate (default: http://*.localhost:<ports port>)")
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
     x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
                    help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable); "

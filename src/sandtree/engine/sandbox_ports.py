@@ -10,9 +10,11 @@ outlive the daemon nor the sandbox's processes (a resume makes new ones), so eve
 names a host port first makes sure the daemon has the link and the listeners (`_live`): after a
 daemon restart or a resume they are made again, from the rows.
 
-Signed URLs (sandbox_port_url) name a path under the server with an expiry and an HMAC-SHA256 of
-sandbox, port and expiry under a key of the store's own ($SANDTREE_HOME/ports.key, 0600); the
-server checks them (verify) for requests that carry no token."""
+Signed URLs (sandbox_port_url) carry an expiry and an HMAC-SHA256 of sandbox, port and expiry under
+a key of the store's own ($SANDTREE_HOME/ports.key, 0600); the server checks them (verify) for
+requests that carry no token. The URL is made here only, for every surface: on the preview's own
+origin (engine/previews.py) once a server has said where previews are reached (preview_base);
+without one, the port's path under a server, which redirects it to that origin."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ..errors import Conflict, Forbidden, InvalidInput, NotFound, RuntimeUnavail
 from ..runtime.base import LiveTier
 from ..runtime.liveproc import LiveHandle
 from ..store.store import Store
+from .previews import check_base, preview_url
 
 __all__ = ["SandboxPorts", "MAX_TTL", "KEY_FILE", "port_path"]
 
@@ -55,6 +58,16 @@ class SandboxPorts:
         self._lock = threading.Lock()
         self._linked: dict[str, tuple[str, int]] = {}   # sid -> (link key, init pid) this process made live
         self._key: bytes | None = None
+        self._base: str | None = None
+
+    @property
+    def preview_base(self) -> str | None:
+        """Where previews are reached (engine/previews.py), set by the server that serves them."""
+        return self._base
+
+    @preview_base.setter
+    def preview_base(self, base: str | None) -> None:
+        self._base = None if base is None else check_base(base)
 
     # ---- the operations ---------------------------------------------------------------------
     def expose(self, sid: str, port: int) -> dict:
@@ -98,7 +111,8 @@ class SandboxPorts:
         if port not in self._recorded(info["id"]):
             raise NotFound(f"port {port} of sandbox {info['id'][:12]} is not exposed", sandbox=info["id"], port=port)
         exp = int(time.time() + ttl)
-        return f"{port_path(info['id'], port)}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp)}"
+        at = preview_url(self._base, info["id"], port) + "/" if self._base else port_path(info["id"], port)
+        return f"{at}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp)}"
 
     def unlink(self, sid: str) -> None:
         """Before a checkpoint: remove the link this code gave sandbox `sid` (CRIU cannot restore a
