@@ -60,8 +60,8 @@ def ws_kwargs(url: str) -> dict:
 def serving(engine, preview_base: str | None = None):
     sockets = bind("127.0.0.1", 0, 0)
     api, ports = (s.getsockname()[1] for s in sockets)
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ports_port=ports, preview_base=preview_base),
-                                           log_level="warning"))
+    app = build_app(engine, ports_port=ports, **({"preview_base": preview_base} if preview_base else {}))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     t = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     t.start()
     try:

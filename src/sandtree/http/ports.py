@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 from fastapi import APIRouter, Query, Request, WebSocket
@@ -104,7 +105,10 @@ def ports_router(p: Plumbing) -> APIRouter:
 
     def client() -> httpx.AsyncClient:
         if not clients:          # one pool of upstream connections; never the environment's proxies
-            clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0)))
+            # nor a cookie jar: every sandbox's server is at 127.0.0.1 (cookies ignore the port), so a
+            # jar would hand one sandbox's Set-Cookie to every other sandbox's server
+            clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0),
+                                             cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[]))))
         return clients[0]
 
     @router.post("/api/v1/sandboxes/{sid}/ports/{port}", status_code=201)
