@@ -142,7 +142,8 @@ def cmd_mcp(args):
 def _limits(args) -> dict:
     return {"max_runs": args.max_runs, "max_timeout": args.max_timeout, "max_output": args.max_output,
             "max_sandboxes": args.max_sandboxes, "max_upload": args.max_upload, "max_memory": args.max_memory,
-            "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus}
+            "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus,
+            "max_ports": args.max_ports}
 
 
 def cmd_token(args):
@@ -204,6 +205,8 @@ def _limit_args(x) -> None:
     x.add_argument("--max-memory", help="most memory a run or sandbox may ask (default: the engine's 2G)")
     x.add_argument("--max-pids", type=int, help="most processes a run or sandbox may ask (default 1024)")
     x.add_argument("--max-disk", help="most disk a run or sandbox may ask (default: the engine's 1G)")
+    x.add_argument("--max-ports", type=int, help="exposed ports the tenant may have at once, over all its "
+                                                  "sandboxes (default 64)")
     x.add_argument("--max-cpus", type=float, help="most CPUs a run or sandbox may ask (default: any)")
 
 

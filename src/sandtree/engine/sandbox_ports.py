@@ -26,7 +26,8 @@ import secrets
 import threading
 import time
 
-from ..errors import Conflict, Forbidden, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
+from .. import defaults as D
+from ..errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime.base import LiveTier
 from ..runtime.liveproc import LiveHandle
 from ..store.store import Store
@@ -59,6 +60,7 @@ class SandboxPorts:
         self._linked: dict[str, tuple[str, int]] = {}   # sid -> (link key, init pid) this process made live
         self._key: bytes | None = None
         self._base: str | None = None
+        self.max_per_sandbox = D.SANDBOX_PORTS     # exposed ports a sandbox may have (a tenant's: its view)
 
     @property
     def preview_base(self) -> str | None:
@@ -74,13 +76,19 @@ class SandboxPorts:
         port = _check_port(port)
         row = self._running(sid)
         with self.store.db.tx() as con:
+            have = [r[0] for r in con.execute("SELECT port FROM sandbox_ports WHERE sandbox=?", (row["id"],))]
+            if port not in have and len(have) >= self.max_per_sandbox:
+                raise LimitExceeded(f"sandbox {row['id'][:12]} has {len(have)} exposed ports, the most one may "
+                                    "have: unexpose one first", sandbox=row["id"], limit="sandbox_ports",
+                                    max=self.max_per_sandbox)
             con.execute("INSERT OR IGNORE INTO sandbox_ports(sandbox, port, created) VALUES(?,?,?)",
                         (row["id"], port, time.time()))
         try:
             hosts = self._live(row, [port])
         except BaseException:
-            with self.store.db.tx() as con:        # not exposed after all: nothing changed
-                con.execute("DELETE FROM sandbox_ports WHERE sandbox=? AND port=?", (row["id"], port))
+            if port not in have:                   # not exposed after all: nothing changed
+                with self.store.db.tx() as con:
+                    con.execute("DELETE FROM sandbox_ports WHERE sandbox=? AND port=?", (row["id"], port))
             raise
         return self._entry(row["id"], port, hosts.get(port))
 
