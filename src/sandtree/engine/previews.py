@@ -21,7 +21,7 @@ from ..errors import InvalidInput
 
 __all__ = ["preview_host", "parse_host", "preview_url", "check_base", "base_domain"]
 
-LABEL = re.compile(r"^p(\d{1,5})-([0-9a-f]{32})$")
+_LABEL = re.compile(r"^p(\d{1,5})-([0-9a-f]{32})$")
 
 
 def preview_host(sid: str, port: int, domain: str) -> str:
@@ -58,7 +58,7 @@ def parse_host(host: str, domain: str) -> tuple[str, int] | None:
     label, dot, rest = name.partition(".")
     if not dot or rest != domain:
         return None
-    m = LABEL.match(label)
+    m = _LABEL.match(label)
     if m is None or not 1 <= int(m.group(1)) <= 65535 or m.group(1) != str(int(m.group(1))):
         return None
     return m.group(2), int(m.group(1))

@@ -23,37 +23,27 @@ import array
 import asyncio
 import contextlib
 import fcntl
-import errno
 import json
 import os
-import resource
 import signal
 import socket
 import sys
 import time
 
 from .. import errors
-from ..errors import InvalidInput, LimitExceeded, NotFound, SandtreeError
+from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import fastpath, netns, recycle, trust
+from . import descriptors, fastpath, netns, nft, proxy, recycle, resolver, trust, upstream
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made
 from .policy import Policy
 from .state import LinkState
-
-from . import nft, proxy, resolver, upstream
 
 __all__ = ["Daemon", "Entry", "main", "GRACE", "IDLE", "SWEEP"]
 
 GRACE = 30.0             # seconds after attach before a link nobody is in is released
 IDLE = 60.0              # seconds without links or exposures before the daemon exits
 SWEEP = 2.0              # seconds between GC sweeps
-# File descriptors an exposure may never take: the proxy's and resolver's connections of every
-# link need them (two a proxied connection), and one tenant's exposed ports must not starve
-# another's runs. A new exposed port is refused while fewer than FD_RESERVE + FD_PER_LINK per link
-# would stay free (the engine caps exposed ports per sandbox and per tenant first: defaults.py).
-FD_RESERVE = 128
-FD_PER_LINK = 32
 
 
 class Entry:
@@ -308,26 +298,9 @@ class Daemon:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise InvalidInput(f"a port is a number from 1 to 65535, not {port!r}", port=port)
         if port not in entry.exposures:
-            self._room_for_a_listener()
-            try:
+            with descriptors.one_more(len(self.entries)):      # (never the links' connections' reserve)
                 entry.exposures[port] = await exposing.expose(entry.state, port, self.links.router_fd, self.host_fd)
-            except OSError as e:
-                if e.errno not in (errno.EMFILE, errno.ENFILE):
-                    raise
-                raise LimitExceeded("the egress daemon has no file descriptor left for another exposed port",
-                                    limit="egress_files") from None
         return {"host_port": entry.exposures[port].host_port}
-
-    def _room_for_a_listener(self) -> None:
-        """LimitExceeded unless a listener leaves the links their reserve of descriptors (FD_RESERVE)."""
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            return
-        keep = FD_RESERVE + FD_PER_LINK * len(self.entries)
-        if soft - len(os.listdir("/proc/self/fd")) - 1 < keep:
-            raise LimitExceeded(f"the egress daemon keeps its last {keep} file descriptors for the connections "
-                                f"of its {len(self.entries)} link(s): no more exposed ports now",
-                                limit="egress_files", max=soft - keep)
 
     async def op_unexpose(self, req, fds) -> dict:
         entry = self._entry(req)
@@ -416,15 +389,6 @@ def _owner(req) -> int | None:
     return owner
 
 
-def raise_file_limit() -> None:
-    """The soft RLIMIT_NOFILE up to the hard one: every link's connections and every exposed port
-    are descriptors of this one process, and the soft limit it inherits (often 1024) is a shell's."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def _answers(path: str) -> bool:
     """Whether a daemon answers a ping on `path`."""
     try:
@@ -495,7 +459,7 @@ def _serve(a, base: str, w: int) -> int:
                 os.close(w)
                 return 0
             time.sleep(0.05)
-    raise_file_limit()
+    descriptors.raise_limit()           # (the soft limit inherited is a shell's)
     null = os.open(os.devnull, os.O_RDWR)
     log = os.open(os.path.join(base, "daemon.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     os.dup2(null, 0)
