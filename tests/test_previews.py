@@ -100,6 +100,7 @@ def test_a_previews_service_worker_never_answers_for_another_preview(tenants):
                 page = context.new_page()
                 page.goto(alice_url)
                 page.wait_for_function("document.getElementById('state').textContent != 'starting'", timeout=20000)
+                assert "st_sig" not in page.url                     # (exchanged: in no Referer, no history)
                 state = page.inner_text("#state")
                 assert state.startswith("worker "), state           # alice's worker is live, on her origin
                 theirs = context.new_page()
@@ -139,9 +140,10 @@ def test_a_signed_url_becomes_a_cookie_of_its_preview_only(tenants):
             # the grant on another name: refused (another sandbox, another port of hers)
             for other in (srv.preview(bob_sid, 8000), srv.preview(alice_sid, 9000)):
                 r = get(other + "/", headers={"Cookie": grant})
-                assert r.status_code == 403 and "signature" in r.json()["message"], other
+                assert r.status_code == 403, other
                 r = get(other + "/?" + alice_url.split("?", 1)[1])
                 assert r.status_code == 403, other
+            assert "signature" in get(srv.preview(bob_sid, 8000) + "/", headers={"Cookie": grant}).json()["message"]
             # the port's path of bob's sandbox under alice's name is a path of alice's page: bob's
             # signature does not open it, and nothing of bob's is reached by it
             r = get(page + f"/api/v1/sandboxes/{bob_sid}/ports/8000/?" + bob_url.split("?", 1)[1])
@@ -228,3 +230,28 @@ def test_cookies_of_one_preview_never_reach_another(tenants):
                 context.close()
     finally:
         eng.sandbox_stop(bob_sid)
+
+
+def test_an_unexpose_revokes_signed_urls_and_a_stopped_sandbox_answers_nothing(tenants):
+    """A signed URL names one exposure: after an unexpose it stays refused, even once the same
+    port is exposed again (a URL handed out before does not come back to life), and its cookie
+    with it. A stopped sandbox's preview answers 404, saying so."""
+    eng, sid, alice, _ = tenants
+    with serving(eng) as srv:
+        old = _signed(srv.api, sid, 8000, alice)
+        grant = get(old).headers["set-cookie"].split(";")[0]
+        assert get(srv.preview(sid, 8000) + "/", headers={"Cookie": grant}).status_code == 200
+        r = httpx.delete(f"{srv.api}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
+        assert r.status_code == 204
+        assert get(old).status_code == 403
+        new = _signed(srv.api, sid, 8000, alice)               # exposed again: a new exposure
+        r = get(old)
+        assert r.status_code == 403 and "unexposed" in r.json()["message"]
+        assert get(srv.preview(sid, 8000) + "/", headers={"Cookie": grant}).status_code == 403
+        assert get(new).status_code == 303
+        eng.sandbox_stop(sid)
+        r = get(new, follow_redirects=False)
+        assert r.status_code in (303, 404)
+        with client(follow_redirects=True) as browser:
+            r = browser.get(new)
+            assert r.status_code == 404 and "not running" in r.json()["message"], r.text

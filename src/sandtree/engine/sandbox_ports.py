@@ -10,9 +10,10 @@ outlive the daemon nor the sandbox's processes (a resume makes new ones), so eve
 names a host port first makes sure the daemon has the link and the listeners (`_live`): after a
 daemon restart or a resume they are made again, from the rows.
 
-Signed URLs (sandbox_port_url) carry an expiry and an HMAC-SHA256 of sandbox, port and expiry under
-a key of the store's own ($SANDTREE_HOME/ports.key, 0600); the server checks them (verify) for
-requests that carry no token. The URL is made here only, for every surface: on the preview's own
+Signed URLs (sandbox_port_url) carry an expiry and an HMAC-SHA256 of sandbox, port, expiry and
+when the port was exposed (an unexpose revokes them) under a key of the store's own
+($SANDTREE_HOME/ports.key, 0600); the server checks them (verify) for requests that carry no
+token. The URL is made here only, for every surface: on the preview's own
 origin (engine/previews.py) once a server has said where previews are reached (preview_base);
 without one, the port's path under a server, which redirects it to that origin."""
 
@@ -116,11 +117,12 @@ class SandboxPorts:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
             raise InvalidInput(f"ttl is seconds, more than 0 and at most {MAX_TTL}", ttl=ttl)
         info = self.sandboxes.info(sid)
-        if port not in self._recorded(info["id"]):
+        row = self.store.db.query("SELECT created FROM sandbox_ports WHERE sandbox=? AND port=?", (info["id"], port))
+        if not row:
             raise NotFound(f"port {port} of sandbox {info['id'][:12]} is not exposed", sandbox=info["id"], port=port)
         exp = int(time.time() + ttl)
         at = preview_url(self._base, info["id"], port) + "/" if self._base else port_path(info["id"], port)
-        return f"{at}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp)}"
+        return f"{at}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp, row[0][0])}"
 
     def unlink(self, sid: str) -> None:
         """Before a checkpoint: remove the link this code gave sandbox `sid` (CRIU cannot restore a
@@ -137,18 +139,24 @@ class SandboxPorts:
             self._linked.pop(row["id"], None)
 
     # ---- signed URLs -------------------------------------------------------------------------
-    def sign(self, sid: str, port: int, exp: int) -> str:
-        return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}".encode(), hashlib.sha256).hexdigest()
+    def sign(self, sid: str, port: int, exp: int, exposed: float) -> str:
+        # `exposed`: when the port was exposed, so an unexpose revokes every URL signed so far (an
+        # exposure of the same port later is another one)
+        return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}\n{exposed:.6f}".encode(), hashlib.sha256).hexdigest()
 
     def verify(self, sid: str, port: int, exp, sig) -> None:
         """A signed URL's grant for port `port` of sandbox `sid` (its full id), or Forbidden with
-        the reason (malformed, altered, expired). Says nothing of whether the port is exposed."""
+        the reason (malformed, altered, expired, or for an exposure that ended)."""
         try:
             exp = int(exp)
         except (TypeError, ValueError):
             raise Forbidden("the signed URL is malformed (st_exp)") from None
-        if not isinstance(sig, str) or not hmac.compare_digest(self.sign(sid, port, exp), sig):
-            raise Forbidden("the signed URL's signature does not match (altered, or for another sandbox or port)")
+        row = self.store.db.query("SELECT created FROM sandbox_ports WHERE sandbox=? AND port=?", (sid, port))
+        if not row:
+            raise Forbidden(f"the signed URL is for port {port} of sandbox {sid[:12]}, which is not exposed")
+        if not isinstance(sig, str) or not hmac.compare_digest(self.sign(sid, port, exp, row[0][0]), sig):
+            raise Forbidden("the signed URL's signature does not match (altered, for another sandbox or port, "
+                            "or made before the port was last unexposed)")
         if exp < time.time():
             raise Forbidden(f"the signed URL expired {int(time.time() - exp)} s ago")
 
