@@ -148,6 +148,15 @@ def test_a_signed_url_becomes_a_cookie_of_its_preview_only(tenants):
             # signature does not open it, and nothing of bob's is reached by it
             r = get(page + f"/api/v1/sandboxes/{bob_sid}/ports/8000/?" + bob_url.split("?", 1)[1])
             assert r.status_code == 403
+            # the cookie opens the page to its own requests and to a navigation, never to another
+            # site's page (a sibling preview's frame or fetch: same-site under a shared domain)
+            for site, dest, status in (("same-origin", "script", 200), ("none", "document", 200),
+                                       ("same-site", "document", 200), ("cross-site", "document", 200),
+                                       ("same-site", "iframe", 401), ("same-site", "empty", 401),
+                                       ("cross-site", "iframe", 401), ("cross-site", "image", 401)):
+                r = get(page + "/index.html", headers={"Cookie": grant, "Sec-Fetch-Site": site,
+                                                       "Sec-Fetch-Dest": dest})
+                assert r.status_code == status, (site, dest, r.status_code)
             # bob's own grant, tossed in first: alice's page still opens with hers
             bob_grant = get(bob_url).headers["set-cookie"].split(";")[0]
             r = get(page + "/index.html", headers={"Cookie": f"{bob_grant}; x=1; {grant}"})

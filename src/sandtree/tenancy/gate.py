@@ -220,7 +220,14 @@ def signed_grants(scope, path: str):
     q = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     if "st_sig" in q:
         return m.group(1), int(m.group(2)), [(q.get("st_exp", [""])[0], q["st_sig"][0], True)]
-    raw = dict(scope.get("headers") or []).get(b"cookie", b"").decode("latin-1")
+    headers = dict(scope.get("headers") or [])
+    site = headers.get(b"sec-fetch-site", b"").decode("latin-1")
+    if site in ("same-site", "cross-site") and headers.get(b"sec-fetch-dest", b"") != b"document":
+        # a browser's request another site's page (a sibling preview among them: every preview is
+        # same-site under a shared domain) made: a frame, a fetch, an image. The cookie is the
+        # preview's own page's, and a navigation's to it: never another page's way into it
+        return None
+    raw = headers.get(b"cookie", b"").decode("latin-1")
     found = []
     for part in raw.split(";"):
         name, eq, value = part.strip().partition("=")

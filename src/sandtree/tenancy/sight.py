@@ -4,6 +4,7 @@ thing would (same error class, same message). TenantView (view.py) is built on t
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ..branching.lineage import Visible
@@ -14,7 +15,7 @@ from ..defaults import RunRecord
 from ..table import Op
 from . import auditing
 from .derive import KEEPS, LINEAGE, MAKES, REFS, call
-from .limits import capped
+from .limits import COUNTED, capped
 from .tenant import OWNED, SEP, VISIBLE, Tenant
 
 
@@ -217,6 +218,18 @@ class TenantSight:
             raise Forbidden(f"only a tenant that owns an image may {row.name} it (one shared with it: its owner's)",
                             scope=row.scope)
 
+    @contextlib.contextmanager
+    def _counted(self, row: Op, args: dict):
+        """Around a row whose answer a tenant limit counts (limits.COUNTED): the check and the call
+        under the tenant's lock, so two calls at once cannot both pass it."""
+        check = COUNTED.get(row.name)
+        if check is None:
+            yield
+            return
+        with self.tenancy.tenant_lock(self.tenant.name):
+            check(self.db, self.tenant, args)
+            yield
+
     def _call_row(self, row: Op, args: dict, target=None):
         """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
         on `target`: the engine (None) or its operations."""
@@ -246,7 +259,8 @@ class TenantSight:
             elif row.caller:                    # the tenancy answers, and records, with the caller
                 answer = call(self.tenancy, row, {**args, "by": self.tenant})
             else:
-                answer = call(self.engine if target is None else target, row, dict(args))
+                with self._counted(row, args):
+                    answer = call(self.engine if target is None else target, row, dict(args))
         except SandtreeError as exc:
             raise self.plain_error(exc) from None
         if row.name in KEEPS:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import uuid
 
-from .. import defaults as D
 from .. import table
 from ..branching import lineage
 from ..branching.fork import fan_out, refuse_fork_options
@@ -274,20 +273,6 @@ class TenantView(TenantSight):
             self._keep_blob("sandbox", info["id"])
         self._audit("sandbox start", image=source, detail={"sandbox": info["id"]})
         return info
-
-    def sandbox_expose(self, sid: str, port: int) -> dict:     # rule: its own sandbox; max_ports over all of them
-        full = self._sandbox(sid)
-        cap = self.tenant.limits.get("max_ports", D.TENANT_PORTS)
-        with self.tenancy.tenant_lock(self.tenant.name):
-            exposed = set(self.db.query(
-                "SELECT p.sandbox, p.port FROM sandbox_ports p JOIN tenant_blobs b ON b.id=p.sandbox "
-                "AND b.kind='sandbox' JOIN sandboxes s ON s.id=p.sandbox WHERE b.tenant=? "
-                "AND s.state IN ('running', 'hibernated')", (self.tenant.name,)))
-            if (full, port) not in exposed and len(exposed) >= cap:
-                raise LimitExceeded(f"this tenant already has {cap} exposed port(s) (max_ports {cap}); "
-                                    "unexpose one", limit="max_ports", max=cap)
-            row = table.OPS["sandbox_expose"]
-            return self._call_row(row, row.bind(sid, port))
 
     def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
         # rule: naming the commit takes the tag scope too; the image and its tag are the tenant's
