@@ -261,6 +261,12 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
         r = pget(srv.preview(sb.id, 8000) + "/index.html",
                  headers={"Origin": srv.preview(sb.id, 9000), "Sec-Fetch-Site": "same-site"})
         assert r.status_code == 403
+        # a link to the preview (the web page's "open" button) is followed; a frame or a form is not
+        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "document", "Sec-Fetch-Mode": "navigate"}
+        assert pget(page + "/index.html", headers=link).status_code == 200
+        assert pget(page + "/index.html", headers={**link, "Sec-Fetch-Dest": "iframe"}).status_code == 403
+        with client() as c:
+            assert c.post(page + "/index.html", headers={**link, "Origin": base}).status_code == 403
         r = httpx.post(f"{base}/api/v1/sandboxes/{sb.id}/port-url/8000", trust_env=False, timeout=10)
         assert r.json()["url"].startswith(page + "/?st_exp=")
         with pytest.raises(Exception) as e:                     # a WebSocket is not redirected: refused

@@ -135,6 +135,10 @@ def test_a_signed_url_becomes_a_cookie_of_its_preview_only(tenants):
             assert cookie.startswith("st_port=") and "domain" not in attrs, cookie
             assert {"httponly", "path", "samesite", "max-age"} <= attrs and "Path=/;" in cookie + ";", cookie
             assert "samesite=lax" in cookie.lower()
+            for sneaky in ("//evil.test/x", "/\\evil.test/x"):     # the exchange redirects on this host only
+                r = get(page + sneaky + "?" + alice_url.split("?", 1)[1])
+                at = r.headers.get("location", "")
+                assert r.status_code == 303 and at.startswith("/") and at[1:2] not in ("/", "\\"), at
             grant = cookie.split(";")[0]
             assert get(page + "/index.html", headers={"Cookie": grant}).text == "alice's page\n"
             # the grant on another name: refused (another sandbox, another port of hers)

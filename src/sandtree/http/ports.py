@@ -146,6 +146,7 @@ def ports_router(p: Plumbing) -> APIRouter:
             raw = request.scope.get("raw_path", b"").decode("latin-1").split("?", 1)[0]
             prefix = f"/api/v1/sandboxes/{sid}/ports/{port}"
             at = raw[len(prefix):] if raw.startswith(prefix + "/") else f"/{path}"
+            at = "/" + at.lstrip("/\\")           # (never //host: a redirect to another site)
             out = Response(status_code=303, headers={"location": at + (f"?{query}" if query else ""),
                                                      "referrer-policy": "no-referrer", "cache-control": "no-store"})
             _grant_cookie(out, view, secure)

@@ -172,8 +172,12 @@ class TenantGate:
             # (Origin, Sec-Fetch-Site); only this server's own page, and clients that are no browser, pass.
             origin = headers.get(b"origin", b"").decode("latin-1")
             site = headers.get(b"sec-fetch-site", b"").decode("latin-1")
-            if (origin and origin not in (f"http://{host}", f"https://{host}")) or \
-                    site not in ("", "same-origin", "none"):
+            # A preview (its own origin, never the API's) may be opened by a link from anywhere
+            # (the web page's "open" button among them): a GET navigation to it, not a frame or a form.
+            opened = scope.get(PREVIEW_KEY) is not None and scope.get("method") in ("GET", "HEAD") and \
+                headers.get(b"sec-fetch-dest", b"") == b"document"
+            if ((origin and origin not in (f"http://{host}", f"https://{host}")) or
+                    site not in ("", "same-origin", "none")) and not opened:
                 raise Forbidden(f"this server has no tokens: it answers no web page but its own (origin {origin!r})")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
