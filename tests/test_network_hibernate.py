@@ -20,7 +20,7 @@ import pytest
 
 import sandtree
 from conftest import make_rootfs, tier_or_skip
-from served import serving
+from served import get as preview_get, serving
 from netlab import NetLab
 from sandtree.errors import Conflict, RuntimeUnavailable
 from sandtree.network.client import Egress
@@ -186,8 +186,8 @@ def test_exposed_ports_work_after_resume_and_a_request_resumes(world):
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"
 
         assert sb.hibernate()["state"] == "hibernated"
-        with serving(st.engine) as (base, ports):
-            r = _get(ports + entry["path"] + "index.html")
+        with serving(st.engine) as srv:
+            r = preview_get(srv.preview(sb.id, 8000) + "/index.html")
             assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
         assert sb.info()["state"] == "running"
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"

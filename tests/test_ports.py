@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect as ws_connect
 import sandtree
 from sandtree.network.expose import expose
 
-from served import serving
+from served import client, get as pget, serving, ws_kwargs
 from portnet import WS_ECHO, LinkPair, echo, http_hello
 
 
@@ -174,24 +174,25 @@ def _get(url: str, **kw) -> httpx.Response:
 def test_a_sandbox_server_answers_only_while_exposed(world):
     st, sb, egress = world
     assert sb.ports() == []
-    with serving(st.engine) as (base, ports):
-        r = _get(f"{ports}/api/v1/sandboxes/{sb.id}/ports/8000/index.html")
+    with serving(st.engine) as srv:
+        page = srv.preview(sb.id, 8000)
+        r = pget(page + "/index.html")
         assert r.status_code == 404 and "not exposed" in r.json()["message"]
         entry = sb.expose(8000)
         assert entry["port"] == 8000 and entry["path"] == f"/api/v1/sandboxes/{sb.id}/ports/8000/"
         assert entry["url"].startswith("http://127.0.0.1:")
         assert _get(entry["url"] + "/index.html").text == "hello from the sandbox\n"
-        r = _get(ports + entry["path"] + "index.html")
+        r = pget(page + "/index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n"
         assert sb.ports() == [entry]
         assert sb.expose(8000) == entry                     # exposing twice: the same port
         # another port of the same sandbox stays unreachable through the server
-        assert _get(f"{ports}/api/v1/sandboxes/{sb.id}/ports/9000/").status_code == 404
+        assert pget(srv.preview(sb.id, 9000) + "/").status_code == 404
         sb.unexpose(8000)
         assert sb.ports() == []
         with pytest.raises(httpx.ConnectError):
             _get(entry["url"] + "/index.html")
-        assert _get(ports + entry["path"]).status_code == 404
+        assert pget(page + "/").status_code == 404
     assert [(l["key"], l["adopted"]) for l in egress.list()] == [(sb.id, True)]     # one link, made by adopt
 
 
@@ -199,13 +200,14 @@ def test_a_websocket_through_the_url_and_the_server(world):
     st, sb, _ = world
     entry = sb.expose(9000)
 
-    async def echo(url: str) -> str:
-        async with ws_connect(url, proxy=None, open_timeout=10) as ws:
+    async def echo(url: str, **kw) -> str:
+        async with ws_connect(url, open_timeout=10, **({"proxy": None} | kw)) as ws:
             await ws.send("hi there")
             return await asyncio.wait_for(ws.recv(), 10)
     assert _run(echo("ws://" + entry["url"][len("http://"):] + "/")) == "echo: hi there"
-    with serving(st.engine) as (base, ports):
-        assert _run(echo("ws://" + ports[len("http://"):] + entry["path"] + "chat")) == "echo: hi there"
+    with serving(st.engine) as srv:
+        url = srv.preview(sb.id, 9000).replace("http://", "ws://") + "/chat"
+        assert _run(echo(url, **ws_kwargs(url))) == "echo: hi there"
 
 
 def test_bad_ports_and_stopped_sandboxes_are_refused(world):
@@ -224,32 +226,49 @@ def test_bad_ports_and_stopped_sandboxes_are_refused(world):
 
 
 def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
-    """A page the sandbox serves is another origin than the API's (http/listeners.py): the API's
-    listener sends a proxy path there, the ports' listener serves nothing else, and a call the page's
-    script would make to the API (a token-less server here) is refused by its Origin."""
+    """A page the sandbox serves is another origin than the API's and than every other preview's
+    (http/listeners.py): p<port>-<id>.localhost on the ports' listener is routed by that name alone;
+    the port's path (on either listener) is redirected there; the ports' listener serves nothing
+    else; a preview's name on the API's listener is refused; and a call the page's script would
+    make to the API (a token-less server here) is refused by its Origin."""
     st, sb, _ = world
     entry = sb.expose(8000)
-    with serving(st.engine) as (base, ports):
-        assert base != ports
-        r = httpx.get(base + entry["path"] + "index.html?a=1", trust_env=False, timeout=10)
-        assert r.status_code == 307 and r.headers["location"] == ports + entry["path"] + "index.html?a=1"
-        r = httpx.get(base + entry["path"] + "index.html", trust_env=False, timeout=10, follow_redirects=True)
-        assert r.status_code == 200 and r.text == "hello from the sandbox\n" and str(r.url).startswith(ports)
-        for path in ("/api/v1/images", "/", "/ui/", f"/api/v1/sandboxes/{sb.id}", "/v1/images"):
+    with serving(st.engine) as srv:
+        base, ports, page = srv.api, srv.ports, srv.preview(sb.id, 8000)
+        assert base != ports and page.startswith(f"http://p8000-{sb.id}.localhost:")
+        assert pget(page + "/index.html").text == "hello from the sandbox\n"
+        assert pget(page.upper().replace("HTTP://", "http://") + "/index.html").status_code == 200   # (names: any case)
+        for at in (base, ports):                       # the port's path: to the preview's origin, query and all
+            r = pget(at + entry["path"] + "index.html?a=1")
+            assert r.status_code == 307 and r.headers["location"] == page + "/index.html?a=1", at
+        with client(follow_redirects=True) as c:
+            r = c.get(base + entry["path"] + "index.html")
+            assert r.status_code == 200 and r.text == "hello from the sandbox\n" and str(r.url).startswith(page)
+        for path in ("/api/v1/images", "/", "/ui/", f"/api/v1/sandboxes/{sb.id}", "/v1/images", "/index.html"):
             r = _get(ports + path)
             assert r.status_code == 404 and "exposed ports of sandboxes only" in r.json()["message"], path
-        # the page's own requests pass; its script's calls to the API do not
-        assert _get(ports + entry["path"] + "index.html", headers={"Origin": ports}).status_code == 200
-        r = _get(base + "/api/v1/images", headers={"Origin": ports, "Sec-Fetch-Site": "same-site"})
+        for host in (f"p8000-{sb.id}.example.test", f"x8000-{sb.id}.localhost", f"p08000-{sb.id}.localhost",
+                     f"p70000-{sb.id}.localhost", f"p8000-{sb.id[:31]}.localhost", f"a.p8000-{sb.id}.localhost"):
+            r = _get(ports + "/index.html", headers={"Host": host})     # not a preview's name here: nothing
+            assert r.status_code == 404 and "exposed ports of sandboxes only" in r.json()["message"], host
+        r = _get(base + "/api/v1/images", headers={"Host": f"p8000-{sb.id}.localhost:{base.rsplit(':', 1)[1]}"})
+        assert r.status_code == 404 and "preview" in r.json()["message"]
+        # the page's own requests pass; its script's calls to the API, or to another preview, do not
+        assert pget(page + "/index.html", headers={"Origin": page, "Sec-Fetch-Site": "same-origin"}).status_code == 200
+        r = _get(base + "/api/v1/images", headers={"Origin": page, "Sec-Fetch-Site": "cross-site"})
         assert r.status_code == 403 and "origin" in r.json()["message"]
         assert _get(base + "/api/v1/images", headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
+        r = pget(srv.preview(sb.id, 8000) + "/index.html",
+                 headers={"Origin": srv.preview(sb.id, 9000), "Sec-Fetch-Site": "same-site"})
+        assert r.status_code == 403
+        # a link to the preview (the web page's "open" button) is followed; a frame or a form is not
+        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "document", "Sec-Fetch-Mode": "navigate"}
+        assert pget(page + "/index.html", headers=link).status_code == 200
+        assert pget(page + "/index.html", headers={**link, "Sec-Fetch-Dest": "iframe"}).status_code == 403
+        with client() as c:
+            assert c.post(page + "/index.html", headers={**link, "Origin": base}).status_code == 403
         r = httpx.post(f"{base}/api/v1/sandboxes/{sb.id}/port-url/8000", trust_env=False, timeout=10)
-        assert r.json()["url"].startswith(ports + entry["path"] + "?st_exp=")
-        from sandtree.http.listeners import ports_base     # a Host that is no host name is not echoed
-        port_of = int(ports.rsplit(":", 1)[1])
-        scope = {"headers": [(b"host", b"evil.example/x?y=")], "server": ("127.0.0.1", 1)}
-        assert ports_base(scope, port_of) == ports
-        assert ports_base({"headers": [(b"host", b"[::1]:80")]}, 9) == "http://[::1]:9"
+        assert r.json()["url"].startswith(page + "/?st_exp=")
         with pytest.raises(Exception) as e:                     # a WebSocket is not redirected: refused
             _run(ws_connect("ws://" + base[len("http://"):] + entry["path"], proxy=None, open_timeout=10).__aenter__())
         assert getattr(getattr(e.value, "response", None), "status_code", None) == 403, e.value
@@ -258,6 +277,11 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
     with TestClient(build_app(st.engine), base_url="http://127.0.0.1") as c:      # no ports listener: none served
         r = c.get(entry["path"] + "index.html")
         assert r.status_code == 404 and "serves no exposed ports" in r.json()["message"]
+    from sandtree.errors import InvalidInput
+    for bad in ("http://previews.example.com", "ftp://*.x.test", "https://*.x.test/path", "https://*.bad_name",
+                "https://u@*.x.test"):
+        with pytest.raises(InvalidInput):
+            build_app(st.engine, ports_port=1, preview_base=bad)
 
 
 def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
@@ -282,8 +306,8 @@ def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
         assert sb.exec("(httpd -p 8000 -h /www &); sleep 0.2").ok
         entry = sb.expose(8000)
         assert _get(entry["url"] + "/index.html").text == "hello from gvisor\n"
-        with serving(st.engine) as (base, ports):
-            assert _get(ports + entry["path"] + "index.html").text == "hello from gvisor\n"
+        with serving(st.engine) as srv:
+            assert pget(srv.preview(sb.id, 8000) + "/index.html").text == "hello from gvisor\n"
         sb.unexpose(8000)
         with pytest.raises(httpx.ConnectError):
             _get(entry["url"] + "/index.html")
@@ -317,25 +341,26 @@ def _auth(token: str) -> dict:
 
 def test_another_tenants_token_is_refused(tenants):
     eng, sid, alice, bob = tenants
-    with serving(eng) as (base, ports):
+    with serving(eng) as srv:
+        base = srv.api
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(bob), trust_env=False)
         assert r.status_code == 404                          # bob cannot expose alice's sandbox
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False)
         assert r.status_code == 201, r.text
-        path = r.json()["path"]
-        assert _get(ports + path, headers=_auth(alice)).text == "alice's page\n"
-        r = _get(ports + path, headers=_auth(bob))
+        page = srv.preview(sid, 8000) + "/"
+        assert pget(page, headers=_auth(alice)).text == "alice's page\n"
+        r = pget(page, headers=_auth(bob))
         assert r.status_code == 404 and r.json()["error"] == "not_found"
-        assert _get(ports + path).status_code == 401          # no token at all
+        assert pget(page).status_code == 401                 # no token at all
         assert _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(bob)).status_code == 404
         assert [p["port"] for p in _get(f"{base}/api/v1/sandboxes/{sid}/ports", headers=_auth(alice)).json()] \
             == [8000]
         # a WebSocket needs the token as well
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/9000", headers=_auth(alice), trust_env=False)
-        ws = "ws://" + ports[len("http://"):] + f"/api/v1/sandboxes/{sid}/ports/9000/"
+        ws = srv.preview(sid, 9000).replace("http://", "ws://") + "/"
 
         async def talk(headers):
-            async with ws_connect(ws, proxy=None, additional_headers=headers, open_timeout=10) as c:
+            async with ws_connect(ws, additional_headers=headers, open_timeout=10, **ws_kwargs(ws)) as c:
                 await c.send("alice here")
                 return await asyncio.wait_for(c.recv(), 10)
         assert _run(talk(_auth(alice))) == "echo: alice here"
@@ -347,45 +372,48 @@ def test_another_tenants_token_is_refused(tenants):
 
 def test_a_signed_url_works_without_a_token_until_it_expires(tenants):
     eng, sid, alice, bob = tenants
-    with serving(eng) as (base, ports):
+    with serving(eng) as srv:
+        base, page = srv.api, srv.preview(sid, 8000)
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/8000", headers=_auth(alice), trust_env=False, timeout=60)
         r = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", params={"ttl": 6}, headers=_auth(alice),
                        trust_env=False, timeout=60)
         assert r.status_code == 200, r.text
         url = r.json()["url"]
-        assert url.startswith(f"{ports}/api/v1/sandboxes/{sid}/ports/8000/?st_exp=")
+        assert url.startswith(f"{page}/?st_exp=")
         assert httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/8000", headers=_auth(bob),
                           trust_env=False).status_code == 404
-        with httpx.Client(trust_env=False, timeout=10) as browser:
+        with client(follow_redirects=True) as browser:
             r = browser.get(url)
             assert r.status_code == 200 and r.text == "alice's page\n"
+            assert str(r.url) == page + "/"                       # the signature exchanged for the cookie
             assert "st_port" in browser.cookies                  # the page's own requests carry the grant
-            assert browser.get(f"{ports}/api/v1/sandboxes/{sid}/ports/8000/index.html").text == "alice's page\n"
+            assert browser.get(f"{page}/index.html").text == "alice's page\n"
             # the grant is for that port only: the API and other ports need a token
             assert browser.get(f"{base}/api/v1/sandboxes/{sid}").status_code == 401
+            assert browser.get(srv.preview(sid, 9000) + "/").status_code == 401
         # a WebSocket by a signed URL of its own port
         httpx.post(f"{base}/api/v1/sandboxes/{sid}/ports/9000", headers=_auth(alice), trust_env=False)
         ws_url = httpx.post(f"{base}/api/v1/sandboxes/{sid}/port-url/9000", headers=_auth(alice),
                             trust_env=False).json()["url"].replace("http://", "ws://")
 
         async def talk(u):
-            async with ws_connect(u, proxy=None, open_timeout=10) as c:
+            async with ws_connect(u, open_timeout=10, **ws_kwargs(u)) as c:
                 await c.send("by signature")
                 return await asyncio.wait_for(c.recv(), 10)
         assert _run(talk(ws_url)) == "echo: by signature"
         with pytest.raises(Exception) as e:
-            _run(talk(url.replace("http://", "ws://").replace("/ports/8000/", "/ports/9000/")))
+            _run(talk(url.replace("http://", "ws://").replace("p8000-", "p9000-")))
         assert e.value.response.status_code == 403
         altered = url[:-1] + ("0" if url[-1] != "0" else "1")
-        r = _get(altered)
+        r = pget(altered)
         assert r.status_code == 403 and "signature" in r.json()["message"]
-        other_port = url.replace("/ports/8000/", "/ports/8001/")
-        assert _get(other_port).status_code == 403
+        other_port = url.replace("p8000-", "p8001-")
+        assert pget(other_port).status_code == 403
         later = url.replace("st_exp=", "st_exp=9")
-        assert _get(later).status_code == 403                    # a longer life is an altered URL
+        assert pget(later).status_code == 403                    # a longer life is an altered URL
         exp = int(url.split("st_exp=")[1].split("&")[0])
         time.sleep(max(0.0, exp - time.time() + 1.1))
-        r = _get(url)
+        r = pget(url)
         assert r.status_code == 403 and "expired" in r.json()["message"]
         from sandtree.errors import InvalidInput
         with pytest.raises(InvalidInput):
@@ -403,8 +431,8 @@ def test_exposure_is_remade_after_a_daemon_restart(world):
     again = sb.ports()                                      # the rows make them again
     assert [p["port"] for p in again] == [8000] and again[0]["url"] != entry["url"]
     assert _get(again[0]["url"] + "/index.html").text == "hello from the sandbox\n"
-    with serving(st.engine) as (base, ports):
-        assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
+    with serving(st.engine) as srv:
+        assert pget(srv.preview(sb.id, 8000) + "/index.html").text == "hello from the sandbox\n"
 
 
 def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
@@ -416,8 +444,8 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
     assert _get(entry["url"] + "/index.html").status_code == 200
     assert sb.hibernate()["state"] == "hibernated"
     assert [p["url"] for p in sb.ports()] == [None]
-    with serving(st.engine) as (base, ports):
-        r = _get(ports + entry["path"] + "index.html")
+    with serving(st.engine) as srv:
+        r = pget(srv.preview(sb.id, 8000) + "/index.html")
         assert r.status_code == 200 and r.text == "hello from the sandbox\n", r.text
     assert st.engine.sandbox_info(sb.id)["state"] == "running"
     assert [(l["key"], l["ports"]) for l in egress.list()] == [(sb.id, {"8000": int(sb.ports()[0]["url"][17:])})]
@@ -426,16 +454,17 @@ def test_a_request_to_a_hibernated_sandbox_resumes_it(world):
 def test_the_remote_client_and_mcp_expose_too(tenants):
     """The SDK over HTTP (sandtree.connect) and the MCP tool: the same rows, the same rules."""
     eng, sid, alice, bob = tenants
-    with serving(eng) as (base, ports):
-        st = sandtree.connect(base, token=alice)
+    with serving(eng) as srv:
+        st = sandtree.connect(srv.api, token=alice)
         try:
             entry = eng.as_tenant(eng.tenancy.authenticate(alice)).sandbox_expose(sid, 8000)
             remote = st.engine
             assert remote.sandbox_expose(sid, 8000) == entry
             assert remote.sandbox_ports(sid) == [entry]
             signed = remote.sandbox_port_url(sid, 8000, ttl=60)
-            assert signed.startswith(ports + entry["path"] + "?st_exp=")
-            assert _get(signed).text == "alice's page\n"
+            assert signed.startswith(srv.preview(sid, 8000) + "/?st_exp=")
+            with client(follow_redirects=True) as browser:
+                assert browser.get(signed).text == "alice's page\n"
             from sandtree.errors import InvalidInput, NotFound
             with pytest.raises(InvalidInput):
                 remote.sandbox_expose(sid, 0)
@@ -443,7 +472,7 @@ def test_the_remote_client_and_mcp_expose_too(tenants):
             with pytest.raises(NotFound):
                 remote.sandbox_unexpose(sid, 8000)
             with pytest.raises(NotFound):
-                sandtree.connect(base, token=bob).engine.sandbox_ports(sid)
+                sandtree.connect(srv.api, token=bob).engine.sandbox_ports(sid)
         finally:
             st.close()
     actions = [a["action"] for a in eng.audit(tenant="alice", limit=50)]
@@ -457,7 +486,7 @@ def test_the_remote_client_and_mcp_expose_too(tenants):
             r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "url_ttl": 60})
             assert not r.is_error, r.content
             got = json.loads(r.content[0].text)
-            assert got["port"] == 8000 and got["signed_url"].startswith(got["path"] + "?st_exp=")
+            assert got["port"] == 8000 and got["signed_url"].startswith(f"http://p8000-{sid}.localhost:")
             assert _get(got["url"] + "/").text == "alice's page\n"
             r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "close": True})
             assert not r.is_error and json.loads(r.content[0].text) == {"port": 8000, "exposed": False}
@@ -501,16 +530,16 @@ def test_any_method_and_bodies_stream_through_the_server(world):
     sb.write("/www/cgi-bin/echo", CGI_ECHO, mode=0o755)
     entry = sb.expose(8000)
     body = os.urandom(3 * 1024 * 1024)
-    with serving(st.engine) as (base, ports):
-        r = httpx.post(ports + entry["path"] + "cgi-bin/echo?a=1&st_exp=5&b=2", content=body, trust_env=False,
-                       timeout=30)
+    with serving(st.engine) as srv, client(timeout=30) as c:
+        page = srv.preview(sb.id, 8000) + "/"
+        r = c.post(page + "cgi-bin/echo?a=1&st_exp=5&b=2", content=body)
         assert r.status_code == 200, r.text
         assert r.headers["x-method"] == "POST" and r.headers["x-query"] == "a=1&b=2"
         assert r.text.strip() == hashlib.sha256(body).hexdigest()
         for method in ("PUT", "DELETE", "PATCH"):       # (busybox httpd hands a CGI a body on POST only)
-            r = httpx.request(method, ports + entry["path"] + "cgi-bin/echo", trust_env=False, timeout=30)
+            r = c.request(method, page + "cgi-bin/echo")
             assert r.status_code == 200 and r.headers["x-method"] == method, r.text
-        r = httpx.get(ports + entry["path"] + "nothing-here", trust_env=False, timeout=10)
+        r = c.get(page + "nothing-here")
         assert r.status_code == 404                         # the sandbox's own 404, passed on
 
 

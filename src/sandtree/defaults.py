@@ -13,6 +13,9 @@ MCP_TIMEOUT = 30.0                   # an MCP tool call's run: the agent's turn 
 SANDBOX_IDLE_TIMEOUT = 600           # a live sandbox with no command for this long is stopped
 SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any case
 PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port works (sandbox_port_url)
+SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at once (each a listener of the
+                                     # store's one egress daemon, shared by every tenant's runs)
+TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it

@@ -102,7 +102,7 @@ def cmd_serve(args):
             recipes.append(got)
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
           access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
-          watch=args.watch, ports_port=args.ports_port)
+          watch=args.watch, ports_port=args.ports_port, preview_url=getattr(args, "preview_url", None))
 
 
 def cmd_ui(args):
@@ -142,7 +142,8 @@ def cmd_mcp(args):
 def _limits(args) -> dict:
     return {"max_runs": args.max_runs, "max_timeout": args.max_timeout, "max_output": args.max_output,
             "max_sandboxes": args.max_sandboxes, "max_upload": args.max_upload, "max_memory": args.max_memory,
-            "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus}
+            "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus,
+            "max_ports": args.max_ports}
 
 
 def cmd_token(args):
@@ -204,6 +205,8 @@ def _limit_args(x) -> None:
     x.add_argument("--max-memory", help="most memory a run or sandbox may ask (default: the engine's 2G)")
     x.add_argument("--max-pids", type=int, help="most processes a run or sandbox may ask (default 1024)")
     x.add_argument("--max-disk", help="most disk a run or sandbox may ask (default: the engine's 1G)")
+    x.add_argument("--max-ports", type=int, help="exposed ports the tenant may have at once, over all its "
+                                                  "sandboxes (default 64)")
     x.add_argument("--max-cpus", type=float, help="most CPUs a run or sandbox may ask (default: any)")
 
 
@@ -221,6 +224,10 @@ def add_services(sub, common) -> None:
     x.add_argument("--ports-port", type=int, default=None, metavar="PORT",
                    help="where the exposed ports of sandboxes are served: an origin of their own, so a page a "
                         "sandbox serves cannot act as the API's (default: --port + 1; 0: any free port)")
+    x.add_argument("--preview-url", default=None, metavar="URL",
+                   help="where browsers reach each exposed port, under a host name of its own (p<port>-<id>): "
+                        "http(s)://*.DOMAIN[:PORT], e.g. https://*.previews.example.com behind a proxy with a "
+                        "wildcard DNS name and certificate (default: http://*.localhost:<ports port>)")
     x.add_argument("--max-runs", type=int, default=4, help="runs at once; more queue")
     x.add_argument("--pool", action="append", metavar="IMAGE=SIZE",
                    help="keep SIZE sandboxes of IMAGE started for runs through this server (repeatable); "

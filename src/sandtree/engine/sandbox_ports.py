@@ -10,9 +10,12 @@ outlive the daemon nor the sandbox's processes (a resume makes new ones), so eve
 names a host port first makes sure the daemon has the link and the listeners (`_live`): after a
 daemon restart or a resume they are made again, from the rows.
 
-Signed URLs (sandbox_port_url) name a path under the server with an expiry and an HMAC-SHA256 of
-sandbox, port and expiry under a key of the store's own ($SANDTREE_HOME/ports.key, 0600); the
-server checks them (verify) for requests that carry no token."""
+Signed URLs (sandbox_port_url) carry an expiry and an HMAC-SHA256 of sandbox, port, expiry and
+when the port was exposed (an unexpose revokes them) under a key of the store's own
+($SANDTREE_HOME/ports.key, 0600); the server checks them (verify) for requests that carry no
+token. The URL is made here only, for every surface: on the preview's own
+origin (engine/previews.py) once a server has said where previews are reached (preview_base);
+without one, the port's path under a server, which redirects it to that origin."""
 
 from __future__ import annotations
 
@@ -24,10 +27,12 @@ import secrets
 import threading
 import time
 
-from ..errors import Conflict, Forbidden, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
+from .. import defaults as D
+from ..errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, RuntimeUnavailable, SandtreeError
 from ..runtime.base import LiveTier
 from ..runtime.liveproc import LiveHandle
 from ..store.store import Store
+from .previews import check_base, preview_url
 
 __all__ = ["SandboxPorts", "MAX_TTL", "KEY_FILE", "port_path"]
 
@@ -55,19 +60,36 @@ class SandboxPorts:
         self._lock = threading.Lock()
         self._linked: dict[str, tuple[str, int]] = {}   # sid -> (link key, init pid) this process made live
         self._key: bytes | None = None
+        self._base: str | None = None
+        self.max_per_sandbox = D.SANDBOX_PORTS     # exposed ports a sandbox may have (a tenant's: its view)
+
+    @property
+    def preview_base(self) -> str | None:
+        """Where previews are reached (engine/previews.py), set by the server that serves them."""
+        return self._base
+
+    @preview_base.setter
+    def preview_base(self, base: str | None) -> None:
+        self._base = None if base is None else check_base(base)
 
     # ---- the operations ---------------------------------------------------------------------
     def expose(self, sid: str, port: int) -> dict:
         port = _check_port(port)
         row = self._running(sid)
         with self.store.db.tx() as con:
+            have = [r[0] for r in con.execute("SELECT port FROM sandbox_ports WHERE sandbox=?", (row["id"],))]
+            if port not in have and len(have) >= self.max_per_sandbox:
+                raise LimitExceeded(f"sandbox {row['id'][:12]} has {len(have)} exposed ports, the most one may "
+                                    "have: unexpose one first", sandbox=row["id"], limit="sandbox_ports",
+                                    max=self.max_per_sandbox)
             con.execute("INSERT OR IGNORE INTO sandbox_ports(sandbox, port, created) VALUES(?,?,?)",
                         (row["id"], port, time.time()))
         try:
             hosts = self._live(row, [port])
         except BaseException:
-            with self.store.db.tx() as con:        # not exposed after all: nothing changed
-                con.execute("DELETE FROM sandbox_ports WHERE sandbox=? AND port=?", (row["id"], port))
+            if port not in have:                   # not exposed after all: nothing changed
+                with self.store.db.tx() as con:
+                    con.execute("DELETE FROM sandbox_ports WHERE sandbox=? AND port=?", (row["id"], port))
             raise
         return self._entry(row["id"], port, hosts.get(port))
 
@@ -95,10 +117,12 @@ class SandboxPorts:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
             raise InvalidInput(f"ttl is seconds, more than 0 and at most {MAX_TTL}", ttl=ttl)
         info = self.sandboxes.info(sid)
-        if port not in self._recorded(info["id"]):
+        row = self.store.db.query("SELECT created FROM sandbox_ports WHERE sandbox=? AND port=?", (info["id"], port))
+        if not row:
             raise NotFound(f"port {port} of sandbox {info['id'][:12]} is not exposed", sandbox=info["id"], port=port)
         exp = int(time.time() + ttl)
-        return f"{port_path(info['id'], port)}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp)}"
+        at = preview_url(self._base, info["id"], port) + "/" if self._base else port_path(info["id"], port)
+        return f"{at}?st_exp={exp}&st_sig={self.sign(info['id'], port, exp, row[0][0])}"
 
     def unlink(self, sid: str) -> None:
         """Before a checkpoint: remove the link this code gave sandbox `sid` (CRIU cannot restore a
@@ -115,18 +139,24 @@ class SandboxPorts:
             self._linked.pop(row["id"], None)
 
     # ---- signed URLs -------------------------------------------------------------------------
-    def sign(self, sid: str, port: int, exp: int) -> str:
-        return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}".encode(), hashlib.sha256).hexdigest()
+    def sign(self, sid: str, port: int, exp: int, exposed: float) -> str:
+        # `exposed`: when the port was exposed, so an unexpose revokes every URL signed so far (an
+        # exposure of the same port later is another one)
+        return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}\n{exposed:.6f}".encode(), hashlib.sha256).hexdigest()
 
     def verify(self, sid: str, port: int, exp, sig) -> None:
         """A signed URL's grant for port `port` of sandbox `sid` (its full id), or Forbidden with
-        the reason (malformed, altered, expired). Says nothing of whether the port is exposed."""
+        the reason (malformed, altered, expired, or for an exposure that ended)."""
         try:
             exp = int(exp)
         except (TypeError, ValueError):
             raise Forbidden("the signed URL is malformed (st_exp)") from None
-        if not isinstance(sig, str) or not hmac.compare_digest(self.sign(sid, port, exp), sig):
-            raise Forbidden("the signed URL's signature does not match (altered, or for another sandbox or port)")
+        row = self.store.db.query("SELECT created FROM sandbox_ports WHERE sandbox=? AND port=?", (sid, port))
+        if not row:
+            raise Forbidden(f"the signed URL is for port {port} of sandbox {sid[:12]}, which is not exposed")
+        if not isinstance(sig, str) or not hmac.compare_digest(self.sign(sid, port, exp, row[0][0]), sig):
+            raise Forbidden("the signed URL's signature does not match (altered, for another sandbox or port, "
+                            "or made before the port was last unexposed)")
         if exp < time.time():
             raise Forbidden(f"the signed URL expired {int(time.time() - exp)} s ago")
 

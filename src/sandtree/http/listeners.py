@@ -1,34 +1,36 @@
-"""Two listeners, two origins: the API (and the web page) on one port, the exposed ports of live
-sandboxes (http/ports.py's proxy) on another.
+"""Two listeners, and an origin per preview: the API (and the web page) on one port; the exposed
+ports of live sandboxes (http/ports.py's proxy) on another, each port of each sandbox under a host
+name of its own (engine/previews.py: `p<port>-<id>.<preview domain>`).
 
 Why: a page that a sandbox serves is written by whatever runs in the sandbox. Served under the API's
 own origin it would run as the API's page: on a server without tokens it could call the whole API
-from the user's browser (the gate lets this server's own pages in), and under any server it could
-register a service worker over the API's paths (a `Service-Worker-Allowed: /` answer) and read the
-token typed into the web page. On a port of its own the page is another origin (scheme, host and
-port): the browser keeps it away from the API's storage and workers, and the gate refuses its calls
-(its Origin is not the API's). E2B and Daytona give each preview a host name of its own for the
-same reason; one more port needs no DNS.
+from the user's browser, and under any server it could register a service worker over the API's
+paths and read the token typed into the web page. Served under an origin shared with the other
+sandboxes' pages, it could do the same to them (a worker over that origin answers every preview
+opened later, and reads their signed URLs). So each preview is its own origin (E2B's and
+Daytona's habit), and this middleware routes a request on the ports' listener by its Host alone:
+`p8000-<id>.<domain>/x` is path /x of port 8000 of that sandbox (to the routers it is the port's
+path, /api/v1/sandboxes/<id>/ports/8000/x, so the gate's rules and the proxy are one for both).
 
-So: on the ports listener only the proxy's paths are served (anything else 404); on the API's
-listener a proxy path is redirected there (307: a browser follows with its method and body) and a
-WebSocket to one is refused with the address to use. An app built without a ports listener serves
-no exposed port at all (404 saying so)."""
+Anything else on the ports' listener is not served: the port's path there (the form before
+previews had host names) and on the API's listener is redirected to the preview's origin (307: a
+browser follows with its method and body), and a WebSocket to one is refused with the address to
+use. A preview's host name on the API's listener is refused. An app built without a ports
+listener serves no exposed port at all (404 saying so)."""
 
 from __future__ import annotations
 
-import re
 import socket
 
 from starlette.responses import JSONResponse, RedirectResponse
 from starlette.websockets import WebSocketClose
 
+from ..engine.previews import base_domain, check_base, parse_host, preview_url
+from ..engine.sandbox_ports import port_path
 from ..errors import NotFound
-from ..tenancy.gate import PORT_PATH
+from ..tenancy.gate import PORT_PATH, PREVIEW_KEY
 
-__all__ = ["Listeners", "bind", "ports_base", "HOST_NAME"]
-
-HOST_NAME = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}))$")
+__all__ = ["Listeners", "bind", "default_base"]
 
 
 def bind(host: str, port: int, ports_port: int | None = None) -> list[socket.socket]:
@@ -45,43 +47,52 @@ def bind(host: str, port: int, ports_port: int | None = None) -> list[socket.soc
         raise
 
 
-def ports_base(scope, ports_port: int) -> str:
-    """scheme://host:ports_port as the client named this server (its Host header's name)."""
-    headers = dict(scope.get("headers") or [])
-    host = headers.get(b"host", b"").decode("latin-1")
-    name = host[:host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":", 1)[0]
-    if not HOST_NAME.match(name):       # a Host that is no host name (it would steer the URL's path): ours
-        local = (scope.get("server") or ("127.0.0.1",))[0]
-        name = f"[{local}]" if ":" in local else local
-    scheme = {"https": "https", "wss": "https"}.get(scope.get("scheme", "http"), "http")
-    return f"{scheme}://{name}:{ports_port}"
+def default_base(ports_port: int) -> str:
+    """Previews under `localhost` on the ports' listener: for a browser on this machine."""
+    return f"http://*.localhost:{ports_port}"
 
 
 class Listeners:
-    """ASGI middleware (outermost): which paths each listener serves (the module's docstring)."""
+    """ASGI middleware (outermost): which listener and host name serves what (the module's docstring).
+    preview_base: where previews are reached (engine/previews.py; None: the default on ports_port)."""
 
-    def __init__(self, app, ports_port: int | None):
+    def __init__(self, app, ports_port: int | None, preview_base: str | None = None):
         self.app, self.ports_port = app, ports_port
+        self.base = check_base(preview_base or default_base(ports_port)) if ports_port is not None else None
+        self.domain = base_domain(self.base) if self.base else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         server = scope.get("server") or (None, None)
         on_ports = self.ports_port is not None and server[1] == self.ports_port
-        proxied = PORT_PATH.match(scope.get("path", "")) is not None
-        if on_ports == proxied:
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        named = parse_host(host, self.domain) if self.domain else None
+        if on_ports and named:
+            sid, port = named
+            prefix = port_path(sid, port)[:-1].encode()
+            raw = scope.get("raw_path") or scope.get("path", "").encode("utf-8")
+            scope = {**scope, "path": prefix.decode() + scope.get("path", ""), "raw_path": prefix + raw,
+                     PREVIEW_KEY: named}
             return await self.app(scope, receive, send)
-        if on_ports:
-            why = "this listener serves the exposed ports of sandboxes only; the API is on the server's other port"
+        proxied = PORT_PATH.match(scope.get("path", ""))
+        if not on_ports and not named and not proxied:
+            return await self.app(scope, receive, send)
+        if not on_ports and named:
+            why = "this host name is a preview's: previews are served on the exposed ports' listener only"
+        elif on_ports and not proxied:
+            why = ("this listener serves the exposed ports of sandboxes only, each under a host name of its own "
+                   f"({preview_url(self.base, '<sandbox id>', 0).replace('p0-', 'p<port>-')})")
         elif self.ports_port is None:
             why = "this server serves no exposed ports (they need a listener of their own: `sandtree serve`)"
         else:
-            where = ports_base(scope, self.ports_port) + scope["path"]
+            sid, port = proxied.group(1), int(proxied.group(2))
+            where = preview_url(self.base, sid, port) + "/" + scope["path"][proxied.end():]
             if scope["type"] == "http":
                 query = scope.get("query_string", b"").decode("latin-1")
                 return await RedirectResponse(where + (f"?{query}" if query else ""), status_code=307)(
                     scope, receive, send)
-            why = f"exposed ports are served on their own origin: {where}"
+            why = f"exposed ports are served on origins of their own: {where}"
         if scope["type"] == "websocket":
             return await WebSocketClose(code=1008, reason=why[:120])(scope, receive, send)
         return await JSONResponse(NotFound(why).to_dict(), status_code=404)(scope, receive, send)

@@ -1,18 +1,25 @@
-"""/api/v1 exposed ports of live sandboxes: expose, unexpose, list, signed URLs, and the port itself
-under /api/v1/sandboxes/{sid}/ports/{port}/... (HTTP of any method, streamed both ways, and
-WebSocket), relayed to the exposed port's listener on the host's loopback (the egress daemon's,
-which relays into the sandbox through its link).
+"""/api/v1 exposed ports of live sandboxes: expose, unexpose, list, signed URLs, and the port itself,
+on its preview's own origin (http/listeners.py routes `p<port>-<id>.<domain>/x` here as
+/api/v1/sandboxes/{sid}/ports/{port}/x): HTTP of any method, streamed both ways, and WebSocket,
+relayed to the exposed port's listener on the host's loopback (the egress daemon's, which relays
+into the sandbox through its link).
 
 Who may: the caller's engine view (TenantGate: a tenant reaches only its own sandboxes' exposed
 ports; the rows' scope) or, without a token, a valid signed URL (TenantGate's PortGrant: that one
-port), after which a cookie scoped to the port's path lets the page's own requests in. A port that
-is not exposed answers 404; a hibernated sandbox is resumed first (E2B's habit)."""
+port). A browser's signed GET is exchanged for a cookie of the preview's host only (HttpOnly,
+SameSite=Lax, Path=/) and redirected to the same address less the signature, so the signature
+never stays in the address bar, the history or a Referer. A port that is not exposed answers 404;
+a hibernated sandbox is resumed first (E2B's habit).
+
+What the sandbox answers is passed on less the headers that would reach past its own origin
+(sandbox_headers)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 from fastapi import APIRouter, Query, Request, WebSocket
@@ -24,7 +31,6 @@ from .. import defaults as D
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
 from ..tasks import until_first
 from ..tenancy.gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
-from .listeners import ports_base
 from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -35,6 +41,29 @@ HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", 
        "transfer-encoding", "upgrade", "host", "authorization", "cookie"}
 HOP_BACK = HOP - {"host", "authorization", "cookie"}
 SIGNED = ("st_exp", "st_sig")
+# Answer headers of the sandbox's server that act beyond its own preview: a service worker's scope
+# (the browser keeps a worker to its origin already, and a preview needs no wider one), wiping
+# the data of the whole registrable domain (every sibling preview's grant cookie with it), and
+# alternative services (other endpoints for the host name, chosen by the sandbox).
+DROPPED = {"service-worker-allowed", "clear-site-data", "alt-svc"}
+
+
+def sandbox_headers(items) -> list[tuple[str, str]]:
+    """The sandbox's answer headers as passed on: hop-by-hop and DROPPED left out; a Set-Cookie
+    loses its Domain attribute (a cookie of the preview's host only, never its siblings') and one
+    that would replace this server's grant cookie is left out."""
+    out = []
+    for k, v in items:
+        low = k.lower()
+        if low in HOP_BACK or low in DROPPED:
+            continue
+        if low == "set-cookie":
+            name = v.split("=", 1)[0].strip()
+            if name == PORT_COOKIE or name.lower().startswith("__host-" + PORT_COOKIE):
+                continue
+            v = ";".join(a for a in v.split(";") if a.strip().split("=", 1)[0].strip().lower() != "domain")
+        out.append((k, v))
+    return out
 
 
 def _forward_cookies(raw: str) -> str:
@@ -62,10 +91,12 @@ async def target(view, call, sid: str, port: int) -> str:
     return entry["url"]
 
 
-def _grant_cookie(response, view, sid: str, port: int) -> None:
-    if isinstance(view, PortGrant):
+def _grant_cookie(response, view, secure: bool) -> None:
+    """The signed URL's grant as a cookie of the preview's host only (no Domain: never sent to
+    another preview), for all its paths; HttpOnly (the page's scripts never read it)."""
+    if isinstance(view, PortGrant) and view.from_query:
         response.set_cookie(PORT_COOKIE, view.cookie, max_age=max(0, int(view.expires - time.time())),
-                            path=f"/api/v1/sandboxes/{sid}/ports/{port}/", httponly=True, samesite="lax")
+                            path="/", httponly=True, samesite="lax", secure=secure)
 
 
 def ports_router(p: Plumbing) -> APIRouter:
@@ -74,7 +105,10 @@ def ports_router(p: Plumbing) -> APIRouter:
 
     def client() -> httpx.AsyncClient:
         if not clients:          # one pool of upstream connections; never the environment's proxies
-            clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0)))
+            # nor a cookie jar: every sandbox's server is at 127.0.0.1 (cookies ignore the port), so a
+            # jar would hand one sandbox's Set-Cookie to every other sandbox's server
+            clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0),
+                                             cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[]))))
         return clients[0]
 
     @router.post("/api/v1/sandboxes/{sid}/ports/{port}", status_code=201)
@@ -94,12 +128,10 @@ def ports_router(p: Plumbing) -> APIRouter:
     @router.post("/api/v1/sandboxes/{sid}/port-url/{port}")
     async def port_url(sid: str, port: int, request: Request,
                        ttl: float = Query(D.PORT_URL_TTL, description="seconds until the URL stops working")) -> dict:
-        """A signed URL of the exposed port (works without a token until it expires)."""
-        path = await call(engine.sandbox_port_url, sid, port, ttl=ttl)
-        ports_port = request.app.state.ports_port
-        if ports_port is None:
+        """A signed URL of the exposed port on its preview's origin (works without a token until it expires)."""
+        if request.app.state.ports_port is None:
             raise RuntimeUnavailable("this server serves no exposed ports (they need a listener of their own)")
-        return {"url": ports_base(request.scope, ports_port) + path}
+        return {"url": await call(engine.sandbox_port_url, sid, port, ttl=ttl)}
 
     @router.api_route("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}", methods=METHODS,
                       include_in_schema=False)
@@ -107,13 +139,22 @@ def ports_router(p: Plumbing) -> APIRouter:
         """The exposed port itself: the request goes to the sandbox's server as it came (streamed)."""
         view = request.scope["state"][STATE_KEY]
         base = await target(view, call, sid, port)
+        query = _query(request.url.query)
+        secure = request.url.scheme == "https"
+        if isinstance(view, PortGrant) and view.from_query and request.method in ("GET", "HEAD"):
+            # the exchange: the grant as the host's cookie, the same address less the signature
+            raw = request.scope.get("raw_path", b"").decode("latin-1").split("?", 1)[0]
+            prefix = f"/api/v1/sandboxes/{sid}/ports/{port}"
+            at = raw[len(prefix):] if raw.startswith(prefix + "/") else f"/{path}"
+            at = "/" + at.lstrip("/\\")           # (never //host: a redirect to another site)
+            out = Response(status_code=303, headers={"location": at + (f"?{query}" if query else ""),
+                                                     "referrer-policy": "no-referrer", "cache-control": "no-store"})
+            _grant_cookie(out, view, secure)
+            return out
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
         if cookies := _forward_cookies(request.headers.get("cookie", "")):
             headers.append(("cookie", cookies))
-        prefix = f"/api/v1/sandboxes/{sid}/ports/{port}"
-        headers += [("x-forwarded-prefix", prefix), ("x-forwarded-host", request.headers.get("host", "")),
-                    ("x-forwarded-proto", request.url.scheme)]
-        query = _query(request.url.query)
+        headers += [("x-forwarded-host", request.headers.get("host", "")), ("x-forwarded-proto", request.url.scheme)]
         has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
         up = client().build_request(request.method, f"{base}/{path}" + (f"?{query}" if query else ""),
                                     headers=headers, content=request.stream() if has_body else None)
@@ -132,9 +173,9 @@ def ports_router(p: Plumbing) -> APIRouter:
             finally:
                 await resp.aclose()
         out = StreamingResponse(body(), status_code=resp.status_code)
-        out.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
-                           if k.lower() not in HOP_BACK]
-        _grant_cookie(out, view, sid, port)
+        out.raw_headers = [(k.encode("latin-1"), v.encode("latin-1"))
+                           for k, v in sandbox_headers(resp.headers.multi_items())]
+        _grant_cookie(out, view, secure)
         return out
 
     @router.websocket("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}")

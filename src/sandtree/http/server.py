@@ -49,11 +49,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD,
-              ports_port: int | None = None) -> FastAPI:
+              ports_port: int | None = None, preview_base: str | None = None) -> FastAPI:
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
     largest upload or image tar a request may send, unless its tenant's max_upload says otherwise.
     ports_port: the local port of the listener that serves exposed ports (http/listeners.py; None:
-    none is served)."""
+    none is served). preview_base: where each exposed port's own origin is reached (engine/previews.py;
+    None: http://*.localhost:<ports_port>, for a browser on this machine)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
     # The engine has no public methods for these two yet: uploads and exports are staged on the
@@ -62,8 +63,10 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     app.add_middleware(QuickRuns, answer=run_answer(p))           # innermost: a valid POST /runs, answered
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
-    app.add_middleware(Listeners, ports_port=ports_port)         # outermost: which listener serves what
+    listeners = Listeners(None, ports_port, preview_base)       # (checks the base before anything is served)
+    app.add_middleware(Listeners, ports_port=ports_port, preview_base=preview_base)   # outermost: who serves what
     app.state.ports_port = ports_port
+    engine.ports.preview_base = listeners.base                 # the signed URLs every surface hands out
     add_error_handlers(app)
     # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
     # routes (branching's lineage) come before images_router's GET /images/{ref}. Runs first: the
@@ -80,14 +83,15 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
           max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
-          watch: float | None = None, ports_port: int | None = None) -> None:
+          watch: float | None = None, ports_port: int | None = None, preview_url: str | None = None) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
     tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
     changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
-    http/listeners.py; None: port + 1)."""
+    http/listeners.py; None: port + 1). preview_url: where each exposed port's own origin is reached,
+    http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve, not to build the app
 
@@ -108,7 +112,9 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
                              "choose others with --port / --ports-port") from None
         port, ports_port = (s.getsockname()[1] for s in sockets)
         auth = "tokens" if tokens else "none: no tokens configured, listening on loopback only"
-        print(f"sandtree serve: http://{host}:{port} (auth: {auth}; exposed ports on http://{host}:{ports_port})",
+        previews = preview_url or f"http://*.localhost:{ports_port}"
+        print(f"sandtree serve: http://{host}:{port} (auth: {auth}; exposed ports on http://{host}:{ports_port}, "
+              f"reached as {previews})",
               file=sys.stderr, flush=True)
         if log is not None:
             log("start", host=host, port=port, ports_port=ports_port, auth="tokens" if tokens else "none",
@@ -129,7 +135,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         # uvicorn re-raises SIGTERM after its graceful shutdown: as SystemExit, so the engine is
         # closed below (its operations end, a live run's sandbox stops) rather than left running
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port)
+        app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port, preview_base=preview_url)
         # a request waiting on a run (POST /runs) would hold the shutdown for the run's whole timeout
         uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=D.SHUTDOWN_GRACE)
                        ).run(sockets=sockets)

@@ -33,13 +33,11 @@ import time
 from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import fastpath, netns, recycle, trust
+from . import descriptors, fastpath, netns, nft, proxy, recycle, resolver, trust, upstream
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made
 from .policy import Policy
 from .state import LinkState
-
-from . import nft, proxy, resolver, upstream
 
 __all__ = ["Daemon", "Entry", "main", "GRACE", "IDLE", "SWEEP"]
 
@@ -300,7 +298,8 @@ class Daemon:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise InvalidInput(f"a port is a number from 1 to 65535, not {port!r}", port=port)
         if port not in entry.exposures:
-            entry.exposures[port] = await exposing.expose(entry.state, port, self.links.router_fd, self.host_fd)
+            with descriptors.one_more(len(self.entries)):      # (never the links' connections' reserve)
+                entry.exposures[port] = await exposing.expose(entry.state, port, self.links.router_fd, self.host_fd)
         return {"host_port": entry.exposures[port].host_port}
 
     async def op_unexpose(self, req, fds) -> dict:
@@ -460,6 +459,7 @@ def _serve(a, base: str, w: int) -> int:
                 os.close(w)
                 return 0
             time.sleep(0.05)
+    descriptors.raise_limit()           # (the soft limit inherited is a shell's)
     null = os.open(os.devnull, os.O_RDWR)
     log = os.open(os.path.join(base, "daemon.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     os.dup2(null, 0)

@@ -40,9 +40,13 @@ PAGE_PREFIX = "/ui/"
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
+# A preview's host name under `localhost` (engine/previews.py): browsers resolve every *.localhost
+# name to loopback themselves, so no DNS rebinding can point one elsewhere.
+LOCAL_PREVIEW_HOST = re.compile(r"^p\d{1,5}-[0-9a-f]{32}\.localhost(:\d{1,5})?$", re.IGNORECASE)
 # An exposed port served under the server (http/ports.py); a signed URL may stand for a token there.
 PORT_PATH = re.compile(r"^/api/v1/sandboxes/([0-9a-f]{32})/ports/(\d{1,5})/")
 PORT_COOKIE = "st_port"
+PREVIEW_KEY = "sandtree.preview"    # scope: (sid, port) a preview's host name named (http/listeners.py)
 
 
 def engine_for(request: Request):
@@ -160,7 +164,7 @@ class TenantGate:
             # DNS rebinding (its own name, resolved to 127.0.0.1), so the Host must name loopback.
             headers = dict(scope.get("headers") or [])
             host = headers.get(b"host", b"").decode("latin-1")
-            if not LOOPBACK_HOST.match(host):
+            if not LOOPBACK_HOST.match(host) and not (scope.get(PREVIEW_KEY) and LOCAL_PREVIEW_HOST.match(host)):
                 raise Forbidden(f"this server has no tokens and answers only to a loopback Host, not {host!r} "
                                 "(create a token with `sandtree token create --tenant NAME` to serve other names)")
             # Nor may a page of another origin use it from the local browser (a "simple" cross-site
@@ -168,16 +172,27 @@ class TenantGate:
             # (Origin, Sec-Fetch-Site); only this server's own page, and clients that are no browser, pass.
             origin = headers.get(b"origin", b"").decode("latin-1")
             site = headers.get(b"sec-fetch-site", b"").decode("latin-1")
-            if (origin and origin not in (f"http://{host}", f"https://{host}")) or \
-                    site not in ("", "same-origin", "none"):
+            # A preview (its own origin, never the API's) may be opened by a link from anywhere
+            # (the web page's "open" button among them): a GET navigation to it, not a frame or a form.
+            opened = scope.get(PREVIEW_KEY) is not None and scope.get("method") in ("GET", "HEAD") and \
+                headers.get(b"sec-fetch-dest", b"") == b"document"
+            if ((origin and origin not in (f"http://{host}", f"https://{host}")) or
+                    site not in ("", "same-origin", "none")) and not opened:
                 raise Forbidden(f"this server has no tokens: it answers no web page but its own (origin {origin!r})")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
-        if not given and (grant := signed_grant(scope, path)) is not None:
-            sid, port, exp, sig = grant
-            await asyncio.to_thread(self.engine.ports.verify, sid, port, exp, sig)   # Forbidden: why
-            return PortGrant(self.engine, sid, port, exp, sig)
+        if not given and (grant := signed_grants(scope, path)) is not None:
+            sid, port, offered = grant
+            refused = None
+            for exp, sig, from_query in offered:
+                try:
+                    await asyncio.to_thread(self.engine.ports.verify, sid, port, exp, sig)
+                except Forbidden as exc:
+                    refused = refused or exc
+                    continue
+                return PortGrant(self.engine, sid, port, exp, sig, from_query=from_query)
+            raise refused                           # (why the first was refused)
         if not given:
             raise Unauthorized("this server needs a token: Authorization: Bearer <token> "
                                "(`sandtree token create --tenant NAME` on the server)")
@@ -199,24 +214,31 @@ def subprotocol_token(scope) -> str | None:
     return None
 
 
-def signed_grant(scope, path: str):
-    """(sid, port, exp, sig) a request to an exposed port's path carries in its query
-    (st_exp, st_sig) or, after one signed request, in its cookie; else None."""
+def signed_grants(scope, path: str):
+    """(sid, port, [(exp, sig, from_query)]) a request to an exposed port's path carries in its
+    query (st_exp, st_sig) or, after one signed request, in its cookies (every st_port cookie: a
+    sibling preview's page could add one of its own under the parent domain); else None."""
     m = PORT_PATH.match(path)
     if m is None:
         return None
     q = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     if "st_sig" in q:
-        return m.group(1), int(m.group(2)), q.get("st_exp", [""])[0], q["st_sig"][0]
-    raw = dict(scope.get("headers") or []).get(b"cookie", b"").decode("latin-1")
-    try:
-        morsel = SimpleCookie(raw).get(PORT_COOKIE)
-    except Exception:                       # noqa: BLE001 - a malformed cookie header grants nothing
-        morsel = None
-    if morsel is None or "." not in morsel.value:
+        return m.group(1), int(m.group(2)), [(q.get("st_exp", [""])[0], q["st_sig"][0], True)]
+    headers = dict(scope.get("headers") or [])
+    site = headers.get(b"sec-fetch-site", b"").decode("latin-1")
+    if site in ("same-site", "cross-site") and headers.get(b"sec-fetch-dest", b"") != b"document":
+        # a browser's request another site's page (a sibling preview among them: every preview is
+        # same-site under a shared domain) made: a frame, a fetch, an image. The cookie is the
+        # preview's own page's, and a navigation's to it: never another page's way into it
         return None
-    exp, _, sig = morsel.value.partition(".")
-    return m.group(1), int(m.group(2)), exp, sig
+    raw = headers.get(b"cookie", b"").decode("latin-1")
+    found = []
+    for part in raw.split(";"):
+        name, eq, value = part.strip().partition("=")
+        if eq and name == PORT_COOKIE and "." in value:
+            exp, _, sig = value.strip('"').partition(".")
+            found.append((exp, sig, False))
+    return (m.group(1), int(m.group(2)), found[:8]) if found else None
 
 
 class PortGrant:
@@ -224,9 +246,9 @@ class PortGrant:
     its state, resuming it to answer); any other engine call is Forbidden."""
     tenant = None
 
-    def __init__(self, engine, sid: str, port: int, exp: str, sig: str):
+    def __init__(self, engine, sid: str, port: int, exp: str, sig: str, *, from_query: bool = False):
         self.engine, self.sid, self.port, self.cookie = engine, sid, port, f"{exp}.{sig}"
-        self.expires = int(exp)
+        self.expires, self.from_query = int(exp), from_query    # from_query: to be exchanged for the cookie
 
     def _mine(self, sid: str) -> None:
         if sid != self.sid:

@@ -3,6 +3,7 @@ operator: `sandtree token create --max-...`)."""
 
 from __future__ import annotations
 
+from .. import defaults as D
 from ..values import parse_size
 from ..errors import LimitExceeded
 
@@ -48,3 +49,20 @@ def check_slots(tenancy, tenant) -> None:
     if cap is not None and tenancy.running(tenant.name) >= cap:
         raise LimitExceeded(f"this tenant already has {cap} run(s) going (max_runs {cap}); wait for one",
                             limit="max_runs", max=cap)
+
+
+def check_ports(db, tenant, args: dict) -> None:
+    """Refuse exposing a port past the tenant's max_ports: the exposed ports of its live
+    sandboxes, all of them (each is a listener of the egress daemon every tenant shares); the
+    same port of the same sandbox again is no new one."""
+    cap = tenant.limits.get("max_ports", D.TENANT_PORTS)
+    exposed = set(db.query("SELECT p.sandbox, p.port FROM sandbox_ports p JOIN tenant_blobs b ON b.id=p.sandbox "
+                           "AND b.kind='sandbox' JOIN sandboxes s ON s.id=p.sandbox WHERE b.tenant=? "
+                           "AND s.state IN ('running', 'hibernated')", (tenant.name,)))
+    if (args["sid"], args["port"]) not in exposed and len(exposed) >= cap:
+        raise LimitExceeded(f"this tenant already has {cap} exposed port(s) (max_ports {cap}); unexpose one",
+                            limit="max_ports", max=cap)
+
+
+# Rows whose answer a tenant limit counts: checked, and called, under the tenant's lock (sight.py)
+COUNTED = {"sandbox_expose": check_ports}

@@ -4,6 +4,7 @@ thing would (same error class, same message). TenantView (view.py) is built on t
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ..branching.lineage import Visible
@@ -14,7 +15,7 @@ from ..defaults import RunRecord
 from ..table import Op
 from . import auditing
 from .derive import AS_PRINCIPAL, KEEPS, LINEAGE, MAKES, REFS, call
-from .limits import capped
+from .limits import COUNTED, capped
 from .tenant import OWNED, SEP, VISIBLE, Tenant
 
 
@@ -209,6 +210,18 @@ class TenantSight:
         if row.scope is not None:
             self.need_scope(row.scope)
 
+    @contextlib.contextmanager
+    def _counted(self, row: Op, args: dict):
+        """Around a row whose answer a tenant limit counts (limits.COUNTED): the check and the call
+        under the tenant's lock, so two calls at once cannot both pass it."""
+        check = COUNTED.get(row.name)
+        if check is None:
+            yield
+            return
+        with self.tenancy.tenant_lock(self.tenant.name):
+            check(self.db, self.tenant, args)
+            yield
+
     def _call_row(self, row: Op, args: dict, target=None):
         """One tenant call of a row that needs no rule written by hand (derive.py says the steps),
         on `target`: the engine (None) or its operations."""
@@ -236,8 +249,9 @@ class TenantSight:
             elif row.caller:                    # the tenancy answers, and records, with the caller
                 answer = call(self.tenancy, row, {**args, "by": self.tenant})
             else:
-                answer = call(self.engine if target is None else target, row, dict(args),
-                              self.tenant.name if row.name in AS_PRINCIPAL else None)
+                with self._counted(row, args):
+                    answer = call(self.engine if target is None else target, row, dict(args),
+                                  self.tenant.name if row.name in AS_PRINCIPAL else None)
         except SandtreeError as exc:
             raise self.plain_error(exc) from None
         if row.name in KEEPS:
