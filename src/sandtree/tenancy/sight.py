@@ -16,7 +16,7 @@ from ..table import Op
 from . import auditing
 from .derive import AS_PRINCIPAL, KEEPS, LINEAGE, MAKES, REFS, call
 from .limits import COUNTED, capped
-from .tenant import OWNED, SEP, VISIBLE, Tenant
+from .tenant import SEP, VISIBLE, Tenant
 
 
 class TenantSight:
