@@ -14,7 +14,7 @@ import stat as stat_mod
 import time
 import uuid as uuid_mod
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidInput, NotFound
 
@@ -179,6 +179,12 @@ def op_id(value: str) -> str:
 # ---- request bodies -------------------------------------------------------------------------------
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")     # clients newer than this adapter send more fields
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, v):
+        from .models import utf8_only          # (models.py: the REST bodies' same check)
+        return utf8_only(v)
 
 
 class StreamIn(Lenient):
