@@ -25,6 +25,12 @@ OPERATIONS_LIMIT = 50                # entries of `operations.list`
 LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
+DURATION_MAX = 30 * 86400            # seconds any timeout, lifetime or idle timeout may ask (finite: Infinity is refused)
+# The most a run's or a sandbox's limits may ask, whatever the surface (the engine refuses more):
+# what the kernel's interfaces take (pids.max stops at PID_MAX_LIMIT, a CFS quota at ~2^44 us, a
+# size must fit a 64-bit page count), not policy: a tenant's limits are the policy
+LIMITS_MAX = {"timeout": float(DURATION_MAX), "memory": 1 << 50, "pids": 1 << 22, "cpus": 4096.0,
+              "disk": 1 << 50, "output": 1 << 40}
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"

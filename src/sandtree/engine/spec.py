@@ -8,10 +8,12 @@ written is records.py; the runtime's own types are runtime/base.py.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from typing import Callable
 
+from .. import defaults as D
 from ..errors import InvalidInput, NotFound, PathEscape
 from ..runtime.base import InjectedFile, Limits
 from ..store import inspect
@@ -56,6 +58,30 @@ def command_argv(command) -> list[str]:
     raise InvalidInput("command must be a shell string or a non-empty list of arguments")
 
 
+def check_bound(name: str, value) -> None:
+    """A limit the kernel can take: finite and at most defaults.LIMITS_MAX (pids 11885755610 was
+    EINVAL from pids.max, cpus 1e16 ERANGE from the CFS quota, timeout Infinity an answer JSON
+    cannot carry). Whether it is positive is validate_spec's (runtime/validate.py)."""
+    top = D.LIMITS_MAX.get(name)
+    if top is None or isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a finite number, not {value}")
+    if value > top:
+        raise InvalidInput(f"{name} must be at most {top}, not {value}", **{name: str(value)[:40], "max": top})
+
+
+def check_duration(name: str, value, *, zero: bool = False) -> float:
+    """Seconds a caller gives (an idle timeout, a lifetime, a wait): a finite number, more than 0
+    (or 0 with zero=True) and at most defaults.DURATION_MAX."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (0 <= value if zero else 0 < value) and value <= D.DURATION_MAX
+    if not ok:
+        raise InvalidInput(f"{name} must be a number of seconds {'from 0' if zero else 'more than 0'} "
+                           f"to {D.DURATION_MAX}, not {value!r}"[:200])
+    return float(value)
+
+
 def _parts(path: str) -> list[str]:
     # one path rule for images: the one store/inspect.py resolves with (.. may not leave the root)
     return inspect.split_path(path)
@@ -86,10 +112,15 @@ class RunSpecs:
             if k in vals:
                 try:
                     vals[k] = float(vals[k])
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise InvalidInput(f"{k} must be a number") from None
         if "pids" in vals:
-            vals["pids"] = int(vals["pids"])
+            try:
+                vals["pids"] = int(vals["pids"])
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidInput("pids must be an integer") from None
+        for k, v in vals.items():
+            check_bound(k, v)
         return Limits(**{**self.default_limits.__dict__, **vals})
 
     def file(self, f) -> InjectedFile:
