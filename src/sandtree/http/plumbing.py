@@ -21,9 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from ..errors import INTERNAL, DiskFull, InvalidInput, SandtreeError, code_of_status
+from ..errors import ERRORS, INTERNAL, DiskFull, InvalidInput, MethodNotAllowed, SandtreeError, code_of_status
 from ..tenancy.gate import RequestEngine
 
 log = logging.getLogger("sandtree.http")
@@ -128,3 +130,38 @@ def error_response(exc: SandtreeError | OSError, scope=None) -> JSONResponse:
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
     log.error("internal error: %s", exc, exc_info=exc)
     return shaped(scope or {}, 500, INTERNAL, str(exc))
+
+
+class ErrorOut(BaseModel):
+    """The one error shape of /api/v1 (errors.py's to_dict): more fields may name details."""
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(description="a stable code of errors.py's table (invalid_input, not_found, ...), or internal")
+    message: str
+
+
+class ContreeErrorOut(BaseModel):
+    """Contree's error shape, under /v1 (contree.py)."""
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(description="what went wrong, for people")
+    status: int
+
+
+def error_statuses() -> dict[int, list[str]]:
+    """Each status an error answer may have -> the codes that give it: errors.py's table, plus
+    what the framework answers by itself (a body that fits no model: 422; a bug: 500 internal).
+    Not 405: no documented method of a path gets it."""
+    out: dict[int, list[str]] = {422: [InvalidInput.code], 500: [INTERNAL]}
+    for code, cls in ERRORS.items():
+        if cls not in (SandtreeError, MethodNotAllowed):
+            out.setdefault(cls.http_status, []).append(code)
+    return dict(sorted(out.items()))
+
+
+def error_responses(contree: bool = False) -> dict:
+    """The error answers of every route, for the OpenAPI document (include_router's responses=),
+    in the shape they come in: every engine error passes the one table (errors.py), so any route
+    may answer any of its statuses (413 for a body over its cap, 401/403 for a token, 429 for a
+    tenant's limit...). contree: Contree's routes (/v1), in Contree's shape."""
+    model = ContreeErrorOut if contree else ErrorOut
+    return {status: {"model": model, "description": "error: " + ", ".join(codes)}
+            for status, codes in error_statuses().items()}

@@ -36,7 +36,7 @@ from .contree import contree_router
 from .files import files_router
 from .images import images_router
 from .listeners import Listeners, bind
-from .plumbing import Plumbing, add_error_handlers, lifespan
+from .plumbing import Plumbing, add_error_handlers, error_responses, lifespan
 from .ports import ports_router
 from .quickruns import QuickRuns
 from .runs import run_answer, runs_router
@@ -69,8 +69,8 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     # router tries routes in turn, and POST /runs is the busiest (none of its paths is another's).
     for router in (runs_router, admin_router, branching_router, builds_router, images_router, files_router,
                    sandboxes_router, ports_router):
-        app.include_router(router(p))
-    app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
+        app.include_router(router(p), responses=error_responses())         # (each route's errors, in OpenAPI)
+    app.include_router(contree_router(engine_for, p.stage), responses=error_responses(contree=True))  # Contree's own clients, under /v1
     app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)
     app.include_router(webpage_router())                                 # the web page: / and /ui/
     return app
