@@ -9,13 +9,15 @@
     │   ├── BadArchive            an import source that cannot be read safely
     │   ├── CommandNotFound       the command cannot be executed (details: command, errno: ENOENT, EACCES...)
     │   ├── NotRegularFile        a host-side file call met a device, FIFO or socket
-    │   └── MethodNotAllowed      an HTTP method the path does not take (the server's router: 405)
+    │   ├── MethodNotAllowed      an HTTP method the path does not take (the server's router: 405)
+    │   └── RequestTimeout        a request's headers did not come in time (the server's connections: 408)
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
     │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
     ├── Unauthorized              no valid token (a server with tokens configured)
     ├── Forbidden                 the token lacks the scope this call needs
     ├── LimitExceeded             a tenant's limit (concurrent runs, timeout, output) refuses it
     │   └── TooLarge              a body, upload, archive or expansion over its size cap
+    │       └── HeadersTooLarge   a request's headers over their size or count cap (431)
     ├── RegistryError             an OCI registry refused or could not be reached
     ├── DiskFull                  the store's disk has no room; nothing was committed
     ├── BuildFailed               a build's step failed (`details`: step, line, text, exit_code, stderr tail)
@@ -130,6 +132,11 @@ class MethodNotAllowed(InvalidInput):
     http_status = 405
 
 
+class RequestTimeout(InvalidInput):
+    code = "request_timeout"
+    http_status = 408
+
+
 class MergeConflict(Conflict):
     code = "merge_conflict"
 
@@ -137,6 +144,11 @@ class MergeConflict(Conflict):
 class TooLarge(LimitExceeded):
     code = "too_large"
     http_status = 413
+
+
+class HeadersTooLarge(TooLarge):
+    code = "headers_too_large"
+    http_status = 431
 
 
 class RegistryError(SandtreeError):

@@ -13,7 +13,7 @@ import threading
 import time
 import webbrowser
 
-from .. import config
+from .. import config, defaults as D
 from ..engine import Engine
 from ..errors import InvalidInput
 from .output import fmt_time, open_engine, out
@@ -92,7 +92,7 @@ def pool_source(spec: str) -> dict:
 
 def cmd_serve(args):
     # the REST adapter's entry point: the one place the CLI starts another adapter
-    from ..http.server import serve
+    from ..http.server import ConnLimits, serve
     pools, recipes = {}, []
     for spec in args.pool or []:
         got = pool_source(spec)
@@ -100,9 +100,12 @@ def cmd_serve(args):
             pools[got["image"]] = got["size"]
         else:
             recipes.append(got)
+    given = {k: getattr(args, a) for k, a in (("header_bytes", "max_header_bytes"), ("header_timeout", "header_timeout"),
+                                              ("keep_alive", "keep_alive"), ("per_client", "max_client_connections"),
+                                              ("total", "max_connections")) if getattr(args, a, None) is not None}
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
           access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
-          watch=args.watch, ports_port=args.ports_port)
+          watch=args.watch, ports_port=args.ports_port, conn_limits=ConnLimits(**given))
 
 
 def cmd_ui(args):
@@ -234,6 +237,17 @@ def add_services(sub, common) -> None:
     x.add_argument("--max-upload", default="1G",
                    help="largest upload or image tar a request may send (default 1G; a tenant's own "
                         "--max-upload limit replaces it)")
+    x.add_argument("--header-timeout", type=float, metavar="SECONDS",
+                   help=f"a request's headers must have come within this (default {D.HEADER_TIMEOUT:g}; then 408, closed)")
+    x.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                   help=f"an idle connection is closed after this (default {D.KEEP_ALIVE:g})")
+    x.add_argument("--max-header-bytes", type=int, metavar="BYTES",
+                   help=f"a request's line and headers (default {D.HEADER_BYTES}; more: 431, closed)")
+    x.add_argument("--max-client-connections", type=int, metavar="N",
+                   help=f"connections one client address may hold (default {D.CLIENT_CONNECTIONS}; 0: no cap, "
+                        "e.g. behind a reverse proxy that is every client)")
+    x.add_argument("--max-connections", type=int, metavar="N",
+                   help=f"connections in all (default {D.SERVER_CONNECTIONS}, at most the open-file limit less 256)")
     x.set_defaults(fn=cmd_serve)
     x = sub.add_parser("ui", parents=[common], help="the web page (lineage tree, runs, diffs, files) on a local "
                                                   "server at a free loopback port; prints its URL")

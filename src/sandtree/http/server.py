@@ -30,6 +30,7 @@ from ..engine.poolroll import RecipeWatch
 from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
+from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
 from .branching import branching_router
 from .builds import builds_router
 from .contree import contree_router
@@ -79,14 +80,15 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
           max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
-          watch: float | None = None, ports_port: int | None = None) -> None:
+          watch: float | None = None, ports_port: int | None = None, conn_limits: ConnLimits | None = None) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
     tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
     changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
-    http/listeners.py; None: port + 1)."""
+    http/listeners.py; None: port + 1). conn_limits: header sizes, timeouts and connections per
+    client (http/connlimits.py; None: defaults.py's)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve, not to build the app
 
@@ -129,7 +131,9 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         # closed below (its operations end, a live run's sandbox stops) rather than left running
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=sockets)
+        limits = conn_limits or ConnLimits()
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", http=limited_protocol(limits),
+                                      timeout_keep_alive=limits.keep_alive)).run(sockets=sockets)
     finally:
         for w in watchers:
             w.close()
