@@ -67,6 +67,9 @@ class SandboxLifetime:
                 return self.hibernate(row["id"], idle=False)["state"]
             except SandtreeError:
                 pass                                 # (a command running: not idle after all)
+            now = self._row(row["id"])
+            if now["state"] != "running":            # stopped meanwhile (a stop raced the reaper)
+                return now["state"]
             if self.live.outsiders(row["handle"]):
                 return "running"
         self._retire(row, "expired")

@@ -144,6 +144,14 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
                            sandbox=row["id"], state="gone")
         return row
 
+    def _still_running(self, row: dict) -> None:
+        """Under the commit lock: the sandbox `_running` found is running still (a stop may have
+        ended it in between: its cgroup is gone, and freezing it was ENOENT, an internal error)."""
+        now = self._row(row["id"])
+        if now["state"] != "running" or not self.live.alive(now["handle"]):
+            state = now["state"] if now["state"] != "running" else "gone"
+            raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
+
     @contextlib.contextmanager
     def _commit_lock(self, sid: str):
         """Held while a sandbox is frozen for a commit (any process); released by the kernel if
@@ -365,6 +373,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         row = self._running(sid)
         h = row["handle"]
         with self.store.using(), self._commit_lock(row["id"]):
+            self._still_running(row)
             # Unfrozen, the sandbox's processes would rename and swap files under the walk (a
             # directory for a symlink to a host path between the walk's lstat and its open):
             # the freezer is what makes the snapshot one instant, so no freezer, no commit.
