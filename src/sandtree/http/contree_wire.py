@@ -17,6 +17,7 @@ import uuid as uuid_mod
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidInput, NotFound
+from .models import utf8_only
 
 # our operation statuses -> Contree's enum (a run that exited non-zero still SUCCEEDED: it ran)
 OP_STATUS = {"queued": "PENDING", "running": "EXECUTING", "done": "SUCCESS", "failed": "FAILED",
@@ -183,8 +184,7 @@ class Lenient(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _utf8(cls, v):
-        from .models import utf8_only          # (models.py: the REST bodies' same check)
-        return utf8_only(v)
+        return utf8_only(v)                     # (models.py: the REST bodies' same check)
 
 
 class StreamIn(Lenient):

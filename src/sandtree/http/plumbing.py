@@ -102,7 +102,9 @@ def add_error_handlers(app: FastAPI) -> None:
         """A bug: logged with its traceback (Starlette re-raises it to the server's log too), and
         answered as a typed 500 in the one shape, never a text/plain page."""
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return shaped(request.scope, 500, INTERNAL, f"internal error ({type(exc).__name__}); it is in the server's log")
+        # connection: close, as the server closes it after the exception (a client reusing it was reset)
+        return shaped(request.scope, 500, INTERNAL, f"internal error ({type(exc).__name__}); it is in the server's log",
+                      {"connection": "close"})
 
 
 def contree_path(scope) -> bool:
