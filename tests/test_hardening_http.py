@@ -238,6 +238,11 @@ def test_framework_errors_have_the_one_shape(server):
     shaped(server.post("/v1/instances", content=('{"image":%s}' % DEEP).encode(), headers=J), 400, contree=True)
     shaped(server.post("/v1/instances", content=b'{"image":"x","command":"\\ud800"}', headers=J), 400, contree=True)
     shaped(server.delete("/v1/images"), 405, contree=True)
+    big = b'{"image":"bb","labels":{"x":"' + b"y" * (33 << 20) + b'"}}'
+    def chunks():                                # no Content-Length: FastAPI's read meets the cap
+        for i in range(0, len(big), 1 << 20):
+            yield big[i:i + (1 << 20)]
+    assert shaped(server.post("/api/v1/sandboxes", content=chunks(), headers=J), 413)["error"] == "too_large"
 
 
 def test_a_bug_is_a_logged_typed_500(tmp_path):
