@@ -74,6 +74,10 @@ BAD_BODIES = [
     ("POST", "/api/v1/runs", b'{"image":"bb","command":"true","pids":' + b"9" * 5000 + b'}'),
     ("POST", "/api/v1/runs", b'{"image":"\xff\xfe","command":"true"}'),             # not UTF-8
     ("POST", "/api/v1/runs", b'null'),
+    ("POST", "/api/v1/runs", b'{"image":"bb","command":"true","memory":"1e400"}'),   # a size that is infinity
+    ("POST", "/api/v1/runs", b'{"image":"bb","command":"true","disk":"' + b"9" * 400 + b'"}'),
+    ("POST", "/api/v1/runs", b'{"image":"bb","command":"true","files":[{"path":"/a","content":"x","mode":' + b"1" + b"0" * 30 + b'}]}'),
+    ("POST", "/api/v1/runs", b'{"image":"bb","command":"true","files":[{"path":"/a","content":"x","uid":-1}]}'),
     ("POST", "/api/v1/sandboxes", b'{"image":"bb","pids":11885755610}'),
     ("POST", "/api/v1/sandboxes", b'{"image":"bb","cpus":1e16}'),
     ("POST", "/api/v1/sandboxes", b'{"image":"bb","idle_timeout":Infinity}'),
@@ -94,6 +98,19 @@ def test_bad_bodies_get_a_typed_4xx(server, method, path, body):
     r = server.request(method, path, content=body, headers=J)
     err = shaped(r, (400, 422))
     assert err["error"] == "invalid_input", err
+
+
+def test_a_sandboxs_paths_past_the_kernels_limits(server):
+    """The same class on a live sandbox's file routes: a path past PATH_MAX or a name past
+    NAME_MAX was ENAMETOOLONG, a 500."""
+    sid = server.post("/api/v1/sandboxes", json={"image": "bb"}).json()["id"]
+    try:
+        shaped(server.post(f"/api/v1/sandboxes/{sid}/mkdir", params={"path": "/a" * 2100}), 400)
+        shaped(server.put(f"/api/v1/sandboxes/{sid}/file", params={"path": "/" + "n" * 300}, content=b"x"), 400)
+        shaped(server.get(f"/api/v1/sandboxes/{sid}/exists", params={"path": "/" + "n" * 300}), 400)
+        assert server.post(f"/api/v1/sandboxes/{sid}/mkdir", params={"path": "/" + "n" * 255}).status_code == 200
+    finally:
+        server.post(f"/api/v1/sandboxes/{sid}/stop")
 
 
 def test_nothing_bad_was_kept(server):

@@ -26,16 +26,16 @@ def check_retries(n) -> int:
 def parse_size(v) -> int:
     if isinstance(v, bool):
         raise InvalidInput(f"bad size {v!r}")
-    if isinstance(v, (int, float)):
-        n = int(v)
-    else:
-        s = str(v).strip().lower()
-        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-        unit = s[len(num):].strip()
-        try:
+    try:
+        if isinstance(v, (int, float)):
+            n = int(v)
+        else:
+            s = str(v).strip().lower()
+            num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+            unit = s[len(num):].strip()
             n = int(float(num) * UNITS[unit])
-        except (ValueError, KeyError):
-            raise InvalidInput(f"bad size {v!r} (use e.g. 512M, 2G)") from None
+    except (ValueError, KeyError, OverflowError):       # (OverflowError: "1e400", "9" * 400: infinity)
+        raise InvalidInput(f"bad size {str(v)[:40]!r} (use e.g. 512M, 2G)") from None
     if n <= 0:
         raise InvalidInput(f"size must be positive, not {v!r}")
     return n

@@ -41,9 +41,15 @@ def injected_file(f, blob_path: Callable[[str], str] | None = None) -> InjectedF
         if isinstance(content, str):
             content = content.encode()
         mode = f.get("mode", 0o644)
-        if isinstance(mode, str):
-            mode = int(mode, 8)
-        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)), source)
+        try:
+            mode, uid, gid = int(mode, 8) if isinstance(mode, str) else int(mode), int(f.get("uid", 0)), int(f.get("gid", 0))
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidInput("a file's mode is octal permission bits, its uid and gid integers") from None
+        # (mode 10**30 was "Python int too large to convert to C int", an internal failure; uid -1 a chown that kept root's)
+        if not 0 <= mode <= 0o7777 or not 0 <= uid < 65536 or not 0 <= gid < 65536:
+            raise InvalidInput(f"a file's mode is 0 to 0o7777 and its uid and gid 0 to 65535, not "
+                               f"{mode}, {uid}, {gid}"[:200], path=str(f.get("path"))[:200])
+        return InjectedFile(str(f["path"]), content, mode, uid, gid, source)
     raise InvalidInput("a file to inject is {'path': ..., 'content' or 'sha256': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
 
 
