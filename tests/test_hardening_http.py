@@ -450,3 +450,25 @@ def test_keep_alive_clients_still_work(limited):
             assert c.get("/api/v1/health", headers={"X-Pad": "a" * 30000}).status_code == 200
         r = c.post("/api/v1/files", content=iter([b"x" * 70000] * 20))
         assert r.status_code == 201, r.text
+
+
+def test_mcp_over_http_has_the_same_limits(tmp_path):
+    """Finding 14 on `sandtree mcp --http` (a uvicorn of its own): the same header cap and
+    header timeout as `serve`."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", str(tmp_path / "home"), "mcp", "--http",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 60)
+        got, closed = _exchange(port, b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (16 << 20) + b"\r\n\r\n")
+        assert closed and _status_and_body(got)[0] == 431, got[:300]
+        headers = b"".join(b"X-%d: a\r\n" % i for i in range(20000))
+        got, closed = _exchange(port, b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n")
+        assert closed and _status_and_body(got)[0] == 431, got[:300]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -90,9 +90,15 @@ def pool_source(spec: str) -> dict:
     return {"dockerfile": path, "context": context, "tag": tag, "size": int(size)}
 
 
+def _rest():
+    # the REST adapter's entry points (`serve`, and its connection limits for `mcp --http`):
+    # the one place the CLI reaches into another adapter; loaded only for those (FastAPI's import)
+    from ..http.server import ConnLimits, connection_options, serve
+    return ConnLimits, connection_options, serve
+
+
 def cmd_serve(args):
-    # the REST adapter's entry point: the one place the CLI starts another adapter
-    from ..http.server import ConnLimits, serve
+    ConnLimits, _, serve = _rest()
     pools, recipes = {}, []
     for spec in args.pool or []:
         got = pool_source(spec)
@@ -137,8 +143,10 @@ def cmd_mcp(args):
     # the MCP adapter's entry point (as `serve` is the REST one's)
     from ..mcp.server import main as mcp_main
     token = config.remote_token() if args.url else None
+    # over HTTP, the connection limits of `serve` (header caps and timeout, connections per client)
+    options = _rest()[1]() if args.http else None
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
-             token=token)
+             token=token, server_options=options)
 
 
 # ---- tenants, tokens, audit (tenancy/) ----------------------------------------------------------

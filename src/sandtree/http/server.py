@@ -77,6 +77,13 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     return app
 
 
+def connection_options(limits: ConnLimits | None = None) -> dict:
+    """uvicorn's options for connections under these limits (http/connlimits.py; None: the
+    defaults): `serve`'s, and `sandtree mcp --http`'s, which the CLI hands them to."""
+    limits = limits or ConnLimits()
+    return {"http": limited_protocol(limits), "timeout_keep_alive": limits.keep_alive}
+
+
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
           max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
@@ -131,9 +138,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         # closed below (its operations end, a live run's sandbox stops) rather than left running
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port)
-        limits = conn_limits or ConnLimits()
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", http=limited_protocol(limits),
-                                      timeout_keep_alive=limits.keep_alive)).run(sockets=sockets)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", **connection_options(conn_limits))).run(sockets=sockets)
     finally:
         for w in watchers:
             w.close()
