@@ -18,7 +18,8 @@ engine cannot open a file). LimitedHttp is uvicorn's httptools protocol with tho
   closed at once, so it holds no file past its accept. (A WebSocket, once upgraded, is its own
   protocol's and no longer counted.)
 
-Every refusal is JSON in the one error shape (errors.py). What a deployment should put in front
+`sandtree mcp --http` runs with the same protocol (server.connection_options, which the CLI hands
+it). Every refusal is JSON in the one error shape (errors.py). What a deployment should put in front
 (a reverse proxy that buffers requests and bounds clients) is in docs/deploy.md.
 """
 
