@@ -30,6 +30,19 @@ OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in it
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
 SHUTDOWN_GRACE = 10.0                # seconds `serve` waits on requests in flight after SIGTERM; then they are
                                      # dropped and the engine's runs cancelled (their sandboxes killed)
+DURATION_MAX = 30 * 86400            # seconds any timeout, lifetime or idle timeout may ask (finite: Infinity is refused)
+# The most a run's or a sandbox's limits may ask, whatever the surface (the engine refuses more):
+# what the kernel's interfaces take (pids.max stops at PID_MAX_LIMIT, a CFS quota at ~2^44 us, a
+# size must fit a 64-bit page count), not policy: a tenant's limits are the policy
+LIMITS_MAX = {"timeout": float(DURATION_MAX), "memory": 1 << 50, "pids": 1 << 22, "cpus": 4096.0,
+              "disk": 1 << 50, "output": 1 << 40}
+# `sandtree serve`'s connections (http/connlimits.py; `serve --header-timeout` etc. change them)
+HEADER_BYTES = 64 << 10              # bytes of one request's line and headers (more: 431, closed)
+HEADER_COUNT = 200                   # headers of one request
+HEADER_TIMEOUT = 15.0                # seconds a request's line and headers may take to come (then 408, closed)
+KEEP_ALIVE = 5.0                     # seconds an idle connection stays open between requests
+CLIENT_CONNECTIONS = 256             # connections one client address may hold at once (0: no cap)
+SERVER_CONNECTIONS = 4096            # connections at once in all (at most the server's open-file limit less a reserve)
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"

@@ -7,14 +7,17 @@
     ├── InvalidInput              the request itself is wrong; nothing was changed
     │   ├── PathEscape            a path that leaves the image (`..`, symlinks, absolute tar members)
     │   ├── BadArchive            an import source that cannot be read safely
-    │   └── CommandNotFound       the command cannot be executed (details: command, errno: ENOENT, EACCES...)
+    │   ├── CommandNotFound       the command cannot be executed (details: command, errno: ENOENT, EACCES...)
     │   ├── NotRegularFile        a host-side file call met a device, FIFO or socket
+    │   ├── MethodNotAllowed      an HTTP method the path does not take (the server's router: 405)
+    │   └── RequestTimeout        a request's headers did not come in time (the server's connections: 408)
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
     │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
     ├── Unauthorized              no valid token (a server with tokens configured)
     ├── Forbidden                 the token lacks the scope this call needs
     ├── LimitExceeded             a tenant's limit (concurrent runs, timeout, output) refuses it
     │   └── TooLarge              a body, upload, archive or expansion over its size cap
+    │       └── HeadersTooLarge   a request's headers over their size or count cap (431)
     ├── RegistryError             an OCI registry refused or could not be reached
     ├── DiskFull                  the store's disk has no room; nothing was committed
     ├── BuildFailed               a build's step failed (`details`: step, line, text, exit_code, stderr tail)
@@ -124,6 +127,16 @@ class NotRegularFile(InvalidInput):
     code = "not_a_regular_file"
 
 
+class MethodNotAllowed(InvalidInput):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class RequestTimeout(InvalidInput):
+    code = "request_timeout"
+    http_status = 408
+
+
 class MergeConflict(Conflict):
     code = "merge_conflict"
 
@@ -131,6 +144,11 @@ class MergeConflict(Conflict):
 class TooLarge(LimitExceeded):
     code = "too_large"
     http_status = 413
+
+
+class HeadersTooLarge(TooLarge):
+    code = "headers_too_large"
+    http_status = 431
 
 
 class RegistryError(SandtreeError):
@@ -170,8 +188,22 @@ def _tree(cls) -> list:
     return [cls] + [d for c in cls.__subclasses__() for d in _tree(c)]
 
 
+# the code of an answer to a bug (an exception that is no SandtreeError): HTTP 500, logged
+INTERNAL = "internal"
+
 # code -> class, for every class of the tree (the remote client rebuilds errors from it)
 ERRORS = {cls.code: cls for cls in _tree(SandtreeError)}
+
+
+def code_of_status(status: int) -> str:
+    """The error code of an HTTP status the server's framework answers by itself (an unknown path
+    404, a body it cannot parse 400): the most general class of the table with that status."""
+    if status == 500:
+        return INTERNAL
+    for cls in _tree(SandtreeError)[1:]:
+        if cls.http_status == status:
+            return cls.code
+    return INTERNAL if status >= 500 else InvalidInput.code
 
 
 def http_status(code: str, default: int = 400) -> int:

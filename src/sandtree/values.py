@@ -26,16 +26,16 @@ def check_retries(n) -> int:
 def parse_size(v) -> int:
     if isinstance(v, bool):
         raise InvalidInput(f"bad size {v!r}")
-    if isinstance(v, (int, float)):
-        n = int(v)
-    else:
-        s = str(v).strip().lower()
-        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-        unit = s[len(num):].strip()
-        try:
+    try:
+        if isinstance(v, (int, float)):
+            n = int(v)
+        else:
+            s = str(v).strip().lower()
+            num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+            unit = s[len(num):].strip()
             n = int(float(num) * UNITS[unit])
-        except (ValueError, KeyError):
-            raise InvalidInput(f"bad size {v!r} (use e.g. 512M, 2G)") from None
+    except (ValueError, KeyError, OverflowError):       # (OverflowError: "1e400", "9" * 400: infinity)
+        raise InvalidInput(f"bad size {str(v)[:40]!r} (use e.g. 512M, 2G)") from None
     if n <= 0:
         raise InvalidInput(f"size must be positive, not {v!r}")
     return n
@@ -78,3 +78,24 @@ def newest_page(infos: list[dict], limit, offset) -> list[dict]:
             raise InvalidInput(f"{name} must be an integer from {lo} to {hi}, not {v!r}")
     infos.sort(key=lambda i: (-i["created"], i.get("sha256", "")))
     return infos[offset:offset + limit]
+
+
+def not_utf8(value) -> str | None:
+    """The first string in a JSON value (keys included) that UTF-8 cannot carry, else None. JSON's
+    escapes let a body hold a lone surrogate (\\ud800), which Python's json takes; kept, it fails
+    every answer that echoes it (a run's command broke the operations list for good)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return v
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return None

@@ -13,7 +13,7 @@ import threading
 import time
 import webbrowser
 
-from .. import config
+from .. import config, defaults as D
 from ..engine import Engine
 from ..errors import InvalidInput
 from .output import fmt_time, open_engine, out
@@ -90,9 +90,15 @@ def pool_source(spec: str) -> dict:
     return {"dockerfile": path, "context": context, "tag": tag, "size": int(size)}
 
 
+def _rest():
+    # the REST adapter's entry points (`serve`, and its connection limits for `mcp --http`):
+    # the one place the CLI reaches into another adapter; loaded only for those (FastAPI's import)
+    from ..http.server import ConnLimits, connection_options, serve
+    return ConnLimits, connection_options, serve
+
+
 def cmd_serve(args):
-    # the REST adapter's entry point: the one place the CLI starts another adapter
-    from ..http.server import serve
+    ConnLimits, _, serve = _rest()
     pools, recipes = {}, []
     for spec in args.pool or []:
         got = pool_source(spec)
@@ -100,9 +106,13 @@ def cmd_serve(args):
             pools[got["image"]] = got["size"]
         else:
             recipes.append(got)
+    given = {k: getattr(args, a) for k, a in (("header_bytes", "max_header_bytes"), ("header_timeout", "header_timeout"),
+                                              ("keep_alive", "keep_alive"), ("per_client", "max_client_connections"),
+                                              ("total", "max_connections")) if getattr(args, a, None) is not None}
     serve(args.home or config.default_home(), host=args.host, port=args.port, max_runs=args.max_runs,
           access_log=args.access_log, pools=pools, max_upload=args.max_upload, recipe_pools=recipes,
-          watch=args.watch, ports_port=args.ports_port, preview_url=getattr(args, "preview_url", None))
+          watch=args.watch, ports_port=args.ports_port, preview_url=getattr(args, "preview_url", None),
+          conn_limits=ConnLimits(**given))
 
 
 def cmd_ui(args):
@@ -134,8 +144,10 @@ def cmd_mcp(args):
     # the MCP adapter's entry point (as `serve` is the REST one's)
     from ..mcp.server import main as mcp_main
     token = config.remote_token() if args.url else None
+    # over HTTP, the connection limits of `serve` (header caps and timeout, connections per client)
+    options = _rest()[1]() if args.http else None
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
-             token=token)
+             token=token, server_options=options)
 
 
 # ---- tenants, tokens, audit (tenancy/) ----------------------------------------------------------
@@ -241,6 +253,17 @@ def add_services(sub, common) -> None:
     x.add_argument("--max-upload", default="1G",
                    help="largest upload or image tar a request may send (default 1G; a tenant's own "
                         "--max-upload limit replaces it)")
+    x.add_argument("--header-timeout", type=float, metavar="SECONDS",
+                   help=f"a request's headers must have come within this (default {D.HEADER_TIMEOUT:g}; then 408, closed)")
+    x.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                   help=f"an idle connection is closed after this (default {D.KEEP_ALIVE:g})")
+    x.add_argument("--max-header-bytes", type=int, metavar="BYTES",
+                   help=f"a request's line and headers (default {D.HEADER_BYTES}; more: 431, closed)")
+    x.add_argument("--max-client-connections", type=int, metavar="N",
+                   help=f"connections one client address may hold (default {D.CLIENT_CONNECTIONS}; 0: no cap, "
+                        "e.g. behind a reverse proxy that is every client)")
+    x.add_argument("--max-connections", type=int, metavar="N",
+                   help=f"connections in all (default {D.SERVER_CONNECTIONS}, at most the open-file limit less 256)")
     x.set_defaults(fn=cmd_serve)
     x = sub.add_parser("ui", parents=[common], help="the web page (lineage tree, runs, diffs, files) on a local "
                                                   "server at a free loopback port; prints its URL")

@@ -432,6 +432,8 @@ class Pools:
         return [p.stats() for p in list(self.by_image.values())]
 
     def wait_ready(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
+        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 <= timeout <= D.WAIT_MAX):
+            raise InvalidInput(f"a pool's wait is seconds from 0 to {D.WAIT_MAX}, not {timeout!r}"[:200])
         pool = self.by_image.get(self.resolve(ref))
         return pool.wait_ready(timeout) if pool else False
 

@@ -97,4 +97,7 @@ class SandboxFiles:
     @staticmethod
     def _check_path(path) -> None:
         if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-            raise InvalidInput(f"path must be absolute, not {path!r}")
+            raise InvalidInput(f"path must be absolute, not {path!r}"[:300])
+        # what the kernel takes (PATH_MAX, NAME_MAX): longer was ENAMETOOLONG, a 500
+        if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(p)) > 255 for p in path.split("/")):
+            raise InvalidInput("a path is at most 4095 bytes, each of its names at most 255", path=path[:200])

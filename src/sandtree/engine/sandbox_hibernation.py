@@ -44,6 +44,7 @@ class SandboxHibernation:
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
         with self.store.using(), self._commit_lock(sid):
+            self._still_running(row)
             self.live.freeze(h, True, checkpoint=True)
             try:
                 busy = self.live.outsiders(h)

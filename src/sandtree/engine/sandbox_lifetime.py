@@ -10,8 +10,8 @@ import threading
 import time
 
 from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
+from .spec import check_duration
 
-MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's alarm takes far more)
 
 
 class SandboxLifetime:
@@ -23,9 +23,8 @@ class SandboxLifetime:
         if idle_action not in ("stop", "hibernate"):
             raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
         self._check_idle_hibernate(tier, idle_action)
-        for name, v in (("idle_timeout", idle_timeout), ("lifetime", lifetime)):
-            if not isinstance(v, (int, float)) or v < 0 or (name == "lifetime" and v == 0):
-                raise InvalidInput(f"{name} must be a positive number of seconds")
+        check_duration("idle_timeout", idle_timeout, zero=True)
+        check_duration("lifetime", lifetime)
 
     def _check_idle_hibernate(self, tier: str | None, idle_action: str, *, link: bool = False) -> None:
         """RuntimeUnavailable when the idle action is to hibernate and the tier cannot (in a link:
@@ -68,6 +67,9 @@ class SandboxLifetime:
                 return self.hibernate(row["id"], idle=False)["state"]
             except SandtreeError:
                 pass                                 # (a command running: not idle after all)
+            now = self._row(row["id"])
+            if now["state"] != "running":            # stopped meanwhile (a stop raced the reaper)
+                return now["state"]
             if self.live.outsiders(row["handle"]):
                 return "running"
         self._retire(row, "expired")
@@ -110,8 +112,7 @@ class SandboxLifetime:
     def set_timeout(self, sid: str, timeout: float) -> dict:
         """The sandbox now stops `timeout` seconds from now, sooner or later than its lifetime
         said (E2B's set_timeout). A hibernated one gets that long once resumed."""
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-            raise InvalidInput(f"timeout is seconds from now, more than 0 and at most {MAX_TIMEOUT}", timeout=timeout)
+        check_duration("timeout", timeout)
         row = self._row(sid)
         with self._commit_lock(row["id"]):
             row = self._row(sid)

@@ -86,8 +86,10 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
     def _row(self, sid: str) -> dict:
         if not isinstance(sid, str) or not sid:
             raise InvalidInput("a sandbox id must be a non-empty string")
-        rows = self.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ?", (sid.replace("%", "") + "%",)) \
-            if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []
+        # an "ahead" row (startahead.py) is nobody's sandbox until a start claims it: it has no
+        # caller's record to show (info's KeyError 'limits') and a stop would end what the next start takes
+        rows = self.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ? AND state != 'ahead'",
+                                   (sid.replace("%", "") + "%",)) if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []
         if len(rows) > 1:
             raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
         if not rows:
@@ -142,6 +144,14 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
                            sandbox=row["id"], state="gone")
         return row
+
+    def _still_running(self, row: dict) -> None:
+        """Under the commit lock: the sandbox `_running` found is running still (a stop may have
+        ended it in between: its cgroup is gone, and freezing it was ENOENT, an internal error)."""
+        now = self._row(row["id"])
+        if now["state"] != "running" or not self.live.alive(now["handle"]):
+            state = now["state"] if now["state"] != "running" else "gone"
+            raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
 
     @contextlib.contextmanager
     def _commit_lock(self, sid: str):
@@ -365,6 +375,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         row = self._running(sid)
         h = row["handle"]
         with self.store.using(), self._commit_lock(row["id"]):
+            self._still_running(row)
             # Unfrozen, the sandbox's processes would rename and swap files under the walk (a
             # directory for a symlink to a host path between the walk's lstat and its open):
             # the freezer is what makes the snapshot one instant, so no freezer, no commit.

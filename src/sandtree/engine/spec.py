@@ -8,6 +8,7 @@ written is records.py; the runtime's own types are runtime/base.py.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from typing import Callable
@@ -40,9 +41,15 @@ def injected_file(f, blob_path: Callable[[str], str] | None = None) -> InjectedF
         if isinstance(content, str):
             content = content.encode()
         mode = f.get("mode", 0o644)
-        if isinstance(mode, str):
-            mode = int(mode, 8)
-        return InjectedFile(str(f["path"]), content, int(mode), int(f.get("uid", 0)), int(f.get("gid", 0)), source)
+        try:
+            mode, uid, gid = int(mode, 8) if isinstance(mode, str) else int(mode), int(f.get("uid", 0)), int(f.get("gid", 0))
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidInput("a file's mode is octal permission bits, its uid and gid integers") from None
+        # (mode 10**30 was "Python int too large to convert to C int", an internal failure; uid -1 a chown that kept root's)
+        if not 0 <= mode <= 0o7777 or not 0 <= uid < 65536 or not 0 <= gid < 65536:
+            raise InvalidInput(f"a file's mode is 0 to 0o7777 and its uid and gid 0 to 65535, not "
+                               f"{mode}, {uid}, {gid}"[:200], path=str(f.get("path"))[:200])
+        return InjectedFile(str(f["path"]), content, mode, uid, gid, source)
     raise InvalidInput("a file to inject is {'path': ..., 'content' or 'sha256': ..., 'mode': ..., 'uid': ..., 'gid': ...}")
 
 
@@ -55,6 +62,30 @@ def command_argv(command) -> list[str]:
     if isinstance(command, (list, tuple)) and command:
         return [str(a) for a in command]
     raise InvalidInput("command must be a shell string or a non-empty list of arguments")
+
+
+def check_bound(name: str, value) -> None:
+    """A limit the kernel can take: finite and at most defaults.LIMITS_MAX (pids 11885755610 was
+    EINVAL from pids.max, cpus 1e16 ERANGE from the CFS quota, timeout Infinity an answer JSON
+    cannot carry). Whether it is positive is validate_spec's (runtime/validate.py)."""
+    top = D.LIMITS_MAX.get(name)
+    if top is None or isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a finite number, not {value}")
+    if value > top:
+        raise InvalidInput(f"{name} must be at most {top}, not {value}", **{name: str(value)[:40], "max": top})
+
+
+def check_duration(name: str, value, *, zero: bool = False) -> float:
+    """Seconds a caller gives (an idle timeout, a lifetime, a wait): a finite number, more than 0
+    (or 0 with zero=True) and at most defaults.DURATION_MAX."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (0 <= value if zero else 0 < value) and value <= D.DURATION_MAX
+    if not ok:
+        raise InvalidInput(f"{name} must be a number of seconds {'from 0' if zero else 'more than 0'} "
+                           f"to {D.DURATION_MAX}, not {value!r}"[:200])
+    return float(value)
 
 
 def _parts(path: str) -> list[str]:
@@ -87,10 +118,15 @@ class RunSpecs:
             if k in vals:
                 try:
                     vals[k] = float(vals[k])
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise InvalidInput(f"{k} must be a number") from None
         if "pids" in vals:
-            vals["pids"] = int(vals["pids"])
+            try:
+                vals["pids"] = int(vals["pids"])
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidInput("pids must be an integer") from None
+        for k, v in vals.items():
+            check_bound(k, v)
         return Limits(**{**self.default_limits.__dict__, **vals})
 
     def file(self, f) -> InjectedFile:

@@ -14,9 +14,10 @@ import stat as stat_mod
 import time
 import uuid as uuid_mod
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidInput, NotFound
+from .models import utf8_only
 
 # our operation statuses -> Contree's enum (a run that exited non-zero still SUCCEEDED: it ran)
 OP_STATUS = {"queued": "PENDING", "running": "EXECUTING", "done": "SUCCESS", "failed": "FAILED",
@@ -179,6 +180,11 @@ def op_id(value: str) -> str:
 # ---- request bodies -------------------------------------------------------------------------------
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")     # clients newer than this adapter send more fields
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, v):
+        return utf8_only(v)                     # (models.py: the REST bodies' same check)
 
 
 class StreamIn(Lenient):

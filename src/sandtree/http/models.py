@@ -10,16 +10,29 @@ from __future__ import annotations
 import base64
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .. import defaults as D, vocabulary
 from ..errors import InvalidInput
+from ..values import not_utf8
+
+
+def utf8_only(value):
+    """A body's text must be UTF-8 (values.not_utf8): a lone surrogate is refused, 422."""
+    if not_utf8(value) is not None:
+        raise ValueError("text must be valid Unicode (a lone surrogate escape such as \\ud800 is not)")
+    return value
 
 
 class In(BaseModel):
     """A request body: a field the model does not name is refused (`"timout": 5` was taken
-    silently, with the default timeout), not ignored."""
+    silently, with the default timeout), not ignored; text that is not Unicode is refused."""
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, v):
+        return utf8_only(v)
 
 
 class FileIn(In):

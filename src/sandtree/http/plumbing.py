@@ -15,14 +15,19 @@ import contextlib
 import contextvars
 import errno
 import functools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
-from ..errors import DiskFull, InvalidInput, SandtreeError
+from ..errors import ERRORS, INTERNAL, DiskFull, InvalidInput, MethodNotAllowed, SandtreeError, code_of_status
 from ..tenancy.gate import RequestEngine
+
+log = logging.getLogger("sandtree.http")
 
 CALL_THREADS = 256        # engine calls at once (runs, execs, imports: bounded by tenants' limits)
 WAIT_THREADS = 256        # waits at once (an operation's end, its events); more queue behind them
@@ -59,11 +64,13 @@ async def lifespan(_app):
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Every error in the one shape {"error", "message"} with its status from errors.py's table."""
+    """Every error in the one shape {"error", "message"} with its status from errors.py's table;
+    under /v1, Contree's own shape (contree.py). Nothing reaches a client as FastAPI's
+    {"detail"} or as a text/plain 500."""
 
     @app.exception_handler(SandtreeError)
     async def sandtree_error(request: Request, exc: SandtreeError):
-        return error_response(exc)
+        return error_response(exc, request.scope)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
@@ -76,15 +83,86 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError):
-        return error_response(exc)
+        return error_response(exc, request.scope)
+
+    @app.exception_handler(HTTPException)
+    async def framework_error(request: Request, exc: HTTPException):
+        """What the framework answers by itself: an unknown path (404), a method the path does
+        not take (405), a body it cannot parse (400: not UTF-8, nested too deep, a number too long).
+        A body that grew past its cap while FastAPI read it (bodylimit.py's TooLarge) is that error: 413."""
+        if isinstance(exc.__cause__, SandtreeError):
+            return error_response(exc.__cause__, request.scope)
+        message = {400: "the request body is not valid JSON (or not UTF-8, or nested too deep)"}.get(
+            exc.status_code, str(exc.detail))
+        return shaped(request.scope, exc.status_code, code_of_status(exc.status_code), message, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        """A bug: logged with its traceback (Starlette re-raises it to the server's log too), and
+        answered as a typed 500 in the one shape, never a text/plain page."""
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        # connection: close, as the server closes it after the exception (a client reusing it was reset)
+        return shaped(request.scope, 500, INTERNAL, f"internal error ({type(exc).__name__}); it is in the server's log",
+                      {"connection": "close"})
 
 
-def error_response(exc: SandtreeError | OSError) -> JSONResponse:
+def contree_path(scope) -> bool:
+    """Under Contree's /v1 API (contree.py): its errors have Contree's shape."""
+    path = scope.get("path", "")
+    return path == "/v1" or path.startswith("/v1/")
+
+
+def shaped(scope, status: int, code: str, message: str, headers=None) -> JSONResponse:
+    """An error answer for a request: {"error": code, "message"} (the one shape), or Contree's
+    {"error": message, "status"} under /v1."""
+    body = {"error": message, "status": status} if contree_path(scope) else {"error": code, "message": message}
+    return JSONResponse(body, status_code=status, headers=dict(headers) if headers else None)
+
+
+def error_response(exc: SandtreeError | OSError, scope=None) -> JSONResponse:
     """The answer to an engine error (its status from errors.py's table), or to an OSError: a full
-    disk the engine did not name (a route's own file) is 507 disk_full, not internal."""
+    disk the engine did not name (a route's own file) is 507 disk_full, not internal.
+    scope: the request's (under /v1: Contree's shape)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        exc = DiskFull("disk full: nothing was stored")
     if isinstance(exc, SandtreeError):
+        if scope is not None and contree_path(scope):
+            return shaped(scope, exc.http_status, exc.code, exc.message)
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        full = DiskFull("disk full: nothing was stored")
-        return JSONResponse(full.to_dict(), status_code=full.http_status)
-    return JSONResponse({"error": "internal", "message": str(exc)}, status_code=500)
+    log.error("internal error: %s", exc, exc_info=exc)
+    return shaped(scope or {}, 500, INTERNAL, str(exc))
+
+
+class ErrorOut(BaseModel):
+    """The one error shape of /api/v1 (errors.py's to_dict): more fields may name details."""
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(description="a stable code of errors.py's table (invalid_input, not_found, ...), or internal")
+    message: str
+
+
+class ContreeErrorOut(BaseModel):
+    """Contree's error shape, under /v1 (contree.py)."""
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(description="what went wrong, for people")
+    status: int
+
+
+def error_statuses() -> dict[int, list[str]]:
+    """Each status an error answer may have -> the codes that give it: errors.py's table, plus
+    what the framework answers by itself (a body that fits no model: 422; a bug: 500 internal).
+    Not 405: no documented method of a path gets it."""
+    out: dict[int, list[str]] = {422: [InvalidInput.code], 500: [INTERNAL]}
+    for code, cls in ERRORS.items():
+        if cls not in (SandtreeError, MethodNotAllowed):
+            out.setdefault(cls.http_status, []).append(code)
+    return dict(sorted(out.items()))
+
+
+def error_responses(contree: bool = False) -> dict:
+    """The error answers of every route, for the OpenAPI document (include_router's responses=),
+    in the shape they come in: every engine error passes the one table (errors.py), so any route
+    may answer any of its statuses (413 for a body over its cap, 401/403 for a token, 429 for a
+    tenant's limit...). contree: Contree's routes (/v1), in Contree's shape."""
+    model = ContreeErrorOut if contree else ErrorOut
+    return {status: {"model": model, "description": "error: " + ", ".join(codes)}
+            for status, codes in error_statuses().items()}

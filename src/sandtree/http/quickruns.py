@@ -72,13 +72,13 @@ def _run_in(messages: list) -> RunIn | None:
     raw = b"".join(m.get("body", b"") for m in messages)
     try:
         obj = json.loads(raw)
-    except ValueError:                         # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
-        return None
+    except (ValueError, RecursionError):       # (UnicodeDecodeError, JSONDecodeError, a 5,000-digit int: ValueErrors;
+        return None                            # JSON nested ~1,000 deep: RecursionError): FastAPI's 400
     if not isinstance(obj, dict):
         return None
     try:
         return RunIn.model_validate(obj)
-    except ValidationError:
+    except (ValidationError, RecursionError):
         return None
 
 

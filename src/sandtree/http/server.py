@@ -31,13 +31,14 @@ from ..engine.poolroll import RecipeWatch
 from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
+from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
 from .branching import branching_router
 from .builds import builds_router
 from .contree import contree_router
 from .files import files_router
 from .images import images_router
 from .listeners import Listeners, bind
-from .plumbing import Plumbing, add_error_handlers, lifespan
+from .plumbing import Plumbing, add_error_handlers, error_responses, lifespan
 from .ports import ports_router
 from .quickruns import QuickRuns
 from .runs import run_answer, runs_router
@@ -73,17 +74,25 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     # router tries routes in turn, and POST /runs is the busiest (none of its paths is another's).
     for router in (runs_router, admin_router, branching_router, builds_router, images_router, files_router,
                    sandboxes_router, ports_router):
-        app.include_router(router(p))
-    app.include_router(contree_router(engine_for, p.stage))              # Contree's own clients, under /v1
+        app.include_router(router(p), responses=error_responses())         # (each route's errors, in OpenAPI)
+    app.include_router(contree_router(engine_for, p.stage), responses=error_responses(contree=True))  # Contree's own clients, under /v1
     app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)
     app.include_router(webpage_router())                                 # the web page: / and /ui/
     return app
 
 
+def connection_options(limits: ConnLimits | None = None) -> dict:
+    """uvicorn's options for connections under these limits (http/connlimits.py; None: the
+    defaults): `serve`'s, and `sandtree mcp --http`'s, which the CLI hands them to."""
+    limits = limits or ConnLimits()
+    return {"http": limited_protocol(limits), "timeout_keep_alive": limits.keep_alive}
+
+
 def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int = 4,
           access_log: str = "json", pools: dict[str, int] | None = None,
           max_upload: int | str = DEFAULT_MAX_UPLOAD, recipe_pools: list[dict] | None = None,
-          watch: float | None = None, ports_port: int | None = None, preview_url: str | None = None) -> None:
+          watch: float | None = None, ports_port: int | None = None, preview_url: str | None = None,
+          conn_limits: ConnLimits | None = None) -> None:
     """access_log: "json" (one JSON object per request on stderr) or "off". pools: image -> size,
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
@@ -91,7 +100,9 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
     changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
     http/listeners.py; None: port + 1). preview_url: where each exposed port's own origin is reached,
-    http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>)."""
+    http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>).
+    conn_limits: header sizes, timeouts and connections per client (http/connlimits.py; None:
+    defaults.py's)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve, not to build the app
 
@@ -137,8 +148,8 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         app = build_app(engine, log=log, max_upload=max_upload, ports_port=ports_port, preview_base=preview_url)
         # a request waiting on a run (POST /runs) would hold the shutdown for the run's whole timeout
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=D.SHUTDOWN_GRACE)
-                       ).run(sockets=sockets)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=D.SHUTDOWN_GRACE,
+                                      **connection_options(conn_limits))).run(sockets=sockets)
     finally:
         for w in watchers:
             w.close()

@@ -45,8 +45,9 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
 
 
 def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
-         token: str | None = None) -> None:
-    """url: use the engine of a `sandtree serve` there instead of one in this process."""
+         token: str | None = None, server_options: dict | None = None) -> None:
+    """url: use the engine of a `sandtree serve` there instead of one in this process.
+    server_options: uvicorn's, over HTTP (the CLI's: `serve`'s connection limits)."""
     if url:
         # httpx and the remote client, only for --url: 0.1-0.2 s of every other start-up here
         from ..client.remote import RemoteEngine
@@ -61,13 +62,13 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
         if not http:
             build_server(engine, remote=bool(url)).run("stdio")
         elif url:
-            serve_http(build_server(engine, host_paths=False, remote=True), None, host, port)
+            serve_http(build_server(engine, host_paths=False, remote=True), None, host, port, server_options)
         else:
             tokens = engine.tenancy.configured()
             if host not in LOOPBACK and not tokens:
                 raise SystemExit("sandtree mcp --http: no tokens are configured, so it listens on loopback only "
                                  f"(asked for {host}); create one with `sandtree token create --tenant NAME`")
             server = build_server(RequestEngine(), host_paths=False, per_request=True)
-            serve_http(server, engine, host, port)
+            serve_http(server, engine, host, port, server_options)
     finally:
         engine.close()

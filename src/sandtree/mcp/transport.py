@@ -52,8 +52,9 @@ class PerRequestServer(MCPServer):
             return await super().read_resource(uri, context)
 
 
-def serve_http(server: MCPServer, engine: Engine | None, host: str, port: int) -> None:
-    """engine: the one the TenantGate authenticates against (None: a remote engine, no gate)."""
+def serve_http(server: MCPServer, engine: Engine | None, host: str, port: int, options: dict | None = None) -> None:
+    """engine: the one the TenantGate authenticates against (None: a remote engine, no gate).
+    options: uvicorn's (the connection limits `sandtree serve` has: http/connlimits.py)."""
 
     import uvicorn                  # the ASGI server: loaded only to serve over HTTP
     app = server.streamable_http_app(host=host)
@@ -61,7 +62,7 @@ def serve_http(server: MCPServer, engine: Engine | None, host: str, port: int) -
         app = TenantGate(SessionOwners(app), engine, JsonLog(sys.stderr))
         auth = "tokens" if engine.tenancy.configured() else "none: no tokens configured, loopback only"
         print(f"sandtree mcp: http://{host}:{port}/mcp (auth: {auth})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", **(options or {}))
 
 
 class SessionOwners:

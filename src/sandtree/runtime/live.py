@@ -266,7 +266,11 @@ class LiveRuntime(Commands, LiveTier):
         cg = h.cg()
         if cg is None:
             return False
-        cg.freeze(frozen)
+        try:
+            cg.freeze(frozen)
+        except FileNotFoundError:
+            # its group is gone: the sandbox ended (a stop won the race to it), not an error of ours
+            raise NotFound("the live sandbox is no longer running") from None
         return True
 
     def memory(self, h: LiveHandle) -> int | None:
