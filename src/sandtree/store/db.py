@@ -27,6 +27,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import DiskFull, InvalidInput
+from . import durable
 from .dbreads import Reads
 from .pgdb import PgDatabase
 
@@ -133,17 +134,21 @@ def check_url(url: str | None) -> str:
     raise InvalidInput(f"a database URL is postgresql://... or sqlite:///path: {url.split('@')[-1]!r}")
 
 
-def open_database(home: str, url: str | None):
+def open_database(home: str, url: str | None, durability: str = durable.STRICT):
     """The store's metadata database: `url` postgresql://... (store/pgdb.py), or None / "" / a
-    sqlite:///path URL: SQLite (default: HOME/sandtree.db)."""
+    sqlite:///path URL: SQLite (default: HOME/sandtree.db). durability: store/durable.py (a
+    PostgreSQL commit is durable at either level)."""
     if check_url(url) == "postgresql":
         return PgDatabase(url, SCHEMA, MIGRATIONS, SCHEMA_VERSION)
-    return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"))
+    return Database(url[len("sqlite://"):] if url else os.path.join(home, "sandtree.db"), durability)
 
 
 class Database(Reads):
-    def __init__(self, path: str):
+    def __init__(self, path: str, durability: str = durable.STRICT):
         self.path = path
+        # WAL mode: FULL syncs the WAL at every commit (a told image survives a power cut);
+        # NORMAL only at checkpoints (the last commits may be lost, the file never corrupt)
+        self.synchronous = "FULL" if durability == durable.STRICT else "NORMAL"
         self._local = threading.local()
         con = self.connection()
         with con:
@@ -190,7 +195,7 @@ class Database(Reads):
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         try:
             con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=NORMAL")
+            con.execute(f"PRAGMA synchronous={self.synchronous}")
             con.execute("PRAGMA busy_timeout=60000")
         except BaseException:
             con.close()
@@ -221,12 +226,16 @@ class Database(Reads):
     # read inside it cannot be invalidated by another writer before our write.
     # A full disk inside it: DiskFull, with the transaction rolled back.
     class _Tx:
-        def __init__(self, db):
+        def __init__(self, db, durable_commit: bool = False):
             self.db = db
+            # relaxed: this one commit synced all the same (and every commit before it)
+            self.sync = durable_commit and db.synchronous != "FULL"
 
         def __enter__(self):
             self.con = self.db.connection(write=True)
             try:
+                if self.sync:
+                    self.con.execute("PRAGMA synchronous=FULL")
                 self.con.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 self.db._full(exc)
@@ -234,6 +243,13 @@ class Database(Reads):
             return self.con
 
         def __exit__(self, et, ev, tb):
+            try:
+                return self._end(et, ev, tb)
+            finally:
+                if self.sync:
+                    self.con.execute(f"PRAGMA synchronous={self.db.synchronous}")
+
+        def _end(self, et, ev, tb):
             if et is None:
                 try:
                     self.con.execute("COMMIT")
@@ -248,11 +264,12 @@ class Database(Reads):
                 raise ev                                 # the COMMIT's own error
             return False
 
-    def tx(self, *, serial: bool = True):
+    def tx(self, *, serial: bool = True, durable: bool = False):
         """A write transaction (BEGIN IMMEDIATE: SQLite has one writer at a time, so `serial`, which
         lets PostgreSQL run a transaction that only writes rows of its own beside others, changes
-        nothing here)."""
-        return self._Tx(self)
+        nothing here). durable: its commit is on the disk when this returns even in a relaxed
+        store (what files are deleted after: gc)."""
+        return self._Tx(self, durable)
 
     def fence(self, *, shared: bool) -> "FileFence":
         """gc's fence (store.py using/collecting) for every process on this database, whatever

@@ -30,6 +30,7 @@ import stat
 from dataclasses import dataclass
 
 from ..procid import dead_owner, owner_prefix
+from . import durable
 from .objects import BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Entry
 
 log = logging.getLogger("sandtree.store")
@@ -356,10 +357,14 @@ class LayerDirs:
         return d
 
     def publish(self, staged: str) -> str:
+        """Move a staged layer into layers/ under a new id, its bytes on the disk first: a row
+        written after this names nothing a power cut can lose (store/durable.py)."""
         layer = secrets.token_hex(5)
+        durable.sync_tree(staged)
         if self.upload is not None:
             self.upload(staged, layer)           # complete in S3 before anything can name it
         os.rename(staged, self.path(layer))
+        durable.sync_dir(self.root)
         return layer
 
     def clean_stale(self) -> None:

@@ -1,0 +1,123 @@
+"""Durability: what the store tells a caller survives kill -9 and a power cut, and after any
+crash the store is consistent (no row names bytes that are not on the disk).
+
+The page cache holds a file's bytes for up to half a minute before they reach the disk, while
+ext4 commits its journal (names, sizes) every 5 s: without a sync, a power cut soon after a
+commit left the image's row and its layer's names on the disk and the files' bytes zeros. So
+every write the database will name is made durable *before* the transaction that names it:
+
+- a layer (LayerDirs.publish): its files and directories synced (sync_tree), then renamed into
+  layers/, then layers/ synced;
+- a blob file (BlobStore): the file synced before its rename, its directory after;
+- a local checkpoint (hibernate): its files before the row says `hibernated`.
+
+And the transaction itself is durable before the ID is returned: SQLite in WAL mode syncs the
+WAL at each commit with synchronous=FULL (NORMAL syncs it only at checkpoints: a power cut loses
+the last commits, never corrupts). PostgreSQL commits are durable already (synchronous_commit).
+
+Two levels (Store(durability=...), SANDTREE_DURABILITY):
+- "strict" (the default): both of the above: a told ID survives a power cut.
+- "relaxed": the bytes are still synced before any row names them (consistency is never
+  relaxed), but a SQLite commit is not synced: a power cut may lose the last seconds of images,
+  tags and records, as if they had never been made. A deletion that follows a transaction (gc
+  removes files after their rows) still makes that transaction durable first (Database.tx
+  durable=True).
+
+Many small files: an fsync each costs a journal commit each; past SYNC_TREE_FILES files one
+syncfs() of the store's filesystem writes them all with one (it also writes whatever else is
+dirty on that filesystem: sandboxes' uppers are on tmpfs, not there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+from ..defaults import DURABILITY, SYNC_TREE_FILES
+from ..errors import InvalidInput
+
+STRICT, RELAXED = "strict", "relaxed"
+MODES = (STRICT, RELAXED)
+
+
+def check_mode(mode: str | None) -> str:
+    """The durability level `mode` names (None: defaults.DURABILITY), or InvalidInput."""
+    if mode is None or mode == "":
+        return DURABILITY
+    if mode not in MODES:
+        raise InvalidInput(f"durability is 'strict' or 'relaxed', not {mode!r}")
+    return mode
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing a file's dirty pages to the disk without waiting (sync_file_range), so the
+    fsync that follows waits for less: a big file's bytes go out while the rest is still being
+    copied and hashed. Best effort: where the call is missing, the fsync does it all."""
+    try:
+        _libc.sync_file_range(ctypes.c_int(fd), ctypes.c_longlong(0), ctypes.c_longlong(0),
+                              ctypes.c_uint(_SYNC_FILE_RANGE_WRITE))
+    except (AttributeError, OSError):
+        pass
+
+
+def sync_dir(path: str) -> None:
+    """A directory's entries (names made, renamed or removed in it) on the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_fs(path: str) -> None:
+    """Everything written on the filesystem holding `path` on the disk (syncfs(2))."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: str) -> None:
+    """Every file and directory under `root` (a staged layer, a checkpoint) on the disk: each
+    regular file and directory fsynced (files first, directories deepest first), or, past
+    SYNC_TREE_FILES files, one syncfs. Never follows a symlink or crosses into another
+    filesystem; other kinds (whiteouts, FIFOs, symlinks) are names, made durable by their
+    directory's fsync."""
+    top = os.lstat(root)
+    files: list[str] = []
+    dirs: list[str] = [root]
+    todo = [root]
+    while todo:
+        d = todo.pop()
+        with os.scandir(d) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    if e.stat(follow_symlinks=False).st_dev == top.st_dev:
+                        dirs.append(e.path)
+                        todo.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    files.append(e.path)
+        if len(files) > SYNC_TREE_FILES:
+            sync_fs(root)
+            return
+    for path in files:
+        _fsync_regular(path)
+    for path in reversed(dirs):
+        sync_dir(path)
+
+
+def _fsync_regular(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
