@@ -66,17 +66,17 @@ class Disk:
         self.mnt = os.path.join(workdir, "disk")
         self.dev: str | None = None
         self.cuts = 0
-        with open(self.backing, "wb") as f:
-            f.truncate(size_mb << 20)
-        # no lazy init: nothing of mkfs's is written in the background while the store works
-        _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.backing)
         os.makedirs(self.mnt)
-        self.dev = _attach(self.backing)
         try:
+            with open(self.backing, "wb") as f:
+                f.truncate(size_mb << 20)
+            # no lazy init: nothing of mkfs's is written in the background while the store works
+            _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.backing)
+            self.dev = _attach(self.backing)
             _run("mount", "-t", "ext4", self.dev, self.mnt)
         except subprocess.CalledProcessError as exc:
             self.close()
-            raise Unavailable(f"cannot mount ext4 on a loop device: {exc.stderr.strip()}") from None
+            raise Unavailable(f"cannot make ext4 on a loop device: {exc.stderr.strip()}") from None
 
     def cut(self) -> str:
         """The disk as a power cut now leaves it: a copy of the backing file (its path)."""
@@ -114,4 +114,5 @@ class Disk:
             _detach(self.dev)
             self.dev = None
         if not _mounted(self.mnt):
+            os.rmdir(self.mnt)
             shutil.rmtree(self.shm, ignore_errors=True)     # the backing file and cuts (tmpfs; no mount)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,6 @@ from sandtree.store.imageconfig import ImageConfig
 from sandtree.store.maintenance import fsck
 
 BURST = 10          # committing runs at once, per trial
-DELAYS = 4          # trials at a random delay after the burst returned (plus one right away)
 
 
 def _payload(tag: str) -> bytes:
@@ -62,13 +62,29 @@ def _operations(engine: Engine, base: str, trial: int, work: str, told: dict, up
     uploads[engine.upload(blob)] = blob
 
 
-def _check_cut(disk: powercut.Disk, told: dict, uploads: dict, when: str) -> None:
+# ext4 keeps its free block/inode summaries out of the journal (they are recounted at mount):
+# after any unclean stop e2fsck "fixes" them. Anything else it fixes is damage.
+_SUMMARIES = re.compile(r"^(Free (blocks|inodes) count wrong|Directories count wrong for group)")
+
+
+def _damage(out: str) -> list[str]:
+    """What e2fsck repaired, but for the summary counts."""
+    lines = out.splitlines()
+    return [prev for prev, line in zip(lines, lines[1:]) if line.startswith("Fix? ") and not _SUMMARIES.match(prev)]
+
+
+def _check_cut(disk: powercut.Disk, told: dict, uploads: dict, when: str, durability: str) -> None:
+    """strict: every told ID reads back. relaxed: the last ones may be gone, but an image the
+    store still has reads back whole. Both: e2fsck and the store's fsck (content hashes) clean."""
     with disk.after(disk.cut()) as (rc, out, mnt):
-        assert rc in (0, 1), f"e2fsck after a cut {when} after the operations: {rc}\n{out}"
+        assert rc in (0, 1) and not _damage(out), f"e2fsck after a cut {when} after the operations: {rc}\n{out}"
         after = Engine(os.path.join(mnt, "store"), warm=0)
         try:
-            lost = {}
+            lost, kept = {}, 0
             for image, files in told.items():
+                if durability == "relaxed" and not after.store.has_image(image):
+                    continue                     # lost whole: what relaxed allows
+                kept += 1
                 for path, data in files.items():
                     try:
                         got = after.read(image, path)
@@ -83,15 +99,19 @@ def _check_cut(disk: powercut.Disk, told: dict, uploads: dict, when: str) -> Non
                     got = f"{type(exc).__name__}: {exc}"
                 if got != data:
                     lost[f"upload {digest[:12]}"] = got[:40] if isinstance(got, bytes) else got
-            assert not lost, (f"{len(lost)} of {len(told) + len(uploads)} told IDs lost by a power cut "
-                              f"{when} after they were returned: {dict(list(lost.items())[:5])}")
+            assert not lost, (f"{durability}: {len(lost)} of {len(told) + len(uploads)} told IDs lost or damaged "
+                              f"by a power cut {when} after they were returned: {dict(list(lost.items())[:5])}")
             report = fsck(after.store)
-            assert report["ok"], f"fsck after a cut {when} later: {report['problems'][:5]}"
+            assert report["ok"], f"{durability}: fsck after a cut {when} later: {report['problems'][:5]}"
+            if durability == "strict":
+                assert kept == len(told)
         finally:
             after.close()
 
 
-def test_power_cut_loses_no_told_image_and_leaves_the_store_consistent(tmp_path, rootfs):
+@pytest.mark.parametrize("durability,trials", [("strict", 4), ("relaxed", 2)])
+def test_power_cut_loses_no_told_image_and_leaves_the_store_consistent(tmp_path, rootfs, durability, trials):
+    """strict (the default): no told image lost. relaxed: the store consistent all the same."""
     why = powercut.available()
     if why:
         pytest.skip(f"no power-cut simulation here: {why}")
@@ -101,11 +121,11 @@ def test_power_cut_loses_no_told_image_and_leaves_the_store_consistent(tmp_path,
         pytest.skip(str(exc))
     seed = random.randrange(1 << 30)
     rnd = random.Random(seed)
-    delays = [0.0] + [rnd.uniform(0, 0.5) for _ in range(DELAYS)]
+    delays = [0.0] + [rnd.uniform(0, 0.5) for _ in range(trials)]
     told: dict[str, dict[str, bytes]] = {}
     uploads: dict[str, bytes] = {}
     try:
-        engine = Engine(os.path.join(disk.mnt, "store"), warm=0)
+        engine = Engine(os.path.join(disk.mnt, "store"), warm=0, durability=durability)
         try:
             base = engine.import_path(rootfs)
             with open(os.path.join(rootfs, "etc", "greeting"), "rb") as f:
@@ -113,7 +133,7 @@ def test_power_cut_loses_no_told_image_and_leaves_the_store_consistent(tmp_path,
             for trial, delay in enumerate(delays):
                 _operations(engine, base, trial, str(tmp_path), told, uploads)
                 time.sleep(delay)
-                _check_cut(disk, told, uploads, f"{delay:.2f} s (seed {seed})")
+                _check_cut(disk, told, uploads, f"{delay:.2f} s (seed {seed})", durability)
         finally:
             engine.close()
     finally:
