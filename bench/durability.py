@@ -52,26 +52,42 @@ def fill_upper(upper: str, i: int, size: int, noise: bytes) -> None:
             f.write(noise[:size])
 
 
-def measure(level: str, n: int, size: int, work: str, shm: str, noise: bytes) -> list[float]:
-    os.sync()                 # what earlier rows left dirty is not written back during this one's
-    home = tempfile.mkdtemp(dir=work, prefix=f"{level}-")
-    engine = Engine(home, warm=0, durability="relaxed" if level == "unsynced" else level)
-    try:
+class Level:
+    """A store at one durability level, on `base`; commit() times one commit of `size` bytes."""
+
+    def __init__(self, level: str, work: str, shm: str, noise: bytes):
+        self.level, self.shm, self.noise = level, shm, noise
+        self.engine = Engine(tempfile.mkdtemp(dir=work, prefix=f"{level}-"), warm=0,
+                             durability="relaxed" if level == "unsynced" else level)
         rootfs = os.path.join(tempfile.mkdtemp(dir=work), "rootfs")
         make_rootfs(rootfs)
-        base = engine.import_path(rootfs)
-        times = []
-        for i in range(n):
-            upper = tempfile.mkdtemp(dir=shm)
-            try:
-                fill_upper(upper, i, size, noise)
-                _, took = commit_once(engine, base, upper)
-                times.append(took * 1000)
-            finally:
-                layers.remove_tree(upper)
-        return times
-    finally:
-        engine.close()
+        self.base = self.engine.import_path(rootfs)
+        self.i = 0
+
+    def commit(self, size: int) -> float:
+        self.i += 1
+        upper = tempfile.mkdtemp(dir=self.shm)
+        real = durable.sync_tree, durable.sync_dir
+        try:
+            fill_upper(upper, self.i, size, self.noise)
+            if self.level == "unsynced":
+                durable.sync_tree = durable.sync_dir = lambda path: None
+            return commit_once(self.engine, self.base, upper)[1] * 1000
+        finally:
+            durable.sync_tree, durable.sync_dir = real
+            layers.remove_tree(upper)
+
+
+def measure(levels: list[Level], n: int, size: int) -> dict[str, list[float]]:
+    """n rounds, one commit per level each (interleaved: the machine's other load falls on all
+    alike); each commit starts with nothing dirty (os.sync, untimed): unsynced's deferred writes
+    are not paid by the next level's commit."""
+    times: dict[str, list[float]] = {lv.level: [] for lv in levels}
+    for _ in range(n):
+        for lv in levels:
+            os.sync()
+            times[lv.level].append(lv.commit(size))
+    return times
 
 
 def main() -> None:
@@ -82,18 +98,14 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="sandtree-bench-durable-", dir=os.environ.get("SANDTREE_BENCH_DIR", "/var/tmp"))
     shm = tempfile.mkdtemp(prefix="sandtree-bench-upper-", dir="/dev/shm")
     noise = os.urandom(BIG)
-    real = durable.sync_tree, durable.sync_dir
-    rows = {}
+    levels: list[Level] = []
     try:
-        for level in ("strict", "relaxed", "unsynced"):
-            if level == "unsynced":
-                durable.sync_tree = durable.sync_dir = lambda path: None
-            else:
-                durable.sync_tree, durable.sync_dir = real[0], real[1]
-            rows[level] = (measure(level, args.n, 0, work, shm, noise),
-                           measure(level, args.big, BIG, work, shm, noise))
+        levels = [Level(level, work, shm, noise) for level in ("strict", "relaxed", "unsynced")]
+        small, big = measure(levels, args.n, 0), measure(levels, args.big, BIG)
+        rows = {lv.level: (small[lv.level], big[lv.level]) for lv in levels}
     finally:
-        durable.sync_tree, durable.sync_dir = real[0], real[1]
+        for lv in levels:
+            lv.engine.close()
         workdir.remove_unless_mounted(work)
         workdir.remove_unless_mounted(shm)
     table = Table(title="commit cost by durability level (ms, upper on tmpfs, store on disk)")
