@@ -23,7 +23,7 @@ from sandtree.engine.core import Engine
 from sandtree.store.imageconfig import ImageConfig
 from sandtree.store.maintenance import fsck, gc
 
-BURST = 10          # committing runs at once, per trial
+BURST = 8           # committing runs at once, per trial
 
 
 def _payload(tag: str) -> bytes:
@@ -109,7 +109,7 @@ def _check_cut(disk: powercut.Disk, told: dict, uploads: dict, when: str, durabi
             after.close()
 
 
-@pytest.mark.parametrize("durability,trials", [("strict", 4), ("relaxed", 2)])
+@pytest.mark.parametrize("durability,trials", [("strict", 3), ("relaxed", 2)])
 def test_power_cut_loses_no_told_image_and_leaves_the_store_consistent(tmp_path, rootfs, durability, trials):
     """strict (the default): no told image lost. relaxed: the store consistent all the same."""
     why = powercut.available()
