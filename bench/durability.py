@@ -67,14 +67,14 @@ class Level:
     def commit(self, size: int) -> float:
         self.i += 1
         upper = tempfile.mkdtemp(dir=self.shm)
-        real = durable.sync_tree, durable.sync_dir
+        real = durable.sync_tree, durable.sync_dir, durable.start_writeback
         try:
             fill_upper(upper, self.i, size, self.noise)
             if self.level == "unsynced":
-                durable.sync_tree = durable.sync_dir = lambda path: None
+                durable.sync_tree = durable.sync_dir = durable.start_writeback = lambda arg: None
             return commit_once(self.engine, self.base, upper)[1] * 1000
         finally:
-            durable.sync_tree, durable.sync_dir = real
+            durable.sync_tree, durable.sync_dir, durable.start_writeback = real
             layers.remove_tree(upper)
 
 
