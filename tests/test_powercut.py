@@ -181,3 +181,31 @@ def test_power_cut_after_gc_in_a_relaxed_store_leaves_no_row_naming_a_removed_la
             engine.close()
     finally:
         disk.close()
+
+
+def test_durability_levels_set_the_sqlite_sync_and_a_bad_one_is_refused(tmp_path, monkeypatch):
+    """strict (the default): SQLite syncs every commit (synchronous=FULL, 2); relaxed: only at
+    checkpoints (NORMAL, 1), but a durable=True transaction is synced all the same and the
+    connection goes back to NORMAL after it. An unknown level is InvalidInput and makes no store."""
+    from sandtree.errors import InvalidInput
+    from sandtree.store.layers import IdMap
+    from sandtree.store.store import Store
+
+    idmap = IdMap(100000, 100000, 65536)
+    strict = Store(str(tmp_path / "strict"), idmap)
+    assert strict.durability == "strict"
+    assert strict.db.connection().execute("PRAGMA synchronous").fetchone()[0] == 2
+    strict.close()
+    monkeypatch.setenv("SANDTREE_DURABILITY", "relaxed")
+    relaxed = Store(str(tmp_path / "relaxed"), idmap)
+    con = relaxed.db.connection()
+    assert relaxed.durability == "relaxed" and con.execute("PRAGMA synchronous").fetchone()[0] == 1
+    seen = []
+    with relaxed.db.tx(durable=True) as c:
+        seen.append(c.execute("PRAGMA synchronous").fetchone()[0])
+        c.execute("INSERT OR REPLACE INTO meta VALUES('t', '1')")
+    assert seen == [2] and con.execute("PRAGMA synchronous").fetchone()[0] == 1
+    relaxed.close()
+    with pytest.raises(InvalidInput):
+        Store(str(tmp_path / "bad"), idmap, durability="fast")
+    assert not os.path.exists(tmp_path / "bad")
