@@ -85,15 +85,43 @@ def sync_fs(path: str) -> None:
         os.close(fd)
 
 
-def sync_tree(root: str) -> None:
+# Filesystems whose journal commits in order: an fsync commits every metadata change made before
+# the change it waits for. ext4 (EXT4_SUPER_MAGIC) and XFS (XFS_SB_MAGIC).
+_ORDERED = {0xEF53, 0x58465342}
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+_ordered_devs: dict[int, bool] = {}
+
+
+def ordered_journal(path: str) -> bool:
+    """Whether the filesystem holding `path` commits its metadata in order (ext4, XFS): there,
+    the fsync of a directory changed last makes every name made before it durable too, so the
+    directories of a tree need no fsync each (one flush of the disk's cache each, the dearest
+    part of a small commit on a busy disk)."""
+    dev = os.stat(path).st_dev
+    known = _ordered_devs.get(dev)
+    if known is None:
+        buf = _Statfs()
+        known = _libc.statfs(os.fsencode(path), ctypes.byref(buf)) == 0 and (buf.f_type & 0xFFFFFFFF) in _ORDERED
+        _ordered_devs[dev] = known
+    return known
+
+
+def sync_tree(root: str, *, dirs: bool = True) -> None:
     """Every file and directory under `root` (a staged layer, a checkpoint) on the disk: each
     regular file and directory fsynced (files first, directories deepest first), or, past
     SYNC_TREE_FILES files, one syncfs. Never follows a symlink or crosses into another
     filesystem; other kinds (whiteouts, FIFOs, symlinks) are names, made durable by their
-    directory's fsync."""
+    directory's fsync. dirs=False: the files' bytes only; the caller then fsyncs a directory it
+    changed after the whole tree was made, on a filesystem where that covers the tree's names
+    (ordered_journal)."""
     top = os.lstat(root)
     files: list[str] = []
-    dirs: list[str] = [root]
+    subdirs: list[str] = [root]
     todo = [root]
     while todo:
         d = todo.pop()
@@ -101,7 +129,7 @@ def sync_tree(root: str) -> None:
             for e in it:
                 if e.is_dir(follow_symlinks=False):
                     if e.stat(follow_symlinks=False).st_dev == top.st_dev:
-                        dirs.append(e.path)
+                        subdirs.append(e.path)
                         todo.append(e.path)
                 elif e.is_file(follow_symlinks=False):
                     files.append(e.path)
@@ -110,8 +138,9 @@ def sync_tree(root: str) -> None:
             return
     for path in files:
         _fsync_regular(path)
-    for path in reversed(dirs):
-        sync_dir(path)
+    if dirs:
+        for path in reversed(subdirs):
+            sync_dir(path)
 
 
 def _fsync_regular(path: str) -> None:

@@ -367,7 +367,8 @@ class LayerDirs:
         path = self.path(layer)
         os.rename(staged, path)
         try:
-            durable.sync_tree(path)
+            # (on ext4/XFS the fsync of layers/, changed last by the rename, covers the names)
+            durable.sync_tree(path, dirs=not durable.ordered_journal(self.root))
             durable.sync_dir(self.root)
         except BaseException:
             try:
