@@ -60,6 +60,11 @@ def _operations(engine: Engine, base: str, trial: int, work: str, told: dict, up
     told[configured] = dict(told[images[2]])
     blob = _payload(f"upload {trial}")
     uploads[engine.upload(blob)] = blob
+    # a layer of names only (a symlink, a directory, a whiteout): no file's fsync carries it
+    rec = engine.run(base, ["sh", "-c", f"ln -s /etc/greeting /root/link-{trial}; mkdir /root/dir-{trial}; "
+                                        "rm /etc/group"])
+    assert rec.exit_code == 0, rec.stderr
+    told[rec.image] = {f"/root/link-{trial}": None, f"/root/dir-{trial}": None}
 
 
 # ext4 keeps its free block/inode summaries out of the journal (they are recounted at mount):
@@ -85,9 +90,15 @@ def _check_cut(disk: powercut.Disk, told: dict, uploads: dict, when: str, durabi
                 if durability == "relaxed" and not after.store.has_image(image):
                     continue                     # lost whole: what relaxed allows
                 kept += 1
+                try:
+                    after.store.ensure_layers(after.store.image(image).layers)     # what a run mounts
+                except Exception as exc:         # noqa: BLE001 - said below
+                    lost[image[:12]] = f"{type(exc).__name__}: {exc}"
+                    continue
                 for path, data in files.items():
                     try:
-                        got = after.read(image, path)
+                        # (None: a name only, a symlink or a directory)
+                        got = after.read(image, path) if data is not None else after.stat(image, path) and None
                     except Exception as exc:     # noqa: BLE001 - what is lost is said below
                         got = f"{type(exc).__name__}: {exc}"
                     if got != data:
