@@ -6,14 +6,15 @@ ext4 commits its journal (names, sizes) every 5 s: without a sync, a power cut s
 commit left the image's row and its layer's names on the disk and the files' bytes zeros. So
 every write the database will name is made durable *before* the transaction that names it:
 
-- a layer (LayerDirs.publish): its files and directories synced (sync_tree), then renamed into
-  layers/, then layers/ synced;
+- a layer (LayerDirs.publish): renamed into layers/, then its files (and, but on ext4/XFS, its
+  directories) synced (sync_tree), then layers/;
 - a blob file (BlobStore): the file synced before its rename, its directory after;
 - a local checkpoint (hibernate): its files before the row says `hibernated`.
 
-And the transaction itself is durable before the ID is returned: SQLite in WAL mode syncs the
-WAL at each commit with synchronous=FULL (NORMAL syncs it only at checkpoints: a power cut loses
-the last commits, never corrupts). PostgreSQL commits are durable already (synchronous_commit).
+And the transaction itself is durable before the ID is returned: SQLite (WAL mode, NORMAL: the
+WAL synced at checkpoints only, so a power cut loses the last commits, never corrupts) has its
+WAL flushed after each write transaction's commit, one flush shared by the commits of many
+threads (db.GroupSync). PostgreSQL commits are durable already (synchronous_commit).
 
 Two levels (Store(durability=...), SANDTREE_DURABILITY):
 - "strict" (the default): both of the above: a told ID survives a power cut.
