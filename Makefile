@@ -24,6 +24,7 @@ test: deps $(STAMP)
 bench: deps $(STAMP)
 	$(BIN)/python bench/bench.py
 	PYTHONPATH=src $(BIN)/python bench/storeback.py
+	PYTHONPATH=src $(BIN)/python bench/durability.py
 	PYTHONPATH=src $(BIN)/python bench/terminal.py
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
 	PYTHONPATH=src $(BIN)/python bench/rayclient.py

@@ -67,6 +67,13 @@ def layer_cache_max() -> int | None:
         return None
 
 
+def durability() -> str | None:
+    """SANDTREE_DURABILITY: `strict` (the default: an image ID returned survives a power cut) or
+    `relaxed` (a power cut may lose the last seconds of commits; the store stays consistent):
+    store/durable.py. None: not set."""
+    return os.environ.get("SANDTREE_DURABILITY") or None
+
+
 _cluster: list[str] = []           # set by `--cluster` (cli/main.py): wins over the environment
 
 

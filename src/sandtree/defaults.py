@@ -22,6 +22,8 @@ EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's en
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)
 RUN_RETRIES_MAX = 10                  # retries= a run may ask for (on a lost cluster node)
 LAYER_CACHE_MAX = 20 << 30             # bytes of layers a node caches from S3 objects before LRU eviction
+DURABILITY = "strict"                 # or "relaxed": SQLite commits not synced (store/durable.py)
+SYNC_TREE_FILES = 8                    # past this many files, a layer is synced by one syncfs, not an fsync each (store/durable.py)
 LOG_LIMIT = 1000                     # entries of `log`
 AUDIT_LIMIT = 100                    # entries of `audit`
 OPERATIONS_LIMIT = 50                # entries of `operations.list`

@@ -16,7 +16,7 @@ from ..store.layers import remove_tree
 from ..store.objects import DIR, FILE, decode_tree
 from ..store.store import Store
 from ..branching import bundle, lineage
-from ..store import refs
+from ..store import durable, refs
 from ..branching import diff as diff_mod
 from ..branching import merge as merge_mod
 from ..branching.merge import check_on_conflict, conflict_outcome
@@ -193,10 +193,15 @@ class BranchingOps:
         try:
             with open(path, "rb") as f:
                 man, trees, blobs = bundle.read(self.store, f, staging)
+            durable.sync_tree(staging)                     # on the disk before any row names them
+            shards = set()
             for name in os.listdir(staging):               # verified: now they are the store's
                 dst = self.store.blobs.file_path(name)
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 os.rename(os.path.join(staging, name), dst)
+                shards.add(os.path.dirname(dst))
+            for d in [*shards, self.store.blobs.root]:
+                durable.sync_dir(d)
         finally:
             remove_tree(staging)
         parents: dict[str, list[str]] = {}

@@ -26,6 +26,7 @@ from ..store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout,
                            logical_xattrs, read_xattrs, remove_tree, set_layer_xattrs)
 from ..errors import Conflict, InvalidInput, NotFound, TooLarge
 from ..runtime.openat2 import open_in_root
+from ..store import durable
 from ..store.blobs import BlobStore
 from ..store.db import Database
 from ..store.names import check_path_length
@@ -98,6 +99,7 @@ def path_key(p: str):
 
 
 _ZEROS = bytes(1 << 20)
+_WRITEBACK = 8 << 20
 
 
 def _copy_hash(root_fd: int, ipath: str, dst: str, walked: os.stat_result) -> tuple[str, int]:
@@ -126,6 +128,9 @@ def _copy_hash(root_fd: int, ipath: str, dst: str, walked: os.stat_result) -> tu
                 else:
                     out.write(chunk)
                 n += len(chunk)
+                if n % _WRITEBACK == 0:          # to the disk while the rest is read and hashed:
+                    out.flush()                  # publish's fsync then waits for less
+                    durable.start_writeback(out.fileno())
             out.truncate(n)                      # a trailing hole still has its length
     return h.hexdigest(), n
 

@@ -62,14 +62,17 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
              AnnotationOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4, database: str | None = None,
-                 objects: str | None = None, cache_max: int | None = None, cluster: str | None = None):
+                 objects: str | None = None, cache_max: int | None = None, cluster: str | None = None,
+                 durability: str | None = None):
         """warm: how many sandboxes to keep started ahead of runs (0: start each run cold; a
         one-shot CLI process has no use for them). tier: the default isolation tier. max_runs:
         operations (submitted runs) running at once; more wait in a queue. database: the metadata
         database's URL (postgresql://...; None: --database / SANDTREE_DATABASE_URL, else SQLite).
         objects: s3://bucket/prefix (None: --objects / SANDTREE_OBJECTS_URL, else `home` only);
-        cache_max: the layer cache's cap in bytes (store/layercache.py)."""
-        self.store = Store(home, idmap or default_idmap(), database, objects, cache_max)
+        cache_max: the layer cache's cap in bytes (store/layercache.py). durability: "strict" (an
+        image ID returned survives a power cut) or "relaxed" (store/durable.py; None:
+        SANDTREE_DURABILITY, else strict)."""
+        self.store = Store(home, idmap or default_idmap(), database, objects, cache_max, durability)
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}

@@ -18,7 +18,7 @@ import time
 
 from ..errors import Conflict, RuntimeUnavailable, SandtreeError
 from ..runtime.base import Limits, RunSpec
-from ..store import checkpoints
+from ..store import checkpoints, durable
 from ..store.db import dumps
 
 log = logging.getLogger("sandtree.engine")
@@ -137,6 +137,10 @@ class SandboxHibernation:
     def _hibernated(self, sid: str, spec: dict) -> None:
         """The row says hibernated (the spec: what the resume needs; `retiring`: retiring.py)."""
         spec.pop("hibernating", None)
+        ckpt = self._checkpoint_dir(sid)
+        if os.path.isdir(ckpt):                  # on the disk before the row says it is resumable
+            durable.sync_tree(ckpt)
+            durable.sync_dir(os.path.dirname(ckpt))
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET state='hibernated', spec=? WHERE id=?", (dumps(spec), sid))
 

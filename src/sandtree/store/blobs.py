@@ -21,6 +21,7 @@ import tempfile
 
 from ..errors import NotRegularFile
 from ..procid import owner_prefix
+from . import durable
 from .names import check_digest
 
 CHUNK = 1 << 20
@@ -79,18 +80,22 @@ class BlobStore:
         moved = 0
         rows = self.db.query("SELECT hash, path FROM blob_loc WHERE path >= ? AND path < ?",
                              (layer_rel + "/", layer_rel + "0"))
+        linked: set[str] = set()
         for digest, rel in rows:
             if digest in wanted and not os.path.exists(self.file_path(digest)):
                 dst = self.file_path(digest)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                self._shard(dst)
                 try:
                     os.link(os.path.join(self.home, rel), dst)   # the layer is going: no one sees nlink
+                    linked.add(os.path.dirname(dst))
                 except OSError:
                     self.put_file(os.path.join(self.home, rel), digest)
                 if self.remote is not None:
                     self.remote.put_file(f"blobs/{digest}", dst)
                 moved += 1
-        with self.db.tx() as con:
+        for d in linked:                         # the new names on the disk before the layer goes
+            durable.sync_dir(d)
+        with self.db.tx(durable=True) as con:
             con.execute("DELETE FROM blob_loc WHERE path >= ? AND path < ?", (layer_rel + "/", layer_rel + "0"))
         return moved
 
@@ -107,20 +112,34 @@ class BlobStore:
                     yield chunk
         self._write_atomic(digest, chunks())
 
+    def _shard(self, dst: str) -> None:
+        """dst's shard directory, made (and its name synced) if it is new."""
+        d = os.path.dirname(dst)
+        if not os.path.isdir(d):
+            os.makedirs(d, exist_ok=True)
+            durable.sync_dir(self.root)
+
     def _write_atomic(self, digest: str, chunks) -> None:
+        """The bytes on the disk, then their name: a blob told to a caller survives a power cut."""
         dst = self.file_path(digest)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        self._shard(dst)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=f".tmp-{owner_prefix()}")
         try:
             with os.fdopen(fd, "wb") as f:
                 for c in chunks:
                     f.write(c)
+                f.flush()
+                os.fsync(f.fileno())
             os.chmod(tmp, 0o444)
             if self.remote is not None:
                 self.remote.put_file(f"blobs/{digest}", tmp)    # in S3 before it exists here
             os.rename(tmp, dst)
+            durable.sync_dir(os.path.dirname(dst))
         except BaseException:
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
             raise
 
     def open(self, digest: str):

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import StoreCorrupt
 from ..procid import owner_prefix
-from . import erofs, layerpack
+from . import durable, erofs, layerpack
 from .blobs import hash_file
 from .erofsdir import ImageDir
 from .layers import remove_tree
@@ -175,8 +175,12 @@ class LayerCache:
             total = layerpack.unpack_verified(self.objects.stream(layer_key(layer), digest, size), staged,
                                               self.store.idmap, size)
             self._took("download+unpack", time.perf_counter() - t0)
+            # on the disk before its name is: after a power cut a cached layer is whole or absent
+            # (fetched again), never zeros a run would read (store/durable.py)
+            durable.sync_tree(staged)
             try:
                 os.rename(staged, self.store.layers.path(layer))
+                durable.sync_dir(self.store.layers.root)
             except OSError:
                 if not os.path.isdir(self.store.layers.path(layer)):
                     raise                        # else another process fetched it first: ours goes

@@ -30,6 +30,7 @@ import stat
 from dataclasses import dataclass
 
 from ..procid import dead_owner, owner_prefix
+from . import durable
 from .objects import BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Entry
 
 log = logging.getLogger("sandtree.store")
@@ -356,10 +357,25 @@ class LayerDirs:
         return d
 
     def publish(self, staged: str) -> str:
+        """Move a staged layer into layers/ under a new id and put it on the disk, its bytes and
+        its name: a row written after this names nothing a power cut can lose (store/durable.py).
+        Synced after the rename, so one journal commit takes both (until a row names it, a layer
+        cut short by a crash is an unreferenced one, which fsck and gc leave alone for GC_GRACE)."""
         layer = secrets.token_hex(5)
         if self.upload is not None:
             self.upload(staged, layer)           # complete in S3 before anything can name it
-        os.rename(staged, self.path(layer))
+        path = self.path(layer)
+        os.rename(staged, path)
+        try:
+            # (on ext4/XFS the fsync of layers/, changed last by the rename, covers the names)
+            durable.sync_tree(path, dirs=not durable.ordered_journal(self.root))
+            durable.sync_dir(self.root)
+        except BaseException:
+            try:
+                remove_tree(path)               # (nothing names it; nothing is mounted in it)
+            except (OSError, RuntimeError) as exc:
+                log.warning("cannot remove unsynced layer %s: %s", layer, exc)
+            raise
         return layer
 
     def clean_stale(self) -> None:

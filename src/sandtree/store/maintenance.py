@@ -152,7 +152,7 @@ def gc(store: Store, *, retention: float = GC_RETENTION, grace: float = GC_GRACE
 
 def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) -> dict:
     store.layers.clean_stale()
-    with store.db.tx() as con:
+    with store.db.tx(durable=True) as con:         # the rows gone for good before their files go
         images = {r[0]: (json.loads(r[1]), r[2]) for r in con.execute("SELECT id, layers, created FROM images")}
         expired = ephemeral.collectable(con, now, ttl)       # short-lived: not kept by their age
         keep = {i for i, (_, created) in images.items() if now - created < retention and i not in expired}

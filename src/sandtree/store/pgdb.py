@@ -195,11 +195,12 @@ class PgDatabase(Reads):
                 pass
             return False
 
-    def tx(self, lock: int = WRITE_LOCK, *, serial: bool = True):
+    def tx(self, lock: int = WRITE_LOCK, *, serial: bool = True, durable: bool = False):
         """A write transaction. serial=False: one that only writes rows of its own (a new operation
         row, its own sandbox's last-use stamp) and decides nothing on what it reads, so it takes no
         part in the one-writer lock: PostgreSQL's row locks order it (a command in a live sandbox
-        is one such; it would otherwise queue behind every run's commit)."""
+        is one such; it would otherwise queue behind every run's commit). durable: every commit
+        here is (synchronous_commit on: store/durable.py)."""
         return self._Tx(self, lock if serial else None)
 
     def fence(self, *, shared: bool) -> "_Fence":

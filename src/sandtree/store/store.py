@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from .. import config
 from ..defaults import LAYER_CACHE_MAX
-from ..errors import ImageNotFound, InvalidInput, NotFound
-from . import ephemeral, refs
+from ..errors import ImageNotFound, InvalidInput, NotFound, StoreCorrupt
+from . import durable, ephemeral, refs
 from .blobs import BlobStore
 from .db import check_url, dumps, open_database
 from .layercache import LayerCache
@@ -62,21 +62,24 @@ class ImageRow:
 
 class Store:
     def __init__(self, home: str, idmap: IdMap, database: str | None = None, objects: str | None = None,
-                 cache_max: int | None = None):
+                 cache_max: int | None = None, durability: str | None = None):
         """database: the metadata database's URL (postgresql://...; None: config.database_url(),
         whose default is SQLite in `home`). objects: s3://bucket/prefix (None:
         config.objects_url(), whose default is this directory alone); cache_max: the layer
-        cache's cap in bytes (None: config.layer_cache_max(), else defaults.LAYER_CACHE_MAX)."""
+        cache's cap in bytes (None: config.layer_cache_max(), else defaults.LAYER_CACHE_MAX).
+        durability: "strict" or "relaxed" (store/durable.py; None: config.durability(), else
+        defaults.DURABILITY)."""
         self.home = os.path.abspath(home)
         url = database if database is not None else config.database_url()
         objects_url = objects if objects is not None else config.objects_url()
+        self.durability = durable.check_mode(durability if durability is not None else config.durability())
         if objects_url:
             parse_url(objects_url)               # a bad URL changes nothing
         if check_url(url) == "sqlite":           # a bad URL or an unreachable server makes no home
             os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.idmap = idmap
         self.database_url = url                  # (a cluster's nodes open the same database)
-        self.db = open_database(self.home, url)
+        self.db = open_database(self.home, url, self.durability)
         self.objects = _open_objects(objects_url)
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         self.blobs = BlobStore(os.path.join(self.home, "objects", "blobs"), self.home, self.db)
@@ -140,9 +143,23 @@ class Store:
 
     def ensure_layers(self, layers: list[str]) -> None:
         """Before a mount: every layer local (fetched from S3 on first use, hash-checked) and
-        pinned for the enclosing using(). A store without S3 objects has them all already."""
+        pinned for the enclosing using(). A store without S3 objects has them all already, or
+        is damaged: StoreCorrupt names the missing layer and where it was looked for."""
         if self.cache is not None:
             self.cache.ensure(layers, self._pins())
+            return
+        for layer in layers:
+            path = self.layers.path(layer)
+            if not os.path.isdir(path):
+                # (nodes sharing a PostgreSQL database but each with layers of its own: the mount
+                # failed with a bare "No such file or directory" that named nothing)
+                shared = check_url(self.database_url) == "postgresql"
+                raise StoreCorrupt(
+                    f"layer {layer} is missing from the store: the {'shared PostgreSQL ' if shared else ''}"
+                    f"database names it, but {path} does not exist"
+                    + ("; nodes sharing a database must share their objects too (--objects s3://...)"
+                       if shared else "; `sandtree fsck` lists what else is missing"),
+                    layer=layer, path=path, store=self.home)
 
     def collecting(self):
         """Held by gc: waits for every operation using images to finish, and holds new ones."""
