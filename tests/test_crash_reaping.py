@@ -1,0 +1,127 @@
+"""What a `sandtree serve` killed with -9 leaves behind, and what the next start does with it: a
+real server process, killed for real. Sandboxes it started ahead (engine/startahead.py) were no
+caller's: the next server stops them before it serves (their processes, cgroups, deadline files,
+rows). Caller-visible live sandboxes are not the server's: they outlive it, as designed
+(docs/design.md, Live sandboxes), and the restarted server still reaches them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sandtree
+from conftest import free_port, wait_for_port
+from sandtree.procid import start_time
+
+
+def serve(home: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sandtree", "--home", home, "serve", "--port", str(port),
+                             "--ports-port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 60)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def rows(home: str, state: str | None = None) -> list[dict]:
+    con = sqlite3.connect(os.path.join(home, "sandtree.db"), timeout=30)
+    try:
+        got = con.execute("SELECT id, state, handle, spec FROM sandboxes").fetchall()
+    finally:
+        con.close()
+    out = [{"id": i, "state": s, "handle": json.loads(h), "spec": json.loads(sp)} for i, s, h, sp in got]
+    return [r for r in out if state is None or r["state"] == state]
+
+
+def alive(pid: int, start: int) -> bool:
+    return start_time(pid) == start
+
+
+def left_of(handle: dict) -> list[str]:
+    """What of a sandbox is still on this machine: its processes (the pids it recorded with their
+    start times, and any in its cgroups), its cgroup dirs, its deadline file."""
+    left = []
+    for pid, start in ((handle["helper_pid"], handle["helper_start"]), (handle["init_pid"], handle["init_start"])):
+        if alive(pid, start):
+            left.append(f"process {pid}")
+    for d in ((handle.get("cgroup") or {}).get("dirs") or {}).values():
+        if os.path.isdir(d):
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                left.append(f"cgroup {d} ({f.read().split()})")
+    if handle.get("deadline_file") and os.path.exists(handle["deadline_file"]):
+        left.append(f"deadline {handle['deadline_file']}")
+    return left
+
+
+def until(what, timeout: float = 30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def home(tmp_path, rootfs):
+    home = str(tmp_path / "home")
+    with sandtree.Sandtree(home, warm=0) as st:
+        st.import_image(rootfs, tag="base")
+    yield home
+    with sandtree.Sandtree(home, warm=0) as st:           # whatever a failed test left running
+        for s in st.sandboxes():
+            st.sandbox(s.id).stop()
+    for r in rows(home, "ahead"):                         # (without the fix: the killed server's)
+        h = r["handle"]
+        if alive(h["init_pid"], h["init_start"]):
+            os.kill(h["init_pid"], signal.SIGKILL)
+        for d in ((h.get("cgroup") or {}).get("dirs") or {}).values():
+            end = time.monotonic() + 5
+            while os.path.isdir(d) and time.monotonic() < end:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    time.sleep(0.05)
+
+
+def test_a_killed_servers_sandbox_started_ahead_is_reaped_by_the_next(home):
+    first, url = serve(home)
+    try:
+        client = sandtree.connect(url)
+        mine = client.image("base").start()
+        assert mine.exec("echo hi").stdout == b"hi\n"
+        ahead, = until(lambda: [r for r in rows(home, "ahead") if alive(r["handle"]["init_pid"],
+                                                                        r["handle"]["init_start"])])
+        assert left_of(ahead["handle"])                   # (what the checks below look for)
+        client.close()
+    finally:
+        first.kill()                                      # kill -9: it closes nothing
+        first.wait()
+    assert left_of(ahead["handle"]), "the killed server's helper ends its sandbox started ahead by itself"
+    second, url = serve(home)
+    try:
+        # the caller's sandbox outlived the server, and the new one reaches it
+        again = sandtree.connect(url)
+        assert again.sandbox(mine.id).exec("echo still").stdout == b"still\n"
+        again.close()
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == 0
+    assert left_of(ahead["handle"]) == []
+    assert ahead["id"] not in {r["id"] for r in rows(home)}
+    # the second server's own sandbox started ahead went with its clean exit
+    assert all(not left_of(r["handle"]) for r in rows(home, "ahead")) and not rows(home, "ahead")
+    with sandtree.Sandtree(home, warm=0) as st:
+        st.sandbox(mine.id).stop()
