@@ -125,3 +125,60 @@ def test_a_killed_servers_sandbox_started_ahead_is_reaped_by_the_next(home):
     assert all(not left_of(r["handle"]) for r in rows(home, "ahead")) and not rows(home, "ahead")
     with sandtree.Sandtree(home, warm=0) as st:
         st.sandbox(mine.id).stop()
+
+
+HIBERNATOR = """
+import sys, sandtree
+sandtree.Sandtree(sys.argv[1], warm=0).sandbox(sys.argv[2]).hibernate()
+"""
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_a_hibernation_killed_mid_dump_is_one_state_to_every_view(tmp_path, rootfs):
+    """The hibernating process killed (-9) while CRIU writes the checkpoint (CRIU runs on in a
+    session of its own and finishes it): info (GET /sandboxes/{id}), list and exec must agree
+    that the sandbox is hibernated, whichever looks first; and it resumes."""
+    from sandtree.runtime import criu
+    if not criu.find()[0]:
+        pytest.skip("no CRIU here (scripts/install-deps installs CRIU 4.1)")
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home, warm=0)
+    sb = st.import_image(rootfs).start(idle_timeout=300, lifetime=600)
+    sid = sb.id
+    try:
+        # a checkpoint that takes a while to write: 48 MB on its /dev/shm tmpfs, a process
+        assert sb.exec("head -c 48000000 /dev/zero > /dev/shm/big; sleep 1000 >/dev/null 2>&1 &").ok
+        hibernator = subprocess.Popen([sys.executable, "-c", HIBERNATOR, home, sid],
+                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+        mark = os.path.join(home, "sandboxes", f"{sid}.ckpt").encode()
+        criu_pid = None
+        for _ in range(5000):
+            criu_pid = next((p for p in os.listdir("/proc") if p.isdigit() and b"dump" in _cmdline(p).split(b"\0")
+                             and mark in _cmdline(p)), None)
+            if criu_pid or hibernator.poll() is not None:
+                break
+            time.sleep(0.002)
+        hibernator.kill()
+        hibernator.wait()
+        assert criu_pid, "the hibernator never ran CRIU"
+        row = st._engine.sandboxes._row(sid)
+        assert row["state"] == "running" and row["spec"].get("hibernating"), "killed too late: it said hibernated"
+        while os.path.exists(f"/proc/{criu_pid}"):
+            time.sleep(0.01)
+        assert criu.dump_finished(mark.decode()), "CRIU did not finish the checkpoint"
+        assert sb.info()["state"] == "hibernated"                     # GET first: it said "gone"
+        assert [s.state for s in st.sandboxes() if s.id == sid] == ["hibernated"]
+        with pytest.raises(sandtree.Conflict, match="hibernated"):
+            sb.exec("true")
+        assert sb.resume()["state"] == "running"
+        assert sb.exec("ls /dev/shm; pidof sleep >/dev/null && echo up").stdout == b"big\nup\n"
+    finally:
+        st.sandbox(sid).stop()
+        st.close()

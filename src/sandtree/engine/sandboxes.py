@@ -184,7 +184,17 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self._set_state(row["id"], state)
 
     def info(self, sid: str) -> dict:
-        return self._view(self._row(sid))
+        return self._view(self._settled(self._row(sid)))
+
+    def _settled(self, row: dict) -> dict:
+        """The row with its state decided as exec and list decide it (one view of state): a
+        "running" row whose processes are gone is resolved by _lost (hibernated, when a hibernator
+        died after its checkpoint was written; else gone). Not under the commit lock (_lost takes it)."""
+        h = row["handle"]
+        if row["state"] == "running" and not self.live.foreign(h) and not self.live.alive(h):
+            self._lost(row)
+            row = self._row(row["id"])
+        return row
 
     def _view(self, row: dict) -> dict:
         h = row["handle"]
