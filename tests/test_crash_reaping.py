@@ -182,3 +182,55 @@ def test_a_hibernation_killed_mid_dump_is_one_state_to_every_view(tmp_path, root
     finally:
         st.sandbox(sid).stop()
         st.close()
+
+
+def test_a_dump_still_finishing_is_waited_for_not_judged_gone(tmp_path, rootfs):
+    """The window after CRIU killed the tree and before its shell records the exit status (held
+    open here by stopping that shell: SIGSTOP): a look at the sandbox then (its hibernator dead)
+    must wait for the dump's end, not call the sandbox gone and kill what the checkpoint needs."""
+    import threading
+    from sandtree.runtime import criu
+    if not criu.find()[0]:
+        pytest.skip("no CRIU here (scripts/install-deps installs CRIU 4.1)")
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home, warm=0)
+    sb = st.import_image(rootfs).start(idle_timeout=300, lifetime=600)
+    sid = sb.id
+    shell = None
+    try:
+        assert sb.exec("head -c 32000000 /dev/zero > /dev/shm/big; sleep 1000 >/dev/null 2>&1 &").ok
+        hibernator = subprocess.Popen([sys.executable, "-c", HIBERNATOR, home, sid],
+                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+        images = os.path.join(home, "sandboxes", f"{sid}.ckpt")
+        for _ in range(5000):
+            shell = next((int(p) for p in os.listdir("/proc") if p.isdigit()
+                          and _cmdline(p).startswith(b"/bin/sh\0-c\0") and images.encode() in _cmdline(p)), None)
+            if shell or hibernator.poll() is not None:
+                break
+            time.sleep(0.002)
+        assert shell, "the hibernator never ran its dump"
+        def running_criu():
+            with open(f"/proc/{shell}/task/{shell}/children") as f:
+                return f.read().split()
+        until(running_criu)                               # (past what it does before CRIU)
+        os.kill(shell, signal.SIGSTOP)                    # its CRIU runs on; its status is not written
+        hibernator.kill()
+        hibernator.wait()
+        h = st._engine.sandboxes._row(sid)["handle"]
+        until(lambda: not st._engine.sandboxes.live.alive(h), 120)      # CRIU has killed the tree
+        assert not os.path.exists(os.path.join(images, "criu.rc"))
+        got = {}
+        looker = threading.Thread(target=lambda: got.update(state=sb.info()["state"]))
+        looker.start()
+        looker.join(1.0)
+        os.kill(shell, signal.SIGCONT)                    # the shell records CRIU's status
+        shell = None
+        looker.join(120)
+        assert got == {"state": "hibernated"}
+        assert sb.resume()["state"] == "running"
+        assert sb.exec("ls /dev/shm").stdout == b"big\n"
+    finally:
+        if shell:
+            os.kill(shell, signal.SIGCONT)
+        st.sandbox(sid).stop()
+        st.close()

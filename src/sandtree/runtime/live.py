@@ -34,6 +34,9 @@ from .runfiles import fds_of, network_args
 from .validate import validate_spec
 
 
+DUMP_WAIT = 60.0     # seconds a dump left running by a dead hibernator is waited for before judging
+
+
 class LiveRuntime(Commands, LiveTier):
     """The live-sandbox half of the namespaces tier (it reuses its helper, options and pump)."""
 
@@ -358,6 +361,9 @@ class LiveRuntime(Commands, LiveTier):
 
     @staticmethod
     def dump_finished(h: LiveHandle, images: str) -> bool:
+        """Whether the dump into `images` succeeded; one still running (its hibernator died, it
+        killed the tree and is about to record its status) is waited for first."""
+        criu.wait_dumper(images, DUMP_WAIT)
         return criu.dump_finished(images)
 
     def outsiders(self, h: LiveHandle) -> list[int]:
@@ -409,8 +415,9 @@ class LiveRuntime(Commands, LiveTier):
         try:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
-            # now, it finishes anyway and the next engine can tell (criu.dump_finished).
-            p = subprocess.Popen(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
+            # now, it finishes anyway and the next engine can tell (criu.dump_finished), waiting
+            # for it while the shell (its pid in criu.pid) still runs (criu.dumper_running).
+            p = subprocess.Popen(["/bin/sh", "-c", 'echo $$ >criu.pid; "$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
                                   *(criu.in_netns(net) if net is not None else []),
                                   *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
