@@ -1281,6 +1281,26 @@ static void live_ready(struct opts *o, pid_t c) {
     if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
 }
 
+/* A live P once its sandbox runs (its pid 1 has a mount namespace of its own, cloned from ours
+ * and already rid of the host's tree): our mount namespace, a private copy of the host's, would
+ * pin every host filesystem mounted when the sandbox started for the sandbox's whole life (the
+ * host's umount only takes the host's copy away; a loop device stays busy). We need only our
+ * scratch (the engine reads the upper through /proc/P/root/tmp) and the fds we hold: so our root
+ * becomes the scratch, the scratch is bound again at /tmp, and the host's tree is detached, as
+ * runc does with the old root after pivot_root. The overlay at /r stays (its lowers are the
+ * store's layers, which the sandbox needs anyway). */
+static void detach_host(struct opts *o) {
+    if (!o->uid_map || o->spec_fd >= 0) return;       /* rootless: we never left the host's namespace */
+    if (chdir("/tmp") < 0) die_step("chdir-scratch");
+    mkdir_p_one("tmp", 0700);
+    mkdir_p_one("o", 0700);
+    xmount("/tmp", "tmp", NULL, MS_BIND, NULL);
+    if (syscall(SYS_pivot_root, ".", "o") < 0) die_step("pivot_root-p");
+    if (umount2("/o", MNT_DETACH) < 0) die_step("umount-host");
+    rmdir("/o");
+    if (chdir("/") < 0) die_step("chdir-/");
+}
+
 /* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
 static int live_wait(struct opts *o, pid_t c) {
     live_ready(o, c);                        /* the engine is free; we stay for C */
@@ -1577,6 +1597,7 @@ static int restore_sandbox(struct opts *o) {
     pid_t c = (pid_t)atoi(buf);
     if (c <= 0) { errno = ESRCH; die_step("restored-pid"); }
     dprintf(report_fd, "pid %d\n", c);
+    detach_host(o);
     return live_wait(o, c);
 }
 
@@ -1726,7 +1747,10 @@ int main(int argc, char **argv) {
         char rb[16] = {0};
         ssize_t rn;
         while ((rn = read(status_pipe[0], rb, sizeof rb - 1)) < 0 && errno == EINTR) {}
-        if (rn > 0 && !strncmp(rb, "ready", 5)) return live_wait(&o, c);
+        if (rn > 0 && !strncmp(rb, "ready", 5)) {
+            detach_host(&o);
+            return live_wait(&o, c);
+        }
     }
 
     /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command, and their
