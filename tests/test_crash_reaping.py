@@ -234,3 +234,62 @@ def test_a_dump_still_finishing_is_waited_for_not_judged_gone(tmp_path, rootfs):
             os.kill(shell, signal.SIGCONT)
         st.sandbox(sid).stop()
         st.close()
+
+
+# An engine killed (exit 9, no cleanup) at a point of a start: "started" once the sandbox's
+# helper reported ready and before its row is written; "scratch" once the helper sent its
+# scratch and before the engine answers (the helper runs on, detached, either way).
+KILLED_START = """
+import os, sys, time, sandtree
+from sandtree.runtime import live
+point = sys.argv[3]
+if point == "started":
+    start = live.LiveRuntime.start
+    def started(self, *a, **k):
+        start(self, *a, **k)
+        os._exit(9)
+    live.LiveRuntime.start = started
+else:
+    def scratch(self, proc, detach, ours, rep_r, raw, lim, prepare):
+        self.rt.receive_scratch(ours, rep_r, raw, live.Detached(), time.monotonic() + 30)
+        os._exit(9)
+    live.LiveRuntime._handshake = scratch
+st = sandtree.Sandtree(sys.argv[1], warm=0)
+st.image(sys.argv[2]).start()
+"""
+
+
+def _helpers_of(home: str) -> dict[int, list[str]]:
+    """This store's helper processes (their executable in home/bin) -> the cgroups they are in."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/exe").startswith(os.path.join(os.path.realpath(home), "bin") + "/"):
+                with open(f"/proc/{pid}/cgroup") as f:
+                    out[int(pid)] = [ln.split(":", 2)[2] for ln in f.read().splitlines() if "/live-" in ln]
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("point", ["started", "scratch"])
+def test_a_start_killed_before_its_row_leaves_nothing_after_the_next_start(home, point):
+    with sandtree.Sandtree(home, warm=0) as st:
+        image = st.image("base").id
+    r = subprocess.run([sys.executable, "-c", KILLED_START, home, image, point], capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+    assert r.returncode == 9, r.stderr.decode(errors="replace")[-2000:]
+    helpers = until(lambda: _helpers_of(home), 10)          # running on, with no row
+    (pid, groups), = helpers.items()
+    assert groups and rows(home) == []
+    dirs = [os.path.join("/sys/fs/cgroup", c, g.strip("/")) for g in groups
+            for c in ("pids", "memory", "freezer", "devices", "") if os.path.isdir(os.path.join("/sys/fs/cgroup", c, g.strip("/")))]
+    assert dirs
+    with sandtree.Sandtree(home, warm=0) as st:             # the next engine process: its first reap
+        st.sandboxes()
+        assert _helpers_of(home) == {}
+        assert [d for d in dirs if os.path.isdir(d)] == []
+        assert os.listdir(os.path.join(home, "deadlines")) == []
+        sb = st.image("base").start()                        # and starts go on as ever
+        assert sb.exec("echo ok").stdout == b"ok\n"
+        sb.stop()

@@ -6,10 +6,12 @@ deadline the engine writes: runtime/live.py retime)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
+from ..runtime import leftovers
 from .startahead import orphaned
 
 MAX_TIMEOUT = 30 * 86400      # seconds a set_timeout may look ahead (a helper's alarm takes far more)
@@ -95,6 +97,7 @@ class SandboxLifetime:
         now = time.time()
         self._reaped = time.monotonic()
         self._reap_ahead(now)
+        self._reap_unrecorded()
         done = []
         for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
@@ -129,6 +132,13 @@ class SandboxLifetime:
                     continue
             with self.store.db.tx() as con:
                 con.execute("DELETE FROM sandboxes WHERE id=? AND state='ahead'", (row["id"],))
+
+    def _reap_unrecorded(self) -> None:
+        """Sandboxes an engine killed mid-start left running with no row (runtime/leftovers.py)."""
+        files = leftovers.unrecorded_candidates(self.store.home)
+        if files:
+            rows = self.store.db.query("SELECT handle FROM sandboxes WHERE handle IS NOT NULL")
+            leftovers.reap_unrecorded(self.store.home, files, leftovers.named(json.loads(h) for (h,) in rows))
 
     def set_timeout(self, sid: str, timeout: float) -> dict:
         """The sandbox now stops `timeout` seconds from now, sooner or later than its lifetime

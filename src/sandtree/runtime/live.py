@@ -28,7 +28,7 @@ from .build import drain_path, init_path
 from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
-from ..procid import proc_namespace, signal_member, start_time
+from ..procid import owner_prefix, proc_namespace, signal_member, start_time
 from .pump import parse_report
 from .runfiles import fds_of, network_args
 from .validate import validate_spec
@@ -290,7 +290,9 @@ class LiveRuntime(Commands, LiveTier):
         own directory: the helper reads it, nothing of the sandbox's can)."""
         d = os.path.join(os.path.dirname(self.rt.layers_dir), "deadlines")
         os.makedirs(d, mode=0o700, exist_ok=True)
-        path = os.path.join(d, f"{os.urandom(8).hex()}.deadline")
+        # named after this engine process: should it die before the sandbox's row is written,
+        # the next reap finds the sandbox by it (leftovers.py reap_unrecorded)
+        path = os.path.join(d, f"{owner_prefix()}{os.urandom(8).hex()}.deadline")
         _write_deadline(path, deadline, create=True)
         return path
 
