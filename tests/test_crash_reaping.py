@@ -236,14 +236,20 @@ def test_a_dump_still_finishing_is_waited_for_not_judged_gone(tmp_path, rootfs):
         st.close()
 
 
-# An engine killed (exit 9, no cleanup) at a point of a start: "started" once the sandbox's
+# An engine killed (exit 9, no cleanup) at a point of a start: "spawned" once its helper was
+# started and before any word from it (the helper then dies: its socket to the engine closed);
+# "started" once the sandbox's
 # helper reported ready and before its row is written; "scratch" once the helper sent its
 # scratch and before the engine answers (the helper runs on, detached, either way).
 KILLED_START = """
 import os, sys, time, sandtree
 from sandtree.runtime import live
 point = sys.argv[3]
-if point == "started":
+if point == "spawned":
+    def spawned(self, *a, **k):
+        os._exit(9)
+    live.LiveRuntime._handshake = spawned
+elif point == "started":
     start = live.LiveRuntime.start
     def started(self, *a, **k):
         start(self, *a, **k)
@@ -272,7 +278,7 @@ def _helpers_of(home: str) -> dict[int, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("point", ["started", "scratch"])
+@pytest.mark.parametrize("point", ["started"])
 def test_a_start_killed_before_its_row_leaves_nothing_after_the_next_start(home, point):
     with sandtree.Sandtree(home, warm=0) as st:
         image = st.image("base").id
@@ -293,3 +299,24 @@ def test_a_start_killed_before_its_row_leaves_nothing_after_the_next_start(home,
         sb = st.image("base").start()                        # and starts go on as ever
         assert sb.exec("echo ok").stdout == b"ok\n"
         sb.stop()
+
+
+@pytest.mark.parametrize("point", ["spawned", "scratch"])
+def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point):
+    """Before "ready" the helper learns its engine is gone (its report pipe closed) and ends the
+    sandbox; the empty cgroup, named after the dead engine, goes at the next engine's start."""
+    with sandtree.Sandtree(home, warm=0) as st:
+        image = st.image("base").id
+    p = subprocess.Popen([sys.executable, "-c", KILLED_START, home, image, point], stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 9, err.decode(errors="replace")[-2000:]
+    groups = lambda: [os.path.join(r, c, "sandtree", n) for r in ("/sys/fs/cgroup",) for c in ("pids", "memory", "freezer", "devices", "")  # noqa: E731
+                      if os.path.isdir(os.path.join(r, c, "sandtree"))
+                      for n in os.listdir(os.path.join(r, c, "sandtree")) if n.startswith(f"live-{p.pid}-")]
+    assert groups() and _helpers_of(home) == {}                 # its group made; its helper gone ...
+    for g in groups():                                          # ... and its sandbox with it (no P: no end)
+        with open(os.path.join(g, "cgroup.procs")) as f:
+            assert until(lambda: not f.seek(0) and not f.read().split(), 10)
+    with sandtree.Sandtree(home, warm=0):                       # the next engine process
+        assert groups() == []

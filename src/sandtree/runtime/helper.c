@@ -134,9 +134,16 @@ struct opts {
 static int report_fd = -1;
 static void read_spec(int fd, struct opts *o);
 
+/* A live P's sandbox (its pid 1), once cloned: a P that fails takes it along. Its pid 1 drops
+ * the parent-death signal (a sandbox outlives its engine), so without this a P that died while
+ * setting up (its engine killed: the report pipe gone) left a sandbox with no P, hence no
+ * lifetime, no row and no end. */
+static pid_t live_c = -1;
+
 __attribute__((noreturn)) static void die_step(const char *step) {
     int e = errno;
     if (report_fd >= 0) dprintf(report_fd, "setupfail %d %s\n", e, step);
+    if (live_c > 0) kill(live_c, SIGKILL);
     _exit(125);
 }
 
@@ -1274,7 +1281,11 @@ static void live_ready(struct opts *o, pid_t c) {
         signal(SIGALRM, on_alarm);
         alarm((unsigned)o->lifetime);
     }
-    dprintf(report_fd, "ready\n");
+    if (dprintf(report_fd, "ready\n") < 0) {
+        /* the engine is gone (killed while it started us): no one will ever know this sandbox */
+        kill(c, SIGKILL);
+        _exit(125);
+    }
     close(report_fd);
     report_fd = -1;
     int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -1639,6 +1650,8 @@ static int restore_sandbox(struct opts *o) {
     close(fd);
     pid_t c = (pid_t)atoi(buf);
     if (c <= 0) { errno = ESRCH; die_step("restored-pid"); }
+    live_c = c;                                   /* (CRIU, forked before this, keeps SIGPIPE) */
+    signal(SIGPIPE, SIG_IGN);
     dprintf(report_fd, "pid %d\n", c);
     if (detach_host(o) < 0) die_step("detach-host");
     return live_wait(o, c);
@@ -1739,6 +1752,13 @@ int main(int argc, char **argv) {
 
     close(sync_pipe[0]);
     close(status_pipe[1]);
+    if (o.live) {
+        /* From here a dead engine (its report pipe closed) must not kill us silently with
+         * SIGPIPE (C is already cloned, with our dispositions): our writes fail instead, and
+         * the sandbox goes with us (die_step, live_ready). */
+        live_c = c;
+        signal(SIGPIPE, SIG_IGN);
+    }
     dprintf(report_fd, "pid %d\n", c);
     char path[64], line[64];
     if (o.uid_map) {
