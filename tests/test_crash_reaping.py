@@ -320,3 +320,30 @@ def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point)
             assert until(lambda: not f.seek(0) and not f.read().split(), 10)
     with sandtree.Sandtree(home, warm=0):                       # the next engine process
         assert groups() == []
+
+
+KILLED_STOP = """
+import os, sys, sandtree
+from sandtree.runtime import live
+from sandtree.runtime.liveproc import kill_pid
+def stop(self, h, *a, **k):                 # pid 1 killed, then the engine: no cgroup removal, no row
+    kill_pid(h.init_pid, h.init_start)
+    os._exit(9)
+live.LiveRuntime.stop = stop
+sandtree.Sandtree(sys.argv[1], warm=0).sandbox(sys.argv[2]).stop()
+"""
+
+
+def test_a_stop_killed_half_way_is_finished_by_the_next_engine(home):
+    with sandtree.Sandtree(home, warm=0) as st:
+        sb = st.image("base").start()
+        sid = sb.id
+    h = next(r["handle"] for r in rows(home) if r["id"] == sid)
+    r = subprocess.run([sys.executable, "-c", KILLED_STOP, home, sid], capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+    assert r.returncode == 9, r.stderr.decode(errors="replace")[-2000:]
+    assert next(r["state"] for r in rows(home) if r["id"] == sid) == "running"
+    with sandtree.Sandtree(home, warm=0) as st:
+        assert st.sandbox(sid).info()["state"] in ("gone", "stopped")
+        assert left_of(h) == []
+        assert not [n for n in os.listdir(os.path.join(home, "sandboxes")) if n.endswith(".lock")]
