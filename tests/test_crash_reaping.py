@@ -261,7 +261,7 @@ else:
         os._exit(9)
     live.LiveRuntime._handshake = scratch
 st = sandtree.Sandtree(sys.argv[1], warm=0)
-st.image(sys.argv[2]).start()
+st.image(sys.argv[2]).start(**({"memory": sys.argv[4]} if len(sys.argv) > 4 else {}))
 """
 
 
@@ -301,23 +301,49 @@ def test_a_start_killed_before_its_row_leaves_nothing_after_the_next_start(home,
         sb.stop()
 
 
+def _sandboxes_limited_to(memory: int) -> list[int]:
+    """Processes in a live sandbox group of ours whose memory limit is `memory` (a mark)."""
+    out = []
+    parent = "/sys/fs/cgroup/memory/sandtree"
+    if not os.path.isdir(parent):
+        return out
+    for n in os.listdir(parent):
+        try:
+            with open(os.path.join(parent, n, "memory.limit_in_bytes")) as f:
+                if n.startswith("live-") and int(f.read()) == memory:
+                    with open(os.path.join(parent, n, "cgroup.procs")) as g:
+                        out += [int(x) for x in g.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
 @pytest.mark.parametrize("point", ["spawned", "scratch"])
 def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point):
     """Before "ready" the helper learns its engine is gone (its report pipe closed) and ends the
-    sandbox; the empty cgroup, named after the dead engine, goes at the next engine's start."""
+    sandbox (else its pid 1 ran on with no helper: no lifetime, no row, no end); the empty
+    cgroup, named after the dead engine, goes at the next engine's start."""
+    if not os.path.isdir("/sys/fs/cgroup/memory/sandtree"):
+        pytest.skip("finds the sandbox by its v1 memory limit")
     with sandtree.Sandtree(home, warm=0) as st:
         image = st.image("base").id
-    p = subprocess.Popen([sys.executable, "-c", KILLED_START, home, image, point], stderr=subprocess.PIPE,
+    mark = (20000 + int.from_bytes(os.urandom(2), "big")) * 4096          # a memory limit no one else uses
+    p = subprocess.Popen([sys.executable, "-c", KILLED_START, home, image, point, str(mark)], stderr=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
     _, err = p.communicate(timeout=120)
     assert p.returncode == 9, err.decode(errors="replace")[-2000:]
+    try:
+        end = time.monotonic() + 20                # (its helper may not have joined the group yet)
+        while (_sandboxes_limited_to(mark) or _helpers_of(home)) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _sandboxes_limited_to(mark) == [] and _helpers_of(home) == {}
+    finally:
+        for pid in _sandboxes_limited_to(mark):               # (without the fix: its orphaned pid 1)
+            os.kill(pid, signal.SIGKILL)
     groups = lambda: [os.path.join(r, c, "sandtree", n) for r in ("/sys/fs/cgroup",) for c in ("pids", "memory", "freezer", "devices", "")  # noqa: E731
                       if os.path.isdir(os.path.join(r, c, "sandtree"))
                       for n in os.listdir(os.path.join(r, c, "sandtree")) if n.startswith(f"live-{p.pid}-")]
-    assert groups() and _helpers_of(home) == {}                 # its group made; its helper gone ...
-    for g in groups():                                          # ... and its sandbox with it (no P: no end)
-        with open(os.path.join(g, "cgroup.procs")) as f:
-            assert until(lambda: not f.seek(0) and not f.read().split(), 10)
+    assert groups()                                             # made, and left by the dead engine
     with sandtree.Sandtree(home, warm=0):                       # the next engine process
         assert groups() == []
 
