@@ -321,8 +321,10 @@ def _sandboxes_limited_to(memory: int) -> list[int]:
 @pytest.mark.parametrize("point", ["spawned", "scratch"])
 def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point):
     """Before "ready" the helper learns its engine is gone (its report pipe closed) and ends the
-    sandbox (else its pid 1 ran on with no helper: no lifetime, no row, no end); the empty
-    cgroup, named after the dead engine, goes at the next engine's start."""
+    sandbox (else its pid 1 ran on with no helper: no lifetime, no row, no end); a helper that
+    said "ready" before the engine's exit was complete runs on with no row, and the next
+    engine's reap ends it (reap_unrecorded). The empty cgroup, named after the dead engine, goes
+    at the next engine's start."""
     if not os.path.isdir("/sys/fs/cgroup/memory/sandtree"):
         pytest.skip("finds the sandbox by its v1 memory limit")
     with sandtree.Sandtree(home, warm=0) as st:
@@ -332,20 +334,21 @@ def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point)
                          env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
     _, err = p.communicate(timeout=120)
     assert p.returncode == 9, err.decode(errors="replace")[-2000:]
-    try:
-        end = time.monotonic() + 20                # (its helper may not have joined the group yet)
-        while (_sandboxes_limited_to(mark) or _helpers_of(home)) and time.monotonic() < end:
-            time.sleep(0.05)
-        assert _sandboxes_limited_to(mark) == [] and _helpers_of(home) == {}
-    finally:
-        for pid in _sandboxes_limited_to(mark):               # (without the fix: its orphaned pid 1)
-            os.kill(pid, signal.SIGKILL)
     groups = lambda: [os.path.join(r, c, "sandtree", n) for r in ("/sys/fs/cgroup",) for c in ("pids", "memory", "freezer", "devices", "")  # noqa: E731
                       if os.path.isdir(os.path.join(r, c, "sandtree"))
                       for n in os.listdir(os.path.join(r, c, "sandtree")) if n.startswith(f"live-{p.pid}-")]
-    assert groups()                                             # made, and left by the dead engine
-    with sandtree.Sandtree(home, warm=0):                       # the next engine process
-        assert groups() == []
+    try:
+        time.sleep(1)                                           # (the helper's own setup, or its end)
+        with sandtree.Sandtree(home, warm=0) as st:             # the next engine process and its reap
+            st.sandboxes()
+            end = time.monotonic() + 20
+            while (_sandboxes_limited_to(mark) or _helpers_of(home) or groups()) and time.monotonic() < end:
+                time.sleep(0.05)
+            assert _sandboxes_limited_to(mark) == [] and _helpers_of(home) == {} and groups() == []
+            assert rows(home) == []
+    finally:
+        for pid in _sandboxes_limited_to(mark):               # (without the fix: its orphaned pid 1)
+            os.kill(pid, signal.SIGKILL)
 
 
 KILLED_STOP = """
