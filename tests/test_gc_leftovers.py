@@ -140,3 +140,40 @@ def test_gc_removes_transfer_temp_files_of_killed_processes_only(tmp_path):
         assert st.gc()["removed_transfers"] == 0
     finally:
         st.close()
+
+
+def test_ended_sandboxes_leave_no_lock_files(tmp_path, rootfs):
+    """One commit lock file per sandbox (sandboxes/<id>.lock) must not outlive it: a stop removes
+    its own; gc removes those of sandboxes that ended without a lock (an expiry) and keeps a
+    running one's, and one someone holds."""
+    home = str(tmp_path / "home")
+    locks = lambda: sorted(n for n in os.listdir(os.path.join(home, "sandboxes")) if n.endswith(".lock"))  # noqa: E731
+    with sandtree.Sandtree(home, warm=0) as st:
+        img = st.import_image(rootfs)
+        for _ in range(50):
+            sb = img.start()
+            sb.commit()                                   # (a commit takes the lock too)
+            sb.stop()
+        assert locks() == []
+        running, expiring = img.start(), img.start()
+        running.commit()
+        expiring.commit()
+        assert len(locks()) == 2
+        with st.engine.store.db.tx() as con:              # its end passed: a reap stops it, with no lock
+            con.execute("UPDATE sandboxes SET expires=? WHERE id=?", (time.time() - 1, expiring.id))
+        st.sandboxes()
+        assert expiring.state == "expired" and len(locks()) == 2
+        with open(os.path.join(home, "sandboxes", "0" * 32 + ".lock"), "w"):
+            pass                                          # (a file no row names: a killed engine's)
+        held = os.path.join(home, "sandboxes", "1" * 32 + ".lock")
+        fd = os.open(held, os.O_RDWR | os.O_CREAT)
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)                # held by someone: left alone
+            out = st.gc(retention=0, grace=0)
+        finally:
+            os.close(fd)
+        assert out["removed_lock_files"] == 2
+        assert locks() == [f"{'1' * 32}.lock", f"{running.id}.lock"]
+        running.stop()
+        assert locks() == [f"{'1' * 32}.lock"]

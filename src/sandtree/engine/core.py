@@ -455,6 +455,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         rows = self.store.db.query("SELECT handle FROM sandboxes WHERE handle IS NOT NULL")
         out["removed_runtime_files"] = leftovers.sweep(self.store.home, leftovers.named(map(json.loads, (h for (h,) in rows))),
                                                        grace)
+        out["removed_lock_files"] = self.sandboxes.sweep_locks()   # of ended sandboxes
         return out
 
     def remove_image(self, image: str, *, force: bool = False) -> None:

@@ -6,11 +6,14 @@ deadline the engine writes: runtime/live.py retime)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
 from .spec import check_duration
+from ..runtime import leftovers
+from .startahead import orphaned
 
 
 
@@ -77,6 +80,11 @@ class SandboxLifetime:
 
     def reap_every(self, seconds: float) -> None:
         """A long-running process (the server) reaps on a timer, not only when someone lists."""
+        try:
+            self.reap()                            # what a killed server left (startahead.py), before it serves
+        except Exception:                          # noqa: BLE001 - the timer tries again
+            pass
+
         def loop():
             while not self._stop_reaping.wait(seconds):
                 try:
@@ -90,8 +98,8 @@ class SandboxLifetime:
         gone. Called on list and start, and by a long-running server on a timer (reap_every)."""
         now = time.time()
         self._reaped = time.monotonic()
-        with self.store.db.tx() as con:        # started ahead, never claimed, ended by their own helper
-            con.execute("DELETE FROM sandboxes WHERE state='ahead' AND expires < ?", (now,))
+        self._reap_ahead(now)
+        self._reap_unrecorded()
         done = []
         for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='running'"):
             row = self._decode(r)
@@ -108,6 +116,31 @@ class SandboxLifetime:
         if self.store.objects is not None:
             self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
         return done
+
+    def _reap_ahead(self, now: float) -> None:
+        """Sandboxes started ahead that no one will claim (startahead.py orphaned: their starter
+        was killed, or their end passed) are stopped (processes, cgroup, deadline file; their
+        mounts are their helper's) and their rows removed. The row goes only if it is still
+        "ahead": a claim by its (living) starter moved it on meanwhile."""
+        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state='ahead'"):
+            row = self._decode(r)
+            fate = orphaned(row["spec"], row["expires"], now)
+            if fate is None:
+                continue
+            if fate == "stop" and not self.live.foreign(row["handle"]):
+                try:
+                    self.live.stop(row["handle"])
+                except Exception:                  # noqa: BLE001 - the next round tries again
+                    continue
+            with self.store.db.tx() as con:
+                con.execute("DELETE FROM sandboxes WHERE id=? AND state='ahead'", (row["id"],))
+
+    def _reap_unrecorded(self) -> None:
+        """Sandboxes an engine killed mid-start left running with no row (runtime/leftovers.py)."""
+        files = leftovers.unrecorded_candidates(self.store.home)
+        if files:
+            rows = self.store.db.query("SELECT handle FROM sandboxes WHERE handle IS NOT NULL")
+            leftovers.reap_unrecorded(self.store.home, files, leftovers.named(json.loads(h) for (h,) in rows))
 
     def set_timeout(self, sid: str, timeout: float) -> dict:
         """The sandbox now stops `timeout` seconds from now, sooner or later than its lifetime

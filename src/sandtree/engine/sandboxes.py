@@ -17,8 +17,6 @@ imports the engine. Hibernate and resume: sandbox_hibernation.py.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -35,6 +33,7 @@ from ..runtime.validate import check_env
 from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
+from . import sandbox_locks
 from .ahead import Ahead
 from .startahead import AHEAD_TIER, StartsAhead
 from .commit import Committer
@@ -54,6 +53,7 @@ from .imagedefaults import run_defaults
 from .netopts import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: startahead.py, unclaimed
+ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
 class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwork):
@@ -153,19 +153,20 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             state = now["state"] if now["state"] != "running" else "gone"
             raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
 
-    @contextlib.contextmanager
     def _commit_lock(self, sid: str):
         """Held while a sandbox is frozen for a commit (any process); released by the kernel if
-        the committer dies, so the next user can tell a commit in progress from a stale freeze."""
-        d = os.path.join(self.store.home, "sandboxes")
-        os.makedirs(d, exist_ok=True)
-        os.chmod(d, 0o700)                         # checkpoints below hold sandboxes' memory
-        fd = os.open(os.path.join(d, f"{sid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        the committer dies, so the next user can tell a commit in progress from a stale freeze.
+        Its file goes once the sandbox has ended (sandbox_locks.py)."""
+        return sandbox_locks.held(self.store.home, sid, lambda: self._ended(sid))
+
+    def _ended(self, sid: str) -> bool:
+        """No row, or one in a state nothing leaves (its lock file is no longer needed)."""
+        row = self.store.db.one("SELECT state FROM sandboxes WHERE id=?", (sid,))
+        return row is None or row[0] in ENDED
+
+    def sweep_locks(self) -> int:
+        """gc: the lock files of ended sandboxes (an expiry takes no lock; a killed engine)."""
+        return sandbox_locks.sweep(self.store.home, self._ended)
 
     def _lost(self, row: dict) -> str:
         """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
@@ -194,7 +195,17 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self._set_state(row["id"], state)
 
     def info(self, sid: str) -> dict:
-        return self._view(self._row(sid))
+        return self._view(self._settled(self._row(sid)))
+
+    def _settled(self, row: dict) -> dict:
+        """The row with its state decided as exec and list decide it (one view of state): a
+        "running" row whose processes are gone is resolved by _lost (hibernated, when a hibernator
+        died after its checkpoint was written; else gone). Not under the commit lock (_lost takes it)."""
+        h = row["handle"]
+        if row["state"] == "running" and not self.live.foreign(h) and not self.live.alive(h):
+            self._lost(row)
+            row = self._row(row["id"])
+        return row
 
     def _view(self, row: dict) -> dict:
         h = row["handle"]

@@ -9,8 +9,10 @@ Only specs that carry nothing per call are started ahead: no injected files, no 
 (a link is per sandbox), tier namespaces; the key covers everything else the sandbox is made
 from (image, env, cwd, hostname, limits). An "ahead" row keeps its image from gc (maintenance.py)
 and is listed nowhere; an unclaimed sandbox is stopped at engine close or, for a process that
-never closed its engine, at its exit; if the process was killed, its helper ends it after
-AHEAD_LIFETIME by itself and the reaper removes the row.
+never closed its engine, at its exit. Its row names the process that started it (procid.Owner):
+if that process was killed, the next reap of any engine process on the machine (a restarted
+server reaps once before it listens) stops it and removes the row; failing that, its helper
+ends it after AHEAD_LIFETIME by itself.
 Used by sandboxes.py's start, with the engine's warm option (warm=0: nothing is started ahead)."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import time
 import uuid
 
+from ..procid import Owner, boot_id
 from ..runtime.base import LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..store.db import dumps
@@ -87,7 +90,8 @@ class StartsAhead(KeptAhead):
             with self.store.db.tx() as con:
                 con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, idle_timeout, "
                             "expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                            (sid, image, "ahead", dumps(handle.to_dict()), dumps({}), now, now, 0,
+                            (sid, image, "ahead", dumps(handle.to_dict()), dumps({"owner": Owner.me().to_dict()}),
+                             now, now, 0,
                              now + AHEAD_LIFETIME, image))
         except Exception:                              # noqa: BLE001 - not kept without its row
             self.live.stop(handle)
@@ -105,3 +109,18 @@ class StartsAhead(KeptAhead):
     def close(self) -> None:
         atexit.unregister(self.close)
         super().close()
+
+
+def orphaned(spec: dict, expires: float, now: float) -> str | None:
+    """What becomes of an "ahead" row's sandbox no one will claim: "stop" it (its starter
+    (spec["owner"]) is verifiably dead, or its end passed and it was started on this machine),
+    "drop" only its row (past its end, started on another machine: its helper ended it there),
+    or None (its starter may still claim it; one on another machine or in another pid namespace
+    is left to its own engine until its end)."""
+    owner = Owner.from_dict(spec.get("owner") or {}) if isinstance(spec, dict) else None
+    alive = owner.alive() if owner is not None else None
+    if alive is False:
+        return "stop"
+    if expires >= now:
+        return None
+    return "drop" if owner is not None and owner.boot is not None and owner.boot != boot_id() else "stop"

@@ -376,10 +376,21 @@ class Cgroups:
 
     def cleanup_stale(self) -> None:
         """Remove run groups left by engines that died (kill -9); never anyone else's, and never
-        a detached live sandbox's ("live-..."). A group frozen when its engine died (a commit cut
-        short) is thawed first: frozen processes cannot even die."""
+        a detached live sandbox's ("live-...") while it holds a process. A group frozen when its
+        engine died (a commit cut short) is thawed first: frozen processes cannot even die."""
         for p in self._parents().values():
             for name in os.listdir(p):
+                if name.startswith("live-"):
+                    # a detached live sandbox's, named after the engine that made it: never
+                    # killed here (it outlives its engine), but an empty one of a dead maker is
+                    # nobody's (its start was cut short, or it ended with no engine to stop it);
+                    # rmdir fails on a group that still holds a process
+                    if procid.dead_owner(name[len("live-"):]):
+                        try:
+                            os.rmdir(os.path.join(p, name))
+                        except OSError:
+                            pass
+                    continue
                 if not procid.dead_owner(name):     # (pid, start time, pid namespace)
                     continue
                 state = os.path.join(ROOT, "freezer", PARENT, name, "freezer.state")
@@ -400,7 +411,8 @@ class Cgroups:
         sandbox's, with a freezer (v1; v2 groups freeze by themselves). detached: it outlives this
         engine (cleanup_stale leaves it to whoever stops the sandbox)."""
         # detached live sandboxes outlive this engine: their groups must not look like its runs'
-        name = ("live-" if detached else self._prefix) + secrets.token_hex(4 if not detached else 8)
+        # (named after this engine too: cleanup_stale removes it once empty and its maker dead)
+        name = ("live-" + self._prefix if detached else self._prefix) + secrets.token_hex(4 if not detached else 8)
         cg = RunCgroup(self.version)
         if warm:
             cpus = None

@@ -20,9 +20,11 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 
 from ..config import criu_binary
 from ..errors import RuntimeUnavailable
+from ..procid import start_time
 
 MIN_VERSION = (4, 2)
 DEFAULT = "/opt/sandtree/criu/criu"
@@ -158,6 +160,32 @@ def restore_args(criu: str, images: str, root: str, link: bool = False) -> list[
     # fallbacks this option allows (socket buffers within wmem_max/rmem_max, no tun probe).
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
             "--leave-stopped", "--unprivileged"] + COMMON + (TCP_LINK if link else TCP_OWN)
+
+
+DUMPER = "criu.pid"          # in the images dir: the pid of the shell that runs a dump (live.py dump)
+
+
+def dumper_running(images: str) -> bool:
+    """Whether the shell that runs the dump into `images` is still there (CRIU kills the tree
+    before it exits and the shell writes criu.rc: an engine that finds the sandbox's processes
+    gone in between must not judge it lost). A pid is that shell's only while it is alive and
+    its cwd is `images` (a later process with its pid would have to be the next dump there)."""
+    if os.path.exists(os.path.join(images, "criu.rc")):
+        return False
+    try:
+        with open(os.path.join(images, DUMPER)) as f:
+            pid = int(f.read().split()[0])
+        here = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError, IndexError):
+        return False
+    return here == os.path.realpath(images) and start_time(pid) is not None
+
+
+def wait_dumper(images: str, timeout: float) -> None:
+    """Until the recorded dump into `images` has ended (at most `timeout` seconds)."""
+    end = time.monotonic() + timeout
+    while dumper_running(images) and time.monotonic() < end:
+        time.sleep(0.02)
 
 
 def dump_finished(images: str) -> bool:

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -33,7 +34,7 @@ from .base import RunSpec
 from .build import agent_path
 from .gvisor_commands import AGENT, PATH_ENV, GVisorCommands, unlink_at
 from .live import LiveRuntime, unlink_quietly
-from .liveproc import LiveHandle, open_of, parent_of
+from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .pump import parse_report
 from .runfiles import fds_of, network_args
 from .validate import validate_spec
@@ -139,6 +140,9 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             handle.proc = None if detach else proc
             if restore is not None:
                 self._wait_running(handle, time.monotonic() + min(lim.timeout, 120))
+                # runsc restored with host paths; now its helper may let the host's tree go
+                # (helper.c detach_host: a host mount is never pinned by a sandbox)
+                kill_pid(handle.helper_pid, handle.helper_start, signal.SIGUSR1)
             return handle
         except BaseException:
             unlink_quietly(deadline_file)

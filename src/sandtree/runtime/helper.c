@@ -136,9 +136,16 @@ static void read_spec(int fd, struct opts *o);
 static char *read_all(int fd, size_t *len);
 static void parse_spec(char *buf, size_t len, struct opts *o);
 
+/* A live P's sandbox (its pid 1), once cloned: a P that fails takes it along. Its pid 1 drops
+ * the parent-death signal (a sandbox outlives its engine), so without this a P that died while
+ * setting up (its engine killed: the report pipe gone) left a sandbox with no P, hence no
+ * lifetime, no row and no end. */
+static pid_t live_c = -1;
+
 __attribute__((noreturn)) static void die_step(const char *step) {
     int e = errno;
     if (report_fd >= 0) dprintf(report_fd, "setupfail %d %s\n", e, step);
+    if (live_c > 0) kill(live_c, SIGKILL);
     _exit(125);
 }
 
@@ -1301,11 +1308,64 @@ static void live_ready(struct opts *o, pid_t c) {
         signal(SIGALRM, on_alarm);
         alarm((unsigned)o->lifetime);
     }
-    dprintf(report_fd, "ready\n");
+    if (dprintf(report_fd, "ready\n") < 0) {
+        /* the engine is gone (killed while it started us): no one will ever know this sandbox */
+        kill(c, SIGKILL);
+        _exit(125);
+    }
     close(report_fd);
     report_fd = -1;
     int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (fd >= 0) { dup2(fd, 0); dup2(fd, 1); dup2(fd, 2); close(fd); }
+}
+
+/* A bind of the host file `path` at the same path below the current directory (read-only). */
+static int bind_host_file(const char *path) {
+    char rel[4096];
+    if (path[0] != '/' || strlen(path) >= sizeof rel - 1) return -1;
+    snprintf(rel, sizeof rel, ".%s", path);
+    for (char *q = rel + 2; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(rel, 0755) < 0 && errno != EEXIST) return -1;
+        *q = '/';
+    }
+    int fd = open(rel, O_CREAT | O_WRONLY | O_CLOEXEC, 0444);
+    if (fd < 0) return -1;
+    close(fd);
+    if (mount(path, rel, NULL, MS_BIND, NULL) < 0) return -1;
+    return mount(NULL, rel, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+}
+
+/* A live P once its sandbox runs (its pid 1 has a mount namespace of its own, cloned from ours
+ * and already rid of the host's tree; runsc's sandbox and gofer have theirs): our mount
+ * namespace, a private copy of the host's, would pin every host filesystem mounted when the
+ * sandbox started for the sandbox's whole life (the host's umount only takes the host's copy
+ * away; a loop device stays busy). We need only our scratch (the engine reads the upper through
+ * /proc/P/root/tmp) and the fds we hold: so our root becomes the scratch, the scratch is bound
+ * again (with what is mounted in it) at /tmp, so every path under /tmp means what it meant, and
+ * the host's tree is detached, as runc does with the old root after pivot_root. The overlay at
+ * /r stays (its lowers are the store's layers, which the sandbox needs anyway). gVisor (--exec):
+ * `runsc run` (R) goes on in this namespace, and `runsc exec`/`state`/`checkpoint` enter it
+ * (--mnt-fd): runsc (static) is bound in at its path, with a proc of our own and /dev/null.
+ * -1 if a step failed (we then stay where we were, or with the host's tree below /o). */
+static volatile sig_atomic_t detach_wanted;
+static void want_detach(int sig) { (void)sig; detach_wanted = 1; }
+
+static int detach_host(struct opts *o) {
+    if (!o->uid_map || o->spec_fd >= 0) return 0;     /* rootless: we never left the host's namespace */
+    if (chdir("/tmp") < 0) return -1;
+    if ((mkdir("tmp", 0700) < 0 && errno != EEXIST) || (mkdir("o", 0700) < 0 && errno != EEXIST)) return -1;
+    if (mount("/tmp", "tmp", NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
+    if (o->exec_runtime) {
+        if (bind_host_file(o->argv[0]) < 0 || bind_host_file("/dev/null") < 0) return -1;
+        if (mkdir("proc", 0555) < 0 && errno != EEXIST) return -1;
+        if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
+    }
+    if (syscall(SYS_pivot_root, ".", "o") < 0) return -1;
+    if (umount2("/o", MNT_DETACH) < 0) return -1;
+    rmdir("/o");
+    return chdir("/");
 }
 
 /* Live P waiting for its sandbox: pid 1 is C (a child), or the tree CRIU restored (adopted). */
@@ -1383,14 +1443,28 @@ static int live_runtime(struct opts *o) {
         errno = ECHILD;
         die_step("runsc-run");
     }
+    /* A fresh sandbox runs now; a restored one only once runsc says so: R restores with host
+     * paths (the images, /proc/self/exe for the sandbox and gofer it starts), so the engine asks
+     * us (SIGUSR1) once it saw the container running (gvisor_live.py). */
+    if (!o->resumed && detach_host(o) < 0) die_step("detach-host");
+    sigset_t usr1, waiting;                           /* SIGUSR1 lands only inside ppoll: none is missed */
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, &waiting);
+    sigdelset(&waiting, SIGUSR1);
+    if (o->resumed) signal(SIGUSR1, want_detach);
     live_ready(o, r);
     /* Keep reading runsc's stderr: it must never write into a pipe without a reader (SIGPIPE
      * would end it, and the sandbox with it). Its EOF comes once runsc and its sandbox are gone. */
     int client = -1;
     for (;;) {
+        if (detach_wanted == 1) {
+            detach_wanted = 2;
+            detach_host(o);                           /* (failed: the sandbox runs on, attached) */
+        }
         struct pollfd pf[2] = {{err[0], POLLIN, 0}, {-1, POLLIN, 0}};
         pf[1].fd = client >= 0 ? client : o->agent_fd;
-        if (poll(pf, 2, -1) < 0) { if (errno == EINTR) continue; break; }
+        if (ppoll(pf, 2, NULL, &waiting) < 0) { if (errno == EINTR) continue; break; }
         char buf[512];
         if (pf[0].revents) {
             ssize_t n = read(err[0], buf, sizeof buf);
@@ -1603,7 +1677,10 @@ static int restore_sandbox(struct opts *o) {
     close(fd);
     pid_t c = (pid_t)atoi(buf);
     if (c <= 0) { errno = ESRCH; die_step("restored-pid"); }
+    live_c = c;                                   /* (CRIU, forked before this, keeps SIGPIPE) */
+    signal(SIGPIPE, SIG_IGN);
     dprintf(report_fd, "pid %d\n", c);
+    if (detach_host(o) < 0) die_step("detach-host");
     return live_wait(o, c);
 }
 
@@ -1702,6 +1779,13 @@ int main(int argc, char **argv) {
 
     close(sync_pipe[0]);
     close(status_pipe[1]);
+    if (o.live) {
+        /* From here a dead engine (its report pipe closed) must not kill us silently with
+         * SIGPIPE (C is already cloned, with our dispositions): our writes fail instead, and
+         * the sandbox goes with us (die_step, live_ready). */
+        live_c = c;
+        signal(SIGPIPE, SIG_IGN);
+    }
     dprintf(report_fd, "pid %d\n", c);
     char path[64], line[64];
     if (o.uid_map) {
@@ -1748,7 +1832,10 @@ int main(int argc, char **argv) {
         char rb[16] = {0};
         ssize_t rn;
         while ((rn = read(status_pipe[0], rb, sizeof rb - 1)) < 0 && errno == EINTR) {}
-        if (rn > 0 && !strncmp(rb, "ready", 5)) return live_wait(&o, c);
+        if (rn > 0 && !strncmp(rb, "ready", 5)) {
+            if (detach_host(&o) < 0) die_step("detach-host");
+            return live_wait(&o, c);
+        }
     }
 
     /* Everything below is P's bookkeeping; stdin/stdout/stderr belong to the command, and their

@@ -28,10 +28,13 @@ from .build import drain_path, init_path
 from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
-from ..procid import proc_namespace, signal_member, start_time
+from ..procid import owner_prefix, proc_namespace, signal_member, start_time
 from .pump import parse_report
 from .runfiles import fds_of, network_args
 from .validate import validate_spec
+
+
+DUMP_WAIT = 60.0     # seconds a dump left running by a dead hibernator is waited for before judging
 
 
 class LiveRuntime(Commands, LiveTier):
@@ -291,7 +294,9 @@ class LiveRuntime(Commands, LiveTier):
         own directory: the helper reads it, nothing of the sandbox's can)."""
         d = os.path.join(os.path.dirname(self.rt.layers_dir), "deadlines")
         os.makedirs(d, mode=0o700, exist_ok=True)
-        path = os.path.join(d, f"{os.urandom(8).hex()}.deadline")
+        # named after this engine process: should it die before the sandbox's row is written,
+        # the next reap finds the sandbox by it (leftovers.py reap_unrecorded)
+        path = os.path.join(d, f"{owner_prefix()}{os.urandom(8).hex()}.deadline")
         _write_deadline(path, deadline, create=True)
         return path
 
@@ -362,6 +367,9 @@ class LiveRuntime(Commands, LiveTier):
 
     @staticmethod
     def dump_finished(h: LiveHandle, images: str) -> bool:
+        """Whether the dump into `images` succeeded; one still running (its hibernator died, it
+        killed the tree and is about to record its status) is waited for first."""
+        criu.wait_dumper(images, DUMP_WAIT)
         return criu.dump_finished(images)
 
     def outsiders(self, h: LiveHandle) -> list[int]:
@@ -413,8 +421,9 @@ class LiveRuntime(Commands, LiveTier):
         try:
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
-            # now, it finishes anyway and the next engine can tell (criu.dump_finished).
-            p = subprocess.Popen(["/bin/sh", "-c", '"$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
+            # now, it finishes anyway and the next engine can tell (criu.dump_finished), waiting
+            # for it while the shell (its pid in criu.pid) still runs (criu.dumper_running).
+            p = subprocess.Popen(["/bin/sh", "-c", 'echo $$ >criu.pid; "$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
                                   *(criu.in_netns(net) if net is not None else []),
                                   *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
