@@ -514,6 +514,28 @@ def test_any_method_and_bodies_stream_through_the_server(world):
         assert r.status_code == 404                         # the sandbox's own 404, passed on
 
 
+CGI_WORKER = """#!/bin/sh
+printf 'Content-Type: text/javascript\\r\\nService-Worker-Allowed: /\\r\\nClear-Site-Data: "cookies", "storage"\\r\\nX-Kept: yes\\r\\n\\r\\n'
+echo 'self.addEventListener("fetch", (e) => e.respondWith(fetch(e.request)));'
+"""
+
+
+def test_a_sandbox_page_cannot_widen_its_service_worker_or_clear_the_hosts_data(world):
+    """Every sandbox's exposed ports share the ports listener's origin (one port, paths per sandbox):
+    a sandbox's `Service-Worker-Allowed: /` let a worker it registered take every path of that origin,
+    other tenants' sandboxes' pages included (their answers, the signed URLs a user opens, the grant
+    cookie's requests), and its `Clear-Site-Data` wiped the host's cookies (every port grant). Neither
+    header is passed on; the sandbox's others are (attack review of issue 33)."""
+    st, sb, _ = world
+    sb.write("/www/cgi-bin/sw.js", CGI_WORKER, mode=0o755)
+    entry = sb.expose(8000)
+    with serving(st.engine) as (_base, ports):
+        r = _get(ports + entry["path"] + "cgi-bin/sw.js")
+        assert r.status_code == 200 and "respondWith" in r.text and r.headers["x-kept"] == "yes"
+        assert "service-worker-allowed" not in r.headers, r.headers
+        assert "clear-site-data" not in r.headers, r.headers
+
+
 def test_sandtree_port_in_its_own_process(world):
     """`sandtree port ID PORT` as a command: the URL it prints works after it exits (the listener
     is the daemon's), and --close makes it unreachable."""

@@ -33,7 +33,12 @@ METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # httpd's CGI among them, take no chunked request body); so is an answer's.
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
        "transfer-encoding", "upgrade", "host", "authorization", "cookie"}
-HOP_BACK = HOP - {"host", "authorization", "cookie"}
+# Nor, back, what would reach past the sandbox's own paths: every sandbox's ports share the ports
+# listener's origin, so a sandbox's `Service-Worker-Allowed: /` let a worker it registered take
+# every path there (other tenants' pages, the signed URLs a user opens), and its `Clear-Site-Data`
+# wiped the host's cookies (every port's grant). Without the header a worker's scope is at most its
+# script's directory: the sandbox's own prefix.
+HOP_BACK = (HOP - {"host", "authorization", "cookie"}) | {"service-worker-allowed", "clear-site-data"}
 SIGNED = ("st_exp", "st_sig")
 
 
