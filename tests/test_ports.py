@@ -515,7 +515,8 @@ def test_any_method_and_bodies_stream_through_the_server(world):
 
 
 CGI_WORKER = """#!/bin/sh
-printf 'Content-Type: text/javascript\\r\\nService-Worker-Allowed: /\\r\\nClear-Site-Data: "cookies", "storage"\\r\\nX-Kept: yes\\r\\n\\r\\n'
+printf 'Content-Type: text/javascript\\r\\nService-Worker-Allowed: /\\r\\nClear-Site-Data: "cookies", "storage"\\r\\nX-Kept: yes\\r\\n'
+printf 'Set-Cookie: st_port=1.2; Path=/\\r\\nSet-Cookie: app=1; Path=/\\r\\n\\r\\n'
 echo 'self.addEventListener("fetch", (e) => e.respondWith(fetch(e.request)));'
 """
 
@@ -524,8 +525,9 @@ def test_a_sandbox_page_cannot_widen_its_service_worker_or_clear_the_hosts_data(
     """Every sandbox's exposed ports share the ports listener's origin (one port, paths per sandbox):
     a sandbox's `Service-Worker-Allowed: /` let a worker it registered take every path of that origin,
     other tenants' sandboxes' pages included (their answers, the signed URLs a user opens, the grant
-    cookie's requests), and its `Clear-Site-Data` wiped the host's cookies (every port grant). Neither
-    header is passed on; the sandbox's others are (attack review of issue 33)."""
+    cookie's requests), its `Clear-Site-Data` wiped the host's cookies (every port grant), and a
+    `Set-Cookie` of the grant's name replaced another port's grant. None of these is passed on; the
+    sandbox's other headers and cookies are (attack review of issue 33)."""
     st, sb, _ = world
     sb.write("/www/cgi-bin/sw.js", CGI_WORKER, mode=0o755)
     entry = sb.expose(8000)
@@ -534,6 +536,8 @@ def test_a_sandbox_page_cannot_widen_its_service_worker_or_clear_the_hosts_data(
         assert r.status_code == 200 and "respondWith" in r.text and r.headers["x-kept"] == "yes"
         assert "service-worker-allowed" not in r.headers, r.headers
         assert "clear-site-data" not in r.headers, r.headers
+        # nor a cookie of the server's own name (it would replace another port's grant: cookies know no port)
+        assert r.headers.get_list("set-cookie") == ["app=1; Path=/"], r.headers
 
 
 def test_sandtree_port_in_its_own_process(world):

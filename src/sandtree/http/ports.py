@@ -48,6 +48,12 @@ def _forward_cookies(raw: str) -> str:
     return ";".join(parts).strip()
 
 
+def _own_cookie(name: str, value: str) -> bool:
+    """A sandbox's Set-Cookie of this server's own cookie: cookies know no port and every sandbox's
+    ports share one origin, so it would replace the grant of another sandbox's port (any Path)."""
+    return name.lower() == "set-cookie" and value.split("=", 1)[0].strip() == PORT_COOKIE
+
+
 def _query(request_query: str) -> str:
     return "&".join(p for p in request_query.split("&") if p and p.split("=", 1)[0] not in SIGNED)
 
@@ -138,7 +144,7 @@ def ports_router(p: Plumbing) -> APIRouter:
                 await resp.aclose()
         out = StreamingResponse(body(), status_code=resp.status_code)
         out.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
-                           if k.lower() not in HOP_BACK]
+                           if k.lower() not in HOP_BACK and not _own_cookie(k, v)]
         _grant_cookie(out, view, sid, port)
         return out
 
