@@ -260,6 +260,27 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
         assert r.status_code == 404 and "serves no exposed ports" in r.json()["message"]
 
 
+def test_no_spelling_of_a_proxy_path_serves_the_sandboxs_page_on_the_apis_origin(world):
+    """The API's listener told a proxy path by the gate's strict pattern (32 hex digits, then 1-5
+    digits), the router by its own (any segment; the port read as an integer, the sandbox by a
+    prefix): `/ports/008000/`, `/ports/+8000/`, `/ports/ 8000/` or a sandbox ID prefix were routed to
+    the proxy on the API's listener, and the sandbox's page came back as text/html on the API's
+    origin (attack review of issue 33). Every path the router would proxy goes to the ports' origin."""
+    st, sb, _ = world
+    entry = sb.expose(8000)
+    sid = sb.id
+    with serving(st.engine) as (base, ports):
+        for path in (f"{sid}/ports/008000/", f"{sid}/ports/+8000/", f"{sid}/ports/%208000/", f"{sid[:12]}/ports/8000/",
+                     f"{sid}/ports/8000/"):
+            r = _get(f"{base}/api/v1/sandboxes/{path}index.html")
+            assert r.status_code == 307 and r.headers["location"].startswith(ports + "/api/v1/sandboxes/"), \
+                (path, r.status_code, r.text[:80])
+            assert "hello from the sandbox" not in r.text
+        # on the ports' listener they are proxy paths (served, or refused by the proxy: never the API)
+        assert _get(f"{ports}/api/v1/sandboxes/{sid}/ports/008000/index.html").text == "hello from the sandbox\n"
+        assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
+
+
 def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
     """gVisor fixes a sandbox's network at its start: with a policy (a link, joined on host
     networking) its port is exposed as on namespaces; without one the expose is refused with the

@@ -24,10 +24,14 @@ from starlette.responses import JSONResponse, RedirectResponse
 from starlette.websockets import WebSocketClose
 
 from ..errors import NotFound
-from ..tenancy.gate import PORT_PATH
 
 __all__ = ["Listeners", "bind", "ports_base", "HOST_NAME"]
 
+# What the router would send to the proxy (http/ports.py's route: any segment for the sandbox and the
+# port, which it reads as an integer and a sandbox ID prefix): the gate's PORT_PATH is stricter (32 hex
+# digits, 1-5 digits), and deciding by it let `/ports/008000/`, `/ports/+8000/` or an ID prefix reach the
+# proxy on the API's listener -- a sandbox's page on the API's origin (attack review of issue 33).
+PROXY_ROUTE = re.compile(r"^/api/v1/sandboxes/[^/]+/ports/[^/]+/")
 HOST_NAME = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}))$")
 
 
@@ -68,7 +72,7 @@ class Listeners:
             return await self.app(scope, receive, send)
         server = scope.get("server") or (None, None)
         on_ports = self.ports_port is not None and server[1] == self.ports_port
-        proxied = PORT_PATH.match(scope.get("path", "")) is not None
+        proxied = PROXY_ROUTE.match(scope.get("path", "")) is not None
         if on_ports == proxied:
             return await self.app(scope, receive, send)
         if on_ports:
