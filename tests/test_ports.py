@@ -281,6 +281,23 @@ def test_no_spelling_of_a_proxy_path_serves_the_sandboxs_page_on_the_apis_origin
         assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
 
 
+def test_the_apis_answers_are_never_a_document_of_its_origin(world):
+    """What the API answers holds what sandboxes wrote (a file read, an output): with no type sniffing
+    and CSP `sandbox` on every answer but the page's and the docs' own, a body that a browser would take
+    as HTML runs in an opaque origin, not the API's (where the page keeps its token). Defence in depth
+    behind the answers' own types (attack review of issue 33)."""
+    st, sb, _ = world
+    sb.write("/www/evil.html", "<script>alert(sessionStorage.length)</script>\n")
+    with serving(st.engine) as (base, _ports):
+        for path in (f"/api/v1/sandboxes/{sb.id}/file?path=/www/evil.html", "/api/v1/images", "/api/v1/nothing"):
+            r = _get(base + path)
+            assert r.headers.get("x-content-type-options") == "nosniff", (path, r.headers)
+            assert r.headers.get("content-security-policy") == "sandbox", (path, r.headers)
+        page = _get(base + "/")
+        assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+        assert _get(base + "/ui/app.js").headers["content-security-policy"] == page.headers["content-security-policy"]
+
+
 def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
     """gVisor fixes a sandbox's network at its start: with a policy (a link, joined on host
     networking) its port is exposed as on namespaces; without one the expose is refused with the

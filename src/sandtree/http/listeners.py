@@ -24,8 +24,9 @@ from starlette.responses import JSONResponse, RedirectResponse
 from starlette.websockets import WebSocketClose
 
 from ..errors import NotFound
+from ..tenancy.gate import OPEN_PATHS, PAGE_PREFIX
 
-__all__ = ["Listeners", "bind", "ports_base", "HOST_NAME"]
+__all__ = ["Listeners", "bind", "ports_base", "HOST_NAME", "PROXY_ROUTE"]
 
 # What the router would send to the proxy (http/ports.py's route: any segment for the sandbox and the
 # port, which it reads as an integer and a sandbox ID prefix): the gate's PORT_PATH is stricter (32 hex
@@ -74,6 +75,8 @@ class Listeners:
         on_ports = self.ports_port is not None and server[1] == self.ports_port
         proxied = PROXY_ROUTE.match(scope.get("path", "")) is not None
         if on_ports == proxied:
+            if not on_ports and scope["type"] == "http" and not _page(scope.get("path", "")):
+                send = _no_document(send)
             return await self.app(scope, receive, send)
         if on_ports:
             why = "this listener serves the exposed ports of sandboxes only; the API is on the server's other port"
@@ -89,3 +92,26 @@ class Listeners:
         if scope["type"] == "websocket":
             return await WebSocketClose(code=1008, reason=why[:120])(scope, receive, send)
         return await JSONResponse(NotFound(why).to_dict(), status_code=404)(scope, receive, send)
+
+
+def _page(path: str) -> bool:
+    """The web page's and the API docs' own paths (documents this server wrote)."""
+    return path in OPEN_PATHS or path.startswith(PAGE_PREFIX)
+
+
+_NO_DOCUMENT = ((b"x-content-type-options", b"nosniff"), (b"content-security-policy", b"sandbox"))
+
+
+def _no_document(send):
+    """`send` adding to an API answer what keeps a browser from running it as a page of the API's
+    origin: no type sniffing, and CSP `sandbox` (an opaque origin: none of the API's storage, no
+    same-origin calls). Its bodies are data the store and sandboxes hold (a file a sandbox wrote, a
+    command's output); defence in depth behind their own types (octet-stream, text/plain, JSON)."""
+    async def wrapped(message):
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers") or [])
+            have = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in _NO_DOCUMENT if k not in have]
+            message = {**message, "headers": headers}
+        await send(message)
+    return wrapped
