@@ -230,3 +230,39 @@ def test_rest_a_reimport_of_a_shared_image_does_not_rewrite_its_sharers_annotati
         finally:
             for cl in c.values():
                 cl.close()
+
+
+def test_a_tenant_that_shares_the_operators_image_first_does_not_become_its_sharer(tmp_path):
+    """An image's ID is its content: a tenant that imports (or builds) the same tree owns the operator's
+    image too and could share it before the operator did. The operator's share then changed nothing
+    (the first sharer stayed): every tenant read that tenant's annotations on the operator's published
+    image, and that tenant could unshare it from everyone. The operator's (or an admin's) share makes it
+    the sharer (attack review of issue 33)."""
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        d = tmp_path / "env"
+        d.mkdir()
+        (d / "env.txt").write_text("an evaluation environment anyone can make")
+        img = eng.import_path(str(d))
+        eng.annotate(img, 1.0, {"verdict": "good"})
+        mallory = eng.as_tenant(Tenant("mallory", token="t-mallory"))
+        carol = eng.as_tenant(Tenant("carol", ("list",)))
+        assert mallory.import_path(str(d)) == img                  # the same content: hers too
+        mallory.annotate(img, 0.0, {"verdict": "malware"})
+        mallory.share(img)                                         # before the operator
+        eng.share(img)
+        assert carol.image_info(img)["annotations"] == {"score": 1.0, "meta": {"verdict": "good"}}
+        with pytest.raises(Forbidden):
+            mallory.unshare(img)
+        assert carol.image_info(img)["id"] == img                   # still published
+        admin = eng.as_tenant(Tenant("ops", ("admin",), token="t-ops"))
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "o.txt").write_text("o")
+        o = mallory.import_path(str(other))
+        mallory.share(o)
+        admin.share(o)                                             # an admin's share is the operator's too
+        with pytest.raises(Forbidden):
+            mallory.unshare(o)
+    finally:
+        eng.close()

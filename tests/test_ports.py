@@ -284,6 +284,44 @@ def test_exposed_ports_are_served_on_an_origin_of_their_own(world):
             build_app(st.engine, ports_port=1, preview_base=bad)
 
 
+def test_no_spelling_of_a_proxy_path_serves_the_sandboxs_page_on_the_apis_origin(world):
+    """The API's listener told a proxy path by the gate's strict pattern (32 hex digits, then 1-5
+    digits), the router by its own (any segment; the port read as an integer, the sandbox by a
+    prefix): `/ports/008000/`, `/ports/+8000/`, `/ports/ 8000/` or a sandbox ID prefix were routed to
+    the proxy on the API's listener, and the sandbox's page came back as text/html on the API's
+    origin (attack review of issue 33). Every path the router would proxy goes to the ports' origin."""
+    st, sb, _ = world
+    entry = sb.expose(8000)
+    sid = sb.id
+    with serving(st.engine) as (base, ports):
+        for path in (f"{sid}/ports/008000/", f"{sid}/ports/+8000/", f"{sid}/ports/%208000/", f"{sid[:12]}/ports/8000/",
+                     f"{sid}/ports/8000/"):
+            r = _get(f"{base}/api/v1/sandboxes/{path}index.html")
+            assert r.status_code == 307 and r.headers["location"].startswith(ports + "/api/v1/sandboxes/"), \
+                (path, r.status_code, r.text[:80])
+            assert "hello from the sandbox" not in r.text
+        # on the ports' listener they are proxy paths (served, or refused by the proxy: never the API)
+        assert _get(f"{ports}/api/v1/sandboxes/{sid}/ports/008000/index.html").text == "hello from the sandbox\n"
+        assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
+
+
+def test_the_apis_answers_are_never_a_document_of_its_origin(world):
+    """What the API answers holds what sandboxes wrote (a file read, an output): with no type sniffing
+    and CSP `sandbox` on every answer but the page's and the docs' own, a body that a browser would take
+    as HTML runs in an opaque origin, not the API's (where the page keeps its token). Defence in depth
+    behind the answers' own types (attack review of issue 33)."""
+    st, sb, _ = world
+    sb.write("/www/evil.html", "<script>alert(sessionStorage.length)</script>\n")
+    with serving(st.engine) as (base, _ports):
+        for path in (f"/api/v1/sandboxes/{sb.id}/file?path=/www/evil.html", "/api/v1/images", "/api/v1/nothing"):
+            r = _get(base + path)
+            assert r.headers.get("x-content-type-options") == "nosniff", (path, r.headers)
+            assert r.headers.get("content-security-policy") == "sandbox", (path, r.headers)
+        page = _get(base + "/")
+        assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+        assert _get(base + "/ui/app.js").headers["content-security-policy"] == page.headers["content-security-policy"]
+
+
 def test_a_gvisor_sandbox_exposes_ports_of_its_link(world, request):
     """gVisor fixes a sandbox's network at its start: with a policy (a link, joined on host
     networking) its port is exposed as on namespaces; without one the expose is refused with the
@@ -541,6 +579,32 @@ def test_any_method_and_bodies_stream_through_the_server(world):
             assert r.status_code == 200 and r.headers["x-method"] == method, r.text
         r = c.get(page + "nothing-here")
         assert r.status_code == 404                         # the sandbox's own 404, passed on
+
+
+CGI_WORKER = """#!/bin/sh
+printf 'Content-Type: text/javascript\\r\\nService-Worker-Allowed: /\\r\\nClear-Site-Data: "cookies", "storage"\\r\\nX-Kept: yes\\r\\n'
+printf 'Set-Cookie: st_port=1.2; Path=/\\r\\nSet-Cookie: app=1; Path=/\\r\\n\\r\\n'
+echo 'self.addEventListener("fetch", (e) => e.respondWith(fetch(e.request)));'
+"""
+
+
+def test_a_sandbox_page_cannot_widen_its_service_worker_or_clear_the_hosts_data(world):
+    """Every sandbox's exposed ports share the ports listener's origin (one port, paths per sandbox):
+    a sandbox's `Service-Worker-Allowed: /` let a worker it registered take every path of that origin,
+    other tenants' sandboxes' pages included (their answers, the signed URLs a user opens, the grant
+    cookie's requests), its `Clear-Site-Data` wiped the host's cookies (every port grant), and a
+    `Set-Cookie` of the grant's name replaced another port's grant. None of these is passed on; the
+    sandbox's other headers and cookies are (attack review of issue 33)."""
+    st, sb, _ = world
+    sb.write("/www/cgi-bin/sw.js", CGI_WORKER, mode=0o755)
+    entry = sb.expose(8000)
+    with serving(st.engine) as (_base, ports):
+        r = _get(ports + entry["path"] + "cgi-bin/sw.js")
+        assert r.status_code == 200 and "respondWith" in r.text and r.headers["x-kept"] == "yes"
+        assert "service-worker-allowed" not in r.headers, r.headers
+        assert "clear-site-data" not in r.headers, r.headers
+        # nor a cookie of the server's own name (it would replace another port's grant: cookies know no port)
+        assert r.headers.get_list("set-cookie") == ["app=1; Path=/"], r.headers
 
 
 def test_sandtree_port_in_its_own_process(world):

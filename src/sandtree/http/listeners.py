@@ -20,6 +20,7 @@ listener serves no exposed port at all (404 saying so)."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 from starlette.responses import JSONResponse, RedirectResponse
@@ -28,9 +29,15 @@ from starlette.websockets import WebSocketClose
 from ..engine.previews import base_domain, check_base, parse_host, preview_url
 from ..engine.sandbox_ports import port_path
 from ..errors import NotFound
-from ..tenancy.gate import PORT_PATH, PREVIEW_KEY
+from ..tenancy.gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
 
-__all__ = ["Listeners", "bind", "default_base"]
+__all__ = ["Listeners", "bind", "default_base", "PROXY_ROUTE"]
+
+# What the router would send to the proxy (http/ports.py's route: any segment for the sandbox and the
+# port, which it reads as an integer and a sandbox ID prefix). The gate's PORT_PATH is stricter (32 hex
+# digits, 1-5 digits): deciding by it alone let `/ports/008000/`, `/ports/+8000/` or an ID prefix reach
+# the proxy on the API's listener -- a sandbox's page served on the API's origin.
+PROXY_ROUTE = re.compile(r"^/api/v1/sandboxes/[^/]+/ports/[^/]+/")
 
 
 def bind(host: str, port: int, ports_port: int | None = None) -> list[socket.socket]:
@@ -76,7 +83,10 @@ class Listeners:
                      PREVIEW_KEY: named}
             return await self.app(scope, receive, send)
         proxied = PORT_PATH.match(scope.get("path", ""))
-        if not on_ports and not named and not proxied:
+        routed = PROXY_ROUTE.match(scope.get("path", "")) is not None
+        if not on_ports and not named and not routed:
+            if scope["type"] == "http" and not _page(scope.get("path", "")):
+                send = _no_document(send)
             return await self.app(scope, receive, send)
         if not on_ports and named:
             why = "this host name is a preview's: previews are served on the exposed ports' listener only"
@@ -85,6 +95,8 @@ class Listeners:
                    f"({preview_url(self.base, '<sandbox id>', 0).replace('p0-', 'p<port>-')})")
         elif self.ports_port is None:
             why = "this server serves no exposed ports (they need a listener of their own: `sandtree serve`)"
+        elif not proxied:
+            why = "not an exposed port's path (/api/v1/sandboxes/<sandbox id>/ports/<port>/...)"
         else:
             sid, port = proxied.group(1), int(proxied.group(2))
             where = preview_url(self.base, sid, port) + "/" + scope["path"][proxied.end():]
@@ -96,3 +108,26 @@ class Listeners:
         if scope["type"] == "websocket":
             return await WebSocketClose(code=1008, reason=why[:120])(scope, receive, send)
         return await JSONResponse(NotFound(why).to_dict(), status_code=404)(scope, receive, send)
+
+
+def _page(path: str) -> bool:
+    """The web page's and the API docs' own paths (documents this server wrote)."""
+    return path in OPEN_PATHS or path.startswith(PAGE_PREFIX)
+
+
+_NO_DOCUMENT = ((b"x-content-type-options", b"nosniff"), (b"content-security-policy", b"sandbox"))
+
+
+def _no_document(send):
+    """`send` adding to an API answer what keeps a browser from running it as a page of the API's
+    origin: no type sniffing, and CSP `sandbox` (an opaque origin: none of the API's storage, no
+    same-origin calls). Its bodies are data the store and sandboxes hold (a file a sandbox wrote, a
+    command's output); defence in depth behind their own types (octet-stream, text/plain, JSON)."""
+    async def wrapped(message):
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers") or [])
+            have = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in _NO_DOCUMENT if k not in have]
+            message = {**message, "headers": headers}
+        await send(message)
+    return wrapped

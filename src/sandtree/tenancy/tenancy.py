@@ -169,15 +169,22 @@ class Tenancy:
                            "live_sandboxes": t.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)}}
 
     def share(self, image: str, by: Tenant | None = None) -> dict:
-        """Make an image visible (by ID) to every tenant: a tenant only an image it owns."""
+        """Make an image visible (by ID) to every tenant: a tenant only an image it owns. The operator
+        (or an admin) becomes its sharer whoever shared it before (annotations: whose others read)."""
         if by is not None and not by.admin and self.db.one(
                 f"SELECT 1 FROM images WHERE id=:i AND {OWNED}", {"t": by.name, "i": image}) is None:
             raise Forbidden("only a tenant that owns an image can share it", scope="tag")
         with self.db.tx() as con:
             if con.execute("SELECT 1 FROM images WHERE id=?", (image,)).fetchone() is None:
                 raise ImageNotFound(f"no image {image!r}", image=image)
+            operator = by is None or by.admin
             con.execute("INSERT OR IGNORE INTO public_images(image, at, by) VALUES(?,?,?)",
-                        (image, time.time(), None if by is None or by.admin else by.name))
+                        (image, time.time(), None if operator else by.name))
+            if operator:
+                # the operator's share is the operator's even when a tenant shared the same ID first
+                # (owning the same content, it could): else that tenant's annotations were what every
+                # tenant read on the operator's published image, and it could unshare it from all
+                con.execute("UPDATE public_images SET by=NULL WHERE image=?", (image,))
         self.record(by or OPERATOR, "share", image=image)
         return {"image": image, "public": True}
 
