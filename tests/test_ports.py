@@ -293,16 +293,20 @@ def test_no_spelling_of_a_proxy_path_serves_the_sandboxs_page_on_the_apis_origin
     st, sb, _ = world
     entry = sb.expose(8000)
     sid = sb.id
-    with serving(st.engine) as (base, ports):
+    with serving(st.engine) as srv:
+        page = srv.preview(sid, 8000)
         for path in (f"{sid}/ports/008000/", f"{sid}/ports/+8000/", f"{sid}/ports/%208000/", f"{sid[:12]}/ports/8000/",
                      f"{sid}/ports/8000/"):
-            r = _get(f"{base}/api/v1/sandboxes/{path}index.html")
-            assert r.status_code == 307 and r.headers["location"].startswith(ports + "/api/v1/sandboxes/"), \
-                (path, r.status_code, r.text[:80])
-            assert "hello from the sandbox" not in r.text
-        # on the ports' listener they are proxy paths (served, or refused by the proxy: never the API)
-        assert _get(f"{ports}/api/v1/sandboxes/{sid}/ports/008000/index.html").text == "hello from the sandbox\n"
-        assert _get(ports + entry["path"] + "index.html").text == "hello from the sandbox\n"
+            r = _get(f"{srv.api}/api/v1/sandboxes/{path}index.html")
+            assert "hello from the sandbox" not in r.text, (path, r.status_code)
+            # the port's own path is sent to the preview's origin; any other spelling is no port's path
+            assert (r.status_code == 307 and r.headers["location"] == page + "/index.html") if path.endswith("/8000/") \
+                and len(path) > 40 else r.status_code == 404, (path, r.status_code, r.headers, r.text[:80])
+            # nor on the ports' listener without the preview's host name
+            r = _get(f"{srv.ports}/api/v1/sandboxes/{path}index.html")
+            assert "hello from the sandbox" not in r.text and r.status_code in (307, 404), (path, r.status_code)
+        assert pget(page + "/index.html").text == "hello from the sandbox\n"
+        assert entry["port"] == 8000
 
 
 def test_the_apis_answers_are_never_a_document_of_its_origin(world):
@@ -589,17 +593,18 @@ echo 'self.addEventListener("fetch", (e) => e.respondWith(fetch(e.request)));'
 
 
 def test_a_sandbox_page_cannot_widen_its_service_worker_or_clear_the_hosts_data(world):
-    """Every sandbox's exposed ports share the ports listener's origin (one port, paths per sandbox):
-    a sandbox's `Service-Worker-Allowed: /` let a worker it registered take every path of that origin,
+    """(When every sandbox's exposed ports shared the ports listener's origin, one port with paths per
+    sandbox, a sandbox's `Service-Worker-Allowed: /` let a worker it registered take every path of that origin,
     other tenants' sandboxes' pages included (their answers, the signed URLs a user opens, the grant
     cookie's requests), its `Clear-Site-Data` wiped the host's cookies (every port grant), and a
     `Set-Cookie` of the grant's name replaced another port's grant. None of these is passed on; the
-    sandbox's other headers and cookies are (attack review of issue 33)."""
+    sandbox's other headers and cookies are (attack review of issue 33). Each preview has an origin
+    of its own now; the headers stay dropped, for siblings under one preview domain.)"""
     st, sb, _ = world
     sb.write("/www/cgi-bin/sw.js", CGI_WORKER, mode=0o755)
     entry = sb.expose(8000)
-    with serving(st.engine) as (_base, ports):
-        r = _get(ports + entry["path"] + "cgi-bin/sw.js")
+    with serving(st.engine) as srv:
+        r = pget(srv.preview(sb.id, entry["port"]) + "/cgi-bin/sw.js")
         assert r.status_code == 200 and "respondWith" in r.text and r.headers["x-kept"] == "yes"
         assert "service-worker-allowed" not in r.headers, r.headers
         assert "clear-site-data" not in r.headers, r.headers
