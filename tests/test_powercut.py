@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import powercut
+import sandtree
 from sandtree.engine.core import Engine
 from sandtree.store.imageconfig import ImageConfig
 from sandtree.store.maintenance import fsck, gc
@@ -249,3 +250,39 @@ def test_group_sync_flushes_once_for_commits_that_wait_together(tmp_path):
         list(pool.map(commit, range(32)))
     assert db.group.synced == 32 and len(flushes) < 32
     db.close()
+
+
+def test_a_disk_that_fails_a_flush_stops_the_store_taking_writes(tmp_path, rootfs):
+    """A flush of the database that fails after its COMMIT (EIO: the disk) cannot be undone nor
+    retried (Linux marks the lost pages clean, so a second fsync says nothing): the image of that
+    commit is returned, the failure logged, and the store takes no write after it (StoreUnavailable,
+    nothing changed) until it is checked and opened again. The failing disk is simulated (the flush
+    raises EIO): no device here can be made to fail a flush on demand."""
+    import errno
+    from sandtree.errors import StoreUnavailable
+
+    home = str(tmp_path / "home")
+    st = sandtree.Sandtree(home, warm=0)
+    try:
+        first = st.import_image(rootfs)
+        group = st.engine.store.db.group
+
+        def failing():
+            raise OSError(errno.EIO, "Input/output error")
+        group._flush = failing
+        told = first.run("echo a > /a")             # committed; its flush failed: logged, told
+        assert told.image is not None
+        images = len(st.images())
+        with pytest.raises(StoreUnavailable) as exc:
+            first.run("echo b > /b")
+        assert "failed to flush" in str(exc.value)
+        with pytest.raises(StoreUnavailable):
+            st.import_image(rootfs)
+        assert len(st.images()) == images           # reads still answer; nothing was written
+    finally:
+        st.close()
+    st = sandtree.Sandtree(home, warm=0)          # opened again (after the disk was checked): writes
+    try:
+        assert st.image(told.image.id).run("cat /a").stdout == b"a\n"
+    finally:
+        st.close()

@@ -27,7 +27,7 @@ import threading
 import time
 from urllib.parse import quote
 
-from ..errors import DiskFull, InvalidInput
+from ..errors import DiskFull, InvalidInput, StoreUnavailable
 from . import durable
 from .dbreads import Reads
 from .pgdb import PgDatabase
@@ -196,6 +196,10 @@ class Database(Reads):
         # relaxed: only those of durable=True transactions (and checkpoints)
         self.strict = durability == durable.STRICT
         self.group = GroupSync(path)
+        # Set when the disk failed to flush a commit: Linux then marks the lost pages clean, so no
+        # later flush can say whether they reached the disk; like PostgreSQL's PANIC, the store
+        # stops taking writes (every later tx: StoreUnavailable) until it is checked and reopened.
+        self.failed: str | None = None
         self._local = threading.local()
         con = self.connection()
         with con:
@@ -281,6 +285,10 @@ class Database(Reads):
             self.sync = durable_commit or db.strict
 
         def __enter__(self):
+            if self.db.failed is not None:
+                raise StoreUnavailable(f"the store's disk failed to flush its database ({self.db.failed}): "
+                                       "it takes no more writes; check the disk and `sandtree fsck`, then "
+                                       "open the store again", path=self.db.path)
             self.con = self.db.connection(write=True)
             try:
                 self.con.execute("BEGIN IMMEDIATE")
@@ -302,9 +310,12 @@ class Database(Reads):
                             self.db.group.sync()         # (the write lock is free again)
                         except OSError as exc:
                             # Committed, and visible: raising now would have the caller undo what
-                            # the rows name (a published layer). The disk failed a flush: said loudly.
+                            # the rows name (a published layer). The disk failed a flush: said
+                            # loudly, and no write is taken after it (self.failed).
+                            self.db.failed = f"{exc.strerror or exc}"
                             log.error("the disk failed to flush the store's database (%s): the last "
-                                      "commits may not survive a power cut", exc)
+                                      "commits may not survive a power cut; the store takes no more "
+                                      "writes", exc)
                     return False
             if self.con.in_transaction:
                 self.con.execute("ROLLBACK")
