@@ -47,3 +47,24 @@ def test_a_layer_of_another_node_on_a_shared_postgresql_database_is_named(tmp_pa
     finally:
         b.close()
         a.close()
+
+
+def test_a_tenant_is_told_of_a_missing_layer_without_the_servers_paths(tmp_path, rootfs):
+    """The same fault seen by a tenant: typed and naming the layer, but no path of the server's
+    (the store's directory is the operator's to know: `<store>` stands for it)."""
+    from sandtree.tenancy import Tenant
+    engine = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        alice = engine.as_tenant(Tenant("alice"))
+        base = alice.import_path(rootfs, tag="base")
+        image = alice.run("base", "echo x > /root/f").image
+        layer = engine.store.image(image).layers[0]
+        remove_tree(engine.store.layers.path(layer))
+        with pytest.raises(StoreCorrupt) as err:
+            alice.run(image, "true")
+        told = err.value.to_dict()
+        assert layer in err.value.message and err.value.details["layer"] == layer
+        assert engine.store.home not in str(told) and "<store>/layers" in err.value.message, told
+        assert alice.run(base, "true").exit_code == 0
+    finally:
+        engine.close()

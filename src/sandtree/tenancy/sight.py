@@ -195,11 +195,16 @@ class TenantSight:
         self.tenancy.record(self.tenant, action, **kw)
 
     def plain_error(self, exc: SandtreeError) -> SandtreeError:
-        """An engine error about a namespaced ref, told with the tenant's own name for it."""
-        pre = self.ns_name("")
-        exc.message = exc.message.replace(pre, "")
+        """An engine error about a namespaced ref, told with the tenant's own name for it, and
+        without the server's paths (a missing layer's StoreCorrupt names where it looked: the
+        operator's to know, not a tenant's; `<store>` stands for the store's directory)."""
+        pre, home = self.ns_name(""), self.engine.store.home
+
+        def plain(v: str) -> str:
+            return v.replace(home, "<store>").replace(pre, "")
+        exc.message = plain(exc.message)
         exc.args = (exc.message,)
-        exc.details = {k: (v.replace(pre, "") if isinstance(v, str) else v) for k, v in exc.details.items()}
+        exc.details = {k: (plain(v) if isinstance(v, str) else v) for k, v in exc.details.items()}
         return exc
 
     def _allow(self, row: Op) -> None:
