@@ -234,7 +234,7 @@ def test_an_image_user_with_an_out_of_range_id_is_refused_and_runs_nothing(eng):
 def test_a_huge_image_env_is_refused_typed(eng):
     """A pulled config's Env under the config's 1 MiB cap but over a run's 256 KiB env."""
     img = eng.configure("bb", ImageConfig(env={f"V{i}": "x" * 1000 for i in range(600)}))
-    with pytest.raises(InvalidInput, match="environment too large"):
+    with pytest.raises(InvalidInput, match="environment is over"):
         eng.run(img, "true")
 
 
