@@ -33,7 +33,14 @@ def _killed_hibernate(home: str, sid: str) -> None:
 
 
 def _count(sb) -> int:
-    return int(sb.exec("cat /tmp/count").stdout)
+    """The counter's last number. Read again while there is none: before its first write, or
+    between a write's truncation and its number (`echo > file` is two steps), the file is empty."""
+    for _ in range(100):
+        out = sb.exec("cat /tmp/count 2>/dev/null").stdout.strip()
+        if out.isdigit():
+            return int(out)
+        time.sleep(0.02)
+    raise AssertionError(f"the counter wrote no number: {out!r}")
 
 
 def _old_count(h: LiveHandle) -> bytes:
