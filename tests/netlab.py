@@ -444,6 +444,17 @@ def read_all(s) -> bytes:
 
 
 @contextlib.contextmanager
+def proxy_rig(index: int):
+    """A lab (netlab()) and a ProxyRig on it with link `index`, both closed afterwards."""
+    with netlab() as lab:
+        rig = ProxyRig(lab, index=index)
+        try:
+            yield rig
+        finally:
+            rig.close()
+
+
+@contextlib.contextmanager
 def netlab(serve=PORTS):
     """The lab for bench/ and scripts: `with netlab() as lab: ...`."""
     lab = NetLab(serve)

@@ -18,17 +18,13 @@ import pytest
 from sandtree.network import httpio, plainhttp
 from sandtree.network.state import Usage
 
-from netlab import ALLOWED, ProxyRig, netlab, read_all
+from netlab import ALLOWED, proxy_rig, read_all
 
 
 @pytest.fixture(scope="module")
 def rig():
-    with netlab() as lab:
-        r = ProxyRig(lab, index=202)
-        try:
-            yield r
-        finally:
-            r.close()
+    with proxy_rig(202) as r:
+        yield r
 
 
 @pytest.fixture(autouse=True)

@@ -38,7 +38,7 @@ import dns.message
 import dns.rcode
 import pytest
 
-from netlab import ALLOWED, OTHER, ProxyRig, netlab, read_all
+from netlab import ALLOWED, OTHER, proxy_rig, read_all
 from sandtree.errors import Forbidden
 from sandtree.network.policy import Grant, Policy
 from sandtree.network.trust import bundle, link_ca, parse_secrets
@@ -49,12 +49,8 @@ VALUE = "REAL-hardening-value-7c41e0aa93"
 
 @pytest.fixture(scope="module")
 def rig():
-    with netlab() as lab:
-        r = ProxyRig(lab, index=211)
-        try:
-            yield r
-        finally:
-            r.close()
+    with proxy_rig(211) as r:
+        yield r
 
 
 @pytest.fixture(autouse=True)

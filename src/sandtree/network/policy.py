@@ -61,8 +61,8 @@ def host_name(name) -> str | None:
     """A plain host name in lower case without the root dot, or None when it is not one: labels of
     letters, digits, '-' and '_' (1-63, no '-' at either end), 253 characters in all. Only such
     names are decided: a name's text may hold escapes (`x\\.y` is one label holding a dot), and a
-    text comparison of those let a label with a dot in it pass a `*.` rule (attack review of issue
-    33), so everything that compares or looks names up takes them through here (or wire_name)."""
+    text comparison of those let a label with a dot in it pass a `*.` rule (a DNS channel to the
+    rule's parent zone), so everything that compares or looks names up takes them through here (or wire_name)."""
     if not isinstance(name, str):
         return None
     name = name.lower()
