@@ -50,7 +50,7 @@ ADAPTER_ENTRY_POINTS = {
 }
 MAX_LINES = 500
 MAX_INNER_IMPORTS = 10
-REMOTE_MAX_MODULES = 8       # sandtree, client, remote, defaults, errors, table (two modules) and rows (what a row is)
+REMOTE_MAX_MODULES = 9       # sandtree, client, remote, defaults, errors and table (its rows, options, sandboxes)
 CONFIG_MODULES = ("config",)
 # Layers, bottom first; the package itself (sandtree/__init__.py: the SDK's names) and __main__
 # sit on top of everything.
@@ -63,7 +63,7 @@ CONFIG_MODULES = ("config",)
 # cluster (the Ray fabric: node actors, the scheduler) sits below the engine for the tenancy's reason:
 # the engine makes its Fabric and hands it the function that builds a node's engine, so the node
 # actor runs an Engine without cluster/ importing one; adapters never see it (engine/clustered.py).
-LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "rows", "tasks", "optional",
+LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "tasks", "optional",
            "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("cluster",), ("engine",),
           ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).

@@ -22,10 +22,15 @@ PLUMBING = {"close", "tier", "as_tenant", "run_operation", "pull_operation", "im
 
 
 def shape(fn) -> list[tuple]:
-    """A signature as the caller sees it: names, kinds and defaults (annotations are spelling)."""
+    """A signature as the caller sees it: names, kinds and defaults (annotations are spelling); keyword-only
+    parameters in any order (a caller names them: a row's shared RunOptions come after its own)."""
     sig = fn if isinstance(fn, inspect.Signature) else inspect.signature(fn)
-    params = [p for p in sig.parameters.values() if p.name != "self"]
-    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default)) for p in params]
+    params = [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
+              for p in sig.parameters.values() if p.name != "self"]
+    kw = sorted(p for p in params if p[1] == "KEYWORD_ONLY")
+    rest = [p for p in params if p[1] != "KEYWORD_ONLY"]
+    tail = [p for p in rest if p[1] == "VAR_KEYWORD"]
+    return [p for p in rest if p not in tail] + kw + tail
 
 
 def public_methods(cls) -> set[str]:
@@ -112,3 +117,46 @@ def test_a_parameter_without_a_description_is_refused():
         """A tool."""
     with pytest.raises(AssertionError, match="frobnicate"):
         described(tool)
+
+
+def test_run_options_are_declared_once():
+    """run, sandbox_start and the pools take the shared options from RunOptions (table/options.py), with its
+    defaults; fork's and submit_run's **options are run's."""
+    names = table.RunOptions.names()
+    assert len(names) == 15
+    for n in ("run", "sandbox_start"):
+        assert table.OPS[n].options == names, n
+    for n in ("pool_create", "pool_and_wait"):
+        assert set(table.OPS[n].options) == set(table.RunOptions.LIMITS), n
+    for n in ("fork", "operations.submit_run"):
+        assert {p.name for p in table.OPS[n].keyword_options()} >= set(names), n
+    defaults = table.RunOptions()
+    for n in names:
+        assert table.OPS["run"].signature.parameters[n].default == getattr(defaults, n), n
+
+
+def test_a_keyword_only_parameter_s_order_is_not_a_drift_but_its_default_is():
+    def a(x, *, p=1, q=2): ...
+    def b(x, *, q=2, p=1): ...
+    def c(x, *, q=2, p=3): ...
+    assert shape(a) == shape(b) and shape(a) != shape(c)
+
+
+def test_via_declares_a_surface_s_override_or_absence_beside_the_row():
+    """Above or below @op, via() records a surface's override (or Off) on the row; every row reaches every
+    derived surface unless it says Off (REST also needs an HTTP binding)."""
+    from sandtree.table import rows
+
+    @rows.via("cli", "above")
+    @rows.op("list", http=rows.Http("GET", "/planted"))
+    @rows.via("mcp", rows.Off("no tool"))
+    def planted_row(x: int) -> int:
+        """A planted row."""
+    try:
+        row = rows.OPS["planted_row"]
+        assert row.override("cli") == "above" and row.on("cli")
+        assert not row.on("mcp") and row.override("mcp") is None
+        assert row.on("rest") and row.on("sdk")
+    finally:
+        del rows.OPS["planted_row"]
+    assert not table.OPS["bootstrap"].on("rest")          # no HTTP binding: not on REST

@@ -10,12 +10,13 @@ and rows.py (the remote client loads it)."""
 from __future__ import annotations
 
 from .. import defaults as D
-from .. import rows
+from . import rows
+from .options import RunOptions
 
 # What a row is (rows.py), named here too: the table's readers know one module.
-Http, Op, OPS, op = rows.Http, rows.Op, rows.OPS, rows.op
+Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
-__all__ = ["Http", "Op", "OPS", "ENGINE_OPS", "OPERATIONS_OPS", "op"]
+__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
@@ -179,13 +180,9 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
     context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True)
-def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, stdin: bytes | str | None = None,
-        uid: int | None = None, gid: int | None = None, hostname: str = D.HOSTNAME, files=None,
-        file_set: str | None = None, disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
-        timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-        disk=None, output=None, labels: dict | None = None, network=None, secrets: dict | None = None,
-        retries: int = 0):
+@op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True, options=RunOptions.parameters())
+def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
+        disposable: bool | str = False, on_output=None, cancel=None, retries: int = 0):
     """Run a command on an image; its writes become a new image (returned in the record).
     on_output: called with (stream, bytes) as output arrives
     cancel: a threading.Event; set, the command is killed
@@ -193,7 +190,7 @@ def run(ref: str, command, *, env: dict | None = None, cwd: str | None = None, s
 
 @op("run", images=("ref",), audit="fork",
     http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
-    custom_remote=True)
+    custom_remote=True, kwargs_of="run")
 def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
     """Run each command on the same image concurrently, one branch each; the records in order
     (the options are run's; a branch ref is resolved once and no run moves it).
@@ -323,7 +320,7 @@ def secret_remove(name: str, *, tenant: str | None = None) -> None:
     """Forget a stored secret (runs and sandboxes already started keep theirs)."""
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
-@op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True)
+@op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True, kwargs_of="run")
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 

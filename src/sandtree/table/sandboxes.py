@@ -1,23 +1,21 @@
 """The operation table's rows for live sandboxes and warm pools (see the package's docstring: what the table is).
-Imports only defaults.py and rows.py, as the rest of the table."""
+Imports only defaults.py, options.py and rows.py, as the rest of the table."""
 
 from __future__ import annotations
 
 from .. import defaults as D
-from ..rows import Http, op
+from .options import RunOptions
+from .rows import Http, op
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
 _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True)
-def sandbox_start(ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
-                  files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
-                  lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
-                  tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                  cpus: float | None = None, disk=None, output=None, labels: dict | None = None, network=None,
-                  secrets: dict | None = None) -> dict:
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
+    options=RunOptions.parameters())
+def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
+                  idle_action: str = D.SANDBOX_IDLE_ACTION) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
@@ -132,17 +130,15 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
 # ---- warm pools -----------------------------------------------------------------------------------
-_POOL = ("size", "hostname", "timeout", "memory", "pids", "cpus", "disk", "output", "network", "tier")
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL))
-def pool_create(ref: str, size: int, *, hostname: str = D.HOSTNAME, timeout: float | None = None, memory=None,
-                pids: int | None = None, cpus: float | None = None, disk=None, output=None, network=None,
-                tier: str | None = None) -> dict:
+_POOL = ("size",) + RunOptions.LIMITS
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
+    options=RunOptions.parameters(*RunOptions.LIMITS))
+def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}))
-def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT, hostname: str = D.HOSTNAME,
-                  timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
-                  disk=None, output=None, network=None, tier: str | None = None) -> dict:
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
+    options=RunOptions.parameters(*RunOptions.LIMITS))
+def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
@@ -158,11 +154,10 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
-@op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)")
+@op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
+    options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
-                build_network=None, progress=None, hostname: str = D.HOSTNAME, timeout: float | None = None,
-                memory=None, pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-                network=None) -> dict:
+                build_network=None, progress=None) -> dict:
     """Build a Recipe (cache hits when unchanged) and keep a pool of its result under `tag`; a new ID rolls the pool over.
     tag: the pool's tag (default pool/<hash of the recipe's steps>); it moves once the new pool is full
     build_network: the policy of RUN steps that name none; network: the pooled sandboxes' policy"""
