@@ -38,8 +38,9 @@ def helper_sources(directory: str = HELPER_DIR) -> list[str]:
     return [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith((".c", ".h"))]
 
 
-def helper_path(cache_dir: str) -> str:
-    return _build(cache_dir, helper_sources(), "sandtree-exec", HELPER_FLAGS)
+def helper_path(cache_dir: str, directory: str = HELPER_DIR) -> str:
+    """sandtree-exec, built from the files in `directory` (tests build a copy)."""
+    return _build(cache_dir, helper_sources(directory), "sandtree-exec", HELPER_FLAGS)
 
 
 def init_path(cache_dir: str) -> str:
