@@ -100,6 +100,15 @@ def test_each_helper_file_opens_with_its_concern():
     assert concern_offenders(HELPER) == []
 
 
+def listed_files(directory: Path) -> list[str]:
+    """The files helper.h's top comment lists (`  NAME.c  what it holds`), in its order."""
+    return re.findall(r"^ \*   (\w+\.c) {2,}\S", (directory / HEADER).read_text(), flags=re.M)
+
+
+def test_helper_h_lists_every_file_with_its_concern():
+    assert sorted(listed_files(HELPER)) == sorted(p.name for p in sources(HELPER) if p.suffix == ".c")
+
+
 def test_helper_h_is_the_one_header_and_declares_what_crosses_files():
     assert header_offenders(HELPER) == []
 
@@ -201,6 +210,13 @@ def test_selftest_header(tmp_path):
     (copy / HEADER).write_text(h)
     (copy / "other.h").write_text("/*\n * other.h: a second header, planted.\n */\n")
     assert header_offenders(copy) == ["headers: ['helper.h', 'other.h']"]
+
+
+def test_selftest_listed_files(tmp_path):
+    copy = tmp_path / "helper"
+    shutil.copytree(HELPER, copy)
+    (copy / "extra.c").write_text("/*\n * extra.c: planted, and not in helper.h's list.\n */\n")
+    assert "extra.c" not in listed_files(copy) and "mounts.c" in listed_files(copy)
 
 
 def test_selftest_package_data():
