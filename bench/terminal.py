@@ -2,7 +2,7 @@
 typed on the caller's pty until its echo is back there, p50 and p90. Two echoes: the terminal's
 own (`cat` in cooked mode: the line discipline echoes) and the program's (`cat` with the terminal
 raw and no echo: the key goes to cat and back). In the namespaces tier the command's terminal is
-one of the sandbox's own devpts, relayed by its entering helper (helper.c relay_terminal); in
+one of the sandbox's own devpts, relayed by its entering helper (helper/terminal.c relay_terminal); in
 gVisor's, by agent.c --tty inside. bench/cluster.py uses keystroke_ms for its relayed row.
 
     PYTHONPATH=src .venv/bin/python bench/terminal.py [-n 300]

@@ -263,7 +263,7 @@ def test_an_image_env_never_becomes_the_host_helpers_environment(tmp_path, rootf
     dynamically (the fallback where libc.a is missing: glibc-static is not installed by default
     on Fedora/RHEL) would load LD_PRELOAD from it, and a layer's file sits at a host path the
     image's author can compute. The env now travels renamed: the helper starts with
-    none of its own (the command's as `_ST_NAME` entries, which helper.c takes back)."""
+    none of its own (the command's as `_ST_NAME` entries, which helper/options.c takes back)."""
     import threading
     from sandtree.engine import Engine
     eng = Engine(str(tmp_path / "home"), warm=0)           # cold starts: the helper's argv and environ

@@ -52,7 +52,7 @@ def test_processes_join_a_live_run_and_its_commit_holds_their_writes(ops):
     assert (p["exit_code"], out(p), p["stdout"], p["pid"]) == (0, b"sub 1\n", "sub 1\n", 2)
     three = eng.sandbox_spawn(op, ["sh", "-c", "echo up; exec sleep 30"])
     # (signalled once it runs: a signal between the helper's fork and the command's setsid is
-    # lost, a limit of the entering helper, runtime/helper.c)
+    # lost, a limit of the entering helper, runtime/helper/enter.c)
     until(lambda: out(eng.sandbox_process(op, three)) == b"up\n")
     assert eng.sandbox_process(op, three)["running"]
     eng.sandbox_signal(op, three, "TERM")

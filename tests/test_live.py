@@ -200,7 +200,7 @@ def test_pty(sb, live_tier):
 # In a terminal's command: its terminal by name (ttyname: `tty`) is a device of the sandbox's own
 # /dev/pts, the one its stdin, stdout and stderr are, which it can open again by that name (its
 # user's, as a login's), and the controlling terminal of its session (ps's TTY column). In the
-# namespaces tier the entering helper relays between it and the engine's (helper.c take_terminal);
+# namespaces tier the entering helper relays between it and the engine's (helper/terminal.c take_terminal);
 # in gVisor's, agent.c --tty.
 NAMED_TTY = (r't=$(tty) && [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && test -c "$t" && echo "name=$t" && '
              r'for fd in 0 1 2; do [ "$(readlink /proc/$$/fd/$fd)" = "$t" ] || echo "fd $fd: elsewhere"; done && '
@@ -825,7 +825,7 @@ def _procs(out: bytes) -> dict:
 
 
 def test_a_pool_runs_output_relay_is_started_ahead_with_the_commands_ids(tmp_path, rootfs):
-    """A pool's helper starts the output relay (sandtree-drain) before its run comes (helper.c
+    """A pool's helper starts the output relay (sandtree-drain) before its run comes (helper/relay.c
     start_relay), for the ids a run gets by default: the run pays one fork and exec. A run with
     other ids gets a relay of its own, and the one started ahead is gone before its command
     starts; output and a background job behave as through a relay started per exec."""

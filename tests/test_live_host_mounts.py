@@ -1,6 +1,6 @@
 """A live sandbox pins no host filesystem: one mounted on the host before the sandbox started is
 gone from every process of the sandbox (its helper, its pid 1, what runs in it; on gVisor also
-`runsc run`, the Sentry and the gofer) once the host unmounts it (runtime/helper.c detach_host),
+`runsc run`, the Sentry and the gofer) once the host unmounts it (runtime/helper/live.c detach_host),
 after a start and after a resume alike, on both tiers; and what the engine reaches through the
 helper (the upper, for a commit; gVisor's runsc exec) still works."""
 

@@ -3,7 +3,7 @@ start path (cold, warm, gVisor, a live sandbox); beyond the documented limits (d
 COMMAND_* / ARG_* / ENV_*) they are refused as invalid_input before anything starts; a run that
 was told to stop always ends, and `serve` stops on SIGTERM with a run in flight.
 
-Before: a warm helper wrote a spec over 64 KiB into a pipe nobody read (helper.c), so the run
+Before: a warm helper wrote a spec over 64 KiB into a pipe nobody read (helper/main.c), so the run
 hung past its timeout and cancel, held a --max-runs slot and the server's shutdown; a cold start
 with a 130 KiB command failed in execve (E2BIG, answered "internal").
 """

@@ -51,7 +51,7 @@ LINK_EHASH = 4096                               # buckets of a link's own TCP ha
 RECYCLE_TRIES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 ANY = object()                                  # take_ready: a link of any scope (told to the taker)
 # The sandbox's side. ip_unprivileged_port_start: the sandbox holds no capability in a namespace
-# it joined, and dev servers bind 80. tcp_rmem/tcp_wmem: what helper.c's loopback_up() sets in a
+# it joined, and dev servers bind 80. tcp_rmem/tcp_wmem: what helper/network.c's loopback_up() sets in a
 # sandbox's own namespace (bounded socket buffers, see there); a joined, host-owned namespace
 # cannot be written by the sandbox, so the link comes with them. IPv6 off on eth0: links are IPv4
 # only (the proxy and resolver are), and no IPv6 address or route appears there, so a connect to

@@ -9,7 +9,7 @@
  * the sandbox's root with the sandbox's capabilities and no_new_privs (its OCI process), and
  * every command it starts could have been started by any process of the sandbox.
  *
- * Its stdin and stdout are pipes the helper P holds (helper.c live_runtime) and lends to one
+ * Its stdin and stdout are pipes the helper P holds (helper/gvisor.c live_runtime) and lends to one
  * engine process at a time. Frames, native-endian u32 words:
  *   request  "STRQ" id words_len stdin_len, then words (NUL-terminated: cwd, uid, gid, n_env,
  *            n_env "K=V", then argv), then stdin_len bytes of the command's stdin (at most

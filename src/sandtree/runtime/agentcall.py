@@ -1,6 +1,6 @@
 """A command run by sandtree-agent, pid 1 of a live gVisor sandbox (agent.c has the protocol and
 why): one request (ids, cwd, env, argv, stdin), then the agent's frames (output, then the exit)
-on the pipes its helper lends us (helper.c live_runtime: a unix socket in the store, which hands
+on the pipes its helper lends us (helper/gvisor.c live_runtime: a unix socket in the store, which hands
 over the agent's stdin and stdout, one caller at a time). The result is shaped as the other
 tier's helper reports it, for enter.Commands.outcome.
 """

@@ -23,10 +23,10 @@ from ..defaults import Limits  # noqa: F401 - the limits a RunSpec carries (defi
 
 
 # Resource limits of every command a sandbox runs (a run, a live exec, its output drain), set by
-# helper.c's become_command whatever the engine's own were (they were inherited: nofile
+# helper/command.c's become_command whatever the engine's own were (they were inherited: nofile
 # 20000/20000, ...). (soft, hard); None: unlimited, as far as the engine's hard limit goes (an
 # rlimit is only ever lowered). What a Limits field bounds (memory, pids, cpus, disk, timeout)
-# has a cgroup, a tmpfs or a timer instead, so its rlimit is unlimited. Keep helper.c's
+# has a cgroup, a tmpfs or a timer instead, so its rlimit is unlimited. Keep helper/command.c's
 # command_rlimits the same (tests compare them with /proc/self/limits in a sandbox).
 COMMAND_RLIMITS = {
     "nofile": (2048, 2048),          # one process's sockets, so its unaccounted TCP buffers (v1)

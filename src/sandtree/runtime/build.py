@@ -1,6 +1,7 @@
-"""Builds the C helpers on first use, each keyed by the hash of its source: helper.c (every
-sandbox start), init.c (pid 1 of a live sandbox: a few hundred bytes, no libc) and drain.c (the
-reader of a live exec's output, likewise)."""
+"""Builds the C helpers on first use, each keyed by the hash of its sources: helper/ (every
+sandbox start: one file per concern and one header, helper/helper.h, all compiled together),
+init.c (pid 1 of a live sandbox: a few hundred bytes, no libc), drain.c (the reader of a live
+exec's output, likewise) and agent.c (pid 1 of a live gVisor sandbox)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..config import inherited_environment
 from ..errors import RuntimeUnavailable
 
 HERE = os.path.dirname(__file__)
-SOURCE = os.path.join(HERE, "helper.c")
+HELPER_DIR = os.path.join(HERE, "helper")
 INIT_SOURCE = os.path.join(HERE, "init.c")
 NOLIBC_HEADER = os.path.join(HERE, "nolibc.h")
 DRAIN_SOURCE = os.path.join(HERE, "drain.c")
@@ -31,30 +32,48 @@ INIT_FLAGS = (["-Os", "-Wall", "-static", "-nostdlib", "-fno-pie", "-no-pie", "-
 AGENT_FLAGS = (INIT_FLAGS[0] + ["-ffreestanding", "-fno-tree-loop-distribute-patterns"],)
 
 
-def helper_path(cache_dir: str) -> str:
-    return _build(cache_dir, SOURCE, "sandtree-exec", HELPER_FLAGS)
+def helper_sources(directory: str = HELPER_DIR) -> list[str]:
+    """sandtree-exec's files: every .c there (compiled together) and its header, by name. All of
+    them key the build: a change to any one of them builds a new helper."""
+    return [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith((".c", ".h"))]
+
+
+def helper_path(cache_dir: str, directory: str = HELPER_DIR) -> str:
+    """sandtree-exec, built from the files in `directory` (tests build a copy)."""
+    return _build(cache_dir, helper_sources(directory), "sandtree-exec", HELPER_FLAGS)
 
 
 def init_path(cache_dir: str) -> str:
-    return _build(cache_dir, INIT_SOURCE, "sandtree-init", INIT_FLAGS)
+    return _build(cache_dir, [INIT_SOURCE, NOLIBC_HEADER], "sandtree-init", INIT_FLAGS)
 
 
 def drain_path(cache_dir: str) -> str:
     """sandtree-drain: the reader of a live exec's output inside the sandbox (no libc, as init)."""
-    return _build(cache_dir, DRAIN_SOURCE, "sandtree-drain", INIT_FLAGS)
+    return _build(cache_dir, [DRAIN_SOURCE, NOLIBC_HEADER], "sandtree-drain", INIT_FLAGS)
 
 
 def agent_path(cache_dir: str) -> str:
     """sandtree-agent: pid 1 of a live gVisor sandbox, which starts its commands (agent.c)."""
-    return _build(cache_dir, AGENT_SOURCE, "sandtree-agent", AGENT_FLAGS)
+    return _build(cache_dir, [AGENT_SOURCE, NOLIBC_HEADER], "sandtree-agent", AGENT_FLAGS)
 
 
-def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
-    with open(source, "rb") as f:
-        src = f.read()
-    with open(NOLIBC_HEADER, "rb") as f:       # included by init.c and drain.c
-        src += f.read()
-    tag = hashlib.sha256(src).hexdigest()[:12]
+def source_tag(files: list[str]) -> str:
+    """The build's key: each file's name, size and bytes, in order (a line moved from one file
+    to the next, or a file renamed, is another key)."""
+    h = hashlib.sha256()
+    for p in files:
+        with open(p, "rb") as f:
+            data = f.read()
+        h.update(b"%s\0%d\0" % (os.path.basename(p).encode(), len(data)))
+        h.update(data)
+    return h.hexdigest()[:12]
+
+
+def _build(cache_dir: str, files: list[str], name: str, flag_sets: tuple) -> str:
+    """Compile the .c files among `files` into one binary, named after all of `files` (the
+    headers they include are among them: nolibc.h for init.c, drain.c and agent.c)."""
+    tag = source_tag(files)
+    sources = [p for p in files if p.endswith(".c")]
     path = os.path.join(cache_dir, f"{name}-{tag}")
     if os.path.exists(path):
         return path
@@ -70,7 +89,7 @@ def _build(cache_dir: str, source: str, name: str, flag_sets: tuple) -> str:
     env = {**inherited_environment(), "TMPDIR": work}
     try:
         for i, flags in enumerate(flag_sets):
-            r = subprocess.run(_contained([cc, *flags, "-o", tmp, source]), capture_output=True, env=env,
+            r = subprocess.run(_contained([cc, *flags, "-o", tmp, *sources]), capture_output=True, env=env,
                                preexec_fn=_die_with_us)
             if r.returncode == 0:
                 break

@@ -6,7 +6,7 @@ removes groups whose engine is verifiably gone. The helper joins the group befor
 sandbox, so every process of the run is inside from birth.
 
 Devices: every run's group allows only the device nodes the runtime itself provides (DEVICES:
-helper.c's /dev, its devpts) and denies every other open (EPERM) and every mknod, even by a
+helper/mounts.c's /dev, its devpts) and denies every other open (EPERM) and every mknod, even by a
 process that is host root (runsc's gofer). Defence in depth under `nodev` on every mount the
 sandbox can write or that comes from an image: on cgroup v1 the `devices` controller; on v2 its
 eBPF equivalent (runtime/devices.py) attached to the run's group.
@@ -17,7 +17,7 @@ sockets exist (a run with memory=64 MiB parked 388 MB in loopback TCP buffers; t
 was the only bound): every v1 group gets it at creation, before any process joins, at
 tcp_budget(memory). That limit puts the run's sockets under memory pressure rather than failing
 each write, so it is one of three bounds (the others: small per-socket maxima in the sandbox's
-network namespace, helper.c; a hard RLIMIT_NOFILE, base.RLIMITS).
+network namespace, helper/network.c; a hard RLIMIT_NOFILE, base.RLIMITS).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class RunCgroup:
         return _read(path) if fd is None else _pread(fd)
 
     def _procs_dir(self) -> str:
-        # every process joins all of the run's controllers (helper.c), so one of them tells
+        # every process joins all of the run's controllers (helper/main.c, helper/enter.c), so one of them tells
         return self.dirs.get("pids") or self.dirs.get("unified") or next(iter(self.dirs.values()))
 
     def hold(self) -> None:

@@ -37,7 +37,7 @@ COMMON = ["--external", "mnt[]", "--manage-cgroups=ignore", "--file-locks"]
 # can only be on its loopback, and are part of the state. A networked sandbox runs in its link, a
 # namespace the egress daemon made (owned by the host's user namespace): the dump is taken from
 # inside it (in_netns), so the checkpoint holds no namespace and the restore puts the tasks back
-# into the link it runs in (helper.c restore_sandbox). A connection cannot come back there: TCP
+# into the link it runs in (helper/restore.c restore_sandbox). A connection cannot come back there: TCP
 # repair needs CAP_NET_ADMIN over the link's namespace, which the restoring CRIU (root of a user
 # namespace of the sandbox's own) does not hold, and the proxy's end of an outbound one is gone
 # anyway. So they are cut: restored closed (reads see EOF or ECONNRESET). Listening sockets come
@@ -102,8 +102,8 @@ def as_owner(owner: int) -> list[str]:
     this process holds. CRIU's dump prlimit()s the sandbox's tasks, which across a user namespace
     needs CAP_SYS_RESOURCE (this VM withholds it from root) unless the caller's euid owns that
     namespace: the kernel gives the owner all capabilities in it. Owners are uids of each
-    sandbox's own (helper.c), so no other process runs as one. (A restore does not run as the
-    owner: helper.c's enter_owned_userns says why and what it does instead.)
+    sandbox's own (helper/main.c), so no other process runs as one. (A restore does not run as the
+    owner: helper/restore.c's enter_owned_userns says why and what it does instead.)
 
     How the capabilities survive: no_setuid_fixup keeps them across the uid change, and after an
     execve with no uid 0 left only the ambient set carries over, so each permitted capability is
@@ -132,7 +132,7 @@ def namespace_owner(ns_fd: int) -> int:
     """The uid that owns the chain of user namespaces from ours down to `ns_fd` (an open
     /proc/PID/ns/user): the owner of its topmost ancestor below ours, which is what the kernel
     charges per-user counts to here and what may act in all of them. A resumed sandbox's
-    namespace lies in one more, made for its restore (helper.c: enter_owned_userns)."""
+    namespace lies in one more, made for its restore (helper/restore.c: enter_owned_userns)."""
     ours = os.stat("/proc/self/ns/user").st_ino
     fd = os.dup(ns_fd)
     try:
@@ -156,7 +156,7 @@ def namespace_owner(ns_fd: int) -> int:
 def restore_args(criu: str, images: str, root: str, link: bool = False) -> list[str]:
     # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime).
     # --unprivileged: CRIU runs as root of a user namespace of the sandbox's own, not of the
-    # host's (helper.c: enter_owned_userns), so what needs the host's capabilities takes the
+    # host's (helper/restore.c: enter_owned_userns), so what needs the host's capabilities takes the
     # fallbacks this option allows (socket buffers within wmem_max/rmem_max, no tun probe).
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
             "--leave-stopped", "--unprivileged"] + COMMON + (TCP_LINK if link else TCP_OWN)

@@ -1,5 +1,5 @@
 /*
- * sandtree-drain: the reader of an `exec`'s output inside a live sandbox (helper.c starts it).
+ * sandtree-drain: the reader of an `exec`'s output inside a live sandbox (helper/relay.c starts it).
  *
  * Why: an exec's command used to write straight into the engine's pipes. The exec returns when
  * the command exits, and the engine closes its ends then; a background job the command left
@@ -19,8 +19,8 @@
  * fds: 0 the command's stdout pipe, 1 and 2 the engine's stdout and stderr, 3 the command's
  * stderr pipe (0 and 3 non-blocking), 4 a unix socket on which a pidfd of the command comes
  * (SCM_RIGHTS) before the command runs: a drain may be started before its command exists (a
- * warm pool's, helper.c start_relay), and one whose command never comes (EOF) exits at once.
- * SIGPIPE is ignored (set by helper.c; dispositions survive execve): an engine that went away
+ * warm pool's, helper/relay.c start_relay), and one whose command never comes (EOF) exits at once.
+ * SIGPIPE is ignored (set by helper/relay.c; dispositions survive execve): an engine that went away
  * only stops the forwarding.
  */
 #include <asm/unistd.h>

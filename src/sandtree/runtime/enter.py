@@ -62,7 +62,7 @@ class Commands:
 
     def enter_ahead(self, h, relay: tuple[int, int] | None = None) -> "Entered":
         """A helper that has joined the sandbox's cgroups and namespaces and waits for its command
-        (the slow part of an exec, done before it is asked for: see helper.c). Call from a
+        (the slow part of an exec, done before it is asked for: see helper/enter.c). Call from a
         long-lived thread: it dies with the thread that started it. relay (uid, gid): its output
         relay (sandtree-drain) is started ahead too, with those ids (a command with others starts
         its own): only for a sandbox that will never be hibernated (a warm pool's), as the waiting

@@ -1,6 +1,6 @@
 """Tier `gvisor`: the same images and run semantics, executed on gVisor's user-space kernel.
 
-The privileged half is shared with the namespaces tier: runtime/helper.c mounts the run's
+The privileged half is shared with the namespaces tier: runtime/helper/ mounts the run's
 size-capped tmpfs and the overlay of the image's layers in a private mount namespace, then
 (--exec) becomes `runsc run` on that root. runsc runs with --overlay2=none, so the sandbox's
 writes and deletions land in our overlay's upper dir and commit is the same code for both tiers
@@ -110,7 +110,7 @@ class GVisorRuntime(NamespaceRuntime):
                                      if t != "network" or spec.netns_fd is None],
                       "uidMappings": [rng], "gidMappings": [grng]},
         }
-        # /dev/shm as the namespaces tier has it (helper.c DEV_SHM_OPTS): gVisor's own is a
+        # /dev/shm as the namespaces tier has it (helper/mounts.c DEV_SHM_OPTS): gVisor's own is a
         # root-only directory, where no other uid could keep its shell session (engine/session.py)
         config["mounts"] += [{"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                               "options": ["nosuid", "nodev", "mode=1777", "size=64m"]}]
@@ -118,7 +118,7 @@ class GVisorRuntime(NamespaceRuntime):
         return json.dumps(config).encode()
 
     def _runtime_mounts(self, spec: RunSpec) -> list[dict]:
-        """Runtime files (helper.c wrote them into the scratch's x/, a read-only tmpfs): the
+        """Runtime files (helper/runfiles.c wrote them into the scratch's x/, a read-only tmpfs): the
         directory at /dev/sandtree, and resolv.conf over the image's where runsc will find a
         regular file there: the image's own, the helper's mount point where the image has none
         (its lowest layer), or that mount point bound by the helper over an image's link (which

@@ -72,7 +72,7 @@ class GVisorCommands:
     # ---- commands --------------------------------------------------------------------------------
     def _mnt(self, h: LiveHandle, words: list[str], *, stdin, stdout, stderr, cls=subprocess.Popen, pass_fds=(),
              pty: bool = False):
-        """runsc WORDS in the sandbox's mount namespace, run by the helper (helper.c enter_mount);
+        """runsc WORDS in the sandbox's mount namespace, run by the helper (helper/gvisor.c enter_mount);
         returns the helper and its report's read end. pty: stdin is a terminal, made runsc's
         controlling one (its window size changes reach runsc as SIGWINCH)."""
         mnt = open_of(h.helper_pid, h.helper_start, "ns/mnt", os.O_RDONLY)

@@ -1,7 +1,7 @@
 """Live sandboxes on the `gvisor` tier: the same LiveTier as the namespaces tier (live.py), on
 gVisor's user-space kernel.
 
-The helper (helper.c live_runtime) mounts the sandbox's root as for a gVisor run (the image's
+The helper (helper/gvisor.c live_runtime) mounts the sandbox's root as for a gVisor run (the image's
 layers under an overlay whose upper is on a size-capped tmpfs, in a private mount namespace) and
 stays there as P, bounded by the lifetime; its child R is `runsc run` of a bundle whose pid 1 is
 sandtree-init (bound in read-only from the bundle), so the Sentry, its gofer and every process
@@ -141,7 +141,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             if restore is not None:
                 self._wait_running(handle, time.monotonic() + min(lim.timeout, 120))
                 # runsc restored with host paths; now its helper may let the host's tree go
-                # (helper.c detach_host: a host mount is never pinned by a sandbox)
+                # (helper/live.c detach_host: a host mount is never pinned by a sandbox)
                 kill_pid(handle.helper_pid, handle.helper_start, signal.SIGUSR1)
             return handle
         except BaseException:
@@ -157,7 +157,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     def _agent_socket(self) -> tuple[socket.socket, str]:
         """A listening unix socket in the store's agents/ (the engine's own directory, 0700), on
-        which the sandbox's helper lends pid 1's pipes (helper.c live_runtime)."""
+        which the sandbox's helper lends pid 1's pipes (helper/gvisor.c live_runtime)."""
         d = os.path.join(os.path.dirname(self.rt.layers_dir), "agents")
         os.makedirs(d, mode=0o700, exist_ok=True)
         name = f"{os.urandom(8).hex()}.sock"
@@ -181,7 +181,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     @staticmethod
     def _failed(raw: bytearray) -> None:
-        """Raise the helper's reported failure, with what runsc said (helper.c: "runsc ...")."""
+        """Raise the helper's reported failure, with what runsc said (helper/gvisor.c: "runsc ...")."""
         report = parse_report(raw)
         if "setupfail" not in report:
             return

@@ -1,8 +1,8 @@
 /*
- * sandtree-init: pid 1 of a live sandbox, once it is set up (helper.c execs it).
+ * sandtree-init: pid 1 of a live sandbox, once it is set up (helper/pid1.c execs it).
  *
  * Why a program of its own, without libc: pid 1 of a live sandbox must be checkpointable by CRIU
- * (hibernate), so its executable has to be a file CRIU can find again at restore: helper.c
+ * (hibernate), so its executable has to be a file CRIU can find again at restore: helper/pid1.c
  * copies this binary onto the sandbox's own /dev/shm, execs it, and it unlinks itself at once
  * (CRIU saves a deleted executable as a "ghost" file). Every sandbox pays for that copy in
  * memory, so it is a few KB, not the helper's ~900 KB of static glibc.
@@ -37,7 +37,7 @@ __attribute__((noreturn, used)) void init_main(void) {
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-init", 0, 0);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&chld, 0, sizeof chld);
     /* fd 3: the helper's status pipe; under gVisor (runsc passes only stdio) stdout, which the
-     * helper reads (helper.c live_runtime) */
+     * helper reads (helper/gvisor.c live_runtime) */
     if (sys(__NR_write, 3, (long)"ready\n", 6, 0) < 0) sys(__NR_write, 1, (long)"ready\n", 6, 0);
     sys(__NR_close, 3, 0, 0, 0);
     for (;;) {

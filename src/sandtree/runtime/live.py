@@ -1,6 +1,6 @@
 """Live sandboxes on the `namespaces` tier: started once, entered by any number of commands.
 
-A live sandbox is the same sandbox a run gets (helper.c: user/mnt/pid/net/ipc/uts/cgroup
+A live sandbox is the same sandbox a run gets (runtime/helper/: user/mnt/pid/net/ipc/uts/cgroup
 namespaces, overlay on a size-capped tmpfs upper, masked /proc, seccomp, cgroup limits), except
 that its pid 1 runs no command and its helper does not die with the engine: it is a process of
 its own (re-parented to init), bounded by its lifetime. Everything needed to find it again lives
@@ -92,11 +92,11 @@ class LiveRuntime(Commands, LiveTier):
             images = os.open(restore, os.O_RDONLY | os.O_DIRECTORY)   # the helper covers /tmp
             if spec.runtime_files:
                 raise SandboxError("a restore keeps the runtime files it had (its checkpoint holds them)")
-            # (helper.c criu_root; with a link: restored into it, criu.py TCP_LINK)
+            # (helper/restore.c criu_root; with a link: restored into it, criu.py TCP_LINK)
             command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r", link=spec.netns_fd is not None)
             mode = ["--restore", "1"]
             if spec.netns_fd is not None:        # its root had the resolv.conf mount point layer
-                mode += ["--resolv-layer", "1"]   # (helper.c mount_point_layer): CRIU binds onto it
+                mode += ["--resolv-layer", "1"]   # (helper/runfiles.c mount_point_layer): CRIU binds onto it
         else:
             command = ["sandtree-init"]
             mode = ["--init", self.init()]
@@ -177,7 +177,7 @@ class LiveRuntime(Commands, LiveTier):
     @staticmethod
     def _spawn_helper(argv: list[str], env: dict, fds: tuple, give: list, detach: bool) -> subprocess.Popen:
         """Start a live helper with `fds`; `give` (fds and sockets only it keeps) are closed here
-        once it has them. A detached helper forks away at once (helper.c): it is waited for."""
+        once it has them. A detached helper forks away at once (helper/main.c): it is waited for."""
         try:
             proc = subprocess.Popen(argv, env=env, close_fds=True, pass_fds=fds, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,7 +1,7 @@
 """Tier `namespaces` (the default): Linux namespaces + overlayfs + seccomp + cgroups.
 
-This module decides and supervises; runtime/helper.c performs the privileged steps (see its
-header for the process layout). Here: per-run cgroup, seccomp program, spawning the helper,
+This module decides and supervises; runtime/helper/ performs the privileged steps (see
+helper/helper.h for the process layout). Here: per-run cgroup, seccomp program, spawning the helper,
 injecting files into the fresh upper before the overlay is mounted, feeding stdin, collecting
 capped output live, the wall-clock timeout (SIGKILL to the sandbox's pid 1 takes the whole pid
 namespace with it), and reading the helper's report.
@@ -50,7 +50,7 @@ KEEP_CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5,
              "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18,
              "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
 
-# Owners of the sandboxes' user namespaces (root only; helper.c: owner = base + the helper's
+# Owners of the sandboxes' user namespaces (root only; helper/main.c: owner = base + the helper's
 # pid, below 2^22, the kernel's pid limit): uids no account uses, in the range systemd leaves
 # unused (0x70000000-0x7FFFFFFF), far from the sandbox ids (100000 + 65536). Per-user kernel
 # limits a sandbox spends are charged to its owner, so to no one else.
@@ -144,7 +144,7 @@ class NamespaceRuntime(Runtime):
                 for f in cg.procs_files:
                     args += ["--cgroup", f]
             # the helper is root on the host: the command's env (the caller's, an image's config) is
-            # never its own (LD_PRELOAD & co.): helper_env renames it, helper.c takes it back
+            # never its own (LD_PRELOAD & co.): helper_env renames it, helper/options.c takes it back
             proc = subprocess.Popen(
                 args + ["--"] + spec.argv, env=helper_env(spec.env), close_fds=True,
                 pass_fds=(theirs.fileno(), rep_w, sfd, *fds_of(spec, rt)),

@@ -1,5 +1,5 @@
 """The supervisor's side of a running command: feeding its stdin, keeping its capped output,
-the wall-clock deadline and cancel, and reading what the helper reports (helper.c's report
+the wall-clock deadline and cancel, and reading what the helper reports (helper/helper.h's report
 lines). Shared by a run (namespaces.py, gvisor.py) and a live exec (live.py).
 
 Output: each stream keeps its first limits.output bytes, and only those reach on_output. A

@@ -1,5 +1,5 @@
 """Runtime files (RunSpec.runtime_files): what the runtime shows a sandbox read-only and never
-commits, such as an egress link's resolv.conf and CA bundle. The helper (helper.c,
+commits, such as an egress link's resolv.conf and CA bundle. The helper (helper/runfiles.c,
 runtime_files()) writes them into a tmpfs of their own at /dev/sandtree, read-only once written,
 and binds "/etc/resolv.conf" over the image's when that is a regular file in the sandbox's root.
 Nothing of them is in the overlay's upper, so a commit cannot hold them. They reach the helper as

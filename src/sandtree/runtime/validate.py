@@ -145,7 +145,7 @@ def env_args(env: dict) -> list[str]:
 
 
 def helper_env(env: dict) -> dict:
-    """A command's environment as a helper started cold gets it: `_ST_NAME` entries (helper.c
+    """A command's environment as a helper started cold gets it: `_ST_NAME` entries (helper/options.c
     takes them for the command). The helper is root on the host: nothing a caller or an image's
     config puts in env (LD_PRELOAD, GLIBC_TUNABLES, ...) may be its own environment, and argv
     would show the values to every host user (/proc/PID/cmdline)."""
