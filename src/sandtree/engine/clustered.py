@@ -11,7 +11,7 @@ their processes' calls (spawn, stdin, signal, process: to the node while the run
 one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
 later call on that sandbox (its node), sandbox_popen on such a sandbox (run there; its pipes or
 terminal are the caller's file descriptors, relayed: cluster/relay.py, a RelayedProcess shaped as
-the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/poolroll.py),
+the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/warm/rollover.py),
 and a build's RUN steps (they are run_operation: the step's cache row, a buildcache.Entry, goes
 with the run and is written in the node's transaction recording its result, in the shared
 database). What stays here: everything else (a build's COPY and configure steps, cache lookups).
@@ -218,7 +218,7 @@ class Dispatch:
         self._every("pool_remove", (ref,), {})
 
     def pool_drain(self, image: str) -> None:
-        """A rolled-over recipe pool (engine/poolroll.py) removed on every node, behind the caller
+        """A rolled-over recipe pool (engine/warm/rollover.py) removed on every node, behind the caller
         (a node's remove waits for the runs in it)."""
         def drain():
             try:

@@ -40,8 +40,8 @@ from .imports import ImportOps
 from .inspection import InspectionOps
 from .oci import OciOps
 from .operations import Operations
-from .poolroll import RecipePools
-from .pools import Pools
+from .warm.rollover import RecipePools
+from .warm.pools import Pools
 from .records import Records
 from .runs import RunOps
 from .sandbox_ports import SandboxPorts
@@ -76,7 +76,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
-        self._warm = warm                          # > 0: live sandboxes are started ahead too (startahead.py)
+        self._warm = warm                          # > 0: live sandboxes are started ahead too (warm/sandboxes.py)
         self._operations = None
         self._sandboxes = None
         self._pools = None
@@ -191,7 +191,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
 
     @property
     def recipe_pools(self) -> RecipePools:
-        """Pools kept of recipes' results under their tags (poolroll.py)."""
+        """Pools kept of recipes' results under their tags (warm/rollover.py)."""
         if self._recipe_pools is None:
             with self._parts_lock:
                 if self._recipe_pools is None:

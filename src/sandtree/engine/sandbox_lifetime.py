@@ -13,7 +13,7 @@ import time
 from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
 from .spec import check_duration
 from ..runtime import leftovers
-from .startahead import orphaned
+from .warm.sandboxes import orphaned
 
 
 
@@ -81,7 +81,7 @@ class SandboxLifetime:
     def reap_every(self, seconds: float) -> None:
         """A long-running process (the server) reaps on a timer, not only when someone lists."""
         try:
-            self.reap()                            # what a killed server left (startahead.py), before it serves
+            self.reap()                            # what a killed server left (warm/sandboxes.py), before it serves
         except Exception:                          # noqa: BLE001 - the timer tries again
             pass
 
@@ -118,7 +118,7 @@ class SandboxLifetime:
         return done
 
     def _reap_ahead(self, now: float) -> None:
-        """Sandboxes started ahead that no one will claim (startahead.py orphaned: their starter
+        """Sandboxes started ahead that no one will claim (warm/sandboxes.py orphaned: their starter
         was killed, or their end passed) are stopped (processes, cgroup, deadline file; their
         mounts are their helper's) and their rows removed. The row goes only if it is still
         "ahead": a claim by its (living) starter moved it on meanwhile."""

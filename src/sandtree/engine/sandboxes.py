@@ -9,7 +9,7 @@ operation (the audit trail); a commit is a `commit` operation whose lineage edge
 sandbox's last commit (or its image) to the new image.
 
 Beside it: the shell session a string command runs in and the spec of one command (session.py),
-helpers entered ahead of an exec (ahead.py), sandboxes started ahead of a start (startahead.py),
+helpers entered ahead of an exec (warm/helpers.py), sandboxes started ahead of a start (warm/sandboxes.py),
 popen's process (process.py), file access from the host (sandbox_files.py). The parts it is given at
 construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
 imports the engine. Hibernate and resume: sandbox_hibernation.py.
@@ -34,8 +34,8 @@ from ..store.db import dumps
 from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
 from ..store.store import Store
 from . import sandbox_locks
-from .ahead import Ahead
-from .startahead import AHEAD_TIER, StartsAhead
+from .warm.helpers import Ahead
+from .warm.sandboxes import AHEAD_TIER, StartsAhead
 from .commit import Committer
 from .process import LiveProcess
 from .records import Records
@@ -52,7 +52,7 @@ from ..values import check_labels, labels_match
 from .imagedefaults import run_defaults
 from .netopts import attach_link, network_option, require_egress
 
-STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: startahead.py, unclaimed
+STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
@@ -86,7 +86,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
     def _row(self, sid: str) -> dict:
         if not isinstance(sid, str) or not sid:
             raise InvalidInput("a sandbox id must be a non-empty string")
-        # an "ahead" row (startahead.py) is nobody's sandbox until a start claims it: it has no
+        # an "ahead" row (warm/sandboxes.py) is nobody's sandbox until a start claims it: it has no
         # caller's record to show (info's KeyError 'limits') and a stop would end what the next start takes
         rows = self.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ? AND state != 'ahead'",
                                    (sid.replace("%", "") + "%",)) if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []

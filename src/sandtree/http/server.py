@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from .. import defaults as D
 from ..engine import Engine, parse_size
 from ..engine.dockerfiles import dockerfile_recipe
-from ..engine.poolroll import RecipeWatch
+from ..engine.warm.rollover import RecipeWatch
 from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
@@ -97,7 +97,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
     tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
-    changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
+    changed (engine/warm/rollover.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
     http/listeners.py; None: port + 1). preview_url: where each exposed port's own origin is reached,
     http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>).

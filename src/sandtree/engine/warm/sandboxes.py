@@ -23,12 +23,12 @@ import json
 import time
 import uuid
 
-from ..procid import Owner, boot_id
-from ..runtime.base import LiveTier, RunSpec
-from ..runtime.liveproc import LiveHandle
-from ..store.db import dumps
-from ..store.store import Store
-from .keptahead import KeptAhead
+from ...procid import Owner, boot_id
+from ...runtime.base import LiveTier, RunSpec
+from ...runtime.liveproc import LiveHandle
+from ...store.db import dumps
+from ...store.store import Store
+from .kept import KeptAhead
 
 AHEAD_LIFETIME = 600.0        # an unclaimed sandbox's own end, should its engine die without stopping it
 AHEAD_TIER = "namespaces"    # sandboxes are started ahead on this tier only (a start on another starts its own)

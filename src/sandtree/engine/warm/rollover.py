@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Callable
 
-from .. import defaults as D
-from ..errors import InvalidInput, SandtreeError
-from ..recipe.steps import Copy, Recipe
-from ..store.names import check_tag
+from ... import defaults as D
+from ...errors import InvalidInput, SandtreeError
+from ...recipe.steps import Copy, Recipe
+from ...store.names import check_tag
 
 __all__ = ["RecipePools", "RecipeWatch", "default_tag"]
 

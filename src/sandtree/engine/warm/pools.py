@@ -25,19 +25,19 @@ import time
 import uuid
 from typing import Callable
 
-from .. import defaults as D
-from ..errors import InvalidInput, NotFound, RuntimeUnavailable
-from ..runtime.base import Limits, RunOutcome, RunSpec
-from ..runtime.base import LiveTier
-from ..runtime.cgroups import RunCgroup
-from ..runtime.enter import Entered
-from ..runtime.liveproc import LiveHandle
-from ..runtime.validate import validate_spec
-from ..procid import start_time
-from ..store.store import Store
-from .imagedefaults import run_defaults
-from .netopts import network_option, require_egress
-from .spec import RunSpecs
+from ... import defaults as D
+from ...errors import InvalidInput, NotFound, RuntimeUnavailable
+from ...runtime.base import Limits, RunOutcome, RunSpec
+from ...runtime.base import LiveTier
+from ...runtime.cgroups import RunCgroup
+from ...runtime.enter import Entered
+from ...runtime.liveproc import LiveHandle
+from ...runtime.validate import validate_spec
+from ...procid import start_time
+from ...store.store import Store
+from ..imagedefaults import run_defaults
+from ..netopts import network_option, require_egress
+from ..spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them

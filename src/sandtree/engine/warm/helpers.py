@@ -4,9 +4,9 @@ Used by sandboxes.py's exec; the helpers themselves are runtime/live.py's."""
 
 from __future__ import annotations
 
-from ..runtime.base import LiveTier
-from ..runtime.liveproc import LiveHandle
-from .keptahead import KeptAhead
+from ...runtime.base import LiveTier
+from ...runtime.liveproc import LiveHandle
+from .kept import KeptAhead
 
 
 class Ahead(KeptAhead):

@@ -1,6 +1,6 @@
 """Things made ahead of demand, for the few keys this process used last: one thread makes what is
 wanted and not ready, a take hands one over, and what is no longer wanted is thrown away. The
-base of ahead.py (helpers entered into live sandboxes before an exec) and startahead.py (live
+base of warm/helpers.py (helpers entered into live sandboxes before an exec) and warm/sandboxes.py (live
 sandboxes started before a start). A subclass says how one is made (`_make`, None: it cannot be,
 stop wanting it) and thrown away (`_discard`); `_want` is called with the lock held."""
 
