@@ -6,7 +6,7 @@ attach(engine, address) is called by Engine.__init__ when a cluster is configure
 Fabric and sets, on that engine object, the calls that go to nodes (so the adapters, the tenant
 views and the table's signatures stay those of Engine: one engine, nothing for an adapter to know).
 What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), live
-runs (submit_run(live=True), Contree's instances: engine/instances.py runs them on a node) and
+runs (submit_run(live=True), Contree's instances: engine/processes/instances.py runs them on a node) and
 their processes' calls (spawn, stdin, signal, process: to the node while the run runs; an ended
 one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
 later call on that sandbox (its node), sandbox_popen on such a sandbox (run there; its pipes or

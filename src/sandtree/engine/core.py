@@ -97,7 +97,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
         self.drain_elsewhere = None               # a cluster engine's: a rolled-over recipe pool drains on its nodes
-        self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (instances.py)
+        self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (processes/instances.py)
         address = cluster if cluster is not None else config.cluster_address()
         self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
         if self.fabric is not None:               # the API side's workers wait on the nodes' runs
@@ -239,7 +239,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
                                     stdout=stdout, stderr=stderr)
 
-    # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/instances.py
+    # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/processes/instances.py
     def sandbox_spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                       uid: int | None = None, gid: int | None = None, stdin: bytes | str | None = None,
                       stdin_open: bool = False, output=None) -> int:

@@ -33,8 +33,8 @@ from ..runtime.base import Limits
 from ..procid import Owner
 from .heartbeat import Heartbeats
 from .imports import registry_module
-from .instances import Instances
-from .liveprocs import fold_process, public_view
+from .processes.instances import Instances
+from .processes.spawned import fold_process, public_view
 from ..store.names import check_tag
 from .records import Records
 from ..values import parse_size
@@ -193,7 +193,7 @@ class Operations:
 
     def submit_run(self, ref: str, command, **options) -> str:
         """Queue a run; returns its operation ID at once. Option live=True: its command runs as
-        process 1 of a live sandbox, which more processes may join while it runs (instances.py);
+        process 1 of a live sandbox, which more processes may join while it runs (processes/instances.py);
         stdin_open=True: its stdin stays open for sandbox_stdin (a live run); make_cwd=True: a
         missing cwd is made, not refused (a live run)."""
         self.beats.start(self._recover)
@@ -356,7 +356,7 @@ class Operations:
             return None
         return live[0].result()
 
-    # ---- the processes of a live run (instances.py; the rows are engine.sandbox_*) --------------
+    # ---- the processes of a live run (processes/instances.py; the rows are engine.sandbox_*) --------------
     def folded_process(self, op: str, spid: int) -> dict:
         """Process `spid` of a run not running live: from its events (EVENTS_KEEP); process 1 of
         any run from its result (liveprocs.fold_process), as liveprocs.public_view."""
@@ -398,7 +398,7 @@ class Operations:
 
 def _is_stream(kind: str, data: str) -> bool:
     """Whether an event carries a process's stream bytes (a run's output, a live run's process's
-    stdin, stdout or stderr: instances.py's "proc" events)."""
+    stdin, stdout or stderr: processes/instances.py's "proc" events)."""
     if kind in ("stdout", "stderr"):
         return True
     return kind == "proc" and json.loads(data).get("type") in ("stdout", "stderr", "stdin")

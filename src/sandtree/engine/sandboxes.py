@@ -10,7 +10,7 @@ sandbox's last commit (or its image) to the new image.
 
 Beside it: the shell session a string command runs in and the spec of one command (session.py),
 helpers entered ahead of an exec (warm/helpers.py), sandboxes started ahead of a start (warm/sandboxes.py),
-popen's process (process.py), file access from the host (sandbox_files.py). The parts it is given at
+popen's process (processes/popen.py), file access from the host (sandbox_files.py). The parts it is given at
 construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
 imports the engine. Hibernate and resume: sandbox_hibernation.py.
 """
@@ -31,13 +31,13 @@ from ..runtime.base import LiveTier, RunSpec
 from ..runtime.liveproc import LiveHandle
 from ..runtime.validate import check_env
 from ..store.db import dumps
-from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (instances.py)
+from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
 from ..store.store import Store
 from . import sandbox_locks
 from .warm.helpers import Ahead
 from .warm.sandboxes import AHEAD_TIER, StartsAhead
 from .commit import Committer
-from .process import LiveProcess
+from .processes.popen import LiveProcess
 from .records import Records
 from .retiring import Retiring
 from .sandbox_files import SandboxFiles
@@ -227,7 +227,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
         rows = (self._decode(r) for r in self.store.db.query(sql))
         return [self._view(r) for r in rows if r["spec"] and labels_match(r["spec"].get("labels", {}), want)
-                and not r["spec"].get("run")]          # a live run's sandbox is its run's (instances.py)
+                and not r["spec"].get("run")]          # a live run's sandbox is its run's (processes/instances.py)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
@@ -238,8 +238,8 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
-        the live run it serves (instances.py): a run slot, not a sandbox `list` shows; starter:
-        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: instances.py)."""
+        the live run it serves (processes/instances.py): a run slot, not a sandbox `list` shows; starter:
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py)."""
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
         labels = check_labels(labels)

@@ -1,7 +1,7 @@
 """Contree's subprocesses of a running instance under /v1/operations/{id}/subprocesses, and the
 events they add to the operation's stream (for contree.py).
 
-An instance that is still running is a live sandbox (engine/instances.py); its subprocesses are
+An instance that is still running is a live sandbox (engine/processes/instances.py); its subprocesses are
 processes started in it: spid 1 is the instance's own command, 2, 3, ... the ones added here.
 Each route is one row of the operation table on the operation's ID (sandbox_spawn / sandbox_stdin /
 sandbox_signal / sandbox_process: a live run's ID names its live sandbox); what they answer is put

@@ -170,7 +170,7 @@ class Pool:
 
     def lend(self, spec: RunSpec, tier: str) -> tuple[LiveHandle, Entered] | None:
         """A ready sandbox for good, with its helper entered ahead, if spec fits (a live run's:
-        instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
+        processes/instances.py); None: start one. Its borrower calls `returned` once it has stopped it (the
         pool's thread, which their PDEATHSIG is tied to, outlives it)."""
         got = self.take() if self.policy is None and self.fits(spec, tier=tier) else None
         if got is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..runtime.base import LiveTier
-from ..runtime.popenlike import PopenLike
-from ..runtime.pump import parse_report
+from ...runtime.base import LiveTier
+from ...runtime.popenlike import PopenLike
+from ...runtime.pump import parse_report
 
 
 class LiveProcess(PopenLike):

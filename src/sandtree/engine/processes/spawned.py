@@ -1,7 +1,7 @@
 """The processes of a live sandbox (or of a live run: Contree's subprocesses): one started without
 waiting (its pipes pumped by threads), what it wrote kept to the output cap, how it ended, and its
 view as the table's rows answer it (sandbox_spawn / sandbox_stdin / sandbox_signal /
-sandbox_process, instances.py). A process of a live run that ended is told from the run's events
+sandbox_process, processes/instances.py). A process of a live run that ended is told from the run's events
 (fold_process)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal as signal_mod
 import threading
 import time
 
-from ..errors import CommandNotFound, InvalidInput, NotFound, SandboxError
+from ...errors import CommandNotFound, InvalidInput, NotFound, SandboxError
 
 __all__ = ["Process", "signal_number", "start_error", "usage_of", "fold_process", "public_view"]
 
