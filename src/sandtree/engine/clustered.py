@@ -120,7 +120,7 @@ class Dispatch:
         row = self.store.db.one("SELECT image, state, spec FROM sandboxes WHERE id=?", (sid,))
         spec = json.loads(row[2]) if row is not None else {}
         if self.fabric.config.objects_url and row is not None and row[1] == "hibernated" and spec.get("checkpoint"):
-            # its checkpoint is in object storage (engine/sandbox_hibernation.py): any node, by load
+            # its checkpoint is in object storage (engine/sandboxes/hibernation.py): any node, by load
             # and the layers of the image it resumes on; its node may be gone
             return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(spec.get("base") or row[0]))
         # else on the node holding its checkpoint (a home per node): hibernated before checkpoints

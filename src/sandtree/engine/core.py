@@ -44,8 +44,8 @@ from .warm.rollover import RecipePools
 from .warm.pools import Pools
 from .records import Records
 from .runs import RunOps
-from .sandbox_ports import SandboxPorts
-from .sandboxes import Sandboxes
+from .sandboxes.ports import SandboxPorts
+from .sandboxes.sandboxes import Sandboxes
 from .spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
 from .uploads import UploadOps

@@ -54,7 +54,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
     largest upload or image tar a request may send, unless its tenant's max_upload says otherwise.
     ports_port: the local port of the listener that serves exposed ports (http/listeners.py; None:
-    none is served). preview_base: where each exposed port's own origin is reached (engine/previews.py;
+    none is served). preview_base: where each exposed port's own origin is reached (engine/sandboxes/previews.py;
     None: http://*.localhost:<ports_port>, for a browser on this machine)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
@@ -100,7 +100,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
     changed (engine/warm/rollover.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
     http/listeners.py; None: port + 1). preview_url: where each exposed port's own origin is reached,
-    http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>).
+    http(s)://*.DOMAIN[:PORT] (engine/sandboxes/previews.py; None: http://*.localhost:<ports_port>).
     conn_limits: header sizes, timeouts and connections per client (http/connlimits.py; None:
     defaults.py's)."""
 

@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS sandboxes(   -- live sandboxes (sandboxes.py); handle
     id TEXT PRIMARY KEY, image TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL,
     spec TEXT NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, idle_timeout REAL,
     expires REAL NOT NULL, head TEXT);
-CREATE TABLE IF NOT EXISTS sandbox_ports(   -- exposed ports of live sandboxes (engine/sandbox_ports.py)
+CREATE TABLE IF NOT EXISTS sandbox_ports(   -- exposed ports of live sandboxes (engine/sandboxes/ports.py)
     sandbox TEXT NOT NULL, port INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY(sandbox, port));
 -- Tenants (tenants.py): tokens are stored as sha256 of their random secret, never the secret.
 -- Visibility per tenant: images it imported/merged/was given (tenant_images), results of its own

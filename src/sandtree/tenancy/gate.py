@@ -40,7 +40,7 @@ PAGE_PREFIX = "/ui/"
 OP_IN_PATH = re.compile(r"/operations/([0-9a-f]{32})")
 OP_IN_BODY = re.compile(rb'^\{"id":\s*"([0-9a-f]{32})"')
 LOOPBACK_HOST = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
-# A preview's host name under `localhost` (engine/previews.py): browsers resolve every *.localhost
+# A preview's host name under `localhost` (engine/sandboxes/previews.py): browsers resolve every *.localhost
 # name to loopback themselves, so no DNS rebinding can point one elsewhere.
 LOCAL_PREVIEW_HOST = re.compile(r"^p\d{1,5}-[0-9a-f]{32}\.localhost(:\d{1,5})?$", re.IGNORECASE)
 # An exposed port served under the server (http/ports.py); a signed URL may stand for a token there.

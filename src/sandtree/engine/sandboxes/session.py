@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InvalidInput
-from ..runtime.base import Limits, RunSpec
-from ..runtime.validate import check_command, check_env
-from ..secrets_mask import mask_text, secret_values
+from ...errors import InvalidInput
+from ...runtime.base import Limits, RunSpec
+from ...runtime.validate import check_command, check_env
+from ...secrets_mask import mask_text, secret_values
 
 # $1: the session's name, $2: the command, then the NAMEs of variables for this command only
 # (their session values come back after it), each value in __st_v_NAME: the environment, which

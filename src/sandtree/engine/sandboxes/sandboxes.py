@@ -10,9 +10,9 @@ sandbox's last commit (or its image) to the new image.
 
 Beside it: the shell session a string command runs in and the spec of one command (session.py),
 helpers entered ahead of an exec (warm/helpers.py), sandboxes started ahead of a start (warm/sandboxes.py),
-popen's process (processes/popen.py), file access from the host (sandbox_files.py). The parts it is given at
+popen's process (processes/popen.py), file access from the host (sandboxes/files.py). The parts it is given at
 construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
-imports the engine. Hibernate and resume: sandbox_hibernation.py.
+imports the engine. Hibernate and resume: sandboxes/hibernation.py.
 """
 
 from __future__ import annotations
@@ -25,32 +25,32 @@ import threading
 import time
 import uuid
 
-from .. import defaults as D
-from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..runtime.base import LiveTier, RunSpec
-from ..runtime.liveproc import LiveHandle
-from ..runtime.validate import check_env
-from ..store.db import dumps
-from ..store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
-from ..store.store import Store
-from . import sandbox_locks
-from .warm.helpers import Ahead
-from .warm.sandboxes import AHEAD_TIER, StartsAhead
-from .commit import Committer
-from .processes.popen import LiveProcess
-from .records import Records
+from ... import defaults as D
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...runtime.base import LiveTier, RunSpec
+from ...runtime.liveproc import LiveHandle
+from ...runtime.validate import check_env
+from ...store.db import dumps
+from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
+from ...store.store import Store
+from . import locks as sandbox_locks
+from ..warm.helpers import Ahead
+from ..warm.sandboxes import AHEAD_TIER, StartsAhead
+from ..commit import Committer
+from ..processes.popen import LiveProcess
+from ..records import Records
 from .retiring import Retiring
-from .sandbox_files import SandboxFiles
-from .sandbox_hibernation import SandboxHibernation
-from .sandbox_lifetime import SandboxLifetime
-from .sandbox_network import SandboxNetwork
-from ..secrets_mask import mask_env
+from .files import SandboxFiles
+from .hibernation import SandboxHibernation
+from .lifetime import SandboxLifetime
+from .network import SandboxNetwork
+from ...secrets_mask import mask_env
 from .session import command_spec
-from .spec import RunSpecs
-from ..defaults import RunRecord
-from ..values import check_labels, labels_match
-from .imagedefaults import run_defaults
-from .netopts import attach_link, network_option, require_egress
+from ..spec import RunSpecs
+from ...defaults import RunRecord
+from ...values import check_labels, labels_match
+from ..imagedefaults import run_defaults
+from ..netopts import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
@@ -156,7 +156,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
     def _commit_lock(self, sid: str):
         """Held while a sandbox is frozen for a commit (any process); released by the kernel if
         the committer dies, so the next user can tell a commit in progress from a stale freeze.
-        Its file goes once the sandbox has ended (sandbox_locks.py)."""
+        Its file goes once the sandbox has ended (sandboxes/locks.py)."""
         return sandbox_locks.held(self.store.home, sid, lambda: self._ended(sid))
 
     def _ended(self, sid: str) -> bool:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import InvalidInput
-from ..runtime import openat2
-from ..runtime.openat2 import read_file, write_file
+from ...errors import InvalidInput
+from ...runtime import openat2
+from ...runtime.openat2 import read_file, write_file
 
 
 class SandboxFiles:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 __all__ = ["preview_host", "parse_host", "preview_url", "check_base", "base_domain"]
 

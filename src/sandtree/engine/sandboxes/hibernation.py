@@ -16,10 +16,10 @@ import os
 import re
 import time
 
-from ..errors import Conflict, RuntimeUnavailable, SandtreeError
-from ..runtime.base import Limits, RunSpec
-from ..store import checkpoints, durable
-from ..store.db import dumps
+from ...errors import Conflict, RuntimeUnavailable, SandtreeError
+from ...runtime.base import Limits, RunSpec
+from ...store import checkpoints, durable
+from ...store.db import dumps
 
 log = logging.getLogger("sandtree.engine")
 
@@ -64,7 +64,7 @@ class SandboxHibernation:
                 self._set_spec(sid, {**row["spec"], "hibernating": pending})
                 self.unlink(sid)
                 # A networked sandbox's link stays the daemon's, held while nothing is in it; its
-                # dump leaves it out and the resume is restored into it (sandbox_network.py).
+                # dump leaves it out and the resume is restored into it (sandboxes/network.py).
                 self.hold_link(row, True)
                 self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"],
                                link=bool(row["spec"].get("network")))

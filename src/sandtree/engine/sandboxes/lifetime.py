@@ -10,10 +10,10 @@ import json
 import threading
 import time
 
-from ..errors import InvalidInput, RuntimeUnavailable, SandtreeError
-from .spec import check_duration
-from ..runtime import leftovers
-from .warm.sandboxes import orphaned
+from ...errors import InvalidInput, RuntimeUnavailable, SandtreeError
+from ..spec import check_duration
+from ...runtime import leftovers
+from ..warm.sandboxes import orphaned
 
 
 

@@ -14,7 +14,7 @@ Signed URLs (sandbox_port_url) carry an expiry and an HMAC-SHA256 of sandbox, po
 when the port was exposed (an unexpose revokes them) under a key of the store's own
 ($SANDTREE_HOME/ports.key, 0600); the server checks them (verify) for requests that carry no
 token. The URL is made here only, for every surface: on the preview's own
-origin (engine/previews.py) once a server has said where previews are reached (preview_base);
+origin (engine/sandboxes/previews.py) once a server has said where previews are reached (preview_base);
 without one, the port's path under a server, which redirects it to that origin."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import secrets
 import threading
 import time
 
-from .. import defaults as D
-from ..errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, RuntimeUnavailable, SandtreeError
-from ..runtime.base import LiveTier
-from ..runtime.liveproc import LiveHandle
-from ..store.store import Store
+from ... import defaults as D
+from ...errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, RuntimeUnavailable, SandtreeError
+from ...runtime.base import LiveTier
+from ...runtime.liveproc import LiveHandle
+from ...store.store import Store
 from .previews import check_base, preview_url
 
 __all__ = ["SandboxPorts", "MAX_TTL", "KEY_FILE", "port_path"]
@@ -65,7 +65,7 @@ class SandboxPorts:
 
     @property
     def preview_base(self) -> str | None:
-        """Where previews are reached (engine/previews.py), set by the server that serves them."""
+        """Where previews are reached (engine/sandboxes/previews.py), set by the server that serves them."""
         return self._base
 
     @preview_base.setter

@@ -21,8 +21,8 @@ import os
 import shutil
 import threading
 
-from ..runtime.liveproc import LiveHandle
-from ..store.db import dumps
+from ...runtime.liveproc import LiveHandle
+from ...store.db import dumps
 
 __all__ = ["Retiring"]
 

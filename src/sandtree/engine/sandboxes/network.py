@@ -14,11 +14,11 @@ daemon's memory), and stays hibernated."""
 
 from __future__ import annotations
 
-from ..errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..network.policy import Policy
-from ..store import inspect
-from ..store.objects import SYMLINK
-from .netopts import network_option, require_egress
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...network.policy import Policy
+from ...store import inspect
+from ...store.objects import SYMLINK
+from ..netopts import network_option, require_egress
 
 __all__ = ["SandboxNetwork", "NO_NETWORK"]
 
