@@ -1,5 +1,5 @@
 """The engine's parts (issue 13 item 3): each made from what it needs, none importing the engine;
-refs written by store/refs.py alone, operation rows by engine/records.py alone; fork and
+refs written by store/refs.py alone, operation rows by engine/runs/records.py alone; fork and
 pool_and_wait as engine operations."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 import sandtree
 from sandtree.engine import Engine
-from sandtree.engine.records import Records
-from sandtree.engine.spec import RunSpecs
+from sandtree.engine.runs.records import Records
+from sandtree.engine.runs.spec import RunSpecs
 from sandtree.errors import ImageNotFound, InvalidInput, NotFound
 from sandtree.runtime.base import Limits
 from sandtree.store import refs
@@ -71,7 +71,7 @@ def test_the_import_check_sees_every_import():
     tenancy layer (else the test above proves nothing)."""
     found = _imported(ast.parse("from . import commit\nfrom ..tenancy.tenants import T\n"
                                 "def f():\n    from .core import RunRecord\n"))
-    assert {"sandtree.engine.commit", "sandtree.tenancy.tenants", "sandtree.engine.core"} <= found
+    assert {"sandtree.engine.runs.commit", "sandtree.tenancy.tenants", "sandtree.engine.core"} <= found
     assert "sandtree.engine" not in found                 # `from . import commit` names commit only
 
 
@@ -111,7 +111,7 @@ def test_one_module_writes_refs_and_one_writes_operation_rows():
     ref_writers = sorted(p for p, src in _sources() if REF_WRITE.search(src))
     op_writers = sorted(p for p, src in _sources() if OP_WRITE.search(src))
     assert ref_writers == ["store/refs.py"]
-    assert op_writers == ["engine/records.py"]
+    assert op_writers == ["engine/runs/records.py"]
 
 
 def test_the_write_checks_catch_a_writer():

@@ -6,7 +6,7 @@ from .dockerfiles import dockerfile_recipe
 from ..recipe.builder import RecipeBuilder
 from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
 from ..store.imageconfig import CONFIG_PATH, ImageConfig
-from .spec import default_idmap
+from .runs.spec import default_idmap
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, parse_size
 

@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 
-from . import commit as commit_mod
+from .runs import commit as commit_mod
 from ..store.blobs import BlobStore
 from ..store.db import Database
 from ..store.delta import write_delta
@@ -20,7 +20,7 @@ from ..store import durable, refs
 from ..branching import diff as diff_mod
 from ..branching import merge as merge_mod
 from ..branching.merge import check_on_conflict, conflict_outcome
-from .records import Records
+from .runs.records import Records
 
 PREVIEW_FILES, PREVIEW_BYTES = 50, 256 * 1024     # a merge preview's marked files: how many, how much of each
 

@@ -35,7 +35,7 @@ from ..cluster import Fabric, NodeConfig, RelayedProcess
 from ..errors import NodeLost, NotFound
 from ..runtime.validate import check_command, check_env
 from ..values import check_retries
-from .spec import command_argv
+from .runs.spec import command_argv
 
 log = logging.getLogger("sandtree.cluster")
 

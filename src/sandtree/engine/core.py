@@ -18,7 +18,7 @@ import threading
 from .. import config
 from .. import defaults as D
 from . import clustered
-from . import commit as commit_mod
+from .runs import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime import leftovers
@@ -39,14 +39,14 @@ from .builds import BuildOps
 from .imports import ImportOps
 from .inspection import InspectionOps
 from .oci import OciOps
-from .operations import Operations
+from .runs.operations import Operations
 from .warm.rollover import RecipePools
 from .warm.pools import Pools
-from .records import Records
-from .runs import RunOps
+from .runs.records import Records
+from .runs.runs import RunOps
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
-from .spec import RunSpecs, default_idmap
+from .runs.spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
 from .uploads import UploadOps
 

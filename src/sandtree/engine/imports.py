@@ -21,7 +21,7 @@ from ..store.layers import remove_tree
 from ..store.names import check_tag
 from ..store.scan import scan
 from ..store.store import Store
-from .records import Records
+from .runs.records import Records
 
 
 class ImportOps:

@@ -118,7 +118,7 @@ CREATE TABLE IF NOT EXISTS annotations_by(principal TEXT NOT NULL, image TEXT NO
     meta TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY(principal, image));
 -- Before annotations_by (one row per image, any owner wrote it): emptied into it on open (MOVES).
 CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
--- Engines that own operations, by boot id, pid and start time (engine/heartbeat.py): beat every few
+-- Engines that own operations, by boot id, pid and start time (engine/runs/heartbeat.py): beat every few
 -- seconds, so an engine on another machine (API replicas on one database) can tell that one is gone.
 CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 """

@@ -35,9 +35,9 @@ from ...errors import Conflict, Ended, InvalidInput, NotFound, NotReady
 from ...store import ephemeral
 from ...secrets_mask import mask_env, mask_text, secret_values
 from ...values import parse_size
-from ..runs import EPHEMERAL, KEPT, NOTHING, keep_mode
+from ..runs.runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 from .spawned import Process, public_view, signal_number, start_error, usage_of
-from ..spec import command_argv
+from ..runs.spec import command_argv
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
 UP_WAIT = 30.0                # seconds it waits for the sandbox of one a worker is starting

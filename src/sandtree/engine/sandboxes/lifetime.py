@@ -11,7 +11,7 @@ import threading
 import time
 
 from ...errors import InvalidInput, RuntimeUnavailable, SandtreeError
-from ..spec import check_duration
+from ..runs.spec import check_duration
 from ...runtime import leftovers
 from ..warm.sandboxes import orphaned
 

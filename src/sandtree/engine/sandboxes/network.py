@@ -18,7 +18,7 @@ from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ...network.policy import Policy
 from ...store import inspect
 from ...store.objects import SYMLINK
-from ..netopts import network_option, require_egress
+from ..runs.network import network_option, require_egress
 
 __all__ = ["SandboxNetwork", "NO_NETWORK"]
 

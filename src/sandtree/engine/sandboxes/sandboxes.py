@@ -36,9 +36,9 @@ from ...store.store import Store
 from . import locks as sandbox_locks
 from ..warm.helpers import Ahead
 from ..warm.sandboxes import AHEAD_TIER, StartsAhead
-from ..commit import Committer
+from ..runs.commit import Committer
 from ..processes.popen import LiveProcess
-from ..records import Records
+from ..runs.records import Records
 from .retiring import Retiring
 from .files import SandboxFiles
 from .hibernation import SandboxHibernation
@@ -46,11 +46,11 @@ from .lifetime import SandboxLifetime
 from .network import SandboxNetwork
 from ...secrets_mask import mask_env
 from .session import command_spec
-from ..spec import RunSpecs
+from ..runs.spec import RunSpecs
 from ...defaults import RunRecord
 from ...values import check_labels, labels_match
 from ..imagedefaults import run_defaults
-from ..netopts import attach_link, network_option, require_egress
+from ..runs.network import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves

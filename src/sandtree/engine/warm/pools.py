@@ -36,8 +36,8 @@ from ...runtime.validate import validate_spec
 from ...procid import start_time
 from ...store.store import Store
 from ..imagedefaults import run_defaults
-from ..netopts import network_option, require_egress
-from ..spec import RunSpecs
+from ..runs.network import network_option, require_egress
+from ..runs.spec import RunSpecs
 
 LIFETIME = 24 * 3600          # pool sandboxes end with the engine; this only bounds a stuck one
 SETTLE = 0.002                # how long a run's leftover processes get to exit before it freezes them

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..branching.lineage import recorded_network
-from ..errors import InvalidInput, NotFound, RuntimeUnavailable
-from ..network.policy import Policy
-from ..network.trust import IMAGE_BUNDLES, parse_secrets
+from ...branching.lineage import recorded_network
+from ...errors import InvalidInput, NotFound, RuntimeUnavailable
+from ...network.policy import Policy
+from ...network.trust import IMAGE_BUNDLES, parse_secrets
 
 __all__ = ["NetOption", "network_option", "inherited_policy", "attach_link", "require_egress"]
 

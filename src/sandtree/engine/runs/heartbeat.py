@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..procid import Owner
+from ...procid import Owner
 
 __all__ = ["Heartbeats", "BEAT", "LEASE", "SWEEP"]
 

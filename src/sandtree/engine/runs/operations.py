@@ -28,16 +28,16 @@ from collections import OrderedDict, deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Protocol
 
-from ..errors import InvalidInput, NotFound, SandtreeError
-from ..runtime.base import Limits
-from ..procid import Owner
+from ...errors import InvalidInput, NotFound, SandtreeError
+from ...runtime.base import Limits
+from ...procid import Owner
 from .heartbeat import Heartbeats
-from .imports import registry_module
-from .processes.instances import Instances
-from .processes.spawned import fold_process, public_view
-from ..store.names import check_tag
+from ..imports import registry_module
+from ..processes.instances import Instances
+from ..processes.spawned import fold_process, public_view
+from ...store.names import check_tag
 from .records import Records
-from ..values import parse_size
+from ...values import parse_size
 
 
 EVENTS_KEEP = 60.0            # seconds an ended operation's events stay whole (a client reading to the end)

@@ -11,20 +11,20 @@ import contextlib
 import time
 import uuid
 
-from .. import defaults as D
-from ..runtime.base import RunSpec
-from ..runtime.validate import check_command, check_env, validate_spec
-from ..errors import InvalidInput, SandtreeError
-from ..store import ephemeral, refs
-from ..store.store import ImageRow
-from ..secrets_mask import mask_env, mask_text, secret_values
-from ..branching.fork import fan_out, refuse_fork_options
+from ... import defaults as D
+from ...runtime.base import RunSpec
+from ...runtime.validate import check_command, check_env, validate_spec
+from ...errors import InvalidInput, SandtreeError
+from ...store import ephemeral, refs
+from ...store.store import ImageRow
+from ...secrets_mask import mask_env, mask_text, secret_values
+from ...branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
-from ..defaults import RunRecord
-from ..values import check_labels, check_retries
-from .imagedefaults import run_defaults
-from ..network.client import LOCAL_SCOPE
-from .netopts import attach_link, network_option, require_egress
+from ...defaults import RunRecord
+from ...values import check_labels, check_retries
+from ..imagedefaults import run_defaults
+from ...network.client import LOCAL_SCOPE
+from .network import attach_link, network_option, require_egress
 
 
 

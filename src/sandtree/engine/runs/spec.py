@@ -13,14 +13,14 @@ import os
 import shutil
 from typing import Callable
 
-from .. import defaults as D
-from ..errors import InvalidInput, NotFound, PathEscape
-from ..runtime.base import InjectedFile, Limits
-from ..store import inspect
-from ..store.layers import IdMap
-from ..store.objects import DIR
-from ..store.store import Store
-from ..values import parse_size
+from ... import defaults as D
+from ...errors import InvalidInput, NotFound, PathEscape
+from ...runtime.base import InjectedFile, Limits
+from ...store import inspect
+from ...store.layers import IdMap
+from ...store.objects import DIR
+from ...store.store import Store
+from ...values import parse_size
 
 def default_idmap() -> IdMap:
     if os.geteuid() == 0:

@@ -22,18 +22,18 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
+from ...store.layers import (IdMap, is_whiteout, make_placeholder, make_whiteout, opaque_xattr,
                            logical_xattrs, read_xattrs, remove_tree, set_layer_xattrs)
-from ..errors import Conflict, InvalidInput, NotFound, TooLarge
-from ..runtime.openat2 import open_in_root
-from ..store import durable
-from ..store.blobs import BlobStore
-from ..store.db import Database
-from ..store.names import check_path_length
-from ..store.delta import write_delta
-from ..store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
+from ...errors import Conflict, InvalidInput, NotFound, TooLarge
+from ...runtime.openat2 import open_in_root
+from ...store import durable
+from ...store.blobs import BlobStore
+from ...store.db import Database
+from ...store.names import check_path_length
+from ...store.delta import write_delta
+from ...store.objects import (BLK, CHR, DIR, FILE, KIND_OF_MODE, SYMLINK, Entry, decode_tree, encode_xattrs,
                             tree_hash_and_data)
-from ..store.store import ImageRow, Store
+from ...store.store import ImageRow, Store
 
 MAX_LAYERS = 64          # well under the kernel's 500 and where lookups stay fast (PLATFORM.md)
 MOUNT_POINTS = ("proc", "dev", "sys")   # made by the helper or runsc when an image lacks them

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import time
 
-from ..errors import NotFound
-from ..store.db import dumps
-from ..values import check_kind
-from ..store.store import Store
-from ..branching.lineage import op_summary
+from ...errors import NotFound
+from ...store.db import dumps
+from ...values import check_kind
+from ...store.store import Store
+from ...branching.lineage import op_summary
 
 _COLUMNS = "id, kind, source, result, spec, outcome, started, finished"
 
