@@ -1,8 +1,8 @@
 """The engine: store + runtime + the operations that combine them (see core.Engine)."""
 
-from .builds import BuildResult, StepResult
+from .builds.builds import BuildResult, StepResult
 from .core import Engine
-from .dockerfiles import dockerfile_recipe
+from .builds.dockerfiles import dockerfile_recipe
 from ..recipe.builder import RecipeBuilder
 from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
 from ..store.imageconfig import CONFIG_PATH, ImageConfig

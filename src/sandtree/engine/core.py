@@ -34,8 +34,8 @@ from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
 from .annotations import AnnotationOps, shown_annotations
 from .branching import BranchingOps
-from .buildcontexts import ContextBuildOps
-from .builds import BuildOps
+from .builds.contexts import ContextBuildOps
+from .builds.builds import BuildOps
 from .imports import ImportOps
 from .inspection import InspectionOps
 from .oci import OciOps

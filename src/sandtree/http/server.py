@@ -26,7 +26,7 @@ from fastapi import FastAPI
 
 from .. import defaults as D
 from ..engine import Engine, parse_size
-from ..engine.dockerfiles import dockerfile_recipe
+from ..engine.builds.dockerfiles import dockerfile_recipe
 from ..engine.warm.rollover import RecipeWatch
 from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router

@@ -263,7 +263,7 @@ class _Parser:
                 raise _fail(ln, f"--from={frm} is this stage itself")
             try:
                 # Copy.from_stage: an earlier stage's name (lower case) or index, else an image
-                # reference as written (engine/builds.py reads a stage name before an image)
+                # reference as written (engine/builds/builds.py reads a stage name before an image)
                 found = self.find_stage(frm, st.index)
                 kw["from_stage"] = found[6:] if found else frm
             except InvalidInput as e:

@@ -100,7 +100,7 @@ CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
     action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
--- The build cache (engine/buildcache.py): a principal's step key -> the image its step made, written in
+-- The build cache (engine/builds/cache.py): a principal's step key -> the image its step made, written in
 -- the transaction that records the step; a hit needs the image still there (and visible). principal: the
 -- tenant that built it, '' the operator (and admins): one principal never hits, nor replaces, another's row.
 CREATE TABLE IF NOT EXISTS build_cache_by(principal TEXT NOT NULL, key TEXT NOT NULL, image TEXT NOT NULL,

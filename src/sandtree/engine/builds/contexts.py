@@ -8,7 +8,7 @@ hard link leaving the archive, names by the one name rule) under CONTEXT_LIMITS 
 ratio to the tar, depth; device nodes and FIFOs refused) into a private staging dir of the store,
 which goes when the build ends, whatever happens. Then it is an ordinary context directory
 (recipe/context.py: symlinks in it are kept as symlinks and never followed, a COPY through or of
-one that leaves the context is refused), parsed (engine/dockerfiles.py) and built (builds.py).
+one that leaves the context is refused), parsed (engine/builds/dockerfiles.py) and built (builds.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import io
 import os
 import stat
 
-from ..errors import BadArchive, InvalidInput, TooLarge
-from ..recipe.context import MAX_BYTES, MAX_DEPTH, MAX_ENTRIES, BuildContext
-from ..recipe.lexer import MAX_TEXT_BYTES
-from ..store import importers
-from ..store.layers import remove_tree
+from ...errors import BadArchive, InvalidInput, TooLarge
+from ...recipe.context import MAX_BYTES, MAX_DEPTH, MAX_ENTRIES, BuildContext
+from ...recipe.lexer import MAX_TEXT_BYTES
+from ...store import importers
+from ...store.layers import remove_tree
 from .dockerfiles import dockerfile_recipe
 
 __all__ = ["ContextBuildOps", "CONTEXT_LIMITS", "unpacked_context"]

@@ -20,14 +20,14 @@ import posixpath
 import stat
 import tarfile
 
-from ..errors import Conflict, InvalidInput, NotFound
-from ..recipe.steps import ContextFile, Copy
-from ..runtime.openat2 import open_in_root
-from ..store import importers, inspect
-from ..store.layers import remove_tree
-from ..store.objects import DIR, FILE, SYMLINK
-from ..store.store import Store
-from .edits import Upper
+from ...errors import Conflict, InvalidInput, NotFound
+from ...recipe.steps import ContextFile, Copy
+from ...runtime.openat2 import open_in_root
+from ...store import importers, inspect
+from ...store.layers import remove_tree
+from ...store.objects import DIR, FILE, SYMLINK
+from ...store.store import Store
+from ..edits import Upper
 
 __all__ = ["placements", "copy_context", "copy_image", "dest_path"]
 

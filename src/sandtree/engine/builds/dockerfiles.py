@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 
-from ..errors import InvalidInput, NotFound
-from ..recipe.context import BuildContext, read_text
-from ..recipe.dockerfile import parse
-from ..recipe.lexer import MAX_TEXT_BYTES
-from ..recipe.steps import Recipe
-from ..values import DEFAULT_ENV
+from ...errors import InvalidInput, NotFound
+from ...recipe.context import BuildContext, read_text
+from ...recipe.dockerfile import parse
+from ...recipe.lexer import MAX_TEXT_BYTES
+from ...recipe.steps import Recipe
+from ...values import DEFAULT_ENV
 
 __all__ = ["read_dockerfile", "dockerfile_recipe"]
 

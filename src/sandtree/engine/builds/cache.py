@@ -23,8 +23,8 @@ import hashlib
 import json
 import time
 
-from ..recipe.steps import ContextFile
-from ..store.store import Store
+from ...recipe.steps import ContextFile
+from ...store.store import Store
 
 __all__ = ["step_key", "lookup", "put", "Entry", "KEY_VERSION", "OPERATOR"]
 
