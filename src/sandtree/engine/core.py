@@ -32,13 +32,13 @@ from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
-from .annotations import AnnotationOps, shown_annotations
-from .branching import BranchingOps
+from .images.annotations import AnnotationOps, shown_annotations
+from .images.branching import BranchingOps
 from .builds.contexts import ContextBuildOps
 from .builds.builds import BuildOps
-from .imports import ImportOps
-from .inspection import InspectionOps
-from .oci import OciOps
+from .images.imports import ImportOps
+from .images.inspection import InspectionOps
+from .images.oci import OciOps
 from .runs.operations import Operations
 from .warm.rollover import RecipePools
 from .warm.pools import Pools
@@ -48,7 +48,7 @@ from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
 from .runs.spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
-from .uploads import UploadOps
+from .images.uploads import UploadOps
 
 try:
     from ..network.client import Egress

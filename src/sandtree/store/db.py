@@ -111,7 +111,7 @@ CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL
     hermetic INTEGER NOT NULL, created REAL NOT NULL);
 -- Ephemeral images (store/ephemeral.py): a disposable run's end state, unlisted, collected after a TTL.
 CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
--- Annotations (engine/annotations.py): a score and metadata about an image, like git notes: they never
+-- Annotations (engine/images/annotations.py): a score and metadata about an image, like git notes: they never
 -- change its ID. Each principal's own (a tenant's name, '' the operator and admins): one that writes them
 -- changes only what it reads itself.
 CREATE TABLE IF NOT EXISTS annotations_by(principal TEXT NOT NULL, image TEXT NOT NULL, score REAL,

@@ -4,7 +4,7 @@ each step one operation on the previous step's image, cached on the image DAG.
 From resolves a ref, pulls docker:// (cached by reference: no pull again unless no_cache), or is
 scratch (the empty image); Run is a run (the image's config gives env/cwd/user; ARG variables the
 config's ENV does not set are added); Copy writes context files or another stage's files and commits
-them (builds/copies.py); Configure writes the image's config (imagedefaults.py reads it). Every step's
+them (builds/copies.py); Configure writes the image's config (images/rundefaults.py reads it). Every step's
 result is an image whose lineage edge is labelled by the step's text; a step's key (builds/cache.py)
 finds a result made before, and then nothing runs. Only the stages the target needs are built. A
 failed RUN raises BuildFailed naming its line, with its stderr's tail, and tags nothing.
@@ -32,9 +32,9 @@ from ...store.names import check_tag
 from ...store.objects import DIR
 from . import cache as buildcache
 from .copies import copy_context, copy_image, dest_path
-from ..edits import commit_edit
-from ..imagedefaults import image_config, resolve_user
-from ..scratch import scratch_image
+from ..images.edits import commit_edit
+from ..images.rundefaults import image_config, resolve_user
+from ..images.scratch import scratch_image
 
 __all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
 

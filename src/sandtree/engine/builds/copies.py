@@ -27,7 +27,7 @@ from ...store import importers, inspect
 from ...store.layers import remove_tree
 from ...store.objects import DIR, FILE, SYMLINK
 from ...store.store import Store
-from ..edits import Upper
+from ..images.edits import Upper
 
 __all__ = ["placements", "copy_context", "copy_image", "dest_path"]
 

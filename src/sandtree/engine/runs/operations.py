@@ -32,7 +32,7 @@ from ...errors import InvalidInput, NotFound, SandtreeError
 from ...runtime.base import Limits
 from ...procid import Owner
 from .heartbeat import Heartbeats
-from ..imports import registry_module
+from ..images.imports import registry_module
 from ..processes.instances import Instances
 from ..processes.spawned import fold_process, public_view
 from ...store.names import check_tag

@@ -22,7 +22,7 @@ from ...branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ...defaults import RunRecord
 from ...values import check_labels, check_retries
-from ..imagedefaults import run_defaults
+from ..images.rundefaults import run_defaults
 from ...network.client import LOCAL_SCOPE
 from .network import attach_link, network_option, require_egress
 

@@ -49,7 +49,7 @@ from .session import command_spec
 from ..runs.spec import RunSpecs
 from ...defaults import RunRecord
 from ...values import check_labels, labels_match
-from ..imagedefaults import run_defaults
+from ..images.rundefaults import run_defaults
 from ..runs.network import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed

@@ -35,7 +35,7 @@ from ...runtime.liveproc import LiveHandle
 from ...runtime.validate import validate_spec
 from ...procid import start_time
 from ...store.store import Store
-from ..imagedefaults import run_defaults
+from ..images.rundefaults import run_defaults
 from ..runs.network import network_option, require_egress
 from ..runs.spec import RunSpecs
 

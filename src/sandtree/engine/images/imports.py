@@ -13,15 +13,15 @@ import time
 import uuid
 from typing import Callable
 
-from ..errors import NotFound
-from ..store import importers, ociin, refs
-from ..store.blobs import BlobStore
-from ..store.db import Database
-from ..store.layers import remove_tree
-from ..store.names import check_tag
-from ..store.scan import scan
-from ..store.store import Store
-from .runs.records import Records
+from ...errors import NotFound
+from ...store import importers, ociin, refs
+from ...store.blobs import BlobStore
+from ...store.db import Database
+from ...store.layers import remove_tree
+from ...store.names import check_tag
+from ...store.scan import scan
+from ...store.store import Store
+from ..runs.records import Records
 
 
 class ImportOps:
@@ -178,5 +178,5 @@ class ImportOps:
 def registry_module():
     """store/registry.py, imported on the first registry call: it loads httpx, which a run never
     needs (the one place the engine imports late)."""
-    from ..store import registry    # httpx: loaded for registry work only
+    from ...store import registry    # httpx: loaded for registry work only
     return registry

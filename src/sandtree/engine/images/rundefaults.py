@@ -11,12 +11,12 @@ from __future__ import annotations
 import collections
 import threading
 
-from ..errors import InvalidInput, NotFound, PathEscape
-from ..store import inspect
-from ..store.imageconfig import CONFIG_PATH, MAX_CONFIG_BYTES, ImageConfig
-from ..store.objects import FILE
-from ..store.store import Store
-from ..values import DEFAULT_ENV
+from ...errors import InvalidInput, NotFound, PathEscape
+from ...store import inspect
+from ...store.imageconfig import CONFIG_PATH, MAX_CONFIG_BYTES, ImageConfig
+from ...store.objects import FILE
+from ...store.store import Store
+from ...values import DEFAULT_ENV
 
 __all__ = ["image_config", "resolve_user", "RunDefaults", "run_defaults", "MAX_ACCOUNT_FILE", "MAX_ID"]
 

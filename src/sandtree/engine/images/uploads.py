@@ -9,10 +9,10 @@ import os
 import re
 import time
 
-from ..errors import InvalidInput, NotFound
-from ..store.blobs import hash_file
-from ..store.db import dumps
-from ..values import newest_page
+from ...errors import InvalidInput, NotFound
+from ...store.blobs import hash_file
+from ...store.db import dumps
+from ...values import newest_page
 
 
 class UploadOps:

@@ -6,9 +6,9 @@ are the ones `registry login` kept for pulls.
 
 from __future__ import annotations
 
-from ..store import ociout
-from ..store.layers import remove_tree
-from ..store.names import check_tag
+from ...store import ociout
+from ...store.layers import remove_tree
+from ...store.names import check_tag
 from .imports import registry_module
 
 

@@ -8,19 +8,19 @@ import os
 import time
 import uuid
 
-from .runs import commit as commit_mod
-from ..store.blobs import BlobStore
-from ..store.db import Database
-from ..store.delta import write_delta
-from ..store.layers import remove_tree
-from ..store.objects import DIR, FILE, decode_tree
-from ..store.store import Store
-from ..branching import bundle, lineage
-from ..store import durable, refs
-from ..branching import diff as diff_mod
-from ..branching import merge as merge_mod
-from ..branching.merge import check_on_conflict, conflict_outcome
-from .runs.records import Records
+from ..runs import commit as commit_mod
+from ...store.blobs import BlobStore
+from ...store.db import Database
+from ...store.delta import write_delta
+from ...store.layers import remove_tree
+from ...store.objects import DIR, FILE, decode_tree
+from ...store.store import Store
+from ...branching import bundle, lineage
+from ...store import durable, refs
+from ...branching import diff as diff_mod
+from ...branching import merge as merge_mod
+from ...branching.merge import check_on_conflict, conflict_outcome
+from ..runs.records import Records
 
 PREVIEW_FILES, PREVIEW_BYTES = 50, 256 * 1024     # a merge preview's marked files: how many, how much of each
 

@@ -14,12 +14,12 @@ import stat
 import time
 import uuid
 
-from ..errors import InvalidInput, NotFound, PathEscape
-from ..store import inspect
-from ..store.layers import make_whiteout, remove_tree
-from ..store.names import PATH_BYTES_MAX
-from ..store.objects import DIR
-from ..store.store import Store
+from ...errors import InvalidInput, NotFound, PathEscape
+from ...store import inspect
+from ...store.layers import make_whiteout, remove_tree
+from ...store.names import PATH_BYTES_MAX
+from ...store.objects import DIR
+from ...store.store import Store
 
 __all__ = ["Upper", "commit_edit"]
 

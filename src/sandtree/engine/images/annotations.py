@@ -18,7 +18,7 @@ import math
 import re
 import time
 
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 __all__ = ["AnnotationOps", "read_annotations", "write_annotations", "shown_annotations", "OPERATOR", "KEY_RE", "MAX_KEYS", "MAX_VALUE", "MAX_META_BYTES", "check_score",
            "check_meta"]

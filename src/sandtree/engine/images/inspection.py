@@ -3,10 +3,10 @@ and its history (what made it, from what: records.py's operation rows and edges)
 
 from __future__ import annotations
 
-from .. import defaults as D
-from ..branching import lineage
-from ..store import inspect
-from ..store.objects import Entry
+from ... import defaults as D
+from ...branching import lineage
+from ...store import inspect
+from ...store.objects import Entry
 
 
 class InspectionOps:

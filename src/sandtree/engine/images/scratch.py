@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .builds import cache as buildcache
+from ..builds import cache as buildcache
 
 __all__ = ["scratch_image"]
 
