@@ -20,7 +20,7 @@ import os
 import re
 
 from ..errors import DiskFull, TooLarge
-from ..tenancy.gate import STATE_KEY
+from .gate import STATE_KEY
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)

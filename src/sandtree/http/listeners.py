@@ -29,7 +29,7 @@ from starlette.websockets import WebSocketClose
 from ..engine.sandboxes.previews import base_domain, check_base, parse_host, preview_url
 from ..engine.sandboxes.ports import port_path
 from ..errors import NotFound
-from ..tenancy.gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
+from .gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
 
 __all__ = ["Listeners", "bind", "default_base", "PROXY_ROUTE"]
 

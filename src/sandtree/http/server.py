@@ -5,7 +5,7 @@ statuses through one table (errors.ERRORS: each class carries its status). The r
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
 branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
-registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1;
+registries), admin.py (health, metrics, the store); contree/ is Contree's own API under /v1;
 webpage.py serves the web page at / (it calls only /api/v1); terminal.py is a live sandbox's
 terminal over a WebSocket (the engine's sandbox_popen with a pty).
 What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
@@ -28,13 +28,13 @@ from .. import defaults as D
 from ..engine import Engine, parse_size
 from ..engine.builds.dockerfiles import dockerfile_recipe
 from ..engine.warm.rollover import RecipeWatch
-from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
+from .gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
 from .branching import branching_router
 from .builds import builds_router
-from .contree import contree_router
+from .contree.routes import contree_router
 from .files import files_router
 from .images import images_router
 from .listeners import Listeners, bind

@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 
 from ..errors import Forbidden, NotFound, SandtreeError, Unauthorized
-from .tenant import Tenant
+from ..tenancy.tenant import Tenant
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"

@@ -1,5 +1,5 @@
 """Contree's subprocesses of a running instance under /v1/operations/{id}/subprocesses, and the
-events they add to the operation's stream (for contree.py).
+events they add to the operation's stream (for contree/routes.py).
 
 An instance that is still running is a live sandbox (engine/processes/instances.py); its subprocesses are
 processes started in it: spid 1 is the instance's own command, 2, 3, ... the ones added here.
@@ -20,8 +20,8 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from . import contree_wire as wire
-from ..errors import InvalidInput
+from . import wire
+from ...errors import InvalidInput
 
 
 class SubprocessIn(wire.Lenient):
@@ -97,7 +97,7 @@ def proc_events(seq: int, data: str) -> list[dict]:
 
 
 def subprocesses_router(engine_for, route_class) -> APIRouter:
-    """Routes added to contree.py's /v1 router; route_class: its ContreeRoute (Contree's errors).
+    """Routes added to routes.py's /v1 router; route_class: its ContreeRoute (Contree's errors).
     (No `from __future__ import annotations` here: FastAPI reads the local Engine annotation.)"""
     router = APIRouter(route_class=route_class)
 

@@ -1,5 +1,5 @@
 """What Contree's /v1 means that sandtree's own API says differently, kept apart from the routes
-(contree.py) and the wire shapes (contree_wire.py): `~` in an inspected path, a spawn that cannot
+(contree/routes.py) and the wire shapes (contree/wire.py): `~` in an inspected path, a spawn that cannot
 start, `preserve_cwd`, `networking`, and the operation list that holds image imports too.
 
 Each follows contree-client 0.4.4's OpenAPI document (InstanceSpawnRequest, EventDataCompletion,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import InvalidInput, NotFound, SandtreeError
-from ..engine import CONFIG_PATH
+from ...errors import InvalidInput, NotFound, SandtreeError
+from ...engine import CONFIG_PATH
 
 __all__ = ["image_path", "spawn_failure", "preserve_cwd_file", "preserve_env_files", "network_for", "list_operations"]
 

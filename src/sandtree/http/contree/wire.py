@@ -1,4 +1,4 @@
-"""Contree's wire shapes from sandtree's records, and back (for contree_api.py).
+"""Contree's wire shapes from sandtree's records, and back (for contree/wire.py).
 
 Names: Contree names images, operations and uploads by UUID. Ours are hex digests (images,
 uploads: sha256) and uuid4 hex (operations), so a UUID is just the first 128 bits of the ID,
@@ -16,8 +16,8 @@ import uuid as uuid_mod
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..errors import InvalidInput, NotFound
-from .models import utf8_only
+from ...errors import InvalidInput, NotFound
+from ..models import utf8_only
 
 # our operation statuses -> Contree's enum (a run that exited non-zero still SUCCEEDED: it ran)
 OP_STATUS = {"queued": "PENDING", "running": "EXECUTING", "done": "SUCCESS", "failed": "FAILED",

@@ -2,7 +2,7 @@
 contree-mcp, contree-client) work unmodified against `sandtree serve`.
 
 An adapter like server.py: each route translates one request into engine calls and the answer
-into Contree's wire shapes (contree_wire.py; Contree's OpenAPI document ships in the
+into Contree's wire shapes (contree/wire.py; Contree's OpenAPI document ships in the
 `contree-client` wheel). Every route gets its engine from `engine_for(request)`, so a per-token
 engine can be swapped in.
 
@@ -31,12 +31,12 @@ from fastapi.responses import (
 )
 from fastapi.routing import APIRoute
 
-from . import contree_compat as compat
-from . import contree_wire as wire
-from .contree_subprocesses import live_options, proc_events, subprocesses_router
-from .bodylimit import spool, unstage
-from .. import config
-from ..errors import InvalidInput, NotFound, SandtreeError
+from . import compat
+from . import wire
+from .subprocesses import live_options, proc_events, subprocesses_router
+from ..bodylimit import spool, unstage
+from ... import config
+from ...errors import InvalidInput, NotFound, SandtreeError
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -306,7 +306,7 @@ def contree_router(engine_for, stage) -> APIRouter:
                 new, ended = await call(ops.events_after, op, cursor, 10.0 if following else 0)
                 for seq, kind, data in new:
                     cursor = seq
-                    # a subprocess's events are contree_subprocesses.py's
+                    # a subprocess's events are contree/subprocesses.py's
                     evs = proc_events(seq, data) if kind == "proc" else await call(translate, seq, kind, data)
                     text = frames(evs)
                     if text:
