@@ -50,10 +50,7 @@ from .runs.spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
 from .images.uploads import UploadOps
 
-try:
-    from ..network.client import Egress
-except ImportError:               # (the links part of issue 14, until it is merged: no egress daemon)
-    Egress = None
+from ..network.client import Egress
 
 _TENANCY_LOCK = threading.Lock()
 
@@ -141,9 +138,6 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._egress is None:
             with self._parts_lock:
                 if self._egress is None:
-                    if Egress is None:
-                        raise RuntimeUnavailable("the egress daemon's client (network/client.py) is not "
-                                                 "in this build: ports cannot be exposed")
                     self._egress = Egress(self.store.home)
         return self._egress
 
