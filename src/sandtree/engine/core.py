@@ -351,7 +351,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
 
     def whoami(self) -> dict:
         """Who the caller is and what it may do: an in-process engine is its own single tenant with
-        every scope; a tenant's view of the engine (issue 4) narrows all three."""
+        every scope; a tenant's view of the engine narrows all three."""
         lim = self.default_limits
         return {"tenant": "local", "scopes": list(self.SCOPES),
                 "limits": {"timeout": lim.timeout, "memory": lim.memory, "pids": lim.pids,
@@ -482,8 +482,8 @@ def microvm_reason() -> str:
     return "hardware virtualization is present, but sandtree has no microVM tier yet"
 
 
-# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull (issue 12
-# item 12), wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
+# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull,
+# wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
 for _name in [n for n in dir(Engine) if not n.startswith("_")]:
     _attr = getattr(Engine, _name)
     if callable(_attr) and not isinstance(getattr(type(Engine), _name, None), property) and \

@@ -1,4 +1,4 @@
-"""Request body caps for `sandtree serve` (issue 12 item 9): no body is read past its cap.
+"""Request body caps for `sandtree serve`: no body is read past its cap.
 
 One ASGI middleware, inside httpauth.TenantGate (so the caller's tenant is known), counts the bytes
 of every request body as the route reads them. Upload routes (a file, an image tar, a build context

@@ -12,7 +12,7 @@ What they share (the caller's engine, calls in threads, the error shape) is plum
 request bodies are models.py. quickruns.py answers a well-formed POST /runs (the busiest route)
 before FastAPI's routing; anything else goes on to it. Without tokens the server only listens on loopback.
 
-Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
+Tenants: gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
 and other routers take the same view with `Depends(engine_for)`.
 """

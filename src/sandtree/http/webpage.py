@@ -1,4 +1,4 @@
-"""The web page (issue 19): `/` and its assets under `/ui/`, files of this package (http/static/:
+"""The web page: `/` and its assets under `/ui/`, files of this package (http/static/:
 hand-written HTML, CSS and JavaScript; nothing fetched from elsewhere, no build step).
 
 The page holds no data and no logic of its own: it calls /api/v1 with the token the user gives it

@@ -1,4 +1,4 @@
-"""A Dockerfile as a Recipe (steps.py): the subset of issue 15 with Docker's meaning, every other
+"""A Dockerfile as a Recipe (steps.py): the subset of Dockerfile sandtree builds, with Docker's meaning, every other
 input refused with the line and the instruction named (InvalidInput(line=N)).
 
     FROM [image|docker://...|scratch|STAGE] [AS name]     RUN [--network=POLICY] cmd | ["exec", "form"]

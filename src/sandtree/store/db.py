@@ -6,7 +6,7 @@ listed whose objects are missing. One connection per thread; writers serialise o
 
 On-disk format: `meta.format` holds SCHEMA_VERSION; a store written by a newer sandtree is refused.
 
-A full disk (issue 12 item 12): a write that finds no room raises DiskFull ("disk full"), never a
+A full disk: a write that finds no room raises DiskFull ("disk full"), never a
 raw sqlite3 error, and nothing of it is kept (the transaction rolls back). Reads keep working: a
 WAL database needs its -shm file, which a connection must create when no other one is open; if
 that fails for want of room, and no WAL file holds unmerged commits (so the main file is
@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS tenant_images(tenant TEXT NOT NULL, image TEXT NOT NU
     PRIMARY KEY(tenant, image));
 -- A token's network grant (network/policy.py Grant.to_json): a token without a row may ask for none.
 CREATE TABLE IF NOT EXISTS token_network(token TEXT PRIMARY KEY, grant_json TEXT NOT NULL);
--- the isolation tier forced on a token's runs, starts and builds (issue 18: `token create --tier gvisor`)
+-- the isolation tier forced on a token's runs, starts and builds (`token create --tier gvisor`)
 CREATE TABLE IF NOT EXISTS token_tier(token TEXT PRIMARY KEY, tier TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tenant_ops(op TEXT PRIMARY KEY, tenant TEXT NOT NULL, token TEXT);
 CREATE INDEX IF NOT EXISTS tenant_ops_tenant ON tenant_ops(tenant);

@@ -1,4 +1,4 @@
-"""Tenancy (issue 4): one engine, many tenants, each seeing only its own things.
+"""Tenancy: one engine, many tenants, each seeing only its own things.
 
 A token is `stk_<id>_<secret>`: the id is public (list, revoke, audit), the secret random and
 shown once; the store keeps sha256(secret) only (a 256-bit random secret needs no slow hash).

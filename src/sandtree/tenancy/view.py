@@ -299,7 +299,7 @@ class TenantView(TenantSight):
                                             (self.tenant.name,))}
         return [s for s in self.engine.sandbox_list(all=all, labels=labels) if s["id"] in mine]
 
-    # ---- builds (issue 15): the view is the build's guard (engine/builds/builds.py OperatorGuard's methods) ----
+    # ---- builds: the view is the build's guard (engine/builds/builds.py OperatorGuard's methods) ----
     def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
               progress=None):
         # rule: a build is a run (a slot of max_runs, RUN steps within its limits and grant), resolves

@@ -1,4 +1,4 @@
-"""Builds (a mixin of engine.Engine, issue 15): a Recipe executed as a chain of engine operations,
+"""Builds (a mixin of engine.Engine): a Recipe executed as a chain of engine operations,
 each step one operation on the previous step's image, cached on the image DAG.
 
 From resolves a ref, pulls docker:// (cached by reference: no pull again unless no_cache), or is

@@ -1,4 +1,4 @@
-"""The build cache on the image DAG (issue 15): a step's key -> the image it made.
+"""The build cache on the image DAG: a step's key -> the image it made.
 
 The key is the sha256 of everything that decides the step's result: the parent image ID (its
 files and its config), the step's text (the instruction after ARG/ENV expansion), the content

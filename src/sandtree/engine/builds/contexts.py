@@ -1,5 +1,5 @@
-"""Builds of a Dockerfile with a build context that is a directory or a tar (a mixin of engine.Engine;
-issue 15 item 7): what `POST /api/v1/builds`, the remote client, the CLI against a server and the MCP
+"""Builds of a Dockerfile with a build context that is a directory or a tar (a mixin of
+engine.Engine): what `POST /api/v1/builds`, the remote client, the CLI against a server and the MCP
 `build` tool reach.
 
 A context tar is untrusted (a tenant sent it): it is unpacked by the store's import extractor

@@ -1,4 +1,4 @@
-"""An image's run defaults (issue 15): its config (store/imageconfig.py, the file CONFIG_PATH in
+"""An image's run defaults: its config (store/imageconfig.py, the file CONFIG_PATH in
 the image) read, and turned into what a run, a live sandbox or a pooled run gets when its caller
 leaves env, cwd or user out: DEFAULT_ENV + the config's env + the caller's; the config's working
 directory (else "/"); the config's user resolved in the image's own /etc/passwd and /etc/group.

@@ -1,4 +1,4 @@
-"""Heartbeats of the engines that own operations (issue 20 item 4: API replicas on one database).
+"""Heartbeats of the engines that own operations (API replicas on one database).
 
 An unfinished operation row names its owner (procid.Owner: boot id, pid, start time, pid
 namespace). An owner on this machine is judged by its process; one of another boot id (another

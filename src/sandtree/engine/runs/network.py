@@ -1,4 +1,4 @@
-"""A run's or live sandbox's network option (issue 14): the `network=` value as a Policy ("inherit":
+"""A run's or live sandbox's network option: the `network=` value as a Policy ("inherit":
 the policy recorded on the run that produced the image), its secrets, and the link the egress
 daemon gives it -- what the RunSpec gets (the link's namespace, resolv.conf, the CA bundle, the
 secrets' placeholders in the env) and what the records keep (the canonical policy, secrets by name

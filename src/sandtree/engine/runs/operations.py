@@ -8,7 +8,7 @@ dies leaves rows unfinished: the next engine marks those of dead processes faile
 leaving them "running" forever; an engine that runs or watches operations looks again every few
 seconds, and judges owners on other machines by their heartbeats (heartbeat.py: API replicas).
 
-What this process keeps per operation is bounded (issue 12 item 9: a flooding run grew a server
+What this process keeps per operation is bounded (a flooding run grew a server
 by gigabytes, never freed): live output events are kept up to the run's output cap per stream (the
 run itself keeps no more; the end event then says `events_truncated`), and all stream events of
 a live run's processes together up to LOG_BUDGET caps (then one `size_cap` event, and no more); an ended operation's

@@ -3,7 +3,7 @@ unlink, _running, _row, _view, _commit_lock, _snapshot, check_resolv_link, hold_
 and info): a live sandbox saved whole (its filesystem an image, its processes a checkpoint) and
 brought back where it was.
 
-With S3 objects (issue 20) the checkpoint directory is also uploaded (store/checkpoints.py) before
+With S3 objects the checkpoint directory is also uploaded (store/checkpoints.py) before
 the row says `hibernated`, its sha256 and size in the row's spec ("checkpoint"): any node of the
 store resumes it, fetching and verifying the checkpoint when its home lacks it. A failed upload
 leaves it hibernated on this node alone (nothing is lost; the row has no "checkpoint")."""

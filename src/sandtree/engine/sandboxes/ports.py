@@ -1,4 +1,4 @@
-"""Exposed ports of live sandboxes (issue 14, item 5): sandbox_expose, sandbox_unexpose,
+"""Exposed ports of live sandboxes: sandbox_expose, sandbox_unexpose,
 sandbox_ports and sandbox_port_url of the operation table.
 
 A port is exposed by the egress daemon (network/daemon.py, through the engine's Egress client):

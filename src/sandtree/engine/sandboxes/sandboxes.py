@@ -1,6 +1,6 @@
 """Live sandboxes: started from an image, entered by many commands, committed while running.
 
-The engine's half of issue 6 (the runtime's half is runtime/live.py). A live sandbox is a row in the
+The engine's half of live sandboxes (the runtime's half is runtime/live.py). A live sandbox is a row in the
 `sandboxes` table (its image, its LiveHandle, its limits, its last commit) and a set of processes that
 outlive whoever started them; any engine process finds them by id, so the CLI's `sandtree start` and
 `sandtree exec` work across invocations and a restarted server re-attaches to what is still running.

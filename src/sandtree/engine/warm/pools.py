@@ -1,6 +1,6 @@
 """Warm pools: sandboxes of one image started ahead, so a run from that image skips setup.
 
-The golden-environment pattern (issue 6): `st.pool(image, size=N)` keeps N live sandboxes of
+The golden-environment pattern: `st.pool(image, size=N)` keeps N live sandboxes of
 the image ready (namespaces, overlay, /dev, /proc, cgroup: everything but the command). A run on
 that image with the pool's limits takes one, enters it with the command, and commits its upper
 exactly as a run would (same image ID for the same change); the used sandbox is stopped off the

@@ -1,4 +1,4 @@
-"""Golden pools from recipes (issue 15): a recipe built (or found in the build cache) and a warm
+"""Golden pools from recipes: a recipe built (or found in the build cache) and a warm
 pool (pools.py) kept of its result under a tag; a rebuild whose ID differs rolls the pool over.
 
 Roll-over never leaves a run without a warm sandbox on purpose: the new image's pool is started

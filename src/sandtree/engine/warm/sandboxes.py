@@ -3,7 +3,7 @@ that spec already started (detached, pid 1 waiting), so the next `sandbox_start`
 spec only claims it: its row goes from state "ahead" to "running" with the caller's record, and
 its end moves from AHEAD_LIFETIME to the caller's lifetime (runtime/live.py retime). One
 long-lived thread starts the replacement off the caller's path. An evaluation that forks one
-image per sample (inspect-ai's sample_init, issue 17) pays for a claim, not for a start.
+image per sample (inspect-ai's sample_init) pays for a claim, not for a start.
 
 Only specs that carry nothing per call are started ahead: no injected files, no network link
 (a link is per sandbox), tier namespaces; the key covers everything else the sandbox is made
