@@ -141,7 +141,7 @@ class ErrorOut(BaseModel):
 
 
 class ContreeErrorOut(BaseModel):
-    """Contree's error shape, under /v1 (contree/routes.py)."""
+    """Contree's error shape, under /v1 (contree.py)."""
     model_config = ConfigDict(extra="allow")
     error: str = Field(description="what went wrong, for people")
     status: int
