@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from conftest import make_rootfs  # noqa: E402
 
 import sandtree  # noqa: E402
-from sandtree.engine.dockerfiles import dockerfile_recipe  # noqa: E402
+from sandtree.engine.builds.dockerfiles import dockerfile_recipe  # noqa: E402
 
 # _recipe's steps as a Dockerfile (the same texts, so the same keys and the same image)
 DOCKERFILE = """FROM {base}

@@ -1,4 +1,4 @@
-"""Contree's /v1 instances (issue 16): every instance is a live run (engine/instances.py: a live
+"""Contree's /v1 instances (issue 16): every instance is a live run (engine/processes/instances.py: a live
 sandbox its subprocesses join), against the plain run it was before. Rows, each an operation
 submitted and awaited through engine.operations (what /v1 adapts), /bin/true, disposable as /v1
 sends it ("ephemeral": the end state kept as an unlisted image):

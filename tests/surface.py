@@ -65,6 +65,7 @@ def openapi(engine) -> dict:
     from sandtree.http.server import build_app
     text = json.dumps(build_app(engine).openapi())
     text = text.replace("sandtree__http__models__", "sandtree__http__server__")   # the REST bodies' new module
+    text = text.replace("sandtree__http__contree__wire__", "sandtree__http__contree_wire__")  # http/contree/ a folder
     return json.loads(re.sub(r"sandtree__(?:http|mcp|client|engine|tenancy)__", "sandtree__", text))
 
 

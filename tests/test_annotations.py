@@ -13,7 +13,7 @@ import pytest
 import sandtree
 from sandtree.engine import Engine
 from sandtree.errors import Forbidden, ImageNotFound, InvalidInput, NotFound
-from sandtree.engine.annotations import MAX_KEYS, MAX_VALUE
+from sandtree.engine.images.annotations import MAX_KEYS, MAX_VALUE
 from sandtree.tenancy import Tenant
 
 

@@ -47,6 +47,7 @@ ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.mcp.server"),     # `sandtree mcp` starts the MCP server
     ("mcp", "sandtree.client.remote"),  # `sandtree mcp --url`: the engine over HTTP is an engine
     ("cli", "sandtree.client.remote"),  # `sandtree build --server`: the same
+    ("mcp", "sandtree.http.gate"),      # MCP over HTTP is served through the REST server's token gate
 }
 MAX_LINES = 500
 MAX_INNER_IMPORTS = 10

@@ -25,7 +25,7 @@ class Clock:
 
 
 def events(clock):
-    """What Engine.build reports for DOCKERFILE (the recorded shape of engine/builds.py's events)."""
+    """What Engine.build reports for DOCKERFILE (the recorded shape of engine/builds/builds.py's events)."""
     base = {"total": 5}
     yield {**base, "step": 1, "stage": "build", "line": 1, "text": "FROM busybox AS build", "status": "cached",
            "image": "a" * 64, "seconds": 0.0001}

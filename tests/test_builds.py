@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from sandtree.errors import BuildFailed, Conflict, InvalidInput, PathEscape
-from sandtree.engine.buildcopy import placements
+from sandtree.engine.builds.copies import placements
 from sandtree.recipe.builder import RecipeBuilder, list_context
 from sandtree.recipe.steps import Configure, Copy, From, Recipe, Run, Stage
 from sandtree.store.imageconfig import ImageConfig

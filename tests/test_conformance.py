@@ -11,7 +11,7 @@ import pytest
 from sandtree import table
 from sandtree.client.remote import RemoteEngine, RemoteOperations
 from sandtree.engine import Engine
-from sandtree.engine.operations import Operations
+from sandtree.engine.runs.operations import Operations
 from sandtree.tenancy import AdminView, TenantOperations, TenantView
 
 # What an engine has beside its operations: its own lifecycle, the tenancy entry point, and the

@@ -1,5 +1,5 @@
 """What a `sandtree serve` killed with -9 leaves behind, and what the next start does with it: a
-real server process, killed for real. Sandboxes it started ahead (engine/startahead.py) were no
+real server process, killed for real. Sandboxes it started ahead (engine/warm/sandboxes.py) were no
 caller's: the next server stops them before it serves (their processes, cgroups, deadline files,
 rows). Caller-visible live sandboxes are not the server's: they outlive it, as designed
 (docs/design.md, Live sandboxes), and the restarted server still reaches them."""

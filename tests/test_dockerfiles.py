@@ -1,4 +1,4 @@
-"""engine/dockerfiles.py: a Dockerfile on the host read safely, and the parser given the store's view
+"""engine/builds/dockerfiles.py: a Dockerfile on the host read safely, and the parser given the store's view
 of a base image's environment (its config's ENV over BuildKit's default PATH)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from sandtree.engine import dockerfiles
-from sandtree.engine.dockerfiles import dockerfile_recipe, read_dockerfile
+from sandtree.engine.builds import dockerfiles
+from sandtree.engine.builds.dockerfiles import dockerfile_recipe, read_dockerfile
 from sandtree.errors import InvalidInput, NotRegularFile, TooLarge
 from sandtree.store.imageconfig import ImageConfig
 from sandtree.values import DEFAULT_ENV

@@ -1,6 +1,6 @@
 """A gVisor hibernation answers once the checkpoint is whole and the row says `hibernated`; the old
 sandbox (paused by runsc, left by `runsc checkpoint --leave-running`) is stopped off that path
-(engine/retiring.py). An engine killed between the two must leave no sandbox both running and
+(engine/sandboxes/retiring.py). An engine killed between the two must leave no sandbox both running and
 hibernated, and lose nothing: the next reap, resume or stop stops the old one."""
 
 import os

@@ -177,7 +177,7 @@ def _me() -> tuple[int, int, int]:
 
 
 def test_an_operation_of_a_recycled_pid_is_recovered(st):
-    from sandtree.engine.operations import Operations
+    from sandtree.engine.runs.operations import Operations
     pid, start, ns = _me()
     rows = {"recycled": {"owner_pid": pid, "owner_start": start + 1, "owner_ns": ns},     # pid reused
             "mine": {"owner_pid": pid, "owner_start": start, "owner_ns": ns},             # alive: kept

@@ -256,7 +256,7 @@ def test_a_directory_swapped_for_a_symlink_mid_commit_reads_no_host_file(bb, tmp
     """The walk lstat()s d/f as a regular file; before its open, d becomes a symlink to a host
     directory holding another f (what an unfrozen sandbox could do). The commit must not put the
     host's file in the image: it refuses (Conflict) and commits nothing."""
-    import sandtree.engine.commit as commit_mod
+    import sandtree.engine.runs.commit as commit_mod
     host = tmp_path / "host"
     host.mkdir()
     (host / "f").write_bytes(b"HOST SECRET\n")
@@ -291,7 +291,7 @@ def test_a_directory_swapped_for_a_symlink_mid_commit_reads_no_host_file(bb, tmp
 def test_a_file_replaced_after_the_walks_lstat_is_not_committed_as_it(bb, tmp_path, monkeypatch):
     """Same race inside the upper: another file renamed over the one the walk saw. Its open
     succeeds, but it is not the walked inode (its size and metadata were the old one's)."""
-    import sandtree.engine.commit as commit_mod
+    import sandtree.engine.runs.commit as commit_mod
     upper = tmp_path / "u"
     upper.mkdir()
     (upper / "f").write_bytes(b"walked\n")

@@ -413,7 +413,7 @@ def test_ended_operations_shrink_to_their_end_event(tmp_path, rootfs, monkeypatc
     """Item 9: a live operation's events stay whole (a stream resuming with Last-Event-ID gets
     the rest); an ended one's shrink to its end event (so a late follower still learns how it
     ended), and its result is dropped past the retention bounds (its row stays)."""
-    from sandtree.engine import operations as ops_mod
+    from sandtree.engine.runs import operations as ops_mod
     engine = Engine(str(tmp_path / "home"), warm=0)
     try:
         engine.import_path(rootfs, tag="bb")

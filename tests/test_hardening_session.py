@@ -1,4 +1,4 @@
-"""Attacks on the shell session (engine/session.py) by another uid in the same sandbox: names it
+"""Attacks on the shell session (engine/sandboxes/session.py) by another uid in the same sandbox: names it
 makes in /dev/shm before root's first string command (a 1777 directory) must never make root
 source a file it chose, nor write root's exported values where it can read them."""
 

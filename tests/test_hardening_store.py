@@ -23,7 +23,7 @@ import pytest
 import zstandard
 
 import sandtree
-from sandtree.engine.commit import Committer
+from sandtree.engine.runs.commit import Committer
 from sandtree.errors import BadArchive, InvalidInput, NotRegularFile, TooLarge
 from sandtree.store import maintenance
 from sandtree.store.layers import remove_tree

@@ -1,4 +1,4 @@
-"""Live runs and the processes of a live sandbox (engine/instances.py, issue 16): a submitted run
+"""Live runs and the processes of a live sandbox (engine/processes/instances.py, issue 16): a submitted run
 whose command is process 1 of a live sandbox, joined by more processes while it runs, with stdin
 kept open and signals; a plain live sandbox's processes the same way; on the real kernel, through
 the table's rows sandbox_spawn / sandbox_stdin / sandbox_signal / sandbox_process (what Contree's

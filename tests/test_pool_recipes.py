@@ -20,7 +20,7 @@ import pytest
 from conftest import make_rootfs, serve_process
 from sandtree.cli.admin import pool_source
 from sandtree.engine import Engine
-from sandtree.engine.dockerfiles import dockerfile_recipe
+from sandtree.engine.builds.dockerfiles import dockerfile_recipe
 from sandtree.errors import InvalidInput
 
 DOCKERFILE = "FROM bb\nCOPY app.txt /app.txt\nRUN echo built > /stamp\n"

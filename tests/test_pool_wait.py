@@ -1,4 +1,4 @@
-"""Pool.take's wait for a start under way (engine/pools.py START_WAIT, issue 18 item 5).
+"""Pool.take's wait for a start under way (engine/warm/pools.py START_WAIT, issue 18 item 5).
 
 The scheduling alone, with a stand-in for the live tier whose starts take a set time: real starts
 take 3-10 ms here depending on the load, which would make the bounds below a matter of luck. The
@@ -11,7 +11,7 @@ import tempfile
 import time
 import types
 
-from sandtree.engine import pools
+from sandtree.engine.warm import pools
 from sandtree.procid import start_time
 from sandtree.runtime.base import Limits, RunSpec
 

@@ -1,4 +1,4 @@
-"""Previews, each on an origin of its own (engine/previews.py, http/listeners.py, http/ports.py):
+"""Previews, each on an origin of its own (engine/sandboxes/previews.py, http/listeners.py, http/ports.py):
 one sandbox's page can neither answer for another's (a service worker), nor reach its cookies,
 nor leave its own origin through the headers it answers with; a signed URL is exchanged for a
 cookie of its preview's host only and works nowhere else.

@@ -1,6 +1,6 @@
 """API replicas (issue 20 item 4): two `sandtree serve` processes on one PostgreSQL database serve
 the same tenants, tokens, images, operations and audit; one killed -9 mid-load loses nothing, and
-the other ends the operations it was running as interrupted (engine/heartbeat.py).
+the other ends the operations it was running as interrupted (engine/runs/heartbeat.py).
 
 Real things only: a throwaway PostgreSQL cluster (tests/pgcluster.py), two real servers on loopback.
 Both replicas run on this machine over one store directory (objects in S3 with node caches are
@@ -24,7 +24,7 @@ import pytest
 
 import sandtree
 from conftest import free_port, wait_for_port
-from sandtree.engine.heartbeat import LEASE
+from sandtree.engine.runs.heartbeat import LEASE
 from sandtree.procid import Owner
 
 

@@ -1,4 +1,4 @@
-"""The shell session of a live sandbox (engine/session.py) on images whose /bin/sh is busybox ash,
+"""The shell session of a live sandbox (engine/sandboxes/session.py) on images whose /bin/sh is busybox ash,
 dash or bash, on each tier: what carries over between string commands, and that concurrent
 commands, saves cut short and files another uid planted never hand a command a broken or foreign
 state."""

@@ -1,4 +1,4 @@
-"""Live sandboxes started ahead (engine/startahead.py): a start with the spec of a recent start claims
+"""Live sandboxes started ahead (engine/warm/sandboxes.py): a start with the spec of a recent start claims
 a sandbox already started; what the caller gets is the sandbox it asked for (its env, limits,
 labels, lifetime, its own files), and nothing started ahead is listed, collected or left behind."""
 

@@ -20,7 +20,7 @@ Written into names as `PID-START-NS-` (owner_prefix); into operation rows as own
 owner_start, owner_ns and owner_boot: the machine's boot id (/proc/sys/kernel/random/boot_id), since
 engines on several machines may share one database (API replicas) and a pid namespace's inode is
 not unique across machines (every host's first one is 4026531836). An owner of another boot (another
-machine, or this one before a reboot) is None to alive(): its heartbeat decides (engine/heartbeat.py).
+machine, or this one before a reboot) is None to alive(): its heartbeat decides (engine/runs/heartbeat.py).
 
 The same holds for a pid read from a cgroup's member list: by the time it is signalled it may
 have exited and been reused outside the group. `signal_member` pins it with a pidfd and
@@ -91,7 +91,7 @@ class Owner:
         return cls(pid, start_time("self"), proc_namespace(), boot_id())
 
     def key(self) -> str:
-        """Its heartbeat row's key (engine/heartbeat.py)."""
+        """Its heartbeat row's key (engine/runs/heartbeat.py)."""
         return f"{self.boot}-{self.pid}-{self.start}-{self.ns}"
 
     def prefix(self) -> str:

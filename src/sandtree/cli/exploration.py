@@ -1,4 +1,4 @@
-"""`sandtree annotate IMAGE --score 0.7 --meta k=v` (a score and metadata on an image, engine/annotations.py)
+"""`sandtree annotate IMAGE --score 0.7 --meta k=v` (a score and metadata on an image, engine/images/annotations.py)
 and `sandtree trace export ROOT --format jsonl|parquet -o FILE` (the subtree as a dataset,
 exploration/traces.py)."""
 

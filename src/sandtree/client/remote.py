@@ -207,7 +207,7 @@ class RemoteEngine:
                 fileobj.write(chunk)
             return json.loads(r.headers["x-sandtree-oci"])
 
-    # ---- builds (issue 15): a context tar up, progress and the result down as Server-Sent Events ---
+    # ---- builds: a context tar up, progress and the result down as Server-Sent Events ---
     @_declared("build_context")
     def build_context(self, context, **options):
         a = table.OPS["build_context"].bind(context, **options)

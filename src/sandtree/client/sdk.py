@@ -91,7 +91,7 @@ class Sandtree:
         """Build a Debian base image with debootstrap (root only); tagged `spec` unless `tag`."""
         return Image(self, self._engine.bootstrap(spec, include=list(include), tag=tag, log=log))
 
-    # builds (issue 15)
+    # builds
     def recipe(self, base: "Image | str" = "scratch", context: str | None = "."):
         """A Python recipe on `base` ("scratch", an image or ref, "docker://REF"): immutable,
         chainable, lazy; `.build(tag=...)` builds it here and returns the Image. Each method is one
@@ -279,7 +279,7 @@ class Sandtree:
     def _id(self, image: "Image | str") -> str:
         return image.id if isinstance(image, Image) else self._engine.resolve(image)
 
-    # evaluation (issue 17)
+    # evaluation
     def eval(self, instances, predictions=None, *, base: "Image | str | None" = None, workers: int = 2,
              run_id: str | None = None, out_dir: str = "logs/run_evaluation", report_dir: str | None = None,
              validate: str | None = None, instance_ids: list[str] | None = None, timeout: float = 1800,

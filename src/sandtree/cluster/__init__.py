@@ -1,4 +1,4 @@
-"""A sandtree cluster on Ray (issue 20 item 3): each Ray node with CPUs becomes a sandtree node, an
+"""A sandtree cluster on Ray: each Ray node with CPUs becomes a sandtree node, an
 actor owning that node's Engine; an API-side engine sends runs and live sandboxes to them.
 
 Below the engine, like tenancy/: nothing here imports the engine. The engine makes its Fabric and

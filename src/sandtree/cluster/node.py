@@ -8,7 +8,7 @@ and its output callback. A caller watching the output gets a streamed call (run_
 call_streamed: Ray generator methods) that yields ("output", [(stream, chunk), ...]) batches as
 the command writes them, in order, then ("result", its value); a live run's (live_run) also
 yields ("up", sandbox ID) once its sandbox runs and ("event", (kind, data)) for its processes'
-events (engine/instances.py), so the API side keeps the operation's event log. A caller on Ray
+events (engine/processes/instances.py), so the API side keeps the operation's event log. A caller on Ray
 Client, which has no generator methods, pulls the same items instead (pull, pulled.py).
 """
 
@@ -74,7 +74,7 @@ class Node:
                                                                         "on_output": out if output else None}))
 
     def live_run(self, op: str, ref: str, command, options: dict):
-        """Live run `op` (the API side queued it) on this node's engine (engine/instances.py):
+        """Live run `op` (the API side queued it) on this node's engine (engine/processes/instances.py):
         owned here while it runs, so its processes' calls come here; cancelled by cancel(op);
         its output and events streamed (module doc)."""
         def work(out, put):
@@ -180,7 +180,7 @@ class Node:
         return out
 
     def process(self, sid: str, pid: int) -> dict | None:
-        """Process `pid` of live sandbox or live run `sid` here (engine/instances.py's process):
+        """Process `pid` of live sandbox or live run `sid` here (engine/processes/instances.py's process):
         None when `sid` is a live run that ended (the API side tells it from its events)."""
         return self.engine.operations.instances.process(sid, pid)
 

@@ -1,5 +1,5 @@
 """The API side of sandbox_popen on a cluster sandbox: a process on a node, shaped here like the
-local one (engine/process.py's LiveProcess: subprocess.Popen's stdin, stdout, stderr, poll, wait,
+local one (engine/processes/popen.py's LiveProcess: subprocess.Popen's stdin, stdout, stderr, poll, wait,
 communicate, send_signal, terminate, kill), with the caller's file descriptors.
 
 The caller's ends stay what they are on one machine: PIPE gives it pipes of this machine, a file

@@ -1,5 +1,5 @@
 """Where a run goes: a node's configuration, what the API side knows of each node, and the one
-choice. The choice is a pure function so the layer cache (issue 20 item 2) feeds it only data:
+choice. The choice is a pure function so the layer cache feeds it only data:
 which layers each node reported holding."""
 
 from __future__ import annotations

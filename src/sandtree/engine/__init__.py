@@ -1,12 +1,12 @@
 """The engine: store + runtime + the operations that combine them (see core.Engine)."""
 
-from .builds import BuildResult, StepResult
+from .builds.builds import BuildResult, StepResult
 from .core import Engine
-from .dockerfiles import dockerfile_recipe
+from .builds.dockerfiles import dockerfile_recipe
 from ..recipe.builder import RecipeBuilder
 from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
 from ..store.imageconfig import CONFIG_PATH, ImageConfig
-from .spec import default_idmap
+from .runs.spec import default_idmap
 from ..defaults import RunRecord
 from ..values import DEFAULT_ENV, parse_size
 

@@ -6,12 +6,12 @@ attach(engine, address) is called by Engine.__init__ when a cluster is configure
 Fabric and sets, on that engine object, the calls that go to nodes (so the adapters, the tenant
 views and the table's signatures stay those of Engine: one engine, nothing for an adapter to know).
 What goes to nodes: run_operation (so run, submit_run, fork, map and best_of's fan-out), live
-runs (submit_run(live=True), Contree's instances: engine/instances.py runs them on a node) and
+runs (submit_run(live=True), Contree's instances: engine/processes/instances.py runs them on a node) and
 their processes' calls (spawn, stdin, signal, process: to the node while the run runs; an ended
 one's are answered here, from its events), sandbox starts (the node choose_node picks) and every
 later call on that sandbox (its node), sandbox_popen on such a sandbox (run there; its pipes or
 terminal are the caller's file descriptors, relayed: cluster/relay.py, a RelayedProcess shaped as
-the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/poolroll.py),
+the local LiveProcess), pools (one per node; pool_recipe's through these calls, engine/warm/rollover.py),
 and a build's RUN steps (they are run_operation: the step's cache row, a buildcache.Entry, goes
 with the run and is written in the node's transaction recording its result, in the shared
 database). What stays here: everything else (a build's COPY and configure steps, cache lookups).
@@ -35,7 +35,7 @@ from ..cluster import Fabric, NodeConfig, RelayedProcess
 from ..errors import NodeLost, NotFound
 from ..runtime.validate import check_command, check_env
 from ..values import check_retries
-from .spec import command_argv
+from .runs.spec import command_argv
 
 log = logging.getLogger("sandtree.cluster")
 
@@ -120,7 +120,7 @@ class Dispatch:
         row = self.store.db.one("SELECT image, state, spec FROM sandboxes WHERE id=?", (sid,))
         spec = json.loads(row[2]) if row is not None else {}
         if self.fabric.config.objects_url and row is not None and row[1] == "hibernated" and spec.get("checkpoint"):
-            # its checkpoint is in object storage (engine/sandbox_hibernation.py): any node, by load
+            # its checkpoint is in object storage (engine/sandboxes/hibernation.py): any node, by load
             # and the layers of the image it resumes on; its node may be gone
             return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(spec.get("base") or row[0]))
         # else on the node holding its checkpoint (a home per node): hibernated before checkpoints
@@ -218,7 +218,7 @@ class Dispatch:
         self._every("pool_remove", (ref,), {})
 
     def pool_drain(self, image: str) -> None:
-        """A rolled-over recipe pool (engine/poolroll.py) removed on every node, behind the caller
+        """A rolled-over recipe pool (engine/warm/rollover.py) removed on every node, behind the caller
         (a node's remove waits for the runs in it)."""
         def drain():
             try:

@@ -18,7 +18,7 @@ import threading
 from .. import config
 from .. import defaults as D
 from . import clustered
-from . import commit as commit_mod
+from .runs import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime import leftovers
@@ -32,28 +32,25 @@ from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
 from ..network.secretstore import SecretStore
 from ..tenancy import Tenancy
-from .annotations import AnnotationOps, shown_annotations
-from .branching import BranchingOps
-from .buildcontexts import ContextBuildOps
-from .builds import BuildOps
-from .imports import ImportOps
-from .inspection import InspectionOps
-from .oci import OciOps
-from .operations import Operations
-from .poolroll import RecipePools
-from .pools import Pools
-from .records import Records
-from .runs import RunOps
-from .sandbox_ports import SandboxPorts
-from .sandboxes import Sandboxes
-from .spec import RunSpecs, default_idmap
+from .images.annotations import AnnotationOps, shown_annotations
+from .images.branching import BranchingOps
+from .builds.contexts import ContextBuildOps
+from .builds.builds import BuildOps
+from .images.imports import ImportOps
+from .images.inspection import InspectionOps
+from .images.oci import OciOps
+from .runs.operations import Operations
+from .warm.rollover import RecipePools
+from .warm.pools import Pools
+from .runs.records import Records
+from .runs.runs import RunOps
+from .sandboxes.ports import SandboxPorts
+from .sandboxes.sandboxes import Sandboxes
+from .runs.spec import RunSpecs, default_idmap
 from ..defaults import RunRecord
-from .uploads import UploadOps
+from .images.uploads import UploadOps
 
-try:
-    from ..network.client import Egress
-except ImportError:               # (the links part of issue 14, until it is merged: no egress daemon)
-    Egress = None
+from ..network.client import Egress
 
 _TENANCY_LOCK = threading.Lock()
 
@@ -76,7 +73,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.runtime = NamespaceRuntime(self.store.layers.root, self.store.idmap,
                                         os.path.join(self.store.home, "bin"), warm=warm)
         self._tiers: dict[str, object] = {"namespaces": self.runtime}
-        self._warm = warm                          # > 0: live sandboxes are started ahead too (startahead.py)
+        self._warm = warm                          # > 0: live sandboxes are started ahead too (warm/sandboxes.py)
         self._operations = None
         self._sandboxes = None
         self._pools = None
@@ -97,7 +94,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         # every tier's live sandboxes: sandboxes, pools and ports share them
         self._live = LiveTiers(lambda name: self.tier(name).live(), lambda: self.default_tier)
         self.drain_elsewhere = None               # a cluster engine's: a rolled-over recipe pool drains on its nodes
-        self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (instances.py)
+        self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (processes/instances.py)
         address = cluster if cluster is not None else config.cluster_address()
         self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
         if self.fabric is not None:               # the API side's workers wait on the nodes' runs
@@ -141,9 +138,6 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._egress is None:
             with self._parts_lock:
                 if self._egress is None:
-                    if Egress is None:
-                        raise RuntimeUnavailable("the egress daemon's client (network/client.py) is not "
-                                                 "in this build: ports cannot be exposed")
                     self._egress = Egress(self.store.home)
         return self._egress
 
@@ -191,7 +185,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
 
     @property
     def recipe_pools(self) -> RecipePools:
-        """Pools kept of recipes' results under their tags (poolroll.py)."""
+        """Pools kept of recipes' results under their tags (warm/rollover.py)."""
         if self._recipe_pools is None:
             with self._parts_lock:
                 if self._recipe_pools is None:
@@ -239,7 +233,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
                                     stdout=stdout, stderr=stderr)
 
-    # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/instances.py
+    # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/processes/instances.py
     def sandbox_spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                       uid: int | None = None, gid: int | None = None, stdin: bytes | str | None = None,
                       stdin_open: bool = False, output=None) -> int:
@@ -357,7 +351,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
 
     def whoami(self) -> dict:
         """Who the caller is and what it may do: an in-process engine is its own single tenant with
-        every scope; a tenant's view of the engine (issue 4) narrows all three."""
+        every scope; a tenant's view of the engine narrows all three."""
         lim = self.default_limits
         return {"tenant": "local", "scopes": list(self.SCOPES),
                 "limits": {"timeout": lim.timeout, "memory": lim.memory, "pids": lim.pids,
@@ -488,8 +482,8 @@ def microvm_reason() -> str:
     return "hardware virtualization is present, but sandtree has no microVM tier yet"
 
 
-# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull (issue 12
-# item 12), wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
+# Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull,
+# wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).
 for _name in [n for n in dir(Engine) if not n.startswith("_")]:
     _attr = getattr(Engine, _name)
     if callable(_attr) and not isinstance(getattr(type(Engine), _name, None), property) and \

@@ -1,4 +1,4 @@
-"""Beam search over the image DAG (issue 17): from a root image, expand(image) proposes commands, each runs in a
+"""Beam search over the image DAG: from a root image, expand(image) proposes commands, each runs in a
 fork (one branch per command, concurrently), score(record) rates each result, the scores are annotated on the
 resulting images (so `trace export` shows the search), and the `beam` best results are expanded next, `depth`
 times. best-first is beam=1. Over any engine-like object (table operations only: fork, annotate), or a Sandtree.

@@ -1,4 +1,4 @@
-"""Trace export (issue 17): the subtree of the image DAG under a root as a dataset, one row per image, for RL
+"""Trace export: the subtree of the image DAG under a root as a dataset, one row per image, for RL
 and evaluation libraries (Hugging Face `datasets` loads both formats). Built from table operations only
 (children, operation, tags, image_info), so it works over the in-process Engine and the remote client alike.
 

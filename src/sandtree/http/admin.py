@@ -8,7 +8,7 @@ from fastapi.responses import Response
 
 from ..defaults import GC_GRACE, GC_RETENTION
 from ..errors import Forbidden
-from ..tenancy.gate import current_engine
+from .gate import current_engine
 from ..tenancy import TenantView
 from .plumbing import Plumbing
 

@@ -1,4 +1,4 @@
-"""Request body caps for `sandtree serve` (issue 12 item 9): no body is read past its cap.
+"""Request body caps for `sandtree serve`: no body is read past its cap.
 
 One ASGI middleware, inside httpauth.TenantGate (so the caller's tenant is known), counts the bytes
 of every request body as the route reads them. Upload routes (a file, an image tar, a build context
@@ -20,7 +20,7 @@ import os
 import re
 
 from ..errors import DiskFull, TooLarge
-from ..tenancy.gate import STATE_KEY
+from .gate import STATE_KEY
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)

@@ -1,4 +1,4 @@
-"""/api/v1 builds (issue 15): POST /builds with a build context tar as the body, streaming the build's
+"""/api/v1 builds: POST /builds with a build context tar as the body, streaming the build's
 progress as Server-Sent Events and ending with its result; an image's config (GET .../config) and a
 new image with another config (POST .../configure).
 

@@ -1,6 +1,6 @@
 """Two listeners, and an origin per preview: the API (and the web page) on one port; the exposed
 ports of live sandboxes (http/ports.py's proxy) on another, each port of each sandbox under a host
-name of its own (engine/previews.py: `p<port>-<id>.<preview domain>`).
+name of its own (engine/sandboxes/previews.py: `p<port>-<id>.<preview domain>`).
 
 Why: a page that a sandbox serves is written by whatever runs in the sandbox. Served under the API's
 own origin it would run as the API's page: on a server without tokens it could call the whole API
@@ -26,10 +26,10 @@ import socket
 from starlette.responses import JSONResponse, RedirectResponse
 from starlette.websockets import WebSocketClose
 
-from ..engine.previews import base_domain, check_base, parse_host, preview_url
-from ..engine.sandbox_ports import port_path
+from ..engine.sandboxes.previews import base_domain, check_base, parse_host, preview_url
+from ..engine.sandboxes.ports import port_path
 from ..errors import NotFound
-from ..tenancy.gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
+from .gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
 
 __all__ = ["Listeners", "bind", "default_base", "PROXY_ROUTE"]
 
@@ -61,7 +61,7 @@ def default_base(ports_port: int) -> str:
 
 class Listeners:
     """ASGI middleware (outermost): which listener and host name serves what (the module's docstring).
-    preview_base: where previews are reached (engine/previews.py; None: the default on ports_port)."""
+    preview_base: where previews are reached (engine/sandboxes/previews.py; None: the default on ports_port)."""
 
     def __init__(self, app, ports_port: int | None, preview_base: str | None = None):
         self.app, self.ports_port = app, ports_port

@@ -190,7 +190,7 @@ class TagIn(In):
 
 class AnnotateIn(In):
     score: float | None = None
-    meta: dict | None = None            # checked by the engine (engine/annotations.py)
+    meta: dict | None = None            # checked by the engine (engine/images/annotations.py)
 
 
 class PullIn(In):

@@ -1,7 +1,7 @@
 """What every route group of /api/v1 shares: the caller's engine, engine calls in threads, the
 store's staging and blob files, and the one error shape.
 
-Routes call `p.engine.X`, a RequestEngine: the view TenantGate (tenancy/gate.py) picked for this
+Routes call `p.engine.X`, a RequestEngine: the view TenantGate (http/gate.py) picked for this
 request, never the unscoped engine. An engine call blocks (a run, an import), so it goes to a
 thread: `p.call`, on the app's call pool; a call that mostly waits (an operation's end, its next
 events, a pool filling) goes to `p.wait_call`, on a pool of its own, so waiting, however many do
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from ..errors import ERRORS, INTERNAL, DiskFull, InvalidInput, MethodNotAllowed, SandtreeError, code_of_status
-from ..tenancy.gate import RequestEngine
+from .gate import RequestEngine
 
 log = logging.getLogger("sandtree.http")
 
@@ -65,7 +65,7 @@ async def lifespan(_app):
 
 def add_error_handlers(app: FastAPI) -> None:
     """Every error in the one shape {"error", "message"} with its status from errors.py's table;
-    under /v1, Contree's own shape (contree.py). Nothing reaches a client as FastAPI's
+    under /v1, Contree's own shape (contree/routes.py). Nothing reaches a client as FastAPI's
     {"detail"} or as a text/plain 500."""
 
     @app.exception_handler(SandtreeError)
@@ -107,7 +107,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
 
 def contree_path(scope) -> bool:
-    """Under Contree's /v1 API (contree.py): its errors have Contree's shape."""
+    """Under Contree's /v1 API (contree/routes.py): its errors have Contree's shape."""
     path = scope.get("path", "")
     return path == "/v1" or path.startswith("/v1/")
 

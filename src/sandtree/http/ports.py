@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from .. import defaults as D
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
 from ..tasks import until_first
-from ..tenancy.gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
+from .gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
 from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -189,7 +189,7 @@ def ports_router(p: Plumbing) -> APIRouter:
             return await _refuse(websocket, exc.http_status, exc.to_dict())
         query = _query(websocket.url.query)
         url = "ws" + base[4:] + f"/{path}" + (f"?{query}" if query else "")
-        # (a token offered as a subprotocol, tenancy/gate.py's bearer.<token>, never reaches the sandbox)
+        # (a token offered as a subprotocol, http/gate.py's bearer.<token>, never reaches the sandbox)
         protocols = [s.strip() for s in websocket.headers.get("sec-websocket-protocol", "").split(",")
                      if s.strip() and not s.strip().startswith(TOKEN_SUBPROTOCOL)]
         try:

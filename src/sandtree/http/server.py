@@ -5,14 +5,14 @@ statuses through one table (errors.ERRORS: each class carries its status). The r
 one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
 their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
 branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
-registries), admin.py (health, metrics, the store); contree.py is Contree's own API under /v1;
+registries), admin.py (health, metrics, the store); contree/ is Contree's own API under /v1;
 webpage.py serves the web page at / (it calls only /api/v1); terminal.py is a live sandbox's
 terminal over a WebSocket (the engine's sandbox_popen with a pty).
 What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
 request bodies are models.py. quickruns.py answers a well-formed POST /runs (the busiest route)
 before FastAPI's routing; anything else goes on to it. Without tokens the server only listens on loopback.
 
-Tenants (issue 4): tenancy.gate.TenantGate turns each request's bearer token into the engine as that
+Tenants: gate.TenantGate turns each request's bearer token into the engine as that
 tenant sees it (tenancy/tenants.py); routes call `engine.X` on a RequestEngine that forwards to it,
 and other routers take the same view with `Depends(engine_for)`.
 """
@@ -26,15 +26,15 @@ from fastapi import FastAPI
 
 from .. import defaults as D
 from ..engine import Engine, parse_size
-from ..engine.dockerfiles import dockerfile_recipe
-from ..engine.poolroll import RecipeWatch
-from ..tenancy.gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
+from ..engine.builds.dockerfiles import dockerfile_recipe
+from ..engine.warm.rollover import RecipeWatch
+from .gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
 from .branching import branching_router
 from .builds import builds_router
-from .contree import contree_router
+from .contree.routes import contree_router
 from .files import files_router
 from .images import images_router
 from .listeners import Listeners, bind
@@ -54,7 +54,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
     largest upload or image tar a request may send, unless its tenant's max_upload says otherwise.
     ports_port: the local port of the listener that serves exposed ports (http/listeners.py; None:
-    none is served). preview_base: where each exposed port's own origin is reached (engine/previews.py;
+    none is served). preview_base: where each exposed port's own origin is reached (engine/sandboxes/previews.py;
     None: http://*.localhost:<ports_port>, for a browser on this machine)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
@@ -97,10 +97,10 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
     warm pools kept by this server (runs through it on those images skip setup). recipe_pools:
     {dockerfile, context, tag, size}, each built before the server listens and pooled under its
     tag; watch: every so many seconds each is rebuilt and its pool rolled over when the ID
-    changed (engine/poolroll.py). max_upload: the largest upload or image tar (a tenant's
+    changed (engine/warm/rollover.py). max_upload: the largest upload or image tar (a tenant's
     max_upload limit replaces it). ports_port: where exposed ports are served (their own origin:
     http/listeners.py; None: port + 1). preview_url: where each exposed port's own origin is reached,
-    http(s)://*.DOMAIN[:PORT] (engine/previews.py; None: http://*.localhost:<ports_port>).
+    http(s)://*.DOMAIN[:PORT] (engine/sandboxes/previews.py; None: http://*.localhost:<ports_port>).
     conn_limits: header sizes, timeouts and connections per client (http/connlimits.py; None:
     defaults.py's)."""
 

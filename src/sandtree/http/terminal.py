@@ -11,7 +11,7 @@ command running). The shell also ends (SIGHUP, then KILL) when the socket closes
 closes when the shell exits.
 
 A browser cannot set a WebSocket's Authorization header: the page offers its token as the
-subprotocol `bearer.<token>` beside `sandtree.terminal` (tenancy/gate.py reads it); the answer
+subprotocol `bearer.<token>` beside `sandtree.terminal` (http/gate.py reads it); the answer
 names only `sandtree.terminal`. A WebSocket is not held to the same-origin rule, so an Origin
 that is not this server itself is refused: another site's page in a local browser could
 otherwise type into a sandbox of a loopback server without tokens.
@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 
 from ..errors import Forbidden, InvalidInput, SandtreeError
 from ..tasks import until_first
-from ..tenancy.gate import STATE_KEY
+from .gate import STATE_KEY
 
 PROTOCOL = "sandtree.terminal"
 _TERM = "xterm-256color"        # what xterm.js speaks

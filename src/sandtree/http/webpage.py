@@ -1,9 +1,9 @@
-"""The web page (issue 19): `/` and its assets under `/ui/`, files of this package (http/static/:
+"""The web page: `/` and its assets under `/ui/`, files of this package (http/static/:
 hand-written HTML, CSS and JavaScript; nothing fetched from elsewhere, no build step).
 
 The page holds no data and no logic of its own: it calls /api/v1 with the token the user gives it
 (its login form), so a tenant sees in it exactly what its token sees through the API. These paths
-are open without a token (tenancy/gate.py's OPEN_PATHS and PAGE_PREFIX); a server without tokens
+are open without a token (http/gate.py's OPEN_PATHS and PAGE_PREFIX); a server without tokens
 still answers them only to a loopback Host. The answers forbid framing and any script, style or
 connection not from the server itself (Content-Security-Policy; inline styles are allowed, for
 xterm.js): what the page shows from the store (commands, outputs, file contents) is put in as

@@ -1,4 +1,4 @@
-"""MCP tools for builds (issue 15): `build` (a Dockerfile's text with a context of uploaded files or
+"""MCP tools for builds: `build` (a Dockerfile's text with a context of uploaded files or
 a file set), `image_config` (what an image's runs default to).
 
 The context is made here as a tar of the files the tool is given (uploads, read back by digest, as

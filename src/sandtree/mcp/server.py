@@ -21,7 +21,7 @@ import logging
 from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
-from ..tenancy.gate import RequestEngine
+from ..http.gate import RequestEngine
 from . import branching, builds, guide, images, runs, sandboxes
 from .guide import GUIDE
 from .toolkit import Toolkit, described  # noqa: F401 - described: every tool parameter's description

@@ -1,5 +1,5 @@
 """`sandtree mcp --http`: the MCP server over streamable HTTP, `sandtree serve`'s equal, not a side
-door (issue 12 item 4): the same tokens and tenancy (tenancy.gate.TenantGate turns each HTTP
+door: the same tokens and tenancy (http.gate.TenantGate turns each HTTP
 request's bearer token into that tenant's view of the engine, and every tool call runs as the
 caller of the request that carried it: PerRequestServer); a session belongs to the tenant that
 opened it (SessionOwners)."""
@@ -15,7 +15,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
-from ..tenancy.gate import CURRENT, STATE_KEY, JsonLog, TenantGate, engine_for
+from ..http.gate import CURRENT, STATE_KEY, JsonLog, TenantGate, engine_for
 
 TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
 

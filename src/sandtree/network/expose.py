@@ -1,4 +1,4 @@
-"""Exposed ports of a sandbox (issue 14, item 5): a listener on the host's loopback per exposed port,
+"""Exposed ports of a sandbox: a listener on the host's loopback per exposed port,
 each accepted connection relayed to the sandbox's address on that port.
 
 The relay's socket towards the sandbox is made in the router namespace (the one that holds the

@@ -10,8 +10,8 @@ what is replaced, and how it is encoded where it lands):
 
 What the relay masks in responses (`masks`) is every form a value was sent in, not only the value
 itself: a host that echoes the request (its URL, its headers, its form) hands back the proxy's own
-encoding, and percent-, form- or JSON-encoding or base64 is undone by the sandbox in one line (attack
-review of issue 15: `GET /echo?q=PLACEHOLDER` gave back the value percent-encoded)."""
+encoding, and percent-, form- or JSON-encoding or base64 is undone by the sandbox in one line (an attack
+review found it: `GET /echo?q=PLACEHOLDER` gave back the value percent-encoded)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class Stream:
 
     Callers feed at most MAX_FEED bytes at a time: a body of nothing but placeholders grows by
     up to len(value)/len(placeholder) (16 KiB values: over 300 times), so what one feed returns,
-    and the daemon holds, stays a few MiB (attack review of issue 15: a 1 MiB body was 327 MiB)."""
+    and the daemon holds, stays a few MiB (an attack review found it: a 1 MiB body was 327 MiB)."""
 
     MAX_FEED = 16 << 10
 

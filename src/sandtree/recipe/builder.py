@@ -1,4 +1,4 @@
-"""The Python builder (issue 15): a recipe written in Python, in the style of Modal's Image:
+"""The Python builder: a recipe written in Python, in the style of Modal's Image:
 
     st.recipe("docker://python:3.12-slim").apt_install("git").pip_install("numpy==2.1.3") \\
         .copy("./src", "/app").env(APP_ENV="prod").workdir("/app").run("make").build(tag="app")

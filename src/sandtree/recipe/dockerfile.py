@@ -1,4 +1,4 @@
-"""A Dockerfile as a Recipe (steps.py): the subset of issue 15 with Docker's meaning, every other
+"""A Dockerfile as a Recipe (steps.py): the subset of Dockerfile sandtree builds, with Docker's meaning, every other
 input refused with the line and the instruction named (InvalidInput(line=N)).
 
     FROM [image|docker://...|scratch|STAGE] [AS name]     RUN [--network=POLICY] cmd | ["exec", "form"]
@@ -263,7 +263,7 @@ class _Parser:
                 raise _fail(ln, f"--from={frm} is this stage itself")
             try:
                 # Copy.from_stage: an earlier stage's name (lower case) or index, else an image
-                # reference as written (engine/builds.py reads a stage name before an image)
+                # reference as written (engine/builds/builds.py reads a stage name before an image)
                 found = self.find_stage(frm, st.index)
                 kw["from_stage"] = found[6:] if found else frm
             except InvalidInput as e:

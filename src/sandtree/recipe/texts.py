@@ -2,7 +2,7 @@
 
 It labels the lineage edge the step makes and is part of its cache key, so the Python builder
 (builder.py) and the Dockerfile parser (dockerfile.py) must write the same thing for the same step:
-the forms are listed in docs/design.md ("Builds (issue 15)"). Values only, no I/O.
+the forms are listed in docs/design.md ("Builds"). Values only, no I/O.
 """
 
 from __future__ import annotations

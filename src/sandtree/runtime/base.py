@@ -8,7 +8,7 @@ construction. tests/test_runtime_interface.py runs one suite against every tier.
 A tier takes a RunSpec (the image's layers, the command, inputs and limits) and returns a
 RunOutcome whose `changes` is the directory of the run's writes in overlay form (upper dir:
 whiteouts, opaque markers, host-shifted ids), open until the outcome is closed. Commit
-(engine/commit.py) turns that directory into an image; callers never learn which tier ran.
+(engine/runs/commit.py) turns that directory into an image; callers never learn which tier ran.
 """
 
 from __future__ import annotations

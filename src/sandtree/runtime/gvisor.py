@@ -111,7 +111,7 @@ class GVisorRuntime(NamespaceRuntime):
                       "uidMappings": [rng], "gidMappings": [grng]},
         }
         # /dev/shm as the namespaces tier has it (helper/mounts.c DEV_SHM_OPTS): gVisor's own is a
-        # root-only directory, where no other uid could keep its shell session (engine/session.py)
+        # root-only directory, where no other uid could keep its shell session (engine/sandboxes/session.py)
         config["mounts"] += [{"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                               "options": ["nosuid", "nodev", "mode=1777", "size=64m"]}]
         config["mounts"] += self._runtime_mounts(spec) + list(mounts)

@@ -357,7 +357,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
         target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
         none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:
-        engine/retiring.py)."""
+        engine/sandboxes/retiring.py)."""
         if link:
             raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -321,7 +321,7 @@ class LiveRuntime(Commands, LiveTier):
         """Kill the sandbox (its pid 1 takes the pid namespace along) and remove its cgroup.
         idle: its threads are SCHED_IDLE first, so their exit (a gVisor Sentry frees its memory
         file then: 40-90 ms of CPU for 100 MB) runs only when nothing else wants the CPU (a
-        resume right after a hibernation's stop, engine/retiring.py)."""
+        resume right after a hibernation's stop, engine/sandboxes/retiring.py)."""
         if h.deadline_file is not None:
             unlink_quietly(h.deadline_file)
         cg = h.cg()

@@ -4,7 +4,7 @@ goes to the tier that started the handle (LiveHandle.tier, stored with it). So s
 ports and live runs hold one LiveTier and never ask which tier runs a sandbox.
 
 A command's process (popen) belongs to its sandbox's tier: callers that keep one take that tier
-with of(handle) (engine/process.py signals and reads its exit through it).
+with of(handle) (engine/processes/popen.py signals and reads its exit through it).
 """
 
 from __future__ import annotations

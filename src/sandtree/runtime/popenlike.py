@@ -1,4 +1,4 @@
-"""What subprocess.Popen's shape adds to send_signal, poll and wait (engine/process.py's
+"""What subprocess.Popen's shape adds to send_signal, poll and wait (engine/processes/popen.py's
 LiveProcess, a process on this machine; cluster/relay.py's RelayedProcess, one on a node)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoints of hibernated sandboxes in S3 objects (issue 20 items 3 and 5): a hibernated sandbox
+"""Checkpoints of hibernated sandboxes in S3 objects: a hibernated sandbox
 resumes on any node, not only on the one whose home holds its checkpoint directory.
 
 A checkpoint directory (CRIU images for the namespaces tier, runsc's checkpoint files for the

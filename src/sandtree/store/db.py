@@ -6,7 +6,7 @@ listed whose objects are missing. One connection per thread; writers serialise o
 
 On-disk format: `meta.format` holds SCHEMA_VERSION; a store written by a newer sandtree is refused.
 
-A full disk (issue 12 item 12): a write that finds no room raises DiskFull ("disk full"), never a
+A full disk: a write that finds no room raises DiskFull ("disk full"), never a
 raw sqlite3 error, and nothing of it is kept (the transaction rolls back). Reads keep working: a
 WAL database needs its -shm file, which a connection must create when no other one is open; if
 that fails for want of room, and no WAL file holds unmerged commits (so the main file is
@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS sandboxes(   -- live sandboxes (sandboxes.py); handle
     id TEXT PRIMARY KEY, image TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL,
     spec TEXT NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, idle_timeout REAL,
     expires REAL NOT NULL, head TEXT);
-CREATE TABLE IF NOT EXISTS sandbox_ports(   -- exposed ports of live sandboxes (engine/sandbox_ports.py)
+CREATE TABLE IF NOT EXISTS sandbox_ports(   -- exposed ports of live sandboxes (engine/sandboxes/ports.py)
     sandbox TEXT NOT NULL, port INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY(sandbox, port));
 -- Tenants (tenants.py): tokens are stored as sha256 of their random secret, never the secret.
 -- Visibility per tenant: images it imported/merged/was given (tenant_images), results of its own
@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS tenant_images(tenant TEXT NOT NULL, image TEXT NOT NU
     PRIMARY KEY(tenant, image));
 -- A token's network grant (network/policy.py Grant.to_json): a token without a row may ask for none.
 CREATE TABLE IF NOT EXISTS token_network(token TEXT PRIMARY KEY, grant_json TEXT NOT NULL);
--- the isolation tier forced on a token's runs, starts and builds (issue 18: `token create --tier gvisor`)
+-- the isolation tier forced on a token's runs, starts and builds (`token create --tier gvisor`)
 CREATE TABLE IF NOT EXISTS token_tier(token TEXT PRIMARY KEY, tier TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tenant_ops(op TEXT PRIMARY KEY, tenant TEXT NOT NULL, token TEXT);
 CREATE INDEX IF NOT EXISTS tenant_ops_tenant ON tenant_ops(tenant);
@@ -100,7 +100,7 @@ CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, tenant TEXT NOT NULL, token TEXT,
     action TEXT NOT NULL, image TEXT, result TEXT, op TEXT, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, seq);
--- The build cache (engine/buildcache.py): a principal's step key -> the image its step made, written in
+-- The build cache (engine/builds/cache.py): a principal's step key -> the image its step made, written in
 -- the transaction that records the step; a hit needs the image still there (and visible). principal: the
 -- tenant that built it, '' the operator (and admins): one principal never hits, nor replaces, another's row.
 CREATE TABLE IF NOT EXISTS build_cache_by(principal TEXT NOT NULL, key TEXT NOT NULL, image TEXT NOT NULL,
@@ -111,14 +111,14 @@ CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image TEXT NOT NULL
     hermetic INTEGER NOT NULL, created REAL NOT NULL);
 -- Ephemeral images (store/ephemeral.py): a disposable run's end state, unlisted, collected after a TTL.
 CREATE TABLE IF NOT EXISTS ephemeral_images(image TEXT PRIMARY KEY, at REAL NOT NULL);
--- Annotations (engine/annotations.py): a score and metadata about an image, like git notes: they never
+-- Annotations (engine/images/annotations.py): a score and metadata about an image, like git notes: they never
 -- change its ID. Each principal's own (a tenant's name, '' the operator and admins): one that writes them
 -- changes only what it reads itself.
 CREATE TABLE IF NOT EXISTS annotations_by(principal TEXT NOT NULL, image TEXT NOT NULL, score REAL,
     meta TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY(principal, image));
 -- Before annotations_by (one row per image, any owner wrote it): emptied into it on open (MOVES).
 CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta TEXT NOT NULL, updated REAL NOT NULL);
--- Engines that own operations, by boot id, pid and start time (engine/heartbeat.py): beat every few
+-- Engines that own operations, by boot id, pid and start time (engine/runs/heartbeat.py): beat every few
 -- seconds, so an engine on another machine (API replicas on one database) can tell that one is gone.
 CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 """

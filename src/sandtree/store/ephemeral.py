@@ -1,6 +1,6 @@
 """Ephemeral images: the state a disposable run ended in, kept short-lived and unlisted.
 
-A run with disposable="ephemeral" (engine/runs.py) commits its writes like a kept run, and the
+A run with disposable="ephemeral" (engine/runs/runs.py) commits its writes like a kept run, and the
 image it made, if the commit made a new one, gets a row here. Such an image is resolvable by its
 ID and usable like any other (run from it, inspect it, tag it), but no listing shows it until a
 tag names it, and gc (maintenance.py) drops it once it is older than EPHEMERAL_TTL and nothing

@@ -1,4 +1,4 @@
-"""EROFS images of layers (issue 20's cold start): a big layer is also uploaded as one read-only
+"""EROFS images of layers (for a cold node's start): a big layer is also uploaded as one read-only
 filesystem image, which a node with an empty cache downloads and mounts (file-backed, no loop
 device) at layers/<id> instead of creating every file of it. Everything that reads layer dirs
 (overlay lowers, diffs, reads, commits) then works unchanged; the tar (store/layerpack.py) stays

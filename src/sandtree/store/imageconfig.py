@@ -1,4 +1,4 @@
-"""An image's run configuration (issue 15): the environment, working directory, user, entrypoint,
+"""An image's run configuration: the environment, working directory, user, entrypoint,
 command, exposed ports and labels that a Dockerfile's ENV/WORKDIR/USER/ENTRYPOINT/CMD/EXPOSE/LABEL set
 and an OCI image's config carries.
 

@@ -1,4 +1,4 @@
-"""A node's local layer cache when the store's objects are in S3 (issue 20 item 2).
+"""A node's local layer cache when the store's objects are in S3.
 
 The kernel mounts layers as overlay lower dirs, so they must be local: layers/<id>/ stays what
 it was, but is now a cache of the authoritative copies in S3 (store/s3objects.py). Publishing a

@@ -1,4 +1,4 @@
-"""A layer directory as one object (S3 objects, issue 20): a PAX tar whose records carry what a
+"""A layer directory as one object (S3 objects): a PAX tar whose records carry what a
 plain tar loses. Exact nanosecond mtimes (SANDTREE.mtime_ns: a sandbox on another node must see
 the same files as on this one, or its commits would differ), every xattr base64-encoded
 (SANDTREE.xattr.NAME: overlay's opaque/whiteout markers, v3 file capabilities), sockets

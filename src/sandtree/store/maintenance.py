@@ -176,9 +176,9 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         keep &= set(images)
         doomed = [i for i in images if i not in keep]
         con.executemany("DELETE FROM images WHERE id=?", [(i,) for i in doomed])
-        # build cache rows of removed images (a lookup skips them anyway: engine/buildcache.py)
+        # build cache rows of removed images (a lookup skips them anyway: engine/builds/cache.py)
         con.execute("DELETE FROM build_cache_by WHERE image NOT IN (SELECT id FROM images)")
-        # annotations of collected images (engine/annotations.py): the same content made again starts bare
+        # annotations of collected images (engine/images/annotations.py): the same content made again starts bare
         con.execute("DELETE FROM annotations_by WHERE image NOT IN (SELECT id FROM images)")
         ephemeral.forget(con)
         store.forget_images()

@@ -1,4 +1,4 @@
-"""An OCI image's config on the way in (issue 15): read from a layout or docker-archive (a
+"""An OCI image's config on the way in: read from a layout or docker-archive (a
 registry's is read by store/registry.py) and kept in the staged root as imageconfig.CONFIG_PATH,
 so the image's env, working directory, user, entrypoint and command live in the image itself and
 a pushed image pulled back has the same ID (store/ocilayers.py takes the file out on the way out).

@@ -1,4 +1,4 @@
-"""OCI out (issue 15): an image as OCI layers, an OCI config and a manifest.
+"""OCI out: an image as OCI layers, an OCI config and a manifest.
 
 Layers map to sandtree's layers. An image's layer stack (top first) was made one commit at a time;
 each layer is the top layer of exactly one image, its *owner* (the image whose layer list is that

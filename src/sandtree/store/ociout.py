@@ -1,4 +1,4 @@
-"""OCI out (issue 15): what an image is as OCI blobs (a Plan), written as an OCI image layout (a
+"""OCI out: what an image is as OCI blobs (a Plan), written as an OCI image layout (a
 tar stream); a push sends the same Plan to a registry (store/registry.py push_image). What the
 layers hold is store/ocilayers.py.
 

@@ -7,7 +7,7 @@ whiteouts by importers.apply_layers. Auth: anonymous, HTTP basic, or the Bearer 
 registry asks for (WWW-Authenticate), with stored credentials if any. Plain HTTP is used only for
 loopback registries or when asked (insecure=True).
 
-Pushing (issue 15): push_image sends an image's OCI blobs (store/ociout.py Plan) with monolithic
+Pushing: push_image sends an image's OCI blobs (store/ociout.py Plan) with monolithic
 uploads (POST a session, PUT the bytes with their digest), each only when a HEAD finds it missing,
 then the manifest under the tag. When the tag already names the same manifest nothing else is
 asked: the registry checked that manifest's blobs when it took it. An unchanged image's push is

@@ -1,4 +1,4 @@
-"""Objects in S3-compatible storage (`--objects s3://bucket/prefix`, issue 20): the authoritative
+"""Objects in S3-compatible storage (`--objects s3://bucket/prefix`): the authoritative
 copy of a store's layers (one packed object each, store/layerpack.py), blobs that have a file of
 their own, and checkpoints of hibernated sandboxes. The store directory then is a cache of them
 (store/layercache.py). Keys under the prefix:

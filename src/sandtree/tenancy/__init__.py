@@ -1,4 +1,4 @@
-"""Tenancy (issue 4): one engine, many tenants, each seeing only its own things.
+"""Tenancy: one engine, many tenants, each seeing only its own things.
 
 A token is `stk_<id>_<secret>`: the id is public (list, revoke, audit), the secret random and
 shown once; the store keeps sha256(secret) only (a 256-bit random secret needs no slow hash).
@@ -27,8 +27,8 @@ each operation's row; view.py writes by hand only the rules the table cannot say
 
 Modules: tenant.py (a tenant, scopes, what it may see in SQL), tenancy.py (tokens, limits,
 sharing, the audit log), sight.py (the tenant's side of each rule), limits.py, derive.py (the
-methods from the table), auditing.py, view.py, operations.py, admin.py, gate.py (HTTP bearer
-token -> view).
+methods from the table), auditing.py, view.py, operations.py, admin.py. The HTTP side (a bearer
+token -> its view) is http/gate.py.
 """
 
 from .admin import AdminOperations, AdminView

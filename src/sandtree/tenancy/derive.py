@@ -33,7 +33,7 @@ KEEPS = {"upload": "upload", "upload_file": "upload", "file_set_create": "file_s
 # Rows whose answer is an image the tenant made: it owns it, and the engine's operation of this
 # kind that made it becomes the tenant's (lineage and audit show it).
 MAKES = {"import_path": "import", "sandbox_hibernate": "commit", "configure": "configure"}
-# Rows whose rows in the store are each principal's (engine/annotations.py): the engine's
+# Rows whose rows in the store are each principal's (engine/images/annotations.py): the engine's
 # `<name>_as(principal, ...)` answers a tenant's call, with the tenant's own.
 AS_PRINCIPAL = {"annotate"}
 # The lineage rows: branching/lineage's query, given the tenant's filter instead of the engine's

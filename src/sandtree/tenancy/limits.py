@@ -10,8 +10,8 @@ from ..errors import LimitExceeded
 # (option, the tenant limit capping it, how the option is read, whether the engine's default caps
 # it when the operator set no limit). Memory, pids, disk and output are capped by the tenant's
 # limit or, where the operator set none, by the engine's defaults: a token without limits must not
-# ask for 64G of memory, 500000 pids (pid_max is 32768) or 4G of output held in the server (review
-# of issue 12). Timeout and CPUs only take time and a slot of max_runs, so they are capped only
+# ask for 64G of memory, 500000 pids (pid_max is 32768) or 4G of output held in the server (a
+# security review found all three). Timeout and CPUs only take time and a slot of max_runs, so they are capped only
 # where the operator said so.
 RESOURCES = (("timeout", "max_timeout", float, False), ("output", "max_output", parse_size, True),
              ("memory", "max_memory", parse_size, True), ("pids", "max_pids", int, True),

@@ -8,7 +8,7 @@
 * No answer, audit row or error holds a value: set/remove are audited by name and namespace.
 
 Use by name: a run's `secrets=` entry {"stored": REF} (or a bare name in a list) is looked up
-when the engine parses it (`Tenancy.stored_secret`, given to engine/netopts.py). The tenant view
+when the engine parses it (`Tenancy.stored_secret`, given to engine/runs/network.py). The tenant view
 qualifies a tenant's references first (`qualify`: `<tenant>~<REF>`, as tags and branches are
 stored); the lookup then tries that tenant's own secret, then a global one shared with it. An
 unqualified reference is the operator's: the global namespace. A name the caller may not use

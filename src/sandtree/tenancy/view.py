@@ -299,7 +299,7 @@ class TenantView(TenantSight):
                                             (self.tenant.name,))}
         return [s for s in self.engine.sandbox_list(all=all, labels=labels) if s["id"] in mine]
 
-    # ---- builds (issue 15): the view is the build's guard (engine/builds.py OperatorGuard's methods) ----
+    # ---- builds: the view is the build's guard (engine/builds/builds.py OperatorGuard's methods) ----
     def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
               progress=None):
         # rule: a build is a run (a slot of max_runs, RUN steps within its limits and grant), resolves
@@ -343,7 +343,7 @@ class TenantView(TenantSight):
 
     @property
     def build_principal(self) -> str:
-        """Whose build cache rows this tenant's builds hit and write: its own only (engine/buildcache.py).
+        """Whose build cache rows this tenant's builds hit and write: its own only (engine/builds/cache.py).
         Not the operator's: its result is one the tenant cannot see (build_hit would refuse it anyway)."""
         return self.tenant.name
 

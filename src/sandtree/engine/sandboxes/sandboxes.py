@@ -1,0 +1,426 @@
+"""Live sandboxes: started from an image, entered by many commands, committed while running.
+
+The engine's half of live sandboxes (the runtime's half is runtime/live.py). A live sandbox is a row in the
+`sandboxes` table (its image, its LiveHandle, its limits, its last commit) and a set of processes that
+outlive whoever started them; any engine process finds them by id, so the CLI's `sandtree start` and
+`sandtree exec` work across invocations and a restarted server re-attaches to what is still running.
+Stopped, expired or vanished sandboxes are marked so, never left "running". Every command is an `exec`
+operation (the audit trail); a commit is a `commit` operation whose lineage edge goes from the
+sandbox's last commit (or its image) to the new image.
+
+Beside it: the shell session a string command runs in and the spec of one command (session.py),
+helpers entered ahead of an exec (warm/helpers.py), sandboxes started ahead of a start (warm/sandboxes.py),
+popen's process (processes/popen.py), file access from the host (sandboxes/files.py). The parts it is given at
+construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
+imports the engine. Hibernate and resume: sandboxes/hibernation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+
+from ... import defaults as D
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...runtime.base import LiveTier, RunSpec
+from ...runtime.liveproc import LiveHandle
+from ...runtime.validate import check_env
+from ...store.db import dumps
+from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
+from ...store.store import Store
+from . import locks as sandbox_locks
+from ..warm.helpers import Ahead
+from ..warm.sandboxes import AHEAD_TIER, StartsAhead
+from ..runs.commit import Committer
+from ..processes.popen import LiveProcess
+from ..runs.records import Records
+from .retiring import Retiring
+from .files import SandboxFiles
+from .hibernation import SandboxHibernation
+from .lifetime import SandboxLifetime
+from .network import SandboxNetwork
+from ...secrets_mask import mask_env
+from .session import command_spec
+from ..runs.spec import RunSpecs
+from ...defaults import RunRecord
+from ...values import check_labels, labels_match
+from ..images.rundefaults import run_defaults
+from ..runs.network import attach_link, network_option, require_egress
+
+STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
+ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
+
+
+class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwork):
+    def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
+                 live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
+        self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
+        self.resolve = resolve                     # the engine's: a ref may name a branch
+        self.default_tier = default_tier            # () -> the engine's tier now (it can be set)
+        self.ahead = Ahead(self.live)
+        self.retiring = Retiring(store, live)        # old sandboxes a hibernation stops off its path
+        self.starts = StartsAhead(store, live) if ahead_starts else None    # the engine's warm > 0
+        # called with a sandbox's id before its processes are checkpointed: a veth in its namespace
+        # (exposed ports' link) cannot be restored by CRIU, so it is removed (the engine's ports)
+        self.unlink = lambda sid: None
+        self.egress = lambda: None                  # () -> the engine's Egress (network= sandboxes)
+        self.read_image = lambda image, path: b""   # the engine's read (an image's CA bundle)
+        self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
+        self._stop_reaping = threading.Event()
+        self._reaped = 0.0
+        self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
+
+    def close(self) -> None:
+        self._stop_reaping.set()
+        if self.starts is not None:
+            self.starts.close()
+        self.ahead.close()
+        self.retiring.close()
+
+    # ---- registry ------------------------------------------------------------------------------
+    def _row(self, sid: str) -> dict:
+        if not isinstance(sid, str) or not sid:
+            raise InvalidInput("a sandbox id must be a non-empty string")
+        # an "ahead" row (warm/sandboxes.py) is nobody's sandbox until a start claims it: it has no
+        # caller's record to show (info's KeyError 'limits') and a stop would end what the next start takes
+        rows = self.store.db.query("SELECT * FROM sandboxes WHERE id LIKE ? AND state != 'ahead'",
+                                   (sid.replace("%", "") + "%",)) if re.fullmatch(r"[0-9a-f]{4,32}", sid) else []
+        if len(rows) > 1:
+            raise InvalidInput(f"sandbox id {sid!r} is ambiguous")
+        if not rows:
+            raise NotFound(f"no live sandbox {sid!r}", sandbox=sid)
+        return self._decode(rows[0])
+
+    def _decode(self, r) -> dict:
+        cols = ("id", "image", "state", "handle", "spec", "created", "last_used", "idle_timeout", "expires", "head")
+        d = dict(zip(cols, r))
+        d["handle"] = LiveHandle.from_dict(json.loads(d["handle"]))
+        d["spec"] = json.loads(d["spec"])
+        return d
+
+    def _set_state(self, sid: str, state: str) -> None:
+        with self.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sid))
+
+    def _ours(self, row: dict) -> None:
+        """Refuse a running sandbox whose processes this engine cannot identify (runtime/live.py
+        foreign: started in another pid namespace); never judge it gone."""
+        if row["state"] == "running" and self.live.foreign(row["handle"]):
+            raise Conflict(f"sandbox {row['id']} is run by an engine in another pid namespace: use that engine",
+                           sandbox=row["id"], state=row["state"])
+
+    def _running(self, sid: str, *, idle: bool = True) -> dict:
+        """The row of a sandbox that is running now (else NotFound/Conflict, and the row is fixed)."""
+        row = self._row(sid)
+        self._ours(row)
+        if row["state"] != "running":
+            hint = " (resume it first)" if row["state"] == "hibernated" else ""
+            raise Conflict(f"sandbox {row['id']} is {row['state']}{hint}", sandbox=row["id"], state=row["state"])
+        if idle and self._due(row, time.time()) and (state := self._expire(row)) != "running":
+            raise Conflict(f"sandbox {row['id']} is {state} (idle timeout or lifetime)"
+                           + (" (resume it first)" if state == "hibernated" else ""), sandbox=row["id"], state=state)
+        if self.live.frozen(row["handle"]):
+            # frozen by a commit: wait for it; or left frozen by a committer that died: thaw
+            with self._commit_lock(row["id"]):
+                if self.live.frozen(row["handle"]):
+                    self.live.freeze(row["handle"], False)
+            row = self._row(row["id"])                  # (it may have been hibernated meanwhile)
+            if row["state"] != "running":
+                raise Conflict(f"sandbox {row['id']} is {row['state']}", sandbox=row["id"], state=row["state"])
+        if not self.live.alive(row["handle"]):
+            state = self._lost(row)
+            if state == "running":                 # resumed meanwhile by another process
+                return self._running(row["id"])
+            if state == "hibernated":
+                raise Conflict(f"sandbox {row['id']} is hibernated (resume it first)", sandbox=row["id"],
+                               state="hibernated")
+            if state != "gone":
+                raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
+            raise Conflict(f"sandbox {row['id']} is gone (its processes ended: lifetime, or the host restarted)",
+                           sandbox=row["id"], state="gone")
+        return row
+
+    def _still_running(self, row: dict) -> None:
+        """Under the commit lock: the sandbox `_running` found is running still (a stop may have
+        ended it in between: its cgroup is gone, and freezing it was ENOENT, an internal error)."""
+        now = self._row(row["id"])
+        if now["state"] != "running" or not self.live.alive(now["handle"]):
+            state = now["state"] if now["state"] != "running" else "gone"
+            raise Conflict(f"sandbox {row['id']} is {state}", sandbox=row["id"], state=state)
+
+    def _commit_lock(self, sid: str):
+        """Held while a sandbox is frozen for a commit (any process); released by the kernel if
+        the committer dies, so the next user can tell a commit in progress from a stale freeze.
+        Its file goes once the sandbox has ended (sandboxes/locks.py)."""
+        return sandbox_locks.held(self.store.home, sid, lambda: self._ended(sid))
+
+    def _ended(self, sid: str) -> bool:
+        """No row, or one in a state nothing leaves (its lock file is no longer needed)."""
+        row = self.store.db.one("SELECT state FROM sandboxes WHERE id=?", (sid,))
+        return row is None or row[0] in ENDED
+
+    def sweep_locks(self) -> int:
+        """gc: the lock files of ended sandboxes (an expiry takes no lock; a killed engine)."""
+        return sandbox_locks.sweep(self.store.home, self._ended)
+
+    def _lost(self, row: dict) -> str:
+        """A running sandbox whose processes are gone: hibernated, if a hibernator died after its
+        checkpoint was written; else gone. Under the commit lock: a hibernation in progress ends
+        its processes on purpose, and decides their state itself."""
+        with self._commit_lock(row["id"]):
+            row = self._row(row["id"])
+            if row["state"] != "running" or self.live.alive(row["handle"]):
+                return row["state"]
+            return self._lost_locked(row)
+
+    def _lost_locked(self, row: dict) -> str:
+        if row["spec"].get("hibernating") and self.live.dump_finished(row["handle"], self._checkpoint_dir(row["id"])):
+            self._retire(row, "running", release=False)      # (the link is kept for the resume)
+            self._hibernated(row["id"], {**row["spec"], **row["spec"]["hibernating"],
+                                         **self._publish(row["id"])})
+            return "hibernated"
+        self._retire(row, "gone")
+        return "gone"
+
+    def _retire(self, row: dict, state: str, release: bool = True) -> None:
+        self.ahead.forget(row["id"])
+        self.live.stop(row["handle"])
+        if release:
+            self.release_link(row)
+        self._set_state(row["id"], state)
+
+    def info(self, sid: str) -> dict:
+        return self._view(self._settled(self._row(sid)))
+
+    def _settled(self, row: dict) -> dict:
+        """The row with its state decided as exec and list decide it (one view of state): a
+        "running" row whose processes are gone is resolved by _lost (hibernated, when a hibernator
+        died after its checkpoint was written; else gone). Not under the commit lock (_lost takes it)."""
+        h = row["handle"]
+        if row["state"] == "running" and not self.live.foreign(h) and not self.live.alive(h):
+            self._lost(row)
+            row = self._row(row["id"])
+        return row
+
+    def _view(self, row: dict) -> dict:
+        h = row["handle"]
+        alive = row["state"] == "running" and (self.live.foreign(h) or self.live.alive(h))
+        return {"id": row["id"], "image": row["image"], "head": row["head"],
+                "state": row["state"] if row["state"] != "running" or alive else "gone",
+                "created": row["created"], "last_used": row["last_used"], "idle_timeout": row["idle_timeout"],
+                "expires": row["expires"], "memory_bytes": self.live.memory(h) if alive else None,
+                "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
+                "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
+                "network": row["spec"].get("network"), "tier": row["handle"].tier,
+                **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
+
+    def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
+        """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""
+        want = check_labels(labels)
+        self.reap()
+        states = "state != 'ahead'" if all else "state IN ('running', 'hibernated', 'lost')"   # lost: its node was
+        sql = f"SELECT * FROM sandboxes WHERE {states} ORDER BY created"
+        rows = (self._decode(r) for r in self.store.db.query(sql))
+        return [self._view(r) for r in rows if r["spec"] and labels_match(r["spec"].get("labels", {}), want)
+                and not r["spec"].get("run")]          # a live run's sandbox is its run's (processes/instances.py)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
+              files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
+              lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
+              labels: dict | None = None, network=None, secrets: dict | None = None, run_of: str | None = None,
+              starter=None, **limits) -> dict:
+        """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
+        idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
+        network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
+        the live run it serves (processes/instances.py): a run slot, not a sandbox `list` shows; starter:
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py)."""
+        self._check_start(tier, idle_action, idle_timeout, lifetime)
+        tier = tier or self.default_tier()
+        labels = check_labels(labels)
+        source = self.resolve(ref)
+        row = self.store.image(source)
+        net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
+        if net.policy is not None:
+            self._check_idle_hibernate(tier, idle_action, link=True)
+        if net.policy is not None:
+            require_egress(self.egress())
+        lim = self.specs.limits(limits)
+        user_env = {str(k): str(v) for k, v in (env or {}).items()}
+        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
+        check_env(dflt.env)                           # the documented limits, before anything is added
+        cwd = dflt.cwd
+        injected = self.specs.files(files, file_set)
+        self.specs.check_cwd(source, cwd, injected)
+        self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
+        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
+                       env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
+                       prepare_changes=self.specs.injector(source, injected))
+        if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
+            self.reap()
+        # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
+        # on the tier they are started on
+        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER
+        key = self.starts.key(source, spec) if ahead else None
+        got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
+        sid = got[0] if got else uuid.uuid4().hex
+        link = None
+        if net.policy is not None:
+            link, spec.runtime_files, extra = attach_link(self.egress(), sid, net, lambda p: self.read_image(source, p))
+            spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
+        try:
+            with self.store.using():               # gc keeps the layers of running sandboxes (below)
+                handle = got[1] if got else starter(spec, lifetime) if starter else \
+                    self.live.start(spec, lifetime, tier=tier)
+        except BaseException:
+            self._unlink_net(sid, link)
+            raise
+        finally:
+            if link is not None:
+                link.close()                       # (the sandbox's processes hold the namespace)
+        now = time.time()
+        record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
+                  "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
+                  "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
+                  "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
+                  **({"labels": labels} if labels else {}),
+                  **({"run": run_of} if run_of else {}), **net.record()}
+        try:
+            with self.store.db.tx() as con:
+                con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                            "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                            (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                             idle_timeout, now + lifetime, source))
+        except BaseException:
+            self.live.stop(handle)
+            self._unlink_net(sid, link)
+            raise
+        if key:
+            self.starts.after(key, source, spec)
+        return self.info(sid)
+
+    def stop(self, sid: str) -> dict:
+        row = self._row(sid)
+        self._ours(row)
+        self.ahead.forget(row["id"])
+        with self._commit_lock(row["id"]):              # not while it hibernates or resumes
+            row = self._row(row["id"])
+            self._ours(row)
+            self.live.stop(row["handle"])
+            self.retiring.finish(row)
+            self.release_link(row)
+            if row["state"] in ("running", "hibernated", "lost"):
+                self._set_state(row["id"], "stopped")
+            self._drop_checkpoint(row["id"], row["spec"])
+        return self.info(row["id"])
+
+    # ---- commands ----------------------------------------------------------------------------
+    def _command_spec(self, row: dict, command, *, env, cwd, stdin, uid, gid, limits) -> tuple[RunSpec, str]:
+        if uid is None:          # the image's user (its config's USER), resolved at start
+            uid = row["spec"].get("uid", 0)
+            gid = row["spec"].get("gid", 0) if gid is None else gid
+        elif gid is None:
+            gid = 0
+        return command_spec(row["spec"], command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                            limits=limits, given=self.specs.limits(limits))
+
+    def exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, stdin=None,
+             uid: int | None = None, gid: int | None = None, on_output=None, cancel=None, **limits):
+        """Run `command` inside the sandbox to its exit. A string runs in the shell session (cwd and
+        exported env carry over); a list is a fresh process. Returns a RunRecord (image None)."""
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid,
+                                         limits=limits)
+        spec.on_output, spec.cancel = on_output, cancel
+        op = uuid.uuid4().hex
+        started = time.time()
+        self._touch(row)
+        try:
+            out = self.live.exec(row["handle"], spec, ahead=self.ahead.take(row["id"], row["handle"]))
+        except Exception as exc:
+            self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"]}, started, None,
+                                {"error": getattr(exc, "code", "error"), "message": str(exc)}, kind="exec")
+            if isinstance(exc, NotFound):
+                self._running(row["id"])        # raises Conflict(gone) if it died under us
+            raise
+        rec = RunRecord(op, row["image"], None, out.exit_code, out.signal, out.stdout, out.stderr,
+                        out.stdout_truncated, out.stderr_truncated, out.timed_out, False, out.usage, out.cancelled)
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "uid": spec.uid,
+                                               "gid": spec.gid},
+                            started, None, {"exit_code": rec.exit_code, "signal": rec.signal,
+                                            "timed_out": rec.timed_out, "cancelled": rec.cancelled,
+                                            "usage": rec.usage}, kind="exec",
+                            also=lambda con: self._touch(row, con), serial=False)
+        return rec
+
+    def popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
+              gid: int | None = None, pty: bool = False, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, ahead=None) -> "LiveProcess":
+        """A process inside with pipes (or a terminal), like subprocess.Popen; ahead: an entered helper."""
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
+                                         cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
+        self._touch(row)
+        proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
+        # Like subprocess.Popen, return once the process exists (a commit or hibernate that
+        # follows must see it): the helper reports its pid right after the fork.
+        while b"pid " not in raw:
+            chunk = os.read(rep_r, 4096)
+            if not chunk:
+                break
+            raw += chunk
+        op = uuid.uuid4().hex
+        self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
+                            time.time(), None, {"started": True}, kind="exec")
+        return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
+
+    # ---- commit ----------------------------------------------------------------------------------
+    def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:
+        """An image of the sandbox's filesystem now. Its processes are frozen for the instant of
+        the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
+        row = self._running(sid)
+        h = row["handle"]
+        with self.store.using(), self._commit_lock(row["id"]):
+            self._still_running(row)
+            # Unfrozen, the sandbox's processes would rename and swap files under the walk (a
+            # directory for a symlink to a host path between the walk's lstat and its open):
+            # the freezer is what makes the snapshot one instant, so no freezer, no commit.
+            if not self.live.freeze(h, True):
+                raise RuntimeUnavailable("committing a live sandbox needs the cgroup freezer "
+                                         "(cgroups are not available here); nothing was committed")
+            try:
+                image = self._snapshot(row, True, ephemeral=ephemeral)
+            finally:
+                self.live.freeze(h, False)
+        if tag:
+            self.store.tag(image, tag)
+        return image
+
+    def _snapshot(self, row: dict, frozen: bool, how: str = "commit", ephemeral: bool = False) -> str:
+        """Commit the upper (the caller holds the commit lock and froze the processes); record a
+        `commit` operation and its lineage edge from the sandbox's head; move the head."""
+        h = row["handle"]
+        op = uuid.uuid4().hex
+        started = time.time()
+        fd = self.live.scratch(h)
+        try:
+            # after a resume the upper holds the changes since the hibernation's commit
+            cr = self.committer.commit(self.store.image(row["spec"].get("base") or row["image"]),
+                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
+        finally:
+            os.close(fd)
+        write = mark_writer(self.committer.image_writer(cr), cr.image) if ephemeral else self.committer.image_writer(cr)
+        parent = row["head"] or row["image"]
+        execs = self.records.sandbox_execs(row["image"], row["id"], self.records.last_commit(row["id"]))
+        self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
+                                               "command": f"{how} of live sandbox {row['id'][:12]}"},
+                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
+        with self.store.db.tx() as con:
+            con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
+        row["head"] = cr.image
+        return cr.image
