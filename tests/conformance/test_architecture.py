@@ -32,7 +32,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "sandtree"
 
 ADAPTERS = ("client", "http", "mcp", "cli")

@@ -21,7 +21,7 @@ from sandtree.runtime.base import Limits
 from sandtree.store import refs
 from sandtree.store.store import Store
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "sandtree")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src", "sandtree")
 ENGINE = os.path.join(SRC, "engine")
 
 

@@ -156,7 +156,7 @@ def test_a_hibernation_killed_mid_dump_is_one_state_to_every_view(tmp_path, root
         # a checkpoint that takes a while to write: 48 MB on its /dev/shm tmpfs, a process
         assert sb.exec("head -c 48000000 /dev/zero > /dev/shm/big; sleep 1000 >/dev/null 2>&1 &").ok
         hibernator = subprocess.Popen([sys.executable, "-c", HIBERNATOR, home, sid],
-                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "src")})
         mark = os.path.join(home, "sandboxes", f"{sid}.ckpt").encode()
         criu_pid = None
         for _ in range(5000):
@@ -200,7 +200,7 @@ def test_a_dump_still_finishing_is_waited_for_not_judged_gone(tmp_path, rootfs):
     try:
         assert sb.exec("head -c 32000000 /dev/zero > /dev/shm/big; sleep 1000 >/dev/null 2>&1 &").ok
         hibernator = subprocess.Popen([sys.executable, "-c", HIBERNATOR, home, sid],
-                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+                                      env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "src")})
         images = os.path.join(home, "sandboxes", f"{sid}.ckpt")
         for _ in range(5000):
             shell = next((int(p) for p in os.listdir("/proc") if p.isdigit()
@@ -283,7 +283,7 @@ def test_a_start_killed_before_its_row_leaves_nothing_after_the_next_start(home,
     with sandtree.Sandtree(home, warm=0) as st:
         image = st.image("base").id
     r = subprocess.run([sys.executable, "-c", KILLED_START, home, image, point], capture_output=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "src")})
     assert r.returncode == 9, r.stderr.decode(errors="replace")[-2000:]
     helpers = until(lambda: _helpers_of(home), 10)          # running on, with no row
     (pid, groups), = helpers.items()
@@ -331,7 +331,7 @@ def test_a_start_killed_before_its_helper_said_ready_leaves_nothing(home, point)
         image = st.image("base").id
     mark = (20000 + int.from_bytes(os.urandom(2), "big")) * 4096          # a memory limit no one else uses
     p = subprocess.Popen([sys.executable, "-c", KILLED_START, home, image, point, str(mark)], stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "src")})
     _, err = p.communicate(timeout=120)
     assert p.returncode == 9, err.decode(errors="replace")[-2000:]
     groups = lambda: [os.path.join(r, c, "sandtree", n) for r in ("/sys/fs/cgroup",) for c in ("pids", "memory", "freezer", "devices", "")  # noqa: E731
@@ -369,7 +369,7 @@ def test_a_stop_killed_half_way_is_finished_by_the_next_engine(home):
         sid = sb.id
     h = next(r["handle"] for r in rows(home) if r["id"] == sid)
     r = subprocess.run([sys.executable, "-c", KILLED_STOP, home, sid], capture_output=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+                       env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "src")})
     assert r.returncode == 9, r.stderr.decode(errors="replace")[-2000:]
     assert next(r["state"] for r in rows(home) if r["id"] == sid) == "running"
     with sandtree.Sandtree(home, warm=0) as st:

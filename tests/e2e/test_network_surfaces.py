@@ -32,7 +32,7 @@ from sandtree.network.client import Egress
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
 SECRET = "s3cr3t-value-never-stored-9f1c"
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ def test_a_live_sandbox_with_a_policy(eng, img, lab):
         assert info["network"] == {"allow_out": ["allowed.test"], "deny_out": ["other.test"]}
         r = eng.sandbox_exec(info["id"], get("allowed.test", "11.1.1.10"))
         assert b"200" in r.stdout, r.stdout + r.stderr
-        if eng.sandboxes.live.hibernate_available()[0]:     # (tests/test_network_hibernate.py: the rest)
+        if eng.sandboxes.live.hibernate_available()[0]:     # (tests/kernel/test_network_hibernate.py: the rest)
             assert eng.sandbox_hibernate(info["id"])["state"] == "hibernated"
             assert eng.sandbox_resume(info["id"])["network"] == info["network"]
             r = eng.sandbox_exec(info["id"], get("allowed.test", "11.1.1.10") + get("other.test", "11.1.1.11"))

@@ -34,7 +34,7 @@ from sandtree.network.trust import parse_secrets
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
 SECRET = "stored-REAL-value-5e0c9b1d44"
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 TLSGET = r"""
 /* tlsget IP PORT NAME PATH: TLS to IP:PORT with SNI NAME, verified (name and chain) against

@@ -1,4 +1,4 @@
-"""tests/test_live.py (live sandboxes: start, exec, commit, hibernate, lifetimes) on every store
+"""tests/kernel/test_live.py (live sandboxes: start, exec, commit, hibernate, lifetimes) on every store
 backend (tests/backends.py): its shared store is made once per backend."""
 
 from backends import bb, each_tier, live_tier, shared_st, store_database  # noqa: F401 - fixtures per backend

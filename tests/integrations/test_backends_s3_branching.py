@@ -1,4 +1,4 @@
-"""tests/test_branching.py with objects in S3 (tests/backends.py), on PostgreSQL only: branching
+"""tests/kernel/test_branching.py with objects in S3 (tests/backends.py), on PostgreSQL only: branching
 reads and writes objects through the same store calls on either metadata backend (SQLite+S3 runs
 the store suite, test_backends_s3_store.py, and the durability moments), so one combination here
 keeps make test short."""

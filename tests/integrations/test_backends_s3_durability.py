@@ -1,4 +1,4 @@
-"""tests/test_durability.py (kill -9 mid-import and mid-commit) with objects in S3, on SQLite and
+"""tests/kernel/test_durability.py (kill -9 mid-import and mid-commit) with objects in S3, on SQLite and
 PostgreSQL (tests/backends.py): two of its moments (mid-import, mid-commit), to keep make test short."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""tests/test_tenants.py's server (tokens, scopes, limits, audit, sharing over HTTP) on every store
+"""tests/e2e/test_tenants.py's server (tokens, scopes, limits, audit, sharing over HTTP) on every store
 backend (tests/backends.py): `sandtree serve --database postgresql://...` and its CLI."""
 
 import pytest

@@ -785,7 +785,7 @@ def _killed_node(cst, ray_cluster, status, sandboxes):
     assert all(f["status"] == "done" and f["outcome"]["exit_code"] == 0 for f in again), again
     # (a run that committed on the victim just before it died is done in its row, but its caller got
     # NodeLost "not retried: ... committed on that node" naming its image: no record here;
-    # tests/test_cluster_retries.py)
+    # tests/integrations/test_cluster_retries.py)
     for op in retried:
         if ops.result(op) is None:
             assert ops.get(op)["result"], ops.get(op)

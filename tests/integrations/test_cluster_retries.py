@@ -1,6 +1,6 @@
 """Dispatch.run_operation's retries on a lost node (engine/clustered.py), on a real store and real
 runs. The node is a stand-in here (the one thing that cannot be arranged on a real cluster: a
-node dying exactly after it committed a run and before it answered); tests/test_cluster.py kills
+node dying exactly after it committed a run and before it answered); tests/integrations/test_cluster.py kills
 real Ray nodes mid-run."""
 
 from __future__ import annotations

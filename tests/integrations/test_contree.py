@@ -27,7 +27,7 @@ from conftest import serve_process
 
 import sandtree
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MCP_VENV = os.path.join(ROOT, ".venv", "contree-mcp")
 MCP_REQUIREMENTS = os.path.join(ROOT, "tests", "contree-mcp-requirements.txt")
 

@@ -18,7 +18,7 @@ from conftest import serve_process
 import sandtree
 from test_contree import MCP_VENV, contree_mcp  # noqa: F401 - the venv fixture
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
 CALLS = os.path.join(HERE, "contree_client_calls.py")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")

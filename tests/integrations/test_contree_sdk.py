@@ -27,7 +27,7 @@ from conftest import serve_process
 
 import sandtree
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV = os.path.join(ROOT, ".venv", "contree-sdk")
 REQUIREMENTS = os.path.join(ROOT, "tests", "contree-sdk-requirements.txt")
 LOCAL_ROOTS = ("/local", "/some")          # the README's local paths live under these

@@ -35,7 +35,7 @@ swebench_grading = pytest.importorskip("swebench.harness.grading")
 from swebench.harness.reporting import make_run_report  # noqa: E402
 from swebench.harness.utils import make_test_spec  # noqa: E402
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "evalset")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "evalset")
 INSTANCES = os.path.join(DATA, "instances.jsonl")
 TIMES: dict[str, float] = {}
 
@@ -364,7 +364,7 @@ def test_the_tree_search_example_repairs_a_failing_test(site, gold, bookworm, tm
     """examples/tree_search.py end to end on the session's store (the instance's environment is built by
     the gold run above): the beam search picks the gold fix of python-semver-426 among wrong candidates by
     running the instance's real tests, and the winner passes them; its trace has a row per candidate."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "trace.jsonl"
     argv = [sys.executable, os.path.join(root, "examples", "tree_search.py"), "--home", bookworm[0],
             "--base", site[0], "-o", str(out)] + [a for rule in site[1] for a in ("--network", rule)]

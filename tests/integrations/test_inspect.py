@@ -40,7 +40,7 @@ from sandtree.integrations.inspect_sandbox import RUN, SandtreeSandboxEnvironmen
 
 from conftest import serve_process  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TASK = textwrap.dedent('''
     from inspect_ai import Task, task

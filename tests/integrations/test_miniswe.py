@@ -27,7 +27,7 @@ from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 
 IID = "python-semver__python-semver-426"
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "evalset", "instances.jsonl")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "evalset", "instances.jsonl")
 AGENT = {"system_template": "You fix bugs.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
 
 

@@ -20,7 +20,7 @@ from sandtree.store.maintenance import gc
 
 from conftest import make_rootfs
 
-MEMSTATE = os.path.join(os.path.dirname(__file__), "programs", "memstate.c")
+MEMSTATE = os.path.join(os.path.dirname(__file__), "..", "programs", "memstate.c")
 
 
 @pytest.fixture(scope="module")

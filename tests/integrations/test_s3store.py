@@ -22,7 +22,7 @@ from sandtree.store.maintenance import fsck, gc
 
 from conftest import TIER, make_rootfs
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 
 @pytest.fixture

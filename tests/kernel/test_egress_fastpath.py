@@ -308,7 +308,7 @@ def test_the_daemon_takes_the_choice_from_the_environment(tmp_path, monkeypatch)
     """The client starts the store's daemon with --relay from SANDTREE_EGRESS_RELAY; its ping
     says which relay is on (and why the kernel one is off)."""
     from sandtree.network.client import Egress
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
     monkeypatch.setenv("PYTHONPATH", src)
     for value, off in (("kernel", ""), ("", fastpath.NOT_CHOSEN)):
         monkeypatch.setenv("SANDTREE_EGRESS_RELAY", value)

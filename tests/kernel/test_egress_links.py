@@ -28,7 +28,7 @@ from sandtree.network.trust import parse_secrets
 from sandtree.runtime.base import RunSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 
 def start_daemon(home: str, *extra: str) -> None:

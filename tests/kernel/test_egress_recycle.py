@@ -36,7 +36,7 @@ from sandtree.network.policy import Policy
 from sandtree.runtime.base import RunSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 NS_GET_USERNS = 0xB701
 POLICY = Policy.from_value(["allowed.test"])
 

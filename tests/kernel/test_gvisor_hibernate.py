@@ -13,7 +13,7 @@ import pytest
 import sandtree
 from sandtree.runtime.liveproc import LiveHandle
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 # an engine killed (exit 9, no cleanup) right after the row says hibernated, before the old stop
 KILLED = """

@@ -497,7 +497,7 @@ def test_a_freeze_left_by_a_dead_committer_is_undone(sb, shared_st):
     assert not h.cg().is_frozen()
 
 
-MEMSTATE = os.path.join(os.path.dirname(__file__), "programs", "memstate.c")
+MEMSTATE = os.path.join(os.path.dirname(__file__), "..", "programs", "memstate.c")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from sandtree.errors import Conflict, RuntimeUnavailable
 from sandtree.network.client import Egress
 
 SECRET = "hib3rnated-s3cret-value-7d41e0"
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 GRACE = 2        # the daemon's GC grace here (seconds): a hibernated sandbox's link must outlive it
 
 # A server that holds state only in memory: MEMVAL is made at its start and lives in nc's

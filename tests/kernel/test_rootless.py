@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = next((p for p in sys.path if p.endswith("site-packages") and ".venv" in p), None)
 
 SCRIPT = textwrap.dedent("""

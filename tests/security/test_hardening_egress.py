@@ -88,7 +88,7 @@ def test_one_link_can_not_hold_unbounded_connections(rig):
 
 
 # ---- E3. a kept-alive plain-HTTP connection: only the first request's Host was decided ----------
-# (fixed: network/plainhttp.py decides each request; its attacks are in tests/test_egress_http.py)
+# (fixed: network/plainhttp.py decides each request; its attacks are in tests/kernel/test_egress_http.py)
 
 def test_a_second_request_on_a_kept_alive_connection_can_not_name_another_host(rig):
     import json

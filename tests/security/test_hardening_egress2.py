@@ -5,7 +5,7 @@ Finding F3 (fixed): the interceptor masked a secret's value in responses only as
 sends the value percent-encoded (request target), form-encoded (form bodies), JSON-escaped (JSON
 bodies) and base64-encoded (inside `Authorization: Basic`): a host that echoes the request handed
 the sandbox the value in the proxy's own encoding, undone in one line. Real TLS upstream and
-interceptor on loopback (the helpers of tests/test_egress_secrets.py)."""
+interceptor on loopback (the helpers of tests/unit/test_egress_secrets.py)."""
 
 from __future__ import annotations
 

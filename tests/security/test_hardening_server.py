@@ -330,7 +330,7 @@ def test_async_connect_works_awaited_and_not(tmp_path, rootfs):
 
 
 def _readme_first_python_block() -> str:
-    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
     text = open(readme).read()
     start = text.index("```python\n") + len("```python\n")
     return text[start:text.index("```", start)]

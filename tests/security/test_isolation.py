@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("each_tier")     # the whole module, once p
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> bytes:
     out = tmp_path_factory.mktemp("probe") / "probe"
-    subprocess.run(["cc", "-static", "-O1", "-o", str(out), os.path.join(os.path.dirname(__file__), "probe.c")],
+    subprocess.run(["cc", "-static", "-O1", "-o", str(out), os.path.join(os.path.dirname(__file__), "..", "probe.c")],
                    check=True)
     return out.read_bytes()
 

@@ -1,7 +1,7 @@
 """A node's streams pulled instead of streamed (cluster/pulled.py: what a caller on Ray Client
 gets, which has no generator methods): the items of real generators, in order, batched, their
 end, their error after the items before it, an unpulled stream dropped. Through Ray itself:
-tests/test_cluster.py test_ray_client_reaches_the_cluster."""
+tests/integrations/test_cluster.py test_ray_client_reaches_the_cluster."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "evalset"
 FIELDS = {"instance_id": str, "repo": str, "version": str, "base_commit": type(None), "patch": str,
           "test_patch": str, "FAIL_TO_PASS": list, "PASS_TO_PASS": list, "problem_statement": str,

@@ -255,7 +255,7 @@ def test_an_unreadable_entry_is_a_clear_error():
                 "from sandtree.errors import InvalidInput\n"
                 "try:\n    BuildContext(%r).select(['src'], line=3)\n"
                 "except InvalidInput as e:\n    print(e.message)\n") % (
-            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src")), top)
+            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src")), top)
         r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
                             sys.executable, "-c", code], capture_output=True, text=True)
         assert r.stdout.strip() == "line 3: cannot read the build context: Permission denied (src/closed)", \
