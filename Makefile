@@ -28,6 +28,7 @@ bench: deps $(STAMP)
 	PYTHONPATH=src $(BIN)/python bench/terminal.py
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
 	PYTHONPATH=src $(BIN)/python bench/rayclient.py
+	PYTHONPATH=src $(BIN)/python bench/probes.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

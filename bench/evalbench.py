@@ -43,7 +43,7 @@ DOCKER_START_S = 0.5        # moby#38077: `docker run --rm busybox true`, the fa
 
 def registry_rules() -> list[str]:
     """The registry's names, and its addresses where they are not public (a policy reaches a
-    non-public address only when a rule names it: see tests/test_network_pip.py)."""
+    non-public address only when a rule names it: see tests/kernel/test_network_pip.py)."""
     ips = {a[4][0] for n in REGISTRY for a in socket.getaddrinfo(n, 443, socket.AF_INET)}
     return REGISTRY + sorted(f"{ip}:443" for ip in ips if not ipaddress.ip_address(ip).is_global)
 

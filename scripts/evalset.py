@@ -195,7 +195,7 @@ def open_store():
 def registry_rules() -> list[str]:
     """The build's network: the registry's names, and the addresses they resolve to where those are
     not public (here every registry name resolves to the host's package gateway, 203.0.113.80, which
-    a policy reaches only when a rule names it: tests/test_network_pip.py)."""
+    a policy reaches only when a rule names it: tests/kernel/test_network_pip.py)."""
     ips = {a[4][0] for n in PYPI for a in socket.getaddrinfo(n, 443, socket.AF_INET)}
     return PYPI + sorted(f"{ip}:443" for ip in ips if not ipaddress.ip_address(ip).is_global)
 

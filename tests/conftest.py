@@ -339,6 +339,13 @@ def pytest_configure(config):
     _AHEAD.append(t)
 
 
+@pytest.hookimpl(tryfirst=True)                 # before pytest's own -m selection reads them
+def pytest_collection_modifyitems(config, items):
+    """Each test's markers for what it needs (root, gvisor, network, postgres, ...): tests/marks.py."""
+    import marks
+    marks.apply(items)
+
+
 _WORKER_LEAKS: list[str] = []
 
 

@@ -1,4 +1,4 @@
-"""Calls of contree-client 0.4.4, one scenario per client method, run by tests/test_contree_client.py
+"""Calls of contree-client 0.4.4, one scenario per client method, run by tests/integrations/test_contree_client.py
 in the contree venv (.venv/contree-mcp, which has contree-client; the project's own venv does
 not): `python contree_client_calls.py URL sync|async METHOD`. Each scenario calls the method as
 the client's own documentation shows, checks what it got (an AssertionError fails the test) and

@@ -1,7 +1,7 @@
 """What every surface exposes, as plain data: the Python API (names and signatures), the REST and
 Contree OpenAPI document, the MCP tools with their input schemas, and every CLI verb's arguments.
 
-tests/test_surface.py compares it with tests/surface/*.json, written before issue 13 moved the
+tests/conformance/test_surface.py compares it with tests/surface/*.json, written before issue 13 moved the
 code around: whatever existed must still exist with the same shape (additions are allowed, and
 new parameters must be optional). `python tests/surface.py --write` records a new snapshot.
 """

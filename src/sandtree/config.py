@@ -1,4 +1,4 @@
-"""Where settings come from: the only module that reads the environment (tests/test_architecture.py
+"""Where settings come from: the only module that reads the environment (tests/conformance/test_architecture.py
 holds every other module to that), so what a deployment can set is listed here."""
 
 from __future__ import annotations

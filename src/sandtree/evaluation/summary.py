@@ -6,7 +6,7 @@ from the reports on disk the same way, so instances a rerun skipped count as wel
 
 MODEL is the prediction's model_name_or_path with `/` written `__` (swebench's rule). make_run_report
 itself reads a fixed relative directory (logs/run_evaluation) and asks Docker about leftover
-containers, so its counting is done here over OUT; tests/test_eval.py checks that both agree on the
+containers, so its counting is done here over OUT; tests/integrations/test_eval.py checks that both agree on the
 same logs. The summary keeps swebench's keys (schema_version 2) and adds sandtree's: the run, each
 instance's environment and final image, why each errored instance has no report, and times."""
 

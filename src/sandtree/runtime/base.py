@@ -3,7 +3,7 @@
 Runtime is what every tier implements (available, validate_spec, run, close, live); LiveTier
 what a tier's live sandboxes implement (Runtime.live() returns it, or raises RuntimeUnavailable
 for a tier without them). Both are abstract base classes: a tier missing a method fails at
-construction. tests/test_runtime_interface.py runs one suite against every tier.
+construction. tests/conformance/test_runtime_interface.py runs one suite against every tier.
 
 A tier takes a RunSpec (the image's layers, the command, inputs and limits) and returns a
 RunOutcome whose `changes` is the directory of the run's writes in overlay form (upper dir:

@@ -3,7 +3,7 @@ a declaration: a signature (a function whose body is only its docstring), the to
 arguments name images (a tenant may name only images it sees), the audit action, and the HTTP binding. From the
 rows come the tenant and admin views (tenancy/), the remote client (client/remote.py), MCP parameter
 descriptions (vocabulary.py), and the conformance test that Engine, the tenant view and the remote client expose
-the same operations with the same signatures (tests/test_conformance.py). The engine implements each row as a
+the same operations with the same signatures (tests/conformance/test_conformance.py). The engine implements each row as a
 method of the same name and signature; nothing here runs one. What a row is: rows.py. Imports only defaults.py
 and rows.py (the remote client loads it)."""
 

@@ -1,0 +1,115 @@
+"""mini-swe-agent on sandtree (issue 17): its DefaultAgent with its scripted DeterministicModel solves a real
+instance of data/evalset (python-semver-426: the gold fix, written and `git apply`d by the agent, then
+submitted with `git diff`), once through sandtree's native environment (in process, no server) and once
+through mini-swe-agent's own `contree` environment, unchanged, against a real `sandtree serve` on loopback.
+Each submission is then graded by the eval harness (swebench's grading): resolved.
+
+The instance's environment is built in the session's Debian store from its Dockerfile (the registry only
+through the build's egress path: see test_eval.py's `site`); skipped with the reason when unreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import sandtree
+from conftest import serve_process
+from sandtree import evaluation
+from sandtree.errors import BuildFailed
+from test_network_pip import HOST_BUNDLE, registry_rules
+
+pytest.importorskip("minisweagent")
+pytest.importorskip("swebench")
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+
+IID = "python-semver__python-semver-426"
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "evalset", "instances.jsonl")
+AGENT = {"system_template": "You fix bugs.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
+
+
+def _instance() -> dict:
+    with open(DATA) as f:
+        return next(json.loads(line) for line in f if IID in line)
+
+
+@pytest.fixture(scope="module")
+def env_image(bookworm, tmp_path_factory):
+    """(home, the instance's environment image): built on the Debian image with this host's CA bundle."""
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        pytest.skip("needs root and nft")
+    st = sandtree.Sandtree(bookworm[0], warm=0)
+    try:
+        ctx = tmp_path_factory.mktemp("site")
+        shutil.copyfile(HOST_BUNDLE, ctx / "ca.crt")
+        base = st.recipe(bookworm[1], context=str(ctx)).copy("ca.crt", "/etc/ssl/certs/ca-certificates.crt").build()
+        try:
+            image = evaluation.environment(st.engine, _instance(), base=base.id, build_network=registry_rules())
+        except BuildFailed as exc:               # pragma: no cover - depends on the registry
+            pytest.skip(f"the environment did not build (registry unreachable?): {exc.message[-300:]}")
+        st.tag(image, "semver-426")
+    finally:
+        st.engine.egress.stop_daemon()
+        st.close()
+    return bookworm[0], image
+
+
+def _script(inst: dict) -> DeterministicModel:
+    steps = [f"cat > /tmp/fix.diff <<'SANDTREE_EOF'\n{inst['patch']}SANDTREE_EOF",
+             "git apply /tmp/fix.diff && git status --short",
+             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"]
+    return DeterministicModel(outputs=[make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(steps)])
+
+
+def _graded(st, inst: dict, submission: str, tmp_path) -> dict:
+    pred = {"instance_id": IID, "model_name_or_path": "scripted", "model_patch": submission}
+    return st.eval([inst], [pred], base=None, run_id="miniswe", out_dir=str(tmp_path / "eval"), workers=1)
+
+
+def test_native_environment_in_process(env_image, tmp_path):
+    from sandtree.integrations.miniswe import SandtreeEnvironment
+    home, image = env_image
+    inst = _instance()
+    env = SandtreeEnvironment(image=image, home=home, cwd="/testbed")
+    try:
+        agent = DefaultAgent(_script(inst), env, **AGENT)
+        result = agent.run(inst["problem_statement"])
+        assert result["exit_status"] == "Submitted", result
+        submission = result["submission"]
+        assert "diff --git" in submission and "return type(self)" in submission
+        # every step that wrote is a commit: the final image descends from the environment's
+        assert env.image != image and env.serialize()["info"]["sandtree"] == {"start_image": image, "image": env.image}
+        st = env.st
+        fixed = st.image(env.image).read("/testbed/src/semver/version.py").decode()
+        assert "type(self)(**version)" in fixed
+        summary = _graded(st, {**inst, "environment": {"image": image}}, submission, tmp_path)
+        assert summary["resolved_ids"] == [IID], summary
+    finally:
+        env.close()
+
+
+def test_minisweagent_contree_environment_against_serve(env_image, tmp_path):
+    """mini-swe-agent's own ContreeEnvironment (contree-sdk inside), as published, on our /v1."""
+    from contree_sdk.auth import JWTAuth
+    from contree_sdk.config import ContreeConfig
+    from minisweagent.environments import get_environment
+    home, image = env_image
+    inst = _instance()
+    with serve_process(home) as url:
+        env = get_environment({"environment_class": "contree", "image": "docker.io/library/unused:latest",
+                               "image_tag": "semver-426", "cwd": "/testbed", "timeout": 120,
+                               "contree_config": ContreeConfig(auth=JWTAuth(token="fake-token", base_url=url))})
+        agent = DefaultAgent(_script(inst), env, **AGENT)
+        result = agent.run(inst["problem_statement"])
+        assert result["exit_status"] == "Submitted", result
+        submission = result["submission"]
+        assert "diff --git" in submission and "return type(self)" in submission
+        st = sandtree.connect(url)
+        try:
+            summary = _graded(st, {**inst, "environment": {"image": image}}, submission, tmp_path)
+        finally:
+            st.close()
+        assert summary["resolved_ids"] == [IID], summary

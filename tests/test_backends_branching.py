@@ -1,4 +1,0 @@
-"""tests/test_branching.py on every store backend (tests/backends.py)."""
-
-from backends import store_database  # noqa: F401 - the fixture that parametrizes the backend
-from test_branching import *  # noqa: F401,F403 - its tests and fixtures, collected here again
