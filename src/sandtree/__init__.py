@@ -38,6 +38,7 @@ def __getattr__(name: str):
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module 'sandtree' has no attribute {name!r}")
+    # a lazy export: `import sandtree` stays light; the engine loads when first named
     value = getattr(importlib.import_module(f".{where}", __name__), name)
     globals()[name] = value
     return value

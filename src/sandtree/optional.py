@@ -15,6 +15,6 @@ __all__ = ["load"]
 def load(name: str) -> ModuleType | None:
     """Module `name`, imported now if not yet; None when it is not installed."""
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(name)   # optional by definition: loaded when a caller asks
     except ImportError:
         return None

@@ -14,11 +14,22 @@ The rules (issue 13, "Deliver" 3-5):
   d. `__all__` equals what a module exports (and a package __init__ that re-exports has one);
   e. adapter packages import only errors, config, table, defaults, engine, tenancy and their own
      package; the remote client loads no runtime and at most 6 sandtree modules;
-  f. no module over 500 lines;
+  f. a module holds one concept: it opens with a docstring saying what that concept is, and it
+     stays under 800 lines (a cap that says "split by concept", not one that rewards compacting);
   g. at most 10 imports inside functions, each with a comment (its line or the line above) saying
      why it is not at the top;
   h. a module imports only from its own layer or below (working rules: errors/config/table ->
      store -> branching -> runtime -> engine -> tenancy -> adapters), and every module is in one.
+  i. adapters reach the engine only through its public face (`sandtree.engine`, its __init__), never
+     a module inside it, so the engine's folders can move without touching a surface;
+  j. integrations/ (other frameworks' plug-ins) use only the SDK's face: client/, errors, config,
+     defaults, never the engine, the runtime or the server;
+  k. the egress daemon (root, outside every sandbox, reading what sandboxes send) loads only the
+     modules listed in DAEMON_MAY_LOAD;
+  l. an import through a variable (import_module(name)) is seen: the checker takes every string of the
+     module that names one of the package's modules as a possible target (so a, h and e see it), and
+     a module that imports through a variable naming none must be listed in VARIABLE_IMPORTERS with
+     its reason.
 """
 
 from __future__ import annotations
@@ -49,8 +60,18 @@ ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.client.remote"),  # `sandtree build --server`: the same
     ("mcp", "sandtree.http.gate"),      # MCP over HTTP is served through the REST server's token gate
 }
-MAX_LINES = 500
-MAX_INNER_IMPORTS = 10
+MAX_LINES = 800
+# The root egress daemon's whole world: its own package, the leaf vocabulary and the run files'
+# names. Anything more (the engine, the store, a parser of images) would be code a sandbox's traffic
+# could reach in a root process.
+DAEMON_MAY_LOAD = ("sandtree", "sandtree.config", "sandtree.defaults", "sandtree.errors", "sandtree.tasks",
+                   "sandtree.network", "sandtree.network.*", "sandtree.runtime", "sandtree.runtime.runfiles")
+INTEGRATIONS_MAY_IMPORT = ("client", "errors", "config", "defaults")
+# Modules that import through a variable naming no module of the package, and why.
+VARIABLE_IMPORTERS = {
+    "sandtree.optional": "loads an optional third-party package by the name its caller passes",
+}
+MAX_INNER_IMPORTS = 14      # 10 before rule l saw the four lazy imports through variables
 REMOTE_MAX_MODULES = 9       # sandtree, client, remote, defaults, errors and table (its rows, options, sandboxes)
 CONFIG_MODULES = ("config",)
 # Layers, bottom first; the package itself (sandtree/__init__.py: the SDK's names) and __main__
@@ -133,16 +154,36 @@ def _inner_nodes(tree: ast.AST) -> set[int]:
     return inner
 
 
+VARIABLE = "<variable>"
+
+
 def _dynamic_import(node: ast.AST) -> str | None:
-    """importlib.import_module("x") / __import__("x") with a constant name: an import too."""
-    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant) \
-            or not isinstance(node.args[0].value, str):
+    """importlib.import_module("x") / __import__("x"): an import too. Its name if constant, else VARIABLE."""
+    if not isinstance(node, ast.Call) or not node.args:
         return None
     f = node.func
-    if (isinstance(f, ast.Attribute) and f.attr == "import_module") or \
-            (isinstance(f, ast.Name) and f.id in ("import_module", "__import__")):
-        return node.args[0].value
-    return None
+    if not ((isinstance(f, ast.Attribute) and f.attr == "import_module") or
+            (isinstance(f, ast.Name) and f.id in ("import_module", "__import__"))):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return VARIABLE
+
+
+def _variable_targets(mods: dict[str, Module], mod: Module) -> list[str]:
+    """The package's modules an import through a variable in `mod` may load: every string constant of
+    the module (a lazy-export table's values, a module name kept in a constant) read as an absolute
+    name, or relative to the module's package (`import_module(f".{where}", __name__)`)."""
+    package = mod.name if mod.is_package else mod.name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value:
+            name = node.value.lstrip(".")
+            for candidate in (node.value, f"{package}.{name}"):
+                if candidate in mods and candidate != mod.name:
+                    out.add(candidate)
+    return sorted(out)
 
 
 def imports(mods: dict[str, Module], mod: Module) -> list[Import]:
@@ -161,7 +202,10 @@ def imports(mods: dict[str, Module], mod: Module) -> list[Import]:
                               node.lineno, id(node) in inner, node))
         else:
             name = _dynamic_import(node)
-            if name is not None:
+            if name == VARIABLE:
+                out.append(Import(mod.name, _variable_targets(mods, mod), [], VARIABLE, node.lineno,
+                                  id(node) in inner, node))
+            elif name is not None:
                 out.append(Import(mod.name, [name] if name in mods else [], [], None, node.lineno,
                                   id(node) in inner, node))
     return out
@@ -409,6 +453,58 @@ def oversized(mods: dict[str, Module]) -> list[str]:
             if m.lines > MAX_LINES]
 
 
+def unnamed_concepts(mods: dict[str, Module]) -> list[str]:
+    """Modules whose docstring does not open by saying what they hold (a first line of a few words)."""
+    out = []
+    for m in mods.values():
+        doc = ast.get_docstring(m.tree)
+        first = doc.strip().splitlines()[0] if doc and doc.strip() else ""
+        if len(first.split()) < 3:
+            out.append(f"{m.name}: no docstring naming its concept")
+    return out
+
+
+def engine_internals(mods: dict[str, Module], pkg: str = PKG) -> list[str]:
+    """Adapter imports of a module inside the engine package (not its public face)."""
+    out = []
+    for mod in mods.values():
+        parts = mod.name.split(".")
+        if len(parts) < 2 or parts[1] not in ADAPTERS:
+            continue
+        for imp in imports(mods, mod):
+            out += [f"{mod.name}:{imp.lineno}: imports {t}" for t in imp.targets if t.startswith(f"{pkg}.engine.")]
+    return out
+
+
+def integration_imports(mods: dict[str, Module], pkg: str = PKG) -> list[str]:
+    allowed = [f"{pkg}.{a}" for a in INTEGRATIONS_MAY_IMPORT] + [f"{pkg}.integrations"]
+    out = []
+    for mod in mods.values():
+        if not mod.name.startswith(f"{pkg}.integrations"):
+            continue
+        for imp in imports(mods, mod):
+            out += [f"{mod.name}:{imp.lineno}: imports {t}" for t in imp.targets
+                    if not any(t == a or t.startswith(a + ".") for a in allowed)]
+    return out
+
+
+def daemon_offences(loaded: list[str], may_load=DAEMON_MAY_LOAD) -> list[str]:
+    def listed(m):
+        return any(m == a or (a.endswith(".*") and m.startswith(a[:-1])) for a in may_load)
+    return [f"loads {m}" for m in loaded if not listed(m)]
+
+
+def unseen_variable_imports(mods: dict[str, Module], listed=None) -> list[str]:
+    """Imports through a variable that name no module of the package, in a module not listed."""
+    listed = VARIABLE_IMPORTERS if listed is None else listed
+    out = []
+    for mod in mods.values():
+        for imp in imports(mods, mod):
+            if imp.source_module == VARIABLE and not imp.targets and mod.name not in listed:
+                out.append(f"{mod.name}:{imp.lineno}: imports through a variable naming no module")
+    return out
+
+
 def inner_imports(mods: dict[str, Module]) -> tuple[list[str], list[str]]:
     """(every import inside a function, those with no comment saying why)."""
     every, bare = [], []
@@ -489,9 +585,9 @@ def test_rule_e_adapters_import_only_the_allowed_layers():
     assert not found, _listing("adapter imports outside errors/config/table/defaults/engine/tenancy", found)
 
 
-def test_rule_f_no_module_over_500_lines():
-    found = oversized(MODS)
-    assert not found, _listing(f"modules over {MAX_LINES} lines", found)
+def test_rule_f_a_module_holds_one_named_concept():
+    found = oversized(MODS) + unnamed_concepts(MODS)
+    assert not found, _listing(f"modules over {MAX_LINES} lines or with no docstring naming their concept", found)
 
 
 def test_rule_g_few_imports_inside_functions_each_said_why():
@@ -504,6 +600,28 @@ def test_rule_g_few_imports_inside_functions_each_said_why():
 def test_rule_h_imports_go_down_the_layers():
     found = upward_imports(MODS)
     assert not found, _listing("imports from a layer above", found)
+
+
+def test_rule_i_adapters_reach_the_engine_through_its_public_face():
+    found = engine_internals(MODS)
+    assert not found, _listing("adapter imports of a module inside sandtree.engine", found)
+
+
+def test_rule_j_integrations_use_only_the_sdk():
+    found = integration_imports(MODS)
+    assert not found, _listing(f"integrations importing beyond {INTEGRATIONS_MAY_IMPORT}", found)
+
+
+def test_rule_k_the_egress_daemon_loads_only_what_is_listed():
+    found = daemon_offences(loaded_modules(f"{PKG}.network.daemon"))
+    assert not found, _listing("the root egress daemon loads modules not in DAEMON_MAY_LOAD", found)
+
+
+def test_rule_l_imports_through_variables_are_seen():
+    found = unseen_variable_imports(MODS)
+    assert not found, _listing("imports through a variable the checker cannot follow", found)
+    lazy = [imp for imp in imports(MODS, MODS[PKG]) if imp.source_module == VARIABLE]
+    assert lazy and f"{PKG}.client.sdk" in lazy[0].targets, "sandtree/__init__'s lazy exports are edges"
 
 
 # ---- self-tests: each checker on a tiny tree with one planted violation -----------------------
@@ -616,6 +734,48 @@ def test_selftest_remote_client_module_count(tmp_path):
 def test_selftest_oversized(tmp_path):
     mods = tree(tmp_path, {"big.py": "x = 1\n" * (MAX_LINES + 1), "fine.py": "x = 1\n" * MAX_LINES})
     assert oversized(mods) == [f"pkg.big: {MAX_LINES + 1} lines"]
+
+
+def test_selftest_unnamed_concepts(tmp_path):
+    mods = tree(tmp_path, {"named.py": '"""The thing this module holds."""\n', "bare.py": "x = 1\n",
+                           "terse.py": '"""Stuff."""\n'})
+    found = [f for f in unnamed_concepts(mods) if not f.startswith("pkg:")]   # the package's own __init__
+    assert sorted(found) == ["pkg.bare: no docstring naming its concept", "pkg.terse: no docstring naming its concept"]
+
+
+def test_selftest_engine_internals(tmp_path):
+    mods = tree(tmp_path, {"engine/runs/runs.py": "", "http/x.py": "from ..engine import Engine\n"
+                           "from ..engine.runs import runs\n"})
+    assert engine_internals(mods, pkg="pkg") == ["pkg.http.x:2: imports pkg.engine.runs.runs"]
+
+
+def test_selftest_integration_imports(tmp_path):
+    mods = tree(tmp_path, {"client/sdk.py": "", "engine/core.py": "", "errors.py": "",
+                           "integrations/a.py": "from ..client.sdk import S\nfrom ..errors import E\n"
+                                                "from ..engine.core import Engine\n"})
+    assert integration_imports(mods, pkg="pkg") == ["pkg.integrations.a:3: imports pkg.engine.core"]
+
+
+def test_selftest_daemon_offences():
+    loaded = ["sandtree", "sandtree.network", "sandtree.network.proxy", "sandtree.engine.core", "sandtree.errors"]
+    assert daemon_offences(loaded) == ["loads sandtree.engine.core"]
+
+
+def test_selftest_variable_imports_are_edges(tmp_path):
+    mods = tree(tmp_path, {"engine.py": "", "lazy.py": """\
+        import importlib
+        _WHERE = {"Engine": "engine"}
+        def __getattr__(name):
+            return getattr(importlib.import_module(f".{_WHERE[name]}", __package__), name)
+        """, "opaque.py": """\
+        import importlib
+        def load(name):
+            return importlib.import_module(name)
+        """})
+    lazy = [imp for imp in imports(mods, mods["pkg.lazy"]) if imp.source_module == VARIABLE]
+    assert lazy[0].targets == ["pkg.engine"]
+    assert unseen_variable_imports(mods, listed={}) == ["pkg.opaque:3: imports through a variable naming no module"]
+    assert unseen_variable_imports(mods, listed={"pkg.opaque": "why"}) == []
 
 
 def test_selftest_inner_imports(tmp_path):

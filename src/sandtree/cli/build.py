@@ -11,7 +11,7 @@ from ..client.remote import RemoteEngine
 from . import options
 from .buildprogress import JsonProgress, LiveProgress, PlainProgress, StepLabels
 from .output import open_engine, out
-from ..engine.builds.dockerfiles import dockerfile_recipe, read_dockerfile
+from ..engine import dockerfile_recipe, read_dockerfile
 from ..errors import InvalidInput
 
 

@@ -27,6 +27,7 @@ def __getattr__(name: str):
     if where is None:
         raise AttributeError(f"module 'sandtree.evaluation' has no attribute {name!r}")
     try:
+        # a lazy export: swebench (optional) loads only when its names are used
         value = getattr(importlib.import_module(where), name)
     except ImportError as e:                 # absent, or a swebench before 5 (no TestSpec.log_parser)
         if e.name and e.name.split(".")[0] in ("swebench", "docker", "unidiff"):

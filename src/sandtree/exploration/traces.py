@@ -98,6 +98,7 @@ def export_trace(engine, root: str, fmt: str = "jsonl", out: str = "trace.jsonl"
                 for row in rows:
                     fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         else:
+            # pyarrow (the parquet writer) loads only for a .parquet export
             importlib.import_module(_PARQUET).write(rows, COLUMNS, tmp)
         os.replace(tmp, out)
     finally:

@@ -26,8 +26,7 @@ import socket
 from starlette.responses import JSONResponse, RedirectResponse
 from starlette.websockets import WebSocketClose
 
-from ..engine.sandboxes.previews import base_domain, check_base, parse_host, preview_url
-from ..engine.sandboxes.ports import port_path
+from ..engine import base_domain, check_base, parse_host, port_path, preview_url
 from ..errors import NotFound
 from .gate import OPEN_PATHS, PAGE_PREFIX, PORT_PATH, PREVIEW_KEY
 

@@ -25,9 +25,7 @@ import sys
 from fastapi import FastAPI
 
 from .. import defaults as D
-from ..engine import Engine, parse_size
-from ..engine.builds.dockerfiles import dockerfile_recipe
-from ..engine.warm.rollover import RecipeWatch
+from ..engine import Engine, RecipeWatch, dockerfile_recipe, parse_size
 from .gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: for routers
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
