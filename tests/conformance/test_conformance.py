@@ -4,6 +4,7 @@ binding names a route the server has. A method added to one surface and not the 
 parameter that drifts, fails here."""
 
 import inspect
+import operator
 import re
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from sandtree import table
 from sandtree.client.remote import RemoteEngine, RemoteOperations
 from sandtree.engine import Engine
+from sandtree.engine.passthrough import passthroughs, through
 from sandtree.engine.runs.operations import Operations
 from sandtree.tenancy import AdminView, TenantOperations, TenantView
 
@@ -49,6 +51,86 @@ def test_signature_is_the_table_s(cls, name):
     assert hasattr(cls, name), f"{cls.__name__} has no {name}"
     assert shape(getattr(cls, name)) == shape(row.signature), \
         f"{cls.__name__}.{name}{inspect.signature(getattr(cls, name))} is not the table's {name}{row.signature}"
+
+
+@pytest.fixture(scope="module")
+def plain_engine(tmp_path_factory):
+    eng = Engine(str(tmp_path_factory.mktemp("passthrough")), warm=0)
+    yield eng
+    eng.close()
+
+
+def passthrough_drifts(eng, cls=Engine) -> list[str]:
+    """Pass-through methods whose target (the part's method that runs) does not take exactly the row's
+    parameters and defaults: the method shows the row's signature, so a drift there would be silent."""
+    out = []
+    for name, (part, method) in sorted(passthroughs(cls).items()):
+        target = inspect.signature(getattr(operator.attrgetter(part)(eng), method))
+        row = table.OPS[name].signature
+        if not takes_the_row(target, row):
+            out.append(f"{name} -> {part}.{method}{target} does not take the row's {row}")
+    return out
+
+
+def takes_the_row(target: inspect.Signature, row: inspect.Signature) -> bool:
+    """The pass-through hands on the row's positional parameters by position and its keyword-only ones
+    by name, each with the row's default filled in: the target must take them so (the same kind, or
+    its **kwargs; no other default: a second default would mislead its reader), and need nothing more."""
+    E = inspect.Parameter
+    rpos = [p for p in row.parameters.values() if p.name != "self" and p.kind is not E.KEYWORD_ONLY]
+    tpos = [p for p in target.parameters.values() if p.kind in (E.POSITIONAL_ONLY, E.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind in (E.VAR_POSITIONAL, E.VAR_KEYWORD) for p in rpos) or len(tpos) < len(rpos):
+        return False
+    for r, t in zip(rpos, tpos):
+        if t.default is not E.empty and t.default != r.default:
+            return False
+    rkw = [p for p in row.parameters.values() if p.kind is E.KEYWORD_ONLY]
+    absorbs = any(p.kind is E.VAR_KEYWORD for p in target.parameters.values())   # **limits: takes any name
+    for r in rkw:
+        t = target.parameters.get(r.name)
+        if t is None and absorbs:
+            continue
+        if t is None or t.kind not in (E.KEYWORD_ONLY, E.POSITIONAL_OR_KEYWORD) or \
+                (t.default is not E.empty and t.default != r.default):
+            return False
+    taken = {p.name for p in tpos[:len(rpos)]} | {r.name for r in rkw}
+    return all(p.default is not E.empty or p.kind in (E.VAR_POSITIONAL, E.VAR_KEYWORD)
+               for p in target.parameters.values() if p.name not in taken)
+
+
+def test_every_pass_through_runs_a_method_with_the_row_s_signature(plain_engine):
+    made = passthroughs(Engine)
+    assert len(made) >= 30, sorted(made)                 # the facade of live sandboxes, refs, tenancy, secrets
+    assert not passthrough_drifts(plain_engine), "\n".join(passthrough_drifts(plain_engine))
+
+
+def test_a_planted_pass_through_drift_is_caught(plain_engine):
+    class Part:
+        def stop(self, sid, grace=5):                    # an internal extra, with its default: fine
+            return sid, grace
+
+        def port_url(self, sid, port, *, ttl=60.0):      # the row's ttl default is another: a drift
+            return ttl
+
+        def commit(self, sid, now):                      # needs what the row never passes: a drift
+            return sid
+
+    class Planted:
+        part = Part()
+        sandbox_stop = through("part", "stop")
+        sandbox_port_url = through("part", "port_url")
+        sandbox_commit = through("part", "commit")
+
+    assert Planted().sandbox_stop("s1") == ("s1", 5)      # the call reaches the part
+    with pytest.raises(TypeError):
+        Planted().sandbox_stop("s1", grace=1)             # the row names no grace: refused, not passed on
+    assert Planted().sandbox_port_url("s1", 80) == table.OPS["sandbox_port_url"].signature.parameters["ttl"].default
+    assert inspect.signature(Planted.sandbox_stop).parameters.keys() == {"self", "sid"}
+    found = passthrough_drifts(Planted(), Planted)
+    assert [f.split(" ")[0] for f in found] == ["sandbox_commit", "sandbox_port_url"], found
+    with pytest.raises((TypeError, RuntimeError)) as typo:    # 3.11 wraps __set_name__'s error in a RuntimeError
+        type("Typo", (), {"sandbox_stpo": through("part", "stop")})
+    assert "no table row named 'sandbox_stpo'" in str(typo.value.__cause__ or typo.value)
 
 
 @pytest.mark.parametrize("cls", [Operations, TenantOperations, RemoteOperations], ids=lambda c: c.__name__)

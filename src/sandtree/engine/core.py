@@ -47,6 +47,7 @@ from .runs.runs import RunOps
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
 from .runs.spec import RunSpecs, default_idmap
+from .passthrough import through
 from ..defaults import RunRecord
 from .images.uploads import UploadOps
 
@@ -175,8 +176,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         tags = {i: t for t, i in self._recipe_pools.by_tag.items()} if self._recipe_pools is not None else {}
         return [{**p, "tag": tags[p["image"]]} if p["image"] in tags else p for p in self.pools.list()]
 
-    def pool_wait(self, ref: str, timeout: float = D.POOL_WAIT) -> bool:
-        return self.pools.wait_ready(ref, timeout)
+    pool_wait = through("pools", "wait_ready")
 
     def pool_remove(self, ref: str) -> None:
         image = self.resolve(ref)
@@ -208,102 +208,37 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                                       network=network)
 
     # The facade of live sandboxes: what the API objects and every adapter call.
-    def sandbox_start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
-                      files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
-                      lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION,
-                      tier: str | None = None, timeout: float | None = None, memory=None, pids: int | None = None,
-                      cpus: float | None = None, disk=None, output=None, labels: dict | None = None,
-                      network=None, secrets: dict | None = None) -> dict:
-        return self.sandboxes.start(ref, env=env, cwd=cwd, hostname=hostname, files=files, file_set=file_set,
-                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action, tier=tier,
-                                    timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk, output=output,
-                                    labels=labels, network=network, secrets=secrets)
-
-    def sandbox_exec(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                     stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
-                     on_output=None, cancel=None,
-                     timeout: float | None = None, output=None) -> RunRecord:
-        return self.sandboxes.exec(sid, command, env=env, cwd=cwd, stdin=stdin, uid=uid, gid=gid, on_output=on_output,
-                                   cancel=cancel, timeout=timeout, output=output)
-
-    def sandbox_popen(self, sid: str, argv, *, env: dict | None = None, cwd: str | None = None,
-                      uid: int | None = None, gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1,
-                      stderr=-1):
-        # -1 is subprocess.PIPE (the table's modules import no subprocess)
-        return self.sandboxes.popen(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=pty, stdin=stdin,
-                                    stdout=stdout, stderr=stderr)
+    sandbox_start = through("sandboxes", "start")
+    sandbox_exec = through("sandboxes", "exec")
+    sandbox_popen = through("sandboxes", "popen")
 
     # the processes of a live sandbox, or of a live run (sid: its operation ID): engine/processes/instances.py
-    def sandbox_spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None,
-                      uid: int | None = None, gid: int | None = None, stdin: bytes | str | None = None,
-                      stdin_open: bool = False, output=None) -> int:
-        return self.operations.instances.spawn(sid, command, env=env, cwd=cwd, uid=uid, gid=gid, stdin=stdin,
-                                               stdin_open=stdin_open, output=output)
-
-    def sandbox_stdin(self, sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
-        self.operations.instances.write(sid, pid, data, close=close)
-
-    def sandbox_signal(self, sid: str, pid: int, signal: str = "KILL") -> None:
-        self.operations.instances.signal(sid, pid, signal)
+    sandbox_spawn = through("operations.instances", "spawn")
+    sandbox_stdin = through("operations.instances", "write")
+    sandbox_signal = through("operations.instances", "signal")
 
     def sandbox_process(self, sid: str, pid: int) -> dict:
         now = self.operations.instances.process(sid, pid)
         return now if now is not None else self.operations.folded_process(sid, pid)
 
-    def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
-        return self.sandboxes.commit(sid, tag=tag)
-
-    def sandbox_stop(self, sid: str) -> dict:
-        return self.sandboxes.stop(sid)
-
-    def sandbox_hibernate(self, sid: str) -> dict:
-        return self.sandboxes.hibernate(sid)
-
-    def sandbox_resume(self, sid: str) -> dict:
-        return self.sandboxes.resume(sid)
-
-    def sandbox_info(self, sid: str) -> dict:
-        return self.sandboxes.info(sid)
-
-    def sandbox_list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
-        return self.sandboxes.list(all=all, labels=labels)
-
-    def sandbox_read(self, sid: str, path: str) -> bytes:
-        return self.sandboxes.read(sid, path)
-
-    def sandbox_write(self, sid: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0,
-                      gid: int = 0) -> None:
-        self.sandboxes.write(sid, path, data, mode=mode, uid=uid, gid=gid)
-
-    def sandbox_set_timeout(self, sid: str, timeout: float) -> dict:
-        return self.sandboxes.set_timeout(sid, timeout)
-
-    def sandbox_set_network(self, sid: str, network) -> dict:
-        return self.sandboxes.set_network(sid, network)
-
-    def sandbox_ls(self, sid: str, path: str = "/") -> list[dict]:
-        return self.sandboxes.ls(sid, path)
-
-    def sandbox_exists(self, sid: str, path: str) -> bool:
-        return self.sandboxes.exists(sid, path)
-
-    def sandbox_remove(self, sid: str, path: str) -> None:
-        self.sandboxes.remove(sid, path)
-
-    def sandbox_mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
-        self.sandboxes.mkdir(sid, path, mode=mode, uid=uid, gid=gid)
-
-    def sandbox_expose(self, sid: str, port: int) -> dict:
-        return self.ports.expose(sid, port)
-
-    def sandbox_unexpose(self, sid: str, port: int) -> None:
-        self.ports.unexpose(sid, port)
-
-    def sandbox_ports(self, sid: str) -> list[dict]:
-        return self.ports.ports(sid)
-
-    def sandbox_port_url(self, sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
-        return self.ports.port_url(sid, port, ttl=ttl)
+    sandbox_commit = through("sandboxes", "commit")
+    sandbox_stop = through("sandboxes", "stop")
+    sandbox_hibernate = through("sandboxes", "hibernate")
+    sandbox_resume = through("sandboxes", "resume")
+    sandbox_info = through("sandboxes", "info")
+    sandbox_list = through("sandboxes", "list")
+    sandbox_read = through("sandboxes", "read")
+    sandbox_write = through("sandboxes", "write")
+    sandbox_set_timeout = through("sandboxes", "set_timeout")
+    sandbox_set_network = through("sandboxes", "set_network")
+    sandbox_ls = through("sandboxes", "ls")
+    sandbox_exists = through("sandboxes", "exists")
+    sandbox_remove = through("sandboxes", "remove")
+    sandbox_mkdir = through("sandboxes", "mkdir")
+    sandbox_expose = through("ports", "expose")
+    sandbox_unexpose = through("ports", "unexpose")
+    sandbox_ports = through("ports", "ports")
+    sandbox_port_url = through("ports", "port_url")
 
     def close(self) -> None:
         if self._operations is not None:
@@ -370,29 +305,18 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         """This engine as `tenant` (tenants.Tenant) sees it: the same methods, its things only."""
         return self.tenancy.view(tenant)
 
-    def share(self, image: str) -> dict:
-        return self.tenancy.share(image)
-
-    def unshare(self, image: str) -> dict:
-        return self.tenancy.unshare(image)
-
-    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
-        return self.tenancy.audit(tenant=tenant, limit=limit)
+    share = through("tenancy")
+    unshare = through("tenancy")
+    audit = through("tenancy")
 
     @property
     def secret_store(self) -> SecretStore:
         """Stored secrets' values, outside the database: $SANDTREE_HOME/secrets (network/secretstore.py)."""
         return SecretStore(os.path.join(self.store.home, "secrets"))
 
-    def secret_set(self, name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None,
-                   tenant: str | None = None) -> dict:
-        return self.tenancy.secret_set(name, value, hosts, tenants=tenants, tenant=tenant)
-
-    def secret_list(self, *, tenant: str | None = None) -> list[dict]:
-        return self.tenancy.secret_list(tenant=tenant)
-
-    def secret_remove(self, name: str, *, tenant: str | None = None) -> None:
-        self.tenancy.secret_remove(name, tenant=tenant)
+    secret_set = through("tenancy")
+    secret_list = through("tenancy")
+    secret_remove = through("tenancy")
 
     def doctor(self) -> list[dict]:
         """Every isolation tier: can this host run it, and if not, why."""
@@ -419,17 +343,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     def home(self) -> str:
         return self.store.home
 
-    def images(self) -> list[dict]:
-        return self.store.images()
-
-    def tag(self, image: str, name: str) -> None:
-        self.store.tag(image, name)
-
-    def untag(self, name: str) -> str:
-        return self.store.untag(name)
-
-    def tags(self, image: str | None = None) -> dict[str, str]:
-        return self.store.tags(image)
+    images = through("store")
+    tag = through("store")
+    untag = through("store")
+    tags = through("store")
 
     def image_info(self, image: str) -> dict:
         row = self.store.image(image)
