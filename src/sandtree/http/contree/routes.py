@@ -74,6 +74,10 @@ def contree_router(engine_for, stage) -> APIRouter:
     def call(fn, *a, **k):
         return asyncio.to_thread(fn, *a, **k)
 
+    async def resolved(engine, image_uuid: str) -> str:
+        """The image a path's UUID names (Contree's image UUID is the ID's first 32 hex digits)."""
+        return await call(engine.resolve, wire.from_uuid(image_uuid, "image"))
+
     # ---- auth ------------------------------------------------------------------------------------
     @router.get("/whoami")
     async def whoami(engine: Engine) -> dict:
@@ -115,13 +119,13 @@ def contree_router(engine_for, stage) -> APIRouter:
 
     @router.patch("/images/{image_uuid}/tag")
     async def set_tag(image_uuid: str, body: wire.TagIn, engine: Engine) -> dict:
-        image = await call(engine.resolve, wire.from_uuid(image_uuid, "image"))
+        image = await resolved(engine, image_uuid)
         await call(engine.tag, image, body.tag)              # a tag on another image moves here
         return wire.image_view(await call(engine.image_info, image), body.tag)
 
     @router.delete("/images/{image_uuid}/tag", status_code=204)
     async def remove_tag(image_uuid: str, engine: Engine, tag: str | None = None) -> Response:
-        image = await call(engine.resolve, wire.from_uuid(image_uuid, "image"))
+        image = await resolved(engine, image_uuid)
         names = sorted(await call(engine.tags, image))
         if tag is not None:
             if tag not in names:
@@ -336,9 +340,6 @@ def contree_router(engine_for, stage) -> APIRouter:
     @router.get("/inspect/{image_uuid}", include_in_schema=False)
     async def inspect_image_redirect(image_uuid: str, request: Request) -> RedirectResponse:
         return RedirectResponse(here(request, f"/inspect/{image_uuid}/"), status_code=307)
-
-    async def resolved(engine, image_uuid: str) -> str:
-        return await call(engine.resolve, wire.from_uuid(image_uuid, "image"))
 
     async def here_path(engine, image: str, path: str) -> str:
         return await call(compat.image_path, engine, image, path)          # ~ and relative paths
