@@ -4,18 +4,29 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench deps clean
+CORE   := $(VENV)/.installed-core
 
-deps:
-	@scripts/install-deps
+.PHONY: demo test bench deps demo-deps clean
 
-$(STAMP): pyproject.toml
+# What the demo needs (the package and its own dependencies; debootstrap, a compiler, criu) ...
+demo-deps:
+	@scripts/install-deps demo
+
+$(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
+	$(BIN)/pip install -q -e .
+	@touch $(CORE)
+
+# ... and what the tests add: every integration's framework, the test servers, a browser.
+deps:
+	@scripts/install-deps test
+
+$(STAMP): pyproject.toml $(CORE)
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $(STAMP)
 
-demo: deps $(STAMP)
+demo: demo-deps $(CORE)
 	$(BIN)/python examples/demo.py
 
 test: deps $(STAMP)
