@@ -7,7 +7,9 @@ holds the demo's image. Conventions (docs/README of the docs: the contents of te
 - ```sh / ```bash / ```shell: bash, `set -eo pipefail`; variables a block assigns are kept for the
   next sh block of the same file (`A=$(sandtree run ...)` then `sandtree diff $A ...`).
 - ```python / ```py: one interpreter per file, blocks executed in order in one namespace.
-- anything else (```text, ```json, ```yaml, ```toml, ```dockerfile, no language): shown, never run.
+- anything else (```text, ```json, ```yaml, ```toml, ```dockerfile, no language): shown, never run;
+  so is a block whose info string says `no-run` (```sh no-run: `make test` itself, a command for
+  another machine), which is still highlighted as its language.
 - a hidden preamble: an HTML comment `<!-- setup ... -->` right above a block (blank lines between
   allowed) holds shell commands run just before it, with the block's variables in scope.
 """
@@ -38,10 +40,11 @@ class Block:
     lang: str          # the info string's first word, lower-cased ("" for none)
     code: str
     setup: str = ""    # a hidden preamble's shell commands
+    no_run: bool = False
 
     @property
     def runs(self) -> bool:
-        return self.lang in SHELL or self.lang in PYTHON
+        return not self.no_run and (self.lang in SHELL or self.lang in PYTHON)
 
     def where(self) -> str:
         return f"{self.path}:{self.line}"
@@ -67,8 +70,9 @@ def blocks(path: str, text: str | None = None) -> list[Block]:
         before = "\n".join(lines[:start]).rstrip()
         found = SETUP.search(before[-4000:]) if before.endswith("-->") else None
         code = textwrap.dedent("\n".join(body)) + "\n"
-        out.append(Block(path, start + 1, (info.split() or [""])[0].lower(), code,
-                         textwrap.dedent(found.group("body")) if found else ""))
+        words = info.replace("{", " ").replace("}", " ").replace(",", " ").split()
+        out.append(Block(path, start + 1, (words or [""])[0].lower(), code,
+                         textwrap.dedent(found.group("body")) if found else "", "no-run" in words[1:]))
     return out
 
 
@@ -139,6 +143,8 @@ class Reader:
         raise Failed(f"{where}: the Python interpreter ended ({self.py.wait()})\n{''.join(shown)[-2000:]}")
 
     def run(self, block: Block) -> None:
+        if not block.runs:
+            return
         if block.setup:
             self.shell(block.setup, f"{block.where()} (its setup)")
         if block.lang in SHELL:

@@ -36,6 +36,10 @@ x += 1
 assert x == 42
 ```
 
+```sh no-run
+exit 1
+```
+
 ```bash
 test "$A" = made                         # kept from the first block
 test "$(basename "$PWD")" = sub          # and its cwd
@@ -52,7 +56,8 @@ def reader(tmp_path):
 def test_blocks_are_found_with_their_language_line_and_setup(tmp_path):
     found = blocks("page.md", DOC)
     assert [(b.lang, b.line, b.runs) for b in found] == [("sh", 3, True), ("python", 14, True),
-                                                         ("text", 20, False), ("py", 24, True), ("bash", 29, True)]
+                                                         ("text", 20, False), ("py", 24, True), ("sh", 29, False),
+                                                         ("bash", 33, True)]
     assert found[1].setup.strip() == 'echo "$A" > from-setup.txt'
     assert not found[0].setup and not found[3].setup
 
