@@ -48,6 +48,8 @@ from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
 from .runs.spec import RunSpecs, default_idmap
 from .passthrough import through
+from ..table import ENGINE_OPS
+from ..table.imagerefs import resolve_image_arguments
 from ..defaults import RunRecord
 from .images.uploads import UploadOps
 
@@ -398,6 +400,9 @@ def microvm_reason() -> str:
                 "kvm_intel/kvm_amd module); and sandtree has no microVM tier yet")
     return "hardware virtualization is present, but sandtree has no microVM tier yet"
 
+
+# An image argument may be any reference (ID, prefix, tag, branch): resolved here, once (imagerefs.py).
+resolve_image_arguments(Engine, ENGINE_OPS)
 
 # Every public call of the engine (its own and BranchingOps'): a full disk is DiskFull,
 # wherever in it the ENOSPC came from (commit, import, upload, a SQLite write).

@@ -21,6 +21,7 @@ import inspect
 from ..branching import lineage
 from ..errors import RuntimeUnavailable
 from ..table import Op
+from ..table.imagerefs import resolved, resolved_call
 
 _SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -78,6 +79,9 @@ def signed(fn, row: Op, owner: str):
 def _own_method(row: Op, own):
     def method(self, *a, **k):
         self._allow(row)
+        # after the scope check (a token without the scope learns nothing of a name): a tag, prefix
+        # or branch in an image argument becomes the ID the tenant's own resolve finds
+        a, k = resolved_call(self._resolve, row.signature, row.images, a, k) if row.images else (a, k)
         return own(self, *a, **k)
     return method
 
@@ -99,7 +103,7 @@ def _unwritten_method(row: Op):
 def _generic_method(row: Op):
     def method(self, *a, **k):
         self._allow(row)
-        return self._call_row(row, row.bind(*a, **k))
+        return self._call_row(row, resolved(self._resolve, row.images, row.bind(*a, **k)))
     return method
 
 

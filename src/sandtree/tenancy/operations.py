@@ -35,6 +35,9 @@ class TenantOperations:
     def _allow(self, row) -> None:                  # the view's token, the view's rules
         self.view._allow(row)
 
+    def _resolve(self, ref: str) -> str:             # an image reference, as the view resolves it
+        return self.view.resolve(ref)
+
     def _call_row(self, row, args: dict):
         return self.view._call_row(row, args, self.inner)
 

@@ -42,6 +42,10 @@ class TenantSight:
         return isinstance(image, str) and self.db.one(
             f"SELECT 1 FROM images WHERE id=:i AND {VISIBLE}", {**self._p, "i": image}) is not None
 
+    def _resolve(self, ref: str) -> str:
+        """An image reference as this tenant resolves it (the view's resolve: what it sees, its names)."""
+        return self.resolve(ref)
+
     def _see(self, image) -> str:
         """`image` if this tenant may see it, else exactly the store's ImageNotFound."""
         if not self._visible(image):
