@@ -15,14 +15,21 @@ import functools
 import inspect
 import re
 
-__all__ = ["resolve_image_arguments", "resolved", "resolved_call"]
+__all__ = ["KEPT", "resolve_image_arguments", "resolved", "resolved_call"]
 
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
 
 
-def resolved(resolve, names: tuple[str, ...], arguments: dict) -> dict:
-    """`arguments` (bound, by name) with each of `names` that is a reference resolved by `resolve`."""
+# An argument named `ref` is left to an operation written to take it: there the reference itself
+# means something (a run on a branch advances that branch), and the operation resolves it.
+KEPT = ("ref",)
+
+
+def resolved(resolve, names: tuple[str, ...], arguments: dict, keep: tuple[str, ...] = KEPT) -> dict:
+    """`arguments` (bound, by name) with each of `names` (but `keep`) that is a reference resolved."""
     for name in names:
+        if name in keep:
+            continue
         value = arguments.get(name)
         if isinstance(value, str) and not _FULL_ID.fullmatch(value):
             arguments[name] = resolve(value)

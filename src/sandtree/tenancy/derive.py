@@ -103,7 +103,8 @@ def _unwritten_method(row: Op):
 def _generic_method(row: Op):
     def method(self, *a, **k):
         self._allow(row)
-        return self._call_row(row, resolved(self._resolve, row.images, row.bind(*a, **k)))
+        # the generic call takes image IDs only (sight.py `_see`): every image argument resolved here
+        return self._call_row(row, resolved(self._resolve, row.images, row.bind(*a, **k), keep=()))
     return method
 
 
