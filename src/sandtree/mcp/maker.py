@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import vocabulary
 from ..table import OPS, Op
-from ..table.mcp import Mcp, Param, tools_of
+from ..table.mcp import Mcp, tools_of
 
 EMPTY = inspect.Parameter.empty
 
@@ -218,4 +218,5 @@ def make(toolkit) -> dict[str, Made]:
     return made
 
 
-__all__ = ["Made", "Param", "check", "make", "tools"]
+__all__ = ["EMPTY", "Made", "body", "check", "derive", "describe", "make", "members", "plain", "row_default",
+           "row_params", "row_type", "shape", "tools", "typeof"]

@@ -17,7 +17,8 @@ from .mcp import REQUIRED, RUN_JSON, Mcp, Param, Result      # MCP's tools, decl
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
-__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via"]
+__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via",
+           "Mcp", "Param", "REQUIRED", "RUN_JSON", "Result"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 # MCP's run tool: run and submit_run (wait=false) alike; a tool call waits D.MCP_TIMEOUT, keeps its result unless told
