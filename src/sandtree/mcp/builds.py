@@ -64,5 +64,5 @@ def register(t: Toolkit) -> None:
     def image_config(image: str) -> dict:
         """An image's config as OCI writes it (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts,
         Labels): the defaults of its runs. Empty for an image without one."""
-        cfg = engine.image_config(engine.resolve(image))
-        return {"image": engine.resolve(image), "config": cfg.to_oci() if hasattr(cfg, "to_oci") else dict(cfg)}
+        cfg = engine.image_config(image)
+        return {"image": image, "config": cfg.to_oci() if hasattr(cfg, "to_oci") else dict(cfg)}

@@ -67,10 +67,9 @@ def register(t: Toolkit) -> None:
     @t.handler
     def get_image(image: str) -> dict:
         """One image: id, tags, size, parents and the command that made it."""
-        i = engine.resolve(image)
-        info = engine.image_info(i)
-        return {"image": i, "tags": info["tags"], "files": info["files"], "size": info["size"],
-                "parents": info["parents"], "made_by": engine.produced_by(i)[:1]}
+        info = engine.image_info(image)
+        return {"image": image, "tags": info["tags"], "files": info["files"], "size": info["size"],
+                "parents": info["parents"], "made_by": engine.produced_by(image)[:1]}
 
     # ---- files --------------------------------------------------------------------------------
     @t.handler
@@ -119,7 +118,7 @@ def register(t: Toolkit) -> None:
     def download(image: str, path: str, destination: str) -> dict:
         """Copy one file out of an image to a local path (stdio only: over HTTP use read_file)."""
         t.no_host_paths("download destination=")
-        data = engine.read(engine.resolve(image), path)
+        data = engine.read(image, path)
         with open(destination, "wb") as f:
             f.write(data)
         return {"destination": destination, "size": len(data)}
@@ -131,9 +130,8 @@ def register(t: Toolkit) -> None:
         if offset < 0 or limit < 0:
             raise InvalidInput("offset and limit are not negative")
         limit = min(limit, MAX_READ)
-        i = engine.resolve(image)
-        size = engine.stat(i, path).to_dict().get("size", 0)
-        data = engine.read(i, path, offset, limit)
+        size = engine.stat(image, path).to_dict().get("size", 0)
+        data = engine.read(image, path, offset, limit)
         try:
             res = {"content": data.decode("utf-8"), "encoding": "text"}
         except UnicodeDecodeError:

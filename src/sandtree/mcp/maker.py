@@ -125,16 +125,36 @@ def shape(answer, m: Mcp, args: dict):
     return answer
 
 
+def resolving(served: list[tuple[Op, Mcp]]) -> tuple[str, ...]:
+    """The tool's names of the image arguments its rows resolve (Mcp.resolve, renamed)."""
+    return tuple(dict.fromkeys(m.rename.get(n, n) for _, m in served for n in m.resolve))
+
+
+def resolved(engine, kw: dict, names: tuple[str, ...]) -> dict:
+    """The tool's arguments with the image references among `names` as full IDs: resolved here, once for
+    every tool (derived or by hand), so a body passes IDs to the operations and its answer names them."""
+    return {k: engine.resolve(v) if k in names and v is not None else v for k, v in kw.items()}
+
+
+def handled(toolkit, fn, names: tuple[str, ...]):
+    """A hand-written body called with its image arguments resolved (resolved())."""
+    if not names:
+        return fn
+
+    @functools.wraps(fn)
+    def call(**kw):
+        return fn(**resolved(toolkit.engine, kw, names))
+    return call
+
+
 def body(toolkit, name: str, row: Op, m: Mcp, back: dict[str, str]):
     """A derived tool's body: the row's operation called with the tool's arguments, the answer shaped."""
     extra = m.extras()
+    names = resolving([(row, m)])
 
     def call(**kw):
         engine = toolkit.engine
-        for tn in m.resolve:
-            tn = m.rename.get(tn, tn)
-            if kw.get(tn) is not None:
-                kw[tn] = engine.resolve(kw[tn])
+        kw = resolved(engine, kw, names)
         args = {back[k]: v for k, v in kw.items() if k in back}
         args.update({k: v for k, v in kw.items() if k in extra})
         target = engine.operations if row.group == "operations" else engine
@@ -145,19 +165,22 @@ def body(toolkit, name: str, row: Op, m: Mcp, back: dict[str, str]):
 
 def describe(name: str, param: str, doc: str, served: list[tuple[Op, Mcp]]) -> str | None:
     """A tool parameter's description: a `param: text` line of the tool's own description, else the
-    vocabulary's for this tool (`tool.param`), else the row's (vocabulary.describe), else the shared one."""
+    vocabulary's under the tool's names (a row of the tool's name, `tool.param`, then the shared meaning of
+    the tool's name for it: sandbox_id says "from sandbox_start" where the row's sid does not), else the
+    row's meaning of the parameter it stands for (vocabulary.describe of the row)."""
     for line in doc.splitlines():
         k, sep, text = line.strip().partition(": ")
         if sep and k == param:
             return text.strip()
-    if f"{name}.{param}" in vocabulary.PARAMS:
-        return vocabulary.PARAMS[f"{name}.{param}"]
+    text = vocabulary.describe(name, param)
+    if text:
+        return text
     for row, m in served:
         back = {v: k for k, v in m.rename.items()}.get(param, param)
         text = vocabulary.describe(row.name, back) if back in row_params(row) else None
         if text:
             return text
-    return vocabulary.PARAMS.get(param)
+    return None
 
 
 def check(made: Made) -> list[str]:
@@ -209,6 +232,7 @@ def make(toolkit) -> dict[str, Made]:
             assert fn is not None, f"MCP tool {name}: no handler {hand} in mcp/ (Toolkit.handler)"
             sig = inspect.signature(fn, eval_str=True)
             doc = fn.__doc__ or ""                        # as written: what a model has always read
+            fn = handled(toolkit, fn, resolving(served))
         made[name] = Made(name, sig, served, hand is not None)
         problems = check(made[name])
         assert not problems, "\n".join(problems)
@@ -218,5 +242,5 @@ def make(toolkit) -> dict[str, Made]:
     return made
 
 
-__all__ = ["EMPTY", "Made", "body", "check", "derive", "describe", "make", "members", "plain", "row_default",
-           "row_params", "row_type", "shape", "tools", "typeof"]
+__all__ = ["EMPTY", "Made", "body", "check", "derive", "describe", "handled", "make", "members", "plain", "resolved",
+           "resolving", "row_default", "row_params", "row_type", "shape", "tools", "typeof"]

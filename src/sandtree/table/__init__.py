@@ -62,7 +62,7 @@ def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
-@via("mcp", Mcp(name="get_image", handler="get_image"))
+@via("mcp", Mcp(name="get_image", handler="get_image", resolve=("image",)))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags, annotations."""
 
@@ -177,8 +177,8 @@ def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
-@via("mcp", (Mcp(name="read_file", handler="read_file", defaults={"limit": D.MCP_READ_LIMIT}),
-                 Mcp(name="download", handler="download", extra=("destination",))))
+@via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}),
+                 Mcp(name="download", handler="download", resolve=("image",), extra=("destination",))))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
 
@@ -196,18 +196,18 @@ def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
 @op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True))
-@via("mcp", Mcp(handler="diff", extra=("patch",)))
+@via("mcp", Mcp(handler="diff", resolve=("a", "b"), extra=("patch",)))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
 
 @op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
-@via("mcp", Mcp(name="diff", handler="diff"))
+@via("mcp", Mcp(name="diff", handler="diff", resolve=("a", "b")))
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 # ---- builds (issue 15): image config and recipes ----------------------------------------------------
 @op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
-@via("mcp", Mcp(handler="image_config", rename={"ref": "image"}))
+@via("mcp", Mcp(handler="image_config", rename={"ref": "image"}, resolve=("ref",)))
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
@@ -293,7 +293,7 @@ def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
 
 @op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
-@via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, extra=("format",)))
+@via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, resolve=("root",), extra=("format",)))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
@@ -310,7 +310,7 @@ def lineage_path(a: str, b: str) -> list[str]:
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
     http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
-@via("mcp", Mcp(handler="merge", defaults={"base": None}, extra=("return_conflicts",)))
+@via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"), extra=("return_conflicts",)))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
