@@ -206,6 +206,27 @@ def test_no_error_code_is_typed_in_mcp():
     assert not found, "\n".join(found)
 
 
+def literal_defaults(sources: dict[str, str]) -> list[str]:
+    """Numbers typed as a tool's default in mcp/ (a handler's or a guide tool's own parameters): a default is
+    the row's or one of defaults.py (D.MCP_...), never a literal (0, an offset's start, excepted)."""
+    out = []
+    for where, src in sources.items():
+        for n in ast.walk(ast.parse(src)):
+            if isinstance(n, ast.FunctionDef) and any(isinstance(d, ast.Attribute) and d.attr in ("handler", "tool")
+                                                      for d in n.decorator_list):
+                args = n.args.posonlyargs + n.args.args
+                pairs = list(zip(args[len(args) - len(n.args.defaults):], n.args.defaults))
+                pairs += [(a, d) for a, d in zip(n.args.kwonlyargs, n.args.kw_defaults) if d is not None]
+                out += [f"{where}:{d.lineno}: {n.name}({a.arg}={d.value!r})" for a, d in pairs
+                        if isinstance(d, ast.Constant) and type(d.value) in (int, float) and d.value != 0]
+    return out
+
+
+def test_no_literal_default_in_mcp():
+    found = literal_defaults({p.name: p.read_text() for p in sorted(MCP_DIR.glob("*.py"))})
+    assert not found, "\n".join(found)
+
+
 # ---- self-tests: each check sees a planted drift ---------------------------------------------------------
 def test_selftest_a_row_with_no_tool_is_caught(listed):
     @rows.op("list", http=rows.Http("GET", "/planted"))
@@ -291,3 +312,10 @@ def test_selftest_an_error_code_typed_in_mcp_is_caught():
     planted = {"planted.py": f'def f():\n    """Fails with {code} naming them."""\n    raise X("{errors.InvalidInput.code}: bad")\n'}
     assert [f.split(": ")[-1] for f in codes_typed(planted)] == [code, errors.InvalidInput.code]
     assert codes_typed({"ok.py": 'x = f"{MergeConflict.code}: conflict markers"\n'}) == []
+
+
+def test_selftest_a_literal_default_in_mcp_is_caught():
+    planted = {"planted.py": "def register(t):\n    @t.handler\n    def tool(a: int = 0, b: int = 8000, *, c: float = 2.5,"
+                             " d: int = D.MCP_WAIT, e: bool = True) -> dict:\n        ...\n"
+                             "    def plain(x=5):\n        ...\n"}
+    assert [f.split(": ", 1)[1] for f in literal_defaults(planted)] == ["tool(b=8000)", "tool(c=2.5)"]

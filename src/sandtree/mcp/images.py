@@ -57,7 +57,7 @@ def register(t: Toolkit) -> None:
         return {"image": image, "tag": tag}
 
     @t.handler
-    def list_images(tag_prefix: str | None = None, limit: int = 100) -> list[dict]:
+    def list_images(tag_prefix: str | None = None, limit: int = D.MCP_IMAGES_LIMIT) -> list[dict]:
         """Images with their tags, newest last; tag_prefix filters by tag."""
         rows = engine.images()
         if tag_prefix:

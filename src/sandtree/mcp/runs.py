@@ -21,7 +21,7 @@ def register(t: Toolkit) -> None:
             cwd: str | None = None, uid: int | None = None, gid: int | None = None, timeout: float = D.MCP_TIMEOUT,
             disposable: bool = True, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
-            truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
+            truncate_output_at: int = D.MCP_OUTPUT_CHARS, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
             secrets: dict[str, dict] | list[str] | None = None, retries: int = 0) -> dict:
@@ -47,7 +47,7 @@ def register(t: Toolkit) -> None:
 
     @t.handler
     def fork(image: str, commands: list[str], parallel: int = D.MCP_FORK_PARALLEL, timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
-             truncate_output_at: int = 2000) -> list[dict]:
+             truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
         recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,

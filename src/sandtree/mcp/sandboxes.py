@@ -13,7 +13,7 @@ def register(t: Toolkit) -> None:
     @t.handler
     def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
                      stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
-                     truncate_output_at: int = 8000) -> dict:
+                     truncate_output_at: int = D.MCP_OUTPUT_CHARS) -> dict:
         """Run a command in a live sandbox. shell=true: in its shell session (cd and export carry over
         to the next call); false: a fresh process (command split on spaces). Background processes
         it starts keep running. Returns exit_code, stdout, stderr."""
@@ -35,7 +35,7 @@ def register(t: Toolkit) -> None:
 
     @t.handler
     def sandbox_process(sandbox_id: str, pid: int, stdin: str | None = None, close_stdin: bool = False,
-                        signal: str | None = None, truncate_output_at: int = 8000) -> dict:
+                        signal: str | None = None, truncate_output_at: int = D.MCP_OUTPUT_CHARS) -> dict:
         """A process started by sandbox_spawn: first writes stdin (and closes it with close_stdin),
         then sends signal, then tells whether it runs, its exit code and its output so far.
         pid: the process's number (from sandbox_spawn)
@@ -56,7 +56,7 @@ def register(t: Toolkit) -> None:
         return out
 
     @t.handler
-    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:
+    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = D.MCP_SANDBOX_READ_LIMIT) -> dict:
         """A file of a running live sandbox, as text (binary bytes replaced)."""
         data = engine.sandbox_read(sandbox_id, path)
         chunk = data[offset:offset + limit]

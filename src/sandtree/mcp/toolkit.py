@@ -16,7 +16,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from .. import vocabulary
+from .. import defaults as D, vocabulary
 from ..errors import Forbidden, SandtreeError
 
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
@@ -137,7 +137,7 @@ class Toolkit:
                                 f"operation_id='{rec.op}', offset={limit})")
         return res
 
-    def op_view(self, rec: dict, offset: int = 0, limit: int = 8000) -> dict:
+    def op_view(self, rec: dict, offset: int = 0, limit: int = D.MCP_OUTPUT_CHARS) -> dict:
         view = {"operation_id": rec["id"], "status": rec["status"], "image": rec["source"],
                 "result_image": rec["result"], "command": rec["spec"].get("command")}
         o = rec["outcome"] or {}
