@@ -202,7 +202,8 @@ def codes_typed(sources: dict[str, str]) -> list[str]:
 
 
 def test_no_error_code_is_typed_in_mcp():
-    found = codes_typed({p.name: p.read_text() for p in sorted(MCP_DIR.glob("*.py"))})
+    """Nor in vocabulary.py, whose meanings are the tools' parameter descriptions."""
+    found = codes_typed({p.name: p.read_text() for p in [*sorted(MCP_DIR.glob("*.py")), MCP_DIR.parent / "vocabulary.py"]})
     assert not found, "\n".join(found)
 
 
