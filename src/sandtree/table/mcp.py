@@ -44,7 +44,7 @@ class Mcp:
     rename: row parameter -> the tool's name for it. defaults / types: row parameter -> the tool's default
     (from defaults.py) / its JSON type ("dict[str, str] | None") where they differ from the row's. extra:
     tool-only parameters (Param; for a handler, their names are enough). resolve: image parameters resolved to
-    a full ID before the call (the answer names the ID). result: the answer's shape. handler: the tool's body
+    a full ID before the call, a handler's too (the operations take IDs; the answer names the ID). result: the answer's shape. handler: the tool's body
     is written by hand in mcp/ under this name (a composite: several rows, parameters of its own); the row's
     parameters it takes are still held to the row's. doc: the tool's description for a model (None: the row's
     docstring)."""
