@@ -46,8 +46,8 @@ def register(t: Toolkit) -> None:
         return t.run_result(engine.run(image, cmd, **opts), truncate_output_at)
 
     @t.handler
-    def fork(image: str, commands: list[str], parallel: int = D.MCP_FORK_PARALLEL, timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
-             truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
+    def fork(image: str, commands: list[str], parallel: int = D.MCP_FORK_PARALLEL, timeout: float = D.MCP_TIMEOUT,
+             disposable: bool = False, truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
         recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,

@@ -310,7 +310,8 @@ def lineage_path(a: str, b: str) -> list[str]:
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
     http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
-@via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"), extra=("return_conflicts",)))
+@via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"),
+                extra=("return_conflicts",)))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
