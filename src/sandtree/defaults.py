@@ -10,6 +10,15 @@ from dataclasses import dataclass
 RUN_TIMEOUT = 300.0                  # seconds of wall clock per run / exec (Limits.timeout)
 MCP_TIMEOUT = 30.0                   # an MCP tool call's run: the agent's turn waits on it, and MCP
                                      # clients give up on a call long before 300 s (the caller may pass more)
+MCP_READ_LIMIT = 64000               # bytes one MCP read_file call returns unless it asks otherwise
+MCP_GREP_MATCHES = 100               # matching lines one MCP grep call returns unless it asks otherwise
+MCP_OPERATIONS_LIMIT = 20            # operations one MCP list_operations call returns unless it asks otherwise
+MCP_FORK_PARALLEL = 4                # an MCP fork's branches at once unless it asks otherwise
+MCP_WAIT = 60                        # seconds one MCP wait_operations call waits unless it asks otherwise
+MCP_OUTPUT_CHARS = 8000              # characters of stdout and stderr an MCP run or exec answers unless told
+MCP_FORK_OUTPUT_CHARS = 2000         # ... of each branch of an MCP fork (several answers in one turn)
+MCP_IMAGES_LIMIT = 100               # images one MCP list_images call returns unless it asks otherwise
+MCP_SANDBOX_READ_LIMIT = 100_000     # bytes one MCP sandbox_read_file call returns unless it asks otherwise
 SANDBOX_IDLE_TIMEOUT = 600           # a live sandbox with no command for this long is stopped
 SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any case
 PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port works (sandbox_port_url)

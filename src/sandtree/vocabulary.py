@@ -5,6 +5,7 @@ from here; a row's own `param: text` docstring lines override the shared meaning
 from __future__ import annotations
 
 from . import table
+from .errors import MergeConflict, NodeLost
 
 __all__ = ["PARAMS", "describe"]
 
@@ -61,7 +62,7 @@ PARAMS = {
                "stored secrets (hosts may only narrow theirs): the sandbox sees a placeholder in $NAME; requests "
                "to those hosts carry the value (needs network)",
     "retries": "on a cluster: run it again on another node, at most this many times, when its node is lost "
-               "before the run committed anything (0: it fails with node_lost)",
+               f"before the run committed anything (0: it fails with {NodeLost.code})",
     "secret_set.name": "the secret's name: the environment variable runs see it as",
     "secret_remove.name": "the stored secret's name",
     "value": "the secret's value (UTF-8, 4 bytes to 16 KiB, no CR, LF or NUL); never shown again",
@@ -112,7 +113,7 @@ PARAMS = {
     "sandbox_port.url_ttl": "also return a signed URL that works without a token for this many seconds",
     "lineage.format": "text (an indented tree) or json",
     "diff.patch": "also return a unified diff of the text files",
-    "merge.return_conflicts": "return the conflicts instead of failing with merge_conflict",
+    "merge.return_conflicts": f"return the conflicts instead of failing with {MergeConflict.code}",
     "get_guide.section": "workflow, branching, async, live or errors",
     "prepare_environment.base": "the image to start from",
     "prepare_environment.tag": "the tag the prepared image gets",

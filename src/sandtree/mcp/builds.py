@@ -12,8 +12,7 @@ import io
 import tarfile
 import tempfile
 
-from mcp.server.mcpserver.exceptions import ToolError
-
+from ..errors import InvalidInput
 from .toolkit import Toolkit
 
 MAX_CONTEXT_FILES = 10_000        # files one build tool call may name
@@ -27,7 +26,7 @@ def register(t: Toolkit) -> None:
         if directory_state_id is not None:       # a file set's paths, relative to the context root
             entries += [dict(f) for f in engine.file_set(directory_state_id)]
         if len(entries) > MAX_CONTEXT_FILES:
-            raise ToolError(f"invalid_input: a build context of more than {MAX_CONTEXT_FILES} files")
+            raise InvalidInput(f"a build context of more than {MAX_CONTEXT_FILES} files")
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for e in entries:
                 data = engine.download(e["sha256"])
@@ -36,7 +35,7 @@ def register(t: Toolkit) -> None:
                 tar.addfile(info, io.BytesIO(data))
         return len(entries)
 
-    @t.tool
+    @t.handler
     def build(dockerfile: str, files: dict[str, str] | None = None, directory_state_id: str | None = None,
               tag: str | None = None, build_args: dict[str, str] | None = None, target: str | None = None,
               network: bool | str | list[str] | dict | None = None, no_cache: bool = False) -> dict:
@@ -61,9 +60,9 @@ def register(t: Toolkit) -> None:
                 "steps": [{k: s.get(k) for k in ("index", "stage", "text", "line", "cached", "image", "seconds")}
                           for s in d["steps"]]}
 
-    @t.tool
+    @t.handler
     def image_config(image: str) -> dict:
         """An image's config as OCI writes it (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts,
         Labels): the defaults of its runs. Empty for an image without one."""
-        cfg = engine.image_config(engine.resolve(image))
-        return {"image": engine.resolve(image), "config": cfg.to_oci() if hasattr(cfg, "to_oci") else dict(cfg)}
+        cfg = engine.image_config(image)
+        return {"image": image, "config": cfg.to_oci() if hasattr(cfg, "to_oci") else dict(cfg)}

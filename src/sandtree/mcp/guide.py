@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
+from ..errors import (CommandNotFound, ImageNotFound, InvalidInput, MergeConflict, PathEscape, PathNotFound,
+                      RuntimeUnavailable, SandboxError, SandtreeError)
 from ..render import render_text
-from ..errors import SandtreeError
 from .images import MAX_READ
-from .toolkit import Toolkit
+from .toolkit import Toolkit, error_text
 
 GUIDE = {
     "workflow": """sandtree: every filesystem state is an immutable image with a content ID.
@@ -21,10 +21,10 @@ GUIDE = {
    A run that changes nothing returns the same image ID; the same change gives the same ID.
 3. Name states with set_tag ({scope}/{purpose}/{base}, e.g. me/deps/debian:bookworm).
 4. Inspect without running: list_files, read_file, grep. Files in: upload/rsync, then run(files=...).""",
-    "branching": """Explore safely:
+    "branching": f"""Explore safely:
 - fork(image, commands) runs N variants in parallel from one image; keep the best result_image.
 - diff(a, b) shows what differs; merge(ours, theirs) combines two branches (base found from lineage);
-  conflicts make no image and fail the call with merge_conflict listing them, unless strategy is
+  conflicts make no image and fail the call with {MergeConflict.code} listing them, unless strategy is
   ours/theirs/markers; __pycache__/, *.pyc and .pytest_cache/ never conflict (ours taken; see ignore).
 - branch_create(name, image) then run(image="branch:NAME") advances the branch; rollback(name, steps=1)
   undoes the last run; lineage(image) shows the tree of what came from an image.""",
@@ -36,8 +36,8 @@ export carry over; background processes (server &) keep running. sandbox_read_fi
 reach its files while it runs. sandbox_commit(sandbox_id) -> an image of it now (branch from it like any
 image). sandbox_hibernate frees its CPU and memory but keeps everything (processes and memory too);
 sandbox_resume continues it. sandbox_stop when done (it also stops after idle_timeout or lifetime seconds).""",
-    "errors": """Errors name their kind: image_not_found, path_not_found, path_escape (a path leaving the image),
-invalid_input (bad arguments; nothing changed), command_not_found, sandbox_error, runtime_unavailable.
+    "errors": f"""Errors name their kind: {ImageNotFound.code}, {PathNotFound.code}, {PathEscape.code} (a path leaving the image),
+{InvalidInput.code} (bad arguments; nothing changed), {CommandNotFound.code}, {SandboxError.code}, {RuntimeUnavailable.code}.
 A timed-out run reports timed_out=true; an out-of-memory one oom_killed=true.""",
 }
 
@@ -46,15 +46,7 @@ def register(t: Toolkit) -> None:
     engine, server = t.engine, t.server
 
     # ---- about --------------------------------------------------------------------------------
-    @t.tool
-    def secret_list() -> list[dict]:
-        """The server's stored secrets you may use: name and hosts (never a value). Pass them to run or
-        sandbox_start as secrets=["NAME"]: $NAME in the sandbox is a placeholder that the egress path
-        replaces with the value in requests to those hosts only (needs a network policy reaching them).
-        Secrets are stored by the operator or your token's owner (`sandtree secret set`), not here."""
-        return [{k: v for k, v in s.items() if k in ("name", "hosts", "owner")} for s in engine.secret_list()]
-
-    @t.tool
+    @t.handler
     def whoami() -> dict:
         """This server: embedded engine, its store, tiers, and the default limits of a run."""
         who = engine.whoami()
@@ -69,7 +61,7 @@ def register(t: Toolkit) -> None:
     def get_guide(section: str = "workflow") -> str:
         """How to use sandtree well: workflow, branching, async, errors."""
         if section not in GUIDE:
-            raise ToolError(f"invalid_input: sections are {', '.join(GUIDE)}")
+            raise InvalidInput(f"sections are {', '.join(GUIDE)}")
         return GUIDE[section]
 
     # ---- resources and prompts ----------------------------------------------------------------
@@ -84,7 +76,7 @@ def register(t: Toolkit) -> None:
             return text + ("\n[cut at 4 MiB: read the rest with the read_file tool and an offset]"
                            if len(data) > MAX_READ else "")
         except SandtreeError as exc:
-            raise ValueError(f"{exc.code}: {exc.message}") from None
+            raise ValueError(error_text(exc)) from None
 
     @server.resource("sandtree://image/{image}/ls/{+path}", security=path_ok, mime_type="application/json")
     def resource_ls(image: str, path: str) -> str:
@@ -92,7 +84,7 @@ def register(t: Toolkit) -> None:
         try:
             return json.dumps([e.to_dict() for e in engine.ls(engine.resolve(image), "/" + path)])
         except SandtreeError as exc:
-            raise ValueError(f"{exc.code}: {exc.message}") from None
+            raise ValueError(error_text(exc)) from None
 
     @server.resource("sandtree://image/{image}/lineage", mime_type="text/plain")
     def resource_lineage(image: str) -> str:
@@ -100,7 +92,7 @@ def register(t: Toolkit) -> None:
         try:
             return render_text(engine.lineage_tree(engine.resolve(image)))
         except SandtreeError as exc:
-            raise ValueError(f"{exc.code}: {exc.message}") from None
+            raise ValueError(error_text(exc)) from None
 
     @server.resource("sandtree://guide", mime_type="text/markdown")
     def resource_guide() -> str:

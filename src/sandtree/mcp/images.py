@@ -14,7 +14,8 @@ import fnmatch
 import os
 import tempfile
 
-from mcp.server.mcpserver.exceptions import ToolError
+from .. import defaults as D
+from ..errors import InvalidInput, TooLarge
 
 from .toolkit import Toolkit
 
@@ -26,7 +27,7 @@ def register(t: Toolkit) -> None:
     engine = t.engine
 
     # ---- images -------------------------------------------------------------------------------
-    @t.tool
+    @t.handler
     def import_image(source: str, tag: str | None = None) -> dict:
         """Import an image: docker://HOST/NAME:TAG from a registry (see registry_auth),
         `upload:SHA256` (a tar, gz/zst, OCI or docker archive stored with upload), a local
@@ -39,8 +40,8 @@ def register(t: Toolkit) -> None:
         elif source.startswith("upload:"):
             size = engine.upload_info(source[7:])["size"]     # the caller's own, or not found
             if size > MAX_UPLOAD_IMPORT:
-                raise ToolError(f"too_large: an upload:SHA import is at most {MAX_UPLOAD_IMPORT >> 20} MiB "
-                                "(it passes through memory); import bigger tars with POST /api/v1/images/import")
+                raise TooLarge(f"an upload:SHA import is at most {MAX_UPLOAD_IMPORT >> 20} MiB "
+                               "(it passes through memory); import bigger tars with POST /api/v1/images/import")
             data = engine.download(source[7:])
             fd, tmp = tempfile.mkstemp(prefix="sandtree-mcp-", suffix=".tar")
             try:
@@ -55,45 +56,27 @@ def register(t: Toolkit) -> None:
             image = engine.import_path(source, tag=tag)
         return {"image": image, "tag": tag}
 
-    @t.tool
-    def list_images(tag_prefix: str | None = None, limit: int = 100) -> list[dict]:
+    @t.handler
+    def list_images(tag_prefix: str | None = None, limit: int = D.MCP_IMAGES_LIMIT) -> list[dict]:
         """Images with their tags, newest last; tag_prefix filters by tag."""
         rows = engine.images()
         if tag_prefix:
             rows = [r for r in rows if any(t.startswith(tag_prefix) for t in r["tags"])]
         return [{"image": r["id"], "tags": r["tags"], "files": r["files"], "size": r["size"]} for r in rows[-limit:]]
 
-    @t.tool
+    @t.handler
     def get_image(image: str) -> dict:
         """One image: id, tags, size, parents and the command that made it."""
-        i = engine.resolve(image)
-        info = engine.image_info(i)
-        return {"image": i, "tags": info["tags"], "files": info["files"], "size": info["size"],
-                "parents": info["parents"], "made_by": engine.produced_by(i)[:1]}
-
-    @t.tool
-    def set_tag(image: str, tag: str) -> dict:
-        """Point a tag at an image (moves it if it exists). Convention: {scope}/{purpose}/{base}."""
-        i = engine.resolve(image)
-        engine.tag(i, tag)
-        return {"image": i, "tag": tag}
-
-    @t.tool
-    def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
-        """Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
-        notes: its ID stays. Returns your annotations of it (each tenant has its own). Tree search scores its
-        nodes this way.
-        score: a finite number (e.g. a reward or the fraction of tests passing); omitted: unchanged
-        meta: key -> string, number, boolean or null (removes the key); keys 1-64 of A-Z a-z 0-9 _ . -"""
-        i = engine.resolve(image)
-        return {"image": i, **engine.annotate(i, score, meta)}
+        info = engine.image_info(image)
+        return {"image": image, "tags": info["tags"], "files": info["files"], "size": info["size"],
+                "parents": info["parents"], "made_by": engine.produced_by(image)[:1]}
 
     # ---- files --------------------------------------------------------------------------------
-    @t.tool
+    @t.handler
     def upload(content: str | None = None, content_base64: str | None = None, path: str | None = None) -> dict:
         """Store a file once (text, base64, or a local path); returns its sha256 for run(files=...)."""
         if sum(x is not None for x in (content, content_base64, path)) != 1:
-            raise ToolError("invalid_input: give exactly one of content, content_base64, path")
+            raise InvalidInput("give exactly one of content, content_base64, path")
         if path is not None:
             t.no_host_paths("upload path=")
             with open(path, "rb") as f:
@@ -105,15 +88,15 @@ def register(t: Toolkit) -> None:
         digest = engine.upload(data)
         return {"uuid": digest, "sha256": digest, "size": len(data)}
 
-    @t.tool
+    @t.handler
     def rsync(source: str, destination: str, exclude: list[str] | None = None) -> dict:
         """Sync a local directory into a reusable file set (uploaded once, deduplicated by content),
         injected at `destination` by run(directory_state_id=...)."""
         t.no_host_paths("rsync")
         if not os.path.isdir(source):
-            raise ToolError(f"invalid_input: {source} is not a directory")
+            raise InvalidInput(f"{source} is not a directory")
         if not destination.startswith("/"):
-            raise ToolError("invalid_input: destination must be an absolute path in the image")
+            raise InvalidInput("destination must be an absolute path in the image")
         entries = []
         for root, dirs, names in os.walk(source):
             rel_root = os.path.relpath(root, source)
@@ -131,31 +114,24 @@ def register(t: Toolkit) -> None:
                                 "mode": os.stat(full).st_mode & 0o7777})
         return {"directory_state_id": engine.file_set_create(entries), "files": len(entries)}
 
-    @t.tool
+    @t.handler
     def download(image: str, path: str, destination: str) -> dict:
         """Copy one file out of an image to a local path (stdio only: over HTTP use read_file)."""
         t.no_host_paths("download destination=")
-        data = engine.read(engine.resolve(image), path)
+        data = engine.read(image, path)
         with open(destination, "wb") as f:
             f.write(data)
         return {"destination": destination, "size": len(data)}
 
-    @t.tool
-    def list_files(image: str, path: str = "/") -> list[dict]:
-        """A directory of an image (no sandbox is started)."""
-        return [{k: v for k, v in e.to_dict().items() if k in ("name", "type", "mode", "size", "target")}
-                for e in engine.ls(engine.resolve(image), path)]
-
-    @t.tool
-    def read_file(image: str, path: str, offset: int = 0, limit: int = 64000) -> dict:
+    @t.handler
+    def read_file(image: str, path: str, offset: int = 0, limit: int = D.MCP_READ_LIMIT) -> dict:
         """Read a file of an image (text, or base64 for binary), from byte `offset`, at most `limit`
         bytes (at most 4 MiB a call: read on with offset)."""
         if offset < 0 or limit < 0:
-            raise ToolError("invalid_input: offset and limit are not negative")
+            raise InvalidInput("offset and limit are not negative")
         limit = min(limit, MAX_READ)
-        i = engine.resolve(image)
-        size = engine.stat(i, path).to_dict().get("size", 0)
-        data = engine.read(i, path, offset, limit)
+        size = engine.stat(image, path).to_dict().get("size", 0)
+        data = engine.read(image, path, offset, limit)
         try:
             res = {"content": data.decode("utf-8"), "encoding": "text"}
         except UnicodeDecodeError:
@@ -165,29 +141,15 @@ def register(t: Toolkit) -> None:
             res["truncated"] = f"{size - offset - len(data)} more bytes: read again with offset={offset + len(data)}"
         return res
 
-    @t.tool
-    def grep(image: str, pattern: str, path: str = "/", glob: str | None = None, max_matches: int = 100,
-             ignore_case: bool = False) -> list[dict]:
-        """Search file contents of an image with a regular expression (no sandbox is started)."""
-        return engine.grep(engine.resolve(image), pattern, path, glob=glob, max_matches=max_matches,
-                           ignore_case=ignore_case)
-
     # ---- registries -------------------------------------------------------------------------
-    @t.tool
+    @t.handler
     def registry_auth(registry_url: str, username: str, token: str) -> dict:
         """Check registry credentials (a read-only personal access token) against the registry's
         /v2/ API and keep them for import_image("docker://..."). "docker://ghcr.io/org/x" -> ghcr.io."""
         host = engine.registry_login(registry_url, username, token)
         return {"status": "success", "registry": host, "message": f"credentials for {host} stored"}
 
-    @t.tool
-    def push_image(image: str, reference: str) -> dict:
-        """Push an image to an OCI registry as docker://HOST[:PORT]/NAME[:TAG] so Docker, Podman or
-        Kubernetes can run it (admin only; credentials from registry_auth). An unchanged image
-        uploads nothing. Returns the manifest digest and how many blobs were uploaded."""
-        return engine.push(engine.resolve(image), reference)
-
-    @t.tool
+    @t.handler
     def registry_token_obtain(registry_url: str) -> dict:
         """Where to create a read-only token for a registry (then call registry_auth with it)."""
         host = engine.registry_host(registry_url)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
-from mcp.server.mcpserver.exceptions import ToolError
-
 from .. import defaults as D
+from ..errors import InvalidInput
 from .toolkit import Toolkit
 
 MAX_FORK_PARALLEL = 32        # a fork's runs at once from one tool call (the engine bounds the commands)
@@ -18,12 +16,12 @@ def register(t: Toolkit) -> None:
     def files_arg(files: dict[str, str] | None) -> list[dict]:
         return [{"path": p, "sha256": h} for p, h in (files or {}).items()]
 
-    @t.tool
+    @t.handler
     def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None,
             cwd: str | None = None, uid: int | None = None, gid: int | None = None, timeout: float = D.MCP_TIMEOUT,
             disposable: bool = True, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
-            truncate_output_at: int = 8000, tier: str | None = None, memory: str | None = None,
+            truncate_output_at: int = D.MCP_OUTPUT_CHARS, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
             secrets: dict[str, dict] | list[str] | None = None, retries: int = 0) -> dict:
@@ -47,9 +45,9 @@ def register(t: Toolkit) -> None:
             return {"operation_id": engine.operations.submit_run(image, cmd, **opts)}
         return t.run_result(engine.run(image, cmd, **opts), truncate_output_at)
 
-    @t.tool
-    def fork(image: str, commands: list[str], parallel: int = 4, timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
-             truncate_output_at: int = 2000) -> list[dict]:
+    @t.handler
+    def fork(image: str, commands: list[str], parallel: int = D.MCP_FORK_PARALLEL, timeout: float = D.MCP_TIMEOUT,
+             disposable: bool = False, truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
         """Run several commands from the same image concurrently (one branch each); results in order.
         Keep the branch you like by its result_image (disposable=false is the default here)."""
         recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,
@@ -57,29 +55,29 @@ def register(t: Toolkit) -> None:
         return [dict(t.run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]
 
     # ---- operations ---------------------------------------------------------------------------
-    @t.tool
+    @t.handler
     def get_operation(operation_id: str, offset: int = 0) -> dict:
         """Status and result of an operation (run); output from byte `offset` on."""
         rec = engine.operations.get(operation_id)
         t.remember_done(operation_id)
         return t.op_view(rec, offset)
 
-    @t.tool
-    def wait_operations(operation_ids: list[str], timeout: float = 60) -> list[dict]:
+    @t.handler
+    def wait_operations(operation_ids: list[str], timeout: float = D.MCP_WAIT) -> list[dict]:
         """Wait (up to timeout seconds, at most 600) for operations to finish; returns their states."""
         if len(operation_ids) > MAX_WAIT_IDS:
-            raise ToolError(f"invalid_input: at most {MAX_WAIT_IDS} operation ids")
+            raise InvalidInput(f"at most {MAX_WAIT_IDS} operation ids")
         recs = engine.operations.wait(operation_ids, max(0.0, min(float(timeout), MAX_WAIT)))
         for op in operation_ids:
             t.remember_done(op)
         return [t.op_view(r) for r in recs]
 
-    @t.tool
-    def list_operations(status: str | None = None, limit: int = 20) -> list[dict]:
+    @t.handler
+    def list_operations(status: str | None = None, limit: int = D.MCP_OPERATIONS_LIMIT) -> list[dict]:
         """Recent runs, newest first; status: queued, running, done, failed, cancelled."""
         return [t.op_view(r, limit=200) for r in engine.operations.list(status=status, limit=limit)]
 
-    @t.tool
+    @t.handler
     def cancel_operation(operation_id: str) -> dict:
         """Cancel a queued or running operation (a running sandbox is killed; nothing is committed)."""
         return t.op_view(engine.operations.cancel(operation_id))

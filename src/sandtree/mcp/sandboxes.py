@@ -10,23 +10,10 @@ from .toolkit import Toolkit
 def register(t: Toolkit) -> None:
     engine = t.engine
 
-    @t.tool
-    def sandbox_start(image: str, timeout: float = D.MCP_TIMEOUT, memory: str | None = None, env: dict[str, str] | None = None,
-                      cwd: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
-                      idle_action: str = "stop", labels: dict[str, str] | None = None,
-                      network: bool | str | list[str] | dict | None = None,
-                      secrets: dict[str, dict] | list[str] | None = None) -> dict:
-        """Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
-        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
-        idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""
-        return engine.sandbox_start(image, timeout=timeout, memory=memory, env=env, cwd=cwd,
-                                    idle_timeout=idle_timeout, lifetime=lifetime, idle_action=idle_action,
-                                    labels=labels, network=network, secrets=secrets)
-
-    @t.tool
+    @t.handler
     def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
                      stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
-                     truncate_output_at: int = 8000) -> dict:
+                     truncate_output_at: int = D.MCP_OUTPUT_CHARS) -> dict:
         """Run a command in a live sandbox. shell=true: in its shell session (cd and export carry over
         to the next call); false: a fresh process (command split on spaces). Background processes
         it starts keep running. Returns exit_code, stdout, stderr."""
@@ -36,7 +23,7 @@ def register(t: Toolkit) -> None:
         res.pop("result_image")
         return res
 
-    @t.tool
+    @t.handler
     def sandbox_spawn(sandbox_id: str, command: str, shell: bool = True, stdin: str | None = None,
                       stdin_open: bool = False, cwd: str | None = None, env: dict[str, str] | None = None) -> dict:
         """Start a process in a live sandbox without waiting for it (a server, a REPL, a long job);
@@ -46,9 +33,9 @@ def register(t: Toolkit) -> None:
                                    stdin_open=stdin_open, cwd=cwd, env=env)
         return {"sandbox_id": sandbox_id, "pid": pid}
 
-    @t.tool
+    @t.handler
     def sandbox_process(sandbox_id: str, pid: int, stdin: str | None = None, close_stdin: bool = False,
-                        signal: str | None = None, truncate_output_at: int = 8000) -> dict:
+                        signal: str | None = None, truncate_output_at: int = D.MCP_OUTPUT_CHARS) -> dict:
         """A process started by sandbox_spawn: first writes stdin (and closes it with close_stdin),
         then sends signal, then tells whether it runs, its exit code and its output so far.
         pid: the process's number (from sandbox_spawn)
@@ -68,58 +55,21 @@ def register(t: Toolkit) -> None:
             out[s + "_truncated"] = v[s + "_truncated"] or len(v[s]) > truncate_output_at
         return out
 
-    @t.tool
-    def sandbox_commit(sandbox_id: str, tag: str | None = None) -> dict:
-        """An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."""
-        return {"image": engine.sandbox_commit(sandbox_id, tag=tag), "tag": tag}
-
-    @t.tool
-    def sandbox_stop(sandbox_id: str) -> dict:
-        """Stop a live sandbox: its processes end and its unsaved files go (sandbox_commit first to keep them)."""
-        return engine.sandbox_stop(sandbox_id)
-
-    @t.tool
-    def sandbox_hibernate(sandbox_id: str) -> dict:
-        """Hibernate a live sandbox: its files are committed and its processes saved with their
-        memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""
-        return engine.sandbox_hibernate(sandbox_id)
-
-    @t.tool
-    def sandbox_resume(sandbox_id: str) -> dict:
-        """Resume a hibernated live sandbox: the same processes continue with the same memory and files."""
-        return engine.sandbox_resume(sandbox_id)
-
-    @t.tool
-    def sandbox_set_network(sandbox_id: str, network: bool | str | list[str] | dict | None = None) -> dict:
-        """Replace a live sandbox's network policy (it must have been started with one); connections
-        the new policy forbids are cut."""
-        return engine.sandbox_set_network(sandbox_id, network)
-
-    @t.tool
-    def sandbox_list(all: bool = False, labels: dict[str, str] | None = None) -> list[dict]:
-        """Running live sandboxes (all=true: also stopped and expired ones)."""
-        return engine.sandbox_list(all=all, labels=labels)
-
-    @t.tool
-    def cluster_status() -> dict:
-        """Where runs and sandboxes go: mode local (this server) or cluster (each node: cpus, runs in flight, sandboxes)."""
-        return engine.cluster_status()
-
-    @t.tool
-    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = 100_000) -> dict:
+    @t.handler
+    def sandbox_read_file(sandbox_id: str, path: str, offset: int = 0, limit: int = D.MCP_SANDBOX_READ_LIMIT) -> dict:
         """A file of a running live sandbox, as text (binary bytes replaced)."""
         data = engine.sandbox_read(sandbox_id, path)
         chunk = data[offset:offset + limit]
         return {"path": path, "size": len(data), "content": chunk.decode("utf-8", "replace"),
                 "truncated": offset + limit < len(data)}
 
-    @t.tool
-    def sandbox_write_file(sandbox_id: str, path: str, content: str, mode: int = 0o644) -> dict:
+    @t.handler
+    def sandbox_write_file(sandbox_id: str, path: str, content: str, mode: int = D.FILE_MODE) -> dict:
         """Write a text file into a running live sandbox (its directory must exist)."""
         engine.sandbox_write(sandbox_id, path, content.encode(), mode=mode)
         return {"path": path, "size": len(content.encode())}
 
-    @t.tool
+    @t.handler
     def sandbox_port(sandbox_id: str, port: int, close: bool = False, url_ttl: float | None = None) -> dict:
         """Expose a TCP port of a live sandbox (a dev server, a notebook) and get its URLs: url on the
         engine's host loopback, path under the sandtree server (with the token). close=true: unexpose

@@ -22,7 +22,7 @@ from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
 from ..http.gate import RequestEngine
-from . import branching, builds, guide, images, runs, sandboxes
+from . import branching, builds, guide, images, maker, runs, sandboxes
 from .guide import GUIDE
 from .toolkit import Toolkit, described  # noqa: F401 - described: every tool parameter's description
 from .transport import PerRequestServer, serve_http
@@ -40,7 +40,8 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     server = cls("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
     toolkit = Toolkit(server, engine, host_paths=host_paths, remote=remote)
     for group in (runs, sandboxes, images, builds, branching, guide):
-        group.register(toolkit)
+        group.register(toolkit)           # the composite tools' bodies (handlers) and the guide's own
+    maker.make(toolkit)                   # every row's tool (table/mcp.py), derived or by its handler
     return server
 
 

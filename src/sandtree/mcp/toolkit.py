@@ -16,7 +16,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from .. import vocabulary
+from .. import defaults as D, vocabulary
 from ..errors import Forbidden, SandtreeError
 
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
@@ -25,36 +25,45 @@ HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the c
                   "server's user)")
 
 
-def described(fn) -> inspect.Signature:
-    """The tool's signature with a description on every parameter, so a model sees what each one
-    means: a `name: text` line of the tool's own docstring where the tool means something of its
-    own, else the vocabulary's (vocabulary.describe: the operation row's, then the shared meaning)."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = {}
-    for line in (fn.__doc__ or "").splitlines():
-        name, sep, text = line.strip().partition(": ")
-        if sep and name.isidentifier() and name in sig.parameters:
-            own[name] = text.strip()
+def error_text(exc: SandtreeError) -> str:
+    """What a model reads of an engine error: the error class's own code, then its message (every MCP
+    error is one of sandtree.errors: no code is written in mcp/)."""
+    return f"{exc.code}: {exc.message}"
+
+
+def described(fn, describe=None, name: str | None = None) -> inspect.Signature:
+    """The tool's signature with a description on every parameter, so a model sees what each one means:
+    `describe(param)` (maker.describe: the tool's own `name: text` lines, the vocabulary's for this tool,
+    the row's, the shared meaning), else the vocabulary's for a tool of no row."""
+    sig = fn if isinstance(fn, inspect.Signature) else inspect.signature(fn, eval_str=True)
+    name = name or getattr(fn, "__name__", "?")
+    if describe is None:
+        own = {}
+        for line in (fn.__doc__ or "").splitlines():
+            key, sep, text = line.strip().partition(": ")
+            if sep and key.isidentifier() and key in sig.parameters:
+                own[key] = text.strip()
+        describe = lambda p: own.get(p) or vocabulary.describe(name, p)   # noqa: E731
     params = []
     for p in sig.parameters.values():
-        text = own.get(p.name) or vocabulary.describe(fn.__name__, p.name)
+        text = describe(p.name)
         if text is None:
-            raise AssertionError(f"MCP tool {fn.__name__}: parameter {p.name} has no description")
+            raise AssertionError(f"MCP tool {name}: parameter {p.name} has no description")
         params.append(p.replace(annotation=Annotated[p.annotation, Field(description=text)]))
     return sig.replace(parameters=params)
 
 
-def guard(fn):
-    """Engine errors become tool errors with their kind and message (never a crash); every
-    parameter carries its description from the operation table (described())."""
+def guard(fn, signature: inspect.Signature | None = None):
+    """Engine errors become tool errors with their code and message (never a crash); every parameter
+    carries its description (described())."""
 
     @functools.wraps(fn)
     def wrapper(*a, **k):
         try:
             return fn(*a, **k)
         except SandtreeError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
-    wrapper.__signature__ = described(fn)
+            raise ToolError(error_text(exc)) from None
+    wrapper.__signature__ = signature or described(fn)
     return wrapper
 
 
@@ -74,15 +83,29 @@ class Toolkit:
         self.server, self.engine, self.host_paths, self.remote = server, engine, host_paths, remote
         self.outputs: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()   # full output of recent runs
         self.kept = 0                                                        # bytes in `outputs`
+        self.handlers: dict = {}                  # composite tools' bodies by name (maker.make registers them)
+        self.own: set[str] = set()                # tools of no operation (the guide)
 
     def tool(self, fn):
-        """Register `fn` as a tool, through guard()."""
-        self.server.tool()(guard(fn))
+        """Register `fn` as a tool of no operation (the guide: what the server says about itself)."""
+        self.own.add(fn.__name__)
+        self.server.add_tool(guard(fn), name=fn.__name__)
         return fn
+
+    def handler(self, fn):
+        """A composite tool's hand-written body, registered as a tool by maker.make() under the name of the
+        row(s) that declare it (Mcp(handler=...) beside the row), its parameters held to theirs."""
+        assert fn.__name__ not in self.handlers, fn.__name__
+        self.handlers[fn.__name__] = fn
+        return fn
+
+    def register(self, fn, name: str, doc: str, signature: inspect.Signature, describe) -> None:
+        """Register a made tool (maker.make): through guard(), every parameter described."""
+        self.server.add_tool(guard(fn, described(signature, describe, name)), name=name, description=doc)
 
     def no_host_paths(self, what: str) -> None:
         if not self.host_paths:
-            raise ToolError(f"{Forbidden.code}: {what}: {HOST_PATHS_OFF}")
+            raise Forbidden(f"{what}: {HOST_PATHS_OFF}")
 
     def remember(self, op: str, stdout: bytes, stderr: bytes) -> None:
         old = self.outputs.pop(op, None)
@@ -114,7 +137,7 @@ class Toolkit:
                                 f"operation_id='{rec.op}', offset={limit})")
         return res
 
-    def op_view(self, rec: dict, offset: int = 0, limit: int = 8000) -> dict:
+    def op_view(self, rec: dict, offset: int = 0, limit: int = D.MCP_OUTPUT_CHARS) -> dict:
         view = {"operation_id": rec["id"], "status": rec["status"], "image": rec["source"],
                 "result_image": rec["result"], "command": rec["spec"].get("command")}
         o = rec["outcome"] or {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from .. import defaults as D
 from .options import RunOptions
 from .rows import Http, op
+from .mcp import RUN_JSON, Mcp, Result       # MCP's tools, declared beside the rows (table/mcp.py)
+from .rows import Off, via
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
@@ -14,12 +16,19 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 # ---- live sandboxes ------------------------------------------------------------------------------
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
     options=RunOptions.parameters())
+@via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "timeout", "memory", "env", "cwd", "idle_timeout", "lifetime",
+                                               "idle_action", "labels", "network", "secrets"),
+                defaults={"timeout": D.MCP_TIMEOUT}, types={"timeout": "float", "memory": "str | None", **RUN_JSON},
+                doc="""Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
+        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
+        idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""))
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                   idle_action: str = D.SANDBOX_IDLE_ACTION) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
+@via("mcp", Mcp(handler="sandbox_exec", rename={"sid": "sandbox_id"}, extra=("shell", "truncate_output_at")))
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
                  cancel=None, timeout: float | None = None, output=None):
@@ -29,6 +38,7 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
+@via("mcp", Off("pipes or a terminal to a process need the engine in-process: sandbox_spawn and sandbox_process"))
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
@@ -36,6 +46,7 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
                                                            "stdin_open", "output"), result="pid"))
+@via("mcp", Mcp(handler="sandbox_spawn", rename={"sid": "sandbox_id"}, extra=("shell",)))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
                   output=None) -> int:
@@ -45,87 +56,119 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     output: bytes of its output kept per stream (default: the server's)"""
 
 @op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
+@via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id", "data": "stdin", "close": "close_stdin"},
+                types={"data": "str | None"}, defaults={"data": None, "close": False}))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
 @op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
+@via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id"},
+                types={"signal": "str | None"}, defaults={"signal": None}))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
 
 @op("list", http=Http(_G, _PROC + "/{pid}"))
+@via("mcp", Mcp(handler="sandbox_process", rename={"sid": "sandbox_id"}, extra=("truncate_output_at",)))
 def sandbox_process(sid: str, pid: int) -> dict:
     """A spawned process: running, exit code, signal, its output so far (text and base64)."""
 
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, result=Result(key="image", echo=("tag",)),
+                doc="An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
 @op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Stop a live sandbox: its processes end and its unsaved files go "
+                                     "(sandbox_commit first to keep them)."))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
 @op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="""Hibernate a live sandbox: its files are committed and its processes saved with their
+        memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
 @op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Resume a hibernated live sandbox: the same processes continue with the same "
+                                     "memory and files."))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}"))
+@via("mcp", Off("sandbox_list shows each sandbox's state"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
 @op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
+@via("mcp", Mcp(types={"labels": "dict[str, str] | None"},
+                doc="Running live sandboxes (all=true: also stopped and expired ones)."))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
+@via("mcp", Mcp(name="sandbox_read_file", handler="sandbox_read_file", rename={"sid": "sandbox_id"}, extra=("offset", "limit")))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
 @op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+@via("mcp", Mcp(name="sandbox_write_file", handler="sandbox_write_file", rename={"sid": "sandbox_id", "data": "content"},
+                types={"data": "str"}))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
 @op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
+@via("mcp", Off("a sandbox's idle_timeout and lifetime are set by sandbox_start"))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
 @op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"network": RUN_JSON["network"]}, defaults={"network": None},
+                doc="""Replace a live sandbox's network policy (it must have been started with one); connections
+        the new policy forbids are cut."""))
 def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
+@via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
 
 @op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
+@via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
 @op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
+@via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
+@via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
 @op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
+@via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
 @op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
+@via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}, extra=("close",)))
 def sandbox_unexpose(sid: str, port: int) -> None:
     """Make an exposed port of a live sandbox unreachable again."""
 
 @op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
+@via("mcp", Off("sandbox_port answers a port's URLs when it exposes it"))
 def sandbox_ports(sid: str) -> list[dict]:
     """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
 
 @op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
+@via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id", "ttl": "url_ttl"},
+                types={"ttl": "float | None"}, defaults={"ttl": None}))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
@@ -133,29 +176,35 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 _POOL = ("size",) + RunOptions.LIMITS
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
 @op("list", http=Http(_G, "/pools"))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
 @op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
+@via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
                 build_network=None, progress=None) -> dict:
     """Build a Recipe (cache hits when unchanged) and keep a pool of its result under `tag`; a new ID rolls the pool over.
