@@ -32,16 +32,16 @@ r = base.run("python3 -V")
 con.print(f"$ python3 -V -> {r.stdout.decode().strip()}   (same image back: {r.image == base})")
 
 # 2. A checkpoint: install a tiny "project" into the image; the run's result is a new image.
-setup = base.run("mkdir -p /work && cd /work && printf 'def add(a, b):\\n    return a - b\\n' > calc.py "
+setup = base.run("mkdir -p /app && cd /app && printf 'def add(a, b):\\n    return a - b\\n' > calc.py "
                  "&& printf 'from calc import add\\nassert add(2, 3) == 5, add(2, 3)\\nprint(\"ok\")\\n' > test.py")
 checkpoint = setup.image.tag("demo/checkpoint")
-con.print(f"checkpoint [cyan]{checkpoint.short_id}[/]: /work/calc.py has a bug")
+con.print(f"checkpoint [cyan]{checkpoint.short_id}[/]: /app/calc.py has a bug")
 
 # 3. Fork: three candidate fixes from the same checkpoint, in parallel; keep the one whose test passes.
 fixes = {"swap": "sed -i 's/a - b/b - a/' calc.py", "plus": "sed -i 's/a - b/a + b/' calc.py",
          "times": "sed -i 's/a - b/a * b/' calc.py"}
 t0 = time.perf_counter()
-results = checkpoint.fork([f"cd /work && {c} && python3 test.py" for c in fixes.values()], parallel=3)
+results = checkpoint.fork([f"cd /app && {c} && python3 test.py" for c in fixes.values()], parallel=3)
 table = Table("branch", "image", "exit", "output", title=f"fork: 3 branches in {time.perf_counter() - t0:.2f} s")
 for name, res in zip(fixes, results, strict=False):
     out = (res.stdout or res.stderr).decode().strip().splitlines()
@@ -54,17 +54,17 @@ con.print(checkpoint.patch(winner).replace("[", "\\["), end="")
 
 # 4. Merge: meanwhile another line of work added docs; a three-way merge combines both.
 docs = st.branch("demo/docs", from_=checkpoint, force=True)
-docs.run("printf '# calc\\nadd(a, b) returns a + b\\n' > /work/README.md")
+docs.run("printf '# calc\\nadd(a, b) returns a + b\\n' > /app/README.md")
 merged = st.merge(None, winner, docs.head)                  # base: their common ancestor
 con.print(f"merge of demo/fixed and demo/docs -> [cyan]{merged.image.short_id}[/] "
-          f"(conflicts: {len(merged.conflicts)}), files: {[e['name'] for e in merged.image.ls('/work')]}")
+          f"(conflicts: {len(merged.conflicts)}), files: {[e['name'] for e in merged.image.ls('/app')]}")
 
 # 5. Rollback: a branch advances with each run; a destructive run is undone by moving it back.
 main = st.branch("demo/main", from_=merged.image, force=True)
 broken = main.run("rm -rf /usr/lib/python3* && python3 -c 'print(1)'")
 con.print(f"after `rm -rf /usr/lib/python3*` on demo/main: exit {broken.exit_code}, head {main.head.short_id}")
 main.rollback(steps=1)
-again = main.run("cd /work && python3 test.py")
+again = main.run("cd /app && python3 test.py")
 con.print(f"rolled demo/main back to [cyan]{merged.image.short_id}[/]; test says {again.stdout.decode().strip()!r}")
 
 # 6. Lineage: the tree of everything made from the checkpoint, as text and as a picture.
@@ -79,7 +79,7 @@ con.print(f"\npicture: {svg}")
 #    (files as an image, processes with their memory) and frees the machine; resume continues it.
 con.print("\n[bold]live sandbox[/] on demo/main:")
 with main.head.start(idle_timeout=120) as sb:
-    sb.exec("cd /work && export GREETING=hello")
+    sb.exec("cd /app && export GREETING=hello")
     sb.exec("python3 -c 'import time, os\nn = 0\nwhile True:\n n += 1\n open(\"/tmp/n\", \"w\").write(str(n))"
             "\n time.sleep(0.01)' > /dev/null 2>&1 &")
     time.sleep(0.3)
@@ -100,4 +100,4 @@ with main.head.start(idle_timeout=120) as sb:
     con.print(f"  committed while running: [cyan]{snap.short_id}[/] (demo/live)")
 
 con.print("Try: sandtree image list; sandtree log demo/fixed; sandtree diff demo/checkpoint demo/fixed --patch;"
-          " sandtree run demo/main -- python3 /work/test.py; sandtree start demo/main; sandtree ps")
+          " sandtree run demo/main -- python3 /app/test.py; sandtree start demo/main; sandtree ps")
