@@ -1,11 +1,13 @@
 """Git-like work on images: `diff`, `merge`, `branch ...`, `tree`, `lineage ...` and
-`bundle ...` (images with their lineage in one file)."""
+`bundle ...` (images with their lineage in one file). `branch ...` and `bundle ...` are made from their rows
+(derive.py); diff (with --patch), merge (with --preview), tree and lineage, more than one operation each, here."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from . import derive
 from .output import open_engine, out
 # Two names the engine has no public home for yet: the merge's default ignore globs (shown in
 # --help and extended by --ignore) and the text/SVG drawings of Engine.lineage_tree's result.
@@ -50,27 +52,6 @@ def cmd_merge(args):
     return 0 if res["image"] else 1
 
 
-def cmd_branch(args):
-    eng = open_engine(args)
-    sub = args.branch_command
-    if sub == "list":
-        out(args, eng.branches(), lambda o: [print(f"{n}  {i[:12]}") for n, i in o.items()])
-    elif sub == "create":
-        image = eng.resolve(args.image)
-        eng.branch_create(args.name, image, force=args.force)
-        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
-    elif sub == "delete":
-        image = eng.branch_delete(args.name)
-        out(args, {"deleted": args.name, "image": image}, lambda o: print(f"deleted {o['deleted']}"))
-    elif sub == "rollback":
-        to = eng.resolve(args.to) if args.to else None
-        image = eng.rollback(args.name, to=to, steps=args.steps)
-        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
-    elif sub == "log":
-        out(args, eng.branch_log(args.name), lambda rows: [
-            print(f"{(r['old'] or '-')[:12]} -> {(r['new'] or '-')[:12]}  {r['reason']}") for r in rows])
-
-
 def cmd_tree(args):
     eng = open_engine(args)
     t = eng.lineage_tree(eng.resolve(args.image))
@@ -104,16 +85,6 @@ def cmd_lineage(args):
     out(args, res, lambda o: print(json.dumps(o, indent=2)))
 
 
-def cmd_bundle(args):
-    eng = open_engine(args)
-    if args.bundle_command == "create":
-        res = eng.bundle_create(args.file, [eng.resolve(i) for i in args.images], with_ancestry=args.with_ancestry)
-        out(args, res, lambda o: print(f"{o['file']}: {o['images']} images, {o['trees']} trees, {o['blobs']} blobs"))
-    else:
-        res = eng.bundle_import(args.file)
-        out(args, res, lambda o: [print(i) for i in o["images"]])
-
-
 def add_branching(sub, common) -> None:
     """diff, merge, branch, tree, lineage (bundle comes later in --help: add_bundle)."""
     x = sub.add_parser("diff", parents=[common], help="what changed from image A to image B")
@@ -128,17 +99,8 @@ def add_branching(sub, common) -> None:
                         f"{' '.join(DEFAULT_IGNORE)})")
     x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
     x.set_defaults(fn=cmd_merge)
-    br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
-    bsub = br.add_subparsers(dest="branch_command", required=True)
-    x = bsub.add_parser("list", parents=[common]); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("create", parents=[common]); x.add_argument("name"); x.add_argument("image")
-    x.add_argument("--force", action="store_true"); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("delete", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("rollback", parents=[common]); x.add_argument("name")
-    g = x.add_mutually_exclusive_group(required=True)
-    g.add_argument("--steps", type=int); g.add_argument("--to")
-    x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("log", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    derive.group(sub, "branch", help="branches: movable names that advance with each run on them")
+    derive.add(sub, common, "branches", "branch_create", "branch_delete", "rollback", "branch_log", "branch_head")
     x = sub.add_parser("tree", parents=[common], help="the lineage tree under an image")
     x.add_argument("image"); x.add_argument("--svg", metavar="FILE", help="also draw it as SVG")
     x.set_defaults(fn=cmd_tree)
@@ -149,8 +111,5 @@ def add_branching(sub, common) -> None:
 
 
 def add_bundle(sub, common) -> None:
-    bu = sub.add_parser("bundle", help="images with their lineage as one verifiable file")
-    busub = bu.add_subparsers(dest="bundle_command", required=True)
-    x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
-    x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
-    x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
+    derive.group(sub, "bundle", help="images with their lineage as one verifiable file")
+    derive.add(sub, common, "bundle_create", "bundle_import")

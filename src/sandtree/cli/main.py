@@ -1,6 +1,7 @@
 """The `sandtree` command: an adapter over the engine (human output by default, --json everywhere).
-The verbs live by group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and
-admin.py; here the parser is assembled and errors become exit statuses.
+The verbs of one operation each are made from the operation table's rows (derive.py); the others live by
+group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; here the parser is
+assembled and errors become exit statuses.
 
 Exit status: `run` and `exec` exit with the command's status (128+N for a signal, 124 on timeout,
 125 for a sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
@@ -13,7 +14,8 @@ import errno
 import json
 import sys
 
-from . import admin, branching, build, evaluation, exploration, images, inspection, processes, runs, sandboxes, secrets
+from . import admin, branching, build, derive, evaluation, exploration, images, inspection, processes, runs, sandboxes, \
+    secrets
 from .. import config
 from ..errors import DiskFull, SandtreeError
 
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for add in GROUPS:
         add(sub, common)
+    derive.add_rest(sub, common)          # the rows' verbs not placed above (a new row's, with no edit here)
     return p
 
 

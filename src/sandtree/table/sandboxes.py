@@ -6,12 +6,15 @@ from __future__ import annotations
 from .. import defaults as D
 from .options import RunOptions
 from .rows import Http, op
+from .rows import Off, via
+from .cli import Cli
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
 _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
+@via("cli", Cli("start", dest={"ref": "image", "idle_action": "on_idle"}, choices={"idle_action": ("stop", "hibernate")}, show="sandbox_id"))
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
     options=RunOptions.parameters())
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
@@ -19,6 +22,7 @@ def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lif
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
+@via("cli", Cli("exec", handler="sandboxes.cmd_exec"))
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
@@ -28,12 +32,14 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
     timeout: seconds for this command (default: the sandbox's)
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
+@via("cli", Cli("shell", handler="sandboxes.cmd_shell"))
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, pty: bool = False, stdin=-1, stdout=-1, stderr=-1):
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
+@via("cli", Cli("spawn", handler="processes.cmd_spawn"))
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
                                                            "stdin_open", "output"), result="pid"))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
@@ -44,116 +50,143 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
     output: bytes of its output kept per stream (default: the server's)"""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("list", http=Http(_G, _PROC + "/{pid}"))
 def sandbox_process(sid: str, pid: int) -> dict:
     """A spawned process: running, exit code, signal, its output so far (text and base64)."""
 
+@via("cli", Cli("commit", dest={"sid": "sandbox"}, show="committed"))
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
+@via("cli", Cli("stop", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
 @op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
+@via("cli", Cli("hibernate", args=("sid+",), dest={"sid": "sandboxes"}, show="hibernated"))
 @op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
+@via("cli", Cli("resume", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
 @op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
+@via("cli", Cli("sandbox info"))
 @op("list", http=Http(_G, "/sandboxes/{sid}"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
+@via("cli", Cli("ps", dest={"labels": "label"}, show="ps"))
 @op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
+@via("cli", Cli("sandbox cat", show="bytes"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
+@via("cli", Cli("sandbox write"))
 @op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
+@via("cli", Cli("sandbox timeout"))
 @op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
+@via("cli", Cli("network", handler="sandboxes.cmd_set_network"))
 @op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
 def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
+@via("cli", Cli("sandbox ls", args=("sid", "path?")))
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
 
+@via("cli", Cli("sandbox exists"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
+@via("cli", Cli("sandbox rm"))
 @op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
+@via("cli", Cli("sandbox mkdir"))
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
 def sandbox_unexpose(sid: str, port: int) -> None:
     """Make an exposed port of a live sandbox unreachable again."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
 def sandbox_ports(sid: str) -> list[dict]:
     """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
+@via("cli", Cli("serve", handler="admin.cmd_serve"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op("list", http=Http(_G, "/pools"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
+@via("cli", Cli("serve", handler="admin.cmd_serve"))
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
