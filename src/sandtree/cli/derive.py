@@ -16,7 +16,8 @@ from ..table.cli import Cli
 from . import options, printers
 from .output import open_engine, with_progress
 
-__all__ = ["CALLBACKS", "add", "add_rest", "cli_of", "flag_of", "group", "kind_of", "parameters", "verb_of"]
+__all__ = ["CALLBACKS", "add", "add_rest", "call_args", "cli_of", "derived", "flag_of", "group", "kind_of", "make",
+           "parameters", "positionals", "run", "verb_of"]
 
 # In-process parameters a command line cannot give: a progress callback is drawn as a bar instead (with_progress)
 CALLBACKS = ("progress", "on_output", "cancel", "log")

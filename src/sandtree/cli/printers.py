@@ -10,7 +10,7 @@ import time
 
 from .output import fmt_size, fmt_time, out
 
-__all__ = ["PRINTERS", "plain", "show"]
+__all__ = ["PRINTERS", "default", "plain", "show"]
 
 
 def plain(obj):

@@ -17,7 +17,7 @@ from .cli import Cli
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
-__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via"]
+__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "Cli", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
