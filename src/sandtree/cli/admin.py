@@ -16,7 +16,7 @@ import webbrowser
 
 from .. import config, defaults as D
 from ..errors import InvalidInput
-from . import derive
+from . import derive, exits
 from .output import fmt_time, open_engine, out
 
 
@@ -30,7 +30,7 @@ def cmd_fsck(args):
         for p in r["problems"]:
             print("  " + json.dumps(p))
     out(args, res, human)
-    return 0 if res["ok"] else 1
+    return exits.OK if res["ok"] else exits.NO
 
 
 def pool_source(spec: str) -> dict:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
-from . import derive
+from . import derive, exits
+from ..errors import InvalidInput
 from .output import open_engine, out
 # Two names the engine has no public home for yet: the merge's default ignore globs (shown in
 # --help and extended by --ignore) and the text/SVG drawings of Engine.lineage_tree's result.
@@ -22,7 +23,7 @@ def cmd_diff(args):
     changes = eng.diff(a, b)
     if args.patch and not args.json:
         sys.stdout.write(eng.patch(a, b))
-        return 0
+        return exits.OK
     res = {"a": a, "b": b, "changes": [c.to_dict() for c in changes]}
     if args.patch:
         res["patch"] = eng.patch(a, b)
@@ -38,6 +39,17 @@ def cmd_merge(args):
     eng = open_engine(args)
     refs_ = [eng.resolve(r) for r in args.images]
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
+    if args.preview:                       # merge_preview: what merge would make, making nothing
+        if args.strategy or args.ignore or args.no_default_ignore:
+            raise InvalidInput("merge --preview takes no --strategy, --ignore or --no-default-ignore")
+        res = eng.merge_preview(base, ours, theirs)
+
+        def preview(o):
+            for c in o["conflicts"]:
+                print(f"CONFLICT ({c['kind']}): {c['path']}")
+            print("clean: merge would make an image" if o["clean"] else "merge would stop at these conflicts")
+        out(args, res, preview)
+        return exits.OK if res["clean"] else exits.NO
     ignore = None if args.ignore is None and not args.no_default_ignore else \
         ([] if args.no_default_ignore else list(DEFAULT_IGNORE)) + (args.ignore or [])
     # the conflicts come back to be listed (exit 1 says no image was made)
@@ -49,7 +61,7 @@ def cmd_merge(args):
         print(o["image"] if o["image"] else "no image made: resolve the conflicts or pass --strategy",
               file=sys.stdout if o["image"] else sys.stderr)
     out(args, res, human)
-    return 0 if res["image"] else 1
+    return exits.OK if res["image"] else exits.NO
 
 
 def cmd_tree(args):
@@ -98,6 +110,8 @@ def add_branching(sub, common) -> None:
                    help="paths that never conflict, ours taken (repeatable; added to the defaults "
                         f"{' '.join(DEFAULT_IGNORE)})")
     x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
+    x.add_argument("--preview", action="store_true", help="say what merge would make (clean, its conflicts), "
+                   "making nothing; exit 1 if it would conflict")
     x.set_defaults(fn=cmd_merge)
     derive.group(sub, "branch", help="branches: movable names that advance with each run on them")
     derive.add(sub, common, "branches", "branch_create", "branch_delete", "rollback", "branch_log", "branch_head")

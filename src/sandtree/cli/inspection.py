@@ -4,7 +4,7 @@ whose row keeps its options (glob, max_matches, ignore_case) in **kw, so they ar
 
 from __future__ import annotations
 
-from . import derive
+from . import derive, exits
 from .output import open_engine, out
 
 
@@ -13,7 +13,7 @@ def cmd_grep(args):
     hits = eng.grep(eng.resolve(args.image), args.pattern, args.path, glob=args.glob,
                     max_matches=args.max_matches, ignore_case=args.ignore_case)
     out(args, hits, lambda rows: [print(f"{r['path']}:{r['line']}:{r['text']}") for r in rows])
-    return 0 if hits else 1
+    return exits.OK if hits else exits.NO
 
 
 def add_inspection(sub, common) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import options
+from . import exits, options
 from .output import open_engine, out
 
 
@@ -61,11 +61,7 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
                   file=sys.stderr)
         elif notes:
             print(f"[{', '.join(notes)}]", file=sys.stderr)
-    if rec.timed_out:
-        return 124
-    if rec.signal:
-        return 128 + rec.signal
-    return rec.exit_code or 0
+    return exits.of_run(rec)
 
 
 def cmd_fork(args):
@@ -98,7 +94,7 @@ def add_run(sub, common) -> None:
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
-    x.set_defaults(fn=cmd_run, takes_command=True, error_status=125)
+    x.set_defaults(fn=cmd_run, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
 
 
 def add_fork(sub, common) -> None:

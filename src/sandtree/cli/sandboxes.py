@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import derive, options
+from . import derive, exits, options
 from .output import open_engine, out
 from .runs import report_run
 from .terminal import interactive
@@ -86,7 +86,7 @@ def add_sandboxes(sub, common) -> None:
     options.add_user(x)
     options.add_output(x)
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
-    x.set_defaults(fn=cmd_exec, takes_command=True, error_status=125)
+    x.set_defaults(fn=cmd_exec, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
     derive.add(sub, common, "sandbox_stop")
     x = sub.add_parser("network", parents=[common], help="replace a live sandbox's network policy "
                        "(it must have started with one; connections the new policy forbids are cut)")

@@ -243,12 +243,10 @@ def operation(op: str) -> dict:
 from . import sandboxes  # noqa: E402,F401
 
 # ---- lineage ----------------------------------------------------------------------------------------
-@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
 
-@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/children"))
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""

@@ -158,7 +158,7 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
-@via("cli", Cli("serve", handler="admin.cmd_serve"))
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
@@ -186,7 +186,7 @@ def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
-@via("cli", Cli("serve", handler="admin.cmd_serve"))
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
