@@ -19,7 +19,7 @@ from ..defaults import MERGE_IGNORE as DEFAULT_IGNORE
 
 def cmd_diff(args):
     eng = open_engine(args)
-    a, b = eng.resolve(args.a), eng.resolve(args.b)
+    a, b = derive.resolved(eng, [args.a, args.b])
     changes = eng.diff(a, b)
     if args.patch and not args.json:
         sys.stdout.write(eng.patch(a, b))
@@ -37,7 +37,7 @@ def cmd_diff(args):
 
 def cmd_merge(args):
     eng = open_engine(args)
-    refs_ = [eng.resolve(r) for r in args.images]
+    refs_ = derive.resolved(eng, args.images)
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
     if args.preview:                       # merge_preview: what merge would make, making nothing
         if args.strategy or args.ignore or args.no_default_ignore:
@@ -66,7 +66,7 @@ def cmd_merge(args):
 
 def cmd_tree(args):
     eng = open_engine(args)
-    t = eng.lineage_tree(eng.resolve(args.image))
+    t = eng.lineage_tree(derive.resolved(eng, args.image))
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(render_svg(t))
@@ -82,7 +82,7 @@ LINEAGE_ARITY = {"ancestors": 1, "descendants": 1, "path": 2, "common": 2, "prod
 def cmd_lineage(args):
     eng = open_engine(args)
     q = args.query
-    ids = [eng.resolve(i) for i in args.images]
+    ids = derive.resolved(eng, args.images)
     if len(ids) != LINEAGE_ARITY[q]:
         raise SystemExit(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
     if q in ("ancestors", "descendants"):

@@ -17,7 +17,7 @@ from . import options, printers
 from .output import open_engine, with_progress
 
 __all__ = ["CALLBACKS", "add", "add_rest", "call_args", "cli_of", "derived", "flag_of", "group", "kind_of", "make",
-           "parameters", "positionals", "run", "verb_of"]
+           "parameters", "positionals", "resolved", "run", "verb_of"]
 
 # In-process parameters a command line cannot give: a progress callback is drawn as a bar instead (with_progress)
 CALLBACKS = ("progress", "on_output", "cancel", "log")
@@ -198,6 +198,13 @@ def call_args(row, args) -> dict:
     return kw
 
 
+def resolved(eng, ref):
+    """The full image ID(s) of a reference (or a list of them): every verb, derived or by hand, resolves here."""
+    if isinstance(ref, (list, tuple)):
+        return [eng.resolve(r) for r in ref]
+    return eng.resolve(ref)
+
+
 def run(args):
     """The handler of every derived verb."""
     row = table.OPS[args.row]
@@ -206,7 +213,7 @@ def run(args):
     kw = call_args(row, args)
     for name in row.images + c.resolve:                     # full IDs: what the output names
         if kw.get(name) is not None:
-            kw[name] = [eng.resolve(v) for v in kw[name]] if isinstance(kw[name], list) else eng.resolve(kw[name])
+            kw[name] = resolved(eng, kw[name])
     fn = getattr(eng if row.group == "engine" else getattr(eng, row.group), row.name)
     many = next((n for n, how in positionals(row).items() if how == "+" and kind_of(row.signature.parameters[n])
                  != "list"), None)

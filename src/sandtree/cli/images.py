@@ -33,7 +33,7 @@ def cmd_image_bootstrap(args):
 
 def cmd_image_export(args):
     eng = open_engine(args)
-    image = eng.resolve(args.image)
+    image = derive.resolved(eng, args.image)
     if args.output and args.file:
         raise SystemExit("sandtree image export: give the output once (FILE or -o)")
     args.file = args.output or args.file or "-"

@@ -10,7 +10,7 @@ from .output import open_engine, out
 
 def cmd_grep(args):
     eng = open_engine(args)
-    hits = eng.grep(eng.resolve(args.image), args.pattern, args.path, glob=args.glob,
+    hits = eng.grep(derive.resolved(eng, args.image), args.pattern, args.path, glob=args.glob,
                     max_matches=args.max_matches, ignore_case=args.ignore_case)
     out(args, hits, lambda rows: [print(f"{r['path']}:{r['line']}:{r['text']}") for r in rows])
     return exits.OK if hits else exits.NO
