@@ -101,9 +101,13 @@ def parameter_drift(ops: dict, parser) -> list[str]:
     """(b) A derived verb's argument whose name, kind (positional or flag) or type differs from the row's."""
     found, out = verbs(parser), []
     for key, row in ops.items():
-        if not row.on("cli") or derive.cli_of(row).handler or derive.verb_of(row) not in found:
+        if not row.on("cli") or derive.verb_of(row) not in found:
             continue
         x, c = found[derive.verb_of(row)], derive.cli_of(row)
+        if c.handler:                            # a verb by hand: at least the run options the row shares
+            dests = {a.dest for a in x._actions}
+            out += [f"{key}: run option {n} has no flag" for n in row.options if _run_option_dest(n) not in dests]
+            continue
         pos = derive.positionals(row)
         dests = {a.dest for a in x._actions}
         for p in derive.parameters(row):
@@ -222,6 +226,13 @@ def test_self_test_a_planted_parameter_drift_is_caught():
         assert parameter_drift({key: rows.OPS[key]}, parser) == [f"{key}: parameter extra has no argument"]
     finally:
         del rows.OPS[key]
+
+
+def test_self_test_a_hand_written_verb_lacking_a_run_option_is_caught():
+    parser = cli_main.build_parser()
+    run = verbs(parser)[("run",)]
+    run._actions = [a for a in run._actions if a.dest != "pids"]
+    assert parameter_drift({"run": table.OPS["run"]}, parser) == ["run: run option pids has no flag"]
 
 
 def test_self_test_a_planted_default_drift_is_caught():

@@ -10,6 +10,9 @@ import sys
 from . import exits, options
 from .output import open_engine, out
 
+# The run options `run` spells through options.RUN_FLAGS alone (the others it declares above, with its own help)
+RUN_MORE = ("file_set", "output", "labels")
+
 
 def cmd_run(args):
     eng = open_engine(args)
@@ -23,7 +26,7 @@ def cmd_run(args):
                           disposable=args.disposable, timeout=args.timeout, memory=args.memory, pids=args.pids,
                           cpus=args.cpus, disk=args.disk, tier=args.tier, on_output=options.live_output(args, sink),
                           **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname", "retries"),
-                          **options.network(args))
+                          **options.network(args), **options.run_options(args, RUN_MORE))
         finally:
             eng.close()          # waits for the run's helper to be reaped and its cgroups removed
     except BaseException:
@@ -93,6 +96,7 @@ def add_run(sub, common) -> None:
     options.add_network(x)
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
+    options.add_run_options(x, RUN_MORE)
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
     x.set_defaults(fn=cmd_run, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
 
