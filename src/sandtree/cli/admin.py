@@ -181,7 +181,7 @@ def _limit_args(x) -> None:
 def add_services(sub, common) -> None:
     """doctor, serve, ui, token, audit, mcp (in --help's order)."""
     derive.add(sub, common, "doctor")
-    derive.group(sub, "cluster", help="the Ray cluster runs go to (with --cluster)")
+    derive.group(sub, "cluster", help="the Ray cluster runs go to (with --cluster)", parents=[common])
     derive.add(sub, common, "cluster_status")
     x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
     x.add_argument("--host", default="127.0.0.1")

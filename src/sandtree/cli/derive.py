@@ -155,11 +155,12 @@ def _key(row) -> str:
     return row.name if row.group == "engine" else f"{row.group}.{row.name}"
 
 
-def group(sub, name: str, help: str | None = None):
-    """The subparsers of a verb group (`image`, `branch`, ...), made once: hand-written and derived verbs share it."""
+def group(sub, name: str, help: str | None = None, parents=()):
+    """The subparsers of a verb group (`image`, `branch`, ...), made once: hand-written and derived verbs share it.
+    parents: the group's own flags (`cluster` takes the common ones before its verb too)."""
     groups = sub.__dict__.setdefault("_sandtree_groups", {})
     if name not in groups:
-        g = sub.add_parser(name, help=help)
+        g = sub.add_parser(name, help=help, parents=list(parents))
         groups[name] = g.add_subparsers(dest=f"{name.replace('-', '_')}_command", required=True)
     return groups[name]
 
