@@ -137,9 +137,16 @@ def default_drift(ops: dict, parser) -> list[str]:
     """(c) A derived verb's default that is not the row's (nor the Cli.defaults it declares beside the row)."""
     found, out = verbs(parser), []
     for key, row in ops.items():
-        if not row.on("cli") or derive.cli_of(row).handler or derive.verb_of(row) not in found:
+        if not row.on("cli") or derive.verb_of(row) not in found:
             continue
         x, c = found[derive.verb_of(row)], derive.cli_of(row)
+        if c.handler:                            # a verb by hand: the defaults its row's Cli declares
+            for name, want in c.defaults.items():
+                a = _action(x, c.dest.get(name, name))
+                if a is None or a.default != want:
+                    out.append(f"{key}: {name} defaults to {getattr(a, 'default', None)!r} on the command line, "
+                               f"{want!r} beside the row")
+            continue
         for p in derive.parameters(row):
             a = _action(x, _run_option_dest(p.name) if p.name in row.options else c.dest.get(p.name, p.name))
             if a is None or (p.default is p.empty and p.name not in c.defaults):
@@ -226,6 +233,14 @@ def test_self_test_a_planted_parameter_drift_is_caught():
         assert parameter_drift({key: rows.OPS[key]}, parser) == [f"{key}: parameter extra has no argument"]
     finally:
         del rows.OPS[key]
+
+
+def test_self_test_a_hand_written_verb_s_default_drift_is_caught():
+    parser = cli_main.build_parser()
+    _action(verbs(parser)[("fork",)], "parallel").default = 8
+    assert default_drift({"fork": table.OPS["fork"]}, parser) == [
+        f"fork: parallel defaults to 8 on the command line, {derive.cli_of(table.OPS['fork']).defaults['parallel']!r} "
+        "beside the row"]
 
 
 def test_self_test_a_hand_written_verb_lacking_a_run_option_is_caught():
