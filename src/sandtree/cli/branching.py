@@ -84,7 +84,7 @@ def cmd_lineage(args):
     q = args.query
     ids = derive.resolved(eng, args.images)
     if len(ids) != LINEAGE_ARITY[q]:
-        raise SystemExit(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
+        raise InvalidInput(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
     if q in ("ancestors", "descendants"):
         d = eng.ancestors(ids[0]) if q == "ancestors" else eng.descendants(ids[0])
         res = [{"image": i, "distance": n} for i, n in sorted(d.items(), key=lambda kv: kv[1]) if n]

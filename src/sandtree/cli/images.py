@@ -10,6 +10,7 @@ import tarfile
 import tempfile
 
 from .. import config
+from ..errors import InvalidInput
 from . import derive
 from .output import open_engine, out, status_line
 
@@ -18,7 +19,7 @@ def cmd_registry_login(args):
     eng = open_engine(args)
     secret = sys.stdin.readline().rstrip("\n") if args.password_stdin else config.registry_token()
     if not secret:
-        raise SystemExit("sandtree registry login: give the token on stdin (--password-stdin) or in SANDTREE_REGISTRY_TOKEN")
+        raise InvalidInput("sandtree registry login: give the token on stdin (--password-stdin) or in SANDTREE_REGISTRY_TOKEN")
     host = eng.registry_login(args.registry, args.username, secret, insecure=args.insecure)
     out(args, {"registry": host, "username": args.username}, lambda o: print(f"logged in to {o['registry']}"))
 
@@ -35,7 +36,7 @@ def cmd_image_export(args):
     eng = open_engine(args)
     image = derive.resolved(eng, args.image)
     if args.output and args.file:
-        raise SystemExit("sandtree image export: give the output once (FILE or -o)")
+        raise InvalidInput("sandtree image export: give the output once (FILE or -o)")
     args.file = args.output or args.file or "-"
     if args.format == "oci":
         return _export_oci(args, eng, image)
@@ -61,7 +62,7 @@ def _export_oci(args, eng, image):
         os.replace(tmp, args.file)
     else:
         if os.path.lexists(args.file) and (not os.path.isdir(args.file) or os.listdir(args.file)):
-            raise SystemExit(f"sandtree image export: {args.file} exists and is not an empty directory")
+            raise InvalidInput(f"sandtree image export: {args.file} exists and is not an empty directory")
         with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(args.file))) as f:
             res = eng.export_oci(image, f, name=args.name)
             f.seek(0)

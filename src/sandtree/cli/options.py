@@ -153,7 +153,7 @@ def pairs(values, flag: str) -> dict:
 
 def command(args):
     if not args.cmd:
-        raise SystemExit(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
+        raise InvalidInput(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
     return args.cmd[0] if len(args.cmd) == 1 else args.cmd          # one argument: a shell string
 
 
@@ -161,7 +161,7 @@ def env(args) -> dict:
     out = {}
     for kv in args.env:
         if "=" not in kv:
-            raise SystemExit(f"sandtree {args.command}: --env wants KEY=VALUE, not {kv!r}")
+            raise InvalidInput(f"sandtree {args.command}: --env wants KEY=VALUE, not {kv!r}")
         k, v = kv.split("=", 1)
         out[k] = v
     return out

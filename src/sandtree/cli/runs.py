@@ -8,6 +8,7 @@ import json
 import sys
 
 from .. import defaults as D
+from ..errors import InvalidInput
 from . import exits, options
 from .output import open_engine, out
 
@@ -71,7 +72,7 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
 def cmd_fork(args):
     eng = open_engine(args)
     if not args.cmd:
-        raise SystemExit("sandtree fork: give commands with --cmd (one per branch)")
+        raise InvalidInput("sandtree fork: give commands with --cmd (one per branch)")
     recs = eng.fork(args.image, args.cmd, parallel=args.parallel, timeout=args.timeout)
     rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
              "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
