@@ -175,6 +175,13 @@ def test_derived_verbs_take_the_rows_defaults():
     assert default_drift(table.OPS, cli_main.build_parser()) == []
 
 
+def test_every_printer_a_row_names_exists():
+    from sandtree.cli import printers
+    named = {k: derive.cli_of(r).show for k, r in table.OPS.items() if derive.cli_of(r).show}
+    assert {k: v for k, v in named.items() if v not in printers.PRINTERS} == {}
+    assert set(printers.PRINTERS) <= set(named.values())                  # and none is left unused
+
+
 def test_run_flags_spell_every_run_option():
     assert set(options.RUN_FLAGS) == set(table.RunOptions.names())
 
