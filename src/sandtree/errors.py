@@ -12,6 +12,8 @@
     │   ├── MethodNotAllowed      an HTTP method the path does not take (the server's router: 405)
     │   └── RequestTimeout        a request's headers did not come in time (the server's connections: 408)
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
+    │   ├── NotReady              what the call needs is still starting (425: retry)
+    │   ├── Ended                 what the call needs has ended (a finished live run: 410)
     │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
     ├── Unauthorized              no valid token (a server with tokens configured)
     ├── Forbidden                 the token lacks the scope this call needs
@@ -20,6 +22,7 @@
     │       └── HeadersTooLarge   a request's headers over their size or count cap (431)
     ├── RegistryError             an OCI registry refused or could not be reached
     ├── DiskFull                  the store's disk has no room; nothing was committed
+    ├── StoreUnavailable          the store's metadata database cannot be reached; nothing was written
     ├── BuildFailed               a build's step failed (`details`: step, line, text, exit_code, stderr tail)
     ├── RuntimeUnavailable        this host cannot run the requested isolation tier
     ├── SandboxError              the sandbox could not be set up (not the command's failure)

@@ -74,6 +74,15 @@ def test_cli_branching(cli, rootfs, tmp_path):
     c2 = j(cli("run", "bb", "--json", "--", "echo 2 > /c"))["image"]
     p = cli("merge", "bb", c1, c2, "--json", check=False)
     assert p.returncode == 1 and j(p)["image"] is None and j(p)["conflicts"][0]["path"] == "/c"
+    made = len(j(cli("image", "list", "--json")))
+    pv = cli("merge", "bb", c1, c2, "--preview", "--json", check=False)       # merge_preview: exit 1, would conflict
+    assert pv.returncode == 1 and j(pv)["clean"] is False and [c["path"] for c in j(pv)["conflicts"]] == ["/c"]
+    assert j(cli("merge", a, b, "--preview", "--json"))["clean"] is True
+    assert len(j(cli("image", "list", "--json"))) == made                     # a preview makes no image
+    bad = cli("merge", a, b, "--preview", "--strategy", "ours", check=False)
+    assert bad.returncode == 1 and b"--preview takes no --strategy" in bad.stderr
+    assert [e["parent"] for e in j(cli("parents", a, "--json"))] == [base]                 # the rows' own verbs
+    assert a in [e["child"] for e in j(cli("children", base, "--json"))]
     assert j(cli("merge", "bb", c1, c2, "--strategy", "theirs", "--json"))["image"]
     assert j(cli("branch", "rollback", "work", "--steps", "1", "--json"))["image"] == base
     assert [r["reason"] for r in j(cli("branch", "log", "work", "--json"))][-1] == "rollback"

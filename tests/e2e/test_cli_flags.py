@@ -139,3 +139,26 @@ def test_live_sandbox_flags(cli, bb, tmp_path):
         cli("stop", sid)
     p = cli("start", "bb", "--file", "no-colon", check=False)
     assert p.returncode == 1 and b"LOCAL:/ABSOLUTE/PATH" in p.stderr
+
+
+def test_run_takes_the_run_options_start_takes(cli, bb):
+    """--label and --max-output (RunOptions' labels and output) reach `run` as they reach `start`: the CLI's
+    conformance test found `run` without them."""
+    p = cli("run", "bb", "--label", "team=ml", "--max-output", "1K", "--json", "--", "head -c 4000 /dev/zero",
+            check=False)
+    r = j(p)                                              # past the cap the command is stopped: 128+SIGKILL
+    assert p.returncode == 137 and r["stdout_truncated"] and len(r["stdout"]) <= 1024
+    assert j(cli("op", r["operation"], "--json"))["spec"]["labels"] == {"team": "ml"}
+    bad = cli("run", "bb", "--label", "no-equals", "--", "true", check=False)
+    assert bad.returncode == 125 and b"KEY=VALUE" in bad.stderr
+
+
+def test_bad_command_line_values_are_sandtree_errors(cli, bb):
+    """A malformed --env, or run without a command, is InvalidInput: `error: ...` and run's 125 (a JSON error
+    object with --json), as a malformed --label is; other verbs answer 1."""
+    p = cli("run", "bb", "--env", "NOEQUALS", "--", "true", check=False)
+    assert p.returncode == 125 and b"error: " in p.stderr and b"KEY=VALUE" in p.stderr
+    p = cli("run", "bb", "--json", check=False)
+    assert p.returncode == 125 and j(p)["error"] == "invalid_input"
+    p = cli("fork", "bb", check=False)
+    assert p.returncode == 1 and b"--cmd" in p.stderr

@@ -1,9 +1,10 @@
-"""Running and looking after a sandtree: the store (`fsck`, `gc`), the host (`doctor`), the
-servers (`serve`, `ui`, `mcp`) and tenants (`token ...`, `audit`)."""
+"""Running and looking after a sandtree: the store (`fsck`, `gc`), the host (`doctor`, `cluster status`), the
+servers (`serve`, `ui`, `mcp`) and tenants (`token ...`, `audit`, `whoami`). gc, doctor, cluster status, audit and
+whoami are made from their rows (derive.py); the servers and tokens are no operation of the table, and fsck keeps
+its --quick (the row's verify_content=False)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -14,12 +15,9 @@ import time
 import webbrowser
 
 from .. import config, defaults as D
-from ..engine import Engine
 from ..errors import InvalidInput
+from . import derive, exits
 from .output import fmt_time, open_engine, out
-
-# gc's --retention default is the engine's own (one place says how long untagged images live)
-GC_RETENTION = inspect.signature(Engine.gc).parameters["retention"].default
 
 
 def cmd_fsck(args):
@@ -32,33 +30,7 @@ def cmd_fsck(args):
         for p in r["problems"]:
             print("  " + json.dumps(p))
     out(args, res, human)
-    return 0 if res["ok"] else 1
-
-
-def cmd_gc(args):
-    eng = open_engine(args)
-    res = eng.gc(retention=args.retention)
-    out(args, res, lambda r: print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items())))
-
-
-def cmd_doctor(args):
-    eng = open_engine(args)
-    rows = eng.doctor()
-    out(args, rows, lambda rs: [print(f"{r['tier']:<11} {'yes' if r['available'] else 'no ':<4} {r['reason']}")
-                                for r in rs])
-
-
-def cmd_cluster_status(args):
-    res = open_engine(args).cluster_status()
-
-    def human(r):
-        print(f"mode: {r['mode']}" + (f" ({r['address']})" if r.get("address") else "") + f", database: {r['database']}")
-        print(f"{'NODE':<14} {'ALIVE':<6} {'CPUS':>5} {'RUNNING':>8} {'SANDBOXES':>10}  PID")
-        for n in r["nodes"]:
-            print(f"{n['node'][:12]:<14} {'yes' if n.get('alive') else 'no':<6} {n.get('cpus', 0):>5g} "
-                  f"{n.get('running', 0):>8} {n.get('sandboxes', 0):>10}  {n.get('pid', '')}"
-                  + (f"  ({n['reason']})" if n.get("reason") else ""))
-    out(args, res, human)
+    return exits.OK if res["ok"] else exits.NO
 
 
 def pool_source(spec: str) -> dict:
@@ -184,27 +156,11 @@ def cmd_token(args):
         out(args, {"tenant": args.tenant, "limits": res}, lambda o: print(json.dumps(o)))
 
 
-def cmd_audit(args):
-    eng = open_engine(args)
-    rows = eng.audit(tenant=args.tenant, limit=args.limit)
-
-    def human(rows):
-        for r in rows:
-            what = r.get("command") or r.get("tag") or r.get("branch") or ""
-            outcome = f" [{r['outcome']}{'' if r.get('exit_code') is None else ' exit ' + str(r['exit_code'])}]" \
-                if r.get("outcome") else ""
-            print(f"{fmt_time(r['at'], seconds=True)}  {r['tenant']}/{r['token'] or '-'}  {r['action']:<8} "
-                  f"{(r['image'] or '-')[:12]} -> {(r['result'] or '-')[:12]}  {what}{outcome}")
-    out(args, rows, human)
-
-
 def add_store_checks(sub, common) -> None:
     x = sub.add_parser("fsck", parents=[common], help="verify the store")
     x.add_argument("--quick", action="store_true", help="skip re-hashing file contents")
     x.set_defaults(fn=cmd_fsck)
-    x = sub.add_parser("gc", parents=[common], help="remove unreferenced images and data")
-    x.add_argument("--retention", type=float, default=GC_RETENTION, help="keep untagged images younger than this (s)")
-    x.set_defaults(fn=cmd_gc)
+    derive.add(sub, common, "gc")
 
 
 def _limit_args(x) -> None:
@@ -224,12 +180,9 @@ def _limit_args(x) -> None:
 
 def add_services(sub, common) -> None:
     """doctor, serve, ui, token, audit, mcp (in --help's order)."""
-    x = sub.add_parser("doctor", parents=[common], help="which isolation tiers this host can run, and why not")
-    x.set_defaults(fn=cmd_doctor)
-    x = sub.add_parser("cluster", parents=[common], help="the Ray cluster runs go to (with --cluster)")
-    cs = x.add_subparsers(dest="cluster_command", required=True)
-    y = cs.add_parser("status", parents=[common], help="each node: CPUs, runs in flight, live sandboxes")
-    y.set_defaults(fn=cmd_cluster_status)
+    derive.add(sub, common, "doctor")
+    derive.group(sub, "cluster", help="the Ray cluster runs go to (with --cluster)", parents=[common])
+    derive.add(sub, common, "cluster_status")
     x = sub.add_parser("serve", parents=[common], help="the REST API (/api/v1, OpenAPI at /openapi.json)")
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8080)
@@ -294,10 +247,7 @@ def add_services(sub, common) -> None:
     x.add_argument("--tenant", required=True)
     _limit_args(x)
     x.set_defaults(fn=cmd_token)
-    x = sub.add_parser("audit", parents=[common], help="who ran what on which image, newest first")
-    x.add_argument("--tenant")
-    x.add_argument("--limit", type=int, default=50)
-    x.set_defaults(fn=cmd_audit)
+    derive.add(sub, common, "audit", "whoami")
     x = sub.add_parser("mcp", parents=[common], help="serve sandtree to agents over MCP (stdio, or --http)")
     x.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     x.add_argument("--host", default="127.0.0.1")

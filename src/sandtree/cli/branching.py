@@ -1,11 +1,14 @@
 """Git-like work on images: `diff`, `merge`, `branch ...`, `tree`, `lineage ...` and
-`bundle ...` (images with their lineage in one file)."""
+`bundle ...` (images with their lineage in one file). `branch ...` and `bundle ...` are made from their rows
+(derive.py); diff (with --patch), merge (with --preview), tree and lineage, more than one operation each, here."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from . import derive, exits
+from ..errors import InvalidInput
 from .output import open_engine, out
 # Two names the engine has no public home for yet: the merge's default ignore globs (shown in
 # --help and extended by --ignore) and the text/SVG drawings of Engine.lineage_tree's result.
@@ -16,11 +19,11 @@ from ..defaults import MERGE_IGNORE as DEFAULT_IGNORE
 
 def cmd_diff(args):
     eng = open_engine(args)
-    a, b = eng.resolve(args.a), eng.resolve(args.b)
+    a, b = derive.resolved(eng, [args.a, args.b])
     changes = eng.diff(a, b)
     if args.patch and not args.json:
         sys.stdout.write(eng.patch(a, b))
-        return 0
+        return exits.OK
     res = {"a": a, "b": b, "changes": [c.to_dict() for c in changes]}
     if args.patch:
         res["patch"] = eng.patch(a, b)
@@ -34,8 +37,19 @@ def cmd_diff(args):
 
 def cmd_merge(args):
     eng = open_engine(args)
-    refs_ = [eng.resolve(r) for r in args.images]
+    refs_ = derive.resolved(eng, args.images)
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
+    if args.preview:                       # merge_preview: what merge would make, making nothing
+        if args.strategy or args.ignore or args.no_default_ignore:
+            raise InvalidInput("merge --preview takes no --strategy, --ignore or --no-default-ignore")
+        res = eng.merge_preview(base, ours, theirs)
+
+        def preview(o):
+            for c in o["conflicts"]:
+                print(f"CONFLICT ({c['kind']}): {c['path']}")
+            print("clean: merge would make an image" if o["clean"] else "merge would stop at these conflicts")
+        out(args, res, preview)
+        return exits.OK if res["clean"] else exits.NO
     ignore = None if args.ignore is None and not args.no_default_ignore else \
         ([] if args.no_default_ignore else list(DEFAULT_IGNORE)) + (args.ignore or [])
     # the conflicts come back to be listed (exit 1 says no image was made)
@@ -47,33 +61,12 @@ def cmd_merge(args):
         print(o["image"] if o["image"] else "no image made: resolve the conflicts or pass --strategy",
               file=sys.stdout if o["image"] else sys.stderr)
     out(args, res, human)
-    return 0 if res["image"] else 1
-
-
-def cmd_branch(args):
-    eng = open_engine(args)
-    sub = args.branch_command
-    if sub == "list":
-        out(args, eng.branches(), lambda o: [print(f"{n}  {i[:12]}") for n, i in o.items()])
-    elif sub == "create":
-        image = eng.resolve(args.image)
-        eng.branch_create(args.name, image, force=args.force)
-        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
-    elif sub == "delete":
-        image = eng.branch_delete(args.name)
-        out(args, {"deleted": args.name, "image": image}, lambda o: print(f"deleted {o['deleted']}"))
-    elif sub == "rollback":
-        to = eng.resolve(args.to) if args.to else None
-        image = eng.rollback(args.name, to=to, steps=args.steps)
-        out(args, {"branch": args.name, "image": image}, lambda o: print(f"{o['branch']} -> {o['image']}"))
-    elif sub == "log":
-        out(args, eng.branch_log(args.name), lambda rows: [
-            print(f"{(r['old'] or '-')[:12]} -> {(r['new'] or '-')[:12]}  {r['reason']}") for r in rows])
+    return exits.OK if res["image"] else exits.NO
 
 
 def cmd_tree(args):
     eng = open_engine(args)
-    t = eng.lineage_tree(eng.resolve(args.image))
+    t = eng.lineage_tree(derive.resolved(eng, args.image))
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(render_svg(t))
@@ -89,9 +82,9 @@ LINEAGE_ARITY = {"ancestors": 1, "descendants": 1, "path": 2, "common": 2, "prod
 def cmd_lineage(args):
     eng = open_engine(args)
     q = args.query
-    ids = [eng.resolve(i) for i in args.images]
+    ids = derive.resolved(eng, args.images)
     if len(ids) != LINEAGE_ARITY[q]:
-        raise SystemExit(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
+        raise InvalidInput(f"sandtree lineage {q} takes {LINEAGE_ARITY[q]} image(s)")
     if q in ("ancestors", "descendants"):
         d = eng.ancestors(ids[0]) if q == "ancestors" else eng.descendants(ids[0])
         res = [{"image": i, "distance": n} for i, n in sorted(d.items(), key=lambda kv: kv[1]) if n]
@@ -102,16 +95,6 @@ def cmd_lineage(args):
     else:
         res = eng.produced_by(ids[0])
     out(args, res, lambda o: print(json.dumps(o, indent=2)))
-
-
-def cmd_bundle(args):
-    eng = open_engine(args)
-    if args.bundle_command == "create":
-        res = eng.bundle_create(args.file, [eng.resolve(i) for i in args.images], with_ancestry=args.with_ancestry)
-        out(args, res, lambda o: print(f"{o['file']}: {o['images']} images, {o['trees']} trees, {o['blobs']} blobs"))
-    else:
-        res = eng.bundle_import(args.file)
-        out(args, res, lambda o: [print(i) for i in o["images"]])
 
 
 def add_branching(sub, common) -> None:
@@ -127,18 +110,11 @@ def add_branching(sub, common) -> None:
                    help="paths that never conflict, ours taken (repeatable; added to the defaults "
                         f"{' '.join(DEFAULT_IGNORE)})")
     x.add_argument("--no-default-ignore", action="store_true", help="do not ignore the default globs")
+    x.add_argument("--preview", action="store_true", help="say what merge would make (clean, its conflicts), "
+                   "making nothing; exit 1 if it would conflict")
     x.set_defaults(fn=cmd_merge)
-    br = sub.add_parser("branch", help="branches: movable names that advance with each run on them")
-    bsub = br.add_subparsers(dest="branch_command", required=True)
-    x = bsub.add_parser("list", parents=[common]); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("create", parents=[common]); x.add_argument("name"); x.add_argument("image")
-    x.add_argument("--force", action="store_true"); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("delete", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("rollback", parents=[common]); x.add_argument("name")
-    g = x.add_mutually_exclusive_group(required=True)
-    g.add_argument("--steps", type=int); g.add_argument("--to")
-    x.set_defaults(fn=cmd_branch)
-    x = bsub.add_parser("log", parents=[common]); x.add_argument("name"); x.set_defaults(fn=cmd_branch)
+    derive.group(sub, "branch", help="branches: movable names that advance with each run on them")
+    derive.add(sub, common, "branches", "branch_create", "branch_delete", "rollback", "branch_log", "branch_head")
     x = sub.add_parser("tree", parents=[common], help="the lineage tree under an image")
     x.add_argument("image"); x.add_argument("--svg", metavar="FILE", help="also draw it as SVG")
     x.set_defaults(fn=cmd_tree)
@@ -149,8 +125,5 @@ def add_branching(sub, common) -> None:
 
 
 def add_bundle(sub, common) -> None:
-    bu = sub.add_parser("bundle", help="images with their lineage as one verifiable file")
-    busub = bu.add_subparsers(dest="bundle_command", required=True)
-    x = busub.add_parser("create", parents=[common]); x.add_argument("file"); x.add_argument("images", nargs="+")
-    x.add_argument("--with-ancestry", action="store_true"); x.set_defaults(fn=cmd_bundle)
-    x = busub.add_parser("import", parents=[common]); x.add_argument("file"); x.set_defaults(fn=cmd_bundle)
+    derive.group(sub, "bundle", help="images with their lineage as one verifiable file")
+    derive.add(sub, common, "bundle_create", "bundle_import")

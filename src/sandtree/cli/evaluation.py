@@ -13,7 +13,7 @@ import time
 
 from .. import config, evaluation
 from ..client.remote import RemoteEngine
-from . import options
+from . import exits, options
 from .evalprogress import eval_view
 from ..engine import Engine
 from .output import out
@@ -61,7 +61,7 @@ def cmd_eval(args):
     complaints = _complaints(summary)
     for line in complaints:
         print(line, file=sys.stderr)
-    return 1 if complaints else 0
+    return exits.NO if complaints else exits.OK
 
 
 def add_eval(sub, common) -> None:

@@ -8,6 +8,7 @@ import json
 
 from ..errors import InvalidInput
 from ..exploration import traces
+from . import derive
 from .output import open_engine, out
 
 __all__ = ["add_exploration", "add_trace", "cmd_annotate", "cmd_trace_export", "parse_meta"]
@@ -30,7 +31,7 @@ def parse_meta(items: list[str]) -> dict:
 
 def cmd_annotate(args):
     eng = open_engine(args)
-    image = eng.resolve(args.image)
+    image = derive.resolved(eng, args.image)
     got = eng.annotate(image, args.score, parse_meta(args.meta) or None)
     out(args, {"image": image, **got},
         lambda o: print(f"{o['image'][:12]} score={o['score']} " + " ".join(f"{k}={v}" for k, v in o["meta"].items())))

@@ -1,9 +1,10 @@
 """The `sandtree` command: an adapter over the engine (human output by default, --json everywhere).
-The verbs live by group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and
-admin.py; here the parser is assembled and errors become exit statuses.
+The verbs of one operation each are made from the operation table's rows (derive.py); the others live by
+group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; here the parser is
+assembled and errors become exit statuses.
 
-Exit status: `run` and `exec` exit with the command's status (128+N for a signal, 124 on timeout,
-125 for a sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
+Exit status (the one table: exits.py): `run` and `exec` exit with the command's status (128+N for a signal,
+124 on timeout, 125 for a sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import errno
 import json
 import sys
 
-from . import admin, branching, build, evaluation, exploration, images, inspection, processes, runs, sandboxes, secrets
+from . import admin, branching, build, derive, evaluation, exits, exploration, images, inspection, processes, runs, \
+    sandboxes, secrets
 from .. import config
 from ..errors import DiskFull, SandtreeError
 
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for add in GROUPS:
         add(sub, common)
+    derive.add_rest(sub, common)          # the rows' verbs not placed above (a new row's, with no edit here)
     return p
 
 
@@ -73,18 +76,18 @@ def main(argv: list[str] | None = None) -> int:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise DiskFull(f"disk full: {exc.strerror}") from None
-        return rc or 0
+        return rc or exits.OK
     except SandtreeError as exc:
         if args.json:
             print(json.dumps(exc.to_dict(), default=str))
         else:
             print(f"error: {exc.message}", file=sys.stderr)
         # run and exec keep 0-124 and 128+ for the command's own status
-        return getattr(args, "error_status", 1)
+        return getattr(args, "error_status", exits.ERROR)
     except BrokenPipeError:
-        return 0
+        return exits.OK
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 if __name__ == "__main__":

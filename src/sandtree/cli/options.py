@@ -1,5 +1,7 @@
 """The flags that describe a command to run, shared by `run`, `exec` and `start`: declared
 here once (so the verbs spell them alike) and turned into the engine's keyword arguments here.
+The run options (table.options.RunOptions) each have one spelling in RUN_FLAGS; a verb whose row
+takes them adds them with add_run_options and reads them back with run_options.
 
 `--file LOCAL:PATH` becomes the engine's `files=` list ({path, content, mode, uid, gid}); a
 directory becomes one entry per regular file under it. `--output PATH` collects stdout into a
@@ -14,6 +16,7 @@ import tempfile
 
 from ..errors import InvalidInput
 from ..hostfiles import local_entries
+from ..table import RunOptions
 
 # ---- declaring the flags ---------------------------------------------------------------------
 
@@ -36,7 +39,7 @@ def add_hostname(x) -> None:
     x.add_argument("--hostname", help="the sandbox's host name (default: sandtree)")
 
 
-def add_files(x, owner: str = "root") -> None:
+def add_files(x, owner: str = "the command's user (--uid/--gid), else root") -> None:
     x.add_argument("--file", action="append", default=[], metavar="LOCAL:PATH", dest="files",
                    help="put a local file (or a directory's whole tree) at PATH in the sandbox first (PATH/: "
                         "into that directory); "
@@ -74,12 +77,83 @@ def add_network(x) -> None:
                         "stored secret NAME (`sandtree secret set`), NAME@HOSTS: it to fewer hosts (repeatable)")
 
 
+def _flag(name: str, **kw):
+    """An adder of one plain flag (--NAME, the row's meaning in sandtree.vocabulary)."""
+    def add(x) -> None:
+        x.add_argument(name, **kw)
+    return add
+
+
+# Each run option's one spelling on the command line (RunOptions: what each is). `output` is --max-output: `run`'s
+# --output PATH is where its stdout goes (test_conformance_cli holds this table to RunOptions.names()).
+RUN_FLAGS = {
+    "env": add_env,
+    "cwd": _flag("--cwd", help="working directory (default: the image's WORKDIR, else /)"),
+    "hostname": add_hostname,
+    "files": add_files,
+    "file_set": _flag("--file-set", metavar="ID", help="put a stored file set's files in first"),
+    "tier": add_tier,
+    "timeout": _flag("--timeout", type=float, help="seconds of wall clock before a command is killed"),
+    "memory": _flag("--memory", help="memory limit, e.g. 512M, 2G"),
+    "pids": _flag("--pids", type=int, help="most processes at once"),
+    "cpus": _flag("--cpus", type=float, help="CPU time, in cores"),
+    "disk": _flag("--disk", help="most bytes written, e.g. 1G"),
+    "output": _flag("--max-output", metavar="SIZE", help="bytes of output kept per stream, e.g. 1M (past it the "
+                    "command is stopped)"),
+    "labels": _flag("--label", action="append", default=[], metavar="KEY=VALUE", dest="labels",
+                    help="a label kept with it (repeatable)"),
+    "network": add_network,
+    "secrets": None,                      # --secret: added with --network (add_network), read by network()
+}
+assert set(RUN_FLAGS) == set(RunOptions.names()), set(RUN_FLAGS) ^ set(RunOptions.names())
+
+
+def add_run_options(x, names=RunOptions.names()) -> None:
+    """The flags of these run options (all of them by default)."""
+    names = set(names)
+    if "secrets" in names:
+        names.add("network")                               # --secret comes with the network flags
+    for n in RunOptions.names():
+        if n in names and RUN_FLAGS[n] is not None:
+            RUN_FLAGS[n](x)
+
+
+def run_options(args, names=RunOptions.names()) -> dict:
+    """The run options given on the command line, as the engine's keyword arguments (absent: the row's default)."""
+    out = {}
+    for n in names:
+        if n == "env":
+            out.update({"env": env(args)} if args.env else {})
+        elif n == "files":
+            out.update({"files": files(args)} if args.files else {})
+        elif n == "labels":
+            out.update({"labels": pairs(args.labels, "--label")} if args.labels else {})
+        elif n == "output":
+            out.update(given(args, "max_output") and {"output": args.max_output})
+        elif n not in ("network", "secrets"):
+            out.update(given(args, n))
+    if {"network", "secrets"} & set(names):
+        out.update(network(args))
+    return out
+
+
+def pairs(values, flag: str) -> dict:
+    """KEY=VALUE values (repeatable flags) as a dict."""
+    out = {}
+    for kv in values or ():
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise InvalidInput(f"{flag} wants KEY=VALUE, not {kv!r}")
+        out[k] = v
+    return out
+
+
 # ---- reading them ----------------------------------------------------------------------------
 
 
 def command(args):
     if not args.cmd:
-        raise SystemExit(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
+        raise InvalidInput(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
     return args.cmd[0] if len(args.cmd) == 1 else args.cmd          # one argument: a shell string
 
 
@@ -87,7 +161,7 @@ def env(args) -> dict:
     out = {}
     for kv in args.env:
         if "=" not in kv:
-            raise SystemExit(f"sandtree {args.command}: --env wants KEY=VALUE, not {kv!r}")
+            raise InvalidInput(f"sandtree {args.command}: --env wants KEY=VALUE, not {kv!r}")
         k, v = kv.split("=", 1)
         out[k] = v
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from . import options
+from . import exits, options
 from .output import out
 from .. import config
 from ..client.remote import RemoteEngine
@@ -49,7 +49,7 @@ def cmd_proc(args):
                                                  else f"signal {o['signal']}")
         print(f"[process {o['pid']}: {state}]", file=sys.stderr)
     out(args, v, human)
-    return 0 if v["running"] or v["exit_code"] == 0 else 1
+    return exits.OK if v["running"] or v["exit_code"] == 0 else exits.NO
 
 
 def add_processes(sub, common) -> None:

@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 import sys
 
-from . import options
+from .. import defaults as D
+from ..errors import InvalidInput
+from . import exits, options
 from .output import open_engine, out
+
+# The run options `run` spells through options.RUN_FLAGS alone (the others it declares above, with its own help)
+RUN_MORE = ("file_set", "output", "labels")
 
 
 def cmd_run(args):
@@ -23,7 +28,7 @@ def cmd_run(args):
                           disposable=args.disposable, timeout=args.timeout, memory=args.memory, pids=args.pids,
                           cpus=args.cpus, disk=args.disk, tier=args.tier, on_output=options.live_output(args, sink),
                           **({"files": files} if files else {}), **options.given(args, "uid", "gid", "hostname", "retries"),
-                          **options.network(args))
+                          **options.network(args), **options.run_options(args, RUN_MORE))
         finally:
             eng.close()          # waits for the run's helper to be reaped and its cgroups removed
     except BaseException:
@@ -61,17 +66,13 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
                   file=sys.stderr)
         elif notes:
             print(f"[{', '.join(notes)}]", file=sys.stderr)
-    if rec.timed_out:
-        return 124
-    if rec.signal:
-        return 128 + rec.signal
-    return rec.exit_code or 0
+    return exits.of_run(rec)
 
 
 def cmd_fork(args):
     eng = open_engine(args)
     if not args.cmd:
-        raise SystemExit("sandtree fork: give commands with --cmd (one per branch)")
+        raise InvalidInput("sandtree fork: give commands with --cmd (one per branch)")
     recs = eng.fork(args.image, args.cmd, parallel=args.parallel, timeout=args.timeout)
     rows = [{"command": c, "image": r.image, "exit_code": r.exit_code, "timed_out": r.timed_out,
              "stdout": r.stdout.decode("utf-8", "replace"), "stderr": r.stderr.decode("utf-8", "replace")}
@@ -97,12 +98,13 @@ def add_run(sub, common) -> None:
     options.add_network(x)
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
+    options.add_run_options(x, RUN_MORE)
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
-    x.set_defaults(fn=cmd_run, takes_command=True, error_status=125)
+    x.set_defaults(fn=cmd_run, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
 
 
 def add_fork(sub, common) -> None:
     x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently")
     x.add_argument("image"); x.add_argument("--cmd", action="append", default=[])
-    x.add_argument("--parallel", type=int, default=4); x.add_argument("--timeout", type=float)
+    x.add_argument("--parallel", type=int, default=D.CLI_FORK_PARALLEL); x.add_argument("--timeout", type=float)
     x.set_defaults(fn=cmd_fork)

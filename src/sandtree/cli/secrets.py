@@ -1,6 +1,7 @@
 """`sandtree secret ...` (set, list, rm): the server's stored secrets, which runs then name
 (`--secret NAME`, `secrets=["NAME"]`). A value comes from stdin or a file, never the command line
-(where `ps` and shell history would keep it), and is never printed."""
+(where `ps` and shell history would keep it), and is never printed. `secret list` and `secret rm` are made from
+their rows (derive.py); `set` is written here (its value read from stdin or a file, its lists comma-separated)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import getpass
 import sys
 
 from ..errors import InvalidInput
-from .output import fmt_time, open_engine, out
+from . import derive
+from .output import open_engine, out
 
 
 def _value(args) -> str:
@@ -28,26 +30,14 @@ def _value(args) -> str:
 
 def cmd_secret(args):
     eng = open_engine(args)
-    sub = args.secret_command
-    if sub == "set":
-        hosts = [h for h in args.hosts.split(",") if h.strip()]
-        tenants = [t for t in args.tenants.split(",") if t.strip()] if args.tenants else None
-        res = eng.secret_set(args.name, _value(args), hosts, tenants=tenants, tenant=args.tenant)
-        out(args, res, lambda o: print(f"stored {o['name']} for {','.join(o['hosts'])} ({o['owner']})"))
-    elif sub == "list":
-        def human(rows):
-            for r in rows:
-                shared = f"  tenants={','.join(r['tenants'])}" if r.get("tenants") else ""
-                print(f"{r['name']:<24} {r['owner']:<12} {fmt_time(r['created'])}  {','.join(r['hosts'])}{shared}")
-        out(args, eng.secret_list(tenant=args.tenant), human)
-    elif sub == "rm":
-        eng.secret_remove(args.name, tenant=args.tenant)
-        out(args, {"name": args.name, "removed": True}, lambda o: print(f"removed {o['name']}"))
+    hosts = [h for h in args.hosts.split(",") if h.strip()]
+    tenants = [t for t in args.tenants.split(",") if t.strip()] if args.tenants else None
+    res = eng.secret_set(args.name, _value(args), hosts, tenants=tenants, tenant=args.tenant)
+    out(args, res, lambda o: print(f"stored {o['name']} for {','.join(o['hosts'])} ({o['owner']})"))
 
 
 def add_secrets(sub, common) -> None:
-    sk = sub.add_parser("secret", help="stored secrets: runs use them by name (--secret NAME); values never shown")
-    ssub = sk.add_subparsers(dest="secret_command", required=True)
+    ssub = derive.group(sub, "secret", help="stored secrets: runs use them by name (--secret NAME); values never shown")
     x = ssub.add_parser("set", parents=[common], help="store (or replace) a secret; the value from stdin or a file")
     x.add_argument("name", help="its name: the variable runs see (a placeholder) as $NAME")
     x.add_argument("--hosts", required=True, help="comma list of host names (or *.domain) the value may go to")
@@ -55,10 +45,4 @@ def add_secrets(sub, common) -> None:
     x.add_argument("--tenants", metavar="NAMES", help="(the operator's) tenants that may use it: a comma list, or *")
     x.add_argument("--tenant", help="store it in this tenant's namespace instead of the global one")
     x.set_defaults(fn=cmd_secret)
-    x = ssub.add_parser("list", parents=[common], help="stored secrets: names, hosts, owners, times (never values)")
-    x.add_argument("--tenant", help="this tenant's secrets instead of the global ones")
-    x.set_defaults(fn=cmd_secret)
-    x = ssub.add_parser("rm", parents=[common], help="forget a stored secret")
-    x.add_argument("name")
-    x.add_argument("--tenant", help="in this tenant's namespace instead of the global one")
-    x.set_defaults(fn=cmd_secret)
+    derive.add(sub, common, "secret_list", "secret_remove")

@@ -13,12 +13,13 @@ from .. import defaults as D
 from . import rows
 from .options import RunOptions
 from .mcp import REQUIRED, RUN_JSON, Mcp, Param, Result      # MCP's tools, declared beside the rows (table/mcp.py)
+from .cli import Cli
 
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
 __all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via",
-           "Mcp", "Param", "REQUIRED", "RUN_JSON", "Result"]
+           "Cli", "Mcp", "Param", "REQUIRED", "RUN_JSON", "Result"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 # MCP's run tool: run and submit_run (wait=false) alike; a tool call waits D.MCP_TIMEOUT, keeps its result unless told
@@ -31,17 +32,20 @@ _MCP_RUN = Mcp(name="run", handler="run", rename={"ref": "image"}, defaults={"ti
 def resolve(ref: str) -> str:
     """The full image ID a reference names."""
 
+@via("cli", Cli("image list", show="images"))
 @op("list", http=Http(_G, "/images"))
 @via("mcp", Mcp(name="list_images", handler="list_images", extra=("tag_prefix", "limit")))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
 
+@via("cli", Cli(show="tagged"))
 @op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",)))
 @via("mcp", Mcp(name="set_tag", rename={"name": "tag"}, resolve=("image",), result=Result(echo=("image", "tag")),
                 doc="Point a tag at an image (moves it if it exists). Convention: {scope}/{purpose}/{base}."))
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
+@via("cli", Cli(handler="exploration.cmd_annotate"))
 @op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("image",)), doc="""Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
         notes: its ID stays. Returns your annotations of it (each tenant has its own). Tree search scores its
@@ -51,6 +55,7 @@ def tag(image: str, name: str) -> None:
 def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
     """Merge a score and metadata (key -> JSON scalar; null removes a key) into your annotations of an image; returns them."""
 
+@via("cli", Cli(show="untagged"))
 @op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
 @via("mcp", Off("an agent moves tags with set_tag; removing one is the CLI's and REST's"))
 def untag(name: str) -> str:
@@ -61,39 +66,46 @@ def untag(name: str) -> str:
 def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
+@via("cli", Cli("image info"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
 @via("mcp", Mcp(name="get_image", handler="get_image", resolve=("image",)))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags, annotations."""
 
+@via("cli", Cli("image rm", args=("image+",), dest={"image": "images"}, show="removed"))
 @op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",)))
 @via("mcp", Off("admin: removing images is the operator's (CLI, REST)"))
 def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
+@via("cli", Cli("image share", show="share"))
 @op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
 @via("mcp", Off("making an image every tenant's is its owner's decision, made outside the agent (CLI, REST)"))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
+@via("cli", Cli("image unshare", show="share"))
 @op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}))
 @via("mcp", Off("making an image every tenant's is its owner's decision, made outside the agent (CLI, REST)"))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
 # ---- import ---------------------------------------------------------------------------------------
+@via("cli", Cli("image import", show="image_made"))
 @op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"path": "source"}))
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
+@via("cli", Cli("image pull", show="image_made"))
 @op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",)))
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"reference": "source"}))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
+@via("cli", Cli("registry login", handler="images.cmd_registry_login"))
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
               rename={"registry_url": "registry", "secret": "token"}))
@@ -101,11 +113,13 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
+@via("cli", Cli("registry host"))
 @op(None, http=Http(_G, "/registries/host", query=("reference",), result="registry"))
 @via("mcp", Mcp(name="registry_token_obtain", handler="registry_token_obtain", rename={"reference": "registry_url"}))
 def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
+@via("cli", Cli("image push", show="push"))
 @op(None, admin=True, images=("image",), audit="push",
     http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",)))
 @via("mcp", Mcp(name="push_image", params=("image", "reference"), resolve=("image",), doc="""Push an image to an OCI registry as docker://HOST[:PORT]/NAME[:TAG] so Docker, Podman or
@@ -113,75 +127,89 @@ def registry_host(reference: str) -> str:
         uploads nothing. Returns the manifest digest and how many blobs were uploaded."""))
 def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
     """Push an image to docker://HOST[:PORT]/NAME[:TAG] (admin: with the server's stored credentials)."""
+@via("cli", Cli("image export", handler="images.cmd_image_export"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",)), custom_remote=True)
 @via("mcp", Off("it writes a tar to a file object, no JSON answer (push_image sends an image to a registry)"))
 def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
     """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
 
+@via("cli", Cli("image bootstrap", handler="images.cmd_image_bootstrap"))
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"spec": "source"}))
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
 
 # ---- uploads and file sets --------------------------------------------------------------------------
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
 @via("mcp", Mcp(handler="upload", extra=("content", "content_base64")))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("run", local=_LOCAL_HOST)
 @via("mcp", Mcp(name="upload", handler="upload", types={"path": "str | None"}, defaults={"path": None}))
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("list", http=Http(_G, "/files/{digest}/info"))
 @via("mcp", Off("import_image(upload:SHA256) reads an upload's size; upload answered it"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
 @via("mcp", Off("an agent keeps the sha256 each upload answers"))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("list", local="the server answers it per request")
 @via("mcp", Off("an agent keeps the whole sha256 each upload answers"))
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("list", http=Http(_G, "/files/{digest}", raw=True))
 @via("mcp", Off("an upload's bytes are the agent's own; import_image and build read them back"))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
 @via("mcp", Mcp(name="rsync", handler="rsync", extra=("source", "destination", "exclude")))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
+@via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @op("list", local="the server answers it per request")
 @via("mcp", Off("a file set is the agent's own rsync; build(directory_state_id=) reads it back"))
 def file_set(set_id: str) -> list[dict]:
     """A stored file set's files."""
 
 # ---- inspection ----------------------------------------------------------------------------------
+@via("cli", Cli(args=("image", "path?"), show="entries"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
 @via("mcp", Mcp(name="list_files", resolve=("image",), result=Result(keep=("name", "type", "mode", "size", "target")),
                 doc="A directory of an image (no sandbox is started)."))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
+@via("cli", Cli(show="fields"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True))
 @via("mcp", Mcp(name="read_file", handler="read_file"))
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
+@via("cli", Cli("cat", show="bytes"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
 @via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}),
                  Mcp(name="download", handler="download", resolve=("image",), extra=("destination",))))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
 
+@via("cli", Cli(handler="inspection.cmd_grep"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
 @via("mcp", Mcp(resolve=("image",), extra=(Param("glob", "str | None", None), Param("max_matches", "int", D.MCP_GREP_MATCHES),
                                  Param("ignore_case", "bool", False)),
@@ -190,32 +218,38 @@ def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
 
+@via("cli", Cli("image export", handler="images.cmd_image_export"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
 @via("mcp", Off("it writes a tar to a file object, no JSON answer: read_file and download take files out"))
 def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
+@via("cli", Cli(handler="branching.cmd_diff"))
 @op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True))
 @via("mcp", Mcp(handler="diff", resolve=("a", "b"), extra=("patch",)))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
 
+@via("cli", Cli("diff", handler="branching.cmd_diff"))
 @op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), const={"patch": True}, result="patch"))
 @via("mcp", Mcp(name="diff", handler="diff", resolve=("a", "b")))
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 # ---- builds (issue 15): image config and recipes ----------------------------------------------------
+@via("cli", Cli("image config"))
 @op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
 @via("mcp", Mcp(handler="image_config", rename={"ref": "image"}, resolve=("ref",)))
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
+@via("cli", Off("an image's config comes from a Dockerfile's ENV, WORKDIR, USER, ...: `sandtree build`"))
 @op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure"), custom_remote=True)
 @via("mcp", Off("an agent gives an image its config with a Dockerfile (the build tool)"))
 def configure(ref: str, config, *, tag: str | None = None) -> str:     # makes an image, runs nothing
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
 
+@via("cli", Cli(handler="build.cmd_build"))
 @op("run", audit="build", local="a Recipe's context is a directory of this machine: over HTTP the remote client "
     "sends it as a build_context")
 @via("mcp", Off("a Recipe is an object of this process: the build tool takes a Dockerfile"))
@@ -223,6 +257,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
     """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
     progress: called with a dict per step event (step, total, text, status, output)"""
 
+@via("cli", Cli("build", handler="build.cmd_build"))
 @op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
 @via("mcp", Mcp(name="build", handler="build", rename={"text": "dockerfile"}, defaults={"text": REQUIRED},
                 extra=("files", "directory_state_id")))
@@ -233,6 +268,7 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
     context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
+@via("cli", Cli(handler="runs.cmd_run"))
 @op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True, options=RunOptions.parameters())
 @via("mcp", _MCP_RUN)
 def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
@@ -242,6 +278,7 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     cancel: a threading.Event; set, the command is killed
     retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
+@via("cli", Cli(handler="runs.cmd_fork", defaults={"parallel": D.CLI_FORK_PARALLEL}))
 @op("run", images=("ref",), audit="fork",
     http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
     custom_remote=True, kwargs_of="run")
@@ -253,6 +290,7 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
     commands: the commands (each a shell string or an argv list), all from the same image
     parallel: at most this many running at once (default: all)"""
 
+@via("cli", Cli("op", dest={"op": "id"}, show="indented"))
 @op("list", http=Http(_G, "/operations/{op}"))
 @via("mcp", Off("get_operation shows a run's operation"))
 def operation(op: str) -> dict:
@@ -272,42 +310,50 @@ def parents(image: str) -> list[dict]:
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""
 
+@via("cli", Cli(show="log"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",)))
 @via("mcp", Mcp(name="lineage", handler="lineage"))
 def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
     """An image's history, newest first: each step's operation and command."""
 
+@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors"))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def ancestors(image: str) -> dict[str, int]:
     """Every ancestor with its distance."""
 
+@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants"))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def descendants(image: str) -> dict[str, int]:
     """Every descendant with its distance."""
 
+@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by"))
 @via("mcp", Mcp(name="get_image", handler="get_image"))
 def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
 
+@via("cli", Cli("tree", handler="branching.cmd_tree"))
 @op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
 @via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, resolve=("root",), extra=("format",)))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
+@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image"))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def common_ancestor(a: str, b: str) -> str | None:
     """The nearest image both descend from (None: none)."""
 
+@via("cli", Cli("lineage", handler="branching.cmd_lineage"))
 @op("list", images=("a", "b"), http=Http(_G, "/lineage/path", query=("a", "b")))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def lineage_path(a: str, b: str) -> list[str]:
     """The images on the way from a to b through the lineage."""
 
 # ---- branching ------------------------------------------------------------------------------------
+@via("cli", Cli(handler="branching.cmd_merge"))
 @op("run", images=("base", "ours", "theirs"), audit="merge",
     http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
 @via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"),
@@ -316,48 +362,57 @@ def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = No
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
 
+@via("cli", Cli("merge", handler="branching.cmd_merge"))
 @op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs")))
 @via("mcp", Mcp(defaults={"base": None}, resolve=("base", "ours", "theirs")))
 def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
+@via("cli", Cli("branch create", show="branch_moved"))
 @op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("name", "image"), rename={"name": "branch"}),
                 doc='A branch: a name that run(image="branch:NAME") advances; rollback moves it back.'))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
 
+@via("cli", Cli("branch delete", show="branch_deleted"))
 @op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image"))
 @via("mcp", Off("an agent moves a branch back with rollback; deleting one is the CLI's and REST's"))
 def branch_delete(name: str) -> str:
     """Remove a branch; returns its head."""
 
+@via("cli", Cli("branch list", show="branches"))
 @op("list", http=Http(_G, "/branches"))
 @via("mcp", Mcp(name="branch_list", doc="Branches and the images they point at."))
 def branches() -> dict[str, str]:
     """Branch -> head image."""
 
+@via("cli", Cli("branch head"))
 @op("list", http=Http(_G, "/branches/{name:path}", result="image"))
 @via("mcp", Off("branch_list shows each branch's head"))
 def branch_head(name: str) -> str:
     """A branch's head image."""
 
+@via("cli", Cli("branch log", show="branch_log"))
 @op("list", http=Http(_G, "/branches/{name:path}/log"))
 @via("mcp", Off("branch_list shows each branch's head"))
 def branch_log(name: str) -> list[dict]:
     """Where a branch's head has been, newest first."""
 
+@via("cli", Cli("branch rollback", resolve=("to",), show="branch_moved"))
 @op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
 @via("mcp", Mcp(rename={"name": "branch"}, resolve=("to",), result=Result(key="image", echo=("branch",)),
                 doc="Move a branch back: `steps` moves back in its history, or `to` an ancestor image."))
 def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
     """Move a branch's head back (to an image, or `steps` back along its log)."""
 
+@via("cli", Cli("bundle create", args=("path", "images+"), dest={"path": "file"}, resolve=("images",), show="bundle"))
 @op(None, admin=True, local=_LOCAL_HOST)
 @via("mcp", Off("a bundle is a file of the server's machine"))
 def bundle_create(path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
     """Write images (and their ancestry) to a bundle file."""
 
+@via("cli", Cli("bundle import", dest={"path": "file"}, show="bundle_images"))
 @op("import", audit="bundle import", local=_LOCAL_HOST)
 @via("mcp", Off("a bundle is a file of the server's machine"))
 def bundle_import(path: str) -> dict:
@@ -369,36 +424,43 @@ def bundle_import(path: str) -> dict:
 def whoami() -> dict:
     """Who the caller is: tenant, scopes, the store."""
 
+@via("cli", Cli(show="doctor"))
 @op(None, http=Http(_G, "/doctor"))
 @via("mcp", Mcp(name="whoami", handler="whoami"))
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
+@via("cli", Cli("cluster status", show="cluster"))
 @op(None, admin=True, http=Http(_G, "/cluster"))
 @via("mcp", Mcp(doc="Where runs and sandboxes go: mode local (this server) or cluster (each node: cpus, runs in flight, "
                     "sandboxes)."))
 def cluster_status() -> dict:
     """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
 
+@via("cli", Cli(show="audit", defaults={"limit": D.CLI_AUDIT_LINES}))
 @op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
 @via("mcp", Off("the audit trail is the operator's (CLI, REST)"))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
+@via("cli", Cli(handler="admin.cmd_fsck"))
 @op(None, admin=True, http=Http(_P, "/admin/fsck", query=("verify_content",)))
 @via("mcp", Off("admin: the store's upkeep is the operator's"))
 def fsck(verify_content: bool = True) -> dict:
     """Check the store; verify_content re-hashes every blob."""
 
+@via("cli", Cli(show="gc"))
 @op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 @via("mcp", Off("admin: the store's upkeep is the operator's"))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
+@via("cli", Cli("secret set", handler="secrets.cmd_secret"))
 @op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant")))
 @via("mcp", Off("secrets are stored by the operator or the token's owner (sandtree secret set), not by an agent"))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
     """Store a secret that runs name (secrets=["NAME"]), kept outside the database; its value is never shown again."""
+@via("cli", Cli("secret list", show="secrets"))
 @op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",)))
 @via("mcp", Mcp(params=(), result=Result(keep=("name", "hosts", "owner")), doc="""The server's stored secrets you may use: name and hosts (never a value). Pass them to run or
         sandbox_start as secrets=["NAME"]: $NAME in the sandbox is a placeholder that the egress path
@@ -406,37 +468,44 @@ def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | 
         Secrets are stored by the operator or your token's owner (`sandtree secret set`), not here."""))
 def secret_list(*, tenant: str | None = None) -> list[dict]:
     """The stored secrets the caller may use: name, hosts, owner, times (never a value)."""
+@via("cli", Cli("secret rm", show="secret_removed"))
 @op("run", caller=True, audit="secret remove", http=Http(_X, "/secrets/{name}", query=("tenant",)))
 @via("mcp", Off("secrets are stored by the operator or the token's owner (sandtree secret set), not by an agent"))
 def secret_remove(name: str, *, tenant: str | None = None) -> None:
     """Forget a stored secret (runs and sandboxes already started keep theirs)."""
 
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True, kwargs_of="run")
 @via("mcp", _MCP_RUN)
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"))
 @via("mcp", Mcp(name="get_operation", handler="get_operation", rename={"op": "operation_id"}, extra=("offset",)))
 def get(op: str) -> dict:
     """An operation's record and status."""
 
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
 @via("mcp", Mcp(name="wait_operations", handler="wait_operations", rename={"ops": "operation_ids"}, defaults={"timeout": D.MCP_WAIT}))
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"), custom_remote=True)
 @via("mcp", Mcp(name="get_operation", handler="get_operation", rename={"op": "operation_id"}))
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel"))
 @via("mcp", Mcp(name="cancel_operation", handler="cancel_operation", rename={"op": "operation_id"}))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
+@via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
 @via("mcp", Mcp(name="list_operations", handler="list_operations", defaults={"limit": D.MCP_OPERATIONS_LIMIT}))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001

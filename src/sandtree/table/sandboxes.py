@@ -8,12 +8,14 @@ from .options import RunOptions
 from .rows import Http, op
 from .mcp import RUN_JSON, Mcp, Result       # MCP's tools, declared beside the rows (table/mcp.py)
 from .rows import Off, via
+from .cli import Cli
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
 _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
+@via("cli", Cli("start", dest={"ref": "image", "idle_action": "on_idle"}, choices={"idle_action": ("stop", "hibernate")}, show="sandbox_id"))
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
     options=RunOptions.parameters())
 @via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "timeout", "memory", "env", "cwd", "idle_timeout", "lifetime",
@@ -27,6 +29,7 @@ def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lif
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
+@via("cli", Cli("exec", handler="sandboxes.cmd_exec"))
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
 @via("mcp", Mcp(handler="sandbox_exec", rename={"sid": "sandbox_id"}, extra=("shell", "truncate_output_at")))
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
@@ -37,6 +40,7 @@ def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None 
     timeout: seconds for this command (default: the sandbox's)
     output: bytes kept per stream for this command (default: the sandbox's)"""
 
+@via("cli", Cli("shell", handler="sandboxes.cmd_shell"))
 @op("run", audit="exec", local="pipes or a terminal to a process need the engine in-process; over HTTP use exec")
 @via("mcp", Off("pipes or a terminal to a process need the engine in-process: sandbox_spawn and sandbox_process"))
 def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
@@ -44,6 +48,7 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
     """Start a process in a live sandbox with pipes (or a terminal) to it, like subprocess.Popen (-1: PIPE)."""
 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
+@via("cli", Cli("spawn", handler="processes.cmd_spawn"))
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
                                                            "stdin_open", "output"), result="pid"))
 @via("mcp", Mcp(handler="sandbox_spawn", rename={"sid": "sandbox_id"}, extra=("shell",)))
@@ -55,75 +60,88 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
     output: bytes of its output kept per stream (default: the server's)"""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id", "data": "stdin", "close": "close_stdin"},
                 types={"data": "str | None"}, defaults={"data": None, "close": False}))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id"},
                 types={"signal": "str | None"}, defaults={"signal": None}))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
 
+@via("cli", Cli("proc", handler="processes.cmd_proc"))
 @op("list", http=Http(_G, _PROC + "/{pid}"))
 @via("mcp", Mcp(handler="sandbox_process", rename={"sid": "sandbox_id"}, extra=("truncate_output_at",)))
 def sandbox_process(sid: str, pid: int) -> dict:
     """A spawned process: running, exit code, signal, its output so far (text and base64)."""
 
+@via("cli", Cli("commit", dest={"sid": "sandbox"}, show="committed"))
 @op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, result=Result(key="image", echo=("tag",)),
                 doc="An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
+@via("cli", Cli("stop", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
 @op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Stop a live sandbox: its processes end and its unsaved files go "
                                      "(sandbox_commit first to keep them)."))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
+@via("cli", Cli("hibernate", args=("sid+",), dest={"sid": "sandboxes"}, show="hibernated"))
 @op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="""Hibernate a live sandbox: its files are committed and its processes saved with their
         memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
+@via("cli", Cli("resume", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
 @op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Resume a hibernated live sandbox: the same processes continue with the same "
                                      "memory and files."))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
+@via("cli", Cli("sandbox info"))
 @op("list", http=Http(_G, "/sandboxes/{sid}"))
 @via("mcp", Off("sandbox_list shows each sandbox's state"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
+@via("cli", Cli("ps", dest={"labels": "label"}, show="ps"))
 @op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
 @via("mcp", Mcp(types={"labels": "dict[str, str] | None"},
                 doc="Running live sandboxes (all=true: also stopped and expired ones)."))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
+@via("cli", Cli("sandbox cat", show="bytes"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
 @via("mcp", Mcp(name="sandbox_read_file", handler="sandbox_read_file", rename={"sid": "sandbox_id"}, extra=("offset", "limit")))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
+@via("cli", Cli("sandbox write"))
 @op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
 @via("mcp", Mcp(name="sandbox_write_file", handler="sandbox_write_file", rename={"sid": "sandbox_id", "data": "content"},
                 types={"data": "str"}))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
+@via("cli", Cli("sandbox timeout"))
 @op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
 @via("mcp", Off("a sandbox's idle_timeout and lifetime are set by sandbox_start"))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
+@via("cli", Cli("network", handler="sandboxes.cmd_set_network"))
 @op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"network": RUN_JSON["network"]}, defaults={"network": None},
                 doc="""Replace a live sandbox's network policy (it must have been started with one); connections
@@ -131,41 +149,49 @@ def sandbox_set_timeout(sid: str, timeout: float) -> dict:
 def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
+@via("cli", Cli("sandbox ls", args=("sid", "path?")))
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
 
+@via("cli", Cli("sandbox exists"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
+@via("cli", Cli("sandbox rm"))
 @op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
+@via("cli", Cli("sandbox mkdir"))
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}, extra=("close",)))
 def sandbox_unexpose(sid: str, port: int) -> None:
     """Make an exposed port of a live sandbox unreachable again."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
 @via("mcp", Off("sandbox_port answers a port's URLs when it exposes it"))
 def sandbox_ports(sid: str) -> list[dict]:
     """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
 
+@via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id", "ttl": "url_ttl"},
                 types={"ttl": "float | None"}, defaults={"ttl": None}))
@@ -174,12 +200,14 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
@@ -187,21 +215,25 @@ def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> 
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op("list", http=Http(_G, "/pools"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
+@via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
