@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import defaults as D
 from . import rows
 from .options import RunOptions
+from .sdk import Sdk, keyword
 
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
@@ -33,6 +34,7 @@ def images() -> list[dict]:
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
+@via("sdk", Sdk("metadata as keywords: img.annotate(0.7, task=\"t1\")", spread="meta"))
 @op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
 def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
     """Merge a score and metadata (key -> JSON scalar; null removes a key) into your annotations of an image; returns them."""
@@ -72,12 +74,14 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
+@via("sdk", Off("credentials are the server operator's: `sandtree registry login`, or st.engine.registry_login"))
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
               rename={"registry_url": "registry", "secret": "token"}))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
+@via("sdk", Off("a parsing helper of the CLI and REST: st.engine.registry_host"))
 @op(None, http=Http(_G, "/registries/host", query=("reference",), result="registry"))
 def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
@@ -90,39 +94,48 @@ def push(image: str, reference: str, *, insecure: bool = False, progress=None) -
 def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
     """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
 
+@via("sdk", Sdk("st.bootstrap() builds the usual base", defaults={"spec": D.BOOTSTRAP_SPEC}))
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
 
 # ---- uploads and file sets --------------------------------------------------------------------------
+@via("sdk", Off("the SDK sends files with the run: files={\"/dest\": bytes | Path} (st.engine.upload for a blob)"))
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
+@via("sdk", Off("the SDK sends files with the run: files={\"/dest\": Path}"))
 @op("run", local=_LOCAL_HOST)
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.upload_info)"))
 @op("list", http=Http(_G, "/files/{digest}/info"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.uploads)"))
 @op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
 
+@via("sdk", Off("the server's own lookup of a digest prefix (CLI and Contree)"))
 @op("list", local="the server answers it per request")
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
 
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.download)"))
 @op("list", http=Http(_G, "/files/{digest}", raw=True))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
+@via("sdk", Off("the SDK sends files with the run: files=; a stored set is REST's and MCP's"))
 @op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
+@via("sdk", Off("the server's own lookup of a stored file set"))
 @op("list", local="the server answers it per request")
 def file_set(set_id: str) -> list[dict]:
     """A stored file set's files."""
@@ -136,10 +149,14 @@ def ls(image: str, path: str = "/") -> list[dict]:
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
+@via("sdk", Sdk("offset and limit read as options of img.read(path), as they always have", keyword=("offset", "limit")))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
 
+@via("sdk", Sdk("the row takes its options as **kw: these are they", kw=(
+    keyword("glob", None, "str | None"), keyword("max_matches", D.GREP_MAX_MATCHES, "int"),
+    keyword("ignore_case", False, "bool"), keyword("before", 0, "int"), keyword("after", 0, "int"))))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
@@ -188,6 +205,8 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     cancel: a threading.Event; set, the command is killed
     retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
+@via("sdk", Sdk("a fork from Python runs a few at once, not every command (a long list would start every sandbox)",
+                defaults={"parallel": D.FORK_PARALLEL}))
 @op("run", images=("ref",), audit="fork",
     http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
     custom_remote=True, kwargs_of="run")
@@ -252,6 +271,7 @@ def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = No
 def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
+@via("sdk", Sdk("st.branch(name) opens an existing branch, st.branch(name, image) makes one", defaults={"image": None}))
 @op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
@@ -301,14 +321,17 @@ def cluster_status() -> dict:
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
+@via("sdk", Sdk("the SDK's options are keyword-only", keyword=("verify_content",)))
 @op(None, admin=True, http=Http(_P, "/admin/fsck", query=("verify_content",)))
 def fsck(verify_content: bool = True) -> dict:
     """Check the store; verify_content re-hashes every blob."""
 
+@via("sdk", Sdk("the SDK's options are keyword-only", keyword=("retention", "grace")))
 @op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
+@via("sdk", Sdk("hosts reads as an option: st.set_secret(\"NAME\", value, hosts=[...])", keyword=("hosts",)))
 @op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant")))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
     """Store a secret that runs name (secrets=["NAME"]), kept outside the database; its value is never shown again."""
@@ -324,6 +347,7 @@ def secret_remove(name: str, *, tenant: str | None = None) -> None:
 def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 
+@via("sdk", Off("st.operation(op) is this record"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"))
 def get(op: str) -> dict:
     """An operation's record and status."""
@@ -332,6 +356,7 @@ def get(op: str) -> dict:
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
+@via("sdk", Off("st.wait(ops) gives the records; st.engine.operations.result the whole output"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"), custom_remote=True)
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
@@ -340,6 +365,7 @@ def result(op: str):
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
+@via("sdk", Off("the SDK waits for the operations it submitted (st.wait); st.engine.operations.list lists them"))
 @op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from .. import defaults as D
 from .options import RunOptions
-from .rows import Http, op
+from .rows import Http, Off, op, via
+from .sdk import Sdk
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
@@ -44,10 +45,13 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
     output: bytes of its output kept per stream (default: the server's)"""
 
+@via("sdk", Sdk("proc.write(data) streams: it leaves stdin open (proc.close_stdin() or close=True ends it)",
+                defaults={"close": False}))
 @op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
+@via("sdk", Sdk("proc.signal() asks it to end (TERM); proc.kill() sends KILL", defaults={"signal": "TERM"}))
 @op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
@@ -131,11 +135,13 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
+@via("sdk", Sdk("st.pool(image) keeps a few started", defaults={"size": D.POOL_SIZE}))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
+@via("sdk", Off("st.pool(image, wait=True)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
@@ -146,14 +152,17 @@ def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> 
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
+@via("sdk", Off("st.pool(image, wait=True) waits as it makes the pool"))
 @op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
+@via("sdk", Off("st.pool(image, 0) empties a pool; st.engine.pool_remove forgets it"))
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
+@via("sdk", Off("st.pool(recipe): a recipe given to st.pool is built and pooled"))
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 def pool_recipe(recipe, size: int = 4, *, tag: str | None = None, wait: bool = False, wait_timeout: float = D.POOL_WAIT,
