@@ -50,7 +50,8 @@ ADAPTER_ENTRY_POINTS = {
 }
 MAX_LINES = 500
 MAX_INNER_IMPORTS = 10
-REMOTE_MAX_MODULES = 9       # sandtree, client, remote, defaults, errors and table (its rows, options, sandboxes)
+REMOTE_MAX_MODULES = 10      # sandtree, client, remote, defaults, errors and table (its rows, options, sandboxes,
+                             # the SDK's overrides beside the rows: table/sdk.py)
 CONFIG_MODULES = ("config",)
 # Layers, bottom first; the package itself (sandtree/__init__.py: the SDK's names) and __main__
 # sit on top of everything.

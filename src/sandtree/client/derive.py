@@ -15,9 +15,9 @@ from typing import Callable
 from .. import table
 from ..table.sdk import Sdk
 
-__all__ = ["Spec", "method", "row_property", "rows_of", "sdk_parameters"]
+__all__ = ["RowProperty", "Spec", "image_id", "method", "row_property", "rows_of", "sdk_parameters"]
 
-P = inspect.Parameter
+_P = inspect.Parameter
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,17 @@ class Spec:
     row: str                                   # the row's key in table.OPS
     bind: tuple[str, ...] = ()                 # row parameters its object fills in
     rename: dict = field(default_factory=dict)  # row parameter -> the SDK's name for it
-    extras: tuple[P, ...] = ()                 # SDK-only parameters (the method's own; not sent to the engine)
+    extras: tuple[_P, ...] = ()                 # SDK-only parameters (the method's own; not sent to the engine)
     kwargs: str | None = None                  # the SDK's **name for the row's keyword options (Branch.run)
 
 
-def sdk_parameters(spec: Spec) -> list[P]:
+def image_id(st, ref) -> str:
+    """An image argument as the engine takes it: an Image's ID as it is, a ref (tag, branch, ID prefix) resolved
+    once here, for every method made from a row alike."""
+    return ref.id if not isinstance(ref, str) and isinstance(getattr(ref, "id", None), str) else st.engine.resolve(ref)
+
+
+def sdk_parameters(spec: Spec) -> list[_P]:
     """The method's parameters (self left out): the row's, as its Sdk override and the spec show them."""
     row = table.OPS[spec.row]
     o = row.override("sdk") or Sdk("")
@@ -39,21 +45,21 @@ def sdk_parameters(spec: Spec) -> list[P]:
     for p in row.signature.parameters.values():
         if p.name in spec.bind or p.name == o.spread or (p.name in options and not row.kwargs_of):
             continue
-        if p.kind is P.VAR_KEYWORD:
+        if p.kind is _P.VAR_KEYWORD:
             out += o.kw                           # what the row's **kw stands for (or, with kwargs, left out)
             continue
         out.append(p.replace(name=spec.rename.get(p.name, p.name),
-                             kind=P.KEYWORD_ONLY if p.name in o.keyword else p.kind,
+                             kind=_P.KEYWORD_ONLY if p.name in o.keyword else p.kind,
                              default=o.defaults.get(p.name, p.default)))
     out += spec.extras
     if spec.kwargs:
-        out.append(P(spec.kwargs, P.VAR_KEYWORD))
+        out.append(_P(spec.kwargs, _P.VAR_KEYWORD))
     if o.spread:
-        out.append(P(o.spread, P.VAR_KEYWORD))
+        out.append(_P(o.spread, _P.VAR_KEYWORD))
     return sorted(out, key=lambda p: p.kind)     # stable: the row's order within each kind
 
 
-def method(row: str, *, bind: dict | None = None, rename: dict | None = None, extras: tuple[P, ...] = (),
+def method(row: str, *, bind: dict | None = None, rename: dict | None = None, extras: tuple[_P, ...] = (),
            kwargs: str | None = None, ids: tuple[str, ...] | None = None, adapt: Callable | None = None,
            call: Callable | None = None, wrap: Callable | None = None, note: str = "") -> Callable:
     """A method standing for `row`. bind: row parameter -> what fills it (an attribute name of the object, or
@@ -65,7 +71,7 @@ def method(row: str, *, bind: dict | None = None, rename: dict | None = None, ex
     spec = Spec(row, tuple(bind), dict(rename or {}), tuple(extras), kwargs)
     r = table.OPS[row]
     o = r.override("sdk") or Sdk("")
-    sig = inspect.Signature([P("self", P.POSITIONAL_OR_KEYWORD)] + sdk_parameters(spec))
+    sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)] + sdk_parameters(spec))
     back = {v: k for k, v in spec.rename.items()}
     extra = {p.name for p in extras}
     ids = tuple(r.images) if ids is None else ids
@@ -90,7 +96,7 @@ def method(row: str, *, bind: dict | None = None, rename: dict | None = None, ex
             call_args[name] = source(self) if callable(source) else getattr(self, source)
         for name in ids:
             if call_args.get(name) is not None and name not in bind:
-                call_args[name] = st._id(call_args[name])
+                call_args[name] = image_id(st, call_args[name])
         if adapt is not None:
             adapt(self, call_args, extra_args)
         engine = st.engine if r.group == "engine" else getattr(st.engine, r.group)

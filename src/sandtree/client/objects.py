@@ -3,25 +3,24 @@ its Sandtree (client/sdk.py) and reaches the engine through it; none imports the
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
-import inspect
 from ..errors import InvalidInput
 from ..render import render_svg, render_text
 from ..defaults import RunRecord
 from .derive import method, row_property, rows_of
 from .inputs import files_arg, streams
 
-P = inspect.Parameter
+_P = inspect.Parameter
 
 # The SDK's own parameters of the methods that run a command: one callback per stream (E2B's, Modal's habit).
-STREAMS = (P("on_stdout", P.KEYWORD_ONLY, default=None, annotation="Callable[[bytes], None] | None"),
-           P("on_stderr", P.KEYWORD_ONLY, default=None, annotation="Callable[[bytes], None] | None"))
+_STREAMS = (_P("on_stdout", _P.KEYWORD_ONLY, default=None, annotation="Callable[[bytes], None] | None"),
+           _P("on_stderr", _P.KEYWORD_ONLY, default=None, annotation="Callable[[bytes], None] | None"))
 
 
-def _run_inputs(obj, args: dict, extra: dict) -> None:
+def run_inputs(obj, args: dict, extra: dict) -> None:
     """files= and the output callbacks as users write them (client/inputs.py), as the engine takes them."""
     if "files" in args:
         args["files"] = files_arg(args["files"])
@@ -49,27 +48,27 @@ def _render(tree: dict, format: str):
     raise InvalidInput(f"unknown lineage format {format!r} (json, text, svg)")
 
 
-def _run_result(obj, rec, given) -> "RunResult":
+def as_run_result(obj, rec, given) -> "RunResult":
     return RunResult.from_record(obj._st, rec)
 
 
-def _run_results(obj, recs, given) -> list["RunResult"]:
+def as_run_results(obj, recs, given) -> list["RunResult"]:
     return [RunResult.from_record(getattr(obj, "_st", obj), r) for r in recs]
 
 
-def _image(obj, image_id, given) -> "Image":
+def as_image(obj, image_id, given) -> "Image":
     return Image(getattr(obj, "_st", obj), image_id)
 
 
-def _sandbox(obj, info, given) -> "Sandbox":
+def as_sandbox(obj, info, given) -> "Sandbox":
     return Sandbox(getattr(obj, "_st", obj), info)
 
 
-def _dicts(obj, values, given) -> list[dict]:
+def as_dicts(obj, values, given) -> list[dict]:
     return [v.to_dict() if hasattr(v, "to_dict") else v for v in values]
 
 
-def _dict(obj, value, given) -> dict:
+def as_dict(obj, value, given) -> dict:
     return value.to_dict() if hasattr(value, "to_dict") else value
 
 
@@ -78,7 +77,7 @@ def _by_distance(image, dist: dict) -> list["Image"]:
     return [Image(image._st, i) for i in sorted(dist, key=lambda i: dist[i]) if i != image.id]
 
 
-def _none(obj, value, given) -> None:
+def as_none(obj, value, given) -> None:
     return None
 
 
@@ -95,7 +94,9 @@ def _encode_data(obj, args: dict, extra: dict) -> None:
 def _signal_name(obj, args: dict, extra: dict) -> None:
     args["signal"] = str(args["signal"])
 
-__all__ = ["Image", "RunResult", "Sandbox", "SandboxProcess", "MergeResult", "Branch", "best_of"]
+__all__ = ["Image", "RunResult", "Sandbox", "SandboxProcess", "MergeResult", "Branch", "best_of",
+           # the SDK's shapes of a row's arguments and results, for the methods made in client/sdk.py too
+           "run_inputs", "as_run_result", "as_run_results", "as_image", "as_sandbox", "as_dict", "as_dicts", "as_none"]
 
 
 @rows_of
@@ -121,7 +122,7 @@ class Image:
 
     tags = row_property("tags", bind={"image": "id"}, wrap=lambda self, r, _: sorted(r))
 
-    run = method("run", bind={"ref": "id"}, extras=STREAMS, adapt=_run_inputs, wrap=_run_result, note=(
+    run = method("run", bind={"ref": "id"}, extras=_STREAMS, adapt=run_inputs, wrap=as_run_result, note=(
         "A string runs in /bin/sh -c, a list is argv. Unless disposable, what it wrote becomes the new image "
         "`result.image`. network: off (default), \"all\", rules [\"pypi.org\", \"*.pythonhosted.org:443\"], "
         "{\"allow_out\": [...], \"deny_out\": [...]} or \"inherit\"; secrets: {\"NAME\": {\"value\": ..., \"hosts\": "
@@ -129,15 +130,15 @@ class Image:
         "requests to those hosts carry the value). files: also {\"/dest\": bytes | str | Path}. "
         "on_stdout/on_stderr(bytes): one stream each."))
 
-    start = method("sandbox_start", bind={"ref": "id"}, adapt=_run_inputs, wrap=_sandbox, note=(
+    start = method("sandbox_start", bind={"ref": "id"}, adapt=run_inputs, wrap=as_sandbox, note=(
         "Commands enter it with exec/popen/spawn, it keeps its processes and files between them, and commit() "
         "snapshots it while it runs. idle_action \"hibernate\" hibernates it when idle (resume() brings it back)."))
 
     config = method("image_config", bind={"ref": "id"})
-    configure = method("configure", bind={"ref": "id"}, wrap=_image)
+    configure = method("configure", bind={"ref": "id"}, wrap=as_image)
     info = method("image_info", bind={"image": "id"})
-    ls = method("ls", bind={"image": "id"}, wrap=_dicts)
-    stat = method("stat", bind={"image": "id"}, wrap=_dict)
+    ls = method("ls", bind={"image": "id"}, wrap=as_dicts)
+    stat = method("stat", bind={"image": "id"}, wrap=as_dict)
     read = method("read", bind={"image": "id"})
 
     def read_text(self, path: str) -> str:
@@ -161,14 +162,14 @@ class Image:
         """The image's annotations: {"score": float | None, "meta": {...}}."""
         return self.info()["annotations"]
 
-    diff = method("diff", bind={"a": "id"}, rename={"b": "other"}, wrap=_dicts)
+    diff = method("diff", bind={"a": "id"}, rename={"b": "other"}, wrap=as_dicts)
     patch = method("patch", bind={"a": "id"}, rename={"b": "other"})
-    fork = method("fork", bind={"ref": "id"}, kwargs="run_options", adapt=_run_inputs, wrap=_run_results,
+    fork = method("fork", bind={"ref": "id"}, kwargs="run_options", adapt=run_inputs, wrap=as_run_results,
                   note="The options are Image.run's, less the per-run callbacks; results in the commands' order.")
     ancestors = method("ancestors", bind={"image": "id"}, wrap=lambda self, r, _: _by_distance(self, r))
     descendants = method("descendants", bind={"image": "id"}, wrap=lambda self, r, _: _by_distance(self, r))
     produced_by = method("produced_by", bind={"image": "id"})
-    lineage = method("lineage_tree", bind={"root": "id"}, extras=(P("format", P.POSITIONAL_OR_KEYWORD, default="json"),),
+    lineage = method("lineage_tree", bind={"root": "id"}, extras=(_P("format", _P.POSITIONAL_OR_KEYWORD, default="json"),),
                      call=lambda self, target, args, extra: _render(target(**args), extra["format"]),
                      note="format: the tree as a dict (\"json\"), text (\"text\") or SVG (\"svg\")")
 
@@ -236,7 +237,7 @@ class Sandbox:
     def state(self) -> str:
         return self.info()["state"]
 
-    exec = method("sandbox_exec", bind={"sid": "id"}, extras=STREAMS, adapt=_run_inputs, wrap=_run_result,
+    exec = method("sandbox_exec", bind={"sid": "id"}, extras=_STREAMS, adapt=run_inputs, wrap=as_run_result,
                   note="A string runs in its shell session (cwd and exported variables carry over), a list is a "
                        "fresh process; background processes it starts keep running. result.image is None: "
                        "commit() makes images. on_stdout/on_stderr(bytes): one stream each.")
@@ -262,7 +263,7 @@ class Sandbox:
     exists = method("sandbox_exists", bind={"sid": "id"})
     remove = method("sandbox_remove", bind={"sid": "id"})
     mkdir = method("sandbox_mkdir", bind={"sid": "id"})
-    commit = method("sandbox_commit", bind={"sid": "id"}, wrap=_image,
+    commit = method("sandbox_commit", bind={"sid": "id"}, wrap=as_image,
                     note="Processes are frozen for the instant, then thawed; the image can be run, forked and "
                          "merged like any while the sandbox goes on.")
     stop = method("sandbox_stop", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r) and None)
@@ -331,14 +332,14 @@ class Branch:
     def __repr__(self) -> str:
         return f"<Branch {self.name} at {self.head.short_id}>"
 
-    head = row_property("branch_head", bind={"name": "name"}, wrap=_image)
-    run = method("run", bind={"ref": lambda b: f"branch:{b.name}"}, kwargs="options", adapt=_run_inputs,
-                 wrap=_run_result, note="On the branch's head; the branch moves to the result (Conflict if another "
+    head = row_property("branch_head", bind={"name": "name"}, wrap=as_image)
+    run = method("run", bind={"ref": lambda b: f"branch:{b.name}"}, kwargs="options", adapt=run_inputs,
+                 wrap=as_run_result, note="On the branch's head; the branch moves to the result (Conflict if another "
                                         "run moved it meanwhile; that run's image is kept, not applied). The options "
                                         "are Image.run's.")
-    rollback = method("rollback", bind={"name": "name"}, ids=("to",), wrap=_image)
+    rollback = method("rollback", bind={"name": "name"}, ids=("to",), wrap=as_image)
     log = method("branch_log", bind={"name": "name"})
-    delete = method("branch_delete", bind={"name": "name"}, wrap=_none)
+    delete = method("branch_delete", bind={"name": "name"}, wrap=as_none)
 
 
 def best_of(results: list[RunResult], score, *, keep_losers: bool = False) -> RunResult:

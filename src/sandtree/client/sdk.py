@@ -19,16 +19,16 @@ from .. import config, evaluation
 from ..exploration import search, traces
 from ..defaults import Limits
 from ..errors import InvalidInput, RuntimeUnavailable
-from .derive import method, rows_of
-from .objects import (Branch, Image, MergeResult, Sandbox, _dicts, _image, _none, _run_inputs, _run_results,
-                      _sandbox)
+from .derive import image_id, method, rows_of
+from .objects import (Branch, Image, MergeResult, Sandbox, as_dicts, as_image, as_none, run_inputs, as_run_results,
+                      as_sandbox)
 from ..recipe.builder import RecipeBuilder
 from .recipes import build_remote
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]
 
-P = inspect.Parameter
+_P = inspect.Parameter
 
 
 def _listed(name: str):
@@ -131,12 +131,12 @@ class Sandtree:
         self.close()
 
     # images
-    image = method("resolve", call=lambda self, target, args, _: self._id(args["ref"]), wrap=_image,
+    image = method("resolve", call=lambda self, target, args, _: self._id(args["ref"]), wrap=as_image,
                    note="ref: an image ID, a unique ID prefix, a tag or a branch (ImageNotFound if none), or an Image.")
     images = method("images", wrap=lambda self, rows, _: [Image(self, r["id"]) for r in rows])
-    import_image = method("import_path", wrap=_image)
-    pull = method("pull", wrap=_image, note="Plain HTTP only for loopback registries or insecure=True.")
-    bootstrap = method("bootstrap", adapt=_listed("include"), wrap=_image,
+    import_image = method("import_path", wrap=as_image)
+    pull = method("pull", wrap=as_image, note="Plain HTTP only for loopback registries or insecure=True.")
+    bootstrap = method("bootstrap", adapt=_listed("include"), wrap=as_image,
                        note="Root only; tagged `spec` unless `tag`.")
 
     # builds (issue 15)
@@ -184,12 +184,12 @@ class Sandtree:
         cut to max_output bytes, usage, tags, score, meta): fmt "jsonl" or "parquet"; {"file", "rows", ...}."""
         return traces.export_trace(self._engine, self._id(root), fmt, out, max_output)
 
-    untag = method("untag", wrap=_none)
+    untag = method("untag", wrap=as_none)
     tags = method("tags")
     operation = method("operation")
 
     # operations: runs started now, awaited later
-    submit = method("operations.submit_run", rename={"ref": "image"}, kwargs="run_options", adapt=_run_inputs,
+    submit = method("operations.submit_run", rename={"ref": "image"}, kwargs="run_options", adapt=run_inputs,
                     note="Returns its operation ID (see wait, cancel, operation); the options are Image.run's.")
     wait = method("operations.wait", rename={"ops": "operations"}, adapt=_listed("ops"),
                   note="Each record has a `status` (queued, running, done, failed, cancelled) and, once done, "
@@ -198,13 +198,13 @@ class Sandtree:
                     note="A running sandbox is killed, nothing committed.")
 
     # live sandboxes
-    sandbox = method("sandbox_info", rename={"sid": "sandbox_id"}, wrap=_sandbox,
+    sandbox = method("sandbox_info", rename={"sid": "sandbox_id"}, wrap=as_sandbox,
                      note="A Sandbox (by ID or unique ID prefix), started by this or any other process.")
     sandboxes = method("sandbox_list", wrap=lambda self, infos, _: [Sandbox(self, d) for d in infos])
     pool = method("pool_create", rename={"ref": "image"}, extras=(
-        P("wait", P.KEYWORD_ONLY, default=False, annotation="bool"),
-        P("tag", P.KEYWORD_ONLY, default=None, annotation="str | None"),
-        P("build_network", P.KEYWORD_ONLY, default=None)), ids=(), call=_pool, note=(
+        _P("wait", _P.KEYWORD_ONLY, default=False, annotation="bool"),
+        _P("tag", _P.KEYWORD_ONLY, default=None, annotation="str | None"),
+        _P("build_network", _P.KEYWORD_ONLY, default=None)), ids=(), call=_pool, note=(
         "Calling it again resizes; size=0 empties it. wait: until it is full. network: the policy of its "
         "sandboxes (only runs asking for the same one use them). Returns its stats. `image` may be a recipe "
         "(st.recipe(...) or a Recipe): it is built (unchanged: cache hits), its result tagged `tag` (default "
@@ -224,15 +224,15 @@ class Sandtree:
                                            "only). tenants: (the operator's) which tenants may use it (\"*\": all); "
                                            "tenant: (an admin) store it for that tenant.")
     secrets = method("secret_list")
-    remove_secret = method("secret_remove", wrap=_none)
+    remove_secret = method("secret_remove", wrap=as_none)
     doctor = method("doctor")
     cluster_status = method("cluster_status")
     fsck = method("fsck")
     gc = method("gc")
-    remove = method("remove_image", wrap=_none)
+    remove = method("remove_image", wrap=as_none)
 
     def _id(self, image: "Image | str") -> str:
-        return image.id if isinstance(image, Image) else self._engine.resolve(image)
+        return image_id(self, image)
 
     # evaluation (issue 17)
     def eval(self, instances, predictions=None, *, base: "Image | str | None" = None, workers: int = 2,
@@ -258,7 +258,7 @@ class Sandtree:
             limits={"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
 
     # diff and merge
-    diff = method("diff", wrap=_dicts)
+    diff = method("diff", wrap=as_dicts)
     patch = method("patch")
     merge = method("merge", wrap=lambda self, res, _: MergeResult(
         Image(self, res["image"]) if res["image"] else None, Image(self, res["base"]) if res["base"] else None,
@@ -273,10 +273,10 @@ class Sandtree:
     branch = method("branch_create", rename={"image": "from_"}, call=_branch, wrap=lambda self, name, _: Branch(self, name),
                     note="A Branch; from_ None: the existing branch `name` (force: move an existing one).")
     branches = method("branches", wrap=lambda self, heads, _: {name: Branch(self, name) for name in heads})
-    rollback = method("rollback", rename={"name": "branch"}, ids=("to",), adapt=_branch_name, wrap=_image)
+    rollback = method("rollback", rename={"name": "branch"}, ids=("to",), adapt=_branch_name, wrap=as_image)
 
     # many runs from one image
-    map = method("fork", rename={"ref": "image"}, kwargs="run_options", adapt=_run_inputs, wrap=_run_results,
+    map = method("fork", rename={"ref": "image"}, kwargs="run_options", adapt=run_inputs, wrap=as_run_results,
                  note="Every command is checked before any runs; the options are Image.run's, less the per-run "
                       "callbacks.")
 

@@ -17,7 +17,7 @@ from .sdk import Sdk, keyword
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
-__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via"]
+__all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "Sdk", "keyword", "op", "via"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 
@@ -189,6 +189,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
     """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
     progress: called with a dict per step event (step, total, text, status, output)"""
 
+@via("sdk", Sdk("st.build_context() builds the current directory, as `docker build .`", defaults={"context": "."}))
 @op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
 def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: str | None = None,
                   tag: str | None = None, build_args: dict | None = None, target: str | None = None, network=None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["Sdk"]
+__all__ = ["Sdk", "keyword"]
 
 
 @dataclass(frozen=True)
