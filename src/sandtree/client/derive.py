@@ -28,6 +28,7 @@ class Spec:
     rename: dict = field(default_factory=dict)  # row parameter -> the SDK's name for it
     extras: tuple[_P, ...] = ()                 # SDK-only parameters (the method's own; not sent to the engine)
     kwargs: str | None = None                  # the SDK's **name for the row's keyword options (Branch.run)
+    ids: tuple[str, ...] | None = None         # row parameters an Image may fill (None: the row's images)
 
 
 def image_id(st, ref) -> str:
@@ -36,11 +37,17 @@ def image_id(st, ref) -> str:
     return ref.id if not isinstance(ref, str) and isinstance(getattr(ref, "id", None), str) else st.engine.resolve(ref)
 
 
+def _image_or(annotation):
+    """An image argument's type as the SDK takes it: an Image object too (image_id makes it the ID)."""
+    return f"Image | {annotation}" if isinstance(annotation, str) and annotation.startswith("str") else annotation
+
+
 def sdk_parameters(spec: Spec) -> list[_P]:
     """The method's parameters (self left out): the row's, as its Sdk override and the spec show them."""
     row = table.OPS[spec.row]
     o = row.override("sdk") or Sdk("")
     options = {p.name for p in row.keyword_options()} if spec.kwargs else set()
+    ids = row.images if spec.ids is None else spec.ids
     out = []
     for p in row.signature.parameters.values():
         if p.name in spec.bind or p.name == o.spread or (p.name in options and not row.kwargs_of):
@@ -50,7 +57,8 @@ def sdk_parameters(spec: Spec) -> list[_P]:
             continue
         out.append(p.replace(name=spec.rename.get(p.name, p.name),
                              kind=_P.KEYWORD_ONLY if p.name in o.keyword else p.kind,
-                             default=o.defaults.get(p.name, p.default)))
+                             default=o.defaults.get(p.name, p.default),
+                             annotation=_image_or(p.annotation) if p.name in ids else p.annotation))
     out += spec.extras
     if spec.kwargs:
         out.append(_P(spec.kwargs, _P.VAR_KEYWORD))
@@ -68,7 +76,7 @@ def method(row: str, *, bind: dict | None = None, rename: dict | None = None, ex
     target, args, extras): instead of target(**args) (one SDK method for several engine paths). wrap(obj,
     result, given): the value returned (an Image, a RunResult...). note: the SDK's words after the row's doc."""
     bind = dict(bind or {})
-    spec = Spec(row, tuple(bind), dict(rename or {}), tuple(extras), kwargs)
+    spec = Spec(row, tuple(bind), dict(rename or {}), tuple(extras), kwargs, None if ids is None else tuple(ids))
     r = table.OPS[row]
     o = r.override("sdk") or Sdk("")
     sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)] + sdk_parameters(spec))
