@@ -41,6 +41,10 @@ CLI_AUDIT_LINES = 50                 # entries `sandtree audit` shows (a screenf
 CLI_FORK_PARALLEL = 4                # branches `sandtree fork` runs at once (the row's None: all of them)
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
+POOL_SIZE = 4                        # sandboxes the SDK's st.pool(image) keeps started when no size is given
+FORK_PARALLEL = 4                    # commands the SDK's img.fork / st.map run at once when no parallel is given
+GREP_MAX_MATCHES = 1000              # matching lines `grep` returns at most
+BOOTSTRAP_SPEC = "debian:bookworm"   # what the SDK's st.bootstrap() builds when no spec is given
 SHUTDOWN_GRACE = 10.0                # seconds `serve` waits on requests in flight after SIGTERM; then they are
                                      # dropped and the engine's runs cancelled (their sandboxes killed)
 DURATION_MAX = 30 * 86400            # seconds any timeout, lifetime or idle timeout may ask (finite: Infinity is refused)

@@ -45,6 +45,19 @@ def test_preview_of_a_clean_merge_and_the_merge_it_predicts(three):
     assert st.merge(cp, a, c).image is not None
 
 
+def test_the_sdk_previews_with_images_and_refs(three):
+    """st.merge_preview (the row made into a Sandtree method): Images or refs, as st.merge takes them."""
+    st, cp, a, b, _ = three
+    st.tag(b, "preview-theirs")
+    before = {i["id"] for i in st.engine.images()}
+    p = st.merge_preview(None, a, "preview-theirs")
+    assert p == st.engine.merge_preview(None, a.id, b.id)
+    assert p["base"] == cp.id and not p["clean"] and [c["path"] for c in p["conflicts"]] == ["/app/calc.py"]
+    assert {i["id"] for i in st.engine.images()} == before
+    with pytest.raises(ImageNotFound):
+        st.merge_preview(None, a, "no-such-tag")
+
+
 def test_a_tenant_previews_only_what_it_sees(tmp_path, rootfs):
     st = sandtree.Sandtree(str(tmp_path / "home"))
     try:

@@ -11,22 +11,84 @@ own beyond wrapping IDs in objects.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
 from .. import config, evaluation
 from ..exploration import search, traces
-from .. import defaults as D
-from ..defaults import GC_GRACE, GC_RETENTION, Limits
+from ..defaults import Limits
 from ..errors import InvalidInput, RuntimeUnavailable
-from .inputs import files_arg
-from .objects import Branch, Image, MergeResult, RunResult, Sandbox
+from .derive import image_id, method, rows_of
+from .objects import (Branch, Image, MergeResult, Sandbox, as_dicts, as_image, as_none, run_inputs, as_run_results,
+                      as_sandbox)
 from ..recipe.builder import RecipeBuilder
 from .recipes import build_remote
 from .remote import RemoteEngine
 
 __all__ = ["Sandtree", "connect"]
 
+_P = inspect.Parameter
+
+
+def _listed(name: str):
+    """adapt: the argument `name` as a list (a tuple or any iterable given)."""
+    def adapt(st, args: dict, extra: dict) -> None:
+        args[name] = list(args[name])
+    return adapt
+
+
+def _then_image(name: str):
+    """call: the operation, then the Image its argument `name` named (st.tag(img, "v1") -> img)."""
+    def call(st, target, args: dict, extra: dict) -> Image:
+        target(**args)
+        return Image(st, args[name])
+    return call
+
+
+def _recipe_of(st, args: dict, extra: dict) -> None:
+    r = args["recipe"]
+    args["recipe"] = r.recipe() if hasattr(r, "recipe") and callable(r.recipe) else r
+
+
+def _build_here_or_there(st, target, args: dict, extra: dict):
+    """In process, the engine builds the Recipe; through connect() it is sent as the Dockerfile it is, with its
+    context (the server cannot read this machine's directory)."""
+    if isinstance(st.engine, RemoteEngine):
+        recipe = args.pop("recipe")
+        return build_remote(st.engine, recipe, **args)
+    return target(**args)
+
+
+def _pool(st, target, args: dict, extra: dict) -> dict:
+    """A pool of an image (pool_create, or pool_and_wait with wait=True) or of a recipe (pool_recipe: built first,
+    its result pooled under a tag)."""
+    image = args.pop("ref")
+    if callable(getattr(image, "recipe", None)) or hasattr(image, "stages"):
+        recipe = image.recipe() if callable(getattr(image, "recipe", None)) else image
+        args.pop("tier")                                  # a recipe's pool is on the engine's tier
+        return st.engine.pool_recipe(recipe, **args, **extra)
+    if extra["tag"] is not None or extra["build_network"] is not None:
+        raise InvalidInput("tag= and build_network= are for a pool of a recipe")
+    if extra["wait"]:
+        return st.engine.pool_and_wait(st._id(image), **args)
+    return target(st._id(image), **args)
+
+
+def _branch(st, target, args: dict, extra: dict) -> str:
+    """Create the branch at `image` (from_), or (None) check that it exists."""
+    if args["image"] is None:
+        st.engine.branch_head(args["name"])
+    else:
+        target(**args)
+    return args["name"]
+
+
+def _branch_name(st, args: dict, extra: dict) -> None:
+    if isinstance(args["name"], Branch):
+        args["name"] = args["name"].name
+
+@rows_of
 class Sandtree:
     """An image store plus the default sandbox runtime. `home` defaults to $SANDTREE_HOME or
     ~/.local/share/sandtree."""
@@ -69,27 +131,13 @@ class Sandtree:
         self.close()
 
     # images
-    def image(self, ref: "str | Image") -> "Image":
-        """An image by ID, unique ID prefix, tag or branch (ImageNotFound if none)."""
-        return Image(self, self._id(ref))
-
-    def images(self) -> list["Image"]:
-        return [Image(self, r["id"]) for r in self._engine.images()]
-
-    def import_image(self, path: str, *, tag: str | None = None,
-                     progress: Callable[[int], None] | None = None) -> "Image":
-        """Import a directory, a tar (gz/zst), an OCI layout or a docker-archive tar."""
-        return Image(self, self._engine.import_path(path, tag=tag, progress=progress))
-
-    def pull(self, reference: str, *, tag: str | None = None, insecure: bool = False) -> "Image":
-        """Pull docker://HOST/NAME:TAG from an OCI registry (digests verified); plain HTTP only for
-        loopback registries or insecure=True."""
-        return Image(self, self._engine.pull(reference, tag=tag, insecure=insecure))
-
-    def bootstrap(self, spec: str = "debian:bookworm", *, include: list[str] = (), tag: str | None = None,
-                  log: Callable[[str], None] | None = None) -> "Image":
-        """Build a Debian base image with debootstrap (root only); tagged `spec` unless `tag`."""
-        return Image(self, self._engine.bootstrap(spec, include=list(include), tag=tag, log=log))
+    image = method("resolve", call=lambda self, target, args, _: self._id(args["ref"]), wrap=as_image,
+                   note="ref: an image ID, a unique ID prefix, a tag or a branch (ImageNotFound if none), or an Image.")
+    images = method("images", wrap=lambda self, rows, _: [Image(self, r["id"]) for r in rows])
+    import_image = method("import_path", wrap=as_image)
+    pull = method("pull", wrap=as_image, note="Plain HTTP only for loopback registries or insecure=True.")
+    bootstrap = method("bootstrap", adapt=_listed("include"), wrap=as_image,
+                       note="Root only; tagged `spec` unless `tag`.")
 
     # builds
     def recipe(self, base: "Image | str" = "scratch", context: str | None = "."):
@@ -110,43 +158,18 @@ class Sandtree:
         return parse(self._engine, context, dockerfile=file, text=text, build_args=build_args, target=target,
                      network=network)
 
-    def build(self, recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(), network=None,
-              progress: Callable[[dict], None] | None = None):
-        """Build a Recipe (or a RecipeBuilder) step by step, each step cached on the image DAG;
-        the BuildResult: .image (the ID) and .steps (index, stage, text, line, cached, image,
-        seconds, operation). progress(event) gets {step, total, text, status, output?}."""
-        recipe = recipe.recipe() if hasattr(recipe, "recipe") and callable(recipe.recipe) else recipe
-        if isinstance(self._engine, RemoteEngine):      # sent as the Dockerfile it is, with its context
-            return build_remote(self._engine, recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
-                                network=network, progress=progress)
-        return self._engine.build(recipe, tag=tag, no_cache=no_cache, no_cache_filter=no_cache_filter,
-                                  network=network, progress=progress)
+    build = method("build", adapt=_recipe_of, call=_build_here_or_there,
+                   note="recipe: a Recipe or a RecipeBuilder (st.recipe(...)); the BuildResult: .image (the ID) and "
+                        ".steps (index, stage, text, line, cached, image, seconds, operation).")
+    build_context = method("build_context", note="Through connect() the context is sent to the server as a tar.")
 
-    def build_context(self, context: str | None = ".", *, dockerfile: str = "Dockerfile", text: str | None = None,
-                      tag: str | None = None, build_args: dict | None = None, target: str | None = None,
-                      network=None, no_cache: bool = False, no_cache_filter=(),
-                      progress: Callable[[dict], None] | None = None):
-        """Build a Dockerfile (`text`, or the file `dockerfile` in the context) with a build
-        context (a directory or a tar; through connect() it is sent to the server as a tar); the
-        BuildResult. progress(event) as for build."""
-        return self._engine.build_context(context, dockerfile=dockerfile, text=text, tag=tag, build_args=build_args,
-                                          target=target, network=network, no_cache=no_cache,
-                                          no_cache_filter=no_cache_filter, progress=progress)
-
-    def tag(self, image: "Image | str", name: str) -> "Image":
-        image_id = self._id(image)
-        self._engine.tag(image_id, name)
-        return Image(self, image_id)
-
-    def annotate(self, image: "Image | str", score: float | None = None, **meta) -> dict:
-        """Merge a score and metadata (key=JSON scalar; None removes a key) into an image's annotations, like
-        git notes (the image's ID does not change); returns {"score": ..., "meta": {...}}. On a server each
-        tenant has its own annotations (the operator and admin tokens one set)."""
-        return self._engine.annotate(self._id(image), score, meta or None)
+    tag = method("tag", call=_then_image("image"))
+    annotate = method("annotate", note="On a server each tenant has its own annotations (the operator and admin "
+                                       "tokens one set); the image's ID does not change.")
 
     def annotations(self, image: "Image | str") -> dict:
         """An image's annotations: {"score": float | None, "meta": {...}}."""
-        return self._engine.image_info(self._id(image))["annotations"]
+        return Image(self, self._id(image)).annotations()
 
     def beam_search(self, root: "Image | str", expand, score, beam: int = 2, depth: int = 2, *,
                     stop: float | None = None, **run_options) -> dict:
@@ -161,123 +184,55 @@ class Sandtree:
         cut to max_output bytes, usage, tags, score, meta): fmt "jsonl" or "parquet"; {"file", "rows", ...}."""
         return traces.export_trace(self._engine, self._id(root), fmt, out, max_output)
 
-    def untag(self, name: str) -> None:
-        self._engine.untag(name)
-
-    def tags(self) -> dict[str, str]:
-        return self._engine.tags()
-
-    def operation(self, op: str) -> dict:
-        return self._engine.operation(op)
+    untag = method("untag", wrap=as_none)
+    tags = method("tags")
+    operation = method("operation")
 
     # operations: runs started now, awaited later
-    def submit(self, image: "Image | str", command, **run_options) -> str:
-        """Start a run in the background; returns its operation ID (see wait, cancel, operation)."""
-        return self._engine.operations.submit_run(self._id(image), command, **run_options)
-
-    def wait(self, operations: list[str], timeout: float | None = None) -> list[dict]:
-        """Wait for operations; their records with a `status` (queued, running, done, failed,
-        cancelled) and, once done, `result` (the new image) and `outcome`."""
-        return self._engine.operations.wait(list(operations), timeout)
-
-    def cancel(self, operation: str) -> dict:
-        """Cancel a queued or running operation; a running sandbox is killed, nothing committed."""
-        return self._engine.operations.cancel(operation)
+    submit = method("operations.submit_run", rename={"ref": "image"}, kwargs="run_options", adapt=run_inputs,
+                    note="Returns its operation ID (see wait, cancel, operation); the options are Image.run's.")
+    wait = method("operations.wait", rename={"ops": "operations"}, adapt=_listed("ops"),
+                  note="Each record has a `status` (queued, running, done, failed, cancelled) and, once done, "
+                       "`result` (the new image) and `outcome`.")
+    cancel = method("operations.cancel", rename={"op": "operation"},
+                    note="A running sandbox is killed, nothing committed.")
 
     # live sandboxes
-    def sandbox(self, sandbox_id: str) -> "Sandbox":
-        """A live sandbox by id (or unique id prefix), started by this or any other process."""
-        return Sandbox(self, self._engine.sandbox_info(sandbox_id))
+    sandbox = method("sandbox_info", rename={"sid": "sandbox_id"}, wrap=as_sandbox,
+                     note="A Sandbox (by ID or unique ID prefix), started by this or any other process.")
+    sandboxes = method("sandbox_list", wrap=lambda self, infos, _: [Sandbox(self, d) for d in infos])
+    pool = method("pool_create", rename={"ref": "image"}, extras=(
+        _P("wait", _P.KEYWORD_ONLY, default=False, annotation="bool"),
+        _P("tag", _P.KEYWORD_ONLY, default=None, annotation="str | None"),
+        _P("build_network", _P.KEYWORD_ONLY, default=None)), ids=(), call=_pool, note=(
+        "Calling it again resizes; size=0 empties it. wait: until it is full. network: the policy of its "
+        "sandboxes (only runs asking for the same one use them). Returns its stats. `image` may be a recipe "
+        "(st.recipe(...) or a Recipe): it is built (unchanged: cache hits), its result tagged `tag` (default "
+        "pool/<hash of its steps>) and pooled; called again after a change that gives another ID, the pool rolls "
+        "over: the new one fills while runs on the tag keep using the old, then the tag moves and the old pool "
+        "drains. build_network: the policy of the recipe's RUN steps naming none."))
 
-    def sandboxes(self, *, all: bool = False, labels: dict | None = None) -> list["Sandbox"]:
-        """Running live sandboxes (all=True: stopped and expired ones too; labels: only those
-        carrying every one of these)."""
-        return [Sandbox(self, d) for d in self._engine.sandbox_list(all=all, labels=labels)]
-
-    def pool(self, image: "Image | str", size: int = 4, *, timeout: float | None = None, memory=None,
-             pids: int | None = None, cpus: float | None = None, disk=None, output=None,
-             hostname: str = D.HOSTNAME, wait: bool = False, network=None, tag: str | None = None,
-             build_network=None, tier: str | None = None) -> dict:
-        """Keep `size` sandboxes of `image` started (a golden environment): runs on it with the
-        same memory/pids/cpus/disk use one and skip setup; refilled in the background. Calling
-        it again resizes; size=0 empties it. wait: until it is full. network: the policy of its
-        sandboxes (only runs asking for the same one use them). tier: its sandboxes' (default the
-        engine's; only runs on that tier use them). Returns its stats.
-        `image` may be a recipe (st.recipe(...) or a Recipe): it is built (unchanged: cache hits),
-        its result tagged `tag` (default pool/<hash of its steps>) and pooled; called again after a
-        change that gives another ID, the pool rolls over: the new one fills while runs on the tag
-        keep using the old, then the tag moves and the old pool drains (stats: previous,
-        rolled_over seconds). build_network: the policy of the recipe's RUN steps naming none."""
-        if callable(getattr(image, "recipe", None)) or hasattr(image, "stages"):
-            recipe = image.recipe() if callable(getattr(image, "recipe", None)) else image
-            return self._engine.pool_recipe(recipe, size, tag=tag, wait=wait, build_network=build_network,
-                                            timeout=timeout, memory=memory, pids=pids, cpus=cpus, disk=disk,
-                                            output=output, hostname=hostname, network=network)
-        if tag is not None or build_network is not None:
-            raise InvalidInput("tag= and build_network= are for a pool of a recipe")
-        stats = self._engine.pool_create(self._id(image), size, timeout=timeout, memory=memory, pids=pids,
-                                         cpus=cpus, disk=disk, output=output, hostname=hostname, network=network,
-                                         **({"tier": tier} if tier is not None else {}))
-        if wait:
-            self._engine.pool_wait(stats["image"])
-            stats = next(p for p in self._engine.pool_list() if p["image"] == stats["image"])
-        return stats
-
-    def pools(self) -> list[dict]:
-        """The warm pools: image, size, ready, served, misses."""
-        return self._engine.pool_list()
-
-    def whoami(self) -> dict:
-        """The caller's tenant, scopes and run limits (in-process: "local", every scope)."""
-        return self._engine.whoami()
-
-    def share(self, image) -> dict:
-        """Make an image this tenant owns visible to every tenant (by its ID); unshare undoes it."""
-        return self._engine.share(self._id(image))
-
-    def unshare(self, image) -> dict:
-        return self._engine.unshare(self._id(image))
-
-    def audit(self, *, tenant: str | None = None, limit: int = 100) -> list[dict]:
-        """Who ran what on which image, newest first (a tenant sees its own records)."""
-        return self._engine.audit(tenant=tenant, limit=limit)
+    pools = method("pool_list")
+    whoami = method("whoami")
+    share = method("share")
+    unshare = method("unshare")
+    audit = method("audit")
 
     # stored secrets: runs name them (secrets=["NAME"]) and never carry the value
-    def set_secret(self, name: str, value: str, *, hosts: list[str] | str, tenants: list[str] | None = None,
-                   tenant: str | None = None) -> dict:
-        """Store a secret once; runs, sandboxes and `secrets=["NAME"]` then use it by name (the
-        sandbox sees a placeholder; the egress path sends the value to `hosts` only). The value is
-        kept outside the store's database and never shown again. tenants: (the operator's) which
-        tenants may use it ("*": all); tenant: (an admin) store it for that tenant."""
-        return self._engine.secret_set(name, value, hosts, tenants=tenants, tenant=tenant)
-
-    def secrets(self, *, tenant: str | None = None) -> list[dict]:
-        """The stored secrets this caller may use: name, hosts, owner, times (never a value)."""
-        return self._engine.secret_list(tenant=tenant)
-
-    def remove_secret(self, name: str, *, tenant: str | None = None) -> None:
-        self._engine.secret_remove(name, tenant=tenant)
-
-    def doctor(self) -> list[dict]:
-        """The isolation tiers this host can run, and why not the others."""
-        return self._engine.doctor()
-
-    def cluster_status(self) -> dict:
-        """Where runs go: mode "local" (this process) or "cluster" (each Ray node: CPUs, runs in flight, sandboxes)."""
-        return self._engine.cluster_status()
-
-    def fsck(self, *, verify_content: bool = True) -> dict:
-        return self._engine.fsck(verify_content=verify_content)
-
-    def gc(self, *, retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        """Remove untagged images older than `retention` seconds (and what only they used)."""
-        return self._engine.gc(retention=retention, grace=grace)
-
-    def remove(self, image: "Image | str", *, force: bool = False) -> None:
-        self._engine.remove_image(self._id(image), force=force)
+    set_secret = method("secret_set", note="Runs, sandboxes and `secrets=[\"NAME\"]` then use it by name (the "
+                                           "sandbox sees a placeholder; the egress path sends the value to `hosts` "
+                                           "only). tenants: (the operator's) which tenants may use it (\"*\": all); "
+                                           "tenant: (an admin) store it for that tenant.")
+    secrets = method("secret_list")
+    remove_secret = method("secret_remove", wrap=as_none)
+    doctor = method("doctor")
+    cluster_status = method("cluster_status")
+    fsck = method("fsck")
+    gc = method("gc")
+    remove = method("remove_image", wrap=as_none)
 
     def _id(self, image: "Image | str") -> str:
-        return image.id if isinstance(image, Image) else self._engine.resolve(image)
+        return image_id(self, image)
 
     # evaluation
     def eval(self, instances, predictions=None, *, base: "Image | str | None" = None, workers: int = 2,
@@ -303,74 +258,35 @@ class Sandtree:
             limits={"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
 
     # diff and merge
-    def diff(self, a: "Image | str", b: "Image | str") -> list[dict]:
-        """What changed from a to b: added, removed, modified, type_changed, metadata_changed."""
-        return [c.to_dict() for c in self._engine.diff(self._id(a), self._id(b))]
-
-    def patch(self, a: "Image | str", b: "Image | str") -> str:
-        """The unified text patch from a to b (binary files are named, not shown)."""
-        return self._engine.patch(self._id(a), self._id(b))
-
-    def merge(self, base: "Image | str | None", ours: "Image | str", theirs: "Image | str", *,
-              strategy: str | None = None, ignore: list[str] | None = None,
-              on_conflict: str = "raise") -> "MergeResult":
-        """Three-way merge. base=None: the nearest common ancestor from lineage. Conflicts make no
-        image unless strategy is "ours", "theirs" or "markers": then MergeConflict is raised (its
-        .details["conflicts"] lists them), or with on_conflict="return" a result with image None.
-        ignore: globs that never conflict, ours taken there (None: __pycache__/, *.pyc,
-        .pytest_cache/; [] for none)."""
-        res = self._engine.merge(self._id(base) if base is not None else None, self._id(ours),
-                                 self._id(theirs), strategy=strategy, ignore=ignore, on_conflict=on_conflict)
-        return MergeResult(Image(self, res["image"]) if res["image"] else None,
-                           Image(self, res["base"]) if res["base"] else None, res["conflicts"],
-                           res.get("ignored", []))
+    diff = method("diff", wrap=as_dicts)
+    patch = method("patch")
+    merge = method("merge", wrap=lambda self, res, _: MergeResult(
+        Image(self, res["image"]) if res["image"] else None, Image(self, res["base"]) if res["base"] else None,
+        res["conflicts"], res.get("ignored", [])), note=(
+        "base=None: the nearest common ancestor from lineage. Conflicts make no image unless strategy is \"ours\", "
+        "\"theirs\" or \"markers\": then MergeConflict is raised (its .details[\"conflicts\"] lists them), or with "
+        "on_conflict=\"return\" a MergeResult with image None. ignore: globs that never conflict, ours taken there "
+        "(None: __pycache__/, *.pyc, .pytest_cache/; [] for none)."))
+    merge_preview = method("merge_preview")
 
     # branches
-    def branch(self, name: str, from_: "Image | str | None" = None, *, force: bool = False) -> "Branch":
-        """The branch `name`; with from_, create it there (force: move an existing one)."""
-        if from_ is not None:
-            self._engine.branch_create(name, self._id(from_), force=force)
-        else:
-            self._engine.branch_head(name)
-        return Branch(self, name)
-
-    def branches(self) -> dict[str, "Branch"]:
-        return {name: Branch(self, name) for name in self._engine.branches()}
-
-    def rollback(self, branch: "Branch | str", *, to: "Image | str | None" = None,
-                 steps: int | None = None) -> "Image":
-        """Move a branch back to an ancestor (to=) or N moves back in its history (steps=)."""
-        name = branch.name if isinstance(branch, Branch) else branch
-        target = self._engine.rollback(name, to=self._id(to) if to is not None else None, steps=steps)
-        return Image(self, target)
+    branch = method("branch_create", rename={"image": "from_"}, call=_branch, wrap=lambda self, name, _: Branch(self, name),
+                    note="A Branch; from_ None: the existing branch `name` (force: move an existing one).")
+    branches = method("branches", wrap=lambda self, heads, _: {name: Branch(self, name) for name in heads})
+    rollback = method("rollback", rename={"name": "branch"}, ids=("to",), adapt=_branch_name, wrap=as_image)
 
     # many runs from one image
-    def map(self, image: "Image | str", commands: list, *, parallel: int = 4, **run_options) -> list["RunResult"]:
-        """Run each command from the same image concurrently (Engine.fork: one operation each,
-        every command checked before any runs); results in the commands' order. The options
-        are Image.run's, less the per-run callbacks."""
-        if "files" in run_options:
-            run_options["files"] = files_arg(run_options["files"])
-        recs = self._engine.fork(self._id(image), commands, parallel=parallel, **run_options)
-        return [RunResult.from_record(self, r) for r in recs]
+    map = method("fork", rename={"ref": "image"}, kwargs="run_options", adapt=run_inputs, wrap=as_run_results,
+                 note="Every command is checked before any runs; the options are Image.run's, less the per-run "
+                      "callbacks.")
 
     # lineage
-    def common_ancestor(self, a: "Image | str", b: "Image | str") -> "Image | None":
-        found = self._engine.common_ancestor(self._id(a), self._id(b))
-        return Image(self, found) if found else None
-
-    def path(self, a: "Image | str", b: "Image | str") -> list["Image"]:
-        """The images from a to b along lineage edges."""
-        return [Image(self, i) for i in self._engine.lineage_path(self._id(a), self._id(b))]
+    common_ancestor = method("common_ancestor", wrap=lambda self, found, _: Image(self, found) if found else None)
+    path = method("lineage_path", wrap=lambda self, ids, _: [Image(self, i) for i in ids])
 
     # bundles
-    def bundle(self, path: str, images: list, *, with_ancestry: bool = False) -> dict:
-        """Write images (and, with_ancestry, every ancestor) into one verifiable file."""
-        return self._engine.bundle_create(path, [self._id(i) for i in images], with_ancestry=with_ancestry)
-
-    def import_bundle(self, path: str) -> dict:
-        """Import a bundle: same image IDs and lineage as where it was made; verified first."""
-        return self._engine.bundle_import(path)
+    bundle = method("bundle_create", adapt=lambda self, args, _: args.update(images=[self._id(i) for i in args["images"]]))
+    import_bundle = method("bundle_import")
 
 
 def connect(url: str, *, token: str | None = None) -> Sandtree:

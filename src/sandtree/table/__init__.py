@@ -14,12 +14,13 @@ from . import rows
 from .options import RunOptions
 from .mcp import REQUIRED, RUN_JSON, Mcp, Param, Result      # MCP's tools, declared beside the rows (table/mcp.py)
 from .cli import Cli
+from .sdk import Sdk, keyword
 
 # What a row is (rows.py), named here too: the table's readers know one module.
 Http, Off, Op, OPS, SURFACES, op, via = rows.Http, rows.Off, rows.Op, rows.OPS, rows.SURFACES, rows.op, rows.via
 
 __all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS", "RunOptions", "op", "via",
-           "Cli", "Mcp", "Param", "REQUIRED", "RUN_JSON", "Result"]
+           "Cli", "Mcp", "Param", "REQUIRED", "RUN_JSON", "Result", "Sdk", "keyword"]
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 # MCP's run tool: run and submit_run (wait=false) alike; a tool call waits D.MCP_TIMEOUT, keeps its result unless told
@@ -46,6 +47,7 @@ def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
 @via("cli", Cli(handler="exploration.cmd_annotate"))
+@via("sdk", Sdk("metadata as keywords: img.annotate(0.7, task=\"t1\")", spread="meta"))
 @op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("image",)), doc="""Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
         notes: its ID stays. Returns your annotations of it (each tenant has its own). Tree search scores its
@@ -106,6 +108,7 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
 @via("cli", Cli("registry login", handler="images.cmd_registry_login"))
+@via("sdk", Off("credentials are the server operator's: `sandtree registry login`, or st.engine.registry_login"))
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
               rename={"registry_url": "registry", "secret": "token"}))
@@ -114,6 +117,7 @@ def registry_login(registry_url: str, username: str, secret: str, *, insecure: b
     """Store credentials for a registry (the secret is never returned or logged)."""
 
 @via("cli", Cli("registry host"))
+@via("sdk", Off("a parsing helper of the CLI and REST: st.engine.registry_host"))
 @op(None, http=Http(_G, "/registries/host", query=("reference",), result="registry"))
 @via("mcp", Mcp(name="registry_token_obtain", handler="registry_token_obtain", rename={"reference": "registry_url"}))
 def registry_host(reference: str) -> str:
@@ -134,6 +138,7 @@ def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
     """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
 
 @via("cli", Cli("image bootstrap", handler="images.cmd_image_bootstrap"))
+@via("sdk", Sdk("st.bootstrap() builds the usual base", defaults={"spec": D.BOOTSTRAP_SPEC}))
 @op(None, admin=True, local="it runs debootstrap on the server's machine: use `sandtree image bootstrap` there")
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"spec": "source"}))
 def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log=None, mirror: str | None = None) -> str:
@@ -141,48 +146,56 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
 
 # ---- uploads and file sets --------------------------------------------------------------------------
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("the SDK sends files with the run: files={\"/dest\": bytes | Path} (st.engine.upload for a blob)"))
 @op("run", http=Http(_P, "/files", content="data", result="sha256"))
 @via("mcp", Mcp(handler="upload", extra=("content", "content_base64")))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("the SDK sends files with the run: files={\"/dest\": Path}"))
 @op("run", local=_LOCAL_HOST)
 @via("mcp", Mcp(name="upload", handler="upload", types={"path": "str | None"}, defaults={"path": None}))
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.upload_info)"))
 @op("list", http=Http(_G, "/files/{digest}/info"))
 @via("mcp", Off("import_image(upload:SHA256) reads an upload's size; upload answered it"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.uploads)"))
 @op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
 @via("mcp", Off("an agent keeps the sha256 each upload answers"))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("the server's own lookup of a digest prefix (CLI and Contree)"))
 @op("list", local="the server answers it per request")
 @via("mcp", Off("an agent keeps the whole sha256 each upload answers"))
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.download)"))
 @op("list", http=Http(_G, "/files/{digest}", raw=True))
 @via("mcp", Off("an upload's bytes are the agent's own; import_image and build read them back"))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("the SDK sends files with the run: files=; a stored set is REST's and MCP's"))
 @op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
 @via("mcp", Mcp(name="rsync", handler="rsync", extra=("source", "destination", "exclude")))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
+@via("sdk", Off("the server's own lookup of a stored file set"))
 @op("list", local="the server answers it per request")
 @via("mcp", Off("a file set is the agent's own rsync; build(directory_state_id=) reads it back"))
 def file_set(set_id: str) -> list[dict]:
@@ -203,6 +216,7 @@ def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
 @via("cli", Cli("cat", show="bytes"))
+@via("sdk", Sdk("offset and limit read as options of img.read(path), as they always have", keyword=("offset", "limit")))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
 @via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}),
                  Mcp(name="download", handler="download", resolve=("image",), extra=("destination",))))
@@ -210,6 +224,9 @@ def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> by
     """A file's bytes (from `offset`, at most `limit`)."""
 
 @via("cli", Cli(handler="inspection.cmd_grep"))
+@via("sdk", Sdk("the row takes its options as **kw: these are they", kw=(
+    keyword("glob", None, "str | None"), keyword("max_matches", D.GREP_MAX_MATCHES, "int"),
+    keyword("ignore_case", False, "bool"), keyword("before", 0, "int"), keyword("after", 0, "int"))))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
 @via("mcp", Mcp(resolve=("image",), extra=(Param("glob", "str | None", None), Param("max_matches", "int", D.MCP_GREP_MATCHES),
                                  Param("ignore_case", "bool", False)),
@@ -258,6 +275,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
     progress: called with a dict per step event (step, total, text, status, output)"""
 
 @via("cli", Cli("build", handler="build.cmd_build"))
+@via("sdk", Sdk("st.build_context() builds the current directory, as `docker build .`", defaults={"context": "."}))
 @op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
 @via("mcp", Mcp(name="build", handler="build", rename={"text": "dockerfile"}, defaults={"text": REQUIRED},
                 extra=("files", "directory_state_id")))
@@ -279,6 +297,8 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
 @via("cli", Cli(handler="runs.cmd_fork", defaults={"parallel": D.CLI_FORK_PARALLEL}))
+@via("sdk", Sdk("a fork from Python runs a few at once, not every command (a long list would start every sandbox)",
+                defaults={"parallel": D.FORK_PARALLEL}))
 @op("run", images=("ref",), audit="fork",
     http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
     custom_remote=True, kwargs_of="run")
@@ -369,6 +389,7 @@ def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
 @via("cli", Cli("branch create", show="branch_moved"))
+@via("sdk", Sdk("st.branch(name) opens an existing branch, st.branch(name, image) makes one", defaults={"image": None}))
 @op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("name", "image"), rename={"name": "branch"}),
                 doc='A branch: a name that run(image="branch:NAME") advances; rollback moves it back.'))
@@ -444,18 +465,21 @@ def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict
     """The audit trail, newest first (a tenant: its own)."""
 
 @via("cli", Cli(handler="admin.cmd_fsck"))
+@via("sdk", Sdk("the SDK's options are keyword-only", keyword=("verify_content",)))
 @op(None, admin=True, http=Http(_P, "/admin/fsck", query=("verify_content",)))
 @via("mcp", Off("admin: the store's upkeep is the operator's"))
 def fsck(verify_content: bool = True) -> dict:
     """Check the store; verify_content re-hashes every blob."""
 
 @via("cli", Cli(show="gc"))
+@via("sdk", Sdk("the SDK's options are keyword-only", keyword=("retention", "grace")))
 @op(None, admin=True, audit="gc", http=Http(_P, "/admin/gc", query=("retention", "grace")))
 @via("mcp", Off("admin: the store's upkeep is the operator's"))
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
 @via("cli", Cli("secret set", handler="secrets.cmd_secret"))
+@via("sdk", Sdk("hosts reads as an option: st.set_secret(\"NAME\", value, hosts=[...])", keyword=("hosts",)))
 @op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant")))
 @via("mcp", Off("secrets are stored by the operator or the token's owner (sandtree secret set), not by an agent"))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
@@ -482,6 +506,7 @@ def submit_run(ref: str, command, **options) -> str:
     """Start a run and return its operation ID at once (the options are run's)."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
+@via("sdk", Off("st.operation(op) is this record"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"))
 @via("mcp", Mcp(name="get_operation", handler="get_operation", rename={"op": "operation_id"}, extra=("offset",)))
 def get(op: str) -> dict:
@@ -494,6 +519,7 @@ def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
+@via("sdk", Off("st.wait(ops) gives the records; st.engine.operations.result the whole output"))
 @op("list", group="operations", http=Http(_G, "/operations/{op}"), custom_remote=True)
 @via("mcp", Mcp(name="get_operation", handler="get_operation", rename={"op": "operation_id"}))
 def result(op: str):
@@ -506,6 +532,7 @@ def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
+@via("sdk", Off("the SDK waits for the operations it submitted (st.wait); st.engine.operations.list lists them"))
 @op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
 @via("mcp", Mcp(name="list_operations", handler="list_operations", defaults={"limit": D.MCP_OPERATIONS_LIMIT}))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001

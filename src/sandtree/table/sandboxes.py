@@ -9,6 +9,8 @@ from .rows import Http, op
 from .mcp import RUN_JSON, Mcp, Result       # MCP's tools, declared beside the rows (table/mcp.py)
 from .rows import Off, via
 from .cli import Cli
+from .rows import Http, Off, op, via
+from .sdk import Sdk
 
 __all__: list[str] = []          # rows only: they register themselves in rows.OPS
 
@@ -61,6 +63,8 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     output: bytes of its output kept per stream (default: the server's)"""
 
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
+@via("sdk", Sdk("proc.write(data) streams: it leaves stdin open (proc.close_stdin() or close=True ends it)",
+                defaults={"close": False}))
 @op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id", "data": "stdin", "close": "close_stdin"},
                 types={"data": "str | None"}, defaults={"data": None, "close": False}))
@@ -68,6 +72,7 @@ def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = 
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
+@via("sdk", Sdk("proc.signal() asks it to end (TERM); proc.kill() sends KILL", defaults={"signal": "TERM"}))
 @op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id"},
                 types={"signal": "str | None"}, defaults={"signal": None}))
@@ -201,6 +206,7 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
+@via("sdk", Sdk("st.pool(image) keeps a few started", defaults={"size": D.POOL_SIZE}))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
@@ -208,6 +214,7 @@ def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
+@via("sdk", Off("st.pool(image, wait=True)"))
 @op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
@@ -222,18 +229,21 @@ def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
+@via("sdk", Off("st.pool(image, wait=True) waits as it makes the pool"))
 @op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
+@via("sdk", Off("st.pool(image, 0) empties a pool; st.engine.pool_remove forgets it"))
 @op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
+@via("sdk", Off("st.pool(recipe): a recipe given to st.pool is built and pooled"))
 @op(None, admin=True, audit="build", local="a recipe's context is a directory of this machine (a server: serve --pool DOCKERFILE --watch)",
     options=RunOptions.parameters(*RunOptions.LIMITS, exclude=("tier",)))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
