@@ -71,7 +71,7 @@ def register(t: Toolkit) -> None:
     def resource_read(image: str, path: str) -> str:
         """A file of an image."""
         try:
-            data = engine.read(engine.resolve(image), "/" + path, 0, MAX_READ + 1)
+            data = engine.read(image, "/" + path, 0, MAX_READ + 1)
             text = data[:MAX_READ].decode("utf-8", "replace")
             return text + ("\n[cut at 4 MiB: read the rest with the read_file tool and an offset]"
                            if len(data) > MAX_READ else "")
@@ -82,7 +82,7 @@ def register(t: Toolkit) -> None:
     def resource_ls(image: str, path: str) -> str:
         """A directory listing of an image."""
         try:
-            return json.dumps([e.to_dict() for e in engine.ls(engine.resolve(image), "/" + path)])
+            return json.dumps([e.to_dict() for e in engine.ls(image, "/" + path)])
         except SandtreeError as exc:
             raise ValueError(error_text(exc)) from None
 
@@ -90,7 +90,7 @@ def register(t: Toolkit) -> None:
     def resource_lineage(image: str) -> str:
         """The lineage tree under an image."""
         try:
-            return render_text(engine.lineage_tree(engine.resolve(image)))
+            return render_text(engine.lineage_tree(image))
         except SandtreeError as exc:
             raise ValueError(error_text(exc)) from None
 
