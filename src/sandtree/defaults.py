@@ -46,6 +46,8 @@ KEEP_ALIVE = 5.0                     # seconds an idle connection stays open bet
 CLIENT_CONNECTIONS = 256             # connections one client address may hold at once (0: no cap)
 SERVER_CONNECTIONS = 4096            # connections at once in all (at most the server's open-file limit less a reserve)
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
+OPERATION_WAIT = 60.0                # ... and how long it blocks when the caller names no timeout (REST)
+GREP_MAX_MATCHES = 1000              # lines one grep answers at most unless asked for more
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
 # What a run's command and environment may hold, refused (invalid_input) before anything starts.

@@ -25,19 +25,19 @@ _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or write
 def resolve(ref: str) -> str:
     """The full image ID a reference names."""
 
-@op("list", http=Http(_G, "/images"))
+@op("list", http=Http(_G, "/images", name="list_images"))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
 
-@op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",)))
+@op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",), name="set_tag", model="TagIn", echo={"name": "tag", "image": "image"}))
 def tag(image: str, name: str) -> None:
     """Point tag `name` at an image (moves an existing tag)."""
 
-@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
+@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta"), model="AnnotateIn"))
 def annotate(image: str, score: float | None = None, meta: dict | None = None) -> dict:
     """Merge a score and metadata (key -> JSON scalar; null removes a key) into your annotations of an image; returns them."""
 
-@op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
+@op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image", name="delete_tag", echo={"name": "tag"}))
 def untag(name: str) -> str:
     """Remove a tag; returns the image it named."""
 
@@ -45,36 +45,36 @@ def untag(name: str) -> str:
 def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}", name="get_image", names={"image": "ref"}))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags, annotations."""
 
-@op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",)))
+@op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",), names={"image": "ref"}, echo={"image": "removed"}))
 def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
-@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
+@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}, names={"image": "ref"}, model="ShareIn"))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
-@op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}))
+@op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}, names={"image": "ref"}))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
 # ---- import ---------------------------------------------------------------------------------------
-@op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
+@op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",), name="import_tar", status=201, handler="import_tar"), custom_remote=True)
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",)))
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",), status=201, model="PullIn", echo={"tag": "tag"}))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
-              rename={"registry_url": "registry", "secret": "token"}))
+              rename={"registry_url": "registry", "secret": "token"}, model="LoginIn"))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
@@ -83,10 +83,10 @@ def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
 @op(None, admin=True, images=("image",), audit="push",
-    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",)))
+    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",), names={"image": "ref"}, model="PushIn"))
 def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
     """Push an image to docker://HOST[:PORT]/NAME[:TAG] (admin: with the server's stored credentials)."""
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",)), custom_remote=True)
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",), names={"image": "ref"}, handler="export_oci"), custom_remote=True)
 def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
     """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
 
@@ -95,7 +95,7 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
     """Build a Debian base image with debootstrap (spec: SUITE, e.g. bookworm)."""
 
 # ---- uploads and file sets --------------------------------------------------------------------------
-@op("run", http=Http(_P, "/files", content="data", result="sha256"))
+@op("run", http=Http(_P, "/files", content="data", result="sha256", status=201, handler="upload"))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
 
@@ -103,7 +103,7 @@ def upload(data: bytes) -> str:
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
-@op("list", http=Http(_G, "/files/{digest}/info"))
+@op("list", http=Http(_G, "/files/{digest}/info", names={"digest": "sha256"}))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
@@ -115,11 +115,11 @@ def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
 def find_upload(prefix: str) -> str:
     """The one upload whose digest starts with `prefix`."""
 
-@op("list", http=Http(_G, "/files/{digest}", raw=True))
+@op("list", http=Http(_G, "/files/{digest}", raw=True, names={"digest": "sha256"}, handler="download"))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
-@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
+@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id", name="file_set", status=201))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
@@ -128,28 +128,28 @@ def file_set(set_id: str) -> list[dict]:
     """A stored file set's files."""
 
 # ---- inspection ----------------------------------------------------------------------------------
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True, names={"image": "ref"}))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True, names={"image": "ref"}))
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True, names={"image": "ref"}, handler="read"))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path"), names={"image": "ref"}, handler="grep"))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",), names={"image": "ref"}, name="export", handler="export"), custom_remote=True)
 def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
-@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True))
+@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True, echo={"a": "a", "b": "b"}))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
 
@@ -158,11 +158,11 @@ def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
 # ---- builds (issue 15): image config and recipes ----------------------------------------------------
-@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
+@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config", handler="image_config"), custom_remote=True)
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
-@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure"), custom_remote=True)
+@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure", status=201, handler="configure"), custom_remote=True)
 def configure(ref: str, config, *, tag: str | None = None) -> str:     # makes an image, runs nothing
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
 
@@ -172,7 +172,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
     """Build a Recipe step by step, cached on the image DAG; a BuildResult (no_cache_filter: stage names, step numbers).
     progress: called with a dict per step event (step, total, text, status, output)"""
 
-@op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
+@op("run", audit="build", http=Http(_P, "/builds", name="build", handler="build"), custom_remote=True)
 def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: str | None = None,
                   tag: str | None = None, build_args: dict | None = None, target: str | None = None, network=None,
                   no_cache: bool = False, no_cache_filter=(), progress=None):
@@ -180,7 +180,7 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
     context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True, options=RunOptions.parameters())
+@op("run", images=("ref",), audit="run", http=Http(_P, "/runs", status=201, handler="run"), custom_remote=True, options=RunOptions.parameters())
 def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
         disposable: bool | str = False, on_output=None, cancel=None, retries: int = 0):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -189,7 +189,7 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
 @op("run", images=("ref",), audit="fork",
-    http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
+    http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False, handler="fork"),
     custom_remote=True, kwargs_of="run")
 def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
     """Run each command on the same image concurrently, one branch each; the records in order
@@ -197,7 +197,7 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
     commands: the commands (each a shell string or an argv list), all from the same image
     parallel: at most this many running at once (default: all)"""
 
-@op("list", http=Http(_G, "/operations/{op}"))
+@op("list", http=Http(_G, "/operations/{op}", name="get_operation", handler="get_operation"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
 
@@ -205,35 +205,35 @@ def operation(op: str) -> dict:
 from . import sandboxes  # noqa: E402,F401
 
 # ---- lineage ----------------------------------------------------------------------------------------
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents", names={"image": "ref"}))
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/children"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/children", names={"image": "ref"}))
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",)))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",), names={"image": "ref"}, bounds={"limit": {"ge": 1, "le": 100_000}}))
 def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
     """An image's history, newest first: each step's operation and command."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors", names={"image": "ref"}))
 def ancestors(image: str) -> dict[str, int]:
     """Every ancestor with its distance."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants", names={"image": "ref"}))
 def descendants(image: str) -> dict[str, int]:
     """Every descendant with its distance."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by", names={"image": "ref"}))
 def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
 
-@op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
+@op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree", names={"root": "ref"}, name="image_lineage", handler="image_lineage"))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
-@op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image"))
+@op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image", name="common"))
 def common_ancestor(a: str, b: str) -> str | None:
     """The nearest image both descend from (None: none)."""
 
@@ -243,7 +243,7 @@ def lineage_path(a: str, b: str) -> list[str]:
 
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
-    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
+    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
@@ -252,11 +252,11 @@ def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = No
 def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
-@op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
+@op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force"), name="create_branch", status=201, model="BranchIn", echo={"name": "branch", "image": "image"}))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
 
-@op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image"))
+@op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image", name="delete_branch", echo={"name": "branch"}))
 def branch_delete(name: str) -> str:
     """Remove a branch; returns its head."""
 
@@ -264,7 +264,7 @@ def branch_delete(name: str) -> str:
 def branches() -> dict[str, str]:
     """Branch -> head image."""
 
-@op("list", http=Http(_G, "/branches/{name:path}", result="image"))
+@op("list", http=Http(_G, "/branches/{name:path}", result="image", echo={"name": "branch"}))
 def branch_head(name: str) -> str:
     """A branch's head image."""
 
@@ -272,7 +272,7 @@ def branch_head(name: str) -> str:
 def branch_log(name: str) -> list[dict]:
     """Where a branch's head has been, newest first."""
 
-@op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
+@op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image", model="RollbackIn", echo={"name": "branch"}))
 def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
     """Move a branch's head back (to an image, or `steps` back along its log)."""
 
@@ -297,7 +297,7 @@ def doctor() -> list[dict]:
 def cluster_status() -> dict:
     """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
 
-@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
+@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit"), bounds={"limit": {"ge": 1, "le": 10000}}))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
@@ -309,7 +309,7 @@ def fsck(verify_content: bool = True) -> dict:
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
-@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant")))
+@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant"), model="SecretIn", types={"hosts": "list[str] | str"}))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
     """Store a secret that runs name (secrets=["NAME"]), kept outside the database; its value is never shown again."""
 @op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",)))
@@ -328,7 +328,7 @@ def submit_run(ref: str, command, **options) -> str:
 def get(op: str) -> dict:
     """An operation's record and status."""
 
-@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
+@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",), name="wait_operation", handler="wait_operation"), custom_remote=True)
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 
@@ -336,11 +336,11 @@ def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
 def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
-@op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel"))
+@op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel", name="cancel_operation"))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
-@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind"), name="list_operations", bounds={"limit": {"ge": 1, "le": 1000}}))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""
 

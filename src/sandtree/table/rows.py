@@ -35,6 +35,17 @@ class Http:
     data: bool = False
     drop: tuple[str, ...] = ()
     rename: dict = field(default_factory=dict)      # argument -> its field name on the wire
+    # How the REST server shows the row (http/derived.py makes its route from all of the above and these):
+    name: str | None = None         # the route's name (OpenAPI operationId and summary), when not the row's
+    status: int = 200               # the answer's status (a row answering None without `echo`: 204 empty)
+    names: dict = field(default_factory=dict)       # argument -> its name in the route's path ({ref} for image)
+    echo: dict = field(default_factory=dict)        # argument -> answer key: the (resolved) argument, beside result
+    model: str | None = None        # the body model's name in OpenAPI (default: the row's name in CamelCase + In)
+    optional_body: bool = False     # the body may be left out (all its fields have defaults)
+    bounds: dict = field(default_factory=dict)      # argument -> {ge, le, lt}: what the wire refuses (422)
+    types: dict = field(default_factory=dict)       # argument -> the wire's type (an annotation), wider than the row's
+    defaults: dict = field(default_factory=dict)    # argument -> the wire's default where the row has none
+    handler: str | None = None      # a hand-written route of http/ (a stream, a file, a spooled body): its name
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ __all__: list[str] = []          # rows only: they register themselves in rows.O
 _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox"), custom_remote=True,
     options=RunOptions.parameters())
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                   idle_action: str = D.SANDBOX_IDLE_ACTION) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
-@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
+@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox"), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
                  cancel=None, timeout: float | None = None, output=None):
@@ -35,7 +35,7 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
-                                                           "stdin_open", "output"), result="pid"))
+                                                           "stdin_open", "output"), result="pid", name="spawn_process", status=201, model="ProcessIn", bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
                   output=None) -> int:
@@ -44,113 +44,113 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
     output: bytes of its output kept per stream (default: the server's)"""
 
-@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
+@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data", name="process_stdin", status=204))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
-@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
+@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",), name="process_signal", status=204, model="SignalIn", optional_body=True, types={"signal": "str | int"}))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
 
-@op("list", http=Http(_G, _PROC + "/{pid}"))
+@op("list", http=Http(_G, _PROC + "/{pid}", name="get_process"))
 def sandbox_process(sid: str, pid: int) -> dict:
     """A spawned process: running, exit code, signal, its output so far (text and base64)."""
 
-@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
+@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image", name="commit_sandbox", status=201, model="CommitIn", optional_body=True))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
-@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
+@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop", name="stop_sandbox"))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
-@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
+@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate", name="hibernate_sandbox"))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
-@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
+@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume", name="resume_sandbox"))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
-@op("list", http=Http(_G, "/sandboxes/{sid}"))
+@op("list", http=Http(_G, "/sandboxes/{sid}", name="get_sandbox"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
-@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
+@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}, name="list_sandboxes"))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
-@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
+@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True, name="read_sandbox_file"))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
-@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data", name="write_sandbox_file", handler="write_sandbox_file"))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
-@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
+@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",), name="set_sandbox_timeout", model="TimeoutIn"))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
-@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn"))
 def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
-@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
+@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",), name="list_sandbox_dir"))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
 
-@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists", name="sandbox_path_exists", echo={"path": "path"}))
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
-@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
+@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
-@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
+@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
-@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
+@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}", name="unexpose_port", status=204))
 def sandbox_unexpose(sid: str, port: int) -> None:
     """Make an exposed port of a live sandbox unreachable again."""
 
-@op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
+@op("run", http=Http(_G, "/sandboxes/{sid}/ports", name="list_ports"))
 def sandbox_ports(sid: str) -> list[dict]:
     """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
 
-@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
+@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url", name="port_url", handler="port_url"))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": 4}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
     wait_timeout: seconds to wait for the pool to fill"""
 
-@op("list", http=Http(_G, "/pools"))
+@op("list", http=Http(_G, "/pools", name="list_pools"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
-@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
+@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready", name="wait_pool", names={"ref": "image"}, bounds={"timeout": {"ge": 0, "le": 600}}))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
-@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
+@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}", name="delete_pool", names={"ref": "image"}, status=204))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
 
