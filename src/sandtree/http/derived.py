@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib
 import inspect
 from typing import Any, Literal
 
@@ -30,7 +31,8 @@ from ..table import OPS
 from .models import FileIn, In, NetworkIn, SecretsIn
 from .plumbing import Plumbing
 
-__all__ = ["API", "HANDLERS", "handler", "rest_router", "rest_routes", "wire_type"]
+__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "rest_router", "rest_routes", "route_path",
+           "wire_type"]
 
 API = "/api/v1"
 
@@ -95,15 +97,17 @@ def route_path(h) -> str:
 
 
 def _describe(row, arg: str) -> str | None:
-    return vocabulary.describe(row.name, arg)
+    """The wire's description of an argument: Http.describe's (what REST says of it), else the vocabulary's."""
+    return row.http.describe.get(arg) or vocabulary.describe(row.name, arg)
 
 
 def _query_param(row, arg: str) -> inspect.Parameter:
     wire = row.http.rename.get(arg, arg)
     tp, default = wire_type(row, arg), _default(row, arg)
     if "dict" in str(tp):                      # NAME=VALUE pairs, repeatable (as the remote client sends a dict)
+        text = row.http.describe.get(arg) or f"NAME=VALUE (repeatable): {_describe(row, arg)}"
         return inspect.Parameter(wire, inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-                                 default=Query([], description=f"NAME=VALUE (repeatable): {_describe(row, arg)}"))
+                                 default=Query([], description=text))
     return inspect.Parameter(wire, inspect.Parameter.KEYWORD_ONLY, annotation=tp,
                              default=Query(default, description=_describe(row, arg), **row.http.bounds.get(arg, {})))
 
@@ -134,12 +138,13 @@ def _body_model(rows: list, h):
                 fields[wire + "_base64"] = (str | None, Field(None, description=f"{wire} as base64, for bytes that "
                                                                                 "are not UTF-8"))
     for key, value in _consts(rows).items():
-        fields[key] = (type(value), Field(value))
+        text = next((r.http.describe[key] for r in rows if key in r.http.describe), None)
+        fields[key] = (type(value), Field(value, description=text))
     if not fields and not h.optional_body and not h.const:
         return None
     name = h.model or "".join(w.title() for w in rows[0].name.split("_")) + "In"
     # named as the hand-written models were (their module: OpenAPI names a clashing model by it)
-    return create_model(name, __base__=In, __module__="sandtree.http.models", __doc__=rows[0].doc.split("\n")[0],
+    return create_model(name, __base__=In, __module__="sandtree.http.models", __doc__=h.model_doc or rows[0].doc.split("\n")[0],
                         **fields)
 
 
@@ -298,7 +303,6 @@ def rest_routes() -> list[list]:
 
 
 def rest_router(p: Plumbing) -> APIRouter:
-    import importlib
     for module in HANDLER_MODULES:
         importlib.import_module(f"{__package__}.{module}")
     router = APIRouter()
@@ -311,5 +315,5 @@ def rest_router(p: Plumbing) -> APIRouter:
             continue
         router.add_api_route(route_path(h), _endpoint(p, rows), methods=[h.method], name=name,
                              status_code=h.status, response_model=_answer_model(rows),
-                             description=rows[0].doc.split("\n")[0])
+                             description=h.doc or rows[0].doc.split("\n")[0])
     return router

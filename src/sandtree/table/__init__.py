@@ -53,7 +53,7 @@ def image_info(image: str) -> dict:
 def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
-@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}, names={"image": "ref"}, model="ShareIn"))
+@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}, names={"image": "ref"}, model="ShareIn", doc="Make an image (one the caller owns) visible to every tenant by its ID, or stop that."))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
@@ -67,14 +67,14 @@ def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
-@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",), status=201, model="PullIn", echo={"tag": "tag"}))
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",), status=201, model="PullIn", echo={"tag": "tag"}, describe={"insecure": "plain HTTP to the registry (a test registry on loopback)"}))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
     reference: docker://HOST[:PORT]/NAME[:TAG|@DIGEST]"""
 
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
-              rename={"registry_url": "registry", "secret": "token"}, model="LoginIn"))
+              rename={"registry_url": "registry", "secret": "token"}, model="LoginIn", describe={"insecure": "plain HTTP to this registry (a test registry on loopback)"}))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
@@ -83,7 +83,7 @@ def registry_host(reference: str) -> str:
     """The registry a URL or image reference names (docker://ghcr.io/org/x -> ghcr.io)."""
 
 @op(None, admin=True, images=("image",), audit="push",
-    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",), names={"image": "ref"}, model="PushIn"))
+    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",), names={"image": "ref"}, model="PushIn", describe={"insecure": "plain HTTP to the registry (a test registry on loopback)", "reference": "docker://HOST[:PORT]/NAME[:TAG]"}))
 def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
     """Push an image to docker://HOST[:PORT]/NAME[:TAG] (admin: with the server's stored credentials)."""
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",), names={"image": "ref"}, handler="export_oci"), custom_remote=True)
@@ -103,11 +103,11 @@ def upload(data: bytes) -> str:
 def upload_file(path: str, digest: str | None = None) -> str:
     """Store a file of this machine (streamed); returns its sha256."""
 
-@op("list", http=Http(_G, "/files/{digest}/info", names={"digest": "sha256"}))
+@op("list", http=Http(_G, "/files/{digest}/info", names={"digest": "sha256"}, doc="An upload's size and time (the caller's own upload, or 404)."))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
-@op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
+@op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset"), doc="Uploaded files (sha256, size, created), newest first."))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
 
@@ -119,7 +119,7 @@ def find_upload(prefix: str) -> str:
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
-@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id", name="file_set", status=201))
+@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id", name="file_set", status=201, doc='A reusable set of uploaded files ({"path", "sha256", "mode"}); its ID is its content hash.'))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
 
@@ -243,7 +243,7 @@ def lineage_path(a: str, b: str) -> list[str]:
 
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
-    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}))
+    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}, describe={"ignore": "globs that never conflict (ours taken); null: __pycache__/, *.pyc, .pytest_cache/; [] for none", "on_conflict": "conflicts without a strategy: 409 merge_conflict (raise) or 200 with image null (return)"}))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
@@ -293,11 +293,11 @@ def whoami() -> dict:
 def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
-@op(None, admin=True, http=Http(_G, "/cluster"))
+@op(None, admin=True, http=Http(_G, "/cluster", doc="Where runs go: this server alone (mode local) or a Ray cluster's nodes, their load and sandboxes."))
 def cluster_status() -> dict:
     """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
 
-@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit"), bounds={"limit": {"ge": 1, "le": 10000}}))
+@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit"), bounds={"limit": {"ge": 1, "le": 10000}}, doc="Who ran what on which image, newest first: a tenant's token sees its own records."))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
 
@@ -309,10 +309,10 @@ def fsck(verify_content: bool = True) -> dict:
 def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
     """Remove unreachable images and data older than `retention` (never younger than `grace`)."""
 
-@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant"), model="SecretIn", types={"hosts": "list[str] | str"}))
+@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant"), model="SecretIn", types={"hosts": "list[str] | str"}, doc='Store a secret runs name (secrets=["NAME"]): its name, hosts and times come back, never its value.', model_doc="PUT /secrets/{name}: a stored secret (the value is never in an answer, a log or the audit)."))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
     """Store a secret that runs name (secrets=["NAME"]), kept outside the database; its value is never shown again."""
-@op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",)))
+@op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",), doc="The stored secrets the caller may use (its own, and the operator's shared with it)."))
 def secret_list(*, tenant: str | None = None) -> list[dict]:
     """The stored secrets the caller may use: name, hosts, owner, times (never a value)."""
 @op("run", caller=True, audit="secret remove", http=Http(_X, "/secrets/{name}", query=("tenant",)))

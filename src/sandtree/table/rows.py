@@ -46,6 +46,11 @@ class Http:
     types: dict = field(default_factory=dict)       # argument -> the wire's type (an annotation), wider than the row's
     defaults: dict = field(default_factory=dict)    # argument -> the wire's default where the row has none
     handler: str | None = None      # a hand-written route of http/ (a stream, a file, a spooled body): its name
+    # What OpenAPI says where the wire's meaning is more than the row's docstring (a 404, a request body, a field
+    # of the route's own): the route's description, its body model's, and arguments' (argument -> text).
+    doc: str | None = None
+    model_doc: str | None = None
+    describe: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
-                                                           "stdin_open", "output"), result="pid", name="spawn_process", status=201, model="ProcessIn", bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
+                                                           "stdin_open", "output"), result="pid", name="spawn_process", status=201, model="ProcessIn", model_doc="A process started in a live sandbox without waiting (table.sandbox_spawn).", describe={"command": "a string runs in /bin/sh -c, a list is argv", "stdin_open": "keep its stdin open for writes (POST .../stdin)"}, bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
                   output=None) -> int:
@@ -44,7 +44,7 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
     output: bytes of its output kept per stream (default: the server's)"""
 
-@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data", name="process_stdin", status=204))
+@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data", name="process_stdin", status=204, doc="The request body is written to the process's stdin; close=false keeps it open."))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
     """Write to a spawned process's open stdin, then close it (close=False: keep it open)."""
 
@@ -76,7 +76,7 @@ def sandbox_resume(sid: str) -> dict:
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
-@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}, name="list_sandboxes"))
+@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}, name="list_sandboxes", describe={"labels": "NAME=VALUE: only sandboxes with this label (repeatable)"}))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
@@ -88,12 +88,12 @@ def sandbox_read(sid: str, path: str) -> bytes:
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
-@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",), name="set_sandbox_timeout", model="TimeoutIn"))
+@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",), name="set_sandbox_timeout", model="TimeoutIn", doc="The sandbox now stops `timeout` seconds from now (E2B's set_timeout)."))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
-@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn"))
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn", doc="Replace the live sandbox's network policy (connections it now forbids are cut)."))
 def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
@@ -105,15 +105,15 @@ def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory."))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
-@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
+@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, doc="Make a directory and any missing parents (mkdir -p).", bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
-@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201))
+@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201, doc="Make a port of the sandbox reachable: its loopback URL on the host and its path here."))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
@@ -131,12 +131,12 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": 4}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": 4}, describe={"tier": "its sandboxes' isolation tier (default: the server's); only runs on that tier take them"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}, describe={"wait": "answer once the pool is full", "wait_timeout": "with wait: seconds to wait for the pool to fill"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
