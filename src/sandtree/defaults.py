@@ -30,6 +30,7 @@ OPERATIONS_LIMIT = 50                # entries of `operations.list`
 LINEAGE_MAX_NODES = 2000             # nodes of one lineage tree answer
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
+POOL_SIZE = 4                        # sandboxes a pool keeps started when the caller names no size (REST)
 SHUTDOWN_GRACE = 10.0                # seconds `serve` waits on requests in flight after SIGTERM; then they are
                                      # dropped and the engine's runs cancelled (their sandboxes killed)
 DURATION_MAX = 30 * 86400            # seconds any timeout, lifetime or idle timeout may ask (finite: Infinity is refused)
@@ -50,6 +51,7 @@ OPERATION_WAIT = 60.0                # ... and how long it blocks when the calle
 GREP_MAX_MATCHES = 1000              # lines one grep answers at most unless asked for more
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
+TERMINAL_COLS, TERMINAL_ROWS = 80, 24     # a live sandbox's terminal (WebSocket) when the page names no size
 # What a run's command and environment may hold, refused (invalid_input) before anything starts.
 # Sizes are UTF-8 bytes. Within what execve(2) takes inside a sandbox (its stack rlimit is 8 MiB:
 # argv + envp up to 2 MiB; one string up to MAX_ARG_STRLEN, 128 KiB with its NUL), with room for

@@ -243,12 +243,12 @@ def lineage_path(a: str, b: str) -> list[str]:
 
 # ---- branching ------------------------------------------------------------------------------------
 @op("run", images=("base", "ours", "theirs"), audit="merge",
-    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}, describe={"ignore": "globs that never conflict (ours taken); null: __pycache__/, *.pyc, .pytest_cache/; [] for none", "on_conflict": "conflicts without a strategy: 409 merge_conflict (raise) or 200 with image null (return)"}))
+    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}, defaults={"base": None}, describe={"ignore": "globs that never conflict (ours taken); null: __pycache__/, *.pyc, .pytest_cache/; [] for none", "on_conflict": "conflicts without a strategy: 409 merge_conflict (raise) or 200 with image null (return)"}))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
 
-@op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs")))
+@op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs"), defaults={"base": None}))
 def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
@@ -328,7 +328,7 @@ def submit_run(ref: str, command, **options) -> str:
 def get(op: str) -> dict:
     """An operation's record and status."""
 
-@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",), name="wait_operation", handler="wait_operation"), custom_remote=True)
+@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",), name="wait_operation", handler="wait_operation", defaults={"timeout": D.OPERATION_WAIT}, bounds={"timeout": {"ge": 0, "le": D.WAIT_MAX}}), custom_remote=True)
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
 

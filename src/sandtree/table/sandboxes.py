@@ -131,12 +131,12 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": 4}, describe={"tier": "its sandboxes' isolation tier (default: the server's); only runs on that tier take them"}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": D.POOL_SIZE}, describe={"tier": "its sandboxes' isolation tier (default: the server's); only runs on that tier take them"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_create(ref: str, size: int) -> dict:
     """Keep `size` sandboxes of an image started; runs on it with these limits (and tier) use them."""
 
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}, describe={"wait": "answer once the pool is full", "wait_timeout": "with wait: seconds to wait for the pool to fill"}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}, defaults={"size": D.POOL_SIZE}, describe={"wait": "answer once the pool is full", "wait_timeout": "with wait: seconds to wait for the pool to fill"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
     """pool_create, then wait until the pool is full (at most wait_timeout seconds); its stats.
