@@ -8,7 +8,7 @@ import functools
 from fastapi import Query
 
 from .. import defaults as D
-from .derived import handler
+from .derived import handler, resolved
 from .plumbing import Plumbing
 
 
@@ -17,7 +17,7 @@ def image_lineage(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def image_lineage(ref: str, max_nodes: int = Query(D.LINEAGE_MAX_NODES, ge=1, le=100_000)) -> dict:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         return {"image": i, "log": await call(engine.log, i),
                 "tree": await call(functools.partial(engine.lineage_tree, i, max_nodes=max_nodes))}
     return image_lineage

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from ..engine import ImageConfig
 from ..errors import InvalidInput, SandtreeError
 from .bodylimit import spool, unstage
-from .derived import handler
+from .derived import handler, resolved
 from .plumbing import Plumbing
 
 
@@ -71,7 +71,7 @@ def image_config(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def image_config(ref: str) -> dict:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         return {"image": i, "config": (await call(engine.image_config, i)).to_oci()}
     return image_config
 
@@ -81,7 +81,7 @@ def configure(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def configure(ref: str, body: ConfigureIn) -> dict:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         config = ImageConfig.from_oci(body.config)
         return {"image": await call(functools.partial(engine.configure, i, config, tag=body.tag)), "tag": body.tag}
     return configure

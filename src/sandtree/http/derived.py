@@ -31,7 +31,7 @@ from ..table import OPS
 from .models import FileIn, In, NetworkIn, SecretsIn
 from .plumbing import Plumbing
 
-__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "rest_router", "rest_routes", "route_path",
+__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "resolved", "rest_router", "rest_routes", "route_path",
            "wire_type"]
 
 API = "/api/v1"
@@ -47,6 +47,12 @@ WIRE = {"command": "str | list[str]", "network": "NetworkIn", "secrets": "Secret
         "disk": "str | int | None", "output": "str | int | None", "files": "list[FileIn]",
         "env": "dict[str, str] | None", "labels": "dict[str, str] | None"}
 _NAMES = {"NetworkIn": NetworkIn, "SecretsIn": SecretsIn, "FileIn": FileIn, "Literal": Literal, "Any": Any}
+
+
+async def resolved(p: Plumbing, ref: str) -> str:
+    """An image reference (ID, prefix, tag, branch:NAME) as the image's full ID, as the caller may see it: the
+    one place REST resolves one (the derived routes for the rows' `images`, the hand-written ones for theirs)."""
+    return await p.call(p.engine.resolve, ref)
 
 
 def handler(name: str):
@@ -243,7 +249,7 @@ def _endpoint(p: Plumbing, rows: list):
             args[h.content] = await kw["request"].body()
         for arg in {a for row in rows for a in row.images}:
             if args.get(arg) is not None:
-                args[arg] = await p.call(engine.resolve, args[arg])
+                args[arg] = await resolved(p, args[arg])
         chosen = [r for r in rows if all(consts.get(k) == v for k, v in r.http.const.items())]
         if not chosen:
             raise InvalidInput("no operation takes these values: " + ", ".join(f"{k}={v}" for k, v in consts.items()))

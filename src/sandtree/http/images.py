@@ -14,7 +14,7 @@ from starlette.responses import FileResponse
 
 from .. import defaults as D
 from .bodylimit import spool, staged_file, unstage
-from .derived import handler
+from .derived import handler, resolved
 from .plumbing import Plumbing
 
 READ_CHUNK = 1 << 20      # bytes per chunk of a streamed file read
@@ -27,7 +27,7 @@ def read(p: Plumbing):
     async def read(ref: str, path: str, offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> Response:
         """A file's bytes from `offset`, at most `limit`; streamed a chunk at a time (a large
         file read whole into memory per request was a way to exhaust the server's)."""
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         first = await call(engine.read, i, path, offset, min(limit, READ_CHUNK) if limit is not None else READ_CHUNK)
         if len(first) < READ_CHUNK or limit == len(first):
             return Response(first, media_type="application/octet-stream")
@@ -53,7 +53,7 @@ def grep(p: Plumbing):
 
     async def grep(ref: str, pattern: str, path: str = "/", glob: str | None = None,
                    max_matches: int = Query(D.GREP_MAX_MATCHES, ge=1, le=100000), ignore_case: bool = False) -> list[dict]:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         return await call(engine.grep, i, pattern, path, glob=glob, max_matches=max_matches, ignore_case=ignore_case)
     return grep
 
@@ -63,7 +63,7 @@ def export(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def export(ref: str, path: str = "/") -> Response:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         # built into a file on the store's disk and streamed from it (in memory, an export was
         # as large as the image, per request)
         tmp = await call(staged_file, p.stage, "export")
@@ -82,7 +82,7 @@ def export_oci(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def export_oci(ref: str, name: str | None = None) -> Response:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         tmp = await call(staged_file, p.stage, "export")     # on the store's disk, as export is
         try:
             with open(tmp, "xb") as f:
