@@ -31,8 +31,8 @@ from ..table import OPS
 from .models import FileIn, In, NetworkIn, SecretsIn
 from .plumbing import Plumbing
 
-__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "resolved", "rest_router", "rest_routes", "route_path",
-           "wire_type"]
+__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "resolved", "rest_router", "rest_routes",
+           "route_path", "wire_type"]
 
 API = "/api/v1"
 
@@ -150,8 +150,8 @@ def _body_model(rows: list, h):
         return None
     name = h.model or "".join(w.title() for w in rows[0].name.split("_")) + "In"
     # named as the hand-written models were (their module: OpenAPI names a clashing model by it)
-    return create_model(name, __base__=In, __module__="sandtree.http.models", __doc__=h.model_doc or rows[0].doc.split("\n")[0],
-                        **fields)
+    return create_model(name, __base__=In, __module__="sandtree.http.models",
+                        __doc__=h.model_doc or rows[0].doc.split("\n")[0], **fields)
 
 
 def _consts(rows: list) -> dict:

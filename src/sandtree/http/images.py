@@ -52,7 +52,8 @@ def grep(p: Plumbing):
     engine, call = p.engine, p.call
 
     async def grep(ref: str, pattern: str, path: str = "/", glob: str | None = None,
-                   max_matches: int = Query(D.GREP_MAX_MATCHES, ge=1, le=100000), ignore_case: bool = False) -> list[dict]:
+                   max_matches: int = Query(D.GREP_MAX_MATCHES, ge=1, le=100000),
+                   ignore_case: bool = False) -> list[dict]:
         i = await resolved(p, ref)
         return await call(engine.grep, i, pattern, path, glob=glob, max_matches=max_matches, ignore_case=ignore_case)
     return grep
