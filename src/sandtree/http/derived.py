@@ -31,7 +31,7 @@ from ..table import OPS
 from .models import FileIn, In, NetworkIn, SecretsIn
 from .plumbing import Plumbing
 
-__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "handler", "resolved", "rest_router", "rest_routes",
+__all__ = ["API", "HANDLERS", "HANDLER_MODULES", "WIRE", "body_model", "handler", "resolved", "rest_router", "rest_routes",
            "route_path", "wire_type"]
 
 API = "/api/v1"
@@ -63,8 +63,14 @@ def handler(name: str):
     return deco
 
 
+def _param(row, arg: str) -> inspect.Parameter:
+    """A row's argument: its own, or one its **options take (kwargs_of: fork's are run's)."""
+    p = row.signature.parameters.get(arg)
+    return p if p is not None else next(k for k in row.keyword_options() if k.name == arg)
+
+
 def _row_annotation(row, arg: str) -> str:
-    p = row.signature.parameters[arg]
+    p = _param(row, arg)
     return "" if p.annotation is p.empty else str(p.annotation)
 
 
@@ -82,7 +88,7 @@ def _bytes(row, arg: str) -> bool:
 def _default(row, arg: str):
     """The wire's default: the row's; an optional argument without one is left out (None: clients leave None
     values out, so None is what the row gets); Http.defaults for the few the wire defaults and the row does not."""
-    p = row.signature.parameters[arg]
+    p = _param(row, arg)
     if arg in row.http.defaults:
         return row.http.defaults[arg]
     if p.default is not p.empty:
@@ -152,6 +158,14 @@ def _body_model(rows: list, h):
     # named as the hand-written models were (their module: OpenAPI names a clashing model by it)
     return create_model(name, __base__=In, __module__="sandtree.http.models",
                         __doc__=h.model_doc or rows[0].doc.split("\n")[0], **fields)
+
+
+@functools.cache
+def body_model(key: str):
+    """The body model of a row whose route is written by hand (Http.handler): made from the row as a derived
+    route's is, once (one class per name in OpenAPI)."""
+    row = OPS[key]
+    return _body_model([row], row.http)
 
 
 def _consts(rows: list) -> dict:

@@ -50,67 +50,6 @@ NetworkIn = bool | str | list[str] | dict[str, list[str] | None] | None
 SecretsIn = dict[str, dict[str, bool | str | list[str]]] | list[str] | None
 
 
-class RunOptionsIn(In):
-    """What a run takes beside its image and command (a fork's runs take the same)."""
-    env: dict[str, str] = {}
-    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
-    uid: int | None = Field(None, description="user id (default: the image's USER, else 0)")
-    gid: int | None = None
-    hostname: str = D.HOSTNAME
-    files: list[FileIn] = []
-    file_set: str | None = None
-    disposable: bool = False
-    timeout: float | None = None
-    memory: str | int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    disk: str | int | None = None
-    output: str | int | None = None
-    tier: str | None = None
-    labels: dict[str, str] = Field({}, description="names and values kept with the run (its operation's spec)")
-    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
-    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
-    retries: int = Field(0, ge=0, le=D.RUN_RETRIES_MAX, description="on a cluster: run it again on another node "
-                         "this many times at most if its node is lost before it committed")
-
-
-class RunIn(RunOptionsIn):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
-    command: str | list[str] = Field(description="a string runs in /bin/sh -c; a list is argv")
-    stdin: str | None = None
-    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    wait: bool = True
-
-
-class ForkIn(RunOptionsIn):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)")
-    commands: list[str | list[str]] = Field(description="one run each, all from the same image")
-    parallel: int | None = Field(None, description="at most this many running at once (default: all)")
-
-
-class StartIn(In):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
-    env: dict[str, str] = {}
-    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
-    hostname: str = D.HOSTNAME
-    files: list[FileIn] = []
-    file_set: str | None = None
-    idle_timeout: float = Field(D.SANDBOX_IDLE_TIMEOUT, description="seconds without a command before it is stopped")
-    lifetime: float = Field(D.SANDBOX_LIFETIME, description="seconds until it is stopped in any case")
-    idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
-                                                       "or hibernate it (resume brings it back)")
-    tier: str | None = Field(None, description="isolation tier (default: the server's; a token may force one)")
-    timeout: float | None = Field(None, description="default seconds per command")
-    memory: str | int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    disk: str | int | None = None
-    output: str | int | None = None
-    labels: dict[str, str] = Field({}, description="names and values kept with the sandbox (list filters by them)")
-    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
-    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
-
-
 class ExecIn(In):
     command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
                                                  "carry over); a list is a fresh process")

@@ -12,13 +12,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import defaults as D
-from .derived import handler
-from .models import ForkIn, RunIn, stdin_bytes
+from .derived import body_model, handler
+from ..table import OPS
+from .models import stdin_bytes
 from .sandboxes import exec_view
 from .plumbing import Plumbing
 
-RUN_OPTIONS = ("env", "cwd", "uid", "gid", "hostname", "disposable", "file_set", "tier", "timeout",
-               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets", "retries")
+RunIn, ForkIn = body_model("run"), body_model("fork")        # the bodies, made from the rows
+# what a run takes beside its image, command and stdin: the run row's keyword arguments its body names
+RUN_OPTIONS = tuple(a for a in OPS["run"].http.body if a not in ("ref", "command", "stdin"))
 
 
 def operation_view(ops, rec: dict) -> dict:

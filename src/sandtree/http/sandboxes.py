@@ -13,9 +13,11 @@ from fastapi.responses import StreamingResponse
 
 from .. import defaults as D
 from ..errors import SandtreeError
-from .derived import handler
-from .models import ExecIn, StartIn, stdin_bytes
+from .derived import body_model, handler
+from .models import ExecIn, stdin_bytes
 from .plumbing import Plumbing
+
+StartIn = body_model("sandbox_start")        # its body, made from the row
 
 
 def exec_view(rec) -> dict:

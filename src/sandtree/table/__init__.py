@@ -180,7 +180,7 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
     context: a directory or a tar of one (over HTTP: the client's, sent as a tar; unpacked safely, then removed)"""
 
 # ---- runs -----------------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="run", http=Http(_P, "/runs", status=201, handler="run"), custom_remote=True, options=RunOptions.parameters())
+@op("run", images=("ref",), audit="run", http=Http(_P, "/runs", status=201, handler="run", body=("ref", "command", "stdin", "uid", "gid", "disposable", "retries") + RunOptions.names(), const={"wait": True}, rename={"ref": "image"}, model="RunIn", types={**Http.RUN_TYPES, "disposable": "bool"}, defaults=Http.RUN_DEFAULTS, bounds={"retries": {"ge": 0, "le": D.RUN_RETRIES_MAX}}, describe={**Http.RUN_DESCRIBE, "retries": "on a cluster: run it again on another node this many times at most if its node is lost before it committed"}), custom_remote=True, options=RunOptions.parameters())
 def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
         disposable: bool | str = False, on_output=None, cancel=None, retries: int = 0):
     """Run a command on an image; its writes become a new image (returned in the record).
@@ -189,7 +189,7 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     retries: on a cluster, run it again on another node this many times at most if its node is lost before it committed anything (0: fail with NodeLost)"""
 
 @op("run", images=("ref",), audit="fork",
-    http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False, handler="fork"),
+    http=Http(_P, "/fork", body=("ref", "commands", "parallel", "uid", "gid", "disposable", "retries") + RunOptions.names(), rename={"ref": "image"}, data=False, handler="fork", model="ForkIn", types={**Http.RUN_TYPES, "disposable": "bool", "commands": "list[str | list[str]]"}, defaults=Http.RUN_DEFAULTS, bounds={"retries": {"ge": 0, "le": D.RUN_RETRIES_MAX}}, describe={**Http.RUN_DESCRIBE, "ref": "an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)", "commands": "one run each, all from the same image", "retries": "on a cluster: run it again on another node this many times at most if its node is lost before it committed"}),
     custom_remote=True, kwargs_of="run")
 def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
     """Run each command on the same image concurrently, one branch each; the records in order

@@ -52,6 +52,17 @@ class Http:
     model_doc: str | None = None
     describe: dict = field(default_factory=dict)
 
+    # How the bodies of POST /runs, /fork and /sandboxes have always taken the run options (options.py), for those
+    # rows' Http to share (class attributes, not fields): env and labels JSON objects of text ({} for none), files a
+    # list ([] for none), where the rows take None; secrets also a list of stored secrets' names (the row says dict).
+    RUN_TYPES = {"env": "dict[str, str]", "labels": "dict[str, str]", "secrets": "SecretsIn"}
+    RUN_DEFAULTS = {"env": {}, "labels": {}, "files": []}
+    RUN_DESCRIBE = {"ref": "an image ID, prefix, tag, or branch:NAME",
+                    "command": "a string runs in /bin/sh -c; a list is argv",
+                    "cwd": "working directory (default: the image's WORKDIR, else /)",
+                    "uid": "user id (default: the image's USER, else 0)",
+                    "labels": "names and values kept with the run (its operation's spec)"}
+
 
 @dataclass(frozen=True)
 class Off:

@@ -12,7 +12,7 @@ __all__: list[str] = []          # rows only: they register themselves in rows.O
 _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox"), custom_remote=True,
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox", body=("ref",) + RunOptions.names() + ("idle_timeout", "lifetime", "idle_action"), rename={"ref": "image"}, model="StartIn", types={**Http.RUN_TYPES, "idle_action": 'Literal["stop", "hibernate"]'}, defaults=Http.RUN_DEFAULTS, describe={**Http.RUN_DESCRIBE, "labels": "names and values kept with the sandbox (list filters by them)", "tier": "isolation tier (default: the server's; a token may force one)", "timeout": "default seconds per command", "idle_timeout": "seconds without a command before it is stopped", "lifetime": "seconds until it is stopped in any case", "idle_action": "what the idle timeout does: stop it, or hibernate it (resume brings it back)"}), custom_remote=True,
     options=RunOptions.parameters())
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                   idle_action: str = D.SANDBOX_IDLE_ACTION) -> dict:
