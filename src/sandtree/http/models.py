@@ -1,18 +1,17 @@
-"""The bodies /api/v1 takes: one model per route, each refusing a field it does not name.
+"""What the bodies /api/v1 takes are made of: In (a model refusing a field it does not name), a file of a run
+(FileIn), the network and secrets values, and stdin as text or base64.
 
-Every JSON body of the REST server is one of these (a list of FileIn for file sets); an unknown
-field is a 422 invalid_input naming it (http/plumbing.py's handler), never taken silently. Their
-defaults come from defaults.py, the same ones the SDK, the MCP tools and the CLI use.
+Each route's body model is made from its row by http/derived.py (on In: an unknown field is a 422 invalid_input
+naming it, http/plumbing.py's handler, never taken silently); their defaults are the rows', from defaults.py, the
+same ones the SDK, the MCP tools and the CLI use.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .. import defaults as D, vocabulary
 from ..errors import InvalidInput
 from ..values import not_utf8
 
@@ -48,19 +47,6 @@ class FileIn(In):
 NetworkIn = bool | str | list[str] | dict[str, list[str] | None] | None
 # secrets=: NAME -> {value | stored, hosts}, or a list of stored secrets' names
 SecretsIn = dict[str, dict[str, bool | str | list[str]]] | list[str] | None
-
-
-class ExecIn(In):
-    command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
-                                                 "carry over); a list is a fresh process")
-    env: dict[str, str] = {}
-    cwd: str | None = None
-    stdin: str | None = None
-    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    uid: int | None = None
-    gid: int | None = None
-    timeout: float | None = None
-    output: str | int | None = None
 
 
 def stdin_bytes(body) -> bytes | None:

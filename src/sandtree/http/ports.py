@@ -116,7 +116,7 @@ def port_url(p: Plumbing):
 def ports_router(p: Plumbing) -> APIRouter:
     """The exposed ports themselves (HTTP and WebSocket relayed); expose, unexpose, list and the signed URL are
     the table's rows (http/derived.py)."""
-    router, engine, call = APIRouter(), p.engine, p.call
+    router, call = APIRouter(), p.call
     clients: list[httpx.AsyncClient] = []
 
     def client() -> httpx.AsyncClient:

@@ -14,10 +14,10 @@ from fastapi.responses import StreamingResponse
 from .. import defaults as D
 from ..errors import SandtreeError
 from .derived import body_model, handler
-from .models import ExecIn, stdin_bytes
+from .models import stdin_bytes
 from .plumbing import Plumbing
 
-StartIn = body_model("sandbox_start")        # its body, made from the row
+StartIn, ExecIn = body_model("sandbox_start"), body_model("sandbox_exec")     # their bodies, made from the rows
 
 
 def exec_view(rec) -> dict:

@@ -19,7 +19,7 @@ def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lif
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command"""
 
-@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox"), custom_remote=True)
+@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox", body=("command", "env", "cwd", "stdin", "uid", "gid", "timeout", "output"), model="ExecIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"command": "a string runs in the sandbox's shell session (cd and export carry over); a list is a fresh process"}), custom_remote=True)
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
                  cancel=None, timeout: float | None = None, output=None):
