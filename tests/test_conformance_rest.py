@@ -18,6 +18,7 @@ import re
 import tempfile
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from sandtree.engine import Engine
@@ -269,3 +270,31 @@ def test_plant_literal_default_is_caught():
                              "async def ls(offset: int = Query(0)): ...\n"
                              "def serve(port: int = 8080): ...\n"}
     assert literal_defaults(planted) == ["planted.py:2: literal default 100", "planted.py:3: literal default 1000"]
+
+
+# ---- the bodies made from the rows, over a real server on loopback ----------------------------------------------
+def test_run_start_exec_bodies_from_the_rows_work(tmp_path, rootfs):
+    """POST /runs, /sandboxes and /sandboxes/{sid}/exec take the bodies derived from their rows (RunOptions, stdin
+    as text or base64, the wire's {} defaults) and refuse a field the row does not name."""
+    from served import serving                                # (tests/served.py: uvicorn on loopback)
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        img = eng.import_path(rootfs)
+        with serving(eng) as srv, httpx.Client(base_url=srv.api + "/api/v1", timeout=60) as c:
+            r = c.post("/runs", json={"image": img, "command": "cat; echo $V", "stdin_base64": "aGk=",
+                                      "env": {"V": "v"}})
+            assert r.status_code == 201 and r.json()["stdout"] == "hiv\n", r.text
+            bad = c.post("/runs", json={"image": img, "command": "true", "no_such_option": 1})
+            assert bad.status_code == 422 and "no_such_option" in bad.text
+            sb = c.post("/sandboxes", json={"image": img, "labels": {"k": "v"}})
+            assert sb.status_code == 201, sb.text
+            sid = sb.json()["id"]
+            try:
+                assert c.post(f"/sandboxes/{sid}/exec", json={"command": "cd /tmp"}).status_code == 200
+                out = c.post(f"/sandboxes/{sid}/exec", json={"command": "pwd; cat", "stdin": "x"}).json()
+                assert out["stdout"] == "/tmp\nx" and out["outcome"]["exit_code"] == 0
+                assert [s["id"] for s in c.get("/sandboxes", params={"label": "k=v"}).json()] == [sid]
+            finally:
+                c.post(f"/sandboxes/{sid}/stop")
+    finally:
+        eng.close()
