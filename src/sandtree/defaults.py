@@ -41,7 +41,7 @@ CLI_AUDIT_LINES = 50                 # entries `sandtree audit` shows (a screenf
 CLI_FORK_PARALLEL = 4                # branches `sandtree fork` runs at once (the row's None: all of them)
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
-POOL_SIZE = 4                        # sandboxes the SDK's st.pool(image) keeps started when no size is given
+POOL_SIZE = 4                        # sandboxes a pool keeps started when the caller names no size (SDK, REST)
 FORK_PARALLEL = 4                    # commands the SDK's img.fork / st.map run at once when no parallel is given
 GREP_MAX_MATCHES = 1000              # matching lines `grep` returns at most
 BOOTSTRAP_SPEC = "debian:bookworm"   # what the SDK's st.bootstrap() builds when no spec is given
@@ -61,8 +61,11 @@ KEEP_ALIVE = 5.0                     # seconds an idle connection stays open bet
 CLIENT_CONNECTIONS = 256             # connections one client address may hold at once (0: no cap)
 SERVER_CONNECTIONS = 4096            # connections at once in all (at most the server's open-file limit less a reserve)
 WAIT_MAX = 3600.0                    # the longest one wait for an operation may block over HTTP
+OPERATION_WAIT = 60.0                # ... and how long it blocks when the caller names no timeout (REST)
+GREP_MAX_MATCHES = 1000              # lines one grep answers at most unless asked for more
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
+TERMINAL_COLS, TERMINAL_ROWS = 80, 24     # a live sandbox's terminal (WebSocket) when the page names no size
 # What a run's command and environment may hold, refused (invalid_input) before anything starts.
 # Sizes are UTF-8 bytes. Within what execve(2) takes inside a sandbox (its stack rlimit is 8 MiB:
 # argv + envp up to 2 MiB; one string up to MAX_ARG_STRLEN, 128 KiB with its NUL), with room for

@@ -71,6 +71,8 @@ PARAMS = {
     "tenant": "a tenant's name (an admin asking about that tenant; a tenant may name only itself)",
     "labels": "names and values kept with it (E2B's metadata): at most 64, names of letters, digits and _.-/",
     "pattern": "an RE2 regular expression (linear time: no backtracking)",
+    "size": "sandboxes kept started (0 empties the pool)",
+    "signal": "a number or a name (TERM, SIGTERM)",
     # the MCP tools' own names for the same things
     "sandbox_id": "a live sandbox's ID (from sandbox_start)",
     "operation_id": "an operation's ID (from run with wait=false, or a result's operation_id)",

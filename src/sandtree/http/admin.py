@@ -1,12 +1,11 @@
-"""/api/v1 about the server and its store: health, whoami, doctor, cluster, audit, fsck, gc; and /metrics
-(Prometheus) for the operator."""
+"""/api/v1/health and /metrics (Prometheus) for the operator: not operations of the table (whoami, doctor,
+cluster, audit, fsck and gc are: http/derived.py makes their routes)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from ..defaults import GC_GRACE, GC_RETENTION
 from ..errors import Forbidden
 from .gate import current_engine
 from ..tenancy import TenantView
@@ -46,31 +45,5 @@ def admin_router(p: Plumbing) -> APIRouter:
     @router.get("/api/v1/health")
     async def health() -> dict:
         return {"ok": True, "tiers": [t["tier"] for t in engine.doctor() if t["available"]]}
-
-    @router.get("/api/v1/whoami")
-    async def whoami() -> dict:
-        return engine.whoami()
-
-    @router.get("/api/v1/doctor")
-    async def doctor() -> list[dict]:
-        return await call(engine.doctor)
-
-    @router.get("/api/v1/cluster")
-    async def cluster_status() -> dict:
-        """Where runs go: this server alone (mode local) or a Ray cluster's nodes, their load and sandboxes."""
-        return await call(engine.cluster_status)
-
-    @router.get("/api/v1/audit")
-    async def audit(tenant: str | None = None, limit: int = Query(100, ge=1, le=10000)) -> list[dict]:
-        """Who ran what on which image, newest first: a tenant's token sees its own records."""
-        return await call(lambda: engine.audit(tenant=tenant, limit=limit))
-
-    @router.post("/api/v1/admin/fsck")
-    async def fsck(verify_content: bool = True) -> dict:
-        return await call(engine.fsck, verify_content)
-
-    @router.post("/api/v1/admin/gc")
-    async def gc(retention: float = GC_RETENTION, grace: float = GC_GRACE) -> dict:
-        return await call(engine.gc, retention, grace)
 
     return router

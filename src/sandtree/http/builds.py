@@ -1,6 +1,6 @@
-"""/api/v1 builds: POST /builds with a build context tar as the body, streaming the build's
-progress as Server-Sent Events and ending with its result; an image's config (GET .../config) and a
-new image with another config (POST .../configure).
+"""/api/v1 builds and image configs, the rows' hand-written routes (http/derived.py registers them by name): POST
+/builds with a build context tar as the body, streaming the build's progress as Server-Sent Events and ending
+with its result; an image's config (GET .../config) and a new image with another config (POST .../configure).
 
 The context tar is spooled to the store's disk under the caller's upload cap (bodylimit.py, as an
 image tar is), handed to the engine's build_context (which unpacks it safely into a private staging
@@ -18,13 +18,14 @@ import base64
 import functools
 import json
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ..engine import ImageConfig
 from ..errors import InvalidInput, SandtreeError
 from .bodylimit import spool, unstage
+from .derived import handler, resolved
 from .plumbing import Plumbing
 
 
@@ -65,22 +66,31 @@ def _network(value: str | None):
         raise InvalidInput("network is not valid JSON") from None
 
 
-def builds_router(p: Plumbing) -> APIRouter:
-    """Included ahead of images_router: its /images/{ref}/config routes are not an image's ref."""
-    router, engine, call = APIRouter(), p.engine, p.call
+@handler("image_config")
+def image_config(p: Plumbing):
+    engine, call = p.engine, p.call
 
-    @router.get("/api/v1/images/{ref:path}/config")
     async def image_config(ref: str) -> dict:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         return {"image": i, "config": (await call(engine.image_config, i)).to_oci()}
+    return image_config
 
-    @router.post("/api/v1/images/{ref:path}/configure", status_code=201)
+
+@handler("configure")
+def configure(p: Plumbing):
+    engine, call = p.engine, p.call
+
     async def configure(ref: str, body: ConfigureIn) -> dict:
-        i = await call(engine.resolve, ref)
+        i = await resolved(p, ref)
         config = ImageConfig.from_oci(body.config)
         return {"image": await call(functools.partial(engine.configure, i, config, tag=body.tag)), "tag": body.tag}
+    return configure
 
-    @router.post("/api/v1/builds")
+
+@handler("build")
+def build(p: Plumbing):
+    engine, call = p.engine, p.call
+
     async def build(request: Request, dockerfile: str = "Dockerfile", text: str | None = None,
                     tag: str | None = None, build_arg: list[str] = Query([], description="NAME=VALUE (repeatable)"),
                     target: str | None = None, network: str | None = None, no_cache: bool = False,
@@ -116,5 +126,4 @@ def builds_router(p: Plumbing) -> APIRouter:
                 err = exc.to_dict() if isinstance(exc, SandtreeError) else {"error": "internal", "message": str(exc)}
                 yield _sse("error", err)
         return StreamingResponse(events(), media_type="text/event-stream")
-
-    return router
+    return build

@@ -1,18 +1,17 @@
-"""The bodies /api/v1 takes: one model per route, each refusing a field it does not name.
+"""What the bodies /api/v1 takes are made of: In (a model refusing a field it does not name), a file of a run
+(FileIn), the network and secrets values, and stdin as text or base64.
 
-Every JSON body of the REST server is one of these (a list of FileIn for file sets); an unknown
-field is a 422 invalid_input naming it (http/plumbing.py's handler), never taken silently. Their
-defaults come from defaults.py, the same ones the SDK, the MCP tools and the CLI use.
+Each route's body model is made from its row by http/derived.py (on In: an unknown field is a 422 invalid_input
+naming it, http/plumbing.py's handler, never taken silently); their defaults are the rows', from defaults.py, the
+same ones the SDK, the MCP tools and the CLI use.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .. import defaults as D, vocabulary
 from ..errors import InvalidInput
 from ..values import not_utf8
 
@@ -48,186 +47,6 @@ class FileIn(In):
 NetworkIn = bool | str | list[str] | dict[str, list[str] | None] | None
 # secrets=: NAME -> {value | stored, hosts}, or a list of stored secrets' names
 SecretsIn = dict[str, dict[str, bool | str | list[str]]] | list[str] | None
-
-
-class RunOptionsIn(In):
-    """What a run takes beside its image and command (a fork's runs take the same)."""
-    env: dict[str, str] = {}
-    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
-    uid: int | None = Field(None, description="user id (default: the image's USER, else 0)")
-    gid: int | None = None
-    hostname: str = D.HOSTNAME
-    files: list[FileIn] = []
-    file_set: str | None = None
-    disposable: bool = False
-    timeout: float | None = None
-    memory: str | int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    disk: str | int | None = None
-    output: str | int | None = None
-    tier: str | None = None
-    labels: dict[str, str] = Field({}, description="names and values kept with the run (its operation's spec)")
-    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
-    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
-    retries: int = Field(0, ge=0, le=D.RUN_RETRIES_MAX, description="on a cluster: run it again on another node "
-                         "this many times at most if its node is lost before it committed")
-
-
-class RunIn(RunOptionsIn):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
-    command: str | list[str] = Field(description="a string runs in /bin/sh -c; a list is argv")
-    stdin: str | None = None
-    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    wait: bool = True
-
-
-class ForkIn(RunOptionsIn):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)")
-    commands: list[str | list[str]] = Field(description="one run each, all from the same image")
-    parallel: int | None = Field(None, description="at most this many running at once (default: all)")
-
-
-class StartIn(In):
-    image: str = Field(description="an image ID, prefix, tag, or branch:NAME")
-    env: dict[str, str] = {}
-    cwd: str | None = Field(None, description="working directory (default: the image's WORKDIR, else /)")
-    hostname: str = D.HOSTNAME
-    files: list[FileIn] = []
-    file_set: str | None = None
-    idle_timeout: float = Field(D.SANDBOX_IDLE_TIMEOUT, description="seconds without a command before it is stopped")
-    lifetime: float = Field(D.SANDBOX_LIFETIME, description="seconds until it is stopped in any case")
-    idle_action: Literal["stop", "hibernate"] = Field("stop", description="what the idle timeout does: stop it, "
-                                                       "or hibernate it (resume brings it back)")
-    tier: str | None = Field(None, description="isolation tier (default: the server's; a token may force one)")
-    timeout: float | None = Field(None, description="default seconds per command")
-    memory: str | int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    disk: str | int | None = None
-    output: str | int | None = None
-    labels: dict[str, str] = Field({}, description="names and values kept with the sandbox (list filters by them)")
-    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
-    secrets: SecretsIn = Field(None, description=vocabulary.PARAMS["secrets"])
-
-
-class ExecIn(In):
-    command: str | list[str] = Field(description="a string runs in the sandbox's shell session (cd and export "
-                                                 "carry over); a list is a fresh process")
-    env: dict[str, str] = {}
-    cwd: str | None = None
-    stdin: str | None = None
-    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    uid: int | None = None
-    gid: int | None = None
-    timeout: float | None = None
-    output: str | int | None = None
-
-
-class ProcessIn(In):
-    """A process started in a live sandbox without waiting (table.sandbox_spawn)."""
-    command: str | list[str] = Field(description="a string runs in /bin/sh -c, a list is argv")
-    env: dict[str, str] | None = None
-    cwd: str | None = None
-    uid: int | None = Field(None, ge=0, lt=65536)
-    gid: int | None = Field(None, ge=0, lt=65536)
-    stdin: str | None = None
-    stdin_base64: str | None = Field(None, description="stdin as base64, for bytes that are not UTF-8")
-    stdin_open: bool = Field(False, description="keep its stdin open for writes (POST .../stdin)")
-    output: str | int | None = None
-
-
-class SignalIn(In):
-    signal: str | int = Field("KILL", description="a number or a name (TERM, SIGTERM)")
-
-
-class PoolIn(In):
-    size: int = Field(4, description="sandboxes kept started (0 empties the pool)")
-    memory: str | int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    disk: str | int | None = None
-    timeout: float | None = None
-    output: str | int | None = None
-    hostname: str = D.HOSTNAME
-    network: NetworkIn = Field(None, description=vocabulary.PARAMS["network"])
-    tier: str | None = Field(None, description="its sandboxes' isolation tier (default: the server's); "
-                                               "only runs on that tier take them")
-    wait: bool = Field(False, description="answer once the pool is full")
-    wait_timeout: float = Field(D.POOL_WAIT, description="with wait: seconds to wait for the pool to fill")
-
-
-class NetworkSetIn(In):
-    network: NetworkIn = Field(description=vocabulary.PARAMS["network"])
-
-
-class TimeoutIn(In):
-    timeout: float = Field(description="seconds from now until the sandbox is stopped")
-
-
-class CommitIn(In):
-    tag: str | None = None
-
-
-class LoginIn(In):
-    registry: str
-    username: str
-    token: str
-    insecure: bool = Field(False, description="plain HTTP to this registry (a test registry on loopback)")
-
-
-class SecretIn(In):
-    """PUT /secrets/{name}: a stored secret (the value is never in an answer, a log or the audit)."""
-    value: str = Field(description=vocabulary.PARAMS["value"])
-    hosts: list[str] | str = Field(description=vocabulary.PARAMS["hosts"])
-    tenants: list[str] | None = Field(None, description=vocabulary.PARAMS["tenants"])
-    tenant: str | None = Field(None, description=vocabulary.PARAMS["tenant"])
-
-
-class TagIn(In):
-    image: str
-
-
-class AnnotateIn(In):
-    score: float | None = None
-    meta: dict | None = None            # checked by the engine (engine/images/annotations.py)
-
-
-class PullIn(In):
-    reference: str
-    tag: str | None = None
-    insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
-
-
-class PushIn(In):
-    reference: str = Field(description="docker://HOST[:PORT]/NAME[:TAG]")
-    insecure: bool = Field(False, description="plain HTTP to the registry (a test registry on loopback)")
-
-
-class MergeIn(In):
-    ours: str
-    theirs: str
-    base: str | None = None
-    strategy: str | None = None
-    ignore: list[str] | None = Field(None, description="globs that never conflict (ours taken); null: "
-                                     "__pycache__/, *.pyc, .pytest_cache/; [] for none")
-    on_conflict: Literal["raise", "return"] = Field("raise", description="conflicts without a strategy: 409 "
-                                                    "merge_conflict (raise) or 200 with image null (return)")
-
-
-class BranchIn(In):
-    name: str
-    image: str
-    force: bool = False
-
-
-class RollbackIn(In):
-    steps: int | None = None
-    to: str | None = None
-
-
-class ShareIn(In):
-    public: bool = True
 
 
 def stdin_bytes(body) -> bytes | None:

@@ -31,6 +31,7 @@ from .. import defaults as D
 from ..errors import NotFound, RuntimeUnavailable, SandtreeError
 from ..tasks import until_first
 from .gate import PORT_COOKIE, STATE_KEY, TOKEN_SUBPROTOCOL, PortGrant
+from .derived import handler
 from .plumbing import Plumbing
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -99,8 +100,23 @@ def _grant_cookie(response, view, secure: bool) -> None:
                             path="/", httponly=True, samesite="lax", secure=secure)
 
 
+@handler("port_url")
+def port_url(p: Plumbing):
+    engine, call = p.engine, p.call
+
+    async def port_url(sid: str, port: int, request: Request,
+                       ttl: float = Query(D.PORT_URL_TTL, description="seconds until the URL stops working")) -> dict:
+        """A signed URL of the exposed port on its preview's origin (works without a token until it expires)."""
+        if request.app.state.ports_port is None:
+            raise RuntimeUnavailable("this server serves no exposed ports (they need a listener of their own)")
+        return {"url": await call(engine.sandbox_port_url, sid, port, ttl=ttl)}
+    return port_url
+
+
 def ports_router(p: Plumbing) -> APIRouter:
-    router, engine, call = APIRouter(), p.engine, p.call
+    """The exposed ports themselves (HTTP and WebSocket relayed); expose, unexpose, list and the signed URL are
+    the table's rows (http/derived.py)."""
+    router, call = APIRouter(), p.call
     clients: list[httpx.AsyncClient] = []
 
     def client() -> httpx.AsyncClient:
@@ -110,28 +126,6 @@ def ports_router(p: Plumbing) -> APIRouter:
             clients.append(httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0),
                                              cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[]))))
         return clients[0]
-
-    @router.post("/api/v1/sandboxes/{sid}/ports/{port}", status_code=201)
-    async def expose_port(sid: str, port: int) -> dict:
-        """Make a port of the sandbox reachable: its loopback URL on the host and its path here."""
-        return await call(engine.sandbox_expose, sid, port)
-
-    @router.delete("/api/v1/sandboxes/{sid}/ports/{port}", status_code=204)
-    async def unexpose_port(sid: str, port: int):
-        await call(engine.sandbox_unexpose, sid, port)
-        return Response(status_code=204)
-
-    @router.get("/api/v1/sandboxes/{sid}/ports")
-    async def list_ports(sid: str) -> list[dict]:
-        return await call(engine.sandbox_ports, sid)
-
-    @router.post("/api/v1/sandboxes/{sid}/port-url/{port}")
-    async def port_url(sid: str, port: int, request: Request,
-                       ttl: float = Query(D.PORT_URL_TTL, description="seconds until the URL stops working")) -> dict:
-        """A signed URL of the exposed port on its preview's origin (works without a token until it expires)."""
-        if request.app.state.ports_port is None:
-            raise RuntimeUnavailable("this server serves no exposed ports (they need a listener of their own)")
-        return {"url": await call(engine.sandbox_port_url, sid, port, ttl=ttl)}
 
     @router.api_route("/api/v1/sandboxes/{sid}/ports/{port}/{path:path}", methods=METHODS,
                       include_in_schema=False)

@@ -20,8 +20,8 @@ import json
 from pydantic import ValidationError
 
 from ..errors import SandtreeError
-from .models import RunIn
 from .plumbing import error_response
+from .runs import RunIn
 
 __all__ = ["QuickRuns", "RUNS_PATH"]
 

@@ -1,6 +1,7 @@
-"""/api/v1 runs and operations: POST /runs starts one (waiting for it unless wait=false); an
-operation can be listed, waited for, cancelled, and its stdout/stderr followed live as
-Server-Sent Events that resume from Last-Event-ID."""
+"""/api/v1 runs and operations, the routes that need more than a call of the engine (http/derived.py makes the
+others from the operation table and registers these by name): POST /runs starts one (waiting for it unless
+wait=false), a fork waits for its runs, an operation is read or waited for with a finished run's output, and
+its stdout/stderr followed live as Server-Sent Events that resume from Last-Event-ID."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .models import ForkIn, RunIn, stdin_bytes
+from .. import defaults as D
+from .derived import body_model, handler
+from ..table import OPS
+from .models import stdin_bytes
 from .sandboxes import exec_view
 from .plumbing import Plumbing
 
-RUN_OPTIONS = ("env", "cwd", "uid", "gid", "hostname", "disposable", "file_set", "tier", "timeout",
-               "memory", "pids", "cpus", "disk", "output", "labels", "network", "secrets", "retries")
+RunIn, ForkIn = body_model("run"), body_model("fork")        # the bodies, made from the rows
+# what a run takes beside its image, command and stdin: the run row's keyword arguments its body names
+RUN_OPTIONS = tuple(a for a in OPS["run"].http.body if a not in ("ref", "command", "stdin"))
 
 
 def operation_view(ops, rec: dict) -> dict:
@@ -51,39 +56,49 @@ def run_answer(p: Plumbing):
     return answer
 
 
-def runs_router(p: Plumbing) -> APIRouter:
-    router, engine, ops, call, wait_call = APIRouter(), p.engine, p.ops, p.call, p.wait_call
-
+@handler("run")
+def run(p: Plumbing):
     answer = run_answer(p)
 
-    @router.post("/api/v1/runs", status_code=201)
     async def run(body: RunIn) -> dict:
         return await answer(body)       # (quickruns.QuickRuns answers a well-formed one before routing)
+    return run
 
-    @router.post("/api/v1/fork")
+
+@handler("fork")
+def fork(p: Plumbing):
+    engine, wait_call = p.engine, p.wait_call
+
     async def fork(body: ForkIn) -> list[dict]:
         """Each command from the same image at once, one branch each; the finished runs in order."""
         opts: dict[str, Any] = {k: getattr(body, k) for k in RUN_OPTIONS}
         opts["files"] = [f.model_dump(exclude_none=True) for f in body.files]
         recs = await wait_call(engine.fork, body.image, body.commands, parallel=body.parallel, **opts)
         return [exec_view(r) for r in recs]
+    return fork
 
-    @router.get("/api/v1/operations")
-    async def list_operations(status: str | None = None, limit: int = Query(50, ge=1, le=1000),
-                              kind: str = "run") -> list[dict]:
-        return await call(ops.list, status=status, limit=limit, kind=kind)
 
-    @router.get("/api/v1/operations/{op}")
+@handler("get_operation")
+def get_operation(p: Plumbing):
+    ops, call = p.ops, p.call
+
     async def get_operation(op: str) -> dict:
         return await call(lambda: operation_view(ops, ops.get(op)))
+    return get_operation
 
-    @router.post("/api/v1/operations/{op}/wait")
-    async def wait_operation(op: str, timeout: float = Query(60, ge=0, le=3600)) -> dict:
+
+@handler("wait_operation")
+def wait_operation(p: Plumbing):
+    ops, wait_call = p.ops, p.wait_call
+
+    async def wait_operation(op: str, timeout: float = Query(D.OPERATION_WAIT, ge=0, le=D.WAIT_MAX)) -> dict:
         return await wait_call(lambda: operation_view(ops, ops.wait([op], timeout)[0]))
+    return wait_operation
 
-    @router.post("/api/v1/operations/{op}/cancel")
-    async def cancel_operation(op: str) -> dict:
-        return await call(ops.cancel, op)
+
+def runs_router(p: Plumbing) -> APIRouter:
+    """An operation's events: not a row of the table (a stream of what a run prints, as it prints it)."""
+    router, ops, call, wait_call = APIRouter(), p.ops, p.call, p.wait_call
 
     @router.get("/api/v1/operations/{op}/events")
     async def events(op: str, request: Request) -> StreamingResponse:

@@ -1,11 +1,12 @@
 """`sandtree serve`: the engine over HTTP (FastAPI on uvicorn), under /api/v1, with OpenAPI.
 
 An adapter: each route translates one request into one engine call, and engine errors into HTTP
-statuses through one table (errors.ERRORS: each class carries its status). The routes are in groups,
-one module each, composed here: images.py (images, what is inside them), runs.py (runs, operations,
-their events), sandboxes.py (live sandboxes, warm pools), ports.py (their exposed ports),
-branching.py (branching, lineage), builds.py (builds, image configs), files.py (uploads, file sets,
-registries), admin.py (health, metrics, the store); contree/ is Contree's own API under /v1;
+statuses through one table (errors.ERRORS: each class carries its status). derived.py makes a route of
+each row of the operation table (sandtree/table/) that is on REST; the rows whose route needs more than a
+call name a hand-written one, in the module of their concept: images.py (streamed reads, exports,
+imports), runs.py (runs, waits; an operation's events), sandboxes.py (start, exec, file writes), ports.py
+(signed URLs; the exposed ports themselves), branching.py (the lineage tree), builds.py (builds, image
+configs), files.py (uploads, downloads); admin.py has health and metrics; contree/ is Contree's own API under /v1;
 webpage.py serves the web page at / (it calls only /api/v1); terminal.py is a live sandbox's
 terminal over a WebSocket (the engine's sandbox_popen with a pty).
 What they share (the caller's engine, calls in threads, the error shape) is plumbing.py; the
@@ -30,17 +31,15 @@ from .gate import JsonLog, TenantGate, engine_for  # noqa: F401 - engine_for: fo
 from .admin import admin_router
 from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
-from .branching import branching_router
-from .builds import builds_router
 from .contree.routes import contree_router
-from .files import files_router
-from .images import images_router
+from .derived import rest_router
+# the rows' hand-written routes register themselves when their modules load (derived.handler)
+from . import branching, builds, files, images, sandboxes  # noqa: F401
 from .listeners import Listeners, bind
 from .plumbing import Plumbing, add_error_handlers, error_responses, lifespan
 from .ports import ports_router
 from .quickruns import QuickRuns
 from .runs import run_answer, runs_router
-from .sandboxes import sandboxes_router
 from .terminal import terminal_router
 from .webpage import webpage_router
 
@@ -67,11 +66,9 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     app.state.ports_port = ports_port
     engine.ports.preview_base = listeners.base                 # the signed URLs every surface hands out
     add_error_handlers(app)
-    # Order matters: a {ref:path} route takes any suffix, so the groups with /images/{ref}/...
-    # routes (branching's lineage) come before images_router's GET /images/{ref}. Runs first: the
-    # router tries routes in turn, and POST /runs is the busiest (none of its paths is another's).
-    for router in (runs_router, admin_router, branching_router, builds_router, images_router, files_router,
-                   sandboxes_router, ports_router):
+    # The operation table's routes (derived.py, in an order it keeps: a {ref:path} route takes any suffix),
+    # then what is no row of it: an operation's events, health and metrics, the exposed ports themselves.
+    for router in (rest_router, runs_router, admin_router, ports_router):
         app.include_router(router(p), responses=error_responses())         # (each route's errors, in OpenAPI)
     app.include_router(contree_router(engine_for, p.stage), responses=error_responses(contree=True))  # Contree's own clients, under /v1
     app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Query, WebSocket
 from fastapi.responses import JSONResponse
 
+from .. import defaults as D
 from ..errors import Forbidden, InvalidInput, SandtreeError
 from ..tasks import until_first
 from .gate import STATE_KEY
@@ -51,8 +52,8 @@ def terminal_router() -> APIRouter:
     router = APIRouter()
 
     @router.websocket("/api/v1/sandboxes/{sid}/terminal")
-    async def terminal(ws: WebSocket, sid: str, shell: str = "/bin/sh", cols: int = Query(80, ge=1, le=1000),
-                       rows: int = Query(24, ge=1, le=1000)):
+    async def terminal(ws: WebSocket, sid: str, shell: str = "/bin/sh", cols: int = Query(D.TERMINAL_COLS, ge=1, le=1000),
+                       rows: int = Query(D.TERMINAL_ROWS, ge=1, le=1000)):
         view = ws.scope["state"][STATE_KEY]
         origin = ws.headers.get("origin")
         if origin and urlsplit(origin).netloc.lower() != ws.headers.get("host", "").lower():

@@ -34,13 +34,13 @@ def resolve(ref: str) -> str:
     """The full image ID a reference names."""
 
 @via("cli", Cli("image list", show="images"))
-@op("list", http=Http(_G, "/images"))
+@op("list", http=Http(_G, "/images", name="list_images"))
 @via("mcp", Mcp(name="list_images", handler="list_images", extra=("tag_prefix", "limit")))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
 
 @via("cli", Cli(show="tagged"))
-@op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",)))
+@op("tag", images=("image",), audit="tag", http=Http(_U, "/tags/{name:path}", body=("image",), name="set_tag", model="TagIn", echo={"name": "tag", "image": "image"}))
 @via("mcp", Mcp(name="set_tag", rename={"name": "tag"}, resolve=("image",), result=Result(echo=("image", "tag")),
                 doc="Point a tag at an image (moves it if it exists). Convention: {scope}/{purpose}/{base}."))
 def tag(image: str, name: str) -> None:
@@ -48,7 +48,7 @@ def tag(image: str, name: str) -> None:
 
 @via("cli", Cli(handler="exploration.cmd_annotate"))
 @via("sdk", Sdk("metadata as keywords: img.annotate(0.7, task=\"t1\")", spread="meta"))
-@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta")))
+@op("tag", images=("image",), audit="annotate", http=Http(_P, "/images/{image:path}/annotations", body=("score", "meta"), model="AnnotateIn"))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("image",)), doc="""Attach a score and metadata (key -> string/number/boolean; null removes a key) to an image, like git
         notes: its ID stays. Returns your annotations of it (each tenant has its own). Tree search scores its
         nodes this way.
@@ -58,7 +58,7 @@ def annotate(image: str, score: float | None = None, meta: dict | None = None) -
     """Merge a score and metadata (key -> JSON scalar; null removes a key) into your annotations of an image; returns them."""
 
 @via("cli", Cli(show="untagged"))
-@op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image"))
+@op("tag", audit="untag", http=Http(_X, "/tags/{name:path}", result="image", name="delete_tag", echo={"name": "tag"}))
 @via("mcp", Off("an agent moves tags with set_tag; removing one is the CLI's and REST's"))
 def untag(name: str) -> str:
     """Remove a tag; returns the image it named."""
@@ -69,39 +69,39 @@ def tags(image: str | None = None) -> dict[str, str]:
     """Tag -> image (only an image's own tags when `image` is given)."""
 
 @via("cli", Cli("image info"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}", name="get_image", names={"image": "ref"}))
 @via("mcp", Mcp(name="get_image", handler="get_image", resolve=("image",)))
 def image_info(image: str) -> dict:
     """An image's row: id, parents, size, creation time, tags, annotations."""
 
 @via("cli", Cli("image rm", args=("image+",), dest={"image": "images"}, show="removed"))
-@op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",)))
+@op(None, admin=True, images=("image",), audit="remove image", http=Http(_X, "/images/{image:path}", query=("force",), names={"image": "ref"}, echo={"image": "removed"}))
 @via("mcp", Off("admin: removing images is the operator's (CLI, REST)"))
 def remove_image(image: str, *, force: bool = False) -> None:
     """Remove an image (its data goes at the next gc); refused while tags or children name it unless force."""
 
 @via("cli", Cli("image share", show="share"))
-@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}))
+@op("tag", images=("image",), audit="share", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": True}, names={"image": "ref"}, model="ShareIn", doc="Make an image (one the caller owns) visible to every tenant by its ID, or stop that."))
 @via("mcp", Off("making an image every tenant's is its owner's decision, made outside the agent (CLI, REST)"))
 def share(image: str) -> dict:
     """Make an image visible to every tenant."""
 
 @via("cli", Cli("image unshare", show="share"))
-@op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}))
+@op("tag", images=("image",), audit="unshare", caller=True, http=Http(_P, "/images/{image:path}/share", const={"public": False}, names={"image": "ref"}))
 @via("mcp", Off("making an image every tenant's is its owner's decision, made outside the agent (CLI, REST)"))
 def unshare(image: str) -> dict:
     """Make a shared image private to its owners again."""
 
 # ---- import ---------------------------------------------------------------------------------------
 @via("cli", Cli("image import", show="image_made"))
-@op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",)), custom_remote=True)
+@op("import", audit="import", http=Http(_P, "/images/import", query=("tag",), drop=("progress",), name="import_tar", status=201, handler="import_tar"), custom_remote=True)
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"path": "source"}))
 def import_path(path: str, *, tag: str | None = None, progress=None) -> str:
     """Import a directory, tar, OCI layout or docker-archive; returns the image ID.
     path: a directory or archive file (over HTTP: the client's own, sent as a tar)"""
 
 @via("cli", Cli("image pull", show="image_made"))
-@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",)))
+@op("import", audit="pull", http=Http(_P, "/images/pull", body=("reference", "tag", "insecure"), result="image", drop=("progress",), status=201, model="PullIn", echo={"tag": "tag"}, describe={"insecure": "plain HTTP to the registry (a test registry on loopback)"}))
 @via("mcp", Mcp(name="import_image", handler="import_image", rename={"reference": "source"}))
 def pull(reference: str, *, tag: str | None = None, insecure: bool = False, progress=None) -> str:
     """Pull docker://HOST/NAME:TAG from an OCI registry; returns the image ID.
@@ -111,7 +111,7 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
 @via("sdk", Off("credentials are the server operator's: `sandtree registry login`, or st.engine.registry_login"))
 @op(None, admin=True, audit="registry login",
     http=Http(_P, "/registries/login", body=("registry_url", "username", "secret", "insecure"), result="registry",
-              rename={"registry_url": "registry", "secret": "token"}))
+              rename={"registry_url": "registry", "secret": "token"}, model="LoginIn", describe={"insecure": "plain HTTP to this registry (a test registry on loopback)"}))
 @via("mcp", Mcp(name="registry_auth", handler="registry_auth", rename={"secret": "token"}))
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
@@ -125,14 +125,14 @@ def registry_host(reference: str) -> str:
 
 @via("cli", Cli("image push", show="push"))
 @op(None, admin=True, images=("image",), audit="push",
-    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",)))
+    http=Http(_P, "/images/{image:path}/push", body=("reference", "insecure"), drop=("progress",), names={"image": "ref"}, model="PushIn", describe={"insecure": "plain HTTP to the registry (a test registry on loopback)", "reference": "docker://HOST[:PORT]/NAME[:TAG]"}))
 @via("mcp", Mcp(name="push_image", params=("image", "reference"), resolve=("image",), doc="""Push an image to an OCI registry as docker://HOST[:PORT]/NAME[:TAG] so Docker, Podman or
         Kubernetes can run it (admin only; credentials from registry_auth). An unchanged image
         uploads nothing. Returns the manifest digest and how many blobs were uploaded."""))
 def push(image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
     """Push an image to docker://HOST[:PORT]/NAME[:TAG] (admin: with the server's stored credentials)."""
 @via("cli", Cli("image export", handler="images.cmd_image_export"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",)), custom_remote=True)
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/oci", query=("name",), names={"image": "ref"}, handler="export_oci"), custom_remote=True)
 @via("mcp", Off("it writes a tar to a file object, no JSON answer (push_image sends an image to a registry)"))
 def export_oci(image: str, fileobj, *, name: str | None = None) -> dict:
     """Write an image as an OCI image layout (a tar) to a file object. name: the index's ref name."""
@@ -147,7 +147,7 @@ def bootstrap(spec: str, *, include: list[str] = (), tag: str | None = None, log
 # ---- uploads and file sets --------------------------------------------------------------------------
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @via("sdk", Off("the SDK sends files with the run: files={\"/dest\": bytes | Path} (st.engine.upload for a blob)"))
-@op("run", http=Http(_P, "/files", content="data", result="sha256"))
+@op("run", http=Http(_P, "/files", content="data", result="sha256", status=201, handler="upload"))
 @via("mcp", Mcp(handler="upload", extra=("content", "content_base64")))
 def upload(data: bytes) -> str:
     """Store bytes for later runs; returns their sha256."""
@@ -161,14 +161,14 @@ def upload_file(path: str, digest: str | None = None) -> str:
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.upload_info)"))
-@op("list", http=Http(_G, "/files/{digest}/info"))
+@op("list", http=Http(_G, "/files/{digest}/info", names={"digest": "sha256"}, doc="An upload's size and time (the caller's own upload, or 404)."))
 @via("mcp", Off("import_image(upload:SHA256) reads an upload's size; upload answered it"))
 def upload_info(digest: str) -> dict:
     """An upload's size and time."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.uploads)"))
-@op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset")))
+@op("list", caller=True, http=Http(_G, "/files", query=("limit", "offset"), doc="Uploaded files (sha256, size, created), newest first."))
 @via("mcp", Off("an agent keeps the sha256 each upload answers"))
 def uploads(*, limit: int = 100, offset: int = 0) -> list[dict]:
     """Uploaded files (sha256, size, created), newest first (a tenant: its own)."""
@@ -182,14 +182,14 @@ def find_upload(prefix: str) -> str:
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @via("sdk", Off("uploads are the remote client's plumbing under files= (st.engine.download)"))
-@op("list", http=Http(_G, "/files/{digest}", raw=True))
+@op("list", http=Http(_G, "/files/{digest}", raw=True, names={"digest": "sha256"}, handler="download"))
 @via("mcp", Off("an upload's bytes are the agent's own; import_image and build read them back"))
 def download(digest: str) -> bytes:
     """An upload's bytes."""
 
 @via("cli", Off("uploads and file sets are how a remote caller brings its files: here `run --file LOCAL:PATH` reads them"))
 @via("sdk", Off("the SDK sends files with the run: files=; a stored set is REST's and MCP's"))
-@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id"))
+@op("run", http=Http(_P, "/file-sets", whole_body="files", result="id", name="file_set", status=201, doc='A reusable set of uploaded files ({"path", "sha256", "mode"}); its ID is its content hash.'))
 @via("mcp", Mcp(name="rsync", handler="rsync", extra=("source", "destination", "exclude")))
 def file_set_create(files: list[dict]) -> str:
     """Store a set of files ({path, content | blob, mode}) to put into runs; returns its ID."""
@@ -203,21 +203,21 @@ def file_set(set_id: str) -> list[dict]:
 
 # ---- inspection ----------------------------------------------------------------------------------
 @via("cli", Cli(args=("image", "path?"), show="entries"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True, names={"image": "ref"}))
 @via("mcp", Mcp(name="list_files", resolve=("image",), result=Result(keep=("name", "type", "mode", "size", "target")),
                 doc="A directory of an image (no sandbox is started)."))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
 @via("cli", Cli(show="fields"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/stat", query=("path",), data=True, names={"image": "ref"}))
 @via("mcp", Mcp(name="read_file", handler="read_file"))
 def stat(image: str, path: str) -> dict:
     """One path's metadata."""
 
 @via("cli", Cli("cat", show="bytes"))
 @via("sdk", Sdk("offset and limit read as options of img.read(path), as they always have", keyword=("offset", "limit")))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True, names={"image": "ref"}, handler="read"))
 @via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}),
                  Mcp(name="download", handler="download", resolve=("image",), extra=("destination",))))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
@@ -227,7 +227,7 @@ def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> by
 @via("sdk", Sdk("the row takes its options as **kw: these are they", kw=(
     keyword("glob", None, "str | None"), keyword("max_matches", D.GREP_MAX_MATCHES, "int"),
     keyword("ignore_case", False, "bool"), keyword("before", 0, "int"), keyword("after", 0, "int"))))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path")))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path"), names={"image": "ref"}, handler="grep"))
 @via("mcp", Mcp(resolve=("image",), extra=(Param("glob", "str | None", None), Param("max_matches", "int", D.MCP_GREP_MATCHES),
                                  Param("ignore_case", "bool", False)),
                 doc="Search file contents of an image with a regular expression (no sandbox is started)."))
@@ -236,13 +236,13 @@ def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     pattern: an RE2 regular expression (no backtracking: linear time)"""
 
 @via("cli", Cli("image export", handler="images.cmd_image_export"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",)), custom_remote=True)
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/export", query=("path",), names={"image": "ref"}, name="export", handler="export"), custom_remote=True)
 @via("mcp", Off("it writes a tar to a file object, no JSON answer: read_file and download take files out"))
 def export_tar(image: str, fileobj, path: str = "/") -> None:
     """Write an image (or one directory of it) as a tar to a file object."""
 
 @via("cli", Cli(handler="branching.cmd_diff"))
-@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True))
+@op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True, echo={"a": "a", "b": "b"}))
 @via("mcp", Mcp(handler="diff", resolve=("a", "b"), extra=("patch",)))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
@@ -253,15 +253,15 @@ def diff(a: str, b: str) -> list:
 def patch(a: str, b: str) -> str:
     """A unified diff from image a to image b."""
 
-# ---- builds (issue 15): image config and recipes ----------------------------------------------------
+# ---- builds: image config and recipes ----------------------------------------------------
 @via("cli", Cli("image config"))
-@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config"), custom_remote=True)
+@op("list", images=("ref",), http=Http(_G, "/images/{ref:path}/config", handler="image_config"), custom_remote=True)
 @via("mcp", Mcp(handler="image_config", rename={"ref": "image"}, resolve=("ref",)))
 def image_config(ref: str):
     """An image's config (ImageConfig: env, cwd, user, entrypoint, cmd, expose, labels); empty if it has none."""
 
 @via("cli", Off("an image's config comes from a Dockerfile's ENV, WORKDIR, USER, ...: `sandtree build`"))
-@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure"), custom_remote=True)
+@op("import", images=("ref",), audit="configure", http=Http(_P, "/images/{ref:path}/configure", status=201, handler="configure"), custom_remote=True)
 @via("mcp", Off("an agent gives an image its config with a Dockerfile (the build tool)"))
 def configure(ref: str, config, *, tag: str | None = None) -> str:     # makes an image, runs nothing
     """A new image: `ref` with this ImageConfig (its runs' default env, cwd and user); returns its ID."""
@@ -276,7 +276,7 @@ def build(recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_fi
 
 @via("cli", Cli("build", handler="build.cmd_build"))
 @via("sdk", Sdk("st.build_context() builds the current directory, as `docker build .`", defaults={"context": "."}))
-@op("run", audit="build", http=Http(_P, "/builds"), custom_remote=True)
+@op("run", audit="build", http=Http(_P, "/builds", name="build", handler="build"), custom_remote=True)
 @via("mcp", Mcp(name="build", handler="build", rename={"text": "dockerfile"}, defaults={"text": REQUIRED},
                 extra=("files", "directory_state_id")))
 def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: str | None = None,
@@ -287,7 +287,7 @@ def build_context(context: str | None, *, dockerfile: str = "Dockerfile", text: 
 
 # ---- runs -----------------------------------------------------------------------------------------
 @via("cli", Cli(handler="runs.cmd_run"))
-@op("run", images=("ref",), audit="run", http=Http(_P, "/runs"), custom_remote=True, options=RunOptions.parameters())
+@op("run", images=("ref",), audit="run", http=Http(_P, "/runs", status=201, handler="run", body=("ref", "command", "stdin", "uid", "gid", "disposable", "retries") + RunOptions.names(), const={"wait": True}, rename={"ref": "image"}, model="RunIn", types={**Http.RUN_TYPES, "disposable": "bool"}, defaults=Http.RUN_DEFAULTS, bounds={"retries": {"ge": 0, "le": D.RUN_RETRIES_MAX}}, describe={**Http.RUN_DESCRIBE, "retries": "on a cluster: run it again on another node this many times at most if its node is lost before it committed"}), custom_remote=True, options=RunOptions.parameters())
 @via("mcp", _MCP_RUN)
 def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None,
         disposable: bool | str = False, on_output=None, cancel=None, retries: int = 0):
@@ -300,7 +300,7 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
 @via("sdk", Sdk("a fork from Python runs a few at once, not every command (a long list would start every sandbox)",
                 defaults={"parallel": D.FORK_PARALLEL}))
 @op("run", images=("ref",), audit="fork",
-    http=Http(_P, "/fork", body=("ref", "commands", "parallel"), rename={"ref": "image"}, data=False),
+    http=Http(_P, "/fork", body=("ref", "commands", "parallel", "uid", "gid", "disposable", "retries") + RunOptions.names(), rename={"ref": "image"}, data=False, handler="fork", model="ForkIn", types={**Http.RUN_TYPES, "disposable": "bool", "commands": "list[str | list[str]]"}, defaults=Http.RUN_DEFAULTS, bounds={"retries": {"ge": 0, "le": D.RUN_RETRIES_MAX}}, describe={**Http.RUN_DESCRIBE, "ref": "an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)", "commands": "one run each, all from the same image", "retries": "on a cluster: run it again on another node this many times at most if its node is lost before it committed"}),
     custom_remote=True, kwargs_of="run")
 @via("mcp", Mcp(handler="fork", rename={"ref": "image"}, extra=("truncate_output_at",),
                 defaults={"parallel": D.MCP_FORK_PARALLEL, "timeout": D.MCP_TIMEOUT}))
@@ -311,7 +311,7 @@ def fork(ref: str, commands: list, *, parallel: int | None = None, **options) ->
     parallel: at most this many running at once (default: all)"""
 
 @via("cli", Cli("op", dest={"op": "id"}, show="indented"))
-@op("list", http=Http(_G, "/operations/{op}"))
+@op("list", http=Http(_G, "/operations/{op}", name="get_operation", handler="get_operation"))
 @via("mcp", Off("get_operation shows a run's operation"))
 def operation(op: str) -> dict:
     """An operation's record (run, import, merge)."""
@@ -320,48 +320,48 @@ def operation(op: str) -> dict:
 from . import sandboxes  # noqa: E402,F401
 
 # ---- lineage ----------------------------------------------------------------------------------------
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents", names={"image": "ref"}))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def parents(image: str) -> list[dict]:
     """The images an image was made from, with the operations that made it."""
 
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/children"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/children", names={"image": "ref"}))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def children(image: str) -> list[dict]:
     """The images made from an image, with their operations."""
 
 @via("cli", Cli(show="log"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",)))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/log", query=("limit",), names={"image": "ref"}, bounds={"limit": {"ge": 1, "le": 100_000}}))
 @via("mcp", Mcp(name="lineage", handler="lineage"))
 def log(image: str, limit: int = D.LOG_LIMIT) -> list[dict]:
     """An image's history, newest first: each step's operation and command."""
 
 @via("cli", Cli("lineage", handler="branching.cmd_lineage"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/ancestors", names={"image": "ref"}))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def ancestors(image: str) -> dict[str, int]:
     """Every ancestor with its distance."""
 
 @via("cli", Cli("lineage", handler="branching.cmd_lineage"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/descendants", names={"image": "ref"}))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def descendants(image: str) -> dict[str, int]:
     """Every descendant with its distance."""
 
 @via("cli", Cli("lineage", handler="branching.cmd_lineage"))
-@op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by"))
+@op("list", images=("image",), http=Http(_G, "/images/{image:path}/produced-by", names={"image": "ref"}))
 @via("mcp", Mcp(name="get_image", handler="get_image"))
 def produced_by(image: str) -> list[dict]:
     """The operations whose result is this image."""
 
 @via("cli", Cli("tree", handler="branching.cmd_tree"))
-@op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree"))
+@op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree", names={"root": "ref"}, name="image_lineage", handler="image_lineage"))
 @via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, resolve=("root",), extra=("format",)))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
 @via("cli", Cli("lineage", handler="branching.cmd_lineage"))
-@op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image"))
+@op("list", images=("a", "b"), http=Http(_G, "/lineage/common", query=("a", "b"), result="image", name="common"))
 @via("mcp", Off("lineage and get_image show an image's history"))
 def common_ancestor(a: str, b: str) -> str | None:
     """The nearest image both descend from (None: none)."""
@@ -375,7 +375,7 @@ def lineage_path(a: str, b: str) -> list[str]:
 # ---- branching ------------------------------------------------------------------------------------
 @via("cli", Cli(handler="branching.cmd_merge"))
 @op("run", images=("base", "ours", "theirs"), audit="merge",
-    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict")))
+    http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}, defaults={"base": None}, describe={"ignore": "globs that never conflict (ours taken); null: __pycache__/, *.pyc, .pytest_cache/; [] for none", "on_conflict": "conflicts without a strategy: 409 merge_conflict (raise) or 200 with image null (return)"}))
 @via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"),
                 extra=("return_conflicts",)))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
@@ -383,21 +383,21 @@ def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = No
     """Three-way merge of what two images changed since their common ancestor, as a new image."""
 
 @via("cli", Cli("merge", handler="branching.cmd_merge"))
-@op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs")))
+@op("list", images=("base", "ours", "theirs"), http=Http(_G, "/merge/preview", query=("base", "ours", "theirs"), defaults={"base": None}))
 @via("mcp", Mcp(defaults={"base": None}, resolve=("base", "ours", "theirs")))
 def merge_preview(base: str | None, ours: str, theirs: str) -> dict:
     """What merge would make, making nothing: clean or not, its conflicts, each conflicted text file with markers."""
 
 @via("cli", Cli("branch create", show="branch_moved"))
 @via("sdk", Sdk("st.branch(name) opens an existing branch, st.branch(name, image) makes one", defaults={"image": None}))
-@op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force")))
+@op("tag", images=("image",), audit="branch create", http=Http(_P, "/branches", body=("name", "image", "force"), name="create_branch", status=201, model="BranchIn", echo={"name": "branch", "image": "image"}))
 @via("mcp", Mcp(resolve=("image",), result=Result(echo=("name", "image"), rename={"name": "branch"}),
                 doc='A branch: a name that run(image="branch:NAME") advances; rollback moves it back.'))
 def branch_create(name: str, image: str, *, force: bool = False) -> None:
     """A branch: a name whose head moves with each run on branch:NAME."""
 
 @via("cli", Cli("branch delete", show="branch_deleted"))
-@op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image"))
+@op("tag", audit="branch delete", http=Http(_X, "/branches/{name:path}", result="image", name="delete_branch", echo={"name": "branch"}))
 @via("mcp", Off("an agent moves a branch back with rollback; deleting one is the CLI's and REST's"))
 def branch_delete(name: str) -> str:
     """Remove a branch; returns its head."""
@@ -409,7 +409,7 @@ def branches() -> dict[str, str]:
     """Branch -> head image."""
 
 @via("cli", Cli("branch head"))
-@op("list", http=Http(_G, "/branches/{name:path}", result="image"))
+@op("list", http=Http(_G, "/branches/{name:path}", result="image", echo={"name": "branch"}))
 @via("mcp", Off("branch_list shows each branch's head"))
 def branch_head(name: str) -> str:
     """A branch's head image."""
@@ -421,7 +421,7 @@ def branch_log(name: str) -> list[dict]:
     """Where a branch's head has been, newest first."""
 
 @via("cli", Cli("branch rollback", resolve=("to",), show="branch_moved"))
-@op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image"))
+@op("tag", audit="rollback", http=Http(_P, "/branches/{name:path}/rollback", body=("to", "steps"), result="image", model="RollbackIn", echo={"name": "branch"}))
 @via("mcp", Mcp(rename={"name": "branch"}, resolve=("to",), result=Result(key="image", echo=("branch",)),
                 doc="Move a branch back: `steps` moves back in its history, or `to` an ancestor image."))
 def rollback(name: str, *, to: str | None = None, steps: int | None = None) -> str:
@@ -452,14 +452,14 @@ def doctor() -> list[dict]:
     """What works on this machine: each tier, cgroups, CRIU, ..."""
 
 @via("cli", Cli("cluster status", show="cluster"))
-@op(None, admin=True, http=Http(_G, "/cluster"))
+@op(None, admin=True, http=Http(_G, "/cluster", doc="Where runs go: this server alone (mode local) or a Ray cluster's nodes, their load and sandboxes."))
 @via("mcp", Mcp(doc="Where runs and sandboxes go: mode local (this server) or cluster (each node: cpus, runs in flight, "
                     "sandboxes)."))
 def cluster_status() -> dict:
     """Where runs go: mode (local or cluster), each node with its CPUs, runs in flight and live sandboxes."""
 
 @via("cli", Cli(show="audit", defaults={"limit": D.CLI_AUDIT_LINES}))
-@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit")))
+@op(None, caller=True, http=Http(_G, "/audit", query=("tenant", "limit"), bounds={"limit": {"ge": 1, "le": 10000}}, doc="Who ran what on which image, newest first: a tenant's token sees its own records."))
 @via("mcp", Off("the audit trail is the operator's (CLI, REST)"))
 def audit(*, tenant: str | None = None, limit: int = D.AUDIT_LIMIT) -> list[dict]:
     """The audit trail, newest first (a tenant: its own)."""
@@ -480,12 +480,12 @@ def gc(retention: float = D.GC_RETENTION, grace: float = D.GC_GRACE) -> dict:
 
 @via("cli", Cli("secret set", handler="secrets.cmd_secret"))
 @via("sdk", Sdk("hosts reads as an option: st.set_secret(\"NAME\", value, hosts=[...])", keyword=("hosts",)))
-@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant")))
+@op("run", caller=True, audit="secret set", http=Http(_U, "/secrets/{name}", body=("value", "hosts", "tenants", "tenant"), model="SecretIn", types={"hosts": "list[str] | str"}, doc='Store a secret runs name (secrets=["NAME"]): its name, hosts and times come back, never its value.', model_doc="PUT /secrets/{name}: a stored secret (the value is never in an answer, a log or the audit)."))
 @via("mcp", Off("secrets are stored by the operator or the token's owner (sandtree secret set), not by an agent"))
 def secret_set(name: str, value: str, hosts: list[str], *, tenants: list[str] | None = None, tenant: str | None = None) -> dict:
     """Store a secret that runs name (secrets=["NAME"]), kept outside the database; its value is never shown again."""
 @via("cli", Cli("secret list", show="secrets"))
-@op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",)))
+@op("list", caller=True, http=Http(_G, "/secrets", query=("tenant",), doc="The stored secrets the caller may use (its own, and the operator's shared with it)."))
 @via("mcp", Mcp(params=(), result=Result(keep=("name", "hosts", "owner")), doc="""The server's stored secrets you may use: name and hosts (never a value). Pass them to run or
         sandbox_start as secrets=["NAME"]: $NAME in the sandbox is a placeholder that the egress path
         replaces with the value in requests to those hosts only (needs a network policy reaching them).
@@ -513,7 +513,7 @@ def get(op: str) -> dict:
     """An operation's record and status."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
-@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",)), custom_remote=True)
+@op("list", group="operations", http=Http(_P, "/operations/{op}/wait", query=("timeout",), name="wait_operation", handler="wait_operation", defaults={"timeout": D.OPERATION_WAIT}, bounds={"timeout": {"ge": 0, "le": D.WAIT_MAX}}), custom_remote=True)
 @via("mcp", Mcp(name="wait_operations", handler="wait_operations", rename={"ops": "operation_ids"}, defaults={"timeout": D.MCP_WAIT}))
 def wait(ops: list[str], timeout: float | None = None) -> list[dict]:
     """Wait for operations to end; their records, in order."""
@@ -526,14 +526,14 @@ def result(op: str):
     """A finished run's record with its whole output (None while it runs)."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
-@op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel"))
+@op("cancel", audit="cancel", group="operations", http=Http(_P, "/operations/{op}/cancel", name="cancel_operation"))
 @via("mcp", Mcp(name="cancel_operation", handler="cancel_operation", rename={"op": "operation_id"}))
 def cancel(op: str) -> dict:
     """Stop a submitted operation."""
 
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @via("sdk", Off("the SDK waits for the operations it submitted (st.wait); st.engine.operations.list lists them"))
-@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind")))
+@op("list", group="operations", http=Http(_G, "/operations", query=("status", "limit", "kind"), name="list_operations", bounds={"limit": {"ge": 1, "le": 1000}}))
 @via("mcp", Mcp(name="list_operations", handler="list_operations", defaults={"limit": D.MCP_OPERATIONS_LIMIT}))
 def list(*, status: str | None = None, limit: int = D.OPERATIONS_LIMIT, kind: str = "run") -> list[dict]:   # noqa: A001
     """Operations, newest first (status: queued, running, done, failed, cancelled)."""

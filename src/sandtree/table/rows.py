@@ -35,6 +35,33 @@ class Http:
     data: bool = False
     drop: tuple[str, ...] = ()
     rename: dict = field(default_factory=dict)      # argument -> its field name on the wire
+    # How the REST server shows the row (http/derived.py makes its route from all of the above and these):
+    name: str | None = None         # the route's name (OpenAPI operationId and summary), when not the row's
+    status: int = 200               # the answer's status (a row answering None without `echo`: 204 empty)
+    names: dict = field(default_factory=dict)       # argument -> its name in the route's path ({ref} for image)
+    echo: dict = field(default_factory=dict)        # argument -> answer key: the (resolved) argument, beside result
+    model: str | None = None        # the body model's name in OpenAPI (default: the row's name in CamelCase + In)
+    optional_body: bool = False     # the body may be left out (all its fields have defaults)
+    bounds: dict = field(default_factory=dict)      # argument -> {ge, le, lt}: what the wire refuses (422)
+    types: dict = field(default_factory=dict)       # argument -> the wire's type (an annotation), wider than the row's
+    defaults: dict = field(default_factory=dict)    # argument -> the wire's default where the row has none
+    handler: str | None = None      # a hand-written route of http/ (a stream, a file, a spooled body): its name
+    # What OpenAPI says where the wire's meaning is more than the row's docstring (a 404, a request body, a field
+    # of the route's own): the route's description, its body model's, and arguments' (argument -> text).
+    doc: str | None = None
+    model_doc: str | None = None
+    describe: dict = field(default_factory=dict)
+
+    # How the bodies of POST /runs, /fork and /sandboxes have always taken the run options (options.py), for those
+    # rows' Http to share (class attributes, not fields): env and labels JSON objects of text ({} for none), files a
+    # list ([] for none), where the rows take None; secrets also a list of stored secrets' names (the row says dict).
+    RUN_TYPES = {"env": "dict[str, str]", "labels": "dict[str, str]", "secrets": "SecretsIn"}
+    RUN_DEFAULTS = {"env": {}, "labels": {}, "files": []}
+    RUN_DESCRIBE = {"ref": "an image ID, prefix, tag, or branch:NAME",
+                    "command": "a string runs in /bin/sh -c; a list is argv",
+                    "cwd": "working directory (default: the image's WORKDIR, else /)",
+                    "uid": "user id (default: the image's USER, else 0)",
+                    "labels": "names and values kept with the run (its operation's spec)"}
 
 
 @dataclass(frozen=True)

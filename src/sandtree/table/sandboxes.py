@@ -18,7 +18,7 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
 @via("cli", Cli("start", dest={"ref": "image", "idle_action": "on_idle"}, choices={"idle_action": ("stop", "hibernate")}, show="sandbox_id"))
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes"), custom_remote=True,
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox", body=("ref",) + RunOptions.names() + ("idle_timeout", "lifetime", "idle_action"), rename={"ref": "image"}, model="StartIn", types={**Http.RUN_TYPES, "idle_action": 'Literal["stop", "hibernate"]'}, defaults=Http.RUN_DEFAULTS, describe={**Http.RUN_DESCRIBE, "labels": "names and values kept with the sandbox (list filters by them)", "tier": "isolation tier (default: the server's; a token may force one)", "timeout": "default seconds per command", "idle_timeout": "seconds without a command before it is stopped", "lifetime": "seconds until it is stopped in any case", "idle_action": "what the idle timeout does: stop it, or hibernate it (resume brings it back)"}), custom_remote=True,
     options=RunOptions.parameters())
 @via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "timeout", "memory", "env", "cwd", "idle_timeout", "lifetime",
                                                "idle_action", "labels", "network", "secrets"),
@@ -32,7 +32,7 @@ def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lif
     timeout: default seconds per command"""
 
 @via("cli", Cli("exec", handler="sandboxes.cmd_exec"))
-@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec"), custom_remote=True)
+@op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox", body=("command", "env", "cwd", "stdin", "uid", "gid", "timeout", "output"), model="ExecIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"command": "a string runs in the sandbox's shell session (cd and export carry over); a list is a fresh process"}), custom_remote=True)
 @via("mcp", Mcp(handler="sandbox_exec", rename={"sid": "sandbox_id"}, extra=("shell", "truncate_output_at")))
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
@@ -52,7 +52,7 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
 @via("cli", Cli("spawn", handler="processes.cmd_spawn"))
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
-                                                           "stdin_open", "output"), result="pid"))
+                                                           "stdin_open", "output"), result="pid", name="spawn_process", status=201, model="ProcessIn", model_doc="A process started in a live sandbox without waiting (table.sandbox_spawn).", describe={"command": "a string runs in /bin/sh -c, a list is argv", "stdin_open": "keep its stdin open for writes (POST .../stdin)"}, bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 @via("mcp", Mcp(handler="sandbox_spawn", rename={"sid": "sandbox_id"}, extra=("shell",)))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
@@ -65,7 +65,7 @@ def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
 @via("sdk", Sdk("proc.write(data) streams: it leaves stdin open (proc.close_stdin() or close=True ends it)",
                 defaults={"close": False}))
-@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data"))
+@op("run", audit="sandbox stdin", http=Http(_P, _PROC + "/{pid}/stdin", query=("close",), content="data", name="process_stdin", status=204, doc="The request body is written to the process's stdin; close=false keeps it open."))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id", "data": "stdin", "close": "close_stdin"},
                 types={"data": "str | None"}, defaults={"data": None, "close": False}))
 def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = True) -> None:
@@ -73,81 +73,81 @@ def sandbox_stdin(sid: str, pid: int, data: bytes | str = b"", *, close: bool = 
 
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
 @via("sdk", Sdk("proc.signal() asks it to end (TERM); proc.kill() sends KILL", defaults={"signal": "TERM"}))
-@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",)))
+@op("run", audit="sandbox signal", http=Http(_P, _PROC + "/{pid}/signal", body=("signal",), name="process_signal", status=204, model="SignalIn", optional_body=True, types={"signal": "str | int"}))
 @via("mcp", Mcp(name="sandbox_process", handler="sandbox_process", rename={"sid": "sandbox_id"},
                 types={"signal": "str | None"}, defaults={"signal": None}))
 def sandbox_signal(sid: str, pid: int, signal: str = "KILL") -> None:
     """Signal a spawned process's group (signal: a number or a name, TERM or SIGTERM)."""
 
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
-@op("list", http=Http(_G, _PROC + "/{pid}"))
+@op("list", http=Http(_G, _PROC + "/{pid}", name="get_process"))
 @via("mcp", Mcp(handler="sandbox_process", rename={"sid": "sandbox_id"}, extra=("truncate_output_at",)))
 def sandbox_process(sid: str, pid: int) -> dict:
     """A spawned process: running, exit code, signal, its output so far (text and base64)."""
 
 @via("cli", Cli("commit", dest={"sid": "sandbox"}, show="committed"))
-@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image"))
+@op("run", audit="sandbox commit", http=Http(_P, "/sandboxes/{sid}/commit", body=("tag",), result="image", name="commit_sandbox", status=201, model="CommitIn", optional_body=True))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, result=Result(key="image", echo=("tag",)),
                 doc="An image of the live sandbox's filesystem now (it keeps running): run, fork or merge it."))
 def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
     """An image of a live sandbox's filesystem as it is now."""
 
 @via("cli", Cli("stop", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
-@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop"))
+@op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop", name="stop_sandbox"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Stop a live sandbox: its processes end and its unsaved files go "
                                      "(sandbox_commit first to keep them)."))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
 @via("cli", Cli("hibernate", args=("sid+",), dest={"sid": "sandboxes"}, show="hibernated"))
-@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate"))
+@op("run", audit="sandbox hibernate", http=Http(_P, "/sandboxes/{sid}/hibernate", name="hibernate_sandbox"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="""Hibernate a live sandbox: its files are committed and its processes saved with their
         memory, then CPU and memory are freed. sandbox_resume brings it back exactly where it was."""))
 def sandbox_hibernate(sid: str) -> dict:
     """Write a live sandbox's processes and files to disk and free its memory (CRIU)."""
 
 @via("cli", Cli("resume", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
-@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume"))
+@op("run", audit="sandbox resume", http=Http(_P, "/sandboxes/{sid}/resume", name="resume_sandbox"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Resume a hibernated live sandbox: the same processes continue with the same "
                                      "memory and files."))
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
 @via("cli", Cli("sandbox info"))
-@op("list", http=Http(_G, "/sandboxes/{sid}"))
+@op("list", http=Http(_G, "/sandboxes/{sid}", name="get_sandbox"))
 @via("mcp", Off("sandbox_list shows each sandbox's state"))
 def sandbox_info(sid: str) -> dict:
     """A live sandbox's state, image, limits and times."""
 
 @via("cli", Cli("ps", dest={"labels": "label"}, show="ps"))
-@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}))
+@op("list", http=Http(_G, "/sandboxes", query=("all", "labels"), rename={"labels": "label"}, name="list_sandboxes", describe={"labels": "NAME=VALUE: only sandboxes with this label (repeatable)"}))
 @via("mcp", Mcp(types={"labels": "dict[str, str] | None"},
                 doc="Running live sandboxes (all=true: also stopped and expired ones)."))
 def sandbox_list(*, all: bool = False, labels: dict | None = None) -> list[dict]:
     """Live sandboxes (all: stopped ones too; labels: only those with every one of these)."""
 
 @via("cli", Cli("sandbox cat", show="bytes"))
-@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True))
+@op("list", http=Http(_G, "/sandboxes/{sid}/file", query=("path",), raw=True, name="read_sandbox_file"))
 @via("mcp", Mcp(name="sandbox_read_file", handler="sandbox_read_file", rename={"sid": "sandbox_id"}, extra=("offset", "limit")))
 def sandbox_read(sid: str, path: str) -> bytes:
     """A file's bytes, read from a live sandbox."""
 
 @via("cli", Cli("sandbox write"))
-@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data"))
+@op("run", audit="sandbox write", http=Http(_U, "/sandboxes/{sid}/file", query=("path", "mode", "uid", "gid"), content="data", name="write_sandbox_file", handler="write_sandbox_file"))
 @via("mcp", Mcp(name="sandbox_write_file", handler="sandbox_write_file", rename={"sid": "sandbox_id", "data": "content"},
                 types={"data": "str"}))
 def sandbox_write(sid: str, path: str, data: bytes, *, mode: int = D.FILE_MODE, uid: int = 0, gid: int = 0) -> None:
     """Write a file into a live sandbox (missing parent directories are made)."""
 
 @via("cli", Cli("sandbox timeout"))
-@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",)))
+@op("run", audit="sandbox set timeout", http=Http(_P, "/sandboxes/{sid}/timeout", body=("timeout",), name="set_sandbox_timeout", model="TimeoutIn", doc="The sandbox now stops `timeout` seconds from now (E2B's set_timeout)."))
 @via("mcp", Off("a sandbox's idle_timeout and lifetime are set by sandbox_start"))
 def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
 @via("cli", Cli("network", handler="sandboxes.cmd_set_network"))
-@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",)))
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn", doc="Replace the live sandbox's network policy (connections it now forbids are cut)."))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"network": RUN_JSON["network"]}, defaults={"network": None},
                 doc="""Replace a live sandbox's network policy (it must have been started with one); connections
         the new policy forbids are cut."""))
@@ -155,49 +155,49 @@ def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
 @via("cli", Cli("sandbox ls", args=("sid", "path?")))
-@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",)))
+@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",), name="list_sandbox_dir"))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
     """A directory of a live sandbox: name, kind, size, mode of each entry."""
 
 @via("cli", Cli("sandbox exists"))
-@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists", name="sandbox_path_exists", echo={"path": "path"}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
 @via("cli", Cli("sandbox rm"))
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",)))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory."))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_remove(sid: str, path: str) -> None:
     """Remove a file, a link or an empty directory of a live sandbox."""
 
 @via("cli", Cli("sandbox mkdir"))
-@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid")))
+@op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, doc="Make a directory and any missing parents (mkdir -p).", bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
-@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}"))
+@op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201, doc="Make a port of the sandbox reachable: its loopback URL on the host and its path here."))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}))
 def sandbox_expose(sid: str, port: int) -> dict:
     """Make a live sandbox's port reachable: {port, url (on the host's loopback), path (under the server)}."""
 
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
-@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}"))
+@op("run", audit="sandbox unexpose", http=Http(_X, "/sandboxes/{sid}/ports/{port}", name="unexpose_port", status=204))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}, extra=("close",)))
 def sandbox_unexpose(sid: str, port: int) -> None:
     """Make an exposed port of a live sandbox unreachable again."""
 
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
-@op("run", http=Http(_G, "/sandboxes/{sid}/ports"))
+@op("run", http=Http(_G, "/sandboxes/{sid}/ports", name="list_ports"))
 @via("mcp", Off("sandbox_port answers a port's URLs when it exposes it"))
 def sandbox_ports(sid: str) -> list[dict]:
     """A live sandbox's exposed ports: {port, url, path} each (url None while it is not running)."""
 
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
-@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url"))
+@op("run", http=Http(_P, "/sandboxes/{sid}/port-url/{port}", query=("ttl",), result="url", name="port_url", handler="port_url"))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id", "ttl": "url_ttl"},
                 types={"ttl": "float | None"}, defaults={"ttl": None}))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
@@ -207,7 +207,7 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 _POOL = ("size",) + RunOptions.LIMITS
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @via("sdk", Sdk("st.pool(image) keeps a few started", defaults={"size": D.POOL_SIZE}))
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL, name="put_pool", names={"ref": "image"}, model="PoolIn", defaults={"size": D.POOL_SIZE}, describe={"tier": "its sandboxes' isolation tier (default: the server's); only runs on that tier take them"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_create(ref: str, size: int) -> dict:
@@ -215,7 +215,7 @@ def pool_create(ref: str, size: int) -> dict:
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @via("sdk", Off("st.pool(image, wait=True)"))
-@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}),
+@op(None, admin=True, images=("ref",), http=Http(_U, "/pools/{ref:path}", body=_POOL + ("wait_timeout",), const={"wait": True}, names={"ref": "image"}, defaults={"size": D.POOL_SIZE}, describe={"wait": "answer once the pool is full", "wait_timeout": "with wait: seconds to wait for the pool to fill"}),
     options=RunOptions.parameters(*RunOptions.LIMITS))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> dict:
@@ -223,21 +223,21 @@ def pool_and_wait(ref: str, size: int, *, wait_timeout: float = D.POOL_WAIT) -> 
     wait_timeout: seconds to wait for the pool to fill"""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
-@op("list", http=Http(_G, "/pools"))
+@op("list", http=Http(_G, "/pools", name="list_pools"))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_list() -> list[dict]:
     """The warm pools and how full they are."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @via("sdk", Off("st.pool(image, wait=True) waits as it makes the pool"))
-@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready"))
+@op(None, admin=True, images=("ref",), http=Http(_P, "/pools/{ref:path}/wait", query=("timeout",), result="ready", name="wait_pool", names={"ref": "image"}, bounds={"timeout": {"ge": 0, "le": 600}}))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_wait(ref: str, timeout: float = D.POOL_WAIT) -> bool:
     """Wait until a pool is full; whether it filled in time."""
 
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
 @via("sdk", Off("st.pool(image, 0) empties a pool; st.engine.pool_remove forgets it"))
-@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}"))
+@op(None, admin=True, images=("ref",), http=Http(_X, "/pools/{ref:path}", name="delete_pool", names={"ref": "image"}, status=204))
 @via("mcp", Off("warm pools are the operator's: a run uses one when its image and limits match"))
 def pool_remove(ref: str) -> None:
     """Stop a pool's sandboxes and forget it."""
