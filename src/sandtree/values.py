@@ -99,3 +99,15 @@ def not_utf8(value) -> str | None:
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
     return None
+
+
+def name_values(pairs: list[str], what: str) -> dict[str, str]:
+    """NAME=VALUE strings (a repeated flag or query parameter) as a dict; a pair without `=` or a name
+    is InvalidInput naming `what` (the flag or parameter it came in)."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"{what} wants NAME=VALUE, not {pair!r}")
+        out[name] = value
+    return out

@@ -12,17 +12,8 @@ from . import options
 from .buildprogress import JsonProgress, LiveProgress, PlainProgress, StepLabels
 from .output import open_engine, out
 from ..engine import dockerfile_recipe, read_dockerfile
-from ..errors import InvalidInput
+from ..values import name_values
 
-
-def _pairs(values: list[str], flag: str) -> dict:
-    out_ = {}
-    for kv in values:
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            raise InvalidInput(f"{flag} wants NAME=VALUE, not {kv!r}")
-        out_[k] = v
-    return out_
 
 
 def progress_view(mode: str, recipe, stream=None, *, tty: bool | None = None):
@@ -49,7 +40,7 @@ def _remote_build(args) -> dict:
         view = progress_view(args.progress, None)
         try:
             return eng.build_context(args.context, text=text, tag=args.tag,
-                                     build_args=_pairs(args.build_arg, "--build-arg"), target=args.target,
+                                     build_args=name_values(args.build_arg, "--build-arg"), target=args.target,
                                      network=options.network(args).get("network"), no_cache=args.no_cache,
                                      no_cache_filter=filters, progress=view).to_dict()
         finally:
@@ -69,7 +60,7 @@ def cmd_build(args):
             text = sys.stdin.read()
         elif args.file is not None:
             text = read_dockerfile(args.file)
-        recipe = dockerfile_recipe(eng, args.context, text=text, build_args=_pairs(args.build_arg, "--build-arg"),
+        recipe = dockerfile_recipe(eng, args.context, text=text, build_args=name_values(args.build_arg, "--build-arg"),
                                    target=args.target, network=options.network(args).get("network"))
         filters = tuple(f for x in args.no_cache_filter for f in x.split(",") if f)
         view = progress_view(args.progress, recipe)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..engine import ImageConfig
 from ..errors import InvalidInput, SandtreeError
+from ..values import name_values
 from .bodylimit import spool, unstage
 from .derived import handler, resolved
 from .plumbing import Plumbing
@@ -45,15 +46,6 @@ def _event(ev: dict) -> dict:
 def _sse(kind: str, data) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
 
-
-def _pairs(values: list[str]) -> dict:
-    out = {}
-    for kv in values:
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            raise InvalidInput(f"build_arg wants NAME=VALUE, not {kv!r}")
-        out[k] = v
-    return out
 
 
 def _network(value: str | None):
@@ -97,7 +89,7 @@ def build(p: Plumbing):
                     no_cache_filter: list[str] = Query([], description="a stage name or step number (repeatable)")):
         """The body is the build context as a tar (plain, gzip, xz, bzip2 or zstd); the Dockerfile
         is `text`, or the file `dockerfile` inside the context. Answers Server-Sent Events."""
-        args = _pairs(build_arg)
+        args = name_values(build_arg, "build_arg")
         net = _network(network)
         filters = tuple(int(f) if f.isdigit() else f for f in no_cache_filter)
         path, _, size = await spool(request, p.stage)

@@ -27,6 +27,7 @@ from pydantic import Field, create_model
 from .. import vocabulary
 from ..errors import InvalidInput
 from ..table import OPS
+from ..values import name_values
 from .models import FileIn, In, NetworkIn, SecretsIn
 from .plumbing import Plumbing
 
@@ -122,15 +123,6 @@ def _query_param(row, arg: str) -> inspect.Parameter:
     return inspect.Parameter(wire, inspect.Parameter.KEYWORD_ONLY, annotation=tp,
                              default=Query(default, description=_describe(row, arg), **row.http.bounds.get(arg, {})))
 
-
-def _pairs(values: list[str], what: str) -> dict | None:
-    out = {}
-    for pair in values:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise InvalidInput(f"a {what} filter is NAME=VALUE, not {pair!r}")
-        out[name] = value
-    return out or None
 
 
 def _body_model(rows: list, h):
@@ -244,7 +236,7 @@ def _endpoint(p: Plumbing, rows: list):
         for row in rows:
             for arg in row.http.query:
                 value = kw[row.http.rename.get(arg, arg)]
-                args[arg] = _pairs(value, row.http.rename.get(arg, arg)) if isinstance(value, list) \
+                args[arg] = (name_values(value, row.http.rename.get(arg, arg)) or None) if isinstance(value, list) \
                     and "dict" in str(wire_type(row, arg)) else value
         consts = {k: kw[k] for k in _consts(rows)} if h.method == "GET" else {}
         body = kw.get("body")
