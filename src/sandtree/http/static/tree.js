@@ -187,7 +187,8 @@ function render() {
       if (Tree.matched) g.classList.add(Tree.matched.has(n) ? "match" : "dim");
       g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 5}));
       g.append(svgEl("text", {x: 8, y: 15, class: "short"}, n.short));
-      g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut([...n.names, metrics].filter(Boolean).join(" "), 24)));
+      g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut(n.names.join(" "), 24)));
+      if (metrics) g.append(svgEl("text", {x: 8, y: NODE_H + 10, class: "metrics"}, cut(metrics, 28)));
       if (n.score !== undefined && n.score !== null) {
         g.append(svgEl("text", {x: NODE_W - 6, y: 15, class: "score " + (n.score > 0 ? "pos" : n.score < 0 ? "neg" : "zero"),
           "text-anchor": "end", "data-score": n.score}, "★" + fmtScore(n.score)));
