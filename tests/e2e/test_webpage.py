@@ -535,7 +535,7 @@ def hash_params(page) -> dict:
     return dict(p.split("=", 1) for p in page.evaluate("location.hash").lstrip("#").split("&") if "=" in p)
 
 
-def test_landing_page_lists_recent_runs_live_sandboxes_and_tags(world, page, alice_sandbox):
+def test_landing_page_lists_recent_runs_live_sandboxes_and_tags(world, page, alice_sandbox, tmp_path):
     """The start page: the newest runs (command, exit, what each made: a click opens it in its
     tree), the running sandboxes, the tags and branches. A Contree instance's run (a live run) is
     listed once, labelled by its command, in the list and in the tree."""
@@ -555,6 +555,8 @@ def test_landing_page_lists_recent_runs_live_sandboxes_and_tags(world, page, ali
     refs = page.inner_text("#home-refs")
     assert "checkpoint" in refs and "branch:win" in refs
     assert page.locator("#panel").is_hidden()                 # nothing to show there: the page is the home's
+    page.screenshot(path=str(tmp_path / "home.png"))
+    print(f"\nscreenshot: {tmp_path / 'home.png'}")
     page.locator("#home-runs a.runcmd", has_text="echo contree").click()
     node = page.locator(f'#viewport .node.sel[data-image="{made}"]')
     node.wait_for(state="attached")
@@ -570,7 +572,7 @@ def test_landing_page_lists_recent_runs_live_sandboxes_and_tags(world, page, ali
     page.wait_for_selector("#terminal[data-state=open]")
 
 
-def test_scores_and_rewards_on_the_nodes(world, page):
+def test_scores_and_rewards_on_the_nodes(world, page, tmp_path):
     """An image's score and numeric annotations (a reward) are drawn on its node and shown on its page."""
     url, a, win, lose = world["url"], world["api"], world["win"]["result"], world["lose"]["result"]
     assert a.post(f"/images/{win}/annotations", json={"score": 0.9, "meta": {"reward": 1, "judge": "tests pass"}}).status_code == 200
@@ -581,6 +583,8 @@ def test_scores_and_rewards_on_the_nodes(world, page):
     w.wait_for()
     assert w.locator(".score").text_content() == "★0.9" and "pos" in w.locator(".score").get_attribute("class")
     assert w.locator(".metrics").text_content() == "reward 1"
+    page.screenshot(path=str(tmp_path / "scores.png"))
+    print(f"\nscreenshot: {tmp_path / 'scores.png'}")
     assert page.locator(f'#viewport .node[data-image="{lose}"] .score.neg').text_content() == "★-0.25"
     w.click()
     page.wait_for_selector("#panel .scoreval")
@@ -588,7 +592,7 @@ def test_scores_and_rewards_on_the_nodes(world, page):
     assert page.inner_text("#panel code.annotations") == "judge=tests pass; reward=1"
 
 
-def test_filters_narrow_the_tree(world, page):
+def test_filters_narrow_the_tree(world, page, tmp_path):
     """Exit status, tag and command text: the matching images stay, with the way to them; the rest goes."""
     url, win, lose = world["url"], world["win"]["result"], world["lose"]["result"]
     chain = [c["result"] for c in world["chain"]]
@@ -605,6 +609,8 @@ def test_filters_narrow_the_tree(world, page):
     assert lose in matched and all(m not in chain for m in matched)
     assert len(drawn()) < len(everything) and world["checkpoint"] in drawn()     # its way from the root stays
     assert "matching" in page.inner_text("#treeinfo")
+    page.screenshot(path=str(tmp_path / "filtered.png"))
+    print(f"\nscreenshot: {tmp_path / 'filtered.png'}")
     page.select_option("#filters select[name=status]", "")
     page.fill("#filters input[name=tag]", "win")
     until(lambda: win in drawn() and lose not in drawn())

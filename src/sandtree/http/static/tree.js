@@ -13,7 +13,7 @@
 "use strict";
 
 const SVGNS = "http://www.w3.org/2000/svg";
-const COL = 300, ROW = 56, NODE_W = 132, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 22;
+const COL = 300, ROW = 56, NODE_W = 150, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 22;
 const TREE_PAGE = 1000;          // nodes per lineage request (first paint, and each `+`); #...&page=N sets another
 const FAR = 0.5;                 // below this zoom the drawing switches to far labels
 const FAR_FONT = 12;             // far labels' size on the screen, px
