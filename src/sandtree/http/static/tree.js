@@ -8,7 +8,7 @@
 // A node shows its score and numeric annotations (the tree's `score`, `metrics`). Filters (exit
 // status, tag, command text) keep the matching images and the way to them. Shift+click (or the
 // "compare" button, then two clicks) picks two images to diff. Zoomed out, the edge labels give
-// way to one label per node at a readable size (every n-th row when rows are too close), and past
+// way to one label per node at a readable size (some give way where rows are too close), and past
 // MINIMAP_AT drawn images a minimap shows the whole tree and where the window is on it.
 "use strict";
 
