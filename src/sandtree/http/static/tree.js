@@ -178,7 +178,7 @@ function render() {
     if (d.chain) {
       g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 18}));
       g.append(svgEl("text", {x: NODE_W / 2, y: 23, "text-anchor": "middle", class: "steps"}, "⋯ " + d.chain.length + " steps"));
-      g.append(svgEl("text", {x: 0, y: NODE_H / 2, class: "flabel", "data-full": "⋯ " + d.chain.length + " steps"}, "⋯ " + d.chain.length + " steps"));
+      d.far = "⋯ " + d.chain.length + " steps";
       g.append(svgEl("title", {}, "collapsed: click to show each step"));
     } else {
       const n = d.n, metrics = metricsText(n);
@@ -198,9 +198,8 @@ function render() {
         g.classList.add("pick");
         g.append(svgEl("text", {x: -6, y: 15, class: "picklabel", "text-anchor": "end"}, "AB"[pick]));
       }
-      const far = (status(n) === "fail" ? "✗ " : "") + (n.names[0]
+      d.far = (status(n) === "fail" ? "✗ " : "") + (n.names[0]
         || (n.score !== undefined && n.score !== null ? "★" + fmtScore(n.score) + " " : "") + (n.command || n.short));
-      g.append(svgEl("text", {x: 0, y: NODE_H / 2, class: "flabel", "data-full": far}, cut(far, 24)));
       if (d.n.more || d.n.cut) {
         const plus = svgEl("g", {class: "more", transform: `translate(${NODE_W + 10},${NODE_H / 2})`, "data-more": i});
         plus.append(svgEl("circle", {r: 9}), svgEl("text", {y: 4, "text-anchor": "middle"}, "+"));
@@ -280,8 +279,13 @@ function placeFarLabels() {
   const maxDepth = Tree.shown.reduce((a, d) => Math.max(a, d.depth), 0);
   const cols = new Map();
   for (const g of document.querySelectorAll("#viewport .node")) {
-    const d = Tree.shown[Number(g.dataset.i)], label = g.querySelector(".flabel");
-    if (!label || !d) continue;
+    const d = Tree.shown[Number(g.dataset.i)];
+    if (!d || !d.far) continue;
+    let label = g.querySelector(".flabel");
+    if (!label) {                                     // made the first time the drawing is far: not on every paint
+      label = svgEl("text", {x: 0, y: NODE_H / 2, class: "flabel", "data-full": d.far}, cut(d.far, 24));
+      g.append(label);
+    }
     const first = !!(d.n && (d.n.names.length || d.n === Tree.selected || Tree.picks.includes(d.n.image)
       || (Tree.matched && Tree.matched.has(d.n))));
     if (!cols.has(d.depth)) cols.set(d.depth, []);
