@@ -283,7 +283,7 @@ function placeFarLabels() {
     if (!d || !d.far) continue;
     let label = g.querySelector(".flabel");
     if (!label) {                                     // made the first time the drawing is far: not on every paint
-      label = svgEl("text", {x: 0, y: NODE_H / 2, class: "flabel", "data-full": d.far}, cut(d.far, 24));
+      label = svgEl("text", {x: 0, y: NODE_H / 2, dy: "0.35em", class: "flabel", "data-full": d.far}, cut(d.far, 24));
       g.append(label);
     }
     const first = !!(d.n && (d.n.names.length || d.n === Tree.selected || Tree.picks.includes(d.n.image)
