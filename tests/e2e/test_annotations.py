@@ -123,6 +123,29 @@ def test_each_tenant_annotates_only_for_itself(tmp_path):
         eng.close()
 
 
+def test_the_lineage_tree_shows_each_readers_scores_on_its_nodes(tmp_path):
+    """A tree node carries its score and its numeric annotations (`metrics`: a reward, a pass
+    rate; strings stay on the image's record), as its reader reads them: the operator its own, a
+    tenant its own (what the web page draws on each node)."""
+    eng = Engine(str(tmp_path / "home"), warm=0)
+    try:
+        d = tmp_path / "x"
+        d.mkdir()
+        (d / "x.txt").write_text("x")
+        alice = eng.as_tenant(Tenant("alice", token="t-alice"))
+        x = alice.import_path(str(d))
+        alice.annotate(x, 0.5, {"reward": 2, "passed": 0.75, "note": "long text", "ok": True})
+        assert {k: alice.lineage_tree(x).get(k) for k in ("score", "metrics")} == {
+            "score": 0.5, "metrics": {"passed": 0.75, "reward": 2}}
+        bare = eng.lineage_tree(x)                      # the operator wrote none of its own
+        assert "score" not in bare and "metrics" not in bare
+        eng.annotate(x, -1.0)
+        assert eng.lineage_tree(x)["score"] == -1.0 and "metrics" not in eng.lineage_tree(x)
+        assert alice.lineage_tree(x)["score"] == 0.5
+    finally:
+        eng.close()
+
+
 def test_sdk_local_and_remote(sdk, tmp_path):
     d = tmp_path / "s"
     d.mkdir()

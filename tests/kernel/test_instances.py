@@ -82,6 +82,26 @@ def test_processes_join_a_live_run_and_its_commit_holds_their_writes(ops):
         eng.sandbox_process(op, 9)
 
 
+def test_a_live_runs_image_has_one_edge_labelled_by_its_command(ops):
+    """The commit that ends a live run is a step of the run: one edge to its image, the run's
+    (its command, its exit code), not a second one labelled "commit of live sandbox ..."."""
+    eng = ops.host
+    base = eng.resolve("bb")
+    op = ops.submit_run("bb", "echo made > /made; exit 3", live=True)
+    ops.wait([op], 30)
+    image = ops.result(op).image
+    parents = eng.parents(image)
+    assert [(e["parent"], e["op"], e["command"], e["exit_code"]) for e in parents] == [
+        (base, op, "echo made > /made; exit 3", 3)]
+    assert [e["child"] for e in eng.children(base)] == [image]
+    tree = eng.lineage_tree(base)
+    assert [(n["image"], n["command"], n["exit_code"]) for n in tree["children"]] == [
+        (image, "echo made > /made; exit 3", 3)]
+    # the commit is still recorded (what the sandbox's commits say), as the run's
+    made = {m["kind"]: m for m in eng.produced_by(image)}
+    assert made["run"]["op"] == op and eng.operations.get(made["commit"]["op"])["spec"]["run"] == op
+
+
 def test_a_live_run_times_out_is_cancelled_and_a_disposable_one_keeps_nothing(ops):
     slow = ops.submit_run("bb", "sleep 30", live=True, timeout=1)
     rec = ops.wait([slow], 30)[0]

@@ -23,6 +23,7 @@ class Visible:
     op: Callable[[str], bool] = lambda op: True     # whether an operation's record may be shown
     tags: dict = field(default_factory=dict)        # image -> the tag names shown on it
     branches: dict = field(default_factory=dict)    # image -> the branch names shown on it
+    notes: Callable[[str], dict] | None = None      # image -> the annotations it reads (a tree's scores)
 
     def edge(self, parent: str, child: str, op: str) -> bool:
         return parent in self.images and child in self.images and self.op(op)
@@ -185,12 +186,16 @@ MAX_TREE_DEPTH = 200
 
 
 def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: Visible | None = None,
-         via=None) -> dict:
+         via=None, notes=None) -> dict:
     """The lineage tree under `root`: nested nodes with tags, branches and, per edge, its
     operation (`op`), command, exit code and duration (`seconds`). Iterative (no recursion on
     lineage depth). via(op) -> {"command", "exit_code", "seconds"} labels an edge (default: the
     operation's command, else its kind). Past `max_nodes` a node is not expanded: `more` says it
-    has children (its own tree is the next page: how the web page expands lazily)."""
+    has children (its own tree is the next page: how the web page expands lazily).
+    notes(image) -> its annotations (default: the filter's): a node's `score`, and `metrics` (its
+    numeric annotations: a reward, a pass rate), each only when it has one; strings stay on the
+    image's own record (they may be long)."""
+    notes = notes if notes is not None else (visible.notes if visible is not None else None)
     if visible is not None:
         names = {i: list(v) for i, v in visible.tags.items()}
         for image, bs in visible.branches.items():
@@ -228,6 +233,8 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
             n["repeat"] = True
             continue
         drawn.add(image)
+        if notes is not None:
+            _annotate(n, notes(image))
         if count > max_nodes:
             if children(image):
                 n["more"] = True
@@ -243,3 +250,12 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
         for child, op in reversed(kids):         # popped in order: depth first, as drawn
             stack.append((child, op, via(op), n["children"], depth + 1))
     return top[0]
+
+
+def _annotate(node: dict, notes: dict) -> None:
+    if notes.get("score") is not None:
+        node["score"] = notes["score"]
+    metrics = {k: v for k, v in sorted((notes.get("meta") or {}).items())
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if metrics:
+        node["metrics"] = metrics

@@ -132,7 +132,8 @@ class TenantSight:
         heads: dict[str, list[str]] = {}
         for name, image in self._branch_names().items():
             heads.setdefault(image, []).append(name)
-        return Visible(self._visible_set(), self._op_visible, self._names(), heads)
+        return Visible(self._visible_set(), self._op_visible, self._names(), heads,
+                       lambda image: self.engine.annotations_as(self.tenant.name, image))
 
     # ---- things of its own --------------------------------------------------------------------
     def _own_blob(self, kind: str, ident) -> str:

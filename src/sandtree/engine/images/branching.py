@@ -21,6 +21,7 @@ from ...branching import diff as diff_mod
 from ...branching import merge as merge_mod
 from ...branching.merge import check_on_conflict, conflict_outcome
 from ..runs.records import Records
+from .annotations import shown_annotations
 
 PREVIEW_FILES, PREVIEW_BYTES = 50, 256 * 1024     # a merge preview's marked files: how many, how much of each
 
@@ -172,7 +173,8 @@ class BranchingOps:
         return lineage.produced_by(self.store, image)
 
     def lineage_tree(self, root: str, *, max_nodes: int = lineage.MAX_TREE_NODES) -> dict:
-        return lineage.tree(self.store, root, max_nodes=max_nodes)
+        return lineage.tree(self.store, root, max_nodes=max_nodes,
+                            notes=lambda image: shown_annotations(self.store.db, image))
 
     # ---- bundles -------------------------------------------------------------------------------
     def bundle_create(self, path: str, images: list[str], *, with_ancestry: bool = False) -> dict:

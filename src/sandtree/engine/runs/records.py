@@ -85,13 +85,14 @@ class Records:
 
     def record(self, op: str, source: str, spec: dict, started: float, result: str | None,
                outcome: dict, write_image=None, *, kind: str = "run", parent: str | None = None,
-               also=None, serial: bool | None = None) -> None:
+               also=None, serial: bool | None = None, edge: bool = True) -> None:
         """One transaction per run: the new image's rows (write_image(con), if any), the
         operation, the lineage edge (from `parent`, by default the source). A published layer
         that no row came to name is removed again. also(con): more rows of the same transaction
         (a build step's cache row). serial: the transaction's place in the one-writer order
         (db.tx); by default only when it writes an image or more rows (`also`): an operation's own
-        row alone (an exec, a disposable run) decides nothing on what it reads."""
+        row alone (an exec, a disposable run) decides nothing on what it reads. edge=False: no
+        lineage edge (another operation's edge says where the image came from)."""
         used = True
         try:
             serial = (write_image is not None or also is not None) if serial is None else serial
@@ -99,7 +100,7 @@ class Records:
                 if write_image is not None:
                     used = write_image(con)
                 self.write(con, op, kind, source, result, spec, outcome, started, time.time(),
-                           parents=[parent or source])
+                           parents=[parent or source] if edge else [])
                 if also is not None:
                     also(con)
         except BaseException:

@@ -417,9 +417,15 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         write = mark_writer(self.committer.image_writer(cr), cr.image) if ephemeral else self.committer.image_writer(cr)
         parent = row["head"] or row["image"]
         execs = self.records.sandbox_execs(row["image"], row["id"], self.records.last_commit(row["id"]))
+        # The commit that ends a live run (a Contree instance, a run with live=True) is a step of
+        # that run: the run's own record draws the image's edge, labelled by its command and exit
+        # code. An edge here too listed the image twice, as "commit of live sandbox ...".
+        run = row["spec"].get("run")
         self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
-                                               "command": f"{how} of live sandbox {row['id'][:12]}"},
-                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent)
+                                               "command": f"{how} of live sandbox {row['id'][:12]}",
+                                               **({"run": run} if run else {})},
+                            started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent,
+                            edge=not run)
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET head=? WHERE id=?", (cr.image, row["id"]))
         row["head"] = cr.image

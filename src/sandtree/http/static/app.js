@@ -18,15 +18,45 @@ function loggedIn(who) {
   route().catch(showError);
 }
 
+// The landing page: recent runs (what each made), live sandboxes and tags and branches, each a
+// link into the tree or the Live view. GET /operations, /sandboxes, /tags, /branches.
+const HOME_RUNS = 12;
 async function home() {
   const h = document.getElementById("home");
   document.getElementById("tree").classList.add("empty");
-  const [tags, branches] = await Promise.all([api("/tags"), api("/branches")]);
+  const [tags, branches, runs, boxes] = await Promise.all([api("/tags"), api("/branches"),
+    api(`/operations${qs({limit: HOME_RUNS})}`), api("/sandboxes").catch(() => [])]);
   const list = [...Object.entries(branches).map(([n, i]) => ["branch:" + n, i]), ...Object.entries(tags)];
-  put(h, el("h2", {}, "Lineage"), el("p", {}, "Pick a tag or branch, or type an image ID above."),
-    list.length ? el("ul", {class: "refs"}, list.map(([n, i]) => el("li", {},
-      el("a", {href: "#" + new URLSearchParams({tree: n})}, n), " ", el("code", {}, i.slice(0, 12)))))
-      : el("p", {class: "muted"}, "No tags or branches yet."));
+  const treeOf = (o) => "#" + new URLSearchParams(o.result && o.source ? {tree: o.source, node: o.result}
+    : {tree: o.result || o.source});
+  const runRow = (o) => {
+    const x = (o.outcome || {}).exit_code;
+    const st = o.status !== "done" ? (o.status === "running" || o.status === "queued" ? "none" : "fail")
+      : x === 0 ? "pass" : x === null || x === undefined ? "none" : "fail";
+    const cmd = commandText((o.spec || {}).command);
+    return el("tr", {},
+      el("td", {title: cmd}, el("a", {href: o.result || o.source ? treeOf(o) : "#" + new URLSearchParams({live: "", op: o.id}),
+        class: "runcmd"}, el("code", {}, cmd || o.kind))),
+      el("td", {}, el("span", {class: "badge " + st}, o.status === "done" && x !== null && x !== undefined ? "exit " + x : o.status)),
+      el("td", {}, o.result ? imageLink(o.result) : el("span", {class: "muted"}, "none")),
+      el("td", {class: "muted"}, fmtTime(o.started).slice(5, 16)));
+  };
+  const boxRow = (b) => el("tr", {},
+    el("td", {}, el("a", {href: "#" + new URLSearchParams({live: b.id}), class: "sid"}, b.id.slice(0, 12))),
+    el("td", {}, stateBadge(b.state)), el("td", {}, b.image ? imageLink(b.image) : ""), el("td", {class: "muted"}, fmtTime(b.created).slice(5, 16)));
+  put(h, el("div", {class: "cards"},
+    el("section", {class: "card", id: "home-runs"}, el("h2", {}, "Recent runs"),
+      runs.length ? el("table", {}, el("tr", {}, ["command", "status", "made", "started"].map((x) => el("th", {}, x))), runs.map(runRow))
+        : el("p", {class: "muted"}, "No runs yet."),
+      el("a", {href: "#live", class: "more-link"}, "all runs and sandboxes")),
+    el("section", {class: "card", id: "home-live"}, el("h2", {}, "Live sandboxes"),
+      boxes.length ? el("table", {}, el("tr", {}, ["sandbox", "state", "image", "started"].map((x) => el("th", {}, x))), boxes.map(boxRow))
+        : el("p", {class: "muted"}, "No live sandboxes. Start one from an image's page.")),
+    el("section", {class: "card", id: "home-refs"}, el("h2", {}, "Tags and branches"),
+      el("p", {class: "muted"}, "Pick one to see its lineage tree, or type an image ID above."),
+      list.length ? el("ul", {class: "refs"}, list.map(([n, i]) => el("li", {},
+        el("a", {href: "#" + new URLSearchParams({tree: n})}, n), " ", el("code", {}, i.slice(0, 12)))))
+        : el("p", {class: "muted"}, "No tags or branches yet."))));
   h.hidden = false;
 }
 
@@ -77,6 +107,7 @@ async function start() {
   initTreeEvents();
   St.onUnauthorized = () => showLogin(St.token ? "The token was refused." : "");
   Tree.onSelect = (n) => go({tree: Tree.ref, node: n.image});
+  Tree.onCompare = (a, b) => go({tree: Tree.ref, node: b, diff: a + ".." + b});
   document.getElementById("loginform").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     St.token = document.getElementById("token").value.trim();

@@ -87,7 +87,10 @@ async function showNode(id, opHint) {
     el("p", {class: "fullid"}, info.id),
     el("p", {class: "names"}, names.length ? names.map((n) => el("span", {class: "tag"}, n)) : el("span", {class: "muted"}, "no tags")),
     kv([["size", fmtBytes(info.size)], ["files", info.files], ["created", fmtTime(info.created)],
-      ["score", info.annotations && info.annotations.score !== null ? info.annotations.score : null]]),
+      ["score", info.annotations && info.annotations.score !== null ? el("span", {class: "scoreval"}, fmtScore(info.annotations.score)) : null],
+      ["annotations", info.annotations && Object.keys(info.annotations.meta || {}).length
+        ? el("code", {class: "annotations"}, Object.entries(info.annotations.meta).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("; "))
+        : null]]),
     el("div", {class: "actions"},
       el("button", {type: "button", id: "browse", onclick: () => go({tree: Tree.ref || id, node: id, files: "/"})}, "Browse files"),
       el("button", {type: "button", id: "pick", onclick: () => { sessionStorage.setItem("sandtree-pick", id); showNode(id, opHint).catch(showError); }}, "Pick for diff"),

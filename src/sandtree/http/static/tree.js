@@ -5,15 +5,24 @@
 // command, exit code and duration and coloured pass/fail; runs of 3+ unnamed single-child images
 // collapse into one "N steps" pill (click to open); a `+` on a node loads its subtree (lazy);
 // a merge's second parent gets a dashed edge to the merged image; wheel zooms, drag pans.
+// A node shows its score and numeric annotations (the tree's `score`, `metrics`). Filters (exit
+// status, tag, command text) keep the matching images and the way to them. Shift+click (or the
+// "compare" button, then two clicks) picks two images to diff. Zoomed out, the edge labels give
+// way to one label per node at a readable size (some give way where rows are too close), and past
+// MINIMAP_AT drawn images a minimap shows the whole tree and where the window is on it.
 "use strict";
 
 const SVGNS = "http://www.w3.org/2000/svg";
-const COL = 300, ROW = 56, NODE_W = 132, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 22;
+const COL = 300, ROW = 56, NODE_W = 150, NODE_H = 36, MIN_CHAIN = 3, LABEL_CHARS = 22;
 const TREE_PAGE = 1000;          // nodes per lineage request (first paint, and each `+`); #...&page=N sets another
+const FAR = 0.5;                 // below this zoom the drawing switches to far labels
+const FAR_FONT = 12;             // far labels' size on the screen, px
+const MINIMAP_AT = 50;           // drawn images past which the minimap shows
 
 const Tree = {
   ref: null, root: null, shown: [], byImage: new Map(), expanded: new Set(), expandAll: false,
   selected: null, view: {k: 1, tx: 20, ty: 20}, onSelect: null, loaded: 0, page: TREE_PAGE,
+  filter: {status: "", tag: "", text: ""}, matched: null, picks: [], comparing: false, onCompare: null, farK: 0,
 };
 
 function svgEl(tag, attrs, text) {
@@ -31,7 +40,7 @@ function commandText(c) { return Array.isArray(c) ? c.join(" ") : (c === null ||
 function adopt(data, parent) {
   const mk = (d, p) => ({image: d.image, short: d.short || d.image.slice(0, 12), names: d.names || [], op: d.op,
     command: commandText(d.command), exit_code: d.exit_code, seconds: d.seconds, repeat: !!d.repeat,
-    more: !!d.more, cut: !!d.cut, kids: [], parent: p});
+    more: !!d.more, cut: !!d.cut, score: d.score, metrics: d.metrics || {}, kids: [], parent: p});
   const top = mk(data, parent);
   const stack = [[data, top]];
   let count = 1;
@@ -50,22 +59,59 @@ function adopt(data, parent) {
 
 function status(n) { return n.exit_code === null || n.exit_code === undefined ? "none" : n.exit_code === 0 ? "pass" : "fail"; }
 
-function collapsible(n) {
-  return !Tree.expandAll && n.kids.length === 1 && !n.kids[0].repeat && n.names.length === 0 && !n.more
-    && !n.cut && n !== Tree.selected;
+function fmtScore(v) { return typeof v === "number" ? String(Number(v.toPrecision(3))) : String(v); }
+
+function metricsText(n) { return Object.entries(n.metrics).map(([k, v]) => k + " " + fmtScore(v)).join(" · "); }
+
+function filtering() { const f = Tree.filter; return !!(f.status || f.tag || f.text); }
+
+// Whether a node passes every filter set: its edge's exit status, a tag or branch name holding
+// the tag text, its command holding the command text (both case-insensitive).
+function matches(n) {
+  const f = Tree.filter;
+  if (f.status && status(n) !== f.status) return false;
+  if (f.tag && !n.names.some((x) => x.toLowerCase().includes(f.tag.toLowerCase()))) return false;
+  if (f.text && !n.command.toLowerCase().includes(f.text.toLowerCase())) return false;
+  return true;
+}
+
+// With a filter set: the matching nodes (Tree.matched) and, to draw, them and their ancestors.
+function keptNodes() {
+  Tree.matched = null;
+  if (!filtering() || !Tree.root) return null;
+  const keep = new Set([Tree.root]), matched = new Set(), stack = [Tree.root];
+  while (stack.length) {
+    const n = stack.pop();
+    if (!n.repeat && matches(n)) {
+      matched.add(n);
+      for (let a = n; a && !keep.has(a); a = a.parent) keep.add(a);
+    }
+    for (const k of n.kids) stack.push(k);
+  }
+  Tree.matched = matched;
+  return keep;
+}
+
+function kidsOf(n, keep) { return keep ? n.kids.filter((k) => keep.has(k) || (k.repeat && keep.has(k.parent))) : n.kids; }
+
+function collapsible(n, keep) {
+  const kids = kidsOf(n, keep);
+  return !Tree.expandAll && kids.length === 1 && !kids[0].repeat && n.names.length === 0 && !n.more
+    && !n.cut && n !== Tree.selected && !(Tree.matched && Tree.matched.has(n)) && !Tree.picks.includes(n.image);
 }
 
 // The drawn tree: display nodes {n | chain, kids, edge, depth}; merges: dashed extra edges.
 function build(root) {
+  const keep = keptNodes();
   const droot = {n: root, kids: [], edge: null, depth: 0};
   const merges = [], stack = [droot];
   while (stack.length) {
     const d = stack.pop();
-    for (const c of d.n.kids) {
+    for (const c of kidsOf(d.n, keep)) {
       if (c.repeat) { merges.push({from: d, edge: c}); continue; }
       const chain = [];
       let cur = c;
-      if (!Tree.expanded.has(c.image)) while (collapsible(cur)) { chain.push(cur); cur = cur.kids[0]; }
+      if (!Tree.expanded.has(c.image)) while (collapsible(cur, keep)) { chain.push(cur); cur = kidsOf(cur, keep)[0]; }
       if (chain.length >= MIN_CHAIN) {
         const pill = {chain, kids: [], depth: d.depth + 1,
           edge: {command: chain[0].command + " …", exit_code: chain.some((x) => status(x) === "fail") ? 1 : chain.every((x) => status(x) === "pass") ? 0 : null,
@@ -131,14 +177,29 @@ function render() {
     const g = svgEl("g", {class: "node" + (d.chain ? " chain" : ""), transform: `translate(${d.x},${d.y - NODE_H / 2})`, "data-i": i});
     if (d.chain) {
       g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 18}));
-      g.append(svgEl("text", {x: NODE_W / 2, y: 23, "text-anchor": "middle"}, "⋯ " + d.chain.length + " steps"));
+      g.append(svgEl("text", {x: NODE_W / 2, y: 23, "text-anchor": "middle", class: "steps"}, "⋯ " + d.chain.length + " steps"));
+      d.far = "⋯ " + d.chain.length + " steps";
       g.append(svgEl("title", {}, "collapsed: click to show each step"));
     } else {
-      g.setAttribute("data-image", d.n.image);
-      if (d.n === Tree.selected) g.classList.add("sel");
+      const n = d.n, metrics = metricsText(n);
+      g.setAttribute("data-image", n.image);
+      if (n === Tree.selected) g.classList.add("sel");
+      if (Tree.matched) g.classList.add(Tree.matched.has(n) ? "match" : "dim");
       g.append(svgEl("rect", {width: NODE_W, height: NODE_H, rx: 5}));
-      g.append(svgEl("text", {x: 8, y: 15, class: "short"}, d.n.short));
-      g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut(d.n.names.join(" "), 20)));
+      g.append(svgEl("text", {x: 8, y: 15, class: "short"}, n.short));
+      g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut(n.names.join(" "), 24)));
+      if (metrics) g.append(svgEl("text", {x: 8, y: NODE_H + 10, class: "metrics"}, cut(metrics, 28)));
+      if (n.score !== undefined && n.score !== null) {
+        g.append(svgEl("text", {x: NODE_W - 6, y: 15, class: "score " + (n.score > 0 ? "pos" : n.score < 0 ? "neg" : "zero"),
+          "text-anchor": "end", "data-score": n.score}, "★" + fmtScore(n.score)));
+      }
+      const pick = Tree.picks.indexOf(n.image);
+      if (pick >= 0) {
+        g.classList.add("pick");
+        g.append(svgEl("text", {x: -6, y: 15, class: "picklabel", "text-anchor": "end"}, "AB"[pick]));
+      }
+      d.far = (status(n) === "fail" ? "✗ " : "") + (n.names[0]
+        || (n.score !== undefined && n.score !== null ? "★" + fmtScore(n.score) + " " : "") + (n.command || n.short));
       if (d.n.more || d.n.cut) {
         const plus = svgEl("g", {class: "more", transform: `translate(${NODE_W + 10},${NODE_H / 2})`, "data-more": i});
         plus.append(svgEl("circle", {r: 9}), svgEl("text", {y: 4, "text-anchor": "middle"}, "+"));
@@ -160,14 +221,121 @@ function render() {
   const maxDepth = order.reduce((a, d) => Math.max(a, d.depth), 0);
   Tree.extent = {w: maxDepth * COL + NODE_W + 40, h: rows * ROW};
   const drawn = order.filter((d) => d.n).length;
-  document.getElementById("treeinfo").textContent =
-    `${drawn} images drawn, ${order.length - drawn} chains collapsed, ${Tree.loaded} loaded`;
+  Tree.drawn = drawn;
+  Tree.farK = 0;                              // the far labels are placed again (applyView)
+  document.getElementById("treeinfo").textContent = Tree.comparing ? compareHint()
+    : (Tree.matched ? `${Tree.matched.size} matching, ` : "") +
+      `${drawn} images drawn, ${order.length - drawn} chains collapsed, ${Tree.loaded} loaded`;
+  drawMinimap(order);
   return performance.now() - t0;
+}
+
+function compareHint() {
+  return Tree.picks.length ? `picked ${Tree.picks[0].slice(0, 12)} (A): now pick B` : "pick two images to diff: A, then B";
+}
+
+// The overview: one mark per drawn node (a path per status: cheap for thousands), the window as
+// a rectangle (applyView moves it). Shown past MINIMAP_AT drawn images.
+function drawMinimap(order) {
+  const mm = document.getElementById("minimap");
+  if (!mm) return;
+  const e = Tree.extent;
+  mm.toggleAttribute("hidden", Tree.drawn <= MINIMAP_AT);         // (an SVG element has no .hidden)
+  if (Tree.drawn <= MINIMAP_AT) { mm.replaceChildren(); return; }
+  mm.setAttribute("viewBox", `-20 ${-ROW} ${e.w + 40} ${e.h + ROW}`);
+  const paths = {pass: "", fail: "", none: "", match: ""};
+  for (const d of order) {
+    const st = d.n && Tree.matched && Tree.matched.has(d.n) ? "match" : d.edge ? status(d.edge) : "none";
+    paths[st] += `M${d.x},${d.y - NODE_H / 2}h${NODE_W}v${NODE_H}h${-NODE_W}z`;
+  }
+  mm.replaceChildren(...Object.entries(paths).filter(([, p]) => p).map(([st, p]) => svgEl("path", {d: p, class: "mm " + st})),
+    svgEl("rect", {id: "mmview", class: "mmview"}));
+}
+
+function placeMinimapView() {
+  const box = document.getElementById("mmview");
+  if (!box) return;
+  const v = Tree.view, r = document.getElementById("tree").getBoundingClientRect(), e = Tree.extent;
+  // the window in the tree's coordinates, clipped to the minimap's (the whole tree's) bounds
+  const x0 = Math.max(-v.tx / v.k, -20), y0 = Math.max(-v.ty / v.k, -ROW);
+  const x1 = Math.min((r.width - v.tx) / v.k, e.w + 20), y1 = Math.min((r.height - v.ty) / v.k, e.h);
+  box.setAttribute("x", x0);
+  box.setAttribute("y", y0);
+  box.setAttribute("width", Math.max(x1 - x0, 1));
+  box.setAttribute("height", Math.max(y1 - y0, 1));
+}
+
+// Far labels: drawn at FAR_FONT px on the screen whatever the zoom, each cut to the room before
+// the next column. Where rows are closer than a label's height, some give way: per column, the
+// named, matching, selected and picked images' first, then the others top to bottom, each kept
+// only if it clears those kept. Placed again when the zoom changes by a tenth.
+function placeFarLabels() {
+  const svg = document.getElementById("tree"), k = Tree.view.k, far = k < FAR;
+  svg.classList.toggle("far", far);
+  svg.style.setProperty("--k", k);
+  if (!far || (Tree.farK && Math.abs(k / Tree.farK - 1) < 0.1)) return;
+  Tree.farK = k;
+  const gap = FAR_FONT * 1.4 / k, room = COL * k - 8;
+  const maxDepth = Tree.shown.reduce((a, d) => Math.max(a, d.depth), 0);
+  const cols = new Map();
+  for (const g of document.querySelectorAll("#viewport .node")) {
+    const d = Tree.shown[Number(g.dataset.i)];
+    if (!d || !d.far) continue;
+    let label = g.querySelector(".flabel");
+    if (!label) {                                     // made the first time the drawing is far: not on every paint
+      label = svgEl("text", {x: 0, y: NODE_H / 2, dy: "0.35em", class: "flabel", "data-full": d.far}, cut(d.far, 24));
+      g.append(label);
+    }
+    const first = !!(d.n && (d.n.names.length || d.n === Tree.selected || Tree.picks.includes(d.n.image)
+      || (Tree.matched && Tree.matched.has(d.n))));
+    if (!cols.has(d.depth)) cols.set(d.depth, []);
+    cols.get(d.depth).push({y: d.y, label, first, depth: d.depth});
+  }
+  for (const items of cols.values()) {
+    items.sort((a, b) => (b.first - a.first) || (a.y - b.y));
+    const kept = [];                                  // ys kept, sorted
+    for (const it of items) {
+      let lo = 0, hi = kept.length;
+      while (lo < hi) { const mid = (lo + hi) >> 1; if (kept[mid] < it.y) lo = mid + 1; else hi = mid; }
+      const clear = (lo === kept.length || kept[lo] - it.y >= gap) && (lo === 0 || it.y - kept[lo - 1] >= gap);
+      it.label.classList.toggle("hidden", !clear);
+      if (!clear) continue;
+      kept.splice(lo, 0, it.y);
+      const chars = it.depth === maxDepth ? 24 : Math.max(3, Math.floor(room / (FAR_FONT * 0.55)));
+      it.label.textContent = cut(it.label.dataset.full, chars);
+    }
+  }
 }
 
 function applyView() {
   const v = Tree.view;
   document.getElementById("viewport").setAttribute("transform", `translate(${v.tx},${v.ty}) scale(${v.k})`);
+  placeFarLabels();
+  placeMinimapView();
+}
+
+// Pick an image for the two-image diff: the second pick opens the diff of A to B.
+function pickImage(n) {
+  if (Tree.picks.includes(n.image)) Tree.picks = Tree.picks.filter((x) => x !== n.image);
+  else Tree.picks.push(n.image);
+  if (Tree.picks.length === 2) {
+    const [a, b] = Tree.picks;
+    Tree.picks = [];
+    setComparing(false);
+    if (Tree.onCompare) Tree.onCompare(a, b);
+    return;
+  }
+  render();
+  applyView();
+}
+
+function setComparing(on) {
+  Tree.comparing = on;
+  if (!on) Tree.picks = [];
+  const b = document.getElementById("compare");
+  b.classList.toggle("on", on);
+  b.setAttribute("aria-pressed", on ? "true" : "false");
+  if (Tree.root) { render(); applyView(); }
 }
 
 function fitView(readable) {
@@ -199,6 +367,7 @@ async function loadTree(ref, page) {
   Tree.loaded = 0;
   Tree.expanded = new Set();
   Tree.selected = null;
+  Tree.picks = [];
   Tree.root = adopt(data.tree, null);
   render();
   fitView(true);
@@ -264,7 +433,9 @@ function initTreeEvents() {
     const d = t && Tree.shown[Number(t.dataset.to !== undefined ? t.dataset.to : t.dataset.i)];
     if (!d) { tip.textContent = ""; return; }
     if (t.dataset.to !== undefined) tip.textContent = commandText(d.edge.command);
-    else tip.textContent = d.n ? d.n.image + (d.n.names.length ? "\n" + d.n.names.join("\n") : "") : "";
+    else tip.textContent = d.n ? d.n.image + (d.n.names.length ? "\n" + d.n.names.join("\n") : "")
+      + (d.n.score !== undefined && d.n.score !== null ? "\nscore " + fmtScore(d.n.score) : "")
+      + (Object.keys(d.n.metrics).length ? "\n" + metricsText(d.n) : "") : "";
   });
   svg.addEventListener("wheel", (ev) => {
     ev.preventDefault();
@@ -292,6 +463,7 @@ function initTreeEvents() {
     if (!d) return;
     if (more) { expandMore(d.n).catch(showError); return; }
     if (d.chain) { Tree.expanded.add(d.chain[0].image); render(); applyView(); return; }
+    if (Tree.comparing || ev.shiftKey) { pickImage(d.n); return; }
     if (Tree.onSelect) Tree.onSelect(d.n);
   });
   document.getElementById("treebar").addEventListener("click", (ev) => {
@@ -301,6 +473,29 @@ function initTreeEvents() {
     else if (z === "out") zoomAt(0.8, r.width / 2, r.height / 2);
     else if (z === "fit") fitView(false);
   });
+  document.getElementById("compare").addEventListener("click", () => setComparing(!Tree.comparing));
+  const filters = document.getElementById("filters");
+  const refilter = () => {
+    Tree.filter = {status: filters.elements.status.value, tag: filters.elements.tag.value.trim(),
+      text: filters.elements.text.value.trim()};
+    if (Tree.root) { render(); applyView(); }
+  };
+  filters.addEventListener("input", refilter);
+  filters.addEventListener("change", refilter);
+  filters.addEventListener("submit", (ev) => { ev.preventDefault(); refilter(); });
+  const mm = document.getElementById("minimap");
+  let mmDrag = false;
+  const centreOn = (ev) => {               // the window centred where the minimap was clicked
+    const pt = mm.createSVGPoint();
+    pt.x = ev.clientX; pt.y = ev.clientY;
+    const at = pt.matrixTransform(mm.getScreenCTM().inverse()), r = svg.getBoundingClientRect(), v = Tree.view;
+    v.tx = r.width / 2 - at.x * v.k;
+    v.ty = r.height / 2 - at.y * v.k;
+    applyView();
+  };
+  mm.addEventListener("pointerdown", (ev) => { mmDrag = true; mm.setPointerCapture(ev.pointerId); centreOn(ev); });
+  mm.addEventListener("pointermove", (ev) => { if (mmDrag) centreOn(ev); });
+  mm.addEventListener("pointerup", () => { mmDrag = false; });
   document.getElementById("expandall").addEventListener("click", () => {
     Tree.expandAll = !Tree.expandAll;
     document.getElementById("expandall").textContent = Tree.expandAll ? "collapse chains" : "expand chains";
