@@ -40,7 +40,7 @@ def listed(tmp_path_factory):
     eng = Engine(str(tmp_path_factory.mktemp("mcp") / "home"), warm=0)
 
     async def main():
-        async with Client(build_server(eng)) as c:
+        async with Client(build_server(eng, tools="all")) as c:
             return {t.name: t.input_schema for t in (await c.list_tools()).tools}
     try:
         return asyncio.run(main())
@@ -158,7 +158,7 @@ def test_merge_preview_through_the_client(tmp_path):
         before = len(eng.images())
 
         async def main():
-            async with Client(build_server(eng)) as c:
+            async with Client(build_server(eng, tools="all")) as c:
                 r = await c.call_tool("merge_preview", {"base": "base", "ours": "ours", "theirs": "theirs"})
                 assert not r.is_error, r.content
                 return json.loads(r.content[0].text)
@@ -173,7 +173,7 @@ def test_tool_errors_carry_the_error_classes_codes(tmp_path):
     eng = Engine(str(tmp_path / "home"), warm=0)
 
     async def main():
-        async with Client(build_server(eng)) as c:
+        async with Client(build_server(eng, tools="all")) as c:
             return [(await c.call_tool(n, a)) for n, a in (("get_image", {"image": "nope"}),
                                                            ("merge_preview", {"ours": "nope", "theirs": "nope"}),
                                                            ("get_guide", {"section": "nope"}))]

@@ -467,7 +467,7 @@ def test_mcp_lists_and_uses_stored_secrets_by_name_only(tmp_path, lab, rootfs_tl
         img = e.import_path(rootfs_tls)
     finally:
         e.close()
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
                                    env=cli_env(lab, home))
 
     async def main():

@@ -16,11 +16,12 @@ from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
 from ..http.gate import CURRENT, STATE_KEY, JsonLog, TenantGate, engine_for
+from .toolkit import Server
 
 TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
 
 
-class PerRequestServer(MCPServer):
+class PerRequestServer(Server):
     """Over HTTP: each tool call and resource read runs as the caller of the HTTP request that
     carried it. The tool runs in the session's task, not the request's, so the view TenantGate
     put on that request's scope is set as the current engine here (fails closed without one)."""
