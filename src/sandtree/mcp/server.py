@@ -17,6 +17,7 @@ server's user.
 from __future__ import annotations
 
 import logging
+import signal
 
 from mcp.server.mcpserver import MCPServer
 
@@ -39,11 +40,27 @@ def build_server(engine: Engine, *, host_paths: bool = True, per_request: bool =
     the default; "all"; a comma list of tool names)."""
     cls = PerRequestServer if per_request else Server
     server = cls("sandtree", instructions=GUIDE["workflow"] + "\n\n" + GUIDE["branching"])
-    toolkit = Toolkit(server, engine, host_paths=host_paths, remote=remote)
+    toolkit = server.toolkit = Toolkit(server, engine, host_paths=host_paths, remote=remote)
     for group in (runs, sandboxes, images, builds, branching, guide):
         group.register(toolkit)           # the composite tools' bodies (handlers) and the guide's own
     maker.make(toolkit, tools)            # every row's tool (table/mcp.py), derived or by its handler
     return server
+
+
+def stdio(server: Server) -> None:
+    """Serve one session over stdio; when it ends (stdin closed: the client quit or died; or SIGTERM, which
+    a client sends when we are slow to go) the live sandboxes it started are stopped (Toolkit.end_session)."""
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+    old = signal.signal(signal.SIGTERM, terminated)
+    try:
+        server.run("stdio")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # a second SIGTERM does not cut the stops short
+        try:
+            server.toolkit.end_session()
+        finally:
+            signal.signal(signal.SIGTERM, old)
 
 
 def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
@@ -63,7 +80,7 @@ def main(home: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 
         engine = Engine(home)
     try:
         if not http:
-            build_server(engine, remote=bool(url), tools=tools).run("stdio")
+            stdio(build_server(engine, remote=bool(url), tools=tools))
         elif url:
             serve_http(build_server(engine, host_paths=False, remote=True, tools=tools), None, host, port, server_options)
         else:

@@ -92,6 +92,15 @@ def narrowed(fn, signature: inspect.Signature, shown: tuple[str, ...]):
     return call, signature.replace(parameters=[p for n, p in params.items() if n in shown])
 
 
+def followed(fn, hook):
+    @functools.wraps(fn)
+    def call(**kw):
+        out = fn(**kw)
+        hook(out)
+        return out
+    return call
+
+
 def untitled(schema):
     """A JSON schema without pydantic's titles (each a property's name again, title-cased): a model reads
     every character of every tool's schema, these say nothing."""
@@ -104,7 +113,8 @@ def untitled(schema):
 
 
 class Server(MCPServer):
-    """The MCP server, its tools listed without titles (untitled())."""
+    """The MCP server, its tools listed without titles (untitled()); toolkit: its Toolkit (build_server)."""
+    toolkit: "Toolkit | None" = None
 
     async def list_tools(self):
         return [t.model_copy(update={"input_schema": untitled(t.input_schema),
@@ -144,6 +154,8 @@ class Toolkit:
         self.kept = 0                                                        # bytes in `outputs`
         self.handlers: dict = {}                  # composite tools' bodies by name (maker.make registers them)
         self.own: dict = {}                       # tools of no operation (the guide), by name
+        self.afters: dict = {}                    # tool name -> called with each answer (after())
+        self.started: set[str] = set()            # live sandboxes this session started and did not stop
 
     def tool(self, fn):
         """`fn` is a tool of no operation (the guide: what the server says about itself), registered by
@@ -161,12 +173,32 @@ class Toolkit:
         self.handlers[fn.__name__] = fn
         return fn
 
+    def after(self, name: str, hook) -> None:
+        """`hook(answer)` after each call of tool `name` that answers (a group's bookkeeping on a made tool)."""
+        assert name not in self.afters, name
+        self.afters[name] = hook
+
+    def end_session(self) -> list[str]:
+        """The session is over (over stdio: the client closed our stdin, or died): stop the live sandboxes it
+        started and left running, rather than leave them to their idle timeout. Returns their IDs."""
+        stopped = []
+        for sid in sorted(self.started):
+            try:
+                self.engine.sandbox_stop(sid)
+                stopped.append(sid)
+            except SandtreeError:             # stopped meanwhile (its idle timeout, the CLI): nothing to do
+                pass
+        self.started.clear()
+        return stopped
+
     def register(self, fn, name: str, doc: str, signature: inspect.Signature, describe,
                  shown: tuple[str, ...] | None = None) -> None:
         """Register a made tool (maker.make): through guard(), every parameter described; shown: only these
         parameters (narrowed())."""
         if shown is not None:
             fn, signature = narrowed(fn, signature, shown)
+        if name in self.afters:
+            fn = followed(fn, self.afters[name])
         # the docstring's indentation is no part of what a model reads
         self.server.add_tool(guard(fn, described(signature, describe, name)), name=name, description=inspect.cleandoc(doc))
 
