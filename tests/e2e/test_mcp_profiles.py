@@ -175,3 +175,18 @@ def test_a_session_s_sandboxes_stop_when_it_ends(home):
     finally:
         subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "stop", elsewhere], capture_output=True,
                        timeout=120)
+
+
+def test_the_mcp_page_names_the_core_tools_and_its_snippets_parse():
+    """docs/mcp.md lists the core profile as the rows declare it, and its client snippets are JSON that start
+    `sandtree mcp` with a store named (SANDTREE_HOME) or a server (--url)."""
+    import re
+    page = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "mcp.md")).read()
+    section = page.split("## Profiles", 1)[1].split("\n## ", 1)[0]
+    assert set(maker.core()) <= set(re.findall(r"`(\w+)`", section))
+    snippets = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", page, re.S)]
+    assert snippets
+    for s in snippets:
+        server = s["mcpServers"]["sandtree"]
+        assert server["command"].endswith("/sandtree") and server["args"][0] == "mcp"
+        assert "SANDTREE_HOME" in server.get("env", {}) or "--url" in server["args"]
