@@ -190,3 +190,58 @@ def test_the_mcp_page_names_the_core_tools_and_its_snippets_parse():
         server = s["mcpServers"]["sandtree"]
         assert server["command"].endswith("/sandtree") and server["args"][0] == "mcp"
         assert "SANDTREE_HOME" in server.get("env", {}) or "--url" in server["args"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="live sandboxes need root")
+def test_an_http_session_s_sandboxes_stop_when_its_client_deletes_it(home):
+    """Over streamable HTTP a client of the session protocol deletes its session when it closes (DELETE with its
+    mcp-session-id): the sandboxes that session started stop, others keep running. Spoken with httpx:
+    the official client of this SDK version opens no session (its newer protocol has none) and so sends no
+    DELETE; those sandboxes stop at their idle timeout."""
+    import httpx
+
+    def answer(r):
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            r = next(json.loads(x[5:]) for x in r.text.splitlines() if x.startswith("data:"))
+        else:
+            r = r.json()
+        assert "result" in r and not r["result"].get("isError"), r
+        return json.loads(r["result"]["content"][0]["text"])
+
+    def state(sid):
+        out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "ps", "--all", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        return {s["id"]: s["state"] for s in json.loads(out.stdout)}[sid]
+
+    def session(c, url):
+        h = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        r = c.post(url, headers=h, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
+        h.update({"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"})
+        c.post(url, headers=h, json={"jsonrpc": "2.0", "method": "notifications/initialized"}).raise_for_status()
+        return h
+
+    def start(c, url, h):
+        return answer(c.post(url, headers=h, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "sandbox_start", "arguments": {"image": "bb", "idle_timeout": 3600}}}))["id"]
+
+    started = []
+    try:
+        with listening(home, "mcp", "--http") as url, httpx.Client(timeout=120) as c:
+            one, two = session(c, f"{url}/mcp"), session(c, f"{url}/mcp")
+            # one start per server: a second start of the same spec has it start the next one ahead (warm/)
+            started.append(start(c, f"{url}/mcp", one))
+            other = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "start", "bb", "--json"],
+                                   capture_output=True, text=True, timeout=120)
+            started.append(json.loads(other.stdout)["id"])
+            assert c.delete(f"{url}/mcp", headers=two).status_code == 200      # a session that started nothing
+            assert [state(s) for s in started] == ["running", "running"]
+            assert c.delete(f"{url}/mcp", headers=one).status_code == 200      # answered after the stops
+            assert [state(s) for s in started] == ["stopped", "running"]
+    finally:
+        for sid in started:
+            subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "stop", sid], capture_output=True,
+                           timeout=120)
+        # the one the server started ahead for the next start is reaped by a list, its starter gone
+        if started:
+            state(started[0])

@@ -10,8 +10,8 @@ from .toolkit import Toolkit, argv
 def register(t: Toolkit) -> None:
     engine = t.engine
     # the sandboxes this session starts are stopped when it ends (Toolkit.end_session), unless stopped before
-    t.after("sandbox_start", lambda answer: t.started.add(answer["id"]))
-    t.after("sandbox_stop", lambda answer: t.started.discard(answer["id"]))
+    t.after("sandbox_start", lambda answer: t.started_here(answer["id"]))
+    t.after("sandbox_stop", lambda answer: t.stopped_here(answer["id"]))
 
     @t.handler
     def sandbox_exec(sandbox_id: str, command: str | list[str], shell: bool = True, timeout: float | None = None,

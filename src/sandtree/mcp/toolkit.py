@@ -7,6 +7,7 @@ that says how to read the rest (get_operation with an offset), from the output k
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
@@ -24,6 +25,9 @@ from ..errors import Forbidden, InvalidInput, SandtreeError
 
 OUTPUTS_KEPT = 128 << 20          # bytes of recent runs' full output kept for get_operation(offset=)
 OUTPUTS_RUNS = 200                # runs whose full output is kept, at most
+# the MCP session a tool call belongs to, and the engine as its caller sees it: (None, None) over stdio (one session,
+# the toolkit's engine); over HTTP the session's id and the tenant's view (transport.PerRequestServer sets it)
+SESSION: contextvars.ContextVar = contextvars.ContextVar("sandtree_mcp_session", default=(None, None))
 HOST_PATHS_OFF = ("paths on the server's filesystem are off over MCP HTTP (the caller is not the "
                   "server's user)")
 
@@ -155,7 +159,7 @@ class Toolkit:
         self.handlers: dict = {}                  # composite tools' bodies by name (maker.make registers them)
         self.own: dict = {}                       # tools of no operation (the guide), by name
         self.afters: dict = {}                    # tool name -> called with each answer (after())
-        self.started: set[str] = set()            # live sandboxes this session started and did not stop
+        self.started: dict = {}                   # session -> {sandbox it started and did not stop: its engine}
 
     def tool(self, fn):
         """`fn` is a tool of no operation (the guide: what the server says about itself), registered by
@@ -178,17 +182,25 @@ class Toolkit:
         assert name not in self.afters, name
         self.afters[name] = hook
 
-    def end_session(self) -> list[str]:
-        """The session is over (over stdio: the client closed our stdin, or died): stop the live sandboxes it
-        started and left running, rather than leave them to their idle timeout. Returns their IDs."""
+    def started_here(self, sid: str) -> None:
+        """A live sandbox this tool call's session started (sandbox_start's answer)."""
+        session, view = SESSION.get()
+        self.started.setdefault(session, {})[sid] = view or self.engine
+
+    def stopped_here(self, sid: str) -> None:
+        self.started.get(SESSION.get()[0], {}).pop(sid, None)
+
+    def end_session(self, session=None) -> list[str]:
+        """A session is over (stdio: the client closed our stdin, or died; HTTP: it deleted its session): stop
+        the live sandboxes it started and left running, rather than leave them to their idle timeout, each as
+        the caller that started it. Returns their IDs."""
         stopped = []
-        for sid in sorted(self.started):
+        for sid, engine in sorted(self.started.pop(session, {}).items()):
             try:
-                self.engine.sandbox_stop(sid)
+                engine.sandbox_stop(sid)
                 stopped.append(sid)
             except SandtreeError:             # stopped meanwhile (its idle timeout, the CLI): nothing to do
                 pass
-        self.started.clear()
         return stopped
 
     def register(self, fn, name: str, doc: str, signature: inspect.Signature, describe,
