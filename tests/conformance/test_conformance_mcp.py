@@ -4,7 +4,9 @@ beside the row), kind (required or not), JSON type and default (or the default d
 defaults.py). Checked on the tools as the official `mcp` client lists them from a real server, not on the code
 that makes them. MCP errors carry the error classes' own codes, and no code string is typed in mcp/. Each check
 has a self-test that plants the drift it must catch (a row with no tool, a renamed, retyped or now-required
-parameter, a default that moved)."""
+parameter, a default that moved). The tools checked are the full set (`--tools all`); the default profile (core)
+is declared beside the rows (Mcp(core=...)), each of its tools the full one with fewer parameters, its tools/list
+answer at most 10,000 characters, and no list of tool names is typed in mcp/."""
 
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ builds.py (build, image_config), branching.py (diff, merge, lineage, branches); 
 what the server says about itself (guide, whoami, resources, prompts). What they share (registering
 a tool with every parameter described, the recent runs' output) is toolkit.py.
 
+Profiles: `--tools` chooses the tools listed: core (the default: the everyday tools, a small schema; declared
+beside the rows, Mcp(core=...)), all, or a comma list of names (maker.select).
+
 Transports: stdio (default) or streamable HTTP (`--http --port P`, transport.py). Over HTTP the
 server is `sandtree serve`'s equal: the same tokens and tenancy, a non-loopback bind without tokens
 is refused, and the tools that touch the *server's* filesystem are off, since the caller is not the
