@@ -26,7 +26,7 @@ _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or write
 # MCP's run tool: run and submit_run (wait=false) alike; a tool call waits D.MCP_TIMEOUT, keeps its result unless told
 _MCP_RUN = Mcp(name="run", handler="run", rename={"ref": "image"}, defaults={"timeout": D.MCP_TIMEOUT},
                types=RUN_JSON, extra=("shell", "directory_state_id", "wait", "truncate_output_at"),
-               core=("command", "image", "shell", "env", "cwd", "timeout", "disposable", "network"))
+               core=("command", "image", "shell", "env", "timeout", "disposable", "network"))
 
 # ---- names, images, refs -------------------------------------------------------------------------
 @op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
@@ -232,7 +232,7 @@ def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> by
 @via("mcp", Mcp(resolve=("image",), extra=(Param("glob", "str | None", None), Param("max_matches", "int", D.MCP_GREP_MATCHES),
                                  Param("ignore_case", "bool", False)),
                 doc="Search file contents of an image with a regular expression (no sandbox is started).",
-                core=("image", "pattern", "path", "glob", "ignore_case")))
+                core=("image", "pattern", "path", "ignore_case")))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
