@@ -71,7 +71,7 @@ def openapi(engine) -> dict:
 
 def mcp_tools(engine) -> dict:
     from sandtree.mcp.server import build_server
-    server = build_server(engine)
+    server = build_server(engine, tools="all")        # the full set (`sandtree mcp --tools all`)
     tools = asyncio.run(server.list_tools())
     return {t.name: {"inputSchema": t.input_schema, "description": t.description} for t in tools}
 

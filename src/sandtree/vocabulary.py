@@ -78,7 +78,7 @@ PARAMS = {
     "operation_id": "an operation's ID (from run with wait=false, or a result's operation_id)",
     "operation_ids": "operation IDs to wait for",
     "directory_state_id": "a file set's ID (from rsync): its files are put in first",
-    "shell": "true: run command with /bin/sh -c; false: split it on spaces into argv",
+    "shell": "true: a string command runs with /bin/sh -c; false: it is split as a shell would (quotes kept) and run without one",
     "wait": "false: return the operation_id at once (see wait_operations)",
     "truncate_output_at": "characters of stdout and stderr returned (the rest: get_operation with an offset)",
     "offset": "where to start reading (bytes, or characters of a stored output)",

@@ -184,7 +184,7 @@ def test_every_mcp_parameter_is_described(tmp_path):
     from sandtree.mcp.server import build_server
     eng = Engine(str(tmp_path / "home"), warm=0)
     try:
-        tools = asyncio.run(build_server(eng).list_tools())
+        tools = asyncio.run(build_server(eng, tools="all").list_tools())
     finally:
         eng.close()
     bare = [(t.name, p) for t in tools for p, s in t.input_schema.get("properties", {}).items()

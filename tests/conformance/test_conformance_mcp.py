@@ -4,7 +4,9 @@ beside the row), kind (required or not), JSON type and default (or the default d
 defaults.py). Checked on the tools as the official `mcp` client lists them from a real server, not on the code
 that makes them. MCP errors carry the error classes' own codes, and no code string is typed in mcp/. Each check
 has a self-test that plants the drift it must catch (a row with no tool, a renamed, retyped or now-required
-parameter, a default that moved)."""
+parameter, a default that moved). The tools checked are the full set (`--tools all`); the default profile (core)
+is declared beside the rows (Mcp(core=...)), each of its tools the full one with fewer parameters, its tools/list
+answer at most 10,000 characters, and no list of tool names is typed in mcp/."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def listed(tmp_path_factory):
     eng = Engine(str(tmp_path_factory.mktemp("mcp") / "home"), warm=0)
 
     async def main():
-        async with Client(build_server(eng)) as c:
+        async with Client(build_server(eng, tools="all")) as c:
             return {t.name: t.input_schema for t in (await c.list_tools()).tools}
     try:
         return asyncio.run(main())
@@ -158,7 +160,7 @@ def test_merge_preview_through_the_client(tmp_path):
         before = len(eng.images())
 
         async def main():
-            async with Client(build_server(eng)) as c:
+            async with Client(build_server(eng, tools="all")) as c:
                 r = await c.call_tool("merge_preview", {"base": "base", "ours": "ours", "theirs": "theirs"})
                 assert not r.is_error, r.content
                 return json.loads(r.content[0].text)
@@ -173,7 +175,7 @@ def test_tool_errors_carry_the_error_classes_codes(tmp_path):
     eng = Engine(str(tmp_path / "home"), warm=0)
 
     async def main():
-        async with Client(build_server(eng)) as c:
+        async with Client(build_server(eng, tools="all")) as c:
             return [(await c.call_tool(n, a)) for n, a in (("get_image", {"image": "nope"}),
                                                            ("merge_preview", {"ours": "nope", "theirs": "nope"}),
                                                            ("get_guide", {"section": "nope"}))]
@@ -320,3 +322,79 @@ def test_selftest_a_literal_default_in_mcp_is_caught():
                              " d: int = D.MCP_WAIT, e: bool = True) -> dict:\n        ...\n"
                              "    def plain(x=5):\n        ...\n"}
     assert [f.split(": ", 1)[1] for f in literal_defaults(planted)] == ["tool(b=8000)", "tool(c=2.5)"]
+
+
+# ---- profiles: the core set by default, declared beside the rows (Mcp(core=...)), its schema bounded ------------
+CORE_SCHEMA_MAX = 10_000       # characters of the default profile's tools/list answer as JSON (a size, not a time)
+
+
+@pytest.fixture(scope="module")
+def core_listed(tmp_path_factory):
+    """The default profile's tools/list answer, as the real MCP client gets it from a real server."""
+    eng = Engine(str(tmp_path_factory.mktemp("mcp") / "home"), warm=0)
+
+    async def main():
+        async with Client(build_server(eng)) as c:
+            return await c.list_tools()
+    try:
+        return asyncio.run(main())
+    finally:
+        eng.close()
+
+
+def test_the_core_profile_is_declared_beside_the_rows(core_listed, listed):
+    from sandtree.table.mcp import CORE_MAX
+    core = {t.name: t.input_schema for t in core_listed.tools}
+    assert 0 < len(core) <= CORE_MAX
+    assert set(core) == set(maker.core())
+    served = maker.tools()
+    for name, schema in core.items():
+        assert any(m.core for _, m in served[name]), f"{name}: in the core profile, but no row of it says Mcp(core=...)"
+        full = listed[name]
+        # a core tool is the full tool with fewer parameters: each shown as in the full set, none required hidden
+        assert all(full["properties"][p] == s for p, s in schema["properties"].items()), name
+        assert set(full.get("required", [])) <= set(schema["properties"]), name
+
+
+def test_the_core_profile_s_schema_is_small(core_listed):
+    size = len(json.dumps(core_listed.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    assert size <= CORE_SCHEMA_MAX, f"the default MCP profile's tools/list is {size} characters"
+
+
+def tool_lists_typed(sources: dict[str, str], names: set[str]) -> list[str]:
+    """Collections of tool names typed in mcp/ (a profile is data beside the rows, not a list kept there)."""
+    out = []
+    for where, src in sources.items():
+        for n in ast.walk(ast.parse(src)):
+            if isinstance(n, (ast.List, ast.Tuple, ast.Set)) and len(n.elts) >= 2 and all(
+                    isinstance(e, ast.Constant) and e.value in names for e in n.elts):
+                out.append(f"{where}:{n.lineno}: {[e.value for e in n.elts]}")
+    return out
+
+
+def test_no_tool_list_is_typed_in_mcp():
+    names = set(maker.tools()) | {"get_guide"}
+    found = tool_lists_typed({p.name: p.read_text() for p in sorted(MCP_DIR.glob("*.py"))}, names)
+    assert not found, "\n".join(found)
+
+
+def test_selftest_a_tool_list_typed_in_mcp_is_caught():
+    planted = {"planted.py": 'CORE = ("run", "fork", "diff")\nOK = ("run", "x")\nKEYS = ("image", "path")\n'}
+    assert len(tool_lists_typed(planted, set(maker.tools()))) == 1
+
+
+def test_selftest_a_profile_drift_is_caught(monkeypatch):
+    """Rows of one tool that disagree on its core parameters, and a core profile past CORE_MAX, are refused."""
+    import dataclasses
+    row = table.OPS["stat"]                         # read_file's second row: says nothing of the core profile
+    monkeypatch.setitem(rows.OPS, "stat", rows.replace(row, via={**row.via, "mcp": dataclasses.replace(
+        row.override("mcp"), core=("image", "path"))}))
+    with pytest.raises(AssertionError, match="disagree on its core profile"):
+        maker.core()
+    monkeypatch.setitem(rows.OPS, "stat", row)
+    extra = [served[0] for served in maker.tools().values()
+             if not any(m.core for _, m in served) and not isinstance(served[0][0].override("mcp"), tuple)][:3]
+    for r, m in extra:
+        monkeypatch.setitem(rows.OPS, r.name, rows.replace(r, via={**r.via, "mcp": dataclasses.replace(m, core=True)}))
+    with pytest.raises(AssertionError, match="at most 12"):
+        maker.core()

@@ -241,7 +241,7 @@ def test_the_cli_builds_against_a_server(srv, ctx, tmp_path):
 def test_the_mcp_build_tool(srv):
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url", srv["url"]],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--tools", "all", "--url", srv["url"]],
                                    env={**os.environ, "SANDTREE_TOKEN": srv["tokens"]["bob"]})
 
     def data(result):
@@ -341,7 +341,7 @@ def test_the_embedded_mcp_build_tool_takes_a_file_set(tmp_path, rootfs, ctx):
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
     params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", str(tmp_path / "h"),
-                                                                 "mcp"], env=dict(os.environ))
+                                                                 "mcp", "--tools", "all"], env=dict(os.environ))
 
     def data(result):
         assert not result.is_error, result.content

@@ -35,8 +35,10 @@ def data(result):
     return json.loads(result.content[0].text)
 
 
-def stdio(home: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+def stdio(home: str, *tools: str) -> StdioServerParameters:
+    """`sandtree mcp` over stdio; tools: its --tools (default: every tool, as these tests use them)."""
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "sandtree", "--home", home, "mcp", "--tools", *(tools or ("all",))],
                                  env={**os.environ})
 
 
@@ -161,7 +163,7 @@ def test_scripted_agent_session_with_resources_timeout_cancel(tmp_path, rootfs):
 
 
 def test_streamable_http(tmp_path, rootfs):
-    with listening(str(tmp_path / "home"), "mcp", "--http") as url:
+    with listening(str(tmp_path / "home"), "mcp", "--http", "--tools", "all") as url:
 
         async def main():
             async with Client(f"{url}/mcp") as c:
@@ -180,7 +182,7 @@ def test_streamable_http(tmp_path, rootfs):
 def test_mcp_over_a_remote_engine(tmp_path, rootfs):
     """`sandtree mcp --url`: the same tools, served by a `sandtree serve` elsewhere."""
     with serve_process(tmp_path / "srv") as url:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url", url],
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--tools", "all", "--url", url],
                                        env={**os.environ})
 
         async def main():

@@ -318,7 +318,7 @@ def test_mcp_network_parameter(tmp_path, lab, rootfs):
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
     home = str(tmp_path / "home")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
                                    env=lab_env(lab))
 
     async def main():
@@ -576,7 +576,7 @@ def test_mcp_sandbox_start_and_set_network(tmp_path, lab, rootfs):
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
     home = str(tmp_path / "home")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
                                    env=lab_env(lab))
 
     async def main():

@@ -467,14 +467,16 @@ def test_mcp_lists_and_uses_stored_secrets_by_name_only(tmp_path, lab, rootfs_tl
         img = e.import_path(rootfs_tls)
     finally:
         e.close()
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
                                    env=cli_env(lab, home))
 
     async def main():
         async with Client(params) as c:
             tools = {t.name: t for t in (await c.list_tools()).tools}
             assert "secret_list" in tools and not [n for n in tools if "secret" in n and n != "secret_list"]
-            listed = [json.loads(x.text) for x in (await c.call_tool("secret_list", {})).content]
+            got = (await c.call_tool("secret_list", {})).content
+            assert len(got) == 1                        # a list answers as one JSON array
+            listed = json.loads(got[0].text)
             assert listed == [{"name": "TOKEN", "hosts": ["allowed.test"], "owner": "global"}], listed
             n = len(lab.requests)
             r = await c.call_tool("run", {"image": img, "command": "tlsget 11.1.1.10 443 allowed.test /mcp; echo $TOKEN",

@@ -431,7 +431,7 @@ def test_mcp_over_http_as_a_tenant(srv, alice_world):
 
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--url", srv["url"]],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "mcp", "--tools", "all", "--url", srv["url"]],
                                    env={**os.environ, "SANDTREE_TOKEN": srv["tokens"]["bob"]["token"]})
 
     def data(result):

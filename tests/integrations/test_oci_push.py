@@ -358,7 +358,7 @@ def test_push_and_export_over_http_and_mcp(images, registry, tmp_path):
         from mcp.client.client import Client
         from mcp.client.stdio import StdioServerParameters
         params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home",
-                                                                     images["st"].home, "mcp"], env={**os.environ})
+                                                                     images["st"].home, "mcp", "--tools", "all"], env={**os.environ})
         async with Client(params) as c:
             r = await c.call_tool("push_image", {"image": top.id, "reference": f"docker://{registry.host}/mcp/app:1"})
             assert not r.is_error, r.content

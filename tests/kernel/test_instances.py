@@ -319,7 +319,7 @@ def test_processes_over_rest_the_cli_and_mcp(tmp_path, rootfs):
             remote.close()
 
     async def main():
-        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp"],
+        params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
                                        env={**os.environ})
         async with Client(params) as c:
             def data(res):

@@ -524,7 +524,7 @@ def test_the_remote_client_and_mcp_expose_too(tenants):
     from sandtree.mcp.server import build_server
 
     async def main():
-        async with Client(build_server(eng)) as c:
+        async with Client(build_server(eng, tools="all")) as c:
             r = await c.call_tool("sandbox_port", {"sandbox_id": sid, "port": 8000, "url_ttl": 60})
             assert not r.is_error, r.content
             got = json.loads(r.content[0].text)

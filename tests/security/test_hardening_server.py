@@ -87,7 +87,7 @@ def test_mcp_http_uses_tokens_and_tenancy(tmp_path, rootfs):
     os.chmod(secret, 0o600)
     target = tmp_path / "written-by-mcp"
 
-    with listening(home, "mcp", "--http") as url:
+    with listening(home, "mcp", "--http", "--tools", "all") as url:
         # no token, a wrong one: 401 before any MCP handling
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -815,7 +815,7 @@ def test_mcp_reads_are_capped_per_call(tmp_path, rootfs):
         engine.import_path(rootfs, tag="bb")
         big = engine.run("bb", "dd if=/dev/zero bs=1M count=6 2>/dev/null | tr '\\\\0' a > /big",
                          disk="100M").image
-        server = build_server(engine)
+        server = build_server(engine, tools="all")
 
         async def main():
             async with Client(server) as c:
@@ -839,7 +839,7 @@ def test_mcp_http_waiters_do_not_starve_other_tools(tmp_path, rootfs):
         engine.import_path(rootfs, tag="bb")
     finally:
         engine.close()
-    with listening(home, "mcp", "--http") as url:
+    with listening(home, "mcp", "--http", "--tools", "all") as url:
         async def main():
             async with _mcp_client(url, None) as c:
                 op = _tool_value(await c.call_tool("run", {"command": "sleep 6", "image": "bb",

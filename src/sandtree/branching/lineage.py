@@ -149,7 +149,9 @@ def log(store: Store, image: str, limit: int = 1000, visible: Visible | None = N
                         "op": made[0] if made else None, "exit_code": None, "tags": tags})
             continue
         first = parents[0]
-        out.append({"image": cur, "parents": [p["parent"] for p in parents], "command": first.get("command"),
+        # each parent once: two runs that wrote the same files made the same image (content-addressed), one
+        # edge each, from the same parent
+        out.append({"image": cur, "parents": list(dict.fromkeys(p["parent"] for p in parents)), "command": first.get("command"),
                     "op": first["op"], "exit_code": first.get("exit_code"), "tags": tags,
                     **({"network": first["network"], "hermetic": False} if first.get("network") else {})})
         todo.extend(p["parent"] for p in parents)

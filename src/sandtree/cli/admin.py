@@ -119,7 +119,7 @@ def cmd_mcp(args):
     # over HTTP, the connection limits of `serve` (header caps and timeout, connections per client)
     options = _rest()[1]() if args.http else None
     mcp_main(args.home or config.default_home(), http=args.http, host=args.host, port=args.port, url=args.url,
-             token=token, server_options=options)
+             token=token, server_options=options, tools=args.tools)
 
 
 # ---- tenants, tokens, audit (tenancy/) ----------------------------------------------------------
@@ -253,4 +253,6 @@ def add_services(sub, common) -> None:
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8765)
     x.add_argument("--url", help="use a `sandtree serve` at this URL (token from $SANDTREE_TOKEN)")
+    x.add_argument("--tools", default="core", metavar="PROFILE",
+                   help="core (the default: the everyday tools, a small schema), all, or a comma list of tool names")
     x.set_defaults(fn=cmd_mcp)

@@ -27,9 +27,8 @@ def register(t: Toolkit) -> None:
         return engine.merge(base, ours, theirs, strategy=strategy, ignore=ignore,
                             on_conflict="return" if return_conflicts else "raise")
     # its description names the error by the class's own code (a docstring cannot be an f-string)
-    merge.__doc__ = f"""Three-way merge of two images (base: their common ancestor unless given). Conflicts make no
-        image unless strategy is ours, theirs or markers (conflict markers in text files): the call
-        fails with {MergeConflict.code} naming them (return_conflicts=true: returned as a list, image null).
+    merge.__doc__ = f"""Three-way merge of two images into a new one. A conflict fails with {MergeConflict.code}
+        unless strategy is ours, theirs or markers (conflict markers in text files) or return_conflicts=true.
         ignore: globs that never conflict, ours taken (default __pycache__/, *.pyc, .pytest_cache/)."""
 
     @t.handler

@@ -17,10 +17,12 @@ from .toolkit import Toolkit, error_text
 GUIDE = {
     "workflow": """sandtree: every filesystem state is an immutable image with a content ID.
 1. Find a base: list_images (tags such as debian:bookworm). import_image only if none fits.
-2. run(command, image, disposable=false) -> result_image: the new state. Chain runs on result_image.
+2. run(command, image) -> result_image: the new state (kept, as fork's branches are; disposable=true for a
+   throwaway check). Chain runs on result_image.
    A run that changes nothing returns the same image ID; the same change gives the same ID.
 3. Name states with set_tag ({scope}/{purpose}/{base}, e.g. me/deps/debian:bookworm).
-4. Inspect without running: list_files, read_file, grep. Files in: upload/rsync, then run(files=...).""",
+4. Inspect without running: list_files, read_file, grep. Files in: upload/rsync, then run(files=...).
+The default tool set is the everyday one; the server started with `--tools all` has every tool named here.""",
     "branching": f"""Explore safely:
 - fork(image, commands) runs N variants in parallel from one image; keep the best result_image.
 - diff(a, b) shows what differs; merge(ours, theirs) combines two branches (base found from lineage);

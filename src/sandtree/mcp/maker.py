@@ -15,8 +15,9 @@ import typing
 from dataclasses import dataclass
 
 from .. import vocabulary
+from ..errors import InvalidInput
 from ..table import OPS, Op
-from ..table.mcp import Mcp, tools_of
+from ..table.mcp import CORE_MAX, Mcp, tools_of
 
 EMPTY = inspect.Parameter.empty
 
@@ -213,10 +214,48 @@ def check(made: Made) -> list[str]:
     return out
 
 
-def make(toolkit) -> dict[str, Made]:
-    """Register every row's tool on the toolkit's server (handlers: toolkit.handlers, by name); each tool is
-    checked against its rows (a drift is a programming error: AssertionError)."""
+def core() -> dict[str, tuple[str, ...] | None]:
+    """The default profile, as declared beside the rows (Mcp(core=...)): tool name -> the parameters it shows
+    there (None: all). A tool of several rows is in it when one of them says so (those that say agree)."""
+    out = {}
+    for name, served in tools().items():
+        marks = {m.core for _, m in served if m.core}
+        assert len(marks) <= 1, f"MCP tool {name}: its rows disagree on its core profile ({marks})"
+        if marks:
+            mark = marks.pop()
+            out[name] = None if mark is True else tuple(mark)
+    assert len(out) <= CORE_MAX, f"the core MCP profile has {len(out)} tools (at most {CORE_MAX}): {sorted(out)}"
+    return out
+
+
+def select(spec: str | None, names) -> dict[str, tuple[str, ...] | None]:
+    """`--tools`: "core" (the default: core()), "all", or a comma list of tool names (each with every
+    parameter) and "core". Tool name -> the parameters it shows (None: all); an unknown name is refused."""
+    names = list(names)
+    if spec is None or spec.strip() == "core":
+        return core()
+    if spec.strip() == "all":
+        return dict.fromkeys(names)
+    out: dict[str, tuple[str, ...] | None] = {}
+    asked = [w.strip() for w in spec.split(",") if w.strip()]
+    unknown = [w for w in asked if w not in names and w not in ("core", "all")]
+    if unknown or not asked:
+        raise InvalidInput(f"--tools: unknown tool(s) {', '.join(unknown) or '(none named)'}; say core (the default), "
+                           f"all, or a comma list of: {', '.join(sorted(names))}")
+    if "all" in asked:
+        return dict.fromkeys(names)
+    if "core" in asked:
+        out.update(core())
+    out.update(dict.fromkeys(w for w in asked if w != "core"))      # named: every parameter
+    return out
+
+
+def make(toolkit, spec: str | None = None) -> dict[str, Made]:
+    """Make every row's tool (handlers: toolkit.handlers, by name), each checked against its rows (a drift is a
+    programming error: AssertionError), and register those `spec` selects (select()) on the toolkit's server,
+    with the guide's own tools it selects."""
     made: dict[str, Made] = {}
+    chosen = select(spec, [*tools(), *toolkit.own])
     for name, served in tools().items():
         hands = {m.handler for _, m in served}
         assert len(hands) == 1, f"MCP tool {name}: its rows disagree on its handler ({hands})"
@@ -236,11 +275,16 @@ def make(toolkit) -> dict[str, Made]:
         made[name] = Made(name, sig, served, hand is not None)
         problems = check(made[name])
         assert not problems, "\n".join(problems)
-        toolkit.register(fn, name, doc, sig, lambda p, name=name, doc=doc, served=served: describe(name, p, doc, served))
+        if name in chosen:
+            toolkit.register(fn, name, doc, sig, lambda p, name=name, doc=doc, served=served: describe(name, p, doc, served),
+                             shown=chosen[name])
+    for name, fn in toolkit.own.items():
+        if name in chosen:
+            toolkit.add_own(fn)
     unclaimed = set(toolkit.handlers) - {m.handler for rows in tools().values() for _, m in rows}
     assert not unclaimed, f"MCP handlers no row names (Mcp(handler=...) beside the row): {sorted(unclaimed)}"
     return made
 
 
-__all__ = ["EMPTY", "Made", "body", "check", "derive", "describe", "handled", "make", "members", "plain", "resolved",
-           "resolving", "row_default", "row_params", "row_type", "shape", "tools", "typeof"]
+__all__ = ["EMPTY", "Made", "body", "check", "core", "derive", "describe", "handled", "make", "members", "plain", "resolved",
+           "resolving", "row_default", "row_params", "row_type", "select", "shape", "tools", "typeof"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import defaults as D
 from ..errors import InvalidInput
-from .toolkit import Toolkit
+from .toolkit import Toolkit, argv
 
 MAX_FORK_PARALLEL = 32        # a fork's runs at once from one tool call (the engine bounds the commands)
 MAX_WAIT_IDS, MAX_WAIT = 1000, 600.0       # operations one wait_operations takes, and its seconds
@@ -17,24 +17,18 @@ def register(t: Toolkit) -> None:
         return [{"path": p, "sha256": h} for p, h in (files or {}).items()]
 
     @t.handler
-    def run(command: str, image: str, shell: bool = True, env: dict[str, str] | None = None,
+    def run(command: str | list[str], image: str, shell: bool = True, env: dict[str, str] | None = None,
             cwd: str | None = None, uid: int | None = None, gid: int | None = None, timeout: float = D.MCP_TIMEOUT,
-            disposable: bool = True, stdin: str | None = None,
+            disposable: bool = False, stdin: str | None = None,
             files: dict[str, str] | None = None, directory_state_id: str | None = None, wait: bool = True,
             truncate_output_at: int = D.MCP_OUTPUT_CHARS, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
             secrets: dict[str, dict] | list[str] | None = None, retries: int = 0) -> dict:
-        """Run a command in a fresh sandbox on an image (an ID, a tag, or branch:NAME).
-
-        shell=true runs `command` with /bin/sh -c; false splits it on spaces into argv.
-        disposable=false keeps what the command wrote as a new image: result_image (chain further
-        runs on it). files: {"/path/in/image": "<sha256 from upload>"}; directory_state_id: a set
-        from rsync. wait=false returns {"operation_id"} at once (see wait_operations). memory,
-        disk ("512M", "2G"), pids and cpus: the sandbox's limits (default: the server's).
-        Returns exit_code, stdout, stderr (cut at truncate_output_at, with a marker), result_image,
-        timed_out, oom_killed."""
-        cmd = command if shell else command.split()
+        """Run a command in a fresh sandbox on an image. What it writes is kept as a new image,
+        result_image, to run, fork, diff or merge next (disposable=true keeps nothing). Returns
+        exit_code, stdout, stderr (cut, with a marker), result_image, timed_out, oom_killed."""
+        cmd = argv(command, shell)
         opts = dict(env=env, cwd=cwd or None, uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
                     file_set=directory_state_id, tier=tier, labels=labels, network=network,
@@ -46,10 +40,11 @@ def register(t: Toolkit) -> None:
         return t.run_result(engine.run(image, cmd, **opts), truncate_output_at)
 
     @t.handler
-    def fork(image: str, commands: list[str], parallel: int = D.MCP_FORK_PARALLEL, timeout: float = D.MCP_TIMEOUT,
-             disposable: bool = False, truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
-        """Run several commands from the same image concurrently (one branch each); results in order.
-        Keep the branch you like by its result_image (disposable=false is the default here)."""
+    def fork(image: str, commands: list[str | list[str]], parallel: int = D.MCP_FORK_PARALLEL,
+             timeout: float = D.MCP_TIMEOUT, disposable: bool = False,
+             truncate_output_at: int = D.MCP_FORK_OUTPUT_CHARS) -> list[dict]:
+        """Run several commands from the same image concurrently, one branch each (a string runs with
+        /bin/sh -c, a list is the argv); results in order, each branch kept as its result_image."""
         recs = engine.fork(image, commands, parallel=max(1, min(parallel, MAX_FORK_PARALLEL)), timeout=timeout,
                            disposable=disposable)
         return [dict(t.run_result(r, truncate_output_at), command=c) for c, r in zip(commands, recs, strict=True)]

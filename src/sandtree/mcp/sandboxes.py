@@ -4,32 +4,34 @@ a shell's cwd), its files while it runs, committing it to an image, hibernating 
 from __future__ import annotations
 
 from .. import defaults as D
-from .toolkit import Toolkit
+from .toolkit import Toolkit, argv
 
 
 def register(t: Toolkit) -> None:
     engine = t.engine
+    # the sandboxes this session starts are stopped when it ends (Toolkit.end_session), unless stopped before
+    t.after("sandbox_start", lambda answer: t.started_here(answer["id"]))
+    t.after("sandbox_stop", lambda answer: t.stopped_here(answer["id"]))
 
     @t.handler
-    def sandbox_exec(sandbox_id: str, command: str, shell: bool = True, timeout: float | None = None,
+    def sandbox_exec(sandbox_id: str, command: str | list[str], shell: bool = True, timeout: float | None = None,
                      stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
                      truncate_output_at: int = D.MCP_OUTPUT_CHARS) -> dict:
-        """Run a command in a live sandbox. shell=true: in its shell session (cd and export carry over
-        to the next call); false: a fresh process (command split on spaces). Background processes
-        it starts keep running. Returns exit_code, stdout, stderr."""
-        rec = engine.sandbox_exec(sandbox_id, command if shell else command.split(), timeout=timeout,
+        """Run a command in a live sandbox: a string with shell=true runs in its shell session (cd and
+        export carry over); otherwise a fresh process. Returns exit_code, stdout, stderr."""
+        rec = engine.sandbox_exec(sandbox_id, argv(command, shell), timeout=timeout,
                                   stdin=stdin, cwd=cwd, env=env)
         res = t.run_result(rec, truncate_output_at)
         res.pop("result_image")
         return res
 
     @t.handler
-    def sandbox_spawn(sandbox_id: str, command: str, shell: bool = True, stdin: str | None = None,
+    def sandbox_spawn(sandbox_id: str, command: str | list[str], shell: bool = True, stdin: str | None = None,
                       stdin_open: bool = False, cwd: str | None = None, env: dict[str, str] | None = None) -> dict:
         """Start a process in a live sandbox without waiting for it (a server, a REPL, a long job);
         returns its pid. sandbox_process then feeds its stdin, signals it and reads its output.
         stdin_open: keep its stdin open for sandbox_process(stdin=...)"""
-        pid = engine.sandbox_spawn(sandbox_id, command if shell else command.split(), stdin=stdin,
+        pid = engine.sandbox_spawn(sandbox_id, argv(command, shell), stdin=stdin,
                                    stdin_open=stdin_open, cwd=cwd, env=env)
         return {"sandbox_id": sandbox_id, "pid": pid}
 

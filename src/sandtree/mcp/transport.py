@@ -16,11 +16,12 @@ from mcp.server.mcpserver import MCPServer
 
 from ..engine import Engine
 from ..http.gate import CURRENT, STATE_KEY, JsonLog, TenantGate, engine_for
+from .toolkit import SESSION, Server
 
 TOOL_THREADS = 256                # sync tool calls at once over HTTP (anyio's default: 40, shared)
 
 
-class PerRequestServer(MCPServer):
+class PerRequestServer(Server):
     """Over HTTP: each tool call and resource read runs as the caller of the HTTP request that
     carried it. The tool runs in the session's task, not the request's, so the view TenantGate
     put on that request's scope is set as the current engine here (fails closed without one)."""
@@ -33,10 +34,13 @@ class PerRequestServer(MCPServer):
             request = None
         if request is None:
             raise RuntimeError("an MCP HTTP call without its HTTP request: refusing to serve unscoped")
-        token = CURRENT.set(engine_for(request))
+        view = engine_for(request)
+        token = CURRENT.set(view)
+        session = SESSION.set((request.headers.get("mcp-session-id"), view))
         try:
             yield
         finally:
+            SESSION.reset(session)
             CURRENT.reset(token)
 
     async def call_tool(self, name, arguments, context=None):
@@ -59,7 +63,7 @@ def serve_http(server: MCPServer, engine: Engine | None, host: str, port: int, o
     import uvicorn                  # the ASGI server: loaded only to serve over HTTP
     app = server.streamable_http_app(host=host)
     if engine is not None:
-        app = TenantGate(SessionOwners(app), engine, JsonLog(sys.stderr))
+        app = TenantGate(SessionOwners(app, server.toolkit.end_session), engine, JsonLog(sys.stderr))
         auth = "tokens" if engine.tenancy.configured() else "none: no tokens configured, loopback only"
         print(f"sandtree mcp: http://{host}:{port}/mcp (auth: {auth})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", **(options or {}))
@@ -68,12 +72,14 @@ def serve_http(server: MCPServer, engine: Engine | None, host: str, port: int, o
 class SessionOwners:
     """ASGI middleware behind TenantGate: an MCP session belongs to the tenant that opened it.
     A request naming another tenant's session id gets the answer an unknown session gets (404),
-    so a leaked or guessed session id is worth nothing to another token."""
+    so a leaked or guessed session id is worth nothing to another token. A session its client deletes (DELETE,
+    as a client does when it closes) ends: `on_end(session id)` stops the live sandboxes it started."""
 
     MAX = 10000                              # sessions remembered (the SDK caps live ones lower)
 
-    def __init__(self, app):
+    def __init__(self, app, on_end=None):
         self.app = app
+        self.on_end = on_end
         self.owners: OrderedDict[bytes, str] = OrderedDict()
 
     async def __call__(self, scope, receive, send):
@@ -102,6 +108,9 @@ class SessionOwners:
                         while len(self.owners) > self.MAX:
                             self.owners.popitem(last=False)
             await send(message)
+        if sid is not None and scope.get("method") == "DELETE" and self.on_end is not None:
+            # before the SDK answers: a client that closed and goes on finds the sandboxes stopped
+            await anyio.to_thread.run_sync(self.on_end, sid.decode("latin-1"))
         await self.app(scope, receive, send_owned)
 
 

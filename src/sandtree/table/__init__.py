@@ -24,8 +24,9 @@ __all__ = ["Http", "Off", "Op", "OPS", "SURFACES", "ENGINE_OPS", "OPERATIONS_OPS
 
 _G, _P, _U, _X, _LOCAL_HOST = "GET", "POST", "PUT", "DELETE", "it reads or writes paths of the server's own machine"
 # MCP's run tool: run and submit_run (wait=false) alike; a tool call waits D.MCP_TIMEOUT, keeps its result unless told
-_MCP_RUN = Mcp(name="run", handler="run", rename={"ref": "image"}, defaults={"timeout": D.MCP_TIMEOUT, "disposable": True},
-               types=RUN_JSON, extra=("shell", "directory_state_id", "wait", "truncate_output_at"))
+_MCP_RUN = Mcp(name="run", handler="run", rename={"ref": "image"}, defaults={"timeout": D.MCP_TIMEOUT},
+               types=RUN_JSON, extra=("shell", "directory_state_id", "wait", "truncate_output_at"),
+               core=("command", "image", "shell", "env", "timeout", "disposable", "network"))
 
 # ---- names, images, refs -------------------------------------------------------------------------
 @op("list", http=Http(_G, "/resolve", query=("ref",), result="image"))
@@ -35,7 +36,7 @@ def resolve(ref: str) -> str:
 
 @via("cli", Cli("image list", show="images"))
 @op("list", http=Http(_G, "/images", name="list_images"))
-@via("mcp", Mcp(name="list_images", handler="list_images", extra=("tag_prefix", "limit")))
+@via("mcp", Mcp(name="list_images", handler="list_images", extra=("tag_prefix", "limit"), core=True))
 def images() -> list[dict]:
     """Every image (a tenant: the ones it may see)."""
 
@@ -205,7 +206,7 @@ def file_set(set_id: str) -> list[dict]:
 @via("cli", Cli(args=("image", "path?"), show="entries"))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/ls", query=("path",), data=True, names={"image": "ref"}))
 @via("mcp", Mcp(name="list_files", resolve=("image",), result=Result(keep=("name", "type", "mode", "size", "target")),
-                doc="A directory of an image (no sandbox is started)."))
+                doc="A directory of an image (no sandbox is started).", core=True))
 def ls(image: str, path: str = "/") -> list[dict]:
     """The entries of a directory of an image."""
 
@@ -218,7 +219,7 @@ def stat(image: str, path: str) -> dict:
 @via("cli", Cli("cat", show="bytes"))
 @via("sdk", Sdk("offset and limit read as options of img.read(path), as they always have", keyword=("offset", "limit")))
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/read", query=("path", "offset", "limit"), raw=True, names={"image": "ref"}, handler="read"))
-@via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}),
+@via("mcp", (Mcp(name="read_file", handler="read_file", resolve=("image",), defaults={"limit": D.MCP_READ_LIMIT}, core=True),
                  Mcp(name="download", handler="download", resolve=("image",), extra=("destination",))))
 def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> bytes:
     """A file's bytes (from `offset`, at most `limit`)."""
@@ -230,7 +231,8 @@ def read(image: str, path: str, offset: int = 0, limit: int | None = None) -> by
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/grep", query=("pattern", "path"), names={"image": "ref"}, handler="grep"))
 @via("mcp", Mcp(resolve=("image",), extra=(Param("glob", "str | None", None), Param("max_matches", "int", D.MCP_GREP_MATCHES),
                                  Param("ignore_case", "bool", False)),
-                doc="Search file contents of an image with a regular expression (no sandbox is started)."))
+                doc="Search file contents of an image with a regular expression (no sandbox is started).",
+                core=("image", "pattern", "path", "ignore_case")))
 def grep(image: str, pattern: str, path: str = "/", **kw) -> list[dict]:
     """Lines matching an RE2 pattern under a path.
     pattern: an RE2 regular expression (no backtracking: linear time)"""
@@ -243,7 +245,7 @@ def export_tar(image: str, fileobj, path: str = "/") -> None:
 
 @via("cli", Cli(handler="branching.cmd_diff"))
 @op("list", images=("a", "b"), http=Http(_G, "/diff", query=("a", "b"), result="changes", data=True, echo={"a": "a", "b": "b"}))
-@via("mcp", Mcp(handler="diff", resolve=("a", "b"), extra=("patch",)))
+@via("mcp", Mcp(handler="diff", resolve=("a", "b"), extra=("patch",), core=True))
 def diff(a: str, b: str) -> list:
     """What changed from image a to image b (added, deleted, modified, ...)."""
 
@@ -303,7 +305,8 @@ def run(ref: str, command, *, stdin: bytes | str | None = None, uid: int | None 
     http=Http(_P, "/fork", body=("ref", "commands", "parallel", "uid", "gid", "disposable", "retries") + RunOptions.names(), rename={"ref": "image"}, data=False, handler="fork", model="ForkIn", types={**Http.RUN_TYPES, "disposable": "bool", "commands": "list[str | list[str]]"}, defaults=Http.RUN_DEFAULTS, bounds={"retries": {"ge": 0, "le": D.RUN_RETRIES_MAX}}, describe={**Http.RUN_DESCRIBE, "ref": "an image ID, prefix, tag, or branch:NAME (resolved once; no run moves a branch)", "commands": "one run each, all from the same image", "retries": "on a cluster: run it again on another node this many times at most if its node is lost before it committed"}),
     custom_remote=True, kwargs_of="run")
 @via("mcp", Mcp(handler="fork", rename={"ref": "image"}, extra=("truncate_output_at",),
-                defaults={"parallel": D.MCP_FORK_PARALLEL, "timeout": D.MCP_TIMEOUT}))
+                defaults={"parallel": D.MCP_FORK_PARALLEL, "timeout": D.MCP_TIMEOUT},
+                core=("image", "commands", "timeout", "disposable")))
 def fork(ref: str, commands: list, *, parallel: int | None = None, **options) -> list:
     """Run each command on the same image concurrently, one branch each; the records in order
     (the options are run's; a branch ref is resolved once and no run moves it).
@@ -356,7 +359,7 @@ def produced_by(image: str) -> list[dict]:
 
 @via("cli", Cli("tree", handler="branching.cmd_tree"))
 @op("list", images=("root",), http=Http(_G, "/images/{root:path}/lineage", query=("max_nodes",), result="tree", names={"root": "ref"}, name="image_lineage", handler="image_lineage"))
-@via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, resolve=("root",), extra=("format",)))
+@via("mcp", Mcp(name="lineage", handler="lineage", rename={"root": "image"}, resolve=("root",), extra=("format",), core=True))
 def lineage_tree(root: str, *, max_nodes: int = D.LINEAGE_MAX_NODES) -> dict:
     """The tree of images grown from `root`, each edge labelled by its command."""
 
@@ -377,7 +380,7 @@ def lineage_path(a: str, b: str) -> list[str]:
 @op("run", images=("base", "ours", "theirs"), audit="merge",
     http=Http(_P, "/merge", body=("base", "ours", "theirs", "strategy", "ignore", "on_conflict"), model="MergeIn", types={"on_conflict": 'Literal["raise", "return"]'}, defaults={"base": None}, describe={"ignore": "globs that never conflict (ours taken); null: __pycache__/, *.pyc, .pytest_cache/; [] for none", "on_conflict": "conflicts without a strategy: 409 merge_conflict (raise) or 200 with image null (return)"}))
 @via("mcp", Mcp(handler="merge", defaults={"base": None}, resolve=("base", "ours", "theirs"),
-                extra=("return_conflicts",)))
+                extra=("return_conflicts",), core=("ours", "theirs", "base", "strategy", "return_conflicts")))
 def merge(base: str | None, ours: str, theirs: str, *, strategy: str | None = None, ignore: list[str] | None = None,
           on_conflict: str = "raise") -> dict:
     """Three-way merge of what two images changed since their common ancestor, as a new image."""

@@ -9,9 +9,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["Mcp", "Param", "Result", "REQUIRED", "RUN_JSON", "tools_of"]
+__all__ = ["CORE_MAX", "Mcp", "Param", "Result", "REQUIRED", "RUN_JSON", "tools_of"]
 
 REQUIRED = inspect.Parameter.empty      # a Param without a default
+# the default profile's tools at most: what a model reads before its first call stays small (its tool list is
+# in every request's context), the rest are one `--tools all` away
+CORE_MAX = 12
 
 # The JSON types MCP shows for run options the rows leave untyped or type loosely (secrets: also a list of the
 # server's stored secrets' names), for Mcp(types=...)
@@ -47,7 +50,9 @@ class Mcp:
     a full ID before the call, a handler's too (the operations take IDs; the answer names the ID). result: the answer's shape. handler: the tool's body
     is written by hand in mcp/ under this name (a composite: several rows, parameters of its own); the row's
     parameters it takes are still held to the row's. doc: the tool's description for a model (None: the row's
-    docstring)."""
+    docstring). core: the tool is in the default profile (`sandtree mcp` without --tools, at most
+    CORE_MAX tools): True with every parameter, or the parameters it shows there by the tool's names (the
+    others keep their defaults; `--tools all` or the tool's name shows them all)."""
     name: str | None = None
     params: tuple[str, ...] | None = None
     rename: dict = field(default_factory=dict)
@@ -58,6 +63,7 @@ class Mcp:
     result: Result | None = None
     handler: str | None = None
     doc: str | None = None
+    core: bool | tuple[str, ...] = False
 
     def tool(self, row) -> str:
         return self.name or row.name

@@ -24,8 +24,8 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
                                                "idle_action", "labels", "network", "secrets"),
                 defaults={"timeout": D.MCP_TIMEOUT}, types={"timeout": "float", "memory": "str | None", **RUN_JSON},
                 doc="""Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
-        timeout: default seconds per command; idle_timeout/lifetime: seconds until it is stopped;
-        idle_action "hibernate": when idle it is hibernated instead (sandbox_resume continues it)."""))
+        Stopped after idle_timeout seconds without a command, or when this MCP session ends.
+        timeout: default seconds per command""", core=("image", "network", "idle_timeout")))
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
                   idle_action: str = D.SANDBOX_IDLE_ACTION) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
@@ -33,7 +33,8 @@ def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lif
 
 @via("cli", Cli("exec", handler="sandboxes.cmd_exec"))
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox", body=("command", "env", "cwd", "stdin", "uid", "gid", "timeout", "output"), model="ExecIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"command": "a string runs in the sandbox's shell session (cd and export carry over); a list is a fresh process"}), custom_remote=True)
-@via("mcp", Mcp(handler="sandbox_exec", rename={"sid": "sandbox_id"}, extra=("shell", "truncate_output_at")))
+@via("mcp", Mcp(handler="sandbox_exec", rename={"sid": "sandbox_id"}, extra=("shell", "truncate_output_at"),
+                core=("sandbox_id", "command", "shell", "timeout")))
 def sandbox_exec(sid: str, command, *, env: dict | None = None, cwd: str | None = None,
                  stdin: bytes | str | None = None, uid: int | None = None, gid: int | None = None, on_output=None,
                  cancel=None, timeout: float | None = None, output=None):
@@ -95,7 +96,7 @@ def sandbox_commit(sid: str, *, tag: str | None = None) -> str:
 @via("cli", Cli("stop", args=("sid+",), dest={"sid": "sandboxes"}, show="states"))
 @op("run", audit="sandbox stop", http=Http(_P, "/sandboxes/{sid}/stop", name="stop_sandbox"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Stop a live sandbox: its processes end and its unsaved files go "
-                                     "(sandbox_commit first to keep them)."))
+                                     "(sandbox_commit first to keep them).", core=True))
 def sandbox_stop(sid: str) -> dict:
     """Stop a live sandbox (its state is gone unless committed)."""
 
