@@ -45,7 +45,7 @@ def test_cli_exit_status_is_the_commands(cli, rootfs):
     p = cli("run", "bb", "--timeout", "0.3", "--json", "--", "sleep 5", check=False)
     assert p.returncode == 124 and j(p)["timed_out"] is True
     p = cli("run", "bb", "--disposable", "--", "echo", "streamed")
-    assert p.stdout == b"streamed\n" and b"(disposable)" in p.stderr
+    assert p.stdout == b"streamed\nimage: (disposable)\n"
 
 
 def test_cli_errors_are_clear(cli, rootfs):
@@ -115,3 +115,49 @@ def test_cli_command_tail_and_error_statuses(cli, rootfs):
     assert p.returncode == 1 and p.stderr.startswith(b"error: ")
     p = cli("stat", "bb", "/missing", "--json", check=False)
     assert p.returncode == 1 and j(p)["error"] == "path_not_found"
+
+
+def test_cli_new_image_id_on_stdout(cli, rootfs):
+    """The new image's ID on stdout: last, after the command's own output; with -q alone (the command's stdout
+    goes to stderr), so `A=$(sandtree run -q ...)` captures it. Every verb that makes an image takes -q."""
+    cli("image", "import", rootfs, "--tag", "bb")
+    p = cli("run", "bb", "--", "echo out; echo err >&2")
+    lines = p.stdout.decode().splitlines()
+    assert lines[0] == "out" and lines[-1].startswith("image: ") and len(lines) == 2
+    a = lines[-1].removeprefix("image: ")
+    assert j(cli("log", a, "--json"))[0]["image"] == a and p.stderr == b"err\n"
+    p = cli("run", "bb", "-q", "--", "echo out > /o; cat /o; echo err >&2")
+    b = p.stdout.decode()
+    assert len(b) == 65 and b.endswith("\n") and p.stderr == b"out\nerr\n"
+    assert cli("cat", b.strip(), "/o").stdout == b"out\n"
+    assert cli("run", "bb", "-q", "--disposable", "--", "echo x").stdout == b""
+    p = cli("run", "bb", "-q", "--", "exit 4", check=False)              # the status stays the command's
+    assert p.returncode == 4 and len(p.stdout.strip()) == 64
+    c = cli("run", "bb", "-q", "--", "echo c > /c").stdout.strip().decode()
+    m = cli("merge", "-q", b.strip(), c).stdout.decode()
+    assert len(m) == 65 and cli("cat", m.strip(), "/c").stdout == b"c\n"
+    i = cli("image", "import", "-q", rootfs).stdout.decode()
+    assert len(i) == 65 and i.strip() in [r["id"] for r in j(cli("image", "list", "--json"))]
+    for verb in (["commit"], ["image", "pull"], ["build"], ["image", "bootstrap"]):
+        assert b"-q, --quiet" in cli(*verb, "--help").stdout
+
+
+def test_cli_usage_errors_say_did_you_mean(cli, rootfs):
+    """A wrong command line: that verb's usage, the error, the nearest flag or word, exit 2 (exits.USAGE); a
+    merge of one image is one of them, not a traceback."""
+    cli("image", "import", rootfs, "--tag", "bb")
+    p = cli("merge", "bb", check=False)
+    assert p.returncode == 2 and p.stderr.startswith(b"usage: sandtree merge ")
+    assert b"2 or 3 images, not 1" in p.stderr and b"Traceback" not in p.stderr
+    p = cli("run", "bb", "--tiemout", "3", "--", "true", check=False)
+    assert p.returncode == 2 and p.stderr.startswith(b"usage: sandtree run ")
+    assert b"unrecognized arguments: --tiemout" in p.stderr and b"did you mean '--timeout'?" in p.stderr
+    p = cli("rnu", "bb", check=False)
+    assert p.returncode == 2 and b"did you mean 'run'?" in p.stderr
+    p = cli("image", "imprt", rootfs, check=False)
+    assert p.returncode == 2 and p.stderr.startswith(b"usage: sandtree image ") and b"did you mean 'import'?" in p.stderr
+    p = cli("image", "list", "--jsn", check=False)
+    assert p.returncode == 2 and p.stderr.startswith(b"usage: sandtree image list ")
+    assert b"did you mean '--json'?" in p.stderr
+    p = cli("ls", "bb", "--qqqqqqqq", check=False)                       # nothing near: no guess
+    assert p.returncode == 2 and b"did you mean" not in p.stderr

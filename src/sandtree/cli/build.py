@@ -60,6 +60,8 @@ def _remote_build(args) -> dict:
 
 
 def cmd_build(args):
+    if args.quiet:
+        args.progress = "quiet"
     if args.server:
         return out(args, _remote_build(args), lambda o: print(o["image"]))
     eng = open_engine(args)
@@ -103,4 +105,5 @@ def add_build(sub, common) -> None:
                    help="auto: a live view on a terminal, else plain (docker's #N lines); json: an event a line")
     x.add_argument("--server", metavar="URL", help="build on a `sandtree serve` at URL (the context is sent as a "
                    "tar; token: $SANDTREE_TOKEN)")
+    options.add_quiet(x)
     x.set_defaults(fn=cmd_build, secret=[])

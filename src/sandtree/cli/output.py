@@ -65,10 +65,10 @@ def with_progress(args, label: str, fn):
 
 
 @contextmanager
-def status_line(args, label: str):
+def status_line(args, label: str, quiet: bool = False):
     """Yields log(line), which shows the latest line after `label` on a terminal's status line;
-    None when nobody watches."""
-    if not _watched(args):
+    None when nobody watches (or -q)."""
+    if quiet or not _watched(args):
         yield None
         return
     rc, _ = _rich()

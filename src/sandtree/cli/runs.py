@@ -61,11 +61,15 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
             notes.append("out of memory")
         if rec.stdout_truncated or rec.stderr_truncated:
             notes.append("output truncated")
-        if args.command == "run":
-            print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
-                  file=sys.stderr)
-        elif notes:
+        # run: the new image's ID on stdout, last (after the command's own output); -q: the ID alone
+        if notes:
             print(f"[{', '.join(notes)}]", file=sys.stderr)
+        if args.command == "run" and args.quiet:
+            if rec.image:
+                print(rec.image)
+        elif args.command == "run":
+            sys.stdout.flush()
+            print(f"image: {rec.image or '(disposable)'}")
     return exits.of_run(rec)
 
 
@@ -84,6 +88,7 @@ def cmd_fork(args):
 def add_run(sub, common) -> None:
     x = sub.add_parser("run", parents=[common], help="run a command on an image; prints the new image")
     x.add_argument("image")
+    options.add_quiet(x, run=True)
     x.add_argument("--timeout", type=float)
     options.add_resources(x)
     options.add_env(x)
