@@ -161,3 +161,20 @@ def test_cli_usage_errors_say_did_you_mean(cli, rootfs):
     assert b"did you mean '--json'?" in p.stderr
     p = cli("ls", "bb", "--qqqqqqqq", check=False)                       # nothing near: no guess
     assert p.returncode == 2 and b"did you mean" not in p.stderr
+
+
+def test_cli_run_without_a_command_runs_the_images_cmd(cli, rootfs, tmp_path):
+    """`run IMAGE` with no command runs the image's ENTRYPOINT then CMD (as `docker run IMAGE`); an image with
+    neither is a clear error (125, a sandtree error where the status is the command's) and makes nothing."""
+    cli("image", "import", rootfs, "--tag", "bb")
+    p = cli("run", "bb", check=False)
+    assert p.returncode == 125 and b"no CMD or ENTRYPOINT" in p.stderr and b"Traceback" not in p.stderr
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text('FROM bb\nENTRYPOINT ["/bin/sh", "-c"]\nCMD ["echo from-cmd > /f; cat /f"]\n')
+    cli("build", "-q", str(tmp_path / "ctx"), "--tag", "withcmd")
+    p = cli("run", "withcmd")
+    assert p.stdout.startswith(b"from-cmd\nimage: ")
+    made = p.stdout.decode().splitlines()[-1].removeprefix("image: ")
+    assert cli("cat", made, "/f").stdout == b"from-cmd\n"
+    p = cli("run", "withcmd", "--", "echo given")                          # a command given wins
+    assert p.stdout.startswith(b"given\n")

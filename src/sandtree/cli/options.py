@@ -151,8 +151,11 @@ def pairs(values, flag: str) -> dict:
 # ---- reading them ----------------------------------------------------------------------------
 
 
-def command(args):
+def command(args, default_ok: bool = False):
+    """The command line's command; None when none is given and the verb runs the image's CMD (default_ok)."""
     if not args.cmd:
+        if default_ok:
+            return None
         raise InvalidInput(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
     return args.cmd[0] if len(args.cmd) == 1 else args.cmd          # one argument: a shell string
 

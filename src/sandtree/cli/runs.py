@@ -18,7 +18,7 @@ RUN_MORE = ("file_set", "output", "labels")
 
 def cmd_run(args):
     eng = open_engine(args)
-    command = options.command(args)
+    command = options.command(args, default_ok=True)          # none: the image's ENTRYPOINT + CMD
     stdin = sys.stdin.buffer.read() if args.stdin else None
     files = options.files(args)
     sink = options.OutputFile(args.output) if args.output else None
@@ -104,7 +104,8 @@ def add_run(sub, common) -> None:
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
     options.add_run_options(x, RUN_MORE)
-    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
+    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string; none: the image's "
+                                          "ENTRYPOINT and CMD)")
     x.set_defaults(fn=cmd_run, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
 
 
