@@ -178,3 +178,25 @@ def test_cli_run_without_a_command_runs_the_images_cmd(cli, rootfs, tmp_path):
     assert cli("cat", made, "/f").stdout == b"from-cmd\n"
     p = cli("run", "withcmd", "--", "echo given")                          # a command given wins
     assert p.stdout.startswith(b"given\n")
+
+
+def test_cli_build_failure_shows_the_steps_output_and_a_network_hint(cli, rootfs, tmp_path):
+    """A failed RUN step: the error names its line and carries the tails of its stdout and stderr; a step that
+    tried to reach the network (runs have none by default: busybox's wget cannot resolve a name, nothing leaves
+    the sandbox) gets a hint naming --network; one that failed otherwise gets none."""
+    cli("image", "import", rootfs, "--tag", "bb")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM bb\nRUN echo fetching; wget -q -O /x http://pypi.org/simple/\n")
+    p = cli("build", str(ctx), check=False)
+    assert p.returncode == 1 and p.stdout == b""
+    err = p.stderr.decode()
+    assert "line 2" in err and "--- stdout (end)\nfetching" in err and "bad address" in err, err
+    assert "hint: the step could not reach the network" in err and "--network" in err
+    p = cli("build", str(ctx), "--json", check=False)
+    d = j(p)
+    assert d["error"] == "build_failed" and d["stdout"] == "fetching\n" and "--network" in d["hint"]
+    (ctx / "Dockerfile").write_text("FROM bb\nRUN echo out; echo broken >&2; exit 3\n")
+    p = cli("build", str(ctx), check=False)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "exit code 3" in err and "out" in err and "broken" in err and "hint" not in err
