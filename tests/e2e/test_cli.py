@@ -200,3 +200,32 @@ def test_cli_build_failure_shows_the_steps_output_and_a_network_hint(cli, rootfs
     p = cli("build", str(ctx), check=False)
     err = p.stderr.decode()
     assert p.returncode == 1 and "exit code 3" in err and "out" in err and "broken" in err and "hint" not in err
+
+
+def test_cli_long_work_reports_phases_off_a_terminal(cli, rootfs):
+    """Not on a terminal (a CI log), long work still says what it does: a line when it starts and one with its
+    total; --json and -q keep stderr free of it."""
+    p = cli("image", "import", rootfs, "--tag", "bb")
+    lines = p.stderr.decode().splitlines()
+    assert lines[0] == "importing..." and lines[-1].startswith("importing: done, ") and " in " in lines[-1]
+    assert p.stdout.decode().strip() in [r["id"] for r in j(cli("image", "list", "--json"))]
+    assert cli("image", "import", rootfs, "-q").stderr == b""
+    assert cli("image", "import", rootfs, "--json").stderr == b""
+
+
+def test_status_line_prints_each_phase_once_off_a_terminal(capsys):
+    """bootstrap's log lines (debootstrap's) off a terminal: one line per phase, however many lines each has."""
+    import argparse
+    from sandtree.cli.output import status_line
+    args = argparse.Namespace(json=False)
+    with status_line(args, "bootstrapping debian:bookworm") as log:
+        for line in ("I: Retrieving InRelease", "I: Retrieving Packages", "I: Validating Packages",
+                     "I: Retrieving libc6", "I: Validating libc6", "I: Extracting libc6", "I: Extracting bash"):
+            log(line)
+    err = capsys.readouterr().err.splitlines()
+    assert err[:-1] == ["bootstrapping debian:bookworm: I: Retrieving InRelease",
+                        "bootstrapping debian:bookworm: I: Validating Packages",
+                        "bootstrapping debian:bookworm: I: Extracting libc6"]
+    assert err[-1].startswith("bootstrapping debian:bookworm: done in ")
+    with status_line(argparse.Namespace(json=True), "x") as log:
+        assert log is None

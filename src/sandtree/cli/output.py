@@ -53,10 +53,30 @@ def _rich():
     return console, progress
 
 
+def _quiet(args) -> bool:
+    """No progress at all: --json (stdout is one document) or -q (stdout is the ID alone)."""
+    return args.json or getattr(args, "quiet", False)
+
+
+def _plain(label: str, fn):
+    """Progress for a log, not a terminal: a line when the work starts and one with its total when it ends."""
+    done, t0 = [0], time.monotonic()
+    print(f"{label}...", file=sys.stderr, flush=True)
+
+    def advance(n: int) -> None:
+        done[0] += n
+    result = fn(advance)
+    print(f"{label}: done, {fmt_size(done[0])} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+    return result
+
+
 def with_progress(args, label: str, fn):
-    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal."""
-    if not _watched(args):
+    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal; else a line when it starts and
+    one with the total when it ends (a CI log sees the phases too); none with --json or -q."""
+    if _quiet(args):
         return fn(None)
+    if not _watched(args):
+        return _plain(label, fn)
     _, rp = _rich()
     with rp.Progress(rp.TextColumn(label), rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(),
                      transient=True) as prog:
@@ -67,9 +87,22 @@ def with_progress(args, label: str, fn):
 @contextmanager
 def status_line(args, label: str, quiet: bool = False):
     """Yields log(line), which shows the latest line after `label` on a terminal's status line;
-    None when nobody watches (or -q)."""
-    if quiet or not _watched(args):
+    not on a terminal, one line on stderr per phase (the first line of each of its first two words:
+    debootstrap's "I: Retrieving", "I: Validating", "I: Extracting", ...) and one when it is done; None with
+    --json or -q."""
+    if quiet or _quiet(args):
         yield None
+        return
+    if not _watched(args):
+        seen, t0 = set(), time.monotonic()
+
+        def phase(line: str) -> None:
+            key = tuple(line.split()[:2])
+            if key and key not in seen:
+                seen.add(key)
+                print(f"{label}: {line[:100]}", file=sys.stderr, flush=True)
+        yield phase
+        print(f"{label}: done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
         return
     rc, _ = _rich()
     status = rc.Console(stderr=True).status(label)
