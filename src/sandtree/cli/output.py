@@ -10,11 +10,26 @@ import time
 from contextlib import contextmanager
 
 from .. import config
-from ..engine import Engine
 
 
-def open_engine(args) -> Engine:
-    return Engine(args.home or config.default_home(), warm=0)     # one command, one process
+def open_engine(args):
+    """The engine over the store (one command, one process). Imported here, not at the top: `sandtree --help`
+    and a wrong command line never load it (the engine and its dependencies are most of a start-up)."""
+    return engine_api().Engine(args.home or config.default_home(), warm=0)
+
+
+def engine_api():
+    """sandtree.engine (Engine, dockerfile_recipe, ...), imported when a verb first needs it."""
+    # not at the top: the engine and its dependencies were most of a start-up (`--help` ~0.6 s before)
+    from .. import engine
+    return engine
+
+
+def remote_engine(server: str):
+    """The engine of a `sandtree serve` at `server` (its token: $SANDTREE_TOKEN)."""
+    # not at the top: httpx costs ~80 ms to import, and only --server verbs use it
+    from ..client.remote import RemoteEngine
+    return RemoteEngine(server, config.remote_token())
 
 
 def out(args, obj, human) -> None:
