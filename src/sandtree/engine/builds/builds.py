@@ -34,7 +34,7 @@ from . import cache as buildcache
 from .copies import copy_context, copy_image, dest_path
 from ..images.edits import commit_edit
 from ..images.rundefaults import image_config, resolve_user
-from ..runs.offline import network_hint
+from ...values import network_hint
 from ..images.scratch import scratch_image
 
 __all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
