@@ -40,6 +40,7 @@ bench: deps $(STAMP)
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
 	PYTHONPATH=src $(BIN)/python bench/rayclient.py
 	PYTHONPATH=src $(BIN)/python bench/probes.py
+	PYTHONPATH=src $(BIN)/python bench/startup.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

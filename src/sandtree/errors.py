@@ -173,7 +173,8 @@ class StoreUnavailable(SandtreeError):
 
 class BuildFailed(SandtreeError):
     """A RUN of a build exited non-zero (or was killed): nothing was tagged. The message names the
-    step, its Dockerfile line and instruction, and ends with the tail of the command's stderr."""
+    step, its Dockerfile line and instruction, then the tails of the command's stdout and stderr (`details`:
+    stdout, stderr), and a hint when a step with no network failed to reach one (`details`: hint)."""
     code = "build_failed"
     http_status = 422
 

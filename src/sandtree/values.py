@@ -1,5 +1,7 @@
-"""Plain values more than one layer shares: the default environment of a command, and sizes as
-people write them (the engine's limits, a tenant's limits, the server's upload cap)."""
+"""Plain values more than one layer shares: the default environment of a command, sizes as
+people write them (the engine's limits, a tenant's limits, the server's upload cap), and the hint a failed
+step's output earns when it tried to reach the network without one (a build's RUN, an evaluation's run):
+runs have no network by default, so `pip install` fails with a resolver's words."""
 
 from __future__ import annotations
 
@@ -111,3 +113,20 @@ def name_values(pairs: list[str], what: str) -> dict[str, str]:
             raise InvalidInput(f"{what} wants NAME=VALUE, not {pair!r}")
         out[name] = value
     return out
+
+# The words of the usual tools (glibc, busybox, curl, wget, pip/urllib3, apt, git, npm) when no name resolves
+# or no route leaves: what a sandbox with no network answers them
+SIGNS = (b"temporary failure in name resolution", b"name or service not known", b"bad address '",
+         b"could not resolve host", b"could not resolve", b"network is unreachable", b"no servers could be reached",
+         b"getaddrinfo", b"newconnectionerror", b"failed to establish a new connection", b"eai_again",
+         b"nodename nor servname", b"unable to resolve host")
+
+NETWORK_HINT = ("hint: the step could not reach the network; runs have none by default: pass --network all or an "
+                "allow-list (--network pypi.org,*.pythonhosted.org; network= in Python, RUN --network=... in a "
+                "Dockerfile)")
+
+
+def network_hint(*outputs: bytes) -> str | None:
+    """NETWORK_HINT when a run with no network printed one of SIGNS (case ignored), else None."""
+    text = b"\n".join(o or b"" for o in outputs).lower()
+    return NETWORK_HINT if any(s in text for s in SIGNS) else None

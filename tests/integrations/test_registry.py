@@ -4,6 +4,7 @@ image this test pushes itself with a real client (skopeo)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -79,3 +80,18 @@ def test_registry_login_checks_and_keeps(st, registry):
     assert row == ("someone",)
     with pytest.raises(sandtree.SandtreeError):
         st._engine.registry_login("docker://127.0.0.1:1/x", "a", "b")
+
+
+def test_cli_registry_login_list_logout(cli, registry):
+    """`registry list` names each registry with stored credentials and its username, never the secret; `registry
+    logout` forgets them (a second logout is a clear error); the real `sandtree` command against a real registry."""
+    host = registry["host"]
+    cli("registry", "login", f"docker://{host}/team/app", "--username", "someone", "--password-stdin",
+        input=b"s3cret-token\n")
+    p = cli("registry", "list")
+    assert p.stdout.split() == [host.encode(), b"someone"] and b"s3cret" not in p.stdout
+    assert json.loads(cli("registry", "list", "--json").stdout) == [{"registry": host, "username": "someone"}]
+    assert cli("registry", "logout", host).stdout == f"logged out of {host}\n".encode()
+    assert json.loads(cli("registry", "list", "--json").stdout) == []
+    p = cli("registry", "logout", host, check=False)
+    assert p.returncode == 1 and p.stderr == f"error: no credentials stored for {host}\n".encode()

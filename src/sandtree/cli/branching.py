@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import sys
 
-from . import derive, exits
+from . import derive, exits, options
 from ..errors import InvalidInput
 from .output import open_engine, out
+from .usage import usage_error
 # Two names the engine has no public home for yet: the merge's default ignore globs (shown in
 # --help and extended by --ignore) and the text/SVG drawings of Engine.lineage_tree's result.
 # Both are pure (no store, no runtime); they move when the engine or a defaults module offers them.
@@ -36,6 +37,8 @@ def cmd_diff(args):
 
 
 def cmd_merge(args):
+    if len(args.images) not in (2, 3):
+        usage_error(args, f"merge takes OURS THEIRS or BASE OURS THEIRS: 2 or 3 images, not {len(args.images)}")
     eng = open_engine(args)
     refs_ = derive.resolved(eng, args.images)
     base, ours, theirs = (refs_ if len(refs_) == 3 else [None] + refs_)
@@ -105,6 +108,7 @@ def add_branching(sub, common) -> None:
     x.set_defaults(fn=cmd_diff)
     x = sub.add_parser("merge", parents=[common], help="three-way merge: [BASE] OURS THEIRS")
     x.add_argument("images", nargs="+", metavar="IMAGE")
+    options.add_quiet(x)
     x.add_argument("--strategy", choices=["ours", "theirs", "markers"])
     x.add_argument("--ignore", action="append", metavar="GLOB",
                    help="paths that never conflict, ours taken (repeatable; added to the defaults "
@@ -121,6 +125,7 @@ def add_branching(sub, common) -> None:
     x = sub.add_parser("lineage", parents=[common], help="ancestors, descendants, path, common, produced-by")
     x.add_argument("query", choices=list(LINEAGE_ARITY))
     x.add_argument("images", nargs="+", metavar="IMAGE")
+    options.add_quiet(x)
     x.set_defaults(fn=cmd_lineage)
 
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import config
-from ..client.remote import RemoteEngine
 from . import options
 from .buildprogress import JsonProgress, LiveProgress, PlainProgress, StepLabels
-from .output import open_engine, out
-from ..engine import dockerfile_recipe, read_dockerfile
+from .output import engine_api, open_engine, out, remote_engine
 from ..values import name_values
 
 
@@ -33,7 +30,8 @@ def progress_view(mode: str, recipe, stream=None, *, tty: bool | None = None):
 def _remote_build(args) -> dict:
     """`--server URL`: the context directory sent as a tar, the Dockerfile as its text unless it
     is the context's own; the server's progress events drawn here as the local build's are."""
-    eng = RemoteEngine(args.server, config.remote_token())
+    eng = remote_engine(args.server)
+    read_dockerfile = engine_api().read_dockerfile
     try:
         text = sys.stdin.read() if args.file == "-" else read_dockerfile(args.file) if args.file else None
         filters = tuple(f for x in args.no_cache_filter for f in x.split(",") if f)
@@ -51,8 +49,12 @@ def _remote_build(args) -> dict:
 
 
 def cmd_build(args):
+    if args.quiet:
+        args.progress = "quiet"
     if args.server:
         return out(args, _remote_build(args), lambda o: print(o["image"]))
+    api = engine_api()
+    dockerfile_recipe, read_dockerfile = api.dockerfile_recipe, api.read_dockerfile
     eng = open_engine(args)
     try:
         text = None
@@ -94,4 +96,5 @@ def add_build(sub, common) -> None:
                    help="auto: a live view on a terminal, else plain (docker's #N lines); json: an event a line")
     x.add_argument("--server", metavar="URL", help="build on a `sandtree serve` at URL (the context is sent as a "
                    "tar; token: $SANDTREE_TOKEN)")
+    options.add_quiet(x)
     x.set_defaults(fn=cmd_build, secret=[])

@@ -16,11 +16,13 @@ from ..table.cli import Cli
 from . import options, printers
 from .output import open_engine, with_progress
 
-__all__ = ["CALLBACKS", "add", "add_rest", "call_args", "cli_of", "derived", "flag_of", "group", "kind_of", "make",
+__all__ = ["CALLBACKS", "IMAGE_MAKERS", "add", "add_rest", "call_args", "cli_of", "derived", "flag_of", "group", "kind_of", "make",
            "parameters", "positionals", "resolved", "run", "verb_of"]
 
 # In-process parameters a command line cannot give: a progress callback is drawn as a bar instead (with_progress)
 CALLBACKS = ("progress", "on_output", "cancel", "log")
+# The printers of a verb that makes an image: it takes -q (its stdout: the ID alone, as without -q)
+IMAGE_MAKERS = ("image_made", "committed")
 
 
 def cli_of(row) -> Cli:
@@ -147,6 +149,8 @@ def make(sub, common, row):
             _add_param(x, row, p, None)
     if run_opts:
         options.add_run_options(x, run_opts)
+    if c.show in IMAGE_MAKERS:
+        options.add_quiet(x)
     x.set_defaults(fn=run, row=_key(row))
     return x
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import config, evaluation
-from ..client.remote import RemoteEngine
+from .. import config
 from . import exits, options
 from .evalprogress import eval_view
-from ..engine import Engine
-from .output import out
+from .output import engine_api, out, remote_engine
 
 
 def _human(summary: dict) -> None:
@@ -44,8 +42,10 @@ def _complaints(summary: dict) -> list[str]:
 
 def cmd_eval(args):
     # warm sandboxes ahead of the instances' forks (a one-shot command's engine keeps none)
-    eng = RemoteEngine(args.server, config.remote_token()) if args.server else \
-        Engine(args.home or config.default_home(), warm=min(max(args.workers, 1), 4))
+    # not at the top: the harness is the engine's and more; only `eval` needs it (start-up time)
+    from .. import evaluation
+    eng = remote_engine(args.server) if args.server else \
+        engine_api().Engine(args.home or config.default_home(), warm=min(max(args.workers, 1), 4))
     view = eval_view("quiet" if args.json and args.progress == "auto" else args.progress, sys.stderr)
     try:
         summary = evaluation.evaluate(

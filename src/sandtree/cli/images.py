@@ -11,7 +11,7 @@ import tempfile
 
 from .. import config
 from ..errors import InvalidInput
-from . import derive
+from . import derive, options
 from .output import open_engine, out, status_line
 
 
@@ -27,7 +27,7 @@ def cmd_registry_login(args):
 def cmd_image_bootstrap(args):
     eng = open_engine(args)
     include = [p for x in args.include for p in x.split(",") if p]
-    with status_line(args, f"bootstrapping {args.spec}") as log:
+    with status_line(args, f"bootstrapping {args.spec}", quiet=args.quiet) as log:
         image = eng.bootstrap(args.spec, include=include, tag=args.tag, log=log, mirror=args.mirror)
     out(args, {"image": image, "tag": args.tag or args.spec}, lambda o: print(o["image"]))
 
@@ -80,6 +80,7 @@ def add_image(sub, common) -> None:
     x.add_argument("--include", action="append", default=[], help="extra packages (comma-separated)")
     x.add_argument("--tag", help="tag (default: the spec)")
     x.add_argument("--mirror", help="Debian mirror (default: the host's apt source)")
+    options.add_quiet(x)
     x.set_defaults(fn=cmd_image_bootstrap)
     derive.add(sub, common, "images")
     x = isub.add_parser("export", parents=[common], help="write an image as a tar or an OCI image layout")

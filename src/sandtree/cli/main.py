@@ -18,6 +18,7 @@ from . import admin, branching, build, derive, evaluation, exits, exploration, i
     sandboxes, secrets
 from .. import config
 from ..errors import DiskFull, SandtreeError
+from .usage import Parser
 
 # The verbs in the order `sandtree --help` lists them (kept from before the split by group).
 GROUPS = (images.add_image, build.add_build, evaluation.add_eval, runs.add_run, sandboxes.add_sandboxes,
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="send runs and live sandboxes to a Ray cluster's nodes: auto, HOST:PORT or "
                              "ray://HOST:PORT (default $SANDTREE_CLUSTER, else none: this process runs them)")
 
-    p = argparse.ArgumentParser(prog="sandtree", parents=[common],
+    p = Parser(prog="sandtree", parents=[common],
                                 description="Sandboxes for AI agents with git-like images.")
     sub = p.add_subparsers(dest="command", required=True)
     for add in GROUPS:

@@ -151,8 +151,11 @@ def pairs(values, flag: str) -> dict:
 # ---- reading them ----------------------------------------------------------------------------
 
 
-def command(args):
+def command(args, default_ok: bool = False):
+    """The command line's command; None when none is given and the verb runs the image's CMD (default_ok)."""
     if not args.cmd:
+        if default_ok:
+            return None
         raise InvalidInput(f"sandtree {args.command}: no command given (... -- CMD ARGS, or one shell string)")
     return args.cmd[0] if len(args.cmd) == 1 else args.cmd          # one argument: a shell string
 
@@ -226,16 +229,26 @@ class OutputFile:
             pass
 
 
+def add_quiet(x, run: bool = False) -> None:
+    """-q on every verb that makes an image (run, commit, merge, import, pull, build, bootstrap): its stdout
+    is the new image's ID alone, so `A=$(sandtree VERB -q ...)` captures it."""
+    x.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the new image's ID on stdout" + (" (the command's stdout goes to stderr)"
+                                                                     if run else ""))
+
+
 def live_output(args, sink: OutputFile | None):
     """The on_output listener for a run or exec: the command's output on this terminal as it
-    comes (stdout left out when it goes to --output); none with --json."""
+    comes (stdout left out when it goes to --output); none with --json. With -q the command's stdout
+    goes to stderr: this process's stdout holds the new image's ID alone (`A=$(sandtree run -q ...)`)."""
     if args.json:
         return None
+    quiet = getattr(args, "quiet", False)
 
     def show(stream: str, chunk: bytes) -> None:
         if stream == "stdout" and sink is not None:
             return
-        f = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        f = sys.stdout.buffer if stream == "stdout" and not quiet else sys.stderr.buffer
         f.write(chunk)
         f.flush()
     return show

@@ -10,11 +10,26 @@ import time
 from contextlib import contextmanager
 
 from .. import config
-from ..engine import Engine
 
 
-def open_engine(args) -> Engine:
-    return Engine(args.home or config.default_home(), warm=0)     # one command, one process
+def open_engine(args):
+    """The engine over the store (one command, one process). Imported here, not at the top: `sandtree --help`
+    and a wrong command line never load it (the engine and its dependencies are most of a start-up)."""
+    return engine_api().Engine(args.home or config.default_home(), warm=0)
+
+
+def engine_api():
+    """sandtree.engine (Engine, dockerfile_recipe, ...), imported when a verb first needs it."""
+    # not at the top: the engine and its dependencies were most of a start-up (`--help` ~0.6 s before)
+    from .. import engine
+    return engine
+
+
+def remote_engine(server: str):
+    """The engine of a `sandtree serve` at `server` (its token: $SANDTREE_TOKEN)."""
+    # not at the top: httpx costs ~80 ms to import, and only --server verbs use it
+    from ..client.remote import RemoteEngine
+    return RemoteEngine(server, config.remote_token())
 
 
 def out(args, obj, human) -> None:
@@ -53,10 +68,30 @@ def _rich():
     return console, progress
 
 
+def _quiet(args) -> bool:
+    """No progress at all: --json (stdout is one document) or -q (stdout is the ID alone)."""
+    return args.json or getattr(args, "quiet", False)
+
+
+def _plain(label: str, fn):
+    """Progress for a log, not a terminal: a line when the work starts and one with its total when it ends."""
+    done, t0 = [0], time.monotonic()
+    print(f"{label}...", file=sys.stderr, flush=True)
+
+    def advance(n: int) -> None:
+        done[0] += n
+    result = fn(advance)
+    print(f"{label}: done, {fmt_size(done[0])} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+    return result
+
+
 def with_progress(args, label: str, fn):
-    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal."""
-    if not _watched(args):
+    """fn(progress) with a rich progress bar (bytes) when stderr is a terminal; else a line when it starts and
+    one with the total when it ends (a CI log sees the phases too); none with --json or -q."""
+    if _quiet(args):
         return fn(None)
+    if not _watched(args):
+        return _plain(label, fn)
     _, rp = _rich()
     with rp.Progress(rp.TextColumn(label), rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(),
                      transient=True) as prog:
@@ -65,11 +100,24 @@ def with_progress(args, label: str, fn):
 
 
 @contextmanager
-def status_line(args, label: str):
+def status_line(args, label: str, quiet: bool = False):
     """Yields log(line), which shows the latest line after `label` on a terminal's status line;
-    None when nobody watches."""
-    if not _watched(args):
+    not on a terminal, one line on stderr per phase (the first line of each of its first two words:
+    debootstrap's "I: Retrieving", "I: Validating", "I: Extracting", ...) and one when it is done; None with
+    --json or -q."""
+    if quiet or _quiet(args):
         yield None
+        return
+    if not _watched(args):
+        seen, t0 = set(), time.monotonic()
+
+        def phase(line: str) -> None:
+            key = tuple(line.split()[:2])
+            if key and key not in seen:
+                seen.add(key)
+                print(f"{label}: {line[:100]}", file=sys.stderr, flush=True)
+        yield phase
+        print(f"{label}: done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
         return
     rc, _ = _rich()
     status = rc.Console(stderr=True).status(label)

@@ -151,6 +151,14 @@ def _committed(args, kw, image):
     out(args, {"image": image, "sandbox": kw["sid"], "tag": kw.get("tag")}, lambda o: print(o["image"]))
 
 
+def _registry_logout(args, kw, host):
+    out(args, {"registry": host}, lambda o: print(f"logged out of {o['registry']}"))
+
+
+def _registries(args, kw, rows):
+    out(args, rows, lambda rs: [print(f"{r['registry']:<32} {r['username']}") for r in rs])
+
+
 def _ps(args, kw, rows):
     def human(rows):
         for r in rows:
@@ -208,7 +216,8 @@ PRINTERS = {
     "share": _share, "entries": _entries, "fields": _fields, "log": _log, "tagged": _tagged, "untagged": _untagged,
     "indented": _indented, "branches": _branches, "branch_moved": _branch_moved, "branch_deleted": _branch_deleted,
     "branch_log": _branch_log, "bundle": _bundle, "bundle_images": _bundle_images, "sandbox_id": _sandbox_id,
-    "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "secrets": _secrets,
+    "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps,
+    "registry_logout": _registry_logout, "registries": _registries, "secrets": _secrets,
     "secret_removed": _secret_removed, "gc": _gc, "doctor": _doctor, "cluster": _cluster, "audit": _audit,
 }
 

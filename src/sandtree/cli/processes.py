@@ -8,18 +8,16 @@ import sys
 import time
 
 from . import exits, options
-from .output import out
-from .. import config
-from ..client.remote import RemoteEngine
+from .output import out, remote_engine
 from ..errors import InvalidInput
 
 
-def _server(args) -> RemoteEngine:
+def _server(args):
     if not args.server:
         raise InvalidInput(f"`sandtree {args.command}` needs --server URL: a spawned process lives with the "
                            "engine that started it (a one-shot command cannot hold it; `sandtree exec` runs one "
                            "to its exit)")
-    return RemoteEngine(args.server, config.remote_token())
+    return remote_engine(args.server)
 
 
 def cmd_spawn(args):

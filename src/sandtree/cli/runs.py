@@ -18,7 +18,7 @@ RUN_MORE = ("file_set", "output", "labels")
 
 def cmd_run(args):
     eng = open_engine(args)
-    command = options.command(args)
+    command = options.command(args, default_ok=True)          # none: the image's ENTRYPOINT + CMD
     stdin = sys.stdin.buffer.read() if args.stdin else None
     files = options.files(args)
     sink = options.OutputFile(args.output) if args.output else None
@@ -61,11 +61,15 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
             notes.append("out of memory")
         if rec.stdout_truncated or rec.stderr_truncated:
             notes.append("output truncated")
-        if args.command == "run":
-            print(f"image: {rec.image or '(disposable)'}" + (f"  [{', '.join(notes)}]" if notes else ""),
-                  file=sys.stderr)
-        elif notes:
+        # run: the new image's ID on stdout, last (after the command's own output); -q: the ID alone
+        if notes:
             print(f"[{', '.join(notes)}]", file=sys.stderr)
+        if args.command == "run" and args.quiet:
+            if rec.image:
+                print(rec.image)
+        elif args.command == "run":
+            sys.stdout.flush()
+            print(f"image: {rec.image or '(disposable)'}")
     return exits.of_run(rec)
 
 
@@ -84,6 +88,7 @@ def cmd_fork(args):
 def add_run(sub, common) -> None:
     x = sub.add_parser("run", parents=[common], help="run a command on an image; prints the new image")
     x.add_argument("image")
+    options.add_quiet(x, run=True)
     x.add_argument("--timeout", type=float)
     options.add_resources(x)
     options.add_env(x)
@@ -99,7 +104,8 @@ def add_run(sub, common) -> None:
     options.add_files(x, owner="--uid/--gid")
     options.add_output(x)
     options.add_run_options(x, RUN_MORE)
-    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
+    x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string; none: the image's "
+                                          "ENTRYPOINT and CMD)")
     x.set_defaults(fn=cmd_run, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
 
 

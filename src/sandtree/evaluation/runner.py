@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from . import grading
+from ..values import network_hint
 from .inputs import Instance
 
 __all__ = ["InstanceError", "evaluate_instance", "RUN_LABEL", "EVAL_SCRIPT", "STATE_DIR", "DRIVER", "driver_script"]
@@ -149,7 +150,9 @@ def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str
         if not skip_patch:
             _log_apply(res, logger)
         if rec.image is None or rec.exit_code != 0:
-            raise InstanceError(f"the eval's run failed: exit {rec.exit_code}, signal {rec.signal}: {output[-500:]}")
+            hint = network_hint(rec.stdout, rec.stderr) if "network" not in (limits or {}) else None
+            raise InstanceError(f"the eval's run failed: exit {rec.exit_code}, signal {rec.signal}: {output[-500:]}"
+                                + (f"\n{hint}" if hint else ""))
         before, after = res.read("diff-before").strip(), res.read("diff-after").strip()
         logger.info(f"Git diff before:\n{before}")
         times = dict(line.split(" ", 1) for line in res.read("times").splitlines() if " " in line)

@@ -117,6 +117,20 @@ def pull(reference: str, *, tag: str | None = None, insecure: bool = False, prog
 def registry_login(registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
     """Store credentials for a registry (the secret is never returned or logged)."""
 
+@via("cli", Cli("registry logout", show="registry_logout"))
+@via("sdk", Off("credentials are the server operator's: `sandtree registry logout`, or st.engine.registry_logout"))
+@op(None, admin=True, audit="registry logout", http=Http(_X, "/registries/{registry_url}", result="registry"))
+@via("mcp", Off("credentials are the operator's (CLI, REST), not an agent's"))
+def registry_logout(registry_url: str) -> str:
+    """Forget a registry's stored credentials; returns its host (NotFound when none are stored)."""
+
+@via("cli", Cli("registry list", show="registries"))
+@via("sdk", Off("credentials are the server operator's: `sandtree registry list`, or st.engine.registry_list"))
+@op(None, admin=True, http=Http(_G, "/registries"))
+@via("mcp", Off("credentials are the operator's (CLI, REST), not an agent's"))
+def registry_list() -> list[dict]:
+    """The registries with stored credentials: each one's registry and username (never the secret)."""
+
 @via("cli", Cli("registry host"))
 @via("sdk", Off("a parsing helper of the CLI and REST: st.engine.registry_host"))
 @op(None, http=Http(_G, "/registries/host", query=("reference",), result="registry"))

@@ -34,6 +34,7 @@ from . import cache as buildcache
 from .copies import copy_context, copy_image, dest_path
 from ..images.edits import commit_edit
 from ..images.rundefaults import image_config, resolve_user
+from ...values import network_hint
 from ..images.scratch import scratch_image
 
 __all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
@@ -318,11 +319,16 @@ class BuildOps:
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
                                  on_output=lambda s, b: emit("running", stream=s, output=b), **opts)
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
+            # the step's own words: the tail of its stdout and of its stderr (a build's log is what users read)
             tail = rec.stderr[-STDERR_TAIL:].decode("utf-8", "replace")
+            out_tail = rec.stdout[-STDERR_TAIL:].decode("utf-8", "replace")
             why = "timed out" if rec.timed_out else f"exit code {rec.exit_code}" if rec.signal is None \
                 else f"signal {rec.signal}"
-            raise BuildFailed(f"{_at(step)}: {why}" + (f"\n{tail}" if tail else ""),
-                              line=step.line, text=step.text, exit_code=rec.exit_code, operation=op, stderr=tail)
+            hint = network_hint(rec.stdout, rec.stderr) if policy is None else None
+            text = f"{_at(step)}: {why}" + (f"\n--- stdout (end)\n{out_tail.rstrip()}" if out_tail else "") \
+                + (f"\n--- stderr (end)\n{tail.rstrip()}" if tail else "") + (f"\n{hint}" if hint else "")
+            raise BuildFailed(text, line=step.line, text=step.text, exit_code=rec.exit_code, operation=op,
+                              stdout=out_tail, stderr=tail, hint=hint)
         return rec.image
 
     def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str) -> str:

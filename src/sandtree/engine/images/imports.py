@@ -121,6 +121,20 @@ class ImportOps:
                         (host, username, secret))
         return host
 
+    def registry_logout(self, registry_url: str) -> str:
+        """Forget the credentials registry_login kept for this registry (NotFound when there are none)."""
+        host = registry_module().registry_host(registry_url)
+        with self.store.db.tx() as con:
+            gone = con.execute("DELETE FROM registry_auth WHERE registry=?", (host,)).rowcount
+        if not gone:
+            raise NotFound(f"no credentials stored for {host}", registry=host)
+        return host
+
+    def registry_list(self) -> list[dict]:
+        """The registries with stored credentials, by host: registry and username (the secret stays in the store)."""
+        return [{"registry": r, "username": u} for r, u in
+                self.store.db.query("SELECT registry, username FROM registry_auth ORDER BY registry")]
+
     def bootstrap(self, spec: str, *, include: list[str] = (), tag: str | None = None,
                   log: Callable[[str], None] | None = None, mirror: str | None = None) -> str:
         if tag is not None:

@@ -18,7 +18,7 @@ from ...store.objects import FILE
 from ...store.store import Store
 from ...values import DEFAULT_ENV
 
-__all__ = ["image_config", "resolve_user", "RunDefaults", "run_defaults", "MAX_ACCOUNT_FILE", "MAX_ID"]
+__all__ = ["default_command", "image_config", "resolve_user", "RunDefaults", "run_defaults", "MAX_ACCOUNT_FILE", "MAX_ID"]
 
 MAX_ACCOUNT_FILE = 4 << 20        # /etc/passwd or /etc/group larger than this is refused
 MAX_ID = (1 << 32) - 2
@@ -136,3 +136,13 @@ def run_defaults(store: Store, image: str, *, env: dict | None, cwd: str | None,
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
             raise InvalidInput(f"{what} must be an id from 0 to {MAX_ID}, not {v!r}")
     return RunDefaults(full, cwd if cwd is not None else (cfg.cwd or "/"), uid, gid, cfg)
+
+
+def default_command(store: Store, image: str) -> list[str]:
+    """The command a run given none runs: the image's ENTRYPOINT followed by its CMD (as `docker run IMAGE`);
+    InvalidInput when the image has neither."""
+    cfg, _ = _image_defaults(store, image)
+    argv = list(cfg.entrypoint or ()) + list(cfg.cmd or ())
+    if not argv:
+        raise InvalidInput("no command given and the image has no CMD or ENTRYPOINT: give one (-- CMD ARGS)")
+    return argv

@@ -22,7 +22,7 @@ from ...branching.fork import fan_out, refuse_fork_options
 from .spec import command_argv
 from ...defaults import RunRecord
 from ...values import check_labels, check_retries
-from ..images.rundefaults import run_defaults
+from ..images.rundefaults import default_command, run_defaults
 from ...network.client import LOCAL_SCOPE
 from .network import attach_link, network_option, require_egress
 
@@ -54,7 +54,8 @@ class RunOps:
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
             secrets: dict | None = None, retries: int = 0) -> RunRecord:
-        """Run `command` on image `ref`; its writes become a new image. gc waits while it runs.
+        """Run `command` on image `ref` (None: the image's ENTRYPOINT + CMD); its writes become a new image.
+        gc waits while it runs.
         disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
         unlisted image (store/ephemeral.py: the Contree adapter's mode; sandtree's own surfaces
         offer only True and False). retries: on a cluster, how many times a run whose node was
@@ -115,7 +116,8 @@ class RunOps:
         if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
             early = self._take_linked(runtime, net, scope, row.layers)
         try:
-            argv = command_argv(command)
+            # None: the image's own ENTRYPOINT + CMD (a Dockerfile's, a pulled image's)
+            argv = command_argv(command) if command is not None else default_command(self.store, source)
             check_command(argv)                  # (a 30 MB command goes no further)
             lim = self.specs.limits(limits)
             user_env = {str(k): str(v) for k, v in (env or {}).items()}
