@@ -18,7 +18,7 @@ SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 # an engine killed (exit 9, no cleanup) right after the row says hibernated, before the old stop
 KILLED = """
 import os, sys, sandtree
-from sandtree.engine import retiring
+from sandtree.engine.sandboxes import retiring
 retiring.Retiring.later = lambda self, sid, h: os._exit(9)
 sandtree.Sandtree(sys.argv[1], warm=0).sandbox(sys.argv[2]).hibernate()
 """
