@@ -71,8 +71,9 @@ INTEGRATIONS_MAY_IMPORT = ("client", "errors", "config", "defaults")
 VARIABLE_IMPORTERS = {
     "sandtree.optional": "loads an optional third-party package by the name its caller passes",
 }
-MAX_INNER_IMPORTS = 17      # 10 before rule l saw the four lazy imports through variables; +3: the CLI loads the
-                            # engine, the remote client and the evaluation harness when a verb runs (start-up time)
+MAX_INNER_IMPORTS = 18      # 10 before rule l saw the four lazy imports through variables; +4: the CLI loads the
+                            # engine, the remote client, the evaluation harness and `ui`'s browser when a verb runs
+                            # (start-up time)
 # sandtree, client, remote, defaults, errors, table; table's own modules (rows, options, sandboxes and each
 # surface's override types) are not counted: data, importing only the standard library and defaults.
 REMOTE_MAX_MODULES = 6
