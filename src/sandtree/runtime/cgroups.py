@@ -201,22 +201,43 @@ class RunCgroup:
         """Stop (or resume) every process of the group at once: a live sandbox's filesystem is
         read for a commit while nothing in it can write. Waits until the kernel says so."""
         if self.version == "v1":
-            d = self.dirs.get("freezer")
-            if d is None:
-                raise OSError("this group has no freezer")
-            want = "FROZEN" if frozen else "THAWED"
-            _write(os.path.join(d, "freezer.state"), want)
-            done = lambda: _read(os.path.join(d, "freezer.state")).strip() == want   # noqa: E731
-        else:
-            d = self.dirs["unified"]
-            _write(os.path.join(d, "cgroup.freeze"), "1" if frozen else "0")
-            flag = f"frozen {1 if frozen else 0}"
-            done = lambda: flag in _read(os.path.join(d, "cgroup.events"))   # noqa: E731
+            self._freeze_v1(frozen, timeout)
+            return
+        d = self.dirs["unified"]
+        _write(os.path.join(d, "cgroup.freeze"), "1" if frozen else "0")
+        flag = f"frozen {1 if frozen else 0}"
         end = time.monotonic() + timeout
-        while not done():
+        while flag not in _read(os.path.join(d, "cgroup.events")):
             if time.monotonic() > end:
                 raise OSError(f"cgroup did not become {'frozen' if frozen else 'thawed'} in {timeout}s")
             time.sleep(0.0005)
+
+    def _freeze_v1(self, frozen: bool, timeout: float) -> None:
+        # v1's freezer sends the freeze to the tasks it sees when FROZEN is written; a task forked
+        # while the group is FREEZING can miss it and leave the group FREEZING for good (a shell
+        # loop forking `sleep` did, under gVisor's many threads). Writing FROZEN again freezes
+        # the late ones, and a short thaw now and then lets a fork storm settle (runc does both).
+        d = self.dirs.get("freezer")
+        if d is None:
+            raise OSError("this group has no freezer")
+        state = os.path.join(d, "freezer.state")
+        want = "FROZEN" if frozen else "THAWED"
+        end = time.monotonic() + timeout
+        tries = 0
+        while True:
+            _write(state, want)
+            if _read(state).strip() == want:
+                return
+            tries += 1
+            if time.monotonic() > end:
+                if frozen:
+                    _write(state, "THAWED")          # not left half frozen: the sandbox goes on
+                raise OSError(f"cgroup did not become {'frozen' if frozen else 'thawed'} in {timeout}s")
+            if frozen and tries % 200 == 0:
+                _write(state, "THAWED")
+                time.sleep(0.01)
+            else:
+                time.sleep(0.0005)
 
     def is_frozen(self) -> bool:
         if self.version == "v1":
