@@ -152,6 +152,9 @@ class TenantGate:
         tenancy = self.engine.tenancy
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         given = header[7:].strip() if header[:7].lower() == "bearer " else None
+        if given is None:
+            # E2B's clients send their API key here (http/e2b/): the key is a sandtree token
+            given = dict(scope.get("headers") or []).get(b"x-api-key", b"").decode("latin-1").strip() or None
         if given is None and scope["type"] == "websocket":
             given = subprotocol_token(scope)
         # one indexed read of a WAL database (never blocked by writers): cheaper here than a

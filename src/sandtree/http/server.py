@@ -33,6 +33,8 @@ from .bodylimit import DEFAULT_MAX_UPLOAD, BodyLimit
 from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits: for `sandtree serve`'s options
 from .contree.routes import contree_router
 from .derived import rest_router
+from .e2b import e2b_router
+from .e2b.dispatch import SandboxDispatch
 # the rows' hand-written routes register themselves when their modules load (derived.handler)
 from . import branching, builds, files, images, sandboxes  # noqa: F401
 from .listeners import Listeners, bind
@@ -47,18 +49,21 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = DEFAULT_MAX_UPLOAD,
-              ports_port: int | None = None, preview_base: str | None = None) -> FastAPI:
+              ports_port: int | None = None, preview_base: str | None = None,
+              e2b_domain: str | None = None) -> FastAPI:
     """log: where the JSON-lines request log goes (None: no request log). max_upload: the
     largest upload or image tar a request may send, unless its tenant's max_upload says otherwise.
     ports_port: the local port of the listener that serves exposed ports (http/listeners.py; None:
     none is served). preview_base: where each exposed port's own origin is reached (engine/sandboxes/previews.py;
-    None: http://*.localhost:<ports_port>, for a browser on this machine)."""
+    None: http://*.localhost:<ports_port>, for a browser on this machine). e2b_domain: the domain under
+    which E2B's clients address a sandbox as <port>-<id>.<domain> (http/e2b/; None: only by headers)."""
     app = FastAPI(title="sandtree", version="0.1.0", lifespan=lifespan,
                   description="Sandboxes for AI agents with git-like, content-addressed images.")
     # The engine has no public methods for these two yet: uploads and exports are staged on the
     # store's disk (never memory), and downloads stream from the blob's own file.
     p = Plumbing(stage=engine.store.layers.stage, blob_path=engine.store.blobs.path)
     app.add_middleware(QuickRuns, answer=run_answer(p))           # innermost: a valid POST /runs, answered
+    app.add_middleware(SandboxDispatch, domain=e2b_domain)      # E2B's requests to one sandbox: its port's app
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
     app.add_middleware(TenantGate, engine=engine, log=log)
     listeners = Listeners(None, ports_port, preview_base)       # (checks the base before anything is served)
@@ -71,6 +76,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     for router in (rest_router, runs_router, admin_router, ports_router):
         app.include_router(router(p), responses=error_responses())         # (each route's errors, in OpenAPI)
     app.include_router(contree_router(engine_for, p.stage), responses=error_responses(contree=True))  # Contree's own clients, under /v1
+    app.include_router(e2b_router())                                     # E2B's clients, under /e2b
     app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)
     app.include_router(webpage_router())                                 # the web page: / and /ui/
     return app

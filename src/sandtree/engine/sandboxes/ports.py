@@ -144,6 +144,15 @@ class SandboxPorts:
         # exposure of the same port later is another one)
         return hmac.new(self._secret(), f"{sid}\n{port}\n{exp}\n{exposed:.6f}".encode(), hashlib.sha256).hexdigest()
 
+    def access_token(self, sid: str, purpose: str) -> str:
+        """A secret that grants `purpose` (e.g. "e2b-envd": E2B's envdAccessToken) on sandbox `sid`
+        alone: a keyed hash of both, so it needs no row and is the same on every call and server
+        restart, and one sandbox's token says nothing about another's."""
+        return hmac.new(self._secret(), f"token\n{purpose}\n{sid}".encode(), hashlib.sha256).hexdigest()
+
+    def check_access_token(self, sid: str, purpose: str, token) -> bool:
+        return isinstance(token, str) and hmac.compare_digest(self.access_token(sid, purpose), token)
+
     def verify(self, sid: str, port: int, exp, sig) -> None:
         """A signed URL's grant for port `port` of sandbox `sid` (its full id), or Forbidden with
         the reason (malformed, altered, expired, or for an exposure that ended)."""
