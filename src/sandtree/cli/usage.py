@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 import re
-import shutil
 import sys
 
 from . import exits
@@ -25,22 +23,7 @@ def nearest(word: str, choices) -> str | None:
     return found[0] if found else None
 
 
-# argparse passes each of its own words through gettext for every parser made (~280 here); a miss (no
-# catalog for argparse: the usual case) is not cached by gettext and costs a few stat() calls each,
-# ~5 ms of every start. The same words, looked up once per process (its locale does not change).
-argparse._ = functools.lru_cache(maxsize=None)(argparse._)
-
-
-@functools.cache
-def _width() -> int:
-    # argparse asks the terminal's size for every argument it adds (to check its metavar); once will do
-    return shutil.get_terminal_size().columns - 2
-
-
 class Parser(argparse.ArgumentParser):
-    def _get_formatter(self):
-        return self.formatter_class(prog=self.prog, width=_width())
-
     def parse_known_args(self, args=None, namespace=None):
         ns, extra = super().parse_known_args(args, namespace)
         if not hasattr(ns, _VERB):

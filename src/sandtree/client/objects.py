@@ -270,7 +270,7 @@ class Sandbox:
     hibernate = method("sandbox_hibernate", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
     resume = method("sandbox_resume", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
 
-    def __enter__(self):
+    def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, *exc):
