@@ -337,3 +337,36 @@ def test_bad_input_gets_e2b_errors(alice):
         assert body["code"] == status and isinstance(body["message"], str) and body["message"], body
     r = httpx.get(api + "/v2/sandboxes", timeout=30)                    # no key on a server with tokens
     assert r.status_code == 401 and r.json()["code"] == 401
+
+
+# ---- templates ------------------------------------------------------------------------------------
+def test_template_build_with_files_start_and_ready_commands(alice, tmp_path):
+    from e2b import Template
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "hello.txt").write_text("hi from the context\n")
+    (tmp_path / ".hidden").write_text("dotfile\n")
+    tpl = (Template(file_context_path=str(tmp_path)).from_template("bb")
+           .set_envs({"STAGE": "built"})
+           .copy("app", "/srv/app")
+           .copy(".hidden", "/srv/")
+           .run_cmd("echo $STAGE > /srv/stage")
+           .set_workdir("/srv")
+           .set_start_cmd("echo started > /tmp/started; sleep 1000", "test -f /tmp/started"))
+    logs = []
+    info = Template.build(tpl, "ctl-template", on_build_logs=logs.append)
+    assert info.template_id and logs
+    assert Template.exists("ctl-template") and not Template.exists("ctl-no-such")
+    sbx = Sandbox.create("ctl-template")
+    try:
+        # the files, the env and the RUN step are the image's; the start command ran and was ready
+        assert sh(alice, sbx.sandbox_id, "cat /srv/app/hello.txt /srv/.hidden /srv/stage /tmp/started; echo $STAGE; pwd") \
+            == "hi from the context\ndotfile\nbuilt\nstarted\nbuilt\n/srv\n"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+    # another tenant sees no template of that name
+    assert not Template.exists("ctl-template", api_key=alice["keys"]["bob"])
+    # a failing step is the build's error, with its output
+    from e2b.exceptions import BuildException
+    with pytest.raises(BuildException) as err:
+        Template.build(Template().from_template("bb").run_cmd("echo doomed; exit 3"), "ctl-broken")
+    assert "3" in str(err.value) or "doomed" in str(err.value)

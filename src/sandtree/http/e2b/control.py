@@ -17,6 +17,7 @@ errors are wire.py's.
     POST /sandboxes/{id}/snapshots           sandbox_commit (an image; its name a tag)
     GET /snapshots                           the caller's commits of sandboxes
     DELETE /templates/{id}                   untag (a snapshot's or template's names)
+    templates (Template.build)               templates.py: a build of the steps as a Dockerfile
 
 A sandbox that has ended (killed, timed out) is one E2B no longer knows: 404, as for one that never
 was or is another tenant's."""
@@ -33,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from ... import config
 from ...errors import Conflict, InvalidInput, NotFound
 from ..gate import engine_for
-from . import wire
+from . import templates, wire
 
 PREFIX = "/e2b"
 ENVD = "e2b-envd"                    # the access token's purpose (engine/sandboxes/ports.py access_token)
@@ -62,6 +63,7 @@ def _known(engine, sid: str) -> dict:
 
 def control_router() -> APIRouter:
     router = APIRouter(prefix=PREFIX, tags=["e2b"], route_class=wire.E2BRoute, include_in_schema=False)
+    router.include_router(templates.templates_router(""))
 
     # ---- sandboxes ----------------------------------------------------------------------------
     def start(engine, body: wire.NewSandboxIn) -> dict:
@@ -78,6 +80,11 @@ def control_router() -> APIRouter:
         net = wire.network_option(body.allow_internet_access, body.network, config.network_default())
         info = engine.sandbox_start(body.template_id, env=body.env_vars or {}, labels=body.metadata or {},
                                     network=net, lifetime=body.timeout, idle_timeout=0)
+        try:
+            templates.start_commands(engine, info)          # a template's start and ready commands
+        except BaseException:
+            engine.sandbox_stop(info["id"])
+            raise
         return wire.sandbox(info, access_token(engine, info["id"]))
 
     @router.post("/sandboxes", status_code=201)
