@@ -39,7 +39,9 @@ def srv(tmp_path_factory, rootfs):
     """A server with two tenants' tokens; each imported the busybox test image as its tag `bb`.
     The server gives E2B sandboxes that ask for nothing no network (SANDTREE_NETWORK_DEFAULT=off)."""
     home = tmp_path_factory.mktemp("e2b-home")
-    keys = {t: json.loads(_cli(home, "token", "create", "--tenant", t, "--json"))["token"] for t in ("alice", "bob")}
+    # alice's token may ask for network to api.example.org; bob's for none (the default)
+    keys = {t: json.loads(_cli(home, "token", "create", "--tenant", t, "--json", *extra))["token"]
+            for t, extra in (("alice", ("--network", "api.example.org")), ("bob", ()))}
     port = free_port()
     env = {**os.environ, "SANDTREE_NETWORK_DEFAULT": "off"}
     with open(home / "serve.log", "wb") as err:
@@ -370,3 +372,55 @@ def test_template_build_with_files_start_and_ready_commands(alice, tmp_path):
     with pytest.raises(BuildException) as err:
         Template.build(Template().from_template("bb").run_cmd("echo doomed; exit 3"), "ctl-broken")
     assert "3" in str(err.value) or "doomed" in str(err.value)
+
+
+# ---- secrets and network --------------------------------------------------------------------------
+def test_secrets_and_network_options(alice):
+    from e2b import Secret
+    from e2b.exceptions import SecretException
+    made = Secret.create("CTL_API_KEY", "sk-ctl-0123456789", metadata={"hosts": "api.example.org"})
+    try:
+        assert made.name == "CTL_API_KEY"
+        assert [s.name for s in Secret.list().next_items()] == ["CTL_API_KEY"]
+        assert Secret.list(api_key=alice["keys"]["bob"]).next_items() == []          # hers alone
+        with pytest.raises(SecretException) as err:
+            Secret.create("CTL_NOWHERE", "v")                  # no hosts: sandtree sends a secret only to named ones
+        assert str(err.value).startswith("400")
+        with pytest.raises(SecretException) as err:
+            Secret.create("openai-key", "v", metadata={"hosts": "api.openai.com"})   # sandtree's names: a variable's
+        assert str(err.value).startswith("400")
+        # the secret through an environment variable, the network as an allow list
+        sbx = Sandbox.create("bb", envs={"API_KEY": Secret.fill("CTL_API_KEY"), "PLAIN": "x"},
+                             network={"allow_out": ["api.example.org"]})
+        try:
+            seen = sh(alice, sbx.sandbox_id, "echo $API_KEY $PLAIN")
+            assert "sk-ctl" not in seen and seen.endswith(" x\n") and len(seen) > 4   # a placeholder, never the value
+            with native(alice) as c:
+                info = c.get(f"/sandboxes/{sbx.sandbox_id}").json()
+            assert info["network"]["allow_out"] == ["api.example.org"] and "API_KEY" in info["secrets"]
+            got = Sandbox.get_info(sbx.sandbox_id)
+            assert got.allow_internet_access is True and got.network["allow_out"] == ["api.example.org"]
+        finally:
+            Sandbox.kill(sbx.sandbox_id)
+        # no network unless asked (this server's default is off); allow_internet_access=False: none either
+        for kw in ({}, {"allow_internet_access": False}, {"network": {"deny_out": ["0.0.0.0/0"]}}):
+            sbx = Sandbox.create("bb", **kw)
+            try:
+                with native(alice) as c:
+                    assert c.get(f"/sandboxes/{sbx.sandbox_id}").json()["network"] is None, kw
+                assert sbx.get_info().allow_internet_access is False
+            finally:
+                Sandbox.kill(sbx.sandbox_id)
+        with pytest.raises(SandboxException) as err:           # the tenant's grant applies: bob's has no network
+            Sandbox.create("bb", network={"allow_out": ["api.example.org"]}, api_key=alice["keys"]["bob"])
+        assert str(err.value).startswith("403")
+        with pytest.raises(SandboxException) as err:           # header-injecting rules: not here
+            Sandbox.create("bb", network={"allow_out": ["api.example.org"],
+                                          "rules": {"api.example.org": [{"transform": {"headers": {"X": "y"}}}]}})
+        assert str(err.value).startswith("400")
+        assert Secret.get_info("CTL_API_KEY").name == "CTL_API_KEY" and Secret.exists("CTL_API_KEY")
+        assert not Secret.exists("CTL_API_KEY", api_key=alice["keys"]["bob"])
+        assert Secret.update("CTL_API_KEY", "sk-ctl-rotated").name == "CTL_API_KEY"
+    finally:
+        assert Secret.destroy("CTL_API_KEY") is True
+    assert Secret.list().next_items() == [] and Secret.destroy("CTL_API_KEY") is False

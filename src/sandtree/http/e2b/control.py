@@ -18,6 +18,7 @@ errors are wire.py's.
     GET /snapshots                           the caller's commits of sandboxes
     DELETE /templates/{id}                   untag (a snapshot's or template's names)
     templates (Template.build)               templates.py: a build of the steps as a Dockerfile
+    secrets                                  secrets.py: stored secrets (with their hosts)
 
 A sandbox that has ended (killed, timed out) is one E2B no longer knows: 404, as for one that never
 was or is another tenant's."""
@@ -34,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from ... import config
 from ...errors import Conflict, InvalidInput, NotFound
 from ..gate import engine_for
-from . import templates, wire
+from . import secrets, templates, wire
 
 PREFIX = "/e2b"
 ENVD = "e2b-envd"                    # the access token's purpose (engine/sandboxes/ports.py access_token)
@@ -64,6 +65,7 @@ def _known(engine, sid: str) -> dict:
 def control_router() -> APIRouter:
     router = APIRouter(prefix=PREFIX, tags=["e2b"], route_class=wire.E2BRoute, include_in_schema=False)
     router.include_router(templates.templates_router(""))
+    router.include_router(secrets.secrets_router(""))
 
     # ---- sandboxes ----------------------------------------------------------------------------
     def start(engine, body: wire.NewSandboxIn) -> dict:
@@ -77,9 +79,13 @@ def control_router() -> APIRouter:
         if body.network is not None and body.network.allow_public_traffic is False:
             raise InvalidInput("network.allowPublicTraffic=false: sandboxes' ports are reached with the "
                                "sandbox's access token here, never publicly")
+        if body.network is not None and (body.network.rules or body.network.egress_proxy):
+            raise InvalidInput("network.rules and network.egressProxy are not supported here: a secret reaches "
+                               "its hosts through an environment variable (envVars={NAME: Secret.fill(name)})")
         net = wire.network_option(body.allow_internet_access, body.network, config.network_default())
-        info = engine.sandbox_start(body.template_id, env=body.env_vars or {}, labels=body.metadata or {},
-                                    network=net, lifetime=body.timeout, idle_timeout=0)
+        env, stored = secrets.env_secrets(body.env_vars or {})
+        info = engine.sandbox_start(body.template_id, env=env, labels=body.metadata or {}, network=net,
+                                    secrets=stored or None, lifetime=body.timeout, idle_timeout=0)
         try:
             templates.start_commands(engine, info)          # a template's start and ready commands
         except BaseException:

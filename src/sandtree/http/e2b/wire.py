@@ -69,6 +69,8 @@ class NetworkIn(_In):
     allow_out: list[str] | None = Field(None, alias="allowOut")
     deny_out: list[str] | None = Field(None, alias="denyOut")
     allow_public_traffic: bool | None = Field(None, alias="allowPublicTraffic")
+    rules: dict | None = None
+    egress_proxy: dict | None = Field(None, alias="egressProxy")
 
 
 class NewSandboxIn(_In):
@@ -177,10 +179,13 @@ def listed(info: dict) -> dict:
 
 
 def detail(info: dict, access_token: str) -> dict:
-    """SandboxDetail: get_info's."""
-    net = info.get("network")
-    return {**listed(info), "envdAccessToken": access_token, "domain": None,
-            "allow_internet_access": net is not None}
+    """SandboxDetail: get_info's (its network policy as E2B's allowOut/denyOut; "*" is 0.0.0.0/0)."""
+    net = info.get("network") if isinstance(info.get("network"), dict) else None
+    out = {**listed(info), "envdAccessToken": access_token, "domain": None, "allowInternetAccess": net is not None}
+    if net is not None:
+        out["network"] = {"allowOut": [ALL_TRAFFIC if r == "*" else r for r in net.get("allow_out") or []],
+                          "denyOut": list(net.get("deny_out") or [])}
+    return out
 
 
 def metric(sample: dict) -> dict:
