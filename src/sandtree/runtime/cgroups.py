@@ -285,7 +285,7 @@ class RunCgroup:
             m = self.dirs.get("memory")
             stat = _kv(_read(os.path.join(m, "memory.stat"))) if m else {}
             out["cache"] = stat.get("total_cache", stat.get("cache"))
-            c = self.dirs.get("cpu") or self.dirs.get("cpuacct")
+            c = self.dirs.get("cpuacct") or self.dirs.get("cpu")
             used = _read(os.path.join(c, "cpuacct.usage")).strip() if c else ""
             out["cpu_ns"] = int(used) if used.isdigit() else _procs_cpu_ns(self.pids())
         else:
@@ -375,11 +375,18 @@ class Cgroups:
             except OSError:
                 self.available = False
 
-    def _parents(self, cpu: bool = True, freezer: bool = True) -> dict[str, str]:
+    def _parents(self, cpu: bool = True, freezer: bool = True, acct: bool = True) -> dict[str, str]:
+        """acct: v1's cpuacct where it is a hierarchy of its own (a live sandbox's CPU time for its
+        metrics: the processes of its commands end, and their times with them, outside any
+        parent's reach); mounted with cpu, it is cpu's group (joined only for a quota)."""
         if self.version == "v1":
-            return {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS + ("freezer",)
-                    if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")
-                    and (freezer or c != "freezer")}
+            out = {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS + ("freezer",)
+                   if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")
+                   and (freezer or c != "freezer")}
+            if acct and os.path.isdir(os.path.join(ROOT, "cpuacct")) and \
+                    os.path.realpath(os.path.join(ROOT, "cpuacct")) != os.path.realpath(os.path.join(ROOT, "cpu")):
+                out["cpuacct"] = os.path.join(ROOT, "cpuacct", PARENT)
+            return out
         return {"unified": os.path.join(ROOT, PARENT)}
 
     def _setup_parents(self) -> None:
@@ -459,7 +466,7 @@ class Cgroups:
         if warm:
             cpus = None
         try:
-            for c, p in self._parents(cpu=warm or cpus is not None, freezer=live).items():
+            for c, p in self._parents(cpu=warm or cpus is not None, freezer=live, acct=live).items():
                 d = os.path.join(p, name)
                 os.mkdir(d)
                 cg.dirs[c] = d
