@@ -24,7 +24,8 @@ from conftest import free_port, wait_for_port
 
 e2b = pytest.importorskip("e2b")            # pinned in pyproject's test extra
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState  # noqa: E402
-from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException  # noqa: E402
+from e2b.exceptions import (AuthenticationException, NotFoundException, SandboxException,  # noqa: E402
+                            ServiceBusyException)
 
 
 def _cli(home, *args) -> str:
@@ -184,6 +185,10 @@ def test_connect_extends_and_pause_resume(alice):
         again = Sandbox.connect(sbx.sandbox_id, timeout=600)       # a running one: its end moves later only
         assert again.sandbox_id == sbx.sandbox_id and again.get_info().end_at > end
         sh(alice, sbx.sandbox_id, "echo kept > /tmp/mark")
+        # a process that counts, left running by a command (envd's commands are another part)
+        pid = sh(alice, sbx.sandbox_id, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) "
+                                        ">/dev/null 2>&1 </dev/null & echo $!").strip()
+        assert wait_until(lambda: sh(alice, sbx.sandbox_id, "cat /tmp/count 2>/dev/null").strip().isdigit())
         try:
             assert sbx.pause() is True
         except SandboxException as exc:
@@ -197,6 +202,18 @@ def test_connect_extends_and_pause_resume(alice):
         back = Sandbox.connect(sbx.sandbox_id)                       # connect resumes a paused one
         assert back.get_info().state == SandboxState.RUNNING
         assert sh(alice, sbx.sandbox_id, "cat /tmp/mark") == "kept\n"
+        # the same process, with its memory, counts on from where it was
+        at = int(sh(alice, sbx.sandbox_id, "cat /tmp/count"))
+        assert wait_until(lambda: int(sh(alice, sbx.sandbox_id, "cat /tmp/count")) > at + 3)
+        assert sh(alice, sbx.sandbox_id, f"kill -0 {pid} && echo alive") == "alive\n"
+        # a process entered from outside that still runs (its pipes are the server's) cannot be
+        # paused with it: a retry later (503), never E2B's 409 that pause() reads as "already paused"
+        with native(alice) as c:
+            spawned = c.post(f"/sandboxes/{sbx.sandbox_id}/processes", json={"command": "sleep 600"}).json()["pid"]
+            with pytest.raises(ServiceBusyException):
+                sbx.pause()
+            assert sbx.get_info().state == SandboxState.RUNNING
+            assert c.post(f"/sandboxes/{sbx.sandbox_id}/processes/{spawned}/signal", json={"signal": "KILL"}).status_code == 204
     finally:
         Sandbox.kill(sbx.sandbox_id)
 

@@ -33,7 +33,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ... import config
-from ...errors import Conflict, InvalidInput, NotFound
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..gate import engine_for
 from . import secrets, templates, wire
 
@@ -188,7 +188,12 @@ def control_router() -> APIRouter:
             info = _known(engine, sid)
             if info["state"] == "hibernated":
                 raise Conflict(f"sandbox {sid!r} is already paused", sandbox=sid)
-            engine.sandbox_hibernate(info["id"])
+            try:
+                engine.sandbox_hibernate(info["id"])
+            except Conflict as exc:
+                # E2B's SDK reads 409 as "already paused" (pause() answers False): a sandbox that
+                # cannot be paused now (a command entered from outside still runs) is a retry later
+                raise RuntimeUnavailable(f"sandbox {sid!r} cannot be paused now: {exc.message}") from None
         await _call(hibernate)
         return Response(status_code=204)
 
