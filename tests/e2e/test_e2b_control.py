@@ -417,6 +417,15 @@ def test_secrets_and_network_options(alice):
             assert info["network"]["allow_out"] == ["api.example.org"] and "API_KEY" in info["secrets"]
             got = Sandbox.get_info(sbx.sandbox_id)
             assert got.allow_internet_access is True and got.network["allow_out"] == ["api.example.org"]
+            sbx.update_network({"allow_internet_access": False})        # sandbox_set_network: none now
+            with native(alice) as c:
+                assert c.get(f"/sandboxes/{sbx.sandbox_id}").json()["network"] == {"allow_out": []}
+            assert sbx.get_info().allow_internet_access is False
+            sbx.update_network({"allow_out": ["api.example.org"]})
+            assert sbx.get_info().network["allow_out"] == ["api.example.org"]
+            with pytest.raises(SandboxException) as err:       # beyond her token's grant
+                sbx.update_network({"allow_out": ["other.example.org"]})
+            assert str(err.value).startswith("403")
         finally:
             Sandbox.kill(sbx.sandbox_id)
         # no network unless asked (this server's default is off); allow_internet_access=False: none either

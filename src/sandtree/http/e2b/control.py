@@ -11,6 +11,7 @@ errors are wire.py's.
     GET /sandboxes/{id}                      sandbox_info
     DELETE /sandboxes/{id}                   sandbox_stop (kill)
     POST /sandboxes/{id}/timeout             sandbox_set_timeout
+    PUT /sandboxes/{id}/network              sandbox_set_network
     POST /sandboxes/{id}/pause               sandbox_hibernate (processes and memory kept)
     POST /sandboxes/{id}/resume, .../connect sandbox_resume (connect: also of a running one)
     GET /sandboxes/{id}/metrics              sandbox_metrics; GET /sandboxes/metrics: the latest of each
@@ -178,6 +179,21 @@ def control_router() -> APIRouter:
         def retime():
             engine.sandbox_set_timeout(_known(engine, sid)["id"], body.timeout)
         await _call(retime)
+        return Response(status_code=204)
+
+    @router.put("/sandboxes/{sid}/network", status_code=204)
+    async def update_network(sid: str, body: wire.NetworkUpdateIn, request: Request) -> Response:
+        """sandbox_set_network: the new policy cuts what it no longer allows (only for a sandbox
+        started with network: sandtree gives one a link at its start or never)."""
+        engine = engine_for(request)
+        if body.rules or body.egress_proxy:
+            raise InvalidInput("network.rules and network.egressProxy are not supported here")
+
+        def replace():
+            info = _known(engine, sid)
+            net = wire.network_option(body.allow_internet_access, body, config.network_default())
+            engine.sandbox_set_network(info["id"], net if net is not None else {"allow_out": []})
+        await _call(replace)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sid}/pause", status_code=204)

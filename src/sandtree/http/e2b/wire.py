@@ -87,6 +87,11 @@ class NewSandboxIn(_In):
     volume_mounts: list[dict] | None = Field(None, alias="volumeMounts")
 
 
+class NetworkUpdateIn(NetworkIn):
+    """SandboxNetworkUpdateConfig (PUT /sandboxes/{id}/network)."""
+    allow_internet_access: bool | None = None
+
+
 class TimeoutIn(_In):
     timeout: int
 
@@ -181,6 +186,7 @@ def listed(info: dict) -> dict:
 def detail(info: dict, access_token: str) -> dict:
     """SandboxDetail: get_info's (its network policy as E2B's allowOut/denyOut; "*" is 0.0.0.0/0)."""
     net = info.get("network") if isinstance(info.get("network"), dict) else None
+    net = net if net and net.get("allow_out") else None        # (a policy set to none: {"allow_out": []})
     out = {**listed(info), "envdAccessToken": access_token, "domain": None, "allowInternetAccess": net is not None}
     if net is not None:
         out["network"] = {"allowOut": [ALL_TRAFFIC if r == "*" else r for r in net.get("allow_out") or []],
