@@ -382,6 +382,21 @@ def test_template_build_with_files_start_and_ready_commands(alice, tmp_path):
             == "hi from the context\ndotfile\nbuilt\nstarted\nbuilt\n/srv\n"
     finally:
         Sandbox.kill(sbx.sandbox_id)
+    # tags: name:tag names of the same image
+    assigned = Template.assign_tags("ctl-template", ["v1", "stable"])
+    assert sorted(assigned.tags) == ["stable", "v1"]
+    assert sorted(t.tag for t in Template.get_tags("ctl-template")) == ["stable", "v1"]
+    child = Sandbox.create("ctl-template:v1")
+    try:
+        assert sh(alice, child.sandbox_id, "cat /srv/stage") == "built\n"
+    finally:
+        Sandbox.kill(child.sandbox_id)
+    Template.remove_tags("ctl-template", ["v1"])
+    assert [t.tag for t in Template.get_tags("ctl-template")] == ["stable"]
+    from e2b.exceptions import TemplateException
+    with pytest.raises(TemplateException) as err:                     # not his
+        Template.get_tags("ctl-template", api_key=alice["keys"]["bob"])
+    assert str(err.value).startswith("404")
     # another tenant sees no template of that name
     assert not Template.exists("ctl-template", api_key=alice["keys"]["bob"])
     # a failing step is the build's error, with its output

@@ -11,6 +11,7 @@ waits until the ready command succeeds (control.py).
     POST /v2/templates/{id}/builds/{build}    the steps: the build starts (in the background)
     GET  /templates/{id}/builds/{build}/status   its state and log lines since logsOffset
     GET  /templates/aliases/{alias}           whether a template (a tag) of that name exists
+    POST|DELETE /templates/tags, GET /templates/{id}/tags    its `name:tag` tags
 
 Builds and uploads in flight are this server process's (a restart forgets them: the SDK's build
 then fails and is retried); what a build makes is an image and a tag of the caller's tenant."""
@@ -255,6 +256,60 @@ def templates_router(prefix: str) -> APIRouter:
             out["reason"] = b.reason
         return out
 
+    # ---- tags: a template's `name:tag` names are sandtree tags of its image ------------------------
+    @router.post("/templates/tags", status_code=201)
+    async def assign_tags(request: Request) -> JSONResponse:
+        engine, body = engine_for(request), await _json(request)
+        target, tags = body.get("target"), body.get("tags")
+        if not isinstance(target, str) or not target or not isinstance(tags, list) or not tags \
+                or not all(isinstance(t, str) and t and ":" not in t for t in tags):
+            raise InvalidInput('tags are {"target": "name[:tag]", "tags": ["tag", ...]}')
+        name = _name(target)
+
+        def assign():
+            image = engine.resolve(target)
+            for t in tags:
+                engine.tag(image, f"{name}:{t}")
+            return image
+        image = await asyncio.to_thread(assign)
+        return JSONResponse({"tags": tags, "buildID": _build_id(image)}, status_code=201)
+
+    @router.delete("/templates/tags", status_code=204)
+    async def remove_tags(request: Request) -> Response:
+        engine, body = engine_for(request), await _json(request)
+        name, tags = body.get("name"), body.get("tags")
+        if not isinstance(name, str) or not name or not isinstance(tags, list) \
+                or not all(isinstance(t, str) and t for t in tags):
+            raise InvalidInput('removing tags is {"name": "name", "tags": ["tag", ...]}')
+
+        def remove():
+            have = engine.tags()
+            missing = [t for t in tags if f"{_name(name)}:{t}" not in have]
+            if missing:
+                raise NotFound(f"template {name!r} has no tag {missing[0]!r}")
+            for t in tags:
+                engine.untag(f"{_name(name)}:{t}")
+        await asyncio.to_thread(remove)
+        return Response(status_code=204)
+
+    @router.get("/templates/{template_id}/tags")
+    async def template_tags(template_id: str, request: Request) -> list:
+        engine = engine_for(request)
+        name = _name(template_id)
+
+        def listing():
+            have = engine.tags()
+            if name not in have and not any(t.startswith(name + ":") for t in have):
+                raise NotFound(f"template {template_id!r} not found")
+            out = []
+            for tag, image in sorted(have.items()):
+                if tag.startswith(name + ":"):
+                    created = engine.image_info(image).get("created") or 0
+                    out.append({"tag": tag.split(":", 1)[1], "buildID": _build_id(image),
+                                "createdAt": wire.when(created)})
+            return out
+        return await asyncio.to_thread(listing)
+
     @router.get("/templates/aliases/{alias:path}")
     async def alias(alias: str, request: Request) -> dict:
         engine = engine_for(request)
@@ -294,6 +349,16 @@ def _context(path: str, parts: list[tuple[str, str]]) -> None:
                     if m.islnk():
                         m.linkname = f"{directory}/{_rel(m.linkname)}"
                     out.addfile(m, tin.extractfile(m) if m.isfile() else None)
+
+
+def _name(ref: str) -> str:
+    """A template's name without its tag ("name:tag" -> "name")."""
+    return ref.split(":", 1)[0]
+
+
+def _build_id(image: str) -> str:
+    """E2B's buildID is a UUID: the image ID's first 128 bits (one build, one image)."""
+    return str(uuid.UUID(image[:32]))
 
 
 def _rel(name: str) -> str:
