@@ -26,6 +26,9 @@ SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at onc
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+INTERPRETER_START_WAIT = 30.0        # seconds a code context's kernel (python3 in the sandbox) has to start
+INTERPRETER_INTERRUPT_GRACE = 2.0    # seconds interrupted code (a timeout, a cancel) has to stop before its
+                                     # kernel is killed (the context then starts afresh)
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)
