@@ -220,7 +220,8 @@ class Interpreter:
                  env: dict | None = None, timeout: float | None = None, on_output=None, cancel=None) -> dict:
         """Run `code` in a context (default: the language's default context); the execution:
         {results, logs: {stdout, stderr}, error, execution_count, context, timed_out}.
-        on_output(message): each message as it comes (kernel.py's shapes, "done" left out)."""
+        on_output(message): each message as it comes (kernel.py's shapes, "done" left out), after
+        {"type": "start", "context"} once the code is on its way (no error before it)."""
         if not isinstance(code, str):
             raise InvalidInput("code must be text")
         if context is not None and language is not None:
@@ -240,6 +241,8 @@ class Interpreter:
                 k.proc.stdin.flush()
             except (OSError, ValueError):
                 k.eof = True
+            if on_output is not None:              # (a streaming adapter answers its headers now)
+                on_output({"type": "start", "context": k.id})
             deadline = time.monotonic() + timeout if timeout else None
             interrupted = None                    # when the interrupt was sent
             while True:
@@ -284,13 +287,9 @@ class Interpreter:
 
     def _died(self, k: Kernel, execution: dict, killed: bool = False) -> None:
         """The kernel ended mid-execution (killed past the interrupt's grace, or it exited): the
-        context starts afresh on its next use (a new kernel under the same ID)."""
+        context starts afresh (a new kernel under the same ID)."""
         k.kill()
         code = k.proc.poll()
-        with self.lock:
-            mine = self.kernels.get(k.sid, {})
-            if mine.get(k.id) is k:
-                del mine[k.id]
         why = ("the code did not stop when interrupted: its kernel was killed" if killed else
                f"the kernel exited (status {code})")
         execution["error"] = {"name": "KernelRestarted" if killed else "KernelDied",
@@ -299,6 +298,13 @@ class Interpreter:
         try:                                      # the context keeps its ID for the next call
             new = self._start(self._sandbox(k.sid), k.id, k.language, k.cwd, k.default)
         except Exception:                         # noqa: BLE001 - the sandbox ended, or the kernel cannot start
-            return
+            new = None
         with self.lock:
-            self.kernels.setdefault(k.sid, {})[k.id] = new
+            mine = self.kernels.get(k.sid, {})
+            if mine.get(k.id) is k:
+                if new is not None:
+                    mine[k.id] = new
+                else:
+                    del mine[k.id]
+            elif new is not None:                 # removed meanwhile
+                new.kill()
