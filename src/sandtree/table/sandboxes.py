@@ -218,6 +218,7 @@ def sandbox_run_code(sid: str, code: str, *, context: str | None = None, languag
                      env: dict | None = None, timeout: float | None = None, on_output=None, cancel=None) -> dict:
     """Run code in a live sandbox's code interpreter (state persists per context, as a notebook's):
     {results, logs: {stdout, stderr}, error: {name, value, traceback}, execution_count, context, timed_out}.
+    code: Python source, as a notebook cell: the value of its last expression is its main result
     context: a code context's ID (default: the language's default context of the sandbox)
     language: python (default); a context has its own
     env: environment variables for this execution only

@@ -2,9 +2,9 @@
 calls (the table's sandbox_run_code and sandbox_code_context_* rows; E2B's `run_code` is one
 adapter of them, http/e2b/interpreter.py).
 
-A context is one kernel: kernel.py's source run by the image's python3 as a process of the
+A context is one kernel: kernel.py.in's source run by the image's python3 as a process of the
 sandbox (sandboxes.popen: pipes to it, nothing written into its filesystem). An execution sends
-the code on the kernel's stdin and reads its messages (kernel.py's doc) until "done": stdout and
+the code on the kernel's stdin and reads its messages (kernel.py.in's doc) until "done": stdout and
 stderr as the code writes them (on_output gets each as it comes), results (the last expression's
 value with its _repr_*_ formats, display() calls, matplotlib figures as PNG), an error with its
 name, value and traceback. One execution at a time per context (another waits, as Jupyter
@@ -36,10 +36,10 @@ _SOURCE: str | None = None
 
 
 def kernel_source() -> str:
-    """kernel.py's text: the program a context runs (python3 -c)."""
+    """kernel.py.in's text: the program a context runs (python3 -c)."""
     global _SOURCE
     if _SOURCE is None:
-        with open(os.path.join(os.path.dirname(__file__), "kernel.py"), encoding="utf-8") as f:
+        with open(os.path.join(os.path.dirname(__file__), "kernel.py.in"), encoding="utf-8") as f:
             _SOURCE = f.read()
     return _SOURCE
 
@@ -220,7 +220,7 @@ class Interpreter:
                  env: dict | None = None, timeout: float | None = None, on_output=None, cancel=None) -> dict:
         """Run `code` in a context (default: the language's default context); the execution:
         {results, logs: {stdout, stderr}, error, execution_count, context, timed_out}.
-        on_output(message): each message as it comes (kernel.py's shapes, "done" left out), after
+        on_output(message): each message as it comes (kernel.py.in's shapes, "done" left out), after
         {"type": "start", "context"} once the code is on its way (no error before it)."""
         if not isinstance(code, str):
             raise InvalidInput("code must be text")

@@ -30,7 +30,7 @@ from ..gate import current_engine
 from .dispatch import INTERPRETER_PORT, SANDBOX_KEY, serves
 from .wire import error_response
 
-# the fields of the kernel's messages that are E2B's /execute lines (kernel.py's shapes are
+# the fields of the kernel's messages that are E2B's /execute lines (kernel.py.in's shapes are
 # Jupyter's, as E2B's are); "start" and anything else is not sent
 _LINES = {"stdout": ("text", "timestamp"), "stderr": ("text", "timestamp"),
           "error": ("name", "value", "traceback"), "number_of_executions": ("execution_count",)}
