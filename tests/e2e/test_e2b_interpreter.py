@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
+import subprocess
+import sys
 import time
 import zlib
 
@@ -40,13 +43,13 @@ def server(bookworm):
     finally:
         eng.close()
     with serve_process(home) as url:
-        yield url, image
+        yield url, image, home
 
 
 @pytest.fixture
 def sid(server, monkeypatch):
     """A live sandbox on the bookworm image, started through sandtree's API; E2B's variables set."""
-    url, image = server
+    url, image, _ = server
     monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
     monkeypatch.setenv("E2B_API_KEY", "e2b_local")        # any value: a loopback server without tokens
@@ -101,7 +104,7 @@ def test_state_stream_results_errors_sync(sid):
 
     # stdout streamed as it is written: the first line reaches the callback before the code ends
     seen: list[tuple[str, float]] = []
-    ex = sbx.run_code("import time\nprint('one', flush=True)\ntime.sleep(1.5)\nprint('two')",
+    ex = sbx.run_code("import time\nprint('one')\ntime.sleep(1.5)\nprint('two')",
                       on_stdout=lambda m: seen.append((m.line, time.monotonic())),
                       on_stderr=lambda m: seen.append(("err:" + m.line, time.monotonic())))
     assert [s for s, _ in seen] == ["one\n", "two\n"] and ex.logs.stdout == ["one\n", "two\n"]
@@ -176,7 +179,7 @@ def test_contexts(sid):
 
 
 def test_unknown_sandbox_is_not_found(server, monkeypatch):
-    url, _ = server
+    url, _, _ = server
     monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
     monkeypatch.setenv("E2B_API_KEY", "e2b_local")
@@ -213,7 +216,7 @@ def test_async_sdk(sid):
 def test_readme_quick_start(server, monkeypatch):
     """e2b-code-interpreter's README, as written: only the variables set (the default template,
     code-interpreter-v1, is a tag of the bookworm image here)."""
-    url, image = server
+    url, image, _ = server
     monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
     monkeypatch.setenv("E2B_API_KEY", "e2b_local")
@@ -230,3 +233,43 @@ def test_readme_quick_start(server, monkeypatch):
         execution = sandbox.run_code("x+=1; x")
         print(execution.text)  # outputs 2
         assert execution.text == "2"
+
+
+def test_sandtree_surfaces_run_code(server, sid, tmp_path):
+    """The rows behind E2B's run_code are sandtree's own on every surface: REST, the SDK (here
+    remote, over that REST), the CLI (a one-shot engine: its context lasts the command)."""
+    url, _, home = server
+    base = f"{url}/api/v1/sandboxes/{sid}/code"
+    with httpx.Client(trust_env=False, timeout=60) as c:
+        assert c.post(base, json={"code": "n = 20"}).status_code == 200
+        r = c.post(base, json={"code": "print('hey'); n * 2 + 2"}).json()
+        assert r["results"][0]["text"] == "42" and r["logs"]["stdout"] == ["hey\n"] and r["error"] is None
+        err = c.post(base, json={"code": "import nope"}).json()["error"]
+        assert err["name"] == "ModuleNotFoundError" and "import nope" in err["traceback"]
+        r = c.post(base, json={"code": "import time; time.sleep(60)", "timeout": 1}).json()
+        assert r["timed_out"] and r["error"]["name"] == "KeyboardInterrupt"
+        ctx = c.post(f"{base}/contexts", json={"cwd": "/tmp"})
+        assert ctx.status_code == 201 and ctx.json()["cwd"] == "/tmp"
+        cid = ctx.json()["id"]
+        assert cid in {x["id"] for x in c.get(f"{base}/contexts").json()}
+        assert c.post(f"{base}/contexts/{cid}/restart").status_code == 200
+        assert c.delete(f"{base}/contexts/{cid}").status_code == 204
+        bad = c.post(base, json={"code": "1", "context": cid})
+        assert bad.status_code == 404 and bad.json()["error"] == "not_found"
+        bad = c.post(base, json={"code": "1", "language": "cobol"})
+        assert bad.status_code == 400 and "python" in bad.json()["message"]
+
+    import sandtree
+    st = sandtree.connect(url)
+    sbx = st.sandbox(sid)
+    assert sbx.run_code("n + 1")["results"][0]["text"] == "21"   # the same default context as REST's
+    made = sbx.create_code_context()
+    assert made["id"] in {x["id"] for x in sbx.list_code_contexts()}
+    sbx.remove_code_context(made["id"])
+
+    out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "sandbox", "code", sid,
+                          "import sys; print(sys.version_info[0]); 6 * 7", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["results"][0]["text"] == "42" and got["logs"]["stdout"] == ["3\n"]
