@@ -267,9 +267,27 @@ def test_sandtree_surfaces_run_code(server, sid, tmp_path):
     assert made["id"] in {x["id"] for x in sbx.list_code_contexts()}
     sbx.remove_code_context(made["id"])
 
+    # the CLI is an engine process of its own: it finds the same context in the sandbox, state and all
     out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "sandbox", "code", sid,
-                          "import sys; print(sys.version_info[0]); 6 * 7", "--json"],
+                          "import sys; print(sys.version_info[0]); n * 2 + 2", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["results"][0]["text"] == "42" and got["logs"]["stdout"] == ["3\n"]
+
+
+def test_state_survives_hibernate_and_resume(server, sid):
+    """A context's kernel is a process of the sandbox: hibernating the sandbox (E2B's pause) keeps
+    it with its memory, and the code's state is there after the resume."""
+    url, _, _ = server
+    sbx = connect_to(eci.Sandbox, sid)
+    sbx.run_code("import os\nkept = [os.getpid(), 'before the pause']")
+    with httpx.Client(trust_env=False, timeout=120) as c:
+        r = c.post(f"{url}/api/v1/sandboxes/{sid}/hibernate")
+        if r.status_code == 503:
+            pytest.skip(f"hibernation is not available here: {r.json()['message']}")
+        assert r.status_code == 200 and r.json()["state"] == "hibernated", r.text
+        r = c.post(f"{url}/api/v1/sandboxes/{sid}/resume")
+        assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    ex = sbx.run_code("kept[1], kept[0] == os.getpid()")
+    assert ex.error is None and ex.text == "('before the pause', True)"
