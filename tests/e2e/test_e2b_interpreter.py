@@ -291,3 +291,32 @@ def test_state_survives_hibernate_and_resume(server, sid):
         assert r.status_code == 200 and r.json()["state"] == "running", r.text
     ex = sbx.run_code("kept[1], kept[0] == os.getpid()")
     assert ex.error is None and ex.text == "('before the pause', True)"
+
+
+def test_gvisor_tier_and_isolation(server, sid, monkeypatch):
+    """The same on the gVisor tier (its interrupts too); and a sandbox sees no other's kernel (a
+    context's socket is in its sandbox's own network namespace)."""
+    url, image, _ = server
+    with httpx.Client(trust_env=False, timeout=120) as c:
+        r = c.post(f"{url}/api/v1/sandboxes", json={"image": image, "tier": "gvisor"})
+        if r.status_code == 503:
+            pytest.skip(f"the gVisor tier is not available here: {r.json()['message']}")
+        assert r.status_code == 201, r.text
+        other = r.json()["id"]
+        try:
+            sbx = connect_to(eci.Sandbox, other)
+            sbx.run_code("g = 'gvisor'")
+            with pytest.raises(e2b.TimeoutException):
+                sbx.run_code("import time\nwhile True: time.sleep(0.05)", timeout=1.5)
+            deadline = time.monotonic() + 30
+            while (ex := sbx.run_code("g", timeout=10)).text != "'gvisor'" and time.monotonic() < deadline:
+                pass
+            assert ex.text == "'gvisor'"
+            connect_to(eci.Sandbox, sid).run_code("1")
+            for one in (sid, other):        # each sandbox lists its own kernel's socket only
+                got = c.post(f"{url}/api/v1/sandboxes/{one}/exec",
+                             json={"command": ["python3", "-c", "print(open('/proc/net/unix').read().count("
+                                                                "'@sandtree-kernel-'))"]}).json()
+                assert got["stdout"].strip() == "1", got
+        finally:
+            c.post(f"{url}/api/v1/sandboxes/{other}/stop")
