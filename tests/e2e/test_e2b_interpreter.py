@@ -35,11 +35,12 @@ eci = pytest.importorskip("e2b_code_interpreter")
 
 
 @pytest.fixture(scope="module")
-def server(bookworm):
+def server(bookworm, rootfs):
     home, image, _ = bookworm
     eng = Engine(home, warm=0)
     try:                                    # E2B's default template for Sandbox.create() (the quick start)
         eng.tag(image, "code-interpreter-v1")
+        eng.import_path(rootfs, tag="busybox-no-python")
     finally:
         eng.close()
     with serve_process(home) as url:
@@ -320,3 +321,18 @@ def test_gvisor_tier_and_isolation(server, sid, monkeypatch):
                 assert got["stdout"].strip() == "1", got
         finally:
             c.post(f"{url}/api/v1/sandboxes/{other}/stop")
+
+
+def test_an_image_without_python_is_told(server, monkeypatch):
+    url, _, _ = server
+    for k, v in {"E2B_API_URL": f"{url}/e2b", "E2B_SANDBOX_URL": f"{url}/e2b/sandbox", "E2B_API_KEY": "k"}.items():
+        monkeypatch.setenv(k, v)
+    with httpx.Client(trust_env=False, timeout=60) as c:
+        r = c.post(f"{url}/api/v1/sandboxes", json={"image": "busybox-no-python"})
+        assert r.status_code == 201, r.text
+        bare = r.json()["id"]
+        try:
+            with pytest.raises(e2b.SandboxException, match="400.*needs python3"):
+                connect_to(eci.Sandbox, bare).run_code("1")
+        finally:
+            c.post(f"{url}/api/v1/sandboxes/{bare}/stop")

@@ -129,25 +129,29 @@ class Interpreter:
             raise InvalidInput(f"the code interpreter needs python3 in the sandbox's image: {e}") from None
 
     def _ask(self, sid: str, *args: str, cwd: str | None = None):
-        """Run one short mode of the program; its JSON answer."""
+        """Run one short mode of the program; its JSON answer (a mode that cannot run, python3
+        missing: InvalidInput, else RuntimeUnavailable, with what it said)."""
         proc = self._program(sid, *args, cwd=cwd)
         try:
             out, err = proc.communicate(timeout=D.INTERPRETER_START_WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise RuntimeUnavailable(f"the code interpreter did not answer in sandbox {sid}") from None
-        line = out.decode("utf-8", "replace").strip().splitlines()[-1:] if out else []
+        lines = out.decode("utf-8", "replace").strip().splitlines()
         try:
-            return json.loads(line[0]) if line else None
+            got = json.loads(lines[-1]) if lines else None
         except ValueError:
-            return None
-        finally:
-            self._said = err.decode("utf-8", "replace").strip()
+            got = None
+        if got is None:
+            said = err.decode("utf-8", "replace").strip()
+            if proc.returncode == 127 or "not found" in said or "No such file" in said or not said:
+                raise InvalidInput("the code interpreter needs python3 in the sandbox's image"
+                                   f"{': ' + said[-300:] if said else ''}")
+            raise RuntimeUnavailable(f"the code interpreter does not run in sandbox {sid}: {said[-500:]}")
+        return got
 
     def _found(self, sid: str) -> list[dict]:
         got = self._ask(sid, "list")
-        if not isinstance(got, list):
-            self._no_python(sid)
         with self.lock:
             self.known[sid] = {c["id"]: c for c in got}
             for other in [o for o in self.known if o != sid]:      # the contexts of sandboxes that ended
@@ -163,13 +167,6 @@ class Interpreter:
         with self.lock:
             self.known.get(sid, {}).pop(cid, None)
 
-    def _no_python(self, sid: str):
-        said = getattr(self, "_said", "")
-        if "not found" in said or "No such file" in said or not said:
-            raise InvalidInput("the code interpreter needs python3 in the sandbox's image"
-                               f"{': ' + said[-300:] if said else ''}")
-        raise RuntimeUnavailable(f"the code interpreter does not run in sandbox {sid}: {said[-500:]}")
-
     def _start(self, sid: str, cid: str, language: str, cwd: str, default: bool) -> dict:
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
@@ -177,9 +174,8 @@ class Interpreter:
             raise InvalidInput(f"cwd {cwd} does not exist in sandbox {sid}")
         got = self._ask(sid, SERVE, cid, language, "1" if default else "0", cwd, cwd=cwd)
         if not isinstance(got, dict) or got.get("type") != "ready":
-            if isinstance(got, dict) and got.get("message"):
-                raise RuntimeUnavailable(f"the code interpreter's kernel did not start: {got['message']}")
-            self._no_python(sid)
+            raise RuntimeUnavailable(f"the code interpreter's kernel did not start in sandbox {sid}: "
+                                     f"{got.get('message') if isinstance(got, dict) else got}")
         made = {"id": cid, "language": language, "cwd": cwd, "default": default}
         with self.lock:
             self.known.setdefault(sid, {})[cid] = made
@@ -190,7 +186,7 @@ class Interpreter:
         return {"id": c["id"], "language": c["language"], "cwd": c["cwd"]}
 
     # ---- contexts ------------------------------------------------------------------------------
-    def _sandbox(self, sid: str) -> str:
+    def _sandbox(self, sid: str) -> dict:
         info = self.sandboxes.info(sid)          # NotFound for an unknown sandbox
         if info["state"] != "running":
             raise Conflict(f"sandbox {info['id']} is {info['state']}, not running", state=info["state"])
