@@ -92,7 +92,11 @@ async def execute(request: Request) -> Response:
         engine.sandbox_run_code, _sid(request), code, context=_text(body, "context_id"),
         language=_text(body, "language"), env=env, on_output=on_output, cancel=cancel))
     task.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
-    first = await queue.get()                # "start", or the end of a call that failed before it
+    try:
+        first = await queue.get()            # "start", or the end of a call that failed before it
+    except asyncio.CancelledError:           # the client left while its context was being made
+        cancel.set()
+        raise
     if first is None:
         await task                           # its error (a SandtreeError: E2B's shape below)
         return JSONResponse({"code": 500, "message": "the execution did not start"}, status_code=500)
