@@ -123,6 +123,16 @@ def test_state_stream_results_errors_sync(sid):
     assert set(res.formats()) == {"text", "html", "png"}
     ex = sbx.run_code("{'a': [1, 2]}")
     assert ex.text == "{'a': [1, 2]}"
+    ex = sbx.run_code("class Rich:\n"
+                      "    def _repr_json_(self): return {'k': [1, 2]}\n"
+                      "    def _repr_markdown_(self): return '# title'\n"
+                      "    def _repr_latex_(self): return r'$x^2$'\n"
+                      "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+                      "        return {'application/vnd.custom+json': {'v': 1}, 'image/svg+xml': '<svg/>'}\n"
+                      "Rich()")
+    (res,) = ex.results
+    assert res.json == {"k": [1, 2]} and res.markdown == "# title" and res.latex == "$x^2$"
+    assert res.svg == "<svg/>" and res.extra == {"application/vnd.custom+json": {"v": 1}}
     ex = sbx.run_code("display(Dot()); 'last'")
     assert [r.is_main_result for r in ex.results] == [False, True] and ex.results[0].png and ex.text == "'last'"
 
