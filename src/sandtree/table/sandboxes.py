@@ -206,7 +206,7 @@ def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str
 
 # ---- the code interpreter: code run in contexts whose state persists (engine/sandboxes/interpreter.py) ----------
 _CODE = "/sandboxes/{sid}/code"
-@via("cli", Cli("sandbox code", omit=("on_output", "cancel")))
+@via("cli", Cli("sandbox code", omit=("on_output", "cancel"), show="code"))
 @op("run", audit="sandbox run code", http=Http(_P, _CODE, body=("code", "context", "language", "env", "timeout"), drop=("on_output", "cancel"), name="run_code", model="RunCodeIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"code": "Python source; the value of its last expression is its main result", "context": "a code context's ID (default: the language's default context of the sandbox)", "timeout": "seconds; past them the code is interrupted (its context's state is kept)"}))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, params=("sid", "code", "context", "language", "env", "timeout"),
                 types={"env": "dict[str, str] | None", "timeout": "float | None"},
