@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from . import exits
 from .output import fmt_size, fmt_time, out
 
 __all__ = ["PRINTERS", "default", "plain", "show"]
@@ -141,7 +142,7 @@ def _sandbox_id(args, kw, info):
 
 def _code(args, kw, ex):
     """A code interpreter's execution as a notebook cell shows it: what it wrote, its results'
-    text (other formats named), its error's traceback on stderr; status 1 after an error."""
+    text (other formats named), its error's traceback on stderr; exits.NO after an error."""
     def human(ex):
         sys.stdout.write("".join(ex["logs"]["stdout"]))
         sys.stderr.write("".join(ex["logs"]["stderr"]))
@@ -151,7 +152,7 @@ def _code(args, kw, ex):
         if ex["error"]:
             sys.stderr.write(ex["error"]["traceback"] or f"{ex['error']['name']}: {ex['error']['value']}\n")
     out(args, ex, human)
-    return 1 if ex["error"] else None
+    return exits.NO if ex["error"] else None          # (the verb worked: the code raised)
 
 
 def _states(args, kw, infos):
