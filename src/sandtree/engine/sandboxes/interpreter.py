@@ -161,6 +161,8 @@ class Interpreter:
                     gone = True
                 if gone:
                     del self.known[other]
+                    for key in [k for k in self.locks if k[0] == other]:
+                        del self.locks[key]
         return got
 
     def _forget(self, sid: str, cid: str) -> None:
