@@ -346,3 +346,42 @@ def test_an_image_without_python_is_told(server, monkeypatch):
                 connect_to(eci.Sandbox, bare).run_code("1")
         finally:
             c.post(f"{url}/api/v1/sandboxes/{bare}/stop")
+
+
+def test_a_tenant_cannot_run_code_in_another_s_sandbox(tmp_path, rootfs):
+    """On a server with tokens, the interpreter's rows are the caller's tenant's view: another
+    tenant's sandbox is not found, through E2B's port (its key as X-API-Key) and sandtree's REST.
+    (The image is busybox: the owner's call reaching the engine is told it needs python3.)"""
+    home = str(tmp_path / "home")
+    eng = Engine(home, warm=0)
+    try:
+        image = eng.import_path(rootfs)
+        eng.share(image)                    # every tenant's, by its ID
+    finally:
+        eng.close()
+
+    def token(tenant):
+        out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "token", "create", "--tenant",
+                              tenant, "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["token"]
+    a, b = token("a"), token("b")
+    with serve_process(home) as url, httpx.Client(trust_env=False, timeout=60) as c:
+        r = c.post(f"{url}/api/v1/sandboxes", json={"image": image}, headers={"Authorization": f"Bearer {a}"})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            e2b_headers = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49999"}
+            for key, status in ((b, 404), (a, 400)):
+                got = c.post(f"{url}/e2b/sandbox/execute", json={"code": "1"},
+                             headers={**e2b_headers, "X-API-Key": key})
+                assert got.status_code == status, got.text
+                got = c.get(f"{url}/e2b/sandbox/contexts", headers={**e2b_headers, "X-API-Key": key})
+                assert got.status_code == status, got.text
+                got = c.post(f"{url}/api/v1/sandboxes/{sid}/code", json={"code": "1"},
+                             headers={"Authorization": f"Bearer {key}"})
+                assert got.status_code == status, got.text
+            assert "python3" in got.json()["message"]
+            got = c.post(f"{url}/e2b/sandbox/execute", json={"code": "1"}, headers=e2b_headers)
+            assert got.status_code == 401, got.text                   # no key at all
+        finally:
+            c.post(f"{url}/api/v1/sandboxes/{sid}/stop", headers={"Authorization": f"Bearer {a}"})
