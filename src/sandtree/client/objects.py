@@ -260,6 +260,13 @@ class Sandbox:
     unexpose = method("sandbox_unexpose", bind={"sid": "id"})
     ports = method("sandbox_ports", bind={"sid": "id"})
     port_url = method("sandbox_port_url", bind={"sid": "id"})
+    run_code = method("sandbox_run_code", bind={"sid": "id"},
+                      note="As a notebook cell: state persists per context (E2B's run_code). on_output(message): "
+                           "stdout/stderr/result/error messages as they come, in process only.")
+    create_code_context = method("sandbox_code_context_create", bind={"sid": "id"})
+    list_code_contexts = method("sandbox_code_contexts", bind={"sid": "id"})
+    restart_code_context = method("sandbox_code_context_restart", bind={"sid": "id"})
+    remove_code_context = method("sandbox_code_context_remove", bind={"sid": "id"})
     ls = method("sandbox_ls", bind={"sid": "id"})
     exists = method("sandbox_exists", bind={"sid": "id"})
     remove = method("sandbox_remove", bind={"sid": "id"})

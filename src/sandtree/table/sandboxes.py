@@ -215,6 +215,54 @@ def sandbox_ports(sid: str) -> list[dict]:
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
 
+# ---- the code interpreter: code run in contexts whose state persists (engine/sandboxes/interpreter.py) ----------
+_CODE = "/sandboxes/{sid}/code"
+@via("cli", Cli("sandbox code", omit=("on_output", "cancel"), show="code"))
+@op("run", audit="sandbox run code", http=Http(_P, _CODE, body=("code", "context", "language", "env", "timeout"), drop=("on_output", "cancel"), name="run_code", model="RunCodeIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"code": "Python source; the value of its last expression is its main result", "context": "a code context's ID (default: the language's default context of the sandbox)", "timeout": "seconds; past them the code is interrupted (its context's state is kept)"}))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, params=("sid", "code", "context", "language", "env", "timeout"),
+                types={"env": "dict[str, str] | None", "timeout": "float | None"},
+                doc="""Run Python code in a live sandbox's interpreter, as in a notebook cell: variables, imports and
+        functions persist between calls (per context). Answers the stdout and stderr it wrote, its results (the
+        last expression's value as text, html, png (base64), json ...; matplotlib figures as PNG) and its error
+        (name, value, traceback). timeout: seconds, then the code is interrupted."""))
+def sandbox_run_code(sid: str, code: str, *, context: str | None = None, language: str | None = None,
+                     env: dict | None = None, timeout: float | None = None, on_output=None, cancel=None) -> dict:
+    """Run code in a live sandbox's code interpreter (state persists per context, as a notebook's):
+    {results, logs: {stdout, stderr}, error: {name, value, traceback}, execution_count, context, timed_out}.
+    code: Python source, as a notebook cell: the value of its last expression is its main result
+    context: a code context's ID (default: the language's default context of the sandbox)
+    language: python (default); a context has its own
+    env: environment variables for this execution only
+    timeout: seconds; past them the code is interrupted (KeyboardInterrupt) and the context kept
+    on_output: called with each message as the code writes it ({type: stdout|stderr|result|error, ...})
+    cancel: a threading.Event; set, the code is interrupted"""
+
+@via("cli", Cli("sandbox context create"))
+@op("run", audit="sandbox code context", http=Http(_P, _CODE + "/contexts", body=("language", "cwd"), name="create_code_context", status=201, model="CodeContextIn", optional_body=True))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_create(sid: str, *, language: str | None = None, cwd: str | None = None) -> dict:
+    """A new code context of a live sandbox (its own state): {id, language, cwd}.
+    language: python (default)
+    cwd: its working directory (default: the sandbox's)"""
+
+@via("cli", Cli("sandbox context ls"))
+@op("list", http=Http(_G, _CODE + "/contexts", name="list_code_contexts"))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_contexts(sid: str) -> list[dict]:
+    """The code contexts of a live sandbox: {id, language, cwd} each."""
+
+@via("cli", Cli("sandbox context restart"))
+@op("run", audit="sandbox code context restart", http=Http(_P, _CODE + "/contexts/{context}/restart", name="restart_code_context"))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_restart(sid: str, context: str) -> dict:
+    """Drop a code context's state (a fresh interpreter, the same ID, language and cwd)."""
+
+@via("cli", Cli("sandbox context rm"))
+@op("run", audit="sandbox code context remove", http=Http(_X, _CODE + "/contexts/{context}", name="remove_code_context", status=204))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_remove(sid: str, context: str) -> None:
+    """Remove a code context of a live sandbox (its interpreter ends)."""
+
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS
 @via("cli", Off("a warm pool lives in a serving process: `sandtree serve --pool IMAGE=SIZE` (a one-shot command keeps none)"))
