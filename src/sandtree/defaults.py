@@ -26,6 +26,11 @@ SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at onc
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+SANDBOX_WATCHES = 16                 # directory watches one live sandbox may have at once (sandbox_watch)
+WATCH_DIRS = 8192                    # directories one recursive watch marks (inotify watches are the host's)
+WATCH_EVENTS = 10000                 # events a watch keeps until they are taken (older ones are dropped)
+WATCH_IDLE = 600                     # a watch nobody asked for events this long is removed
+WATCH_WAIT_MAX = 60                  # seconds one sandbox_watch_events call may wait for an event
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

@@ -179,6 +179,42 @@ def sandbox_remove(sid: str, path: str) -> None:
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
 
+@via("cli", Cli("sandbox stat"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/stat", query=("path",), name="stat_sandbox_path"))
+@via("mcp", Off("sandbox_exec runs stat, mv and inotifywait in the sandbox"))
+def sandbox_stat(sid: str, path: str) -> dict:
+    """A path of a live sandbox as the kernel says (a link is not followed): name, kind, path, size, mode,
+    permissions, uid, gid, owner, group, mtime, target."""
+
+@via("cli", Cli("sandbox mv"))
+@op("run", audit="sandbox rename", http=Http(_P, "/sandboxes/{sid}/rename", body=("source", "destination", "replace"), name="rename_sandbox_path", model="RenameIn", doc="Move a file or a directory within the sandbox (409 when the destination exists, unless replace)."))
+@via("mcp", Off("sandbox_exec runs stat, mv and inotifywait in the sandbox"))
+def sandbox_rename(sid: str, source: str, destination: str, *, replace: bool = False) -> dict:
+    """Move a file, a link or a whole directory of a live sandbox to another path of it; the moved entry (as sandbox_stat).
+    replace: replace an existing destination (else it is refused)"""
+
+_WATCH = "/sandboxes/{sid}/watches"
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_P, _WATCH, body=("path", "recursive"), name="watch_sandbox_dir", status=201, model="WatchIn", doc="Watch a directory: take its events with GET .../watches/{watch}/events (?stream=true: as they come)."))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_watch(sid: str, path: str, *, recursive: bool = False) -> dict:
+    """Watch a directory of a live sandbox (recursive: and every directory below it) for inotify events; its watch id.
+    recursive: also the directories below it, those made later included"""
+
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_G, _WATCH + "/{watch}/events", query=("timeout",), name="sandbox_watch_events", handler="sandbox_watch_events", bounds={"timeout": {"ge": 0, "le": D.WATCH_WAIT_MAX}}))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_watch_events(sid: str, watch: str, *, timeout: float = 0.0) -> dict:
+    """A watch's events since the last call, waiting up to `timeout` seconds for one: {events: [{name, type, time}], dropped}.
+    type: create, write, remove, rename or chmod; name: the path below the watched directory.
+    timeout: seconds to wait for the first event"""
+
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_X, _WATCH + "/{watch}", name="unwatch_sandbox_dir", status=204))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_unwatch(sid: str, watch: str) -> None:
+    """Stop a watch of a live sandbox."""
+
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201, doc="Make a port of the sandbox reachable: its loopback URL on the host and its path here."))
 @via("mcp", Mcp(name="sandbox_port", handler="sandbox_port", rename={"sid": "sandbox_id"}))

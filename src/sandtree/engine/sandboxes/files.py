@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import InvalidInput
+from ...errors import InvalidInput, SandtreeError
 from ...runtime import openat2
 from ...runtime.openat2 import read_file, write_file
 
@@ -78,6 +78,35 @@ class SandboxFiles:
                                                              idmap.host_gid(gid), mounts))
         self._touch(row)
 
+    def stat(self, sid: str, path: str) -> dict:
+        """What the kernel says of a path of the running sandbox, the name itself (a link is not
+        followed: its target is given): name, kind, path, size, mode, permissions, owner and group
+        (the sandbox's ids, and its /etc/passwd and /etc/group names), mtime, target."""
+        self._check_path(path)
+        row = self._running(sid)
+        idmap = self.store.idmap
+
+        def one(root, mounts):
+            e = openat2.stat_entry(root, path, mounts)
+            e["uid"], e["gid"] = idmap.uid(e["uid"]), idmap.gid(e["gid"])
+            e["owner"] = _account_name(root, "/etc/passwd", e["uid"], mounts)
+            e["group"] = _account_name(root, "/etc/group", e["gid"], mounts)
+            return e
+        return self._in(row, one)
+
+    def rename(self, sid: str, source: str, destination: str, *, replace: bool = False) -> dict:
+        """Move a file, a link or a directory of the running sandbox to another path of it (one
+        rename: a directory moves whole). An existing destination is a Conflict unless `replace`.
+        The moved entry as stat shows it."""
+        self._check_path(source)
+        self._check_path(destination)
+        if not isinstance(replace, bool):
+            raise InvalidInput("replace must be true or false")
+        row = self._running(sid)
+        self._in(row, lambda root, mounts: openat2.rename(root, source, destination, mounts, replace))
+        self._touch(row)
+        return self.stat(sid, destination)
+
     def _in(self, row: dict, fn):
         """fn(root fd, own mounts) on the sandbox's root, the fd closed after."""
         mounts = self.live.own_mounts(row["handle"])
@@ -101,3 +130,17 @@ class SandboxFiles:
         # what the kernel takes (PATH_MAX, NAME_MAX): longer was ENAMETOOLONG, a 500
         if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(p)) > 255 for p in path.split("/")):
             raise InvalidInput("a path is at most 4095 bytes, each of its names at most 255", path=path[:200])
+
+
+def _account_name(root: int, table: str, num: int, mounts: set[int]) -> str:
+    """The name of uid/gid `num` in the sandbox's own /etc/passwd or /etc/group (its number when it
+    has none: as ls shows it)."""
+    try:
+        text = read_file(root, table, 1 << 20, mounts).decode("utf-8", "replace")
+    except (SandtreeError, OSError):
+        return str(num)
+    for line in text.splitlines():
+        f = line.split(":")
+        if len(f) > 2 and f[2] == str(num):
+            return f[0]
+    return str(num)

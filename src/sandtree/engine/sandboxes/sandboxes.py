@@ -41,6 +41,7 @@ from ..processes.popen import LiveProcess
 from ..runs.records import Records
 from .retiring import Retiring
 from .files import SandboxFiles
+from .watches import SandboxWatches
 from .hibernation import SandboxHibernation
 from .lifetime import SandboxLifetime
 from .network import SandboxNetwork
@@ -56,7 +57,7 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ah
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
-class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetime, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
@@ -77,6 +78,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
 
     def close(self) -> None:
         self._stop_reaping.set()
+        self._close_watches()
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
@@ -311,6 +313,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         with self._commit_lock(row["id"]):              # not while it hibernates or resumes
             row = self._row(row["id"])
             self._ours(row)
+            self._end_watches(row["id"])
             self.live.stop(row["handle"])
             self.retiring.finish(row)
             self.release_link(row)
