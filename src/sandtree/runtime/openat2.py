@@ -212,8 +212,9 @@ def exists(root_fd: int, path: str) -> bool:
 
 
 def list_dir(root_fd: int, path: str, mounts: set[int]) -> list[dict]:
-    """The entries of a directory of the sandbox's own filesystem: name, kind, size, mode (at most
-    MAX_LISTED; lstat of each, so a link is reported as a link, never followed)."""
+    """The entries of a directory of the sandbox's own filesystem: name, kind, size, mode,
+    permissions, host uid and gid, mtime, a link's target (at most MAX_LISTED; lstat of each, so a
+    link is reported as a link, never followed)."""
     dfd = open_in_root(root_fd, path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         own_filesystem(dfd, mounts, path)
@@ -227,7 +228,10 @@ def list_dir(root_fd: int, path: str, mounts: set[int]) -> list[dict]:
                 except FileNotFoundError:
                     continue                              # removed while listed
                 out.append({"name": e.name, "kind": _KINDS.get(stat.S_IFMT(st.st_mode), "other"),
-                            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+                            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode),
+                            "permissions": stat.filemode(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                            "mtime": st.st_mtime,
+                            "target": os.readlink(e.name, dir_fd=dfd) if stat.S_ISLNK(st.st_mode) else None})
         return sorted(out, key=lambda x: x["name"])
     finally:
         os.close(dfd)
@@ -394,3 +398,59 @@ def _rename_error(err: int, source: str, destination: str):
     if err == errno.EBUSY:
         raise InvalidInput(f"{source} or {destination} is a mount point", path=source)
     raise OSError(err, f"{os.strerror(err)}: {source} -> {destination}")
+
+
+MAX_DEPTH = 256                     # directories deep a tree removal goes (deeper: exec rm -r inside)
+
+
+def remove_tree(root_fd: int, path: str, mounts: set[int]) -> None:
+    """Remove a file, a link or a directory with everything in it (rm -r --one-file-system): every
+    directory opened by name below one already open, never through a link (O_NOFOLLOW), and never
+    into another mount (a mount point inside stays, and so does its directory)."""
+    parent, name = _split(path.rstrip("/") or "/")
+    if name in ("", ".", ".."):
+        raise InvalidInput(f"cannot remove {path}", path=path)
+    dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        own_filesystem(dfd, mounts, path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dfd)
+            return
+        _empty(dfd, name, path, mount_id(dfd), 0)
+        try:
+            os.rmdir(name, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.EBUSY:
+                raise InvalidInput(f"{path} is a mount point", path=path) from None
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _empty(pfd: int, name: str, path: str, mnt: int | None, depth: int) -> None:
+    if depth >= MAX_DEPTH:
+        raise InvalidInput(f"{path} is more than {MAX_DEPTH} directories deep (exec rm -r removes it)", path=path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
+    except FileNotFoundError:
+        return
+    try:
+        if mount_id(fd) != mnt:
+            raise InvalidInput(f"{path} holds a mount point: not removed from outside", path=path)
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for child, is_dir in entries:
+            try:
+                if is_dir:
+                    _empty(fd, child, path, mnt, depth + 1)
+                    os.rmdir(child, dir_fd=fd)
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                continue                                  # removed meanwhile
+    finally:
+        os.close(fd)

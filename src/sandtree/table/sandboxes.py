@@ -156,10 +156,11 @@ def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
 @via("cli", Cli("sandbox ls", args=("sid", "path?")))
-@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",), name="list_sandbox_dir"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path", "depth"), name="list_sandbox_dir", bounds={"depth": {"ge": 1, "le": 256}}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
-def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
-    """A directory of a live sandbox: name, kind, size, mode of each entry."""
+def sandbox_ls(sid: str, path: str = "/", *, depth: int = 1) -> list[dict]:
+    """A directory of a live sandbox: name, path, kind, size, mode, permissions, uid, gid, owner, group, mtime, target of each entry.
+    depth: also list subdirectories this deep (1: the directory alone; links are not followed)"""
 
 @via("cli", Cli("sandbox exists"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists", name="sandbox_path_exists", echo={"path": "path"}))
@@ -168,10 +169,11 @@ def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
 @via("cli", Cli("sandbox rm"))
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory."))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path", "recursive"), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory (recursive=true: a directory with what is in it)."))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
-def sandbox_remove(sid: str, path: str) -> None:
-    """Remove a file, a link or an empty directory of a live sandbox."""
+def sandbox_remove(sid: str, path: str, *, recursive: bool = False) -> None:
+    """Remove a file, a link or an empty directory of a live sandbox (recursive: a directory and everything in it).
+    recursive: remove a directory with what is in it (never crossing into a mount)"""
 
 @via("cli", Cli("sandbox mkdir"))
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, doc="Make a directory and any missing parents (mkdir -p).", bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))

@@ -52,20 +52,47 @@ class SandboxFiles:
             os.close(root)
         self._touch(row)
 
-    def ls(self, sid: str, path: str = "/") -> list[dict]:
-        """A directory of the running sandbox: name, kind, size, mode of each entry."""
+    def ls(self, sid: str, path: str = "/", *, depth: int = 1) -> list[dict]:
+        """A directory of the running sandbox (depth > 1: and its subdirectories that deep, never
+        through a link): name, path, kind, size, mode, permissions, uid, gid, owner, group, mtime,
+        a link's target, of each entry (at most openat2.MAX_LISTED in all)."""
         self._check_path(path)
-        return self._in(self._running(sid), lambda root, mounts: openat2.list_dir(root, path, mounts))
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= openat2.MAX_DEPTH:
+            raise InvalidInput(f"depth must be 1 to {openat2.MAX_DEPTH}", depth=depth)
+        idmap = self.store.idmap
+
+        def walk(root, mounts):
+            out, level, names = [], [(path, 1)], {}
+            while level:
+                d, n = level.pop(0)
+                for e in openat2.list_dir(root, d, mounts):
+                    if len(out) >= openat2.MAX_LISTED:
+                        return out
+                    e["path"] = f"{d.rstrip('/')}/{e['name']}"
+                    e["uid"], e["gid"] = idmap.uid(e["uid"]), idmap.gid(e["gid"])
+                    for key, table, num in (("owner", "/etc/passwd", e["uid"]), ("group", "/etc/group", e["gid"])):
+                        if (table, num) not in names:
+                            names[(table, num)] = _account_name(root, table, num, mounts)
+                        e[key] = names[(table, num)]
+                    out.append(e)
+                    if e["kind"] == "dir" and n < depth:
+                        level.append((e["path"], n + 1))
+            return out
+        return self._in(self._running(sid), walk)
 
     def exists(self, sid: str, path: str) -> bool:
         self._check_path(path)
         return self._in(self._running(sid), lambda root, mounts: openat2.exists(root, path))
 
-    def remove(self, sid: str, path: str) -> None:
-        """Remove a file, a link or an empty directory of the running sandbox."""
+    def remove(self, sid: str, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, a link or an empty directory of the running sandbox (recursive: a directory
+        with everything in it, as rm -r on one filesystem)."""
         self._check_path(path)
+        if not isinstance(recursive, bool):
+            raise InvalidInput("recursive must be true or false")
         row = self._running(sid)
-        self._in(row, lambda root, mounts: openat2.remove(root, path, mounts))
+        how = openat2.remove_tree if recursive else openat2.remove
+        self._in(row, lambda root, mounts: how(root, path, mounts))
         self._touch(row)
 
     def mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:

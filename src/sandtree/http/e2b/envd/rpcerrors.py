@@ -1,0 +1,40 @@
+"""sandtree's errors as envd answers them: a Connect error code for the Connect-RPC services, E2B's
+{"code", "message"} body for envd's HTTP routes. One table, from each class's http_status
+(errors.py), so a new error class needs nothing here."""
+
+from __future__ import annotations
+
+import functools
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from starlette.responses import JSONResponse
+
+from ....errors import SandtreeError
+
+# http_status -> Connect code (what E2B's SDK maps back: NOT_FOUND -> FileNotFoundException,
+# INVALID_ARGUMENT -> InvalidArgumentException, ALREADY_EXISTS -> make_dir's False, ...)
+CODES = {400: Code.INVALID_ARGUMENT, 401: Code.UNAUTHENTICATED, 403: Code.PERMISSION_DENIED,
+         404: Code.NOT_FOUND, 405: Code.INVALID_ARGUMENT, 408: Code.DEADLINE_EXCEEDED, 409: Code.ALREADY_EXISTS,
+         410: Code.NOT_FOUND, 413: Code.RESOURCE_EXHAUSTED, 422: Code.INVALID_ARGUMENT,
+         425: Code.UNAVAILABLE, 429: Code.RESOURCE_EXHAUSTED, 431: Code.RESOURCE_EXHAUSTED,
+         502: Code.UNAVAILABLE, 503: Code.UNAVAILABLE, 507: Code.RESOURCE_EXHAUSTED}
+
+
+def connect_error(exc: SandtreeError) -> ConnectError:
+    return ConnectError(CODES.get(exc.http_status, Code.INTERNAL), exc.message)
+
+
+def rpc(fn):
+    """A Connect method whose sandtree errors reach the client as their Connect codes."""
+    @functools.wraps(fn)
+    async def method(*a, **k):
+        try:
+            return await fn(*a, **k)
+        except SandtreeError as exc:
+            raise connect_error(exc) from None
+    return method
+
+
+def http_error(exc: SandtreeError) -> JSONResponse:
+    return JSONResponse({"code": exc.http_status, "message": exc.message}, status_code=exc.http_status)
