@@ -23,6 +23,7 @@ from ..errors import DiskFull, TooLarge
 from .gate import STATE_KEY
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
+CAP_KEY = "sandtree.body_cap"          # scope key: this request's body cap, in bytes
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
 # (E2B's envd /files: under the one sandbox URL, or at the root for a host-addressed sandbox: e2b/dispatch.py)
 UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/builds|/api/v1/sandboxes/[^/]+/file"
@@ -49,6 +50,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         cap, what = self.cap(scope)
+        scope[CAP_KEY] = cap                     # for a route whose body inflates (a gzip upload): the same cap
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > cap:
             return await _too_large(send, TooLarge(f"{what} of {int(length)} bytes is over the {cap}-byte cap",

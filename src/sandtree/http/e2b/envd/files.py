@@ -13,11 +13,12 @@ import posixpath
 import zlib
 from urllib.parse import quote
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ....errors import InvalidInput, MethodNotAllowed, SandtreeError, TooLarge
-from ...bodylimit import DEFAULT_MAX_UPLOAD, upload_cap
+from ...bodylimit import CAP_KEY, DEFAULT_MAX_UPLOAD, upload_cap
 from ...gate import current_engine
 from ..dispatch import SANDBOX_KEY
 from . import users
@@ -60,12 +61,15 @@ async def _download(request: Request) -> Response:
 async def _upload(request: Request) -> Response:
     engine, sid = current_engine(), request.scope[SANDBOX_KEY][0]
     user = await _user(engine, sid, request)
-    cap = upload_cap(request.scope, DEFAULT_MAX_UPLOAD)
+    cap = request.scope.get(CAP_KEY) or upload_cap(request.scope, DEFAULT_MAX_UPLOAD)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     given = request.query_params.get("path")
     written = []
     if kind == "multipart/form-data":
-        form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES)
+        try:
+            form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES)
+        except HTTPException as exc:                      # starlette's word on a malformed multipart body
+            raise InvalidInput(f"malformed multipart upload: {exc.detail}") from None
         try:
             parts = [v for k, v in form.multi_items() if k == "file" and hasattr(v, "read")]
             if not parts:

@@ -26,7 +26,7 @@ from ...gate import current_engine
 from ..dispatch import SANDBOX_KEY
 from . import users
 from .app import route
-from .rpcerrors import connect_error, rpc
+from .rpcerrors import connect_error, rpc, strict_codecs
 
 _SANDBOX: contextvars.ContextVar = contextvars.ContextVar("e2b_envd_sandbox", default=None)
 TYPES = {"file": pb.FileType.FILE, "dir": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
@@ -206,7 +206,7 @@ def _keepalive(ctx) -> float:
     return min(max(asked, 1.0), KEEPALIVE)
 
 
-_app = FilesystemASGIApplication(Filesystem())
+_app = FilesystemASGIApplication(Filesystem(), codecs=strict_codecs())
 
 
 @route(_app.path + "/")

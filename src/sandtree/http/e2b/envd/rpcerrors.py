@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 from connectrpc.code import Code
+from connectrpc.codec import proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from starlette.responses import JSONResponse
 
@@ -38,3 +40,31 @@ def rpc(fn):
 
 def http_error(exc: SandtreeError) -> JSONResponse:
     return JSONResponse({"code": exc.http_status, "message": exc.message}, status_code=exc.http_status)
+
+
+class _Strict:
+    """A codec whose malformed input is the client's error (INVALID_ARGUMENT, as connect-go's envd
+    answers it), not connectrpc's UNKNOWN (HTTP 500) nor a decoder's panic (a pyo3 PanicException is
+    a BaseException: it dropped the connection)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def name(self) -> str:
+        return self.inner.name()
+
+    def encode(self, message) -> bytes:
+        return self.inner.encode(message)
+
+    def decode(self, data, message_class):
+        try:
+            return self.inner.decode(data, message_class)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError):
+            raise
+        except BaseException as exc:                     # noqa: BLE001 - see the class doc
+            raise ConnectError(Code.INVALID_ARGUMENT, f"malformed {self.inner.name()} message: {exc}"[:500]) from None
+
+
+def strict_codecs() -> list:
+    """connectrpc's default codecs (proto binary and JSON), strict as _Strict says."""
+    return [_Strict(proto_binary_codec()), _Strict(proto_json_codec())]
