@@ -3,4 +3,8 @@ Connect-RPC process.Process and filesystem.Filesystem, HTTP /files and /health. 
 them: each part registers its path prefix there as it loads (imported below)."""
 
 from . import app  # noqa: F401 - registers envd's port with dispatch.py
-from . import filesystem, files  # noqa: F401,E402 - they register their paths with app.py
+from . import files  # noqa: F401,E402 - registers /files with app.py
+from ....optional import load as _load  # noqa: E402
+
+if _load("connectrpc") is not None and _load("e2b.envd") is not None:   # the `e2b` extra: the Connect services
+    from . import filesystem  # noqa: F401 - registers filesystem.Filesystem with app.py

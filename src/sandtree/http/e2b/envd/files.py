@@ -23,7 +23,6 @@ from ...gate import current_engine
 from ..dispatch import SANDBOX_KEY
 from . import users
 from .app import route
-from .rpcerrors import http_error
 
 MAX_FILES = 1000            # parts of one multipart upload
 
@@ -93,6 +92,11 @@ async def _upload(request: Request) -> Response:
     for path, data in written:
         await asyncio.to_thread(engine.sandbox_write, sid, path, data, uid=user.uid, gid=user.gid)
     return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": p} for p, _ in written])
+
+
+def http_error(exc: SandtreeError) -> JSONResponse:
+    """E2B's error body: {"code": <status>, "message"}."""
+    return JSONResponse({"code": exc.http_status, "message": exc.message}, status_code=exc.http_status)
 
 
 def _gunzip(body: bytes, cap: int) -> bytes:

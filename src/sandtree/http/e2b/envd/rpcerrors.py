@@ -1,6 +1,7 @@
-"""sandtree's errors as envd answers them: a Connect error code for the Connect-RPC services, E2B's
-{"code", "message"} body for envd's HTTP routes. One table, from each class's http_status
-(errors.py), so a new error class needs nothing here."""
+"""sandtree's errors as envd's Connect-RPC services answer them: a Connect error code, from each
+class's http_status (errors.py), so a new error class needs nothing here; and strict codecs, so a
+malformed message is the client's error. (envd's HTTP routes answer E2B's {"code", "message"}:
+files.py.) Needs the `e2b` extra (connectrpc)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import functools
 from connectrpc.code import Code
 from connectrpc.codec import proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
-from starlette.responses import JSONResponse
 
 from ....errors import SandtreeError
 
@@ -36,10 +36,6 @@ def rpc(fn):
         except SandtreeError as exc:
             raise connect_error(exc) from None
     return method
-
-
-def http_error(exc: SandtreeError) -> JSONResponse:
-    return JSONResponse({"code": exc.http_status, "message": exc.message}, status_code=exc.http_status)
 
 
 class _Strict:
