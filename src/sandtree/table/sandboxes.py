@@ -169,7 +169,7 @@ def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
 @via("cli", Cli("sandbox rm"))
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path", "recursive"), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory (recursive=true: a directory with what is in it)."))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path", "recursive"), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory.", describe={"recursive": "remove a directory with what is in it (never crossing into a mount)"}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_remove(sid: str, path: str, *, recursive: bool = False) -> None:
     """Remove a file, a link or an empty directory of a live sandbox (recursive: a directory and everything in it).

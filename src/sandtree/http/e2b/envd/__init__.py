@@ -4,7 +4,7 @@ them: each part registers its path prefix there as it loads (imported below)."""
 
 from . import app  # noqa: F401 - registers envd's port with dispatch.py
 from . import files  # noqa: F401,E402 - registers /files with app.py
-from ....optional import load as _load  # noqa: E402
+from importlib.util import find_spec as _find  # noqa: E402
 
-if _load("connectrpc") is not None and _load("e2b.envd") is not None:   # the `e2b` extra: the Connect services
+if _find("connectrpc") is not None and _find("e2b") is not None:      # the `e2b` extra: the Connect services
     from . import filesystem  # noqa: F401 - registers filesystem.Filesystem with app.py
