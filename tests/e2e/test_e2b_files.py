@@ -221,3 +221,32 @@ def test_bad_input_gets_e2b_errors(live, served):
                    headers={**hdr, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
         assert r.status_code == 413 and r.json()["code"] == 413
     assert not s.files.exists("/work/bomb") and not s.files.exists("/work/g")
+
+
+@pytest.mark.gvisor
+def test_files_and_watch_on_gvisor(served, monkeypatch):
+    """The same envd on a gVisor sandbox: its files are the host overlay the gofer writes, so the host's
+    inotify sees a process's writes there."""
+    url, st, img = served
+    if not {r["tier"]: r for r in st.doctor()}["gvisor"]["available"]:
+        pytest.skip("gVisor is not available here")
+    monkeypatch.setenv("E2B_API_URL", url + "/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", url + "/e2b/sandbox")
+    monkeypatch.setenv("E2B_API_KEY", "e2b_unused_on_a_loopback_server")
+    sb = img.start(tier="gvisor")
+    try:
+        s = sync_sandbox(sb.id)
+        s.files.write("/work/g.txt", "gv")
+        assert s.files.read("/work/g.txt") == "gv" and s.files.get_info("/work/g.txt").size == 2
+        h = s.files.watch_dir("/work", recursive=True)
+        try:
+            sb.exec("mkdir /work/in && echo x > /work/in/made")
+            events, deadline = [], time.monotonic() + 10
+            while time.monotonic() < deadline and ("in/made", FilesystemEventType.WRITE) not in events:
+                events += [(e.name, e.type) for e in h.get_new_events()]
+                time.sleep(0.05)
+            assert ("in/made", FilesystemEventType.WRITE) in events, events
+        finally:
+            h.stop()
+    finally:
+        sb.stop()

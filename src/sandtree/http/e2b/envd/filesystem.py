@@ -34,6 +34,7 @@ EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": 
           "rename": pb.EventType.RENAME, "chmod": pb.EventType.CHMOD}
 KEEPALIVE = 30.0            # seconds between WatchDir's keepalives (the SDK's header may ask for less)
 MAX_LIST_DEPTH = 256
+MAX_REMEMBERED = 4096       # polling watchers whose path and include_entry are kept (the oldest forgotten)
 
 
 def entry_info(e: dict) -> pb.EntryInfo:
@@ -153,6 +154,8 @@ class Filesystem:
         path = await self._watched(c, request.path)
         w = await c.do(c.engine.sandbox_watch, c.sid, path, recursive=request.recursive)
         _INCLUDE[(c.sid, w["watch"])] = (path, request.include_entry)
+        while len(_INCLUDE) > MAX_REMEMBERED:             # watchers never removed (they expire in the engine)
+            _INCLUDE.pop(next(iter(_INCLUDE)))
         return pb.CreateWatcherResponse(watcher_id=w["watch"])
 
     @rpc
