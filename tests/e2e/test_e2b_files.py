@@ -183,6 +183,8 @@ def test_bad_input_gets_e2b_errors(live, served):
             s.files.list(bad)
     with pytest.raises(InvalidArgumentException):
         s.files.list("/etc/passwd")                                             # not a directory
+    with pytest.raises(InvalidArgumentException, match="metadata"):
+        s.files.write("/work/meta", "m", metadata={"k": "v"})                  # refused, not dropped
     with pytest.raises(InvalidArgumentException, match="no such user"):
         s.files.read("/etc/hostname", user="nobody-here")
     live.exec("mkdir -p /work && ln -s / /work/hostroot")                                       # a link stays inside the sandbox

@@ -185,8 +185,8 @@ def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: 
 @op("list", http=Http(_G, "/sandboxes/{sid}/stat", query=("path",), name="stat_sandbox_path"))
 @via("mcp", Off("sandbox_exec runs stat, mv and inotifywait in the sandbox"))
 def sandbox_stat(sid: str, path: str) -> dict:
-    """A path of a live sandbox as the kernel says (a link is not followed): name, kind, path, size, mode,
-    permissions, uid, gid, owner, group, mtime, target."""
+    """A path of a live sandbox as the kernel says (a link is not followed).
+    Its name, kind, path, size, mode, permissions, uid, gid, owner, group, mtime and a link's target."""
 
 @via("cli", Cli("sandbox mv"))
 @op("run", audit="sandbox rename", http=Http(_P, "/sandboxes/{sid}/rename", body=("source", "destination", "replace"), name="rename_sandbox_path", model="RenameIn", doc="Move a file or a directory within the sandbox (409 when the destination exists, unless replace)."))

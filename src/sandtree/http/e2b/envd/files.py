@@ -59,6 +59,9 @@ async def _download(request: Request) -> Response:
 
 async def _upload(request: Request) -> Response:
     engine, sid = current_engine(), request.scope[SANDBOX_KEY][0]
+    if any(k.lower().startswith("x-metadata-") for k in request.headers.keys()):
+        # refused, not dropped: the caller would believe its files carry it
+        raise InvalidInput("file metadata (envd's extended attributes, metadata=) is not supported by sandtree")
     user = await _user(engine, sid, request)
     cap = request.scope.get(CAP_KEY) or upload_cap(request.scope, DEFAULT_MAX_UPLOAD)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
