@@ -151,12 +151,14 @@ def test_files_async(live):
             seen.append(ev)
             if ev.name == "sub/new" and ev.type == FilesystemEventType.WRITE:
                 arrived.set()
-        h = await s.files.watch_dir("/work/as", on_event, recursive=True)
+        h = await s.files.watch_dir("/work/as", on_event, recursive=True, include_entry=True)
         try:
             await s.files.write("/work/as/sub/new", "n")
             await asyncio.wait_for(arrived.wait(), 10)
         finally:
             await h.stop()
+        entry = [e.entry for e in seen if e.name == "sub/new" and e.type == FilesystemEventType.WRITE][0]
+        assert entry is not None and (entry.path, entry.size) == ("/work/as/sub/new", 1)
         await s.files.remove("/work/as")
         assert not await s.files.exists("/work/as")
         with pytest.raises(FileNotFoundException):
