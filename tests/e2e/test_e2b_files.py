@@ -90,6 +90,7 @@ def test_files_sync(live):
     assert s.files.make_dir("/work/d/e") is False                               # there already
     top = {e.name: e for e in s.files.list("/work")}
     assert top["d"].type == FileType.DIR and top["a.txt"].size == 5 and "e" not in top
+    assert top["d"].size == 0 and top["d"].permissions == "drwxr-xr-x"                # as envd reports a directory
     deep = {e.path for e in s.files.list("/work", depth=3)}
     assert {"/work/d", "/work/d/e", "/work/m/one"} <= deep
 
@@ -115,6 +116,11 @@ def test_watch_dir_sync(live):
     s.files.make_dir("/work/w/sub")
     h = s.files.watch_dir("/work/w", recursive=True)
     try:
+        s.files.write("/work/w/sub/f.txt", "one")
+        # as E2B's own test_watch_directory_changes: there when the write returns, create, chmod, write
+        assert [(e.name, e.type) for e in h.get_new_events()] == [
+            ("sub/f.txt", FilesystemEventType.CREATE), ("sub/f.txt", FilesystemEventType.CHMOD),
+            ("sub/f.txt", FilesystemEventType.WRITE)]
         s.files.write("/work/w/sub/f.txt", "one")
         live.exec("echo two > /work/w/made; rm /work/w/made")
         events, deadline = [], time.monotonic() + 10
@@ -172,8 +178,7 @@ def test_bad_input_gets_e2b_errors(live, served):
         s.files.read("/work/missing")
     with pytest.raises(FileNotFoundException):
         s.files.get_info("/work/missing")
-    with pytest.raises(FileNotFoundException):
-        s.files.remove("/work/missing")
+    s.files.remove("/work/missing")                                              # nothing there: done, as E2B's
     with pytest.raises(FileNotFoundException):
         s.files.rename("/work/missing", "/work/else")
     for bad in ("../etc/passwd", "/work/../etc/x", "~/../x"):

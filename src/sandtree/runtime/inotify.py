@@ -14,7 +14,8 @@ after it stops): marks hold no mount, and when the sandbox's overlay goes, the k
 Events are E2B's (and fsnotify's) five kinds: create (IN_CREATE, IN_MOVED_TO), write (IN_MODIFY),
 remove (IN_DELETE), rename (IN_MOVED_FROM), chmod (IN_ATTRIB), each with its path relative to the
 watched directory. The engine's own writes (a new file renamed over the name, openat2.write_file)
-show as the name's create and write, never as their temporary name.
+show as the name's create, chmod and write (as a program that opens, chowns and writes it would: E2B's
+envd does), never under their temporary name.
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ class DirWatch:
                     continue
                 if e.name.startswith(TEMP_PREFIX):
                     continue
-                if found is not None and not strict:
+                if found is not None and not strict:   # made before the mark: what it would have shown
                     found.append((f"{rel}/{e.name}".lstrip("/"), "create"))
+                    if stat.S_ISREG(st.st_mode) and st.st_size:
+                        found.append((f"{rel}/{e.name}".lstrip("/"), "write"))
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append(e.name)
         for name in subdirs:
@@ -192,7 +195,8 @@ class DirWatch:
         if mask & IN_MOVED_TO:
             emit("create")
             if self.moved.pop(cookie, None) is not None:
-                emit("write")                    # the engine wrote it (a new file renamed over the name)
+                emit("chmod")                    # the engine wrote it (a new file owned, then filled, then
+                emit("write")                    # renamed over the name): as a writer in place shows
         if mask & IN_MODIFY:
             emit("write")
         if mask & IN_ATTRIB:

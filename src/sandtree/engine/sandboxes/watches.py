@@ -57,6 +57,7 @@ class WatchHub:
         deadline = time.monotonic() + timeout
         with self.cond:
             w = self._get(sid, wid)
+            self._drain(w)           # what the kernel queued already (a write just returned: its events are there)
             while not w.events and not w.dw.ended and (left := deadline - time.monotonic()) > 0:
                 self.cond.wait(left)
                 w = self._get(sid, wid)
@@ -110,6 +111,22 @@ class WatchHub:
             self._unregister(w)
         self.cond.notify_all()
 
+    def _drain(self, w: _Watch) -> None:
+        """Read a watch's queued events into its deque (under the lock: one reader at a time)."""
+        if w.dw.fileno() < 0:
+            return
+        try:
+            new = w.dw.read()
+        except Exception:                     # the sandbox went under it: the watch ends
+            new, w.dw.ended = [], True
+        w.events.extend(new)
+        over = len(w.events) - D.WATCH_EVENTS
+        for _ in range(max(0, over)):
+            w.events.popleft()
+        w.dropped += max(0, over)
+        if w.dw.ended:
+            self._unregister(w)
+
     def _run(self) -> None:
         idle_check = time.monotonic()
         while not self.closed:
@@ -122,19 +139,8 @@ class WatchHub:
                     continue
                 with self.cond:
                     w = self.watches.get(key.data)
-                    if w is None or w.dw.fileno() < 0:
-                        continue
-                    try:
-                        new = w.dw.read()
-                    except Exception:             # the sandbox went under it: the watch ends
-                        new, w.dw.ended = [], True
-                    w.events.extend(new)
-                    over = len(w.events) - D.WATCH_EVENTS
-                    for _ in range(max(0, over)):
-                        w.events.popleft()
-                    w.dropped += max(0, over)
-                    if w.dw.ended:
-                        self._unregister(w)
+                    if w is not None:
+                        self._drain(w)
                     self.cond.notify_all()
             now = time.monotonic()
             if now - idle_check > 5.0:

@@ -5,7 +5,8 @@ events), called on the caller's engine view (the TenantGate's) in a thread.
 
 E2B's semantics kept where they differ from the rows' defaults: MakeDir answers ALREADY_EXISTS for a
 directory that is there; Move makes the destination's parents and replaces what is there (rename(2),
-as envd's os.Rename); Remove removes a directory with what is in it (os.RemoveAll); ListDir's depth
+as envd's os.Rename); Remove removes a directory with what is in it, and nothing there is no error
+(os.RemoveAll); ListDir's depth
 1 is the directory itself. Paths resolve as users.py says."""
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ MAX_REMEMBERED = 4096       # polling watchers whose path and include_entry are 
 
 def entry_info(e: dict) -> pb.EntryInfo:
     """A sandbox_stat / sandbox_ls entry as envd's EntryInfo (a link: is_symlink, its target made
-    absolute as envd gives it)."""
+    absolute as envd gives it; a directory's size 0, as envd reports it)."""
     link = e["kind"] == "symlink"
     target = None
     if link and e.get("target") is not None:
         t = e["target"]
         target = t if t.startswith("/") else posixpath.normpath(posixpath.join(posixpath.dirname(e["path"]), t))
     return pb.EntryInfo(name=e["name"], type=TYPES.get(e["kind"], pb.FileType.UNSPECIFIED), path=e["path"],
-                        size=e["size"], mode=e["mode"], permissions=e["permissions"], owner=e["owner"],
+                        size=0 if e["kind"] == "dir" else e["size"], mode=e["mode"], permissions=e["permissions"], owner=e["owner"],
                         group=e["group"], modified_time=Timestamp.from_nanos(int(e["mtime"] * 1e9)),
                         symlink_target=target, is_symlink=link)
 
@@ -118,7 +119,10 @@ class Filesystem:
     async def remove(self, request: pb.RemoveRequest, ctx) -> pb.RemoveResponse:
         c = _Call(ctx)
         path = (await c.user()).path(request.path)
-        await c.do(c.engine.sandbox_remove, c.sid, path, recursive=True)
+        try:
+            await c.do(c.engine.sandbox_remove, c.sid, path, recursive=True)
+        except PathNotFound:
+            pass                                          # nothing there: done, as envd's os.RemoveAll
         return pb.RemoveResponse()
 
     async def watch_dir(self, request: pb.WatchDirRequest, ctx):
