@@ -91,8 +91,10 @@ def test_files_sync(live):
     top = {e.name: e for e in s.files.list("/work")}
     assert top["d"].type == FileType.DIR and top["a.txt"].size == 5 and "e" not in top
     assert top["d"].size == 0 and top["d"].permissions == "drwxr-xr-x"                # as envd reports a directory
-    deep = {e.path for e in s.files.list("/work", depth=3)}
-    assert {"/work/d", "/work/d/e", "/work/m/one"} <= deep
+    deep = [e.path for e in s.files.list("/work", depth=3)]
+    assert {"/work/d", "/work/d/e", "/work/m/one"} <= set(deep)
+    assert deep == sorted(deep, key=lambda p: p.split("/"))                     # walk order, as envd lists
+    assert [e.name for e in s.files.list("/work/m", depth=2)] == ["one", "two"]
 
     got = s.files.get_info("/work/a.txt")
     assert (got.size, got.permissions, got.mode) == (5, "-rw-r--r--", 0o644)

@@ -78,7 +78,8 @@ class SandboxFiles:
                     if e["kind"] == "dir" and n < depth:
                         level.append((e["path"], n + 1))
             return out
-        return self._in(self._running(sid), walk)
+        # a tree in walk order: each directory followed by what is in it, by name (as find and envd list it)
+        return sorted(self._in(self._running(sid), walk), key=lambda e: e["path"].split("/"))
 
     def exists(self, sid: str, path: str) -> bool:
         self._check_path(path)
