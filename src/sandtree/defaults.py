@@ -32,6 +32,11 @@ E2B_READY_TIMEOUT = 60.0             # seconds an E2B template's ready command m
 INTERPRETER_START_WAIT = 30.0        # seconds a code context's kernel (python3 in the sandbox) has to start
 INTERPRETER_INTERRUPT_GRACE = 2.0    # seconds interrupted code (a timeout, a cancel) has to stop before its
                                      # kernel is killed (the context then starts afresh)
+SANDBOX_WATCHES = 16                 # directory watches one live sandbox may have at once (sandbox_watch)
+WATCH_DIRS = 8192                    # directories one recursive watch marks (inotify watches are the host's)
+WATCH_EVENTS = 10000                 # events a watch keeps until they are taken (older ones are dropped)
+WATCH_IDLE = 600                     # a watch nobody asked for events this long is removed
+WATCH_WAIT_MAX = 60                  # seconds one sandbox_watch_events call may wait for an event
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

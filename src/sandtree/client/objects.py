@@ -271,6 +271,12 @@ class Sandbox:
     exists = method("sandbox_exists", bind={"sid": "id"})
     remove = method("sandbox_remove", bind={"sid": "id"})
     mkdir = method("sandbox_mkdir", bind={"sid": "id"})
+    stat = method("sandbox_stat", bind={"sid": "id"})
+    rename = method("sandbox_rename", bind={"sid": "id"})
+    watch = method("sandbox_watch", bind={"sid": "id"},
+                   note="Its watch id: watch_events(id, timeout=...) takes what happened since, unwatch(id) ends it.")
+    watch_events = method("sandbox_watch_events", bind={"sid": "id"})
+    unwatch = method("sandbox_unwatch", bind={"sid": "id"})
     commit = method("sandbox_commit", bind={"sid": "id"}, wrap=as_image,
                     note="Processes are frozen for the instant, then thawed; the image can be run, forked and "
                          "merged like any while the sandbox goes on.")
