@@ -26,6 +26,9 @@ SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at onc
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+VOLUME_QUOTA = 1 << 30               # bytes all of one tenant's volumes hold together (its max_volumes limit's default)
+VOLUME_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"   # a volume's name (per tenant)
+VOLUME_FORBIDDEN = ("/proc", "/dev", "/sys")          # paths a volume is never mounted on or under
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+import uuid
 
 from .. import config
 from .. import defaults as D
@@ -46,6 +48,7 @@ from .runs.records import Records
 from .runs.runs import RunOps
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
+from .volumes import Volumes
 from .runs.spec import RunSpecs, default_idmap
 from .passthrough import through
 from ..table import ENGINE_OPS
@@ -83,6 +86,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self._recipe_pools = None
         self.node_id: str | None = None     # a cluster node's engine: its ID (cluster/node.py), in its runs' rows
         self._ports = None
+        self._volumes = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
         # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
@@ -124,7 +128,39 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                     self._sandboxes.egress = lambda: self.egress
                     self._sandboxes.read_image = self.read
                     self._sandboxes.stored_secret = self.tenancy.stored_secret
+                    self._sandboxes.volumes = self.volumes
         return self._sandboxes
+
+    @property
+    def volumes(self) -> Volumes:
+        """Named volumes of each tenant (engine/volumes.py), made on first use."""
+        if self._volumes is None:
+            with self._parts_lock:
+                if self._volumes is None:
+                    self._volumes = Volumes(self.store, self.committer, self.records,
+                                            lambda qualified: self.sandboxes.volume_users(qualified))
+        return self._volumes
+
+    # A tenant's volumes: the tenancy names them (each tenant its own) and checks its quota.
+    volume_create = through("tenancy")
+    volume_list = through("tenancy")
+    volume_info = through("tenancy")
+    volume_delete = through("tenancy")
+
+    def volume_snapshot(self, name: str, *, tag: str | None = None) -> str:
+        return self.snapshot_volume(name, tag=tag)
+
+    def snapshot_volume(self, qualified: str, *, tag: str | None = None) -> str:
+        """volume_snapshot of a volume by its engine name (a tenant's: "<tenant>~<name>"): the image
+        and a `volume snapshot` operation that produced it (its lineage names the volume)."""
+        started = time.time()
+        with self.store.using():
+            cr, spec = self.volumes.snapshot(qualified)
+            self.records.record(uuid.uuid4().hex, cr.image, spec, started, cr.image, {"exit_code": 0},
+                                self.committer.image_writer(cr), kind="volume snapshot", edge=False)
+        if tag:
+            self.store.tag(cr.image, tag)
+        return cr.image
 
     @property
     def ports(self):
@@ -249,6 +285,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
             self._pools.close()
         if self._sandboxes is not None:
             self._sandboxes.close()
+        if self._volumes is not None:
+            self._volumes.close()           # the host's mounts (live sandboxes keep their binds)
         for rt in self._tiers.values():
             rt.close()
         self.store.close()

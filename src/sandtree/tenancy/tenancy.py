@@ -212,6 +212,33 @@ class Tenancy:
     def secret_remove(self, name: str, *, tenant: str | None = None, by: Tenant | None = None) -> None:
         stored.remove_secret(self, name, tenant, by)
 
+    # ---- volumes (engine/volumes.py): each tenant's own, by name; the operator's and admins' are one set ----
+    @staticmethod
+    def volume_owner(by: Tenant | None) -> str | None:
+        """Whose volumes a caller's names are: a tenant's own, else (the operator, an admin) None."""
+        return None if by is None or by is OPERATOR or by.admin else by.name
+
+    def volume_quota(self, by: Tenant | None) -> int:
+        """Bytes all of the caller's volumes may hold (its max_volumes limit, else the default)."""
+        cap = by.limits.get("max_volumes") if by is not None and by is not OPERATOR else None
+        return int(parse_size(cap)) if cap is not None else D.VOLUME_QUOTA
+
+    def volume_create(self, name: str, by: Tenant | None = None) -> dict:
+        info = self.engine.volumes.create(self.engine.volumes.name_of(self.volume_owner(by), name),
+                                          self.volume_quota(by))
+        self.record(by or OPERATOR, "volume create", detail={"volume": name})
+        return info
+
+    def volume_list(self, by: Tenant | None = None) -> list[dict]:
+        return self.engine.volumes.list(self.volume_owner(by))
+
+    def volume_info(self, name: str, by: Tenant | None = None) -> dict:
+        return self.engine.volumes.info(self.engine.volumes.name_of(self.volume_owner(by), name))
+
+    def volume_delete(self, name: str, by: Tenant | None = None) -> None:
+        self.engine.volumes.delete(self.engine.volumes.name_of(self.volume_owner(by), name))
+        self.record(by or OPERATOR, "volume delete", detail={"volume": name})
+
     def stored_secret(self, ref: str):
         """The stored secret a run's reference names (the engine's lookup; secrets.lookup)."""
         return stored.lookup(self.engine.secret_store, ref)

@@ -263,7 +263,10 @@ class TenantView(TenantSight):
 
     def sandbox_start(self, ref: str, **options) -> dict:     # rule: max_sandboxes; the sandbox is its own
         source = self.resolve(ref)
+        volumes = options.pop("volumes", None)                # rule: only its own volumes, by its names
         opts = self.run_options(options, image=source)
+        if volumes is not None:
+            opts["volumes"] = self.engine.volumes.mounts_of(self.tenant.name, volumes)
         cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
         with self.tenancy.tenant_lock(self.tenant.name):
             if len(self.sandbox_list()) >= cap:
@@ -285,6 +288,22 @@ class TenantView(TenantSight):
         if tag is not None:
             self.tag(image, tag)
         self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
+        return image
+
+    def volume_snapshot(self, name: str, *, tag: str | None = None) -> str:
+        # rule: its own volume by its name; the image and its tag are the tenant's, the operation its own
+        if tag is not None:
+            check_tag(tag)
+            self.need_scope("tag")
+        try:
+            image = self.engine.snapshot_volume(self.engine.volumes.name_of(self.tenant.name, name))
+        except SandtreeError as exc:
+            raise self.plain_error(exc) from None
+        self._own(image)
+        op = self._claim_op("volume snapshot", image)
+        if tag is not None:
+            self._write_tag(tag, image, "volume snapshot")
+        self._audit("volume snapshot", result=image, op=op, detail={"volume": name, **({"tag": tag} if tag else {})})
         return image
 
     def sandbox_set_network(self, sid: str, network) -> dict:     # rule: its own sandbox, within its grant

@@ -28,7 +28,7 @@ import uuid
 from ... import defaults as D
 from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ...runtime.base import LiveTier, RunSpec
-from ...runtime.liveproc import LiveHandle
+from ...runtime.liveproc import LiveHandle, open_of
 from ...runtime.validate import check_env
 from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
@@ -51,6 +51,7 @@ from ...defaults import RunRecord
 from ...values import check_labels, labels_match
 from ..images.rundefaults import run_defaults
 from ..runs.network import attach_link, network_option, require_egress
+from ..volumes import check_mounts, volume_view
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
@@ -71,6 +72,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self.egress = lambda: None                  # () -> the engine's Egress (network= sandboxes)
         self.read_image = lambda image, path: b""   # the engine's read (an image's CA bundle)
         self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
+        self.volumes = None                         # the engine's Volumes (engine/volumes.py)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
@@ -217,6 +219,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
+                **({"volumes": volume_view(row["spec"]["volumes"])} if row["spec"].get("volumes") else {}),
                 **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
@@ -233,15 +236,17 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
     def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              labels: dict | None = None, network=None, secrets: dict | None = None, run_of: str | None = None,
-              starter=None, **limits) -> dict:
+              labels: dict | None = None, network=None, secrets: dict | None = None, volumes=None,
+              run_of: str | None = None, starter=None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
         the live run it serves (processes/instances.py): a run slot, not a sandbox `list` shows; starter:
-        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py)."""
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py).
+        volumes: {name: path} or [{name, path, readonly}] (engine/volumes.py), bound in before it returns."""
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
+        mounts = self._check_volumes(volumes, tier, idle_action)
         labels = check_labels(labels)
         source = self.resolve(ref)
         row = self.store.image(source)
@@ -265,7 +270,8 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             self.reap()
         # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
         # on the tier they are started on
-        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER
+        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER \
+            and not mounts
         key = self.starts.key(source, spec) if ahead else None
         got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
         sid = got[0] if got else uuid.uuid4().hex
@@ -283,12 +289,21 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         finally:
             if link is not None:
                 link.close()                       # (the sandbox's processes hold the namespace)
+        made = []
+        if mounts:
+            try:
+                made = self._mount_volumes(handle, mounts)
+            except BaseException:
+                self.live.stop(handle)
+                self._unlink_net(sid, link)
+                raise
         now = time.time()
         record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
                   "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                   "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
                   "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
                   **({"labels": labels} if labels else {}),
+                  **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
                   **({"run": run_of} if run_of else {}), **net.record()}
         try:
             with self.store.db.tx() as con:
@@ -303,6 +318,40 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         if key:
             self.starts.after(key, source, spec)
         return self.info(sid)
+
+    # ---- volumes (engine/volumes.py) ----------------------------------------------------------------
+    def _check_volumes(self, volumes, tier: str, idle_action: str) -> list[dict]:
+        mounts = check_mounts(volumes)
+        if not mounts:
+            return []
+        if self.volumes is None:
+            raise RuntimeUnavailable("volumes are not available to this engine")
+        if tier != "namespaces":
+            raise RuntimeUnavailable(f"volumes are mounted on the namespaces tier only, not {tier}", tier=tier)
+        if idle_action == "hibernate":
+            raise InvalidInput("a sandbox with volumes cannot hibernate (its volumes are not part of a checkpoint): "
+                               "idle_action stop")
+        for m in mounts:
+            self.volumes._dir(m["volume"])         # NotFound before anything starts
+        return mounts
+
+    def _mount_volumes(self, handle, mounts: list[dict]) -> list[str]:
+        ns = open_of(handle.init_pid, handle.init_start, "ns/mnt", os.O_RDONLY)
+        try:
+            return self.volumes.mount(mounts, ns)
+        finally:
+            os.close(ns)
+
+    def volume_users(self, qualified: str) -> list[str]:
+        """The live sandboxes (running, or not yet judged gone) that mount a volume."""
+        self.reap()
+        out = []
+        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state IN ('running', 'hibernated', 'lost')"):
+            row = self._decode(r)
+            if any(m["volume"] == qualified for m in row["spec"].get("volumes", ())) and \
+                    self._settled(row)["state"] in ("running", "hibernated", "lost"):
+                out.append(row["id"])
+        return out
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
@@ -411,7 +460,8 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         try:
             # after a resume the upper holds the changes since the hibernation's commit
             cr = self.committer.commit(self.store.image(row["spec"].get("base") or row["image"]),
-                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
+                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"],
+                                      mount_points=row["spec"].get("volume_dirs", ()))
         finally:
             os.close(fd)
         write = mark_writer(self.committer.image_writer(cr), cr.image) if ephemeral else self.committer.image_writer(cr)
@@ -421,8 +471,12 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         # that run: the run's own record draws the image's edge, labelled by its command and exit
         # code. An edge here too listed the image twice, as "commit of live sandbox ...".
         run = row["spec"].get("run")
+        left_out = volume_view(row["spec"].get("volumes", ()))      # a volume is never part of an image
         self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
-                                               "command": f"{how} of live sandbox {row['id'][:12]}",
+                                               "command": f"{how} of live sandbox {row['id'][:12]}"
+                                               + (f" (volumes left out: {', '.join(v['path'] for v in left_out)})"
+                                                  if left_out else ""),
+                                               **({"volumes_left_out": left_out} if left_out else {}),
                                                **({"run": run} if run else {})},
                             started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent,
                             edge=not run)

@@ -1,0 +1,245 @@
+"""Volumes: named persistent directories of a tenant, mounted into live sandboxes at their start
+(read-write or read-only, several sandboxes at once), kept across sandbox lifetimes, outside every
+image: a commit of a sandbox leaves its volumes out (and records which), and a volume becomes an
+image only by a snapshot of its own.
+
+Storage (runtime/volumes.py): each tenant's volumes are directories of one ext4 filesystem in a
+sparse file under the store's home (volumes/<tenant>/disk.img, mounted at volumes/<tenant>/fs),
+sized by the tenant's quota: a write past it fails in the sandbox with ENOSPC. Names are per tenant;
+the engine names a tenant's volume "<tenant>~<name>" (the tenancy qualifies the names a tenant
+gives, as for stored secrets), a bare name is the operator's. The directory listing is the volumes'
+only record: nothing to keep in step with a table. Whether a volume is in use is read from the
+live sandboxes' own records (their spec's `volumes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+
+from .. import defaults as D
+from ..errors import Conflict, InvalidInput, NotFound
+from ..runtime import volumes as host
+from ..store.objects import EMPTY_TREE_HASH
+from ..store.store import ImageRow
+
+__all__ = ["Volumes", "check_name", "check_mounts", "qualify", "split", "volume_view"]
+
+_NAME = re.compile(D.VOLUME_NAME)
+SEP = "~"                                   # tenant~name: a tenant's volume as the engine names it
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInput(f"a volume name is 1-63 of A-Z a-z 0-9 . _ - (starting with a letter or digit), "
+                           f"not {name!r}", name=name)
+    return name
+
+
+def qualify(tenant: str | None, name) -> str:
+    """The engine's name of a tenant's volume (None: the operator's)."""
+    check_name(name)
+    return name if not tenant else f"{tenant}{SEP}{name}"
+
+
+def split(qualified: str) -> tuple[str | None, str]:
+    tenant, sep, name = qualified.rpartition(SEP)
+    return (tenant if sep else None), check_name(name)
+
+
+def check_path(path) -> str:
+    """A volume's path inside the sandbox: absolute, normalized (no `.`, `..` or `//`), not `/`,
+    and not on or under /proc, /dev or /sys (the runtime's own mounts)."""
+    if not isinstance(path, str) or not path.startswith("/") or path == "/" or "\0" in path or "\n" in path \
+            or len(path) > 1024:
+        raise InvalidInput(f"a volume's path is an absolute directory path other than /, not {path!r}", path=path)
+    parts = path.split("/")[1:]
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidInput(f"a volume's path has no empty, `.` or `..` component: {path!r}", path=path)
+    for bad in D.VOLUME_FORBIDDEN:
+        if path == bad or path.startswith(bad + "/"):
+            raise InvalidInput(f"a volume cannot be mounted on or under {bad}: {path!r}", path=path)
+    return path
+
+
+def check_mounts(value) -> list[dict]:
+    """sandbox_start's `volumes`: {name: path} or [{name, path, readonly}], as a list of
+    {"volume", "path", "readonly"} (names as given: the tenancy qualifies a tenant's)."""
+    if value is None:
+        return []
+    if isinstance(value, dict):                    # {name: path}, path:ro read-only (the CLI's NAME=PATH[:ro])
+        value = [{"name": k, "path": v[:-3], "readonly": v.endswith(":ro")}
+                 if isinstance(v, str) and v.endswith((":ro", ":rw")) else {"name": k, "path": v}
+                 for k, v in value.items()]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInput("volumes is {name: path} or a list of {name, path, readonly}")
+    out, paths = [], set()
+    for v in value:
+        if not isinstance(v, dict) or set(v) - {"name", "path", "readonly"} or "name" not in v or "path" not in v:
+            raise InvalidInput(f"a volume mount is {{name, path, readonly}}, not {v!r}")
+        ro = v.get("readonly", False)
+        if not isinstance(ro, bool):
+            raise InvalidInput(f"a volume's readonly is true or false, not {ro!r}")
+        name = v["name"]
+        split(name) if isinstance(name, str) else check_name(name)
+        path = check_path(v["path"])
+        for p in paths:
+            if path == p or path.startswith(p + "/") or p.startswith(path + "/"):
+                raise InvalidInput(f"volume paths {p} and {path} overlap", path=path)
+        paths.add(path)
+        out.append({"volume": name, "path": path, "readonly": ro})
+    return out
+
+
+def volume_view(mounts) -> list[dict]:
+    """A sandbox's mounts as its caller named them: {name, path, readonly} each."""
+    return [{"name": split(m["volume"])[1], "path": m["path"], "readonly": m["readonly"]} for m in mounts]
+
+
+class Volumes:
+    def __init__(self, store, committer, records, users):
+        """users(qualified name) -> ids of the live sandboxes that mount it (engine's Sandboxes)."""
+        self.store, self.committer, self.records, self.users = store, committer, records, users
+        self.root = os.path.join(store.home, "volumes")
+        self._lock = threading.RLock()
+        self._owner = (store.idmap.host_uid(0), store.idmap.host_gid(0))   # the sandbox's root
+
+    # ---- a tenant's filesystem -------------------------------------------------------------------
+    def _space(self, tenant: str | None) -> str:
+        key = "operator" if not tenant else "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:24]
+        return os.path.join(self.root, key)
+
+    def filesystem(self, tenant: str | None, quota: int | None = None) -> str:
+        """The mounted filesystem of a tenant's volumes (made, or grown to `quota`; None: as it is,
+        NotFound when it was never made)."""
+        space = self._space(tenant)
+        fs, image = os.path.join(space, "fs"), os.path.join(space, "disk.img")
+        with self._lock:
+            if quota is None and not os.path.exists(image):
+                raise NotFound("no volumes yet", tenant=tenant)
+            if quota is None:
+                quota = os.path.getsize(image)
+            os.makedirs(space, mode=0o700, exist_ok=True)
+            host.ensure_filesystem(image, fs, int(quota), self._owner)
+        return fs
+
+    def _dir(self, qualified: str, quota: int | None = None, *, exists: bool = True) -> str:
+        tenant, name = split(qualified)
+        try:
+            d = os.path.join(self.filesystem(tenant, quota), name)
+        except NotFound:
+            d = None
+        if exists and (d is None or not os.path.isdir(d) or os.path.islink(d)):
+            raise NotFound(f"no volume {name!r}", volume=name)
+        return d
+
+    # ---- the rows -----------------------------------------------------------------------------------
+    def create(self, qualified: str, quota: int) -> dict:
+        tenant, name = split(qualified)
+        fs = self.filesystem(tenant, quota)
+        try:
+            os.mkdir(os.path.join(fs, name), 0o755)
+        except FileExistsError:
+            raise Conflict(f"volume {name!r} exists", volume=name) from None
+        os.chown(os.path.join(fs, name), *self._owner)
+        return self.info(qualified)
+
+    def info(self, qualified: str) -> dict:
+        tenant, name = split(qualified)
+        d = self._dir(qualified)
+        st = os.lstat(d)
+        used, size = host.usage(os.path.dirname(d))
+        return {"name": name, "created": st.st_ctime, "bytes": _bytes_under(d), "used_by": self.users(qualified),
+                "quota": {"used": used, "size": size}}
+
+    def list(self, tenant: str | None) -> list[dict]:
+        try:
+            fs = self.filesystem(tenant)
+        except NotFound:
+            return []
+        names = sorted(n for n in os.listdir(fs) if _NAME.fullmatch(n))
+        return [self.info(qualify(tenant, n)) for n in names]
+
+    def delete(self, qualified: str) -> None:
+        """Remove a volume and its files; Conflict (naming them) while live sandboxes mount it."""
+        tenant, name = split(qualified)
+        with self._lock:
+            d = self._dir(qualified)
+            users = self.users(qualified)
+            if users:
+                raise Conflict(f"volume {name!r} is mounted by live sandbox(es) {', '.join(u[:12] for u in users)}: "
+                               "stop them first", volume=name, sandboxes=users)
+            # Renamed away first (the name is free at once, a start cannot mount it meanwhile), then removed
+            # through fds (shutil.rmtree never follows a link); nothing is mounted under it on this host.
+            gone = os.path.join(os.path.dirname(d), f".deleting-{uuid.uuid4().hex}")
+            os.rename(d, gone)
+        if any(p == gone or p.startswith(gone + "/") for p in _mount_points()):
+            raise Conflict(f"volume {name!r} has a mount under it on the host; left in place as {gone}")
+        shutil.rmtree(gone)
+
+    def snapshot(self, qualified: str) -> tuple[str, object, dict]:
+        """An image whose root holds the volume's files: (image ID, its writer, the record's spec).
+        The caller records the operation (engine.volume_snapshot). Consistent when no sandbox writes
+        to the volume meanwhile."""
+        tenant, name = split(qualified)
+        d = self._dir(qualified)
+        if not any(True for _ in os.scandir(d)):
+            raise InvalidInput(f"volume {name!r} is empty: there is nothing to make an image of", volume=name)
+        empty = ImageRow(EMPTY_TREE_HASH, [], {}, 0.0, 0, 0)
+        cr = self.committer.commit(empty, d)
+        return cr, {"volume": name, "command": f"snapshot of volume {name}"}
+
+    # ---- the tenancy's names --------------------------------------------------------------------------
+    @staticmethod
+    def name_of(tenant: str | None, name) -> str:
+        """The engine's name of a tenant's volume `name` (tenant None: the operator's)."""
+        return qualify(tenant, name)
+
+    @staticmethod
+    def mounts_of(tenant: str | None, value) -> list[dict]:
+        """sandbox_start's `volumes` of a tenant, its names made the engine's (check_mounts)."""
+        if value is not None:
+            items = value.items() if isinstance(value, dict) else [(None, v) for v in value] \
+                if isinstance(value, (list, tuple)) else None
+            for k, v in items or ():
+                check_name(k if k is not None else (v.get("name") if isinstance(v, dict) else v))
+        return [{"name": qualify(tenant, m["volume"]), "path": m["path"], "readonly": m["readonly"]}
+                for m in check_mounts(value)]
+
+    # ---- live sandboxes -------------------------------------------------------------------------------
+    def mount(self, mounts: list[dict], ns_fd: int) -> list[str]:
+        """Bind each volume of `mounts` (check_mounts, qualified names) into the mount namespace
+        `ns_fd`; the directories made for them in the sandbox's root."""
+        made = []
+        for m in mounts:
+            made += host.bind_into(ns_fd, self._dir(m["volume"]), m["path"], m["readonly"], self._owner)
+        return made
+
+    def close(self) -> None:
+        """Detach the host's mounts of every tenant's volume filesystem (live sandboxes keep theirs)."""
+        if not os.path.isdir(self.root):
+            return
+        with self._lock:
+            for key in os.listdir(self.root):
+                host.unmount(os.path.join(self.root, key, "fs"))
+
+
+def _bytes_under(d: str) -> int:
+    total = 0
+    for dirpath, dirs, files in os.walk(d):
+        for f in files + dirs:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [os.path.realpath(line.split()[4]) for line in f]
