@@ -225,6 +225,13 @@ class Sandtree:
                                            "tenant: (an admin) store it for that tenant.")
     secrets = method("secret_list")
     remove_secret = method("secret_remove", wrap=as_none)
+    # volumes: named directories that live sandboxes mount (st.start(image, volumes={"name": "/path"}))
+    create_volume = method("volume_create", note="Mount it with image.start(volumes={name: \"/path\"}) "
+                                                 "(\"/path:ro\" read-only); it outlives every sandbox.")
+    volumes = method("volume_list")
+    volume = method("volume_info")
+    remove_volume = method("volume_delete", wrap=as_none, note="Refused (Conflict) while live sandboxes mount it.")
+    snapshot_volume = method("volume_snapshot", wrap=as_image)
     doctor = method("doctor")
     cluster_status = method("cluster_status")
     fsck = method("fsck")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
-import uuid
 
 from .. import config
 from .. import defaults as D
@@ -48,7 +46,7 @@ from .runs.records import Records
 from .runs.runs import RunOps
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
-from .volumes import Volumes
+from .volumes import Volumes, split as split_volume
 from .runs.spec import RunSpecs, default_idmap
 from .passthrough import through
 from ..table import ENGINE_OPS
@@ -141,26 +139,20 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                                             lambda qualified: self.sandboxes.volume_users(qualified))
         return self._volumes
 
-    # A tenant's volumes: the tenancy names them (each tenant its own) and checks its quota.
-    volume_create = through("tenancy")
+    # Volumes by the engine's names: a tenant's are "<tenant>~<name>" (its view names them so), listed by the
+    # tenancy (whose they are depends on who asks); the quota is the volume's tenant's.
+    def volume_create(self, volume: str) -> dict:
+        return self.volumes.create(volume, self.tenancy.volume_quota(split_volume(volume)[0]))
+
     volume_list = through("tenancy")
-    volume_info = through("tenancy")
-    volume_delete = through("tenancy")
+    volume_info = through("volumes", "info")
+    volume_delete = through("volumes", "delete")
 
-    def volume_snapshot(self, name: str, *, tag: str | None = None) -> str:
-        return self.snapshot_volume(name, tag=tag)
-
-    def snapshot_volume(self, qualified: str, *, tag: str | None = None) -> str:
-        """volume_snapshot of a volume by its engine name (a tenant's: "<tenant>~<name>"): the image
-        and a `volume snapshot` operation that produced it (its lineage names the volume)."""
-        started = time.time()
-        with self.store.using():
-            cr, spec = self.volumes.snapshot(qualified)
-            self.records.record(uuid.uuid4().hex, cr.image, spec, started, cr.image, {"exit_code": 0},
-                                self.committer.image_writer(cr), kind="volume snapshot", edge=False)
+    def volume_snapshot(self, volume: str, *, tag: str | None = None) -> str:
+        image = self.volumes.snapshot(volume)
         if tag:
-            self.store.tag(cr.image, tag)
-        return cr.image
+            self.store.tag(image, tag)
+        return image
 
     @property
     def ports(self):

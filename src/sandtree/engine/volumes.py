@@ -28,7 +28,7 @@ from ..runtime import volumes as host
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import ImageRow
 
-__all__ = ["Volumes", "check_name", "check_mounts", "qualify", "split", "volume_view"]
+__all__ = ["SEP", "Volumes", "check_name", "check_mounts", "check_path", "qualify", "split", "volume_view"]
 
 _NAME = re.compile(D.VOLUME_NAME)
 SEP = "~"                                   # tenant~name: a tenant's volume as the engine names it
@@ -128,7 +128,8 @@ class Volumes:
             host.ensure_filesystem(image, fs, int(quota), self._owner)
         return fs
 
-    def _dir(self, qualified: str, quota: int | None = None, *, exists: bool = True) -> str:
+    def directory(self, qualified: str, quota: int | None = None, *, exists: bool = True) -> str:
+        """Where a volume's files are on the host (its filesystem mounted); NotFound when it does not exist."""
         tenant, name = split(qualified)
         try:
             d = os.path.join(self.filesystem(tenant, quota), name)
@@ -151,7 +152,7 @@ class Volumes:
 
     def info(self, qualified: str) -> dict:
         tenant, name = split(qualified)
-        d = self._dir(qualified)
+        d = self.directory(qualified)
         st = os.lstat(d)
         used, size = host.usage(os.path.dirname(d))
         return {"name": name, "created": st.st_ctime, "bytes": _bytes_under(d), "used_by": self.users(qualified),
@@ -169,7 +170,7 @@ class Volumes:
         """Remove a volume and its files; Conflict (naming them) while live sandboxes mount it."""
         tenant, name = split(qualified)
         with self._lock:
-            d = self._dir(qualified)
+            d = self.directory(qualified)
             users = self.users(qualified)
             if users:
                 raise Conflict(f"volume {name!r} is mounted by live sandbox(es) {', '.join(u[:12] for u in users)}: "
@@ -182,17 +183,22 @@ class Volumes:
             raise Conflict(f"volume {name!r} has a mount under it on the host; left in place as {gone}")
         shutil.rmtree(gone)
 
-    def snapshot(self, qualified: str) -> tuple[str, object, dict]:
-        """An image whose root holds the volume's files: (image ID, its writer, the record's spec).
-        The caller records the operation (engine.volume_snapshot). Consistent when no sandbox writes
-        to the volume meanwhile."""
+    def snapshot(self, qualified: str) -> str:
+        """An image whose root holds the volume's files, made by a `volume snapshot` operation whose
+        record names the volume (lineage: produced_by). The volume's files are read as a sandbox's
+        upper is for a commit (ids shifted back, links kept as links, never followed). Consistent
+        when no sandbox writes to the volume meanwhile."""
         tenant, name = split(qualified)
-        d = self._dir(qualified)
-        if not any(True for _ in os.scandir(d)):
-            raise InvalidInput(f"volume {name!r} is empty: there is nothing to make an image of", volume=name)
-        empty = ImageRow(EMPTY_TREE_HASH, [], {}, 0.0, 0, 0)
-        cr = self.committer.commit(empty, d)
-        return cr, {"volume": name, "command": f"snapshot of volume {name}"}
+        started = time.time()
+        with self.store.using():
+            d = self.directory(qualified)
+            if not any(True for _ in os.scandir(d)):
+                raise InvalidInput(f"volume {name!r} is empty: there is nothing to make an image of", volume=name)
+            cr = self.committer.commit(ImageRow(EMPTY_TREE_HASH, [], {}, 0.0, 0, 0), d)
+            self.records.record(uuid.uuid4().hex, cr.image, {"volume": name, "command": f"snapshot of volume {name}"},
+                                started, cr.image, {"exit_code": 0}, self.committer.image_writer(cr),
+                                kind="volume snapshot", edge=False)
+        return cr.image
 
     # ---- the tenancy's names --------------------------------------------------------------------------
     @staticmethod
@@ -217,7 +223,7 @@ class Volumes:
         `ns_fd`; the directories made for them in the sandbox's root."""
         made = []
         for m in mounts:
-            made += host.bind_into(ns_fd, self._dir(m["volume"]), m["path"], m["readonly"], self._owner)
+            made += host.bind_into(ns_fd, self.directory(m["volume"]), m["path"], m["readonly"], self._owner)
         return made
 
     def close(self) -> None:

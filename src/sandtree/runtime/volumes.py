@@ -35,10 +35,10 @@ from ..errors import InvalidInput, RuntimeUnavailable, SandboxError
 __all__ = ["ensure_filesystem", "unmount", "mounted", "bind_into", "usage"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
-SYS_open_tree, SYS_mount_setattr = 428, 442
-OPEN_TREE_CLONE, AT_EMPTY_PATH, AT_SYMLINK_NOFOLLOW = 1, 0x1000, 0x100
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
-MNT_DETACH = 2
+_SYS_open_tree, _SYS_mount_setattr = 428, 442
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _AT_SYMLINK_NOFOLLOW = 1, 0x1000, 0x100
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+_MNT_DETACH = 2
 
 
 class _MountAttr(ctypes.Structure):
@@ -103,7 +103,7 @@ def unmount(mountpoint: str) -> None:
     """Detach the host's mount (sandboxes that bind a volume keep theirs until they end; the loop
     device is cleared with the last)."""
     while mounted(mountpoint):
-        if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
+        if _libc.umount2(os.fsencode(mountpoint), _MNT_DETACH) != 0:
             err = ctypes.get_errno()
             if err in (errno.EINVAL, errno.ENOENT):
                 return
@@ -118,13 +118,13 @@ def usage(mountpoint: str) -> tuple[int, int]:
 
 def _detached_clone(directory: str, readonly: bool) -> int:
     """An fd of a detached bind mount of `directory` (not its submounts), nodev/nosuid (+ro)."""
-    fd = _libc.syscall(SYS_open_tree, -100, os.fsencode(directory),
-                       OPEN_TREE_CLONE | os.O_CLOEXEC | AT_SYMLINK_NOFOLLOW)
+    fd = _libc.syscall(_SYS_open_tree, -100, os.fsencode(directory),
+                       _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW)
     if fd < 0:
         err = ctypes.get_errno()
         raise RuntimeUnavailable(f"open_tree of a volume failed: {os.strerror(err)} (volumes need Linux 5.12)")
-    attr = _MountAttr(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0), 0, 0, 0)
-    if _libc.syscall(SYS_mount_setattr, fd, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+    attr = _MountAttr(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if readonly else 0), 0, 0, 0)
+    if _libc.syscall(_SYS_mount_setattr, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
         err = ctypes.get_errno()
         os.close(fd)
         raise RuntimeUnavailable(f"mount_setattr of a volume failed: {os.strerror(err)}")

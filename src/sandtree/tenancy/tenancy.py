@@ -218,26 +218,14 @@ class Tenancy:
         """Whose volumes a caller's names are: a tenant's own, else (the operator, an admin) None."""
         return None if by is None or by is OPERATOR or by.admin else by.name
 
-    def volume_quota(self, by: Tenant | None) -> int:
-        """Bytes all of the caller's volumes may hold (its max_volumes limit, else the default)."""
-        cap = by.limits.get("max_volumes") if by is not None and by is not OPERATOR else None
+    def volume_quota(self, tenant: str | None) -> int:
+        """Bytes all of a tenant's volumes may hold (its max_volumes limit, else the default; None:
+        the operator's)."""
+        cap = self.limits(tenant).get("max_volumes") if tenant else None
         return int(parse_size(cap)) if cap is not None else D.VOLUME_QUOTA
-
-    def volume_create(self, name: str, by: Tenant | None = None) -> dict:
-        info = self.engine.volumes.create(self.engine.volumes.name_of(self.volume_owner(by), name),
-                                          self.volume_quota(by))
-        self.record(by or OPERATOR, "volume create", detail={"volume": name})
-        return info
 
     def volume_list(self, by: Tenant | None = None) -> list[dict]:
         return self.engine.volumes.list(self.volume_owner(by))
-
-    def volume_info(self, name: str, by: Tenant | None = None) -> dict:
-        return self.engine.volumes.info(self.engine.volumes.name_of(self.volume_owner(by), name))
-
-    def volume_delete(self, name: str, by: Tenant | None = None) -> None:
-        self.engine.volumes.delete(self.engine.volumes.name_of(self.volume_owner(by), name))
-        self.record(by or OPERATOR, "volume delete", detail={"volume": name})
 
     def stored_secret(self, ref: str):
         """The stored secret a run's reference names (the engine's lookup; secrets.lookup)."""

@@ -290,22 +290,6 @@ class TenantView(TenantSight):
         self._audit("sandbox commit", image=image, result=image, detail={"sandbox": full})
         return image
 
-    def volume_snapshot(self, name: str, *, tag: str | None = None) -> str:
-        # rule: its own volume by its name; the image and its tag are the tenant's, the operation its own
-        if tag is not None:
-            check_tag(tag)
-            self.need_scope("tag")
-        try:
-            image = self.engine.snapshot_volume(self.engine.volumes.name_of(self.tenant.name, name))
-        except SandtreeError as exc:
-            raise self.plain_error(exc) from None
-        self._own(image)
-        op = self._claim_op("volume snapshot", image)
-        if tag is not None:
-            self._write_tag(tag, image, "volume snapshot")
-        self._audit("volume snapshot", result=image, op=op, detail={"volume": name, **({"tag": tag} if tag else {})})
-        return image
-
     def sandbox_set_network(self, sid: str, network) -> dict:     # rule: its own sandbox, within its grant
         full = self._sandbox(sid)
         self.check_network(network, self.engine.sandbox_info(full)["image"])

@@ -332,7 +332,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             raise InvalidInput("a sandbox with volumes cannot hibernate (its volumes are not part of a checkpoint): "
                                "idle_action stop")
         for m in mounts:
-            self.volumes._dir(m["volume"])         # NotFound before anything starts
+            self.volumes.directory(m["volume"])         # NotFound before anything starts
         return mounts
 
     def _mount_volumes(self, handle, mounts: list[dict]) -> list[str]:
