@@ -48,7 +48,8 @@ def qualify(tenant: str | None, name) -> str:
 
 
 def split(qualified: str) -> tuple[str | None, str]:
-    tenant, sep, name = qualified.rpartition(SEP)
+    tenant, sep, name = check_name(qualified).rpartition(SEP) if not isinstance(qualified, str) else \
+        qualified.rpartition(SEP)
     return (tenant if sep else None), check_name(name)
 
 
