@@ -15,7 +15,7 @@ import time
 import pytest
 
 import sandtree
-from sandtree.errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from sandtree.errors import Conflict, InvalidInput, LimitExceeded, NotFound, RuntimeUnavailable
 from sandtree.tenancy.tenant import Tenant
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="volumes are loop-mounted ext4: root only")
@@ -237,3 +237,37 @@ def test_the_gvisor_tier_refuses_volumes_clearly(eng):
     with pytest.raises(RuntimeUnavailable) as exc:
         eng.sandbox_start(eng.test_image, volumes={"g": "/g"}, tier="gvisor")
     assert "volume" in str(exc.value) or "gvisor" in str(exc.value)
+
+
+def test_a_volumes_files_from_outside_any_sandbox(eng):
+    eng.volume_create("files")
+    eng.volume_write("files", "/a/b/c.txt", b"hello", mode=0o640, uid=1000, gid=1000)
+    assert eng.volume_read("files", "/a/b/c.txt") == b"hello"
+    st = eng.volume_stat("files", "/a/b/c.txt")
+    assert (st["type"], st["size"], st["mode"], st["uid"], st["gid"]) == ("file", 5, 0o640, 1000, 1000)
+    eng.volume_mkdir("files", "/m/n")
+    assert [e["path"] for e in eng.volume_ls("files", "/", depth=3)] == ["/a", "/m", "/a/b", "/m/n", "/a/b/c.txt"]
+    s = eng.sandbox_start(eng.test_image, volumes={"files": "/v"})
+    assert sh(eng, s["id"], "cat /v/a/b/c.txt; stat -c '%u %a' /v/a/b/c.txt; ln -s / /v/root; "
+                            "ln -s /etc/passwd /v/pw").stdout == b"hello1000 640\n"
+    assert eng.volume_stat("files", "/root")["target"] == "/"
+    assert [e["name"] for e in eng.volume_ls("files", "/root")] == ["a", "m", "pw", "root"]   # the volume's own /
+    with pytest.raises(NotFound):
+        eng.volume_read("files", "/pw")                       # /etc/passwd inside the volume: there is none
+    eng.volume_remove("files", "/a/b/c.txt")
+    with pytest.raises(NotFound):
+        eng.volume_read("files", "/a/b/c.txt")
+    for bad in ("relative", "/a/../../etc/passwd"):
+        with pytest.raises(InvalidInput):
+            eng.volume_read("files", bad)
+
+
+def test_a_write_from_outside_past_the_quota_is_refused(eng):
+    eng.tenancy.set_limits("w", max_volumes=16 << 20)
+    t = eng.as_tenant(Tenant("w", token="t-w", limits=eng.tenancy.limits("w")))
+    t.volume_create("full")
+    t.volume_write("full", "/keep", b"k" * 1000)
+    with pytest.raises(LimitExceeded):
+        t.volume_write("full", "/big", b"x" * (32 << 20))
+    assert t.volume_read("full", "/keep") == b"k" * 1000
+    assert [e["name"] for e in t.volume_ls("full")] == ["keep"]

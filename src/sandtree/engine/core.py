@@ -147,6 +147,12 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     volume_list = through("tenancy")
     volume_info = through("volumes", "info")
     volume_delete = through("volumes", "delete")
+    volume_read = through("volumes", "read")
+    volume_write = through("volumes", "write")
+    volume_ls = through("volumes", "ls")
+    volume_stat = through("volumes", "stat")
+    volume_mkdir = through("volumes", "mkdir")
+    volume_remove = through("volumes", "remove")
 
     def volume_snapshot(self, volume: str, *, tag: str | None = None) -> str:
         image = self.volumes.snapshot(volume)

@@ -18,12 +18,14 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
 
 from .. import defaults as D
-from ..errors import Conflict, InvalidInput, NotFound
+from ..errors import Conflict, InvalidInput, LimitExceeded, NotFound, PathNotFound, TooLarge
+from ..runtime import openat2
 from ..runtime import volumes as host
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import ImageRow
@@ -201,6 +203,112 @@ class Volumes:
                                 kind="volume snapshot", edge=False)
         return cr.image
 
+    # ---- files, from the host (E2B's volume content API; CLI and SDK alike) ----------------------------
+    # Every path resolves inside the volume (openat2 RESOLVE_IN_ROOT: a link a sandbox left there is
+    # followed as the sandbox would, never to the host), only regular files are read or written, and only
+    # on the volume's own filesystem (runtime/openat2.py says what each step defends against).
+    def read(self, qualified: str, path: str, limit: int = 64 << 20) -> bytes:
+        return self._in(qualified, path, lambda root, mounts: openat2.read_file(root, path, limit, mounts))
+
+    def write(self, qualified: str, path: str, data, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidInput("data must be bytes or a string")
+        _check_owner(mode, uid, gid, self.store.idmap.count - 1)
+        idmap = self.store.idmap
+        hu, hg = idmap.host_uid(uid), idmap.host_gid(gid)
+
+        def go(root, mounts):
+            parent = path.rsplit("/", 1)[0]
+            if parent:
+                openat2.make_dirs(root, parent, 0o755, hu, hg, mounts)
+            try:
+                openat2.write_file(root, path, bytes(data), mode, hu, hg, mounts)
+            except TooLarge:
+                raise LimitExceeded(f"{path}: the volume quota is full ({len(data)} bytes not written)",
+                                    path=path, size=len(data), limit="max_volumes") from None
+        self._in(qualified, path, go)
+
+    def mkdir(self, qualified: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+        _check_owner(mode, uid, gid, self.store.idmap.count - 1)
+        idmap = self.store.idmap
+        self._in(qualified, path, lambda root, mounts: openat2.make_dirs(
+            root, path, mode, idmap.host_uid(uid), idmap.host_gid(gid), mounts))
+
+    def remove(self, qualified: str, path: str) -> None:
+        self._in(qualified, path, lambda root, mounts: openat2.remove(root, path, mounts))
+
+    def stat(self, qualified: str, path: str) -> dict:
+        """A path of the volume (a link itself, not what it points to): name, type, path, size, mode,
+        uid, gid (the sandbox's ids), atime, mtime, ctime, and a link's target."""
+        def go(root, mounts):
+            parent, name = path.rstrip("/").rpartition("/")[::2] if path.rstrip("/") else ("", "")
+            if not name:
+                return self._entry(root, ".", "/")
+            dfd = openat2.open_in_root(root, parent or "/", os.O_PATH | os.O_DIRECTORY)
+            try:
+                return self._entry(dfd, name, path.rstrip("/"))
+            finally:
+                os.close(dfd)
+        return self._in(qualified, path, go)
+
+    def ls(self, qualified: str, path: str = "/", depth: int = 1) -> list[dict]:
+        """The entries under a directory of the volume (stat's fields each), `depth` levels deep
+        (links are listed, never entered); at most MAX_LISTED."""
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
+            raise InvalidInput(f"depth is 1 to 64, not {depth!r}", depth=depth)
+
+        def walk(root, mounts):
+            out: list[dict] = []
+            todo = [(path.rstrip("/") or "/", 1)]
+            while todo and len(out) < openat2.MAX_LISTED:
+                d, level = todo.pop(0)
+                dfd = openat2.open_in_root(root, d, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    if openat2.mount_id(dfd) not in mounts:
+                        raise InvalidInput(f"{d} is not on the volume", path=d)
+                    for name in sorted(os.listdir(dfd)):
+                        try:
+                            e = self._entry(dfd, name, f"{d.rstrip('/')}/{name}")
+                        except FileNotFoundError:
+                            continue                        # removed while listed
+                        out.append(e)
+                        if e["type"] == "directory" and level < depth:
+                            todo.append((e["path"], level + 1))
+                finally:
+                    os.close(dfd)
+            return out[:openat2.MAX_LISTED]
+        return self._in(qualified, path, walk)
+
+    def _entry(self, dfd: int, name: str, path: str) -> dict:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else \
+            "file" if stat.S_ISREG(st.st_mode) else "other"
+        out = {"name": name if name != "." else "", "type": kind, "path": path, "size": st.st_size,
+               "mode": stat.S_IMODE(st.st_mode), "uid": self.store.idmap.uid(st.st_uid),
+               "gid": self.store.idmap.gid(st.st_gid), "atime": st.st_atime, "mtime": st.st_mtime,
+               "ctime": st.st_ctime}
+        if kind == "symlink":
+            out["target"] = os.readlink(name, dir_fd=dfd)
+        return out
+
+    def _in(self, qualified: str, path, fn):
+        """fn(root fd, {its mount}) on the volume's directory, the fd closed after."""
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path or len(path) >= 4096 \
+                or any(len(p) > 255 for p in path.split("/")):
+            raise InvalidInput(f"a path in a volume is absolute (at most 4095 bytes), not {path!r}"[:300])
+        if ".." in path.split("/"):
+            raise InvalidInput(f"a path with '..' is refused: {path}", path=path)
+        root = os.open(self.directory(qualified), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            try:
+                return fn(root, {openat2.mount_id(root)})
+            except PathNotFound as exc:
+                raise PathNotFound(str(exc).replace("in the sandbox", "in the volume"), path=path) from None
+        finally:
+            os.close(root)
+
     # ---- the tenancy's names --------------------------------------------------------------------------
     @staticmethod
     def name_of(tenant: str | None, name) -> str:
@@ -234,6 +342,13 @@ class Volumes:
         with self._lock:
             for key in os.listdir(self.root):
                 host.unmount(os.path.join(self.root, key, "fs"))
+
+
+def _check_owner(mode, uid, gid, top_id: int) -> None:
+    for name, v, top in (("mode", mode, 0o7777), ("uid", uid, top_id), ("gid", gid, top_id)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+            raise InvalidInput(f"{name} must be an integer from 0 to {top if name != 'mode' else oct(top)}",
+                               **{name: v})
 
 
 def _bytes_under(d: str) -> int:

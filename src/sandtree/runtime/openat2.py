@@ -87,6 +87,11 @@ def own_mounts(mountinfo: str) -> set[int]:
     return out
 
 
+def mount_id(fd: int) -> int | None:
+    """The id of the mount an fd is on (as /proc/PID/mountinfo numbers them)."""
+    return _mount_id(fd)
+
+
 def _mount_id(fd: int) -> int | None:
     with open(f"/proc/self/fdinfo/{fd}") as f:
         for line in f:

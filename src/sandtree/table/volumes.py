@@ -42,3 +42,43 @@ def volume_delete(volume: str) -> None:
 @via("mcp", _MCP)
 def volume_snapshot(volume: str, *, tag: str | None = None) -> str:
     """An image whose root holds the volume's files now (a volume is never part of a sandbox's commit)."""
+
+# ---- a volume's files, from outside any sandbox (E2B's volume content API) ----------------------------
+_VF = "/volumes/{volume}/file"
+_MCPF = Off("an agent reads and writes a volume's files in a sandbox that mounts it (sandbox_exec)")
+
+@via("cli", Cli("volume cat", show="bytes"))
+@op("list", http=Http(_G, _VF, query=("path",), raw=True, name="read_volume_file"))
+@via("mcp", _MCPF)
+def volume_read(volume: str, path: str) -> bytes:
+    """A regular file of a volume (resolved inside it, never outside)."""
+
+@via("cli", Cli("volume put"))
+@op("run", audit="volume write", http=Http("PUT", _VF, query=("path", "mode", "uid", "gid"), content="data", name="write_volume_file", status=204, bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
+@via("mcp", _MCPF)
+def volume_write(volume: str, path: str, data: bytes, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+    """Write a file into a volume (missing parent directories are made); LimitExceeded past the quota."""
+
+@via("cli", Cli("volume ls", args=("volume", "path?")))
+@op("list", http=Http(_G, "/volumes/{volume}/ls", query=("path", "depth"), name="list_volume_dir", bounds={"depth": {"ge": 1, "le": 64}}))
+@via("mcp", _MCPF)
+def volume_ls(volume: str, path: str = "/", *, depth: int = 1) -> list[dict]:
+    """The entries under a directory of a volume, `depth` levels deep: name, type, path, size, mode, uid, gid, times."""
+
+@via("cli", Cli("volume stat"))
+@op("list", http=Http(_G, "/volumes/{volume}/stat", query=("path",), name="stat_volume_path"))
+@via("mcp", _MCPF)
+def volume_stat(volume: str, path: str) -> dict:
+    """A path of a volume (a link itself): name, type, path, size, mode, uid, gid, atime, mtime, ctime, target."""
+
+@via("cli", Cli("volume mkdir"))
+@op("run", audit="volume mkdir", http=Http(_P, "/volumes/{volume}/mkdir", query=("path", "mode", "uid", "gid"), name="make_volume_dir", echo={"path": "path"}, bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
+@via("mcp", _MCPF)
+def volume_mkdir(volume: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+    """Make a directory of a volume and any missing parents (mkdir -p)."""
+
+@via("cli", Cli("volume unlink"))
+@op("run", audit="volume remove", http=Http(_X, _VF, query=("path",), name="remove_volume_file", status=204))
+@via("mcp", _MCPF)
+def volume_remove(volume: str, path: str) -> None:
+    """Remove a file, a link or an empty directory of a volume."""
