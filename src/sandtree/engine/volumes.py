@@ -249,6 +249,8 @@ class Volumes:
             dfd = openat2.open_in_root(root, parent or "/", os.O_PATH | os.O_DIRECTORY)
             try:
                 return self._entry(dfd, name, path.rstrip("/"))
+            except FileNotFoundError:
+                raise PathNotFound(f"no such file in the volume: {path}", path=path) from None
             finally:
                 os.close(dfd)
         return self._in(qualified, path, go)
