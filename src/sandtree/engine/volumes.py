@@ -4,7 +4,7 @@ image: a commit of a sandbox leaves its volumes out (and records which), and a v
 image only by a snapshot of its own.
 
 Storage (runtime/volumes.py): each tenant's volumes are directories of one ext4 filesystem in a
-sparse file under the store's home (volumes/<tenant>/disk.img, mounted at volumes/<tenant>/fs),
+sparse file under the store's home (volumes/<tenant>/disk.img, mounted at MOUNT_BASE/<store>/<tenant>),
 sized by the tenant's quota: a write past it fails in the sandbox with ENOSPC. Names are per tenant;
 the engine names a tenant's volume "<tenant>~<name>" (the tenancy qualifies the names a tenant
 gives, as for stored secrets), a bare name is the operator's. The directory listing is the volumes'
@@ -30,10 +30,11 @@ from ..runtime import volumes as host
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import ImageRow
 
-__all__ = ["SEP", "Volumes", "check_name", "check_mounts", "check_path", "qualify", "split", "volume_view"]
+__all__ = ["MOUNT_BASE", "SEP", "Volumes", "check_name", "check_mounts", "check_path", "qualify", "split", "volume_view"]
 
 _NAME = re.compile(D.VOLUME_NAME)
 SEP = "~"                                   # tenant~name: a tenant's volume as the engine names it
+MOUNT_BASE = "/run/sandtree-volumes"        # where stores mount their tenants' volume filesystems
 
 
 def check_name(name) -> str:
@@ -108,7 +109,11 @@ class Volumes:
     def __init__(self, store, committer, records, users):
         """users(qualified name) -> ids of the live sandboxes that mount it (engine's Sandboxes)."""
         self.store, self.committer, self.records, self.users = store, committer, records, users
-        self.root = os.path.join(store.home, "volumes")
+        self.root = os.path.join(store.home, "volumes")              # each tenant's disk image
+        # ... mounted outside the store: a live gVisor sandbox's helper covers /tmp (where a store may be) in the
+        # mount namespace its runsc opens the volumes' directories in; traversable by the sandbox's root (gofer)
+        self.mount_root = os.path.join(MOUNT_BASE, hashlib.sha256(os.path.realpath(store.home).encode())
+                                       .hexdigest()[:16])
         self._lock = threading.RLock()
         self._owner = (store.idmap.host_uid(0), store.idmap.host_gid(0))   # the sandbox's root
 
@@ -121,13 +126,14 @@ class Volumes:
         """The mounted filesystem of a tenant's volumes (made, or grown to `quota`; None: as it is,
         NotFound when it was never made)."""
         space = self._space(tenant)
-        fs, image = os.path.join(space, "fs"), os.path.join(space, "disk.img")
+        fs, image = os.path.join(self.mount_root, os.path.basename(space)), os.path.join(space, "disk.img")
         with self._lock:
             if quota is None and not os.path.exists(image):
                 raise NotFound("no volumes yet", tenant=tenant)
             if quota is None:
                 quota = os.path.getsize(image)
             os.makedirs(space, mode=0o700, exist_ok=True)
+            os.makedirs(self.mount_root, mode=0o711, exist_ok=True)
             host.ensure_filesystem(image, fs, int(quota), self._owner)
         return fs
 
@@ -339,11 +345,19 @@ class Volumes:
 
     def close(self) -> None:
         """Detach the host's mounts of every tenant's volume filesystem (live sandboxes keep theirs)."""
-        if not os.path.isdir(self.root):
+        if not os.path.isdir(self.mount_root):
             return
         with self._lock:
-            for key in os.listdir(self.root):
-                host.unmount(os.path.join(self.root, key, "fs"))
+            for key in os.listdir(self.mount_root):
+                host.unmount(os.path.join(self.mount_root, key))
+                try:
+                    os.rmdir(os.path.join(self.mount_root, key))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.mount_root)
+            except OSError:
+                pass
 
 
 def _check_owner(mode, uid, gid, top_id: int) -> None:

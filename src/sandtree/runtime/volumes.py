@@ -67,7 +67,7 @@ def _run(argv: list[str], what: str) -> None:
 def ensure_filesystem(image: str, mountpoint: str, size: int, owner: tuple[int, int]) -> None:
     """The ext4 filesystem in `image`, `size` bytes (made sparse if missing; grown, online, if the
     quota grew), mounted at `mountpoint` nodev,nosuid; its root owned by `owner` (host ids)."""
-    os.makedirs(mountpoint, mode=0o700, exist_ok=True)
+    os.makedirs(mountpoint, mode=0o711, exist_ok=True)
     if not os.path.exists(image):
         tmp = image + ".new"
         with open(tmp, "wb") as f:

@@ -265,7 +265,9 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
         spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
                        env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
-                       prepare_changes=self.specs.injector(source, injected))
+                       prepare_changes=self.specs.injector(source, injected),
+                       volumes=[(self.volumes.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts]
+                       if tier == "gvisor" else [])
         if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
             self.reap()
         # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
@@ -290,7 +292,10 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             if link is not None:
                 link.close()                       # (the sandbox's processes hold the namespace)
         made = []
-        if mounts:
+        if mounts and tier == "gvisor":           # bound by runsc as it started (spec.volumes); it makes
+            made = sorted({p[:i] for m in mounts for p in [m["path"]]       # the mount points it needs
+                           for i in range(len(p) + 1) if i == len(p) or p[i] == "/"} - {""})
+        elif mounts:
             try:
                 made = self._mount_volumes(handle, mounts)
             except BaseException:
@@ -326,8 +331,6 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
             return []
         if self.volumes is None:
             raise RuntimeUnavailable("volumes are not available to this engine")
-        if tier != "namespaces":
-            raise RuntimeUnavailable(f"volumes are mounted on the namespaces tier only, not {tier}", tier=tier)
         if idle_action == "hibernate":
             raise InvalidInput("a sandbox with volumes cannot hibernate (its volumes are not part of a checkpoint): "
                                "idle_action stop")
