@@ -8,6 +8,7 @@ key can neither see nor touch it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import subprocess
 import time
@@ -17,6 +18,7 @@ import pytest
 
 import sandtree
 from conftest import serve_process
+from sandtree.engine.volumes import MOUNT_BASE
 
 e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed (pip install -e '.[test]')")
 
@@ -47,7 +49,8 @@ def world(tmp_path_factory, rootfs):
             break
         time.sleep(0.1)
     assert home not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    assert not [line for line in open("/proc/self/mountinfo") if home in line]
+    mounted_at = os.path.join(MOUNT_BASE, hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:16])
+    assert not [line for line in open("/proc/self/mountinfo") if home in line or mounted_at in line]
 
 
 def _as(monkeypatch, world, who: str, content: bool = False) -> None:
