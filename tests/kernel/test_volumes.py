@@ -288,3 +288,26 @@ def test_a_write_from_outside_past_the_quota_is_refused(eng):
         t.volume_write("full", "/big", b"x" * (32 << 20))
     assert t.volume_read("full", "/keep") == b"k" * 1000
     assert [e["name"] for e in t.volume_ls("full")] == ["keep"]
+
+
+def test_the_cli_verbs_and_no_mount_outlives_a_command(cli, tmp_path, rootfs):
+    from sandtree.engine.volumes import MOUNT_BASE
+    import hashlib
+    mounted_at = os.path.join(MOUNT_BASE, hashlib.sha256(os.path.realpath(str(tmp_path / "home")).encode())
+                              .hexdigest()[:16])
+    cli("volume", "create", "data")
+    cli("volume", "put", "data", "/in.txt", "-", input=b"from stdin\n")
+    assert cli("volume", "cat", "data", "/in.txt").stdout == b"from stdin\n"
+    assert b"in.txt" in cli("volume", "ls", "data").stdout
+    image = cli("image", "import", rootfs, "-q").stdout.decode().strip()
+    sid = cli("start", image, "--volume", "data=/data:ro").stdout.decode().strip()
+    try:
+        r = cli("exec", sid, "--", "cat /data/in.txt; touch /data/x", check=False)
+        assert b"from stdin" in r.stdout and r.returncode != 0
+        assert b"live sandbox" in cli("volume", "rm", "data", check=False).stderr
+    finally:
+        cli("stop", sid)
+    cli("volume", "rm", "data")
+    assert b"data" not in cli("volume", "list").stdout
+    assert not _mounts_under(mounted_at)                    # each command's own mount went with it
+    assert not _loops_of(str(tmp_path / "home"))

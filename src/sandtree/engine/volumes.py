@@ -14,6 +14,7 @@ live sandboxes' own records (their spec's `volumes`).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -116,6 +117,7 @@ class Volumes:
                                        .hexdigest()[:16])
         self._lock = threading.RLock()
         self._owner = (store.idmap.host_uid(0), store.idmap.host_gid(0))   # the sandbox's root
+        self._exit_hook = False
 
     # ---- a tenant's filesystem -------------------------------------------------------------------
     def _space(self, tenant: str | None) -> str:
@@ -135,6 +137,9 @@ class Volumes:
             os.makedirs(space, mode=0o700, exist_ok=True)
             os.makedirs(self.mount_root, mode=0o711, exist_ok=True)
             host.ensure_filesystem(image, fs, int(quota), self._owner)
+            if not self._exit_hook:                  # a one-shot process (the CLI) never closes its engine
+                atexit.register(self.close)
+                self._exit_hook = True
         return fs
 
     def directory(self, qualified: str, quota: int | None = None, *, exists: bool = True) -> str:

@@ -37,7 +37,7 @@ def volume_info(volume: str) -> dict:
 def volume_delete(volume: str) -> None:
     """Remove a volume and its files (refused while live sandboxes mount it)."""
 
-@via("cli", Cli("volume snapshot", show="committed"))
+@via("cli", Cli("volume snapshot"))
 @op("run", audit="volume snapshot", http=Http(_P, "/volumes/{volume}/snapshot", body=("tag",), result="image", name="snapshot_volume", status=201, model="VolumeSnapshotIn", optional_body=True))
 @via("mcp", _MCP)
 def volume_snapshot(volume: str, *, tag: str | None = None) -> str:
