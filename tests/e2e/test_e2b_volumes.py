@@ -148,3 +148,28 @@ def test_the_async_volume_api(monkeypatch, world):
         assert await e2b.AsyncVolume.destroy("async-vol") is True
         assert await e2b.AsyncVolume.destroy("async-vol") is False
     asyncio.run(go())
+
+
+def test_sandtrees_own_sdk_over_http_sees_the_same_volumes(monkeypatch, world):
+    """The rows reach the remote SDK (REST /api/v1/volumes): what E2B's client made, sandtree's sees."""
+    _as(monkeypatch, world, "alice", content=True)
+    vol = e2b.Volume.create("both-apis")
+    vol.write_file("/from-e2b", "e2b")
+    st = sandtree.connect(world["url"], token=world["alice"])
+    assert "both-apis" in [v["name"] for v in st.volumes()]
+    assert st.read_volume("both-apis", "/from-e2b") == b"e2b"
+    st.write_volume("both-apis", "/from-sdk", b"sdk", mode=0o600)
+    assert vol.read_file("/from-sdk") == "sdk" and vol.get_info("/from-sdk").mode == 0o600
+    sb = st.image(world["image"]).start(volumes=[{"name": "both-apis", "path": "/v", "readonly": True}])
+    try:
+        assert sb.info()["volumes"] == [{"name": "both-apis", "path": "/v", "readonly": True}]
+        assert sb.exec("cat /v/from-e2b /v/from-sdk").stdout == b"e2bsdk"
+    finally:
+        sb.stop()
+    image = st.snapshot_volume("both-apis", tag="vol/both")
+    assert st.image("vol/both").id == image.id
+    st.remove_volume("both-apis")
+    assert "both-apis" not in [v.name for v in e2b.Volume.list()]
+    bob = sandtree.connect(world["url"], token=world["bob"])
+    with pytest.raises(sandtree.errors.ImageNotFound):
+        bob.image("vol/both")
