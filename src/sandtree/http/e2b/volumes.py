@@ -25,7 +25,7 @@ from ...errors import InvalidInput, SandtreeError
 from ..gate import engine_for
 from .wire import error_response
 
-__all__ = ["volumes_router", "start_volumes", "volume_mounts"]
+__all__ = ["PREFIX", "volumes_router", "start_volumes", "volume_mounts"]
 
 PREFIX = "/e2b"
 
