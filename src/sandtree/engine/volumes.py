@@ -31,7 +31,8 @@ from ..runtime import volumes as host
 from ..store.objects import EMPTY_TREE_HASH
 from ..store.store import ImageRow
 
-__all__ = ["MOUNT_BASE", "SEP", "Volumes", "check_name", "check_mounts", "check_path", "qualify", "split", "volume_view"]
+__all__ = ["MOUNT_BASE", "SEP", "Volumes", "check_name", "check_mounts", "check_path", "qualify", "split",
+           "volume_view"]
 
 _NAME = re.compile(D.VOLUME_NAME)
 SEP = "~"                                   # tenant~name: a tenant's volume as the engine names it
@@ -116,6 +117,7 @@ class Volumes:
         self.mount_root = os.path.join(MOUNT_BASE, hashlib.sha256(os.path.realpath(store.home).encode())
                                        .hexdigest()[:16])
         self._lock = threading.RLock()
+        self.lock = self._lock          # held by a start that mounts volumes until its row is written
         self._owner = (store.idmap.host_uid(0), store.idmap.host_gid(0))   # the sandbox's root
         self._exit_hook = False
 

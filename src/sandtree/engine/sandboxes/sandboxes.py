@@ -17,6 +17,7 @@ imports the engine. Hibernate and resume: sandboxes/hibernation.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -247,82 +248,84 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
         mounts = self._check_volumes(volumes, tier, idle_action)
-        labels = check_labels(labels)
-        source = self.resolve(ref)
-        row = self.store.image(source)
-        net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
-        if net.policy is not None:
-            self._check_idle_hibernate(tier, idle_action, link=True)
-        if net.policy is not None:
-            require_egress(self.egress())
-        lim = self.specs.limits(limits)
-        user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
-        check_env(dflt.env)                           # the documented limits, before anything is added
-        cwd = dflt.cwd
-        injected = self.specs.files(files, file_set)
-        self.specs.check_cwd(source, cwd, injected)
-        self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
-        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
-                       prepare_changes=self.specs.injector(source, injected),
-                       volumes=[(self.volumes.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts]
-                       if tier == "gvisor" else [])
-        if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
-            self.reap()
-        # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
-        # on the tier they are started on
-        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER \
-            and not mounts
-        key = self.starts.key(source, spec) if ahead else None
-        got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
-        sid = got[0] if got else uuid.uuid4().hex
-        link = None
-        if net.policy is not None:
-            link, spec.runtime_files, extra = attach_link(self.egress(), sid, net, lambda p: self.read_image(source, p))
-            spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
-        try:
-            with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = got[1] if got else starter(spec, lifetime) if starter else \
-                    self.live.start(spec, lifetime, tier=tier)
-        except BaseException:
-            self._unlink_net(sid, link)
-            raise
-        finally:
-            if link is not None:
-                link.close()                       # (the sandbox's processes hold the namespace)
-        made = []
-        if mounts and tier == "gvisor":           # bound by runsc as it started (spec.volumes); it makes
-            made = sorted({p[:i] for m in mounts for p in [m["path"]]       # the mount points it needs
-                           for i in range(len(p) + 1) if i == len(p) or p[i] == "/"} - {""})
-        elif mounts:
+        with self._volumes_starting(mounts):     # a delete waits for (and then sees) this start
+            labels = check_labels(labels)
+            source = self.resolve(ref)
+            row = self.store.image(source)
+            net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
+            if net.policy is not None:
+                self._check_idle_hibernate(tier, idle_action, link=True)
+            if net.policy is not None:
+                require_egress(self.egress())
+            lim = self.specs.limits(limits)
+            user_env = {str(k): str(v) for k, v in (env or {}).items()}
+            dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
+            check_env(dflt.env)                           # the documented limits, before anything is added
+            cwd = dflt.cwd
+            injected = self.specs.files(files, file_set)
+            self.specs.check_cwd(source, cwd, injected)
+            self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
+            spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
+                           env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
+                           prepare_changes=self.specs.injector(source, injected),
+                           volumes=[(self.volumes.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts]
+                           if tier == "gvisor" else [])
+            if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
+                self.reap()
+            # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
+            # on the tier they are started on
+            ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER \
+                and not mounts
+            key = self.starts.key(source, spec) if ahead else None
+            got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
+            sid = got[0] if got else uuid.uuid4().hex
+            link = None
+            if net.policy is not None:
+                link, spec.runtime_files, extra = attach_link(self.egress(), sid, net,
+                                                              lambda p: self.read_image(source, p))
+                spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
             try:
-                made = self._mount_volumes(handle, mounts)
+                with self.store.using():               # gc keeps the layers of running sandboxes (below)
+                    handle = got[1] if got else starter(spec, lifetime) if starter else \
+                        self.live.start(spec, lifetime, tier=tier)
+            except BaseException:
+                self._unlink_net(sid, link)
+                raise
+            finally:
+                if link is not None:
+                    link.close()                       # (the sandbox's processes hold the namespace)
+            made = []
+            if mounts and tier == "gvisor":           # bound by runsc as it started (spec.volumes); it makes
+                made = sorted({p[:i] for m in mounts for p in [m["path"]]       # the mount points it needs
+                               for i in range(len(p) + 1) if i == len(p) or p[i] == "/"} - {""})
+            elif mounts:
+                try:
+                    made = self._mount_volumes(handle, mounts)
+                except BaseException:
+                    self.live.stop(handle)
+                    self._unlink_net(sid, link)
+                    raise
+            now = time.time()
+            record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
+                      "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
+                      "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
+                      "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
+                      **({"labels": labels} if labels else {}),
+                      **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
+                      **({"run": run_of} if run_of else {}), **net.record()}
+            try:
+                with self.store.db.tx() as con:
+                    con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                                "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                                (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                                 idle_timeout, now + lifetime, source))
             except BaseException:
                 self.live.stop(handle)
                 self._unlink_net(sid, link)
                 raise
-        now = time.time()
-        record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
-                  "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
-                  "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
-                  **({"labels": labels} if labels else {}),
-                  **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
-                  **({"run": run_of} if run_of else {}), **net.record()}
-        try:
-            with self.store.db.tx() as con:
-                con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
-                            "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                            (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
-                             idle_timeout, now + lifetime, source))
-        except BaseException:
-            self.live.stop(handle)
-            self._unlink_net(sid, link)
-            raise
-        if key:
-            self.starts.after(key, source, spec)
-        return self.info(sid)
+            if key:
+                self.starts.after(key, source, spec)
+            return self.info(sid)
 
     # ---- volumes (engine/volumes.py) ----------------------------------------------------------------
     def _check_volumes(self, volumes, tier: str, idle_action: str) -> list[dict]:
@@ -337,6 +340,11 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         for m in mounts:
             self.volumes.directory(m["volume"])         # NotFound before anything starts
         return mounts
+
+    def _volumes_starting(self, mounts: list[dict]):
+        """Held from a start's check of its volumes to its row (what volume_users reads): a delete of one of
+        them in this engine waits, then refuses; none: nothing held."""
+        return self.volumes.lock if mounts else contextlib.nullcontext()
 
     def _mount_volumes(self, handle, mounts: list[dict]) -> list[str]:
         ns = open_of(handle.init_pid, handle.init_start, "ns/mnt", os.O_RDONLY)
