@@ -173,3 +173,24 @@ def test_sandtrees_own_sdk_over_http_sees_the_same_volumes(monkeypatch, world):
     bob = sandtree.connect(world["url"], token=world["bob"])
     with pytest.raises(sandtree.errors.ImageNotFound):
         bob.image("vol/both")
+
+
+def test_bad_input_gets_e2bs_error_shape_never_a_500(monkeypatch, world):
+    _as(monkeypatch, world, "alice", content=True)
+    vol = e2b.Volume.create("bad-input")
+    try:
+        with httpx.Client(base_url=world["url"] + "/e2b", timeout=30, trust_env=False,
+                          headers={"X-API-Key": world["alice"], "Authorization": f"Bearer {world['alice']}"}) as c:
+            for method, path, params in (("GET", "/volumecontent/bad-input/file", {"path": "/../../etc/passwd"}),
+                                         ("GET", "/volumecontent/bad-input/file", {"path": "relative"}),
+                                         ("GET", "/volumecontent/bad-input/dir", {"path": "/", "depth": 0}),
+                                         ("GET", "/volumecontent/no-such/file", {"path": "/x"}),
+                                         ("POST", "/volumes", None), ("GET", "/volumes/a~b", None)):
+                r = c.request(method, path, params=params, json={"name": "a/b"} if method == "POST" else None)
+                assert 400 <= r.status_code < 500, (path, params, r.status_code, r.text)
+                body = r.json()
+                assert body["code"] == r.status_code and body["message"], body
+        with pytest.raises(e2b.VolumeException):
+            vol.read_file("/../../etc/passwd")
+    finally:
+        e2b.Volume.destroy("bad-input")
