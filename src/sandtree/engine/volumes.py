@@ -138,7 +138,7 @@ class Volumes:
                 quota = os.path.getsize(image)
             os.makedirs(space, mode=0o700, exist_ok=True)
             os.makedirs(self.mount_root, mode=0o711, exist_ok=True)
-            host.ensure_filesystem(image, fs, int(quota), self._owner)
+            host.ensure_filesystem(image, fs, int(quota))
             if not self._exit_hook:                  # a one-shot process (the CLI) never closes its engine
                 atexit.register(self.close)
                 self._exit_hook = True

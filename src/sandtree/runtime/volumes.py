@@ -64,15 +64,16 @@ def _run(argv: list[str], what: str) -> None:
         raise SandboxError(f"{what} failed: {(p.stderr or p.stdout).strip()[:500]}", step=what)
 
 
-def ensure_filesystem(image: str, mountpoint: str, size: int, owner: tuple[int, int]) -> None:
+def ensure_filesystem(image: str, mountpoint: str, size: int) -> None:
     """The ext4 filesystem in `image`, `size` bytes (made sparse if missing; grown, online, if the
-    quota grew), mounted at `mountpoint` nodev,nosuid; its root owned by `owner` (host ids)."""
+    quota grew), mounted at `mountpoint` nodev,nosuid. Its root is the host root's (0755: the volumes in
+    it are the sandboxes' own directories; no sandbox ever sees the root itself)."""
     os.makedirs(mountpoint, mode=0o711, exist_ok=True)
     if not os.path.exists(image):
         tmp = image + ".new"
         with open(tmp, "wb") as f:
             f.truncate(size)
-        _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={owner[0]}:{owner[1]}", tmp], "mkfs.ext4")
+        _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "root_owner=0:0", tmp], "mkfs.ext4")
         os.rename(tmp, image)
     if not mounted(mountpoint):
         _run(["mount", "-o", "loop,nodev,nosuid", image, mountpoint], "mount")
