@@ -311,3 +311,15 @@ def test_the_cli_verbs_and_no_mount_outlives_a_command(cli, tmp_path, rootfs):
     assert b"data" not in cli("volume", "list").stdout
     assert not _mounts_under(mounted_at)                    # each command's own mount went with it
     assert not _loops_of(str(tmp_path / "home"))
+
+
+def test_several_volumes_and_a_path_that_is_a_file(eng):
+    eng.volume_create("one")
+    eng.volume_create("two")
+    s = eng.sandbox_start(eng.test_image, volumes=[{"name": "one", "path": "/a/one"},
+                                                  {"name": "two", "path": "/b", "readonly": True}])
+    assert sh(eng, s["id"], "echo 1 > /a/one/f && ! touch /b/f").exit_code == 0
+    before = len(eng.sandbox_list())
+    with pytest.raises(InvalidInput):
+        eng.sandbox_start(eng.test_image, volumes={"one": "/etc/greeting"})    # a file of the image
+    assert len(eng.sandbox_list()) == before                                    # the half-started one is gone

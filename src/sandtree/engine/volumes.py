@@ -345,10 +345,8 @@ class Volumes:
     def mount(self, mounts: list[dict], ns_fd: int) -> list[str]:
         """Bind each volume of `mounts` (check_mounts, qualified names) into the mount namespace
         `ns_fd`; the directories made for them in the sandbox's root."""
-        made = []
-        for m in mounts:
-            made += host.bind_into(ns_fd, self.directory(m["volume"]), m["path"], m["readonly"], self._owner)
-        return made
+        return host.bind_into(ns_fd, [(self.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts],
+                              self._owner)
 
     def close(self) -> None:
         """Detach the host's mounts of every tenant's volume filesystem (live sandboxes keep theirs)."""

@@ -132,14 +132,15 @@ def _detached_clone(directory: str, readonly: bool) -> int:
     return fd
 
 
-# The child that joins the sandbox's mount namespace (argv: ns fd, tree fd, path, uid, gid). Its root
+# The child that joins the sandbox's mount namespace (argv: ns fd, uid, gid, then tree fd and path of each
+# volume). Its root
 # and cwd are then the sandbox's root: every path resolves inside it, as the sandbox's own would.
 # Missing directories on the way are made (owned by the sandbox's root) in the sandbox's upper: they
 # are the mount points commit leaves out when empty (engine/runs/commit.py mount_points).
 _CHILD = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
-ns, tree, path, uid, gid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+ns, uid, gid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 def fail(step):
     e = ctypes.get_errno()
     sys.stderr.write(f"{step}: {os.strerror(e)}\n")
@@ -147,34 +148,40 @@ def fail(step):
 if libc.setns(ns, 0x00020000) != 0:
     fail("setns")
 os.chdir("/")
-cur = "/"
-for part in [p for p in path.split("/") if p]:
-    cur = os.path.join(cur, part)
-    try:
-        os.mkdir(cur, 0o755)
-        os.chown(cur, uid, gid, follow_symlinks=False)
-        print(cur)
-    except FileExistsError:
-        pass
-target = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-# move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
-if libc.syscall(429, tree, b"", target, b"", 0x4 | 0x40) != 0:
-    fail("move_mount")
+for i in range(4, len(sys.argv), 2):
+    tree, path = int(sys.argv[i]), sys.argv[i + 1]
+    cur = "/"
+    for part in [p for p in path.split("/") if p]:
+        cur = os.path.join(cur, part)
+        try:
+            os.mkdir(cur, 0o755)
+            os.chown(cur, uid, gid, follow_symlinks=False)
+            print(cur)
+        except FileExistsError:
+            pass
+    target = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    # move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
+    if libc.syscall(429, tree, b"", target, b"", 0x4 | 0x40) != 0:
+        fail(f"move_mount {path}")
 """
 
 
-def bind_into(ns_fd: int, directory: str, path: str, readonly: bool, owner: tuple[int, int]) -> list[str]:
-    """Bind a volume's `directory` at `path` in the mount namespace `ns_fd` (a live sandbox's); the
-    directories made on the way (mount points a commit leaves out while they stay empty)."""
-    tree = _detached_clone(directory, readonly)
+def bind_into(ns_fd: int, mounts: list[tuple[str, str, bool]], owner: tuple[int, int]) -> list[str]:
+    """Bind each volume's (directory, path, read-only) in the mount namespace `ns_fd` (a live sandbox's),
+    by one child; the directories made on the way (mount points a commit leaves out while they stay empty)."""
+    trees: list[int] = []
     try:
-        p = subprocess.run([sys.executable, "-I", "-S", "-c", _CHILD, str(ns_fd), str(tree), path,
-                            str(owner[0]), str(owner[1])], pass_fds=(ns_fd, tree), capture_output=True, text=True)
+        argv = [sys.executable, "-I", "-S", "-c", _CHILD, str(ns_fd), str(owner[0]), str(owner[1])]
+        for directory, path, readonly in mounts:
+            trees.append(_detached_clone(directory, readonly))
+            argv += [str(trees[-1]), path]
+        p = subprocess.run(argv, pass_fds=(ns_fd, *trees), capture_output=True, text=True)
     finally:
-        os.close(tree)
+        for t in trees:
+            os.close(t)
     if p.returncode != 0:
-        why = p.stderr.strip().splitlines()[-1:] or ["no output"]
-        if "Not a directory" in why[0] or "File exists" in why[0]:
-            raise InvalidInput(f"the volume's path {path} is not a directory in the image", path=path)
-        raise SandboxError(f"mounting a volume at {path} failed: {why[0]}", step="volume")
+        why = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        if "Not a directory" in why or "File exists" in why:
+            raise InvalidInput(f"a volume's path is not a directory in the image: {why}")
+        raise SandboxError(f"mounting volumes failed: {why}", step="volume")
     return p.stdout.splitlines()
