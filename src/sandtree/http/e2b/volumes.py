@@ -84,7 +84,8 @@ def _answer(fn, status: int = 200):
 
 
 def volumes_router() -> APIRouter:
-    router = APIRouter(prefix=PREFIX, tags=["e2b"])
+    # not in sandtree's OpenAPI: these are E2B's routes, with E2B's statuses and shapes (its own spec says them)
+    router = APIRouter(prefix=PREFIX, tags=["e2b"], include_in_schema=False)
 
     # ---- the control plane (E2B_API_URL) --------------------------------------------------------------
     @router.post("/volumes", status_code=201)
