@@ -15,7 +15,7 @@ import time
 import pytest
 
 import sandtree
-from sandtree.errors import Conflict, InvalidInput, LimitExceeded, NotFound
+from sandtree.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound
 from sandtree.tenancy.tenant import Tenant
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="volumes are loop-mounted ext4: root only")
@@ -323,3 +323,31 @@ def test_several_volumes_and_a_path_that_is_a_file(eng):
     with pytest.raises(InvalidInput):
         eng.sandbox_start(eng.test_image, volumes={"one": "/etc/greeting"})    # a file of the image
     assert len(eng.sandbox_list()) == before                                    # the half-started one is gone
+
+
+@pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
+def test_a_sandboxs_file_calls_on_a_volume_path_reach_the_volume(eng, tier):
+    """sandbox_read/write/ls/exists/mkdir/remove on a path under a volume go to the volume (what the
+    sandbox sees, on both tiers), never to the mount point in its upper; read-only is not written."""
+    if tier == "gvisor" and not {r["tier"]: r for r in eng.doctor()}["gvisor"]["available"]:
+        pytest.skip("gVisor is not available here")
+    eng.volume_create("files")
+    s = eng.sandbox_start(eng.test_image, volumes=[{"name": "files", "path": "/w"},
+                                                  {"name": "files", "path": "/r", "readonly": True}], tier=tier)
+    eng.sandbox_write(s["id"], "/w/sub/host.txt", b"from the host", uid=1000, gid=1000)
+    assert sh(eng, s["id"], "cat /w/sub/host.txt; stat -c %u /w/sub/host.txt").stdout == b"from the host1000\n"
+    assert eng.volume_read("files", "/sub/host.txt") == b"from the host"
+    sh(eng, s["id"], "echo inside > /w/inside.txt")
+    assert eng.sandbox_read(s["id"], "/r/inside.txt") == b"inside\n"
+    assert [e["name"] for e in eng.sandbox_ls(s["id"], "/w")] == ["inside.txt", "sub"]
+    assert eng.sandbox_exists(s["id"], "/w/sub") and not eng.sandbox_exists(s["id"], "/w/nope")
+    eng.sandbox_mkdir(s["id"], "/w/made/deep")
+    assert sh(eng, s["id"], "test -d /w/made/deep").exit_code == 0
+    with pytest.raises(Forbidden):
+        eng.sandbox_write(s["id"], "/r/x", b"no")
+    with pytest.raises(Forbidden):
+        eng.sandbox_remove(s["id"], "/r/inside.txt")
+    eng.sandbox_remove(s["id"], "/w/inside.txt")
+    assert sh(eng, s["id"], "ls /w").stdout == b"made\nsub\n"
+    image = eng.sandbox_commit(s["id"])
+    assert not {"w", "r"} & {e.name for e in eng.ls(image, "/")}     # none of it in the upper
