@@ -126,7 +126,7 @@ def _limits(args) -> dict:
     return {"max_runs": args.max_runs, "max_timeout": args.max_timeout, "max_output": args.max_output,
             "max_sandboxes": args.max_sandboxes, "max_upload": args.max_upload, "max_memory": args.max_memory,
             "max_pids": args.max_pids, "max_disk": args.max_disk, "max_cpus": args.max_cpus,
-            "max_ports": args.max_ports}
+            "max_ports": args.max_ports, "max_volumes": args.max_volumes}
 
 
 def cmd_token(args):
@@ -175,6 +175,8 @@ def _limit_args(x) -> None:
     x.add_argument("--max-ports", type=int, help="exposed ports the tenant may have at once, over all its "
                                                   "sandboxes (default 64)")
     x.add_argument("--max-cpus", type=float, help="most CPUs a run or sandbox may ask (default: any)")
+    x.add_argument("--max-volumes", help="bytes all of the tenant's volumes hold together (e.g. 10G; default 1G); "
+                                         "raising it grows them, lowering it does not shrink them")
 
 
 def add_services(sub, common) -> None:

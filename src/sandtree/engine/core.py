@@ -47,6 +47,7 @@ from .runs.runs import RunOps
 from .sandboxes.interpreter import Interpreter
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
+from .volumes import Volumes, split as split_volume
 from .runs.spec import RunSpecs, default_idmap
 from .passthrough import through
 from ..table import ENGINE_OPS
@@ -85,6 +86,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.node_id: str | None = None     # a cluster node's engine: its ID (cluster/node.py), in its runs' rows
         self._ports = None
         self._interpreter = None
+        self._volumes = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
         # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
@@ -126,7 +128,39 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                     self._sandboxes.egress = lambda: self.egress
                     self._sandboxes.read_image = self.read
                     self._sandboxes.stored_secret = self.tenancy.stored_secret
+                    self._sandboxes.volumes = self.volumes
         return self._sandboxes
+
+    @property
+    def volumes(self) -> Volumes:
+        """Named volumes of each tenant (engine/volumes.py), made on first use."""
+        if self._volumes is None:
+            with self._parts_lock:
+                if self._volumes is None:
+                    self._volumes = Volumes(self.store, self.committer, self.records,
+                                            lambda qualified: self.sandboxes.volume_users(qualified))
+        return self._volumes
+
+    # Volumes by the engine's names: a tenant's are "<tenant>~<name>" (its view names them so), listed by the
+    # tenancy (whose they are depends on who asks); the quota is the volume's tenant's.
+    def volume_create(self, volume: str) -> dict:
+        return self.volumes.create(volume, self.tenancy.volume_quota(split_volume(volume)[0]))
+
+    volume_list = through("tenancy")
+    volume_info = through("volumes", "info")
+    volume_delete = through("volumes", "delete")
+    volume_read = through("volumes", "read")
+    volume_write = through("volumes", "write")
+    volume_ls = through("volumes", "ls")
+    volume_stat = through("volumes", "stat")
+    volume_mkdir = through("volumes", "mkdir")
+    volume_remove = through("volumes", "remove")
+
+    def volume_snapshot(self, volume: str, *, tag: str | None = None) -> str:
+        image = self.volumes.snapshot(volume)
+        if tag:
+            self.store.tag(image, tag)
+        return image
 
     @property
     def ports(self):
@@ -273,6 +307,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
             self._pools.close()
         if self._sandboxes is not None:
             self._sandboxes.close()
+        if self._volumes is not None:
+            self._volumes.close()           # the host's mounts (live sandboxes keep their binds)
         for rt in self._tiers.values():
             rt.close()
         self.store.close()

@@ -34,6 +34,7 @@ from .connlimits import ConnLimits, limited_protocol  # noqa: F401 - ConnLimits:
 from .contree.routes import contree_router
 from .derived import rest_router
 from .e2b import e2b_router
+from .e2b.volumes import volumes_router as e2b_volumes_router
 from .e2b.dispatch import SandboxDispatch
 # the rows' hand-written routes register themselves when their modules load (derived.handler)
 from . import branching, builds, files, images, sandboxes  # noqa: F401
@@ -77,6 +78,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
         app.include_router(router(p), responses=error_responses())         # (each route's errors, in OpenAPI)
     app.include_router(contree_router(engine_for, p.stage), responses=error_responses(contree=True))  # Contree's own clients, under /v1
     app.include_router(e2b_router())                                     # E2B's clients, under /e2b
+    app.include_router(e2b_volumes_router())                             # E2B's volumes (http/e2b/volumes.py)
     app.include_router(terminal_router())                                # a live sandbox's terminal (WebSocket)
     app.include_router(webpage_router())                                 # the web page: / and /ui/
     return app

@@ -84,6 +84,10 @@ class RunSpec:
     # A helper started ahead in a link's namespace (Runtime.take_linked), whose policy the caller
     # set: the run takes it instead of netns_fd/runtime_files (the runtime owns it from here).
     prestarted: object = None
+    # Volumes of a live sandbox (engine/volumes.py) for a tier that binds them as it starts (gVisor: its
+    # OCI spec's mounts): (host directory, path inside, read-only) each. The namespaces tier's are bound
+    # into the running sandbox's mount namespace by the engine before its start returns.
+    volumes: list = field(default_factory=list)
 
 
 @dataclass

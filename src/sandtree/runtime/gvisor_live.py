@@ -73,8 +73,13 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             raise RuntimeUnavailable(rt.available()[1])
         agent = agent_path(rt.cache_dir)
         pid1 = dataclasses.replace(spec, argv=[AGENT], uid=0, gid=0, cwd="/", env={})
+        # volumes: binds of their host directories (mounted before this helper made its mount namespace, on
+        # a path outside /tmp, which it covers), nodev and nosuid as the volumes' own filesystem is
+        volumes = tuple({"destination": path, "type": "bind", "source": source,
+                         "options": ["rbind", "ro" if readonly else "rw", "nosuid", "nodev"]}
+                        for source, path, readonly in spec.volumes)
         config = rt.oci_config(pid1, ({"destination": AGENT, "type": "bind", "source": "/tmp/i/agent",
-                                        "options": ["bind", "ro", "nosuid", "nodev"]},))
+                                        "options": ["bind", "ro", "nosuid", "nodev"]},) + volumes)
         inject = spec.prepare_changes
 
         def prepare(upper: str) -> None:

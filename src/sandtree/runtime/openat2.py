@@ -88,6 +88,7 @@ def own_mounts(mountinfo: str) -> set[int]:
 
 
 def mount_id(fd: int) -> int | None:
+    """The id of the mount an fd is on (as /proc/PID/mountinfo numbers them)."""
     with open(f"/proc/self/fdinfo/{fd}") as f:
         for line in f:
             if line.startswith("mnt_id:"):

@@ -335,6 +335,8 @@ def operation(op: str) -> dict:
 
 # ---- live sandboxes and warm pools: table/sandboxes.py (here, so the rows keep their order) ------
 from . import sandboxes  # noqa: E402,F401
+# ---- volumes: table/volumes.py ------------------------------------------------------------------------
+from . import volumes  # noqa: E402,F401
 
 # ---- lineage ----------------------------------------------------------------------------------------
 @op("list", images=("image",), http=Http(_G, "/images/{image:path}/parents", names={"image": "ref"}))

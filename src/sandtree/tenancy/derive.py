@@ -33,7 +33,8 @@ REFS = {"untag": "tag", "branch_head": "branch", "branch_log": "branch", "branch
 KEEPS = {"upload": "upload", "upload_file": "upload", "file_set_create": "file_set"}
 # Rows whose answer is an image the tenant made: it owns it, and the engine's operation of this
 # kind that made it becomes the tenant's (lineage and audit show it).
-MAKES = {"import_path": "import", "sandbox_hibernate": "commit", "configure": "configure"}
+MAKES = {"import_path": "import", "sandbox_hibernate": "commit", "configure": "configure",
+         "volume_snapshot": "volume snapshot"}
 # Rows whose rows in the store are each principal's (engine/images/annotations.py): the engine's
 # `<name>_as(principal, ...)` answers a tenant's call, with the tenant's own.
 AS_PRINCIPAL = {"annotate"}

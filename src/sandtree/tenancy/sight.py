@@ -288,10 +288,13 @@ class TenantSight:
     def _own_upload(self, digest):
         return self._own_blob("upload", digest)
 
+    def _own_volume(self, volume):
+        return self.engine.volumes.name_of(self.tenant.name, volume)     # its own volumes, by its names
+
     def _own_set(self, set_id):
         return self._own_blob("file_set", set_id)
 
     # Arguments that name something a tenant owns, by parameter name: what the engine is given
     # instead (NotFound, as for a thing that does not exist, when it is another's).
     _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": _own_set,
-                 "op": own_op, "files": _own_files, "file_set": _own_file_set}
+                 "op": own_op, "files": _own_files, "file_set": _own_file_set, "volume": _own_volume}

@@ -212,6 +212,21 @@ class Tenancy:
     def secret_remove(self, name: str, *, tenant: str | None = None, by: Tenant | None = None) -> None:
         stored.remove_secret(self, name, tenant, by)
 
+    # ---- volumes (engine/volumes.py): each tenant's own, by name; the operator's and admins' are one set ----
+    @staticmethod
+    def volume_owner(by: Tenant | None) -> str | None:
+        """Whose volumes a caller's names are: a tenant's own, else (the operator, an admin) None."""
+        return None if by is None or by is OPERATOR or by.admin else by.name
+
+    def volume_quota(self, tenant: str | None) -> int:
+        """Bytes all of a tenant's volumes may hold (its max_volumes limit, else the default; None:
+        the operator's)."""
+        cap = self.limits(tenant).get("max_volumes") if tenant else None
+        return int(parse_size(cap)) if cap is not None else D.VOLUME_QUOTA
+
+    def volume_list(self, by: Tenant | None = None) -> list[dict]:
+        return self.engine.volumes.list(self.volume_owner(by))
+
     def stored_secret(self, ref: str):
         """The stored secret a run's reference names (the engine's lookup; secrets.lookup)."""
         return stored.lookup(self.engine.secret_store, ref)

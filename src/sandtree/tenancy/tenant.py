@@ -17,8 +17,8 @@ ALL_SCOPES = SCOPES + ("admin",)
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 SEP = "~"
 LIMIT_KEYS = ("max_runs", "max_timeout", "max_output", "max_sandboxes", "max_upload", "max_memory", "max_pids",
-              "max_disk", "max_cpus", "max_ports")
-SIZE_LIMITS = ("max_output", "max_upload", "max_memory", "max_disk")
+              "max_disk", "max_cpus", "max_ports", "max_volumes")
+SIZE_LIMITS = ("max_output", "max_upload", "max_memory", "max_disk", "max_volumes")
 INT_LIMITS = ("max_runs", "max_sandboxes", "max_pids", "max_ports")
 DEFAULT_MAX_SANDBOXES = 8
 TOKEN_RE = re.compile(r"^stk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,200})$")

@@ -263,7 +263,10 @@ class TenantView(TenantSight):
 
     def sandbox_start(self, ref: str, **options) -> dict:     # rule: max_sandboxes; the sandbox is its own
         source = self.resolve(ref)
+        volumes = options.pop("volumes", None)                # rule: only its own volumes, by its names
         opts = self.run_options(options, image=source)
+        if volumes is not None:
+            opts["volumes"] = self.engine.volumes.mounts_of(self.tenant.name, volumes)
         cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
         with self.tenancy.tenant_lock(self.tenant.name):
             if len(self.sandbox_list()) >= cap:

@@ -359,11 +359,13 @@ class Committer:
             ch.entry = ch.entry._replace(hl=key)
 
     # ---- the whole commit ---------------------------------------------------------------------
-    def commit(self, base: ImageRow, upper: str, *, max_file_size: int | None = None) -> CommitResult:
+    def commit(self, base: ImageRow, upper: str, *, max_file_size: int | None = None,
+               mount_points=()) -> CommitResult:
         """max_file_size: the run's disk limit. The upper's tmpfs caps the blocks a run writes,
         not a sparse file's apparent size, and the store keeps files whole: a `truncate -s 1T`
-        must not become a terabyte on the host."""
-        if self._unchanged(base, upper):
+        must not become a terabyte on the host. mount_points: directories the runtime made in the
+        upper for a live sandbox's volumes (engine/volumes.py), left out while they are empty."""
+        if not mount_points and self._unchanged(base, upper):
             return CommitResult(base.id, None, None, {}, base.links, base.size, base.files)
         staged = self.store.layers.stage("commit")
         try:
@@ -373,6 +375,7 @@ class Committer:
                                        None if max_file_size is None else [max_file_size])
             base_root = self.store.tree(base.id)
             _drop_runtime_mounts(changes, staged)
+            _drop_mount_points(changes, staged, mount_points)
             for mp in MOUNT_POINTS:
                 ch = changes.get(mp)
                 if ch and ch.kind == "dir" and not ch.children and (mp not in base_root or mp == "dev"):
@@ -452,6 +455,27 @@ class Committer:
         st = os.lstat(upper)
         return (stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid), self.idmap.gid(st.st_gid)) == \
             (root["."].mode, root["."].uid, root["."].gid)
+
+
+def _drop_mount_points(changes: dict, staged: str, paths) -> None:
+    """Leave out the empty directories made for a live sandbox's volumes (deepest first: a parent
+    made only to hold one goes too once it is empty)."""
+    for path in sorted(paths, key=lambda p: -p.count("/")):
+        parts = path.strip("/").split("/")
+        node = changes
+        for part in parts[:-1]:
+            ch = node.get(part)
+            if ch is None or ch.kind != "dir":
+                break
+            node = ch.children
+        else:
+            ch = node.get(parts[-1])
+            if ch is not None and ch.kind == "dir" and not ch.children and not ch.opaque:
+                del node[parts[-1]]
+                try:
+                    os.rmdir(os.path.join(staged, *parts))
+                except OSError:
+                    pass
 
 
 def _empty_mount_point(d: os.DirEntry, allowed: tuple) -> bool:

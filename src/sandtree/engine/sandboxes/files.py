@@ -3,18 +3,36 @@ sandboxes.Sandboxes, which provides store, live, _running and _touch).
 
 Host-side access as root to a tree the sandbox controls: runtime/openat2.py says what each
 step defends against (host device nodes bound into /dev, FIFOs, symlinks, /proc).
+
+A path at or under one of the sandbox's volumes (engine/volumes.py) is that volume's file: read and
+written through the volume (the same openat2 rules, inside the volume), as the sandbox sees it on
+either tier; a read-only volume is not written. (Resolved from the sandbox's root instead, it would
+reach the mount point in its upper: the namespaces tier refuses another filesystem, and on gVisor
+the upper's mount point is not what the sandbox sees.)
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 
-from ...errors import InvalidInput, SandtreeError
+from ...errors import Forbidden, InvalidInput, PathNotFound, SandtreeError
 from ...runtime import openat2
 from ...runtime.openat2 import read_file, write_file
 
 
 class SandboxFiles:
+    def _on_volume(self, row: dict, path: str, write: bool = False):
+        """(the volume's engine name, the path within it) when `path` is at or under one of the
+        sandbox's volumes; None otherwise. A write to a read-only one is refused."""
+        norm = posixpath.normpath(path)
+        for m in row["spec"].get("volumes", ()):
+            if norm == m["path"] or norm.startswith(m["path"] + "/"):
+                if write and m["readonly"]:
+                    raise Forbidden(f"{m['path']} is a read-only volume in this sandbox", path=path)
+                return m["volume"], norm[len(m["path"]):] or "/"
+        return None
+
     def read(self, sid: str, path: str, *, limit: int = 64 << 20) -> bytes:
         """A regular file as the sandbox sees it now (resolved inside its root, never outside);
         TooLarge over `limit` bytes, NotRegularFile for devices, FIFOs, sockets, directories."""
@@ -22,6 +40,9 @@ class SandboxFiles:
         self._check_path(path)
         if not isinstance(limit, int) or limit < 0:
             raise InvalidInput("limit must be a non-negative number of bytes")
+        vol = self._on_volume(row, path)
+        if vol is not None:
+            return self.volumes.read(*vol, limit)
         mounts = self.live.own_mounts(row["handle"])
         root = self.live.root(row["handle"])
         try:
@@ -40,6 +61,11 @@ class SandboxFiles:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidInput("data must be bytes or a string")
         self._check_owner(mode, uid, gid)                 # bad input refused before anything is made
+        vol = self._on_volume(row, path, write=True)
+        if vol is not None:
+            self.volumes.write(*vol, bytes(data), mode=mode, uid=uid, gid=gid)
+            self._touch(row)
+            return
         parent = path.rsplit("/", 1)[0]
         if parent and not self._in(row, lambda root, mounts: openat2.exists(root, parent)):
             self.mkdir(sid, parent, uid=uid, gid=gid)
@@ -59,6 +85,12 @@ class SandboxFiles:
         self._check_path(path)
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= openat2.MAX_DEPTH:
             raise InvalidInput(f"depth must be 1 to {openat2.MAX_DEPTH}", depth=depth)
+        row = self._running(sid)
+        vol = self._on_volume(row, path)
+        if vol is not None:                    # (a volume's directory: its own entries, one level)
+            kinds = {"directory": "dir", "file": "file", "symlink": "symlink"}
+            return [{"name": e["name"], "path": f"{path.rstrip('/')}/{e['name']}", "kind": kinds.get(e["type"], "other"),
+                     "size": e["size"], "mode": e["mode"]} for e in self.volumes.ls(*vol)]
         idmap = self.store.idmap
 
         def walk(root, mounts):
@@ -79,11 +111,19 @@ class SandboxFiles:
                         level.append((e["path"], n + 1))
             return out
         # a tree in walk order: each directory followed by what is in it, by name (as find and envd list it)
-        return sorted(self._in(self._running(sid), walk), key=lambda e: e["path"].split("/"))
+        return sorted(self._in(row, walk), key=lambda e: e["path"].split("/"))
 
     def exists(self, sid: str, path: str) -> bool:
         self._check_path(path)
-        return self._in(self._running(sid), lambda root, mounts: openat2.exists(root, path))
+        row = self._running(sid)
+        vol = self._on_volume(row, path)
+        if vol is not None:
+            try:
+                self.volumes.stat(*vol)
+            except PathNotFound:
+                return False
+            return True
+        return self._in(row, lambda root, mounts: openat2.exists(root, path))
 
     def remove(self, sid: str, path: str, *, recursive: bool = False) -> None:
         """Remove a file, a link or an empty directory of the running sandbox (recursive: a directory
@@ -92,8 +132,12 @@ class SandboxFiles:
         if not isinstance(recursive, bool):
             raise InvalidInput("recursive must be true or false")
         row = self._running(sid)
-        how = openat2.remove_tree if recursive else openat2.remove
-        self._in(row, lambda root, mounts: how(root, path, mounts))
+        vol = self._on_volume(row, path, write=True)
+        if vol is not None:
+            self.volumes.remove(*vol)
+        else:
+            how = openat2.remove_tree if recursive else openat2.remove
+            self._in(row, lambda root, mounts: how(root, path, mounts))
         self._touch(row)
 
     def mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
@@ -102,6 +146,11 @@ class SandboxFiles:
         row = self._running(sid)
         idmap = self.store.idmap
         self._check_owner(mode, uid, gid)
+        vol = self._on_volume(row, path, write=True)
+        if vol is not None:
+            self.volumes.mkdir(*vol, mode=mode, uid=uid, gid=gid)
+            self._touch(row)
+            return
         self._in(row, lambda root, mounts: openat2.make_dirs(root, path, mode, idmap.host_uid(uid),
                                                              idmap.host_gid(gid), mounts))
         self._touch(row)

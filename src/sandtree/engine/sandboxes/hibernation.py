@@ -34,6 +34,9 @@ class SandboxHibernation:
         where they were. Its lifetime does not run while it is hibernated."""
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
+        if row["spec"].get("volumes"):
+            raise Conflict(f"sandbox {sid[:12]} mounts volumes, which a checkpoint cannot hold: stop it instead "
+                           "(its volumes keep their files)", sandbox=sid)
         # its own tier's answer, not the default's; before anything is paused or committed
         ok, why = self.live.of(h).hibernate_available(link=bool(row["spec"].get("network")))
         if not ok:

@@ -18,6 +18,7 @@ imports the engine. Hibernate and resume: sandboxes/hibernation.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import uuid
 from ... import defaults as D
 from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ...runtime.base import LiveTier, RunSpec
-from ...runtime.liveproc import LiveHandle
+from ...runtime.liveproc import LiveHandle, open_of
 from ...runtime.validate import check_env
 from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
@@ -54,6 +55,7 @@ from ...defaults import RunRecord
 from ...values import check_labels, labels_match
 from ..images.rundefaults import run_defaults
 from ..runs.network import attach_link, network_option, require_egress
+from ..volumes import check_mounts, volume_view
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
@@ -74,6 +76,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         self.egress = lambda: None                  # () -> the engine's Egress (network= sandboxes)
         self.read_image = lambda image, path: b""   # the engine's read (an image's CA bundle)
         self.stored_secret = None                   # ref -> a stored secret (the tenancy's lookup)
+        self.volumes = None                         # the engine's Volumes (engine/volumes.py)
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
@@ -221,6 +224,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
+                **({"volumes": volume_view(row["spec"]["volumes"])} if row["spec"].get("volumes") else {}),
                 **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
@@ -237,76 +241,132 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
     def start(self, ref: str, *, env: dict | None = None, cwd: str | None = None, hostname: str = D.HOSTNAME,
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
-              labels: dict | None = None, network=None, secrets: dict | None = None, run_of: str | None = None,
-              starter=None, **limits) -> dict:
+              labels: dict | None = None, network=None, secrets: dict | None = None, volumes=None,
+              run_of: str | None = None, starter=None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
         the live run it serves (processes/instances.py): a run slot, not a sandbox `list` shows; starter:
-        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py)."""
+        (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py).
+        volumes: {name: path} or [{name, path, readonly}] (engine/volumes.py), bound in before it returns."""
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
-        labels = check_labels(labels)
-        source = self.resolve(ref)
-        row = self.store.image(source)
-        net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
-        if net.policy is not None:
-            self._check_idle_hibernate(tier, idle_action, link=True)
-        if net.policy is not None:
-            require_egress(self.egress())
-        lim = self.specs.limits(limits)
-        user_env = {str(k): str(v) for k, v in (env or {}).items()}
-        dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
-        check_env(dflt.env)                           # the documented limits, before anything is added
-        cwd = dflt.cwd
-        injected = self.specs.files(files, file_set)
-        self.specs.check_cwd(source, cwd, injected)
-        self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
-        spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
-                       env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
-                       prepare_changes=self.specs.injector(source, injected))
-        if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
-            self.reap()
-        # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
-        # on the tier they are started on
-        ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER
-        key = self.starts.key(source, spec) if ahead else None
-        got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
-        sid = got[0] if got else uuid.uuid4().hex
-        link = None
-        if net.policy is not None:
-            link, spec.runtime_files, extra = attach_link(self.egress(), sid, net, lambda p: self.read_image(source, p))
-            spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
+        mounts = self._check_volumes(volumes, tier, idle_action)
+        with self._volumes_starting(mounts):     # a delete waits for (and then sees) this start
+            labels = check_labels(labels)
+            source = self.resolve(ref)
+            row = self.store.image(source)
+            net = network_option(self.store.db, source, network, secrets, stored=self.stored_secret)
+            if net.policy is not None:
+                self._check_idle_hibernate(tier, idle_action, link=True)
+            if net.policy is not None:
+                require_egress(self.egress())
+            lim = self.specs.limits(limits)
+            user_env = {str(k): str(v) for k, v in (env or {}).items()}
+            dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
+            check_env(dflt.env)                           # the documented limits, before anything is added
+            cwd = dflt.cwd
+            injected = self.specs.files(files, file_set)
+            self.specs.check_cwd(source, cwd, injected)
+            self.store.ensure_layers(row.layers)          # S3 objects: fetched into this node's cache
+            spec = RunSpec(argv=["sandtree-init"], layers=row.layers, root_meta=self.specs.root_meta(source),
+                           env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
+                           prepare_changes=self.specs.injector(source, injected),
+                           volumes=[(self.volumes.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts]
+                           if tier == "gvisor" else [])
+            if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
+                self.reap()
+            # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
+            # on the tier they are started on
+            ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER \
+                and not mounts
+            key = self.starts.key(source, spec) if ahead else None
+            got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
+            sid = got[0] if got else uuid.uuid4().hex
+            link = None
+            if net.policy is not None:
+                link, spec.runtime_files, extra = attach_link(self.egress(), sid, net,
+                                                              lambda p: self.read_image(source, p))
+                spec.netns_fd, spec.env = link.netns_fd, {**spec.env, **extra}
+            try:
+                with self.store.using():               # gc keeps the layers of running sandboxes (below)
+                    handle = got[1] if got else starter(spec, lifetime) if starter else \
+                        self.live.start(spec, lifetime, tier=tier)
+            except BaseException:
+                self._unlink_net(sid, link)
+                raise
+            finally:
+                if link is not None:
+                    link.close()                       # (the sandbox's processes hold the namespace)
+            made = []
+            if mounts and tier == "gvisor":           # bound by runsc as it started (spec.volumes); it makes
+                made = sorted({p[:i] for m in mounts for p in [m["path"]]       # the mount points it needs
+                               for i in range(len(p) + 1) if i == len(p) or p[i] == "/"} - {""})
+            elif mounts:
+                try:
+                    made = self._mount_volumes(handle, mounts)
+                except BaseException:
+                    self.live.stop(handle)
+                    self._unlink_net(sid, link)
+                    raise
+            now = time.time()
+            record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
+                      "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
+                      "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
+                      "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
+                      **({"labels": labels} if labels else {}),
+                      **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
+                      **({"run": run_of} if run_of else {}), **net.record()}
+            try:
+                with self.store.db.tx() as con:
+                    con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                                "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                                (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                                 idle_timeout, now + lifetime, source))
+            except BaseException:
+                self.live.stop(handle)
+                self._unlink_net(sid, link)
+                raise
+            if key:
+                self.starts.after(key, source, spec)
+            return self.info(sid)
+
+    # ---- volumes (engine/volumes.py) ----------------------------------------------------------------
+    def _check_volumes(self, volumes, tier: str, idle_action: str) -> list[dict]:
+        mounts = check_mounts(volumes)
+        if not mounts:
+            return []
+        if self.volumes is None:
+            raise RuntimeUnavailable("volumes are not available to this engine")
+        if idle_action == "hibernate":
+            raise InvalidInput("a sandbox with volumes cannot hibernate (its volumes are not part of a checkpoint): "
+                               "idle_action stop")
+        for m in mounts:
+            self.volumes.directory(m["volume"])         # NotFound before anything starts
+        return mounts
+
+    def _volumes_starting(self, mounts: list[dict]):
+        """Held from a start's check of its volumes to its row (what volume_users reads): a delete of one of
+        them in this engine waits, then refuses; none: nothing held."""
+        return self.volumes.lock if mounts else contextlib.nullcontext()
+
+    def _mount_volumes(self, handle, mounts: list[dict]) -> list[str]:
+        ns = open_of(handle.init_pid, handle.init_start, "ns/mnt", os.O_RDONLY)
         try:
-            with self.store.using():               # gc keeps the layers of running sandboxes (below)
-                handle = got[1] if got else starter(spec, lifetime) if starter else \
-                    self.live.start(spec, lifetime, tier=tier)
-        except BaseException:
-            self._unlink_net(sid, link)
-            raise
+            return self.volumes.mount(mounts, ns)
         finally:
-            if link is not None:
-                link.close()                       # (the sandbox's processes hold the namespace)
-        now = time.time()
-        record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
-                  "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
-                  "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
-                  "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
-                  **({"labels": labels} if labels else {}),
-                  **({"run": run_of} if run_of else {}), **net.record()}
-        try:
-            with self.store.db.tx() as con:
-                con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
-                            "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                            (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
-                             idle_timeout, now + lifetime, source))
-        except BaseException:
-            self.live.stop(handle)
-            self._unlink_net(sid, link)
-            raise
-        if key:
-            self.starts.after(key, source, spec)
-        return self.info(sid)
+            os.close(ns)
+
+    def volume_users(self, qualified: str) -> list[str]:
+        """The live sandboxes (running, or not yet judged gone) that mount a volume."""
+        self.reap()
+        out = []
+        for r in self.store.db.query("SELECT * FROM sandboxes WHERE state IN ('running', 'hibernated', 'lost')"):
+            row = self._decode(r)
+            if any(m["volume"] == qualified for m in row["spec"].get("volumes", ())) and \
+                    self._settled(row)["state"] in ("running", "hibernated", "lost"):
+                out.append(row["id"])
+        return out
 
     def stop(self, sid: str) -> dict:
         row = self._row(sid)
@@ -416,7 +476,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         try:
             # after a resume the upper holds the changes since the hibernation's commit
             cr = self.committer.commit(self.store.image(row["spec"].get("base") or row["image"]),
-                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"])
+                                      f"/proc/self/fd/{fd}/u", max_file_size=row["spec"]["limits"]["disk"],
+                                      mount_points=row["spec"].get("volume_dirs", ()))
         finally:
             os.close(fd)
         write = mark_writer(self.committer.image_writer(cr), cr.image) if ephemeral else self.committer.image_writer(cr)
@@ -426,8 +487,12 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         # that run: the run's own record draws the image's edge, labelled by its command and exit
         # code. An edge here too listed the image twice, as "commit of live sandbox ...".
         run = row["spec"].get("run")
+        left_out = volume_view(row["spec"].get("volumes", ()))      # a volume is never part of an image
         self.records.record(op, row["image"], {"sandbox": row["id"], "frozen": frozen, "execs": execs,
-                                               "command": f"{how} of live sandbox {row['id'][:12]}",
+                                               "command": f"{how} of live sandbox {row['id'][:12]}"
+                                               + (f" (volumes left out: {', '.join(v['path'] for v in left_out)})"
+                                                  if left_out else ""),
+                                               **({"volumes_left_out": left_out} if left_out else {}),
                                                **({"run": run} if run else {})},
                             started, cr.image, {"exit_code": 0}, write, kind="commit", parent=parent,
                             edge=not run)

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from ... import config
 from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ..gate import engine_for
-from . import secrets, templates, wire
+from . import secrets, templates, volumes, wire
 
 PREFIX = "/e2b"
 ENVD = "e2b-envd"                    # the access token's purpose (engine/sandboxes/ports.py access_token)
@@ -73,8 +73,6 @@ def control_router() -> APIRouter:
         if body.auto_pause:
             raise InvalidInput("autoPause is not supported here: a sandbox ends at its timeout "
                                "(pause it yourself, or hibernate on idle with sandtree's own API)")
-        if body.volume_mounts:
-            raise InvalidInput("volumeMounts: volumes are not supported by this server yet")
         if body.mcp:
             raise InvalidInput("mcp: MCP gateways are not supported here")
         if body.network is not None and body.network.allow_public_traffic is False:
@@ -86,7 +84,8 @@ def control_router() -> APIRouter:
         net = wire.network_option(body.allow_internet_access, body.network, config.network_default())
         env, stored = secrets.env_secrets(body.env_vars or {})
         info = engine.sandbox_start(body.template_id, env=env, labels=body.metadata or {}, network=net,
-                                    secrets=stored or None, lifetime=body.timeout, idle_timeout=0)
+                                    secrets=stored or None, lifetime=body.timeout, idle_timeout=0,
+                                    volumes=volumes.start_volumes(body.volume_mounts))
         try:
             templates.start_commands(engine, info)          # a template's start and ready commands
         except BaseException:

@@ -185,7 +185,8 @@ def listed(info: dict) -> dict:
             "startedAt": when(info["created"]), "endAt": when(info["expires"]),
             "cpuCount": _cpus(lim), "memoryMB": int(lim.get("memory") or 0) >> 20,
             "diskSizeMB": int(lim.get("disk") or 0) >> 20, "state": E2B_STATES[info["state"]],
-            "envdVersion": ENVD_VERSION, "metadata": info.get("labels") or {}}
+            "envdVersion": ENVD_VERSION, "metadata": info.get("labels") or {},
+            "volumeMounts": [{"name": v["name"], "path": v["path"]} for v in info.get("volumes") or ()]}
 
 
 def detail(info: dict, access_token: str) -> dict:
