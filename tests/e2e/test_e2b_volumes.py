@@ -194,3 +194,20 @@ def test_bad_input_gets_e2bs_error_shape_never_a_500(monkeypatch, world):
             vol.read_file("/../../etc/passwd")
     finally:
         e2b.Volume.destroy("bad-input")
+
+
+def test_sandbox_create_mounts_a_volume(monkeypatch, world):
+    """Sandbox.create(volume_mounts={path: volume}) through the control plane: the sandbox sees the volume's
+    files there, writes to it through envd's files, and get_info names the mount."""
+    _as(monkeypatch, world, "alice", content=True)
+    vol = e2b.Volume.create("mounted")
+    vol.write_file("/seed.txt", "seeded")
+    sb = e2b.Sandbox.create(world["image"], volume_mounts={"/mnt/vol": vol})
+    try:
+        assert sb.files.read("/mnt/vol/seed.txt") == "seeded"
+        sb.files.write("/mnt/vol/from-sandbox.txt", "written inside")
+        assert vol.read_file("/from-sandbox.txt") == "written inside"
+        assert [(m.name, m.path) for m in sb.get_info().volume_mounts] == [("mounted", "/mnt/vol")]
+    finally:
+        sb.kill()
+    assert e2b.Volume.destroy("mounted") is True

@@ -164,6 +164,7 @@ class Tenancy:
         capped_by = {k: min(getattr(lim, k), t.get(f"max_{k}", getattr(lim, k)))
                      for k in ("timeout", "memory", "pids", "disk", "output")}
         return {"tenant": by.name, "scopes": list(by.scopes), "token": by.token, "tier": by.tier,
+                "network": by.network.to_json(),       # what its runs may ask for (None: no network)
                 "limits": {**capped_by,
                            "concurrent_runs": t.get("max_runs", self.engine.whoami()["limits"]["concurrent_runs"]),
                            "live_sandboxes": t.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)}}

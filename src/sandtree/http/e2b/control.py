@@ -81,7 +81,10 @@ def control_router() -> APIRouter:
         if body.network is not None and (body.network.rules or body.network.egress_proxy):
             raise InvalidInput("network.rules and network.egressProxy are not supported here: a secret reaches "
                                "its hosts through an environment variable (envVars={NAME: Secret.fill(name)})")
-        net = wire.network_option(body.allow_internet_access, body.network, config.network_default())
+        # nothing said is E2B's default, the internet: the server's default policy, or none for a tenant
+        # whose token may ask for no network (a create that asked for nothing is not refused for it)
+        default = config.network_default() if engine.whoami().get("network", "any") is not None else "off"
+        net = wire.network_option(body.allow_internet_access, body.network, default)
         env, stored = secrets.env_secrets(body.env_vars or {})
         info = engine.sandbox_start(body.template_id, env=env, labels=body.metadata or {}, network=net,
                                     secrets=stored or None, lifetime=body.timeout, idle_timeout=0,
