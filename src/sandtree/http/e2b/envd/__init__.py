@@ -1,2 +1,5 @@
 """envd, E2B's in-sandbox API, served by sandtree for each live sandbox on port 49983 (dispatch.py):
-Connect-RPC process.Process and filesystem.Filesystem, HTTP /files and /health."""
+Connect-RPC process.Process and filesystem.Filesystem, HTTP /files and /health. app.py composes
+them: each part registers its path prefix there as it loads (imported below)."""
+
+from . import app  # noqa: F401 - registers envd's port with dispatch.py
