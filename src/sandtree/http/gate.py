@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
+from .. import table
 from ..errors import Forbidden, NotFound, SandtreeError, Unauthorized
 from ..tenancy.tenant import Tenant
 from .e2b.dispatch import addressed
@@ -321,7 +322,6 @@ class SandboxGrant:
         self.view, self.sid = view, sid
 
     def __getattr__(self, name):
-        from .. import table
         row = table.OPS.get(name)
         params = list(row.signature.parameters) if row is not None else []
         if not params or params[0] != "sid":

@@ -37,6 +37,9 @@ _RUNSC_FAIL = re.compile(rb"executing processes for container: .*\n?$")
 class GVisorCommands:
     def lingering(self, h: LiveHandle) -> bool:
         """Processes besides pid 1 inside (gVisor's, not the host's: runsc ps lists them)."""
+        return len(self._ps(h)) > 1
+
+    def _ps(self, h: LiveHandle) -> list[dict]:
         proc, rep_r = self._mnt(h, ["ps", "--format", "json", "sandtree"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
@@ -44,9 +47,17 @@ class GVisorCommands:
         finally:
             os.close(rep_r)
         try:
-            return len(json.loads(out or b"[]")) > 1
+            found = json.loads(out or b"[]")
         except ValueError:
-            return False
+            return []
+        return found if isinstance(found, list) else []
+
+    def processes(self, h: LiveHandle) -> list[dict]:
+        """gVisor's own table (its kernel's, not the host's): runsc ps. It names a process by its
+        command's name only, and tells no state."""
+        return sorted(({"pid": int(p.get("pid", 0)), "ppid": int(p.get("ppid", 0)), "uid": p.get("uid"),
+                        "state": "?", "name": str(p.get("cmd", "")), "argv": [str(p.get("cmd", ""))]}
+                       for p in self._ps(h) if isinstance(p, dict)), key=lambda p: p["pid"])
 
     def outsiders(self, h: LiveHandle) -> list[int]:
         """Commands running now: the runsc exec of each (children of our helpers, in P's mount

@@ -49,7 +49,7 @@ from .session import command_spec
 from ..runs.spec import RunSpecs
 from ...defaults import RunRecord
 from ...values import check_labels, labels_match
-from ..images.rundefaults import run_defaults
+from ..images.rundefaults import run_defaults, user_names
 from ..runs.network import attach_link, network_option, require_egress
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
@@ -378,6 +378,13 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
+
+    def ps(self, sid: str) -> list[dict]:
+        """Every process of a running sandbox as its kernel tells it (runtime pstable), each with
+        its user's name from the image's /etc/passwd (None: not there)."""
+        row = self._running(sid, idle=False)
+        names = user_names(self.store, row["image"])
+        return [{**p, "user": names.get(p["uid"])} for p in self.live.processes(row["handle"])]
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:
