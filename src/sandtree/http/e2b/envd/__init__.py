@@ -3,3 +3,4 @@ Connect-RPC process.Process and filesystem.Filesystem, HTTP /files and /health. 
 them: each part registers its path prefix there as it loads (imported below)."""
 
 from . import app  # noqa: F401 - registers envd's port with dispatch.py
+from . import process  # noqa: F401,E402 - process.Process, at /process.Process/ of envd's app
