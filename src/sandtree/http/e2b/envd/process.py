@@ -46,7 +46,7 @@ def _mapped(fn):
 
 def _user(ctx) -> str | None:
     """The username of `Authorization: Basic base64(user:)` (E2B's way to name the user)."""
-    value = ctx.request_headers().get("authorization", "")
+    value = ctx.request_headers.get("authorization", "")
     if value[:6].lower() != "basic ":
         return None
     try:
@@ -69,7 +69,7 @@ def _end(state: dict):
 
 def _keepalive(ctx) -> float:
     try:
-        return max(1.0, float(ctx.request_headers().get(KEEPALIVE_HEADER, "")))
+        return max(1.0, float(ctx.request_headers.get(KEEPALIVE_HEADER, "")))
     except ValueError:
         return float(D.E2B_KEEPALIVE)
 
