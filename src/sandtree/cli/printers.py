@@ -178,17 +178,6 @@ def _top(args, kw, rows):
     out(args, rows, human)
 
 
-def _procs(args, kw, rows):
-    """The processes spawn started in a sandbox (sandbox_processes)."""
-    def human(rows):
-        for r in rows:
-            state = "running" if r["running"] else (f"exit {r['exit_code']}" if r["exit_code"] is not None
-                                                    else f"signal {r['signal']}")
-            tag = f"  [{r['tag']}]" if r.get("tag") else ""
-            print(f"{r['pid']:>4}  {state:<10} {r['command']}{tag}")
-    out(args, rows, human)
-
-
 def _secrets(args, kw, rows):
     def human(rows):
         for r in rows:
@@ -237,7 +226,7 @@ PRINTERS = {
     "share": _share, "entries": _entries, "fields": _fields, "log": _log, "tagged": _tagged, "untagged": _untagged,
     "indented": _indented, "branches": _branches, "branch_moved": _branch_moved, "branch_deleted": _branch_deleted,
     "branch_log": _branch_log, "bundle": _bundle, "bundle_images": _bundle_images, "sandbox_id": _sandbox_id,
-    "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "top": _top, "procs": _procs,
+    "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "top": _top,
     "registry_logout": _registry_logout, "registries": _registries, "secrets": _secrets,
     "secret_removed": _secret_removed, "gc": _gc, "doctor": _doctor, "cluster": _cluster, "audit": _audit,
 }

@@ -77,7 +77,7 @@ def sandbox_resize(sid: str, pid: int, cols: int, rows: int) -> None:
     cols: the terminal's columns
     rows: the terminal's rows"""
 
-@via("cli", Cli("procs", show="procs"))
+@via("cli", Cli("procs", handler="processes.cmd_procs"))
 @op("list", http=Http(_G, _PROC, name="list_processes"))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="The processes sandbox_spawn started in a live sandbox: pid, tag, command, running or how each ended."))
 def sandbox_processes(sid: str) -> list[dict]:

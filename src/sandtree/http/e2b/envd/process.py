@@ -29,7 +29,7 @@ from .app import here, route
 
 __all__ = ["ProcessService"]
 
-KEEPALIVE_HEADER = "keepalive-ping-interval"     # E2B's clients ask for a keepalive event this often (s)
+_KEEPALIVE_HEADER = "keepalive-ping-interval"     # E2B's clients ask for a keepalive event this often (s)
 _SIGNALS = {pb.Signal.SIGKILL: "KILL", pb.Signal.SIGTERM: "TERM"}
 
 
@@ -69,7 +69,7 @@ def _end(state: dict):
 
 def _keepalive(ctx) -> float:
     try:
-        return max(1.0, float(ctx.request_headers.get(KEEPALIVE_HEADER, "")))
+        return max(1.0, float(ctx.request_headers.get(_KEEPALIVE_HEADER, "")))
     except ValueError:
         return float(D.E2B_KEEPALIVE)
 
