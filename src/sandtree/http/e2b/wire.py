@@ -6,12 +6,13 @@ NOT_FOUND -> NotFoundException, INVALID_ARGUMENT -> InvalidArgumentException, ..
 from __future__ import annotations
 
 from connectrpc.code import Code
+from connectrpc.codec import proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from starlette.responses import JSONResponse
 
 from ...errors import SandtreeError
 
-__all__ = ["connect_error", "http_error", "CONNECT_CODES"]
+__all__ = ["connect_error", "http_error", "CONNECT_CODES", "CODECS", "Checked"]
 
 # sandtree's HTTP status (SandtreeError.http_status) -> the Connect code envd answers for it
 CONNECT_CODES = {
@@ -29,3 +30,29 @@ def connect_error(exc: SandtreeError) -> ConnectError:
 
 def http_error(exc: SandtreeError) -> JSONResponse:
     return JSONResponse({"code": exc.http_status, "message": exc.message}, status_code=exc.http_status)
+
+
+class Checked:
+    """A Connect codec whose undecodable message is the client's error (INVALID_ARGUMENT), not the
+    server's: connectrpc answers an exception of a codec as `unknown`, with a 500."""
+
+    def __init__(self, codec):
+        self.codec = codec
+
+    def name(self) -> str:
+        return self.codec.name()
+
+    def encode(self, message) -> bytes:
+        return self.codec.encode(message)
+
+    def decode(self, data, message_class):
+        try:
+            return self.codec.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:              # noqa: BLE001 - whatever the parser raises for bad bytes
+            raise ConnectError(Code.INVALID_ARGUMENT, f"not a valid {message_class.__name__} message: {exc}") from None
+
+
+# what envd's Connect services take (binary and JSON, as connectrpc's defaults), checked
+CODECS = [Checked(proto_binary_codec()), Checked(proto_json_codec())]

@@ -24,7 +24,7 @@ from protobuf import Oneof
 
 from .... import defaults as D
 from ....errors import SandtreeError
-from ..wire import connect_error
+from ..wire import CODECS, connect_error
 from .app import here, route
 
 __all__ = ["ProcessService"]
@@ -218,4 +218,4 @@ class ProcessService:
         return pb.CloseStdinResponse()
 
 
-route("/process.Process/")(ProcessASGIApplication(ProcessService()))
+route("/process.Process/")(ProcessASGIApplication(ProcessService(), codecs=CODECS))
