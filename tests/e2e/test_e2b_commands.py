@@ -217,6 +217,8 @@ def test_async_commands_and_pty(sid):
         assert b"40 120" in seen, bytes(seen)
         h = await sb.commands.run("sleep 100", background=True)
         assert await sb.commands.kill(h.pid) is True
+        with pytest.raises(CommandExitException):
+            await h.wait()
         assert await sb.commands.kill(h.pid) is False
     asyncio.run(main())
 
