@@ -118,15 +118,16 @@ def test_run_in_the_foreground(sid):
     assert failed.value.exit_code == 3 and failed.value.stderr == "why\n"
     assert sb.commands.run("echo $GREETING", envs={"GREETING": "hallo"}).stdout == "hallo\n"
     assert sb.commands.run("pwd", cwd="/etc").stdout == "/etc\n"
-    assert sb.commands.run("id -u").stdout == "0\n"
-    assert sb.commands.run("id -u", user="user").stdout == "1000\n"
+    # E2B's default user, `user` (the image has one), in its home; or the one named
+    assert sb.commands.run("id -u; pwd").stdout == "1000\n/tmp\n"
+    assert sb.commands.run("id -u; pwd", user="root").stdout == "0\n/root\n"
     assert sb.commands.run("id -un", user="nobody").stdout == "nobody\n"
     assert sb.is_running()
 
 
 def test_a_user_not_in_the_image_is_invalid(sid):
     from e2b.exceptions import InvalidArgumentException
-    with pytest.raises(InvalidArgumentException, match="passwd"):
+    with pytest.raises(InvalidArgumentException, match="no such user"):
         sandbox(sid).commands.run("true", user="nosuchuser")
 
 

@@ -3,4 +3,7 @@ Connect-RPC process.Process and filesystem.Filesystem, HTTP /files and /health. 
 them: each part registers its path prefix there as it loads (imported below)."""
 
 from . import app  # noqa: F401 - registers envd's port with dispatch.py
-from . import process  # noqa: F401,E402 - process.Process, at /process.Process/ of envd's app
+from importlib.util import find_spec as _find  # noqa: E402
+
+if _find("connectrpc") is not None and _find("e2b") is not None:      # the `e2b` extra: the Connect services
+    from . import process  # noqa: F401 - registers process.Process with app.py

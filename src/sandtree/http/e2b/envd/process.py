@@ -3,17 +3,15 @@ and messages): E2B's commands and PTYs as the live sandbox's spawned processes (
 sandbox_spawn, sandbox_follow, sandbox_stdin, sandbox_signal, sandbox_resize, sandbox_processes).
 
 E2B's pid is the process's number in the sandbox (sandbox_spawn's); its tag is the spawn's tag. The
-user is the username of the request's HTTP Basic authorization (E2B's clients send it so), a name
-of the image's /etc/passwd; none: the sandbox's default. A command's output streams as it comes
+user is the username of the request's HTTP Basic authorization (E2B's clients send it so), resolved
+as the files are (users.py: the sandbox's /etc/passwd, `user` by default where there is one), and a
+command starts in its home unless given a cwd, as envd does. A command's output streams as it comes
 (sandbox_follow), its end event carries the exit code (-1 and the signal for a killed one, as
-envd's Go answers it). Errors are sandtree's, mapped to Connect codes once (wire.py)."""
+envd's Go answers it). Errors are sandtree's, as Connect codes (rpcerrors.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import functools
 import threading
 
 from connectrpc.code import Code
@@ -24,36 +22,14 @@ from protobuf import Oneof
 
 from .... import defaults as D
 from ....errors import SandtreeError
-from ..wire import CODECS, connect_error
+from . import users
 from .app import here, route
+from .rpcerrors import connect_error, rpc, strict_codecs
 
 __all__ = ["ProcessService"]
 
 _KEEPALIVE_HEADER = "keepalive-ping-interval"     # E2B's clients ask for a keepalive event this often (s)
 _SIGNALS = {pb.Signal.SIGKILL: "KILL", pb.Signal.SIGTERM: "TERM"}
-
-
-def _mapped(fn):
-    """sandtree's errors as Connect's (wire.py), for a unary method."""
-    @functools.wraps(fn)
-    async def call(*args):
-        try:
-            return await fn(*args)
-        except SandtreeError as exc:
-            raise connect_error(exc) from None
-    return call
-
-
-def _user(ctx) -> str | None:
-    """The username of `Authorization: Basic base64(user:)` (E2B's way to name the user)."""
-    value = ctx.request_headers.get("authorization", "")
-    if value[:6].lower() != "basic ":
-        return None
-    try:
-        name = base64.b64decode(value[6:].strip(), validate=True).decode("utf-8").partition(":")[0]
-    except (binascii.Error, UnicodeDecodeError):
-        raise ConnectError(Code.INVALID_ARGUMENT, "the Authorization header's user is not base64 of UTF-8") from None
-    return name or None
 
 
 def _event(kind: str, value, cls=pb.StartResponse):
@@ -120,9 +96,12 @@ class ProcessService:
         # an absent stdin is true (envd's default, for older clients); a terminal's is its input
         keep_stdin = request.stdin if request.has_field("stdin") else True
         try:
+            user = await asyncio.to_thread(users.resolve, engine, sid,
+                                           users.basic_user(ctx.request_headers.get("authorization")))
             pid = await asyncio.to_thread(
                 engine.sandbox_spawn, sid, [config.cmd, *config.args], env=dict(config.envs) or None,
-                cwd=config.cwd if config.has_field("cwd") and config.cwd else None, user=_user(ctx),
+                cwd=user.path(config.cwd) if config.has_field("cwd") and config.cwd else user.home,
+                uid=user.uid, gid=user.gid,
                 tag=request.tag if request.has_field("tag") and request.tag else None, stdin_open=keep_stdin,
                 **({"pty": True, "cols": size.cols, "rows": size.rows} if size is not None else {}))
         except SandtreeError as exc:
@@ -155,7 +134,7 @@ class ProcessService:
                 return p["pid"]
         raise ConnectError(Code.NOT_FOUND, f"process with {key} {which.value!r} not found")
 
-    @_mapped
+    @rpc
     async def list(self, request: pb.ListRequest, ctx) -> pb.ListResponse:
         engine, sid = here()
         procs = await asyncio.to_thread(engine.sandbox_processes, sid)
@@ -164,7 +143,7 @@ class ProcessService:
                 cmd=p["argv"][0], args=p["argv"][1:], envs=p.get("env") or {}, cwd=p.get("cwd")))
             for p in procs if p["running"]])
 
-    @_mapped
+    @rpc
     async def update(self, request: pb.UpdateRequest, ctx) -> pb.UpdateResponse:
         engine, sid = here()
         pid = await self._pid(engine, sid, request.process)
@@ -172,7 +151,7 @@ class ProcessService:
             await asyncio.to_thread(engine.sandbox_resize, sid, pid, request.pty.size.cols, request.pty.size.rows)
         return pb.UpdateResponse()
 
-    @_mapped
+    @rpc
     async def send_input(self, request: pb.SendInputRequest, ctx) -> pb.SendInputResponse:
         engine, sid = here()
         pid = await self._pid(engine, sid, request.process)
@@ -180,7 +159,7 @@ class ProcessService:
         await asyncio.to_thread(engine.sandbox_stdin, sid, pid, data, close=False)
         return pb.SendInputResponse()
 
-    @_mapped
+    @rpc
     async def stream_input(self, requests, ctx) -> pb.StreamInputResponse:
         """The first message names the process (start), the next ones are its input, in order."""
         engine, sid, pid = *here(), None
@@ -197,7 +176,7 @@ class ProcessService:
                 await asyncio.to_thread(engine.sandbox_stdin, sid, pid, data, close=False)
         return pb.StreamInputResponse()
 
-    @_mapped
+    @rpc
     async def send_signal(self, request: pb.SendSignalRequest, ctx) -> pb.SendSignalResponse:
         engine, sid = here()
         sig = _SIGNALS.get(request.signal)
@@ -210,7 +189,7 @@ class ProcessService:
         await asyncio.to_thread(engine.sandbox_signal, sid, pid, sig)
         return pb.SendSignalResponse()
 
-    @_mapped
+    @rpc
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx) -> pb.CloseStdinResponse:
         engine, sid = here()
         pid = await self._pid(engine, sid, request.process)
@@ -218,4 +197,4 @@ class ProcessService:
         return pb.CloseStdinResponse()
 
 
-route("/process.Process/")(ProcessASGIApplication(ProcessService(), codecs=CODECS))
+route("/process.Process/")(ProcessASGIApplication(ProcessService(), codecs=strict_codecs()))
