@@ -21,10 +21,10 @@ from ... import gate
 from ..dispatch import ENVD_PORT, SANDBOX_KEY, serves
 
 # The envd version E2B's control plane reports (envdVersion): the SDK turns features on by it
-# (e2b/envd/versions.py). 0.5.2 and up: the default user is envd's own (no user sent), stdin of a
-# command is asked for (StartRequest.stdin) and closed (CloseStdin). A part that implements a
-# newer version's feature raises it here; one number for all of envd's parts.
-ENVD_VERSION = "0.5.2"
+# (e2b/envd/versions.py). Processes need 0.5.2 (no user sent: envd's default; a command's stdin
+# asked for and closed, CloseStdin); the filesystem part implements E2B's up to 0.6.4 (octet-stream
+# uploads, file metadata, watch events with entries). One number for all of envd's parts.
+ENVD_VERSION = "0.6.4"
 SANDBOX: contextvars.ContextVar = contextvars.ContextVar("sandtree_e2b_sandbox", default=None)
 ROUTES: list[tuple[str, object]] = []         # (path prefix, ASGI app), the longest match wins
 
