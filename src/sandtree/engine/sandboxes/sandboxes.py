@@ -366,6 +366,9 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwor
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row)
+        if ahead is None and not pty and stdin == stdout == stderr == subprocess.PIPE:
+            # pipes, as a helper entered ahead has them: the slow part of entering is done (as exec's)
+            ahead = self.ahead.take(row["id"], row["handle"])
         proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
