@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -239,7 +240,17 @@ def test_sandbox_ps_on_rest_sdk_and_cli(sid, e2b_env, home):
         assert any(r["pid"] == 1 for r in rows)
 
         remote = sandtree.connect(e2b_env)
-        assert ["sleep", "77"] in [r["argv"] for r in remote.sandbox(sid).ps()]
+        mine = next(x for x in remote.sandboxes() if x.id == sid)
+        assert ["sleep", "77"] in [r["argv"] for r in mine.ps()]
+        # the rows E2B's envd uses, over REST through sandtree's own SDK: a terminal, its size, a tag
+        t = mine.spawn(["sh", "-i"], pty=True, cols=90, rows=20, tag="term", user="root")
+        t.resize(91, 21)
+        t.write(b"stty size; exit\n")
+        end = time.monotonic() + 15
+        while (v := t.state())["running"] and time.monotonic() < end:
+            time.sleep(0.05)
+        assert "21 91" in v["stdout"] and v["uid"] == 0 and v["tag"] == "term", v
+        assert ("term", False) in [(p["tag"], p["running"]) for p in mine.processes()]
         out = subprocess.run([sys.executable, "-m", "sandtree", "--home", home, "top", sid, "--json"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
