@@ -12,6 +12,7 @@ file and 100 MB; fork (N runs from one image) on a small
 and a large image; runs over HTTP; the gvisor tier; a Debian bootstrap import (skip with --quick);
 OCI push to a loopback registry and export (bench/oci.py, issue 15); builds (bench/builds.py: a
 cached 10-step rebuild, a change at step 8 of 10); Contree's instances (bench/contree.py, issue 16);
+E2B's SDK create -> kill vs sandtree's own (bench/e2bsdk.py, issue 36);
 a sample's fork in inspect-ai, its sample_init, on the small and the large image (bench/inspect_fork.py,
 issue 17); SWE-bench-style instances evaluated (bench/evalbench.py, issue 17); a command's round trip
 through E2B's SDK (bench/e2bcommands.py, issue 36).
@@ -608,6 +609,8 @@ def main() -> None:
         con.print(eval_table(work, args))
         import contree                     # bench/contree.py: /v1 instances (live runs) vs plain runs
         con.print(contree.contree_table(st, img, min(args.n, 100)))
+        import e2bsdk                      # bench/e2bsdk.py: E2B's SDK, unmodified, create -> kill (issue 36)
+        con.print(e2bsdk.e2b_table(rootfs, work, min(args.n, 50)))
         import inspect_fork                # bench/inspect_fork.py: a sample's fork in inspect-ai (issue 17)
         con.print(inspect_fork.inspect_table(os.path.join(work, "home"), [
             ("small image", img.id, st._engine.store.image(img.id).files),

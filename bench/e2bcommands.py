@@ -50,7 +50,7 @@ def commands_table(rootfs: str, work: str, n: int) -> Table:
         from e2b import ConnectionConfig, Sandbox
         from packaging.version import Version
 
-        from sandtree.http.e2b.envd.app import ENVD_VERSION
+        from sandtree.http.e2b.wire import ENVD_VERSION
         remote = sandtree.connect(url)
         sb = remote.import_image(root, tag="bb-bash").start()
         try:

@@ -26,6 +26,9 @@ SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at onc
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+METRICS_INTERVAL = 5.0               # seconds between a server's samples of each live sandbox's CPU, memory, disk
+METRICS_WINDOW = 3600.0              # ... kept this long (in the serving process's memory), E2B's get_metrics
+E2B_READY_TIMEOUT = 60.0             # seconds an E2B template's ready command may take to succeed at create
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

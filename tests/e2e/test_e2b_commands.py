@@ -28,7 +28,7 @@ e2b = pytest.importorskip("e2b")
 from e2b import AsyncSandbox, CommandExitException, ConnectionConfig, PtySize, Sandbox  # noqa: E402
 from e2b.exceptions import NotFoundException  # noqa: E402
 
-from sandtree.http.e2b.envd.app import ENVD_VERSION  # noqa: E402
+from sandtree.http.e2b.wire import ENVD_VERSION  # noqa: E402
 
 IMAGE = "e2b-base"
 # E2B's clients run commands with /bin/bash -l -c and terminals with /bin/bash -i -l: the busybox

@@ -110,4 +110,4 @@ def add_sandboxes(sub, common) -> None:
     x.set_defaults(fn=cmd_shell, takes_command=True)
     derive.group(sub, "sandbox", help="a live sandbox's files, state and timeout")
     derive.add(sub, common, "sandbox_info", "sandbox_ls", "sandbox_read", "sandbox_write", "sandbox_exists",
-               "sandbox_remove", "sandbox_mkdir", "sandbox_set_timeout")
+               "sandbox_remove", "sandbox_mkdir", "sandbox_set_timeout", "sandbox_metrics")

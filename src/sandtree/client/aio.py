@@ -89,7 +89,7 @@ class AsyncSandtree:
             yield
         return self
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncSandtree":
         return self
 
     async def __aexit__(self, *exc):
@@ -139,7 +139,7 @@ class AsyncSandbox:
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id[:12]}>"
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncSandbox":
         return self
 
     async def __aexit__(self, *exc):

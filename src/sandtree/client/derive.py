@@ -79,7 +79,9 @@ def method(row: str, *, bind: dict | None = None, rename: dict | None = None, ex
     spec = Spec(row, tuple(bind), dict(rename or {}), tuple(extras), kwargs, None if ids is None else tuple(ids))
     r = table.OPS[row]
     o = r.override("sdk") or Sdk("")
-    sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)] + sdk_parameters(spec))
+    # what a call returns: the wrap's declared type (an Image, a RunResult...), else the row's own
+    returns = inspect.signature(wrap).return_annotation if wrap is not None else r.signature.return_annotation
+    sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)] + sdk_parameters(spec), return_annotation=returns)
     back = {v: k for k, v in spec.rename.items()}
     extra = {p.name for p in extras}
     ids = tuple(r.images) if ids is None else ids

@@ -259,6 +259,7 @@ class Sandbox:
     set_timeout = method("sandbox_set_timeout", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
     set_network = method("sandbox_set_network", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r),
                          note="network: as img.start(network=...) takes it. Only for a sandbox started with one.")
+    metrics = method("sandbox_metrics", bind={"sid": "id"}, note="E2B's get_metrics: samples of CPU, memory, disk.")
     expose = method("sandbox_expose", bind={"sid": "id"}, note="E2B's get_host(port).")
     unexpose = method("sandbox_unexpose", bind={"sid": "id"})
     ports = method("sandbox_ports", bind={"sid": "id"})
@@ -274,7 +275,7 @@ class Sandbox:
     hibernate = method("sandbox_hibernate", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
     resume = method("sandbox_resume", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
 
-    def __enter__(self):
+    def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, *exc):

@@ -124,7 +124,7 @@ class Sandtree:
     def close(self) -> None:
         self._engine.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Sandtree":
         return self
 
     def __exit__(self, *exc):

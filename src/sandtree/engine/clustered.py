@@ -43,7 +43,7 @@ log = logging.getLogger("sandtree.cluster")
 PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
           "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
           "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
-          "sandbox_port_url", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process", "sandbox_popen")
+          "sandbox_port_url", "sandbox_metrics", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process", "sandbox_popen")
 # of these, the calls on a live run's processes too (its operation ID): wait while it starts here
 INSTANCE_CALLS = ("sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")
 ON_LOST_ROWS = ("sandbox_info", "sandbox_stop")   # on a lost node's sandbox: answered here, from its row

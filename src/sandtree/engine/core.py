@@ -237,6 +237,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_write = through("sandboxes", "write")
     sandbox_set_timeout = through("sandboxes", "set_timeout")
     sandbox_set_network = through("sandboxes", "set_network")
+    sandbox_metrics = through("sandboxes", "metrics")
     sandbox_ls = through("sandboxes", "ls")
     sandbox_exists = through("sandboxes", "exists")
     sandbox_remove = through("sandboxes", "remove")

@@ -355,8 +355,10 @@ class _WebSocketRefusal:
 
 def refusal(exc, path: str) -> dict:
     """The body of a refused request: Contree's shape {"error": message, "status"} under /v1 (its
-    clients show `error`), sandtree's elsewhere. A Contree client's token that is not one of this
+    clients show `error`), E2B's {"code", "message"} under /e2b, sandtree's elsewhere. A Contree client's token that is not one of this
     server's (the quick start's "fake-token") is told what to use instead."""
+    if path == "/e2b" or path.startswith("/e2b/"):
+        return {"code": exc.http_status, "message": exc.message}       # E2B's clients' error shape
     if not (path == "/v1" or path.startswith("/v1/")):
         return exc.to_dict()
     message = exc.message

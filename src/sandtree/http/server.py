@@ -132,6 +132,7 @@ def serve(home: str, *, host: str = "127.0.0.1", port: int = 8080, max_runs: int
             log("start", host=host, port=port, ports_port=ports_port, auth="tokens" if tokens else "none",
                 loopback_only=not tokens)
         engine.sandboxes.reap_every(5.0)          # idle timeouts hold with nobody listing
+        engine.sandboxes.sample_every()           # each live sandbox's CPU, memory, disk over time
         for image, size in (pools or {}).items():
             engine.pool_create(engine.resolve(image), size)
         say = log if log is not None else (lambda event, **kv: print(f"sandtree serve: {event} {kv}", file=sys.stderr))

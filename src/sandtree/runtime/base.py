@@ -260,6 +260,11 @@ class LiveTier(abc.ABC):
         """The sandbox's resource counters as a run reports them (oom_killed, memory_peak,
         cpu_usage_ns); None: not measured (no cgroups)."""
 
+    def usage(self, h) -> dict | None:
+        """Counters a metrics sample reads now: cpu_ns, memory, cache, disk_used, disk_total
+        (None: not measured here)."""
+        return None
+
     @abc.abstractmethod
     def processes(self, h) -> list[dict]:
         """The sandbox's processes as its kernel tells them (pstable.process_table's shape)."""

@@ -274,6 +274,27 @@ class RunCgroup:
                 os.close(fd)
         return self.pids() - known
 
+    def usage(self) -> dict:
+        """What a metrics sample reads now (engine/sandboxes/metrics.py): CPU time used so far in
+        ns, memory in use and the page cache within it, in bytes (None: not counted here). CPU
+        time is the group's own counter where one is kept (v2 cpu.stat, v1 cpuacct co-mounted
+        with cpu); on a v1 host whose groups have no cpuacct, its processes' own times (their
+        children's included once waited for: the sandbox's init reaps them)."""
+        out = {"cpu_ns": None, "memory": self.memory_current(), "cache": None}
+        if self.version == "v1":
+            m = self.dirs.get("memory")
+            stat = _kv(_read(os.path.join(m, "memory.stat"))) if m else {}
+            out["cache"] = stat.get("total_cache", stat.get("cache"))
+            c = self.dirs.get("cpuacct") or self.dirs.get("cpu")
+            used = _read(os.path.join(c, "cpuacct.usage")).strip() if c else ""
+            out["cpu_ns"] = int(used) if used.isdigit() else _procs_cpu_ns(self.pids())
+        else:
+            d = self.dirs["unified"]
+            out["cache"] = _kv(_read(os.path.join(d, "memory.stat"))).get("file")
+            used = _kv(_read(os.path.join(d, "cpu.stat"))).get("usage_usec")
+            out["cpu_ns"] = used * 1000 if used is not None else _procs_cpu_ns(self.pids())
+        return out
+
     def memory_current(self) -> int | None:
         if self.version == "v1":
             m = self.dirs.get("memory")
@@ -354,11 +375,18 @@ class Cgroups:
             except OSError:
                 self.available = False
 
-    def _parents(self, cpu: bool = True, freezer: bool = True) -> dict[str, str]:
+    def _parents(self, cpu: bool = True, freezer: bool = True, acct: bool = True) -> dict[str, str]:
+        """acct: v1's cpuacct where it is a hierarchy of its own (a live sandbox's CPU time for its
+        metrics: the processes of its commands end, and their times with them, outside any
+        parent's reach); mounted with cpu, it is cpu's group (joined only for a quota)."""
         if self.version == "v1":
-            return {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS + ("freezer",)
-                    if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")
-                    and (freezer or c != "freezer")}
+            out = {c: os.path.join(ROOT, c, PARENT) for c in self.V1_CONTROLLERS + ("freezer",)
+                   if os.path.isdir(os.path.join(ROOT, c)) and (cpu or c != "cpu")
+                   and (freezer or c != "freezer")}
+            if acct and os.path.isdir(os.path.join(ROOT, "cpuacct")) and \
+                    os.path.realpath(os.path.join(ROOT, "cpuacct")) != os.path.realpath(os.path.join(ROOT, "cpu")):
+                out["cpuacct"] = os.path.join(ROOT, "cpuacct", PARENT)
+            return out
         return {"unified": os.path.join(ROOT, PARENT)}
 
     def _setup_parents(self) -> None:
@@ -438,7 +466,7 @@ class Cgroups:
         if warm:
             cpus = None
         try:
-            for c, p in self._parents(cpu=warm or cpus is not None, freezer=live).items():
+            for c, p in self._parents(cpu=warm or cpus is not None, freezer=live, acct=live).items():
                 d = os.path.join(p, name)
                 os.mkdir(d)
                 cg.dirs[c] = d
@@ -467,3 +495,27 @@ class Cgroups:
             cg.remove()
             raise
         return cg
+
+
+def _kv(text: str) -> dict[str, int]:
+    """A cgroup's `name value` lines (memory.stat, cpu.stat), numbers only."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _procs_cpu_ns(pids) -> int:
+    """CPU time of these processes and of their children they waited for (utime, stime, cutime,
+    cstime of /proc/PID/stat), in ns; a process that ends meanwhile counts nothing."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])
+    return total * 1_000_000_000 // tick

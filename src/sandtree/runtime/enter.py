@@ -11,6 +11,7 @@ and drain().
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -160,7 +161,9 @@ class Commands:
         report = out.pop("report")
         if "setupfail" in report:
             err, step = report["setupfail"]
-            if step == "setns":
+            # its pid 1 gone (setns), or its groups removed by a stop that raced this exec (the
+            # pidfd was taken from its pid 1 not yet reaped): it is no longer running either way
+            if step == "setns" or (err == errno.ENOENT and step.endswith("/cgroup.procs")):
                 raise NotFound("the live sandbox is no longer running")
             raise SandboxError(f"entering the sandbox failed at {step}: {os.strerror(err)}", step=step, errno=err)
         if "execfail" in report:

@@ -293,6 +293,22 @@ class LiveRuntime(Commands, LiveTier):
             return []
         return process_table((cg.pids() if cg else set()) | {h.init_pid}, ns)
 
+    def usage(self, h: LiveHandle) -> dict | None:
+        """Its cgroup's counters now (cgroups.RunCgroup.usage) and its disk: the bytes written to
+        its upper and the size of the tmpfs that holds it (the run's disk limit)."""
+        cg = h.cg()
+        if cg is None:
+            return None
+        out = cg.usage()
+        fd = self.scratch(h)
+        try:
+            st = os.fstatvfs(fd)
+        finally:
+            os.close(fd)
+        out["disk_total"] = st.f_blocks * st.f_frsize
+        out["disk_used"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+        return out
+
     def lingering(self, h: LiveHandle) -> bool:
         cg = h.cg()
         return cg is not None and bool(cg.pids() - {h.init_pid, h.helper_pid})

@@ -92,6 +92,9 @@ class LiveTiers(LiveTier):
     def stats(self, h) -> dict | None:
         return self.of(h).stats(h)
 
+    def usage(self, h) -> dict | None:
+        return self.of(h).usage(h)
+
     def lingering(self, h) -> bool:
         return self.of(h).lingering(h)
 

@@ -182,6 +182,17 @@ def sandbox_set_timeout(sid: str, timeout: float) -> dict:
     """The live sandbox now stops `timeout` seconds from now (sooner or later than it would have).
     timeout: seconds from now until the sandbox is stopped"""
 
+@via("cli", Cli("sandbox metrics"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/metrics", query=("start", "end"), name="sandbox_metrics"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"start": "float | None", "end": "float | None"},
+                doc="A live sandbox's CPU, memory and disk use over time (samples, oldest first)."))
+def sandbox_metrics(sid: str, *, start: float | None = None, end: float | None = None) -> list[dict]:
+    """A live sandbox's resource use over time: samples (timestamp, cpu_count, cpu_used_pct, mem_used,
+    mem_total, mem_cache, disk_used, disk_total; bytes), oldest first, one of now while it runs.
+    A server samples each every few seconds and keeps an hour (E2B's get_metrics).
+    start: epoch seconds: samples from then (default: all kept)
+    end: epoch seconds: samples until then (default: now)"""
+
 @via("cli", Cli("network", handler="sandboxes.cmd_set_network"))
 @op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn", doc="Replace the live sandbox's network policy (connections it now forbids are cut)."))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"network": RUN_JSON["network"]}, defaults={"network": None},

@@ -10,7 +10,8 @@ sandbox's last commit (or its image) to the new image.
 
 Beside it: the shell session a string command runs in and the spec of one command (session.py),
 helpers entered ahead of an exec (warm/helpers.py), sandboxes started ahead of a start (warm/sandboxes.py),
-popen's process (processes/popen.py), file access from the host (sandboxes/files.py). The parts it is given at
+popen's process (processes/popen.py), file access from the host (sandboxes/files.py), metrics
+(sandboxes/metrics.py). The parts it is given at
 construction (store, run-spec builder, records, committer, live runtime) are the engine's; it never
 imports the engine. Hibernate and resume: sandboxes/hibernation.py.
 """
@@ -43,6 +44,7 @@ from .retiring import Retiring
 from .files import SandboxFiles
 from .hibernation import SandboxHibernation
 from .lifetime import SandboxLifetime
+from .metrics import SandboxMetrics
 from .network import SandboxNetwork
 from ...secrets_mask import mask_env
 from .session import command_spec
@@ -56,7 +58,7 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ah
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
-class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxMetrics, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live

@@ -20,11 +20,6 @@ from .... import errors
 from ... import gate
 from ..dispatch import ENVD_PORT, SANDBOX_KEY, serves
 
-# The envd version E2B's control plane reports (envdVersion): the SDK turns features on by it
-# (e2b/envd/versions.py). Processes need 0.5.2 (no user sent: envd's default; a command's stdin
-# asked for and closed, CloseStdin); the filesystem part implements E2B's up to 0.6.4 (octet-stream
-# uploads, file metadata, watch events with entries). One number for all of envd's parts.
-ENVD_VERSION = "0.6.4"
 SANDBOX: contextvars.ContextVar = contextvars.ContextVar("sandtree_e2b_sandbox", default=None)
 ROUTES: list[tuple[str, object]] = []         # (path prefix, ASGI app), the longest match wins
 
