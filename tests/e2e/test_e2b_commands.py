@@ -2,11 +2,10 @@
 sandtree live sandbox through envd's process service (http/e2b/envd/process.py), against a real
 `sandtree serve` on loopback with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set.
 
-The sandbox is made with sandtree's own API; the SDK object is had by Sandbox.connect when the
-server's control plane answers it (http/e2b/control.py, another part of the E2B surface), else by
-the SDK's own constructor with what the control plane would answer (envd's version, the access
-token): what is under test here is envd. Also: the native process list (sandbox_ps) on REST, CLI
-and SDK, bad input as Connect errors (never a 500), and who may reach a sandbox's envd."""
+Sandboxes are made by Sandbox.create (the control plane, http/e2b/control.py), which answers envd's
+version and access token. Also: the native process list (sandbox_ps) on REST, CLI and SDK, bad
+input as Connect errors (never a 500), and who may reach a sandbox's envd (its access token, its
+tenant's token; nothing else)."""
 
 from __future__ import annotations
 
@@ -66,47 +65,27 @@ def e2b_env(monkeypatch, server):
     return server
 
 
-def start(url: str, token: str | None = None, image: str = IMAGE) -> str:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    r = httpx.post(f"{url}/api/v1/sandboxes", json={"image": image}, headers=headers, timeout=60)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
 @pytest.fixture
 def sid(e2b_env):
-    s = start(e2b_env)
-    yield s
-    httpx.post(f"{e2b_env}/api/v1/sandboxes/{s}/stop", timeout=60)
-
-
-def access_token(home: str, sid: str) -> str:
-    """What E2B's control plane answers as envdAccessToken for sandbox `sid`."""
-    st = sandtree.Sandtree(home)
-    try:
-        return st.engine.ports.access_token(sid, "e2b-envd")
-    finally:
-        st.close()
+    sb = Sandbox.create(IMAGE)
+    yield sb.sandbox_id
+    sb.kill()
 
 
 def _opts(sid: str, token: str | None) -> dict:
+    """The SDK's own constructor's arguments for sandbox `sid` with envd access token `token` (to
+    try a token on a sandbox it is not for)."""
     headers = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", **({"X-Access-Token": token} if token else {})}
     return dict(sandbox_id=sid, sandbox_domain=None, envd_version=Version(ENVD_VERSION), envd_access_token=token,
                 traffic_access_token=None, connection_config=ConnectionConfig(extra_sandbox_headers=headers))
 
 
-def sandbox(sid: str, token: str | None = None) -> Sandbox:
-    try:
-        return Sandbox.connect(sid)
-    except Exception:                        # noqa: BLE001 - no control plane here yet: the module doc
-        return Sandbox(**_opts(sid, token))
+def sandbox(sid: str) -> Sandbox:
+    return Sandbox.connect(sid)
 
 
-async def async_sandbox(sid: str, token: str | None = None) -> AsyncSandbox:
-    try:
-        return await AsyncSandbox.connect(sid)
-    except Exception:                        # noqa: BLE001 - as sandbox()
-        return AsyncSandbox(**_opts(sid, token))
+async def async_sandbox(sid: str) -> AsyncSandbox:
+    return await AsyncSandbox.connect(sid)
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -303,20 +282,22 @@ def test_only_its_access_token_or_its_tenant_reaches_a_sandbox(tmp_path, home, m
         monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
         monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
         monkeypatch.setenv("E2B_API_KEY", tokens["alice"])
-        a, b = start(url, tokens["alice"], base.id), start(url, tokens["bob"], base.id)
+        # (no internet: these tokens grant no network policy)
+        sa = Sandbox.create(base.id, api_key=tokens["alice"], allow_internet_access=False)
+        sb = Sandbox.create(base.id, api_key=tokens["bob"], allow_internet_access=False)
         try:
-            check_who_reaches(url, tokens, a, b, th)
+            check_who_reaches(url, tokens, sa, sb)
         finally:
-            for s, who in ((a, "alice"), (b, "bob")):
-                httpx.post(f"{url}/api/v1/sandboxes/{s}/stop", headers={"Authorization": f"Bearer {tokens[who]}"},
-                           timeout=60)
+            sa.kill()
+            sb.kill()
 
 
-def check_who_reaches(url: str, tokens: dict, a: str, b: str, th: str) -> None:
+def check_who_reaches(url: str, tokens: dict, sa: Sandbox, sb: Sandbox) -> None:
     from e2b.exceptions import AuthenticationException
-    ta, tb = access_token(th, a), access_token(th, b)
-    # its access token: the SDK works
-    assert Sandbox(**_opts(a, ta)).commands.run("echo mine").stdout == "mine\n"
+    a, b, ta, tb = sa.sandbox_id, sb.sandbox_id, sa._envd_access_token, sb._envd_access_token
+    assert ta and tb and ta != tb
+    # its access token (what create answered): the SDK works
+    assert sa.commands.run("echo mine").stdout == "mine\n"
     # none, another sandbox's, a made-up one: refused, and one answer for each
     for given in ({}, {"X-Access-Token": tb}, {"X-Access-Token": "0" * 64}):
         r = _raw(url, a, "List", b"{}", "application/json", **given)

@@ -31,7 +31,6 @@ from starlette.requests import Request
 from .. import table
 from ..errors import Forbidden, NotFound, SandtreeError, Unauthorized
 from ..tenancy.tenant import Tenant
-from .e2b.dispatch import addressed
 
 CURRENT: contextvars.ContextVar = contextvars.ContextVar("sandtree_engine", default=None)
 STATE_KEY = "sandtree_engine"
@@ -104,8 +103,11 @@ class JsonLog:
 class TenantGate:
     """ASGI middleware: authenticate, pick the engine view, log the request."""
 
-    def __init__(self, app, engine, log: JsonLog | None = None, e2b_domain: str | None = None):
-        self.app, self.engine, self.log, self.e2b_domain = app, engine, log, e2b_domain
+    def __init__(self, app, engine, log: JsonLog | None = None, addressed=None):
+        """addressed(scope): (sandbox id, port, path) of a request addressed to a sandbox, else None
+        (http/e2b/dispatch.py's; None: no request is)."""
+        self.app, self.engine, self.log = app, engine, log
+        self.addressed = addressed or (lambda scope: None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):            # (lifespan)
@@ -159,7 +161,7 @@ class TenantGate:
             given = dict(scope.get("headers") or []).get(b"x-api-key", b"").decode("latin-1").strip() or None
         if given is None and scope["type"] == "websocket":
             given = subprotocol_token(scope)
-        where = addressed(scope, self.e2b_domain)       # a request to one sandbox (E2B's envd, interpreter)
+        where = self.addressed(scope)                   # a request to one sandbox (E2B's envd, interpreter)
         # one indexed read of a WAL database (never blocked by writers): cheaper here than a
         # thread hop, on every request
         if not tenancy.configured():
