@@ -116,3 +116,13 @@ def test_ps_is_the_kernel_s_table(st, rootfs, each_tier):
         st._engine.sandbox_ps(sid)                                # stopped
     with pytest.raises(NotFound):
         st._engine.sandbox_ps("0" * 32)
+
+
+def test_a_signal_right_after_the_spawn_is_not_lost(st, rootfs):
+    """The entering helper reports the command's pid before the command has its own process group
+    (its setsid): a signal sent in between goes to the command itself (helper/enter.c forward_rt)."""
+    with st.import_image(rootfs).start() as sb:
+        for _ in range(40):
+            p = sb.spawn(["sleep", "100"])
+            p.kill()
+            assert p.wait(30)["signal"] == 9
