@@ -37,6 +37,7 @@ bench: deps $(STAMP)
 	PYTHONPATH=src $(BIN)/python bench/storeback.py
 	PYTHONPATH=src $(BIN)/python bench/durability.py
 	PYTHONPATH=src $(BIN)/python bench/terminal.py
+	PYTHONPATH=src $(BIN)/python bench/watch.py
 	PYTHONPATH=src $(BIN)/python bench/cluster.py
 	PYTHONPATH=src $(BIN)/python bench/rayclient.py
 	PYTHONPATH=src $(BIN)/python bench/probes.py

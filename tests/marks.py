@@ -40,6 +40,7 @@ MODULE_MARKS = {
     "test_egress_warm": ("network",),
     "test_network_hibernate": ("network",),
     "test_network_pip": ("network", "slow"),
+    "test_e2b_interpreter_plots": ("network", "slow"),
     "test_build_network": ("network",),
     "test_ports": ("network",),
     "test_ports_limits": ("network",),

@@ -29,6 +29,14 @@ SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 METRICS_INTERVAL = 5.0               # seconds between a server's samples of each live sandbox's CPU, memory, disk
 METRICS_WINDOW = 3600.0              # ... kept this long (in the serving process's memory), E2B's get_metrics
 E2B_READY_TIMEOUT = 60.0             # seconds an E2B template's ready command may take to succeed at create
+INTERPRETER_START_WAIT = 30.0        # seconds a code context's kernel (python3 in the sandbox) has to start
+INTERPRETER_INTERRUPT_GRACE = 2.0    # seconds interrupted code (a timeout, a cancel) has to stop before its
+                                     # kernel is killed (the context then starts afresh)
+SANDBOX_WATCHES = 16                 # directory watches one live sandbox may have at once (sandbox_watch)
+WATCH_DIRS = 8192                    # directories one recursive watch marks (inotify watches are the host's)
+WATCH_EVENTS = 10000                 # events a watch keeps until they are taken (older ones are dropped)
+WATCH_IDLE = 600                     # a watch nobody asked for events this long is removed
+WATCH_WAIT_MAX = 60                  # seconds one sandbox_watch_events call may wait for an event
 GC_RETENTION = 7 * 86400             # an untagged image stays collectable-free this long
 EPHEMERAL_TTL = 3600                 # an ephemeral image (a disposable run's end state) nothing uses: gc drops it
 GC_GRACE = 600                       # nothing younger than this is ever collected (runs in flight)

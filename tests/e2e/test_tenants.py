@@ -525,3 +525,32 @@ def test_a_tenant_forks_through_its_own_runs(srv, alice_world):
     assert d.post("/images/import", params={"tag": "forkbase"}, content=srv["tar"]).status_code == 201
     r = d.post("/fork", json={"image": "forkbase", "commands": ["true", "true"], "timeout": 60})
     assert r.status_code == 429 and r.json()["error"] == "limit_exceeded", r.text
+
+
+def test_another_tenants_sandbox_files_and_watches_do_not_exist(srv, alice_world):
+    """stat, rename and watches of a live sandbox are its owner's: to another tenant the sandbox, and a
+    watch id of it, answer as nonexistent ones, and nothing changes."""
+    a, b = srv["c"]["alice"], srv["c"]["bob"]
+    sid = a.post("/sandboxes", json={"image": "base"}).json()["id"]
+    try:
+        a.post(f"/sandboxes/{sid}/exec", json={"command": "mkdir -p /w && echo a > /w/f"})
+        wid = a.post(f"/sandboxes/{sid}/watches", json={"path": "/w"}).json()["watch"]
+        assert b.get(f"/sandboxes/{sid}/stat", params={"path": "/w/f"}).status_code == 404
+        assert b.post(f"/sandboxes/{sid}/rename", json={"source": "/w/f", "destination": "/w/g"}).status_code == 404
+        assert b.post(f"/sandboxes/{sid}/watches", json={"path": "/w"}).status_code == 404
+        assert b.get(f"/sandboxes/{sid}/watches/{wid}/events").status_code == 404
+        assert b.get(f"/sandboxes/{sid}/watches/{wid}/events", params={"stream": "true"}).status_code == 404
+        assert b.delete(f"/sandboxes/{sid}/watches/{wid}").status_code == 404
+        assert b.post("/images/import", params={"tag": "bob-base"}, content=srv["tar"]).status_code == 201
+        bob_sid = b.post("/sandboxes", json={"image": "bob-base"}).json()["id"]
+        try:                                                  # bob's own sandbox does not reach alice's watch
+            assert b.get(f"/sandboxes/{bob_sid}/watches/{wid}/events").status_code == 404
+            assert b.delete(f"/sandboxes/{bob_sid}/watches/{wid}").status_code == 404
+        finally:
+            b.post(f"/sandboxes/{bob_sid}/stop")
+        assert a.get(f"/sandboxes/{sid}/stat", params={"path": "/w/f"}).json()["size"] == 2
+        a.post(f"/sandboxes/{sid}/exec", json={"command": "echo more >> /w/f"})
+        got = a.get(f"/sandboxes/{sid}/watches/{wid}/events", params={"timeout": 5}).json()["events"]
+        assert ("f", "write") in {(e["name"], e["type"]) for e in got}                # alice's watch went on
+    finally:
+        a.post(f"/sandboxes/{sid}/stop")

@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from . import exits
 from .output import fmt_size, fmt_time, out
 
 __all__ = ["PRINTERS", "default", "plain", "show"]
@@ -139,6 +140,21 @@ def _sandbox_id(args, kw, info):
     out(args, info, lambda o: print(o["id"]))
 
 
+def _code(args, kw, ex):
+    """A code interpreter's execution as a notebook cell shows it: what it wrote, its results'
+    text (other formats named), its error's traceback on stderr; exits.NO after an error."""
+    def human(ex):
+        sys.stdout.write("".join(ex["logs"]["stdout"]))
+        sys.stderr.write("".join(ex["logs"]["stderr"]))
+        for r in ex["results"]:
+            formats = [k for k, v in r.items() if v and k not in ("text", "is_main_result")]
+            print(r.get("text") if r.get("text") is not None else "", *(f"[{f}]" for f in formats))
+        if ex["error"]:
+            sys.stderr.write(ex["error"]["traceback"] or f"{ex['error']['name']}: {ex['error']['value']}\n")
+    out(args, ex, human)
+    return exits.NO if ex["error"] else None          # (the verb worked: the code raised)
+
+
 def _states(args, kw, infos):
     out(args, infos, lambda o: [print(f"{i['id']}  {i['state']}") for i in o])
 
@@ -226,7 +242,7 @@ PRINTERS = {
     "share": _share, "entries": _entries, "fields": _fields, "log": _log, "tagged": _tagged, "untagged": _untagged,
     "indented": _indented, "branches": _branches, "branch_moved": _branch_moved, "branch_deleted": _branch_deleted,
     "branch_log": _branch_log, "bundle": _bundle, "bundle_images": _bundle_images, "sandbox_id": _sandbox_id,
-    "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "top": _top,
+    "code": _code, "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "top": _top,
     "registry_logout": _registry_logout, "registries": _registries, "secrets": _secrets,
     "secret_removed": _secret_removed, "gc": _gc, "doctor": _doctor, "cluster": _cluster, "audit": _audit,
 }

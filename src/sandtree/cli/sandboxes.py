@@ -1,5 +1,5 @@
 """Live sandboxes: `start`, `exec`, `stop`, `network`, `hibernate`, `resume`, `commit`, `ps`, `port`, `shell` and
-`sandbox ...` (its files, state and timeout). The verbs of one operation each are made from their rows
+`sandbox ...` (its files, state, timeout and `sandbox watch`). The verbs of one operation each are made from their rows
 (derive.py); `exec` (a command's output and status), `network` (the policy flags), `port` (expose, list, sign) and
 `shell` (the terminal side: terminal.py) are written here."""
 
@@ -74,6 +74,29 @@ def cmd_shell(args):
             eng.sandbox_stop(info["id"])
 
 
+def cmd_watch(args):
+    """Print a directory's events as they come, one JSON object a line (name, type, time), until
+    interrupted or --count events; the watch is removed on the way out."""
+    eng = open_engine(args)
+    w = eng.sandbox_watch(args.sandbox, args.path, recursive=args.recursive)
+    seen = 0
+    try:
+        while args.count is None or seen < args.count:
+            got = eng.sandbox_watch_events(args.sandbox, w["watch"], timeout=10.0)
+            for ev in got["events"]:
+                print(json.dumps(ev, separators=(",", ":")), flush=True)
+                seen += 1
+                if args.count is not None and seen >= args.count:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            eng.sandbox_unwatch(args.sandbox, w["watch"])
+        except SandtreeError:
+            pass                                    # ended with its sandbox
+
+
 def add_sandboxes(sub, common) -> None:
     derive.add(sub, common, "sandbox_start")
     x = sub.add_parser("exec", parents=[common], help="run a command in a live sandbox (one argument: in its shell "
@@ -110,4 +133,12 @@ def add_sandboxes(sub, common) -> None:
     x.set_defaults(fn=cmd_shell, takes_command=True)
     derive.group(sub, "sandbox", help="a live sandbox's files, state and timeout")
     derive.add(sub, common, "sandbox_info", "sandbox_ls", "sandbox_read", "sandbox_write", "sandbox_exists",
-               "sandbox_remove", "sandbox_mkdir", "sandbox_set_timeout", "sandbox_metrics")
+               "sandbox_remove", "sandbox_mkdir", "sandbox_stat", "sandbox_rename", "sandbox_set_timeout",
+               "sandbox_metrics")
+    x = derive.group(sub, "sandbox").add_parser("watch", parents=[common], help="print a live sandbox directory's "
+                                                "events as they come (JSON lines: name, type, time)")
+    x.add_argument("sandbox")
+    x.add_argument("path")
+    x.add_argument("--recursive", "-r", action="store_true", help="also the directories below it")
+    x.add_argument("--count", type=int, help="stop after this many events")
+    x.set_defaults(fn=cmd_watch)

@@ -264,10 +264,23 @@ class Sandbox:
     unexpose = method("sandbox_unexpose", bind={"sid": "id"})
     ports = method("sandbox_ports", bind={"sid": "id"})
     port_url = method("sandbox_port_url", bind={"sid": "id"})
+    run_code = method("sandbox_run_code", bind={"sid": "id"},
+                      note="As a notebook cell: state persists per context (E2B's run_code). on_output(message): "
+                           "stdout/stderr/result/error messages as they come, in process only.")
+    create_code_context = method("sandbox_code_context_create", bind={"sid": "id"})
+    list_code_contexts = method("sandbox_code_contexts", bind={"sid": "id"})
+    restart_code_context = method("sandbox_code_context_restart", bind={"sid": "id"})
+    remove_code_context = method("sandbox_code_context_remove", bind={"sid": "id"})
     ls = method("sandbox_ls", bind={"sid": "id"})
     exists = method("sandbox_exists", bind={"sid": "id"})
     remove = method("sandbox_remove", bind={"sid": "id"})
     mkdir = method("sandbox_mkdir", bind={"sid": "id"})
+    stat = method("sandbox_stat", bind={"sid": "id"})
+    rename = method("sandbox_rename", bind={"sid": "id"})
+    watch = method("sandbox_watch", bind={"sid": "id"},
+                   note="Its watch id: watch_events(id, timeout=...) takes what happened since, unwatch(id) ends it.")
+    watch_events = method("sandbox_watch_events", bind={"sid": "id"})
+    unwatch = method("sandbox_unwatch", bind={"sid": "id"})
     commit = method("sandbox_commit", bind={"sid": "id"}, wrap=as_image,
                     note="Processes are frozen for the instant, then thawed; the image can be run, forked and "
                          "merged like any while the sandbox goes on.")

@@ -40,9 +40,11 @@ from .runs.spec import command_argv
 log = logging.getLogger("sandtree.cluster")
 
 # A live sandbox's calls after its start: to the node it runs on.
-PINNED = ("sandbox_exec", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
+PINNED = ("sandbox_exec", "sandbox_run_code", "sandbox_code_context_create", "sandbox_code_contexts",
+          "sandbox_code_context_restart", "sandbox_code_context_remove", "sandbox_commit", "sandbox_stop", "sandbox_hibernate", "sandbox_info", "sandbox_read",
           "sandbox_write", "sandbox_set_timeout", "sandbox_set_network", "sandbox_ls", "sandbox_exists",
-          "sandbox_remove", "sandbox_mkdir", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
+          "sandbox_remove", "sandbox_mkdir", "sandbox_stat", "sandbox_rename", "sandbox_watch",
+          "sandbox_watch_events", "sandbox_unwatch", "sandbox_expose", "sandbox_unexpose", "sandbox_ports",
           "sandbox_port_url", "sandbox_metrics", "sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process", "sandbox_popen")
 # of these, the calls on a live run's processes too (its operation ID): wait while it starts here
 INSTANCE_CALLS = ("sandbox_spawn", "sandbox_stdin", "sandbox_signal", "sandbox_process")

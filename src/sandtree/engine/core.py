@@ -44,6 +44,7 @@ from .warm.rollover import RecipePools
 from .warm.pools import Pools
 from .runs.records import Records
 from .runs.runs import RunOps
+from .sandboxes.interpreter import Interpreter
 from .sandboxes.ports import SandboxPorts
 from .sandboxes.sandboxes import Sandboxes
 from .runs.spec import RunSpecs, default_idmap
@@ -83,6 +84,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self._recipe_pools = None
         self.node_id: str | None = None     # a cluster node's engine: its ID (cluster/node.py), in its runs' rows
         self._ports = None
+        self._interpreter = None
         self._egress = None
         # Parts made on first use: one lock, or threads touching one first at once each build their
         # own (a run waited on through the wrong Operations then reports no result). Reentrant: a
@@ -134,6 +136,15 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                 if self._ports is None:
                     self._ports = SandboxPorts(self.store, self.sandboxes, self._live, lambda: self.egress)
         return self._ports
+
+    @property
+    def interpreter(self):
+        """The code contexts of live sandboxes (created on first use)."""
+        if self._interpreter is None:
+            with self._parts_lock:
+                if self._interpreter is None:
+                    self._interpreter = Interpreter(self.sandboxes)
+        return self._interpreter
 
     @property
     def egress(self):
@@ -242,10 +253,22 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_exists = through("sandboxes", "exists")
     sandbox_remove = through("sandboxes", "remove")
     sandbox_mkdir = through("sandboxes", "mkdir")
+    sandbox_stat = through("sandboxes", "stat")
+    sandbox_rename = through("sandboxes", "rename")
+    sandbox_watch = through("sandboxes", "watch")
+    sandbox_watch_events = through("sandboxes", "watch_events")
+    sandbox_unwatch = through("sandboxes", "unwatch")
     sandbox_expose = through("ports", "expose")
     sandbox_unexpose = through("ports", "unexpose")
     sandbox_ports = through("ports", "ports")
     sandbox_port_url = through("ports", "port_url")
+
+    # the code interpreter: contexts of a live sandbox (engine/sandboxes/interpreter.py)
+    sandbox_run_code = through("interpreter", "run_code")
+    sandbox_code_context_create = through("interpreter", "create_context")
+    sandbox_code_contexts = through("interpreter", "contexts")
+    sandbox_code_context_restart = through("interpreter", "restart_context")
+    sandbox_code_context_remove = through("interpreter", "remove_context")
 
     def close(self) -> None:
         if self._operations is not None:

@@ -23,9 +23,11 @@ from ..errors import DiskFull, TooLarge
 from .gate import STATE_KEY
 
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
+CAP_KEY = "sandtree.body_cap"          # scope key: this request's body cap, in bytes
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
+# (E2B's envd /files: under the one sandbox URL, or at the root for a host-addressed sandbox: e2b/dispatch.py)
 UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/builds|/api/v1/sandboxes/[^/]+/file"
-                          r"|/v1/files)/?$")
+                          r"|/v1/files|/e2b/sandbox/files|/files)/?$")
 
 
 def upload_cap(scope, default: int) -> int:
@@ -48,10 +50,11 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         cap, what = self.cap(scope)
+        scope[CAP_KEY] = cap                     # for a route whose body inflates (a gzip upload): the same cap
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > cap:
             return await _too_large(send, TooLarge(f"{what} of {int(length)} bytes is over the {cap}-byte cap",
-                                                   limit=cap))
+                                                   limit=cap), scope)
         seen = 0
 
         async def counted():
@@ -65,8 +68,11 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-async def _too_large(send, exc: TooLarge) -> None:
-    body = json.dumps(exc.to_dict()).encode()
+async def _too_large(send, exc: TooLarge, scope) -> None:
+    shape = exc.to_dict()
+    if scope.get("path", "").startswith("/e2b/") or scope.get("path") == "/files":
+        shape["code"] = exc.http_status                  # E2B's clients read {"code", "message"}
+    body = json.dumps(shape).encode()
     await send({"type": "http.response.start", "status": exc.http_status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

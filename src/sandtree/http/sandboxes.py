@@ -12,7 +12,7 @@ from fastapi import Query, Request
 from fastapi.responses import StreamingResponse
 
 from .. import defaults as D
-from ..errors import SandtreeError
+from ..errors import Ended, SandtreeError
 from .derived import body_model, handler
 from .models import stdin_bytes
 from .plumbing import Plumbing
@@ -90,3 +90,33 @@ def write_sandbox_file(p: Plumbing):
         await call(engine.sandbox_write, sid, path, data, mode=mode, uid=uid, gid=gid)
         return {"path": path, "size": len(data)}
     return write_sandbox_file
+
+
+@handler("sandbox_watch_events")
+def sandbox_watch_events(p: Plumbing):
+    engine, wait_call = p.engine, p.wait_call
+
+    async def sandbox_watch_events(sid: str, watch: str, request: Request,
+                                   timeout: float = Query(0.0, ge=0, le=D.WATCH_WAIT_MAX), stream: bool = False):
+        """The events since the last call (waiting up to `timeout` seconds for one); with ?stream=true,
+        NDJSON as they come: one event a line ({name, type, time}), an empty line to keep the connection
+        while nothing happens, the stream ending when the watch does (its directory or sandbox gone)."""
+        if not stream:
+            return await wait_call(engine.sandbox_watch_events, sid, watch, timeout=timeout)
+        got = await wait_call(engine.sandbox_watch_events, sid, watch, timeout=0.0)   # 404 for an unknown watch
+
+        async def lines():
+            nonlocal got
+            while True:
+                for ev in got["events"]:
+                    yield json.dumps(ev, separators=(",", ":")) + "\n"
+                if not got["events"]:
+                    if await request.is_disconnected():
+                        return
+                    yield "\n"
+                try:
+                    got = await wait_call(engine.sandbox_watch_events, sid, watch, timeout=10.0)
+                except Ended:
+                    return
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return sandbox_watch_events

@@ -36,7 +36,7 @@ import os
 import secrets
 import stat
 
-from ..errors import InvalidInput, NotRegularFile, PathNotFound, TooLarge
+from ..errors import Conflict, InvalidInput, NotRegularFile, PathNotFound, TooLarge
 
 SYS_openat2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -87,7 +87,7 @@ def own_mounts(mountinfo: str) -> set[int]:
     return out
 
 
-def _mount_id(fd: int) -> int | None:
+def mount_id(fd: int) -> int | None:
     with open(f"/proc/self/fdinfo/{fd}") as f:
         for line in f:
             if line.startswith("mnt_id:"):
@@ -101,8 +101,8 @@ def _kind(mode: int) -> str:
         stat.S_IFMT(mode), "not a regular file")
 
 
-def _own_filesystem(fd: int, mounts: set[int], path: str) -> None:
-    if _mount_id(fd) not in mounts:
+def own_filesystem(fd: int, mounts: set[int], path: str) -> None:
+    if mount_id(fd) not in mounts:
         raise NotRegularFile(f"{path} is not on the sandbox's own filesystem (/proc, /sys and the like are "
                              "not read or written from outside)", path=path)
 
@@ -115,7 +115,7 @@ def read_file(root_fd: int, path: str, limit: int, mounts: set[int]) -> bytes:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are read", path=path)
-        _own_filesystem(pfd, mounts, path)
+        own_filesystem(pfd, mounts, path)
         if st.st_size > limit:
             raise TooLarge(f"{path} has {st.st_size} bytes, over the limit of {limit}", path=path,
                            size=st.st_size, limit=limit)
@@ -164,7 +164,7 @@ def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: i
                 continue                               # (resolved again from the root)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise NotRegularFile(f"{path} is {_kind(st.st_mode)}: only regular files are written", path=path)
-            _own_filesystem(dfd, mounts, path)              # where the new file is made
+            own_filesystem(dfd, mounts, path)              # where the new file is made
             _replace(dfd, name, path, data, mode, uid, gid)
             return
         finally:
@@ -212,11 +212,12 @@ def exists(root_fd: int, path: str) -> bool:
 
 
 def list_dir(root_fd: int, path: str, mounts: set[int]) -> list[dict]:
-    """The entries of a directory of the sandbox's own filesystem: name, kind, size, mode (at most
-    MAX_LISTED; lstat of each, so a link is reported as a link, never followed)."""
+    """The entries of a directory of the sandbox's own filesystem: name, kind, size, mode,
+    permissions, host uid and gid, mtime, a link's target (at most MAX_LISTED; lstat of each, so a
+    link is reported as a link, never followed)."""
     dfd = open_in_root(root_fd, path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _own_filesystem(dfd, mounts, path)
+        own_filesystem(dfd, mounts, path)
         out = []
         with os.scandir(dfd) as it:
             for e in it:
@@ -227,7 +228,10 @@ def list_dir(root_fd: int, path: str, mounts: set[int]) -> list[dict]:
                 except FileNotFoundError:
                     continue                              # removed while listed
                 out.append({"name": e.name, "kind": _KINDS.get(stat.S_IFMT(st.st_mode), "other"),
-                            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+                            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode),
+                            "permissions": stat.filemode(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                            "mtime": st.st_mtime,
+                            "target": os.readlink(e.name, dir_fd=dfd) if stat.S_ISLNK(st.st_mode) else None})
         return sorted(out, key=lambda x: x["name"])
     finally:
         os.close(dfd)
@@ -258,7 +262,7 @@ def make_dirs(root_fd: int, path: str, mode: int, uid: int, gid: int, mounts: se
                 continue
             except FileNotFoundError:
                 pass
-            _own_filesystem(dfd, mounts, path)
+            own_filesystem(dfd, mounts, path)
             try:
                 os.mkdir(name, 0o700, dir_fd=dfd)         # 0700 until it is the owner's
             except FileExistsError:
@@ -287,7 +291,7 @@ def remove(root_fd: int, path: str, mounts: set[int]) -> None:
         raise InvalidInput(f"cannot remove {path}", path=path)
     dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
     try:
-        _own_filesystem(dfd, mounts, path)
+        own_filesystem(dfd, mounts, path)
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -306,3 +310,147 @@ def remove(root_fd: int, path: str, mounts: set[int]) -> None:
             raise
     finally:
         os.close(dfd)
+
+
+def stat_entry(root_fd: int, path: str, mounts: set[int]) -> dict:
+    """What the kernel says of `path` in the sandbox, the name itself (lstat: a link is reported as a
+    link with its target as readlink says, never followed): name, kind, path, size, mode (the
+    permission bits), permissions (as ls shows them), host uid/gid, mtime, target. Its directory is
+    resolved inside the root; the entry must be on the sandbox's own filesystem."""
+    clean = "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+    if ".." in clean.split("/"):
+        raise InvalidInput(f"a path with '..' is refused: {path}", path=path)
+    parent, name = _split(clean)
+    if not name:                                           # the root itself
+        dfd = open_in_root(root_fd, "/", os.O_PATH | os.O_DIRECTORY)
+        try:
+            own_filesystem(dfd, mounts, path)
+            st = os.fstat(dfd)
+        finally:
+            os.close(dfd)
+        return _entry("/", "/", st, None)
+    dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        own_filesystem(dfd, mounts, path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
+        target = os.readlink(name, dir_fd=dfd) if stat.S_ISLNK(st.st_mode) else None
+    finally:
+        os.close(dfd)
+    return _entry(name, clean, st, target)
+
+
+def _entry(name: str, path: str, st: os.stat_result, target: str | None) -> dict:
+    return {"name": name, "kind": _KINDS.get(stat.S_IFMT(st.st_mode), "other"), "path": path,
+            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "permissions": stat.filemode(st.st_mode),
+            "uid": st.st_uid, "gid": st.st_gid, "mtime": st.st_mtime, "target": target}
+
+
+RENAME_NOREPLACE = 1
+
+
+def rename(root_fd: int, source: str, destination: str, mounts: set[int], replace: bool = False) -> None:
+    """Move `source` to `destination` in the sandbox (a file, a link or a whole directory: rename(2),
+    one step, nothing copied). Both directories are resolved inside the root and must be on its own
+    filesystem (a rename across its mounts is refused, as the kernel refuses it). An existing
+    destination is refused unless `replace` (then rename(2) replaces it as POSIX says: a file by
+    anything but a directory, an empty directory by a directory)."""
+    names = []
+    for p in (source, destination):
+        parent, name = _split(p.rstrip("/") or "/")
+        if name in ("", ".", "..") or ".." in parent.split("/"):
+            raise InvalidInput(f"cannot move {p}: name a file or directory below the root, without '..'", path=p)
+        names.append((parent, name))
+    (sp, sn), (dp, dn) = names
+    sfd = open_in_root(root_fd, sp, os.O_PATH | os.O_DIRECTORY)
+    try:
+        dfd = open_in_root(root_fd, dp, os.O_PATH | os.O_DIRECTORY)
+        try:
+            own_filesystem(sfd, mounts, source)
+            own_filesystem(dfd, mounts, destination)
+            try:
+                os.stat(sn, dir_fd=sfd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise PathNotFound(f"no such file in the sandbox: {source}", path=source) from None
+            flags = 0 if replace else RENAME_NOREPLACE
+            if _libc.renameat2(sfd, os.fsencode(sn), dfd, os.fsencode(dn), flags) != 0:
+                _rename_error(ctypes.get_errno(), source, destination)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _rename_error(err: int, source: str, destination: str):
+    if err == errno.EEXIST:
+        raise Conflict(f"{destination} exists (replace=true replaces it)", path=destination)
+    if err == errno.ENOENT:
+        raise PathNotFound(f"no such file in the sandbox: {source}", path=source)
+    if err == errno.EXDEV:
+        raise InvalidInput(f"{source} and {destination} are on different filesystems of the sandbox (a move "
+                           "across its mounts is a copy: exec mv does it)", path=source)
+    if err in (errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+        raise Conflict(f"cannot replace {destination}: {os.strerror(err)}", path=destination)
+    if err == errno.EINVAL:
+        raise InvalidInput(f"cannot move {source} into itself ({destination})", path=source)
+    if err == errno.EBUSY:
+        raise InvalidInput(f"{source} or {destination} is a mount point", path=source)
+    raise OSError(err, f"{os.strerror(err)}: {source} -> {destination}")
+
+
+MAX_DEPTH = 256                     # directories deep a tree removal goes (deeper: exec rm -r inside)
+
+
+def remove_tree(root_fd: int, path: str, mounts: set[int]) -> None:
+    """Remove a file, a link or a directory with everything in it (rm -r --one-file-system): every
+    directory opened by name below one already open, never through a link (O_NOFOLLOW), and never
+    into another mount (a mount point inside stays, and so does its directory)."""
+    parent, name = _split(path.rstrip("/") or "/")
+    if name in ("", ".", ".."):
+        raise InvalidInput(f"cannot remove {path}", path=path)
+    dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        own_filesystem(dfd, mounts, path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dfd)
+            return
+        _empty(dfd, name, path, mount_id(dfd), 0)
+        try:
+            os.rmdir(name, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.EBUSY:
+                raise InvalidInput(f"{path} is a mount point", path=path) from None
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _empty(pfd: int, name: str, path: str, mnt: int | None, depth: int) -> None:
+    if depth >= MAX_DEPTH:
+        raise InvalidInput(f"{path} is more than {MAX_DEPTH} directories deep (exec rm -r removes it)", path=path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
+    except FileNotFoundError:
+        return
+    try:
+        if mount_id(fd) != mnt:
+            raise InvalidInput(f"{path} holds a mount point: not removed from outside", path=path)
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for child, is_dir in entries:
+            try:
+                if is_dir:
+                    _empty(fd, child, path, mnt, depth + 1)
+                    os.rmdir(child, dir_fd=fd)
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                continue                                  # removed meanwhile
+    finally:
+        os.close(fd)

@@ -202,10 +202,11 @@ def sandbox_set_network(sid: str, network) -> dict:
     """Replace a live sandbox's network policy: connections the new one forbids are cut."""
 
 @via("cli", Cli("sandbox ls", args=("sid", "path?")))
-@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path",), name="list_sandbox_dir"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path", "depth"), name="list_sandbox_dir", bounds={"depth": {"ge": 1, "le": 256}}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
-def sandbox_ls(sid: str, path: str = "/") -> list[dict]:
-    """A directory of a live sandbox: name, kind, size, mode of each entry."""
+def sandbox_ls(sid: str, path: str = "/", *, depth: int = 1) -> list[dict]:
+    """A directory of a live sandbox: name, path, kind, size, mode, permissions, uid, gid, owner, group, mtime, target of each entry.
+    depth: also list subdirectories this deep (1: the directory alone; links are not followed)"""
 
 @via("cli", Cli("sandbox exists"))
 @op("list", http=Http(_G, "/sandboxes/{sid}/exists", query=("path",), result="exists", name="sandbox_path_exists", echo={"path": "path"}))
@@ -214,16 +215,53 @@ def sandbox_exists(sid: str, path: str) -> bool:
     """Whether a path exists in a live sandbox."""
 
 @via("cli", Cli("sandbox rm"))
-@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path",), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory."))
+@op("run", audit="sandbox remove", http=Http(_X, "/sandboxes/{sid}/file", query=("path", "recursive"), name="remove_sandbox_file", status=204, doc="Remove a file, a link or an empty directory.", describe={"recursive": "remove a directory with what is in it (never crossing into a mount)"}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
-def sandbox_remove(sid: str, path: str) -> None:
-    """Remove a file, a link or an empty directory of a live sandbox."""
+def sandbox_remove(sid: str, path: str, *, recursive: bool = False) -> None:
+    """Remove a file, a link or an empty directory of a live sandbox (recursive: a directory and everything in it).
+    recursive: remove a directory with what is in it (never crossing into a mount)"""
 
 @via("cli", Cli("sandbox mkdir"))
 @op("run", audit="sandbox mkdir", http=Http(_P, "/sandboxes/{sid}/mkdir", query=("path", "mode", "uid", "gid"), name="make_sandbox_dir", echo={"path": "path"}, doc="Make a directory and any missing parents (mkdir -p).", bounds={"mode": {"ge": 0, "le": 0o7777}, "uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
 @via("mcp", Off("sandbox_exec runs ls, test -e, rm and mkdir -p in the sandbox"))
 def sandbox_mkdir(sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
     """Make a directory of a live sandbox and any missing parents (mkdir -p)."""
+
+@via("cli", Cli("sandbox stat"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/stat", query=("path",), name="stat_sandbox_path"))
+@via("mcp", Off("sandbox_exec runs stat, mv and inotifywait in the sandbox"))
+def sandbox_stat(sid: str, path: str) -> dict:
+    """A path of a live sandbox as the kernel says (a link is not followed).
+    Its name, kind, path, size, mode, permissions, uid, gid, owner, group, mtime and a link's target."""
+
+@via("cli", Cli("sandbox mv"))
+@op("run", audit="sandbox rename", http=Http(_P, "/sandboxes/{sid}/rename", body=("source", "destination", "replace"), name="rename_sandbox_path", model="RenameIn", doc="Move a file or a directory within the sandbox (409 when the destination exists, unless replace)."))
+@via("mcp", Off("sandbox_exec runs stat, mv and inotifywait in the sandbox"))
+def sandbox_rename(sid: str, source: str, destination: str, *, replace: bool = False) -> dict:
+    """Move a file, a link or a whole directory of a live sandbox to another path of it; the moved entry (as sandbox_stat).
+    replace: replace an existing destination (else it is refused)"""
+
+_WATCH = "/sandboxes/{sid}/watches"
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_P, _WATCH, body=("path", "recursive"), name="watch_sandbox_dir", status=201, model="WatchIn", doc="Watch a directory: take its events with GET .../watches/{watch}/events (?stream=true: as they come)."))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_watch(sid: str, path: str, *, recursive: bool = False) -> dict:
+    """Watch a directory of a live sandbox (recursive: and every directory below it) for inotify events; its watch id.
+    recursive: also the directories below it, those made later included"""
+
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_G, _WATCH + "/{watch}/events", query=("timeout",), name="sandbox_watch_events", handler="sandbox_watch_events", bounds={"timeout": {"ge": 0, "le": D.WATCH_WAIT_MAX}}))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_watch_events(sid: str, watch: str, *, timeout: float = 0.0) -> dict:
+    """A watch's events since the last call, waiting up to `timeout` seconds for one: {events: [{name, type, time}], dropped}.
+    type: create, write, remove, rename or chmod; name: the path below the watched directory.
+    timeout: seconds to wait for the first event"""
+
+@via("cli", Cli("sandbox watch", handler="sandboxes.cmd_watch"))
+@op("list", http=Http(_X, _WATCH + "/{watch}", name="unwatch_sandbox_dir", status=204))
+@via("mcp", Off("a watch is a stream for programs (REST, SDK, CLI); sandbox_exec runs find -newer or inotifywait"))
+def sandbox_unwatch(sid: str, watch: str) -> None:
+    """Stop a watch of a live sandbox."""
 
 @via("cli", Cli("port", handler="sandboxes.cmd_port"))
 @op("run", audit="sandbox expose", http=Http(_P, "/sandboxes/{sid}/ports/{port}", name="expose_port", status=201, doc="Make a port of the sandbox reachable: its loopback URL on the host and its path here."))
@@ -249,6 +287,54 @@ def sandbox_ports(sid: str) -> list[dict]:
                 types={"ttl": "float | None"}, defaults={"ttl": None}))
 def sandbox_port_url(sid: str, port: int, *, ttl: float = D.PORT_URL_TTL) -> str:
     """A signed URL of an exposed port under the server, usable without a token for `ttl` seconds."""
+
+# ---- the code interpreter: code run in contexts whose state persists (engine/sandboxes/interpreter.py) ----------
+_CODE = "/sandboxes/{sid}/code"
+@via("cli", Cli("sandbox code", omit=("on_output", "cancel"), show="code"))
+@op("run", audit="sandbox run code", http=Http(_P, _CODE, body=("code", "context", "language", "env", "timeout"), drop=("on_output", "cancel"), name="run_code", model="RunCodeIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"code": "Python source; the value of its last expression is its main result", "context": "a code context's ID (default: the language's default context of the sandbox)", "timeout": "seconds; past them the code is interrupted (its context's state is kept)"}))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, params=("sid", "code", "context", "language", "env", "timeout"),
+                types={"env": "dict[str, str] | None", "timeout": "float | None"},
+                doc="""Run Python code in a live sandbox's interpreter, as in a notebook cell: variables, imports and
+        functions persist between calls (per context). Answers the stdout and stderr it wrote, its results (the
+        last expression's value as text, html, png (base64), json ...; matplotlib figures as PNG) and its error
+        (name, value, traceback). timeout: seconds, then the code is interrupted."""))
+def sandbox_run_code(sid: str, code: str, *, context: str | None = None, language: str | None = None,
+                     env: dict | None = None, timeout: float | None = None, on_output=None, cancel=None) -> dict:
+    """Run code in a live sandbox's code interpreter (state persists per context, as a notebook's):
+    {results, logs: {stdout, stderr}, error: {name, value, traceback}, execution_count, context, timed_out}.
+    code: Python source, as a notebook cell: the value of its last expression is its main result
+    context: a code context's ID (default: the language's default context of the sandbox)
+    language: python (default); a context has its own
+    env: environment variables for this execution only
+    timeout: seconds; past them the code is interrupted (KeyboardInterrupt) and the context kept
+    on_output: called with each message as the code writes it ({type: stdout|stderr|result|error, ...})
+    cancel: a threading.Event; set, the code is interrupted"""
+
+@via("cli", Cli("sandbox context create"))
+@op("run", audit="sandbox code context", http=Http(_P, _CODE + "/contexts", body=("language", "cwd"), name="create_code_context", status=201, model="CodeContextIn", optional_body=True))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_create(sid: str, *, language: str | None = None, cwd: str | None = None) -> dict:
+    """A new code context of a live sandbox (its own state): {id, language, cwd}.
+    language: python (default)
+    cwd: its working directory (default: the sandbox's)"""
+
+@via("cli", Cli("sandbox context ls"))
+@op("list", http=Http(_G, _CODE + "/contexts", name="list_code_contexts"))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_contexts(sid: str) -> list[dict]:
+    """The code contexts of a live sandbox: {id, language, cwd} each."""
+
+@via("cli", Cli("sandbox context restart"))
+@op("run", audit="sandbox code context restart", http=Http(_P, _CODE + "/contexts/{context}/restart", name="restart_code_context"))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_restart(sid: str, context: str) -> dict:
+    """Drop a code context's state (a fresh interpreter, the same ID, language and cwd)."""
+
+@via("cli", Cli("sandbox context rm"))
+@op("run", audit="sandbox code context remove", http=Http(_X, _CODE + "/contexts/{context}", name="remove_code_context", status=204))
+@via("mcp", Off("sandbox_run_code's default context keeps state between calls"))
+def sandbox_code_context_remove(sid: str, context: str) -> None:
+    """Remove a code context of a live sandbox (its interpreter ends)."""
 
 # ---- warm pools -----------------------------------------------------------------------------------
 _POOL = ("size",) + RunOptions.LIMITS

@@ -55,6 +55,8 @@ def entry(row: Op, args: dict, answer) -> dict:
         detail["sandbox"] = args["sid"]
     if row.name in ("sandbox_remove", "sandbox_mkdir"):
         detail["path"] = args["path"]
+    if row.name == "sandbox_rename":
+        detail.update(path=args["source"], destination=args["destination"])
     if "port" in args:
         detail["port"] = args["port"]
     if "command" in args or "argv" in args:

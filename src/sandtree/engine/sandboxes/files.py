@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import InvalidInput
+from ...errors import InvalidInput, SandtreeError
 from ...runtime import openat2
 from ...runtime.openat2 import read_file, write_file
 
@@ -52,20 +52,48 @@ class SandboxFiles:
             os.close(root)
         self._touch(row)
 
-    def ls(self, sid: str, path: str = "/") -> list[dict]:
-        """A directory of the running sandbox: name, kind, size, mode of each entry."""
+    def ls(self, sid: str, path: str = "/", *, depth: int = 1) -> list[dict]:
+        """A directory of the running sandbox (depth > 1: and its subdirectories that deep, never
+        through a link): name, path, kind, size, mode, permissions, uid, gid, owner, group, mtime,
+        a link's target, of each entry (at most openat2.MAX_LISTED in all)."""
         self._check_path(path)
-        return self._in(self._running(sid), lambda root, mounts: openat2.list_dir(root, path, mounts))
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= openat2.MAX_DEPTH:
+            raise InvalidInput(f"depth must be 1 to {openat2.MAX_DEPTH}", depth=depth)
+        idmap = self.store.idmap
+
+        def walk(root, mounts):
+            out, level, names = [], [(path, 1)], {}
+            while level:
+                d, n = level.pop(0)
+                for e in openat2.list_dir(root, d, mounts):
+                    if len(out) >= openat2.MAX_LISTED:
+                        return out
+                    e["path"] = f"{d.rstrip('/')}/{e['name']}"
+                    e["uid"], e["gid"] = idmap.uid(e["uid"]), idmap.gid(e["gid"])
+                    for key, table, num in (("owner", "/etc/passwd", e["uid"]), ("group", "/etc/group", e["gid"])):
+                        if (table, num) not in names:
+                            names[(table, num)] = _account_name(root, table, num, mounts)
+                        e[key] = names[(table, num)]
+                    out.append(e)
+                    if e["kind"] == "dir" and n < depth:
+                        level.append((e["path"], n + 1))
+            return out
+        # a tree in walk order: each directory followed by what is in it, by name (as find and envd list it)
+        return sorted(self._in(self._running(sid), walk), key=lambda e: e["path"].split("/"))
 
     def exists(self, sid: str, path: str) -> bool:
         self._check_path(path)
         return self._in(self._running(sid), lambda root, mounts: openat2.exists(root, path))
 
-    def remove(self, sid: str, path: str) -> None:
-        """Remove a file, a link or an empty directory of the running sandbox."""
+    def remove(self, sid: str, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, a link or an empty directory of the running sandbox (recursive: a directory
+        with everything in it, as rm -r on one filesystem)."""
         self._check_path(path)
+        if not isinstance(recursive, bool):
+            raise InvalidInput("recursive must be true or false")
         row = self._running(sid)
-        self._in(row, lambda root, mounts: openat2.remove(root, path, mounts))
+        how = openat2.remove_tree if recursive else openat2.remove
+        self._in(row, lambda root, mounts: how(root, path, mounts))
         self._touch(row)
 
     def mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
@@ -77,6 +105,35 @@ class SandboxFiles:
         self._in(row, lambda root, mounts: openat2.make_dirs(root, path, mode, idmap.host_uid(uid),
                                                              idmap.host_gid(gid), mounts))
         self._touch(row)
+
+    def stat(self, sid: str, path: str) -> dict:
+        """What the kernel says of a path of the running sandbox, the name itself (a link is not
+        followed: its target is given): name, kind, path, size, mode, permissions, owner and group
+        (the sandbox's ids, and its /etc/passwd and /etc/group names), mtime, target."""
+        self._check_path(path)
+        row = self._running(sid)
+        idmap = self.store.idmap
+
+        def one(root, mounts):
+            e = openat2.stat_entry(root, path, mounts)
+            e["uid"], e["gid"] = idmap.uid(e["uid"]), idmap.gid(e["gid"])
+            e["owner"] = _account_name(root, "/etc/passwd", e["uid"], mounts)
+            e["group"] = _account_name(root, "/etc/group", e["gid"], mounts)
+            return e
+        return self._in(row, one)
+
+    def rename(self, sid: str, source: str, destination: str, *, replace: bool = False) -> dict:
+        """Move a file, a link or a directory of the running sandbox to another path of it (one
+        rename: a directory moves whole). An existing destination is a Conflict unless `replace`.
+        The moved entry as stat shows it."""
+        self._check_path(source)
+        self._check_path(destination)
+        if not isinstance(replace, bool):
+            raise InvalidInput("replace must be true or false")
+        row = self._running(sid)
+        self._in(row, lambda root, mounts: openat2.rename(root, source, destination, mounts, replace))
+        self._touch(row)
+        return self.stat(sid, destination)
 
     def _in(self, row: dict, fn):
         """fn(root fd, own mounts) on the sandbox's root, the fd closed after."""
@@ -101,3 +158,17 @@ class SandboxFiles:
         # what the kernel takes (PATH_MAX, NAME_MAX): longer was ENAMETOOLONG, a 500
         if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(p)) > 255 for p in path.split("/")):
             raise InvalidInput("a path is at most 4095 bytes, each of its names at most 255", path=path[:200])
+
+
+def _account_name(root: int, table: str, num: int, mounts: set[int]) -> str:
+    """The name of uid/gid `num` in the sandbox's own /etc/passwd or /etc/group (its number when it
+    has none: as ls shows it)."""
+    try:
+        text = read_file(root, table, 1 << 20, mounts).decode("utf-8", "replace")
+    except (SandtreeError, OSError):
+        return str(num)
+    for line in text.splitlines():
+        f = line.split(":")
+        if len(f) > 2 and f[2] == str(num):
+            return f[0]
+    return str(num)

@@ -37,6 +37,10 @@ class SandboxLifetime:
             if not ok:
                 raise RuntimeUnavailable(why, tier=tier or self.default_tier())
 
+    def touch(self, sid: str) -> None:
+        """Marks a running sandbox used now (a code interpreter's execution: interpreter.py)."""
+        self._touch(self._running(sid))
+
     def _touch(self, row: dict, con=None) -> None:
         """Marks the sandbox used now: its idle timeout counts from here. A loop of commands touches
         several times a second and each touch is a write on the shared database, so this engine

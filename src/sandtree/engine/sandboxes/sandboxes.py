@@ -42,6 +42,7 @@ from ..processes.popen import LiveProcess
 from ..runs.records import Records
 from .retiring import Retiring
 from .files import SandboxFiles
+from .watches import SandboxWatches
 from .hibernation import SandboxHibernation
 from .lifetime import SandboxLifetime
 from .metrics import SandboxMetrics
@@ -58,7 +59,7 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ah
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
-class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxMetrics, SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetime, SandboxMetrics, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
@@ -79,6 +80,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxMetric
 
     def close(self) -> None:
         self._stop_reaping.set()
+        self._close_watches()
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
@@ -313,6 +315,7 @@ class Sandboxes(SandboxFiles, SandboxHibernation, SandboxLifetime, SandboxMetric
         with self._commit_lock(row["id"]):              # not while it hibernates or resumes
             row = self._row(row["id"])
             self._ours(row)
+            self._end_watches(row["id"])
             self.live.stop(row["handle"])
             self.retiring.finish(row)
             self.release_link(row)

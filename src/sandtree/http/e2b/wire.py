@@ -58,6 +58,11 @@ class E2BRoute(APIRoute):
         return guarded
 
 
+def error_response(exc: SandtreeError) -> JSONResponse:
+    """A sandtree error as E2B answers one: its status, {"code", "message"} (the sandbox apps' routes)."""
+    return error(exc.http_status, exc.message)
+
+
 def gone(sid: str) -> NotFound:
     """A sandbox E2B no longer knows: never started, another tenant's, or ended (killed, timed out)."""
     return NotFound(f"sandbox {sid!r} not found", sandbox=sid)
