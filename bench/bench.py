@@ -14,7 +14,8 @@ OCI push to a loopback registry and export (bench/oci.py, issue 15); builds (ben
 cached 10-step rebuild, a change at step 8 of 10); Contree's instances (bench/contree.py, issue 16);
 E2B's SDK create -> kill vs sandtree's own (bench/e2bsdk.py, issue 36);
 a sample's fork in inspect-ai, its sample_init, on the small and the large image (bench/inspect_fork.py,
-issue 17); SWE-bench-style instances evaluated (bench/evalbench.py, issue 17).
+issue 17); SWE-bench-style instances evaluated (bench/evalbench.py, issue 17); a command's round trip
+through E2B's SDK (bench/e2bcommands.py, issue 36).
 Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
 (total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
 cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
@@ -614,6 +615,8 @@ def main() -> None:
         con.print(inspect_fork.inspect_table(os.path.join(work, "home"), [
             ("small image", img.id, st._engine.store.image(img.id).files),
             ("large image", large.id, st._engine.store.image(large.id).files)], min(args.n, 100)))
+        import e2bcommands                 # bench/e2bcommands.py: commands.run('true') through E2B's SDK (issue 36)
+        con.print(e2bcommands.commands_table(os.path.join(work, "rootfs"), work, min(args.n, 100)))
         import webpage                     # bench/webpage.py: the web page's tree view in Chromium (issue 19)
         con.print(webpage.web_table(work, 5))
         import coldstart                   # bench/coldstart.py: a node's cold start from S3 (issue 20)

@@ -80,6 +80,9 @@ GREP_MAX_MATCHES = 1000              # lines one grep answers at most unless ask
 MERGE_IGNORE = ("__pycache__/", "*.pyc", ".pytest_cache/")   # globs a merge never reports as conflicts
 HOSTNAME = "sandtree"
 TERMINAL_COLS, TERMINAL_ROWS = 80, 24     # a live sandbox's terminal (WebSocket) when the page names no size
+TERMINAL_MAX_SIDE = 1000                  # columns or rows of a terminal at most (a sandbox process's pty)
+PROCESS_TAG_MAX = 256                     # characters of a spawned process's tag (E2B's command tags)
+E2B_KEEPALIVE = 50                        # seconds between keepalive events of an E2B process stream (unless asked)
 # What a run's command and environment may hold, refused (invalid_input) before anything starts.
 # Sizes are UTF-8 bytes. Within what execve(2) takes inside a sandbox (its stack rlimit is 8 MiB:
 # argv + envp up to 2 MiB; one string up to MAX_ARG_STRLEN, 128 KiB with its NUL), with room for

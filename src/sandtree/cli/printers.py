@@ -184,6 +184,16 @@ def _ps(args, kw, rows):
     out(args, rows, human)
 
 
+def _top(args, kw, rows):
+    """A sandbox's processes as its kernel tells them (sandbox_ps), like ps -ef."""
+    def human(rows):
+        print(f"{'PID':>6} {'PPID':>6} {'USER':<10} {'STATE':<10} COMMAND")
+        for r in rows:
+            user = r["user"] or (str(r["uid"]) if r["uid"] is not None else "?")
+            print(f"{r['pid']:>6} {r['ppid']:>6} {user:<10} {r['state']:<10} {' '.join(r['argv']) or '[' + r['name'] + ']'}")
+    out(args, rows, human)
+
+
 def _secrets(args, kw, rows):
     def human(rows):
         for r in rows:
@@ -232,7 +242,7 @@ PRINTERS = {
     "share": _share, "entries": _entries, "fields": _fields, "log": _log, "tagged": _tagged, "untagged": _untagged,
     "indented": _indented, "branches": _branches, "branch_moved": _branch_moved, "branch_deleted": _branch_deleted,
     "branch_log": _branch_log, "bundle": _bundle, "bundle_images": _bundle_images, "sandbox_id": _sandbox_id,
-    "code": _code, "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps,
+    "code": _code, "states": _states, "hibernated": _hibernated, "committed": _committed, "ps": _ps, "top": _top,
     "registry_logout": _registry_logout, "registries": _registries, "secrets": _secrets,
     "secret_removed": _secret_removed, "gc": _gc, "doctor": _doctor, "cluster": _cluster, "audit": _audit,
 }

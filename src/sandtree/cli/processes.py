@@ -24,8 +24,20 @@ def cmd_spawn(args):
     eng = _server(args)
     stdin = sys.stdin.buffer.read() if args.stdin else None
     pid = eng.sandbox_spawn(args.sandbox, options.command(args), env=options.env(args) or None, cwd=args.cwd,
-                            stdin=stdin, stdin_open=args.stdin_open, **options.given(args, "uid", "gid"))
+                            stdin=stdin, stdin_open=args.stdin_open, tag=args.tag, user=args.user,
+                            **options.given(args, "uid", "gid"))
     out(args, {"sandbox": args.sandbox, "pid": pid}, lambda o: print(o["pid"]))
+
+
+def cmd_procs(args):
+    """The processes spawned in a sandbox of a server (they live with the engine that started them)."""
+    def human(rows):
+        for r in rows:
+            state = "running" if r["running"] else (f"exit {r['exit_code']}" if r["exit_code"] is not None
+                                                    else f"signal {r['signal']}")
+            tag = f"  [{r['tag']}]" if r.get("tag") else ""
+            print(f"{r['pid']:>4}  {state:<10} {r['command']}{tag}")
+    out(args, _server(args).sandbox_processes(args.sandbox), human)
 
 
 def cmd_proc(args):
@@ -60,6 +72,8 @@ def add_processes(sub, common) -> None:
     options.add_user(x)
     x.add_argument("--stdin", action="store_true", help="pass this process's stdin to it first")
     x.add_argument("--stdin-open", action="store_true", help="keep its stdin open for `sandtree proc --write`")
+    x.add_argument("--tag", help="a name to find it by (`sandtree procs`)")
+    x.add_argument("--user", help="run as this user of the image's /etc/passwd (NAME or NAME:GROUP)")
     x.add_argument("cmd", nargs="*", help="-- CMD ARGS... (one argument: a shell string)")
     x.set_defaults(fn=cmd_spawn, takes_command=True)
     x = sub.add_parser("proc", parents=[common], help="a spawned process: write its stdin, signal it, show its "
@@ -72,3 +86,7 @@ def add_processes(sub, common) -> None:
     x.add_argument("--signal", metavar="SIG", help="signal its process group (TERM, KILL, a number)")
     x.add_argument("--wait", type=float, metavar="SECONDS", help="wait until it exits, at most this long")
     x.set_defaults(fn=cmd_proc)
+    x = sub.add_parser("procs", parents=[common], help="the processes spawned in a live sandbox on a server")
+    x.add_argument("sandbox")
+    x.add_argument("--server", metavar="URL", help="the `sandtree serve` that runs the sandbox (token: SANDTREE_TOKEN)")
+    x.set_defaults(fn=cmd_procs)

@@ -246,6 +246,10 @@ class Sandbox:
                         "pty=True for an interactive program. In process only.")
     spawn = method("sandbox_spawn", bind={"sid": "id"}, wrap=lambda self, pid, _: SandboxProcess(self._st, self.id, pid),
                    note="A SandboxProcess: write to its stdin, signal it, ask its state and output.")
+    processes = method("sandbox_processes", bind={"sid": "id"}, note="The ones spawn started (and their state).")
+    ps = method("sandbox_ps", bind={"sid": "id"}, note="Every process inside, as its kernel tells (pid, ppid, "
+                                                        "user, state, argv).")
+    follow = method("sandbox_follow", bind={"sid": "id"}, note="In process only.")
     read = method("sandbox_read", bind={"sid": "id"})
 
     def read_text(self, path: str) -> str:
@@ -312,6 +316,8 @@ class SandboxProcess:
         self.signal("KILL")
 
     state = method("sandbox_process", bind={"sid": "sandbox_id", "pid": "pid"})
+    resize = method("sandbox_resize", bind={"sid": "sandbox_id", "pid": "pid"},
+                    note="Its terminal's size (spawned with pty=True).")
 
     def wait(self, timeout: float | None = None, poll: float = 0.02) -> dict:
         """Its state once it has exited (TimeoutError after `timeout` seconds)."""

@@ -263,6 +263,10 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_spawn = through("operations.instances", "spawn")
     sandbox_stdin = through("operations.instances", "write")
     sandbox_signal = through("operations.instances", "signal")
+    sandbox_resize = through("operations.instances", "resize")
+    sandbox_processes = through("operations.instances", "processes")
+    sandbox_follow = through("operations.instances", "follow")
+    sandbox_ps = through("sandboxes", "ps")
 
     def sandbox_process(self, sid: str, pid: int) -> dict:
         now = self.operations.instances.process(sid, pid)

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
+from .. import table
 from ..errors import Forbidden, NotFound, SandtreeError, Unauthorized
 from ..tenancy.tenant import Tenant
 
@@ -102,8 +103,11 @@ class JsonLog:
 class TenantGate:
     """ASGI middleware: authenticate, pick the engine view, log the request."""
 
-    def __init__(self, app, engine, log: JsonLog | None = None):
+    def __init__(self, app, engine, log: JsonLog | None = None, addressed=None):
+        """addressed(scope): (sandbox id, port, path) of a request addressed to a sandbox, else None
+        (http/e2b/dispatch.py's; None: no request is)."""
         self.app, self.engine, self.log = app, engine, log
+        self.addressed = addressed or (lambda scope: None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):            # (lifespan)
@@ -157,6 +161,7 @@ class TenantGate:
             given = dict(scope.get("headers") or []).get(b"x-api-key", b"").decode("latin-1").strip() or None
         if given is None and scope["type"] == "websocket":
             given = subprotocol_token(scope)
+        where = self.addressed(scope)                   # a request to one sandbox (E2B's envd, interpreter)
         # one indexed read of a WAL database (never blocked by writers): cheaper here than a
         # thread hop, on every request
         if not tenancy.configured():
@@ -183,6 +188,8 @@ class TenantGate:
                     site not in ("", "same-origin", "none")) and not opened:
                 raise Forbidden(f"this server has no tokens: it answers no web page but its own (origin {origin!r})")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
+        if where is not None:
+            return await self._sandbox_grant(scope, where[0], given)
         if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
         if not given and (grant := signed_grants(scope, path)) is not None:
@@ -203,7 +210,41 @@ class TenantGate:
         return self.engine.as_tenant(tenant)
 
 
+    async def _sandbox_grant(self, scope, sid: str, given: str | None):
+        """A request addressed to sandbox `sid` (http/e2b/dispatch.py) on a server with tokens: its
+        access token (X-Access-Token: ports.access_token(sid, ACCESS_PURPOSE), what E2B's control
+        plane hands out as envdAccessToken) grants that one sandbox as its owner sees it; a
+        tenant's token (Bearer or X-API-Key) grants the tenant's view, in which another tenant's
+        sandbox does not exist. Nothing else reaches a sandbox, E2B's insecure ones included:
+        E2B leaves those open to whoever knows the id, sandtree never (docs/e2b.md)."""
+        access = dict(scope.get("headers") or []).get(b"x-access-token", b"").decode("latin-1").strip()
+        if access:
+            return await asyncio.to_thread(self._access_grant, sid, access)
+        if not given:
+            raise Unauthorized("a request to a sandbox needs its access token (X-Access-Token: E2B's "
+                               "envdAccessToken) or a token of its tenant (Authorization: Bearer <token>)")
+        tenant = await asyncio.to_thread(self.engine.tenancy.authenticate, given)
+        return self.engine.as_tenant(tenant)
+
+    def _access_grant(self, sid: str, access: str) -> "SandboxGrant":
+        ports, tenancy = self.engine.ports, self.engine.tenancy
+        # the sandbox by its full id (a prefix answers as nothing: the token is made on the full id),
+        # and one answer for a wrong token and an unknown sandbox (no probing which ids exist)
+        rows = tenancy.db.query("SELECT tenant FROM tenant_blobs WHERE kind='sandbox' AND id=?", (sid,))
+        if not ports.check_access_token(sid, ACCESS_PURPOSE, access) or not self._exists(sid):
+            raise Unauthorized(f"invalid access token for sandbox {sid[:32]!r}")
+        owner = tenancy.view(Tenant(rows[0][0], limits=tenancy.limits(rows[0][0]))) if rows else tenancy.operator_view()
+        return SandboxGrant(owner, sid)
+
+    def _exists(self, sid: str) -> bool:
+        try:
+            return self.engine.sandbox_info(sid)["id"] == sid
+        except NotFound:
+            return False
+
+
 _ANONYMOUS = Tenant("-", ())
+ACCESS_PURPOSE = "e2b-envd"          # ports.access_token's purpose for E2B's envdAccessToken
 TOKEN_SUBPROTOCOL = "bearer."
 
 
@@ -271,6 +312,30 @@ class PortGrant:
 
     def __getattr__(self, name):
         raise Forbidden(f"a signed URL grants one port of one sandbox, not {name}")
+
+
+class SandboxGrant:
+    """What a sandbox's access token grants: the operations of the table on that one sandbox (its
+    processes, files, state), as its owner sees it; any other call is Forbidden, and the same
+    operations on another sandbox too."""
+    tenant = None
+
+    def __init__(self, view, sid: str):
+        self.view, self.sid = view, sid
+
+    def __getattr__(self, name):
+        row = table.OPS.get(name)
+        params = list(row.signature.parameters) if row is not None else []
+        if not params or params[0] != "sid":
+            raise Forbidden(f"a sandbox's access token grants operations on that sandbox, not {name}")
+        call = getattr(self.view, name)
+
+        def on_this_sandbox(*args, **kwargs):
+            sid = args[0] if args else kwargs.get("sid")
+            if not isinstance(sid, str) or not sid or not self.sid.startswith(sid):
+                raise Forbidden("a sandbox's access token grants only that sandbox")
+            return call(*args, **kwargs)
+        return on_this_sandbox
 
 
 class _WebSocketRefusal:

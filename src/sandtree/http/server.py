@@ -35,7 +35,7 @@ from .contree.routes import contree_router
 from .derived import rest_router
 from .e2b import e2b_router
 from .e2b.volumes import volumes_router as e2b_volumes_router
-from .e2b.dispatch import SandboxDispatch
+from .e2b.dispatch import SandboxDispatch, addressed
 # the rows' hand-written routes register themselves when their modules load (derived.handler)
 from . import branching, builds, files, images, sandboxes  # noqa: F401
 from .listeners import Listeners, bind
@@ -66,7 +66,7 @@ def build_app(engine: Engine, *, log: JsonLog | None = None, max_upload: int = D
     app.add_middleware(QuickRuns, answer=run_answer(p))           # innermost: a valid POST /runs, answered
     app.add_middleware(SandboxDispatch, domain=e2b_domain)      # E2B's requests to one sandbox: its port's app
     app.add_middleware(BodyLimit, max_upload=max_upload)       # inside the gate: it knows the tenant
-    app.add_middleware(TenantGate, engine=engine, log=log)
+    app.add_middleware(TenantGate, engine=engine, log=log, addressed=lambda scope: addressed(scope, e2b_domain))
     listeners = Listeners(None, ports_port, preview_base)       # (checks the base before anything is served)
     app.add_middleware(Listeners, ports_port=ports_port, preview_base=preview_base)   # outermost: who serves what
     app.state.ports_port = ports_port

@@ -270,6 +270,10 @@ class LiveTier(abc.ABC):
         return None
 
     @abc.abstractmethod
+    def processes(self, h) -> list[dict]:
+        """The sandbox's processes as its kernel tells them (pstable.process_table's shape)."""
+
+    @abc.abstractmethod
     def lingering(self, h) -> bool:
         """Whether processes besides the sandbox's own pid 1 run in it (a command left one)."""
 

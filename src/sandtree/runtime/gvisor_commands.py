@@ -37,16 +37,25 @@ _RUNSC_FAIL = re.compile(rb"executing processes for container: .*\n?$")
 class GVisorCommands:
     def lingering(self, h: LiveHandle) -> bool:
         """Processes besides pid 1 inside (gVisor's, not the host's: runsc ps lists them)."""
-        proc, rep_r = self._mnt(h, ["ps", "--format", "json", "sandtree"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return len(self.processes(h)) > 1
+
+    def processes(self, h: LiveHandle) -> list[dict]:
+        """gVisor's own table (its kernel's, not the host's): runsc ps, whose columns are UID PID
+        PPID C TTY STIME TIME CMD (CMD: the command's name only; no state, no argv)."""
+        proc, rep_r = self._mnt(h, ["ps", "sandtree"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
         try:
             out, _ = proc.communicate(timeout=30)
         finally:
             os.close(rep_r)
-        try:
-            return len(json.loads(out or b"[]")) > 1
-        except ValueError:
-            return False
+        lines = out.decode("utf-8", "replace").splitlines()
+        found = []
+        for line in lines[1:] if lines and lines[0].split()[:3] == ["UID", "PID", "PPID"] else []:
+            cols = line.split(None, 7)
+            if len(cols) == 8 and cols[0].isdigit() and cols[1].isdigit() and cols[2].isdigit():
+                found.append({"pid": int(cols[1]), "ppid": int(cols[2]), "uid": int(cols[0]), "state": "?",
+                              "name": cols[7], "argv": []})
+        return sorted(found, key=lambda p: p["pid"])
 
     def outsiders(self, h: LiveHandle) -> list[int]:
         """Commands running now: the runsc exec of each (children of our helpers, in P's mount

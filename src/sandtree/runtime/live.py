@@ -29,6 +29,7 @@ from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
 from ..procid import owner_prefix, proc_namespace, signal_member, start_time
+from .pstable import process_table
 from .pump import parse_report
 from .runfiles import fds_of, network_args
 from .validate import validate_spec
@@ -283,6 +284,14 @@ class LiveRuntime(Commands, LiveTier):
     def stats(self, h: LiveHandle) -> dict | None:
         cg = h.cg()
         return cg.stats() if cg else None
+
+    def processes(self, h: LiveHandle) -> list[dict]:
+        cg = h.cg()
+        try:
+            ns = os.readlink(f"/proc/{h.init_pid}/ns/pid")
+        except OSError:
+            return []
+        return process_table((cg.pids() if cg else set()) | {h.init_pid}, ns)
 
     def usage(self, h: LiveHandle) -> dict | None:
         """Its cgroup's counters now (cgroups.RunCgroup.usage) and its disk: the bytes written to

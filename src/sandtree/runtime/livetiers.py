@@ -98,6 +98,9 @@ class LiveTiers(LiveTier):
     def lingering(self, h) -> bool:
         return self.of(h).lingering(h)
 
+    def processes(self, h) -> list[dict]:
+        return self.of(h).processes(h)
+
     def outsiders(self, h) -> list[int]:
         return self.of(h).outsiders(h)
 

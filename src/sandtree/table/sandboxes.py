@@ -55,15 +55,50 @@ def sandbox_popen(sid: str, argv, *, env: dict | None = None, cwd: str | None = 
 _PROC = "/sandboxes/{sid}/processes"    # sid: a live sandbox, or a live run (its operation ID: Contree's instance)
 @via("cli", Cli("spawn", handler="processes.cmd_spawn"))
 @op("run", audit="sandbox spawn", http=Http(_P, _PROC, body=("command", "env", "cwd", "uid", "gid", "stdin",
-                                                           "stdin_open", "output"), result="pid", name="spawn_process", status=201, model="ProcessIn", model_doc="A process started in a live sandbox without waiting (table.sandbox_spawn).", describe={"command": "a string runs in /bin/sh -c, a list is argv", "stdin_open": "keep its stdin open for writes (POST .../stdin)"}, bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}}))
+                                                           "stdin_open", "output", "user", "tag", "pty", "cols", "rows"), result="pid", name="spawn_process", status=201, model="ProcessIn", model_doc="A process started in a live sandbox without waiting (table.sandbox_spawn).", describe={"command": "a string runs in /bin/sh -c, a list is argv", "stdin_open": "keep its stdin open for writes (POST .../stdin)", "pty": "a terminal is its stdin, stdout and stderr (resize: POST .../resize)"}, bounds={"uid": {"ge": 0, "lt": 65536}, "gid": {"ge": 0, "lt": 65536}, "cols": {"ge": 1, "le": D.TERMINAL_MAX_SIDE}, "rows": {"ge": 1, "le": D.TERMINAL_MAX_SIDE}}))
 @via("mcp", Mcp(handler="sandbox_spawn", rename={"sid": "sandbox_id"}, extra=("shell",)))
 def sandbox_spawn(sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
                   gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
-                  output=None) -> int:
+                  output=None, user: str | None = None, tag: str | None = None, pty: bool = False,
+                  cols: int = D.TERMINAL_COLS, rows: int = D.TERMINAL_ROWS) -> int:
     """Start a process in a live sandbox without waiting for it; its number (a live run's command is 1).
     sid: a live sandbox's ID, or a running live run's operation ID
     stdin_open: keep its stdin open for sandbox_stdin (else it is closed after `stdin`)
-    output: bytes of its output kept per stream (default: the server's)"""
+    output: bytes of its output kept per stream (default: the server's)
+    user: run as this user of the image's /etc/passwd (NAME or NAME:GROUP), instead of uid and gid
+    tag: a name to find it by among the sandbox's processes (unique among the running ones)
+    pty: a terminal is its stdin, stdout and stderr (its output is one stream, stdout)
+    cols: the terminal's columns (pty)
+    rows: the terminal's rows (pty)"""
+
+@via("cli", Off("a terminal's size is its window's: `sandtree shell` resizes its own"))
+@op("run", audit="sandbox resize", http=Http(_P, _PROC + "/{pid}/resize", body=("cols", "rows"), name="resize_process", status=204, model="ResizeIn", bounds={"cols": {"ge": 1, "le": D.TERMINAL_MAX_SIDE}, "rows": {"ge": 1, "le": D.TERMINAL_MAX_SIDE}}))
+@via("mcp", Off("an agent's processes have no terminal window to resize"))
+def sandbox_resize(sid: str, pid: int, cols: int, rows: int) -> None:
+    """Resize the terminal of a process spawned with pty (it gets SIGWINCH).
+    cols: the terminal's columns
+    rows: the terminal's rows"""
+
+@via("cli", Cli("procs", handler="processes.cmd_procs"))
+@op("list", http=Http(_G, _PROC, name="list_processes"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="The processes sandbox_spawn started in a live sandbox: pid, tag, command, running or how each ended."))
+def sandbox_processes(sid: str) -> list[dict]:
+    """The processes spawned in a live sandbox (sandbox_spawn), oldest first: pid, tag, command, cwd, env, state."""
+
+@via("cli", Off("`sandtree proc --wait` prints a process's output; following it needs the engine in-process"))
+@op("list", local="it calls back with each chunk of output: the engine in-process (over HTTP: GET the process)")
+@via("mcp", Off("an MCP call answers once: sandbox_process tells the output so far"))
+def sandbox_follow(sid: str, pid: int, on_output, *, replay: bool = False, cancel=None) -> dict:
+    """Call on_output(stream, chunk) with what a spawned process writes until it exits (or `cancel`, an
+    Event, is set); its state then. stream: stdout, stderr, or pty (a terminal's).
+    replay: what it wrote so far first (kept up to its output cap)"""
+
+@via("cli", Cli("top", show="top"))
+@op("list", http=Http(_G, "/sandboxes/{sid}/ps", name="sandbox_ps"))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, doc="Every process running in a live sandbox, as its kernel tells: pid, ppid, user, state, command line."))
+def sandbox_ps(sid: str) -> list[dict]:
+    """Every process of a live sandbox as the kernel tells it (not only spawned ones): pid and ppid inside
+    the sandbox, uid, user, state, command line (argv)."""
 
 @via("cli", Cli("proc", handler="processes.cmd_proc"))
 @via("sdk", Sdk("proc.write(data) streams: it leaves stdin open (proc.close_stdin() or close=True ends it)",

@@ -18,7 +18,7 @@ from ...store.objects import FILE
 from ...store.store import Store
 from ...values import DEFAULT_ENV
 
-__all__ = ["default_command", "image_config", "resolve_user", "RunDefaults", "run_defaults", "MAX_ACCOUNT_FILE", "MAX_ID"]
+__all__ = ["default_command", "image_config", "resolve_user", "user_names", "RunDefaults", "run_defaults", "MAX_ACCOUNT_FILE", "MAX_ID"]
 
 MAX_ACCOUNT_FILE = 4 << 20        # /etc/passwd or /etc/group larger than this is refused
 MAX_ID = (1 << 32) - 2
@@ -59,6 +59,16 @@ def _accounts(store: Store, image: str, path: str) -> list[list[str]]:
         return []
     return [line.split(":") for line in data.decode("utf-8", "replace").splitlines()
             if line and not line.startswith("#")]
+
+
+def user_names(store: Store, image: str) -> dict[int, str]:
+    """uid -> name of the image's /etc/passwd (the first name of a uid)."""
+    names: dict[int, str] = {}
+    for fields in _accounts(store, image, "/etc/passwd"):
+        uid = _numeric(fields[2]) if len(fields) >= 4 else None
+        if uid is not None:
+            names.setdefault(uid, fields[0])
+    return names
 
 
 def resolve_user(store: Store, image: str, user: str) -> tuple[int, int]:

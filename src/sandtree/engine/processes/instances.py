@@ -24,6 +24,7 @@ ended: Ended for stdin (410), Conflict for the others (409).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -36,7 +37,9 @@ from ...store import ephemeral
 from ...secrets_mask import mask_env, mask_text, secret_values
 from ...values import parse_size
 from ..runs.runs import EPHEMERAL, KEPT, NOTHING, keep_mode
+from ..images.rundefaults import resolve_user
 from .spawned import Process, public_view, signal_number, start_error, usage_of
+from .terminal import open_terminal, read_terminal, set_size
 from ..runs.spec import command_argv
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
@@ -241,34 +244,58 @@ class Instances:
             inst.events("proc", json.dumps({"spid": p.spid if p is not None else 0, **data}))
 
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,
-               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None) -> Process:
-        """Start a process in the instance's sandbox; its pumps write its events (module doc)."""
+               stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None, tag: str | None = None,
+               pty: tuple[int, int] | None = None) -> Process:
+        """Start a process in the instance's sandbox; its pumps write its events (module doc).
+        pty: (cols, rows) of a terminal that is its stdin, stdout and stderr (terminal.py)."""
         if cwd is not None and inst.make_cwd and not self.host.sandboxes.exists(inst.sid, cwd):
             # Contree makes a missing working directory (owned by the process's user)
             self.host.sandboxes.mkdir(inst.sid, cwd, uid=uid or 0, gid=gid or 0)
-        proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, ahead=ahead,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        master = None
+        if pty is None:
+            proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, ahead=ahead,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        else:
+            master, slave = open_terminal(*pty)
+            try:
+                proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, pty=True,
+                                                 stdin=slave, stdout=slave, stderr=slave)
+            except BaseException:
+                os.close(master)
+                raise
+            finally:
+                os.close(slave)
         shown = shell if shell is not None else " ".join(argv)
-        p = Process(spid, proc, argv, shown, cap, stdin_open,
-                    {"shell": shell is not None, "cwd": cwd, "uid": uid, "gid": gid})
+        p = Process(spid, proc, argv, shown, cap, stdin_open or master is not None,
+                    {"shell": shell is not None, "cwd": cwd, "uid": uid, "gid": gid, "tag": tag,
+                     "env": dict(env or {}), "pty": master is not None})
+        p.master = master
         inst.procs[spid] = p
         if spid > 1 or inst.op is None:
             self._emit(inst, p, {"type": "spawn", "command": shown, "argv": argv, "shell": shell is not None,
                                  "cwd": cwd, "uid": uid, "gid": gid, "truncate_at": cap})
         pumps = [threading.Thread(target=self._pump, args=(inst, p, name, on_output), daemon=True,
-                                  name=f"sandtree-inst-{spid}-{name}") for name in ("stdout", "stderr")]
+                                  name=f"sandtree-inst-{spid}-{name}")
+                 for name in (("stdout", "stderr") if master is None else ("stdout",))]
         for t in pumps:
             t.start()
         threading.Thread(target=self._reap, args=(inst, p, pumps), daemon=True, name=f"sandtree-inst-{spid}").start()
         with p.lock:
             try:
-                self._feed(inst, p, stdin or b"", close=not stdin_open)
+                self._feed(inst, p, stdin or b"", close=not stdin_open and master is None)
             except (BrokenPipeError, ValueError, OSError):
                 p.stdin_open = False
         return p
 
     def _feed(self, inst: Instance, p: Process, data: bytes, *, close: bool) -> None:
         """Write to a process's stdin (its `stdin` event), then close it or not. Holds p.lock."""
+        if p.master is not None:                  # a terminal: its input, never closed (^D ends input)
+            if close:
+                raise InvalidInput(f"process {p.spid} has a terminal: its input is not closed (send ^D, 0x04)")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(p.master, view):]
+            return
         if data:
             p.proc.stdin.write(data)
             p.proc.stdin.flush()
@@ -278,6 +305,15 @@ class Instances:
             p.proc.stdin.close()
 
     def _pump(self, inst: Instance, p: Process, stream: str, on_output) -> None:
+        if p.master is not None:                  # a terminal: one stream, until nothing holds it open
+            try:
+                while chunk := read_terminal(p.master):
+                    self._chunk(inst, p, stream, chunk, on_output)
+            finally:
+                with p.lock:                      # (no write or resize on a closed, maybe reused, fd)
+                    p.stdin_open = False
+                    os.close(p.master)
+            return
         with getattr(p.proc, stream) as f:
             while True:
                 chunk = f.read1(65536)
@@ -291,7 +327,7 @@ class Instances:
     def _chunk(self, inst: Instance, p: Process, stream: str, chunk: bytes, on_output) -> None:
         if p.done.is_set():
             return                                # a background process's, after the command's exit
-        kept = p.keep(stream, chunk)
+        kept = p.hear(stream, chunk)
         if not kept:
             return
         if on_output is not None:
@@ -308,7 +344,8 @@ class Instances:
         with p.lock:
             p.stdin_open = False
             try:
-                p.proc.stdin.close()
+                if p.proc.stdin is not None:      # (a terminal's process has none: its master)
+                    p.proc.stdin.close()
             except (OSError, ValueError):
                 pass
         p.exit_code, p.signal = (None, -rc) if rc < 0 else (rc, None)
@@ -373,21 +410,35 @@ class Instances:
 
     def spawn(self, sid: str, command, *, env: dict | None = None, cwd: str | None = None, uid: int | None = None,
               gid: int | None = None, stdin: bytes | str | None = None, stdin_open: bool = False,
-              output=None) -> int:
+              output=None, user: str | None = None, tag: str | None = None, pty: bool = False,
+              cols: int = D.TERMINAL_COLS, rows: int = D.TERMINAL_ROWS) -> int:
         """Start a process in live sandbox (or running live run) `sid`; its number (a live run's
-        command is 1: its others are 2, 3, ...)."""
+        command is 1: its others are 2, 3, ...). user: a name (or NAME:GROUP) of the image's
+        /etc/passwd, instead of uid and gid; tag: a name it is found by (unique among the running
+        ones); pty: a terminal of cols x rows is its stdin, stdout and stderr."""
         argv = command_argv(command)
         cap = parse_size(output) if output is not None else self.host.default_limits.output
         if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
             raise InvalidInput(f"cwd must be an absolute path, not {cwd!r}")
+        if tag is not None and (not isinstance(tag, str) or not tag or len(tag) > D.PROCESS_TAG_MAX):
+            raise InvalidInput(f"a process tag is 1..{D.PROCESS_TAG_MAX} characters, not {tag!r}")
         data = stdin.encode() if isinstance(stdin, str) else bytes(stdin or b"")
         inst = self._instance(sid)
+        if user is not None:
+            if uid is not None or gid is not None:
+                raise InvalidInput("give a user by name or by uid and gid, not both")
+            if not isinstance(user, str):
+                raise InvalidInput(f"user must be a name, not {user!r}")
+            uid, gid = (0, 0) if user == "root" else resolve_user(self.host.store, self.host.sandboxes.info(inst.sid)["image"], user)
         with inst.lock:
             if inst.ended:
                 raise Conflict(f"operation {inst.op} is not a running instance")
+            if tag is not None and any(q.spec.get("tag") == tag and not q.done.is_set() for q in inst.procs.values()):
+                raise Conflict(f"a running process of {sid} is already tagged {tag!r}", tag=tag)
             spid = max(inst.procs, default=1 if inst.op else 0) + 1
             p = self._start(inst, spid, argv, command if isinstance(command, str) else None, env=env, cwd=cwd,
-                            uid=uid, gid=gid, stdin=data, stdin_open=stdin_open, cap=cap)
+                            uid=uid, gid=gid, stdin=data, stdin_open=stdin_open, cap=cap, tag=tag,
+                            pty=(cols, rows) if pty else None)
         failed = start_error(p, argv, cwd) if p.done.wait(0) else None
         if failed is not None:
             raise failed
@@ -433,3 +484,40 @@ class Instances:
                 return None
             raise
         return public_view(p.view())
+
+    def processes(self, sid: str) -> list[dict]:
+        """The processes started in live sandbox (or running live run) `sid` (spawn), oldest
+        first: each one's state (process's view, without its output)."""
+        inst = self._instance(sid)
+        with inst.lock:
+            procs = sorted(inst.procs.values(), key=lambda q: q.spid)
+        return [_summary(public_view(q.view())) for q in procs]
+
+    def resize(self, sid: str, pid: int, cols: int, rows: int) -> None:
+        """The size of a running process's terminal (spawn(pty=True))."""
+        _, p = self._process(sid, pid)
+        if p.master is None:
+            raise InvalidInput(f"process {pid} of {sid} has no terminal (spawn it with pty)")
+        with p.lock:
+            if p.done.is_set() or not p.stdin_open:
+                raise NotFound(f"process {pid} of {sid} has exited")
+            set_size(p.master, cols, rows)
+
+    def follow(self, sid: str, pid: int, on_output, *, replay: bool = False, cancel=None) -> dict:
+        """Call on_output(stream, chunk) with what process `pid` writes ("stdout", "stderr", or
+        "pty" for a terminal's) until it exits or `cancel` (a threading.Event) is set; its state
+        then (processes' shape). replay: what it wrote so far first (kept up to its cap)."""
+        _, p = self._process(sid, pid)
+        p.listen(on_output, replay)
+        try:
+            while not p.done.wait(0.25):
+                if cancel is not None and cancel.is_set():
+                    break
+        finally:
+            p.unlisten(on_output)
+        return _summary(public_view(p.view()))
+
+
+def _summary(view: dict) -> dict:
+    """A process's view without its output (a list or a follower has it otherwise)."""
+    return {k: v for k, v in view.items() if k not in ("stdout", "stderr", "stdout_base64", "stderr_base64")}

@@ -69,6 +69,30 @@ class Process:
         self.timed_out = False
         self.lock = threading.Lock()              # stdin writes, one at a time
         self.done = threading.Event()
+        self.master: int | None = None            # its terminal's host side (terminal.py), if it has one
+        self.listeners: list = []                 # on_output(stream, chunk) of its followers (instances.follow)
+        self.heard = threading.Lock()             # output kept and told to followers, one chunk at a time
+
+    def hear(self, stream: str, chunk: bytes) -> bytes:
+        """A chunk it wrote: told to its followers (all of it), kept within the cap; the part kept."""
+        with self.heard:
+            for listener in self.listeners:
+                listener("pty" if self.master is not None else stream, chunk)
+            return self.keep(stream, chunk)
+
+    def listen(self, on_output, replay: bool) -> None:
+        """Tell on_output what it writes from now on (replay: what it kept so far first)."""
+        with self.heard:
+            if replay:
+                for stream in ("stdout", "stderr"):
+                    if self.output[stream]:
+                        on_output("pty" if self.master is not None else stream, bytes(self.output[stream]))
+            self.listeners.append(on_output)
+
+    def unlisten(self, on_output) -> None:
+        with self.heard:
+            if on_output in self.listeners:
+                self.listeners.remove(on_output)
 
     def keep(self, stream: str, chunk: bytes) -> bytes:
         """The part of chunk within the cap (the rest is counted as cut)."""

@@ -53,7 +53,7 @@ from .session import command_spec
 from ..runs.spec import RunSpecs
 from ...defaults import RunRecord
 from ...values import check_labels, labels_match
-from ..images.rundefaults import run_defaults
+from ..images.rundefaults import run_defaults, user_names
 from ..runs.network import attach_link, network_option, require_egress
 from ..volumes import check_mounts, volume_view
 
@@ -431,6 +431,9 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         spec, shown = self._command_spec(row, list(argv) if not isinstance(argv, str) else argv, env=env,
                                          cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
         self._touch(row)
+        if ahead is None and not pty and stdin == stdout == stderr == subprocess.PIPE:
+            # pipes, as a helper entered ahead has them: the slow part of entering is done (as exec's)
+            ahead = self.ahead.take(row["id"], row["handle"])
         proc, rep_r, raw = self.live.popen(row["handle"], spec, stdin=stdin, stdout=stdout, stderr=stderr, pty=pty, ahead=ahead)
         # Like subprocess.Popen, return once the process exists (a commit or hibernate that
         # follows must see it): the helper reports its pid right after the fork.
@@ -443,6 +446,13 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
+
+    def ps(self, sid: str) -> list[dict]:
+        """Every process of a running sandbox as its kernel tells it (runtime pstable), each with
+        its user's name from the image's /etc/passwd (None: not there)."""
+        row = self._running(sid, idle=False)
+        names = user_names(self.store, row["image"])
+        return [{**p, "user": names.get(p["uid"])} for p in self.live.processes(row["handle"])]
 
     # ---- commit ----------------------------------------------------------------------------------
     def commit(self, sid: str, *, tag: str | None = None, ephemeral: bool = False) -> str:

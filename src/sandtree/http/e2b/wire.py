@@ -25,8 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import InvalidInput, NotFound, SandtreeError
 
 # The envd version a sandbox reports (E2B's SDKs gate features on it: e2b/envd/versions.py); envd/
-# raises it as it implements more. The SDK refuses anything below 0.1.0.
-ENVD_VERSION = "0.4.0"
+# raises it as it implements more. The SDK refuses anything below 0.1.0. Processes (envd/process.py)
+# need 0.5.2 (no user sent: envd's default; a command's stdin asked for and closed, CloseStdin);
+# the filesystem part implements E2B's up to 0.6.4 (octet-stream uploads, file metadata, watch
+# events with entries).
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "sandtree"              # E2B's clientID: the node a sandbox runs on; one constant here
 E2B_STATES = {"running": "running", "hibernated": "paused"}    # sandtree's state -> E2B's; others have ended
 ALL_TRAFFIC = "0.0.0.0/0"           # E2B's "every address" (allow_out / deny_out)

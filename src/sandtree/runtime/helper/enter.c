@@ -6,7 +6,13 @@
  */
 #include "helper.h"
 
-void forward_rt(int sig) { if (g_pid > 0) kill(-g_pid, sig - SIGRTMIN); }
+/* To its process group; right after the fork (the pid is reported before the child's setsid) there
+ * is none yet, and the child alone is the command: a signal sent then would be lost. */
+void forward_rt(int sig) {
+    int saved = errno;
+    if (g_pid > 0 && kill(-g_pid, sig - SIGRTMIN) < 0 && errno == ESRCH) kill(g_pid, sig - SIGRTMIN);
+    errno = saved;
+}
 
 /* --enter-fd: run the command inside a live sandbox (see the header). */
 int enter_sandbox(struct opts *o) {

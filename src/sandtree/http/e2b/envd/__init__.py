@@ -8,3 +8,4 @@ from importlib.util import find_spec as _find  # noqa: E402
 
 if _find("connectrpc") is not None and _find("e2b") is not None:      # the `e2b` extra: the Connect services
     from . import filesystem  # noqa: F401 - registers filesystem.Filesystem with app.py
+    from . import process  # noqa: F401 - registers process.Process with app.py

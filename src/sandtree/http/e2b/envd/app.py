@@ -11,10 +11,16 @@ is served (404 in envd's error shape)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+
 from starlette.responses import JSONResponse, Response
 
-from ..dispatch import ENVD_PORT, serves
+from .... import errors
+from ... import gate
+from ..dispatch import ENVD_PORT, SANDBOX_KEY, serves
 
+SANDBOX: contextvars.ContextVar = contextvars.ContextVar("sandtree_e2b_sandbox", default=None)
 ROUTES: list[tuple[str, object]] = []         # (path prefix, ASGI app), the longest match wins
 
 
@@ -31,19 +37,45 @@ def _matches(prefix: str, path: str) -> bool:
     return path.startswith(prefix) if prefix.endswith("/") else path == prefix
 
 
+def here():
+    """(the engine as this request's caller sees it, the full id of the sandbox it addresses):
+    for envd's parts, inside a request envd() passed on."""
+    return gate.current_engine(), SANDBOX.get()
+
+
 async def _health(scope, receive, send):
-    """GET /health: envd's liveness probe (the SDK probes it after a failed request): 204 while the
-    sandbox is addressable here at all (dispatch and the gate found it)."""
+    """GET /health: envd's liveness probe (the SDK probes it after a failed request): 204, as envd
+    answers it, once envd() found the sandbox running."""
     await Response(status_code=204)(scope, receive, send)
 
 
 route("/health")(_health)
 
 
+def _running(sid: str) -> str | None:
+    """The full id of the caller's sandbox `sid` if it runs; None: not there, or not running."""
+    try:
+        info = gate.current_engine().sandbox_info(sid)
+    except (errors.NotFound, errors.Forbidden, errors.InvalidInput):
+        return None
+    return info["id"] if info["state"] == "running" else None
+
+
 @serves(ENVD_PORT)
 async def envd(scope, receive, send):
     path = scope.get("path", "/")
-    for prefix, app in ROUTES:
-        if _matches(prefix, path):
-            return await app(scope, receive, send)
+    sid = scope[SANDBOX_KEY][0]
+    full = await asyncio.to_thread(_running, sid)          # (to_thread carries the gate's context)
+    if full is None:
+        # what E2B's proxy answers for a sandbox killed or timed out: its SDK reads the words
+        # "was not found" as SandboxNotRunningException (sandbox.is_running() is False)
+        return await JSONResponse({"code": 502, "message": f"The sandbox {sid} was not found"},
+                                  status_code=502)(scope, receive, send)
+    token = SANDBOX.set(full)
+    try:
+        for prefix, app in ROUTES:
+            if _matches(prefix, path):
+                return await app(scope, receive, send)
+    finally:
+        SANDBOX.reset(token)
     await JSONResponse({"code": 404, "message": f"envd serves no {path}"}, status_code=404)(scope, receive, send)

@@ -1,0 +1,128 @@
+"""A live sandbox's processes as the rows added for E2B's envd have them, in process through the SDK
+(the engine's own checks; tests/e2e/test_e2b_commands.py drives the same through E2B's SDK): spawn
+with a user, a tag, a terminal (and its resize); sandbox_follow's stream; sandbox_processes; and
+sandbox_ps, the kernel's process table, on each tier."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sandtree.errors import Conflict, InvalidInput, NotFound
+
+
+def until(fn, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def test_spawn_as_a_user_with_a_tag_listed_with_its_env(st, rootfs):
+    with st.import_image(rootfs).start() as sb:
+        p = sb.spawn("id -u; id -g; sleep 30", user="user", tag="job", env={"A": "1"}, cwd="/tmp")
+        until(lambda: p.state()["stdout"] == "1000\n1000\n")
+        listed = sb.processes()
+        assert [(q["pid"], q["tag"], q["env"], q["cwd"], q["running"]) for q in listed] == \
+            [(p.pid, "job", {"A": "1"}, "/tmp", True)]
+        assert "stdout" not in listed[0]                          # the list has no output
+        with pytest.raises(Conflict, match="tagged"):
+            sb.spawn("true", tag="job")                           # a running process has it
+        for bad in ({"tag": ""}, {"tag": "x" * 300}, {"user": "nosuch"}, {"user": "user", "uid": 5}):
+            with pytest.raises(InvalidInput):
+                sb.spawn("true", **bad)
+        assert len(sb.processes()) == 1                           # nothing was started by those
+        p.kill()
+        p.wait(10)
+        assert sb.spawn("echo again", tag="job").wait(10)["stdout"] == "again\n"   # ended: free again
+        assert sb.spawn("id -un", user="root").wait(10)["stdout"] == "root\n"
+
+
+def test_a_terminal_its_input_size_and_its_refusals(st, rootfs):
+    with st.import_image(rootfs).start() as sb:
+        t = sb.spawn(["sh", "-i"], pty=True, cols=100, rows=30, env={"PS1": "$ "})
+        t.write(b"stty size; tty\n")
+        until(lambda: "30 100" in t.state()["stdout"] and "/dev/pts/" in t.state()["stdout"])
+        t.resize(132, 43)
+        t.write(b"stty size\n")
+        until(lambda: "43 132" in t.state()["stdout"])
+        assert t.state()["pty"] is True and t.state()["stderr"] == ""      # one stream
+        with pytest.raises(InvalidInput, match="terminal"):
+            t.write(b"", close=True)                              # ^D ends a terminal's input
+        for cols, rows in ((0, 10), (10, 100000)):
+            with pytest.raises(InvalidInput):
+                t.resize(cols, rows)
+        t.write(b"exit 4\n")
+        assert t.wait(10)["exit_code"] == 4
+        with pytest.raises(NotFound):
+            t.resize(80, 24)                                      # it ended
+        plain = sb.spawn("true")
+        plain.wait(10)
+        with pytest.raises(InvalidInput, match="no terminal"):
+            sb._st.engine.sandbox_resize(sb.id, plain.pid, 80, 24)
+        with pytest.raises(InvalidInput):
+            sb.spawn("true", pty=True, cols=0)
+
+
+def test_follow_replays_then_streams_until_the_end_or_a_cancel(st, rootfs):
+    with st.import_image(rootfs).start() as sb:
+        p = sb.spawn("echo one; read x; echo $x; echo err >&2", stdin_open=True)
+        until(lambda: p.state()["stdout"] == "one\n")
+        heard = []
+        follower = threading.Thread(target=lambda: heard.append(
+            sb.follow(p.pid, lambda stream, chunk: heard.append((stream, chunk)), replay=True)))
+        follower.start()
+        until(lambda: heard)
+        p.write("two\n", close=True)
+        follower.join(10)
+        end = heard.pop()
+        assert end["exit_code"] == 0 and "stdout" not in end
+        got = {"stdout": b"", "stderr": b""}
+        for stream, chunk in heard:
+            got[stream] += chunk
+        assert got == {"stdout": b"one\ntwo\n", "stderr": b"err\n"}
+
+        sleeper = sb.spawn("sleep 30")
+        cancel = threading.Event()
+        state = {}
+        t = threading.Thread(target=lambda: state.update(sb.follow(sleeper.pid, lambda *a: None, cancel=cancel)))
+        t.start()
+        cancel.set()
+        t.join(10)
+        assert not t.is_alive() and state["running"] is True      # given up on: the process goes on
+        sleeper.kill()
+
+
+def test_ps_is_the_kernel_s_table(st, rootfs, each_tier):
+    with st.import_image(rootfs).start(tier=each_tier) as sb:
+        p = sb.spawn("sleep 55; true", user="user")
+        rows = until(lambda: [r for r in sb.ps() if r["argv"][:2] == ["sleep", "55"] or r["name"] == "sleep"]
+                     and sb.ps())
+        pids = {r["pid"]: r for r in rows}
+        assert 1 in pids
+        sleeper = next(r for r in rows if r["argv"][:2] == ["sleep", "55"] or r["name"] == "sleep")
+        assert sleeper["uid"] == 1000 and sleeper["user"] == "user"
+        assert sleeper["ppid"] in pids and pids[sleeper["ppid"]]["uid"] == 1000         # its sh
+        if each_tier == "namespaces":
+            assert sleeper["state"] == "sleeping" and pids[sleeper["ppid"]]["argv"][:2] == ["/bin/sh", "-c"]
+        p.kill()
+        sid = sb.id
+    with pytest.raises(Conflict):
+        st._engine.sandbox_ps(sid)                                # stopped
+    with pytest.raises(NotFound):
+        st._engine.sandbox_ps("0" * 32)
+
+
+def test_a_signal_right_after_the_spawn_is_not_lost(st, rootfs):
+    """The entering helper reports the command's pid before the command has its own process group
+    (its setsid): a signal sent in between goes to the command itself (helper/enter.c forward_rt)."""
+    with st.import_image(rootfs).start() as sb:
+        for _ in range(40):
+            p = sb.spawn(["sleep", "100"])
+            p.kill()
+            assert p.wait(30)["signal"] == 9
