@@ -207,7 +207,7 @@ def test_sandbox_create_mounts_a_volume(monkeypatch, world):
         assert sb.files.read("/mnt/vol/seed.txt") == "seeded"
         sb.files.write("/mnt/vol/from-sandbox.txt", "written inside")
         assert vol.read_file("/from-sandbox.txt") == "written inside"
-        assert [(m.name, m.path) for m in sb.get_info().volume_mounts] == [("mounted", "/mnt/vol")]
+        assert [(m["name"], m["path"]) for m in sb.get_info().volume_mounts] == [("mounted", "/mnt/vol")]
     finally:
         sb.kill()
     assert e2b.Volume.destroy("mounted") is True
