@@ -334,3 +334,19 @@ def home_image_root(home: str, tmp_path) -> str:
         f.write(BASH)
     os.chmod(os.path.join(root, "bin", "bash"), 0o755)
     return root
+
+
+def test_readme_quick_start(e2b_env, home):
+    """e2b's README, as written: `Sandbox.create()` with no template is E2B's default, `base`, a tag of
+    this store's image here; only the three variables set."""
+    st = sandtree.Sandtree(home)
+    try:
+        st.image(IMAGE).tag("base")
+    finally:
+        st.close()
+    from e2b import Sandbox
+
+    with Sandbox.create() as sandbox:
+        result = sandbox.commands.run('echo "Hello from E2B!"')
+        print(result.stdout)  # Hello from E2B!
+        assert result.stdout == "Hello from E2B!\n"

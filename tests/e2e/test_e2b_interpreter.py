@@ -6,8 +6,8 @@ Its calls go to port 49999 of the sandbox (http/e2b/interpreter.py over the tabl
 sandbox_run_code and sandbox_code_context_* rows); the kernel is python3 of the bookworm image
 (conftest's `bookworm`). The sandbox is started through sandtree's own REST API and the SDK's
 Sandbox made for that ID with the SDK's own constructor, as its connect() does after asking the
-control plane (connect_to below): so these tests need no control plane. The README's quick start,
-Sandbox.create(), needs it (http/e2b/control.py): it is skipped while the server has no create.
+control plane (connect_to below); the README's quick start goes through the control plane's
+Sandbox.create() (http/e2b/control.py).
 
 The image has no matplotlib: the PNG result comes from an object with _repr_png_ (IPython's way,
 which matplotlib's figures take too); test_e2b_interpreter_plots.py installs matplotlib through
@@ -231,12 +231,6 @@ def test_readme_quick_start(server, monkeypatch):
     monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
     monkeypatch.setenv("E2B_API_KEY", "e2b_local")
-    probe = httpx.post(f"{url}/e2b/sandboxes", json={"templateID": "code-interpreter-v1"}, timeout=60,
-                       trust_env=False)
-    if probe.status_code in (404, 405) and "code" not in probe.json():     # not E2B's error: no such route
-        pytest.skip("the server has no E2B control plane's create yet (http/e2b/control.py)")
-    if probe.status_code < 300:
-        httpx.delete(f"{url}/e2b/sandboxes/{probe.json()['sandboxID']}", timeout=30, trust_env=False)
     from e2b_code_interpreter import Sandbox
 
     with Sandbox.create() as sandbox:
