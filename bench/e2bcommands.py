@@ -21,6 +21,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import sandtree  # noqa: E402
+import workdir  # noqa: E402  (bench/workdir.py: never a recursive delete through a mount)
 
 VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
 
@@ -99,9 +100,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-n", type=int, default=100)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sandtree-bench-") as work:
+    work = tempfile.mkdtemp(prefix="sandtree-bench-")
+    try:
         rootfs = make_rootfs(os.path.join(work, "rootfs"))
         Console().print(commands_table(rootfs, work, args.n))
+    finally:
+        workdir.remove_unless_mounted(work)
 
 
 if __name__ == "__main__":
