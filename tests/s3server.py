@@ -106,12 +106,10 @@ class S3Server:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            # SIGKILL at once: a throwaway server whose files are deleted next needs no graceful shutdown,
+            # and weed's (master, volume, filer, s3) outlasted a 10 s wait every time, at each worker's end
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self.proc = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)    # plain files: nothing is mounted under it
