@@ -23,7 +23,9 @@ retiring.Retiring.later = lambda self, sid, h: os._exit(9)
 sandtree.Sandtree(sys.argv[1], warm=0).sandbox(sys.argv[2]).hibernate()
 """
 
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+# each number written beside and renamed over: a freeze (or a checkpoint) between a write's truncate and
+# its data would otherwise leave /tmp/count empty for good (it did once: the frozen old sandbox read b"")
+COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done"
 
 
 def _killed_hibernate(home: str, sid: str) -> None:
