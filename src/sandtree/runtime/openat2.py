@@ -283,10 +283,12 @@ def _chmod_dir(dfd: int, name: str, mode: int) -> None:
         os.close(fd)
 
 
-def remove(root_fd: int, path: str, mounts: set[int]) -> None:
+def remove(root_fd: int, path: str, mounts: set[int], *, recursive: bool = False) -> None:
     """Remove a file, a link (not what it points to) or an empty directory of the sandbox's own
-    filesystem. A directory with files in it is refused, not emptied: removing a tree from the
-    host would have to walk what the sandbox controls (`exec rm -r` does it inside)."""
+    filesystem. A directory with files in it is refused, not emptied, unless `recursive` (rm -r
+    --one-file-system): then every directory below is opened by name below one already open, never
+    through a link (O_NOFOLLOW), never into another mount (a mount point inside stays, and its
+    directory), at most MAX_DEPTH deep (deeper: `exec rm -r` inside)."""
     parent, name = _split(path.rstrip("/") or "/")
     if name in ("", ".", ".."):
         raise InvalidInput(f"cannot remove {path}", path=path)
@@ -299,6 +301,8 @@ def remove(root_fd: int, path: str, mounts: set[int]) -> None:
             raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
         try:
             if stat.S_ISDIR(st.st_mode):
+                if recursive:
+                    _empty(dfd, name, path, mount_id(dfd), 0)
                 os.rmdir(name, dir_fd=dfd)
             else:
                 os.unlink(name, dir_fd=dfd)
@@ -402,34 +406,6 @@ def _rename_error(err: int, source: str, destination: str):
 
 
 MAX_DEPTH = 256                     # directories deep a tree removal goes (deeper: exec rm -r inside)
-
-
-def remove_tree(root_fd: int, path: str, mounts: set[int]) -> None:
-    """Remove a file, a link or a directory with everything in it (rm -r --one-file-system): every
-    directory opened by name below one already open, never through a link (O_NOFOLLOW), and never
-    into another mount (a mount point inside stays, and so does its directory)."""
-    parent, name = _split(path.rstrip("/") or "/")
-    if name in ("", ".", ".."):
-        raise InvalidInput(f"cannot remove {path}", path=path)
-    dfd = open_in_root(root_fd, parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        own_filesystem(dfd, mounts, path)
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            raise PathNotFound(f"no such file in the sandbox: {path}", path=path) from None
-        if not stat.S_ISDIR(st.st_mode):
-            os.unlink(name, dir_fd=dfd)
-            return
-        _empty(dfd, name, path, mount_id(dfd), 0)
-        try:
-            os.rmdir(name, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.EBUSY:
-                raise InvalidInput(f"{path} is a mount point", path=path) from None
-            raise
-    finally:
-        os.close(dfd)
 
 
 def _empty(pfd: int, name: str, path: str, mnt: int | None, depth: int) -> None:

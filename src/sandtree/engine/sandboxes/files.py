@@ -136,8 +136,7 @@ class SandboxFiles:
         if vol is not None:
             self.volumes.remove(*vol)
         else:
-            how = openat2.remove_tree if recursive else openat2.remove
-            self._in(row, lambda root, mounts: how(root, path, mounts))
+            self._in(row, lambda root, mounts: openat2.remove(root, path, mounts, recursive=recursive))
         self._touch(row)
 
     def mkdir(self, sid: str, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
