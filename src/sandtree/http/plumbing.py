@@ -19,6 +19,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -166,3 +167,26 @@ def error_responses(contree: bool = False) -> dict:
     model = ContreeErrorOut if contree else ErrorOut
     return {status: {"model": model, "description": "error: " + ", ".join(codes)}
             for status, codes in error_statuses().items()}
+
+
+def shaped_route(error, answer=None) -> type[APIRoute]:
+    """An APIRoute class for a foreign API (Contree's /v1, E2B's /e2b): engine errors and malformed requests
+    answered in its error shape. error(status, message): its error answer; answer(exc): an engine error's,
+    when it needs more than the shape (default: error(exc.http_status, exc.message), errors.py's table)."""
+    def engine_error(exc: SandtreeError):
+        return answer(exc) if answer is not None else error(exc.http_status, exc.message)
+
+    class ShapedRoute(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request):
+                try:
+                    return await handler(request)
+                except RequestValidationError as exc:
+                    msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
+                    return error(400, "; ".join(msgs) or "malformed request")
+                except SandtreeError as exc:
+                    return engine_error(exc)
+            return guarded
+    return ShapedRoute

@@ -22,18 +22,17 @@ import uuid as uuid_mod
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     JSONResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
 )
-from fastapi.routing import APIRoute
 
 from . import compat
 from . import wire
 from .subprocesses import live_options, proc_events, subprocesses_router
+from ..plumbing import shaped_route
 from ..bodylimit import spool, unstage
 from ... import config
 from ...errors import InvalidInput, NotFound, SandtreeError
@@ -43,24 +42,15 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status)
 
 
-class ContreeRoute(APIRoute):
-    """Engine errors and request validation errors in Contree's error shape."""
+def _engine_error(exc: SandtreeError) -> JSONResponse:
+    out = error(exc.http_status, exc.message)          # errors.py: one table
+    if exc.http_status == 425:                         # NotReady: Contree's clients retry after it
+        out.headers["Retry-After"] = str(exc.details.get("retry_after", 1))
+    return out
 
-    def get_route_handler(self):
-        handler = super().get_route_handler()
 
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-                return error(400, "; ".join(msgs) or "malformed request")
-            except SandtreeError as exc:
-                out = error(exc.http_status, exc.message)  # errors.py: one table
-                if exc.http_status == 425:                 # NotReady: Contree's clients retry after it
-                    out.headers["Retry-After"] = str(exc.details.get("retry_after", 1))
-                return out
-        return guarded
+# Engine errors and request validation errors in Contree's error shape
+ContreeRoute = shaped_route(error, _engine_error)
 
 
 def contree_router(engine_for, stage) -> APIRouter:

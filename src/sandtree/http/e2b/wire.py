@@ -16,13 +16,11 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from fastapi import Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import InvalidInput, NotFound, SandtreeError
+from ..plumbing import shaped_route
 
 # The envd version a sandbox reports (E2B's SDKs gate features on it: e2b/envd/versions.py); envd/
 # raises it as it implements more. The SDK refuses anything below 0.1.0. Processes (envd/process.py)
@@ -41,21 +39,8 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
-class E2BRoute(APIRoute):
-    """Engine errors and malformed requests in E2B's error shape (a malformed body is 400)."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                msgs = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-                return error(400, "; ".join(msgs) or "malformed request")
-            except SandtreeError as exc:
-                return error(exc.http_status, exc.message)         # errors.py: one table
-        return guarded
+# Engine errors and malformed requests in E2B's error shape (a malformed body is 400)
+E2BRoute = shaped_route(error)
 
 
 def error_response(exc: SandtreeError) -> JSONResponse:
