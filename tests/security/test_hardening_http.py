@@ -262,6 +262,25 @@ def test_framework_errors_have_the_one_shape(server):
     assert shaped(server.post("/api/v1/sandboxes", content=chunks(), headers=J), 413)["error"] == "too_large"
 
 
+def test_an_over_cap_body_gets_its_413_not_a_reset(server):
+    """A Content-Length over the cap is refused before the route runs; the server reads and drops the
+    rest of the body first (bounded), so a client that sends it all and then reads gets the 413, not
+    a reset (CI saw E2B's SDK get `Connection reset by peer` once). A raw socket: httpx hides a reset
+    of its write when the answer came first."""
+    host, port = server.base_url.host, server.base_url.port
+    body = b"{" + b" " * (40 << 20) + b"}"
+    for _ in range(3):
+        with socket.create_connection((host, port), timeout=30) as s:
+            s.sendall(b"POST /api/v1/runs HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % (host.encode(), port, len(body)))
+            s.sendall(body)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b'"too_large"' in answer
+
+
 def test_a_bug_is_a_logged_typed_500(tmp_path):
     """Finding 12: a handler's bug (an exception that is no SandtreeError) was a text/plain
     "Internal Server Error"; it is a 500 in the one shape (Contree's under /v1), and logged with

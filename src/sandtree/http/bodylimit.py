@@ -12,6 +12,7 @@ the upload routes (REST and Contree's) stream to a file in the store (spool, bel
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hashlib
@@ -25,6 +26,12 @@ from .gate import STATE_KEY
 DEFAULT_MAX_UPLOAD = 1 << 30          # bytes of one upload, unless a tenant's limit says otherwise
 CAP_KEY = "sandtree.body_cap"          # scope key: this request's body cap, in bytes
 MAX_JSON_BODY = 32 << 20              # bytes of any other request body (JSON of runs, file sets...)
+# Refusing a body: HTTP/1.1 can only stop a client that is still sending by closing, and closing with
+# unread bytes makes the kernel send a reset, which the client reports instead of our 413. So the rest
+# of a refused body is read and dropped first, up to these bounds (nginx's lingering close does the
+# same); past them the connection is closed anyway, as a flood deserves.
+DRAIN_BYTES = 64 << 20
+DRAIN_SECONDS = 10.0
 # (E2B's envd /files: under the one sandbox URL, or at the root for a host-addressed sandbox: e2b/dispatch.py)
 UPLOAD_PATHS = re.compile(r"^(/api/v1/files|/api/v1/images/import|/api/v1/builds|/api/v1/sandboxes/[^/]+/file"
                           r"|/v1/files|/e2b/sandbox/files|/files)/?$")
@@ -53,6 +60,8 @@ class BodyLimit:
         scope[CAP_KEY] = cap                     # for a route whose body inflates (a gzip upload): the same cap
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > cap:
+            if not _expects_continue(scope):     # a client waiting for 100 Continue has sent nothing
+                await _drain(receive)
             return await _too_large(send, TooLarge(f"{what} of {int(length)} bytes is over the {cap}-byte cap",
                                                    limit=cap), scope)
         seen = 0
@@ -63,9 +72,30 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > cap:
+                    if message.get("more_body"):
+                        await _drain(receive)
                     raise TooLarge(f"{what} is over the {cap}-byte cap", limit=cap)
             return message
         await self.app(scope, counted, send)
+
+
+def _expects_continue(scope) -> bool:
+    return dict(scope.get("headers") or []).get(b"expect", b"").lower() == b"100-continue"
+
+
+async def _drain(receive) -> None:
+    """Read and drop what is left of a refused body, within DRAIN_BYTES and DRAIN_SECONDS."""
+    async def rest():
+        left = DRAIN_BYTES
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body"):
+                return
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        await asyncio.wait_for(rest(), DRAIN_SECONDS)
 
 
 async def _too_large(send, exc: TooLarge, scope) -> None:
