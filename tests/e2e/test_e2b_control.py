@@ -322,6 +322,30 @@ def test_one_key_cannot_reach_another_tenants_sandboxes(alice):
         Sandbox.kill(mine.sandbox_id)
 
 
+def test_the_traffic_token_reaches_the_sandboxs_other_ports_not_envd(alice):
+    """E2B's code interpreter sends its calls to port 49999 with the trafficAccessToken of the create's
+    answer (E2B-Traffic-Access-Token), not the envd token: on a server with tokens that must open the
+    interpreter's port of that one sandbox, and nothing else (not envd's port, not another sandbox)."""
+    one, two = Sandbox.create("bb"), Sandbox.create("bb")
+    try:
+        token = one.traffic_access_token
+        assert token and token != one._envd_access_token and token != two.traffic_access_token
+        url = alice["url"] + "/e2b/sandbox/contexts"
+
+        def get(sid, port, given):
+            return httpx.get(url, timeout=30, headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(port),
+                                                       "E2B-Traffic-Access-Token": given})
+        r = get(one.sandbox_id, 49999, token)                          # let in: the interpreter answers
+        assert r.status_code == 400 and "needs python3" in r.json()["message"], r.text   # (busybox has none)
+        assert get(one.sandbox_id, 49983, token).status_code == 401      # envd needs the envd token
+        assert get(two.sandbox_id, 49999, token).status_code == 401      # one sandbox's, not another's
+        assert get(one.sandbox_id, 49999, "0" * len(token)).status_code == 401
+        assert Sandbox.connect(one.sandbox_id).traffic_access_token == token   # connect answers it too
+    finally:
+        one.kill()
+        two.kill()
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 def test_bad_input_gets_e2b_errors(alice):
     with pytest.raises(SandboxException) as err:

@@ -189,7 +189,7 @@ class TenantGate:
                 raise Forbidden(f"this server has no tokens: it answers no web page but its own (origin {origin!r})")
             return tenancy.operator_view()          # the whole engine, its changes audited as "local"
         if where is not None:
-            return await self._sandbox_grant(scope, where[0], given)
+            return await self._sandbox_grant(scope, where[0], where[1], given)
         if (path in OPEN_PATHS or path.startswith(PAGE_PREFIX)) and not given:
             return self.engine.as_tenant(_ANONYMOUS)
         if not given and (grant := signed_grants(scope, path)) is not None:
@@ -210,28 +210,35 @@ class TenantGate:
         return self.engine.as_tenant(tenant)
 
 
-    async def _sandbox_grant(self, scope, sid: str, given: str | None):
-        """A request addressed to sandbox `sid` (http/e2b/dispatch.py) on a server with tokens: its
-        access token (X-Access-Token: ports.access_token(sid, ACCESS_PURPOSE), what E2B's control
-        plane hands out as envdAccessToken) grants that one sandbox as its owner sees it; a
-        tenant's token (Bearer or X-API-Key) grants the tenant's view, in which another tenant's
-        sandbox does not exist. Nothing else reaches a sandbox, E2B's insecure ones included:
-        E2B leaves those open to whoever knows the id, sandtree never (docs/e2b.md)."""
-        access = dict(scope.get("headers") or []).get(b"x-access-token", b"").decode("latin-1").strip()
+    async def _sandbox_grant(self, scope, sid: str, port: int, given: str | None):
+        """A request addressed to port `port` of sandbox `sid` (http/e2b/dispatch.py) on a server with
+        tokens: its access token (X-Access-Token: ports.access_token(sid, ACCESS_PURPOSE), what E2B's
+        control plane hands out as envdAccessToken) grants that one sandbox as its owner sees it;
+        its traffic token (E2B-Traffic-Access-Token: trafficAccessToken, what E2B's clients send to
+        the sandbox's other ports, the code interpreter's among them) grants the same, but not on
+        envd's port; a tenant's token (Bearer or X-API-Key) grants the tenant's view, in which
+        another tenant's sandbox does not exist. Nothing else reaches a sandbox, E2B's insecure ones
+        included: E2B leaves those open to whoever knows the id, sandtree never (docs/e2b.md)."""
+        headers = dict(scope.get("headers") or [])
+        access = headers.get(b"x-access-token", b"").decode("latin-1").strip()
         if access:
-            return await asyncio.to_thread(self._access_grant, sid, access)
+            return await asyncio.to_thread(self._access_grant, sid, access, ACCESS_PURPOSE)
+        traffic = headers.get(b"e2b-traffic-access-token", b"").decode("latin-1").strip()
+        if traffic and port != ENVD_PORT:
+            return await asyncio.to_thread(self._access_grant, sid, traffic, TRAFFIC_PURPOSE)
         if not given:
             raise Unauthorized("a request to a sandbox needs its access token (X-Access-Token: E2B's "
-                               "envdAccessToken) or a token of its tenant (Authorization: Bearer <token>)")
+                               "envdAccessToken; E2B-Traffic-Access-Token: its trafficAccessToken, on a port "
+                               "other than envd's) or a token of its tenant (Authorization: Bearer <token>)")
         tenant = await asyncio.to_thread(self.engine.tenancy.authenticate, given)
         return self.engine.as_tenant(tenant)
 
-    def _access_grant(self, sid: str, access: str) -> "SandboxGrant":
+    def _access_grant(self, sid: str, access: str, purpose: str) -> "SandboxGrant":
         ports, tenancy = self.engine.ports, self.engine.tenancy
         # the sandbox by its full id (a prefix answers as nothing: the token is made on the full id),
         # and one answer for a wrong token and an unknown sandbox (no probing which ids exist)
         rows = tenancy.db.query("SELECT tenant FROM tenant_blobs WHERE kind='sandbox' AND id=?", (sid,))
-        if not ports.check_access_token(sid, ACCESS_PURPOSE, access) or not self._exists(sid):
+        if not ports.check_access_token(sid, purpose, access) or not self._exists(sid):
             raise Unauthorized(f"invalid access token for sandbox {sid[:32]!r}")
         owner = tenancy.view(Tenant(rows[0][0], limits=tenancy.limits(rows[0][0]))) if rows else tenancy.operator_view()
         return SandboxGrant(owner, sid)
@@ -245,6 +252,8 @@ class TenantGate:
 
 _ANONYMOUS = Tenant("-", ())
 ACCESS_PURPOSE = "e2b-envd"          # ports.access_token's purpose for E2B's envdAccessToken
+TRAFFIC_PURPOSE = "e2b-traffic"      # ... and for its trafficAccessToken (any port but envd's)
+ENVD_PORT = 49983                    # (E2B's; http/e2b/dispatch.py serves envd there)
 TOKEN_SUBPROTOCOL = "bearer."
 
 

@@ -35,21 +35,24 @@ from fastapi.responses import JSONResponse, Response
 
 from ... import config
 from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
-from ..gate import engine_for
+from ..gate import ACCESS_PURPOSE, TRAFFIC_PURPOSE, engine_for
 from . import secrets, templates, volumes, wire
 
 PREFIX = "/e2b"
-ENVD = "e2b-envd"                    # the access token's purpose (engine/sandboxes/ports.py access_token)
 
 
 def _call(fn, *a, **k):
     return asyncio.to_thread(fn, *a, **k)
 
 
-def access_token(engine, sid: str) -> str:
-    """envdAccessToken: E2B's clients send it as X-Access-Token to this sandbox alone (every E2B
-    sandbox is secured now; `secure` is accepted and ignored, as E2B does)."""
-    return getattr(engine, "engine", engine).ports.access_token(sid, ENVD)
+def access_tokens(engine, sid: str) -> dict:
+    """envdAccessToken, which E2B's clients send as X-Access-Token to this sandbox's envd, and
+    trafficAccessToken, sent as E2B-Traffic-Access-Token to its other ports (the code interpreter):
+    each for this sandbox alone (http/gate.py). Every E2B sandbox is secured here; `secure` is
+    accepted and ignored, as E2B does."""
+    ports = getattr(engine, "engine", engine).ports
+    return {"envdAccessToken": ports.access_token(sid, ACCESS_PURPOSE),
+            "trafficAccessToken": ports.access_token(sid, TRAFFIC_PURPOSE)}
 
 
 def _known(engine, sid: str) -> dict:
@@ -94,7 +97,7 @@ def control_router() -> APIRouter:
         except BaseException:
             engine.sandbox_stop(info["id"])
             raise
-        return wire.sandbox(info, access_token(engine, info["id"]))
+        return wire.sandbox(info, access_tokens(engine, info["id"]))
 
     @router.post("/sandboxes", status_code=201)
     @router.post("/v2/sandboxes", status_code=201)
@@ -163,7 +166,7 @@ def control_router() -> APIRouter:
     async def get_info(sid: str, request: Request) -> dict:
         engine = engine_for(request)
         info = await _call(_known, engine, sid)
-        return wire.detail(info, access_token(engine, info["id"]))
+        return wire.detail(info, access_tokens(engine, info["id"]))
 
     @router.delete("/sandboxes/{sid}", status_code=204)
     async def kill(sid: str, request: Request) -> Response:
@@ -233,7 +236,7 @@ def control_router() -> APIRouter:
     async def _resume(sid: str, body: wire.ConnectIn | None, request: Request, running_ok: bool) -> JSONResponse:
         engine = engine_for(request)
         info, status = await _call(resumed, engine, sid, body.timeout if body else None, running_ok=running_ok)
-        return JSONResponse(wire.sandbox(info, access_token(engine, info["id"])), status_code=status)
+        return JSONResponse(wire.sandbox(info, access_tokens(engine, info["id"])), status_code=status)
 
     @router.post("/sandboxes/{sid}/connect")
     @router.post("/v2/sandboxes/{sid}/connect")

@@ -11,9 +11,10 @@ import re
 
 from starlette.responses import JSONResponse
 
+from ..gate import ENVD_PORT
+
 SANDBOX_PREFIX = "/e2b/sandbox"
 SANDBOX_KEY = "sandtree.e2b.sandbox"          # scope key: (sandbox id, port)
-ENVD_PORT = 49983
 INTERPRETER_PORT = 49999
 # a sandbox id as sandtree makes them (hex) or names them; the host form needs a DNS label
 _HOST = re.compile(r"^(\d{1,5})-([0-9a-zA-Z][0-9a-zA-Z_-]{0,63})\.")

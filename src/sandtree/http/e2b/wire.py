@@ -160,10 +160,10 @@ def when(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def sandbox(info: dict, access_token: str) -> dict:
-    """Sandbox: what create, connect and resume answer."""
+def sandbox(info: dict, tokens: dict) -> dict:
+    """Sandbox: what create, connect and resume answer (tokens: control.access_tokens)."""
     return {"templateID": info["image"], "sandboxID": info["id"], "clientID": CLIENT_ID,
-            "envdVersion": ENVD_VERSION, "envdAccessToken": access_token, "domain": None}
+            "envdVersion": ENVD_VERSION, **tokens, "domain": None}
 
 
 def listed(info: dict) -> dict:
@@ -177,11 +177,11 @@ def listed(info: dict) -> dict:
             "volumeMounts": [{"name": v["name"], "path": v["path"]} for v in info.get("volumes") or ()]}
 
 
-def detail(info: dict, access_token: str) -> dict:
+def detail(info: dict, tokens: dict) -> dict:
     """SandboxDetail: get_info's (its network policy as E2B's allowOut/denyOut; "*" is 0.0.0.0/0)."""
     net = info.get("network") if isinstance(info.get("network"), dict) else None
     net = net if net and net.get("allow_out") else None        # (a policy set to none: {"allow_out": []})
-    out = {**listed(info), "envdAccessToken": access_token, "domain": None, "allowInternetAccess": net is not None}
+    out = {**listed(info), **tokens, "domain": None, "allowInternetAccess": net is not None}
     if net is not None:
         out["network"] = {"allowOut": [ALL_TRAFFIC if r == "*" else r for r in net.get("allow_out") or []],
                           "denyOut": list(net.get("deny_out") or [])}
