@@ -45,7 +45,7 @@ bench: deps $(STAMP)
 	PYTHONPATH=src $(BIN)/python bench/rayclient.py
 	PYTHONPATH=src $(BIN)/python bench/probes.py
 	PYTHONPATH=src $(BIN)/python bench/startup.py
-	PYTHONPATH=src $(BIN)/python bench/harbor.py
+	PYTHONPATH=src $(BIN)/python bench/harborbench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -1,4 +1,4 @@
-"""Harbor tasks for the Harbor tests (tests/integrations/test_harbor.py) and bench/harbor.py, in Harbor's
+"""Harbor tasks for the Harbor tests (tests/integrations/test_harbor.py) and bench/harborbench.py, in Harbor's
 own task format (task.toml, instruction.md, environment/Dockerfile, solution/solve.sh, tests/test.sh),
 and the Python that runs Harbor (scripts/install-harbor: Harbor needs Python >= 3.12).
 
@@ -47,8 +47,8 @@ def _task(root: str, name: str, *, toml: str, dockerfile: str, solve: str, test:
     _write(os.path.join(d, "task.toml"), 'schema_version = "1.4"\n\n[metadata]\n' + textwrap.dedent(toml))
     _write(os.path.join(d, "instruction.md"), f"Solve the task {name}.\n")
     _write(os.path.join(d, "environment", "Dockerfile"), textwrap.dedent(dockerfile))
-    _write(os.path.join(d, "solution", "solve.sh"), "#!/bin/bash\nset -e\n" + textwrap.dedent(solve), 0o755)
-    _write(os.path.join(d, "tests", "test.sh"), "#!/bin/bash\n" + textwrap.dedent(test), 0o755)
+    _write(os.path.join(d, "solution", "solve.sh"), "#!/bin/sh\nset -e\n" + textwrap.dedent(solve), 0o755)
+    _write(os.path.join(d, "tests", "test.sh"), "#!/bin/sh\n" + textwrap.dedent(test), 0o755)
     for rel, text in (files or {}).items():
         _write(os.path.join(d, rel), text)
     return d
@@ -107,7 +107,7 @@ allowed_hosts = ["{host}"]
 build_timeout_sec = 600.0
 """
     solve = f"""cat > /usr/local/bin/probe <<'SH'
-#!/bin/bash
+#!/bin/sh
 {PROBE}SH
 chmod 755 /usr/local/bin/probe
 probe http://{host}/harbor-agent > /app/agent-probe.txt

@@ -1,5 +1,5 @@
 """`make bench` rows for Harbor on sandtree (issue 37): a Harbor trial's environment overhead, start + stop
-with the environment cached (SandtreeEnvironment as Harbor's trial calls it: bench/harbor_trial.py, on
+with the environment cached (SandtreeEnvironment as Harbor's trial calls it: bench/harbortrial.py, on
 Harbor's own Python, scripts/install-harbor), and Harbor jobs (`harbor run`, its oracle agent, 2 trials
 at once) over data/evalset's 14 SWE-bench-format instances: trials per minute on this machine.
 
@@ -14,7 +14,7 @@ Harbor's docker environment, for comparison, is not measured here (no Docker eng
 So Docker's per-trial container cost is >= 10.5 s; the comparison uses that floor. Goal: >= 10x less.
 
 The Debian image for the evalset rows: $SANDTREE_TEST_BOOKWORM (HOME:IMAGE) if set, else bootstrapped
-(skipped with --quick). Alone: `PYTHONPATH=src python bench/harbor.py [--quick] [-n 30]`.
+(skipped with --quick). Alone: `PYTHONPATH=src python bench/harborbench.py [--quick] [-n 30]`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def overhead_rows(py: str, work: str, n: int) -> list[tuple[str, str, str]]:
     finally:
         st.close()
     task = hello_tasks(os.path.join(work, "tasks"), "harbor-base")[0]
-    p = subprocess.run([py, os.path.join(HERE, "harbor_trial.py"), task, home, str(n)], env=_env(),
+    p = subprocess.run([py, os.path.join(HERE, "harbortrial.py"), task, home, str(n)], env=_env(),
                        capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         return [(f"harbor: the trial overhead run failed: {p.stderr[-300:]}", "-", "")]

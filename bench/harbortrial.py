@@ -1,10 +1,10 @@
-"""Run by bench/harbor.py on Harbor's Python (Harbor needs >= 3.12: scripts/install-harbor): N trials'
+"""Run by bench/harborbench.py on Harbor's Python (Harbor needs >= 3.12: scripts/install-harbor): N trials'
 environment lifecycle as Harbor's trial pays it, SandtreeEnvironment.start (the task's Dockerfile built:
 cached after the first; the live sandbox; Harbor's log directories made) and stop (the final state
 committed and tagged, the trial's record written, the sandbox stopped), each timed alone; one command
 between them, as a trial runs at least one. Prints {"start": [s...], "stop": [s...]}.
 
-    harbor_trial.py TASK_DIR HOME N
+    harbortrial.py TASK_DIR HOME N
 """
 
 from __future__ import annotations
