@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -355,6 +356,7 @@ def test_exec_and_files(harbor_py, lab, store, hello, tmp_path):
     tree = down / "tree"
     assert (tree / "a.txt").read_text() == "alpha\n" and os.readlink(tree / "link") == "a.txt"
     assert (tree / "sub" / "deeper" / "b.bin").read_bytes() == bytes(range(256)) * 10
+    assert stat.S_IMODE(os.stat(tree / "sub" / "run.sh").st_mode) == 0o755
     stop = s[10]
     assert stop["ok"] and stop["image"], stop
     (record,) = stop["record"].values()

@@ -417,6 +417,8 @@ class SandtreeEnvironment(BaseEnvironment):
                     dest.write_bytes(sb.read(e["path"]))
                 except TooLarge:
                     SandtreeEnvironment._read_large(sb, e["path"], dest)
+                if isinstance(e.get("mode"), int):      # its permission bits, as `docker cp` keeps them
+                    os.chmod(dest, stat.S_IMODE(e["mode"]))
             elif e["kind"] == "symlink" and e.get("target"):
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if dest.is_symlink() or dest.exists():
