@@ -343,7 +343,8 @@ class SandtreeEnvironment(BaseEnvironment):
     def _put_tree(sb, source: Path, target: str) -> None:
         if not source.is_dir():
             raise NotADirectoryError(f"{source} is not a directory")
-        sb.mkdir(target) if not sb.exists(target) else None
+        if not sb.exists(target):
+            sb.mkdir(target)
         links = []
         for root, dirs, files in os.walk(source):
             rel = os.path.relpath(root, source)
