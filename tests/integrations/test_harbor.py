@@ -382,3 +382,40 @@ def test_bad_kwargs_refused(harbor_py, lab, store, hello, tmp_path):
     """An unknown kwarg is Harbor's typed options error, before anything starts."""
     out = drive(harbor_py, lab, tmp_path, hello, [], kwargs={"home": store[0], "hmoe": "/x"})
     assert "Unknown option 'hmoe'" in out["init"]["error"], out
+
+
+def test_prebuilt_image_large_file_stream_and_keep(harbor_py, lab, store, tmp_path):
+    """A task with `docker_image` (a store ref) and no Dockerfile: its environment/ files are put in
+    the working directory; a file over the engine's read cap still downloads whole; Harbor's scoped
+    output callback sees the command's output; stop(delete=False) commits and leaves the sandbox running."""
+    task = tmp_path / "prebuilt"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "data.txt").write_text("from the task\n")
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "task.toml").write_text('schema_version = "1.4"\n\n[metadata]\n\n[environment]\n'
+                                    'docker_image = "harbor-base"\nworkdir = "/srv"\n')
+    out = _started(drive(harbor_py, lab, tmp_path, str(task), [
+        {"op": "exec", "command": "pwd; cat data.txt"},
+        {"op": "exec", "command": "head -c 70000000 /dev/urandom > /tmp/big && sha256sum /tmp/big"},
+        {"op": "download_file", "source": "/tmp/big", "target": str(tmp_path / "big")},
+        {"op": "exec_stream", "command": "echo one; echo two >&2"},
+        {"op": "stop", "delete": False},
+    ], kwargs={"home": store[0]}))
+    s = out["steps"]
+    assert s[0]["stdout"] == "/srv\nfrom the task\n", s[0]
+    big = tmp_path / "big"
+    assert s[2] == {"ok": True} and big.stat().st_size == 70000000
+    import hashlib
+    assert hashlib.sha256(big.read_bytes()).hexdigest() == s[1]["stdout"].split()[0]
+    assert ["stdout", "one\n"] in s[3]["chunks"] and ["stderr", "two\n"] in s[3]["chunks"], s[3]
+    st = sandtree.Sandtree(store[0], warm=0)
+    try:
+        (record,) = s[4]["record"].values()
+        assert st.image(record["image"]).read("/srv/data.txt") == b"from the task\n"
+        kept = st.sandboxes(labels={"harbor.session": "trial__env"})
+        assert [sb.id for sb in kept] == [record["sandbox"]]
+        kept[0].stop()
+    finally:
+        st.close()

@@ -8,7 +8,7 @@ SPEC: {"task": a task dir (its task.toml and environment/), "trial_dir", "kwargs
 kwargs (home or url, ...), "network": {"network_mode", "allowed_hosts"} (the start policy),
 "phases": [policies] (Harbor's phase_network_policies), "init": more constructor arguments
 (override_cpus, cpu_enforcement_policy, ...), "steps": [{"op": ..., ...}]}. Ops: exec (command, user,
-cwd, env, timeout), set_network (network_mode, allowed_hosts), upload_file / upload_dir (source,
+cwd, env, timeout), exec_stream (command: the output callback's chunks), set_network (network_mode, allowed_hosts), upload_file / upload_dir (source,
 target), download_file / download_dir (source, target), info (the sandbox's info), stop (delete).
 Each step's result is {"ok": ...} or {"error": "Type: message"}; the constructor's and start's too."""
 
@@ -65,6 +65,14 @@ async def main(spec: dict) -> dict:
                     r = await env.exec(step["command"], cwd=step.get("cwd"), env=step.get("env"),
                                        timeout_sec=step.get("timeout"), user=step.get("user"))
                     res = {"ok": True, "stdout": r.stdout, "stderr": r.stderr, "code": r.return_code}
+                elif op == "exec_stream":         # with Harbor's output callback scoped, as its trial does
+                    chunks = []
+
+                    async def collect(text, stream):
+                        chunks.append([stream, text])
+                    with env.scoped_output_callback(collect):
+                        r = await env.exec(step["command"])
+                    res = {"ok": True, "stdout": r.stdout, "code": r.return_code, "chunks": chunks}
                 elif op == "set_network":
                     await env.set_network_policy(NetworkPolicy(network_mode=step["network_mode"],
                                                                allowed_hosts=step.get("allowed_hosts", [])))

@@ -311,17 +311,19 @@ class SandtreeEnvironment(BaseEnvironment):
                                   return_code=126)
             uid, gid = ids
         callback = self._output_callback()
-        on_output = None
+        on_output, emitted = None, []
         if callback is not None:
             loop = asyncio.get_running_loop()
 
             def emit(stream, data):             # from the worker thread: Harbor's callbacks are coroutines
-                asyncio.run_coroutine_threadsafe(
-                    callback(data.decode("utf-8", "replace"), "stdout" if stream == "stdout" else "stderr"), loop)
+                emitted.append(asyncio.run_coroutine_threadsafe(
+                    callback(data.decode("utf-8", "replace"), "stdout" if stream == "stdout" else "stderr"), loop))
             on_output = emit
         r = await _call(sb.exec, [self._shell, "-c", command], env=self._merge_env(env),
                         cwd=cwd or self.task_env_config.workdir, uid=uid, gid=gid, timeout=timeout_sec,
                         on_output=on_output)
+        if emitted:                             # every chunk delivered before the command's result
+            await asyncio.gather(*(asyncio.wrap_future(f) for f in emitted))
         stdout, stderr = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
         if r.timed_out:
             raise TimeoutError(f"Command timed out after {timeout_sec} seconds: {command[:200]}")
