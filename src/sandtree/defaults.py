@@ -104,6 +104,12 @@ FILE_MODE = 0o644
 INSPECT_IMAGE = "debian:bookworm-python"   # the task image when its config names none (README's example tag)
 INSPECT_SANDBOX_LIFETIME = 24 * 3600
 INSPECT_SANDBOX_IDLE_TIMEOUT = 3600
+# Harbor's environment (integrations/harbor.py): a trial's sandbox outlives no trial by much (Harbor's own
+# timeouts end a trial first); an agent waiting on a model for an hour without a command is idle.
+HARBOR_SANDBOX_LIFETIME = 24 * 3600
+HARBOR_SANDBOX_IDLE_TIMEOUT = 3600
+HARBOR_TAG = "harbor/{trial}"           # each trial's final image: {trial}, {task}, {session}
+HARBOR_RECORD = "sandtree.json"         # in the trial's directory: the images of its environments
 
 
 @dataclass(frozen=True)
