@@ -60,6 +60,11 @@ def test_a_moved_tag_says_which_input_differed():
     why = envtags.explain(old, envtags.inputs_of({"dockerfile": "FROM x"}, "c" * 64, ["pypi.org"]))
     assert [w.split(":")[0] for w in why] == ["base", "network"] and "another order" not in why[1]
     assert "no recorded eval inputs" in envtags.explain({"score": 1}, same)[0]
+    # an image that served as an {"image": REF} environment too: only the inputs of the new kind compare
+    both = {**old, **envtags.inputs_of({"image": "x" * 64}, None, None)}
+    assert envtags.explain(both, envtags.inputs_of({"dockerfile": "FROM y"}, "b" * 64, net))[0].startswith(
+        "dockerfile_sha256: ")
+    assert "other inputs" in envtags.explain(envtags.inputs_of({"image": "x"}, None, None), same)[0]
     # a long input is recorded by its digest (an annotation's value holds at most 4096 characters)
     long = envtags.inputs_of({"dockerfile": "FROM x"}, None, [f"host{i}.example" for i in range(400)])
     assert long["eval.env.network"].startswith("sha256:") and check_meta(long) == long

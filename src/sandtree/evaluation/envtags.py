@@ -60,8 +60,11 @@ def explain(old_meta: dict, new_inputs: dict) -> list[str]:
     recorded = {k: v for k, v in old_meta.items() if k.startswith(ENV_PREFIX)}
     if not recorded:
         return ["the old image has no recorded eval inputs (tagged by hand or by an older sandtree)"]
+    if not any(k in recorded for k in new_inputs):      # one image may serve several kinds of environment
+        return [f"the old image was recorded with other inputs ({', '.join(sorted(recorded))}), the new one with "
+                f"{', '.join(sorted(new_inputs))}"]
     why = []
-    for key in sorted(set(recorded) | set(new_inputs)):
+    for key in sorted(new_inputs):
         was, now = recorded.get(key), new_inputs.get(key)
         if was == now:
             continue
@@ -74,14 +77,17 @@ def explain(old_meta: dict, new_inputs: dict) -> list[str]:
                    "(its output holds times, inode numbers or downloads that changed)"]
 
 
-def moved(engine, tag: str, new: str, inputs: dict) -> dict | None:
-    """Point `tag` at `new`, recording `inputs` on it; when the tag named another image: that image
-    kept under kept_tag, and the change ({"tag", "old", "new", "kept_as", "why"}) returned and
-    logged. None when the tag was absent or already there."""
+def moved(engine, tag: str, new: str, inputs: dict, *, record: bool = True) -> dict | None:
+    """Point `tag` at `new`, recording `inputs` on it (record: once per environment and run is
+    enough); when the tag named another image: that image kept under kept_tag, and the change
+    ({"tag", "old", "new", "kept_as", "why"}) returned and logged. None when the tag was absent or
+    already there."""
     try:
         old = engine.resolve(tag)
     except NotFound:
         old = None
+    if old == new and not record:
+        return None
     change = None
     if old is not None and old != new:
         try:
@@ -93,6 +99,8 @@ def moved(engine, tag: str, new: str, inputs: dict) -> dict | None:
         change = {"tag": tag, "old": old, "new": new, "kept_as": keep, "why": explain(old_meta, inputs)}
         log.warning("%s moved: %s -> %s (the old image kept as %s): %s", tag, old[:12], new[:12], keep,
                     "; ".join(change["why"]))
-    engine.annotate(new, None, inputs)
-    engine.tag(new, tag)
+    if record:
+        engine.annotate(new, None, inputs)
+    if old != new:
+        engine.tag(new, tag)
     return change

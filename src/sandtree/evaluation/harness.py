@@ -73,8 +73,11 @@ class _Environments:
                 raise InstanceError(f"environment: {type(slot['error']).__name__}: {slot['error']}", kind=INFRA,
                                     reason="environment")
         inputs = envtags.inputs_of(inst.environment, self.base, self.network)
+        with slot["lock"]:
+            record, slot["recorded"] = not slot.get("recorded"), True
         try:
-            change = envtags.moved(self.engine, environment_tag(inst.instance_id), slot["image"], inputs)
+            change = envtags.moved(self.engine, environment_tag(inst.instance_id), slot["image"], inputs,
+                                   record=record)
         except Exception as e:
             raise InstanceError(f"environment tag: {type(e).__name__}: {e}", kind=INFRA,
                                 reason=failure_of(e)[1]) from e
