@@ -27,7 +27,7 @@ __all__ = ["ENV_PREFIX", "inputs_of", "moved", "kept_tag", "explain"]
 
 ENV_PREFIX = "eval.env."
 _MAX_TEXT = 1024                    # a longer input is recorded by its sha256
-log = logging.getLogger("sandtree.evaluation")
+_log = logging.getLogger("sandtree.evaluation")
 
 
 def _text(value) -> str:
@@ -97,7 +97,7 @@ def moved(engine, tag: str, new: str, inputs: dict, *, record: bool = True) -> d
         keep = kept_tag(tag, old)
         engine.tag(old, keep)
         change = {"tag": tag, "old": old, "new": new, "kept_as": keep, "why": explain(old_meta, inputs)}
-        log.warning("%s moved: %s -> %s (the old image kept as %s): %s", tag, old[:12], new[:12], keep,
+        _log.warning("%s moved: %s -> %s (the old image kept as %s): %s", tag, old[:12], new[:12], keep,
                     "; ".join(change["why"]))
     if record:
         engine.annotate(new, None, inputs)

@@ -33,8 +33,7 @@ from .outcomes import INFRA, InstanceError, failure_of
 from .runner import UNAPPLIED_MODES, evaluate_instance
 from .summary import Layout, read_report, summarize, write_summary
 
-__all__ = ["evaluate", "environment", "environment_tag", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES",
-           "UNAPPLIED_MODES"]
+__all__ = ["evaluate", "environment", "environment_tag", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
 
 DEFAULT_BUILD_NETWORK = ("pypi.org", "files.pythonhosted.org")    # RUN steps' policy unless told
 DEFAULT_TIMEOUT = 1800.0              # seconds of one instance's tests (swebench's default)

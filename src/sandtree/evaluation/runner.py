@@ -30,7 +30,7 @@ from ..values import network_hint
 from .inputs import Instance
 from .outcomes import AGENT, INFRA, PREFIX, InstanceError, failure_of, reward_meta
 
-__all__ = ["InstanceError", "evaluate_instance", "RUN_LABEL", "EVAL_SCRIPT", "STATE_DIR", "DRIVER", "driver_script",
+__all__ = ["evaluate_instance", "RUN_LABEL", "EVAL_SCRIPT", "STATE_DIR", "DRIVER", "driver_script",
            "UNAPPLIED_MODES"]
 
 RUN_LABEL = "sandtree.eval"             # label of the eval's runs (their operations carry the instance ID)

@@ -35,7 +35,9 @@ import string
 import sys
 from typing import Any
 
+from minisweagent.environments import get_environment_class
 from minisweagent.exceptions import Submitted
+from minisweagent.run.benchmarks import swebench as batch
 from minisweagent.utils.serialize import recursive_merge
 from pydantic import BaseModel
 
@@ -146,7 +148,6 @@ def instance_image(template: str, instance: dict) -> str:
 def _is_ours(environment_class) -> bool:
     if not isinstance(environment_class, str) or not environment_class:
         return False
-    from minisweagent.environments import get_environment_class
     try:
         return issubclass(get_environment_class(environment_class), SandtreeEnvironment)
     except ValueError:
@@ -156,8 +157,7 @@ def _is_ours(environment_class) -> bool:
 def get_sb_environment(config: dict, instance: dict, *, _theirs=None):
     """mini-swe-agent's swebench.get_sb_environment, with `image` filled from the environment's
     `image_template` for this module's environment class; any other class is left to theirs."""
-    from minisweagent.run.benchmarks import swebench
-    theirs = _theirs or swebench.get_sb_environment
+    theirs = _theirs or batch.get_sb_environment
     env = config.get("environment", {})
     if _is_ours(env.get("environment_class")) and env.get("image_template"):
         config = {**config, "environment": {**env, "image": instance_image(env["image_template"], instance)}}
@@ -167,13 +167,12 @@ def get_sb_environment(config: dict, instance: dict, *, _theirs=None):
 def run_swebench_batch(args: list[str] | None = None) -> None:
     """mini-swe-agent's `mini-extra swebench` (its typer app, arguments unchanged) with
     get_sb_environment above in place of theirs for the run; theirs is put back after."""
-    from minisweagent.run.benchmarks import swebench
-    theirs = swebench.get_sb_environment
-    swebench.get_sb_environment = lambda config, instance: get_sb_environment(config, instance, _theirs=theirs)
+    theirs = batch.get_sb_environment
+    batch.get_sb_environment = lambda config, instance: get_sb_environment(config, instance, _theirs=theirs)
     try:
-        swebench.app(args=sys.argv[1:] if args is None else args, standalone_mode=False)
+        batch.app(args=sys.argv[1:] if args is None else args, standalone_mode=False)
     finally:
-        swebench.get_sb_environment = theirs
+        batch.get_sb_environment = theirs
 
 
 if __name__ == "__main__":
