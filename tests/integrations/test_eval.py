@@ -426,11 +426,13 @@ def test_a_patch_that_does_not_apply_is_an_agent_error_or_under_the_option_rewar
     assert summary["error_kinds"][nowhere] == {"kind": "agent", "reason": "patch_not_applied"}
     assert summary["rewards"] == {insts[0]["instance_id"]: 1.0, insts[1]["instance_id"]: 0.0,
                                   insts[2]["instance_id"]: 0.0, nowhere: 0.0}
-    rc = cli_main(["eval", INSTANCES, "-p", str(out / "preds.jsonl"), "-i", nowhere, "--unapplied", "zero",
+    one = tmp_path / "nowhere.jsonl"
+    one.write_text("".join(json.dumps(p) + "\n" for p in preds if p["instance_id"] == nowhere))
+    rc = cli_main(["eval", INSTANCES, "-p", str(one), "-i", nowhere, "--unapplied", "zero",
                    "--home", bookworm[0], "--base", site[0], "--network", ",".join(site[1]), "--run-id", "zero",
                    "--out", str(tmp_path), "--progress", "quiet", "--json"])
     cap = capsys.readouterr()
-    assert rc == 0, cap.err
+    assert rc == 0, cap.out + cap.err
     zero = json.loads(cap.out)
     assert zero["unresolved_ids"] == zero["patch_not_applied_ids"] == [nowhere] and zero["error_ids"] == []
     assert zero["rewards"] == {nowhere: 0.0} and zero["unapplied"] == "zero"

@@ -70,6 +70,8 @@ def test_a_moved_tag_says_which_input_differed():
     assert long["eval.env.network"].startswith("sha256:") and check_meta(long) == long
     assert envtags.kept_tag("eval/a__b-1", "0123456789abcdef") == "eval/a__b-1:0123456789ab"
     assert json.loads(old["eval.env.network"]) == net
+    # the CLI's spelling of the same rules ("a,b") is the SDK's list
+    assert envtags.inputs_of({"dockerfile": "FROM x"}, "b" * 64, ",".join(net)) == old
 
 
 def test_the_batch_runners_image_template():

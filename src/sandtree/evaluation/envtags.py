@@ -35,12 +35,22 @@ def _text(value) -> str:
     return text if len(text) <= _MAX_TEXT else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def _rules(network):
+    """A network as given, in one spelling: "a,b" (the CLI's) is the list [a, b] (the SDK's); the
+    order is kept (a change of order alone is reported as such)."""
+    if isinstance(network, str) and "," in network:
+        return [r.strip() for r in network.split(",") if r.strip()]
+    if isinstance(network, tuple):
+        return list(network)
+    return network
+
+
 def inputs_of(environment: dict, base: str | None, network) -> dict:
     """The annotations recording what an environment image was made from."""
     if "image" in environment:
         return {f"{ENV_PREFIX}image": _text(environment["image"])}
     return {f"{ENV_PREFIX}dockerfile_sha256": hashlib.sha256(environment["dockerfile"].encode()).hexdigest(),
-            f"{ENV_PREFIX}base": base or "", f"{ENV_PREFIX}network": _text(network)}
+            f"{ENV_PREFIX}base": base or "", f"{ENV_PREFIX}network": _text(_rules(network))}
 
 
 def kept_tag(tag: str, old: str) -> str:
