@@ -128,7 +128,7 @@ def test_the_swebench_batch_runner_starts_each_instance_from_its_own_image(env_i
     try:
         variant = st.image(image).run(["/bin/sh", "-c", "echo variant > /etc/which-env"]).image.id
         st.tag(variant, "eval/other__variant-1")
-        original = st.resolve(f"eval/{IID}")
+        original = st.engine.resolve(f"eval/{IID}")
     finally:
         st.close()
     inst = _instance()
