@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import sandtree
 from conftest import serve_process
@@ -160,5 +161,6 @@ def test_the_swebench_batch_runner_starts_each_instance_from_its_own_image(env_i
         assert traj["info"]["exit_status"] == "Submitted"
         assert traj["info"]["sandtree"]["start_image"] == start, traj["info"]["sandtree"]
         assert traj["info"]["config"]["environment"]["image"] == f"eval/{iid}"
-    statuses = "".join(f.read_text() for f in out.glob("exit_statuses_*.yaml"))
-    assert "NotFound" in statuses and "nowhere__missing-1" in statuses, statuses
+    [report] = [yaml.safe_load(f.read_text()) for f in out.glob("exit_statuses_*.yaml")]
+    by_status = {k: sorted(v) for k, v in report["instances_by_exit_status"].items()}
+    assert by_status == {"ImageNotFound": ["nowhere__missing-1"], "Submitted": sorted([IID, "other__variant-1"])}
