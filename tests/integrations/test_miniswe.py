@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 import sandtree
 from conftest import serve_process
@@ -26,6 +25,7 @@ from test_network_pip import HOST_BUNDLE, registry_rules
 
 pytest.importorskip("minisweagent")
 pytest.importorskip("swebench")
+yaml = pytest.importorskip("yaml")          # mini-swe-agent's own dependency: its batch report is YAML
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 
