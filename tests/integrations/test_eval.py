@@ -530,6 +530,8 @@ def test_an_environment_tag_never_moves_silently(st, site, gold, tmp_path, bookw
     assert len(change["why"]) == 1 and change["why"][0].startswith("dockerfile_sha256: "), change
     assert st.tags()[change["kept_as"]] == old                       # the old environment stays, citable
     assert f"environment changed: eval/moving__env-1 {old[:12]} -> {new[:12]}" in cap.err
+    log = (tmp_path / "out" / "moved" / "gold" / "moving__env-1" / "run_instance.log").read_text()
+    assert f"Environment tag eval/moving__env-1 moved: {old} -> {new}" in log and "dockerfile_sha256" in log
     rec = held["rec"]                                                # the run in progress finished on it
     assert rec.exit_code == 0 and rec.stdout and st.engine.lineage_path(old, rec.image)[0] == old
     assert st.image(old).run(["/bin/sh", "-c", "test ! -e /etc/eval-variant"]).exit_code == 0

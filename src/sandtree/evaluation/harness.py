@@ -57,7 +57,8 @@ class _Environments:
         self.slots: dict[tuple, dict] = {}
         self.changes: list[dict] = []
 
-    def get(self, inst: Instance) -> tuple[str, float]:
+    def get(self, inst: Instance) -> tuple[str, float, dict | None]:
+        """(the environment's image ID, seconds it took, the tag's change or None)."""
         with self.lock:
             slot = self.slots.setdefault(inst.environment_key(), {"lock": threading.Lock()})
         with slot["lock"]:
@@ -85,7 +86,7 @@ class _Environments:
             with self.lock:
                 self.changes.append(change)
             self.emit(inst.instance_id, "environment_changed", change=change)
-        return slot["image"], slot["seconds"]
+        return slot["image"], slot["seconds"], change
 
     def _make(self, inst: Instance) -> str:
         if "image" in inst.environment:
@@ -226,11 +227,12 @@ def evaluate(engine, instances, predictions=None, *, base: str | None = None, wo
         t = time.monotonic()
         try:
             emit(iid, "building")
-            env, _ = envs.get(inst)
+            env, _, change = envs.get(inst)
             emit(iid, "running", image=env)
             rep = evaluate_instance(engine, inst, pred.to_dict(), env, layout.instance_dir(pred), timeout=timeout,
                                     skip_patch=skip_patch, tag=_final_tag(iid, run_id, pred.model_name_or_path),
-                                    cancel=cancel, limits=limits, unapplied=unapplied, run_id=run_id)[iid]
+                                    cancel=cancel, limits=limits, unapplied=unapplied, run_id=run_id,
+                                    environment_change=change)[iid]
         except InstanceError as e:
             errors[iid], kinds[iid] = str(e), {"kind": e.kind, "reason": e.reason}
             emit(iid, "error", finished=True, message=str(e), seconds=time.monotonic() - t, kind=e.kind,

@@ -129,15 +129,21 @@ def _phase_failure(times: dict) -> tuple[str, str]:
 
 def evaluate_instance(engine, inst: Instance, prediction: dict, environment: str, log_dir: Path, *,
                       timeout: float, skip_patch: bool = False, tag: str | None = None, cancel=None,
-                      limits: dict | None = None, unapplied: str = "error", run_id: str = "") -> dict:
+                      limits: dict | None = None, unapplied: str = "error", run_id: str = "",
+                      environment_change: dict | None = None) -> dict:
     """Evaluate one prediction ({instance_id, model_name_or_path, model_patch}) on the environment
     image; swebench's report ({instance_id: {...}}), also written to log_dir/report.json, its
     `sandtree` entry holding the environment, the final image and its tag, the status, and seconds
-    per phase; the final image annotated with the reward (outcomes.reward_meta)."""
+    per phase; the final image annotated with the reward (outcomes.reward_meta). environment_change:
+    how this run moved the environment's tag (envtags.moved), logged first."""
     iid = inst.instance_id
     log_dir.mkdir(parents=True, exist_ok=True)
     logger = grading.setup_logger(iid, log_dir / grading.LOG_INSTANCE)
     try:
+        if environment_change:
+            c = environment_change
+            logger.warning(f"Environment tag {c['tag']} moved: {c['old']} -> {c['new']} (the old image kept as "
+                           f"{c['kept_as']}): {'; '.join(c['why'])}")
         spec = grading.test_spec(inst, environment)
         eval_file = log_dir / "eval.sh"
         eval_file.write_text(spec.eval_script)
