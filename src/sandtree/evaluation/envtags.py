@@ -11,7 +11,7 @@ the build network, or the image reference given), and when the tag would move th
   harness and the integrations resolve the tag once) and later citations of it keep working;
 - says what changed: old ID -> new ID and which recorded input differed (or that none did: a build
   step that is not reproducible), in the run's summary (`environment_changes`), as a progress event
-  (`environment_changed`) and in the `sandtree.evaluation` log.
+  (`environment_changed`), in the instance's run_instance.log and in the `sandtree.evaluation` log.
 
 Only the eval's tags are handled here; how builds key their cache is the builder's."""
 
