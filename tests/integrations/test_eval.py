@@ -474,7 +474,7 @@ def test_infrastructure_failures_are_reported_apart_from_the_agents(st, gold, tm
              {**inst, "instance_id": "infra__slowgit-1", "environment": {"image": slow_git}},
              {**inst, "instance_id": "agent__sleeps-1", "environment": {"image": env}, "test_cmd": "sleep 300"}]
     events = []
-    summary = st.eval(cases, validate="gold", run_id="infra", out_dir=str(tmp_path), workers=2, timeout=8,
+    summary = st.eval(cases, validate="gold", run_id="infra", out_dir=str(tmp_path), workers=2, timeout=15,
                       progress=events.append)
     kinds = summary["error_kinds"]
     assert summary["error_ids"] == sorted(c["instance_id"] for c in cases)
