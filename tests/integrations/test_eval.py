@@ -365,3 +365,183 @@ def test_the_tree_search_example_repairs_a_failing_test(site, gold, bookworm, tm
     names = ("returns-self", "base-class", "gold", "copy-then-replace")
     scored = {n: r["score"] for r in rows if r["depth"] == 1 for n in names if f"/tmp/{n}.diff" in (r["command"] or "")}
     assert scored["gold"] == 1.0 and all(s < 1.0 for k, s in scored.items() if k != "gold") and len(scored) == 4
+
+
+# --- for RL: rewards in the lineage, a patch that does not apply scored 0, infrastructure failures apart,
+# --- environment tags that never move silently
+
+
+def test_rewards_are_on_the_final_images_and_in_the_trace_export(st, gold, predicted, tmp_path):
+    """Each report's final image carries its reward (score) and its FAIL_TO_PASS / PASS_TO_PASS counts
+    (annotations: in the store, not a side file); `trace export` of an environment's subtree carries them,
+    read back with Hugging Face `datasets`."""
+    datasets = pytest.importorskip("datasets")
+    insts = {i["instance_id"]: i for i in _instances()}
+    out, summary, _ = gold
+    for iid, inst in insts.items():
+        rep = json.loads((out / "gold" / "gold" / iid / "report.json").read_text())[iid]
+        ann = st.annotations(rep["sandtree"]["image"])
+        assert ann["score"] == 1.0 and rep["sandtree"]["reward"] == 1.0
+        meta = ann["meta"]
+        assert meta["eval.resolved"] is True and meta["eval.status"] == "resolved"
+        assert meta["eval.fail_to_pass.passed"] == len(inst["FAIL_TO_PASS"]) and meta["eval.fail_to_pass.failed"] == 0
+        assert meta["eval.pass_to_pass.passed"] == len(inst["PASS_TO_PASS"]) and meta["eval.pass_to_pass.failed"] == 0
+        assert meta["eval.run_id"] == "gold" and meta["eval.model"] == "gold" and meta["eval.instance_id"] == iid
+        assert meta["eval.environment"] == rep["sandtree"]["environment"]
+    assert summary["rewards"] == {iid: 1.0 for iid in insts}
+    pout, preds, psummary = predicted
+    wrong = _instances()[1]
+    rep = json.loads((pout / "r1" / "org__model-1" / wrong["instance_id"] / "report.json").read_text())
+    final = rep[wrong["instance_id"]]["sandtree"]["image"]
+    ann = st.annotations(final)
+    assert ann["score"] == 0.0 and ann["meta"]["eval.resolved"] is False
+    assert ann["meta"]["eval.fail_to_pass.failed"] == len(wrong["FAIL_TO_PASS"]) == \
+        len(rep[wrong["instance_id"]]["tests_status"]["FAIL_TO_PASS"]["failure"])
+    assert ann["meta"]["eval.model"] == "org/model-1"
+    # the trace of the wrong patch's environment: the gold run's and r1's final images, with their rewards
+    env = rep[wrong["instance_id"]]["sandtree"]["environment"]
+    gold_final = json.loads((out / "gold" / "gold" / wrong["instance_id"] / "report.json").read_text())[
+        wrong["instance_id"]]["sandtree"]["image"]
+    path = tmp_path / "trace.parquet"
+    st.trace_export(env, "parquet", str(path))
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf"))
+    rows = {r["image"]: r for r in ds}
+    assert rows[final]["score"] == 0.0 and rows[gold_final]["score"] == 1.0
+    got = json.loads(rows[final]["meta"])
+    assert got["eval.resolved"] is False and got["eval.fail_to_pass.failed"] == len(wrong["FAIL_TO_PASS"])
+    assert json.loads(rows[gold_final]["meta"])["eval.status"] == "resolved"
+    # the environment's own row says what it was built from (the inputs a moved tag is explained by)
+    assert json.loads(rows[env]["meta"])["eval.env.dockerfile_sha256"]
+
+
+def test_a_patch_that_does_not_apply_is_an_agent_error_or_under_the_option_reward_0(st, site, predicted, tmp_path,
+                                                                                   bookworm, capsys):
+    """By default (swebench's rule) a patch that applies nowhere is an error, counted as the prediction's
+    (agent_error_ids, reward 0), never the infrastructure's; with --unapplied zero it is graded: a
+    report with resolved false, the apply log as its test output, reward 0 on its final image."""
+    out, preds, summary = predicted
+    insts = _instances()
+    nowhere = insts[3]["instance_id"]
+    assert summary["agent_error_ids"] == [nowhere] and summary["infra_error_ids"] == []
+    assert summary["error_kinds"][nowhere] == {"kind": "agent", "reason": "patch_not_applied"}
+    assert summary["rewards"] == {insts[0]["instance_id"]: 1.0, insts[1]["instance_id"]: 0.0,
+                                  insts[2]["instance_id"]: 0.0, nowhere: 0.0}
+    one = tmp_path / "nowhere.jsonl"
+    one.write_text("".join(json.dumps(p) + "\n" for p in preds if p["instance_id"] == nowhere))
+    rc = cli_main(["eval", INSTANCES, "-p", str(one), "-i", nowhere, "--unapplied", "zero",
+                   "--home", bookworm[0], "--base", site[0], "--network", ",".join(site[1]), "--run-id", "zero",
+                   "--out", str(tmp_path), "--progress", "quiet", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.out + cap.err
+    zero = json.loads(cap.out)
+    assert zero["unresolved_ids"] == zero["patch_not_applied_ids"] == [nowhere] and zero["error_ids"] == []
+    assert zero["rewards"] == {nowhere: 0.0} and zero["unapplied"] == "zero"
+    d = tmp_path / "zero" / "org__model-1" / nowhere
+    rep = json.loads((d / "report.json").read_text())[nowhere]
+    assert rep["patch_exists"] and not rep["patch_successfully_applied"] and not rep["resolved"]
+    assert ">>>>> Patch Apply Failed" in (d / "test_output.txt").read_text()
+    ann = st.annotations(rep["sandtree"]["image"])
+    assert ann["score"] == 0.0 and ann["meta"]["eval.status"] == "patch_not_applied"
+    assert ann["meta"]["eval.fail_to_pass.failed"] == len(insts[3]["FAIL_TO_PASS"])
+    assert st.tags()[f"eval/{nowhere}/zero/org__model-1"] == rep["sandtree"]["image"]
+    with pytest.raises(InvalidInput, match="unapplied"):
+        st.eval(INSTANCES, str(out / "preds.jsonl"), base=site[0], run_id="bad", out_dir=str(tmp_path / "no"),
+                unapplied="ignore")
+    assert not (tmp_path / "no").exists()
+
+
+def _variant(st, env: str, script: str) -> str:
+    """The environment image changed by one shell script (a broken environment, made for real)."""
+    r = st.image(env).run(["/bin/sh", "-c", script])
+    assert r.exit_code == 0, r.stderr
+    return r.image.id
+
+
+def test_infrastructure_failures_are_reported_apart_from_the_agents(st, gold, tmp_path):
+    """Failures an RL loop must mask, each provoked for real, are infra_error_ids with reward None; the
+    prediction's own (its tests outliving the timeout) is an agent error with reward 0:
+    - an environment image that does not exist (it cannot be resolved);
+    - a sandbox that cannot start the harness (its environment has no /bin/bash);
+    - the harness's own steps timing out (a `git` that hangs before the tests start);
+    - the tests timing out (a test command that sleeps): the agent's."""
+    inst = _instances()[0]
+    env = st.tags()[f"eval/{inst['instance_id']}"]
+    no_bash = _variant(st, env, "rm -f /usr/bin/bash /bin/bash")
+    slow_git = _variant(st, env, "printf '#!/bin/sh\\nsleep 300\\nexec /usr/bin/git \"$@\"\\n' > /usr/local/bin/git"
+                                 " && chmod 755 /usr/local/bin/git")
+    cases = [{**inst, "instance_id": "infra__missing-1", "environment": {"image": "no-such-image/anywhere"}},
+             {**inst, "instance_id": "infra__nobash-1", "environment": {"image": no_bash}},
+             {**inst, "instance_id": "infra__slowgit-1", "environment": {"image": slow_git}},
+             {**inst, "instance_id": "agent__sleeps-1", "environment": {"image": env}, "test_cmd": "sleep 300"}]
+    events = []
+    summary = st.eval(cases, validate="gold", run_id="infra", out_dir=str(tmp_path), workers=2, timeout=15,
+                      progress=events.append)
+    kinds = summary["error_kinds"]
+    assert summary["error_ids"] == sorted(c["instance_id"] for c in cases)
+    assert summary["infra_error_ids"] == ["infra__missing-1", "infra__nobash-1", "infra__slowgit-1"], kinds
+    assert summary["agent_error_ids"] == ["agent__sleeps-1"], kinds
+    assert kinds["infra__missing-1"] == {"kind": "infra", "reason": "environment"}
+    assert kinds["infra__nobash-1"] == {"kind": "infra", "reason": "sandbox"}, summary["errors"]["infra__nobash-1"]
+    assert kinds["infra__slowgit-1"] == {"kind": "infra", "reason": "harness_timed_out"}
+    assert kinds["agent__sleeps-1"] == {"kind": "agent", "reason": "tests_timed_out"}
+    assert summary["rewards"] == {"agent__sleeps-1": 0.0, "infra__missing-1": None, "infra__nobash-1": None,
+                                  "infra__slowgit-1": None}
+    by = {e["instance_id"]: e for e in events if e.get("status") == "error"}
+    assert by["infra__slowgit-1"]["kind"] == "infra" and by["agent__sleeps-1"]["kind"] == "agent"
+    log = (tmp_path / "infra" / "gold" / "infra__slowgit-1" / "run_instance.log").read_text()
+    assert "infra failure (harness_timed_out)" in log
+
+
+def test_an_environment_tag_never_moves_silently(st, site, gold, tmp_path, bookworm, capsys):
+    """A rebuild that gives eval/<id> another image: the tag moves, the old image stays usable (a run in
+    progress holds its ID and finishes on it; it is kept under eval/<id>:<old12>), and the eval says
+    old -> new and which input differed (summary, progress event, CLI stderr, log)."""
+    import threading
+    from sandtree import evaluation
+    inst = {**_instances()[0], "instance_id": "moving__env-1"}
+    old = evaluation.environment(st.engine, inst, base=site[0], build_network=site[1])
+    assert st.tags()["eval/moving__env-1"] == old
+    # the same inputs again: the same image, the tag stays, nothing said
+    events = []
+    assert evaluation.environment(st.engine, inst, base=site[0], build_network=site[1], progress=events.append) == old
+    assert not [e for e in events if e.get("status") == "environment_changed"]
+    # a run in progress on the old environment (it holds the ID, as the harness's runs do)
+    held = {}
+
+    def in_progress():
+        held["rec"] = st.engine.run(old, ["/bin/sh", "-c", "sleep 4; cat /testbed/.git/HEAD"])
+    worker = threading.Thread(target=in_progress)
+    worker.start()
+    changed = {**inst, "environment": {"dockerfile": inst["environment"]["dockerfile"]
+                                       + "\nRUN echo 'another environment' > /etc/eval-variant\n"}}
+    one = tmp_path / "changed.jsonl"
+    one.write_text(json.dumps(changed) + "\n")
+    rc = cli_main(["eval", str(one), "--validate", "gold", "--home", bookworm[0], "--base", site[0], "--network",
+                   ",".join(site[1]), "--run-id", "moved", "--out", str(tmp_path / "out"), "--progress", "plain",
+                   "--json"])
+    worker.join(60)
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    summary = json.loads(cap.out)
+    new = st.tags()["eval/moving__env-1"]
+    assert new != old and summary["images"]["moving__env-1"]["environment"] == new
+    [change] = summary["environment_changes"]
+    assert change["old"] == old and change["new"] == new and change["kept_as"] == f"eval/moving__env-1:{old[:12]}"
+    assert len(change["why"]) == 1 and change["why"][0].startswith("dockerfile_sha256: "), change
+    assert st.tags()[change["kept_as"]] == old                       # the old environment stays, citable
+    assert f"environment changed: eval/moving__env-1 {old[:12]} -> {new[:12]}" in cap.err
+    log = (tmp_path / "out" / "moved" / "gold" / "moving__env-1" / "run_instance.log").read_text()
+    assert f"Environment tag eval/moving__env-1 moved: {old} -> {new}" in log and "dockerfile_sha256" in log
+    rec = held["rec"]                                                # the run in progress finished on it
+    assert rec.exit_code == 0 and rec.stdout and st.engine.lineage_path(old, rec.image)[0] == old
+    assert st.image(old).run(["/bin/sh", "-c", "test ! -e /etc/eval-variant"]).exit_code == 0
+    # the same Dockerfile with its network rules in another order: the same image (the cache key does not see
+    # the order), or, if a build made another one, the eval says it was only the order
+    events = []
+    again = evaluation.environment(st.engine, changed, base=site[0], build_network=list(reversed(site[1])),
+                                   progress=events.append)
+    moves = [e["change"] for e in events if e.get("status") == "environment_changed"]
+    if again == new:
+        assert moves == []
+    else:
+        assert [m["old"] for m in moves] == [new] and "another order" in " ".join(moves[0]["why"]), moves

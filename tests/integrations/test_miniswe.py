@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -23,6 +25,7 @@ from test_network_pip import HOST_BUNDLE, registry_rules
 
 pytest.importorskip("minisweagent")
 pytest.importorskip("swebench")
+yaml = pytest.importorskip("yaml")          # mini-swe-agent's own dependency: its batch report is YAML
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 
@@ -113,3 +116,51 @@ def test_minisweagent_contree_environment_against_serve(env_image, tmp_path):
         finally:
             st.close()
         assert summary["resolved_ids"] == [IID], summary
+
+
+def test_the_swebench_batch_runner_starts_each_instance_from_its_own_image(env_image, tmp_path):
+    """mini-swe-agent's own SWE-bench batch runner (`mini-extra swebench`, unchanged, through
+    `python -m sandtree.integrations.miniswe`) with image_template "eval/{instance_id}": each instance's
+    agent starts from that instance's image (its ID in the trajectory), one whose image does not exist
+    fails alone (mini-swe-agent records its exit status), and the submissions show which environment each
+    agent ran in. The model is mini-swe-agent's scripted DeterministicModel (no LLM here)."""
+    home, image = env_image
+    st = sandtree.Sandtree(home, warm=0)
+    try:
+        variant = st.image(image).run(["/bin/sh", "-c", "echo variant > /etc/which-env"]).image.id
+        st.tag(variant, "eval/other__variant-1")
+        original = st.engine.resolve(f"eval/{IID}")
+    finally:
+        st.close()
+    inst = _instance()
+    data = tmp_path / "dataset"
+    data.mkdir()
+    rows = [inst, {**inst, "instance_id": "other__variant-1"}, {**inst, "instance_id": "nowhere__missing-1"}]
+    (data / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = ["cat /etc/which-env 2>/dev/null || echo original",
+             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && (cat /etc/which-env 2>/dev/null || echo original)"]
+    config = {"agent": AGENT,
+              "environment": {"environment_class": "sandtree.integrations.miniswe.SandtreeEnvironment",
+                              "image_template": "eval/{instance_id}", "home": home, "cwd": "/testbed", "timeout": 60},
+              "model": {"model_class": "deterministic", "model_name": "scripted",
+                        "outputs": [make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(steps)]}}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))       # JSON is YAML
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.path.join(root, "src"), "HF_HOME": str(tmp_path / "hf"),
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "sandtree.integrations.miniswe", "--subset", str(data), "--split", "train",
+                        "-c", str(tmp_path / "config.yaml"), "-o", str(out), "-w", "2"],
+                       capture_output=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    preds = json.loads((out / "preds.json").read_text())
+    assert preds[IID]["model_patch"] == "original\n" and preds["other__variant-1"]["model_patch"] == "variant\n"
+    assert preds["nowhere__missing-1"]["model_patch"] == ""
+    for iid, start in ((IID, original), ("other__variant-1", variant)):
+        traj = json.loads((out / iid / f"{iid}.traj.json").read_text())
+        assert traj["info"]["exit_status"] == "Submitted"
+        assert traj["info"]["sandtree"]["start_image"] == start, traj["info"]["sandtree"]
+        assert traj["info"]["config"]["environment"]["image"] == f"eval/{iid}"
+    [report] = [yaml.safe_load(f.read_text()) for f in out.glob("exit_statuses_*.yaml")]
+    by_status = {k: sorted(v) for k, v in report["instances_by_exit_status"].items()}
+    assert by_status == {"ImageNotFound": ["nowhere__missing-1"], "Submitted": sorted([IID, "other__variant-1"])}

@@ -1,5 +1,6 @@
 """`sandtree eval`'s progress, fed by the harness's events (evaluation/harness.py: {"instance_id",
-"status": building|running|resolved|unresolved|error|skipped|empty_patch, "done", "total", ...} and a
+"status": building|environment_changed|running|resolved|unresolved|error|skipped|empty_patch, "done", "total",
+...} and a
 last {"status": "finished", "summary"}), in the three forms `sandtree build` has:
 
 - plain: one line per instance step, `[3/10] ID resolved 4.2s image 19758ec3e55a`, and each
@@ -57,7 +58,12 @@ class PlainEval:
         elif status in ("resolved", "unresolved"):
             self._print(f"{head} {status} {ev.get('seconds', 0):.1f}s image {str(ev.get('image'))[:12]}")
         elif status == "error":
-            self._print(f"{head} error: {_first_line(ev.get('message', ''))}")
+            kind = f" ({ev['kind']})" if ev.get("kind") else ""
+            self._print(f"{head} error{kind}: {_first_line(ev.get('message', ''))}")
+        elif status == "environment_changed":
+            c = ev.get("change") or {}
+            self._print(f"{iid} environment changed: {c.get('tag')} {str(c.get('old'))[:12]} -> "
+                        f"{str(c.get('new'))[:12]}: {_first_line('; '.join(c.get('why') or ()))}")
         elif status in ("skipped", "empty_patch"):
             self._print(f"{head} {'skipped: it has a report' if status == 'skipped' else 'empty patch: not run'}")
 
@@ -104,6 +110,10 @@ class LiveEval:
                 self.active[iid] = (what[:120], self.active.get(iid, ("", self.clock()))[1])
             elif status == "running":
                 self.active[iid] = ("running the tests", self.clock())
+            elif status == "environment_changed":       # a note, not an instance's end
+                c = ev.get("change") or {}
+                self.finished.append((iid, f"environment changed {str(c.get('old'))[:12]} -> "
+                                           f"{str(c.get('new'))[:12]}", 0.0))
             elif status and status != "finished":
                 self.active.pop(iid, None)
                 self.counts[status] = self.counts.get(status, 0) + 1

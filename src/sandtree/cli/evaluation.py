@@ -4,7 +4,8 @@ stderr (evalprogress.py), the summary on stdout (--json: the whole summary objec
 
 Exit status: 0; 1 when an instance errored (no report: a rerun with the same --run-id retries it)
 or, with --validate, when an instance broke the rule (gold: every one resolves; empty: none does),
-each named on stderr."""
+each named on stderr (an error with whose failure it was: agent or infra). An eval/<id> tag a rebuild
+moved is named on stderr too (old -> new, why), without changing the exit status."""
 
 from __future__ import annotations
 
@@ -22,21 +23,26 @@ def _human(summary: dict) -> None:
     print(f"run {s['run_id']}: {s['total_instances']} instances, {s['resolved_instances']} resolved, "
           f"{s['unresolved_instances']} unresolved, {s['error_instances']} errors, {s['empty_patch_instances']} "
           f"empty patches, {len(s['skipped_ids'])} kept from before; {s['seconds']}s")
-    for label, key in (("resolved", "resolved_ids"), ("unresolved", "unresolved_ids"), ("errors", "error_ids")):
-        if s[key]:
+    for label, key in (("resolved", "resolved_ids"), ("unresolved", "unresolved_ids"),
+                       ("patch not applied (reward 0)", "patch_not_applied_ids"),
+                       ("errors of the predictions (reward 0)", "agent_error_ids"),
+                       ("errors of the infrastructure (no reward: mask them)", "infra_error_ids")):
+        if s.get(key):
             print(f"{label}: {' '.join(s[key])}")
     print(f"summary: {s['summary_path']}")
 
 
 def _complaints(summary: dict) -> list[str]:
-    lines = []
+    lines = [f"environment changed: {c['tag']} {c['old'][:12]} -> {c['new'][:12]} (old kept as {c['kept_as']}): "
+             f"{'; '.join(c['why'])}" for c in summary.get("environment_changes", ())]
     v = summary.get("validation")
     if v is not None and not v["ok"]:
         rule = "the gold patch must resolve" if v["mode"] == "gold" else "with no patch it must not resolve"
         lines += [f"validation failed ({rule}): {iid}: {v['why'][iid].splitlines()[0]}" for iid in v["failed"]]
     elif summary["error_ids"]:
-        lines += [f"error: {iid}: {(summary['errors'].get(iid) or 'no report').splitlines()[0]}"
-                  for iid in summary["error_ids"]]
+        kinds = summary.get("error_kinds", {})
+        lines += [f"error ({kinds.get(iid, {}).get('kind', 'infra')}): {iid}: "
+                  f"{(summary['errors'].get(iid) or 'no report').splitlines()[0]}" for iid in summary["error_ids"]]
     return lines
 
 
@@ -52,7 +58,8 @@ def cmd_eval(args):
             eng, args.instances, args.predictions, base=args.base, workers=args.workers,
             run_id=args.run_id or time.strftime("run-%Y%m%d-%H%M%S"), out_dir=args.out, report_dir=args.report_dir,
             validate=args.validate, instance_ids=args.instance_ids or None, timeout=args.timeout,
-            build_network=options.network(args).get("network"), progress=view, limits=options.resources(args))
+            build_network=options.network(args).get("network"), progress=view, limits=options.resources(args),
+            unapplied=args.unapplied)
     finally:
         if view is not None:
             view.close()
@@ -61,7 +68,8 @@ def cmd_eval(args):
     complaints = _complaints(summary)
     for line in complaints:
         print(line, file=sys.stderr)
-    return exits.NO if complaints else exits.OK
+    failed = summary["error_ids"] or (summary.get("validation") or {}).get("ok") is False
+    return exits.NO if failed else exits.OK
 
 
 def add_eval(sub, common) -> None:
@@ -84,6 +92,9 @@ def add_eval(sub, common) -> None:
     x.add_argument("--report-dir", metavar="DIR", help="where MODEL.RUN_ID.json goes (default DIR/RUN_ID)")
     x.add_argument("--instance-ids", "-i", nargs="+", metavar="ID", help="only these instances")
     x.add_argument("--timeout", type=float, default=1800, help="seconds of one instance's tests (default 1800)")
+    x.add_argument("--unapplied", choices=("error", "zero"), default="error",
+                   help="a patch that applies nowhere: error (swebench's: no report, a rerun retries it) or zero "
+                        "(graded unresolved, reward 0, with a report)")
     options.add_resources(x)                  # each test run's (the environments' builds: the engine's)
     x.add_argument("--network", metavar="off|all|RULES",
                    help="network of the environments' RUN steps without their own --network (default "

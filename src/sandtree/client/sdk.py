@@ -252,7 +252,8 @@ class Sandtree:
              run_id: str | None = None, out_dir: str = "logs/run_evaluation", report_dir: str | None = None,
              validate: str | None = None, instance_ids: list[str] | None = None, timeout: float = 1800,
              build_network=None, progress: Callable[[dict], None] | None = None, cancel=None,
-             memory=None, cpus: float | None = None, pids: int | None = None, disk=None) -> dict:
+             memory=None, cpus: float | None = None, pids: int | None = None, disk=None,
+             unapplied: str = "error") -> dict:
         """Evaluate predictions on SWE-bench-style instances, the way swebench's harness does,
         each in a fork of its environment image (built from the instance's Dockerfile on `base`
         once, tagged eval/<instance_id>); instances and predictions are JSONL paths or lists of
@@ -262,13 +263,19 @@ class Sandtree:
         with a report. validate="gold": the instances' own patches, all must resolve;
         "empty": no patch, none may (summary["validation"]["ok"], ["failed"]). progress(event)
         per instance step. build_network: the RUN steps' policy (default PyPI's two names).
-        memory, cpus, pids, disk: each test run's resources (default: the engine's, as a run's)."""
+        memory, cpus, pids, disk: each test run's resources (default: the engine's, as a run's).
+        For RL: each final image is annotated with its reward (score 1.0/0.0; meta eval.resolved,
+        eval.fail_to_pass.passed/failed, eval.pass_to_pass.passed/failed, ...), so trace_export
+        carries it; summary["rewards"] maps instances to 1.0, 0.0 or None (an infrastructure failure,
+        listed in infra_error_ids apart from agent_error_ids: mask it). unapplied="zero": a patch that
+        applies nowhere is graded unresolved (reward 0, with a report) instead of an error.
+        summary["environment_changes"]: eval/<id> tags a rebuild moved (old -> new, why)."""
         return evaluation.evaluate(
             self._engine, instances, predictions, base=self._id(base) if base is not None else None,
             workers=workers, run_id=run_id or time.strftime("run-%Y%m%d-%H%M%S"), out_dir=out_dir,
             report_dir=report_dir, validate=validate, instance_ids=instance_ids, timeout=timeout,
             build_network=build_network, progress=progress, cancel=cancel,
-            limits={"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
+            limits={"memory": memory, "cpus": cpus, "pids": pids, "disk": disk}, unapplied=unapplied)
 
     # diff and merge
     diff = method("diff", wrap=as_dicts)

@@ -11,8 +11,14 @@ summary.summarize's. Validation mode: `validate="gold"` evaluates each instance'
 mode, model "empty") and none may resolve; the summary's `validation` says which did not.
 
 Progress: progress(event) with {"instance_id", "status", "done", "total"} and, by status: building
-("step": the build's step event), running, resolved | unresolved ("seconds", "image"), error
-("message"), skipped (a report exists), empty_patch; finally {"status": "finished", "summary"}."""
+("step": the build's step event), environment_changed ("change": envtags.moved's), running,
+resolved | unresolved ("seconds", "image", "reward"), error ("message", "kind": agent | infra,
+"reason"), skipped (a report exists), empty_patch; finally {"status": "finished", "summary"}.
+
+For RL: every report's final image carries its reward (outcomes.py); unapplied="zero" grades a patch
+that applies nowhere as unresolved (reward 0, with a report) instead of swebench's error; the summary's
+`rewards` maps each submitted instance to 1.0, 0.0 or None (an infrastructure failure: mask it), and
+`infra_error_ids` / `agent_error_ids` split the errors by whose failure they were."""
 
 from __future__ import annotations
 
@@ -21,9 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidInput
-from . import grading
+from . import envtags, grading
 from .inputs import Instance, Prediction, check_limits, check_name, load_instances, load_predictions, model_dir
-from .runner import InstanceError, evaluate_instance
+from .outcomes import INFRA, InstanceError, failure_of
+from .runner import UNAPPLIED_MODES, evaluate_instance
 from .summary import Layout, read_report, summarize, write_summary
 
 __all__ = ["evaluate", "environment", "environment_tag", "DEFAULT_BUILD_NETWORK", "DEFAULT_TIMEOUT", "VALIDATE_MODES"]
@@ -40,14 +47,18 @@ def environment_tag(instance_id: str) -> str:
 
 class _Environments:
     """Each distinct environment built (or resolved) once per run, whichever worker needs it first;
-    the others wait for it. A failure is remembered: every instance of that environment errors."""
+    the others wait for it. A failure is remembered: every instance of that environment errors (an
+    infrastructure failure: not the prediction's). Each instance's tag is moved loudly (envtags.py):
+    `changes` lists the moves."""
 
     def __init__(self, engine, base: str | None, network, emit):
         self.engine, self.base, self.network, self.emit = engine, base, network, emit
         self.lock = threading.Lock()
         self.slots: dict[tuple, dict] = {}
+        self.changes: list[dict] = []
 
-    def get(self, inst: Instance) -> tuple[str, float]:
+    def get(self, inst: Instance) -> tuple[str, float, dict | None]:
+        """(the environment's image ID, seconds it took, the tag's change or None)."""
         with self.lock:
             slot = self.slots.setdefault(inst.environment_key(), {"lock": threading.Lock()})
         with slot["lock"]:
@@ -59,9 +70,23 @@ class _Environments:
                     slot["error"] = e
                 slot["seconds"] = time.monotonic() - t
             if "error" in slot:
-                raise InstanceError(f"environment: {type(slot['error']).__name__}: {slot['error']}")
-        self.engine.tag(slot["image"], environment_tag(inst.instance_id))
-        return slot["image"], slot["seconds"]
+                raise InstanceError(f"environment: {type(slot['error']).__name__}: {slot['error']}", kind=INFRA,
+                                    reason="environment")
+        inputs = envtags.inputs_of(inst.environment, self.base, self.network)
+        with slot["lock"]:
+            record, slot["recorded"] = not slot.get("recorded"), True
+        try:
+            change = envtags.moved(self.engine, environment_tag(inst.instance_id), slot["image"], inputs,
+                                   record=record)
+        except Exception as e:
+            raise InstanceError(f"environment tag: {type(e).__name__}: {e}", kind=INFRA,
+                                reason=failure_of(e)[1]) from e
+        if change is not None:
+            change = {"instance_id": inst.instance_id, **change}
+            with self.lock:
+                self.changes.append(change)
+            self.emit(inst.instance_id, "environment_changed", change=change)
+        return slot["image"], slot["seconds"], change
 
     def _make(self, inst: Instance) -> str:
         if "image" in inst.environment:
@@ -81,12 +106,24 @@ def environment(engine, instance, *, base: str | None = None, build_network=None
     """One instance's environment image, as the eval makes it (built from its Dockerfile on `base`,
     or its image resolved), tagged eval/<instance_id>; its ID. instance: a dict in the instances'
     schema (checked as the eval checks it) or an Instance. For others that start from the same
-    image (an agent's sandbox, a tree search): the same call gives the same ID, cached."""
+    image (an agent's sandbox, a tree search): the same call gives the same ID, cached. When the
+    tag named another image, progress gets {"status": "environment_changed", "change": ...} (and
+    the `sandtree.evaluation` log a warning); the old image stays, tagged (envtags.py). A failure
+    raises what the build or resolve raised."""
     inst = instance if isinstance(instance, Instance) else load_instances([instance])[0]
     net = list(DEFAULT_BUILD_NETWORK) if build_network is None else build_network
-    envs = _Environments(engine, engine.resolve(base) if base is not None else None, net,
-                         lambda _iid, _status, **info: progress(info["step"]) if progress else None)
-    return envs.get(inst)[0]
+
+    def emit(_iid, status, **info):
+        if progress is not None:
+            progress(info["step"] if status == "building" else {"status": status, **info})
+    envs = _Environments(engine, engine.resolve(base) if base is not None else None, net, emit)
+    try:
+        return envs.get(inst)[0]
+    except InstanceError as e:
+        cause = e.__cause__ or next((s["error"] for s in envs.slots.values() if "error" in s), None)
+        if cause is not None:
+            raise cause from None
+        raise
 
 
 def _predictions(insts: list[Instance], predictions, validate: str | None) -> tuple[list[Prediction], bool]:
@@ -121,13 +158,16 @@ def _final_tag(iid: str, run_id: str, model: str) -> str | None:
 def evaluate(engine, instances, predictions=None, *, base: str | None = None, workers: int = 2,
              run_id: str, out_dir="logs/run_evaluation", report_dir=None, validate: str | None = None,
              instance_ids=None, timeout: float = DEFAULT_TIMEOUT, build_network=None, progress=None,
-             cancel=None, limits: dict | None = None) -> dict:
+             cancel=None, limits: dict | None = None, unapplied: str = "error") -> dict:
     """Evaluate predictions on instances (see the module docstring); the summary, also written to
     REPORT_DIR/MODEL.RUN_ID.json. Every input is checked before anything is built or run.
     build_network: the policy of the environments' RUN steps (a Dockerfile's own --network may only
     narrow it); None: DEFAULT_BUILD_NETWORK, "off": none. limits: the test runs' resources
-    (memory, cpus, pids, disk; as for a run; default: the engine's)."""
+    (memory, cpus, pids, disk; as for a run; default: the engine's). unapplied: "error" (swebench's:
+    a patch that applies nowhere has no report) or "zero" (graded: unresolved, reward 0)."""
     check_name(run_id, "run_id")
+    if unapplied not in UNAPPLIED_MODES:
+        raise InvalidInput(f"unapplied is one of {', '.join(UNAPPLIED_MODES)}, not {unapplied!r}", field="unapplied")
     build_network = list(DEFAULT_BUILD_NETWORK) if build_network is None else build_network
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise InvalidInput("workers is a whole number from 1 to 256")
@@ -153,7 +193,7 @@ def evaluate(engine, instances, predictions=None, *, base: str | None = None, wo
     started = time.monotonic()
     lock = threading.Lock()
     state = {"done": 0}
-    todo, skipped, errors = [], [], {}
+    todo, skipped, errors, kinds = [], [], {}, {}
     for inst in insts:
         pred = by_id.get(inst.instance_id)
         if pred is None:
@@ -181,23 +221,25 @@ def evaluate(engine, instances, predictions=None, *, base: str | None = None, wo
     def one(inst: Instance) -> None:
         iid, pred = inst.instance_id, by_id[inst.instance_id]
         if cancel is not None and cancel.is_set():
-            errors[iid] = "cancelled"
-            emit(iid, "error", finished=True, message="cancelled")
+            errors[iid], kinds[iid] = "cancelled", {"kind": INFRA, "reason": "cancelled"}
+            emit(iid, "error", finished=True, message="cancelled", kind=INFRA, reason="cancelled")
             return
         t = time.monotonic()
         try:
             emit(iid, "building")
-            env, _ = envs.get(inst)
+            env, _, change = envs.get(inst)
             emit(iid, "running", image=env)
             rep = evaluate_instance(engine, inst, pred.to_dict(), env, layout.instance_dir(pred), timeout=timeout,
                                     skip_patch=skip_patch, tag=_final_tag(iid, run_id, pred.model_name_or_path),
-                                    cancel=cancel, limits=limits)[iid]
+                                    cancel=cancel, limits=limits, unapplied=unapplied, run_id=run_id,
+                                    environment_change=change)[iid]
         except InstanceError as e:
-            errors[iid] = str(e)
-            emit(iid, "error", finished=True, message=str(e), seconds=time.monotonic() - t)
+            errors[iid], kinds[iid] = str(e), {"kind": e.kind, "reason": e.reason}
+            emit(iid, "error", finished=True, message=str(e), seconds=time.monotonic() - t, kind=e.kind,
+                 reason=e.reason)
             return
         emit(iid, "resolved" if rep["resolved"] else "unresolved", finished=True,
-             seconds=time.monotonic() - t, image=rep["sandtree"]["image"])
+             seconds=time.monotonic() - t, image=rep["sandtree"]["image"], reward=rep["sandtree"]["reward"])
 
     cancel = cancel if cancel is not None else threading.Event()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandtree-eval") as pool:
@@ -212,7 +254,9 @@ def evaluate(engine, instances, predictions=None, *, base: str | None = None, wo
     seconds = time.monotonic() - started
     extra = {"skip_patch": skip_patch} if skip_patch else {}
     summary = summarize(insts, by_id, layout, errors=errors, skipped=[i for i, s in skipped if s == "skipped"],
-                        seconds=seconds, extra=extra)
+                        seconds=seconds, extra=extra, error_kinds=kinds)
+    summary["unapplied"] = unapplied
+    summary["environment_changes"] = sorted(envs.changes, key=lambda c: c["instance_id"])
     summary["evaluated_instances"] = len(todo)
     summary["instances_per_minute"] = round(len(todo) / seconds * 60, 2) if todo and seconds > 0 else None
     if validate is not None:

@@ -8,7 +8,10 @@ MODEL is the prediction's model_name_or_path with `/` written `__` (swebench's r
 itself reads a fixed relative directory (logs/run_evaluation) and asks Docker about leftover
 containers, so its counting is done here over OUT; tests/integrations/test_eval.py checks that both agree on the
 same logs. The summary keeps swebench's keys (schema_version 2) and adds sandtree's: the run, each
-instance's environment and final image, why each errored instance has no report, and times."""
+instance's environment and final image, why each errored instance has no report and whose failure it
+was (infra_error_ids, agent_error_ids, error_kinds: outcomes.py), each submitted instance's reward
+(`rewards`: 1.0, 0.0, or None for an infrastructure failure an RL loop masks), the patches graded as
+not applied (patch_not_applied_ids, unapplied="zero"), and times."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from . import grading
 from .inputs import Instance, Prediction, model_dir
+from .outcomes import AGENT, INFRA
 
 __all__ = ["Layout", "read_report", "summarize", "write_summary"]
 
@@ -50,9 +54,11 @@ def read_report(path: Path, iid: str) -> dict | None:
 
 def summarize(instances: list[Instance], preds: dict[str, Prediction], layout: Layout, *,
               errors: dict[str, str] | None = None, skipped=(), seconds: float | None = None,
-              extra: dict | None = None) -> dict:
-    """make_run_report's counts over `instances` (the full set) and `preds` (by instance ID)."""
+              extra: dict | None = None, error_kinds: dict[str, dict] | None = None) -> dict:
+    """make_run_report's counts over `instances` (the full set) and `preds` (by instance ID).
+    error_kinds: instance ID -> {"kind": AGENT | INFRA, "reason"} of this run's errors."""
     completed, resolved, unresolved, error, incomplete, empty = set(), set(), set(), set(), set(), set()
+    not_applied = set()
     images: dict[str, dict] = {}
     for inst in instances:
         iid = inst.instance_id
@@ -75,6 +81,8 @@ def summarize(instances: list[Instance], preds: dict[str, Prediction], layout: L
             resolved.add(iid)
         else:
             unresolved.add(iid)
+            if not entry.get("patch_successfully_applied") and entry.get("patch_exists"):
+                not_applied.add(iid)
         if entry is not None and isinstance(entry.get("sandtree"), dict):
             images[iid] = {k: entry["sandtree"].get(k) for k in ("environment", "image", "tag")}
     reasons, infra, ambiguous = {}, set(), set()
@@ -85,6 +93,15 @@ def summarize(instances: list[Instance], preds: dict[str, Prediction], layout: L
             reasons[iid] = found[0]
             (infra if found[1] == grading.TIER_ENVIRONMENT else ambiguous).add(iid)
     ids = {i.instance_id for i in instances}
+    kinds = {k: v for k, v in (error_kinds or {}).items() if k in error}
+    rewards: dict[str, float | None] = {}
+    for iid in sorted(set(preds) & ids):
+        if iid in resolved:
+            rewards[iid] = 1.0
+        elif iid in unresolved or iid in empty or kinds.get(iid, {}).get("kind") == AGENT:
+            rewards[iid] = 0.0
+        elif iid in error:
+            rewards[iid] = None             # the infrastructure's failure (or unknown): says nothing of the policy
     report = {
         "total_instances": len(instances),
         "submitted_instances": len(preds),
@@ -112,6 +129,11 @@ def summarize(instances: list[Instance], preds: dict[str, Prediction], layout: L
         "images": dict(sorted(images.items())),
         "errors": {k: v for k, v in sorted((errors or {}).items()) if k in ids},
         "skipped_ids": sorted(skipped),
+        "infra_error_ids": sorted(i for i in error if kinds.get(i, {}).get("kind", INFRA) == INFRA),
+        "agent_error_ids": sorted(i for i in error if kinds.get(i, {}).get("kind") == AGENT),
+        "error_kinds": dict(sorted(kinds.items())),
+        "patch_not_applied_ids": sorted(not_applied),
+        "rewards": rewards,
         "seconds": round(seconds, 3) if seconds is not None else None,
     }
     report.update(extra or {})
