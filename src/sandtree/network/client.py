@@ -266,6 +266,12 @@ class Egress:
         answer, _ = self._request({"op": "adopt", "key": key, "pid": pid, "owner": os.getpid()})
         return self._link(key, answer, None)
 
+    def route(self, key: str, pid: int, on: bool = True) -> None:
+        """An adopted link's default route to the router on or off (a policy given to a sandbox
+        after it started, or taken away); pid: a process in that namespace. NotFound when the
+        daemon has no such link, Conflict when `pid` is no longer in the namespace adopted."""
+        self._request({"op": "route", "key": key, "pid": pid, "on": on}, start=False)
+
     @staticmethod
     def _link(key: str, answer: dict, fd: int | None) -> Link:
         ca = answer.get("ca_pem")

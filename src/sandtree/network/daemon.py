@@ -237,6 +237,23 @@ class Daemon:
         await self._keep(key, made, (st.st_dev, st.st_ino), None, [], owner)
         return {"address": made.address, "gateway": made.gateway, "placeholders": {}, "ca_pem": None}
 
+    async def op_route(self, req, fds) -> dict:
+        """An adopted link's default route on (its sandbox was given a policy after it started:
+        its egress reaches the proxy and resolver as a joined link's does) or off (nothing but
+        connections the router opens to it). `pid`: a process in the adopted namespace."""
+        entry = self._entry(req)
+        if entry.made.netns_fd is not None:
+            raise errors.Conflict(f"link {entry.state.key!r} is not adopted: its route came with it",
+                                  key=entry.state.key)
+        pid, on = req.get("pid"), req.get("on", True)
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidInput(f"pid must be a positive integer, not {pid!r}")
+        if not isinstance(on, bool):
+            raise InvalidInput(f"on is true or false, not {on!r}")
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.links.route, pid, entry.state.gateway, on, entry.ns)
+        return {}
+
     async def op_set_policy(self, req, fds) -> dict:
         entry = self._entry(req)
         policy = Policy.from_json(req.get("policy"))

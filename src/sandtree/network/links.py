@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import ipaddress
 import os
+import socket
 import sys
 import threading
 import time
@@ -298,6 +299,36 @@ class Links:
             with self._lock:
                 self._used.discard(index)
             raise
+
+    def route(self, pid: int, gateway: str, on: bool, ns: tuple[int, int]) -> None:
+        """Give an adopted namespace (process `pid`'s, whose identity must be `ns`: the one
+        adopted, not a namespace a later process of that pid has) its default route via `gateway`
+        (on), or take it away: a policy given to a sandbox that started without one (its egress
+        then goes where a link's does, to the router), or lost again."""
+        try:
+            fd = os.open(f"/proc/{int(pid)}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise NotFound(f"no process {pid}", pid=pid) from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != tuple(ns):
+                raise Conflict(f"process {pid} is not in the namespace that link adopted", pid=pid)
+            self.call(self._route, fd, gateway, on)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _route(fd: int, gateway: str, on: bool) -> None:
+        with netns.entered(fd):
+            ipl = IPRoute()
+        try:
+            if on:
+                ipl.route("replace", dst="0.0.0.0/0", gateway=gateway)
+            else:
+                for _ in ipl.get_routes(family=socket.AF_INET, dst_len=0, table=254):
+                    ipl.route("del", dst="0.0.0.0/0")
+        finally:
+            ipl.close()
 
     def recycle(self, made: Made, scope, ns: tuple[int, int]) -> None:
         """Give a released link (of namespace identity `ns`) back to the pool for `scope` once
