@@ -58,6 +58,7 @@ class Link:
     placeholders: dict[str, str]   # secret NAME -> what the sandbox's env gets instead of the value
     ca_pem: bytes | None       # the link's CA (links with secrets): what the sandbox must trust
     scope: str | None = None   # whose runs the link served (a recycled link's); None: nobody's yet
+    address6: str | None = None    # the sandbox's IPv6 address (eth0)
 
     def close(self) -> None:
         if self.netns_fd is not None:
@@ -277,7 +278,7 @@ class Egress:
         ca = answer.get("ca_pem")
         return Link(key=key, netns_fd=fd, address=answer["address"], gateway=answer["gateway"],
                     placeholders=dict(answer.get("placeholders") or {}), ca_pem=ca.encode() if ca else None,
-                    scope=answer.get("scope"))
+                    scope=answer.get("scope"), address6=answer.get("address6"))
 
     def set_policy(self, key: str, policy: Policy | None, scope: str | None = None) -> None:
         """Replace `key`'s policy. scope: whose run it now is (a link attached with scope "any"
