@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
 
 import dns.rcode
 import pytest
 
+from pyroute2 import IPRoute
+
 from netlab import SIX, SIX_OTHER, ULA, ProxyRig, netlab
-from sandtree.network.links import addresses6
+from sandtree.network import netns
+from sandtree.network.links import IFA_F_NODAD, addresses6
 
 
 def refused(fn, *a) -> bool:
@@ -53,6 +57,12 @@ def fresh(eg):
 def banner(eg, ip, port=2222) -> bytes:
     with eg.connect(ip, port) as s:
         return s.recv(100)
+
+
+def echo(eg, ip) -> bytes:
+    with eg.connect(ip, 7, timeout=2) as s:
+        s.sendall(b"x")
+        return s.recv(10)
 
 
 def answers(reply) -> list[str]:
@@ -96,9 +106,7 @@ def test_addresses_and_networks_by_rule(eg):
     eg.policy([f"[{SIX}]:2222", "fd00:5::/64"])
     assert banner(eg, SIX) == f"BANNER {SIX}\n".encode()
     assert refused(banner, eg, SIX_OTHER)                              # one address, not its neighbour
-    with eg.connect(SIX, 7) as s:                                       # (its port only)
-        s.settimeout(2)
-        assert refused(lambda: (s.sendall(b"x"), s.recv(10))[1])
+    assert refused(echo, eg, SIX)                                       # (its port only)
     # a unique local address, as a private IPv4 one: reached because a rule names its network
     assert banner(eg, ULA) == f"BANNER {ULA}\n".encode()
     with eg.connect(ULA, 7) as s:
@@ -138,15 +146,54 @@ def test_ipv6_spellings_of_the_metadata_address_are_refused(eg, name, inner):
     assert eg.lab.trap_hits() == {}
 
 
-def test_a_link_cannot_pass_for_another_over_ipv6(eg):
-    """The sandboxes' IPv6 range is checked by the router as the IPv4 one: a packet from another
-    link's address (FREEBIND lets root in the sandbox's namespace send one) is dropped."""
-    eg.policy("all")
-    s = eg.sock(family=socket.AF_INET6)
-    s.settimeout(1.5)
-    with s:
-        s.setsockopt(socket.IPPROTO_IPV6, 34, 1)                        # IPV6_FREEBIND
-        s.bind(("fd5a:6e64:7472::6", 0))
-        with pytest.raises((socket.timeout, OSError)):
-            s.connect((SIX, 2222))
-            assert s.recv(100) == b""
+def _nft(fd, script: str) -> str:
+    with netns.entered(fd):
+        return subprocess.run(["nft"] + script.split(), capture_output=True, text=True, check=True).stdout
+
+
+PROBE = "inet probe6"       # a table of the test's: counts what got past sandtree's raw-priority chain
+
+
+def test_spoofed_ipv6_source_dropped(eg):
+    """As test_egress_proxy's IPv4 one: a source outside the sandboxes' IPv6 range, and another
+    link's IPv6 address, are dropped before conntrack, though the router is given routes back to
+    both (through this link for the first, a veth st77 standing for another link for the second)."""
+    eg.policy("*")
+    other = addresses6(7)
+    with netns.entered(eg.sandbox_fd):
+        sb = IPRoute()
+    with netns.entered(eg.pair.router_fd):
+        rt = IPRoute()
+    idx = sb.link_lookup(ifname="tp202")[0]
+    rt.link("add", ifname="st77", kind="veth", peer="sx77")
+    st77 = rt.link_lookup(ifname="st77")[0]
+    rt.link("set", index=rt.link_lookup(ifname="sx77")[0], state="up")
+    rt.addr("add", index=st77, address=other[1], prefixlen=126, flags=IFA_F_NODAD)
+    rt.link("set", index=st77, state="up")
+    rt.route("add", dst="2001:db8:99::1/128", oif=rt.link_lookup(ifname="st202")[0], family=socket.AF_INET6)
+    _nft(eg.pair.router_fd, f"add table {PROBE}")
+    _nft(eg.pair.router_fd, f"add chain {PROBE} pre {{ type filter hook prerouting priority -150 ; }}")
+    _nft(eg.pair.router_fd, f"add rule {PROBE} pre ip6 saddr {{ 2001:db8:99::1, {other[0]} }} counter")
+    try:
+        for src in ("2001:db8:99::1", other[0]):
+            sb.addr("add", index=idx, address=src, prefixlen=128, flags=IFA_F_NODAD)
+            try:
+                with pytest.raises((socket.timeout, OSError)):
+                    eg.connect(SIX, 2222, timeout=1, source=src).recv(100)
+            finally:
+                sb.addr("del", index=idx, address=src, prefixlen=128)
+        assert _probe_count(eg.pair.router_fd) == 0
+    finally:
+        _nft(eg.pair.router_fd, f"delete table {PROBE}")
+        rt.route("del", dst="2001:db8:99::1/128", family=socket.AF_INET6)
+        rt.link("del", index=st77)
+        sb.close()
+        rt.close()
+    assert eg.link.usage.connections == 0 and eg.link.usage.refused == 0
+    assert banner(eg, SIX) == f"BANNER {SIX}\n".encode()                 # its own address: through
+
+
+def _probe_count(fd) -> int:
+    out = json.loads(_nft(fd, f"-j list table {PROBE}"))
+    return sum(e["counter"]["packets"] for item in out["nftables"] if "rule" in item
+               for e in item["rule"]["expr"] if "counter" in e)

@@ -370,6 +370,10 @@ class Daemon:
         drop.add_done_callback(self.dropping.discard)
         if not self.entries:
             self.idle_since = time.monotonic()
+        if entry.made.netns_fd is None:
+            # an adopted link's veth is in the sandbox's own namespace, released before a
+            # checkpoint (CRIU restores no veth whose peer is elsewhere): gone when this answers
+            await asyncio.shield(drop)
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
