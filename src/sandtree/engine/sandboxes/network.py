@@ -135,14 +135,16 @@ class SandboxNetwork:
         """No egress at all again: the link released (every connection cut, the veth gone), or,
         while the sandbox has exposed ports, left to them with no policy and no route."""
         egress, key = self.egress(), self._later_key(row)
-        if not self.store.db.query("SELECT 1 FROM sandbox_ports WHERE sandbox=? LIMIT 1", (row["id"],)):
-            egress.release(key)               # ({} when the daemon had lost it: nothing goes out)
-            return
         try:
-            egress.set_policy(key, None)      # cuts every connection
-            egress.route(key, row["handle"].init_pid, False)
+            # every connection cut first, while the link is there to carry the ends to the
+            # sandbox (a connection whose veth went first would hang there, not end)
+            egress.set_policy(key, None)
+            if self.store.db.query("SELECT 1 FROM sandbox_ports WHERE sandbox=? LIMIT 1", (row["id"],)):
+                egress.route(key, row["handle"].init_pid, False)
+                return
         except (NotFound, Conflict):
             pass                              # (no daemon or no link for these processes: nothing goes out)
+        egress.release(key)                   # ({} when the daemon had lost it)
 
     def release_link(self, row: dict) -> dict:
         """Its link's final usage once it stops ({} without one, or when the daemon is gone)."""
