@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from conftest import make_rootfs
-from netlab import NetLab
+from netlab import SIX, NetLab
 from sandtree.engine import Engine
 from sandtree.errors import RuntimeUnavailable
 from sandtree.network.client import Egress
@@ -115,6 +115,22 @@ def test_a_sandbox_started_offline_is_given_a_policy_and_loses_it(eng, img, lab)
     finally:
         eng.sandbox_stop(sid)
     assert sid not in {x["key"] for x in eng.egress.list()}
+
+
+def test_a_policy_given_later_carries_ipv6_too(eng, img, lab):
+    sid = eng.sandbox_start(img)["id"]
+    try:
+        assert "200 OK" not in fetch(eng, sid, ("six.test", SIX))[0]
+        eng.sandbox_set_network(sid, ["six.test"])
+        out = eng.sandbox_exec(sid, "nslookup -type=AAAA six.test 2>&1; echo --; " + get("six.test", SIX)
+                               + get("other.test", SIX)).stdout.decode()
+        names, ok, other = out.split("--")[:3]
+        assert SIX in names and "200 OK" in ok and "200 OK" not in other, out
+        eng.sandbox_set_network(sid, "off")
+        assert "200 OK" not in fetch(eng, sid, ("six.test", SIX))[0]
+        assert "eth0" not in routes(eng, sid)
+    finally:
+        eng.sandbox_stop(sid)
 
 
 def test_a_policy_given_later_survives_hibernate_and_resume(eng, img, lab):
