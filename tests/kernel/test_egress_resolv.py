@@ -151,7 +151,7 @@ def test_ipv6_through_the_link_and_loopback_v6_works(eng, lab, tmp_path, tier):
               "mkdir -p /www && echo hello6 > /www/index.html && httpd -p [::1]:8080 -h /www && sleep 0.3; "
               "wget -q -O- http://[::1]:8080/ 2>&1")
     before = lab.hits[("fd00:ec2::254", 2222)], lab.hits[(SIX, 80)]
-    rec = eng.run(img, script, network=["allowed.test", "six.test", "fd00:5::/64:2222"], tier=tier)
+    rec = eng.run(img, script, network=["allowed.test", "six.test", "[fd00:5::]/64:2222"], tier=tier)
     allowed, other, six, ok, trap, named, ula, loop6 = rec.stdout.decode().split("--\n")
     assert "aaaa=0" in allowed and "11.1.1" not in allowed and "can't find" not in allowed, allowed
     assert "can't find" in other or "NXDOMAIN" in other, other
