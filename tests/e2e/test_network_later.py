@@ -185,3 +185,74 @@ def test_gvisor_refuses_a_later_policy_and_changes_nothing(eng, img):
         assert eng.sandbox_set_network(sid, "off")["network"] is None
     finally:
         eng.sandbox_stop(sid)
+
+
+def test_every_surface_gives_and_takes_a_later_policy(tmp_path, lab, rootfs):
+    """Over a real server: the remote SDK (sync and async) and REST give a sandbox started without
+    network a policy and take it away; the CLI too, on the same store."""
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+
+    import sandtree
+    from sandtree.client.aio import AsyncSandtree
+    from test_network_surfaces import lab_env, server
+    home = str(tmp_path / "home")
+    with server(home, lab) as url:
+        st = sandtree.connect(url)
+        try:
+            img = st.import_image(rootfs)
+            sb = img.start()
+            try:
+                assert sb.set_network(["allowed.test"])["network"] == {"allow_out": ["allowed.test"]}
+                ok, other = sb.exec(get("allowed.test", lab.allowed) + get("other.test", lab.other)).stdout.decode() \
+                    .split("--")[:2]
+                assert "200 OK" in ok and "200 OK" not in other, (ok, other)
+                with httpx.Client(base_url=url + "/api/v1") as h:
+                    r = h.post(f"/sandboxes/{sb.id}/network", json={"network": "off"})
+                    assert r.status_code == 200 and r.json()["network"] is None, r.text
+                    assert "200 OK" not in sb.exec(get("allowed.test", lab.allowed)).stdout.decode()
+                    r = h.post(f"/sandboxes/{sb.id}/network", json={"network": ["other.test"]})
+                    assert r.status_code == 200 and r.json()["network"] == {"allow_out": ["other.test"]}, r.text
+                assert "200 OK" in sb.exec(get("other.test", lab.other)).stdout.decode()
+
+                async def go():
+                    async with AsyncSandtree.connect(url) as ast:
+                        asb = await (await ast.image(img.id)).start()
+                        try:
+                            on = await asb.set_network(["allowed.test"])
+                            got = (await asb.exec(get("allowed.test", lab.allowed))).stdout.decode()
+                            off = await asb.set_network("off")   # (None: the remote client sends no body)
+                            gone = (await asb.exec(get("allowed.test", lab.allowed))).stdout.decode()
+                        finally:
+                            await asb.stop()
+                    return on, got, off, gone
+                on, got, off, gone = asyncio.run(go())
+                assert on["network"] == {"allow_out": ["allowed.test"]} and "200 OK" in got, got
+                assert off["network"] is None and "200 OK" not in gone, gone
+            finally:
+                sb.stop()
+        finally:
+            st.close()
+    env = {**lab_env(lab), "SANDTREE_HOME": home}
+
+    def cli(*args):
+        p = subprocess.run([sys.executable, "-m", "sandtree", *args], env=env, capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr.decode()
+        return p
+    try:
+        img = json.loads(cli("image", "import", rootfs, "--json").stdout)["image"]
+        sid = json.loads(cli("start", img, "--json").stdout)["id"]
+        try:
+            assert json.loads(cli("network", sid, "--allow", "allowed.test", "--json").stdout)["network"] == \
+                {"allow_out": ["allowed.test"]}
+            out = json.loads(cli("exec", sid, "--json", "--", "sh", "-c", get("allowed.test", lab.allowed)).stdout)
+            assert "200 OK" in out["stdout"], out
+            assert json.loads(cli("network", sid, "--network", "off", "--json").stdout)["network"] is None
+        finally:
+            cli("stop", sid)
+    finally:
+        Egress(home).stop_daemon()
