@@ -225,7 +225,7 @@ def test_every_surface_gives_and_takes_a_later_policy(tmp_path, lab, rootfs):
                         try:
                             on = await asb.set_network(["allowed.test"])
                             got = (await asb.exec(get("allowed.test", lab.allowed))).stdout.decode()
-                            off = await asb.set_network("off")   # (None: the remote client sends no body)
+                            off = await asb.set_network(None)
                             gone = (await asb.exec(get("allowed.test", lab.allowed))).stdout.decode()
                         finally:
                             await asb.stop()
