@@ -256,3 +256,38 @@ def test_every_surface_gives_and_takes_a_later_policy(tmp_path, lab, rootfs):
             cli("stop", sid)
     finally:
         Egress(home).stop_daemon()
+
+
+def test_mcp_gives_and_takes_a_later_policy(tmp_path, lab, rootfs):
+    """The sandbox_set_network tool through the real MCP client, on a sandbox started without network."""
+    import asyncio
+    import json
+    import sys
+
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+    from test_network_surfaces import lab_env
+    home = str(tmp_path / "home")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandtree", "--home", home, "mcp", "--tools", "all"],
+                                   env=lab_env(lab))
+
+    async def main():
+        async with Client(params) as c:
+            img = json.loads((await c.call_tool("import_image", {"source": rootfs})).content[0].text)["image"]
+            sid = json.loads((await c.call_tool("sandbox_start", {"image": img})).content[0].text)["id"]
+            try:
+                async def fetch_():
+                    r = await c.call_tool("sandbox_exec", {"sandbox_id": sid, "command": get("allowed.test", lab.allowed)})
+                    return json.loads(r.content[0].text)["stdout"]
+                on = await c.call_tool("sandbox_set_network", {"sandbox_id": sid, "network": ["allowed.test"]})
+                assert not on.is_error and json.loads(on.content[0].text)["network"] == {"allow_out": ["allowed.test"]}
+                assert "200 OK" in await fetch_()
+                off = await c.call_tool("sandbox_set_network", {"sandbox_id": sid, "network": None})
+                assert not off.is_error and json.loads(off.content[0].text)["network"] is None, off.content[0].text
+                assert "200 OK" not in await fetch_()
+            finally:
+                await c.call_tool("sandbox_stop", {"sandbox_id": sid})
+    try:
+        asyncio.run(main())
+    finally:
+        Egress(home).stop_daemon()
