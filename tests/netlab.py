@@ -1,5 +1,6 @@
 """A test-made internet: network namespaces that exist only for the test, holding public-looking
-addresses (11.1.1.0/24) and the addresses the egress path must never reach (169.254.169.254,
+addresses (11.1.1.0/24, and IPv6: 2600:1f18::10 and ::11 public-looking, fd00:5::10 a unique local
+address a rule may name) and the addresses the egress path must never reach (169.254.169.254,
 10.1.2.3, 127.0.0.1, fd00:ec2::254), with servers on them that record every connection.
 
     internet  -- the servers' namespace: every address on its `lo`, a veth to `edge`
@@ -53,6 +54,7 @@ from sandtree.network.resolver import serve_resolver
 from sandtree.network.upstream import Upstream
 
 ALLOWED, OTHER = "11.1.1.10", "11.1.1.11"
+SIX, SIX_OTHER, ULA = "2600:1f18::10", "2600:1f18::11", "fd00:5::10"
 DNS_IP = "11.1.1.53"
 EDGE_IP = "11.1.0.2"
 ZONE = {
@@ -64,10 +66,15 @@ ZONE = {
     "loop.test": {"A": ["127.0.0.1"]},
     "cgnat.test": {"A": ["100.64.0.1"]},
     "tunnel.test": {"TXT": ["secret-channel"]},
+    "six.test": {"AAAA": ["2600:1f18::10"]},                        # IPv6 only
+    "dual.test": {"A": ["11.1.1.10"], "AAAA": ["2600:1f18::10"]},
+    "ula.test": {"AAAA": ["fd00:5::10"]},
+    "mapped.test": {"AAAA": ["::ffff:169.254.169.254"]},           # IPv6 spellings of the metadata address
+    "nat64.test": {"AAAA": ["64:ff9b::a9fe:a9fe"]},
     "allowed.test.txt": {"TXT": ["x"]},
 }
 INTERNET_V4 = ["11.1.1.10", "11.1.1.11", DNS_IP, "169.254.169.254", "10.1.2.3"]
-INTERNET_V6 = ["fd00:ec2::254"]
+INTERNET_V6 = ["fd00:ec2::254", "2600:1f18::10", "2600:1f18::11", "fd00:5::10"]
 TRAPS = ["169.254.169.254", "10.1.2.3", "127.0.0.1", "fd00:ec2::254"]
 PORTS = (80, 443, 7, 2222)
 IFA_F_NODAD = 0x02
@@ -93,7 +100,8 @@ def _make_ca(names: list[str]):
           .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
           .sign(key, hashes.SHA256()))
     lkey = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(ALLOWED))]
+    sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(ALLOWED)),
+                                               x509.IPAddress(ipaddress.ip_address(SIX))]
     leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
             .issuer_name(subj).public_key(lkey.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
@@ -355,6 +363,7 @@ class ProxyRig:
             ipr = IPRoute()
         try:
             ipr.route("add", dst="0.0.0.0/0", gateway=self.link.gateway)
+            ipr.route("add", dst="::/0", gateway=self.link.gateway6, family=socket.AF_INET6)
         finally:
             ipr.close()
         nft.install(self.pair.router_fd)
@@ -362,7 +371,7 @@ class ProxyRig:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        links = {self.link.gateway: self.link}.get
+        links = {self.link.gateway: self.link, self.link.gateway6: self.link}.get
         self.proxy = self.run(serve_proxy(self.pair.router_fd, links, self.upstream))
         self.resolver = self.run(serve_resolver(self.pair.router_fd, links, self.upstream))
 
@@ -385,7 +394,7 @@ class ProxyRig:
         return s
 
     def connect(self, ip, port, timeout=5, source=None) -> socket.socket:
-        s = self.sock()
+        s = self.sock(family=socket.AF_INET6 if ":" in ip else socket.AF_INET)
         s.settimeout(timeout)
         if source:
             s.bind((source, 0))
@@ -395,11 +404,12 @@ class ProxyRig:
     def dns(self, name, kind="A", tcp=False, server=None):
         q = dns.message.make_query(name, kind)
         server = server or self.link.gateway
+        family = socket.AF_INET6 if ":" in server else socket.AF_INET
         if tcp:
-            s = self.sock()
+            s = self.sock(family=family)
             s.connect((server, 53))
             return dns.query.tcp(q, server, timeout=5, sock=s)
-        return dns.query.udp(q, server, timeout=5, sock=self.sock(socket.SOCK_DGRAM))
+        return dns.query.udp(q, server, timeout=5, sock=self.sock(socket.SOCK_DGRAM, family))
 
     def http(self, ip, host, path="/", port=80) -> tuple[int, bytes]:
         s = self.connect(ip, port)

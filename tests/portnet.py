@@ -1,6 +1,6 @@
 """Namespaces made by the port-exposure tests: a router namespace and a "sandbox" namespace joined
-by a veth pair, addressed like a link (100.64.K.1 router side, 100.64.K.2 sandbox side), with a
-server the test runs in the sandbox namespace. Nothing here leaves namespaces the test made; every
+by a veth pair, addressed like a link (100.64.K.1 router side, 100.64.K.2 sandbox side, and the
+IPv6 pair of links.addresses6(K)), with a server the test runs in the sandbox namespace. Nothing here leaves namespaces the test made; every
 fd and thread is closed by close()."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 from pyroute2 import IPRoute
 
 from sandtree.network import netns
+from sandtree.network.links import IFA_F_NODAD, V6_QUIET, addresses6
 from sandtree.network.state import LinkState
 
 
@@ -35,8 +36,12 @@ class LinkPair:
         self.host_fd = netns.current()
         self.own_sandbox = sandbox_fd is None
         self.sandbox_fd = netns.new() if sandbox_fd is None else os.dup(sandbox_fd)
+        address6, gateway6 = addresses6(index)
         self.link = LinkState(key=f"test{index}", index=index, address=f"100.64.{index}.2",
-                              gateway=f"100.64.{index}.1", policy=None)
+                              gateway=f"100.64.{index}.1", policy=None, address6=address6, gateway6=gateway6)
+        for fd in (self.router_fd, self.sandbox_fd):      # (as links.py makes them: one IPv6 address a side)
+            for name, value in V6_QUIET:
+                netns.write_sysctl(fd, name, value)
         r = _ipr_in(self.router_fd)
         try:
             r.link("add", ifname=f"st{index}", kind="veth", peer=f"tp{index}")
@@ -44,12 +49,16 @@ class LinkPair:
             r.link("set", index=idx, net_ns_fd=self.sandbox_fd)
             _up(r, "lo", None)
             _up(r, f"st{index}", f"{self.link.gateway}")
+            r.addr("add", index=r.link_lookup(ifname=f"st{index}")[0], address=gateway6, prefixlen=126,
+                   flags=IFA_F_NODAD)
         finally:
             r.close()
         s = _ipr_in(self.sandbox_fd)
         try:
             _up(s, "lo", None)
             _up(s, f"tp{index}", self.link.address)
+            s.addr("add", index=s.link_lookup(ifname=f"tp{index}")[0], address=address6, prefixlen=126,
+                   flags=IFA_F_NODAD)
         finally:
             s.close()
         self.servers: list[socket.socket] = []

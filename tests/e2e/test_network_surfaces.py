@@ -27,7 +27,7 @@ from conftest import free_port, make_rootfs, wait_for_port
 from netlab import NetLab
 from sandtree.client.sdk import Sandtree
 from sandtree.engine import Engine
-from sandtree.errors import Conflict, Forbidden, InvalidInput, RuntimeUnavailable
+from sandtree.errors import Forbidden, InvalidInput, RuntimeUnavailable
 from sandtree.network.client import Egress
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
@@ -419,10 +419,11 @@ def test_set_network_replaces_a_live_policy_and_cuts_what_it_forbids(eng, img, l
         assert b"200 OK" not in eng.sandbox_exec(sid, get("allowed.test", "11.1.1.10")).stdout
     finally:
         eng.sandbox_stop(sid)
-    plain = eng.sandbox_start(img)
+    plain = eng.sandbox_start(img)          # started without network: given one later (test_network_later.py)
     try:
-        with pytest.raises(Conflict, match="without network"):
-            eng.sandbox_set_network(plain["id"], "all")
+        assert eng.sandbox_set_network(plain["id"], "allowed.test")["network"] == {"allow_out": ["allowed.test"]}
+        assert "200 OK" in eng.sandbox_exec(plain["id"], get("allowed.test", "11.1.1.10")).stdout.decode()
+        assert eng.sandbox_set_network(plain["id"], "off")["network"] is None
     finally:
         eng.sandbox_stop(plain["id"])
 

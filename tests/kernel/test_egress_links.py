@@ -8,6 +8,7 @@ check it leaves no process, namespace or veth."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import socket
@@ -125,16 +126,20 @@ def test_an_attached_link_is_a_namespace_with_eth0_and_a_route(eg):
             assert names["eth0"].get_attr("IFLA_OPERSTATE") == "UP"
             addrs = [(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(family=socket.AF_INET)]
             assert (link.address, 30) in addrs
-            # IPv6 on lo only (::1 as without network); none on eth0, no IPv6 route out of it
-            assert [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET6)] == ["::1"]
-            assert not [r for r in ipr.get_routes(family=socket.AF_INET6)
-                        if r.get_attr("RTA_OIF") == names["eth0"]["index"]]
+            # IPv6: ::1 on lo (as without network), and on eth0 its one address (no link-local: the
+            # router knows a link by it), with the default route to the router's end
+            v6 = sorted((a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(family=socket.AF_INET6))
+            assert v6 == sorted([("::1", 128), (link.address6, 126)]), v6
+            assert link.address6.startswith("fd5a:6e64:7472:")
             gws = [r.get_attr("RTA_GATEWAY") for r in ipr.get_routes(family=socket.AF_INET) if r["dst_len"] == 0]
             assert gws == [link.gateway]
+            gws6 = [r.get_attr("RTA_GATEWAY") for r in ipr.get_routes(family=socket.AF_INET6)
+                    if r["dst_len"] == 0 and r.get_attr("RTA_OIF") == names["eth0"]["index"]]
+            assert gws6 == [str(ipaddress.ip_address(link.address6) - 1)]          # (::1 of its /126)
         finally:
             ipr.close()
         assert sysctls == {"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.tcp_rmem": "4096\t65536\t262144",
-                           "net.ipv4.tcp_wmem": "4096\t16384\t65536", "net.ipv6.conf.eth0.disable_ipv6": "1"}
+                           "net.ipv4.tcp_wmem": "4096\t16384\t65536", "net.ipv6.conf.eth0.disable_ipv6": "0"}
         assert link.key in {l["key"] for l in eg.list()}
     finally:
         link.close()

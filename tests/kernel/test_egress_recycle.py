@@ -15,6 +15,7 @@ it made, sandboxes of the namespaces tier on its links, a netlab internet for th
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -147,6 +148,10 @@ def looks(link) -> dict:
         text = text.replace(link.address, "ADDR").replace(link.gateway, "GW")
         base = link.address.rsplit(".", 1)[0]
         text = re.sub(re.escape(base) + r"\.\d+", "NET", text)
+        if link.address6:                   # (its IPv6 /126: ::2 the address, ::1 the gateway)
+            a6 = ipaddress.ip_address(link.address6)
+            for value, name in ((a6, "ADDR6"), (a6 - 1, "GW6"), (a6 - 2, "NET6")):
+                text = re.sub(r"(?<![0-9a-f:])" + re.escape(str(value)) + r"(?![0-9a-f:])", name, text)
         return re.sub(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", "MAC", text)
 
     def strip(items, *drop):

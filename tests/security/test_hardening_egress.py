@@ -164,9 +164,15 @@ def test_raw_icmp_other_udp_and_ipv6_go_nowhere(rig):
         u.sendto(b"hello", (ALLOWED, 7))
         with pytest.raises((socket.timeout, OSError)):
             u.recvfrom(100)
-    with pytest.raises(OSError):
-        s6 = rig.sock(socket.SOCK_STREAM, socket.AF_INET6)
-        with s6:
-            s6.settimeout(2)
+    # IPv6 goes to the same proxy, which refuses a unique local address no rule names
+    s6 = rig.sock(socket.SOCK_STREAM, socket.AF_INET6)
+    with s6:
+        s6.settimeout(5)
+        try:
             s6.connect(("fd00:ec2::254", 80))
+            s6.sendall(b"GET / HTTP/1.1\r\nHost: fd00-ec2.test\r\n\r\n")
+            got = s6.recv(200)
+        except OSError:
+            got = b""
+        assert got == b"" or got.startswith(b"HTTP/1.1 403"), got
     assert rig.lab.trap_hits() == {}

@@ -112,7 +112,8 @@ def add_sandboxes(sub, common) -> None:
     x.set_defaults(fn=cmd_exec, takes_command=True, error_status=exits.ERROR_IN_COMMAND)
     derive.add(sub, common, "sandbox_stop")
     x = sub.add_parser("network", parents=[common], help="replace a live sandbox's network policy "
-                       "(it must have started with one; connections the new policy forbids are cut)")
+                       "(connections the new policy forbids are cut; one started without network is given it, "
+                       "--network off takes it away)")
     x.add_argument("sandbox")
     options.add_network(x)
     x.set_defaults(fn=cmd_set_network)

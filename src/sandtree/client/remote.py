@@ -143,7 +143,11 @@ class RemoteEngine:
         # a dict in a query (labels) travels as repeated NAME=K=V parameters
         query = {http.rename.get(k, k): ([f"{a}={b}" for a, b in sent[k].items()] if isinstance(sent[k], dict)
                                          else sent[k]) for k in http.query if sent.get(k) is not None}
-        body = {http.rename.get(k, k): _wire(sent[k]) for k in http.body if sent.get(k) is not None}
+        # None is "not given" (the server's default), except for a parameter with no default,
+        # where it is the value itself (set_network(None): no network): it travels as null
+        given = {k for k, p in row.signature.parameters.items() if p.default is inspect.Parameter.empty}
+        body = {http.rename.get(k, k): _wire(sent[k]) for k in http.body
+                if sent.get(k) is not None or (k in sent and k in given)}
         extra = {k: v for k, v in sent.items() if k not in _named(row) and v is not None}
         if extra:                                        # **options of the row (grep's flags, ...)
             (body if http.body else query).update(extra)

@@ -58,6 +58,7 @@ class Link:
     placeholders: dict[str, str]   # secret NAME -> what the sandbox's env gets instead of the value
     ca_pem: bytes | None       # the link's CA (links with secrets): what the sandbox must trust
     scope: str | None = None   # whose runs the link served (a recycled link's); None: nobody's yet
+    address6: str | None = None    # the sandbox's IPv6 address (eth0)
 
     def close(self) -> None:
         if self.netns_fd is not None:
@@ -266,12 +267,18 @@ class Egress:
         answer, _ = self._request({"op": "adopt", "key": key, "pid": pid, "owner": os.getpid()})
         return self._link(key, answer, None)
 
+    def route(self, key: str, pid: int, on: bool = True) -> None:
+        """An adopted link's default route to the router on or off (a policy given to a sandbox
+        after it started, or taken away); pid: a process in that namespace. NotFound when the
+        daemon has no such link, Conflict when `pid` is no longer in the namespace adopted."""
+        self._request({"op": "route", "key": key, "pid": pid, "on": on}, start=False)
+
     @staticmethod
     def _link(key: str, answer: dict, fd: int | None) -> Link:
         ca = answer.get("ca_pem")
         return Link(key=key, netns_fd=fd, address=answer["address"], gateway=answer["gateway"],
                     placeholders=dict(answer.get("placeholders") or {}), ca_pem=ca.encode() if ca else None,
-                    scope=answer.get("scope"))
+                    scope=answer.get("scope"), address6=answer.get("address6"))
 
     def set_policy(self, key: str, policy: Policy | None, scope: str | None = None) -> None:
         """Replace `key`'s policy. scope: whose run it now is (a link attached with scope "any"

@@ -35,7 +35,7 @@ from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
 from . import descriptors, fastpath, netns, nft, proxy, recycle, resolver, trust, upstream
 from .client import MAX_MESSAGE, lock_path, socket_path
-from .links import ANY, Links, Made
+from .links import ANY, Links, Made, addresses6
 from .policy import Policy
 from .state import LinkState
 
@@ -170,12 +170,14 @@ class Daemon:
             self.pending.discard(key)
 
     def _add(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
+        address6, gateway6 = addresses6(made.index)
         state = LinkState(key=key, index=made.index, address=made.address, gateway=made.gateway,
-                          policy=policy, secrets=secrets)
+                          policy=policy, secrets=secrets, address6=address6, gateway6=gateway6)
         state.ca = trust.link_ca(key, secrets)
         entry = Entry(state, made, ns, owner)
         self.entries[key] = entry
         self.by_gateway[made.gateway] = state
+        self.by_gateway[gateway6] = state           # (its IPv6 connections and DNS)
         return entry
 
     async def _keep(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
@@ -235,7 +237,25 @@ class Daemon:
             raise NotFound(f"no process {pid}", pid=pid) from None
         made = await asyncio.get_running_loop().run_in_executor(None, self.links.adopt, pid)
         await self._keep(key, made, (st.st_dev, st.st_ino), None, [], owner)
-        return {"address": made.address, "gateway": made.gateway, "placeholders": {}, "ca_pem": None}
+        return {"address": made.address, "gateway": made.gateway, "address6": addresses6(made.index)[0],
+                "placeholders": {}, "ca_pem": None}
+
+    async def op_route(self, req, fds) -> dict:
+        """An adopted link's default route on (its sandbox was given a policy after it started:
+        its egress reaches the proxy and resolver as a joined link's does) or off (nothing but
+        connections the router opens to it). `pid`: a process in the adopted namespace."""
+        entry = self._entry(req)
+        if entry.made.netns_fd is not None:
+            raise errors.Conflict(f"link {entry.state.key!r} is not adopted: its route came with it",
+                                  key=entry.state.key)
+        pid, on = req.get("pid"), req.get("on", True)
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidInput(f"pid must be a positive integer, not {pid!r}")
+        if not isinstance(on, bool):
+            raise InvalidInput(f"on is true or false, not {on!r}")
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.links.route, pid, entry.made.index, on, entry.ns)
+        return {}
 
     async def op_set_policy(self, req, fds) -> dict:
         entry = self._entry(req)
@@ -281,7 +301,8 @@ class Daemon:
     @staticmethod
     def _described(entry: Entry) -> dict:
         st = entry.state
-        return {"address": st.address, "gateway": st.gateway, "placeholders": trust.placeholders(st.secrets),
+        return {"address": st.address, "gateway": st.gateway, "address6": st.address6,
+                "placeholders": trust.placeholders(st.secrets),
                 "ca_pem": st.ca.pem().decode() if st.ca else None, "scope": entry.scope}
 
     async def op_usage(self, req, fds) -> dict:
@@ -312,6 +333,7 @@ class Daemon:
 
     async def op_list(self, req, fds) -> dict:
         return {"links": [{"key": k, "address": e.state.address, "gateway": e.state.gateway,
+                           "address6": e.state.address6,
                            "adopted": e.made.netns_fd is None, "owner": e.owner, "held": e.held,
                            "policy": e.state.policy.to_json() if e.state.policy else None,
                            "ports": {str(p): x.host_port for p, x in e.exposures.items()}}
@@ -327,6 +349,7 @@ class Daemon:
             return
         del self.entries[key]
         self.by_gateway.pop(entry.state.gateway, None)
+        self.by_gateway.pop(entry.state.gateway6, None)
         for ex in entry.exposures.values():
             ex.close()
         entry.exposures.clear()
@@ -347,6 +370,10 @@ class Daemon:
         drop.add_done_callback(self.dropping.discard)
         if not self.entries:
             self.idle_since = time.monotonic()
+        if entry.made.netns_fd is None:
+            # an adopted link's veth is in the sandbox's own namespace, released before a
+            # checkpoint (CRIU restores no veth whose peer is elsewhere): gone when this answers
+            await asyncio.shield(drop)
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()

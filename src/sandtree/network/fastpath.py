@@ -238,8 +238,8 @@ async def relay(usage, client: socket.socket, up: socket.socket, conn=None) -> b
     """Both directions of an opaque connection by the kernel until both end (or a cut); False
     without doing anything when the kernel path is off here. `conn` (proxy.Connection) gets the
     Fast as `.fast`, so its close() counts and unpairs before it cuts."""
-    if not enabled():
-        STATS["splice"] += 1
+    if not enabled() or socket.AF_INET6 in (client.family, up.family):
+        STATS["splice"] += 1               # (the program's keys are IPv4 4-tuples: sockmap.key_of)
         return False
     fast = Fast(usage, client, up)
     try:

@@ -3,9 +3,13 @@
 A link K is a network namespace of its own (owned by the host's user namespace, so root inside a
 sandbox holds no capability over its addresses, routes or sysctls) with `lo` up and `eth0`, one
 end of a veth pair: 100.64.0.0/16 cut into /30s, the sandbox's end .2 of the K-th with a default
-route via .1, which is `stK` in the router namespace. The router namespace holds every `stK`; it
-forwards nothing (ip_forward 0) and its nftables ruleset (nft.py) sends every TCP connection and
-DNS packet from a link to the daemon's proxy and resolver (daemon.py).
+route via .1, which is `stK` in the router namespace; and the same in IPv6 (NETWORK6, a ULA
+prefix cut into /126s: ::2 and ::1 of the K-th), so a sandbox reaches IPv6 destinations through
+the same proxy and resolver. Neither end has a link-local address (addr_gen_mode 1) nor does
+duplicate address detection: the router's redirect and the proxy know a link by its one
+address. The router namespace holds every `stK`; it forwards nothing (ip_forward 0) and its
+nftables ruleset (nft.py) sends every TCP connection and DNS packet from a link to the daemon's
+proxy and resolver (daemon.py).
 
 Everything is made over netlink (pyroute2), never by ip(8) per link. pyroute2's sync API runs an
 event loop of its own, so it cannot be called on the daemon's loop: all calls here go through one
@@ -19,7 +23,8 @@ table of its own (LINK_EHASH buckets): its /proc/net/tcp lists only its sockets 
 host's shared 262,144-bucket table took 5-9 ms), and no link shares TCP hash chains with another.
 
 `adopt` gives a RUNNING sandbox with a network namespace of its own a veth into that namespace:
-an address and no default route, so only connections the router opens to it (exposed ports) work.
+addresses and no default route, so only connections the router opens to it (exposed ports) work
+until `route` gives it one (a policy given later).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import concurrent.futures
 import contextlib
 import ipaddress
 import os
+import socket
 import sys
 import threading
 import time
@@ -38,11 +44,15 @@ from pyroute2 import IPRoute
 
 from ..errors import Conflict, LimitExceeded, NotFound
 from . import netns, nlraw, recycle
+from .policy import SANDBOX_NET6
 
-__all__ = ["Links", "Made", "NETWORK", "MAX_INDEX", "POOL", "LINK_SYSCTLS", "ROUTER_SYSCTLS", "LINK_EHASH",
-           "EHASH_SCALED", "RECYCLE_TRIES", "ANY", "addresses"]
+__all__ = ["Links", "Made", "NETWORK", "NETWORK6", "MAX_INDEX", "POOL", "LINK_SYSCTLS", "ROUTER_SYSCTLS",
+           "ADOPT_SYSCTLS", "V6_QUIET", "V6_ON", "IPV6", "IFA_F_NODAD", "LINK_EHASH", "EHASH_SCALED", "RECYCLE_TRIES", "ANY", "addresses", "addresses6"]
 
 NETWORK = ipaddress.IPv4Network("100.64.0.0/16")
+NETWORK6 = SANDBOX_NET6                          # (policy.py: never a destination)
+IFA_F_NODAD = 0x02
+IPV6 = os.path.isdir("/proc/sys/net/ipv6/conf")  # (a kernel booted with ipv6.disable=1: links are IPv4 only)
 MAX_INDEX = NETWORK.num_addresses // 4 - 1      # K of the last /30 (K = 0 is never used)
 POOL = 4                                        # links made ahead
 LINK_EHASH = 4096                               # buckets of a link's own TCP hash table (32 KiB)
@@ -53,20 +63,26 @@ ANY = object()                                  # take_ready: a link of any scop
 # The sandbox's side. ip_unprivileged_port_start: the sandbox holds no capability in a namespace
 # it joined, and dev servers bind 80. tcp_rmem/tcp_wmem: what helper/network.c's loopback_up() sets in a
 # sandbox's own namespace (bounded socket buffers, see there); a joined, host-owned namespace
-# cannot be written by the sandbox, so the link comes with them. IPv6 off on eth0: links are IPv4
-# only (the proxy and resolver are), and no IPv6 address or route appears there, so a connect to
-# any IPv6 address fails at once (ENETUNREACH: tools fall back to IPv4 without a timeout). On lo
-# IPv6 stays on: ::1 works as in a sandbox without network (servers on [::1] or dual-stack [::]).
+# cannot be written by the sandbox, so the link comes with them. IPv6 (V6_QUIET, set before eth0
+# arrives): its one address only (no link-local, no duplicate address detection: usable at once),
+# no router advertisements or autoconfiguration taken (nothing on a link may route it elsewhere).
+V6_QUIET = (("net.ipv6.conf.default.addr_gen_mode", "1"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+            ("net.ipv6.conf.default.dad_transmits", "0"),
+            ("net.ipv6.conf.default.accept_ra", "0"),
+            ("net.ipv6.conf.default.autoconf", "0"))
+V6_ON = (("net.ipv6.conf.all.disable_ipv6", "0"), ("net.ipv6.conf.default.disable_ipv6", "0"), *V6_QUIET) \
+    if IPV6 else ()
 LINK_SYSCTLS = (("net.ipv4.ip_unprivileged_port_start", "0"),
                 ("net.ipv4.tcp_rmem", "4096 65536 262144"),
                 ("net.ipv4.tcp_wmem", "4096 16384 65536"),
-                ("net.ipv6.conf.all.disable_ipv6", "1"),
-                ("net.ipv6.conf.default.disable_ipv6", "1"),
-                ("net.ipv6.conf.lo.disable_ipv6", "0"))
+                *V6_ON)
 ROUTER_SYSCTLS = (("net.ipv4.ip_forward", "0"),            # no packet of a sandbox is ever forwarded
-                  ("net.ipv6.conf.all.disable_ipv6", "1"),
-                  ("net.ipv6.conf.default.disable_ipv6", "1"),
+                  *((("net.ipv6.conf.all.forwarding", "0"),) if IPV6 else ()),
+                  *V6_ON,
                   ("net.ipv4.tcp_child_ehash_entries", str(LINK_EHASH)))
+# An adopted namespace (the sandbox's own): its eth0 arrives as a link's does
+ADOPT_SYSCTLS = V6_QUIET if IPV6 else ()
 # A namespace's own hash table sizes these from its buckets (128 and 2048 for LINK_EHASH): a link
 # gets what a namespace on the shared table gets (the router's values, read once).
 EHASH_SCALED = ("net.ipv4.tcp_max_syn_backlog", "net.ipv4.tcp_max_tw_buckets")
@@ -75,6 +91,12 @@ EHASH_SCALED = ("net.ipv4.tcp_max_syn_backlog", "net.ipv4.tcp_max_tw_buckets")
 def addresses(index: int) -> tuple[str, str]:
     """(sandbox address, gateway) of link `index`: .2 and .1 of the index-th /30 of NETWORK."""
     base = NETWORK.network_address + 4 * index
+    return str(base + 2), str(base + 1)
+
+
+def addresses6(index: int) -> tuple[str, str]:
+    """The same in IPv6: ::2 and ::1 of the index-th /126 of NETWORK6."""
+    base = NETWORK6.network_address + 4 * index
     return str(base + 2), str(base + 1)
 
 
@@ -166,13 +188,15 @@ class Links:
         raise LimitExceeded(f"all {MAX_INDEX} links of {NETWORK} are in use")
 
     def _veth(self, index: int, peer_fd: int) -> None:
-        """stK in the router (up, gateway address) with its peer eth0 moved into `peer_fd`."""
+        """stK in the router (up, gateway addresses) with its peer eth0 moved into `peer_fd`."""
         address, gateway = addresses(index)
         name = f"st{index}"
         self._ipr.link("add", ifname=name, kind="veth", peer={"ifname": "eth0", "net_ns_fd": peer_fd})
         try:
             i = self._ipr.link_lookup(ifname=name)[0]
             self._ipr.addr("add", index=i, address=gateway, prefixlen=30)
+            if IPV6:
+                self._ipr.addr("add", index=i, address=addresses6(index)[1], prefixlen=126, flags=IFA_F_NODAD)
             self._ipr.link("set", index=i, state="up")
         except BaseException:
             self._drop_veth(index)
@@ -184,9 +208,10 @@ class Links:
             for i in ipr.link_lookup(ifname=f"st{index}"):
                 ipr.link("del", index=i)
 
-    def _configure(self, peer_fd: int, address: str, gateway: str | None, sysctls) -> None:
-        """In the namespace `peer_fd`: sysctls, lo and eth0 up with `address`, default route via
-        `gateway` (none when None)."""
+    def _configure(self, peer_fd: int, index: int, routed: bool, sysctls) -> None:
+        """In the namespace `peer_fd`: sysctls, lo and eth0 up with link `index`'s addresses,
+        default routes via its gateways when `routed`."""
+        (address, gateway), (address6, gateway6) = addresses(index), addresses6(index)
         with netns.entered(peer_fd):
             _sysctls(sysctls)
             ipl = IPRoute()
@@ -194,9 +219,13 @@ class Links:
             ipl.link("set", index=ipl.link_lookup(ifname="lo")[0], state="up")
             eth = ipl.link_lookup(ifname="eth0")[0]
             ipl.addr("add", index=eth, address=address, prefixlen=30)
+            if IPV6:
+                ipl.addr("add", index=eth, address=address6, prefixlen=126, flags=IFA_F_NODAD)
             ipl.link("set", index=eth, state="up")
-            if gateway:
+            if routed:
                 ipl.route("add", dst="0.0.0.0/0", gateway=gateway)
+                if IPV6:
+                    ipl.route("add", dst="::/0", gateway=gateway6, family=socket.AF_INET6)
             # The carrier comes on through the kernel's linkwatch, later than the netlink
             # answer: a sandbox started before it would see eth0 without carrier and its first
             # packets dropped. Links are made ahead, so waiting here costs an attach nothing.
@@ -218,10 +247,11 @@ class Links:
                 _sysctls(self.link_sysctls)
             self._veth(index, fd)
             address, gateway = addresses(index)
-            self._configure(fd, address, gateway, ())
+            self._configure(fd, index, True, ())
             # The router may still track connections from this address (an earlier link of this
             # index): a new link starts with none, as a recycled one does.
-            recycle.forget_conntrack(self.router_fd, address)
+            for a in (address, addresses6(index)[0]):
+                recycle.forget_conntrack(self.router_fd, a)
             fresh = recycle.fingerprint(fd, [n for n, _ in self.link_sysctls])
             with self._lock:
                 self.stats["made"] += 1
@@ -287,17 +317,50 @@ class Links:
             with IPRoute() as ipl:
                 if ipl.link_lookup(ifname="eth0"):
                     raise Conflict("the sandbox's namespace already has an eth0 (a link)")
+            _sysctls(ADOPT_SYSCTLS)                 # (before eth0 arrives: read when it does)
         index = self._index()
         try:
             self._veth(index, fd)
             address, gateway = addresses(index)
-            self._configure(fd, address, None, ())
+            self._configure(fd, index, False, ())
             return Made(index, None, address, gateway)
         except BaseException:
             self._drop_veth(index)
             with self._lock:
                 self._used.discard(index)
             raise
+
+    def route(self, pid: int, index: int, on: bool, ns: tuple[int, int]) -> None:
+        """Give an adopted namespace (process `pid`'s, whose identity must be `ns`: the one
+        adopted, not a namespace a later process of that pid has) its default routes via link
+        `index`'s gateways (on), or take them away: a policy given to a sandbox that started
+        without one (its egress then goes where a link's does, to the router), or lost again."""
+        try:
+            fd = os.open(f"/proc/{int(pid)}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise NotFound(f"no process {pid}", pid=pid) from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != tuple(ns):
+                raise Conflict(f"process {pid} is not in the namespace that link adopted", pid=pid)
+            self.call(self._route, fd, index, on)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _route(fd: int, index: int, on: bool) -> None:
+        with netns.entered(fd):
+            ipl = IPRoute()
+        try:
+            for family, dst, gateway in ((socket.AF_INET, "0.0.0.0/0", addresses(index)[1]),
+                                         (socket.AF_INET6, "::/0", addresses6(index)[1]))[:2 if IPV6 else 1]:
+                if on:
+                    ipl.route("replace", dst=dst, gateway=gateway, family=family)
+                else:
+                    for _ in ipl.get_routes(family=family, dst_len=0, table=254):
+                        ipl.route("del", dst=dst, family=family)
+        finally:
+            ipl.close()
 
     def recycle(self, made: Made, scope, ns: tuple[int, int]) -> None:
         """Give a released link (of namespace identity `ns`) back to the pool for `scope` once
@@ -363,7 +426,8 @@ class Links:
                 why = recycle.dirt(made.netns_fd, made.fresh, [n for n, _ in self.link_sysctls])
                 if why is None:
                     recycle.reset(made.netns_fd, router, made.router_ifindex)
-                    recycle.forget_conntrack(self.router_fd, made.address, ct)
+                    for a in (made.address, addresses6(made.index)[0]):
+                        recycle.forget_conntrack(self.router_fd, a, ct)
             except Exception as e:          # noqa: BLE001 - not provably clean: removed
                 why = f"looking at it failed: {type(e).__name__}: {e}"
         with self._lock:

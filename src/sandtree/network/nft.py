@@ -6,7 +6,10 @@ address and port, so the proxy refuses it with a reason rather than the ruleset 
 silently; UDP reaches the resolver only through the DNS redirect.) A link's packets must come
 from the sandboxes' range and, by the
 reverse-path check (`fib`), from the address routed to that very link, so one sandbox can not pass
-for another (the proxy picks the link by the connection's local address, and counts by it)."""
+for another (the proxy picks the link by the connection's local address, and counts by it).
+IPv6 the same (the table is `inet`: one redirect for both), from the sandboxes' IPv6 range; the
+neighbour discovery a link needs to reach its gateway (solicitations and advertisements, hop
+limit 255 as only an on-link sender can set it) is the one other thing the router takes in."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import subprocess
 
 from ..errors import RuntimeUnavailable
 from . import netns
+from .policy import SANDBOX_NET, SANDBOX_NET6
 
 __all__ = ["PROXY_PORT", "RESOLVER_PORT", "TABLE", "RULESET", "install"]
 
@@ -27,8 +31,8 @@ delete table inet {TABLE}
 table inet {TABLE} {{
     chain pre_raw {{
         type filter hook prerouting priority raw; policy accept;
-        iifname "st*" meta nfproto ipv6 drop
-        iifname "st*" ip saddr != 100.64.0.0/16 drop
+        iifname "st*" ip saddr != {SANDBOX_NET} drop
+        iifname "st*" ip6 saddr != {SANDBOX_NET6} drop
         iifname "st*" fib saddr . iif oif missing drop
     }}
     chain pre_nat {{
@@ -39,6 +43,7 @@ table inet {TABLE} {{
     chain in_filter {{
         type filter hook input priority filter; policy accept;
         iifname "st*" ct state established,related accept
+        iifname "st*" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} ip6 hoplimit 255 accept
         iifname "st*" tcp dport {{ {PROXY_PORT}, {RESOLVER_PORT} }} accept
         iifname "st*" ct status dnat udp dport {RESOLVER_PORT} accept
         iifname "st*" drop

@@ -30,17 +30,45 @@ from typing import Iterable
 from ..errors import InvalidInput
 
 SANDBOX_NET = ipaddress.ip_network("100.64.0.0/16")       # sandboxes' own addresses (links.py)
+SANDBOX_NET6 = ipaddress.ip_network("fd5a:6e64:7472::/64")  # and their IPv6 ones (a ULA of sandtree's)
 MAX_RULES = 256
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 _WIRE_LABEL = re.compile(rb"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+# IPv6 that is public: global unicast (2000::/3) less what Python's is_global misses here (3.11:
+# the documentation range of RFC 9637), and the forms that stand for an IPv4 address, which is
+# then checked as IPv4 is: ::ffff:a.b.c.d (a dual-stack socket connects to a.b.c.d), NAT64's
+# well-known prefix and 6to4 (a gateway on the egress host's network may turn them into IPv4).
+_GLOBAL6 = ipaddress.ip_network("2000::/3")
+_NOT_PUBLIC6 = (ipaddress.ip_network("3fff::/20"),)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+
+
+def unmapped(ip: Address) -> Address:
+    """::ffff:a.b.c.d as a.b.c.d (what a connection to it reaches); any other address as it is."""
+    return ip.ipv4_mapped if ip.version == 6 and ip.ipv4_mapped else ip
+
+
+def embedded(ip: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for besides itself (NAT64's well-known prefix, 6to4),
+    else None: it is public only when that one is, and a deny rule naming that one denies it."""
+    if ip.version != 6:
+        return None
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour
 
 
 def is_public(ip: Address) -> bool:
     """A globally routed unicast address (what `*` reaches)."""
-    if ip.version == 6 and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+    ip = unmapped(ip)
+    if ip.version == 4:
+        return ip.is_global and not ip.is_multicast
+    inner = embedded(ip)
+    if inner is not None:
+        return is_public(inner)
+    return ip in _GLOBAL6 and ip.is_global and not any(ip in n for n in _NOT_PUBLIC6)
 
 
 def _parse_ports(text: str, rule: str) -> tuple[tuple[int, int], ...]:
@@ -124,6 +152,9 @@ class Rule:
         if net is not None:
             if net.prefixlen == 0:                               # 0.0.0.0/0 says "public", as * does
                 return cls("any", "*", ports)
+            if net.version == 6 and net.subnet_of(_MAPPED) and net.prefixlen >= 96:
+                # ::ffff:a.b.c.d/n is a.b.c.d/(n-96): what it reaches, one canonical spelling
+                net = ipaddress.ip_network((int(net.network_address) & 0xFFFFFFFF, net.prefixlen - 96))
             return cls("net", str(net), ports)
         if host.startswith("*."):
             name = host_name(host[2:])
@@ -159,10 +190,17 @@ class Rule:
         return False
 
     def addr_ok(self, ip: Address) -> bool:
+        ip = unmapped(ip)
         if self.kind == "net":
             net = ipaddress.ip_network(self.target)
             return ip.version == net.version and ip in net
         return self.kind == "any" and is_public(ip)
+
+    def denies_addr(self, ip: Address) -> bool:
+        """addr_ok for a deny rule: also through the IPv4 address `ip` stands for (NAT64, 6to4),
+        so a denied IPv4 address is not reached by its IPv6 spelling."""
+        inner = embedded(unmapped(ip))
+        return self.addr_ok(ip) or (self.kind == "net" and inner is not None and self.addr_ok(inner))
 
     def covers(self, other: "Rule") -> bool:
         """Whether everything `other` allows, this allows too (tenant grants)."""
@@ -263,12 +301,12 @@ class Policy:
         """May a connection to `ip`:`port` go out, known to the sandbox as `names` (SNI, Host,
         or what DNS answered it), `own` the egress host's own addresses?"""
         names = [n for n in (host_name(n) for n in names) if n]
+        ip = unmapped(ip)                    # (::ffff:a.b.c.d is decided as a.b.c.d, which it reaches)
         shown = f"{names[0]}:{port}" if names else f"{_show(ip)}:{port}"
-        if ip in SANDBOX_NET:
+        if any(a is not None and (a in SANDBOX_NET or a in SANDBOX_NET6) for a in (ip, embedded(ip))):
             return Verdict(False, f"{shown}: a sandbox address")
         for r in self.deny:
-            if r.port_ok(port) and (any(r.name_ok(n) for n in names) or r.addr_ok(ip)
-                                    or (r.kind == "net" and r.addr_ok(ip))):
+            if r.port_ok(port) and (any(r.name_ok(n) for n in names) or r.denies_addr(ip)):
                 return Verdict(False, f"{shown} is denied by rule {r}")
         explicit = [r for r in self.allow if r.kind == "net" and r.port_ok(port) and r.addr_ok(ip)]
         if explicit:
@@ -300,10 +338,15 @@ def _show(ip: Address) -> str:
 def _address_class(ip: Address, own) -> str:
     if ip in set(own):
         return "an address of the egress host"
+    inner = embedded(ip)
+    if inner is not None and not is_public(inner):
+        return f"an IPv6 form of {inner}, which is {_address_class(inner, own)}"
     if ip.is_loopback:
         return "a loopback address"
     if ip.is_link_local:
         return "a link-local (cloud metadata) address"
+    if ip.version == 6 and ip in ipaddress.ip_network("fc00::/7"):
+        return "a unique local (private) address"
     if ip.is_private:
         return "a private address"
     return "not a public address"

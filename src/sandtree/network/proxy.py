@@ -1,6 +1,7 @@
 """The links' transparent TCP proxy: the router's ruleset (nft.py) redirects every TCP connection
-a sandbox opens here; the original destination comes from conntrack (SO_ORIGINAL_DST), the link
-from the accepted socket's local address (the link's gateway: the sandbox can not choose it).
+a sandbox opens here, IPv4 or IPv6 (a listener for each); the original destination comes from
+conntrack (SO_ORIGINAL_DST), the link from the accepted socket's local address (the link's
+gateway: the sandbox can not choose it). ::ffff:a.b.c.d is decided and dialled as a.b.c.d.
 
 On port 443 the proxy reads the TLS ClientHello's SNI (bounded bytes, 2 s); on port 80 the first
 request head (plainhttp.first_request), and every later request of the connection is decided again
@@ -26,7 +27,7 @@ import ipaddress
 import socket
 import struct
 
-from . import fastpath, intercept, netns, plainhttp, splice
+from . import fastpath, intercept, netns, plainhttp, policy, splice
 from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
@@ -34,9 +35,10 @@ from .sniff import SNIFF_BYTES, sni
 from .state import LinkState
 
 __all__ = ["serve_proxy", "recheck", "synced", "Connection", "ProxyServer", "CHUNK", "DIAL_SECONDS",
-           "SNIFF_SECONDS", "SO_ORIGINAL_DST", "MAX_LINK_CONNECTIONS"]
+           "SNIFF_SECONDS", "SO_ORIGINAL_DST", "SOL_IPV6", "gateway_of", "MAX_LINK_CONNECTIONS"]
 
-SO_ORIGINAL_DST = 80
+SO_ORIGINAL_DST = 80              # (IP6T_SO_ORIGINAL_DST is the same number at SOL_IPV6)
+SOL_IPV6 = 41
 SNIFF_SECONDS = 2.0
 CHUNK = 1 << 18              # stream buffers of intercepted connections
 DIAL_SECONDS = 10.0
@@ -99,6 +101,12 @@ class Connection:
             w.transport.abort()
 
 
+def gateway_of(sock: socket.socket) -> str:
+    """The local address a link's connection (or datagram) was redirected to: its gateway, as the
+    daemon keys links (ipaddress's spelling, for IPv6 too)."""
+    return str(ipaddress.ip_address(sock.getsockname()[0].split("%")[0]))
+
+
 def _verdict(link: LinkState, names, ip, port, own) -> Verdict:
     if link.policy is None:
         return Verdict(False, "this sandbox has no network")
@@ -135,6 +143,9 @@ async def _refuse(link: LinkState, sock: socket.socket, host: str, port: int, re
 
 
 def _original_dst(sock: socket.socket):
+    if sock.family == socket.AF_INET6:
+        raw = sock.getsockopt(SOL_IPV6, SO_ORIGINAL_DST, 28)       # sockaddr_in6
+        return policy.unmapped(ipaddress.IPv6Address(raw[8:24])), struct.unpack("!H", raw[2:4])[0]
     raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
     port = struct.unpack("!H", raw[2:4])[0]
     return ipaddress.IPv4Address(raw[4:8]), port
@@ -149,11 +160,16 @@ async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, ow
     names = [name]
     if link.policy.resolves(name).allowed:
         # dial THE NAME: what the sandbox connected to (its /etc/hosts, a rebinding answer) is ignored
-        ips = await upstream.resolve(name)
-        verdicts = [(i, link.policy.connect(names, i, port, own)) for i in ips]
-        for i, v in verdicts:
-            if v.allowed:
-                return names, i, True, v
+        # (IPv4 first; the name's IPv6 addresses when none of those is allowed, or it has none)
+        verdicts = []
+        for family in ("A", "AAAA"):
+            if family == "AAAA" and not upstream.has_ipv6():
+                break
+            ips = await upstream.resolve(name, family)
+            verdicts += [(i, link.policy.connect(names, i, port, own)) for i in ips]
+            for i, v in verdicts:
+                if v.allowed:
+                    return names, policy.unmapped(i), True, v
         return names, ip, True, verdicts[0][1] if verdicts else Verdict(False, f"{name} does not resolve")
     # a name outside the name rules: only a network rule naming the address may allow it
     verdict = link.policy.connect(names, ip, port, own)
@@ -164,7 +180,7 @@ async def _decide(link: LinkState, name: str | None, ip, port: int, upstream, ow
 
 
 async def _handle(client: socket.socket, links, upstream, spool_dir=None) -> None:
-    link = links(client.getsockname()[0])
+    link = links(gateway_of(client))
     if link is None:
         return
     try:
@@ -248,9 +264,10 @@ class ProxyServer:
     """The listening proxy (what asyncio.start_server's server offers callers: close, wait_closed,
     sockets); closing it stops accepting and cuts the connections in flight."""
 
-    def __init__(self, sock: socket.socket, links, upstream, spool_dir=None):
-        self.sockets, self.spool_dir = [sock], spool_dir
-        self._task = asyncio.ensure_future(self._accept(sock, links, upstream))
+    def __init__(self, socks: list[socket.socket], links, upstream, spool_dir=None):
+        self.sockets, self.spool_dir = list(socks), spool_dir
+        self._accepting = [asyncio.ensure_future(self._accept(s, links, upstream)) for s in self.sockets]
+        self._task = self._accepting[0]
         self._tasks: set[asyncio.Task] = set()
 
     async def _accept(self, sock, links, upstream) -> None:
@@ -281,7 +298,8 @@ class ProxyServer:
             client.close()
 
     def close(self) -> None:
-        self._task.cancel()
+        for t in self._accepting:
+            t.cancel()
         for t in list(self._tasks):
             t.cancel()
         for s in self.sockets:
@@ -291,21 +309,32 @@ class ProxyServer:
         return not self._task.done()
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(self._task, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._accepting, *self._tasks, return_exceptions=True)
 
 
 async def serve_proxy(router_fd: int, links, upstream, port: int = PROXY_PORT,
                       spool_dir: str | None = None) -> ProxyServer:
-    """The proxy listening on `port` in the router namespace; links(local_ip) -> LinkState|None;
-    `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
-    with netns.entered(router_fd):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """The proxy listening on `port` in the router namespace, IPv4 and IPv6; links(local_ip) ->
+    LinkState|None; `spool_dir`: where intercepted request bodies over intercept.MAX_BODY are spooled."""
+    socks = []
     try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        s.listen(1024)
-        s.setblocking(False)
+        for family, any_ in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+            try:
+                with netns.entered(router_fd):
+                    s = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                if family == socket.AF_INET:
+                    raise
+                continue                          # (a kernel without IPv6: links.IPV6)
+            socks.append(s)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((any_, port))
+            s.listen(1024)
+            s.setblocking(False)
     except BaseException:
-        s.close()
+        for s in socks:
+            s.close()
         raise
-    return ProxyServer(s, links, upstream, spool_dir)
+    return ProxyServer(socks, links, upstream, spool_dir)

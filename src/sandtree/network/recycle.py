@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import struct
@@ -219,12 +220,13 @@ _NFT_GETTABLE = 0xA01                        # NFNL_SUBSYS_NFTABLES << 8 | NFT_M
 _NESTED = 0x8000
 _CTA_TUPLE_ORIG, _CTA_TUPLE_IP, _CTA_TUPLE_PROTO, _CTA_ZONE, _CTA_FILTER = 1, 1, 2, 18, 25
 _CTA_IP_V4_SRC, _CTA_IP_V4_DST, _CTA_FILTER_ORIG_FLAGS = 1, 2, 1
+_CTA_IP_V6_SRC, _CTA_IP_V6_DST = 3, 4
 _CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
 
 
 def forget_conntrack(router_fd: int, address: str, nl: nlraw.Socket | None = None) -> int:
-    """Delete the router's conntrack entries from `address` (a link's): the next user of that
-    address (a recycled link, or a new one given the same index) starts with none. Their count.
+    """Delete the router's conntrack entries from `address` (a link's, IPv4 or IPv6): the next user
+    of that address (a recycled link, or a new one given the same index) starts with none. Their count.
     nl: a NETFILTER socket in the router's namespace (else one is made). The entries are found in
     the namespace's /proc/net/nf_conntrack (0.3 ms: a netlink dump, filtered or not, walks the
     host's 262,144 buckets in 8-9 ms) and deleted one by one by their tuple."""
@@ -237,9 +239,12 @@ def forget_conntrack(router_fd: int, address: str, nl: nlraw.Socket | None = Non
         own = nl is None
         if own:
             nl = nlraw.Socket(nlraw.NETFILTER)
+    ip = ipaddress.ip_address(address)
+    family, (src_attr, dst_attr) = (socket.AF_INET, (_CTA_IP_V4_SRC, _CTA_IP_V4_DST)) if ip.version == 4 else \
+        (socket.AF_INET6, (_CTA_IP_V6_SRC, _CTA_IP_V6_DST))
     try:
         if rows is None:
-            return _forget_by_dump(nl, address)
+            return _forget_by_dump(nl, ip)
         n = 0
         for row in rows:
             words = row.split()
@@ -248,25 +253,28 @@ def forget_conntrack(router_fd: int, address: str, nl: nlraw.Socket | None = Non
                 if "=" in w:
                     k, v = w.split("=", 1)
                     fields.setdefault(k, v)
-            if fields.get("src") != address:
+            try:                                  # (IPv6 is written out in full there)
+                if ipaddress.ip_address(fields.get("src", "")) != ip:
+                    continue
+            except ValueError:
                 continue
-            if words[0] != "ipv4" or words[2] not in ("tcp", "udp"):
+            if words[0] != f"ipv{ip.version}" or words[2] not in ("tcp", "udp"):
                 raise OSError(f"a conntrack entry the link's cannot be: {row}")
-            tup = (nlraw.attr(_CTA_TUPLE_IP | _NESTED, nlraw.attr(_CTA_IP_V4_SRC, socket.inet_aton(fields["src"]))
-                              + nlraw.attr(_CTA_IP_V4_DST, socket.inet_aton(fields["dst"])))
+            tup = (nlraw.attr(_CTA_TUPLE_IP | _NESTED, nlraw.attr(src_attr, ip.packed)
+                              + nlraw.attr(dst_attr, ipaddress.ip_address(fields["dst"]).packed))
                    + nlraw.attr(_CTA_TUPLE_PROTO | _NESTED, nlraw.attr(_CTA_PROTO_NUM, bytes([int(words[3])]))
                                 + nlraw.attr(_CTA_PROTO_SRC_PORT, struct.pack("!H", int(fields["sport"])))
                                 + nlraw.attr(_CTA_PROTO_DST_PORT, struct.pack("!H", int(fields["dport"])))))
             zone = int(fields.get("zone", "0"))
-            n += _delete(nl, tup, struct.pack("!H", zone) if zone else None)
+            n += _delete(nl, tup, struct.pack("!H", zone) if zone else None, family)
         return n
     finally:
         if own:
             nl.close()
 
 
-def _delete(nl: nlraw.Socket, tup: bytes, zone: bytes | None) -> int:
-    body = struct.pack("=BBH", socket.AF_INET, 0, 0) + nlraw.attr(_CTA_TUPLE_ORIG | _NESTED, tup)
+def _delete(nl: nlraw.Socket, tup: bytes, zone: bytes | None, family: int = socket.AF_INET) -> int:
+    body = struct.pack("=BBH", family, 0, 0) + nlraw.attr(_CTA_TUPLE_ORIG | _NESTED, tup)
     if zone is not None:
         body += nlraw.attr(_CTA_ZONE, zone)
     try:
@@ -278,17 +286,18 @@ def _delete(nl: nlraw.Socket, tup: bytes, zone: bytes | None) -> int:
         return 0
 
 
-def _forget_by_dump(nl: nlraw.Socket, address: str) -> int:
-    src = socket.inet_aton(address)
-    match = nlraw.attr(_CTA_TUPLE_ORIG | _NESTED, nlraw.attr(_CTA_TUPLE_IP | _NESTED, nlraw.attr(_CTA_IP_V4_SRC, src)))
-    ask = struct.pack("=BBH", socket.AF_INET, 0, 0) + match + \
+def _forget_by_dump(nl: nlraw.Socket, ip) -> int:
+    src = ip.packed
+    family, attr = (socket.AF_INET, _CTA_IP_V4_SRC) if ip.version == 4 else (socket.AF_INET6, _CTA_IP_V6_SRC)
+    match = nlraw.attr(_CTA_TUPLE_ORIG | _NESTED, nlraw.attr(_CTA_TUPLE_IP | _NESTED, nlraw.attr(attr, src)))
+    ask = struct.pack("=BBH", family, 0, 0) + match + \
         nlraw.attr(_CTA_FILTER | _NESTED, nlraw.attr(_CTA_FILTER_ORIG_FLAGS, struct.pack("=I", 1)))
     n = 0
     for _, m in nl.request(_CT_GET, ask, dump=True):
         a = nlraw.attrs(m, 4)
         tup = a.get(_CTA_TUPLE_ORIG, b"")
-        if nlraw.attrs(nlraw.attrs(tup).get(_CTA_TUPLE_IP, b"")).get(_CTA_IP_V4_SRC) == src:
-            n += _delete(nl, tup, a.get(_CTA_ZONE))
+        if nlraw.attrs(nlraw.attrs(tup).get(_CTA_TUPLE_IP, b"")).get(attr) == src:
+            n += _delete(nl, tup, a.get(_CTA_ZONE), family)
     return n
 
 

@@ -1,6 +1,7 @@
 """The links' DNS: every DNS packet a sandbox sends (UDP or TCP port 53, to any address) is
-redirected here by the router's ruleset (nft.py). A name the link's policy may resolve is answered
-with its A records from the upstream (AAAA answered empty: links are IPv4; other types empty);
+redirected here by the router's ruleset (nft.py), over IPv4 or IPv6. A name the link's policy may
+resolve is answered with its A records from the upstream, and its AAAA records when the upstream
+routes IPv6 (else AAAA is answered empty: nothing could reach them); other types empty;
 any other name gets NXDOMAIN and is counted as refused, as does a name that is not a plain host
 name (policy.wire_name: a label holding a dot, NUL, backslash or other byte). Nothing is
 forwarded, so a DNS tunnel (TXT or otherwise) gets no further than this process. The answers are recorded in `link.names`
@@ -9,6 +10,7 @@ forwarded, so a DNS tunnel (TXT or otherwise) gets no further than this process.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import struct
 
@@ -22,11 +24,12 @@ import dns.rdatatype
 import dns.rrset
 
 from . import netns
+from .links import IPV6
 from .nft import RESOLVER_PORT
 from .policy import wire_name
 from .state import MAX_HOSTS, LinkState
 
-__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "MAX_LINK_TCP", "TCP_IDLE", "TTL"]
+__all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "IPV6_PKTINFO", "IPV6_RECVPKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "MAX_LINK_TCP", "TCP_IDLE", "TTL"]
 
 TTL = 30                 # short: a policy change reaches the sandbox's caches soon
 MAX_NAMES_PER_IP = 16
@@ -37,6 +40,7 @@ TCP_IDLE = 10.0
 # and every sandbox shares the daemon
 MAX_LINK_TCP = 64
 IP_PKTINFO = 8           # socket.IP_PKTINFO is missing on some builds
+IPV6_RECVPKTINFO, IPV6_PKTINFO = 49, 50
 
 
 def _record(link: LinkState, name: str, ips) -> None:
@@ -91,46 +95,90 @@ async def answer(link: LinkState | None, wire: bytes, upstream) -> bytes | None:
             return r.to_wire()
         _record(link, name, ips)
         r.answer.append(dns.rrset.from_text_list(question.name, TTL, "IN", "A", [str(i) for i in ips]))
+    elif question.rdclass == dns.rdataclass.IN and question.rdtype == dns.rdatatype.AAAA and upstream.has_ipv6():
+        ips = await upstream.resolve(name, "AAAA")
+        if ips:                              # (none: NOERROR, empty; the name may have A records)
+            _record(link, name, ips)
+            r.answer.append(dns.rrset.from_text_list(question.name, TTL, "IN", "AAAA", [str(i) for i in ips]))
     return r.to_wire()                       # other types: an empty NOERROR answer
 
 
 class Resolver:
-    """The UDP socket and the TCP server; close() stops both."""
+    """The UDP sockets and TCP servers (IPv4, IPv6); close() stops them all."""
 
-    def __init__(self, udp: socket.socket, tcp: asyncio.AbstractServer, loop):
+    def __init__(self, udp: list[socket.socket], tcp: list[asyncio.AbstractServer], loop):
         self.udp, self.tcp, self.loop = udp, tcp, loop
         self.tasks: set[asyncio.Task] = set()
 
     def close(self) -> None:
-        self.loop.remove_reader(self.udp.fileno())
-        self.udp.close()
-        self.tcp.close()
+        for u in self.udp:
+            self.loop.remove_reader(u.fileno())
+            u.close()
+        for t in self.tcp:
+            t.close()
         for t in list(self.tasks):
             t.cancel()
 
 
-async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_PORT) -> Resolver:
-    loop = asyncio.get_running_loop()
+def _sockets(router_fd: int, family: int, port: int) -> tuple[socket.socket, socket.socket]:
+    """(UDP, TCP listening) sockets on `port` of the router namespace for `family`."""
     with netns.entered(router_fd):
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        tsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        tsock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        udp.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-        udp.bind(("0.0.0.0", port))
+        if family == socket.AF_INET6:
+            for s in (udp, tsock):
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            udp.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+        else:
+            udp.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        any_ = "::" if family == socket.AF_INET6 else "0.0.0.0"
+        udp.bind((any_, port))
         udp.setblocking(False)
         tsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tsock.bind(("0.0.0.0", port))
+        tsock.bind((any_, port))
         tsock.listen(128)
         tsock.setblocking(False)
     except BaseException:
         udp.close()
         tsock.close()
         raise
+    return udp, tsock
+
+
+def _pktinfo(udp: socket.socket, anc) -> tuple[str, list] | None:
+    """(the local address a datagram was sent to, the ancillary data that sends a reply from
+    it), or None when the kernel said nothing of it."""
+    if udp.family == socket.AF_INET6:
+        info = next((d for lvl, typ, d in anc if lvl == socket.IPPROTO_IPV6 and typ == IPV6_PKTINFO), None)
+        if info is None or len(info) < 20:
+            return None
+        local = socket.inet_ntop(socket.AF_INET6, info[:16])   # in6_pktinfo.ipi6_addr
+        return local, [(socket.IPPROTO_IPV6, IPV6_PKTINFO, info[:16] + b"\0\0\0\0")]
+    info = next((d for lvl, typ, d in anc if lvl == socket.IPPROTO_IP and typ == IP_PKTINFO), None)
+    if info is None or len(info) < 12:
+        return None
+    local = socket.inet_ntoa(info[8:12])       # in_pktinfo.ipi_addr: the header's destination
+    # reply with ipi_spec_dst = that address, ifindex 0: the route picks the link
+    return local, [(socket.IPPROTO_IP, IP_PKTINFO, struct.pack("=i4s4s", 0, info[8:12], b"\0\0\0\0"))]
+
+
+async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_PORT) -> Resolver:
+    loop = asyncio.get_running_loop()
+    v4 = _sockets(router_fd, socket.AF_INET, port)
+    pairs = [v4]
+    if IPV6:
+        try:
+            pairs.append(_sockets(router_fd, socket.AF_INET6, port))
+        except BaseException:
+            for s in v4:
+                s.close()
+            raise
 
     open_tcp: dict[str, int] = {}        # link gateway -> its TCP connections now
 
     async def on_tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        local = writer.get_extra_info("sockname")[0]
+        local = str(ipaddress.ip_address(writer.get_extra_info("sockname")[0].split("%")[0]))
         link = links(local)
         if open_tcp.get(local, 0) >= MAX_LINK_TCP:
             writer.close()
@@ -153,34 +201,32 @@ async def serve_resolver(router_fd: int, links, upstream, port: int = RESOLVER_P
             if not open_tcp[local]:
                 del open_tcp[local]
 
-    tcp = await asyncio.start_server(on_tcp, sock=tsock)
-    res = Resolver(udp, tcp, loop)
+    tcp = [await asyncio.start_server(on_tcp, sock=t) for _, t in pairs]
+    res = Resolver([u for u, _ in pairs], tcp, loop)
 
-    async def one(data: bytes, local: str, peer, pktinfo: bytes) -> None:
-        out = await answer(links(local), data, upstream)
+    async def one(udp: socket.socket, data: bytes, local: str, peer, reply_anc: list) -> None:
+        out = await answer(links(str(ipaddress.ip_address(local))), data, upstream)
         if out is not None:
             try:                             # from the address the query was redirected to
-                udp.sendmsg([out], [(socket.IPPROTO_IP, IP_PKTINFO, pktinfo)], 0, peer)
+                udp.sendmsg([out], reply_anc, 0, peer)
             except OSError:
                 pass
 
-    def readable() -> None:
+    def readable(udp: socket.socket) -> None:
         for _ in range(64):
             try:
-                data, anc, _flags, peer = udp.recvmsg(4096, socket.CMSG_SPACE(12))
+                data, anc, _flags, peer = udp.recvmsg(4096, socket.CMSG_SPACE(20))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 return
-            info = next((d for lvl, typ, d in anc if lvl == socket.IPPROTO_IP and typ == IP_PKTINFO), None)
-            if info is None or len(info) < 12:
+            got = _pktinfo(udp, anc)
+            if got is None:
                 continue
-            local = socket.inet_ntoa(info[8:12])       # in_pktinfo.ipi_addr: the header's destination
-            # reply with ipi_spec_dst = that address, ifindex 0: the route picks the link
-            reply_info = struct.pack("=i4s4s", 0, info[8:12], b"\0\0\0\0")
-            t = loop.create_task(one(data, local, peer, reply_info))
+            t = loop.create_task(one(udp, data, got[0], peer, got[1]))
             res.tasks.add(t)
             t.add_done_callback(res.tasks.discard)
 
-    loop.add_reader(udp.fileno(), readable)
+    for udp in res.udp:
+        loop.add_reader(udp.fileno(), readable, udp)
     return res

@@ -57,6 +57,8 @@ class LinkState:
     address: str                   # the sandbox's end (eth0), e.g. 100.64.3.2
     gateway: str                   # the router's end (stK): the proxy's and resolver's local address
     policy: Policy | None          # None: nothing goes out (a link made only for exposed ports)
+    address6: str | None = None    # the same in IPv6 (links.addresses6)
+    gateway6: str | None = None
     secrets: list[Secret] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     names: dict[str, set[str]] = field(default_factory=dict)    # ip -> names the resolver answered with it

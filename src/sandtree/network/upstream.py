@@ -49,6 +49,7 @@ class Upstream:
         self.ca_file = ca_file
         self._cache: dict[str, tuple[float, list]] = {}
         self._own: tuple[float, frozenset] | None = None
+        self._v6: tuple[float, bool] | None = None
         self._tls: ssl.SSLContext | None = None
 
     # ---- sockets in the upstream namespace -------------------------------------------------------
@@ -119,31 +120,49 @@ class Upstream:
         except OSError:
             pass
 
+    def has_ipv6(self) -> bool:
+        """Whether the upstream namespace routes IPv6 to the internet (a route to a global
+        address: a UDP connect looks one up and sends nothing). Without it the resolver answers no
+        AAAA (a sandbox would pick an address nothing can reach). Re-read every OWN_TTL seconds."""
+        now = time.monotonic()
+        if self._v6 is None or self._v6[0] < now:
+            try:
+                with self.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+                    s.connect(("2000::", 9))
+                ok = True
+            except OSError:
+                ok = False
+            self._v6 = (now + OWN_TTL, ok)
+        return self._v6[1]
+
     # ---- names -----------------------------------------------------------------------------------
-    async def resolve(self, name: str) -> list[ipaddress.IPv4Address]:
-        """A records of `name` ([] when none, NXDOMAIN or no answer, or not a plain host name:
-        policy.host_name); answers reused for their TTL. The question is made from the name's
-        labels, never parsed from text (where `\\.` would put a dot inside a label)."""
+    async def resolve(self, name: str, rdtype: str = "A") -> list:
+        """`name`'s addresses of type `rdtype` (A: IPv4Address, AAAA: IPv6Address; [] when none,
+        NXDOMAIN or no answer, or not a plain host name: policy.host_name); answers reused for
+        their TTL. The question is made from the name's labels, never parsed from text (where
+        `\\.` would put a dot inside a label)."""
         name = host_name(name)
         if name is None:
             return []
-        hit = self._cache.get(name)
+        kind, cls = {"A": (dns.rdatatype.A, ipaddress.IPv4Address),
+                     "AAAA": (dns.rdatatype.AAAA, ipaddress.IPv6Address)}[rdtype]
+        hit = self._cache.get((name, rdtype))
         now = time.monotonic()
         if hit and hit[0] > now:
             return list(hit[1])
         try:
             qname = dns.name.Name([label.encode("ascii") for label in name.split(".")] + [b""])
-            reply = await self._ask(dns.message.make_query(qname, dns.rdatatype.A))
+            reply = await self._ask(dns.message.make_query(qname, kind))
         except (OSError, asyncio.TimeoutError, dns.exception.DNSException):
             return []
         ips, ttl = [], MAX_TTL
         for rrset in reply.answer:
-            if rrset.rdtype == dns.rdatatype.A:
+            if rrset.rdtype == kind:
                 ttl = min(ttl, rrset.ttl)
-                ips += [ipaddress.IPv4Address(r.address) for r in rrset]
+                ips += [cls(r.address) for r in rrset]
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()
-        self._cache[name] = (now + max(MIN_TTL, ttl), ips)
+        self._cache[(name, rdtype)] = (now + max(MIN_TTL, ttl), ips)
         return ips
 
     async def _ask(self, query: dns.message.Message, timeout: float = 3.0) -> dns.message.Message:

@@ -279,7 +279,8 @@ class LiveTier(abc.ABC):
 
     def adopt_available(self) -> tuple[bool, str]:
         """(a running sandbox started without network can be given a link, why not): the one an
-        exposed port needs (the egress daemon's `adopt` of its network namespace)."""
+        exposed port needs (the egress daemon's `adopt` of its network namespace), which a policy
+        given later (set_network) routes to the egress path."""
         return True, ""
 
     @abc.abstractmethod

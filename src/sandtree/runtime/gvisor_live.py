@@ -328,9 +328,11 @@ class GVisorLive(GVisorCommands, LiveRuntime):
 
     def adopt_available(self) -> tuple[bool, str]:
         """No: without a policy the Sentry's own netstack has loopback only (--network=none) and
-        runsc fixes the network mode at the start; a link is joined only then (gvisor.py)."""
+        runsc fixes the network mode at the start; a link is joined only then (gvisor.py). Neither
+        an exposed port's link nor a policy given later (set_network) can reach it."""
         return False, ("a gVisor sandbox's network is fixed when it starts: one started without a network policy "
-                       "cannot expose a port; start it with one (network=[...]: its ports can then be exposed), "
+                       "can neither expose a port nor be given a policy later; start it with one (network=[...]: "
+                       "its policy can then be replaced, even by none, and its ports exposed), "
                        "or on the namespaces tier")
 
     NO_LINK = ("a gVisor sandbox with a network policy cannot hibernate: gVisor checkpoints no sandbox on host "

@@ -196,12 +196,14 @@ def sandbox_metrics(sid: str, *, start: float | None = None, end: float | None =
     end: epoch seconds: samples until then (default: now)"""
 
 @via("cli", Cli("network", handler="sandboxes.cmd_set_network"))
-@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn", doc="Replace the live sandbox's network policy (connections it now forbids are cut)."))
+@op("run", audit="sandbox set network", http=Http(_P, "/sandboxes/{sid}/network", body=("network",), name="set_sandbox_network", model="NetworkSetIn", doc="Replace the live sandbox's network policy (connections it now forbids are cut); one started without network is given it, and off takes it away again."))
 @via("mcp", Mcp(rename={"sid": "sandbox_id"}, types={"network": RUN_JSON["network"]}, defaults={"network": None},
-                doc="""Replace a live sandbox's network policy (it must have been started with one); connections
-        the new policy forbids are cut."""))
+                doc="""Replace a live sandbox's network policy; connections the new policy forbids are cut. A
+        sandbox started without network is given it (off: no egress at all again; gVisor's cannot)."""))
 def sandbox_set_network(sid: str, network) -> dict:
-    """Replace a live sandbox's network policy: connections the new one forbids are cut."""
+    """Replace a live sandbox's network policy: connections the new one forbids are cut. A sandbox
+    started without network is given it (its own namespace gets a link to the egress path), and
+    network off takes it away again (no egress at all); gVisor's tier cannot (RuntimeUnavailable)."""
 
 @via("cli", Cli("sandbox ls", args=("sid", "path?")))
 @op("list", http=Http(_G, "/sandboxes/{sid}/ls", query=("path", "depth"), name="list_sandbox_dir", bounds={"depth": {"ge": 1, "le": 256}}))

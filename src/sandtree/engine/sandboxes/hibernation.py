@@ -20,6 +20,7 @@ from ...errors import Conflict, RuntimeUnavailable, SandtreeError
 from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints, durable
 from ...store.db import dumps
+from .network import joined
 
 log = logging.getLogger("sandtree.engine")
 
@@ -38,7 +39,7 @@ class SandboxHibernation:
             raise Conflict(f"sandbox {sid[:12]} mounts volumes, which a checkpoint cannot hold: stop it instead "
                            "(its volumes keep their files)", sandbox=sid)
         # its own tier's answer, not the default's; before anything is paused or committed
-        ok, why = self.live.of(h).hibernate_available(link=bool(row["spec"].get("network")))
+        ok, why = self.live.of(h).hibernate_available(link=joined(row["spec"]))
         if not ok:
             raise RuntimeUnavailable(why, tier=h.tier)
         if h.cgroup is None:
@@ -66,16 +67,20 @@ class SandboxHibernation:
                 pending = {"base": image, "remaining": max(1.0, row["expires"] - time.time())}
                 self._set_spec(sid, {**row["spec"], "hibernating": pending})
                 self.unlink(sid)
+                # (a policy given after the start: its link is a veth into the sandbox's own
+                # namespace, released as an exposed port's is; the resume gives it again)
+                self.unlink_later(row)
                 # A networked sandbox's link stays the daemon's, held while nothing is in it; its
                 # dump leaves it out and the resume is restored into it (sandboxes/network.py).
                 self.hold_link(row, True)
                 self.live.dump(h, images, ghost_limit=row["spec"]["limits"]["disk"],
-                               link=bool(row["spec"].get("network")))
+                               link=joined(row["spec"]))
             except BaseException:
                 if self.live.alive(h):
                     self.live.freeze(h, False)
                     self._set_spec(sid, row["spec"])
                     self.hold_link(row, False)
+                    self.relink_later(row)
                 raise
             # (its processes are gone now: the checkpoint is whole here; S3 before the row says so)
             old = self.live.alive(h)             # (gVisor's: paused; stopped below, off this path)
@@ -194,4 +199,5 @@ class SandboxHibernation:
                 raise
             self._drop_checkpoint(sid, spec0)
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
+            self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
         return self.info(sid)

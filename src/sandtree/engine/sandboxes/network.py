@@ -1,9 +1,18 @@
 """A live sandbox's network (a mixin of sandboxes.Sandboxes, which provides store, egress, _row,
 _running, _commit_lock, _set_spec and info): its policy replaced while it runs (the egress
 daemon's set_policy cuts the connections the new one forbids), its link kept while it is
-hibernated and given back at resume, and released when it stops or expires. A sandbox started
-without network has no link to give a policy to (its namespace is its own: only exposed ports
-reach it), so set_network refuses it.
+hibernated and given back at resume, and released when it stops or expires.
+
+A sandbox started without network is given a policy later ("network given later": an agent phase
+offline, a verifier online) through its own namespace: the daemon adopts it (a veth, as an
+exposed port's link: links.py `adopt`) and routes it to the router (`route`), whose ruleset sends
+its connections and DNS to the proxy and resolver as a joined link's, under the same policy. The
+sandbox holds no CAP_NET_ADMIN, and everything is decided outside its namespace, so this is the
+same enforcement. set_network(none) takes it away again: its link released (the namespace has
+only `lo` again), or, while it has exposed ports, their link left with no route and no policy.
+The record says so (spec LATER). A hibernation releases that link (CRIU restores no veth whose
+peer is elsewhere) and the resume gives the restored processes a new one with the same policy.
+gVisor's tier cannot (its network is fixed at the start: adopt_available says why).
 
 Hibernation keeps the link (design.md, "Hibernate"): the daemon holds it while no process is in
 it (`hold`), and the resume is given its namespace again (`rejoin`), so the sandbox comes back
@@ -14,16 +23,24 @@ daemon's memory), and stays hibernated."""
 
 from __future__ import annotations
 
-from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ...network.policy import Policy
 from ...store import inspect
 from ...store.objects import SYMLINK
 from ..runs.network import network_option, require_egress
 
-__all__ = ["SandboxNetwork", "NO_NETWORK"]
+__all__ = ["SandboxNetwork", "NO_NETWORK", "LATER", "joined"]
 
 # What a sandbox with a link records once its policy is off: a link still to release, nothing allowed
 NO_NETWORK = {"allow_out": []}
+# In a sandbox's spec: its policy was given after it started (its own namespace, adopted)
+LATER = "network_later"
+
+
+def joined(spec: dict) -> bool:
+    """Whether the sandbox runs in a link it joined at its start (the daemon's namespace, kept
+    across a hibernation): network= at the start, not a policy given later."""
+    return bool(spec.get("network")) and not spec.get(LATER)
 
 
 class SandboxNetwork:
@@ -38,13 +55,96 @@ class SandboxNetwork:
         net = network_option(self.store.db, row["image"], network, None)
         with self._commit_lock(row["id"]):
             row = self._running(row["id"])
-            if not row["spec"].get("network"):
-                raise Conflict(f"sandbox {row['id'][:12]} was started without network, so it has no link a "
-                               "policy could apply to: start one with network=...", sandbox=row["id"])
+            if not row["spec"].get("network") or row["spec"].get(LATER):
+                self._set_network_later(row, net.policy)
+                return self.info(row["id"])
             self.egress().set_policy(row["id"], net.policy)
             self._set_spec(row["id"], {**row["spec"], "network": net.policy.to_json() if net.policy else NO_NETWORK,
                                        "hermetic": False})
         return self.info(row["id"])
+
+    # ---- a policy given after the start ---------------------------------------------------------
+    @staticmethod
+    def _later_key(row: dict) -> str:
+        return row["spec"].get("link_key") or row["id"]      # (the exposed ports' link: ports.py)
+
+    def _set_network_later(self, row: dict, policy: Policy | None) -> None:
+        """set_network of a sandbox started without network (or given one since): see the module doc."""
+        sid, spec = row["id"], row["spec"]
+        if policy is None:
+            if spec.get(LATER):
+                self._take_network(row)
+                self._set_spec(sid, {k: v for k, v in spec.items() if k not in ("network", LATER)})
+            return                                    # (never had one: nothing to take)
+        ok, why = self.live.of(row["handle"]).adopt_available()
+        if not ok:
+            raise RuntimeUnavailable(why, sandbox=sid, tier=row["handle"].tier)
+        egress = self.egress()
+        require_egress(egress)
+        self._give_network(row, policy)
+        self._set_spec(sid, {**spec, "network": policy.to_json(), LATER: True, "hermetic": False})
+
+    def _give_network(self, row: dict, policy: Policy) -> None:
+        """The sandbox's namespace adopted (unless the daemon has its link for these processes),
+        the policy set, the route on: in that order, so no packet goes out before the policy is there."""
+        egress, h, key = self.egress(), row["handle"], self._later_key(row)
+        for attempt in (0, 1, 2):
+            try:
+                egress.set_policy(key, policy)
+                egress.route(key, h.init_pid, True)
+                return
+            except NotFound:                  # no link (or no daemon) yet
+                if attempt == 2:
+                    raise
+            except Conflict:                  # a link for processes gone (before a resume): a new one
+                if attempt == 2:
+                    raise
+                egress.release(key)
+            try:
+                egress.adopt(key, h.init_pid)
+            except Conflict:
+                pass                          # (an expose adopted it meanwhile)
+            except SandtreeError:
+                if not self.live.alive(h):
+                    raise Conflict(f"sandbox {row['id'][:12]} stopped", sandbox=row["id"]) from None
+                raise
+            if not self.live.alive(h):        # its pid may have been another process's by now
+                egress.release(key)
+                raise Conflict(f"sandbox {row['id'][:12]} stopped", sandbox=row["id"])
+
+    def unlink_later(self, row: dict) -> None:
+        """Before a checkpoint: release a later-given policy's link (a veth into the sandbox's own
+        namespace, which CRIU cannot restore; exposed ports' too, as it is the same link)."""
+        if row["spec"].get(LATER):
+            self.egress().release(self._later_key(row))
+
+    def relink_later(self, row: dict) -> None:
+        """After a restore (or a failed checkpoint): the later-given policy again, on a new link
+        for the processes now. If that fails the sandbox runs on with no network at all, and its
+        record says so (it fails closed), and the error is raised."""
+        if not row["spec"].get(LATER):
+            return
+        try:
+            self._give_network(row, Policy.from_json(row["spec"]["network"]))
+        except BaseException:
+            self.egress().release(self._later_key(row))
+            self._set_spec(row["id"], {k: v for k, v in row["spec"].items() if k not in ("network", LATER)})
+            raise
+
+    def _take_network(self, row: dict) -> None:
+        """No egress at all again: the link released (every connection cut, the veth gone), or,
+        while the sandbox has exposed ports, left to them with no policy and no route."""
+        egress, key = self.egress(), self._later_key(row)
+        try:
+            # every connection cut first, while the link is there to carry the ends to the
+            # sandbox (a connection whose veth went first would hang there, not end)
+            egress.set_policy(key, None)
+            if self.store.db.query("SELECT 1 FROM sandbox_ports WHERE sandbox=? LIMIT 1", (row["id"],)):
+                egress.route(key, row["handle"].init_pid, False)
+                return
+        except (NotFound, Conflict):
+            pass                              # (no daemon or no link for these processes: nothing goes out)
+        egress.release(key)                   # ({} when the daemon had lost it)
 
     def release_link(self, row: dict) -> dict:
         """Its link's final usage once it stops ({} without one, or when the daemon is gone)."""
@@ -58,7 +158,7 @@ class SandboxNetwork:
     def hold_link(self, row: dict, held: bool) -> None:
         """Keep (or stop keeping) a networked sandbox's link while it has no processes; nothing
         when the daemon has no such link (a resume attaches a new one: resume_link)."""
-        if not row["spec"].get("network"):
+        if not joined(row["spec"]):
             return
         try:
             self.egress().hold(row["id"], held)
@@ -69,7 +169,7 @@ class SandboxNetwork:
         """The Link a hibernated networked sandbox is restored into (the caller closes it), held:
         if the restore fails it is still there for the next try. None without network."""
         spec = row["spec"]
-        if not spec.get("network"):
+        if not joined(spec):
             return None
         egress = self.egress()
         try:
@@ -96,7 +196,7 @@ class SandboxNetwork:
         covered the link itself with the daemon's file, and CRIU restores a mount by its path,
         which would follow the link (to a file that is not there, or to one of the image's
         choosing). The sandbox cannot remove a mount point, so its base image decides."""
-        if not row["spec"].get("network"):
+        if not joined(row["spec"]):
             return
         try:
             entry = inspect.resolve(self.store, row["image"], "/etc/resolv.conf", follow=False)[1]

@@ -188,8 +188,8 @@ def control_router() -> APIRouter:
 
     @router.put("/sandboxes/{sid}/network", status_code=204)
     async def update_network(sid: str, body: wire.NetworkUpdateIn, request: Request) -> Response:
-        """sandbox_set_network: the new policy cuts what it no longer allows (only for a sandbox
-        started with network: sandtree gives one a link at its start or never)."""
+        """sandbox_set_network: the new policy cuts what it no longer allows (a sandbox started
+        without network is given it; none takes it away again)."""
         engine = engine_for(request)
         if body.rules or body.egress_proxy:
             raise InvalidInput("network.rules and network.egressProxy are not supported here")
