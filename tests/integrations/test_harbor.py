@@ -39,10 +39,6 @@ PROGRAM = os.path.join(REPO, "tests", "programs", "harbor_env.py")
 IID = "python-semver__python-semver-426"
 SWE = IID.lower()
 EXPECTED = {"hello-world": 1.0, "wrong-answer": 0.0, "offline-verifier": 1.0, SWE: 1.0}
-NEEDS_H_NETWORK = pytest.mark.xfail(strict=True, reason="needs h-network: IPv6 rules, and a policy given later to "
-                                                        "a sandbox started without network")
-
-
 def _instance() -> dict:
     with open(os.path.join(REPO, "data", "evalset", "instances.jsonl")) as f:
         return next(json.loads(line) for line in f if IID in line)
@@ -261,9 +257,8 @@ def test_disable_internet(harbor_py, lab, store, hello, tmp_path):
     ("*.allowed.test", "http://www.allowed.test/wildcard", "http://other.test/wildcard"),
     ("11.1.1.10", "http://11.1.1.10/ipv4", "http://11.1.1.11/ipv4"),
     ("11.1.1.8/30", "http://11.1.1.10/ipv4-cidr", "http://11.1.1.53/ipv4-cidr"),
-    pytest.param("fd00:ec2::254", "http://[fd00:ec2::254]/ipv6", "http://11.1.1.10/ipv6", marks=NEEDS_H_NETWORK),
-    pytest.param("fd00:ec2::/64", "http://[fd00:ec2::254]/ipv6-cidr", "http://11.1.1.10/ipv6-cidr",
-                 marks=NEEDS_H_NETWORK),
+    pytest.param("fd00:ec2::254", "http://[fd00:ec2::254]/ipv6", "http://11.1.1.10/ipv6"),
+    pytest.param("fd00:ec2::/64", "http://[fd00:ec2::254]/ipv6-cidr", "http://11.1.1.10/ipv6-cidr"),
 ], ids=["hostname", "wildcard", "ipv4", "ipv4-cidr", "ipv6", "ipv6-cidr"])
 def test_allowlist(harbor_py, lab, store, hello, tmp_path, rule, ok_url, refused_url):
     """network_allowlist with each kind of entry Harbor classifies: the allowed destination is reached,
@@ -297,7 +292,6 @@ def test_dynamic_network_policy_between_phases(harbor_py, lab, store, hello, tmp
     assert steps[3] == {"ok": True} and not reached(steps[4], "after")
 
 
-@NEEDS_H_NETWORK
 def test_dynamic_network_policy_from_offline(harbor_py, lab, store, hello, tmp_path):
     """The agent phase offline from the start (no link at all), the verifier given a host later."""
     steps = _phases(harbor_py, lab, store, hello, tmp_path, {"network_mode": "no-network"})
