@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ... import defaults as D
 from ...errors import BuildFailed, InvalidInput, SandtreeError
 from ...network.policy import Policy
 from ...recipe.steps import Configure, Copy, From, Recipe, Run
@@ -99,6 +100,39 @@ def _stage_index(ref: str, names: dict, before: int) -> int | None:
     return j
 
 
+def _epoch(step, cfg: ImageConfig, recipe: Recipe) -> int | None:
+    """The step's SOURCE_DATE_EPOCH (seconds; None: not reproducible): the image's ENV, else the
+    step's ARG, else the build's argument, else D.BUILD_SOURCE_DATE_EPOCH. Set to "" it is off."""
+    for pairs in (cfg.env, getattr(step, "env", ()), recipe.args):
+        value = dict(pairs).get(EPOCH)
+        if value is not None:
+            break
+    else:
+        return D.BUILD_SOURCE_DATE_EPOCH
+    if value.strip() == "":
+        return None
+    try:
+        epoch = int(value)
+    except ValueError:
+        epoch = -1
+    if not 0 <= epoch < 1 << 40:
+        raise InvalidInput(f"{_at(step)}: {EPOCH} must be seconds since 1970 (an integer), not {value!r}",
+                           line=step.line)
+    return epoch
+
+
+def _with_epoch(env: tuple, cfg: ImageConfig, epoch: int | None) -> tuple:
+    """A RUN's build-time variables with SOURCE_DATE_EPOCH added when neither its image's ENV
+    nor its ARGs give it (tools that honour it: py_compile's hash-based .pyc, wheel and zip
+    times, gzip/tar when asked, compilers' __DATE__)."""
+    if epoch is None or EPOCH in dict(cfg.env) or EPOCH in dict(env):
+        return env
+    return tuple(env) + ((EPOCH, str(epoch)),)
+
+
+EPOCH = "SOURCE_DATE_EPOCH"
+
+
 class OperatorGuard:
     """The operator's build (in process, an admin token): every image and cache hit, any network.
     A tenant's view has the same methods with its own rules (tenancy/view.py)."""
@@ -154,7 +188,8 @@ class BuildOps:
             self.store.tag(image, tag)
         return image
 
-    def _configure(self, source: str, config: ImageConfig, text: str, also=None, op: str | None = None) -> str:
+    def _configure(self, source: str, config: ImageConfig, text: str, also=None, op: str | None = None,
+                   mtime_clamp: int | None = None) -> str:
         def fill(up):
             if config.is_empty():
                 if up.find(CONFIG_PATH) is not None:
@@ -166,7 +201,7 @@ class BuildOps:
             if config.cwd and (found is None or found[1].kind != DIR):
                 up.dir(config.cwd)                 # WORKDIR makes its directory (as Docker)
         return commit_edit(self, source, fill, {"command": text, "config": True}, kind="configure", also=also,
-                           op=op)[0]
+                           op=op, mtime_clamp=mtime_clamp)[0]
 
     # ---- the build ------------------------------------------------------------------------------
     def build(self, recipe: Recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(),
@@ -294,10 +329,14 @@ class BuildOps:
         """(cache key, hermetic, run(put, box, emit) -> (image, op)) of a non-FROM step."""
         opts = b.guard.build_run_options()          # (a tenant's caps; its token's tier, if one is forced)
         tier = opts.get("tier") or self.default_tier
+        cfg = image_config(self.store, image)
+        epoch = _epoch(step, cfg, b.recipe)
         if isinstance(step, Run):
             policy = Policy.from_value(step.network if step.network is not None else b.network)
-            key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=step.env)
-            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts)
+            env = _with_epoch(step.env, cfg, epoch)
+            key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=env)
+            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit,
+                                                                          {**opts, "mtime_clamp": epoch}, env)
         if isinstance(step, Copy):
             src = None
             if step.from_stage is not None:
@@ -306,16 +345,16 @@ class BuildOps:
             extra = {"from": src, "paths": list(step.paths), "chown": step.chown, "chmod": step.chmod,
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
-            return key, True, lambda put, op, emit: self._copy_step(b.recipe, step, image, src, put, op)
+            return key, True, lambda put, op, emit: self._copy_step(b.recipe, step, image, src, put, op, epoch)
         if isinstance(step, Configure):
             key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
             return key, True, lambda put, op, emit: self._configure(image, self._configured(image, step),
-                                                                    step.text, also=put, op=op)
+                                                                    step.text, also=put, op=op, mtime_clamp=epoch)
         raise InvalidInput(f"unknown step {type(step).__name__}")
 
-    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict) -> str:
+    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict, env: tuple) -> str:
         cfg = image_config(self.store, image)
-        env = {k: v for k, v in step.env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
+        env = {k: v for k, v in env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
                                  on_output=lambda s, b: emit("running", stream=s, output=b), **opts)
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
@@ -331,7 +370,8 @@ class BuildOps:
                               stdout=out_tail, stderr=tail, hint=hint)
         return rec.image
 
-    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str) -> str:
+    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str,
+                   epoch: int | None) -> str:
         cfg = image_config(self.store, image)
         dest = dest_path(step.dest, cfg.cwd)
         uid, gid = resolve_user(self.store, image, step.chown) if step.chown else (0, 0)
@@ -341,7 +381,8 @@ class BuildOps:
                 copy_image(up, self.store, src, step, dest, uid, gid)
             else:
                 copy_context(up, recipe.context, step, dest, uid, gid)
-        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op)[0]
+        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op,
+                           mtime_clamp=epoch)[0]
 
     def _configured(self, image: str, step: Configure) -> ImageConfig:
         """The image's config with a Configure step's changes: env and labels merged, ports
