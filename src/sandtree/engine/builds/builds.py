@@ -41,6 +41,7 @@ from ..images.scratch import scratch_image
 __all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
 
 STDERR_TAIL = 2000         # bytes of a failed RUN's stderr in its error
+EPOCH = "SOURCE_DATE_EPOCH"   # the reproducible-builds convention: what a step's tools and commit take as "now"
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,21 @@ def _epoch(step, cfg: ImageConfig, recipe: Recipe) -> int | None:
     for pairs in (cfg.env, getattr(step, "env", ()), recipe.args):
         value = dict(pairs).get(EPOCH)
         if value is not None:
-            break
-    else:
-        return D.BUILD_SOURCE_DATE_EPOCH
-    if value.strip() == "":
+            return _epoch_value(value, _at(step), step.line)
+    return D.BUILD_SOURCE_DATE_EPOCH
+
+
+def _epoch_value(value: str | None, where: str, line: int = 0) -> int | None:
+    """A SOURCE_DATE_EPOCH value as seconds (None: not given, or "" for off); InvalidInput else."""
+    if value is None or not value.strip():
         return None
     try:
         epoch = int(value)
     except ValueError:
         epoch = -1
     if not 0 <= epoch < 1 << 40:
-        raise InvalidInput(f"{_at(step)}: {EPOCH} must be seconds since 1970 (an integer), not {value!r}",
-                           line=step.line)
+        raise InvalidInput(f"{where}: {EPOCH} must be seconds since 1970 (an integer), not {value[:40]!r}",
+                           **({"line": line} if line else {}))
     return epoch
 
 
@@ -128,9 +132,6 @@ def _with_epoch(env: tuple, cfg: ImageConfig, epoch: int | None) -> tuple:
     if epoch is None or EPOCH in dict(cfg.env) or EPOCH in dict(env):
         return env
     return tuple(env) + ((EPOCH, str(epoch)),)
-
-
-EPOCH = "SOURCE_DATE_EPOCH"
 
 
 class OperatorGuard:
@@ -226,8 +227,12 @@ class BuildOps:
             raise InvalidInput(f"no stage {recipe.target} to build")
         need = _needed(recipe, target)
         guard = guard if guard is not None else OperatorGuard(self.resolve, self.pull)
-        for i in sorted(need):               # every RUN's network, before anything runs
+        _epoch_value(dict(recipe.args).get(EPOCH), "the build argument")
+        for i in sorted(need):               # every RUN's network (and epoch), before anything runs
             for step in recipe.stages[i].steps:
+                given = dict(step.env).get(EPOCH) if isinstance(step, Run) else \
+                    dict(dict(step.changes).get("env", ())).get(EPOCH) if isinstance(step, Configure) else None
+                _epoch_value(given, _at(step), step.line)
                 if isinstance(step, Run):
                     try:
                         guard.check_network(step.network if step.network is not None else network, None)
