@@ -125,13 +125,17 @@ def _epoch_value(value: str | None, where: str, line: int = 0) -> int | None:
     return epoch
 
 
-def _with_epoch(env: tuple, cfg: ImageConfig, epoch: int | None) -> tuple:
-    """A RUN's build-time variables with SOURCE_DATE_EPOCH added when neither its image's ENV
-    nor its ARGs give it (tools that honour it: py_compile's hash-based .pyc, wheel and zip
+def _with_epoch(env: tuple, recipe: Recipe) -> tuple:
+    """A RUN's build-time variables with SOURCE_DATE_EPOCH added when its ARGs do not give it:
+    the build's argument, else the default; none when that is "" (off). The image's ENV, when it
+    sets one, wins in the run (tools that honour it: py_compile's hash-based .pyc, wheel and zip
     times, gzip/tar when asked, compilers' __DATE__)."""
-    if epoch is None or EPOCH in dict(cfg.env) or EPOCH in dict(env):
+    if EPOCH in dict(env):
         return env
-    return tuple(env) + ((EPOCH, str(epoch)),)
+    given = dict(recipe.args).get(EPOCH)
+    if given is not None and not given.strip():
+        return env
+    return tuple(env) + ((EPOCH, given.strip() if given is not None else str(D.BUILD_SOURCE_DATE_EPOCH)),)
 
 
 class OperatorGuard:
@@ -334,14 +338,15 @@ class BuildOps:
         """(cache key, hermetic, run(put, box, emit) -> (image, op)) of a non-FROM step."""
         opts = b.guard.build_run_options()          # (a tenant's caps; its token's tier, if one is forced)
         tier = opts.get("tier") or self.default_tier
-        cfg = image_config(self.store, image)
-        epoch = _epoch(step, cfg, b.recipe)
+        # (the image's config, which may set the epoch too, is read only when the step runs: a hit
+        # costs a lookup; the parent's ID in the key covers its config)
+        recipe = b.recipe
         if isinstance(step, Run):
             policy = Policy.from_value(step.network if step.network is not None else b.network)
-            env = _with_epoch(step.env, cfg, epoch)
+            env = _with_epoch(step.env, recipe)
             key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=env)
-            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit,
-                                                                          {**opts, "mtime_clamp": epoch}, env)
+            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts,
+                                                                          env, recipe)
         if isinstance(step, Copy):
             src = None
             if step.from_stage is not None:
@@ -350,18 +355,21 @@ class BuildOps:
             extra = {"from": src, "paths": list(step.paths), "chown": step.chown, "chmod": step.chmod,
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
-            return key, True, lambda put, op, emit: self._copy_step(b.recipe, step, image, src, put, op, epoch)
+            return key, True, lambda put, op, emit: self._copy_step(recipe, step, image, src, put, op)
         if isinstance(step, Configure):
             key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
-            return key, True, lambda put, op, emit: self._configure(image, self._configured(image, step),
-                                                                    step.text, also=put, op=op, mtime_clamp=epoch)
+            return key, True, lambda put, op, emit: self._configure(
+                image, self._configured(image, step), step.text, also=put, op=op,
+                mtime_clamp=_epoch(step, image_config(self.store, image), recipe))
         raise InvalidInput(f"unknown step {type(step).__name__}")
 
-    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict, env: tuple) -> str:
+    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict, env: tuple,
+                  recipe: Recipe) -> str:
         cfg = image_config(self.store, image)
         env = {k: v for k, v in env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
-                                 on_output=lambda s, b: emit("running", stream=s, output=b), **opts)
+                                 on_output=lambda s, b: emit("running", stream=s, output=b),
+                                 mtime_clamp=_epoch(step, cfg, recipe), **opts)
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
             # the step's own words: the tail of its stdout and of its stderr (a build's log is what users read)
             tail = rec.stderr[-STDERR_TAIL:].decode("utf-8", "replace")
@@ -375,8 +383,7 @@ class BuildOps:
                               stdout=out_tail, stderr=tail, hint=hint)
         return rec.image
 
-    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str,
-                   epoch: int | None) -> str:
+    def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str) -> str:
         cfg = image_config(self.store, image)
         dest = dest_path(step.dest, cfg.cwd)
         uid, gid = resolve_user(self.store, image, step.chown) if step.chown else (0, 0)
@@ -387,7 +394,7 @@ class BuildOps:
             else:
                 copy_context(up, recipe.context, step, dest, uid, gid)
         return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op,
-                           mtime_clamp=epoch)[0]
+                           mtime_clamp=_epoch(step, cfg, recipe))[0]
 
     def _configured(self, image: str, step: Configure) -> ImageConfig:
         """The image's config with a Configure step's changes: env and labels merged, ports
