@@ -9,6 +9,11 @@ result is an image whose lineage edge is labelled by the step's text; a step's k
 finds a result made before, and then nothing runs. Only the stages the target needs are built. A
 failed RUN raises BuildFailed naming its line, with its stderr's tail, and tags nothing.
 
+Reproducible by default (docs/builds.md): a RUN sees SOURCE_DATE_EPOCH (the image's ENV, the step's
+ARG, the build's argument, else D.BUILD_SOURCE_DATE_EPOCH; "" turns it off) and every step's commit
+clamps the mtimes it wrote to it (runs/commit.clamp_mtimes). IDs never cover times; what a later
+step writes of them, and what tools write when told the epoch (hash-based .pyc), they do.
+
 Who builds is a guard (build_as): the operator's (OperatorGuard: every image, every hit, any
 network) or a tenant's view (tenancy/view.py), which resolves and pulls as that tenant, says which
 cache hits it may use (build_hit), checks each RUN's network against its grant before anything
