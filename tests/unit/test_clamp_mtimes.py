@@ -28,9 +28,14 @@ def test_later_times_are_clamped_and_earlier_ones_kept(tmp_path):
     for _ in range(1100):                       # past Python's recursion limit
         cur = os.path.join(cur, "d")
         os.mkdir(cur)
-    clamp_mtimes(str(up), EPOCH)
-    for p in (up, up / "a", up / "a" / "b", up / "a" / "b" / "new.txt", deep, cur):
-        assert os.lstat(p).st_mtime_ns == EPOCH * NS, p
+    try:
+        clamp_mtimes(str(up), EPOCH)
+        for p in (up, up / "a", up / "a" / "b", up / "a" / "b" / "new.txt", deep, cur):
+            assert os.lstat(p).st_mtime_ns == EPOCH * NS, p
+    finally:
+        while cur != str(deep):                 # bottom up: pytest's own cleanup of tmp_path recurses
+            os.rmdir(cur)
+            cur = os.path.dirname(cur)
     assert os.lstat(up / "link").st_mtime_ns == EPOCH * NS       # the link itself
     assert os.stat(outside).st_mtime_ns == before                # never its target
     assert os.lstat(up / "old.txt").st_mtime_ns == 100 * NS
