@@ -43,7 +43,7 @@ from ..images.rundefaults import image_config, resolve_user
 from ...values import network_hint
 from ..images.scratch import scratch_image
 
-__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
+__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "EPOCH", "OperatorGuard"]
 
 STDERR_TAIL = 2000         # bytes of a failed RUN's stderr in its error
 EPOCH = "SOURCE_DATE_EPOCH"   # the reproducible-builds convention: what a step's tools and commit take as "now"
