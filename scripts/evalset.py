@@ -229,7 +229,8 @@ def site_base(st) -> str:
 def environment(st, inst: dict, base: str):
     rules = registry_rules()
     recipe = st.dockerfile(None, text=inst["environment"]["dockerfile"], build_args={"BASE": base}, network=rules)
-    return st.build(recipe, tag=f"eval/{inst['instance_id']}", network=rules).image
+    # (the parser gave each RUN its network: a network here too would turn on the --network=none steps)
+    return st.build(recipe, tag=f"eval/{inst['instance_id']}").image
 
 
 def run_tests(st, image, inst: dict, patches: list[str]) -> tuple[dict, str]:
