@@ -117,3 +117,13 @@ def test_network_rules_in_another_order_or_spelling_hit_the_cache(neteng, tmp_pa
     assert not other.steps[1].cached                             # another rule set: the step runs again
     assert other.image == first.image                            # (the same files: the same ID, and a hit after)
     assert ops_count(eng) == n + 1
+
+
+def test_a_step_written_without_network_stays_off_when_the_build_is_given_one(neteng, tmp_path):
+    """`RUN --network=none` is off even where the caller gives the build's network to the build as
+    well as to the parser (st.build(st.dockerfile(..., network=X), network=X))."""
+    rules = ["pypi.org"]
+    text = "FROM bb\nRUN --network=none echo off > /off\nRUN echo on > /on\n"
+    res = neteng.build(dockerfile_recipe(neteng, str(tmp_path), text=text, network=rules), network=rules)
+    off, on = (neteng.operation(s.operation)["spec"] for s in res.steps[1:])
+    assert "network" not in off and on["network"] == {"allow_out": ["pypi.org"]}, (off, on)
