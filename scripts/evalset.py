@@ -162,7 +162,10 @@ def dockerfile(src: dict, rel: dict) -> str:
     the exact test dependencies, the project installed in develop mode."""
     fetch = ("python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "
              f"{rel['url']} /tmp/{rel['filename']} && echo '{rel['sha256']}  /tmp/{rel['filename']}' | sha256sum -c -")
-    # the commit's dates are the release's, so its ID is the same in every build of the environment
+    # the commit's dates are the release's, so its ID is the same in every build of the environment;
+    # `git read-tree HEAD` writes the index again without the stat data `git add` put in it (inode
+    # numbers, ctimes: another build, another index, another image ID); git compares the files'
+    # contents where the index has no stat data, so the work tree still reads as clean
     uploaded = datetime.datetime.fromisoformat(rel["uploaded"].replace("Z", "+00:00"))
     stamp = f"@{int(uploaded.timestamp())} +0000"
     lines = [
@@ -172,7 +175,7 @@ def dockerfile(src: dict, rel: dict) -> str:
         f"RUN --network=none mkdir /testbed && tar -xzf /tmp/{rel['filename']} -C /testbed --strip-components=1 && "
         f"rm /tmp/{rel['filename']} && cd /testbed && git init -q && git add -A && "
         f"GIT_AUTHOR_DATE='{stamp}' GIT_COMMITTER_DATE='{stamp}' git -c user.name=evalset "
-        f"-c user.email=evalset@localhost commit -qm '{src['project']} {src['version']} (sdist)'",
+        f"-c user.email=evalset@localhost commit -qm '{src['project']} {src['version']} (sdist)' && git read-tree HEAD",
         f"RUN --network=default {PIP_INSTALL} {' '.join(src['test_deps'] + src.get('build_deps', []))}",
         f"RUN --network=none cd /testbed && {PIP_INSTALL} --no-build-isolation -e .",
         "WORKDIR /testbed",
@@ -226,7 +229,8 @@ def site_base(st) -> str:
 def environment(st, inst: dict, base: str):
     rules = registry_rules()
     recipe = st.dockerfile(None, text=inst["environment"]["dockerfile"], build_args={"BASE": base}, network=rules)
-    return st.build(recipe, tag=f"eval/{inst['instance_id']}", network=rules).image
+    # (the parser gave each RUN its network: a network here too would turn on the --network=none steps)
+    return st.build(recipe, tag=f"eval/{inst['instance_id']}").image
 
 
 def run_tests(st, image, inst: dict, patches: list[str]) -> tuple[dict, str]:

@@ -54,6 +54,8 @@ MODULE_MARKS = {
     "test_eval": ("network",),
     "test_miniswe": ("network",),
     "test_harbor": ("network", "slow"),
+    "test_evalset_repro": ("network",),
+    "test_build_repro": ("network",),
     # the gVisor tier throughout (a module fixture starts it, or every token is forced onto it)
     "test_gvisor_hibernate": ("gvisor",),
     "test_tier_policy": ("gvisor",),

@@ -56,6 +56,8 @@ CLI_FORK_PARALLEL = 4                # branches `sandtree fork` runs at once (th
 OUTPUT_HEAD = 4096                   # bytes of a run's stdout/stderr kept in its record (trace export reads them)
 POOL_WAIT = 30.0                     # seconds `pool_wait` waits for a pool to fill
 POOL_SIZE = 4                        # sandboxes a pool keeps started when the caller names no size (SDK, REST)
+BUILD_SOURCE_DATE_EPOCH = 315532800  # a build's SOURCE_DATE_EPOCH unless its recipe sets one (1980-01-01 UTC:
+                                     # the earliest time a zip member can carry; docs/builds.md, reproducible)
 FORK_PARALLEL = 4                    # commands the SDK's img.fork / st.map run at once when no parallel is given
 GREP_MAX_MATCHES = 1000              # matching lines `grep` returns at most
 BOOTSTRAP_SPEC = "debian:bookworm"   # what the SDK's st.bootstrap() builds when no spec is given

@@ -347,7 +347,7 @@ def test_a_dockerfile_cannot_widen_the_builds_network():
     narrowed = dockerfile.parse("FROM scratch\nRUN --network=pypi.org true\nRUN --network=none true\n",
                                 network="all")
     assert [str(r) for r in narrowed.stages[0].steps[1].network.allow] == ["pypi.org"]
-    assert narrowed.stages[0].steps[2].network is None
+    assert narrowed.stages[0].steps[2].network is False
 
 
 @pytest.mark.parametrize("rule", ["169.254.169.254/32:80", "10.0.0.0/8"])

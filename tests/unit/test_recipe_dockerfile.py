@@ -92,7 +92,7 @@ def test_run_network_flag_and_build_wide_network():
     assert got[1].text == "RUN pip install a"        # the policy is its own part of the cache key
     tabbed = steps("FROM x\nRUN --network=all\tprintf 'a\tb'\n", network="all")[1]
     assert tabbed.command == "printf 'a\tb'" and tabbed.network == Policy.from_value("all")
-    assert got[2].network is None
+    assert got[2].network is False                   # off, even where the build is given a network again
     assert got[3].network == Policy.from_value("all") and got[4].network == Policy.from_value("all")
     assert steps("FROM x\nRUN true\n")[1].network is None         # no network unless asked
 

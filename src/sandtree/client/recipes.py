@@ -56,6 +56,8 @@ def _network_flag(value) -> str:
         value = value.get("allow_out") or []
     if value is True:
         return "all"
+    if value is False:
+        return "none"
     return ",".join(value) if isinstance(value, (list, tuple)) else str(value)
 
 

@@ -362,6 +362,45 @@ def _rules(items, field: str) -> tuple[Rule, ...]:
     return tuple(Rule.parse(x) for x in items)
 
 
+_KIND_ORDER = {"any": 0, "name": 1, "suffix": 2, "net": 3}
+
+
+def canonical(policy: "Policy | None") -> "Policy | None":
+    """The one spelling of `policy`, for what keys on it (a build step's cache key): every list
+    sorted, rules of the same destination merged into one with the union of their ports (an allow
+    rule with no ports, or ports covering 1-65535, takes every port). Parsing already made each rule's
+    own spelling canonical (names in lower case without the root dot, a network's host bits
+    cleared, an address as its /32 or /128, `0.0.0.0/0` as `*`). Decisions do not depend on rule
+    order, and a union of rules naming one destination allows or denies what they did one by one
+    (a deny rule with ports, which leaves the name's lookup alone, keeps them even when they cover
+    every port), so the result decides every connection and lookup as `policy` does."""
+    if policy is None:
+        return None
+
+    def merged(rules: tuple[Rule, ...], deny: bool = False) -> tuple[Rule, ...]:
+        ports: dict[tuple[str, str], list | None] = {}
+        for r in rules:
+            key = (r.kind, r.target)
+            if not r.ports or ports.get(key, []) is None:
+                ports[key] = None                               # every port
+            else:
+                ports.setdefault(key, []).extend(r.ports)
+        out = []
+        for (kind, target), spans in ports.items():
+            joined: list[tuple[int, int]] = []
+            for a, b in sorted(spans or ()):
+                if joined and a <= joined[-1][1] + 1:
+                    joined[-1] = (joined[-1][0], max(joined[-1][1], b))
+                else:
+                    joined.append((a, b))
+            if joined == [(1, 65535)] and not deny:
+                joined = []
+            out.append(Rule(kind, target, tuple(joined)))
+        return tuple(sorted(out, key=lambda r: (_KIND_ORDER.get(r.kind, 9), r.target, r.ports)))
+
+    return Policy(merged(policy.allow), merged(policy.deny, deny=True))
+
+
 @dataclass(frozen=True)
 class Grant:
     """What a tenant's token may ask for: any policy (`any`), or policies whose every allow rule is

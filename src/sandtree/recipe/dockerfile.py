@@ -236,6 +236,8 @@ class _Parser:
             except InvalidInput as e:
                 raise _fail(ln, e.message) from None
             network = self.narrowed(ln, network)
+            if network is None:
+                network = False     # off as written: a build-wide network given to the build never turns it on
         argv = self.json_form(rest)
         text = "RUN " + (json.dumps(argv, ensure_ascii=False) if argv is not None else rest)
         env = tuple((k, v) for k, v in st.args.items() if v is not None and k not in st.env)   # ENV wins

@@ -34,7 +34,8 @@ class Run:
     command: str | tuple[str, ...]   # str: /bin/sh -c (shell form); tuple: exec form
     text: str
     line: int = 0
-    network: object = None           # a network policy value (network/policy.Policy.from_value); None: off
+    network: object = None           # a network policy value (network/policy.Policy.from_value); None: the
+                                     # build's (off unless the build gives one); False: off whatever the build's
     env: tuple[tuple[str, str], ...] = ()   # build-time only variables (ARG) the command sees, not kept
 
 

@@ -9,6 +9,11 @@ result is an image whose lineage edge is labelled by the step's text; a step's k
 finds a result made before, and then nothing runs. Only the stages the target needs are built. A
 failed RUN raises BuildFailed naming its line, with its stderr's tail, and tags nothing.
 
+Reproducible by default (docs/builds.md): a RUN sees SOURCE_DATE_EPOCH (the image's ENV, the step's
+ARG, the build's argument, else D.BUILD_SOURCE_DATE_EPOCH; "" turns it off) and every step's commit
+clamps the mtimes it wrote to it (runs/commit.clamp_mtimes). IDs never cover times; what a later
+step writes of them, and what tools write when told the epoch (hash-based .pyc), they do.
+
 Who builds is a guard (build_as): the operator's (OperatorGuard: every image, every hit, any
 network) or a tenant's view (tenancy/view.py), which resolves and pulls as that tenant, says which
 cache hits it may use (build_hit), checks each RUN's network against its grant before anything
@@ -23,6 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ... import defaults as D
 from ...errors import BuildFailed, InvalidInput, SandtreeError
 from ...network.policy import Policy
 from ...recipe.steps import Configure, Copy, From, Recipe, Run
@@ -37,9 +43,10 @@ from ..images.rundefaults import image_config, resolve_user
 from ...values import network_hint
 from ..images.scratch import scratch_image
 
-__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "OperatorGuard"]
+__all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "EPOCH", "OperatorGuard"]
 
 STDERR_TAIL = 2000         # bytes of a failed RUN's stderr in its error
+EPOCH = "SOURCE_DATE_EPOCH"   # the reproducible-builds convention: what a step's tools and commit take as "now"
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,43 @@ def _stage_index(ref: str, names: dict, before: int) -> int | None:
     return j
 
 
+def _epoch(step, cfg: ImageConfig, recipe: Recipe) -> int | None:
+    """The step's SOURCE_DATE_EPOCH (seconds; None: not reproducible): the image's ENV, else the
+    step's ARG, else the build's argument, else D.BUILD_SOURCE_DATE_EPOCH. Set to "" it is off."""
+    for pairs in (cfg.env, getattr(step, "env", ()), recipe.args):
+        value = dict(pairs).get(EPOCH)
+        if value is not None:
+            return _epoch_value(value, _at(step), step.line)
+    return D.BUILD_SOURCE_DATE_EPOCH
+
+
+def _epoch_value(value: str | None, where: str, line: int = 0) -> int | None:
+    """A SOURCE_DATE_EPOCH value as seconds (None: not given, or "" for off); InvalidInput else."""
+    if value is None or not value.strip():
+        return None
+    try:
+        epoch = int(value)
+    except ValueError:
+        epoch = -1
+    if not 0 <= epoch < 1 << 40:
+        raise InvalidInput(f"{where}: {EPOCH} must be seconds since 1970 (an integer), not {value[:40]!r}",
+                           **({"line": line} if line else {}))
+    return epoch
+
+
+def _with_epoch(env: tuple, recipe: Recipe) -> tuple:
+    """A RUN's build-time variables with SOURCE_DATE_EPOCH added when its ARGs do not give it:
+    the build's argument, else the default; none when that is "" (off). The image's ENV, when it
+    sets one, wins in the run (tools that honour it: py_compile's hash-based .pyc, wheel and zip
+    times, gzip/tar when asked, compilers' __DATE__)."""
+    if EPOCH in dict(env):
+        return env
+    given = dict(recipe.args).get(EPOCH)
+    if given is not None and not given.strip():
+        return env
+    return tuple(env) + ((EPOCH, given.strip() if given is not None else str(D.BUILD_SOURCE_DATE_EPOCH)),)
+
+
 class OperatorGuard:
     """The operator's build (in process, an admin token): every image and cache hit, any network.
     A tenant's view has the same methods with its own rules (tenancy/view.py)."""
@@ -154,7 +198,8 @@ class BuildOps:
             self.store.tag(image, tag)
         return image
 
-    def _configure(self, source: str, config: ImageConfig, text: str, also=None, op: str | None = None) -> str:
+    def _configure(self, source: str, config: ImageConfig, text: str, also=None, op: str | None = None,
+                   mtime_clamp: int | None = None) -> str:
         def fill(up):
             if config.is_empty():
                 if up.find(CONFIG_PATH) is not None:
@@ -166,7 +211,7 @@ class BuildOps:
             if config.cwd and (found is None or found[1].kind != DIR):
                 up.dir(config.cwd)                 # WORKDIR makes its directory (as Docker)
         return commit_edit(self, source, fill, {"command": text, "config": True}, kind="configure", also=also,
-                           op=op)[0]
+                           op=op, mtime_clamp=mtime_clamp)[0]
 
     # ---- the build ------------------------------------------------------------------------------
     def build(self, recipe: Recipe, *, tag: str | None = None, no_cache: bool = False, no_cache_filter=(),
@@ -191,8 +236,12 @@ class BuildOps:
             raise InvalidInput(f"no stage {recipe.target} to build")
         need = _needed(recipe, target)
         guard = guard if guard is not None else OperatorGuard(self.resolve, self.pull)
-        for i in sorted(need):               # every RUN's network, before anything runs
+        _epoch_value(dict(recipe.args).get(EPOCH), "the build argument")
+        for i in sorted(need):               # every RUN's network (and epoch), before anything runs
             for step in recipe.stages[i].steps:
+                given = dict(step.env).get(EPOCH) if isinstance(step, Run) else \
+                    dict(dict(step.changes).get("env", ())).get(EPOCH) if isinstance(step, Configure) else None
+                _epoch_value(given, _at(step), step.line)
                 if isinstance(step, Run):
                     try:
                         guard.check_network(step.network if step.network is not None else network, None)
@@ -294,10 +343,15 @@ class BuildOps:
         """(cache key, hermetic, run(put, box, emit) -> (image, op)) of a non-FROM step."""
         opts = b.guard.build_run_options()          # (a tenant's caps; its token's tier, if one is forced)
         tier = opts.get("tier") or self.default_tier
+        # (the image's config, which may set the epoch too, is read only when the step runs: a hit
+        # costs a lookup; the parent's ID in the key covers its config)
+        recipe = b.recipe
         if isinstance(step, Run):
             policy = Policy.from_value(step.network if step.network is not None else b.network)
-            key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=step.env)
-            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts)
+            env = _with_epoch(step.env, recipe)
+            key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=env)
+            return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts,
+                                                                          env, recipe)
         if isinstance(step, Copy):
             src = None
             if step.from_stage is not None:
@@ -306,18 +360,21 @@ class BuildOps:
             extra = {"from": src, "paths": list(step.paths), "chown": step.chown, "chmod": step.chmod,
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
-            return key, True, lambda put, op, emit: self._copy_step(b.recipe, step, image, src, put, op)
+            return key, True, lambda put, op, emit: self._copy_step(recipe, step, image, src, put, op)
         if isinstance(step, Configure):
             key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
-            return key, True, lambda put, op, emit: self._configure(image, self._configured(image, step),
-                                                                    step.text, also=put, op=op)
+            return key, True, lambda put, op, emit: self._configure(
+                image, self._configured(image, step), step.text, also=put, op=op,
+                mtime_clamp=_epoch(step, image_config(self.store, image), recipe))
         raise InvalidInput(f"unknown step {type(step).__name__}")
 
-    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict) -> str:
+    def _run_step(self, step: Run, image: str, policy, put, op: str, emit, opts: dict, env: tuple,
+                  recipe: Recipe) -> str:
         cfg = image_config(self.store, image)
-        env = {k: v for k, v in step.env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
+        env = {k: v for k, v in env if k not in dict(cfg.env)}   # ENV wins over ARG (Docker)
         rec = self.run_operation(image, step.command, op_id=op, env=env, network=policy, step=step.text, in_tx=put,
-                                 on_output=lambda s, b: emit("running", stream=s, output=b), **opts)
+                                 on_output=lambda s, b: emit("running", stream=s, output=b),
+                                 mtime_clamp=_epoch(step, cfg, recipe), **opts)
         if rec.exit_code != 0 or rec.signal is not None or rec.timed_out:
             # the step's own words: the tail of its stdout and of its stderr (a build's log is what users read)
             tail = rec.stderr[-STDERR_TAIL:].decode("utf-8", "replace")
@@ -341,7 +398,8 @@ class BuildOps:
                 copy_image(up, self.store, src, step, dest, uid, gid)
             else:
                 copy_context(up, recipe.context, step, dest, uid, gid)
-        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op)[0]
+        return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op,
+                           mtime_clamp=_epoch(step, cfg, recipe))[0]
 
     def _configured(self, image: str, step: Configure) -> ImageConfig:
         """The image's config with a Configure step's changes: env and labels merged, ports

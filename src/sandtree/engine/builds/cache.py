@@ -3,7 +3,8 @@
 The key is the sha256 of everything that decides the step's result: the parent image ID (its
 files and its config), the step's text (the instruction after ARG/ENV expansion), the content
 hashes, modes and paths of the files it copies (a COPY --from: the source image's ID), its network
-policy (canonical JSON), the tier, and the build-time variables it sees. The row is written in
+policy (network.policy.canonical: the same rules in any order or equivalent spelling are one key),
+the tier, and the build-time variables it sees (SOURCE_DATE_EPOCH among them). The row is written in
 the transaction that records the step's result (records.Records.record's `also`), so a hit never
 names an image whose rows are missing; a hit is used only while the image still exists (gc or
 `image rm` may remove it) and is visible to the caller. A step with network is cached but marked
@@ -23,6 +24,7 @@ import hashlib
 import json
 import time
 
+from ...network.policy import Policy, canonical
 from ...recipe.steps import ContextFile
 from ...store.store import Store
 
@@ -40,7 +42,7 @@ def step_key(parent: str, text: str, *, files: tuple[ContextFile, ...] = (), net
              env: tuple = (), extra: dict | None = None) -> str:
     """The cache key of a step on `parent`. extra: anything else the step's result depends on
     (a COPY --from's source image and paths, chown/chmod, a Configure's changes)."""
-    net = network.to_json() if network is not None and hasattr(network, "to_json") else network
+    net = canonical(network).to_json() if isinstance(network, Policy) else network
     doc = [KEY_VERSION, parent, text, _files(files), net, tier, sorted([str(k), str(v)] for k, v in env),
            extra or {}]
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()

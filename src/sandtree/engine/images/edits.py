@@ -141,10 +141,11 @@ class Upper:
 
 
 def commit_edit(engine, source: str, fill, spec: dict, *, kind: str, also=None,
-                op: str | None = None) -> tuple[str, str]:
+                op: str | None = None, mtime_clamp: int | None = None) -> tuple[str, str]:
     """(new image, operation id): fill(Upper) then commit it on `source`, recorded as an
     operation of `kind` with `spec` (spec["command"] labels the lineage edge). also(con, image):
-    more rows in the same transaction (a build step's cache row)."""
+    more rows in the same transaction (a build step's cache row). mtime_clamp: a build step's
+    SOURCE_DATE_EPOCH (runs/commit.clamp_mtimes)."""
     started = time.time()
     op = op or uuid.uuid4().hex
     with engine.store.using():
@@ -152,7 +153,7 @@ def commit_edit(engine, source: str, fill, spec: dict, *, kind: str, also=None,
         upper = Upper(engine.store, source)
         try:
             fill(upper)
-            cr = engine.committer.commit(row, upper.path)
+            cr = engine.committer.commit(row, upper.path, mtime_clamp=mtime_clamp)
         finally:
             upper.close()
         write = engine.committer.image_writer(cr)

@@ -360,13 +360,15 @@ class Committer:
 
     # ---- the whole commit ---------------------------------------------------------------------
     def commit(self, base: ImageRow, upper: str, *, max_file_size: int | None = None,
-               mount_points=()) -> CommitResult:
-        """max_file_size: the run's disk limit. The upper's tmpfs caps the blocks a run writes,
+               mount_points=(), mtime_clamp: int | None = None) -> CommitResult:
+        """mtime_clamp: a build step's SOURCE_DATE_EPOCH (clamp_mtimes). max_file_size: the run's disk limit. The upper's tmpfs caps the blocks a run writes,
         not a sparse file's apparent size, and the store keeps files whole: a `truncate -s 1T`
         must not become a terabyte on the host. mount_points: directories the runtime made in the
         upper for a live sandbox's volumes (engine/volumes.py), left out while they are empty."""
         if not mount_points and self._unchanged(base, upper):
             return CommitResult(base.id, None, None, {}, base.links, base.size, base.files)
+        if mtime_clamp is not None:
+            clamp_mtimes(upper, mtime_clamp)
         staged = self.store.layers.stage("commit")
         try:
             inodes: dict = {}
@@ -455,6 +457,34 @@ class Committer:
         st = os.lstat(upper)
         return (stat.S_IMODE(st.st_mode), self.idmap.uid(st.st_uid), self.idmap.gid(st.st_gid)) == \
             (root["."].mode, root["."].uid, root["."].gid)
+
+
+def clamp_mtimes(upper: str, epoch: int) -> None:
+    """Every entry of `upper` (its root too) modified after `epoch` (seconds) gets `epoch` as its
+    mtime: a build step's files then carry the same times in every build (BuildKit's
+    rewrite-timestamp), so what a later step reads of them (a tar, a timestamp-based .pyc, a
+    make) does not depend on when the build ran. Times are not part of an image's ID; they are
+    part of what a later step may write. Iterative and never following a link (the upper is
+    what a sandbox wrote; it no longer runs)."""
+    limit = epoch * 1_000_000_000
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    todo = [upper]
+    while todo:
+        path = todo.pop()
+        fd = os.open(path, flags)
+        try:
+            if os.fstat(fd).st_mtime_ns > limit and path == upper:
+                os.utime(fd, ns=(limit, limit))
+            with os.scandir(fd) as it:
+                entries = list(it)
+            for e in entries:
+                st = e.stat(follow_symlinks=False)
+                if st.st_mtime_ns > limit:
+                    os.utime(e.name, ns=(min(st.st_atime_ns, limit), limit), dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(os.path.join(path, e.name))
+        finally:
+            os.close(fd)
 
 
 def _drop_mount_points(changes: dict, staged: str, paths) -> None:

@@ -90,8 +90,9 @@ class RunOps:
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
              step: str | None = None, in_tx=None, scope: str | None = None, after: list | None = None,
-             **limits) -> RunRecord | None:
+             mtime_clamp: int | None = None, **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
+        mtime_clamp: a build step's SOURCE_DATE_EPOCH, the latest mtime its commit keeps (commit.clamp_mtimes);
         in_tx(con, result): called in the transaction that records the run (the build cache's row).
         scope: whose run this is (a tenant; LOCAL_SCOPE: the engine's own caller): a networked run
         may get a link only runs of the same scope used (the egress daemon recycles links within
@@ -183,7 +184,7 @@ class RunOps:
             network_usage = self.egress.release_begin(link_key)
         try:
             rec, result = self._commit_run(op, source, row, outcome, record_spec, started, keep,
-                                           network_usage, in_tx, masked)
+                                           network_usage, in_tx, masked, mtime_clamp)
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
@@ -222,13 +223,15 @@ class RunOps:
         return link.key, link.netns_fd, link.runtime_files(), link.scope
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
-                    keep: str, network_usage=None, in_tx=None, masked=()) -> tuple[RunRecord, str | None]:
+                    keep: str, network_usage=None, in_tx=None, masked=(),
+                    mtime_clamp: int | None = None) -> tuple[RunRecord, str | None]:
         """keep: KEPT, EPHEMERAL or NOTHING (keep_mode). network_usage: None, or a function giving
         the released link's usage (read after the commit, before the record). in_tx: see run_operation."""
         t_commit = time.perf_counter()
         with outcome:
             try:
-                result, write_image = (None, None) if keep == NOTHING or outcome.cancelled else self._commit(row, outcome)
+                result, write_image = (None, None) if keep == NOTHING or outcome.cancelled else \
+                    self._commit(row, outcome, mtime_clamp)
                 if keep == EPHEMERAL and write_image is not None:
                     write_image = ephemeral.mark_writer(write_image, result)
             except Exception as exc:
@@ -259,12 +262,12 @@ class RunOps:
             self.records.record(op, source, record_spec, started, result, summary, write_image, also=also)
         return rec, result
 
-    def _commit(self, base: ImageRow, outcome):
+    def _commit(self, base: ImageRow, outcome, mtime_clamp: int | None = None):
         """(resulting image id, a function writing its rows inside the run's transaction or None).
         The new layer is published (renamed into layers/) before any row names it."""
         if outcome.changes is None:
             return base.id, None
-        cr = self.committer.commit(base, outcome.changes, max_file_size=outcome.disk_limit)
+        cr = self.committer.commit(base, outcome.changes, max_file_size=outcome.disk_limit, mtime_clamp=mtime_clamp)
         return cr.image, self.committer.image_writer(cr)
 
     def fork(self, ref: str, commands: list, *, parallel: int | None = None, **options) -> list[RunRecord]:
