@@ -1,0 +1,238 @@
+"""A spawned process whose stdio a holder inside the sandbox keeps (runtime/hold.c), so the
+sandbox can hibernate while it runs and it goes on after the resume (instances.py spawns a plain
+live sandbox's processes so, terminals aside).
+
+The command is the child of the holder H, a process of the sandbox's own; the engine talks to H
+through a relay R it starts in the sandbox (popen: `--hold` for the first, which also starts H,
+`--attach` after), in frames (hold.c). release() lets R go before a hibernation (H keeps what the
+command writes meanwhile) and attach() starts another after the resume; anything that asks while
+it is let go attaches first (a resume by another engine process). Held is the `proc` of a
+spawned.Process: Popen's shape (wait, poll, send_signal, kill) plus write and close_stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import threading
+import uuid
+
+from ...errors import Conflict, NotFound
+from ...runtime.popenlike import PopenLike
+
+__all__ = ["Held", "NotAHolder", "spawn_held"]
+
+_HEAD = struct.Struct("=II")
+_WATCH = 1.0                 # seconds between looks at the sandbox while let go (did it stop?)
+_LET_GO = 5.0                # seconds a released relay is given to end
+_MAX_FRAME = 1 << 16         # hold.c's largest frame
+
+
+class NotAHolder(Exception):
+    """The program started as the holder did not answer as one (a sandbox whose agent predates
+    hold.c): the caller starts the command the direct way."""
+
+
+def _frames(f):
+    """(type, data) from a relay's stdout until EOF (a cut frame ends it too)."""
+    while True:
+        head = f.read(_HEAD.size)
+        if len(head) < _HEAD.size:
+            return
+        kind, n = _HEAD.unpack(head)
+        if n > _MAX_FRAME:                     # (not the holder's: the sandbox's own garbage)
+            return
+        data = f.read(n) if n else b""
+        if len(data) < n:
+            return
+        yield chr(kind) if kind < 0x110000 else "?", data
+
+
+def _hello(relay) -> tuple[int, int] | None:
+    head = relay.stdout.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        return None
+    kind, n = _HEAD.unpack(head)
+    if kind != ord("h") or n != 8:
+        raise NotAHolder()
+    return struct.unpack("=II", relay.stdout.read(8))
+
+
+def _end_relay(relay) -> None:
+    for f in (relay.stdin, relay.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+    try:
+        relay.wait(_LET_GO)
+    except subprocess.TimeoutExpired:
+        relay.kill()
+        relay.wait()
+
+
+def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "Held":
+    """Start argv held (its holder's program: sandboxes.holder(sid)); NotAHolder when that
+    program is not one (then nothing runs)."""
+    key = uuid.uuid4().hex
+    path = sandboxes.holder(sid)
+    relay = sandboxes.popen(sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        hello = _hello(relay)
+    except NotAHolder:
+        _end_relay(relay)
+        raise
+    if hello is None:                          # it never started: the relay's own failure
+        rc = relay.wait()
+        if relay.report.get("execfail") and relay.report["execfail"][1] == "exec":
+            sandboxes.holder(sid, again=True)     # (its program removed from /dev/shm: next time anew)
+        held = Held(sandboxes, sid, key, uid, gid, None)
+        held.report = relay.report
+        held._finish(rc if rc is not None else 127)
+        return held
+    return Held(sandboxes, sid, key, uid, gid, relay)
+
+
+class Held(PopenLike):
+    def __init__(self, sandboxes, sid: str, key: str, uid, gid, relay):
+        self.sandboxes, self.sid, self.key, self.uid, self.gid = sandboxes, sid, key, uid, gid
+        self.stdin = self.stdout = self.stderr = None
+        self.report: dict = {}
+        self.returncode: int | None = None
+        self.on_output = None                  # (stream, chunk): set by the owner, then start()
+        self.lock = threading.Lock()           # frames out, and the relay's change
+        self.ended = threading.Event()
+        self.relay = relay
+        self.reader: threading.Thread | None = None
+
+    def start(self, on_output) -> None:
+        self.on_output = on_output
+        if self.relay is not None:
+            self._read_from(self.relay)
+
+    # ---- frames in -------------------------------------------------------------------------------
+    def _read_from(self, relay) -> None:
+        self.reader = threading.Thread(target=self._read, args=(relay,), daemon=True, name="sandtree-held")
+        self.reader.start()
+
+    def _read(self, relay) -> None:
+        for kind, data in _frames(relay.stdout):
+            if self.ended.is_set():
+                break
+            if kind == "o" or kind == "e":
+                self.on_output("stdout" if kind == "o" else "stderr", data)
+            elif kind == "f" and len(data) >= 4:
+                step = data[4:].decode("ascii", "replace") or "fork"
+                self.report = {"execfail": (struct.unpack("=I", data[:4])[0], step)}
+            elif kind == "x" and len(data) == 4:
+                self._finish(os.waitstatus_to_exitcode(struct.unpack("=I", data)[0]))
+                break
+        with self.lock:
+            mine = self.relay is relay
+            if mine:
+                self.relay = None
+        _end_relay(relay)
+        if mine and not self.ended.is_set():
+            self._lost()
+
+    def _finish(self, rc: int) -> None:
+        self.returncode = rc
+        self.ended.set()
+
+    def _lost(self) -> None:
+        """Its relay ended unasked: the sandbox stopped (it ends with it), or hibernated (it waits
+        for the resume), or only the relay was killed (another takes its place)."""
+        state = self._state()
+        if state == "running":
+            try:
+                self.attach()
+                return
+            except Exception:                  # noqa: BLE001 - it stopped meanwhile: ended below
+                state = self._state()
+        if state != "hibernated":
+            self._finish(-9)
+
+    def _state(self) -> str:
+        try:
+            return self.sandboxes.info(self.sid)["state"]
+        except NotFound:
+            return "gone"
+
+    # ---- its relay -------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Let its relay go (before a hibernation): the holder keeps the command and what it writes."""
+        with self.lock:
+            relay, self.relay, reader = self.relay, None, self.reader
+        if relay is None:
+            return
+        try:
+            relay.stdin.close()                # R lets go; H closes its end; R ends; its EOF here
+        except OSError:
+            pass
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(_LET_GO)
+        _end_relay(relay)
+
+    def attach(self) -> None:
+        """A relay to its holder again (after a resume); Conflict if the sandbox is not running.
+        A holder that is gone (the sandbox was restarted without it) ends it as killed."""
+        with self.lock:
+            if self.relay is not None or self.ended.is_set():
+                return
+            path = self.sandboxes.holder(self.sid)
+            relay = self.sandboxes.popen(self.sid, [path, "--attach", self.key], uid=self.uid, gid=self.gid,
+                                         cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+            try:
+                hello = _hello(relay)
+            except NotAHolder:
+                hello = None
+            if hello is None:
+                _end_relay(relay)
+                self._finish(-9)
+                return
+            self.relay = relay
+        self._read_from(relay)
+
+    def _send(self, kind: str, data: bytes = b"") -> None:
+        if self.relay is None and not self.ended.is_set():
+            self.attach()                      # (resumed elsewhere: Conflict while hibernated)
+        with self.lock:
+            if self.ended.is_set():
+                raise BrokenPipeError("the process has exited")
+            if self.relay is None:
+                raise Conflict(f"sandbox {self.sid} is not running")
+            for off in range(0, max(len(data), 1), 1 << 16):
+                part = data[off:off + (1 << 16)]
+                self.relay.stdin.write(_HEAD.pack(ord(kind), len(part)) + part)
+            self.relay.stdin.flush()
+
+    # ---- Popen's shape -----------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if data:
+            self._send("i", bytes(data))
+
+    def close_stdin(self) -> None:
+        self._send("c")
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            self._send("k", struct.pack("=I", int(sig)))
+        except (BrokenPipeError, OSError):
+            pass                               # (it exited meanwhile)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        waited = 0.0
+        while not self.ended.wait(_WATCH):
+            waited += _WATCH
+            if self.relay is None and self._state() not in ("running", "hibernated"):
+                self._finish(-9)               # let go, and its sandbox stopped meanwhile
+            if timeout is not None and waited >= timeout and not self.ended.is_set():
+                raise subprocess.TimeoutExpired("held process", timeout)
+        return self.returncode
