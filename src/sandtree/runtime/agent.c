@@ -98,7 +98,7 @@ static void reply(u32 id, u32 type, const void *data, u32 len) {
 }
 
 long execvpe_(char *const *av, char *const *ev);
-__attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev);     /* hold.c */
+__attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, int relay_too);     /* hold.c */
 __attribute__((noreturn)) void hold_attach(const char *id);
 
 /* The command, in the child: ids, cwd, then execve along PATH (as execvpe). Never returns. A
@@ -516,7 +516,8 @@ __attribute__((noreturn, used)) void agent_main(long *sp) {
     if (sp[0] >= 3 && av[1][0] == '-' && av[1][1] == '-' && av[1][2] == 't' && av[1][3] == 't' && av[1][4] == 'y' &&
         !av[1][5] && av[2][0] == '-' && av[2][1] == '-' && !av[2][2])
         tty_relay(av + 3, ev);
-    if (sp[0] >= 4 && same(av[1], "--hold") && same(av[3], "--")) hold_main(av[2], av + 4, ev);
+    if (sp[0] >= 4 && same(av[1], "--hold") && same(av[3], "--")) hold_main(av[2], av + 4, ev, 1);
+    if (sp[0] >= 4 && same(av[1], "--start") && same(av[3], "--")) hold_main(av[2], av + 4, ev, 0);
     if (sp[0] == 3 && same(av[1], "--attach")) hold_attach(av[2]);
     unsigned long chld = 1UL << (SIGCHLD - 1), blocked = chld | (1UL << (13 /* SIGPIPE */ - 1));
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-agent", 0, 0);

@@ -4,6 +4,7 @@
  *
  *   sandtree-agent --hold ID -- COMMAND...   (started as the command would be: its ids, cwd, env)
  *   sandtree-agent --attach ID
+ *   sandtree-agent --start ID -- COMMAND...  (as --hold, but it leaves once H runs: no first R)
  *
  * Why: a command spawned with pipes to the engine (engine/processes/instances.py) is a child of a
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
@@ -13,7 +14,9 @@
  * the sandbox with pipes (`--hold`'s own process is the first R; `--attach` starts another): R
  * copies bytes between its stdin/stdout and a unix socket to H, nothing more. Before a hibernation
  * the engine closes R's stdin (R ends, H keeps what the command writes meanwhile, up to BACKLOG);
- * after the resume it attaches again (held.py). Only R ever held the engine's pipes.
+ * after the resume it attaches again (held.py). Only R ever held the engine's pipes. On gVisor,
+ * which kills at a restore whatever `runsc exec` started, descendants included (gVisor #11544), H
+ * is started by `--start` through the agent (pid 1's descendants are kept), and R by runsc exec.
  *
  * H listens on the abstract unix socket "sandtree-hold-ID" of the sandbox (one connection at a
  * time: a new one replaces the old) and takes only a peer of its own uid (SO_PEERCRED): another
@@ -355,8 +358,9 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
     for (;;) {}
 }
 
-/* `--hold ID -- COMMAND...`: starts H (adopted by the sandbox's pid 1), then is the first R. */
-__attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev) {
+/* `--hold ID -- COMMAND...`: starts H (adopted by the sandbox's pid 1), then is the first R.
+ * `--start ID -- COMMAND...` (relay 0): starts H and leaves; an `--attach` then reaches it. */
+__attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, int relay_too) {
     if (!av[0]) { hsay("sandtree-agent --hold: no command\n"); sys(__NR_exit_group, 127, 0, 0, 0); }
     unsigned long pipe_ = 1UL << (H_SIGPIPE - 1);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
@@ -385,7 +389,8 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev) {
             else sys(__NR_close, fd, 0, 0, 0);
         }
         if (nul > 2) sys(__NR_close, nul, 0, 0, 0);
-        conn = sp[1];
+        conn = relay_too ? sp[1] : -1;
+        if (!relay_too) sys(__NR_close, sp[1], 0, 0, 0);
         holder(lfd, pst[0], pst[1], av, ev);
     }
     sys(__NR_close, sp[1], 0, 0, 0);
@@ -395,5 +400,6 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev) {
     if (k < 0) { hsay("sandtree-agent --hold: cannot fork\n"); sys(__NR_exit_group, 125, 0, 0, 0); }
     int st = 0;
     while (sys(__NR_wait4, k, (long)&st, 0, 0) == -H_EINTR) {}
+    if (!relay_too) sys(__NR_exit_group, 0, 0, 0, 0);
     relay(sp[0]);
 }

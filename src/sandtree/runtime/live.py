@@ -70,11 +70,11 @@ class LiveRuntime(Commands, LiveTier):
             self._drain = drain_path(self.rt.cache_dir)
         return self._drain
 
-    def hold_program(self, h: LiveHandle) -> tuple[str | None, str | None]:
+    def hold_program(self, h: LiveHandle) -> tuple[str | None, str | None, bool]:
         """sandtree-agent, whose --hold mode holds a spawned command's stdio: copied in by the engine."""
         if self._agent is None:
             self._agent = agent_path(self.rt.cache_dir)
-        return None, self._agent
+        return None, self._agent, False
 
     def _check(self) -> None:
         ok, why = self.available()

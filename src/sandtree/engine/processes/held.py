@@ -77,7 +77,14 @@ def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "
     """Start argv held (its holder's program: sandboxes.holder(sid)); NotAHolder when that
     program is not one (then nothing runs)."""
     key = uuid.uuid4().hex
-    path = sandboxes.holder(sid)
+    path, by_exec = sandboxes.holder(sid)
+    if by_exec:                                # H started by pid 1's agent, then a relay to it
+        rec = sandboxes.exec(sid, [path, "--start", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
+        if rec.exit_code != 0 or rec.stdout:
+            raise NotAHolder()                 # (an older agent: "ready", then EOF)
+        held = Held(sandboxes, sid, key, uid, gid, None)
+        held.attach()
+        return held
     relay = sandboxes.popen(sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
@@ -86,6 +93,7 @@ def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "
         _end_relay(relay)
         raise
     if hello is None:                          # it never started: the relay's own failure
+        relay.stdin.close()
         rc = relay.wait()
         if relay.report.get("execfail") and relay.report["execfail"][1] == "exec":
             sandboxes.holder(sid, again=True)     # (its program removed from /dev/shm: next time anew)
@@ -109,9 +117,11 @@ class Held(PopenLike):
         self.reader: threading.Thread | None = None
 
     def start(self, on_output) -> None:
-        self.on_output = on_output
-        if self.relay is not None:
-            self._read_from(self.relay)
+        with self.lock:
+            self.on_output = on_output
+            relay = self.relay
+        if relay is not None:
+            self._read_from(relay)
 
     # ---- frames in -------------------------------------------------------------------------------
     def _read_from(self, relay) -> None:
@@ -182,7 +192,7 @@ class Held(PopenLike):
         with self.lock:
             if self.relay is not None or self.ended.is_set():
                 return
-            path = self.sandboxes.holder(self.sid)
+            path, _ = self.sandboxes.holder(self.sid)
             relay = self.sandboxes.popen(self.sid, [path, "--attach", self.key], uid=self.uid, gid=self.gid,
                                          cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL)
@@ -195,6 +205,8 @@ class Held(PopenLike):
                 self._finish(-9)
                 return
             self.relay = relay
+            if self.on_output is None:
+                return                         # (the first: start() reads it)
         self._read_from(relay)
 
     def _send(self, kind: str, data: bytes = b"") -> None:

@@ -454,16 +454,17 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
 
-    def holder(self, sid: str, *, again: bool = False) -> str:
+    def holder(self, sid: str, *, again: bool = False) -> tuple[str, bool]:
         """The path inside sandbox `sid` of the program that holds a spawned command's stdio
         (runtime/hold.c): the tier's, or a copy the engine writes into the sandbox's /dev/shm
         (its own tmpfs: never committed, kept by a checkpoint) once per sandbox, under a name no
         one in it can guess before it is there (again: a new copy, the old one was removed).
-        RuntimeUnavailable on a tier without one."""
+        With it: whether the holder is started by exec (the tier's hold_program). RuntimeUnavailable
+        on a tier without one."""
         row = self._running(sid)
-        inside, program = self.live.hold_program(row["handle"])
+        inside, program, by_exec = self.live.hold_program(row["handle"])
         if inside is not None:
-            return inside
+            return inside, by_exec
         if program is None:
             raise RuntimeUnavailable("this sandbox's tier has no holder for spawned processes")
         with self._holders_lock:
@@ -483,7 +484,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                 if len(self._holders) > 4096:      # (the sandboxes of long ago: written anew if asked)
                     self._holders.clear()
                 self._holders[row["id"]] = path
-        return path
+        return path, by_exec
 
     def ps(self, sid: str) -> list[dict]:
         """Every process of a running sandbox as its kernel tells it (runtime pstable), each with
