@@ -240,10 +240,19 @@ class Held(PopenLike):
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        waited = 0.0
+        waited, slept = 0.0, False
         while not self.ended.wait(_WATCH):
             waited += _WATCH
-            if self.relay is None and self._state() not in ("running", "hibernated"):
+            state = self._state() if self.relay is None else "attached"
+            if state == "hibernated":
+                slept = True
+            elif state == "running" and slept:
+                slept = False                  # resumed by another engine process: its followers go on
+                try:
+                    self.attach()
+                except Exception:              # noqa: BLE001 - (attached when next asked)
+                    pass
+            elif state not in ("running", "attached"):
                 self._finish(-9)               # let go, and its sandbox stopped meanwhile
             if timeout is not None and waited >= timeout and not self.ended.is_set():
                 raise subprocess.TimeoutExpired("held process", timeout)

@@ -24,6 +24,7 @@ ended: Ended for stdin (410), Conflict for the others (409).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -42,6 +43,8 @@ from .held import Held, NotAHolder, spawn_held
 from .spawned import Process, public_view, signal_number, start_error, usage_of
 from .terminal import open_terminal, read_terminal, set_size
 from ..runs.spec import command_argv
+
+log = logging.getLogger("sandtree.engine")
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
 UP_WAIT = 30.0                # seconds it waits for the sandbox of one a worker is starting
@@ -495,7 +498,10 @@ class Instances:
         with inst.lock:
             procs = [p for p in inst.procs.values() if not p.done.is_set() and isinstance(p.proc, Held)]
         for p in procs:
-            p.proc.attach()
+            try:
+                p.proc.attach()
+            except Exception as exc:               # noqa: BLE001 - attached when next asked (held.py)
+                log.warning("sandbox %s: process %s not attached again (%s)", sid, p.spid, exc)
 
     def _process(self, sid: str, pid: int, ended=Conflict) -> tuple[Instance, Process]:
         inst = self._instance(sid, ended=ended)
