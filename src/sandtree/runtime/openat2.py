@@ -35,6 +35,7 @@ import errno
 import os
 import secrets
 import stat
+import threading
 
 from ..errors import Conflict, InvalidInput, NotRegularFile, PathNotFound, TooLarge
 
@@ -198,7 +199,6 @@ def create_as(root_fd: int, directory: str, name: str, data: bytes, mode: int, u
             failed.append(exc)
     try:
         own_filesystem(dfd, mounts, directory)
-        import threading                        # (only here: the module is otherwise thread-free)
         t = threading.Thread(target=create, name="sandtree-create-as")
         t.start()
         t.join()

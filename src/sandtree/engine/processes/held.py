@@ -73,6 +73,15 @@ def _end_relay(relay) -> None:
         relay.wait()
 
 
+def _relay(sandboxes, sid: str, argv: list[str], **ids):
+    """popen of a relay: pipes all three (so a helper entered ahead takes it, the fast way); its
+    stderr, which says nothing the frames do not, is closed at once."""
+    relay = sandboxes.popen(sid, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **ids)
+    relay.stderr.close()
+    relay.stderr = None
+    return relay
+
+
 def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "Held":
     """Start argv held (its holder's program: sandboxes.holder(sid)); NotAHolder when that
     program is not one (then nothing runs)."""
@@ -85,23 +94,24 @@ def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "
         held = Held(sandboxes, sid, key, uid, gid, None)
         held.attach()
         return held
-    relay = sandboxes.popen(sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        hello = _hello(relay)
-    except NotAHolder:
-        _end_relay(relay)
-        raise
-    if hello is None:                          # it never started: the relay's own failure
-        relay.stdin.close()
+    for again in (False, True):
+        relay = _relay(sandboxes, sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
+        try:
+            hello = _hello(relay)
+        except NotAHolder:
+            _end_relay(relay)
+            raise
+        if hello is not None:
+            return Held(sandboxes, sid, key, uid, gid, relay)
+        relay.stdin.close()                    # it never started: the relay's own failure (its cwd)
         rc = relay.wait()
-        if relay.report.get("execfail") and relay.report["execfail"][1] == "exec":
-            sandboxes.holder(sid, again=True)     # (its program removed from /dev/shm: next time anew)
+        if not again and relay.report.get("execfail", (0, ""))[1] == "exec":
+            path, _ = sandboxes.holder(sid, again=True)     # (its copy was removed from /dev/shm)
+            continue
         held = Held(sandboxes, sid, key, uid, gid, None)
         held.report = relay.report
         held._finish(rc if rc is not None else 127)
         return held
-    return Held(sandboxes, sid, key, uid, gid, relay)
 
 
 class Held(PopenLike):
@@ -193,9 +203,8 @@ class Held(PopenLike):
             if self.relay is not None or self.ended.is_set():
                 return
             path, _ = self.sandboxes.holder(self.sid)
-            relay = self.sandboxes.popen(self.sid, [path, "--attach", self.key], uid=self.uid, gid=self.gid,
-                                         cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL)
+            relay = _relay(self.sandboxes, self.sid, [path, "--attach", self.key], uid=self.uid, gid=self.gid,
+                           cwd="/")
             try:
                 hello = _hello(relay)
             except NotAHolder:

@@ -28,7 +28,7 @@ import time
 import uuid
 
 from ... import defaults as D
-from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ...runtime.base import LiveTier, RunSpec
 from ...runtime.liveproc import LiveHandle, open_of
 from ...runtime.openat2 import create_as
@@ -478,6 +478,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                 try:                              # (as its root: /dev/shm is mounted in its user namespace)
                     create_as(root, "/dev/shm", name, data, 0o555, idmap.host_uid(0), idmap.host_gid(0),
                               self.live.own_mounts(h))
+                except (OSError, SandtreeError) as exc:     # (an image whose /dev/shm is not the sandbox's own)
+                    raise RuntimeUnavailable(f"no holder for spawned processes in sandbox {row['id']}: {exc}") from None
                 finally:
                     os.close(root)
                 path = f"/dev/shm/{name}"
