@@ -133,28 +133,40 @@ static u32 peer(int s) {
 }
 
 /* ---- R: bytes between stdin/stdout and H's socket ------------------------------------------- */
+/* Input waiting for the socket is kept here, and the socket is read meanwhile: H, blocked writing
+ * output to us while it waits for its command to read its stdin, would otherwise wait on us as
+ * we wait on it. */
+static char rbuf[1 << 16];
+
 __attribute__((noreturn)) static void relay(int s) {
-    int in_open = 1;
+    int in_open = 1, shut = 0;
+    long rlen = 0, roff = 0;
+    sys(__NR_fcntl, s, F_SETFL, H_ONB, 0);
     for (;;) {
         struct hpoll p[2];
-        int n = 0, is = 0, ii = -1;
-        p[n++] = (struct hpoll){s, H_POLLIN, 0};
-        if (in_open) { ii = n; p[n++] = (struct hpoll){0, H_POLLIN, 0}; }
+        int n = 0, ii = -1;
+        p[n++] = (struct hpoll){s, (short)(H_POLLIN | (rlen ? H_POLLOUT : 0)), 0};
+        if (in_open && !rlen) { ii = n; p[n++] = (struct hpoll){0, H_POLLIN, 0}; }
         if (sys(__NR_ppoll, (long)p, n, 0, 0) < 0) continue;
-        if (p[is].revents) {
+        if (p[0].revents & ~H_POLLOUT) {
             long r = sys(__NR_read, s, (long)hbuf, sizeof hbuf, 0);
-            if (r == -H_EINTR || r == -H_EAGAIN) continue;
-            if (r <= 0 || hwrite(1, hbuf, r) < 0) sys(__NR_exit_group, 0, 0, 0, 0);
+            if (r <= 0 && r != -H_EINTR && r != -H_EAGAIN) sys(__NR_exit_group, 0, 0, 0, 0);
+            if (r > 0 && hwrite(1, hbuf, r) < 0) sys(__NR_exit_group, 0, 0, 0, 0);
         }
         if (ii >= 0 && p[ii].revents) {
-            long r = sys(__NR_read, 0, (long)hbuf, sizeof hbuf, 0);
-            if (r == -H_EINTR || r == -H_EAGAIN) continue;
-            if (r <= 0) {                      /* the engine lets go: H keeps the command */
-                sys(__NR_shutdown, s, H_SHUT_WR, 0, 0);
-                in_open = 0;
-            } else if (hwrite(s, hbuf, r) < 0) {
-                sys(__NR_exit_group, 0, 0, 0, 0);
-            }
+            long r = sys(__NR_read, 0, (long)rbuf, sizeof rbuf, 0);
+            if (r == 0 || (r < 0 && r != -H_EINTR && r != -H_EAGAIN)) in_open = 0;
+            else if (r > 0) { rlen = r; roff = 0; }
+        }
+        if (rlen) {
+            long w = sys(__NR_write, s, (long)(rbuf + roff), rlen - roff, 0);
+            if (w > 0) roff += w;
+            else if (w != -H_EAGAIN && w != -H_EINTR) sys(__NR_exit_group, 0, 0, 0, 0);
+            if (roff == rlen) rlen = 0;
+        }
+        if (!in_open && !rlen && !shut) {
+            sys(__NR_shutdown, s, H_SHUT_WR, 0, 0);   /* the engine lets go: H keeps the command */
+            shut = 1;
         }
     }
 }
