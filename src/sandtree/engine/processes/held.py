@@ -139,17 +139,20 @@ class Held(PopenLike):
         self.reader.start()
 
     def _read(self, relay) -> None:
-        for kind, data in _frames(relay.stdout):
-            if self.ended.is_set():
-                break
-            if kind == "o" or kind == "e":
-                self.on_output("stdout" if kind == "o" else "stderr", data)
-            elif kind == "f" and len(data) >= 4:
-                step = data[4:].decode("ascii", "replace") or "fork"
-                self.report = {"execfail": (struct.unpack("=I", data[:4])[0], step)}
-            elif kind == "x" and len(data) == 4:
-                self._finish(os.waitstatus_to_exitcode(struct.unpack("=I", data)[0]))
-                break
+        try:
+            for kind, data in _frames(relay.stdout):
+                if self.ended.is_set():
+                    break
+                if kind == "o" or kind == "e":
+                    self.on_output("stdout" if kind == "o" else "stderr", data)
+                elif kind == "f" and len(data) >= 4:
+                    step = data[4:].decode("ascii", "replace") or "fork"
+                    self.report = {"execfail": (struct.unpack("=I", data[:4])[0], step)}
+                elif kind == "x" and len(data) == 4:
+                    self._finish(os.waitstatus_to_exitcode(struct.unpack("=I", data)[0]))
+                    break
+        except (OSError, ValueError):
+            pass                               # (closed under us: a release that gave up waiting)
         with self.lock:
             mine = self.relay is relay
             if mine:
