@@ -172,6 +172,7 @@ __attribute__((noreturn)) static void relay(int s) {
 }
 
 __attribute__((noreturn)) void hold_attach(const char *id) {
+    sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-hold", 0, 0);
     struct sockaddr_hold a;
     long alen = address(&a, id);
     int s = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
@@ -221,6 +222,14 @@ static int pass(int fd, u32 type) {
     return 1;
 }
 
+/* Our command line is the command's (from `--`): blanked once the command has its copy, so that
+ * what looks for the command in the process table (ps, pkill -f) finds it, not us. */
+static void hide(char **av) {
+    for (int k = 0; av[k]; k++)
+        for (char *c = av[k]; *c; c++) *c = 0;
+    sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-hold", 0, 0);
+}
+
 __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char **av, char **ev) {
     unsigned long chld = 1UL << (H_SIGCHLD - 1), blocked = chld | (1UL << (H_SIGPIPE - 1));
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&blocked, 0, sizeof blocked);
@@ -247,6 +256,7 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
         sys(__NR_exit_group, 127, 0, 0, 0);
     }
     sys(__NR_close, pst_w, 0, 0, 0);
+    hide(av);
     int in_w = pipes[0][1], out = pipes[1][0], err = pipes[2][0];
     sys(__NR_close, pipes[0][0], 0, 0, 0);
     sys(__NR_close, pipes[1][1], 0, 0, 0);
@@ -412,6 +422,7 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
     if (k < 0) { hsay("sandtree-agent --hold: cannot fork\n"); sys(__NR_exit_group, 125, 0, 0, 0); }
     int st = 0;
     while (sys(__NR_wait4, k, (long)&st, 0, 0) == -H_EINTR) {}
+    hide(av);
     if (!relay_too) sys(__NR_exit_group, 0, 0, 0, 0);
     relay(sp[0]);
 }
