@@ -380,6 +380,13 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
     for (;;) {}
 }
 
+struct ksigaction { unsigned long handler, flags, restorer, mask; };
+
+static void set_sigchld(int ignored) {
+    struct ksigaction a = {ignored ? 1UL /* SIG_IGN */ : 0UL /* SIG_DFL */, 0, 0, 0};
+    sys(__NR_rt_sigaction, H_SIGCHLD, (long)&a, 0, 8);
+}
+
 /* `--hold ID -- COMMAND...`: starts H (adopted by the sandbox's pid 1), then is the first R.
  * `--start ID -- COMMAND...` (relay 0): starts H and leaves; an `--attach` then reaches it. */
 __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, int relay_too) {
@@ -396,8 +403,11 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
         hsay("sandtree-agent --hold: cannot make its socket\n");
         sys(__NR_exit_group, 125, 0, 0, 0);
     }
+    /* K is reaped by the kernel (SIGCHLD ignored): we relay at once, not after its exit */
+    set_sigchld(1);
     long k = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
     if (k == 0) {
+        set_sigchld(0);                          /* (H waits for its command) */
         /* its own session (a signal to R's group spares it), then the holder is a grandchild:
          * adopted by the sandbox's pid 1 once we leave */
         sys(__NR_setsid, 0, 0, 0, 0);
@@ -420,8 +430,6 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
     sys(__NR_close, pst[0], 0, 0, 0);
     sys(__NR_close, pst[1], 0, 0, 0);
     if (k < 0) { hsay("sandtree-agent --hold: cannot fork\n"); sys(__NR_exit_group, 125, 0, 0, 0); }
-    int st = 0;
-    while (sys(__NR_wait4, k, (long)&st, 0, 0) == -H_EINTR) {}
     hide(av);
     if (!relay_too) sys(__NR_exit_group, 0, 0, 0, 0);
     relay(sp[0]);

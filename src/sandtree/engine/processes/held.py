@@ -94,24 +94,11 @@ def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "
         held = Held(sandboxes, sid, key, uid, gid, None)
         held.attach()
         return held
-    for again in (False, True):
-        relay = _relay(sandboxes, sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
-        try:
-            hello = _hello(relay)
-        except NotAHolder:
-            _end_relay(relay)
-            raise
-        if hello is not None:
-            return Held(sandboxes, sid, key, uid, gid, relay)
-        relay.stdin.close()                    # it never started: the relay's own failure (its cwd)
-        rc = relay.wait()
-        if not again and relay.report.get("execfail", (0, ""))[1] == "exec":
-            path, _ = sandboxes.holder(sid, again=True)     # (its copy was removed from /dev/shm)
-            continue
-        held = Held(sandboxes, sid, key, uid, gid, None)
-        held.report = relay.report
-        held._finish(rc if rc is not None else 127)
-        return held
+    # the engine's own copy of the program: its hello is read with the frames (not waited for here)
+    relay = _relay(sandboxes, sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
+    held = Held(sandboxes, sid, key, uid, gid, relay)
+    held.greeted = False
+    return held
 
 
 class Held(PopenLike):
@@ -125,6 +112,7 @@ class Held(PopenLike):
         self.ended = threading.Event()
         self.relay = relay
         self.reader: threading.Thread | None = None
+        self.greeted = True                    # its relay's hello read (spawn_held's first is read with the frames)
 
     def start(self, on_output) -> None:
         with self.lock:
@@ -139,6 +127,15 @@ class Held(PopenLike):
         self.reader.start()
 
     def _read(self, relay) -> None:
+        if not self.greeted:
+            try:
+                hello = _hello(relay)
+            except (NotAHolder, OSError, ValueError, struct.error):
+                hello = None
+            self.greeted = True
+            if hello is None:                  # it never started: the relay's own failure (its cwd)
+                self._never_started(relay)
+                return
         try:
             for kind, data in _frames(relay.stdout):
                 if self.ended.is_set():
@@ -160,6 +157,22 @@ class Held(PopenLike):
         _end_relay(relay)
         if mine and not self.ended.is_set():
             self._lost()
+
+    def _never_started(self, relay) -> None:
+        with self.lock:
+            self.relay = None
+        _end_relay(relay)
+        report = dict(relay.report)
+        if report.get("execfail", (0, ""))[1] == "exec":
+            # the holder's copy was removed from the sandbox's /dev/shm: the next spawn writes another
+            report["execfail"] = (report["execfail"][0], "holder")
+            try:
+                self.sandboxes.holder(self.sid, again=True)
+            except Exception:                  # noqa: BLE001 - (the sandbox stopped meanwhile)
+                pass
+        self.report = report
+        rc = relay.returncode
+        self._finish(rc if rc is not None else 127)
 
     def _finish(self, rc: int) -> None:
         self.returncode = rc
