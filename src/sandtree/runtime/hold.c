@@ -9,8 +9,8 @@
  * Why: a command spawned with pipes to the engine (engine/processes/instances.py) is a child of a
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
  * sandbox running one could not hibernate. Here the command is the child of a holder H, a process
- * of the sandbox's own (adopted by its pid 1, as `cmd &` would be), which holds the command's
- * stdin, stdout and stderr pipes. The engine reaches H through a relay R, a process it starts in
+ * of the sandbox's own (in a session of its own; R's child, adopted by the sandbox's pid 1 once R
+ * is gone, as `cmd &` would be), which holds the command's stdin, stdout and stderr pipes. The engine reaches H through a relay R, a process it starts in
  * the sandbox with pipes (`--hold`'s own process is the first R; `--attach` starts another): R
  * copies bytes between its stdin/stdout and a unix socket to H, nothing more. Before a hibernation
  * the engine closes R's stdin (R ends, H keeps what the command writes meanwhile, up to BACKLOG);
@@ -403,16 +403,14 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
         hsay("sandtree-agent --hold: cannot make its socket\n");
         sys(__NR_exit_group, 125, 0, 0, 0);
     }
-    /* K is reaped by the kernel (SIGCHLD ignored): we relay at once, not after its exit */
+    /* H is our child, in a session of its own (a signal to R's group spares it), adopted by the
+     * sandbox's pid 1 once we are gone (before a checkpoint, we are); if it ends first, the kernel
+     * reaps it (SIGCHLD ignored here) */
     set_sigchld(1);
     long k = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
     if (k == 0) {
         set_sigchld(0);                          /* (H waits for its command) */
-        /* its own session (a signal to R's group spares it), then the holder is a grandchild:
-         * adopted by the sandbox's pid 1 once we leave */
         sys(__NR_setsid, 0, 0, 0, 0);
-        long h = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
-        if (h != 0) sys(__NR_exit_group, h > 0 ? 0 : 1, 0, 0, 0);
         sys(__NR_close, sp[0], 0, 0, 0);
         /* R's stdio is the engine's: not ours to hold */
         int nul = (int)sys(__NR_openat, AT_FDCWD, (long)"/dev/null", O_RDWR | O_CLOEXEC, 0);
