@@ -184,7 +184,17 @@ __attribute__((noreturn)) void hold_attach(const char *id) {
 }
 
 /* ---- H ------------------------------------------------------------------------------------ */
-static int conn = -1;
+/* The connection to the engine: R's socket (both ends the same fd), or, from the start of
+ * `--hold`, R's own stdin and stdout, which H uses itself (one hop less for every byte: R idles
+ * meanwhile, waiting on `life` for H to let go). */
+static int conn = -1, conn_w = -1, life = -1;
+
+static void drop_conn(void) {
+    if (conn >= 0) sys(__NR_close, conn, 0, 0, 0);
+    if (conn_w >= 0 && conn_w != conn) sys(__NR_close, conn_w, 0, 0, 0);
+    if (life >= 0) sys(__NR_close, life, 0, 0, 0);      /* R leaves (its stdio is no longer ours) */
+    conn = conn_w = life = -1;
+}
 static long dropped;
 
 static void frame(u32 type, const void *data, u32 len) {
@@ -193,8 +203,8 @@ static void frame(u32 type, const void *data, u32 len) {
     h[1] = len;
     if (data != hbuf + 8)
         for (u32 k = 0; k < len; k++) hbuf[8 + k] = ((const char *)data)[k];
-    if (conn >= 0 && hwrite(conn, hbuf, 8 + len) == 0) return;
-    if (conn >= 0) { sys(__NR_close, conn, 0, 0, 0); conn = -1; }
+    if (conn >= 0 && hwrite(conn_w, hbuf, 8 + len) == 0) return;
+    if (conn >= 0) drop_conn();
     if (type == 'h') return;
     if (blen + 8 + len <= BACKLOG) {
         for (long k = 0; k < 8 + (long)len; k++) backlog[blen + k] = hbuf[k];
@@ -208,8 +218,8 @@ static void hello(u32 me, u32 child) {
     u32 w[2] = {me, child};
     frame('h', w, sizeof w);
     if (conn >= 0 && blen) {
-        if (hwrite(conn, backlog, blen) == 0) blen = 0;
-        else { sys(__NR_close, conn, 0, 0, 0); conn = -1; }
+        if (hwrite(conn_w, backlog, blen) == 0) blen = 0;
+        else drop_conn();
     }
 }
 
@@ -303,8 +313,8 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
             if (c >= 0 && peer(c) != uid) {
                 sys(__NR_close, c, 0, 0, 0);
             } else if (c >= 0) {
-                if (conn >= 0) sys(__NR_close, conn, 0, 0, 0);
-                conn = c;
+                drop_conn();
+                conn = conn_w = c;
                 hello(me, (u32)child);
                 if (exited) frame('x', &status, 4);
             }
@@ -312,8 +322,7 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
         if (ic >= 0 && p[ic].revents) {
             u32 h[2];
             if (hread(conn, h, sizeof h) < 0 || h[1] > sizeof ibuf || hread(conn, ibuf, h[1]) < 0) {
-                sys(__NR_close, conn, 0, 0, 0);   /* detached (or garbage): the command goes on */
-                conn = -1;
+                drop_conn();                      /* detached (or garbage): the command goes on */
             } else if (h[0] == 'i' && in_w >= 0) {
                 ilen = h[1];
                 ioff = 0;
@@ -360,7 +369,7 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
         }
     }
     /* told (or nobody came): the name goes; pipes a background job holds are read till it lets go */
-    if (conn >= 0) sys(__NR_close, conn, 0, 0, 0);
+    drop_conn();
     if (lfd >= 0) sys(__NR_close, lfd, 0, 0, 0);
     while (out_open || err_open) {
         struct hpoll p[2];
@@ -395,10 +404,10 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
     struct sockaddr_hold a;
     long alen = address(&a, id);
-    int sp[2] = {-1, -1}, pst[2] = {-1, -1};
+    int lp[2] = {-1, -1}, pst[2] = {-1, -1};
     int lfd = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
     if (lfd < 0 || sys(__NR_bind, lfd, (long)&a, alen, 0) < 0 || sys(__NR_listen, lfd, 4, 0, 0) < 0 ||
-        sys(__NR_socketpair, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, (long)sp) < 0 ||
+        sys(__NR_pipe2, (long)lp, O_CLOEXEC, 0, 0) < 0 ||
         sys(__NR_pipe2, (long)pst, O_CLOEXEC, 0, 0) < 0) {
         hsay("sandtree-agent --hold: cannot make its socket\n");
         sys(__NR_exit_group, 125, 0, 0, 0);
@@ -411,7 +420,15 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
     if (k == 0) {
         set_sigchld(0);                          /* (H waits for its command) */
         sys(__NR_setsid, 0, 0, 0, 0);
-        sys(__NR_close, sp[0], 0, 0, 0);
+        sys(__NR_close, lp[0], 0, 0, 0);
+        if (relay_too) {                         /* R's stdin and stdout: ours to use till we let go */
+            conn = (int)sys(__NR_fcntl, 0, F_DUPFD_CLOEXEC, 3, 0);
+            conn_w = (int)sys(__NR_fcntl, 1, F_DUPFD_CLOEXEC, 3, 0);
+            life = lp[1];
+            if (conn < 0 || conn_w < 0) drop_conn();
+        } else {
+            sys(__NR_close, lp[1], 0, 0, 0);
+        }
         /* R's stdio is the engine's: not ours to hold */
         int nul = (int)sys(__NR_openat, AT_FDCWD, (long)"/dev/null", O_RDWR | O_CLOEXEC, 0);
         for (int fd = 0; fd < 3; fd++) {
@@ -419,16 +436,19 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
             else sys(__NR_close, fd, 0, 0, 0);
         }
         if (nul > 2) sys(__NR_close, nul, 0, 0, 0);
-        conn = relay_too ? sp[1] : -1;
-        if (!relay_too) sys(__NR_close, sp[1], 0, 0, 0);
         holder(lfd, pst[0], pst[1], av, ev);
     }
-    sys(__NR_close, sp[1], 0, 0, 0);
+    sys(__NR_close, lp[1], 0, 0, 0);
     sys(__NR_close, lfd, 0, 0, 0);
     sys(__NR_close, pst[0], 0, 0, 0);
     sys(__NR_close, pst[1], 0, 0, 0);
     if (k < 0) { hsay("sandtree-agent --hold: cannot fork\n"); sys(__NR_exit_group, 125, 0, 0, 0); }
     hide(av);
     if (!relay_too) sys(__NR_exit_group, 0, 0, 0, 0);
-    relay(sp[0]);
+    /* H talks to the engine on our stdio: we stay (the engine's end of it reads our output only
+     * while we run) until H lets go (EOF on life), then leave */
+    char one;
+    while (sys(__NR_read, lp[0], (long)&one, 1, 0) == -H_EINTR) {}
+    sys(__NR_exit_group, 0, 0, 0, 0);
+    for (;;) {}
 }
