@@ -81,7 +81,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
-        self._holders: dict[str, str] = {}           # sid -> its holder's copy (holder())
+        self._holders: dict[str, tuple] = {}         # sid -> its holder's program, how started (holder())
         self._holders_lock = threading.Lock()
         # called with a sandbox's id before its processes are checkpointed (release) and once they
         # run again, or did not stop (reattach): the engine's held processes' relays (processes/held.py)
@@ -461,14 +461,18 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
         one in it can guess before it is there (again: a new copy, the old one was removed).
         With it: whether the holder is started by exec (the tier's hold_program). RuntimeUnavailable
         on a tier without one."""
+        known = self._holders.get(sid)
+        if known is not None and not again:
+            return known                          # (the start of every spawned process: no lookup)
         row = self._running(sid)
         inside, program, by_exec = self.live.hold_program(row["handle"])
         if inside is not None:
+            self._holders[row["id"]] = (inside, by_exec)
             return inside, by_exec
         if program is None:
             raise RuntimeUnavailable("this sandbox's tier has no holder for spawned processes")
         with self._holders_lock:
-            path = self._holders.get(row["id"])
+            path = (self._holders.get(row["id"]) or (None,))[0]
             if path is None or again:
                 with open(program, "rb") as f:
                     data = f.read()
@@ -485,7 +489,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                 path = f"/dev/shm/{name}"
                 if len(self._holders) > 4096:      # (the sandboxes of long ago: written anew if asked)
                     self._holders.clear()
-                self._holders[row["id"]] = path
+                self._holders[row["id"]] = (path, by_exec)
         return path, by_exec
 
     def ps(self, sid: str) -> list[dict]:
