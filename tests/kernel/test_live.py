@@ -637,8 +637,8 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
 def test_spawned_processes_run_on_across_a_hibernation(tmp_path, rootfs, live_tier):
     """A spawned process's stdio is held inside the sandbox (engine/processes/held.py): the sandbox
     hibernates with it running, and after the resume it counts on, its follower hears the rest
-    (nothing lost or repeated), its stdin takes input and a signal ends it. A terminal, the
-    server's, still refuses the hibernation, naming it."""
+    (nothing lost or repeated), its stdin takes input and a signal ends it; as root or another
+    user. A terminal, the server's, still refuses the hibernation, naming it."""
     st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
     e = st._engine
     ok, why = e.sandboxes.live.hibernate_available(live_tier)
@@ -649,7 +649,7 @@ def test_spawned_processes_run_on_across_a_hibernation(tmp_path, rootfs, live_ti
     sid, stop = sb.id, threading.Event()
     try:
         counter = e.sandbox_spawn(sid, "i=0; while :; do i=$((i+1)); echo $i; echo $i > /tmp/c.new; "
-                                       "mv /tmp/c.new /tmp/count; sleep 0.05; done")
+                                       "mv /tmp/c.new /tmp/count; sleep 0.05; done", user="user")
         reader = e.sandbox_spawn(sid, "while read l; do echo got $l; done; echo closed", stdin_open=True)
         e.sandbox_stdin(sid, reader, "before\n", close=False)
         heard = []

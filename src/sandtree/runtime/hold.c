@@ -21,7 +21,7 @@
  * H listens on the abstract unix socket "sandtree-hold-ID" of the sandbox (one connection at a
  * time: a new one replaces the old) and takes only a peer of its own uid (SO_PEERCRED): another
  * user of the sandbox cannot feed the command's stdin or signal it. R likewise talks only to a
- * listener of its own uid.
+ * listener of its own uid (or root's: CRIU restores a listener as the sandbox's root).
  *
  * Frames both ways, native-endian u32 words: type len, then len bytes.
  *   to H    'i' stdin data   'c' close stdin   'k' u32 signal (to the command's process group)
@@ -178,7 +178,9 @@ __attribute__((noreturn)) void hold_attach(const char *id) {
     int s = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
     unsigned long pipe_ = 1UL << (H_SIGPIPE - 1);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
-    if (s < 0 || sys(__NR_connect, s, (long)&a, alen, 0) < 0 || peer(s) != (u32)sys(__NR_getuid, 0, 0, 0, 0))
+    u32 me = (u32)sys(__NR_getuid, 0, 0, 0, 0), it = 0;
+    /* (a listener restored from a checkpoint has the restorer's credentials: the sandbox's root) */
+    if (s < 0 || sys(__NR_connect, s, (long)&a, alen, 0) < 0 || ((it = peer(s)) != me && it != 0))
         sys(__NR_exit_group, 3, 0, 0, 0);      /* no such holder (of ours): EOF, no hello */
     relay(s);
 }
