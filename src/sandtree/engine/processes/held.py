@@ -59,7 +59,10 @@ def _hello(relay) -> tuple[int, int] | None:
     return struct.unpack("=II", relay.stdout.read(8))
 
 
-def _end_relay(relay) -> None:
+def _end_relay(relay, patient: bool = False) -> None:
+    """Close the engine's ends of a relay and reap it. patient (a reader's, off every caller's
+    path): a blocking wait, which, unlike a wait with a timeout (a poll loop), does not wake this
+    process while the relay finishes (it ends once its holder let go, or with its sandbox)."""
     for f in (relay.stdin, relay.stdout):
         try:
             if f is not None:
@@ -67,7 +70,7 @@ def _end_relay(relay) -> None:
         except OSError:
             pass
     try:
-        relay.wait(_LET_GO)
+        relay.wait(None if patient else _LET_GO)
     except subprocess.TimeoutExpired:
         relay.kill()
         relay.wait()
@@ -154,7 +157,7 @@ class Held(PopenLike):
             mine = self.relay is relay
             if mine:
                 self.relay = None
-        _end_relay(relay)
+        _end_relay(relay, patient=self.ended.is_set())
         if mine and not self.ended.is_set():
             self._lost()
 
