@@ -5,6 +5,7 @@
  *   sandtree-agent --hold ID -- COMMAND...   (started as the command would be: its ids, cwd, env)
  *   sandtree-agent --attach ID
  *   sandtree-agent --start ID -- COMMAND...  (as --hold, but it leaves once H runs: no first R)
+ *   sandtree-agent --await ID                 (as --attach, waiting a moment for H to listen)
  *
  * Why: a command spawned with pipes to the engine (engine/processes/instances.py) is a child of a
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
@@ -171,18 +172,31 @@ __attribute__((noreturn)) static void relay(int s) {
     }
 }
 
-__attribute__((noreturn)) void hold_attach(const char *id) {
+/* `--attach ID`, or `--await ID`: the same, trying for AWAIT ms while no holder listens yet (a
+ * relay started alongside the --start that makes its holder: gVisor's, held.py). */
+#define AWAIT 3000
+
+__attribute__((noreturn)) void hold_attach(const char *id, int patient) {
     sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-hold", 0, 0);
     struct sockaddr_hold a;
     long alen = address(&a, id);
-    int s = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
     unsigned long pipe_ = 1UL << (H_SIGPIPE - 1);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
     u32 me = (u32)sys(__NR_getuid, 0, 0, 0, 0), it = 0;
-    /* (a listener restored from a checkpoint has the restorer's credentials: the sandbox's root) */
-    if (s < 0 || sys(__NR_connect, s, (long)&a, alen, 0) < 0 || ((it = peer(s)) != me && it != 0))
-        sys(__NR_exit_group, 3, 0, 0, 0);      /* no such holder (of ours): EOF, no hello */
-    relay(s);
+    for (int tries = 0;; tries++) {
+        int s = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
+        if (s >= 0 && sys(__NR_connect, s, (long)&a, alen, 0) == 0) {
+            /* (a listener restored from a checkpoint has the restorer's credentials: the sandbox's root) */
+            if ((it = peer(s)) != me && it != 0) break;
+            relay(s);
+        }
+        if (s >= 0) sys(__NR_close, s, 0, 0, 0);
+        if (!patient || tries >= AWAIT) break;
+        struct { long sec, nsec; } ms = {0, 1000000};
+        sys(__NR_nanosleep, (long)&ms, 0, 0, 0);
+    }
+    sys(__NR_exit_group, 3, 0, 0, 0);          /* no such holder (of ours): EOF, no hello */
+    for (;;) {}
 }
 
 /* ---- H ------------------------------------------------------------------------------------ */

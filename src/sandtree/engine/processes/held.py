@@ -90,12 +90,20 @@ def spawn_held(sandboxes, sid: str, argv: list[str], *, env, cwd, uid, gid) -> "
     program is not one (then nothing runs)."""
     key = uuid.uuid4().hex
     path, by_exec = sandboxes.holder(sid)
-    if by_exec:                                # H started by pid 1's agent, then a relay to it
-        rec = sandboxes.exec(sid, [path, "--start", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
-        if rec.exit_code != 0 or rec.stdout:
-            raise NotAHolder()                 # (an older agent: "ready", then EOF)
-        held = Held(sandboxes, sid, key, uid, gid, None)
-        held.attach()
+    if by_exec:
+        # H started by pid 1's agent; its relay (runsc exec: the slow part) started meanwhile, which
+        # waits a moment for H to listen
+        relay = _relay(sandboxes, sid, [path, "--await", key], uid=uid, gid=gid, cwd="/")
+        try:
+            rec = sandboxes.exec(sid, [path, "--start", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
+            if rec.exit_code != 0 or rec.stdout:
+                raise NotAHolder()             # (an older agent: "ready", then EOF)
+        except BaseException:
+            relay.kill()
+            _end_relay(relay)
+            raise
+        held = Held(sandboxes, sid, key, uid, gid, relay)
+        held.greeted = False
         return held
     # the engine's own copy of the program: its hello is read with the frames (not waited for here)
     relay = _relay(sandboxes, sid, [path, "--hold", key, "--", *argv], env=env, cwd=cwd, uid=uid, gid=gid)
