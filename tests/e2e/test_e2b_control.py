@@ -24,8 +24,8 @@ from conftest import free_port, wait_for_port
 
 e2b = pytest.importorskip("e2b")            # pinned in pyproject's test extra
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery, SandboxState  # noqa: E402
-from e2b.exceptions import (AuthenticationException, NotFoundException, SandboxException,  # noqa: E402
-                            ServiceBusyException)
+from e2b.exceptions import (AuthenticationException, FileNotFoundException, NotFoundException,  # noqa: E402
+                            SandboxException, ServiceBusyException)
 
 
 def _cli(home, *args) -> str:
@@ -247,7 +247,10 @@ def test_pause_resume_with_background_commands_running(alice, monkeypatch, tenan
         sbx.commands.send_stdin(reader.pid, "before\n")
 
         def count() -> int:
-            text = sbx.files.read("/tmp/count").strip()
+            try:
+                text = sbx.files.read("/tmp/count").strip()
+            except FileNotFoundException:
+                return 0                         # (not written yet)
             return int(text) if text.isdigit() else 0
         assert wait_until(lambda: count() >= 3)
         try:
