@@ -1,6 +1,6 @@
 /*
  * hold.c: a spawned command whose stdio stays inside the sandbox, so a hibernation keeps it
- * running (a part of sandtree-agent, agent.c, which dispatches these two modes to it):
+ * running (a part of sandtree-agent, agent.c, which dispatches these modes to it):
  *
  *   sandtree-agent --hold ID -- COMMAND...   (started as the command would be: its ids, cwd, env)
  *   sandtree-agent --attach ID
@@ -11,13 +11,15 @@
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
  * sandbox running one could not hibernate. Here the command is the child of a holder H, a process
  * of the sandbox's own (in a session of its own; R's child, adopted by the sandbox's pid 1 once R
- * is gone, as `cmd &` would be), which holds the command's stdin, stdout and stderr pipes. The engine reaches H through a relay R, a process it starts in
- * the sandbox with pipes (`--hold`'s own process is the first R; `--attach` starts another): R
- * copies bytes between its stdin/stdout and a unix socket to H, nothing more. Before a hibernation
- * the engine closes R's stdin (R ends, H keeps what the command writes meanwhile, up to BACKLOG);
- * after the resume it attaches again (held.py). Only R ever held the engine's pipes. On gVisor,
- * which kills at a restore whatever `runsc exec` started, descendants included (gVisor #11544), H
- * is started by `--start` through the agent (pid 1's descendants are kept), and R by runsc exec.
+ * is gone, as `cmd &` would be), which holds the command's stdin, stdout and stderr pipes. The
+ * engine reaches H through a relay R, a process it starts in the sandbox with pipes: `--hold`'s
+ * own process is the first (H uses its stdin and stdout itself while it idles); `--attach` starts
+ * another, which copies bytes between its stdin/stdout and a unix socket to H, nothing more. Before
+ * a hibernation the engine closes R's stdin (R ends, H keeps what the command writes meanwhile, up
+ * to BACKLOG); after the resume it attaches again (held.py). Only R ever held the engine's pipes.
+ * On gVisor, which kills at a restore whatever `runsc exec` started, descendants included (gVisor
+ * #11544), H is started by `--start` through the agent (pid 1's descendants are kept), and R
+ * (`--await`) by runsc exec.
  *
  * H listens on the abstract unix socket "sandtree-hold-ID" of the sandbox (one connection at a
  * time: a new one replaces the old) and takes only a peer of its own uid (SO_PEERCRED): another

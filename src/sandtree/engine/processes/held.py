@@ -3,8 +3,8 @@ sandbox can hibernate while it runs and it goes on after the resume (instances.p
 live sandbox's processes so, terminals aside).
 
 The command is the child of the holder H, a process of the sandbox's own; the engine talks to H
-through a relay R it starts in the sandbox (popen: `--hold` for the first, which also starts H,
-`--attach` after), in frames (hold.c). release() lets R go before a hibernation (H keeps what the
+through a relay R it starts in the sandbox (popen: `--hold` for the first, which also starts H;
+on gVisor `--await` beside the agent's `--start` of H; `--attach` after), in frames (hold.c). release() lets R go before a hibernation (H keeps what the
 command writes meanwhile) and attach() starts another after the resume; anything that asks while
 it is let go attaches first (a resume by another engine process). Held is the `proc` of a
 spawned.Process: Popen's shape (wait, poll, send_signal, kill) plus write and close_stdin.
