@@ -51,7 +51,7 @@ ADAPTERS = ("client", "http", "mcp", "cli")
 # the three edges below (each the entry point of another adapter, not its logic).
 # recipe: a build's values and the Python builder (no I/O but listing a context), which a connect()ed
 # SDK builds too (issue 15: it sends them to the server).
-ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "render", "tasks",
+ADAPTER_MAY_IMPORT = ("errors", "config", "table", "defaults", "vocabulary", "values", "hostfiles", "accounts", "render", "tasks",
                       "engine", "tenancy", "recipe", "evaluation", "exploration")
 ADAPTER_ENTRY_POINTS = {
     ("cli", "sandtree.http.server"),    # `sandtree serve` starts the REST server
@@ -66,7 +66,7 @@ MAX_LINES = 800
 # could reach in a root process.
 DAEMON_MAY_LOAD = ("sandtree", "sandtree.config", "sandtree.defaults", "sandtree.errors", "sandtree.tasks",
                    "sandtree.network", "sandtree.network.*", "sandtree.runtime", "sandtree.runtime.runfiles")
-INTEGRATIONS_MAY_IMPORT = ("client", "errors", "config", "defaults")
+INTEGRATIONS_MAY_IMPORT = ("client", "errors", "config", "defaults", "accounts")
 # Modules that import through a variable naming no module of the package, and why.
 VARIABLE_IMPORTERS = {
     "sandtree.optional": "loads an optional third-party package by the name its caller passes",
@@ -89,7 +89,7 @@ CONFIG_MODULES = ("config",)
 # cluster (the Ray fabric: node actors, the scheduler) sits below the engine for the tenancy's reason:
 # the engine makes its Fabric and hands it the function that builds a node's engine, so the node
 # actor runs an Engine without cluster/ importing one; adapters never see it (engine/clustered.py).
-LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "tasks", "optional",
+LAYERS = [("errors", "config", "defaults", "table", "vocabulary", "values", "secrets_mask", "procid", "hostfiles", "accounts", "tasks", "optional",
            "render"), ("store",), ("branching",), ("runtime",), ("network",), ("recipe",), ("tenancy",), ("cluster",), ("engine",),
           ("evaluation", "exploration"), ADAPTERS, ("integrations",), ("__main__",)]
 # Underscore names that are public API of the standard library (os._exit, namedtuple's methods).

@@ -41,6 +41,7 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.config import ResourceMode
 from pydantic import Field
 
+from .. import accounts
 from .. import config as settings
 from .. import defaults as D
 from ..client.remote import RemoteEngine
@@ -443,16 +444,8 @@ class SandtreeEnvironment(BaseEnvironment):
             passwd = (await _call(self._running().read, "/etc/passwd")).decode("utf-8", "replace")
         except SandtreeError:
             passwd = ""
-        found = None
-        for line in passwd.splitlines():
-            f = line.split(":")
-            if len(f) >= 4 and f[2].isdigit() and f[3].isdigit() and user in (f[0], f[2]):
-                found = (int(f[2]), int(f[3]))
-                break
-        if found is None and user.isdigit():
-            found = (int(user), int(user))
-        if found is None and user == "root":
-            found = (0, 0)
-        if found is not None:
-            self._ids[user] = found
-        return found
+        account = accounts.find(passwd, user)
+        if account is None:
+            return None
+        self._ids[user] = (account.uid, account.gid)
+        return self._ids[user]

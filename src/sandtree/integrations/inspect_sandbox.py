@@ -34,6 +34,7 @@ from inspect_ai.util import (ExecResult, OutputLimitExceededError, SandboxConnec
                              SandboxEnvironmentConfigType, SandboxEnvironmentLimits, SandboxUnavailableError,
                              sandboxenv, store)
 
+from .. import accounts
 from ..client.objects import Image, Sandbox
 from ..client.remote import RemoteEngine
 from ..client.sdk import Sandtree
@@ -284,19 +285,11 @@ class SandtreeSandboxEnvironment(SandboxEnvironment):
             passwd = (await _call(self.sandbox.read, "/etc/passwd")).decode("utf-8", "replace")
         except SandtreeError:
             passwd = ""
-        found = None
-        for line in passwd.splitlines():
-            f = line.split(":")
-            if len(f) >= 4 and f[2].isdigit() and f[3].isdigit() and user in (f[0], f[2]):
-                found = (int(f[2]), int(f[3]))
-                break
-        if found is None and user.isdigit():
-            found = (int(user), int(user))
-        if found is None and user == "root":
-            found = (0, 0)
-        if found is not None:
-            self._ids[user] = found
-        return found
+        account = accounts.find(passwd, user)
+        if account is None:
+            return None
+        self._ids[user] = (account.uid, account.gid)
+        return self._ids[user]
 
     async def _owner(self) -> tuple[int, int]:
         """write_file's owner: the configured user (as docker's write runs as the default user), else root."""

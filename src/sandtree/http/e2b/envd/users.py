@@ -11,6 +11,7 @@ import binascii
 import posixpath
 from dataclasses import dataclass
 
+from ....accounts import accounts
 from ....errors import InvalidInput, NotRegularFile, PathEscape, PathNotFound
 
 DEFAULT_USERS = ("user", "root")
@@ -57,14 +58,10 @@ def resolve(engine, sid: str, name: str | None) -> User:
         text = engine.sandbox_read(sid, "/etc/passwd").decode("utf-8", "replace")
     except (PathNotFound, NotRegularFile):
         text = ""                                         # no /etc/passwd: root alone
-    accounts = {}
-    for line in text.splitlines():
-        f = line.split(":")
-        if len(f) >= 6 and f[2].isdigit() and f[3].isdigit():
-            accounts.setdefault(f[0], User(f[0], int(f[2]), int(f[3]), f[5] or "/"))
-    accounts.setdefault("root", User("root", 0, 0, "/root"))
+    known = accounts(text)
     if name is None:
-        name = next(n for n in DEFAULT_USERS if n in accounts)
-    if name not in accounts:
+        name = next(n for n in DEFAULT_USERS if n in known)
+    if name not in known:
         raise InvalidInput(f"error looking up user '{name}': the sandbox has no such user", user=name)
-    return accounts[name]
+    a = known[name]
+    return User(a.name, a.uid, a.gid, a.home)
