@@ -29,7 +29,6 @@ import json
 import os
 import posixpath
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +41,11 @@ from harbor.models.trial.config import ResourceMode
 from pydantic import Field
 
 from .. import accounts
-from .. import config as settings
 from .. import defaults as D
 from ..client.remote import RemoteEngine
-from ..client.sdk import Sandtree, connect
+from ..client.sdk import Sandtree
 from ..errors import Conflict, ImageNotFound, NotFound, SandtreeError, TooLarge
+from . import clients
 
 __all__ = ["SandtreeEnvironment", "SandtreeOptions", "network_policy", "RECORD"]
 
@@ -83,23 +82,8 @@ def network_policy(policy: NetworkPolicy):
     return list(policy.allowed_hosts)
 
 
-# One client per store or server for the whole process: Harbor's trials share it (an engine keeps its
-# store's database and runtime open; one per trial would cost more than the trial's sandbox).
-_clients: dict[tuple, Sandtree] = {}
-_lock = threading.Lock()
-
-
 def _client(options: SandtreeOptions) -> Sandtree:
-    if options.url:
-        key: tuple = ("url", options.url.rstrip("/"), options.token or settings.remote_token())
-    else:
-        key = ("home", os.path.abspath(options.home or settings.default_home()))
-    with _lock:
-        st = _clients.get(key)
-        if st is None:
-            st = connect(key[1], token=key[2]) if key[0] == "url" else Sandtree(key[1])
-            _clients[key] = st
-        return st
+    return clients.shared(options.url, options.token, options.home)
 
 
 async def _call(fn, *args, **kwargs):

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import tomllib
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .. import config as settings
 from .. import defaults as D
 from ..client.remote import RemoteEngine
-from ..client.sdk import Sandtree, connect
+from ..client.sdk import Sandtree
 from ..errors import ImageNotFound, InvalidInput
+from . import clients
 
 __all__ = ["SandtreeSandboxConfig", "load_config", "validate", "client", "close_clients", "task_image", "CONFIG_FILES",
            "MAX_CONFIG_BYTES"]
@@ -109,34 +108,12 @@ def _read_text(path: str) -> str:
     return data.decode("utf-8")
 
 
-# One client per store or server for the whole process: tasks and samples share it (an engine keeps its
-# store's database and runtime open; opening one per sample would cost more than the sample's fork).
-_clients: dict[tuple, Sandtree] = {}
-_lock = threading.Lock()
-
-
-def _key(cfg: SandtreeSandboxConfig) -> tuple:
-    if cfg.url:
-        return ("url", cfg.url.rstrip("/"), cfg.token or settings.remote_token())
-    return ("home", os.path.abspath(cfg.home or settings.default_home()))
-
-
 def client(cfg: SandtreeSandboxConfig) -> Sandtree:
-    key = _key(cfg)
-    with _lock:
-        st = _clients.get(key)
-        if st is None:
-            st = connect(key[1], token=key[2]) if key[0] == "url" else Sandtree(key[1])
-            _clients[key] = st
-        return st
+    """The process's client for this config's store or server (integrations/clients.py)."""
+    return clients.shared(cfg.url, cfg.token, cfg.home)
 
 
-def close_clients() -> None:
-    with _lock:
-        clients = list(_clients.values())
-        _clients.clear()
-    for st in clients:
-        st.close()
+close_clients = clients.close_all
 
 
 def task_image(st: Sandtree, cfg: SandtreeSandboxConfig) -> str:
