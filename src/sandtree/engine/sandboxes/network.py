@@ -23,11 +23,12 @@ daemon's memory), and stays hibernated."""
 
 from __future__ import annotations
 
-from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ...network.policy import Policy
 from ...store import inspect
 from ...store.objects import SYMLINK
 from ..runs.network import network_option, require_egress
+from .ports import adopt_namespace
 
 __all__ = ["SandboxNetwork", "NO_NETWORK", "LATER", "joined"]
 
@@ -100,17 +101,7 @@ class SandboxNetwork:
                 if attempt == 2:
                     raise
                 egress.release(key)
-            try:
-                egress.adopt(key, h.init_pid)
-            except Conflict:
-                pass                          # (an expose adopted it meanwhile)
-            except SandtreeError:
-                if not self.live.alive(h):
-                    raise Conflict(f"sandbox {row['id'][:12]} stopped", sandbox=row["id"]) from None
-                raise
-            if not self.live.alive(h):        # its pid may have been another process's by now
-                egress.release(key)
-                raise Conflict(f"sandbox {row['id'][:12]} stopped", sandbox=row["id"])
+            adopt_namespace(self.live, egress, key, row, adopted_ok=True)   # (an expose may have meanwhile)
 
     def unlink_later(self, row: dict) -> None:
         """Before a checkpoint: release a later-given policy's link (a veth into the sandbox's own

@@ -34,7 +34,7 @@ from ...runtime.liveproc import LiveHandle
 from ...store.store import Store
 from .previews import check_base, preview_url
 
-__all__ = ["SandboxPorts", "MAX_TTL", "KEY_FILE", "port_path"]
+__all__ = ["SandboxPorts", "MAX_TTL", "KEY_FILE", "port_path", "adopt_namespace"]
 
 MAX_TTL = 30 * 86400          # seconds a signed URL may live
 KEY_FILE = "ports.key"
@@ -254,13 +254,23 @@ class SandboxPorts:
             ok, why = egress.available()
             if not ok:
                 raise RuntimeUnavailable(f"exposing a port needs the egress daemon, which cannot run here: {why}")
-            try:
-                egress.adopt(key, h.init_pid)
-            except SandtreeError:
-                if not self.live.alive(h):
-                    raise Conflict(f"sandbox {row['id']} stopped", sandbox=row["id"]) from None
-                raise
-            if not self.live.alive(h):             # its pid may have been another process's by now
-                egress.release(key)
-                raise Conflict(f"sandbox {row['id']} stopped", sandbox=row["id"])
+            adopt_namespace(self.live, egress, key, row)
         self._linked[row["id"]] = (key, h.init_pid)
+
+
+def adopt_namespace(live, egress, key: str, row: dict, *, adopted_ok: bool = False) -> None:
+    """The egress daemon adopts the running sandbox's own network namespace (its init's) as link
+    `key` (exposed ports; a policy given after the start). Conflict when the sandbox stopped
+    meanwhile: its pid may be another process's by now, so a link made for it is released.
+    adopted_ok: the daemon having that link already (a concurrent adopt) is no error."""
+    h = row["handle"]
+    try:
+        egress.adopt(key, h.init_pid)
+    except SandtreeError as exc:
+        if not (adopted_ok and isinstance(exc, Conflict)):
+            if not live.alive(h):
+                raise Conflict(f"sandbox {row['id']} stopped", sandbox=row["id"]) from None
+            raise
+    if not live.alive(h):
+        egress.release(key)
+        raise Conflict(f"sandbox {row['id']} stopped", sandbox=row["id"])
