@@ -88,7 +88,12 @@ def img(eng, tmp_path_factory):
     root = make_rootfs(str(tmp_path_factory.mktemp("egress-root") / "root"))
     with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
         f.write("nameserver 192.0.2.53\n")          # the image's own (never used on a link)
-    return eng.import_path(root)
+    image = eng.import_path(root)
+    # A first run builds the store's helpers (a compiler, seconds on a loaded machine): done here, not
+    # between a test's attach and its sandbox's start, where it outlasted the daemon's grace and the
+    # link was collected before the sandbox was in it (no eth0, in CI's fresh clones)
+    assert eng.run(image, "true").exit_code == 0
+    return image
 
 
 def spec_for(eng, img: str, script: str, **kw) -> RunSpec:
