@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Account", "accounts", "find"]
+from .errors import SandtreeError
+
+__all__ = ["Account", "accounts", "find", "ids"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,14 @@ def find(passwd: str, user: str) -> Account | None:
     if by_uid is not None:
         return by_uid
     return Account(user, int(user), int(user), "/") if user.isdigit() else None
+
+
+def ids(read, user: str) -> tuple[int, int] | None:
+    """(uid, gid) of `user` (find's rules) in a sandbox whose files `read(path) -> bytes` reads
+    (blocking); a sandbox without a readable /etc/passwd has root and bare numbers only."""
+    try:
+        passwd = read("/etc/passwd").decode("utf-8", "replace")
+    except SandtreeError:
+        passwd = ""
+    account = find(passwd, user)
+    return None if account is None else (account.uid, account.gid)

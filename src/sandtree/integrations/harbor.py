@@ -422,14 +422,9 @@ class SandtreeEnvironment(BaseEnvironment):
     async def _user_ids(self, user: str) -> tuple[int, int] | None:
         """(uid, gid) of a user name or number, from the sandbox's own /etc/passwd (as docker exec -u
         reads it); None when no entry names it (a bare number still runs, with its own gid)."""
-        if user in self._ids:
-            return self._ids[user]
-        try:
-            passwd = (await _call(self._running().read, "/etc/passwd")).decode("utf-8", "replace")
-        except SandtreeError:
-            passwd = ""
-        account = accounts.find(passwd, user)
-        if account is None:
-            return None
-        self._ids[user] = (account.uid, account.gid)
+        if user not in self._ids:
+            found = await _call(accounts.ids, self._running().read, user)
+            if found is None:
+                return None
+            self._ids[user] = found
         return self._ids[user]
