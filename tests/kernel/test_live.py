@@ -730,8 +730,9 @@ def test_idle_action_hibernate_keeps_everything(tmp_path, rootfs):
     sb = img.start(idle_timeout=0.5, idle_action="hibernate")
     try:
         assert sb.info()["idle_action"] == "hibernate"
-        assert sb.exec("cd /tmp; export X=7; (n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.01; done) "
-                       ">/dev/null 2>&1 &").ok
+        # written aside and renamed: a read between `>`'s truncation and the write would see b""
+        assert sb.exec("cd /tmp; export X=7; (n=0; while :; do n=$((n+1)); echo $n > /tmp/n.new; "
+                       "mv /tmp/n.new /tmp/n; sleep 0.01; done) >/dev/null 2>&1 &").ok
         time.sleep(1.0)
         st._engine.sandboxes.reap()                         # (a server does this every 5 s)
         assert sb.state == "hibernated"                      # not stopped: nothing lost
