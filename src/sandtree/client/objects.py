@@ -287,6 +287,8 @@ class Sandbox:
     stop = method("sandbox_stop", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r) and None)
     hibernate = method("sandbox_hibernate", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
     resume = method("sandbox_resume", bind={"sid": "id"}, wrap=lambda self, r, _: _keep_info(self, r))
+    fork = method("sandbox_fork", bind={"sid": "id"}, wrap=lambda self, infos, _: [Sandbox(self._st, i) for i in infos],
+                  note="Each child is a Sandbox of its own; this one runs on.")
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -276,6 +276,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_stop = through("sandboxes", "stop")
     sandbox_hibernate = through("sandboxes", "hibernate")
     sandbox_resume = through("sandboxes", "resume")
+    sandbox_fork = through("sandboxes", "fork_live")
     sandbox_info = through("sandboxes", "info")
     sandbox_list = through("sandboxes", "list")
     sandbox_read = through("sandboxes", "read")
@@ -433,6 +434,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         out["removed_runtime_files"] = leftovers.sweep(self.store.home, leftovers.named(map(json.loads, (h for (h,) in rows))),
                                                        grace)
         out["removed_lock_files"] = self.sandboxes.sweep_locks()   # of ended sandboxes
+        out["removed_fork_checkpoints"] = self.sandboxes.sweep_forks()     # of forks whose engine was killed
         return out
 
     def remove_image(self, image: str, *, force: bool = False) -> None:

@@ -297,7 +297,8 @@ class LiveTier(abc.ABC):
         writing it is hibernated, not lost)."""
 
     @abc.abstractmethod
-    def dump(self, h, images: str, ghost_limit: int) -> None:
+    def dump(self, h, images: str, ghost_limit: int, link: bool = False, leave_running: bool = False) -> None:
         """Checkpoint the sandbox's processes into `images` (frozen and committed by the caller
         first; on failure it runs on). CRIU's ends them; a tier whose checkpoint leaves them
-        (gVisor's, paused) leaves their stop to the caller (alive(h) says which)."""
+        (gVisor's, paused) leaves their stop to the caller (alive(h) says which).
+        leave_running (a live fork): every tier leaves them, still frozen: the caller thaws them."""

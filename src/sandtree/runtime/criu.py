@@ -44,6 +44,10 @@ COMMON = ["--external", "mnt[]", "--manage-cgroups=ignore", "--file-locks"]
 # back listening.
 TCP_OWN = ["--tcp-established"]
 TCP_LINK = ["--tcp-close"]
+# A live fork's dump leaves the source running: its connections are not put in repair mode, nor
+# dumped (--tcp-close skips them), so the source's go on untouched; each child is restored with
+# them closed (fork_restore_args), since the peer of each is the source's (or the world's) alone.
+TCP_FORK = ["--tcp-close", "--leave-running"]
 
 _found: tuple[str | None, str] | None = None
 
@@ -71,9 +75,10 @@ def _find() -> tuple[str | None, str]:
 
 
 def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit: int,
-              owner: int = 0, link: bool = False) -> list[str]:
+              owner: int = 0, link: bool = False, leave_running: bool = False) -> list[str]:
     """owner: the uid owning the sandbox's user namespaces (namespace_owner); CRIU runs as it.
-    link: the sandbox runs in an egress link (the caller runs this inside it: in_netns)."""
+    link: the sandbox runs in an egress link (the caller runs this inside it: in_netns).
+    leave_running: a live fork's (TCP_FORK)."""
     # ghost files: files the sandbox deleted but holds open are saved whole, up to its disk size
     args = [criu, "dump", "-t", str(pid), "-D", images, "-o", "dump.log", "--ghost-limit", str(ghost_limit)]
     # --unprivileged: CRIU refuses an effective uid other than 0 without it. It holds every
@@ -82,7 +87,8 @@ def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit
     # they had), and no cache of its kernel probe (which as root it keeps only on a tmpfs /run,
     # not this VM's: it probes at every run either way).
     unpriv = ["--unprivileged"] if owner else []
-    return as_owner(owner) + args + unpriv + COMMON + (TCP_LINK if link else TCP_OWN) \
+    tcp = TCP_FORK if leave_running else TCP_LINK if link else TCP_OWN
+    return as_owner(owner) + args + unpriv + COMMON + tcp \
         + (["--freeze-cgroup", freezer] if freezer else [])
 
 
@@ -153,13 +159,16 @@ def namespace_owner(ns_fd: int) -> int:
         os.close(fd)
 
 
-def restore_args(criu: str, images: str, root: str, link: bool = False) -> list[str]:
+FORKED = "forked"            # in a live fork's images dir: restore its children with TCP_FORK's closed ends
+
+
+def restore_args(criu: str, images: str, root: str, link: bool = False, forked: bool = False) -> list[str]:
     # --leave-stopped: the tasks wait until the sandbox's limits are back (LiveRuntime).
     # --unprivileged: CRIU runs as root of a user namespace of the sandbox's own, not of the
     # host's (helper/restore.c: enter_owned_userns), so what needs the host's capabilities takes the
     # fallbacks this option allows (socket buffers within wmem_max/rmem_max, no tun probe).
     return [criu, "restore", "-D", images, "-o", "restore.log", "--root", root, "--restore-detached",
-            "--leave-stopped", "--unprivileged"] + COMMON + (TCP_LINK if link else TCP_OWN)
+            "--leave-stopped", "--unprivileged"] + COMMON + (TCP_LINK if link or forked else TCP_OWN)
 
 
 DUMPER = "criu.pid"          # in the images dir: the pid of the shell that runs a dump (live.py dump)

@@ -360,7 +360,8 @@ class GVisorLive(GVisorCommands, LiveRuntime):
     def dump_finished(self, h: LiveHandle, images: str) -> bool:
         return os.path.exists(os.path.join(images, self.DONE))
 
-    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
+    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False,
+             leave_running: bool = False) -> None:
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
         target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
         none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:

@@ -94,7 +94,8 @@ class LiveRuntime(Commands, LiveTier):
             if spec.runtime_files:
                 raise SandboxError("a restore keeps the runtime files it had (its checkpoint holds them)")
             # (helper/restore.c criu_root; with a link: restored into it, criu.py TCP_LINK)
-            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r", link=spec.netns_fd is not None)
+            command = criu.restore_args(path, f"/proc/self/fd/{images}", "/r", link=spec.netns_fd is not None,
+                                        forked=os.path.exists(os.path.join(restore, criu.FORKED)))
             mode = ["--restore", "1"]
             if spec.netns_fd is not None:        # its root had the resolv.conf mount point layer
                 mode += ["--resolv-layer", "1"]   # (helper/runfiles.c mount_point_layer): CRIU binds onto it
@@ -427,11 +428,14 @@ class LiveRuntime(Commands, LiveTier):
                 out.append(pid)
         return out
 
-    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False) -> None:
+    def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False,
+             leave_running: bool = False) -> None:
         """Checkpoint the sandbox's processes into `images` (CRIU), then they end and its cgroup
         goes. The caller froze them and committed the filesystem; on failure they run on.
         link: the sandbox runs in an egress link, which stays the daemon's (not in the checkpoint;
-        a restore is given it again: start(spec with netns_fd, restore=...))."""
+        a restore is given it again: start(spec with netns_fd, restore=...)).
+        leave_running (a live fork): they stay, frozen (CRIU leaves the freezer as it found it),
+        and their TCP connections untouched (criu.py TCP_FORK)."""
         path, why = criu.find()
         if path is None:
             raise RuntimeUnavailable(why)
@@ -450,7 +454,8 @@ class LiveRuntime(Commands, LiveTier):
             # for it while the shell (its pid in criu.pid) still runs (criu.dumper_running).
             p = subprocess.Popen(["/bin/sh", "-c", 'echo $$ >criu.pid; "$@" >criu.out 2>&1; echo $? >criu.rc', "sh",
                                   *(criu.in_netns(net) if net is not None else []),
-                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link)],
+                                  *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link,
+                                                  leave_running)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
                                  pass_fds=(net,) if net is not None else ())
             try:
@@ -467,7 +472,8 @@ class LiveRuntime(Commands, LiveTier):
             raise SandboxError(f"criu dump failed: "
                                f"{criu.log_tail(images, 'dump.log') or criu.log_tail(images, 'criu.out')}",
                                step="criu-dump")
-        self.stop(h)                                 # what is left: the helper, the cgroup
+        if not leave_running:
+            self.stop(h)                             # what is left: the helper, the cgroup
 
 
 class Detached:

@@ -151,6 +151,21 @@ def sandbox_hibernate(sid: str) -> dict:
 def sandbox_resume(sid: str) -> dict:
     """Bring a hibernated sandbox back where it was."""
 
+@via("cli", Cli("sandbox fork", short={"n": "-n"}, show="states"))
+@op("run", audit="sandbox fork", http=Http(_P, "/sandboxes/{sid}/fork", name="fork_sandbox", status=201, body=("n", "idle_timeout", "lifetime", "idle_action", "labels", "memory", "cpus", "pids", "timeout"), model="ForkSandboxIn", types={"idle_action": 'Literal["stop", "hibernate"] | None', "labels": "dict[str, str] | None", "memory": "int | str | None", "cpus": "float | None", "pids": "int | None", "timeout": "float | None", "idle_timeout": "float | None", "lifetime": "float | None"}, bounds={"n": {"ge": 1, "le": D.LIVE_FORK_MAX}}, describe={"n": "how many children", "idle_timeout": "each child's (default: the source's)", "lifetime": "each child's seconds to live (default: what the source has left)", "idle_action": "each child's (default: the source's)", "labels": "each child's labels (default: the source's)"}))
+@via("mcp", Mcp(rename={"sid": "sandbox_id"}, params=("sid", "n", "idle_timeout", "lifetime"),
+                doc="""Fork a running live sandbox: n new live sandboxes continue from its processes, memory, open
+        files and shell session as they are now (tree-of-thought from mid-session), while it runs on. Each child
+        is a sandbox of its own: sandbox_exec, sandbox_commit, sandbox_stop it like any. Returns the children."""))
+def sandbox_fork(sid: str, n: int = 1, *, idle_timeout: float | None = None, lifetime: float | None = None,
+                 idle_action: str | None = None, labels: dict | None = None, memory: int | str | None = None,
+                 cpus: float | None = None,
+                 pids: int | None = None, timeout: float | None = None) -> list[dict]:
+    """N live sandboxes that continue from a running one's processes, memory and files (it runs on).
+    n: how many children (each restored from one checkpoint of the source, taken in one short stall)
+    idle_timeout, lifetime, idle_action, labels: each child's (default: the source's; lifetime: what it has left)
+    memory, cpus, pids, timeout: each child's limits (default: the source's)"""
+
 @via("cli", Cli("sandbox info"))
 @op("list", http=Http(_G, "/sandboxes/{sid}", name="get_sandbox"))
 @via("mcp", Off("sandbox_list shows each sandbox's state"))

@@ -277,6 +277,27 @@ class TenantView(TenantSight):
         self._audit("sandbox start", image=source, detail={"sandbox": info["id"]})
         return info
 
+    def sandbox_fork(self, sid: str, n: int = 1, **options) -> list[dict]:
+        # rule: its own sandbox; max_sandboxes counts the children; their limits within the tenant's;
+        # the fork's commit and the children are the tenant's
+        full = self._sandbox(sid)
+        given = {k: v for k, v in options.items() if v is not None}     # (not given: the source's, capped at its start)
+        given = capped(self.tenant.limits, self.engine.default_limits, given, tuple(given))
+        cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
+        with self.tenancy.tenant_lock(self.tenant.name):
+            have = len(self.sandbox_list())
+            if isinstance(n, int) and not isinstance(n, bool) and have + n > cap:
+                raise LimitExceeded(f"this tenant has {have} live sandbox(es) and may have {cap} (max_sandboxes): "
+                                    f"a fork of {n} would pass it", limit="max_sandboxes", max=cap)
+            children = self.engine.sandbox_fork(full, n, **given)
+            for c in children:
+                self._keep_blob("sandbox", c["id"])
+        image = children[0]["forked_from"]["image"]
+        self._claim_op("commit", image)
+        self._own(image)
+        self._audit("sandbox fork", image=image, detail={"sandbox": full, "children": [c["id"] for c in children]})
+        return children
+
     def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
         # rule: naming the commit takes the tag scope too; the image and its tag are the tenant's
         full = self._sandbox(sid)

@@ -45,6 +45,7 @@ from .retiring import Retiring
 from .files import SandboxFiles
 from .watches import SandboxWatches
 from .hibernation import SandboxHibernation
+from .forking import SandboxForking
 from .lifetime import SandboxLifetime
 from .metrics import SandboxMetrics
 from .network import SandboxNetwork
@@ -61,7 +62,8 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ah
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
-class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetime, SandboxMetrics, SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking, SandboxLifetime, SandboxMetrics,
+                SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live
@@ -225,7 +227,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxLifetim
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
                 **({"volumes": volume_view(row["spec"]["volumes"])} if row["spec"].get("volumes") else {}),
-                **{k: row["spec"][k] for k in ("secrets", "run", "lost") if row["spec"].get(k)}}
+                **{k: row["spec"][k] for k in ("secrets", "run", "lost", "forked_from") if row["spec"].get(k)}}
 
     def list(self, *, all: bool = False, labels: dict | None = None) -> list[dict]:
         """Live sandboxes (all: also stopped ones; labels: those with all of these), expired first."""

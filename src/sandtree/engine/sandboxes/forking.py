@@ -1,0 +1,227 @@
+"""Forking a running sandbox (a mixin of sandboxes.Sandboxes, which provides store, live, specs,
+_running, _commit_lock, _still_running, _snapshot, _row, info, unlink, unlink_later,
+relink_later, check_resolv_link and _checkpoint_dir): N live sandboxes that go on from the
+source's processes, memory, open files, pipes, /dev/shm and shell session at one instant, while
+the source runs on.
+
+How: as a hibernation (hibernation.py) up to the checkpoint: the source's processes are frozen,
+its filesystem committed (the fork's image: the lineage shows it, then each child's commits) and
+its processes checkpointed, but the checkpoint leaves them where they were (CRIU
+--leave-running; gVisor's checkpoint always does), and the freeze ends as soon as it is written:
+the source's stall is the commit plus the dump, and nothing else. Each child is then restored
+from that one checkpoint as a resume is, on the fork's image, into a sandbox of its own: new
+namespaces (a restore makes them; the child's pid 1 is its own, in its own pid and user
+namespaces, so no child can reach another's or the source's memory), its own cgroup with the
+source's limits (or those given), seccomp filter and capabilities (the helper's, as at any
+start), deadline and row. TCP connections open at the fork stay the source's: the dump leaves
+them alone and each child gets them closed (criu.py TCP_FORK); listening sockets listen again in
+each child's own namespace.
+
+The checkpoint is written to a tmpfs of its own (fork_dir), not the home's disk: the dump is a
+memory copy and the children's restores read it from memory (its pages are shared only while
+they are being read; each child's memory is its own). It is removed once the children run.
+
+What this kernel does not give (measured, docs/design.md "Forking a live sandbox"): soft-dirty
+page tracking (criu check: "Dirty tracking is OFF"), so no iterative pre-dump: the source stalls
+for the whole dump; and CRIU's lazy restore (userfaultfd) serves pages from a page server per
+restore, not shared between children, so it is not used."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from ... import defaults as D
+from ...errors import Conflict, InvalidInput, RuntimeUnavailable
+from ...procid import dead_owner, owner_prefix
+from ...runtime import criu
+from ...runtime.base import Limits, RunSpec
+from ...store import checkpoints
+from ...store.db import dumps
+from ...values import check_labels
+from ..runs.spec import check_duration
+from .network import LATER, joined
+
+log = logging.getLogger("sandtree.engine")
+
+FORKS = "/dev/shm/sandtree-forks"       # where checkpoints of forks are written when it is a tmpfs (_fork_dir)
+
+# start options a child may have of its own; its env, cwd, user and files are its processes' (the checkpoint's)
+CHILD_OPTIONS = ("idle_timeout", "lifetime", "idle_action", "labels")
+
+
+class SandboxForking:
+    def fork_live(self, sid: str, n: int = 1, **options) -> list[dict]:
+        """N live sandboxes continuing from running sandbox `sid` as it is now (module doc); each
+        child's info, with "forked_from" {sandbox, image, stall_ms}. options: idle_timeout,
+        lifetime, idle_action, labels and the limits (memory, cpus, pids, timeout, disk, output);
+        what is not given is the source's. Nothing is started if any check fails; a child that
+        fails to restore stops the ones restored before it (the source runs on either way)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= D.LIVE_FORK_MAX:
+            raise InvalidInput(f"n (the number of children) is an integer from 1 to {D.LIVE_FORK_MAX}", n=n)
+        row = self._running(sid)
+        sid, h, spec0 = row["id"], row["handle"], row["spec"]
+        child = self._child_options(spec0, options, h.tier)
+        self._check_forkable(row)
+        images = self._fork_dir()
+        try:
+            image, stall = self._checkpoint_running(row, images)
+            return self._restore_children(row, image, images, n, child, stall)
+        finally:
+            _remove_fork_dir(images)
+
+    # ---- checks ------------------------------------------------------------------------------------
+    def _child_options(self, spec0: dict, options: dict, tier: str) -> dict:
+        unknown = set(options) - set(CHILD_OPTIONS) - set(Limits.__dataclass_fields__)
+        if unknown:
+            raise InvalidInput(f"a fork's children continue the source's processes: their env, cwd, user, "
+                               f"files and tier are the source's; not {', '.join(sorted(unknown))}")
+        limits = {k: v for k, v in options.items() if k in Limits.__dataclass_fields__ and v is not None}
+        lim = self.specs.limits({**spec0["limits"], **limits})
+        idle_timeout = options.get("idle_timeout")
+        lifetime = options.get("lifetime")
+        idle_action = options.get("idle_action") or spec0.get("idle_action", "stop")
+        if idle_timeout is not None:
+            check_duration("idle_timeout", idle_timeout, zero=True)
+        if lifetime is not None:
+            check_duration("lifetime", lifetime)
+        if idle_action not in ("stop", "hibernate"):
+            raise InvalidInput(f"idle_action must be 'stop' or 'hibernate', not {idle_action!r}")
+        self._check_idle_hibernate(tier, idle_action, link=joined(spec0))
+        labels = check_labels(options["labels"]) if options.get("labels") is not None else spec0.get("labels", {})
+        return {"limits": lim, "idle_timeout": idle_timeout, "lifetime": lifetime, "idle_action": idle_action,
+                "labels": labels}
+
+    def _check_forkable(self, row: dict) -> None:
+        sid, h, spec0 = row["id"], row["handle"], row["spec"]
+        if spec0.get("run"):
+            raise Conflict(f"sandbox {sid[:12]} serves a live run: fork the run's image instead", sandbox=sid)
+        if spec0.get("volumes"):
+            raise Conflict(f"sandbox {sid[:12]} mounts volumes, which a checkpoint cannot hold (and children "
+                           "would share them): fork one without volumes", sandbox=sid)
+        if joined(spec0) or spec0.get(LATER):
+            # (a child needs a link of its own holding the source's secret placeholders and CA)
+            raise RuntimeUnavailable(f"sandbox {sid[:12]} has a network policy: a live fork of a networked "
+                                     "sandbox is not available yet; commit it and start sandboxes from the image",
+                                     sandbox=sid)
+        ok, why = self.live.of(h).hibernate_available(link=False)
+        if not ok:
+            raise RuntimeUnavailable(f"a live fork checkpoints the sandbox, and {why}", tier=h.tier)
+        if h.cgroup is None:
+            raise RuntimeUnavailable("a live fork needs the cgroup freezer (cgroups are not available here)")
+
+    # ---- the checkpoint, the source running on -------------------------------------------------------
+    def _fork_dir(self) -> str:
+        """A new directory for one fork's checkpoint: in memory (FORKS, the host's /dev/shm) where
+        that is a tmpfs, else in the home. It holds the source's memory, secrets included: its
+        parent is root's and 0700 (the restores read it through an fd, as a resume's, so the
+        checkpoint itself is 0711/0644 as a hibernation's). Named after this engine process: one
+        killed mid-fork leaves it to the next sweep_forks."""
+        base = FORKS if _on_tmpfs(os.path.dirname(FORKS)) else os.path.join(self.store.home, "sandboxes")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        if os.stat(base).st_uid != os.geteuid() or os.stat(base).st_mode & 0o077:
+            raise RuntimeUnavailable(f"{base} is not this user's alone (0700): a fork's checkpoint holds the "
+                                     "sandbox's memory, and is not written there")
+        path = os.path.join(base, f"{owner_prefix()}{uuid.uuid4().hex}.fork")
+        os.mkdir(path, 0o711)
+        return path
+
+    def sweep_forks(self) -> list[str]:
+        """The checkpoint directories of forks whose engine process is gone (killed mid-fork),
+        here and in FORKS (shared by every home on the host: only those of dead engines go)."""
+        gone = []
+        for base in (FORKS, os.path.join(self.store.home, "sandboxes")):
+            for name in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+                if name.endswith(".fork") and dead_owner(name):
+                    _remove_fork_dir(os.path.join(base, name))
+                    gone.append(name)
+        return gone
+
+    def _checkpoint_running(self, row: dict, images: str) -> tuple[str, float]:
+        """Freeze, commit, checkpoint leaving it running, thaw: (the fork's image, the stall in
+        seconds: frozen to thawed)."""
+        sid, h, spec0 = row["id"], row["handle"], row["spec"]
+        self.ahead.forget(sid)
+        with self.store.using(), self._commit_lock(sid):
+            self._still_running(row)
+            t0 = time.monotonic()
+            self.live.freeze(h, True, checkpoint=True)
+            try:
+                if self.live.outsiders(h):
+                    raise Conflict(f"a command is still running in sandbox {sid[:12]} (exec or shell); fork it "
+                                   "once that has finished", sandbox=sid)
+                image = self._snapshot(row, True, "fork")
+                # (an exposed port's veth: CRIU cannot dump it; the source's is made again when next asked for)
+                self.unlink(sid)
+                with open(os.path.join(images, criu.FORKED), "w") as f:
+                    f.write(sid + "\n")
+                self.live.dump(h, images, ghost_limit=spec0["limits"]["disk"], leave_running=True)
+            finally:
+                if self.live.alive(h):
+                    self.live.freeze(h, False)
+            stall = time.monotonic() - t0
+        return image, stall
+
+    # ---- the children --------------------------------------------------------------------------------
+    def _restore_children(self, row: dict, image: str, images: str, n: int, child: dict, stall: float) -> list[dict]:
+        sid, spec0 = row["id"], row["spec"]
+        layers = self.store.image(image).layers
+        remaining = max(1.0, row["expires"] - time.time())
+        lifetime = child["lifetime"] if child["lifetime"] is not None else remaining
+        idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else row["idle_timeout"]
+        made: list[str] = []
+        try:
+            for _ in range(n):
+                spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
+                               env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
+                handle = self.live.start(spec, lifetime, restore=images, tier=row["handle"].tier)
+                cid = uuid.uuid4().hex
+                record = {k: v for k, v in spec0.items()
+                          if k not in ("hibernating", "retiring", "checkpoint", "remaining", "link_key")}
+                record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
+                               "idle_action": child["idle_action"], "tier": handle.tier,
+                               "forked_from": {"sandbox": sid, "image": image, "stall_ms": round(stall * 1000, 2)}})
+                if child["labels"]:
+                    record["labels"] = child["labels"]
+                else:
+                    record.pop("labels", None)
+                now = time.time()
+                try:
+                    with self.store.db.tx() as con:
+                        con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                                    "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                                    (cid, image, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                                     idle_timeout, now + lifetime, image))
+                except BaseException:
+                    self.live.stop(handle)
+                    raise
+                made.append(cid)
+        except BaseException:
+            for cid in made:
+                try:
+                    self.stop(cid)
+                except Exception as exc:        # (already stopped by its deadline: nothing to undo)
+                    log.warning("fork of %s: child %s not stopped after a failed restore: %s", sid, cid, exc)
+            raise
+        return [self.info(cid) for cid in made]
+
+
+def _on_tmpfs(path: str) -> bool:
+    """Whether `path` lies on a tmpfs: the type of the deepest mount holding it (mountinfo)."""
+    best, kind, real = "", "", os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[4].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[parts.index("-") + 1]
+    except OSError:
+        return False
+    return kind == "tmpfs"
+
+
+def _remove_fork_dir(path: str) -> None:
+    checkpoints.remove(path)                    # files only (remove_tree refuses mounts)
