@@ -6,6 +6,7 @@ Real kernel, real CRIU (namespaces) and runsc (gVisor): live_tier runs each test
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import sandtree
 
 MEMSTATE = os.path.join(os.path.dirname(__file__), "..", "programs", "memstate.c")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +182,31 @@ def test_bad_input_starts_nothing(forkable):
     assert {s.id for s in st.sandboxes()} == before - {sb.id}
     assert not [n for n in os.listdir("/dev/shm/sandtree-forks") if n.endswith(".fork")] \
         if os.path.isdir("/dev/shm/sandtree-forks") else True
+
+
+def test_a_checkpoint_a_killed_fork_left_is_swept(tmp_path):
+    """A fork's checkpoint holds the source's memory: one left by an engine killed mid-fork goes at
+    the next reap or gc; one of a living engine (a fork in progress) stays."""
+    from sandtree.engine.sandboxes.forking import FORKS
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    try:
+        dead = subprocess.run([sys.executable, "-c", "from sandtree.procid import owner_prefix; print(owner_prefix())"],
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": SRC}).stdout.strip()
+        from sandtree.procid import owner_prefix
+        made = st._engine.sandboxes._fork_dir()
+        os.rmdir(made)
+        base = os.path.dirname(made)                                    # (FORKS, or the home where no tmpfs)
+        left = os.path.join(base, f"{dead}{'a' * 32}.fork")
+        alive = os.path.join(base, f"{owner_prefix()}{'b' * 32}.fork")
+        for d in (left, alive):
+            os.makedirs(d)
+            with open(os.path.join(d, "pages-1.img"), "wb") as f:
+                f.write(b"memory")
+        st.sandboxes()                                                  # (a reap)
+        assert not os.path.exists(left) and os.path.exists(alive)
+        os.rename(alive, left)
+        assert left.rsplit("/", 1)[1] in st.gc()["removed_fork_checkpoints"] and not os.path.exists(left)
+        assert base == FORKS or base.startswith(str(tmp_path))
+    finally:
+        st.close()

@@ -117,6 +117,7 @@ class SandboxLifetime:
                 continue
             done.append(row["id"])
         self.retiring.leftovers()                   # old sandboxes a killed hibernator left (retiring.py)
+        self.sweep_forks()                          # checkpoints a killed fork left (they hold memory)
         if self.store.objects is not None:
             self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
         return done
