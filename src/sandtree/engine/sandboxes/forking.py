@@ -39,7 +39,6 @@ from ...procid import dead_owner, owner_prefix
 from ...runtime import criu
 from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints
-from ...store.db import dumps
 from ...values import check_labels
 from ..runs.spec import check_duration
 from .network import LATER, joined
@@ -187,13 +186,8 @@ class SandboxForking:
                     record["labels"] = child["labels"]
                 else:
                     record.pop("labels", None)
-                now = time.time()
                 try:
-                    with self.store.db.tx() as con:
-                        con.execute("INSERT INTO sandboxes(id, image, state, handle, spec, created, last_used, "
-                                    "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                                    (cid, image, "running", dumps(handle.to_dict()), dumps(record), now, now,
-                                     idle_timeout, now + lifetime, image))
+                    self._record_running(cid, image, handle, record, idle_timeout, lifetime)
                 except BaseException:
                     self.live.stop(handle)
                     raise

@@ -311,7 +311,6 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                     self.live.stop(handle)
                     self._unlink_net(sid, link)
                     raise
-            now = time.time()
             record = {"env": {**dflt.env, **{k: v for k, v in spec.env.items() if k not in dflt.env}},
                       "masked_env": mask_env(user_env), "cwd": cwd, "uid": dflt.uid, "gid": dflt.gid,
                       "hostname": hostname, "limits": lim.__dict__, "files": [f.path for f in injected],
@@ -320,11 +319,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                       **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
                       **({"run": run_of} if run_of else {}), **net.record()}
             try:
-                with self.store.db.tx() as con:
-                    con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
-                                "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                                (sid, source, "running", dumps(handle.to_dict()), dumps(record), now, now,
-                                 idle_timeout, now + lifetime, source))
+                self._record_running(sid, source, handle, record, idle_timeout, lifetime)
             except BaseException:
                 self.live.stop(handle)
                 self._unlink_net(sid, link)
@@ -332,6 +327,15 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
             if key:
                 self.starts.after(key, source, spec)
             return self.info(sid)
+
+    def _record_running(self, sid: str, image: str, handle, record: dict, idle_timeout, lifetime: float) -> None:
+        """The row of a sandbox now running on `image` (its head too); replaces a row started ahead."""
+        now = time.time()
+        with self.store.db.tx() as con:
+            con.execute("INSERT OR REPLACE INTO sandboxes(id, image, state, handle, spec, created, last_used, "
+                        "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                        (sid, image, "running", dumps(handle.to_dict()), dumps(record), now, now,
+                         idle_timeout, now + lifetime, image))
 
     # ---- volumes (engine/volumes.py) ----------------------------------------------------------------
     def _check_volumes(self, volumes, tier: str, idle_action: str) -> list[dict]:
