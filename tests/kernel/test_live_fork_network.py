@@ -172,8 +172,10 @@ def test_children_of_a_source_with_a_secret(world):
             assert SECRET.encode() not in seen
             allowed, other = _reach(k)
             assert "200 OK" in allowed and "200 OK" not in other, (allowed, other)
-            usage = st.engine.egress.usage(k.id)              # counted on its own link
-            assert usage["connections"] >= 2 and usage["refused"] >= 1, usage
+            # counted on its own link, DNS included (its resolv.conf names the source's gateway: the
+            # router sends every DNS packet to the resolver at the link's own)
+            usage = st.engine.egress.usage(k.id)
+            assert usage["connections"] >= 2 and usage["refused"] >= 1 and usage["dns_queries"] >= 2, usage
         assert len(addresses) == 3, addresses                  # the source's and one of each child's own
         # root in a child holds no capability over its link, as after a start
         r = kids[0].exec("ip route del default; echo rc=$?; ip link set eth0 down; echo rc=$?; ip route")
@@ -294,6 +296,25 @@ def test_a_policy_given_later(world):
     finally:
         for s in (sb, *kids):
             s.stop()
+
+
+def test_a_child_that_cannot_be_restored_leaves_the_source_and_no_link(world):
+    """A listener bound to the source's own address cannot come back on a child's (another): the
+    fork fails, the children restored so far are stopped, every child's link is released, and the
+    source runs on in its link."""
+    st, img, lab, home = world
+    sb = img.start(network=["allowed.test"], idle_timeout=300, lifetime=600)
+    try:
+        assert sb.exec(f"httpd -p {_address(sb)}:9000 -h /www; netstat -tln | grep -q :9000").ok
+        ids, links = {s.id for s in st.sandboxes()}, set(_links(st))
+        with pytest.raises(sandtree.SandtreeError, match="criu restore failed.*assign requested address"):
+            sb.fork(2)
+        assert {s.id for s in st.sandboxes()} == ids and set(_links(st)) == links
+        allowed, other = _reach(sb)
+        assert "200 OK" in allowed and "200 OK" not in other, (allowed, other)
+        assert sb.exec(f"wget -qO- http://{_address(sb)}:9000/index.html").stdout == b"hello from the sandbox\n"
+    finally:
+        sb.stop()
 
 
 def test_a_lost_link_with_secrets_is_refused_without_secrets_forked(world):
