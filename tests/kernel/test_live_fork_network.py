@@ -146,7 +146,11 @@ def test_children_of_a_source_with_a_secret(world):
         addr = _address(sb)
         before = set(_links(st))
 
+        t0 = time.monotonic()
         kids = sb.fork(2)
+        took = time.monotonic() - t0
+        print(f"\nfork(2) in a link with a secret: stall {kids[0].info()['forked_from']['stall_ms']} ms, "
+              f"{took * 1000:.0f} ms in all")
         assert len(kids) == 2
         links = _links(st)
         assert set(links) == before | {k.id for k in kids}      # one link each, nothing else made
@@ -263,7 +267,11 @@ def test_a_policy_given_later(world):
         addr = _address(sb)
         before = set(_links(st))
 
+        t0 = time.monotonic()
         kids = sb.fork(2)
+        took = time.monotonic() - t0
+        print(f"\nfork(2) with a policy given later: stall {kids[0].info()['forked_from']['stall_ms']} ms, "
+              f"{took * 1000:.0f} ms in all")
         links = _links(st)
         assert set(links) == before | {k.id for k in kids}
         addresses = {addr}

@@ -203,7 +203,7 @@ class SandboxNetwork:
                     links[key] = egress.attach_like(key, row["id"])
                     continue
                 except NotFound:
-                    pass
+                    self._running(row["id"])       # (Conflict when it stopped meanwhile: its link went with it)
                 if row["spec"].get("secrets"):
                     raise Conflict(f"sandbox {row['id'][:12]} cannot be forked live: the egress daemon was restarted "
                                    "since it started, and its secrets' values lived only in that daemon's memory; "
