@@ -77,12 +77,11 @@ class SandboxForking:
         child = self._child_options(spec0, options, h.tier)
         self._check_forkable(row)
         cids = [uuid.uuid4().hex for _ in range(n)]
-        # a networked source's children's links, made before anything is frozen (network.py fork_links)
-        links = self.fork_links(row, cids)
+        links: dict = {}                        # a networked source's children's links (_checkpoint_running)
         images = None
         try:
             images = self._fork_dir()
-            image, stall = self._checkpoint_running(row, images)
+            row, image, stall = self._checkpoint_running(row, images, cids, links)
             return self._restore_children(row, image, images, cids, child, stall, links)
         except BaseException:
             self.release_fork_links(links)      # (those of children stopped meanwhile: already gone)
@@ -157,13 +156,21 @@ class SandboxForking:
                     gone.append(name)
         return gone
 
-    def _checkpoint_running(self, row: dict, images: str) -> tuple[str, float]:
-        """Freeze, commit, checkpoint leaving it running, thaw: (the fork's image, the stall in
-        seconds: frozen to thawed)."""
-        sid, h, spec0 = row["id"], row["handle"], row["spec"]
+    def _checkpoint_running(self, row: dict, images: str, cids: list[str], links: dict) -> tuple[dict, str, float]:
+        """Freeze, commit, checkpoint leaving it running, thaw: (the source's row as it was
+        checkpointed, the fork's image, the stall in seconds: frozen to thawed). A networked
+        source's children's links go into `links` (cid -> Link) first, under the lock that a
+        set_network takes too (so they copy the policy the checkpoint is taken under), before the
+        freeze (not part of the stall)."""
+        sid, h = row["id"], row["handle"]
         self.ahead.forget(sid)
         with self.store.using(), self._commit_lock(sid):
             self._still_running(row)
+            # as it is now (a set_network or a resume waits for the lock): a policy given or taken
+            # since the checks, the processes of a resume
+            row = self._row(sid)
+            h, spec0 = row["handle"], row["spec"]
+            links.update(self.fork_links(row, cids))
             t0 = time.monotonic()
             self.live.freeze(h, True, checkpoint=True)
             unlinked = False
@@ -190,7 +197,7 @@ class SandboxForking:
                 # network, its record saying so, and the fork fails)
                 if unlinked and self.live.alive(h):
                     self.relink_later(row)
-        return image, stall
+        return row, image, stall
 
     # ---- the children --------------------------------------------------------------------------------
     def _restore_children(self, row: dict, image: str, images: str, cids: list[str], child: dict, stall: float,

@@ -193,7 +193,8 @@ class SandboxNetwork:
         which the restored processes hold, and a new address); {} otherwise (a policy given later:
         each child is given it on its own namespace once restored, relink_later). When the daemon
         lost the source's link (restarted since its start), new links with the recorded policy;
-        with secrets there are none to give (their values lived only in that daemon), so Conflict."""
+        with secrets there are none to give (their values lived only in that daemon), so Conflict.
+        Called under the source's commit lock (a stop or set_network waits), before its freeze."""
         if not joined(row["spec"]):
             return {}
         egress, links = self.egress(), {}
@@ -203,7 +204,7 @@ class SandboxNetwork:
                     links[key] = egress.attach_like(key, row["id"])
                     continue
                 except NotFound:
-                    self._running(row["id"])       # (Conflict when it stopped meanwhile: its link went with it)
+                    pass                           # (it runs: the caller holds its commit lock)
                 if row["spec"].get("secrets"):
                     raise Conflict(f"sandbox {row['id'][:12]} cannot be forked live: the egress daemon was restarted "
                                    "since it started, and its secrets' values lived only in that daemon's memory; "
