@@ -415,6 +415,37 @@ def test_a_held_link_outlives_the_grace_and_rejoin_gives_it_back(eg):
         eg.release("held")
 
 
+def test_attach_like_copies_policy_secrets_and_ca_onto_a_link_of_its_own(eg):
+    """attach_like (a live fork's child): the same placeholders and CA (what the restored
+    processes hold and trust) and policy, a namespace and address of its own, held until told;
+    each link's policy and life are its own after that."""
+    secrets = parse_secrets({"TOKEN": {"value": "forked-s3cret", "hosts": ["api.example.org"]}})
+    src = eg.attach("like-src", Policy.from_value(["api.example.org"]), secrets)
+    try:
+        copy = eg.attach_like("like-copy", "like-src")
+        try:
+            assert (copy.placeholders, copy.ca_pem) == (src.placeholders, src.ca_pem) and copy.ca_pem
+            assert copy.address != src.address and copy.gateway != src.gateway
+            assert os.fstat(copy.netns_fd).st_ino != os.fstat(src.netns_fd).st_ino
+        finally:
+            copy.close()
+        listed = {l["key"]: l for l in eg.list()}
+        assert listed["like-copy"]["policy"] == listed["like-src"]["policy"] == {"allow_out": ["api.example.org"]}
+        assert listed["like-copy"]["held"] is True and listed["like-src"]["held"] is False
+        with pytest.raises(Conflict):
+            eg.attach_like("like-copy", "like-src")          # the key is taken
+        with pytest.raises(NotFound):
+            eg.attach_like("like-none", "no-such-link")
+        eg.set_policy("like-copy", Policy.from_value(["other.example.org"]))
+        eg.release("like-copy")
+        listed = {l["key"]: l for l in eg.list()}
+        assert "like-copy" not in listed and listed["like-src"]["policy"] == {"allow_out": ["api.example.org"]}
+    finally:
+        src.close()
+        eg.release("like-src")
+        eg.release("like-copy")
+
+
 def test_adopt_gives_a_running_sandbox_an_address_and_no_route(eg):
     proc = subprocess.Popen(["unshare", "--net", "sleep", "60"])
     try:
@@ -430,6 +461,8 @@ def test_adopt_gives_a_running_sandbox_an_address_and_no_route(eg):
             eg.hold("adopted")                       # the sandbox's own namespace: ends with it
         with pytest.raises(Conflict):
             eg.rejoin("adopted")
+        with pytest.raises(Conflict):
+            eg.attach_like("adopted-copy", "adopted")   # (a copy of it is an adopt of the copy's own)
         fd = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY)
         try:
             from pyroute2 import IPRoute

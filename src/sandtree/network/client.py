@@ -246,6 +246,19 @@ class Egress:
             raise SandtreeError("the egress daemon's attach answer carried no namespace")
         return self._link(key, answer, fds[0])
 
+    def attach_like(self, key: str, of: str, owner: int | None = None) -> Link:
+        """A link for `key` with link `of`'s policy, secrets and CA (the same placeholders, the
+        values staying in the daemon) on a namespace and address of its own, held until
+        hold(key, False) (a live fork's child, restored into it). NotFound when the daemon has no
+        link `of`; it is not started for this (a new daemon would not have it either)."""
+        answer, fds = self._request({"op": "attach_like", "key": key, "of": of,
+                                     "owner": owner if owner is not None else os.getpid()}, start=False)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandtreeError("the egress daemon's attach_like answer carried no namespace")
+        return self._link(key, answer, fds[0])
+
     def hold(self, key: str, held: bool = True) -> None:
         """Keep `key`'s link while no process is in it (its sandbox hibernated: the daemon's GC
         would release it), or let GC judge it again (held=False). NotFound when the daemon has no

@@ -14,7 +14,8 @@ every outbound connection the proxy dials is made there; router-side sockets are
 netns.entered(). A link is released by its owner, or once no process has been in its namespace
 for GRACE seconds after attach (a killed engine leaves nothing), unless it is held (`hold`: its
 sandbox hibernated; `rejoin` hands its namespace out again at resume); the daemon exits after
-IDLE seconds with no link and no exposed port."""
+IDLE seconds with no link and no exposed port. `attach_like` makes a link that is a copy of
+another's policy, secrets and CA (a live fork's child: the engine never sees a value)."""
 
 from __future__ import annotations
 
@@ -169,21 +170,22 @@ class Daemon:
         finally:
             self.pending.discard(key)
 
-    def _add(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
+    def _add(self, key: str, made: Made, ns, policy, secrets, owner, ca=None) -> Entry:
+        """ca: another link's CA to present (a copy's: op_attach_like); None: a new one with secrets."""
         address6, gateway6 = addresses6(made.index)
         state = LinkState(key=key, index=made.index, address=made.address, gateway=made.gateway,
                           policy=policy, secrets=secrets, address6=address6, gateway6=gateway6)
-        state.ca = trust.link_ca(key, secrets)
+        state.ca = ca if ca is not None else trust.link_ca(key, secrets)
         entry = Entry(state, made, ns, owner)
         self.entries[key] = entry
         self.by_gateway[made.gateway] = state
         self.by_gateway[gateway6] = state           # (its IPv6 connections and DNS)
         return entry
 
-    async def _keep(self, key: str, made: Made, ns, policy, secrets, owner) -> Entry:
+    async def _keep(self, key: str, made: Made, ns, policy, secrets, owner, ca=None) -> Entry:
         """_add, or the link removed again when that fails (nothing half-made stays)."""
         try:
-            return self._add(key, made, ns, policy, secrets, owner)
+            return self._add(key, made, ns, policy, secrets, owner, ca)
         except BaseException:
             await asyncio.get_running_loop().run_in_executor(None, self.links.drop, made)
             raise
@@ -221,6 +223,29 @@ class Daemon:
         entry.recycle = recycle
         fds.append(made.netns_fd)
         return self._described(entry)
+
+    async def op_attach_like(self, req, fds) -> dict:
+        """A new link `key` like link `of`: the same policy, secrets (placeholders and values) and
+        CA, on a namespace and address of its own; held (GC leaves it) until its attacher says
+        (hold false) that processes are in it. A live fork's child: its processes, restored from
+        a checkpoint of `of`'s sandbox, hold `of`'s placeholders and trust `of`'s CA, so its link
+        must put the same values in place of the same placeholders and present certificates from
+        the same CA. The values never leave the daemon."""
+        with self._claim(req) as key:
+            of = req.get("of")
+            src = self._entry({"key": of})
+            if src.made.netns_fd is None:
+                raise errors.Conflict(f"link {of!r} is adopted (the sandbox's own namespace): a copy of it is "
+                                      "an adopt of the copy's own", key=of)
+            owner = _owner(req)
+            st = src.state
+            made = self.links.take_ready(None) or await asyncio.get_running_loop().run_in_executor(
+                None, self.links.take, None)
+            ns = os.fstat(made.netns_fd)
+            entry = await self._keep(key, made, (ns.st_dev, ns.st_ino), st.policy, list(st.secrets), owner, st.ca)
+            entry.scope, entry.held = src.scope, True       # (never recycled: its secrets are another's too)
+            fds.append(made.netns_fd)
+            return self._described(entry)
 
     async def op_adopt(self, req, fds) -> dict:
         with self._claim(req) as key:

@@ -1,7 +1,7 @@
 """Forking a running sandbox (a mixin of sandboxes.Sandboxes, which provides store, live, specs,
 _running, _commit_lock, _still_running, _snapshot, _row, info, unlink, unlink_later,
-relink_later, check_resolv_link and _checkpoint_dir): N live sandboxes that go on from the
-source's processes, memory, open files, pipes, /dev/shm and shell session at one instant, while
+relink_later, fork_links, release_fork_links, hold_link, check_resolv_link and _checkpoint_dir):
+N live sandboxes that go on from the source's processes, memory, open files, pipes, /dev/shm and shell session at one instant, while
 the source runs on.
 
 How: as a hibernation (hibernation.py) up to the checkpoint: the source's processes are frozen,
@@ -16,6 +16,18 @@ source's limits (or those given), seccomp filter and capabilities (the helper's,
 start), deadline and row. TCP connections open at the fork stay the source's: the dump leaves
 them alone and each child gets them closed (criu.py TCP_FORK); listening sockets listen again in
 each child's own namespace.
+
+A networked source: each child gets a link of its own with the source's policy and secrets, and
+a new address. Its restored processes hold the source's secret placeholders (env, memory) and
+trust the CA in its runtime files, so the child's link is the egress daemon's copy of the
+source's (attach_like: the same placeholders put in place of the same values, certificates from
+the same CA; the values stay in the daemon), made before the freeze; the dump is taken from
+inside the source's link (as a hibernation's), which stays the source's, and each child is
+restored into its own (as a resume). A policy given later (the sandbox's own namespace,
+adopted): its veth is released before the dump and given back after (the source's
+connections out are cut, as by a hibernation), and each child is given the policy on its own
+namespace once restored. Exposed ports stay the source's (made again when next asked for);
+children have none. gVisor cannot checkpoint a sandbox in a link (gvisor_live.py NO_LINK).
 
 The checkpoint is written to a tmpfs of its own (fork_dir), not the home's disk: the dump is a
 memory copy and the children's restores read it from memory (its pages are shared only while
@@ -41,7 +53,7 @@ from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints
 from ...values import check_labels
 from ..runs.spec import check_duration
-from .network import LATER, joined
+from .network import joined
 
 log = logging.getLogger("sandtree.engine")
 
@@ -64,12 +76,21 @@ class SandboxForking:
         sid, h, spec0 = row["id"], row["handle"], row["spec"]
         child = self._child_options(spec0, options, h.tier)
         self._check_forkable(row)
-        images = self._fork_dir()
+        cids = [uuid.uuid4().hex for _ in range(n)]
+        links: dict = {}                        # a networked source's children's links (_checkpoint_running)
+        images = None
         try:
-            image, stall = self._checkpoint_running(row, images)
-            return self._restore_children(row, image, images, n, child, stall)
+            images = self._fork_dir()
+            row, image, stall = self._checkpoint_running(row, images, cids, links)
+            return self._restore_children(row, image, images, cids, child, stall, links)
+        except BaseException:
+            self.release_fork_links(links)      # (those of children stopped meanwhile: already gone)
+            raise
         finally:
-            _remove_fork_dir(images)
+            for link in links.values():
+                link.close()                    # (the restored processes hold their namespaces)
+            if images is not None:
+                _remove_fork_dir(images)
 
     # ---- checks ------------------------------------------------------------------------------------
     def _child_options(self, spec0: dict, options: dict, tier: str) -> dict:
@@ -100,16 +121,13 @@ class SandboxForking:
         if spec0.get("volumes"):
             raise Conflict(f"sandbox {sid[:12]} mounts volumes, which a checkpoint cannot hold (and children "
                            "would share them): fork one without volumes", sandbox=sid)
-        if joined(spec0) or spec0.get(LATER):
-            # (a child needs a link of its own holding the source's secret placeholders and CA)
-            raise RuntimeUnavailable(f"sandbox {sid[:12]} has a network policy: a live fork of a networked "
-                                     "sandbox is not available yet; commit it and start sandboxes from the image",
-                                     sandbox=sid)
-        ok, why = self.live.of(h).hibernate_available(link=False)
+        # (a sandbox in a link: gVisor's tier cannot checkpoint it, gvisor_live.py NO_LINK)
+        ok, why = self.live.of(h).hibernate_available(link=joined(spec0))
         if not ok:
             raise RuntimeUnavailable(f"a live fork checkpoints the sandbox, and {why}", tier=h.tier)
         if h.cgroup is None:
             raise RuntimeUnavailable("a live fork needs the cgroup freezer (cgroups are not available here)")
+        self.check_resolv_link(row)             # (its children are restored as a resume is)
 
     # ---- the checkpoint, the source running on -------------------------------------------------------
     def _fork_dir(self) -> str:
@@ -138,15 +156,24 @@ class SandboxForking:
                     gone.append(name)
         return gone
 
-    def _checkpoint_running(self, row: dict, images: str) -> tuple[str, float]:
-        """Freeze, commit, checkpoint leaving it running, thaw: (the fork's image, the stall in
-        seconds: frozen to thawed)."""
-        sid, h, spec0 = row["id"], row["handle"], row["spec"]
+    def _checkpoint_running(self, row: dict, images: str, cids: list[str], links: dict) -> tuple[dict, str, float]:
+        """Freeze, commit, checkpoint leaving it running, thaw: (the source's row as it was
+        checkpointed, the fork's image, the stall in seconds: frozen to thawed). A networked
+        source's children's links go into `links` (cid -> Link) first, under the lock that a
+        set_network takes too (so they copy the policy the checkpoint is taken under), before the
+        freeze (not part of the stall)."""
+        sid, h = row["id"], row["handle"]
         self.ahead.forget(sid)
         with self.store.using(), self._commit_lock(sid):
             self._still_running(row)
+            # as it is now (a set_network or a resume waits for the lock): a policy given or taken
+            # since the checks, the processes of a resume
+            row = self._row(sid)
+            h, spec0 = row["handle"], row["spec"]
+            links.update(self.fork_links(row, cids))
             t0 = time.monotonic()
             self.live.freeze(h, True, checkpoint=True)
+            unlinked = False
             try:
                 if self.live.outsiders(h):
                     raise Conflict(f"a command is still running in sandbox {sid[:12]} (exec or shell); fork it "
@@ -154,17 +181,27 @@ class SandboxForking:
                 image = self._snapshot(row, True, "fork")
                 # (an exposed port's veth: CRIU cannot dump it; the source's is made again when next asked for)
                 self.unlink(sid)
+                # (a policy given later: its veth too, the same link; given back below)
+                unlinked = True
+                self.unlink_later(row)
                 with open(os.path.join(images, criu.FORKED), "w") as f:
                     f.write(sid + "\n")
-                self.live.dump(h, images, ghost_limit=spec0["limits"]["disk"], leave_running=True)
+                # in a joined link the dump is taken from inside it, which stays the source's (live.py)
+                self.live.dump(h, images, ghost_limit=spec0["limits"]["disk"], link=joined(spec0),
+                               leave_running=True)
             finally:
                 if self.live.alive(h):
                     self.live.freeze(h, False)
-            stall = time.monotonic() - t0
-        return image, stall
+                stall = time.monotonic() - t0
+                # (after the thaw: not part of the stall; if it fails the source runs on with no
+                # network, its record saying so, and the fork fails)
+                if unlinked and self.live.alive(h):
+                    self.relink_later(row)
+        return row, image, stall
 
     # ---- the children --------------------------------------------------------------------------------
-    def _restore_children(self, row: dict, image: str, images: str, n: int, child: dict, stall: float) -> list[dict]:
+    def _restore_children(self, row: dict, image: str, images: str, cids: list[str], child: dict, stall: float,
+                          links: dict) -> list[dict]:
         sid, spec0 = row["id"], row["spec"]
         layers = self.store.image(image).layers
         remaining = max(1.0, row["expires"] - time.time())
@@ -172,11 +209,12 @@ class SandboxForking:
         idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else row["idle_timeout"]
         made: list[str] = []
         try:
-            for _ in range(n):
+            for cid in cids:
                 spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
                                env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
+                link = links.get(cid)
+                spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
                 handle = self.live.start(spec, lifetime, restore=images, tier=row["handle"].tier)
-                cid = uuid.uuid4().hex
                 record = {k: v for k, v in spec0.items()
                           if k not in ("hibernating", "retiring", "checkpoint", "remaining", "link_key")}
                 record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
@@ -192,6 +230,9 @@ class SandboxForking:
                     self.live.stop(handle)
                     raise
                 made.append(cid)
+                if link is not None:
+                    self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
+                self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
         except BaseException:
             for cid in made:
                 try:

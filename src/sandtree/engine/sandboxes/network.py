@@ -19,7 +19,11 @@ it (`hold`), and the resume is given its namespace again (`rejoin`), so the sand
 with the same address, policy, secret placeholders and CA, and its exposed ports' listeners
 never went away. Only when the daemon lost it (restarted meanwhile) does the resume attach a new
 link with the recorded policy; a sandbox with secrets cannot (their values lived only in that
-daemon's memory), and stays hibernated."""
+daemon's memory), and stays hibernated.
+
+A live fork (forking.py) gives each child a link of its own that is a copy of the source's
+(fork_links: the daemon's attach_like, the values never passing through here), or, for a policy
+given later, the policy again on the child's own namespace (relink_later), as a resume does."""
 
 from __future__ import annotations
 
@@ -181,6 +185,47 @@ class SandboxNetwork:
             egress.release(row["id"])
             raise
         return link
+
+    def fork_links(self, row: dict, keys: list[str]) -> dict:
+        """A live fork's children's links (key -> Link, held: the caller closes them, and releases
+        those it restores no child into): for a sandbox in a joined link, one per key, each a copy
+        of the source's (the daemon's attach_like: the same policy, secret placeholders and CA,
+        which the restored processes hold, and a new address); {} otherwise (a policy given later:
+        each child is given it on its own namespace once restored, relink_later). When the daemon
+        lost the source's link (restarted since its start), new links with the recorded policy;
+        with secrets there are none to give (their values lived only in that daemon), so Conflict.
+        Called under the source's commit lock (a stop or set_network waits), before its freeze."""
+        if not joined(row["spec"]):
+            return {}
+        egress, links = self.egress(), {}
+        try:
+            for key in keys:
+                try:
+                    links[key] = egress.attach_like(key, row["id"])
+                    continue
+                except NotFound:
+                    pass                           # (it runs: the caller holds its commit lock)
+                if row["spec"].get("secrets"):
+                    raise Conflict(f"sandbox {row['id'][:12]} cannot be forked live: the egress daemon was restarted "
+                                   "since it started, and its secrets' values lived only in that daemon's memory; "
+                                   "commit it and start sandboxes from the image with the secrets again",
+                                   sandbox=row["id"])
+                require_egress(egress)
+                links[key] = egress.attach(key, Policy.from_json(row["spec"]["network"]))
+                egress.hold(key)                   # (until its child is in it, as attach_like's)
+        except BaseException:
+            self.release_fork_links(links)
+            raise
+        return links
+
+    def release_fork_links(self, links: dict) -> None:
+        """Close and release links fork_links gave (a fork that failed; {} for a released one)."""
+        for key, link in links.items():
+            link.close()
+            try:
+                self.egress().release(key)
+            except (NotFound, RuntimeUnavailable):
+                pass
 
     def check_resolv_link(self, row: dict) -> None:
         """Conflict for a networked sandbox whose image has a link at /etc/resolv.conf: the runtime
