@@ -178,7 +178,6 @@ def tier_rows(st, img, tier: str, rounds: int, children: int, mb: int) -> dict:
                 out["first"].append(ready[0] - t0)
                 out["further"] += [b - a for a, b in zip(ready, ready[1:])]
                 out["total"].append(t1 - t0)
-                count += 1
                 for k in kids:          # each child goes on from the fork: one further, the same bytes
                     got = k.exec(ASK).stdout.split()
                     if got != [str(count + 1).encode(), total]:
@@ -197,9 +196,9 @@ def tier_rows(st, img, tier: str, rounds: int, children: int, mb: int) -> dict:
             t = time.perf_counter()
             sb.resume()
             out["resume"].append(time.perf_counter() - t)
-            count += 1
-            if sb.exec(ASK).stdout.split() != [str(count).encode(), total]:
+            if sb.exec(ASK).stdout.split() != [str(count + 1).encode(), total]:
                 raise RuntimeError("resume lost the state")
+            count += 1
     finally:
         sb.stop()
     # the same number of independent copies: each started from the image, filling its own MB
@@ -264,7 +263,7 @@ def livefork_table(st, work: str, pct, rounds: int = 5, children: int = 4, mb: i
                 cells += ["-", ""]
             else:
                 m = got[key]
-                v = m if field is None else m[field]
+                v = m if field is None else m.get(field, 0)
                 cells += [f"{m['anon'] / 2**20:.0f} / {m['file'] / 2**20:.0f} / {m['shmem'] / 2**20:.0f} MiB"
                           if field == "split" else f"{v / 2**20:.0f} MiB", ""]
         table.add_row(label, *cells, "")
