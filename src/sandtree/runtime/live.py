@@ -457,7 +457,8 @@ class LiveRuntime(Commands, LiveTier):
                                   *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link,
                                                   leave_running)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 pass_fds=(net,) if net is not None else ())
+                                 pass_fds=(net,) if net is not None else (),
+                                 env=criu.dump_env(images, leave_running))
             try:
                 rc = p.wait(timeout=600)
             except subprocess.TimeoutExpired:
