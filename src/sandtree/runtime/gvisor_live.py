@@ -365,8 +365,9 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
         target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
         none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:
-        engine/sandboxes/retiring.py). meanwhile (a commit) is called first: the Sentry's
-        checkpoint may write back file data it holds, which the commit must not see half-way."""
+        engine/sandboxes/retiring.py). meanwhile (a commit) is called first: that runsc's
+        checkpoint never writes to the sandbox's host files (a sync of what the Sentry holds) is
+        not established here, and a commit must not see such a write half-way."""
         if link:
             raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
         got = meanwhile() if meanwhile is not None else None
