@@ -239,7 +239,7 @@ def livefork_table(st, work: str, pct, rounds: int = 5, children: int = 4, mb: i
     row("  seen outside: longest gap of its counter", "outside")
     row("  seen inside: the counter's own longest gap", "inside")
     row("  of which: freeze", "freeze")
-    row("  of which: filesystem commit", "commit")
+    row("  of which: filesystem commit (namespaces: during the checkpoint)", "commit")
     row("  of which: checkpoint (leave running)", "dump")
     row("first child running (from the call)", "first", TARGETS["first"])
     row("each further child", "further", TARGETS["further"])

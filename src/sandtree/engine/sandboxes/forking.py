@@ -8,8 +8,8 @@ How: as a hibernation (hibernation.py) up to the checkpoint: the source's proces
 its filesystem committed (the fork's image: the lineage shows it, then each child's commits) and
 its processes checkpointed, but the checkpoint leaves them where they were (CRIU
 --leave-running; gVisor's checkpoint always does), and the freeze ends as soon as it is written:
-the source's stall is the dump (the commit is made while CRIU starts and dumps), and nothing
-else. Each child is then restored
+the source's stall is the commit and the dump (on the namespaces tier the commit is made while
+CRIU starts and dumps), and nothing else. Each child is then restored
 from that one checkpoint as a resume is, on the fork's image, into a sandbox of its own: new
 namespaces (a restore makes them; the child's pid 1 is its own, in its own pid and user
 namespaces, so no child can reach another's or the source's memory), its own cgroup with the
