@@ -118,7 +118,8 @@ def dump_env(images: str, leave_running: bool) -> dict | None:
     st = os.lstat(cache)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         return None
-    return {**os.environ, "XDG_RUNTIME_DIR": cache}
+    # (CRIU runs ip, iptables-save and tar by name; nothing else of this process's environment)
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR": cache}
 
 
 def in_netns(fd: int) -> list[str]:
