@@ -15,7 +15,8 @@ cached 10-step rebuild, a change at step 8 of 10); Contree's instances (bench/co
 E2B's SDK create -> kill vs sandtree's own (bench/e2bsdk.py, issue 36);
 a sample's fork in inspect-ai, its sample_init, on the small and the large image (bench/inspect_fork.py,
 issue 17); SWE-bench-style instances evaluated (bench/evalbench.py, issue 17); a command's round trip
-through E2B's SDK (bench/e2bcommands.py, issue 36).
+through E2B's SDK (bench/e2bcommands.py, issue 36); a live fork, sb.fork(4) of a sandbox holding 100 MB,
+beside hibernate + resume of it (bench/livefork.py, issue 38).
 Then density (--density K, default 1000, 0 skips): K idle live sandboxes started one after another
 (total time, first and last 100 starts), all checked alive, memory per sandbox while idle (its
 cgroup's accounting, the PSS of its two host processes, the host's MemAvailable drop), one exec in
@@ -392,14 +393,15 @@ def main() -> None:
     ap.add_argument("--egress-rounds", type=int, default=3, metavar="K",
                     help="rounds of the bulk downloads (each path once a round, in turn; medians)")
     ap.add_argument("--only", choices=["network-start", "network-egress", "gvisor-live", "webpage", "pools",
-                                       "cold-start", "http"],
+                                       "cold-start", "http", "live-fork"],
                     help="only these rows (network-start: the start cost of an allow-list policy, warm and "
                          "cold, and with links not recycled; network-egress: the bulk downloads direct and "
                          "through the egress proxy; gvisor-live: live sandboxes and pools on gVisor; "
                          "webpage: the web page's first paint and expand; pools: the floor, live "
                          "sandboxes and the warm-pool rows on the namespaces tier; cold-start: a 120 MB "
                          "image's first run on a node with an empty cache, from S3 on loopback; http: 16 HTTP "
-                         "clients' runs/s and the server's CPU per run)")
+                         "clients' runs/s and the server's CPU per run; live-fork: sb.fork(4) of a sandbox holding 100 MB "
+                         "beside hibernate + resume of it, both tiers)")
     args = ap.parse_args()
     con = Console(width=120)
     if args.only == "network-egress":
@@ -454,6 +456,11 @@ def main() -> None:
             con.print(network_table(img, cold_st.image(img.id), args, un_img, only_start=True))
             for s_ in (un_st, cold_st, st):
                 s_.close()
+            return
+        if args.only == "live-fork":
+            import livefork                # bench/livefork.py (issue 38)
+            con.print(livefork.livefork_table(st, work, pct))
+            st.close()
             return
         if args.only == "gvisor-live":
             import gvisor_live             # bench/gvisor_live.py (issue 18)
@@ -603,6 +610,8 @@ def main() -> None:
             un_st, un_img = unrecycled_image(img, work)
             con.print(network_table(img, cold_img, args, un_img))
             un_st.close()
+        import livefork                    # bench/livefork.py: sb.fork(4) of a live sandbox, both tiers (issue 38)
+        con.print(livefork.livefork_table(st, work, pct))
         import oci                         # bench/oci.py: a registry on loopback for the push rows
         con.print(oci.oci_table(st, img, work, min(args.n, 50)))
         con.print(build_table(st, img, args))

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import sandtree
+from sandtree.procid import owner_prefix
 
 MEMSTATE = os.path.join(os.path.dirname(__file__), "..", "programs", "memstate.c")
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
@@ -180,8 +181,37 @@ def test_bad_input_starts_nothing(forkable):
     with pytest.raises(sandtree.Conflict, match="stopped"):
         sb.fork(1)
     assert {s.id for s in st.sandboxes()} == before - {sb.id}
-    assert not [n for n in os.listdir("/dev/shm/sandtree-forks") if n.endswith(".fork")] \
-        if os.path.isdir("/dev/shm/sandtree-forks") else True
+    # no checkpoint left of this process's forks (other processes on the host may be forking now)
+    assert not [n for n in os.listdir("/dev/shm/sandtree-forks") if n.endswith(".fork") and
+                n.startswith(owner_prefix())] if os.path.isdir("/dev/shm/sandtree-forks") else True
+
+
+def test_a_commit_failing_during_the_checkpoint_leaves_the_source_running(forkable, monkeypatch):
+    """The fork's commit runs while the checkpoint is taken (LiveTier.dump's meanwhile): if it
+    fails, the checkpoint is let finish (a CRIU killed mid-dump could leave its parasite in the
+    source), the source is thawed and goes on with its memory, and nothing is started or left."""
+    st, img, tier = forkable
+    sb = img.start(idle_timeout=300, lifetime=600, tier=tier, memory="512m")
+    assert sb.exec("memstate 20 >/dev/null 2>&1 &").ok
+    _until(sb, "test -e /tmp/ready")
+    _, total = _ask(sb)
+    before = {s.id for s in st.sandboxes()}
+    head = sb.info()["head"]
+    eng = st._engine.sandboxes
+
+    def broken(*a, **k):
+        raise sandtree.errors.TooLarge("planted: the commit does not fit")
+    monkeypatch.setattr(eng, "_snapshot", broken)
+    with pytest.raises(sandtree.errors.TooLarge, match="planted"):
+        sb.fork(2)
+    monkeypatch.undo()
+    assert sb.state == "running" and sb.info()["head"] == head
+    assert _ask(sb) == [b"2", total]                 # its process went on, memory whole
+    assert {s.id for s in st.sandboxes()} == before
+    assert not [n for n in os.listdir("/dev/shm/sandtree-forks") if n.endswith(".fork") and
+                n.startswith(owner_prefix())] if os.path.isdir("/dev/shm/sandtree-forks") else True
+    [kid] = sb.fork()                                # and it forks once the commit works
+    assert _ask(kid) == [b"3", total]
 
 
 def test_a_checkpoint_a_killed_fork_left_is_swept(tmp_path):
@@ -193,7 +223,6 @@ def test_a_checkpoint_a_killed_fork_left_is_swept(tmp_path):
         dead = subprocess.run([sys.executable, "-c", "from sandtree.procid import owner_prefix; print(owner_prefix())"],
                               capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONPATH": SRC}).stdout.strip()
-        from sandtree.procid import owner_prefix
         made = st._engine.sandboxes._fork_dir()
         os.rmdir(made)
         base = os.path.dirname(made)                                    # (FORKS, or the home where no tmpfs)

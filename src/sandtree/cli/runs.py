@@ -1,5 +1,5 @@
 """`sandtree run` (one command on an image; a new image from what it wrote) and `sandtree fork`
-(several commands on one image at once), and how a run's result is reported, which `exec`
+(several commands on one image at once; --live: a running sandbox's live fork), and how a run's result is reported, which `exec`
 shares: the exit status is the command's (128+N for a signal, 124 on timeout)."""
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
 
 def cmd_fork(args):
     eng = open_engine(args)
+    if args.live:
+        return fork_live(args, eng)
+    if args.n is not None:
+        raise InvalidInput("sandtree fork: -n is the number of children of a live fork (--live SANDBOX); "
+                           "an image's branches are its --cmd commands")
     if not args.cmd:
         raise InvalidInput("sandtree fork: give commands with --cmd (one per branch)")
     recs = eng.fork(args.image, args.cmd, parallel=args.parallel, timeout=args.timeout)
@@ -83,6 +88,19 @@ def cmd_fork(args):
             for c, r in zip(args.cmd, recs, strict=False)]
     out(args, rows, lambda rs: [print(f"{(r['image'] or '-')[:12]}  exit {r['exit_code']}  {r['command']}")
                                 for r in rs])
+
+
+def fork_live(args, eng) -> None:
+    """`sandtree fork --live SID -n N`: the engine's sandbox_fork, as `sandtree sandbox fork` (the
+    table's verb) prints it."""
+    if args.cmd:
+        raise InvalidInput("sandtree fork --live: the children continue the sandbox's own processes; "
+                           "--cmd is for forking an image")
+    try:
+        kids = eng.sandbox_fork(args.image, 1 if args.n is None else args.n)
+    finally:
+        eng.close()
+    out(args, kids, lambda ks: [print(f"{k['id']}  {k['state']}") for k in ks])
 
 
 def add_run(sub, common) -> None:
@@ -110,7 +128,13 @@ def add_run(sub, common) -> None:
 
 
 def add_fork(sub, common) -> None:
-    x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently")
-    x.add_argument("image"); x.add_argument("--cmd", action="append", default=[])
+    x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently; "
+                                                       "--live: fork a running live sandbox")
+    x.add_argument("image", help="an image (or, with --live, a running live sandbox)")
+    x.add_argument("--cmd", action="append", default=[])
+    x.add_argument("--live", action="store_true",
+                   help="IMAGE is a running live sandbox: N live sandboxes continue from its processes, memory "
+                        "and files as they are now, while it runs on (as `sandtree sandbox fork`)")
+    x.add_argument("-n", type=int, help="with --live: how many children (default 1)")
     x.add_argument("--parallel", type=int, default=D.CLI_FORK_PARALLEL); x.add_argument("--timeout", type=float)
     x.set_defaults(fn=cmd_fork)

@@ -17,7 +17,7 @@ import abc
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..defaults import Limits  # noqa: F401 - the limits a RunSpec carries (defined with the defaults)
 
@@ -297,8 +297,12 @@ class LiveTier(abc.ABC):
         writing it is hibernated, not lost)."""
 
     @abc.abstractmethod
-    def dump(self, h, images: str, ghost_limit: int, link: bool = False, leave_running: bool = False) -> None:
+    def dump(self, h, images: str, ghost_limit: int, link: bool = False, leave_running: bool = False,
+             meanwhile: Callable[[], Any] | None = None) -> Any:
         """Checkpoint the sandbox's processes into `images` (frozen and committed by the caller
         first; on failure it runs on). CRIU's ends them; a tier whose checkpoint leaves them
         (gVisor's, paused) leaves their stop to the caller (alive(h) says which).
-        leave_running (a live fork): every tier leaves them, still frozen: the caller thaws them."""
+        leave_running (a live fork): every tier leaves them, still frozen: the caller thaws them.
+        meanwhile: the caller's commit of the frozen sandbox, called while the checkpoint is taken
+        where that cannot change what it reads, else first; its result is returned (its error
+        raised once the checkpoint has ended)."""

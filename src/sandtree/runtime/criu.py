@@ -18,6 +18,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import time
@@ -47,7 +48,11 @@ TCP_LINK = ["--tcp-close"]
 # A live fork's dump leaves the source running: its connections are not put in repair mode, nor
 # dumped (--tcp-close skips them), so the source's go on untouched; each child is restored with
 # them closed (fork_restore_args), since the peer of each is the source's (or the world's) alone.
-TCP_FORK = ["--tcp-close", "--leave-running"]
+# No network lock either: it keeps packets from changing connections while they are dumped, and
+# none is; everything inside is frozen, and what reaches a networked source's link meanwhile (its
+# exposed ports' veth is removed first) changes only connections the children get closed anyway.
+# Locking and unlocking run iptables-restore in its namespace: about 70 ms of the source's stall.
+TCP_FORK = ["--tcp-close", "--leave-running", "--network-lock", "skip"]
 
 _found: tuple[str | None, str] | None = None
 
@@ -90,6 +95,32 @@ def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit
     tcp = TCP_FORK if leave_running else TCP_LINK if link else TCP_OWN
     return as_owner(owner) + args + unpriv + COMMON + tcp \
         + (["--freeze-cgroup", freezer] if freezer else [])
+
+
+KDAT = "criu-kdat"           # beside a live fork's images dir: CRIU's cache of its kernel probe (dump_env)
+
+
+def dump_env(images: str, leave_running: bool, link: bool = False) -> dict | None:
+    """The environment of a dump (None: this process's). A live fork's caches CRIU's kernel probe
+    (kerndat: 15-20 ms at every start, inside the source's stall) in KDAT beside its images dir:
+    CRIU keeps it only on a tmpfs (so a reboot, a new kernel, clears it), and as --unprivileged
+    it looks in $XDG_RUNTIME_DIR. That dir is root's and 0700 (engine/sandboxes/forking.py
+    _fork_dir), and every fork's dump runs as the same kind of caller (the sandbox's owner, all
+    capabilities, the host's namespaces: no link), so the probe it caches is the one it would
+    make. Hibernations, and forks of a networked sandbox (dumped from inside its link, whose
+    probe could differ), probe anew."""
+    if not leave_running or link:
+        return None
+    cache = os.path.join(os.path.dirname(os.path.abspath(images)), KDAT)
+    try:
+        os.mkdir(cache, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(cache)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    # (CRIU runs ip, iptables-save and tar by name; nothing else of this process's environment)
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR": cache}
 
 
 def in_netns(fd: int) -> list[str]:

@@ -361,13 +361,16 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         return os.path.exists(os.path.join(images, self.DONE))
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False,
-             leave_running: bool = False) -> None:
+             leave_running: bool = False, meanwhile=None):
         """runsc checkpoint of the paused sandbox into `images` (memory uncompressed: the 300 ms
         target), leaving it running (paused): a dumper killed on the way leaves a sandbox, never
         none. Once the checkpoint is whole (DONE written) the caller stops it (off its path:
-        engine/sandboxes/retiring.py)."""
+        engine/sandboxes/retiring.py). meanwhile (a commit) is called first: that runsc's
+        checkpoint never writes to the sandbox's host files (a sync of what the Sentry holds) is
+        not established here, and a commit must not see such a write half-way."""
         if link:
             raise RuntimeUnavailable(self.NO_LINK, tier="gvisor")      # (hibernate_available)
+        got = meanwhile() if meanwhile is not None else None
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.set_inheritable(fd, True)
@@ -382,6 +385,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
             f.write(b"ok\n")
             f.flush()
             os.fsync(f.fileno())
+        return got
 
 
 def _status(text: bytes) -> str | None:

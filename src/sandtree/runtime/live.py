@@ -429,13 +429,18 @@ class LiveRuntime(Commands, LiveTier):
         return out
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False,
-             leave_running: bool = False) -> None:
+             leave_running: bool = False, meanwhile=None):
         """Checkpoint the sandbox's processes into `images` (CRIU), then they end and its cgroup
         goes. The caller froze them and committed the filesystem; on failure they run on.
         link: the sandbox runs in an egress link, which stays the daemon's (not in the checkpoint;
         a restore is given it again: start(spec with netns_fd, restore=...)).
         leave_running (a live fork): they stay, frozen (CRIU leaves the freezer as it found it),
-        and their TCP connections untouched (criu.py TCP_FORK)."""
+        and their TCP connections untouched (criu.py TCP_FORK).
+        meanwhile (a live fork's commit) runs while CRIU starts and dumps: CRIU only reads the
+        frozen sandbox's files (ghosts are copied into `images`; without --link-remap it makes
+        no links in its filesystem), so the commit sees what it would see before. Its error is
+        raised once CRIU has ended: a CRIU killed mid-dump could leave its parasite in the
+        source's tasks."""
         path, why = criu.find()
         if path is None:
             raise RuntimeUnavailable(why)
@@ -457,13 +462,17 @@ class LiveRuntime(Commands, LiveTier):
                                   *criu.dump_args(path, h.init_pid, images, freezer, ghost_limit, owner, link,
                                                   leave_running)],
                                  cwd=images, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 pass_fds=(net,) if net is not None else ())
+                                 pass_fds=(net,) if net is not None else (),
+                                 env=criu.dump_env(images, leave_running, link))
             try:
-                rc = p.wait(timeout=600)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)     # CRIU too, not only its shell
-                p.wait()
-                rc = -1
+                got = meanwhile() if meanwhile is not None else None
+            finally:
+                try:
+                    rc = p.wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)     # CRIU too, not only its shell
+                    p.wait()
+                    rc = -1
         finally:
             os.close(fd)
             if net is not None:
@@ -474,6 +483,7 @@ class LiveRuntime(Commands, LiveTier):
                                step="criu-dump")
         if not leave_running:
             self.stop(h)                             # what is left: the helper, the cgroup
+        return got
 
 
 class Detached:

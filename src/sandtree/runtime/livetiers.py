@@ -107,8 +107,9 @@ class LiveTiers(LiveTier):
     def dump_finished(self, h, images: str) -> bool:
         return self.of(h).dump_finished(h, images)
 
-    def dump(self, h, images: str, ghost_limit: int, link: bool = False, leave_running: bool = False) -> None:
-        self.of(h).dump(h, images, ghost_limit, link=link, leave_running=leave_running)
+    def dump(self, h, images: str, ghost_limit: int, link: bool = False, leave_running: bool = False,
+             meanwhile=None):
+        return self.of(h).dump(h, images, ghost_limit, link=link, leave_running=leave_running, meanwhile=meanwhile)
 
     # a command's process, not a sandbox: callers holding one use of(handle) (module doc)
     def returncode(self, report: bytes, fallback: int | None) -> int | None:

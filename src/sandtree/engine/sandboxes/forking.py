@@ -8,7 +8,8 @@ How: as a hibernation (hibernation.py) up to the checkpoint: the source's proces
 its filesystem committed (the fork's image: the lineage shows it, then each child's commits) and
 its processes checkpointed, but the checkpoint leaves them where they were (CRIU
 --leave-running; gVisor's checkpoint always does), and the freeze ends as soon as it is written:
-the source's stall is the commit plus the dump, and nothing else. Each child is then restored
+the source's stall is the commit and the dump (on the namespaces tier the commit is made while
+CRIU starts and dumps), and nothing else. Each child is then restored
 from that one checkpoint as a resume is, on the fork's image, into a sandbox of its own: new
 namespaces (a restore makes them; the child's pid 1 is its own, in its own pid and user
 namespaces, so no child can reach another's or the source's memory), its own cgroup with the
@@ -178,7 +179,6 @@ class SandboxForking:
                 if self.live.outsiders(h):
                     raise Conflict(f"a command is still running in sandbox {sid[:12]} (exec or shell); fork it "
                                    "once that has finished", sandbox=sid)
-                image = self._snapshot(row, True, "fork")
                 # (an exposed port's veth: CRIU cannot dump it; the source's is made again when next asked for)
                 self.unlink(sid)
                 # (a policy given later: its veth too, the same link; given back below)
@@ -186,9 +186,10 @@ class SandboxForking:
                 self.unlink_later(row)
                 with open(os.path.join(images, criu.FORKED), "w") as f:
                     f.write(sid + "\n")
-                # in a joined link the dump is taken from inside it, which stays the source's (live.py)
-                self.live.dump(h, images, ghost_limit=spec0["limits"]["disk"], link=joined(spec0),
-                               leave_running=True)
+                # in a joined link the dump is taken from inside it, which stays the source's (live.py);
+                # the commit while CRIU starts and dumps (LiveTier.dump: where the tier allows it)
+                image = self.live.dump(h, images, ghost_limit=spec0["limits"]["disk"], link=joined(spec0),
+                                       leave_running=True, meanwhile=lambda: self._snapshot(row, True, "fork"))
             finally:
                 if self.live.alive(h):
                     self.live.freeze(h, False)
