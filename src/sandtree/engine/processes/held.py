@@ -245,7 +245,9 @@ class Held(PopenLike):
                 return                         # (the first: start() reads it)
         self._read_from(relay)
 
-    def _send(self, kind: str, data: bytes = b"") -> None:
+    def _send(self, *frames: tuple[str, bytes]) -> None:
+        """Frames to the holder, in one write (data and its close come together: a command that
+        reads its input and exits cannot end the holder between them)."""
         if self.relay is None and not self.ended.is_set():
             self.attach()                      # (resumed elsewhere: Conflict while hibernated)
         with self.lock:
@@ -253,22 +255,37 @@ class Held(PopenLike):
                 raise BrokenPipeError("the process has exited")
             if self.relay is None:
                 raise Conflict(f"sandbox {self.sid} is not running")
-            for off in range(0, max(len(data), 1), 1 << 16):
-                part = data[off:off + (1 << 16)]
-                self.relay.stdin.write(_HEAD.pack(ord(kind), len(part)) + part)
+            out = bytearray()
+            for kind, data in frames:
+                for off in range(0, max(len(data), 1), _MAX_FRAME):
+                    part = data[off:off + _MAX_FRAME]
+                    out += _HEAD.pack(ord(kind), len(part)) + part
+            self.relay.stdin.write(out)
             self.relay.stdin.flush()
 
     # ---- Popen's shape -----------------------------------------------------------------------------
-    def write(self, data: bytes) -> None:
-        if data:
-            self._send("i", bytes(data))
+    def write(self, data: bytes, *, close: bool = False) -> None:
+        """data to the command's stdin, then (close) its end. BrokenPipeError: the command has
+        exited (its holder left), so the data did not reach it."""
+        frames = [("i", bytes(data))] if data else []
+        if not close:
+            if frames:
+                self._send(*frames)
+            return
+        try:
+            self._send(*frames, ("c", b""))
+        except BrokenPipeError:
+            if frames:
+                raise
+            # a close alone: the command exited and its holder left before the engine read the
+            # exit; there is nothing left to close (as closing a pipe whose reader has gone)
 
     def close_stdin(self) -> None:
-        self._send("c")
+        self.write(b"", close=True)
 
     def send_signal(self, sig: int) -> None:
         try:
-            self._send("k", struct.pack("=I", int(sig)))
+            self._send(("k", struct.pack("=I", int(sig))))
         except (BrokenPipeError, OSError):
             pass                               # (it exited meanwhile)
 

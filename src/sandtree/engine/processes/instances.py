@@ -312,12 +312,11 @@ class Instances:
                 view = view[os.write(p.master, view):]
             return
         if isinstance(p.proc, Held):
-            if data:
-                p.proc.write(data)
-                self._emit(inst, p, {"type": "stdin", "data": data.decode("utf-8", "replace")})
             if close:
                 p.stdin_open = False
-                p.proc.close_stdin()
+            p.proc.write(data, close=close)
+            if data:
+                self._emit(inst, p, {"type": "stdin", "data": data.decode("utf-8", "replace")})
             return
         if data:
             p.proc.stdin.write(data)
