@@ -133,7 +133,8 @@ def test_a_close_after_a_held_command_read_its_input_and_exited(st, rootfs):
     ends its holder, maybe before the engine has read the exit: closing its stdin then is not an
     error (nothing is left to close, as with a pipe whose reader has gone), while data no one can
     read any more is (BrokenPipeError, which sandbox_stdin answers with Conflict). The engine's
-    reader of the holder is not started here, so the exit is not known when the close comes;
+    reader of the holder is not started here, so the exit is not known when the close comes (and
+    the data goes before the holder's hello is read: it waits in the relay's stdin, in order);
     sandbox_stdin(data, close=True) sends both in one write (tests/integrations/test_cluster.py's
     'process 1 no longer reads its stdin' came from a close sent after the data, apart)."""
     from sandtree.engine.processes.held import spawn_held
