@@ -634,6 +634,66 @@ def test_hibernate_and_resume_keep_processes_memory_and_files(tmp_path, memstate
         st.close()
 
 
+def test_spawned_processes_run_on_across_a_hibernation(tmp_path, rootfs, live_tier):
+    """A spawned process's stdio is held inside the sandbox (engine/processes/held.py): the sandbox
+    hibernates with it running, and after the resume it counts on, its follower hears the rest
+    (nothing lost or repeated), its stdin takes input and a signal ends it; as root or another
+    user. A terminal, the server's, still refuses the hibernation, naming it."""
+    st = sandtree.Sandtree(str(tmp_path / "home"), warm=0)
+    e = st._engine
+    ok, why = e.sandboxes.live.hibernate_available(live_tier)
+    if not ok:
+        st.close()
+        pytest.skip(why)
+    sb = st.import_image(rootfs).start(idle_timeout=300, lifetime=600, tier=live_tier)
+    sid, stop = sb.id, threading.Event()
+    try:
+        counter = e.sandbox_spawn(sid, "i=0; while :; do i=$((i+1)); echo $i; echo $i > /tmp/c.new; "
+                                       "mv /tmp/c.new /tmp/count; sleep 0.05; done", user="user")
+        reader = e.sandbox_spawn(sid, "while read l; do echo got $l; done; echo closed", stdin_open=True)
+        e.sandbox_stdin(sid, reader, "before\n", close=False)
+        heard = []
+        follower = threading.Thread(target=lambda: e.sandbox_follow(sid, counter, lambda s, c: heard.append(c),
+                                                                    replay=True, cancel=stop), daemon=True)
+        follower.start()
+
+        def count() -> int:
+            text = sb.exec("cat /tmp/count 2>/dev/null").stdout.strip()
+            return int(text) if text.isdigit() else 0
+        for _ in range(400):
+            if count() >= 3:
+                break
+            time.sleep(0.02)
+        terminal = e.sandbox_spawn(sid, ["sleep", "600"], pty=True)
+        with pytest.raises(sandtree.Conflict, match="terminal"):
+            sb.hibernate()
+        assert sb.info()["state"] == "running"
+        e.sandbox_signal(sid, terminal, "KILL")
+        e.sandbox_follow(sid, terminal, lambda s, c: None)
+
+        assert sb.hibernate()["state"] == "hibernated"
+        assert sb.resume()["state"] == "running"
+        at = count()
+        for _ in range(400):
+            if count() > at + 3:
+                break
+            time.sleep(0.02)
+        assert count() > at + 3                                     # the same process counts on
+        e.sandbox_stdin(sid, reader, "after\n", close=True)
+        assert e.sandbox_follow(sid, reader, lambda s, c: None)["exit_code"] == 0
+        assert e.sandbox_process(sid, reader)["stdout"] == "got before\ngot after\nclosed\n"
+        e.sandbox_signal(sid, counter, "KILL")
+        done = e.sandbox_follow(sid, counter, lambda s, c: None)
+        assert done["signal"] == 9 and not done["running"]
+        follower.join(10)
+        numbers = [int(n) for n in b"".join(heard).split()]
+        assert numbers == list(range(1, len(numbers) + 1)) and numbers[-1] > at + 3
+    finally:
+        stop.set()
+        sb.stop()
+        st.close()
+
+
 @pytest.mark.not_on_gvisor("fails CRIU on demand; gVisor's checkpoint failing is in "
                            "test_hibernate_and_resume_keep_processes_memory_and_files (a kill mid-dump)")
 def test_a_failed_hibernation_leaves_the_sandbox_running(sb, shared_st, monkeypatch):

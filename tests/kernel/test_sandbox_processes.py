@@ -126,3 +126,31 @@ def test_a_signal_right_after_the_spawn_is_not_lost(st, rootfs):
             p = sb.spawn(["sleep", "100"])
             p.kill()
             assert p.wait(30)["signal"] == 9
+
+
+def test_a_close_after_a_held_command_read_its_input_and_exited(st, rootfs):
+    """A held process (engine/processes/held.py) whose command reads its input and exits at once
+    ends its holder, maybe before the engine has read the exit: closing its stdin then is not an
+    error (nothing is left to close, as with a pipe whose reader has gone), while data no one can
+    read any more is (BrokenPipeError, which sandbox_stdin answers with Conflict). The engine's
+    reader of the holder is not started here, so the exit is not known when the close comes (and
+    the data goes before the holder's hello is read: it waits in the relay's stdin, in order);
+    sandbox_stdin(data, close=True) sends both in one write (tests/integrations/test_cluster.py's
+    'process 1 no longer reads its stdin' came from a close sent after the data, apart)."""
+    from sandtree.engine.processes.held import spawn_held
+
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        held = spawn_held(e.sandboxes, sb.id, ["sh", "-c", "read x; echo $x$x"], env=None, cwd=None,
+                          uid=None, gid=None)
+        held.write(b"ab\n")
+        held.relay.wait(30)                   # its holder passed the exit on and left: its relay ends
+        held.close_stdin()
+        with pytest.raises(BrokenPipeError):
+            held.write(b"more\n")
+        # and through the engine, many times: data and its close together, never a Conflict
+        for _ in range(20):
+            spid = e.sandbox_spawn(sb.id, ["sh", "-c", "read x; echo $x$x"], stdin_open=True)
+            e.sandbox_stdin(sb.id, spid, "ab\n")
+            assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+            assert e.sandbox_process(sb.id, spid)["stdout"] == "abab\n"

@@ -125,6 +125,9 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                     self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
                                                 self.resolve, lambda: self.default_tier, ahead_starts=self._warm > 0)
                     self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
+                    # (no operations yet: no process spawned here to let go of)
+                    self._sandboxes.release = lambda sid: self._operations and self._operations.instances.release(sid)
+                    self._sandboxes.reattach = lambda sid: self._operations and self._operations.instances.reattach(sid)
                     self._sandboxes.egress = lambda: self.egress
                     self._sandboxes.read_image = self.read
                     self._sandboxes.stored_secret = self.tenancy.stored_secret

@@ -97,7 +97,9 @@ static void reply(u32 id, u32 type, const void *data, u32 len) {
     write_full(1, frame, 16 + len);
 }
 
-static long execvpe_(char *const *av, char *const *ev);
+long execvpe_(char *const *av, char *const *ev);
+__attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, int relay_too);     /* hold.c */
+__attribute__((noreturn)) void hold_attach(const char *id, int patient);
 
 /* The command, in the child: ids, cwd, then execve along PATH (as execvpe). Never returns. A
  * failure is left in `fail` (errno, then 'i' ids, 'c' cwd or 'e' exec): the child shares our memory
@@ -126,7 +128,7 @@ static void become(const char *cwd, long uid, long gid, char *const *av, char *c
 }
 
 /* execve along PATH (as execvpe); returns the error that counts (EACCES & co. win over ENOENT). */
-static long execvpe_(char *const *av, char *const *ev) {
+long execvpe_(char *const *av, char *const *ev) {
     const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     for (int k = 0; ev[k]; k++)
         if (ev[k][0] == 'P' && ev[k][1] == 'A' && ev[k][2] == 'T' && ev[k][3] == 'H' && ev[k][4] == '=') path = ev[k] + 5;
@@ -386,6 +388,11 @@ static void run(u32 id, u32 wlen, long have) {
 struct ktermios { u32 iflag, oflag, cflag, lflag; unsigned char line, cc[19]; };   /* TCGETS's */
 struct sfd_info { u32 signo; char rest[124]; };                                        /* signalfd's */
 
+static int same(const char *a, const char *b) {
+    while (*a && *a == *b) { a++; b++; }
+    return *a == *b;
+}
+
 static void say(const char *a, const char *b) {
     write_full(2, a, slen(a));
     write_full(2, b, slen(b));
@@ -509,6 +516,10 @@ __attribute__((noreturn, used)) void agent_main(long *sp) {
     if (sp[0] >= 3 && av[1][0] == '-' && av[1][1] == '-' && av[1][2] == 't' && av[1][3] == 't' && av[1][4] == 'y' &&
         !av[1][5] && av[2][0] == '-' && av[2][1] == '-' && !av[2][2])
         tty_relay(av + 3, ev);
+    if (sp[0] >= 4 && same(av[1], "--hold") && same(av[3], "--")) hold_main(av[2], av + 4, ev, 1);
+    if (sp[0] >= 4 && same(av[1], "--start") && same(av[3], "--")) hold_main(av[2], av + 4, ev, 0);
+    if (sp[0] == 3 && same(av[1], "--attach")) hold_attach(av[2], 0);
+    if (sp[0] == 3 && same(av[1], "--await")) hold_attach(av[2], 1);
     unsigned long chld = 1UL << (SIGCHLD - 1), blocked = chld | (1UL << (13 /* SIGPIPE */ - 1));
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-agent", 0, 0);
     /* SIGCHLD is read from a signalfd; SIGPIPE blocked: a write to a closed pipe is EPIPE */

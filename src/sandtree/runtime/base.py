@@ -233,6 +233,13 @@ class LiveTier(abc.ABC):
     def signal_command(self, proc, sig: int) -> None:
         """Signal a command started by popen (its whole process group)."""
 
+    def hold_program(self, h) -> tuple[str | None, str | None, bool]:
+        """The program that holds a spawned command's stdio inside the sandbox (hold.c, a mode
+        of sandtree-agent): (its path inside, when the sandbox has it), else (None, the host file
+        to copy in); (None, None): not on this tier. The third: the holder is started by exec
+        (pid 1's descendant), not by popen (hold.c: gVisor)."""
+        return None, None, False
+
     @abc.abstractmethod
     def scratch(self, h) -> int:
         """An fd of the sandbox's scratch dir (its changes so far are `u` in it); caller closes."""

@@ -22,6 +22,7 @@ INIT_SOURCE = os.path.join(HERE, "init.c")
 NOLIBC_HEADER = os.path.join(HERE, "nolibc.h")
 DRAIN_SOURCE = os.path.join(HERE, "drain.c")
 AGENT_SOURCE = os.path.join(HERE, "agent.c")
+HOLD_SOURCE = os.path.join(HERE, "hold.c")
 
 # static: no dynamic loader on the start path of every sandbox (a dynamic build if libc.a is missing)
 HELPER_FLAGS = (["-O2", "-Wall", "-static"], ["-O2", "-Wall"])
@@ -53,8 +54,9 @@ def drain_path(cache_dir: str) -> str:
 
 
 def agent_path(cache_dir: str) -> str:
-    """sandtree-agent: pid 1 of a live gVisor sandbox, which starts its commands (agent.c)."""
-    return _build(cache_dir, [AGENT_SOURCE, NOLIBC_HEADER], "sandtree-agent", AGENT_FLAGS)
+    """sandtree-agent: pid 1 of a live gVisor sandbox, which starts its commands (agent.c), and
+    the holder of a spawned command's stdio inside any live sandbox (hold.c)."""
+    return _build(cache_dir, [AGENT_SOURCE, HOLD_SOURCE, NOLIBC_HEADER], "sandtree-agent", AGENT_FLAGS)
 
 
 def source_tag(files: list[str]) -> str:

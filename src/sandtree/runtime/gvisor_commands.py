@@ -130,6 +130,11 @@ class GVisorCommands:
         outcome.quiescent = alone
         return outcome
 
+    def hold_program(self, h: LiveHandle) -> tuple[str | None, str | None, bool]:
+        """pid 1's own binary, bound in (hold.c), started by it (exec): gVisor kills what runsc exec
+        started at a restore, descendants too. None without an agent."""
+        return (AGENT if h.agent is not None else None), None, True
+
     def enter_ahead(self, h: LiveHandle, relay: tuple[int, int] | None = None):
         """None: runsc exec takes its command when it starts, so nothing can enter ahead."""
         return None

@@ -24,7 +24,7 @@ import time
 from ..errors import NotFound, RuntimeUnavailable, SandboxError
 from . import criu, seccomp
 from .base import LiveTier, RunSpec
-from .build import drain_path, init_path
+from .build import agent_path, drain_path, init_path
 from .enter import Commands
 from .liveproc import LiveHandle, kill_pid, open_of, parent_of
 from .openat2 import own_mounts
@@ -45,6 +45,7 @@ class LiveRuntime(Commands, LiveTier):
         self.rt = rt
         self._init: str | None = None
         self._drain: str | None = None
+        self._agent: str | None = None
 
     def available(self) -> tuple[bool, str]:
         ok, why = self.rt.available()
@@ -68,6 +69,12 @@ class LiveRuntime(Commands, LiveTier):
         if self._drain is None:
             self._drain = drain_path(self.rt.cache_dir)
         return self._drain
+
+    def hold_program(self, h: LiveHandle) -> tuple[str | None, str | None, bool]:
+        """sandtree-agent, whose --hold mode holds a spawned command's stdio: copied in by the engine."""
+        if self._agent is None:
+            self._agent = agent_path(self.rt.cache_dir)
+        return None, self._agent, False
 
     def _check(self) -> None:
         ok, why = self.available()

@@ -71,6 +71,9 @@ class LiveTiers(LiveTier):
     def enter_ahead(self, h, relay: tuple[int, int] | None = None):
         return self.of(h).enter_ahead(h, relay=relay)
 
+    def hold_program(self, h) -> tuple[str | None, str | None, bool]:
+        return self.of(h).hold_program(h)
+
     def scratch(self, h) -> int:
         return self.of(h).scratch(h)
 

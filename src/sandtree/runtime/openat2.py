@@ -35,6 +35,7 @@ import errno
 import os
 import secrets
 import stat
+import threading
 
 from ..errors import Conflict, InvalidInput, NotRegularFile, PathNotFound, TooLarge
 
@@ -171,6 +172,40 @@ def write_file(root_fd: int, path: str, data: bytes, mode: int, uid: int, gid: i
         finally:
             os.close(dfd)
     raise InvalidInput(f"too many levels of symbolic links: {path}", path=path)
+
+
+def create_as(root_fd: int, directory: str, name: str, data: bytes, mode: int, uid: int, gid: int,
+              mounts: set[int]) -> None:
+    """Make the new file directory/name (O_EXCL) holding `data`, created by (uid, gid), host ids:
+    a filesystem mounted inside the sandbox's user namespace (its /dev/shm) takes no file made by
+    an id that namespace does not map (EOVERFLOW), as the engine's root is not. The ids are the
+    creating thread's fsuid/fsgid (per thread in Linux): a thread of its own, which then ends."""
+    dfd = open_in_root(root_fd, directory, os.O_PATH | os.O_DIRECTORY)
+    failed: list[BaseException] = []
+
+    def create() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            libc.setfsgid(gid)
+            libc.setfsuid(uid)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        except BaseException as exc:           # noqa: BLE001 - raised in the caller's thread
+            failed.append(exc)
+    try:
+        own_filesystem(dfd, mounts, directory)
+        t = threading.Thread(target=create, name="sandtree-create-as")
+        t.start()
+        t.join()
+    finally:
+        os.close(dfd)
+    if failed:
+        raise failed[0]
 
 
 def _replace(dfd: int, name: str, path: str, data: bytes, mode: int, uid: int, gid: int) -> None:

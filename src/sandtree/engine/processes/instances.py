@@ -24,6 +24,7 @@ ended: Ended for stdin (410), Conflict for the others (409).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -32,15 +33,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ... import defaults as D
 from ...defaults import RunRecord
-from ...errors import Conflict, Ended, InvalidInput, NotFound, NotReady
+from ...errors import Conflict, Ended, InvalidInput, NotFound, NotReady, RuntimeUnavailable
 from ...store import ephemeral
 from ...secrets_mask import mask_env, mask_text, secret_values
 from ...values import parse_size
 from ..runs.runs import EPHEMERAL, KEPT, NOTHING, keep_mode
 from ..images.rundefaults import resolve_user
+from .held import Held, NotAHolder, spawn_held
 from .spawned import Process, public_view, signal_number, start_error, usage_of
 from .terminal import open_terminal, read_terminal, set_size
 from ..runs.spec import command_argv
+
+log = logging.getLogger("sandtree.engine")
 
 START_WAIT = 2.0              # seconds a call on a queued live run waits for a worker (then NotReady)
 UP_WAIT = 30.0                # seconds it waits for the sandbox of one a worker is starting
@@ -245,14 +249,23 @@ class Instances:
 
     def _start(self, inst: Instance, spid: int, argv: list[str], shell: str | None, *, env, cwd, uid, gid,
                stdin: bytes | None, stdin_open: bool, cap: int, on_output=None, ahead=None, tag: str | None = None,
-               pty: tuple[int, int] | None = None) -> Process:
+               pty: tuple[int, int] | None = None, hold: bool = False) -> Process:
         """Start a process in the instance's sandbox; its pumps write its events (module doc).
-        pty: (cols, rows) of a terminal that is its stdin, stdout and stderr (terminal.py)."""
+        pty: (cols, rows) of a terminal that is its stdin, stdout and stderr (terminal.py).
+        hold: its stdio held inside the sandbox (held.py: a hibernation keeps it), where the
+        sandbox has a holder (else as without)."""
         if cwd is not None and inst.make_cwd and not self.host.sandboxes.exists(inst.sid, cwd):
             # Contree makes a missing working directory (owned by the process's user)
             self.host.sandboxes.mkdir(inst.sid, cwd, uid=uid or 0, gid=gid or 0)
-        master = None
-        if pty is None:
+        master = held = None
+        if pty is None and hold:
+            try:
+                held = spawn_held(self.host.sandboxes, inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid)
+            except (NotAHolder, RuntimeUnavailable):
+                held = None                       # (a gVisor sandbox started without its agent)
+        if held is not None:
+            proc = held
+        elif pty is None:
             proc = self.host.sandboxes.popen(inst.sid, argv, env=env, cwd=cwd, uid=uid, gid=gid, ahead=ahead,
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         else:
@@ -276,9 +289,11 @@ class Instances:
                                  "cwd": cwd, "uid": uid, "gid": gid, "truncate_at": cap})
         pumps = [threading.Thread(target=self._pump, args=(inst, p, name, on_output), daemon=True,
                                   name=f"sandtree-inst-{spid}-{name}")
-                 for name in (("stdout", "stderr") if master is None else ("stdout",))]
+                 for name in (("stdout", "stderr") if master is None else ("stdout",)) if held is None]
         for t in pumps:
             t.start()
+        if held is not None:                      # (its frames come in order: all output, then the exit)
+            held.start(lambda stream, chunk: self._chunk(inst, p, stream, chunk, on_output))
         threading.Thread(target=self._reap, args=(inst, p, pumps), daemon=True, name=f"sandtree-inst-{spid}").start()
         with p.lock:
             try:
@@ -295,6 +310,13 @@ class Instances:
             view = memoryview(data)
             while view:
                 view = view[os.write(p.master, view):]
+            return
+        if isinstance(p.proc, Held):
+            if close:
+                p.stdin_open = False
+            p.proc.write(data, close=close)
+            if data:
+                self._emit(inst, p, {"type": "stdin", "data": data.decode("utf-8", "replace")})
             return
         if data:
             p.proc.stdin.write(data)
@@ -436,13 +458,49 @@ class Instances:
             if tag is not None and any(q.spec.get("tag") == tag and not q.done.is_set() for q in inst.procs.values()):
                 raise Conflict(f"a running process of {sid} is already tagged {tag!r}", tag=tag)
             spid = max(inst.procs, default=1 if inst.op else 0) + 1
+            # a plain live sandbox's held, so that it can hibernate with them running (a live
+            # run's sandbox is never hibernated; a terminal is the engine's)
             p = self._start(inst, spid, argv, command if isinstance(command, str) else None, env=env, cwd=cwd,
                             uid=uid, gid=gid, stdin=data, stdin_open=stdin_open, cap=cap, tag=tag,
-                            pty=(cols, rows) if pty else None)
+                            pty=(cols, rows) if pty else None, hold=inst.op is None and not pty)
         failed = start_error(p, argv, cwd) if p.done.wait(0) else None
         if failed is not None:
             raise failed
         return spid
+
+    def release(self, sid: str) -> None:
+        """Before sandbox `sid` hibernates: its held processes' relays let go (held.py). A process
+        of it with the engine's pipes or terminal (not held) cannot be checkpointed: Conflict,
+        naming it, and nothing is let go."""
+        with self.lock:
+            inst = self.plain.get(sid)
+        if inst is None:
+            return
+        with inst.lock:
+            procs = [p for p in inst.procs.values() if not p.done.is_set()]
+        for p in procs:
+            if not isinstance(p.proc, Held):
+                why = ("its terminal is the server's, which a checkpoint cannot hold" if p.master is not None
+                       else "its pipes lead out of the sandbox")
+                raise Conflict(f"process {p.spid} ({p.shown}) of sandbox {sid[:12]} is running and {why}: "
+                               "kill it, or hibernate once it has exited", sandbox=sid, pid=p.spid)
+        for p in procs:
+            p.proc.release()
+
+    def reattach(self, sid: str) -> None:
+        """Once sandbox `sid` runs again (resumed, or its hibernation failed): relays to its held
+        processes again."""
+        with self.lock:
+            inst = self.plain.get(sid)
+        if inst is None:
+            return
+        with inst.lock:
+            procs = [p for p in inst.procs.values() if not p.done.is_set() and isinstance(p.proc, Held)]
+        for p in procs:
+            try:
+                p.proc.attach()
+            except Exception as exc:               # noqa: BLE001 - attached when next asked (held.py)
+                log.warning("sandbox %s: process %s not attached again (%s)", sid, p.spid, exc)
 
     def _process(self, sid: str, pid: int, ended=Conflict) -> tuple[Instance, Process]:
         inst = self._instance(sid, ended=ended)

@@ -32,7 +32,8 @@ class SandboxHibernation:
     def hibernate(self, sid: str, *, idle: bool = True) -> dict:
         """Save the sandbox whole and free its CPU and memory: its filesystem becomes an image (a
         commit) and its processes a CRIU checkpoint (memory included). resume() brings them back
-        where they were. Its lifetime does not run while it is hibernated."""
+        where they were. Its lifetime does not run while it is hibernated. Processes spawned in
+        it keep running inside (their holders: processes/held.py), their relays let go meanwhile."""
         row = self._running(sid, idle=idle)
         sid, h = row["id"], row["handle"]
         if row["spec"].get("volumes"):
@@ -47,6 +48,23 @@ class SandboxHibernation:
         self.check_resolv_link(row)
         self.ahead.forget(sid)
         images = self._checkpoint_dir(sid)
+        # the relays of its held processes let go (their holders, inside, keep them going)
+        self.release(sid)
+        try:
+            self._hibernate(row, images)
+        except BaseException:
+            self._reattach(sid)
+            raise
+        return self.info(sid)
+
+    def _reattach(self, sid: str) -> None:
+        try:
+            self.reattach(sid)
+        except Exception as exc:                   # noqa: BLE001 - each is attached again when next asked
+            log.warning("sandbox %s: held processes not attached again (%s)", sid, exc)
+
+    def _hibernate(self, row: dict, images: str) -> None:
+        sid, h = row["id"], row["handle"]
         with self.store.using(), self._commit_lock(sid):
             self._still_running(row)
             self.live.freeze(h, True, checkpoint=True)
@@ -88,7 +106,6 @@ class SandboxHibernation:
                                    **({"retiring": h.to_dict()} if old else {})})
         if old:
             self.retiring.later(sid, h)
-        return self.info(sid)
 
     def _publish(self, sid: str) -> dict:
         """With S3 objects: upload sandbox `sid`'s finished checkpoint; {"checkpoint": its sha256
@@ -200,4 +217,5 @@ class SandboxHibernation:
             self._drop_checkpoint(sid, spec0)
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
             self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
+        self._reattach(sid)
         return self.info(sid)

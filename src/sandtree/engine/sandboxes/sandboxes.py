@@ -28,9 +28,10 @@ import time
 import uuid
 
 from ... import defaults as D
-from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
+from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, SandtreeError
 from ...runtime.base import LiveTier, RunSpec
 from ...runtime.liveproc import LiveHandle, open_of
+from ...runtime.openat2 import create_as
 from ...runtime.validate import check_env
 from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
@@ -82,6 +83,12 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self._stop_reaping = threading.Event()
         self._reaped = 0.0
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
+        self._holders: dict[str, tuple] = {}         # sid -> its holder's program, how started (holder())
+        self._holders_lock = threading.Lock()
+        # called with a sandbox's id before its processes are checkpointed (release) and once they
+        # run again, or did not stop (reattach): the engine's held processes' relays (processes/held.py)
+        self.release = lambda sid: None
+        self.reattach = lambda sid: None
 
     def close(self) -> None:
         self._stop_reaping.set()
@@ -452,6 +459,44 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
+
+    def holder(self, sid: str, *, again: bool = False) -> tuple[str, bool]:
+        """The path inside sandbox `sid` of the program that holds a spawned command's stdio
+        (runtime/hold.c): the tier's, or a copy the engine writes into the sandbox's /dev/shm
+        (its own tmpfs: never committed, kept by a checkpoint) once per sandbox, under a name no
+        one in it can guess before it is there (again: a new copy, the old one was removed).
+        With it: whether the holder is started by exec (the tier's hold_program). RuntimeUnavailable
+        on a tier without one."""
+        known = self._holders.get(sid)
+        if known is not None and not again:
+            return known                          # (the start of every spawned process: no lookup)
+        row = self._running(sid)
+        inside, program, by_exec = self.live.hold_program(row["handle"])
+        if inside is not None:
+            self._holders[row["id"]] = (inside, by_exec)
+            return inside, by_exec
+        if program is None:
+            raise RuntimeUnavailable("this sandbox's tier has no holder for spawned processes")
+        with self._holders_lock:
+            path = (self._holders.get(row["id"]) or (None,))[0]
+            if path is None or again:
+                with open(program, "rb") as f:
+                    data = f.read()
+                name = f".sandtree-hold-{os.urandom(8).hex()}"
+                h, idmap = row["handle"], self.store.idmap
+                root = self.live.root(h)
+                try:                              # (as its root: /dev/shm is mounted in its user namespace)
+                    create_as(root, "/dev/shm", name, data, 0o555, idmap.host_uid(0), idmap.host_gid(0),
+                              self.live.own_mounts(h))
+                except (OSError, SandtreeError) as exc:     # (an image whose /dev/shm is not the sandbox's own)
+                    raise RuntimeUnavailable(f"no holder for spawned processes in sandbox {row['id']}: {exc}") from None
+                finally:
+                    os.close(root)
+                path = f"/dev/shm/{name}"
+                if len(self._holders) > 4096:      # (the sandboxes of long ago: written anew if asked)
+                    self._holders.clear()
+                self._holders[row["id"]] = (path, by_exec)
+        return path, by_exec
 
     def ps(self, sid: str) -> list[dict]:
         """Every process of a running sandbox as its kernel tells it (runtime pstable), each with
