@@ -19,7 +19,8 @@ each child's own namespace.
 
 The checkpoint is written to a tmpfs of its own (fork_dir), not the home's disk: the dump is a
 memory copy and the children's restores read it from memory (its pages are shared only while
-they are being read; each child's memory is its own). It is removed once the children run.
+they are being read; each child's memory is its own). Once the children run it is kept with the
+fork's image (livestates.py: fork_from starts that state again later, on any node with S3).
 
 What this kernel does not give (measured, docs/design.md "Forking a live sandbox"): soft-dirty
 page tracking (criu check: "Dirty tracking is OFF"), so no iterative pre-dump: the source stalls
@@ -42,6 +43,7 @@ from ...store import checkpoints
 from ...store.db import dumps
 from ...values import check_labels
 from ..runs.spec import check_duration
+from .livestates import TRANSIENT
 from .network import LATER, joined
 
 log = logging.getLogger("sandtree.engine")
@@ -68,7 +70,15 @@ class SandboxForking:
         images = self._fork_dir()
         try:
             image, stall = self._checkpoint_running(row, images)
-            return self._restore_children(row, image, images, n, child, stall)
+            source = {"sid": sid, "spec": spec0, "tier": h.tier, "idle_timeout": row["idle_timeout"],
+                      "remaining": max(1.0, row["expires"] - time.time())}
+            forked_from = {"sandbox": sid, "image": image, "stall_ms": round(stall * 1000, 2)}
+            children = self._restore_children(source, image, images, n, child, forked_from)
+            # the fork's image can be started live again later (livestates.py): its checkpoint kept
+            # with it, moved when the fork dir is on the home's filesystem, else copied from memory
+            moved = os.stat(images).st_dev == os.stat(os.path.dirname(self._live_dir(image))).st_dev
+            self.keep_live_state(image, images, sid, spec0, row["idle_timeout"], h.tier, move=moved)
+            return children
         finally:
             _remove_fork_dir(images)
 
@@ -165,24 +175,25 @@ class SandboxForking:
         return image, stall
 
     # ---- the children --------------------------------------------------------------------------------
-    def _restore_children(self, row: dict, image: str, images: str, n: int, child: dict, stall: float) -> list[dict]:
-        sid, spec0 = row["id"], row["spec"]
+    def _restore_children(self, source: dict, image: str, images: str, n: int, child: dict,
+                          forked_from: dict) -> list[dict]:
+        """N sandboxes restored from checkpoint `images` on `image`. source: {"sid", "spec" (its
+        row's), "tier", "idle_timeout", "remaining" (seconds of lifetime a child has unless given)}."""
+        sid, spec0 = source["sid"], source["spec"]
         layers = self.store.image(image).layers
-        remaining = max(1.0, row["expires"] - time.time())
-        lifetime = child["lifetime"] if child["lifetime"] is not None else remaining
-        idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else row["idle_timeout"]
+        lifetime = child["lifetime"] if child["lifetime"] is not None else source["remaining"]
+        idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else source["idle_timeout"]
         made: list[str] = []
         try:
             for _ in range(n):
                 spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
                                env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
-                handle = self.live.start(spec, lifetime, restore=images, tier=row["handle"].tier)
+                handle = self.live.start(spec, lifetime, restore=images, tier=source["tier"])
                 cid = uuid.uuid4().hex
-                record = {k: v for k, v in spec0.items()
-                          if k not in ("hibernating", "retiring", "checkpoint", "remaining", "link_key")}
+                record = {k: v for k, v in spec0.items() if k not in TRANSIENT + ("idle_timeout",)}
                 record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
                                "idle_action": child["idle_action"], "tier": handle.tier,
-                               "forked_from": {"sandbox": sid, "image": image, "stall_ms": round(stall * 1000, 2)}})
+                               "forked_from": forked_from})
                 if child["labels"]:
                     record["labels"] = child["labels"]
                 else:
