@@ -160,3 +160,38 @@ def test_a_tenant_starts_only_its_own_live_states(forkable, memstate_rootfs):  #
     audit = [json.loads(r[0]) for r in eng.store.db.query("SELECT detail FROM audit WHERE action='fork from'")]
     assert audit and audit[-1]["children"] == [s["id"]]
 
+
+
+def test_rest_remote_sdk_and_the_lineage_page(tmp_path, memstate_rootfs):  # noqa: F811
+    """Over a real `sandtree serve`: POST /images/{ref}/fork, the remote SDK, the lineage's `live`."""
+    import httpx
+    from conftest import serve_process
+    with serve_process(tmp_path / "home") as url:
+        st = sandtree.connect(url)
+        img = st.import_image(memstate_rootfs)
+        sb = img.start(idle_timeout=300, lifetime=600)
+        try:
+            assert sb.exec("memstate 100 >/dev/null 2>&1 &").ok
+            _until(sb, "test -e /tmp/ready")
+            _, total = _ask(sb)
+            [kid] = sb.fork()
+            image = kid.info()["forked_from"]["image"]
+            r = httpx.post(f"{url}/api/v1/images/{image}/fork", json={"n": 1, "lifetime": 60}, timeout=120)
+            assert r.status_code == 201, r.text
+            [child] = r.json()
+            assert child["forked_from"]["live_state"] is True and child["image"] == image
+            again = st.image(image).fork_live(1)[0]
+            for sid in (child["id"], again.id):
+                assert _ask(st.sandbox(sid)) == [b"2", total]
+            r = httpx.post(f"{url}/api/v1/images/{img.id}/fork", json={"n": 1}, timeout=60)
+            assert r.status_code == 409 and "no live state" in r.text
+            r = httpx.post(f"{url}/api/v1/images/{image}/fork", json={"n": 0}, timeout=60)
+            assert r.status_code == 422
+            assert httpx.get(f"{url}/api/v1/images/{image}", timeout=30).json()["live"] is True
+            tree = httpx.get(f"{url}/api/v1/images/{img.id}/lineage", timeout=30).json()["tree"]
+            assert tree["children"][0]["image"] == image and tree["children"][0]["live"] is True
+            assert "live" not in tree
+            assert "n.live" in httpx.get(f"{url}/ui/tree.js", timeout=30).text
+        finally:
+            for s in st.sandboxes():
+                s.stop()
