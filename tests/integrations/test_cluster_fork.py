@@ -69,3 +69,37 @@ def test_bad_input_over_the_cluster(cst):  # noqa: F811
         eng.sandbox_fork("f" * 32, 2)
     with pytest.raises(sandtree.Conflict, match="no live state"):
         eng.fork_from(cst.image.id, 2)
+
+
+def test_a_resumed_hibernations_state_starts_on_any_node(cst):  # noqa: F811
+    """A hibernation's checkpoint, once resumed, is kept as its image's live state: its object is
+    copied in S3 (not uploaded again), and fork_from starts it on both nodes."""
+    _hibernate_or_skip(cst)
+    eng = cst.engine
+    sid = eng.sandbox_start(cst.image.id, idle_timeout=300, lifetime=600)["id"]
+    made: list[str] = []
+    try:
+        word = _remembering(cst, sid)
+        eng.sandbox_hibernate(sid)
+        base = eng.sandbox_info(sid)["head"]
+        assert eng.image_info(base)["live"] is False
+        assert eng.sandbox_resume(sid)["state"] == "running"
+        assert eng.image_info(base)["live"] is True
+        assert eng.store.objects.exists(f"live/{base}.tar") and not eng.store.objects.exists(f"checkpoints/{sid}.tar")
+        made += [s["id"] for s in eng.fork_from(base, 2)]
+        assert len({_node_of(cst, s) for s in made}) == 2
+        for s in made:
+            assert _recalled(cst, s) == word
+        # gc: the state goes with its image (here: older than the retention), its object too
+        for s in made:
+            eng.sandbox_stop(s)
+        with eng.store.db.tx() as con:
+            con.execute("UPDATE live_states SET created=0 WHERE image=?", (base,))
+        eng.gc(grace=0)
+        assert eng.image_info(base)["live"] is False and not eng.store.objects.exists(f"live/{base}.tar")
+    finally:
+        for s in [sid, *made]:
+            try:
+                eng.sandbox_stop(s)
+            except Exception:               # noqa: BLE001 - stopped already
+                pass
