@@ -191,7 +191,17 @@ def test_rest_remote_sdk_and_the_lineage_page(tmp_path, memstate_rootfs):  # noq
             tree = httpx.get(f"{url}/api/v1/images/{img.id}/lineage", timeout=30).json()["tree"]
             assert tree["children"][0]["image"] == image and tree["children"][0]["live"] is True
             assert "live" not in tree
-            assert "n.live" in httpx.get(f"{url}/ui/tree.js", timeout=30).text
+            # the web page draws it: the fork's node marked live, its parent not
+            from browser import headless_chromium
+            with headless_chromium() as browser:
+                page = browser.new_context(viewport={"width": 1400, "height": 860}).new_page()
+                page.set_default_timeout(20_000)
+                page.goto(f"{url}/#tree={img.id}")
+                node = page.locator(f'#viewport .node.live[data-image="{image}"]')
+                node.wait_for()
+                assert node.locator("text.live").text_content() == "▶ live"
+                assert page.locator(f'#viewport .node[data-image="{img.id}"]').get_attribute("class").split() \
+                    .count("live") == 0
         finally:
             for s in st.sandboxes():
                 s.stop()

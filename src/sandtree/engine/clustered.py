@@ -32,7 +32,7 @@ import time
 import uuid
 
 from ..cluster import Fabric, NodeConfig, RelayedProcess
-from ..errors import NodeLost, NotFound
+from ..errors import NodeLost, NotFound, RuntimeUnavailable
 from ..runtime.validate import check_command, check_env
 from ..values import check_retries
 from .runs.spec import command_argv
@@ -158,6 +158,11 @@ class Dispatch:
         self.fabric.pin([c["id"] for c in children], nid)
         image = children[0]["forked_from"]["image"]
         try:
+            kept = self.store.db.one("SELECT checkpoint FROM live_states WHERE image=?", (image,))
+            if kept is None or not kept[0]:
+                raise RuntimeUnavailable(f"the checkpoint of the fork of sandbox {sid} did not reach object storage "
+                                         "(its node's log says why), so no child can be restored on another node: "
+                                         f"fork it with n=1, or again", sandbox=sid)
             for other in dict.fromkeys(x for x in plan if x != nid):
                 more = self.fabric.call(other, "fork_from", (image, plan.count(other)), options)
                 self.fabric.pin([c["id"] for c in more], other)
