@@ -149,7 +149,7 @@ class SandboxHibernation:
         if not (joined(spec0) or spec0.get(LATER) or spec0.get("run") or spec0.get("volumes")):
             uploaded = spec0.get("checkpoint") if self.store.objects is not None else None
             self.keep_live_state(base, self._checkpoint_dir(sid), sid, spec0, row["idle_timeout"],
-                                 row["handle"].tier, move=True, uploaded=uploaded, sid=sid)
+                                 row["handle"].tier, move=True, uploaded=uploaded)
         self._drop_checkpoint(sid, spec0)
 
     def _set_spec(self, sid: str, spec: dict) -> None:

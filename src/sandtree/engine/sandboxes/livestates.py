@@ -48,10 +48,10 @@ class SandboxLiveStates:
 
     # ---- keeping --------------------------------------------------------------------------------
     def keep_live_state(self, image: str, directory: str, source: str, spec: dict, idle_timeout,
-                        tier: str, *, move: bool, uploaded: dict | None = None, sid: str | None = None) -> bool:
+                        tier: str, *, move: bool, uploaded: dict | None = None) -> bool:
         """Keep checkpoint `directory` (of sandbox `source`, whose row spec and idle timeout
         were `spec` and `idle_timeout`) as image `image`'s live state. move: rename it (same
-        filesystem), else copy it. uploaded: its sandbox `sid`'s checkpoint record in S3 (a
+        filesystem), else copy it. uploaded: sandbox `source`'s checkpoint record in S3 (a
         hibernation's), copied in S3, not uploaded again. False (logged) if it could not be kept:
         never the caller's failure (its sandboxes run)."""
         target = self._live_dir(image)
@@ -69,7 +69,7 @@ class SandboxLiveStates:
                 if self.store.objects is not None:
                     if uploaded is not None:
                         record = uploaded
-                        checkpoints.keep(self.store, sid, uploaded, target, checkpoints.live_key(image))
+                        checkpoints.keep(self.store, source, uploaded, target, checkpoints.live_key(image))
                     else:
                         record = checkpoints.publish(self.store, source, target, checkpoints.live_key(image))
                 durable.sync_tree(target)
