@@ -314,12 +314,6 @@ class Fabric:
             out.append(nid)
         return out
 
-    def pin(self, sids, nid: str) -> None:
-        """Live sandboxes `sids` run on node `nid` (started there by a call other than start_sandbox)."""
-        with self._lock:
-            for sid in sids:
-                self._pinned[sid] = nid
-
     def checkpoint_node(self, sid: str) -> str | None:
         """The node that hibernated sandbox `sid` and holds its checkpoint (asked of every node)."""
         for view in self.nodes():

@@ -150,12 +150,12 @@ class Dispatch:
         if isinstance(n, bool) or not isinstance(n, int) or n < 2 or not self.fabric.config.objects_url:
             # one child, or no object storage (a shared home: the nodes' starts would read one disk)
             children = self.fabric.call(nid, "sandbox_fork", (sid, n), options)
-            self.fabric.pin([c["id"] for c in children], nid)
+            self._pin(children, nid)
             return children
         plan = self.fabric.spread(n - 1, first=nid)
         here = 1 + plan.count(nid)
         children = self.fabric.call(nid, "sandbox_fork", (sid, here), options)
-        self.fabric.pin([c["id"] for c in children], nid)
+        self._pin(children, nid)
         image = children[0]["forked_from"]["image"]
         try:
             kept = self.store.db.one("SELECT checkpoint FROM live_states WHERE image=?", (image,))
@@ -165,7 +165,7 @@ class Dispatch:
                                          f"fork it with n=1, or again", sandbox=sid)
             for other in dict.fromkeys(x for x in plan if x != nid):
                 more = self.fabric.call(other, "fork_from", (image, plan.count(other)), options)
-                self.fabric.pin([c["id"] for c in more], other)
+                self._pin(more, other)
                 # (as the source's children say it: the fork, not the later start from its state)
                 children += [{**c, "forked_from": children[0]["forked_from"]} for c in more]
         except BaseException:
@@ -183,12 +183,16 @@ class Dispatch:
         try:
             for nid in dict.fromkeys(plan):
                 more = self.fabric.call(nid, "fork_from", (ref, plan.count(nid)), options)
-                self.fabric.pin([c["id"] for c in more], nid)
+                self._pin(more, nid)
                 out += more
         except BaseException:
             self._stop_all(out)
             raise
         return out
+
+    def _pin(self, infos: list[dict], nid: str) -> None:
+        for c in infos:                          # (started by a call of their own, not start_sandbox)
+            self.fabric.pin(c["id"], nid)
 
     def _stop_all(self, infos: list[dict]) -> None:
         for c in infos:
