@@ -24,6 +24,7 @@ class Visible:
     tags: dict = field(default_factory=dict)        # image -> the tag names shown on it
     branches: dict = field(default_factory=dict)    # image -> the branch names shown on it
     notes: Callable[[str], dict] | None = None      # image -> the annotations it reads (a tree's scores)
+    live: Container[str] = ()                       # images with a live state it may start (fork_from)
 
     def edge(self, parent: str, child: str, op: str) -> bool:
         return parent in self.images and child in self.images and self.op(op)
@@ -190,7 +191,8 @@ MAX_TREE_DEPTH = 200
 def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: Visible | None = None,
          via=None, notes=None) -> dict:
     """The lineage tree under `root`: nested nodes with tags, branches and, per edge, its
-    operation (`op`), command, exit code and duration (`seconds`). Iterative (no recursion on
+    operation (`op`), command, exit code and duration (`seconds`), and `live` on an image whose
+    live state fork_from can start (a live fork's or hibernation's checkpoint). Iterative (no recursion on
     lineage depth). via(op) -> {"command", "exit_code", "seconds"} labels an edge (default: the
     operation's command, else its kind). Past `max_nodes` a node is not expanded: `more` says it
     has children (its own tree is the next page: how the web page expands lazily).
@@ -198,6 +200,8 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
     numeric annotations: a reward, a pass rate), each only when it has one; strings stay on the
     image's own record (they may be long)."""
     notes = notes if notes is not None else (visible.notes if visible is not None else None)
+    # images whose live state (engine/sandboxes/livestates.py) fork_from starts: a node's "live"
+    live = visible.live if visible is not None else {r[0] for r in store.db.query("SELECT image FROM live_states")}
     if visible is not None:
         names = {i: list(v) for i, v in visible.tags.items()}
         for image, bs in visible.branches.items():
@@ -230,6 +234,8 @@ def tree(store: Store, root: str, *, max_nodes: int = MAX_TREE_NODES, visible: V
         n = {"image": image, "short": image[:12], "names": sorted(names.get(image, [])), "op": op,
              "command": edge and edge["command"], "exit_code": edge and edge["exit_code"],
              "seconds": edge and edge.get("seconds"), "children": []}
+        if image in live:
+            n["live"] = True
         into.append(n)
         if image in drawn:                       # a merge reached from both parents: drawn once
             n["repeat"] = True

@@ -166,6 +166,9 @@ class Image:
     patch = method("patch", bind={"a": "id"}, rename={"b": "other"})
     fork = method("fork", bind={"ref": "id"}, kwargs="run_options", adapt=run_inputs, wrap=as_run_results,
                   note="The options are Image.run's, less the per-run callbacks; results in the commands' order.")
+    fork_live = method("fork_from", bind={"ref": "id"}, wrap=lambda self, infos, _: [Sandbox(self._st, i) for i in infos],
+                       note="Live sandboxes going on from this image's live state (info()['live']): the "
+                            "processes and memory its live fork or hibernation saved.")
     ancestors = method("ancestors", bind={"image": "id"}, wrap=lambda self, r, _: _by_distance(self, r))
     descendants = method("descendants", bind={"image": "id"}, wrap=lambda self, r, _: _by_distance(self, r))
     produced_by = method("produced_by", bind={"image": "id"})

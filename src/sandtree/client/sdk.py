@@ -300,6 +300,10 @@ class Sandtree:
                  note="Every command is checked before any runs; the options are Image.run's, less the per-run "
                       "callbacks.")
 
+    # live sandboxes from an image's live state (Image.fork_live)
+    fork_from = method("fork_from", rename={"ref": "image"}, wrap=lambda self, infos, _: [Sandbox(self, i) for i in infos],
+                       note="image: one whose info()['live'] is true (a live fork's or resumed hibernation's commit).")
+
     # lineage
     common_ancestor = method("common_ancestor", wrap=lambda self, found, _: Image(self, found) if found else None)
     path = method("lineage_path", wrap=lambda self, ids, _: [Image(self, i) for i in ids])

@@ -296,6 +296,24 @@ class Fabric:
             self._pinned[out["id"]] = nid
         return out
 
+    def spread(self, k: int, first: str | None = None) -> list[str]:
+        """The nodes for k sandboxes restored from one live state (a live fork's children), one
+        choose_node each with the ones placed before counted (so they spread by load); `first`: a
+        node already given one (the source's). No layer locality: the checkpoint, the memory of the
+        whole sandbox, travels to whichever node it is, and dwarfs the layers it lacks."""
+        views = self.nodes()
+        with self._lock:
+            base = {v.id: sum(1 for n in self._pinned.values() if n == v.id) for v in views}
+        planned = {first: 1} if first else {}
+        out = []
+        for _ in range(k):
+            for v in views:
+                v.sandboxes = base[v.id] + planned.get(v.id, 0)
+            nid = choose_node(views).id
+            planned[nid] = planned.get(nid, 0) + 1
+            out.append(nid)
+        return out
+
     def checkpoint_node(self, sid: str) -> str | None:
         """The node that hibernated sandbox `sid` and holds its checkpoint (asked of every node)."""
         for view in self.nodes():

@@ -174,6 +174,8 @@ class Node:
         if name in ("sandbox_start", "sandbox_resume"):
             self._sandboxes.add(out["id"])
             self._hibernated.discard(out["id"])
+        elif name in ("sandbox_fork", "fork_from"):                 # live sandboxes restored here
+            self._sandboxes.update(c["id"] for c in out)
         elif name in ("sandbox_stop", "sandbox_hibernate"):     # not pinned any more
             self._sandboxes.discard(args[0])
             (self._hibernated.add if name == "sandbox_hibernate" else self._hibernated.discard)(args[0])

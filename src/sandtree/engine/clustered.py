@@ -32,7 +32,7 @@ import time
 import uuid
 
 from ..cluster import Fabric, NodeConfig, RelayedProcess
-from ..errors import NodeLost, NotFound
+from ..errors import NodeLost, NotFound, RuntimeUnavailable
 from ..runtime.validate import check_command, check_env
 from ..values import check_retries
 from .runs.spec import command_argv
@@ -133,6 +133,73 @@ class Dispatch:
                            "checkpoint stayed in that node's home (its upload to object storage failed)", sandbox=sid)
         return self.fabric.start_sandbox("sandbox_resume", (sid,), {}, self._layers(row[0]) if row else (),
                                          node=home)   # (None: any node; one shared home has it)
+
+    def sandbox_fork(self, sid: str, n: int = 1, **options) -> list[dict]:
+        """A live fork over the cluster: the checkpoint is taken on the source's node, which
+        restores the first child (no transfer) and keeps it as the fork image's live state, in
+        object storage (engine/sandboxes/livestates.py); the other children are placed by load
+        (Fabric.spread) and restored there from it (fork_from), so a fork of N spreads over the
+        nodes. A part that fails stops the children already started (the source runs on)."""
+        nid = self.fabric.sandbox_node(sid)
+        if nid is None:
+            lost = self._lost(sid)
+            if lost is not None:
+                raise NodeLost(f"sandbox {sid} ran on node {lost['node'][:12]}, which was lost ({lost['reason']})",
+                               node=lost["node"], sandbox=sid, reason=lost["reason"])
+            return self.local["sandbox_fork"](sid, n, **options)     # (its row answers: hibernated, stopped, none)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2 or not self.fabric.config.objects_url:
+            # one child, or no object storage (a shared home: the nodes' starts would read one disk)
+            children = self.fabric.call(nid, "sandbox_fork", (sid, n), options)
+            self._pin(children, nid)
+            return children
+        plan = self.fabric.spread(n - 1, first=nid)
+        here = 1 + plan.count(nid)
+        children = self.fabric.call(nid, "sandbox_fork", (sid, here), options)
+        self._pin(children, nid)
+        image = children[0]["forked_from"]["image"]
+        try:
+            kept = self.store.db.one("SELECT checkpoint FROM live_states WHERE image=?", (image,))
+            if kept is None or not kept[0]:
+                raise RuntimeUnavailable(f"the checkpoint of the fork of sandbox {sid} did not reach object storage "
+                                         "(its node's log says why), so no child can be restored on another node: "
+                                         f"fork it with n=1, or again", sandbox=sid)
+            for other in dict.fromkeys(x for x in plan if x != nid):
+                more = self.fabric.call(other, "fork_from", (image, plan.count(other)), options)
+                self._pin(more, other)
+                # (as the source's children say it: the fork, not the later start from its state)
+                children += [{**c, "forked_from": children[0]["forked_from"]} for c in more]
+        except BaseException:
+            self._stop_all(children)
+            raise
+        return children
+
+    def fork_from(self, ref: str, n: int = 1, **options) -> list[dict]:
+        """Live sandboxes from an image's live state, placed by load (any node fetches the state
+        from object storage; without it the nodes share one home)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return self.fabric.call(self.fabric.pick(), "fork_from", (ref, n), options)   # (its error)
+        plan = self.fabric.spread(n)
+        out: list[dict] = []
+        try:
+            for nid in dict.fromkeys(plan):
+                more = self.fabric.call(nid, "fork_from", (ref, plan.count(nid)), options)
+                self._pin(more, nid)
+                out += more
+        except BaseException:
+            self._stop_all(out)
+            raise
+        return out
+
+    def _pin(self, infos: list[dict], nid: str) -> None:
+        for c in infos:                          # (started by a call of their own, not start_sandbox)
+            self.fabric.pin(c["id"], nid)
+
+    def _stop_all(self, infos: list[dict]) -> None:
+        for c in infos:
+            try:
+                self.pinned("sandbox_stop")(c["id"])
+            except Exception as exc:            # noqa: BLE001 - its node went too: its deadline ends it
+                log.warning("live fork: sandbox %s not stopped after a failed part: %s", c["id"], exc)
 
     def pinned(self, name: str):
         def call(sid: str, *args, **kwargs):
@@ -251,8 +318,9 @@ def attach(engine, address: str, *, warm: int, tier: str) -> Fabric:
     d = Dispatch(engine.store, engine.resolve, fabric, lambda: engine.operations.instances)
     fabric.on_lost = d.mark_lost
     d.local_run_operation = engine.run_operation
-    d.local = {name: getattr(engine, name) for name in PINNED}      # this process's own, answered from rows
-    for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_list", "pool_create", "pool_and_wait",
+    d.local = {name: getattr(engine, name) for name in PINNED + ("sandbox_fork",)}   # this process's own, from rows
+    for name in ("run_operation", "sandbox_start", "sandbox_resume", "sandbox_fork", "fork_from", "sandbox_list",
+                 "pool_create", "pool_and_wait",
                  "pool_wait", "pool_list", "pool_remove", "cluster_status"):
         setattr(engine, name, getattr(d, name))
     for name in PINNED:

@@ -280,6 +280,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_hibernate = through("sandboxes", "hibernate")
     sandbox_resume = through("sandboxes", "resume")
     sandbox_fork = through("sandboxes", "fork_live")
+    fork_from = through("sandboxes", "fork_from")
     sandbox_info = through("sandboxes", "info")
     sandbox_list = through("sandboxes", "list")
     sandbox_read = through("sandboxes", "read")
@@ -422,7 +423,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         row = self.store.image(image)
         return {"id": image, "tags": sorted(self.store.tags(image)), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
-                "annotations": shown_annotations(self.store.db, image)}
+                "annotations": shown_annotations(self.store.db, image),
+                "live": self.store.db.one("SELECT 1 FROM live_states WHERE image=?", (image,)) is not None}
 
     def branch_head(self, name: str) -> str:
         return refs.head(self.store, name)
@@ -438,6 +440,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                                                        grace)
         out["removed_lock_files"] = self.sandboxes.sweep_locks()   # of ended sandboxes
         out["removed_fork_checkpoints"] = self.sandboxes.sweep_forks()     # of forks whose engine was killed
+        out["removed_live_states"] = len(self.sandboxes.sweep_live_states())   # of removed images, or old
         return out
 
     def remove_image(self, image: str, *, force: bool = False) -> None:

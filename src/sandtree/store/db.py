@@ -75,6 +75,11 @@ CREATE TABLE IF NOT EXISTS sandboxes(   -- live sandboxes (sandboxes.py); handle
     id TEXT PRIMARY KEY, image TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL,
     spec TEXT NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, idle_timeout REAL,
     expires REAL NOT NULL, head TEXT);
+-- Live states (engine/sandboxes/livestates.py): the checkpoint a live fork or a hibernation took, kept with its
+-- image (the commit taken at the same instant) so fork_from(image) starts live sandboxes from it. spec: what the
+-- children are made of (the source's env, limits, tier); checkpoint: its S3 object's sha256 and size, or NULL.
+CREATE TABLE IF NOT EXISTS live_states(image TEXT PRIMARY KEY, source TEXT NOT NULL, spec TEXT NOT NULL,
+    checkpoint TEXT, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS sandbox_ports(   -- exposed ports of live sandboxes (engine/sandboxes/ports.py)
     sandbox TEXT NOT NULL, port INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY(sandbox, port));
 -- Tenants (tenants.py): tokens are stored as sha256 of their random secret, never the secret.

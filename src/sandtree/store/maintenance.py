@@ -22,7 +22,7 @@ from .store import Store
 
 # Untagged images younger than GC_RETENTION seconds are kept; anything younger than GC_GRACE is
 # never judged (a commit may be publishing it). The numbers live with every other default.
-from ..defaults import EPHEMERAL_TTL, GC_GRACE, GC_RETENTION  # noqa: E402,F401
+from ..defaults import EPHEMERAL_TTL, GC_GRACE, GC_RETENTION, LIVE_STATE_RETENTION  # noqa: E402,F401
 
 def reachable(store: Store, roots, problems: list | None = None) -> tuple[set[str], set[str]]:
     """(tree hashes, blob digests) reachable from the given root trees."""
@@ -180,6 +180,10 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         con.execute("DELETE FROM build_cache_by WHERE image NOT IN (SELECT id FROM images)")
         # annotations of collected images (engine/images/annotations.py): the same content made again starts bare
         con.execute("DELETE FROM annotations_by WHERE image NOT IN (SELECT id FROM images)")
+        # live states (engine/sandboxes/livestates.py) of removed images, and old ones: they hold a sandbox's
+        # memory (their files: the engine's sweep_live_states; their objects: remote_gc)
+        con.execute("DELETE FROM live_states WHERE image NOT IN (SELECT id FROM images) OR created < ?",
+                    (now - LIVE_STATE_RETENTION,))
         ephemeral.forget(con)
         store.forget_images()
         trees, blobs = reachable(store, keep)
@@ -219,10 +223,12 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
 def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, grace: float, retention: float) -> int:
     """S3 objects: layers no kept image names (and their layer_objects rows), blobs nothing
     reaches, checkpoints (checkpoints/<sandbox>.tar, store/checkpoints.py) of sandboxes not
-    hibernated now (stopped, resumed, gone); each only once older than the grace (an upload in
+    hibernated now (stopped, resumed, gone), live states (live/<image>.tar) no live_states row names
+    (engine/sandboxes/livestates.py); each only once older than the grace (an upload in
     flight has no row yet). Layers of images another node is committing right now are younger
     than the grace too."""
     hibernated = {r[0] for r in store.db.query("SELECT id FROM sandboxes WHERE state='hibernated'")}
+    live = {r[0] for r in store.db.query("SELECT image FROM live_states")}
     doomed = []
     for key, _size, modified in store.objects.keys():
         kind, _, name = key.partition("/")
@@ -233,6 +239,8 @@ def remote_gc(store: Store, used_layers: set[str], blobs: set[str], now: float, 
         elif kind == "blobs" and name not in blobs and now - modified >= max(grace, retention):
             doomed.append(key)
         elif kind == "checkpoints" and name.removesuffix(".tar") not in hibernated:
+            doomed.append(key)
+        elif kind == "live" and name.removesuffix(".tar") not in live:
             doomed.append(key)
     store.objects.delete(doomed)
     gone = sorted({_layer_of(k[len("layers/"):]) for k in doomed if k.startswith("layers/")})

@@ -104,6 +104,11 @@ class S3Objects:
         resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.prefix + key)
         return VerifiedStream(resp["Body"], key, digest, size, self._errors, self.url)
 
+    def copy(self, src: str, dst: str) -> None:
+        """Object `src` copied to `dst` in the bucket (server-side: nothing is downloaded)."""
+        self._call(self.client.copy, {"Bucket": self.bucket, "Key": self.prefix + src}, self.bucket,
+                   self.prefix + dst, Config=self.transfer)
+
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)

@@ -166,6 +166,22 @@ def sandbox_fork(sid: str, n: int = 1, *, idle_timeout: float | None = None, lif
     idle_timeout, lifetime, idle_action, labels: each child's (default: the source's; lifetime: what it has left)
     memory, cpus, pids, timeout: each child's limits (default: the source's)"""
 
+@via("cli", Cli("sandbox fork-from", short={"n": "-n"}, show="states"))
+@op("run", images=("ref",), audit="fork from", http=Http(_P, "/images/{ref:path}/fork", name="fork_from", status=201, body=("n", "idle_timeout", "lifetime", "idle_action", "labels", "memory", "cpus", "pids", "timeout"), model="ForkFromIn", types={"idle_action": 'Literal["stop", "hibernate"] | None', "labels": "dict[str, str] | None", "memory": "int | str | None", "cpus": "float | None", "pids": "int | None", "timeout": "float | None", "idle_timeout": "float | None", "lifetime": "float | None"}, bounds={"n": {"ge": 1, "le": D.LIVE_FORK_MAX}}, describe={"n": "how many sandboxes", "idle_timeout": "each one's (default: the source's)", "lifetime": "each one's seconds to live (default: the source's)", "idle_action": "each one's (default: the source's)", "labels": "each one's labels (default: the source's)"}))
+@via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "n", "idle_timeout", "lifetime"),
+                doc="""Start live sandboxes from an image's live state: the image a sandbox_fork or a hibernation
+        committed keeps its processes' checkpoint, so n new live sandboxes go on from that moment (memory,
+        processes, shell session), as often as wanted: explore the tree of live states like the tree of images.
+        image_info and lineage_tree say which images have one ("live": true). Returns the sandboxes."""))
+def fork_from(ref: str, n: int = 1, *, idle_timeout: float | None = None, lifetime: float | None = None,
+              idle_action: str | None = None, labels: dict | None = None, memory: int | str | None = None,
+              cpus: float | None = None, pids: int | None = None, timeout: float | None = None) -> list[dict]:
+    """N live sandboxes that go on from an image's live state: the processes, memory and files of the
+    sandbox whose live fork or hibernation committed it (image_info's "live": true), at that moment.
+    n: how many sandboxes (each restored from the kept checkpoint)
+    idle_timeout, lifetime, idle_action, labels: each one's (default: the source sandbox's)
+    memory, cpus, pids, timeout: each one's limits (default: the source sandbox's)"""
+
 @via("cli", Cli("sandbox info"))
 @op("list", http=Http(_G, "/sandboxes/{sid}", name="get_sandbox"))
 @via("mcp", Off("sandbox_list shows each sandbox's state"))

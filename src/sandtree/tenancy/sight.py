@@ -132,8 +132,11 @@ class TenantSight:
         heads: dict[str, list[str]] = {}
         for name, image in self._branch_names().items():
             heads.setdefault(image, []).append(name)
+        # the live states it may start (fork_from): those of its own images
+        live = {r[0] for r in self.db.query("SELECT image FROM live_states WHERE image IN "
+                                            "(SELECT image FROM tenant_images WHERE tenant=?)", (self.tenant.name,))}
         return Visible(self._visible_set(), self._op_visible, self._names(), heads,
-                       lambda image: self.engine.annotations_as(self.tenant.name, image))
+                       lambda image: self.engine.annotations_as(self.tenant.name, image), live)
 
     # ---- things of its own --------------------------------------------------------------------
     def _own_blob(self, kind: str, ident) -> str:

@@ -157,7 +157,8 @@ class TenantView(TenantSight):
         row = self.engine.store.image(image)
         return {"id": image, "tags": self._names().get(image, []), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
-                "annotations": self.engine.annotations_as(self.tenant.name, image)}     # its own, else the sharer's
+                "annotations": self.engine.annotations_as(self.tenant.name, image),     # its own, else the sharer's
+                "live": self._owns(image) and bool(self.db.one("SELECT 1 FROM live_states WHERE image=?", (image,)))}
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
         refs.check_branch(name)
@@ -297,6 +298,31 @@ class TenantView(TenantSight):
         self._own(image)
         self._audit("sandbox fork", image=image, detail={"sandbox": full, "children": [c["id"] for c in children]})
         return children
+
+    def fork_from(self, ref: str, n: int = 1, **options) -> list[dict]:
+        # rule: the image (its live state: the processes' memory of a sandbox of the tenant) must be its
+        # own, not only visible (a shared image's state is its owner's); max_sandboxes counts the children;
+        # their limits within the tenant's
+        image = self.resolve(ref)
+        if not self._owns(image):
+            raise ImageNotFound(f"no image {ref!r}", image=ref)
+        given = {k: v for k, v in options.items() if v is not None}
+        given = capped(self.tenant.limits, self.engine.default_limits, given, tuple(given))
+        cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
+        with self.tenancy.tenant_lock(self.tenant.name):
+            have = len(self.sandbox_list())
+            if isinstance(n, int) and not isinstance(n, bool) and have + n > cap:
+                raise LimitExceeded(f"this tenant has {have} live sandbox(es) and may have {cap} (max_sandboxes): "
+                                    f"{n} more would pass it", limit="max_sandboxes", max=cap)
+            children = self.engine.fork_from(image, n, **given)
+            for c in children:
+                self._keep_blob("sandbox", c["id"])
+        self._audit("fork from", image=image, detail={"children": [c["id"] for c in children]})
+        return children
+
+    def _owns(self, image: str) -> bool:
+        return self.tenant.admin or self.db.one("SELECT 1 FROM tenant_images WHERE tenant=? AND image=?",
+                           (self.tenant.name, image)) is not None
 
     def sandbox_commit(self, sid: str, *, tag: str | None = None) -> str:
         # rule: naming the commit takes the tag scope too; the image and its tag are the tenant's

@@ -32,7 +32,8 @@ children have none. gVisor cannot checkpoint a sandbox in a link (gvisor_live.py
 
 The checkpoint is written to a tmpfs of its own (fork_dir), not the home's disk: the dump is a
 memory copy and the children's restores read it from memory (its pages are shared only while
-they are being read; each child's memory is its own). It is removed once the children run.
+they are being read; each child's memory is its own). Once the children run it is kept with the
+fork's image (livestates.py: fork_from starts that state again later, on any node with S3).
 
 What this kernel does not give (measured, docs/design.md "Forking a live sandbox"): soft-dirty
 page tracking (criu check: "Dirty tracking is OFF"), so no iterative pre-dump: the source stalls
@@ -54,7 +55,8 @@ from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints
 from ...values import check_labels
 from ..runs.spec import check_duration
-from .network import joined
+from .livestates import TRANSIENT
+from .network import LATER, joined
 
 log = logging.getLogger("sandtree.engine")
 
@@ -83,10 +85,21 @@ class SandboxForking:
         try:
             images = self._fork_dir()
             row, image, stall = self._checkpoint_running(row, images, cids, links)
-            return self._restore_children(row, image, images, cids, child, stall, links)
+            source = {"sid": sid, "spec": row["spec"], "tier": h.tier, "idle_timeout": row["idle_timeout"],
+                      "remaining": max(1.0, row["expires"] - time.time())}
+            forked_from = {"sandbox": sid, "image": image, "stall_ms": round(stall * 1000, 2)}
+            children = self._restore_children(source, image, images, cids, child, forked_from, links)
         except BaseException:
             self.release_fork_links(links)      # (those of children stopped meanwhile: already gone)
             raise
+        else:
+            # the fork's image can be started live again later (livestates.py): its checkpoint kept
+            # with it, moved when the fork dir is on the home's filesystem, else copied from memory;
+            # not a networked source's (a child needs a link of its own, which fork_from has none of)
+            if not joined(row["spec"]) and not row["spec"].get(LATER):
+                moved = os.stat(images).st_dev == os.stat(os.path.dirname(self._live_dir(image))).st_dev
+                self.keep_live_state(image, images, sid, row["spec"], row["idle_timeout"], h.tier, move=moved)
+            return children
         finally:
             for link in links.values():
                 link.close()                    # (the restored processes hold their namespaces)
@@ -201,13 +214,16 @@ class SandboxForking:
         return row, image, stall
 
     # ---- the children --------------------------------------------------------------------------------
-    def _restore_children(self, row: dict, image: str, images: str, cids: list[str], child: dict, stall: float,
-                          links: dict) -> list[dict]:
-        sid, spec0 = row["id"], row["spec"]
+    def _restore_children(self, source: dict, image: str, images: str, cids: list[str], child: dict,
+                          forked_from: dict, links: dict | None = None) -> list[dict]:
+        """Sandboxes `cids` restored from checkpoint `images` on `image`. source: {"sid", "spec" (its
+        row's), "tier", "idle_timeout", "remaining" (seconds of lifetime a child has unless given)}.
+        links: a networked source's children's (cid -> Link), each restored into its own."""
+        sid, spec0 = source["sid"], source["spec"]
+        links = links or {}
         layers = self.store.image(image).layers
-        remaining = max(1.0, row["expires"] - time.time())
-        lifetime = child["lifetime"] if child["lifetime"] is not None else remaining
-        idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else row["idle_timeout"]
+        lifetime = child["lifetime"] if child["lifetime"] is not None else source["remaining"]
+        idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else source["idle_timeout"]
         made: list[str] = []
         try:
             for cid in cids:
@@ -215,12 +231,11 @@ class SandboxForking:
                                env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
                 link = links.get(cid)
                 spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
-                handle = self.live.start(spec, lifetime, restore=images, tier=row["handle"].tier)
-                record = {k: v for k, v in spec0.items()
-                          if k not in ("hibernating", "retiring", "checkpoint", "remaining", "link_key")}
+                handle = self.live.start(spec, lifetime, restore=images, tier=source["tier"])
+                record = {k: v for k, v in spec0.items() if k not in TRANSIENT + ("idle_timeout",)}
                 record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
                                "idle_action": child["idle_action"], "tier": handle.tier,
-                               "forked_from": {"sandbox": sid, "image": image, "stall_ms": round(stall * 1000, 2)}})
+                               "forked_from": forked_from})
                 if child["labels"]:
                     record["labels"] = child["labels"]
                 else:

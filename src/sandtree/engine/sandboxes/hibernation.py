@@ -6,7 +6,10 @@ brought back where it was.
 With S3 objects the checkpoint directory is also uploaded (store/checkpoints.py) before
 the row says `hibernated`, its sha256 and size in the row's spec ("checkpoint"): any node of the
 store resumes it, fetching and verifying the checkpoint when its home lacks it. A failed upload
-leaves it hibernated on this node alone (nothing is lost; the row has no "checkpoint")."""
+leaves it hibernated on this node alone (nothing is lost; the row has no "checkpoint").
+
+Once resumed, the checkpoint is kept with the hibernation's image as a live state (livestates.py):
+fork_from(image) starts that moment again; gc removes it."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ...errors import Conflict, RuntimeUnavailable, SandtreeError
 from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints, durable
 from ...store.db import dumps
-from .network import joined
+from .network import LATER, joined
 
 log = logging.getLogger("sandtree.engine")
 
@@ -155,6 +158,17 @@ class SandboxHibernation:
             except SandtreeError as exc:
                 log.warning("sandbox %s: checkpoint object not deleted (%s); gc will", sid, exc)
 
+    def _keep_or_drop(self, sid: str, row: dict, base: str) -> None:
+        """A resumed sandbox's checkpoint: kept as its image's live state (livestates.py: fork_from
+        starts that moment again), unless the sandbox has a network policy or serves a live run
+        (whose children could not be restored: forking.py); then dropped (its object too)."""
+        spec0 = row["spec"]
+        if not (joined(spec0) or spec0.get(LATER) or spec0.get("run") or spec0.get("volumes")):
+            uploaded = spec0.get("checkpoint") if self.store.objects is not None else None
+            self.keep_live_state(base, self._checkpoint_dir(sid), sid, spec0, row["idle_timeout"],
+                                 row["handle"].tier, move=True, uploaded=uploaded)
+        self._drop_checkpoint(sid, spec0)
+
     def _set_spec(self, sid: str, spec: dict) -> None:
         with self.store.db.tx() as con:
             con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(spec), sid))
@@ -214,7 +228,7 @@ class SandboxHibernation:
             except BaseException:
                 self.live.stop(handle)
                 raise
-            self._drop_checkpoint(sid, spec0)
+            self._keep_or_drop(sid, row, base)
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
             self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
         self._reattach(sid)

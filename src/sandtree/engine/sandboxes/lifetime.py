@@ -1,5 +1,5 @@
 """When live sandboxes end (a mixin of sandboxes.Sandboxes, which provides store, live, default_tier,
-_row, _running, _touched, _commit_lock, _set_spec, _retire, retiring, sweep_checkpoints and info): idle timeouts and lifetimes,
+_row, _running, _touched, _commit_lock, _set_spec, _retire, retiring, sweep_checkpoints, sweep_live_states and info): idle timeouts and lifetimes,
 the reaper
 that enforces them, and set_timeout, which moves a sandbox's end (its helper re-reads the
 deadline the engine writes: runtime/live.py retime)."""
@@ -120,6 +120,7 @@ class SandboxLifetime:
         self.sweep_forks()                          # checkpoints a killed fork left (they hold memory)
         if self.store.objects is not None:
             self.sweep_checkpoints()                # copies left here by sandboxes resumed elsewhere
+            self.sweep_live_states()                # live states gc dropped (livestates.py), fetched here
         return done
 
     def _reap_ahead(self, now: float) -> None:

@@ -47,6 +47,7 @@ from .files import SandboxFiles
 from .watches import SandboxWatches
 from .hibernation import SandboxHibernation
 from .forking import SandboxForking
+from .livestates import SandboxLiveStates
 from .lifetime import SandboxLifetime
 from .metrics import SandboxMetrics
 from .network import SandboxNetwork
@@ -63,8 +64,8 @@ STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ah
 ENDED = ("stopped", "expired", "gone")      # states a sandbox never leaves
 
 
-class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking, SandboxLifetime, SandboxMetrics,
-                SandboxNetwork):
+class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking, SandboxLiveStates, SandboxLifetime,
+                SandboxMetrics, SandboxNetwork):
     def __init__(self, store: Store, specs: RunSpecs, records: Records, committer: Committer,
                  live: LiveTier, resolve, default_tier, ahead_starts: bool = False):
         self.store, self.specs, self.records, self.committer, self.live = store, specs, records, committer, live

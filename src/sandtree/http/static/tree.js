@@ -5,7 +5,8 @@
 // command, exit code and duration and coloured pass/fail; runs of 3+ unnamed single-child images
 // collapse into one "N steps" pill (click to open); a `+` on a node loads its subtree (lazy);
 // a merge's second parent gets a dashed edge to the merged image; wheel zooms, drag pans.
-// A node shows its score and numeric annotations (the tree's `score`, `metrics`). Filters (exit
+// A node shows its score and numeric annotations (the tree's `score`, `metrics`), and "▶ live" when
+// fork_from can start sandboxes from its live state (the tree's `live`). Filters (exit
 // status, tag, command text) keep the matching images and the way to them. Shift+click (or the
 // "compare" button, then two clicks) picks two images to diff. Zoomed out, the edge labels give
 // way to one label per node at a readable size (some give way where rows are too close), and past
@@ -40,7 +41,7 @@ function commandText(c) { return Array.isArray(c) ? c.join(" ") : (c === null ||
 function adopt(data, parent) {
   const mk = (d, p) => ({image: d.image, short: d.short || d.image.slice(0, 12), names: d.names || [], op: d.op,
     command: commandText(d.command), exit_code: d.exit_code, seconds: d.seconds, repeat: !!d.repeat,
-    more: !!d.more, cut: !!d.cut, score: d.score, metrics: d.metrics || {}, kids: [], parent: p});
+    more: !!d.more, cut: !!d.cut, live: !!d.live, score: d.score, metrics: d.metrics || {}, kids: [], parent: p});
   const top = mk(data, parent);
   const stack = [[data, top]];
   let count = 1;
@@ -189,6 +190,10 @@ function render() {
       g.append(svgEl("text", {x: 8, y: 15, class: "short"}, n.short));
       g.append(svgEl("text", {x: 8, y: 29, class: "names"}, cut(n.names.join(" "), 24)));
       if (metrics) g.append(svgEl("text", {x: 8, y: NODE_H + 10, class: "metrics"}, cut(metrics, 28)));
+      if (n.live) {     // a live state: fork_from starts sandboxes that go on from its processes
+        g.classList.add("live");
+        g.append(svgEl("text", {x: NODE_W - 6, y: 29, class: "live", "text-anchor": "end", "data-live": "1"}, "▶ live"));
+      }
       if (n.score !== undefined && n.score !== null) {
         g.append(svgEl("text", {x: NODE_W - 6, y: 15, class: "score " + (n.score > 0 ? "pos" : n.score < 0 ? "neg" : "zero"),
           "text-anchor": "end", "data-score": n.score}, "★" + fmtScore(n.score)));
@@ -435,6 +440,7 @@ function initTreeEvents() {
     if (t.dataset.to !== undefined) tip.textContent = commandText(d.edge.command);
     else tip.textContent = d.n ? d.n.image + (d.n.names.length ? "\n" + d.n.names.join("\n") : "")
       + (d.n.score !== undefined && d.n.score !== null ? "\nscore " + fmtScore(d.n.score) : "")
+      + (d.n.live ? "\nlive: fork_from starts its processes again" : "")
       + (Object.keys(d.n.metrics).length ? "\n" + metricsText(d.n) : "") : "";
   });
   svg.addEventListener("wheel", (ev) => {
