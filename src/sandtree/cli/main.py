@@ -11,23 +11,31 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import sys
 
-from . import admin, branching, build, derive, evaluation, exits, exploration, images, inspection, processes, runs, \
-    sandboxes, secrets
+from . import exits
 from .. import config
 from ..errors import DiskFull, SandtreeError
 from .usage import Parser
 
-# The verbs in the order `sandtree --help` lists them (kept from before the split by group).
-GROUPS = (images.add_image, build.add_build, evaluation.add_eval, runs.add_run, sandboxes.add_sandboxes,
-          processes.add_processes, inspection.add_inspection, admin.add_store_checks, branching.add_branching,
-          runs.add_fork, branching.add_bundle, images.add_registry, admin.add_services, secrets.add_secrets,
-          inspection.add_op, exploration.add_exploration)
+# The verbs in the order `sandtree --help` lists them (kept from before the split by group), as "module.function"
+# of sandtree.cli: a command line imports only its own verb's modules (lazy.py).
+GROUPS = ("images.add_image", "build.add_build", "evaluation.add_eval", "runs.add_run", "sandboxes.add_sandboxes",
+          "processes.add_processes", "inspection.add_inspection", "admin.add_store_checks", "branching.add_branching",
+          "runs.add_fork", "branching.add_bundle", "images.add_registry", "admin.add_services", "secrets.add_secrets",
+          "inspection.add_op", "exploration.add_exploration")
+REST = "derive.add_rest"            # the rows' verbs not placed by GROUPS (a new row's, with no edit here)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def builder(name: str):
+    """GROUPS' "module.function" (or REST) as the function."""
+    module, fn = name.rsplit(".", 1)
+    return getattr(importlib.import_module(f"{__package__}.{module}"), fn)
+
+
+def common_parser() -> argparse.ArgumentParser:
     # The common options are accepted before or after the subcommand; SUPPRESS keeps a
     # subcommand's unset default from overwriting a value given before it.
     common = argparse.ArgumentParser(add_help=False)
@@ -43,23 +51,33 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--cluster", default=argparse.SUPPRESS, metavar="ADDRESS",
                         help="send runs and live sandboxes to a Ray cluster's nodes: auto, HOST:PORT or "
                              "ray://HOST:PORT (default $SANDTREE_CLUSTER, else none: this process runs them)")
+    return common
 
+
+def top_parser(common):
+    """The `sandtree` parser with no verb yet: (it, its subparsers action)."""
     p = Parser(prog="sandtree", parents=[common],
                                 description="Sandboxes for AI agents with git-like images.")
-    sub = p.add_subparsers(dest="command", required=True)
-    for add in GROUPS:
-        add(sub, common)
-    derive.add_rest(sub, common)          # the rows' verbs not placed above (a new row's, with no edit here)
+    return p, p.add_subparsers(dest="command", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole parser, every verb built (the tests', and a command line the verb index cannot place: lazy.py)."""
+    common = common_parser()
+    p, sub = top_parser(common)
+    for name in GROUPS + (REST,):
+        builder(name)(sub, common)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from .lazy import parser_for           # (lazy.py builds on this module's parsers)
     argv = list(sys.argv[1:] if argv is None else argv)
     tail = None
     if "--" in argv:                       # everything after -- is the command, options included
         i = argv.index("--")
         argv, tail = argv[:i], argv[i + 1:]
+    parser = parser_for(argv)              # only the verb given is built (start-up time), the others named
     args = parser.parse_args(argv)
     args.json = getattr(args, "json", False)
     args.home = getattr(args, "home", None)
