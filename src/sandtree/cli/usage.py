@@ -5,7 +5,6 @@ argparse makes a verb's parser of its parent's class."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
 
@@ -19,6 +18,7 @@ _VERB = "_sandtree_verb_parser"      # the innermost parser that parsed the comm
 
 def nearest(word: str, choices) -> str | None:
     """The closest of choices to a mistyped word, or None when nothing is close."""
+    import difflib                       # only on a wrong command line (start-up time)
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 
