@@ -7,13 +7,11 @@ a verb it does not know of) gets the whole parser, as before."""
 
 from __future__ import annotations
 
-import sys
+import importlib
 
-from . import main as _main_module      # noqa: F401 (the package's `main` attribute is the function)
+__all__ = ["compute_index", "parser_for", "verb_of_argv", "write_index"]
 
-__all__ = ["compute_index", "parser_for", "verb_of_argv"]
-
-_M = sys.modules[f"{__package__}.main"]
+_M = importlib.import_module(f"{__package__}.main")     # (sandtree.cli.main is also the function's name)
 # The common options that take a value (main.common_parser): the token after them is not the verb.
 _VALUED = ("--home", "--database", "--objects", "--cluster")
 _FLAGS = ("--json",)
