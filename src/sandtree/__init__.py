@@ -8,6 +8,7 @@
 
 import importlib
 
+from .defaults import Limits
 from .errors import (BadArchive, BuildFailed, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
                      LimitExceeded, MergeConflict, Ended, NotFound, NotReady, NotRegularFile, PathEscape, PathNotFound,
                      RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,
@@ -18,7 +19,7 @@ from .errors import (BadArchive, BuildFailed, CommandNotFound, Conflict, DiskFul
 _LAZY = {name: "client.sdk" for name in ("Sandtree", "connect")}
 _LAZY.update({name: "client.objects" for name in ("Image", "RunResult", "Branch", "MergeResult", "Sandbox", "SandboxProcess",
                                                     "best_of")})
-_LAZY.update({"Limits": "defaults", "ImageConfig": "store.imageconfig", "RecipeBuilder": "recipe.builder", "Recipe": "recipe.steps"})
+_LAZY.update({"ImageConfig": "store.imageconfig", "RecipeBuilder": "recipe.builder", "Recipe": "recipe.steps"})
 _LAZY.update({name: "client.aio" for name in ("AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch",
                                               "AsyncSandbox")})
 

@@ -1,25 +1,23 @@
 """The parser of one command line, built for its verb alone: start-up time. Importing every verb's module and
 building ~100 verbs' parsers costs several times the interpreter's own start, and a command line uses one verb. The
-top-level parser still names every verb (its usage, `sandtree --help`, "did you mean" for a mistyped verb), from the
-verb index (verbindex.py, generated from the whole parser by `python -m sandtree.cli.lazy`; the conformance test
-holds it to the whole parser). A command line the index cannot place (an abbreviated common option before the verb,
-a verb it does not know of) gets the whole parser, as before."""
+top parser still names every verb, in order and with its help line (its usage, `sandtree --help`, "did you mean"
+for a mistyped verb), from the verb index (verbindex.py, written from the whole parser by scripts/verbindex.py; the
+conformance test holds it and this parser to the whole parser). A command line the index cannot place (an
+abbreviated common option before the verb) gets the whole parser, as before."""
 
 from __future__ import annotations
 
-import importlib
+from . import parser as whole, verbindex
 
-__all__ = ["compute_index", "parser_for", "verb_of_argv", "write_index"]
+__all__ = ["parser_for", "verb_of_argv"]
 
-_M = importlib.import_module(f"{__package__}.main")     # (sandtree.cli.main is also the function's name)
-# The common options that take a value (main.common_parser): the token after them is not the verb.
+# The common options that take a value (parser.common_parser): the token after them is not the verb.
 _VALUED = ("--home", "--database", "--objects", "--cluster")
-_FLAGS = ("--json",)
 
 
 def verb_of_argv(argv: list[str]) -> str | None:
-    """The verb of a command line as argparse would find it, "" when none is given or -h comes first (the top
-    parser answers: every verb named is enough), None when unsure (the whole parser answers)."""
+    """The verb of a command line as argparse finds it; "" when none is given or -h comes first (the top parser
+    answers: naming every verb is enough); None when unsure (the whole parser answers)."""
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -29,95 +27,36 @@ def verb_of_argv(argv: list[str]) -> str | None:
             return ""
         if a in _VALUED:
             i += 2
-            continue
-        if a in _FLAGS or a.split("=", 1)[0] in _VALUED and "=" in a:
+        elif a == "--json" or a.split("=", 1)[0] in _VALUED and "=" in a:
             i += 1
-            continue
-        return None                   # an abbreviation, a mistyped option: argparse's own answer
+        else:
+            return None                   # an abbreviation or a mistyped option: argparse's own answer
     return ""
 
 
-def _shape(parser) -> dict:
-    """Verb -> every path of words under it (a builder's mark on a verb: the paths it adds)."""
-    def paths(p, prefix):
-        out = {prefix}
-        for a in p._actions:
-            if isinstance(a.choices, dict) and a.option_strings == []:
-                for w, q in a.choices.items():
-                    out |= paths(q, prefix + (w,))
-        return out
-    sub = _subparsers(parser)
-    return {w: frozenset(paths(q, (w,))) for w, q in sub.choices.items()}
-
-
-def _subparsers(parser):
-    return next(a for a in parser._actions if isinstance(a.choices, dict) and not a.option_strings)
-
-
-def compute_index() -> tuple:
-    """(VERBS, LISTED) of the whole parser: VERBS: each verb in the parser's order with the builders (main.GROUPS
-    and main.REST) that add to it, in their order; LISTED: the verbs `sandtree --help` lists, (name, help)."""
-    common = _M.common_parser()
-    p, sub = _M.top_parser(common)
-    builders: dict[str, list[str]] = {}
-    before: dict = {}
-    for name in _M.GROUPS + (_M.REST,):
-        _M.builder(name)(sub, common)
-        now = _shape(p)
-        for verb, paths in now.items():
-            if before.get(verb) != paths:
-                builders.setdefault(verb, []).append(name)
-        before = now
-    verbs = tuple((v, tuple(builders[v])) for v in sub.choices)
-    listed = tuple((a.dest, a.help) for a in sub._choices_actions)
-    assert all(a.metavar is None or a.metavar == a.dest for a in sub._choices_actions)   # no aliases
-    return verbs, listed
-
-
 def parser_for(argv: list[str]):
-    """The parser for this command line: the given verb's builders run, the other verbs only named."""
-    from . import verbindex
+    """The parser for this command line: the given verb's builders run, every other verb only named (a parser
+    with nothing in it, never reached: the command line's verb is another)."""
     verb = verb_of_argv(argv)
     index = dict(verbindex.VERBS)
-    if verb is None or (verb and verb not in index):
-        return _M.build_parser()
-    common = _M.common_parser()
-    p, sub = _M.top_parser(common)
-    if verb:
-        for name in index[verb]:
-            if name == _M.REST:
-                _rest(sub, common, verb)
-            else:
-                _M.builder(name)(sub, common)
-    # every verb named, in the whole parser's order and with its --help line; the ones not built are never parsed
-    # (the command line's verb is built), hence no parser
-    built = dict(sub.choices)
-    sub.choices.clear()
-    sub.choices.update({v: built.get(v) for v in index})
-    sub._choices_actions[:] = [sub._ChoicesPseudoAction(v, (), h) for v, h in verbindex.LISTED]
+    if verb is None:
+        return whole.build_parser()
+    common = whole.common_parser()
+    p, sub = whole.top_parser(common)
+    builders = [b for b in whole.GROUPS + (whole.REST,) if whole.name_of(b) in index.get(verb, ())]
+    listed = dict(verbindex.LISTED)
+    for w, by in index.items():
+        if w in sub.choices:
+            continue
+        # a builder runs where the verbs it adds first appear (the rows' rest: only this verb's)
+        b = next((b for b in builders if whole.name_of(b) == by[0] and (b != whole.REST or w == verb)), None)
+        if b == whole.REST:
+            whole.builder(b)(sub, common, verb)
+        elif b is not None:
+            whole.builder(b)(sub, common)
+        else:
+            sub.add_parser(w, add_help=False, **({"help": listed[w]} if w in listed else {}))
+        builders = [x for x in builders if x != b]
+    for b in builders:                    # the ones adding no verb of their own (the rows' rest under a group)
+        whole.builder(b)(sub, common, verb) if b == whole.REST else whole.builder(b)(sub, common)
     return p
-
-
-def _rest(sub, common, verb: str) -> None:
-    """derive.add_rest for one verb: the rows not placed by GROUPS whose verb starts with it."""
-    from . import derive
-    done = sub.__dict__.setdefault("_sandtree_rows", set())
-    for r in derive.derived():
-        if derive._key(r) not in done and derive.verb_of(r)[0] == verb:
-            derive.make(sub, common, r)
-            done.add(derive._key(r))
-
-
-def write_index(path: str | None = None) -> None:
-    import os
-    import pprint
-    verbs, listed = compute_index()
-    path = path or os.path.join(os.path.dirname(__file__), "verbindex.py")
-    with open(path, "w") as f:
-        f.write('"""The verb index of `sandtree` (lazy.py): generated by `python -m sandtree.cli.lazy` from the whole '
-                'parser;\ntests/conformance/test_conformance_cli.py checks it is current. Do not edit."""\n\n'
-                f"VERBS = {pprint.pformat(verbs, width=116)}\n\nLISTED = {pprint.pformat(listed, width=116)}\n")
-
-
-if __name__ == "__main__":
-    write_index()

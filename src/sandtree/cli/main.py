@@ -1,7 +1,7 @@
 """The `sandtree` command: an adapter over the engine (human output by default, --json everywhere).
 The verbs of one operation each are made from the operation table's rows (derive.py); the others live by
-group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; here the parser is
-assembled and errors become exit statuses.
+group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; parser.py assembles the
+whole parser, lazy.py the part a command line needs; here errors become exit statuses.
 
 Exit status (the one table: exits.py): `run` and `exec` exit with the command's status (128+N for a signal,
 124 on timeout, 125 for a sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
@@ -9,69 +9,18 @@ Exit status (the one table: exits.py): `run` and `exec` exit with the command's 
 
 from __future__ import annotations
 
-import argparse
 import errno
-import importlib
 import json
 import sys
 
 from . import exits
 from .. import config
 from ..errors import DiskFull, SandtreeError
-from .usage import Parser
-
-# The verbs in the order `sandtree --help` lists them (kept from before the split by group), as "module.function"
-# of sandtree.cli: a command line imports only its own verb's modules (lazy.py).
-GROUPS = ("images.add_image", "build.add_build", "evaluation.add_eval", "runs.add_run", "sandboxes.add_sandboxes",
-          "processes.add_processes", "inspection.add_inspection", "admin.add_store_checks", "branching.add_branching",
-          "runs.add_fork", "branching.add_bundle", "images.add_registry", "admin.add_services", "secrets.add_secrets",
-          "inspection.add_op", "exploration.add_exploration")
-REST = "derive.add_rest"            # the rows' verbs not placed by GROUPS (a new row's, with no edit here)
-
-
-def builder(name: str):
-    """GROUPS' "module.function" (or REST) as the function."""
-    module, fn = name.rsplit(".", 1)
-    return getattr(importlib.import_module(f"{__package__}.{module}"), fn)
-
-
-def common_parser() -> argparse.ArgumentParser:
-    # The common options are accepted before or after the subcommand; SUPPRESS keeps a
-    # subcommand's unset default from overwriting a value given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    common.add_argument("--home", default=argparse.SUPPRESS,
-                        help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
-    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
-                        help="the store's metadata database: postgresql://... (default $SANDTREE_DATABASE_URL, "
-                             "else SQLite in the store directory)")
-    common.add_argument("--objects", default=argparse.SUPPRESS, metavar="URL",
-                        help="the store's objects in S3-compatible storage: s3://bucket/prefix (default "
-                             "$SANDTREE_OBJECTS_URL, else the store directory only; endpoint: $SANDTREE_S3_ENDPOINT)")
-    common.add_argument("--cluster", default=argparse.SUPPRESS, metavar="ADDRESS",
-                        help="send runs and live sandboxes to a Ray cluster's nodes: auto, HOST:PORT or "
-                             "ray://HOST:PORT (default $SANDTREE_CLUSTER, else none: this process runs them)")
-    return common
-
-
-def top_parser(common):
-    """The `sandtree` parser with no verb yet: (it, its subparsers action)."""
-    p = Parser(prog="sandtree", parents=[common],
-                                description="Sandboxes for AI agents with git-like images.")
-    return p, p.add_subparsers(dest="command", required=True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The whole parser, every verb built (the tests', and a command line the verb index cannot place: lazy.py)."""
-    common = common_parser()
-    p, sub = top_parser(common)
-    for name in GROUPS + (REST,):
-        builder(name)(sub, common)
-    return p
+from .lazy import parser_for
+from .parser import build_parser  # noqa: F401 - the whole parser, named here too (the tests', scripts')
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .lazy import parser_for           # (lazy.py builds on this module's parsers)
     argv = list(sys.argv[1:] if argv is None else argv)
     tail = None
     if "--" in argv:                       # everything after -- is the command, options included

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .. import defaults as D
 from ..errors import InvalidInput
 from . import exits, options
 from .output import open_engine, out
@@ -111,6 +112,5 @@ def add_run(sub, common) -> None:
 def add_fork(sub, common) -> None:
     x = sub.add_parser("fork", parents=[common], help="run several commands from one image concurrently")
     x.add_argument("image"); x.add_argument("--cmd", action="append", default=[])
-    from .. import defaults as D           # (here: `run` builds its parser without loading dataclasses)
     x.add_argument("--parallel", type=int, default=D.CLI_FORK_PARALLEL); x.add_argument("--timeout", type=float)
     x.set_defaults(fn=cmd_fork)

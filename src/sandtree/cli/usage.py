@@ -5,20 +5,22 @@ argparse makes a verb's parser of its parent's class."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 
 from . import exits
 from ..errors import InvalidInput
 
-__all__ = ["Parser", "nearest", "usage_error"]
+__all__ = ["PROG", "Parser", "nearest", "usage_error"]
+
+PROG = "sandtree"
 
 _VERB = "_sandtree_verb_parser"      # the innermost parser that parsed the command line (set once, innermost first)
 
 
 def nearest(word: str, choices) -> str | None:
     """The closest of choices to a mistyped word, or None when nothing is close."""
-    import difflib                       # only on a wrong command line (start-up time)
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 
@@ -32,6 +34,11 @@ class Parser(argparse.ArgumentParser):
             # a verb's parser: an unknown argument is its error (its usage shown), not the top parser's
             self.error(f"unrecognized arguments: {' '.join(extra)}")
         return ns, extra
+
+    def verbs(self) -> dict:
+        """Word -> parser of this parser's verbs (its subparsers' choices); {} for a verb's own parser."""
+        return {w: p for a in self._actions if isinstance(a.choices, dict) and not a.option_strings
+                for w, p in a.choices.items()}
 
     def _flags(self) -> list[str]:
         return [s for a in self._actions for s in a.option_strings]

@@ -41,10 +41,12 @@ def _load() -> None:
     """cryptography's modules, as this module's names, on the first CA: every engine (each `sandtree run`) loads
     this module, and importing them costs a good part of a run's start-up; only secrets and TLS links use them."""
     global x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    # not at the top: ~50 ms of every engine's start
+    import cryptography.hazmat.primitives.asymmetric.ec, cryptography.hazmat.primitives.serialization, \
+        cryptography.x509.oid
+    x509, ec = cryptography.x509, cryptography.hazmat.primitives.asymmetric.ec
+    hashes, serialization = cryptography.hazmat.primitives.hashes, cryptography.hazmat.primitives.serialization
+    ExtendedKeyUsageOID, NameOID = x509.oid.ExtendedKeyUsageOID, x509.oid.NameOID
 
 
 def placeholder(name: str) -> str:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 def _httpx():
     """httpx, imported on a registry's first use: the engine (every `sandtree run`) loads this module, and httpx
     costs more to import than the rest of a run's start-up."""
-    import httpx
+    import httpx                 # (not at the top: see above)
     return httpx
 
 MANIFEST_TYPES = ", ".join([
