@@ -50,13 +50,18 @@ def parser_for(argv: list[str]):
             continue
         # a builder runs where the verbs it adds first appear (the rows' rest: only this verb's)
         b = next((b for b in builders if whole.name_of(b) == by[0] and (b != whole.REST or w == verb)), None)
-        if b == whole.REST:
-            whole.builder(b)(sub, common, verb)
-        elif b is not None:
-            whole.builder(b)(sub, common)
-        else:
+        if b is None:
             sub.add_parser(w, add_help=False, **({"help": listed[w]} if w in listed else {}))
-        builders = [x for x in builders if x != b]
+        else:
+            _run(b, sub, common, verb)
+            builders.remove(b)
     for b in builders:                    # the ones adding no verb of their own (the rows' rest under a group)
-        whole.builder(b)(sub, common, verb) if b == whole.REST else whole.builder(b)(sub, common)
+        _run(b, sub, common, verb)
     return p
+
+
+def _run(b, sub, common, verb: str) -> None:
+    if b == whole.REST:
+        whole.builder(b)(sub, common, verb)       # the rows' rest: only this verb's
+    else:
+        whole.builder(b)(sub, common)
