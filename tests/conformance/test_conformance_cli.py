@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
+import os
 import re
 from dataclasses import replace
 
 import pytest
 
 from sandtree import errors, table
-from sandtree.cli import derive, exits, options
+from sandtree.cli import derive, exits, lazy, options, verbindex
 from sandtree.table import rows
 from sandtree.table.cli import Cli
 
 cli_main = importlib.import_module("sandtree.cli.main")     # sandtree.cli.main is also the function's name
+SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "scripts", "verbindex.py")
 
 
 # ---- reading the parser ---------------------------------------------------------------------------------------
@@ -183,7 +186,7 @@ def test_every_printer_a_row_names_exists():
 
 
 def test_run_flags_spell_every_run_option():
-    assert set(options.RUN_FLAGS) == set(table.RunOptions.names())
+    assert options.RUN_OPTIONS == tuple(options.RUN_FLAGS) == table.RunOptions.names()      # order too
 
 
 def test_a_cli_default_of_its_own_comes_from_defaults_py():
@@ -342,3 +345,70 @@ def test_self_test_a_class_missing_from_the_drawing_is_caught():
         pass
     assert drawn_tree("    Base\n    └── Child\n        └── Grandchild\n") == class_tree(Base)
     assert drawn_tree("    Base\n    ├── Child\n    └── Grandchild\n") != class_tree(Base)
+
+
+# ---- the parser of one command line (cli/lazy.py) ------------------------------------------------------------
+
+def _shape(p: argparse.ArgumentParser):
+    """What a parser accepts and says: its arguments (every attribute argparse acts on) and its defaults."""
+    def one(a):
+        choices = sorted(a.choices) if isinstance(a.choices, dict) else a.choices
+        return (type(a).__name__, a.option_strings, a.dest, a.nargs, a.const, repr(a.default), a.type, choices,
+                a.required, a.help, a.metavar)
+    return [one(a) for a in p._actions], p._defaults, p.format_usage(), p.format_help()
+
+
+def lazy_drift(whole: argparse.ArgumentParser) -> list[str]:
+    """Where the parser built for a command line (only its verb's builders run: lazy.parser_for) differs from the
+    whole parser: `sandtree --help` (every verb named, in order, with its help) and each verb's and group's parser
+    reached by its words."""
+    found = []
+    if _shape(lazy.parser_for([])) != _shape(whole):
+        found.append("sandtree")
+    for words, sp in verbs(whole).items():
+        p = lazy.parser_for(list(words))
+        if p.format_usage() != whole.format_usage():
+            found.append(f"{' '.join(words)}: the top usage")
+        q = p
+        for w in words:
+            q = q.verbs().get(w) if q is not None else None
+        if q is None or _shape(q) != _shape(sp):
+            found.append(" ".join(words))
+    return found
+
+
+def test_one_verbs_parser_is_the_whole_parsers_part():
+    assert lazy_drift(cli_main.build_parser()) == []
+
+
+def test_the_verb_index_is_current():
+    """cli/verbindex.py is written by scripts/verbindex.py: a verb added, moved or reworded rewrites it."""
+    spec = importlib.util.spec_from_file_location("verbindex_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with open(script.PATH) as f:
+        assert f.read() == script.text(), "stale: `PYTHONPATH=src .venv/bin/python scripts/verbindex.py`"
+
+
+def test_lazy_drift_catches_a_stale_index(monkeypatch):
+    whole = cli_main.build_parser()
+    monkeypatch.setattr(verbindex, "LISTED", tuple((v, "old words" if v == "run" else h) for v, h in verbindex.LISTED))
+    monkeypatch.setattr(verbindex, "VERBS", tuple((v, ("images.add_image",) if v == "fork" else b)
+                                                  for v, b in verbindex.VERBS))
+    found = lazy_drift(whole)
+    assert "sandtree" in found and "fork" in found and "run" not in found, found
+
+
+@pytest.mark.parametrize("argv", [
+    ["--home", "/x", "run", "img", "--memory", "1G"], ["run", "img", "true"], ["--json", "image", "list"], ["--home=/x", "ps"],
+    ["--ho", "/x", "ps"], ["--database", "sqlite:///x", "branch", "create", "b", "img"], ["run", "img", "--json"],
+    ["sandbox", "ls", "sb1", "/"], ["--cluster", "auto", "cluster", "status"],
+])
+def test_a_command_line_parses_alike(argv):
+    """The parser for a command line parses it as the whole parser does (verb_of_argv finds argparse's verb, or
+    says it is unsure and the whole parser answers: an abbreviated --ho)."""
+    def parsed(p):
+        ns = vars(p.parse_args(argv))
+        ns.pop("_sandtree_verb_parser")
+        return ns
+    assert parsed(lazy.parser_for(argv)) == parsed(cli_main.build_parser())

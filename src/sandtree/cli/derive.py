@@ -245,10 +245,11 @@ def derived(rows=None) -> list:
     return [r for k, r in (rows or table.OPS).items() if r.on("cli") and not cli_of(r).handler]
 
 
-def add_rest(sub, common) -> None:
-    """Every derived verb not placed yet (a new row reaches the command line here with no edit)."""
+def add_rest(sub, common, verb: str | None = None) -> None:
+    """Every derived verb not placed yet (a new row reaches the command line here with no edit); verb: only those
+    under that first word (a command line's parser: cli/lazy.py)."""
     done = sub.__dict__.setdefault("_sandtree_rows", set())
     for r in derived():
-        if _key(r) not in done:
+        if _key(r) not in done and verb in (None, verb_of(r)[0]):
             make(sub, common, r)
             done.add(_key(r))

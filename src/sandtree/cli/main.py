@@ -1,7 +1,7 @@
 """The `sandtree` command: an adapter over the engine (human output by default, --json everywhere).
 The verbs of one operation each are made from the operation table's rows (derive.py); the others live by
-group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; here the parser is
-assembled and errors become exit statuses.
+group in images.py, runs.py, sandboxes.py, inspection.py, branching.py and admin.py; parser.py assembles the
+whole parser, lazy.py the part a command line needs; here errors become exit statuses.
 
 Exit status (the one table: exits.py): `run` and `exec` exit with the command's status (128+N for a signal,
 124 on timeout, 125 for a sandtree error); other commands exit 0, or 1 with `error: ...` (or a JSON error object).
@@ -9,57 +9,24 @@ Exit status (the one table: exits.py): `run` and `exec` exit with the command's 
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import sys
 
-from . import admin, branching, build, derive, evaluation, exits, exploration, images, inspection, processes, runs, \
-    sandboxes, secrets
+from . import exits
 from .. import config
 from ..errors import DiskFull, SandtreeError
-from .usage import Parser
-
-# The verbs in the order `sandtree --help` lists them (kept from before the split by group).
-GROUPS = (images.add_image, build.add_build, evaluation.add_eval, runs.add_run, sandboxes.add_sandboxes,
-          processes.add_processes, inspection.add_inspection, admin.add_store_checks, branching.add_branching,
-          runs.add_fork, branching.add_bundle, images.add_registry, admin.add_services, secrets.add_secrets,
-          inspection.add_op, exploration.add_exploration)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # The common options are accepted before or after the subcommand; SUPPRESS keeps a
-    # subcommand's unset default from overwriting a value given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    common.add_argument("--home", default=argparse.SUPPRESS,
-                        help="store directory (default $SANDTREE_HOME or ~/.local/share/sandtree)")
-    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
-                        help="the store's metadata database: postgresql://... (default $SANDTREE_DATABASE_URL, "
-                             "else SQLite in the store directory)")
-    common.add_argument("--objects", default=argparse.SUPPRESS, metavar="URL",
-                        help="the store's objects in S3-compatible storage: s3://bucket/prefix (default "
-                             "$SANDTREE_OBJECTS_URL, else the store directory only; endpoint: $SANDTREE_S3_ENDPOINT)")
-    common.add_argument("--cluster", default=argparse.SUPPRESS, metavar="ADDRESS",
-                        help="send runs and live sandboxes to a Ray cluster's nodes: auto, HOST:PORT or "
-                             "ray://HOST:PORT (default $SANDTREE_CLUSTER, else none: this process runs them)")
-
-    p = Parser(prog="sandtree", parents=[common],
-                                description="Sandboxes for AI agents with git-like images.")
-    sub = p.add_subparsers(dest="command", required=True)
-    for add in GROUPS:
-        add(sub, common)
-    derive.add_rest(sub, common)          # the rows' verbs not placed above (a new row's, with no edit here)
-    return p
+from .lazy import parser_for
+from .parser import build_parser  # noqa: F401 - the whole parser, named here too (the tests', scripts')
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     tail = None
     if "--" in argv:                       # everything after -- is the command, options included
         i = argv.index("--")
         argv, tail = argv[:i], argv[i + 1:]
+    parser = parser_for(argv)              # only the verb given is built (start-up time), the others named
     args = parser.parse_args(argv)
     args.json = getattr(args, "json", False)
     args.home = getattr(args, "home", None)

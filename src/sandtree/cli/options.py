@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import tempfile
 
 from ..errors import InvalidInput
 from ..hostfiles import local_entries
-from ..table import RunOptions
 
 # ---- declaring the flags ---------------------------------------------------------------------
 
@@ -84,8 +82,9 @@ def _flag(name: str, **kw):
     return add
 
 
-# Each run option's one spelling on the command line (RunOptions: what each is). `output` is --max-output: `run`'s
-# --output PATH is where its stdout goes (test_conformance_cli holds this table to RunOptions.names()).
+# Each run option's one spelling on the command line (RunOptions: what each is), in RunOptions' order. `output` is
+# --max-output: `run`'s --output PATH is where its stdout goes. test_conformance_cli holds this table to
+# RunOptions.names(), order too: a verb's parser is built without loading the operation table (start-up time).
 RUN_FLAGS = {
     "env": add_env,
     "cwd": _flag("--cwd", help="working directory (default: the image's WORKDIR, else /)"),
@@ -105,20 +104,20 @@ RUN_FLAGS = {
     "network": add_network,
     "secrets": None,                      # --secret: added with --network (add_network), read by network()
 }
-assert set(RUN_FLAGS) == set(RunOptions.names()), set(RUN_FLAGS) ^ set(RunOptions.names())
+RUN_OPTIONS = tuple(RUN_FLAGS)           # RunOptions.names()
 
 
-def add_run_options(x, names=RunOptions.names()) -> None:
+def add_run_options(x, names=RUN_OPTIONS) -> None:
     """The flags of these run options (all of them by default)."""
     names = set(names)
     if "secrets" in names:
         names.add("network")                               # --secret comes with the network flags
-    for n in RunOptions.names():
+    for n in RUN_OPTIONS:
         if n in names and RUN_FLAGS[n] is not None:
             RUN_FLAGS[n](x)
 
 
-def run_options(args, names=RunOptions.names()) -> dict:
+def run_options(args, names=RUN_OPTIONS) -> dict:
     """The run options given on the command line, as the engine's keyword arguments (absent: the row's default)."""
     out = {}
     for n in names:
@@ -205,6 +204,7 @@ class OutputFile:
         except OSError as exc:
             raise InvalidInput(f"--output {path!r}: {exc.strerror}", output=path) from None
         try:
+            import tempfile              # (not at start-up: shutil, bz2, lzma...)
             fd, self.tmp = tempfile.mkstemp(prefix=".sandtree-output-", dir=os.path.dirname(os.path.abspath(path)))
         except OSError as exc:
             raise InvalidInput(f"--output {path!r}: {exc.strerror}", output=path) from None

@@ -12,7 +12,9 @@ import sys
 from . import exits
 from ..errors import InvalidInput
 
-__all__ = ["Parser", "nearest", "usage_error"]
+__all__ = ["PROG", "Parser", "nearest", "usage_error"]
+
+PROG = "sandtree"
 
 _VERB = "_sandtree_verb_parser"      # the innermost parser that parsed the command line (set once, innermost first)
 
@@ -32,6 +34,11 @@ class Parser(argparse.ArgumentParser):
             # a verb's parser: an unknown argument is its error (its usage shown), not the top parser's
             self.error(f"unrecognized arguments: {' '.join(extra)}")
         return ns, extra
+
+    def verbs(self) -> dict:
+        """Word -> parser of this parser's verbs (its subparsers' choices); {} for a verb's own parser."""
+        return {w: p for a in self._actions if isinstance(a.choices, dict) and not a.option_strings
+                for w, p in a.choices.items()}
 
     def _flags(self) -> list[str]:
         return [s for a in self._actions for s in a.option_strings]

@@ -27,11 +27,6 @@ import secrets
 import ssl
 from collections import OrderedDict
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from ..errors import InvalidInput
 from .policy import Rule
 
@@ -40,6 +35,18 @@ __all__ = ["CA", "placeholder", "constraints", "MAX_DAYS", "CACHE"]
 MAX_DAYS = 30
 CACHE = 256                    # leaf contexts kept per CA (a link talks to few hosts a secret is for)
 _SKEW = datetime.timedelta(minutes=5)
+
+
+def _load() -> None:
+    """cryptography's modules, as this module's names, on the first CA: every engine (each `sandtree run`) loads
+    this module, and importing them costs a good part of a run's start-up; only secrets and TLS links use them."""
+    global x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID
+    # not at the top: ~50 ms of every engine's start
+    import cryptography.hazmat.primitives.asymmetric.ec, cryptography.hazmat.primitives.serialization, \
+        cryptography.x509.oid
+    x509, ec = cryptography.x509, cryptography.hazmat.primitives.asymmetric.ec
+    hashes, serialization = cryptography.hazmat.primitives.hashes, cryptography.hazmat.primitives.serialization
+    ExtendedKeyUsageOID, NameOID = x509.oid.ExtendedKeyUsageOID, x509.oid.NameOID
 
 
 def placeholder(name: str) -> str:
@@ -62,6 +69,7 @@ def _host(name: str) -> str:
 
 class CA:
     def __init__(self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate):
+        _load()
         self._key = key
         self._cert = cert
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
@@ -73,6 +81,7 @@ class CA:
         ("api.example.org", "*.example.org"); given, the CA is constrained to them."""
         if not 1 <= days <= MAX_DAYS:
             raise InvalidInput(f"CA validity must be 1..{MAX_DAYS} days, not {days}")
+        _load()
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandtree"),
                           x509.NameAttribute(NameOID.COMMON_NAME, f"sandtree link CA {label}"[:64])])
@@ -146,6 +155,7 @@ class CA:
 
 def constraints(hosts) -> x509.NameConstraints:
     """Name constraints permitting the DNS names of `hosts` (host rules) and no IP address."""
+    _load()
     permitted = []
     for h in hosts:
         base = h[2:] if isinstance(h, str) and h.startswith("*.") else h

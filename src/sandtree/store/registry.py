@@ -24,11 +24,20 @@ import ssl
 import tempfile
 import time
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from . import ociout, ocilayers
 from ..errors import BadArchive, InvalidInput, NotFound, RegistryError, SandtreeError, TooLarge  # noqa: F401 - RegistryError: re-exported
+
+if TYPE_CHECKING:
+    import httpx
+
+
+def _httpx():
+    """httpx, imported on a registry's first use: the engine (every `sandtree run`) loads this module, and httpx
+    costs more to import than the rest of a run's start-up."""
+    import httpx                 # (not at the top: see above)
+    return httpx
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
@@ -103,7 +112,7 @@ class Client:
         self.credentials = credentials
         hooks = {"request": [lambda req: check_host(f"{req.url.host}:{req.url.port or (443 if req.url.scheme == 'https' else 80)}")]} \
             if check_host is not None else None
-        self.http = httpx.Client(timeout=timeout, follow_redirects=True, event_hooks=hooks, verify=_tls())
+        self.http = _httpx().Client(timeout=timeout, follow_redirects=True, event_hooks=hooks, verify=_tls())
         self.token: str | None = None
         self.basic = False
         self.actions = "pull"            # the token scope asked for ("pull,push" for a push)
@@ -123,7 +132,7 @@ class Client:
             if not self.credentials:
                 raise RegistryError(f"{self.ref.registry} needs credentials (registry login)")
             self.basic = True
-            self.http.auth = httpx.BasicAuth(*self.credentials)
+            self.http.auth = _httpx().BasicAuth(*self.credentials)
             return
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
         if "realm" not in fields:
@@ -131,7 +140,7 @@ class Client:
         query = {k: fields[k] for k in ("service", "scope") if k in fields}
         query.setdefault("scope", f"repository:{self.ref.name}:{self.actions}")
         r = self.http.get(fields["realm"], params=query,
-                          auth=httpx.BasicAuth(*self.credentials) if self.credentials else None)
+                          auth=_httpx().BasicAuth(*self.credentials) if self.credentials else None)
         if r.status_code != 200:
             raise RegistryError(f"token request to {fields['realm']} failed: HTTP {r.status_code}")
         body = r.json()
@@ -284,7 +293,7 @@ def pull_image(reference: str, workdir: str, *, credentials=None, insecure: bool
             return [client.blob(layer.get("digest") if isinstance(layer, dict) else None, workdir, progress,
                                 size=layer.get("size") if isinstance(layer, dict) else None, budget=left)
                     for layer in layers], config
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:
         client.close()
@@ -295,7 +304,7 @@ def check_login(registry: str, username: str, secret: str, insecure: bool = Fals
     try:
         try:
             client.check()
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             raise RegistryError(f"cannot reach {registry}: {exc}") from None
     finally:
         client.close()
@@ -337,7 +346,7 @@ def push_image(store, image: str, reference: str, workdir: str, *, credentials=N
                     progress(blob.size)
             client.request("PUT", f"{ref.name}/manifests/{tag}", ok=(200, 201), content=p.manifest,
                            headers={"Content-Type": ocilayers.MANIFEST_MEDIA})
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             raise RegistryError(f"cannot reach {ref.registry}: {exc}") from None
     finally:
         client.close()
@@ -356,7 +365,7 @@ def _upload(client: Client, name: str, digest: str, content) -> None:
     location = r.headers.get("location")
     if not location:
         raise RegistryError(f"{client.ref.registry} gave no upload location")
-    location = str(httpx.URL(client.base).join(location))
+    location = str(_httpx().URL(client.base).join(location))
     size = len(content) if isinstance(content, bytes) else os.fstat(content.fileno()).st_size
     # the digest joins the location's own query (its upload state), which httpx's params would replace
     client.request("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", ok=(201,),
