@@ -282,17 +282,7 @@ class TenantView(TenantSight):
         # rule: its own sandbox; max_sandboxes counts the children; their limits within the tenant's;
         # the fork's commit and the children are the tenant's
         full = self._sandbox(sid)
-        given = {k: v for k, v in options.items() if v is not None}     # (not given: the source's, capped at its start)
-        given = capped(self.tenant.limits, self.engine.default_limits, given, tuple(given))
-        cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
-        with self.tenancy.tenant_lock(self.tenant.name):
-            have = len(self.sandbox_list())
-            if isinstance(n, int) and not isinstance(n, bool) and have + n > cap:
-                raise LimitExceeded(f"this tenant has {have} live sandbox(es) and may have {cap} (max_sandboxes): "
-                                    f"a fork of {n} would pass it", limit="max_sandboxes", max=cap)
-            children = self.engine.sandbox_fork(full, n, **given)
-            for c in children:
-                self._keep_blob("sandbox", c["id"])
+        children = self._children(n, options, lambda given: self.engine.sandbox_fork(full, n, **given))
         image = children[0]["forked_from"]["image"]
         self._claim_op("commit", image)
         self._own(image)
@@ -306,6 +296,14 @@ class TenantView(TenantSight):
         image = self.resolve(ref)
         if not self._owns(image):
             raise ImageNotFound(f"no image {ref!r}", image=ref)
+        children = self._children(n, options, lambda given: self.engine.fork_from(image, n, **given))
+        self._audit("fork from", image=image, detail={"children": [c["id"] for c in children]})
+        return children
+
+    def _children(self, n, options: dict, start) -> list[dict]:
+        """A live fork's (or a live state's) n children, started by start(limits) under the tenant's
+        lock, within max_sandboxes; they become the tenant's. Only the limits given are capped: the
+        others are the source's, capped at its start."""
         given = {k: v for k, v in options.items() if v is not None}
         given = capped(self.tenant.limits, self.engine.default_limits, given, tuple(given))
         cap = self.tenant.limits.get("max_sandboxes", DEFAULT_MAX_SANDBOXES)
@@ -314,10 +312,9 @@ class TenantView(TenantSight):
             if isinstance(n, int) and not isinstance(n, bool) and have + n > cap:
                 raise LimitExceeded(f"this tenant has {have} live sandbox(es) and may have {cap} (max_sandboxes): "
                                     f"{n} more would pass it", limit="max_sandboxes", max=cap)
-            children = self.engine.fork_from(image, n, **given)
+            children = start(given)
             for c in children:
                 self._keep_blob("sandbox", c["id"])
-        self._audit("fork from", image=image, detail={"children": [c["id"] for c in children]})
         return children
 
     def _owns(self, image: str) -> bool:
