@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from ... import defaults as D
 from ...errors import Conflict, InvalidInput, RuntimeUnavailable
@@ -225,30 +227,42 @@ class SandboxForking:
         lifetime = child["lifetime"] if child["lifetime"] is not None else source["remaining"]
         idle_timeout = child["idle_timeout"] if child["idle_timeout"] is not None else source["idle_timeout"]
         made: list[str] = []
-        try:
-            for cid in cids:
-                spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
-                               env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
-                link = links.get(cid)
-                spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
-                handle = self.live.start(spec, lifetime, restore=images, tier=source["tier"])
-                record = {k: v for k, v in spec0.items() if k not in TRANSIENT + ("idle_timeout",)}
-                record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
-                               "idle_action": child["idle_action"], "tier": handle.tier,
-                               "forked_from": forked_from})
-                if child["labels"]:
-                    record["labels"] = child["labels"]
-                else:
-                    record.pop("labels", None)
-                try:
-                    self._record_running(cid, image, handle, record, idle_timeout, lifetime)
-                except BaseException:
-                    self.live.stop(handle)
-                    raise
+        lock = threading.Lock()
+
+        def restore(cid: str, directory: str) -> None:
+            spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
+                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
+            link = links.get(cid)
+            spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
+            handle = self.live.start(spec, lifetime, restore=directory, tier=source["tier"])
+            record = {k: v for k, v in spec0.items() if k not in TRANSIENT + ("idle_timeout",)}
+            record.update({"limits": child["limits"].__dict__, "lifetime": lifetime, "base": image,
+                           "idle_action": child["idle_action"], "tier": handle.tier, "forked_from": forked_from})
+            if child["labels"]:
+                record["labels"] = child["labels"]
+            else:
+                record.pop("labels", None)
+            try:
+                self._record_running(cid, image, handle, record, idle_timeout, lifetime)
+            except BaseException:
+                self.live.stop(handle)
+                raise
+            with lock:
                 made.append(cid)
-                if link is not None:
-                    self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
-                self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
+            if link is not None:
+                self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
+            self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
+
+        dirs = _restore_dirs(images, len(cids), self._fork_dir)
+        try:
+            if len(set(dirs)) == 1:             # (one child, or no private copies: one after another)
+                for cid in cids:
+                    restore(cid, images)
+            else:
+                with ThreadPoolExecutor(max_workers=min(len(cids), D.LIVE_FORK_RESTORES),
+                                        thread_name_prefix="sandtree-fork") as pool:
+                    for f in [pool.submit(restore, cid, d) for cid, d in zip(cids, dirs)]:
+                        f.result()              # (the first error; the others run to their end first)
         except BaseException:
             for cid in made:
                 try:
@@ -256,7 +270,30 @@ class SandboxForking:
                 except Exception as exc:        # (already stopped by its deadline: nothing to undo)
                     log.warning("fork of %s: child %s not stopped after a failed restore: %s", sid, cid, exc)
             raise
+        finally:
+            for d in set(dirs) - {images}:
+                _remove_fork_dir(d)
+        made.sort(key=cids.index)               # (in the order of cids, whichever finished first)
         return [self.info(cid) for cid in made]
+
+
+def _restore_dirs(images: str, n: int, new_dir) -> list[str]:
+    """A directory per child to restore from: the first is `images`, the others new ones (new_dir())
+    holding its files hard-linked (no copy), so that restores at once each write their own log
+    (CRIU writes restore.log and stats-restore into its images directory). All `images` where that
+    cannot be (another filesystem, a subdirectory): the restores then run one after another."""
+    dirs = [images]
+    try:
+        for _ in range(n - 1):
+            d = new_dir()
+            dirs.append(d)
+            for name in os.listdir(images):
+                os.link(os.path.join(images, name), os.path.join(d, name))
+    except OSError:
+        for d in dirs[1:]:
+            _remove_fork_dir(d)
+        return [images] * n
+    return dirs
 
 
 def _on_tmpfs(path: str) -> bool:
