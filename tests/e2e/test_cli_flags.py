@@ -144,7 +144,8 @@ def test_live_sandbox_flags(cli, bb, tmp_path):
 def test_run_takes_the_run_options_start_takes(cli, bb):
     """--label and --max-output (RunOptions' labels and output) reach `run` as they reach `start`: the CLI's
     conformance test found `run` without them."""
-    p = cli("run", "bb", "--label", "team=ml", "--max-output", "1K", "--json", "--", "head -c 4000 /dev/zero",
+    # (endless output: `head -c 4000` could write all of it into the pipe and exit 0 before the cap's kill)
+    p = cli("run", "bb", "--label", "team=ml", "--max-output", "1K", "--json", "--", "cat /dev/zero",
             check=False)
     r = j(p)                                              # past the cap the command is stopped: 128+SIGKILL
     assert p.returncode == 137 and r["stdout_truncated"] and len(r["stdout"]) <= 1024
