@@ -11,85 +11,21 @@ daemon is stopped at teardown."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 import sandtree
-from conftest import make_rootfs, tier_or_skip
-from netlab import NetLab
+from conftest import tier_or_skip
 from sandtree.errors import Conflict, RuntimeUnavailable
-from sandtree.network.client import Egress
 
 SECRET = "f0rked-s3cret-value-5be2c9"
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
-GRACE = 2        # the daemon's GC grace here (seconds)
-
-# A server holding state only in memory: MEMVAL is made at its start and lives in nc's environment;
-# each connection is answered by a child that prints it.
-ANSWER = b"#!/bin/sh\necho \"mem=$MEMVAL\"\n"
-SERVE = ("export MEMVAL=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n'); "
-         "(nc -ll -p 7000 -e /bin/answer >/dev/null 2>&1 &); httpd -p 8000 -h /www")
 TLS = "tlsget 11.1.1.10 443 allowed.test /s"        # through the link's CA (tests/e2e/test_secret_store.py)
-
-
-def get(name: str, ip: str) -> str:
-    """busybox: resolve (the link's resolver) and send a request naming `name` to `ip`:80."""
-    return (f"nslookup {name} >/dev/null 2>&1; printf 'GET /hello HTTP/1.0\\r\\nHost: {name}\\r\\n\\r\\n' "
-            f"| nc -w 5 {ip} 80; echo --; ")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the egress daemon and the netlab need root")
-    lab = NetLab()
-    home = str(tmp_path_factory.mktemp("netfork") / "home")
-    env = {"SANDTREE_EGRESS_NETNS": lab.path, "SANDTREE_EGRESS_DNS": f"{lab.dns[0]}:{lab.dns[1]}",
-           "SANDTREE_EGRESS_CA": lab.ca_file}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    st = None
-    try:
-        st = sandtree.Sandtree(home, warm=0)
-        ok, why = st.engine.sandboxes.live.hibernate_available()
-        if not ok:
-            pytest.skip(f"a live fork checkpoints, and cannot here: {why}")
-        subprocess.run([sys.executable, "-m", "sandtree.network.daemon", "--home", home,
-                        "--upstream-netns", lab.path, "--upstream-dns", env["SANDTREE_EGRESS_DNS"],
-                        "--upstream-ca", lab.ca_file, "--grace", str(GRACE)],
-                       env={**os.environ, "PYTHONPATH": SRC}, check=True, timeout=60)
-        root = make_rootfs(str(tmp_path_factory.mktemp("netfork-root") / "root"))
-        from test_secret_store import add_tls_client
-        add_tls_client(root, lab.ca_file)              # a secret's value goes only over HTTPS
-        with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
-            f.write("nameserver 192.0.2.53\n")
-        os.makedirs(os.path.join(root, "www"))
-        with open(os.path.join(root, "www", "index.html"), "w") as f:
-            f.write("hello from the sandbox\n")
-        with open(os.path.join(root, "bin", "answer"), "wb") as f:
-            f.write(ANSWER)
-        os.chmod(os.path.join(root, "bin", "answer"), 0o755)
-        img = st.import_image(root)
-        yield st, img, lab, home
-    finally:
-        if st is not None:
-            for sb in st.sandboxes():
-                with contextlib.suppress(Exception):
-                    sb.stop()
-            Egress(home).stop_daemon()
-            st.close()
-        lab.close()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+# the networked world hibernation's tests run in: a netlab internet, the store's daemon with a short
+# GC grace (so a test can see GC leave the children's links alone), a busybox image serving MEMVAL
+from test_network_hibernate import GRACE, SERVE, get, world  # noqa: E402,F401 (world: a fixture)
 
 
 def _links(st) -> dict:
