@@ -120,6 +120,11 @@ def test_listening_sockets_listen_and_connections_stay_the_sources(forkable):
     [kid] = sb.fork()
     for s in (sb, kid):                       # the listener answers in each, on its own loopback
         assert s.exec("wget -qO- http://127.0.0.1:8000/index.html").stdout == b"served\n"
+    # the child's loopback is its own (on the namespaces tier a network namespace made for it,
+    # criu.py NETNS_FRESH), up, and its root binds a low port there as in any sandbox
+    assert kid.exec("httpd -p 81 -h /www").ok
+    assert kid.exec("wget -qO- http://127.0.0.1:81/index.html").stdout == b"served\n"
+    assert not sb.exec("wget -qO- -T 2 http://127.0.0.1:81/index.html").ok
     # the source's connection goes on
     size = len(sb.read("/tmp/got"))
     time.sleep(0.5)

@@ -97,7 +97,7 @@ def dump_args(criu: str, pid: int, images: str, freezer: str | None, ghost_limit
         + (["--freeze-cgroup", freezer] if freezer else [])
 
 
-KDAT = "criu-kdat"           # beside a live fork's images dir: CRIU's cache of its kernel probe (dump_env)
+KDAT = "criu-kdat-own"       # beside a live fork's images dir: CRIU's cache of its kernel probe (dump_env)
 
 
 def dump_env(images: str, leave_running: bool, link: bool = False) -> dict | None:
@@ -106,9 +106,9 @@ def dump_env(images: str, leave_running: bool, link: bool = False) -> dict | Non
     CRIU keeps it only on a tmpfs (so a reboot, a new kernel, clears it), and as --unprivileged
     it looks in $XDG_RUNTIME_DIR. That dir is root's and 0700 (engine/sandboxes/forking.py
     _fork_dir), and every fork's dump runs as the same kind of caller (the sandbox's owner, all
-    capabilities, the host's namespaces: no link), so the probe it caches is the one it would
-    make. Hibernations, and forks of a networked sandbox (dumped from inside its link, whose
-    probe could differ), probe anew."""
+    capabilities, the host's namespaces but the sandbox's own network namespace: NETNS_FRESH),
+    so the probe it caches is the one it would make. Hibernations, and forks of a networked
+    sandbox (dumped from inside its link, whose probe could differ), probe anew."""
     if not leave_running or link:
         return None
     cache = os.path.join(os.path.dirname(os.path.abspath(images)), KDAT)
@@ -130,7 +130,7 @@ def in_netns(fd: int) -> list[str]:
     restored: "Unknown peer net namespace")."""
     path = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin")
     if path is None:
-        raise RuntimeUnavailable("hibernating a networked sandbox needs nsenter (util-linux)")
+        raise RuntimeUnavailable("hibernating a networked sandbox, or forking a live one, needs nsenter (util-linux)")
     return [path, f"--net=/proc/self/fd/{fd}", "--"]
 
 
@@ -191,6 +191,14 @@ def namespace_owner(ns_fd: int) -> int:
 
 
 FORKED = "forked"            # in a live fork's images dir: restore its children with TCP_FORK's closed ends
+# In a live fork's images dir of a sandbox in its own network namespace (not a link): the dump ran
+# inside that namespace (in_netns), so the checkpoint holds none, and each child is restored into
+# a new one the helper makes (--fresh-net: restore.c fresh_netns). Dumping a namespace and
+# restoring it run ip and iptables save/restore: about 45 ms of the source's stall and as much of
+# each child's start. Its sockets are in the checkpoint as ever (listening ones listen again; TCP
+# connections are cut in the children: TCP_FORK). A hibernation keeps dumping it: its loopback
+# connections come back established, under a network lock that needs the namespace dumped.
+NETNS_FRESH = "netns-fresh"
 
 
 def restore_args(criu: str, images: str, root: str, link: bool = False, forked: bool = False) -> list[str]:

@@ -106,6 +106,8 @@ class LiveRuntime(Commands, LiveTier):
             mode = ["--restore", "1"]
             if spec.netns_fd is not None:        # its root had the resolv.conf mount point layer
                 mode += ["--resolv-layer", "1"]   # (helper/runfiles.c mount_point_layer): CRIU binds onto it
+            elif os.path.exists(os.path.join(restore, criu.NETNS_FRESH)):
+                mode += ["--fresh-net", "1"]     # a live fork's: no network namespace in it
         else:
             command = ["sandtree-init"]
             mode = ["--init", self.init()]
@@ -458,8 +460,13 @@ class LiveRuntime(Commands, LiveTier):
         finally:
             os.close(ns)
         fd = self.pidfd(h)                           # pinned: the pid dumped is the sandbox's
-        net = open_of(h.init_pid, h.init_start, "ns/net", os.O_RDONLY) if link else None
+        # a link's, or a live fork's own namespace (criu.NETNS_FRESH): the dump runs inside it,
+        # which leaves it out of the checkpoint
+        net = open_of(h.init_pid, h.init_start, "ns/net", os.O_RDONLY) if link or leave_running else None
         try:
+            if leave_running and not link:
+                with open(os.path.join(images, criu.NETNS_FRESH), "w") as f:
+                    f.write("own\n")
             freezer = (cg.dirs.get("freezer") or cg.dirs.get("unified")) if cg else None
             # Its output goes to a file, not a pipe, and a shell records its exit status: if we die
             # now, it finishes anyway and the next engine can tell (criu.dump_finished), waiting

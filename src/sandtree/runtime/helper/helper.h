@@ -146,6 +146,10 @@ struct opts {
     int exec_fd;                /* become_command: execute this fd, not argv[0] (> 2) */
     int resolv_layer;           /* --resolv-layer 1: make mount_point_layer's m/ without runtime files
                                    (a networked sandbox's restore: its dumped root had one) */
+    int fresh_net;              /* --fresh-net 1 (with --restore): the checkpoint holds no network
+                                   namespace (a live fork's, dumped from inside the sandbox's own:
+                                   criu.py NETNS_FRESH); CRIU restores into a new one made for it
+                                   (restore.c fresh_netns) */
     int netns_fd;               /* --netns-fd N: join this network namespace (made and wired by the
                                    egress daemon, network/links.py; owned by the host's user
                                    namespace, so root in the sandbox holds no capability over its
@@ -190,6 +194,7 @@ void runtime_files(const char *dir, const char *root);
 
 /* network.c */
 void loopback_up(void);
+void joined_sysctls(void);
 
 /* pid1.c */
 extern int sync_pipe[2];                /* P -> C: maps written */

@@ -37,6 +37,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--resumed")) o->resumed = atoi(v);
         else if (!strcmp(a, "--netns-fd")) o->netns_fd = atoi(v);
         else if (!strcmp(a, "--resolv-layer")) o->resolv_layer = atoi(v);
+        else if (!strcmp(a, "--fresh-net")) o->fresh_net = atoi(v);
         else if (!strcmp(a, "--runtime-fd")) o->runtime_fd = atoi(v);
         else if (!strcmp(a, "--pty")) o->pty = atoi(v);
         else if (!strcmp(a, "--drain")) o->drain = v;
