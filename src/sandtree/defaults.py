@@ -23,6 +23,7 @@ SANDBOX_IDLE_TIMEOUT = 600           # a live sandbox with no command for this l
 SANDBOX_LIFETIME = 3600              # ... and stopped after this long in any case
 LIVE_FORK_MAX = 16                   # children of one live fork (each a restore of one checkpoint)
 LIVE_FORK_RESTORES = 2               # ... restored at once (each a CRIU or runsc restore: CPU-bound)
+LIVE_STATE_KEEP_WAIT = 600.0         # seconds fork_from (and an engine closing) waits for a live state a live fork is still keeping
 LIVE_STATE_RETENTION = 86400         # a live fork's or hibernation's checkpoint kept with its image (fork_from):
                                      # gc removes it after this long, or with its image (it holds memory)
 PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port works (sandbox_port_url)

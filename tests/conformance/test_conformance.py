@@ -20,7 +20,9 @@ from sandtree.tenancy import AdminView, TenantOperations, TenantView
 # operation-level entries its parts and the tenant view use (a given operation id, a check-only
 # run, a tenant's import limits and registry check, a build as a tenant's guard): never reached from a surface.
 PLUMBING = {"close", "tier", "as_tenant", "run_operation", "pull_operation", "import_limited", "build_as",
-            "build_context_as", "annotate_as", "annotations_as"}
+            "build_context_as", "annotate_as", "annotations_as",
+            # a live state a live fork keeps after returning: the cluster's fork and the tenancy's image_info wait for it
+            "wait_live_state", "has_live_state"}
 
 
 def shape(fn) -> list[tuple]:

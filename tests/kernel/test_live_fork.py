@@ -186,7 +186,9 @@ def test_bad_input_starts_nothing(forkable):
     with pytest.raises(sandtree.Conflict, match="stopped"):
         sb.fork(1)
     assert {s.id for s in st.sandboxes()} == before - {sb.id}
-    # no checkpoint left of this process's forks (other processes on the host may be forking now)
+    # no checkpoint left of this process's forks (other processes on the host may be forking now),
+    # once the live states its forks kept after returning are kept
+    st._engine.sandboxes.wait_live_states()
     assert not [n for n in os.listdir("/dev/shm/sandtree-forks") if n.endswith(".fork") and
                 n.startswith(owner_prefix())] if os.path.isdir("/dev/shm/sandtree-forks") else True
 
@@ -203,6 +205,7 @@ def test_a_commit_failing_during_the_checkpoint_leaves_the_source_running(forkab
     before = {s.id for s in st.sandboxes()}
     head = sb.info()["head"]
     eng = st._engine.sandboxes
+    eng.wait_live_states()                           # (earlier forks' checkpoints, kept after they returned)
 
     def broken(*a, **k):
         raise sandtree.errors.TooLarge("planted: the commit does not fit")

@@ -121,6 +121,8 @@ def test_gc_removes_a_live_state_with_its_image_or_after_the_retention(forkable)
     assert sb.exec("echo y > /tmp/y").ok                    # (else the same commit: one image, its newest state)
     [b] = sb.fork()
     ia, ib = a.info()["forked_from"]["image"], b.info()["forked_from"]["image"]
+    # (kept after each fork returned: an image's info says so once it is)
+    assert st.image(ia).info()["live"] is True and st.image(ib).info()["live"] is True
     assert _live_dirs(st) == sorted([f"{ia}.live", f"{ib}.live"])
     a.stop(), b.stop(), sb.stop()
     # a: its image removed; b: older than the retention

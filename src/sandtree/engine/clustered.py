@@ -158,6 +158,7 @@ class Dispatch:
         self._pin(children, nid)
         image = children[0]["forked_from"]["image"]
         try:
+            self.fabric.call(nid, "wait_live_state", (image,), {})      # (kept after its call returned)
             kept = self.store.db.one("SELECT checkpoint FROM live_states WHERE image=?", (image,))
             if kept is None or not kept[0]:
                 raise RuntimeUnavailable(f"the checkpoint of the fork of sandbox {sid} did not reach object storage "

@@ -309,6 +309,13 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     sandbox_code_context_restart = through("interpreter", "restart_context")
     sandbox_code_context_remove = through("interpreter", "remove_context")
 
+    def wait_live_state(self, image: str) -> None:
+        """Until image `image`'s live state, which a live fork here may still be keeping after
+        its call returned (engine/sandboxes/livestates.py keep_live_state_later), is kept: what
+        a cluster's fork waits for on the source's node before other nodes start it."""
+        if self._sandboxes is not None:
+            self._sandboxes.wait_live_state(image)
+
     def close(self) -> None:
         if self._operations is not None:
             self._operations.close()
@@ -424,7 +431,14 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         return {"id": image, "tags": sorted(self.store.tags(image)), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
                 "annotations": shown_annotations(self.store.db, image),
-                "live": self.store.db.one("SELECT 1 FROM live_states WHERE image=?", (image,)) is not None}
+                "live": self.has_live_state(image)}
+
+    def has_live_state(self, image: str) -> bool:
+        """Whether fork_from can start image `image`'s live state: one that a live fork here is
+        still keeping after its call returned counts once it is kept (wait_live_state)."""
+        if self._sandboxes is not None:
+            self._sandboxes.wait_live_state(image)
+        return self.store.db.one("SELECT 1 FROM live_states WHERE image=?", (image,)) is not None
 
     def branch_head(self, name: str) -> str:
         return refs.head(self.store, name)

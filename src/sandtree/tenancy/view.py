@@ -158,7 +158,7 @@ class TenantView(TenantSight):
         return {"id": image, "tags": self._names().get(image, []), "size": row.size, "files": row.files,
                 "created": row.created, "parents": [p["parent"] for p in self.parents(image)],
                 "annotations": self.engine.annotations_as(self.tenant.name, image),     # its own, else the sharer's
-                "live": self._owns(image) and bool(self.db.one("SELECT 1 FROM live_states WHERE image=?", (image,)))}
+                "live": self._owns(image) and self.engine.has_live_state(image)}
 
     def branch_create(self, name: str, image: str, *, force: bool = False) -> None:   # rule: in its namespace
         refs.check_branch(name)

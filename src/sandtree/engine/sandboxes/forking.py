@@ -98,9 +98,12 @@ class SandboxForking:
             # the fork's image can be started live again later (livestates.py): its checkpoint kept
             # with it, moved when the fork dir is on the home's filesystem, else copied from memory;
             # not a networked source's (a child needs a link of its own, which fork_from has none of)
+            # (after the call returns: keep_live_state_later; the fork dir goes once it is kept)
             if not joined(row["spec"]) and not row["spec"].get(LATER):
                 moved = os.stat(images).st_dev == os.stat(os.path.dirname(self._live_dir(image))).st_dev
-                self.keep_live_state(image, images, sid, row["spec"], row["idle_timeout"], h.tier, move=moved)
+                kept, images = images, None
+                self.keep_live_state_later(image, kept, sid, row["spec"], row["idle_timeout"], h.tier, move=moved,
+                                           then=lambda: _remove_fork_dir(kept))
             return children
         finally:
             for link in links.values():

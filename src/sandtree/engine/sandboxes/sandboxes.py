@@ -86,6 +86,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
         self._holders: dict[str, tuple] = {}         # sid -> its holder's program, how started (holder())
         self._holders_lock = threading.Lock()
+        self._keeping: dict[str, threading.Event] = {}     # image -> its live state being kept (livestates.py)
+        self._keeping_lock = threading.Lock()
         # called with a sandbox's id before its processes are checkpointed (release) and once they
         # run again, or did not stop (reattach): the engine's held processes' relays (processes/held.py)
         self.release = lambda sid: None
@@ -98,6 +100,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
             self.starts.close()
         self.ahead.close()
         self.retiring.close()
+        self.wait_live_states()
 
     # ---- registry ------------------------------------------------------------------------------
     def _row(self, sid: str) -> dict:
