@@ -615,7 +615,18 @@ def test_filters_narrow_the_tree(world, page, tmp_path):
     assert "matching" in page.inner_text("#treeinfo")
     page.screenshot(path=str(tmp_path / "filtered.png"))
     print(f"\nscreenshot: {tmp_path / 'filtered.png'}")
+    # the filter is in the address: a reload, or the link, shows the same; a node clicked keeps it
+    assert hash_params(page)["status"] == "fail"
+    page.reload()
+    page.locator(f'#viewport .node[data-image="{lose}"]').wait_for()
+    page.click("#expandall")
+    until(lambda: lose in drawn() and not set(chain) & drawn())
+    assert page.input_value("#filters select[name=status]") == "fail"
+    page.locator(f'#viewport .node[data-image="{lose}"]').click()
+    until(lambda: hash_params(page).get("node") == lose)
+    assert hash_params(page)["status"] == "fail"
     page.select_option("#filters select[name=status]", "")
+    until(lambda: "status" not in hash_params(page))
     page.fill("#filters input[name=tag]", "win")
     until(lambda: win in drawn() and lose not in drawn())
     page.fill("#filters input[name=tag]", "")

@@ -80,6 +80,8 @@ async function routeNow() {
   closeTerminal();
   document.getElementById("home").hidden = true;
   document.getElementById("tree").classList.remove("empty");
+  const refilter = takeFilters(q);
+  if (ref === Tree.ref && refilter && Tree.root) { render(); applyView(); }
   if (ref !== Tree.ref) {
     document.getElementById("ref").value = ref;
     try {

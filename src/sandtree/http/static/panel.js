@@ -7,7 +7,8 @@ const READ_LIMIT = 1 << 20;        // bytes of a file shown in the page (the dow
 
 function panel() { return document.getElementById("panel"); }
 
-function go(params) { location.hash = new URLSearchParams(params).toString(); }
+// (a tree's filters go along: tree.js filterParams)
+function go(params) { location.hash = new URLSearchParams(params.tree ? {...params, ...filterParams()} : params).toString(); }
 
 function imageLink(id, text) {
   return el("a", {href: "#" + new URLSearchParams({tree: Tree.ref || id, node: id}).toString(), class: "img"},

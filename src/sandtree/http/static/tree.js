@@ -66,6 +66,24 @@ function metricsText(n) { return Object.entries(n.metrics).map(([k, v]) => k + "
 
 function filtering() { const f = Tree.filter; return !!(f.status || f.tag || f.text); }
 
+// The filters live in the page's address too (#tree=...&status=fail&tag=...&text=...), so a
+// filtered view survives a reload and can be linked; a node clicked keeps them (panel.js go).
+const FILTER_KEYS = ["status", "tag", "text"];
+function filterParams() {
+  return Object.fromEntries(FILTER_KEYS.filter((k) => Tree.filter[k]).map((k) => [k, Tree.filter[k]]));
+}
+// From the address (q: its URLSearchParams) into the form and Tree.filter; whether they changed.
+function takeFilters(q) {
+  const form = document.getElementById("filters");
+  let changed = false;
+  for (const k of FILTER_KEYS) {
+    const v = (q.get(k) || "").trim();
+    if (form.elements[k].value !== v) form.elements[k].value = v;
+    if (Tree.filter[k] !== v) { Tree.filter[k] = v; changed = true; }
+  }
+  return changed;
+}
+
 // Whether a node passes every filter set: its edge's exit status, a tag or branch name holding
 // the tag text, its command holding the command text (both case-insensitive).
 function matches(n) {
@@ -484,6 +502,10 @@ function initTreeEvents() {
   const refilter = () => {
     Tree.filter = {status: filters.elements.status.value, tag: filters.elements.tag.value.trim(),
       text: filters.elements.text.value.trim()};
+    // (replaceState: no hashchange, so no new route for what is already drawn)
+    const q = new URLSearchParams(location.hash.slice(1));
+    for (const k of FILTER_KEYS) { if (Tree.filter[k]) q.set(k, Tree.filter[k]); else q.delete(k); }
+    history.replaceState(null, "", "#" + q.toString());
     if (Tree.root) { render(); applyView(); }
   };
   filters.addEventListener("input", refilter);
