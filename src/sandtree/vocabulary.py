@@ -5,7 +5,7 @@ from here; a row's own `param: text` docstring lines override the shared meaning
 from __future__ import annotations
 
 from . import table
-from .errors import MergeConflict, NodeLost
+from .errors import MergeConflict, NodeLost, TapeMiss
 
 __all__ = ["PARAMS", "describe"]
 
@@ -65,7 +65,7 @@ PARAMS = {
               "byte streams; needs network): its ID is in the run's usage['tape']; with replay: misses go out "
               "and the new tape extends the old one",
     "replay": "a tape ID (or {tape, ignore_headers, ignore_query, match_headers}): DNS and requests answered "
-              "from it, nothing goes out; a request not on it fails the run (tape_miss) naming it",
+              f"from it, nothing goes out; a request not on it fails the run ({TapeMiss.code}) naming it",
     "tape": "an egress tape's ID (a run's usage['tape'])",
     "retries": "on a cluster: run it again on another node, at most this many times, when its node is lost "
                f"before the run committed anything (0: it fails with {NodeLost.code})",

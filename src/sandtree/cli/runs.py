@@ -13,7 +13,7 @@ from . import exits, options
 from .output import open_engine, out
 
 # The run options `run` spells through options.RUN_FLAGS alone (the others it declares above, with its own help)
-RUN_MORE = ("file_set", "output", "labels")
+RUN_MORE = ("file_set", "output", "labels", "record", "replay")
 
 
 def cmd_run(args):
