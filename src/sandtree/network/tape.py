@@ -478,7 +478,7 @@ def tap(tape: Tape, name: str):
 
     async def done() -> None:
         await _parse_tapped(tape, name, bytes(sent), bytes(got), t)
-    wrap.done = done
+    wrap.done, wrap.sent, wrap.got = done, sent, got
     return wrap
 
 
