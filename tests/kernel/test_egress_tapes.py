@@ -167,6 +167,31 @@ def test_another_tenant_can_neither_show_nor_replay_a_tape(world, recorded):
         alice.tape_show(recorded.usage["tape"])                 # the operator's tape is not alice's
 
 
+LIVE = "tlsget 11.1.1.10 443 allowed.test /live; echo; printf 'live-tcp\\n' | nc -w 2 11.1.1.10 7"
+
+
+def test_a_live_sandbox_records_until_it_stops(world, recorded):
+    e, img, state = world
+    info = e.sandbox_start(img, network=POLICY, record=True)
+    try:
+        first = e.sandbox_exec(info["id"], ["sh", "-c", LIVE])
+        assert first.exit_code == 0 and b'"path": "/live"' in first.stdout and b"live-tcp" in first.stdout
+    finally:
+        stopped = e.sandbox_stop(info["id"])
+    tid = stopped["tape"]
+    assert e.tape_show(tid)["op"] == info["id"]
+    state["live"] = (tid, first.stdout)
+
+
+def test_gc_keeps_the_tapes_records_name(world, recorded):
+    e, img, _ = world
+    e.tag(img, "tapes-base")
+    e.gc(retention=0, grace=0)
+    shown = e.tape_show(recorded.usage["tape"])            # named by its run's record: kept, bodies too
+    assert all(e.store.blobs.has(d) for d in __import__("sandtree.store.tapes", fromlist=["x"]).digests(
+        __import__("sandtree.store.tapes", fromlist=["x"]).load(e.store, shown["id"])))
+
+
 def test_offline_replays_are_identical(world, recorded):
     """Last: the test-made internet is removed first."""
     e, img, state = world
@@ -184,3 +209,10 @@ def test_offline_replays_are_identical(world, recorded):
     if "extended" in state:
         new, script, stdout = state["extended"]
         assert e.run(img, ["sh", "-c", script], network=POLICY, replay=new).stdout == stdout
+    if "live" in state:                                          # a live sandbox replays too
+        live_tape, stdout = state["live"]
+        info = e.sandbox_start(img, network=POLICY, replay=live_tape)
+        try:
+            assert e.sandbox_exec(info["id"], ["sh", "-c", LIVE]).stdout == stdout
+        finally:
+            e.sandbox_stop(info["id"])

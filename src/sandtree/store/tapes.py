@@ -75,7 +75,8 @@ def load(store, tid: str) -> dict:
 
 def kept(store, con, now: float, retention: float) -> set[str]:
     """(for gc, inside its transaction) the blobs of every tape still named by an operation record
-    (a run's usage, a replay's spec) or younger than `retention`; the rest's rows go."""
+    (a run's usage, a replay's spec) or a live sandbox's row (stopped ones too), or younger than
+    `retention`; the rest's rows go."""
     named = set()
     for spec, outcome in con.execute("SELECT spec, outcome FROM operations WHERE spec LIKE '%\"tape\"%' "
                                       "OR outcome LIKE '%\"tape\"%'"):
@@ -86,6 +87,9 @@ def kept(store, con, now: float, retention: float) -> set[str]:
             for holder in (obj, obj.get("usage") or {}):
                 if isinstance(holder, dict) and isinstance(holder.get("tape"), str):
                     named.add(holder["tape"])
+    for (spec,) in con.execute("SELECT spec FROM sandboxes WHERE spec LIKE '%tape\"%'"):     # live sandboxes'
+        obj = json.loads(spec)
+        named.update(t for t in (obj.get("recorded_tape"), obj.get("tape")) if isinstance(t, str))
     out: set[str] = set()
     for tid, created in list(con.execute("SELECT id, created FROM tapes")):
         if tid not in named and now - created >= retention:
