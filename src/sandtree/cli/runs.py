@@ -70,6 +70,8 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
         elif args.command == "run":
             sys.stdout.flush()
             print(f"image: {rec.image or '(disposable)'}")
+        if rec.usage.get("tape") and not (args.command == "run" and args.quiet):
+            print(f"tape: {rec.usage['tape']}", file=sys.stderr)      # (--record: what `--replay` takes)
     return exits.of_run(rec)
 
 
