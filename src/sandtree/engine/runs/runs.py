@@ -130,8 +130,7 @@ class RunOps:
         pool = self.pools.get(source) if self._pools is not None else None
         pool = pool if pool is not None and pool.tier == runtime.name else None
         early = None
-        if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy) \
-                and net.tape is None:
+        if not check_only and net.policy is not None and (pool is None or pool.policy != net.policy):
             early = self._take_linked(runtime, net, scope, row.layers)
         try:
             # None: the image's own ENTRYPOINT + CMD (a Dockerfile's, a pulled image's)
@@ -231,7 +230,7 @@ class RunOps:
         policy (one round trip to the daemon), or None: the run attaches a link and starts cold.
         Not for secrets (their placeholders and CA are the link's from its start). Only a helper
         whose link is fresh or served this scope before (a recycled link never changes scope)."""
-        if net.secrets:
+        if net.secrets or net.tape is not None:       # (a tape is the attach's: the link's from its start)
             return None
         pre = runtime.take_linked(self._provide_link, self.egress.release,
                                   fits=lambda link_scope: link_scope is None or link_scope == scope, layers=layers)
