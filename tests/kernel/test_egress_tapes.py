@@ -18,7 +18,7 @@ import pytest
 
 from netlab import NetLab
 from sandtree.engine import Engine
-from sandtree.errors import NotFound, TapeMiss
+from sandtree.errors import InvalidInput, NotFound, TapeMiss
 from sandtree.network.client import Egress
 from sandtree.network.policy import Grant
 from sandtree.tenancy import Tenant
@@ -99,6 +99,20 @@ def test_a_recorded_run_keeps_every_exchange(world, recorded):
     assert any(edge.get("tape") == tid for edge in e.parents(recorded.image))
     # bodies are the store's blobs, shared: a second recording of the same answers adds no body
     assert e.store.blobs.has(tid)
+
+
+@pytest.mark.parametrize("kw", [{"record": "yes", "network": POLICY}, {"replay": 42, "network": POLICY},
+                                {"replay": {"tape": "ab" * 32, "bogus": 1}, "network": POLICY},
+                                {"replay": {"tape": "ab" * 32, "ignore_headers": "x"}, "network": POLICY},
+                                {"record": True}, {"replay": "0123456789abcdef", "network": POLICY}])
+def test_bad_tape_options_are_typed_errors_and_change_nothing(world, kw):
+    e, img, _ = world
+    ops = e.store.db.one("SELECT count(*) FROM operations")[0]
+    with pytest.raises((InvalidInput, NotFound)):
+        e.run(img, ["true"], **kw)
+    assert e.store.db.one("SELECT count(*) FROM operations")[0] == ops
+    left = os.path.join(e.store.home, "network", "tapes")
+    assert not os.path.isdir(left) or not [f for f in os.listdir(left) if f.startswith("replay-")]
 
 
 def test_a_request_not_on_the_tape_fails_naming_it(world, recorded):
