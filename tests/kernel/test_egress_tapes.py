@@ -10,12 +10,15 @@ in namespaces this test made. The daemon is stopped at teardown."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import subprocess
 
 import pytest
 
+import sandtree
 from netlab import NetLab
 from sandtree.engine import Engine
 from sandtree.errors import InvalidInput, NotFound, TapeMiss
@@ -97,8 +100,22 @@ def test_a_recorded_run_keeps_every_exchange(world, recorded):
     # in the record and the lineage edge's operation (trace export reads the record's usage)
     assert e.store.db.one("SELECT outcome FROM operations WHERE id=?", (recorded.op,))[0].count(tid) == 1
     assert any(edge.get("tape") == tid for edge in e.parents(recorded.image))
-    # bodies are the store's blobs, shared: a second recording of the same answers adds no body
-    assert e.store.blobs.has(tid)
+    assert e.store.blobs.has(tid)                              # the tape is a blob named by its ID
+    from sandtree.exploration.traces import trace_rows
+    row = next(r for r in trace_rows(e, img) if r["image"] == recorded.image)
+    assert json.loads(row["usage"])["tape"] == tid               # trace export's rows name it
+
+
+def test_the_sdks_show_a_tape(world, recorded):
+    e, _, _ = world
+    tid = recorded.usage["tape"]
+    with sandtree.Sandtree(e.store.home, warm=0) as st:
+        assert st.tape(tid[:12])["id"] == tid                   # (a unique prefix names it)
+
+    async def show():
+        async with sandtree.AsyncSandtree(e.store.home, warm=0) as ast:
+            return await ast.tape(tid)
+    assert asyncio.run(show())["exchanges"] == e.tape_show(tid)["exchanges"]
 
 
 @pytest.mark.parametrize("kw", [{"record": "yes", "network": POLICY}, {"replay": 42, "network": POLICY},
