@@ -320,6 +320,12 @@ def egress_rows(table: Table, args) -> None:
     table.add_row(f"{args.egress_mb} MB plain HTTP on port 80 through the egress proxy (MB/s, median of {k})",
                   f"{d['http']:.0f}", "", f"{d['http'] / d['direct']:.2f}x direct; CPU s/GB: proxy "
                   f"{d['cpu']['http']:.2f}, machine {mc['http']:.2f}")
+    import tapes                       # bench/tapes.py: egress tapes (record= / replay=)
+    t = tapes.measure(100, k)
+    table.add_row(f"100 MB HTTPS download, recorded to an egress tape (MB/s, median of {k})", f"{t['record']:.0f}", "",
+                  f"{1 - t['record'] / t['plain']:+.0%} vs plain HTTPS through the proxy ({t['plain']:.0f}; target <= 10%)")
+    table.add_row(f"100 MB HTTPS download, replayed from the tape (MB/s, median of {k})", f"{t['replay']:.0f}", "",
+                  f"{t['replay'] / t['plain']:.2f}x plain (target >= 1)")
 
 
 def network_table(img, cold_img, args, unrecycled_img=None, only_start: bool = False) -> Table:

@@ -9,7 +9,8 @@ address a rule may name) and the addresses the egress path must never reach (169
 
 Servers (one asyncio loop on a thread, sockets bound to every address of `internet`):
     80    HTTP: echoes method, path, headers, body (Content-Length or chunked) and the address it
-          was reached at as JSON; GET /bytes/N answers N bytes (throughput); /upgrade with
+          was reached at as JSON; GET /bytes/N answers N bytes (throughput); /redirect a 302 to
+          https://www.allowed.test/final, /chunked a chunked body, /gzip a gzip-encoded one; /upgrade with
           `Upgrade: websocket` answers 101 and then echoes bytes
     443   HTTPS, the same, with a certificate from the lab's CA (ca_file) for the zone's names
     7     TCP echo        2222  a banner ("BANNER <address>\\n") on a non-HTTP port
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gzip
 import ipaddress
 import json
 import os
@@ -258,7 +260,20 @@ class NetLab:
                 writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
                 await self._echo(reader, writer, local)
                 return
-            if path.startswith("/bytes/"):
+            if path == "/redirect":                     # (a client follows it to another host)
+                writer.write(b"HTTP/1.1 302 Found\r\nLocation: https://www.allowed.test/final\r\n"
+                             b"Content-Length: 0\r\n\r\n")
+                await writer.drain()
+            elif path == "/chunked":
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             b"6\r\nchunk-\r\n3\r\none\r\n0\r\n\r\n")
+                await writer.drain()
+            elif path == "/gzip":
+                out = gzip.compress(b"a gzip body " * 100, mtime=0)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+                             % len(out) + out)
+                await writer.drain()
+            elif path.startswith("/bytes/"):
                 n = int(path[7:])
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
                 chunk = b"\0" * (1 << 20)

@@ -10,7 +10,7 @@ import importlib
 
 from .defaults import Limits
 from .errors import (BadArchive, BuildFailed, CommandNotFound, Conflict, DiskFull, Forbidden, ImageNotFound, InvalidInput,
-                     LimitExceeded, MergeConflict, Ended, NotFound, NotReady, NotRegularFile, PathEscape, PathNotFound,
+                     LimitExceeded, MergeConflict, TapeMiss, Ended, NotFound, NotReady, NotRegularFile, PathEscape, PathNotFound,
                      RegistryError, RuntimeUnavailable, SandboxError, SandtreeError, StoreCorrupt, TooLarge,
                      Unauthorized)
 
@@ -28,7 +28,7 @@ __all__ = [
     "AsyncSandtree", "AsyncImage", "AsyncRunResult", "AsyncBranch", "AsyncSandbox", "Limits",
     "SandtreeError", "NotFound", "ImageNotFound", "PathNotFound", "InvalidInput", "PathEscape",
     "BadArchive", "CommandNotFound", "Conflict", "RuntimeUnavailable", "SandboxError", "StoreCorrupt",
-    "Unauthorized", "Forbidden", "LimitExceeded", "NotRegularFile", "MergeConflict", "TooLarge",
+    "Unauthorized", "Forbidden", "LimitExceeded", "NotRegularFile", "MergeConflict", "TapeMiss", "TooLarge",
     "RegistryError", "DiskFull", "BuildFailed", "NotReady", "Ended", "ImageConfig", "RecipeBuilder", "Recipe",
 ]
 __version__ = "0.1.0"

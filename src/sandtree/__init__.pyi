@@ -34,6 +34,7 @@ from sandtree.errors import Forbidden as Forbidden
 from sandtree.errors import LimitExceeded as LimitExceeded
 from sandtree.errors import NotRegularFile as NotRegularFile
 from sandtree.errors import MergeConflict as MergeConflict
+from sandtree.errors import TapeMiss as TapeMiss
 from sandtree.errors import TooLarge as TooLarge
 from sandtree.errors import RegistryError as RegistryError
 from sandtree.errors import DiskFull as DiskFull
@@ -44,5 +45,5 @@ from sandtree.store.imageconfig import ImageConfig as ImageConfig
 from sandtree.recipe.builder import RecipeBuilder as RecipeBuilder
 from sandtree.recipe.steps import Recipe as Recipe
 
-__all__ = ['Sandtree', 'Image', 'RunResult', 'Branch', 'MergeResult', 'Sandbox', 'SandboxProcess', 'best_of', 'connect', 'AsyncSandtree', 'AsyncImage', 'AsyncRunResult', 'AsyncBranch', 'AsyncSandbox', 'Limits', 'SandtreeError', 'NotFound', 'ImageNotFound', 'PathNotFound', 'InvalidInput', 'PathEscape', 'BadArchive', 'CommandNotFound', 'Conflict', 'RuntimeUnavailable', 'SandboxError', 'StoreCorrupt', 'Unauthorized', 'Forbidden', 'LimitExceeded', 'NotRegularFile', 'MergeConflict', 'TooLarge', 'RegistryError', 'DiskFull', 'BuildFailed', 'NotReady', 'Ended', 'ImageConfig', 'RecipeBuilder', 'Recipe']
+__all__ = ['Sandtree', 'Image', 'RunResult', 'Branch', 'MergeResult', 'Sandbox', 'SandboxProcess', 'best_of', 'connect', 'AsyncSandtree', 'AsyncImage', 'AsyncRunResult', 'AsyncBranch', 'AsyncSandbox', 'Limits', 'SandtreeError', 'NotFound', 'ImageNotFound', 'PathNotFound', 'InvalidInput', 'PathEscape', 'BadArchive', 'CommandNotFound', 'Conflict', 'RuntimeUnavailable', 'SandboxError', 'StoreCorrupt', 'Unauthorized', 'Forbidden', 'LimitExceeded', 'NotRegularFile', 'MergeConflict', 'TapeMiss', 'TooLarge', 'RegistryError', 'DiskFull', 'BuildFailed', 'NotReady', 'Ended', 'ImageConfig', 'RecipeBuilder', 'Recipe']
 __version__: str

@@ -30,6 +30,12 @@ PORT_URL_TTL = 3600.0                # seconds a signed URL of an exposed port w
 SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at once (each a listener of the
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
+# Egress tapes (network/tape.py, engine/tapes.py): the request headers a replay compares besides method,
+# URL and body (others, such as User-Agent or Date, vary between runs that mean the same request)
+TAPE_MATCH_HEADERS = ("content-type", "authorization", "range")
+TAPE_MAX_REQUEST_BODY = 64 << 20    # bytes of one taped request's body (held in memory to be matched)
+TAPE_MAX_MISSES = 50                # distinct missed requests a replay reports
+TAPE_SHOW_LIMIT = 1000              # exchanges tape_show lists by default
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
 METRICS_INTERVAL = 5.0               # seconds between a server's samples of each live sandbox's CPU, memory, disk
 METRICS_WINDOW = 3600.0              # ... kept this long (in the serving process's memory), E2B's get_metrics

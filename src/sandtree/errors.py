@@ -14,7 +14,8 @@
     ├── Conflict                  a ref moved under us (compare-and-swap lost)
     │   ├── NotReady              what the call needs is still starting (425: retry)
     │   ├── Ended                 what the call needs has ended (a finished live run: 410)
-    │   └── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
+    │   ├── MergeConflict         a merge left conflicts (`details["conflicts"]` lists them)
+    │   └── TapeMiss              a replayed run asked what its tape does not hold (`details["missed"]`)
     ├── Unauthorized              no valid token (a server with tokens configured)
     ├── Forbidden                 the token lacks the scope this call needs
     ├── LimitExceeded             a tenant's limit (concurrent runs, timeout, output) refuses it
@@ -142,6 +143,14 @@ class RequestTimeout(InvalidInput):
 
 class MergeConflict(Conflict):
     code = "merge_conflict"
+
+
+class TapeMiss(Conflict):
+    """A run replayed from an egress tape (replay=) asked for something the tape does not hold: the
+    message names each request (method and URL, a DNS question, a TCP connection; `details`: missed,
+    tape, op); the sandbox got a 502 naming it, nothing went out. record=True with replay= sends such
+    requests out and extends the tape instead."""
+    code = "tape_miss"
 
 
 class TooLarge(LimitExceeded):

@@ -5,7 +5,7 @@ from here; a row's own `param: text` docstring lines override the shared meaning
 from __future__ import annotations
 
 from . import table
-from .errors import MergeConflict, NodeLost
+from .errors import MergeConflict, NodeLost, TapeMiss
 
 __all__ = ["PARAMS", "describe"]
 
@@ -61,6 +61,12 @@ PARAMS = {
     "secrets": "NAME -> {value, hosts}, or NAME -> {stored: true, hosts?} / a list of NAMEs for the server's "
                "stored secrets (hosts may only narrow theirs): the sandbox sees a placeholder in $NAME; requests "
                "to those hosts carry the value (needs network)",
+    "record": "keep an egress tape of what the sandbox fetched (DNS, HTTP and HTTPS exchanges, other TCP as "
+              "byte streams; needs network): its ID is in the run's usage['tape']; with replay: misses go out "
+              "and the new tape extends the old one",
+    "replay": "a tape ID (or {tape, ignore_headers, ignore_query, match_headers}): DNS and requests answered "
+              f"from it, nothing goes out; a request not on it fails the run ({TapeMiss.code}) naming it",
+    "tape": "an egress tape's ID (a run's usage['tape'])",
     "retries": "on a cluster: run it again on another node, at most this many times, when its node is lost "
                f"before the run committed anything (0: it fails with {NodeLost.code})",
     "secret_set.name": "the secret's name: the environment variable runs see it as",

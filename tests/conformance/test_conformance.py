@@ -207,7 +207,7 @@ def test_run_options_are_declared_once():
     """run, sandbox_start and the pools take the shared options from RunOptions (table/options.py), with its
     defaults; fork's and submit_run's **options are run's."""
     names = table.RunOptions.names()
-    assert len(names) == 15
+    assert len(names) == 17
     for n in ("run", "sandbox_start"):
         assert table.OPS[n].options == names, n
     for n in ("pool_create", "pool_and_wait"):

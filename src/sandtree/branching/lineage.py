@@ -111,14 +111,17 @@ def path(store: Store, a: str, b: str, visible: Visible | None = None) -> list[s
 
 def op_summary(store: Store, op: str) -> dict:
     """An operation's kind, command (or what it imported), exit code and duration in seconds
-    (None while it runs), and for a run that had network its policy (hermetic false); {} if it is gone."""
+    (None while it runs), for a run that had network its policy (hermetic false) and its egress tape
+    (the one it recorded, else the one it replayed); {} if it is gone."""
     r = store.db.one("SELECT kind, spec, outcome, started, finished FROM operations WHERE id=?", (op,))
     if not r:
         return {}
     spec, outcome = json.loads(r[1]), json.loads(r[2]) if r[2] else {}
     net = {"network": spec["network"], "hermetic": False} if spec.get("network") else {}
+    # an egress tape it recorded (its usage), else the one it replayed (its spec): engine/tapes.py
+    tape = (outcome.get("usage") or {}).get("tape") or spec.get("tape")
     return {"kind": r[0], "command": spec.get("command") or spec.get("source"), "exit_code": outcome.get("exit_code"),
-            "seconds": _seconds(r[3], r[4]), **net}
+            "seconds": _seconds(r[3], r[4]), **net, **({"tape": tape} if tape else {})}
 
 
 def _seconds(started, finished) -> float | None:

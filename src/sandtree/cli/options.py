@@ -103,6 +103,11 @@ RUN_FLAGS = {
                     help="a label kept with it (repeatable)"),
     "network": add_network,
     "secrets": None,                      # --secret: added with --network (add_network), read by network()
+    "record": _flag("--record", action="store_true", default=None,
+                    help="keep an egress tape of what the command fetched (needs --network); with --replay: "
+                         "requests not on that tape go out and the new tape extends it"),
+    "replay": _flag("--replay", metavar="TAPE", help="answer DNS and requests from egress tape TAPE, offline "
+                    "(a request not on it fails the run, naming it)"),
 }
 RUN_OPTIONS = tuple(RUN_FLAGS)           # RunOptions.names()
 

@@ -13,7 +13,7 @@ from . import exits, options
 from .output import open_engine, out
 
 # The run options `run` spells through options.RUN_FLAGS alone (the others it declares above, with its own help)
-RUN_MORE = ("file_set", "output", "labels")
+RUN_MORE = ("file_set", "output", "labels", "record", "replay")
 
 
 def cmd_run(args):
@@ -70,6 +70,8 @@ def report_run(args, rec, sink: options.OutputFile | None = None) -> int:
         elif args.command == "run":
             sys.stdout.flush()
             print(f"image: {rec.image or '(disposable)'}")
+        if rec.usage.get("tape") and not (args.command == "run" and args.quiet):
+            print(f"tape: {rec.usage['tape']}", file=sys.stderr)      # (--record: what `--replay` takes)
     return exits.of_run(rec)
 
 

@@ -53,7 +53,8 @@ VERBS = (('image', ('images.add_image',)),
  ('top', ('derive.add_rest',)),
  ('volume', ('derive.add_rest',)),
  ('parents', ('derive.add_rest',)),
- ('children', ('derive.add_rest',)))
+ ('children', ('derive.add_rest',)),
+ ('tape', ('derive.add_rest',)))
 
 LISTED = (('image', 'import, list, export and remove images'),
  ('build', 'build an image from a Dockerfile (each step cached)'),
@@ -114,4 +115,5 @@ LISTED = (('image', 'import, list, export and remove images'),
  ('top', 'Every process of a live sandbox as the kernel tells it (not only spawned ones): pid and ppid inside'),
  ('volume', None),
  ('parents', 'The images an image was made from, with the operations that made it.'),
- ('children', 'The images made from an image, with their operations.'))
+ ('children', 'The images made from an image, with their operations.'),
+ ('tape', None))

@@ -225,6 +225,8 @@ class Sandtree:
                                            "tenant: (an admin) store it for that tenant.")
     secrets = method("secret_list")
     remove_secret = method("secret_remove", wrap=as_none)
+    # egress tapes: a run with record=True keeps one (its ID: result.usage["tape"]); replay=ID answers from it
+    tape = method("tape_show")
     # volumes: named directories that live sandboxes mount (st.start(image, volumes={"name": "/path"}))
     create_volume = method("volume_create", note="Mount it with image.start(volumes={name: \"/path\"}) "
                                                  "(\"/path:ro\" read-only); it outlives every sandbox.")

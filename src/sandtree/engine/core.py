@@ -54,6 +54,7 @@ from ..table import ENGINE_OPS
 from ..table.imagerefs import resolve_image_arguments
 from ..defaults import RunRecord
 from .images.uploads import UploadOps
+from .tapes import TapeOps
 
 from ..network.client import Egress
 
@@ -61,7 +62,7 @@ _TENANCY_LOCK = threading.Lock()
 
 
 class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, BuildOps, ContextBuildOps,
-             AnnotationOps):
+             AnnotationOps, TapeOps):
     def __init__(self, home: str, *, idmap: IdMap | None = None, limits: Limits | None = None, warm: int = 2,
                  tier: str = "namespaces", max_runs: int = 4, database: str | None = None,
                  objects: str | None = None, cache_max: int | None = None, cluster: str | None = None,

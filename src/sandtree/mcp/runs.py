@@ -24,7 +24,8 @@ def register(t: Toolkit) -> None:
             truncate_output_at: int = D.MCP_OUTPUT_CHARS, tier: str | None = None, memory: str | None = None,
             pids: int | None = None, cpus: float | None = None, disk: str | None = None,
             labels: dict[str, str] | None = None, network: bool | str | list[str] | dict | None = None,
-            secrets: dict[str, dict] | list[str] | None = None, retries: int = 0) -> dict:
+            secrets: dict[str, dict] | list[str] | None = None, retries: int = 0, record: bool = False,
+            replay: str | dict | None = None) -> dict:
         """Run a command in a fresh sandbox on an image. What it writes is kept as a new image,
         result_image, to run, fork, diff or merge next (disposable=true keeps nothing). Returns
         exit_code, stdout, stderr (cut, with a marker), result_image, timed_out, oom_killed."""
@@ -32,7 +33,7 @@ def register(t: Toolkit) -> None:
         opts = dict(env=env, cwd=cwd or None, uid=uid, gid=gid, timeout=timeout, disposable=disposable,
                     stdin=stdin.encode() if stdin else None, files=files_arg(files),
                     file_set=directory_state_id, tier=tier, labels=labels, network=network,
-                    secrets=secrets, retries=retries)
+                    secrets=secrets, retries=retries, record=record, replay=replay)
         opts.update({k: v for k, v in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk))
                      if v is not None})
         if not wait:

@@ -242,6 +242,8 @@ class Toolkit:
         res = {"operation_id": rec.op, "result_image": rec.image, "exit_code": rec.exit_code,
                "signal": rec.signal, "timed_out": rec.timed_out, "oom_killed": rec.oom_killed,
                "stdout": out, "stderr": err}
+        if rec.usage.get("tape"):                   # record=true: the egress tape's ID (tape_show, replay)
+            res["tape"] = rec.usage["tape"]
         if cut_out or cut_err or rec.stdout_truncated or rec.stderr_truncated:
             res["truncated"] = (f"output cut at {limit} characters (stdout {len(rec.stdout)} bytes, stderr "
                                 f"{len(rec.stderr)} bytes kept); read the rest with get_operation("

@@ -227,16 +227,19 @@ class Egress:
         return self._request({"op": "ping"})[0]
 
     def attach(self, key: str, policy: Policy | None, secrets: list[Secret] | None = None,
-               owner: int | None = None, scope: str | None = None) -> Link:
+               owner: int | None = None, scope: str | None = None, tape: dict | None = None) -> Link:
         """A link for `key` with `policy` (None: nothing goes out); `secrets` get placeholders (the
         daemon's: the values stay in its memory) and the link a CA. scope: whose run it is (a
         tenant): the link is a fresh one or one only that scope used, and after its release it
         may serve that scope again (the daemon recycles it when it finds it clean); "any" (only
         with no policy: a link made ready for a run not yet known) any, Link.scope saying whose
-        it was; None: a fresh link, removed after its release."""
+        it was; None: a fresh link, removed after its release. tape: {"record", "replay", "rules"}
+        (tape.py; engine/tapes.py makes it): the release's usage then says where the tape is."""
         wire = {s.name: {"value": s.value, "hosts": list(s.hosts)} for s in secrets or ()}
         req = {"op": "attach", "key": key, "policy": policy.to_json() if policy else None,
                "secrets": wire or None, "owner": owner if owner is not None else os.getpid()}
+        if tape is not None:
+            req["tape"] = tape
         if scope is not None and self.recycle:
             req.update(scope=scope, recycle=True)
         answer, fds = self._request(req)

@@ -34,7 +34,7 @@ import time
 from .. import errors
 from ..errors import InvalidInput, NotFound, SandtreeError
 from . import expose as exposing
-from . import descriptors, fastpath, netns, nft, proxy, recycle, resolver, trust, upstream
+from . import descriptors, fastpath, netns, nft, proxy, recycle, resolver, tape, trust, upstream
 from .client import MAX_MESSAGE, lock_path, socket_path
 from .links import ANY, Links, Made, addresses6
 from .policy import Policy
@@ -170,22 +170,24 @@ class Daemon:
         finally:
             self.pending.discard(key)
 
-    def _add(self, key: str, made: Made, ns, policy, secrets, owner, ca=None) -> Entry:
-        """ca: another link's CA to present (a copy's: op_attach_like); None: a new one with secrets."""
+    def _add(self, key: str, made: Made, ns, policy, secrets, owner, ca=None, taped=None) -> Entry:
+        """ca: another link's CA to present (a copy's: op_attach_like); None: a new one with secrets
+        or a tape (`taped`: the attach's tape option, tape.py)."""
         address6, gateway6 = addresses6(made.index)
         state = LinkState(key=key, index=made.index, address=made.address, gateway=made.gateway,
                           policy=policy, secrets=secrets, address6=address6, gateway6=gateway6)
-        state.ca = ca if ca is not None else trust.link_ca(key, secrets)
+        state.tape = tape.parse_option(taped, key, self.home, trust.placeholders(secrets))
+        state.ca = ca if ca is not None else trust.link_ca(key, secrets, every_host=state.tape is not None)
         entry = Entry(state, made, ns, owner)
         self.entries[key] = entry
         self.by_gateway[made.gateway] = state
         self.by_gateway[gateway6] = state           # (its IPv6 connections and DNS)
         return entry
 
-    async def _keep(self, key: str, made: Made, ns, policy, secrets, owner, ca=None) -> Entry:
+    async def _keep(self, key: str, made: Made, ns, policy, secrets, owner, ca=None, taped=None) -> Entry:
         """_add, or the link removed again when that fails (nothing half-made stays)."""
         try:
-            return self._add(key, made, ns, policy, secrets, owner, ca)
+            return self._add(key, made, ns, policy, secrets, owner, ca, taped)
         except BaseException:
             await asyncio.get_running_loop().run_in_executor(None, self.links.drop, made)
             raise
@@ -208,6 +210,9 @@ class Daemon:
             raise InvalidInput(f"recycle is true or false, not {recycle!r}")
         if secrets and policy is None:
             raise InvalidInput("secrets need a network policy (nothing goes out without one)")
+        taped = req.get("tape")
+        if taped is not None and (policy is None or req.get("scope") == "any"):
+            raise InvalidInput("a tape needs a network policy (nothing goes out without one)")
         # A fresh link, or one only the same scope used; "any" (a link to wait for a run, nothing
         # allowed) any, and the answer says whose it was: set_policy keeps to that.
         scope = None if req.get("scope") == "any" else _scope(req)
@@ -217,7 +222,7 @@ class Daemon:
         made = self.links.take_ready(want) or await asyncio.get_running_loop().run_in_executor(
             None, self.links.take, want)
         st = os.fstat(made.netns_fd)
-        entry = await self._keep(key, made, (st.st_dev, st.st_ino), policy, secrets, owner)
+        entry = await self._keep(key, made, (st.st_dev, st.st_ino), policy, secrets, owner, taped=taped)
         if want is not ANY and scope is not None:
             entry.scope = scope
         entry.recycle = recycle
@@ -336,7 +341,10 @@ class Daemon:
     async def op_release(self, req, fds) -> dict:
         entry = self._entry(req)
         await self._release(entry)
-        return {"usage": entry.state.usage.to_json()}
+        usage = entry.state.usage.to_json()
+        if entry.state.tape is not None:          # where the tape is, what a replay missed (engine/tapes.py)
+            usage["tape"] = entry.state.tape.finish()
+        return {"usage": usage}
 
     async def op_expose(self, req, fds) -> dict:
         entry = self._entry(req)

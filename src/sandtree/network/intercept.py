@@ -79,11 +79,11 @@ def wants(link: LinkState, name: str, port: int, dialled_by_name: bool) -> bool:
 
 async def handle(link: LinkState, name: str, port: int, client, first: bytes,
                  connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
-                 tls: ssl.SSLContext | None, spool_dir: str | None = None) -> None:
+                 tls: ssl.SSLContext | None, spool_dir: str | None = None, tap=None) -> None:
     """Serve one intercepted connection to the end (see the module doc); never raises for what the
     peers do. `tls` must verify (CERT_REQUIRED and host names): the value goes only to the host
     proven to be `name`. `spool_dir`: where bodies over MAX_BODY are spooled (unlinked files;
-    None: the system's temporary directory)."""
+    None: the system's temporary directory). `tap(stream)`: sees the sandbox's side (tape.py)."""
     name = host_name(name) or ""
     secrets = [s for s in link.secrets if matches(s.hosts, name)]
     if (port != 443 or not name or tls is None or tls.verify_mode != ssl.CERT_REQUIRED
@@ -92,6 +92,8 @@ async def handle(link: LinkState, name: str, port: int, client, first: bytes,
         raise ValueError("intercept.handle: needs TLS on port 443 to a host name, the link's CA and an "
                          "upstream TLS context that verifies certificates and names")
     down = Stream(*client, link.ca.server_context(name), server_side=True, initial=first)
+    if tap is not None:
+        tap(down)                        # (a taped link's: placeholders and masked answers only)
     up, linger = None, 0.0
     try:
         async def dial():

@@ -27,7 +27,7 @@ import ipaddress
 import socket
 import struct
 
-from . import fastpath, intercept, netns, plainhttp, policy, splice
+from . import fastpath, intercept, netns, plainhttp, policy, splice, tape
 from .httpio import Closed, Refuse
 from .nft import PROXY_PORT
 from .policy import Verdict
@@ -202,6 +202,8 @@ async def _handle(client: socket.socket, links, upstream, spool_dir=None) -> Non
 async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int, upstream,
                           spool_dir) -> None:
     loop = asyncio.get_running_loop()
+    if link.tape is not None:            # names resolved from (or into) the tape; replay: no dial
+        upstream = tape.TapeUpstream(upstream, link.tape)
     own = upstream.own_addresses()
     first, name, req, dialled = b"", None, None, ip
     if port == 443 and link.policy is not None:
@@ -228,6 +230,19 @@ async def _handle_counted(link: LinkState, client: socket.socket, ip, port: int,
     conn.sockets.append(client)
     link.conns.add(conn)
     try:
+        if link.tape is not None:
+            # a taped link's bytes must pass through Python: never the splice or kernel relays
+            wanted = name and intercept.wants(link, name, port, by_name)
+
+            async def intercepted(tap):
+                streams = await asyncio.open_connection(sock=client.dup(), limit=CHUNK)
+                conn.writers.append(streams[1])
+                await intercept.handle(link, name, port, streams, first,
+                                       lambda: upstream.open_connection(ip, port, timeout=DIAL_SECONDS),
+                                       upstream.tls_context(), spool_dir, tap=tap)
+            await tape.serve(link, client, first, name, ip, port, port == 80 and req is not None, upstream,
+                             intercepted if wanted else None)
+            return
         if name and intercept.wants(link, name, port, by_name):
             streams = await asyncio.open_connection(sock=client.dup(), limit=CHUNK)
             conn.writers.append(streams[1])

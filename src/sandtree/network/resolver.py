@@ -28,6 +28,7 @@ from .links import IPV6
 from .nft import RESOLVER_PORT
 from .policy import wire_name
 from .state import MAX_HOSTS, LinkState
+from .tape import TapeUpstream
 
 __all__ = ["serve_resolver", "answer", "Resolver", "IP_PKTINFO", "IPV6_PKTINFO", "IPV6_RECVPKTINFO", "MAX_NAMES_PER_IP", "MAX_NAMED_ADDRESSES", "MAX_LINK_TCP", "TCP_IDLE", "TTL"]
 
@@ -75,6 +76,8 @@ async def answer(link: LinkState | None, wire: bytes, upstream) -> bytes | None:
         r.set_rcode(dns.rcode.REFUSED)
         return r.to_wire()
     link.usage.dns_queries += 1
+    if link.tape is not None:            # resolutions recorded, or answered from the tape
+        upstream = TapeUpstream(upstream, link.tape)
     question = q.question[0]
     # from the labels, not the text: `x\.y` is one label holding a dot, which a text comparison
     # read as two (a `*.` rule passed it, and upstream got the label back)

@@ -63,5 +63,6 @@ class LinkState:
     usage: Usage = field(default_factory=Usage)
     names: dict[str, set[str]] = field(default_factory=dict)    # ip -> names the resolver answered with it
     conns: set = field(default_factory=set)   # open proxied connections (objects with .dest_names, .ip, .port, .close())
-    ca: object = None              # the link's CA (intercept.py), made when it has secrets
+    ca: object = None              # the link's CA (intercept.py), made when it has secrets or a tape
+    tape: object = None            # tape.Tape: what it fetched is recorded, or answered from a tape
     attached: float = field(default_factory=time.time)

@@ -126,6 +126,10 @@ CREATE TABLE IF NOT EXISTS annotations(image TEXT PRIMARY KEY, score REAL, meta 
 -- Engines that own operations, by boot id, pid and start time (engine/runs/heartbeat.py): beat every few
 -- seconds, so an engine on another machine (API replicas on one database) can tell that one is gone.
 CREATE TABLE IF NOT EXISTS engines(owner TEXT PRIMARY KEY, beat REAL NOT NULL);
+-- Egress tapes (store/tapes.py): the tape's JSON is the blob named by its id; `op` the run (or live
+-- sandbox) that recorded it, `parent` the tape a replay_or_record extended.
+CREATE TABLE IF NOT EXISTS tapes(id TEXT PRIMARY KEY, op TEXT, parent TEXT, created REAL NOT NULL,
+    exchanges INTEGER NOT NULL, bytes INTEGER NOT NULL);
 """
 
 # Columns added since a store was made (same format: older code ignores them), for both backends:

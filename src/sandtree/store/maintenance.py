@@ -13,6 +13,7 @@ import os
 import stat
 import time
 
+from . import tapes
 from .blobs import hash_file
 from .layers import remove_dead_transfers
 from .objects import DIR, FILE, decode_tree, tree_hash_and_data
@@ -189,6 +190,7 @@ def _gc(store: Store, retention: float, grace: float, now: float, ttl: float) ->
         trees, blobs = reachable(store, keep)
         for (files,) in con.execute("SELECT files FROM file_sets"):       # reusable uploaded sets
             blobs.update(f["sha256"] for f in json.loads(files))
+        blobs |= tapes.kept(store, con, now, retention)       # egress tapes records name, and their bodies
         all_trees = [r[0] for r in con.execute("SELECT hash FROM trees")]
         dead_trees = [h for h in all_trees if h not in trees]
         con.executemany("DELETE FROM trees WHERE hash=?", [(h,) for h in dead_trees])

@@ -517,6 +517,15 @@ def secret_list(*, tenant: str | None = None) -> list[dict]:
 def secret_remove(name: str, *, tenant: str | None = None) -> None:
     """Forget a stored secret (runs and sandboxes already started keep theirs)."""
 
+@via("cli", Cli("tape show"))
+@op("list", http=Http(_G, "/tapes/{tape}", query=("limit",)))
+@via("mcp", Mcp(doc="""An egress tape's exchanges, in the order they happened: kind (dns, http, https, tcp), host,
+        method, path, status, request and response bytes, seconds after the start. A run started with
+        record=True (and network) keeps a tape; its ID is the run's usage["tape"]; replay=ID answers a
+        later run from it with no network."""))
+def tape_show(tape: str, *, limit: int = D.TAPE_SHOW_LIMIT) -> dict:
+    """An egress tape: the run that recorded it, the tape it extends, its size, and its exchanges in order (kind, host, method, path, status, request and response bytes, time)."""
+
 # ---- operations: runs submitted now, awaited later (engine.operations.<name>) ---------------------------
 @via("cli", Off("an operation submitted now and awaited later lives in a serving process (`sandtree op ID` shows a record)"))
 @op("run", images=("ref",), audit="run", group="operations", http=Http(_P, "/runs"), custom_remote=True, kwargs_of="run")

@@ -19,7 +19,8 @@ CORE_MAX = 12
 # The JSON types MCP shows for run options the rows leave untyped or type loosely (secrets: also a list of the
 # server's stored secrets' names), for Mcp(types=...)
 RUN_JSON = {"env": "dict[str, str] | None", "labels": "dict[str, str] | None",
-            "network": "bool | str | list[str] | dict | None", "secrets": "dict[str, dict] | list[str] | None"}
+            "network": "bool | str | list[str] | dict | None", "secrets": "dict[str, dict] | list[str] | None",
+            "replay": "str | dict | None"}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class RunOptions:
     labels: dict | None = None
     network: object = None
     secrets: dict | None = None
+    record: bool = False
+    replay: object = None
 
     # What a warm pool's sandboxes are started with (env, files and secrets are a run's, not a pool's).
     LIMITS: ClassVar[tuple[str, ...]] = ("hostname", "timeout", "memory", "pids", "cpus", "disk", "output",

@@ -21,7 +21,8 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 @op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox", body=("ref",) + RunOptions.names() + ("idle_timeout", "lifetime", "idle_action", "volumes"), rename={"ref": "image"}, model="StartIn", types={**Http.RUN_TYPES, "idle_action": 'Literal["stop", "hibernate"]', "volumes": "dict[str, str] | list[dict] | None"}, defaults=Http.RUN_DEFAULTS, describe={**Http.RUN_DESCRIBE, "labels": "names and values kept with the sandbox (list filters by them)", "tier": "isolation tier (default: the server's; a token may force one)", "timeout": "default seconds per command", "idle_timeout": "seconds without a command before it is stopped", "lifetime": "seconds until it is stopped in any case", "idle_action": "what the idle timeout does: stop it, or hibernate it (resume brings it back)", "volumes": "volumes mounted at start: {name: path} (path:ro read-only) or [{name, path, readonly}]"}), custom_remote=True,
     options=RunOptions.parameters())
 @via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "timeout", "memory", "env", "cwd", "idle_timeout", "lifetime",
-                                               "idle_action", "labels", "network", "secrets", "volumes"),
+                                               "idle_action", "labels", "network", "secrets", "volumes", "record",
+                                               "replay"),
                 defaults={"timeout": D.MCP_TIMEOUT}, types={"timeout": "float", "memory": "str | None", **RUN_JSON,
                                                            "volumes": "dict[str, str] | list[dict] | None"},
                 doc="""Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.

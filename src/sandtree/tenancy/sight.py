@@ -9,7 +9,7 @@ import time
 
 from ..branching.lineage import Visible
 from ..errors import Forbidden, ImageNotFound, InvalidInput, NotFound, SandtreeError
-from ..store import refs
+from ..store import refs, tapes
 from ..store.names import check_tag
 from ..defaults import RunRecord
 from ..table import Op
@@ -297,7 +297,22 @@ class TenantSight:
     def _own_set(self, set_id):
         return self._own_blob("file_set", set_id)
 
+    def own_tape(self, ref) -> str:
+        """The full id of a tape this tenant recorded (its run's or live sandbox's); any other answers as a
+        tape that does not exist."""
+        tid = tapes.resolve(self.db, ref)
+        if self.tenant.admin:
+            return tid
+        row = self.db.one("SELECT op FROM tapes WHERE id=?", (tid,))
+        op = row[0] if row else None
+        if op is None or (self.db.one("SELECT 1 FROM tenant_ops WHERE op=? AND tenant=?", (op, self.tenant.name)) is None
+                          and self.db.one("SELECT 1 FROM tenant_blobs WHERE tenant=? AND kind='sandbox' AND id=?",
+                                          (self.tenant.name, op)) is None):
+            raise NotFound(f"no tape {ref!r}", tape=ref)
+        return tid
+
     # Arguments that name something a tenant owns, by parameter name: what the engine is given
     # instead (NotFound, as for a thing that does not exist, when it is another's).
     _OWN_ARGS = {"sid": _sandbox, "digest": _own_upload, "set_id": _own_set,
-                 "op": own_op, "files": _own_files, "file_set": _own_file_set, "volume": _own_volume}
+                 "op": own_op, "files": _own_files, "file_set": _own_file_set, "volume": _own_volume,
+                 "tape": own_tape}

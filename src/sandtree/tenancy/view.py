@@ -78,6 +78,11 @@ class TenantView(TenantSight):
         if opts.get("secrets") is not None:       # rule: stored secrets by name are its own or shared with it
             opts["secrets"] = stored.qualify(self.tenant.name, opts["secrets"])
         self._check_files(opts.get("files"))
+        if opts.get("replay") is not None:         # rule: only a tape of its own runs or sandboxes is replayed
+            given = opts["replay"]
+            ref = given.get("tape") if isinstance(given, dict) else given
+            full = self.own_tape(ref)
+            opts["replay"] = {**given, "tape": full} if isinstance(given, dict) else full
         if opts.get("file_set") is not None:
             self._own_blob("file_set", opts["file_set"])
         return capped(self.tenant.limits, self.engine.default_limits, opts, keys)

@@ -21,6 +21,7 @@ __all__ = ["NetOption", "network_option", "inherited_policy", "attach_link", "re
 class NetOption:
     policy: Policy | None
     secrets: list = field(default_factory=list)
+    tape: object = None                  # engine/tapes.TapeOption: record= / replay= (None: no tape)
 
     def record(self) -> dict:
         """What the operation's (or sandbox's) spec keeps: empty for no network."""
@@ -66,7 +67,8 @@ def attach_link(egress, key: str, net: NetOption, read_image, scope: str | None 
     """Ask the egress daemon for `key`'s link; (link, runtime_files, env additions).
     read_image(path) -> bytes of the image's file (NotFound when it has none). scope: whose run
     it is (the link may be one that scope used before, and serve it again: Egress.attach)."""
-    link = egress.attach(key, net.policy, net.secrets or None, scope=scope)
+    link = egress.attach(key, net.policy, net.secrets or None, scope=scope,
+                         **({"tape": net.tape.attach()} if net.tape is not None else {}))
     image_bundle = None
     if link.ca_pem:                      # the image's trust store, which the link's CA joins
         for path in IMAGE_BUNDLES:

@@ -14,7 +14,7 @@ import uuid
 from ... import defaults as D
 from ...runtime.base import RunSpec
 from ...runtime.validate import check_command, check_env, validate_spec
-from ...errors import InvalidInput, SandtreeError
+from ...errors import InvalidInput, SandtreeError, TapeMiss
 from ...store import ephemeral, refs
 from ...store.store import ImageRow
 from ...secrets_mask import mask_env, mask_text, secret_values
@@ -25,10 +25,20 @@ from ...values import check_labels, check_retries
 from ..images.rundefaults import default_command, run_defaults
 from ...network.client import LOCAL_SCOPE
 from .network import attach_link, network_option, require_egress
+from ..tapes import tape_option
 
 
 
 KEPT, EPHEMERAL, NOTHING = "kept", "ephemeral", "nothing"
+
+
+def _taped(usage, taped, store, op: str):
+    """A released link's usage function, its tape moved into the store first (engine/tapes.py)."""
+    def read() -> dict:
+        out = usage()
+        taped.finish(store, out, op)
+        return out
+    return read
 
 
 def keep_mode(disposable) -> str:
@@ -53,7 +63,7 @@ class RunOps:
             disposable: bool | str = False, on_output=None, tier: str | None = None, cancel=None,
             timeout: float | None = None, memory=None, pids: int | None = None, cpus: float | None = None,
             disk=None, output=None, labels: dict | None = None, network=None,
-            secrets: dict | None = None, retries: int = 0) -> RunRecord:
+            secrets: dict | None = None, record: bool = False, replay=None, retries: int = 0) -> RunRecord:
         """Run `command` on image `ref` (None: the image's ENTRYPOINT + CMD); its writes become a new image.
         gc waits while it runs.
         disposable: True keeps nothing (no commit); "ephemeral" keeps the end state as a short-lived
@@ -65,7 +75,7 @@ class RunOps:
                                   files=files, file_set=file_set, disposable=disposable, on_output=on_output,
                                   tier=tier, cancel=cancel, timeout=timeout, memory=memory, pids=pids, cpus=cpus,
                                   disk=disk, output=output, labels=labels, network=network, secrets=secrets,
-                                  scope=LOCAL_SCOPE, retries=retries)
+                                  record=record, replay=replay, scope=LOCAL_SCOPE, retries=retries)
 
     def run_operation(self, ref: str, command, *, op_id: str | None = None, check_only: bool = False,
                       **options) -> RunRecord | None:
@@ -89,7 +99,7 @@ class RunOps:
              files=None, disposable: bool | str = False, on_output=None, tier: str | None = None,
              file_set: str | None = None, op_id: str | None = None, cancel=None, check_only: bool = False,
              labels: dict | None = None, network=None, secrets: dict | None = None,
-             step: str | None = None, in_tx=None, scope: str | None = None, after: list | None = None,
+             record: bool = False, replay=None, step: str | None = None, in_tx=None, scope: str | None = None, after: list | None = None,
              mtime_clamp: int | None = None, **limits) -> RunRecord | None:
         """step: a build step's text, recorded as the command (the lineage edge's label);
         mtime_clamp: a build step's SOURCE_DATE_EPOCH, the latest mtime its commit keeps (commit.clamp_mtimes);
@@ -109,6 +119,12 @@ class RunOps:
         net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
         if net.policy is not None:
             require_egress(self.egress)
+        taped = tape_option(self.store, record, replay)
+        if taped is not None and net.policy is None:
+            taped.discard()
+            raise InvalidInput("record and replay need a network policy (network=...): a tape is what went "
+                               "through it")
+        net.tape = taped
         # A run that will take a linked helper takes it now and sends its link's policy: the
         # daemon answers while the spec is built (the gate awaits the answer before the command).
         pool = self.pools.get(source) if self._pools is not None else None
@@ -135,6 +151,8 @@ class RunOps:
             check_env(spec.env)                  # the image's and the caller's, before an egress link adds its own
             validate_spec(spec)                  # before anything starts or is recorded
             if check_only:
+                if net.tape is not None:
+                    net.tape.discard()
                 return None
             op = op_id or uuid.uuid4().hex
             masked = secret_values(user_env)
@@ -143,10 +161,13 @@ class RunOps:
                            "argv": [mask_text(a, masked) for a in argv], "cwd": cwd,
                            "env": mask_env(user_env), "uid": uid, "gid": gid, "hostname": hostname, "disposable": disposable,
                            "files": [f.path for f in injected], "limits": lim.__dict__, "tier": runtime.name,
-                           **({"labels": labels} if labels else {}), **net.record()}
+                           **({"labels": labels} if labels else {}), **net.record(),
+                           **(net.tape.spec() if net.tape is not None else {})}
         except BaseException:
             if early is not None:
                 early.discard()                  # (its policy's answer read, its link given back)
+            if net.tape is not None:
+                net.tape.discard()
             raise
         started = time.time()
         link = link_key = gate = None
@@ -154,7 +175,7 @@ class RunOps:
         try:
             # a pooled sandbox only of a pool with the same policy (its link then is the run's)
             served = pool.run(spec) if pool is not None and pool.fits(spec, net.policy, runtime.name) and not net.secrets \
-                else None
+                and net.tape is None else None
             if served is None and net.policy is not None:   # a link of its own
                 spec.prestarted = early if early is not None else self._take_linked(runtime, net, scope, row.layers)
                 early = None
@@ -173,6 +194,8 @@ class RunOps:
                 with contextlib.suppress(SandtreeError):
                     gate()                       # (the answer is read whatever happened)
             usage = self._unlink(link_key, link)
+            if net.tape is not None:
+                net.tape.finish(self.store, usage, op)
             self.records.record(op, source, record_spec, started, None,
                                 {"error": getattr(exc, "code", "error"), "message": str(exc),
                                  **({"usage": {"network": usage}} if link_key is not None else {})})
@@ -182,9 +205,11 @@ class RunOps:
             if link is not None:
                 link.close()
             network_usage = self.egress.release_begin(link_key)
+            if net.tape is not None:
+                network_usage = _taped(network_usage, net.tape, self.store, op)
         try:
             rec, result = self._commit_run(op, source, row, outcome, record_spec, started, keep,
-                                           network_usage, in_tx, masked, mtime_clamp)
+                                           network_usage, in_tx, masked, mtime_clamp, net.tape)
         finally:
             if network_usage is not None:
                 network_usage()                # (the answer is read whatever happened)
@@ -205,7 +230,7 @@ class RunOps:
         policy (one round trip to the daemon), or None: the run attaches a link and starts cold.
         Not for secrets (their placeholders and CA are the link's from its start). Only a helper
         whose link is fresh or served this scope before (a recycled link never changes scope)."""
-        if net.secrets:
+        if net.secrets or net.tape is not None:       # (a tape is the attach's: the link's from its start)
             return None
         pre = runtime.take_linked(self._provide_link, self.egress.release,
                                   fits=lambda link_scope: link_scope is None or link_scope == scope, layers=layers)
@@ -224,7 +249,7 @@ class RunOps:
 
     def _commit_run(self, op: str, source: str, row: ImageRow, outcome, record_spec: dict, started: float,
                     keep: str, network_usage=None, in_tx=None, masked=(),
-                    mtime_clamp: int | None = None) -> tuple[RunRecord, str | None]:
+                    mtime_clamp: int | None = None, taped=None) -> tuple[RunRecord, str | None]:
         """keep: KEPT, EPHEMERAL or NOTHING (keep_mode). network_usage: None, or a function giving
         the released link's usage (read after the commit, before the record). in_tx: see run_operation."""
         t_commit = time.perf_counter()
@@ -244,6 +269,17 @@ class RunOps:
                 outcome.usage["node"] = self.node_id
             if network_usage is not None:
                 outcome.usage["network"] = network_usage()
+            if taped is not None:               # the new tape's id in the record; a replay's misses fail it
+                tid = outcome.usage["network"].pop("tape", None)
+                misses = outcome.usage["network"].pop("tape_misses", [])
+                if tid is not None:
+                    outcome.usage["tape"] = tid
+                try:
+                    taped.check(misses, op)
+                except TapeMiss as exc:
+                    self.records.record(op, source, record_spec, started, None,
+                                        {"error": exc.code, "message": exc.message, "usage": outcome.usage})
+                    raise
             rec = RunRecord(op, source, result, outcome.exit_code, outcome.signal, outcome.stdout,
                             outcome.stderr, outcome.stdout_truncated, outcome.stderr_truncated,
                             outcome.timed_out, outcome.oom_killed, outcome.usage, outcome.cancelled)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable
 from ...network.policy import Policy
+from ...store.db import dumps
+from ..tapes import TapeOption
 from ...store import inspect
 from ...store.objects import SYMLINK
 from ..runs.network import network_option, require_egress
@@ -146,9 +148,20 @@ class SandboxNetwork:
         if not row["spec"].get("network"):
             return {}
         try:
-            return self.egress().release(row["id"])
+            usage = self.egress().release(row["id"])
         except (NotFound, RuntimeUnavailable):
-            return {}
+            usage = {}
+        spec = row["spec"]
+        if spec.get("record") or spec.get("tape"):      # its tape into the store, its id in the row
+            taped = TapeOption(bool(spec.get("record")), spec.get("tape"), spec.get("tape_rules") or {},
+                               spec.get("tape_file"))
+            tid, misses = taped.finish(self.store, usage, row["id"])
+            if tid is not None or misses:
+                new = {**spec, **({"recorded_tape": tid} if tid else {}), **({"tape_misses": misses} if misses else {})}
+                with self.store.db.tx() as con:
+                    con.execute("UPDATE sandboxes SET spec=? WHERE id=?", (dumps(new), row["id"]))
+                row["spec"] = new
+        return usage
 
     def hold_link(self, row: dict, held: bool) -> None:
         """Keep (or stop keeping) a networked sandbox's link while it has no processes; nothing

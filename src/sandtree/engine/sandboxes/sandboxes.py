@@ -58,6 +58,7 @@ from ...defaults import RunRecord
 from ...values import check_labels, labels_match
 from ..images.rundefaults import run_defaults, user_names
 from ..runs.network import attach_link, network_option, require_egress
+from ..tapes import tape_option
 from ..volumes import check_mounts, volume_view
 
 STATES = ("running", "hibernated", "stopped", "expired", "gone", "ahead")   # ahead: warm/sandboxes.py, unclaimed
@@ -237,6 +238,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                 "limits": row["spec"]["limits"], "cwd": row["spec"]["cwd"],
                 "idle_action": row["spec"].get("idle_action", "stop"), "labels": row["spec"].get("labels", {}),
                 "network": row["spec"].get("network"), "tier": row["handle"].tier,
+                **({"tape": row["spec"]["recorded_tape"]} if row["spec"].get("recorded_tape") else {}),
                 **({"volumes": volume_view(row["spec"]["volumes"])} if row["spec"].get("volumes") else {}),
                 **{k: row["spec"][k] for k in ("secrets", "run", "lost", "forked_from") if row["spec"].get(k)}}
 
@@ -255,7 +257,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
               labels: dict | None = None, network=None, secrets: dict | None = None, volumes=None,
-              run_of: str | None = None, starter=None, **limits) -> dict:
+              run_of: str | None = None, starter=None, record: bool = False, replay=None, **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
@@ -274,6 +276,12 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                 self._check_idle_hibernate(tier, idle_action, link=True)
             if net.policy is not None:
                 require_egress(self.egress())
+            self.specs.limits(limits)                     # (bad limits refused before a replay file is written)
+            net.tape = tape_option(self.store, record, replay)
+            if net.tape is not None and net.policy is None:
+                net.tape.discard()
+                raise InvalidInput("record and replay need a network policy (network=...): a tape is what "
+                                   "went through it")
             lim = self.specs.limits(limits)
             user_env = {str(k): str(v) for k, v in (env or {}).items()}
             dflt = run_defaults(self.store, source, env=user_env, cwd=cwd, uid=None, gid=None)
@@ -307,6 +315,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                         self.live.start(spec, lifetime, tier=tier)
             except BaseException:
                 self._unlink_net(sid, link)
+                if net.tape is not None:
+                    net.tape.discard()
                 raise
             finally:
                 if link is not None:
@@ -328,7 +338,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                       "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
                       **({"labels": labels} if labels else {}),
                       **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
-                      **({"run": run_of} if run_of else {}), **net.record()}
+                      **({"run": run_of} if run_of else {}), **net.record(),
+                      **({**net.tape.spec(), "tape_file": net.tape.replay_file} if net.tape is not None else {})}
             try:
                 self._record_running(sid, source, handle, record, idle_timeout, lifetime)
             except BaseException:
