@@ -30,6 +30,9 @@ SANDBOX_PORTS = 32                   # exposed ports one sandbox may have at onc
                                      # store's one egress daemon, shared by every tenant's runs)
 TENANT_PORTS = 64                    # ... and one tenant, over all its sandboxes (its max_ports limit's default)
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+CONTAINERS_ENGINE_START = 90.0       # seconds a containers=True sandbox's dockerd may take to answer (its
+                                     # state restored from a commit first: a big one takes a while)
+CONTAINERS_STATE_SAVE = 300.0        # seconds a commit of such a sandbox may take to save the engine's state
 METRICS_INTERVAL = 5.0               # seconds between a server's samples of each live sandbox's CPU, memory, disk
 METRICS_WINDOW = 3600.0              # ... kept this long (in the serving process's memory), E2B's get_metrics
 E2B_READY_TIMEOUT = 60.0             # seconds an E2B template's ready command may take to succeed at create

@@ -100,7 +100,7 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         deadline_file = self._deadline_file(time.time() + lifetime)
         deadline_fd = os.open(deadline_file, os.O_RDONLY | os.O_CLOEXEC)
         listener, agent_sock = self._agent_socket()
-        flags = self.flags + ["--file-access=shared"]
+        flags = self.flags + ["--file-access=shared"] + (list(self.rt.container_flags) if spec.containers else [])
         if spec.netns_fd is not None:
             flags = [self.network_flag if f == "--network=none" else f for f in flags]
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),

@@ -231,7 +231,8 @@ class SandboxForking:
 
         def restore(cid: str, directory: str) -> None:
             spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
-                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
+                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"],
+                           containers=bool(spec0.get("containers")))
             link = links.get(cid)
             spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
             handle = self.live.start(spec, lifetime, restore=directory, tier=source["tier"])

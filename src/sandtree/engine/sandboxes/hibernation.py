@@ -205,7 +205,8 @@ class SandboxHibernation:
                                state="hibernated")
             spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
                            root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
-                           hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))
+                           hostname=spec0["hostname"], limits=Limits(**spec0["limits"]),
+                           containers=bool(spec0.get("containers")))     # restored with the flags it ran with
             remaining = spec0.get("remaining", spec0["lifetime"])
             self.retiring.finish(row)              # (an old one a killed engine left: stopped first)
             link = self.resume_link(row)
