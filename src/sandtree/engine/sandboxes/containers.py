@@ -56,15 +56,15 @@ mkdir -p {DATA_ROOT}
 grep -q ' {DATA_ROOT} ' /proc/self/mounts || mount -t tmpfs -o size={int(size)},mode=710 dockerdata {DATA_ROOT}
 if [ -f {STATE} ] && [ -z "$(ls -A {DATA_ROOT})" ]; then
   tar -C {DATA_ROOT} --xattrs --xattrs-include='*' -xpf {STATE}
+  rm -rf {DATA_ROOT}/network            # (see SAVE_SCRIPT)
 fi
 rm -rf /var/run/docker.pid /run/docker.pid /run/docker /run/containerd
 mkdir -p "$(dirname {LOG})"
 ( setsid dockerd --iptables=false --ip6tables=false --storage-driver=overlay2 --data-root {DATA_ROOT} \\
     </dev/null >{q(LOG)} 2>&1 & )
-i=0
+end=$(( $(date +%s) + {int(D.CONTAINERS_ENGINE_START)} ))
 until docker version >/dev/null 2>&1; do
-  i=$((i+1))
-  if [ $i -gt {int(D.CONTAINERS_ENGINE_START * 4)} ]; then echo "dockerd did not answer:" >&2; tail -n 20 {LOG} >&2; exit 1; fi
+  if grep -q 'failed to start daemon' {LOG} || [ "$(date +%s)" -gt $end ]; then echo "dockerd did not answer in {int(D.CONTAINERS_ENGINE_START)} s:" >&2; tail -n 20 {LOG} >&2; exit 1; fi
   sleep 0.25
 done
 """
@@ -73,7 +73,10 @@ done
 SAVE_SCRIPT = f"""set -e
 grep -q ' {DATA_ROOT} ' /proc/self/mounts || exit 0
 rc=0
-tar -C {DATA_ROOT} --xattrs --xattrs-include='*' --warning=no-file-ignored -cpf {STATE}.new . || rc=$?
+# Not its networks: restored, dockerd fails ("existing interface docker0 is not a bridge": gVisor's
+# netlink does not say a link is a bridge); `docker compose up` makes a project's network again.
+tar -C {DATA_ROOT} --xattrs --xattrs-include='*' --warning=no-file-ignored --exclude=./network -cpf {STATE}.new . \
+  || rc=$?
 # 1: a file changed while it was read (a running container's): the rest is kept; 2: a real failure
 [ $rc -le 1 ] || exit $rc
 mv {STATE}.new {STATE}
