@@ -1,7 +1,8 @@
 """Containers inside a gVisor sandbox (sandbox_start(containers=True), engine/sandboxes/containers.py):
 Docker's engine from an image built by the repo's recipe (recipes/docker.Dockerfile, its RUN reaching
 Debian's mirror only through the sandbox's egress path, allowed by name; skipped with the reason when the
-mirror is unreachable); inner images loaded from a tar of sandtree's own OCI export. The image is built
+mirror is unreachable); the inner image imported from a tar of sandtree's own export (`docker import`:
+Docker 26's `docker load` reads only its own archive format, not an OCI layout, with its default store). The image is built
 once a session (the store's build cache keeps it; SANDTREE_TEST_DOCKER=HOME:IMAGE reuses one).
 
 What holds: a Compose app and a server on the Compose network, the app's test against it, `compose down`;
@@ -35,7 +36,7 @@ MIRROR = "deb.debian.org"
 COMPOSE = b"""services:
   srv:
     image: bb:latest
-    command: ["httpd", "-f", "-p", "8080", "-h", "/data"]
+    command: ["sh", "-c", "mkdir -p /data && echo forty-two > /data/answer && exec httpd -f -p 8080 -h /data"]
   app:
     build: .
     depends_on: [srv]
@@ -50,8 +51,7 @@ until out=$(printf 'GET /answer HTTP/1.0\\r\\n\\r\\n' | nc srv 8080); do
 done
 echo "$out" | grep -q '^forty-two$' && echo "TEST PASSED" || { echo "TEST FAILED: $out"; exit 1; }
 """
-UP_TEST_DOWN = ("cd /proj && docker compose up -d --build srv 2>&1 && docker compose exec -T srv sh -c "
-                "'mkdir -p /data && echo forty-two > /data/answer' && docker compose run --rm app; rc=$?; "
+UP_TEST_DOWN = ("cd /proj && docker compose up -d --build srv 2>&1 && docker compose run --rm app; rc=$?; "
                 "docker compose down 2>&1; exit $rc")
 
 
@@ -114,10 +114,10 @@ def docker_image(eng):
 
 @pytest.fixture(scope="module")
 def project(eng, tmp_path_factory):
-    """The sandbox's files: bb.tar (sandtree's OCI export of a busybox image) and the Compose project."""
+    """The sandbox's files: bb.tar (sandtree's export of a busybox image) and the Compose project."""
     bb = eng.import_path(busybox_rootfs(str(tmp_path_factory.mktemp("bb") / "root")), tag="bb-inner")
     buf = io.BytesIO()
-    eng.export_oci(bb, buf, name="bb:latest")
+    eng.export_tar(bb, buf)
     return [{"path": "/bb.tar", "content": buf.getvalue()},
             {"path": "/proj/compose.yaml", "content": COMPOSE},
             {"path": "/proj/Dockerfile", "content": APP_DOCKERFILE},
@@ -133,7 +133,7 @@ def test_compose_app_and_server_then_the_same_after_commit(eng, docker_image, pr
     sb = eng.sandbox_start(docker_image, containers=True, files=project)
     assert sb["tier"] == "gvisor"
     try:
-        rc, out = sh(eng, sb["id"], "docker load -i /bb.tar && docker images --format '{{.Repository}}:{{.Tag}}'")
+        rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest && docker images --format '{{.Repository}}:{{.Tag}}'")
         assert rc == 0 and "bb:latest" in out, out[-3000:]
         rc, out = sh(eng, sb["id"], "docker run --rm bb:latest echo hello-inner")
         assert rc == 0 and "hello-inner" in out, out[-3000:]
@@ -152,16 +152,16 @@ def test_compose_app_and_server_then_the_same_after_commit(eng, docker_image, pr
         eng.sandbox_stop(sb["id"])
 
 
-def test_refused_on_the_namespaces_tier_and_without_an_engine(eng, project):
+def test_refused_on_the_namespaces_tier_and_without_an_engine(eng, docker_image):
     before = {s["id"] for s in eng.sandbox_list(all=True)}
     with pytest.raises(InvalidInput) as e:
-        eng.sandbox_start("bb-inner", containers=True, tier="namespaces")
+        eng.sandbox_start(docker_image, containers=True, tier="namespaces")
     assert "gvisor" in e.value.message and "seccomp" in e.value.message
     with pytest.raises(InvalidInput) as e:
-        eng.sandbox_start("bb-inner", containers=True)        # busybox: no dockerd
+        eng.sandbox_start("debian:trixie", containers=True)   # the recipe's base: no dockerd
     assert "dockerd" in e.value.message
     with pytest.raises(InvalidInput):
-        eng.sandbox_start("bb-inner", containers="yes")
+        eng.sandbox_start(docker_image, containers="yes")
     # nothing left running: the one that started for the second try was stopped
     assert all(s["state"] != "running" for s in eng.sandbox_list(all=True) if s["id"] not in before)
 
@@ -194,7 +194,7 @@ def test_isolation_host_sees_runsc_only_and_escapes_from_an_inner_container_fail
         port = s.getsockname()[1]
     sb = eng.sandbox_start(docker_image, containers=True, files=project[:1])
     try:
-        rc, out = sh(eng, sb["id"], "docker load -i /bb.tar && docker run -d --name srv bb:latest sleep 600")
+        rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest >/dev/null && docker run -d --name srv bb:latest sleep 600")
         assert rc == 0, out[-2000:]
         handle = eng.sandboxes._row(sb["id"])["handle"]
         exes = {}
@@ -229,7 +229,7 @@ def test_isolation_host_sees_runsc_only_and_escapes_from_an_inner_container_fail
 def test_the_sandboxs_disk_limit_bounds_inner_containers(eng, docker_image, project):
     sb = eng.sandbox_start(docker_image, containers=True, files=project[:1], disk="200M")
     try:
-        rc, out = sh(eng, sb["id"], "docker load -i /bb.tar && docker run --rm bb:latest "
+        rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest >/dev/null && docker run --rm bb:latest "
                                     "sh -c 'dd if=/dev/zero of=/big bs=1M count=400 2>&1; echo dd-rc=$?'")
         assert "dd-rc=0" not in out and "No space left" in out, out[-2000:]
     finally:
