@@ -28,7 +28,7 @@ STATE = "/var/lib/sandtree-docker.tar"     # the engine's data root as of the la
 LOG = "/var/log/sandtree-dockerd.log"
 NO_ENGINE = 127                             # START's exit code when the image has no dockerd
 
-__all__ = ["DATA_ROOT", "STATE", "LOG", "check_tier", "start_script", "start", "save"]
+__all__ = ["DATA_ROOT", "STATE", "LOG", "check_tier", "start_script", "start", "restart", "save"]
 
 
 def check_tier(tier: str | None, default: str) -> str:
@@ -83,6 +83,29 @@ mv {STATE}.new {STATE}
 """
 
 
+# After a resume (or in a fork's child): gVisor restores the engine's processes and its tmpfs, but not the
+# network devices they made (a new container fails: "adding interface ... to bridge docker0 failed: Device
+# does not exist"), nor a way into the restored containers' namespaces (`docker exec`: setns fails). So the
+# engine is started again: its processes killed (they are the engine's: dockerd, containerd, their shims
+# and what the shims started), its network state dropped, then START (the data root is still mounted).
+RESTART_SCRIPT = """victims=""
+for d in /proc/[0-9]*; do
+  case "$(cat $d/comm 2>/dev/null)" in dockerd|containerd|containerd-shim*|docker-proxy) victims="$victims ${d#/proc/}";; esac
+done
+# the shims' children: the containers' first processes (the rest die with their pid namespace)
+for d in /proc/[0-9]*; do
+  set -- $(sed 's/.*) //' $d/stat 2>/dev/null) x x
+  for v in $victims; do [ "$2" = "$v" ] && victims="$victims ${d#/proc/}"; done
+done
+[ -z "$victims" ] || kill -9 $victims 2>/dev/null || true
+sleep 0.5
+# the containers' root mounts and the engine's namespace files (nsfs binds under /run/docker)
+grep -E ' (""" + DATA_ROOT + """|/run/docker|/var/run/docker)/' /proc/self/mounts | cut -d' ' -f2 | sort -r |
+  while read m; do umount -l "$m" || true; done
+rm -rf """ + DATA_ROOT + """/network
+"""
+
+
 def start(sandboxes, sid: str, size: int) -> None:
     """Start the engine in sandbox `sid` and wait until it answers; a clear error if it cannot."""
     rec = sandboxes.exec(sid, ["/bin/sh", "-c", start_script(size)], uid=0, gid=0,
@@ -93,6 +116,16 @@ def start(sandboxes, sid: str, size: int) -> None:
     if rec.exit_code != 0:
         raise SandboxError("the container engine did not start in the sandbox: "
                            + (rec.stderr + rec.stdout).decode(errors="replace").strip()[-1500:], sandbox=sid)
+
+
+def restart(sandboxes, sid: str, size: int) -> None:
+    """Start the engine again in a restored sandbox (RESTART_SCRIPT): its images, volumes and stopped
+    containers are kept; containers that were running are stopped."""
+    rec = sandboxes.exec(sid, ["/bin/sh", "-c", RESTART_SCRIPT], uid=0, gid=0, timeout=60)
+    if rec.exit_code != 0:
+        raise SandboxError("the container engine could not be stopped after the restore: "
+                           + rec.stderr.decode(errors="replace").strip()[-1000:], sandbox=sid)
+    start(sandboxes, sid, size)
 
 
 def save(sandboxes, sid: str) -> None:

@@ -50,6 +50,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from ... import defaults as D
+from . import containers as engine_containers
 from ...errors import Conflict, InvalidInput, RuntimeUnavailable
 from ...procid import dead_owner, owner_prefix
 from ...runtime import criu
@@ -253,6 +254,8 @@ class SandboxForking:
             if link is not None:
                 self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
             self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
+            if spec0.get("containers"):     # its engine's network devices are not restored (containers.py)
+                engine_containers.restart(self, cid, child["limits"].disk)
 
         dirs = _restore_dirs(images, len(cids), self._fork_dir)
         try:

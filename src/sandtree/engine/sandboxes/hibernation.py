@@ -19,6 +19,7 @@ import os
 import re
 import time
 
+from . import containers as engine_containers
 from ...errors import Conflict, RuntimeUnavailable, SandtreeError
 from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints, durable
@@ -233,4 +234,6 @@ class SandboxHibernation:
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
             self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
         self._reattach(sid)
+        if spec0.get("containers"):              # its engine's network devices are not restored (containers.py)
+            engine_containers.restart(self, sid, spec0["limits"]["disk"])
         return self.info(sid)
