@@ -7,7 +7,7 @@ once a session (the store's build cache keeps it; SANDTREE_TEST_DOCKER=HOME:IMAG
 
 What holds: a Compose app and a server on the Compose network, the app's test against it, `compose down`;
 the same after commit -> a new sandbox from the image (the engine's state is saved into the sandbox's
-filesystem); refused on the namespaces tier and without dockerd in the image; the host sees only runsc's
+filesystem) and after hibernate -> resume; refused on the namespaces tier and without dockerd in the image; the host sees only runsc's
 processes; escape attempts from an inner container with every capability change nothing on the host; the sandbox's
 disk limit bounds the inner containers' writes."""
 
@@ -146,6 +146,23 @@ def test_compose_app_and_server_then_the_same_after_commit(eng, docker_image, pr
     try:
         rc, out = sh(eng, sb["id"], "docker images --format '{{.Repository}}:{{.Tag}}'")
         assert rc == 0 and "bb:latest" in out and "proj-app:latest" in out, out   # kept, not loaded again
+        rc, out = sh(eng, sb["id"], UP_TEST_DOWN)
+        assert rc == 0 and "TEST PASSED" in out, out[-3000:]
+    finally:
+        eng.sandbox_stop(sb["id"])
+
+
+def test_hibernate_and_resume_keep_the_engines_images(eng, docker_image, project):
+    """gVisor restores the engine's processes and its tmpfs, not the network devices it made: the
+    engine is started again at the resume (containers.py RESTART_SCRIPT), its images kept."""
+    sb = eng.sandbox_start(docker_image, containers=True, files=project)
+    try:
+        rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest >/dev/null && cd /proj && docker compose build 2>&1")
+        assert rc == 0, out[-3000:]
+        assert eng.sandbox_hibernate(sb["id"])["state"] == "hibernated"
+        assert eng.sandbox_resume(sb["id"])["state"] == "running"
+        rc, out = sh(eng, sb["id"], "docker images --format '{{.Repository}}:{{.Tag}}'")
+        assert rc == 0 and "bb:latest" in out and "proj-app:latest" in out, out
         rc, out = sh(eng, sb["id"], UP_TEST_DOWN)
         assert rc == 0 and "TEST PASSED" in out, out[-3000:]
     finally:
