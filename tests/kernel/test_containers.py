@@ -9,7 +9,7 @@ What holds: a Compose app and a server on the Compose network, the app's test ag
 the same after commit -> a new sandbox from the image (the engine's state is saved into the sandbox's
 filesystem) and after hibernate -> resume; refused on the namespaces tier and without dockerd in the image; the host sees only runsc's
 processes; escape attempts from an inner container with every capability change nothing on the host; the sandbox's
-disk limit bounds the inner containers' writes."""
+disk and memory limits bound the inner containers."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest
 
 from sandtree.engine import Engine
 from sandtree.engine.builds.dockerfiles import dockerfile_recipe
-from sandtree.errors import BuildFailed, InvalidInput
+from sandtree.errors import BuildFailed, InvalidInput, SandtreeError
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.network, pytest.mark.slow]
 
@@ -245,11 +245,19 @@ def test_isolation_host_sees_runsc_only_and_escapes_from_an_inner_container_fail
         eng.sandbox_stop(sb["id"])
 
 
-def test_the_sandboxs_disk_limit_bounds_inner_containers(eng, docker_image, project):
-    sb = eng.sandbox_start(docker_image, containers=True, files=project[:1], disk="200M")
+def test_the_sandboxs_limits_bound_inner_containers(eng, docker_image, project):
+    """Disk: the engine's data root is as big as the sandbox's disk limit. Memory: the sandbox's cgroup
+    holds gVisor's kernel and all it runs, inner containers included: past the limit the sandbox ends."""
+    sb = eng.sandbox_start(docker_image, containers=True, files=project[:1], disk="200M", memory="400M")
     try:
         rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest >/dev/null && docker run --rm bb:latest "
                                     "sh -c 'dd if=/dev/zero of=/big bs=1M count=400 2>&1; echo dd-rc=$?'")
         assert "dd-rc=0" not in out and "No space left" in out, out[-2000:]
+        rc, out = sh(eng, sb["id"], "docker run --rm bb:latest dd if=/dev/zero of=/dev/null bs=50M count=1")
+        assert rc == 0, out                                   # within the limit: fine
+        with pytest.raises(SandtreeError):                    # a 900 MB buffer: the whole sandbox ends
+            eng.sandbox_exec(sb["id"], "docker run --rm bb:latest dd if=/dev/zero of=/dev/null bs=900M count=1",
+                             timeout=120)
+        assert eng.sandbox_info(sb["id"])["state"] != "running"
     finally:
         eng.sandbox_stop(sb["id"])
