@@ -28,7 +28,8 @@ STATE = "/var/lib/sandtree-docker.tar"     # the engine's data root as of the la
 LOG = "/var/log/sandtree-dockerd.log"
 NO_ENGINE = 127                             # START's exit code when the image has no dockerd
 
-__all__ = ["DATA_ROOT", "STATE", "LOG", "check_tier", "start_script", "start", "restart", "save"]
+__all__ = ["DATA_ROOT", "STATE", "LOG", "NO_ENGINE", "RESTART_SCRIPT", "SAVE_SCRIPT", "check_tier", "start_script",
+           "start", "restart", "save"]
 
 
 def check_tier(tier: str | None, default: str) -> str:
