@@ -169,6 +169,22 @@ def test_hibernate_and_resume_keep_the_engines_images(eng, docker_image, project
         eng.sandbox_stop(sb["id"])
 
 
+def test_with_a_network_policy_host_network_containers_reach_what_it_allows(eng, docker_image, project):
+    """In an egress link the sandbox's sockets are host sockets in the link's namespace (runsc
+    --network=host), where no bridge can be made: dockerd runs without one and containers take
+    --network=host, so their connections are the sandbox's, under its policy (the mirror, by name)."""
+    sb = eng.sandbox_start(docker_image, containers=True, files=project[:1], network=mirror_rules())
+    try:
+        rc, out = sh(eng, sb["id"], "docker import /bb.tar bb:latest >/dev/null && docker run --rm --network=host "
+                                    "bb:latest sh -c 'printf \"HEAD /debian/ HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n\" "
+                                    f"{MIRROR} | nc {MIRROR} 80 | head -1'")
+        if rc == 0 and not out.strip():
+            pytest.skip(f"Debian's mirror is unreachable through the egress path: {out[-300:]}")
+        assert rc == 0 and out.startswith("HTTP/1."), out[-2000:]
+    finally:
+        eng.sandbox_stop(sb["id"])
+
+
 def test_refused_on_the_namespaces_tier_and_without_an_engine(eng, docker_image):
     before = {s["id"] for s in eng.sandbox_list(all=True)}
     with pytest.raises(InvalidInput) as e:

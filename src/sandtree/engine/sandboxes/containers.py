@@ -44,8 +44,11 @@ def check_tier(tier: str | None, default: str) -> str:
     return tier
 
 
-def start_script(size: int) -> str:
-    """The shell script that starts dockerd in the sandbox (as root), restoring its state first."""
+def start_script(size: int, linked: bool = False) -> str:
+    """The shell script that starts dockerd in the sandbox (as root), restoring its state first.
+    linked: the sandbox joined an egress link (runsc --network=host: its sockets are host sockets in the
+    link's namespace, where the Sentry may not make bridges), so dockerd makes no default bridge and
+    containers run with --network=host (their connections are the sandbox's, under its policy)."""
     q = shlex.quote
     return f"""set -e
 command -v dockerd >/dev/null 2>&1 || {{ echo "the image has no dockerd (install Docker's engine: Debian's docker.io)" >&2; exit {NO_ENGINE}; }}
@@ -62,10 +65,12 @@ fi
 rm -rf /var/run/docker.pid /run/docker.pid /run/docker /run/containerd
 mkdir -p "$(dirname {LOG})"
 ( setsid dockerd --iptables=false --ip6tables=false --storage-driver=overlay2 --data-root {DATA_ROOT} \\
-    </dev/null >{q(LOG)} 2>&1 & )
+    {"--bridge=none --ip-forward=false " if linked else ""}</dev/null >{q(LOG)} 2>&1 & )
 end=$(( $(date +%s) + {int(D.CONTAINERS_ENGINE_START)} ))
 until docker version >/dev/null 2>&1; do
-  if grep -q 'failed to start daemon' {LOG} || [ "$(date +%s)" -gt $end ]; then echo "dockerd did not answer in {int(D.CONTAINERS_ENGINE_START)} s:" >&2; tail -n 20 {LOG} >&2; exit 1; fi
+  if grep -q 'failed to start daemon' {LOG} || [ "$(date +%s)" -gt $end ]; then
+    sleep 0.5; echo "dockerd did not start:" >&2; grep -E 'level=(error|fatal)|failed to start' {LOG} | tail -n 5 >&2; exit 1
+  fi
   sleep 0.25
 done
 """
@@ -107,9 +112,9 @@ rm -rf """ + DATA_ROOT + """/network
 """
 
 
-def start(sandboxes, sid: str, size: int) -> None:
+def start(sandboxes, sid: str, size: int, linked: bool = False) -> None:
     """Start the engine in sandbox `sid` and wait until it answers; a clear error if it cannot."""
-    rec = sandboxes.exec(sid, ["/bin/sh", "-c", start_script(size)], uid=0, gid=0,
+    rec = sandboxes.exec(sid, ["/bin/sh", "-c", start_script(size, linked)], uid=0, gid=0,
                          timeout=D.CONTAINERS_ENGINE_START + 30)
     if rec.exit_code == NO_ENGINE:
         raise InvalidInput("containers=True needs an image with Docker's engine (dockerd): "
@@ -119,14 +124,14 @@ def start(sandboxes, sid: str, size: int) -> None:
                            + (rec.stderr + rec.stdout).decode(errors="replace").strip()[-1500:], sandbox=sid)
 
 
-def restart(sandboxes, sid: str, size: int) -> None:
+def restart(sandboxes, sid: str, size: int, linked: bool = False) -> None:
     """Start the engine again in a restored sandbox (RESTART_SCRIPT): its images, volumes and stopped
     containers are kept; containers that were running are stopped."""
     rec = sandboxes.exec(sid, ["/bin/sh", "-c", RESTART_SCRIPT], uid=0, gid=0, timeout=60)
     if rec.exit_code != 0:
         raise SandboxError("the container engine could not be stopped after the restore: "
                            + rec.stderr.decode(errors="replace").strip()[-1000:], sandbox=sid)
-    start(sandboxes, sid, size)
+    start(sandboxes, sid, size, linked)
 
 
 def save(sandboxes, sid: str) -> None:

@@ -255,7 +255,7 @@ class SandboxForking:
                 self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
             self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
             if spec0.get("containers"):     # its engine's network devices are not restored (containers.py)
-                engine_containers.restart(self, cid, child["limits"].disk)
+                engine_containers.restart(self, cid, child["limits"].disk, linked=link is not None)
 
         dirs = _restore_dirs(images, len(cids), self._fork_dir)
         try:

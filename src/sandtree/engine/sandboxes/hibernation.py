@@ -235,5 +235,5 @@ class SandboxHibernation:
             self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
         self._reattach(sid)
         if spec0.get("containers"):              # its engine's network devices are not restored (containers.py)
-            engine_containers.restart(self, sid, spec0["limits"]["disk"])
+            engine_containers.restart(self, sid, spec0["limits"]["disk"], linked=joined(spec0))
         return self.info(sid)

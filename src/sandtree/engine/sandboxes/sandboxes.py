@@ -344,7 +344,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                 self.starts.after(key, source, spec)
         if containers:
             try:
-                engine_containers.start(self, sid, lim.disk)
+                engine_containers.start(self, sid, lim.disk, linked=net.policy is not None)
             except BaseException:
                 self.stop(sid)
                 raise
