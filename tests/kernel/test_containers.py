@@ -70,7 +70,7 @@ def busybox_rootfs(root: str) -> str:
     os.makedirs(os.path.join(root, "tmp"), mode=0o1777)
     shutil.copy2(shutil.which("busybox"), os.path.join(root, "bin", "busybox"))
     for a in ("sh", "cat", "echo", "ls", "mkdir", "mount", "mknod", "nc", "httpd", "sleep", "head", "grep",
-              "printf", "true", "id", "dd"):
+              "printf", "true", "id", "dd", "seq"):
         os.symlink("busybox", os.path.join(root, "bin", a))
     return root
 
@@ -245,7 +245,7 @@ def test_isolation_host_sees_runsc_only_and_escapes_from_an_inner_container_fail
         mknod /dev/hostvda b 253 0 2>/dev/null; dd if=/dev/hostvda of=/dev/null bs=512 count=1 2>/dev/null && echo ESCAPE-device
         cat {marker} /proc/1/root{marker} 2>/dev/null
         mkdir -p /cg && mount -t cgroup -o pids none /cg 2>/dev/null; echo 7 > /cg/pids.max 2>/dev/null
-        (nc -l -p {port} -e echo ESCAPE-port &) ; sleep 3; echo battery-done
+        echo battery-done
         """
         run = eng.sandbox_exec(sb["id"], ["docker", "run", "--rm", "--cap-add", "ALL", "--security-opt",
                                           "seccomp=unconfined", "--network=host", "bb:latest",
@@ -253,7 +253,12 @@ def test_isolation_host_sees_runsc_only_and_escapes_from_an_inner_container_fail
         out = (run.stdout + run.stderr).decode(errors="replace")
         assert "battery-done" in out, out[-2000:]
         assert "ESCAPE" not in out and token not in out, out
-        # the host's loopback port: nothing listens there (the sandbox has its own network stack)
+        # a host-network inner container listening on a port free on the host: it answers inside the
+        # sandbox, and nothing listens on the host's loopback (the sandbox has its own network stack)
+        rc, out = sh(eng, sb["id"], f"docker run -d --network=host bb:latest nc -ll -p {port} -e echo inner-listener"
+                                    f" && docker run --rm --network=host bb:latest sh -c 'for i in $(seq 40); do "
+                                    f"printf x | nc 127.0.0.1 {port} && break; sleep 0.25; done'")
+        assert rc == 0 and "inner-listener" in out, out[-2000:]
         with socket.socket() as c:
             c.settimeout(2)
             assert c.connect_ex(("127.0.0.1", port)) != 0
