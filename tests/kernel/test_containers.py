@@ -163,6 +163,9 @@ def test_hibernate_and_resume_keep_the_engines_images(eng, docker_image, project
         assert eng.sandbox_resume(sb["id"])["state"] == "running"
         rc, out = sh(eng, sb["id"], "docker images --format '{{.Repository}}:{{.Tag}}'")
         assert rc == 0 and "bb:latest" in out and "proj-app:latest" in out, out
+        # the default bridge (made before the hibernation) works again
+        rc, out = sh(eng, sb["id"], "docker run --rm bb:latest echo after-resume")
+        assert rc == 0 and "after-resume" in out, out[-2000:]
         rc, out = sh(eng, sb["id"], UP_TEST_DOWN)
         assert rc == 0 and "TEST PASSED" in out, out[-3000:]
     finally:
