@@ -13,8 +13,10 @@ security.capability of every file (gVisor's full gofer xattrs came in 2026).
 
 So the engine's data root is memory of the sandbox (it counts against the memory limit; its size is the
 sandbox's disk limit), and a commit saves it into the sandbox's filesystem first, as one tar at STATE
-(save()): a sandbox started from that image restores it before dockerd starts (START). A hibernate
-keeps it as it is (the tmpfs is part of gVisor's checkpoint), running containers included."""
+(save()): a sandbox started from that image restores it before dockerd starts (start_script). A
+hibernation's checkpoint holds the tmpfs, but the restored engine lacks its network devices: it is
+started again after a resume or a fork (RESTART_SCRIPT), its running containers stopped. The save and
+the starts are execs of the sandbox's own (recorded as such)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ __all__ = ["DATA_ROOT", "STATE", "LOG", "NO_ENGINE", "RESTART_SCRIPT", "SAVE_SCR
            "start", "restart", "save"]
 
 
-def check_tier(tier: str | None, default: str) -> str:
+def check_tier(tier: str | None) -> str:
     """The tier of a containers=True sandbox: gvisor, given or not; namespaces refused, as its seccomp
     filter forbids what an engine inside needs (nested user namespaces, mounts) and stays so."""
     if tier is None:

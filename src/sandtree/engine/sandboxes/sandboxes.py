@@ -265,7 +265,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         if containers not in (True, False):
             raise InvalidInput(f"containers must be true or false, not {containers!r}")
         if containers:
-            tier = engine_containers.check_tier(tier, self.default_tier())
+            tier = engine_containers.check_tier(tier)
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
         mounts = self._check_volumes(volumes, tier, idle_action)
