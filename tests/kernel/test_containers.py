@@ -26,8 +26,6 @@ from sandtree.engine import Engine
 from sandtree.engine.builds.dockerfiles import dockerfile_recipe
 from sandtree.errors import BuildFailed, InvalidInput, SandtreeError
 
-pytestmark = [pytest.mark.gvisor, pytest.mark.network, pytest.mark.slow]
-
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 MIRROR = "deb.debian.org"
 
