@@ -19,6 +19,8 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -26,6 +28,7 @@ from sandtree.engine import Engine
 from sandtree.engine.builds.dockerfiles import dockerfile_recipe
 from sandtree.errors import BuildFailed, InvalidInput, SandtreeError
 
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 MIRROR = "deb.debian.org"
 
@@ -196,6 +199,11 @@ def test_refused_on_the_namespaces_tier_and_without_an_engine(eng, docker_image)
     assert "dockerd" in e.value.message
     with pytest.raises(InvalidInput):
         eng.sandbox_start(docker_image, containers="yes")
+    # the CLI's --containers reaches the same check (every surface takes the row's option)
+    cli = subprocess.run([sys.executable, "-m", "sandtree", "--home", eng.store.home, "start", docker_image,
+                          "--containers", "--tier", "namespaces"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert cli.returncode != 0 and "needs the gvisor tier" in cli.stderr, cli.stderr
     # nothing left running: the one that started for the second try was stopped
     assert all(s["state"] != "running" for s in eng.sandbox_list(all=True) if s["id"] not in before)
 
