@@ -58,6 +58,7 @@ MODULE_MARKS = {
     "test_build_repro": ("network",),
     # the gVisor tier throughout (a module fixture starts it, or every token is forced onto it)
     "test_gvisor_hibernate": ("gvisor",),
+    "test_containers": ("gvisor", "network", "slow"),   # Docker inside gVisor; its image's build reaches the mirror
     "test_tier_policy": ("gvisor",),
     # services started for the module
     "test_cluster": ("ray", "postgres", "s3", "slow"),

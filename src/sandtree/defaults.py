@@ -37,6 +37,9 @@ TAPE_MAX_REQUEST_BODY = 64 << 20    # bytes of one taped request's body (held in
 TAPE_MAX_MISSES = 50                # distinct missed requests a replay reports
 TAPE_SHOW_LIMIT = 1000              # exchanges tape_show lists by default
 SANDBOX_IDLE_ACTION = "stop"         # or "hibernate"
+CONTAINERS_ENGINE_START = 90.0       # seconds a containers=True sandbox's dockerd may take to answer (its
+                                     # state restored from a commit first: a big one takes a while)
+CONTAINERS_STATE_SAVE = 300.0        # seconds a commit of such a sandbox may take to save the engine's state
 METRICS_INTERVAL = 5.0               # seconds between a server's samples of each live sandbox's CPU, memory, disk
 METRICS_WINDOW = 3600.0              # ... kept this long (in the serving process's memory), E2B's get_metrics
 E2B_READY_TIMEOUT = 60.0             # seconds an E2B template's ready command may take to succeed at create

@@ -48,6 +48,8 @@ PARAMS = {
     "idle_timeout": "seconds without a command before the sandbox is stopped",
     "lifetime": "seconds until the sandbox is stopped in any case",
     "idle_action": "what the idle timeout does: stop, or hibernate (resume brings it back)",
+    "containers": "run Docker's engine (dockerd from the image) inside: docker, docker build and docker compose "
+                  "work in it; gvisor tier only",
     "force": "replace or remove even where it would otherwise be refused",
     "strategy": "how conflicts resolve: None (report them), 'ours' or 'theirs'",
     "ignore": "glob patterns of paths the merge leaves out (default: __pycache__/, *.pyc, .pytest_cache/)",

@@ -88,6 +88,10 @@ class RunSpec:
     # OCI spec's mounts): (host directory, path inside, read-only) each. The namespaces tier's are bound
     # into the running sandbox's mount namespace by the engine before its start returns.
     volumes: list = field(default_factory=list)
+    # A container engine runs inside (gVisor only: engine/sandboxes/containers.py): the sandbox's root
+    # gets every capability *of gVisor's kernel* (mounts, namespaces, cgroups, raw sockets there are
+    # the Sentry's, not the host's) and runsc allows raw sockets in its netstack (--net-raw).
+    containers: bool = False
 
 
 @dataclass

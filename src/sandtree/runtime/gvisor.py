@@ -32,6 +32,21 @@ CAP_NAMES = {0: "CAP_CHOWN", 1: "CAP_DAC_OVERRIDE", 3: "CAP_FOWNER", 4: "CAP_FSE
              6: "CAP_SETGID", 7: "CAP_SETUID", 8: "CAP_SETPCAP", 10: "CAP_NET_BIND_SERVICE",
              13: "CAP_NET_RAW", 18: "CAP_SYS_CHROOT", 27: "CAP_MKNOD", 29: "CAP_AUDIT_WRITE",
              31: "CAP_SETFCAP"}
+# Every capability gVisor knows (CAP_CHOWN .. CAP_CHECKPOINT_RESTORE), for a sandbox that runs a
+# container engine (RunSpec.containers): dockerd and runc need CAP_SYS_ADMIN, CAP_NET_ADMIN and more
+# to make namespaces, mounts, bridges and cgroups, all of which gVisor's kernel serves itself.
+ALL_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+            "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+            "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+            "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+            "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+            "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
+            "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+            "CAP_CHECKPOINT_RESTORE"]
+# What gVisor documents for Docker inside (its docker-in-gvisor tutorial): raw sockets in its netstack
+# (dockerd's bridges and the inner containers' ARP/ICMP). No --allow-packet-socket-write: Docker < 28
+# does not need it, and it would let the sandbox craft arbitrary frames on its own netstack's links.
+CONTAINER_FLAGS = ["--net-raw"]
 RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--overlay2=none", "--ignore-cgroups"]
 # A joined link namespace (RunSpec.netns_fd): `--network=sandbox` (gVisor's own netstack on the
 # namespace's interfaces) is refused here ("cannot run with network enabled in root network
@@ -50,6 +65,7 @@ def runsc_path() -> str | None:
 
 class GVisorRuntime(NamespaceRuntime):
     name = "gvisor"
+    container_flags = CONTAINER_FLAGS
 
     def available(self) -> tuple[bool, str]:
         if runsc_path() is None:
@@ -87,7 +103,7 @@ class GVisorRuntime(NamespaceRuntime):
     def process(spec: RunSpec, terminal: bool = False) -> dict:
         """The OCI process of spec's command: its ids, env and cwd, Docker's capability set,
         no_new_privs, no core dumps (a run's pid 1, or a command in a live sandbox)."""
-        caps = [CAP_NAMES[c] for c in sorted(KEEP_CAPS.values())]
+        caps = ALL_CAPS if spec.containers else [CAP_NAMES[c] for c in sorted(KEEP_CAPS.values())]
         return {"args": spec.argv, "env": [f"{k}={v}" for k, v in spec.env.items()], "terminal": terminal,
                 "cwd": spec.cwd, "user": {"uid": spec.uid, "gid": spec.gid}, "noNewPrivileges": True,
                 "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},

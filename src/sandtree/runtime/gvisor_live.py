@@ -100,7 +100,10 @@ class GVisorLive(GVisorCommands, LiveRuntime):
         deadline_file = self._deadline_file(time.time() + lifetime)
         deadline_fd = os.open(deadline_file, os.O_RDONLY | os.O_CLOEXEC)
         listener, agent_sock = self._agent_socket()
-        flags = self.flags + ["--file-access=shared"]
+        # (a sandbox in a link gets no raw sockets: with --network=host they would be host raw sockets on
+        # the link's veth, packets of its own making; its engine needs none there, having no bridge)
+        flags = self.flags + ["--file-access=shared"] + (list(self.rt.container_flags)
+                                                         if spec.containers and spec.netns_fd is None else [])
         if spec.netns_fd is not None:
             flags = [self.network_flag if f == "--network=none" else f for f in flags]
         args = [rt.helper(), "--sock", str(theirs.fileno()), "--report", str(rep_w),

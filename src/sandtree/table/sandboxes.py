@@ -18,21 +18,23 @@ _G, _P, _U, _X = "GET", "POST", "PUT", "DELETE"
 
 # ---- live sandboxes ------------------------------------------------------------------------------
 @via("cli", Cli("start", dest={"ref": "image", "idle_action": "on_idle", "volumes": "volume"}, choices={"idle_action": ("stop", "hibernate")}, show="sandbox_id"))
-@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox", body=("ref",) + RunOptions.names() + ("idle_timeout", "lifetime", "idle_action", "volumes"), rename={"ref": "image"}, model="StartIn", types={**Http.RUN_TYPES, "idle_action": 'Literal["stop", "hibernate"]', "volumes": "dict[str, str] | list[dict] | None"}, defaults=Http.RUN_DEFAULTS, describe={**Http.RUN_DESCRIBE, "labels": "names and values kept with the sandbox (list filters by them)", "tier": "isolation tier (default: the server's; a token may force one)", "timeout": "default seconds per command", "idle_timeout": "seconds without a command before it is stopped", "lifetime": "seconds until it is stopped in any case", "idle_action": "what the idle timeout does: stop it, or hibernate it (resume brings it back)", "volumes": "volumes mounted at start: {name: path} (path:ro read-only) or [{name, path, readonly}]"}), custom_remote=True,
+@op("run", images=("ref",), audit="sandbox start", http=Http(_P, "/sandboxes", name="start_sandbox", status=201, handler="start_sandbox", body=("ref",) + RunOptions.names() + ("idle_timeout", "lifetime", "idle_action", "volumes", "containers"), rename={"ref": "image"}, model="StartIn", types={**Http.RUN_TYPES, "idle_action": 'Literal["stop", "hibernate"]', "volumes": "dict[str, str] | list[dict] | None"}, defaults=Http.RUN_DEFAULTS, describe={**Http.RUN_DESCRIBE, "labels": "names and values kept with the sandbox (list filters by them)", "tier": "isolation tier (default: the server's; a token may force one)", "timeout": "default seconds per command", "idle_timeout": "seconds without a command before it is stopped", "lifetime": "seconds until it is stopped in any case", "idle_action": "what the idle timeout does: stop it, or hibernate it (resume brings it back)", "volumes": "volumes mounted at start: {name: path} (path:ro read-only) or [{name, path, readonly}]", "containers": "run Docker's engine from the image inside (gvisor tier only)"}), custom_remote=True,
     options=RunOptions.parameters())
 @via("mcp", Mcp(rename={"ref": "image"}, params=("ref", "timeout", "memory", "env", "cwd", "idle_timeout", "lifetime",
-                                               "idle_action", "labels", "network", "secrets", "volumes", "record",
-                                               "replay"),
+                                               "idle_action", "labels", "network", "secrets", "volumes", "containers",
+                                               "record", "replay"),
                 defaults={"timeout": D.MCP_TIMEOUT}, types={"timeout": "float", "memory": "str | None", **RUN_JSON,
                                                            "volumes": "dict[str, str] | list[dict] | None"},
                 doc="""Start a live sandbox on an image; it keeps processes and files between sandbox_exec calls.
         Stopped after idle_timeout seconds without a command, or when this MCP session ends.
         timeout: default seconds per command""", core=("image", "network", "idle_timeout")))
 def sandbox_start(ref: str, *, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT, lifetime: float = D.SANDBOX_LIFETIME,
-                  idle_action: str = D.SANDBOX_IDLE_ACTION, volumes: dict | list | None = None) -> dict:
+                  idle_action: str = D.SANDBOX_IDLE_ACTION, volumes: dict | list | None = None,
+                  containers: bool = False) -> dict:
     """Start a live sandbox on an image: commands run in it one after another, sharing its state.
     timeout: default seconds per command
-    volumes: named volumes to mount: {name: path} (path:ro for read-only) or [{name, path, readonly}]"""
+    volumes: named volumes to mount: {name: path} (path:ro for read-only) or [{name, path, readonly}]
+    containers: run Docker's engine (dockerd from the image) inside; implies the gvisor tier"""
 
 @via("cli", Cli("exec", handler="sandboxes.cmd_exec"))
 @op("run", audit="exec", http=Http(_P, "/sandboxes/{sid}/exec", name="exec_sandbox", handler="exec_sandbox", body=("command", "env", "cwd", "stdin", "uid", "gid", "timeout", "output"), model="ExecIn", types={"env": "dict[str, str]"}, defaults={"env": {}}, describe={"command": "a string runs in the sandbox's shell session (cd and export carry over); a list is a fresh process"}), custom_remote=True)

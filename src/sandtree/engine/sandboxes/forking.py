@@ -50,6 +50,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from ... import defaults as D
+from . import containers as engine_containers
 from ...errors import Conflict, InvalidInput, RuntimeUnavailable
 from ...procid import dead_owner, owner_prefix
 from ...runtime import criu
@@ -234,7 +235,8 @@ class SandboxForking:
 
         def restore(cid: str, directory: str) -> None:
             spec = RunSpec(argv=["sandtree-init"], layers=layers, root_meta=self.specs.root_meta(image),
-                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"])
+                           env=spec0["env"], cwd=spec0["cwd"], hostname=spec0["hostname"], limits=child["limits"],
+                           containers=bool(spec0.get("containers")))
             link = links.get(cid)
             spec.netns_fd = link.netns_fd if link is not None else None     # (restored into it, as a resume)
             handle = self.live.start(spec, lifetime, restore=directory, tier=source["tier"])
@@ -255,6 +257,8 @@ class SandboxForking:
             if link is not None:
                 self.hold_link(self._row(cid), False)       # (its processes are in it: GC may judge it)
             self.relink_later(self._row(cid))               # (a policy given later: on its own namespace)
+            if spec0.get("containers"):     # its engine's network devices are not restored (containers.py)
+                engine_containers.restart(self, cid, child["limits"].disk, linked=link is not None)
 
         dirs = _restore_dirs(images, len(cids), self._fork_dir)
         try:

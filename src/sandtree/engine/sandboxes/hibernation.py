@@ -19,6 +19,7 @@ import os
 import re
 import time
 
+from . import containers as engine_containers
 from ...errors import Conflict, RuntimeUnavailable, SandtreeError
 from ...runtime.base import Limits, RunSpec
 from ...store import checkpoints, durable
@@ -205,7 +206,8 @@ class SandboxHibernation:
                                state="hibernated")
             spec = RunSpec(argv=["sandtree-init"], layers=self.store.image(base).layers,
                            root_meta=self.specs.root_meta(base), env=spec0["env"], cwd=spec0["cwd"],
-                           hostname=spec0["hostname"], limits=Limits(**spec0["limits"]))
+                           hostname=spec0["hostname"], limits=Limits(**spec0["limits"]),
+                           containers=bool(spec0.get("containers")))     # restored with the flags it ran with
             remaining = spec0.get("remaining", spec0["lifetime"])
             self.retiring.finish(row)              # (an old one a killed engine left: stopped first)
             link = self.resume_link(row)
@@ -232,4 +234,6 @@ class SandboxHibernation:
             self.hold_link(row, False)             # (its processes are in it again: GC may judge it)
             self.relink_later(self._row(sid))      # (a policy given after the start: a new link)
         self._reattach(sid)
+        if spec0.get("containers"):              # its engine's network devices are not restored (containers.py)
+            engine_containers.restart(self, sid, spec0["limits"]["disk"], linked=joined(spec0))
         return self.info(sid)

@@ -37,6 +37,7 @@ from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
 from ...store.store import Store
 from . import locks as sandbox_locks
+from . import containers as engine_containers
 from ..warm.helpers import Ahead
 from ..warm.sandboxes import AHEAD_TIER, StartsAhead
 from ..runs.commit import Committer
@@ -257,13 +258,20 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
               files=None, file_set: str | None = None, idle_timeout: float = D.SANDBOX_IDLE_TIMEOUT,
               lifetime: float = D.SANDBOX_LIFETIME, idle_action: str = D.SANDBOX_IDLE_ACTION, tier: str | None = None,
               labels: dict | None = None, network=None, secrets: dict | None = None, volumes=None,
-              run_of: str | None = None, starter=None, record: bool = False, replay=None, **limits) -> dict:
+              run_of: str | None = None, starter=None, containers: bool = False, record: bool = False, replay=None,
+              **limits) -> dict:
         """Start a live sandbox on image `ref`. limits as for a run (timeout = per command).
         idle_action: what idle_timeout does: "stop" or "hibernate" it (nothing is lost).
         network/secrets: as for a run; the link (key: the sandbox's id) lives until it stops. run_of:
         the live run it serves (processes/instances.py): a run slot, not a sandbox `list` shows; starter:
         (spec, lifetime) -> its LiveHandle instead of live.start (a warm pool's: processes/instances.py).
-        volumes: {name: path} or [{name, path, readonly}] (engine/volumes.py), bound in before it returns."""
+        volumes: {name: path} or [{name, path, readonly}] (engine/volumes.py), bound in before it returns.
+        containers: Docker's engine from the image runs inside, started before this returns (gvisor tier
+        only: containers.py)."""
+        if containers not in (True, False):
+            raise InvalidInput(f"containers must be true or false, not {containers!r}")
+        if containers:
+            tier = engine_containers.check_tier(tier)
         self._check_start(tier, idle_action, idle_timeout, lifetime)
         tier = tier or self.default_tier()
         mounts = self._check_volumes(volumes, tier, idle_action)
@@ -294,13 +302,13 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                            env=dflt.env, cwd=cwd, hostname=hostname, files=injected, limits=lim,
                            prepare_changes=self.specs.injector(source, injected),
                            volumes=[(self.volumes.directory(m["volume"]), m["path"], m["readonly"]) for m in mounts]
-                           if tier == "gvisor" else [])
+                           if tier == "gvisor" else [], containers=containers)
             if time.monotonic() - self._reaped > 1.0:     # (each reap looks at every sandbox)
                 self.reap()
             # started ahead: only for a plain start (a warm pool's starter has its own ready sandboxes)
             # on the tier they are started on
             ahead = self.starts and starter is None and net.policy is None and not injected and tier == AHEAD_TIER \
-                and not mounts
+                and not mounts and not containers
             key = self.starts.key(source, spec) if ahead else None
             got = self.starts.take(key, lifetime) if key else None     # the same spec, started ahead
             sid = got[0] if got else uuid.uuid4().hex
@@ -338,7 +346,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                       "lifetime": lifetime, "idle_action": idle_action, "tier": handle.tier,
                       **({"labels": labels} if labels else {}),
                       **({"volumes": mounts, "volume_dirs": made} if mounts else {}),
-                      **({"run": run_of} if run_of else {}), **net.record(),
+                      **({"run": run_of} if run_of else {}), **({"containers": True} if containers else {}),
+                      **net.record(),
                       **({**net.tape.spec(), "tape_file": net.tape.replay_file} if net.tape is not None else {})}
             try:
                 self._record_running(sid, source, handle, record, idle_timeout, lifetime)
@@ -348,7 +357,13 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                 raise
             if key:
                 self.starts.after(key, source, spec)
-            return self.info(sid)
+        if containers:
+            try:
+                engine_containers.start(self, sid, lim.disk, linked=net.policy is not None)
+            except BaseException:
+                self.stop(sid)
+                raise
+        return self.info(sid)
 
     def _record_running(self, sid: str, image: str, handle, record: dict, idle_timeout, lifetime: float) -> None:
         """The row of a sandbox now running on `image` (its head too); replaces a row started ahead."""
@@ -526,6 +541,8 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         the snapshot (the cgroup freezer), then thawed; the sandbox keeps running."""
         row = self._running(sid)
         h = row["handle"]
+        if row["spec"].get("containers"):
+            engine_containers.save(self, row["id"])     # the engine's data root is memory (containers.py)
         with self.store.using(), self._commit_lock(row["id"]):
             self._still_running(row)
             # Unfrozen, the sandbox's processes would rename and swap files under the walk (a

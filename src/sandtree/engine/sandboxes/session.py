@@ -142,5 +142,5 @@ def command_spec(base: dict, command, *, env, cwd, stdin, uid, gid, limits: dict
     if isinstance(stdin, str):
         stdin = stdin.encode()
     spec = RunSpec(argv=argv, layers=[], root_meta=(0, 0, 0), env=env_out, cwd=run_cwd, stdin=stdin,
-                   uid=uid, gid=gid, limits=lim)
+                   uid=uid, gid=gid, limits=lim, containers=bool(base.get("containers")))
     return spec, mask_text(shown, secret_values(user_env))
