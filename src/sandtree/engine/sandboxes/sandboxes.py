@@ -32,7 +32,7 @@ from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, Sand
 from ...runtime.base import LiveTier, RunSpec
 from ...runtime.liveproc import LiveHandle, open_of
 from ...runtime.openat2 import create_as
-from ...runtime.validate import check_env
+from ...runtime.validate import check_env, validate_spec
 from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
 from ...store.store import Store
@@ -41,6 +41,7 @@ from ..warm.helpers import Ahead
 from ..warm.sandboxes import AHEAD_TIER, StartsAhead
 from ..runs.commit import Committer
 from ..processes.popen import LiveProcess
+from ..processes.spawner import Spawners
 from ..runs.records import Records
 from .retiring import Retiring
 from .files import SandboxFiles
@@ -86,6 +87,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self._touched: dict[str, float] = {}         # sid -> when this engine last wrote its last_used
         self._holders: dict[str, tuple] = {}         # sid -> its holder's program, how started (holder())
         self._holders_lock = threading.Lock()
+        self.spawners = Spawners(self)               # each sandbox's spawner of held commands (spawn_spec)
         # called with a sandbox's id before its processes are checkpointed (release) and once they
         # run again, or did not stop (reattach): the engine's held processes' relays (processes/held.py)
         self.release = lambda sid: None
@@ -97,6 +99,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
+        self.spawners.close()
         self.retiring.close()
 
     # ---- registry ------------------------------------------------------------------------------
@@ -206,6 +209,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
 
     def _retire(self, row: dict, state: str, release: bool = True) -> None:
         self.ahead.forget(row["id"])
+        self.spawners.forget(row["id"])
         self.live.stop(row["handle"])
         if release:
             self.release_link(row)
@@ -386,6 +390,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         row = self._row(sid)
         self._ours(row)
         self.ahead.forget(row["id"])
+        self.spawners.forget(row["id"])
         with self._commit_lock(row["id"]):              # not while it hibernates or resumes
             row = self._row(row["id"])
             self._ours(row)
@@ -460,6 +465,19 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self.records.record(op, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
+
+    def spawn_spec(self, sid: str, argv: list[str], *, env: dict | None, cwd: str | None, uid: int | None,
+                   gid: int | None) -> tuple[RunSpec, bool]:
+        """A command's spec for the sandbox's spawner (processes/spawner.py), as popen makes it for
+        an enter (its env, cwd and ids; checked, recorded), and whether its holder sets its groups
+        (as an enter's command does where the user namespace has a gid map)."""
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, list(argv), env=env, cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
+        validate_spec(spec)
+        self._touch(row)
+        self.records.record(uuid.uuid4().hex, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
+                            time.time(), None, {"started": True}, kind="exec", serial=False)
+        return spec, not self.store.idmap.rootless
 
     def holder(self, sid: str, *, again: bool = False) -> tuple[str, bool]:
         """The path inside sandbox `sid` of the program that holds a spawned command's stdio

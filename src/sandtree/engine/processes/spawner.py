@@ -1,0 +1,206 @@
+"""A live sandbox's spawner: one process inside it (runtime/hold.c's `--spawn` mode, S) that forks
+the holder of each command spawned there (held.py), so that a spawned command costs a fork inside
+the sandbox instead of an enter (cgroups joined, namespaces entered) and two execs.
+
+Why it may: S is started once by an enter, exactly as a command of the sandbox's root would be
+(its cgroups and namespaces, the capability bounding set, no_new_privs, rlimits and the seccomp
+filter of every command), and each holder it forks takes the command's groups and ids before the
+command is cloned, so a command gets nothing a command started by an enter would not. S holds
+one socket of the engine's (its stdin: a SOCK_SEQPACKET socketpair), on which each request is a
+stream socket of the command's own (SCM_RIGHTS); the holder reads the command's spec there and
+then talks frames on it as a relay would (Direct: the relay's place in held.Held).
+
+A checkpoint cannot hold the engine's socket: S is let go (forget, wait=True: it has exited when
+that returns) before a hibernation or a live fork, and started again by the next spawn. One that
+died meanwhile (killed from inside) is noticed at the next request, which starts another.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import socket
+import struct
+import subprocess
+import threading
+
+from ...errors import SandboxError
+from ...runtime.reaper import reaper
+
+__all__ = ["Direct", "Spawners"]
+
+UP_WAIT = 10.0                # seconds S is given to say it runs
+GONE_WAIT = 5.0               # seconds a let-go S (its entering helper) is given to end
+
+
+class _Input:
+    """The engine's side of a held command's socket as a relay's stdin: close() lets the holder
+    go (it reads EOF, as from a relay that ended) without closing what is still read."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.closed = sock, False
+
+    def write(self, data: bytes) -> int:
+        if self.closed:
+            raise ValueError("write to a closed input")
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
+class Direct:
+    """A held command's connection to its holder, shaped as the relay held.py reads (stdin,
+    stdout, wait, kill, returncode, report): no process of the engine's own is behind it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.stdin = _Input(sock)
+        self.stdout = sock.makefile("rb")
+        self.stderr = None
+        self.returncode: int | None = None
+        # a holder that never said hello: its spawner died with the request (held._never_started)
+        self.report: dict = {"execfail": (32, "spawner")}
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Until its holder has let go of the socket (it closed its end: it left, or detached),
+        as a relay's wait is until the relay ended. 127 (the relay of one that never started)."""
+        if self.returncode is None:
+            # (no event asked for: only POLLHUP, both ends shut, by its close or our own kill)
+            p = select.poll()
+            p.register(self.sock.fileno(), 0)
+            if not p.poll(None if timeout is None else max(0, int(timeout * 1000))):
+                raise subprocess.TimeoutExpired("held process", timeout)
+            self.sock.close()
+            self.returncode = 127
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Spawner:
+    def __init__(self, proc, ctl: socket.socket):
+        self.proc, self.ctl = proc, ctl
+
+
+class Spawners:
+    """The spawners of the live sandboxes this engine process spawned in (one each)."""
+
+    def __init__(self, sandboxes):
+        self.sandboxes = sandboxes
+        self.by_sid: dict[str, _Spawner] = {}
+        self.lock = threading.Lock()              # one start at a time per engine (rare)
+
+    def spawn(self, sid: str, key: str, argv: list[str], *, env, cwd, uid, gid) -> Direct | None:
+        """The connection to a new holder of argv (as the command of an enter: its spec is the
+        sandbox's, sandboxes.command_spec), listening as `key`; None where the sandbox's tier has
+        no spawner (gVisor's holders are started by its agent)."""
+        path, by_exec = self.sandboxes.holder(sid)
+        if by_exec:
+            return None
+        spec, groups = self.sandboxes.spawn_spec(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid)
+        words = [key, spec.cwd, str(spec.uid), str(spec.gid), "1" if groups else "0", str(len(spec.env)),
+                 *(f"{k}={v}" for k, v in spec.env.items()), *spec.argv]
+        data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
+        for attempt in (1, 2):
+            try:
+                s = self._spawner(sid, path)
+            except SandboxError:
+                if attempt == 2:
+                    raise
+                path, _ = self.sandboxes.holder(sid, again=True)   # (its copy removed from inside?)
+                continue
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.ctl.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+            except OSError:
+                mine.close()
+                self._drop(sid, s, wait=False)    # (it died: killed from inside) another one, once
+                if attempt == 2:
+                    raise SandboxError(f"the command spawner of sandbox {sid[:12]} ended at once: "
+                                       "the sandbox may be out of processes or memory") from None
+                continue
+            finally:
+                theirs.close()
+            try:
+                mine.sendall(struct.pack("=I", len(data)) + data)
+            except OSError:
+                pass                              # (its holder is gone: Direct's reader hears EOF)
+            return Direct(mine)
+        return None
+
+    def _spawner(self, sid: str, path: str) -> _Spawner:
+        with self.lock:
+            s = self.by_sid.get(sid)
+            if s is not None and s.proc.poll() is None:
+                return s
+            if s is not None:
+                self._drop(sid, s, wait=False)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                # as the sandbox's root, in /, with no env of a caller's (S passes none on)
+                proc = self.sandboxes.popen(sid, [path, "--spawn"], env={}, cwd="/", uid=0, gid=0,
+                                            stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            ready, _, _ = select.select([ours], [], [], UP_WAIT)
+            said = ours.recv(1) if ready else b""
+            if said != b"r":
+                ours.close()
+                proc.kill()
+                reaper.submit(proc, None)
+                raise SandboxError(f"the command spawner of sandbox {sid[:12]} did not start "
+                                   f"({proc.report or 'no answer'})")
+            s = self.by_sid[sid] = _Spawner(proc, ours)
+            if len(self.by_sid) > 4096:           # (sandboxes stopped by another engine process)
+                for other in [k for k, v in self.by_sid.items() if v.proc.poll() is not None]:
+                    self._drop(other, self.by_sid[other], wait=False)
+            return s
+
+    def _drop(self, sid: str, s: _Spawner, wait: bool) -> None:
+        if self.by_sid.get(sid) is s:
+            del self.by_sid[sid]
+        s.ctl.close()                             # EOF: S leaves (its holders go on)
+        if not wait:
+            reaper.submit(s.proc, None)
+            return
+        try:
+            s.proc.wait(GONE_WAIT)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait()
+
+    def forget(self, sid: str, *, wait: bool = False) -> None:
+        """Let sandbox `sid`'s spawner go (the next spawn starts another). wait: until it has
+        exited (before a checkpoint, which cannot hold its socket); else it is reaped later (a
+        stop, which ends it anyway)."""
+        with self.lock:
+            s = self.by_sid.get(sid)
+            if s is not None:
+                self._drop(sid, s, wait)
+
+    def close(self) -> None:
+        with self.lock:
+            for sid, s in list(self.by_sid.items()):
+                self._drop(sid, s, wait=False)
