@@ -154,3 +154,104 @@ def test_a_close_after_a_held_command_read_its_input_and_exited(st, rootfs):
             e.sandbox_stdin(sb.id, spid, "ab\n")
             assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
             assert e.sandbox_process(sb.id, spid)["stdout"] == "abab\n"
+
+
+# What a command can see of how it was started: its ids, groups, capabilities, seccomp and
+# no_new_privs, resource limits, cgroups, namespaces, open fds, environment, umask and cwd.
+_IDENTITY = ("id -u; id -g; id -G; grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|Seccomp)' /proc/self/status; "
+             "cat /proc/self/limits /proc/self/cgroup; for n in user mnt pid net ipc uts cgroup; do "
+             "readlink /proc/self/ns/$n; done; ls /proc/self/fd; env | sort; umask; pwd")
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (1000, 1000)])
+def test_a_spawned_command_is_given_exactly_what_an_exec_s_command_is(st, rootfs, ids):
+    """A spawned command comes from the sandbox's spawner (engine/processes/spawner.py: a fork
+    inside, no enter), an exec's from an enter (helper/command.c): the command cannot tell them
+    apart, so the spawner gives it nothing the sandbox would not (and takes nothing away)."""
+    uid, gid = ids
+    with st.import_image(rootfs).start(env={"FROM_START": "1"}) as sb:
+        e = st._engine
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", _IDENTITY], env={"MINE": "x y"}, cwd="/tmp", uid=uid, gid=gid)
+        spawned = e.sandbox_follow(sb.id, spid, lambda s, c: None)
+        assert spawned["exit_code"] == 0, e.sandbox_process(sb.id, spid)["stderr"]
+        assert st.engine.sandboxes.spawners.by_sid.get(sb.id) is not None      # (the spawner's, not a relay's)
+        ran = sb.exec(["sh", "-c", _IDENTITY], env={"MINE": "x y"}, cwd="/tmp", uid=uid, gid=gid)
+        assert ran.exit_code == 0, ran.stderr
+        got = e.sandbox_process(sb.id, spid)["stdout"]
+        assert got == ran.stdout.decode()
+        assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in got and "MINE=x y" in got and "FROM_START=1" in got
+        assert "NoNewPrivs:\t1" in got and "Seccomp:\t2" in got
+        if uid:
+            assert "CapEff:\t0000000000000000" in got and "CapPrm:\t0000000000000000" in got
+
+
+def test_the_spawner_killed_from_inside_is_started_again(st, rootfs):
+    """The spawner is a process of the sandbox: its root can kill it. The commands it started go
+    on (their holders are their own), and the next spawn starts another spawner."""
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        sleeper = e.sandbox_spawn(sb.id, ["sleep", "60"])
+
+        def spawner():                        # (its child a moment before it is named a holder: not it)
+            return [r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 0]
+        spawners = spawner()
+        assert len(spawners) == 1 and spawners[0]["uid"] == 0
+        assert sb.exec(["kill", "-9", str(spawners[0]["pid"])]).exit_code == 0
+        until(lambda: not spawner())
+        for _ in range(3):
+            spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo again"])
+            assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+            assert e.sandbox_process(sb.id, spid)["stdout"] == "again\n"
+        again = spawner()
+        assert len(again) == 1 and again[0]["pid"] != spawners[0]["pid"]
+        assert e.sandbox_process(sb.id, sleeper)["running"] is True
+        e.sandbox_signal(sb.id, sleeper, "KILL")
+        assert e.sandbox_follow(sb.id, sleeper, lambda s, c: None)["signal"] == 9
+
+
+def test_a_spawned_command_that_cannot_start_says_why(st, rootfs):
+    """The spawner's holder reports a command that cannot start as an enter does: a missing
+    working directory or program is the caller's error, and the sandbox spawns on."""
+    from sandtree.errors import CommandNotFound
+
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        for argv, cwd, err in ((["true"], "/no/such", InvalidInput), (["/no/such/program"], None, CommandNotFound)):
+            try:
+                spid = e.sandbox_spawn(sb.id, argv, cwd=cwd)
+            except err:
+                continue                       # (known at once)
+            state = e.sandbox_follow(sb.id, spid, lambda s, c: None)
+            assert state["exit_code"] in (126, 127), state
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo fine"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+
+
+def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs):
+    """The spawner holds a socket of the engine's, which no checkpoint can hold: a hibernation and
+    a live fork let it go first (no "command still running"), and a spawn after starts another."""
+    from sandtree.runtime import criu
+
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        ok, why = e.sandboxes.live.hibernate_available()
+        if not ok:
+            pytest.skip(why)
+        spid = e.sandbox_spawn(sb.id, ["true"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+        assert [r for r in sb.ps() if r["name"] == "sandtree-spawn"]
+        assert sb.hibernate()["state"] == "hibernated"
+        assert sb.resume()["state"] == "running"
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo resumed"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+        [kid] = sb.fork()
+        try:
+            assert kid.exec(["echo", "kid"]).stdout == b"kid\n"
+            spid = e.sandbox_spawn(kid.id, ["sh", "-c", "echo spawned in kid"])
+            assert e.sandbox_follow(kid.id, spid, lambda s, c: None)["exit_code"] == 0
+        finally:
+            kid.stop()
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo after the fork"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0

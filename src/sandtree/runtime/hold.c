@@ -6,6 +6,7 @@
  *   sandtree-agent --attach ID
  *   sandtree-agent --start ID -- COMMAND...  (as --hold, but it leaves once H runs: no first R)
  *   sandtree-agent --await ID                 (as --attach, waiting a moment for H to listen)
+ *   sandtree-agent --spawn                    (S: forks an H per command the engine asks for, below)
  *
  * Why: a command spawned with pipes to the engine (engine/processes/instances.py) is a child of a
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
@@ -278,6 +279,8 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
         sys(__NR_dup3, pipes[0][0], 0, 0, 0);
         sys(__NR_dup3, pipes[1][1], 1, 0, 0);
         sys(__NR_dup3, pipes[2][1], 2, 0, 0);
+        /* only the three pipes cross (every fd of ours is close-on-exec already: in case) */
+        sys(436 /* close_range */, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */, 0);
         long err = execvpe_(av, ev);
         u32 e = (u32)-err;
         sys(__NR_write, pst_w, (long)&e, 4, 0);
@@ -510,6 +513,7 @@ __attribute__((noreturn)) static void refuse(u32 err, const char *step) {
 }
 
 __attribute__((noreturn)) static void spawn_one(int c) {
+    sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-hold", 0, 0);
     conn = conn_w = c;                       /* the engine's, for frames from the start */
     u32 len = 0;
     if (hread(c, &len, 4) < 0 || len > SPEC_MAX || hread(c, spec, len) < 0) sys(__NR_exit_group, 125, 0, 0, 0);
@@ -570,7 +574,7 @@ __attribute__((noreturn)) void spawn_main(void) {
         union { char buf[24]; unsigned long align; } cm;
         struct { void *name; u32 namelen; struct iovec_ *iov; unsigned long iovlen; void *control;
                  unsigned long controllen; int flags; } msg = {0, 0, &iov, 1, cm.buf, sizeof cm.buf, 0};
-        long got = sys(__NR_recvmsg, ctl, (long)&msg, H_SOCK_CLOEXEC /* MSG_CMSG_CLOEXEC */, 0);
+        long got = sys(__NR_recvmsg, ctl, (long)&msg, 0x40000000 /* MSG_CMSG_CLOEXEC */, 0);
         if (got == -H_EINTR) continue;
         if (got <= 0) sys(__NR_exit_group, 0, 0, 0, 0);     /* the engine let go */
         /* struct cmsghdr: u64 len, int level, int type, then the fd */
