@@ -192,8 +192,8 @@ def test_the_spawner_killed_from_inside_is_started_again(st, rootfs):
         e = st._engine
         sleeper = e.sandbox_spawn(sb.id, ["sleep", "60"])
 
-        def spawner():                        # (its child a moment before it is named a holder: not it)
-            return [r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 0]
+        def spawner():                        # (pid 1's: its child is one a moment before it is named a holder)
+            return [r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 1]
         spawners = spawner()
         assert len(spawners) == 1 and spawners[0]["uid"] == 0
         assert sb.exec(["kill", "-9", str(spawners[0]["pid"])]).exit_code == 0
@@ -255,3 +255,21 @@ def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs):
             kid.stop()
         spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo after the fork"])
         assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+
+
+def test_a_sandbox_whose_spawned_commands_ended_goes_idle(st, rootfs):
+    """The spawner stays, but nothing of the engine's stays outside the sandbox with it (the enter
+    that started it ends at once): a sandbox is idle once its commands have ended, and its idle
+    timeout stops it."""
+    sb = st.import_image(rootfs).start(idle_timeout=2)
+    e = st._engine
+    try:
+        row = e.sandboxes._row(sb.id)
+        spid = e.sandbox_spawn(sb.id, ["true"])
+        e.sandbox_follow(sb.id, spid, lambda s, c: None)
+        assert e.sandboxes.spawners.by_sid.get(sb.id) is not None         # (the spawner runs)
+        assert e.sandboxes.live.outsiders(row["handle"]) == []
+        until(lambda: {s.id: s.state for s in st.sandboxes()}.get(sb.id) != "running", 30)    # (a list reaps)
+        assert sb.info()["state"] in ("stopped", "expired")
+    finally:
+        sb.stop()

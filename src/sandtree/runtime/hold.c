@@ -484,8 +484,9 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
  *   u32 len, then len bytes of NUL-terminated words: key, cwd, uid, gid, groups (1: setgroups to
  *   the gid, 0: leave them, as an enter without a gid map), n_env, n_env "K=V", then argv
  * and becomes the command's holder with that socket as its connection: an --attach finds it
- * under the key as any other H. S answers 'r' once when it runs; it leaves at EOF (the engine
- * lets it go before a checkpoint, which cannot hold its socket), its H's go on (adopted by pid 1).
+ * under the key as any other H. S answers 'r' once when it runs (a child of the enter's command,
+ * which exits: S is pid 1's, as a holder is); it leaves at EOF (the engine lets it go before a
+ * checkpoint, which cannot hold its socket: its end's POLLHUP says it left), its H's go on.
  * Nothing of S's crosses into a command but what any process of the sandbox's root could give
  * it: H drops to the command's ids, and the command gets only its three pipes. */
 #define SPEC_MAX (1 << 21)
@@ -566,6 +567,11 @@ __attribute__((noreturn)) void spawn_main(void) {
     unsigned long pipe_ = 1UL << (H_SIGPIPE - 1);
     sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
     set_sigchld(1);                             /* our H's are reaped by the kernel */
+    /* S itself is our child, adopted by the sandbox's pid 1 once we exit, so the enter that
+     * started us ends at once (nothing of the engine's stays outside; an idle sandbox is idle) */
+    long me = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
+    if (me < 0) sys(__NR_exit_group, 125, 0, 0, 0);
+    if (me > 0) sys(__NR_exit_group, 0, 0, 0, 0);
     char r = 'r';
     if (sys(__NR_write, ctl, (long)&r, 1, 0) != 1) sys(__NR_exit_group, 0, 0, 0, 0);
     for (;;) {

@@ -31,7 +31,7 @@ from ...runtime.reaper import reaper
 __all__ = ["Direct", "Spawners"]
 
 UP_WAIT = 10.0                # seconds S is given to say it runs
-GONE_WAIT = 5.0               # seconds a let-go S (its entering helper) is given to end
+GONE_WAIT = 5.0               # seconds a let-go S is given to leave
 
 
 class _Input:
@@ -95,22 +95,25 @@ class Direct:
             pass
 
 
-class _Spawner:
-    def __init__(self, proc, ctl: socket.socket):
-        self.proc, self.ctl = proc, ctl
+def _gone(sock: socket.socket, timeout: float) -> bool:
+    """Whether S has left (its end of the socket closed: POLLHUP), waiting up to timeout seconds."""
+    p = select.poll()
+    p.register(sock.fileno(), 0)              # (no event asked for: POLLHUP alone)
+    return bool(p.poll(max(0, int(timeout * 1000))))
 
 
 class Spawners:
-    """The spawners of the live sandboxes this engine process spawned in (one each)."""
+    """The spawners of the live sandboxes this engine process spawned in (one each), by the
+    engine's end of its socket."""
 
     def __init__(self, sandboxes):
         self.sandboxes = sandboxes
-        self.by_sid: dict[str, _Spawner] = {}
+        self.by_sid: dict[str, socket.socket] = {}
         self.lock = threading.Lock()              # one start at a time per engine (rare)
 
     def spawn(self, sid: str, key: str, argv: list[str], *, env, cwd, uid, gid) -> Direct | None:
         """The connection to a new holder of argv (as the command of an enter: its spec is the
-        sandbox's, sandboxes.command_spec), listening as `key`; None where the sandbox's tier has
+        sandbox's, sandboxes.spawn_spec), listening as `key`; None where the sandbox's tier has
         no spawner (gVisor's holders are started by its agent)."""
         path, by_exec = self.sandboxes.holder(sid)
         if by_exec:
@@ -121,7 +124,7 @@ class Spawners:
         data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
         for attempt in (1, 2):
             try:
-                s = self._spawner(sid, path)
+                ctl = self._spawner(sid, path)
             except SandboxError:
                 if attempt == 2:
                     raise
@@ -129,10 +132,10 @@ class Spawners:
                 continue
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                s.ctl.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+                ctl.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
             except OSError:
                 mine.close()
-                self._drop(sid, s, wait=False)    # (it died: killed from inside) another one, once
+                self.forget(sid)                  # (it died: killed from inside) another one, once
                 if attempt == 2:
                     raise SandboxError(f"the command spawner of sandbox {sid[:12]} ended at once: "
                                        "the sandbox may be out of processes or memory") from None
@@ -146,13 +149,14 @@ class Spawners:
             return Direct(mine)
         return None
 
-    def _spawner(self, sid: str, path: str) -> _Spawner:
+    def _spawner(self, sid: str, path: str) -> socket.socket:
         with self.lock:
-            s = self.by_sid.get(sid)
-            if s is not None and s.proc.poll() is None:
-                return s
-            if s is not None:
-                self._drop(sid, s, wait=False)
+            ctl = self.by_sid.get(sid)
+            if ctl is not None and not _gone(ctl, 0):
+                return ctl
+            if ctl is not None:
+                del self.by_sid[sid]
+                ctl.close()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 # as the sandbox's root, in /, with no env of a caller's (S passes none on)
@@ -169,38 +173,35 @@ class Spawners:
             if said != b"r":
                 ours.close()
                 proc.kill()
-                reaper.submit(proc, None)
+                proc.wait()
                 raise SandboxError(f"the command spawner of sandbox {sid[:12]} did not start "
                                    f"({proc.report or 'no answer'})")
-            s = self.by_sid[sid] = _Spawner(proc, ours)
+            reaper.submit(proc, None)             # (its enter ends as S runs on, pid 1's)
+            self.by_sid[sid] = ours
             if len(self.by_sid) > 4096:           # (sandboxes stopped by another engine process)
-                for other in [k for k, v in self.by_sid.items() if v.proc.poll() is not None]:
-                    self._drop(other, self.by_sid[other], wait=False)
-            return s
-
-    def _drop(self, sid: str, s: _Spawner, wait: bool) -> None:
-        if self.by_sid.get(sid) is s:
-            del self.by_sid[sid]
-        s.ctl.close()                             # EOF: S leaves (its holders go on)
-        if not wait:
-            reaper.submit(s.proc, None)
-            return
-        try:
-            s.proc.wait(GONE_WAIT)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait()
+                for other in [k for k, v in self.by_sid.items() if _gone(v, 0)]:
+                    self.by_sid.pop(other).close()
+            return ours
 
     def forget(self, sid: str, *, wait: bool = False) -> None:
-        """Let sandbox `sid`'s spawner go (the next spawn starts another). wait: until it has
-        exited (before a checkpoint, which cannot hold its socket); else it is reaped later (a
-        stop, which ends it anyway)."""
+        """Let sandbox `sid`'s spawner go (the next spawn starts another): EOF, and it leaves (its
+        holders go on). wait: until it has left (before a checkpoint, which cannot hold its
+        socket); else without waiting (a stop, which ends it anyway)."""
         with self.lock:
-            s = self.by_sid.get(sid)
-            if s is not None:
-                self._drop(sid, s, wait)
+            ctl = self.by_sid.pop(sid, None)
+        if ctl is None:
+            return
+        try:
+            if wait:
+                ctl.shutdown(socket.SHUT_WR)
+                _gone(ctl, GONE_WAIT)
+        except OSError:
+            pass
+        finally:
+            ctl.close()
 
     def close(self) -> None:
         with self.lock:
-            for sid, s in list(self.by_sid.items()):
-                self._drop(sid, s, wait=False)
+            ctls, self.by_sid = list(self.by_sid.values()), {}
+        for ctl in ctls:
+            ctl.close()
