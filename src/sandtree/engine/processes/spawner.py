@@ -109,14 +109,14 @@ class Spawners:
     def __init__(self, sandboxes):
         self.sandboxes = sandboxes
         self.by_sid: dict[str, socket.socket] = {}
-        self.lock = threading.Lock()              # one start at a time per engine (rare)
+        self.starting: dict[str, threading.Lock] = {}   # sid -> held while its spawner starts
+        self.lock = threading.Lock()              # the two dicts
 
     def spawn(self, sid: str, key: str, argv: list[str], *, env, cwd, uid, gid) -> Direct | None:
         """The connection to a new holder of argv (as the command of an enter: its spec is the
         sandbox's, sandboxes.spawn_spec), listening as `key`; None where the sandbox's tier has
         no spawner (gVisor's holders are started by its agent)."""
-        path, by_exec = self.sandboxes.holder(sid)
-        if by_exec:
+        if self.sandboxes.holder(sid)[1]:
             return None
         spec, groups = self.sandboxes.spawn_spec(sid, argv, env=env, cwd=cwd, uid=uid, gid=gid)
         words = [key, spec.cwd, str(spec.uid), str(spec.gid), "1" if groups else "0", str(len(spec.env)),
@@ -124,11 +124,11 @@ class Spawners:
         data = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
         for attempt in (1, 2):
             try:
-                ctl = self._spawner(sid, path)
+                ctl = self._spawner(sid)
             except SandboxError:
                 if attempt == 2:
                     raise
-                path, _ = self.sandboxes.holder(sid, again=True)   # (its copy removed from inside?)
+                self.sandboxes.holder(sid, again=True)   # (its copy removed from inside?)
                 continue
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -149,7 +149,9 @@ class Spawners:
             return Direct(mine)
         return None
 
-    def _spawner(self, sid: str, path: str) -> socket.socket:
+    def _spawner(self, sid: str, handle=None) -> socket.socket:
+        """Sandbox `sid`'s spawner: the running one, else one started now (one start at a time per
+        sandbox; other sandboxes' spawns do not wait for it)."""
         with self.lock:
             ctl = self.by_sid.get(sid)
             if ctl is not None and not _gone(ctl, 0):
@@ -157,31 +159,54 @@ class Spawners:
             if ctl is not None:
                 del self.by_sid[sid]
                 ctl.close()
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            starting = self.starting.setdefault(sid, threading.Lock())
+        with starting:
+            with self.lock:
+                ctl = self.by_sid.get(sid)
+            if ctl is not None and not _gone(ctl, 0):
+                return ctl                        # (started meanwhile by another caller)
             try:
-                # as the sandbox's root, in /, with no env of a caller's (S passes none on)
-                proc = self.sandboxes.popen(sid, [path, "--spawn"], env={}, cwd="/", uid=0, gid=0,
-                                            stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL)
-            except BaseException:
-                ours.close()
-                raise
+                return self._launch(sid, handle)
             finally:
-                theirs.close()
-            ready, _, _ = select.select([ours], [], [], UP_WAIT)
-            said = ours.recv(1) if ready else b""
-            if said != b"r":
-                ours.close()
-                proc.kill()
-                proc.wait()
-                raise SandboxError(f"the command spawner of sandbox {sid[:12]} did not start "
-                                   f"({proc.report or 'no answer'})")
-            reaper.submit(proc, None)             # (its enter ends as S runs on, pid 1's)
+                with self.lock:
+                    if self.starting.get(sid) is starting:
+                        del self.starting[sid]
+
+    def _launch(self, sid: str, handle) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = self.sandboxes.spawner_process(sid, theirs.fileno(), handle)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ready, _, _ = select.select([ours], [], [], UP_WAIT)
+        said = ours.recv(1) if ready else b""
+        if said != b"r":
+            ours.close()
+            proc.kill()
+            proc.wait()
+            raise SandboxError(f"the command spawner of sandbox {sid[:12]} did not start "
+                               f"({proc.report or 'no answer'})")
+        reaper.submit(proc, None)                 # (its enter ends as S runs on, pid 1's)
+        with self.lock:
+            old = self.by_sid.get(sid)
             self.by_sid[sid] = ours
             if len(self.by_sid) > 4096:           # (sandboxes stopped by another engine process)
                 for other in [k for k, v in self.by_sid.items() if _gone(v, 0)]:
                     self.by_sid.pop(other).close()
-            return ours
+        if old is not None:
+            old.close()
+        return ours
+
+    def prepare(self, sid: str, handle) -> None:
+        """Start the spawner of a sandbox started ahead (warm/sandboxes.py: off any caller's path),
+        so that its first command, once claimed, is a fork too; on failure, its first spawn starts one."""
+        try:
+            self._spawner(sid, handle)
+        except Exception:                         # noqa: BLE001 - (started when first needed)
+            pass
 
     def forget(self, sid: str, *, wait: bool = False) -> None:
         """Let sandbox `sid`'s spawner go (the next spawn starts another): EOF, and it leaves (its
