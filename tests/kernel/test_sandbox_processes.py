@@ -227,9 +227,11 @@ def test_a_spawned_command_that_cannot_start_says_why(st, rootfs):
         assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
 
 
-def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs):
+def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs, tmp_path, store_database, store_objects):
     """The spawner holds a socket of the engine's, which no checkpoint can hold: a hibernation and
-    a live fork let it go first (no "command still running"), and a spawn after starts another."""
+    a live fork let it go first (no "command still running"), another engine process's spawner
+    too, and a spawn after starts another."""
+    import sandtree
     from sandtree.runtime import criu
 
     if not criu.find()[0]:
@@ -239,13 +241,21 @@ def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs):
         ok, why = e.sandboxes.live.hibernate_available()
         if not ok:
             pytest.skip(why)
-        spid = e.sandbox_spawn(sb.id, ["true"])
-        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
-        assert [r for r in sb.ps() if r["name"] == "sandtree-spawn"]
-        assert sb.hibernate()["state"] == "hibernated"
-        assert sb.resume()["state"] == "running"
-        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo resumed"])
-        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+        other = sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=store_database, objects=store_objects)
+        try:
+            o = other._engine                             # another engine process's on the same home
+            for engine in (e, o):
+                spid = engine.sandbox_spawn(sb.id, ["true"])
+                assert engine.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+            assert len([r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 1]) == 2
+            assert sb.hibernate()["state"] == "hibernated"
+            assert sb.resume()["state"] == "running"
+            for engine in (e, o):
+                spid = engine.sandbox_spawn(sb.id, ["sh", "-c", "echo resumed"])
+                assert engine.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+                assert engine.sandbox_process(sb.id, spid)["stdout"] == "resumed\n"
+        finally:
+            other.close()
         [kid] = sb.fork()
         try:
             assert kid.exec(["echo", "kid"]).stdout == b"kid\n"
