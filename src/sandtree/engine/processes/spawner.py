@@ -30,8 +30,8 @@ from ...runtime.reaper import reaper
 
 __all__ = ["Direct", "Spawners"]
 
-UP_WAIT = 10.0                # seconds S is given to say it runs
-GONE_WAIT = 5.0               # seconds a let-go S is given to leave
+_UP_WAIT = 10.0                # seconds S is given to say it runs
+_GONE_WAIT = 5.0               # seconds a let-go S is given to leave
 
 
 class _Input:
@@ -181,7 +181,7 @@ class Spawners:
             raise
         finally:
             theirs.close()
-        ready, _, _ = select.select([ours], [], [], UP_WAIT)
+        ready, _, _ = select.select([ours], [], [], _UP_WAIT)
         said = ours.recv(1) if ready else b""
         if said != b"r":
             ours.close()
@@ -219,7 +219,7 @@ class Spawners:
         try:
             if wait:
                 ctl.shutdown(socket.SHUT_WR)
-                _gone(ctl, GONE_WAIT)
+                _gone(ctl, _GONE_WAIT)
         except OSError:
             pass
         finally:
