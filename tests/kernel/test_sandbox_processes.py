@@ -154,3 +154,132 @@ def test_a_close_after_a_held_command_read_its_input_and_exited(st, rootfs):
             e.sandbox_stdin(sb.id, spid, "ab\n")
             assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
             assert e.sandbox_process(sb.id, spid)["stdout"] == "abab\n"
+
+
+# What a command can see of how it was started: its ids, groups, capabilities, seccomp and
+# no_new_privs, resource limits, cgroups, namespaces, open fds, environment, umask and cwd.
+_IDENTITY = ("id -u; id -g; id -G; grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|Seccomp)' /proc/self/status; "
+             "cat /proc/self/limits /proc/self/cgroup; for n in user mnt pid net ipc uts cgroup; do "
+             "readlink /proc/self/ns/$n; done; ls /proc/self/fd; env | sort; umask; pwd")
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (1000, 1000)])
+def test_a_spawned_command_is_given_exactly_what_an_exec_s_command_is(st, rootfs, ids):
+    """A spawned command comes from the sandbox's spawner (engine/processes/spawner.py: a fork
+    inside, no enter), an exec's from an enter (helper/command.c): the command cannot tell them
+    apart, so the spawner gives it nothing the sandbox would not (and takes nothing away)."""
+    uid, gid = ids
+    with st.import_image(rootfs).start(env={"FROM_START": "1"}) as sb:
+        e = st._engine
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", _IDENTITY], env={"MINE": "x y"}, cwd="/tmp", uid=uid, gid=gid)
+        spawned = e.sandbox_follow(sb.id, spid, lambda s, c: None)
+        assert spawned["exit_code"] == 0, e.sandbox_process(sb.id, spid)["stderr"]
+        assert st.engine.sandboxes.spawners.by_sid.get(sb.id) is not None      # (the spawner's, not a relay's)
+        ran = sb.exec(["sh", "-c", _IDENTITY], env={"MINE": "x y"}, cwd="/tmp", uid=uid, gid=gid)
+        assert ran.exit_code == 0, ran.stderr
+        got = e.sandbox_process(sb.id, spid)["stdout"]
+        assert got == ran.stdout.decode()
+        assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in got and "MINE=x y" in got and "FROM_START=1" in got
+        assert "NoNewPrivs:\t1" in got and "Seccomp:\t2" in got
+        if uid:
+            assert "CapEff:\t0000000000000000" in got and "CapPrm:\t0000000000000000" in got
+
+
+def test_the_spawner_killed_from_inside_is_started_again(st, rootfs):
+    """The spawner is a process of the sandbox: its root can kill it. The commands it started go
+    on (their holders are their own), and the next spawn starts another spawner."""
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        sleeper = e.sandbox_spawn(sb.id, ["sleep", "60"])
+
+        def spawner():                        # (pid 1's: its child is one a moment before it is named a holder)
+            return [r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 1]
+        spawners = spawner()
+        assert len(spawners) == 1 and spawners[0]["uid"] == 0
+        assert sb.exec(["kill", "-9", str(spawners[0]["pid"])]).exit_code == 0
+        until(lambda: not spawner())
+        for _ in range(3):
+            spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo again"])
+            assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+            assert e.sandbox_process(sb.id, spid)["stdout"] == "again\n"
+        again = spawner()
+        assert len(again) == 1 and again[0]["pid"] != spawners[0]["pid"]
+        assert e.sandbox_process(sb.id, sleeper)["running"] is True
+        e.sandbox_signal(sb.id, sleeper, "KILL")
+        assert e.sandbox_follow(sb.id, sleeper, lambda s, c: None)["signal"] == 9
+
+
+def test_a_spawned_command_that_cannot_start_says_why(st, rootfs):
+    """The spawner's holder reports a command that cannot start as an enter does: a missing
+    working directory or program is the caller's error, and the sandbox spawns on."""
+    from sandtree.errors import CommandNotFound
+
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        for argv, cwd, err in ((["true"], "/no/such", InvalidInput), (["/no/such/program"], None, CommandNotFound)):
+            try:
+                spid = e.sandbox_spawn(sb.id, argv, cwd=cwd)
+            except err:
+                continue                       # (known at once)
+            state = e.sandbox_follow(sb.id, spid, lambda s, c: None)
+            assert state["exit_code"] in (126, 127), state
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo fine"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+
+
+def test_hibernate_and_a_live_fork_let_the_spawner_go(st, rootfs, tmp_path, store_database, store_objects):
+    """The spawner holds a socket of the engine's, which no checkpoint can hold: a hibernation and
+    a live fork let it go first (no "command still running"), another engine process's spawner
+    too, and a spawn after starts another."""
+    import sandtree
+    from sandtree.runtime import criu
+
+    if not criu.find()[0]:
+        pytest.skip(criu.find()[1])
+    with st.import_image(rootfs).start() as sb:
+        e = st._engine
+        ok, why = e.sandboxes.live.hibernate_available()
+        if not ok:
+            pytest.skip(why)
+        other = sandtree.Sandtree(str(tmp_path / "home"), warm=0, database=store_database, objects=store_objects)
+        try:
+            o = other._engine                             # another engine process's on the same home
+            for engine in (e, o):
+                spid = engine.sandbox_spawn(sb.id, ["true"])
+                assert engine.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+            assert len([r for r in sb.ps() if r["name"] == "sandtree-spawn" and r["ppid"] == 1]) == 2
+            assert sb.hibernate()["state"] == "hibernated"
+            assert sb.resume()["state"] == "running"
+            for engine in (e, o):
+                spid = engine.sandbox_spawn(sb.id, ["sh", "-c", "echo resumed"])
+                assert engine.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+                assert engine.sandbox_process(sb.id, spid)["stdout"] == "resumed\n"
+        finally:
+            other.close()
+        [kid] = sb.fork()
+        try:
+            assert kid.exec(["echo", "kid"]).stdout == b"kid\n"
+            spid = e.sandbox_spawn(kid.id, ["sh", "-c", "echo spawned in kid"])
+            assert e.sandbox_follow(kid.id, spid, lambda s, c: None)["exit_code"] == 0
+        finally:
+            kid.stop()
+        spid = e.sandbox_spawn(sb.id, ["sh", "-c", "echo after the fork"])
+        assert e.sandbox_follow(sb.id, spid, lambda s, c: None)["exit_code"] == 0
+
+
+def test_a_sandbox_whose_spawned_commands_ended_goes_idle(st, rootfs):
+    """The spawner stays, but nothing of the engine's stays outside the sandbox with it (the enter
+    that started it ends at once): a sandbox is idle once its commands have ended, and its idle
+    timeout stops it."""
+    sb = st.import_image(rootfs).start(idle_timeout=2)
+    e = st._engine
+    try:
+        row = e.sandboxes._row(sb.id)
+        spid = e.sandbox_spawn(sb.id, ["true"])
+        e.sandbox_follow(sb.id, spid, lambda s, c: None)
+        assert e.sandboxes.spawners.by_sid.get(sb.id) is not None         # (the spawner runs)
+        assert e.sandboxes.live.outsiders(row["handle"]) == []
+        until(lambda: {s.id: s.state for s in st.sandboxes()}.get(sb.id) != "running", 30)    # (a list reaps)
+        assert sb.info()["state"] in ("stopped", "expired")
+    finally:
+        sb.stop()

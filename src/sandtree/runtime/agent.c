@@ -100,6 +100,7 @@ static void reply(u32 id, u32 type, const void *data, u32 len) {
 long execvpe_(char *const *av, char *const *ev);
 __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, int relay_too);     /* hold.c */
 __attribute__((noreturn)) void hold_attach(const char *id, int patient);
+__attribute__((noreturn)) void spawn_main(void);
 
 /* The command, in the child: ids, cwd, then execve along PATH (as execvpe). Never returns. A
  * failure is left in `fail` (errno, then 'i' ids, 'c' cwd or 'e' exec): the child shares our memory
@@ -520,6 +521,7 @@ __attribute__((noreturn, used)) void agent_main(long *sp) {
     if (sp[0] >= 4 && same(av[1], "--start") && same(av[3], "--")) hold_main(av[2], av + 4, ev, 0);
     if (sp[0] == 3 && same(av[1], "--attach")) hold_attach(av[2], 0);
     if (sp[0] == 3 && same(av[1], "--await")) hold_attach(av[2], 1);
+    if (sp[0] == 2 && same(av[1], "--spawn")) spawn_main();
     unsigned long chld = 1UL << (SIGCHLD - 1), blocked = chld | (1UL << (13 /* SIGPIPE */ - 1));
     sys(__NR_prctl, PR_SET_NAME, (long)"sandtree-agent", 0, 0);
     /* SIGCHLD is read from a signalfd; SIGPIPE blocked: a write to a closed pipe is EPIPE */

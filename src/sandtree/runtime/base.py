@@ -302,6 +302,11 @@ class LiveTier(abc.ABC):
     def outsiders(self, h) -> list[int]:
         """Processes of the sandbox a checkpoint cannot hold (busy execs): none, to hibernate."""
 
+    def end_spawners(self, h) -> int:
+        """End the sandbox's command spawners (hold.c --spawn), any engine process's, before a
+        checkpoint, which cannot hold the engine's socket each holds; how many. None here."""
+        return 0
+
     @abc.abstractmethod
     def dump_finished(self, h, images: str) -> bool:
         """Whether `images` holds a whole checkpoint of the sandbox (one whose dumper died after

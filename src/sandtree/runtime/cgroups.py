@@ -345,7 +345,8 @@ class RunCgroup:
         (EBUSY for a moment after the last one is reaped). True if all are gone."""
         deadline = time.monotonic() + wait
         left = dict(self.dirs)
-        while True:
+        pause = 0.0005                          # (a kill's tasks are reaped within a millisecond or two:
+        while True:                             # a stop waits that, not a fixed 5 ms step)
             for c, d in list(left.items()):
                 try:
                     os.rmdir(d)
@@ -356,7 +357,8 @@ class RunCgroup:
                     pass
             if not left or time.monotonic() >= deadline:
                 return not left
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
 
 class Cgroups:

@@ -6,6 +6,7 @@
  *   sandtree-agent --attach ID
  *   sandtree-agent --start ID -- COMMAND...  (as --hold, but it leaves once H runs: no first R)
  *   sandtree-agent --await ID                 (as --attach, waiting a moment for H to listen)
+ *   sandtree-agent --spawn                    (S: forks an H per command the engine asks for, below)
  *
  * Why: a command spawned with pipes to the engine (engine/processes/instances.py) is a child of a
  * helper outside the sandbox with its stdio leading outside, which no checkpoint can hold, so a
@@ -278,6 +279,8 @@ __attribute__((noreturn)) static void holder(int lfd, int pst, int pst_w, char *
         sys(__NR_dup3, pipes[0][0], 0, 0, 0);
         sys(__NR_dup3, pipes[1][1], 1, 0, 0);
         sys(__NR_dup3, pipes[2][1], 2, 0, 0);
+        /* only the three pipes cross (every fd of ours is close-on-exec already: in case) */
+        sys(436 /* close_range */, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */, 0);
         long err = execvpe_(av, ev);
         u32 e = (u32)-err;
         sys(__NR_write, pst_w, (long)&e, 4, 0);
@@ -469,4 +472,128 @@ __attribute__((noreturn)) void hold_main(const char *id, char **av, char **ev, i
     while (sys(__NR_read, lp[0], (long)&one, 1, 0) == -H_EINTR) {}
     sys(__NR_exit_group, 0, 0, 0, 0);
     for (;;) {}
+}
+
+/* ---- S: the sandbox's spawner ------------------------------------------------------------- */
+/* `--spawn`: a process of the sandbox (started once by an enter, as its root, with its
+ * capabilities, seccomp filter, rlimits and no_new_privs: held.py's Spawner) that makes an H for
+ * each command the engine asks for, so that a command costs a fork, not an enter and an exec.
+ * fd 0 is a SOCK_SEQPACKET socket of the engine's: each message is one byte with a SCM_RIGHTS fd,
+ * a stream socket whose other end the engine reads as a relay's stdout (frames as above). S forks
+ * H, which reads its spec from that socket:
+ *   u32 len, then len bytes of NUL-terminated words: key, cwd, uid, gid, groups (1: setgroups to
+ *   the gid, 0: leave them, as an enter without a gid map), n_env, n_env "K=V", then argv
+ * and becomes the command's holder with that socket as its connection: an --attach finds it
+ * under the key as any other H. S answers 'r' once when it runs (a child of the enter's command,
+ * which exits: S is pid 1's, as a holder is); it leaves at EOF (the engine lets it go before a
+ * checkpoint, which cannot hold its socket: its end's POLLHUP says it left), its H's go on.
+ * Nothing of S's crosses into a command but what any process of the sandbox's root could give
+ * it: H drops to the command's ids, and the command gets only its three pipes. */
+#define SPEC_MAX (1 << 21)
+static char spec[SPEC_MAX + 1];
+static char *sav[SPEC_MAX / 2 / sizeof(char *)];
+
+static long num_(const char *s) {
+    long v = 0;
+    while (*s >= '0' && *s <= '9') v = v * 10 + (*s++ - '0');
+    return v;
+}
+
+/* H before its command could start: the engine hears why ('f' errno step), then 126 as an enter's. */
+__attribute__((noreturn)) static void refuse(u32 err, const char *step) {
+    char f[4 + 16];
+    u32 n = 4;
+    *(u32 *)f = err;
+    for (long k = 0; step[k] && n < sizeof f; k++) f[n++] = step[k];
+    hello((u32)sys(__NR_getpid, 0, 0, 0, 0), 0);
+    frame('f', f, n);
+    u32 st = 126 << 8;
+    frame('x', &st, 4);
+    sys(__NR_exit_group, 126, 0, 0, 0);
+    for (;;) {}
+}
+
+__attribute__((noreturn)) static void spawn_one(int c) {
+    sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-hold", 0, 0);
+    conn = conn_w = c;                       /* the engine's, for frames from the start */
+    u32 len = 0;
+    if (hread(c, &len, 4) < 0 || len > SPEC_MAX || hread(c, spec, len) < 0) sys(__NR_exit_group, 125, 0, 0, 0);
+    spec[len] = 0;
+    long n = 0;
+    for (long k = 0; k < len && n < (long)(sizeof sav / sizeof sav[0]) - 2; k++)
+        if (k == 0 || spec[k - 1] == 0) sav[n++] = spec + k;
+    if (n < 7) refuse(22 /* EINVAL */, "spec");
+    const char *key = sav[0], *cwd = sav[1];
+    long uid = num_(sav[2]), gid = num_(sav[3]), groups = num_(sav[4]), nenv = num_(sav[5]);
+    if (nenv < 0 || 6 + nenv >= n) refuse(22, "spec");
+    /* the env, then a NULL, then argv, then a NULL: argv moves up by one */
+    for (long k = n; k > 6 + nenv; k--) sav[k] = sav[k - 1];
+    sav[6 + nenv] = 0;
+    sav[n + 1] = 0;
+    char **ev = sav + 6, **av = sav + 6 + nenv + 1;
+    /* as an enter's command (helper/command.c become_command): cwd (as root), groups and ids */
+    long e = sys(__NR_chdir, (long)cwd, 0, 0, 0);
+    if (e < 0) refuse((u32)-e, "cwd");
+    u32 g = (u32)gid;
+    if ((groups && (e = sys(__NR_setgroups, 1, (long)&g, 0, 0)) < 0) ||
+        (e = sys(__NR_setresgid, gid, gid, gid, 0)) < 0 || (e = sys(__NR_setresuid, uid, uid, uid, 0)) < 0)
+        refuse((u32)-e, "ids");
+    sys(__NR_prctl, 4 /* PR_SET_DUMPABLE */, 1, 0, 0);      /* as a holder exec'd by an enter is */
+    struct sockaddr_hold a;
+    long alen = address(&a, key);
+    int pst[2] = {-1, -1};
+    int lfd = (int)sys(__NR_socket, H_AF_UNIX, H_SOCK_STREAM | H_SOCK_CLOEXEC, 0, 0);
+    if (lfd < 0 || (e = sys(__NR_bind, lfd, (long)&a, alen, 0)) < 0 || (e = sys(__NR_listen, lfd, 4, 0, 0)) < 0 ||
+        (e = sys(__NR_pipe2, (long)pst, O_CLOEXEC, 0, 0)) < 0)
+        refuse((u32)(lfd < 0 ? -lfd : -e), "hold");
+    set_sigchld(0);                             /* (H waits for its command) */
+    sys(__NR_setsid, 0, 0, 0, 0);
+    holder(lfd, pst[0], pst[1], av, ev);
+}
+
+__attribute__((noreturn)) void spawn_main(void) {
+    sys(__NR_prctl, 15 /* PR_SET_NAME */, (long)"sandtree-spawn", 0, 0);
+    /* no process of the sandbox attaches to us (we hold the engine's socket); each H is made
+     * dumpable again as it takes its command's ids (a checkpoint dumps it) */
+    sys(__NR_prctl, 4 /* PR_SET_DUMPABLE */, 0, 0, 0);
+    int ctl = (int)sys(__NR_fcntl, 0, F_DUPFD_CLOEXEC, 3, 0);
+    int nul = (int)sys(__NR_openat, AT_FDCWD, (long)"/dev/null", O_RDWR | O_CLOEXEC, 0);
+    for (int fd = 0; fd < 3; fd++) {
+        if (nul >= 0) sys(__NR_dup3, nul, fd, 0, 0);
+        else sys(__NR_close, fd, 0, 0, 0);
+    }
+    if (nul > 2) sys(__NR_close, nul, 0, 0, 0);
+    if (ctl < 0) sys(__NR_exit_group, 125, 0, 0, 0);
+    unsigned long pipe_ = 1UL << (H_SIGPIPE - 1);
+    sys(__NR_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&pipe_, 0, sizeof pipe_);
+    set_sigchld(1);                             /* our H's are reaped by the kernel */
+    /* S itself is our child, adopted by the sandbox's pid 1 once we exit, so the enter that
+     * started us ends at once (nothing of the engine's stays outside; an idle sandbox is idle) */
+    long me = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
+    if (me < 0) sys(__NR_exit_group, 125, 0, 0, 0);
+    if (me > 0) sys(__NR_exit_group, 0, 0, 0, 0);
+    char r = 'r';
+    if (sys(__NR_write, ctl, (long)&r, 1, 0) != 1) sys(__NR_exit_group, 0, 0, 0, 0);
+    for (;;) {
+        char one;
+        struct iovec_ { void *base; unsigned long len; } iov = {&one, 1};
+        union { char buf[24]; unsigned long align; } cm;
+        struct { void *name; u32 namelen; struct iovec_ *iov; unsigned long iovlen; void *control;
+                 unsigned long controllen; int flags; } msg = {0, 0, &iov, 1, cm.buf, sizeof cm.buf, 0};
+        long got = sys(__NR_recvmsg, ctl, (long)&msg, 0x40000000 /* MSG_CMSG_CLOEXEC */, 0);
+        if (got == -H_EINTR) continue;
+        if (got <= 0) sys(__NR_exit_group, 0, 0, 0, 0);     /* the engine let go */
+        /* struct cmsghdr: u64 len, int level, int type, then the fd */
+        int fd = -1;
+        if (msg.controllen >= 20 && *(unsigned long *)cm.buf >= 20 && *(int *)(cm.buf + 8) == H_SOL_SOCKET &&
+            *(int *)(cm.buf + 12) == 1 /* SCM_RIGHTS */)
+            fd = *(int *)(cm.buf + 16);
+        if (fd < 0) continue;
+        long k = sys(__NR_clone, H_SIGCHLD, 0, 0, 0);
+        if (k == 0) {
+            sys(__NR_close, ctl, 0, 0, 0);       /* H holds its own connection, never S's */
+            spawn_one(fd);
+        }
+        sys(__NR_close, fd, 0, 0, 0);            /* (a failed fork: the engine reads EOF, no hello) */
+    }
 }

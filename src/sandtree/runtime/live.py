@@ -16,6 +16,7 @@ inside it: enter.py. Here: start, state, stop, hibernate.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -436,6 +437,36 @@ class LiveRuntime(Commands, LiveTier):
             if p != h.init_pid:
                 out.append(pid)
         return out
+
+    def end_spawners(self, h: LiveHandle, wait: float = 2.0) -> int:
+        """SIGKILL every command spawner in the sandbox (pid 1's children named sandtree-spawn:
+        hold.c --spawn), another engine process's included, and wait for them to exit: each holds
+        a socket of its engine's, which a checkpoint cannot hold. Their holders go on; an engine
+        whose spawner ended starts another at its next spawn (engine/processes/spawner.py)."""
+        cg = h.cg()
+        ended = []
+        for pid in (cg.pids() if cg else set()) - {h.init_pid, h.helper_pid}:
+            try:
+                fd = os.pidfd_open(pid)               # (pinned: the one looked at is the one killed)
+            except OSError:
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    name = f.read().strip()
+                if name == "sandtree-spawn" and parent_of(pid) == h.init_pid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    ended.append(fd)
+                    continue
+            except (OSError, ValueError):
+                pass
+            os.close(fd)
+        end = time.monotonic() + wait
+        for fd in ended:
+            try:
+                select.select([fd], [], [], max(0.0, end - time.monotonic()))   # (readable: it exited)
+            finally:
+                os.close(fd)
+        return len(ended)
 
     def dump(self, h: LiveHandle, images: str, ghost_limit: int, link: bool = False,
              leave_running: bool = False, meanwhile=None):

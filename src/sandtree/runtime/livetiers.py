@@ -107,6 +107,9 @@ class LiveTiers(LiveTier):
     def outsiders(self, h) -> list[int]:
         return self.of(h).outsiders(h)
 
+    def end_spawners(self, h) -> int:
+        return self.of(h).end_spawners(h)
+
     def dump_finished(self, h, images: str) -> bool:
         return self.of(h).dump_finished(h, images)
 

@@ -184,6 +184,8 @@ class SandboxForking:
         freeze (not part of the stall)."""
         sid, h = row["id"], row["handle"]
         self.ahead.forget(sid)
+        self.spawners.forget(sid, wait=True)        # (a checkpoint cannot hold its socket)
+        self.live.end_spawners(row["handle"])       # (another engine process's too)
         with self.store.using(), self._commit_lock(sid):
             self._still_running(row)
             # as it is now (a set_network or a resume waits for the lock): a policy given or taken

@@ -51,6 +51,8 @@ class SandboxHibernation:
             raise RuntimeUnavailable("hibernate needs the cgroup freezer (cgroups are not available here)")
         self.check_resolv_link(row)
         self.ahead.forget(sid)
+        self.spawners.forget(sid, wait=True)        # (a checkpoint cannot hold its socket)
+        self.live.end_spawners(h)                    # (another engine process's too)
         images = self._checkpoint_dir(sid)
         # the relays of its held processes let go (their holders, inside, keep them going)
         self.release(sid)

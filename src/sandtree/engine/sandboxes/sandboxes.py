@@ -32,7 +32,7 @@ from ...errors import Conflict, InvalidInput, NotFound, RuntimeUnavailable, Sand
 from ...runtime.base import LiveTier, RunSpec
 from ...runtime.liveproc import LiveHandle, open_of
 from ...runtime.openat2 import create_as
-from ...runtime.validate import check_env
+from ...runtime.validate import check_env, validate_spec
 from ...store.db import dumps
 from ...store.ephemeral import mark_writer       # commit(ephemeral=True): a live run's (processes/instances.py)
 from ...store.store import Store
@@ -42,6 +42,7 @@ from ..warm.helpers import Ahead
 from ..warm.sandboxes import AHEAD_TIER, StartsAhead
 from ..runs.commit import Committer
 from ..processes.popen import LiveProcess
+from ..processes.spawner import Spawners
 from ..runs.records import Records
 from .retiring import Retiring
 from .files import SandboxFiles
@@ -90,6 +91,9 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         self._holders_lock = threading.Lock()
         self._keeping: dict[str, threading.Event] = {}     # image -> its live state being kept (livestates.py)
         self._keeping_lock = threading.Lock()
+        self.spawners = Spawners(self)               # each sandbox's spawner of held commands (spawn_spec)
+        if self.starts is not None:                  # (one started ahead has its spawner ready too)
+            self.starts.prepare, self.starts.forget = self.spawners.prepare, self.spawners.forget
         # called with a sandbox's id before its processes are checkpointed (release) and once they
         # run again, or did not stop (reattach): the engine's held processes' relays (processes/held.py)
         self.release = lambda sid: None
@@ -101,6 +105,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         if self.starts is not None:
             self.starts.close()
         self.ahead.close()
+        self.spawners.close()
         self.retiring.close()
         self.wait_live_states()
 
@@ -211,6 +216,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
 
     def _retire(self, row: dict, state: str, release: bool = True) -> None:
         self.ahead.forget(row["id"])
+        self.spawners.forget(row["id"])
         self.live.stop(row["handle"])
         if release:
             self.release_link(row)
@@ -373,6 +379,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                         "idle_timeout, expires, head) VALUES(?,?,?,?,?,?,?,?,?,?)",
                         (sid, image, "running", dumps(handle.to_dict()), dumps(record), now, now,
                          idle_timeout, now + lifetime, image))
+        self._touched[sid] = now                    # (its last_used is now: a first command writes none)
 
     # ---- volumes (engine/volumes.py) ----------------------------------------------------------------
     def _check_volumes(self, volumes, tier: str, idle_action: str) -> list[dict]:
@@ -415,6 +422,7 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         row = self._row(sid)
         self._ours(row)
         self.ahead.forget(row["id"])
+        self.spawners.forget(row["id"])
         with self._commit_lock(row["id"]):              # not while it hibernates or resumes
             row = self._row(row["id"])
             self._ours(row)
@@ -490,6 +498,19 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
                             time.time(), None, {"started": True}, kind="exec")
         return LiveProcess(proc, rep_r, self.live.of(row["handle"]), raw)
 
+    def spawn_spec(self, sid: str, argv: list[str], *, env: dict | None, cwd: str | None, uid: int | None,
+                   gid: int | None) -> tuple[RunSpec, bool]:
+        """A command's spec for the sandbox's spawner (processes/spawner.py), as popen makes it for
+        an enter (its env, cwd and ids; checked, recorded), and whether its holder sets its groups
+        (as an enter's command does where the user namespace has a gid map)."""
+        row = self._running(sid)
+        spec, shown = self._command_spec(row, list(argv), env=env, cwd=cwd, stdin=None, uid=uid, gid=gid, limits={})
+        validate_spec(spec)
+        self.records.record(uuid.uuid4().hex, row["image"], {"command": shown, "sandbox": row["id"], "interactive": True},
+                            time.time(), None, {"started": True}, kind="exec", serial=False,
+                            also=lambda con: self._touch(row, con))      # (one transaction)
+        return spec, not self.store.idmap.rootless
+
     def holder(self, sid: str, *, again: bool = False) -> tuple[str, bool]:
         """The path inside sandbox `sid` of the program that holds a spawned command's stdio
         (runtime/hold.c): the tier's, or a copy the engine writes into the sandbox's /dev/shm
@@ -501,32 +522,47 @@ class Sandboxes(SandboxFiles, SandboxWatches, SandboxHibernation, SandboxForking
         if known is not None and not again:
             return known                          # (the start of every spawned process: no lookup)
         row = self._running(sid)
-        inside, program, by_exec = self.live.hold_program(row["handle"])
+        return self._holder_of(row["id"], row["handle"], again)
+
+    def _holder_of(self, sid: str, h: LiveHandle, again: bool = False) -> tuple[str, bool]:
+        inside, program, by_exec = self.live.hold_program(h)
         if inside is not None:
-            self._holders[row["id"]] = (inside, by_exec)
+            self._holders[sid] = (inside, by_exec)
             return inside, by_exec
         if program is None:
             raise RuntimeUnavailable("this sandbox's tier has no holder for spawned processes")
         with self._holders_lock:
-            path = (self._holders.get(row["id"]) or (None,))[0]
+            path = (self._holders.get(sid) or (None,))[0]
             if path is None or again:
                 with open(program, "rb") as f:
                     data = f.read()
                 name = f".sandtree-hold-{os.urandom(8).hex()}"
-                h, idmap = row["handle"], self.store.idmap
+                idmap = self.store.idmap
                 root = self.live.root(h)
                 try:                              # (as its root: /dev/shm is mounted in its user namespace)
                     create_as(root, "/dev/shm", name, data, 0o555, idmap.host_uid(0), idmap.host_gid(0),
                               self.live.own_mounts(h))
                 except (OSError, SandtreeError) as exc:     # (an image whose /dev/shm is not the sandbox's own)
-                    raise RuntimeUnavailable(f"no holder for spawned processes in sandbox {row['id']}: {exc}") from None
+                    raise RuntimeUnavailable(f"no holder for spawned processes in sandbox {sid}: {exc}") from None
                 finally:
                     os.close(root)
                 path = f"/dev/shm/{name}"
                 if len(self._holders) > 4096:      # (the sandboxes of long ago: written anew if asked)
                     self._holders.clear()
-                self._holders[row["id"]] = (path, by_exec)
+                self._holders[sid] = (path, by_exec)
         return path, by_exec
+
+    def spawner_process(self, sid: str, stdin: int, handle: LiveHandle | None = None) -> LiveProcess:
+        """Sandbox `sid`'s spawner (processes/spawner.py) started by an enter, with `stdin` as its
+        stdin: as the sandbox's root, in /, with no env (it passes none on). handle: a sandbox
+        started ahead (warm/sandboxes.py), which has no running row yet."""
+        h = handle if handle is not None else self._running(sid)["handle"]
+        path, by_exec = self._holders.get(sid) or self._holder_of(sid, h)
+        if by_exec:
+            raise RuntimeUnavailable("this sandbox's tier starts its holders by exec: it has no spawner")
+        spec = RunSpec(argv=[path, "--spawn"], layers=[], root_meta=(0o755, 0, 0), env={}, cwd="/", uid=0, gid=0)
+        proc, rep_r, raw = self.live.popen(h, spec, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return LiveProcess(proc, rep_r, self.live.of(h), raw)
 
     def ps(self, sid: str) -> list[dict]:
         """Every process of a running sandbox as its kernel tells it (runtime pstable), each with

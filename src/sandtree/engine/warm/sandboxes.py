@@ -41,6 +41,10 @@ class StartsAhead(KeptAhead):
     def __init__(self, store: Store, live: LiveTier):
         super().__init__()
         self.store, self.live = store, live
+        # (sid, handle) of one started ahead: its command spawner started too (the engine's
+        # processes/spawner.py), and let go of once it is stopped unclaimed
+        self.prepare = lambda sid, handle: None
+        self.forget = lambda sid: None
 
     @staticmethod
     def key(image: str, spec: RunSpec) -> str:
@@ -96,9 +100,11 @@ class StartsAhead(KeptAhead):
         except Exception:                              # noqa: BLE001 - not kept without its row
             self.live.stop(handle)
             return None
+        self.prepare(sid, handle)
         return sid, handle
 
     def _stop(self, sid: str, handle: LiveHandle) -> None:
+        self.forget(sid)
         try:
             self.live.stop(handle)
         finally:

@@ -54,17 +54,33 @@ class ProcessService:
     """process.Process on the sandbox envd's app (app.py) named for this request."""
 
     # ---- streams ---------------------------------------------------------------------------------
-    async def _follow(self, engine, sid: str, pid: int, ctx, cls, replay: bool):
-        """StartEvent, then the process's output as DataEvents (keepalives between), then EndEvent."""
+    async def _follow(self, engine, sid: str, pid: int | None, ctx, cls, replay: bool, begin=None):
+        """StartEvent, then the process's output as DataEvents (keepalives between), then EndEvent.
+        begin(): starts the process (its pid) in the follower's thread first, so a command's start
+        and its following cost one hop to a thread, not two (its errors come before any event)."""
         loop, queue, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
         def heard(stream: str, chunk: bytes) -> None:            # (the engine's pump thread)
             loop.call_soon_threadsafe(queue.put_nowait, (stream, chunk))
-        follower = asyncio.ensure_future(asyncio.to_thread(engine.sandbox_follow, sid, pid, heard, replay=replay,
-                                                           cancel=cancel))
+
+        def follow(pid):
+            if begin is not None:
+                pid = begin()
+                loop.call_soon_threadsafe(queue.put_nowait, ("start", pid))
+            return engine.sandbox_follow(sid, pid, heard, replay=replay, cancel=cancel)
+        follower = asyncio.ensure_future(asyncio.to_thread(follow, pid))
         follower.add_done_callback(lambda _: queue.put_nowait(None))
         every = _keepalive(ctx)
         try:
+            if begin is not None:
+                item = await queue.get()
+                if item is None:                  # it did not start: its error, before any event
+                    try:
+                        follower.result()
+                    except SandtreeError as exc:
+                        raise connect_error(exc) from None
+                    raise ConnectError(Code.INTERNAL, "the process did not start")
+                pid = item[1]
             yield _event("start", pb.ProcessEvent.StartEvent(pid=pid), cls)
             while True:
                 try:
@@ -95,18 +111,17 @@ class ProcessService:
         size = request.pty.size if request.has_field("pty") and request.pty.size is not None else None
         # an absent stdin is true (envd's default, for older clients); a terminal's is its input
         keep_stdin = request.stdin if request.has_field("stdin") else True
-        try:
-            user = await asyncio.to_thread(users.resolve, engine, sid,
-                                           users.basic_user(ctx.request_headers.get("authorization")))
-            pid = await asyncio.to_thread(
-                engine.sandbox_spawn, sid, [config.cmd, *config.args], env=dict(config.envs) or None,
-                cwd=user.path(config.cwd) if config.has_field("cwd") and config.cwd else user.home,
-                uid=user.uid, gid=user.gid,
-                tag=request.tag if request.has_field("tag") and request.tag else None, stdin_open=keep_stdin,
-                **({"pty": True, "cols": size.cols, "rows": size.rows} if size is not None else {}))
-        except SandtreeError as exc:
-            raise connect_error(exc) from None
-        async for event in self._follow(engine, sid, pid, ctx, pb.StartResponse, replay=True):
+        authorization = ctx.request_headers.get("authorization")
+        cwd = config.cwd if config.has_field("cwd") and config.cwd else None
+        tag = request.tag if request.has_field("tag") and request.tag else None
+
+        def begin() -> int:                  # (in the follower's thread)
+            user = users.resolve(engine, sid, users.basic_user(authorization))
+            return engine.sandbox_spawn(
+                sid, [config.cmd, *config.args], env=dict(config.envs) or None,
+                cwd=user.path(cwd) if cwd else user.home, uid=user.uid, gid=user.gid, tag=tag,
+                stdin_open=keep_stdin, **({"pty": True, "cols": size.cols, "rows": size.rows} if size is not None else {}))
+        async for event in self._follow(engine, sid, None, ctx, pb.StartResponse, replay=True, begin=begin):
             yield event
 
     def connect(self, request: pb.ConnectRequest, ctx):
