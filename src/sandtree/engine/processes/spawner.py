@@ -18,7 +18,6 @@ died meanwhile (killed from inside) is noticed at the next request, which starts
 from __future__ import annotations
 
 import array
-import os
 import select
 import socket
 import struct
