@@ -22,6 +22,7 @@ from ...store.names import check_tag
 from ...store.scan import scan
 from ...store.store import Store
 from ..runs.records import Records
+from .. import parts             # registry (store/registry.py): loaded on a registry's first call
 
 
 class ImportOps:
@@ -87,7 +88,7 @@ class ImportOps:
         """pull as operation `op_id` (a submitted pull's, or a new one). check_host("host:port"):
         called before every connection (redirects, token realms), raises to refuse one (the
         tenant view's check_public_registry). Not an operation of the table."""
-        registry = registry_module()
+        registry = parts.registry
         if tag is not None:
             check_tag(tag)
         ref = registry.parse(reference)
@@ -108,12 +109,12 @@ class ImportOps:
 
     def registry_host(self, reference: str) -> str:
         """The registry a URL or image reference names ("docker://ghcr.io/org/x" -> "ghcr.io")."""
-        return registry_module().registry_host(reference)
+        return parts.registry.registry_host(reference)
 
     def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
         """Check credentials against the registry's /v2/ and keep them for pulls (the store is
         0700; the secret never appears in records)."""
-        registry = registry_module()
+        registry = parts.registry
         host = registry.registry_host(registry_url)
         registry.check_login(host, username, secret, insecure)
         with self.store.db.tx() as con:
@@ -123,7 +124,7 @@ class ImportOps:
 
     def registry_logout(self, registry_url: str) -> str:
         """Forget the credentials registry_login kept for this registry (NotFound when there are none)."""
-        host = registry_module().registry_host(registry_url)
+        host = parts.registry.registry_host(registry_url)
         with self.store.db.tx() as con:
             gone = con.execute("DELETE FROM registry_auth WHERE registry=?", (host,)).rowcount
         if not gone:
@@ -188,9 +189,3 @@ class ImportOps:
                 remove_tree(dest)
             raise
 
-
-def registry_module():
-    """store/registry.py, imported on the first registry call: it loads httpx, which a run never
-    needs (the one place the engine imports late)."""
-    from ...store import registry    # httpx: loaded for registry work only
-    return registry

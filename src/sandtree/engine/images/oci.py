@@ -9,7 +9,7 @@ from __future__ import annotations
 from ...store import ociout
 from ...store.layers import remove_tree
 from ...store.names import check_tag
-from .imports import registry_module
+from .. import parts             # registry: loaded on a registry's first call (parts.py)
 
 
 class OciOps:
@@ -17,7 +17,7 @@ class OciOps:
 
     def push(self, image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
         """Push an image to docker://HOST/NAME:TAG; {reference, digest, layers, uploaded, bytes, seconds}."""
-        registry = registry_module()
+        registry = parts.registry
         image = self.resolve(image)
         ref = registry.parse(reference)
         row = self.store.db.one("SELECT username, secret FROM registry_auth WHERE registry=?", (ref.registry,))
