@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["GVisorRuntime", "Interpreter", "Operations", "Pools", "RecipePools", "SandboxPorts", "Sandboxes",
-           "SecretStore", "Tenancy", "Volumes", "attach", "split"]
+           "SecretStore", "Tenancy", "Volumes", "attach", "split", "RecipeBuilder", "RecipeWatch", "dockerfile_recipe",
+           "read_dockerfile", "port_path", "base_domain", "check_base", "parse_host", "preview_url"]
 
 # name -> the module defining it
 _LAZY = {"attach": "sandtree.engine.clustered",                 # a cluster's fabric (only with one configured)
@@ -23,7 +24,17 @@ _LAZY = {"attach": "sandtree.engine.clustered",                 # a cluster's fa
          "Pools": "sandtree.engine.warm.pools",
          "RecipePools": "sandtree.engine.warm.rollover",
          "Volumes": "sandtree.engine.volumes",
-         "split": "sandtree.engine.volumes"}                   # a volume's name: (tenant, name)
+         "split": "sandtree.engine.volumes",                   # a volume's name: (tenant, name)
+         # the engine package's own names a run does not need (engine/__init__.py)
+         "RecipeBuilder": "sandtree.recipe.builder",
+         "RecipeWatch": "sandtree.engine.warm.rollover",
+         "dockerfile_recipe": "sandtree.engine.builds.dockerfiles",
+         "read_dockerfile": "sandtree.engine.builds.dockerfiles",
+         "port_path": "sandtree.engine.sandboxes.ports",
+         "base_domain": "sandtree.engine.sandboxes.previews",
+         "check_base": "sandtree.engine.sandboxes.previews",
+         "parse_host": "sandtree.engine.sandboxes.previews",
+         "preview_url": "sandtree.engine.sandboxes.previews"}
 
 # modules, by the name the engine's mixins use
 _MODULES = {"diff": "sandtree.branching.diff",

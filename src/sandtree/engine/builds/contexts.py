@@ -23,7 +23,7 @@ from ...recipe.context import MAX_BYTES, MAX_DEPTH, MAX_ENTRIES, BuildContext
 from ...recipe.lexer import MAX_TEXT_BYTES
 from ...store import importers
 from ...store.layers import remove_tree
-from .dockerfiles import dockerfile_recipe
+from .. import parts             # dockerfile_recipe: the Dockerfile parser loads on a build's first use
 
 __all__ = ["ContextBuildOps", "CONTEXT_LIMITS", "unpacked_context"]
 
@@ -89,7 +89,7 @@ class ContextBuildOps:
                 if root is None:
                     raise InvalidInput("give a Dockerfile's text or a build context holding one")
                 text = BuildContext(root).read_file(dockerfile or "Dockerfile", MAX_TEXT_BYTES)
-            recipe = dockerfile_recipe(view if view is not None else self, root, text=text, build_args=build_args,
+            recipe = parts.dockerfile_recipe(view if view is not None else self, root, text=text, build_args=build_args,
                                        target=target, network=network)
             # (the parser put the build-wide network into each RUN without its own: not again here,
             # where it would turn on a `RUN --network=none`)
