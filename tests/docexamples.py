@@ -76,6 +76,17 @@ def blocks(path: str, text: str | None = None) -> list[Block]:
     return out
 
 
+def newcomer_cannot(root: str) -> str | None:
+    """Why tests/e2e/test_newcomer.py (a fresh clone, `make demo`, the README tour) cannot run from checkout
+    `root`; None when it can (then the README's blocks and the demo are its, not test_doc_examples.py's)."""
+    import shutil
+    if shutil.which("git") is None or shutil.which("make") is None:
+        return "needs git and make"
+    if not os.path.exists(os.path.join(root, ".git")):
+        return "not a git checkout: nothing to clone"
+    return None
+
+
 # A Python driver: reads blocks as JSON lines, executes each in one namespace, answers one JSON line.
 DRIVER = r"""
 import json, sys, traceback

@@ -17,7 +17,6 @@ import glob
 import importlib.metadata as md
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,7 +26,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 import sandtree
-from docexamples import Reader, blocks
+from docexamples import Reader, blocks, newcomer_cannot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,11 +59,9 @@ def only_these(dists: list[md.Distribution], into: str) -> None:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")) and \
-            not os.path.isfile(os.path.join(ROOT, ".git")):
-        pytest.skip("not a git checkout: nothing to clone")
-    if shutil.which("make") is None:
-        pytest.skip("needs make")
+    why = newcomer_cannot(ROOT)
+    if why:
+        pytest.skip(why)
     top = tmp_path_factory.mktemp("newcomer")
     repo = str(top / "sandtree")
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", ROOT, repo], check=True, timeout=120)
