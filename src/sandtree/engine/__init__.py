@@ -1,12 +1,11 @@
 """The engine: store + runtime + the operations that combine them (see core.Engine).
 
-Names a run does not need (Dockerfiles, ports' URLs, recipe pools and the recipe builder) load on first use
+Names a run does not need (recipes, Dockerfiles, ports' URLs, recipe pools and the recipe builder) load on first use
 (PEP 562, through parts.py): a one-shot `sandtree run` imports what runs."""
 
 from . import parts
 from .builds.builds import BuildResult, StepResult
 from .core import Engine
-from ..recipe.steps import Configure, ContextFile, Copy, From, Recipe, Run, Stage
 from ..store.imageconfig import CONFIG_PATH, ImageConfig
 from .runs.spec import default_idmap
 from ..defaults import RunRecord
@@ -19,7 +18,8 @@ __all__ = ["Engine", "RunRecord", "DEFAULT_ENV", "default_idmap", "parse_size", 
 
 # the names parts.py loads on first use
 _LAZY = ("RecipeBuilder", "dockerfile_recipe", "read_dockerfile", "RecipeWatch", "port_path", "base_domain",
-         "check_base", "parse_host", "preview_url")
+         "check_base", "parse_host", "preview_url", "Recipe", "Stage", "From", "Run", "Copy", "Configure",
+         "ContextFile")
 
 
 def __getattr__(name: str):

@@ -194,7 +194,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._pools is None:
             with self._parts_lock:
                 if self._pools is None:
-                    self._pools = parts.Pools(self.store, self.specs, self._live, self.resolve, lambda: self.default_tier)
+                    self._pools = parts.Pools(self.store, self.specs, self._live, self.resolve,
+                                              lambda: self.default_tier)
                     self._pools.egress = lambda: self.egress
         return self._pools
 

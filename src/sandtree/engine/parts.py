@@ -1,8 +1,9 @@
 """The engine's parts made on first use, loaded on first use too (PEP 562): a process that uses one part
 (a one-shot `sandtree run`: the store, the runtime, a run) does not import the others (the tenancy and the
 operation table's views, live sandboxes, pools, ports, the gVisor tier, the cluster, stored secrets; merges,
-diffs, bundles and registries), which were most of a command line's start-up. Engine's properties make each from here
-(core.py); the mixins reach the modules of their rarer operations here (`parts.merge.merge_trees(...)`)."""
+diffs, bundles, registries, imports and builds), which were most of a command line's start-up. Engine's
+properties make each from here (core.py); the mixins reach the modules of their rarer operations here
+(`parts.merge.merge_trees(...)`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import importlib
 
 __all__ = ["GVisorRuntime", "Interpreter", "Operations", "Pools", "RecipePools", "SandboxPorts", "Sandboxes",
            "SecretStore", "Tenancy", "Volumes", "attach", "split", "RecipeBuilder", "RecipeWatch", "dockerfile_recipe",
-           "read_dockerfile", "port_path", "base_domain", "check_base", "parse_host", "preview_url"]
+           "read_dockerfile", "port_path", "base_domain", "check_base", "parse_host", "preview_url", "Recipe", "Stage",
+           "From", "Run", "Copy", "Configure", "ContextFile"]
 
 # name -> the module defining it
 _LAZY = {"attach": "sandtree.engine.clustered",                 # a cluster's fabric (only with one configured)
@@ -34,13 +36,22 @@ _LAZY = {"attach": "sandtree.engine.clustered",                 # a cluster's fa
          "base_domain": "sandtree.engine.sandboxes.previews",
          "check_base": "sandtree.engine.sandboxes.previews",
          "parse_host": "sandtree.engine.sandboxes.previews",
-         "preview_url": "sandtree.engine.sandboxes.previews"}
+         "preview_url": "sandtree.engine.sandboxes.previews",
+         **dict.fromkeys(("Recipe", "Stage", "From", "Run", "Copy", "Configure", "ContextFile"),
+                         "sandtree.recipe.steps")}
 
 # modules, by the name the engine's mixins use
 _MODULES = {"diff": "sandtree.branching.diff",
             "merge": "sandtree.branching.merge",
             "bundle": "sandtree.branching.bundle",
-            "registry": "sandtree.store.registry"}        # an OCI registry's client (httpx, when it first connects)
+            "registry": "sandtree.store.registry",          # an OCI registry's client (httpx when it connects)
+            "ociin": "sandtree.store.ociin",
+            "ociout": "sandtree.store.ociout",
+            "importers": "sandtree.store.importers",        # archives, OCI layers, debootstrap
+            "scan": "sandtree.store.scan",
+            "steps": "sandtree.recipe.steps",               # a build's recipe (Run, Copy, ...)
+            "copies": "sandtree.engine.builds.copies",
+            "contexttar": "sandtree.engine.builds.contexttar"}     # a build context: its tar, its Dockerfile
 
 
 def __getattr__(name: str):

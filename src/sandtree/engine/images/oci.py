@@ -6,10 +6,9 @@ are the ones `registry login` kept for pulls.
 
 from __future__ import annotations
 
-from ...store import ociout
 from ...store.layers import remove_tree
 from ...store.names import check_tag
-from .. import parts             # registry: loaded on a registry's first call (parts.py)
+from .. import parts             # registry, ociout: loaded on first use (parts.py)
 
 
 class OciOps:
@@ -25,7 +24,7 @@ class OciOps:
             work = self.store.layers.stage("push")
             try:
                 return registry.push_image(self.store, image, reference, work, credentials=tuple(row) if row else None,
-                                   insecure=insecure, progress=progress)
+                                           insecure=insecure, progress=progress)
             finally:
                 remove_tree(work)
 
@@ -37,7 +36,7 @@ class OciOps:
         with self.store.using():
             work = self.store.layers.stage("export")
             try:
-                p = ociout.write_layout_tar(self.store, image, fileobj, work, ref_name=name)
+                p = parts.ociout.write_layout_tar(self.store, image, fileobj, work, ref_name=name)
             finally:
                 remove_tree(work)
         return {"image": image, "digest": p.digest, "layers": [b.digest for b in p.layers]}
