@@ -341,9 +341,14 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)                 # before pytest's own -m selection reads them
 def pytest_collection_modifyitems(config, items):
-    """Each test's markers for what it needs (root, gvisor, network, postgres, ...): tests/marks.py."""
+    """Each test's markers for what it needs (root, gvisor, network, postgres, ...): tests/marks.py. And the
+    files that need the bookworm image last (each file's tests in their order): under `make test` the
+    controller bootstraps it while the workers run the others (pytest_configure above), where a worker that
+    reached such a file first waited for it (30-40 s of setup in CI, per worker)."""
     import marks
     marks.apply(items)
+    late = {item.path for item in items if "bookworm" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in late)          # stable: the rest keep their order
 
 
 _WORKER_LEAKS: list[str] = []

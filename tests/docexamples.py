@@ -76,6 +76,17 @@ def blocks(path: str, text: str | None = None) -> list[Block]:
     return out
 
 
+def newcomer_cannot(root: str) -> str | None:
+    """Why tests/e2e/test_newcomer.py (a fresh clone, `make demo`, the README tour) cannot run from checkout
+    `root`; None when it can (then the README's blocks and the demo are its, not test_doc_examples.py's)."""
+    import shutil
+    if shutil.which("git") is None or shutil.which("make") is None:
+        return "needs git and make"
+    if not os.path.exists(os.path.join(root, ".git")):
+        return "not a git checkout: nothing to clone"
+    return None
+
+
 # A Python driver: reads blocks as JSON lines, executes each in one namespace, answers one JSON line.
 DRIVER = r"""
 import json, sys, traceback
@@ -100,7 +111,7 @@ class Reader:
     """Runs one file's blocks in order in `cwd` with `env`: bash per sh block (its variables kept in a
     state file), one Python interpreter for the file's python blocks."""
 
-    def __init__(self, cwd: str, env: dict, timeout: float = 600):
+    def __init__(self, cwd: str, env: dict, timeout: float = 600, python: str = sys.executable):
         # every process the blocks start carries this mark, so close() ends what they left running
         # (a `sandtree serve &` of a REST example) and nothing else
         self.mark = uuid.uuid4().hex
@@ -108,6 +119,7 @@ class Reader:
         self.state = os.path.join(cwd, ".doc-shell-state")
         open(self.state, "w").close()
         self.py = None
+        self.interpreter = python              # the python blocks' (a newcomer's venv: test_newcomer.py)
 
     def shell(self, code: str, where: str) -> str:
         # `set -a`: what a block assigns is exported, so `export -p` keeps it (and its cwd) for the next
@@ -127,7 +139,7 @@ class Reader:
 
     def python(self, code: str, where: str) -> None:
         if self.py is None:
-            self.py = subprocess.Popen([sys.executable, "-u", "-c", DRIVER], cwd=self.cwd, env=self.env,
+            self.py = subprocess.Popen([self.interpreter, "-u", "-c", DRIVER], cwd=self.cwd, env=self.env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.py.stdin.write(json.dumps({"code": code, "where": where}) + "\n")
         self.py.stdin.flush()
@@ -165,11 +177,8 @@ class Reader:
         return out
 
     def close(self) -> None:
-        for pid in self.left_running():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        # the python blocks' interpreter first, by the end of its input: it exits as a reader's would, its
+        # engines' exit handlers stopping what they started ahead (a SIGTERM left those to their lifetimes)
         if self.py is not None:
             self.py.stdin.close()
             try:
@@ -177,3 +186,8 @@ class Reader:
             except subprocess.TimeoutExpired:
                 self.py.kill()
                 self.py.wait()
+        for pid in self.left_running():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass

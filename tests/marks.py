@@ -56,6 +56,7 @@ MODULE_MARKS = {
     "test_harbor": ("network", "slow"),
     "test_evalset_repro": ("network",),
     "test_build_repro": ("network",),
+    "test_newcomer": ("slow",),                     # a clone, `make demo`, the README tour
     # the gVisor tier throughout (a module fixture starts it, or every token is forced onto it)
     "test_gvisor_hibernate": ("gvisor",),
     "test_containers": ("gvisor", "network", "slow"),   # Docker inside gVisor; its image's build reaches the mirror

@@ -24,18 +24,24 @@ def test_later_times_are_clamped_and_earlier_ones_kept(tmp_path):
     os.symlink(str(outside), up / "link")
     deep = up / "deep"
     deep.mkdir()
-    cur = str(deep)
-    for _ in range(1100):                       # past Python's recursion limit
-        cur = os.path.join(cur, "d")
-        os.mkdir(cur)
+    # past Python's recursion limit; each level made and later removed from its parent's fd (a whole path
+    # per level made it quadratic: seconds of path walks)
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(parent)
     try:
         clamp_mtimes(str(up), EPOCH)
-        for p in (up, up / "a", up / "a" / "b", up / "a" / "b" / "new.txt", deep, cur):
+        for p in (up, up / "a", up / "a" / "b", up / "a" / "b" / "new.txt", deep):
             assert os.lstat(p).st_mtime_ns == EPOCH * NS, p
+        assert os.fstat(fd).st_mtime_ns == EPOCH * NS          # the deepest
     finally:
-        while cur != str(deep):                 # bottom up: pytest's own cleanup of tmp_path recurses
-            os.rmdir(cur)
-            cur = os.path.dirname(cur)
+        for _ in range(1100):                   # bottom up: pytest's own cleanup of tmp_path recurses
+            fd, child = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(child)
+            os.rmdir("d", dir_fd=fd)
+        os.close(fd)
     assert os.lstat(up / "link").st_mtime_ns == EPOCH * NS       # the link itself
     assert os.stat(outside).st_mtime_ns == before                # never its target
     assert os.lstat(up / "old.txt").st_mtime_ns == 100 * NS

@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from .. import config
 from .. import defaults as D
-from . import clustered
+from . import parts
 from .runs import commit as commit_mod
 from ..errors import InvalidInput, NotFound, RuntimeUnavailable
 from ..runtime.base import Limits
 from ..runtime import leftovers
-from ..runtime.gvisor import GVisorRuntime
 from ..runtime.livetiers import LiveTiers
 from ..runtime.namespaces import NamespaceRuntime
 from ..store import refs
@@ -30,8 +30,6 @@ from ..store.db import typed_disk_errors
 from ..store.layers import IdMap
 from ..store.maintenance import GC_GRACE, GC_RETENTION, fsck, gc
 from ..store.store import Store
-from ..network.secretstore import SecretStore
-from ..tenancy import Tenancy
 from .images.annotations import AnnotationOps, shown_annotations
 from .images.branching import BranchingOps
 from .builds.contexts import ContextBuildOps
@@ -39,15 +37,8 @@ from .builds.builds import BuildOps
 from .images.imports import ImportOps
 from .images.inspection import InspectionOps
 from .images.oci import OciOps
-from .runs.operations import Operations
-from .warm.rollover import RecipePools
-from .warm.pools import Pools
 from .runs.records import Records
 from .runs.runs import RunOps
-from .sandboxes.interpreter import Interpreter
-from .sandboxes.ports import SandboxPorts
-from .sandboxes.sandboxes import Sandboxes
-from .volumes import Volumes, split as split_volume
 from .runs.spec import RunSpecs, default_idmap
 from .passthrough import through
 from ..table import ENGINE_OPS
@@ -57,6 +48,11 @@ from .images.uploads import UploadOps
 from .tapes import TapeOps
 
 from ..network.client import Egress
+
+if TYPE_CHECKING:
+    from ..network.secretstore import SecretStore
+    from .volumes import Volumes
+    from .warm.rollover import RecipePools
 
 _TENANCY_LOCK = threading.Lock()
 
@@ -104,7 +100,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         self.drain_elsewhere = None               # a cluster engine's: a rolled-over recipe pool drains on its nodes
         self.live_elsewhere = None                # a cluster engine's: live runs run on its nodes (processes/instances.py)
         address = cluster if cluster is not None else config.cluster_address()
-        self.fabric = clustered.attach(self, address, warm=warm, tier=tier) if address else None
+        self.fabric = parts.attach(self, address, warm=warm, tier=tier) if address else None
         if self.fabric is not None:               # the API side's workers wait on the nodes' runs
             self._max_runs = max(max_runs, self.fabric.slots())
 
@@ -114,7 +110,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._operations is None:
             with self._parts_lock:
                 if self._operations is None:
-                    self._operations = Operations(self, workers=self._max_runs)
+                    self._operations = parts.Operations(self, workers=self._max_runs)
         return self._operations
 
     @property
@@ -123,7 +119,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._sandboxes is None:
             with self._parts_lock:
                 if self._sandboxes is None:
-                    self._sandboxes = Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
+                    self._sandboxes = parts.Sandboxes(self.store, self.specs, self.records, self.committer, self._live,
                                                 self.resolve, lambda: self.default_tier, ahead_starts=self._warm > 0)
                     self._sandboxes.unlink = lambda sid: self.ports.unlink(sid)
                     # (no operations yet: no process spawned here to let go of)
@@ -141,14 +137,14 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._volumes is None:
             with self._parts_lock:
                 if self._volumes is None:
-                    self._volumes = Volumes(self.store, self.committer, self.records,
+                    self._volumes = parts.Volumes(self.store, self.committer, self.records,
                                             lambda qualified: self.sandboxes.volume_users(qualified))
         return self._volumes
 
     # Volumes by the engine's names: a tenant's are "<tenant>~<name>" (its view names them so), listed by the
     # tenancy (whose they are depends on who asks); the quota is the volume's tenant's.
     def volume_create(self, volume: str) -> dict:
-        return self.volumes.create(volume, self.tenancy.volume_quota(split_volume(volume)[0]))
+        return self.volumes.create(volume, self.tenancy.volume_quota(parts.split(volume)[0]))
 
     volume_list = through("tenancy")
     volume_info = through("volumes", "info")
@@ -172,7 +168,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._ports is None:
             with self._parts_lock:
                 if self._ports is None:
-                    self._ports = SandboxPorts(self.store, self.sandboxes, self._live, lambda: self.egress)
+                    self._ports = parts.SandboxPorts(self.store, self.sandboxes, self._live, lambda: self.egress)
         return self._ports
 
     @property
@@ -181,7 +177,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._interpreter is None:
             with self._parts_lock:
                 if self._interpreter is None:
-                    self._interpreter = Interpreter(self.sandboxes)
+                    self._interpreter = parts.Interpreter(self.sandboxes)
         return self._interpreter
 
     @property
@@ -199,7 +195,8 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         if self._pools is None:
             with self._parts_lock:
                 if self._pools is None:
-                    self._pools = Pools(self.store, self.specs, self._live, self.resolve, lambda: self.default_tier)
+                    self._pools = parts.Pools(self.store, self.specs, self._live, self.resolve,
+                                              lambda: self.default_tier)
                     self._pools.egress = lambda: self.egress
         return self._pools
 
@@ -242,7 +239,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
                 if self._recipe_pools is None:
                     # the engine's pool calls (a cluster engine's go to its nodes: clustered.py)
                     drain = self.drain_elsewhere or (lambda image: self.pools.remove(image, wait=False))
-                    self._recipe_pools = RecipePools(self.build, self.pool_create, self.pool_wait, drain,
+                    self._recipe_pools = parts.RecipePools(self.build, self.pool_create, self.pool_wait, drain,
                                                      self.pool_list, self.store)
         return self._recipe_pools
 
@@ -343,7 +340,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         name = self._check_tier(name or self.default_tier)
         rt = self._tiers.get(name)
         if rt is None:
-            rt = GVisorRuntime(self.store.layers.root, self.store.idmap, os.path.join(self.store.home, "bin"))
+            rt = parts.GVisorRuntime(self.store.layers.root, self.store.idmap, os.path.join(self.store.home, "bin"))
             self._tiers[name] = rt
         ok, why = rt.available()
         if not ok:
@@ -377,7 +374,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
         """Tokens, tenants, sharing and the audit log of this store (made on first use)."""
         with _TENANCY_LOCK:
             if getattr(self, "_tenancy", None) is None:
-                self._tenancy = Tenancy(self)
+                self._tenancy = parts.Tenancy(self)
         return self._tenancy
 
     def as_tenant(self, tenant):
@@ -391,7 +388,7 @@ class Engine(ImportOps, OciOps, RunOps, UploadOps, InspectionOps, BranchingOps, 
     @property
     def secret_store(self) -> SecretStore:
         """Stored secrets' values, outside the database: $SANDTREE_HOME/secrets (network/secretstore.py)."""
-        return SecretStore(os.path.join(self.store.home, "secrets"))
+        return parts.SecretStore(os.path.join(self.store.home, "secrets"))
 
     secret_set = through("tenancy")
     secret_list = through("tenancy")

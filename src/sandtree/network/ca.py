@@ -24,7 +24,6 @@ import datetime
 import ipaddress
 import os
 import secrets
-import ssl
 from collections import OrderedDict
 
 from ..errors import InvalidInput
@@ -38,12 +37,13 @@ _SKEW = datetime.timedelta(minutes=5)
 
 
 def _load() -> None:
-    """cryptography's modules, as this module's names, on the first CA: every engine (each `sandtree run`) loads
-    this module, and importing them costs a good part of a run's start-up; only secrets and TLS links use them."""
-    global x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID
+    """cryptography's modules (and ssl, for a CA's server contexts), as this module's names, on the first CA:
+    every engine (each `sandtree run`) loads this module, and importing them costs a good part of a run's
+    start-up; only secrets and TLS links use them."""
+    global x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID, ssl
     # not at the top: ~50 ms of every engine's start
     import cryptography.hazmat.primitives.asymmetric.ec, cryptography.hazmat.primitives.serialization, \
-        cryptography.x509.oid
+        cryptography.x509.oid, ssl
     x509, ec = cryptography.x509, cryptography.hazmat.primitives.asymmetric.ec
     hashes, serialization = cryptography.hazmat.primitives.hashes, cryptography.hazmat.primitives.serialization
     ExtendedKeyUsageOID, NameOID = x509.oid.ExtendedKeyUsageOID, x509.oid.NameOID

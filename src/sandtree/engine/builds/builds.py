@@ -27,21 +27,24 @@ import posixpath
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ... import defaults as D
 from ...errors import BuildFailed, InvalidInput, SandtreeError
 from ...network.policy import Policy
-from ...recipe.steps import Configure, Copy, From, Recipe, Run
 from ...recipe.texts import config_text
 from ...store.imageconfig import CONFIG_PATH, ImageConfig
 from ...store.names import check_tag
 from ...store.objects import DIR
 from . import cache as buildcache
-from .copies import copy_context, copy_image, dest_path
+from .. import parts             # the recipe's steps and the copies: loaded on a build's first use (parts.py)
 from ..images.edits import commit_edit
 from ..images.rundefaults import image_config, resolve_user
 from ...values import network_hint
 from ..images.scratch import scratch_image
+
+if TYPE_CHECKING:
+    from ...recipe.steps import Configure, Copy, From, Recipe, Run
 
 __all__ = ["BuildOps", "BuildResult", "StepResult", "STDERR_TAIL", "EPOCH", "OperatorGuard"]
 
@@ -80,8 +83,8 @@ def _needed(recipe: Recipe, target: int) -> set[int]:
             continue
         need.add(i)
         for step in recipe.stages[i].steps:
-            ref = step.base[6:] if isinstance(step, From) and step.base.startswith("stage:") else \
-                step.from_stage if isinstance(step, Copy) else None
+            ref = step.base[6:] if isinstance(step, parts.steps.From) and step.base.startswith("stage:") else \
+                step.from_stage if isinstance(step, parts.steps.Copy) else None
             try:
                 j = _stage_index(ref, names, i) if ref is not None else None
             except InvalidInput as exc:
@@ -226,7 +229,7 @@ class BuildOps:
         again (a deterministic step then gives the same ID); no_cache_filter: stage names (or
         indexes as text) and step numbers (ints, 1-based as progress counts) that run again. network: the policy of RUN
         steps that name none (default: no network). progress(event): see the module doc."""
-        if not isinstance(recipe, Recipe) or not recipe.stages:
+        if not isinstance(recipe, parts.steps.Recipe) or not recipe.stages:
             raise InvalidInput("build takes a Recipe with at least one stage")
         if tag is not None:
             check_tag(tag)
@@ -239,10 +242,11 @@ class BuildOps:
         _epoch_value(dict(recipe.args).get(EPOCH), "the build argument")
         for i in sorted(need):               # every RUN's network (and epoch), before anything runs
             for step in recipe.stages[i].steps:
-                given = dict(step.env).get(EPOCH) if isinstance(step, Run) else \
-                    dict(dict(step.changes).get("env", ())).get(EPOCH) if isinstance(step, Configure) else None
+                given = dict(step.env).get(EPOCH) if isinstance(step, parts.steps.Run) else \
+                    dict(dict(step.changes).get("env", ())).get(EPOCH) if isinstance(step, parts.steps.Configure) \
+                    else None
                 _epoch_value(given, _at(step), step.line)
-                if isinstance(step, Run):
+                if isinstance(step, parts.steps.Run):
                     try:
                         guard.check_network(step.network if step.network is not None else network, None)
                     except SandtreeError as exc:
@@ -258,7 +262,7 @@ class BuildOps:
                 if si not in need:
                     continue
                 label = stage.name or str(si)
-                if not stage.steps or not isinstance(stage.steps[0], From):
+                if not stage.steps or not isinstance(stage.steps[0], parts.steps.From):
                     raise InvalidInput(f"stage {label} does not start with FROM")
                 image = None
                 for step in stage.steps:
@@ -286,12 +290,13 @@ class BuildOps:
             return r
 
         try:
-            if isinstance(step, From):
+            if isinstance(step, parts.steps.From):
                 return self._from(b, step, si, fresh, finish, emit)
             if image is None:
                 raise InvalidInput("no FROM before it")
             key, hermetic, run = self._plan(b, step, image, si)
-            kind = "run" if isinstance(step, Run) else "copy" if isinstance(step, Copy) else "configure"
+            kind = "run" if isinstance(step, parts.steps.Run) else \
+                "copy" if isinstance(step, parts.steps.Copy) else "configure"
             who = b.guard.build_principal
             hit = None if fresh else buildcache.lookup(self.store, key, principal=who,
                                                        visible=lambda img: b.guard.build_hit(img, kind))
@@ -346,13 +351,13 @@ class BuildOps:
         # (the image's config, which may set the epoch too, is read only when the step runs: a hit
         # costs a lookup; the parent's ID in the key covers its config)
         recipe = b.recipe
-        if isinstance(step, Run):
+        if isinstance(step, parts.steps.Run):
             policy = Policy.from_value(step.network if step.network is not None else b.network)
             env = _with_epoch(step.env, recipe)
             key = buildcache.step_key(image, step.text, network=policy, tier=tier, env=env)
             return key, policy is None, lambda put, op, emit: self._run_step(step, image, policy, put, op, emit, opts,
                                                                           env, recipe)
-        if isinstance(step, Copy):
+        if isinstance(step, parts.steps.Copy):
             src = None
             if step.from_stage is not None:
                 j = _stage_index(step.from_stage, b.names, si)
@@ -361,7 +366,7 @@ class BuildOps:
                      "unpack": step.unpack, "dir": step.dest_is_dir}
             key = buildcache.step_key(image, step.text, files=step.sources, tier=tier, extra=extra)
             return key, True, lambda put, op, emit: self._copy_step(recipe, step, image, src, put, op)
-        if isinstance(step, Configure):
+        if isinstance(step, parts.steps.Configure):
             key = buildcache.step_key(image, step.text, extra={"changes": [[k, v] for k, v in step.changes]})
             return key, True, lambda put, op, emit: self._configure(
                 image, self._configured(image, step), step.text, also=put, op=op,
@@ -390,14 +395,14 @@ class BuildOps:
 
     def _copy_step(self, recipe: Recipe, step: Copy, image: str, src: str | None, put, op: str) -> str:
         cfg = image_config(self.store, image)
-        dest = dest_path(step.dest, cfg.cwd)
+        dest = parts.copies.dest_path(step.dest, cfg.cwd)
         uid, gid = resolve_user(self.store, image, step.chown) if step.chown else (0, 0)
 
         def fill(up):
             if src is not None:
-                copy_image(up, self.store, src, step, dest, uid, gid)
+                parts.copies.copy_image(up, self.store, src, step, dest, uid, gid)
             else:
-                copy_context(up, recipe.context, step, dest, uid, gid)
+                parts.copies.copy_context(up, recipe.context, step, dest, uid, gid)
         return commit_edit(self, image, fill, {"command": step.text, "copy": True}, kind="copy", also=put, op=op,
                            mtime_clamp=_epoch(step, cfg, recipe))[0]
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from typing import TYPE_CHECKING
 
 from ...network.policy import Policy, canonical
-from ...recipe.steps import ContextFile
 from ...store.store import Store
+
+if TYPE_CHECKING:
+    from ...recipe.steps import ContextFile
 
 __all__ = ["step_key", "lookup", "put", "Entry", "KEY_VERSION", "OPERATOR"]
 

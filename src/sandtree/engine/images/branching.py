@@ -15,11 +15,9 @@ from ...store.delta import write_delta
 from ...store.layers import remove_tree
 from ...store.objects import DIR, FILE, decode_tree
 from ...store.store import Store
-from ...branching import bundle, lineage
+from ...branching import lineage
 from ...store import durable, refs
-from ...branching import diff as diff_mod
-from ...branching import merge as merge_mod
-from ...branching.merge import check_on_conflict, conflict_outcome
+from .. import parts             # diff, merge, bundle: loaded when first used (start-up time: parts.py)
 from ..runs.records import Records
 from .annotations import shown_annotations
 
@@ -34,10 +32,10 @@ class BranchingOps:
 
     # ---- diff and merge ------------------------------------------------------------------------
     def diff(self, a: str, b: str) -> list:
-        return diff_mod.diff(self.store, a, b)
+        return parts.diff.diff(self.store, a, b)
 
     def patch(self, a: str, b: str) -> str:
-        return diff_mod.patch(self.store, diff_mod.diff(self.store, a, b))
+        return parts.diff.patch(self.store, parts.diff.diff(self.store, a, b))
 
     def merge(self, base: str | None, ours: str, theirs: str, *, strategy: str | None = None,
               ignore: list[str] | None = None, on_conflict: str = "raise") -> dict:
@@ -45,10 +43,10 @@ class BranchingOps:
         image and raise MergeConflict (its details list them) unless on_conflict="return", which
         returns them with image None. ignore: globs that never conflict (merge.DEFAULT_IGNORE if
         None; [] for none): ours is taken there."""
-        check_on_conflict(on_conflict)
+        parts.merge.check_on_conflict(on_conflict)
         with self.store.using():
             res = self._merge(base, ours, theirs, strategy=strategy, ignore=ignore)
-        return conflict_outcome(res, on_conflict)
+        return parts.merge.conflict_outcome(res, on_conflict)
 
     def merge_preview(self, base: str | None, ours: str, theirs: str) -> dict:
         """{"base", "clean", "conflicts", "ignored", "marked"}: what merge would do, writing nothing
@@ -56,11 +54,11 @@ class BranchingOps:
         strategy would leave it (at most PREVIEW_FILES files of PREVIEW_BYTES each)."""
         if base is None:
             base = lineage.common_ancestor(self.store, ours, theirs)
-        plain = merge_mod.merge_trees(self.store, base, ours, theirs, None, None)
+        plain = parts.merge.merge_trees(self.store, base, ours, theirs, None, None)
         out = {"base": base, "clean": not plain.conflicts, "conflicts": [c.to_dict() for c in plain.conflicts],
                "ignored": plain.ignored, "marked": []}
         if plain.conflicts:
-            mk = merge_mod.merge_trees(self.store, base, ours, theirs, "markers", None)
+            mk = parts.merge.merge_trees(self.store, base, ours, theirs, "markers", None)
             for c in plain.conflicts[:PREVIEW_FILES]:
                 e = _lookup(self.store, mk.trees, mk.root, c.path)
                 if e is None or e.kind != FILE:
@@ -81,7 +79,7 @@ class BranchingOps:
         if the merge is clean or a strategy resolved it; its lineage has both ours and theirs as parents."""
         if base is None:
             base = lineage.common_ancestor(self.store, ours, theirs)
-        tm = merge_mod.merge_trees(self.store, base, ours, theirs, strategy, ignore)
+        tm = parts.merge.merge_trees(self.store, base, ours, theirs, strategy, ignore)
         result = {"image": None, "base": base, "conflicts": [c.to_dict() for c in tm.conflicts],
                   "ignored": tm.ignored}
         if tm.root is None:
@@ -180,7 +178,7 @@ class BranchingOps:
     def bundle_create(self, path: str, images: list[str], *, with_ancestry: bool = False) -> dict:
         tmp = path + ".part"
         with open(tmp, "wb") as f:
-            info = bundle.create(self.store, f, images, with_ancestry=with_ancestry,
+            info = parts.bundle.create(self.store, f, images, with_ancestry=with_ancestry,
                                  ancestors=lambda i: sorted(lineage.ancestors(self.store, i),
                                                             key=lambda x: -lineage.ancestors(self.store, i)[x]))
         os.replace(tmp, path)
@@ -194,7 +192,7 @@ class BranchingOps:
         staging = self.store.layers.stage("bundle")
         try:
             with open(path, "rb") as f:
-                man, trees, blobs = bundle.read(self.store, f, staging)
+                man, trees, blobs = parts.bundle.read(self.store, f, staging)
             durable.sync_tree(staging)                     # on the disk before any row names them
             shards = set()
             for name in os.listdir(staging):               # verified: now they are the store's

@@ -11,17 +11,20 @@ import io
 import os
 import time
 import uuid
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ...errors import NotFound
-from ...store import importers, ociin, refs
+from ...store import refs
 from ...store.blobs import BlobStore
 from ...store.db import Database
 from ...store.layers import remove_tree
 from ...store.names import check_tag
-from ...store.scan import scan
 from ...store.store import Store
 from ..runs.records import Records
+from .. import parts             # importers, ociin, scan, registry: loaded on an import's first use
+
+if TYPE_CHECKING:
+    from ...store import importers
 
 
 class ImportOps:
@@ -43,23 +46,23 @@ class ImportOps:
             if os.path.exists(os.path.join(path, "index.json")) or os.path.exists(os.path.join(path, "manifest.json")):
                 return self._import_layers(path, tag, progress, limits=limits)
             return self._adopt(path, copy=True, tag=tag, progress=progress, source=f"dir:{path}")
-        if importers.is_image_archive(path):
+        if parts.importers.is_image_archive(path):
             tmp = self.store.layers.stage("oci")
             try:
-                outer = importers.ImportBudget(limits)
+                outer = parts.importers.ImportBudget(limits)
                 outer.source(os.path.getsize(path))
-                with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), outer) as t:
-                    importers.extract_tar(t, tmp, chown=False, budget=outer)
+                with open(path, "rb") as raw, parts.importers.open_tar_stream(io.BufferedReader(raw), outer) as t:
+                    parts.importers.extract_tar(t, tmp, chown=False, budget=outer)
                 return self._import_layers(tmp, tag, progress, source=f"archive:{path}", limits=limits)
             finally:
                 remove_tree(tmp)
         staged = self.store.layers.stage("import")
         try:
-            budget = importers.ImportBudget(limits)
+            budget = parts.importers.ImportBudget(limits)
             budget.source(os.path.getsize(path))
-            with open(path, "rb") as raw, importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
-                importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress,
-                                      budget=budget)
+            with open(path, "rb") as raw, parts.importers.open_tar_stream(io.BufferedReader(raw), budget) as t:
+                parts.importers.extract_tar(t, staged, chown=not self.store.idmap.rootless, progress=progress,
+                                            budget=budget)
             return self._adopt(staged, copy=False, tag=tag, progress=None, source=f"tar:{path}")
         except BaseException:
             remove_tree(staged)
@@ -69,10 +72,10 @@ class ImportOps:
                        limits: importers.ImportLimits | None = None) -> str:
         staged = self.store.layers.stage("import")
         try:
-            importers.apply_layers(importers.oci_layers(layout), staged,
-                                   chown=not self.store.idmap.rootless, progress=progress,
-                                   budget=importers.ImportBudget(limits))
-            ociin.write_config(staged, ociin.oci_config(layout), chown=not self.store.idmap.rootless)
+            parts.importers.apply_layers(parts.importers.oci_layers(layout), staged,
+                                         chown=not self.store.idmap.rootless, progress=progress,
+                                         budget=parts.importers.ImportBudget(limits))
+            parts.ociin.write_config(staged, parts.ociin.oci_config(layout), chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=source or f"oci:{layout}")
         except BaseException:
             remove_tree(staged)
@@ -87,7 +90,7 @@ class ImportOps:
         """pull as operation `op_id` (a submitted pull's, or a new one). check_host("host:port"):
         called before every connection (redirects, token realms), raises to refuse one (the
         tenant view's check_public_registry). Not an operation of the table."""
-        registry = registry_module()
+        registry = parts.registry
         if tag is not None:
             check_tag(tag)
         ref = registry.parse(reference)
@@ -97,8 +100,8 @@ class ImportOps:
         try:
             layers, config = registry.pull_image(reference, work, credentials=tuple(row) if row else None,
                                                  insecure=insecure, progress=progress, check_host=check_host)
-            importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
-            ociin.write_config(staged, config, chown=not self.store.idmap.rootless)
+            parts.importers.apply_layers(layers, staged, chown=not self.store.idmap.rootless)
+            parts.ociin.write_config(staged, config, chown=not self.store.idmap.rootless)
             return self._adopt(staged, copy=False, tag=tag, source=f"pull:{ref}", op_id=op_id)
         except BaseException:
             remove_tree(staged)
@@ -108,12 +111,12 @@ class ImportOps:
 
     def registry_host(self, reference: str) -> str:
         """The registry a URL or image reference names ("docker://ghcr.io/org/x" -> "ghcr.io")."""
-        return registry_module().registry_host(reference)
+        return parts.registry.registry_host(reference)
 
     def registry_login(self, registry_url: str, username: str, secret: str, *, insecure: bool = False) -> str:
         """Check credentials against the registry's /v2/ and keep them for pulls (the store is
         0700; the secret never appears in records)."""
-        registry = registry_module()
+        registry = parts.registry
         host = registry.registry_host(registry_url)
         registry.check_login(host, username, secret, insecure)
         with self.store.db.tx() as con:
@@ -123,7 +126,7 @@ class ImportOps:
 
     def registry_logout(self, registry_url: str) -> str:
         """Forget the credentials registry_login kept for this registry (NotFound when there are none)."""
-        host = registry_module().registry_host(registry_url)
+        host = parts.registry.registry_host(registry_url)
         with self.store.db.tx() as con:
             gone = con.execute("DELETE FROM registry_auth WHERE registry=?", (host,)).rowcount
         if not gone:
@@ -141,7 +144,7 @@ class ImportOps:
             check_tag(tag)
         staged = self.store.layers.stage("bootstrap")
         try:
-            importers.bootstrap_debian(spec, staged, list(include), log=log, mirror=mirror)
+            parts.importers.bootstrap_debian(spec, staged, list(include), log=log, mirror=mirror)
             return self._adopt(staged, copy=False, tag=tag or spec,
                                source=f"bootstrap:{spec}" + (f" +{','.join(include)}" if include else ""))
         except BaseException:
@@ -158,7 +161,7 @@ class ImportOps:
         started = time.time()
         dest = self.store.layers.stage("import") if copy else None
         try:
-            res = scan(src, dest, self.store.idmap, progress=progress)
+            res = parts.scan.scan(src, dest, self.store.idmap, progress=progress)
             layer_dir = dest if copy else src
             with self.store.db.tx() as con:
                 exists = con.execute("SELECT 1 FROM images WHERE id=?", (res.root,)).fetchone()
@@ -188,9 +191,3 @@ class ImportOps:
                 remove_tree(dest)
             raise
 
-
-def registry_module():
-    """store/registry.py, imported on the first registry call: it loads httpx, which a run never
-    needs (the one place the engine imports late)."""
-    from ...store import registry    # httpx: loaded for registry work only
-    return registry

@@ -6,10 +6,9 @@ are the ones `registry login` kept for pulls.
 
 from __future__ import annotations
 
-from ...store import ociout
 from ...store.layers import remove_tree
 from ...store.names import check_tag
-from .imports import registry_module
+from .. import parts             # registry, ociout: loaded on first use (parts.py)
 
 
 class OciOps:
@@ -17,7 +16,7 @@ class OciOps:
 
     def push(self, image: str, reference: str, *, insecure: bool = False, progress=None) -> dict:
         """Push an image to docker://HOST/NAME:TAG; {reference, digest, layers, uploaded, bytes, seconds}."""
-        registry = registry_module()
+        registry = parts.registry
         image = self.resolve(image)
         ref = registry.parse(reference)
         row = self.store.db.one("SELECT username, secret FROM registry_auth WHERE registry=?", (ref.registry,))
@@ -25,7 +24,7 @@ class OciOps:
             work = self.store.layers.stage("push")
             try:
                 return registry.push_image(self.store, image, reference, work, credentials=tuple(row) if row else None,
-                                   insecure=insecure, progress=progress)
+                                           insecure=insecure, progress=progress)
             finally:
                 remove_tree(work)
 
@@ -37,7 +36,7 @@ class OciOps:
         with self.store.using():
             work = self.store.layers.stage("export")
             try:
-                p = ociout.write_layout_tar(self.store, image, fileobj, work, ref_name=name)
+                p = parts.ociout.write_layout_tar(self.store, image, fileobj, work, ref_name=name)
             finally:
                 remove_tree(work)
         return {"image": image, "digest": p.digest, "layers": [b.digest for b in p.layers]}

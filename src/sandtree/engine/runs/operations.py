@@ -32,7 +32,7 @@ from ...errors import InvalidInput, NotFound, SandtreeError
 from ...runtime.base import Limits
 from ...procid import Owner
 from .heartbeat import Heartbeats
-from ..images.imports import registry_module
+from ...store import registry
 from ..processes.instances import Instances
 from ..processes.spawned import fold_process, public_view
 from ...store.names import check_tag
@@ -268,7 +268,6 @@ class Operations:
         `credentials` (kept for the registry's later pulls, as registry_login does). then(image):
         called in the operation once the image is in."""
         self.beats.start(self._recover)
-        registry = registry_module()
         ref = registry.parse(reference)
         if tag is not None:
             check_tag(tag)

@@ -116,7 +116,9 @@ class RunOps:
         row = self.store.image(source)
         if not check_only:
             self.store.ensure_layers(row.layers)     # S3 objects: cached here, pinned until the run ends
-        net = network_option(self.store.db, source, network, secrets, stored=self.tenancy.stored_secret)
+        # (the tenancy made only for a run whose secrets name stored ones: a run's start-up)
+        net = network_option(self.store.db, source, network, secrets,
+                             stored=lambda ref: self.tenancy.stored_secret(ref))
         if net.policy is not None:
             require_egress(self.egress)
         taped = tape_option(self.store, record, replay)
