@@ -1,0 +1,86 @@
+"""Count the hand restatements of operations outside the table: references to an operation's (a row's) name on an
+engine-like object (the engine, a tenant view, the operations ledger, the SDK's st, a client) inside a surface's
+files (http/ with http/contree/ and http/e2b/, mcp/, cli/, client/). A surface derived from the rows calls
+`getattr(engine, row.name)` and is not counted; `engine.sandbox_exec(...)` written in a handler is. Run it to see
+the count per file and in total; tests/conformance/test_restatements.py holds the total under a ceiling.
+
+    PYTHONPATH=src python scripts/restatements.py [--lines]
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "src" / "sandtree"
+SURFACES = ("http", "mcp", "cli", "client")
+# What an engine-like object is called in the surfaces' code: the rightmost name of the expression a row's name is
+# looked up on (engine.operations.get: "operations"; self.engine.run: "engine"), or the function called for it
+# (current_engine().run, _server(args).sandbox_processes).
+ENGINE_LIKE = frozenset({"engine", "eng", "view", "tenant_view", "ops", "operations", "st", "client", "target",
+                         "current_engine", "_server", "server_of"})
+
+
+def row_names() -> frozenset[str]:
+    from sandtree.table import OPS
+    return frozenset(o.name for o in OPS.values())
+
+
+def _head(node: ast.AST) -> str | None:
+    """The name an object expression ends in (engine, self.engine, current_engine(), st.engine.operations)."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def restatements(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, expression) of every `<engine-like>.<row name>` in a module's source, and every
+    getattr(<engine-like>, "<row name>") (a literal name is a restatement too)."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Attribute) and n.attr in names and _head(n.value) in ENGINE_LIKE:
+            out.append((n.lineno, ast.unparse(n)))
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+              and len(n.args) >= 2 and _head(n.args[0]) in ENGINE_LIKE and isinstance(n.args[1], ast.Constant)
+              and n.args[1].value in names):
+            out.append((n.lineno, ast.unparse(n)))
+    return sorted(out)
+
+
+def count(root: pathlib.Path = ROOT) -> dict[str, list[tuple[int, str]]]:
+    """Surface file (relative to sandtree/) -> its restatements."""
+    names = row_names()
+    per = {}
+    for surface in SURFACES:
+        for p in sorted((root / surface).rglob("*.py")):
+            found = restatements(p.read_text(), names)
+            if found:
+                per[str(p.relative_to(root))] = found
+    return per
+
+
+def main(argv: list[str]) -> int:
+    per = count()
+    by_surface: collections.Counter = collections.Counter()
+    for f, found in per.items():
+        print(f"{len(found):4d}  {f}")
+        if "--lines" in argv:
+            for line, expr in found:
+                print(f"        {line}: {expr}")
+        parts = f.split("/")
+        by_surface["/".join(parts[:2]) if parts[1] in ("contree", "e2b") else parts[0]] += len(found)
+    print()
+    for s, n in sorted(by_surface.items()):
+        print(f"{n:4d}  {s}/")
+    print(f"{sum(by_surface.values()):4d}  total")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
