@@ -53,6 +53,22 @@ def restatements(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+def checked_calls(source: str) -> list[tuple[int, str, int, tuple[str, ...]]]:
+    """(line, row key, positional arguments after it, keywords) of every call(target, "key", ...) and
+    calling(target, "key") in a module's source: the surfaces' calls by row (table/calls.py), which are not
+    restatements; test_restatements.py checks each key is a row and each keyword one of its parameters."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if (isinstance(n, ast.Call) and _head(n.func) in ("call", "calling") and len(n.args) >= 2
+                and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)):
+            if any(isinstance(a, ast.Starred) for a in n.args[2:]):
+                npos = -1                               # *args: not counted
+            else:
+                npos = len(n.args) - 2
+            out.append((n.lineno, n.args[1].value, npos, tuple(k.arg for k in n.keywords if k.arg)))
+    return sorted(out)
+
+
 def count(root: pathlib.Path = ROOT) -> dict[str, list[tuple[int, str]]]:
     """Surface file (relative to sandtree/) -> its restatements."""
     names = row_names()
@@ -79,6 +95,8 @@ def main(argv: list[str]) -> int:
     for s, n in sorted(by_surface.items()):
         print(f"{n:4d}  {s}/")
     print(f"{sum(by_surface.values()):4d}  total")
+    calls = sum(len(checked_calls(p.read_text())) for s in SURFACES for p in (ROOT / s).rglob("*.py"))
+    print(f"({calls} calls by row through table/calls.py, checked against their rows: not restatements)")
     return 0
 
 

@@ -1,0 +1,108 @@
+"""Hand restatements of operations outside the table, held under a ceiling that only goes down: a reference to a
+row's name on an engine-like object (`engine.sandbox_exec`, `view.run`, `ops.get`) in a surface's files (http/ with
+contree/ and e2b/, mcp/, cli/, client/), counted by scripts/restatements.py. A surface's own code runs an operation
+by its row instead (table/calls.py: `call(engine, "sandbox_exec", ...)`), and every such call is checked here
+without running it: its row exists, its keywords are the row's parameters, it passes no more positionals than the
+row takes. Each check has a self-test on a planted tree."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+from sandtree.table import OPS
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("restatements", ROOT / "scripts" / "restatements.py")
+restatements = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(restatements)
+
+# The count reached; lower it when a change removes restatements (never raise it: derive the new surface instead).
+CEILING = 280
+
+
+def _listing(per: dict) -> str:
+    return "\n".join(f"{len(v):4d} {f}: " + ", ".join(e for _, e in v[:6]) for f, v in
+                     sorted(per.items(), key=lambda kv: -len(kv[1])))
+
+
+def test_restatements_stay_under_the_ceiling():
+    per = restatements.count()
+    total = sum(len(v) for v in per.values())
+    assert total <= CEILING, (f"{total} hand restatements of operations in the surfaces (ceiling {CEILING}): call "
+                              f"the row (table/calls.py) or derive the surface from it\n{_listing(per)}")
+
+
+def call_drift(root: pathlib.Path, surfaces=restatements.SURFACES) -> list[str]:
+    """Surfaces' calls by row whose row does not exist, or whose arguments its signature cannot take."""
+    out = []
+    for surface in surfaces:
+        for p in sorted((root / surface).rglob("*.py")):
+            for line, key, npos, keywords in restatements.checked_calls(p.read_text()):
+                where = f"{p.relative_to(root)}:{line}"
+                row = OPS.get(key)
+                if row is None:
+                    out.append(f"{where}: no table row {key!r}")
+                    continue
+                params = row.signature.parameters.values()
+                if not any(q.kind is q.VAR_KEYWORD for q in params):
+                    names = {q.name for q in params if q.kind is not q.POSITIONAL_ONLY}
+                    out += [f"{where}: {key} has no parameter {k!r}" for k in keywords if k not in names]
+                positional = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+                if not any(q.kind is q.VAR_POSITIONAL for q in params) and npos > len(positional):
+                    out.append(f"{where}: {key} takes {len(positional)} positional arguments, given {npos}")
+    return out
+
+
+def test_every_call_by_row_fits_its_row():
+    assert not call_drift(restatements.ROOT), "\n".join(call_drift(restatements.ROOT))
+
+
+def test_the_call_path_binds_to_the_row():
+    from sandtree.table.calls import call
+
+    class Target:
+        def tag(self, *a, **k):
+            return a, k
+    assert call(Target(), "tag", "img", "v1") == (("img", "v1"), {})
+    try:
+        call(Target(), "tag", "img", label="v1")            # the row says `name`: refused before the call
+    except TypeError as e:
+        assert "tag:" in str(e)
+    else:
+        raise AssertionError("a call that does not fit its row ran")
+
+
+# ---- self-tests: planted trees ----------------------------------------------------------------------------------
+PLANTED = '''
+def route(engine, view, client, d, st):
+    engine.sandbox_exec("sb", "ls")          # counted
+    view.operations.get("op")                # counted: on the ledger of a view
+    getattr(client, "run")                   # counted: a literal name is a restatement too
+    st.engine.resolve("x")                   # counted
+    d.get("key")                             # not: a dict
+    getattr(engine, row.name)                # not: derived from the row
+    call(engine, "sandbox_exec", "sb", "ls") # not: a call by row
+'''
+
+
+def test_selftest_a_planted_restatement_is_counted(tmp_path):
+    (tmp_path / "http").mkdir()
+    (tmp_path / "http" / "planted.py").write_text(PLANTED)
+    per = restatements.count(tmp_path)
+    assert [e for _, e in per["http/planted.py"]] == [
+        "engine.sandbox_exec", "view.operations.get", "getattr(client, 'run')", "st.engine.resolve"]
+
+
+def test_selftest_a_planted_call_drift_is_caught(tmp_path):
+    (tmp_path / "mcp").mkdir()
+    (tmp_path / "mcp" / "planted.py").write_text(
+        'call(engine, "sandbox_exec", "sb", "ls")\n'            # fits
+        'call(engine, "no_such_row")\n'
+        'call(engine, "tag", "img", label="v1")\n'               # the row's parameter is `name`
+        'calling(engine, "resolve")\n'                          # fits
+        'call(engine, "resolve", "a", "b")\n')                  # one positional too many
+    assert call_drift(tmp_path) == [
+        "mcp/planted.py:2: no table row 'no_such_row'",
+        "mcp/planted.py:3: tag has no parameter 'label'",
+        "mcp/planted.py:5: resolve takes 1 positional arguments, given 2"]
