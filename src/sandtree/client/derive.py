@@ -132,6 +132,22 @@ def row_property(row: str, *, bind: dict, wrap: Callable | None = None) -> prope
     return prop
 
 
+def place_rest(cls, classes) -> list[str]:
+    """Every row on the SDK that no method of `classes` stands for becomes a method of `cls` under the row's own
+    name, the row as it is (its parameters and answer): a new row reaches the SDK with no edit in client/, as a new
+    row reaches the command line (cli/derive.py add_rest). Returns the keys placed."""
+    made = {v.__sdk__.row for c in classes for v in vars(c).values() if hasattr(v, "__sdk__")}
+    placed = []
+    for key, row in table.OPS.items():
+        if row.on("sdk") and key not in made:
+            assert not hasattr(cls, row.name), f"{cls.__name__}.{row.name} is not row {key}'s: place the row by hand"
+            fn = method(key)
+            fn.__qualname__, fn.__module__ = f"{cls.__name__}.{row.name}", cls.__module__
+            setattr(cls, row.name, fn)
+            placed.append(key)
+    return placed
+
+
 def rows_of(cls):
     """Class decorator: the made methods take the names they are given in the class (help(), repr)."""
     for attr, value in vars(cls).items():

@@ -19,8 +19,8 @@ from .. import config, evaluation
 from ..exploration import search, traces
 from ..defaults import Limits
 from ..errors import InvalidInput, RuntimeUnavailable
-from .derive import image_id, method, rows_of
-from .objects import (Branch, Image, MergeResult, Sandbox, as_dicts, as_image, as_none, run_inputs, as_run_results,
+from .derive import image_id, method, place_rest, rows_of
+from .objects import (Branch, Image, MergeResult, Sandbox, SandboxProcess, as_dicts, as_image, as_none, run_inputs, as_run_results,
                       as_sandbox)
 from ..recipe.builder import RecipeBuilder
 from .recipes import build_remote
@@ -313,6 +313,10 @@ class Sandtree:
     # bundles
     bundle = method("bundle_create", adapt=lambda self, args, _: args.update(images=[self._id(i) for i in args["images"]]))
     import_bundle = method("bundle_import")
+
+
+# a row on the SDK that no method above (or of Image, Sandbox, SandboxProcess, Branch) stands for: Sandtree's, as it is
+place_rest(Sandtree, (Sandtree, Image, Sandbox, SandboxProcess, Branch))
 
 
 def connect(url: str, *, token: str | None = None) -> Sandtree:
