@@ -106,3 +106,36 @@ def test_selftest_a_planted_call_drift_is_caught(tmp_path):
         "mcp/planted.py:2: no table row 'no_such_row'",
         "mcp/planted.py:3: tag has no parameter 'label'",
         "mcp/planted.py:5: resolve takes 1 positional arguments, given 2"]
+
+
+# ---- foreign routes declared as data (E2B's volumes: http/e2b/volumes.py ROUTES) --------------------------------
+def route_drift(routes) -> list[str]:
+    """Declared routes whose steps name no row, or give a row arguments its signature cannot take."""
+    out = []
+    for route in routes:
+        for step in route.steps:
+            row = OPS.get(step.row)
+            if row is None:
+                out.append(f"{route.method} {route.path}: no table row {step.row!r}")
+                continue
+            try:
+                row.signature.bind(*step.args, **{k: None for k in step.kwargs})
+            except TypeError as e:
+                out.append(f"{route.method} {route.path}: {step.row}: {e}")
+    return out
+
+
+def test_e2b_volume_routes_fit_their_rows():
+    from sandtree.http.e2b import volumes
+    assert not route_drift(volumes.ROUTES), "\n".join(route_drift(volumes.ROUTES))
+    given = {n for r in volumes.ROUTES for s in r.steps for n in s.args + s.kwargs}
+    declared = {n for r in volumes.ROUTES for n in [*r.query, "volume_id", "name", "data"]}
+    assert given <= declared, given - declared          # each argument is one the route takes
+
+
+def test_selftest_a_planted_route_drift_is_caught():
+    from sandtree.http.e2b.volumes import Route, Step
+    planted = (Route("GET", "/x", (Step("volume_ls", ("volume_id", "path"), ("deep",)),)),
+               Route("GET", "/y", (Step("volume_gone", ()),)))
+    assert route_drift(planted) == ["GET /x: volume_ls: got an unexpected keyword argument 'deep'",
+                                    "GET /y: no table row 'volume_gone'"]

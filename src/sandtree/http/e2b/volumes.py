@@ -1,7 +1,8 @@
 """E2B's volumes under /e2b: the control plane's routes (Volume.create / list / get_info / destroy:
 POST, GET /volumes, GET, DELETE /volumes/{volumeID}) and the volume content API (Volume's own client:
-/volumecontent/{volumeID}/dir, /file, /path), each one row of the operation table (table/volumes.py)
-called on the engine as the caller's tenant sees it. A volume's E2B ID is its name (names are per
+/volumecontent/{volumeID}/dir, /file, /path), each declared as data (ROUTES: the rows of the operation table,
+table/volumes.py, it runs, with which of its parameters, and its answer's shape) and served by one dispatcher
+(_endpoint), on the engine as the caller's tenant sees it. A volume's E2B ID is its name (names are per
 tenant, as sandtree's are).
 
 The content API's URL is E2B_VOLUME_API_URL (the SDK defaults it to https://api.<domain>), so a
@@ -15,7 +16,11 @@ onto sandbox_start's `volumes`; wire.listed() answers a sandbox's back as volume
 
 from __future__ import annotations
 
+import inspect
+import re
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -24,8 +29,9 @@ from starlette.concurrency import run_in_threadpool
 from ...errors import InvalidInput, SandtreeError
 from ..gate import engine_for
 from .wire import error_response
+from ...table.calls import call_row
 
-__all__ = ["PREFIX", "volumes_router", "start_volumes"]
+__all__ = ["PREFIX", "ROUTES", "Route", "Step", "volumes_router", "start_volumes"]
 
 PREFIX = "/e2b"
 
@@ -78,63 +84,92 @@ def _answer(fn, status: int = 200):
     return JSONResponse(out, status_code=status)
 
 
-def volumes_router() -> APIRouter:
-    # not in sandtree's OpenAPI: these are E2B's routes, with E2B's statuses and shapes (its own spec says them)
-    router = APIRouter(prefix=PREFIX, tags=["e2b"], include_in_schema=False)
+@dataclass(frozen=True)
+class Step:
+    """One row a route runs: its key, the route's parameters given it by position (in the row's order) and by
+    keyword (the same name on both sides)."""
+    row: str
+    args: tuple[str, ...]
+    kwargs: tuple[str, ...] = ()
 
+
+@dataclass(frozen=True)
+class Route:
+    """One of E2B's volume routes as data: its method and path (under PREFIX; `{volume_id}` is a parameter), its
+    query parameters (name -> (type, default); `...`: required), `body` ("json": the JSON object's `name`; "raw":
+    the request's bytes as `data`), the rows it runs in order (Steps) and `answer(last row's result, request)`:
+    the JSON answered (None: an empty 204)."""
+    method: str
+    path: str
+    steps: tuple[Step, ...]
+    answer: Callable | None = None
+    status: int = 200
+    query: dict = field(default_factory=dict)
+    body: str | None = None
+
+
+_VOLUME, _CONTENT = "/volumes/{volume_id}", "/volumecontent/{volume_id}"
+_OWNER = {"uid": (int, 0), "gid": (int, 0)}
+_ID = ("volume_id",)
+_AT = ("volume_id", "path")
+_STAT = Step("volume_stat", _AT)
+
+# E2B's volume API, route by route: which rows answer it, with what (E2B's openapi.yml and its Volume client).
+ROUTES = (
     # ---- the control plane (E2B_API_URL) --------------------------------------------------------------
-    @router.post("/volumes", status_code=201)
-    def create_volume(body: dict, request: Request, eng=Depends(engine_for)):
-        return _answer(lambda: _volume(eng.volume_create(body.get("name") if isinstance(body, dict) else None),
-                                       request), 201)
-
-    @router.get("/volumes")
-    def list_volumes(eng=Depends(engine_for)):
-        return _answer(lambda: [_volume(v) for v in eng.volume_list()])
-
-    @router.get("/volumes/{volume_id}")
-    def get_volume(volume_id: str, request: Request, eng=Depends(engine_for)):
-        return _answer(lambda: _volume(eng.volume_info(volume_id), request))
-
-    @router.delete("/volumes/{volume_id}", status_code=204)
-    def delete_volume(volume_id: str, eng=Depends(engine_for)):
-        return _answer(lambda: eng.volume_delete(volume_id), 204)
-
+    Route("POST", "/volumes", (Step("volume_create", ("name",)),), lambda v, rq: _volume(v, rq), 201, body="json"),
+    Route("GET", "/volumes", (Step("volume_list", ()),), lambda vs, rq: [_volume(v) for v in vs]),
+    Route("GET", _VOLUME, (Step("volume_info", _ID),), lambda v, rq: _volume(v, rq)),
+    Route("DELETE", _VOLUME, (Step("volume_delete", _ID),), status=204),
     # ---- the volume content API (E2B_VOLUME_API_URL) ----------------------------------------------------
-    content = "/volumecontent/{volume_id}"
+    Route("GET", _CONTENT + "/dir", (Step("volume_ls", _AT, ("depth",)),), lambda es, rq: [_entry(e) for e in es],
+          query={"path": (str, ...), "depth": (int, 1)}),
+    Route("POST", _CONTENT + "/dir", (Step("volume_mkdir", _AT, ("mode", "uid", "gid")), _STAT),
+          lambda e, rq: _entry(e), 201, query={"path": (str, ...), **_OWNER, "mode": (int, 0o755), "force": (bool, True)}),
+    Route("GET", _CONTENT + "/path", (_STAT,), lambda e, rq: _entry(e), query={"path": (str, ...)}),
+    Route("DELETE", _CONTENT + "/path", (Step("volume_remove", _AT),), status=204, query={"path": (str, ...)}),
+    Route("GET", _CONTENT + "/file", (Step("volume_read", _AT),),
+          lambda data, rq: Response(data, media_type="application/octet-stream"), query={"path": (str, ...)}),
+    Route("PUT", _CONTENT + "/file", (Step("volume_write", _AT + ("data",), ("mode", "uid", "gid")), _STAT),
+          lambda e, rq: _entry(e), 201, query={"path": (str, ...), **_OWNER, "mode": (int, 0o644), "force": (bool, True)},
+          body="raw"),
+)
 
-    @router.get(content + "/dir")
-    def list_dir(volume_id: str, path: str, depth: int = 1, eng=Depends(engine_for)):
-        return _answer(lambda: [_entry(e) for e in eng.volume_ls(volume_id, path, depth=depth)])
 
-    @router.post(content + "/dir", status_code=201)
-    def make_dir(volume_id: str, path: str, uid: int = 0, gid: int = 0, mode: int = 0o755, force: bool = True,
-                 eng=Depends(engine_for)):
-        def go():
-            eng.volume_mkdir(volume_id, path, mode=mode, uid=uid, gid=gid)
-            return _entry(eng.volume_stat(volume_id, path))
-        return _answer(go, 201)
+def _run(route: Route, eng, given: dict, request: Request):
+    """The route's rows, one after another, on the caller's engine; the last one's answer shaped."""
+    out = None
+    for step in route.steps:
+        out = call_row(eng, step.row, *(given[a] for a in step.args), **{k: given[k] for k in step.kwargs})
+    return route.answer(out, request) if route.answer is not None else out
 
-    @router.get(content + "/path")
-    def stat_path(volume_id: str, path: str, eng=Depends(engine_for)):
-        return _answer(lambda: _entry(eng.volume_stat(volume_id, path)))
 
-    @router.delete(content + "/path", status_code=204)
-    def remove_path(volume_id: str, path: str, eng=Depends(engine_for)):
-        return _answer(lambda: eng.volume_remove(volume_id, path), 204)
+def _endpoint(route: Route):
+    """A FastAPI endpoint for a Route: its path and query parameters typed as declared (FastAPI checks them),
+    the rows run in the thread pool, errors in E2B's shape (_answer)."""
+    async def endpoint(request: Request, eng, **given):
+        if route.body == "json":
+            body = given.pop("body")
+            given["name"] = body.get("name") if isinstance(body, dict) else None
+        elif route.body == "raw":
+            given["data"] = await request.body()
+        return await run_in_threadpool(_answer, lambda: _run(route, eng, given, request), route.status)
 
-    @router.get(content + "/file")
-    def read_file(volume_id: str, path: str, eng=Depends(engine_for)):
-        return _answer(lambda: Response(eng.volume_read(volume_id, path), media_type="application/octet-stream"))
+    P = inspect.Parameter
+    params = [P(n, P.KEYWORD_ONLY, annotation=str) for n in re.findall(r"{(\w+)}", route.path)]
+    params += [P(n, P.KEYWORD_ONLY, annotation=t, default=Query(...) if d is ... else d)
+               for n, (t, d) in route.query.items()]
+    if route.body == "json":
+        params.append(P("body", P.KEYWORD_ONLY, annotation=dict))
+    params += [P("request", P.KEYWORD_ONLY, annotation=Request), P("eng", P.KEYWORD_ONLY, default=Depends(engine_for))]
+    endpoint.__signature__ = inspect.Signature(params)
+    endpoint.__name__ = route.steps[0].row
+    return endpoint
 
-    @router.put(content + "/file", status_code=201)
-    async def write_file(volume_id: str, request: Request, path: str = Query(...), uid: int = 0, gid: int = 0,
-                         mode: int = 0o644, force: bool = True, eng=Depends(engine_for)):
-        data = await request.body()
 
-        def go():
-            eng.volume_write(volume_id, path, data, mode=mode, uid=uid, gid=gid)
-            return _entry(eng.volume_stat(volume_id, path))
-        return await run_in_threadpool(_answer, go, 201)
-
+def volumes_router() -> APIRouter:
+    """Every Route of ROUTES (not in sandtree's OpenAPI: these are E2B's routes, with E2B's statuses and shapes)."""
+    router = APIRouter(prefix=PREFIX, tags=["e2b"], include_in_schema=False)
+    for route in ROUTES:
+        router.add_api_route(route.path, _endpoint(route), methods=[route.method], status_code=route.status)
     return router
