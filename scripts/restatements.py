@@ -53,19 +53,43 @@ def restatements(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+# Functions that call their first argument with the rest (a thread hop): `await call(calling_row(engine, "ls"), i, p)`
+# is a call of the row `ls` with (i, p).
+HOPS = frozenset({"call", "wait_call", "to_thread", "run_in_threadpool", "do", "run_in_executor"})
+
+
+def _by_row(n: ast.AST) -> str | None:
+    """The row key of a call_row(target, "key", ...) / calling_row(target, "key") node."""
+    if (isinstance(n, ast.Call) and _head(n.func) in ("call_row", "calling_row") and len(n.args) >= 2
+            and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)):
+        return n.args[1].value
+    return None
+
+
+def _arguments(args: list, keywords: list) -> tuple[int, tuple[str, ...]]:
+    npos = -1 if any(isinstance(a, ast.Starred) for a in args) else len(args)      # *args: not counted
+    return npos, tuple(k.arg for k in keywords if k.arg)
+
+
 def checked_calls(source: str) -> list[tuple[int, str, int, tuple[str, ...]]]:
-    """(line, row key, positional arguments after it, keywords) of every call(target, "key", ...) and
-    calling(target, "key") in a module's source: the surfaces' calls by row (table/calls.py), which are not
+    """(line, row key, positional arguments, keywords) of every call by row in a module's source (table/calls.py):
+    call_row(target, "key", ...), and calling_row(target, "key") handed to a thread hop with its arguments
+    (`call(calling_row(engine, "key"), a, b=1)`); a calling_row kept for later: its key only (-1, ()). These are not
     restatements; test_restatements.py checks each key is a row and each keyword one of its parameters."""
-    out = []
-    for n in ast.walk(ast.parse(source)):
-        if (isinstance(n, ast.Call) and _head(n.func) in ("call", "calling") and len(n.args) >= 2
-                and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)):
-            if any(isinstance(a, ast.Starred) for a in n.args[2:]):
-                npos = -1                               # *args: not counted
-            else:
-                npos = len(n.args) - 2
-            out.append((n.lineno, n.args[1].value, npos, tuple(k.arg for k in n.keywords if k.arg)))
+    out, hopped = [], set()
+    tree = ast.parse(source)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and _head(n.func) in HOPS and n.args and _by_row(n.args[0]) is not None:
+            hopped.add(id(n.args[0]))
+            out.append((n.lineno, _by_row(n.args[0]), *_arguments(n.args[1:], n.keywords)))
+    for n in ast.walk(tree):
+        key = _by_row(n)
+        if key is None or id(n) in hopped:
+            continue
+        if _head(n.func) == "call_row":
+            out.append((n.lineno, key, *_arguments(n.args[2:], n.keywords)))
+        else:
+            out.append((n.lineno, key, -1, ()))
     return sorted(out)
 
 

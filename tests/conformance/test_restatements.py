@@ -1,7 +1,7 @@
 """Hand restatements of operations outside the table, held under a ceiling that only goes down: a reference to a
 row's name on an engine-like object (`engine.sandbox_exec`, `view.run`, `ops.get`) in a surface's files (http/ with
 contree/ and e2b/, mcp/, cli/, client/), counted by scripts/restatements.py. A surface's own code runs an operation
-by its row instead (table/calls.py: `call(engine, "sandbox_exec", ...)`), and every such call is checked here
+by its row instead (table/calls.py: `call_row(engine, "sandbox_exec", ...)`), and every such call is checked here
 without running it: its row exists, its keywords are the row's parameters, it passes no more positionals than the
 row takes. Each check has a self-test on a planted tree."""
 
@@ -18,7 +18,7 @@ restatements = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(restatements)
 
 # The count reached; lower it when a change removes restatements (never raise it: derive the new surface instead).
-CEILING = 280
+CEILING = 0
 
 
 def _listing(per: dict) -> str:
@@ -59,14 +59,14 @@ def test_every_call_by_row_fits_its_row():
 
 
 def test_the_call_path_binds_to_the_row():
-    from sandtree.table.calls import call
+    from sandtree.table.calls import call_row
 
     class Target:
         def tag(self, *a, **k):
             return a, k
-    assert call(Target(), "tag", "img", "v1") == (("img", "v1"), {})
+    assert call_row(Target(), "tag", "img", "v1") == (("img", "v1"), {})
     try:
-        call(Target(), "tag", "img", label="v1")            # the row says `name`: refused before the call
+        call_row(Target(), "tag", "img", label="v1")            # the row says `name`: refused before the call
     except TypeError as e:
         assert "tag:" in str(e)
     else:
@@ -82,7 +82,7 @@ def route(engine, view, client, d, st):
     st.engine.resolve("x")                   # counted
     d.get("key")                             # not: a dict
     getattr(engine, row.name)                # not: derived from the row
-    call(engine, "sandbox_exec", "sb", "ls") # not: a call by row
+    call_row(engine, "sandbox_exec", "sb", "ls") # not: a call by row
 '''
 
 
@@ -97,15 +97,17 @@ def test_selftest_a_planted_restatement_is_counted(tmp_path):
 def test_selftest_a_planted_call_drift_is_caught(tmp_path):
     (tmp_path / "mcp").mkdir()
     (tmp_path / "mcp" / "planted.py").write_text(
-        'call(engine, "sandbox_exec", "sb", "ls")\n'            # fits
-        'call(engine, "no_such_row")\n'
-        'call(engine, "tag", "img", label="v1")\n'               # the row's parameter is `name`
-        'calling(engine, "resolve")\n'                          # fits
-        'call(engine, "resolve", "a", "b")\n')                  # one positional too many
+        'call_row(engine, "sandbox_exec", "sb", "ls")\n'            # fits
+        'call_row(engine, "no_such_row")\n'
+        'call_row(engine, "tag", "img", label="v1")\n'               # the row's parameter is `name`
+        'calling_row(engine, "resolve")\n'                          # fits
+        'call_row(engine, "resolve", "a", "b")\n'                  # one positional too many
+        'await call(calling_row(engine, "tag"), "img", label="v1")\n')   # handed to a thread hop: checked the same
     assert call_drift(tmp_path) == [
         "mcp/planted.py:2: no table row 'no_such_row'",
         "mcp/planted.py:3: tag has no parameter 'label'",
-        "mcp/planted.py:5: resolve takes 1 positional arguments, given 2"]
+        "mcp/planted.py:5: resolve takes 1 positional arguments, given 2",
+        "mcp/planted.py:6: tag has no parameter 'label'"]
 
 
 # ---- foreign routes declared as data (E2B's volumes: http/e2b/volumes.py ROUTES) --------------------------------
