@@ -15,7 +15,7 @@ from typing import Callable
 from .. import table
 from ..table.sdk import Sdk
 
-__all__ = ["RowProperty", "Spec", "image_id", "method", "row_property", "rows_of", "sdk_parameters"]
+__all__ = ["RowProperty", "Spec", "image_id", "method", "place_rest", "row_property", "rows_of", "sdk_parameters"]
 
 _P = inspect.Parameter
 
