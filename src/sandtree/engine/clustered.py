@@ -151,6 +151,8 @@ class Dispatch:
             # one child, or no object storage (a shared home: the nodes' starts would read one disk)
             children = self.fabric.call(nid, "sandbox_fork", (sid, n), options)
             self._pin(children, nid)
+            # (its live state is kept after the call: any node may be asked to start it next)
+            self.fabric.call(nid, "wait_live_state", (children[0]["forked_from"]["image"],), {})
             return children
         plan = self.fabric.spread(n - 1, first=nid)
         here = 1 + plan.count(nid)
