@@ -242,6 +242,16 @@ def parse_head(head: bytes, request: bool = True) -> tuple[bytes, list[tuple[byt
     return lines[0], fields
 
 
+
+def request_line(head: bytes) -> tuple[bytes, bytes, bytes, list[tuple[bytes, bytes]]]:
+    """(method, target, version, fields) of an HTTP/1.x request's head; Refuse 400 when its first line is not
+    `METHOD TARGET HTTP/1.x` (the interceptor's and the tape's requests alike)."""
+    first, fields = parse_head(head)
+    parts = first.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise Refuse(400, "malformed request line")
+    return parts[0], parts[1], parts[2], fields
+
 def chunk_size(line: bytes) -> int:
     """The size of a chunk-size line (with its CRLF): hex digits only (no sign, no 0x, no spaces or
     underscores, at most 16), then optional extensions free of control bytes; Closed otherwise (a

@@ -43,7 +43,7 @@ from typing import Awaitable, Callable
 
 from ..tasks import until_first
 from .httpio import (READ, Closed, Masker, Reader, Refuse, Stream, authority, build, framing,
-                     get, parse_head, relay_chunks, tokens)
+                     get, parse_head, relay_chunks, request_line, tokens)
 from . import substitute
 from .policy import Rule, host_name
 from .state import LinkState, Secret
@@ -200,11 +200,7 @@ async def _relay(link: LinkState, name: str, secrets: list[Secret], down: Stream
 
 
 async def _request(cin: Reader, head: bytes, name: str, secrets, send_up, down: Stream, spool_dir, sent: list):
-    first, fields = parse_head(head)
-    parts = first.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise Refuse(400, "malformed request line")
-    method, target, version = parts
+    method, target, version, fields = request_line(head)
     if method == b"CONNECT":
         # a tunnel through the secret's host to somewhere else: not a request to that host
         raise Refuse(405, "CONNECT is not relayed to a host a secret is for")

@@ -39,7 +39,7 @@ import urllib.parse
 
 from .. import defaults as D
 from ..errors import InvalidInput
-from .httpio import READ, Closed, Reader, Refuse, Stream, authority, framing, get, parse_head, tokens
+from .httpio import READ, Closed, Reader, Refuse, Stream, authority, framing, get, parse_head, request_line, tokens
 
 __all__ = ["Tape", "TapeUpstream", "serve", "tap", "exchanges", "parse_option", "TAPE_FORMAT", "TAPE_FILE"]
 
@@ -238,11 +238,7 @@ async def _request(cin: Reader, name: str | None):
     head = await cin.head()
     if head is None:
         return None
-    first, fields = parse_head(head)
-    parts = first.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise Refuse(400, "malformed request line")
-    method, target, version = parts
+    method, target, version, fields = request_line(head)
     if method == b"CONNECT":
         raise Refuse(405, "CONNECT is not taped")
     named = [h.decode("latin-1") for h in get(fields, b"host")]
@@ -307,12 +303,14 @@ async def _response(uin: Reader, method: bytes, send, sink: _Sink | None) -> tup
         if sink is not None:
             sink.write(data)
         await send(data)
-    if kind == "length":
-        left = length
+
+    async def copy(left: int) -> None:
         while left:
             data = await uin.some(min(left, READ))
             left -= len(data)
             await out(data)
+    if kind == "length":
+        await copy(length)
     elif kind == "chunked":
         while True:
             line = await uin.line()
@@ -323,11 +321,7 @@ async def _response(uin: Reader, method: bytes, send, sink: _Sink | None) -> tup
                     await out(t)
                 await out(b"\r\n")
                 break
-            left = size + 2
-            while left:
-                data = await uin.some(min(left, READ))
-                left -= len(data)
-                await out(data)
+            await copy(size + 2)
     elif kind == "close":
         while True:
             data = bytes(uin.buf) if uin.buf else await uin.s.read()
