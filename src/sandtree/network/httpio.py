@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-__all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "prefix_hold", "parse_head", "get", "tokens", "build",
+__all__ = ["Closed", "Refuse", "Stream", "Reader", "Masker", "prefix_hold", "parse_head", "request_line", "get", "tokens", "build",
            "framing", "authority", "relay_chunks", "field_line", "chunk_size", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "READ",
            "LINGER_BYTES"]
 
