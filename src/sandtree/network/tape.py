@@ -395,21 +395,11 @@ async def exchanges(link, tape: Tape, scheme: str, name: str, port: int, down: S
             link.usage.bytes_out += len(raw)
             if req[5]:
                 tape.body(tape.canon(req[5]))
-            sink = _Sink(tape.dir)
 
             async def send(data: bytes) -> None:
                 await down.write(data)
                 link.usage.bytes_in += len(data)
-            try:
-                status, rhead, rkeep = await _response(uin, req[1], send, sink)
-            except BaseException:
-                sink.drop()
-                raise
-            size = sink.size
-            digest = sink.done()
-            ex.update(status=status, response_head=rhead.decode("latin-1"), response_body=digest,
-                      response_size=size, keep=rkeep)
-            tape.http.append(ex)
+            rkeep = await _taped_response(tape, ex, uin, req[1], send)
             if not (keep and rkeep):
                 return
     except Refuse as e:
@@ -417,6 +407,22 @@ async def exchanges(link, tape: Tape, scheme: str, name: str, port: int, down: S
     finally:
         if up is not None:
             await up.close()
+
+
+async def _taped_response(tape: Tape, ex: dict, uin: Reader, method: bytes, send) -> bool:
+    """The response to exchange `ex` read from `uin`, each part handed to `send`, its body into the tape's
+    directory; `ex` completed and appended to the tape. Whether the connection stays open."""
+    sink = _Sink(tape.dir)
+    try:
+        status, rhead, keep = await _response(uin, method, send, sink)
+    except BaseException:
+        sink.drop()
+        raise
+    size = sink.size
+    ex.update(status=status, response_head=rhead.decode("latin-1"), response_body=sink.done(),
+              response_size=size, keep=keep)
+    tape.http.append(ex)
+    return keep
 
 
 async def _parse_tapped(tape: Tape, name: str, sent: bytes, got: bytes, t: float) -> None:
@@ -434,19 +440,10 @@ async def _parse_tapped(tape: Tape, name: str, sent: bytes, got: bytes, t: float
             ex = _exchange(tape, "https", name, 443, req, t)
             if req[5]:
                 tape.body(tape.canon(req[5]))
-            sink = _Sink(tape.dir)
 
             async def send(data: bytes) -> None:
                 pass
-            try:
-                status, rhead, keep = await _response(uin, req[1], send, sink)
-            except BaseException:
-                sink.drop()
-                raise
-            size = sink.size
-            ex.update(status=status, response_head=rhead.decode("latin-1"), response_body=sink.done(),
-                      response_size=size, keep=keep)
-            tape.http.append(ex)
+            await _taped_response(tape, ex, uin, req[1], send)
     except (Closed, Refuse, ValueError):
         pass                                 # (what was read whole is kept)
 
